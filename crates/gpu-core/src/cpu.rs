@@ -1,0 +1,255 @@
+//! The CPU backend: always present, and the reference every CUDA kernel is tested against.
+//! Row-wise reductions accumulate in f64; matmul goes through `matrixmultiply`'s blocked SGEMM.
+
+use crate::backend::{check_transfer, Backend, BufferInfo, DeviceType};
+use crate::device::Device;
+use crate::dtype::{DType, Element};
+use crate::error::{GpuError, Result};
+use crate::ops::{self, BinaryOp, KernelOps, MatmulSpec, UnaryOp};
+use half::{bf16, f16};
+
+/// Host memory of one dtype.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CpuStorage {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+impl CpuStorage {
+    /// The f32 elements, or a dtype error.
+    pub fn as_f32(&self) -> Result<&[f32]> {
+        match self {
+            CpuStorage::F32(v) => Ok(v),
+            other => Err(ops::require_f32("cpu", other.dtype()).unwrap_err()),
+        }
+    }
+
+    /// The f32 elements, mutably, or a dtype error.
+    pub fn as_f32_mut(&mut self) -> Result<&mut [f32]> {
+        match self {
+            CpuStorage::F32(v) => Ok(v),
+            other => Err(ops::require_f32("cpu", other.dtype()).unwrap_err()),
+        }
+    }
+
+    fn bytes_of<T: Element>(&self) -> Option<&[T]> {
+        // Dispatch by dtype tag; `T::DTYPE == self.dtype()` is checked by the caller.
+        let any: &dyn std::any::Any = match self {
+            CpuStorage::F32(v) => v,
+            CpuStorage::F16(v) => v,
+            CpuStorage::BF16(v) => v,
+        };
+        any.downcast_ref::<Vec<T>>().map(|v| v.as_slice())
+    }
+
+    fn bytes_of_mut<T: Element>(&mut self) -> Option<&mut [T]> {
+        let any: &mut dyn std::any::Any = match self {
+            CpuStorage::F32(v) => v,
+            CpuStorage::F16(v) => v,
+            CpuStorage::BF16(v) => v,
+        };
+        any.downcast_mut::<Vec<T>>().map(|v| v.as_mut_slice())
+    }
+}
+
+impl BufferInfo for CpuStorage {
+    fn len(&self) -> usize {
+        match self {
+            CpuStorage::F32(v) => v.len(),
+            CpuStorage::F16(v) => v.len(),
+            CpuStorage::BF16(v) => v.len(),
+        }
+    }
+
+    fn dtype(&self) -> DType {
+        match self {
+            CpuStorage::F32(_) => DType::F32,
+            CpuStorage::F16(_) => DType::F16,
+            CpuStorage::BF16(_) => DType::BF16,
+        }
+    }
+}
+
+/// The CPU backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    type Buffer = CpuStorage;
+
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    fn device_name(&self) -> String {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!("CPU ({} {}, {threads} threads)", std::env::consts::ARCH, std::env::consts::OS)
+    }
+
+    fn device_type(&self) -> DeviceType {
+        DeviceType::Cpu
+    }
+
+    /// Reads `MemAvailable` from `/proc/meminfo` where it exists; elsewhere reports `usize::MAX`
+    /// (the host allocator is the limit).
+    fn memory_available(&self) -> Result<usize> {
+        let Ok(info) = std::fs::read_to_string("/proc/meminfo") else {
+            return Ok(usize::MAX);
+        };
+        let kib = info
+            .lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok());
+        Ok(kib.map_or(usize::MAX, |k| k.saturating_mul(1024)))
+    }
+
+    fn allocate(&self, dtype: DType, len: usize) -> Result<CpuStorage> {
+        let bytes = len.checked_mul(dtype.size_in_bytes());
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return Err(GpuError::OutOfMemory {
+                requested: bytes.unwrap_or(usize::MAX),
+                free: self.memory_available()?,
+            });
+        }
+        Ok(match dtype {
+            DType::F32 => CpuStorage::F32(vec![0.0; len]),
+            DType::F16 => CpuStorage::F16(vec![f16::ZERO; len]),
+            DType::BF16 => CpuStorage::BF16(vec![bf16::ZERO; len]),
+        })
+    }
+
+    fn copy_to_device<T: Element>(&self, src: &[T], dst: &mut CpuStorage) -> Result<()> {
+        check_transfer::<T>("copy_to_device", src.len(), dst)?;
+        let d = dst.bytes_of_mut::<T>().expect("dtype checked above");
+        d.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn copy_from_device<T: Element>(&self, src: &CpuStorage, dst: &mut [T]) -> Result<()> {
+        check_transfer::<T>("copy_from_device", dst.len(), src)?;
+        dst.copy_from_slice(src.bytes_of::<T>().expect("dtype checked above"));
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl KernelOps for CpuBackend {
+    fn fill(&self, buf: &mut CpuStorage, value: f32) -> Result<()> {
+        match buf {
+            CpuStorage::F32(v) => v.fill(value),
+            CpuStorage::F16(v) => v.fill(f16::from_f32(value)),
+            CpuStorage::BF16(v) => v.fill(bf16::from_f32(value)),
+        }
+        Ok(())
+    }
+
+    fn vector_add(&self, a: &CpuStorage, b: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
+        self.binary(BinaryOp::Add, a, b, out)
+    }
+
+    fn binary(&self, op: BinaryOp, a: &CpuStorage, b: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
+        ops::check_elementwise(op.name(), &[a, b], out)?;
+        let (a, b) = (a.as_f32()?, b.as_f32()?);
+        for ((o, &x), &y) in out.as_f32_mut()?.iter_mut().zip(a).zip(b) {
+            *o = op.eval(x, y);
+        }
+        Ok(())
+    }
+
+    fn unary(&self, op: UnaryOp, x: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
+        ops::check_elementwise(op.name(), &[x], out)?;
+        for (o, &v) in out.as_f32_mut()?.iter_mut().zip(x.as_f32()?) {
+            *o = op.eval(v as f64) as f32;
+        }
+        Ok(())
+    }
+
+    fn softmax_rows(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
+        ops::check_rows("softmax", x, out, cols)?;
+        let x = x.as_f32()?;
+        for (xr, or) in x.chunks_exact(cols).zip(out.as_f32_mut()?.chunks_exact_mut(cols)) {
+            softmax_row(xr, or);
+        }
+        Ok(())
+    }
+
+    fn layernorm_rows(
+        &self,
+        x: &CpuStorage,
+        gamma: &CpuStorage,
+        beta: &CpuStorage,
+        out: &mut CpuStorage,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        ops::check_layernorm(x, gamma, beta, out, cols, eps)?;
+        let (x, g, b) = (x.as_f32()?, gamma.as_f32()?, beta.as_f32()?);
+        for (xr, or) in x.chunks_exact(cols).zip(out.as_f32_mut()?.chunks_exact_mut(cols)) {
+            layernorm_row(xr, g, b, or, eps);
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, spec: MatmulSpec, a: &CpuStorage, b: &CpuStorage, c: &mut CpuStorage) -> Result<()> {
+        spec.validate(a, b, c)?;
+        sgemm_rows(spec, a.as_f32()?, b.as_f32()?, c.as_f32_mut()?);
+        Ok(())
+    }
+}
+
+/// Softmax of one row, reduced in f64. A row of all `-inf` gives NaN, as in PyTorch.
+pub fn softmax_row(x: &[f32], out: &mut [f32]) {
+    let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = ((v as f64 - max).exp() / sum) as f32;
+    }
+}
+
+/// LayerNorm of one row, reduced in f64 with the biased variance.
+pub fn layernorm_row(x: &[f32], gamma: &[f32], beta: &[f32], out: &mut [f32], eps: f32) {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let inv = 1.0 / (var + eps as f64).sqrt();
+    for i in 0..x.len() {
+        out[i] = ((x[i] as f64 - mean) * inv * gamma[i] as f64 + beta[i] as f64) as f32;
+    }
+}
+
+/// Row-major (batched) SGEMM through `matrixmultiply`; transposes are expressed as strides.
+pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let MatmulSpec { batch, m, n, k, trans_a, trans_b } = spec;
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.fill(0.0);
+        return;
+    }
+    // Element strides (row, col) of op(A) (m × k) and op(B) (k × n).
+    let (rsa, csa) = if trans_a { (1, m as isize) } else { (k as isize, 1) };
+    let (rsb, csb) = if trans_b { (1, k as isize) } else { (n as isize, 1) };
+    for bi in 0..batch {
+        let (ab, bb) = (&a[bi * m * k..(bi + 1) * m * k], &b[bi * k * n..(bi + 1) * k * n]);
+        let cb = &mut c[bi * m * n..(bi + 1) * m * n];
+        // SAFETY: the slices hold exactly m·k, k·n and m·n elements (checked by
+        // `MatmulSpec::validate`), and the strides above address only those elements.
+        unsafe {
+            matrixmultiply::sgemm(
+                m, k, n, 1.0,
+                ab.as_ptr(), rsa, csa,
+                bb.as_ptr(), rsb, csb,
+                0.0,
+                cb.as_mut_ptr(), n as isize, 1,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

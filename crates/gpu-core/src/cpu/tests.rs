@@ -1,0 +1,103 @@
+use super::*;
+use approx::assert_relative_eq;
+
+#[test]
+fn round_trip_every_dtype() {
+    let cpu = CpuBackend;
+    let x: Vec<f32> = (0..37).map(|i| i as f32 * 0.25).collect();
+    assert_eq!(cpu.download::<f32>(&cpu.upload(&x).unwrap()).unwrap(), x);
+    let h: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    assert_eq!(cpu.download::<f16>(&cpu.upload(&h).unwrap()).unwrap(), h);
+    let b: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+    assert_eq!(cpu.download::<bf16>(&cpu.upload(&b).unwrap()).unwrap(), b);
+}
+
+#[test]
+fn transfers_check_dtype_and_length() {
+    let cpu = CpuBackend;
+    let mut buf = cpu.allocate(DType::F32, 4).unwrap();
+    assert!(matches!(
+        cpu.copy_to_device(&[f16::ONE; 4], &mut buf),
+        Err(GpuError::DTypeMismatch { .. })
+    ));
+    assert!(matches!(
+        cpu.copy_to_device(&[1.0f32; 3], &mut buf),
+        Err(GpuError::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        cpu.allocate(DType::F32, usize::MAX / 2),
+        Err(GpuError::OutOfMemory { .. })
+    ));
+}
+
+#[test]
+fn elementwise_and_activations() {
+    let cpu = CpuBackend;
+    let a = cpu.upload(&[1.0f32, -2.0, 3.0]).unwrap();
+    let b = cpu.upload(&[4.0f32, 5.0, -6.0]).unwrap();
+    let mut o = cpu.allocate(DType::F32, 3).unwrap();
+    cpu.vector_add(&a, &b, &mut o).unwrap();
+    assert_eq!(o.as_f32().unwrap(), &[5.0, 3.0, -3.0]);
+    cpu.binary(BinaryOp::Mul, &a, &b, &mut o).unwrap();
+    assert_eq!(o.as_f32().unwrap(), &[4.0, -10.0, -18.0]);
+    cpu.unary(UnaryOp::Relu, &a, &mut o).unwrap();
+    assert_eq!(o.as_f32().unwrap(), &[1.0, 0.0, 3.0]);
+    cpu.unary(UnaryOp::Sigmoid, &a, &mut o).unwrap();
+    assert_relative_eq!(o.as_f32().unwrap()[0], 0.731_058_6, max_relative = 1e-6);
+    cpu.unary(UnaryOp::Tanh, &a, &mut o).unwrap();
+    assert_relative_eq!(o.as_f32().unwrap()[1], (-2.0f32).tanh(), max_relative = 1e-6);
+    let short = cpu.upload(&[1.0f32]).unwrap();
+    assert!(cpu.binary(BinaryOp::Add, &a, &short, &mut o).is_err());
+    let half = cpu.upload(&[f16::ONE; 3]).unwrap();
+    assert!(matches!(
+        cpu.unary(UnaryOp::Relu, &half, &mut o),
+        Err(GpuError::UnsupportedDType { .. })
+    ));
+}
+
+#[test]
+fn softmax_and_layernorm_rows() {
+    let cpu = CpuBackend;
+    let x = cpu.upload(&[1.0f32, 2.0, 3.0, 1000.0, 1000.0, 1000.0]).unwrap();
+    let mut o = cpu.allocate(DType::F32, 6).unwrap();
+    cpu.softmax_rows(&x, &mut o, 3).unwrap();
+    let o = o.as_f32().unwrap().to_vec();
+    assert_relative_eq!(o[0] + o[1] + o[2], 1.0, max_relative = 1e-6);
+    assert_relative_eq!(o[2], 0.665_240_9, max_relative = 1e-6);
+    assert_relative_eq!(o[4], 1.0 / 3.0, max_relative = 1e-6);
+    let mut o = cpu.allocate(DType::F32, 6).unwrap();
+    assert!(cpu.softmax_rows(&x, &mut o, 4).is_err());
+    assert!(cpu.softmax_rows(&x, &mut o, 0).is_err());
+
+    let g = cpu.upload(&[1.0f32, 2.0, 1.0]).unwrap();
+    let b = cpu.upload(&[0.0f32, 0.0, 1.0]).unwrap();
+    cpu.layernorm_rows(&x, &g, &b, &mut o, 3, 1e-5).unwrap();
+    let o = o.as_f32().unwrap();
+    assert_relative_eq!(o[0], -1.224_736_8, max_relative = 1e-5);
+    assert_relative_eq!(o[1], 0.0, epsilon = 1e-6);
+    assert_relative_eq!(o[2], 2.224_736_8, max_relative = 1e-5);
+    let mut o2 = cpu.allocate(DType::F32, 6).unwrap();
+    assert!(cpu.layernorm_rows(&x, &g, &b, &mut o2, 3, f32::NAN).is_err());
+    assert!(cpu.layernorm_rows(&x, &g, &b, &mut o2, 2, 1e-5).is_err());
+}
+
+#[test]
+fn matmul_2x2_and_transposes() {
+    let cpu = CpuBackend;
+    let a = cpu.upload(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    let b = cpu.upload(&[5.0f32, 6.0, 7.0, 8.0]).unwrap();
+    let mut c = cpu.allocate(DType::F32, 4).unwrap();
+    cpu.matmul(MatmulSpec::new(2, 2, 2), &a, &b, &mut c).unwrap();
+    assert_eq!(c.as_f32().unwrap(), &[19.0, 22.0, 43.0, 50.0]);
+    let spec = MatmulSpec { trans_a: true, trans_b: true, ..MatmulSpec::new(2, 2, 2) };
+    cpu.matmul(spec, &a, &b, &mut c).unwrap();
+    // Aᵀ·Bᵀ = (B·A)ᵀ; B·A = [[23, 34], [31, 46]].
+    assert_eq!(c.as_f32().unwrap(), &[23.0, 31.0, 34.0, 46.0]);
+    let mut bad = cpu.allocate(DType::F32, 3).unwrap();
+    assert!(cpu.matmul(MatmulSpec::new(2, 2, 2), &a, &b, &mut bad).is_err());
+    // k = 0: the product of empty matrices is all zeros.
+    let e = cpu.allocate(DType::F32, 0).unwrap();
+    cpu.fill(&mut c, 7.0).unwrap();
+    cpu.matmul(MatmulSpec::new(2, 2, 0), &e, &e, &mut c).unwrap();
+    assert_eq!(c.as_f32().unwrap(), &[0.0; 4]);
+}

@@ -1,0 +1,90 @@
+//! Element types: f32, f16 and bf16 (through `half`).
+
+use half::{bf16, f16};
+use std::fmt;
+
+/// The element types a buffer can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    /// Short lowercase name, as used in kernel names (`add_f32`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A Rust type that can live in a buffer.
+pub trait Element: Copy + Send + Sync + fmt::Debug + Default + PartialEq + 'static {
+    /// The dtype tag of this type.
+    const DTYPE: DType;
+    /// Widen to f32.
+    fn to_f32(self) -> f32;
+    /// Narrow from f32 (round to nearest even).
+    fn from_f32(v: f32) -> Self;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+
+impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_names() {
+        assert_eq!(DType::F32.size_in_bytes(), 4);
+        assert_eq!(DType::BF16.size_in_bytes(), 2);
+        assert_eq!(<f16 as Element>::DTYPE.to_string(), "f16");
+        assert_eq!(<bf16 as Element>::from_f32(1.5).to_f32(), 1.5);
+    }
+}

@@ -1,0 +1,20 @@
+//! `gpu-core`: the hardware-abstraction layer of hybrid-trainer.
+//! Devices and device selection, dtypes, shapes, the one error enum, the [`Backend`] and
+//! [`KernelOps`] traits, and the CPU backend that is always present and is the reference.
+
+pub mod backend;
+pub mod cpu;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod ops;
+pub mod probe;
+pub mod shape;
+
+pub use backend::{Backend, BufferInfo, DeviceType};
+pub use cpu::{CpuBackend, CpuStorage};
+pub use device::{Device, DEVICE_ENV};
+pub use dtype::{DType, Element};
+pub use error::{GpuError, Result};
+pub use ops::{BinaryOp, KernelOps, MatmulSpec, UnaryOp};
+pub use shape::Shape;

@@ -1,0 +1,297 @@
+//! [`CudaBackend`]: one CUDA device, its context, stream, module cache, pool and cuBLAS handle.
+
+use crate::error::{drv, free_bytes};
+use crate::launch::{self, KernelArg, LaunchConfig, LaunchPath};
+use crate::module::{ImageKind, ModuleCache};
+use crate::pool::{CudaBuffer, MemoryPool, PoolStats};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use gpu_core::backend::check_transfer;
+use gpu_core::{probe, Backend, BufferInfo, DType, Device, DeviceType, Element, GpuError, Result};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Environment variable choosing the launcher: `cudarc` (default) or `raw`.
+pub const LAUNCH_ENV: &str = "HYBRID_CUDA_LAUNCH";
+/// Environment variable choosing the embedded image: `fatbin` (default) or `ptx`.
+pub const IMAGE_ENV: &str = "HYBRID_CUDA_IMAGE";
+
+/// What the driver reports about a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub total_memory: usize,
+    pub multiprocessors: u32,
+    pub l2_cache_bytes: usize,
+    /// Driver API version, e.g. 13000 for CUDA 13.0.
+    pub driver_version: i32,
+}
+
+struct Inner {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    modules: ModuleCache,
+    pool: MemoryPool,
+    blas: OnceLock<std::result::Result<Mutex<CudaBlas>, String>>,
+    tf32: AtomicBool,
+    path: AtomicU8,
+    image: AtomicU8,
+}
+
+/// A CUDA device. Cloning is cheap and shares everything.
+#[derive(Clone)]
+pub struct CudaBackend {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBackend({:?})", self.inner.info)
+    }
+}
+
+impl CudaBackend {
+    /// Opens CUDA device `ordinal`. Fails with a typed error, never a panic, when the machine has
+    /// no driver, no GPU, or not that many GPUs.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let count = probe::cuda_device_count()?;
+        if count == 0 {
+            return Err(GpuError::CudaUnavailable("the driver reports no CUDA device".into()));
+        }
+        if ordinal >= count {
+            return Err(GpuError::InvalidOrdinal { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
+        let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
+        let attr = |a| ctx.attribute(a).map_err(drv("cuDeviceGetAttribute"));
+        let mut driver_version = 0;
+        // SAFETY: out-pointer to a local; the driver is initialised (probe above).
+        crate::error::check("cuDriverGetVersion", unsafe {
+            sys::cuDriverGetVersion(&mut driver_version)
+        })?;
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().map_err(drv("cuDeviceGetName"))?,
+            compute_capability: ctx.compute_capability().map_err(drv("cuDeviceGetAttribute"))?,
+            total_memory: ctx.total_mem().map_err(drv("cuDeviceTotalMem"))?,
+            multiprocessors: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            l2_cache_bytes: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
+            driver_version,
+        };
+        let path = match std::env::var(LAUNCH_ENV) {
+            Ok(v) => v.parse()?,
+            Err(_) => LaunchPath::default(),
+        };
+        let image = match std::env::var(IMAGE_ENV).ok().as_deref().map(str::trim) {
+            None | Some("") | Some("fatbin") => ImageKind::Fatbin,
+            Some("ptx") => ImageKind::Ptx,
+            Some(other) => {
+                return Err(GpuError::invalid(IMAGE_ENV, format!("'{other}': expected fatbin or ptx")))
+            }
+        };
+        let backend = Self {
+            inner: Arc::new(Inner {
+                pool: MemoryPool::new(ctx.clone()),
+                ctx,
+                stream,
+                info,
+                modules: ModuleCache::default(),
+                blas: OnceLock::new(),
+                tf32: AtomicBool::new(false),
+                path: AtomicU8::new(0),
+                image: AtomicU8::new(0),
+            }),
+        };
+        backend.set_launch_path(path);
+        backend.set_image_kind(image);
+        tracing::debug!(?backend, "opened CUDA device");
+        Ok(backend)
+    }
+
+    /// Opens the CUDA device named by `device`; errors for [`Device::Cpu`].
+    pub fn for_device(device: Device) -> Result<Self> {
+        match device {
+            Device::Cuda(i) => Self::new(i),
+            Device::Cpu => Err(GpuError::invalid("CudaBackend", "the CPU is not a CUDA device")),
+        }
+    }
+
+    /// The device's properties.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// The cudarc context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// The stream all work of this backend is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    /// The launcher in use.
+    pub fn launch_path(&self) -> LaunchPath {
+        match self.inner.path.load(Ordering::Relaxed) {
+            0 => LaunchPath::Cudarc,
+            _ => LaunchPath::RawDriver,
+        }
+    }
+
+    /// Switches the launcher for all later launches.
+    pub fn set_launch_path(&self, path: LaunchPath) {
+        self.inner.path.store(path as u8, Ordering::Relaxed);
+    }
+
+    /// The embedded image kernels are loaded from.
+    pub fn image_kind(&self) -> ImageKind {
+        match self.inner.image.load(Ordering::Relaxed) {
+            0 => ImageKind::Fatbin,
+            _ => ImageKind::Ptx,
+        }
+    }
+
+    /// Switches the image for kernels not yet loaded in that form.
+    pub fn set_image_kind(&self, kind: ImageKind) {
+        self.inner.image.store(kind as u8, Ordering::Relaxed);
+    }
+
+    /// Allows (true) or forbids (false, the default) TF32 tensor cores in f32 matmul.
+    pub fn set_tf32(&self, on: bool) {
+        self.inner.tf32.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether f32 matmul may use TF32.
+    pub fn tf32(&self) -> bool {
+        self.inner.tf32.load(Ordering::Relaxed)
+    }
+
+    /// Memory-pool statistics.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.inner.pool.stats()
+    }
+
+    /// Returns the pool's cached blocks to the driver.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.inner.pool.empty_cache()
+    }
+
+    /// Modules loaded so far (both launchers).
+    pub fn modules_loaded(&self) -> usize {
+        self.inner.modules.loaded()
+    }
+
+    /// The cuBLAS handle, created on first use.
+    pub(crate) fn blas(&self) -> Result<std::sync::MutexGuard<'_, CudaBlas>> {
+        let blas = self.inner.blas.get_or_init(|| {
+            // SAFETY: only probes whether the library can be opened.
+            if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+                return Err("the cuBLAS library (libcublas.so) was not found".to_string());
+            }
+            CudaBlas::new(self.inner.stream.clone())
+                .map(Mutex::new)
+                .map_err(|e| format!("cublasCreate failed: {e:?}"))
+        });
+        match blas {
+            Ok(m) => Ok(m.lock().unwrap_or_else(|p| p.into_inner())),
+            Err(e) => Err(GpuError::CudaUnavailable(e.clone())),
+        }
+    }
+
+    /// Launches an embedded kernel (see `gpu_kernels::all_kernels`) on this backend's stream
+    /// with the current launcher and image.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list in number, order and type, and every pointer
+    /// must address live device memory large enough for what the kernel reads and writes under
+    /// `cfg`. A mismatch is undefined behaviour on the device, as with any CUDA launch.
+    pub unsafe fn launch(&self, kernel: &str, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
+        launch::check_config(kernel, &cfg)?;
+        let (ctx, stream, kind) = (&self.inner.ctx, &self.inner.stream, self.image_kind());
+        match self.launch_path() {
+            LaunchPath::Cudarc => {
+                let f = self.inner.modules.cudarc_function(ctx, kernel, kind)?;
+                launch::launch_cudarc(stream, &f, cfg, args)
+            }
+            LaunchPath::RawDriver => {
+                let f = self.inner.modules.raw_function(ctx, kernel, kind)?;
+                launch::launch_raw(stream, f.func, cfg, args)
+            }
+        }
+    }
+
+    /// Fills a buffer of 4-byte elements with a bit pattern (`cuMemsetD32Async`).
+    pub(crate) fn memset32(&self, buf: &mut CudaBuffer, bits: u32) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the buffer holds `len` 4-byte elements and is live.
+        crate::error::check("cuMemsetD32Async", unsafe {
+            sys::cuMemsetD32Async(buf.device_ptr(), bits, buf.len(), self.inner.stream.cu_stream())
+        })
+    }
+
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.inner.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buffer = CudaBuffer;
+
+    fn device(&self) -> Device {
+        Device::Cuda(self.inner.info.ordinal)
+    }
+
+    fn device_name(&self) -> String {
+        self.inner.info.name.clone()
+    }
+
+    fn device_type(&self) -> DeviceType {
+        DeviceType::Gpu
+    }
+
+    fn memory_available(&self) -> Result<usize> {
+        self.bind()?;
+        Ok(free_bytes())
+    }
+
+    fn allocate(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
+        self.inner.pool.alloc(dtype, len)
+    }
+
+    fn copy_to_device<T: Element>(&self, src: &[T], dst: &mut CudaBuffer) -> Result<()> {
+        check_transfer::<T>("copy_to_device", src.len(), dst)?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` holds exactly `src.len()` elements of T (checked above); the stream is
+        // synchronised before `src` can be dropped.
+        unsafe { result::memcpy_htod_async(dst.device_ptr(), src, self.inner.stream.cu_stream()) }
+            .map_err(drv("cuMemcpyHtoDAsync"))?;
+        self.synchronize()
+    }
+
+    fn copy_from_device<T: Element>(&self, src: &CudaBuffer, dst: &mut [T]) -> Result<()> {
+        check_transfer::<T>("copy_from_device", dst.len(), src)?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `src` holds exactly `dst.len()` elements of T (checked above); the stream is
+        // synchronised before `dst` is read.
+        unsafe { result::memcpy_dtoh_async(dst, src.device_ptr(), self.inner.stream.cu_stream()) }
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        self.synchronize()
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.inner.stream.synchronize().map_err(drv("cuStreamSynchronize"))
+    }
+}

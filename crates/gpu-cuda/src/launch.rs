@@ -1,0 +1,139 @@
+//! Kernel arguments and the two launchers.
+//!
+//! [`LaunchPath::Cudarc`] launches through cudarc's `launch_builder`; [`LaunchPath::RawDriver`]
+//! calls `cuLaunchKernel` through `cudarc::driver::sys` with handles from `cuModuleLoadData` /
+//! `cuModuleGetFunction`. Both take the same [`KernelArg`] list, so any kernel runs on either and
+//! the parity tests compare them.
+
+use crate::error::check;
+use crate::pool::CudaBuffer;
+use cudarc::driver::{sys, CudaFunction, CudaStream, PushKernelArg};
+use gpu_core::{GpuError, Result};
+use std::ffi::c_void;
+
+pub use cudarc::driver::LaunchConfig;
+
+/// Which launcher runs the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LaunchPath {
+    /// cudarc's `CudaModule` / `launch_builder` (the default).
+    #[default]
+    Cudarc,
+    /// The raw driver API: `cuModuleLoadData` → `cuModuleGetFunction` → `cuLaunchKernel`.
+    RawDriver,
+}
+
+impl std::str::FromStr for LaunchPath {
+    type Err = GpuError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cudarc" => Ok(Self::Cudarc),
+            "raw" | "driver" | "raw-driver" => Ok(Self::RawDriver),
+            _ => Err(GpuError::invalid("launch path", format!("'{s}': expected cudarc or raw"))),
+        }
+    }
+}
+
+/// One kernel parameter, passed by value as the kernel declares it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KernelArg {
+    /// A device pointer (`float*`, ...).
+    Ptr(sys::CUdeviceptr),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    F32(f32),
+}
+
+impl From<&CudaBuffer> for KernelArg {
+    fn from(b: &CudaBuffer) -> Self {
+        KernelArg::Ptr(b.device_ptr())
+    }
+}
+
+impl From<&mut CudaBuffer> for KernelArg {
+    fn from(b: &mut CudaBuffer) -> Self {
+        KernelArg::Ptr(b.device_ptr())
+    }
+}
+
+/// Checks a launch configuration before the driver sees it.
+pub(crate) fn check_config(kernel: &str, cfg: &LaunchConfig) -> Result<()> {
+    let (g, b) = (cfg.grid_dim, cfg.block_dim);
+    let threads = b.0 as u64 * b.1 as u64 * b.2 as u64;
+    if g.0 == 0 || g.1 == 0 || g.2 == 0 || threads == 0 || threads > 1024 {
+        return Err(GpuError::invalid(
+            "launch",
+            format!("{kernel}: grid {g:?} and block {b:?} must be non-empty, at most 1024 threads"),
+        ));
+    }
+    if g.0 > i32::MAX as u32 || g.1 > 65_535 || g.2 > 65_535 {
+        return Err(GpuError::invalid("launch", format!("{kernel}: grid {g:?} is too large")));
+    }
+    Ok(())
+}
+
+/// Launches through cudarc.
+pub(crate) fn launch_cudarc(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &[KernelArg],
+) -> Result<()> {
+    let mut b = stream.launch_builder(func);
+    for a in args {
+        match a {
+            KernelArg::Ptr(p) => b.arg(p),
+            KernelArg::U32(v) => b.arg(v),
+            KernelArg::I32(v) => b.arg(v),
+            KernelArg::U64(v) => b.arg(v),
+            KernelArg::F32(v) => b.arg(v),
+        };
+    }
+    // SAFETY: the callers in this crate pass exactly the parameters the kernel declares, with
+    // pointers to live buffers sized for the launch; `run_kernel` documents the same duty.
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(crate::error::drv("cuLaunchKernel (cudarc)"))
+}
+
+/// Launches through the raw driver API.
+pub(crate) fn launch_raw(
+    stream: &CudaStream,
+    func: sys::CUfunction,
+    cfg: LaunchConfig,
+    args: &[KernelArg],
+) -> Result<()> {
+    let mut values: Vec<KernelArg> = args.to_vec();
+    let mut params: Vec<*mut c_void> = values
+        .iter_mut()
+        .map(|a| match a {
+            KernelArg::Ptr(p) => p as *mut u64 as *mut c_void,
+            KernelArg::U32(v) => v as *mut u32 as *mut c_void,
+            KernelArg::I32(v) => v as *mut i32 as *mut c_void,
+            KernelArg::U64(v) => v as *mut u64 as *mut c_void,
+            KernelArg::F32(v) => v as *mut f32 as *mut c_void,
+        })
+        .collect();
+    stream.context().bind_to_thread().map_err(crate::error::drv("cuCtxSetCurrent"))?;
+    let (g, b) = (cfg.grid_dim, cfg.block_dim);
+    // SAFETY: `params` points at `values`, which outlive the call (the driver copies parameter
+    // values at launch); `func` belongs to a module that is still loaded; the parameter list
+    // matches the kernel's signature (same duty as `launch_cudarc`).
+    let r = unsafe {
+        sys::cuLaunchKernel(
+            func,
+            g.0,
+            g.1,
+            g.2,
+            b.0,
+            b.1,
+            b.2,
+            cfg.shared_mem_bytes,
+            stream.cu_stream(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    check("cuLaunchKernel (raw)", r)
+}

@@ -1,0 +1,23 @@
+//! `gpu-cuda`: the CUDA backend of hybrid-trainer, on `cudarc` with dynamic loading.
+//! Context and stream, lazy module cache, caching memory pool, cuBLAS SGEMM, events, two kernel
+//! launchers (cudarc's and the raw driver API), and NVRTC for user CUDA C. Never panics without a GPU.
+
+mod backend;
+mod blas;
+mod error;
+mod launch;
+mod module;
+mod nvrtc;
+mod ops;
+mod pool;
+pub mod testing;
+mod timer;
+
+pub use backend::{CudaBackend, DeviceInfo};
+pub use error::describe_driver_error;
+pub use gpu_core::probe::{cuda_device_count, cuda_is_available};
+pub use launch::{KernelArg, LaunchConfig, LaunchPath};
+pub use module::ImageKind;
+pub use nvrtc::UserKernel;
+pub use pool::{CudaBuffer, PoolStats};
+pub use timer::GpuTimer;

@@ -1,0 +1,67 @@
+//! Shared helpers of the GPU tests: fresh random inputs, error metrics, poisoning.
+#![allow(dead_code)]
+
+use gpu_core::{Backend, BufferInfo, CpuBackend, KernelOps};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// Awkward sizes: empty, one, below a warp, below a block of float4s, above a million and odd.
+pub const SIZES: &[usize] = &[0, 1, 3, 31, 1023, 4099, (1 << 20) + 7];
+
+/// A fresh seed for every run, printed so a failure can be replayed.
+pub fn rng(test: &str) -> (StdRng, u64) {
+    let seed: u64 = std::env::var("HYBRID_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    println!("{test}: seed {seed} (replay with HYBRID_TEST_SEED={seed})");
+    (StdRng::seed_from_u64(seed), seed)
+}
+
+/// `n` values uniform in [-scale, scale).
+pub fn random_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// Asserts `got` matches `want`: every element finite where `want` is (so a poisoned, unwritten
+/// element fails), elementwise `|got - want| <= rtol·|want| + atol`, and the norm-wise relative
+/// error `‖got − want‖ / ‖want‖` under `rtol`.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if w.is_nan() {
+            assert!(g.is_nan(), "{what}[{i}]: want NaN, got {g}");
+            continue;
+        }
+        assert!(g.is_finite() || g == w, "{what}[{i}]: got {g}, want {w} (unwritten?)");
+        let d = (g as f64 - w as f64).abs();
+        assert!(d <= rtol * (w as f64).abs() + atol, "{what}[{i}]: got {g}, want {w}, diff {d:e}");
+        num += d * d;
+        den += (w as f64) * (w as f64);
+    }
+    if den > 0.0 {
+        let rel = (num / den).sqrt();
+        assert!(rel < rtol, "{what}: norm-wise relative error {rel:e} >= {rtol:e}");
+    }
+}
+
+/// Uploads `data` to backend `b`.
+pub fn up<B: Backend>(b: &B, data: &[f32]) -> B::Buffer {
+    b.upload(data).expect("upload")
+}
+
+/// An output buffer of `n` f32 poisoned with NaN, so an element the kernel skips fails the check.
+pub fn poisoned<B: KernelOps>(b: &B, n: usize) -> B::Buffer {
+    let mut out = b.allocate(gpu_core::DType::F32, n).expect("allocate");
+    b.fill(&mut out, f32::NAN).expect("poison");
+    out
+}
+
+/// Downloads an f32 buffer.
+pub fn down<B: Backend>(b: &B, buf: &B::Buffer) -> Vec<f32> {
+    assert_eq!(buf.dtype(), gpu_core::DType::F32);
+    b.download(buf).expect("download")
+}
+
+/// The CPU reference backend.
+pub const CPU: CpuBackend = CpuBackend;

@@ -1,0 +1,75 @@
+//! `gpu-kernels`: the CUDA kernels of hybrid-trainer, compiled ahead of time.
+//! `cargo xtask build-ptx` turns `kernels/*.cu` into PTX (compute_80, ISA <= 9.0) and fatbins
+//! (sm_80 + sm_90 + PTX); both are committed and embedded here, so building needs no CUDA toolkit.
+
+mod generated;
+
+pub use generated::MODULES;
+
+/// One compiled `.cu` file.
+#[derive(Debug)]
+pub struct KernelModule {
+    /// The source's file stem (`elementwise` for `kernels/elementwise.cu`).
+    pub name: &'static str,
+    /// PTX for compute_80, JIT-compiled by the driver for the GPU at hand.
+    pub ptx: &'static str,
+    /// Fatbin with sm_80 and sm_90 machine code and the compute_80 PTX.
+    pub fatbin: &'static [u8],
+    /// sha256 of the source and its headers at build time.
+    pub source_sha256: &'static str,
+    /// The `extern "C" __global__` entry points, sorted.
+    pub kernels: &'static [&'static str],
+}
+
+impl KernelModule {
+    /// True when this module defines `kernel`.
+    pub fn has_kernel(&self, kernel: &str) -> bool {
+        self.kernels.binary_search(&kernel).is_ok()
+    }
+}
+
+/// The module of that name.
+pub fn module(name: &str) -> Option<&'static KernelModule> {
+    MODULES.iter().find(|m| m.name == name)
+}
+
+/// The module that defines `kernel`.
+pub fn module_of(kernel: &str) -> Option<&'static KernelModule> {
+    MODULES.iter().find(|m| m.has_kernel(kernel))
+}
+
+/// Every kernel name with its module name.
+pub fn all_kernels() -> impl Iterator<Item = (&'static str, &'static str)> {
+    MODULES
+        .iter()
+        .flat_map(|m| m.kernels.iter().map(move |k| (m.name, *k)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_modules_are_well_formed() {
+        assert!(!MODULES.is_empty());
+        for m in MODULES {
+            assert!(m.ptx.contains(".version "), "{} has no PTX header", m.name);
+            assert!(m.ptx.contains(".target sm_80"), "{} PTX is not compute_80", m.name);
+            assert!(!m.fatbin.is_empty());
+            // Fatbin files start with the fatbin magic 0xBA55ED50 (little endian).
+            assert_eq!(&m.fatbin[..4], &[0x50, 0xed, 0x55, 0xba], "{} fatbin magic", m.name);
+            assert!(m.kernels.windows(2).all(|w| w[0] < w[1]), "kernels sorted");
+            for k in m.kernels {
+                assert!(m.ptx.contains(&format!(".entry {k}(")), "{k} not in PTX");
+            }
+        }
+        for k in ["vector_add_f32", "add_f32", "mul_f32", "relu_f32", "sigmoid_f32", "tanh_f32"] {
+            assert_eq!(module_of(k).map(|m| m.name), Some("elementwise"));
+        }
+        assert_eq!(module_of("softmax_f32").unwrap().name, "softmax");
+        assert_eq!(module_of("layernorm_f32").unwrap().name, "layernorm");
+        assert!(module_of("no_such_kernel").is_none());
+        assert!(module("softmax").is_some());
+        assert!(all_kernels().count() >= 8);
+    }
+}
