@@ -53,7 +53,10 @@ fn out_dir() -> PathBuf {
 }
 
 fn sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The `.cu` sources, sorted by name.
@@ -88,7 +91,9 @@ fn stem(p: &Path) -> String {
 
 /// `.version X.Y` of a PTX file.
 fn ptx_isa(ptx: &str) -> Option<(u32, u32)> {
-    let v = ptx.lines().find_map(|l| l.trim().strip_prefix(".version "))?;
+    let v = ptx
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(".version "))?;
     let (a, b) = v.trim().split_once('.')?;
     Some((a.parse().ok()?, b.parse().ok()?))
 }
@@ -117,7 +122,11 @@ fn find_nvcc() -> Result<PathBuf> {
     };
     if let Ok(p) = std::env::var("NVCC") {
         let p = PathBuf::from(p);
-        ensure!(is_pinned(&p), "$NVCC={} is not nvcc {NVCC_RELEASE}", p.display());
+        ensure!(
+            is_pinned(&p),
+            "$NVCC={} is not nvcc {NVCC_RELEASE}",
+            p.display()
+        );
         return Ok(p);
     }
     if is_pinned(Path::new("nvcc")) {
@@ -135,13 +144,20 @@ fn find_nvcc() -> Result<PathBuf> {
     if let Some(p) = find().filter(|p| is_pinned(p)) {
         return Ok(p);
     }
-    eprintln!("installing the pinned CUDA 13.0 compiler from PyPI into {}", venv.display());
+    eprintln!(
+        "installing the pinned CUDA 13.0 compiler from PyPI into {}",
+        venv.display()
+    );
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     run(Command::new(venv.join("bin/pip"))
         .args(["install", "--quiet", "--disable-pip-version-check"])
         .args(PIP_PACKAGES))?;
     let p = find().unwrap_or(nvcc);
-    ensure!(is_pinned(&p), "the installed nvcc at {} is not {NVCC_RELEASE}", p.display());
+    ensure!(
+        is_pinned(&p),
+        "the installed nvcc at {} is not {NVCC_RELEASE}",
+        p.display()
+    );
     Ok(p)
 }
 
@@ -162,7 +178,12 @@ fn fatbin_targets() -> Vec<String> {
 pub fn build() -> Result<()> {
     let nvcc = find_nvcc()?;
     let version = String::from_utf8(Command::new(&nvcc).arg("--version").output()?.stdout)?;
-    let version = version.lines().rev().find(|l| l.contains("release")).unwrap_or("").trim();
+    let version = version
+        .lines()
+        .rev()
+        .find(|l| l.contains("release"))
+        .unwrap_or("")
+        .trim();
     let out = out_dir();
     fs::create_dir_all(&out)?;
     // Stale outputs of deleted sources must not linger.
@@ -181,7 +202,8 @@ pub fn build() -> Result<()> {
         let rel = Path::new("kernels").join(cu.file_name().unwrap());
         let common = |c: &mut Command| {
             c.current_dir(crate::root());
-            c.args(["-O3", "-std=c++17", "-lineinfo", "-I", "kernels"]).arg(&rel);
+            c.args(["-O3", "-std=c++17", "-lineinfo", "-I", "kernels"])
+                .arg(&rel);
         };
         let mut c = Command::new(&nvcc);
         c.args(["-ptx", &format!("-arch={PTX_ARCH}")]);
@@ -197,9 +219,15 @@ pub fn build() -> Result<()> {
 
         let ptx = fs::read_to_string(&ptx_path)?;
         let isa = ptx_isa(&ptx).context("PTX has no .version line")?;
-        ensure!(isa <= MAX_PTX_ISA, "{name}.ptx is PTX ISA {isa:?}, newer than {MAX_PTX_ISA:?}");
+        ensure!(
+            isa <= MAX_PTX_ISA,
+            "{name}.ptx is PTX ISA {isa:?}, newer than {MAX_PTX_ISA:?}"
+        );
         let kernels = ptx_entries(&ptx);
-        ensure!(!kernels.is_empty(), "{name}.cu defines no extern \"C\" __global__ kernel");
+        ensure!(
+            !kernels.is_empty(),
+            "{name}.cu defines no extern \"C\" __global__ kernel"
+        );
         modules.insert(
             name.clone(),
             ModuleEntry {
@@ -218,12 +246,18 @@ pub fn build() -> Result<()> {
         fatbin_targets: fatbin_targets(),
         modules,
     };
-    fs::write(out.join("manifest.json"), serde_json::to_string_pretty(&manifest)? + "\n")?;
+    fs::write(
+        out.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest)? + "\n",
+    )?;
     fs::write(
         crate::root().join("crates/gpu-kernels/src/generated.rs"),
         generated_rs(&manifest),
     )?;
-    println!("wrote {} module(s) and the manifest", manifest.modules.len());
+    println!(
+        "wrote {} module(s) and the manifest",
+        manifest.modules.len()
+    );
     Ok(())
 }
 
@@ -239,8 +273,11 @@ fn generated_rs(m: &Manifest) -> String {
             "    KernelModule {{\n        name: \"{name}\",\n        \
              ptx: include_str!(\"../kernels/{name}.ptx\"),\n        \
              fatbin: include_bytes!(\"../kernels/{name}.fatbin\"),\n        \
-             source_sha256: \"{}\",\n        kernels: &[{}],\n    }},\n",
+             source_sha256: \"{}\",\n        ptx_sha256: \"{}\",\n        \
+             fatbin_sha256: \"{}\",\n        kernels: &[{}],\n    }},\n",
             e.source_sha256,
+            e.ptx_sha256,
+            e.fatbin_sha256,
             kernels.join(", ")
         );
     }
@@ -261,7 +298,9 @@ pub fn check() -> Result<()> {
             continue;
         };
         if source_hash(&cu)? != e.source_sha256 {
-            problems.push(format!("kernels/{name}.cu (or a header) changed since the last build"));
+            problems.push(format!(
+                "kernels/{name}.cu (or a header) changed since the last build"
+            ));
         }
         let ptx = fs::read(out.join(format!("{name}.ptx"))).unwrap_or_default();
         if sha256(&ptx) != e.ptx_sha256 {
@@ -277,16 +316,24 @@ pub fn check() -> Result<()> {
         }
     }
     for name in manifest.modules.keys().filter(|n| !names.contains(n)) {
-        problems.push(format!("module {name} is in the manifest but kernels/{name}.cu is gone"));
+        problems.push(format!(
+            "module {name} is in the manifest but kernels/{name}.cu is gone"
+        ));
     }
     let gen = fs::read_to_string(crate::root().join("crates/gpu-kernels/src/generated.rs"))?;
     if gen != generated_rs(&manifest) {
         problems.push("crates/gpu-kernels/src/generated.rs does not match the manifest".into());
     }
     if !problems.is_empty() {
-        bail!("kernel outputs are stale; run `cargo xtask build-ptx`:\n  {}", problems.join("\n  "));
+        bail!(
+            "kernel outputs are stale; run `cargo xtask build-ptx`:\n  {}",
+            problems.join("\n  ")
+        );
     }
-    println!("build-ptx --check: {} module(s) up to date", manifest.modules.len());
+    println!(
+        "build-ptx --check: {} module(s) up to date",
+        manifest.modules.len()
+    );
     Ok(())
 }
 
@@ -296,7 +343,8 @@ mod tests {
 
     #[test]
     fn parses_ptx_header_and_entries() {
-        let ptx = ".version 9.0\n.target sm_80\n.visible .entry add_f32(\n.visible .entry relu_f32(\n";
+        let ptx =
+            ".version 9.0\n.target sm_80\n.visible .entry add_f32(\n.visible .entry relu_f32(\n";
         assert_eq!(ptx_isa(ptx), Some((9, 0)));
         assert_eq!(ptx_entries(ptx), vec!["add_f32", "relu_f32"]);
         assert_eq!(ptx_isa(".target sm_80"), None);

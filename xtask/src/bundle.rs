@@ -1,1 +1,124 @@
-pub fn build() -> anyhow::Result<std::path::PathBuf> { anyhow::bail!("not yet") }
+//! `cargo xtask gpu-bundle`: release test and bench binaries, stripped, with the kernels, the
+//! PyTorch peer script and `run.sh`, in `target/gpu-bundle` for a GPU machine without Rust.
+
+use anyhow::{ensure, Context, Result};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Test targets that need cargo at run time (assert_cmd finds binaries through it).
+const SKIP_TESTS: &[&str] = &["cli"];
+/// Bundle size limit of the device tool.
+const MAX_BYTES: u64 = 64 << 20;
+
+/// Builds with cargo and returns `(package, target, executable)` for every artifact.
+fn cargo_executables(args: &[&str]) -> Result<Vec<(String, String, PathBuf)>> {
+    let out = Command::new(env!("CARGO"))
+        .current_dir(crate::root())
+        .args(args)
+        .args(["--release", "--message-format=json-render-diagnostics"])
+        .stderr(Stdio::inherit())
+        .output()?;
+    ensure!(out.status.success(), "cargo {args:?} failed");
+    let mut v = Vec::new();
+    for line in String::from_utf8(out.stdout)?.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(exe) = msg.get("executable").and_then(|e| e.as_str()) else {
+            continue;
+        };
+        let target = msg["target"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let pkg = msg["package_id"].as_str().unwrap_or_default();
+        // package_id is `path+file:///.../crates/gpu-cuda#0.1.0` or `name 0.1.0 (...)`.
+        let pkg = pkg
+            .rsplit('/')
+            .next()
+            .unwrap_or(pkg)
+            .split(['#', ' '])
+            .next()
+            .unwrap_or(pkg);
+        v.push((pkg.to_string(), target, PathBuf::from(exe)));
+    }
+    Ok(v)
+}
+
+fn copy_stripped(src: &Path, dst: &Path) -> Result<()> {
+    fs::copy(src, dst).with_context(|| format!("copying {}", src.display()))?;
+    let ok = Command::new("strip").arg("--strip-all").arg(dst).status();
+    ensure!(
+        ok.is_ok_and(|s| s.success()),
+        "strip failed on {}",
+        dst.display()
+    );
+    Ok(())
+}
+
+fn dir_size(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        total += if e.file_type()?.is_dir() {
+            dir_size(&e.path())?
+        } else {
+            e.metadata()?.len()
+        };
+    }
+    Ok(total)
+}
+
+pub fn build() -> Result<PathBuf> {
+    let root = crate::root();
+    let dir = root.join("target/gpu-bundle");
+    if dir.exists() {
+        fs::remove_dir_all(&dir)?;
+    }
+    for sub in ["tests", "bin", "kernels"] {
+        fs::create_dir_all(dir.join(sub))?;
+    }
+    let tests = cargo_executables(&["test", "--workspace", "--no-run"])?;
+    let mut n_tests = 0;
+    for (pkg, target, exe) in tests {
+        if SKIP_TESTS.contains(&target.as_str()) {
+            continue;
+        }
+        copy_stripped(&exe, &dir.join("tests").join(format!("{pkg}--{target}")))?;
+        n_tests += 1;
+    }
+    let bins = cargo_executables(&[
+        "build",
+        "-p",
+        "benches",
+        "--bin",
+        "gpu-bench",
+        "-p",
+        "hybrid-trainer",
+        "--bin",
+        "hybrid-trainer",
+    ])?;
+    for (_, target, exe) in bins {
+        copy_stripped(&exe, &dir.join("bin").join(target))?;
+    }
+    for e in fs::read_dir(root.join("crates/gpu-kernels/kernels"))? {
+        let p = e?.path();
+        fs::copy(&p, dir.join("kernels").join(p.file_name().unwrap()))?;
+    }
+    fs::copy(
+        root.join("benches/torch_peer.py"),
+        dir.join("torch_peer.py"),
+    )?;
+    fs::copy(root.join("xtask/run.sh"), dir.join("run.sh"))?;
+    let size = dir_size(&dir)?;
+    ensure!(
+        size < MAX_BYTES,
+        "bundle is {size} bytes, over the 64 MiB limit"
+    );
+    println!(
+        "{n_tests} test binaries, {:.1} MiB",
+        size as f64 / (1 << 20) as f64
+    );
+    Ok(dir)
+}

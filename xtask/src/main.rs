@@ -29,9 +29,9 @@ enum Cmd {
     GpuBundle,
     /// Run the GPU benchmarks on this machine (needs a GPU) and write docs/benchmarks.md.
     Bench {
-        /// Also compare with PyTorch when `python3 -c "import torch"` works.
-        #[arg(long, default_value_t = true)]
-        torch: bool,
+        /// Skip the PyTorch comparison (by default it runs when `python3 -c "import torch"` works).
+        #[arg(long)]
+        no_torch: bool,
     },
 }
 
@@ -53,6 +53,6 @@ fn main() -> Result<()> {
             }
         }
         Cmd::GpuBundle => bundle::build().map(|dir| println!("bundle ready: {}", dir.display())),
-        Cmd::Bench { torch } => bench::run(torch),
+        Cmd::Bench { no_torch } => bench::run(!no_torch),
     }
 }

@@ -84,7 +84,11 @@ impl Backend for CpuBackend {
 
     fn device_name(&self) -> String {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        format!("CPU ({} {}, {threads} threads)", std::env::consts::ARCH, std::env::consts::OS)
+        format!(
+            "CPU ({} {}, {threads} threads)",
+            std::env::consts::ARCH,
+            std::env::consts::OS
+        )
     }
 
     fn device_type(&self) -> DeviceType {
@@ -151,7 +155,13 @@ impl KernelOps for CpuBackend {
         self.binary(BinaryOp::Add, a, b, out)
     }
 
-    fn binary(&self, op: BinaryOp, a: &CpuStorage, b: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &CpuStorage,
+        b: &CpuStorage,
+        out: &mut CpuStorage,
+    ) -> Result<()> {
         ops::check_elementwise(op.name(), &[a, b], out)?;
         let (a, b) = (a.as_f32()?, b.as_f32()?);
         for ((o, &x), &y) in out.as_f32_mut()?.iter_mut().zip(a).zip(b) {
@@ -171,7 +181,10 @@ impl KernelOps for CpuBackend {
     fn softmax_rows(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
         ops::check_rows("softmax", x, out, cols)?;
         let x = x.as_f32()?;
-        for (xr, or) in x.chunks_exact(cols).zip(out.as_f32_mut()?.chunks_exact_mut(cols)) {
+        for (xr, or) in x
+            .chunks_exact(cols)
+            .zip(out.as_f32_mut()?.chunks_exact_mut(cols))
+        {
             softmax_row(xr, or);
         }
         Ok(())
@@ -188,13 +201,22 @@ impl KernelOps for CpuBackend {
     ) -> Result<()> {
         ops::check_layernorm(x, gamma, beta, out, cols, eps)?;
         let (x, g, b) = (x.as_f32()?, gamma.as_f32()?, beta.as_f32()?);
-        for (xr, or) in x.chunks_exact(cols).zip(out.as_f32_mut()?.chunks_exact_mut(cols)) {
+        for (xr, or) in x
+            .chunks_exact(cols)
+            .zip(out.as_f32_mut()?.chunks_exact_mut(cols))
+        {
             layernorm_row(xr, g, b, or, eps);
         }
         Ok(())
     }
 
-    fn matmul(&self, spec: MatmulSpec, a: &CpuStorage, b: &CpuStorage, c: &mut CpuStorage) -> Result<()> {
+    fn matmul(
+        &self,
+        spec: MatmulSpec,
+        a: &CpuStorage,
+        b: &CpuStorage,
+        c: &mut CpuStorage,
+    ) -> Result<()> {
         spec.validate(a, b, c)?;
         sgemm_rows(spec, a.as_f32()?, b.as_f32()?, c.as_f32_mut()?);
         Ok(())
@@ -223,7 +245,14 @@ pub fn layernorm_row(x: &[f32], gamma: &[f32], beta: &[f32], out: &mut [f32], ep
 
 /// Row-major (batched) SGEMM through `matrixmultiply`; transposes are expressed as strides.
 pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
-    let MatmulSpec { batch, m, n, k, trans_a, trans_b } = spec;
+    let MatmulSpec {
+        batch,
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+    } = spec;
     if m == 0 || n == 0 {
         return;
     }
@@ -232,20 +261,40 @@ pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
         return;
     }
     // Element strides (row, col) of op(A) (m × k) and op(B) (k × n).
-    let (rsa, csa) = if trans_a { (1, m as isize) } else { (k as isize, 1) };
-    let (rsb, csb) = if trans_b { (1, k as isize) } else { (n as isize, 1) };
+    let (rsa, csa) = if trans_a {
+        (1, m as isize)
+    } else {
+        (k as isize, 1)
+    };
+    let (rsb, csb) = if trans_b {
+        (1, k as isize)
+    } else {
+        (n as isize, 1)
+    };
     for bi in 0..batch {
-        let (ab, bb) = (&a[bi * m * k..(bi + 1) * m * k], &b[bi * k * n..(bi + 1) * k * n]);
+        let (ab, bb) = (
+            &a[bi * m * k..(bi + 1) * m * k],
+            &b[bi * k * n..(bi + 1) * k * n],
+        );
         let cb = &mut c[bi * m * n..(bi + 1) * m * n];
         // SAFETY: the slices hold exactly m·k, k·n and m·n elements (checked by
         // `MatmulSpec::validate`), and the strides above address only those elements.
         unsafe {
             matrixmultiply::sgemm(
-                m, k, n, 1.0,
-                ab.as_ptr(), rsa, csa,
-                bb.as_ptr(), rsb, csb,
+                m,
+                k,
+                n,
+                1.0,
+                ab.as_ptr(),
+                rsa,
+                csa,
+                bb.as_ptr(),
+                rsb,
+                csb,
                 0.0,
-                cb.as_mut_ptr(), n as isize, 1,
+                cb.as_mut_ptr(),
+                n as isize,
+                1,
             );
         }
     }

@@ -64,6 +64,18 @@ impl Device {
     }
 }
 
+/// Prints which device was chosen and why (the override, or detection).
+pub fn describe_choice(device: Device) {
+    match std::env::var(DEVICE_ENV) {
+        Ok(v) if !v.trim().is_empty() => println!("device {device} ({DEVICE_ENV}={v})"),
+        _ => match (device, probe::cuda_device_count()) {
+            (Device::Cpu, Err(e)) => println!("device cpu ({e})"),
+            (Device::Cpu, Ok(0)) => println!("device cpu (the CUDA driver reports no GPU)"),
+            (d, _) => println!("device {d}"),
+        },
+    }
+}
+
 impl FromStr for Device {
     type Err = GpuError;
 
@@ -118,7 +130,10 @@ mod tests {
         let err = Device::Cuda(10_000).check_present().unwrap_err();
         assert!(matches!(
             err,
-            GpuError::InvalidOrdinal { ordinal: 10_000, .. } | GpuError::CudaUnavailable(_)
+            GpuError::InvalidOrdinal {
+                ordinal: 10_000,
+                ..
+            } | GpuError::CudaUnavailable(_)
         ));
         assert!(Device::Cpu.check_present().is_ok());
     }

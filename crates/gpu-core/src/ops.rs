@@ -98,7 +98,12 @@ impl MatmulSpec {
     }
 
     /// Checks the buffer lengths against the spec.
-    pub fn validate(&self, a: &impl BufferInfo, b: &impl BufferInfo, c: &impl BufferInfo) -> Result<()> {
+    pub fn validate(
+        &self,
+        a: &impl BufferInfo,
+        b: &impl BufferInfo,
+        c: &impl BufferInfo,
+    ) -> Result<()> {
         for buf in [a.dtype(), b.dtype(), c.dtype()] {
             require_f32("matmul", buf)?;
         }
@@ -111,10 +116,18 @@ impl MatmulSpec {
                     reason: format!("{self:?} overflows usize"),
                 })
         };
-        let (ea, eb, ec) = (len(self.m, self.k)?, len(self.k, self.n)?, len(self.m, self.n)?);
+        let (ea, eb, ec) = (
+            len(self.m, self.k)?,
+            len(self.k, self.n)?,
+            len(self.m, self.n)?,
+        );
         for (name, want, got) in [("A", ea, a.len()), ("B", eb, b.len()), ("C", ec, c.len())] {
             if want != got {
-                return Err(GpuError::shape("matmul", format!("{name} of {want} elements"), got));
+                return Err(GpuError::shape(
+                    "matmul",
+                    format!("{name} of {want} elements"),
+                    got,
+                ));
             }
         }
         Ok(())
@@ -135,7 +148,11 @@ pub fn require_f32(op: &'static str, dtype: DType) -> Result<()> {
 }
 
 /// Checks operands of an elementwise op: same dtype (f32) and the same length.
-pub fn check_elementwise(op: &'static str, inputs: &[&dyn BufferInfoDyn], out: &dyn BufferInfoDyn) -> Result<()> {
+pub fn check_elementwise(
+    op: &'static str,
+    inputs: &[&dyn BufferInfoDyn],
+    out: &dyn BufferInfoDyn,
+) -> Result<()> {
     require_f32(op, out.dtype_dyn())?;
     for x in inputs {
         require_f32(op, x.dtype_dyn())?;
@@ -147,7 +164,12 @@ pub fn check_elementwise(op: &'static str, inputs: &[&dyn BufferInfoDyn], out: &
 }
 
 /// Checks a row-wise op over `cols`-wide rows; returns the number of rows.
-pub fn check_rows(op: &'static str, x: &dyn BufferInfoDyn, out: &dyn BufferInfoDyn, cols: usize) -> Result<usize> {
+pub fn check_rows(
+    op: &'static str,
+    x: &dyn BufferInfoDyn,
+    out: &dyn BufferInfoDyn,
+    cols: usize,
+) -> Result<usize> {
     check_elementwise(op, &[x], out)?;
     if cols == 0 {
         return Err(GpuError::InvalidShape {
@@ -155,8 +177,12 @@ pub fn check_rows(op: &'static str, x: &dyn BufferInfoDyn, out: &dyn BufferInfoD
             reason: "rows must have at least one column".into(),
         });
     }
-    if x.len_dyn() % cols != 0 {
-        return Err(GpuError::shape(op, format!("a multiple of {cols} elements"), x.len_dyn()));
+    if !x.len_dyn().is_multiple_of(cols) {
+        return Err(GpuError::shape(
+            op,
+            format!("a multiple of {cols} elements"),
+            x.len_dyn(),
+        ));
     }
     Ok(x.len_dyn() / cols)
 }
@@ -184,7 +210,13 @@ pub trait KernelOps: Backend {
     /// `out = a + b`, one thread per element (seed B's vector add).
     fn vector_add(&self, a: &Self::Buffer, b: &Self::Buffer, out: &mut Self::Buffer) -> Result<()>;
     /// `out = a ∘ b` elementwise.
-    fn binary(&self, op: BinaryOp, a: &Self::Buffer, b: &Self::Buffer, out: &mut Self::Buffer) -> Result<()>;
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
     /// `out = f(x)` elementwise.
     fn unary(&self, op: UnaryOp, x: &Self::Buffer, out: &mut Self::Buffer) -> Result<()>;
     /// Softmax over each `cols`-wide row.
@@ -201,7 +233,13 @@ pub trait KernelOps: Backend {
         eps: f32,
     ) -> Result<()>;
     /// Row-major (batched) matrix product; see [`MatmulSpec`].
-    fn matmul(&self, spec: MatmulSpec, a: &Self::Buffer, b: &Self::Buffer, c: &mut Self::Buffer) -> Result<()>;
+    fn matmul(
+        &self,
+        spec: MatmulSpec,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        c: &mut Self::Buffer,
+    ) -> Result<()>;
 }
 
 /// Checks LayerNorm's arguments; returns the number of rows.
@@ -217,11 +255,18 @@ pub fn check_layernorm(
     for (name, p) in [("gamma", gamma), ("beta", beta)] {
         require_f32("layernorm", p.dtype_dyn())?;
         if p.len_dyn() != cols {
-            return Err(GpuError::shape("layernorm", format!("{name} of {cols}"), p.len_dyn()));
+            return Err(GpuError::shape(
+                "layernorm",
+                format!("{name} of {cols}"),
+                p.len_dyn(),
+            ));
         }
     }
     if !(eps.is_finite() && eps > 0.0) {
-        return Err(GpuError::invalid("layernorm", format!("eps must be finite and > 0, got {eps}")));
+        return Err(GpuError::invalid(
+            "layernorm",
+            format!("eps must be finite and > 0, got {eps}"),
+        ));
     }
     Ok(rows)
 }

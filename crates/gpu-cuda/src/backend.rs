@@ -59,7 +59,9 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<Self> {
         let count = probe::cuda_device_count()?;
         if count == 0 {
-            return Err(GpuError::CudaUnavailable("the driver reports no CUDA device".into()));
+            return Err(GpuError::CudaUnavailable(
+                "the driver reports no CUDA device".into(),
+            ));
         }
         if ordinal >= count {
             return Err(GpuError::InvalidOrdinal { ordinal, count });
@@ -75,10 +77,15 @@ impl CudaBackend {
         let info = DeviceInfo {
             ordinal,
             name: ctx.name().map_err(drv("cuDeviceGetName"))?,
-            compute_capability: ctx.compute_capability().map_err(drv("cuDeviceGetAttribute"))?,
+            compute_capability: ctx
+                .compute_capability()
+                .map_err(drv("cuDeviceGetAttribute"))?,
             total_memory: ctx.total_mem().map_err(drv("cuDeviceTotalMem"))?,
-            multiprocessors: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
-            l2_cache_bytes: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
+            multiprocessors: attr(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )? as u32,
+            l2_cache_bytes: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?
+                as usize,
             driver_version,
         };
         let path = match std::env::var(LAUNCH_ENV) {
@@ -89,7 +96,10 @@ impl CudaBackend {
             None | Some("") | Some("fatbin") => ImageKind::Fatbin,
             Some("ptx") => ImageKind::Ptx,
             Some(other) => {
-                return Err(GpuError::invalid(IMAGE_ENV, format!("'{other}': expected fatbin or ptx")))
+                return Err(GpuError::invalid(
+                    IMAGE_ENV,
+                    format!("'{other}': expected fatbin or ptx"),
+                ))
             }
         };
         let backend = Self {
@@ -115,7 +125,10 @@ impl CudaBackend {
     pub fn for_device(device: Device) -> Result<Self> {
         match device {
             Device::Cuda(i) => Self::new(i),
-            Device::Cpu => Err(GpuError::invalid("CudaBackend", "the CPU is not a CUDA device")),
+            Device::Cpu => Err(GpuError::invalid(
+                "CudaBackend",
+                "the CPU is not a CUDA device",
+            )),
         }
     }
 
@@ -224,6 +237,34 @@ impl CudaBackend {
         }
     }
 
+    /// Copies `src` into `dst` on the device (same dtype and length), queued on the stream.
+    pub fn copy_buffer(&self, src: &CudaBuffer, dst: &mut CudaBuffer) -> Result<()> {
+        if src.dtype() != dst.dtype() {
+            return Err(GpuError::DTypeMismatch {
+                op: "copy_buffer",
+                expected: dst.dtype(),
+                got: src.dtype(),
+            });
+        }
+        if src.len() != dst.len() {
+            return Err(GpuError::shape("copy_buffer", dst.len(), src.len()));
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both buffers are live and hold `size_in_bytes` bytes (checked above).
+        unsafe {
+            result::memcpy_dtod_async(
+                dst.device_ptr(),
+                src.device_ptr(),
+                src.size_in_bytes(),
+                self.inner.stream.cu_stream(),
+            )
+        }
+        .map_err(drv("cuMemcpyDtoDAsync"))
+    }
+
     /// Fills a buffer of 4-byte elements with a bit pattern (`cuMemsetD32Async`).
     pub(crate) fn memset32(&self, buf: &mut CudaBuffer, bits: u32) -> Result<()> {
         if buf.is_empty() {
@@ -232,12 +273,20 @@ impl CudaBackend {
         self.bind()?;
         // SAFETY: the buffer holds `len` 4-byte elements and is live.
         crate::error::check("cuMemsetD32Async", unsafe {
-            sys::cuMemsetD32Async(buf.device_ptr(), bits, buf.len(), self.inner.stream.cu_stream())
+            sys::cuMemsetD32Async(
+                buf.device_ptr(),
+                bits,
+                buf.len(),
+                self.inner.stream.cu_stream(),
+            )
         })
     }
 
     pub(crate) fn bind(&self) -> Result<()> {
-        self.inner.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(drv("cuCtxSetCurrent"))
     }
 }
 
@@ -292,6 +341,9 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.inner.stream.synchronize().map_err(drv("cuStreamSynchronize"))
+        self.inner
+            .stream
+            .synchronize()
+            .map_err(drv("cuStreamSynchronize"))
     }
 }

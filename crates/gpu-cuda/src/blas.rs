@@ -22,16 +22,32 @@ fn blas_err(call: &'static str) -> impl Fn(result::CublasError) -> GpuError {
 
 impl CudaBackend {
     /// `C = op(A)·op(B)` (see [`MatmulSpec`]); the spec is validated by the caller.
-    pub(crate) fn sgemm(&self, s: MatmulSpec, a: &CudaBuffer, b: &CudaBuffer, c: &mut CudaBuffer) -> Result<()> {
+    pub(crate) fn sgemm(
+        &self,
+        s: MatmulSpec,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+    ) -> Result<()> {
         if s.batch == 0 || s.m == 0 || s.n == 0 {
             return Ok(());
         }
         if s.k == 0 {
             return self.memset32(c, 0);
         }
-        let (m, n, k) = (to_i32("matmul", s.m)?, to_i32("matmul", s.n)?, to_i32("matmul", s.k)?);
+        let (m, n, k) = (
+            to_i32("matmul", s.m)?,
+            to_i32("matmul", s.n)?,
+            to_i32("matmul", s.k)?,
+        );
         let batch = to_i32("matmul", s.batch)?;
-        let op = |t: bool| if t { sys::cublasOperation_t::CUBLAS_OP_T } else { sys::cublasOperation_t::CUBLAS_OP_N };
+        let op = |t: bool| {
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
         // cuBLAS sees row-major B as column-major Bᵀ: leading dimension is B's row length.
         let ldb_row = if s.trans_b { k } else { n };
         let lda_row = if s.trans_a { m } else { k };
@@ -48,23 +64,53 @@ impl CudaBackend {
         unsafe { sys::cublasSetMathMode(handle, mode) }
             .result()
             .map_err(blas_err("cublasSetMathMode"))?;
-        let (pa, pb, pc) = (a.device_ptr() as *const f32, b.device_ptr() as *const f32, c.device_ptr() as *mut f32);
+        let (pa, pb, pc) = (
+            a.device_ptr() as *const f32,
+            b.device_ptr() as *const f32,
+            c.device_ptr() as *mut f32,
+        );
         // SAFETY: the buffers hold batch·m·k, batch·k·n and batch·m·n f32 elements (validated by
         // `MatmulSpec::validate`), and the leading dimensions and strides above address exactly
         // those elements.
         unsafe {
             if s.batch == 1 {
                 result::sgemm(
-                    handle, op(s.trans_b), op(s.trans_a), n, m, k,
-                    &alpha, pb, ldb_row, pa, lda_row, &beta, pc, n,
+                    handle,
+                    op(s.trans_b),
+                    op(s.trans_a),
+                    n,
+                    m,
+                    k,
+                    &alpha,
+                    pb,
+                    ldb_row,
+                    pa,
+                    lda_row,
+                    &beta,
+                    pc,
+                    n,
                 )
                 .map_err(blas_err("cublasSgemm"))
             } else {
                 result::sgemm_strided_batched(
-                    handle, op(s.trans_b), op(s.trans_a), n, m, k,
-                    &alpha, pb, ldb_row, (s.k * s.n) as i64,
-                    pa, lda_row, (s.m * s.k) as i64,
-                    &beta, pc, n, (s.m * s.n) as i64, batch,
+                    handle,
+                    op(s.trans_b),
+                    op(s.trans_a),
+                    n,
+                    m,
+                    k,
+                    &alpha,
+                    pb,
+                    ldb_row,
+                    (s.k * s.n) as i64,
+                    pa,
+                    lda_row,
+                    (s.m * s.k) as i64,
+                    &beta,
+                    pc,
+                    n,
+                    (s.m * s.n) as i64,
+                    batch,
                 )
                 .map_err(blas_err("cublasSgemmStridedBatched"))
             }

@@ -29,7 +29,10 @@ impl std::str::FromStr for LaunchPath {
         match s.trim().to_ascii_lowercase().as_str() {
             "cudarc" => Ok(Self::Cudarc),
             "raw" | "driver" | "raw-driver" => Ok(Self::RawDriver),
-            _ => Err(GpuError::invalid("launch path", format!("'{s}': expected cudarc or raw"))),
+            _ => Err(GpuError::invalid(
+                "launch path",
+                format!("'{s}': expected cudarc or raw"),
+            )),
         }
     }
 }
@@ -68,7 +71,10 @@ pub(crate) fn check_config(kernel: &str, cfg: &LaunchConfig) -> Result<()> {
         ));
     }
     if g.0 > i32::MAX as u32 || g.1 > 65_535 || g.2 > 65_535 {
-        return Err(GpuError::invalid("launch", format!("{kernel}: grid {g:?} is too large")));
+        return Err(GpuError::invalid(
+            "launch",
+            format!("{kernel}: grid {g:?} is too large"),
+        ));
     }
     Ok(())
 }
@@ -115,7 +121,10 @@ pub(crate) fn launch_raw(
             KernelArg::F32(v) => v as *mut f32 as *mut c_void,
         })
         .collect();
-    stream.context().bind_to_thread().map_err(crate::error::drv("cuCtxSetCurrent"))?;
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(crate::error::drv("cuCtxSetCurrent"))?;
     let (g, b) = (cfg.grid_dim, cfg.block_dim);
     // SAFETY: `params` points at `values`, which outlive the call (the driver copies parameter
     // values at launch); `func` belongs to a module that is still loaded; the parameter list

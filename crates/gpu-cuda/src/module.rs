@@ -51,7 +51,10 @@ impl RawModule {
             });
         }
         check("cuModuleLoadData", r)?;
-        Ok(Self { ctx: ctx.clone(), module })
+        Ok(Self {
+            ctx: ctx.clone(),
+            module,
+        })
     }
 
     /// The handle of `kernel` in this module.
@@ -80,10 +83,25 @@ impl Drop for RawModule {
 
 /// Checks an image's framing and returns bytes safe to hand to `cuModuleLoadData`.
 pub(crate) fn validate_image(name: &str, image: &[u8]) -> Result<Vec<u8>> {
-    let bad = |reason: &str| GpuError::InvalidKernelImage { name: name.into(), reason: reason.into() };
-    let u32_at = |o: usize| image.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
-    let u64_at = |o: usize| image.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
-    let u16_at = |o: usize| image.get(o..o + 2).map(|b| u16::from_le_bytes(b.try_into().unwrap()));
+    let bad = |reason: &str| GpuError::InvalidKernelImage {
+        name: name.into(),
+        reason: reason.into(),
+    };
+    let u32_at = |o: usize| {
+        image
+            .get(o..o + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let u64_at = |o: usize| {
+        image
+            .get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    let u16_at = |o: usize| {
+        image
+            .get(o..o + 2)
+            .map(|b| u16::from_le_bytes(b.try_into().unwrap()))
+    };
     if image.is_empty() {
         return Err(bad("the image is empty"));
     }
@@ -99,9 +117,8 @@ pub(crate) fn validate_image(name: &str, image: &[u8]) -> Result<Vec<u8>> {
     if image.starts_with(b"\x7fELF") {
         // 64-bit ELF: section headers at e_shoff (u64 @0x28), e_shentsize/e_shnum (u16 @0x3a/0x3c).
         let shoff = u64_at(0x28).ok_or_else(|| bad("truncated ELF header"))?;
-        let end = shoff.saturating_add(
-            u16_at(0x3a).unwrap_or(0) as u64 * u16_at(0x3c).unwrap_or(0) as u64,
-        );
+        let end = shoff
+            .saturating_add(u16_at(0x3a).unwrap_or(0) as u64 * u16_at(0x3c).unwrap_or(0) as u64);
         if image.get(4) != Some(&2) || end > image.len() as u64 {
             return Err(bad("the cubin (ELF) is truncated or not 64-bit"));
         }
@@ -139,14 +156,36 @@ unsafe impl Sync for RawFunction {}
 
 impl RawFunction {
     pub(crate) fn new(module: Arc<RawModule>, func: sys::CUfunction) -> Self {
-        Self { func, _module: module }
+        Self {
+            func,
+            _module: module,
+        }
     }
 }
 
 fn lookup(kernel: &str) -> Result<(&'static KernelModule, &'static str)> {
     let m = gpu_kernels::module_of(kernel).ok_or_else(|| GpuError::UnknownKernel(kernel.into()))?;
-    let name = m.kernels.iter().find(|k| **k == kernel).expect("module_of checked it");
+    verified(m)?;
+    let name = m
+        .kernels
+        .iter()
+        .find(|k| **k == kernel)
+        .expect("module_of checked it");
     Ok((m, name))
+}
+
+/// Checks an embedded module's hashes once per process.
+fn verified(m: &'static KernelModule) -> Result<()> {
+    static CHECKED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut done = lock(&CHECKED);
+    if !done.contains(&m.name) {
+        m.verify().map_err(|reason| GpuError::InvalidKernelImage {
+            name: m.name.into(),
+            reason,
+        })?;
+        done.push(m.name);
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -174,16 +213,20 @@ impl ModuleCache {
                         ImageKind::Ptx => Ptx::from_src(m.ptx),
                         ImageKind::Fatbin => Ptx::from_binary(m.fatbin.to_vec()),
                     };
-                    let module = ctx.load_module(ptx).map_err(|e| GpuError::InvalidKernelImage {
-                        name: m.name.into(),
-                        reason: crate::describe_driver_error(&e),
-                    })?;
+                    let module =
+                        ctx.load_module(ptx)
+                            .map_err(|e| GpuError::InvalidKernelImage {
+                                name: m.name.into(),
+                                reason: crate::describe_driver_error(&e),
+                            })?;
                     mods.insert((m.name, kind), module.clone());
                     module
                 }
             }
         };
-        let f = module.load_function(name).map_err(drv("cuModuleGetFunction"))?;
+        let f = module
+            .load_function(name)
+            .map_err(drv("cuModuleGetFunction"))?;
         lock(&self.cudarc_fns).insert((name, kind), f.clone());
         Ok(f)
     }

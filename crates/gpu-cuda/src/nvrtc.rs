@@ -63,11 +63,16 @@ impl CudaBackend {
     /// called `name` from it. Compile errors come back as [`GpuError::Compile`] with NVRTC's log.
     pub fn compile_kernel(&self, name: &str, source: &str) -> Result<UserKernel> {
         if source.contains('\0') || name.contains('\0') {
-            return Err(GpuError::invalid("compile_kernel", "source and name must not contain NUL"));
+            return Err(GpuError::invalid(
+                "compile_kernel",
+                "source and name must not contain NUL",
+            ));
         }
         // SAFETY: only probes whether the library can be opened.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(GpuError::CudaUnavailable("the NVRTC library (libnvrtc.so) was not found".into()));
+            return Err(GpuError::CudaUnavailable(
+                "the NVRTC library (libnvrtc.so) was not found".into(),
+            ));
         }
         let opts = CompileOptions {
             arch: Some(arch_for(self.info().compute_capability)),
@@ -82,15 +87,24 @@ impl CudaBackend {
             },
         })?;
         let text = ptx.to_src();
-        let module = self.context().load_module(ptx).map_err(|e| GpuError::InvalidKernelImage {
-            name: name.into(),
-            reason: crate::describe_driver_error(&e),
-        })?;
+        let module = self
+            .context()
+            .load_module(ptx)
+            .map_err(|e| GpuError::InvalidKernelImage {
+                name: name.into(),
+                reason: crate::describe_driver_error(&e),
+            })?;
         let func = module.load_function(name).map_err(|e| match e.0 {
-            cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND => GpuError::UnknownKernel(name.into()),
+            cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND => {
+                GpuError::UnknownKernel(name.into())
+            }
             _ => drv("cuModuleGetFunction")(e),
         })?;
-        Ok(UserKernel { name: name.into(), ptx: text, handle: Handle::Cudarc(func) })
+        Ok(UserKernel {
+            name: name.into(),
+            ptx: text,
+            handle: Handle::Cudarc(func),
+        })
     }
 
     /// Loads kernel `name` from a module image through the raw driver API. Truncated or corrupt
@@ -98,7 +112,11 @@ impl CudaBackend {
     pub fn load_kernel_image(&self, image: &[u8], name: &str) -> Result<UserKernel> {
         let module = Arc::new(RawModule::load(self.context(), name, image)?);
         let func = module.function(name)?;
-        Ok(UserKernel { name: name.into(), ptx: String::new(), handle: Handle::Raw(RawFunction::new(module, func)) })
+        Ok(UserKernel {
+            name: name.into(),
+            ptx: String::new(),
+            handle: Handle::Raw(RawFunction::new(module, func)),
+        })
     }
 
     /// Launches a kernel from [`CudaBackend::compile_kernel`] on this backend's stream.
@@ -106,7 +124,12 @@ impl CudaBackend {
     /// # Safety
     /// `args` must match the kernel's parameters in number, order and type, and every pointer
     /// must address live device memory large enough for what the kernel touches under `cfg`.
-    pub unsafe fn run_kernel(&self, kernel: &UserKernel, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
+    pub unsafe fn run_kernel(
+        &self,
+        kernel: &UserKernel,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
         launch::check_config(&kernel.name, &cfg)?;
         match &kernel.handle {
             Handle::Cudarc(f) => launch::launch_cudarc(self.stream(), f, cfg, args),

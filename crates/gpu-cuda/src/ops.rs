@@ -7,6 +7,9 @@ use gpu_core::ops::{check_elementwise, check_layernorm, check_rows};
 use gpu_core::{BinaryOp, BufferInfo, GpuError, KernelOps, MatmulSpec, Result, UnaryOp};
 
 const BLOCK: u32 = 256;
+/// Rows up to this many bytes are staged in shared memory (the 48 KiB every GPU allows
+/// without opting in).
+const ROW_CACHE_BYTES: usize = 48 * 1024;
 
 impl CudaBackend {
     /// Grid for the float4 grid-stride kernels: enough blocks to fill the GPU, no more.
@@ -14,19 +17,37 @@ impl CudaBackend {
         let per_block = 4 * BLOCK as usize;
         let cap = self.info().multiprocessors.max(1) as usize * 8;
         let blocks = n.div_ceil(per_block).clamp(1, cap) as u32;
-        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// One block per row; threads scale with the row (32..=512), striding over wider rows.
-    fn row_config(op: &'static str, rows: usize, cols: usize) -> Result<LaunchConfig> {
+    /// Rows up to [`ROW_CACHE_BYTES`] are staged in dynamic shared memory (the returned flag).
+    fn row_config(op: &'static str, rows: usize, cols: usize) -> Result<(LaunchConfig, u32)> {
         let rows = u32::try_from(rows).ok().filter(|&r| r <= i32::MAX as u32);
-        let rows = rows.ok_or_else(|| GpuError::InvalidShape { op, reason: "more than 2^31-1 rows".into() })?;
-        let threads = cols.div_ceil(8).next_power_of_two().clamp(32, 512) as u32;
-        Ok(LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
+        let rows = rows.ok_or_else(|| GpuError::InvalidShape {
+            op,
+            reason: "more than 2^31-1 rows".into(),
+        })?;
+        let threads = cols.div_ceil(16).next_power_of_two().clamp(32, 512) as u32;
+        let cached = cols * 4 <= ROW_CACHE_BYTES;
+        let smem = if cached { (cols * 4) as u32 } else { 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (rows, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        Ok((cfg, cached as u32))
     }
 
     fn cols_u32(op: &'static str, cols: usize) -> Result<u32> {
-        u32::try_from(cols).map_err(|_| GpuError::InvalidShape { op, reason: "rows wider than 2^32-1".into() })
+        u32::try_from(cols).map_err(|_| GpuError::InvalidShape {
+            op,
+            reason: "rows wider than 2^32-1".into(),
+        })
     }
 }
 
@@ -42,18 +63,29 @@ impl KernelOps for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let blocks = u32::try_from(n.div_ceil(BLOCK as usize)).map_err(|_| GpuError::InvalidShape {
-            op: "vector_add",
-            reason: "too many elements for one thread each".into(),
-        })?;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let blocks =
+            u32::try_from(n.div_ceil(BLOCK as usize)).map_err(|_| GpuError::InvalidShape {
+                op: "vector_add",
+                reason: "too many elements for one thread each".into(),
+            })?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let args = [a.into(), b.into(), out.into(), KernelArg::U64(n as u64)];
         // SAFETY: vector_add_f32(const float*, const float*, float*, u64 n); all three buffers
         // hold n f32 (checked above).
         unsafe { self.launch("vector_add_f32", cfg, &args) }
     }
 
-    fn binary(&self, op: BinaryOp, a: &CudaBuffer, b: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
         check_elementwise(op.name(), &[a, b], out)?;
         let n = out.len();
         if n == 0 {
@@ -91,10 +123,16 @@ impl KernelOps for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let cfg = Self::row_config("softmax", rows, cols)?;
-        let args = [x.into(), out.into(), KernelArg::U32(Self::cols_u32("softmax", cols)?)];
-        // SAFETY: softmax_f32(const float*, float*, u32 cols) over `rows` blocks; both buffers
-        // hold rows·cols f32.
+        let (cfg, cached) = Self::row_config("softmax", rows, cols)?;
+        let args = [
+            x.into(),
+            out.into(),
+            KernelArg::U32(Self::cols_u32("softmax", cols)?),
+            KernelArg::U32(cached),
+        ];
+        // SAFETY: softmax_f32(const float*, float*, u32 cols, u32 cached) over `rows` blocks;
+        // both buffers hold rows·cols f32; when cached, the block has cols·4 bytes of dynamic
+        // shared memory.
         unsafe { self.launch("softmax_f32", cfg, &args) }
     }
 
@@ -111,15 +149,30 @@ impl KernelOps for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let cfg = Self::row_config("layernorm", rows, cols)?;
+        let (cfg, cached) = Self::row_config("layernorm", rows, cols)?;
         let cols = Self::cols_u32("layernorm", cols)?;
-        let args = [x.into(), gamma.into(), beta.into(), out.into(), KernelArg::U32(cols), KernelArg::F32(eps)];
+        let args = [
+            x.into(),
+            gamma.into(),
+            beta.into(),
+            out.into(),
+            KernelArg::U32(cols),
+            KernelArg::F32(eps),
+            KernelArg::U32(cached),
+        ];
         // SAFETY: layernorm_f32(const float* x, const float* gamma, const float* beta, float* y,
-        // u32 cols, float eps); x and y hold rows·cols f32, gamma and beta hold cols.
+        // u32 cols, float eps, u32 cached); x and y hold rows·cols f32, gamma and beta hold
+        // cols; when cached, the block has cols·4 bytes of dynamic shared memory.
         unsafe { self.launch("layernorm_f32", cfg, &args) }
     }
 
-    fn matmul(&self, spec: MatmulSpec, a: &CudaBuffer, b: &CudaBuffer, c: &mut CudaBuffer) -> Result<()> {
+    fn matmul(
+        &self,
+        spec: MatmulSpec,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+    ) -> Result<()> {
         spec.validate(a, b, c)?;
         self.sgemm(spec, a, b, c)
     }

@@ -98,12 +98,20 @@ impl MemoryPool {
 
     /// Allocates `len` elements of `dtype`; the contents are unspecified.
     pub(crate) fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
-        let requested = len.checked_mul(dtype.size_in_bytes()).ok_or(GpuError::OutOfMemory {
-            requested: usize::MAX,
-            free: free_bytes(),
-        })?;
+        let requested = len
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or(GpuError::OutOfMemory {
+                requested: usize::MAX,
+                free: free_bytes(),
+            })?;
         if requested == 0 {
-            return Ok(CudaBuffer { ptr: 0, len: 0, dtype, class: 0, pool: None });
+            return Ok(CudaBuffer {
+                ptr: 0,
+                len: 0,
+                dtype,
+                class: 0,
+                pool: None,
+            });
         }
         let class = size_class(requested);
         let mut st = self.inner.lock();
@@ -115,7 +123,10 @@ impl MemoryPool {
             }
             None => {
                 st.stats.misses += 1;
-                self.inner.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+                self.inner
+                    .ctx
+                    .bind_to_thread()
+                    .map_err(drv("cuCtxSetCurrent"))?;
                 // SAFETY: plain device allocation on the bound context; the pointer is owned by
                 // the returned buffer and freed by this pool.
                 match unsafe { result::malloc_sync(class) } {
@@ -123,9 +134,11 @@ impl MemoryPool {
                     Err(_) => {
                         self.inner.release_cache(&mut st)?;
                         // SAFETY: as above.
-                        unsafe { result::malloc_sync(class) }.map_err(|_| GpuError::OutOfMemory {
-                            requested,
-                            free: free_bytes(),
+                        unsafe { result::malloc_sync(class) }.map_err(|_| {
+                            GpuError::OutOfMemory {
+                                requested,
+                                free: free_bytes(),
+                            }
                         })?
                     }
                 }
@@ -134,7 +147,13 @@ impl MemoryPool {
         st.stats.bytes_in_use += class;
         st.stats.live_buffers += 1;
         st.stats.peak_bytes_in_use = st.stats.peak_bytes_in_use.max(st.stats.bytes_in_use);
-        Ok(CudaBuffer { ptr, len, dtype, class, pool: Some(self.inner.clone()) })
+        Ok(CudaBuffer {
+            ptr,
+            len,
+            dtype,
+            class,
+            pool: Some(self.inner.clone()),
+        })
     }
 
     /// Current statistics.
@@ -167,7 +186,11 @@ impl CudaBuffer {
 
 impl std::fmt::Debug for CudaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaBuffer({} x {} at {:#x})", self.len, self.dtype, self.ptr)
+        write!(
+            f,
+            "CudaBuffer({} x {} at {:#x})",
+            self.len, self.dtype, self.ptr
+        )
     }
 }
 

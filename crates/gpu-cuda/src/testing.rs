@@ -18,7 +18,11 @@ pub fn backend_or_skip(test: &str) -> Option<CudaBackend> {
             }
             let _ = writeln!(std::io::stderr(), "SKIP {test}: no CUDA device ({e})");
             if let Ok(path) = std::env::var("HYBRID_GPU_SKIP_LOG") {
-                if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                if let Ok(mut f) = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                {
                     let _ = writeln!(f, "{test}");
                 }
             }

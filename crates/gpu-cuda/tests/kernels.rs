@@ -53,7 +53,8 @@ fn softmax<B: KernelOps>(b: &B, x: &[f32], cols: usize) -> Vec<f32> {
 
 fn layernorm<B: KernelOps>(b: &B, x: &[f32], g: &[f32], be: &[f32], cols: usize) -> Vec<f32> {
     let mut o = poisoned(b, x.len());
-    b.layernorm_rows(&up(b, x), &up(b, g), &up(b, be), &mut o, cols, 1e-5).unwrap();
+    b.layernorm_rows(&up(b, x), &up(b, g), &up(b, be), &mut o, cols, 1e-5)
+        .unwrap();
     down(b, &o)
 }
 
@@ -67,7 +68,11 @@ fn vector_add_body<B: KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
     for &n in SIZES {
         let (x, y) = (random_vec(rng, n, 10.0), random_vec(rng, n, 10.0));
         // Seed B's test: c = a + b, one IEEE add per element, so bit-identical to the CPU.
-        assert_eq!(vector_add(b, &x, &y), vector_add(&CPU, &x, &y), "{dev} n={n}");
+        assert_eq!(
+            vector_add(b, &x, &y),
+            vector_add(&CPU, &x, &y),
+            "{dev} n={n}"
+        );
     }
 }
 
@@ -75,7 +80,11 @@ fn add_mul_body<B: KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
     for &n in SIZES {
         let (x, y) = (random_vec(rng, n, 10.0), random_vec(rng, n, 10.0));
         for op in [BinaryOp::Add, BinaryOp::Mul] {
-            assert_eq!(binary(b, op, &x, &y), binary(&CPU, op, &x, &y), "{dev} {op:?} n={n}");
+            assert_eq!(
+                binary(b, op, &x, &y),
+                binary(&CPU, op, &x, &y),
+                "{dev} {op:?} n={n}"
+            );
         }
     }
 }
@@ -95,21 +104,43 @@ fn activations_body<B: KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-/// Rows of 1, 31 and 1023 columns, no rows, and rows wider than one block (512 threads).
-const ROWS: &[(usize, usize)] = &[(0, 7), (1, 1), (5, 31), (3, 1023), (2, 5000), (1, 70_001), (257, 64)];
+/// No rows; rows of 1, 31, 1023 columns; widths with and without float4 loads; rows cached in
+/// shared memory (up to 12288 columns) and streamed (wider); rows wider than one block.
+const ROWS: &[(usize, usize)] = &[
+    (0, 7),
+    (1, 1),
+    (5, 31),
+    (3, 1023),
+    (2, 5000),
+    (2, 5001),
+    (3, 4096),
+    (1, 12_288),
+    (2, 12_292),
+    (1, 70_001),
+    (257, 64),
+];
 
 fn softmax_body<B: KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
     for &(rows, cols) in ROWS {
         let x = random_vec(rng, rows * cols, 12.0);
         let what = format!("{dev} softmax {rows}x{cols}");
-        assert_close(&what, &softmax(b, &x, cols), &softmax(&CPU, &x, cols), 5e-6, 1e-9);
+        assert_close(
+            &what,
+            &softmax(b, &x, cols),
+            &softmax(&CPU, &x, cols),
+            5e-6,
+            1e-9,
+        );
     }
 }
 
 fn layernorm_body<B: KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
     for &(rows, cols) in ROWS {
         // An offset mean exercises the centred variance.
-        let x: Vec<f32> = random_vec(rng, rows * cols, 3.0).iter().map(|v| v + 5.0).collect();
+        let x: Vec<f32> = random_vec(rng, rows * cols, 3.0)
+            .iter()
+            .map(|v| v + 5.0)
+            .collect();
         let (g, be) = (random_vec(rng, cols, 2.0), random_vec(rng, cols, 1.0));
         let what = format!("{dev} layernorm {rows}x{cols}");
         let want = layernorm(&CPU, &x, &g, &be, cols);
@@ -118,13 +149,37 @@ fn layernorm_body<B: KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
 }
 
 fn matmul_body<B: KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
-    let cases = [(1, 2, 2, 2), (1, 1, 1, 1), (1, 31, 17, 33), (1, 64, 1, 300), (3, 33, 65, 129), (2, 0, 4, 4), (1, 5, 6, 0)];
+    let cases = [
+        (1, 2, 2, 2),
+        (1, 1, 1, 1),
+        (1, 31, 17, 33),
+        (1, 64, 1, 300),
+        (3, 33, 65, 129),
+        (2, 0, 4, 4),
+        (1, 5, 6, 0),
+    ];
     for (batch, m, n, k) in cases {
         for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
-            let s = MatmulSpec { batch, m, n, k, trans_a, trans_b };
-            let (x, y) = (random_vec(rng, batch * m * k, 1.0), random_vec(rng, batch * k * n, 1.0));
+            let s = MatmulSpec {
+                batch,
+                m,
+                n,
+                k,
+                trans_a,
+                trans_b,
+            };
+            let (x, y) = (
+                random_vec(rng, batch * m * k, 1.0),
+                random_vec(rng, batch * k * n, 1.0),
+            );
             let what = format!("{dev} matmul {s:?}");
-            assert_close(&what, &matmul(b, s, &x, &y), &matmul(&CPU, s, &x, &y), 1e-5, 1e-5);
+            assert_close(
+                &what,
+                &matmul(b, s, &x, &y),
+                &matmul(&CPU, s, &x, &y),
+                1e-5,
+                1e-5,
+            );
         }
     }
 }

@@ -7,7 +7,7 @@ mod generated;
 pub use generated::MODULES;
 
 /// One compiled `.cu` file.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct KernelModule {
     /// The source's file stem (`elementwise` for `kernels/elementwise.cu`).
     pub name: &'static str,
@@ -17,11 +17,42 @@ pub struct KernelModule {
     pub fatbin: &'static [u8],
     /// sha256 of the source and its headers at build time.
     pub source_sha256: &'static str,
+    /// sha256 of `ptx` at build time.
+    pub ptx_sha256: &'static str,
+    /// sha256 of `fatbin` at build time.
+    pub fatbin_sha256: &'static str,
     /// The `extern "C" __global__` entry points, sorted.
     pub kernels: &'static [&'static str],
 }
 
+/// sha256 of `bytes` in lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 impl KernelModule {
+    /// Checks the embedded images against the hashes recorded when they were built, so a
+    /// corrupted binary is reported instead of being handed to the driver (which trusts it).
+    pub fn verify(&self) -> Result<(), String> {
+        if sha256_hex(self.ptx.as_bytes()) != self.ptx_sha256 {
+            return Err(format!(
+                "{}.ptx does not match its recorded sha256",
+                self.name
+            ));
+        }
+        if sha256_hex(self.fatbin) != self.fatbin_sha256 {
+            return Err(format!(
+                "{}.fatbin does not match its recorded sha256",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+
     /// True when this module defines `kernel`.
     pub fn has_kernel(&self, kernel: &str) -> bool {
         self.kernels.binary_search(&kernel).is_ok()
@@ -54,16 +85,32 @@ mod tests {
         assert!(!MODULES.is_empty());
         for m in MODULES {
             assert!(m.ptx.contains(".version "), "{} has no PTX header", m.name);
-            assert!(m.ptx.contains(".target sm_80"), "{} PTX is not compute_80", m.name);
+            assert!(
+                m.ptx.contains(".target sm_80"),
+                "{} PTX is not compute_80",
+                m.name
+            );
             assert!(!m.fatbin.is_empty());
             // Fatbin files start with the fatbin magic 0xBA55ED50 (little endian).
-            assert_eq!(&m.fatbin[..4], &[0x50, 0xed, 0x55, 0xba], "{} fatbin magic", m.name);
+            assert_eq!(
+                &m.fatbin[..4],
+                &[0x50, 0xed, 0x55, 0xba],
+                "{} fatbin magic",
+                m.name
+            );
             assert!(m.kernels.windows(2).all(|w| w[0] < w[1]), "kernels sorted");
             for k in m.kernels {
                 assert!(m.ptx.contains(&format!(".entry {k}(")), "{k} not in PTX");
             }
         }
-        for k in ["vector_add_f32", "add_f32", "mul_f32", "relu_f32", "sigmoid_f32", "tanh_f32"] {
+        for k in [
+            "vector_add_f32",
+            "add_f32",
+            "mul_f32",
+            "relu_f32",
+            "sigmoid_f32",
+            "tanh_f32",
+        ] {
             assert_eq!(module_of(k).map(|m| m.name), Some("elementwise"));
         }
         assert_eq!(module_of("softmax_f32").unwrap().name, "softmax");
@@ -71,5 +118,27 @@ mod tests {
         assert!(module_of("no_such_kernel").is_none());
         assert!(module("softmax").is_some());
         assert!(all_kernels().count() >= 8);
+    }
+
+    #[test]
+    fn verify_catches_corrupted_images() {
+        for m in MODULES {
+            m.verify().unwrap();
+        }
+        let m = module("elementwise").unwrap();
+        let mut flipped = m.fatbin.to_vec();
+        let mid = flipped.len() / 2;
+        flipped[mid] ^= 0x01;
+        let flipped: &'static [u8] = Box::leak(flipped.into_boxed_slice());
+        let bad = KernelModule {
+            fatbin: flipped,
+            ..*m
+        };
+        assert!(bad.verify().unwrap_err().contains("fatbin"));
+        let bad = KernelModule {
+            ptx: "garbage",
+            ..*m
+        };
+        assert!(bad.verify().unwrap_err().contains("ptx"));
     }
 }

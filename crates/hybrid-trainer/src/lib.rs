@@ -1,1 +1,5 @@
+//! `hybrid-trainer`: the top layer of the workspace and its CLI.
+//! Today it holds the GPU demo (seed C) that the CLI runs by default; the hybrid predictive
+//! trainer and its `GpuAccelerator` arrive with their own issues.
 
+pub mod demo;

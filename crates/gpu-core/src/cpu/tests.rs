@@ -45,7 +45,11 @@ fn elementwise_and_activations() {
     cpu.unary(UnaryOp::Sigmoid, &a, &mut o).unwrap();
     assert_relative_eq!(o.as_f32().unwrap()[0], 0.731_058_6, max_relative = 1e-6);
     cpu.unary(UnaryOp::Tanh, &a, &mut o).unwrap();
-    assert_relative_eq!(o.as_f32().unwrap()[1], (-2.0f32).tanh(), max_relative = 1e-6);
+    assert_relative_eq!(
+        o.as_f32().unwrap()[1],
+        (-2.0f32).tanh(),
+        max_relative = 1e-6
+    );
     let short = cpu.upload(&[1.0f32]).unwrap();
     assert!(cpu.binary(BinaryOp::Add, &a, &short, &mut o).is_err());
     let half = cpu.upload(&[f16::ONE; 3]).unwrap();
@@ -58,7 +62,9 @@ fn elementwise_and_activations() {
 #[test]
 fn softmax_and_layernorm_rows() {
     let cpu = CpuBackend;
-    let x = cpu.upload(&[1.0f32, 2.0, 3.0, 1000.0, 1000.0, 1000.0]).unwrap();
+    let x = cpu
+        .upload(&[1.0f32, 2.0, 3.0, 1000.0, 1000.0, 1000.0])
+        .unwrap();
     let mut o = cpu.allocate(DType::F32, 6).unwrap();
     cpu.softmax_rows(&x, &mut o, 3).unwrap();
     let o = o.as_f32().unwrap().to_vec();
@@ -77,7 +83,9 @@ fn softmax_and_layernorm_rows() {
     assert_relative_eq!(o[1], 0.0, epsilon = 1e-6);
     assert_relative_eq!(o[2], 2.224_736_8, max_relative = 1e-5);
     let mut o2 = cpu.allocate(DType::F32, 6).unwrap();
-    assert!(cpu.layernorm_rows(&x, &g, &b, &mut o2, 3, f32::NAN).is_err());
+    assert!(cpu
+        .layernorm_rows(&x, &g, &b, &mut o2, 3, f32::NAN)
+        .is_err());
     assert!(cpu.layernorm_rows(&x, &g, &b, &mut o2, 2, 1e-5).is_err());
 }
 
@@ -87,17 +95,25 @@ fn matmul_2x2_and_transposes() {
     let a = cpu.upload(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
     let b = cpu.upload(&[5.0f32, 6.0, 7.0, 8.0]).unwrap();
     let mut c = cpu.allocate(DType::F32, 4).unwrap();
-    cpu.matmul(MatmulSpec::new(2, 2, 2), &a, &b, &mut c).unwrap();
+    cpu.matmul(MatmulSpec::new(2, 2, 2), &a, &b, &mut c)
+        .unwrap();
     assert_eq!(c.as_f32().unwrap(), &[19.0, 22.0, 43.0, 50.0]);
-    let spec = MatmulSpec { trans_a: true, trans_b: true, ..MatmulSpec::new(2, 2, 2) };
+    let spec = MatmulSpec {
+        trans_a: true,
+        trans_b: true,
+        ..MatmulSpec::new(2, 2, 2)
+    };
     cpu.matmul(spec, &a, &b, &mut c).unwrap();
     // Aᵀ·Bᵀ = (B·A)ᵀ; B·A = [[23, 34], [31, 46]].
     assert_eq!(c.as_f32().unwrap(), &[23.0, 31.0, 34.0, 46.0]);
     let mut bad = cpu.allocate(DType::F32, 3).unwrap();
-    assert!(cpu.matmul(MatmulSpec::new(2, 2, 2), &a, &b, &mut bad).is_err());
+    assert!(cpu
+        .matmul(MatmulSpec::new(2, 2, 2), &a, &b, &mut bad)
+        .is_err());
     // k = 0: the product of empty matrices is all zeros.
     let e = cpu.allocate(DType::F32, 0).unwrap();
     cpu.fill(&mut c, 7.0).unwrap();
-    cpu.matmul(MatmulSpec::new(2, 2, 0), &e, &e, &mut c).unwrap();
+    cpu.matmul(MatmulSpec::new(2, 2, 0), &e, &e, &mut c)
+        .unwrap();
     assert_eq!(c.as_f32().unwrap(), &[0.0; 4]);
 }

@@ -33,15 +33,24 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64)
             assert!(g.is_nan(), "{what}[{i}]: want NaN, got {g}");
             continue;
         }
-        assert!(g.is_finite() || g == w, "{what}[{i}]: got {g}, want {w} (unwritten?)");
+        assert!(
+            g.is_finite() || g == w,
+            "{what}[{i}]: got {g}, want {w} (unwritten?)"
+        );
         let d = (g as f64 - w as f64).abs();
-        assert!(d <= rtol * (w as f64).abs() + atol, "{what}[{i}]: got {g}, want {w}, diff {d:e}");
+        assert!(
+            d <= rtol * (w as f64).abs() + atol,
+            "{what}[{i}]: got {g}, want {w}, diff {d:e}"
+        );
         num += d * d;
         den += (w as f64) * (w as f64);
     }
     if den > 0.0 {
         let rel = (num / den).sqrt();
-        assert!(rel < rtol, "{what}: norm-wise relative error {rel:e} >= {rtol:e}");
+        assert!(
+            rel < rtol,
+            "{what}: norm-wise relative error {rel:e} >= {rtol:e}"
+        );
     }
 }
 

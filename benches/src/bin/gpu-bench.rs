@@ -1,0 +1,287 @@
+//! `gpu-bench`: the GPU's own ceilings, then every kernel, timed with CUDA events (median of
+//! timed repeats after warm-up, inputs rotated over buffers larger than L2), beside the same ops
+//! in PyTorch measured in the same run when `python3 -c "import torch"` works. Writes markdown.
+
+use anyhow::{bail, Context, Result};
+use benches::{median, Row};
+use clap::Parser;
+use gpu_core::{Backend, BinaryOp, DType, KernelOps, MatmulSpec, UnaryOp};
+use gpu_cuda::{CudaBackend, CudaBuffer, GpuTimer};
+use rand::Rng;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+#[derive(Parser)]
+#[command(about = "Benchmark the CUDA kernels against the GPU's ceilings and PyTorch")]
+struct Args {
+    /// Markdown report to write.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    out: PathBuf,
+    /// The PyTorch peer script (benches/torch_peer.py).
+    #[arg(long, default_value = "benches/torch_peer.py")]
+    torch_script: PathBuf,
+    /// Skip the PyTorch comparison.
+    #[arg(long)]
+    no_torch: bool,
+    /// Timed repeats per row (after warm-up).
+    #[arg(long, default_value_t = 30)]
+    reps: usize,
+}
+
+const ROWS: usize = 8192;
+const COLS: usize = 4096;
+
+struct Bench {
+    gpu: CudaBackend,
+    timer: GpuTimer,
+    reps: usize,
+}
+
+impl Bench {
+    /// Median microseconds of `f(i)` over warm-up + `reps` timed calls; `i` rotates input sets.
+    fn time(&self, mut f: impl FnMut(usize) -> gpu_core::Result<()>) -> Result<f64> {
+        for i in 0..3 {
+            f(i)?;
+        }
+        self.gpu.synchronize()?;
+        let mut samples = Vec::with_capacity(self.reps);
+        for i in 0..self.reps {
+            let ms = self.timer.time(&self.gpu, || f(i))?;
+            samples.push(ms as f64 * 1e3);
+        }
+        Ok(median(&samples))
+    }
+
+    fn random(&self, n: usize) -> Result<CudaBuffer> {
+        let mut rng = rand::rng();
+        let host: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+        Ok(self.gpu.upload(&host)?)
+    }
+
+    fn out(&self, n: usize) -> Result<CudaBuffer> {
+        Ok(self.gpu.allocate(DType::F32, n)?)
+    }
+}
+
+fn row(id: &str, what: String, us: f64, bytes: Option<f64>, flops: Option<f64>) -> Row {
+    println!("{id:>12}: {us:10.1} us  {what}");
+    Row {
+        id: id.into(),
+        what,
+        median_us: us,
+        bytes,
+        flops,
+    }
+}
+
+fn measure(b: &Bench) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let n = ROWS * COLS;
+    let nb = (n * 4) as f64;
+    // Ceilings: a 1 GiB device-to-device copy (read + write counted) and large SGEMMs.
+    {
+        let len = 1 << 28;
+        let src = b.random(len)?;
+        let mut dst = b.out(len)?;
+        let us = b.time(|_| b.gpu.copy_buffer(&src, &mut dst))?;
+        rows.push(row(
+            "copy",
+            "device-to-device copy, 1 GiB f32".into(),
+            us,
+            Some(2.0 * len as f64 * 4.0),
+            None,
+        ));
+    }
+    for (id, size, tf32) in [
+        ("sgemm_1024", 1024, false),
+        ("sgemm_4096", 4096, false),
+        ("sgemm_8192", 8192, false),
+        ("tf32_4096", 4096, true),
+    ] {
+        let s = MatmulSpec::new(size, size, size);
+        let (x, y) = (b.random(size * size)?, b.random(size * size)?);
+        let mut c = b.out(size * size)?;
+        b.gpu.set_tf32(tf32);
+        let us = b.time(|_| b.gpu.matmul(s, &x, &y, &mut c))?;
+        let mode = if tf32 { "TF32" } else { "fp32, TF32 off" };
+        rows.push(row(
+            id,
+            format!("cuBLAS GEMM {size}³ {mode}"),
+            us,
+            None,
+            Some(s.flops()),
+        ));
+    }
+    b.gpu.set_tf32(false);
+    // Memory-bound kernels at 8192×4096 f32 (128 MiB per tensor, twice the L2), two input sets.
+    let xs = [b.random(n)?, b.random(n)?];
+    let ys = [b.random(n)?, b.random(n)?];
+    let mut o = b.out(n)?;
+    let size = format!("{ROWS}×{COLS} f32");
+    let us = b.time(|i| b.gpu.vector_add(&xs[i % 2], &ys[i % 2], &mut o))?;
+    rows.push(row(
+        "vector_add",
+        format!("vector_add (seed B, 1 thread/element) {size}"),
+        us,
+        Some(3.0 * nb),
+        None,
+    ));
+    for (id, op) in [("add", BinaryOp::Add), ("mul", BinaryOp::Mul)] {
+        let us = b.time(|i| b.gpu.binary(op, &xs[i % 2], &ys[i % 2], &mut o))?;
+        rows.push(row(id, format!("{id} {size}"), us, Some(3.0 * nb), None));
+    }
+    for (id, op) in [
+        ("relu", UnaryOp::Relu),
+        ("sigmoid", UnaryOp::Sigmoid),
+        ("tanh", UnaryOp::Tanh),
+    ] {
+        let us = b.time(|i| b.gpu.unary(op, &xs[i % 2], &mut o))?;
+        rows.push(row(id, format!("{id} {size}"), us, Some(2.0 * nb), None));
+    }
+    let us = b.time(|i| b.gpu.softmax_rows(&xs[i % 2], &mut o, COLS))?;
+    rows.push(row(
+        "softmax",
+        format!("softmax over rows {size}"),
+        us,
+        Some(2.0 * nb),
+        None,
+    ));
+    let (g, be) = (b.random(COLS)?, b.random(COLS)?);
+    let us = b.time(|i| {
+        b.gpu
+            .layernorm_rows(&xs[i % 2], &g, &be, &mut o, COLS, 1e-5)
+    })?;
+    rows.push(row(
+        "layernorm",
+        format!("layernorm forward {size}"),
+        us,
+        Some(2.0 * nb),
+        None,
+    ));
+    Ok(rows)
+}
+
+fn torch_rows(script: &PathBuf, reps: usize) -> Result<HashMap<String, Row>> {
+    let ok = Command::new("python3")
+        .args(["-c", "import torch; assert torch.cuda.is_available()"])
+        .status();
+    if !ok.is_ok_and(|s| s.success()) {
+        bail!("python3 with a CUDA-enabled torch is not available");
+    }
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["--reps", &reps.to_string()])
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let rows: Vec<Row> = serde_json::from_slice(&out.stdout).context("parsing the PyTorch rows")?;
+    Ok(rows.into_iter().map(|r| (r.id.clone(), r)).collect())
+}
+
+fn fmt_rate(r: &Row) -> String {
+    match (r.gbps(), r.tflops()) {
+        (Some(g), _) => format!("{g:.0} GB/s"),
+        (_, Some(t)) => format!("{t:.1} TFLOP/s"),
+        _ => "-".into(),
+    }
+}
+
+fn report(
+    gpu: &CudaBackend,
+    rows: &[Row],
+    torch: &Result<HashMap<String, Row>>,
+    reps: usize,
+) -> String {
+    let info = gpu.info();
+    let copy_gbps = rows
+        .iter()
+        .find(|r| r.id == "copy")
+        .and_then(Row::gbps)
+        .unwrap_or(f64::NAN);
+    let gemm_tflops = rows
+        .iter()
+        .find(|r| r.id == "sgemm_8192")
+        .and_then(Row::tflops)
+        .unwrap_or(f64::NAN);
+    let mut s = format!(
+        "# Benchmarks\n\nMeasured by `gpu-bench` (`cargo xtask bench`, or `run.sh --bench` in the GPU bundle) on \
+         **{}** (compute capability {}.{}, {} SMs, {:.0} MiB L2, driver API {}).\n\n\
+         Method: CUDA events around each call, median of {reps} timed calls after 3 warm-up calls; \
+         memory-bound rows use 8192×4096 f32 tensors (128 MiB each, larger than L2) rotated over two \
+         input sets. Bytes count each input read once and each output written once. Ceilings are \
+         this GPU's own, measured in the same run: a 1 GiB device-to-device copy ({copy_gbps:.0} GB/s, \
+         read + write counted) for bandwidth and an fp32 8192³ cuBLAS SGEMM ({gemm_tflops:.1} TFLOP/s) \
+         for arithmetic. The PyTorch column is the same op in PyTorch, timed the same way in the same \
+         run; the ratio is PyTorch time / our time (above 1: ours is faster).\n\n",
+        info.name,
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.multiprocessors,
+        info.l2_cache_bytes as f64 / (1 << 20) as f64,
+        info.driver_version
+    );
+    match torch {
+        Ok(_) => s += "PyTorch: measured in this run (`benches/torch_peer.py`).\n\n",
+        Err(e) => s += &format!("PyTorch: not measured in this run ({e}).\n\n"),
+    }
+    s += "| op | ours (µs) | ours | % of ceiling | PyTorch (µs) | PyTorch | PyTorch / ours |\n|---|---:|---:|---:|---:|---:|---:|\n";
+    for r in rows {
+        let pct = match (r.gbps(), r.tflops()) {
+            (Some(g), _) => format!("{:.0}%", 100.0 * g / copy_gbps),
+            // TF32 runs on tensor cores: the fp32 SGEMM is not its ceiling.
+            (_, Some(_)) if r.id.starts_with("tf32") => "n/a (TF32)".into(),
+            (_, Some(t)) => format!("{:.0}%", 100.0 * t / gemm_tflops),
+            _ => "-".into(),
+        };
+        let peer = torch.as_ref().ok().and_then(|t| t.get(&r.id));
+        let (pt, prate, ratio) = match peer {
+            Some(p) => (
+                format!("{:.1}", p.median_us),
+                fmt_rate(p),
+                format!("{:.2}", p.median_us / r.median_us),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        s += &format!(
+            "| {} | {:.1} | {} | {pct} | {pt} | {prate} | {ratio} |\n",
+            r.what,
+            r.median_us,
+            fmt_rate(r)
+        );
+    }
+    s
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let gpu = CudaBackend::new(0).context("gpu-bench needs a CUDA GPU")?;
+    println!("device: {:?}", gpu.info());
+    let bench = Bench {
+        timer: GpuTimer::new(&gpu)?,
+        gpu: gpu.clone(),
+        reps: args.reps,
+    };
+    let rows = measure(&bench)?;
+    let torch = if args.no_torch {
+        Err(anyhow::anyhow!("disabled with --no-torch"))
+    } else {
+        torch_rows(&args.torch_script, args.reps)
+    };
+    if let Err(e) = &torch {
+        println!("PyTorch peer not measured: {e}");
+    }
+    let md = report(&gpu, &rows, &torch, args.reps);
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, &md)?;
+    println!("\n{md}\nwrote {}", args.out.display());
+    Ok(())
+}

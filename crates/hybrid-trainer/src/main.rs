@@ -1,0 +1,71 @@
+//! The `hybrid-trainer` command line. With no subcommand it runs the demo on the default device.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use gpu_core::Device;
+
+#[derive(Parser)]
+#[command(
+    name = "hybrid-trainer",
+    version,
+    about = "Hybrid predictive trainer on NVIDIA GPUs with an exact CPU fallback"
+)]
+struct Cli {
+    /// Device: auto (GPU when present, else CPU), cpu, cuda or cuda:N. Overrides $HYBRID_DEVICE.
+    #[arg(long, global = true, default_value = "auto", value_parser = parse_device)]
+    device: DeviceChoice,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Device info, memory round trip, 2×2 and N×N matmul checked against references, GFLOP/s.
+    Demo {
+        /// Matrix size of the timed product.
+        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=16384))]
+        size: u32,
+    },
+}
+
+#[derive(Clone, Copy)]
+enum DeviceChoice {
+    Auto,
+    Fixed(Device),
+}
+
+fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        Ok(DeviceChoice::Auto)
+    } else {
+        s.parse::<Device>()
+            .map(DeviceChoice::Fixed)
+            .map_err(|e| e.to_string())
+    }
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let device = match cli.device {
+        DeviceChoice::Auto => {
+            let d = Device::auto()?;
+            gpu_core::device::describe_choice(d);
+            d
+        }
+        DeviceChoice::Fixed(d) => {
+            d.check_present()?;
+            println!("device {d} (--device)");
+            d
+        }
+    };
+    match cli.cmd.unwrap_or(Cmd::Demo { size: 1024 }) {
+        Cmd::Demo { size } => {
+            hybrid_trainer::demo::run(device, size as usize)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# GPU test bundle runner (made by `cargo xtask gpu-bundle`). Runs on a GPU machine with no Rust.
+#
+#   ./run.sh [--bench] [--no-sanitizer]
+#
+# Runs every test binary, counts the GPU tests (named gpu_*): ran, passed, failed, skipped.
+# Exits non-zero if any test failed, or if any GPU test skipped while a GPU is present.
+# Where compute-sanitizer exists, runs the kernel tests under memcheck and racecheck.
+# --bench also runs gpu-bench (with the PyTorch peer) and writes out/benchmarks.md.
+set -u
+cd "$(dirname "$0")"
+bench=0; sanitize=1
+for a in "$@"; do
+  case "$a" in
+    --bench) bench=1 ;;
+    --no-sanitizer) sanitize=0 ;;
+    *) echo "unknown option $a" >&2; exit 2 ;;
+  esac
+done
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+OUT_DIR="${OUT_DIR:-$PWD/out}"
+mkdir -p "$OUT_DIR"
+export HYBRID_GPU_SKIP_LOG="$OUT_DIR/skips.log"
+: > "$HYBRID_GPU_SKIP_LOG"
+
+gpu=0
+if nvidia-smi -L > "$OUT_DIR/gpus.txt" 2>&1 && grep -q GPU "$OUT_DIR/gpus.txt"; then
+  gpu=1
+  export HYBRID_REQUIRE_GPU=1
+  echo "GPU present: $(head -1 "$OUT_DIR/gpus.txt")"
+else
+  echo "no GPU present: GPU tests will skip"
+fi
+
+status=0
+: > "$OUT_DIR/tests.log"
+for t in tests/*; do
+  name=$(basename "$t")
+  echo "== $name"
+  "$t" > "$OUT_DIR/$name.log" 2>&1
+  rc=$?
+  cat "$OUT_DIR/$name.log" >> "$OUT_DIR/tests.log"
+  grep -E '^test |^test result|SKIP|panicked' "$OUT_DIR/$name.log"
+  if [ "$rc" -ge 128 ]; then
+    # The binary crashed: run its tests one by one to name the one that crashes.
+    echo "!! $name crashed (exit $rc); running its tests one at a time"
+    "$t" --list 2>/dev/null | sed -n 's/: test$//p' | while read -r one; do
+      "$t" --exact "$one" > "$OUT_DIR/$name.$one.log" 2>&1
+      one_rc=$?
+      grep -E '^test ' "$OUT_DIR/$name.$one.log" >> "$OUT_DIR/tests.log"
+      [ "$one_rc" -ge 128 ] && { echo "test $one ... FAILED" >> "$OUT_DIR/tests.log"; echo "!! $one crashed (exit $one_rc)"; }
+    done
+    status=1
+  elif [ "$rc" -ne 0 ]; then
+    echo "!! $name failed (exit $rc)"; status=1
+  fi
+done
+
+ran=$(grep -cE '^test (.*::)?gpu_[^ ]* \.\.\. (ok|FAILED)$' "$OUT_DIR/tests.log")
+passed=$(grep -cE '^test (.*::)?gpu_[^ ]* \.\.\. ok$' "$OUT_DIR/tests.log")
+failed=$(grep -cE '^test (.*::)?gpu_[^ ]* \.\.\. FAILED$' "$OUT_DIR/tests.log")
+skipped=$(sort -u "$HYBRID_GPU_SKIP_LOG" | grep -c . )
+all_passed=$(grep -cE '^test .* \.\.\. ok$' "$OUT_DIR/tests.log")
+all_failed=$(grep -cE '^test .* \.\.\. FAILED$' "$OUT_DIR/tests.log")
+# A test that skipped reported "ok" to the harness: it is not a pass.
+passed=$((passed - skipped))
+echo
+echo "GPU tests: ran $ran, passed $passed, failed $failed, skipped $skipped"
+echo "all tests: $all_passed ok, $all_failed failed (skips included in ok: $skipped)"
+if [ "$gpu" = 1 ] && [ "$skipped" -gt 0 ]; then
+  echo "!! GPU present but $skipped GPU test(s) skipped"; status=1
+fi
+[ "$failed" -eq 0 ] && [ "$all_failed" -eq 0 ] || status=1
+
+san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [ "$sanitize" = 1 ] && [ "$gpu" = 1 ] && [ -n "$san" ]; then
+  kt=$(ls tests/gpu-cuda--kernels* | head -1)
+  for tool in memcheck racecheck; do
+    filter=""
+    [ "$tool" = racecheck ] && filter="gpu_softmax gpu_layernorm"   # the kernels with shared memory
+    # shellcheck disable=SC2086
+    timeout "${SANITIZER_TIMEOUT:-300}" "$san" --tool "$tool" --error-exitcode 99 --print-limit 20 "$kt" --test-threads=1 $filter \
+      > "$OUT_DIR/sanitizer-$tool.log" 2>&1
+    rc=$?
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT_DIR/sanitizer-$tool.log" | tail -1)
+    if [ $rc -eq 0 ]; then echo "compute-sanitizer $tool: clean (${summary:-no summary})";
+    else echo "!! compute-sanitizer $tool: exit $rc (${summary:-see sanitizer-$tool.log})"; status=1; fi
+  done
+elif [ "$gpu" = 1 ]; then
+  echo "compute-sanitizer: not run (${san:-not found}; sanitize=$sanitize)"
+fi
+
+if [ "$gpu" = 1 ]; then
+  echo "== demo"
+  bin/hybrid-trainer --device cuda demo 2>&1 | tee "$OUT_DIR/demo.log" || status=1
+fi
+if [ "$bench" = 1 ]; then
+  echo "== bench"
+  bin/gpu-bench --out "$OUT_DIR/benchmarks.md" --torch-script torch_peer.py 2>&1 | tee "$OUT_DIR/bench.log" || status=1
+fi
+exit $status
