@@ -105,7 +105,7 @@ fn activations_body<B: KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
 }
 
 /// No rows; rows of 1, 31, 1023 columns; widths with and without float4 loads; rows cached in
-/// shared memory (up to 12288 columns) and streamed (wider); rows wider than one block.
+/// shared memory (up to 12032 columns) and streamed (wider); rows wider than one block.
 const ROWS: &[(usize, usize)] = &[
     (0, 7),
     (1, 1),
@@ -114,8 +114,8 @@ const ROWS: &[(usize, usize)] = &[
     (2, 5000),
     (2, 5001),
     (3, 4096),
-    (1, 12_288),
-    (2, 12_292),
+    (1, 12_032),
+    (2, 12_036),
     (1, 70_001),
     (257, 64),
 ];
