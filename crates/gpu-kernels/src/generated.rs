@@ -11,14 +11,7 @@ pub static MODULES: &[KernelModule] = &[
         source_sha256: "bf9ef2b1b912a8ac903ac3c7d7c14b7e3cb9ae7e527eb184b244c0dcd1865480",
         ptx_sha256: "6f8e44f5066385ac704e13df095c236544952c0f518b3ce4983da504290cbdb1",
         fatbin_sha256: "23a4d118bd568763822233d410f20957bd18a0eede9039570f71a90757821405",
-        kernels: &[
-            "add_f32",
-            "mul_f32",
-            "relu_f32",
-            "sigmoid_f32",
-            "tanh_f32",
-            "vector_add_f32",
-        ],
+        kernels: &["add_f32", "mul_f32", "relu_f32", "sigmoid_f32", "tanh_f32", "vector_add_f32"],
     },
     KernelModule {
         name: "layernorm",

@@ -2,6 +2,7 @@
 //! `cargo xtask build-ptx` turns `kernels/*.cu` into PTX (compute_80, ISA <= 9.0) and fatbins
 //! (sm_80 + sm_90 + PTX); both are committed and embedded here, so building needs no CUDA toolkit.
 
+#[rustfmt::skip]
 mod generated;
 
 pub use generated::MODULES;
