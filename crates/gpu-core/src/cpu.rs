@@ -14,6 +14,7 @@ pub enum CpuStorage {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    U32(Vec<u32>),
 }
 
 impl CpuStorage {
@@ -22,6 +23,18 @@ impl CpuStorage {
         match self {
             CpuStorage::F32(v) => Ok(v),
             other => Err(ops::require_f32("cpu", other.dtype()).unwrap_err()),
+        }
+    }
+
+    /// The u32 elements, or a dtype error.
+    pub fn as_u32(&self) -> Result<&[u32]> {
+        match self {
+            CpuStorage::U32(v) => Ok(v),
+            other => Err(GpuError::DTypeMismatch {
+                op: "cpu",
+                expected: DType::U32,
+                got: other.dtype(),
+            }),
         }
     }
 
@@ -39,6 +52,7 @@ impl CpuStorage {
             CpuStorage::F32(v) => v,
             CpuStorage::F16(v) => v,
             CpuStorage::BF16(v) => v,
+            CpuStorage::U32(v) => v,
         };
         any.downcast_ref::<Vec<T>>().map(|v| v.as_slice())
     }
@@ -48,6 +62,7 @@ impl CpuStorage {
             CpuStorage::F32(v) => v,
             CpuStorage::F16(v) => v,
             CpuStorage::BF16(v) => v,
+            CpuStorage::U32(v) => v,
         };
         any.downcast_mut::<Vec<T>>().map(|v| v.as_mut_slice())
     }
@@ -59,6 +74,7 @@ impl BufferInfo for CpuStorage {
             CpuStorage::F32(v) => v.len(),
             CpuStorage::F16(v) => v.len(),
             CpuStorage::BF16(v) => v.len(),
+            CpuStorage::U32(v) => v.len(),
         }
     }
 
@@ -67,6 +83,7 @@ impl BufferInfo for CpuStorage {
             CpuStorage::F32(_) => DType::F32,
             CpuStorage::F16(_) => DType::F16,
             CpuStorage::BF16(_) => DType::BF16,
+            CpuStorage::U32(_) => DType::U32,
         }
     }
 }
@@ -120,6 +137,7 @@ impl Backend for CpuBackend {
             DType::F32 => CpuStorage::F32(vec![0.0; len]),
             DType::F16 => CpuStorage::F16(vec![f16::ZERO; len]),
             DType::BF16 => CpuStorage::BF16(vec![bf16::ZERO; len]),
+            DType::U32 => CpuStorage::U32(vec![0; len]),
         })
     }
 
@@ -147,6 +165,7 @@ impl KernelOps for CpuBackend {
             CpuStorage::F32(v) => v.fill(value),
             CpuStorage::F16(v) => v.fill(f16::from_f32(value)),
             CpuStorage::BF16(v) => v.fill(bf16::from_f32(value)),
+            CpuStorage::U32(v) => v.fill(value as u32),
         }
         Ok(())
     }

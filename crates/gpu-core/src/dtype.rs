@@ -9,13 +9,15 @@ pub enum DType {
     F32,
     F16,
     BF16,
+    /// Unsigned 32-bit integers: token ids, class targets, indices.
+    U32,
 }
 
 impl DType {
     /// Bytes per element.
     pub const fn size_in_bytes(self) -> usize {
         match self {
-            DType::F32 => 4,
+            DType::F32 | DType::U32 => 4,
             DType::F16 | DType::BF16 => 2,
         }
     }
@@ -26,6 +28,7 @@ impl DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::U32 => "u32",
         }
     }
 }
@@ -40,9 +43,9 @@ impl fmt::Display for DType {
 pub trait Element: Copy + Send + Sync + fmt::Debug + Default + PartialEq + 'static {
     /// The dtype tag of this type.
     const DTYPE: DType;
-    /// Widen to f32.
+    /// Convert to f32 (exact for the float types; integers above 2^24 round).
     fn to_f32(self) -> f32;
-    /// Narrow from f32 (round to nearest even).
+    /// Convert from f32 (round to nearest even; integers saturate and truncate).
     fn from_f32(v: f32) -> Self;
 }
 
@@ -73,6 +76,16 @@ impl Element for bf16 {
     }
     fn from_f32(v: f32) -> Self {
         bf16::from_f32(v)
+    }
+}
+
+impl Element for u32 {
+    const DTYPE: DType = DType::U32;
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(v: f32) -> Self {
+        v as u32
     }
 }
 

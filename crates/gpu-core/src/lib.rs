@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod nn;
 pub mod ops;
 pub mod probe;
 pub mod shape;
