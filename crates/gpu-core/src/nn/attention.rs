@@ -9,7 +9,6 @@ use crate::error::Result;
 /// scaled, masked scores, saved for the backward. `scale` is usually `1/sqrt(d)`.
 /// `out[i] = Σ_{j<=i} softmax_j(scale·q_i·k_j) v_j`.
 pub trait AttentionOps: Backend {
-    #[allow(clippy::too_many_arguments)]
     fn causal_attention_fwd(
         &self,
         q: &Self::Buffer,
@@ -24,7 +23,6 @@ pub trait AttentionOps: Backend {
     ) -> Result<()>;
 
     /// Gradients of q, k and v, given the forward's `out` and `lse` and the output gradient.
-    #[allow(clippy::too_many_arguments)]
     fn causal_attention_bwd(
         &self,
         q: &Self::Buffer,

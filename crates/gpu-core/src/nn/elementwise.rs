@@ -102,7 +102,6 @@ pub trait ElementwiseOps: Backend {
     /// Block copy: for `o in 0..outer`, copies `len` elements from
     /// `src[src_offset + o·src_stride ..]` to `dst[dst_offset + o·dst_stride ..]`; the rest of
     /// `dst` is left as it was. Slicing and concatenation along any axis reduce to this.
-    #[allow(clippy::too_many_arguments)]
     fn copy_blocks(
         &self,
         src: &Self::Buffer,

@@ -31,7 +31,6 @@ pub trait OptimOps: Backend {
     /// `grad_scale` is given (the [`OptimOps::clip_coefficient`] output; else `g = grads[i]`):
     /// `m = β1·m + (1−β1)·g`, `v = β2·v + (1−β2)·g²`, `p -= lr·wd[i]·p`,
     /// `p -= lr · (m/(1−β1^step)) / (sqrt(v/(1−β2^step)) + eps)`. One kernel launch on CUDA.
-    #[allow(clippy::too_many_arguments)]
     fn adamw_step(
         &self,
         params: &mut [&mut Self::Buffer],

@@ -51,7 +51,6 @@ pub trait RowOps: Backend {
 
     /// LayerNorm forward with saved statistics: `y = (x − mean)·rstd·w + b`, biased variance,
     /// `rstd = 1/sqrt(var + eps)`; `mean` and `rstd` have one entry per row.
-    #[allow(clippy::too_many_arguments)]
     fn layernorm_fwd(
         &self,
         x: &Self::Buffer,
@@ -65,7 +64,6 @@ pub trait RowOps: Backend {
     ) -> Result<()>;
 
     /// LayerNorm backward: writes `dx` (`rows·cols`), `dw` and `db` (`cols`, summed over rows).
-    #[allow(clippy::too_many_arguments)]
     fn layernorm_bwd(
         &self,
         x: &Self::Buffer,
@@ -91,7 +89,6 @@ pub trait RowOps: Backend {
     ) -> Result<()>;
 
     /// RMSNorm backward: writes `dx` and `dw` (summed over rows).
-    #[allow(clippy::too_many_arguments)]
     fn rmsnorm_bwd(
         &self,
         x: &Self::Buffer,
@@ -108,7 +105,6 @@ pub trait RowOps: Backend {
     /// `pos = t_index`: `out[i] = x[i]·cos θ − x[i + d/2]·sin θ`,
     /// `out[i + d/2] = x[i + d/2]·cos θ + x[i]·sin θ`. `inverse` rotates by `−θ`, which is the
     /// backward.
-    #[allow(clippy::too_many_arguments)]
     fn rope(
         &self,
         x: &Self::Buffer,
