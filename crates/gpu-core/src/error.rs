@@ -59,6 +59,13 @@ pub enum GpuError {
     /// NaN or Inf where a finite value is required.
     #[error("{op}: non-finite value in {what}")]
     NonFinite { op: &'static str, what: String },
+    /// Operands live on different devices; moving data is always explicit.
+    #[error("{op}: operands are on different devices ({a} and {b}); move one with .to(device)")]
+    DeviceMismatch {
+        op: &'static str,
+        a: crate::device::Device,
+        b: crate::device::Device,
+    },
     /// Any other invalid argument.
     #[error("{op}: {reason}")]
     InvalidArgument { op: &'static str, reason: String },
