@@ -26,10 +26,103 @@ def time_us(fn, reps):
     return statistics.median(samples)
 
 
+def nn_rows(add, reps, dev):
+    nb = ROWS * COLS * 4.0
+    xs = [torch.rand(ROWS, COLS, device=dev) * 8 - 4 for _ in range(2)]
+    dys = [torch.randn(ROWS, COLS, device=dev) for _ in range(2)]
+    add("gelu", time_us(lambda i: F.gelu(xs[i % 2]), reps), 2 * nb)
+    add("silu", time_us(lambda i: F.silu(xs[i % 2]), reps), 2 * nb)
+    x = xs[0].clone().requires_grad_(True)
+    y = torch.softmax(x, -1)
+    add("softmax_bwd", time_us(lambda i: torch.autograd.grad(y, x, dys[i % 2], retain_graph=True), reps), 3 * nb)
+    w, b = torch.rand(COLS, device=dev) + 0.5, torch.randn(COLS, device=dev)
+    add("layernorm_fwd", time_us(lambda i: F.layer_norm(xs[i % 2], (COLS,), w, b, 1e-5), reps), 2 * nb)
+    y = F.layer_norm(x, (COLS,), w, b, 1e-5)
+    add("layernorm_bwd", time_us(lambda i: torch.autograd.grad(y, x, dys[i % 2], retain_graph=True), reps), 3 * nb)
+    add("rmsnorm_fwd", time_us(lambda i: F.rms_norm(xs[i % 2], (COLS,), w, 1e-5), reps), 2 * nb)
+    y = F.rms_norm(x, (COLS,), w, 1e-5)
+    add("rmsnorm_bwd", time_us(lambda i: torch.autograd.grad(y, x, dys[i % 2], retain_graph=True), reps), 3 * nb)
+    del xs, dys, x, y
+    n, h, t, d = 64, 6, 256, 64
+    q, k, v = (torch.randn(n, h, t, d, device=dev, requires_grad=True) for _ in range(3))
+    flops = 4.0 * n * h * t * t * d / 2
+    add("attn_fwd", time_us(lambda i: F.scaled_dot_product_attention(q, k, v, is_causal=True), reps), None, flops)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    do = torch.randn_like(o)
+    add("attn_bwd", time_us(lambda i: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps), None, 2.5 * flops)
+    del q, k, v, o, do
+    model = NanoGpt(65).to(dev)
+    params = [p for p in model.parameters()]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    total = sum(p.numel() for p in params)
+    opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True)
+    add("adamw", time_us(lambda i: opt.step(), reps), 7.0 * 4 * total)
+
+
+class NanoGpt(torch.nn.Module):
+    """nanoGPT's shakespeare-char model (6 layers, 6 heads, width 384, ctx 256, no bias, tied head)."""
+
+    def __init__(self, vocab, n_layer=6, n_head=6, c=384, block=256, dropout=0.2):
+        super().__init__()
+        nn = torch.nn
+        self.wte, self.wpe = nn.Embedding(vocab, c), nn.Embedding(block, c)
+        self.h = nn.ModuleList()
+        for _ in range(n_layer):
+            blk = nn.Module()
+            blk.ln_1, blk.ln_2 = nn.LayerNorm(c, bias=False), nn.LayerNorm(c, bias=False)
+            blk.c_attn, blk.c_proj = nn.Linear(c, 3 * c, bias=False), nn.Linear(c, c, bias=False)
+            blk.fc, blk.proj = nn.Linear(c, 4 * c, bias=False), nn.Linear(4 * c, c, bias=False)
+            self.h.append(blk)
+        self.ln_f = nn.LayerNorm(c, bias=False)
+        self.n_head, self.c, self.p = n_head, c, dropout
+
+    def forward(self, x, y):
+        b, t = x.shape
+        h = F.dropout(self.wte(x) + self.wpe(torch.arange(t, device=x.device)), self.p, self.training)
+        for blk in self.h:
+            q, k, v = blk.c_attn(blk.ln_1(h)).split(self.c, 2)
+            q, k, v = (z.view(b, t, self.n_head, -1).transpose(1, 2) for z in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, self.c)
+            h = h + F.dropout(blk.c_proj(a), self.p, self.training)
+            h = h + F.dropout(blk.proj(F.gelu(blk.fc(blk.ln_2(h)))), self.p, self.training)
+        logits = F.linear(self.ln_f(h), self.wte.weight)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
+
+def gpt_rows(add, path, dev):
+    import time
+    text = open(path, encoding="utf-8").read()
+    chars = sorted(set(text))
+    data = torch.tensor([chars.index(c) for c in text[: len(text) * 9 // 10]], dtype=torch.long)
+    for tf32 in (False, True):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        model = NanoGpt(len(chars)).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True)
+        times = []
+        for i in range(13):
+            t0 = time.perf_counter()
+            ix = torch.randint(len(data) - 256, (64,))
+            x = torch.stack([data[j:j + 256] for j in ix]).to(dev)
+            y = torch.stack([data[j + 1:j + 257] for j in ix]).to(dev)
+            loss = model(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            loss.item()
+            if i >= 3:
+                times.append((time.perf_counter() - t0) * 1e6)
+        add("gpt_step_tf32" if tf32 else "gpt_step", statistics.median(times))
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
-    reps = ap.parse_args().reps
+    ap.add_argument("--gpt-text", default=None)
+    args = ap.parse_args()
+    reps = args.reps
     dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
@@ -62,6 +155,10 @@ def main():
     add("softmax", time_us(lambda i: torch.softmax(xs[i % 2], dim=-1), reps), 2 * nb)
     g, b = torch.randn(COLS, device=dev), torch.randn(COLS, device=dev)
     add("layernorm", time_us(lambda i: F.layer_norm(xs[i % 2], (COLS,), g, b, 1e-5), reps), 2 * nb)
+    del xs, ys, o
+    nn_rows(add, reps, dev)
+    if args.gpt_text:
+        gpt_rows(add, args.gpt_text, dev)
     print(json.dumps(rows))
 
 

@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # GPU test bundle runner (made by `cargo xtask gpu-bundle`). Runs on a GPU machine with no Rust.
 #
-#   ./run.sh [--bench] [--no-sanitizer]
+#   ./run.sh [--bench] [--no-sanitizer] [--no-tests] [--parity] [--train ITERS]
 #
 # Runs every test binary, counts the GPU tests (named gpu_*): ran, passed, failed, skipped.
 # Exits non-zero if any test failed, or if any GPU test skipped while a GPU is present.
 # Where compute-sanitizer exists, runs the kernel tests under memcheck and racecheck.
 # --bench also runs gpu-bench (with the PyTorch peer) and writes out/benchmarks.md.
+# --parity runs the PyTorch parity check of the GPT (scripts/torch_parity.py).
+# --train N trains the shakespeare-char GPT for N iterations on data/tinyshakespeare.txt.
 set -u
 cd "$(dirname "$0")"
-bench=0; sanitize=1
-for a in "$@"; do
-  case "$a" in
+bench=0; sanitize=1; tests=1; parity=0; train=0
+while [ $# -gt 0 ]; do
+  case "$1" in
     --bench) bench=1 ;;
     --no-sanitizer) sanitize=0 ;;
-    *) echo "unknown option $a" >&2; exit 2 ;;
+    --no-tests) tests=0; sanitize=0 ;;
+    --parity) parity=1 ;;
+    --train) shift; train="$1" ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
   esac
+  shift
 done
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 OUT_DIR="${OUT_DIR:-$PWD/out}"
@@ -34,7 +40,8 @@ fi
 
 status=0
 : > "$OUT_DIR/tests.log"
-for t in tests/*; do
+[ -f data/tinyshakespeare.txt ] && export TINYSHAKESPEARE="$PWD/data/tinyshakespeare.txt"
+for t in $( [ "$tests" = 1 ] && ls tests/* ); do
   name=$(basename "$t")
   echo "== $name"
   "$t" > "$OUT_DIR/$name.log" 2>&1
@@ -67,7 +74,7 @@ passed=$((passed - skipped))
 echo
 echo "GPU tests: ran $ran, passed $passed, failed $failed, skipped $skipped"
 echo "all tests: $all_passed ok, $all_failed failed (skips included in ok: $skipped)"
-if [ "$gpu" = 1 ] && [ "$skipped" -gt 0 ]; then
+if [ "$tests" = 1 ] && [ "$gpu" = 1 ] && [ "$skipped" -gt 0 ]; then
   echo "!! GPU present but $skipped GPU test(s) skipped"; status=1
 fi
 [ "$failed" -eq 0 ] && [ "$all_failed" -eq 0 ] || status=1
@@ -90,12 +97,26 @@ elif [ "$gpu" = 1 ]; then
   echo "compute-sanitizer: not run (${san:-not found}; sanitize=$sanitize)"
 fi
 
-if [ "$gpu" = 1 ]; then
+if [ "$gpu" = 1 ] && [ "$tests" = 1 ]; then
   echo "== demo"
   bin/hybrid-trainer --device cuda demo 2>&1 | tee "$OUT_DIR/demo.log" || status=1
 fi
+if [ "$parity" = 1 ]; then
+  for v in gpt2 llama; do
+    echo "== PyTorch parity ($v)"
+    bin/hybrid-trainer --device cuda parity-dump --variant "$v" --out "$OUT_DIR/parity-$v.safetensors" || status=1
+    python3 torch_parity.py "$OUT_DIR/parity-$v.safetensors" 2>&1 | tee "$OUT_DIR/parity-$v.log" | tail -4
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+gpt_text=()
+[ -f data/tinyshakespeare.txt ] && gpt_text=(--gpt-text data/tinyshakespeare.txt)
 if [ "$bench" = 1 ]; then
   echo "== bench"
-  bin/gpu-bench --out "$OUT_DIR/benchmarks.md" --torch-script torch_peer.py 2>&1 | tee "$OUT_DIR/bench.log" || status=1
+  bin/gpu-bench --out "$OUT_DIR/benchmarks.md" --torch-script torch_peer.py "${gpt_text[@]}" 2>&1 | tee "$OUT_DIR/bench.log" || status=1
+fi
+if [ "$train" != 0 ]; then
+  echo "== train-gpt ($train iterations)"
+  bin/hybrid-trainer --device cuda train-gpt --data data/tinyshakespeare.txt --iters "$train" --sample 300 2>&1 | tee "$OUT_DIR/train.log" || status=1
 fi
 exit $status

@@ -1,5 +1,7 @@
 //! `hybrid-trainer`: the top layer of the workspace and its CLI.
-//! Today it holds the GPU demo (seed C) that the CLI runs by default; the hybrid predictive
-//! trainer and its `GpuAccelerator` arrive with their own issues.
+//! Today it holds the GPU demo (seed C) that the CLI runs by default and the GPT training loop;
+//! the hybrid predictive trainer and its `GpuAccelerator` arrive with their own issues.
 
 pub mod demo;
+pub mod parity;
+pub mod train_gpt;

@@ -26,6 +26,17 @@ enum Cmd {
         #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=16384))]
         size: u32,
     },
+    /// Train the GPT of tensor-ops on a text file (nanoGPT's shakespeare-char setup by default).
+    TrainGpt(hybrid_trainer::train_gpt::TrainArgs),
+    /// Write a small GPT's weights, a batch, its logits, loss and gradients for
+    /// scripts/torch_parity.py.
+    ParityDump {
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// gpt2 or llama.
+        #[arg(long, default_value = "gpt2", value_parser = hybrid_trainer::train_gpt::parse_variant)]
+        variant: tensor_ops::gpt::Variant,
+    },
 }
 
 #[derive(Clone, Copy)]
@@ -65,6 +76,12 @@ fn main() -> Result<()> {
     match cli.cmd.unwrap_or(Cmd::Demo { size: 1024 }) {
         Cmd::Demo { size } => {
             hybrid_trainer::demo::run(device, size as usize)?;
+        }
+        Cmd::ParityDump { out, variant } => {
+            hybrid_trainer::parity::dump(device, variant, &out)?;
+        }
+        Cmd::TrainGpt(args) => {
+            hybrid_trainer::train_gpt::run(device, &args)?;
         }
     }
     Ok(())

@@ -1,1 +1,17 @@
+//! `tensor-ops`: device-aware tensors and reverse-mode autograd for hybrid-trainer.
+//! Every op runs where its inputs live (CPU reference or CUDA), moving data only through an
+//! explicit `to(device)`; a transfer counter makes hidden copies testable.
 
+mod autograd;
+pub mod optim;
+mod backend;
+pub mod gpt;
+pub mod ops;
+mod storage;
+mod tensor;
+
+pub use autograd::{no_grad, Gradients};
+pub use backend::{cuda_backend, transfer_stats, TransferStats};
+pub use gpu_core::{DType, Device, GpuError, Result};
+pub use storage::Storage;
+pub use tensor::Tensor;

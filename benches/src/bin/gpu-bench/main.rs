@@ -2,6 +2,8 @@
 //! timed repeats after warm-up, inputs rotated over buffers larger than L2), beside the same ops
 //! in PyTorch measured in the same run when `python3 -c "import torch"` works. Writes markdown.
 
+mod nn;
+
 use anyhow::{bail, Context, Result};
 use benches::{median, Row};
 use clap::Parser;
@@ -27,20 +29,23 @@ struct Args {
     /// Timed repeats per row (after warm-up).
     #[arg(long, default_value_t = 30)]
     reps: usize,
+    /// Text for the GPT training-step row (tinyshakespeare); the row is skipped without it.
+    #[arg(long)]
+    gpt_text: Option<PathBuf>,
 }
 
-const ROWS: usize = 8192;
-const COLS: usize = 4096;
+pub(crate) const ROWS: usize = 8192;
+pub(crate) const COLS: usize = 4096;
 
-struct Bench {
-    gpu: CudaBackend,
+pub(crate) struct Bench {
+    pub(crate) gpu: CudaBackend,
     timer: GpuTimer,
     reps: usize,
 }
 
 impl Bench {
     /// Median microseconds of `f(i)` over warm-up + `reps` timed calls; `i` rotates input sets.
-    fn time(&self, mut f: impl FnMut(usize) -> gpu_core::Result<()>) -> Result<f64> {
+    pub(crate) fn time(&self, mut f: impl FnMut(usize) -> gpu_core::Result<()>) -> Result<f64> {
         for i in 0..3 {
             f(i)?;
         }
@@ -53,18 +58,18 @@ impl Bench {
         Ok(median(&samples))
     }
 
-    fn random(&self, n: usize) -> Result<CudaBuffer> {
+    pub(crate) fn random(&self, n: usize) -> Result<CudaBuffer> {
         let mut rng = rand::rng();
         let host: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
         Ok(self.gpu.upload(&host)?)
     }
 
-    fn out(&self, n: usize) -> Result<CudaBuffer> {
+    pub(crate) fn out(&self, n: usize) -> Result<CudaBuffer> {
         Ok(self.gpu.allocate(DType::F32, n)?)
     }
 }
 
-fn row(id: &str, what: String, us: f64, bytes: Option<f64>, flops: Option<f64>) -> Row {
+pub(crate) fn row(id: &str, what: String, us: f64, bytes: Option<f64>, flops: Option<f64>) -> Row {
     println!("{id:>12}: {us:10.1} us  {what}");
     Row {
         id: id.into(),
@@ -162,7 +167,7 @@ fn measure(b: &Bench) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-fn torch_rows(script: &PathBuf, reps: usize) -> Result<HashMap<String, Row>> {
+fn torch_rows(script: &PathBuf, reps: usize, gpt_text: Option<&PathBuf>) -> Result<HashMap<String, Row>> {
     let ok = Command::new("python3")
         .args(["-c", "import torch; assert torch.cuda.is_available()"])
         .status();
@@ -172,6 +177,7 @@ fn torch_rows(script: &PathBuf, reps: usize) -> Result<HashMap<String, Row>> {
     let out = Command::new("python3")
         .arg(script)
         .args(["--reps", &reps.to_string()])
+        .args(gpt_text.map(|p| vec!["--gpt-text".into(), p.display().to_string()]).unwrap_or_default())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
@@ -268,11 +274,18 @@ fn main() -> Result<()> {
         gpu: gpu.clone(),
         reps: args.reps,
     };
-    let rows = measure(&bench)?;
+    let mut rows = measure(&bench)?;
+    rows.extend(nn::measure(&bench)?);
+    if let Some(path) = &args.gpt_text {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        for tf32 in [false, true] {
+            rows.push(nn::train_step(gpu.info().ordinal, &text, 10, tf32)?);
+        }
+    }
     let torch = if args.no_torch {
         Err(anyhow::anyhow!("disabled with --no-torch"))
     } else {
-        torch_rows(&args.torch_script, args.reps)
+        torch_rows(&args.torch_script, args.reps, args.gpt_text.as_ref())
     };
     if let Err(e) = &torch {
         println!("PyTorch peer not measured: {e}");

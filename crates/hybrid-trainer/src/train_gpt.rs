@@ -1,0 +1,196 @@
+//! `hybrid-trainer train-gpt`: trains the GPT of `tensor-ops` on a text file, nanoGPT style
+//! (AdamW, linear warm-up then cosine decay, global-norm clipping, periodic evaluation).
+
+use anyhow::{ensure, Context, Result};
+use gpu_core::Device;
+use std::path::PathBuf;
+use std::time::Instant;
+use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
+use tensor_ops::optim::{AdamW, AdamWParams};
+use tensor_ops::no_grad;
+
+/// Options of a training run (the CLI's flags).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainArgs {
+    /// UTF-8 text to train on (first 90% train, last 10% validation).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Architecture: gpt2 or llama.
+    #[arg(long, default_value = "gpt2", value_parser = parse_variant)]
+    pub variant: Variant,
+    #[arg(long, default_value_t = 2000)]
+    pub iters: u32,
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub block: u32,
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
+    pub layers: u32,
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
+    pub heads: u32,
+    #[arg(long, default_value_t = 384, value_parser = clap::value_parser!(u32).range(2..))]
+    pub embd: u32,
+    #[arg(long, default_value_t = 0.2)]
+    pub dropout: f32,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f32,
+    /// Final learning rate of the cosine decay.
+    #[arg(long, default_value_t = 1e-4)]
+    pub min_lr: f32,
+    #[arg(long, default_value_t = 100)]
+    pub warmup: u32,
+    /// Iterations over which the cosine decays to `min_lr`.
+    #[arg(long, default_value_t = 5000)]
+    pub lr_decay_iters: u32,
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f32,
+    /// Evaluate every this many iterations (and at the end).
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u32).range(1..))]
+    pub eval_interval: u32,
+    /// Batches per evaluation.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub eval_iters: u32,
+    /// Allow TF32 tensor cores in matmuls (CUDA).
+    #[arg(long)]
+    pub tf32: bool,
+    #[arg(long, default_value_t = 1337)]
+    pub seed: u64,
+    /// Save the trained model here (safetensors).
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// Characters to sample after training.
+    #[arg(long, default_value_t = 200)]
+    pub sample: usize,
+}
+
+pub fn parse_variant(s: &str) -> Result<Variant, String> {
+    match s {
+        "gpt2" => Ok(Variant::Gpt2),
+        "llama" => Ok(Variant::Llama),
+        _ => Err(format!("'{s}': expected gpt2 or llama")),
+    }
+}
+
+/// nanoGPT's schedule: linear warm-up, cosine decay to `min_lr`, then flat.
+pub fn learning_rate(a: &TrainArgs, it: u32) -> f32 {
+    if it < a.warmup {
+        return a.lr * (it + 1) as f32 / (a.warmup + 1) as f32;
+    }
+    if it > a.lr_decay_iters {
+        return a.min_lr;
+    }
+    let ratio = (it - a.warmup) as f32 / (a.lr_decay_iters - a.warmup).max(1) as f32;
+    a.min_lr + 0.5 * (1.0 + (std::f32::consts::PI * ratio).cos()) * (a.lr - a.min_lr)
+}
+
+/// What a run reached.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TrainSummary {
+    pub device: String,
+    pub params: usize,
+    pub iters: u32,
+    pub final_train_loss: f32,
+    pub final_val_loss: f32,
+    pub best_val_loss: f32,
+    pub best_val_iter: u32,
+    pub train_seconds: f64,
+    pub tokens_per_second: f64,
+}
+
+fn evaluate(model: &Gpt, ds: &Dataset, a: &TrainArgs, seed: u64) -> Result<(f32, f32)> {
+    no_grad(|| {
+        let mut out = [0.0f32; 2];
+        for (k, val) in [false, true].into_iter().enumerate() {
+            let mut rng = Dataset::rng(seed ^ (k as u64 + 1));
+            let mut total = 0.0;
+            for _ in 0..a.eval_iters {
+                let (x, y) = ds.batch(val, a.batch as usize, a.block as usize, &mut rng, model.device())?;
+                total += model.loss(&x, &y, None)?.item()?;
+            }
+            out[k] = total / a.eval_iters as f32;
+        }
+        Ok((out[0], out[1]))
+    })
+}
+
+/// Trains and reports; prints progress lines and a final JSON summary line.
+pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
+    ensure!(a.dropout >= 0.0 && a.dropout < 1.0, "--dropout must be in [0, 1)");
+    ensure!(a.lr > 0.0 && a.min_lr >= 0.0 && a.lr_decay_iters >= a.warmup, "bad learning-rate schedule");
+    let text = std::fs::read_to_string(&a.data).with_context(|| format!("reading {}", a.data.display()))?;
+    let ds = Dataset::from_text(&text, 0.9)?;
+    let cfg = GptConfig {
+        variant: a.variant,
+        vocab_size: ds.tokenizer.vocab_size(),
+        block_size: a.block as usize,
+        n_layer: a.layers as usize,
+        n_head: a.heads as usize,
+        n_embd: a.embd as usize,
+        dropout: a.dropout,
+        bias: false,
+    };
+    if let Device::Cuda(i) = device {
+        tensor_ops::cuda_backend(i)?.set_tf32(a.tf32);
+    }
+    let model = Gpt::new(cfg, a.seed, device)?;
+    println!("model: {:?}, {} parameters, on {device}", cfg.variant, model.num_params());
+    println!("data: {} train / {} val tokens, vocab {}", ds.train.len(), ds.val.len(), cfg.vocab_size);
+    let params = model.parameters().into_iter().map(|(_, t, d)| (t, d)).collect();
+    let hp = AdamWParams { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: a.weight_decay, max_grad_norm: Some(a.grad_clip) };
+    let mut opt = AdamW::new(params, hp)?;
+    let mut rng = Dataset::rng(a.seed);
+    let tokens_per_iter = (a.batch * a.block) as f64;
+    let (mut best, mut best_iter, mut last_val, mut last_train) = (f32::INFINITY, 0, f32::NAN, f32::NAN);
+    let mut train_secs = 0.0;
+    for it in 0..=a.iters {
+        if it % a.eval_interval == 0 || it == a.iters {
+            let (tr, va) = evaluate(&model, &ds, a, a.seed ^ 0xE7A1 ^ it as u64)?;
+            (last_train, last_val) = (tr, va);
+            if va < best {
+                (best, best_iter) = (va, it);
+            }
+            println!("eval iter {it}: train {tr:.4}, val {va:.4} (after {train_secs:.1} s of training)");
+        }
+        if it == a.iters {
+            break;
+        }
+        let t0 = Instant::now();
+        let lr = learning_rate(a, it);
+        let (x, y) = ds.batch(false, a.batch as usize, a.block as usize, &mut rng, device)?;
+        let loss = model.loss(&x, &y, Some(a.seed.wrapping_add(it as u64)))?;
+        let grads = loss.backward()?;
+        opt.step(&grads, lr)?;
+        let l = loss.item()?; // synchronises: the step is done
+        ensure!(l.is_finite(), "loss became {l} at iteration {it}");
+        let dt = t0.elapsed().as_secs_f64();
+        train_secs += dt;
+        if it % 50 == 0 {
+            println!("iter {it}: loss {l:.4}, lr {lr:.2e}, {:.1} ms, {:.0} tok/s", dt * 1e3, tokens_per_iter / dt);
+        }
+    }
+    let summary = TrainSummary {
+        device: device.to_string(),
+        params: model.num_params(),
+        iters: a.iters,
+        final_train_loss: last_train,
+        final_val_loss: last_val,
+        best_val_loss: best,
+        best_val_iter: best_iter,
+        train_seconds: train_secs,
+        tokens_per_second: tokens_per_iter * a.iters as f64 / train_secs.max(1e-9),
+    };
+    if let Some(path) = &a.save {
+        model.save(path)?;
+        println!("saved {}", path.display());
+    }
+    if a.sample > 0 {
+        let prompt = ds.tokenizer.encode("\n").unwrap_or_else(|_| vec![0]);
+        let out = model.generate(&prompt, a.sample, 0.8, Some(20), a.seed)?;
+        println!("--- sample ---\n{}\n--------------", ds.tokenizer.decode(&out)?);
+    }
+    println!("summary {}", serde_json::to_string(&summary)?);
+    Ok(summary)
+}

@@ -1,0 +1,129 @@
+//! Reverse-mode autograd: each op's result records its inputs and a backward closure; `backward`
+//! walks the graph in reverse topological order, accumulating gradients.
+
+use crate::tensor::Tensor;
+use gpu_core::{GpuError, Result};
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+
+pub(crate) type BackwardFn = Box<dyn Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+
+/// How an op's result was made.
+pub(crate) struct Node {
+    pub(crate) name: &'static str,
+    pub(crate) inputs: Vec<Tensor>,
+    /// `(output, grad of output) -> grad of each input`.
+    pub(crate) backward: BackwardFn,
+}
+
+thread_local! {
+    static NO_GRAD: Cell<u32> = const { Cell::new(0) };
+}
+
+pub(crate) fn grad_enabled() -> bool {
+    NO_GRAD.with(|n| n.get() == 0)
+}
+
+/// Runs `f` without recording a graph (evaluation, optimiser updates, backward itself).
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    struct Guard;
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            NO_GRAD.with(|n| n.set(n.get() - 1));
+        }
+    }
+    NO_GRAD.with(|n| n.set(n.get() + 1));
+    let _g = Guard;
+    f()
+}
+
+/// Gradients of the leaves (`requires_grad_` tensors) that a loss depends on.
+#[derive(Default)]
+pub struct Gradients {
+    map: HashMap<u64, Tensor>,
+}
+
+impl Gradients {
+    /// The gradient of `t`, if the loss depends on it.
+    pub fn get(&self, t: &Tensor) -> Option<&Tensor> {
+        self.map.get(&t.id())
+    }
+
+    /// Number of leaves with a gradient.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when no leaf got a gradient.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+impl Tensor {
+    /// Backpropagates from this scalar (one-element) tensor; returns the leaves' gradients.
+    pub fn backward(&self) -> Result<Gradients> {
+        if self.numel() != 1 {
+            return Err(GpuError::shape("backward", "a one-element loss", self.numel()));
+        }
+        if !self.requires_grad() {
+            return Err(GpuError::invalid("backward", "the loss does not depend on any parameter"));
+        }
+        no_grad(|| {
+            let order = topo_order(self);
+            let mut grads: HashMap<u64, Tensor> = HashMap::new();
+            grads.insert(self.id(), Tensor::ones(self.shape(), self.device())?);
+            let mut leaves = Gradients::default();
+            for t in order.iter().rev() {
+                let Some(g) = grads.remove(&t.id()) else { continue };
+                let Some(node) = &t.0.node else {
+                    leaves.map.insert(t.id(), g);
+                    continue;
+                };
+                let input_grads = (node.backward)(t, &g)?;
+                debug_assert_eq!(input_grads.len(), node.inputs.len(), "{}", node.name);
+                for (inp, ig) in node.inputs.iter().zip(input_grads) {
+                    let Some(ig) = ig else { continue };
+                    if !inp.requires_grad() {
+                        continue;
+                    }
+                    if ig.shape() != inp.shape() {
+                        return Err(GpuError::shape(node.name, format!("gradient {:?}", inp.shape()), format!("{:?}", ig.shape())));
+                    }
+                    let acc = match grads.remove(&inp.id()) {
+                        Some(prev) => prev.add(&ig)?,
+                        None => ig,
+                    };
+                    grads.insert(inp.id(), acc);
+                }
+            }
+            Ok(leaves)
+        })
+    }
+}
+
+/// Tensors reachable from `root` through graph nodes, inputs before outputs.
+fn topo_order(root: &Tensor) -> Vec<Tensor> {
+    let mut order = Vec::new();
+    let mut seen = HashSet::new();
+    // Iterative post-order DFS (graphs of deep models overflow a recursive one).
+    let mut stack: Vec<(Tensor, bool)> = vec![(root.clone(), false)];
+    while let Some((t, expanded)) = stack.pop() {
+        if expanded {
+            order.push(t);
+            continue;
+        }
+        if !seen.insert(t.id()) {
+            continue;
+        }
+        stack.push((t.clone(), true));
+        if let Some(node) = &t.0.node {
+            for inp in &node.inputs {
+                if inp.requires_grad() && !seen.contains(&inp.id()) {
+                    stack.push((inp.clone(), false));
+                }
+            }
+        }
+    }
+    order
+}

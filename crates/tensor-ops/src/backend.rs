@@ -1,0 +1,123 @@
+//! Device dispatch: the backend behind each [`Device`], and the transfer counter.
+
+use crate::storage::Storage;
+use gpu_core::nn::NnOps;
+use gpu_core::{CpuBackend, Device, GpuError, KernelOps, Result};
+use gpu_cuda::CudaBackend;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// A backend that tensors can run on: the NN ops plus the HAL's kernels, and how its buffers
+/// sit inside a [`Storage`].
+pub(crate) trait DeviceBackend: NnOps + KernelOps {
+    fn get(s: &Storage) -> Result<&Self::Buffer>;
+    fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer>;
+    fn wrap(buf: Self::Buffer) -> Storage;
+}
+
+impl DeviceBackend for CpuBackend {
+    fn get(s: &Storage) -> Result<&Self::Buffer> {
+        match s {
+            Storage::Cpu(b) => Ok(b),
+            Storage::Cuda(b) => Err(mismatch(Device::Cpu, b)),
+        }
+    }
+    fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
+        match s {
+            Storage::Cpu(b) => Ok(b),
+            Storage::Cuda(b) => Err(mismatch(Device::Cpu, b)),
+        }
+    }
+    fn wrap(buf: Self::Buffer) -> Storage {
+        Storage::Cpu(buf)
+    }
+}
+
+impl DeviceBackend for CudaBackend {
+    fn get(s: &Storage) -> Result<&Self::Buffer> {
+        match s {
+            Storage::Cuda(b) => Ok(b),
+            Storage::Cpu(_) => Err(GpuError::invalid("storage", "expected a CUDA buffer, found a CPU one")),
+        }
+    }
+    fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
+        match s {
+            Storage::Cuda(b) => Ok(b),
+            Storage::Cpu(_) => Err(GpuError::invalid("storage", "expected a CUDA buffer, found a CPU one")),
+        }
+    }
+    fn wrap(buf: Self::Buffer) -> Storage {
+        Storage::Cuda(buf)
+    }
+}
+
+fn mismatch(want: Device, _b: &gpu_cuda::CudaBuffer) -> GpuError {
+    GpuError::invalid("storage", format!("expected a {want} buffer, found a CUDA one"))
+}
+
+/// The shared backend of CUDA device `ordinal`, opened on first use.
+pub fn cuda_backend(ordinal: usize) -> Result<CudaBackend> {
+    static BACKENDS: OnceLock<Mutex<HashMap<usize, CudaBackend>>> = OnceLock::new();
+    let mut map = BACKENDS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(b) = map.get(&ordinal) {
+        return Ok(b.clone());
+    }
+    let b = CudaBackend::new(ordinal)?;
+    map.insert(ordinal, b.clone());
+    Ok(b)
+}
+
+/// Runs `$body` with `$b` bound to the backend of `$device` (generic over [`DeviceBackend`]).
+macro_rules! on_device {
+    ($device:expr, |$b:ident| $body:expr) => {
+        match $device {
+            gpu_core::Device::Cpu => {
+                let $b = &gpu_core::CpuBackend;
+                $body
+            }
+            gpu_core::Device::Cuda(i) => {
+                let backend = $crate::backend::cuda_backend(i)?;
+                let $b = &backend;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use on_device;
+
+/// Host↔device copies made by tensors on this thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    pub host_to_device: u64,
+    pub host_to_device_bytes: u64,
+    pub device_to_host: u64,
+    pub device_to_host_bytes: u64,
+}
+
+thread_local! {
+    static TRANSFERS: Cell<TransferStats> = Cell::new(TransferStats::default());
+}
+
+/// Transfers counted on this thread so far (tests take differences).
+pub fn transfer_stats() -> TransferStats {
+    TRANSFERS.with(|t| t.get())
+}
+
+pub(crate) fn count_h2d(bytes: usize) {
+    TRANSFERS.with(|t| {
+        let mut s = t.get();
+        s.host_to_device += 1;
+        s.host_to_device_bytes += bytes as u64;
+        t.set(s);
+    });
+}
+
+pub(crate) fn count_d2h(bytes: usize) {
+    TRANSFERS.with(|t| {
+        let mut s = t.get();
+        s.device_to_host += 1;
+        s.device_to_host_bytes += bytes as u64;
+        t.set(s);
+    });
+}

@@ -1,0 +1,123 @@
+//! Char-level tokenizer, the train/val split, and random batches.
+
+use crate::tensor::Tensor;
+use crate::{Device, GpuError, Result};
+use rand::{Rng, SeedableRng};
+
+/// Maps each distinct character of a text to an id (sorted by code point, as nanoGPT).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CharTokenizer {
+    chars: Vec<char>,
+}
+
+impl CharTokenizer {
+    /// The vocabulary of `text`.
+    pub fn fit(text: &str) -> Result<CharTokenizer> {
+        let mut chars: Vec<char> = text.chars().collect();
+        chars.sort_unstable();
+        chars.dedup();
+        if chars.is_empty() {
+            return Err(GpuError::invalid("CharTokenizer", "the text is empty"));
+        }
+        Ok(CharTokenizer { chars })
+    }
+
+    /// Number of distinct characters.
+    pub fn vocab_size(&self) -> usize {
+        self.chars.len()
+    }
+
+    /// Ids of `text`; a character outside the vocabulary is an error.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        text.chars()
+            .map(|c| {
+                self.chars
+                    .binary_search(&c)
+                    .map(|i| i as u32)
+                    .map_err(|_| GpuError::invalid("encode", format!("character {c:?} is not in the vocabulary")))
+            })
+            .collect()
+    }
+
+    /// The text of `ids`; an id outside the vocabulary is an error.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        ids.iter()
+            .map(|&i| self.chars.get(i as usize).copied().ok_or_else(|| GpuError::invalid("decode", format!("id {i} >= vocab {}", self.chars.len()))))
+            .collect()
+    }
+}
+
+/// A tokenised corpus split into train (first 90%) and validation (last 10%).
+pub struct Dataset {
+    pub tokenizer: CharTokenizer,
+    pub train: Vec<u32>,
+    pub val: Vec<u32>,
+}
+
+impl Dataset {
+    /// Tokenises `text` and splits it at `train_fraction` (nanoGPT: 0.9).
+    pub fn from_text(text: &str, train_fraction: f64) -> Result<Dataset> {
+        if !(0.0..1.0).contains(&train_fraction) || train_fraction == 0.0 {
+            return Err(GpuError::invalid("Dataset", "train_fraction must be in (0, 1)"));
+        }
+        let tokenizer = CharTokenizer::fit(text)?;
+        let ids = tokenizer.encode(text)?;
+        let n = (ids.len() as f64 * train_fraction) as usize;
+        Ok(Dataset { tokenizer, train: ids[..n].to_vec(), val: ids[n..].to_vec() })
+    }
+
+    /// `batch` random windows of `block` tokens from the train (or val) split: inputs `x` and
+    /// next-token targets `y`, both u32 `[batch, block]` on `device` (two host-to-device copies).
+    pub fn batch(&self, val: bool, batch: usize, block: usize, rng: &mut rand::rngs::StdRng, device: Device) -> Result<(Tensor, Tensor)> {
+        let data = if val { &self.val } else { &self.train };
+        if data.len() <= block + 1 {
+            return Err(GpuError::invalid("Dataset::batch", format!("split of {} tokens is too short for block {block}", data.len())));
+        }
+        let mut x = Vec::with_capacity(batch * block);
+        let mut y = Vec::with_capacity(batch * block);
+        for _ in 0..batch {
+            let i = rng.random_range(0..data.len() - block);
+            x.extend_from_slice(&data[i..i + block]);
+            y.extend_from_slice(&data[i + 1..i + block + 1]);
+        }
+        Ok((Tensor::from_vec(x, &[batch, block], device)?, Tensor::from_vec(y, &[batch, block], device)?))
+    }
+
+    /// A seeded generator for [`Dataset::batch`].
+    pub fn rng(seed: u64) -> rand::rngs::StdRng {
+        rand::rngs::StdRng::seed_from_u64(seed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_round_trip_and_errors() {
+        let tok = CharTokenizer::fit("hello, wörld").unwrap();
+        assert_eq!(tok.vocab_size(), 10);
+        let ids = tok.encode("world").unwrap();
+        assert_eq!(tok.decode(&ids).unwrap(), "world");
+        assert!(tok.encode("xyz").is_err());
+        assert!(tok.decode(&[99]).is_err());
+        assert!(CharTokenizer::fit("").is_err());
+    }
+
+    #[test]
+    fn split_and_batches() {
+        let text = "abcdefghij".repeat(20);
+        let ds = Dataset::from_text(&text, 0.9).unwrap();
+        assert_eq!(ds.train.len(), 180);
+        assert_eq!(ds.val.len(), 20);
+        let mut rng = Dataset::rng(1);
+        let (x, y) = ds.batch(false, 3, 8, &mut rng, Device::Cpu).unwrap();
+        let (x, y) = (x.to_vec_u32().unwrap(), y.to_vec_u32().unwrap());
+        for r in 0..3 {
+            for i in 0..7 {
+                assert_eq!(x[r * 8 + i + 1], y[r * 8 + i], "targets are inputs shifted by one");
+            }
+        }
+        assert!(ds.batch(true, 1, 64, &mut rng, Device::Cpu).is_err());
+    }
+}

@@ -1,0 +1,11 @@
+//! A config-driven GPT: GPT-2 style (LayerNorm, GELU, learned positions, tied head) or
+//! Llama style (RMSNorm, RoPE, SwiGLU), with a char-level tokenizer, batches, evaluation,
+//! generation and safetensors checkpoints. Parameter names follow nanoGPT's, so a PyTorch model
+//! loads the same file.
+
+mod data;
+mod io;
+mod model;
+
+pub use data::{CharTokenizer, Dataset};
+pub use model::{Gpt, GptConfig, Variant};

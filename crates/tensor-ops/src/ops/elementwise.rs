@@ -1,0 +1,165 @@
+//! Broadcasting arithmetic, scalar ops, activations and dropout.
+
+use super::{compute, numel};
+use crate::ops::buf;
+use crate::tensor::{require_f32, same_device, Tensor};
+use gpu_core::nn::elementwise::broadcast_shape;
+use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps};
+use gpu_core::{GpuError, Result};
+
+fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<Tensor> {
+    let dev = same_device(name, &[a, b])?;
+    require_f32(name, a)?;
+    require_f32(name, b)?;
+    let shape = broadcast_shape(a.shape(), b.shape())
+        .ok_or_else(|| GpuError::shape(name, format!("{:?}", a.shape()), format!("{:?} (not broadcastable)", b.shape())))?;
+    let (ga, gb) = (a.read(), b.read());
+    let st = compute!(dev, numel(&shape), |be, out| be.broadcast_binary(
+        op,
+        buf(be, &ga)?,
+        a.shape(),
+        buf(be, &gb)?,
+        b.shape(),
+        &mut out
+    ));
+    drop((ga, gb));
+    let (ac, bc) = (a.clone(), b.clone());
+    Ok(Tensor::from_op(st, shape, dev, name, &[a, b], move |_, g| {
+        let (da, db) = match op {
+            BinaryKind::Add => (g.clone(), g.clone()),
+            BinaryKind::Sub => (g.clone(), g.neg()?),
+            BinaryKind::Mul => (g.mul(&bc)?, g.mul(&ac)?),
+            BinaryKind::Div => {
+                // d/da = g/b; d/db = −g·a/b²
+                let gb = g.div(&bc)?;
+                (gb.clone(), gb.mul(&ac)?.div(&bc)?.neg()?)
+            }
+        };
+        Ok(vec![Some(da.sum_to(ac.shape())?), Some(db.sum_to(bc.shape())?)])
+    }))
+}
+
+impl Tensor {
+    /// `self + other`, broadcasting.
+    pub fn add(&self, other: &Tensor) -> Result<Tensor> {
+        binary(self, other, BinaryKind::Add, "add")
+    }
+
+    /// `self − other`, broadcasting.
+    pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
+        binary(self, other, BinaryKind::Sub, "sub")
+    }
+
+    /// `self ∘ other`, broadcasting.
+    pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
+        binary(self, other, BinaryKind::Mul, "mul")
+    }
+
+    /// `self / other`, broadcasting.
+    pub fn div(&self, other: &Tensor) -> Result<Tensor> {
+        binary(self, other, BinaryKind::Div, "div")
+    }
+
+    /// `mul·self + add`.
+    pub fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
+        require_f32("affine", self)?;
+        let dev = self.device();
+        let g = self.read();
+        let st = compute!(dev, self.numel(), |be, out| be.affine(buf(be, &g)?, mul, add, &mut out));
+        drop(g);
+        Ok(Tensor::from_op(st, self.shape().to_vec(), dev, "affine", &[self], move |_, g| {
+            Ok(vec![Some(g.affine(mul, 0.0)?)])
+        }))
+    }
+
+    /// `self + s`.
+    pub fn add_scalar(&self, s: f32) -> Result<Tensor> {
+        self.affine(1.0, s)
+    }
+
+    /// `self · s`.
+    pub fn mul_scalar(&self, s: f32) -> Result<Tensor> {
+        self.affine(s, 0.0)
+    }
+
+    /// `−self`.
+    pub fn neg(&self) -> Result<Tensor> {
+        self.affine(-1.0, 0.0)
+    }
+
+    /// A pointwise activation.
+    pub fn activation(&self, op: Activation) -> Result<Tensor> {
+        require_f32("activation", self)?;
+        let dev = self.device();
+        let g = self.read();
+        let st = compute!(dev, self.numel(), |be, out| be.activation_fwd(op, buf(be, &g)?, &mut out));
+        drop(g);
+        let x = self.clone();
+        Ok(Tensor::from_op(st, self.shape().to_vec(), dev, "activation", &[self], move |y, g| {
+            let (gx, gy, gg) = (x.read(), y.read(), g.read());
+            let st = compute!(dev, x.numel(), |be, dx| be.activation_bwd(
+                op,
+                buf(be, &gx)?,
+                buf(be, &gy)?,
+                buf(be, &gg)?,
+                &mut dx
+            ));
+            Ok(vec![Some(Tensor::from_storage(st, x.shape().to_vec(), dev))])
+        }))
+    }
+
+    /// ReLU.
+    pub fn relu(&self) -> Result<Tensor> {
+        self.activation(Activation::Relu)
+    }
+    /// Exact (erf) GELU.
+    pub fn gelu(&self) -> Result<Tensor> {
+        self.activation(Activation::Gelu)
+    }
+    /// SiLU (swish).
+    pub fn silu(&self) -> Result<Tensor> {
+        self.activation(Activation::Silu)
+    }
+    /// Logistic sigmoid.
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.activation(Activation::Sigmoid)
+    }
+    /// tanh.
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.activation(Activation::Tanh)
+    }
+    /// eˣ.
+    pub fn exp(&self) -> Result<Tensor> {
+        self.activation(Activation::Exp)
+    }
+    /// Natural log.
+    pub fn log(&self) -> Result<Tensor> {
+        self.activation(Activation::Log)
+    }
+
+    /// SwiGLU: `silu(self) ∘ up`.
+    pub fn swiglu(&self, up: &Tensor) -> Result<Tensor> {
+        self.silu()?.mul(up)
+    }
+
+    /// Inverted dropout with probability `p`, reproducible from `seed`; identity when
+    /// `!training` or `p == 0`.
+    pub fn dropout(&self, p: f32, seed: u64, training: bool) -> Result<Tensor> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(GpuError::invalid("dropout", format!("p must be in [0, 1), got {p}")));
+        }
+        if !training || p == 0.0 {
+            return Ok(self.clone());
+        }
+        require_f32("dropout", self)?;
+        let dev = self.device();
+        let g = self.read();
+        let st = compute!(dev, self.numel(), |be, out| be.dropout(buf(be, &g)?, p, seed, &mut out));
+        drop(g);
+        Ok(Tensor::from_op(st, self.shape().to_vec(), dev, "dropout", &[self], move |_, g| {
+            let gg = g.read();
+            let st = compute!(dev, g.numel(), |be, out| be.dropout(buf(be, &gg)?, p, seed, &mut out));
+            Ok(vec![Some(Tensor::from_storage(st, g.shape().to_vec(), dev))])
+        }))
+    }
+}

@@ -1,0 +1,127 @@
+//! AdamW over a set of parameters, as one fused multi-tensor step, with optional global-norm
+//! clipping computed on the device.
+
+use crate::autograd::Gradients;
+use crate::backend::{on_device, DeviceBackend};
+use crate::storage::Storage;
+use crate::tensor::{same_device, Tensor};
+use gpu_core::nn::{AdamWConfig, OptimOps};
+use gpu_core::{Backend, DType, GpuError, Result};
+
+/// AdamW hyper-parameters (PyTorch defaults except the learning rate, which is per step).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWParams {
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// Clip the global gradient norm to this value first, when set.
+    pub max_grad_norm: Option<f32>,
+}
+
+impl Default for AdamWParams {
+    fn default() -> Self {
+        Self { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, max_grad_norm: None }
+    }
+}
+
+/// AdamW state: first and second moments for each parameter.
+pub struct AdamW {
+    params: Vec<Tensor>,
+    decays: Vec<f32>,
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+    hp: AdamWParams,
+    step: u32,
+    /// `[norm, coef]` of the last clipping, on the device.
+    last_clip: Option<Tensor>,
+}
+
+impl AdamW {
+    /// `params` with whether each is weight-decayed (nanoGPT decays 2-D weights only).
+    pub fn new(params: Vec<(Tensor, bool)>, hp: AdamWParams) -> Result<AdamW> {
+        let refs: Vec<&Tensor> = params.iter().map(|(t, _)| t).collect();
+        if !refs.is_empty() {
+            same_device("AdamW", &refs)?;
+        }
+        let mut m = Vec::new();
+        let mut v = Vec::new();
+        for (p, _) in &params {
+            if !p.requires_grad() || p.dtype() != DType::F32 {
+                return Err(GpuError::invalid("AdamW", "parameters must be f32 tensors with requires_grad_"));
+            }
+            m.push(Tensor::zeros(p.shape(), p.device())?);
+            v.push(Tensor::zeros(p.shape(), p.device())?);
+        }
+        let decays = params.iter().map(|(_, d)| if *d { hp.weight_decay } else { 0.0 }).collect();
+        Ok(AdamW { params: params.into_iter().map(|(t, _)| t).collect(), decays, m, v, hp, step: 0, last_clip: None })
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u32 {
+        self.step
+    }
+
+    /// One step with learning rate `lr`. Parameters without a gradient are an error (they would
+    /// silently never train).
+    pub fn step(&mut self, grads: &Gradients, lr: f32) -> Result<()> {
+        let Some(first) = self.params.first() else { return Ok(()) };
+        let dev = first.device();
+        let mut gs = Vec::with_capacity(self.params.len());
+        for p in &self.params {
+            let g = grads.get(p).ok_or_else(|| GpuError::invalid("AdamW", format!("no gradient for a parameter of shape {:?}", p.shape())))?;
+            gs.push(g.clone());
+        }
+        self.step += 1;
+        let cfg = AdamWConfig { lr, beta1: self.hp.beta1, beta2: self.hp.beta2, eps: self.hp.eps, step: self.step };
+        let clip = match self.hp.max_grad_norm {
+            Some(max) => {
+                let guards: Vec<_> = gs.iter().map(|g| g.read()).collect();
+                let st = on_device!(dev, |be| clip_impl(be, &guards, max)?);
+                Some(Tensor::from_storage(st, vec![2], dev))
+            }
+            None => None,
+        };
+        {
+            let mut pg: Vec<_> = self.params.iter().map(|t| t.write()).collect();
+            let mut mg: Vec<_> = self.m.iter().map(|t| t.write()).collect();
+            let mut vg: Vec<_> = self.v.iter().map(|t| t.write()).collect();
+            let gg: Vec<_> = gs.iter().map(|t| t.read()).collect();
+            let cg = clip.as_ref().map(|c| c.read());
+            on_device!(dev, |be| adamw_impl(be, &mut pg, &gg, &mut mg, &mut vg, &self.decays, cg.as_deref(), cfg)?);
+        }
+        self.last_clip = clip;
+        Ok(())
+    }
+
+    /// The global gradient norm before clipping at the last step (a device-to-host copy).
+    pub fn last_grad_norm(&self) -> Result<Option<f32>> {
+        self.last_clip.as_ref().map(|c| Ok(c.to_vec()?[0])).transpose()
+    }
+}
+
+fn clip_impl<B: DeviceBackend>(be: &B, grads: &[std::sync::RwLockReadGuard<'_, Storage>], max: f32) -> Result<Storage> {
+    let bufs: Vec<&B::Buffer> = grads.iter().map(|g| B::get(g)).collect::<Result<_>>()?;
+    let mut out = be.allocate(DType::F32, 2)?;
+    be.clip_coefficient(&bufs, max, &mut out)?;
+    Ok(B::wrap(out))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn adamw_impl<B: DeviceBackend>(
+    be: &B,
+    params: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
+    grads: &[std::sync::RwLockReadGuard<'_, Storage>],
+    m: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
+    v: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
+    decays: &[f32],
+    clip: Option<&Storage>,
+    cfg: AdamWConfig,
+) -> Result<()> {
+    let mut p: Vec<&mut B::Buffer> = params.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
+    let g: Vec<&B::Buffer> = grads.iter().map(|g| B::get(g)).collect::<Result<_>>()?;
+    let mut mm: Vec<&mut B::Buffer> = m.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
+    let mut vv: Vec<&mut B::Buffer> = v.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
+    let c = clip.map(B::get).transpose()?;
+    be.adamw_step(&mut p, &g, &mut mm, &mut vv, decays, c, cfg)
+}

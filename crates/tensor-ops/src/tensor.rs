@@ -1,0 +1,318 @@
+//! [`Tensor`]: shape, dtype, device, shared storage, and its place in the autograd graph.
+
+use crate::autograd::{grad_enabled, Node};
+use crate::backend::{count_d2h, count_h2d, cuda_backend};
+use crate::storage::Storage;
+use gpu_core::{Backend, CpuStorage, DType, Device, Element, GpuError, Result, Shape};
+use rand::SeedableRng;
+use rand_distr::Distribution;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) struct Inner {
+    pub(crate) id: u64,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) device: Device,
+    pub(crate) dtype: DType,
+    pub(crate) storage: Arc<RwLock<Storage>>,
+    pub(crate) requires_grad: bool,
+    pub(crate) node: Option<Node>,
+}
+
+/// A contiguous, row-major tensor on one device. Cloning is cheap (shared storage and graph).
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<Inner>);
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {}, {}", self.shape(), self.dtype(), self.device())?;
+        if let Some(n) = &self.0.node {
+            write!(f, ", op={}", n.name)?;
+        }
+        write!(f, ")")
+    }
+}
+
+impl Tensor {
+    pub(crate) fn from_storage(storage: Storage, shape: Vec<usize>, device: Device) -> Tensor {
+        let dtype = storage.dtype();
+        Tensor(Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            shape,
+            device,
+            dtype,
+            storage: Arc::new(RwLock::new(storage)),
+            requires_grad: false,
+            node: None,
+        }))
+    }
+
+    /// Builds an op's result; records the backward when grad mode is on and an input needs it.
+    pub(crate) fn from_op(
+        storage: Storage,
+        shape: Vec<usize>,
+        device: Device,
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
+    ) -> Tensor {
+        let needs = grad_enabled() && inputs.iter().any(|t| t.requires_grad());
+        let dtype = storage.dtype();
+        Tensor(Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            shape,
+            device,
+            dtype,
+            storage: Arc::new(RwLock::new(storage)),
+            requires_grad: needs,
+            node: needs.then(|| Node {
+                name,
+                inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+                backward: Box::new(backward),
+            }),
+        }))
+    }
+
+    /// A tensor viewing the same storage with another shape (same element count).
+    pub(crate) fn view_as(&self, shape: Vec<usize>, node: Option<Node>) -> Tensor {
+        Tensor(Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            shape,
+            device: self.0.device,
+            dtype: self.0.dtype,
+            storage: self.0.storage.clone(),
+            requires_grad: node.is_some(),
+            node,
+        }))
+    }
+
+    /// A tensor from host data, placed on `device` (one host-to-device copy for CUDA).
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
+        let numel = Shape::from(shape).checked_numel()?;
+        if numel != data.len() {
+            return Err(GpuError::shape("from_vec", format!("{numel} elements for {shape:?}"), data.len()));
+        }
+        let cpu = gpu_core::CpuBackend.upload(&data)?;
+        Tensor::from_storage(Storage::Cpu(cpu), shape.to_vec(), Device::Cpu).to(device)
+    }
+
+    /// A tensor filled with `value`.
+    pub fn full(value: f32, shape: &[usize], device: Device) -> Result<Tensor> {
+        let numel = Shape::from(shape).checked_numel()?;
+        let storage = crate::backend::on_device!(device, |b| {
+            let mut buf = b.allocate(DType::F32, numel)?;
+            gpu_core::KernelOps::fill(b, &mut buf, value)?;
+            <_ as crate::backend::DeviceBackend>::wrap(buf)
+        });
+        Ok(Tensor::from_storage(storage, shape.to_vec(), device))
+    }
+
+    /// Zeros.
+    pub fn zeros(shape: &[usize], device: Device) -> Result<Tensor> {
+        Tensor::full(0.0, shape, device)
+    }
+
+    /// Ones.
+    pub fn ones(shape: &[usize], device: Device) -> Result<Tensor> {
+        Tensor::full(1.0, shape, device)
+    }
+
+    /// Normal(0, std²) samples from a seeded generator, drawn on the host (identical on every
+    /// device), then placed on `device`.
+    pub fn randn(shape: &[usize], std: f32, seed: u64, device: Device) -> Result<Tensor> {
+        let numel = Shape::from(shape).checked_numel()?;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let normal = rand_distr::Normal::new(0.0f32, std)
+            .map_err(|e| GpuError::invalid("randn", format!("std {std}: {e}")))?;
+        let data: Vec<f32> = (0..numel).map(|_| normal.sample(&mut rng)).collect();
+        Tensor::from_vec(data, shape, device)
+    }
+
+    /// Marks a leaf tensor as a parameter: gradients flow to it.
+    pub fn requires_grad_(self) -> Tensor {
+        Tensor(Arc::new(Inner {
+            id: self.0.id,
+            shape: self.0.shape.clone(),
+            device: self.0.device,
+            dtype: self.0.dtype,
+            storage: self.0.storage.clone(),
+            requires_grad: true,
+            node: None,
+        }))
+    }
+
+    /// The same data, cut from the graph.
+    pub fn detach(&self) -> Tensor {
+        Tensor::from_storage_shared(self.0.storage.clone(), self.0.shape.clone(), self.0.device, self.0.dtype)
+    }
+
+    fn from_storage_shared(storage: Arc<RwLock<Storage>>, shape: Vec<usize>, device: Device, dtype: DType) -> Tensor {
+        Tensor(Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            shape,
+            device,
+            dtype,
+            storage,
+            requires_grad: false,
+            node: None,
+        }))
+    }
+
+    /// Unique id (gradients are keyed by it).
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// Dimensions.
+    pub fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+
+    /// Row-major strides in elements (tensors are always contiguous).
+    pub fn strides(&self) -> Vec<usize> {
+        Shape::from(self.shape()).contiguous_strides()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.0.shape.iter().product()
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.shape.len()
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+
+    /// Where the elements live.
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+
+    /// Whether gradients flow to or through this tensor.
+    pub fn requires_grad(&self) -> bool {
+        self.0.requires_grad
+    }
+
+    /// Name of the op that produced this tensor, if it is part of a graph.
+    pub fn op_name(&self) -> Option<&'static str> {
+        self.0.node.as_ref().map(|n| n.name)
+    }
+
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Storage> {
+        self.0.storage.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Storage> {
+        self.0.storage.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Copies to `device` (explicit, and counted by [`crate::transfer_stats`]); the copy is part
+    /// of the graph, so gradients flow back to the source device.
+    pub fn to(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        device.check_present()?;
+        // Via the host: CUDA→CPU, then CPU→CUDA.
+        let host: CpuStorage = match &*self.read() {
+            Storage::Cpu(c) => c.clone(),
+            Storage::Cuda(b) => {
+                let gpu = cuda_backend(match self.device() {
+                    Device::Cuda(i) => i,
+                    Device::Cpu => unreachable!("CUDA storage on a CPU tensor"),
+                })?;
+                count_d2h(gpu_core::BufferInfo::size_in_bytes(b));
+                download(&gpu, b)?
+            }
+        };
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(host),
+            Device::Cuda(i) => {
+                let gpu = cuda_backend(i)?;
+                count_h2d(gpu_core::BufferInfo::size_in_bytes(&host));
+                Storage::Cuda(upload(&gpu, &host)?)
+            }
+        };
+        let src = self.device();
+        Ok(Tensor::from_op(storage, self.shape().to_vec(), device, "to", &[self], move |_, g| {
+            Ok(vec![Some(g.to(src)?)])
+        }))
+    }
+
+    /// The elements as f32 on the host (one device-to-host copy for CUDA).
+    pub fn to_vec(&self) -> Result<Vec<f32>> {
+        match self.to(Device::Cpu)?.read().clone_cpu()? {
+            CpuStorage::F32(v) => Ok(v),
+            other => Err(GpuError::DTypeMismatch { op: "to_vec", expected: DType::F32, got: gpu_core::BufferInfo::dtype(&other) }),
+        }
+    }
+
+    /// The elements as u32 on the host.
+    pub fn to_vec_u32(&self) -> Result<Vec<u32>> {
+        match self.to(Device::Cpu)?.read().clone_cpu()? {
+            CpuStorage::U32(v) => Ok(v),
+            other => Err(GpuError::DTypeMismatch { op: "to_vec_u32", expected: DType::U32, got: gpu_core::BufferInfo::dtype(&other) }),
+        }
+    }
+
+    /// The value of a one-element tensor.
+    pub fn item(&self) -> Result<f32> {
+        if self.numel() != 1 {
+            return Err(GpuError::shape("item", "1 element", self.numel()));
+        }
+        Ok(self.to_vec()?[0])
+    }
+}
+
+impl Storage {
+    fn clone_cpu(&self) -> Result<CpuStorage> {
+        match self {
+            Storage::Cpu(c) => Ok(c.clone()),
+            Storage::Cuda(_) => Err(GpuError::invalid("storage", "expected host memory")),
+        }
+    }
+}
+
+fn download(gpu: &gpu_cuda::CudaBackend, b: &gpu_cuda::CudaBuffer) -> Result<CpuStorage> {
+    Ok(match gpu_core::BufferInfo::dtype(b) {
+        DType::F32 => CpuStorage::F32(gpu.download(b)?),
+        DType::F16 => CpuStorage::F16(gpu.download(b)?),
+        DType::BF16 => CpuStorage::BF16(gpu.download(b)?),
+        DType::U32 => CpuStorage::U32(gpu.download(b)?),
+    })
+}
+
+fn upload(gpu: &gpu_cuda::CudaBackend, c: &CpuStorage) -> Result<gpu_cuda::CudaBuffer> {
+    match c {
+        CpuStorage::F32(v) => gpu.upload(v),
+        CpuStorage::F16(v) => gpu.upload(v),
+        CpuStorage::BF16(v) => gpu.upload(v),
+        CpuStorage::U32(v) => gpu.upload(v),
+    }
+}
+
+/// The common device of `tensors`, or a typed error naming the two that differ.
+pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<Device> {
+    let d = tensors[0].device();
+    for t in &tensors[1..] {
+        if t.device() != d {
+            return Err(GpuError::DeviceMismatch { op, a: d, b: t.device() });
+        }
+    }
+    Ok(d)
+}
+
+/// Errors unless `t` holds f32.
+pub(crate) fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype() != DType::F32 {
+        return Err(GpuError::DTypeMismatch { op, expected: DType::F32, got: t.dtype() });
+    }
+    Ok(())
+}

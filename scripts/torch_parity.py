@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Replays `hybrid-trainer parity-dump` in PyTorch: the same GPT (GPT-2 or Llama variant) built
+from the dumped safetensors weights, one forward/backward on the dumped batch, compared with our
+loss, logits and every gradient.
+
+Criteria (f32): loss and logits relative error < 1e-4 (norm-wise for logits); every gradient
+elementwise |ours - ref| <= 1e-4 + 1e-3 * |ref|. Exit status 0 when all pass.
+Usage: torch_parity.py DUMP.safetensors [--device cuda|cpu]
+"""
+import argparse
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+
+def load(path, device):
+    tensors = {}
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata()
+        for k in f.keys():
+            tensors[k] = f.get_tensor(k).to(device)
+    return json.loads(meta["config"]), tensors
+
+
+def rope(x, base=10000.0):
+    # x: [B, H, T, D], rotate-half convention, positions 0..T-1.
+    _, _, t, d = x.shape
+    half = d // 2
+    inv = base ** (-torch.arange(0, half, device=x.device, dtype=torch.float64) * 2.0 / d)
+    ang = torch.arange(t, device=x.device, dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = ang.cos().float(), ang.sin().float()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def forward(cfg, p, x):
+    llama = cfg["variant"] == "Llama"
+    b, t = x.shape
+    c, nh = cfg["n_embd"], cfg["n_head"]
+    hd = c // nh
+
+    def norm(h, pre, llama_name):
+        if llama:
+            w = p[f"{llama_name}.weight"]
+            return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+        return F.layer_norm(h, (c,), p[f"{pre}.weight"], p.get(f"{pre}.bias"), 1e-5)
+
+    def linear(h, pre):
+        return F.linear(h, p[f"{pre}.weight"], p.get(f"{pre}.bias"))
+
+    h = p["transformer.wte.weight"][x]
+    if not llama:
+        h = h + p["transformer.wpe.weight"][torch.arange(t, device=x.device)]
+    for l in range(cfg["n_layer"]):
+        pre = f"transformer.h.{l}"
+        a = norm(h, f"{pre}.ln_1", f"{pre}.attention_norm")
+        q, k, v = linear(a, f"{pre}.attn.c_attn").split(c, dim=2)
+        q, k, v = (z.view(b, t, nh, hd).transpose(1, 2) for z in (q, k, v))
+        if llama:
+            q, k = rope(q), rope(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        h = h + linear(y, f"{pre}.attn.c_proj")
+        m = norm(h, f"{pre}.ln_2", f"{pre}.ffn_norm")
+        if llama:
+            m = linear(F.silu(linear(m, f"{pre}.mlp.w1")) * linear(m, f"{pre}.mlp.w3"), f"{pre}.mlp.w2")
+        else:
+            m = linear(F.gelu(linear(m, f"{pre}.mlp.c_fc")), f"{pre}.mlp.c_proj")
+        h = h + m
+    h = norm(h, "transformer.ln_f", "transformer.ln_f")
+    head = p["lm_head.weight"] if llama else p["transformer.wte.weight"]
+    return F.linear(h, head)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dump")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg, t = load(args.dump, args.device)
+    names = [k for k in t if not k.startswith(("grad.", "batch.", "out."))]
+    params = {k: t[k].clone().requires_grad_(True) for k in names}
+    x, y = t["batch.x"].long(), t["batch.y"].long()
+    logits = forward(cfg, params, x)
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+    loss.backward()
+
+    ok = True
+    ours_loss = t["out.loss"].item()
+    rel = abs(ours_loss - loss.item()) / abs(loss.item())
+    print(f"loss: ours {ours_loss:.7f}  torch {loss.item():.7f}  rel err {rel:.2e}")
+    ok &= rel < 1e-4
+    lo, lr = t["out.logits"], logits.detach()
+    rel = ((lo - lr).norm() / lr.norm()).item()
+    print(f"logits: norm-wise rel err {rel:.2e}, max abs diff {(lo - lr).abs().max().item():.2e}")
+    ok &= rel < 1e-4
+    worst = (0.0, "")
+    for k in names:
+        ours, ref = t[f"grad.{k}"], params[k].grad
+        excess = ((ours - ref).abs() - (1e-4 + 1e-3 * ref.abs())).max().item()
+        relg = ((ours - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        if excess > worst[0] or not worst[1]:
+            worst = (excess, k)
+        status = "ok" if excess <= 0 else "FAIL"
+        ok &= excess <= 0
+        print(f"grad {k:40s} rel {relg:.2e}  max(|d| - tol) {excess:+.2e}  {status}")
+    print(f"{cfg['variant']}: {'PASS' if ok else 'FAIL'} ({len(names)} gradients; tightest: {worst[1]})")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
