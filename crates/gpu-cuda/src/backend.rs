@@ -225,7 +225,12 @@ impl CudaBackend {
     pub unsafe fn launch(&self, kernel: &str, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
         launch::check_config(kernel, &cfg)?;
         let (ctx, stream, kind) = (&self.inner.ctx, &self.inner.stream, self.image_kind());
-        match self.launch_path() {
+        // By-value struct parameters exist only on the raw driver path.
+        let path = match args.iter().any(KernelArg::is_bytes) {
+            true => LaunchPath::RawDriver,
+            false => self.launch_path(),
+        };
+        match path {
             LaunchPath::Cudarc => {
                 let f = self.inner.modules.cudarc_function(ctx, kernel, kind)?;
                 launch::launch_cudarc(stream, &f, cfg, args)

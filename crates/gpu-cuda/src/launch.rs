@@ -38,7 +38,7 @@ impl std::str::FromStr for LaunchPath {
 }
 
 /// One kernel parameter, passed by value as the kernel declares it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum KernelArg {
     /// A device pointer (`float*`, ...).
     Ptr(sys::CUdeviceptr),
@@ -46,6 +46,18 @@ pub enum KernelArg {
     I32(i32),
     U64(u64),
     F32(f32),
+    /// A struct passed by value: its bytes, laid out exactly as the kernel's C struct and exactly
+    /// as long (the driver copies as many bytes as the kernel's parameter declares). Only the raw driver
+    /// launcher passes these: [`crate::CudaBackend::launch`] sends any launch that has one
+    /// through it whatever the launch path, and a cudarc-loaded user kernel rejects it.
+    Bytes(Vec<u8>),
+}
+
+impl KernelArg {
+    /// True for [`KernelArg::Bytes`].
+    pub fn is_bytes(&self) -> bool {
+        matches!(self, KernelArg::Bytes(_))
+    }
 }
 
 impl From<&CudaBuffer> for KernelArg {
@@ -94,6 +106,12 @@ pub(crate) fn launch_cudarc(
             KernelArg::I32(v) => b.arg(v),
             KernelArg::U64(v) => b.arg(v),
             KernelArg::F32(v) => b.arg(v),
+            KernelArg::Bytes(_) => {
+                return Err(GpuError::invalid(
+                    "launch",
+                    "by-value struct parameters (KernelArg::Bytes) need the raw driver launcher",
+                ))
+            }
         };
     }
     // SAFETY: the callers in this crate pass exactly the parameters the kernel declares, with
@@ -119,6 +137,7 @@ pub(crate) fn launch_raw(
             KernelArg::I32(v) => v as *mut i32 as *mut c_void,
             KernelArg::U64(v) => v as *mut u64 as *mut c_void,
             KernelArg::F32(v) => v as *mut f32 as *mut c_void,
+            KernelArg::Bytes(v) => v.as_mut_ptr() as *mut c_void,
         })
         .collect();
     stream
@@ -126,9 +145,10 @@ pub(crate) fn launch_raw(
         .bind_to_thread()
         .map_err(crate::error::drv("cuCtxSetCurrent"))?;
     let (g, b) = (cfg.grid_dim, cfg.block_dim);
-    // SAFETY: `params` points at `values`, which outlive the call (the driver copies parameter
-    // values at launch); `func` belongs to a module that is still loaded; the parameter list
-    // matches the kernel's signature (same duty as `launch_cudarc`).
+    // SAFETY: `params` points at `values` (or, for `Bytes`, at the byte buffers they own), which
+    // outlive the call (the driver copies parameter values at launch); `func` belongs to a module
+    // that is still loaded; the parameter list matches the kernel's signature (same duty as
+    // `launch_cudarc`).
     let r = unsafe {
         sys::cuLaunchKernel(
             func,

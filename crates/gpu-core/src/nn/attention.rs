@@ -1,14 +1,20 @@
 //! Fused causal self-attention.
 
-use crate::backend::Backend;
-use crate::error::Result;
+use crate::backend::{Backend, BufferInfo};
+use crate::error::{GpuError, Result};
+use crate::ops::require_f32;
 
 /// Causal scaled-dot-product attention over `n` = batch·heads independent sequences.
 ///
 /// `q`, `k`, `v`, `out` are `[n, t, d]`; `lse` is `[n, t]`, the log-sum-exp of each query's
 /// scaled, masked scores, saved for the backward. `scale` is usually `1/sqrt(d)`.
 /// `out[i] = Σ_{j<=i} softmax_j(scale·q_i·k_j) v_j`.
+///
+/// Every backend accepts the same arguments (see [`check_dims`]): any `n` and `t` (zero gives an
+/// empty call), a head dimension `d` that is a multiple of 4 in `4..=128` ([`MAX_HEAD_DIM`]), and
+/// a finite `scale`.
 pub trait AttentionOps: Backend {
+    /// Forward pass: writes `out` (`[n, t, d]`) and `lse` (`[n, t]`, natural log).
     fn causal_attention_fwd(
         &self,
         q: &Self::Buffer,
@@ -39,4 +45,125 @@ pub trait AttentionOps: Backend {
         d: usize,
         scale: f32,
     ) -> Result<()>;
+}
+
+/// The largest head dimension `d` the attention ops accept.
+pub const MAX_HEAD_DIM: usize = 128;
+
+/// The longest sequence the attention ops accept (2^30; kernels index rows with 32-bit ints).
+pub const MAX_SEQ_LEN: usize = 1 << 30;
+
+/// Checks `n`, `t`, `d`: `d` a multiple of 4 in `4..=`[`MAX_HEAD_DIM`], `t <=`
+/// [`MAX_SEQ_LEN`], and
+/// `n·t·d` within `usize`. Returns `(n·t·d, n·t)`, the lengths of the `[n, t, d]` and `[n, t]`
+/// buffers.
+pub fn check_dims(op: &'static str, n: usize, t: usize, d: usize) -> Result<(usize, usize)> {
+    if d == 0 || d > MAX_HEAD_DIM || !d.is_multiple_of(4) {
+        return Err(GpuError::InvalidShape {
+            op,
+            reason: format!("head dimension d = {d} must be a multiple of 4 in 4..={MAX_HEAD_DIM}"),
+        });
+    }
+    if t > MAX_SEQ_LEN {
+        return Err(GpuError::InvalidShape {
+            op,
+            reason: format!("sequence length t = {t} must be at most {MAX_SEQ_LEN}"),
+        });
+    }
+    let rows = n.checked_mul(t);
+    let elems = rows.and_then(|r| r.checked_mul(d));
+    match (elems, rows) {
+        (Some(e), Some(r)) => Ok((e, r)),
+        _ => Err(GpuError::InvalidShape {
+            op,
+            reason: format!("n·t·d = {n}·{t}·{d} overflows usize"),
+        }),
+    }
+}
+
+fn check_buffers<B: BufferInfo>(op: &'static str, bufs: &[(&str, &B, usize)]) -> Result<()> {
+    for &(name, buf, want) in bufs {
+        require_f32(op, buf.dtype())?;
+        if buf.len() != want {
+            return Err(GpuError::shape(
+                op,
+                format!("{name} of {want} elements"),
+                buf.len(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_scale(op: &'static str, scale: f32) -> Result<()> {
+    if scale.is_finite() {
+        Ok(())
+    } else {
+        Err(GpuError::invalid(
+            op,
+            format!("scale must be finite, got {scale}"),
+        ))
+    }
+}
+
+/// Checks the arguments of [`AttentionOps::causal_attention_fwd`] (every backend calls this).
+pub fn check_fwd<B: BufferInfo>(
+    q: &B,
+    k: &B,
+    v: &B,
+    out: &B,
+    lse: &B,
+    n: usize,
+    t: usize,
+    d: usize,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "causal_attention_fwd";
+    let (e, r) = check_dims(OP, n, t, d)?;
+    check_scale(OP, scale)?;
+    check_buffers(
+        OP,
+        &[
+            ("q", q, e),
+            ("k", k, e),
+            ("v", v, e),
+            ("out", out, e),
+            ("lse", lse, r),
+        ],
+    )
+}
+
+/// Checks the arguments of [`AttentionOps::causal_attention_bwd`] (every backend calls this).
+pub fn check_bwd<B: BufferInfo>(
+    q: &B,
+    k: &B,
+    v: &B,
+    out: &B,
+    lse: &B,
+    dout: &B,
+    dq: &B,
+    dk: &B,
+    dv: &B,
+    n: usize,
+    t: usize,
+    d: usize,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "causal_attention_bwd";
+    let (e, r) = check_dims(OP, n, t, d)?;
+    check_scale(OP, scale)?;
+    check_buffers(
+        OP,
+        &[
+            ("q", q, e),
+            ("k", k, e),
+            ("v", v, e),
+            ("out", out, e),
+            ("lse", lse, r),
+            ("dout", dout, e),
+            ("dq", dq, e),
+            ("dk", dk, e),
+            ("dv", dv, e),
+        ],
+    )
 }

@@ -1,15 +1,20 @@
 //! Optimiser steps over many parameters at once.
 
-use crate::backend::Backend;
-use crate::error::Result;
+use crate::backend::{Backend, BufferInfo};
+use crate::error::{GpuError, Result};
+use crate::ops::require_f32;
 
 /// AdamW hyper-parameters for one step (PyTorch's `torch.optim.AdamW` semantics: decoupled
 /// weight decay `p -= lr·wd·p`, bias-corrected moments).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
+    /// Learning rate, finite and `>= 0`.
     pub lr: f32,
+    /// First-moment decay, in `[0, 1)`.
     pub beta1: f32,
+    /// Second-moment decay, in `[0, 1)`.
     pub beta2: f32,
+    /// Denominator term, finite and `>= 0`.
     pub eps: f32,
     /// 1-based step number, for the bias corrections.
     pub step: u32,
@@ -19,7 +24,9 @@ pub struct AdamWConfig {
 pub trait OptimOps: Backend {
     /// Global-norm clipping coefficient, computed on the device: writes
     /// `out[0] = sqrt(Σ over all grads of g²)` and `out[1] = min(1, max_norm / (out[0] + 1e-6))`.
-    /// `out` holds 2 f32. No host transfer on CUDA.
+    /// `out` holds 2 f32. No host transfer on CUDA. The sum of squares is accumulated in f64
+    /// and the coefficient computed in f64 from it; a non-finite norm gives a NaN (norm NaN) or
+    /// 0 (norm inf) coefficient, as PyTorch's clamp does. `max_norm` must be finite and `> 0`.
     fn clip_coefficient(
         &self,
         grads: &[&Self::Buffer],
@@ -31,6 +38,11 @@ pub trait OptimOps: Backend {
     /// `grad_scale` is given (the [`OptimOps::clip_coefficient`] output; else `g = grads[i]`):
     /// `m = β1·m + (1−β1)·g`, `v = β2·v + (1−β2)·g²`, `p -= lr·wd[i]·p`,
     /// `p -= lr · (m/(1−β1^step)) / (sqrt(v/(1−β2^step)) + eps)`. One kernel launch on CUDA.
+    ///
+    /// As in `torch.optim.AdamW`: the decay is `p *= 1 − lr·wd[i]` before the Adam update, and
+    /// the update is `p −= (lr/bc1) · m / (sqrt(v)/sqrt(bc2) + eps)` with `bc = 1 − β^step`.
+    /// All lists have one entry per parameter and each `grads[i]`, `m[i]`, `v[i]` has the length
+    /// of `params[i]`; see [`check_adamw`] for the accepted values.
     fn adamw_step(
         &self,
         params: &mut [&mut Self::Buffer],
@@ -41,4 +53,113 @@ pub trait OptimOps: Backend {
         grad_scale: Option<&Self::Buffer>,
         cfg: AdamWConfig,
     ) -> Result<()>;
+}
+
+/// Checks the arguments of [`OptimOps::clip_coefficient`] (every backend calls this).
+pub fn check_clip<B: BufferInfo>(grads: &[&B], max_norm: f32, out: &B) -> Result<()> {
+    const OP: &str = "clip_coefficient";
+    for g in grads {
+        require_f32(OP, g.dtype())?;
+    }
+    require_f32(OP, out.dtype())?;
+    if out.len() != 2 {
+        return Err(GpuError::shape(OP, "out of 2 elements", out.len()));
+    }
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(GpuError::invalid(
+            OP,
+            format!("max_norm must be finite and > 0, got {max_norm}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the arguments of [`OptimOps::adamw_step`] (every backend calls this): lists of equal
+/// length, f32 buffers, `grads[i]`, `m[i]`, `v[i]` as long as `params[i]`, `weight_decay[i]`
+/// finite and `>= 0`, `grad_scale` of 2 f32, `lr` and `eps` finite and `>= 0`, betas in
+/// `[0, 1)`, `step >= 1`.
+pub fn check_adamw<B: BufferInfo>(
+    params: &[&mut B],
+    grads: &[&B],
+    m: &[&mut B],
+    v: &[&mut B],
+    weight_decay: &[f32],
+    grad_scale: Option<&B>,
+    cfg: AdamWConfig,
+) -> Result<()> {
+    const OP: &str = "adamw_step";
+    let n = params.len();
+    for (name, len) in [
+        ("grads", grads.len()),
+        ("m", m.len()),
+        ("v", v.len()),
+        ("weight_decay", weight_decay.len()),
+    ] {
+        if len != n {
+            return Err(GpuError::shape(
+                OP,
+                format!("{name} with {n} entries (one per parameter)"),
+                len,
+            ));
+        }
+    }
+    for i in 0..n {
+        let want = params[i].len();
+        require_f32(OP, params[i].dtype())?;
+        for (name, b) in [("grads", grads[i]), ("m", &*m[i]), ("v", &*v[i])] {
+            require_f32(OP, b.dtype())?;
+            if b.len() != want {
+                return Err(GpuError::shape(
+                    OP,
+                    format!("{name}[{i}] of {want} elements"),
+                    b.len(),
+                ));
+            }
+        }
+        let wd = weight_decay[i];
+        if !(wd.is_finite() && wd >= 0.0) {
+            return Err(GpuError::invalid(
+                OP,
+                format!("weight_decay[{i}] must be finite and >= 0, got {wd}"),
+            ));
+        }
+    }
+    if let Some(s) = grad_scale {
+        require_f32(OP, s.dtype())?;
+        if s.len() != 2 {
+            return Err(GpuError::shape(OP, "grad_scale of 2 elements", s.len()));
+        }
+    }
+    let AdamWConfig {
+        lr,
+        beta1,
+        beta2,
+        eps,
+        step,
+    } = cfg;
+    let ok = lr.is_finite()
+        && lr >= 0.0
+        && eps.is_finite()
+        && eps >= 0.0
+        && (0.0..1.0).contains(&beta1)
+        && (0.0..1.0).contains(&beta2)
+        && step >= 1;
+    if !ok {
+        return Err(GpuError::invalid(
+            OP,
+            format!(
+                "invalid hyper-parameters {cfg:?}: need lr, eps >= 0, betas in [0, 1), step >= 1"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The per-step scalars of the update, computed in f64 as PyTorch does with Python floats:
+/// `(step_size, bc2_sqrt)` = `(lr / (1 − β1^step), sqrt(1 − β2^step))`.
+pub fn adamw_scalars(cfg: AdamWConfig) -> (f64, f64) {
+    let step = cfg.step as f64;
+    let bc1 = 1.0 - (cfg.beta1 as f64).powf(step);
+    let bc2 = 1.0 - (cfg.beta2 as f64).powf(step);
+    (cfg.lr as f64 / bc1, bc2.sqrt())
 }

@@ -1,0 +1,79 @@
+//! [`OptimOps`] on the CPU: the reference. The global norm is accumulated in f64; AdamW follows
+//! `torch.optim.AdamW` step by step (decoupled decay first, then the bias-corrected Adam update),
+//! evaluated per element in f64 from the stored f32 values and rounded once.
+
+use super::{CpuBackend, CpuStorage};
+use crate::error::Result;
+use crate::nn::optim::{adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps};
+
+/// `min(1, max_norm / (norm + 1e-6))` in f64, keeping a NaN (as `torch.clamp(max=1)` does).
+pub(crate) fn clip_coef(norm: f64, max_norm: f32) -> f64 {
+    let c = max_norm as f64 / (norm + 1e-6);
+    if c > 1.0 {
+        1.0
+    } else {
+        c
+    }
+}
+
+impl OptimOps for CpuBackend {
+    fn clip_coefficient(
+        &self,
+        grads: &[&CpuStorage],
+        max_norm: f32,
+        out: &mut CpuStorage,
+    ) -> Result<()> {
+        check_clip(grads, max_norm, out)?;
+        let mut sum = 0.0f64;
+        for g in grads {
+            sum += g
+                .as_f32()?
+                .iter()
+                .map(|&x| (x as f64) * (x as f64))
+                .sum::<f64>();
+        }
+        let norm = sum.sqrt();
+        let out = out.as_f32_mut()?;
+        out[0] = norm as f32;
+        out[1] = clip_coef(norm, max_norm) as f32;
+        Ok(())
+    }
+
+    fn adamw_step(
+        &self,
+        params: &mut [&mut CpuStorage],
+        grads: &[&CpuStorage],
+        m: &mut [&mut CpuStorage],
+        v: &mut [&mut CpuStorage],
+        weight_decay: &[f32],
+        grad_scale: Option<&CpuStorage>,
+        cfg: AdamWConfig,
+    ) -> Result<()> {
+        check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
+        let coef = match grad_scale {
+            Some(s) => s.as_f32()?[1] as f64,
+            None => 1.0,
+        };
+        let (step_size, bc2_sqrt) = adamw_scalars(cfg);
+        let (b1, b2, eps) = (cfg.beta1 as f64, cfg.beta2 as f64, cfg.eps as f64);
+        for i in 0..params.len() {
+            let decay = 1.0 - cfg.lr as f64 * weight_decay[i] as f64;
+            let g = grads[i].as_f32()?;
+            let (p, mi, vi) = (
+                params[i].as_f32_mut()?,
+                m[i].as_f32_mut()?,
+                v[i].as_f32_mut()?,
+            );
+            for e in 0..p.len() {
+                let g = g[e] as f64 * coef;
+                let me = b1 * mi[e] as f64 + (1.0 - b1) * g;
+                let ve = b2 * vi[e] as f64 + (1.0 - b2) * g * g;
+                let pe = p[e] as f64 * decay;
+                p[e] = (pe - step_size * me / (ve.sqrt() / bc2_sqrt + eps)) as f32;
+                mi[e] = me as f32;
+                vi[e] = ve as f32;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,254 @@
+//! [`OptimOps`] on CUDA: the multi-tensor kernels of `kernels/nn_optim.cu`.
+//!
+//! Tensors are described to the kernels by a `MultiTensor` struct passed by value
+//! ([`KernelArg::Bytes`], so these launches take the raw driver path): up to 64 tensors per
+//! launch with their pointers, lengths and AdamW decay factors, and the prefix sums of their
+//! block counts, from which each block finds its tensor and chunk. Empty tensors are left out;
+//! tensors longer than 2^30 elements are split into pieces.
+
+use crate::backend::CudaBackend;
+use crate::launch::{KernelArg, LaunchConfig};
+use crate::pool::CudaBuffer;
+use gpu_core::nn::optim::{adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps};
+use gpu_core::{Backend, BufferInfo, DType, Result};
+
+/// Tensors per launch (`MT_MAX` in the kernel).
+const MT_MAX: usize = 64;
+/// Elements per block (`MT_CHUNK`).
+const MT_CHUNK: usize = 4096;
+/// Threads per block (`MT_THREADS`).
+const MT_THREADS: u32 = 256;
+/// Longest piece of a tensor in one entry: a multiple of `MT_CHUNK`, so pieces stay 16-byte
+/// aligned, and small enough for the kernel's 32-bit lengths and block counts.
+const PIECE: usize = 1 << 30;
+
+/// Byte offsets of the fields of `struct MultiTensor` (static_assert'ed in the kernel).
+mod layout {
+    pub const P: usize = 0;
+    pub const G: usize = 512;
+    pub const M: usize = 1024;
+    pub const V: usize = 1536;
+    pub const N: usize = 2048;
+    pub const DECAY: usize = 2304;
+    pub const BLOCK_START: usize = 2560;
+    pub const COUNT: usize = 2820;
+    pub const SIZE: usize = 2824;
+}
+
+/// One tensor (or piece of one): device addresses of p, g, m, v (0 where unused), its length
+/// and its AdamW decay factor `1 − lr·wd`.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    ptrs: [u64; 4],
+    len: usize,
+    decay: f32,
+}
+
+impl Entry {
+    /// The entry split into pieces of at most [`PIECE`] elements (none when empty).
+    fn pieces(self) -> impl Iterator<Item = Entry> {
+        (0..self.len).step_by(PIECE).map(move |off| Entry {
+            ptrs: self
+                .ptrs
+                .map(|p| if p == 0 { 0 } else { p + 4 * off as u64 }),
+            len: PIECE.min(self.len - off),
+            decay: self.decay,
+        })
+    }
+}
+
+/// One launch's `MultiTensor` bytes and its block count.
+struct Chunk {
+    bytes: Vec<u8>,
+    blocks: u32,
+}
+
+fn put(bytes: &mut [u8], at: usize, v: &[u8]) {
+    bytes[at..at + v.len()].copy_from_slice(v);
+}
+
+/// Packs the entries into launches of up to [`MT_MAX`] tensors each.
+fn chunks(entries: impl IntoIterator<Item = Entry>) -> Vec<Chunk> {
+    let pieces: Vec<Entry> = entries.into_iter().flat_map(Entry::pieces).collect();
+    pieces
+        .chunks(MT_MAX)
+        .map(|group| {
+            let mut bytes = vec![0u8; layout::SIZE];
+            let mut blocks = 0u32;
+            for (i, e) in group.iter().enumerate() {
+                for (field, ptr) in [layout::P, layout::G, layout::M, layout::V]
+                    .into_iter()
+                    .zip(e.ptrs)
+                {
+                    put(&mut bytes, field + 8 * i, &ptr.to_le_bytes());
+                }
+                put(&mut bytes, layout::N + 4 * i, &(e.len as u32).to_le_bytes());
+                put(&mut bytes, layout::DECAY + 4 * i, &e.decay.to_le_bytes());
+                put(
+                    &mut bytes,
+                    layout::BLOCK_START + 4 * i,
+                    &blocks.to_le_bytes(),
+                );
+                // At most 64 pieces of 2^18 blocks: far below 2^31.
+                blocks += e.len.div_ceil(MT_CHUNK) as u32;
+            }
+            put(
+                &mut bytes,
+                layout::BLOCK_START + 4 * group.len(),
+                &blocks.to_le_bytes(),
+            );
+            put(
+                &mut bytes,
+                layout::COUNT,
+                &(group.len() as u32).to_le_bytes(),
+            );
+            Chunk { bytes, blocks }
+        })
+        .collect()
+}
+
+fn blocks_config(blocks: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (MT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl OptimOps for CudaBackend {
+    fn clip_coefficient(
+        &self,
+        grads: &[&CudaBuffer],
+        max_norm: f32,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        check_clip(grads, max_norm, out)?;
+        let chunks = chunks(grads.iter().map(|g| Entry {
+            ptrs: [0, g.device_ptr(), 0, 0],
+            len: g.len(),
+            decay: 0.0,
+        }));
+        let total: usize = chunks.iter().map(|c| c.blocks as usize).sum();
+        // One f64 partial sum per block (two f32 slots each); back to the pool on drop.
+        let mut partials = self.allocate(DType::F32, 2 * total)?;
+        let mut part0 = 0u32;
+        for c in &chunks {
+            let args = [
+                KernelArg::Bytes(c.bytes.clone()),
+                (&mut partials).into(),
+                KernelArg::U32(part0),
+            ];
+            // SAFETY: sumsq_f32(MultiTensor a, double* partials, u32 part0): `a` is the
+            // 2824-byte struct built by `chunks` (layout asserted in the kernel) naming live
+            // f32 grads of `n[i]` elements, 256-byte aligned; the grid has exactly
+            // block_start[count] blocks, and block b writes partials[part0 + b] < total.
+            unsafe { self.launch("sumsq_f32", blocks_config(c.blocks), &args) }?;
+            part0 += c.blocks;
+        }
+        let args = [
+            (&partials).into(),
+            KernelArg::U32(total as u32),
+            KernelArg::F32(max_norm),
+            out.into(),
+        ];
+        // SAFETY: clip_finalize_f32(const double* partials, u32 nparts, float max_norm,
+        // float* out), one block: reads `total` f64 written above (same stream), writes out[0..2]
+        // (out holds 2 f32, check_clip).
+        unsafe { self.launch("clip_finalize_f32", blocks_config(1), &args) }
+    }
+
+    fn adamw_step(
+        &self,
+        params: &mut [&mut CudaBuffer],
+        grads: &[&CudaBuffer],
+        m: &mut [&mut CudaBuffer],
+        v: &mut [&mut CudaBuffer],
+        weight_decay: &[f32],
+        grad_scale: Option<&CudaBuffer>,
+        cfg: AdamWConfig,
+    ) -> Result<()> {
+        check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
+        let entries = (0..params.len()).map(|i| Entry {
+            ptrs: [
+                params[i].device_ptr(),
+                grads[i].device_ptr(),
+                m[i].device_ptr(),
+                v[i].device_ptr(),
+            ],
+            len: params[i].len(),
+            // In f64 then rounded, as PyTorch's `param.mul_(1 - lr * weight_decay)`.
+            decay: (1.0 - cfg.lr as f64 * weight_decay[i] as f64) as f32,
+        });
+        let chunks = chunks(entries);
+        let (step_size, bc2_sqrt) = adamw_scalars(cfg);
+        let scale_ptr = KernelArg::Ptr(grad_scale.map_or(0, |s| s.device_ptr()));
+        for c in chunks {
+            let blocks = c.blocks;
+            let args = [
+                KernelArg::Bytes(c.bytes),
+                scale_ptr.clone(),
+                KernelArg::F32(cfg.beta1),
+                KernelArg::F32(cfg.beta2),
+                KernelArg::F32(cfg.eps),
+                KernelArg::F32(step_size as f32),
+                KernelArg::F32(bc2_sqrt as f32),
+            ];
+            // SAFETY: adamw_f32(MultiTensor a, const float* grad_scale, float beta1, beta2,
+            // eps, step_size, bc2_sqrt): `a` names live, distinct (&mut) f32 p, m, v and f32 g
+            // buffers of `n[i]` elements each (check_adamw), 256-byte aligned; grad_scale is
+            // null or 2 f32 (check_adamw); the grid has block_start[count] blocks.
+            unsafe { self.launch("adamw_f32", blocks_config(blocks), &args) }?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u32_at(b: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+    }
+
+    #[test]
+    fn chunks_pack_64_tensors_per_launch_and_skip_empty_ones() {
+        let e = |len: usize| Entry {
+            ptrs: [256, 512, 768, 1024],
+            len,
+            decay: 0.5,
+        };
+        let mut list = vec![e(0), e(1), e(4096), e(4097)];
+        list.extend((0..70).map(|i| e(i + 1)));
+        let c = chunks(list);
+        assert_eq!(c.len(), 2, "73 non-empty tensors take two launches");
+        let b = &c[0].bytes;
+        assert_eq!(b.len(), layout::SIZE);
+        assert_eq!(u32_at(b, layout::COUNT), 64);
+        assert_eq!(u32_at(b, layout::N), 1);
+        assert_eq!(u32_at(b, layout::N + 4), 4096);
+        assert_eq!(u32_at(b, layout::N + 8), 4097);
+        // Block starts: 0, 1, 2, then 4 (the 4097-element tensor takes two blocks).
+        let starts: Vec<u32> = (0..5)
+            .map(|i| u32_at(b, layout::BLOCK_START + 4 * i))
+            .collect();
+        assert_eq!(starts, vec![0, 1, 2, 4, 5]);
+        assert_eq!(c[0].blocks, u32_at(b, layout::BLOCK_START + 4 * 64));
+        assert_eq!(u32_at(&c[1].bytes, layout::COUNT), 9);
+        assert_eq!(c[1].blocks, 9);
+    }
+
+    #[test]
+    fn long_tensors_split_into_aligned_pieces() {
+        let e = Entry {
+            ptrs: [1 << 20, 0, 0, 0],
+            len: 2 * PIECE + 5,
+            decay: 1.0,
+        };
+        let p: Vec<Entry> = e.pieces().collect();
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[1].ptrs, [(1 << 20) + 4 * PIECE as u64, 0, 0, 0]);
+        assert_eq!(p[2].len, 5);
+        assert!(p.iter().all(|x| x.ptrs[0] % 16 == 0));
+    }
+}

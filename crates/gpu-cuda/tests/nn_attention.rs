@@ -1,0 +1,409 @@
+//! Causal attention: the CPU reference against finite differences, the CUDA kernels against the
+//! CPU reference (forward and backward, fresh random inputs, outputs poisoned with NaN, every
+//! launcher × image), the causal property, and typed errors for bad arguments.
+//!
+//! Tolerances (f32 kernels against the f64-accumulated reference; the kernels reassociate sums
+//! over d and over up to t keys, and recompute P from the saved lse): forward `out`
+//! norm-wise 1e-5, elementwise 1e-4·|want| + 1e-4·rms(want); `lse` 1e-5 relative + 1e-5;
+//! gradients norm-wise 3e-5, elementwise 3e-4·|want| + 3e-4·rms(want).
+
+mod common;
+
+use common::*;
+use gpu_core::nn::AttentionOps;
+use gpu_core::{DType, GpuError, KernelOps};
+use gpu_cuda::testing::backend_or_skip;
+use gpu_cuda::{CudaBackend, ImageKind, LaunchPath};
+use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
+use rand::{rngs::StdRng, SeedableRng};
+
+/// One problem: inputs of shape [n, t, d] and the output gradient.
+struct Problem {
+    n: usize,
+    t: usize,
+    d: usize,
+    scale: f32,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    dout: Vec<f32>,
+}
+
+impl Problem {
+    fn random(rng: &mut StdRng, n: usize, t: usize, d: usize, amp: f32) -> Self {
+        let len = n * t * d;
+        Self {
+            n,
+            t,
+            d,
+            scale: 1.0 / (d as f32).sqrt(),
+            q: random_vec(rng, len, amp),
+            k: random_vec(rng, len, amp),
+            v: random_vec(rng, len, 1.0),
+            dout: random_vec(rng, len, 1.0),
+        }
+    }
+
+    fn what(&self) -> String {
+        format!(
+            "n={} t={} d={} scale={}",
+            self.n, self.t, self.d, self.scale
+        )
+    }
+}
+
+/// `(out, lse)` from backend `b`, outputs poisoned before the call.
+fn fwd<B: AttentionOps + KernelOps>(b: &B, p: &Problem) -> (Vec<f32>, Vec<f32>) {
+    let mut out = poisoned(b, p.q.len());
+    let mut lse = poisoned(b, p.n * p.t);
+    let (q, k, v) = (up(b, &p.q), up(b, &p.k), up(b, &p.v));
+    b.causal_attention_fwd(&q, &k, &v, &mut out, &mut lse, p.n, p.t, p.d, p.scale)
+        .unwrap();
+    (down(b, &out), down(b, &lse))
+}
+
+/// `(dq, dk, dv)` from backend `b`, given the forward's `out` and `lse`.
+fn bwd<B: AttentionOps + KernelOps>(b: &B, p: &Problem, out: &[f32], lse: &[f32]) -> [Vec<f32>; 3] {
+    let len = p.q.len();
+    let (mut dq, mut dk, mut dv) = (poisoned(b, len), poisoned(b, len), poisoned(b, len));
+    let (q, k, v) = (up(b, &p.q), up(b, &p.k), up(b, &p.v));
+    let (o, l, g) = (up(b, out), up(b, lse), up(b, &p.dout));
+    b.causal_attention_bwd(
+        &q, &k, &v, &o, &l, &g, &mut dq, &mut dk, &mut dv, p.n, p.t, p.d, p.scale,
+    )
+    .unwrap();
+    [down(b, &dq), down(b, &dk), down(b, &dv)]
+}
+
+/// Elementwise `|got − want| <= rtol·(|want| + rms(want))` (every element written and finite),
+/// and norm-wise relative error below `norm_rtol`.
+fn assert_near(what: &str, got: &[f32], want: &[f32], norm_rtol: f64, rtol: f64) {
+    let rms = if want.is_empty() {
+        0.0
+    } else {
+        (want.iter().map(|&w| (w as f64).powi(2)).sum::<f64>() / want.len() as f64).sqrt()
+    };
+    assert_close(what, got, want, rtol, rtol * rms);
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        num += (g as f64 - w as f64).powi(2);
+        den += (w as f64).powi(2);
+    }
+    if den > 0.0 {
+        let rel = (num / den).sqrt();
+        assert!(
+            rel < norm_rtol,
+            "{what}: norm-wise error {rel:e} >= {norm_rtol:e}"
+        );
+    }
+}
+
+/// The CPU reference of one problem: `(out, lse, [dq, dk, dv])`.
+struct Reference {
+    out: Vec<f32>,
+    lse: Vec<f32>,
+    grads: [Vec<f32>; 3],
+}
+
+impl Reference {
+    fn of(p: &Problem) -> Self {
+        let (out, lse) = fwd(&CPU, p);
+        let grads = bwd(&CPU, p, &out, &lse);
+        Self { out, lse, grads }
+    }
+}
+
+/// Checks backend `b` against the CPU reference on one problem (the backward is given the
+/// reference `out` and `lse`, so its check does not depend on the forward's error).
+fn check<B: AttentionOps + KernelOps>(b: &B, dev: &str, p: &Problem, r: &Reference) {
+    let what = format!("{dev} {}", p.what());
+    let (out, lse) = fwd(b, p);
+    assert_near(&format!("{what} out"), &out, &r.out, 1e-5, 1e-4);
+    assert_close(&format!("{what} lse"), &lse, &r.lse, 1e-5, 1e-5);
+    let got = bwd(b, p, &r.out, &r.lse);
+    for (name, (g, w)) in ["dq", "dk", "dv"].iter().zip(got.iter().zip(&r.grads)) {
+        assert_near(&format!("{what} {name}"), g, w, 3e-5, 3e-4);
+    }
+}
+
+/// Checks the GPU (every variant) and, for small problems, the CPU backend itself (which runs
+/// the generic body: poisoning, every element written) against the reference.
+fn check_all(gpu: &Option<CudaBackend>, p: &Problem) {
+    let small = p.t <= 65;
+    if gpu.is_none() && !small {
+        return;
+    }
+    let r = Reference::of(p);
+    if small {
+        check(&CPU, "cpu", p, &r);
+    }
+    each_variant(gpu, |g, dev| check(g, dev, p, &r));
+}
+
+/// Runs `f` on the GPU (when there is one) under every launcher × image.
+fn each_variant(gpu: &Option<CudaBackend>, mut f: impl FnMut(&CudaBackend, &str)) {
+    let Some(gpu) = gpu else { return };
+    for path in [LaunchPath::Cudarc, LaunchPath::RawDriver] {
+        for image in [ImageKind::Fatbin, ImageKind::Ptx] {
+            gpu.set_launch_path(path);
+            gpu.set_image_kind(image);
+            f(gpu, &format!("cuda {path:?} {image:?}"));
+        }
+    }
+}
+
+#[test]
+fn cpu_backward_matches_finite_differences() {
+    // L = Σ out ∘ w through the public f32 API, so dout = w. Central differences with
+    // h = 1e-2 (the actual f32 step is used); truncation and f32 rounding of `out` stay near
+    // 1e-4, so the bound is 2e-3 + 1e-2·|analytic|.
+    let (mut rng, _) = rng("cpu_backward_matches_finite_differences");
+    for (n, t, d) in [(1, 1, 4), (2, 5, 4), (1, 9, 8)] {
+        let p = Problem::random(&mut rng, n, t, d, 1.0);
+        let (out, lse) = fwd(&CPU, &p);
+        let grads = bwd(&CPU, &p, &out, &lse);
+        let loss = |p: &Problem| -> f64 {
+            let (o, _) = fwd(&CPU, p);
+            o.iter()
+                .zip(&p.dout)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum()
+        };
+        for (which, grad) in grads.iter().enumerate() {
+            for e in 0..n * t * d {
+                let shifted = |delta: f32| -> (f64, f64) {
+                    let mut pp = clone(&p);
+                    let x = match which {
+                        0 => &mut pp.q,
+                        1 => &mut pp.k,
+                        _ => &mut pp.v,
+                    };
+                    let before = x[e];
+                    x[e] += delta;
+                    let actual = x[e] as f64 - before as f64;
+                    (loss(&pp), actual)
+                };
+                let ((lp, hp), (lm, hm)) = (shifted(1e-2), shifted(-1e-2));
+                let fd = (lp - lm) / (hp - hm);
+                let an = grad[e] as f64;
+                assert!(
+                    (fd - an).abs() <= 2e-3 + 1e-2 * an.abs(),
+                    "n={n} t={t} d={d} input {which} elem {e}: fd {fd}, analytic {an}"
+                );
+            }
+        }
+    }
+}
+
+fn clone(p: &Problem) -> Problem {
+    Problem {
+        q: p.q.clone(),
+        k: p.k.clone(),
+        v: p.v.clone(),
+        dout: p.dout.clone(),
+        ..*p
+    }
+}
+
+#[test]
+fn cpu_matches_a_hand_computed_example() {
+    // t = 2, d = 4, scale 1: row 0 sees key 0 only; row 1 has scores (q1·k0, q1·k1) = (1, 2).
+    let p = Problem {
+        n: 1,
+        t: 2,
+        d: 4,
+        scale: 1.0,
+        q: vec![1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0],
+        k: vec![1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0],
+        v: vec![1.0, 2.0, 3.0, 4.0, -1.0, 0.0, 1.0, 0.0],
+        dout: vec![0.0; 8],
+    };
+    let (out, lse) = fwd(&CPU, &p);
+    let (e1, e2) = (1f64.exp(), 2f64.exp());
+    let (p0, p1) = (e1 / (e1 + e2), e2 / (e1 + e2));
+    let want_row1 = [p0 - p1, 2.0 * p0, 3.0 * p0 + p1, 4.0 * p0];
+    assert_eq!(&out[..4], &[1.0, 2.0, 3.0, 4.0]);
+    for c in 0..4 {
+        assert!((out[4 + c] as f64 - want_row1[c]).abs() < 1e-6, "{out:?}");
+    }
+    assert!((lse[0] - 1.0).abs() < 1e-7);
+    assert!((lse[1] as f64 - (e1 + e2).ln()).abs() < 1e-6);
+}
+
+#[test]
+fn gpu_attention_matches_cpu() {
+    let test = "gpu_attention_matches_cpu";
+    let (mut rng, _) = rng(test);
+    let gpu = backend_or_skip(test);
+    for &t in &[0usize, 1, 7, 64, 65, 256, 300] {
+        for &d in &[4usize, 16, 64, 128] {
+            for &n in &[1usize, 3] {
+                check_all(&gpu, &Problem::random(&mut rng, n, t, d, 1.5));
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_attention_handles_peaked_softmax_and_odd_widths() {
+    // Large scores (scale 1, amplitude 3: softmax close to one-hot, the running max moves a
+    // lot between key tiles) and head dimensions that are not 16, 64 or 128.
+    let test = "gpu_attention_handles_peaked_softmax_and_odd_widths";
+    let (mut rng, _) = rng(test);
+    let gpu = backend_or_skip(test);
+    for (n, t, d) in [(2, 97, 12), (1, 130, 68), (2, 33, 124), (1, 200, 60)] {
+        let mut p = Problem::random(&mut rng, n, t, d, 3.0);
+        p.scale = 1.0;
+        check_all(&gpu, &p);
+    }
+}
+
+#[test]
+fn gpu_attention_random_shapes() {
+    // Random small shapes (proptest, 24 cases, shrinking on failure) on the GPU only.
+    let Some(gpu) = backend_or_skip("gpu_attention_random_shapes") else {
+        return;
+    };
+    let config = ProptestConfig {
+        cases: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let shapes = (1usize..4, 0usize..150, 1usize..33, any::<u64>());
+    TestRunner::new(config)
+        .run(&shapes, |(n, t, d4, seed)| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let p = Problem::random(&mut rng, n, t, 4 * d4, 1.0);
+            check(&gpu, "cuda", &p, &Reference::of(&p));
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// Changing k and v at positions > i0 leaves out[..=i0] and lse[..=i0] bit-identical.
+fn causal_body<B: AttentionOps + KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
+    for (n, t, d, i0) in [(2, 70, 16, 33), (1, 130, 64, 63), (1, 40, 128, 0)] {
+        let p = Problem::random(rng, n, t, d, 1.0);
+        let (out, lse) = fwd(b, &p);
+        let mut p2 = clone(&p);
+        for s in 0..n {
+            for i in i0 + 1..t {
+                for c in 0..d {
+                    let e = (s * t + i) * d + c;
+                    p2.k[e] = -3.0 * p2.k[e] + 1.0;
+                    p2.v[e] = 100.0;
+                }
+            }
+        }
+        let (out2, lse2) = fwd(b, &p2);
+        for s in 0..n {
+            let rows = s * t * d..(s * t + i0 + 1) * d;
+            assert_eq!(out[rows.clone()], out2[rows], "{dev} seq {s}");
+            assert_eq!(
+                lse[s * t..s * t + i0 + 1],
+                lse2[s * t..s * t + i0 + 1],
+                "{dev}"
+            );
+            assert_ne!(out[(s * t + t - 1) * d], out2[(s * t + t - 1) * d], "{dev}");
+        }
+    }
+}
+
+#[test]
+fn gpu_attention_is_causal() {
+    let test = "gpu_attention_is_causal";
+    let (mut rng, _) = rng(test);
+    causal_body(&CPU, "cpu", &mut rng);
+    each_variant(&backend_or_skip(test), |g, dev| {
+        causal_body(g, dev, &mut rng)
+    });
+}
+
+fn errors_body<B: AttentionOps + KernelOps>(b: &B, dev: &str) {
+    let f = |len: usize| b.allocate(DType::F32, len).unwrap();
+    let (n, t, d) = (2, 3, 8);
+    let (q, k, v) = (f(48), f(48), f(48));
+    let (mut out, mut lse) = (f(48), f(6));
+    let fwd = |q: &B::Buffer, out: &mut B::Buffer, lse: &mut B::Buffer, d: usize, scale: f32| {
+        b.causal_attention_fwd(q, &k, &v, out, lse, n, t, d, scale)
+    };
+    assert!(fwd(&q, &mut out, &mut lse, d, 0.5).is_ok(), "{dev}");
+    for bad_d in [0, 6, 132] {
+        let r = fwd(&q, &mut out, &mut lse, bad_d, 0.5);
+        assert!(
+            matches!(r, Err(GpuError::InvalidShape { .. })),
+            "{dev} d={bad_d}: {r:?}"
+        );
+    }
+    let r = fwd(&q, &mut out, &mut lse, d, f32::NAN);
+    assert!(
+        matches!(r, Err(GpuError::InvalidArgument { .. })),
+        "{dev}: {r:?}"
+    );
+    let mut short_lse = f(5);
+    let r = fwd(&q, &mut out, &mut short_lse, d, 0.5);
+    assert!(
+        matches!(r, Err(GpuError::ShapeMismatch { .. })),
+        "{dev}: {r:?}"
+    );
+    let q_u32 = b.allocate(DType::U32, 48).unwrap();
+    let r = fwd(&q_u32, &mut out, &mut lse, d, 0.5);
+    assert!(
+        matches!(r, Err(GpuError::UnsupportedDType { .. })),
+        "{dev}: {r:?}"
+    );
+    let r = b.causal_attention_fwd(&q, &k, &v, &mut out, &mut lse, usize::MAX, 2, 8, 0.5);
+    assert!(
+        matches!(r, Err(GpuError::InvalidShape { .. })),
+        "{dev}: {r:?}"
+    );
+
+    let (o, l, g) = (f(48), f(6), f(48));
+    let (mut dq, mut dk, mut dv, mut short) = (f(48), f(48), f(48), f(47));
+    let r = b.causal_attention_bwd(
+        &q, &k, &v, &o, &l, &g, &mut dq, &mut short, &mut dv, n, t, d, 0.5,
+    );
+    assert!(
+        matches!(r, Err(GpuError::ShapeMismatch { .. })),
+        "{dev}: {r:?}"
+    );
+    let r = b.causal_attention_bwd(
+        &q, &k, &v, &o, &l, &g, &mut dq, &mut dk, &mut dv, n, t, 4, 0.5,
+    );
+    assert!(
+        matches!(r, Err(GpuError::ShapeMismatch { .. })),
+        "{dev}: {r:?}"
+    );
+    let r = b.causal_attention_bwd(
+        &q,
+        &k,
+        &v,
+        &o,
+        &l,
+        &g,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+        n,
+        t,
+        d,
+        f32::INFINITY,
+    );
+    assert!(
+        matches!(r, Err(GpuError::InvalidArgument { .. })),
+        "{dev}: {r:?}"
+    );
+    // Empty problems are fine and touch nothing.
+    let (e, mut eo, mut el) = (f(0), f(0), f(0));
+    b.causal_attention_fwd(&e, &e, &e, &mut eo, &mut el, 0, 5, 8, 0.5)
+        .unwrap();
+}
+
+#[test]
+fn gpu_attention_rejects_bad_arguments() {
+    errors_body(&CPU, "cpu");
+    if let Some(gpu) = backend_or_skip("gpu_attention_rejects_bad_arguments") {
+        errors_body(&gpu, "cuda");
+    }
+}

@@ -1,0 +1,492 @@
+// Causal scaled-dot-product attention, f32 SIMT, flash-attention style.
+// Layout: q, k, v, out, dout, dq, dk, dv are [n, t, d] row-major, lse and delta are [n, t].
+// d must be a multiple of 4 in 4..=128 (checked on the host); d <= 64 runs the D = 64 kernels,
+// 64 < d <= 128 the D = 128 kernels, padding the head dimension with zeros in shared memory.
+// Global rows are read and written with 16-byte accesses (d % 4 == 0, 256-byte aligned bases).
+//
+// Forward (attn_fwd_d{64,128}_f32): one block per (sequence, tile of BQ query rows), heaviest
+// tiles first; K and V tiles staged in shared memory (the next pair prefetched into registers
+// while the current one is used); scores live in registers, probabilities in a BQ x BK shared
+// tile; online softmax in base 2 (running max and per-thread partial sums); key tiles above
+// the diagonal are skipped, and on the diagonal each warp skips the key columns past its own
+// last row. lse = ln Σ_j exp(scale·q_i·k_j) is saved per row. Static shared memory stays
+// within 48 KiB (43 KiB for d <= 64).
+// Backward: attn_bwd_dq_* (per query tile, loop over key tiles; also writes
+// delta_i = Σ dout_i ∘ out_i, which it needs first) then attn_bwd_dkdv_* (per key tile, loop
+// over query tiles, reading delta). Both recompute P = exp(scale·q·k − lse) from q, k and lse.
+// No O(t²) buffer, no atomics.
+//
+// Thread tiling: NT threads as TY = NT/16 rows of 16 lanes (tx = tid & 15, ty = tid >> 4). A
+// thread owns rows ty*4 + i (i < 4) of the row-side tile and columns tx + 16*j (j < SC) of a
+// score tile, and output columns h*64 + tx*4 + e (h < D/64, e < 4) of a D-wide accumulator.
+// CPU reference: gpu_core::cpu::attention (f64).
+#include "common.cuh"
+
+#define ATT_LOG2E 1.4426950408889634f
+#define ATT_LN2 0.6931471805599453f
+
+// Shared-memory tiles are row-major with every row padded by 4 floats (16 bytes): float4
+// reads of 8 consecutive rows at one column then hit 8 different bank groups, two rows 4 apart
+// (the two row groups of a warp) hit different groups, and every address is a per-thread base
+// plus a compile-time offset.
+template <int W>
+struct Ld {
+    static constexpr int v = W + 4;
+};
+
+// Rows row0 .. row0+ROWS-1 of a [t, d] matrix, as float4 registers (zero outside t x d).
+template <int ROWS, int D, int NT>
+struct RowTile {
+    static constexpr int C4 = D / 4;
+    static constexpr int ITERS = ROWS * C4 / NT;
+    static_assert(ROWS * C4 % NT == 0, "tile must split evenly over the block");
+    float4 r[ITERS];
+
+    __device__ __forceinline__ void fetch(const float* __restrict__ g, int row0, int t, int d) {
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+            const int f = it * NT + threadIdx.x;
+            const int row = f / C4, col = (f % C4) * 4;
+            const int grow = row0 + row;
+            r[it] = (grow < t && col < d)
+                        ? __ldg(reinterpret_cast<const float4*>(g + (size_t)grow * d + col))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+
+    __device__ __forceinline__ void store(float* s) const {
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+            const int f = it * NT + threadIdx.x;
+            const int row = f / C4, col = (f % C4) * 4;
+            *reinterpret_cast<float4*>(s + row * Ld<D>::v + col) = r[it];
+        }
+    }
+};
+
+template <int ROWS, int D, int NT>
+static __device__ __forceinline__ void load_tile(float* s, const float* __restrict__ g, int row0,
+                                                 int t, int d) {
+    RowTile<ROWS, D, NT> tile;
+    tile.fetch(g, row0, t, d);
+    tile.store(s);
+}
+
+// acc[i][j] += A[ty*4+i] · B[tx+16j] over D columns, for j < JN (A, B padded D-wide tiles).
+template <int D, int SC, int JN>
+static __device__ __forceinline__ void mma_abt(float (&acc)[4][SC], const float* A, const float* B,
+                                               int ty, int tx) {
+#pragma unroll
+    for (int kk = 0; kk < D; kk += 4) {
+        float4 a[4], b[JN];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(A + (ty * 4 + i) * Ld<D>::v + kk);
+#pragma unroll
+        for (int j = 0; j < JN; ++j)
+            b[j] = *reinterpret_cast<const float4*>(B + (tx + 16 * j) * Ld<D>::v + kk);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < JN; ++j) {
+                float s = acc[i][j];
+                s = fmaf(a[i].x, b[j].x, s);
+                s = fmaf(a[i].y, b[j].y, s);
+                s = fmaf(a[i].z, b[j].z, s);
+                s = fmaf(a[i].w, b[j].w, s);
+                acc[i][j] = s;
+            }
+    }
+}
+
+// mma_abt over the first jn (warp-uniform) column groups; none when jn <= 0.
+template <int D, int SC, int JN = SC>
+static __device__ __forceinline__ void mma_abt_n(float (&acc)[4][SC], const float* A, const float* B,
+                                                 int ty, int tx, int jn) {
+    if (jn >= JN) {
+        mma_abt<D, SC, JN>(acc, A, B, ty, tx);
+    } else if constexpr (JN > 1) {
+        mma_abt_n<D, SC, JN - 1>(acc, A, B, ty, tx, jn);
+    }
+}
+
+// acc[i][h*4+e] += Σ_{j < jlim} P[ty*4+i][j] · X[j][h*64 + tx*4 + e]: P a W-wide score tile,
+// X a padded D-wide tile with at least W rows. jlim is warp-uniform and a multiple of 4.
+template <int D, int W>
+static __device__ __forceinline__ void mma_px(float (&acc)[4][D / 16], const float* P, const float* X,
+                                              int ty, int tx, int jlim) {
+#pragma unroll
+    for (int jj = 0; jj < W; jj += 4) {
+        if (jj >= jlim) break;
+        float4 p[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = *reinterpret_cast<const float4*>(P + (ty * 4 + i) * Ld<W>::v + jj);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = jj + e;
+#pragma unroll
+            for (int h = 0; h < D / 64; ++h) {
+                const float4 x = *reinterpret_cast<const float4*>(X + j * Ld<D>::v + h * 64 + tx * 4);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float pi = e == 0 ? p[i].x : e == 1 ? p[i].y : e == 2 ? p[i].z : p[i].w;
+                    acc[i][h * 4 + 0] = fmaf(pi, x.x, acc[i][h * 4 + 0]);
+                    acc[i][h * 4 + 1] = fmaf(pi, x.y, acc[i][h * 4 + 1]);
+                    acc[i][h * 4 + 2] = fmaf(pi, x.z, acc[i][h * 4 + 2]);
+                    acc[i][h * 4 + 3] = fmaf(pi, x.w, acc[i][h * 4 + 3]);
+                }
+            }
+        }
+    }
+}
+
+// Max / sum over the 16 lanes that share a row (lanes differ in their low 4 bits).
+static __device__ __forceinline__ float row16_max(float v) {
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+static __device__ __forceinline__ float row16_sum(float v) {
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Writes acc[i][*]·mul into rows row0 + ty*4 + i (< t), columns < d, of a [t, d] matrix.
+template <int D>
+static __device__ __forceinline__ void store_rows(float* __restrict__ g, const float (&acc)[4][D / 16],
+                                                  const float (&mul)[4], int row0, int t, int d,
+                                                  int ty, int tx) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int row = row0 + ty * 4 + i;
+        if (row >= t) continue;
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h) {
+            const int col = h * 64 + tx * 4;
+            if (col < d)
+                *reinterpret_cast<float4*>(g + (size_t)row * d + col) =
+                    make_float4(acc[i][h * 4 + 0] * mul[i], acc[i][h * 4 + 1] * mul[i],
+                                acc[i][h * 4 + 2] * mul[i], acc[i][h * 4 + 3] * mul[i]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward: one block per (sequence, tile of BQ = 4·NT/16 query rows), key tiles of BK rows.
+template <int D, int BK, int NT>
+static __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, const float* __restrict__ k,
+                                                const float* __restrict__ v, float* __restrict__ out,
+                                                float* __restrict__ lse, unsigned int n, unsigned int t_,
+                                                unsigned int d_, float scale) {
+    constexpr int BQ = NT / 4, SC = BK / 16, OC = D / 16;
+    static_assert(BQ % BK == 0 && BK % 16 == 0, "query tiles must be whole key tiles");
+    __shared__ __align__(16) float sQ[BQ * Ld<D>::v];
+    __shared__ __align__(16) float sK[BK * Ld<D>::v];
+    __shared__ __align__(16) float sV[BK * Ld<D>::v];
+    __shared__ __align__(16) float sP[BQ * Ld<BK>::v];
+
+    const int t = (int)t_, d = (int)d_;
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const int nqt = (int)((t_ + BQ - 1u) / BQ);
+    const unsigned int seq = blockIdx.x % n;
+    const int q0 = (nqt - 1 - (int)(blockIdx.x / n)) * BQ;  // heaviest query tiles first
+    const int kend = min(q0 + BQ, t);                       // keys 0 .. kend-1 are visible
+    const size_t base = (size_t)seq * t * d;
+    const float sl2 = scale * ATT_LOG2E;
+    // This warp's local rows are 8w .. 8w+7 (ty = 2w, 2w+1).
+    const int wlast = (threadIdx.x >> 5) * 8 + 7;
+
+    RowTile<BK, D, NT> pk, pv;
+    pk.fetch(k + base, 0, t, d);
+    pv.fetch(v + base, 0, t, d);
+    load_tile<BQ, D, NT>(sQ, q + base, q0, t, d);
+
+    float o[4][OC], m[4], l[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        m[i] = -INFINITY;
+        l[i] = 0.f;
+#pragma unroll
+        for (int c = 0; c < OC; ++c) o[i][c] = 0.f;
+    }
+
+    for (int k0 = 0; k0 < kend; k0 += BK) {
+        pk.store(sK);
+        pv.store(sV);
+        __syncthreads();
+        if (k0 + BK < kend) {  // the next tiles, in flight during this one
+            pk.fetch(k + base, k0 + BK, t, d);
+            pv.fetch(v + base, k0 + BK, t, d);
+        }
+        // Key columns are local to the query tile: c' = kofs + tx + 16j, masked when c' > r.
+        const int kofs = k0 - q0;
+        const bool masked = kofs + BK - 1 > 0;
+        // Column groups (and P·V columns) past this warp's last row are fully masked.
+        const int jn = !masked ? SC : wlast < kofs ? 0 : min(SC, (wlast - kofs) / 16 + 1);
+        const int jlim = !masked ? BK : max(0, min(BK, wlast + 1 - kofs));
+
+        float s[4][SC];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < SC; ++j) s[i][j] = 0.f;
+        mma_abt_n<D, SC>(s, sQ, sK, ty, tx, jn);
+
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = ty * 4 + i;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < SC; ++j) {
+                float x = s[i][j] * sl2;
+                if (masked && kofs + tx + 16 * j > r) x = -INFINITY;
+                s[i][j] = x;
+                mx = fmaxf(mx, x);
+            }
+            mx = row16_max(mx);
+            // Finite: key 0 is visible to every row in the first tile, and m carries over.
+            const float mnew = fmaxf(m[i], mx);
+            const float alpha = exp2f(m[i] - mnew);
+            m[i] = mnew;
+            float ls = 0.f;
+#pragma unroll
+            for (int j = 0; j < SC; ++j) {
+                const float p = exp2f(s[i][j] - mnew);
+                ls += p;
+                sP[r * Ld<BK>::v + tx + 16 * j] = p;
+            }
+            l[i] = l[i] * alpha + ls;
+#pragma unroll
+            for (int c = 0; c < OC; ++c) o[i][c] *= alpha;
+        }
+        __syncthreads();  // P published
+        mma_px<D, BK>(o, sP, sV, ty, tx, jlim);
+        __syncthreads();  // before sK, sV and sP are overwritten
+    }
+
+    float inv[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float lt = row16_sum(l[i]);
+        inv[i] = 1.0f / lt;
+        const int row = q0 + ty * 4 + i;
+        if (tx == 0 && row < t) lse[(size_t)seq * t + row] = (m[i] + log2f(lt)) * ATT_LN2;
+    }
+    store_rows<D>(out + base, o, inv, q0, t, d, ty, tx);
+}
+
+// q, k, v, out: [n, t, d]; lse: [n, t]; grid n·ceil(t/64) blocks of 256 threads; d <= 64.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    attn_fwd_d64_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                     float* __restrict__ out, float* __restrict__ lse, unsigned int n, unsigned int t,
+                     unsigned int d, float scale) {
+    attn_fwd<64, 32, 256>(q, k, v, out, lse, n, t, d, scale);
+}
+
+// As attn_fwd_d64_f32 for 64 < d <= 128: grid n·ceil(t/32) blocks of 128 threads.
+extern "C" __global__ void __launch_bounds__(128, 3)
+    attn_fwd_d128_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                      float* __restrict__ out, float* __restrict__ lse, unsigned int n, unsigned int t,
+                      unsigned int d, float scale) {
+    attn_fwd<128, 16, 128>(q, k, v, out, lse, n, t, d, scale);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, dq: one block per (sequence, tile of BQ = 4·NT/16 query rows), key tiles of BK rows.
+// Writes delta for its rows first (the dk/dv kernel reads it).
+template <int D, int BK, int NT>
+static __device__ __forceinline__ void attn_bwd_dq(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ out, const float* __restrict__ lse, const float* __restrict__ dout,
+    float* __restrict__ dq, float* __restrict__ delta, unsigned int n, unsigned int t_,
+    unsigned int d_, float scale) {
+    constexpr int BQ = NT / 4, SC = BK / 16, OC = D / 16;
+    static_assert(BQ % BK == 0 && BK % 16 == 0, "query tiles must be whole key tiles");
+    __shared__ __align__(16) float sQ[BQ * Ld<D>::v];
+    __shared__ __align__(16) float sdO[BQ * Ld<D>::v];
+    __shared__ __align__(16) float sK[BK * Ld<D>::v];
+    __shared__ __align__(16) float sV[BK * Ld<D>::v];
+    __shared__ __align__(16) float sdS[BQ * Ld<BK>::v];
+
+    const int t = (int)t_, d = (int)d_;
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const int nqt = (int)((t_ + BQ - 1u) / BQ);
+    const unsigned int seq = blockIdx.x % n;
+    const int q0 = (nqt - 1 - (int)(blockIdx.x / n)) * BQ;
+    const int kend = min(q0 + BQ, t);
+    const size_t base = (size_t)seq * t * d;
+    const float sl2 = scale * ATT_LOG2E;
+
+    load_tile<BQ, D, NT>(sQ, q + base, q0, t, d);
+    load_tile<BQ, D, NT>(sdO, dout + base, q0, t, d);
+    __syncthreads();
+
+    // delta_i = dout_i · out_i (out read straight from global memory, dout from the tile).
+    float dlt[4], lse2[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = ty * 4 + i, row = q0 + r;
+        float acc = 0.f;
+        if (row < t) {
+#pragma unroll
+            for (int h = 0; h < D / 64; ++h) {
+                const int col = h * 64 + tx * 4;
+                if (col < d) {
+                    const float4 a = __ldg(reinterpret_cast<const float4*>(out + base + (size_t)row * d + col));
+                    const float4 b = *reinterpret_cast<const float4*>(sdO + r * Ld<D>::v + col);
+                    acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
+                }
+            }
+        }
+        dlt[i] = row16_sum(acc);
+        lse2[i] = row < t ? lse[(size_t)seq * t + row] * ATT_LOG2E : 0.f;
+        if (tx == 0 && row < t) delta[(size_t)seq * t + row] = dlt[i];
+    }
+
+    float acc[4][OC];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int c = 0; c < OC; ++c) acc[i][c] = 0.f;
+
+    for (int k0 = 0; k0 < kend; k0 += BK) {
+        load_tile<BK, D, NT>(sK, k + base, k0, t, d);
+        load_tile<BK, D, NT>(sV, v + base, k0, t, d);
+        __syncthreads();
+        float s[4][SC], dp[4][SC];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < SC; ++j) s[i][j] = dp[i][j] = 0.f;
+        mma_abt<D, SC, SC>(s, sQ, sK, ty, tx);
+        mma_abt<D, SC, SC>(dp, sdO, sV, ty, tx);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = ty * 4 + i, row = q0 + r;
+#pragma unroll
+            for (int j = 0; j < SC; ++j) {
+                const int col = k0 + tx + 16 * j;
+                const float p = (col <= row && row < t) ? exp2f(s[i][j] * sl2 - lse2[i]) : 0.f;
+                sdS[r * Ld<BK>::v + tx + 16 * j] = p * (dp[i][j] - dlt[i]);
+            }
+        }
+        __syncthreads();
+        mma_px<D, BK>(acc, sdS, sK, ty, tx, BK);
+        __syncthreads();
+    }
+    const float mul[4] = {scale, scale, scale, scale};
+    store_rows<D>(dq + base, acc, mul, q0, t, d, ty, tx);
+}
+
+// q, k, v, out, dout, dq: [n, t, d]; lse, delta: [n, t]; grid n·ceil(t/32) blocks of 128
+// threads; d <= 64. delta is written, not read.
+extern "C" __global__ void __launch_bounds__(128, 4)
+    attn_bwd_dq_d64_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                        const float* __restrict__ out, const float* __restrict__ lse,
+                        const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ delta,
+                        unsigned int n, unsigned int t, unsigned int d, float scale) {
+    attn_bwd_dq<64, 32, 128>(q, k, v, out, lse, dout, dq, delta, n, t, d, scale);
+}
+
+// As attn_bwd_dq_d64_f32 for 64 < d <= 128: grid n·ceil(t/16) blocks of 64 threads.
+extern "C" __global__ void __launch_bounds__(64, 4)
+    attn_bwd_dq_d128_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                         const float* __restrict__ out, const float* __restrict__ lse,
+                         const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ delta,
+                         unsigned int n, unsigned int t, unsigned int d, float scale) {
+    attn_bwd_dq<128, 16, 64>(q, k, v, out, lse, dout, dq, delta, n, t, d, scale);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, dk and dv: one block per (sequence, tile of BKR = 4·NT/16 key rows), looping over
+// the query tiles (BQC columns) that reach the tile. Rows of this kernel's tiles are keys and
+// score columns are queries: S^T = K·Q^T, dP^T = V·dO^T.
+template <int D, int BQC, int NT>
+static __device__ __forceinline__ void attn_bwd_dkdv(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ lse, const float* __restrict__ dout, const float* __restrict__ delta,
+    float* __restrict__ dk, float* __restrict__ dv, unsigned int n, unsigned int t_, unsigned int d_,
+    float scale) {
+    constexpr int BKR = NT / 4, SC = BQC / 16, OC = D / 16;
+    static_assert(BQC % 16 == 0, "query tiles are whole column groups");
+    __shared__ __align__(16) float sK[BKR * Ld<D>::v];
+    __shared__ __align__(16) float sV[BKR * Ld<D>::v];
+    __shared__ __align__(16) float sQ[BQC * Ld<D>::v];
+    __shared__ __align__(16) float sdO[BQC * Ld<D>::v];
+    __shared__ __align__(16) float sP[BKR * Ld<BQC>::v];
+    __shared__ __align__(16) float sdS[BKR * Ld<BQC>::v];
+
+    const int t = (int)t_, d = (int)d_;
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const unsigned int seq = blockIdx.x % n;
+    const int k0 = (int)(blockIdx.x / n) * BKR;  // low key tiles see the most queries: first
+    const size_t base = (size_t)seq * t * d;
+    const float sl2 = scale * ATT_LOG2E;
+
+    load_tile<BKR, D, NT>(sK, k + base, k0, t, d);
+    load_tile<BKR, D, NT>(sV, v + base, k0, t, d);
+
+    float gk[4][OC], gv[4][OC];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int c = 0; c < OC; ++c) gk[i][c] = gv[i][c] = 0.f;
+
+    // The first query tile holding a row >= k0.
+    for (int q0 = k0 / BQC * BQC; q0 < t; q0 += BQC) {
+        load_tile<BQC, D, NT>(sQ, q + base, q0, t, d);
+        load_tile<BQC, D, NT>(sdO, dout + base, q0, t, d);
+        float lse2[SC], dlt[SC];
+#pragma unroll
+        for (int j = 0; j < SC; ++j) {
+            const int row = q0 + tx + 16 * j;
+            lse2[j] = row < t ? lse[(size_t)seq * t + row] * ATT_LOG2E : 0.f;
+            dlt[j] = row < t ? delta[(size_t)seq * t + row] : 0.f;
+        }
+        __syncthreads();
+        float s[4][SC], dp[4][SC];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < SC; ++j) s[i][j] = dp[i][j] = 0.f;
+        mma_abt<D, SC, SC>(s, sK, sQ, ty, tx);
+        mma_abt<D, SC, SC>(dp, sV, sdO, ty, tx);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = ty * 4 + i, key = k0 + r;
+#pragma unroll
+            for (int j = 0; j < SC; ++j) {
+                const int row = q0 + tx + 16 * j;
+                const float p = (key <= row && row < t) ? exp2f(s[i][j] * sl2 - lse2[j]) : 0.f;
+                sP[r * Ld<BQC>::v + tx + 16 * j] = p;
+                sdS[r * Ld<BQC>::v + tx + 16 * j] = p * (dp[i][j] - dlt[j]);
+            }
+        }
+        __syncthreads();
+        mma_px<D, BQC>(gv, sP, sdO, ty, tx, BQC);
+        mma_px<D, BQC>(gk, sdS, sQ, ty, tx, BQC);
+        __syncthreads();
+    }
+    const float one[4] = {1.f, 1.f, 1.f, 1.f}, mul[4] = {scale, scale, scale, scale};
+    store_rows<D>(dk + base, gk, mul, k0, t, d, ty, tx);
+    store_rows<D>(dv + base, gv, one, k0, t, d, ty, tx);
+}
+
+// q, k, v, dout, dk, dv: [n, t, d]; lse, delta: [n, t] (delta from attn_bwd_dq_d64_f32); grid
+// n·ceil(t/32) blocks of 128 threads; d <= 64.
+extern "C" __global__ void __launch_bounds__(128, 4)
+    attn_bwd_dkdv_d64_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                          const float* __restrict__ lse, const float* __restrict__ dout,
+                          const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
+                          unsigned int n, unsigned int t, unsigned int d, float scale) {
+    attn_bwd_dkdv<64, 32, 128>(q, k, v, lse, dout, delta, dk, dv, n, t, d, scale);
+}
+
+// As attn_bwd_dkdv_d64_f32 for 64 < d <= 128: grid n·ceil(t/16) blocks of 64 threads.
+extern "C" __global__ void __launch_bounds__(64, 4)
+    attn_bwd_dkdv_d128_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                           const float* __restrict__ lse, const float* __restrict__ dout,
+                           const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
+                           unsigned int n, unsigned int t, unsigned int d, float scale) {
+    attn_bwd_dkdv<128, 16, 64>(q, k, v, lse, dout, delta, dk, dv, n, t, d, scale);
+}
