@@ -3,8 +3,9 @@
 
 /// Threads per block of the reduction kernels (`THREADS` in `nn_reduce.cu`).
 pub(super) const REDUCE_THREADS: usize = 256;
-/// The smallest chunk of the reduced axis worth a block of its own when the axis is split.
-const MIN_CHUNK: usize = 2048;
+/// The fewest elements a block reduces when the axis is split: enough that the partials and
+/// the second pass cost little, few enough that a split fills the GPU.
+const MIN_BLOCK_ELEMS: usize = 4096;
 
 /// Which broadcast kernel runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,9 +191,12 @@ pub(super) fn reduce_plan(
     let tx = inner.next_power_of_two().min(32);
     let items = outer * inner.div_ceil(tx);
     let target = sms.max(1) * 8;
+    // A block's chunk covers min(inner, 32) columns, so a narrower chunk of a wide column
+    // reduction holds as many elements as a long one of a row reduction.
+    let min_chunk = (MIN_BLOCK_ELEMS / inner.min(32)).max(16);
     let (mut splits, mut chunk) = (1, n);
-    if allow_split && items < target && n >= 2 * MIN_CHUNK {
-        let s = target.div_ceil(items).min(n / MIN_CHUNK).min(65_535);
+    if allow_split && items < target && n >= 2 * min_chunk {
+        let s = target.div_ceil(items).min(n / min_chunk).min(65_535);
         chunk = n.div_ceil(s).next_multiple_of(4);
         splits = n.div_ceil(chunk);
     }
@@ -309,6 +313,9 @@ mod tests {
         // Many short rows of 8: two threads (one float4 each) per row, 128 rows per block.
         let p = reduce_plan(10_000, 8, 1, 132, true, true);
         assert_eq!((p.splits, p.tx_log2, p.ty_log2, p.vec4), (1, 0, 1, true));
+        // A bias gradient [8192, 768] summed over rows: 24 column tiles, split 44 ways.
+        let p = reduce_plan(1, 8192, 768, 132, true, true);
+        assert_eq!((p.tx_log2, p.ty_log2, p.splits, p.chunk), (5, 3, 44, 188));
         // Columns: 32 wide tiles, 8 threads down the axis.
         let p = reduce_plan(4, 1000, 100, 132, false, true);
         assert_eq!((p.tx_log2, p.ty_log2, p.splits), (5, 3, 1));
