@@ -442,7 +442,8 @@ static __device__ __forceinline__ PermMeta perm_meta(u32 rank, u64 d0, u64 d1, u
 }
 
 // One thread per output element (coalesced writes; reads are coalesced too when the last dim
-// stays last, and then the host passes float4 units when it is a multiple of 4).
+// stays last, and then the host passes float4 units when it is a multiple of 4). The host uses
+// it for moves of the last axis too when that axis or the output's last one is short.
 template <class T>
 static __device__ void permute_impl(const T* __restrict__ x, T* __restrict__ out, u64 n, u32 rank,
                                     u64 d0, u64 d1, u64 d2, u64 d3, u64 d4, u64 d5, u32 perm) {

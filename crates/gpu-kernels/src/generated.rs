@@ -26,9 +26,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_elementwise",
         ptx: include_str!("../kernels/nn_elementwise.ptx"),
         fatbin: include_bytes!("../kernels/nn_elementwise.fatbin"),
-        source_sha256: "2fcd99279d649fbc358a2d0c237f140599c33764904810956c1de3a367022053",
-        ptx_sha256: "840bc01dbbd9eed1b30a8ffd7d7fb138847be4735f0603de69b0767004d439f2",
-        fatbin_sha256: "f930ea22d8a15a4e13e7b928700e6b76fc858c4311b2e0bdee0a02c287abf218",
+        source_sha256: "5eb65342d1161cc1afd40d4d1cb6bba857d8b9817ff72f6b6f6dec4fd3df61ce",
+        ptx_sha256: "49b4adc6553b415b8cc9d98a609477f50809d0a98456ccc90a1b439596657349",
+        fatbin_sha256: "12ba66817c4ccd645db2a0c9eef11f8f4a976d8b9a9c772e5bd7ac685499d19c",
         kernels: &["act_bwd_exp_f32", "act_bwd_gelu_f32", "act_bwd_log_f32", "act_bwd_relu_f32", "act_bwd_sigmoid_f32", "act_bwd_silu_f32", "act_bwd_tanh_f32", "act_fwd_exp_f32", "act_fwd_gelu_f32", "act_fwd_log_f32", "act_fwd_relu_f32", "act_fwd_sigmoid_f32", "act_fwd_silu_f32", "act_fwd_tanh_f32", "affine_f32", "binary_2d_add_f32", "binary_2d_div_f32", "binary_2d_mul_f32", "binary_2d_sub_f32", "binary_nd_add_f32", "binary_nd_div_f32", "binary_nd_mul_f32", "binary_nd_sub_f32", "binary_same_add_f32", "binary_same_div_f32", "binary_same_mul_f32", "binary_same_sub_f32", "copy_blocks4_f32", "copy_blocks_f32", "dropout_f32", "permute4_f32", "permute_f32", "permute_tile_f32"],
     },
     KernelModule {

@@ -371,7 +371,10 @@ impl ElementwiseOps for CudaBackend {
         if rank <= 1 {
             return self.copy_buffer(x, out);
         }
-        if perm[rank - 1] != rank - 1 {
+        let moves_last = perm[rank - 1] != rank - 1;
+        // Tiles pay off when both tiled axes fill a good part of a 32-wide tile; otherwise the
+        // per-element kernel's strided reads mostly hit lines its neighbours fetched.
+        if moves_last && dims[rank - 1].min(dims[perm[rank - 1]]) >= 16 {
             let t = plan::tile_plan(&dims, &perm);
             let items = (n / (t.p * t.q)) * t.p.div_ceil(32) * t.q.div_ceil(32);
             let mut args = vec![
@@ -397,8 +400,9 @@ impl ElementwiseOps for CudaBackend {
             // the collapsed contiguous shapes of x and out, which both hold n f32; block 32×8.
             return unsafe { self.launch("permute_tile_f32", cfg, &args) };
         }
-        // The last axis stays last: reads and writes are coalesced; float4 units when it allows.
-        let vec = dims[rank - 1].is_multiple_of(4);
+        // Writes are coalesced; when the last axis stays last so are reads, in float4 units when
+        // its length allows.
+        let vec = !moves_last && dims[rank - 1].is_multiple_of(4);
         if vec {
             dims[rank - 1] /= 4;
         }

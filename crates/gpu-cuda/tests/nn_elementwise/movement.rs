@@ -3,7 +3,8 @@
 use super::*;
 
 /// `(shape, perm)`: the attention permutes [B,T,H,D] <-> [B,H,T,D] with float4 and odd D,
-/// transposes that move the last axis (tiled), 6 dims, size-1 axes, identity, empty, scalar,
+/// moves of the last axis (tiled, with 0 to 2 batch axes, or per element when an axis is
+/// short), 6 dims, size-1 axes, identity, empty, scalar,
 /// and sizes past one pass of the capped grids (grid-stride loops).
 const PERMUTES: &[(&[usize], &[usize])] = &[
     (&[2, 3, 4, 64], &[0, 2, 1, 3]),
@@ -11,6 +12,8 @@ const PERMUTES: &[(&[usize], &[usize])] = &[
     (&[2, 5, 3, 7], &[0, 2, 1, 3]),
     (&[8, 128, 12, 64], &[0, 2, 1, 3]),
     (&[2, 3, 4, 64], &[0, 1, 3, 2]),
+    (&[2, 3, 40, 64], &[0, 1, 3, 2]),
+    (&[20, 3, 24, 18], &[2, 1, 3, 0]),
     (&[1023, 31], &[1, 0]),
     (&[33, 65], &[1, 0]),
     (&[3, 1000, 1000], &[0, 2, 1]),
