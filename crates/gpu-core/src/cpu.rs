@@ -320,6 +320,8 @@ pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
 }
 
 mod attention;
+mod elementwise;
 mod optim;
+
 #[cfg(test)]
 mod tests;

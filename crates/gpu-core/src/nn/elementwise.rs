@@ -1,7 +1,8 @@
 //! Elementwise, broadcasting, reduction and data-movement operations.
 
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::error::{GpuError, Result};
+use crate::ops::{check_elementwise, require_f32, BufferInfoDyn};
 
 /// Binary operations with NumPy broadcasting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +165,253 @@ pub fn dropout_keep(seed: u64, i: u64, p: f32) -> bool {
     z ^= z >> 31;
     let u = (z >> 40) as u32; // top 24 bits
     (u as f32) >= p * (1u32 << 24) as f32
+}
+
+impl Activation {
+    /// Every activation, in declaration order.
+    pub const ALL: [Activation; 7] = [
+        Activation::Relu,
+        Activation::Gelu,
+        Activation::Silu,
+        Activation::Sigmoid,
+        Activation::Tanh,
+        Activation::Exp,
+        Activation::Log,
+    ];
+}
+
+impl BinaryKind {
+    /// Every binary operation, in declaration order.
+    pub const ALL: [BinaryKind; 4] = [
+        BinaryKind::Add,
+        BinaryKind::Sub,
+        BinaryKind::Mul,
+        BinaryKind::Div,
+    ];
+
+    /// The scalar operation in f32, exactly as the kernels compute it (IEEE: `x / 0` is ±inf,
+    /// `0 / 0` is NaN).
+    pub fn eval(self, a: f32, b: f32) -> f32 {
+        match self {
+            BinaryKind::Add => a + b,
+            BinaryKind::Sub => a - b,
+            BinaryKind::Mul => a * b,
+            BinaryKind::Div => a / b,
+        }
+    }
+}
+
+/// The most dims [`ElementwiseOps::broadcast_binary`] and [`ElementwiseOps::permute`] accept.
+pub const MAX_DIMS: usize = 6;
+
+/// The element count of `shape`, or [`GpuError::InvalidShape`] when it overflows `usize`.
+pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| GpuError::InvalidShape {
+            op,
+            reason: format!("{shape:?} has more elements than fit in usize"),
+        })
+}
+
+fn check_len(op: &'static str, name: &str, buf: &dyn BufferInfoDyn, want: usize) -> Result<()> {
+    if buf.len_dyn() == want {
+        Ok(())
+    } else {
+        Err(GpuError::shape(
+            op,
+            format!("{name} of {want} elements"),
+            buf.len_dyn(),
+        ))
+    }
+}
+
+fn check_rank(op: &'static str, shape: &[usize]) -> Result<()> {
+    if shape.len() > MAX_DIMS {
+        return Err(GpuError::InvalidShape {
+            op,
+            reason: format!("{shape:?} has more than {MAX_DIMS} dims"),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the arguments of [`ElementwiseOps::broadcast_binary`] (f32 buffers, at most
+/// [`MAX_DIMS`] dims, compatible shapes, lengths equal to the shapes' element counts); returns
+/// the broadcast shape.
+pub fn check_broadcast(
+    a: &dyn BufferInfoDyn,
+    a_shape: &[usize],
+    b: &dyn BufferInfoDyn,
+    b_shape: &[usize],
+    out: &dyn BufferInfoDyn,
+) -> Result<Vec<usize>> {
+    const OP: &str = "broadcast_binary";
+    for buf in [a, b, out] {
+        require_f32(OP, buf.dtype_dyn())?;
+    }
+    check_rank(OP, a_shape)?;
+    check_rank(OP, b_shape)?;
+    let shape = broadcast_shape(a_shape, b_shape).ok_or_else(|| GpuError::InvalidShape {
+        op: OP,
+        reason: format!("{a_shape:?} and {b_shape:?} do not broadcast"),
+    })?;
+    check_len(OP, "a", a, checked_numel(OP, a_shape)?)?;
+    check_len(OP, "b", b, checked_numel(OP, b_shape)?)?;
+    check_len(OP, "out", out, checked_numel(OP, &shape)?)?;
+    Ok(shape)
+}
+
+/// `outer · n · inner` and `outer · inner`, or an overflow error.
+fn axis_sizes(op: &'static str, outer: usize, n: usize, inner: usize) -> Result<(usize, usize)> {
+    let full = checked_numel(op, &[outer, n, inner])?;
+    Ok((full, outer * inner))
+}
+
+/// Checks the arguments of [`ElementwiseOps::reduce_axis`]: f32 buffers, `x` of
+/// `outer·n·inner` and `out` of `outer·inner` elements, and `n > 0` for Mean and Max.
+pub fn check_reduce(
+    op: ReduceKind,
+    x: &dyn BufferInfoDyn,
+    outer: usize,
+    n: usize,
+    inner: usize,
+    out: &dyn BufferInfoDyn,
+) -> Result<()> {
+    const OP: &str = "reduce_axis";
+    require_f32(OP, x.dtype_dyn())?;
+    require_f32(OP, out.dtype_dyn())?;
+    let (full, reduced) = axis_sizes(OP, outer, n, inner)?;
+    if n == 0 && op != ReduceKind::Sum {
+        return Err(GpuError::InvalidShape {
+            op: OP,
+            reason: format!("{op:?} over an empty axis"),
+        });
+    }
+    check_len(OP, "x", x, full)?;
+    check_len(OP, "out", out, reduced)
+}
+
+/// Checks the arguments of [`ElementwiseOps::max_axis_bwd`]: f32 buffers, `x` and `dx` of
+/// `outer·n·inner`, `y` and `dy` of `outer·inner` elements, `n > 0`.
+pub fn check_max_axis_bwd(
+    x: &dyn BufferInfoDyn,
+    y: &dyn BufferInfoDyn,
+    dy: &dyn BufferInfoDyn,
+    outer: usize,
+    n: usize,
+    inner: usize,
+    dx: &dyn BufferInfoDyn,
+) -> Result<()> {
+    const OP: &str = "max_axis_bwd";
+    for buf in [x, y, dy, dx] {
+        require_f32(OP, buf.dtype_dyn())?;
+    }
+    let (full, reduced) = axis_sizes(OP, outer, n, inner)?;
+    if n == 0 {
+        return Err(GpuError::InvalidShape {
+            op: OP,
+            reason: "Max over an empty axis".into(),
+        });
+    }
+    check_len(OP, "x", x, full)?;
+    check_len(OP, "dx", dx, full)?;
+    check_len(OP, "y", y, reduced)?;
+    check_len(OP, "dy", dy, reduced)
+}
+
+/// Checks the arguments of [`ElementwiseOps::copy_blocks`]: f32 buffers, every block inside its
+/// buffer (no overflow), and destination blocks that do not overlap (`dst_stride >= len` when
+/// `outer > 1`), so the result does not depend on the order of the copies.
+#[allow(clippy::too_many_arguments)]
+pub fn check_copy_blocks(
+    src: &dyn BufferInfoDyn,
+    src_offset: usize,
+    src_stride: usize,
+    dst: &dyn BufferInfoDyn,
+    dst_offset: usize,
+    dst_stride: usize,
+    outer: usize,
+    len: usize,
+) -> Result<()> {
+    const OP: &str = "copy_blocks";
+    require_f32(OP, src.dtype_dyn())?;
+    require_f32(OP, dst.dtype_dyn())?;
+    if outer == 0 || len == 0 {
+        return Ok(());
+    }
+    if outer > 1 && dst_stride < len {
+        return Err(GpuError::invalid(
+            OP,
+            format!("destination blocks of {len} overlap (stride {dst_stride})"),
+        ));
+    }
+    for (name, buf, offset, stride) in [
+        ("src", src, src_offset, src_stride),
+        ("dst", dst, dst_offset, dst_stride),
+    ] {
+        let end = (outer - 1)
+            .checked_mul(stride)
+            .and_then(|v| v.checked_add(offset))
+            .and_then(|v| v.checked_add(len));
+        match end {
+            Some(end) if end <= buf.len_dyn() => {}
+            _ => {
+                return Err(GpuError::shape(
+                    OP,
+                    format!(
+                        "{name} of at least {offset} + {}·{stride} + {len} elements",
+                        outer - 1
+                    ),
+                    buf.len_dyn(),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks the arguments of [`ElementwiseOps::permute`]: f32 buffers, at most [`MAX_DIMS`] dims,
+/// `perm` a permutation of `0..shape.len()`, both lengths equal to the element count; returns
+/// the output shape.
+pub fn check_permute(
+    x: &dyn BufferInfoDyn,
+    shape: &[usize],
+    perm: &[usize],
+    out: &dyn BufferInfoDyn,
+) -> Result<Vec<usize>> {
+    const OP: &str = "permute";
+    require_f32(OP, x.dtype_dyn())?;
+    require_f32(OP, out.dtype_dyn())?;
+    check_rank(OP, shape)?;
+    let mut seen = [false; MAX_DIMS];
+    let valid = perm.len() == shape.len()
+        && perm
+            .iter()
+            .all(|&p| p < shape.len() && !std::mem::replace(&mut seen[p], true));
+    if !valid {
+        return Err(GpuError::invalid(
+            OP,
+            format!("{perm:?} is not a permutation of 0..{}", shape.len()),
+        ));
+    }
+    let n = checked_numel(OP, shape)?;
+    check_len(OP, "x", x, n)?;
+    check_len(OP, "out", out, n)?;
+    Ok(perm.iter().map(|&p| shape[p]).collect())
+}
+
+/// Checks the arguments of [`ElementwiseOps::dropout`]: f32 buffers of one length, `p` in `[0, 1)`.
+pub fn check_dropout(x: &dyn BufferInfoDyn, p: f32, out: &dyn BufferInfoDyn) -> Result<()> {
+    check_elementwise("dropout", &[x], out)?;
+    if !(0.0..1.0).contains(&p) {
+        return Err(GpuError::invalid(
+            "dropout",
+            format!("p must be in [0, 1), got {p}"),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

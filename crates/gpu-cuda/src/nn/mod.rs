@@ -2,4 +2,5 @@
 //! kernels of `kernels/nn_<family>.cu`.
 
 mod attention;
+mod elementwise;
 mod optim;

@@ -1,0 +1,187 @@
+use super::*;
+use crate::{Backend, DType, GpuError};
+
+fn run_binary(op: BinaryKind, a: &[f32], sa: &[usize], b: &[f32], sb: &[usize]) -> Vec<f32> {
+    let cpu = CpuBackend;
+    let n: usize = crate::nn::elementwise::broadcast_shape(sa, sb)
+        .unwrap()
+        .iter()
+        .product();
+    let mut out = cpu.allocate(DType::F32, n).unwrap();
+    cpu.broadcast_binary(
+        op,
+        &cpu.upload(a).unwrap(),
+        sa,
+        &cpu.upload(b).unwrap(),
+        sb,
+        &mut out,
+    )
+    .unwrap();
+    out.as_f32().unwrap().to_vec()
+}
+
+#[test]
+fn normal_cdf_and_gelu_values() {
+    // Reference values from mpmath at 30 digits.
+    let cases = [
+        (0.0, 0.5),
+        (1.0, 0.841_344_746_068_542_9),
+        (-3.0, 0.001_349_898_031_630_094_6),
+        (-10.0, 7.619_853_024_160_527e-24),
+        (2.5, 0.993_790_334_674_223_8),
+    ];
+    for (x, want) in cases {
+        let got = normal_cdf(x);
+        assert!(
+            ((got - want) / want).abs() < 1e-14,
+            "Φ({x}) = {got}, want {want}"
+        );
+    }
+    let g = activation_f64(Activation::Gelu, 1.0);
+    assert!((g - 0.841_344_746_068_542_9).abs() < 1e-15);
+}
+
+/// Central differences in f64 (h = 1e-6) of every activation against its analytic derivative.
+#[test]
+fn activation_grads_match_f64_finite_differences() {
+    let h = 1e-6;
+    for op in Activation::ALL {
+        for k in 0..200 {
+            let mut x = -6.0 + 12.0 * (k as f64 + 0.5) / 200.0;
+            if op == Activation::Log {
+                x = x.abs() + 0.05;
+            }
+            let fd = (activation_f64(op, x + h) - activation_f64(op, x - h)) / (2.0 * h);
+            let g = activation_grad_f64(op, x, activation_f64(op, x));
+            let tol = 1e-6 * g.abs().max(1.0);
+            assert!((fd - g).abs() < tol, "{op:?} at {x}: fd {fd}, analytic {g}");
+        }
+    }
+}
+
+#[test]
+fn special_values() {
+    assert_eq!(activation_f64(Activation::Log, 0.0), f64::NEG_INFINITY);
+    assert!(activation_f64(Activation::Log, -1.0).is_nan());
+    assert!(activation_f64(Activation::Relu, f64::NAN).is_nan());
+    assert_eq!(activation_f64(Activation::Relu, -2.0), 0.0);
+    assert_eq!(activation_f64(Activation::Gelu, -40.0), -0.0);
+    assert_eq!(activation_f64(Activation::Sigmoid, 800.0), 1.0);
+}
+
+#[test]
+fn broadcasting_examples() {
+    let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    assert_eq!(
+        run_binary(BinaryKind::Add, &a, &[2, 3], &[10.0, 20.0, 30.0], &[3]),
+        [11.0, 22.0, 33.0, 14.0, 25.0, 36.0]
+    );
+    assert_eq!(
+        run_binary(
+            BinaryKind::Sub,
+            &[1.0, 2.0],
+            &[2, 1],
+            &[1.0, 2.0, 3.0],
+            &[1, 3]
+        ),
+        [0.0, -1.0, -2.0, 1.0, 0.0, -1.0]
+    );
+    assert_eq!(
+        run_binary(BinaryKind::Mul, &a, &[2, 3], &[2.0], &[]),
+        [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
+    );
+    let d = run_binary(BinaryKind::Div, &[1.0, -1.0, 0.0], &[3], &[0.0], &[1]);
+    assert_eq!(d[..2], [f32::INFINITY, f32::NEG_INFINITY]);
+    assert!(d[2].is_nan());
+    // A zero-size broadcast writes nothing and succeeds.
+    assert!(run_binary(BinaryKind::Add, &[], &[0, 3], &[1.0, 2.0, 3.0], &[3]).is_empty());
+}
+
+#[test]
+fn reductions_and_max_backward() {
+    let cpu = CpuBackend;
+    // x is [1, 3, 2]: columns (1, 5, 5) and (4, -2, NaN).
+    let x = cpu
+        .upload(&[1.0f32, 4.0, 5.0, -2.0, 5.0, f32::NAN])
+        .unwrap();
+    let mut out = cpu.allocate(DType::F32, 2).unwrap();
+    cpu.reduce_axis(ReduceKind::Sum, &x, 1, 3, 2, &mut out)
+        .unwrap();
+    assert_eq!(out.as_f32().unwrap()[0], 11.0);
+    assert!(out.as_f32().unwrap()[1].is_nan());
+    cpu.reduce_axis(ReduceKind::Max, &x, 1, 3, 2, &mut out)
+        .unwrap();
+    let y = out.clone();
+    assert_eq!(y.as_f32().unwrap()[0], 5.0);
+    assert!(y.as_f32().unwrap()[1].is_nan());
+    let dy = cpu.upload(&[10.0f32, 20.0]).unwrap();
+    let mut dx = cpu.allocate(DType::F32, 6).unwrap();
+    cpu.max_axis_bwd(&x, &y, &dy, 1, 3, 2, &mut dx).unwrap();
+    // The first of the tied maxima (row 1) and the NaN (row 2) get the gradient.
+    assert_eq!(dx.as_f32().unwrap(), &[0.0, 0.0, 10.0, 0.0, 0.0, 20.0]);
+
+    let empty = cpu.allocate(DType::F32, 0).unwrap();
+    let mut out = cpu.upload(&[7.0f32; 4]).unwrap();
+    cpu.reduce_axis(ReduceKind::Sum, &empty, 2, 0, 2, &mut out)
+        .unwrap();
+    assert_eq!(out.as_f32().unwrap(), &[0.0; 4]);
+    for op in [ReduceKind::Mean, ReduceKind::Max] {
+        assert!(matches!(
+            cpu.reduce_axis(op, &empty, 2, 0, 2, &mut out),
+            Err(GpuError::InvalidShape { .. })
+        ));
+    }
+    let x = cpu.upload(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    let mut out = cpu.allocate(DType::F32, 2).unwrap();
+    cpu.reduce_axis(ReduceKind::Mean, &x, 2, 2, 1, &mut out)
+        .unwrap();
+    assert_eq!(out.as_f32().unwrap(), &[1.5, 3.5]);
+}
+
+#[test]
+fn data_movement() {
+    let cpu = CpuBackend;
+    let x = cpu.upload(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
+    let mut out = cpu.allocate(DType::F32, 6).unwrap();
+    cpu.permute(&x, &[2, 3], &[1, 0], &mut out).unwrap();
+    assert_eq!(out.as_f32().unwrap(), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+
+    let mut dst = cpu.upload(&[9.0f32; 8]).unwrap();
+    cpu.copy_blocks(&x, 1, 3, &mut dst, 0, 4, 2, 2).unwrap();
+    assert_eq!(
+        dst.as_f32().unwrap(),
+        &[1.0, 2.0, 9.0, 9.0, 4.0, 5.0, 9.0, 9.0]
+    );
+    assert!(matches!(
+        cpu.copy_blocks(&x, 0, 3, &mut dst, 0, 1, 2, 2),
+        Err(GpuError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        cpu.copy_blocks(&x, 4, 3, &mut dst, 0, 4, 2, 2),
+        Err(GpuError::ShapeMismatch { .. })
+    ));
+}
+
+#[test]
+fn dropout_follows_the_shared_hash() {
+    let cpu = CpuBackend;
+    let xs: Vec<f32> = (0..1000).map(|i| i as f32 + 1.0).collect();
+    let mut out = cpu.allocate(DType::F32, xs.len()).unwrap();
+    cpu.dropout(&cpu.upload(&xs).unwrap(), 0.25, 99, &mut out)
+        .unwrap();
+    for (i, (&o, &x)) in out.as_f32().unwrap().iter().zip(&xs).enumerate() {
+        let want = if dropout_keep(99, i as u64, 0.25) {
+            x / 0.75
+        } else {
+            0.0
+        };
+        assert_eq!(o, want, "{i}");
+    }
+    let x = cpu.upload(&xs).unwrap();
+    for p in [1.0, -0.1, f32::NAN] {
+        assert!(matches!(
+            cpu.dropout(&x, p, 1, &mut out),
+            Err(GpuError::InvalidArgument { .. })
+        ));
+    }
+}

@@ -1,0 +1,446 @@
+//! [`ElementwiseOps`] on CUDA: the kernels of `kernels/nn_elementwise.cu` and
+//! `kernels/nn_reduce.cu`. Arguments are checked by the same `gpu_core::nn::elementwise`
+//! helpers as the CPU reference, so both backends reject exactly the same inputs.
+
+mod plan;
+
+use crate::backend::CudaBackend;
+use crate::launch::{KernelArg, LaunchConfig};
+use crate::pool::CudaBuffer;
+use gpu_core::nn::elementwise::{
+    check_broadcast, check_copy_blocks, check_dropout, check_max_axis_bwd, check_permute,
+    check_reduce, Activation, BinaryKind, ElementwiseOps, ReduceKind,
+};
+use gpu_core::ops::check_elementwise;
+use gpu_core::{Backend, BufferInfo, DType, Result};
+use plan::{BinaryPath, ReducePlan, REDUCE_THREADS};
+
+/// Threads per block of the streaming kernels.
+const BLOCK: u32 = 256;
+
+fn binary_name(op: BinaryKind) -> &'static str {
+    match op {
+        BinaryKind::Add => "add",
+        BinaryKind::Sub => "sub",
+        BinaryKind::Mul => "mul",
+        BinaryKind::Div => "div",
+    }
+}
+
+fn activation_name(op: Activation) -> &'static str {
+    match op {
+        Activation::Relu => "relu",
+        Activation::Gelu => "gelu",
+        Activation::Silu => "silu",
+        Activation::Sigmoid => "sigmoid",
+        Activation::Tanh => "tanh",
+        Activation::Exp => "exp",
+        Activation::Log => "log",
+    }
+}
+
+fn u64_arg(v: usize) -> KernelArg {
+    KernelArg::U64(v as u64)
+}
+
+/// Six dims as kernel arguments, padded with 1.
+fn dim_args(dims: &[usize]) -> impl Iterator<Item = KernelArg> + '_ {
+    (0..6).map(|k| u64_arg(dims.get(k).copied().unwrap_or(1)))
+}
+
+impl CudaBackend {
+    fn sms(&self) -> usize {
+        self.info().multiprocessors.max(1) as usize
+    }
+
+    /// A 1-D grid of [`BLOCK`]-thread blocks for a grid-stride loop over `threads` work units:
+    /// one unit per thread, at most 16 blocks per multiprocessor.
+    fn stride_grid(&self, threads: usize) -> LaunchConfig {
+        let blocks = threads.div_ceil(BLOCK as usize).clamp(1, self.sms() * 16) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Launches one reduction pass over `[outer, n, inner]` (all non-zero) as planned by `p`.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_pass(
+        &self,
+        kind: &str,
+        x: &CudaBuffer,
+        out: &mut CudaBuffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        p: &ReducePlan,
+        divisor: f32,
+    ) -> Result<()> {
+        let kernel = if p.vec4 {
+            format!("reduce_rows4_{kind}_f32")
+        } else {
+            format!("reduce_{kind}_f32")
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (p.grid_x, p.splits as u32, 1),
+            block_dim: (REDUCE_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            x.into(),
+            out.into(),
+            u64_arg(outer),
+            u64_arg(n),
+            u64_arg(inner),
+            u64_arg(p.chunk),
+            KernelArg::U32(p.tx_log2),
+            KernelArg::U32(p.ty_log2),
+            KernelArg::F32(divisor),
+        ];
+        // SAFETY: reduce_{,rows4_}{sum,max}_f32(const float* x, float* out, u64 outer, u64 n,
+        // u64 inner, u64 chunk, u32 tx_log2, u32 ty_log2, float divisor) reads x[outer·n·inner]
+        // and writes out[outer·splits·inner] (splits = grid.y); the callers size both so. The
+        // float4 variant runs only with inner == 1 and n, chunk multiples of 4 (aligned rows).
+        unsafe { self.launch(&kernel, cfg, &args) }
+    }
+}
+
+impl ElementwiseOps for CudaBackend {
+    fn broadcast_binary(
+        &self,
+        op: BinaryKind,
+        a: &CudaBuffer,
+        a_shape: &[usize],
+        b: &CudaBuffer,
+        b_shape: &[usize],
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        let shape = check_broadcast(a, a_shape, b, b_shape, out)?;
+        let n = out.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let name = binary_name(op);
+        match plan::binary_path(a_shape, b_shape, &shape) {
+            BinaryPath::Same => {
+                let args = [a.into(), b.into(), out.into(), u64_arg(n)];
+                // SAFETY: binary_same_{op}_f32(const float* a, const float* b, float* out,
+                // u64 n); without broadcasting a, b and out all hold n f32, 256-byte aligned.
+                unsafe {
+                    self.launch(
+                        &format!("binary_same_{name}_f32"),
+                        self.stride_grid(n.div_ceil(4)),
+                        &args,
+                    )
+                }
+            }
+            BinaryPath::TwoD {
+                cols,
+                mode,
+                small_is_a,
+            } => {
+                let (big, small) = if small_is_a { (b, a) } else { (a, b) };
+                let units = if cols.is_multiple_of(4) { n / 4 } else { n };
+                let args = [
+                    big.into(),
+                    small.into(),
+                    out.into(),
+                    u64_arg(n),
+                    u64_arg(cols),
+                    KernelArg::U32(mode),
+                    KernelArg::U32(small_is_a as u32),
+                ];
+                // SAFETY: binary_2d_{op}_f32(const float* big, const float* small, float* out,
+                // u64 n, u64 cols, u32 mode, u32 small_is_a); big and out hold n = rows·cols f32,
+                // small holds cols (mode 0) or rows (mode 1) f32, as the collapsed shapes say.
+                unsafe {
+                    self.launch(
+                        &format!("binary_2d_{name}_f32"),
+                        self.stride_grid(units),
+                        &args,
+                    )
+                }
+            }
+            BinaryPath::Nd {
+                dims_rev,
+                amask,
+                bmask,
+            } => {
+                let mut args = vec![
+                    a.into(),
+                    b.into(),
+                    out.into(),
+                    u64_arg(n),
+                    KernelArg::U32(dims_rev.len() as u32),
+                ];
+                args.extend(dim_args(&dims_rev));
+                args.extend([KernelArg::U32(amask), KernelArg::U32(bmask)]);
+                // SAFETY: binary_nd_{op}_f32(const float* a, const float* b, float* out, u64 n,
+                // u32 rank, u64 d0..d5, u32 amask, u32 bmask); rank <= 6 collapsed dims whose
+                // product is n; a and b hold the product of the dims their masks select, so
+                // every offset the kernel forms is in bounds.
+                unsafe { self.launch(&format!("binary_nd_{name}_f32"), self.stride_grid(n), &args) }
+            }
+        }
+    }
+
+    fn activation_fwd(&self, op: Activation, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
+        check_elementwise("activation_fwd", &[x], out)?;
+        let n = out.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [x.into(), out.into(), u64_arg(n)];
+        let kernel = format!("act_fwd_{}_f32", activation_name(op));
+        // SAFETY: act_fwd_{op}_f32(const float* x, float* out, u64 n); both hold n f32, 256-byte
+        // aligned for the float4 accesses.
+        unsafe { self.launch(&kernel, self.stride_grid(n.div_ceil(4)), &args) }
+    }
+
+    fn activation_bwd(
+        &self,
+        op: Activation,
+        x: &CudaBuffer,
+        y: &CudaBuffer,
+        dy: &CudaBuffer,
+        dx: &mut CudaBuffer,
+    ) -> Result<()> {
+        check_elementwise("activation_bwd", &[x, y, dy], dx)?;
+        let n = dx.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [x.into(), y.into(), dy.into(), dx.into(), u64_arg(n)];
+        let kernel = format!("act_bwd_{}_f32", activation_name(op));
+        // SAFETY: act_bwd_{op}_f32(const float* x, const float* y, const float* dy, float* dx,
+        // u64 n); all four hold n f32, 256-byte aligned.
+        unsafe { self.launch(&kernel, self.stride_grid(n.div_ceil(4)), &args) }
+    }
+
+    fn affine(&self, x: &CudaBuffer, mul: f32, add: f32, out: &mut CudaBuffer) -> Result<()> {
+        check_elementwise("affine", &[x], out)?;
+        let n = out.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            x.into(),
+            out.into(),
+            u64_arg(n),
+            KernelArg::F32(mul),
+            KernelArg::F32(add),
+        ];
+        // SAFETY: affine_f32(const float* x, float* out, u64 n, float mul, float add); both hold
+        // n f32, 256-byte aligned.
+        unsafe { self.launch("affine_f32", self.stride_grid(n.div_ceil(4)), &args) }
+    }
+
+    fn reduce_axis(
+        &self,
+        op: ReduceKind,
+        x: &CudaBuffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        check_reduce(op, x, outer, n, inner, out)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        if n == 0 {
+            return self.memset32(out, 0); // Sum over an empty axis (the others were rejected)
+        }
+        let (kind, divisor) = match op {
+            ReduceKind::Sum => ("sum", 1.0),
+            ReduceKind::Mean => ("sum", n as f32),
+            ReduceKind::Max => ("max", 1.0),
+        };
+        let p = plan::reduce_plan(outer, n, inner, self.sms(), true, true);
+        if p.splits == 1 {
+            return self.reduce_pass(kind, x, out, outer, n, inner, &p, divisor);
+        }
+        // Partials [outer, splits, inner], then a second pass over the splits.
+        let mut part = self.allocate(DType::F32, outer * p.splits * inner)?;
+        self.reduce_pass(kind, x, &mut part, outer, n, inner, &p, 1.0)?;
+        let p2 = plan::reduce_plan(outer, p.splits, inner, self.sms(), false, true);
+        self.reduce_pass(kind, &part, out, outer, p.splits, inner, &p2, divisor)
+    }
+
+    fn max_axis_bwd(
+        &self,
+        x: &CudaBuffer,
+        y: &CudaBuffer,
+        dy: &CudaBuffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        dx: &mut CudaBuffer,
+    ) -> Result<()> {
+        check_max_axis_bwd(x, y, dy, outer, n, inner, dx)?;
+        if dx.is_empty() {
+            return Ok(());
+        }
+        let p = plan::reduce_plan(outer, n, inner, self.sms(), false, false);
+        let cfg = LaunchConfig {
+            grid_dim: (p.grid_x, 1, 1),
+            block_dim: (REDUCE_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            x.into(),
+            y.into(),
+            dy.into(),
+            dx.into(),
+            u64_arg(outer),
+            u64_arg(n),
+            u64_arg(inner),
+            KernelArg::U32(p.tx_log2),
+            KernelArg::U32(p.ty_log2),
+        ];
+        // SAFETY: max_axis_bwd_f32(const float* x, const float* y, const float* dy, float* dx,
+        // u64 outer, u64 n, u64 inner, u32 tx_log2, u32 ty_log2); x and dx hold outer·n·inner
+        // f32, y and dy outer·inner (checked above).
+        unsafe { self.launch("max_axis_bwd_f32", cfg, &args) }
+    }
+
+    fn copy_blocks(
+        &self,
+        src: &CudaBuffer,
+        src_offset: usize,
+        src_stride: usize,
+        dst: &mut CudaBuffer,
+        dst_offset: usize,
+        dst_stride: usize,
+        outer: usize,
+        len: usize,
+    ) -> Result<()> {
+        check_copy_blocks(
+            src, src_offset, src_stride, dst, dst_offset, dst_stride, outer, len,
+        )?;
+        if outer == 0 || len == 0 {
+            return Ok(());
+        }
+        // One block has no stride; float4 when every offset, stride and length allows it.
+        let (ss, ds) = if outer == 1 {
+            (0, 0)
+        } else {
+            (src_stride, dst_stride)
+        };
+        let vec = [src_offset, ss, dst_offset, ds, len]
+            .iter()
+            .all(|v| v.is_multiple_of(4));
+        let w = if vec { 4 } else { 1 };
+        let args = [
+            src.into(),
+            dst.into(),
+            u64_arg(src_offset / w),
+            u64_arg(ss / w),
+            u64_arg(dst_offset / w),
+            u64_arg(ds / w),
+            u64_arg(outer),
+            u64_arg(len / w),
+        ];
+        let kernel = if vec {
+            "copy_blocks4_f32"
+        } else {
+            "copy_blocks_f32"
+        };
+        // SAFETY: copy_blocks{,4}_f32(const T* src, T* dst, u64 src_off, u64 src_stride,
+        // u64 dst_off, u64 dst_stride, u64 outer, u64 len), T = float or float4 with every
+        // argument in units of T (all multiples of 4 floats, buffers 256-byte aligned); every
+        // block lies inside its buffer (check_copy_blocks).
+        unsafe { self.launch(kernel, self.stride_grid(outer * len / w), &args) }
+    }
+
+    fn permute(
+        &self,
+        x: &CudaBuffer,
+        shape: &[usize],
+        perm: &[usize],
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        check_permute(x, shape, perm, out)?;
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let (mut dims, perm) = plan::collapse_permute(shape, perm);
+        let rank = dims.len();
+        if rank <= 1 {
+            return self.copy_buffer(x, out);
+        }
+        let moves_last = perm[rank - 1] != rank - 1;
+        // Tiles pay off when both tiled axes fill a good part of a 32-wide tile; otherwise the
+        // per-element kernel's strided reads mostly hit lines its neighbours fetched.
+        if moves_last && dims[rank - 1].min(dims[perm[rank - 1]]) >= 16 {
+            let t = plan::tile_plan(&dims, &perm);
+            let items = (n / (t.p * t.q)) * t.p.div_ceil(32) * t.q.div_ceil(32);
+            let mut args = vec![
+                x.into(),
+                out.into(),
+                u64_arg(t.p),
+                u64_arg(t.q),
+                u64_arg(t.sq),
+                u64_arg(t.sp),
+                u64_arg(n / (t.p * t.q)),
+            ];
+            let batch = |k: usize| t.batch.get(k).copied().unwrap_or((1, 0, 0));
+            args.extend((0..4).map(|k| u64_arg(batch(k).0)));
+            args.extend((0..4).map(|k| u64_arg(batch(k).1)));
+            args.extend((0..4).map(|k| u64_arg(batch(k).2)));
+            let cfg = LaunchConfig {
+                grid_dim: (items.clamp(1, self.sms() * 32) as u32, 1, 1),
+                block_dim: (32, 8, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: permute_tile_f32(const float* x, float* out, u64 P, u64 Q, u64 sq,
+            // u64 sp, u64 batch, u64 b0..b3, u64 bi0..bi3, u64 bo0..bo3) with the strides of
+            // the collapsed contiguous shapes of x and out, which both hold n f32; block 32×8.
+            return unsafe { self.launch("permute_tile_f32", cfg, &args) };
+        }
+        // Writes are coalesced; when the last axis stays last so are reads, in float4 units when
+        // its length allows.
+        let vec = !moves_last && dims[rank - 1].is_multiple_of(4);
+        if vec {
+            dims[rank - 1] /= 4;
+        }
+        let units = if vec { n / 4 } else { n };
+        let packed = perm
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (j, &p)| acc | (p as u32) << (3 * j));
+        let mut args = vec![
+            x.into(),
+            out.into(),
+            u64_arg(units),
+            KernelArg::U32(rank as u32),
+        ];
+        args.extend(dim_args(&dims));
+        args.push(KernelArg::U32(packed));
+        let kernel = if vec { "permute4_f32" } else { "permute_f32" };
+        // SAFETY: permute{,4}_f32(const T* x, T* out, u64 n, u32 rank, u64 d0..d5, u32 perm),
+        // T = float or float4 (then the last dim and n are in float4 units); the collapsed dims
+        // multiply to n units, which both buffers hold; perm is a permutation of 0..rank.
+        unsafe { self.launch(kernel, self.stride_grid(units), &args) }
+    }
+
+    fn dropout(&self, x: &CudaBuffer, p: f32, seed: u64, out: &mut CudaBuffer) -> Result<()> {
+        check_dropout(x, p, out)?;
+        let n = out.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            x.into(),
+            out.into(),
+            u64_arg(n),
+            KernelArg::F32(p),
+            KernelArg::U64(seed),
+        ];
+        // SAFETY: dropout_f32(const float* x, float* out, u64 n, float p, u64 seed); both hold n
+        // f32, 256-byte aligned.
+        unsafe { self.launch("dropout_f32", self.stride_grid(n.div_ceil(4)), &args) }
+    }
+}

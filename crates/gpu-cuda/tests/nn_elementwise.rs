@@ -1,0 +1,600 @@
+//! `ElementwiseOps`: CUDA against the CPU reference on fresh random inputs of awkward sizes
+//! (outputs poisoned with NaN before each launch), random shapes through proptest, the CPU
+//! backward passes against finite differences (`grad`), and typed errors (`errors`).
+//!
+//! Tolerances: broadcast binary ops, affine (one fma), relu, max, max backward, copies,
+//! permutes and dropout are exact, so they must match bit for bit. Activations run in f32 with
+//! CUDA's libm (a few ulp) against an f64 reference: forward rtol 2e-6 (atol 1e-37 for results
+//! the f64 reference keeps as f32 subnormals), backward rtol 2e-6 with atol 1e-6 (|dy| <= 1)
+//! for the cancellation near the zeros of gelu' and silu'. Sum and Mean accumulate in f32 in a
+//! different order than the f64 reference: each element must be within 1e-5·Σ|x| (/n for Mean)
+//! of it, a bound on the reassociated f32 sum's error, and the whole within 1e-6·‖Σ|x|‖.
+
+mod common;
+#[path = "nn_elementwise/errors.rs"]
+mod errors;
+#[path = "nn_elementwise/grad.rs"]
+mod grad;
+#[path = "nn_elementwise/movement.rs"]
+mod movement;
+
+use common::*;
+use gpu_core::nn::elementwise::{
+    broadcast_shape, Activation, BinaryKind, ElementwiseOps, ReduceKind,
+};
+use gpu_core::KernelOps;
+use gpu_cuda::testing::backend_or_skip;
+use gpu_cuda::{ImageKind, LaunchPath};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// What the test bodies need from a backend: the ops under test and `fill` to poison outputs.
+trait Dev: ElementwiseOps + KernelOps {}
+impl<B: ElementwiseOps + KernelOps> Dev for B {}
+
+/// Runs a generic test body on the CPU backend, then on CUDA under every launcher × image.
+macro_rules! on_every_device {
+    ($test:literal, $body:ident) => {{
+        let (mut rng, _) = rng($test);
+        $body(&CPU, "cpu", &mut rng);
+        if let Some(gpu) = backend_or_skip($test) {
+            for path in [LaunchPath::Cudarc, LaunchPath::RawDriver] {
+                for image in [ImageKind::Fatbin, ImageKind::Ptx] {
+                    gpu.set_launch_path(path);
+                    gpu.set_image_kind(image);
+                    $body(&gpu, &format!("cuda {path:?} {image:?}"), &mut rng);
+                }
+            }
+        }
+    }};
+}
+pub(crate) use on_every_device;
+
+// ---- calls: upload, poison the output, run, download -----------------------------------------
+
+fn binary<B: Dev>(
+    b: &B,
+    op: BinaryKind,
+    x: &[f32],
+    xs: &[usize],
+    y: &[f32],
+    ys: &[usize],
+) -> Vec<f32> {
+    let n = broadcast_shape(xs, ys).unwrap().iter().product();
+    let mut o = poisoned(b, n);
+    b.broadcast_binary(op, &up(b, x), xs, &up(b, y), ys, &mut o)
+        .unwrap();
+    down(b, &o)
+}
+
+fn act_fwd<B: Dev>(b: &B, op: Activation, x: &[f32]) -> Vec<f32> {
+    let mut o = poisoned(b, x.len());
+    b.activation_fwd(op, &up(b, x), &mut o).unwrap();
+    down(b, &o)
+}
+
+fn act_bwd<B: Dev>(b: &B, op: Activation, x: &[f32], y: &[f32], dy: &[f32]) -> Vec<f32> {
+    let mut o = poisoned(b, x.len());
+    b.activation_bwd(op, &up(b, x), &up(b, y), &up(b, dy), &mut o)
+        .unwrap();
+    down(b, &o)
+}
+
+fn reduce<B: Dev>(b: &B, op: ReduceKind, x: &[f32], shape: (usize, usize, usize)) -> Vec<f32> {
+    let (outer, n, inner) = shape;
+    let mut o = poisoned(b, outer * inner);
+    b.reduce_axis(op, &up(b, x), outer, n, inner, &mut o)
+        .unwrap();
+    down(b, &o)
+}
+
+fn max_bwd<B: Dev>(
+    b: &B,
+    x: &[f32],
+    y: &[f32],
+    dy: &[f32],
+    shape: (usize, usize, usize),
+) -> Vec<f32> {
+    let (outer, n, inner) = shape;
+    let mut o = poisoned(b, x.len());
+    b.max_axis_bwd(&up(b, x), &up(b, y), &up(b, dy), outer, n, inner, &mut o)
+        .unwrap();
+    down(b, &o)
+}
+
+fn permute<B: Dev>(b: &B, x: &[f32], shape: &[usize], perm: &[usize]) -> Vec<f32> {
+    let mut o = poisoned(b, x.len());
+    b.permute(&up(b, x), shape, perm, &mut o).unwrap();
+    down(b, &o)
+}
+
+/// Whether a case of `numel` elements runs on device `dev`. On the CPU a parity body compares
+/// the reference with itself, so there it only needs small cases (a smoke test of the body);
+/// the large ones, which exist for the GPU's grid-stride loops and split reductions, are
+/// skipped to keep unoptimised test builds fast.
+fn runs_on(dev: &str, numel: usize) -> bool {
+    dev != "cpu" || numel <= 1 << 18
+}
+
+/// Asserts bit-identical results (any NaN matches any NaN).
+fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+            "{what}[{i}]: got {g:e}, want {w:e}"
+        );
+    }
+}
+
+/// Asserts `|got − want| <= rtol·|want| + atol` elementwise (NaN and ±inf must match exactly)
+/// and a norm-wise relative error under `rtol` over the finite elements.
+fn assert_near(what: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if !w.is_finite() {
+            assert!(
+                (w.is_nan() && g.is_nan()) || g == w,
+                "{what}[{i}]: got {g:e}, want {w:e}"
+            );
+            continue;
+        }
+        let d = (g as f64 - w as f64).abs();
+        assert!(
+            g.is_finite() && d <= rtol * (w as f64).abs() + atol,
+            "{what}[{i}]: got {g:e}, want {w:e}, diff {d:e}"
+        );
+        num += d * d;
+        den += (w as f64) * (w as f64);
+    }
+    if den > 0.0 {
+        let rel = (num / den).sqrt();
+        assert!(rel < rtol, "{what}: norm-wise relative error {rel:e}");
+    }
+}
+
+// ---- broadcasting ----------------------------------------------------------------------------
+
+/// Shape pairs covering every kernel path: same shapes, trailing bias (either side, float4 and
+/// scalar widths), one value per row, scalars, the general N-d path, 6 dims, zero sizes, and
+/// sizes past a million.
+fn broadcast_cases() -> Vec<(Vec<usize>, Vec<usize>)> {
+    let mut v: Vec<(Vec<usize>, Vec<usize>)> = SIZES.iter().map(|&n| (vec![n], vec![n])).collect();
+    let more: &[(&[usize], &[usize])] = &[
+        (&[5, 7], &[7]),
+        (&[3, 4], &[4]),
+        (&[2, 3, 1023], &[1023]),
+        (&[3, 4099], &[1, 4099]),
+        (&[257, 4096], &[4096]),
+        (&[64, 1], &[1]),
+        (&[8], &[6, 8]),
+        (&[3], &[2, 5, 3]),
+        (&[6, 5], &[6, 1]),
+        (&[4, 8], &[4, 1]),
+        (&[4, 1], &[4, 8]),
+        (&[1024, 1025], &[1024, 1]),
+        (&[1000], &[]),
+        (&[], &[1001]),
+        (&[1], &[7, 3]),
+        (&[], &[]),
+        (&[2, 1], &[1, 3]),
+        (&[2, 4, 3, 3], &[2, 1, 3, 3]),
+        (&[3, 1, 5], &[1, 4, 1]),
+        (&[2, 1, 3, 1, 2, 5], &[1, 2, 1, 4, 2, 1]),
+        (&[64, 1, 128], &[1, 32, 128]),
+        (&[0], &[0]),
+        (&[4, 0], &[1, 0]),
+        (&[3, 0, 2], &[2]),
+    ];
+    v.extend(more.iter().map(|(a, b)| (a.to_vec(), b.to_vec())));
+    v
+}
+
+/// `n` values in ±10 with every 17th a zero, so Div sees x/0 and 0/0.
+fn with_zeros(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    let mut v = random_vec(rng, n, 10.0);
+    v.iter_mut().step_by(17).for_each(|x| *x = 0.0);
+    v
+}
+
+fn broadcast_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
+    for (xs, ys) in broadcast_cases() {
+        if !runs_on(dev, broadcast_shape(&xs, &ys).unwrap().iter().product()) {
+            continue;
+        }
+        let x = with_zeros(rng, xs.iter().product());
+        let y = with_zeros(rng, ys.iter().product());
+        for op in BinaryKind::ALL {
+            let what = format!("{dev} {op:?} {xs:?} {ys:?}");
+            assert_bits(
+                &what,
+                &binary(b, op, &x, &xs, &y, &ys),
+                &binary(&CPU, op, &x, &xs, &y, &ys),
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_broadcast_binary_matches_cpu() {
+    on_every_device!("gpu_broadcast_binary_matches_cpu", broadcast_body);
+}
+
+/// An independent reference: unravel each output index and re-ravel it into both operands.
+fn naive_broadcast(op: BinaryKind, x: &[f32], xs: &[usize], y: &[f32], ys: &[usize]) -> Vec<f32> {
+    let out = broadcast_shape(xs, ys).unwrap();
+    let offset = |shape: &[usize], idx: &[usize]| {
+        let pad = idx.len() - shape.len();
+        shape.iter().enumerate().fold(0, |acc, (k, &d)| {
+            acc * d + if d == 1 { 0 } else { idx[k + pad] }
+        })
+    };
+    let n: usize = out.iter().product();
+    (0..n)
+        .map(|mut i| {
+            let mut idx = vec![0; out.len()];
+            for k in (0..out.len()).rev() {
+                idx[k] = i % out[k];
+                i /= out[k];
+            }
+            op.eval(x[offset(xs, &idx)], y[offset(ys, &idx)])
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_broadcast_binary_random_shapes() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let gpu = backend_or_skip("gpu_broadcast_binary_random_shapes");
+    let strategy = (
+        prop::collection::vec(0usize..=4, 0..=6),
+        0usize..=6,
+        0usize..=6,
+        any::<u8>(),
+        any::<u8>(),
+        0usize..4,
+        any::<u64>(),
+    );
+    let mut runner = TestRunner::new(Config::with_cases(96));
+    runner
+        .run(&strategy, |(out, ra, rb, ma, mb, op, seed)| {
+            // Each operand keeps a suffix of the output's dims, each either as is or as 1.
+            let pick = |rank: usize, mask: u8| -> Vec<usize> {
+                let rank = rank.min(out.len());
+                (out.len() - rank..out.len())
+                    .map(|k| if mask >> k & 1 == 1 { out[k] } else { 1 })
+                    .collect()
+            };
+            let (xs, ys) = (pick(ra, ma), pick(rb, mb));
+            let op = BinaryKind::ALL[op];
+            let mut rng = StdRng::seed_from_u64(seed);
+            let x = with_zeros(&mut rng, xs.iter().product());
+            let y = with_zeros(&mut rng, ys.iter().product());
+            let want = naive_broadcast(op, &x, &xs, &y, &ys);
+            let cpu = binary(&CPU, op, &x, &xs, &y, &ys);
+            assert_bits(&format!("cpu {op:?} {xs:?} {ys:?}"), &cpu, &want);
+            if let Some(g) = &gpu {
+                let got = binary(g, op, &x, &xs, &y, &ys);
+                assert_bits(&format!("cuda {op:?} {xs:?} {ys:?}"), &got, &want);
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+// ---- activations and affine ------------------------------------------------------------------
+
+/// Inputs in ±8 led by special values; for Log, their absolute values with one negative.
+fn activation_input(rng: &mut StdRng, op: Activation, n: usize) -> Vec<f32> {
+    let special = [
+        0.0,
+        -0.0,
+        80.0,
+        -80.0,
+        100.0,
+        -100.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        16.0,
+        -16.0,
+        1e-30,
+        -1.2785, // near silu's minimum, where silu' crosses zero
+        -0.7518, // near where gelu' crosses zero
+    ];
+    let mut x = random_vec(rng, n, 8.0);
+    if n > special.len() {
+        x[..special.len()].copy_from_slice(&special);
+    }
+    if op == Activation::Log {
+        x.iter_mut().for_each(|v| *v = v.abs());
+        if let Some(v) = x.last_mut() {
+            *v = -1.0;
+        }
+    }
+    x
+}
+
+fn activations_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
+    for &n in SIZES.iter().filter(|&&n| runs_on(dev, n)) {
+        for op in Activation::ALL {
+            let x = activation_input(rng, op, n);
+            let dy = random_vec(rng, n, 1.0);
+            let y = act_fwd(&CPU, op, &x);
+            let what = format!("{dev} {op:?} n={n}");
+            assert_near(&format!("{what} fwd"), &act_fwd(b, op, &x), &y, 2e-6, 1e-37);
+            assert_near(
+                &format!("{what} bwd"),
+                &act_bwd(b, op, &x, &y, &dy),
+                &act_bwd(&CPU, op, &x, &y, &dy),
+                2e-6,
+                1e-6,
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_activations_fwd_bwd_match_cpu() {
+    on_every_device!("gpu_activations_fwd_bwd_match_cpu", activations_body);
+}
+
+fn affine<B: Dev>(b: &B, x: &[f32], mul: f32, add: f32) -> Vec<f32> {
+    let mut o = poisoned(b, x.len());
+    b.affine(&up(b, x), mul, add, &mut o).unwrap();
+    down(b, &o)
+}
+
+fn affine_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
+    for &n in SIZES.iter().filter(|&&n| runs_on(dev, n)) {
+        let x = random_vec(rng, n, 100.0);
+        for (mul, add) in [
+            (2.5, -1.0),
+            (0.0, 3.0),
+            (-1.0, 0.0),
+            (1e-3, 1e3),
+            (0.1, 0.2),
+        ] {
+            assert_bits(
+                &format!("{dev} affine {mul}·x+{add} n={n}"),
+                &affine(b, &x, mul, add),
+                &affine(&CPU, &x, mul, add),
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_affine_matches_cpu() {
+    on_every_device!("gpu_affine_matches_cpu", affine_body);
+}
+
+// ---- reductions ------------------------------------------------------------------------------
+
+/// `(outer, n, inner)`: empty outputs and an empty axis, single elements, rows (inner = 1) of
+/// odd and float4 widths, long rows that are split across blocks, narrow and wide columns,
+/// columns wider than a block, many short rows, a bias gradient (a split column reduction),
+/// and more items than one pass of the capped grid.
+const REDUCE_CASES: &[(usize, usize, usize)] = &[
+    (0, 5, 3),
+    (3, 0, 2),
+    (2, 3, 0),
+    (1, 1, 1),
+    (7, 31, 1),
+    (3, 1023, 1),
+    (2, 1024, 1),
+    (1, 1 << 20, 1),
+    (2, (1 << 20) + 7, 1),
+    (5, 17, 33),
+    (1, 100_000, 3),
+    (64, 128, 64),
+    (1000, 3, 1),
+    (4, 4099, 1),
+    (3, 5, 1025),
+    (2, 70_001, 1),
+    (1, 4096, 32),
+    (300, 1, 7),
+    (300_000, 3, 1),
+    (20_000, 2, 64),
+    (1, 8192, 768),
+];
+
+/// Checks a Sum (`div` 1) or Mean (`div` n) against the reference: each element within
+/// `1e-5·Σ|x|/div` (a bound on the error of an f32 sum in any order at these lengths), and the
+/// whole within `1e-6·‖Σ|x|/div‖` (the typical error of a tree-shaped sum is a few ulp of Σ|x|;
+/// measuring against ‖Σ|x|‖ rather than ‖Σx‖ keeps cancellation from making this flaky).
+fn assert_sum_close(what: &str, got: &[f32], want: &[f32], abs_sum: &[f32], div: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(abs_sum).enumerate() {
+        let scale = s as f64 / div;
+        let d = (g as f64 - w as f64).abs();
+        assert!(
+            d <= 1e-5 * scale + 1e-30,
+            "{what}[{i}]: got {g:e}, want {w:e}, diff {d:e}, Σ|x|/div {scale:e}"
+        );
+        num += d * d;
+        den += scale * scale;
+    }
+    assert!(
+        num.sqrt() <= 1e-6 * den.sqrt(),
+        "{what}: ‖got − want‖ = {:e} > 1e-6·‖Σ|x|‖ = {:e}",
+        num.sqrt(),
+        1e-6 * den.sqrt()
+    );
+}
+
+fn reduce_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
+    for &shape in REDUCE_CASES {
+        let (outer, n, inner) = shape;
+        if !runs_on(dev, outer * n * inner) {
+            continue;
+        }
+        let mut x = random_vec(rng, outer * n * inner, 1.0);
+        let abs: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+        let abs_sum = reduce(&CPU, ReduceKind::Sum, &abs, shape);
+        for op in [ReduceKind::Sum, ReduceKind::Mean] {
+            if n == 0 && op == ReduceKind::Mean {
+                continue;
+            }
+            let div = if op == ReduceKind::Mean {
+                n as f64
+            } else {
+                1.0
+            };
+            assert_sum_close(
+                &format!("{dev} {op:?} {shape:?}"),
+                &reduce(b, op, &x, shape),
+                &reduce(&CPU, op, &x, shape),
+                &abs_sum,
+                div,
+            );
+        }
+        if n == 0 {
+            continue;
+        }
+        // Max is exact. Make one column all -inf and put a NaN in another.
+        if outer * inner >= 2 {
+            for i in 0..n {
+                x[i * inner] = f32::NEG_INFINITY;
+            }
+            x[(outer * n - 1) * inner + inner - 1] = f32::NAN;
+        }
+        let got = reduce(b, ReduceKind::Max, &x, shape);
+        let want = reduce(&CPU, ReduceKind::Max, &x, shape);
+        let what = format!("{dev} Max {shape:?}");
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g == w || (g.is_nan() && w.is_nan()),
+                "{what}[{i}]: {g} vs {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_reduce_axis_matches_cpu() {
+    on_every_device!("gpu_reduce_axis_matches_cpu", reduce_body);
+}
+
+fn max_bwd_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
+    for &shape in REDUCE_CASES.iter().filter(|s| s.1 > 0) {
+        let (outer, n, inner) = shape;
+        if !runs_on(dev, outer * n * inner) {
+            continue;
+        }
+        // Values on a grid of 1/4 in ±4: ties are everywhere, so "first maximum" matters.
+        let mut x: Vec<f32> = random_vec(rng, outer * n * inner, 4.0)
+            .iter()
+            .map(|v| (v * 4.0).round() / 4.0)
+            .collect();
+        if x.len() > 5 {
+            let mid = x.len() / 2;
+            x[mid] = f32::NAN;
+        }
+        let y = reduce(&CPU, ReduceKind::Max, &x, shape);
+        let dy = random_vec(rng, outer * inner, 1.0);
+        assert_bits(
+            &format!("{dev} max_axis_bwd {shape:?}"),
+            &max_bwd(b, &x, &y, &dy, shape),
+            &max_bwd(&CPU, &x, &y, &dy, shape),
+        );
+    }
+}
+
+#[test]
+fn gpu_max_axis_bwd_matches_cpu() {
+    on_every_device!("gpu_max_axis_bwd_matches_cpu", max_bwd_body);
+}
+
+/// ⟨sum_axis(x), y⟩ = ⟨x, broadcast(y)⟩: Sum over an axis is the adjoint of broadcasting along
+/// it (the broadcast made with `broadcast_binary(Add, 0, y)`, which must copy y exactly).
+fn adjoint_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
+    for shape in [
+        (3, 5, 7),
+        (1, 1000, 1),
+        (4, 33, 65),
+        (2, 4099, 3),
+        (1, 1 << 16, 1),
+    ] {
+        let (outer, n, inner) = shape;
+        let x = random_vec(rng, outer * n * inner, 1.0);
+        let y = random_vec(rng, outer * inner, 1.0);
+        let zeros = vec![0.0f32; x.len()];
+        let yb = binary(
+            b,
+            BinaryKind::Add,
+            &zeros,
+            &[outer, n, inner],
+            &y,
+            &[outer, 1, inner],
+        );
+        for (k, &v) in yb.iter().enumerate() {
+            let (o, j) = (k / (n * inner), k % inner);
+            assert_eq!(v, y[o * inner + j], "{dev} broadcast {shape:?} [{k}]");
+        }
+        let s = reduce(b, ReduceKind::Sum, &x, shape);
+        let dot = |p: &[f32], q: &[f32]| -> f64 {
+            p.iter().zip(q).map(|(&a, &c)| a as f64 * c as f64).sum()
+        };
+        let (lhs, rhs) = (dot(&s, &y), dot(&x, &yb));
+        let scale: f64 = x.iter().zip(&yb).map(|(a, c)| (a * c).abs() as f64).sum();
+        assert!(
+            (lhs - rhs).abs() <= 1e-5 * scale,
+            "{dev} {shape:?}: <sum x, y> = {lhs}, <x, bcast y> = {rhs}"
+        );
+    }
+}
+
+#[test]
+fn gpu_reduce_sum_is_the_adjoint_of_broadcasting() {
+    on_every_device!(
+        "gpu_reduce_sum_is_the_adjoint_of_broadcasting",
+        adjoint_body
+    );
+}
+
+/// Inputs larger than one pass of the capped grids (16 blocks of 256 threads per SM, so 2.2M
+/// elements for the float4 kernels on 132 SMs), so every grid-stride loop takes several turns.
+fn grid_stride_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
+    let n = 5_200_003;
+    if !runs_on(dev, n) {
+        return;
+    }
+    let (x, y) = (with_zeros(rng, n), with_zeros(rng, n));
+    for (xs, ys) in [
+        (vec![n], vec![n]),
+        (vec![5000, 1024], vec![1024]),
+        (vec![4800, 1025], vec![4800, 1]),
+        (vec![128, 1, 96], vec![1, 96, 96]),
+    ] {
+        let (x, y) = (&x[..xs.iter().product()], &y[..ys.iter().product()]);
+        let what = format!("{dev} Div {xs:?} {ys:?}");
+        assert_bits(
+            &what,
+            &binary(b, BinaryKind::Div, x, &xs, y, &ys),
+            &binary(&CPU, BinaryKind::Div, x, &xs, y, &ys),
+        );
+    }
+    let relu = Activation::Relu;
+    let r = act_fwd(&CPU, relu, &x);
+    assert_bits(&format!("{dev} relu"), &act_fwd(b, relu, &x), &r);
+    let dx = act_bwd(b, relu, &x, &r, &y);
+    assert_bits(
+        &format!("{dev} relu'"),
+        &dx,
+        &act_bwd(&CPU, relu, &x, &r, &y),
+    );
+    let mut o = poisoned(b, n);
+    b.dropout(&up(b, &x), 0.25, 5, &mut o).unwrap();
+    let mut want = poisoned(&CPU, n);
+    CPU.dropout(&up(&CPU, &x), 0.25, 5, &mut want).unwrap();
+    assert_bits(&format!("{dev} dropout"), &down(b, &o), &down(&CPU, &want));
+}
+
+#[test]
+fn gpu_grid_stride_loops_cover_large_inputs() {
+    on_every_device!("gpu_grid_stride_loops_cover_large_inputs", grid_stride_body);
+}
