@@ -319,5 +319,7 @@ pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
     }
 }
 
+mod rows;
+
 #[cfg(test)]
 mod tests;

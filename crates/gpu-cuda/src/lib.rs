@@ -7,6 +7,7 @@ mod blas;
 mod error;
 mod launch;
 mod module;
+mod nn;
 mod nvrtc;
 mod ops;
 mod pool;
