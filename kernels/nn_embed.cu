@@ -127,3 +127,39 @@ extern "C" __global__ void embedding_bwd_f32(const unsigned* __restrict__ ids,
         for (unsigned c = threadIdx.x; c < dim; c += 32) atomicAdd(dst + c, g[c]);
     }
 }
+
+// The same scatter-add for small vocabularies (many rows per id), where the plain kernel's
+// global atomics would pile up on few addresses. Block (bx, by) owns columns
+// [bx·tile, bx·tile + tile) of every id and rows [by·chunk, by·chunk + chunk): it accumulates
+// them in a vocab × tile slice of shared memory (shared-memory atomics), then adds the slice's
+// non-zero entries to dtable with one global atomic each. dtable must be zeroed first.
+extern "C" __global__ void embedding_bwd_tiled_f32(const unsigned* __restrict__ ids,
+                                                   const float* __restrict__ dout,
+                                                   float* __restrict__ dtable,
+                                                   unsigned long long rows, unsigned dim,
+                                                   unsigned vocab, unsigned tile,
+                                                   unsigned long long chunk) {
+    extern __shared__ float acc[];  // vocab · tile
+    const unsigned nt = blockDim.x;
+    const unsigned c0 = blockIdx.x * tile;
+    const unsigned tw = min(tile, dim - c0);
+    for (unsigned i = threadIdx.x; i < vocab * tile; i += nt) acc[i] = 0.0f;
+    __syncthreads();
+    const unsigned long long r0 = blockIdx.y * chunk;
+    const unsigned long long r1 = min(rows, r0 + chunk);
+    if (r0 < r1) {
+        const unsigned n = (unsigned)((r1 - r0) * tw);  // the host keeps chunk·tile < 2^32
+        for (unsigned i = threadIdx.x; i < n; i += nt) {
+            const unsigned long long r = r0 + i / tw;
+            const unsigned c = i % tw;
+            const unsigned id = ids[r];
+            if (id < vocab) atomicAdd(&acc[id * tile + c], dout[r * dim + c0 + c]);
+        }
+    }
+    __syncthreads();
+    for (unsigned i = threadIdx.x; i < vocab * tw; i += nt) {
+        const unsigned v = i / tw, c = i % tw;
+        const float s = acc[v * tile + c];
+        if (s != 0.0f) atomicAdd(&dtable[(size_t)v * dim + c0 + c], s);
+    }
+}

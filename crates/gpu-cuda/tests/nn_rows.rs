@@ -250,12 +250,16 @@ fn rope_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
 }
 
 fn embedding_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
+    // Many rows per id (the GPT's vocab of 65, a tiny vocab, one over several column tiles) go
+    // through CUDA's shared-memory tiled backward; the rest through the plain scatter.
     let shapes = [
         (0, 5, 4),
         (1, 1, 1),
         (7, 3, 5),
         (100, 10, 384),
         (4096, 65, 384),
+        (3000, 7, 5),
+        (2400, 300, 40),
         (33, 1000, 12),
         (17, 4, 1023),
     ];

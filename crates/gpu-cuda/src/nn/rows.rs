@@ -99,8 +99,8 @@ impl CudaBackend {
         })
     }
 
-    /// The persistent grid of the norm backward: enough blocks to fill the GPU, each looping
-    /// over rows; `arrays` accumulator rows per group. In warp mode the accumulators always fit
+    /// The persistent grid of the norm backward: enough blocks to fill the GPU (about 1024
+    /// threads per SM, which the kernels' registers allow), each looping over rows; `arrays` accumulator rows per group. In warp mode the accumulators always fit
     /// in shared memory (4 groups × 2 arrays × 1024 columns × 4 bytes = 32 KiB), which the
     /// kernels require when a block holds more than one group.
     fn norm_bwd_grid(
@@ -117,7 +117,7 @@ impl CudaBackend {
         );
         let sms = self.info().multiprocessors.max(1) as usize;
         let per_sm = if groups > 1 {
-            4
+            8
         } else {
             (1024 / threads as usize).max(1)
         };
@@ -507,6 +507,11 @@ impl RowOps for CudaBackend {
         if rows == 0 || vocab == 0 {
             return Ok(());
         }
+        if let Some((tile, tiles)) = embedding_tile(rows, vocab, dim)
+            .filter(|&(tile, _)| rows.saturating_mul(tile).div_ceil(1 << 31) <= 65_535)
+        {
+            return self.embedding_bwd_tiled(ids, dout, dtable, rows, dim, vocab, tile, tiles);
+        }
         let (cfg, args) = embedding_launch(
             OP,
             rows,
@@ -518,6 +523,72 @@ impl RowOps for CudaBackend {
         // u32 dim, u64 vocab): ids hold rows u32, dout rows·dim f32, dtable vocab·dim f32
         // (checked, zeroed above on the same stream); ids >= vocab are skipped.
         unsafe { self.launch("embedding_bwd_f32", cfg, &args) }
+    }
+}
+
+/// Shared memory for the tiled embedding backward's `vocab × tile` accumulators.
+const EMBED_TILE_BYTES: usize = 47 * 1024;
+
+/// `(tile, column tiles)` of the tiled embedding backward, used when ids repeat a lot (at least
+/// 8 rows per id) and a `vocab × 32` slice fits in shared memory; the tile is the widest multiple
+/// of 32 columns (up to 256, or the whole row) that fits.
+fn embedding_tile(rows: usize, vocab: usize, dim: usize) -> Option<(usize, usize)> {
+    let fit = EMBED_TILE_BYTES / 4 / vocab.max(1);
+    if rows < 8 * vocab || fit < 32 {
+        return None;
+    }
+    let tile = if dim <= fit.min(256) {
+        dim
+    } else {
+        fit.min(256) / 32 * 32
+    };
+    Some((tile, dim.div_ceil(tile)))
+}
+
+impl CudaBackend {
+    #[allow(clippy::too_many_arguments)]
+    fn embedding_bwd_tiled(
+        &self,
+        ids: &CudaBuffer,
+        dout: &CudaBuffer,
+        dtable: &mut CudaBuffer,
+        rows: usize,
+        dim: usize,
+        vocab: usize,
+        tile: usize,
+        tiles: usize,
+    ) -> Result<()> {
+        const OP: &str = "embedding_bwd";
+        // About two blocks per SM, but at least 4·vocab rows per block, so the flush (one
+        // global atomic per id and column per block) stays well below one per input element.
+        // The kernel indexes a chunk's elements in 32 bits: chunk·tile < 2^32.
+        let sms = self.info().multiprocessors.max(1) as usize;
+        let chunks = (rows / (4 * vocab))
+            .min((2 * sms).div_ceil(tiles))
+            .max((rows * tile).div_ceil(1 << 31)) // <= 65535: checked by the caller
+            .max(1);
+        let chunk = rows.div_ceil(chunks);
+        let cfg = LaunchConfig {
+            grid_dim: (to_grid(OP, tiles)?, rows.div_ceil(chunk) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: (vocab * tile * 4) as u32,
+        };
+        let args = [
+            ids.into(),
+            dout.into(),
+            dtable.into(),
+            KernelArg::U64(rows as u64),
+            KernelArg::U32(to_u32(OP, "dim", dim)?),
+            KernelArg::U32(vocab as u32),
+            KernelArg::U32(tile as u32),
+            KernelArg::U64(chunk as u64),
+        ];
+        // SAFETY: embedding_bwd_tiled_f32(const u32* ids, const float* dout, float* dtable, u64
+        // rows, u32 dim, u32 vocab, u32 tile, u64 chunk): ids hold rows u32, dout rows·dim f32,
+        // dtable vocab·dim f32 (checked, zeroed on the same stream); grid.x·tile covers dim,
+        // grid.y·chunk covers rows, and the block has vocab·tile floats of shared memory
+        // (<= 47 KiB by embedding_tile, so vocab < 2^32).
+        unsafe { self.launch("embedding_bwd_tiled_f32", cfg, &args) }
     }
 }
 
