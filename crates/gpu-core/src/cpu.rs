@@ -322,6 +322,7 @@ pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
 mod attention;
 mod elementwise;
 mod optim;
+mod rows;
 
 #[cfg(test)]
 mod tests;

@@ -28,7 +28,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
         source_sha256: "da18e08761bddb2c44dc64c5166fe430d7825c6c16d89992b9ef6c7282fd4f06",
         ptx_sha256: "3a89f5e4823534072ee5d8f4a5a36488e2bc0a64a93996c0f589eeca41ed9cb3",
-        fatbin_sha256: "fbf39b01ab9ac4de4d853d14f3ea7947782328542ea58c59defcf442ad8ccc79",
+        fatbin_sha256: "df43abd34941e8f5e53501f004a8fae2ee26baba3caa8da346047ad773e3ef73",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {
@@ -39,6 +39,15 @@ pub static MODULES: &[KernelModule] = &[
         ptx_sha256: "4b01281457f1538cd6eb1e88324977febff897ea87d47d10ad791c95585ab7dd",
         fatbin_sha256: "be80528b51f25447dca7439aa660338a3bd37065923c6bd4f280f53edf0f4764",
         kernels: &["act_bwd_exp_f32", "act_bwd_gelu_f32", "act_bwd_log_f32", "act_bwd_relu_f32", "act_bwd_sigmoid_f32", "act_bwd_silu_f32", "act_bwd_tanh_f32", "act_fwd_exp_f32", "act_fwd_gelu_f32", "act_fwd_log_f32", "act_fwd_relu_f32", "act_fwd_sigmoid_f32", "act_fwd_silu_f32", "act_fwd_tanh_f32", "affine_f32", "binary_2d_add_f32", "binary_2d_div_f32", "binary_2d_mul_f32", "binary_2d_sub_f32", "binary_nd_add_f32", "binary_nd_div_f32", "binary_nd_mul_f32", "binary_nd_sub_f32", "binary_same_add_f32", "binary_same_div_f32", "binary_same_mul_f32", "binary_same_sub_f32", "copy_blocks4_f32", "copy_blocks_f32", "dropout_f32", "permute4_f32", "permute_f32", "permute_tile_f32"],
+    },
+    KernelModule {
+        name: "nn_embed",
+        ptx: include_str!("../kernels/nn_embed.ptx"),
+        fatbin: include_bytes!("../kernels/nn_embed.fatbin"),
+        source_sha256: "f65668a2b8141f14159762eb53920d098087984eb5fde01d7d1df88cf8e7a99d",
+        ptx_sha256: "08e8c5b439377a43b9ff9e640bf0be23a3fa19b6a126e2dd27d81267d893c7ff",
+        fatbin_sha256: "16c451b1ac570a3c27796ded2a93d757fe50d6115decda40909c3c5749523759",
+        kernels: &["embedding_bwd_f32", "embedding_bwd_tiled_f32", "embedding_fwd_f32", "rope_f32"],
     },
     KernelModule {
         name: "nn_optim",
@@ -57,6 +66,15 @@ pub static MODULES: &[KernelModule] = &[
         ptx_sha256: "0a6ebc4202397b0bca8be3c66e717595601e9d5f5d4689e7fbdf1740952bb425",
         fatbin_sha256: "d31a9d2010143b042c957ff3a5a6e1fd774286c7142acaac9db5ee164346ad5f",
         kernels: &["max_axis_bwd_f32", "reduce_max_f32", "reduce_rows4_max_f32", "reduce_rows4_sum_f32", "reduce_sum_f32"],
+    },
+    KernelModule {
+        name: "nn_rows",
+        ptx: include_str!("../kernels/nn_rows.ptx"),
+        fatbin: include_bytes!("../kernels/nn_rows.fatbin"),
+        source_sha256: "b3ca996439ba69e6708751f824fb1dc930b150d7b7e145969c79c62326ce1649",
+        ptx_sha256: "92dc904735d1721817cecc2d4756fa5688fcb3ef5f935108d0ef65d391d71cd8",
+        fatbin_sha256: "9d83bc5cb3f8570085d7a98ee2f2262af0d9405a9dde34a52b1a0716fa5cfae8",
+        kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32"],
     },
     KernelModule {
         name: "softmax",

@@ -2,7 +2,9 @@
 //! RoPE and embeddings. Per-row statistics saved by a forward pass are `rows` long.
 
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::dtype::DType;
+use crate::error::{GpuError, Result};
+use crate::ops::{check_elementwise, check_rows, require_f32, BufferInfoDyn};
 
 /// Row-wise operations (the forward softmax and LayerNorm without saved statistics live in
 /// [`crate::KernelOps`]).
@@ -135,4 +137,185 @@ pub trait RowOps: Backend {
         dtable: &mut Self::Buffer,
         dim: usize,
     ) -> Result<()>;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks shared by every backend, so the CPU reference and the CUDA kernels reject
+// exactly the same inputs. Each returns the number of rows.
+// ---------------------------------------------------------------------------------------------
+
+/// Errors unless `dtype` is u32 (token ids, class targets).
+pub fn require_u32(op: &'static str, dtype: DType) -> Result<()> {
+    if dtype == DType::U32 {
+        Ok(())
+    } else {
+        Err(GpuError::DTypeMismatch {
+            op,
+            expected: DType::U32,
+            got: dtype,
+        })
+    }
+}
+
+/// Errors unless `buf` is f32 with exactly `want` elements (`what` names it in the error).
+pub fn require_f32_len(
+    op: &'static str,
+    what: &str,
+    buf: &dyn BufferInfoDyn,
+    want: usize,
+) -> Result<()> {
+    require_f32(op, buf.dtype_dyn())?;
+    if buf.len_dyn() != want {
+        return Err(GpuError::shape(
+            op,
+            format!("{what} of {want} elements"),
+            buf.len_dyn(),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `eps` of a normalisation: finite and `> 0`.
+pub fn check_eps(op: &'static str, eps: f32) -> Result<()> {
+    if eps.is_finite() && eps > 0.0 {
+        Ok(())
+    } else {
+        Err(GpuError::invalid(
+            op,
+            format!("eps must be finite and > 0, got {eps}"),
+        ))
+    }
+}
+
+/// Checks a row-wise backward with two `cols`-wide inputs (`y`, `dy`) and one output (`dx`),
+/// all f32 of the same length.
+pub fn check_rows_bwd(
+    op: &'static str,
+    y: &dyn BufferInfoDyn,
+    dy: &dyn BufferInfoDyn,
+    dx: &dyn BufferInfoDyn,
+    cols: usize,
+) -> Result<usize> {
+    let rows = check_rows(op, y, dx, cols)?;
+    check_elementwise(op, &[y, dy], dx)?;
+    Ok(rows)
+}
+
+/// Checks cross-entropy's arguments: `logits` f32 `rows·cols`, `targets` u32 `rows`, `per_row`
+/// (the loss, or `dloss`) f32 `rows`, and for the backward `dlogits` of the logits' length.
+pub fn check_cross_entropy(
+    op: &'static str,
+    logits: &dyn BufferInfoDyn,
+    targets: &dyn BufferInfoDyn,
+    per_row: &dyn BufferInfoDyn,
+    dlogits: Option<&dyn BufferInfoDyn>,
+    cols: usize,
+) -> Result<usize> {
+    let rows = check_rows(op, logits, dlogits.unwrap_or(logits), cols)?;
+    require_u32(op, targets.dtype_dyn())?;
+    if targets.len_dyn() != rows {
+        return Err(GpuError::shape(
+            op,
+            format!("targets of {rows} entries"),
+            targets.len_dyn(),
+        ));
+    }
+    require_f32_len(op, "per-row loss", per_row, rows)?;
+    Ok(rows)
+}
+
+/// Checks a normalisation's row buffers (`x`, and `out` of the same length), its `cols`-long
+/// parameters and its `rows`-long statistics; returns the number of rows.
+pub fn check_norm(
+    op: &'static str,
+    x: &dyn BufferInfoDyn,
+    out: &dyn BufferInfoDyn,
+    params: &[(&str, &dyn BufferInfoDyn)],
+    stats: &[(&str, &dyn BufferInfoDyn)],
+    cols: usize,
+) -> Result<usize> {
+    let rows = check_rows(op, x, out, cols)?;
+    for &(what, p) in params {
+        require_f32_len(op, what, p, cols)?;
+    }
+    for &(what, s) in stats {
+        require_f32_len(op, what, s, rows)?;
+    }
+    Ok(rows)
+}
+
+/// Checks RoPE's arguments: `x` and `out` f32 of `n·t·d`, `d` even and non-zero, `n`, `t`, `d`
+/// each below 2^32, `base` finite and `> 0`.
+pub fn check_rope(
+    x: &dyn BufferInfoDyn,
+    out: &dyn BufferInfoDyn,
+    n: usize,
+    t: usize,
+    d: usize,
+    base: f32,
+) -> Result<()> {
+    const OP: &str = "rope";
+    if d == 0 || !d.is_multiple_of(2) {
+        return Err(GpuError::InvalidShape {
+            op: OP,
+            reason: format!("head dim must be even and > 0, got {d}"),
+        });
+    }
+    if [n, t, d].iter().any(|&v| v > u32::MAX as usize) {
+        return Err(GpuError::InvalidShape {
+            op: OP,
+            reason: format!("dims [{n}, {t}, {d}] must each be below 2^32"),
+        });
+    }
+    let len = n
+        .checked_mul(t)
+        .and_then(|v| v.checked_mul(d))
+        .ok_or_else(|| GpuError::InvalidShape {
+            op: OP,
+            reason: format!("[{n}, {t}, {d}] overflows usize"),
+        })?;
+    if !(base.is_finite() && base > 0.0) {
+        return Err(GpuError::invalid(
+            OP,
+            format!("base must be finite and > 0, got {base}"),
+        ));
+    }
+    require_f32_len(OP, "x", x, len)?;
+    require_f32_len(OP, "out", out, len)
+}
+
+/// Checks an embedding's arguments: u32 `ids` (`rows` of them), an f32 `[vocab, dim]` table
+/// (or its gradient) and f32 `rows·dim` activations (`out`, or `dout`); returns
+/// `(rows, vocab)`.
+pub fn check_embedding(
+    op: &'static str,
+    ids: &dyn BufferInfoDyn,
+    table: &dyn BufferInfoDyn,
+    acts: &dyn BufferInfoDyn,
+    dim: usize,
+) -> Result<(usize, usize)> {
+    require_u32(op, ids.dtype_dyn())?;
+    require_f32(op, table.dtype_dyn())?;
+    if dim == 0 {
+        return Err(GpuError::InvalidShape {
+            op,
+            reason: "embeddings must have at least one dimension".into(),
+        });
+    }
+    if !table.len_dyn().is_multiple_of(dim) {
+        return Err(GpuError::shape(
+            op,
+            format!("a [vocab, {dim}] table"),
+            table.len_dyn(),
+        ));
+    }
+    let rows = ids.len_dyn();
+    let len = rows
+        .checked_mul(dim)
+        .ok_or_else(|| GpuError::InvalidShape {
+            op,
+            reason: format!("{rows} rows of {dim} overflow usize"),
+        })?;
+    require_f32_len(op, "activations", acts, len)?;
+    Ok((rows, table.len_dyn() / dim))
 }

@@ -4,3 +4,4 @@
 mod attention;
 mod elementwise;
 mod optim;
+mod rows;

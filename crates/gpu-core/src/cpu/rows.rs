@@ -1,0 +1,351 @@
+//! [`RowOps`] on the CPU: the reference for the CUDA row kernels. Every row reduction (and RoPE's
+//! angles) is computed in f64 and rounded once to f32; `dw`/`db` are summed over rows in f64.
+
+use super::{CpuBackend, CpuStorage};
+use crate::error::{GpuError, Result};
+use crate::nn::rows::{
+    check_cross_entropy, check_embedding, check_eps, check_norm, check_rope, check_rows_bwd, RowOps,
+};
+use crate::ops::check_rows;
+
+/// `(max, Σ exp(x − max))` of a row in f64; the log-sum-exp is `max + ln(sum)`. A row of all
+/// `-inf` gives a NaN sum, as in PyTorch.
+fn max_sumexp(x: &[f32]) -> (f64, f64) {
+    let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    (max, x.iter().map(|&v| (v as f64 - max).exp()).sum())
+}
+
+/// Checks that every id is `< bound`; `what` names the buffer in the error.
+fn check_ids(op: &'static str, what: &str, ids: &[u32], bound: usize) -> Result<()> {
+    match ids.iter().position(|&i| i as usize >= bound) {
+        Some(r) => Err(GpuError::invalid(
+            op,
+            format!(
+                "{what}[{r}] = {} is out of range (must be < {bound})",
+                ids[r]
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+impl RowOps for CpuBackend {
+    fn softmax_bwd(
+        &self,
+        y: &CpuStorage,
+        dy: &CpuStorage,
+        dx: &mut CpuStorage,
+        cols: usize,
+    ) -> Result<()> {
+        check_rows_bwd("softmax_bwd", y, dy, dx, cols)?;
+        let (y, dy) = (y.as_f32()?, dy.as_f32()?);
+        let rows = y.chunks_exact(cols).zip(dy.chunks_exact(cols));
+        for ((yr, dyr), dxr) in rows.zip(dx.as_f32_mut()?.chunks_exact_mut(cols)) {
+            let dot: f64 = yr.iter().zip(dyr).map(|(&a, &b)| a as f64 * b as f64).sum();
+            for ((o, &a), &b) in dxr.iter_mut().zip(yr).zip(dyr) {
+                *o = (a as f64 * (b as f64 - dot)) as f32;
+            }
+        }
+        Ok(())
+    }
+
+    fn log_softmax_fwd(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
+        check_rows("log_softmax_fwd", x, out, cols)?;
+        let x = x.as_f32()?;
+        for (xr, or) in x
+            .chunks_exact(cols)
+            .zip(out.as_f32_mut()?.chunks_exact_mut(cols))
+        {
+            let (max, sum) = max_sumexp(xr);
+            let lse = max + sum.ln();
+            for (o, &v) in or.iter_mut().zip(xr) {
+                *o = (v as f64 - lse) as f32;
+            }
+        }
+        Ok(())
+    }
+
+    fn log_softmax_bwd(
+        &self,
+        y: &CpuStorage,
+        dy: &CpuStorage,
+        dx: &mut CpuStorage,
+        cols: usize,
+    ) -> Result<()> {
+        check_rows_bwd("log_softmax_bwd", y, dy, dx, cols)?;
+        let (y, dy) = (y.as_f32()?, dy.as_f32()?);
+        let rows = y.chunks_exact(cols).zip(dy.chunks_exact(cols));
+        for ((yr, dyr), dxr) in rows.zip(dx.as_f32_mut()?.chunks_exact_mut(cols)) {
+            let sum: f64 = dyr.iter().map(|&v| v as f64).sum();
+            for ((o, &a), &b) in dxr.iter_mut().zip(yr).zip(dyr) {
+                *o = (b as f64 - (a as f64).exp() * sum) as f32;
+            }
+        }
+        Ok(())
+    }
+
+    fn cross_entropy_fwd(
+        &self,
+        logits: &CpuStorage,
+        targets: &CpuStorage,
+        loss: &mut CpuStorage,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy_fwd";
+        check_cross_entropy(OP, logits, targets, loss, None, cols)?;
+        let (x, t) = (logits.as_f32()?, targets.as_u32()?);
+        check_ids(OP, "targets", t, cols)?;
+        for ((xr, &t), l) in x.chunks_exact(cols).zip(t).zip(loss.as_f32_mut()?) {
+            let (max, sum) = max_sumexp(xr);
+            *l = (max + sum.ln() - xr[t as usize] as f64) as f32;
+        }
+        Ok(())
+    }
+
+    fn cross_entropy_bwd(
+        &self,
+        logits: &CpuStorage,
+        targets: &CpuStorage,
+        dloss: &CpuStorage,
+        dlogits: &mut CpuStorage,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy_bwd";
+        check_cross_entropy(OP, logits, targets, dloss, Some(&*dlogits), cols)?;
+        let (x, t, dl) = (logits.as_f32()?, targets.as_u32()?, dloss.as_f32()?);
+        check_ids(OP, "targets", t, cols)?;
+        let rows = x.chunks_exact(cols).zip(t).zip(dl);
+        for (((xr, &t), &g), dr) in rows.zip(dlogits.as_f32_mut()?.chunks_exact_mut(cols)) {
+            let (max, sum) = max_sumexp(xr);
+            for (c, (o, &v)) in dr.iter_mut().zip(xr).enumerate() {
+                let p = (v as f64 - max).exp() / sum - if c == t as usize { 1.0 } else { 0.0 };
+                *o = (p * g as f64) as f32;
+            }
+        }
+        Ok(())
+    }
+
+    fn layernorm_fwd(
+        &self,
+        x: &CpuStorage,
+        w: &CpuStorage,
+        b: &CpuStorage,
+        y: &mut CpuStorage,
+        mean: &mut CpuStorage,
+        rstd: &mut CpuStorage,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "layernorm_fwd";
+        check_norm(
+            OP,
+            x,
+            y,
+            &[("w", w), ("b", b)],
+            &[("mean", mean), ("rstd", rstd)],
+            cols,
+        )?;
+        check_eps(OP, eps)?;
+        let (x, w, b) = (x.as_f32()?, w.as_f32()?, b.as_f32()?);
+        let (mean, rstd) = (mean.as_f32_mut()?, rstd.as_f32_mut()?);
+        let n = cols as f64;
+        for (r, (xr, yr)) in x
+            .chunks_exact(cols)
+            .zip(y.as_f32_mut()?.chunks_exact_mut(cols))
+            .enumerate()
+        {
+            let mu = xr.iter().map(|&v| v as f64).sum::<f64>() / n;
+            let var = xr.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / n;
+            let rs = 1.0 / (var + eps as f64).sqrt();
+            for (i, o) in yr.iter_mut().enumerate() {
+                *o = ((xr[i] as f64 - mu) * rs * w[i] as f64 + b[i] as f64) as f32;
+            }
+            (mean[r], rstd[r]) = (mu as f32, rs as f32);
+        }
+        Ok(())
+    }
+
+    fn layernorm_bwd(
+        &self,
+        x: &CpuStorage,
+        w: &CpuStorage,
+        mean: &CpuStorage,
+        rstd: &CpuStorage,
+        dy: &CpuStorage,
+        dx: &mut CpuStorage,
+        dw: &mut CpuStorage,
+        db: &mut CpuStorage,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "layernorm_bwd";
+        let params = [("w", w as _), ("dw", &*dw as _), ("db", &*db as _)];
+        check_norm(OP, x, dx, &params, &[("mean", mean), ("rstd", rstd)], cols)?;
+        check_rows_bwd(OP, x, dy, dx, cols)?;
+        let (x, w, dy) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?);
+        let (mean, rstd) = (mean.as_f32()?, rstd.as_f32()?);
+        let (mut sw, mut sb) = (vec![0.0f64; cols], vec![0.0f64; cols]);
+        let n = cols as f64;
+        for (r, dxr) in dx.as_f32_mut()?.chunks_exact_mut(cols).enumerate() {
+            let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
+            let (mu, rs) = (mean[r] as f64, rstd[r] as f64);
+            let xhat = |i: usize| (xr[i] as f64 - mu) * rs;
+            let (mut sg, mut sgx) = (0.0f64, 0.0f64);
+            for i in 0..cols {
+                let g = dyr[i] as f64 * w[i] as f64;
+                sg += g;
+                sgx += g * xhat(i);
+                sw[i] += dyr[i] as f64 * xhat(i);
+                sb[i] += dyr[i] as f64;
+            }
+            for (i, o) in dxr.iter_mut().enumerate() {
+                let g = dyr[i] as f64 * w[i] as f64;
+                *o = (rs * (g - (sg + xhat(i) * sgx) / n)) as f32;
+            }
+        }
+        for (o, s) in dw.as_f32_mut()?.iter_mut().zip(sw) {
+            *o = s as f32;
+        }
+        for (o, s) in db.as_f32_mut()?.iter_mut().zip(sb) {
+            *o = s as f32;
+        }
+        Ok(())
+    }
+
+    fn rmsnorm_fwd(
+        &self,
+        x: &CpuStorage,
+        w: &CpuStorage,
+        y: &mut CpuStorage,
+        rstd: &mut CpuStorage,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "rmsnorm_fwd";
+        check_norm(OP, x, y, &[("w", w)], &[("rstd", rstd)], cols)?;
+        check_eps(OP, eps)?;
+        let (x, w, rstd) = (x.as_f32()?, w.as_f32()?, rstd.as_f32_mut()?);
+        for (r, (xr, yr)) in x
+            .chunks_exact(cols)
+            .zip(y.as_f32_mut()?.chunks_exact_mut(cols))
+            .enumerate()
+        {
+            let ms = xr.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / cols as f64;
+            let rs = 1.0 / (ms + eps as f64).sqrt();
+            for (i, o) in yr.iter_mut().enumerate() {
+                *o = (xr[i] as f64 * rs * w[i] as f64) as f32;
+            }
+            rstd[r] = rs as f32;
+        }
+        Ok(())
+    }
+
+    fn rmsnorm_bwd(
+        &self,
+        x: &CpuStorage,
+        w: &CpuStorage,
+        rstd: &CpuStorage,
+        dy: &CpuStorage,
+        dx: &mut CpuStorage,
+        dw: &mut CpuStorage,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "rmsnorm_bwd";
+        let params = [("w", w as _), ("dw", &*dw as _)];
+        check_norm(OP, x, dx, &params, &[("rstd", rstd)], cols)?;
+        check_rows_bwd(OP, x, dy, dx, cols)?;
+        let (x, w, dy, rstd) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?, rstd.as_f32()?);
+        let mut sw = vec![0.0f64; cols];
+        for (r, dxr) in dx.as_f32_mut()?.chunks_exact_mut(cols).enumerate() {
+            let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
+            let rs = rstd[r] as f64;
+            let mut sgx = 0.0f64;
+            for i in 0..cols {
+                sgx += dyr[i] as f64 * w[i] as f64 * xr[i] as f64;
+                sw[i] += dyr[i] as f64 * xr[i] as f64 * rs;
+            }
+            let coef = sgx * rs * rs / cols as f64;
+            for (i, o) in dxr.iter_mut().enumerate() {
+                let g = dyr[i] as f64 * w[i] as f64;
+                *o = (rs * (g - xr[i] as f64 * coef)) as f32;
+            }
+        }
+        for (o, s) in dw.as_f32_mut()?.iter_mut().zip(sw) {
+            *o = s as f32;
+        }
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &CpuStorage,
+        out: &mut CpuStorage,
+        n: usize,
+        t: usize,
+        d: usize,
+        base: f32,
+        inverse: bool,
+    ) -> Result<()> {
+        check_rope(x, out, n, t, d, base)?;
+        let (x, out) = (x.as_f32()?, out.as_f32_mut()?);
+        let h = d / 2;
+        // cos and sin of θ(pos, i) = pos · base^(−2i/d), for every position and pair.
+        let mut cs = Vec::with_capacity(t * h);
+        for pos in 0..t {
+            for i in 0..h {
+                let theta = pos as f64 * (base as f64).powf(-2.0 * i as f64 / d as f64);
+                let s = if inverse { -theta.sin() } else { theta.sin() };
+                cs.push((theta.cos(), s));
+            }
+        }
+        for (r, (xr, or)) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
+            let pos = r % t;
+            for i in 0..h {
+                let (c, s) = cs[pos * h + i];
+                let (a, b) = (xr[i] as f64, xr[i + h] as f64);
+                or[i] = (a * c - b * s) as f32;
+                or[i + h] = (b * c + a * s) as f32;
+            }
+        }
+        Ok(())
+    }
+
+    fn embedding_fwd(
+        &self,
+        ids: &CpuStorage,
+        table: &CpuStorage,
+        out: &mut CpuStorage,
+        dim: usize,
+    ) -> Result<()> {
+        const OP: &str = "embedding_fwd";
+        let (_, vocab) = check_embedding(OP, ids, table, out, dim)?;
+        let (ids, table) = (ids.as_u32()?, table.as_f32()?);
+        check_ids(OP, "ids", ids, vocab)?;
+        for (&id, or) in ids.iter().zip(out.as_f32_mut()?.chunks_exact_mut(dim)) {
+            or.copy_from_slice(&table[id as usize * dim..][..dim]);
+        }
+        Ok(())
+    }
+
+    fn embedding_bwd(
+        &self,
+        ids: &CpuStorage,
+        dout: &CpuStorage,
+        dtable: &mut CpuStorage,
+        dim: usize,
+    ) -> Result<()> {
+        const OP: &str = "embedding_bwd";
+        let (_, vocab) = check_embedding(OP, ids, dtable, dout, dim)?;
+        let (ids, dout) = (ids.as_u32()?, dout.as_f32()?);
+        check_ids(OP, "ids", ids, vocab)?;
+        let mut acc = vec![0.0f64; vocab * dim];
+        for (&id, dr) in ids.iter().zip(dout.chunks_exact(dim)) {
+            for (a, &g) in acc[id as usize * dim..][..dim].iter_mut().zip(dr) {
+                *a += g as f64;
+            }
+        }
+        for (o, a) in dtable.as_f32_mut()?.iter_mut().zip(acc) {
+            *o = a as f32;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,467 @@
+//! [`RowOps`] on CUDA: the kernels of `kernels/nn_rows.cu` (softmax family, cross-entropy,
+//! LayerNorm, RMSNorm) and `kernels/nn_embed.cu` (RoPE, embeddings).
+//!
+//! Row kernels give each row a *group* of threads: a warp for rows of up to [`WARP_COLS`]
+//! columns ([`WARP_ROWS`] rows per block), else a whole block (see the comment at the top of
+//! `nn_rows.cu`). Arguments are checked by the same `gpu_core::nn::rows::check_*` functions as on
+//! the CPU; bad u32 targets or ids, which only the CPU checks, give NaN on CUDA (see each kernel).
+
+use crate::backend::CudaBackend;
+use crate::launch::{KernelArg, LaunchConfig};
+use crate::pool::CudaBuffer;
+use gpu_core::nn::rows::{check_cross_entropy, check_eps, check_norm, check_rows_bwd};
+use gpu_core::nn::RowOps;
+use gpu_core::ops::check_rows;
+use gpu_core::{Backend, DType, GpuError, Result};
+
+mod embed;
+
+/// Rows of up to this many columns get one warp each; wider rows a block each.
+const WARP_COLS: usize = 1024;
+/// Rows (warps) per block in warp mode.
+const WARP_ROWS: usize = 4;
+/// Dynamic shared memory a block may use for its row caches: with the kernels' 256-byte static
+/// scratch, a block stays within the 48 KiB every GPU allows without opting in.
+const CACHE_BYTES: usize = 47 * 1024;
+/// Threads per block of the column-sum kernel (32 columns × 32 slices).
+const COLSUM_BLOCK: (u32, u32, u32) = (32, 32, 1);
+
+/// The launch geometry of a row kernel.
+struct RowGrid {
+    cfg: LaunchConfig,
+    /// 1 when each group's row caches (or accumulators) live in shared memory.
+    cached: u32,
+    rows: u32,
+    cols: u32,
+}
+
+impl RowGrid {
+    fn args(&self, cached: bool) -> Vec<KernelArg> {
+        let mut v = vec![KernelArg::U32(self.cols), KernelArg::U32(self.rows)];
+        if cached {
+            v.push(KernelArg::U32(self.cached));
+        }
+        v
+    }
+}
+
+fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| GpuError::InvalidShape {
+        op,
+        reason: format!("{what} = {v} does not fit in 32 bits"),
+    })
+}
+
+fn to_grid(op: &'static str, blocks: usize) -> Result<u32> {
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b <= i32::MAX as u32)
+        .ok_or_else(|| GpuError::InvalidShape {
+            op,
+            reason: format!("{blocks} blocks exceed the grid limit"),
+        })
+}
+
+impl CudaBackend {
+    /// Geometry of a row kernel: groups per block, threads per group, and whether `arrays` rows
+    /// of `cols` f32 per group fit in [`CACHE_BYTES`] of shared memory.
+    fn row_shape(cols: usize, arrays: usize) -> (usize, u32, u32) {
+        let (groups, threads) = if cols <= WARP_COLS {
+            (WARP_ROWS, 32)
+        } else {
+            (
+                1,
+                cols.div_ceil(16).next_power_of_two().clamp(32, 512) as u32,
+            )
+        };
+        let bytes = groups * arrays * cols * 4;
+        let smem = if arrays > 0 && bytes <= CACHE_BYTES {
+            bytes as u32
+        } else {
+            0
+        };
+        (groups, threads, smem)
+    }
+
+    /// One group per row (non-persistent kernels).
+    fn row_grid(op: &'static str, rows: usize, cols: usize, arrays: usize) -> Result<RowGrid> {
+        let (groups, threads, smem) = Self::row_shape(cols, arrays);
+        let blocks = to_grid(op, rows.div_ceil(groups))?;
+        Ok(RowGrid {
+            cfg: LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (threads, groups as u32, 1),
+                shared_mem_bytes: smem,
+            },
+            cached: (smem > 0) as u32,
+            rows: to_u32(op, "rows", rows)?,
+            cols: to_u32(op, "cols", cols)?,
+        })
+    }
+
+    /// The persistent grid of the norm backward: enough blocks to fill the GPU (about 1024
+    /// threads per SM, which the kernels' registers allow), each looping over rows; `arrays` accumulator rows per group. In warp mode the accumulators always fit
+    /// in shared memory (4 groups × 2 arrays × 1024 columns × 4 bytes = 32 KiB), which the
+    /// kernels require when a block holds more than one group.
+    fn norm_bwd_grid(
+        &self,
+        op: &'static str,
+        rows: usize,
+        cols: usize,
+        arrays: usize,
+    ) -> Result<RowGrid> {
+        let (groups, threads, smem) = Self::row_shape(cols, arrays);
+        debug_assert!(
+            groups == 1 || smem > 0,
+            "warp mode needs its accumulators cached"
+        );
+        let sms = self.info().multiprocessors.max(1) as usize;
+        let per_sm = if groups > 1 {
+            8
+        } else {
+            (1024 / threads as usize).max(1)
+        };
+        let blocks = rows.div_ceil(groups).min(sms * per_sm);
+        Ok(RowGrid {
+            cfg: LaunchConfig {
+                grid_dim: (to_grid(op, blocks)?, 1, 1),
+                block_dim: (threads, groups as u32, 1),
+                shared_mem_bytes: smem,
+            },
+            cached: (smem > 0) as u32,
+            rows: to_u32(op, "rows", rows)?,
+            cols: to_u32(op, "cols", cols)?,
+        })
+    }
+
+    /// Sums `partial`'s `[outs.len()][nparts][cols]` slices over `nparts` into each of `outs`.
+    fn norm_colsum(
+        &self,
+        partial: &CudaBuffer,
+        outs: &mut [&mut CudaBuffer],
+        nparts: u32,
+        cols: u32,
+    ) -> Result<()> {
+        let cfg = LaunchConfig {
+            grid_dim: (cols.div_ceil(32), outs.len() as u32, 1),
+            block_dim: COLSUM_BLOCK,
+            shared_mem_bytes: 0,
+        };
+        let out1 = outs
+            .get(1)
+            .map_or(KernelArg::Ptr(0), |b| KernelArg::Ptr(b.device_ptr()));
+        let args = [
+            partial.into(),
+            KernelArg::Ptr(outs[0].device_ptr()),
+            out1,
+            KernelArg::U32(nparts),
+            KernelArg::U32(cols),
+        ];
+        // SAFETY: norm_colsum_f32(const float* partial, float* out0, float* out1, u32 nparts,
+        // u32 cols): partial holds outs.len()·nparts·cols f32 (allocated so by the caller), each
+        // out holds cols f32 (checked), and out1 is only used when grid.y == 2.
+        unsafe { self.launch("norm_colsum_f32", cfg, &args) }
+    }
+}
+
+impl RowOps for CudaBackend {
+    fn softmax_bwd(
+        &self,
+        y: &CudaBuffer,
+        dy: &CudaBuffer,
+        dx: &mut CudaBuffer,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "softmax_bwd";
+        let rows = check_rows_bwd(OP, y, dy, dx, cols)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(OP, rows, cols, 2)?;
+        let args = [&[y.into(), dy.into(), dx.into()], &g.args(true)[..]].concat();
+        // SAFETY: softmax_bwd_f32(const float* y, const float* dy, float* dx, u32 cols, u32 rows,
+        // u32 cached): all three hold rows·cols f32 (checked); the grid covers `rows` groups and
+        // gives each 2·cols floats of shared memory when cached.
+        unsafe { self.launch("softmax_bwd_f32", g.cfg, &args) }
+    }
+
+    fn log_softmax_fwd(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
+        const OP: &str = "log_softmax_fwd";
+        let rows = check_rows(OP, x, out, cols)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(OP, rows, cols, 1)?;
+        let args = [&[x.into(), out.into()], &g.args(true)[..]].concat();
+        // SAFETY: log_softmax_fwd_f32(const float* x, float* out, u32 cols, u32 rows, u32
+        // cached): both hold rows·cols f32 (checked); cols floats of shared memory per group
+        // when cached.
+        unsafe { self.launch("log_softmax_fwd_f32", g.cfg, &args) }
+    }
+
+    fn log_softmax_bwd(
+        &self,
+        y: &CudaBuffer,
+        dy: &CudaBuffer,
+        dx: &mut CudaBuffer,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "log_softmax_bwd";
+        let rows = check_rows_bwd(OP, y, dy, dx, cols)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(OP, rows, cols, 2)?;
+        let args = [&[y.into(), dy.into(), dx.into()], &g.args(true)[..]].concat();
+        // SAFETY: log_softmax_bwd_f32(const float* y, const float* dy, float* dx, u32 cols, u32
+        // rows, u32 cached): all hold rows·cols f32 (checked); 2·cols floats of shared memory
+        // per group when cached.
+        unsafe { self.launch("log_softmax_bwd_f32", g.cfg, &args) }
+    }
+
+    fn cross_entropy_fwd(
+        &self,
+        logits: &CudaBuffer,
+        targets: &CudaBuffer,
+        loss: &mut CudaBuffer,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy_fwd";
+        let rows = check_cross_entropy(OP, logits, targets, loss, None, cols)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(OP, rows, cols, 0)?;
+        let args = [
+            &[logits.into(), targets.into(), loss.into()],
+            &g.args(false)[..],
+        ]
+        .concat();
+        // SAFETY: cross_entropy_fwd_f32(const float* logits, const u32* targets, float* loss,
+        // u32 cols, u32 rows): logits hold rows·cols f32, targets rows u32, loss rows f32
+        // (checked); a target >= cols is not dereferenced (the kernel writes NaN).
+        unsafe { self.launch("cross_entropy_fwd_f32", g.cfg, &args) }
+    }
+
+    fn cross_entropy_bwd(
+        &self,
+        logits: &CudaBuffer,
+        targets: &CudaBuffer,
+        dloss: &CudaBuffer,
+        dlogits: &mut CudaBuffer,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy_bwd";
+        let rows = check_cross_entropy(OP, logits, targets, dloss, Some(&*dlogits), cols)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(OP, rows, cols, 1)?;
+        let args = [
+            &[logits.into(), targets.into(), dloss.into(), dlogits.into()],
+            &g.args(true)[..],
+        ]
+        .concat();
+        // SAFETY: cross_entropy_bwd_f32(const float* logits, const u32* targets, const float*
+        // dloss, float* dlogits, u32 cols, u32 rows, u32 cached): logits and dlogits hold
+        // rows·cols f32, targets rows u32, dloss rows f32 (checked); cols floats of shared
+        // memory per group when cached.
+        unsafe { self.launch("cross_entropy_bwd_f32", g.cfg, &args) }
+    }
+
+    fn layernorm_fwd(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        b: &CudaBuffer,
+        y: &mut CudaBuffer,
+        mean: &mut CudaBuffer,
+        rstd: &mut CudaBuffer,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "layernorm_fwd";
+        let rows = check_norm(
+            OP,
+            x,
+            y,
+            &[("w", w), ("b", b)],
+            &[("mean", &*mean), ("rstd", &*rstd)],
+            cols,
+        )?;
+        check_eps(OP, eps)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(OP, rows, cols, 1)?;
+        let args = [
+            x.into(),
+            w.into(),
+            b.into(),
+            y.into(),
+            mean.into(),
+            rstd.into(),
+            KernelArg::U32(g.cols),
+            KernelArg::U32(g.rows),
+            KernelArg::F32(eps),
+            KernelArg::U32(g.cached),
+        ];
+        // SAFETY: layernorm_fwd_f32(const float* x, const float* w, const float* b, float* y,
+        // float* mean, float* rstd, u32 cols, u32 rows, float eps, u32 cached): x and y hold
+        // rows·cols f32, w and b cols, mean and rstd rows (checked); cols floats of shared
+        // memory per group when cached.
+        unsafe { self.launch("layernorm_fwd_f32", g.cfg, &args) }
+    }
+
+    fn layernorm_bwd(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        mean: &CudaBuffer,
+        rstd: &CudaBuffer,
+        dy: &CudaBuffer,
+        dx: &mut CudaBuffer,
+        dw: &mut CudaBuffer,
+        db: &mut CudaBuffer,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "layernorm_bwd";
+        let params = [("w", w as _), ("dw", &*dw as _), ("db", &*db as _)];
+        let rows = check_norm(OP, x, dx, &params, &[("mean", mean), ("rstd", rstd)], cols)?;
+        check_rows_bwd(OP, x, dy, dx, cols)?;
+        if rows == 0 {
+            // Sums over no rows.
+            self.memset32(dw, 0)?;
+            return self.memset32(db, 0);
+        }
+        let g = self.norm_bwd_grid(OP, rows, cols, 2)?;
+        let nparts = g.cfg.grid_dim.0;
+        let partial = self.allocate(DType::F32, 2 * nparts as usize * cols)?;
+        let args = [
+            &[
+                x.into(),
+                w.into(),
+                mean.into(),
+                rstd.into(),
+                dy.into(),
+                dx.into(),
+                (&partial).into(),
+            ],
+            &g.args(true)[..],
+        ]
+        .concat();
+        // SAFETY: layernorm_bwd_f32(const float* x, const float* w, const float* mean, const
+        // float* rstd, const float* dy, float* dx, float* partial, u32 cols, u32 rows, u32
+        // cached): x, dy and dx hold rows·cols f32, w cols, mean and rstd rows (checked);
+        // partial holds 2·gridDim.x·cols f32; 2·cols floats of shared memory per group when
+        // cached, and uncached only with one group per block (norm_bwd_grid).
+        unsafe { self.launch("layernorm_bwd_f32", g.cfg, &args)? };
+        self.norm_colsum(&partial, &mut [dw, db], nparts, g.cols)
+    }
+
+    fn rmsnorm_fwd(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        y: &mut CudaBuffer,
+        rstd: &mut CudaBuffer,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "rmsnorm_fwd";
+        let rows = check_norm(OP, x, y, &[("w", w)], &[("rstd", &*rstd)], cols)?;
+        check_eps(OP, eps)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(OP, rows, cols, 1)?;
+        let args = [
+            x.into(),
+            w.into(),
+            y.into(),
+            rstd.into(),
+            KernelArg::U32(g.cols),
+            KernelArg::U32(g.rows),
+            KernelArg::F32(eps),
+            KernelArg::U32(g.cached),
+        ];
+        // SAFETY: rmsnorm_fwd_f32(const float* x, const float* w, float* y, float* rstd, u32
+        // cols, u32 rows, float eps, u32 cached): x and y hold rows·cols f32, w cols, rstd rows
+        // (checked); cols floats of shared memory per group when cached.
+        unsafe { self.launch("rmsnorm_fwd_f32", g.cfg, &args) }
+    }
+
+    fn rmsnorm_bwd(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        rstd: &CudaBuffer,
+        dy: &CudaBuffer,
+        dx: &mut CudaBuffer,
+        dw: &mut CudaBuffer,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "rmsnorm_bwd";
+        let params = [("w", w as _), ("dw", &*dw as _)];
+        let rows = check_norm(OP, x, dx, &params, &[("rstd", rstd)], cols)?;
+        check_rows_bwd(OP, x, dy, dx, cols)?;
+        if rows == 0 {
+            return self.memset32(dw, 0);
+        }
+        let g = self.norm_bwd_grid(OP, rows, cols, 1)?;
+        let nparts = g.cfg.grid_dim.0;
+        let partial = self.allocate(DType::F32, nparts as usize * cols)?;
+        let args = [
+            &[
+                x.into(),
+                w.into(),
+                rstd.into(),
+                dy.into(),
+                dx.into(),
+                (&partial).into(),
+            ],
+            &g.args(true)[..],
+        ]
+        .concat();
+        // SAFETY: rmsnorm_bwd_f32(const float* x, const float* w, const float* rstd, const
+        // float* dy, float* dx, float* partial, u32 cols, u32 rows, u32 cached): x, dy and dx
+        // hold rows·cols f32, w cols, rstd rows (checked); partial holds gridDim.x·cols f32;
+        // cols floats of shared memory per group when cached, uncached only with one group per
+        // block.
+        unsafe { self.launch("rmsnorm_bwd_f32", g.cfg, &args)? };
+        self.norm_colsum(&partial, &mut [dw], nparts, g.cols)
+    }
+
+    fn rope(
+        &self,
+        x: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        t: usize,
+        d: usize,
+        base: f32,
+        inverse: bool,
+    ) -> Result<()> {
+        self.rope_impl(x, out, n, t, d, base, inverse)
+    }
+
+    fn embedding_fwd(
+        &self,
+        ids: &CudaBuffer,
+        table: &CudaBuffer,
+        out: &mut CudaBuffer,
+        dim: usize,
+    ) -> Result<()> {
+        self.embedding_fwd_impl(ids, table, out, dim)
+    }
+
+    fn embedding_bwd(
+        &self,
+        ids: &CudaBuffer,
+        dout: &CudaBuffer,
+        dtable: &mut CudaBuffer,
+        dim: usize,
+    ) -> Result<()> {
+        self.embedding_bwd_impl(ids, dout, dtable, dim)
+    }
+}

@@ -1,0 +1,569 @@
+//! `RowOps` on CUDA against the CPU reference, on fresh random inputs with outputs poisoned
+//! before each launch, plus the typed errors of bad arguments. Each test body is generic over the
+//! backend and runs on the CPU always and on CUDA when present (both launchers × both images).
+//!
+//! Tolerances (see `nn_rows_util::Tol`; `atol` is relative to the largest |reference|):
+//! [`EXACT`] (rtol 1e-5, atol 1e-6, norm-wise 1e-5) for forward outputs and RoPE, whose only
+//! error is f32 rounding of a few operations; [`ROWRED`] (elementwise rtol 1e-4, atol 1e-5,
+//! norm-wise 1e-5) for the backward passes whose output subtracts an f32 row reduction (dot
+//! products, sums) and may cancel; [`SUMS`] (the same) for dw, db and the embedding gradient,
+//! sums over rows reassociated in two stages or added by atomics in any order.
+
+mod common;
+mod nn_rows_util;
+
+use common::*;
+use gpu_core::{Backend, DeviceType, GpuError};
+use gpu_cuda::testing::backend_or_skip;
+use gpu_cuda::{ImageKind, LaunchPath};
+use nn_rows_util::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Backward passes that subtract an f32 row reduction.
+const ROWRED: Tol = SUMS;
+
+/// Runs a generic test body on the CPU backend, then on CUDA under every launcher × image.
+macro_rules! on_every_device {
+    ($test:literal, $body:ident) => {{
+        let (mut rng, _) = rng($test);
+        $body(&CPU, "cpu", &mut rng);
+        if let Some(gpu) = backend_or_skip($test) {
+            for path in [LaunchPath::Cudarc, LaunchPath::RawDriver] {
+                for image in [ImageKind::Fatbin, ImageKind::Ptx] {
+                    gpu.set_launch_path(path);
+                    gpu.set_image_kind(image);
+                    $body(&gpu, &format!("cuda {path:?} {image:?}"), &mut rng);
+                }
+            }
+        }
+    }};
+}
+
+/// No rows; one column; warp-mode widths (<= 1024) with and without float4 chunks; the first
+/// block-mode width; the shared-memory cache limits for two arrays (6016 columns) and one array
+/// (12032); rows wider than a block of 512 threads × 16; many narrow rows (the GPT's vocab of 65).
+const ROWS: &[(usize, usize)] = &[
+    (0, 7),
+    (1, 1),
+    (5, 31),
+    (37, 65),
+    (257, 64),
+    (3, 1023),
+    (9, 1024),
+    (2, 1025),
+    (2, 5001),
+    (3, 4096),
+    (1, 6016),
+    (2, 6020),
+    (1, 12_032),
+    (2, 12_036),
+    (1, 70_001),
+];
+
+fn is_gpu<B: Backend>(b: &B) -> bool {
+    b.device_type() == DeviceType::Gpu
+}
+
+/// Row-wise random values; a few rows get a masked (-inf) entry.
+fn logits(rng: &mut StdRng, rows: usize, cols: usize, scale: f32) -> Vec<f32> {
+    let mut x = random_vec(rng, rows * cols, scale);
+    if cols > 1 {
+        for r in (0..rows).step_by(3) {
+            x[r * cols + rng.random_range(0..cols)] = f32::NEG_INFINITY;
+        }
+    }
+    x
+}
+
+fn softmax_case<B: Rows>(b: &B, dev: &str, rng: &mut StdRng, rows: usize, cols: usize) {
+    let what = format!("{dev} {rows}x{cols}");
+    let x = logits(rng, rows, cols, 12.0);
+    let dy = random_vec(rng, rows * cols, 1.0);
+    let y = softmax(&CPU, &x, cols);
+    let want = softmax_bwd(&CPU, &y, &dy, cols);
+    check(
+        &format!("{what} softmax_bwd"),
+        &softmax_bwd(b, &y, &dy, cols),
+        &want,
+        ROWRED,
+    );
+    let ly = log_softmax(&CPU, &x, cols);
+    check(
+        &format!("{what} log_softmax"),
+        &log_softmax(b, &x, cols),
+        &ly,
+        EXACT,
+    );
+    let want = log_softmax_bwd(&CPU, &ly, &dy, cols);
+    let got = log_softmax_bwd(b, &ly, &dy, cols);
+    check(&format!("{what} log_softmax_bwd"), &got, &want, ROWRED);
+}
+
+fn softmax_family_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
+    for &(rows, cols) in ROWS {
+        softmax_case(b, dev, rng, rows, cols);
+    }
+}
+
+fn cross_entropy_case<B: Rows>(b: &B, dev: &str, rng: &mut StdRng, rows: usize, cols: usize) {
+    let what = format!("{dev} cross_entropy {rows}x{cols}");
+    let x = logits(rng, rows, cols, 8.0);
+    let mut t: Vec<u32> = (0..rows)
+        .map(|_| rng.random_range(0..cols as u32))
+        .collect();
+    // Masked entries are never the target.
+    for (r, t) in t.iter_mut().enumerate() {
+        if x[r * cols + *t as usize] == f32::NEG_INFINITY {
+            *t = (*t + 1) % cols as u32;
+        }
+    }
+    let dl = random_vec(rng, rows, 2.0);
+    let loss = ce_fwd(&CPU, &x, &t, cols);
+    check(
+        &format!("{what} fwd"),
+        &ce_fwd(b, &x, &t, cols),
+        &loss,
+        EXACT,
+    );
+    let want = ce_bwd(&CPU, &x, &t, &dl, cols);
+    check(
+        &format!("{what} bwd"),
+        &ce_bwd(b, &x, &t, &dl, cols),
+        &want,
+        ROWRED,
+    );
+    if is_gpu(b) && rows > 1 {
+        // A target out of range: that row's loss and gradient are NaN, the others unchanged.
+        let mut bad = t.clone();
+        bad[1] = if cols.is_multiple_of(2) {
+            cols as u32
+        } else {
+            u32::MAX
+        };
+        let (mut lw, mut gw) = (loss.clone(), want.clone());
+        lw[1] = f32::NAN;
+        gw[cols..2 * cols].fill(f32::NAN);
+        check(
+            &format!("{what} bad target fwd"),
+            &ce_fwd(b, &x, &bad, cols),
+            &lw,
+            EXACT,
+        );
+        let got = ce_bwd(b, &x, &bad, &dl, cols);
+        check(&format!("{what} bad target bwd"), &got, &gw, ROWRED);
+    }
+}
+
+fn cross_entropy_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
+    for &(rows, cols) in ROWS.iter().chain(&[(16_384, 65)]) {
+        cross_entropy_case(b, dev, rng, rows, cols);
+    }
+}
+
+/// LayerNorm and RMSNorm, forward and backward. The backward is fed the CPU's saved statistics.
+fn norm_case<B: Rows>(b: &B, dev: &str, rng: &mut StdRng, rows: usize, cols: usize) {
+    let what = format!("{dev} {rows}x{cols}");
+    let eps = 1e-5;
+    // An offset mean exercises the centred variance.
+    let x: Vec<f32> = random_vec(rng, rows * cols, 3.0)
+        .iter()
+        .map(|v| v + 5.0)
+        .collect();
+    let (w, bias) = (random_vec(rng, cols, 2.0), random_vec(rng, cols, 1.0));
+    let dy = random_vec(rng, rows * cols, 1.0);
+
+    let (y, mean, rstd) = ln_fwd(&CPU, &x, &w, &bias, cols, eps);
+    let (gy, gm, gr) = ln_fwd(b, &x, &w, &bias, cols, eps);
+    check(&format!("{what} layernorm y"), &gy, &y, EXACT);
+    check(&format!("{what} layernorm mean"), &gm, &mean, EXACT);
+    check(&format!("{what} layernorm rstd"), &gr, &rstd, EXACT);
+    // dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·w, cancels: its error scales with rstd·|g|.
+    let g_max = dy
+        .iter()
+        .enumerate()
+        .fold(0.0f64, |m, (i, &d)| m.max((d * w[i % cols]).abs() as f64));
+    let term = |rstd: &[f32]| g_max * rstd.iter().fold(0.0f64, |m, &r| m.max(r as f64));
+    let (dx, dw, db) = ln_bwd(&CPU, &x, &w, &mean, &rstd, &dy, cols);
+    let (gdx, gdw, gdb) = ln_bwd(b, &x, &w, &mean, &rstd, &dy, cols);
+    check_scaled(
+        &format!("{what} layernorm dx"),
+        &gdx,
+        &dx,
+        ROWRED,
+        term(&rstd),
+    );
+    check(&format!("{what} layernorm dw"), &gdw, &dw, SUMS);
+    check(&format!("{what} layernorm db"), &gdb, &db, SUMS);
+
+    let (y, rstd) = rms_fwd(&CPU, &x, &w, cols, eps);
+    let (gy, gr) = rms_fwd(b, &x, &w, cols, eps);
+    check(&format!("{what} rmsnorm y"), &gy, &y, EXACT);
+    check(&format!("{what} rmsnorm rstd"), &gr, &rstd, EXACT);
+    let (dx, dw) = rms_bwd(&CPU, &x, &w, &rstd, &dy, cols);
+    let (gdx, gdw) = rms_bwd(b, &x, &w, &rstd, &dy, cols);
+    check_scaled(
+        &format!("{what} rmsnorm dx"),
+        &gdx,
+        &dx,
+        ROWRED,
+        term(&rstd),
+    );
+    check(&format!("{what} rmsnorm dw"), &gdw, &dw, SUMS);
+}
+
+fn norm_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
+    // Beyond ROWS: more rows than the backward's persistent groups (warp and block mode), and
+    // accumulators that live in global memory (LayerNorm past 6016 columns, RMSNorm past 12032).
+    let extra = [(3000, 64), (1100, 1100), (60, 7000), (20, 13_000)];
+    for &(rows, cols) in ROWS.iter().chain(&extra) {
+        norm_case(b, dev, rng, rows, cols);
+    }
+}
+
+fn rope_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
+    // d/2 odd (scalar path) and a multiple of 4 (float4); long sequences (large angles); more
+    // heads than one grid's y extent, so threads walk the n axis.
+    let shapes = [
+        (0, 5, 4),
+        (1, 1, 2),
+        (7, 3, 2),
+        (3, 7, 6),
+        (2, 33, 8),
+        (5, 100, 64),
+        (1, 4097, 128),
+        (3000, 2, 8),
+    ];
+    for (n, t, d) in shapes {
+        let x = random_vec(rng, n * t * d, 1.0);
+        for inverse in [false, true] {
+            let what = format!("{dev} rope [{n},{t},{d}] inverse={inverse}");
+            let want = rope(&CPU, &x, n, t, d, 10_000.0, inverse);
+            check(
+                &what,
+                &rope(b, &x, n, t, d, 10_000.0, inverse),
+                &want,
+                EXACT,
+            );
+        }
+    }
+}
+
+fn embedding_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
+    // Many rows per id (the GPT's vocab of 65, a tiny vocab, one over several column tiles) go
+    // through CUDA's shared-memory tiled backward; the rest through the plain scatter.
+    let shapes = [
+        (0, 5, 4),
+        (1, 1, 1),
+        (7, 3, 5),
+        (100, 10, 384),
+        (4096, 65, 384),
+        (3000, 7, 5),
+        (2400, 300, 40),
+        (33, 1000, 12),
+        (17, 4, 1023),
+    ];
+    for (rows, vocab, dim) in shapes {
+        let what = format!("{dev} embedding {rows}x{dim} of {vocab}");
+        let mut ids: Vec<u32> = (0..rows)
+            .map(|_| rng.random_range(0..vocab as u32))
+            .collect();
+        let table = random_vec(rng, vocab * dim, 1.0);
+        let dout = random_vec(rng, rows * dim, 1.0);
+        let out = emb_fwd(&CPU, &ids, &table, dim);
+        assert_eq!(
+            emb_fwd(b, &ids, &table, dim),
+            out,
+            "{what}: a gather is exact"
+        );
+        let want = emb_bwd(&CPU, &ids, &dout, vocab, dim);
+        check(
+            &format!("{what} bwd"),
+            &emb_bwd(b, &ids, &dout, vocab, dim),
+            &want,
+            SUMS,
+        );
+        if is_gpu(b) && rows > 2 {
+            // Ids out of range: NaN rows forward, skipped backward.
+            let (r0, r1) = (ids[0], ids[2]);
+            (ids[0], ids[2]) = (vocab as u32, u32::MAX);
+            let mut want_out = out.clone();
+            want_out[..dim].fill(f32::NAN);
+            want_out[2 * dim..3 * dim].fill(f32::NAN);
+            let got = emb_fwd(b, &ids, &table, dim);
+            check(&format!("{what} bad ids fwd"), &got, &want_out, EXACT);
+            let mut dz = dout.clone();
+            dz[..dim].fill(0.0);
+            dz[2 * dim..3 * dim].fill(0.0);
+            (ids[0], ids[2]) = (r0, r1);
+            let want = emb_bwd(&CPU, &ids, &dz, vocab, dim);
+            (ids[0], ids[2]) = (vocab as u32, u32::MAX);
+            let got = emb_bwd(b, &ids, &dout, vocab, dim);
+            check(&format!("{what} bad ids bwd"), &got, &want, SUMS);
+        }
+    }
+}
+
+#[test]
+fn gpu_softmax_family_matches_cpu() {
+    on_every_device!("gpu_softmax_family_matches_cpu", softmax_family_body);
+}
+
+#[test]
+fn gpu_cross_entropy_matches_cpu() {
+    on_every_device!("gpu_cross_entropy_matches_cpu", cross_entropy_body);
+}
+
+#[test]
+fn gpu_norms_match_cpu() {
+    on_every_device!("gpu_norms_match_cpu", norm_body);
+}
+
+#[test]
+fn gpu_rope_matches_cpu() {
+    on_every_device!("gpu_rope_matches_cpu", rope_body);
+}
+
+#[test]
+fn gpu_embedding_matches_cpu() {
+    on_every_device!("gpu_embedding_matches_cpu", embedding_body);
+}
+
+/// The GPT's shapes (softmax and LayerNorm at [8192, 4096], LayerNorm at [16384, 384]), and the
+/// norm backward's determinism: two runs give bit-identical dw and db.
+#[test]
+fn gpu_rows_large_shapes() {
+    let Some(gpu) = backend_or_skip("gpu_rows_large_shapes") else {
+        return;
+    };
+    let (mut rng, _) = rng("gpu_rows_large_shapes");
+    softmax_case(&gpu, "cuda", &mut rng, 8192, 4096);
+    for (rows, cols) in [(8192, 4096), (16_384, 384)] {
+        norm_case(&gpu, "cuda", &mut rng, rows, cols);
+        let x = random_vec(&mut rng, rows * cols, 2.0);
+        let dy = random_vec(&mut rng, rows * cols, 1.0);
+        let w = random_vec(&mut rng, cols, 1.0);
+        let (_, mean, rstd) = ln_fwd(&gpu, &x, &w, &w, cols, 1e-5);
+        let first = ln_bwd(&gpu, &x, &w, &mean, &rstd, &dy, cols);
+        assert_eq!(
+            first,
+            ln_bwd(&gpu, &x, &w, &mean, &rstd, &dy, cols),
+            "{rows}x{cols}"
+        );
+        let (_, rstd) = rms_fwd(&gpu, &x, &w, cols, 1e-5);
+        let first = rms_bwd(&gpu, &x, &w, &rstd, &dy, cols);
+        assert_eq!(
+            first,
+            rms_bwd(&gpu, &x, &w, &rstd, &dy, cols),
+            "{rows}x{cols}"
+        );
+    }
+}
+
+/// Random shapes across the warp/block boundary and the cache limits.
+#[test]
+fn gpu_rows_random_shapes() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let Some(gpu) = backend_or_skip("gpu_rows_random_shapes") else {
+        return;
+    };
+    let mut runner = TestRunner::new(Config::with_cases(48));
+    let shapes = (0usize..70, 1usize..14_000, any::<u64>());
+    runner
+        .run(&shapes, |(rows, cols, seed)| {
+            let rows = rows.min(2_000_000 / cols);
+            let mut rng = StdRng::seed_from_u64(seed);
+            let dev = format!("cuda seed {seed}");
+            softmax_case(&gpu, &dev, &mut rng, rows, cols);
+            cross_entropy_case(&gpu, &dev, &mut rng, rows, cols);
+            norm_case(&gpu, &dev, &mut rng, rows, cols);
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn errors_body<B: Rows>(b: &B, dev: &str, _rng: &mut StdRng) {
+    let f = |n: usize| up(b, &vec![0.5f32; n]);
+    let u = |v: &[u32]| up_u32(b, v);
+    let shape = |r: Result<(), GpuError>| matches!(r, Err(GpuError::ShapeMismatch { .. }));
+    let invalid_shape = |r: Result<(), GpuError>| matches!(r, Err(GpuError::InvalidShape { .. }));
+    let invalid = |r: Result<(), GpuError>| matches!(r, Err(GpuError::InvalidArgument { .. }));
+    let dtype = |r: Result<(), GpuError>| {
+        matches!(
+            r,
+            Err(GpuError::DTypeMismatch { .. } | GpuError::UnsupportedDType { .. })
+        )
+    };
+    let mut o6 = f(6);
+    // Row ops: mismatched lengths, zero or non-dividing widths, wrong dtypes.
+    assert!(shape(b.softmax_bwd(&f(6), &f(5), &mut o6, 3)), "{dev}");
+    assert!(
+        invalid_shape(b.softmax_bwd(&f(6), &f(6), &mut o6, 0)),
+        "{dev}"
+    );
+    assert!(shape(b.log_softmax_fwd(&f(6), &mut o6, 4)), "{dev}");
+    assert!(
+        dtype(b.log_softmax_bwd(&u(&[0; 6]), &f(6), &mut o6, 3)),
+        "{dev}"
+    );
+    // Cross-entropy: targets must be u32, one per row; the per-row loss too.
+    let mut l2 = f(2);
+    assert!(
+        dtype(b.cross_entropy_fwd(&f(6), &f(2), &mut l2, 3)),
+        "{dev}"
+    );
+    assert!(
+        shape(b.cross_entropy_fwd(&f(6), &u(&[0, 1, 2]), &mut l2, 3)),
+        "{dev}"
+    );
+    assert!(
+        shape(b.cross_entropy_fwd(&f(6), &u(&[0, 1]), &mut f(3), 3)),
+        "{dev}"
+    );
+    assert!(
+        shape(b.cross_entropy_bwd(&f(6), &u(&[0, 1]), &f(2), &mut f(5), 3)),
+        "{dev}"
+    );
+    // Norms: parameter, statistic and gradient lengths; eps.
+    let (mut m2, mut r2) = (f(2), f(2));
+    assert!(shape(b.layernorm_fwd(
+        &f(6),
+        &f(2),
+        &f(3),
+        &mut o6,
+        &mut m2,
+        &mut r2,
+        3,
+        1e-5
+    )));
+    assert!(shape(b.layernorm_fwd(
+        &f(6),
+        &f(3),
+        &f(3),
+        &mut o6,
+        &mut f(3),
+        &mut r2,
+        3,
+        1e-5
+    )));
+    for eps in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let r = b.layernorm_fwd(&f(6), &f(3), &f(3), &mut o6, &mut m2, &mut r2, 3, eps);
+        assert!(invalid(r), "{dev} eps {eps}");
+        assert!(invalid(b.rmsnorm_fwd(
+            &f(6),
+            &f(3),
+            &mut o6,
+            &mut r2,
+            3,
+            eps
+        )));
+    }
+    let (mut dw, mut db) = (f(3), f(3));
+    let r = b.layernorm_bwd(
+        &f(6),
+        &f(3),
+        &f(2),
+        &f(2),
+        &f(6),
+        &mut o6,
+        &mut f(2),
+        &mut db,
+        3,
+    );
+    assert!(shape(r), "{dev}");
+    let r = b.layernorm_bwd(
+        &f(6),
+        &f(3),
+        &f(2),
+        &f(2),
+        &f(5),
+        &mut o6,
+        &mut dw,
+        &mut db,
+        3,
+    );
+    assert!(shape(r), "{dev}");
+    assert!(
+        shape(b.rmsnorm_bwd(&f(6), &f(3), &f(3), &f(6), &mut o6, &mut dw, 3)),
+        "{dev}"
+    );
+    // RoPE: even, non-zero head dim; positive base; lengths; overflow.
+    let mut o12 = f(12);
+    assert!(
+        invalid_shape(b.rope(&f(12), &mut o12, 2, 2, 3, 1e4, false)),
+        "{dev}"
+    );
+    assert!(
+        invalid_shape(b.rope(&f(0), &mut f(0), 2, 2, 0, 1e4, false)),
+        "{dev}"
+    );
+    assert!(
+        invalid(b.rope(&f(12), &mut o12, 1, 3, 4, 0.0, false)),
+        "{dev}"
+    );
+    assert!(
+        shape(b.rope(&f(12), &mut o12, 1, 2, 4, 1e4, false)),
+        "{dev}"
+    );
+    assert!(invalid_shape(b.rope(
+        &f(12),
+        &mut o12,
+        1 << 31,
+        1 << 31,
+        4,
+        1e4,
+        true
+    )));
+    // Embeddings: u32 ids, non-zero dim, a whole table, activations of rows·dim.
+    assert!(dtype(b.embedding_fwd(&f(2), &f(6), &mut f(6), 3)), "{dev}");
+    assert!(
+        invalid_shape(b.embedding_fwd(&u(&[0, 1]), &f(6), &mut f(0), 0)),
+        "{dev}"
+    );
+    assert!(
+        shape(b.embedding_fwd(&u(&[0, 1]), &f(7), &mut f(6), 3)),
+        "{dev}"
+    );
+    assert!(
+        shape(b.embedding_bwd(&u(&[0, 1]), &f(5), &mut f(6), 3)),
+        "{dev}"
+    );
+    assert!(
+        dtype(b.embedding_bwd(&u(&[0]), &f(3), &mut u(&[0; 6]), 3)),
+        "{dev}"
+    );
+    if !is_gpu(b) {
+        // Only the CPU reads the ids and targets up front; CUDA writes NaN instead.
+        assert!(invalid(b.cross_entropy_fwd(&f(6), &u(&[0, 3]), &mut l2, 3)));
+        let r = b.cross_entropy_bwd(&f(6), &u(&[3, 0]), &f(2), &mut o6, 3);
+        assert!(invalid(r));
+        assert!(invalid(b.embedding_fwd(&u(&[0, 2]), &f(6), &mut f(6), 3)));
+        assert!(invalid(b.embedding_bwd(&u(&[2, 0]), &f(6), &mut f(6), 3)));
+    }
+    // Zero rows are fine, and the sums over no rows are zero.
+    let mut dw0 = poisoned(b, 3);
+    let mut db0 = poisoned(b, 3);
+    b.layernorm_bwd(
+        &f(0),
+        &f(3),
+        &f(0),
+        &f(0),
+        &f(0),
+        &mut f(0),
+        &mut dw0,
+        &mut db0,
+        3,
+    )
+    .unwrap();
+    assert_eq!(down(b, &dw0), [0.0; 3], "{dev}");
+    assert_eq!(down(b, &db0), [0.0; 3], "{dev}");
+    let mut dt = poisoned(b, 6);
+    b.embedding_bwd(&u(&[]), &f(0), &mut dt, 3).unwrap();
+    assert_eq!(down(b, &dt), [0.0; 6], "{dev}");
+}
+
+#[test]
+fn gpu_rows_reject_bad_arguments() {
+    on_every_device!("gpu_rows_reject_bad_arguments", errors_body);
+}

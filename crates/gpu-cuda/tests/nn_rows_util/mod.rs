@@ -1,0 +1,213 @@
+//! Wrappers that run one `RowOps` method on any backend: inputs uploaded, outputs poisoned with
+//! NaN before the call (so an element a kernel skips fails the comparison) and downloaded after.
+#![allow(dead_code)]
+
+use crate::common::{down, poisoned, up};
+use gpu_core::nn::RowOps;
+use gpu_core::{Backend, KernelOps};
+
+/// What every wrapper needs from a backend.
+pub trait Rows: RowOps + KernelOps {}
+impl<B: RowOps + KernelOps> Rows for B {}
+
+pub fn up_u32<B: Backend>(b: &B, v: &[u32]) -> B::Buffer {
+    b.upload(v).expect("upload u32")
+}
+
+pub fn softmax<B: Rows>(b: &B, x: &[f32], cols: usize) -> Vec<f32> {
+    let mut o = poisoned(b, x.len());
+    b.softmax_rows(&up(b, x), &mut o, cols).unwrap();
+    down(b, &o)
+}
+
+pub fn softmax_bwd<B: Rows>(b: &B, y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
+    let mut o = poisoned(b, y.len());
+    b.softmax_bwd(&up(b, y), &up(b, dy), &mut o, cols).unwrap();
+    down(b, &o)
+}
+
+pub fn log_softmax<B: Rows>(b: &B, x: &[f32], cols: usize) -> Vec<f32> {
+    let mut o = poisoned(b, x.len());
+    b.log_softmax_fwd(&up(b, x), &mut o, cols).unwrap();
+    down(b, &o)
+}
+
+pub fn log_softmax_bwd<B: Rows>(b: &B, y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
+    let mut o = poisoned(b, y.len());
+    b.log_softmax_bwd(&up(b, y), &up(b, dy), &mut o, cols)
+        .unwrap();
+    down(b, &o)
+}
+
+pub fn ce_fwd<B: Rows>(b: &B, x: &[f32], t: &[u32], cols: usize) -> Vec<f32> {
+    let mut o = poisoned(b, t.len());
+    b.cross_entropy_fwd(&up(b, x), &up_u32(b, t), &mut o, cols)
+        .unwrap();
+    down(b, &o)
+}
+
+pub fn ce_bwd<B: Rows>(b: &B, x: &[f32], t: &[u32], dl: &[f32], cols: usize) -> Vec<f32> {
+    let mut o = poisoned(b, x.len());
+    b.cross_entropy_bwd(&up(b, x), &up_u32(b, t), &up(b, dl), &mut o, cols)
+        .unwrap();
+    down(b, &o)
+}
+
+/// LayerNorm forward: `(y, mean, rstd)`.
+pub fn ln_fwd<B: Rows>(
+    b: &B,
+    x: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    cols: usize,
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = x.len() / cols;
+    let (mut y, mut m, mut r) = (poisoned(b, x.len()), poisoned(b, rows), poisoned(b, rows));
+    let (xb, wb, bb) = (up(b, x), up(b, w), up(b, bias));
+    b.layernorm_fwd(&xb, &wb, &bb, &mut y, &mut m, &mut r, cols, eps)
+        .unwrap();
+    (down(b, &y), down(b, &m), down(b, &r))
+}
+
+/// LayerNorm backward: `(dx, dw, db)`.
+pub fn ln_bwd<B: Rows>(
+    b: &B,
+    x: &[f32],
+    w: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    dy: &[f32],
+    cols: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (mut dx, mut dw, mut db) = (poisoned(b, x.len()), poisoned(b, cols), poisoned(b, cols));
+    let ins = [up(b, x), up(b, w), up(b, mean), up(b, rstd), up(b, dy)];
+    b.layernorm_bwd(
+        &ins[0], &ins[1], &ins[2], &ins[3], &ins[4], &mut dx, &mut dw, &mut db, cols,
+    )
+    .unwrap();
+    (down(b, &dx), down(b, &dw), down(b, &db))
+}
+
+/// RMSNorm forward: `(y, rstd)`.
+pub fn rms_fwd<B: Rows>(
+    b: &B,
+    x: &[f32],
+    w: &[f32],
+    cols: usize,
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    let (mut y, mut r) = (poisoned(b, x.len()), poisoned(b, x.len() / cols));
+    b.rmsnorm_fwd(&up(b, x), &up(b, w), &mut y, &mut r, cols, eps)
+        .unwrap();
+    (down(b, &y), down(b, &r))
+}
+
+/// RMSNorm backward: `(dx, dw)`.
+pub fn rms_bwd<B: Rows>(
+    b: &B,
+    x: &[f32],
+    w: &[f32],
+    rstd: &[f32],
+    dy: &[f32],
+    cols: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let (mut dx, mut dw) = (poisoned(b, x.len()), poisoned(b, cols));
+    let ins = [up(b, x), up(b, w), up(b, rstd), up(b, dy)];
+    b.rmsnorm_bwd(&ins[0], &ins[1], &ins[2], &ins[3], &mut dx, &mut dw, cols)
+        .unwrap();
+    (down(b, &dx), down(b, &dw))
+}
+
+pub fn rope<B: Rows>(
+    b: &B,
+    x: &[f32],
+    n: usize,
+    t: usize,
+    d: usize,
+    base: f32,
+    inverse: bool,
+) -> Vec<f32> {
+    let mut o = poisoned(b, x.len());
+    b.rope(&up(b, x), &mut o, n, t, d, base, inverse).unwrap();
+    down(b, &o)
+}
+
+pub fn emb_fwd<B: Rows>(b: &B, ids: &[u32], table: &[f32], dim: usize) -> Vec<f32> {
+    let mut o = poisoned(b, ids.len() * dim);
+    b.embedding_fwd(&up_u32(b, ids), &up(b, table), &mut o, dim)
+        .unwrap();
+    down(b, &o)
+}
+
+pub fn emb_bwd<B: Rows>(b: &B, ids: &[u32], dout: &[f32], vocab: usize, dim: usize) -> Vec<f32> {
+    let mut o = poisoned(b, vocab * dim);
+    b.embedding_bwd(&up_u32(b, ids), &up(b, dout), &mut o, dim)
+        .unwrap();
+    down(b, &o)
+}
+
+/// Tolerances of a comparison: elementwise `|got − want| <= rtol·|want| + atol·max|want|`, and
+/// the norm-wise relative error `‖got − want‖ / ‖want‖ < norm`.
+#[derive(Clone, Copy, Debug)]
+pub struct Tol {
+    pub rtol: f64,
+    pub atol: f64,
+    pub norm: f64,
+}
+
+/// Exact algorithms in f32 against the f64 reference.
+pub const EXACT: Tol = Tol {
+    rtol: 1e-5,
+    atol: 1e-6,
+    norm: 1e-5,
+};
+
+/// Sums over rows (reassociated, or atomics in any order).
+pub const SUMS: Tol = Tol {
+    rtol: 1e-4,
+    atol: 1e-5,
+    norm: 1e-5,
+};
+
+/// Asserts `got` matches `want` under `tol`: NaN where `want` is NaN, the same infinity where
+/// `want` is infinite, else finite (a poisoned, unwritten element fails) and within tolerance.
+pub fn check(what: &str, got: &[f32], want: &[f32], tol: Tol) {
+    check_scaled(what, got, want, tol, 0.0);
+}
+
+/// [`check`] with `atol` relative to `max(scale, max|want|)`: for outputs that cancel, `scale` is
+/// the size of the terms that cancel (an f32 kernel's error is relative to those).
+pub fn check_scaled(what: &str, got: &[f32], want: &[f32], tol: Tol, scale: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want
+        .iter()
+        .filter(|w| w.is_finite())
+        .fold(scale, |m, &w| m.max(w.abs() as f64));
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if w.is_nan() || w.is_infinite() {
+            assert!(
+                g.to_bits() == w.to_bits() || (w.is_nan() && g.is_nan()),
+                "{what}[{i}]: got {g}, want {w}"
+            );
+            continue;
+        }
+        assert!(g.is_finite(), "{what}[{i}]: got {g}, want {w} (unwritten?)");
+        let d = (g as f64 - w as f64).abs();
+        assert!(
+            d <= tol.rtol * (w as f64).abs() + tol.atol * scale.max(1e-30),
+            "{what}[{i}]: got {g}, want {w}, diff {d:e} (max |want| {scale:e})"
+        );
+        num += d * d;
+        den += (w as f64) * (w as f64);
+    }
+    if den > 0.0 {
+        let rel = (num / den).sqrt();
+        assert!(
+            rel < tol.norm,
+            "{what}: norm-wise error {rel:e} >= {:e}",
+            tol.norm
+        );
+    }
+}

@@ -1,0 +1,566 @@
+// Row kernels of gpu_core::nn::RowOps, f32: softmax / log-softmax backward, log-softmax forward,
+// fused cross-entropy, LayerNorm and RMSNorm with saved statistics, and their backward.
+// CPU reference: crates/gpu-core/src/cpu/rows.rs (f64).
+//
+// Row groups. One row is handled by a *group* of threads, threadIdx.x over blockDim.x:
+//  - warp mode (the host picks it for cols <= 1024): blockDim = (32, R), a warp per row and R rows
+//    per block; reductions are warp shuffles only, and there is no block-wide barrier, so the
+//    warps of a block may retire independently;
+//  - block mode (wider rows): blockDim = (T, 1), T a multiple of 32 (<= 1024), a block per row;
+//    reductions add a pass through shared memory.
+// The code is the same for both: `blockDim.x == 32` selects the warp-only reductions.
+// Columns go in chunks of V = 4 (16-byte loads and stores) when cols % 4 == 0 (rows then start
+// 16-byte aligned; pool buffers are 256-byte aligned), else V = 1. Every thread visits the same
+// chunks i = threadIdx.x + j·blockDim.x in every pass over a row, so the shared-memory row cache
+// (`cached`: the host gives each group narrays·cols floats of dynamic shared memory when they fit
+// in 47 KiB, the static scratch included) is private to the thread that wrote it: no barrier.
+#include "common.cuh"
+
+template <int V>
+struct Vf {
+    float v[V];
+};
+
+template <int V>
+static __device__ __forceinline__ Vf<V> ld(const float* p, unsigned i) {
+    Vf<V> r;
+    if constexpr (V == 4) {
+        const float4 q = reinterpret_cast<const float4*>(p)[i];
+        r.v[0] = q.x, r.v[1] = q.y, r.v[2] = q.z, r.v[3] = q.w;
+    } else {
+        r.v[0] = p[i];
+    }
+    return r;
+}
+
+template <int V>
+static __device__ __forceinline__ void st(float* p, unsigned i, const Vf<V>& r) {
+    if constexpr (V == 4)
+        reinterpret_cast<float4*>(p)[i] = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    else
+        p[i] = r.v[0];
+}
+
+static __device__ __forceinline__ float qnan() { return __int_as_float(0x7fc00000); }
+
+// ---- group reductions: every thread of the group gets the result -------------------------------
+
+static __device__ __forceinline__ float2 warp_sum2(float2 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+        v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+    }
+    return v;
+}
+
+// Online log-sum-exp state (m, s): running max m and s = Σ exp(x − m). -inf entries add nothing
+// (a row of only -inf ends with s = 0, so its log-sum-exp is -inf and outputs are NaN, as on the
+// CPU); a NaN entry makes s NaN.
+static __device__ __forceinline__ float2 lse_push(float2 a, float v) {
+    if (v > a.x) {
+        a.y = a.y * expf(a.x - v) + 1.0f;
+        a.x = v;
+    } else if (v != -INFINITY) {
+        a.y += expf(v - a.x);
+    }
+    return a;
+}
+
+// Merges two states; commutative bit for bit, so all lanes of a butterfly agree.
+static __device__ __forceinline__ float2 lse_merge(float2 a, float2 b) {
+    const float m = fmaxf(a.x, b.x);
+    if (m == -INFINITY) return make_float2(m, a.y + b.y);
+    return make_float2(m, a.y * expf(a.x - m) + b.y * expf(b.x - m));
+}
+
+static __device__ __forceinline__ float2 warp_lse(float2 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float2 u = make_float2(__shfl_xor_sync(0xffffffffu, v.x, o),
+                                     __shfl_xor_sync(0xffffffffu, v.y, o));
+        v = lse_merge(v, u);
+    }
+    return v;
+}
+
+// Block step of a group reduction (block mode only): combines the warps' results through `red`.
+// The leading barrier keeps `red` from being overwritten while a previous reduction reads it.
+template <bool LSE>
+static __device__ __forceinline__ float2 block_step(float2 v, float2* red) {
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    const float2 id = LSE ? make_float2(-INFINITY, 0.0f) : make_float2(0.0f, 0.0f);
+    v = lane < nw ? red[lane] : id;
+    return LSE ? warp_lse(v) : warp_sum2(v);
+}
+
+static __device__ __forceinline__ float2 grp_sum2(float2 v, float2* red) {
+    v = warp_sum2(v);
+    return blockDim.x == 32 ? v : block_step<false>(v, red);
+}
+
+static __device__ __forceinline__ float grp_sum(float v, float2* red) {
+    return grp_sum2(make_float2(v, 0.0f), red).x;
+}
+
+static __device__ __forceinline__ float2 grp_lse(float2 v, float2* red) {
+    v = warp_lse(v);
+    return blockDim.x == 32 ? v : block_step<true>(v, red);
+}
+
+// Row index of this group; rows past the end (warp mode's last block) return early, which is safe
+// because warp mode has no block-wide barrier (block mode launches exactly `rows` blocks).
+#define ROW_SETUP(NARRAYS)                                                                   \
+    extern __shared__ float4 smem4_[];                                                       \
+    __shared__ float2 red[32];                                                               \
+    const unsigned row = blockIdx.x * blockDim.y + threadIdx.y;                              \
+    if (row >= rows) return;                                                                 \
+    const size_t off = (size_t)row * cols;                                                   \
+    float* cache = reinterpret_cast<float*>(smem4_) + (size_t)threadIdx.y * (NARRAYS) * cols; \
+    (void)cache;
+
+#define FOR_CHUNKS(i) for (unsigned i = threadIdx.x; i < cols / V; i += blockDim.x)
+
+// ---- softmax backward: dx = y ∘ (dy − Σ dy∘y) -------------------------------------------------
+
+template <int V>
+static __device__ __forceinline__ void softmax_bwd_row(const float* y, const float* dy, float* dx,
+                                                       unsigned cols, bool cached, float* cache,
+                                                       float2* red) {
+    float* cy = cache;
+    float* cd = cache + cols;
+    float dot = 0.0f;
+    FOR_CHUNKS(i) {
+        const Vf<V> a = ld<V>(y, i), b = ld<V>(dy, i);
+        if (cached) {
+            st<V>(cy, i, a);
+            st<V>(cd, i, b);
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) dot = fmaf(a.v[k], b.v[k], dot);
+    }
+    dot = grp_sum(dot, red);
+    const float* sy = cached ? cy : y;
+    const float* sd = cached ? cd : dy;
+    FOR_CHUNKS(i) {
+        const Vf<V> a = ld<V>(sy, i), b = ld<V>(sd, i);
+        Vf<V> r;
+#pragma unroll
+        for (int k = 0; k < V; ++k) r.v[k] = a.v[k] * (b.v[k] - dot);
+        st<V>(dx, i, r);
+    }
+}
+
+extern "C" __global__ void softmax_bwd_f32(const float* __restrict__ y,
+                                           const float* __restrict__ dy, float* __restrict__ dx,
+                                           unsigned cols, unsigned rows, unsigned cached) {
+    ROW_SETUP(2)
+    if ((cols & 3u) == 0)
+        softmax_bwd_row<4>(y + off, dy + off, dx + off, cols, cached, cache, red);
+    else
+        softmax_bwd_row<1>(y + off, dy + off, dx + off, cols, cached, cache, red);
+}
+
+// ---- log-softmax forward: out = (x − max) − log Σ exp(x − max) ---------------------------------
+
+template <int V>
+static __device__ __forceinline__ void log_softmax_fwd_row(const float* x, float* out,
+                                                           unsigned cols, bool cached,
+                                                           float* cache, float2* red) {
+    float2 a = make_float2(-INFINITY, 0.0f);
+    FOR_CHUNKS(i) {
+        const Vf<V> v = ld<V>(x, i);
+        if (cached) st<V>(cache, i, v);
+#pragma unroll
+        for (int k = 0; k < V; ++k) a = lse_push(a, v.v[k]);
+    }
+    a = grp_lse(a, red);
+    const float ls = logf(a.y);
+    const float* src = cached ? cache : x;
+    FOR_CHUNKS(i) {
+        Vf<V> v = ld<V>(src, i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v.v[k] = (v.v[k] - a.x) - ls;
+        st<V>(out, i, v);
+    }
+}
+
+extern "C" __global__ void log_softmax_fwd_f32(const float* __restrict__ x,
+                                               float* __restrict__ out, unsigned cols,
+                                               unsigned rows, unsigned cached) {
+    ROW_SETUP(1)
+    if ((cols & 3u) == 0)
+        log_softmax_fwd_row<4>(x + off, out + off, cols, cached, cache, red);
+    else
+        log_softmax_fwd_row<1>(x + off, out + off, cols, cached, cache, red);
+}
+
+// ---- log-softmax backward: dx = dy − exp(y) · Σ dy --------------------------------------------
+
+template <int V>
+static __device__ __forceinline__ void log_softmax_bwd_row(const float* y, const float* dy,
+                                                           float* dx, unsigned cols, bool cached,
+                                                           float* cache, float2* red) {
+    float* cy = cache;
+    float* cd = cache + cols;
+    float s = 0.0f;
+    FOR_CHUNKS(i) {
+        const Vf<V> a = ld<V>(y, i), b = ld<V>(dy, i);
+        if (cached) {
+            st<V>(cy, i, a);
+            st<V>(cd, i, b);
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) s += b.v[k];
+    }
+    s = grp_sum(s, red);
+    const float* sy = cached ? cy : y;
+    const float* sd = cached ? cd : dy;
+    FOR_CHUNKS(i) {
+        const Vf<V> a = ld<V>(sy, i), b = ld<V>(sd, i);
+        Vf<V> r;
+#pragma unroll
+        for (int k = 0; k < V; ++k) r.v[k] = fmaf(-expf(a.v[k]), s, b.v[k]);
+        st<V>(dx, i, r);
+    }
+}
+
+extern "C" __global__ void log_softmax_bwd_f32(const float* __restrict__ y,
+                                               const float* __restrict__ dy,
+                                               float* __restrict__ dx, unsigned cols,
+                                               unsigned rows, unsigned cached) {
+    ROW_SETUP(2)
+    if ((cols & 3u) == 0)
+        log_softmax_bwd_row<4>(y + off, dy + off, dx + off, cols, cached, cache, red);
+    else
+        log_softmax_bwd_row<1>(y + off, dy + off, dx + off, cols, cached, cache, red);
+}
+
+// ---- fused cross-entropy ------------------------------------------------------------------------
+// loss[r] = logsumexp(logits[r]) − logits[r, t], one streaming pass (online log-sum-exp).
+// A target t >= cols has no logit: that row's loss is NaN (the CPU reports an error instead), and
+// in the backward that row's dlogits are all NaN, so a bad target cannot pass unnoticed.
+
+template <int V>
+static __device__ __forceinline__ float2 lse_row(const float* x, unsigned cols, bool cached,
+                                                 float* cache, float2* red) {
+    float2 a = make_float2(-INFINITY, 0.0f);
+    FOR_CHUNKS(i) {
+        const Vf<V> v = ld<V>(x, i);
+        if (cached) st<V>(cache, i, v);
+#pragma unroll
+        for (int k = 0; k < V; ++k) a = lse_push(a, v.v[k]);
+    }
+    return grp_lse(a, red);
+}
+
+extern "C" __global__ void cross_entropy_fwd_f32(const float* __restrict__ logits,
+                                                 const unsigned* __restrict__ targets,
+                                                 float* __restrict__ loss, unsigned cols,
+                                                 unsigned rows) {
+    ROW_SETUP(0)
+    const float* xr = logits + off;
+    const float2 a = (cols & 3u) == 0 ? lse_row<4>(xr, cols, false, cache, red)
+                                      : lse_row<1>(xr, cols, false, cache, red);
+    if (threadIdx.x == 0) {
+        const unsigned t = targets[row];
+        loss[row] = t < cols ? (a.x - xr[t]) + logf(a.y) : qnan();
+    }
+}
+
+template <int V>
+static __device__ __forceinline__ void cross_entropy_bwd_row(const float* x, unsigned t, float g,
+                                                             float* dl, unsigned cols,
+                                                             bool cached, float* cache,
+                                                             float2* red) {
+    const float2 a = lse_row<V>(x, cols, cached, cache, red);
+    const float inv = 1.0f / a.y;
+    const float* src = cached ? cache : x;
+    const bool bad = t >= cols;  // uniform over the group
+    FOR_CHUNKS(i) {
+        Vf<V> v = ld<V>(src, i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            float p = expf(v.v[k] - a.x) * inv;
+            if (i * V + k == t) p -= 1.0f;
+            v.v[k] = bad ? qnan() : p * g;
+        }
+        st<V>(dl, i, v);
+    }
+}
+
+extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logits,
+                                                 const unsigned* __restrict__ targets,
+                                                 const float* __restrict__ dloss,
+                                                 float* __restrict__ dlogits, unsigned cols,
+                                                 unsigned rows, unsigned cached) {
+    ROW_SETUP(1)
+    const unsigned t = targets[row];
+    const float g = dloss[row];
+    if ((cols & 3u) == 0)
+        cross_entropy_bwd_row<4>(logits + off, t, g, dlogits + off, cols, cached, cache, red);
+    else
+        cross_entropy_bwd_row<1>(logits + off, t, g, dlogits + off, cols, cached, cache, red);
+}
+
+// ---- LayerNorm / RMSNorm forward with saved statistics ------------------------------------------
+// LayerNorm: the mean, then the centred sum of squares (no E[x²] − E[x]² cancellation), then
+// y = (x − mean)·rstd·w + b; mean[r] and rstd[r] = 1/sqrt(var + eps) are saved. RMSNorm:
+// rstd = 1/sqrt(mean(x²) + eps), y = x·rstd·w. 1/sqrtf (correctly rounded) rather than rsqrtf.
+
+template <int V>
+static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const float* w,
+                                                         const float* b, float* y, float* mean,
+                                                         float* rstd, unsigned cols, float eps,
+                                                         bool cached, float* cache, float2* red) {
+    float s = 0.0f;
+    FOR_CHUNKS(i) {
+        const Vf<V> v = ld<V>(x, i);
+        if (cached) st<V>(cache, i, v);
+#pragma unroll
+        for (int k = 0; k < V; ++k) s += v.v[k];
+    }
+    const float mu = grp_sum(s, red) / (float)cols;
+    const float* src = cached ? cache : x;
+    float q = 0.0f;
+    FOR_CHUNKS(i) {
+        const Vf<V> v = ld<V>(src, i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) q = fmaf(v.v[k] - mu, v.v[k] - mu, q);
+    }
+    const float rs = 1.0f / sqrtf(grp_sum(q, red) / (float)cols + eps);
+    FOR_CHUNKS(i) {
+        Vf<V> v = ld<V>(src, i);
+        const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v.v[k] = fmaf((v.v[k] - mu) * rs, g.v[k], c.v[k]);
+        st<V>(y, i, v);
+    }
+    if (threadIdx.x == 0) *mean = mu, *rstd = rs;
+}
+
+extern "C" __global__ void layernorm_fwd_f32(const float* __restrict__ x,
+                                             const float* __restrict__ w,
+                                             const float* __restrict__ b, float* __restrict__ y,
+                                             float* __restrict__ mean, float* __restrict__ rstd,
+                                             unsigned cols, unsigned rows, float eps,
+                                             unsigned cached) {
+    ROW_SETUP(1)
+    if ((cols & 3u) == 0)
+        layernorm_fwd_row<4>(x + off, w, b, y + off, mean + row, rstd + row, cols, eps, cached,
+                             cache, red);
+    else
+        layernorm_fwd_row<1>(x + off, w, b, y + off, mean + row, rstd + row, cols, eps, cached,
+                             cache, red);
+}
+
+template <int V>
+static __device__ __forceinline__ void rmsnorm_fwd_row(const float* x, const float* w, float* y,
+                                                       float* rstd, unsigned cols, float eps,
+                                                       bool cached, float* cache, float2* red) {
+    float q = 0.0f;
+    FOR_CHUNKS(i) {
+        const Vf<V> v = ld<V>(x, i);
+        if (cached) st<V>(cache, i, v);
+#pragma unroll
+        for (int k = 0; k < V; ++k) q = fmaf(v.v[k], v.v[k], q);
+    }
+    const float rs = 1.0f / sqrtf(grp_sum(q, red) / (float)cols + eps);
+    const float* src = cached ? cache : x;
+    FOR_CHUNKS(i) {
+        Vf<V> v = ld<V>(src, i);
+        const Vf<V> g = ld<V>(w, i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v.v[k] = v.v[k] * rs * g.v[k];
+        st<V>(y, i, v);
+    }
+    if (threadIdx.x == 0) *rstd = rs;
+}
+
+extern "C" __global__ void rmsnorm_fwd_f32(const float* __restrict__ x,
+                                           const float* __restrict__ w, float* __restrict__ y,
+                                           float* __restrict__ rstd, unsigned cols,
+                                           unsigned rows, float eps, unsigned cached) {
+    ROW_SETUP(1)
+    if ((cols & 3u) == 0)
+        rmsnorm_fwd_row<4>(x + off, w, y + off, rstd + row, cols, eps, cached, cache, red);
+    else
+        rmsnorm_fwd_row<1>(x + off, w, y + off, rstd + row, cols, eps, cached, cache, red);
+}
+
+// ---- LayerNorm / RMSNorm backward ---------------------------------------------------------------
+// Persistent groups: group g = blockIdx.x·R + threadIdx.y of G = gridDim.x·R handles rows g, g+G,
+// ... and writes dx. dw (and db) are sums over rows, computed without atomics in two stages:
+// each group accumulates its rows' dy·x̂ (and dy) for its own columns, in row order, either in its
+// slice of shared memory (`cached`, then the R slices of a block are added in order of
+// threadIdx.y) or, in block mode only (R = 1), straight in the block's slice of `partial`.
+// `partial` holds gridDim.x slices of `cols` for dw, then gridDim.x for db; norm_colsum_f32
+// adds them up in a fixed order. The result is deterministic (for a given grid).
+// LayerNorm: x̂ = (x − mean)·rstd, g = dy·w, dx = rstd·(g − mean(g) − x̂·mean(g·x̂)).
+// RMSNorm: g = dy·w, dx = rstd·(g − x·rstd²·mean(g·x)), dw = Σ dy·x·rstd.
+
+template <int V, int NACC>
+static __device__ __forceinline__ void acc_zero(float* acc, unsigned cols) {
+    Vf<V> z;
+#pragma unroll
+    for (int k = 0; k < V; ++k) z.v[k] = 0.0f;
+    FOR_CHUNKS(i) {
+#pragma unroll
+        for (int a = 0; a < NACC; ++a) st<V>(acc + (size_t)a * cols, i, z);
+    }
+}
+
+// Writes the block's accumulators to its slices of `partial` (cached case).
+template <int NACC>
+static __device__ __forceinline__ void acc_flush(const float* sm, float* partial, unsigned cols) {
+    __syncthreads();  // every group of the block has finished its rows
+    const unsigned nt = blockDim.x * blockDim.y;
+    for (unsigned c = threadIdx.y * blockDim.x + threadIdx.x; c < cols; c += nt) {
+#pragma unroll
+        for (int a = 0; a < NACC; ++a) {
+            float s = 0.0f;
+            for (unsigned j = 0; j < blockDim.y; ++j) s += sm[((size_t)j * NACC + a) * cols + c];
+            partial[((size_t)a * gridDim.x + blockIdx.x) * cols + c] = s;
+        }
+    }
+}
+
+template <int V>
+static __device__ __forceinline__ void layernorm_bwd_rows(
+    const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
+    float* dx, float* aw, float* ab, unsigned cols, unsigned rows, float2* red) {
+    acc_zero<V, 1>(aw, cols);
+    acc_zero<V, 1>(ab, cols);
+    const unsigned groups = gridDim.x * blockDim.y;
+    for (unsigned r = blockIdx.x * blockDim.y + threadIdx.y; r < rows; r += groups) {
+        const float mu = mean[r], rs = rstd[r];
+        const float* xr = x + (size_t)r * cols;
+        const float* dyr = dy + (size_t)r * cols;
+        float2 s = make_float2(0.0f, 0.0f);
+        FOR_CHUNKS(i) {
+            const Vf<V> xv = ld<V>(xr, i), dv = ld<V>(dyr, i), wv = ld<V>(w, i);
+            Vf<V> sw = ld<V>(aw, i), sb = ld<V>(ab, i);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                const float xh = (xv.v[k] - mu) * rs, g = dv.v[k] * wv.v[k];
+                s.x += g;
+                s.y = fmaf(g, xh, s.y);
+                sw.v[k] = fmaf(dv.v[k], xh, sw.v[k]);
+                sb.v[k] += dv.v[k];
+            }
+            st<V>(aw, i, sw);
+            st<V>(ab, i, sb);
+        }
+        s = grp_sum2(s, red);
+        const float m1 = s.x / (float)cols, m2 = s.y / (float)cols;
+        float* dxr = dx + (size_t)r * cols;
+        FOR_CHUNKS(i) {
+            const Vf<V> xv = ld<V>(xr, i), dv = ld<V>(dyr, i), wv = ld<V>(w, i);
+            Vf<V> o;
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                // g rounded as in the first pass, so that Σ(g − m1) cancels as it should.
+                const float xh = (xv.v[k] - mu) * rs, g = dv.v[k] * wv.v[k];
+                o.v[k] = rs * ((g - m1) - xh * m2);
+            }
+            st<V>(dxr, i, o);
+        }
+    }
+}
+
+extern "C" __global__ void layernorm_bwd_f32(const float* __restrict__ x,
+                                             const float* __restrict__ w,
+                                             const float* __restrict__ mean,
+                                             const float* __restrict__ rstd,
+                                             const float* __restrict__ dy, float* __restrict__ dx,
+                                             float* __restrict__ partial, unsigned cols,
+                                             unsigned rows, unsigned cached) {
+    extern __shared__ float4 smem4_[];
+    __shared__ float2 red[32];
+    float* sm = reinterpret_cast<float*>(smem4_);
+    float* aw = cached ? sm + (size_t)threadIdx.y * 2 * cols : partial + (size_t)blockIdx.x * cols;
+    float* ab = cached ? aw + cols : partial + (size_t)(gridDim.x + blockIdx.x) * cols;
+    if ((cols & 3u) == 0)
+        layernorm_bwd_rows<4>(x, w, mean, rstd, dy, dx, aw, ab, cols, rows, red);
+    else
+        layernorm_bwd_rows<1>(x, w, mean, rstd, dy, dx, aw, ab, cols, rows, red);
+    if (cached) acc_flush<2>(sm, partial, cols);
+}
+
+template <int V>
+static __device__ __forceinline__ void rmsnorm_bwd_rows(const float* x, const float* w,
+                                                        const float* rstd, const float* dy,
+                                                        float* dx, float* aw, unsigned cols,
+                                                        unsigned rows, float2* red) {
+    acc_zero<V, 1>(aw, cols);
+    const unsigned groups = gridDim.x * blockDim.y;
+    for (unsigned r = blockIdx.x * blockDim.y + threadIdx.y; r < rows; r += groups) {
+        const float rs = rstd[r];
+        const float* xr = x + (size_t)r * cols;
+        const float* dyr = dy + (size_t)r * cols;
+        float s = 0.0f;
+        FOR_CHUNKS(i) {
+            const Vf<V> xv = ld<V>(xr, i), dv = ld<V>(dyr, i), wv = ld<V>(w, i);
+            Vf<V> sw = ld<V>(aw, i);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                s = fmaf(dv.v[k] * wv.v[k], xv.v[k], s);
+                sw.v[k] = fmaf(dv.v[k], xv.v[k] * rs, sw.v[k]);
+            }
+            st<V>(aw, i, sw);
+        }
+        const float coef = grp_sum(s, red) * rs * rs / (float)cols;
+        float* dxr = dx + (size_t)r * cols;
+        FOR_CHUNKS(i) {
+            const Vf<V> xv = ld<V>(xr, i), dv = ld<V>(dyr, i), wv = ld<V>(w, i);
+            Vf<V> o;
+#pragma unroll
+            for (int k = 0; k < V; ++k) o.v[k] = rs * fmaf(-xv.v[k], coef, dv.v[k] * wv.v[k]);
+            st<V>(dxr, i, o);
+        }
+    }
+}
+
+extern "C" __global__ void rmsnorm_bwd_f32(const float* __restrict__ x,
+                                           const float* __restrict__ w,
+                                           const float* __restrict__ rstd,
+                                           const float* __restrict__ dy, float* __restrict__ dx,
+                                           float* __restrict__ partial, unsigned cols,
+                                           unsigned rows, unsigned cached) {
+    extern __shared__ float4 smem4_[];
+    __shared__ float2 red[32];
+    float* sm = reinterpret_cast<float*>(smem4_);
+    float* aw = cached ? sm + (size_t)threadIdx.y * cols : partial + (size_t)blockIdx.x * cols;
+    if ((cols & 3u) == 0)
+        rmsnorm_bwd_rows<4>(x, w, rstd, dy, dx, aw, cols, rows, red);
+    else
+        rmsnorm_bwd_rows<1>(x, w, rstd, dy, dx, aw, cols, rows, red);
+    if (cached) acc_flush<1>(sm, partial, cols);
+}
+
+// Second stage of the norm backward: out_j[c] = Σ_p partial[(j·nparts + p)·cols + c] for
+// j = blockIdx.y (out0, or out1 when gridDim.y == 2). blockDim = (32, 32): thread (tx, ty) adds
+// parts ty, ty + 32, ... of column blockIdx.x·32 + tx, then row ty = 0 adds the 32 sums in order.
+extern "C" __global__ void norm_colsum_f32(const float* __restrict__ partial,
+                                           float* __restrict__ out0, float* __restrict__ out1,
+                                           unsigned nparts, unsigned cols) {
+    __shared__ float sh[32][33];
+    const unsigned c = blockIdx.x * 32 + threadIdx.x;
+    const float* p = partial + (size_t)blockIdx.y * nparts * cols;
+    float s = 0.0f;
+    if (c < cols) {
+#pragma unroll 4
+        for (unsigned k = threadIdx.y; k < nparts; k += 32) s += p[(size_t)k * cols + c];
+    }
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        float t = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) t += sh[j][threadIdx.x];
+        (blockIdx.y ? out1 : out0)[c] = t;
+    }
+}
