@@ -14,32 +14,71 @@ const TEXT: &str = include_str!("parity_text.txt");
 /// Writes weights, batch, logits, loss and every gradient (dropout off) to `out`.
 pub fn dump(device: Device, variant: Variant, out: &Path) -> Result<f32> {
     let ds = Dataset::from_text(TEXT, 0.9)?;
-    let cfg = GptConfig { variant, vocab_size: ds.tokenizer.vocab_size(), block_size: 64, n_layer: 2, n_head: 4, n_embd: 128, dropout: 0.0, bias: variant == Variant::Gpt2 };
+    let cfg = GptConfig {
+        variant,
+        vocab_size: ds.tokenizer.vocab_size(),
+        block_size: 64,
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 128,
+        dropout: 0.0,
+        bias: variant == Variant::Gpt2,
+    };
     let model = Gpt::new(cfg, 2024, device)?;
     let (x, y) = ds.batch(false, 4, 64, &mut Dataset::rng(99), device)?;
     let logits = model.forward(&x, None)?;
     let (b, t) = (4, 64);
-    let loss = logits.reshape(&[b * t, cfg.vocab_size])?.cross_entropy(&y.reshape(&[b * t])?)?;
+    let loss = logits
+        .reshape(&[b * t, cfg.vocab_size])?
+        .cross_entropy(&y.reshape(&[b * t])?)?;
     let grads = loss.backward()?;
     let mut entries: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-    let f32s = |t: &Tensor| -> Result<Vec<u8>> { Ok(t.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect()) };
+    let f32s = |t: &Tensor| -> Result<Vec<u8>> {
+        Ok(t.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect())
+    };
     for (name, p, _) in model.parameters() {
         entries.push((name.clone(), Dtype::F32, p.shape().to_vec(), f32s(&p)?));
-        let g = grads.get(&p).with_context(|| format!("no gradient for {name}"))?;
-        entries.push((format!("grad.{name}"), Dtype::F32, p.shape().to_vec(), f32s(g)?));
+        let g = grads
+            .get(&p)
+            .with_context(|| format!("no gradient for {name}"))?;
+        entries.push((
+            format!("grad.{name}"),
+            Dtype::F32,
+            p.shape().to_vec(),
+            f32s(g)?,
+        ));
     }
-    let u32s = |t: &Tensor| -> Result<Vec<u8>> { Ok(t.to_vec_u32()?.iter().flat_map(|v| v.to_le_bytes()).collect()) };
+    let u32s = |t: &Tensor| -> Result<Vec<u8>> {
+        Ok(t.to_vec_u32()?
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect())
+    };
     entries.push(("batch.x".into(), Dtype::U32, vec![b, t], u32s(&x)?));
     entries.push(("batch.y".into(), Dtype::U32, vec![b, t], u32s(&y)?));
-    entries.push(("out.logits".into(), Dtype::F32, logits.shape().to_vec(), f32s(&logits)?));
+    entries.push((
+        "out.logits".into(),
+        Dtype::F32,
+        logits.shape().to_vec(),
+        f32s(&logits)?,
+    ));
     let l = loss.item()?;
-    entries.push(("out.loss".into(), Dtype::F32, vec![1], l.to_le_bytes().to_vec()));
+    entries.push((
+        "out.loss".into(),
+        Dtype::F32,
+        vec![1],
+        l.to_le_bytes().to_vec(),
+    ));
     let views: Vec<(String, TensorView<'_>)> = entries
         .iter()
         .map(|(n, d, s, bytes)| Ok((n.clone(), TensorView::new(*d, s.clone(), bytes)?)))
         .collect::<Result<_>>()?;
     let meta = HashMap::from([("config".to_string(), serde_json::to_string(&cfg)?)]);
     std::fs::write(out, safetensors::serialize(views, &Some(meta))?)?;
-    println!("parity dump: {variant:?} on {device}, loss {l:.6}, {} tensors -> {}", entries.len(), out.display());
+    println!(
+        "parity dump: {variant:?} on {device}, loss {l:.6}, {} tensors -> {}",
+        entries.len(),
+        out.display()
+    );
     Ok(l)
 }

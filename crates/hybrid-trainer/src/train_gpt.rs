@@ -6,8 +6,8 @@ use gpu_core::Device;
 use std::path::PathBuf;
 use std::time::Instant;
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
-use tensor_ops::optim::{AdamW, AdamWParams};
 use tensor_ops::no_grad;
+use tensor_ops::optim::{AdamW, AdamWParams};
 
 /// Options of a training run (the CLI's flags).
 #[derive(Debug, Clone, clap::Args)]
@@ -107,7 +107,13 @@ fn evaluate(model: &Gpt, ds: &Dataset, a: &TrainArgs, seed: u64) -> Result<(f32,
             let mut rng = Dataset::rng(seed ^ (k as u64 + 1));
             let mut total = 0.0;
             for _ in 0..a.eval_iters {
-                let (x, y) = ds.batch(val, a.batch as usize, a.block as usize, &mut rng, model.device())?;
+                let (x, y) = ds.batch(
+                    val,
+                    a.batch as usize,
+                    a.block as usize,
+                    &mut rng,
+                    model.device(),
+                )?;
                 total += model.loss(&x, &y, None)?.item()?;
             }
             out[k] = total / a.eval_iters as f32;
@@ -118,9 +124,16 @@ fn evaluate(model: &Gpt, ds: &Dataset, a: &TrainArgs, seed: u64) -> Result<(f32,
 
 /// Trains and reports; prints progress lines and a final JSON summary line.
 pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
-    ensure!(a.dropout >= 0.0 && a.dropout < 1.0, "--dropout must be in [0, 1)");
-    ensure!(a.lr > 0.0 && a.min_lr >= 0.0 && a.lr_decay_iters >= a.warmup, "bad learning-rate schedule");
-    let text = std::fs::read_to_string(&a.data).with_context(|| format!("reading {}", a.data.display()))?;
+    ensure!(
+        a.dropout >= 0.0 && a.dropout < 1.0,
+        "--dropout must be in [0, 1)"
+    );
+    ensure!(
+        a.lr > 0.0 && a.min_lr >= 0.0 && a.lr_decay_iters >= a.warmup,
+        "bad learning-rate schedule"
+    );
+    let text = std::fs::read_to_string(&a.data)
+        .with_context(|| format!("reading {}", a.data.display()))?;
     let ds = Dataset::from_text(&text, 0.9)?;
     let cfg = GptConfig {
         variant: a.variant,
@@ -136,14 +149,34 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         tensor_ops::cuda_backend(i)?.set_tf32(a.tf32);
     }
     let model = Gpt::new(cfg, a.seed, device)?;
-    println!("model: {:?}, {} parameters, on {device}", cfg.variant, model.num_params());
-    println!("data: {} train / {} val tokens, vocab {}", ds.train.len(), ds.val.len(), cfg.vocab_size);
-    let params = model.parameters().into_iter().map(|(_, t, d)| (t, d)).collect();
-    let hp = AdamWParams { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: a.weight_decay, max_grad_norm: Some(a.grad_clip) };
+    println!(
+        "model: {:?}, {} parameters, on {device}",
+        cfg.variant,
+        model.num_params()
+    );
+    println!(
+        "data: {} train / {} val tokens, vocab {}",
+        ds.train.len(),
+        ds.val.len(),
+        cfg.vocab_size
+    );
+    let params = model
+        .parameters()
+        .into_iter()
+        .map(|(_, t, d)| (t, d))
+        .collect();
+    let hp = AdamWParams {
+        beta1: 0.9,
+        beta2: 0.99,
+        eps: 1e-8,
+        weight_decay: a.weight_decay,
+        max_grad_norm: Some(a.grad_clip),
+    };
     let mut opt = AdamW::new(params, hp)?;
     let mut rng = Dataset::rng(a.seed);
     let tokens_per_iter = (a.batch * a.block) as f64;
-    let (mut best, mut best_iter, mut last_val, mut last_train) = (f32::INFINITY, 0, f32::NAN, f32::NAN);
+    let (mut best, mut best_iter, mut last_val, mut last_train) =
+        (f32::INFINITY, 0, f32::NAN, f32::NAN);
     let mut train_secs = 0.0;
     for it in 0..=a.iters {
         if it % a.eval_interval == 0 || it == a.iters {
@@ -152,7 +185,9 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
             if va < best {
                 (best, best_iter) = (va, it);
             }
-            println!("eval iter {it}: train {tr:.4}, val {va:.4} (after {train_secs:.1} s of training)");
+            println!(
+                "eval iter {it}: train {tr:.4}, val {va:.4} (after {train_secs:.1} s of training)"
+            );
         }
         if it == a.iters {
             break;
@@ -168,7 +203,11 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         let dt = t0.elapsed().as_secs_f64();
         train_secs += dt;
         if it % 50 == 0 {
-            println!("iter {it}: loss {l:.4}, lr {lr:.2e}, {:.1} ms, {:.0} tok/s", dt * 1e3, tokens_per_iter / dt);
+            println!(
+                "iter {it}: loss {l:.4}, lr {lr:.2e}, {:.1} ms, {:.0} tok/s",
+                dt * 1e3,
+                tokens_per_iter / dt
+            );
         }
     }
     let summary = TrainSummary {
@@ -189,7 +228,10 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     if a.sample > 0 {
         let prompt = ds.tokenizer.encode("\n").unwrap_or_else(|_| vec![0]);
         let out = model.generate(&prompt, a.sample, 0.8, Some(20), a.seed)?;
-        println!("--- sample ---\n{}\n--------------", ds.tokenizer.decode(&out)?);
+        println!(
+            "--- sample ---\n{}\n--------------",
+            ds.tokenizer.decode(&out)?
+        );
     }
     println!("summary {}", serde_json::to_string(&summary)?);
     Ok(summary)

@@ -6,7 +6,8 @@ use gpu_core::{GpuError, Result};
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 
-pub(crate) type BackwardFn = Box<dyn Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+pub(crate) type BackwardFn =
+    Box<dyn Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
 
 /// How an op's result was made.
 pub(crate) struct Node {
@@ -64,10 +65,17 @@ impl Tensor {
     /// Backpropagates from this scalar (one-element) tensor; returns the leaves' gradients.
     pub fn backward(&self) -> Result<Gradients> {
         if self.numel() != 1 {
-            return Err(GpuError::shape("backward", "a one-element loss", self.numel()));
+            return Err(GpuError::shape(
+                "backward",
+                "a one-element loss",
+                self.numel(),
+            ));
         }
         if !self.requires_grad() {
-            return Err(GpuError::invalid("backward", "the loss does not depend on any parameter"));
+            return Err(GpuError::invalid(
+                "backward",
+                "the loss does not depend on any parameter",
+            ));
         }
         no_grad(|| {
             let order = topo_order(self);
@@ -75,7 +83,9 @@ impl Tensor {
             grads.insert(self.id(), Tensor::ones(self.shape(), self.device())?);
             let mut leaves = Gradients::default();
             for t in order.iter().rev() {
-                let Some(g) = grads.remove(&t.id()) else { continue };
+                let Some(g) = grads.remove(&t.id()) else {
+                    continue;
+                };
                 let Some(node) = &t.0.node else {
                     leaves.map.insert(t.id(), g);
                     continue;
@@ -88,7 +98,11 @@ impl Tensor {
                         continue;
                     }
                     if ig.shape() != inp.shape() {
-                        return Err(GpuError::shape(node.name, format!("gradient {:?}", inp.shape()), format!("{:?}", ig.shape())));
+                        return Err(GpuError::shape(
+                            node.name,
+                            format!("gradient {:?}", inp.shape()),
+                            format!("{:?}", ig.shape()),
+                        ));
                     }
                     let acc = match grads.remove(&inp.id()) {
                         Some(prev) => prev.add(&ig)?,

@@ -38,13 +38,19 @@ impl DeviceBackend for CudaBackend {
     fn get(s: &Storage) -> Result<&Self::Buffer> {
         match s {
             Storage::Cuda(b) => Ok(b),
-            Storage::Cpu(_) => Err(GpuError::invalid("storage", "expected a CUDA buffer, found a CPU one")),
+            Storage::Cpu(_) => Err(GpuError::invalid(
+                "storage",
+                "expected a CUDA buffer, found a CPU one",
+            )),
         }
     }
     fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
         match s {
             Storage::Cuda(b) => Ok(b),
-            Storage::Cpu(_) => Err(GpuError::invalid("storage", "expected a CUDA buffer, found a CPU one")),
+            Storage::Cpu(_) => Err(GpuError::invalid(
+                "storage",
+                "expected a CUDA buffer, found a CPU one",
+            )),
         }
     }
     fn wrap(buf: Self::Buffer) -> Storage {
@@ -53,13 +59,19 @@ impl DeviceBackend for CudaBackend {
 }
 
 fn mismatch(want: Device, _b: &gpu_cuda::CudaBuffer) -> GpuError {
-    GpuError::invalid("storage", format!("expected a {want} buffer, found a CUDA one"))
+    GpuError::invalid(
+        "storage",
+        format!("expected a {want} buffer, found a CUDA one"),
+    )
 }
 
 /// The shared backend of CUDA device `ordinal`, opened on first use.
 pub fn cuda_backend(ordinal: usize) -> Result<CudaBackend> {
     static BACKENDS: OnceLock<Mutex<HashMap<usize, CudaBackend>>> = OnceLock::new();
-    let mut map = BACKENDS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut map = BACKENDS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     if let Some(b) = map.get(&ordinal) {
         return Ok(b.clone());
     }

@@ -3,10 +3,10 @@
 //! explicit `to(device)`; a transfer counter makes hidden copies testable.
 
 mod autograd;
-pub mod optim;
 mod backend;
 pub mod gpt;
 pub mod ops;
+pub mod optim;
 mod storage;
 mod tensor;
 

@@ -5,8 +5,8 @@ use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
 use crate::storage::Storage;
 use crate::tensor::{same_device, Tensor};
-use gpu_core::nn::{AdamWConfig, OptimOps};
-use gpu_core::{Backend, DType, GpuError, Result};
+use gpu_core::nn::AdamWConfig;
+use gpu_core::{DType, GpuError, Result};
 
 /// AdamW hyper-parameters (PyTorch defaults except the learning rate, which is per step).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -21,7 +21,13 @@ pub struct AdamWParams {
 
 impl Default for AdamWParams {
     fn default() -> Self {
-        Self { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, max_grad_norm: None }
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            max_grad_norm: None,
+        }
     }
 }
 
@@ -48,13 +54,27 @@ impl AdamW {
         let mut v = Vec::new();
         for (p, _) in &params {
             if !p.requires_grad() || p.dtype() != DType::F32 {
-                return Err(GpuError::invalid("AdamW", "parameters must be f32 tensors with requires_grad_"));
+                return Err(GpuError::invalid(
+                    "AdamW",
+                    "parameters must be f32 tensors with requires_grad_",
+                ));
             }
             m.push(Tensor::zeros(p.shape(), p.device())?);
             v.push(Tensor::zeros(p.shape(), p.device())?);
         }
-        let decays = params.iter().map(|(_, d)| if *d { hp.weight_decay } else { 0.0 }).collect();
-        Ok(AdamW { params: params.into_iter().map(|(t, _)| t).collect(), decays, m, v, hp, step: 0, last_clip: None })
+        let decays = params
+            .iter()
+            .map(|(_, d)| if *d { hp.weight_decay } else { 0.0 })
+            .collect();
+        Ok(AdamW {
+            params: params.into_iter().map(|(t, _)| t).collect(),
+            decays,
+            m,
+            v,
+            hp,
+            step: 0,
+            last_clip: None,
+        })
     }
 
     /// Steps taken so far.
@@ -65,15 +85,28 @@ impl AdamW {
     /// One step with learning rate `lr`. Parameters without a gradient are an error (they would
     /// silently never train).
     pub fn step(&mut self, grads: &Gradients, lr: f32) -> Result<()> {
-        let Some(first) = self.params.first() else { return Ok(()) };
+        let Some(first) = self.params.first() else {
+            return Ok(());
+        };
         let dev = first.device();
         let mut gs = Vec::with_capacity(self.params.len());
         for p in &self.params {
-            let g = grads.get(p).ok_or_else(|| GpuError::invalid("AdamW", format!("no gradient for a parameter of shape {:?}", p.shape())))?;
+            let g = grads.get(p).ok_or_else(|| {
+                GpuError::invalid(
+                    "AdamW",
+                    format!("no gradient for a parameter of shape {:?}", p.shape()),
+                )
+            })?;
             gs.push(g.clone());
         }
         self.step += 1;
-        let cfg = AdamWConfig { lr, beta1: self.hp.beta1, beta2: self.hp.beta2, eps: self.hp.eps, step: self.step };
+        let cfg = AdamWConfig {
+            lr,
+            beta1: self.hp.beta1,
+            beta2: self.hp.beta2,
+            eps: self.hp.eps,
+            step: self.step,
+        };
         let clip = match self.hp.max_grad_norm {
             Some(max) => {
                 let guards: Vec<_> = gs.iter().map(|g| g.read()).collect();
@@ -88,7 +121,16 @@ impl AdamW {
             let mut vg: Vec<_> = self.v.iter().map(|t| t.write()).collect();
             let gg: Vec<_> = gs.iter().map(|t| t.read()).collect();
             let cg = clip.as_ref().map(|c| c.read());
-            on_device!(dev, |be| adamw_impl(be, &mut pg, &gg, &mut mg, &mut vg, &self.decays, cg.as_deref(), cfg)?);
+            on_device!(dev, |be| adamw_impl(
+                be,
+                &mut pg,
+                &gg,
+                &mut mg,
+                &mut vg,
+                &self.decays,
+                cg.as_deref(),
+                cfg
+            )?);
         }
         self.last_clip = clip;
         Ok(())
@@ -96,11 +138,18 @@ impl AdamW {
 
     /// The global gradient norm before clipping at the last step (a device-to-host copy).
     pub fn last_grad_norm(&self) -> Result<Option<f32>> {
-        self.last_clip.as_ref().map(|c| Ok(c.to_vec()?[0])).transpose()
+        self.last_clip
+            .as_ref()
+            .map(|c| Ok(c.to_vec()?[0]))
+            .transpose()
     }
 }
 
-fn clip_impl<B: DeviceBackend>(be: &B, grads: &[std::sync::RwLockReadGuard<'_, Storage>], max: f32) -> Result<Storage> {
+fn clip_impl<B: DeviceBackend>(
+    be: &B,
+    grads: &[std::sync::RwLockReadGuard<'_, Storage>],
+    max: f32,
+) -> Result<Storage> {
     let bufs: Vec<&B::Buffer> = grads.iter().map(|g| B::get(g)).collect::<Result<_>>()?;
     let mut out = be.allocate(DType::F32, 2)?;
     be.clip_coefficient(&bufs, max, &mut out)?;
@@ -118,7 +167,10 @@ fn adamw_impl<B: DeviceBackend>(
     clip: Option<&Storage>,
     cfg: AdamWConfig,
 ) -> Result<()> {
-    let mut p: Vec<&mut B::Buffer> = params.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
+    let mut p: Vec<&mut B::Buffer> = params
+        .iter_mut()
+        .map(|g| B::get_mut(g))
+        .collect::<Result<_>>()?;
     let g: Vec<&B::Buffer> = grads.iter().map(|g| B::get(g)).collect::<Result<_>>()?;
     let mut mm: Vec<&mut B::Buffer> = m.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
     let mut vv: Vec<&mut B::Buffer> = v.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;

@@ -1,6 +1,6 @@
 //! Where a tensor's elements live.
 
-use gpu_core::{BufferInfo, CpuStorage, DType, Device};
+use gpu_core::{BufferInfo, CpuStorage, DType};
 use gpu_cuda::CudaBuffer;
 
 /// A tensor's elements: host memory or a CUDA buffer.
@@ -35,9 +35,5 @@ impl Storage {
     /// Whether this is host or device memory (the CUDA ordinal is the tensor's to know).
     pub fn is_cuda(&self) -> bool {
         matches!(self, Storage::Cuda(_))
-    }
-
-    pub(crate) fn check_device(&self, device: Device) -> bool {
-        self.is_cuda() == device.is_cuda()
     }
 }

@@ -27,7 +27,13 @@ pub struct Tensor(pub(crate) Arc<Inner>);
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor({:?}, {}, {}", self.shape(), self.dtype(), self.device())?;
+        write!(
+            f,
+            "Tensor({:?}, {}, {}",
+            self.shape(),
+            self.dtype(),
+            self.device()
+        )?;
         if let Some(n) = &self.0.node {
             write!(f, ", op={}", n.name)?;
         }
@@ -92,7 +98,11 @@ impl Tensor {
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
         let numel = Shape::from(shape).checked_numel()?;
         if numel != data.len() {
-            return Err(GpuError::shape("from_vec", format!("{numel} elements for {shape:?}"), data.len()));
+            return Err(GpuError::shape(
+                "from_vec",
+                format!("{numel} elements for {shape:?}"),
+                data.len(),
+            ));
         }
         let cpu = gpu_core::CpuBackend.upload(&data)?;
         Tensor::from_storage(Storage::Cpu(cpu), shape.to_vec(), Device::Cpu).to(device)
@@ -104,7 +114,7 @@ impl Tensor {
         let storage = crate::backend::on_device!(device, |b| {
             let mut buf = b.allocate(DType::F32, numel)?;
             gpu_core::KernelOps::fill(b, &mut buf, value)?;
-            <_ as crate::backend::DeviceBackend>::wrap(buf)
+            crate::ops::wrap(b, buf)
         });
         Ok(Tensor::from_storage(storage, shape.to_vec(), device))
     }
@@ -145,10 +155,20 @@ impl Tensor {
 
     /// The same data, cut from the graph.
     pub fn detach(&self) -> Tensor {
-        Tensor::from_storage_shared(self.0.storage.clone(), self.0.shape.clone(), self.0.device, self.0.dtype)
+        Tensor::from_storage_shared(
+            self.0.storage.clone(),
+            self.0.shape.clone(),
+            self.0.device,
+            self.0.dtype,
+        )
     }
 
-    fn from_storage_shared(storage: Arc<RwLock<Storage>>, shape: Vec<usize>, device: Device, dtype: DType) -> Tensor {
+    fn from_storage_shared(
+        storage: Arc<RwLock<Storage>>,
+        shape: Vec<usize>,
+        device: Device,
+        dtype: DType,
+    ) -> Tensor {
         Tensor(Arc::new(Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             shape,
@@ -241,16 +261,25 @@ impl Tensor {
             }
         };
         let src = self.device();
-        Ok(Tensor::from_op(storage, self.shape().to_vec(), device, "to", &[self], move |_, g| {
-            Ok(vec![Some(g.to(src)?)])
-        }))
+        Ok(Tensor::from_op(
+            storage,
+            self.shape().to_vec(),
+            device,
+            "to",
+            &[self],
+            move |_, g| Ok(vec![Some(g.to(src)?)]),
+        ))
     }
 
     /// The elements as f32 on the host (one device-to-host copy for CUDA).
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         match self.to(Device::Cpu)?.read().clone_cpu()? {
             CpuStorage::F32(v) => Ok(v),
-            other => Err(GpuError::DTypeMismatch { op: "to_vec", expected: DType::F32, got: gpu_core::BufferInfo::dtype(&other) }),
+            other => Err(GpuError::DTypeMismatch {
+                op: "to_vec",
+                expected: DType::F32,
+                got: gpu_core::BufferInfo::dtype(&other),
+            }),
         }
     }
 
@@ -258,7 +287,11 @@ impl Tensor {
     pub fn to_vec_u32(&self) -> Result<Vec<u32>> {
         match self.to(Device::Cpu)?.read().clone_cpu()? {
             CpuStorage::U32(v) => Ok(v),
-            other => Err(GpuError::DTypeMismatch { op: "to_vec_u32", expected: DType::U32, got: gpu_core::BufferInfo::dtype(&other) }),
+            other => Err(GpuError::DTypeMismatch {
+                op: "to_vec_u32",
+                expected: DType::U32,
+                got: gpu_core::BufferInfo::dtype(&other),
+            }),
         }
     }
 
@@ -303,7 +336,11 @@ pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<Devic
     let d = tensors[0].device();
     for t in &tensors[1..] {
         if t.device() != d {
-            return Err(GpuError::DeviceMismatch { op, a: d, b: t.device() });
+            return Err(GpuError::DeviceMismatch {
+                op,
+                a: d,
+                b: t.device(),
+            });
         }
     }
     Ok(d)
@@ -312,7 +349,11 @@ pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<Devic
 /// Errors unless `t` holds f32.
 pub(crate) fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
     if t.dtype() != DType::F32 {
-        return Err(GpuError::DTypeMismatch { op, expected: DType::F32, got: t.dtype() });
+        return Err(GpuError::DTypeMismatch {
+            op,
+            expected: DType::F32,
+            got: t.dtype(),
+        });
     }
     Ok(())
 }

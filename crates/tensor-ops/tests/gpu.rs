@@ -8,8 +8,8 @@ use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::optim::{AdamW, AdamWParams};
 use tensor_ops::{transfer_stats, Device, Result, Tensor};
 
-fn gpu() -> Option<Device> {
-    gpu_cuda::testing::backend_or_skip("gpu tensor tests").map(|b| Device::Cuda(b.info().ordinal))
+fn gpu(test: &str) -> Option<Device> {
+    gpu_cuda::testing::backend_or_skip(test).map(|b| Device::Cuda(b.info().ordinal))
 }
 
 /// Norm-wise relative error, NaN-aware.
@@ -18,7 +18,11 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     if a.iter().chain(b).any(|v| v.is_nan()) {
         return f64::INFINITY;
     }
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     if den == 0.0 {
         num.sqrt()
@@ -29,14 +33,32 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 
 /// Runs `f` on CPU and GPU leaves built from the same data; compares outputs and gradients of
 /// ⟨f(x), R⟩.
-fn compare(name: &str, dev: Device, inputs: &[(Vec<f32>, Vec<usize>)], tol: f64, f: &dyn Fn(&[Tensor]) -> Result<Tensor>) {
+fn compare(
+    name: &str,
+    dev: Device,
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    tol: f64,
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) {
     let run = |d: Device| -> (Vec<f32>, Vec<Vec<f32>>) {
-        let leaves: Vec<Tensor> = inputs.iter().map(|(v, s)| Tensor::from_vec(v.clone(), s, d).unwrap().requires_grad_()).collect();
+        let leaves: Vec<Tensor> = inputs
+            .iter()
+            .map(|(v, s)| Tensor::from_vec(v.clone(), s, d).unwrap().requires_grad_())
+            .collect();
         let out = f(&leaves).unwrap();
-        let r: Vec<f32> = (0..out.numel()).map(|i| ((i * 7919 % 13) as f32 - 6.0) / 6.0).collect();
-        let loss = out.mul(&Tensor::from_vec(r, out.shape(), d).unwrap()).unwrap().sum_all().unwrap();
+        let r: Vec<f32> = (0..out.numel())
+            .map(|i| ((i * 7919 % 13) as f32 - 6.0) / 6.0)
+            .collect();
+        let loss = out
+            .mul(&Tensor::from_vec(r, out.shape(), d).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap();
         let g = loss.backward().unwrap();
-        let grads = leaves.iter().map(|l| g.get(l).map(|t| t.to_vec().unwrap()).unwrap_or_default()).collect();
+        let grads = leaves
+            .iter()
+            .map(|l| g.get(l).map(|t| t.to_vec().unwrap()).unwrap_or_default())
+            .collect();
         (out.to_vec().unwrap(), grads)
     };
     let (oc, gc) = run(Device::Cpu);
@@ -63,20 +85,39 @@ fn data(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
 
 #[test]
 fn gpu_every_op_matches_the_cpu_on_proptest_shapes() {
-    let Some(dev) = gpu() else { return };
-    let mut runner = TestRunner::new(Config { cases: 24, ..Config::default() });
+    let Some(dev) = gpu("gpu_every_op_matches_the_cpu_on_proptest_shapes") else {
+        return;
+    };
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        ..Config::default()
+    });
     let dims = (1usize..5, 1usize..40, 1usize..70, any::<u64>());
     runner
         .run(&dims, |(a, b, c, seed)| {
-            let x = |s: &[usize], k: u64| (data(s.iter().product(), seed ^ k, -2.0, 2.0), s.to_vec());
-            let pos = |s: &[usize], k: u64| (data(s.iter().product(), seed ^ k, 0.5, 2.0), s.to_vec());
+            let x =
+                |s: &[usize], k: u64| (data(s.iter().product(), seed ^ k, -2.0, 2.0), s.to_vec());
+            let pos =
+                |s: &[usize], k: u64| (data(s.iter().product(), seed ^ k, 0.5, 2.0), s.to_vec());
             let t = 1e-5;
-            compare("add bcast", dev, &[x(&[a, b, c], 1), x(&[c], 2)], t, &|v| v[0].add(&v[1]));
-            compare("sub", dev, &[x(&[a, b, c], 1), x(&[a, 1, c], 2)], t, &|v| v[0].sub(&v[1]));
-            compare("mul", dev, &[x(&[b, c], 1), x(&[b, c], 2)], t, &|v| v[0].mul(&v[1]));
-            compare("div", dev, &[x(&[b, c], 1), pos(&[b, 1], 2)], t, &|v| v[0].div(&v[1]));
+            compare("add bcast", dev, &[x(&[a, b, c], 1), x(&[c], 2)], t, &|v| {
+                v[0].add(&v[1])
+            });
+            compare("sub", dev, &[x(&[a, b, c], 1), x(&[a, 1, c], 2)], t, &|v| {
+                v[0].sub(&v[1])
+            });
+            compare("mul", dev, &[x(&[b, c], 1), x(&[b, c], 2)], t, &|v| {
+                v[0].mul(&v[1])
+            });
+            compare("div", dev, &[x(&[b, c], 1), pos(&[b, 1], 2)], t, &|v| {
+                v[0].div(&v[1])
+            });
             for op in ["relu", "gelu", "silu", "sigmoid", "tanh", "exp", "log"] {
-                let inp = if op == "log" { pos(&[a, b, c], 3) } else { x(&[a, b, c], 3) };
+                let inp = if op == "log" {
+                    pos(&[a, b, c], 3)
+                } else {
+                    x(&[a, b, c], 3)
+                };
                 compare(op, dev, &[inp], t, &|v| match op {
                     "relu" => v[0].relu(),
                     "gelu" => v[0].gelu(),
@@ -88,56 +129,146 @@ fn gpu_every_op_matches_the_cpu_on_proptest_shapes() {
                 });
             }
             for ax in [0isize, 1, 2] {
-                compare("sum", dev, &[x(&[a, b, c], 4)], 1e-5, &|v| v[0].sum(ax, false));
-                compare("mean", dev, &[x(&[a, b, c], 4)], 1e-5, &|v| v[0].mean(ax, false));
-                compare("max", dev, &[x(&[a, b, c], 4)], 1e-5, &|v| v[0].max(ax, false));
+                compare("sum", dev, &[x(&[a, b, c], 4)], 1e-5, &|v| {
+                    v[0].sum(ax, false)
+                });
+                compare("mean", dev, &[x(&[a, b, c], 4)], 1e-5, &|v| {
+                    v[0].mean(ax, false)
+                });
+                compare("max", dev, &[x(&[a, b, c], 4)], 1e-5, &|v| {
+                    v[0].max(ax, false)
+                });
             }
-            compare("permute", dev, &[x(&[a, b, c], 5)], t, &|v| v[0].permute(&[2, 0, 1]));
-            compare("narrow", dev, &[x(&[a, b, c], 5)], t, &|v| v[0].narrow(1, b / 2, b - b / 2));
-            compare("cat", dev, &[x(&[a, b, c], 5), x(&[a, 3, c], 6)], t, &|v| Tensor::cat(&[&v[0], &v[1]], 1));
-            compare("matmul", dev, &[x(&[a, b, c], 7), x(&[c, b], 8)], 1e-5, &|v| v[0].matmul(&v[1]));
-            compare("matmul_t", dev, &[x(&[a, c, b], 7), x(&[a, c, b], 8)], 1e-5, &|v| v[0].matmul_t(&v[1], true, false));
+            compare("permute", dev, &[x(&[a, b, c], 5)], t, &|v| {
+                v[0].permute(&[2, 0, 1])
+            });
+            compare("narrow", dev, &[x(&[a, b, c], 5)], t, &|v| {
+                v[0].narrow(1, b / 2, b - b / 2)
+            });
+            compare("cat", dev, &[x(&[a, b, c], 5), x(&[a, 3, c], 6)], t, &|v| {
+                Tensor::cat(&[&v[0], &v[1]], 1)
+            });
+            compare(
+                "matmul",
+                dev,
+                &[x(&[a, b, c], 7), x(&[c, b], 8)],
+                1e-5,
+                &|v| v[0].matmul(&v[1]),
+            );
+            compare(
+                "matmul_t",
+                dev,
+                &[x(&[a, c, b], 7), x(&[a, c, b], 8)],
+                1e-5,
+                &|v| v[0].matmul_t(&v[1], true, false),
+            );
             compare("softmax", dev, &[x(&[a, b, c], 9)], t, &|v| v[0].softmax());
-            compare("log_softmax", dev, &[x(&[a, b, c], 9)], t, &|v| v[0].log_softmax());
-            compare("layer_norm", dev, &[x(&[a, b, c], 10), pos(&[c], 11), x(&[c], 12)], 1e-5, &|v| v[0].layer_norm(&v[1], &v[2], 1e-5));
-            compare("rms_norm", dev, &[x(&[a, b, c], 10), pos(&[c], 11)], 1e-5, &|v| v[0].rms_norm(&v[1], 1e-5));
+            compare("log_softmax", dev, &[x(&[a, b, c], 9)], t, &|v| {
+                v[0].log_softmax()
+            });
+            compare(
+                "layer_norm",
+                dev,
+                &[x(&[a, b, c], 10), pos(&[c], 11), x(&[c], 12)],
+                1e-5,
+                &|v| v[0].layer_norm(&v[1], &v[2], 1e-5),
+            );
+            compare(
+                "rms_norm",
+                dev,
+                &[x(&[a, b, c], 10), pos(&[c], 11)],
+                1e-5,
+                &|v| v[0].rms_norm(&v[1], 1e-5),
+            );
             let even = 2 * c.div_ceil(2);
-            compare("rope", dev, &[x(&[a, 2, b, even], 13)], t, &|v| v[0].rope(10_000.0));
+            compare("rope", dev, &[x(&[a, 2, b, even], 13)], t, &|v| {
+                v[0].rope(10_000.0)
+            });
             let d = 4 * c.div_ceil(4).min(32);
             let qkv = |k| x(&[a, 2, b, d], k);
-            compare("attention", dev, &[qkv(14), qkv(15), qkv(16)], 1e-5, &|v| Tensor::causal_attention(&v[0], &v[1], &v[2]));
-            compare("dropout", dev, &[x(&[a, b, c], 17)], t, &|v| v[0].dropout(0.25, seed, true));
-            let ids: Vec<u32> = (0..a * b).map(|i| ((i as u64 * 2654435761 ^ seed) % c as u64) as u32).collect();
-            let (ic, ig) = (Tensor::from_vec(ids.clone(), &[a, b], Device::Cpu).unwrap(), Tensor::from_vec(ids, &[a, b], dev).unwrap());
-            compare("embedding", dev, &[x(&[c, 8], 18)], 1e-5, &|v| v[0].embedding(if v[0].device() == Device::Cpu { &ic } else { &ig }));
-            let tg: Vec<u32> = (0..a * b).map(|i| ((i as u64 * 40503 ^ seed) % c as u64) as u32).collect();
-            let (tc, tgp) = (Tensor::from_vec(tg.clone(), &[a * b], Device::Cpu).unwrap(), Tensor::from_vec(tg, &[a * b], dev).unwrap());
-            compare("cross_entropy", dev, &[x(&[a * b, c], 19)], 1e-5, &|v| v[0].cross_entropy(if v[0].device() == Device::Cpu { &tc } else { &tgp }));
+            compare("attention", dev, &[qkv(14), qkv(15), qkv(16)], 1e-5, &|v| {
+                Tensor::causal_attention(&v[0], &v[1], &v[2])
+            });
+            compare("dropout", dev, &[x(&[a, b, c], 17)], t, &|v| {
+                v[0].dropout(0.25, seed, true)
+            });
+            let ids: Vec<u32> = (0..a * b)
+                .map(|i| (((i as u64 * 2654435761) ^ seed) % c as u64) as u32)
+                .collect();
+            let (ic, ig) = (
+                Tensor::from_vec(ids.clone(), &[a, b], Device::Cpu).unwrap(),
+                Tensor::from_vec(ids, &[a, b], dev).unwrap(),
+            );
+            compare("embedding", dev, &[x(&[c, 8], 18)], 1e-5, &|v| {
+                v[0].embedding(if v[0].device() == Device::Cpu {
+                    &ic
+                } else {
+                    &ig
+                })
+            });
+            let tg: Vec<u32> = (0..a * b)
+                .map(|i| (((i as u64 * 40503) ^ seed) % c as u64) as u32)
+                .collect();
+            let (tc, tgp) = (
+                Tensor::from_vec(tg.clone(), &[a * b], Device::Cpu).unwrap(),
+                Tensor::from_vec(tg, &[a * b], dev).unwrap(),
+            );
+            compare("cross_entropy", dev, &[x(&[a * b, c], 19)], 1e-5, &|v| {
+                v[0].cross_entropy(if v[0].device() == Device::Cpu {
+                    &tc
+                } else {
+                    &tgp
+                })
+            });
             Ok(())
         })
         .unwrap();
 }
 
 fn small_cfg(variant: Variant, vocab: usize) -> GptConfig {
-    GptConfig { variant, vocab_size: vocab, block_size: 32, n_layer: 2, n_head: 4, n_embd: 64, dropout: 0.1, bias: true }
+    GptConfig {
+        variant,
+        vocab_size: vocab,
+        block_size: 32,
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 64,
+        dropout: 0.1,
+        bias: true,
+    }
 }
 
 #[test]
 fn gpu_gpt_step_matches_the_cpu() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = gpu("gpu_gpt_step_matches_the_cpu") else {
+        return;
+    };
     let text = "To be, or not to be, that is the question: ".repeat(50);
     let ds = Dataset::from_text(&text, 0.9).unwrap();
     for variant in [Variant::Gpt2, Variant::Llama] {
         let cfg = small_cfg(variant, ds.tokenizer.vocab_size());
-        let (mc, mg) = (Gpt::new(cfg, 11, Device::Cpu).unwrap(), Gpt::new(cfg, 11, dev).unwrap());
-        let (x, y) = ds.batch(false, 4, 32, &mut Dataset::rng(5), Device::Cpu).unwrap();
+        let (mc, mg) = (
+            Gpt::new(cfg, 11, Device::Cpu).unwrap(),
+            Gpt::new(cfg, 11, dev).unwrap(),
+        );
+        let (x, y) = ds
+            .batch(false, 4, 32, &mut Dataset::rng(5), Device::Cpu)
+            .unwrap();
         let lc = mc.loss(&x, &y, Some(9)).unwrap();
-        let lg = mg.loss(&x.to(dev).unwrap(), &y.to(dev).unwrap(), Some(9)).unwrap();
+        let lg = mg
+            .loss(&x.to(dev).unwrap(), &y.to(dev).unwrap(), Some(9))
+            .unwrap();
         let (vc, vg) = (lc.item().unwrap(), lg.item().unwrap());
-        assert!(((vc - vg) / vc).abs() < 1e-5, "{variant:?} loss {vc} vs {vg}");
+        assert!(
+            ((vc - vg) / vc).abs() < 1e-5,
+            "{variant:?} loss {vc} vs {vg}"
+        );
         let (gc, gg) = (lc.backward().unwrap(), lg.backward().unwrap());
         for ((name, pc, _), (_, pg, _)) in mc.parameters().iter().zip(mg.parameters()) {
-            let e = rel_err(&gg.get(&pg).unwrap().to_vec().unwrap(), &gc.get(pc).unwrap().to_vec().unwrap());
+            let e = rel_err(
+                &gg.get(&pg).unwrap().to_vec().unwrap(),
+                &gc.get(pc).unwrap().to_vec().unwrap(),
+            );
             assert!(e < 1e-4, "{variant:?} {name}: grad rel err {e:e}");
         }
     }
@@ -145,12 +276,25 @@ fn gpu_gpt_step_matches_the_cpu() {
 
 #[test]
 fn gpu_training_step_moves_only_the_batch_and_the_loss() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = gpu("gpu_training_step_moves_only_the_batch_and_the_loss") else {
+        return;
+    };
     let text = "It was the best of times, it was the worst of times. ".repeat(100);
     let ds = Dataset::from_text(&text, 0.9).unwrap();
     let model = Gpt::new(small_cfg(Variant::Gpt2, ds.tokenizer.vocab_size()), 1, dev).unwrap();
-    let params = model.parameters().into_iter().map(|(_, t, d)| (t, d)).collect();
-    let mut opt = AdamW::new(params, AdamWParams { max_grad_norm: Some(1.0), ..Default::default() }).unwrap();
+    let params = model
+        .parameters()
+        .into_iter()
+        .map(|(_, t, d)| (t, d))
+        .collect();
+    let mut opt = AdamW::new(
+        params,
+        AdamWParams {
+            max_grad_norm: Some(1.0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let mut rng = Dataset::rng(2);
     let mut step = |i: u64| -> f32 {
         let (x, y) = ds.batch(false, 4, 32, &mut rng, dev).unwrap();
@@ -164,8 +308,19 @@ fn gpu_training_step_moves_only_the_batch_and_the_loss() {
     let loss = step(1);
     let after = transfer_stats();
     assert!(loss.is_finite());
-    assert_eq!(after.host_to_device - before.host_to_device, 2, "only x and y go in");
-    assert_eq!(after.host_to_device_bytes - before.host_to_device_bytes, 2 * 4 * 32 * 4);
-    assert_eq!(after.device_to_host - before.device_to_host, 1, "only the loss comes out");
+    assert_eq!(
+        after.host_to_device - before.host_to_device,
+        2,
+        "only x and y go in"
+    );
+    assert_eq!(
+        after.host_to_device_bytes - before.host_to_device_bytes,
+        2 * 4 * 32 * 4
+    );
+    assert_eq!(
+        after.device_to_host - before.device_to_host,
+        1,
+        "only the loss comes out"
+    );
     assert_eq!(after.device_to_host_bytes - before.device_to_host_bytes, 4);
 }

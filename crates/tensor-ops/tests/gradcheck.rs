@@ -14,30 +14,53 @@ struct Input {
 
 fn rand_input(rng: &mut StdRng, shape: &[usize], lo: f32, hi: f32) -> Input {
     let n = shape.iter().product();
-    Input { data: (0..n).map(|_| rng.random_range(lo..hi)).collect(), shape: shape.to_vec() }
+    Input {
+        data: (0..n).map(|_| rng.random_range(lo..hi)).collect(),
+        shape: shape.to_vec(),
+    }
 }
 
 /// Checks d⟨f(x), R⟩/dx for every input element against central differences with step `h`.
-fn check(name: &str, inputs: Vec<Input>, h: f32, tol: f64, f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+fn check(
+    name: &str,
+    inputs: Vec<Input>,
+    h: f32,
+    tol: f64,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) {
     let mut rng = StdRng::seed_from_u64(0xC0FFEE);
     let leaves: Vec<Tensor> = inputs
         .iter()
-        .map(|i| Tensor::from_vec(i.data.clone(), &i.shape, CPU).unwrap().requires_grad_())
+        .map(|i| {
+            Tensor::from_vec(i.data.clone(), &i.shape, CPU)
+                .unwrap()
+                .requires_grad_()
+        })
         .collect();
     let out = f(&leaves).unwrap();
-    let r: Vec<f32> = (0..out.numel()).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let r: Vec<f32> = (0..out.numel())
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
     let rt = Tensor::from_vec(r.clone(), out.shape(), CPU).unwrap();
     let loss = out.mul(&rt).unwrap().sum_all().unwrap();
     let grads = loss.backward().unwrap();
     let objective = |vals: &[Vec<f32>]| -> f64 {
         no_grad(|| {
-            let ts: Vec<Tensor> = vals.iter().zip(&inputs).map(|(v, i)| Tensor::from_vec(v.clone(), &i.shape, CPU).unwrap()).collect();
+            let ts: Vec<Tensor> = vals
+                .iter()
+                .zip(&inputs)
+                .map(|(v, i)| Tensor::from_vec(v.clone(), &i.shape, CPU).unwrap())
+                .collect();
             let o = f(&ts).unwrap().to_vec().unwrap();
             o.iter().zip(&r).map(|(a, b)| *a as f64 * *b as f64).sum()
         })
     };
     for (ii, input) in inputs.iter().enumerate() {
-        let g = grads.get(&leaves[ii]).unwrap_or_else(|| panic!("{name}: no gradient for input {ii}")).to_vec().unwrap();
+        let g = grads
+            .get(&leaves[ii])
+            .unwrap_or_else(|| panic!("{name}: no gradient for input {ii}"))
+            .to_vec()
+            .unwrap();
         let mut vals: Vec<Vec<f32>> = inputs.iter().map(|i| i.data.clone()).collect();
         for j in 0..input.data.len() {
             let x0 = vals[ii][j];
@@ -48,7 +71,11 @@ fn check(name: &str, inputs: Vec<Input>, h: f32, tol: f64, f: impl Fn(&[Tensor])
             vals[ii][j] = x0;
             let fd = (up - down) / (2.0 * h as f64);
             let diff = (g[j] as f64 - fd).abs();
-            assert!(diff <= tol * fd.abs().max(1.0), "{name}: d/dx{ii}[{j}] analytic {} vs numeric {fd} (diff {diff:e})", g[j]);
+            assert!(
+                diff <= tol * fd.abs().max(1.0),
+                "{name}: d/dx{ii}[{j}] analytic {} vs numeric {fd} (diff {diff:e})",
+                g[j]
+            );
         }
     }
 }
@@ -60,15 +87,74 @@ fn rng() -> StdRng {
 #[test]
 fn arithmetic_with_broadcasting() {
     let mut r = rng();
-    for (sa, sb) in [(vec![2, 3], vec![2, 3]), (vec![2, 3], vec![3]), (vec![4, 1, 3], vec![2, 1]), (vec![3], vec![2, 3])] {
+    for (sa, sb) in [
+        (vec![2, 3], vec![2, 3]),
+        (vec![2, 3], vec![3]),
+        (vec![4, 1, 3], vec![2, 1]),
+        (vec![3], vec![2, 3]),
+    ] {
         let a = || rand_input(&mut StdRng::seed_from_u64(1), &sa, -2.0, 2.0);
         let b = rand_input(&mut r, &sb, 0.5, 2.0); // away from 0 for div
-        check("add", vec![a(), Input { data: b.data.clone(), shape: sb.clone() }], 1e-2, 1e-3, |t| t[0].add(&t[1]));
-        check("sub", vec![a(), Input { data: b.data.clone(), shape: sb.clone() }], 1e-2, 1e-3, |t| t[0].sub(&t[1]));
-        check("mul", vec![a(), Input { data: b.data.clone(), shape: sb.clone() }], 1e-2, 1e-3, |t| t[0].mul(&t[1]));
-        check("div", vec![a(), Input { data: b.data.clone(), shape: sb.clone() }], 1e-3, 2e-3, |t| t[0].div(&t[1]));
+        check(
+            "add",
+            vec![
+                a(),
+                Input {
+                    data: b.data.clone(),
+                    shape: sb.clone(),
+                },
+            ],
+            1e-2,
+            1e-3,
+            |t| t[0].add(&t[1]),
+        );
+        check(
+            "sub",
+            vec![
+                a(),
+                Input {
+                    data: b.data.clone(),
+                    shape: sb.clone(),
+                },
+            ],
+            1e-2,
+            1e-3,
+            |t| t[0].sub(&t[1]),
+        );
+        check(
+            "mul",
+            vec![
+                a(),
+                Input {
+                    data: b.data.clone(),
+                    shape: sb.clone(),
+                },
+            ],
+            1e-2,
+            1e-3,
+            |t| t[0].mul(&t[1]),
+        );
+        check(
+            "div",
+            vec![
+                a(),
+                Input {
+                    data: b.data.clone(),
+                    shape: sb.clone(),
+                },
+            ],
+            1e-3,
+            2e-3,
+            |t| t[0].div(&t[1]),
+        );
     }
-    check("affine", vec![rand_input(&mut r, &[5], -1.0, 1.0)], 1e-2, 1e-3, |t| t[0].affine(-1.5, 0.25));
+    check(
+        "affine",
+        vec![rand_input(&mut r, &[5], -1.0, 1.0)],
+        1e-2,
+        1e-3,
+        |t| t[0].affine(-1.5, 0.25),
+    );
 }
 
 #[test]
@@ -81,8 +167,16 @@ fn activations() {
     check("sigmoid", vec![x(&mut r)], 1e-2, 1e-3, |t| t[0].sigmoid());
     check("tanh", vec![x(&mut r)], 1e-2, 1e-3, |t| t[0].tanh());
     check("exp", vec![x(&mut r)], 1e-3, 1e-3, |t| t[0].exp());
-    check("log", vec![rand_input(&mut r, &[3, 7], 0.5, 3.0)], 1e-3, 1e-3, |t| t[0].log());
-    check("swiglu", vec![x(&mut r), x(&mut r)], 1e-2, 1e-3, |t| t[0].swiglu(&t[1]));
+    check(
+        "log",
+        vec![rand_input(&mut r, &[3, 7], 0.5, 3.0)],
+        1e-3,
+        1e-3,
+        |t| t[0].log(),
+    );
+    check("swiglu", vec![x(&mut r), x(&mut r)], 1e-2, 1e-3, |t| {
+        t[0].swiglu(&t[1])
+    });
 }
 
 #[test]
@@ -90,18 +184,62 @@ fn reductions_and_shapes() {
     let mut r = rng();
     let x = rand_input(&mut r, &[2, 3, 4], -2.0, 2.0);
     for ax in [0isize, 1, -1] {
-        check("sum", vec![Input { data: x.data.clone(), shape: x.shape.clone() }], 1e-2, 1e-3, |t| t[0].sum(ax, false));
-        check("mean", vec![Input { data: x.data.clone(), shape: x.shape.clone() }], 1e-2, 1e-3, |t| t[0].mean(ax, true));
-        check("max", vec![Input { data: x.data.clone(), shape: x.shape.clone() }], 1e-3, 1e-3, |t| t[0].max(ax, false));
+        check(
+            "sum",
+            vec![Input {
+                data: x.data.clone(),
+                shape: x.shape.clone(),
+            }],
+            1e-2,
+            1e-3,
+            |t| t[0].sum(ax, false),
+        );
+        check(
+            "mean",
+            vec![Input {
+                data: x.data.clone(),
+                shape: x.shape.clone(),
+            }],
+            1e-2,
+            1e-3,
+            |t| t[0].mean(ax, true),
+        );
+        check(
+            "max",
+            vec![Input {
+                data: x.data.clone(),
+                shape: x.shape.clone(),
+            }],
+            1e-3,
+            1e-3,
+            |t| t[0].max(ax, false),
+        );
     }
-    let inp = || Input { data: x.data.clone(), shape: x.shape.clone() };
-    check("reshape", vec![inp()], 1e-2, 1e-3, |t| t[0].reshape(&[6, 4]));
-    check("transpose", vec![inp()], 1e-2, 1e-3, |t| t[0].transpose(0, 2));
-    check("permute", vec![inp()], 1e-2, 1e-3, |t| t[0].permute(&[1, 2, 0]));
+    let inp = || Input {
+        data: x.data.clone(),
+        shape: x.shape.clone(),
+    };
+    check("reshape", vec![inp()], 1e-2, 1e-3, |t| {
+        t[0].reshape(&[6, 4])
+    });
+    check("transpose", vec![inp()], 1e-2, 1e-3, |t| {
+        t[0].transpose(0, 2)
+    });
+    check("permute", vec![inp()], 1e-2, 1e-3, |t| {
+        t[0].permute(&[1, 2, 0])
+    });
     check("narrow", vec![inp()], 1e-2, 1e-3, |t| t[0].narrow(2, 1, 2));
-    check("expand", vec![rand_input(&mut r, &[3, 1], -1.0, 1.0)], 1e-2, 1e-3, |t| t[0].expand(&[2, 3, 4]));
+    check(
+        "expand",
+        vec![rand_input(&mut r, &[3, 1], -1.0, 1.0)],
+        1e-2,
+        1e-3,
+        |t| t[0].expand(&[2, 3, 4]),
+    );
     let y = rand_input(&mut r, &[2, 5, 4], -2.0, 2.0);
-    check("cat", vec![inp(), y], 1e-2, 1e-3, |t| Tensor::cat(&[&t[0], &t[1]], 1));
+    check("cat", vec![inp(), y], 1e-2, 1e-3, |t| {
+        Tensor::cat(&[&t[0], &t[1]], 1)
+    });
 }
 
 #[test]
@@ -110,36 +248,88 @@ fn matmul_variants() {
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         let a = rand_input(&mut r, if ta { &[2, 4, 3] } else { &[2, 3, 4] }, -1.0, 1.0);
         let b = rand_input(&mut r, if tb { &[2, 5, 4] } else { &[2, 4, 5] }, -1.0, 1.0);
-        check("batched matmul", vec![a, b], 1e-2, 1e-3, move |t| t[0].matmul_t(&t[1], ta, tb));
+        check("batched matmul", vec![a, b], 1e-2, 1e-3, move |t| {
+            t[0].matmul_t(&t[1], ta, tb)
+        });
     }
     // A batched activation against a shared weight (folded), PyTorch's linear layout.
     let x = rand_input(&mut r, &[2, 3, 4], -1.0, 1.0);
     let w = rand_input(&mut r, &[5, 4], -1.0, 1.0);
     let b = rand_input(&mut r, &[5], -1.0, 1.0);
-    check("linear", vec![x, w, b], 1e-2, 1e-3, |t| t[0].linear(&t[1], Some(&t[2])));
+    check("linear", vec![x, w, b], 1e-2, 1e-3, |t| {
+        t[0].linear(&t[1], Some(&t[2]))
+    });
     let x = rand_input(&mut r, &[2, 3, 4], -1.0, 1.0);
     let w = rand_input(&mut r, &[4, 6], -1.0, 1.0);
-    check("matmul shared", vec![x, w], 1e-2, 1e-3, |t| t[0].matmul(&t[1]));
+    check("matmul shared", vec![x, w], 1e-2, 1e-3, |t| {
+        t[0].matmul(&t[1])
+    });
 }
 
 #[test]
 fn nn_ops() {
     let mut r = rng();
-    check("softmax", vec![rand_input(&mut r, &[3, 6], -2.0, 2.0)], 1e-2, 1e-3, |t| t[0].softmax());
-    check("log_softmax", vec![rand_input(&mut r, &[3, 6], -2.0, 2.0)], 1e-2, 1e-3, |t| t[0].log_softmax());
+    check(
+        "softmax",
+        vec![rand_input(&mut r, &[3, 6], -2.0, 2.0)],
+        1e-2,
+        1e-3,
+        |t| t[0].softmax(),
+    );
+    check(
+        "log_softmax",
+        vec![rand_input(&mut r, &[3, 6], -2.0, 2.0)],
+        1e-2,
+        1e-3,
+        |t| t[0].log_softmax(),
+    );
     let targets = Tensor::from_vec(vec![0u32, 5, 2, 3], &[4], CPU).unwrap();
-    check("cross_entropy", vec![rand_input(&mut r, &[4, 6], -2.0, 2.0)], 1e-2, 1e-3, move |t| t[0].cross_entropy(&targets));
+    check(
+        "cross_entropy",
+        vec![rand_input(&mut r, &[4, 6], -2.0, 2.0)],
+        1e-2,
+        1e-3,
+        move |t| t[0].cross_entropy(&targets),
+    );
     let x = rand_input(&mut r, &[3, 8], -2.0, 2.0);
     let w = rand_input(&mut r, &[8], 0.5, 1.5);
     let b = rand_input(&mut r, &[8], -0.5, 0.5);
-    check("layer_norm", vec![x, w, b], 1e-2, 2e-3, |t| t[0].layer_norm(&t[1], &t[2], 1e-5));
+    check("layer_norm", vec![x, w, b], 1e-2, 2e-3, |t| {
+        t[0].layer_norm(&t[1], &t[2], 1e-5)
+    });
     let x = rand_input(&mut r, &[3, 8], -2.0, 2.0);
     let w = rand_input(&mut r, &[8], 0.5, 1.5);
-    check("rms_norm", vec![x, w], 1e-2, 2e-3, |t| t[0].rms_norm(&t[1], 1e-5));
-    check("rope", vec![rand_input(&mut r, &[2, 2, 5, 6], -1.0, 1.0)], 1e-2, 1e-3, |t| t[0].rope(10_000.0));
+    check("rms_norm", vec![x, w], 1e-2, 2e-3, |t| {
+        t[0].rms_norm(&t[1], 1e-5)
+    });
+    check(
+        "rope",
+        vec![rand_input(&mut r, &[2, 2, 5, 6], -1.0, 1.0)],
+        1e-2,
+        1e-3,
+        |t| t[0].rope(10_000.0),
+    );
     let ids = Tensor::from_vec(vec![1u32, 3, 1, 0, 4], &[5], CPU).unwrap();
-    check("embedding", vec![rand_input(&mut r, &[6, 3], -1.0, 1.0)], 1e-2, 1e-3, move |t| t[0].embedding(&ids));
+    check(
+        "embedding",
+        vec![rand_input(&mut r, &[6, 3], -1.0, 1.0)],
+        1e-2,
+        1e-3,
+        move |t| t[0].embedding(&ids),
+    );
     let qkv = |r: &mut StdRng| rand_input(r, &[1, 2, 5, 4], -1.0, 1.0);
-    check("causal_attention", vec![qkv(&mut r), qkv(&mut r), qkv(&mut r)], 1e-2, 2e-3, |t| Tensor::causal_attention(&t[0], &t[1], &t[2]));
-    check("dropout", vec![rand_input(&mut r, &[4, 9], -1.0, 1.0)], 1e-2, 1e-3, |t| t[0].dropout(0.3, 77, true));
+    check(
+        "causal_attention",
+        vec![qkv(&mut r), qkv(&mut r), qkv(&mut r)],
+        1e-2,
+        2e-3,
+        |t| Tensor::causal_attention(&t[0], &t[1], &t[2]),
+    );
+    check(
+        "dropout",
+        vec![rand_input(&mut r, &[4, 9], -1.0, 1.0)],
+        1e-2,
+        1e-3,
+        |t| t[0].dropout(0.3, 77, true),
+    );
 }

@@ -8,7 +8,10 @@ use tensor_ops::{transfer_stats, Device, GpuError, Tensor};
 fn shapes_and_errors_are_typed() {
     let a = Tensor::from_vec(vec![1.0f32; 6], &[2, 3], Device::Cpu).unwrap();
     assert_eq!(a.strides(), vec![3, 1]);
-    assert!(matches!(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], Device::Cpu), Err(GpuError::ShapeMismatch { .. })));
+    assert!(matches!(
+        Tensor::from_vec(vec![1.0f32; 5], &[2, 3], Device::Cpu),
+        Err(GpuError::ShapeMismatch { .. })
+    ));
     let b = Tensor::from_vec(vec![1.0f32; 4], &[4], Device::Cpu).unwrap();
     assert!(a.add(&b).is_err());
     assert!(a.matmul(&a).is_err());
@@ -27,7 +30,10 @@ fn shapes_and_errors_are_typed() {
 
 #[test]
 fn gpu_mixing_devices_is_an_error_not_a_copy() {
-    let Some(gpu) = gpu_cuda::testing::backend_or_skip("gpu_mixing_devices_is_an_error") else { return };
+    let Some(gpu) = gpu_cuda::testing::backend_or_skip("gpu_mixing_devices_is_an_error_not_a_copy")
+    else {
+        return;
+    };
     let dev = Device::Cuda(gpu.info().ordinal);
     let a = Tensor::ones(&[3], Device::Cpu).unwrap();
     let b = Tensor::ones(&[3], dev).unwrap();
@@ -44,10 +50,25 @@ fn gpu_mixing_devices_is_an_error_not_a_copy() {
 
 #[test]
 fn adamw_matches_a_hand_computed_step() {
-    let p = Tensor::from_vec(vec![1.0f32, -2.0], &[2], Device::Cpu).unwrap().requires_grad_();
-    let mut opt = AdamW::new(vec![(p.clone(), true)], AdamWParams { weight_decay: 0.1, ..Default::default() }).unwrap();
+    let p = Tensor::from_vec(vec![1.0f32, -2.0], &[2], Device::Cpu)
+        .unwrap()
+        .requires_grad_();
+    let mut opt = AdamW::new(
+        vec![(p.clone(), true)],
+        AdamWParams {
+            weight_decay: 0.1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     // loss = sum(3·p) → grad 3 everywhere.
-    let g = p.mul_scalar(3.0).unwrap().sum_all().unwrap().backward().unwrap();
+    let g = p
+        .mul_scalar(3.0)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
     opt.step(&g, 0.1).unwrap();
     // Step 1: m̂ = g, v̂ = g², update = lr·g/(|g| + eps) = 0.1; decay: p·(1 − 0.1·0.1).
     let got = p.to_vec().unwrap();
@@ -58,7 +79,8 @@ fn adamw_matches_a_hand_computed_step() {
 }
 
 fn corpus() -> String {
-    let path = std::env::var("TINYSHAKESPEARE").unwrap_or_else(|_| "../../../shared/data/tinyshakespeare.txt".into());
+    let path = std::env::var("TINYSHAKESPEARE")
+        .unwrap_or_else(|_| "../../../shared/data/tinyshakespeare.txt".into());
     std::fs::read_to_string(&path).unwrap_or_else(|_| {
         // A fallback corpus so the test runs anywhere: repetitive text a model can learn.
         "the quick brown fox jumps over the lazy dog. ".repeat(400)
@@ -71,10 +93,30 @@ fn tiny_gpt_learns_on_the_cpu_and_checkpoints_round_trip() {
     let text = &text[..text.len().min(200_000)];
     let ds = Dataset::from_text(text, 0.9).unwrap();
     for variant in [Variant::Gpt2, Variant::Llama] {
-        let cfg = GptConfig { variant, vocab_size: ds.tokenizer.vocab_size(), block_size: 16, n_layer: 2, n_head: 2, n_embd: 32, dropout: 0.0, bias: true };
+        let cfg = GptConfig {
+            variant,
+            vocab_size: ds.tokenizer.vocab_size(),
+            block_size: 16,
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 32,
+            dropout: 0.0,
+            bias: true,
+        };
         let model = Gpt::new(cfg, 7, Device::Cpu).unwrap();
-        let params = model.parameters().into_iter().map(|(_, t, d)| (t, d)).collect();
-        let mut opt = AdamW::new(params, AdamWParams { max_grad_norm: Some(1.0), ..Default::default() }).unwrap();
+        let params = model
+            .parameters()
+            .into_iter()
+            .map(|(_, t, d)| (t, d))
+            .collect();
+        let mut opt = AdamW::new(
+            params,
+            AdamWParams {
+                max_grad_norm: Some(1.0),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let mut rng = Dataset::rng(3);
         let mut first = None;
         let mut last = 0.0;
@@ -88,7 +130,10 @@ fn tiny_gpt_learns_on_the_cpu_and_checkpoints_round_trip() {
         }
         let first = first.unwrap();
         assert!(last < first - 0.5, "{variant:?}: loss {first} -> {last}");
-        let path = std::env::temp_dir().join(format!("gpt-{variant:?}-{}.safetensors", std::process::id()));
+        let path = std::env::temp_dir().join(format!(
+            "gpt-{variant:?}-{}.safetensors",
+            std::process::id()
+        ));
         model.save(&path).unwrap();
         let back = Gpt::load(&path, Device::Cpu).unwrap();
         for ((n1, a, _), (n2, b, _)) in model.parameters().iter().zip(back.parameters()) {

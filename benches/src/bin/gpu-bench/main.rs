@@ -167,7 +167,11 @@ fn measure(b: &Bench) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-fn torch_rows(script: &PathBuf, reps: usize, gpt_text: Option<&PathBuf>) -> Result<HashMap<String, Row>> {
+fn torch_rows(
+    script: &PathBuf,
+    reps: usize,
+    gpt_text: Option<&PathBuf>,
+) -> Result<HashMap<String, Row>> {
     let ok = Command::new("python3")
         .args(["-c", "import torch; assert torch.cuda.is_available()"])
         .status();
@@ -177,7 +181,11 @@ fn torch_rows(script: &PathBuf, reps: usize, gpt_text: Option<&PathBuf>) -> Resu
     let out = Command::new("python3")
         .arg(script)
         .args(["--reps", &reps.to_string()])
-        .args(gpt_text.map(|p| vec!["--gpt-text".into(), p.display().to_string()]).unwrap_or_default())
+        .args(
+            gpt_text
+                .map(|p| vec!["--gpt-text".into(), p.display().to_string()])
+                .unwrap_or_default(),
+        )
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
@@ -277,7 +285,8 @@ fn main() -> Result<()> {
     let mut rows = measure(&bench)?;
     rows.extend(nn::measure(&bench)?);
     if let Some(path) = &args.gpt_text {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         for tf32 in [false, true] {
             rows.push(nn::train_step(gpu.info().ordinal, &text, 10, tf32)?);
         }

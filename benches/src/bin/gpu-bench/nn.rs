@@ -23,26 +23,93 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let mut o = b.out(n)?;
     for (id, op) in [("gelu", Activation::Gelu), ("silu", Activation::Silu)] {
         let us = b.time(|i| b.gpu.activation_fwd(op, &xs[i % 2], &mut o))?;
-        rows.push(row(id, format!("{id} forward {size}"), us, Some(2.0 * nb), None));
+        rows.push(row(
+            id,
+            format!("{id} forward {size}"),
+            us,
+            Some(2.0 * nb),
+            None,
+        ));
     }
     // Softmax backward on a real softmax output.
     let mut y = b.out(n)?;
     b.gpu.softmax_rows(&xs[0], &mut y, cols)?;
     let us = b.time(|i| b.gpu.softmax_bwd(&y, &dys[i % 2], &mut o, cols))?;
-    rows.push(row("softmax_bwd", format!("softmax backward {size} (y, dy in; dx out)"), us, Some(3.0 * nb), None));
+    rows.push(row(
+        "softmax_bwd",
+        format!("softmax backward {size} (y, dy in; dx out)"),
+        us,
+        Some(3.0 * nb),
+        None,
+    ));
     let (w, bias) = (b.random(cols)?, b.random(cols)?);
     let (mut mean, mut rstd) = (b.out(ROWS)?, b.out(ROWS)?);
-    let us = b.time(|i| b.gpu.layernorm_fwd(&xs[i % 2], &w, &bias, &mut o, &mut mean, &mut rstd, cols, 1e-5))?;
-    rows.push(row("layernorm_fwd", format!("layernorm forward with saved stats {size}"), us, Some(2.0 * nb), None));
-    b.gpu.layernorm_fwd(&xs[0], &w, &bias, &mut y, &mut mean, &mut rstd, cols, 1e-5)?;
+    let us = b.time(|i| {
+        b.gpu.layernorm_fwd(
+            &xs[i % 2],
+            &w,
+            &bias,
+            &mut o,
+            &mut mean,
+            &mut rstd,
+            cols,
+            1e-5,
+        )
+    })?;
+    rows.push(row(
+        "layernorm_fwd",
+        format!("layernorm forward with saved stats {size}"),
+        us,
+        Some(2.0 * nb),
+        None,
+    ));
+    b.gpu
+        .layernorm_fwd(&xs[0], &w, &bias, &mut y, &mut mean, &mut rstd, cols, 1e-5)?;
     let (mut dw, mut db) = (b.out(cols)?, b.out(cols)?);
-    let us = b.time(|i| b.gpu.layernorm_bwd(&xs[0], &w, &mean, &rstd, &dys[i % 2], &mut o, &mut dw, &mut db, cols))?;
-    rows.push(row("layernorm_bwd", format!("layernorm backward {size} (x, dy in; dx out)"), us, Some(3.0 * nb), None));
-    let us = b.time(|i| b.gpu.rmsnorm_fwd(&xs[i % 2], &w, &mut o, &mut rstd, cols, 1e-5))?;
-    rows.push(row("rmsnorm_fwd", format!("rmsnorm forward {size}"), us, Some(2.0 * nb), None));
-    b.gpu.rmsnorm_fwd(&xs[0], &w, &mut y, &mut rstd, cols, 1e-5)?;
-    let us = b.time(|i| b.gpu.rmsnorm_bwd(&xs[0], &w, &rstd, &dys[i % 2], &mut o, &mut dw, cols))?;
-    rows.push(row("rmsnorm_bwd", format!("rmsnorm backward {size} (x, dy in; dx out)"), us, Some(3.0 * nb), None));
+    let us = b.time(|i| {
+        b.gpu.layernorm_bwd(
+            &xs[0],
+            &w,
+            &mean,
+            &rstd,
+            &dys[i % 2],
+            &mut o,
+            &mut dw,
+            &mut db,
+            cols,
+        )
+    })?;
+    rows.push(row(
+        "layernorm_bwd",
+        format!("layernorm backward {size} (x, dy in; dx out)"),
+        us,
+        Some(3.0 * nb),
+        None,
+    ));
+    let us = b.time(|i| {
+        b.gpu
+            .rmsnorm_fwd(&xs[i % 2], &w, &mut o, &mut rstd, cols, 1e-5)
+    })?;
+    rows.push(row(
+        "rmsnorm_fwd",
+        format!("rmsnorm forward {size}"),
+        us,
+        Some(2.0 * nb),
+        None,
+    ));
+    b.gpu
+        .rmsnorm_fwd(&xs[0], &w, &mut y, &mut rstd, cols, 1e-5)?;
+    let us = b.time(|i| {
+        b.gpu
+            .rmsnorm_bwd(&xs[0], &w, &rstd, &dys[i % 2], &mut o, &mut dw, cols)
+    })?;
+    rows.push(row(
+        "rmsnorm_bwd",
+        format!("rmsnorm backward {size} (x, dy in; dx out)"),
+        us,
+        Some(3.0 * nb),
+        None,
+    ));
     drop((xs, dys, o, y));
 
     // Causal attention, B64 H6 T256 D64: FLOPs counted as PyTorch's causal half, 4·n·t²·d/2.
@@ -53,19 +120,53 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let mut lse = b.out(nh * t)?;
     let scale = 1.0 / (d as f32).sqrt();
     let fwd_flops = 4.0 * nh as f64 * (t * t) as f64 * d as f64 / 2.0;
-    let us = b.time(|_| b.gpu.causal_attention_fwd(&q, &k, &v, &mut out, &mut lse, nh, t, d, scale))?;
-    rows.push(row("attn_fwd", "causal attention forward B64 H6 T256 D64 f32".into(), us, None, Some(fwd_flops)));
+    let us = b.time(|_| {
+        b.gpu
+            .causal_attention_fwd(&q, &k, &v, &mut out, &mut lse, nh, t, d, scale)
+    })?;
+    rows.push(row(
+        "attn_fwd",
+        "causal attention forward B64 H6 T256 D64 f32".into(),
+        us,
+        None,
+        Some(fwd_flops),
+    ));
     let dout = b.random(len)?;
     let (mut dq, mut dk, mut dv) = (b.out(len)?, b.out(len)?, b.out(len)?);
-    let us = b.time(|_| b.gpu.causal_attention_bwd(&q, &k, &v, &out, &lse, &dout, &mut dq, &mut dk, &mut dv, nh, t, d, scale))?;
-    rows.push(row("attn_bwd", "causal attention backward B64 H6 T256 D64 f32".into(), us, None, Some(2.5 * fwd_flops)));
+    let us = b.time(|_| {
+        b.gpu.causal_attention_bwd(
+            &q, &k, &v, &out, &lse, &dout, &mut dq, &mut dk, &mut dv, nh, t, d, scale,
+        )
+    })?;
+    rows.push(row(
+        "attn_bwd",
+        "causal attention backward B64 H6 T256 D64 f32".into(),
+        us,
+        None,
+        Some(2.5 * fwd_flops),
+    ));
 
     // AdamW over nanoGPT shakespeare-char's parameter shapes (10.7M).
     let model = Gpt::new(GptConfig::shakespeare_char(65), 1, Device::Cpu)?;
-    let shapes: Vec<usize> = model.parameters().iter().map(|(_, t, _)| t.numel()).collect();
+    let shapes: Vec<usize> = model
+        .parameters()
+        .iter()
+        .map(|(_, t, _)| t.numel())
+        .collect();
     let total: usize = shapes.iter().sum();
     let mk = |fill: bool| -> Result<Vec<CudaBuffer>> {
-        shapes.iter().map(|&s| if fill { b.random(s) } else { let mut z = b.out(s)?; b.gpu.fill(&mut z, 0.0)?; Ok(z) }).collect()
+        shapes
+            .iter()
+            .map(|&s| {
+                if fill {
+                    b.random(s)
+                } else {
+                    let mut z = b.out(s)?;
+                    b.gpu.fill(&mut z, 0.0)?;
+                    Ok(z)
+                }
+            })
+            .collect()
     };
     let (mut p, g, mut m, mut vv) = (mk(true)?, mk(true)?, mk(false)?, mk(false)?);
     let wd: Vec<f32> = vec![0.1; shapes.len()];
@@ -76,11 +177,28 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         let gr: Vec<&CudaBuffer> = g.iter().collect();
         let mut mr: Vec<&mut CudaBuffer> = m.iter_mut().collect();
         let mut vr: Vec<&mut CudaBuffer> = vv.iter_mut().collect();
-        let cfg = AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.99, eps: 1e-8, step };
-        b.gpu.adamw_step(&mut pr, &gr, &mut mr, &mut vr, &wd, None, cfg)
+        let cfg = AdamWConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            step,
+        };
+        b.gpu
+            .adamw_step(&mut pr, &gr, &mut mr, &mut vr, &wd, None, cfg)
     })?;
     // Reads p, g, m, v and writes p, m, v: 7 × 4 bytes per parameter.
-    rows.push(row("adamw", format!("fused AdamW over {:.1}M params ({} tensors)", total as f64 / 1e6, shapes.len()), us, Some(7.0 * 4.0 * total as f64), None));
+    rows.push(row(
+        "adamw",
+        format!(
+            "fused AdamW over {:.1}M params ({} tensors)",
+            total as f64 / 1e6,
+            shapes.len()
+        ),
+        us,
+        Some(7.0 * 4.0 * total as f64),
+        None,
+    ));
     Ok(rows)
 }
 
@@ -92,8 +210,20 @@ pub fn train_step(gpu_ordinal: usize, text: &str, steps: usize, tf32: bool) -> R
     let ds = Dataset::from_text(text, 0.9)?;
     let cfg = GptConfig::shakespeare_char(ds.tokenizer.vocab_size());
     let model = Gpt::new(cfg, 1, dev)?;
-    let params = model.parameters().into_iter().map(|(_, t, d)| (t, d)).collect();
-    let mut opt = AdamW::new(params, AdamWParams { beta2: 0.99, weight_decay: 0.1, max_grad_norm: Some(1.0), ..Default::default() })?;
+    let params = model
+        .parameters()
+        .into_iter()
+        .map(|(_, t, d)| (t, d))
+        .collect();
+    let mut opt = AdamW::new(
+        params,
+        AdamWParams {
+            beta2: 0.99,
+            weight_decay: 0.1,
+            max_grad_norm: Some(1.0),
+            ..Default::default()
+        },
+    )?;
     let mut rng = Dataset::rng(1);
     let mut times = Vec::new();
     for i in 0..steps + 3 {

@@ -31,10 +31,12 @@ impl CharTokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         text.chars()
             .map(|c| {
-                self.chars
-                    .binary_search(&c)
-                    .map(|i| i as u32)
-                    .map_err(|_| GpuError::invalid("encode", format!("character {c:?} is not in the vocabulary")))
+                self.chars.binary_search(&c).map(|i| i as u32).map_err(|_| {
+                    GpuError::invalid(
+                        "encode",
+                        format!("character {c:?} is not in the vocabulary"),
+                    )
+                })
             })
             .collect()
     }
@@ -42,7 +44,11 @@ impl CharTokenizer {
     /// The text of `ids`; an id outside the vocabulary is an error.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         ids.iter()
-            .map(|&i| self.chars.get(i as usize).copied().ok_or_else(|| GpuError::invalid("decode", format!("id {i} >= vocab {}", self.chars.len()))))
+            .map(|&i| {
+                self.chars.get(i as usize).copied().ok_or_else(|| {
+                    GpuError::invalid("decode", format!("id {i} >= vocab {}", self.chars.len()))
+                })
+            })
             .collect()
     }
 }
@@ -58,20 +64,40 @@ impl Dataset {
     /// Tokenises `text` and splits it at `train_fraction` (nanoGPT: 0.9).
     pub fn from_text(text: &str, train_fraction: f64) -> Result<Dataset> {
         if !(0.0..1.0).contains(&train_fraction) || train_fraction == 0.0 {
-            return Err(GpuError::invalid("Dataset", "train_fraction must be in (0, 1)"));
+            return Err(GpuError::invalid(
+                "Dataset",
+                "train_fraction must be in (0, 1)",
+            ));
         }
         let tokenizer = CharTokenizer::fit(text)?;
         let ids = tokenizer.encode(text)?;
         let n = (ids.len() as f64 * train_fraction) as usize;
-        Ok(Dataset { tokenizer, train: ids[..n].to_vec(), val: ids[n..].to_vec() })
+        Ok(Dataset {
+            tokenizer,
+            train: ids[..n].to_vec(),
+            val: ids[n..].to_vec(),
+        })
     }
 
     /// `batch` random windows of `block` tokens from the train (or val) split: inputs `x` and
     /// next-token targets `y`, both u32 `[batch, block]` on `device` (two host-to-device copies).
-    pub fn batch(&self, val: bool, batch: usize, block: usize, rng: &mut rand::rngs::StdRng, device: Device) -> Result<(Tensor, Tensor)> {
+    pub fn batch(
+        &self,
+        val: bool,
+        batch: usize,
+        block: usize,
+        rng: &mut rand::rngs::StdRng,
+        device: Device,
+    ) -> Result<(Tensor, Tensor)> {
         let data = if val { &self.val } else { &self.train };
         if data.len() <= block + 1 {
-            return Err(GpuError::invalid("Dataset::batch", format!("split of {} tokens is too short for block {block}", data.len())));
+            return Err(GpuError::invalid(
+                "Dataset::batch",
+                format!(
+                    "split of {} tokens is too short for block {block}",
+                    data.len()
+                ),
+            ));
         }
         let mut x = Vec::with_capacity(batch * block);
         let mut y = Vec::with_capacity(batch * block);
@@ -80,7 +106,10 @@ impl Dataset {
             x.extend_from_slice(&data[i..i + block]);
             y.extend_from_slice(&data[i + 1..i + block + 1]);
         }
-        Ok((Tensor::from_vec(x, &[batch, block], device)?, Tensor::from_vec(y, &[batch, block], device)?))
+        Ok((
+            Tensor::from_vec(x, &[batch, block], device)?,
+            Tensor::from_vec(y, &[batch, block], device)?,
+        ))
     }
 
     /// A seeded generator for [`Dataset::batch`].
@@ -115,7 +144,11 @@ mod tests {
         let (x, y) = (x.to_vec_u32().unwrap(), y.to_vec_u32().unwrap());
         for r in 0..3 {
             for i in 0..7 {
-                assert_eq!(x[r * 8 + i + 1], y[r * 8 + i], "targets are inputs shifted by one");
+                assert_eq!(
+                    x[r * 8 + i + 1],
+                    y[r * 8 + i],
+                    "targets are inputs shifted by one"
+                );
             }
         }
         assert!(ds.batch(true, 1, 64, &mut rng, Device::Cpu).is_err());

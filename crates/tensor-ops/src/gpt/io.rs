@@ -17,21 +17,34 @@ impl Gpt {
         let mut bytes: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
         for p in &self.params {
             let v = p.tensor.to_vec()?;
-            bytes.push((p.name.clone(), p.tensor.shape().to_vec(), v.iter().flat_map(|f| f.to_le_bytes()).collect()));
+            bytes.push((
+                p.name.clone(),
+                p.tensor.shape().to_vec(),
+                v.iter().flat_map(|f| f.to_le_bytes()).collect(),
+            ));
         }
         let views: Vec<(String, TensorView<'_>)> = bytes
             .iter()
-            .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)).map_err(st_err))
+            .map(|(n, s, b)| {
+                TensorView::new(Dtype::F32, s.clone(), b)
+                    .map(|v| (n.clone(), v))
+                    .map_err(st_err)
+            })
             .collect::<Result<_>>()?;
-        let meta = HashMap::from([("config".to_string(), serde_json::to_string(&self.config).map_err(st_err)?)]);
+        let meta = HashMap::from([(
+            "config".to_string(),
+            serde_json::to_string(&self.config).map_err(st_err)?,
+        )]);
         let out = safetensors::serialize(views, &Some(meta)).map_err(st_err)?;
-        std::fs::write(path, out).map_err(|e| GpuError::invalid("save", format!("{}: {e}", path.display())))
+        std::fs::write(path, out)
+            .map_err(|e| GpuError::invalid("save", format!("{}: {e}", path.display())))
     }
 
     /// Loads a checkpoint written by [`Gpt::save`] (or by the PyTorch parity script) onto
     /// `device`; every parameter must be present with the right shape.
     pub fn load(path: &Path, device: crate::Device) -> Result<Gpt> {
-        let data = std::fs::read(path).map_err(|e| GpuError::invalid("load", format!("{}: {e}", path.display())))?;
+        let data = std::fs::read(path)
+            .map_err(|e| GpuError::invalid("load", format!("{}: {e}", path.display())))?;
         let (_, meta) = SafeTensors::read_metadata(&data).map_err(st_err)?;
         let cfg = meta
             .metadata()
@@ -48,14 +61,27 @@ impl Gpt {
     pub fn load_weights(&self, data: &[u8]) -> Result<()> {
         let st = SafeTensors::deserialize(data).map_err(st_err)?;
         for p in &self.params {
-            let view = st.tensor(&p.name).map_err(|e| st_err(format!("{}: {e}", p.name)))?;
+            let view = st
+                .tensor(&p.name)
+                .map_err(|e| st_err(format!("{}: {e}", p.name)))?;
             if view.dtype() != Dtype::F32 || view.shape() != p.tensor.shape() {
-                return Err(GpuError::shape("load", format!("{} f32 {:?}", p.name, p.tensor.shape()), format!("{:?} {:?}", view.dtype(), view.shape())));
+                return Err(GpuError::shape(
+                    "load",
+                    format!("{} f32 {:?}", p.name, p.tensor.shape()),
+                    format!("{:?} {:?}", view.dtype(), view.shape()),
+                ));
             }
-            let vals: Vec<f32> = view.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            let vals: Vec<f32> = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
             let fresh = Tensor::from_vec(vals, p.tensor.shape(), p.tensor.device())?;
             // Swap the storage in place so optimisers holding the parameter see the new values.
-            let src = std::mem::replace(&mut *fresh.write(), crate::Storage::Cpu(gpu_core::CpuStorage::F32(Vec::new())));
+            let src = std::mem::replace(
+                &mut *fresh.write(),
+                crate::Storage::Cpu(gpu_core::CpuStorage::F32(Vec::new())),
+            );
             *p.tensor.write() = src;
         }
         Ok(())

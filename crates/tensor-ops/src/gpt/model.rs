@@ -31,12 +31,30 @@ pub struct GptConfig {
 impl GptConfig {
     /// nanoGPT's shakespeare-char model: 6 layers, 6 heads, width 384, context 256.
     pub fn shakespeare_char(vocab_size: usize) -> Self {
-        Self { variant: Variant::Gpt2, vocab_size, block_size: 256, n_layer: 6, n_head: 6, n_embd: 384, dropout: 0.2, bias: false }
+        Self {
+            variant: Variant::Gpt2,
+            vocab_size,
+            block_size: 256,
+            n_layer: 6,
+            n_head: 6,
+            n_embd: 384,
+            dropout: 0.2,
+            bias: false,
+        }
     }
 
     /// The small CPU config: 4 layers, 4 heads, width 128, context 64.
     pub fn tiny(vocab_size: usize) -> Self {
-        Self { variant: Variant::Gpt2, vocab_size, block_size: 64, n_layer: 4, n_head: 4, n_embd: 128, dropout: 0.0, bias: false }
+        Self {
+            variant: Variant::Gpt2,
+            vocab_size,
+            block_size: 64,
+            n_layer: 4,
+            n_head: 4,
+            n_embd: 128,
+            dropout: 0.0,
+            bias: false,
+        }
     }
 
     fn validate(&self) -> Result<()> {
@@ -44,7 +62,9 @@ impl GptConfig {
         if self.vocab_size == 0 || self.block_size == 0 || self.n_layer == 0 || self.n_head == 0 {
             return bad("sizes must be positive");
         }
-        if self.n_embd % self.n_head != 0 || (self.n_embd / self.n_head) % 2 != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head)
+            || !(self.n_embd / self.n_head).is_multiple_of(2)
+        {
             return bad("n_embd must split into heads of even width");
         }
         if !(0.0..1.0).contains(&self.dropout) {
@@ -94,12 +114,24 @@ impl Gpt {
                 Init::Ones => Tensor::ones(shape, device)?,
                 Init::Zeros => Tensor::zeros(shape, device)?,
             };
-            params.push(Param { name, tensor: t.requires_grad_(), decay: shape.len() >= 2 });
+            params.push(Param {
+                name,
+                tensor: t.requires_grad_(),
+                decay: shape.len() >= 2,
+            });
             Ok(())
         };
-        add("transformer.wte.weight".into(), &[config.vocab_size, c], Init::Normal(0.02))?;
+        add(
+            "transformer.wte.weight".into(),
+            &[config.vocab_size, c],
+            Init::Normal(0.02),
+        )?;
         if config.variant == Variant::Gpt2 {
-            add("transformer.wpe.weight".into(), &[config.block_size, c], Init::Normal(0.02))?;
+            add(
+                "transformer.wpe.weight".into(),
+                &[config.block_size, c],
+                Init::Normal(0.02),
+            )?;
         }
         for l in 0..config.n_layer {
             let p = |s: &str| format!("transformer.h.{l}.{s}");
@@ -146,9 +178,17 @@ impl Gpt {
             add("transformer.ln_f.bias".into(), &[c], Init::Zeros)?;
         }
         if config.variant == Variant::Llama {
-            add("lm_head.weight".into(), &[config.vocab_size, c], Init::Normal(0.02))?;
+            add(
+                "lm_head.weight".into(),
+                &[config.vocab_size, c],
+                Init::Normal(0.02),
+            )?;
         }
-        Ok(Gpt { config, params, device })
+        Ok(Gpt {
+            config,
+            params,
+            device,
+        })
     }
 
     /// The device the parameters live on.
@@ -158,7 +198,10 @@ impl Gpt {
 
     /// Parameters with their names and whether AdamW decays them.
     pub fn parameters(&self) -> Vec<(String, Tensor, bool)> {
-        self.params.iter().map(|p| (p.name.clone(), p.tensor.clone(), p.decay)).collect()
+        self.params
+            .iter()
+            .map(|p| (p.name.clone(), p.tensor.clone(), p.decay))
+            .collect()
     }
 
     /// Total number of parameter elements.
@@ -175,7 +218,10 @@ impl Gpt {
     }
 
     fn opt(&self, name: &str) -> Option<&Tensor> {
-        self.params.iter().find(|p| p.name == name).map(|p| &p.tensor)
+        self.params
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| &p.tensor)
     }
 
     /// Logits `[b, t, vocab]` for u32 token ids `[b, t]` (`t <= block_size`). `dropout_seed`
@@ -184,14 +230,22 @@ impl Gpt {
         let cfg = &self.config;
         let (b, t) = match idx.shape() {
             [b, t] if *t > 0 && *t <= cfg.block_size => (*b, *t),
-            s => return Err(GpuError::shape("Gpt::forward", format!("[batch, 1..={}]", cfg.block_size), format!("{s:?}"))),
+            s => {
+                return Err(GpuError::shape(
+                    "Gpt::forward",
+                    format!("[batch, 1..={}]", cfg.block_size),
+                    format!("{s:?}"),
+                ))
+            }
         };
         let (c, nh) = (cfg.n_embd, cfg.n_head);
         let hd = c / nh;
         let training = dropout_seed.is_some();
         let mut seed = dropout_seed.unwrap_or(0);
         let mut next_seed = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             seed
         };
         let zeros_c = Tensor::zeros(&[c], self.device)?;
@@ -206,7 +260,10 @@ impl Gpt {
             }
         };
         let linear = |x: &Tensor, pre: &str| -> Result<Tensor> {
-            x.linear(self.get(&format!("{pre}.weight"))?, self.opt(&format!("{pre}.bias")))
+            x.linear(
+                self.get(&format!("{pre}.weight"))?,
+                self.opt(&format!("{pre}.bias")),
+            )
         };
         let mut x = self.get("transformer.wte.weight")?.embedding(idx)?;
         if cfg.variant == Variant::Gpt2 {
@@ -219,14 +276,18 @@ impl Gpt {
             let h = norm(&x, &p("ln_1"), &p("attention_norm"))?;
             let qkv = linear(&h, &p("attn.c_attn"))?; // [b, t, 3c]
             let heads = |i: usize| -> Result<Tensor> {
-                qkv.narrow(2, i * c, c)?.reshape(&[b, t, nh, hd])?.permute(&[0, 2, 1, 3])
+                qkv.narrow(2, i * c, c)?
+                    .reshape(&[b, t, nh, hd])?
+                    .permute(&[0, 2, 1, 3])
             };
             let (mut q, mut k, v) = (heads(0)?, heads(1)?, heads(2)?);
             if cfg.variant == Variant::Llama {
                 q = q.rope(10_000.0)?;
                 k = k.rope(10_000.0)?;
             }
-            let y = Tensor::causal_attention(&q, &k, &v)?.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?;
+            let y = Tensor::causal_attention(&q, &k, &v)?
+                .permute(&[0, 2, 1, 3])?
+                .reshape(&[b, t, c])?;
             let y = linear(&y, &p("attn.c_proj"))?.dropout(cfg.dropout, next_seed(), training)?;
             x = x.add(&y)?;
             let h = norm(&x, &p("ln_2"), &p("ffn_norm"))?;
@@ -267,14 +328,26 @@ impl Gpt {
     pub fn loss(&self, x: &Tensor, y: &Tensor, dropout_seed: Option<u64>) -> Result<Tensor> {
         let logits = self.forward(x, dropout_seed)?;
         let (b, t) = (x.shape()[0], x.shape()[1]);
-        logits.reshape(&[b * t, self.config.vocab_size])?.cross_entropy(&y.reshape(&[b * t])?)
+        logits
+            .reshape(&[b * t, self.config.vocab_size])?
+            .cross_entropy(&y.reshape(&[b * t])?)
     }
 
     /// Samples `new_tokens` tokens after `prompt` (temperature `temp`, top-k when given); the
     /// model runs on its device, one d2h copy of the last position's probabilities per token.
-    pub fn generate(&self, prompt: &[u32], new_tokens: usize, temp: f32, top_k: Option<usize>, seed: u64) -> Result<Vec<u32>> {
-        if prompt.is_empty() || !(temp > 0.0) {
-            return Err(GpuError::invalid("generate", "needs a non-empty prompt and temperature > 0"));
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        new_tokens: usize,
+        temp: f32,
+        top_k: Option<usize>,
+        seed: u64,
+    ) -> Result<Vec<u32>> {
+        if prompt.is_empty() || temp.is_nan() || temp <= 0.0 {
+            return Err(GpuError::invalid(
+                "generate",
+                "needs a non-empty prompt and temperature > 0",
+            ));
         }
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut out = prompt.to_vec();
@@ -285,13 +358,17 @@ impl Gpt {
                 let idx = Tensor::from_vec(ctx.to_vec(), &[1, ctx.len()], self.device)?;
                 let logits = self.forward(&idx, None)?;
                 let v = self.config.vocab_size;
-                let last = logits.reshape(&[ctx.len(), v])?.narrow(0, ctx.len() - 1, 1)?;
+                let last = logits
+                    .reshape(&[ctx.len(), v])?
+                    .narrow(0, ctx.len() - 1, 1)?;
                 let mut l = last.mul_scalar(1.0 / temp)?.to_vec()?;
                 if let Some(k) = top_k.filter(|&k| k < v) {
                     let mut sorted = l.clone();
                     sorted.sort_by(|a, b| b.total_cmp(a));
                     let kth = sorted[k.max(1) - 1];
-                    l.iter_mut().filter(|x| **x < kth).for_each(|x| *x = f32::NEG_INFINITY);
+                    l.iter_mut()
+                        .filter(|x| **x < kth)
+                        .for_each(|x| *x = f32::NEG_INFINITY);
                 }
                 let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let w: Vec<f64> = l.iter().map(|&x| ((x - m) as f64).exp()).collect();

@@ -11,8 +11,13 @@ fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<
     let dev = same_device(name, &[a, b])?;
     require_f32(name, a)?;
     require_f32(name, b)?;
-    let shape = broadcast_shape(a.shape(), b.shape())
-        .ok_or_else(|| GpuError::shape(name, format!("{:?}", a.shape()), format!("{:?} (not broadcastable)", b.shape())))?;
+    let shape = broadcast_shape(a.shape(), b.shape()).ok_or_else(|| {
+        GpuError::shape(
+            name,
+            format!("{:?}", a.shape()),
+            format!("{:?} (not broadcastable)", b.shape()),
+        )
+    })?;
     let (ga, gb) = (a.read(), b.read());
     let st = compute!(dev, numel(&shape), |be, out| be.broadcast_binary(
         op,
@@ -24,19 +29,29 @@ fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<
     ));
     drop((ga, gb));
     let (ac, bc) = (a.clone(), b.clone());
-    Ok(Tensor::from_op(st, shape, dev, name, &[a, b], move |_, g| {
-        let (da, db) = match op {
-            BinaryKind::Add => (g.clone(), g.clone()),
-            BinaryKind::Sub => (g.clone(), g.neg()?),
-            BinaryKind::Mul => (g.mul(&bc)?, g.mul(&ac)?),
-            BinaryKind::Div => {
-                // d/da = g/b; d/db = −g·a/b²
-                let gb = g.div(&bc)?;
-                (gb.clone(), gb.mul(&ac)?.div(&bc)?.neg()?)
-            }
-        };
-        Ok(vec![Some(da.sum_to(ac.shape())?), Some(db.sum_to(bc.shape())?)])
-    }))
+    Ok(Tensor::from_op(
+        st,
+        shape,
+        dev,
+        name,
+        &[a, b],
+        move |_, g| {
+            let (da, db) = match op {
+                BinaryKind::Add => (g.clone(), g.clone()),
+                BinaryKind::Sub => (g.clone(), g.neg()?),
+                BinaryKind::Mul => (g.mul(&bc)?, g.mul(&ac)?),
+                BinaryKind::Div => {
+                    // d/da = g/b; d/db = −g·a/b²
+                    let gb = g.div(&bc)?;
+                    (gb.clone(), gb.mul(&ac)?.div(&bc)?.neg()?)
+                }
+            };
+            Ok(vec![
+                Some(da.sum_to(ac.shape())?),
+                Some(db.sum_to(bc.shape())?),
+            ])
+        },
+    ))
 }
 
 impl Tensor {
@@ -65,11 +80,21 @@ impl Tensor {
         require_f32("affine", self)?;
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.affine(buf(be, &g)?, mul, add, &mut out));
+        let st = compute!(dev, self.numel(), |be, out| be.affine(
+            buf(be, &g)?,
+            mul,
+            add,
+            &mut out
+        ));
         drop(g);
-        Ok(Tensor::from_op(st, self.shape().to_vec(), dev, "affine", &[self], move |_, g| {
-            Ok(vec![Some(g.affine(mul, 0.0)?)])
-        }))
+        Ok(Tensor::from_op(
+            st,
+            self.shape().to_vec(),
+            dev,
+            "affine",
+            &[self],
+            move |_, g| Ok(vec![Some(g.affine(mul, 0.0)?)]),
+        ))
     }
 
     /// `self + s`.
@@ -92,20 +117,35 @@ impl Tensor {
         require_f32("activation", self)?;
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.activation_fwd(op, buf(be, &g)?, &mut out));
+        let st = compute!(dev, self.numel(), |be, out| be.activation_fwd(
+            op,
+            buf(be, &g)?,
+            &mut out
+        ));
         drop(g);
         let x = self.clone();
-        Ok(Tensor::from_op(st, self.shape().to_vec(), dev, "activation", &[self], move |y, g| {
-            let (gx, gy, gg) = (x.read(), y.read(), g.read());
-            let st = compute!(dev, x.numel(), |be, dx| be.activation_bwd(
-                op,
-                buf(be, &gx)?,
-                buf(be, &gy)?,
-                buf(be, &gg)?,
-                &mut dx
-            ));
-            Ok(vec![Some(Tensor::from_storage(st, x.shape().to_vec(), dev))])
-        }))
+        Ok(Tensor::from_op(
+            st,
+            self.shape().to_vec(),
+            dev,
+            "activation",
+            &[self],
+            move |y, g| {
+                let (gx, gy, gg) = (x.read(), y.read(), g.read());
+                let st = compute!(dev, x.numel(), |be, dx| be.activation_bwd(
+                    op,
+                    buf(be, &gx)?,
+                    buf(be, &gy)?,
+                    buf(be, &gg)?,
+                    &mut dx
+                ));
+                Ok(vec![Some(Tensor::from_storage(
+                    st,
+                    x.shape().to_vec(),
+                    dev,
+                ))])
+            },
+        ))
     }
 
     /// ReLU.
@@ -146,7 +186,10 @@ impl Tensor {
     /// `!training` or `p == 0`.
     pub fn dropout(&self, p: f32, seed: u64, training: bool) -> Result<Tensor> {
         if !(0.0..1.0).contains(&p) {
-            return Err(GpuError::invalid("dropout", format!("p must be in [0, 1), got {p}")));
+            return Err(GpuError::invalid(
+                "dropout",
+                format!("p must be in [0, 1), got {p}"),
+            ));
         }
         if !training || p == 0.0 {
             return Ok(self.clone());
@@ -154,12 +197,33 @@ impl Tensor {
         require_f32("dropout", self)?;
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.dropout(buf(be, &g)?, p, seed, &mut out));
+        let st = compute!(dev, self.numel(), |be, out| be.dropout(
+            buf(be, &g)?,
+            p,
+            seed,
+            &mut out
+        ));
         drop(g);
-        Ok(Tensor::from_op(st, self.shape().to_vec(), dev, "dropout", &[self], move |_, g| {
-            let gg = g.read();
-            let st = compute!(dev, g.numel(), |be, out| be.dropout(buf(be, &gg)?, p, seed, &mut out));
-            Ok(vec![Some(Tensor::from_storage(st, g.shape().to_vec(), dev))])
-        }))
+        Ok(Tensor::from_op(
+            st,
+            self.shape().to_vec(),
+            dev,
+            "dropout",
+            &[self],
+            move |_, g| {
+                let gg = g.read();
+                let st = compute!(dev, g.numel(), |be, out| be.dropout(
+                    buf(be, &gg)?,
+                    p,
+                    seed,
+                    &mut out
+                ));
+                Ok(vec![Some(Tensor::from_storage(
+                    st,
+                    g.shape().to_vec(),
+                    dev,
+                ))])
+            },
+        ))
     }
 }

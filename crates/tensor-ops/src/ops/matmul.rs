@@ -15,13 +15,28 @@ struct Plan {
 fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
     let (ra, rb) = (a.rank(), b.rank());
     if ra < 2 || rb < 2 {
-        return Err(GpuError::invalid("matmul", format!("operands need rank >= 2, got {ra} and {rb}")));
+        return Err(GpuError::invalid(
+            "matmul",
+            format!("operands need rank >= 2, got {ra} and {rb}"),
+        ));
     }
     let (sa, sb) = (a.shape(), b.shape());
-    let (am, ak) = if ta { (sa[ra - 1], sa[ra - 2]) } else { (sa[ra - 2], sa[ra - 1]) };
-    let (bk, bn) = if tb { (sb[rb - 1], sb[rb - 2]) } else { (sb[rb - 2], sb[rb - 1]) };
+    let (am, ak) = if ta {
+        (sa[ra - 1], sa[ra - 2])
+    } else {
+        (sa[ra - 2], sa[ra - 1])
+    };
+    let (bk, bn) = if tb {
+        (sb[rb - 1], sb[rb - 2])
+    } else {
+        (sb[rb - 2], sb[rb - 1])
+    };
     if ak != bk {
-        return Err(GpuError::shape("matmul", format!("inner dims equal ({sa:?} x {sb:?})"), format!("{ak} vs {bk}")));
+        return Err(GpuError::shape(
+            "matmul",
+            format!("inner dims equal ({sa:?} x {sb:?})"),
+            format!("{ak} vs {bk}"),
+        ));
     }
     let lead = &sa[..ra - 2];
     let mut out_shape = lead.to_vec();
@@ -29,14 +44,40 @@ fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
     if rb == 2 && !ta {
         // Fold a's leading dims into m: one GEMM against the shared matrix.
         let m = numel(lead) * am;
-        let spec = MatmulSpec { batch: 1, m, n: bn, k: ak, trans_a: false, trans_b: tb };
-        return Ok(Plan { spec, out_shape, folded: true });
+        let spec = MatmulSpec {
+            batch: 1,
+            m,
+            n: bn,
+            k: ak,
+            trans_a: false,
+            trans_b: tb,
+        };
+        return Ok(Plan {
+            spec,
+            out_shape,
+            folded: true,
+        });
     }
     if sb[..rb - 2] != *lead {
-        return Err(GpuError::shape("matmul", format!("batch dims {lead:?}"), format!("{:?}", &sb[..rb - 2])));
+        return Err(GpuError::shape(
+            "matmul",
+            format!("batch dims {lead:?}"),
+            format!("{:?}", &sb[..rb - 2]),
+        ));
     }
-    let spec = MatmulSpec { batch: numel(lead), m: am, n: bn, k: ak, trans_a: ta, trans_b: tb };
-    Ok(Plan { spec, out_shape, folded: false })
+    let spec = MatmulSpec {
+        batch: numel(lead),
+        m: am,
+        n: bn,
+        k: ak,
+        trans_a: ta,
+        trans_b: tb,
+    };
+    Ok(Plan {
+        spec,
+        out_shape,
+        folded: false,
+    })
 }
 
 impl Tensor {
@@ -53,32 +94,48 @@ impl Tensor {
         require_f32("matmul", other)?;
         let p = plan(self, other, ta, tb)?;
         let (ga, gb) = (self.read(), other.read());
-        let st = compute!(dev, numel(&p.out_shape), |be, out| be.matmul(p.spec, buf(be, &ga)?, buf(be, &gb)?, &mut out));
+        let st = compute!(dev, numel(&p.out_shape), |be, out| be.matmul(
+            p.spec,
+            buf(be, &ga)?,
+            buf(be, &gb)?,
+            &mut out
+        ));
         drop((ga, gb));
         let (a, b) = (self.clone(), other.clone());
         let folded = p.folded;
-        Ok(Tensor::from_op(st, p.out_shape, dev, "matmul", &[self, other], move |_, g| {
-            // C = op(A)·op(B):  dA = g·op(B)ᵀ (or its transpose when A was transposed),
-            //                   dB = op(A)ᵀ·g (or its transpose when B was transposed).
-            let da = if ta { b.matmul_t(g, tb, true)? } else { g.matmul_t(&b, false, !tb)? };
-            let db = if folded {
-                // A folded to [M, k] against the shared B: one GEMM over all rows.
-                let k = a.shape()[a.rank() - 1];
-                let a2 = a.reshape(&[a.numel() / k.max(1), k])?;
-                let n = g.shape()[g.rank() - 1];
-                let g2 = g.reshape(&[g.numel() / n.max(1), n])?;
-                if tb {
-                    g2.matmul_t(&a2, true, false)?
+        Ok(Tensor::from_op(
+            st,
+            p.out_shape,
+            dev,
+            "matmul",
+            &[self, other],
+            move |_, g| {
+                // C = op(A)·op(B):  dA = g·op(B)ᵀ (or its transpose when A was transposed),
+                //                   dB = op(A)ᵀ·g (or its transpose when B was transposed).
+                let da = if ta {
+                    b.matmul_t(g, tb, true)?
                 } else {
-                    a2.matmul_t(&g2, true, false)?
-                }
-            } else if tb {
-                g.matmul_t(&a, true, ta)?
-            } else {
-                a.matmul_t(g, !ta, false)?
-            };
-            Ok(vec![Some(da), Some(db)])
-        }))
+                    g.matmul_t(&b, false, !tb)?
+                };
+                let db = if folded {
+                    // A folded to [M, k] against the shared B: one GEMM over all rows.
+                    let k = a.shape()[a.rank() - 1];
+                    let a2 = a.reshape(&[a.numel() / k.max(1), k])?;
+                    let n = g.shape()[g.rank() - 1];
+                    let g2 = g.reshape(&[g.numel() / n.max(1), n])?;
+                    if tb {
+                        g2.matmul_t(&a2, true, false)?
+                    } else {
+                        a2.matmul_t(&g2, true, false)?
+                    }
+                } else if tb {
+                    g.matmul_t(&a, true, ta)?
+                } else {
+                    a.matmul_t(g, !ta, false)?
+                };
+                Ok(vec![Some(da), Some(db)])
+            },
+        ))
     }
 
     /// `self · weightᵀ + bias` with PyTorch's `[out, in]` weight layout.

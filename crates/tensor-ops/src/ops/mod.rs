@@ -18,6 +18,14 @@ pub(crate) fn buf<'a, B: DeviceBackend>(_b: &B, s: &'a Storage) -> Result<&'a B:
     B::get(s)
 }
 
+/// The backend's buffer inside `s`, mutably.
+pub(crate) fn buf_mut<'a, B: DeviceBackend>(
+    _b: &B,
+    s: &'a mut Storage,
+) -> Result<&'a mut B::Buffer> {
+    B::get_mut(s)
+}
+
 /// Wraps a buffer of backend `b` as storage.
 pub(crate) fn wrap<B: DeviceBackend>(_b: &B, buf: B::Buffer) -> Storage {
     B::wrap(buf)
@@ -46,7 +54,10 @@ pub(crate) fn numel(shape: &[usize]) -> usize {
 pub(crate) fn axis(op: &'static str, rank: usize, axis: isize) -> Result<usize> {
     let a = if axis < 0 { axis + rank as isize } else { axis };
     if a < 0 || a as usize >= rank {
-        return Err(gpu_core::GpuError::invalid(op, format!("axis {axis} out of range for rank {rank}")));
+        return Err(gpu_core::GpuError::invalid(
+            op,
+            format!("axis {axis} out of range for rank {rank}"),
+        ));
     }
     Ok(a as usize)
 }

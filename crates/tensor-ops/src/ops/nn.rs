@@ -2,16 +2,20 @@
 //! fused causal attention.
 
 use super::{buf, compute, numel};
-use crate::backend::{on_device, DeviceBackend};
+use crate::backend::on_device;
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::nn::{AttentionOps, RowOps};
 use gpu_core::{Backend, DType, GpuError, KernelOps, Result};
 
 fn last_dim(op: &'static str, t: &Tensor) -> Result<usize> {
-    t.shape().last().copied().filter(|&c| c > 0).ok_or_else(|| GpuError::InvalidShape {
-        op,
-        reason: format!("needs a non-empty last dim, got {:?}", t.shape()),
-    })
+    t.shape()
+        .last()
+        .copied()
+        .filter(|&c| c > 0)
+        .ok_or_else(|| GpuError::InvalidShape {
+            op,
+            reason: format!("needs a non-empty last dim, got {:?}", t.shape()),
+        })
 }
 
 impl Tensor {
@@ -21,13 +25,33 @@ impl Tensor {
         let cols = last_dim("softmax", self)?;
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.softmax_rows(buf(be, &g)?, &mut out, cols));
+        let st = compute!(dev, self.numel(), |be, out| be.softmax_rows(
+            buf(be, &g)?,
+            &mut out,
+            cols
+        ));
         drop(g);
-        Ok(Tensor::from_op(st, self.shape().to_vec(), dev, "softmax", &[self], move |y, g| {
-            let (gy, gg) = (y.read(), g.read());
-            let st = compute!(dev, y.numel(), |be, dx| be.softmax_bwd(buf(be, &gy)?, buf(be, &gg)?, &mut dx, cols));
-            Ok(vec![Some(Tensor::from_storage(st, y.shape().to_vec(), dev))])
-        }))
+        Ok(Tensor::from_op(
+            st,
+            self.shape().to_vec(),
+            dev,
+            "softmax",
+            &[self],
+            move |y, g| {
+                let (gy, gg) = (y.read(), g.read());
+                let st = compute!(dev, y.numel(), |be, dx| be.softmax_bwd(
+                    buf(be, &gy)?,
+                    buf(be, &gg)?,
+                    &mut dx,
+                    cols
+                ));
+                Ok(vec![Some(Tensor::from_storage(
+                    st,
+                    y.shape().to_vec(),
+                    dev,
+                ))])
+            },
+        ))
     }
 
     /// Log-softmax over the last dim.
@@ -36,13 +60,33 @@ impl Tensor {
         let cols = last_dim("log_softmax", self)?;
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.log_softmax_fwd(buf(be, &g)?, &mut out, cols));
+        let st = compute!(dev, self.numel(), |be, out| be.log_softmax_fwd(
+            buf(be, &g)?,
+            &mut out,
+            cols
+        ));
         drop(g);
-        Ok(Tensor::from_op(st, self.shape().to_vec(), dev, "log_softmax", &[self], move |y, g| {
-            let (gy, gg) = (y.read(), g.read());
-            let st = compute!(dev, y.numel(), |be, dx| be.log_softmax_bwd(buf(be, &gy)?, buf(be, &gg)?, &mut dx, cols));
-            Ok(vec![Some(Tensor::from_storage(st, y.shape().to_vec(), dev))])
-        }))
+        Ok(Tensor::from_op(
+            st,
+            self.shape().to_vec(),
+            dev,
+            "log_softmax",
+            &[self],
+            move |y, g| {
+                let (gy, gg) = (y.read(), g.read());
+                let st = compute!(dev, y.numel(), |be, dx| be.log_softmax_bwd(
+                    buf(be, &gy)?,
+                    buf(be, &gg)?,
+                    &mut dx,
+                    cols
+                ));
+                Ok(vec![Some(Tensor::from_storage(
+                    st,
+                    y.shape().to_vec(),
+                    dev,
+                ))])
+            },
+        ))
     }
 
     /// Mean cross-entropy of `self` (logits `[.., classes]`) against u32 `targets` (`[..]`),
@@ -51,15 +95,28 @@ impl Tensor {
         let dev = same_device("cross_entropy", &[self, targets])?;
         require_f32("cross_entropy", self)?;
         if targets.dtype() != DType::U32 {
-            return Err(GpuError::DTypeMismatch { op: "cross_entropy", expected: DType::U32, got: targets.dtype() });
+            return Err(GpuError::DTypeMismatch {
+                op: "cross_entropy",
+                expected: DType::U32,
+                got: targets.dtype(),
+            });
         }
         let cols = last_dim("cross_entropy", self)?;
         let rows = self.numel() / cols;
         if targets.numel() != rows {
-            return Err(GpuError::shape("cross_entropy", format!("{rows} targets"), targets.numel()));
+            return Err(GpuError::shape(
+                "cross_entropy",
+                format!("{rows} targets"),
+                targets.numel(),
+            ));
         }
         let (gl, gt) = (self.read(), targets.read());
-        let st = compute!(dev, rows, |be, out| be.cross_entropy_fwd(buf(be, &gl)?, buf(be, &gt)?, &mut out, cols));
+        let st = compute!(dev, rows, |be, out| be.cross_entropy_fwd(
+            buf(be, &gl)?,
+            buf(be, &gt)?,
+            &mut out,
+            cols
+        ));
         drop((gl, gt));
         let (logits, tg) = (self.clone(), targets.clone());
         let rows_t = Tensor::from_op(
@@ -77,7 +134,11 @@ impl Tensor {
                     &mut dx,
                     cols
                 ));
-                Ok(vec![Some(Tensor::from_storage(st, logits.shape().to_vec(), dev))])
+                Ok(vec![Some(Tensor::from_storage(
+                    st,
+                    logits.shape().to_vec(),
+                    dev,
+                ))])
             },
         );
         rows_t.mean_all()
@@ -96,38 +157,62 @@ impl Tensor {
             let mut y = be.allocate(DType::F32, self.numel())?;
             let mut mean = be.allocate(DType::F32, rows)?;
             let mut rstd = be.allocate(DType::F32, rows)?;
-            be.layernorm_fwd(buf(be, &gx)?, buf(be, &gw)?, buf(be, &gb)?, &mut y, &mut mean, &mut rstd, cols, eps)?;
-            (DeviceBackend::wrap(y), DeviceBackend::wrap(mean), DeviceBackend::wrap(rstd))
+            be.layernorm_fwd(
+                buf(be, &gx)?,
+                buf(be, &gw)?,
+                buf(be, &gb)?,
+                &mut y,
+                &mut mean,
+                &mut rstd,
+                cols,
+                eps,
+            )?;
+            (
+                crate::ops::wrap(be, y),
+                crate::ops::wrap(be, mean),
+                crate::ops::wrap(be, rstd),
+            )
         });
         drop((gx, gw, gb));
         let mean = Tensor::from_storage(mean, vec![rows], dev);
         let rstd = Tensor::from_storage(rstd, vec![rows], dev);
         let (x, w) = (self.clone(), weight.clone());
-        Ok(Tensor::from_op(y, self.shape().to_vec(), dev, "layer_norm", &[self, weight, bias], move |_, g| {
-            let (gx, gw, gm, gr, gg) = (x.read(), w.read(), mean.read(), rstd.read(), g.read());
-            let (dx, dw, db) = on_device!(dev, |be| {
-                let mut dx = be.allocate(DType::F32, x.numel())?;
-                let mut dw = be.allocate(DType::F32, cols)?;
-                let mut db = be.allocate(DType::F32, cols)?;
-                be.layernorm_bwd(
-                    buf(be, &gx)?,
-                    buf(be, &gw)?,
-                    buf(be, &gm)?,
-                    buf(be, &gr)?,
-                    buf(be, &gg)?,
-                    &mut dx,
-                    &mut dw,
-                    &mut db,
-                    cols,
-                )?;
-                (DeviceBackend::wrap(dx), DeviceBackend::wrap(dw), DeviceBackend::wrap(db))
-            });
-            Ok(vec![
-                Some(Tensor::from_storage(dx, x.shape().to_vec(), dev)),
-                Some(Tensor::from_storage(dw, vec![cols], dev)),
-                Some(Tensor::from_storage(db, vec![cols], dev)),
-            ])
-        }))
+        Ok(Tensor::from_op(
+            y,
+            self.shape().to_vec(),
+            dev,
+            "layer_norm",
+            &[self, weight, bias],
+            move |_, g| {
+                let (gx, gw, gm, gr, gg) = (x.read(), w.read(), mean.read(), rstd.read(), g.read());
+                let (dx, dw, db) = on_device!(dev, |be| {
+                    let mut dx = be.allocate(DType::F32, x.numel())?;
+                    let mut dw = be.allocate(DType::F32, cols)?;
+                    let mut db = be.allocate(DType::F32, cols)?;
+                    be.layernorm_bwd(
+                        buf(be, &gx)?,
+                        buf(be, &gw)?,
+                        buf(be, &gm)?,
+                        buf(be, &gr)?,
+                        buf(be, &gg)?,
+                        &mut dx,
+                        &mut dw,
+                        &mut db,
+                        cols,
+                    )?;
+                    (
+                        crate::ops::wrap(be, dx),
+                        crate::ops::wrap(be, dw),
+                        crate::ops::wrap(be, db),
+                    )
+                });
+                Ok(vec![
+                    Some(Tensor::from_storage(dx, x.shape().to_vec(), dev)),
+                    Some(Tensor::from_storage(dw, vec![cols], dev)),
+                    Some(Tensor::from_storage(db, vec![cols], dev)),
+                ])
+            },
+        ))
     }
 
     /// RMSNorm over the last dim with a weight of that size.
@@ -142,43 +227,85 @@ impl Tensor {
             let mut y = be.allocate(DType::F32, self.numel())?;
             let mut rstd = be.allocate(DType::F32, rows)?;
             be.rmsnorm_fwd(buf(be, &gx)?, buf(be, &gw)?, &mut y, &mut rstd, cols, eps)?;
-            (DeviceBackend::wrap(y), DeviceBackend::wrap(rstd))
+            (crate::ops::wrap(be, y), crate::ops::wrap(be, rstd))
         });
         drop((gx, gw));
         let rstd = Tensor::from_storage(rstd, vec![rows], dev);
         let (x, w) = (self.clone(), weight.clone());
-        Ok(Tensor::from_op(y, self.shape().to_vec(), dev, "rms_norm", &[self, weight], move |_, g| {
-            let (gx, gw, gr, gg) = (x.read(), w.read(), rstd.read(), g.read());
-            let (dx, dw) = on_device!(dev, |be| {
-                let mut dx = be.allocate(DType::F32, x.numel())?;
-                let mut dw = be.allocate(DType::F32, cols)?;
-                be.rmsnorm_bwd(buf(be, &gx)?, buf(be, &gw)?, buf(be, &gr)?, buf(be, &gg)?, &mut dx, &mut dw, cols)?;
-                (DeviceBackend::wrap(dx), DeviceBackend::wrap(dw))
-            });
-            Ok(vec![
-                Some(Tensor::from_storage(dx, x.shape().to_vec(), dev)),
-                Some(Tensor::from_storage(dw, vec![cols], dev)),
-            ])
-        }))
+        Ok(Tensor::from_op(
+            y,
+            self.shape().to_vec(),
+            dev,
+            "rms_norm",
+            &[self, weight],
+            move |_, g| {
+                let (gx, gw, gr, gg) = (x.read(), w.read(), rstd.read(), g.read());
+                let (dx, dw) = on_device!(dev, |be| {
+                    let mut dx = be.allocate(DType::F32, x.numel())?;
+                    let mut dw = be.allocate(DType::F32, cols)?;
+                    be.rmsnorm_bwd(
+                        buf(be, &gx)?,
+                        buf(be, &gw)?,
+                        buf(be, &gr)?,
+                        buf(be, &gg)?,
+                        &mut dx,
+                        &mut dw,
+                        cols,
+                    )?;
+                    (crate::ops::wrap(be, dx), crate::ops::wrap(be, dw))
+                });
+                Ok(vec![
+                    Some(Tensor::from_storage(dx, x.shape().to_vec(), dev)),
+                    Some(Tensor::from_storage(dw, vec![cols], dev)),
+                ])
+            },
+        ))
     }
 
     /// Rotary position embedding on `[batch, heads, t, d]` (rotate-half, positions 0..t).
     pub fn rope(&self, base: f32) -> Result<Tensor> {
         require_f32("rope", self)?;
-        if self.rank() != 4 || self.shape()[3] % 2 != 0 {
-            return Err(GpuError::shape("rope", "[batch, heads, t, even d]", format!("{:?}", self.shape())));
+        if self.rank() != 4 || !self.shape()[3].is_multiple_of(2) {
+            return Err(GpuError::shape(
+                "rope",
+                "[batch, heads, t, even d]",
+                format!("{:?}", self.shape()),
+            ));
         }
         let s = self.shape().to_vec();
         let (n, t, d) = (s[0] * s[1], s[2], s[3]);
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.rope(buf(be, &g)?, &mut out, n, t, d, base, false));
+        let st = compute!(dev, self.numel(), |be, out| be.rope(
+            buf(be, &g)?,
+            &mut out,
+            n,
+            t,
+            d,
+            base,
+            false
+        ));
         drop(g);
-        Ok(Tensor::from_op(st, s.clone(), dev, "rope", &[self], move |_, g| {
-            let gg = g.read();
-            let st = compute!(dev, g.numel(), |be, out| be.rope(buf(be, &gg)?, &mut out, n, t, d, base, true));
-            Ok(vec![Some(Tensor::from_storage(st, s.clone(), dev))])
-        }))
+        Ok(Tensor::from_op(
+            st,
+            s.clone(),
+            dev,
+            "rope",
+            &[self],
+            move |_, g| {
+                let gg = g.read();
+                let st = compute!(dev, g.numel(), |be, out| be.rope(
+                    buf(be, &gg)?,
+                    &mut out,
+                    n,
+                    t,
+                    d,
+                    base,
+                    true
+                ));
+                Ok(vec![Some(Tensor::from_storage(st, s.clone(), dev))])
+            },
+        ))
     }
 
     /// Rows of `self` (a `[vocab, dim]` table) picked by u32 `ids`: shape `[..ids, dim]`.
@@ -186,20 +313,44 @@ impl Tensor {
         let dev = same_device("embedding", &[self, ids])?;
         require_f32("embedding", self)?;
         if ids.dtype() != DType::U32 || self.rank() != 2 {
-            return Err(GpuError::invalid("embedding", "needs a [vocab, dim] f32 table and u32 ids"));
+            return Err(GpuError::invalid(
+                "embedding",
+                "needs a [vocab, dim] f32 table and u32 ids",
+            ));
         }
         let dim = self.shape()[1];
         let (gt, gi) = (self.read(), ids.read());
-        let st = compute!(dev, ids.numel() * dim, |be, out| be.embedding_fwd(buf(be, &gi)?, buf(be, &gt)?, &mut out, dim));
+        let st = compute!(dev, ids.numel() * dim, |be, out| be.embedding_fwd(
+            buf(be, &gi)?,
+            buf(be, &gt)?,
+            &mut out,
+            dim
+        ));
         drop((gt, gi));
         let mut shape = ids.shape().to_vec();
         shape.push(dim);
         let (ids_c, table_shape) = (ids.clone(), self.shape().to_vec());
-        Ok(Tensor::from_op(st, shape, dev, "embedding", &[self], move |_, g| {
-            let (gi, gg) = (ids_c.read(), g.read());
-            let st = compute!(dev, numel(&table_shape), |be, dt| be.embedding_bwd(buf(be, &gi)?, buf(be, &gg)?, &mut dt, dim));
-            Ok(vec![Some(Tensor::from_storage(st, table_shape.clone(), dev))])
-        }))
+        Ok(Tensor::from_op(
+            st,
+            shape,
+            dev,
+            "embedding",
+            &[self],
+            move |_, g| {
+                let (gi, gg) = (ids_c.read(), g.read());
+                let st = compute!(dev, numel(&table_shape), |be, dt| be.embedding_bwd(
+                    buf(be, &gi)?,
+                    buf(be, &gg)?,
+                    &mut dt,
+                    dim
+                ));
+                Ok(vec![Some(Tensor::from_storage(
+                    st,
+                    table_shape.clone(),
+                    dev,
+                ))])
+            },
+        ))
     }
 
     /// Fused causal attention: `q`, `k`, `v` are `[batch, heads, t, d]`; scale `1/sqrt(d)`.
@@ -209,7 +360,11 @@ impl Tensor {
             require_f32("causal_attention", t)?;
         }
         if q.rank() != 4 || k.shape() != q.shape() || v.shape() != q.shape() {
-            return Err(GpuError::shape("causal_attention", "q, k, v of one [batch, heads, t, d] shape", format!("{:?} {:?} {:?}", q.shape(), k.shape(), v.shape())));
+            return Err(GpuError::shape(
+                "causal_attention",
+                "q, k, v of one [batch, heads, t, d] shape",
+                format!("{:?} {:?} {:?}", q.shape(), k.shape(), v.shape()),
+            ));
         }
         let s = q.shape().to_vec();
         let (n, t, d) = (s[0] * s[1], s[2], s[3]);
@@ -218,40 +373,68 @@ impl Tensor {
         let (out, lse) = on_device!(dev, |be| {
             let mut out = be.allocate(DType::F32, n * t * d)?;
             let mut lse = be.allocate(DType::F32, n * t)?;
-            be.causal_attention_fwd(buf(be, &gq)?, buf(be, &gk)?, buf(be, &gv)?, &mut out, &mut lse, n, t, d, scale)?;
-            (DeviceBackend::wrap(out), DeviceBackend::wrap(lse))
+            be.causal_attention_fwd(
+                buf(be, &gq)?,
+                buf(be, &gk)?,
+                buf(be, &gv)?,
+                &mut out,
+                &mut lse,
+                n,
+                t,
+                d,
+                scale,
+            )?;
+            (crate::ops::wrap(be, out), crate::ops::wrap(be, lse))
         });
         drop((gq, gk, gv));
         let lse = Tensor::from_storage(lse, vec![n, t], dev);
         let (qc, kc, vc) = (q.clone(), k.clone(), v.clone());
-        Ok(Tensor::from_op(out, s.clone(), dev, "causal_attention", &[q, k, v], move |o, g| {
-            let (gq, gk, gv, go, gl, gg) = (qc.read(), kc.read(), vc.read(), o.read(), lse.read(), g.read());
-            let (dq, dk, dv) = on_device!(dev, |be| {
-                let mut dq = be.allocate(DType::F32, n * t * d)?;
-                let mut dk = be.allocate(DType::F32, n * t * d)?;
-                let mut dv = be.allocate(DType::F32, n * t * d)?;
-                be.causal_attention_bwd(
-                    buf(be, &gq)?,
-                    buf(be, &gk)?,
-                    buf(be, &gv)?,
-                    buf(be, &go)?,
-                    buf(be, &gl)?,
-                    buf(be, &gg)?,
-                    &mut dq,
-                    &mut dk,
-                    &mut dv,
-                    n,
-                    t,
-                    d,
-                    scale,
-                )?;
-                (DeviceBackend::wrap(dq), DeviceBackend::wrap(dk), DeviceBackend::wrap(dv))
-            });
-            Ok(vec![
-                Some(Tensor::from_storage(dq, s.clone(), dev)),
-                Some(Tensor::from_storage(dk, s.clone(), dev)),
-                Some(Tensor::from_storage(dv, s.clone(), dev)),
-            ])
-        }))
+        Ok(Tensor::from_op(
+            out,
+            s.clone(),
+            dev,
+            "causal_attention",
+            &[q, k, v],
+            move |o, g| {
+                let (gq, gk, gv, go, gl, gg) = (
+                    qc.read(),
+                    kc.read(),
+                    vc.read(),
+                    o.read(),
+                    lse.read(),
+                    g.read(),
+                );
+                let (dq, dk, dv) = on_device!(dev, |be| {
+                    let mut dq = be.allocate(DType::F32, n * t * d)?;
+                    let mut dk = be.allocate(DType::F32, n * t * d)?;
+                    let mut dv = be.allocate(DType::F32, n * t * d)?;
+                    be.causal_attention_bwd(
+                        buf(be, &gq)?,
+                        buf(be, &gk)?,
+                        buf(be, &gv)?,
+                        buf(be, &go)?,
+                        buf(be, &gl)?,
+                        buf(be, &gg)?,
+                        &mut dq,
+                        &mut dk,
+                        &mut dv,
+                        n,
+                        t,
+                        d,
+                        scale,
+                    )?;
+                    (
+                        crate::ops::wrap(be, dq),
+                        crate::ops::wrap(be, dk),
+                        crate::ops::wrap(be, dv),
+                    )
+                });
+                Ok(vec![
+                    Some(Tensor::from_storage(dq, s.clone(), dev)),
+                    Some(Tensor::from_storage(dk, s.clone(), dev)),
+                    Some(Tensor::from_storage(dv, s.clone(), dev)),
+                ])
+            },
+        ))
     }
 }

@@ -6,40 +6,64 @@ use gpu_core::nn::{BinaryKind, ElementwiseOps, ReduceKind};
 use gpu_core::{GpuError, Result};
 
 impl Tensor {
-    fn reduce(&self, op: ReduceKind, ax: isize, keepdim: bool, name: &'static str) -> Result<Tensor> {
+    fn reduce(
+        &self,
+        op: ReduceKind,
+        ax: isize,
+        keepdim: bool,
+        name: &'static str,
+    ) -> Result<Tensor> {
         require_f32(name, self)?;
         let a = axis(name, self.rank(), ax)?;
         let dims = self.shape();
         let (outer, n, inner) = (numel(&dims[..a]), dims[a], numel(&dims[a + 1..]));
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, outer * inner, |be, out| be.reduce_axis(op, buf(be, &g)?, outer, n, inner, &mut out));
+        let st = compute!(dev, outer * inner, |be, out| be.reduce_axis(
+            op,
+            buf(be, &g)?,
+            outer,
+            n,
+            inner,
+            &mut out
+        ));
         drop(g);
         let mut kept = dims.to_vec();
         kept[a] = 1;
-        let shape = if keepdim { kept.clone() } else { [&dims[..a], &dims[a + 1..]].concat() };
+        let shape = if keepdim {
+            kept.clone()
+        } else {
+            [&dims[..a], &dims[a + 1..]].concat()
+        };
         let x = self.clone();
-        Ok(Tensor::from_op(st, shape, dev, name, &[self], move |y, g| {
-            let g = g.reshape(&kept)?;
-            let dx = match op {
-                ReduceKind::Sum => g.expand(x.shape())?,
-                ReduceKind::Mean => g.expand(x.shape())?.mul_scalar(1.0 / n as f32)?,
-                ReduceKind::Max => {
-                    let (gx, gy, gg) = (x.read(), y.read(), g.read());
-                    let st = compute!(dev, x.numel(), |be, dx| be.max_axis_bwd(
-                        buf(be, &gx)?,
-                        buf(be, &gy)?,
-                        buf(be, &gg)?,
-                        outer,
-                        n,
-                        inner,
-                        &mut dx
-                    ));
-                    Tensor::from_storage(st, x.shape().to_vec(), dev)
-                }
-            };
-            Ok(vec![Some(dx)])
-        }))
+        Ok(Tensor::from_op(
+            st,
+            shape,
+            dev,
+            name,
+            &[self],
+            move |y, g| {
+                let g = g.reshape(&kept)?;
+                let dx = match op {
+                    ReduceKind::Sum => g.expand(x.shape())?,
+                    ReduceKind::Mean => g.expand(x.shape())?.mul_scalar(1.0 / n as f32)?,
+                    ReduceKind::Max => {
+                        let (gx, gy, gg) = (x.read(), y.read(), g.read());
+                        let st = compute!(dev, x.numel(), |be, dx| be.max_axis_bwd(
+                            buf(be, &gx)?,
+                            buf(be, &gy)?,
+                            buf(be, &gg)?,
+                            outer,
+                            n,
+                            inner,
+                            &mut dx
+                        ));
+                        Tensor::from_storage(st, x.shape().to_vec(), dev)
+                    }
+                };
+                Ok(vec![Some(dx)])
+            },
+        ))
     }
 
     /// Sum over `axis` (negative counts from the end).
@@ -72,9 +96,14 @@ impl Tensor {
         if self.shape() == shape {
             return Ok(self.clone());
         }
-        let ok = gpu_core::nn::elementwise::broadcast_shape(self.shape(), shape).is_some_and(|s| s == shape);
+        let ok = gpu_core::nn::elementwise::broadcast_shape(self.shape(), shape)
+            .is_some_and(|s| s == shape);
         if !ok {
-            return Err(GpuError::shape("expand", format!("{shape:?}"), format!("{:?}", self.shape())));
+            return Err(GpuError::shape(
+                "expand",
+                format!("{shape:?}"),
+                format!("{:?}", self.shape()),
+            ));
         }
         let dev = self.device();
         let zeros = Tensor::zeros(shape, dev)?;
@@ -89,7 +118,14 @@ impl Tensor {
         ));
         drop((gz, gx));
         let src = self.shape().to_vec();
-        Ok(Tensor::from_op(st, shape.to_vec(), dev, "expand", &[self], move |_, g| Ok(vec![Some(g.sum_to(&src)?)])))
+        Ok(Tensor::from_op(
+            st,
+            shape.to_vec(),
+            dev,
+            "expand",
+            &[self],
+            move |_, g| Ok(vec![Some(g.sum_to(&src)?)]),
+        ))
     }
 
     /// Sums a broadcast result back to `shape` (the adjoint of [`Tensor::expand`]).
@@ -99,15 +135,25 @@ impl Tensor {
         }
         let rank = self.rank();
         if shape.len() > rank {
-            return Err(GpuError::shape("sum_to", format!("rank <= {rank}"), format!("{shape:?}")));
+            return Err(GpuError::shape(
+                "sum_to",
+                format!("rank <= {rank}"),
+                format!("{shape:?}"),
+            ));
         }
-        let aligned: Vec<usize> = std::iter::repeat_n(1, rank - shape.len()).chain(shape.iter().copied()).collect();
+        let aligned: Vec<usize> = std::iter::repeat_n(1, rank - shape.len())
+            .chain(shape.iter().copied())
+            .collect();
         let mut t = self.clone();
         for (i, &want) in aligned.iter().enumerate() {
             if want == 1 && t.shape()[i] != 1 {
                 t = t.sum(i as isize, true)?;
             } else if want != t.shape()[i] {
-                return Err(GpuError::shape("sum_to", format!("{shape:?}"), format!("{:?}", self.shape())));
+                return Err(GpuError::shape(
+                    "sum_to",
+                    format!("{shape:?}"),
+                    format!("{:?}", self.shape()),
+                ));
             }
         }
         t.reshape(shape)

@@ -10,7 +10,11 @@ impl Tensor {
     /// Same elements, new shape (no copy: the storage is shared).
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         if numel(shape) != self.numel() {
-            return Err(GpuError::shape("reshape", format!("{} elements", self.numel()), format!("{shape:?}")));
+            return Err(GpuError::shape(
+                "reshape",
+                format!("{} elements", self.numel()),
+                format!("{shape:?}"),
+            ));
         }
         let node = (grad_enabled() && self.requires_grad()).then(|| {
             let src = self.shape().to_vec();
@@ -27,8 +31,15 @@ impl Tensor {
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
         let r = self.rank();
         let mut seen = vec![false; r];
-        if perm.len() != r || perm.iter().any(|&p| p >= r || std::mem::replace(&mut seen[p], true)) {
-            return Err(GpuError::invalid("permute", format!("{perm:?} is not a permutation of 0..{r}")));
+        if perm.len() != r
+            || perm
+                .iter()
+                .any(|&p| p >= r || std::mem::replace(&mut seen[p], true))
+        {
+            return Err(GpuError::invalid(
+                "permute",
+                format!("{perm:?} is not a permutation of 0..{r}"),
+            ));
         }
         if perm.iter().enumerate().all(|(i, &p)| i == p) {
             return Ok(self.clone());
@@ -36,18 +47,33 @@ impl Tensor {
         let dev = self.device();
         let shape: Vec<usize> = perm.iter().map(|&p| self.shape()[p]).collect();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.permute(buf(be, &g)?, self.shape(), perm, &mut out));
+        let st = compute!(dev, self.numel(), |be, out| be.permute(
+            buf(be, &g)?,
+            self.shape(),
+            perm,
+            &mut out
+        ));
         drop(g);
         let mut inverse = vec![0; r];
         for (i, &p) in perm.iter().enumerate() {
             inverse[p] = i;
         }
-        Ok(Tensor::from_op(st, shape, dev, "permute", &[self], move |_, g| Ok(vec![Some(g.permute(&inverse)?)])))
+        Ok(Tensor::from_op(
+            st,
+            shape,
+            dev,
+            "permute",
+            &[self],
+            move |_, g| Ok(vec![Some(g.permute(&inverse)?)]),
+        ))
     }
 
     /// Swaps two dims.
     pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
-        let (a, b) = (axis("transpose", self.rank(), a)?, axis("transpose", self.rank(), b)?);
+        let (a, b) = (
+            axis("transpose", self.rank(), a)?,
+            axis("transpose", self.rank(), b)?,
+        );
         let mut perm: Vec<usize> = (0..self.rank()).collect();
         perm.swap(a, b);
         self.permute(&perm)
@@ -58,7 +84,10 @@ impl Tensor {
         let a = axis("narrow", self.rank(), ax)?;
         let dims = self.shape().to_vec();
         if start.checked_add(len).is_none_or(|e| e > dims[a]) {
-            return Err(GpuError::invalid("narrow", format!("{start}..{} out of 0..{}", start + len, dims[a])));
+            return Err(GpuError::invalid(
+                "narrow",
+                format!("{start}..{} out of 0..{}", start + len, dims[a]),
+            ));
         }
         let (outer, inner) = (numel(&dims[..a]), numel(&dims[a + 1..]));
         let mut shape = dims.clone();
@@ -68,32 +97,50 @@ impl Tensor {
         let g = self.read();
         let st = crate::backend::on_device!(dev, |be| {
             let mut out = gpu_core::Backend::allocate(be, dtype, outer * len * inner)?;
-            be.copy_blocks(buf(be, &g)?, start * inner, dims[a] * inner, &mut out, 0, len * inner, outer, len * inner)?;
+            be.copy_blocks(
+                buf(be, &g)?,
+                start * inner,
+                dims[a] * inner,
+                &mut out,
+                0,
+                len * inner,
+                outer,
+                len * inner,
+            )?;
             crate::ops::wrap(be, out)
         });
         drop(g);
-        Ok(Tensor::from_op(st, shape, dev, "narrow", &[self], move |_, g| {
-            let dx = Tensor::zeros(&dims, dev)?;
-            {
-                let (gg, mut gd) = (g.read(), dx.write());
-                crate::backend::on_device!(dev, |be| be.copy_blocks(
-                    buf(be, &gg)?,
-                    0,
-                    len * inner,
-                    <_ as crate::backend::DeviceBackend>::get_mut(&mut gd)?,
-                    start * inner,
-                    dims[a] * inner,
-                    outer,
-                    len * inner
-                )?);
-            }
-            Ok(vec![Some(dx)])
-        }))
+        Ok(Tensor::from_op(
+            st,
+            shape,
+            dev,
+            "narrow",
+            &[self],
+            move |_, g| {
+                let dx = Tensor::zeros(&dims, dev)?;
+                {
+                    let (gg, mut gd) = (g.read(), dx.write());
+                    crate::backend::on_device!(dev, |be| be.copy_blocks(
+                        buf(be, &gg)?,
+                        0,
+                        len * inner,
+                        crate::ops::buf_mut(be, &mut gd)?,
+                        start * inner,
+                        dims[a] * inner,
+                        outer,
+                        len * inner
+                    )?);
+                }
+                Ok(vec![Some(dx)])
+            },
+        ))
     }
 
     /// Joins tensors along `axis`; all other dims must agree.
     pub fn cat(tensors: &[&Tensor], ax: isize) -> Result<Tensor> {
-        let first = tensors.first().ok_or_else(|| GpuError::invalid("cat", "no tensors"))?;
+        let first = tensors
+            .first()
+            .ok_or_else(|| GpuError::invalid("cat", "no tensors"))?;
         let dev = same_device("cat", tensors)?;
         let a = axis("cat", first.rank(), ax)?;
         let dtype = first.dtype();
@@ -101,9 +148,17 @@ impl Tensor {
         for t in tensors {
             let same = t.rank() == first.rank()
                 && t.dtype() == dtype
-                && t.shape().iter().zip(first.shape()).enumerate().all(|(i, (x, y))| i == a || x == y);
+                && t.shape()
+                    .iter()
+                    .zip(first.shape())
+                    .enumerate()
+                    .all(|(i, (x, y))| i == a || x == y);
             if !same {
-                return Err(GpuError::shape("cat", format!("{:?}", first.shape()), format!("{:?}", t.shape())));
+                return Err(GpuError::shape(
+                    "cat",
+                    format!("{:?}", first.shape()),
+                    format!("{:?}", t.shape()),
+                ));
             }
             total += t.shape()[a];
         }
@@ -116,21 +171,36 @@ impl Tensor {
             for t in tensors {
                 let k = t.shape()[a];
                 let g = t.read();
-                be.copy_blocks(buf(be, &g)?, 0, k * inner, &mut out, off * inner, total * inner, outer, k * inner)?;
+                be.copy_blocks(
+                    buf(be, &g)?,
+                    0,
+                    k * inner,
+                    &mut out,
+                    off * inner,
+                    total * inner,
+                    outer,
+                    k * inner,
+                )?;
                 off += k;
             }
             crate::ops::wrap(be, out)
         });
         let sizes: Vec<usize> = tensors.iter().map(|t| t.shape()[a]).collect();
-        Ok(Tensor::from_op(st, shape, dev, "cat", tensors, move |_, g| {
-            let mut off = 0;
-            let mut grads = Vec::with_capacity(sizes.len());
-            for &k in &sizes {
-                grads.push(Some(g.narrow(a as isize, off, k)?));
-                off += k;
-            }
-            Ok(grads)
-        }))
+        Ok(Tensor::from_op(
+            st,
+            shape,
+            dev,
+            "cat",
+            tensors,
+            move |_, g| {
+                let mut off = 0;
+                let mut grads = Vec::with_capacity(sizes.len());
+                for &k in &sizes {
+                    grads.push(Some(g.narrow(a as isize, off, k)?));
+                    off += k;
+                }
+                Ok(grads)
+            },
+        ))
     }
 }
-
