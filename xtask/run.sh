@@ -9,7 +9,7 @@
 # --bench also runs gpu-bench (with the PyTorch peer) and writes out/benchmarks.md.
 # --parity runs the PyTorch parity check of the GPT (scripts/torch_parity.py).
 # --train N trains the shakespeare-char GPT for N iterations on data/tinyshakespeare.txt.
-set -u
+set -u -o pipefail
 cd "$(dirname "$0")"
 bench=0; sanitize=1; tests=1; parity=0; train=0
 while [ $# -gt 0 ]; do

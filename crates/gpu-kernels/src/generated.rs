@@ -10,7 +10,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/elementwise.fatbin"),
         source_sha256: "bf9ef2b1b912a8ac903ac3c7d7c14b7e3cb9ae7e527eb184b244c0dcd1865480",
         ptx_sha256: "6f8e44f5066385ac704e13df095c236544952c0f518b3ce4983da504290cbdb1",
-        fatbin_sha256: "23a4d118bd568763822233d410f20957bd18a0eede9039570f71a90757821405",
+        fatbin_sha256: "001dda4a6f3643745f0c3642f1b3daab3ff8d561c297fdd5d5f0b353e3619032",
         kernels: &["add_f32", "mul_f32", "relu_f32", "sigmoid_f32", "tanh_f32", "vector_add_f32"],
     },
     KernelModule {
@@ -19,7 +19,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/layernorm.fatbin"),
         source_sha256: "251913e2a97fe018bc499af367bb1582ef48255dca6e831d47d722b17777141b",
         ptx_sha256: "99459fb9447d02bb4bc00b9b857c96497381b217f68afc7214d1eee45383592e",
-        fatbin_sha256: "a0998f4706a75eeb8bd897d253ff25e4f26dfd0d7da5e24f4131a0b49416b991",
+        fatbin_sha256: "8b9a42058191079c1a46269e9ef836c2bdd2014adb7e045498e098dd22f471ba",
         kernels: &["layernorm_f32"],
     },
     KernelModule {
@@ -27,8 +27,8 @@ pub static MODULES: &[KernelModule] = &[
         ptx: include_str!("../kernels/nn_attention.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
         source_sha256: "da18e08761bddb2c44dc64c5166fe430d7825c6c16d89992b9ef6c7282fd4f06",
-        ptx_sha256: "3a89f5e4823534072ee5d8f4a5a36488e2bc0a64a93996c0f589eeca41ed9cb3",
-        fatbin_sha256: "df43abd34941e8f5e53501f004a8fae2ee26baba3caa8da346047ad773e3ef73",
+        ptx_sha256: "1c5ca31987d9b109ec084c46e7a0515d11f3bc2cfa093e1f8b84fba2036d4341",
+        fatbin_sha256: "ba510b95bbfccb4c0a2cb8d049b5103a8a8adb9f71a348fdf2f2dd075e44556e",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {
@@ -37,7 +37,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/nn_elementwise.fatbin"),
         source_sha256: "5eb65342d1161cc1afd40d4d1cb6bba857d8b9817ff72f6b6f6dec4fd3df61ce",
         ptx_sha256: "4b01281457f1538cd6eb1e88324977febff897ea87d47d10ad791c95585ab7dd",
-        fatbin_sha256: "be80528b51f25447dca7439aa660338a3bd37065923c6bd4f280f53edf0f4764",
+        fatbin_sha256: "95a5b63a2b2fde9a8b246d9de35f9cf7cb02c1681ca54cf613266f30aecb7afd",
         kernels: &["act_bwd_exp_f32", "act_bwd_gelu_f32", "act_bwd_log_f32", "act_bwd_relu_f32", "act_bwd_sigmoid_f32", "act_bwd_silu_f32", "act_bwd_tanh_f32", "act_fwd_exp_f32", "act_fwd_gelu_f32", "act_fwd_log_f32", "act_fwd_relu_f32", "act_fwd_sigmoid_f32", "act_fwd_silu_f32", "act_fwd_tanh_f32", "affine_f32", "binary_2d_add_f32", "binary_2d_div_f32", "binary_2d_mul_f32", "binary_2d_sub_f32", "binary_nd_add_f32", "binary_nd_div_f32", "binary_nd_mul_f32", "binary_nd_sub_f32", "binary_same_add_f32", "binary_same_div_f32", "binary_same_mul_f32", "binary_same_sub_f32", "copy_blocks4_f32", "copy_blocks_f32", "dropout_f32", "permute4_f32", "permute_f32", "permute_tile_f32"],
     },
     KernelModule {
@@ -46,7 +46,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/nn_embed.fatbin"),
         source_sha256: "f65668a2b8141f14159762eb53920d098087984eb5fde01d7d1df88cf8e7a99d",
         ptx_sha256: "08e8c5b439377a43b9ff9e640bf0be23a3fa19b6a126e2dd27d81267d893c7ff",
-        fatbin_sha256: "16c451b1ac570a3c27796ded2a93d757fe50d6115decda40909c3c5749523759",
+        fatbin_sha256: "9e118c3eabd8cf494bfcf40a55f4893d134bbac3075f0807eaf1ef0e067d3466",
         kernels: &["embedding_bwd_f32", "embedding_bwd_tiled_f32", "embedding_fwd_f32", "rope_f32"],
     },
     KernelModule {
@@ -55,7 +55,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/nn_optim.fatbin"),
         source_sha256: "fbd8f6dc6db401341f7bd6aaf68f999d86c31a21863688129ebecaa651f76f31",
         ptx_sha256: "0a0cdba48ca04f86de244470663987b603294fcb8103285f3eb43d6ad46b3c36",
-        fatbin_sha256: "62241cd52559d3d2c72f829ea8c173fb6453fdb841ffc7880be0298ec5d20a44",
+        fatbin_sha256: "39746cbb8f8574bed366f966a2726c003e204b054b30e61a6bf3d1d64812fb16",
         kernels: &["adamw_f32", "clip_finalize_f32", "sumsq_f32"],
     },
     KernelModule {
@@ -64,7 +64,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/nn_reduce.fatbin"),
         source_sha256: "7032a9f2dc570f4408be12a1097050dd724fe986c7c4d9f9cf569668ba5d252a",
         ptx_sha256: "0a6ebc4202397b0bca8be3c66e717595601e9d5f5d4689e7fbdf1740952bb425",
-        fatbin_sha256: "d31a9d2010143b042c957ff3a5a6e1fd774286c7142acaac9db5ee164346ad5f",
+        fatbin_sha256: "db61b768ef33070385c681c4e0693a6bd71de4670c6e08ae7837029e3d708933",
         kernels: &["max_axis_bwd_f32", "reduce_max_f32", "reduce_rows4_max_f32", "reduce_rows4_sum_f32", "reduce_sum_f32"],
     },
     KernelModule {
@@ -73,7 +73,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/nn_rows.fatbin"),
         source_sha256: "b3ca996439ba69e6708751f824fb1dc930b150d7b7e145969c79c62326ce1649",
         ptx_sha256: "92dc904735d1721817cecc2d4756fa5688fcb3ef5f935108d0ef65d391d71cd8",
-        fatbin_sha256: "9d83bc5cb3f8570085d7a98ee2f2262af0d9405a9dde34a52b1a0716fa5cfae8",
+        fatbin_sha256: "2672222a36f50307c566dbc1408ffc83ecf5a07bcffb7d4603657c4cdb60d555",
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32"],
     },
     KernelModule {
@@ -82,7 +82,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/softmax.fatbin"),
         source_sha256: "0772ced83db6bfc4d4a99148002303994054136e40d43844552e6a2b0c8d342b",
         ptx_sha256: "8d8cf5f3f4d8ce5ddc0978381ee255bcec41b01ca7160f0a4b71253cdfc9a891",
-        fatbin_sha256: "38d43b18ddcc34bf760700007d532614aa0dee527a5e4e1bb8a08b0e714fa3bd",
+        fatbin_sha256: "213150d70d5daae8a31fe2540c8be040e3561c4a278357ae7e66801602157766",
         kernels: &["softmax_f32"],
     },
 ];
