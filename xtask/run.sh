@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU test bundle runner (made by `cargo xtask gpu-bundle`). Runs on a GPU machine with no Rust.
 #
-#   ./run.sh [--bench] [--no-sanitizer] [--no-tests] [--parity] [--train ITERS]
+#   ./run.sh [--bench] [--no-sanitizer] [--no-tests] [--sanitize-only] [--parity] [--train ITERS]
 #
 # Runs every test binary, counts the GPU tests (named gpu_*): ran, passed, failed, skipped.
 # Exits non-zero if any test failed, or if any GPU test skipped while a GPU is present.
@@ -17,6 +17,7 @@ while [ $# -gt 0 ]; do
     --bench) bench=1 ;;
     --no-sanitizer) sanitize=0 ;;
     --no-tests) tests=0; sanitize=0 ;;
+    --sanitize-only) tests=0; sanitize=1 ;;
     --parity) parity=1 ;;
     --train) shift; train="$1" ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -81,17 +82,20 @@ fi
 
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ "$sanitize" = 1 ] && [ "$gpu" = 1 ] && [ -n "$san" ]; then
-  kt=$(ls tests/gpu-cuda--kernels* | head -1)
+  # memcheck over every kernel test binary; racecheck over those whose kernels share memory.
   for tool in memcheck racecheck; do
-    filter=""
-    [ "$tool" = racecheck ] && filter="gpu_softmax gpu_layernorm"   # the kernels with shared memory
-    # shellcheck disable=SC2086
-    timeout "${SANITIZER_TIMEOUT:-300}" "$san" --tool "$tool" --error-exitcode 99 --print-limit 20 "$kt" --test-threads=1 $filter \
-      > "$OUT_DIR/sanitizer-$tool.log" 2>&1
-    rc=$?
-    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT_DIR/sanitizer-$tool.log" | tail -1)
-    if [ $rc -eq 0 ]; then echo "compute-sanitizer $tool: clean (${summary:-no summary})";
-    else echo "!! compute-sanitizer $tool: exit $rc (${summary:-see sanitizer-$tool.log})"; status=1; fi
+    for bin in ${SANITIZE_BINS:-kernels nn_elementwise nn_rows nn_attention nn_optim}; do
+      t=$(ls tests/gpu-cuda--"$bin" 2>/dev/null) || continue
+      [ "$tool" = racecheck ] && [ "$bin" = nn_optim ] && continue
+      log="$OUT_DIR/sanitizer-$tool-$bin.log"
+      timeout "${SANITIZER_TIMEOUT:-300}" "$san" --tool "$tool" --error-exitcode 99 --print-limit 20 \
+        "$t" --test-threads=1 > "$log" 2>&1
+      rc=$?
+      summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
+      if [ $rc -eq 0 ]; then echo "compute-sanitizer $tool $bin: clean (${summary:-no summary})";
+      elif [ $rc -eq 124 ]; then echo "!! compute-sanitizer $tool $bin: did not finish in ${SANITIZER_TIMEOUT:-300} s"; status=1;
+      else echo "!! compute-sanitizer $tool $bin: exit $rc (${summary:-see $log})"; status=1; fi
+    done
   done
 elif [ "$gpu" = 1 ]; then
   echo "compute-sanitizer: not run (${san:-not found}; sanitize=$sanitize)"

@@ -40,6 +40,18 @@ fn compare(
     tol: f64,
     f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
 ) {
+    compare_tols(name, dev, inputs, tol, tol, f)
+}
+
+/// [`compare`] with separate forward and gradient tolerances.
+fn compare_tols(
+    name: &str,
+    dev: Device,
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    tol: f64,
+    grad_tol: f64,
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) {
     let run = |d: Device| -> (Vec<f32>, Vec<Vec<f32>>) {
         let leaves: Vec<Tensor> = inputs
             .iter()
@@ -67,7 +79,7 @@ fn compare(
     assert!(e < tol, "{name}: forward rel err {e:e}");
     for (i, (a, b)) in gg.iter().zip(&gc).enumerate() {
         let e = rel_err(a, b);
-        assert!(e < tol, "{name}: grad {i} rel err {e:e}");
+        assert!(e < grad_tol, "{name}: grad {i} rel err {e:e}");
     }
 }
 
@@ -186,9 +198,16 @@ fn gpu_every_op_matches_the_cpu_on_proptest_shapes() {
             });
             let d = 4 * c.div_ceil(4).min(32);
             let qkv = |k| x(&[a, 2, b, d], k);
-            compare("attention", dev, &[qkv(14), qkv(15), qkv(16)], 1e-5, &|v| {
-                Tensor::causal_attention(&v[0], &v[1], &v[2])
-            });
+            // Inputs in [-2, 2] make peaked softmaxes, where dS = P∘(dP − D) cancels: f32 kernels
+            // then differ from the f64-accumulated reference by up to ~3e-4 norm-wise in dq.
+            compare_tols(
+                "attention",
+                dev,
+                &[qkv(14), qkv(15), qkv(16)],
+                1e-5,
+                1e-3,
+                &|v| Tensor::causal_attention(&v[0], &v[1], &v[2]),
+            );
             compare("dropout", dev, &[x(&[a, b, c], 17)], t, &|v| {
                 v[0].dropout(0.25, seed, true)
             });
