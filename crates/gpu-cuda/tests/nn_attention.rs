@@ -85,8 +85,9 @@ fn assert_near(what: &str, got: &[f32], want: &[f32], norm_rtol: f64, rtol: f64)
         (want.iter().map(|&w| (w as f64).powi(2)).sum::<f64>() / want.len() as f64).sqrt()
     };
     // Where every gradient is exactly 0 (t = 1: one key, softmax ≡ 1) f32 rounding of terms of
-    // size ~1 still leaves ~1e-8: the absolute floor is relative to unit-size inputs.
-    assert_close(what, got, want, rtol, rtol * rms.max(1e-3));
+    // size ~1 still leaves up to ~d·1e-8 (dP and D are summed in different orders): the
+    // absolute floor is relative to unit-size inputs.
+    assert_close(what, got, want, rtol, rtol * rms.max(1e-2));
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for (&g, &w) in got.iter().zip(want) {
         num += (g as f64 - w as f64).powi(2);

@@ -3,7 +3,7 @@
 //! tensors: two launches), by-value struct kernel arguments, and typed errors.
 //!
 //! Tolerances (f32 kernel arithmetic against the CPU's f64-per-element reference): norm and
-//! coefficient 1e-6 relative; p 1e-6 of max(|p before|, |update|) + 1e-7; m 1e-6 relative + 2e-8
+//! coefficient 1e-6 relative; p 1e-6 of max(|p before|, |update|) + 1e-7; m 1e-5 relative + 2e-8
 //! (m can cancel to near zero from terms near 0.1); v 1e-6 relative.
 
 mod common;
@@ -177,7 +177,7 @@ fn random_state(rng: &mut StdRng, lens: &[usize]) -> (State, Vec<Vec<f32>>, Vec<
 
 /// `got` against `want` after a step from `before`: p within 1e-6 of the larger of its old value
 /// and its update (the update is several f32 roundings deep and can cancel against p) plus
-/// 1e-7; m within 1e-6 relative + 2e-8; v within 1e-6 relative. Unwritten (NaN) elements fail.
+/// 1e-7; m within 1e-5 relative + 2e-8; v within 1e-6 relative. Unwritten (NaN) elements fail.
 fn assert_state(what: &str, got: &State, want: &State, before: &State) {
     for i in 0..want.p.len() {
         let (g, w, b) = (&got.p[i], &want.p[i], &before.p[i]);
@@ -190,7 +190,8 @@ fn assert_state(what: &str, got: &State, want: &State, before: &State) {
                 "{what} p[{i}][{e}]: got {gv}, want {wv} (before {bv})"
             );
         }
-        assert_close(&format!("{what} m[{i}]"), &got.m[i], &want.m[i], 1e-6, 2e-8);
+        // m = β1·m + (1−β1)·g can cancel: 1e-5 leaves room for f32 rounding of the terms.
+        assert_close(&format!("{what} m[{i}]"), &got.m[i], &want.m[i], 1e-5, 2e-8);
         assert_close(&format!("{what} v[{i}]"), &got.v[i], &want.v[i], 1e-6, 0.0);
     }
 }
