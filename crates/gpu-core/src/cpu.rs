@@ -1,5 +1,7 @@
 //! The CPU backend: always present, and the reference every CUDA kernel is tested against.
 //! Row-wise reductions accumulate in f64; matmul goes through `matrixmultiply`'s blocked SGEMM.
+//! Independent work (elements, rows, sequences) runs on `rayon`'s pool (see `par`), each item
+//! computed exactly as a sequential loop would, so results do not depend on the thread count.
 
 use crate::backend::{check_transfer, Backend, BufferInfo, DeviceType};
 use crate::device::Device;
@@ -183,29 +185,31 @@ impl KernelOps for CpuBackend {
     ) -> Result<()> {
         ops::check_elementwise(op.name(), &[a, b], out)?;
         let (a, b) = (a.as_f32()?, b.as_f32()?);
-        for ((o, &x), &y) in out.as_f32_mut()?.iter_mut().zip(a).zip(b) {
-            *o = op.eval(x, y);
-        }
+        par::for_chunks(out.as_f32_mut()?, |off, o| {
+            for ((o, &x), &y) in o.iter_mut().zip(&a[off..]).zip(&b[off..]) {
+                *o = op.eval(x, y);
+            }
+        });
         Ok(())
     }
 
     fn unary(&self, op: UnaryOp, x: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
         ops::check_elementwise(op.name(), &[x], out)?;
-        for (o, &v) in out.as_f32_mut()?.iter_mut().zip(x.as_f32()?) {
-            *o = op.eval(v as f64) as f32;
-        }
+        let x = x.as_f32()?;
+        par::for_chunks(out.as_f32_mut()?, |off, o| {
+            for (o, &v) in o.iter_mut().zip(&x[off..]) {
+                *o = op.eval(v as f64) as f32;
+            }
+        });
         Ok(())
     }
 
     fn softmax_rows(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
         ops::check_rows("softmax", x, out, cols)?;
         let x = x.as_f32()?;
-        for (xr, or) in x
-            .chunks_exact(cols)
-            .zip(out.as_f32_mut()?.chunks_exact_mut(cols))
-        {
-            softmax_row(xr, or);
-        }
+        par::for_rows(out.as_f32_mut()?, cols, |r, or| {
+            softmax_row(&x[r * cols..][..cols], or);
+        });
         Ok(())
     }
 
@@ -220,12 +224,9 @@ impl KernelOps for CpuBackend {
     ) -> Result<()> {
         ops::check_layernorm(x, gamma, beta, out, cols, eps)?;
         let (x, g, b) = (x.as_f32()?, gamma.as_f32()?, beta.as_f32()?);
-        for (xr, or) in x
-            .chunks_exact(cols)
-            .zip(out.as_f32_mut()?.chunks_exact_mut(cols))
-        {
-            layernorm_row(xr, g, b, or, eps);
-        }
+        par::for_rows(out.as_f32_mut()?, cols, |r, or| {
+            layernorm_row(&x[r * cols..][..cols], g, b, or, eps);
+        });
         Ok(())
     }
 
@@ -322,6 +323,7 @@ pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
 mod attention;
 mod elementwise;
 mod optim;
+mod par;
 mod rows;
 
 #[cfg(test)]

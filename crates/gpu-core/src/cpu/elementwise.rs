@@ -2,6 +2,7 @@
 //! Activations are evaluated in f64 (erf from `libm`), reductions accumulate in f64, binary ops,
 //! affine and dropout compute exactly what the kernels compute in f32.
 
+use super::par::{for_chunks, Strided};
 use super::{CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::elementwise::{
@@ -71,6 +72,20 @@ pub(crate) fn activation_grad_f64(op: Activation, x: f64, y: f64) -> f64 {
     }
 }
 
+/// `dx` of one element: `f'(x)·dy` in f64, except ReLU's select.
+fn activation_grad(op: Activation, x: f32, y: f32, dy: f32) -> f32 {
+    if op == Activation::Relu {
+        // A select, not a product: dy = NaN or inf with x <= 0 gives 0, as in PyTorch.
+        if x > 0.0 {
+            dy
+        } else {
+            0.0
+        }
+    } else {
+        (activation_grad_f64(op, x as f64, y as f64) * dy as f64) as f32
+    }
+}
+
 /// Combines two values of a Max reduction: NaN propagates, ties keep `a`.
 fn max_combine(a: f32, b: f32) -> f32 {
     if b > a || b.is_nan() {
@@ -99,28 +114,6 @@ fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
     strides
 }
 
-/// Visits the row-major multi-indices of `shape` in order, yielding the matching offsets in two
-/// strided views.
-fn for_each_index(shape: &[usize], sa: &[usize], sb: &[usize], mut f: impl FnMut(usize, usize)) {
-    let total: usize = shape.iter().product();
-    let mut idx = vec![0usize; shape.len()];
-    let (mut ia, mut ib) = (0usize, 0usize);
-    for _ in 0..total {
-        f(ia, ib);
-        for k in (0..shape.len()).rev() {
-            idx[k] += 1;
-            ia += sa[k];
-            ib += sb[k];
-            if idx[k] < shape[k] {
-                break;
-            }
-            ia -= sa[k] * shape[k];
-            ib -= sb[k] * shape[k];
-            idx[k] = 0;
-        }
-    }
-}
-
 impl ElementwiseOps for CpuBackend {
     fn broadcast_binary(
         &self,
@@ -135,19 +128,18 @@ impl ElementwiseOps for CpuBackend {
         let (a, b, out) = (a.as_f32()?, b.as_f32()?, out.as_f32_mut()?);
         let sa = broadcast_strides(a_shape, &shape);
         let sb = broadcast_strides(b_shape, &shape);
-        let mut k = 0;
-        for_each_index(&shape, &sa, &sb, |ia, ib| {
-            out[k] = op.eval(a[ia], b[ib]);
-            k += 1;
-        });
+        Strided::new(&shape, &sa, &sb).fill(out, |ia, ib| op.eval(a[ia], b[ib]));
         Ok(())
     }
 
     fn activation_fwd(&self, op: Activation, x: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
         check_elementwise("activation_fwd", &[x], out)?;
-        for (o, &v) in out.as_f32_mut()?.iter_mut().zip(x.as_f32()?) {
-            *o = activation_f64(op, v as f64) as f32;
-        }
+        let x = x.as_f32()?;
+        for_chunks(out.as_f32_mut()?, |off, o| {
+            for (o, &v) in o.iter_mut().zip(&x[off..]) {
+                *o = activation_f64(op, v as f64) as f32;
+            }
+        });
         Ok(())
     }
 
@@ -161,27 +153,24 @@ impl ElementwiseOps for CpuBackend {
     ) -> Result<()> {
         check_elementwise("activation_bwd", &[x, y, dy], dx)?;
         let (x, y, dy) = (x.as_f32()?, y.as_f32()?, dy.as_f32()?);
-        for (i, d) in dx.as_f32_mut()?.iter_mut().enumerate() {
-            *d = if op == Activation::Relu {
-                // A select, not a product: dy = NaN or inf with x <= 0 gives 0, as in PyTorch.
-                if x[i] > 0.0 {
-                    dy[i]
-                } else {
-                    0.0
-                }
-            } else {
-                (activation_grad_f64(op, x[i] as f64, y[i] as f64) * dy[i] as f64) as f32
-            };
-        }
+        for_chunks(dx.as_f32_mut()?, |off, dx| {
+            let (x, y, dy) = (&x[off..], &y[off..], &dy[off..]);
+            for (i, d) in dx.iter_mut().enumerate() {
+                *d = activation_grad(op, x[i], y[i], dy[i]);
+            }
+        });
         Ok(())
     }
 
     /// Computed as one fused multiply-add per element, as the kernel does.
     fn affine(&self, x: &CpuStorage, mul: f32, add: f32, out: &mut CpuStorage) -> Result<()> {
         check_elementwise("affine", &[x], out)?;
-        for (o, &v) in out.as_f32_mut()?.iter_mut().zip(x.as_f32()?) {
-            *o = mul.mul_add(v, add);
-        }
+        let x = x.as_f32()?;
+        for_chunks(out.as_f32_mut()?, |off, o| {
+            for (o, &v) in o.iter_mut().zip(&x[off..]) {
+                *o = mul.mul_add(v, add);
+            }
+        });
         Ok(())
     }
 
@@ -297,24 +286,23 @@ impl ElementwiseOps for CpuBackend {
         let (x, out) = (x.as_f32()?, out.as_f32_mut()?);
         let in_strides = crate::Shape::from(shape).contiguous_strides();
         let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
-        let mut k = 0;
-        for_each_index(&out_shape, &strides, &strides, |i, _| {
-            out[k] = x[i];
-            k += 1;
-        });
+        Strided::new(&out_shape, &strides, &strides).fill(out, |i, _| x[i]);
         Ok(())
     }
 
     fn dropout(&self, x: &CpuStorage, p: f32, seed: u64, out: &mut CpuStorage) -> Result<()> {
         check_dropout(x, p, out)?;
         let q = 1.0 - p;
-        for (i, (o, &v)) in out.as_f32_mut()?.iter_mut().zip(x.as_f32()?).enumerate() {
-            *o = if dropout_keep(seed, i as u64, p) {
-                v / q
-            } else {
-                0.0
-            };
-        }
+        let x = x.as_f32()?;
+        for_chunks(out.as_f32_mut()?, |off, o| {
+            for (i, (o, &v)) in (off..).zip(o.iter_mut().zip(&x[off..])) {
+                *o = if dropout_keep(seed, i as u64, p) {
+                    v / q
+                } else {
+                    0.0
+                };
+            }
+        });
         Ok(())
     }
 }

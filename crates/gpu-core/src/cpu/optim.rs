@@ -2,9 +2,11 @@
 //! `torch.optim.AdamW` step by step (decoupled decay first, then the bias-corrected Adam update),
 //! evaluated per element in f64 from the stored f32 values and rounded once.
 
+use super::par::GRAIN;
 use super::{CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::optim::{adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps};
+use rayon::prelude::*;
 
 /// `min(1, max_norm / (norm + 1e-6))` in f64, keeping a NaN (as `torch.clamp(max=1)` does).
 pub(crate) fn clip_coef(norm: f64, max_norm: f32) -> f64 {
@@ -64,15 +66,21 @@ impl OptimOps for CpuBackend {
                 m[i].as_f32_mut()?,
                 v[i].as_f32_mut()?,
             );
-            for e in 0..p.len() {
-                let g = g[e] as f64 * coef;
-                let me = b1 * mi[e] as f64 + (1.0 - b1) * g;
-                let ve = b2 * vi[e] as f64 + (1.0 - b2) * g * g;
-                let pe = p[e] as f64 * decay;
-                p[e] = (pe - step_size * me / (ve.sqrt() / bc2_sqrt + eps)) as f32;
-                mi[e] = me as f32;
-                vi[e] = ve as f32;
-            }
+            let chunks = p.par_chunks_mut(GRAIN).zip(mi.par_chunks_mut(GRAIN));
+            let chunks = chunks
+                .zip(vi.par_chunks_mut(GRAIN))
+                .zip(g.par_chunks(GRAIN));
+            chunks.for_each(|(((p, mi), vi), g)| {
+                for e in 0..p.len() {
+                    let g = g[e] as f64 * coef;
+                    let me = b1 * mi[e] as f64 + (1.0 - b1) * g;
+                    let ve = b2 * vi[e] as f64 + (1.0 - b2) * g * g;
+                    let pe = p[e] as f64 * decay;
+                    p[e] = (pe - step_size * me / (ve.sqrt() / bc2_sqrt + eps)) as f32;
+                    mi[e] = me as f32;
+                    vi[e] = ve as f32;
+                }
+            });
         }
         Ok(())
     }

@@ -1,12 +1,14 @@
 //! [`RowOps`] on the CPU: the reference for the CUDA row kernels. Every row reduction (and RoPE's
 //! angles) is computed in f64 and rounded once to f32; `dw`/`db` are summed over rows in f64.
 
+use super::par::{column_sums, for_rows, min_rows};
 use super::{CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
 use crate::nn::rows::{
     check_cross_entropy, check_embedding, check_eps, check_norm, check_rope, check_rows_bwd, RowOps,
 };
 use crate::ops::check_rows;
+use rayon::prelude::*;
 
 /// `(max, Σ exp(x − max))` of a row in f64; the log-sum-exp is `max + ln(sum)`. A row of all
 /// `-inf` gives a NaN sum, as in PyTorch.
@@ -39,29 +41,27 @@ impl RowOps for CpuBackend {
     ) -> Result<()> {
         check_rows_bwd("softmax_bwd", y, dy, dx, cols)?;
         let (y, dy) = (y.as_f32()?, dy.as_f32()?);
-        let rows = y.chunks_exact(cols).zip(dy.chunks_exact(cols));
-        for ((yr, dyr), dxr) in rows.zip(dx.as_f32_mut()?.chunks_exact_mut(cols)) {
+        for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
+            let (yr, dyr) = (&y[r * cols..][..cols], &dy[r * cols..][..cols]);
             let dot: f64 = yr.iter().zip(dyr).map(|(&a, &b)| a as f64 * b as f64).sum();
             for ((o, &a), &b) in dxr.iter_mut().zip(yr).zip(dyr) {
                 *o = (a as f64 * (b as f64 - dot)) as f32;
             }
-        }
+        });
         Ok(())
     }
 
     fn log_softmax_fwd(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
         check_rows("log_softmax_fwd", x, out, cols)?;
         let x = x.as_f32()?;
-        for (xr, or) in x
-            .chunks_exact(cols)
-            .zip(out.as_f32_mut()?.chunks_exact_mut(cols))
-        {
+        for_rows(out.as_f32_mut()?, cols, |r, or| {
+            let xr = &x[r * cols..][..cols];
             let (max, sum) = max_sumexp(xr);
             let lse = max + sum.ln();
             for (o, &v) in or.iter_mut().zip(xr) {
                 *o = (v as f64 - lse) as f32;
             }
-        }
+        });
         Ok(())
     }
 
@@ -74,13 +74,13 @@ impl RowOps for CpuBackend {
     ) -> Result<()> {
         check_rows_bwd("log_softmax_bwd", y, dy, dx, cols)?;
         let (y, dy) = (y.as_f32()?, dy.as_f32()?);
-        let rows = y.chunks_exact(cols).zip(dy.chunks_exact(cols));
-        for ((yr, dyr), dxr) in rows.zip(dx.as_f32_mut()?.chunks_exact_mut(cols)) {
+        for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
+            let (yr, dyr) = (&y[r * cols..][..cols], &dy[r * cols..][..cols]);
             let sum: f64 = dyr.iter().map(|&v| v as f64).sum();
             for ((o, &a), &b) in dxr.iter_mut().zip(yr).zip(dyr) {
                 *o = (b as f64 - (a as f64).exp() * sum) as f32;
             }
-        }
+        });
         Ok(())
     }
 
@@ -95,10 +95,11 @@ impl RowOps for CpuBackend {
         check_cross_entropy(OP, logits, targets, loss, None, cols)?;
         let (x, t) = (logits.as_f32()?, targets.as_u32()?);
         check_ids(OP, "targets", t, cols)?;
-        for ((xr, &t), l) in x.chunks_exact(cols).zip(t).zip(loss.as_f32_mut()?) {
+        let rows = x.par_chunks_exact(cols).zip(t).zip(loss.as_f32_mut()?);
+        rows.with_min_len(min_rows(cols)).for_each(|((xr, &t), l)| {
             let (max, sum) = max_sumexp(xr);
             *l = (max + sum.ln() - xr[t as usize] as f64) as f32;
-        }
+        });
         Ok(())
     }
 
@@ -114,14 +115,14 @@ impl RowOps for CpuBackend {
         check_cross_entropy(OP, logits, targets, dloss, Some(&*dlogits), cols)?;
         let (x, t, dl) = (logits.as_f32()?, targets.as_u32()?, dloss.as_f32()?);
         check_ids(OP, "targets", t, cols)?;
-        let rows = x.chunks_exact(cols).zip(t).zip(dl);
-        for (((xr, &t), &g), dr) in rows.zip(dlogits.as_f32_mut()?.chunks_exact_mut(cols)) {
+        for_rows(dlogits.as_f32_mut()?, cols, |r, dr| {
+            let (xr, t, g) = (&x[r * cols..][..cols], t[r] as usize, dl[r] as f64);
             let (max, sum) = max_sumexp(xr);
             for (c, (o, &v)) in dr.iter_mut().zip(xr).enumerate() {
-                let p = (v as f64 - max).exp() / sum - if c == t as usize { 1.0 } else { 0.0 };
-                *o = (p * g as f64) as f32;
+                let p = (v as f64 - max).exp() / sum - if c == t { 1.0 } else { 0.0 };
+                *o = (p * g) as f32;
             }
-        }
+        });
         Ok(())
     }
 
@@ -149,19 +150,20 @@ impl RowOps for CpuBackend {
         let (x, w, b) = (x.as_f32()?, w.as_f32()?, b.as_f32()?);
         let (mean, rstd) = (mean.as_f32_mut()?, rstd.as_f32_mut()?);
         let n = cols as f64;
-        for (r, (xr, yr)) in x
-            .chunks_exact(cols)
-            .zip(y.as_f32_mut()?.chunks_exact_mut(cols))
+        let stats = mean.par_iter_mut().zip(rstd.par_iter_mut());
+        let rows = y.as_f32_mut()?.par_chunks_exact_mut(cols).zip(stats);
+        rows.with_min_len(min_rows(cols))
             .enumerate()
-        {
-            let mu = xr.iter().map(|&v| v as f64).sum::<f64>() / n;
-            let var = xr.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / n;
-            let rs = 1.0 / (var + eps as f64).sqrt();
-            for (i, o) in yr.iter_mut().enumerate() {
-                *o = ((xr[i] as f64 - mu) * rs * w[i] as f64 + b[i] as f64) as f32;
-            }
-            (mean[r], rstd[r]) = (mu as f32, rs as f32);
-        }
+            .for_each(|(r, (yr, (mean, rstd)))| {
+                let xr = &x[r * cols..][..cols];
+                let mu = xr.iter().map(|&v| v as f64).sum::<f64>() / n;
+                let var = xr.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / n;
+                let rs = 1.0 / (var + eps as f64).sqrt();
+                for (i, o) in yr.iter_mut().enumerate() {
+                    *o = ((xr[i] as f64 - mu) * rs * w[i] as f64 + b[i] as f64) as f32;
+                }
+                (*mean, *rstd) = (mu as f32, rs as f32);
+            });
         Ok(())
     }
 
@@ -183,31 +185,26 @@ impl RowOps for CpuBackend {
         check_rows_bwd(OP, x, dy, dx, cols)?;
         let (x, w, dy) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?);
         let (mean, rstd) = (mean.as_f32()?, rstd.as_f32()?);
-        let (mut sw, mut sb) = (vec![0.0f64; cols], vec![0.0f64; cols]);
         let n = cols as f64;
-        for (r, dxr) in dx.as_f32_mut()?.chunks_exact_mut(cols).enumerate() {
-            let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
-            let (mu, rs) = (mean[r] as f64, rstd[r] as f64);
-            let xhat = |i: usize| (xr[i] as f64 - mu) * rs;
+        let xhat = |r: usize, i: usize| (x[r * cols + i] as f64 - mean[r] as f64) * rstd[r] as f64;
+        for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
+            let (dyr, rs) = (&dy[r * cols..][..cols], rstd[r] as f64);
             let (mut sg, mut sgx) = (0.0f64, 0.0f64);
             for i in 0..cols {
                 let g = dyr[i] as f64 * w[i] as f64;
                 sg += g;
-                sgx += g * xhat(i);
-                sw[i] += dyr[i] as f64 * xhat(i);
-                sb[i] += dyr[i] as f64;
+                sgx += g * xhat(r, i);
             }
             for (i, o) in dxr.iter_mut().enumerate() {
                 let g = dyr[i] as f64 * w[i] as f64;
-                *o = (rs * (g - (sg + xhat(i) * sgx) / n)) as f32;
+                *o = (rs * (g - (sg + xhat(r, i) * sgx) / n)) as f32;
             }
-        }
-        for (o, s) in dw.as_f32_mut()?.iter_mut().zip(sw) {
-            *o = s as f32;
-        }
-        for (o, s) in db.as_f32_mut()?.iter_mut().zip(sb) {
-            *o = s as f32;
-        }
+        });
+        let rows = x.len() / cols;
+        column_sums(dw.as_f32_mut()?, rows, |r, i| {
+            dy[r * cols + i] as f64 * xhat(r, i)
+        });
+        column_sums(db.as_f32_mut()?, rows, |r, i| dy[r * cols + i] as f64);
         Ok(())
     }
 
@@ -224,18 +221,18 @@ impl RowOps for CpuBackend {
         check_norm(OP, x, y, &[("w", w)], &[("rstd", rstd)], cols)?;
         check_eps(OP, eps)?;
         let (x, w, rstd) = (x.as_f32()?, w.as_f32()?, rstd.as_f32_mut()?);
-        for (r, (xr, yr)) in x
-            .chunks_exact(cols)
-            .zip(y.as_f32_mut()?.chunks_exact_mut(cols))
+        let rows = y.as_f32_mut()?.par_chunks_exact_mut(cols).zip(rstd);
+        rows.with_min_len(min_rows(cols))
             .enumerate()
-        {
-            let ms = xr.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / cols as f64;
-            let rs = 1.0 / (ms + eps as f64).sqrt();
-            for (i, o) in yr.iter_mut().enumerate() {
-                *o = (xr[i] as f64 * rs * w[i] as f64) as f32;
-            }
-            rstd[r] = rs as f32;
-        }
+            .for_each(|(r, (yr, rstd))| {
+                let xr = &x[r * cols..][..cols];
+                let ms = xr.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / cols as f64;
+                let rs = 1.0 / (ms + eps as f64).sqrt();
+                for (i, o) in yr.iter_mut().enumerate() {
+                    *o = (xr[i] as f64 * rs * w[i] as f64) as f32;
+                }
+                *rstd = rs as f32;
+            });
         Ok(())
     }
 
@@ -254,24 +251,23 @@ impl RowOps for CpuBackend {
         check_norm(OP, x, dx, &params, &[("rstd", rstd)], cols)?;
         check_rows_bwd(OP, x, dy, dx, cols)?;
         let (x, w, dy, rstd) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?, rstd.as_f32()?);
-        let mut sw = vec![0.0f64; cols];
-        for (r, dxr) in dx.as_f32_mut()?.chunks_exact_mut(cols).enumerate() {
+        for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
             let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
             let rs = rstd[r] as f64;
             let mut sgx = 0.0f64;
             for i in 0..cols {
                 sgx += dyr[i] as f64 * w[i] as f64 * xr[i] as f64;
-                sw[i] += dyr[i] as f64 * xr[i] as f64 * rs;
             }
             let coef = sgx * rs * rs / cols as f64;
             for (i, o) in dxr.iter_mut().enumerate() {
                 let g = dyr[i] as f64 * w[i] as f64;
                 *o = (rs * (g - xr[i] as f64 * coef)) as f32;
             }
-        }
-        for (o, s) in dw.as_f32_mut()?.iter_mut().zip(sw) {
-            *o = s as f32;
-        }
+        });
+        column_sums(dw.as_f32_mut()?, x.len() / cols, |r, i| {
+            let e = r * cols + i;
+            dy[e] as f64 * x[e] as f64 * rstd[r] as f64
+        });
         Ok(())
     }
 
@@ -297,15 +293,15 @@ impl RowOps for CpuBackend {
                 cs.push((theta.cos(), s));
             }
         }
-        for (r, (xr, or)) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
-            let pos = r % t;
+        for_rows(out, d, |r, or| {
+            let (xr, pos) = (&x[r * d..][..d], r % t);
             for i in 0..h {
                 let (c, s) = cs[pos * h + i];
                 let (a, b) = (xr[i] as f64, xr[i + h] as f64);
                 or[i] = (a * c - b * s) as f32;
                 or[i + h] = (b * c + a * s) as f32;
             }
-        }
+        });
         Ok(())
     }
 
