@@ -202,8 +202,9 @@ pub fn build() -> Result<()> {
         let rel = Path::new("kernels").join(cu.file_name().unwrap());
         let common = |c: &mut Command| {
             c.current_dir(crate::root());
-            c.args(["-O3", "-std=c++17", "-lineinfo", "-I", "kernels"])
-                .arg(&rel);
+            // No -lineinfo: it writes the checkout's absolute path into the outputs, so every
+            // rebuild from another checkout would change every module.
+            c.args(["-O3", "-std=c++17", "-I", "kernels"]).arg(&rel);
         };
         let mut c = Command::new(&nvcc);
         c.args(["-ptx", &format!("-arch={PTX_ARCH}")]);

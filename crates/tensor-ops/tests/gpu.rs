@@ -178,18 +178,23 @@ fn gpu_every_op_matches_the_cpu_on_proptest_shapes() {
             compare("log_softmax", dev, &[x(&[a, b, c], 9)], t, &|v| {
                 v[0].log_softmax()
             });
-            compare(
+            // Norm gradients cancel (dx = rstd·(g − mean(g) − x̂·mean(g·x̂)); one-column rows give
+            // dx ≈ 0): against the f64 reference they need 1e-3 norm-wise here; the kernels' own
+            // tests (gpu-cuda nn_rows) bound them against the size of the cancelling terms.
+            compare_tols(
                 "layer_norm",
                 dev,
                 &[x(&[a, b, c], 10), pos(&[c], 11), x(&[c], 12)],
                 1e-5,
+                1e-3,
                 &|v| v[0].layer_norm(&v[1], &v[2], 1e-5),
             );
-            compare(
+            compare_tols(
                 "rms_norm",
                 dev,
                 &[x(&[a, b, c], 10), pos(&[c], 11)],
                 1e-5,
+                1e-3,
                 &|v| v[0].rms_norm(&v[1], 1e-5),
             );
             let even = 2 * c.div_ceil(2);
