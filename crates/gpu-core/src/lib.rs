@@ -1,6 +1,6 @@
 //! `gpu-core`: the hardware-abstraction layer of hybrid-trainer.
-//! Devices and device selection, dtypes, shapes, the one error enum, the [`Backend`] and
-//! [`KernelOps`] traits, and the CPU backend that is always present and is the reference.
+//! Devices and device selection, dtypes, shapes, the one error enum, the [`Backend`], [`KernelOps`]
+//! and NN-op traits ([`nn`]), and the CPU backend that is always present and is the reference.
 
 pub mod backend;
 pub mod cpu;
