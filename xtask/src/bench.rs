@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: builds and runs `gpu-bench` on this machine's GPU, which writes
-//! `docs/benchmarks.md` (with the PyTorch peer when `python3 -c "import torch"` works).
+//! `docs/benchmarks.md` (with the PyTorch peer when `python3 -c "import torch"` works, and the
+//! GPT training-step rows when the tinyshakespeare corpus is found).
 
 use anyhow::{ensure, Result};
 use std::process::Command;
@@ -24,6 +25,18 @@ pub fn run(torch: bool) -> Result<()> {
         ]);
     if !torch {
         cmd.arg("--no-torch");
+    }
+    // The GPT training-step row needs the corpus: $TINYSHAKESPEARE, or the copy beside the checkout.
+    let corpus = std::env::var("TINYSHAKESPEARE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| crate::root().join("../shared/data/tinyshakespeare.txt"));
+    if corpus.exists() {
+        cmd.arg("--gpt-text").arg(corpus);
+    } else {
+        println!(
+            "note: {} not found; the GPT training-step rows are skipped",
+            corpus.display()
+        );
     }
     ensure!(
         cmd.status()?.success(),
