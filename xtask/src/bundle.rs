@@ -28,6 +28,11 @@ fn cargo_executables(args: &[&str]) -> Result<Vec<(String, String, PathBuf)>> {
         let Some(exe) = msg.get("executable").and_then(|e| e.as_str()) else {
             continue;
         };
+        // `cargo test --no-run` also reports the binaries that integration tests run; only
+        // test harnesses (profile.test) belong with the tests.
+        if args.first() == Some(&"test") && msg["profile"]["test"].as_bool() != Some(true) {
+            continue;
+        }
         let target = msg["target"]["name"]
             .as_str()
             .unwrap_or_default()
@@ -44,6 +49,18 @@ fn cargo_executables(args: &[&str]) -> Result<Vec<(String, String, PathBuf)>> {
         v.push((pkg.to_string(), target, PathBuf::from(exe)));
     }
     Ok(v)
+}
+
+/// Whether a test binary holds any test (binaries' and empty crates' harnesses hold none, and
+/// each would add a copy of the embedded kernels to the bundle).
+fn has_tests(exe: &Path) -> Result<bool> {
+    let out = Command::new(exe)
+        .args(["--list", "--format", "terse"])
+        .output()?;
+    ensure!(out.status.success(), "{} --list failed", exe.display());
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.ends_with(": test")))
 }
 
 fn copy_stripped(src: &Path, dst: &Path) -> Result<()> {
@@ -82,7 +99,7 @@ pub fn build() -> Result<PathBuf> {
     let tests = cargo_executables(&["test", "--workspace", "--no-run"])?;
     let mut n_tests = 0;
     for (pkg, target, exe) in tests {
-        if SKIP_TESTS.contains(&target.as_str()) {
+        if SKIP_TESTS.contains(&target.as_str()) || !has_tests(&exe)? {
             continue;
         }
         copy_stripped(&exe, &dir.join("tests").join(format!("{pkg}--{target}")))?;
