@@ -21,65 +21,40 @@ fn last_dim(op: &'static str, t: &Tensor) -> Result<usize> {
 impl Tensor {
     /// Softmax over the last dim.
     pub fn softmax(&self) -> Result<Tensor> {
-        require_f32("softmax", self)?;
-        let cols = last_dim("softmax", self)?;
-        let dev = self.device();
-        let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.softmax_rows(
-            buf(be, &g)?,
-            &mut out,
-            cols
-        ));
-        drop(g);
-        Ok(Tensor::from_op(
-            st,
-            self.shape().to_vec(),
-            dev,
-            "softmax",
-            &[self],
-            move |y, g| {
-                let (gy, gg) = (y.read(), g.read());
-                let st = compute!(dev, y.numel(), |be, dx| be.softmax_bwd(
-                    buf(be, &gy)?,
-                    buf(be, &gg)?,
-                    &mut dx,
-                    cols
-                ));
-                Ok(vec![Some(Tensor::from_storage(
-                    st,
-                    y.shape().to_vec(),
-                    dev,
-                ))])
-            },
-        ))
+        self.row_softmax(false)
     }
 
     /// Log-softmax over the last dim.
     pub fn log_softmax(&self) -> Result<Tensor> {
-        require_f32("log_softmax", self)?;
-        let cols = last_dim("log_softmax", self)?;
+        self.row_softmax(true)
+    }
+
+    /// Softmax or log-softmax over the last dim; both backwards need only the output.
+    fn row_softmax(&self, log: bool) -> Result<Tensor> {
+        let name = if log { "log_softmax" } else { "softmax" };
+        require_f32(name, self)?;
+        let cols = last_dim(name, self)?;
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.log_softmax_fwd(
-            buf(be, &g)?,
-            &mut out,
-            cols
-        ));
+        let st = compute!(dev, self.numel(), |be, out| if log {
+            be.log_softmax_fwd(buf(be, &g)?, &mut out, cols)
+        } else {
+            be.softmax_rows(buf(be, &g)?, &mut out, cols)
+        });
         drop(g);
         Ok(Tensor::from_op(
             st,
             self.shape().to_vec(),
             dev,
-            "log_softmax",
+            name,
             &[self],
             move |y, g| {
                 let (gy, gg) = (y.read(), g.read());
-                let st = compute!(dev, y.numel(), |be, dx| be.log_softmax_bwd(
-                    buf(be, &gy)?,
-                    buf(be, &gg)?,
-                    &mut dx,
-                    cols
-                ));
+                let st = compute!(dev, y.numel(), |be, dx| if log {
+                    be.log_softmax_bwd(buf(be, &gy)?, buf(be, &gg)?, &mut dx, cols)
+                } else {
+                    be.softmax_bwd(buf(be, &gy)?, buf(be, &gg)?, &mut dx, cols)
+                });
                 Ok(vec![Some(Tensor::from_storage(
                     st,
                     y.shape().to_vec(),
