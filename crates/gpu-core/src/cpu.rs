@@ -7,6 +7,7 @@ use crate::backend::{check_transfer, Backend, BufferInfo, DeviceType};
 use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{GpuError, Result};
+use crate::nn::RowOps;
 use crate::ops::{self, BinaryOp, KernelOps, MatmulSpec, UnaryOp};
 use half::{bf16, f16};
 
@@ -222,12 +223,13 @@ impl KernelOps for CpuBackend {
         cols: usize,
         eps: f32,
     ) -> Result<()> {
-        ops::check_layernorm(x, gamma, beta, out, cols, eps)?;
-        let (x, g, b) = (x.as_f32()?, gamma.as_f32()?, beta.as_f32()?);
-        par::for_rows(out.as_f32_mut()?, cols, |r, or| {
-            layernorm_row(&x[r * cols..][..cols], g, b, or, eps);
-        });
-        Ok(())
+        let rows = ops::check_layernorm(x, gamma, beta, out, cols, eps)?;
+        // The RowOps forward, with its per-row statistics discarded.
+        let (mut mean, mut rstd) = (
+            self.allocate(DType::F32, rows)?,
+            self.allocate(DType::F32, rows)?,
+        );
+        self.layernorm_fwd(x, gamma, beta, out, &mut mean, &mut rstd, cols, eps)
     }
 
     fn matmul(
@@ -249,17 +251,6 @@ pub fn softmax_row(x: &[f32], out: &mut [f32]) {
     let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
     for (o, &v) in out.iter_mut().zip(x) {
         *o = ((v as f64 - max).exp() / sum) as f32;
-    }
-}
-
-/// LayerNorm of one row, reduced in f64 with the biased variance.
-pub fn layernorm_row(x: &[f32], gamma: &[f32], beta: &[f32], out: &mut [f32], eps: f32) {
-    let n = x.len() as f64;
-    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
-    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
-    let inv = 1.0 / (var + eps as f64).sqrt();
-    for i in 0..x.len() {
-        out[i] = ((x[i] as f64 - mean) * inv * gamma[i] as f64 + beta[i] as f64) as f32;
     }
 }
 

@@ -3,8 +3,11 @@
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
+use gpu_core::nn::RowOps;
 use gpu_core::ops::{check_elementwise, check_layernorm, check_rows};
-use gpu_core::{BinaryOp, BufferInfo, GpuError, KernelOps, MatmulSpec, Result, UnaryOp};
+use gpu_core::{
+    Backend, BinaryOp, BufferInfo, DType, GpuError, KernelOps, MatmulSpec, Result, UnaryOp,
+};
 
 const BLOCK: u32 = 256;
 /// Rows up to this many bytes are staged in dynamic shared memory: 47 KiB, so that with the
@@ -147,24 +150,10 @@ impl KernelOps for CudaBackend {
         eps: f32,
     ) -> Result<()> {
         let rows = check_layernorm(x, gamma, beta, out, cols, eps)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let (cfg, cached) = Self::row_config("layernorm", rows, cols)?;
-        let cols = Self::cols_u32("layernorm", cols)?;
-        let args = [
-            x.into(),
-            gamma.into(),
-            beta.into(),
-            out.into(),
-            KernelArg::U32(cols),
-            KernelArg::F32(eps),
-            KernelArg::U32(cached),
-        ];
-        // SAFETY: layernorm_f32(const float* x, const float* gamma, const float* beta, float* y,
-        // u32 cols, float eps, u32 cached); x and y hold rows·cols f32, gamma and beta hold
-        // cols; when cached, the block has cols·4 bytes of dynamic shared memory.
-        unsafe { self.launch("layernorm_f32", cfg, &args) }
+        // The RowOps forward (kernels/nn_rows.cu), with its per-row statistics discarded.
+        let mut mean = self.allocate(DType::F32, rows)?;
+        let mut rstd = self.allocate(DType::F32, rows)?;
+        self.layernorm_fwd(x, gamma, beta, out, &mut mean, &mut rstd, cols, eps)
     }
 
     fn matmul(

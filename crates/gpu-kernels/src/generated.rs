@@ -14,21 +14,12 @@ pub static MODULES: &[KernelModule] = &[
         kernels: &["add_f32", "mul_f32", "relu_f32", "sigmoid_f32", "tanh_f32", "vector_add_f32"],
     },
     KernelModule {
-        name: "layernorm",
-        ptx: include_str!("../kernels/layernorm.ptx"),
-        fatbin: include_bytes!("../kernels/layernorm.fatbin"),
-        source_sha256: "251913e2a97fe018bc499af367bb1582ef48255dca6e831d47d722b17777141b",
-        ptx_sha256: "c80c169c90c35474de8965a9b2c1872374a73f8e989e9c04fa8fcc6c40d6b3f5",
-        fatbin_sha256: "8ccf51fa3213fd73fed8c98279de24564e94b5704b8946a08d0bb0ec5efba533",
-        kernels: &["layernorm_f32"],
-    },
-    KernelModule {
         name: "nn_attention",
         ptx: include_str!("../kernels/nn_attention.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
         source_sha256: "da18e08761bddb2c44dc64c5166fe430d7825c6c16d89992b9ef6c7282fd4f06",
-        ptx_sha256: "8ce83516ea6dfd06516b8db6225cee9dc36cfa47aa4545dfcfa5deaefd302fc2",
-        fatbin_sha256: "49e317329b740793e9cbede3521dd992b1c42f98878b8815a87eaa2d608cc393",
+        ptx_sha256: "98c71f0fd7d0e667bfe40bfe5fb0823b7e450cccf542a20183ceece8f7bb361c",
+        fatbin_sha256: "b922996cc5841805260342e227106671a6485910f81531e8aca2169d600e3757",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {

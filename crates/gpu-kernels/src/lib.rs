@@ -115,7 +115,7 @@ mod tests {
             assert_eq!(module_of(k).map(|m| m.name), Some("elementwise"));
         }
         assert_eq!(module_of("softmax_f32").unwrap().name, "softmax");
-        assert_eq!(module_of("layernorm_f32").unwrap().name, "layernorm");
+        assert_eq!(module_of("layernorm_fwd_f32").unwrap().name, "nn_rows");
         assert!(module_of("no_such_kernel").is_none());
         assert!(module("softmax").is_some());
         assert!(all_kernels().count() >= 8);
