@@ -109,14 +109,15 @@ static __device__ __forceinline__ void mma_abt_n(float (&acc)[4][SC], const floa
     }
 }
 
-// acc[i][h*4+e] += Σ_{j < jlim} P[ty*4+i][j] · X[j][h*64 + tx*4 + e]: P a W-wide score tile,
-// X a padded D-wide tile with at least W rows. jlim is warp-uniform and a multiple of 4.
+// acc[i][h*4+e] += Σ_{jbeg <= j < jend} P[ty*4+i][j] · X[j][h*64 + tx*4 + e]: P a W-wide score
+// tile, X a padded D-wide tile with at least W rows. jbeg and jend are warp-uniform multiples of 4.
 template <int D, int W>
 static __device__ __forceinline__ void mma_px(float (&acc)[4][D / 16], const float* P, const float* X,
-                                              int ty, int tx, int jlim) {
+                                              int ty, int tx, int jbeg, int jend) {
 #pragma unroll
     for (int jj = 0; jj < W; jj += 4) {
-        if (jj >= jlim) break;
+        if (jj < jbeg) continue;
+        if (jj >= jend) break;
         float4 p[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) p[i] = *reinterpret_cast<const float4*>(P + (ty * 4 + i) * Ld<W>::v + jj);
@@ -137,6 +138,58 @@ static __device__ __forceinline__ void mma_px(float (&acc)[4][D / 16], const flo
             }
         }
     }
+}
+
+// The causal mask at the P·X products. A warp owns the 8 tile rows r = 8w .. 8w+7, so in a tile
+// on the diagonal the warp's columns split into three warp-uniform ranges: seen by all 8 rows,
+// seen by none, and at most 8 columns seen by some. The first goes through mma_px, the second is
+// skipped, and the third through mma_px_causal, which adds column j into row r only where
+// lo <= j − r <= hi: a select, never a product with a zero probability, so a NaN or inf in a
+// masked row of X (a later key's v or k, an earlier query's q or dout) cannot reach the result.
+// Columns [jbeg, jend), jend − jbeg <= 8, both multiples of 4.
+template <int D, int W>
+static __device__ __forceinline__ void mma_px_causal(float (&acc)[4][D / 16], const float* P,
+                                                     const float* X, int ty, int tx, int jbeg,
+                                                     int jend, int lo, int hi) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int jj = jbeg + 4 * u;
+        if (jj >= jend) break;
+        float4 p[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = *reinterpret_cast<const float4*>(P + (ty * 4 + i) * Ld<W>::v + jj);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = jj + e;
+#pragma unroll
+            for (int h = 0; h < D / 64; ++h) {
+                const float4 x = *reinterpret_cast<const float4*>(X + j * Ld<D>::v + h * 64 + tx * 4);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int dj = j - (ty * 4 + i);
+                    if (dj < lo || dj > hi) continue;
+                    const float pi = e == 0 ? p[i].x : e == 1 ? p[i].y : e == 2 ? p[i].z : p[i].w;
+                    acc[i][h * 4 + 0] = fmaf(pi, x.x, acc[i][h * 4 + 0]);
+                    acc[i][h * 4 + 1] = fmaf(pi, x.y, acc[i][h * 4 + 1]);
+                    acc[i][h * 4 + 2] = fmaf(pi, x.z, acc[i][h * 4 + 2]);
+                    acc[i][h * 4 + 3] = fmaf(pi, x.w, acc[i][h * 4 + 3]);
+                }
+            }
+        }
+    }
+}
+
+// P·X over the columns a query-row warp may see in a tile whose column c' = kofs + j is masked
+// for row r when c' > r (forward P·V, backward dS·K): columns below the warp's first row plainly,
+// the next (at most) 8 with the mask, nothing past the warp's last row.
+template <int D, int W>
+static __device__ __forceinline__ void mma_px_rows_causal(float (&acc)[4][D / 16], const float* P,
+                                                          const float* X, int ty, int tx, int kofs) {
+    const int wfirst = (ty >> 1) * 8;
+    const int jlim = max(0, min(W, wfirst + 8 - kofs));
+    const int jm = max(0, min(jlim, wfirst - kofs));
+    mma_px<D, W>(acc, P, X, ty, tx, 0, jm);
+    mma_px_causal<D, W>(acc, P, X, ty, tx, jm, jlim, -(1 << 30), -kofs);
 }
 
 // Max / sum over the 16 lanes that share a row (lanes differ in their low 4 bits).
@@ -223,7 +276,6 @@ static __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, con
         const bool masked = kofs + BK - 1 > 0;
         // Column groups (and P·V columns) past this warp's last row are fully masked.
         const int jn = !masked ? SC : wlast < kofs ? 0 : min(SC, (wlast - kofs) / 16 + 1);
-        const int jlim = !masked ? BK : max(0, min(BK, wlast + 1 - kofs));
 
         float s[4][SC];
 #pragma unroll
@@ -260,7 +312,10 @@ static __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, con
             for (int c = 0; c < OC; ++c) o[i][c] *= alpha;
         }
         __syncthreads();  // P published
-        mma_px<D, BK>(o, sP, sV, ty, tx, jlim);
+        if (masked)
+            mma_px_rows_causal<D, BK>(o, sP, sV, ty, tx, kofs);
+        else
+            mma_px<D, BK>(o, sP, sV, ty, tx, 0, BK);
         __syncthreads();  // before sK, sV and sP are overwritten
     }
 
@@ -366,12 +421,17 @@ static __device__ __forceinline__ void attn_bwd_dq(
 #pragma unroll
             for (int j = 0; j < SC; ++j) {
                 const int col = k0 + tx + 16 * j;
-                const float p = (col <= row && row < t) ? exp2f(s[i][j] * sl2 - lse2[i]) : 0.f;
-                sdS[r * Ld<BK>::v + tx + 16 * j] = p * (dp[i][j] - dlt[i]);
+                const bool vis = col <= row && row < t;  // selects: masked dp may be NaN
+                sdS[r * Ld<BK>::v + tx + 16 * j] =
+                    vis ? exp2f(s[i][j] * sl2 - lse2[i]) * (dp[i][j] - dlt[i]) : 0.f;
             }
         }
         __syncthreads();
-        mma_px<D, BK>(acc, sdS, sK, ty, tx, BK);
+        const int kofs = k0 - q0;
+        if (kofs + BK - 1 > 0)
+            mma_px_rows_causal<D, BK>(acc, sdS, sK, ty, tx, kofs);
+        else
+            mma_px<D, BK>(acc, sdS, sK, ty, tx, 0, BK);
         __syncthreads();
     }
     const float mul[4] = {scale, scale, scale, scale};
@@ -457,14 +517,21 @@ static __device__ __forceinline__ void attn_bwd_dkdv(
 #pragma unroll
             for (int j = 0; j < SC; ++j) {
                 const int row = q0 + tx + 16 * j;
-                const float p = (key <= row && row < t) ? exp2f(s[i][j] * sl2 - lse2[j]) : 0.f;
+                const bool vis = key <= row && row < t;  // selects: masked dp may be NaN
+                const float p = vis ? exp2f(s[i][j] * sl2 - lse2[j]) : 0.f;
                 sP[r * Ld<BQC>::v + tx + 16 * j] = p;
-                sdS[r * Ld<BQC>::v + tx + 16 * j] = p * (dp[i][j] - dlt[j]);
+                sdS[r * Ld<BQC>::v + tx + 16 * j] = vis ? p * (dp[i][j] - dlt[j]) : 0.f;
             }
         }
         __syncthreads();
-        mma_px<D, BQC>(gv, sP, sdO, ty, tx, BQC);
-        mma_px<D, BQC>(gk, sdS, sQ, ty, tx, BQC);
+        // Query column j reaches key row r when k0 + r <= q0 + j. This warp's keys are
+        // k0 + 8w .. k0 + 8w + 7: columns below kq + 8w reach none of them, the next 8 some.
+        const int kq = k0 - q0, wfirst = (ty >> 1) * 8;
+        const int js = min(BQC, max(0, kq + wfirst)), jf = min(BQC, max(0, kq + wfirst + 8));
+        mma_px_causal<D, BQC>(gv, sP, sdO, ty, tx, js, jf, kq, 1 << 30);
+        mma_px_causal<D, BQC>(gk, sdS, sQ, ty, tx, js, jf, kq, 1 << 30);
+        mma_px<D, BQC>(gv, sP, sdO, ty, tx, jf, BQC);
+        mma_px<D, BQC>(gk, sdS, sQ, ty, tx, jf, BQC);
         __syncthreads();
     }
     const float one[4] = {1.f, 1.f, 1.f, 1.f}, mul[4] = {scale, scale, scale, scale};

@@ -229,8 +229,9 @@ static __device__ __forceinline__ float normcdf_(float x) {
 template <int A>
 static __device__ __forceinline__ float act_fwd(float x) {
     if (A == RELU) return x < 0.0f ? 0.0f : x;  // keeps NaN
-    if (A == GELU) return x * normcdf_(x);
-    if (A == SILU) return x / (1.0f + expf(-x));
+    // The limits at −inf are 0 (−inf·0 and −inf/inf would be NaN).
+    if (A == GELU) return x == -INFINITY ? 0.0f : x * normcdf_(x);
+    if (A == SILU) return x == -INFINITY ? 0.0f : x / (1.0f + expf(-x));
     if (A == SIGMOID) return sigmoidf_(x);
     if (A == TANH) return tanhf(x);
     if (A == EXP) return expf(x);
@@ -244,17 +245,21 @@ struct ActNeeds {
     static constexpr bool y = A == SIGMOID || A == TANH || A == EXP;
 };
 
-// dx = f'(x)·dy; relu is a select (dy = NaN with x <= 0 gives 0, as in PyTorch).
+// dx = f'(x)·dy; relu is a select (dy = NaN with x <= 0 gives 0, as in PyTorch). gelu' and
+// silu' tend to 1 at +inf and 0 at −inf; the x·pdf and x·s(−x) terms are 0 there, taken as such
+// (x·0 would be NaN at ±inf).
 template <int A>
 static __device__ __forceinline__ float act_bwd(float x, float y, float g) {
     if (A == RELU) return x > 0.0f ? g : 0.0f;
     if (A == GELU) {
         const float pdf = 0.3989422804014327f * expf(-0.5f * x * x);
-        return (normcdf_(x) + x * pdf) * g;
+        return (normcdf_(x) + (pdf > 0.0f ? x * pdf : 0.0f)) * g;
     }
     if (A == SILU) {
         // 1 − s(x) as s(−x): accurate where s(x) ≈ 1 (1.0f − s would keep only a few bits).
-        return sigmoidf_(x) * (1.0f + x * sigmoidf_(-x)) * g;
+        if (x == -INFINITY) return 0.0f * g;
+        const float sm = sigmoidf_(-x);
+        return sigmoidf_(x) * (1.0f + (sm > 0.0f ? x * sm : 0.0f)) * g;
     }
     if (A == SIGMOID) return y * (1.0f - y) * g;
     if (A == TANH) return fmaf(-y, y, 1.0f) * g;  // one rounding: accurate where y² ≈ 1

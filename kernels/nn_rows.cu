@@ -307,36 +307,69 @@ extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logit
 }
 
 // ---- LayerNorm / RMSNorm forward with saved statistics ------------------------------------------
-// LayerNorm: the mean, then the centred sum of squares (no E[x²] − E[x]² cancellation), then
-// y = (x − mean)·rstd·w + b; mean[r] and rstd[r] = 1/sqrt(var + eps) are saved. RMSNorm:
-// rstd = 1/sqrt(mean(x²) + eps), y = x·rstd·w. 1/sqrtf (correctly rounded) rather than rsqrtf.
+// Scale-safe for every finite f32 input. The row sums are accumulated in f64 (no extra bytes move,
+// and a few f32→f64 conversions per element stay far under the conversion rate at copy bandwidth):
+// Σx in f64 is exact for a constant row (so a constant row of 1e20 has mean exactly 1e20 and
+// x − mean exactly 0), and Σ(x − mean)², Σx² in f64 cannot overflow. x̂ = (x − mean)·rstd in f32,
+// through xhat below.
+// LayerNorm: y = x̂·w + b, mean[r] and rstd[r] = 1/sqrt(var + eps) saved; RMSNorm:
+// rstd = 1/sqrt(mean(x²) + eps), y = x·rstd·w. The square root and reciprocal are taken in f64.
+
+// (x − mean)·rstd. x − mean is exact for close values (denormals included) and overflows only
+// when x and mean lie near ±FLT_MAX with opposite signs; it is then taken halved (exact scaling).
+static __device__ __forceinline__ float xhat(float x, float mu, float rs) {
+    const float d = x - mu;
+    return fabsf(d) <= 3.40282347e38f ? d * rs : (0.5f * x - 0.5f * mu) * (2.0f * rs);
+}
+
+static __device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Group sum in f64 (see grp_sum); `red` is reused as 32 doubles.
+static __device__ __forceinline__ double grp_sum_d(double v, float2* red) {
+    v = warp_sum_d(v);
+    if (blockDim.x == 32) return v;
+    double* rd = reinterpret_cast<double*>(red);
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) rd[warp] = v;
+    __syncthreads();
+    return warp_sum_d(lane < nw ? rd[lane] : 0.0);
+}
 
 template <int V>
 static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const float* w,
                                                          const float* b, float* y, float* mean,
                                                          float* rstd, unsigned cols, float eps,
                                                          bool cached, float* cache, float2* red) {
-    float s = 0.0f;
+    double s = 0.0;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(x, i);
         if (cached) st<V>(cache, i, v);
 #pragma unroll
-        for (int k = 0; k < V; ++k) s += v.v[k];
+        for (int k = 0; k < V; ++k) s += (double)v.v[k];
     }
-    const float mu = grp_sum(s, red) / (float)cols;
+    const float mu = (float)(grp_sum_d(s, red) / (double)cols);
+    const double mud = (double)mu;
     const float* src = cached ? cache : x;
-    float q = 0.0f;
+    double q = 0.0;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(src, i);
 #pragma unroll
-        for (int k = 0; k < V; ++k) q = fmaf(v.v[k] - mu, v.v[k] - mu, q);
+        for (int k = 0; k < V; ++k) {
+            const double h = (double)v.v[k] - mud;
+            q = fma(h, h, q);
+        }
     }
-    const float rs = 1.0f / sqrtf(grp_sum(q, red) / (float)cols + eps);
+    const float rs = (float)(1.0 / sqrt(grp_sum_d(q, red) / (double)cols + (double)eps));
     FOR_CHUNKS(i) {
         Vf<V> v = ld<V>(src, i);
         const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
 #pragma unroll
-        for (int k = 0; k < V; ++k) v.v[k] = fmaf((v.v[k] - mu) * rs, g.v[k], c.v[k]);
+        for (int k = 0; k < V; ++k) v.v[k] = fmaf(xhat(v.v[k], mu, rs), g.v[k], c.v[k]);
         st<V>(y, i, v);
     }
     if (threadIdx.x == 0) *mean = mu, *rstd = rs;
@@ -361,14 +394,14 @@ template <int V>
 static __device__ __forceinline__ void rmsnorm_fwd_row(const float* x, const float* w, float* y,
                                                        float* rstd, unsigned cols, float eps,
                                                        bool cached, float* cache, float2* red) {
-    float q = 0.0f;
+    double q = 0.0;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(x, i);
         if (cached) st<V>(cache, i, v);
 #pragma unroll
-        for (int k = 0; k < V; ++k) q = fmaf(v.v[k], v.v[k], q);
+        for (int k = 0; k < V; ++k) q = fma((double)v.v[k], (double)v.v[k], q);
     }
-    const float rs = 1.0f / sqrtf(grp_sum(q, red) / (float)cols + eps);
+    const float rs = (float)(1.0 / sqrt(grp_sum_d(q, red) / (double)cols + (double)eps));
     const float* src = cached ? cache : x;
     FOR_CHUNKS(i) {
         Vf<V> v = ld<V>(src, i);
@@ -399,8 +432,10 @@ extern "C" __global__ void rmsnorm_fwd_f32(const float* __restrict__ x,
 // threadIdx.y) or, in block mode only (R = 1), straight in the block's slice of `partial`.
 // `partial` holds gridDim.x slices of `cols` for dw, then gridDim.x for db; norm_colsum_f32
 // adds them up in a fixed order. The result is deterministic (for a given grid).
-// LayerNorm: x̂ = (x − mean)·rstd, g = dy·w, dx = rstd·(g − mean(g) − x̂·mean(g·x̂)).
-// RMSNorm: g = dy·w, dx = rstd·(g − x·rstd²·mean(g·x)), dw = Σ dy·x·rstd.
+// LayerNorm: x̂ = (x − mean)·rstd (through xhat: no overflow), g = dy·w,
+// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)).
+// RMSNorm: x̂ = x·rstd, g = dy·w, dx = rstd·(g − x̂·mean(g·x̂)), dw = Σ dy·x̂. Every product is
+// of bounded terms (|x̂| <= sqrt(cols)), so rows of any finite scale give finite gradients.
 
 template <int V, int NACC>
 static __device__ __forceinline__ void acc_zero(float* acc, unsigned cols) {
@@ -445,7 +480,7 @@ static __device__ __forceinline__ void layernorm_bwd_rows(
             Vf<V> sw = ld<V>(aw, i), sb = ld<V>(ab, i);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-                const float xh = (xv.v[k] - mu) * rs, g = dv.v[k] * wv.v[k];
+                const float xh = xhat(xv.v[k], mu, rs), g = dv.v[k] * wv.v[k];
                 s.x += g;
                 s.y = fmaf(g, xh, s.y);
                 sw.v[k] = fmaf(dv.v[k], xh, sw.v[k]);
@@ -463,7 +498,7 @@ static __device__ __forceinline__ void layernorm_bwd_rows(
 #pragma unroll
             for (int k = 0; k < V; ++k) {
                 // g rounded as in the first pass, so that Σ(g − m1) cancels as it should.
-                const float xh = (xv.v[k] - mu) * rs, g = dv.v[k] * wv.v[k];
+                const float xh = xhat(xv.v[k], mu, rs), g = dv.v[k] * wv.v[k];
                 o.v[k] = rs * ((g - m1) - xh * m2);
             }
             st<V>(dxr, i, o);
@@ -507,18 +542,20 @@ static __device__ __forceinline__ void rmsnorm_bwd_rows(const float* x, const fl
             Vf<V> sw = ld<V>(aw, i);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-                s = fmaf(dv.v[k] * wv.v[k], xv.v[k], s);
-                sw.v[k] = fmaf(dv.v[k], xv.v[k] * rs, sw.v[k]);
+                const float xh = xv.v[k] * rs;
+                s = fmaf(dv.v[k] * wv.v[k], xh, s);
+                sw.v[k] = fmaf(dv.v[k], xh, sw.v[k]);
             }
             st<V>(aw, i, sw);
         }
-        const float coef = grp_sum(s, red) * rs * rs / (float)cols;
+        const float coef = grp_sum(s, red) / (float)cols;
         float* dxr = dx + (size_t)r * cols;
         FOR_CHUNKS(i) {
             const Vf<V> xv = ld<V>(xr, i), dv = ld<V>(dyr, i), wv = ld<V>(w, i);
             Vf<V> o;
 #pragma unroll
-            for (int k = 0; k < V; ++k) o.v[k] = rs * fmaf(-xv.v[k], coef, dv.v[k] * wv.v[k]);
+            for (int k = 0; k < V; ++k)
+                o.v[k] = rs * fmaf(-(xv.v[k] * rs), coef, dv.v[k] * wv.v[k]);
             st<V>(dxr, i, o);
         }
     }

@@ -6,26 +6,7 @@ mod common;
 
 use common::*;
 use gpu_core::{BinaryOp, KernelOps, MatmulSpec, UnaryOp};
-use gpu_cuda::testing::backend_or_skip;
-use gpu_cuda::{ImageKind, LaunchPath};
 use rand::rngs::StdRng;
-
-/// Runs a generic test body on the CPU backend, then on CUDA under every launcher × image.
-macro_rules! on_every_device {
-    ($test:literal, $body:ident) => {{
-        let (mut rng, _) = rng($test);
-        $body(&CPU, "cpu", &mut rng);
-        if let Some(gpu) = backend_or_skip($test) {
-            for path in [LaunchPath::Cudarc, LaunchPath::RawDriver] {
-                for image in [ImageKind::Fatbin, ImageKind::Ptx] {
-                    gpu.set_launch_path(path);
-                    gpu.set_image_kind(image);
-                    $body(&gpu, &format!("cuda {path:?} {image:?}"), &mut rng);
-                }
-            }
-        }
-    }};
-}
 
 fn vector_add<B: KernelOps>(b: &B, x: &[f32], y: &[f32]) -> Vec<f32> {
     let mut o = poisoned(b, x.len());

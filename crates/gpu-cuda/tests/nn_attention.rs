@@ -418,3 +418,85 @@ fn gpu_attention_rejects_bad_arguments() {
         errors_body(&gpu, "cuda");
     }
 }
+
+/// Rows `rows` of every sequence of a `[n, t, d]` tensor.
+fn seq_rows(x: &[f32], n: usize, t: usize, d: usize, rows: std::ops::Range<usize>) -> Vec<f32> {
+    (0..n)
+        .flat_map(|s| x[(s * t + rows.start) * d..(s * t + rows.end) * d].to_vec())
+        .collect()
+}
+
+/// NaN in masked positions never leaks: NaN k and v at the last position leave out, lse and dq
+/// of every earlier row bit-identical to a clean run; NaN q and dout at position 0 leave out,
+/// dq, dk and dv of every later row bit-identical (query 0 sees key 0 only).
+fn masked_nan_body<B: AttentionOps + KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
+    for (n, t, d) in [
+        (2, 70, 16),
+        (1, 130, 64),
+        (2, 47, 128),
+        (1, 200, 100),
+        (1, 33, 4),
+    ] {
+        let p = Problem::random(rng, n, t, d, 1.0);
+        let (out, lse) = fwd(b, &p);
+        let grads = bwd(b, &p, &out, &lse);
+        let what = format!("{dev} {}", p.what());
+
+        let mut late = clone(&p);
+        for s in 0..n {
+            for c in 0..d {
+                late.k[(s * t + t - 1) * d + c] = f32::NAN;
+                late.v[(s * t + t - 1) * d + c] = f32::NAN;
+            }
+        }
+        let (o2, l2) = fwd(b, &late);
+        let [dq2, _, _] = bwd(b, &late, &o2, &l2);
+        let early = 0..t - 1;
+        let same = |a: &[f32], b: &[f32], w: usize, r: std::ops::Range<usize>| {
+            seq_rows(a, n, t, w, r.clone()) == seq_rows(b, n, t, w, r)
+        };
+        assert!(
+            same(&out, &o2, d, early.clone()),
+            "{what}: NaN k/v leaked into out"
+        );
+        assert!(
+            same(&lse, &l2, 1, early.clone()),
+            "{what}: NaN k/v leaked into lse"
+        );
+        assert!(
+            same(&grads[0], &dq2, d, early),
+            "{what}: NaN k/v leaked into dq"
+        );
+
+        let mut first = clone(&p);
+        for s in 0..n {
+            for c in 0..d {
+                first.q[s * t * d + c] = f32::NAN;
+                first.dout[s * t * d + c] = f32::NAN;
+            }
+        }
+        let (o3, l3) = fwd(b, &first);
+        let g3 = bwd(b, &first, &o3, &l3);
+        let later = 1..t;
+        assert!(
+            same(&out, &o3, d, later.clone()),
+            "{what}: NaN q leaked into out"
+        );
+        for (name, (g, g0)) in ["dq", "dk", "dv"].iter().zip(g3.iter().zip(&grads)) {
+            assert!(
+                same(g0, g, d, later.clone()),
+                "{what}: NaN q/dout leaked into {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_attention_masked_nan_never_leaks() {
+    let test = "gpu_attention_masked_nan_never_leaks";
+    let (mut rng, _) = rng(test);
+    masked_nan_body(&CPU, "cpu", &mut rng);
+    each_variant(&backend_or_skip(test), |g, dev| {
+        masked_nan_body(g, dev, &mut rng)
+    });
+}

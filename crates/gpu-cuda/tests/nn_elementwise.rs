@@ -24,30 +24,11 @@ use gpu_core::nn::elementwise::{
 };
 use gpu_core::KernelOps;
 use gpu_cuda::testing::backend_or_skip;
-use gpu_cuda::{ImageKind, LaunchPath};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// What the test bodies need from a backend: the ops under test and `fill` to poison outputs.
 trait Dev: ElementwiseOps + KernelOps {}
 impl<B: ElementwiseOps + KernelOps> Dev for B {}
-
-/// Runs a generic test body on the CPU backend, then on CUDA under every launcher × image.
-macro_rules! on_every_device {
-    ($test:literal, $body:ident) => {{
-        let (mut rng, _) = rng($test);
-        $body(&CPU, "cpu", &mut rng);
-        if let Some(gpu) = backend_or_skip($test) {
-            for path in [LaunchPath::Cudarc, LaunchPath::RawDriver] {
-                for image in [ImageKind::Fatbin, ImageKind::Ptx] {
-                    gpu.set_launch_path(path);
-                    gpu.set_image_kind(image);
-                    $body(&gpu, &format!("cuda {path:?} {image:?}"), &mut rng);
-                }
-            }
-        }
-    }};
-}
-pub(crate) use on_every_device;
 
 // ---- calls: upload, poison the output, run, download -----------------------------------------
 

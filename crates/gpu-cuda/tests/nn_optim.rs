@@ -12,25 +12,9 @@ use common::*;
 use gpu_core::nn::{AdamWConfig, OptimOps};
 use gpu_core::{Backend, DType, GpuError, KernelOps};
 use gpu_cuda::testing::backend_or_skip;
-use gpu_cuda::{ImageKind, KernelArg, LaunchConfig, LaunchPath};
+use gpu_cuda::{KernelArg, LaunchConfig};
 use rand::rngs::StdRng;
 use rand::Rng;
-
-macro_rules! on_every_device {
-    ($test:literal, $body:ident) => {{
-        let (mut rng, _) = rng($test);
-        $body(&CPU, "cpu", &mut rng);
-        if let Some(gpu) = backend_or_skip($test) {
-            for path in [LaunchPath::Cudarc, LaunchPath::RawDriver] {
-                for image in [ImageKind::Fatbin, ImageKind::Ptx] {
-                    gpu.set_launch_path(path);
-                    gpu.set_image_kind(image);
-                    $body(&gpu, &format!("cuda {path:?} {image:?}"), &mut rng);
-                }
-            }
-        }
-    }};
-}
 
 const CFG: AdamWConfig = AdamWConfig {
     lr: 0.1,

@@ -15,30 +15,12 @@ mod nn_rows_util;
 use common::*;
 use gpu_core::{Backend, DeviceType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
-use gpu_cuda::{ImageKind, LaunchPath};
 use nn_rows_util::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// Backward passes that subtract an f32 row reduction.
 const ROWRED: Tol = SUMS;
-
-/// Runs a generic test body on the CPU backend, then on CUDA under every launcher × image.
-macro_rules! on_every_device {
-    ($test:literal, $body:ident) => {{
-        let (mut rng, _) = rng($test);
-        $body(&CPU, "cpu", &mut rng);
-        if let Some(gpu) = backend_or_skip($test) {
-            for path in [LaunchPath::Cudarc, LaunchPath::RawDriver] {
-                for image in [ImageKind::Fatbin, ImageKind::Ptx] {
-                    gpu.set_launch_path(path);
-                    gpu.set_image_kind(image);
-                    $body(&gpu, &format!("cuda {path:?} {image:?}"), &mut rng);
-                }
-            }
-        }
-    }};
-}
 
 /// No rows; one column; warp-mode widths (<= 1024) with and without float4 chunks; the first
 /// block-mode width; the shared-memory cache limits for two arrays (6016 columns) and one array
@@ -161,55 +143,14 @@ fn cross_entropy_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-/// LayerNorm and RMSNorm, forward and backward. The backward is fed the CPU's saved statistics.
+/// LayerNorm and RMSNorm, forward and backward, on random rows with an offset mean (it exercises
+/// the centred variance).
 fn norm_case<B: Rows>(b: &B, dev: &str, rng: &mut StdRng, rows: usize, cols: usize) {
-    let what = format!("{dev} {rows}x{cols}");
-    let eps = 1e-5;
-    // An offset mean exercises the centred variance.
     let x: Vec<f32> = random_vec(rng, rows * cols, 3.0)
         .iter()
         .map(|v| v + 5.0)
         .collect();
-    let (w, bias) = (random_vec(rng, cols, 2.0), random_vec(rng, cols, 1.0));
-    let dy = random_vec(rng, rows * cols, 1.0);
-
-    let (y, mean, rstd) = ln_fwd(&CPU, &x, &w, &bias, cols, eps);
-    let (gy, gm, gr) = ln_fwd(b, &x, &w, &bias, cols, eps);
-    check(&format!("{what} layernorm y"), &gy, &y, EXACT);
-    check(&format!("{what} layernorm mean"), &gm, &mean, EXACT);
-    check(&format!("{what} layernorm rstd"), &gr, &rstd, EXACT);
-    // dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·w, cancels: its error scales with rstd·|g|.
-    let g_max = dy
-        .iter()
-        .enumerate()
-        .fold(0.0f64, |m, (i, &d)| m.max((d * w[i % cols]).abs() as f64));
-    let term = |rstd: &[f32]| g_max * rstd.iter().fold(0.0f64, |m, &r| m.max(r as f64));
-    let (dx, dw, db) = ln_bwd(&CPU, &x, &w, &mean, &rstd, &dy, cols);
-    let (gdx, gdw, gdb) = ln_bwd(b, &x, &w, &mean, &rstd, &dy, cols);
-    check_scaled(
-        &format!("{what} layernorm dx"),
-        &gdx,
-        &dx,
-        ROWRED,
-        term(&rstd),
-    );
-    check(&format!("{what} layernorm dw"), &gdw, &dw, SUMS);
-    check(&format!("{what} layernorm db"), &gdb, &db, SUMS);
-
-    let (y, rstd) = rms_fwd(&CPU, &x, &w, cols, eps);
-    let (gy, gr) = rms_fwd(b, &x, &w, cols, eps);
-    check(&format!("{what} rmsnorm y"), &gy, &y, EXACT);
-    check(&format!("{what} rmsnorm rstd"), &gr, &rstd, EXACT);
-    let (dx, dw) = rms_bwd(&CPU, &x, &w, &rstd, &dy, cols);
-    let (gdx, gdw) = rms_bwd(b, &x, &w, &rstd, &dy, cols);
-    check_scaled(
-        &format!("{what} rmsnorm dx"),
-        &gdx,
-        &dx,
-        ROWRED,
-        term(&rstd),
-    );
-    check(&format!("{what} rmsnorm dw"), &gdw, &dw, SUMS);
+    norm_check(b, &format!("{dev} {rows}x{cols}"), rng, &x, cols);
 }
 
 fn norm_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {

@@ -74,3 +74,25 @@ pub fn down<B: Backend>(b: &B, buf: &B::Buffer) -> Vec<f32> {
 
 /// The CPU reference backend.
 pub const CPU: CpuBackend = CpuBackend;
+
+/// Runs a generic test body `fn(&B, dev: &str, &mut StdRng)` on the CPU backend, then on CUDA
+/// (when present) under every launcher × image, with one printed, replayable seed.
+#[macro_export]
+macro_rules! on_every_device {
+    ($test:literal, $body:ident) => {{
+        let (mut rng, _) = $crate::common::rng($test);
+        $body(&$crate::common::CPU, "cpu", &mut rng);
+        if let Some(gpu) = gpu_cuda::testing::backend_or_skip($test) {
+            for path in [
+                gpu_cuda::LaunchPath::Cudarc,
+                gpu_cuda::LaunchPath::RawDriver,
+            ] {
+                for image in [gpu_cuda::ImageKind::Fatbin, gpu_cuda::ImageKind::Ptx] {
+                    gpu.set_launch_path(path);
+                    gpu.set_image_kind(image);
+                    $body(&gpu, &format!("cuda {path:?} {image:?}"), &mut rng);
+                }
+            }
+        }
+    }};
+}

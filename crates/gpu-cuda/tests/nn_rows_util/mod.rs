@@ -2,7 +2,7 @@
 //! NaN before the call (so an element a kernel skips fails the comparison) and downloaded after.
 #![allow(dead_code)]
 
-use crate::common::{down, poisoned, up};
+use crate::common::{down, poisoned, random_vec, up, CPU};
 use gpu_core::nn::RowOps;
 use gpu_core::{Backend, KernelOps};
 
@@ -217,4 +217,52 @@ pub fn check_scaled(what: &str, got: &[f32], want: &[f32], tol: Tol, scale: f64)
             tol.norm
         );
     }
+}
+
+/// LayerNorm and RMSNorm of rows `x` on backend `b` against the CPU reference, forward and
+/// backward (random weights, bias and output gradient; the backward is fed the CPU's saved
+/// statistics). Forward outputs and statistics within [`EXACT`]; dx, which cancels
+/// (`rstd·(g − mean(g) − x̂·mean(g·x̂))`, g = dy·w), within [`SUMS`] of the cancelling terms'
+/// size rstd·max|g|; dw and db within [`SUMS`].
+pub fn norm_check<B: Rows>(
+    b: &B,
+    what: &str,
+    rng: &mut rand::rngs::StdRng,
+    x: &[f32],
+    cols: usize,
+) {
+    let eps = 1e-5;
+    let (w, bias) = (random_vec(rng, cols, 2.0), random_vec(rng, cols, 1.0));
+    let dy = random_vec(rng, x.len(), 1.0);
+
+    let (y, mean, rstd) = ln_fwd(&CPU, x, &w, &bias, cols, eps);
+    let (gy, gm, gr) = ln_fwd(b, x, &w, &bias, cols, eps);
+    check(&format!("{what} layernorm y"), &gy, &y, EXACT);
+    check(&format!("{what} layernorm mean"), &gm, &mean, EXACT);
+    check(&format!("{what} layernorm rstd"), &gr, &rstd, EXACT);
+    let g_max = dy
+        .iter()
+        .enumerate()
+        .fold(0.0f64, |m, (i, &d)| m.max((d * w[i % cols]).abs() as f64));
+    let term = |rstd: &[f32]| g_max * rstd.iter().fold(0.0f64, |m, &r| m.max(r as f64));
+    let (dx, dw, db) = ln_bwd(&CPU, x, &w, &mean, &rstd, &dy, cols);
+    let (gdx, gdw, gdb) = ln_bwd(b, x, &w, &mean, &rstd, &dy, cols);
+    check_scaled(
+        &format!("{what} layernorm dx"),
+        &gdx,
+        &dx,
+        SUMS,
+        term(&rstd),
+    );
+    check(&format!("{what} layernorm dw"), &gdw, &dw, SUMS);
+    check(&format!("{what} layernorm db"), &gdb, &db, SUMS);
+
+    let (y, rstd) = rms_fwd(&CPU, x, &w, cols, eps);
+    let (gy, gr) = rms_fwd(b, x, &w, cols, eps);
+    check(&format!("{what} rmsnorm y"), &gy, &y, EXACT);
+    check(&format!("{what} rmsnorm rstd"), &gr, &rstd, EXACT);
+    let (dx, dw) = rms_bwd(&CPU, x, &w, &rstd, &dy, cols);
+    let (gdx, gdw) = rms_bwd(b, x, &w, &rstd, &dy, cols);
+    check_scaled(&format!("{what} rmsnorm dx"), &gdx, &dx, SUMS, term(&rstd));
+    check(&format!("{what} rmsnorm dw"), &gdw, &dw, SUMS);
 }
