@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device-tool call: unpack the carried bundle, run it, and keep the logs under $OUT.
+#   scripts/device-run.sh [RUN_SH_ARGS...]   (env SAN_TESTS="bin:filter ..." adds sanitizer runs)
+# Each SAN_TESTS entry runs memcheck and racecheck over one test binary, limited to the tests
+# whose names contain the filter (racecheck over a whole attention binary takes too long).
+set -u -o pipefail
+export NCCL_NVLS_ENABLE=0
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+tar xJf target/gpu-bundle.tar.xz -C /tmp && cd /tmp/gpu-bundle || exit 1
+OUT_DIR="$OUT/run" ./run.sh "$@"
+status=$?
+san=/usr/local/cuda/bin/compute-sanitizer
+for entry in ${SAN_TESTS:-}; do
+  bin=${entry%%:*} filter=${entry#*:}
+  for tool in memcheck racecheck; do
+    timeout "${SAN_TIMEOUT:-150}" "$san" --tool "$tool" --error-exitcode 99 --print-limit 20 \
+      "tests/gpu-cuda--$bin" --test-threads=1 "$filter" > "$OUT/san-$tool-$bin.log" 2>&1
+    rc=$?
+    echo "compute-sanitizer $tool $bin [$filter]: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool-$bin.log" | tail -1)"
+    [ $rc -eq 0 ] || status=1
+  done
+done
+cd "$OUT" && tar czf logs.tgz run san-*.log 2>/dev/null; rm -rf "$OUT/run"
+exit $status
