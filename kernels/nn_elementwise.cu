@@ -229,9 +229,11 @@ static __device__ __forceinline__ float normcdf_(float x) {
 template <int A>
 static __device__ __forceinline__ float act_fwd(float x) {
     if (A == RELU) return x < 0.0f ? 0.0f : x;  // keeps NaN
-    // The limits at −inf are 0 (−inf·0 and −inf/inf would be NaN).
-    if (A == GELU) return x == -INFINITY ? 0.0f : x * normcdf_(x);
-    if (A == SILU) return x == -INFINITY ? 0.0f : x / (1.0f + expf(-x));
+    // The limits at −inf are 0: the leading factor x is clamped to −FLT_MAX (one max, no
+    // branch), so −inf gives −FLT_MAX·0 = −0 where −inf·0 or −inf/inf would be NaN; a NaN x
+    // still gives NaN through the other factor.
+    if (A == GELU) return fmaxf(x, -3.40282347e38f) * normcdf_(x);
+    if (A == SILU) return fmaxf(x, -3.40282347e38f) / (1.0f + expf(-x));
     if (A == SIGMOID) return sigmoidf_(x);
     if (A == TANH) return tanhf(x);
     if (A == EXP) return expf(x);

@@ -345,26 +345,36 @@ static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const f
                                                          const float* b, float* y, float* mean,
                                                          float* rstd, unsigned cols, float eps,
                                                          bool cached, float* cache, float2* red) {
-    double s = 0.0;
+    // V independent f64 accumulators per thread: the f64 add latency stays off the critical path.
+    double s[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) s[k] = 0.0;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(x, i);
         if (cached) st<V>(cache, i, v);
 #pragma unroll
-        for (int k = 0; k < V; ++k) s += (double)v.v[k];
+        for (int k = 0; k < V; ++k) s[k] += (double)v.v[k];
     }
-    const float mu = (float)(grp_sum_d(s, red) / (double)cols);
-    const double mud = (double)mu;
+#pragma unroll
+    for (int k = 1; k < V; ++k) s[0] += s[k];
+    const float mu = (float)(grp_sum_d(s[0], red) / (double)cols);
+    // Σ(x − mean)² from the halved differences h = x/2 − mean/2 (no f32 overflow; squared in f64).
+    const float hm = 0.5f * mu;
     const float* src = cached ? cache : x;
-    double q = 0.0;
+    double q[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) q[k] = 0.0;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(src, i);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-            const double h = (double)v.v[k] - mud;
-            q = fma(h, h, q);
+            const double h = (double)fmaf(0.5f, v.v[k], -hm);
+            q[k] = fma(h, h, q[k]);
         }
     }
-    const float rs = (float)(1.0 / sqrt(grp_sum_d(q, red) / (double)cols + (double)eps));
+#pragma unroll
+    for (int k = 1; k < V; ++k) q[0] += q[k];
+    const float rs = (float)(1.0 / sqrt(4.0 * grp_sum_d(q[0], red) / (double)cols + (double)eps));
     FOR_CHUNKS(i) {
         Vf<V> v = ld<V>(src, i);
         const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
@@ -394,14 +404,18 @@ template <int V>
 static __device__ __forceinline__ void rmsnorm_fwd_row(const float* x, const float* w, float* y,
                                                        float* rstd, unsigned cols, float eps,
                                                        bool cached, float* cache, float2* red) {
-    double q = 0.0;
+    double q[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) q[k] = 0.0;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(x, i);
         if (cached) st<V>(cache, i, v);
 #pragma unroll
-        for (int k = 0; k < V; ++k) q = fma((double)v.v[k], (double)v.v[k], q);
+        for (int k = 0; k < V; ++k) q[k] = fma((double)v.v[k], (double)v.v[k], q[k]);
     }
-    const float rs = (float)(1.0 / sqrt(grp_sum_d(q, red) / (double)cols + (double)eps));
+#pragma unroll
+    for (int k = 1; k < V; ++k) q[0] += q[k];
+    const float rs = (float)(1.0 / sqrt(grp_sum_d(q[0], red) / (double)cols + (double)eps));
     const float* src = cached ? cache : x;
     FOR_CHUNKS(i) {
         Vf<V> v = ld<V>(src, i);
