@@ -5,6 +5,8 @@
 
 #[path = "hostile/numerics.rs"]
 mod numerics;
+#[path = "hostile/optim.rs"]
+mod optim;
 
 use tensor_ops::Device;
 
