@@ -1,19 +1,33 @@
-//! Support for tests that need a GPU.
+//! Support for tests that need a GPU, and for randomised tests.
 //!
 //! [`backend_or_skip`] returns a backend, or prints why the test is skipped, straight to stderr
 //! (past the test harness's capture), and appends the test's name to the file named by
 //! `HYBRID_GPU_SKIP_LOG` so a runner can count skips. With `HYBRID_REQUIRE_GPU=1` a missing GPU
 //! fails the test instead: the GPU bundle sets it so a skip can never pass for a pass.
+//!
+//! [`devices`] lists the devices a test that runs everywhere should cover (the CPU, then CUDA
+//! device 0 where present), and [`test_seed`] gives a randomised test a seed it prints, which
+//! `HYBRID_TEST_SEED` replays.
 
 use crate::CudaBackend;
+use gpu_core::Device;
+use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
+
+/// The environment variable that replays a randomised test's seed.
+pub const SEED_ENV: &str = "HYBRID_TEST_SEED";
+
+/// Whether `HYBRID_REQUIRE_GPU=1` (set by the GPU bundle).
+fn gpu_required() -> bool {
+    std::env::var("HYBRID_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
 
 /// The backend for CUDA device 0, or `None` after reporting the skip.
 pub fn backend_or_skip(test: &str) -> Option<CudaBackend> {
     match CudaBackend::new(0) {
         Ok(b) => Some(b),
         Err(e) => {
-            if std::env::var("HYBRID_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            if gpu_required() {
                 panic!("{test}: HYBRID_REQUIRE_GPU=1 but no GPU: {e}");
             }
             let _ = writeln!(std::io::stderr(), "SKIP {test}: no CUDA device ({e})");
@@ -28,5 +42,74 @@ pub fn backend_or_skip(test: &str) -> Option<CudaBackend> {
             }
             None
         }
+    }
+}
+
+/// The devices a test that must hold everywhere runs on: the CPU, then CUDA device 0 when one
+/// is present. Without a GPU the CUDA part is reported as skipped on stderr (the test still
+/// runs on the CPU, so it is not logged as a skipped GPU test); with `HYBRID_REQUIRE_GPU=1` a
+/// missing GPU fails the test.
+pub fn devices(test: &str) -> Vec<Device> {
+    match CudaBackend::new(0) {
+        Ok(b) => vec![Device::Cpu, Device::Cuda(b.info().ordinal)],
+        Err(e) => {
+            if gpu_required() {
+                panic!("{test}: HYBRID_REQUIRE_GPU=1 but no GPU: {e}");
+            }
+            let _ = writeln!(
+                std::io::stderr(),
+                "note {test}: CPU only, CUDA part skipped (no CUDA device: {e})"
+            );
+            vec![Device::Cpu]
+        }
+    }
+}
+
+/// The seed of a randomised test: the value of `HYBRID_TEST_SEED` when set (to replay a
+/// failure), else a fresh one. Printed either way (the harness shows it when the test fails).
+/// An unparsable `HYBRID_TEST_SEED` fails the test rather than silently drawing a new seed.
+pub fn test_seed(test: &str) -> u64 {
+    let seed = seed_or_fresh(test, std::env::var(SEED_ENV).ok());
+    eprintln!("{test}: seed {seed} (replay with {SEED_ENV}={seed})");
+    seed
+}
+
+/// The seed named by `value` (the environment variable's value), else a fresh one.
+fn seed_or_fresh(test: &str, value: Option<String>) -> u64 {
+    match value {
+        Some(s) => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{test}: {SEED_ENV}={s:?} is not a u64")),
+        None => fresh_seed(),
+    }
+}
+
+/// A seed from the standard library's per-process random hasher keys and the clock.
+fn fresh_seed() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_given_seed_is_replayed_and_fresh_seeds_differ() {
+        assert_eq!(seed_or_fresh("t", Some(" 730 ".into())), 730);
+        let fresh: std::collections::HashSet<u64> =
+            (0..8).map(|_| seed_or_fresh("t", None)).collect();
+        assert!(fresh.len() > 1, "fresh seeds repeat: {fresh:?}");
+    }
+
+    #[test]
+    #[should_panic(expected = "is not a u64")]
+    fn an_unparsable_seed_fails_the_test() {
+        seed_or_fresh("t", Some("abc".into()));
     }
 }

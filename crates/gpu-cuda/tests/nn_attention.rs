@@ -276,11 +276,7 @@ fn gpu_attention_random_shapes() {
     let Some(gpu) = backend_or_skip("gpu_attention_random_shapes") else {
         return;
     };
-    let config = ProptestConfig {
-        cases: 24,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
+    let config = proptest_config("gpu_attention_random_shapes", 24);
     let shapes = (1usize..4, 0usize..150, 1usize..33, any::<u64>());
     TestRunner::new(config)
         .run(&shapes, |(n, t, d4, seed)| {

@@ -226,7 +226,7 @@ fn naive_broadcast(op: BinaryKind, x: &[f32], xs: &[usize], y: &[f32], ys: &[usi
 #[test]
 fn gpu_broadcast_binary_random_shapes() {
     use proptest::prelude::*;
-    use proptest::test_runner::{Config, TestRunner};
+    use proptest::test_runner::TestRunner;
     let gpu = backend_or_skip("gpu_broadcast_binary_random_shapes");
     let strategy = (
         prop::collection::vec(0usize..=4, 0..=6),
@@ -237,7 +237,7 @@ fn gpu_broadcast_binary_random_shapes() {
         0usize..4,
         any::<u64>(),
     );
-    let mut runner = TestRunner::new(Config::with_cases(96));
+    let mut runner = TestRunner::new(proptest_config("gpu_broadcast_binary_random_shapes", 96));
     runner
         .run(&strategy, |(out, ra, rb, ma, mb, op, seed)| {
             // Each operand keeps a suffix of the output's dims, each either as is or as 1.

@@ -305,11 +305,11 @@ fn gpu_rows_large_shapes() {
 #[test]
 fn gpu_rows_random_shapes() {
     use proptest::prelude::*;
-    use proptest::test_runner::{Config, TestRunner};
+    use proptest::test_runner::TestRunner;
     let Some(gpu) = backend_or_skip("gpu_rows_random_shapes") else {
         return;
     };
-    let mut runner = TestRunner::new(Config::with_cases(48));
+    let mut runner = TestRunner::new(proptest_config("gpu_rows_random_shapes", 48));
     let shapes = (0usize..70, 1usize..14_000, any::<u64>());
     runner
         .run(&shapes, |(rows, cols, seed)| {

@@ -43,22 +43,87 @@ pub struct AdamW {
     last_clip: Option<Tensor>,
 }
 
+impl AdamWParams {
+    /// Checks the hyper-parameters: betas in `[0, 1)`, `eps` and `weight_decay` finite and
+    /// `>= 0`, `max_grad_norm` finite and `> 0` when set.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, v: f32, want: &str| {
+            Err(GpuError::invalid(
+                "AdamW",
+                format!("{what} must be {want}, got {v}"),
+            ))
+        };
+        for (what, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return bad(what, b, "in [0, 1)");
+            }
+        }
+        for (what, x) in [("eps", self.eps), ("weight_decay", self.weight_decay)] {
+            if !(x.is_finite() && x >= 0.0) {
+                return bad(what, x, "finite and >= 0");
+            }
+        }
+        match self.max_grad_norm {
+            Some(max) if !(max.is_finite() && max > 0.0) => {
+                bad("max_grad_norm", max, "finite and > 0")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Checks a step's learning rate: finite and `>= 0`.
+fn check_lr(lr: f32) -> Result<()> {
+    if lr.is_finite() && lr >= 0.0 {
+        Ok(())
+    } else {
+        Err(GpuError::invalid(
+            "AdamW::step",
+            format!("the learning rate must be finite and >= 0, got {lr}"),
+        ))
+    }
+}
+
+/// The address of a tensor's storage: two tensors with the same one share their elements.
+fn storage_ptr(t: &Tensor) -> usize {
+    std::sync::Arc::as_ptr(&t.0.storage) as *const () as usize
+}
+
 impl AdamW {
     /// `params` with whether each is weight-decayed (nanoGPT decays 2-D weights only).
+    ///
+    /// Errors (typed, before anything is allocated) on invalid hyper-parameters (see
+    /// [`AdamWParams::validate`]), parameters on different devices, parameters that are not f32
+    /// leaves with `requires_grad_`, and parameters that share storage: the same tensor listed
+    /// twice, a view of another parameter, or `p.detach().requires_grad_()` beside `p`. A shared
+    /// storage would be updated twice per step (and its lock taken twice).
     pub fn new(params: Vec<(Tensor, bool)>, hp: AdamWParams) -> Result<AdamW> {
+        hp.validate()?;
         let refs: Vec<&Tensor> = params.iter().map(|(t, _)| t).collect();
         if !refs.is_empty() {
             same_device("AdamW", &refs)?;
         }
-        let mut m = Vec::new();
-        let mut v = Vec::new();
-        for (p, _) in &params {
+        let mut owner = std::collections::HashMap::new();
+        for (i, (p, _)) in params.iter().enumerate() {
             if !p.requires_grad() || p.dtype() != DType::F32 {
                 return Err(GpuError::invalid(
                     "AdamW",
                     "parameters must be f32 tensors with requires_grad_",
                 ));
             }
+            if let Some(j) = owner.insert(storage_ptr(p), i) {
+                return Err(GpuError::invalid(
+                    "AdamW",
+                    format!(
+                        "parameters {j} and {i} share storage (the same tensor twice, or a view \
+                         or detached copy of another parameter)"
+                    ),
+                ));
+            }
+        }
+        let mut m = Vec::new();
+        let mut v = Vec::new();
+        for (p, _) in &params {
             m.push(Tensor::zeros(p.shape(), p.device())?);
             v.push(Tensor::zeros(p.shape(), p.device())?);
         }
@@ -82,13 +147,36 @@ impl AdamW {
         self.step
     }
 
+    /// The first and second moments, one of each per parameter (in the order given to
+    /// [`AdamW::new`]).
+    pub fn moments(&self) -> (&[Tensor], &[Tensor]) {
+        (&self.m, &self.v)
+    }
+
     /// One step with learning rate `lr`. Parameters without a gradient are an error (they would
     /// silently never train).
+    ///
+    /// A step that fails leaves no trace: everything is checked (learning rate, gradients'
+    /// presence, shape, dtype and device, the step counter) before anything is written, and the
+    /// step counter advances only when the update ran. A non-finite gradient is not an error:
+    /// as in PyTorch it propagates (with clipping, one NaN makes every parameter NaN), for the
+    /// caller to detect and roll back.
     pub fn step(&mut self, grads: &Gradients, lr: f32) -> Result<()> {
+        check_lr(lr)?;
         let Some(first) = self.params.first() else {
             return Ok(());
         };
         let dev = first.device();
+        let step = self.step.checked_add(1).ok_or_else(|| {
+            GpuError::invalid("AdamW::step", "the step counter would overflow u32")
+        })?;
+        let written: std::collections::HashSet<usize> = self
+            .params
+            .iter()
+            .chain(&self.m)
+            .chain(&self.v)
+            .map(storage_ptr)
+            .collect();
         let mut gs = Vec::with_capacity(self.params.len());
         for p in &self.params {
             let g = grads.get(p).ok_or_else(|| {
@@ -97,15 +185,27 @@ impl AdamW {
                     format!("no gradient for a parameter of shape {:?}", p.shape()),
                 )
             })?;
+            if g.shape() != p.shape() || g.dtype() != DType::F32 || g.device() != dev {
+                return Err(GpuError::shape(
+                    "AdamW::step",
+                    format!("an f32 gradient of shape {:?} on {dev}", p.shape()),
+                    format!("{} {:?} on {}", g.dtype(), g.shape(), g.device()),
+                ));
+            }
+            if written.contains(&storage_ptr(g)) {
+                return Err(GpuError::invalid(
+                    "AdamW::step",
+                    "a gradient shares storage with a parameter or a moment",
+                ));
+            }
             gs.push(g.clone());
         }
-        self.step += 1;
         let cfg = AdamWConfig {
             lr,
             beta1: self.hp.beta1,
             beta2: self.hp.beta2,
             eps: self.hp.eps,
-            step: self.step,
+            step,
         };
         let clip = match self.hp.max_grad_norm {
             Some(max) => {
@@ -132,6 +232,7 @@ impl AdamW {
                 cfg
             )?);
         }
+        self.step = step;
         self.last_clip = clip;
         Ok(())
     }

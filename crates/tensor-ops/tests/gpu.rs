@@ -5,7 +5,7 @@
 mod cancel;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use proptest::test_runner::{Config, RngSeed, TestRunner};
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::optim::{AdamW, AdamWParams};
 use tensor_ops::{transfer_stats, Device, Result, Tensor};
@@ -137,22 +137,15 @@ fn gpu_every_op_matches_the_cpu_on_proptest_shapes() {
     let Some(dev) = gpu("gpu_every_op_matches_the_cpu_on_proptest_shapes") else {
         return;
     };
-    // The runner's own seed is printed and can be replayed; every failure message also names
-    // the case (shape and data seed).
-    let run_seed: u64 = std::env::var("HYBRID_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    println!("proptest runner seed {run_seed} (replay with HYBRID_TEST_SEED={run_seed})");
-    let mut seed_bytes = [0u8; 32];
-    seed_bytes[..8].copy_from_slice(&run_seed.to_le_bytes());
-    let config = Config {
+    // Cases drawn from a printed seed (HYBRID_TEST_SEED replays them); every failure message
+    // names the case (dims and data seed) and the runner seed.
+    let run_seed = gpu_cuda::testing::test_seed("gpu_every_op_matches_the_cpu_on_proptest_shapes");
+    let mut runner = TestRunner::new(Config {
         cases: 24,
+        rng_seed: RngSeed::Fixed(run_seed),
         failure_persistence: None,
         ..Config::default()
-    };
-    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes);
-    let mut runner = TestRunner::new_with_rng(config, rng);
+    });
     let dims = (1usize..5, 1usize..40, 1usize..70, any::<u64>());
     runner
         .run(&dims, |(a, b, c, seed)| {

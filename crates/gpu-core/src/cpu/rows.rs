@@ -11,7 +11,9 @@ use crate::ops::check_rows;
 use rayon::prelude::*;
 
 /// `(max, Σ exp(x − max))` of a row in f64; the log-sum-exp is `max + ln(sum)`. A row of all
-/// `-inf` gives a NaN sum, as in PyTorch.
+/// `-inf` gives a NaN sum, as in PyTorch. Callers subtract `max` from a logit before adding or
+/// subtracting `ln(sum)`: `v − (max + ln sum)` loses `ln sum` to rounding once `|max|` is large
+/// (four equal logits of 1e16 gave −2 instead of −ln 4).
 fn max_sumexp(x: &[f32]) -> (f64, f64) {
     let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
     (max, x.iter().map(|&v| (v as f64 - max).exp()).sum())
@@ -57,9 +59,9 @@ impl RowOps for CpuBackend {
         for_rows(out.as_f32_mut()?, cols, |r, or| {
             let xr = &x[r * cols..][..cols];
             let (max, sum) = max_sumexp(xr);
-            let lse = max + sum.ln();
+            let ln_sum = sum.ln();
             for (o, &v) in or.iter_mut().zip(xr) {
-                *o = (v as f64 - lse) as f32;
+                *o = ((v as f64 - max) - ln_sum) as f32;
             }
         });
         Ok(())
@@ -98,7 +100,7 @@ impl RowOps for CpuBackend {
         let rows = x.par_chunks_exact(cols).zip(t).zip(loss.as_f32_mut()?);
         rows.with_min_len(min_rows(cols)).for_each(|((xr, &t), l)| {
             let (max, sum) = max_sumexp(xr);
-            *l = (max + sum.ln() - xr[t as usize] as f64) as f32;
+            *l = ((max - xr[t as usize] as f64) + sum.ln()) as f32;
         });
         Ok(())
     }

@@ -117,3 +117,35 @@ fn matmul_2x2_and_transposes() {
         .unwrap();
     assert_eq!(c.as_f32().unwrap(), &[0.0; 4]);
 }
+
+/// Rows of equal logits `c` have log-softmax `−ln n` and cross-entropy `ln n` whatever `c`:
+/// computed as `v − (max + ln Σ)`, `ln Σ` vanished into the rounding of `max` once |c| ≳ 1e12
+/// (1e15 → −1.375, 1e16 → −2 for n = 4; cross-entropy 2 or 0 instead of ln 3).
+#[test]
+fn log_softmax_and_cross_entropy_of_equal_huge_logits_are_exact() {
+    use crate::nn::RowOps;
+    let cpu = CpuBackend;
+    for c in [1e12f32, -1e12, 1e15, -1e15, 1e16, -1e16, 1e30, -1e30, 3e38] {
+        let x = cpu.upload(&[c; 4]).unwrap();
+        let mut out = cpu.allocate(DType::F32, 4).unwrap();
+        cpu.log_softmax_fwd(&x, &mut out, 4).unwrap();
+        let want = -(4.0f64).ln() as f32;
+        assert_eq!(
+            out.as_f32().unwrap(),
+            &[want; 4],
+            "log_softmax of [{c:e}; 4]"
+        );
+
+        let logits = cpu.upload(&[c; 6]).unwrap();
+        let targets = cpu.upload(&[0u32, 2]).unwrap();
+        let mut loss = cpu.allocate(DType::F32, 2).unwrap();
+        cpu.cross_entropy_fwd(&logits, &targets, &mut loss, 3)
+            .unwrap();
+        let want = (3.0f64).ln() as f32;
+        assert_eq!(
+            loss.as_f32().unwrap(),
+            &[want; 2],
+            "cross-entropy of [{c:e}; 3]"
+        );
+    }
+}

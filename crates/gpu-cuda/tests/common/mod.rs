@@ -7,14 +7,21 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 /// Awkward sizes: empty, one, below a warp, below a block of float4s, above a million and odd.
 pub const SIZES: &[usize] = &[0, 1, 3, 31, 1023, 4099, (1 << 20) + 7];
 
-/// A fresh seed for every run, printed so a failure can be replayed.
+/// A fresh seed for every run (or `HYBRID_TEST_SEED`), printed so a failure can be replayed.
 pub fn rng(test: &str) -> (StdRng, u64) {
-    let seed: u64 = std::env::var("HYBRID_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    println!("{test}: seed {seed} (replay with HYBRID_TEST_SEED={seed})");
+    let seed = gpu_cuda::testing::test_seed(test);
     (StdRng::seed_from_u64(seed), seed)
+}
+
+/// A proptest configuration of `cases` cases whose generator is seeded by [`rng`]'s printed
+/// seed, so `HYBRID_TEST_SEED` replays the cases; a failure also prints the shrunk input.
+pub fn proptest_config(test: &str, cases: u32) -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        cases,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(gpu_cuda::testing::test_seed(test)),
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    }
 }
 
 /// `n` values uniform in [-scale, scale).

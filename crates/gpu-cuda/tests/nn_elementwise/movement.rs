@@ -50,13 +50,13 @@ fn gpu_permute_matches_cpu() {
 #[test]
 fn gpu_permute_random_shapes() {
     use proptest::prelude::*;
-    use proptest::test_runner::{Config, TestRunner};
+    use proptest::test_runner::TestRunner;
     let gpu = backend_or_skip("gpu_permute_random_shapes");
     let strategy = prop::collection::vec(1usize..=6, 0..=6).prop_flat_map(|shape| {
         let perm: Vec<usize> = (0..shape.len()).collect();
         (Just(shape), Just(perm).prop_shuffle())
     });
-    let mut runner = TestRunner::new(Config::with_cases(96));
+    let mut runner = TestRunner::new(proptest_config("gpu_permute_random_shapes", 96));
     runner
         .run(&strategy, |(shape, perm)| {
             let x: Vec<f32> = (0..shape.iter().product::<usize>())

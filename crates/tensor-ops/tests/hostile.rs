@@ -1,0 +1,16 @@
+//! Correctness under hostile input: extreme values, degenerate and overflowing sizes, ids out of
+//! range, bad hyper-parameters. Every test runs on each device of
+//! [`gpu_cuda::testing::devices`] (the CPU, then CUDA where present) and expects the same
+//! result, or the same typed error, on each.
+
+#[path = "hostile/numerics.rs"]
+mod numerics;
+#[path = "hostile/optim.rs"]
+mod optim;
+
+use tensor_ops::Device;
+
+/// The devices this test covers (prints a note when the CUDA part is skipped).
+pub fn devices(test: &str) -> Vec<Device> {
+    gpu_cuda::testing::devices(test)
+}
