@@ -58,6 +58,14 @@ impl CudaBackend {
     /// no driver, no GPU, or not that many GPUs.
     pub fn new(ordinal: usize) -> Result<Self> {
         let count = probe::cuda_device_count()?;
+        // cudarc loads the driver through its own loader and panics on its first call if that
+        // fails: check it too before any cudarc call.
+        // SAFETY: `is_culib_present` only tries to dlopen the driver library by name.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(GpuError::CudaUnavailable(
+                "cudarc could not load the CUDA driver library".into(),
+            ));
+        }
         if count == 0 {
             return Err(GpuError::CudaUnavailable(
                 "the driver reports no CUDA device".into(),
