@@ -146,7 +146,6 @@ def main():
     xs = [torch.rand(ROWS, COLS, device=dev) * 8 - 4 for _ in range(2)]
     ys = [torch.rand(ROWS, COLS, device=dev) * 8 - 4 for _ in range(2)]
     o = torch.empty(ROWS, COLS, device=dev)
-    add("vector_add", time_us(lambda i: torch.add(xs[i % 2], ys[i % 2], out=o), reps), 3 * nb)
     add("add", time_us(lambda i: torch.add(xs[i % 2], ys[i % 2], out=o), reps), 3 * nb)
     add("mul", time_us(lambda i: torch.mul(xs[i % 2], ys[i % 2], out=o), reps), 3 * nb)
     add("relu", time_us(lambda i: torch.clamp_min(xs[i % 2], 0.0, out=o), reps), 2 * nb)
@@ -154,7 +153,6 @@ def main():
     add("tanh", time_us(lambda i: torch.tanh(xs[i % 2], out=o), reps), 2 * nb)
     add("softmax", time_us(lambda i: torch.softmax(xs[i % 2], dim=-1), reps), 2 * nb)
     g, b = torch.randn(COLS, device=dev), torch.randn(COLS, device=dev)
-    add("layernorm", time_us(lambda i: F.layer_norm(xs[i % 2], (COLS,), g, b, 1e-5), reps), 2 * nb)
     del xs, ys, o
     nn_rows(add, reps, dev)
     if args.gpt_text:

@@ -1,4 +1,4 @@
-// Row kernels of gpu_core::nn::RowOps, f32: softmax / log-softmax backward, log-softmax forward,
+// Row kernels of gpu_core::nn::RowOps, f32: softmax and log-softmax forward and backward,
 // fused cross-entropy, LayerNorm and RMSNorm with saved statistics, and their backward.
 // CPU reference: crates/gpu-core/src/cpu/rows.rs (f64).
 //
@@ -196,6 +196,38 @@ extern "C" __global__ void log_softmax_fwd_f32(const float* __restrict__ x,
         log_softmax_fwd_row<4>(x + off, out + off, cols, cached, cache, red);
     else
         log_softmax_fwd_row<1>(x + off, out + off, cols, cached, cache, red);
+}
+
+// ---- softmax forward: out = exp(x − max) / Σ exp(x − max) --------------------------------------
+
+template <int V>
+static __device__ __forceinline__ void softmax_fwd_row(const float* x, float* out, unsigned cols,
+                                                       bool cached, float* cache, float2* red) {
+    float2 a = make_float2(-INFINITY, 0.0f);
+    FOR_CHUNKS(i) {
+        const Vf<V> v = ld<V>(x, i);
+        if (cached) st<V>(cache, i, v);
+#pragma unroll
+        for (int k = 0; k < V; ++k) a = lse_push(a, v.v[k]);
+    }
+    a = grp_lse(a, red);
+    const float inv = 1.0f / a.y;  // a row of only -inf: inv = inf, exp(-inf − -inf) = NaN
+    const float* src = cached ? cache : x;
+    FOR_CHUNKS(i) {
+        Vf<V> v = ld<V>(src, i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v.v[k] = expf(v.v[k] - a.x) * inv;
+        st<V>(out, i, v);
+    }
+}
+
+extern "C" __global__ void softmax_fwd_f32(const float* __restrict__ x, float* __restrict__ out,
+                                           unsigned cols, unsigned rows, unsigned cached) {
+    ROW_SETUP(1)
+    if ((cols & 3u) == 0)
+        softmax_fwd_row<4>(x + off, out + off, cols, cached, cache, red);
+    else
+        softmax_fwd_row<1>(x + off, out + off, cols, cached, cache, red);
 }
 
 // ---- log-softmax backward: dx = dy − exp(y) · Σ dy --------------------------------------------

@@ -84,7 +84,7 @@ san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2
 if [ "$sanitize" = 1 ] && [ "$gpu" = 1 ] && [ -n "$san" ]; then
   # memcheck over every kernel test binary; racecheck over those whose kernels share memory.
   for tool in memcheck racecheck; do
-    for bin in ${SANITIZE_BINS:-kernels nn_elementwise nn_rows nn_attention nn_optim}; do
+    for bin in ${SANITIZE_BINS:-matmul nn_elementwise nn_rows nn_rows_extreme nn_attention nn_optim}; do
       t=$(ls tests/gpu-cuda--"$bin" 2>/dev/null) || continue
       [ "$tool" = racecheck ] && [ "$bin" = nn_optim ] && continue
       log="$OUT_DIR/sanitizer-$tool-$bin.log"

@@ -1,7 +1,8 @@
 //! criterion benchmarks of the CPU reference paths (`cargo bench -p benches`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use gpu_core::{Backend, BinaryOp, CpuBackend, DType, KernelOps, MatmulSpec, UnaryOp};
+use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, RowOps};
+use gpu_core::{Backend, CpuBackend, DType, MatmulOps, MatmulSpec};
 
 fn data(n: usize) -> Vec<f32> {
     (0..n)
@@ -17,11 +18,14 @@ fn elementwise(c: &mut Criterion) {
         let mut o = cpu.allocate(DType::F32, n).unwrap();
         g.throughput(Throughput::Bytes(3 * 4 * n as u64));
         g.bench_with_input(BenchmarkId::new("add", n), &n, |b, _| {
-            b.iter(|| cpu.binary(BinaryOp::Add, &x, &y, &mut o).unwrap())
+            b.iter(|| {
+                cpu.broadcast_binary(BinaryKind::Add, &x, &[n], &y, &[n], &mut o)
+                    .unwrap()
+            })
         });
         g.throughput(Throughput::Bytes(2 * 4 * n as u64));
         g.bench_with_input(BenchmarkId::new("tanh", n), &n, |b, _| {
-            b.iter(|| cpu.unary(UnaryOp::Tanh, &x, &mut o).unwrap())
+            b.iter(|| cpu.activation_fwd(Activation::Tanh, &x, &mut o).unwrap())
         });
     }
     g.finish();
@@ -36,14 +40,18 @@ fn rows(c: &mut Criterion) {
         cpu.upload(&data(cols)).unwrap(),
     );
     let mut o = cpu.allocate(DType::F32, r * cols).unwrap();
+    let (mut mean, mut rstd) = (
+        cpu.allocate(DType::F32, r).unwrap(),
+        cpu.allocate(DType::F32, r).unwrap(),
+    );
     let mut g = c.benchmark_group("cpu_rows_256x1024");
     g.throughput(Throughput::Bytes(2 * 4 * (r * cols) as u64));
     g.bench_function("softmax", |b| {
-        b.iter(|| cpu.softmax_rows(&x, &mut o, cols).unwrap())
+        b.iter(|| cpu.softmax_fwd(&x, &mut o, cols).unwrap())
     });
     g.bench_function("layernorm", |b| {
         b.iter(|| {
-            cpu.layernorm_rows(&x, &gm, &bt, &mut o, cols, 1e-5)
+            cpu.layernorm_fwd(&x, &gm, &bt, &mut o, &mut mean, &mut rstd, cols, 1e-5)
                 .unwrap()
         })
     });

@@ -7,8 +7,7 @@ use crate::backend::{check_transfer, Backend, BufferInfo, DeviceType};
 use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{GpuError, Result};
-use crate::nn::RowOps;
-use crate::ops::{self, BinaryOp, KernelOps, MatmulSpec, UnaryOp};
+use crate::ops::{self, MatmulOps, MatmulSpec};
 use half::{bf16, f16};
 
 /// Host memory of one dtype.
@@ -162,76 +161,7 @@ impl Backend for CpuBackend {
     }
 }
 
-impl KernelOps for CpuBackend {
-    fn fill(&self, buf: &mut CpuStorage, value: f32) -> Result<()> {
-        match buf {
-            CpuStorage::F32(v) => v.fill(value),
-            CpuStorage::F16(v) => v.fill(f16::from_f32(value)),
-            CpuStorage::BF16(v) => v.fill(bf16::from_f32(value)),
-            CpuStorage::U32(v) => v.fill(value as u32),
-        }
-        Ok(())
-    }
-
-    fn vector_add(&self, a: &CpuStorage, b: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
-        self.binary(BinaryOp::Add, a, b, out)
-    }
-
-    fn binary(
-        &self,
-        op: BinaryOp,
-        a: &CpuStorage,
-        b: &CpuStorage,
-        out: &mut CpuStorage,
-    ) -> Result<()> {
-        ops::check_elementwise(op.name(), &[a, b], out)?;
-        let (a, b) = (a.as_f32()?, b.as_f32()?);
-        par::for_chunks(out.as_f32_mut()?, |off, o| {
-            for ((o, &x), &y) in o.iter_mut().zip(&a[off..]).zip(&b[off..]) {
-                *o = op.eval(x, y);
-            }
-        });
-        Ok(())
-    }
-
-    fn unary(&self, op: UnaryOp, x: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
-        ops::check_elementwise(op.name(), &[x], out)?;
-        let x = x.as_f32()?;
-        par::for_chunks(out.as_f32_mut()?, |off, o| {
-            for (o, &v) in o.iter_mut().zip(&x[off..]) {
-                *o = op.eval(v as f64) as f32;
-            }
-        });
-        Ok(())
-    }
-
-    fn softmax_rows(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
-        ops::check_rows("softmax", x, out, cols)?;
-        let x = x.as_f32()?;
-        par::for_rows(out.as_f32_mut()?, cols, |r, or| {
-            softmax_row(&x[r * cols..][..cols], or);
-        });
-        Ok(())
-    }
-
-    fn layernorm_rows(
-        &self,
-        x: &CpuStorage,
-        gamma: &CpuStorage,
-        beta: &CpuStorage,
-        out: &mut CpuStorage,
-        cols: usize,
-        eps: f32,
-    ) -> Result<()> {
-        let rows = ops::check_layernorm(x, gamma, beta, out, cols, eps)?;
-        // The RowOps forward, with its per-row statistics discarded.
-        let (mut mean, mut rstd) = (
-            self.allocate(DType::F32, rows)?,
-            self.allocate(DType::F32, rows)?,
-        );
-        self.layernorm_fwd(x, gamma, beta, out, &mut mean, &mut rstd, cols, eps)
-    }
-
+impl MatmulOps for CpuBackend {
     fn matmul(
         &self,
         spec: MatmulSpec,
@@ -242,15 +172,6 @@ impl KernelOps for CpuBackend {
         spec.validate(a, b, c)?;
         sgemm_rows(spec, a.as_f32()?, b.as_f32()?, c.as_f32_mut()?);
         Ok(())
-    }
-}
-
-/// Softmax of one row, reduced in f64. A row of all `-inf` gives NaN, as in PyTorch.
-pub fn softmax_row(x: &[f32], out: &mut [f32]) {
-    let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
-    let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = ((v as f64 - max).exp() / sum) as f32;
     }
 }
 

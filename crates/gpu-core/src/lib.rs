@@ -1,6 +1,6 @@
 //! `gpu-core`: the hardware-abstraction layer of hybrid-trainer.
-//! Devices and device selection, dtypes, shapes, the one error enum, the [`Backend`], [`KernelOps`]
-//! and NN-op traits ([`nn`]), and the CPU backend that is always present and is the reference.
+//! Devices and device selection, dtypes, shapes, the one error enum, the [`Backend`] and the
+//! op-family traits ([`nn`], [`MatmulOps`]), and the CPU backend that is always present and is the reference.
 
 pub mod backend;
 pub mod cpu;
@@ -17,5 +17,5 @@ pub use cpu::{CpuBackend, CpuStorage};
 pub use device::{Device, DEVICE_ENV};
 pub use dtype::{DType, Element};
 pub use error::{GpuError, Result};
-pub use ops::{BinaryOp, KernelOps, MatmulSpec, UnaryOp};
+pub use ops::{MatmulOps, MatmulSpec};
 pub use shape::Shape;

@@ -1,69 +1,9 @@
-//! [`KernelOps`]: the compute operations every backend implements, and the argument checks they
-//! share so that the CPU reference and the CUDA kernels reject exactly the same inputs.
+//! [`MatmulOps`] and the argument checks every op family shares, so that the CPU reference and
+//! the CUDA kernels reject exactly the same inputs.
 
 use crate::backend::{Backend, BufferInfo};
 use crate::dtype::DType;
 use crate::error::{GpuError, Result};
-
-/// Elementwise functions of one operand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnaryOp {
-    Relu,
-    Sigmoid,
-    Tanh,
-}
-
-impl UnaryOp {
-    /// Name used in kernel names (`relu_f32`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Relu => "relu",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Tanh => "tanh",
-        }
-    }
-
-    /// The scalar function, evaluated in f64 (the CPU reference).
-    pub fn eval(self, x: f64) -> f64 {
-        match self {
-            // max(x, 0) but NaN stays NaN, as in PyTorch.
-            UnaryOp::Relu => {
-                if x < 0.0 {
-                    0.0
-                } else {
-                    x
-                }
-            }
-            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            UnaryOp::Tanh => x.tanh(),
-        }
-    }
-}
-
-/// Elementwise functions of two operands of the same length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BinaryOp {
-    Add,
-    Mul,
-}
-
-impl BinaryOp {
-    /// Name used in kernel names (`add_f32`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "add",
-            BinaryOp::Mul => "mul",
-        }
-    }
-
-    /// The scalar function in f32 (exactly what the kernels compute).
-    pub fn eval(self, a: f32, b: f32) -> f32 {
-        match self {
-            BinaryOp::Add => a + b,
-            BinaryOp::Mul => a * b,
-        }
-    }
-}
 
 /// A row-major (batched) matrix product `C[b] = op(A[b]) · op(B[b])`.
 ///
@@ -202,37 +142,10 @@ impl<B: BufferInfo> BufferInfoDyn for B {
     }
 }
 
-/// The compute operations of the HAL. The CPU backend's implementation is the reference that
-/// every other backend is tested against.
-pub trait KernelOps: Backend {
-    /// Sets every element of `buf` to `value` (used to poison outputs before a launch).
-    fn fill(&self, buf: &mut Self::Buffer, value: f32) -> Result<()>;
-    /// `out = a + b`, one thread per element (seed B's vector add).
-    fn vector_add(&self, a: &Self::Buffer, b: &Self::Buffer, out: &mut Self::Buffer) -> Result<()>;
-    /// `out = a ∘ b` elementwise.
-    fn binary(
-        &self,
-        op: BinaryOp,
-        a: &Self::Buffer,
-        b: &Self::Buffer,
-        out: &mut Self::Buffer,
-    ) -> Result<()>;
-    /// `out = f(x)` elementwise.
-    fn unary(&self, op: UnaryOp, x: &Self::Buffer, out: &mut Self::Buffer) -> Result<()>;
-    /// Softmax over each `cols`-wide row.
-    fn softmax_rows(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()>;
-    /// LayerNorm over each `cols`-wide row: `(x − mean) / sqrt(var + eps) · gamma + beta`,
-    /// with the biased variance (as PyTorch).
-    fn layernorm_rows(
-        &self,
-        x: &Self::Buffer,
-        gamma: &Self::Buffer,
-        beta: &Self::Buffer,
-        out: &mut Self::Buffer,
-        cols: usize,
-        eps: f32,
-    ) -> Result<()>;
-    /// Row-major (batched) matrix product; see [`MatmulSpec`].
+/// Matrix products: what the demo, the benchmarks and every linear layer need. The CPU backend
+/// runs `matrixmultiply`'s SGEMM, CUDA runs cuBLAS.
+pub trait MatmulOps: Backend {
+    /// `c = op(a)·op(b)` for each batch, row-major, per [`MatmulSpec`]; `c` is overwritten.
     fn matmul(
         &self,
         spec: MatmulSpec,
@@ -240,33 +153,4 @@ pub trait KernelOps: Backend {
         b: &Self::Buffer,
         c: &mut Self::Buffer,
     ) -> Result<()>;
-}
-
-/// Checks LayerNorm's arguments; returns the number of rows.
-pub fn check_layernorm(
-    x: &dyn BufferInfoDyn,
-    gamma: &dyn BufferInfoDyn,
-    beta: &dyn BufferInfoDyn,
-    out: &dyn BufferInfoDyn,
-    cols: usize,
-    eps: f32,
-) -> Result<usize> {
-    let rows = check_rows("layernorm", x, out, cols)?;
-    for (name, p) in [("gamma", gamma), ("beta", beta)] {
-        require_f32("layernorm", p.dtype_dyn())?;
-        if p.len_dyn() != cols {
-            return Err(GpuError::shape(
-                "layernorm",
-                format!("{name} of {cols}"),
-                p.len_dyn(),
-            ));
-        }
-    }
-    if !(eps.is_finite() && eps > 0.0) {
-        return Err(GpuError::invalid(
-            "layernorm",
-            format!("eps must be finite and > 0, got {eps}"),
-        ));
-    }
-    Ok(rows)
 }

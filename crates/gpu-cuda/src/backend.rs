@@ -295,6 +295,22 @@ impl CudaBackend {
         })
     }
 
+    pub(crate) fn memset16(&self, buf: &mut CudaBuffer, bits: u16) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the buffer holds `len` 2-byte elements and is live.
+        crate::error::check("cuMemsetD16Async", unsafe {
+            sys::cuMemsetD16Async(
+                buf.device_ptr(),
+                bits,
+                buf.len(),
+                self.inner.stream.cu_stream(),
+            )
+        })
+    }
+
     pub(crate) fn bind(&self) -> Result<()> {
         self.inner
             .ctx

@@ -281,7 +281,7 @@ mod tests {
         let mut fat = vec![0x50, 0xed, 0x55, 0xba, 1, 0, 16, 0];
         fat.extend_from_slice(&1_000_000u64.to_le_bytes());
         assert!(validate_image("x", &fat).is_err());
-        let real = gpu_kernels::module("softmax").unwrap();
+        let real = gpu_kernels::module("nn_rows").unwrap();
         assert!(validate_image("x", real.fatbin).is_ok());
         assert!(validate_image("x", &real.fatbin[..real.fatbin.len() / 2]).is_err());
         let ptx = validate_image("x", real.ptx.as_bytes()).unwrap();

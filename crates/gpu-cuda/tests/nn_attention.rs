@@ -11,7 +11,8 @@ mod common;
 
 use common::*;
 use gpu_core::nn::AttentionOps;
-use gpu_core::{DType, GpuError, KernelOps};
+use gpu_core::nn::ElementwiseOps;
+use gpu_core::{DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{CudaBackend, ImageKind, LaunchPath};
 use proptest::prelude::*;
@@ -54,7 +55,7 @@ impl Problem {
 }
 
 /// `(out, lse)` from backend `b`, outputs poisoned before the call.
-fn fwd<B: AttentionOps + KernelOps>(b: &B, p: &Problem) -> (Vec<f32>, Vec<f32>) {
+fn fwd<B: AttentionOps + ElementwiseOps>(b: &B, p: &Problem) -> (Vec<f32>, Vec<f32>) {
     let mut out = poisoned(b, p.q.len());
     let mut lse = poisoned(b, p.n * p.t);
     let (q, k, v) = (up(b, &p.q), up(b, &p.k), up(b, &p.v));
@@ -64,7 +65,12 @@ fn fwd<B: AttentionOps + KernelOps>(b: &B, p: &Problem) -> (Vec<f32>, Vec<f32>) 
 }
 
 /// `(dq, dk, dv)` from backend `b`, given the forward's `out` and `lse`.
-fn bwd<B: AttentionOps + KernelOps>(b: &B, p: &Problem, out: &[f32], lse: &[f32]) -> [Vec<f32>; 3] {
+fn bwd<B: AttentionOps + ElementwiseOps>(
+    b: &B,
+    p: &Problem,
+    out: &[f32],
+    lse: &[f32],
+) -> [Vec<f32>; 3] {
     let len = p.q.len();
     let (mut dq, mut dk, mut dv) = (poisoned(b, len), poisoned(b, len), poisoned(b, len));
     let (q, k, v) = (up(b, &p.q), up(b, &p.k), up(b, &p.v));
@@ -119,7 +125,7 @@ impl Reference {
 
 /// Checks backend `b` against the CPU reference on one problem (the backward is given the
 /// reference `out` and `lse`, so its check does not depend on the forward's error).
-fn check<B: AttentionOps + KernelOps>(b: &B, dev: &str, p: &Problem, r: &Reference) {
+fn check<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, p: &Problem, r: &Reference) {
     let what = format!("{dev} {}", p.what());
     let (out, lse) = fwd(b, p);
     assert_near(&format!("{what} out"), &out, &r.out, 1e-5, 1e-4);
@@ -289,7 +295,7 @@ fn gpu_attention_random_shapes() {
 }
 
 /// Changing k and v at positions > i0 leaves out[..=i0] and lse[..=i0] bit-identical.
-fn causal_body<B: AttentionOps + KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
+fn causal_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng) {
     for (n, t, d, i0) in [(2, 70, 16, 33), (1, 130, 64, 63), (1, 40, 128, 0)] {
         let p = Problem::random(rng, n, t, d, 1.0);
         let (out, lse) = fwd(b, &p);
@@ -327,7 +333,7 @@ fn gpu_attention_is_causal() {
     });
 }
 
-fn errors_body<B: AttentionOps + KernelOps>(b: &B, dev: &str) {
+fn errors_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str) {
     let f = |len: usize| b.allocate(DType::F32, len).unwrap();
     let (n, t, d) = (2, 3, 8);
     let (q, k, v) = (f(48), f(48), f(48));
@@ -425,7 +431,7 @@ fn seq_rows(x: &[f32], n: usize, t: usize, d: usize, rows: std::ops::Range<usize
 /// NaN in masked positions never leaks: NaN k and v at the last position leave out, lse and dq
 /// of every earlier row bit-identical to a clean run; NaN q and dout at position 0 leave out,
 /// dq, dk and dv of every later row bit-identical (query 0 sees key 0 only).
-fn masked_nan_body<B: AttentionOps + KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
+fn masked_nan_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng) {
     for (n, t, d) in [
         (2, 70, 16),
         (1, 130, 64),

@@ -22,13 +22,12 @@ use common::*;
 use gpu_core::nn::elementwise::{
     broadcast_shape, Activation, BinaryKind, ElementwiseOps, ReduceKind,
 };
-use gpu_core::KernelOps;
 use gpu_cuda::testing::backend_or_skip;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// What the test bodies need from a backend: the ops under test and `fill` to poison outputs.
-trait Dev: ElementwiseOps + KernelOps {}
-impl<B: ElementwiseOps + KernelOps> Dev for B {}
+trait Dev: ElementwiseOps {}
+impl<B: ElementwiseOps> Dev for B {}
 
 // ---- calls: upload, poison the output, run, download -----------------------------------------
 

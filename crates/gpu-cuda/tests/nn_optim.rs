@@ -9,8 +9,9 @@
 mod common;
 
 use common::*;
+use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::{AdamWConfig, OptimOps};
-use gpu_core::{Backend, DType, GpuError, KernelOps};
+use gpu_core::{Backend, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{KernelArg, LaunchConfig};
 use rand::rngs::StdRng;
@@ -33,7 +34,7 @@ struct State {
 }
 
 /// One AdamW step on backend `b`; returns the new state.
-fn adamw<B: OptimOps + KernelOps>(
+fn adamw<B: OptimOps + ElementwiseOps>(
     b: &B,
     s: &State,
     grads: &[Vec<f32>],
@@ -59,7 +60,7 @@ fn adamw<B: OptimOps + KernelOps>(
 }
 
 /// `[norm, coefficient]` from backend `b`, the output poisoned first.
-fn clip<B: OptimOps + KernelOps>(b: &B, grads: &[Vec<f32>], max_norm: f32) -> Vec<f32> {
+fn clip<B: OptimOps + ElementwiseOps>(b: &B, grads: &[Vec<f32>], max_norm: f32) -> Vec<f32> {
     let g: Vec<B::Buffer> = grads.iter().map(|x| up(b, x)).collect();
     let gr: Vec<&B::Buffer> = g.iter().collect();
     let mut out = poisoned(b, 2);
@@ -180,7 +181,7 @@ fn assert_state(what: &str, got: &State, want: &State, before: &State) {
     }
 }
 
-fn optim_body<B: OptimOps + KernelOps>(b: &B, dev: &str, rng: &mut StdRng) {
+fn optim_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng) {
     let lens = lengths(rng);
     let (s0, g1, wd) = random_state(rng, &lens);
     // Clip coefficient over all gradients, a coefficient below 1 and one clamped to 1.
@@ -211,7 +212,7 @@ fn gpu_optim_matches_cpu() {
     on_every_device!("gpu_optim_matches_cpu", optim_body);
 }
 
-fn errors_body<B: OptimOps + KernelOps>(b: &B, dev: &str, _rng: &mut StdRng) {
+fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng) {
     let f = |n: usize| b.allocate(DType::F32, n).unwrap();
     let (mut p, g, mut m, mut v) = (f(5), f(5), f(5), f(5));
     let (mut p2, g2, mut m2, mut v2) = (f(3), f(3), f(3), f(4));

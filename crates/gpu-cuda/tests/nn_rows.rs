@@ -63,6 +63,7 @@ fn softmax_case<B: Rows>(b: &B, dev: &str, rng: &mut StdRng, rows: usize, cols: 
     let x = logits(rng, rows, cols, 12.0);
     let dy = random_vec(rng, rows * cols, 1.0);
     let y = softmax(&CPU, &x, cols);
+    check(&format!("{what} softmax"), &softmax(b, &x, cols), &y, EXACT);
     let want = softmax_bwd(&CPU, &y, &dy, cols);
     check(
         &format!("{what} softmax_bwd"),

@@ -5,7 +5,8 @@
 mod common;
 
 use common::*;
-use gpu_core::{Backend, BufferInfo, DType, GpuError, KernelOps, MatmulSpec, UnaryOp};
+use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, RowOps};
+use gpu_core::{Backend, BufferInfo, DType, GpuError, MatmulOps, MatmulSpec};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{CudaBackend, GpuTimer, ImageKind, KernelArg, LaunchConfig, LaunchPath};
 use half::{bf16, f16};
@@ -119,9 +120,9 @@ fn gpu_launchers_and_images_agree_bitwise() {
             gpu.set_image_kind(image);
             gpu.set_launch_path(path);
             let mut o = poisoned(&gpu, x.len());
-            gpu.unary(UnaryOp::Tanh, &xs, &mut o).unwrap();
+            gpu.activation_fwd(Activation::Tanh, &xs, &mut o).unwrap();
             let mut s = poisoned(&gpu, x.len());
-            gpu.softmax_rows(&xs, &mut s, x.len()).unwrap();
+            gpu.softmax_fwd(&xs, &mut s, x.len()).unwrap();
             results.push(((image, path), down(&gpu, &o), down(&gpu, &s)));
         }
     }
@@ -233,7 +234,7 @@ fn gpu_corrupt_module_images_are_typed_errors() {
     };
     // Bit flips inside a well-framed fatbin are not caught here: the driver trusts the payload
     // (embedded kernels are protected by their sha256 instead, see gpu_kernels::KernelModule).
-    let real = gpu_kernels::module("elementwise").unwrap();
+    let real = gpu_kernels::module("nn_elementwise").unwrap();
     let garbage_ptx = ".version 9.0\n.target sm_80\n.address_size 64\n.visible .entry f( { garbage";
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("empty", vec![]),
@@ -256,11 +257,13 @@ fn gpu_corrupt_module_images_are_typed_errors() {
         }
     }
     // The backend is still usable.
-    let k = gpu.load_kernel_image(real.fatbin, "add_f32").unwrap();
-    assert_eq!(k.name(), "add_f32");
+    let k = gpu
+        .load_kernel_image(real.fatbin, "act_fwd_relu_f32")
+        .unwrap();
+    assert_eq!(k.name(), "act_fwd_relu_f32");
     let x = up(&gpu, &[2.0, -3.0]);
     let mut o = poisoned(&gpu, 2);
-    gpu.unary(UnaryOp::Relu, &x, &mut o).unwrap();
+    gpu.activation_fwd(Activation::Relu, &x, &mut o).unwrap();
     assert_eq!(down(&gpu, &o), vec![2.0, 0.0]);
 }
 
@@ -305,25 +308,28 @@ fn gpu_shape_errors_match_the_cpu() {
     let (a, b) = (up(&gpu, &[1.0; 6]), up(&gpu, &[1.0; 5]));
     let mut o = poisoned(&gpu, 6);
     assert!(matches!(
-        gpu.binary(gpu_core::BinaryOp::Add, &a, &b, &mut o),
+        gpu.broadcast_binary(BinaryKind::Add, &a, &[6], &b, &[6], &mut o),
         Err(GpuError::ShapeMismatch { .. })
     ));
     assert!(matches!(
-        gpu.softmax_rows(&a, &mut o, 4),
+        gpu.softmax_fwd(&a, &mut o, 4),
         Err(GpuError::ShapeMismatch { .. })
     ));
     assert!(matches!(
-        gpu.softmax_rows(&a, &mut o, 0),
+        gpu.softmax_fwd(&a, &mut o, 0),
         Err(GpuError::InvalidShape { .. })
     ));
     let g = up(&gpu, &[1.0; 3]);
-    assert!(gpu.layernorm_rows(&a, &g, &g, &mut o, 3, -1.0).is_err());
+    let (mut mean, mut rstd) = (poisoned(&gpu, 2), poisoned(&gpu, 2));
+    assert!(gpu
+        .layernorm_fwd(&a, &g, &g, &mut o, &mut mean, &mut rstd, 3, -1.0)
+        .is_err());
     assert!(gpu
         .matmul(MatmulSpec::new(2, 3, 2), &a, &a, &mut o)
         .is_err());
     let h = gpu.upload(&[f16::ONE; 6]).unwrap();
     assert!(matches!(
-        gpu.unary(UnaryOp::Relu, &h, &mut o),
+        gpu.activation_fwd(Activation::Relu, &h, &mut o),
         Err(GpuError::UnsupportedDType { .. })
     ));
 }
@@ -337,7 +343,7 @@ fn gpu_events_time_device_work() {
     let mut y = gpu.allocate(DType::F32, 1 << 24).unwrap();
     let timer = GpuTimer::new(&gpu).unwrap();
     let ms = timer
-        .time(&gpu, || gpu.unary(UnaryOp::Relu, &x, &mut y))
+        .time(&gpu, || gpu.activation_fwd(Activation::Relu, &x, &mut y))
         .unwrap();
     assert!(ms > 0.0 && ms < 10_000.0, "{ms} ms");
 }

@@ -5,21 +5,12 @@ use crate::KernelModule;
 /// Every embedded kernel module, sorted by name.
 pub static MODULES: &[KernelModule] = &[
     KernelModule {
-        name: "elementwise",
-        ptx: include_str!("../kernels/elementwise.ptx"),
-        fatbin: include_bytes!("../kernels/elementwise.fatbin"),
-        source_sha256: "bf9ef2b1b912a8ac903ac3c7d7c14b7e3cb9ae7e527eb184b244c0dcd1865480",
-        ptx_sha256: "ed279dcfa0623e44612ea3970881ddb259da7aaa2b8e9fb3674a10632d2ee34d",
-        fatbin_sha256: "1f4721cb4496413492ec24853163e65f0f8753796e694dd29aba5062d031b6ed",
-        kernels: &["add_f32", "mul_f32", "relu_f32", "sigmoid_f32", "tanh_f32", "vector_add_f32"],
-    },
-    KernelModule {
         name: "nn_attention",
         ptx: include_str!("../kernels/nn_attention.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
         source_sha256: "683ce4bf1fcb682cb4d32e25ed49f226d47f96e6f43acd7f5107c5c25a82ace1",
         ptx_sha256: "7e3b79dfe46549e2b1467e03776f1ab02de7195a1538782f10b567e19a983ef8",
-        fatbin_sha256: "91b1da58b33d7584afbe599236b255aeecd3fa3b50c02dc493c1d98aa45ccf75",
+        fatbin_sha256: "69ebcb46da3713b9d7662c825dc4d7e3d1c7a90aeb3b7c9e479e23ce47a7e4aa",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {
@@ -62,18 +53,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_rows",
         ptx: include_str!("../kernels/nn_rows.ptx"),
         fatbin: include_bytes!("../kernels/nn_rows.fatbin"),
-        source_sha256: "fe6aab4bc82224b707e485e9c4c2924a2a862abcfc37877888347a362d136eb1",
-        ptx_sha256: "a09abc13256d623f70c3c1fcc874f2d0ef4a75f8af316f267a2cbd59be128a4e",
-        fatbin_sha256: "9419af497fb8b801bfd904455e9e3fca41008bd7c607af73cfeafbd7f2cbb8ab",
-        kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32"],
-    },
-    KernelModule {
-        name: "softmax",
-        ptx: include_str!("../kernels/softmax.ptx"),
-        fatbin: include_bytes!("../kernels/softmax.fatbin"),
-        source_sha256: "0772ced83db6bfc4d4a99148002303994054136e40d43844552e6a2b0c8d342b",
-        ptx_sha256: "320d6307bd24d832e187aac08ea708fe500fa051cd727651d4ed550c21d8c719",
-        fatbin_sha256: "4bb6016f9e610c1ce7d82d3d08f8673d5676d2b47196a3acc3ce6ee2a3a9aa94",
-        kernels: &["softmax_f32"],
+        source_sha256: "b874e1cec568f611f34b50c1501ee34347a3d453fdf0645dba66b6f4309b27b2",
+        ptx_sha256: "59e5f59637044aa600d1a23240b25d719ba7087c18f6cbb1ea4fdccfcc704cde",
+        fatbin_sha256: "2129a80e32c66ec328fd3e3d7a167f2f1300c0938aaec3ec647edb4c47e14513",
+        kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
 ];

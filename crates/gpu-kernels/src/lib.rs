@@ -10,7 +10,7 @@ pub use generated::MODULES;
 /// One compiled `.cu` file.
 #[derive(Debug, Clone, Copy)]
 pub struct KernelModule {
-    /// The source's file stem (`elementwise` for `kernels/elementwise.cu`).
+    /// The source's file stem (`nn_rows` for `kernels/nn_rows.cu`).
     pub name: &'static str,
     /// PTX for compute_80, JIT-compiled by the driver for the GPU at hand.
     pub ptx: &'static str,
@@ -105,19 +105,16 @@ mod tests {
             }
         }
         for k in [
-            "vector_add_f32",
-            "add_f32",
-            "mul_f32",
-            "relu_f32",
-            "sigmoid_f32",
-            "tanh_f32",
+            "binary_same_add_f32",
+            "act_fwd_relu_f32",
+            "act_bwd_tanh_f32",
         ] {
-            assert_eq!(module_of(k).map(|m| m.name), Some("elementwise"));
+            assert_eq!(module_of(k).map(|m| m.name), Some("nn_elementwise"));
         }
-        assert_eq!(module_of("softmax_f32").unwrap().name, "softmax");
+        assert_eq!(module_of("softmax_fwd_f32").unwrap().name, "nn_rows");
         assert_eq!(module_of("layernorm_fwd_f32").unwrap().name, "nn_rows");
         assert!(module_of("no_such_kernel").is_none());
-        assert!(module("softmax").is_some());
+        assert!(module("nn_rows").is_some());
         assert!(all_kernels().count() >= 8);
     }
 
@@ -126,7 +123,7 @@ mod tests {
         for m in MODULES {
             m.verify().unwrap();
         }
-        let m = module("elementwise").unwrap();
+        let m = module("nn_elementwise").unwrap();
         let mut flipped = m.fatbin.to_vec();
         let mid = flipped.len() / 2;
         flipped[mid] ^= 0x01;

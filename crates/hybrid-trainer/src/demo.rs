@@ -2,7 +2,7 @@
 //! against independent references, with the achieved GFLOP/s. Runs on the GPU when present.
 
 use anyhow::{ensure, Result};
-use gpu_core::{Backend, CpuBackend, DType, Device, KernelOps, MatmulSpec};
+use gpu_core::{Backend, CpuBackend, DType, Device, MatmulOps, MatmulSpec};
 use gpu_cuda::CudaBackend;
 use rand::Rng;
 use std::time::Instant;
@@ -40,7 +40,7 @@ pub fn run(device: Device, n: usize) -> Result<DemoReport> {
     }
 }
 
-fn run_on<B: KernelOps>(b: &B, device: Device, n: usize) -> Result<DemoReport> {
+fn run_on<B: MatmulOps>(b: &B, device: Device, n: usize) -> Result<DemoReport> {
     println!(
         "device: {device} = {} ({:?})",
         b.device_name(),

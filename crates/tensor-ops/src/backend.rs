@@ -2,15 +2,15 @@
 
 use crate::storage::Storage;
 use gpu_core::nn::NnOps;
-use gpu_core::{CpuBackend, Device, GpuError, KernelOps, Result};
+use gpu_core::{CpuBackend, Device, GpuError, Result};
 use gpu_cuda::CudaBackend;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-/// A backend that tensors can run on: the NN ops plus the HAL's kernels, and how its buffers
+/// A backend that tensors can run on: every op family, and how its buffers
 /// sit inside a [`Storage`].
-pub(crate) trait DeviceBackend: NnOps + KernelOps {
+pub(crate) trait DeviceBackend: NnOps {
     fn get(s: &Storage) -> Result<&Self::Buffer>;
     fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer>;
     fn wrap(buf: Self::Buffer) -> Storage;

@@ -113,7 +113,7 @@ impl Tensor {
         let numel = Shape::from(shape).checked_numel()?;
         let storage = crate::backend::on_device!(device, |b| {
             let mut buf = b.allocate(DType::F32, numel)?;
-            gpu_core::KernelOps::fill(b, &mut buf, value)?;
+            gpu_core::nn::ElementwiseOps::fill(b, &mut buf, value)?;
             crate::ops::wrap(b, buf)
         });
         Ok(Tensor::from_storage(storage, shape.to_vec(), device))

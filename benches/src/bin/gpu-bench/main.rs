@@ -7,7 +7,8 @@ mod nn;
 use anyhow::{bail, Context, Result};
 use benches::{median, Row};
 use clap::Parser;
-use gpu_core::{Backend, BinaryOp, DType, KernelOps, MatmulSpec, UnaryOp};
+use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, RowOps};
+use gpu_core::{Backend, DType, MatmulOps, MatmulSpec};
 use gpu_cuda::{CudaBackend, CudaBuffer, GpuTimer};
 use rand::Rng;
 use std::collections::HashMap;
@@ -124,42 +125,22 @@ fn measure(b: &Bench) -> Result<Vec<Row>> {
     let ys = [b.random(n)?, b.random(n)?];
     let mut o = b.out(n)?;
     let size = format!("{ROWS}×{COLS} f32");
-    let us = b.time(|i| b.gpu.vector_add(&xs[i % 2], &ys[i % 2], &mut o))?;
-    rows.push(row(
-        "vector_add",
-        format!("vector_add (seed B, 1 thread/element) {size}"),
-        us,
-        Some(3.0 * nb),
-        None,
-    ));
-    for (id, op) in [("add", BinaryOp::Add), ("mul", BinaryOp::Mul)] {
-        let us = b.time(|i| b.gpu.binary(op, &xs[i % 2], &ys[i % 2], &mut o))?;
+    for (id, op) in [("add", BinaryKind::Add), ("mul", BinaryKind::Mul)] {
+        let us = b.time(|i| {
+            b.gpu
+                .broadcast_binary(op, &xs[i % 2], &[n], &ys[i % 2], &[n], &mut o)
+        })?;
         rows.push(row(id, format!("{id} {size}"), us, Some(3.0 * nb), None));
     }
-    for (id, op) in [
-        ("relu", UnaryOp::Relu),
-        ("sigmoid", UnaryOp::Sigmoid),
-        ("tanh", UnaryOp::Tanh),
-    ] {
-        let us = b.time(|i| b.gpu.unary(op, &xs[i % 2], &mut o))?;
+    for op in [Activation::Relu, Activation::Sigmoid, Activation::Tanh] {
+        let us = b.time(|i| b.gpu.activation_fwd(op, &xs[i % 2], &mut o))?;
+        let id = op.name();
         rows.push(row(id, format!("{id} {size}"), us, Some(2.0 * nb), None));
     }
-    let us = b.time(|i| b.gpu.softmax_rows(&xs[i % 2], &mut o, COLS))?;
+    let us = b.time(|i| b.gpu.softmax_fwd(&xs[i % 2], &mut o, COLS))?;
     rows.push(row(
         "softmax",
         format!("softmax over rows {size}"),
-        us,
-        Some(2.0 * nb),
-        None,
-    ));
-    let (g, be) = (b.random(COLS)?, b.random(COLS)?);
-    let us = b.time(|i| {
-        b.gpu
-            .layernorm_rows(&xs[i % 2], &g, &be, &mut o, COLS, 1e-5)
-    })?;
-    rows.push(row(
-        "layernorm",
-        format!("layernorm forward {size}"),
         us,
         Some(2.0 * nb),
         None,

@@ -6,7 +6,6 @@ use crate::{row, Bench, COLS, ROWS};
 use anyhow::Result;
 use benches::Row;
 use gpu_core::nn::{Activation, AdamWConfig, AttentionOps, ElementwiseOps, OptimOps, RowOps};
-use gpu_core::KernelOps;
 use gpu_cuda::CudaBuffer;
 use std::time::Instant;
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig};
@@ -33,7 +32,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     }
     // Softmax backward on a real softmax output.
     let mut y = b.out(n)?;
-    b.gpu.softmax_rows(&xs[0], &mut y, cols)?;
+    b.gpu.softmax_fwd(&xs[0], &mut y, cols)?;
     let us = b.time(|i| b.gpu.softmax_bwd(&y, &dys[i % 2], &mut o, cols))?;
     rows.push(row(
         "softmax_bwd",

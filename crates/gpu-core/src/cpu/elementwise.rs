@@ -115,6 +115,16 @@ fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
 }
 
 impl ElementwiseOps for CpuBackend {
+    fn fill(&self, buf: &mut CpuStorage, value: f32) -> Result<()> {
+        match buf {
+            CpuStorage::F32(v) => v.fill(value),
+            CpuStorage::F16(v) => v.fill(half::f16::from_f32(value)),
+            CpuStorage::BF16(v) => v.fill(half::bf16::from_f32(value)),
+            CpuStorage::U32(v) => v.fill(value as u32),
+        }
+        Ok(())
+    }
+
     fn broadcast_binary(
         &self,
         op: BinaryKind,

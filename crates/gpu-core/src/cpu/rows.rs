@@ -34,6 +34,18 @@ fn check_ids(op: &'static str, what: &str, ids: &[u32], bound: usize) -> Result<
 }
 
 impl RowOps for CpuBackend {
+    fn softmax_fwd(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
+        check_rows("softmax_fwd", x, out, cols)?;
+        let x = x.as_f32()?;
+        for_rows(out.as_f32_mut()?, cols, |r, or| {
+            let (max, sum) = max_sumexp(&x[r * cols..][..cols]);
+            for (o, &v) in or.iter_mut().zip(&x[r * cols..][..cols]) {
+                *o = ((v as f64 - max).exp() / sum) as f32;
+            }
+        });
+        Ok(())
+    }
+
     fn softmax_bwd(
         &self,
         y: &CpuStorage,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::nn::{Activation, BinaryKind, ElementwiseOps, RowOps};
 use approx::assert_relative_eq;
 
 #[test]
@@ -36,25 +37,28 @@ fn elementwise_and_activations() {
     let a = cpu.upload(&[1.0f32, -2.0, 3.0]).unwrap();
     let b = cpu.upload(&[4.0f32, 5.0, -6.0]).unwrap();
     let mut o = cpu.allocate(DType::F32, 3).unwrap();
-    cpu.vector_add(&a, &b, &mut o).unwrap();
+    let bin = |op, o: &mut CpuStorage| cpu.broadcast_binary(op, &a, &[3], &b, &[3], o);
+    bin(BinaryKind::Add, &mut o).unwrap();
     assert_eq!(o.as_f32().unwrap(), &[5.0, 3.0, -3.0]);
-    cpu.binary(BinaryOp::Mul, &a, &b, &mut o).unwrap();
+    bin(BinaryKind::Mul, &mut o).unwrap();
     assert_eq!(o.as_f32().unwrap(), &[4.0, -10.0, -18.0]);
-    cpu.unary(UnaryOp::Relu, &a, &mut o).unwrap();
+    cpu.activation_fwd(Activation::Relu, &a, &mut o).unwrap();
     assert_eq!(o.as_f32().unwrap(), &[1.0, 0.0, 3.0]);
-    cpu.unary(UnaryOp::Sigmoid, &a, &mut o).unwrap();
+    cpu.activation_fwd(Activation::Sigmoid, &a, &mut o).unwrap();
     assert_relative_eq!(o.as_f32().unwrap()[0], 0.731_058_6, max_relative = 1e-6);
-    cpu.unary(UnaryOp::Tanh, &a, &mut o).unwrap();
+    cpu.activation_fwd(Activation::Tanh, &a, &mut o).unwrap();
     assert_relative_eq!(
         o.as_f32().unwrap()[1],
         (-2.0f32).tanh(),
         max_relative = 1e-6
     );
     let short = cpu.upload(&[1.0f32]).unwrap();
-    assert!(cpu.binary(BinaryOp::Add, &a, &short, &mut o).is_err());
+    assert!(cpu
+        .broadcast_binary(BinaryKind::Add, &a, &[3], &short, &[3], &mut o)
+        .is_err());
     let half = cpu.upload(&[f16::ONE; 3]).unwrap();
     assert!(matches!(
-        cpu.unary(UnaryOp::Relu, &half, &mut o),
+        cpu.activation_fwd(Activation::Relu, &half, &mut o),
         Err(GpuError::UnsupportedDType { .. })
     ));
 }
@@ -66,27 +70,34 @@ fn softmax_and_layernorm_rows() {
         .upload(&[1.0f32, 2.0, 3.0, 1000.0, 1000.0, 1000.0])
         .unwrap();
     let mut o = cpu.allocate(DType::F32, 6).unwrap();
-    cpu.softmax_rows(&x, &mut o, 3).unwrap();
+    cpu.softmax_fwd(&x, &mut o, 3).unwrap();
     let o = o.as_f32().unwrap().to_vec();
     assert_relative_eq!(o[0] + o[1] + o[2], 1.0, max_relative = 1e-6);
     assert_relative_eq!(o[2], 0.665_240_9, max_relative = 1e-6);
     assert_relative_eq!(o[4], 1.0 / 3.0, max_relative = 1e-6);
     let mut o = cpu.allocate(DType::F32, 6).unwrap();
-    assert!(cpu.softmax_rows(&x, &mut o, 4).is_err());
-    assert!(cpu.softmax_rows(&x, &mut o, 0).is_err());
+    assert!(cpu.softmax_fwd(&x, &mut o, 4).is_err());
+    assert!(cpu.softmax_fwd(&x, &mut o, 0).is_err());
 
     let g = cpu.upload(&[1.0f32, 2.0, 1.0]).unwrap();
     let b = cpu.upload(&[0.0f32, 0.0, 1.0]).unwrap();
-    cpu.layernorm_rows(&x, &g, &b, &mut o, 3, 1e-5).unwrap();
+    let (mut mean, mut rstd) = (
+        cpu.allocate(DType::F32, 2).unwrap(),
+        cpu.allocate(DType::F32, 2).unwrap(),
+    );
+    cpu.layernorm_fwd(&x, &g, &b, &mut o, &mut mean, &mut rstd, 3, 1e-5)
+        .unwrap();
     let o = o.as_f32().unwrap();
     assert_relative_eq!(o[0], -1.224_736_8, max_relative = 1e-5);
     assert_relative_eq!(o[1], 0.0, epsilon = 1e-6);
     assert_relative_eq!(o[2], 2.224_736_8, max_relative = 1e-5);
     let mut o2 = cpu.allocate(DType::F32, 6).unwrap();
     assert!(cpu
-        .layernorm_rows(&x, &g, &b, &mut o2, 3, f32::NAN)
+        .layernorm_fwd(&x, &g, &b, &mut o2, &mut mean, &mut rstd, 3, f32::NAN)
         .is_err());
-    assert!(cpu.layernorm_rows(&x, &g, &b, &mut o2, 2, 1e-5).is_err());
+    assert!(cpu
+        .layernorm_fwd(&x, &g, &b, &mut o2, &mut mean, &mut rstd, 2, 1e-5)
+        .is_err());
 }
 
 #[test]

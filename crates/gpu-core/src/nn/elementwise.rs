@@ -41,6 +41,10 @@ pub enum ReduceKind {
 /// Shapes are row-major dims. "Axis layout" `(outer, n, inner)` means the tensor is viewed as
 /// `[outer, n, inner]` and the operation runs along the middle axis.
 pub trait ElementwiseOps: Backend {
+    /// Sets every element of `buf` (any dtype; u32 gets `value as u32`) to `value`; used to
+    /// initialise tensors and to poison outputs before a launch in the tests.
+    fn fill(&self, buf: &mut Self::Buffer, value: f32) -> Result<()>;
+
     /// `out = a ∘ b` with NumPy broadcasting: `a_shape` and `b_shape` are right-aligned, each
     /// dim equal or 1 (missing dims count as 1). `out` has the broadcast shape's element count.
     fn broadcast_binary(
@@ -168,6 +172,20 @@ pub fn dropout_keep(seed: u64, i: u64, p: f32) -> bool {
 }
 
 impl Activation {
+    /// The op's name: the tensor op's name and the `{name}` of its kernels
+    /// `act_fwd_{name}_f32` and `act_bwd_{name}_f32`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+            Activation::Silu => "silu",
+            Activation::Sigmoid => "sigmoid",
+            Activation::Tanh => "tanh",
+            Activation::Exp => "exp",
+            Activation::Log => "log",
+        }
+    }
+
     /// Every activation, in declaration order.
     pub const ALL: [Activation; 7] = [
         Activation::Relu,
@@ -181,6 +199,17 @@ impl Activation {
 }
 
 impl BinaryKind {
+    /// The op's name: the tensor op's name and the `{name}` of its kernels
+    /// `binary_{same,2d,nd}_{name}_f32`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BinaryKind::Add => "add",
+            BinaryKind::Sub => "sub",
+            BinaryKind::Mul => "mul",
+            BinaryKind::Div => "div",
+        }
+    }
+
     /// Every binary operation, in declaration order.
     pub const ALL: [BinaryKind; 4] = [
         BinaryKind::Add,

@@ -16,6 +16,8 @@ pub use elementwise::{Activation, BinaryKind, ElementwiseOps, ReduceKind};
 pub use optim::{AdamWConfig, OptimOps};
 pub use rows::RowOps;
 
-/// Every NN family together: what `tensor-ops` needs from a backend.
-pub trait NnOps: ElementwiseOps + RowOps + AttentionOps + OptimOps {}
-impl<B: ElementwiseOps + RowOps + AttentionOps + OptimOps> NnOps for B {}
+pub use crate::ops::MatmulOps;
+
+/// Every op family together: what `tensor-ops` needs from a backend.
+pub trait NnOps: ElementwiseOps + RowOps + AttentionOps + OptimOps + MatmulOps {}
+impl<B: ElementwiseOps + RowOps + AttentionOps + OptimOps + MatmulOps> NnOps for B {}

@@ -7,9 +7,12 @@ use crate::error::{GpuError, Result};
 use crate::ops::{check_elementwise, check_rows, require_f32, BufferInfoDyn};
 
 /// Row-wise operations (the forward softmax and LayerNorm without saved statistics live in
-/// [`crate::KernelOps`]).
+/// [`crate::nn::ElementwiseOps`]).
 pub trait RowOps: Backend {
     /// Softmax backward: `dx = y ∘ (dy − Σ_row(dy ∘ y))`, `y` the forward output.
+    /// `out = softmax(x)` over each `cols`-wide row (a row of all −inf gives NaN, as in PyTorch).
+    fn softmax_fwd(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()>;
+
     fn softmax_bwd(
         &self,
         y: &Self::Buffer,

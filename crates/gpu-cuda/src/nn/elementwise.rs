@@ -18,27 +18,6 @@ use plan::{BinaryPath, ReducePlan, REDUCE_THREADS};
 /// Threads per block of the streaming kernels.
 const BLOCK: u32 = 256;
 
-fn binary_name(op: BinaryKind) -> &'static str {
-    match op {
-        BinaryKind::Add => "add",
-        BinaryKind::Sub => "sub",
-        BinaryKind::Mul => "mul",
-        BinaryKind::Div => "div",
-    }
-}
-
-fn activation_name(op: Activation) -> &'static str {
-    match op {
-        Activation::Relu => "relu",
-        Activation::Gelu => "gelu",
-        Activation::Silu => "silu",
-        Activation::Sigmoid => "sigmoid",
-        Activation::Tanh => "tanh",
-        Activation::Exp => "exp",
-        Activation::Log => "log",
-    }
-}
-
 fn u64_arg(v: usize) -> KernelArg {
     KernelArg::U64(v as u64)
 }
@@ -107,6 +86,16 @@ impl CudaBackend {
 }
 
 impl ElementwiseOps for CudaBackend {
+    fn fill(&self, buf: &mut CudaBuffer, value: f32) -> Result<()> {
+        // The same bit patterns as the CPU's fill: a driver memset of the element's bits.
+        match buf.dtype() {
+            DType::F32 => self.memset32(buf, value.to_bits()),
+            DType::U32 => self.memset32(buf, value as u32),
+            DType::F16 => self.memset16(buf, half::f16::from_f32(value).to_bits()),
+            DType::BF16 => self.memset16(buf, half::bf16::from_f32(value).to_bits()),
+        }
+    }
+
     fn broadcast_binary(
         &self,
         op: BinaryKind,
@@ -121,7 +110,7 @@ impl ElementwiseOps for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let name = binary_name(op);
+        let name = op.name();
         match plan::binary_path(a_shape, b_shape, &shape) {
             BinaryPath::Same => {
                 let args = [a.into(), b.into(), out.into(), u64_arg(n)];
@@ -192,7 +181,7 @@ impl ElementwiseOps for CudaBackend {
             return Ok(());
         }
         let args = [x.into(), out.into(), u64_arg(n)];
-        let kernel = format!("act_fwd_{}_f32", activation_name(op));
+        let kernel = format!("act_fwd_{}_f32", op.name());
         // SAFETY: act_fwd_{op}_f32(const float* x, float* out, u64 n); both hold n f32, 256-byte
         // aligned for the float4 accesses.
         unsafe { self.launch(&kernel, self.stride_grid(n.div_ceil(4)), &args) }
@@ -212,7 +201,7 @@ impl ElementwiseOps for CudaBackend {
             return Ok(());
         }
         let args = [x.into(), y.into(), dy.into(), dx.into(), u64_arg(n)];
-        let kernel = format!("act_bwd_{}_f32", activation_name(op));
+        let kernel = format!("act_bwd_{}_f32", op.name());
         // SAFETY: act_bwd_{op}_f32(const float* x, const float* y, const float* dy, float* dx,
         // u64 n); all four hold n f32, 256-byte aligned.
         unsafe { self.launch(&kernel, self.stride_grid(n.div_ceil(4)), &args) }

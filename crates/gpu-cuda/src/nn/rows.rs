@@ -185,6 +185,19 @@ impl RowOps for CudaBackend {
         unsafe { self.launch("softmax_bwd_f32", g.cfg, &args) }
     }
 
+    fn softmax_fwd(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
+        const OP: &str = "softmax_fwd";
+        let rows = check_rows(OP, x, out, cols)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(OP, rows, cols, 1)?;
+        let args = [&[x.into(), out.into()], &g.args(true)[..]].concat();
+        // SAFETY: softmax_fwd_f32(const float* x, float* out, u32 cols, u32 rows, u32 cached):
+        // both hold rows·cols f32 (checked); cols floats of shared memory per group when cached.
+        unsafe { self.launch("softmax_fwd_f32", g.cfg, &args) }
+    }
+
     fn log_softmax_fwd(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
         const OP: &str = "log_softmax_fwd";
         let rows = check_rows(OP, x, out, cols)?;

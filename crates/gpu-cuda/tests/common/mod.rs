@@ -1,7 +1,8 @@
 //! Shared helpers of the GPU tests: fresh random inputs, error metrics, poisoning.
 #![allow(dead_code)]
 
-use gpu_core::{Backend, BufferInfo, CpuBackend, KernelOps};
+use gpu_core::nn::ElementwiseOps;
+use gpu_core::{Backend, BufferInfo, CpuBackend};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Awkward sizes: empty, one, below a warp, below a block of float4s, above a million and odd.
@@ -67,7 +68,7 @@ pub fn up<B: Backend>(b: &B, data: &[f32]) -> B::Buffer {
 }
 
 /// An output buffer of `n` f32 poisoned with NaN, so an element the kernel skips fails the check.
-pub fn poisoned<B: KernelOps>(b: &B, n: usize) -> B::Buffer {
+pub fn poisoned<B: ElementwiseOps>(b: &B, n: usize) -> B::Buffer {
     let mut out = b.allocate(gpu_core::DType::F32, n).expect("allocate");
     b.fill(&mut out, f32::NAN).expect("poison");
     out

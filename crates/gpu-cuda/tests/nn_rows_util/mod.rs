@@ -3,12 +3,13 @@
 #![allow(dead_code)]
 
 use crate::common::{down, poisoned, random_vec, up, CPU};
+use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::RowOps;
-use gpu_core::{Backend, KernelOps};
+use gpu_core::Backend;
 
 /// What every wrapper needs from a backend.
-pub trait Rows: RowOps + KernelOps {}
-impl<B: RowOps + KernelOps> Rows for B {}
+pub trait Rows: RowOps + ElementwiseOps {}
+impl<B: RowOps + ElementwiseOps> Rows for B {}
 
 pub fn up_u32<B: Backend>(b: &B, v: &[u32]) -> B::Buffer {
     b.upload(v).expect("upload u32")
@@ -16,7 +17,7 @@ pub fn up_u32<B: Backend>(b: &B, v: &[u32]) -> B::Buffer {
 
 pub fn softmax<B: Rows>(b: &B, x: &[f32], cols: usize) -> Vec<f32> {
     let mut o = poisoned(b, x.len());
-    b.softmax_rows(&up(b, x), &mut o, cols).unwrap();
+    b.softmax_fwd(&up(b, x), &mut o, cols).unwrap();
     down(b, &o)
 }
 

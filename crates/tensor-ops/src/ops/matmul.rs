@@ -2,7 +2,7 @@
 
 use super::{buf, compute, numel};
 use crate::tensor::{require_f32, same_device, Tensor};
-use gpu_core::{GpuError, KernelOps, MatmulSpec, Result};
+use gpu_core::{GpuError, MatmulOps, MatmulSpec, Result};
 
 /// How two operands line up: `batch` products of `m × k` by `k × n`.
 struct Plan {

@@ -5,7 +5,7 @@ use super::{buf, compute, numel};
 use crate::backend::on_device;
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::nn::{AttentionOps, RowOps};
-use gpu_core::{Backend, DType, GpuError, KernelOps, Result};
+use gpu_core::{Backend, DType, GpuError, Result};
 
 fn last_dim(op: &'static str, t: &Tensor) -> Result<usize> {
     t.shape()
@@ -39,7 +39,7 @@ impl Tensor {
         let st = compute!(dev, self.numel(), |be, out| if log {
             be.log_softmax_fwd(buf(be, &g)?, &mut out, cols)
         } else {
-            be.softmax_rows(buf(be, &g)?, &mut out, cols)
+            be.softmax_fwd(buf(be, &g)?, &mut out, cols)
         });
         drop(g);
         Ok(Tensor::from_op(
