@@ -1,6 +1,6 @@
 //! Matrix products on cuBLAS / the CPU GEMM, with transposed operands taken as flags (no copies).
 
-use super::{buf, compute, numel};
+use super::{buf, checked_numel, compute, numel};
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::{GpuError, KernelOps, MatmulSpec, Result};
 
@@ -41,6 +41,8 @@ fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
     let lead = &sa[..ra - 2];
     let mut out_shape = lead.to_vec();
     out_shape.extend([am, bn]);
+    // With k = 0 the operands can be empty while the output is not: its size is checked.
+    checked_numel("matmul", &out_shape)?;
     if rb == 2 && !ta {
         // Fold a's leading dims into m: one GEMM against the shared matrix.
         let m = numel(lead) * am;
