@@ -120,11 +120,12 @@ impl Tensor {
                     g.matmul_t(&b, false, !tb)?
                 };
                 let db = if folded {
-                    // A folded to [M, k] against the shared B: one GEMM over all rows.
-                    let k = a.shape()[a.rank() - 1];
-                    let a2 = a.reshape(&[a.numel() / k.max(1), k])?;
-                    let n = g.shape()[g.rank() - 1];
-                    let g2 = g.reshape(&[g.numel() / n.max(1), n])?;
+                    // A folded to [M, k] against the shared B: one GEMM over all rows. M is the
+                    // product of the leading dims (not numel / k: k or n may be 0).
+                    let as2 = [numel(&a.shape()[..a.rank() - 1]), a.shape()[a.rank() - 1]];
+                    let a2 = a.reshape(&as2)?;
+                    let gs2 = [numel(&g.shape()[..g.rank() - 1]), g.shape()[g.rank() - 1]];
+                    let g2 = g.reshape(&gs2)?;
                     if tb {
                         g2.matmul_t(&a2, true, false)?
                     } else {

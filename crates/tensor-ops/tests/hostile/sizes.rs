@@ -61,3 +61,49 @@ fn narrow_out_of_range_is_a_typed_error_even_when_start_plus_len_overflows() {
         }
     }
 }
+
+/// Products with an empty inner dim (`[3, 0]·[0, 4]` = zeros) or empty outer dims, forward and
+/// backward. The 2-D backward with k = 0 failed with `ShapeMismatch`: it folded `a` to
+/// `[numel / k.max(1), k]` = `[0, 0]` instead of `[3, 0]`.
+#[test]
+fn matmul_with_empty_inner_or_outer_dims_forward_and_backward_on_every_device() {
+    /// `a`, `b`, whether each is transposed, the output shape.
+    type Case<'a> = (&'a [usize], &'a [usize], bool, bool, &'a [usize]);
+    let cases: &[Case] = &[
+        (&[3, 0], &[0, 4], false, false, &[3, 4]),
+        (&[3, 0], &[4, 0], false, true, &[3, 4]),
+        (&[0, 3], &[0, 4], true, false, &[3, 4]),
+        (&[2, 3, 0], &[0, 4], false, false, &[2, 3, 4]),
+        (&[2, 3, 0], &[2, 0, 4], false, false, &[2, 3, 4]),
+        (&[0, 5], &[5, 4], false, false, &[0, 4]),
+        (&[3, 5], &[5, 0], false, false, &[3, 0]),
+        (&[0, 3, 5], &[5, 4], false, false, &[0, 3, 4]),
+        (&[0, 3, 5], &[0, 5, 4], false, false, &[0, 3, 4]),
+    ];
+    for dev in devices("matmul_with_empty_inner_or_outer_dims_forward_and_backward_on_every_device")
+    {
+        for &(sa, sb, ta, tb, so) in cases {
+            let t = |f: bool| if f { "ᵀ" } else { "" };
+            let what = format!("{dev}: {sa:?}{} · {sb:?}{}", t(ta), t(tb));
+            let leaf = |s: &[usize], v: f32| {
+                let n = s.iter().product();
+                Tensor::from_vec(vec![v; n], s, dev)
+                    .unwrap()
+                    .requires_grad_()
+            };
+            let (a, b) = (leaf(sa, 1.5), leaf(sb, -2.0));
+            let out = a.matmul_t(&b, ta, tb).unwrap();
+            assert_eq!(out.shape(), so, "{what}");
+            assert!(out.to_vec().unwrap().iter().all(|&v| v == 0.0), "{what}");
+            let grads = out.sum_all().unwrap().backward().unwrap_or_else(|e| {
+                panic!("{what}: backward failed: {e}");
+            });
+            // Every gradient is a sum over an empty dim or of an empty output: all zeros.
+            for t in [&a, &b] {
+                let g = grads.get(t).expect("a gradient");
+                assert_eq!(g.shape(), t.shape(), "{what}");
+                assert!(g.to_vec().unwrap().iter().all(|&v| v == 0.0), "{what}");
+            }
+        }
+    }
+}
