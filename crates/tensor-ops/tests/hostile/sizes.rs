@@ -107,3 +107,21 @@ fn matmul_with_empty_inner_or_outer_dims_forward_and_backward_on_every_device() 
         }
     }
 }
+
+fn is_out_of_memory<T: std::fmt::Debug>(what: &str, r: tensor_ops::Result<T>) {
+    match r {
+        Err(GpuError::OutOfMemory { .. }) => {}
+        other => panic!("{what}: expected OutOfMemory, got {other:?}"),
+    }
+}
+
+/// `Tensor::zeros(&[(1 << 61) + 1])` panicked in the CUDA pool ("attempt to divide by zero"
+/// while rounding 2^63 + 4 bytes): a typed out-of-memory error on every device.
+#[test]
+fn allocations_past_the_address_space_are_out_of_memory_on_every_device() {
+    for dev in devices("allocations_past_the_address_space_are_out_of_memory_on_every_device") {
+        is_out_of_memory("zeros 2^61 + 1", Tensor::zeros(&[(1 << 61) + 1], dev));
+        is_out_of_memory("zeros 2^62", Tensor::zeros(&[1 << 62], dev));
+        is_out_of_memory("ones 2^63", Tensor::ones(&[1 << 31, 1 << 32], dev));
+    }
+}
