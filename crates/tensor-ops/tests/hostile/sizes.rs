@@ -125,3 +125,19 @@ fn allocations_past_the_address_space_are_out_of_memory_on_every_device() {
         is_out_of_memory("ones 2^63", Tensor::ones(&[1 << 31, 1 << 32], dev));
     }
 }
+
+/// A request that fits the address space but not the device (4 TiB): on the CPU it aborted the
+/// process ("memory allocation of N bytes failed"); now OutOfMemory as on CUDA.
+#[test]
+fn allocations_the_device_cannot_hold_are_out_of_memory_on_every_device() {
+    for dev in devices("allocations_the_device_cannot_hold_are_out_of_memory_on_every_device") {
+        is_out_of_memory("zeros 4 TiB", Tensor::zeros(&[1 << 40], dev));
+        is_out_of_memory(
+            "randn 4 TiB",
+            Tensor::randn(&[1 << 20, 1 << 20], 1.0, 0, dev),
+        );
+        // The device still works afterwards.
+        let x = Tensor::ones(&[3], dev).unwrap();
+        assert_eq!(x.to_vec().unwrap(), vec![1.0; 3]);
+    }
+}
