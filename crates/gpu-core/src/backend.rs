@@ -63,7 +63,7 @@ pub trait Backend {
 
     /// Copies a buffer back into a new host vector.
     fn download<T: Element>(&self, src: &Self::Buffer) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); src.len()];
+        let mut out = crate::cpu::try_filled_vec(src.len(), T::default())?;
         self.copy_from_device(src, &mut out)?;
         Ok(out)
     }

@@ -10,6 +10,10 @@ use crate::error::{GpuError, Result};
 use crate::ops::{self, MatmulOps, MatmulSpec};
 use half::{bf16, f16};
 
+pub use host::{
+    out_of_memory, try_filled_vec, try_to_vec, try_vec_with_capacity, try_zeroed_vec, ZeroBits,
+};
+
 /// Host memory of one dtype.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CpuStorage {
@@ -70,6 +74,43 @@ impl CpuStorage {
     }
 }
 
+impl CpuStorage {
+    /// Storage that takes over `data` (no copy).
+    pub fn from_vec<T: Element>(data: Vec<T>) -> Result<CpuStorage> {
+        let any: Box<dyn std::any::Any> = Box::new(data);
+        let any = match any.downcast::<Vec<f32>>() {
+            Ok(v) => return Ok(CpuStorage::F32(*v)),
+            Err(a) => a,
+        };
+        let any = match any.downcast::<Vec<f16>>() {
+            Ok(v) => return Ok(CpuStorage::F16(*v)),
+            Err(a) => a,
+        };
+        let any = match any.downcast::<Vec<bf16>>() {
+            Ok(v) => return Ok(CpuStorage::BF16(*v)),
+            Err(a) => a,
+        };
+        match any.downcast::<Vec<u32>>() {
+            Ok(v) => Ok(CpuStorage::U32(*v)),
+            Err(_) => Err(GpuError::UnsupportedDType {
+                op: "CpuStorage::from_vec",
+                dtype: T::DTYPE,
+                backend: "cpu (an Element type other than f32, f16, bf16, u32)",
+            }),
+        }
+    }
+
+    /// A copy, or [`GpuError::OutOfMemory`] when the host cannot hold one.
+    pub fn try_clone(&self) -> Result<CpuStorage> {
+        Ok(match self {
+            CpuStorage::F32(v) => CpuStorage::F32(try_to_vec(v)?),
+            CpuStorage::F16(v) => CpuStorage::F16(try_to_vec(v)?),
+            CpuStorage::BF16(v) => CpuStorage::BF16(try_to_vec(v)?),
+            CpuStorage::U32(v) => CpuStorage::U32(try_to_vec(v)?),
+        })
+    }
+}
+
 impl BufferInfo for CpuStorage {
     fn len(&self) -> usize {
         match self {
@@ -127,19 +168,14 @@ impl Backend for CpuBackend {
         Ok(kib.map_or(usize::MAX, |k| k.saturating_mul(1024)))
     }
 
+    /// Zero-filled host memory; a request the host cannot hold (past `isize::MAX`, past RAM plus
+    /// swap, or refused by the allocator) is [`GpuError::OutOfMemory`], never an abort.
     fn allocate(&self, dtype: DType, len: usize) -> Result<CpuStorage> {
-        let bytes = len.checked_mul(dtype.size_in_bytes());
-        if bytes.is_none_or(|b| b > isize::MAX as usize) {
-            return Err(GpuError::OutOfMemory {
-                requested: bytes.unwrap_or(usize::MAX),
-                free: self.memory_available()?,
-            });
-        }
         Ok(match dtype {
-            DType::F32 => CpuStorage::F32(vec![0.0; len]),
-            DType::F16 => CpuStorage::F16(vec![f16::ZERO; len]),
-            DType::BF16 => CpuStorage::BF16(vec![bf16::ZERO; len]),
-            DType::U32 => CpuStorage::U32(vec![0; len]),
+            DType::F32 => CpuStorage::F32(try_zeroed_vec(len)?),
+            DType::F16 => CpuStorage::F16(try_zeroed_vec(len)?),
+            DType::BF16 => CpuStorage::BF16(try_zeroed_vec(len)?),
+            DType::U32 => CpuStorage::U32(try_zeroed_vec(len)?),
         })
     }
 
@@ -234,6 +270,7 @@ pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
 
 mod attention;
 mod elementwise;
+mod host;
 mod optim;
 mod par;
 mod rows;

@@ -23,15 +23,12 @@ impl Shape {
         self.0.len()
     }
 
-    /// Number of elements, or an error when the product overflows `usize`.
+    /// Number of elements, or an error when the shape is too large (see [`checked_numel`]).
     pub fn checked_numel(&self) -> Result<usize> {
-        self.0
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| GpuError::InvalidShape {
-                op: "shape",
-                reason: format!("{self} has more elements than fit in usize"),
-            })
+        checked_numel(&self.0).ok_or_else(|| GpuError::InvalidShape {
+            op: "shape",
+            reason: format!("{self} has more elements than fit in usize"),
+        })
     }
 
     /// Number of elements (saturating; use [`Shape::checked_numel`] for untrusted shapes).
@@ -55,6 +52,17 @@ impl Shape {
             Some((&cols, rest)) => (rest.iter().product(), cols),
         }
     }
+}
+
+/// The element count of `dims` (0 when a dim is 0), or `None` when the product of the non-zero
+/// dims overflows `usize`. A shape that passes has every partial product (of any subset of its
+/// dims, in any order) within `usize` too, so code handling it may multiply its dims freely.
+pub fn checked_numel(dims: &[usize]) -> Option<usize> {
+    let nonzero = dims
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
+    Some(if dims.contains(&0) { 0 } else { nonzero })
 }
 
 impl From<&[usize]> for Shape {
@@ -87,5 +95,17 @@ mod tests {
         assert_eq!(s.as_rows(), (6, 4));
         assert_eq!(Shape::new(vec![]).numel(), 1);
         assert!(Shape::from([usize::MAX, 2]).checked_numel().is_err());
+    }
+
+    /// A zero dim makes the count 0, but the other dims must still multiply within usize (so
+    /// sub-products such as the outer·inner of a reduction over the zero dim cannot overflow).
+    #[test]
+    fn checked_numel_rejects_overflow_wherever_the_zero_dims_sit() {
+        assert_eq!(checked_numel(&[3, 0, 4]), Some(0));
+        assert_eq!(checked_numel(&[]), Some(1));
+        assert_eq!(checked_numel(&[(1 << 63) + 1, 2]), None);
+        assert_eq!(checked_numel(&[1 << 40, 0, 1 << 40]), None);
+        assert_eq!(checked_numel(&[1 << 40, 1 << 40, 0]), None);
+        assert_eq!(checked_numel(&[1 << 31, 1 << 31]), Some(1 << 62));
     }
 }

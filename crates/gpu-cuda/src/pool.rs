@@ -41,14 +41,29 @@ pub(crate) struct PoolInner {
 }
 
 /// Rounds a request up to its size class: 512 B steps up to 1 MiB, then 1/8 of the next power of
-/// two, so that the waste is at most 12.5% and similar sizes share blocks.
-pub(crate) fn size_class(bytes: usize) -> usize {
+/// two, so that the waste is at most 12.5% and similar sizes share blocks. `None` when the class
+/// would exceed `isize::MAX` bytes (no allocation can be that large): the rounding of a request
+/// above 2^63 bytes used to overflow `next_power_of_two` and divide by zero.
+pub(crate) fn size_class(bytes: usize) -> Option<usize> {
     const SMALL: usize = 512;
-    if bytes <= 1 << 20 {
-        return bytes.max(1).div_ceil(SMALL) * SMALL;
+    let class = if bytes <= 1 << 20 {
+        bytes.max(1).div_ceil(SMALL) * SMALL
+    } else {
+        let step = bytes.checked_next_power_of_two()? / 8;
+        bytes.div_ceil(step).checked_mul(step)?
+    };
+    (class <= isize::MAX as usize).then_some(class)
+}
+
+/// The bytes a request of `len` elements of `elem_size` bytes needs and the size class of the
+/// block that serves it (`(0, 0)` for an empty request), or `None` when no block can be that
+/// large. Pure arithmetic, so it is tested without a GPU.
+pub(crate) fn block_size(elem_size: usize, len: usize) -> Option<(usize, usize)> {
+    let requested = len.checked_mul(elem_size)?;
+    if requested == 0 {
+        return Some((0, 0));
     }
-    let step = bytes.next_power_of_two() / 8;
-    bytes.div_ceil(step) * step
+    Some((requested, size_class(requested)?))
 }
 
 impl PoolInner {
@@ -98,10 +113,9 @@ impl MemoryPool {
 
     /// Allocates `len` elements of `dtype`; the contents are unspecified.
     pub(crate) fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
-        let requested = len
-            .checked_mul(dtype.size_in_bytes())
-            .ok_or(GpuError::OutOfMemory {
-                requested: usize::MAX,
+        let (requested, class) =
+            block_size(dtype.size_in_bytes(), len).ok_or_else(|| GpuError::OutOfMemory {
+                requested: len.saturating_mul(dtype.size_in_bytes()),
                 free: free_bytes(),
             })?;
         if requested == 0 {
@@ -113,7 +127,6 @@ impl MemoryPool {
                 pool: None,
             });
         }
-        let class = size_class(requested);
         let mut st = self.inner.lock();
         let ptr = match st.free.get_mut(&class).and_then(Vec::pop) {
             Some(p) => {
@@ -219,19 +232,39 @@ impl Drop for CudaBuffer {
 
 #[cfg(test)]
 mod tests {
-    use super::size_class;
+    use super::{block_size, size_class};
 
     #[test]
     fn size_classes() {
-        assert_eq!(size_class(1), 512);
-        assert_eq!(size_class(512), 512);
-        assert_eq!(size_class(513), 1024);
-        assert_eq!(size_class(1 << 20), 1 << 20);
+        assert_eq!(size_class(1), Some(512));
+        assert_eq!(size_class(512), Some(512));
+        assert_eq!(size_class(513), Some(1024));
+        assert_eq!(size_class(1 << 20), Some(1 << 20));
         let big = (1 << 20) + 1;
-        assert_eq!(size_class(big), (1 << 20) + (1 << 18));
-        for b in [3_000_000usize, 123_456_789, 1 << 33] {
-            let c = size_class(b);
+        assert_eq!(size_class(big), Some((1 << 20) + (1 << 18)));
+        for b in [3_000_000usize, 123_456_789, 1 << 33, 1 << 62] {
+            let c = size_class(b).unwrap();
             assert!(c >= b && (c - b) as f64 <= b as f64 * 0.125, "{b} -> {c}");
         }
+    }
+
+    /// `Tensor::zeros(&[(1 << 61) + 1])` on CUDA panicked with "attempt to divide by zero": the
+    /// 2^63 + 4 bytes rounded through an overflowing `next_power_of_two`. Every request whose
+    /// bytes or size class overflow (or pass `isize::MAX`) is now `None`, which `alloc` reports
+    /// as a typed out-of-memory error.
+    #[test]
+    fn byte_sizes_of_huge_requests_are_none_not_a_panic() {
+        assert_eq!(block_size(4, (1 << 61) + 1), None);
+        assert_eq!(block_size(4, usize::MAX), None);
+        assert_eq!(block_size(2, usize::MAX / 2 + 1), None);
+        assert_eq!(size_class((1 << 63) + 4), None);
+        assert_eq!(size_class(usize::MAX), None);
+        // The largest class below isize::MAX still rounds without overflow.
+        assert_eq!(size_class(1 << 62), Some(1 << 62));
+        assert_eq!(size_class((1 << 62) + 1), Some((1 << 62) + (1 << 60)));
+        assert_eq!(size_class(isize::MAX as usize), None);
+        assert_eq!(block_size(4, 0), Some((0, 0)));
+        assert_eq!(block_size(4, 1000), Some((4000, 4096)));
+        assert_eq!(block_size(4, 1 << 20), Some((1 << 22, 1 << 22)));
     }
 }

@@ -104,7 +104,7 @@ impl Tensor {
                 data.len(),
             ));
         }
-        let cpu = gpu_core::CpuBackend.upload(&data)?;
+        let cpu = CpuStorage::from_vec(data)?;
         Tensor::from_storage(Storage::Cpu(cpu), shape.to_vec(), Device::Cpu).to(device)
     }
 
@@ -136,7 +136,8 @@ impl Tensor {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let normal = rand_distr::Normal::new(0.0f32, std)
             .map_err(|e| GpuError::invalid("randn", format!("std {std}: {e}")))?;
-        let data: Vec<f32> = (0..numel).map(|_| normal.sample(&mut rng)).collect();
+        let mut data = gpu_core::cpu::try_vec_with_capacity(numel)?;
+        data.extend((0..numel).map(|_| normal.sample(&mut rng)));
         Tensor::from_vec(data, shape, device)
     }
 
@@ -240,24 +241,31 @@ impl Tensor {
             return Ok(self.clone());
         }
         device.check_present()?;
-        // Via the host: CUDA→CPU, then CPU→CUDA.
-        let host: CpuStorage = match &*self.read() {
-            Storage::Cpu(c) => c.clone(),
-            Storage::Cuda(b) => {
-                let gpu = cuda_backend(match self.device() {
-                    Device::Cuda(i) => i,
-                    Device::Cpu => unreachable!("CUDA storage on a CPU tensor"),
-                })?;
-                count_d2h(gpu_core::BufferInfo::size_in_bytes(b));
-                download(&gpu, b)?
-            }
-        };
-        let storage = match device {
-            Device::Cpu => Storage::Cpu(host),
-            Device::Cuda(i) => {
-                let gpu = cuda_backend(i)?;
-                count_h2d(gpu_core::BufferInfo::size_in_bytes(&host));
-                Storage::Cuda(upload(&gpu, &host)?)
+        // Via the host: CUDA→CPU, then CPU→CUDA (a CPU source is uploaded without a copy).
+        let storage = {
+            let src = self.read();
+            match (&*src, device) {
+                (Storage::Cpu(c), Device::Cuda(i)) => {
+                    let gpu = cuda_backend(i)?;
+                    count_h2d(gpu_core::BufferInfo::size_in_bytes(c));
+                    Storage::Cuda(upload(&gpu, c)?)
+                }
+                // Not reached (same device returns above); a fallible copy all the same.
+                (Storage::Cpu(c), Device::Cpu) => Storage::Cpu(c.try_clone()?),
+                (Storage::Cuda(b), _) => {
+                    let Device::Cuda(from) = self.device() else {
+                        return Err(GpuError::invalid("to", "CUDA storage on a CPU tensor"));
+                    };
+                    count_d2h(gpu_core::BufferInfo::size_in_bytes(b));
+                    let host = download(&cuda_backend(from)?, b)?;
+                    match device {
+                        Device::Cpu => Storage::Cpu(host),
+                        Device::Cuda(i) => {
+                            count_h2d(gpu_core::BufferInfo::size_in_bytes(&host));
+                            Storage::Cuda(upload(&cuda_backend(i)?, &host)?)
+                        }
+                    }
+                }
             }
         };
         let src = self.device();
@@ -307,7 +315,7 @@ impl Tensor {
 impl Storage {
     fn clone_cpu(&self) -> Result<CpuStorage> {
         match self {
-            Storage::Cpu(c) => Ok(c.clone()),
+            Storage::Cpu(c) => c.try_clone(),
             Storage::Cuda(_) => Err(GpuError::invalid("storage", "expected host memory")),
         }
     }

@@ -7,6 +7,8 @@
 mod numerics;
 #[path = "hostile/optim.rs"]
 mod optim;
+#[path = "hostile/sizes.rs"]
+mod sizes;
 
 use tensor_ops::Device;
 

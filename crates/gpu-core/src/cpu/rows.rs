@@ -347,7 +347,7 @@ impl RowOps for CpuBackend {
         let (_, vocab) = check_embedding(OP, ids, dtable, dout, dim)?;
         let (ids, dout) = (ids.as_u32()?, dout.as_f32()?);
         check_ids(OP, "ids", ids, vocab)?;
-        let mut acc = vec![0.0f64; vocab * dim];
+        let mut acc = super::try_zeroed_vec::<f64>(vocab * dim)?;
         for (&id, dr) in ids.iter().zip(dout.chunks_exact(dim)) {
             for (a, &g) in acc[id as usize * dim..][..dim].iter_mut().zip(dr) {
                 *a += g as f64;

@@ -233,15 +233,13 @@ impl BinaryKind {
 /// The most dims [`ElementwiseOps::broadcast_binary`] and [`ElementwiseOps::permute`] accept.
 pub const MAX_DIMS: usize = 6;
 
-/// The element count of `shape`, or [`GpuError::InvalidShape`] when it overflows `usize`.
+/// The element count of `shape`, or [`GpuError::InvalidShape`] when it is too large (see
+/// [`crate::shape::checked_numel`]).
 pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| GpuError::InvalidShape {
-            op,
-            reason: format!("{shape:?} has more elements than fit in usize"),
-        })
+    crate::shape::checked_numel(shape).ok_or_else(|| GpuError::InvalidShape {
+        op,
+        reason: format!("{shape:?} has more elements than fit in usize"),
+    })
 }
 
 fn check_len(op: &'static str, name: &str, buf: &dyn BufferInfoDyn, want: usize) -> Result<()> {
@@ -294,8 +292,9 @@ pub fn check_broadcast(
 
 /// `outer · n · inner` and `outer · inner`, or an overflow error.
 fn axis_sizes(op: &'static str, outer: usize, n: usize, inner: usize) -> Result<(usize, usize)> {
+    // With n = 0 the input is empty but outer·inner need not be: checked on its own.
     let full = checked_numel(op, &[outer, n, inner])?;
-    Ok((full, outer * inner))
+    Ok((full, checked_numel(op, &[outer, inner])?))
 }
 
 /// Checks the arguments of [`ElementwiseOps::reduce_axis`]: f32 buffers, `x` of

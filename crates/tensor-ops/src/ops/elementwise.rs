@@ -1,6 +1,6 @@
 //! Broadcasting arithmetic, scalar ops, activations and dropout.
 
-use super::{compute, numel};
+use super::{checked_numel, compute};
 use crate::ops::buf;
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::nn::elementwise::broadcast_shape;
@@ -18,8 +18,9 @@ fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<
             format!("{:?} (not broadcastable)", b.shape()),
         )
     })?;
+    let len = checked_numel(name, &shape)?;
     let (ga, gb) = (a.read(), b.read());
-    let st = compute!(dev, numel(&shape), |be, out| be.broadcast_binary(
+    let st = compute!(dev, len, |be, out| be.broadcast_binary(
         op,
         buf(be, &ga)?,
         a.shape(),

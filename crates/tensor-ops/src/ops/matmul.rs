@@ -1,6 +1,6 @@
 //! Matrix products on cuBLAS / the CPU GEMM, with transposed operands taken as flags (no copies).
 
-use super::{buf, compute, numel};
+use super::{buf, checked_numel, compute, numel};
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::{GpuError, MatmulOps, MatmulSpec, Result};
 
@@ -41,6 +41,8 @@ fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
     let lead = &sa[..ra - 2];
     let mut out_shape = lead.to_vec();
     out_shape.extend([am, bn]);
+    // With k = 0 the operands can be empty while the output is not: its size is checked.
+    checked_numel("matmul", &out_shape)?;
     if rb == 2 && !ta {
         // Fold a's leading dims into m: one GEMM against the shared matrix.
         let m = numel(lead) * am;
@@ -118,11 +120,12 @@ impl Tensor {
                     g.matmul_t(&b, false, !tb)?
                 };
                 let db = if folded {
-                    // A folded to [M, k] against the shared B: one GEMM over all rows.
-                    let k = a.shape()[a.rank() - 1];
-                    let a2 = a.reshape(&[a.numel() / k.max(1), k])?;
-                    let n = g.shape()[g.rank() - 1];
-                    let g2 = g.reshape(&[g.numel() / n.max(1), n])?;
+                    // A folded to [M, k] against the shared B: one GEMM over all rows. M is the
+                    // product of the leading dims (not numel / k: k or n may be 0).
+                    let as2 = [numel(&a.shape()[..a.rank() - 1]), a.shape()[a.rank() - 1]];
+                    let a2 = a.reshape(&as2)?;
+                    let gs2 = [numel(&g.shape()[..g.rank() - 1]), g.shape()[g.rank() - 1]];
+                    let g2 = g.reshape(&gs2)?;
                     if tb {
                         g2.matmul_t(&a2, true, false)?
                     } else {

@@ -45,9 +45,17 @@ macro_rules! compute {
 }
 pub(crate) use compute;
 
-/// Product of dims.
+/// Product of the dims of an existing tensor's shape, or of part of one. Never overflows: every
+/// shape a tensor gets passes [`checked_numel`], which bounds the product of its non-zero dims.
 pub(crate) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
+}
+
+/// The element count of a shape about to be given to a tensor, or [`GpuError::InvalidShape`]
+/// naming `op` when it is too large (see [`gpu_core::shape::checked_numel`]). Every op that
+/// makes a new shape (rather than keeping or shrinking its input's) checks it here.
+pub(crate) fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    gpu_core::nn::elementwise::checked_numel(op, shape)
 }
 
 /// Normalises a possibly negative axis.

@@ -1,7 +1,7 @@
 //! Neural-network ops: softmax family, cross-entropy, normalisations, RoPE, embedding and
 //! fused causal attention.
 
-use super::{buf, compute, numel};
+use super::{buf, checked_numel, compute, numel};
 use crate::backend::on_device;
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::nn::{AttentionOps, RowOps};
@@ -294,16 +294,17 @@ impl Tensor {
             ));
         }
         let dim = self.shape()[1];
+        let mut shape = ids.shape().to_vec();
+        shape.push(dim);
+        let len = checked_numel("embedding", &shape)?;
         let (gt, gi) = (self.read(), ids.read());
-        let st = compute!(dev, ids.numel() * dim, |be, out| be.embedding_fwd(
+        let st = compute!(dev, len, |be, out| be.embedding_fwd(
             buf(be, &gi)?,
             buf(be, &gt)?,
             &mut out,
             dim
         ));
         drop((gt, gi));
-        let mut shape = ids.shape().to_vec();
-        shape.push(dim);
         let (ids_c, table_shape) = (ids.clone(), self.shape().to_vec());
         Ok(Tensor::from_op(
             st,

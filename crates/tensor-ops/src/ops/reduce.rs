@@ -1,6 +1,6 @@
 //! Reductions over an axis, and the broadcasting pair `expand` / `sum_to`.
 
-use super::{axis, buf, compute, numel};
+use super::{axis, buf, checked_numel, compute, numel};
 use crate::tensor::{require_f32, Tensor};
 use gpu_core::nn::{BinaryKind, ElementwiseOps, ReduceKind};
 use gpu_core::{GpuError, Result};
@@ -105,10 +105,11 @@ impl Tensor {
                 format!("{:?}", self.shape()),
             ));
         }
+        let len = checked_numel("expand", shape)?;
         let dev = self.device();
         let zeros = Tensor::zeros(shape, dev)?;
         let (gz, gx) = (zeros.read(), self.read());
-        let st = compute!(dev, numel(shape), |be, out| be.broadcast_binary(
+        let st = compute!(dev, len, |be, out| be.broadcast_binary(
             BinaryKind::Add,
             buf(be, &gz)?,
             shape,

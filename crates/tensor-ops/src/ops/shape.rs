@@ -1,6 +1,6 @@
 //! Reshape, permute/transpose, slice and concatenation.
 
-use super::{axis, buf, compute, numel};
+use super::{axis, buf, checked_numel, compute, numel};
 use crate::autograd::{grad_enabled, Node};
 use crate::tensor::{same_device, Tensor};
 use gpu_core::nn::ElementwiseOps;
@@ -9,7 +9,7 @@ use gpu_core::{GpuError, Result};
 impl Tensor {
     /// Same elements, new shape (no copy: the storage is shared).
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
-        if numel(shape) != self.numel() {
+        if checked_numel("reshape", shape)? != self.numel() {
             return Err(GpuError::shape(
                 "reshape",
                 format!("{} elements", self.numel()),
@@ -84,9 +84,13 @@ impl Tensor {
         let a = axis("narrow", self.rank(), ax)?;
         let dims = self.shape().to_vec();
         if start.checked_add(len).is_none_or(|e| e > dims[a]) {
+            // `start + len` may overflow: the message names the two separately.
             return Err(GpuError::invalid(
                 "narrow",
-                format!("{start}..{} out of 0..{}", start + len, dims[a]),
+                format!(
+                    "{len} entries from {start} do not fit in dim {a} of size {}",
+                    dims[a]
+                ),
             ));
         }
         let (outer, inner) = (numel(&dims[..a]), numel(&dims[a + 1..]));
@@ -160,13 +164,18 @@ impl Tensor {
                     format!("{:?}", t.shape()),
                 ));
             }
-            total += t.shape()[a];
+            total =
+                usize::checked_add(total, t.shape()[a]).ok_or_else(|| GpuError::InvalidShape {
+                    op: "cat",
+                    reason: format!("the sizes along dim {a} overflow usize"),
+                })?;
         }
         let mut shape = first.shape().to_vec();
         shape[a] = total;
+        let len = checked_numel("cat", &shape)?;
         let (outer, inner) = (numel(&shape[..a]), numel(&shape[a + 1..]));
         let st = crate::backend::on_device!(dev, |be| {
-            let mut out = gpu_core::Backend::allocate(be, dtype, numel(&shape))?;
+            let mut out = gpu_core::Backend::allocate(be, dtype, len)?;
             let mut off = 0;
             for t in tensors {
                 let k = t.shape()[a];

@@ -185,3 +185,14 @@ fn dropout_follows_the_shared_hash() {
         ));
     }
 }
+
+/// A reduction over an empty axis of huge outer and inner sizes: the output size `outer·inner`
+/// overflowed unchecked (the input size `outer·0·inner` is 0).
+#[test]
+fn reduce_over_an_empty_axis_with_overflowing_output_is_a_typed_error() {
+    let cpu = CpuBackend;
+    let x = cpu.allocate(DType::F32, 0).unwrap();
+    let mut out = cpu.allocate(DType::F32, 0).unwrap();
+    let r = cpu.reduce_axis(ReduceKind::Sum, &x, 1 << 40, 0, 1 << 40, &mut out);
+    assert!(matches!(r, Err(GpuError::InvalidShape { .. })), "{r:?}");
+}
