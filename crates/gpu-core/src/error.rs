@@ -35,6 +35,9 @@ pub enum GpuError {
     /// A device string could not be parsed (`cpu`, `cuda`, `cuda:N`, `auto`).
     #[error("invalid device '{0}': expected cpu, cuda, cuda:N or auto")]
     InvalidDevice(String),
+    /// A buffer was handed to a backend instance other than the one that allocated it.
+    #[error("{op}: {detail}")]
+    ForeignBuffer { op: &'static str, detail: String },
     /// CUDA is not usable on this machine (no driver library, no GPU, driver init failed).
     #[error("CUDA is not available: {0}")]
     CudaUnavailable(String),

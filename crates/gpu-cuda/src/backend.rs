@@ -8,7 +8,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use gpu_core::backend::check_transfer;
 use gpu_core::{probe, Backend, BufferInfo, DType, Device, DeviceType, Element, GpuError, Result};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Environment variable choosing the launcher: `cudarc` (default) or `raw`.
@@ -30,6 +30,8 @@ pub struct DeviceInfo {
 }
 
 struct Inner {
+    /// This instance's id, recorded in every buffer its pool hands out.
+    id: u64,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     info: DeviceInfo,
@@ -75,6 +77,8 @@ impl CudaBackend {
             return Err(GpuError::InvalidOrdinal { ordinal, count });
         }
         let ctx = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
         let attr = |a| ctx.attribute(a).map_err(drv("cuDeviceGetAttribute"));
         let mut driver_version = 0;
@@ -112,7 +116,8 @@ impl CudaBackend {
         };
         let backend = Self {
             inner: Arc::new(Inner {
-                pool: MemoryPool::new(ctx.clone()),
+                id,
+                pool: MemoryPool::new(ctx.clone(), id),
                 ctx,
                 stream,
                 info,
@@ -153,6 +158,28 @@ impl CudaBackend {
     /// The stream all work of this backend is queued on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.inner.stream
+    }
+
+    /// This backend instance's id: every buffer it allocates records it
+    /// ([`CudaBuffer::owner`]), and every entry point rejects buffers of other instances.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Fails with [`GpuError::ForeignBuffer`] unless every buffer came from this instance.
+    pub(crate) fn check_owned(&self, op: &'static str, bufs: &[&CudaBuffer]) -> Result<()> {
+        match bufs.iter().find(|b| b.owner() != self.id()) {
+            None => Ok(()),
+            Some(b) => Err(GpuError::ForeignBuffer {
+                op,
+                detail: format!(
+                    "a buffer of CUDA backend #{} was passed to backend #{} (device {})",
+                    b.owner(),
+                    self.id(),
+                    self.inner.info.ordinal
+                ),
+            }),
+        }
     }
 
     /// The launcher in use.
@@ -232,6 +259,7 @@ impl CudaBackend {
     /// `cfg`. A mismatch is undefined behaviour on the device, as with any CUDA launch.
     pub unsafe fn launch(&self, kernel: &str, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
         launch::check_config(kernel, &cfg)?;
+        launch::check_owners(kernel, self.id(), args)?;
         let (ctx, stream, kind) = (&self.inner.ctx, &self.inner.stream, self.image_kind());
         // By-value struct parameters exist only on the raw driver path.
         let path = match args.iter().any(KernelArg::is_bytes) {
@@ -241,11 +269,14 @@ impl CudaBackend {
         match path {
             LaunchPath::Cudarc => {
                 let f = self.inner.modules.cudarc_function(ctx, kernel, kind)?;
-                launch::launch_cudarc(stream, &f, cfg, args)
+                // SAFETY: this function's contract (arguments match the kernel, live buffers);
+                // every buffer argument is this instance's (checked above).
+                unsafe { launch::launch_cudarc(stream, &f, cfg, args) }
             }
             LaunchPath::RawDriver => {
                 let f = self.inner.modules.raw_function(ctx, kernel, kind)?;
-                launch::launch_raw(stream, f.func, cfg, args)
+                // SAFETY: as above; `f` comes from this instance's module cache, still loaded.
+                unsafe { launch::launch_raw(stream, f.func, cfg, args) }
             }
         }
     }
@@ -262,6 +293,7 @@ impl CudaBackend {
         if src.len() != dst.len() {
             return Err(GpuError::shape("copy_buffer", dst.len(), src.len()));
         }
+        self.check_owned("copy_buffer", &[src, dst])?;
         if src.is_empty() {
             return Ok(());
         }
@@ -280,6 +312,7 @@ impl CudaBackend {
 
     /// Fills a buffer of 4-byte elements with a bit pattern (`cuMemsetD32Async`).
     pub(crate) fn memset32(&self, buf: &mut CudaBuffer, bits: u32) -> Result<()> {
+        self.check_owned("fill", &[buf])?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -296,6 +329,7 @@ impl CudaBackend {
     }
 
     pub(crate) fn memset16(&self, buf: &mut CudaBuffer, bits: u16) -> Result<()> {
+        self.check_owned("fill", &[buf])?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -345,6 +379,7 @@ impl Backend for CudaBackend {
 
     fn copy_to_device<T: Element>(&self, src: &[T], dst: &mut CudaBuffer) -> Result<()> {
         check_transfer::<T>("copy_to_device", src.len(), dst)?;
+        self.check_owned("copy_to_device", &[dst])?;
         if src.is_empty() {
             return Ok(());
         }
@@ -358,6 +393,7 @@ impl Backend for CudaBackend {
 
     fn copy_from_device<T: Element>(&self, src: &CudaBuffer, dst: &mut [T]) -> Result<()> {
         check_transfer::<T>("copy_from_device", dst.len(), src)?;
+        self.check_owned("copy_from_device", &[src])?;
         if dst.is_empty() {
             return Ok(());
         }

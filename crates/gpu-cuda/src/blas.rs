@@ -41,6 +41,7 @@ impl CudaBackend {
             to_i32("matmul", s.k)?,
         );
         let batch = to_i32("matmul", s.batch)?;
+        self.check_owned("matmul", &[a, b, c])?;
         let op = |t: bool| {
             if t {
                 sys::cublasOperation_t::CUBLAS_OP_T

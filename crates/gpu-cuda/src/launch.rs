@@ -40,8 +40,14 @@ impl std::str::FromStr for LaunchPath {
 /// One kernel parameter, passed by value as the kernel declares it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum KernelArg {
-    /// A device pointer (`float*`, ...).
+    /// A device pointer (`float*`, ...) from outside the pool, unchecked.
     Ptr(sys::CUdeviceptr),
+    /// A pool buffer's pointer and the backend instance that owns it ([`CudaBuffer::owner`]):
+    /// a launch on another instance fails with [`GpuError::ForeignBuffer`].
+    Buffer {
+        ptr: sys::CUdeviceptr,
+        owner: u64,
+    },
     U32(u32),
     I32(i32),
     U64(u64),
@@ -62,14 +68,35 @@ impl KernelArg {
 
 impl From<&CudaBuffer> for KernelArg {
     fn from(b: &CudaBuffer) -> Self {
-        KernelArg::Ptr(b.device_ptr())
+        KernelArg::Buffer {
+            ptr: b.device_ptr(),
+            owner: b.owner(),
+        }
     }
 }
 
 impl From<&mut CudaBuffer> for KernelArg {
     fn from(b: &mut CudaBuffer) -> Self {
-        KernelArg::Ptr(b.device_ptr())
+        KernelArg::from(&*b)
     }
+}
+
+/// Fails when a buffer argument belongs to a backend instance other than `owner`.
+pub(crate) fn check_owners(kernel: &str, owner: u64, args: &[KernelArg]) -> Result<()> {
+    for (i, a) in args.iter().enumerate() {
+        if let KernelArg::Buffer { owner: o, .. } = a {
+            if *o != owner {
+                return Err(GpuError::ForeignBuffer {
+                    op: "launch",
+                    detail: format!(
+                        "{kernel}: argument {i} is a buffer of CUDA backend #{o}, not of this \
+                         backend (#{owner})"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks a launch configuration before the driver sees it.
@@ -92,7 +119,12 @@ pub(crate) fn check_config(kernel: &str, cfg: &LaunchConfig) -> Result<()> {
 }
 
 /// Launches through cudarc.
-pub(crate) fn launch_cudarc(
+///
+/// # Safety
+/// `args` must match `func`'s parameters in number, order and type, and every pointer must
+/// address live device memory of the stream's context, large enough for what the kernel reads
+/// and writes under `cfg`: the kernel runs unchecked on the device.
+pub(crate) unsafe fn launch_cudarc(
     stream: &CudaStream,
     func: &CudaFunction,
     cfg: LaunchConfig,
@@ -101,7 +133,7 @@ pub(crate) fn launch_cudarc(
     let mut b = stream.launch_builder(func);
     for a in args {
         match a {
-            KernelArg::Ptr(p) => b.arg(p),
+            KernelArg::Ptr(p) | KernelArg::Buffer { ptr: p, .. } => b.arg(p),
             KernelArg::U32(v) => b.arg(v),
             KernelArg::I32(v) => b.arg(v),
             KernelArg::U64(v) => b.arg(v),
@@ -114,15 +146,18 @@ pub(crate) fn launch_cudarc(
             }
         };
     }
-    // SAFETY: the callers in this crate pass exactly the parameters the kernel declares, with
-    // pointers to live buffers sized for the launch; `run_kernel` documents the same duty.
+    // SAFETY: this function's own contract: the caller passes exactly the parameters the kernel
+    // declares, with pointers to live buffers sized for the launch.
     unsafe { b.launch(cfg) }
         .map(|_| ())
         .map_err(crate::error::drv("cuLaunchKernel (cudarc)"))
 }
 
 /// Launches through the raw driver API.
-pub(crate) fn launch_raw(
+///
+/// # Safety
+/// As [`launch_cudarc`]; `func` must also belong to a module that is still loaded.
+pub(crate) unsafe fn launch_raw(
     stream: &CudaStream,
     func: sys::CUfunction,
     cfg: LaunchConfig,
@@ -132,7 +167,7 @@ pub(crate) fn launch_raw(
     let mut params: Vec<*mut c_void> = values
         .iter_mut()
         .map(|a| match a {
-            KernelArg::Ptr(p) => p as *mut u64 as *mut c_void,
+            KernelArg::Ptr(p) | KernelArg::Buffer { ptr: p, .. } => p as *mut u64 as *mut c_void,
             KernelArg::U32(v) => v as *mut u32 as *mut c_void,
             KernelArg::I32(v) => v as *mut i32 as *mut c_void,
             KernelArg::U64(v) => v as *mut u64 as *mut c_void,
@@ -146,9 +181,8 @@ pub(crate) fn launch_raw(
         .map_err(crate::error::drv("cuCtxSetCurrent"))?;
     let (g, b) = (cfg.grid_dim, cfg.block_dim);
     // SAFETY: `params` points at `values` (or, for `Bytes`, at the byte buffers they own), which
-    // outlive the call (the driver copies parameter values at launch); `func` belongs to a module
-    // that is still loaded; the parameter list matches the kernel's signature (same duty as
-    // `launch_cudarc`).
+    // outlive the call (the driver copies parameter values at launch); `func` belongs to a loaded
+    // module and the parameter list matches the kernel's signature (this function's contract).
     let r = unsafe {
         sys::cuLaunchKernel(
             func,

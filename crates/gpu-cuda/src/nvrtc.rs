@@ -131,9 +131,12 @@ impl CudaBackend {
         args: &[KernelArg],
     ) -> Result<()> {
         launch::check_config(&kernel.name, &cfg)?;
+        launch::check_owners(&kernel.name, self.id(), args)?;
+        // SAFETY: this function's contract (arguments match the kernel, live buffers); the
+        // module behind `kernel` stays loaded while `kernel` lives.
         match &kernel.handle {
-            Handle::Cudarc(f) => launch::launch_cudarc(self.stream(), f, cfg, args),
-            Handle::Raw(f) => launch::launch_raw(self.stream(), f.func, cfg, args),
+            Handle::Cudarc(f) => unsafe { launch::launch_cudarc(self.stream(), f, cfg, args) },
+            Handle::Raw(f) => unsafe { launch::launch_raw(self.stream(), f.func, cfg, args) },
         }
     }
 }

@@ -37,6 +37,8 @@ struct State {
 
 pub(crate) struct PoolInner {
     ctx: Arc<CudaContext>,
+    /// The id of the backend instance this pool belongs to (see [`CudaBuffer::owner`]).
+    owner: u64,
     state: Mutex<State>,
 }
 
@@ -102,10 +104,11 @@ pub struct MemoryPool {
 }
 
 impl MemoryPool {
-    pub(crate) fn new(ctx: Arc<CudaContext>) -> Self {
+    pub(crate) fn new(ctx: Arc<CudaContext>, owner: u64) -> Self {
         Self {
             inner: Arc::new(PoolInner {
                 ctx,
+                owner,
                 state: Mutex::new(State::default()),
             }),
         }
@@ -124,6 +127,7 @@ impl MemoryPool {
                 len: 0,
                 dtype,
                 class: 0,
+                owner: self.inner.owner,
                 pool: None,
             });
         }
@@ -165,6 +169,7 @@ impl MemoryPool {
             len,
             dtype,
             class,
+            owner: self.inner.owner,
             pool: Some(self.inner.clone()),
         })
     }
@@ -182,11 +187,14 @@ impl MemoryPool {
 }
 
 /// Device memory from the pool; goes back to the pool on drop.
+/// It records the backend instance (context, stream and pool) that allocated it; every backend
+/// entry point checks that and rejects a foreign buffer with [`GpuError::ForeignBuffer`].
 pub struct CudaBuffer {
     ptr: CUdeviceptr,
     len: usize,
     dtype: DType,
     class: usize,
+    owner: u64,
     pool: Option<Arc<PoolInner>>,
 }
 
@@ -194,6 +202,11 @@ impl CudaBuffer {
     /// The raw device address (0 for an empty buffer).
     pub fn device_ptr(&self) -> CUdeviceptr {
         self.ptr
+    }
+
+    /// The id of the backend instance that allocated this buffer ([`crate::CudaBackend::id`]).
+    pub fn owner(&self) -> u64 {
+        self.owner
     }
 }
 

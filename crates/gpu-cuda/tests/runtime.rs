@@ -347,3 +347,41 @@ fn gpu_events_time_device_work() {
         .unwrap();
     assert!(ms > 0.0 && ms < 10_000.0, "{ms} ms");
 }
+
+#[test]
+fn gpu_buffers_of_another_backend_instance_are_rejected() {
+    let Some(a) = backend_or_skip("gpu_buffers_of_another_backend_instance_are_rejected") else {
+        return;
+    };
+    // A second instance on the same device: its own context handle, stream and pool.
+    let b = gpu_cuda::CudaBackend::new(a.info().ordinal).unwrap();
+    assert_ne!(a.id(), b.id());
+    let x = up(&a, &[1.0, -2.0, 3.0, 4.0]);
+    assert_eq!(x.owner(), a.id());
+    let mut out_b = b.allocate(DType::F32, 4).unwrap();
+    let foreign = |r: gpu_core::Result<()>, what: &str| {
+        assert!(
+            matches!(r, Err(GpuError::ForeignBuffer { .. })),
+            "{what}: {r:?}"
+        );
+    };
+    foreign(
+        b.activation_fwd(Activation::Relu, &x, &mut out_b),
+        "kernel launch",
+    );
+    let mut xa = up(&a, &[0.0; 4]);
+    foreign(b.fill(&mut xa, 1.0), "fill");
+    foreign(b.download::<f32>(&x).map(|_| ()), "download");
+    foreign(b.copy_buffer(&x, &mut out_b), "copy");
+    let s = MatmulSpec::new(2, 2, 2);
+    foreign(b.matmul(s, &x, &x, &mut out_b), "matmul");
+    // Nothing was written, and both instances still work.
+    assert_eq!(down(&a, &x), vec![1.0, -2.0, 3.0, 4.0]);
+    b.activation_fwd(
+        Activation::Relu,
+        &up(&b, &[-1.0, 2.0, -3.0, 4.0]),
+        &mut out_b,
+    )
+    .unwrap();
+    assert_eq!(down(&b, &out_b), vec![0.0, 2.0, 0.0, 4.0]);
+}

@@ -3,7 +3,6 @@
 
 use anyhow::{ensure, Result};
 use gpu_core::{Backend, CpuBackend, DType, Device, MatmulOps, MatmulSpec};
-use gpu_cuda::CudaBackend;
 use rand::Rng;
 use std::time::Instant;
 
@@ -25,7 +24,8 @@ pub fn run(device: Device, n: usize) -> Result<DemoReport> {
     match device {
         Device::Cpu => run_on(&CpuBackend, device, n),
         Device::Cuda(i) => {
-            let gpu = CudaBackend::new(i)?;
+            // The same instance as the tensors on this device use (one context, stream and pool).
+            let gpu = tensor_ops::cuda_backend(i)?;
             let info = gpu.info();
             println!(
                 "CUDA device {i}: {} (compute {}.{}, {} SMs, {:.1} GiB)",

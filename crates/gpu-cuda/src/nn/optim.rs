@@ -123,6 +123,7 @@ impl OptimOps for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         check_clip(grads, max_norm, out)?;
+        self.check_owned("clip_grad_norm", grads)?;
         let chunks = chunks(grads.iter().map(|g| Entry {
             ptrs: [0, g.device_ptr(), 0, 0],
             len: g.len(),
@@ -168,6 +169,12 @@ impl OptimOps for CudaBackend {
         cfg: AdamWConfig,
     ) -> Result<()> {
         check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
+        for i in 0..params.len() {
+            self.check_owned("adamw_step", &[&*params[i], grads[i], &*m[i], &*v[i]])?;
+        }
+        if let Some(s) = grad_scale {
+            self.check_owned("adamw_step", &[s])?;
+        }
         let entries = (0..params.len()).map(|i| Entry {
             ptrs: [
                 params[i].device_ptr(),

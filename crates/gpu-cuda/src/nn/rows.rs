@@ -149,10 +149,10 @@ impl CudaBackend {
         };
         let out1 = outs
             .get(1)
-            .map_or(KernelArg::Ptr(0), |b| KernelArg::Ptr(b.device_ptr()));
+            .map_or(KernelArg::Ptr(0), |b| KernelArg::from(&**b));
         let args = [
             partial.into(),
-            KernelArg::Ptr(outs[0].device_ptr()),
+            KernelArg::from(&*outs[0]),
             out1,
             KernelArg::U32(nparts),
             KernelArg::U32(cols),
