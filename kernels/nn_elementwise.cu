@@ -211,7 +211,13 @@ BINARY_KERNELS(div, OpDiv)
 // ---------------------------------------------------------------------------------------------
 // Activations
 
-enum { RELU, GELU, SILU, SIGMOID, TANH, EXP, LOG };
+// The activations (constants ACT_*, ActSaves, FOR_EACH_ACTIVATION) come from the op vocabulary,
+// gpu_core::nn::Activation, through the generated header; the f32 formulas live here. An
+// activation without a formula below fails to compile.
+#include "nn_activations.cuh"
+
+template <int A>
+inline constexpr bool no_formula = false;
 
 static __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -228,45 +234,54 @@ static __device__ __forceinline__ float normcdf_(float x) {
 
 template <int A>
 static __device__ __forceinline__ float act_fwd(float x) {
-    if (A == RELU) return x < 0.0f ? 0.0f : x;  // keeps NaN
-    // The limits at −inf are 0: the leading factor x is clamped to −FLT_MAX (one max, no
-    // branch), so −inf gives −FLT_MAX·0 = −0 where −inf·0 or −inf/inf would be NaN; a NaN x
-    // still gives NaN through the other factor.
-    if (A == GELU) return fmaxf(x, -3.40282347e38f) * normcdf_(x);
-    if (A == SILU) return fmaxf(x, -3.40282347e38f) / (1.0f + expf(-x));
-    if (A == SIGMOID) return sigmoidf_(x);
-    if (A == TANH) return tanhf(x);
-    if (A == EXP) return expf(x);
-    return logf(x);
+    if constexpr (A == ACT_RELU) {
+        return x < 0.0f ? 0.0f : x;  // keeps NaN
+    } else if constexpr (A == ACT_GELU) {
+        // The limits at −inf are 0: the leading factor x is clamped to −FLT_MAX (one max, no
+        // branch), so −inf gives −FLT_MAX·0 = −0 where −inf·0 or −inf/inf would be NaN; a NaN x
+        // still gives NaN through the other factor.
+        return fmaxf(x, -3.40282347e38f) * normcdf_(x);
+    } else if constexpr (A == ACT_SILU) {
+        return fmaxf(x, -3.40282347e38f) / (1.0f + expf(-x));
+    } else if constexpr (A == ACT_SIGMOID) {
+        return sigmoidf_(x);
+    } else if constexpr (A == ACT_TANH) {
+        return tanhf(x);
+    } else if constexpr (A == ACT_EXP) {
+        return expf(x);
+    } else if constexpr (A == ACT_LOG) {
+        return logf(x);
+    } else {
+        static_assert(no_formula<A>, "activation without a CUDA forward formula");
+    }
 }
-
-// Which saved tensors the derivative reads.
-template <int A>
-struct ActNeeds {
-    static constexpr bool x = A == RELU || A == GELU || A == SILU || A == LOG;
-    static constexpr bool y = A == SIGMOID || A == TANH || A == EXP;
-};
 
 // dx = f'(x)·dy; relu is a select (dy = NaN with x <= 0 gives 0, as in PyTorch). gelu' and
 // silu' tend to 1 at +inf and 0 at −inf; the x·pdf and x·s(−x) terms are 0 there, taken as such
 // (x·0 would be NaN at ±inf).
 template <int A>
 static __device__ __forceinline__ float act_bwd(float x, float y, float g) {
-    if (A == RELU) return x > 0.0f ? g : 0.0f;
-    if (A == GELU) {
+    if constexpr (A == ACT_RELU) {
+        return x > 0.0f ? g : 0.0f;
+    } else if constexpr (A == ACT_GELU) {
         const float pdf = 0.3989422804014327f * expf(-0.5f * x * x);
         return (normcdf_(x) + (pdf > 0.0f ? x * pdf : 0.0f)) * g;
-    }
-    if (A == SILU) {
-        // 1 − s(x) as s(−x): accurate where s(x) ≈ 1 (1.0f − s would keep only a few bits).
+    } else if constexpr (A == ACT_SILU) {
         if (x == -INFINITY) return 0.0f * g;
+        // 1 − s(x) as s(−x): accurate where s(x) ≈ 1 (1.0f − s would keep only a few bits).
         const float sm = sigmoidf_(-x);
         return sigmoidf_(x) * (1.0f + (sm > 0.0f ? x * sm : 0.0f)) * g;
+    } else if constexpr (A == ACT_SIGMOID) {
+        return y * (1.0f - y) * g;
+    } else if constexpr (A == ACT_TANH) {
+        return fmaf(-y, y, 1.0f) * g;  // one rounding: accurate where y² ≈ 1
+    } else if constexpr (A == ACT_EXP) {
+        return y * g;
+    } else if constexpr (A == ACT_LOG) {
+        return g / x;
+    } else {
+        static_assert(no_formula<A>, "activation without a CUDA backward formula");
     }
-    if (A == SIGMOID) return y * (1.0f - y) * g;
-    if (A == TANH) return fmaf(-y, y, 1.0f) * g;  // one rounding: accurate where y² ≈ 1
-    if (A == EXP) return y * g;
-    return g / x;
 }
 
 template <int A>
@@ -290,8 +305,8 @@ static __device__ void activation_bwd(const float* __restrict__ x, const float* 
     const u64 n4 = n / 4, stride = grid_threads();
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (u64 i = global_tid(); i < n4; i += stride) {
-        const float4 xv = ActNeeds<A>::x ? reinterpret_cast<const float4*>(x)[i] : zero;
-        const float4 yv = ActNeeds<A>::y ? reinterpret_cast<const float4*>(y)[i] : zero;
+        const float4 xv = ActSaves<A>::x ? reinterpret_cast<const float4*>(x)[i] : zero;
+        const float4 yv = ActSaves<A>::y ? reinterpret_cast<const float4*>(y)[i] : zero;
         const float4 g = reinterpret_cast<const float4*>(dy)[i];
         reinterpret_cast<float4*>(dx)[i] =
             make_float4(act_bwd<A>(xv.x, yv.x, g.x), act_bwd<A>(xv.y, yv.y, g.y),
@@ -299,8 +314,8 @@ static __device__ void activation_bwd(const float* __restrict__ x, const float* 
     }
     const u64 t = n4 * 4 + global_tid();
     if (t < n) {
-        const float xv = ActNeeds<A>::x ? x[t] : 0.0f;
-        const float yv = ActNeeds<A>::y ? y[t] : 0.0f;
+        const float xv = ActSaves<A>::x ? x[t] : 0.0f;
+        const float yv = ActSaves<A>::y ? y[t] : 0.0f;
         dx[t] = act_bwd<A>(xv, yv, dy[t]);
     }
 }
@@ -316,13 +331,7 @@ static __device__ void activation_bwd(const float* __restrict__ x, const float* 
         activation_bwd<A>(x, y, dy, dx, n);                                                   \
     }
 
-ACTIVATION_KERNELS(relu, RELU)
-ACTIVATION_KERNELS(gelu, GELU)
-ACTIVATION_KERNELS(silu, SILU)
-ACTIVATION_KERNELS(sigmoid, SIGMOID)
-ACTIVATION_KERNELS(tanh, TANH)
-ACTIVATION_KERNELS(exp, EXP)
-ACTIVATION_KERNELS(log, LOG)
+FOR_EACH_ACTIVATION(ACTIVATION_KERNELS)
 
 // ---------------------------------------------------------------------------------------------
 // Affine and dropout

@@ -298,7 +298,7 @@ fn activation_input(rng: &mut StdRng, op: Activation, n: usize) -> Vec<f32> {
 
 fn activations_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     for &n in SIZES.iter().filter(|&&n| runs_on(dev, n)) {
-        for op in Activation::ALL {
+        for &op in Activation::ALL {
             let x = activation_input(rng, op, n);
             let dy = random_vec(rng, n, 1.0);
             let y = act_fwd(&CPU, op, &x);

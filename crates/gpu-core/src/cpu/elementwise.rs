@@ -1,5 +1,5 @@
 //! [`ElementwiseOps`] on the CPU: the reference the CUDA kernels are tested against.
-//! Activations are evaluated in f64 (erf from `libm`), reductions accumulate in f64, binary ops,
+//! Activations are evaluated in f64 by their definitions (`nn::activation`), reductions accumulate in f64, binary ops,
 //! affine and dropout compute exactly what the kernels compute in f32.
 
 use super::par::{for_chunks, Strided};
@@ -10,81 +10,6 @@ use crate::nn::elementwise::{
     check_reduce, dropout_keep, Activation, BinaryKind, ElementwiseOps, ReduceKind,
 };
 use crate::ops::check_elementwise;
-
-/// `1/sqrt(2)`.
-const FRAC_1_SQRT_2: f64 = std::f64::consts::FRAC_1_SQRT_2;
-/// `1/sqrt(2π)`.
-const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
-
-/// The standard normal CDF `Φ(x) = erfc(−x/√2)/2`, accurate in both tails.
-fn normal_cdf(x: f64) -> f64 {
-    0.5 * libm::erfc(-x * FRAC_1_SQRT_2)
-}
-
-/// The standard normal density `φ(x)`.
-fn normal_pdf(x: f64) -> f64 {
-    FRAC_1_SQRT_2PI * (-0.5 * x * x).exp()
-}
-
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// `f(x)` in f64.
-pub(crate) fn activation_f64(op: Activation, x: f64) -> f64 {
-    match op {
-        // NaN stays NaN (x < 0 is false), as in PyTorch.
-        Activation::Relu => {
-            if x < 0.0 {
-                0.0
-            } else {
-                x
-            }
-        }
-        Activation::Gelu => x * normal_cdf(x),
-        Activation::Silu => x * sigmoid(x),
-        Activation::Sigmoid => sigmoid(x),
-        Activation::Tanh => x.tanh(),
-        Activation::Exp => x.exp(),
-        Activation::Log => x.ln(),
-    }
-}
-
-/// `f'(x)` in f64, from the input `x` or the forward output `y` as the formulas need.
-pub(crate) fn activation_grad_f64(op: Activation, x: f64, y: f64) -> f64 {
-    match op {
-        Activation::Relu => {
-            if x > 0.0 {
-                1.0
-            } else {
-                0.0
-            }
-        }
-        Activation::Gelu => normal_cdf(x) + x * normal_pdf(x),
-        Activation::Silu => {
-            let s = sigmoid(x);
-            s * (1.0 + x * (1.0 - s))
-        }
-        Activation::Sigmoid => y * (1.0 - y),
-        Activation::Tanh => 1.0 - y * y,
-        Activation::Exp => y,
-        Activation::Log => 1.0 / x,
-    }
-}
-
-/// `dx` of one element: `f'(x)·dy` in f64, except ReLU's select.
-fn activation_grad(op: Activation, x: f32, y: f32, dy: f32) -> f32 {
-    if op == Activation::Relu {
-        // A select, not a product: dy = NaN or inf with x <= 0 gives 0, as in PyTorch.
-        if x > 0.0 {
-            dy
-        } else {
-            0.0
-        }
-    } else {
-        (activation_grad_f64(op, x as f64, y as f64) * dy as f64) as f32
-    }
-}
 
 /// Combines two values of a Max reduction: NaN propagates, ties keep `a`.
 fn max_combine(a: f32, b: f32) -> f32 {
@@ -147,7 +72,7 @@ impl ElementwiseOps for CpuBackend {
         let x = x.as_f32()?;
         for_chunks(out.as_f32_mut()?, |off, o| {
             for (o, &v) in o.iter_mut().zip(&x[off..]) {
-                *o = activation_f64(op, v as f64) as f32;
+                *o = op.eval(v as f64) as f32;
             }
         });
         Ok(())
@@ -166,7 +91,7 @@ impl ElementwiseOps for CpuBackend {
         for_chunks(dx.as_f32_mut()?, |off, dx| {
             let (x, y, dy) = (&x[off..], &y[off..], &dy[off..]);
             for (i, d) in dx.iter_mut().enumerate() {
-                *d = activation_grad(op, x[i], y[i], dy[i]);
+                *d = op.backward(x[i] as f64, y[i] as f64, dy[i] as f64) as f32;
             }
         });
         Ok(())

@@ -1,5 +1,6 @@
 //! Elementwise, broadcasting, reduction and data-movement operations.
 
+pub use super::activation::Activation;
 use crate::backend::Backend;
 use crate::error::{GpuError, Result};
 use crate::ops::{check_elementwise, require_f32, BufferInfoDyn};
@@ -11,21 +12,6 @@ pub enum BinaryKind {
     Sub,
     Mul,
     Div,
-}
-
-/// Pointwise activations and functions, with their derivatives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    Relu,
-    /// Exact GELU, `0.5·x·(1 + erf(x/√2))` (PyTorch's default).
-    Gelu,
-    /// `x·sigmoid(x)`.
-    Silu,
-    Sigmoid,
-    Tanh,
-    Exp,
-    /// Natural log; `log(0) = -inf`, negative inputs give NaN.
-    Log,
 }
 
 /// Reductions over one axis.
@@ -169,33 +155,6 @@ pub fn dropout_keep(seed: u64, i: u64, p: f32) -> bool {
     z ^= z >> 31;
     let u = (z >> 40) as u32; // top 24 bits
     (u as f32) >= p * (1u32 << 24) as f32
-}
-
-impl Activation {
-    /// The op's name: the tensor op's name and the `{name}` of its kernels
-    /// `act_fwd_{name}_f32` and `act_bwd_{name}_f32`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Activation::Relu => "relu",
-            Activation::Gelu => "gelu",
-            Activation::Silu => "silu",
-            Activation::Sigmoid => "sigmoid",
-            Activation::Tanh => "tanh",
-            Activation::Exp => "exp",
-            Activation::Log => "log",
-        }
-    }
-
-    /// Every activation, in declaration order.
-    pub const ALL: [Activation; 7] = [
-        Activation::Relu,
-        Activation::Gelu,
-        Activation::Silu,
-        Activation::Sigmoid,
-        Activation::Tanh,
-        Activation::Exp,
-        Activation::Log,
-    ];
 }
 
 impl BinaryKind {

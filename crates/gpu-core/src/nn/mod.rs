@@ -6,13 +6,15 @@
 //! buffers' dtypes and lengths and returns a typed error on a mismatch; outputs are fully
 //! overwritten (never accumulated into) unless the doc says otherwise.
 
+pub mod activation;
 pub mod attention;
 pub mod elementwise;
 pub mod optim;
 pub mod rows;
 
+pub use activation::{Activation, Direction, Saved};
 pub use attention::AttentionOps;
-pub use elementwise::{Activation, BinaryKind, ElementwiseOps, ReduceKind};
+pub use elementwise::{BinaryKind, ElementwiseOps, ReduceKind};
 pub use optim::{AdamWConfig, OptimOps};
 pub use rows::RowOps;
 

@@ -11,12 +11,49 @@ use gpu_core::nn::elementwise::{
     check_broadcast, check_copy_blocks, check_dropout, check_max_axis_bwd, check_permute,
     check_reduce, Activation, BinaryKind, ElementwiseOps, ReduceKind,
 };
+use gpu_core::nn::Direction;
 use gpu_core::ops::check_elementwise;
 use gpu_core::{Backend, BufferInfo, DType, Result};
 use plan::{BinaryPath, ReducePlan, REDUCE_THREADS};
 
 /// Threads per block of the streaming kernels.
 const BLOCK: u32 = 256;
+
+/// The binary kernel of `op` for a broadcast `path` (`same`, `2d` or `nd`).
+fn binary_kernel(path: &str, op: BinaryKind) -> String {
+    format!("binary_{path}_{}_f32", op.name())
+}
+
+/// The reduction kernel of `kind` (`sum` or `max`), float4 rows or general.
+fn reduce_kernel(kind: &str, vec4: bool) -> String {
+    if vec4 {
+        format!("reduce_rows4_{kind}_f32")
+    } else {
+        format!("reduce_{kind}_f32")
+    }
+}
+
+/// Every kernel name this family derives from the op vocabulary (activations × direction,
+/// binary ops × broadcast path, reductions × layout): each must exist in the embedded modules,
+/// which a test checks without a GPU.
+#[cfg(test)]
+fn vocabulary_kernels() -> Vec<String> {
+    let mut v = Vec::new();
+    for &op in Activation::ALL {
+        v.push(op.kernel(Direction::Forward));
+        v.push(op.kernel(Direction::Backward));
+    }
+    for op in BinaryKind::ALL {
+        for path in ["same", "2d", "nd"] {
+            v.push(binary_kernel(path, op));
+        }
+    }
+    for kind in ["sum", "max"] {
+        v.push(reduce_kernel(kind, false));
+        v.push(reduce_kernel(kind, true));
+    }
+    v
+}
 
 fn u64_arg(v: usize) -> KernelArg {
     KernelArg::U64(v as u64)
@@ -56,11 +93,7 @@ impl CudaBackend {
         p: &ReducePlan,
         divisor: f32,
     ) -> Result<()> {
-        let kernel = if p.vec4 {
-            format!("reduce_rows4_{kind}_f32")
-        } else {
-            format!("reduce_{kind}_f32")
-        };
+        let kernel = reduce_kernel(kind, p.vec4);
         let cfg = LaunchConfig {
             grid_dim: (p.grid_x, p.splits as u32, 1),
             block_dim: (REDUCE_THREADS as u32, 1, 1),
@@ -110,7 +143,6 @@ impl ElementwiseOps for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let name = op.name();
         match plan::binary_path(a_shape, b_shape, &shape) {
             BinaryPath::Same => {
                 let args = [a.into(), b.into(), out.into(), u64_arg(n)];
@@ -118,7 +150,7 @@ impl ElementwiseOps for CudaBackend {
                 // u64 n); without broadcasting a, b and out all hold n f32, 256-byte aligned.
                 unsafe {
                     self.launch(
-                        &format!("binary_same_{name}_f32"),
+                        &binary_kernel("same", op),
                         self.stride_grid(n.div_ceil(4)),
                         &args,
                     )
@@ -143,13 +175,7 @@ impl ElementwiseOps for CudaBackend {
                 // SAFETY: binary_2d_{op}_f32(const float* big, const float* small, float* out,
                 // u64 n, u64 cols, u32 mode, u32 small_is_a); big and out hold n = rows·cols f32,
                 // small holds cols (mode 0) or rows (mode 1) f32, as the collapsed shapes say.
-                unsafe {
-                    self.launch(
-                        &format!("binary_2d_{name}_f32"),
-                        self.stride_grid(units),
-                        &args,
-                    )
-                }
+                unsafe { self.launch(&binary_kernel("2d", op), self.stride_grid(units), &args) }
             }
             BinaryPath::Nd {
                 dims_rev,
@@ -169,7 +195,7 @@ impl ElementwiseOps for CudaBackend {
                 // u32 rank, u64 d0..d5, u32 amask, u32 bmask); rank <= 6 collapsed dims whose
                 // product is n; a and b hold the product of the dims their masks select, so
                 // every offset the kernel forms is in bounds.
-                unsafe { self.launch(&format!("binary_nd_{name}_f32"), self.stride_grid(n), &args) }
+                unsafe { self.launch(&binary_kernel("nd", op), self.stride_grid(n), &args) }
             }
         }
     }
@@ -181,7 +207,7 @@ impl ElementwiseOps for CudaBackend {
             return Ok(());
         }
         let args = [x.into(), out.into(), u64_arg(n)];
-        let kernel = format!("act_fwd_{}_f32", op.name());
+        let kernel = op.kernel(Direction::Forward);
         // SAFETY: act_fwd_{op}_f32(const float* x, float* out, u64 n); both hold n f32, 256-byte
         // aligned for the float4 accesses.
         unsafe { self.launch(&kernel, self.stride_grid(n.div_ceil(4)), &args) }
@@ -201,7 +227,7 @@ impl ElementwiseOps for CudaBackend {
             return Ok(());
         }
         let args = [x.into(), y.into(), dy.into(), dx.into(), u64_arg(n)];
-        let kernel = format!("act_bwd_{}_f32", op.name());
+        let kernel = op.kernel(Direction::Backward);
         // SAFETY: act_bwd_{op}_f32(const float* x, const float* y, const float* dy, float* dx,
         // u64 n); all four hold n f32, 256-byte aligned.
         unsafe { self.launch(&kernel, self.stride_grid(n.div_ceil(4)), &args) }
@@ -431,5 +457,18 @@ impl ElementwiseOps for CudaBackend {
         // SAFETY: dropout_f32(const float* x, float* out, u64 n, float p, u64 seed); both hold n
         // f32, 256-byte aligned.
         unsafe { self.launch("dropout_f32", self.stride_grid(n.div_ceil(4)), &args) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_vocabulary_kernel_exists() {
+        for k in super::vocabulary_kernels() {
+            assert!(
+                gpu_kernels::module_of(&k).is_some(),
+                "kernel {k} is named by the op vocabulary but no embedded module defines it"
+            );
+        }
     }
 }

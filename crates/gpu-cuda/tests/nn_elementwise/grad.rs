@@ -11,7 +11,7 @@ use rand::seq::SliceRandom;
 fn activation_bwd_matches_finite_differences() {
     let (mut rng, _) = rng("activation_bwd_matches_finite_differences");
     let h = 1e-3f32;
-    for op in Activation::ALL {
+    for &op in Activation::ALL {
         let x: Vec<f32> = random_vec(&mut rng, 512, 3.0)
             .into_iter()
             .map(|v| match op {

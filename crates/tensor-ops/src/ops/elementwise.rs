@@ -4,7 +4,7 @@ use super::{checked_numel, compute};
 use crate::ops::buf;
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::nn::elementwise::broadcast_shape;
-use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps};
+use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, Saved};
 use gpu_core::{GpuError, Result};
 
 fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<Tensor> {
@@ -124,14 +124,21 @@ impl Tensor {
             &mut out
         ));
         drop(g);
-        let x = self.clone();
+        // The backward keeps only what the op's definition says it reads (the output is kept
+        // by the graph anyway); for output-saving ops the kernel ignores its `x` argument.
+        let x = match op.saves() {
+            Saved::Input => Some(self.clone()),
+            Saved::Output => None,
+        };
+        let shape = self.shape().to_vec();
         Ok(Tensor::from_op(
             st,
             self.shape().to_vec(),
             dev,
-            "activation",
+            op.name(),
             &[self],
             move |y, g| {
+                let x = x.as_ref().unwrap_or(y);
                 let (gx, gy, gg) = (x.read(), y.read(), g.read());
                 let st = compute!(dev, x.numel(), |be, dx| be.activation_bwd(
                     op,
@@ -140,11 +147,7 @@ impl Tensor {
                     buf(be, &gg)?,
                     &mut dx
                 ));
-                Ok(vec![Some(Tensor::from_storage(
-                    st,
-                    x.shape().to_vec(),
-                    dev,
-                ))])
+                Ok(vec![Some(Tensor::from_storage(st, shape.clone(), dev))])
             },
         ))
     }
