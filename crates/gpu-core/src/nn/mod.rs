@@ -2,6 +2,17 @@
 //! The CPU backend implements each in `crate::cpu` (the reference); `gpu-cuda` implements them
 //! with the kernels of `kernels/`. `tensor-ops` builds tensors and autograd on top.
 //!
+//! Where each family lives (the same stem everywhere):
+//!
+//! | family | definition, checks | CPU reference | CUDA launch | kernels | parity tests |
+//! |---|---|---|---|---|---|
+//! | activations | `nn/activation.rs` (the vocabulary) | `cpu/elementwise.rs` | `gpu-cuda/src/nn/elementwise.rs` | `kernels/nn_elementwise.cu` + generated `nn_activations.cuh` | `gpu-cuda/tests/nn_elementwise.rs` |
+//! | elementwise, broadcast, reductions, data movement | `nn/elementwise.rs` | `cpu/elementwise.rs` | `gpu-cuda/src/nn/elementwise.rs` | `kernels/nn_elementwise.cu`, `nn_reduce.cu` | `gpu-cuda/tests/nn_elementwise.rs` |
+//! | rows: softmax, log-softmax, cross-entropy, norms, RoPE, embedding | `nn/rows.rs` | `cpu/rows.rs` | `gpu-cuda/src/nn/rows.rs` | `kernels/nn_rows.cu`, `nn_embed.cu` | `gpu-cuda/tests/nn_rows*.rs` |
+//! | causal attention | `nn/attention.rs` | `cpu/attention.rs` | `gpu-cuda/src/nn/attention.rs` | `kernels/nn_attention.cu` | `gpu-cuda/tests/nn_attention.rs` |
+//! | AdamW, gradient clipping | `nn/optim.rs` | `cpu/optim.rs` | `gpu-cuda/src/nn/optim.rs` | `kernels/nn_optim.cu` | `gpu-cuda/tests/nn_optim.rs` |
+//! | matmul | `ops.rs` ([`MatmulOps`]) | `cpu.rs` (`sgemm_rows`) | `gpu-cuda/src/ops.rs`, `blas.rs` | cuBLAS | `gpu-cuda/tests/matmul.rs` |
+//!
 //! All float buffers are f32; index buffers (token ids, targets) are u32. Every method checks its
 //! buffers' dtypes and lengths and returns a typed error on a mismatch; outputs are fully
 //! overwritten (never accumulated into) unless the doc says otherwise.
