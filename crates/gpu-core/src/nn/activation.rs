@@ -1,5 +1,5 @@
 //! The activation vocabulary: every pointwise activation is defined once, in the
-//! [`activations!`] list below, with its name, what its backward reads, and its f64 forward and
+//! `activations!` list below, with its name, what its backward reads, and its f64 forward and
 //! backward formulas. Everything else derives from that entry:
 //! - the CPU reference (`cpu/elementwise.rs`) evaluates [`Activation::eval`] and
 //!   [`Activation::backward`];
