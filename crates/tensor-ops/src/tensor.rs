@@ -2,6 +2,7 @@
 
 use crate::autograd::{grad_enabled, Node};
 use crate::backend::{count_d2h, count_h2d, cuda_backend};
+pub(crate) use crate::bound::U32Bound;
 use crate::storage::Storage;
 use gpu_core::{Backend, CpuStorage, DType, Device, Element, GpuError, Result, Shape};
 use rand::SeedableRng;
@@ -19,6 +20,8 @@ pub(crate) struct Inner {
     pub(crate) storage: Arc<RwLock<Storage>>,
     pub(crate) requires_grad: bool,
     pub(crate) node: Option<Node>,
+    /// What the host knows about the values of a u32 tensor (see [`U32Bound`]).
+    pub(crate) u32_bound: U32Bound,
 }
 
 /// A contiguous, row-major tensor on one device. Cloning is cheap (shared storage and graph).
@@ -52,6 +55,7 @@ impl Tensor {
             storage: Arc::new(RwLock::new(storage)),
             requires_grad: false,
             node: None,
+            u32_bound: U32Bound::Unknown,
         }))
     }
 
@@ -78,6 +82,7 @@ impl Tensor {
                 inputs: inputs.iter().map(|t| (*t).clone()).collect(),
                 backward: Box::new(backward),
             }),
+            u32_bound: U32Bound::Unknown,
         }))
     }
 
@@ -91,6 +96,7 @@ impl Tensor {
             storage: self.0.storage.clone(),
             requires_grad: node.is_some(),
             node,
+            u32_bound: self.0.u32_bound,
         }))
     }
 
@@ -105,7 +111,14 @@ impl Tensor {
             ));
         }
         let cpu = CpuStorage::from_vec(data)?;
-        Tensor::from_storage(Storage::Cpu(cpu), shape.to_vec(), Device::Cpu).to(device)
+        // The values are on the host now: record the bound of u32 data (ids, targets) for free.
+        let bound = match &cpu {
+            CpuStorage::U32(v) => U32Bound::of(v),
+            _ => U32Bound::Unknown,
+        };
+        Tensor::from_storage(Storage::Cpu(cpu), shape.to_vec(), Device::Cpu)
+            .with_u32_bound(bound)
+            .to(device)
     }
 
     /// A tensor filled with `value`.
@@ -151,6 +164,7 @@ impl Tensor {
             storage: self.0.storage.clone(),
             requires_grad: true,
             node: None,
+            u32_bound: self.0.u32_bound,
         }))
     }
 
@@ -162,6 +176,7 @@ impl Tensor {
             self.0.device,
             self.0.dtype,
         )
+        .with_u32_bound(self.0.u32_bound)
     }
 
     fn from_storage_shared(
@@ -178,6 +193,7 @@ impl Tensor {
             storage,
             requires_grad: false,
             node: None,
+            u32_bound: U32Bound::Unknown,
         }))
     }
 
@@ -276,7 +292,8 @@ impl Tensor {
             "to",
             &[self],
             move |_, g| Ok(vec![Some(g.to(src)?)]),
-        ))
+        )
+        .with_u32_bound(self.0.u32_bound))
     }
 
     /// The elements as f32 on the host (one device-to-host copy for CUDA).
