@@ -30,9 +30,11 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// `f(x)` in f64.
+/// `f(x)` in f64. GELU and SiLU take their limits at −inf (−0, the sign of their negative tail;
+/// `x·Φ(x)` and `x·σ(x)` would be `−inf·0` = NaN) and +inf (+inf).
 pub(crate) fn activation_f64(op: Activation, x: f64) -> f64 {
     match op {
+        Activation::Gelu | Activation::Silu if x == f64::NEG_INFINITY => -0.0,
         // NaN stays NaN (x < 0 is false), as in PyTorch.
         Activation::Relu => {
             if x < 0.0 {
@@ -50,9 +52,18 @@ pub(crate) fn activation_f64(op: Activation, x: f64) -> f64 {
     }
 }
 
-/// `f'(x)` in f64, from the input `x` or the forward output `y` as the formulas need.
+/// `f'(x)` in f64, from the input `x` or the forward output `y` as the formulas need. GELU's and
+/// SiLU's derivatives take their limits at ±inf: 1 at +inf, 0 at −inf (the formulas give
+/// `inf·0` = NaN there).
 pub(crate) fn activation_grad_f64(op: Activation, x: f64, y: f64) -> f64 {
     match op {
+        Activation::Gelu | Activation::Silu if x.is_infinite() => {
+            if x > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
         Activation::Relu => {
             if x > 0.0 {
                 1.0
