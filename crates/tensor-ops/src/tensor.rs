@@ -155,8 +155,28 @@ impl Tensor {
     }
 
     /// Marks a leaf tensor as a parameter: gradients flow to it.
-    pub fn requires_grad_(self) -> Tensor {
-        Tensor(Arc::new(Inner {
+    ///
+    /// Errors on the result of an op (a non-leaf, part of a graph): marking it would make it a
+    /// new leaf and silently cut the graph behind it (use `detach()` first to mean that), and on
+    /// a u32 tensor (no gradient flows to indices).
+    pub fn requires_grad_(self) -> Result<Tensor> {
+        if let Some(node) = &self.0.node {
+            return Err(GpuError::invalid(
+                "requires_grad_",
+                format!(
+                    "the tensor is the result of '{}', not a leaf: marking it would cut it from \
+                     the graph (detach() it first to make a new leaf)",
+                    node.name
+                ),
+            ));
+        }
+        if self.dtype() == DType::U32 {
+            return Err(GpuError::invalid(
+                "requires_grad_",
+                "a u32 tensor (indices) cannot require gradients",
+            ));
+        }
+        Ok(Tensor(Arc::new(Inner {
             id: self.0.id,
             shape: self.0.shape.clone(),
             device: self.0.device,
@@ -165,7 +185,7 @@ impl Tensor {
             requires_grad: true,
             node: None,
             u32_bound: self.0.u32_bound,
-        }))
+        })))
     }
 
     /// The same data, cut from the graph.

@@ -55,7 +55,12 @@ fn compare_tols(
     let run = |d: Device| -> (Vec<f32>, Vec<Vec<f32>>) {
         let leaves: Vec<Tensor> = inputs
             .iter()
-            .map(|(v, s)| Tensor::from_vec(v.clone(), s, d).unwrap().requires_grad_())
+            .map(|(v, s)| {
+                Tensor::from_vec(v.clone(), s, d)
+                    .unwrap()
+                    .requires_grad_()
+                    .unwrap()
+            })
             .collect();
         let out = f(&leaves).unwrap();
         let r: Vec<f32> = (0..out.numel())

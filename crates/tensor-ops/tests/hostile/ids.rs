@@ -45,7 +45,8 @@ fn out_of_range_targets_and_ids_are_the_same_typed_error_on_every_device() {
         }
         let table = Tensor::from_vec(vec![1.0f32; 8], &[4, 2], dev)
             .unwrap()
-            .requires_grad_();
+            .requires_grad_()
+            .unwrap();
         let ids = Tensor::from_vec(vec![1u32, 4, 0, 2], &[2, 2], dev).unwrap();
         let what = format!("{dev}: embedding ids");
         msgs.push(out_of_range(&what, table.embedding(&ids), 4, 4));
@@ -73,7 +74,8 @@ fn checking_ids_and_targets_moves_no_data_on_every_device() {
     for dev in devices("checking_ids_and_targets_moves_no_data_on_every_device") {
         let table = Tensor::from_vec(vec![0.25f32; 12], &[4, 3], dev)
             .unwrap()
-            .requires_grad_();
+            .requires_grad_()
+            .unwrap();
         let ids = Tensor::from_vec(vec![1u32, 3, 0], &[3], dev).unwrap();
         let good = Tensor::from_vec(vec![2u32, 0, 1], &[3], dev).unwrap();
         let bad = Tensor::from_vec(vec![2u32, 3, 1], &[3], dev).unwrap();

@@ -36,7 +36,8 @@ fn gelu_and_silu_at_infinities_take_their_limits_on_every_device() {
         for name in ["gelu", "silu"] {
             let x = Tensor::from_vec(vec![ninf, inf, -1e30, 1e30, 0.0], &[5], dev)
                 .unwrap()
-                .requires_grad_();
+                .requires_grad_()
+                .unwrap();
             let y = match name {
                 "gelu" => x.gelu(),
                 _ => x.silu(),
