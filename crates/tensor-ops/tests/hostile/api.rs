@@ -39,3 +39,30 @@ fn requires_grad_on_a_non_leaf_is_an_error_on_every_device() {
         invalid("u32", ids.requires_grad_());
     }
 }
+
+/// A negative standard deviation was accepted (rand_distr only rejects non-finite ones); every
+/// bad one is now a typed error, checked before anything is drawn or allocated.
+#[test]
+fn randn_rejects_a_negative_or_non_finite_std_on_every_device() {
+    for dev in devices("randn_rejects_a_negative_or_non_finite_std_on_every_device") {
+        for std in [
+            -1.0f32,
+            -f32::MIN_POSITIVE,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ] {
+            invalid(
+                &format!("{dev}: std {std}"),
+                Tensor::randn(&[4], std, 1, dev),
+            );
+            invalid(
+                &format!("{dev}: std {std}, huge"),
+                Tensor::randn(&[1 << 40], std, 1, dev),
+            );
+        }
+        let zero = Tensor::randn(&[3], 0.0, 1, dev).unwrap();
+        assert_eq!(zero.to_vec().unwrap(), [0.0; 3]);
+        assert_eq!(Tensor::randn(&[5], 0.02, 1, dev).unwrap().shape(), [5]);
+    }
+}
