@@ -69,6 +69,15 @@ pub enum GpuError {
         a: crate::device::Device,
         b: crate::device::Device,
     },
+    /// A value used as an index (a token id, a class target) at or past the size it indexes.
+    /// `value` is the largest such value found (or a bound on them known on the host).
+    #[error("{op}: {what} hold the value {value}, out of range (must be < {bound})")]
+    IndexOutOfRange {
+        op: &'static str,
+        what: &'static str,
+        value: u32,
+        bound: usize,
+    },
     /// Any other invalid argument.
     #[error("{op}: {reason}")]
     InvalidArgument { op: &'static str, reason: String },

@@ -77,7 +77,7 @@ pub fn parse_variant(s: &str) -> Result<Variant, String> {
 /// nanoGPT's schedule: linear warm-up, cosine decay to `min_lr`, then flat.
 pub fn learning_rate(a: &TrainArgs, it: u32) -> f32 {
     if it < a.warmup {
-        return a.lr * (it + 1) as f32 / (a.warmup + 1) as f32;
+        return a.lr * (it as f32 + 1.0) / (a.warmup as f32 + 1.0);
     }
     if it > a.lr_decay_iters {
         return a.min_lr;
@@ -107,19 +107,28 @@ fn evaluate(model: &Gpt, ds: &Dataset, a: &TrainArgs, seed: u64) -> Result<(f32,
             let mut rng = Dataset::rng(seed ^ (k as u64 + 1));
             let mut total = 0.0;
             for _ in 0..a.eval_iters {
-                let (x, y) = ds.batch(
-                    val,
-                    a.batch as usize,
-                    a.block as usize,
-                    &mut rng,
-                    model.device(),
-                )?;
+                let (x, y) = ds
+                    .batch(
+                        val,
+                        a.batch as usize,
+                        a.block as usize,
+                        &mut rng,
+                        model.device(),
+                    )
+                    .with_context(|| batch_context(a))?;
                 total += model.loss(&x, &y, None)?.item()?;
             }
             out[k] = total / a.eval_iters as f32;
         }
         Ok((out[0], out[1]))
     })
+}
+
+fn batch_context(a: &TrainArgs) -> String {
+    format!(
+        "sampling a batch of --batch {} x --block {} tokens",
+        a.batch, a.block
+    )
 }
 
 /// Trains and reports; prints progress lines and a final JSON summary line.
@@ -135,6 +144,15 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     let text = std::fs::read_to_string(&a.data)
         .with_context(|| format!("reading {}", a.data.display()))?;
     let ds = Dataset::from_text(&text, 0.9)?;
+    // Before building the model: a context longer than the corpus would otherwise size the
+    // position table (and every batch) from the flag alone.
+    ds.check_block(a.block as usize).with_context(|| {
+        format!(
+            "--block {} is longer than the corpus {} allows",
+            a.block,
+            a.data.display()
+        )
+    })?;
     let cfg = GptConfig {
         variant: a.variant,
         vocab_size: ds.tokenizer.vocab_size(),
@@ -174,7 +192,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     };
     let mut opt = AdamW::new(params, hp)?;
     let mut rng = Dataset::rng(a.seed);
-    let tokens_per_iter = (a.batch * a.block) as f64;
+    let tokens_per_iter = a.batch as f64 * a.block as f64;
     let (mut best, mut best_iter, mut last_val, mut last_train) =
         (f32::INFINITY, 0, f32::NAN, f32::NAN);
     let mut train_secs = 0.0;
@@ -194,7 +212,9 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         }
         let t0 = Instant::now();
         let lr = learning_rate(a, it);
-        let (x, y) = ds.batch(false, a.batch as usize, a.block as usize, &mut rng, device)?;
+        let (x, y) = ds
+            .batch(false, a.batch as usize, a.block as usize, &mut rng, device)
+            .with_context(|| batch_context(a))?;
         let loss = model.loss(&x, &y, Some(a.seed.wrapping_add(it as u64)))?;
         let grads = loss.backward()?;
         opt.step(&grads, lr)?;
@@ -235,4 +255,39 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     }
     println!("summary {}", serde_json::to_string(&summary)?);
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+
+    /// `--warmup 4294967295` overflowed `warmup + 1` (a panic in a debug build).
+    #[test]
+    fn learning_rate_with_the_largest_warmup_does_not_overflow() {
+        let max = u32::MAX.to_string();
+        let cli = Cli::try_parse_from([
+            "t",
+            "--data",
+            "corpus.txt",
+            "--warmup",
+            &max,
+            "--lr-decay-iters",
+            &max,
+        ])
+        .unwrap();
+        for it in [0, u32::MAX - 1, u32::MAX] {
+            let lr = learning_rate(&cli.args, it);
+            assert!(
+                lr.is_finite() && lr > 0.0 && lr <= cli.args.lr,
+                "{it}: {lr}"
+            );
+        }
+    }
 }

@@ -4,6 +4,7 @@
 
 mod autograd;
 mod backend;
+mod bound;
 pub mod gpt;
 pub mod ops;
 pub mod optim;

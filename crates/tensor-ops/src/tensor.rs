@@ -2,6 +2,7 @@
 
 use crate::autograd::{grad_enabled, Node};
 use crate::backend::{count_d2h, count_h2d, cuda_backend};
+pub(crate) use crate::bound::U32Bound;
 use crate::storage::Storage;
 use gpu_core::{Backend, CpuStorage, DType, Device, Element, GpuError, Result, Shape};
 use rand::SeedableRng;
@@ -19,6 +20,8 @@ pub(crate) struct Inner {
     pub(crate) storage: Arc<RwLock<Storage>>,
     pub(crate) requires_grad: bool,
     pub(crate) node: Option<Node>,
+    /// What the host knows about the values of a u32 tensor (see [`U32Bound`]).
+    pub(crate) u32_bound: U32Bound,
 }
 
 /// A contiguous, row-major tensor on one device. Cloning is cheap (shared storage and graph).
@@ -52,6 +55,7 @@ impl Tensor {
             storage: Arc::new(RwLock::new(storage)),
             requires_grad: false,
             node: None,
+            u32_bound: U32Bound::Unknown,
         }))
     }
 
@@ -78,6 +82,7 @@ impl Tensor {
                 inputs: inputs.iter().map(|t| (*t).clone()).collect(),
                 backward: Box::new(backward),
             }),
+            u32_bound: U32Bound::Unknown,
         }))
     }
 
@@ -91,6 +96,7 @@ impl Tensor {
             storage: self.0.storage.clone(),
             requires_grad: node.is_some(),
             node,
+            u32_bound: self.0.u32_bound,
         }))
     }
 
@@ -105,7 +111,14 @@ impl Tensor {
             ));
         }
         let cpu = CpuStorage::from_vec(data)?;
-        Tensor::from_storage(Storage::Cpu(cpu), shape.to_vec(), Device::Cpu).to(device)
+        // The values are on the host now: record the bound of u32 data (ids, targets) for free.
+        let bound = match &cpu {
+            CpuStorage::U32(v) => U32Bound::of(v),
+            _ => U32Bound::Unknown,
+        };
+        Tensor::from_storage(Storage::Cpu(cpu), shape.to_vec(), Device::Cpu)
+            .with_u32_bound(bound)
+            .to(device)
     }
 
     /// A tensor filled with `value`.
@@ -130,8 +143,15 @@ impl Tensor {
     }
 
     /// Normal(0, std²) samples from a seeded generator, drawn on the host (identical on every
-    /// device), then placed on `device`.
+    /// device), then placed on `device`. `std` must be finite and `>= 0` (a negative one was
+    /// accepted and silently flipped the samples' signs).
     pub fn randn(shape: &[usize], std: f32, seed: u64, device: Device) -> Result<Tensor> {
+        if !(std.is_finite() && std >= 0.0) {
+            return Err(GpuError::invalid(
+                "randn",
+                format!("the standard deviation must be finite and >= 0, got {std}"),
+            ));
+        }
         let numel = Shape::from(shape).checked_numel()?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let normal = rand_distr::Normal::new(0.0f32, std)
@@ -142,8 +162,28 @@ impl Tensor {
     }
 
     /// Marks a leaf tensor as a parameter: gradients flow to it.
-    pub fn requires_grad_(self) -> Tensor {
-        Tensor(Arc::new(Inner {
+    ///
+    /// Errors on the result of an op (a non-leaf, part of a graph): marking it would make it a
+    /// new leaf and silently cut the graph behind it (use `detach()` first to mean that), and on
+    /// a u32 tensor (no gradient flows to indices).
+    pub fn requires_grad_(self) -> Result<Tensor> {
+        if let Some(node) = &self.0.node {
+            return Err(GpuError::invalid(
+                "requires_grad_",
+                format!(
+                    "the tensor is the result of '{}', not a leaf: marking it would cut it from \
+                     the graph (detach() it first to make a new leaf)",
+                    node.name
+                ),
+            ));
+        }
+        if self.dtype() == DType::U32 {
+            return Err(GpuError::invalid(
+                "requires_grad_",
+                "a u32 tensor (indices) cannot require gradients",
+            ));
+        }
+        Ok(Tensor(Arc::new(Inner {
             id: self.0.id,
             shape: self.0.shape.clone(),
             device: self.0.device,
@@ -151,7 +191,8 @@ impl Tensor {
             storage: self.0.storage.clone(),
             requires_grad: true,
             node: None,
-        }))
+            u32_bound: self.0.u32_bound,
+        })))
     }
 
     /// The same data, cut from the graph.
@@ -162,6 +203,7 @@ impl Tensor {
             self.0.device,
             self.0.dtype,
         )
+        .with_u32_bound(self.0.u32_bound)
     }
 
     fn from_storage_shared(
@@ -178,6 +220,7 @@ impl Tensor {
             storage,
             requires_grad: false,
             node: None,
+            u32_bound: U32Bound::Unknown,
         }))
     }
 
@@ -276,7 +319,8 @@ impl Tensor {
             "to",
             &[self],
             move |_, g| Ok(vec![Some(g.to(src)?)]),
-        ))
+        )
+        .with_u32_bound(self.0.u32_bound))
     }
 
     /// The elements as f32 on the host (one device-to-host copy for CUDA).

@@ -97,7 +97,12 @@ fn compare_forward(
     let run = |d: Device| -> (Vec<f32>, Vec<Vec<f32>>) {
         let leaves: Vec<Tensor> = inputs
             .iter()
-            .map(|(v, s)| Tensor::from_vec(v.clone(), s, d).unwrap().requires_grad_())
+            .map(|(v, s)| {
+                Tensor::from_vec(v.clone(), s, d)
+                    .unwrap()
+                    .requires_grad_()
+                    .unwrap()
+            })
             .collect();
         let out = f(&leaves).unwrap();
         let r = loss_weights(out.numel());

@@ -76,6 +76,7 @@ fn check(
             Tensor::from_vec(i.data.clone(), &i.shape, CPU)
                 .unwrap()
                 .requires_grad_()
+                .unwrap()
         })
         .collect();
     let out = f(&leaves).unwrap();

@@ -3,6 +3,10 @@
 //! [`gpu_cuda::testing::devices`] (the CPU, then CUDA where present) and expects the same
 //! result, or the same typed error, on each.
 
+#[path = "hostile/api.rs"]
+mod api;
+#[path = "hostile/ids.rs"]
+mod ids;
 #[path = "hostile/numerics.rs"]
 mod numerics;
 #[path = "hostile/optim.rs"]

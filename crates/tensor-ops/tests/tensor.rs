@@ -52,7 +52,8 @@ fn gpu_mixing_devices_is_an_error_not_a_copy() {
 fn adamw_matches_a_hand_computed_step() {
     let p = Tensor::from_vec(vec![1.0f32, -2.0], &[2], Device::Cpu)
         .unwrap()
-        .requires_grad_();
+        .requires_grad_()
+        .unwrap();
     let mut opt = AdamW::new(
         vec![(p.clone(), true)],
         AdamWParams {

@@ -79,8 +79,38 @@ impl Dataset {
         })
     }
 
+    /// Checks that windows of `block` tokens (and their targets, one token further) fit in both
+    /// splits: each must hold more than `block + 1` tokens.
+    pub fn check_block(&self, block: usize) -> Result<()> {
+        for val in [false, true] {
+            self.check_split(val, block)?;
+        }
+        Ok(())
+    }
+
+    fn check_split(&self, val: bool, block: usize) -> Result<()> {
+        let (name, data) = if val {
+            ("validation", &self.val)
+        } else {
+            ("training", &self.train)
+        };
+        if block.checked_add(1).is_none_or(|b| data.len() <= b) {
+            return Err(GpuError::invalid(
+                "Dataset",
+                format!(
+                    "a context of {block} tokens does not fit in the {name} split of {} tokens \
+                     (it needs more than block + 1)",
+                    data.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// `batch` random windows of `block` tokens from the train (or val) split: inputs `x` and
     /// next-token targets `y`, both u32 `[batch, block]` on `device` (two host-to-device copies).
+    /// A block too long for the split is an error, and so is a batch the host cannot hold
+    /// ([`GpuError::OutOfMemory`], not an abort).
     pub fn batch(
         &self,
         val: bool,
@@ -89,18 +119,16 @@ impl Dataset {
         rng: &mut rand::rngs::StdRng,
         device: Device,
     ) -> Result<(Tensor, Tensor)> {
+        self.check_split(val, block)?;
         let data = if val { &self.val } else { &self.train };
-        if data.len() <= block + 1 {
-            return Err(GpuError::invalid(
-                "Dataset::batch",
-                format!(
-                    "split of {} tokens is too short for block {block}",
-                    data.len()
-                ),
-            ));
-        }
-        let mut x = Vec::with_capacity(batch * block);
-        let mut y = Vec::with_capacity(batch * block);
+        let n = batch
+            .checked_mul(block)
+            .ok_or_else(|| GpuError::InvalidShape {
+                op: "Dataset::batch",
+                reason: format!("{batch} x {block} tokens overflow usize"),
+            })?;
+        let mut x = gpu_core::cpu::try_vec_with_capacity(n)?;
+        let mut y = gpu_core::cpu::try_vec_with_capacity(n)?;
         for _ in 0..batch {
             let i = rng.random_range(0..data.len() - block);
             x.extend_from_slice(&data[i..i + block]);
@@ -152,5 +180,21 @@ mod tests {
             }
         }
         assert!(ds.batch(true, 1, 64, &mut rng, Device::Cpu).is_err());
+    }
+
+    /// A block of usize::MAX overflowed `block + 1`, and `batch · block` was multiplied
+    /// unchecked and allocated with an aborting `Vec::with_capacity`.
+    #[test]
+    fn batches_with_overflowing_or_unholdable_sizes_are_typed_errors() {
+        let ds = Dataset::from_text(&"abcdefghij".repeat(20), 0.9).unwrap();
+        let mut rng = Dataset::rng(1);
+        assert!(ds.check_block(usize::MAX).is_err());
+        assert!(ds.check_block(18).is_ok() && ds.check_block(19).is_err());
+        let r = ds.batch(false, usize::MAX, usize::MAX, &mut rng, Device::Cpu);
+        assert!(matches!(r, Err(GpuError::InvalidArgument { .. })));
+        let r = ds.batch(false, usize::MAX, 2, &mut rng, Device::Cpu);
+        assert!(matches!(r, Err(GpuError::InvalidShape { .. })), "{r:?}");
+        let r = ds.batch(false, 1 << 40, 8, &mut rng, Device::Cpu);
+        assert!(matches!(r, Err(GpuError::OutOfMemory { .. })), "{r:?}");
     }
 }

@@ -116,7 +116,7 @@ impl Gpt {
             };
             params.push(Param {
                 name,
-                tensor: t.requires_grad_(),
+                tensor: t.requires_grad_()?,
                 decay: shape.len() >= 2,
             });
             Ok(())

@@ -85,6 +85,8 @@ impl Tensor {
                 targets.numel(),
             ));
         }
+        // On the host, from the targets' recorded bound: the CUDA kernel would give NaN.
+        targets.check_u32_below("cross_entropy", "targets", cols)?;
         let (gl, gt) = (self.read(), targets.read());
         let st = compute!(dev, rows, |be, out| be.cross_entropy_fwd(
             buf(be, &gl)?,
@@ -293,6 +295,8 @@ impl Tensor {
                 "needs a [vocab, dim] f32 table and u32 ids",
             ));
         }
+        // On the host, from the ids' recorded bound: the CUDA kernel would give NaN.
+        ids.check_u32_below("embedding", "ids", self.shape()[0])?;
         let dim = self.shape()[1];
         let mut shape = ids.shape().to_vec();
         shape.push(dim);

@@ -2,6 +2,7 @@
 
 use super::{axis, buf, checked_numel, compute, numel};
 use crate::autograd::{grad_enabled, Node};
+use crate::bound::U32Bound;
 use crate::tensor::{same_device, Tensor};
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::{GpuError, Result};
@@ -114,13 +115,13 @@ impl Tensor {
             crate::ops::wrap(be, out)
         });
         drop(g);
-        Ok(Tensor::from_op(
-            st,
-            shape,
-            dev,
-            "narrow",
-            &[self],
-            move |_, g| {
+        let bound = if len == dims[a] {
+            self.0.u32_bound
+        } else {
+            self.0.u32_bound.part(outer * len * inner)
+        };
+        Ok(
+            Tensor::from_op(st, shape, dev, "narrow", &[self], move |_, g| {
                 let dx = Tensor::zeros(&dims, dev)?;
                 {
                     let (gg, mut gd) = (g.read(), dx.write());
@@ -136,8 +137,9 @@ impl Tensor {
                     )?);
                 }
                 Ok(vec![Some(dx)])
-            },
-        ))
+            })
+            .with_u32_bound(bound),
+        )
     }
 
     /// Joins tensors along `axis`; all other dims must agree.
@@ -195,13 +197,16 @@ impl Tensor {
             crate::ops::wrap(be, out)
         });
         let sizes: Vec<usize> = tensors.iter().map(|t| t.shape()[a]).collect();
-        Ok(Tensor::from_op(
-            st,
-            shape,
-            dev,
-            "cat",
-            tensors,
-            move |_, g| {
+        // Every input's values are in the result: the union of their bounds.
+        let bound = tensors.iter().fold(U32Bound::Empty, |acc, t| {
+            acc.union(if t.numel() == 0 {
+                U32Bound::Empty
+            } else {
+                t.0.u32_bound
+            })
+        });
+        Ok(
+            Tensor::from_op(st, shape, dev, "cat", tensors, move |_, g| {
                 let mut off = 0;
                 let mut grads = Vec::with_capacity(sizes.len());
                 for &k in &sizes {
@@ -209,7 +214,8 @@ impl Tensor {
                     off += k;
                 }
                 Ok(grads)
-            },
-        ))
+            })
+            .with_u32_bound(bound),
+        )
     }
 }

@@ -9,10 +9,12 @@ fn params(dev: Device) -> Vec<Tensor> {
     vec![
         Tensor::from_vec(vec![0.5f32, -1.0, 2.0, 0.25], &[4], dev)
             .unwrap()
-            .requires_grad_(),
+            .requires_grad_()
+            .unwrap(),
         Tensor::from_vec(vec![1.0f32, -0.5, 0.75, 3.0, -2.0, 0.1], &[2, 3], dev)
             .unwrap()
-            .requires_grad_(),
+            .requires_grad_()
+            .unwrap(),
     ]
 }
 
@@ -139,7 +141,7 @@ fn adamw_rejects_invalid_hyper_parameters_when_built() {
 fn adamw_rejects_parameters_that_share_storage_on_every_device() {
     for dev in devices("adamw_rejects_parameters_that_share_storage_on_every_device") {
         let p = params(dev);
-        let detached = p[0].detach().requires_grad_();
+        let detached = p[0].detach().requires_grad_().unwrap();
         let view = p[1].reshape(&[6]).unwrap();
         for (what, list) in [
             ("the same tensor twice", vec![p[0].clone(), p[0].clone()]),

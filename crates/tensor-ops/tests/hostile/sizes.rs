@@ -90,6 +90,7 @@ fn matmul_with_empty_inner_or_outer_dims_forward_and_backward_on_every_device() 
                 Tensor::from_vec(vec![v; n], s, dev)
                     .unwrap()
                     .requires_grad_()
+                    .unwrap()
             };
             let (a, b) = (leaf(sa, 1.5), leaf(sb, -2.0));
             let out = a.matmul_t(&b, ta, tb).unwrap();

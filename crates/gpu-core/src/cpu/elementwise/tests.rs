@@ -59,6 +59,36 @@ fn activation_grads_match_f64_finite_differences() {
     }
 }
 
+/// GELU and SiLU at ±inf: the limits (gelu, silu → 0 at −inf and +inf at +inf; their
+/// derivatives → 0 and 1), not the NaN of `inf·0`. NaN stays NaN.
+#[test]
+fn gelu_and_silu_take_their_limits_at_infinity() {
+    let (inf, ninf) = (f64::INFINITY, f64::NEG_INFINITY);
+    for op in [Activation::Gelu, Activation::Silu] {
+        assert_eq!(op.eval(ninf), 0.0, "{op:?}(-inf)");
+        assert_eq!(op.eval(inf), inf, "{op:?}(inf)");
+        assert_eq!(op.backward(ninf, 0.0, 1.0), 0.0, "{op:?}'(-inf)");
+        assert_eq!(op.backward(inf, inf, 1.0), 1.0, "{op:?}'(inf)");
+        assert!(op.eval(f64::NAN).is_nan());
+        assert!(op.backward(f64::NAN, f64::NAN, 1.0).is_nan());
+        // Continuous with the finite tails.
+        assert_eq!(op.backward(1e300, 1e300, 1.0), 1.0, "{op:?}'(1e300)");
+        assert_eq!(op.backward(-1e300, -0.0, 1.0), 0.0, "{op:?}'(-1e300)");
+    }
+    // Through the backend, in f32: dx = f'(x)·dy.
+    let cpu = CpuBackend;
+    let x = cpu.upload(&[f32::NEG_INFINITY, f32::INFINITY]).unwrap();
+    let dy = cpu.upload(&[2.0f32, 3.0]).unwrap();
+    for op in [Activation::Gelu, Activation::Silu] {
+        let mut y = cpu.allocate(DType::F32, 2).unwrap();
+        cpu.activation_fwd(op, &x, &mut y).unwrap();
+        assert_eq!(y.as_f32().unwrap(), &[0.0, f32::INFINITY], "{op:?}");
+        let mut dx = cpu.allocate(DType::F32, 2).unwrap();
+        cpu.activation_bwd(op, &x, &y, &dy, &mut dx).unwrap();
+        assert_eq!(dx.as_f32().unwrap(), &[0.0, 3.0], "{op:?}");
+    }
+}
+
 #[test]
 fn special_values() {
     assert_eq!(Activation::Log.eval(0.0), f64::NEG_INFINITY);
