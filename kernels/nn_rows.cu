@@ -203,20 +203,29 @@ extern "C" __global__ void log_softmax_fwd_f32(const float* __restrict__ x,
 template <int V>
 static __device__ __forceinline__ void softmax_fwd_row(const float* x, float* out, unsigned cols,
                                                        bool cached, float* cache, float2* red) {
-    float2 a = make_float2(-INFINITY, 0.0f);
+    // Max first (independent fmaxf, no exp), then Σ exp(x − max), then the output. fmaxf skips
+    // NaN, but a NaN entry makes the sum NaN, so the row comes out NaN, as on the CPU.
+    float m = -INFINITY;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(x, i);
         if (cached) st<V>(cache, i, v);
 #pragma unroll
-        for (int k = 0; k < V; ++k) a = lse_push(a, v.v[k]);
+        for (int k = 0; k < V; ++k) m = fmaxf(m, v.v[k]);
     }
-    a = grp_lse(a, red);
-    const float inv = 1.0f / a.y;  // a row of only -inf: inv = inf, exp(-inf − -inf) = NaN
+    m = grp_lse(make_float2(m, 0.0f), red).x;  // the group max (the sums are all 0)
     const float* src = cached ? cache : x;
+    float sum = 0.0f;
+    FOR_CHUNKS(i) {
+        const Vf<V> v = ld<V>(src, i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) sum += expf(v.v[k] - m);
+    }
+    // A row of only -inf: exp(-inf − -inf) = NaN everywhere, as on the CPU.
+    const float inv = 1.0f / grp_sum(sum, red);
     FOR_CHUNKS(i) {
         Vf<V> v = ld<V>(src, i);
 #pragma unroll
-        for (int k = 0; k < V; ++k) v.v[k] = expf(v.v[k] - a.x) * inv;
+        for (int k = 0; k < V; ++k) v.v[k] = expf(v.v[k] - m) * inv;
         st<V>(out, i, v);
     }
 }
@@ -349,9 +358,12 @@ extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logit
 
 // (x − mean)·rstd. x − mean is exact for close values (denormals included) and overflows only
 // when x and mean lie near ±FLT_MAX with opposite signs; it is then taken halved (exact scaling).
-static __device__ __forceinline__ float xhat(float x, float mu, float rs) {
+// The forward passes the f64 mean as mu + lo (lo = the part below f32 precision), so x̂ is as
+// accurate as the f64 reference even where |x| ≫ std (x − mu is exact for close values, then lo
+// is subtracted); the backward uses the saved f32 mean, as the CPU reference does (lo = 0).
+static __device__ __forceinline__ float xhat(float x, float mu, float lo, float rs) {
     const float d = x - mu;
-    return fabsf(d) <= 3.40282347e38f ? d * rs : (0.5f * x - 0.5f * mu) * (2.0f * rs);
+    return fabsf(d) <= 3.40282347e38f ? (d - lo) * rs : (0.5f * x - 0.5f * mu) * (2.0f * rs);
 }
 
 static __device__ __forceinline__ double warp_sum_d(double v) {
@@ -377,47 +389,42 @@ static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const f
                                                          const float* b, float* y, float* mean,
                                                          float* rstd, unsigned cols, float eps,
                                                          bool cached, float* cache, float2* red) {
-    // V independent f64 accumulators per thread: the f64 add latency stays off the critical path.
-    double s[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) s[k] = 0.0;
+    // One f64 running sum per thread: exact for a constant row (n·x needs at most 29 more bits
+    // than x for n < 2^29). __launch_bounds__(512, 4) holds the kernel at the f32 version's 32
+    // registers (no spills), so the f64 arithmetic costs no occupancy.
+    double s = 0.0;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(x, i);
         if (cached) st<V>(cache, i, v);
-#pragma unroll
-        for (int k = 0; k < V; ++k) s[k] += (double)v.v[k];
+        s += (double)v.v[0] + (double)v.v[V - 1] + (V == 4 ? (double)v.v[1] + (double)v.v[2] : 0.0);
     }
-#pragma unroll
-    for (int k = 1; k < V; ++k) s[0] += s[k];
-    const float mu = (float)(grp_sum_d(s[0], red) / (double)cols);
+    const double mud = grp_sum_d(s, red) / (double)cols;
+    const float mu = (float)mud, lo = (float)(mud - (double)mu);
     // Σ(x − mean)² from the halved differences h = x/2 − mean/2 (no f32 overflow; squared in f64).
     const float hm = 0.5f * mu;
     const float* src = cached ? cache : x;
-    double q[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) q[k] = 0.0;
+    double q = 0.0;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(src, i);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
             const double h = (double)fmaf(0.5f, v.v[k], -hm);
-            q[k] = fma(h, h, q[k]);
+            q = fma(h, h, q);
         }
     }
-#pragma unroll
-    for (int k = 1; k < V; ++k) q[0] += q[k];
-    const float rs = (float)(1.0 / sqrt(4.0 * grp_sum_d(q[0], red) / (double)cols + (double)eps));
+    const float rs = (float)(1.0 / sqrt(4.0 * grp_sum_d(q, red) / (double)cols + (double)eps));
     FOR_CHUNKS(i) {
         Vf<V> v = ld<V>(src, i);
         const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
 #pragma unroll
-        for (int k = 0; k < V; ++k) v.v[k] = fmaf(xhat(v.v[k], mu, rs), g.v[k], c.v[k]);
+        for (int k = 0; k < V; ++k) v.v[k] = fmaf(xhat(v.v[k], mu, lo, rs), g.v[k], c.v[k]);
         st<V>(y, i, v);
     }
     if (threadIdx.x == 0) *mean = mu, *rstd = rs;
 }
 
-extern "C" __global__ void layernorm_fwd_f32(const float* __restrict__ x,
+// Blocks hold at most 512 threads (warp mode: 32 × rows per block; block mode: up to 512).
+extern "C" __global__ void __launch_bounds__(512, 4) layernorm_fwd_f32(const float* __restrict__ x,
                                              const float* __restrict__ w,
                                              const float* __restrict__ b, float* __restrict__ y,
                                              float* __restrict__ mean, float* __restrict__ rstd,
@@ -526,7 +533,7 @@ static __device__ __forceinline__ void layernorm_bwd_rows(
             Vf<V> sw = ld<V>(aw, i), sb = ld<V>(ab, i);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-                const float xh = xhat(xv.v[k], mu, rs), g = dv.v[k] * wv.v[k];
+                const float xh = xhat(xv.v[k], mu, 0.0f, rs), g = dv.v[k] * wv.v[k];
                 s.x += g;
                 s.y = fmaf(g, xh, s.y);
                 sw.v[k] = fmaf(dv.v[k], xh, sw.v[k]);
@@ -544,7 +551,7 @@ static __device__ __forceinline__ void layernorm_bwd_rows(
 #pragma unroll
             for (int k = 0; k < V; ++k) {
                 // g rounded as in the first pass, so that Σ(g − m1) cancels as it should.
-                const float xh = xhat(xv.v[k], mu, rs), g = dv.v[k] * wv.v[k];
+                const float xh = xhat(xv.v[k], mu, 0.0f, rs), g = dv.v[k] * wv.v[k];
                 o.v[k] = rs * ((g - m1) - xh * m2);
             }
             st<V>(dxr, i, o);
