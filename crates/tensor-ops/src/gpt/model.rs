@@ -2,6 +2,7 @@
 
 use crate::tensor::Tensor;
 use crate::{no_grad, Device, GpuError, Result};
+use gpu_core::nn::attention::{MAX_HEAD_DIM, MAX_SEQ_LEN};
 use rand::{Rng, SeedableRng};
 
 /// Which architecture.
@@ -57,18 +58,59 @@ impl GptConfig {
         }
     }
 
-    fn validate(&self) -> Result<()> {
-        let bad = |r: &str| Err(GpuError::invalid("GptConfig", r));
-        if self.vocab_size == 0 || self.block_size == 0 || self.n_layer == 0 || self.n_head == 0 {
-            return bad("sizes must be positive");
+    /// Checks the config, so a model that cannot run fails when it is built, not in `forward`:
+    /// positive sizes; `n_embd` split into `n_head` heads whose width the attention kernels take
+    /// (a multiple of 4 in 4..=[`MAX_HEAD_DIM`]); a context of at most [`MAX_SEQ_LEN`]; every
+    /// parameter's size within `usize`; dropout in `[0, 1)`.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |r: String| Err(GpuError::invalid("GptConfig", r));
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("block_size", self.block_size),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_embd", self.n_embd),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be positive"));
+            }
         }
-        if !self.n_embd.is_multiple_of(self.n_head)
-            || !(self.n_embd / self.n_head).is_multiple_of(2)
+        if !self.n_embd.is_multiple_of(self.n_head) {
+            return bad(format!(
+                "n_embd = {} does not split into n_head = {} heads",
+                self.n_embd, self.n_head
+            ));
+        }
+        let hd = self.n_embd / self.n_head;
+        if !(4..=MAX_HEAD_DIM).contains(&hd) || !hd.is_multiple_of(4) {
+            return bad(format!(
+                "head width n_embd / n_head = {} / {} = {hd} must be a multiple of 4 in \
+                 4..={MAX_HEAD_DIM} (the attention kernels' limits)",
+                self.n_embd, self.n_head
+            ));
+        }
+        if self.block_size > MAX_SEQ_LEN {
+            return bad(format!(
+                "block_size = {} exceeds the attention kernels' {MAX_SEQ_LEN}",
+                self.block_size
+            ));
+        }
+        // The widest parameters: the token and position tables, the attention and MLP weights
+        // (the hidden width is computed from up to 8·n_embd, so that is checked first).
+        let fits = |dims: &[usize]| gpu_core::shape::checked_numel(dims).is_some();
+        let c = self.n_embd;
+        if c.checked_mul(8).is_none()
+            || !fits(&[self.vocab_size, c])
+            || !fits(&[self.block_size, c])
+            || !fits(&[self.mlp_hidden(), c, 2])
+            || !fits(&[3 * c, c])
         {
-            return bad("n_embd must split into heads of even width");
+            return bad(format!(
+                "parameters of {self:?} have more elements than fit in usize"
+            ));
         }
         if !(0.0..1.0).contains(&self.dropout) {
-            return bad("dropout must be in [0, 1)");
+            return bad(format!("dropout must be in [0, 1), got {}", self.dropout));
         }
         Ok(())
     }
