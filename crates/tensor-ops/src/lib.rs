@@ -5,6 +5,7 @@
 mod autograd;
 mod backend;
 pub mod gpt;
+pub mod nn;
 pub mod ops;
 pub mod optim;
 mod storage;
