@@ -7,7 +7,8 @@
 # Exits non-zero if any test failed, or if any GPU test skipped while a GPU is present.
 # Where compute-sanitizer exists, runs the kernel tests under memcheck and racecheck.
 # --bench also runs gpu-bench (with the PyTorch peer) and writes out/benchmarks.md.
-# --parity runs the PyTorch parity check of the GPT (scripts/torch_parity.py).
+# --parity runs the PyTorch parity checks of the GPT (scripts/torch_parity.py) and of the GRU
+# cell (scripts/torch_gru_parity.py).
 # --train N trains the shakespeare-char GPT for N iterations on data/tinyshakespeare.txt.
 set -u -o pipefail
 cd "$(dirname "$0")"
@@ -112,6 +113,10 @@ if [ "$parity" = 1 ]; then
     python3 torch_parity.py "$OUT_DIR/parity-$v.safetensors" 2>&1 | tee "$OUT_DIR/parity-$v.log" | tail -4
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+  echo "== PyTorch parity (GRU cell)"
+  bin/hybrid-trainer --device cuda parity-dump --model gru --out "$OUT_DIR/parity-gru.safetensors" || status=1
+  python3 torch_gru_parity.py "$OUT_DIR/parity-gru.safetensors" 2>&1 | tee "$OUT_DIR/parity-gru.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 gpt_text=()
 [ -f data/tinyshakespeare.txt ] && gpt_text=(--gpt-text data/tinyshakespeare.txt)

@@ -1,5 +1,6 @@
 //! `cargo xtask gpu-bundle`: release test and bench binaries, stripped, with the kernels, the
-//! PyTorch peer script and `run.sh`, in `target/gpu-bundle` for a GPU machine without Rust.
+//! PyTorch peer and parity scripts and `run.sh`, in `target/gpu-bundle` for a GPU machine
+//! without Rust.
 
 use anyhow::{ensure, Context, Result};
 use std::fs;
@@ -127,10 +128,9 @@ pub fn build() -> Result<PathBuf> {
         root.join("benches/torch_peer.py"),
         dir.join("torch_peer.py"),
     )?;
-    fs::copy(
-        root.join("scripts/torch_parity.py"),
-        dir.join("torch_parity.py"),
-    )?;
+    for script in ["torch_parity.py", "torch_gru_parity.py"] {
+        fs::copy(root.join("scripts").join(script), dir.join(script))?;
+    }
     fs::copy(root.join("xtask/run.sh"), dir.join("run.sh"))?;
     // The corpus for the training run and benchmark, when this checkout has it beside it.
     let corpus = std::env::var("TINYSHAKESPEARE")

@@ -4,4 +4,5 @@
 
 pub mod demo;
 pub mod parity;
+pub mod parity_gru;
 pub mod train_gpt;

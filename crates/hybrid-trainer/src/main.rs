@@ -28,12 +28,15 @@ enum Cmd {
     },
     /// Train the GPT of tensor-ops on a text file (nanoGPT's shakespeare-char setup by default).
     TrainGpt(hybrid_trainer::train_gpt::TrainArgs),
-    /// Write a small GPT's weights, a batch, its logits, loss and gradients for
-    /// scripts/torch_parity.py.
+    /// Write a small model's weights, inputs, outputs and gradients for a PyTorch replay:
+    /// the GPT for scripts/torch_parity.py, the GRU cell for scripts/torch_gru_parity.py.
     ParityDump {
         #[arg(long)]
         out: std::path::PathBuf,
-        /// gpt2 or llama.
+        /// gpt or gru.
+        #[arg(long, default_value = "gpt", value_parser = ["gpt", "gru"])]
+        model: String,
+        /// The GPT's variant: gpt2 or llama.
         #[arg(long, default_value = "gpt2", value_parser = hybrid_trainer::train_gpt::parse_variant)]
         variant: tensor_ops::gpt::Variant,
     },
@@ -77,8 +80,16 @@ fn main() -> Result<()> {
         Cmd::Demo { size } => {
             hybrid_trainer::demo::run(device, size as usize)?;
         }
-        Cmd::ParityDump { out, variant } => {
-            hybrid_trainer::parity::dump(device, variant, &out)?;
+        Cmd::ParityDump {
+            out,
+            model,
+            variant,
+        } => {
+            if model == "gru" {
+                hybrid_trainer::parity_gru::dump(device, &out)?;
+            } else {
+                hybrid_trainer::parity::dump(device, variant, &out)?;
+            }
         }
         Cmd::TrainGpt(args) => {
             hybrid_trainer::train_gpt::run(device, &args)?;

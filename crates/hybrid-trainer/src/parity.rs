@@ -36,10 +36,11 @@ pub fn dump(device: Device, variant: Variant, out: &Path) -> Result<f32> {
     let f32s = |t: &Tensor| -> Result<Vec<u8>> {
         Ok(t.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect())
     };
-    for (name, p, _) in model.parameters() {
-        entries.push((name.clone(), Dtype::F32, p.shape().to_vec(), f32s(&p)?));
+    for param in model.store().params() {
+        let (name, p) = (param.name(), param.tensor());
+        entries.push((name.to_string(), Dtype::F32, p.shape().to_vec(), f32s(p)?));
         let g = grads
-            .get(&p)
+            .get(p)
             .with_context(|| format!("no gradient for {name}"))?;
         entries.push((
             format!("grad.{name}"),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::no_grad;
-use tensor_ops::optim::{AdamW, AdamWParams};
+use tensor_ops::optim::AdamWParams;
 
 /// Options of a training run (the CLI's flags).
 #[derive(Debug, Clone, clap::Args)]
@@ -178,11 +178,6 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         ds.val.len(),
         cfg.vocab_size
     );
-    let params = model
-        .parameters()
-        .into_iter()
-        .map(|(_, t, d)| (t, d))
-        .collect();
     let hp = AdamWParams {
         beta1: 0.9,
         beta2: 0.99,
@@ -190,7 +185,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         weight_decay: a.weight_decay,
         max_grad_norm: Some(a.grad_clip),
     };
-    let mut opt = AdamW::new(params, hp)?;
+    let mut opt = model.store().adamw(hp)?;
     let mut rng = Dataset::rng(a.seed);
     let tokens_per_iter = a.batch as f64 * a.block as f64;
     let (mut best, mut best_iter, mut last_val, mut last_train) =

@@ -22,6 +22,13 @@ fn bad_cli_values_are_clear_errors() {
         vec!["--device", "tpu"],
         vec!["demo", "--size", "0"],
         vec!["demo", "--size", "abc"],
+        vec![
+            "parity-dump",
+            "--model",
+            "lstm",
+            "--out",
+            "unused.safetensors",
+        ],
     ] {
         let out = Command::cargo_bin("hybrid-trainer")
             .unwrap()

@@ -6,6 +6,7 @@ mod autograd;
 mod backend;
 mod bound;
 pub mod gpt;
+pub mod nn;
 pub mod ops;
 pub mod optim;
 mod storage;

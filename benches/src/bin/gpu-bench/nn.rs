@@ -9,7 +9,7 @@ use gpu_core::nn::{Activation, AdamWConfig, AttentionOps, ElementwiseOps, OptimO
 use gpu_cuda::CudaBuffer;
 use std::time::Instant;
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig};
-use tensor_ops::optim::{AdamW, AdamWParams};
+use tensor_ops::optim::AdamWParams;
 use tensor_ops::Device;
 
 pub fn measure(b: &Bench) -> Result<Vec<Row>> {
@@ -148,9 +148,10 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     // AdamW over nanoGPT shakespeare-char's parameter shapes (10.7M).
     let model = Gpt::new(GptConfig::shakespeare_char(65), 1, Device::Cpu)?;
     let shapes: Vec<usize> = model
-        .parameters()
+        .store()
+        .params()
         .iter()
-        .map(|(_, t, _)| t.numel())
+        .map(|p| p.tensor().numel())
         .collect();
     let total: usize = shapes.iter().sum();
     let mk = |fill: bool| -> Result<Vec<CudaBuffer>> {
@@ -209,20 +210,12 @@ pub fn train_step(gpu_ordinal: usize, text: &str, steps: usize, tf32: bool) -> R
     let ds = Dataset::from_text(text, 0.9)?;
     let cfg = GptConfig::shakespeare_char(ds.tokenizer.vocab_size());
     let model = Gpt::new(cfg, 1, dev)?;
-    let params = model
-        .parameters()
-        .into_iter()
-        .map(|(_, t, d)| (t, d))
-        .collect();
-    let mut opt = AdamW::new(
-        params,
-        AdamWParams {
-            beta2: 0.99,
-            weight_decay: 0.1,
-            max_grad_norm: Some(1.0),
-            ..Default::default()
-        },
-    )?;
+    let mut opt = model.store().adamw(AdamWParams {
+        beta2: 0.99,
+        weight_decay: 0.1,
+        max_grad_norm: Some(1.0),
+        ..Default::default()
+    })?;
     let mut rng = Dataset::rng(1);
     let mut times = Vec::new();
     for i in 0..steps + 3 {

@@ -1,5 +1,7 @@
-//! The GPT model: parameters, forward pass and generation.
+//! The GPT model: its config, its layers on the module layer, the forward pass and generation.
 
+use super::blocks::{Block, DropoutSeeds, Norm};
+use crate::nn::{Dropout, Embedding, Init, Linear, Module, ModuleT, ParamStore};
 use crate::tensor::Tensor;
 use crate::{no_grad, Device, GpuError, Result};
 use gpu_core::nn::attention::{MAX_HEAD_DIM, MAX_SEQ_LEN};
@@ -115,7 +117,7 @@ impl GptConfig {
         Ok(())
     }
 
-    fn mlp_hidden(&self) -> usize {
+    pub(crate) fn mlp_hidden(&self) -> usize {
         match self.variant {
             Variant::Gpt2 => 4 * self.n_embd,
             // Llama's 2/3·4·C rounded up to a multiple of 8.
@@ -124,20 +126,19 @@ impl GptConfig {
     }
 }
 
-/// A named parameter.
-#[derive(Clone)]
-pub(crate) struct Param {
-    pub(crate) name: String,
-    pub(crate) tensor: Tensor,
-    /// Weight-decayed (2-D weights), as nanoGPT.
-    pub(crate) decay: bool,
-}
-
-/// The model.
+/// The model: nanoGPT's GPT-2 or a Llama-style variant, its parameters in a [`ParamStore`]
+/// under nanoGPT's names.
 pub struct Gpt {
     pub config: GptConfig,
-    pub(crate) params: Vec<Param>,
-    device: Device,
+    store: ParamStore,
+    wte: Embedding,
+    /// Learned positions (GPT-2).
+    wpe: Option<Embedding>,
+    drop: Dropout,
+    blocks: Vec<Block>,
+    ln_f: Norm,
+    /// The output head (Llama); GPT-2's is tied to `wte`.
+    lm_head: Option<Linear>,
 }
 
 impl Gpt {
@@ -146,132 +147,78 @@ impl Gpt {
     pub fn new(config: GptConfig, seed: u64, device: Device) -> Result<Gpt> {
         config.validate()?;
         let c = config.n_embd;
-        let h = config.mlp_hidden();
-        let proj_std = 0.02 / (2.0 * config.n_layer as f32).sqrt();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut params = Vec::new();
-        let mut add = |name: String, shape: &[usize], init: Init| -> Result<()> {
-            let t = match init {
-                Init::Normal(std) => Tensor::randn(shape, std, rng.random(), device)?,
-                Init::Ones => Tensor::ones(shape, device)?,
-                Init::Zeros => Tensor::zeros(shape, device)?,
+        let store = ParamStore::new(device, seed);
+        let (wte, wpe, blocks, ln_f, lm_head) = {
+            let tr = store.pp("transformer");
+            let std = Init::Normal { std: 0.02 };
+            let wte = Embedding::with_init(tr.pp("wte"), config.vocab_size, c, std)?;
+            let wpe = match config.variant {
+                Variant::Gpt2 => Some(Embedding::with_init(
+                    tr.pp("wpe"),
+                    config.block_size,
+                    c,
+                    std,
+                )?),
+                Variant::Llama => None,
             };
-            params.push(Param {
-                name,
-                tensor: t.requires_grad_()?,
-                decay: shape.len() >= 2,
-            });
-            Ok(())
+            let blocks = (0..config.n_layer)
+                .map(|l| Block::new(tr.pp("h").pp(l), &config))
+                .collect::<Result<Vec<_>>>()?;
+            let ln_f = Norm::new(tr.pp("ln_f"), tr.pp("ln_f"), &config)?;
+            let lm_head = match config.variant {
+                Variant::Gpt2 => None,
+                Variant::Llama => Some(Linear::with_init(
+                    store.pp("lm_head"),
+                    c,
+                    config.vocab_size,
+                    std,
+                    None,
+                )?),
+            };
+            (wte, wpe, blocks, ln_f, lm_head)
         };
-        add(
-            "transformer.wte.weight".into(),
-            &[config.vocab_size, c],
-            Init::Normal(0.02),
-        )?;
-        if config.variant == Variant::Gpt2 {
-            add(
-                "transformer.wpe.weight".into(),
-                &[config.block_size, c],
-                Init::Normal(0.02),
-            )?;
-        }
-        for l in 0..config.n_layer {
-            let p = |s: &str| format!("transformer.h.{l}.{s}");
-            match config.variant {
-                Variant::Gpt2 => {
-                    add(p("ln_1.weight"), &[c], Init::Ones)?;
-                    if config.bias {
-                        add(p("ln_1.bias"), &[c], Init::Zeros)?;
-                    }
-                    add(p("attn.c_attn.weight"), &[3 * c, c], Init::Normal(0.02))?;
-                    if config.bias {
-                        add(p("attn.c_attn.bias"), &[3 * c], Init::Zeros)?;
-                    }
-                    add(p("attn.c_proj.weight"), &[c, c], Init::Normal(proj_std))?;
-                    if config.bias {
-                        add(p("attn.c_proj.bias"), &[c], Init::Zeros)?;
-                    }
-                    add(p("ln_2.weight"), &[c], Init::Ones)?;
-                    if config.bias {
-                        add(p("ln_2.bias"), &[c], Init::Zeros)?;
-                    }
-                    add(p("mlp.c_fc.weight"), &[h, c], Init::Normal(0.02))?;
-                    if config.bias {
-                        add(p("mlp.c_fc.bias"), &[h], Init::Zeros)?;
-                    }
-                    add(p("mlp.c_proj.weight"), &[c, h], Init::Normal(proj_std))?;
-                    if config.bias {
-                        add(p("mlp.c_proj.bias"), &[c], Init::Zeros)?;
-                    }
-                }
-                Variant::Llama => {
-                    add(p("attention_norm.weight"), &[c], Init::Ones)?;
-                    add(p("attn.c_attn.weight"), &[3 * c, c], Init::Normal(0.02))?;
-                    add(p("attn.c_proj.weight"), &[c, c], Init::Normal(proj_std))?;
-                    add(p("ffn_norm.weight"), &[c], Init::Ones)?;
-                    add(p("mlp.w1.weight"), &[h, c], Init::Normal(0.02))?;
-                    add(p("mlp.w3.weight"), &[h, c], Init::Normal(0.02))?;
-                    add(p("mlp.w2.weight"), &[c, h], Init::Normal(proj_std))?;
-                }
-            }
-        }
-        add("transformer.ln_f.weight".into(), &[c], Init::Ones)?;
-        if config.variant == Variant::Gpt2 && config.bias {
-            add("transformer.ln_f.bias".into(), &[c], Init::Zeros)?;
-        }
-        if config.variant == Variant::Llama {
-            add(
-                "lm_head.weight".into(),
-                &[config.vocab_size, c],
-                Init::Normal(0.02),
-            )?;
-        }
         Ok(Gpt {
             config,
-            params,
-            device,
+            store,
+            wte,
+            wpe,
+            drop: Dropout::new(config.dropout)?,
+            blocks,
+            ln_f,
+            lm_head,
         })
     }
 
     /// The device the parameters live on.
     pub fn device(&self) -> Device {
-        self.device
+        self.store.device()
     }
 
-    /// Parameters with their names and whether AdamW decays them.
+    /// The parameters: for AdamW ([`ParamStore::adamw`]), snapshots, checkpoints.
+    pub fn store(&self) -> &ParamStore {
+        &self.store
+    }
+
+    /// Parameters with their names and whether AdamW decays them, in registration order.
     pub fn parameters(&self) -> Vec<(String, Tensor, bool)> {
-        self.params
-            .iter()
-            .map(|p| (p.name.clone(), p.tensor.clone(), p.decay))
+        self.store
+            .params()
+            .into_iter()
+            .map(|p| (p.name().to_string(), p.tensor().clone(), p.decay()))
             .collect()
     }
 
     /// Total number of parameter elements.
     pub fn num_params(&self) -> usize {
-        self.params.iter().map(|p| p.tensor.numel()).sum()
-    }
-
-    pub(crate) fn get(&self, name: &str) -> Result<&Tensor> {
-        self.params
-            .iter()
-            .find(|p| p.name == name)
-            .map(|p| &p.tensor)
-            .ok_or_else(|| GpuError::invalid("Gpt", format!("no parameter {name}")))
-    }
-
-    fn opt(&self, name: &str) -> Option<&Tensor> {
-        self.params
-            .iter()
-            .find(|p| p.name == name)
-            .map(|p| &p.tensor)
+        self.store.num_elements()
     }
 
     /// Logits `[b, t, vocab]` for u32 token ids `[b, t]` (`t <= block_size`). `dropout_seed`
     /// turns training-mode dropout on.
     pub fn forward(&self, idx: &Tensor, dropout_seed: Option<u64>) -> Result<Tensor> {
         let cfg = &self.config;
-        let (b, t) = match idx.shape() {
-            [b, t] if *t > 0 && *t <= cfg.block_size => (*b, *t),
+        let t = match idx.shape() {
+            [_, t] if *t > 0 && *t <= cfg.block_size => *t,
             s => {
                 return Err(GpuError::shape(
                     "Gpt::forward",
@@ -280,90 +227,21 @@ impl Gpt {
                 ))
             }
         };
-        let (c, nh) = (cfg.n_embd, cfg.n_head);
-        let hd = c / nh;
-        let training = dropout_seed.is_some();
-        let mut seed = dropout_seed.unwrap_or(0);
-        let mut next_seed = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            seed
-        };
-        let zeros_c = Tensor::zeros(&[c], self.device)?;
-        let norm = |x: &Tensor, pre: &str, llama_name: &str| -> Result<Tensor> {
-            match cfg.variant {
-                Variant::Gpt2 => {
-                    let w = self.get(&format!("{pre}.weight"))?;
-                    let bias = self.opt(&format!("{pre}.bias")).unwrap_or(&zeros_c);
-                    x.layer_norm(w, bias, 1e-5)
-                }
-                Variant::Llama => x.rms_norm(self.get(&format!("{llama_name}.weight"))?, 1e-5),
-            }
-        };
-        let linear = |x: &Tensor, pre: &str| -> Result<Tensor> {
-            x.linear(
-                self.get(&format!("{pre}.weight"))?,
-                self.opt(&format!("{pre}.bias")),
-            )
-        };
-        let mut x = self.get("transformer.wte.weight")?.embedding(idx)?;
-        if cfg.variant == Variant::Gpt2 {
-            let pos = self.positions(t)?;
-            x = x.add(&self.get("transformer.wpe.weight")?.embedding(&pos)?)?;
+        let mut seeds = DropoutSeeds::new(dropout_seed);
+        let mut x = self.wte.forward(idx)?;
+        if let Some(wpe) = &self.wpe {
+            // Rows 0..t of the table are the embeddings of positions 0..t.
+            x = x.add(&wpe.weight().narrow(0, 0, t)?)?;
         }
-        x = x.dropout(cfg.dropout, next_seed(), training)?;
-        for l in 0..cfg.n_layer {
-            let p = |s: &str| format!("transformer.h.{l}.{s}");
-            let h = norm(&x, &p("ln_1"), &p("attention_norm"))?;
-            let qkv = linear(&h, &p("attn.c_attn"))?; // [b, t, 3c]
-            let heads = |i: usize| -> Result<Tensor> {
-                qkv.narrow(2, i * c, c)?
-                    .reshape(&[b, t, nh, hd])?
-                    .permute(&[0, 2, 1, 3])
-            };
-            let (mut q, mut k, v) = (heads(0)?, heads(1)?, heads(2)?);
-            if cfg.variant == Variant::Llama {
-                q = q.rope(10_000.0)?;
-                k = k.rope(10_000.0)?;
-            }
-            let y = Tensor::causal_attention(&q, &k, &v)?
-                .permute(&[0, 2, 1, 3])?
-                .reshape(&[b, t, c])?;
-            let y = linear(&y, &p("attn.c_proj"))?.dropout(cfg.dropout, next_seed(), training)?;
-            x = x.add(&y)?;
-            let h = norm(&x, &p("ln_2"), &p("ffn_norm"))?;
-            let h = match cfg.variant {
-                Variant::Gpt2 => linear(&linear(&h, &p("mlp.c_fc"))?.gelu()?, &p("mlp.c_proj"))?,
-                Variant::Llama => {
-                    let gate = linear(&h, &p("mlp.w1"))?;
-                    linear(&gate.swiglu(&linear(&h, &p("mlp.w3"))?)?, &p("mlp.w2"))?
-                }
-            };
-            x = x.add(&h.dropout(cfg.dropout, next_seed(), training)?)?;
+        x = self.drop.forward_t(&x, seeds.next_mode())?;
+        for block in &self.blocks {
+            x = block.forward(&x, &mut seeds)?;
         }
-        let x = norm(&x, "transformer.ln_f", "transformer.ln_f")?;
-        let head = match cfg.variant {
-            Variant::Gpt2 => self.get("transformer.wte.weight")?,
-            Variant::Llama => self.get("lm_head.weight")?,
-        };
-        x.linear(head, None)
-    }
-
-    /// Position ids `0..t` on the model's device, uploaded once per length and cached, so a
-    /// training step transfers only its batch.
-    fn positions(&self, t: usize) -> Result<Tensor> {
-        use std::collections::HashMap;
-        use std::sync::Mutex;
-        static CACHE: Mutex<Option<HashMap<(Device, usize), Tensor>>> = Mutex::new(None);
-        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        let map = cache.get_or_insert_with(HashMap::new);
-        if let Some(p) = map.get(&(self.device, t)) {
-            return Ok(p.clone());
+        let x = self.ln_f.forward(&x)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&x),
+            None => x.linear(self.wte.weight(), None),
         }
-        let p = Tensor::from_vec((0..t as u32).collect::<Vec<u32>>(), &[t], self.device)?;
-        map.insert((self.device, t), p.clone());
-        Ok(p)
     }
 
     /// Mean cross-entropy of the next-token predictions for `x` against `y` (both `[b, t]`).
@@ -397,7 +275,7 @@ impl Gpt {
             for _ in 0..new_tokens {
                 let start = out.len().saturating_sub(self.config.block_size);
                 let ctx = &out[start..];
-                let idx = Tensor::from_vec(ctx.to_vec(), &[1, ctx.len()], self.device)?;
+                let idx = Tensor::from_vec(ctx.to_vec(), &[1, ctx.len()], self.device())?;
                 let logits = self.forward(&idx, None)?;
                 let v = self.config.vocab_size;
                 let last = logits
@@ -429,10 +307,4 @@ impl Gpt {
             Ok(out)
         })
     }
-}
-
-enum Init {
-    Normal(f32),
-    Ones,
-    Zeros,
 }

@@ -1,0 +1,136 @@
+//! safetensors files of a [`ParamStore`]: f32 little-endian tensors under the parameters'
+//! names, with optional string metadata. Loading checks every name, shape and dtype.
+
+use super::copy::copy_into;
+use super::store::ParamStore;
+use crate::{GpuError, Result, Tensor};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+fn st_err(op: &'static str, e: impl std::fmt::Display) -> GpuError {
+    GpuError::invalid(op, format!("safetensors: {e}"))
+}
+
+/// The string metadata of safetensors bytes (empty when the file has none).
+pub fn read_metadata(data: &[u8]) -> Result<HashMap<String, String>> {
+    let (_, meta) = SafeTensors::read_metadata(data).map_err(|e| st_err("read_metadata", e))?;
+    Ok(meta.metadata().clone().unwrap_or_default())
+}
+
+impl ParamStore {
+    /// The parameters as safetensors bytes, with `metadata` (one host copy per parameter).
+    pub fn to_safetensors(&self, metadata: &HashMap<String, String>) -> Result<Vec<u8>> {
+        let op = "ParamStore::save";
+        let mut bytes: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        for p in self.params() {
+            let v = p.tensor().to_vec()?;
+            bytes.push((
+                p.name().to_string(),
+                p.tensor().shape().to_vec(),
+                v.iter().flat_map(|f| f.to_le_bytes()).collect(),
+            ));
+        }
+        let views: Vec<(String, TensorView<'_>)> = bytes
+            .iter()
+            .map(|(n, s, b)| {
+                TensorView::new(Dtype::F32, s.clone(), b)
+                    .map(|v| (n.clone(), v))
+                    .map_err(|e| st_err(op, format!("{n}: {e}")))
+            })
+            .collect::<Result<_>>()?;
+        let meta = (!metadata.is_empty()).then(|| metadata.clone());
+        safetensors::serialize(views, &meta).map_err(|e| st_err(op, e))
+    }
+
+    /// Writes every parameter to `path` (no metadata).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        self.save_with_metadata(path, &HashMap::new())
+    }
+
+    /// Writes every parameter and `metadata` to `path`.
+    pub fn save_with_metadata(
+        &self,
+        path: &Path,
+        metadata: &HashMap<String, String>,
+    ) -> Result<()> {
+        let out = self.to_safetensors(metadata)?;
+        std::fs::write(path, out)
+            .map_err(|e| GpuError::invalid("ParamStore::save", format!("{}: {e}", path.display())))
+    }
+
+    /// Overwrites the parameters, in place, from the safetensors file at `path` (see
+    /// [`ParamStore::load_bytes`]).
+    pub fn load(&self, path: &Path) -> Result<()> {
+        let data = std::fs::read(path).map_err(|e| {
+            GpuError::invalid("ParamStore::load", format!("{}: {e}", path.display()))
+        })?;
+        self.load_bytes(&data)
+    }
+
+    /// Overwrites the parameters, in place (optimisers keep referring to them), from
+    /// safetensors bytes. The file must hold exactly the store's names, each f32 with the
+    /// parameter's shape: a missing or extra tensor, a wrong shape or dtype is a typed error
+    /// naming the tensor. Everything is checked, and every value uploaded, before any
+    /// parameter is written.
+    pub fn load_bytes(&self, data: &[u8]) -> Result<()> {
+        let op = "ParamStore::load";
+        let st = SafeTensors::deserialize(data).map_err(|e| st_err(op, e))?;
+        let params = self.params();
+        let mut fresh = Vec::with_capacity(params.len());
+        for p in &params {
+            let name = p.name();
+            let shape = p.tensor().shape();
+            let view = st.tensor(name).map_err(|_| {
+                GpuError::invalid(op, format!("missing tensor '{name}' (f32 {shape:?})"))
+            })?;
+            if view.dtype() != Dtype::F32 {
+                return Err(GpuError::invalid(
+                    op,
+                    format!("tensor '{name}' is {:?}, expected F32", view.dtype()),
+                ));
+            }
+            if view.shape() != shape {
+                return Err(GpuError::shape(
+                    op,
+                    format!("'{name}' of shape {shape:?}"),
+                    format!("'{name}' of shape {:?}", view.shape()),
+                ));
+            }
+            fresh.push(view);
+        }
+        let known: BTreeSet<&str> = params.iter().map(|p| p.name()).collect();
+        let extra: BTreeSet<&str> = st
+            .names()
+            .into_iter()
+            .map(String::as_str)
+            .filter(|n| !known.contains(n))
+            .collect();
+        if !extra.is_empty() {
+            let list: Vec<&str> = extra.into_iter().collect();
+            return Err(GpuError::invalid(
+                op,
+                format!(
+                    "unexpected tensor(s) not in the store: '{}'",
+                    list.join("', '")
+                ),
+            ));
+        }
+        let uploaded = fresh
+            .iter()
+            .zip(&params)
+            .map(|(view, p)| {
+                let vals: Vec<f32> = view
+                    .data()
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                Tensor::from_vec(vals, p.tensor().shape(), p.tensor().device())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (p, t) in params.iter().zip(&uploaded) {
+            copy_into(op, p.tensor(), t)?;
+        }
+        Ok(())
+    }
+}
