@@ -61,6 +61,8 @@ fn names_order_decay_flags_and_seeded_init() {
         assert_eq!(p.tensor().device(), CPU);
     }
     assert_eq!(store.get("gru.0.weight_hh").unwrap().shape(), [6, 2]);
+    fn shareable<T: Send + Sync>(_: &T) {}
+    shareable(&store); // a trainer may hold the store across threads
     assert!(store.get("gru.0.weight").is_none());
     // The same seed gives the same values, another seed others.
     let (same, other) = (ParamStore::new(CPU, 9), ParamStore::new(CPU, 10));
