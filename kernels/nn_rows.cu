@@ -396,7 +396,8 @@ static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const f
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(x, i);
         if (cached) st<V>(cache, i, v);
-        s += (double)v.v[0] + (double)v.v[V - 1] + (V == 4 ? (double)v.v[1] + (double)v.v[2] : 0.0);
+#pragma unroll
+        for (int k = 0; k < V; ++k) s += (double)v.v[k];
     }
     const double mud = grp_sum_d(s, red) / (double)cols;
     const float mu = (float)mud, lo = (float)(mud - (double)mu);

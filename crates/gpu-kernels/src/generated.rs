@@ -10,7 +10,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
         source_sha256: "64f228ec8e90d8bc002dc0e62cf069a69b17444e69b6254204edcdb12b46437f",
         ptx_sha256: "7e3b79dfe46549e2b1467e03776f1ab02de7195a1538782f10b567e19a983ef8",
-        fatbin_sha256: "69ebcb46da3713b9d7662c825dc4d7e3d1c7a90aeb3b7c9e479e23ce47a7e4aa",
+        fatbin_sha256: "51acaa27444a55f7bb23fef278a876555478221f020649c93c716dec320f2989",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {
@@ -53,9 +53,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_rows",
         ptx: include_str!("../kernels/nn_rows.ptx"),
         fatbin: include_bytes!("../kernels/nn_rows.fatbin"),
-        source_sha256: "1a8cd07438c0beaab2118e251fec2575813f1c7f044592a4e2eabd0cb088a3e6",
-        ptx_sha256: "2ecd9950e70585d453dd7cf4f87464d3d9168bdaf3b420e09ec0740562e2fd8b",
-        fatbin_sha256: "9330c9ec9d9589c68e7e1329a5b87817e2a256396d21f1e721194df1b929fe32",
+        source_sha256: "dfdc24f7e57e282e7cad0d9862c9531e5e20b73bcc4dabcca825594468d59040",
+        ptx_sha256: "89812105a899139ce2d51a286c05831b1a6a150487ecd7e42faf721df9738251",
+        fatbin_sha256: "2deaddd40f03858e646613f8aacf436df99605d2d642fd2b64869fb10324a9e7",
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
 ];
