@@ -389,31 +389,35 @@ static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const f
                                                          const float* b, float* y, float* mean,
                                                          float* rstd, unsigned cols, float eps,
                                                          bool cached, float* cache, float2* red) {
-    // One f64 running sum per thread: exact for a constant row (n·x needs at most 29 more bits
+    // Two f64 running sums per thread: exact for a constant row (n·x needs at most 29 more bits
     // than x for n < 2^29). __launch_bounds__(512, 4) holds the kernel at the f32 version's 32
     // registers (no spills), so the f64 arithmetic costs no occupancy.
-    double s = 0.0;
+    double s0 = 0.0, s1 = 0.0;  // two chains: the f64 add latency overlaps
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(x, i);
         if (cached) st<V>(cache, i, v);
 #pragma unroll
-        for (int k = 0; k < V; ++k) s += (double)v.v[k];
+        for (int k = 0; k < V; ++k) (k & 1 ? s1 : s0) += (double)v.v[k];
     }
-    const double mud = grp_sum_d(s, red) / (double)cols;
+    const double mud = grp_sum_d(s0 + s1, red) / (double)cols;
     const float mu = (float)mud, lo = (float)(mud - (double)mu);
     // Σ(x − mean)² from the halved differences h = x/2 − mean/2 (no f32 overflow; squared in f64).
     const float hm = 0.5f * mu;
     const float* src = cached ? cache : x;
-    double q = 0.0;
+    double q0 = 0.0, q1 = 0.0;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(src, i);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
             const double h = (double)fmaf(0.5f, v.v[k], -hm);
-            q = fma(h, h, q);
+            if (k & 1)
+                q1 = fma(h, h, q1);
+            else
+                q0 = fma(h, h, q0);
         }
     }
-    const float rs = (float)(1.0 / sqrt(4.0 * grp_sum_d(q, red) / (double)cols + (double)eps));
+    const float rs =
+        (float)(1.0 / sqrt(4.0 * grp_sum_d(q0 + q1, red) / (double)cols + (double)eps));
     FOR_CHUNKS(i) {
         Vf<V> v = ld<V>(src, i);
         const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);

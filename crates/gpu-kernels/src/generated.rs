@@ -10,7 +10,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
         source_sha256: "64f228ec8e90d8bc002dc0e62cf069a69b17444e69b6254204edcdb12b46437f",
         ptx_sha256: "7e3b79dfe46549e2b1467e03776f1ab02de7195a1538782f10b567e19a983ef8",
-        fatbin_sha256: "51acaa27444a55f7bb23fef278a876555478221f020649c93c716dec320f2989",
+        fatbin_sha256: "91b1da58b33d7584afbe599236b255aeecd3fa3b50c02dc493c1d98aa45ccf75",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {
@@ -53,9 +53,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_rows",
         ptx: include_str!("../kernels/nn_rows.ptx"),
         fatbin: include_bytes!("../kernels/nn_rows.fatbin"),
-        source_sha256: "dfdc24f7e57e282e7cad0d9862c9531e5e20b73bcc4dabcca825594468d59040",
-        ptx_sha256: "89812105a899139ce2d51a286c05831b1a6a150487ecd7e42faf721df9738251",
-        fatbin_sha256: "2deaddd40f03858e646613f8aacf436df99605d2d642fd2b64869fb10324a9e7",
+        source_sha256: "7d766a5153066cacd0bc37e797e7d40ec27eca702c7ab5aecec4b15d8fe29b34",
+        ptx_sha256: "78d566f7cd7bd308bd78d5b1a338d43846b57c2f44a3759fb8cad7d1c27db757",
+        fatbin_sha256: "96994cfa6a1eef859bce31144ea10544e56fe5b4484a63a3d10b21309cd3f82d",
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
 ];
