@@ -385,7 +385,7 @@ fn gpu_training_step_moves_only_the_batch_and_the_loss() {
         opt.step(&g, 1e-3).unwrap();
         loss.item().unwrap()
     };
-    step(0); // warm-up: caches the position ids on the device
+    step(0); // warm-up: module loads, cuBLAS handle, pool blocks
     let before = transfer_stats();
     let loss = step(1);
     let after = transfer_stats();
