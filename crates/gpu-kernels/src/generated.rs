@@ -53,9 +53,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_rows",
         ptx: include_str!("../kernels/nn_rows.ptx"),
         fatbin: include_bytes!("../kernels/nn_rows.fatbin"),
-        source_sha256: "7d766a5153066cacd0bc37e797e7d40ec27eca702c7ab5aecec4b15d8fe29b34",
-        ptx_sha256: "78d566f7cd7bd308bd78d5b1a338d43846b57c2f44a3759fb8cad7d1c27db757",
-        fatbin_sha256: "96994cfa6a1eef859bce31144ea10544e56fe5b4484a63a3d10b21309cd3f82d",
+        source_sha256: "9d2fe219ebed259eb01f71082a66a697e34809b50ea988d3962099931cb60808",
+        ptx_sha256: "a050ee7757263fb05704680028db263764a3a30aaf34812295600124f2e31f1d",
+        fatbin_sha256: "24278d0960a93967a90a46fbbaab7997e2dd8d2fd6326d7a1f78c8bd1a53353b",
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
 ];
