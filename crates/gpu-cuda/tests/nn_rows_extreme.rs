@@ -40,6 +40,15 @@ fn huge_rows_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
             let what = format!("{dev} {scale:e}·U(-1,1)+{offset:e} x{cols}");
             norm_check(b, &what, rng, &x, cols);
         }
+        // The first element an outlier (the LayerNorm kernel shifts by x[0]), and one nonzero
+        // element among zeros (the sharpest cancellation for a shifted sum).
+        let mut outlier = random_vec(rng, 2 * cols, 1.0);
+        outlier[0] = 1e4;
+        outlier[cols] = -3e6;
+        norm_check(b, &format!("{dev} outlier first x{cols}"), rng, &outlier, cols);
+        let mut spike = vec![0.0f32; cols];
+        spike[0] = 5e3;
+        norm_check(b, &format!("{dev} lone spike x{cols}"), rng, &spike, cols);
         // Denormals and a row mixing ±FLT_MAX with small values.
         let tiny: Vec<f32> = (0..2 * cols)
             .map(|_| rng.random_range(-1e-39..1e-39))
