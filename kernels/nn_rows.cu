@@ -388,53 +388,30 @@ static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const f
                                                          const float* b, float* y, float* mean,
                                                          float* rstd, unsigned cols, float eps,
                                                          bool cached, float* cache, float2* red) {
-    // Two passes: the mean, then Σ(x − mean)² (centred: no cancellation). Each chunk's V terms
-    // are summed in f32 and added to an f64 total once (f32→f64 conversions are the scarce unit
-    // here); a chunk whose f32 sum is not safely finite (beyond 1e37: rows near FLT_MAX, or NaN)
-    // is summed in f64 instead, so nothing overflows.
-    // Mean: Σ(x − K) with K = x[0], so a constant row sums exact zeros (mean exactly K). The f32
-    // chunk sums err by at most 3 ulps of Σ|x − K| over the chunk.
-    const float kf = x[0];
-    const double k0 = (double)kf;
-    double s = 0.0;
+    // One pass for both statistics, in f64, shifted by K = x[0]: d = x − K, mean = K + Σd/n,
+    // var = (Σd² − (Σd)²/n)/n. K is one of the row's values, so (K − mean)² <= n·var and the
+    // subtraction loses at most a factor n: a relative error <= ~n·2^-53 in var (1e-12 at 4096
+    // columns). A constant row gives d = 0: mean exactly K, var exactly 0. Nothing overflows.
+    const double k0 = (double)x[0];
+    double s = 0.0, q = 0.0;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(x, i);
         if (cached) st<V>(cache, i, v);
-        float cs = 0.0f;
-#pragma unroll
-        for (int k = 0; k < V; ++k) cs += v.v[k] - kf;
-        if (fabsf(cs) <= 1e37f) {
-            s += (double)cs;
-        } else {
-#pragma unroll
-            for (int k = 0; k < V; ++k) s += (double)v.v[k] - k0;
-        }
-    }
-    const double mud = k0 + grp_sum_d(s, red) / (double)cols;
-    const float mu = (float)mud, lo = (float)(mud - (double)mu);
-    // Variance: positive terms, so the f32 chunk sums are within 4 ulps; d² below 2^-126
-    // (underflow) adds at most 2^-126 per element, far below any eps.
-    const float* src = cached ? cache : x;
-    double q = 0.0;
-    FOR_CHUNKS(i) {
-        const Vf<V> v = ld<V>(src, i);
-        float cq = 0.0f;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-            const float d = (v.v[k] - mu) - lo;
-            cq = fmaf(d, d, cq);
-        }
-        if (cq <= 1e37f) {
-            q += (double)cq;
-        } else {
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-                const double d = (double)v.v[k] - mud;
-                q = fma(d, d, q);
-            }
+            const double d = (double)v.v[k] - k0;
+            s += d;
+            q = fma(d, d, q);
         }
     }
-    const float rs = (float)(1.0 / sqrt(grp_sum_d(q, red) / (double)cols + (double)eps));
+    s = grp_sum_d(s, red);
+    q = grp_sum_d(q, red);
+    const double n = (double)cols;
+    const double mud = k0 + s / n;
+    const float mu = (float)mud, lo = (float)(mud - (double)mu);
+    const double var = fmax(0.0, (q - s * (s / n)) / n);
+    const float rs = (float)(1.0 / sqrt(var + (double)eps));
+    const float* src = cached ? cache : x;
     FOR_CHUNKS(i) {
         Vf<V> v = ld<V>(src, i);
         const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);

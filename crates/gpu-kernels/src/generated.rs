@@ -10,7 +10,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
         source_sha256: "64f228ec8e90d8bc002dc0e62cf069a69b17444e69b6254204edcdb12b46437f",
         ptx_sha256: "7e3b79dfe46549e2b1467e03776f1ab02de7195a1538782f10b567e19a983ef8",
-        fatbin_sha256: "69ebcb46da3713b9d7662c825dc4d7e3d1c7a90aeb3b7c9e479e23ce47a7e4aa",
+        fatbin_sha256: "91b1da58b33d7584afbe599236b255aeecd3fa3b50c02dc493c1d98aa45ccf75",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {
@@ -53,9 +53,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_rows",
         ptx: include_str!("../kernels/nn_rows.ptx"),
         fatbin: include_bytes!("../kernels/nn_rows.fatbin"),
-        source_sha256: "cfe5782b5c64841a25836b56fab0931cbc305e2149833b34e7f531319c31ae37",
-        ptx_sha256: "2ea35b43f339df8a160b8cb7d31cc2c8caf79933deffb614b50a109951e3d6a4",
-        fatbin_sha256: "06b09cf45b30cda72eb013c5630050d55565337165962d392bbf250771b393c9",
+        source_sha256: "9d2fe219ebed259eb01f71082a66a697e34809b50ea988d3962099931cb60808",
+        ptx_sha256: "a050ee7757263fb05704680028db263764a3a30aaf34812295600124f2e31f1d",
+        fatbin_sha256: "24278d0960a93967a90a46fbbaab7997e2dd8d2fd6326d7a1f78c8bd1a53353b",
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
 ];
