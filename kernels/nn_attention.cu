@@ -72,6 +72,23 @@ static __device__ __forceinline__ void load_tile(float* s, const float* __restri
     tile.store(s);
 }
 
+// load_tile that also says whether this thread loaded a NaN or an infinity.
+template <int ROWS, int D, int NT>
+static __device__ __forceinline__ bool load_tile_nonfinite(float* s, const float* __restrict__ g,
+                                                           int row0, int t, int d) {
+    RowTile<ROWS, D, NT> tile;
+    tile.fetch(g, row0, t, d);
+    tile.store(s);
+    bool bad = false;
+#pragma unroll
+    for (int it = 0; it < RowTile<ROWS, D, NT>::ITERS; ++it) {
+        const float4 v = tile.r[it];
+        bad |= !(fabsf(v.x) <= 3.40282347e38f && fabsf(v.y) <= 3.40282347e38f &&
+                 fabsf(v.z) <= 3.40282347e38f && fabsf(v.w) <= 3.40282347e38f);
+    }
+    return bad;
+}
+
 // acc[i][j] += A[ty*4+i] · B[tx+16j] over D columns, for j < JN (A, B padded D-wide tiles).
 template <int D, int SC, int JN>
 static __device__ __forceinline__ void mma_abt(float (&acc)[4][SC], const float* A, const float* B,
@@ -405,9 +422,12 @@ static __device__ __forceinline__ void attn_bwd_dq(
         for (int c = 0; c < OC; ++c) acc[i][c] = 0.f;
 
     for (int k0 = 0; k0 < kend; k0 += BK) {
-        load_tile<BK, D, NT>(sK, k + base, k0, t, d);
+        const bool kbad = load_tile_nonfinite<BK, D, NT>(sK, k + base, k0, t, d);
         load_tile<BK, D, NT>(sV, v + base, k0, t, d);
-        __syncthreads();
+        // Masked dS entries are exact zeros (selects below), so dS·K needs the causal selects
+        // only when the K tile holds a NaN or an infinity (0·NaN); the common case keeps the
+        // plain product.
+        const bool k_nonfinite = __syncthreads_or(kbad);
         float s[4][SC], dp[4][SC];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -428,7 +448,7 @@ static __device__ __forceinline__ void attn_bwd_dq(
         }
         __syncthreads();
         const int kofs = k0 - q0;
-        if (kofs + BK - 1 > 0)
+        if (k_nonfinite && kofs + BK - 1 > 0)
             mma_px_rows_causal<D, BK>(acc, sdS, sK, ty, tx, kofs);
         else
             mma_px<D, BK>(acc, sdS, sK, ty, tx, 0, BK);
@@ -494,8 +514,8 @@ static __device__ __forceinline__ void attn_bwd_dkdv(
 
     // The first query tile holding a row >= k0.
     for (int q0 = k0 / BQC * BQC; q0 < t; q0 += BQC) {
-        load_tile<BQC, D, NT>(sQ, q + base, q0, t, d);
-        load_tile<BQC, D, NT>(sdO, dout + base, q0, t, d);
+        bool qbad = load_tile_nonfinite<BQC, D, NT>(sQ, q + base, q0, t, d);
+        qbad |= load_tile_nonfinite<BQC, D, NT>(sdO, dout + base, q0, t, d);
         float lse2[SC], dlt[SC];
 #pragma unroll
         for (int j = 0; j < SC; ++j) {
@@ -503,7 +523,8 @@ static __device__ __forceinline__ void attn_bwd_dkdv(
             lse2[j] = row < t ? lse[(size_t)seq * t + row] * ATT_LOG2E : 0.f;
             dlt[j] = row < t ? delta[(size_t)seq * t + row] : 0.f;
         }
-        __syncthreads();
+        // As in dq: the causal selects only when the Q or dO tile holds a NaN or an infinity.
+        const bool q_nonfinite = __syncthreads_or(qbad);
         float s[4][SC], dp[4][SC];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -526,12 +547,17 @@ static __device__ __forceinline__ void attn_bwd_dkdv(
         __syncthreads();
         // Query column j reaches key row r when k0 + r <= q0 + j. This warp's keys are
         // k0 + 8w .. k0 + 8w + 7: columns below kq + 8w reach none of them, the next 8 some.
-        const int kq = k0 - q0, wfirst = (ty >> 1) * 8;
-        const int js = min(BQC, max(0, kq + wfirst)), jf = min(BQC, max(0, kq + wfirst + 8));
-        mma_px_causal<D, BQC>(gv, sP, sdO, ty, tx, js, jf, kq, 1 << 30);
-        mma_px_causal<D, BQC>(gk, sdS, sQ, ty, tx, js, jf, kq, 1 << 30);
-        mma_px<D, BQC>(gv, sP, sdO, ty, tx, jf, BQC);
-        mma_px<D, BQC>(gk, sdS, sQ, ty, tx, jf, BQC);
+        if (q_nonfinite) {
+            const int kq = k0 - q0, wfirst = (ty >> 1) * 8;
+            const int js = min(BQC, max(0, kq + wfirst)), jf = min(BQC, max(0, kq + wfirst + 8));
+            mma_px_causal<D, BQC>(gv, sP, sdO, ty, tx, js, jf, kq, 1 << 30);
+            mma_px_causal<D, BQC>(gk, sdS, sQ, ty, tx, js, jf, kq, 1 << 30);
+            mma_px<D, BQC>(gv, sP, sdO, ty, tx, jf, BQC);
+            mma_px<D, BQC>(gk, sdS, sQ, ty, tx, jf, BQC);
+        } else {
+            mma_px<D, BQC>(gv, sP, sdO, ty, tx, 0, BQC);
+            mma_px<D, BQC>(gk, sdS, sQ, ty, tx, 0, BQC);
+        }
         __syncthreads();
     }
     const float one[4] = {1.f, 1.f, 1.f, 1.f}, mul[4] = {scale, scale, scale, scale};

@@ -8,9 +8,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_attention",
         ptx: include_str!("../kernels/nn_attention.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
-        source_sha256: "64f228ec8e90d8bc002dc0e62cf069a69b17444e69b6254204edcdb12b46437f",
-        ptx_sha256: "7e3b79dfe46549e2b1467e03776f1ab02de7195a1538782f10b567e19a983ef8",
-        fatbin_sha256: "91b1da58b33d7584afbe599236b255aeecd3fa3b50c02dc493c1d98aa45ccf75",
+        source_sha256: "1ae2d8c07bc3ab5fac440e68a73009ac51cbf07e66feb1108dedf6a09e292301",
+        ptx_sha256: "6ba04c5f645b7433c45fadc213462a0d0db9dccb6a72f2f64a5d1fcca0cce004",
+        fatbin_sha256: "7a1c95b247ccad628a4574de1efcd7e3f90710465189aab74a1572b0f043b2dc",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {
