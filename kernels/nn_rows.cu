@@ -348,10 +348,11 @@ extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logit
 }
 
 // ---- LayerNorm / RMSNorm forward with saved statistics ------------------------------------------
-// Scale-safe for every finite f32 input. The row statistics are accumulated in f64 (no extra
-// bytes move, and a few f32→f64 conversions per element stay far under the conversion rate at
-// copy bandwidth): a constant row of 1e20 has mean exactly 1e20 and x − mean exactly 0, and
-// Σ(x − K)², Σx² in f64 cannot overflow. x̂ = (x − mean)·rstd in f32, through xhat below.
+// Scale-safe for every finite f32 input. LayerNorm takes its statistics in f32 where they are
+// trustworthy (finite, spread above the rounding level of the mean) and recomputes them in f64
+// for the rest of the rows (constant or near-constant rows, sums beyond f32, NaN/inf), where a
+// constant row of 1e20 gets mean exactly 1e20 and x − mean exactly 0; RMSNorm's Σx² is f64
+// throughout (no overflow). x̂ = (x − mean)·rstd in f32, through xhat below where it can overflow.
 // LayerNorm: y = x̂·w + b, mean[r] and rstd[r] = 1/sqrt(var + eps) saved; RMSNorm:
 // rstd = 1/sqrt(mean(x²) + eps), y = x·rstd·w. The square root and reciprocal are taken in f64.
 
@@ -388,36 +389,74 @@ static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const f
                                                          const float* b, float* y, float* mean,
                                                          float* rstd, unsigned cols, float eps,
                                                          bool cached, float* cache, float2* red) {
-    // One pass for both statistics, in f64, shifted by K = x[0]: d = x − K, mean = K + Σd/n,
-    // var = (Σd² − (Σd)²/n)/n. K is one of the row's values, so (K − mean)² <= n·var and the
-    // subtraction loses at most a factor n: a relative error <= ~n·2^-53 in var (1e-12 at 4096
-    // columns). A constant row gives d = 0: mean exactly K, var exactly 0. Nothing overflows.
-    const double k0 = (double)x[0];
-    double s = 0.0, q = 0.0;
+    // Fast path, f32: the mean, then the centred Σ(x − mean)², then y. Its error is that of any
+    // f32 LayerNorm: relative to (|x| + |mean|)·rstd, the row's conditioning.
+    float sf = 0.0f;
     FOR_CHUNKS(i) {
         const Vf<V> v = ld<V>(x, i);
         if (cached) st<V>(cache, i, v);
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-            const double d = (double)v.v[k] - k0;
-            s += d;
-            q = fma(d, d, q);
-        }
+        for (int k = 0; k < V; ++k) sf += v.v[k];
     }
-    s = grp_sum_d(s, red);
-    q = grp_sum_d(q, red);
-    const double n = (double)cols;
-    const double mud = k0 + s / n;
-    const float mu = (float)mud, lo = (float)(mud - (double)mu);
-    const double var = fmax(0.0, (q - s * (s / n)) / n);
-    const float rs = (float)(1.0 / sqrt(var + (double)eps));
+    float mu = grp_sum(sf, red) / (float)cols, lo = 0.0f;
     const float* src = cached ? cache : x;
+    float qf = 0.0f;
     FOR_CHUNKS(i) {
-        Vf<V> v = ld<V>(src, i);
-        const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
+        const Vf<V> v = ld<V>(src, i);
 #pragma unroll
-        for (int k = 0; k < V; ++k) v.v[k] = fmaf(xhat(v.v[k], mu, lo, rs), g.v[k], c.v[k]);
-        st<V>(y, i, v);
+        for (int k = 0; k < V; ++k) qf = fmaf(v.v[k] - mu, v.v[k] - mu, qf);
+    }
+    const float var32 = grp_sum(qf, red) / (float)cols;
+    // The f32 statistics are trusted when finite and when the spread is not at the rounding
+    // level of the mean (std >= 2^-10·|mean|: a constant row of 1e20 has a rounded mean and a
+    // variance made of rounding errors). Otherwise (near-constant rows, sums that overflow f32,
+    // NaN or inf inputs) the row's statistics are recomputed in f64 below; the test is uniform
+    // over the group, and typical rows never take it.
+    const bool exact = !(var32 >= mu * mu * 9.5367431640625e-7f && var32 <= 1e37f);
+    float rs;
+    if (!exact) {
+        rs = 1.0f / sqrtf(var32 + eps);
+    } else {
+        // One f64 pass for both statistics, shifted by K = x[0]: d = x − K, mean = K + Σd/n,
+        // var = (Σd² − (Σd)²/n)/n. K is one of the row's values, so (K − mean)² <= n·var and the
+        // subtraction loses at most a factor n (relative error <= ~n·2^-53 in var). A constant
+        // row gives d = 0: mean exactly K, var exactly 0. Nothing overflows. The mean is kept as
+        // hi + lo, so x̂ is as accurate as the f64 reference.
+        const double k0 = (double)x[0];
+        double s = 0.0, q = 0.0;
+        FOR_CHUNKS(i) {
+            const Vf<V> v = ld<V>(src, i);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                const double d = (double)v.v[k] - k0;
+                s += d;
+                q = fma(d, d, q);
+            }
+        }
+        s = grp_sum_d(s, red);
+        q = grp_sum_d(q, red);
+        const double n = (double)cols;
+        const double mud = k0 + s / n;
+        mu = (float)mud, lo = (float)(mud - (double)mu);
+        rs = (float)(1.0 / sqrt(fmax(0.0, (q - s * (s / n)) / n) + (double)eps));
+    }
+    if (!exact) {
+        // Finite var32 <= 1e37 bounds |x − mean|: the plain difference cannot overflow.
+        FOR_CHUNKS(i) {
+            Vf<V> v = ld<V>(src, i);
+            const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
+#pragma unroll
+            for (int k = 0; k < V; ++k) v.v[k] = fmaf((v.v[k] - mu) * rs, g.v[k], c.v[k]);
+            st<V>(y, i, v);
+        }
+    } else {
+        FOR_CHUNKS(i) {
+            Vf<V> v = ld<V>(src, i);
+            const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
+#pragma unroll
+            for (int k = 0; k < V; ++k) v.v[k] = fmaf(xhat(v.v[k], mu, lo, rs), g.v[k], c.v[k]);
+            st<V>(y, i, v);
+        }
     }
     if (threadIdx.x == 0) *mean = mu, *rstd = rs;
 }

@@ -45,7 +45,13 @@ fn huge_rows_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
         let mut outlier = random_vec(rng, 2 * cols, 1.0);
         outlier[0] = 1e4;
         outlier[cols] = -3e6;
-        norm_check(b, &format!("{dev} outlier first x{cols}"), rng, &outlier, cols);
+        norm_check(
+            b,
+            &format!("{dev} outlier first x{cols}"),
+            rng,
+            &outlier,
+            cols,
+        );
         let mut spike = vec![0.0f32; cols];
         spike[0] = 5e3;
         norm_check(b, &format!("{dev} lone spike x{cols}"), rng, &spike, cols);
