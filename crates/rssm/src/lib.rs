@@ -1,6 +1,6 @@
 //! `rssm`: the world model of hybrid-trainer: an ensemble RSSM over training-state feature
 //! vectors, trained by backpropagation through time, that predicts the next steps with an
-//! uncertainty. (`GpuAccelerator`, the trainer's door to the device work, is not built yet.)
+//! uncertainty; and [`GpuAccelerator`], the trainer's single door to the device work.
 //!
 //! # The model
 //!
@@ -41,14 +41,38 @@
 //! [`SequenceBatch::with_targets`] to predict more than the features (the coefficients of
 //! parameter updates in a low-rank basis).
 //!
+//! # The accelerator
+//!
+//! [`GpuAccelerator`] lives here because it needs the RSSM (`encode_state`, `predict_batch`)
+//! and tensor-ops, and the trainer, its only user, sits above: `tensor-ops ← rssm ←
+//! hybrid-trainer` stays strictly downward. Each entry point dispatches by device:
+//!
+//! | entry point | CPU (the `nalgebra` reference, f64) | CUDA |
+//! |---|---|---|
+//! | `encode_state` | [`reference::HostRssm::encode`] | the encoder's tensor-ops forward |
+//! | `predict_batch` | [`reference::HostRssm::predict`] | [`Rssm::predict`] on the device |
+//! | `compress_residuals` | [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | [`AcceleratorError::Unsupported`] |
+//! | `apply_corrections` | [`correct::apply_tiled`], in place | [`AcceleratorError::Unsupported`] |
+//!
+//! The two `Unsupported` paths need device work tensor-ops does not expose (QR and a small
+//! SVD on the device, i.e. cuSOLVER; an in-place tiled update of device memory): they return
+//! that typed error, never a stand-in result. Bad input (wrong widths, ranks, NaN or Inf,
+//! mismatched devices, no model, an untrained ensemble) is a typed error ([`RssmError`],
+//! [`AcceleratorError`]).
 
+mod accelerator;
 mod config;
+pub mod correct;
 mod error;
 mod layers;
 mod model;
+pub mod reference;
+pub mod svd;
 mod train;
 
+pub use accelerator::{Engine, GpuAccelerator};
 pub use config::RssmConfig;
 pub use error::{AcceleratorError, Result, RssmError};
 pub use model::{MemberState, Prediction, Rssm};
+pub use svd::{LowRank, SvdOptions};
 pub use train::{LossBreakdown, SequenceBatch};
