@@ -235,7 +235,7 @@ impl GpuAccelerator {
             Engine::Tensor => Ok(tensor_ops::no_grad(|| model.encode(features, Mode::Eval))?),
             Engine::Reference => {
                 let x = host_array::<Ix2>(ENTRY, features)?;
-                let y = self.host_model(model)?.encode(x.view());
+                let y = self.host_model(model)?.encode(x.view())?;
                 Ok(Tensor::from_ndarray(&y, self.device)?)
             }
         }
@@ -276,7 +276,7 @@ impl GpuAccelerator {
                 }
                 let x = host_array::<Ix3>(ENTRY, context)?;
                 let (members, mean, disagreement) =
-                    self.host_model(model)?.predict(x.view(), steps);
+                    self.host_model(model)?.predict(x.view(), steps)?;
                 Ok(Prediction {
                     members: Tensor::from_ndarray(&members, self.device)?,
                     mean: Tensor::from_ndarray(&mean, self.device)?,

@@ -219,22 +219,56 @@ impl HostRssm {
         raw.columns(0, self.cfg.latent_dim).into_owned()
     }
 
+    /// Errors unless every value is finite, the rows are `width` wide and there is a row.
+    fn check(
+        &self,
+        what: &'static str,
+        values: &[usize],
+        width: usize,
+        finite: bool,
+    ) -> Result<()> {
+        let got = values.last().copied().unwrap_or(0);
+        if got != width {
+            return Err(RssmError::FeatureWidth {
+                what,
+                expected: width,
+                got,
+            });
+        }
+        if values.contains(&0) {
+            return Err(RssmError::Empty { what });
+        }
+        if !finite {
+            return Err(RssmError::NonFinite { what });
+        }
+        Ok(())
+    }
+
     /// The encoder in evaluation mode: `relu(norm(x·Wᵀ + b))` for `features` `[B, F]`.
-    /// The caller checks the width.
-    pub fn encode(&self, features: ArrayView2<'_, f32>) -> Array2<f32> {
-        let x = to_matrix(features);
-        from_matrix(&self.encode_rows(&x))
+    /// Errors: another width, no row, NaN or Inf.
+    pub fn encode(&self, features: ArrayView2<'_, f32>) -> Result<Array2<f32>> {
+        let finite = features.iter().all(|v| v.is_finite());
+        self.check("features", features.shape(), self.cfg.feature_dim, finite)?;
+        Ok(from_matrix(&self.encode_rows(&to_matrix(features))))
     }
 
     /// Filters `context` `[B, T, F]` from the zero state along the posterior means, then rolls
     /// `steps` ahead along the prior means; returns every member's predictions `[M, B, N, D]`,
     /// their mean `[B, N, D]` and their disagreement `[B, N]` (the variance across members,
-    /// averaged over the outputs), all computed in f64. The caller checks the inputs.
+    /// averaged over the outputs), all computed in f64. Errors: another width, an empty
+    /// context, NaN or Inf, `steps == 0`.
     pub fn predict(
         &self,
         context: ArrayView3<'_, f32>,
         steps: usize,
-    ) -> (Array4<f32>, Array3<f32>, Array2<f32>) {
+    ) -> Result<(Array4<f32>, Array3<f32>, Array2<f32>)> {
+        let finite = context.iter().all(|v| v.is_finite());
+        self.check("context", context.shape(), self.cfg.feature_dim, finite)?;
+        if steps == 0 {
+            return Err(RssmError::Empty {
+                what: "the rollout (steps = 0)",
+            });
+        }
         let (b, t, _) = context.dim();
         let (m, d) = (self.members.len(), self.cfg.output_dim);
         let embeds: Vec<DMatrix<f64>> = (0..t)
@@ -273,7 +307,7 @@ impl HostRssm {
                 .sum();
             (var / d as f64) as f32
         });
-        (members, mean, disagreement)
+        Ok((members, mean, disagreement))
     }
 }
 

@@ -42,15 +42,44 @@ impl SvdOptions {
 }
 
 /// A truncated SVD in f64: `A ≈ U·diag(s)·Vᵀ`, `u` `m × k`, `s` descending, `v` `n × k`, both
-/// with orthonormal columns.
+/// with orthonormal columns (as [`randomized_svd`] and [`exact_svd`] return it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Svd {
-    pub u: DMatrix<f64>,
-    pub s: DVector<f64>,
-    pub v: DMatrix<f64>,
+    u: DMatrix<f64>,
+    s: DVector<f64>,
+    v: DMatrix<f64>,
 }
 
 impl Svd {
+    /// Factors of matching shapes (`u` `m × k`, `s` `[k]`, `v` `n × k`), else a typed error.
+    pub fn new(u: DMatrix<f64>, s: DVector<f64>, v: DMatrix<f64>) -> Result<Svd, AcceleratorError> {
+        let k = s.len();
+        if u.ncols() != k || v.ncols() != k {
+            return Err(AcceleratorError::Shape {
+                entry: "Svd::new",
+                what: "factors",
+                expected: "u [m, k], s [k], v [n, k]".into(),
+                got: vec![u.nrows(), u.ncols(), k, v.nrows(), v.ncols()],
+            });
+        }
+        Ok(Svd { u, s, v })
+    }
+
+    /// `U`, `m × k`.
+    pub fn u(&self) -> &DMatrix<f64> {
+        &self.u
+    }
+
+    /// The singular values, `[k]`, descending.
+    pub fn s(&self) -> &DVector<f64> {
+        &self.s
+    }
+
+    /// `V`, `n × k`.
+    pub fn v(&self) -> &DMatrix<f64> {
+        &self.v
+    }
+
     /// `U·diag(s)·Vᵀ`.
     pub fn reconstruct(&self) -> DMatrix<f64> {
         let mut us = self.u.clone();
@@ -78,6 +107,18 @@ fn check(a: &DMatrix<f64>, rank: usize) -> Result<(), AcceleratorError> {
         });
     }
     Ok(())
+}
+
+/// `a` scaled by a power of two (exactly) so that its largest magnitude is in `[1, 2)`, and
+/// the factor: no product, norm or square of the iteration then overflows or underflows,
+/// whatever the input's scale (a zero matrix is returned as it is, factor 1).
+fn normalised(a: &DMatrix<f64>) -> (std::borrow::Cow<'_, DMatrix<f64>>, f64) {
+    let max = a.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    if max == 0.0 || (1.0..2.0).contains(&max) {
+        return (std::borrow::Cow::Borrowed(a), 1.0);
+    }
+    let scale = 2f64.powi(-(max.log2().floor() as i32));
+    (std::borrow::Cow::Owned(a * scale), scale)
 }
 
 /// The SVD of `a` with singular values in descending order, or a typed error when the
@@ -116,7 +157,10 @@ fn truncate(
 /// reference of [`randomized_svd`]. Errors: a rank of 0 or above `min(m, n)`, NaN or Inf.
 pub fn exact_svd(a: &DMatrix<f64>, rank: usize) -> Result<Svd, AcceleratorError> {
     check(a, rank)?;
-    truncate(full_svd(a.clone())?, rank)
+    let (a, scale) = normalised(a);
+    let mut svd = truncate(full_svd(a.into_owned())?, rank)?;
+    svd.s /= scale;
+    Ok(svd)
 }
 
 /// An orthonormal basis of the range of `y`'s columns (`m × l`, `l <= m`): the `Q` of its
@@ -152,6 +196,8 @@ pub fn randomized_svd(
             ),
         });
     }
+    let (a, scale) = normalised(a);
+    let a = a.as_ref();
     let (m, n) = a.shape();
     let l = rank.saturating_add(opts.oversample).min(m.min(n));
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
@@ -165,7 +211,8 @@ pub fn randomized_svd(
     let small = truncate(full_svd(b)?, rank)?;
     Ok(Svd {
         u: q * small.u,
-        ..small
+        s: small.s / scale,
+        v: small.v,
     })
 }
 

@@ -442,3 +442,49 @@ fn gpu_entry_points_match_the_cpu_reference_or_say_unsupported() {
         Err(AcceleratorError::DeviceMismatch { .. })
     ));
 }
+
+#[test]
+fn the_reference_model_rejects_bad_input_with_typed_errors() {
+    use rssm::reference::HostRssm;
+    use tensor_ops::ndarray::Array3;
+    let cfg = RssmConfig {
+        embed_dim: 8,
+        hidden_dim: 8,
+        latent_dim: 2,
+        head_dim: 8,
+        ensemble: 2,
+        ..RssmConfig::default()
+    };
+    let host = HostRssm::from_model(&Rssm::new(cfg, CPU).unwrap()).unwrap();
+    assert_eq!(
+        host.encode(Array2::zeros((3, 64)).view()).unwrap().dim(),
+        (3, 8)
+    );
+    assert!(matches!(
+        host.encode(Array2::zeros((3, 63)).view()),
+        Err(RssmError::FeatureWidth {
+            expected: 64,
+            got: 63,
+            ..
+        })
+    ));
+    assert!(matches!(
+        host.encode(Array2::zeros((0, 64)).view()),
+        Err(RssmError::Empty { .. })
+    ));
+    let mut x = Array3::<f32>::zeros((2, 3, 64));
+    assert!(host.predict(x.view(), 2).is_ok());
+    assert!(matches!(
+        host.predict(x.view(), 0),
+        Err(RssmError::Empty { .. })
+    ));
+    assert!(matches!(
+        host.predict(Array3::zeros((2, 0, 64)).view(), 2),
+        Err(RssmError::Empty { .. })
+    ));
+    x[(1, 2, 5)] = f32::NAN;
+    assert!(matches!(
+        host.predict(x.view(), 2),
+        Err(RssmError::NonFinite { what: "context" })
+    ));
+}
