@@ -6,6 +6,7 @@ mod autograd;
 mod backend;
 mod bound;
 pub mod gpt;
+mod ndarray_io;
 pub mod nn;
 pub mod ops;
 pub mod optim;
@@ -15,5 +16,7 @@ mod tensor;
 pub use autograd::{no_grad, Gradients};
 pub use backend::{cuda_backend, transfer_stats, TransferStats};
 pub use gpu_core::{DType, Device, GpuError, Result};
+/// The `ndarray` version [`Tensor::from_ndarray`] and [`Tensor::to_ndarray`] speak.
+pub use ndarray;
 pub use storage::Storage;
 pub use tensor::Tensor;

@@ -1,0 +1,380 @@
+//! [`GpuAccelerator`]: the trainer's single door to the device work. Four entry points, each
+//! dispatched by the accelerator's device: on the CPU the exact f64 `nalgebra` reference
+//! ([`crate::reference`], [`crate::svd`], [`crate::correct`]); on CUDA the tensor-ops ops where
+//! they suffice, else [`AcceleratorError::Unsupported`].
+
+use crate::correct::{apply_tiled, TILE};
+use crate::error::{AcceleratorError, RssmError};
+use crate::model::{Prediction, Rssm};
+use crate::reference::{to_matrix, HostRssm};
+use crate::svd::{randomized_svd, LowRank, SvdOptions};
+use ndarray::{ArrayViewMut2, Ix2, Ix3};
+use std::sync::{Arc, Mutex};
+use tensor_ops::nn::Mode;
+use tensor_ops::{DType, Device, Tensor};
+
+/// How the model's entry points (`encode_state`, `predict_batch`) compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// The f64 `nalgebra` reference on the host ([`HostRssm`]): the CPU path. Only for a model
+    /// on the CPU.
+    Reference,
+    /// The model's own tensor-ops forward on its device: the CUDA path (and, on the CPU, the
+    /// path the reference is checked against).
+    Tensor,
+}
+
+/// Why an entry point has no CUDA path yet (the text of its `Unsupported` error).
+const SVD_ON_CUDA: &str = "the device randomized SVD needs QR and a small SVD on the device \
+     (cuSOLVER), which tensor-ops does not expose; move the residual to the CPU for the \
+     reference path";
+const APPLY_ON_CUDA: &str = "an in-place tiled update of device-resident weights needs a \
+     kernel that tensor-ops does not expose (its ops are out of place); host weights take the \
+     CPU path of a CPU accelerator";
+
+/// The trainer's single door to the device work: state encoding, ensemble rollouts, residual
+/// compression and low-rank weight corrections, each on the accelerator's device.
+///
+/// | entry point | CPU | CUDA |
+/// |---|---|---|
+/// | [`encode_state`](Self::encode_state) | f64 reference | the encoder's tensor-ops forward |
+/// | [`predict_batch`](Self::predict_batch) | f64 reference | the model's tensor-ops rollout |
+/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f64) | `Unsupported` |
+/// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | `Unsupported` |
+pub struct GpuAccelerator {
+    device: Device,
+    model: Option<Rssm>,
+    engine: Engine,
+    /// The host copy of the model's weights, with the model version it was taken at.
+    host: Mutex<Option<(u64, Arc<HostRssm>)>>,
+}
+
+impl std::fmt::Debug for GpuAccelerator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuAccelerator")
+            .field("device", &self.device)
+            .field("engine", &self.engine)
+            .field("model", &self.model)
+            .finish()
+    }
+}
+
+/// The engine a device uses by default.
+fn default_engine(device: Device) -> Engine {
+    match device {
+        Device::Cpu => Engine::Reference,
+        Device::Cuda(_) => Engine::Tensor,
+    }
+}
+
+/// Errors unless `got` is the accelerator's device `expected`.
+pub(crate) fn check_device(
+    entry: &'static str,
+    what: &'static str,
+    expected: Device,
+    got: Device,
+) -> Result<(), AcceleratorError> {
+    if got != expected {
+        return Err(AcceleratorError::DeviceMismatch {
+            entry,
+            what,
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}
+
+/// Errors unless `t` is an f32 tensor on `device` without NaN or Inf.
+fn check_input(
+    entry: &'static str,
+    what: &'static str,
+    t: &Tensor,
+    device: Device,
+) -> Result<(), AcceleratorError> {
+    check_device(entry, what, device, t.device())?;
+    if t.dtype() != DType::F32 {
+        return Err(AcceleratorError::InvalidArgument {
+            entry,
+            reason: format!("{what} must hold f32, not {}", t.dtype()),
+        });
+    }
+    crate::layers::check_finite(what, t).map_err(|e| match e {
+        RssmError::NonFinite { .. } => AcceleratorError::NonFinite { entry, what },
+        other => other.into(),
+    })
+}
+
+/// A tensor's host copy as an array of rank `D` (the shape was checked by the caller).
+fn host_array<D: ndarray::Dimension>(
+    entry: &'static str,
+    t: &Tensor,
+) -> Result<ndarray::Array<f32, D>, AcceleratorError> {
+    t.to_ndarray()?
+        .into_dimensionality::<D>()
+        .map_err(|e| AcceleratorError::InvalidArgument {
+            entry,
+            reason: e.to_string(),
+        })
+}
+
+impl GpuAccelerator {
+    /// An accelerator on `device` with no model yet (the SVD and correction entry points work
+    /// without one). Errors when the device is absent.
+    pub fn new(device: Device) -> Result<GpuAccelerator, AcceleratorError> {
+        device.check_present()?;
+        Ok(GpuAccelerator {
+            device,
+            model: None,
+            engine: default_engine(device),
+            host: Mutex::new(None),
+        })
+    }
+
+    /// An accelerator on `model`'s device, with it.
+    pub fn with_model(model: Rssm) -> GpuAccelerator {
+        let device = model.device();
+        GpuAccelerator {
+            device,
+            model: Some(model),
+            engine: default_engine(device),
+            host: Mutex::new(None),
+        }
+    }
+
+    /// Chooses the engine of `encode_state` and `predict_batch`. [`Engine::Reference`] is the
+    /// CPU path: on a CUDA accelerator it is an error.
+    pub fn with_engine(mut self, engine: Engine) -> Result<GpuAccelerator, AcceleratorError> {
+        if engine == Engine::Reference && self.device != Device::Cpu {
+            return Err(AcceleratorError::InvalidArgument {
+                entry: "with_engine",
+                reason: format!("the reference engine runs on the CPU, not {}", self.device),
+            });
+        }
+        self.engine = engine;
+        Ok(self)
+    }
+
+    /// Installs `model` (on the accelerator's device) and returns the previous one.
+    pub fn set_model(&mut self, model: Rssm) -> Result<Option<Rssm>, AcceleratorError> {
+        check_device("set_model", "the model", self.device, model.device())?;
+        *self.host.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(self.model.replace(model))
+    }
+
+    /// The device every entry point runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The engine of the model's entry points.
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// The model, when one is installed.
+    pub fn model(&self) -> Option<&Rssm> {
+        self.model.as_ref()
+    }
+
+    /// The model, to train it (the host copy follows its weights' version).
+    pub fn model_mut(&mut self) -> Option<&mut Rssm> {
+        self.model.as_mut()
+    }
+
+    fn require_model(&self, entry: &'static str) -> Result<&Rssm, AcceleratorError> {
+        self.model
+            .as_ref()
+            .ok_or(AcceleratorError::NoModel { entry })
+    }
+
+    /// The host copy of the model's current weights (copied again only after they change).
+    fn host_model(&self, model: &Rssm) -> Result<Arc<HostRssm>, AcceleratorError> {
+        let mut cache = self.host.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((v, h)) = cache.as_ref() {
+            if *v == model.version() {
+                return Ok(h.clone());
+            }
+        }
+        let h = Arc::new(HostRssm::from_model(model)?);
+        *cache = Some((model.version(), h.clone()));
+        Ok(h)
+    }
+
+    /// The encoder in evaluation mode on a batch of feature vectors: `features` f32 `[B, F]`
+    /// gives `[B, E]` = `relu(LayerNorm(features·Wᵀ + b))`, on the accelerator's device.
+    ///
+    /// Errors: no model ([`AcceleratorError::NoModel`]), a width other than the model's `F`
+    /// ([`RssmError::FeatureWidth`]), another rank or an empty batch, NaN or Inf, features on
+    /// another device.
+    pub fn encode_state(&self, features: &Tensor) -> Result<Tensor, AcceleratorError> {
+        const ENTRY: &str = "encode_state";
+        let model = self.require_model(ENTRY)?;
+        let f = model.config().feature_dim;
+        match features.shape() {
+            [b, w] if *w == f && *b > 0 => {}
+            [_, w] if *w != f => {
+                return Err(RssmError::FeatureWidth {
+                    what: "features",
+                    expected: f,
+                    got: *w,
+                }
+                .into())
+            }
+            s => {
+                return Err(AcceleratorError::Shape {
+                    entry: ENTRY,
+                    what: "features",
+                    expected: format!("[batch > 0, {f}]"),
+                    got: s.to_vec(),
+                })
+            }
+        }
+        check_input(ENTRY, "features", features, self.device)?;
+        match self.engine {
+            Engine::Tensor => Ok(tensor_ops::no_grad(|| model.encode(features, Mode::Eval))?),
+            Engine::Reference => {
+                let x = host_array::<Ix2>(ENTRY, features)?;
+                let y = self.host_model(model)?.encode(x.view())?;
+                Ok(Tensor::from_ndarray(&y, self.device)?)
+            }
+        }
+    }
+
+    /// The ensemble's rollout: every member filters `context` f32 `[B, T, F]` and rolls
+    /// `steps` ahead along its prior mean; returns each member's predictions, their mean and
+    /// their disagreement (see [`Prediction`]) on the accelerator's device.
+    ///
+    /// Errors: no model, an untrained one ([`RssmError::Untrained`]), a context of the wrong
+    /// width, rank or device, an empty one, NaN or Inf, `steps == 0`.
+    pub fn predict_batch(
+        &self,
+        context: &Tensor,
+        steps: usize,
+    ) -> Result<Prediction, AcceleratorError> {
+        const ENTRY: &str = "predict_batch";
+        let model = self.require_model(ENTRY)?;
+        check_device(ENTRY, "context", self.device, context.device())?;
+        match self.engine {
+            Engine::Tensor => Ok(model.predict(context, steps)?),
+            Engine::Reference => {
+                // The model's checks (trained, shape, width, finite, steps), in its order.
+                if !model.is_trained() {
+                    return Err(RssmError::Untrained.into());
+                }
+                crate::layers::check_sequences(
+                    "context",
+                    context,
+                    model.config().feature_dim,
+                    self.device,
+                )?;
+                if steps == 0 {
+                    return Err(RssmError::Empty {
+                        what: "the rollout (steps = 0)",
+                    }
+                    .into());
+                }
+                let x = host_array::<Ix3>(ENTRY, context)?;
+                let (members, mean, disagreement) =
+                    self.host_model(model)?.predict(x.view(), steps)?;
+                Ok(Prediction {
+                    members: Tensor::from_ndarray(&members, self.device)?,
+                    mean: Tensor::from_ndarray(&mean, self.device)?,
+                    disagreement: Tensor::from_ndarray(&disagreement, self.device)?,
+                })
+            }
+        }
+    }
+
+    /// The rank-`rank` truncated SVD of `residual` f32 `[m, n]` by randomized SVD (see
+    /// [`randomized_svd`]; computed in f64, returned as f32 factors).
+    ///
+    /// Errors: a rank of 0 or above `min(m, n)` ([`AcceleratorError::Rank`]), a residual that
+    /// is not 2-D or is empty, NaN or Inf, another device, bad options. On CUDA:
+    /// [`AcceleratorError::Unsupported`] (the device SVD is cuSOLVER work not built yet).
+    pub fn compress_residuals(
+        &self,
+        residual: &Tensor,
+        rank: usize,
+        opts: &SvdOptions,
+    ) -> Result<LowRank, AcceleratorError> {
+        const ENTRY: &str = "compress_residuals";
+        let (m, n) = match residual.shape() {
+            [m, n] if *m > 0 && *n > 0 => (*m, *n),
+            s => {
+                return Err(AcceleratorError::Shape {
+                    entry: ENTRY,
+                    what: "residual",
+                    expected: "[m > 0, n > 0]".into(),
+                    got: s.to_vec(),
+                })
+            }
+        };
+        if rank == 0 || rank > m.min(n) {
+            return Err(AcceleratorError::Rank {
+                entry: ENTRY,
+                rank,
+                max: m.min(n),
+            });
+        }
+        check_input(ENTRY, "residual", residual, self.device)?;
+        if let Device::Cuda(_) = self.device {
+            return Err(AcceleratorError::Unsupported {
+                entry: ENTRY,
+                device: self.device,
+                reason: SVD_ON_CUDA,
+            });
+        }
+        let a = host_array::<Ix2>(ENTRY, residual)?;
+        let svd = randomized_svd(&to_matrix(a.view()), rank, opts)?;
+        LowRank::from_svd(&svd)
+    }
+
+    /// `weights += U·diag(S)·Vᵀ` in place on host weights `[m, n]`, one tile of the product at
+    /// a time (see [`apply_tiled`]).
+    ///
+    /// Errors: shapes that disagree, NaN or Inf in the weights, a sum that overflows f32 (all
+    /// before anything is written). On a CUDA accelerator: [`AcceleratorError::Unsupported`]
+    /// (updating device-resident weights in place needs a kernel not built yet).
+    pub fn apply_corrections(
+        &self,
+        weights: ArrayViewMut2<'_, f32>,
+        correction: &LowRank,
+    ) -> Result<(), AcceleratorError> {
+        if let Device::Cuda(_) = self.device {
+            return Err(AcceleratorError::Unsupported {
+                entry: "apply_corrections",
+                device: self.device,
+                reason: APPLY_ON_CUDA,
+            });
+        }
+        apply_tiled(weights, correction, TILE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mismatched_device_is_named() {
+        assert!(check_device("e", "x", Device::Cpu, Device::Cpu).is_ok());
+        let e = check_device("encode_state", "features", Device::Cuda(0), Device::Cpu).unwrap_err();
+        assert!(matches!(
+            e,
+            AcceleratorError::DeviceMismatch {
+                entry: "encode_state",
+                what: "features",
+                expected: Device::Cuda(0),
+                got: Device::Cpu
+            }
+        ));
+        assert!(e.to_string().contains("features is on cpu"), "{e}");
+    }
+
+    #[test]
+    fn each_device_gets_its_engine() {
+        assert_eq!(default_engine(Device::Cpu), Engine::Reference);
+        assert_eq!(default_engine(Device::Cuda(1)), Engine::Tensor);
+    }
+}

@@ -1,0 +1,148 @@
+//! Shared helpers of the rssm tests: a small model config, a learnable synthetic system of
+//! loss-curve features, error metrics and rank correlations.
+#![allow(dead_code)]
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand_distr::StandardNormal;
+use rssm::RssmConfig;
+use tensor_ops::{Device, Tensor};
+
+/// A model small enough to train in a debug-build test: the default's structure (five members,
+/// Gaussian latent, LayerNorm, dropout) at widths 64 → 32, hidden 32, latent 8.
+pub fn small_config(seed: u64) -> RssmConfig {
+    RssmConfig {
+        feature_dim: 64,
+        embed_dim: 32,
+        hidden_dim: 32,
+        latent_dim: 8,
+        head_dim: 32,
+        output_dim: 64,
+        ensemble: 5,
+        seed,
+        ..RssmConfig::default()
+    }
+}
+
+/// A linear system of four latent curves seen through 64 noisy features, as loss curves of a
+/// training run are: two exponential decays (rates 0.92 and 0.97) and a damped oscillation
+/// (rotation 0.35 rad, radius 0.95), mixed by a fixed random 64×4 matrix plus an offset.
+pub struct System {
+    mix: Vec<f32>,
+    offset: Vec<f32>,
+    pub process_noise: f32,
+    pub obs_noise: f32,
+}
+
+pub const FEATURES: usize = 64;
+const LATENT: usize = 4;
+
+impl System {
+    pub fn new(seed: u64) -> System {
+        let mut r = StdRng::seed_from_u64(seed);
+        let mix = (0..FEATURES * LATENT)
+            .map(|_| r.sample::<f32, _>(StandardNormal) * 0.5)
+            .collect();
+        let offset = (0..FEATURES).map(|_| r.random_range(-0.5..0.5)).collect();
+        System {
+            mix,
+            offset,
+            process_noise: 0.01,
+            obs_noise: 0.02,
+        }
+    }
+
+    fn advance(s: &mut [f32; LATENT], r: &mut StdRng, noise: f32) {
+        let (c, sn) = (0.35f32.cos() * 0.95, 0.35f32.sin() * 0.95);
+        let (a, b) = (s[2], s[3]);
+        s[0] *= 0.92;
+        s[1] *= 0.97;
+        s[2] = c * a - sn * b;
+        s[3] = sn * a + c * b;
+        for v in s.iter_mut() {
+            *v += noise * r.sample::<f32, _>(StandardNormal);
+        }
+    }
+
+    /// One sequence of `len` feature vectors whose initial latent is scaled by `scale` (1 is
+    /// the training distribution), with the system's noises times `noise_scale`.
+    pub fn sequence(&self, r: &mut StdRng, len: usize, scale: f32, noise_scale: f32) -> Vec<f32> {
+        let mut s = [
+            r.random_range(0.5..1.5f32),
+            r.random_range(-1.5..1.5f32),
+            r.sample::<f32, _>(StandardNormal),
+            r.sample::<f32, _>(StandardNormal),
+        ];
+        s.iter_mut().for_each(|v| *v *= scale);
+        let mut out = Vec::with_capacity(len * FEATURES);
+        for _ in 0..len {
+            for i in 0..FEATURES {
+                let clean: f32 = (0..LATENT).map(|j| self.mix[i * LATENT + j] * s[j]).sum();
+                let e: f32 = r.sample(StandardNormal);
+                out.push(self.offset[i] + clean + self.obs_noise * noise_scale * e);
+            }
+            System::advance(&mut s, r, self.process_noise * noise_scale);
+        }
+        out
+    }
+
+    /// `b` sequences of `len` steps as a `[b, len, 64]` tensor.
+    pub fn batch(&self, r: &mut StdRng, b: usize, len: usize) -> Tensor {
+        let data: Vec<f32> = (0..b)
+            .flat_map(|_| self.sequence(r, len, 1.0, 1.0))
+            .collect();
+        Tensor::from_vec(data, &[b, len, FEATURES], Device::Cpu).unwrap()
+    }
+}
+
+/// Pearson's correlation of two equally long samples (NaN when either is constant).
+pub fn pearson(x: &[f64], y: &[f64]) -> f64 {
+    let n = x.len() as f64;
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for (a, b) in x.iter().zip(y) {
+        sxy += (a - mx) * (b - my);
+        sxx += (a - mx) * (a - mx);
+        syy += (b - my) * (b - my);
+    }
+    sxy / (sxx * syy).sqrt()
+}
+
+/// Ranks (average ranks for ties), 1-based.
+fn ranks(x: &[f64]) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..x.len()).collect();
+    idx.sort_by(|&a, &b| x[a].total_cmp(&x[b]));
+    let mut r = vec![0.0; x.len()];
+    let mut i = 0;
+    while i < idx.len() {
+        let mut j = i;
+        while j + 1 < idx.len() && x[idx[j + 1]] == x[idx[i]] {
+            j += 1;
+        }
+        let avg = (i + j) as f64 / 2.0 + 1.0;
+        for k in i..=j {
+            r[idx[k]] = avg;
+        }
+        i = j + 1;
+    }
+    r
+}
+
+/// Spearman's rank correlation.
+pub fn spearman(x: &[f64], y: &[f64]) -> f64 {
+    pearson(&ranks(x), &ranks(y))
+}
+
+/// Norm-wise relative error `‖a − b‖ / ‖b‖` in f64 (infinite when `a` holds NaN).
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    if a.iter().any(|v| v.is_nan()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-300)).sqrt()
+}
