@@ -95,6 +95,32 @@ fn fresh_seed() -> u64 {
     h.finish()
 }
 
+/// The CUDA device 0 as a [`Device`], or `None` after reporting the skip (see
+/// [`backend_or_skip`]).
+pub fn gpu_device_or_skip(test: &str) -> Option<Device> {
+    backend_or_skip(test).map(|b| Device::Cuda(b.info().ordinal))
+}
+
+/// Norm-wise relative error `‖a − b‖ / ‖b‖` in f64: infinite when either holds a NaN, and the
+/// absolute `‖a − b‖` when `b` is all zeros.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "rel_err: lengths differ");
+    if a.iter().chain(b).any(|v| v.is_nan()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

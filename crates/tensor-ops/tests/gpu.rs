@@ -10,28 +10,7 @@ use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::optim::{AdamW, AdamWParams};
 use tensor_ops::{transfer_stats, Device, Result, Tensor};
 
-fn gpu(test: &str) -> Option<Device> {
-    gpu_cuda::testing::backend_or_skip(test).map(|b| Device::Cuda(b.info().ordinal))
-}
-
-/// Norm-wise relative error, NaN-aware.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    if a.iter().chain(b).any(|v| v.is_nan()) {
-        return f64::INFINITY;
-    }
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
-}
+use gpu_cuda::testing::{gpu_device_or_skip as gpu, rel_err};
 
 /// Runs `f` on CPU and GPU leaves built from the same data; compares outputs and gradients of
 /// ⟨f(x), R⟩.

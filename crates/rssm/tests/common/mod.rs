@@ -132,17 +132,5 @@ pub fn spearman(x: &[f64], y: &[f64]) -> f64 {
     pearson(&ranks(x), &ranks(y))
 }
 
-/// Norm-wise relative error `‖a − b‖ / ‖b‖` in f64 (infinite when `a` holds NaN).
-pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    if a.iter().any(|v| v.is_nan()) {
-        return f64::INFINITY;
-    }
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-300)).sqrt()
-}
+#[allow(unused_imports)] // not every test binary that shares this module compares tensors
+pub use gpu_cuda::testing::rel_err;
