@@ -3,6 +3,9 @@
 //! Tests named `gpu_*` skip with a printed reason where no GPU exists.
 
 mod cancel;
+mod devcmp;
+
+use devcmp::loss_weights;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestRunner};
@@ -22,13 +25,6 @@ fn compare(
     f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
 ) {
     compare_tols(name, dev, inputs, tol, tol, f)
-}
-
-/// The weights R of the loss ⟨f(x), R⟩: dL/d out.
-fn loss_weights(n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i * 7919 % 13) as f32 - 6.0) / 6.0)
-        .collect()
 }
 
 /// [`compare`] with separate forward and gradient tolerances.
@@ -64,8 +60,7 @@ fn compare_terms(
     }
 }
 
-/// Runs `f` on the CPU and on `dev`, checks the forward (norm-wise `tol`) and returns the
-/// gradients of ⟨f(x), R⟩, `(gpu, cpu)`.
+/// [`devcmp::compare_forward`] with a missing gradient read as empty.
 fn compare_forward(
     name: &str,
     dev: Device,
@@ -73,35 +68,9 @@ fn compare_forward(
     tol: f64,
     f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
 ) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-    let run = |d: Device| -> (Vec<f32>, Vec<Vec<f32>>) {
-        let leaves: Vec<Tensor> = inputs
-            .iter()
-            .map(|(v, s)| {
-                Tensor::from_vec(v.clone(), s, d)
-                    .unwrap()
-                    .requires_grad_()
-                    .unwrap()
-            })
-            .collect();
-        let out = f(&leaves).unwrap();
-        let r = loss_weights(out.numel());
-        let loss = out
-            .mul(&Tensor::from_vec(r, out.shape(), d).unwrap())
-            .unwrap()
-            .sum_all()
-            .unwrap();
-        let g = loss.backward().unwrap();
-        let grads = leaves
-            .iter()
-            .map(|l| g.get(l).map(|t| t.to_vec().unwrap()).unwrap_or_default())
-            .collect();
-        (out.to_vec().unwrap(), grads)
-    };
-    let (oc, gc) = run(Device::Cpu);
-    let (og, gg) = run(dev);
-    let e = rel_err(&og, &oc);
-    assert!(e < tol, "{name}: forward rel err {e:e}");
-    (gg, gc)
+    let (gg, gc) = devcmp::compare_forward(name, dev, inputs, tol, f);
+    let flat = |g: devcmp::Grads| g.into_iter().map(Option::unwrap_or_default).collect();
+    (flat(gg), flat(gc))
 }
 
 fn data(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {

@@ -10,12 +10,14 @@ use tensor_ops::nn::{
 use tensor_ops::optim::AdamWParams;
 use tensor_ops::{transfer_stats, Device, Result, Tensor};
 
+mod devcmp;
+
 use gpu_cuda::testing::{gpu_device_or_skip as gpu, rel_err};
 
 type Inputs = Vec<(Vec<f32>, Vec<usize>)>;
 
-/// Runs `f` on CPU and on `dev` leaves from the same data; compares the outputs and the
-/// gradients of ⟨f(x), R⟩ for a fixed R.
+/// Runs `f` on CPU and on `dev` leaves from the same data; compares the outputs (norm-wise
+/// `tol`) and the gradients of ⟨f(x), R⟩ for a fixed R (10·`tol`; every leaf must get one).
 fn compare(
     name: &str,
     dev: Device,
@@ -23,37 +25,9 @@ fn compare(
     tol: f64,
     f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
 ) {
-    let run = |d: Device| -> (Vec<f32>, Vec<Vec<f32>>) {
-        let leaves: Vec<Tensor> = inputs
-            .iter()
-            .map(|(v, s)| {
-                Tensor::from_vec(v.clone(), s, d)
-                    .unwrap()
-                    .requires_grad_()
-                    .unwrap()
-            })
-            .collect();
-        let out = f(&leaves).unwrap();
-        let r: Vec<f32> = (0..out.numel())
-            .map(|i| ((i * 7919 % 13) as f32 - 6.0) / 6.0)
-            .collect();
-        let loss = out
-            .mul(&Tensor::from_vec(r, out.shape(), d).unwrap())
-            .unwrap()
-            .sum_all()
-            .unwrap();
-        let g = loss.backward().unwrap();
-        let grads = leaves
-            .iter()
-            .map(|l| g.get(l).unwrap().to_vec().unwrap())
-            .collect();
-        (out.to_vec().unwrap(), grads)
-    };
-    let (oc, gc) = run(Device::Cpu);
-    let (og, gg) = run(dev);
-    let e = rel_err(&og, &oc);
-    assert!(e < tol, "{name}: forward rel err {e:e}");
+    let (gg, gc) = devcmp::compare_forward(name, dev, inputs, tol, f);
     for (i, (a, b)) in gg.iter().zip(&gc).enumerate() {
+        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
         let e = rel_err(a, b);
         assert!(e < 10.0 * tol, "{name}: gradient {i} rel err {e:e}");
     }

@@ -2,8 +2,9 @@
 
 use super::builder::ParamBuilder;
 use super::init::Init;
+use super::layers::check_param;
 use crate::tensor::same_device;
-use crate::{DType, GpuError, Result, Tensor};
+use crate::{GpuError, Result, Tensor};
 
 /// One GRU step, as PyTorch's `nn.GRUCell` (same parameters, names, layout and init):
 ///
@@ -23,17 +24,6 @@ pub struct GruCell {
     weight_hh: Tensor,
     bias_ih: Option<Tensor>,
     bias_hh: Option<Tensor>,
-}
-
-fn check(op: &'static str, what: &str, t: &Tensor, shape: &[usize]) -> Result<()> {
-    if t.dtype() != DType::F32 || t.shape() != shape {
-        return Err(GpuError::shape(
-            op,
-            format!("{what}: f32 {shape:?}"),
-            format!("{what}: {} {:?}", t.dtype(), t.shape()),
-        ));
-    }
-    Ok(())
 }
 
 impl GruCell {
@@ -72,12 +62,12 @@ impl GruCell {
             [h3, i] if *h3 > 0 && h3 % 3 == 0 && *i > 0 => (*h3, *i),
             s => return Err(GpuError::shape(op, "weight_ih [3H, in]", format!("{s:?}"))),
         };
-        check(op, "weight_ih", &weight_ih, &[h3, input])?;
-        check(op, "weight_hh", &weight_hh, &[h3, h3 / 3])?;
+        check_param(op, "weight_ih", &weight_ih, &[h3, input])?;
+        check_param(op, "weight_hh", &weight_hh, &[h3, h3 / 3])?;
         let mut all = vec![&weight_ih, &weight_hh];
         for (what, b) in [("bias_ih", &bias_ih), ("bias_hh", &bias_hh)] {
             if let Some(b) = b {
-                check(op, what, b, &[h3])?;
+                check_param(op, what, b, &[h3])?;
                 all.push(b);
             }
         }

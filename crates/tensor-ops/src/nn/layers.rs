@@ -6,9 +6,10 @@ use super::init::Init;
 use super::{Mode, Module, ModuleT};
 use crate::tensor::same_device;
 use crate::{DType, GpuError, Result, Tensor};
+use gpu_core::nn::rows::check_eps;
 
 /// Errors unless `t` is an f32 tensor of exactly `shape`.
-fn check_param(op: &'static str, what: &str, t: &Tensor, shape: &[usize]) -> Result<()> {
+pub(super) fn check_param(op: &'static str, what: &str, t: &Tensor, shape: &[usize]) -> Result<()> {
     if t.dtype() != DType::F32 || t.shape() != shape {
         return Err(GpuError::shape(
             op,
@@ -37,18 +38,6 @@ fn check_last_dim(op: &'static str, x: &Tensor, want: usize) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Errors unless `eps` is finite and positive (what the norm kernels accept).
-fn check_eps(op: &'static str, eps: f32) -> Result<()> {
-    if eps.is_finite() && eps > 0.0 {
-        Ok(())
-    } else {
-        Err(GpuError::invalid(
-            op,
-            format!("eps must be finite and > 0, got {eps}"),
-        ))
-    }
 }
 
 /// `y = x·Wᵀ + b` with PyTorch's layout: `weight` `[out, in]`, `bias` `[out]`.

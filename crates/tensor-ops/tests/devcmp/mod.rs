@@ -1,0 +1,63 @@
+//! Shared by the GPU test files: run a function on CPU and CUDA leaves built from the same data
+//! and compare outputs; the gradients compared are those of ⟨f(x), R⟩ for a fixed R.
+#![allow(dead_code)]
+
+use gpu_cuda::testing::rel_err;
+use tensor_ops::{Device, Result, Tensor};
+
+/// One gradient per leaf (`None` where no gradient flows).
+pub type Grads = Vec<Option<Vec<f32>>>;
+
+/// The weights R of the loss ⟨f(x), R⟩: dL/d out.
+pub fn loss_weights(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7919 % 13) as f32 - 6.0) / 6.0)
+        .collect()
+}
+
+/// `f`'s output and the gradient of ⟨f(x), R⟩ for each leaf (`None` where no gradient flows) on
+/// device `d`.
+pub fn run_on(
+    d: Device,
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) -> (Vec<f32>, Grads) {
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .map(|(v, s)| {
+            Tensor::from_vec(v.clone(), s, d)
+                .unwrap()
+                .requires_grad_()
+                .unwrap()
+        })
+        .collect();
+    let out = f(&leaves).unwrap();
+    let r = loss_weights(out.numel());
+    let loss = out
+        .mul(&Tensor::from_vec(r, out.shape(), d).unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let g = loss.backward().unwrap();
+    let grads = leaves
+        .iter()
+        .map(|l| g.get(l).map(|t| t.to_vec().unwrap()))
+        .collect();
+    (out.to_vec().unwrap(), grads)
+}
+
+/// Runs `f` on the CPU and on `dev`, asserts the forward within norm-wise `tol`, and returns the
+/// gradients `(gpu, cpu)`.
+pub fn compare_forward(
+    name: &str,
+    dev: Device,
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    tol: f64,
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) -> (Grads, Grads) {
+    let (oc, gc) = run_on(Device::Cpu, inputs, f);
+    let (og, gg) = run_on(dev, inputs, f);
+    let e = rel_err(&og, &oc);
+    assert!(e < tol, "{name}: forward rel err {e:e}");
+    (gg, gc)
+}
