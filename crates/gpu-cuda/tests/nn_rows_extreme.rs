@@ -79,3 +79,47 @@ fn gpu_norms_handle_rows_that_overflow_f32_sums() {
         huge_rows_body
     );
 }
+
+/// A NaN or an infinity in a row: LayerNorm's output for that row is all NaN (its mean or
+/// variance is undefined), RMSNorm's is whatever the f64 reference gives (NaN for a NaN row;
+/// 0 and NaN for a row with +inf, whose rms is inf), on every device, and the other rows are
+/// exactly as without it.
+fn non_finite_rows_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
+    for &cols in WIDTHS {
+        let (w, bias) = (random_vec(rng, cols, 2.0), random_vec(rng, cols, 1.0));
+        let clean = random_vec(rng, 3 * cols, 3.0);
+        let mut x = clean.clone();
+        x[cols + cols / 2] = f32::NAN;
+        x[2 * cols + cols - 1] = f32::INFINITY;
+        let what = format!("{dev} x{cols}");
+        let (y, _, _) = ln_fwd(b, &x, &w, &bias, cols, 1e-5);
+        let (y0, _, _) = ln_fwd(b, &clean, &w, &bias, cols, 1e-5);
+        assert_eq!(y[..cols], y0[..cols], "{what} layernorm: clean row changed");
+        assert!(
+            y[cols..].iter().all(|v| v.is_nan()),
+            "{what} layernorm: rows with NaN or inf must be NaN"
+        );
+        let (r, _) = rms_fwd(b, &x, &w, cols, 1e-5);
+        let (r0, _) = rms_fwd(b, &clean, &w, cols, 1e-5);
+        let (want, _) = rms_fwd(&CPU, &x, &w, cols, 1e-5);
+        assert_eq!(r[..cols], r0[..cols], "{what} rmsnorm: clean row changed");
+        assert!(
+            r[cols..2 * cols].iter().all(|v| v.is_nan()),
+            "{what} rmsnorm NaN row"
+        );
+        for (i, (&g, &e)) in r[2 * cols..].iter().zip(&want[2 * cols..]).enumerate() {
+            assert!(
+                g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan()),
+                "{what} rmsnorm inf row [{i}]: got {g}, want {e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_norms_of_rows_with_nan_or_inf_are_nan() {
+    on_every_device!(
+        "gpu_norms_of_rows_with_nan_or_inf_are_nan",
+        non_finite_rows_body
+    );
+}
