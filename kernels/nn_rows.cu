@@ -438,7 +438,10 @@ static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const f
         const double n = (double)cols;
         const double mud = k0 + s / n;
         mu = (float)mud, lo = (float)(mud - (double)mu);
-        rs = (float)(1.0 / sqrt(fmax(0.0, (q - s * (s / n)) / n) + (double)eps));
+        // Clamp rounding below 0, but keep a NaN (fmax would drop it: a row holding +inf has
+        // q = s = inf and an undefined variance, NaN as in the reference).
+        const double var = (q - s * (s / n)) / n;
+        rs = (float)(1.0 / sqrt((var < 0.0 ? 0.0 : var) + (double)eps));
     }
     if (!exact) {
         // Finite var32 <= 1e37 bounds |x − mean|: the plain difference cannot overflow.

@@ -10,7 +10,7 @@ pub static MODULES: &[KernelModule] = &[
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
         source_sha256: "1ae2d8c07bc3ab5fac440e68a73009ac51cbf07e66feb1108dedf6a09e292301",
         ptx_sha256: "6ba04c5f645b7433c45fadc213462a0d0db9dccb6a72f2f64a5d1fcca0cce004",
-        fatbin_sha256: "33862b882e4f008eb2e64342335923b53b4ee6473ca410bcb0ce7dd1dba921fc",
+        fatbin_sha256: "3b6b30548e8dd16215a0f19038a9d86622ea53d7b60bf6851af0d6f8b7a7054c",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {
@@ -53,9 +53,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_rows",
         ptx: include_str!("../kernels/nn_rows.ptx"),
         fatbin: include_bytes!("../kernels/nn_rows.fatbin"),
-        source_sha256: "2735b79591f6cf4456774f9904460ead7b4280308df28200c8e7b37284043fa3",
-        ptx_sha256: "22dbd9ab4371bcd9c6174551978e4fef40374ca3202e6653878ad447f89034a2",
-        fatbin_sha256: "b35022ae72a921480f4108bbf43e773256c09ef7f009fa4431f554dd73cd94cf",
+        source_sha256: "7ab9ca9a1327c2a9a8897b09b2f9887083007487a1dec9483cbb05064e80b8af",
+        ptx_sha256: "636954ede8e506177c9891ba2058ee91ed61953d4a43fc05416a1a11d04a9a50",
+        fatbin_sha256: "99be66b4121e66ee268070f95b9be5959dd5a8ba5bfeb5e056a55a6cbe6587b8",
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
 ];
