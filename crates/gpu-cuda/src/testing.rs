@@ -9,6 +9,8 @@
 //! device 0 where present), and [`test_seed`] gives a randomised test a seed it prints, which
 //! `HYBRID_TEST_SEED` replays.
 
+pub mod cancel;
+
 use crate::CudaBackend;
 use gpu_core::Device;
 use std::hash::{BuildHasher, Hasher};

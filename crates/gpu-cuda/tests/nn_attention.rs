@@ -13,7 +13,7 @@ use common::*;
 use gpu_core::nn::AttentionOps;
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::{DType, GpuError};
-use gpu_cuda::testing::backend_or_skip;
+use gpu_cuda::testing::{backend_or_skip, cancel};
 use gpu_cuda::{CudaBackend, ImageKind, LaunchPath};
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
@@ -138,9 +138,15 @@ fn check<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, p: &Problem, r: &Re
             "{what} lse[{i}]: got {g}, want {w}"
         );
     }
+    // Gradients cancel (dS = P∘(dP − D); nearly one-hot softmaxes make dq tiny against its
+    // terms): each is bounded by the size of its cancelling terms (`testing::cancel`).
     let got = bwd(b, p, &r.out, &r.lse);
-    for (name, (g, w)) in ["dq", "dk", "dv"].iter().zip(got.iter().zip(&r.grads)) {
-        assert_near(&format!("{what} {name}"), g, w, 3e-5, 3e-4);
+    let terms = cancel::attention(&p.q, &p.k, &p.v, &p.dout, p.n, p.t, p.d, p.scale as f64);
+    for (name, ((g, w), t)) in ["dq", "dk", "dv"]
+        .iter()
+        .zip(got.iter().zip(&r.grads).zip(&terms))
+    {
+        cancel::check(&format!("{what} {name}"), g, w, t);
     }
 }
 

@@ -2,8 +2,9 @@
 //! drawn by proptest, a whole GPT step, and the transfer budget of a training step.
 //! Tests named `gpu_*` skip with a printed reason where no GPU exists.
 
-mod cancel;
 mod devcmp;
+
+use gpu_cuda::testing::cancel;
 
 use devcmp::loss_weights;
 
@@ -216,7 +217,16 @@ fn gpu_every_op_matches_the_cpu_on_proptest_shapes() {
                 dev,
                 &[q.clone(), k.clone(), v.clone()],
                 1e-5,
-                &cancel::attention(&q.0, &k.0, &v.0, &dout, a * 2, b, d),
+                &cancel::attention(
+                    &q.0,
+                    &k.0,
+                    &v.0,
+                    &dout,
+                    a * 2,
+                    b,
+                    d,
+                    1.0 / (d as f64).sqrt(),
+                ),
                 &|v| Tensor::causal_attention(&v[0], &v[1], &v[2]),
             );
             compare("dropout", dev, &[x(&[a, b, c], 17)], t, &|v| {
