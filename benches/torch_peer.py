@@ -4,6 +4,7 @@ timed calls after 3 warm-ups, inputs rotated over two sets). Prints a JSON list 
 import argparse
 import json
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +118,59 @@ def gpt_rows(add, path, dev):
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
+def rssm_rows(add, reps, dev):
+    """Seed A's table at batch 32 and the randomized SVDs (ids as gpu-bench's rssm rows)."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    b = 32
+    enc = nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128), nn.ReLU()).to(dev).eval()
+    x = torch.randn(b, 64, device=dev)
+    with torch.no_grad():
+        add("rssm_encode", time_us(lambda i: enc(x), reps))
+        # The issue's rollout: Linear(64→128)+ReLU, 5 × GRUCell(128→256) × 10 steps with
+        # Linear(256→128) feedback; eager and captured in a CUDA graph.
+        inp = nn.Sequential(nn.Linear(64, 128), nn.ReLU()).to(dev)
+        cells = [nn.GRUCell(128, 256).to(dev) for _ in range(5)]
+        back = [nn.Linear(256, 128).to(dev) for _ in range(5)]
+
+        def rollout():
+            e = inp(x)
+            outs = []
+            for c, f in zip(cells, back):
+                h = torch.zeros(b, 256, device=dev)
+                z = e
+                for _ in range(10):
+                    h = c(z, h)
+                    z = f(h)
+                outs.append(h)
+            return torch.stack(outs)
+
+        add("rssm_rollout", time_us(lambda i: rollout(), reps))
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                rollout()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            rollout()
+        add("rssm_rollout_graph", time_us(lambda i: g.replay(), reps))
+        for m, k in [(1024, 32), (4096, 64)]:
+            gen = torch.Generator(device=dev).manual_seed(1)
+            a = (torch.randn(m, k, device=dev, generator=gen) @ torch.randn(k, m, device=dev, generator=gen)
+                 + 0.01 * torch.randn(m, m, device=dev, generator=gen))
+            u, sv, v = torch.svd_lowrank(a, q=k, niter=2)
+            err = (torch.linalg.norm(a - (u * sv) @ v.T) / torch.linalg.norm(a)).item()
+            rows_id = f"svd_{m}_k{k}"
+            add(rows_id, time_us(lambda i: torch.svd_lowrank(a, q=k, niter=2), min(reps, 20)))
+            print(f"torch {rows_id}: rel err {err:.3e}", file=sys.stderr)
+        w = torch.randn(1024, 1024, device=dev)
+        u, sv, v = torch.randn(1024, 32, device=dev), torch.rand(32, device=dev), torch.randn(1024, 32, device=dev)
+        add("correction_1024_k32", time_us(lambda i: w.addmm_(u * sv, v.T), reps),
+            2.0 * 1024 * 1024 * 4, 2.0 * 1024 * 1024 * 32)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
@@ -155,6 +209,7 @@ def main():
     g, b = torch.randn(COLS, device=dev), torch.randn(COLS, device=dev)
     del xs, ys, o
     nn_rows(add, reps, dev)
+    rssm_rows(add, reps, dev)
     if args.gpt_text:
         gpt_rows(add, args.gpt_text, dev)
     print(json.dumps(rows))

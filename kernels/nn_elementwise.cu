@@ -380,6 +380,23 @@ extern "C" __global__ void dropout_f32(const float* __restrict__ x, float* __res
     if (t < n) out[t] = dropout_keep(seed, t, thresh) ? x[t] / q : 0.0f;
 }
 
+// Standard normal samples, gpu_core::nn::elementwise::randn_at: Box–Muller on the two halves
+// of SplitMix64(seed ^ (i·golden)): u1 = (top 24 bits + 1)/2^24 in (0, 1], u2 = (low 24
+// bits)/2^24; out[i] = sqrt(−2·ln u1)·cos(2π·u2) (accurate logf/cospif: a few ulps from the
+// CPU's f64 value).
+extern "C" __global__ void randn_f32(float* __restrict__ out, u64 n, u64 seed) {
+    const u64 stride = grid_threads();
+    for (u64 i = global_tid(); i < n; i += stride) {
+        u64 z = seed ^ (i * 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float u1 = ((float)(u32)(z >> 40) + 1.0f) * (1.0f / 16777216.0f);
+        const float u2 = (float)(u32)(z & 0xFFFFFFull) * (1.0f / 16777216.0f);
+        out[i] = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Block copies: dst[dst_off + o·dst_stride + k] = src[src_off + o·src_stride + k], k < len.
 // T is float, or float4 when every offset, stride and len is a multiple of 4 (then all of them

@@ -7,7 +7,6 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use rssm::{Engine, GpuAccelerator, Rssm, RssmConfig, SequenceBatch, SvdOptions};
-use tensor_ops::ndarray::Array2;
 use tensor_ops::{Device, Tensor};
 
 const BATCH: usize = 32;
@@ -67,9 +66,9 @@ fn svd_and_correction(c: &mut Criterion) {
         b.iter(|| acc.compress_residuals(&residual, 32, &opts).unwrap())
     });
     let correction = acc.compress_residuals(&residual, 32, &opts).unwrap();
-    let mut w = Array2::from_shape_vec((n, n), data(n * n, 4)).unwrap();
+    let w = Tensor::from_vec(data(n * n, 4), &[n, n], Device::Cpu).unwrap();
     g.bench_function("correction_rank32", |b| {
-        b.iter(|| acc.apply_corrections(w.view_mut(), &correction).unwrap())
+        b.iter(|| acc.apply_corrections(&w, &correction).unwrap())
     });
     g.finish();
 }

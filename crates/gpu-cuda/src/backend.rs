@@ -5,6 +5,7 @@ use crate::launch::{self, KernelArg, LaunchConfig, LaunchPath};
 use crate::module::{ImageKind, ModuleCache};
 use crate::pool::{CudaBuffer, MemoryPool, PoolStats};
 use cudarc::cublas::CudaBlas;
+use cudarc::cusolver::safe::DnHandle;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use gpu_core::backend::check_transfer;
 use gpu_core::{probe, Backend, BufferInfo, DType, Device, DeviceType, Element, GpuError, Result};
@@ -38,6 +39,7 @@ struct Inner {
     modules: ModuleCache,
     pool: MemoryPool,
     blas: OnceLock<std::result::Result<Mutex<CudaBlas>, String>>,
+    solver: OnceLock<std::result::Result<Mutex<DnHandle>, String>>,
     tf32: AtomicBool,
     path: AtomicU8,
     image: AtomicU8,
@@ -123,6 +125,7 @@ impl CudaBackend {
                 info,
                 modules: ModuleCache::default(),
                 blas: OnceLock::new(),
+                solver: OnceLock::new(),
                 tf32: AtomicBool::new(false),
                 path: AtomicU8::new(0),
                 image: AtomicU8::new(0),
@@ -231,6 +234,23 @@ impl CudaBackend {
     /// Modules loaded so far (both launchers).
     pub fn modules_loaded(&self) -> usize {
         self.inner.modules.loaded()
+    }
+
+    /// The cuSOLVER dense handle on this backend's stream, created on first use.
+    pub(crate) fn solver(&self) -> Result<std::sync::MutexGuard<'_, DnHandle>> {
+        let solver = self.inner.solver.get_or_init(|| {
+            // SAFETY: only probes whether the library can be opened.
+            if !unsafe { cudarc::cusolver::sys::is_culib_present() } {
+                return Err("the cuSOLVER library (libcusolver.so) was not found".to_string());
+            }
+            DnHandle::new(self.inner.stream.clone())
+                .map(Mutex::new)
+                .map_err(|e| format!("cusolverDnCreate failed: {e:?}"))
+        });
+        match solver {
+            Ok(m) => Ok(m.lock().unwrap_or_else(|p| p.into_inner())),
+            Err(e) => Err(GpuError::CudaUnavailable(e.clone())),
+        }
     }
 
     /// The cuBLAS handle, created on first use.

@@ -6,6 +6,7 @@ mod backend;
 mod blas;
 mod error;
 mod launch;
+pub mod linalg;
 mod module;
 mod nn;
 mod nvrtc;

@@ -1,13 +1,15 @@
 //! [`GpuAccelerator`]: the trainer's single door to the device work. Four entry points, each
 //! dispatched by the accelerator's device: on the CPU the exact f64 `nalgebra` reference
-//! ([`crate::reference`], [`crate::svd`], [`crate::correct`]); on CUDA the tensor-ops ops where
-//! they suffice, else [`AcceleratorError::Unsupported`].
+//! ([`crate::reference`], [`crate::svd`], [`crate::correct`]); on CUDA the tensor-ops ops, and
+//! cuBLAS/cuSOLVER on the tensors' buffers for the SVD and the in-place correction.
 
 use crate::correct::{apply_tiled, TILE};
 use crate::error::{AcceleratorError, RssmError};
+use crate::lowrank::LowRank;
 use crate::model::{Prediction, Rssm};
 use crate::reference::{to_matrix, HostRssm};
-use crate::svd::{randomized_svd, LowRank, SvdOptions};
+use crate::svd::{randomized_svd, SvdOptions};
+use crate::svd_cuda::{randomized_svd_cuda, SvdMethod};
 use ndarray::{ArrayViewMut2, Ix2, Ix3};
 use std::sync::{Arc, Mutex};
 use tensor_ops::nn::Mode;
@@ -24,14 +26,6 @@ pub enum Engine {
     Tensor,
 }
 
-/// Why an entry point has no CUDA path yet (the text of its `Unsupported` error).
-const SVD_ON_CUDA: &str = "the device randomized SVD needs QR and a small SVD on the device \
-     (cuSOLVER), which tensor-ops does not expose; move the residual to the CPU for the \
-     reference path";
-const APPLY_ON_CUDA: &str = "an in-place tiled update of device-resident weights needs a \
-     kernel that tensor-ops does not expose (its ops are out of place); host weights take the \
-     CPU path of a CPU accelerator";
-
 /// The trainer's single door to the device work: state encoding, ensemble rollouts, residual
 /// compression and low-rank weight corrections, each on the accelerator's device.
 ///
@@ -39,8 +33,8 @@ const APPLY_ON_CUDA: &str = "an in-place tiled update of device-resident weights
 /// |---|---|---|
 /// | [`encode_state`](Self::encode_state) | f64 reference | the encoder's tensor-ops forward |
 /// | [`predict_batch`](Self::predict_batch) | f64 reference | the model's tensor-ops rollout |
-/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f64) | `Unsupported` |
-/// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | `Unsupported` |
+/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f64) | randomized SVD (cuBLAS + cuSOLVER) or `cusolverDnXgesvdr` |
+/// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | one in-place cuBLAS GEMM |
 pub struct GpuAccelerator {
     device: Device,
     model: Option<Rssm>,
@@ -286,12 +280,14 @@ impl GpuAccelerator {
         }
     }
 
-    /// The rank-`rank` truncated SVD of `residual` f32 `[m, n]` by randomized SVD (see
-    /// [`randomized_svd`]; computed in f64, returned as f32 factors).
+    /// The rank-`rank` truncated SVD of `residual` f32 `[m, n]` by randomized SVD, as f32
+    /// factors on the accelerator's device. CPU: [`randomized_svd`] in f64. CUDA:
+    /// `opts.method` — the same algorithm on cuBLAS and cuSOLVER (the sketch drawn on the
+    /// device, the `(k + p)²` core's SVD in f64 on the host), or `cusolverDnXgesvdr`.
     ///
     /// Errors: a rank of 0 or above `min(m, n)` ([`AcceleratorError::Rank`]), a residual that
-    /// is not 2-D or is empty, NaN or Inf, another device, bad options. On CUDA:
-    /// [`AcceleratorError::Unsupported`] (the device SVD is cuSOLVER work not built yet).
+    /// is not 2-D or is empty, NaN or Inf, another device, bad options (too many power
+    /// iterations; `CusolverGesvdr` on the CPU).
     pub fn compress_residuals(
         &self,
         residual: &Tensor,
@@ -317,37 +313,86 @@ impl GpuAccelerator {
                 max: m.min(n),
             });
         }
-        check_input(ENTRY, "residual", residual, self.device)?;
-        if let Device::Cuda(_) = self.device {
-            return Err(AcceleratorError::Unsupported {
+        if opts.power_iters > SvdOptions::MAX_POWER {
+            return Err(AcceleratorError::InvalidArgument {
                 entry: ENTRY,
-                device: self.device,
-                reason: SVD_ON_CUDA,
+                reason: format!(
+                    "power_iters {} is above {}",
+                    opts.power_iters,
+                    SvdOptions::MAX_POWER
+                ),
             });
         }
-        let a = host_array::<Ix2>(ENTRY, residual)?;
-        let svd = randomized_svd(&to_matrix(a.view()), rank, opts)?;
-        LowRank::from_svd(&svd)
+        check_input(ENTRY, "residual", residual, self.device)?;
+        match self.device {
+            Device::Cuda(_) => randomized_svd_cuda(residual, rank, opts),
+            Device::Cpu if opts.method == SvdMethod::CusolverGesvdr => {
+                Err(AcceleratorError::InvalidArgument {
+                    entry: ENTRY,
+                    reason: "cusolverDnXgesvdr runs on CUDA only; the CPU runs the Halko \
+                             algorithm (SvdMethod::Halko)"
+                        .into(),
+                })
+            }
+            Device::Cpu => {
+                let a = host_array::<Ix2>(ENTRY, residual)?;
+                let svd = randomized_svd(&to_matrix(a.view()), rank, opts)?;
+                LowRank::from_svd(&svd)
+            }
+        }
     }
 
-    /// `weights += U·diag(S)·Vᵀ` in place on host weights `[m, n]`, one tile of the product at
-    /// a time (see [`apply_tiled`]).
+    /// `weights += U·diag(S)·Vᵀ` in place on an f32 `[m, n]` tensor on the accelerator's
+    /// device, never materialising the product: on the CPU one tile at a time (see
+    /// [`apply_tiled`]), on CUDA as one cuBLAS GEMM accumulating into `weights`.
     ///
-    /// Errors: shapes that disagree, NaN or Inf in the weights, a sum that overflows f32 (all
-    /// before anything is written). On a CUDA accelerator: [`AcceleratorError::Unsupported`]
-    /// (updating device-resident weights in place needs a kernel not built yet).
+    /// Errors, all before anything is written: shapes that disagree, the weights or the
+    /// correction on another device, weights that are an op's result in an autograd graph,
+    /// NaN or Inf in the weights, a sum that overflows f32.
     pub fn apply_corrections(
+        &self,
+        weights: &Tensor,
+        correction: &LowRank,
+    ) -> Result<(), AcceleratorError> {
+        const ENTRY: &str = "apply_corrections";
+        check_device(ENTRY, "weights", self.device, weights.device())?;
+        check_device(ENTRY, "the correction", self.device, correction.device())?;
+        let (m, n) = correction.shape();
+        if weights.shape() != [m, n] {
+            return Err(AcceleratorError::Shape {
+                entry: ENTRY,
+                what: "weights",
+                expected: format!("[{m}, {n}] (the correction's shape)"),
+                got: weights.shape().to_vec(),
+            });
+        }
+        match self.device {
+            Device::Cuda(_) => crate::correct_cuda::apply_cuda(weights, correction),
+            Device::Cpu => {
+                let mut out = Ok(());
+                weights.with_host_slice_mut(|w| {
+                    out = match ArrayViewMut2::from_shape((m, n), w) {
+                        Ok(view) => apply_tiled(view, correction, TILE),
+                        Err(e) => Err(AcceleratorError::InvalidArgument {
+                            entry: ENTRY,
+                            reason: e.to_string(),
+                        }),
+                    };
+                    Ok(())
+                })?;
+                out
+            }
+        }
+    }
+
+    /// `weights += U·diag(S)·Vᵀ` in place on a host array (any layout, views included), one
+    /// tile at a time (see [`apply_tiled`]): the door for CPU-side users with their own
+    /// arrays, whatever the accelerator's device (the factors are copied to the host).
+    pub fn apply_corrections_to_array(
         &self,
         weights: ArrayViewMut2<'_, f32>,
         correction: &LowRank,
     ) -> Result<(), AcceleratorError> {
-        if let Device::Cuda(_) = self.device {
-            return Err(AcceleratorError::Unsupported {
-                entry: "apply_corrections",
-                device: self.device,
-                reason: APPLY_ON_CUDA,
-            });
-        }
         apply_tiled(weights, correction, TILE)
     }
 }

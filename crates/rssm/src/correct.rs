@@ -2,7 +2,7 @@
 //! accelerator's `apply_corrections`.
 
 use crate::error::AcceleratorError;
-use crate::svd::LowRank;
+use crate::lowrank::{HostLowRank, LowRank};
 use nalgebra::DMatrix;
 use ndarray::ArrayViewMut2;
 
@@ -45,38 +45,27 @@ pub fn apply_tiled(
         });
     }
     // Cauchy–Schwarz: |(U·diag(S)·Vᵀ)ᵢⱼ| <= max_i ‖(U·diag(S))ᵢ‖ · max_j ‖Vⱼ‖. When the sum may
-    // leave the f32 range (the bound is finite: f32 values squared fit f64), a dry run checks every result before anything is written.
-    let row_norm = |a: &ndarray::Array2<f32>, scale: &dyn Fn(usize) -> f64| {
-        a.rows()
-            .into_iter()
-            .map(|r| {
-                r.iter()
-                    .enumerate()
-                    .map(|(j, &x)| (f64::from(x) * scale(j)).powi(2))
-                    .sum::<f64>()
-                    .sqrt()
-            })
-            .fold(0.0f64, f64::max)
-    };
-    let bound = row_norm(c.u(), &|r| f64::from(c.s()[r])) * row_norm(c.v(), &|_| 1.0)
-        + w.iter().fold(0.0f64, |a, &x| a.max(f64::from(x.abs())));
+    // leave the f32 range (the bound is finite: f32 values squared fit f64), a dry run checks
+    // every result before anything is written.
+    let bound = c.entry_bound()? + w.iter().fold(0.0f64, |a, &x| a.max(f64::from(x.abs())));
+    let h = c.host()?;
     if bound >= f64::from(f32::MAX) / 2.0 {
-        tiles(&mut w, c, tile, false)?;
+        tiles(&mut w, &h, tile, false)?;
     }
-    tiles(&mut w, c, tile, true)
+    tiles(&mut w, &h, tile, true)
 }
 
 /// Forms the product tile by tile; adds each tile to `w` when `write`, else only checks that
 /// every sum is finite in f32.
 fn tiles(
     w: &mut ArrayViewMut2<'_, f32>,
-    c: &LowRank,
+    c: &HostLowRank,
     tile: usize,
     write: bool,
 ) -> Result<(), AcceleratorError> {
     let (m, n) = c.shape();
     let k = c.rank();
-    let (u, s, v) = (c.u(), c.s(), c.v());
+    let (u, s, v) = (&c.u, &c.s, &c.v);
     let mut block = DMatrix::<f64>::zeros(tile.min(m), tile.min(n));
     for r0 in (0..m).step_by(tile) {
         let rows = tile.min(m - r0);

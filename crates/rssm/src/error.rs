@@ -55,14 +55,6 @@ pub enum RssmError {
 /// What can go wrong in a [`crate::GpuAccelerator`] entry point.
 #[derive(Debug, thiserror::Error)]
 pub enum AcceleratorError {
-    /// The entry point has no implementation on this device yet (see the crate docs for which
-    /// ones and why). Never replaced by a fake result.
-    #[error("{entry} is not implemented on {device}: {reason}")]
-    Unsupported {
-        entry: &'static str,
-        device: Device,
-        reason: &'static str,
-    },
     /// An input on another device than the accelerator's.
     #[error("{entry}: {what} is on {got}, the accelerator on {expected}")]
     DeviceMismatch {

@@ -51,28 +51,32 @@
 //! |---|---|---|
 //! | `encode_state` | [`reference::HostRssm::encode`] | the encoder's tensor-ops forward |
 //! | `predict_batch` | [`reference::HostRssm::predict`] | [`Rssm::predict`] on the device |
-//! | `compress_residuals` | [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | [`AcceleratorError::Unsupported`] |
-//! | `apply_corrections` | [`correct::apply_tiled`], in place | [`AcceleratorError::Unsupported`] |
+//! | `compress_residuals` | [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | the same algorithm on cuBLAS + cuSOLVER, or `cusolverDnXgesvdr` ([`SvdMethod`]) |
+//! | `apply_corrections` | [`correct::apply_tiled`], in place | one cuBLAS GEMM with `beta = 1`, in place |
 //!
-//! The two `Unsupported` paths need device work tensor-ops does not expose (QR and a small
-//! SVD on the device, i.e. cuSOLVER; an in-place tiled update of device memory): they return
-//! that typed error, never a stand-in result. Bad input (wrong widths, ranks, NaN or Inf,
+//! The CUDA SVD and correction work on the tensors' buffers through `gpu_cuda::linalg`
+//! (rssm depends on gpu-cuda directly, still downward). Bad input (wrong widths, ranks, NaN or Inf,
 //! mismatched devices, no model, an untrained ensemble) is a typed error ([`RssmError`],
 //! [`AcceleratorError`]).
 
 mod accelerator;
 mod config;
 pub mod correct;
+mod correct_cuda;
 mod error;
 mod layers;
+mod lowrank;
 mod model;
 pub mod reference;
 pub mod svd;
+mod svd_cuda;
 mod train;
 
 pub use accelerator::{Engine, GpuAccelerator};
 pub use config::RssmConfig;
 pub use error::{AcceleratorError, Result, RssmError};
+pub use lowrank::{HostLowRank, LowRank};
 pub use model::{MemberState, Prediction, Rssm};
-pub use svd::{LowRank, SvdOptions};
+pub use svd::SvdOptions;
+pub use svd_cuda::SvdMethod;
 pub use train::{LossBreakdown, SequenceBatch};

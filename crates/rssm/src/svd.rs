@@ -1,11 +1,9 @@
 //! Truncated SVD on the host in f64 with `nalgebra`: [`randomized_svd`] (Halko, Martinsson and
 //! Tropp 2011: Gaussian sketch, `q` power iterations with QR re-orthonormalisation, QR of the
-//! sample, SVD of the small projected matrix) and [`exact_svd`], its reference; and
-//! [`LowRank`], the f32 factors `U·diag(S)·Vᵀ` the accelerator hands out.
+//! sample, SVD of the small projected matrix) and [`exact_svd`], its reference.
 
 use crate::error::AcceleratorError;
 use nalgebra::{DMatrix, DVector, SVD};
-use ndarray::{Array1, Array2};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
@@ -23,6 +21,8 @@ pub struct SvdOptions {
     pub power_iters: usize,
     /// Seed of the Gaussian test matrix.
     pub seed: u64,
+    /// The algorithm on CUDA (the CPU always runs [`randomized_svd`]).
+    pub method: crate::svd_cuda::SvdMethod,
 }
 
 impl Default for SvdOptions {
@@ -31,6 +31,7 @@ impl Default for SvdOptions {
             oversample: 10,
             power_iters: 2,
             seed: 0,
+            method: crate::svd_cuda::SvdMethod::Halko,
         }
     }
 }
@@ -123,7 +124,9 @@ fn normalised(a: &DMatrix<f64>) -> (std::borrow::Cow<'_, DMatrix<f64>>, f64) {
 
 /// The SVD of `a` with singular values in descending order, or a typed error when the
 /// iteration does not converge within a generous bound.
-fn full_svd(a: DMatrix<f64>) -> Result<SVD<f64, nalgebra::Dyn, nalgebra::Dyn>, AcceleratorError> {
+pub(crate) fn full_svd(
+    a: DMatrix<f64>,
+) -> Result<SVD<f64, nalgebra::Dyn, nalgebra::Dyn>, AcceleratorError> {
     let (rows, cols) = a.shape();
     let max_iter = 1000usize.max(100 * rows.max(cols));
     SVD::try_new(a, true, true, 5.0 * f64::EPSILON, max_iter).ok_or(
@@ -214,89 +217,4 @@ pub fn randomized_svd(
         s: small.s / scale,
         v: small.v,
     })
-}
-
-/// Low-rank factors in f32: `U` `m × k`, `S` `[k]`, `V` `n × k`, standing for
-/// `U·diag(S)·Vᵀ`; every value finite.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LowRank {
-    u: Array2<f32>,
-    s: Array1<f32>,
-    v: Array2<f32>,
-}
-
-impl LowRank {
-    /// Factors with matching shapes (`u` `m × k`, `s` `[k]`, `v` `n × k`, `k >= 1`) and finite
-    /// values, else a typed error.
-    pub fn new(
-        u: Array2<f32>,
-        s: Array1<f32>,
-        v: Array2<f32>,
-    ) -> Result<LowRank, AcceleratorError> {
-        let k = s.len();
-        if k == 0 || u.ncols() != k || v.ncols() != k {
-            return Err(AcceleratorError::Shape {
-                entry: "LowRank::new",
-                what: "factors",
-                expected: "u [m, k], s [k], v [n, k] with k >= 1".into(),
-                got: [u.shape(), s.shape(), v.shape()].concat(),
-            });
-        }
-        let finite = u.iter().chain(&s).chain(&v).all(|x| x.is_finite());
-        if !finite {
-            return Err(AcceleratorError::NonFinite {
-                entry: "LowRank::new",
-                what: "the factors",
-            });
-        }
-        Ok(LowRank { u, s, v })
-    }
-
-    /// Rounds an f64 [`Svd`] to f32 factors.
-    pub fn from_svd(svd: &Svd) -> Result<LowRank, AcceleratorError> {
-        let round = |m: &DMatrix<f64>| Array2::from_shape_fn(m.shape(), |(i, j)| m[(i, j)] as f32);
-        LowRank::new(
-            round(&svd.u),
-            svd.s.iter().map(|&x| x as f32).collect(),
-            round(&svd.v),
-        )
-    }
-
-    /// `m × k`.
-    pub fn u(&self) -> &Array2<f32> {
-        &self.u
-    }
-
-    /// `[k]`.
-    pub fn s(&self) -> &Array1<f32> {
-        &self.s
-    }
-
-    /// `n × k`.
-    pub fn v(&self) -> &Array2<f32> {
-        &self.v
-    }
-
-    /// `k`.
-    pub fn rank(&self) -> usize {
-        self.s.len()
-    }
-
-    /// `(m, n)`: the shape of the matrix the factors stand for.
-    pub fn shape(&self) -> (usize, usize) {
-        (self.u.nrows(), self.v.nrows())
-    }
-
-    /// `U·diag(S)·Vᵀ` materialised (accumulated in f64): for tests and small matrices;
-    /// [`crate::correct::apply_tiled`] adds it to a matrix one tile at a time instead.
-    pub fn to_dense(&self) -> Array2<f32> {
-        let (m, n) = self.shape();
-        Array2::from_shape_fn((m, n), |(i, j)| {
-            (0..self.rank())
-                .map(|r| {
-                    f64::from(self.u[(i, r)]) * f64::from(self.s[r]) * f64::from(self.v[(j, r)])
-                })
-                .sum::<f64>() as f32
-        })
-    }
 }

@@ -13,7 +13,6 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use rssm::correct::apply_tiled;
 use rssm::{
     AcceleratorError, Engine, GpuAccelerator, LowRank, Rssm, RssmConfig, RssmError, SequenceBatch,
-    SvdOptions,
 };
 use tensor_ops::ndarray::{Array1, Array2};
 use tensor_ops::{Device, Tensor};
@@ -118,11 +117,12 @@ fn the_host_copy_follows_training() {
 /// `W + U·diag(S)·Vᵀ` densely in f64, rounded once.
 fn dense(w: &Array2<f32>, c: &LowRank) -> Vec<f32> {
     let (m, n) = c.shape();
+    let c = c.host().unwrap();
     let mut out = Vec::with_capacity(m * n);
     for i in 0..m {
         for j in 0..n {
             let s: f64 = (0..c.rank())
-                .map(|r| f64::from(c.u()[(i, r)]) * f64::from(c.s()[r]) * f64::from(c.v()[(j, r)]))
+                .map(|r| f64::from(c.u[(i, r)]) * f64::from(c.s[r]) * f64::from(c.v[(j, r)]))
                 .sum();
             out.push((f64::from(w[(i, j)]) + s) as f32);
         }
@@ -147,18 +147,20 @@ fn apply_corrections_matches_the_dense_product_and_tensor_ops() {
     let (m, n, k) = (300, 200, 32);
     let c = random_low_rank(&mut r, m, n, k);
     let w0 = Array2::from_shape_vec((m, n), uniform(&mut r, m * n, 1.0)).unwrap();
-    let mut w = w0.clone();
-    acc.apply_corrections(w.view_mut(), &c).unwrap();
-    let got: Vec<f32> = w.iter().copied().collect();
+    let w = Tensor::from_ndarray(&w0, CPU).unwrap();
+    acc.apply_corrections(&w, &c).unwrap();
+    let got = w.to_vec().unwrap();
     let want = dense(&w0, &c);
     let e = rel_err(&got, &want);
+    // The array door gives the same values.
+    let mut wa = w0.clone();
+    acc.apply_corrections_to_array(wa.view_mut(), &c).unwrap();
+    assert_eq!(wa.iter().copied().collect::<Vec<_>>(), got);
     // The tensor-ops path: W + (U ∘ S)·Vᵀ as one f32 GEMM.
     let t = |a: &Array2<f32>| Tensor::from_ndarray(a, CPU).unwrap();
-    let us = t(c.u())
-        .mul(&Tensor::from_ndarray(c.s(), CPU).unwrap())
-        .unwrap();
+    let us = c.u().mul(c.s()).unwrap();
     let via_ops = t(&w0)
-        .add(&us.matmul_t(&t(c.v()), false, true).unwrap())
+        .add(&us.matmul_t(c.v(), false, true).unwrap())
         .unwrap();
     let e_ops = rel_err(&got, &via_ops.to_vec().unwrap());
     eprintln!(
@@ -201,9 +203,9 @@ fn apply_corrections_works_on_views_in_place() {
     let c = random_low_rank(&mut r, 6, 4, 2);
     let mut big = Array2::<f32>::zeros((8, 10));
     let acc = GpuAccelerator::new(CPU).unwrap();
-    acc.apply_corrections(big.slice_mut(tensor_ops::ndarray::s![1..7, 3..7]), &c)
+    acc.apply_corrections_to_array(big.slice_mut(tensor_ops::ndarray::s![1..7, 3..7]), &c)
         .unwrap();
-    let want = c.to_dense();
+    let want = c.to_dense().unwrap();
     for i in 0..8 {
         for j in 0..10 {
             let inside = (1..7).contains(&i) && (3..7).contains(&j);
@@ -215,7 +217,7 @@ fn apply_corrections_works_on_views_in_place() {
         }
     }
     let mut t = Array2::<f32>::zeros((4, 6));
-    acc.apply_corrections(t.view_mut().reversed_axes(), &c)
+    acc.apply_corrections_to_array(t.view_mut().reversed_axes(), &c)
         .unwrap();
     assert!(
         rel_err(
@@ -232,7 +234,7 @@ fn apply_corrections_rejects_bad_input_and_leaves_the_weights() {
     let c = random_low_rank(&mut r, 5, 4, 2);
     let mut w = Array2::<f32>::ones((5, 3));
     assert!(matches!(
-        acc.apply_corrections(w.view_mut(), &c),
+        acc.apply_corrections_to_array(w.view_mut(), &c),
         Err(AcceleratorError::Shape {
             what: "weights",
             ..
@@ -242,7 +244,7 @@ fn apply_corrections_rejects_bad_input_and_leaves_the_weights() {
     w[(2, 2)] = f32::NAN;
     let before = w.clone();
     assert!(matches!(
-        acc.apply_corrections(w.view_mut(), &c),
+        acc.apply_corrections_to_array(w.view_mut(), &c),
         Err(AcceleratorError::NonFinite {
             what: "the weights",
             ..
@@ -260,7 +262,9 @@ fn apply_corrections_rejects_bad_input_and_leaves_the_weights() {
     )
     .unwrap();
     let mut w = Array2::<f32>::ones((5, 4));
-    let e = acc.apply_corrections(w.view_mut(), &huge).unwrap_err();
+    let e = acc
+        .apply_corrections_to_array(w.view_mut(), &huge)
+        .unwrap_err();
     assert!(matches!(e, AcceleratorError::NonFinite { .. }), "{e}");
     assert!(w.iter().all(|&x| x == 1.0));
     assert!(matches!(
@@ -415,20 +419,13 @@ fn gpu_entry_points_match_the_cpu_reference_or_say_unsupported() {
     ] {
         assert!(matches!(e, AcceleratorError::DeviceMismatch { .. }), "{e}");
     }
-    // The paths not built on CUDA say so.
-    let res = Tensor::zeros(&[8, 6], gpu).unwrap();
-    assert!(matches!(
-        on_gpu.compress_residuals(&res, 2, &SvdOptions::default()),
-        Err(AcceleratorError::Unsupported {
-            entry: "compress_residuals",
-            ..
-        })
-    ));
+    // Factors on the CPU handed to the CUDA accelerator: a device mismatch, named.
     let c = random_low_rank(&mut r, 8, 6, 2);
+    let w = Tensor::zeros(&[8, 6], gpu).unwrap();
     assert!(matches!(
-        on_gpu.apply_corrections(Array2::<f32>::zeros((8, 6)).view_mut(), &c),
-        Err(AcceleratorError::Unsupported {
-            entry: "apply_corrections",
+        on_gpu.apply_corrections(&w, &c),
+        Err(AcceleratorError::DeviceMismatch {
+            what: "the correction",
             ..
         })
     ));

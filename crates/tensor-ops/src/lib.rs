@@ -6,6 +6,7 @@ mod autograd;
 mod backend;
 mod bound;
 pub mod gpt;
+mod interop;
 mod ndarray_io;
 pub mod nn;
 pub mod ops;

@@ -3,6 +3,7 @@
 //! in PyTorch measured in the same run when `python3 -c "import torch"` works. Writes markdown.
 
 mod nn;
+mod rssm;
 
 use anyhow::{bail, Context, Result};
 use benches::{median, Row};
@@ -176,6 +177,7 @@ fn torch_rows(
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    print!("{}", String::from_utf8_lossy(&out.stderr));
     let rows: Vec<Row> = serde_json::from_slice(&out.stdout).context("parsing the PyTorch rows")?;
     Ok(rows.into_iter().map(|r| (r.id.clone(), r)).collect())
 }
@@ -265,6 +267,7 @@ fn main() -> Result<()> {
     };
     let mut rows = measure(&bench)?;
     rows.extend(nn::measure(&bench)?);
+    rows.extend(rssm::measure(args.reps)?);
     if let Some(path) = &args.gpt_text {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

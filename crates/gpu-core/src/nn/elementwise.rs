@@ -149,12 +149,28 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 /// The dropout keep decision: a SplitMix64 hash of `seed ^ (i · golden)`; kept when the top 24
 /// bits, as a fraction of 2^24, are `>= p`. CUDA kernels compute exactly this.
 pub fn dropout_keep(seed: u64, i: u64, p: f32) -> bool {
+    let z = splitmix(seed, i);
+    let u = (z >> 40) as u32; // top 24 bits
+    (u as f32) >= p * (1u32 << 24) as f32
+}
+
+/// The SplitMix64 hash the device's random streams share: `seed ^ (i · golden)`, mixed.
+fn splitmix(seed: u64, i: u64) -> u64 {
     let mut z = seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    let u = (z >> 40) as u32; // top 24 bits
-    (u as f32) >= p * (1u32 << 24) as f32
+    z ^ (z >> 31)
+}
+
+/// Element `i` of the standard normal stream `seed` (the CUDA kernel `randn_f32`): Box–Muller
+/// on the hash's halves, `u1 = (top 24 bits + 1)/2^24` in `(0, 1]`, `u2 = (low 24 bits)/2^24`,
+/// `sqrt(−2·ln u1)·cos(2π·u2)`, here in f64 then rounded (the kernel's f32 `logf`, `sqrtf`
+/// and `cospif` stay within a few ulps of it: |Δ| <= 8·2^-24·|sqrt(−2·ln u1)| <= 3e-6).
+pub fn randn_at(seed: u64, i: u64) -> f32 {
+    let z = splitmix(seed, i);
+    let u1 = ((z >> 40) as f64 + 1.0) / 16_777_216.0;
+    let u2 = (z & 0xFF_FFFF) as f64 / 16_777_216.0;
+    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
 }
 
 impl BinaryKind {

@@ -71,7 +71,7 @@ impl CudaBackend {
 
     /// A 1-D grid of [`BLOCK`]-thread blocks for a grid-stride loop over `threads` work units:
     /// one unit per thread, at most 16 blocks per multiprocessor.
-    fn stride_grid(&self, threads: usize) -> LaunchConfig {
+    pub(crate) fn stride_grid(&self, threads: usize) -> LaunchConfig {
         let blocks = threads.div_ceil(BLOCK as usize).clamp(1, self.sms() * 16) as u32;
         LaunchConfig {
             grid_dim: (blocks, 1, 1),

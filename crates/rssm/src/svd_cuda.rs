@@ -1,0 +1,233 @@
+//! The CUDA path of `compress_residuals`: the randomized SVD of [`crate::svd::randomized_svd`]
+//! on the device (cuBLAS GEMMs, cuSOLVER Householder QR, the small SVD in f64 on the host),
+//! and cuSOLVER's own `cusolverDnXgesvdr` behind the same entry point ([`SvdMethod`]).
+//!
+//! A row-major `m × n` residual `A` is, read column-major, `X = Aᵀ` (`n × m`, `ld = n`): both
+//! algorithms factor `X ≈ Uₓ·S·Vₓᵀ` and return `U = Vₓ`, `V = Uₓ` as row-major `[m, k]` and
+//! `[n, k]` tensors, written transposed by the last GEMM (or a transpose), never copied on the
+//! host. Host synchronisations: the finiteness and scale check, the small matrix `R` down and
+//! its factors up (Halko); the info check (gesvdr).
+
+use crate::error::AcceleratorError;
+use crate::lowrank::LowRank;
+use crate::svd::{full_svd, SvdOptions};
+use gpu_cuda::linalg::SolverInfo;
+use gpu_cuda::{CudaBackend, CudaBuffer};
+use nalgebra::DMatrix;
+use tensor_ops::{no_grad, DType, Device, GpuError, Tensor};
+
+const ENTRY: &str = "compress_residuals";
+
+/// Which randomized SVD `compress_residuals` runs on CUDA (the CPU always runs the
+/// `nalgebra` one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SvdMethod {
+    /// Halko, Martinsson and Tropp's algorithm as written in [`crate::svd::randomized_svd`],
+    /// on cuBLAS and cuSOLVER.
+    #[default]
+    Halko,
+    /// cuSOLVER's `cusolverDnXgesvdr` (fp32), with the same oversampling and power iterations
+    /// (oversampling capped so that `k + p <= min(m, n)`). CUDA only. Slower than `Halko` on an
+    /// H200 at equal error (docs/benchmarks.md), and not exact on exactly low-rank input (a
+    /// rank-16 matrix came back with relative error 4.8e-4): kept for comparison.
+    CusolverGesvdr,
+}
+
+/// `a` scaled by a power of two (exact) when its largest magnitude is outside `[2^-30, 2^30]`,
+/// and the factor: f32 products, norms and Householder vectors of the iteration then neither
+/// overflow nor underflow. One reduction and one synchronisation.
+fn normalised(a: &Tensor) -> Result<(Tensor, f32), AcceleratorError> {
+    let n = a.numel();
+    let flat = a.reshape(&[n])?;
+    let hi = no_grad(|| flat.max(0, false)?.item())?;
+    let lo = no_grad(|| flat.neg()?.max(0, false)?.item())?;
+    let max = hi.max(lo);
+    if max == 0.0 || (2f32.powi(-30)..=2f32.powi(30)).contains(&max) {
+        return Ok((a.clone(), 1.0));
+    }
+    let scale = 2f32.powi(-(max.log2().floor() as i32));
+    Ok((no_grad(|| a.mul_scalar(scale))?, scale))
+}
+
+fn alloc(gpu: &CudaBackend, len: usize) -> Result<CudaBuffer, GpuError> {
+    use gpu_core::Backend;
+    gpu.allocate(DType::F32, len)
+}
+
+fn upload(gpu: &CudaBackend, data: &[f32]) -> Result<CudaBuffer, GpuError> {
+    use gpu_core::Backend;
+    gpu.upload(data)
+}
+
+fn ordinal(a: &Tensor) -> Result<usize, AcceleratorError> {
+    match a.device() {
+        Device::Cuda(i) => Ok(i),
+        d => Err(AcceleratorError::InvalidArgument {
+            entry: ENTRY,
+            reason: format!("the CUDA path got a tensor on {d}"),
+        }),
+    }
+}
+
+/// The rank-`rank` randomized SVD of the f32 CUDA tensor `a` `[m, n]` (shape, rank and
+/// finiteness checked by the caller) by `opts.method`.
+pub(crate) fn randomized_svd_cuda(
+    a: &Tensor,
+    rank: usize,
+    opts: &SvdOptions,
+) -> Result<LowRank, AcceleratorError> {
+    let (x, scale) = normalised(a)?;
+    match opts.method {
+        SvdMethod::Halko => halko(&x, scale, rank, opts),
+        SvdMethod::CusolverGesvdr => gesvdr(&x, scale, rank, opts),
+    }
+}
+
+/// Halko et al. on the device; see the module docs for the layout.
+fn halko(a: &Tensor, scale: f32, k: usize, opts: &SvdOptions) -> Result<LowRank, AcceleratorError> {
+    let (m, n) = (a.shape()[0], a.shape()[1]);
+    let (r, c) = (n, m);
+    let l = k.saturating_add(opts.oversample).min(m.min(n));
+    let dev = ordinal(a)?;
+    let gpu = tensor_ops::cuda_backend(dev)?;
+    // Sketch, power iterations, Bᵀ = Xᵀ·Y and the R of its QR, all queued on the stream.
+    let (y, q2, small) = a.with_cuda_buffer(|gpu, x| {
+        // 2 QRs per power iteration, one for the sketch, one for Bᵀ; 2 info slots each.
+        let mut info = SolverInfo::new(gpu, 2 * (2 * opts.power_iters + 2))?;
+        let mut omega = alloc(gpu, c * l)?;
+        gpu.fill_randn(&mut omega, opts.seed)?;
+        let mut y = alloc(gpu, r * l)?;
+        let mut z = alloc(gpu, c * l)?;
+        let nn = (false, false);
+        gpu.gemm_cm(nn, (r, l, c), 1.0, (x, r), (&omega, c), 0.0, (&mut y, r))?;
+        gpu.orthonormalize_cm((r, l), (&mut y, r), &mut info)?;
+        for _ in 0..opts.power_iters {
+            gpu.gemm_cm(
+                (true, false),
+                (c, l, r),
+                1.0,
+                (x, r),
+                (&y, r),
+                0.0,
+                (&mut z, c),
+            )?;
+            gpu.orthonormalize_cm((c, l), (&mut z, c), &mut info)?;
+            gpu.gemm_cm(nn, (r, l, c), 1.0, (x, r), (&z, c), 0.0, (&mut y, r))?;
+            gpu.orthonormalize_cm((r, l), (&mut y, r), &mut info)?;
+        }
+        // Bᵀ = Xᵀ·Y (c × l); keep a copy, orthonormalise it to Q₂ and take R = Q₂ᵀ·Bᵀ.
+        gpu.gemm_cm(
+            (true, false),
+            (c, l, r),
+            1.0,
+            (x, r),
+            (&y, r),
+            0.0,
+            (&mut z, c),
+        )?;
+        gpu.copy_buffer(&z, &mut omega)?;
+        gpu.orthonormalize_cm((c, l), (&mut z, c), &mut info)?;
+        let mut rr = alloc(gpu, l * l)?;
+        gpu.gemm_cm(
+            (true, false),
+            (l, l, c),
+            1.0,
+            (&z, c),
+            (&omega, c),
+            0.0,
+            (&mut rr, l),
+        )?;
+        info.check(gpu, ENTRY)?;
+        let small: Vec<f32> = gpu_core::Backend::download(gpu, &rr)?;
+        Ok((y, z, small))
+    })?;
+    // X ≈ Y·B, Bᵀ = Q₂·R, R = Ũ·Σ·Ṽᵀ  ⇒  X ≈ (Y·Ṽ)·Σ·(Q₂·Ũ)ᵀ, and A = Xᵀ ≈ (Q₂·Ũ)·Σ·(Y·Ṽ)ᵀ.
+    let rm = DMatrix::from_iterator(l, l, small.iter().map(|&v| f64::from(v)));
+    let svd = full_svd(rm)?;
+    let (ut, vt) = match (svd.u, svd.v_t) {
+        (Some(u), Some(vt)) => (u, vt),
+        _ => {
+            return Err(AcceleratorError::InvalidArgument {
+                entry: ENTRY,
+                reason: "the small SVD did not produce its factors".into(),
+            })
+        }
+    };
+    // Ũ and Ṽ's first k columns, column-major l × k.
+    let ur: Vec<f32> = ut.columns(0, k).iter().map(|&v| v as f32).collect();
+    let vr: Vec<f32> = vt
+        .rows(0, k)
+        .transpose()
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let s: Vec<f32> = svd
+        .singular_values
+        .rows(0, k)
+        .iter()
+        .map(|&v| (v / f64::from(scale)) as f32)
+        .collect();
+    let ur = upload(&gpu, &ur)?;
+    let vr = upload(&gpu, &vr)?;
+    // Row-major U [m, k] is column-major Uᵀ (k × m) = Ũₖᵀ·Q₂ᵀ; V [n, k] likewise Ṽₖᵀ·Yᵀ.
+    let mut u_out = alloc(&gpu, m * k)?;
+    let mut v_out = alloc(&gpu, n * k)?;
+    let tt = (true, true);
+    gpu.gemm_cm(tt, (k, c, l), 1.0, (&ur, l), (&q2, c), 0.0, (&mut u_out, k))?;
+    gpu.gemm_cm(tt, (k, r, l), 1.0, (&vr, l), (&y, r), 0.0, (&mut v_out, k))?;
+    finish(u_out, s, v_out, (m, n, k), dev)
+}
+
+/// The factors as tensors; `s` descending, finite (the caller checked the input).
+fn finish(
+    u: CudaBuffer,
+    s: Vec<f32>,
+    v: CudaBuffer,
+    (m, n, k): (usize, usize, usize),
+    dev: usize,
+) -> Result<LowRank, AcceleratorError> {
+    if s.iter().any(|x| !x.is_finite()) {
+        return Err(AcceleratorError::NonFinite {
+            entry: ENTRY,
+            what: "the singular values (the residual's scale overflows f32)",
+        });
+    }
+    Ok(LowRank::trusted(
+        Tensor::from_cuda_buffer(u, &[m, k], dev)?,
+        Tensor::from_vec(s, &[k], Device::Cuda(dev))?,
+        Tensor::from_cuda_buffer(v, &[n, k], dev)?,
+    ))
+}
+
+/// `cusolverDnXgesvdr` on a copy of `a` (it destroys its input).
+fn gesvdr(
+    a: &Tensor,
+    scale: f32,
+    k: usize,
+    opts: &SvdOptions,
+) -> Result<LowRank, AcceleratorError> {
+    let (m, n) = (a.shape()[0], a.shape()[1]);
+    let (r, c) = (n, m);
+    let p = opts.oversample.min(m.min(n) - k);
+    let dev = ordinal(a)?;
+    let (u, s, v) = a.with_cuda_buffer(|gpu, x| {
+        let mut info = SolverInfo::new(gpu, 1)?;
+        let mut xc = alloc(gpu, r * c)?;
+        gpu.copy_buffer(x, &mut xc)?;
+        let mut s = alloc(gpu, r.min(c))?;
+        let mut ux = alloc(gpu, r * r)?;
+        let mut vx = alloc(gpu, c * c)?;
+        let iters = (k, p, opts.power_iters);
+        gpu.gesvdr_cm((r, c), &mut xc, iters, &mut s, &mut ux, &mut vx, &mut info)?;
+        info.check(gpu, ENTRY)?;
+        // U = Vₓ's first k columns (c × k), V = Uₓ's (r × k), written transposed.
+        let mut u = alloc(gpu, m * k)?;
+        let mut v = alloc(gpu, n * k)?;
+        gpu.transpose_cm((c, k), (&vx, c), (&mut u, k))?;
+        gpu.transpose_cm((r, k), (&ux, r), (&mut v, k))?;
+        let s: Vec<f32> = gpu_core::Backend::download(gpu, &s)?;
+        Ok((u, s, v))
+    })?;
+    let s = s[..k].iter().map(|&x| x / scale).collect();
+    finish(u, s, v, (m, n, k), dev)
+}
