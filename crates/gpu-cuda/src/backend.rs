@@ -1,6 +1,6 @@
 //! [`CudaBackend`]: one CUDA device, its context, stream, module cache, pool and cuBLAS handle.
 
-use crate::error::{drv, free_bytes};
+use crate::error::{check, drv, free_bytes};
 use crate::launch::{self, KernelArg, LaunchConfig, LaunchPath};
 use crate::module::{ImageKind, ModuleCache};
 use crate::pool::{CudaBuffer, MemoryPool, PoolStats};
@@ -299,6 +299,64 @@ impl CudaBackend {
                 unsafe { launch::launch_raw(stream, f.func, cfg, args) }
             }
         }
+    }
+
+    /// The most blocks of `block` threads and `smem` bytes of dynamic shared memory of an
+    /// embedded kernel that can be resident at once on this device (the largest cooperative
+    /// grid). Allows more than 48 KiB of dynamic shared memory when `smem` asks for it.
+    pub fn cooperative_grid(&self, kernel: &str, block: u32, smem: u32) -> Result<u32> {
+        let f = self
+            .inner
+            .modules
+            .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
+        self.bind()?;
+        let smem_i = i32::try_from(smem)
+            .map_err(|_| GpuError::invalid("cooperative_grid", "shared memory too large"))?;
+        // SAFETY: `f.func` is a live function of a loaded module; the attribute and the
+        // occupancy query only read and set the function's launch limits.
+        unsafe {
+            check(
+                "cuFuncSetAttribute",
+                sys::cuFuncSetAttribute(
+                    f.func,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem_i,
+                ),
+            )?;
+            let mut per_sm: i32 = 0;
+            check(
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    &mut per_sm,
+                    f.func,
+                    block as i32,
+                    smem as usize,
+                ),
+            )?;
+            Ok((per_sm.max(0) as u32).saturating_mul(self.info().multiprocessors))
+        }
+    }
+
+    /// Launches an embedded kernel cooperatively: every block resident at once, as grid-wide
+    /// barriers need. `cfg.grid_dim.0` must not exceed [`CudaBackend::cooperative_grid`] for
+    /// the same block and shared memory (the driver refuses a larger grid with an error).
+    ///
+    /// # Safety
+    /// As [`CudaBackend::launch`].
+    pub unsafe fn launch_cooperative(
+        &self,
+        kernel: &str,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        launch::check_config(kernel, &cfg)?;
+        launch::check_owners(kernel, self.id(), args)?;
+        let f = self
+            .inner
+            .modules
+            .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
+        // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
+        unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, true) }
     }
 
     /// Copies `src` into `dst` on the device (same dtype and length), queued on the stream.

@@ -163,6 +163,22 @@ pub(crate) unsafe fn launch_raw(
     cfg: LaunchConfig,
     args: &[KernelArg],
 ) -> Result<()> {
+    // SAFETY: this function's own contract, passed on.
+    unsafe { launch_raw_with(stream, func, cfg, args, false) }
+}
+
+/// Launches through the raw driver API, cooperatively when `cooperative` (every block resident
+/// at once, which grid-wide barriers need; the driver refuses a grid that cannot be).
+///
+/// # Safety
+/// As [`launch_raw`].
+pub(crate) unsafe fn launch_raw_with(
+    stream: &CudaStream,
+    func: sys::CUfunction,
+    cfg: LaunchConfig,
+    args: &[KernelArg],
+    cooperative: bool,
+) -> Result<()> {
     let mut values: Vec<KernelArg> = args.to_vec();
     let mut params: Vec<*mut c_void> = values
         .iter_mut()
@@ -184,19 +200,34 @@ pub(crate) unsafe fn launch_raw(
     // outlive the call (the driver copies parameter values at launch); `func` belongs to a loaded
     // module and the parameter list matches the kernel's signature (this function's contract).
     let r = unsafe {
-        sys::cuLaunchKernel(
-            func,
-            g.0,
-            g.1,
-            g.2,
-            b.0,
-            b.1,
-            b.2,
-            cfg.shared_mem_bytes,
-            stream.cu_stream(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
+        if cooperative {
+            sys::cuLaunchCooperativeKernel(
+                func,
+                g.0,
+                g.1,
+                g.2,
+                b.0,
+                b.1,
+                b.2,
+                cfg.shared_mem_bytes,
+                stream.cu_stream(),
+                params.as_mut_ptr(),
+            )
+        } else {
+            sys::cuLaunchKernel(
+                func,
+                g.0,
+                g.1,
+                g.2,
+                b.0,
+                b.1,
+                b.2,
+                cfg.shared_mem_bytes,
+                stream.cu_stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
     };
     check("cuLaunchKernel (raw)", r)
 }

@@ -12,6 +12,7 @@ mod nn;
 mod nvrtc;
 mod ops;
 mod pool;
+pub mod rollout;
 pub mod testing;
 mod timer;
 

@@ -58,4 +58,13 @@ pub static MODULES: &[KernelModule] = &[
         fatbin_sha256: "99be66b4121e66ee268070f95b9be5959dd5a8ba5bfeb5e056a55a6cbe6587b8",
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
+    KernelModule {
+        name: "rssm_rollout",
+        ptx: include_str!("../kernels/rssm_rollout.ptx"),
+        fatbin: include_bytes!("../kernels/rssm_rollout.fatbin"),
+        source_sha256: "aff23e676401bf2b1af1d3b423453c4fe2d7e9edcf175b37db1d6fb2c45bbc83",
+        ptx_sha256: "b507bc92dd05215d98b6a1e1f6122018af382e179bc6b405d3c2ec34391049a6",
+        fatbin_sha256: "56cc6143b68c7cc38506d654636397caee35b222773561e78d6fc6ff1bba594e",
+        kernels: &["rssm_rollout_f32"],
+    },
 ];

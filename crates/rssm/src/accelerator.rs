@@ -21,9 +21,12 @@ pub enum Engine {
     /// The f64 `nalgebra` reference on the host ([`HostRssm`]): the CPU path. Only for a model
     /// on the CPU.
     Reference,
-    /// The model's own tensor-ops forward on its device: the CUDA path (and, on the CPU, the
-    /// path the reference is checked against).
+    /// The model's own tensor-ops forward on its device (on the CPU, the path the reference
+    /// is checked against; on CUDA, the path the fused kernel is checked against).
     Tensor,
+    /// CUDA: `predict_batch` as one fused, cooperative kernel launch
+    /// ([`gpu_cuda::rollout`]); `encode_state` as [`Engine::Tensor`]. The CUDA default.
+    Fused,
 }
 
 /// The trainer's single door to the device work: state encoding, ensemble rollouts, residual
@@ -32,7 +35,7 @@ pub enum Engine {
 /// | entry point | CPU | CUDA |
 /// |---|---|---|
 /// | [`encode_state`](Self::encode_state) | f64 reference | the encoder's tensor-ops forward |
-/// | [`predict_batch`](Self::predict_batch) | f64 reference | the model's tensor-ops rollout |
+/// | [`predict_batch`](Self::predict_batch) | f64 reference | one fused cooperative kernel ([`Engine::Fused`]) |
 /// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f64) | randomized SVD (cuBLAS + cuSOLVER) or `cusolverDnXgesvdr` |
 /// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | one in-place cuBLAS GEMM |
 pub struct GpuAccelerator {
@@ -41,6 +44,8 @@ pub struct GpuAccelerator {
     engine: Engine,
     /// The host copy of the model's weights, with the model version it was taken at.
     host: Mutex<Option<(u64, Arc<HostRssm>)>>,
+    /// The fused kernel's packed weights, with the model version they were packed at.
+    packed: Mutex<Option<(u64, Tensor)>>,
 }
 
 impl std::fmt::Debug for GpuAccelerator {
@@ -57,7 +62,7 @@ impl std::fmt::Debug for GpuAccelerator {
 fn default_engine(device: Device) -> Engine {
     match device {
         Device::Cpu => Engine::Reference,
-        Device::Cuda(_) => Engine::Tensor,
+        Device::Cuda(_) => Engine::Fused,
     }
 }
 
@@ -122,6 +127,7 @@ impl GpuAccelerator {
             model: None,
             engine: default_engine(device),
             host: Mutex::new(None),
+            packed: Mutex::new(None),
         })
     }
 
@@ -133,16 +139,22 @@ impl GpuAccelerator {
             model: Some(model),
             engine: default_engine(device),
             host: Mutex::new(None),
+            packed: Mutex::new(None),
         }
     }
 
     /// Chooses the engine of `encode_state` and `predict_batch`. [`Engine::Reference`] is the
-    /// CPU path: on a CUDA accelerator it is an error.
+    /// CPU path and [`Engine::Fused`] a CUDA one: on another device they are an error.
     pub fn with_engine(mut self, engine: Engine) -> Result<GpuAccelerator, AcceleratorError> {
-        if engine == Engine::Reference && self.device != Device::Cpu {
+        let fits = match engine {
+            Engine::Reference => self.device == Device::Cpu,
+            Engine::Fused => self.device != Device::Cpu,
+            Engine::Tensor => true,
+        };
+        if !fits {
             return Err(AcceleratorError::InvalidArgument {
                 entry: "with_engine",
-                reason: format!("the reference engine runs on the CPU, not {}", self.device),
+                reason: format!("the {engine:?} engine does not run on {}", self.device),
             });
         }
         self.engine = engine;
@@ -153,6 +165,7 @@ impl GpuAccelerator {
     pub fn set_model(&mut self, model: Rssm) -> Result<Option<Rssm>, AcceleratorError> {
         check_device("set_model", "the model", self.device, model.device())?;
         *self.host.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.packed.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(self.model.replace(model))
     }
 
@@ -195,6 +208,20 @@ impl GpuAccelerator {
         Ok(h)
     }
 
+    /// The fused kernel's packed copy of the model's current weights (packed again only after
+    /// they change).
+    fn packed_model(&self, model: &Rssm) -> Result<Tensor, AcceleratorError> {
+        let mut cache = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((v, p)) = cache.as_ref() {
+            if *v == model.version() {
+                return Ok(p.clone());
+            }
+        }
+        let p = crate::rollout_cuda::pack(model)?;
+        *cache = Some((model.version(), p.clone()));
+        Ok(p)
+    }
+
     /// The encoder in evaluation mode on a batch of feature vectors: `features` f32 `[B, F]`
     /// gives `[B, E]` = `relu(LayerNorm(features·Wᵀ + b))`, on the accelerator's device.
     ///
@@ -226,7 +253,9 @@ impl GpuAccelerator {
         }
         check_input(ENTRY, "features", features, self.device)?;
         match self.engine {
-            Engine::Tensor => Ok(tensor_ops::no_grad(|| model.encode(features, Mode::Eval))?),
+            Engine::Tensor | Engine::Fused => {
+                Ok(tensor_ops::no_grad(|| model.encode(features, Mode::Eval))?)
+            }
             Engine::Reference => {
                 let x = host_array::<Ix2>(ENTRY, features)?;
                 let y = self.host_model(model)?.encode(x.view())?;
@@ -249,25 +278,34 @@ impl GpuAccelerator {
         const ENTRY: &str = "predict_batch";
         let model = self.require_model(ENTRY)?;
         check_device(ENTRY, "context", self.device, context.device())?;
+        if self.engine == Engine::Tensor {
+            return Ok(model.predict(context, steps)?);
+        }
+        // The model's checks (trained, shape, width, finite, steps), in its order.
+        if !model.is_trained() {
+            return Err(RssmError::Untrained.into());
+        }
+        crate::layers::check_sequences(
+            "context",
+            context,
+            model.config().feature_dim,
+            self.device,
+        )?;
+        if steps == 0 {
+            return Err(RssmError::Empty {
+                what: "the rollout (steps = 0)",
+            }
+            .into());
+        }
         match self.engine {
             Engine::Tensor => Ok(model.predict(context, steps)?),
+            Engine::Fused => {
+                let packed = self.packed_model(model)?;
+                Ok(crate::rollout_cuda::predict_fused(
+                    model, &packed, context, steps,
+                )?)
+            }
             Engine::Reference => {
-                // The model's checks (trained, shape, width, finite, steps), in its order.
-                if !model.is_trained() {
-                    return Err(RssmError::Untrained.into());
-                }
-                crate::layers::check_sequences(
-                    "context",
-                    context,
-                    model.config().feature_dim,
-                    self.device,
-                )?;
-                if steps == 0 {
-                    return Err(RssmError::Empty {
-                        what: "the rollout (steps = 0)",
-                    }
-                    .into());
-                }
                 let x = host_array::<Ix3>(ENTRY, context)?;
                 let (members, mean, disagreement) =
                     self.host_model(model)?.predict(x.view(), steps)?;
@@ -420,6 +458,6 @@ mod tests {
     #[test]
     fn each_device_gets_its_engine() {
         assert_eq!(default_engine(Device::Cpu), Engine::Reference);
-        assert_eq!(default_engine(Device::Cuda(1)), Engine::Tensor);
+        assert_eq!(default_engine(Device::Cuda(1)), Engine::Fused);
     }
 }

@@ -50,7 +50,7 @@
 //! | entry point | CPU (the `nalgebra` reference, f64) | CUDA |
 //! |---|---|---|
 //! | `encode_state` | [`reference::HostRssm::encode`] | the encoder's tensor-ops forward |
-//! | `predict_batch` | [`reference::HostRssm::predict`] | [`Rssm::predict`] on the device |
+//! | `predict_batch` | [`reference::HostRssm::predict`] | one fused, cooperative kernel launch (`kernels/rssm_rollout.cu`; [`Engine::Fused`]), or [`Rssm::predict`] ([`Engine::Tensor`]) |
 //! | `compress_residuals` | [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | the same algorithm on cuBLAS + cuSOLVER, or `cusolverDnXgesvdr` ([`SvdMethod`]) |
 //! | `apply_corrections` | [`correct::apply_tiled`], in place | one cuBLAS GEMM with `beta = 1`, in place |
 //!
@@ -68,6 +68,7 @@ mod layers;
 mod lowrank;
 mod model;
 pub mod reference;
+mod rollout_cuda;
 pub mod svd;
 mod svd_cuda;
 mod train;

@@ -381,17 +381,16 @@ fn model_entry_points_reject_bad_input_with_typed_errors() {
 }
 
 #[test]
-fn gpu_entry_points_match_the_cpu_reference_or_say_unsupported() {
-    let Some(b) = gpu_cuda::testing::backend_or_skip(
-        "gpu_entry_points_match_the_cpu_reference_or_say_unsupported",
-    ) else {
+fn gpu_entry_points_match_the_cpu_reference() {
+    let Some(b) = gpu_cuda::testing::backend_or_skip("gpu_entry_points_match_the_cpu_reference")
+    else {
         return;
     };
     let gpu = Device::Cuda(b.info().ordinal);
-    let s = seed("gpu_entry_points_match_the_cpu_reference_or_say_unsupported");
+    let s = seed("gpu_entry_points_match_the_cpu_reference");
     let reference = GpuAccelerator::with_model(model(s, CPU));
     let on_gpu = GpuAccelerator::with_model(model(s, CPU).to_device(gpu).unwrap());
-    assert_eq!(on_gpu.engine(), Engine::Tensor);
+    assert_eq!(on_gpu.engine(), Engine::Fused, "the CUDA default");
     let mut r = StdRng::seed_from_u64(s ^ 3);
     let x = Tensor::from_vec(uniform(&mut r, 32 * 64, 2.0), &[32, 64], CPU).unwrap();
     let a = reference.encode_state(&x).unwrap();

@@ -31,6 +31,9 @@ struct Args {
     /// Timed repeats per row (after warm-up).
     #[arg(long, default_value_t = 30)]
     reps: usize,
+    /// Only the world model's rows (`rssm`), skipping the kernel and ceiling rows.
+    #[arg(long)]
+    only_rssm: bool,
     /// Text for the GPT training-step row (tinyshakespeare); the row is skipped without it.
     #[arg(long)]
     gpt_text: Option<PathBuf>,
@@ -265,8 +268,11 @@ fn main() -> Result<()> {
         gpu: gpu.clone(),
         reps: args.reps,
     };
-    let mut rows = measure(&bench)?;
-    rows.extend(nn::measure(&bench)?);
+    let mut rows = Vec::new();
+    if !args.only_rssm {
+        rows.extend(measure(&bench)?);
+        rows.extend(nn::measure(&bench)?);
+    }
     rows.extend(rssm::measure(args.reps)?);
     if let Some(path) = &args.gpt_text {
         let text =

@@ -8,7 +8,9 @@ use crate::row;
 use anyhow::Result;
 use benches::{median, Row};
 use gpu_cuda::GpuTimer;
-use rssm::{GpuAccelerator, LowRank, Rssm, RssmConfig, SequenceBatch, SvdMethod, SvdOptions};
+use rssm::{
+    Engine, GpuAccelerator, LowRank, Rssm, RssmConfig, SequenceBatch, SvdMethod, SvdOptions,
+};
 use tensor_ops::{Device, Tensor};
 
 const BATCH: usize = 32;
@@ -53,6 +55,7 @@ pub(crate) fn measure(reps: usize) -> Result<Vec<Row>> {
     let mut model = Rssm::new(RssmConfig::default(), d)?;
     let x = Tensor::randn(&[2, 3, 64], 1.0, 4, d)?;
     model.train_step(&SequenceBatch::new(x), 1e-4)?;
+    let tensor = GpuAccelerator::with_model(model.to_device(d)?).with_engine(Engine::Tensor)?;
     let acc = GpuAccelerator::with_model(model);
     let features = Tensor::randn(&[BATCH, 64], 1.0, 5, d)?;
     let us = time(reps, || Ok(acc.encode_state(&features).map(drop)?))?;
@@ -67,11 +70,64 @@ pub(crate) fn measure(reps: usize) -> Result<Vec<Row>> {
     let us = time(reps, || Ok(acc.predict_batch(&context, STEPS).map(drop)?))?;
     rows.push(row(
         "rssm_rollout",
-        format!("ensemble rollout, 5 members × {STEPS} steps, batch {BATCH} (tensor-ops)"),
+        format!("ensemble rollout, 5 members × {STEPS} steps, batch {BATCH} (fused kernel)"),
         us,
         None,
         None,
     ));
+    let us = time(reps.min(10), || {
+        Ok(tensor.predict_batch(&context, STEPS).map(drop)?)
+    })?;
+    rows.push(row(
+        "rssm_rollout_tensor",
+        format!("ensemble rollout, 5 members × {STEPS} steps, batch {BATCH} (tensor-ops ops)"),
+        us,
+        None,
+        None,
+    ));
+    // The fused kernel alone (random weights at the model's sizes), 10 and 1 imagined steps.
+    {
+        use gpu_core::Backend;
+        let gpu = tensor_ops::cuda_backend(0)?;
+        for (steps, batch) in [(STEPS, BATCH), (1, BATCH), (STEPS, 1)] {
+            let c = RssmConfig::default();
+            let dims = gpu_cuda::rollout::RolloutDims {
+                members: c.ensemble,
+                batch,
+                context: 1,
+                steps,
+                hidden: c.hidden_dim,
+                latent: c.latent_dim,
+                embed: c.embed_dim,
+                head: c.head_dim,
+                out: c.output_dim,
+                eps: c.layer_norm_eps,
+            };
+            let w = Tensor::randn(&[c.ensemble * dims.member_len()], 0.05, 8, d)?;
+            let e = Tensor::randn(&[batch, c.embed_dim], 1.0, 9, d)?;
+            let mut out = gpu.allocate(
+                gpu_core::DType::F32,
+                c.ensemble * batch * steps * c.output_dim,
+            )?;
+            let mut mean = gpu.allocate(gpu_core::DType::F32, batch * steps * c.output_dim)?;
+            let mut dis = gpu.allocate(gpu_core::DType::F32, batch * steps)?;
+            let us = time(reps, || {
+                w.with_cuda_buffer(|g, wb| {
+                    e.with_cuda_buffer(|_, eb| {
+                        g.rssm_rollout(&dims, wb, eb, &mut out, &mut mean, &mut dis)
+                    })
+                })?;
+                Ok(())
+            })?;
+            rows.push(row(
+                &format!("rssm_rollout_kernel_{steps}_b{batch}"),
+                format!("the fused rollout kernel alone, {steps} steps, batch {batch}"),
+                us,
+                None,
+                None,
+            ));
+        }
+    }
     for (m, n, k) in [(1024, 1024, 32), (4096, 4096, 64)] {
         let a = low_rank_plus_noise(m, n, k, d)?;
         for (name, method, p) in [

@@ -1,0 +1,208 @@
+//! The world model's fused ensemble rollout (`kernels/rssm_rollout.cu`): one cooperative launch
+//! that filters a context, rolls every member forward and forms the ensemble statistics. The
+//! packed weight layout is [`RolloutDims::member_layout`]; the CPU reference is
+//! `rssm::reference::HostRssm::predict`.
+
+use crate::backend::CudaBackend;
+use crate::launch::{KernelArg, LaunchConfig};
+use crate::pool::CudaBuffer;
+use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
+
+const KERNEL: &str = "rssm_rollout_f32";
+const THREADS: u32 = 256;
+/// Hidden (and head) units per block and rows staged at a time (`GU`/`FU`, `RB` in the
+/// kernel).
+const UNITS: usize = 16;
+const ROWS: usize = 32;
+/// The opt-in shared memory limit of every GPU the kernels are built for (sm_80 and later
+/// allow at least 163 KiB; sm_90 227 KiB); the driver refuses more, and [`CudaBackend::rssm_rollout_fits`]
+/// checks the device's own figure.
+const SMEM_ATTR_MAX: usize = 227 * 1024;
+
+/// Sizes of a rollout: `members` ensemble members, `batch` rows, `context` observed steps,
+/// `steps` imagined steps; widths hidden `H`, latent `S`, embedding `E`, head `P`, output `D`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RolloutDims {
+    pub members: usize,
+    pub batch: usize,
+    pub context: usize,
+    pub steps: usize,
+    pub hidden: usize,
+    pub latent: usize,
+    pub embed: usize,
+    pub head: usize,
+    pub out: usize,
+    /// LayerNorm epsilon of the heads.
+    pub eps: f32,
+}
+
+impl RolloutDims {
+    /// The lengths, in order, of one member's packed tensors: GRU `W_ih [3H, S]`, `W_hh [3H, H]`,
+    /// `b_ih`, `b_hh`; then the prior, posterior and decoder heads, each `fc.W [P, in]`, `fc.b`,
+    /// `norm.γ`, `norm.β`, `out.W [o, P]`, `out.b` with `in` = H, H + E, H + S and `o` = 2S,
+    /// 2S, D.
+    pub fn member_layout(&self) -> Vec<usize> {
+        let (h, s, e, p, d) = (self.hidden, self.latent, self.embed, self.head, self.out);
+        let head = |input: usize, o: usize| [p * input, p, p, p, o * p, o];
+        let mut v = vec![3 * h * s, 3 * h * h, 3 * h, 3 * h];
+        v.extend(head(h, 2 * s));
+        v.extend(head(h + e, 2 * s));
+        v.extend(head(h + s, d));
+        v
+    }
+
+    /// Floats of one member's packed weights.
+    pub fn member_len(&self) -> usize {
+        self.member_layout().iter().sum()
+    }
+
+    fn check(&self) -> Result<()> {
+        let all = [
+            self.members,
+            self.batch,
+            self.context,
+            self.steps,
+            self.hidden,
+            self.latent,
+            self.embed,
+            self.head,
+            self.out,
+        ];
+        if all.iter().any(|&v| v == 0 || v > u32::MAX as usize / 4) {
+            return Err(GpuError::invalid(
+                "rssm_rollout",
+                format!("every size must be in 1..2^30, got {self:?}"),
+            ));
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(GpuError::invalid(
+                "rssm_rollout",
+                "eps must be finite and > 0",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Blocks per member: `max(⌈H/16⌉, ⌈P/16⌉ + 1)` (the kernel's `BPM`).
+    fn blocks_per_member(&self) -> usize {
+        self.hidden
+            .div_ceil(UNITS)
+            .max(self.head.div_ceil(UNITS) + 1)
+    }
+
+    /// Dynamic shared memory of the kernel (its carve-up, in floats): the GRU slice
+    /// `3·16·(S + H + 1) + 6·16`, the larger of the fc slices and the output layers, and the
+    /// staged rows `32·(max(S + H, H + E, P) + 1)`.
+    fn smem_bytes(&self) -> usize {
+        let (h, s, e, p, d) = (self.hidden, self.latent, self.embed, self.head, self.out);
+        let gru = 3 * UNITS * (s + h + 1) + 6 * UNITS;
+        let fc = UNITS * (h + (h + e) + (h + s) + 3) + 3 * UNITS;
+        let outs = (2 * s + d) * (p + 1) + 2 * s + d + 6 * p;
+        let stage = ROWS * ((s + h).max(h + e).max(p) + 1);
+        4 * (gru + fc.max(outs) + stage)
+    }
+}
+
+fn check_len(what: &str, b: &CudaBuffer, want: usize) -> Result<()> {
+    if b.dtype() != DType::F32 || b.len() != want {
+        return Err(GpuError::shape(
+            "rssm_rollout",
+            format!("{what}: {want} f32"),
+            format!("{} {}", b.len(), b.dtype()),
+        ));
+    }
+    Ok(())
+}
+
+impl CudaBackend {
+    /// The grid (`M·BPM` blocks) and dynamic shared memory of a rollout, or a typed error when
+    /// this device cannot run it (more shared memory than a block may have, or more blocks
+    /// than can be resident at once).
+    fn rollout_launch(&self, d: &RolloutDims) -> Result<(u32, u32)> {
+        d.check()?;
+        let smem = d.smem_bytes();
+        let grid = d.members * d.blocks_per_member();
+        if smem > SMEM_ATTR_MAX {
+            return Err(GpuError::invalid(
+                "rssm_rollout",
+                format!("{smem} bytes of shared memory per block exceed {SMEM_ATTR_MAX}"),
+            ));
+        }
+        let most = self.cooperative_grid(KERNEL, THREADS, smem as u32)? as usize;
+        if grid > most {
+            return Err(GpuError::invalid(
+                "rssm_rollout",
+                format!("{grid} blocks needed, {most} can be resident at once"),
+            ));
+        }
+        Ok((grid as u32, smem as u32))
+    }
+
+    /// Whether this device can run the fused rollout of `d` (see [`CudaBackend::rssm_rollout`]).
+    pub fn rssm_rollout_fits(&self, d: &RolloutDims) -> bool {
+        self.rollout_launch(d).is_ok()
+    }
+
+    /// The fused rollout: `weights` holds `members` packed members ([`RolloutDims::member_len`]
+    /// each), `embeds` the encoder's output `[batch, context, embed]`; fills `out`
+    /// `[members, batch, steps, out]`, `mean` `[batch, steps, out]` and `disagreement`
+    /// `[batch, steps]` (population variance over members, averaged over outputs). Every length
+    /// is checked first; the launch is refused with a typed error when the device cannot hold
+    /// one block.
+    pub fn rssm_rollout(
+        &self,
+        d: &RolloutDims,
+        weights: &CudaBuffer,
+        embeds: &CudaBuffer,
+        out: &mut CudaBuffer,
+        mean: &mut CudaBuffer,
+        disagreement: &mut CudaBuffer,
+    ) -> Result<()> {
+        d.check()?;
+        let overflow = || GpuError::invalid("rssm_rollout", "sizes overflow");
+        let mul = |a: usize, b: usize| a.checked_mul(b).ok_or_else(overflow);
+        check_len("weights", weights, mul(d.members, d.member_len())?)?;
+        check_len("embeds", embeds, mul(mul(d.batch, d.context)?, d.embed)?)?;
+        let per_member = mul(mul(d.batch, d.steps)?, d.out)?;
+        check_len("out", out, mul(d.members, per_member)?)?;
+        check_len("mean", mean, per_member)?;
+        check_len("disagreement", disagreement, mul(d.batch, d.steps)?)?;
+        self.check_owned("rssm_rollout", &[weights, embeds, out, mean, disagreement])?;
+        let (grid, smem) = self.rollout_launch(d)?;
+        let mb = mul(d.members, d.batch)?;
+        let scratch_len = mul(mb, 2 * d.hidden + d.latent + 2 * d.head)?;
+        let scratch = self.allocate(DType::F32, scratch_len)?;
+        let mut bar = self.allocate(DType::U32, 2 + 2 * d.members)?;
+        self.memset32(&mut bar, 0)?;
+        let u = |v: usize| KernelArg::U32(v as u32);
+        let args = [
+            weights.into(),
+            embeds.into(),
+            (&scratch).into(),
+            KernelArg::from(&mut *out),
+            KernelArg::from(&mut *mean),
+            KernelArg::from(&mut *disagreement),
+            (&bar).into(),
+            u(d.members),
+            u(d.batch),
+            u(d.context),
+            u(d.steps),
+            u(d.hidden),
+            u(d.latent),
+            u(d.embed),
+            u(d.head),
+            u(d.out),
+            KernelArg::F32(d.eps),
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        // SAFETY: rssm_rollout_f32's parameters in order; every buffer's length was checked
+        // against the dims above (scratch holds 2·M·B·H + M·B·S + 2·M·B·P floats, bar 2 + 2M
+        // zeroed u32), the grid is M·BPM as the kernel indexes it, and at most the number of
+        // co-resident blocks (a cooperative launch).
+        unsafe { self.launch_cooperative(KERNEL, cfg, &args) }
+    }
+}

@@ -1,0 +1,137 @@
+//! The fused CUDA rollout (`Engine::Fused`, one cooperative kernel) against the f64 reference
+//! and the tensor-ops path, on fresh random weights and contexts (seed printed;
+//! `HYBRID_TEST_SEED` replays), at the sizes and at odd ones that exercise every
+//! partial tile (rows beyond 32 and not a multiple of 4, hidden widths not a multiple of 8).
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use rssm::{Engine, GpuAccelerator, Rssm, RssmConfig, SequenceBatch};
+use tensor_ops::{Device, Tensor};
+
+fn uniform(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-scale..scale)).collect()
+}
+
+fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
+    gpu_cuda::testing::rel_err(&a.to_vec().unwrap(), &b.to_vec().unwrap())
+}
+
+/// A model of `cfg` trained two steps at a large rate (weights away from their init), on the
+/// CPU.
+fn model(cfg: RssmConfig, r: &mut StdRng) -> Rssm {
+    let mut m = Rssm::new(cfg, Device::Cpu).unwrap();
+    let f = cfg.feature_dim;
+    for _ in 0..2 {
+        let x = Tensor::from_vec(uniform(r, 3 * 4 * f, 1.5), &[3, 4, f], Device::Cpu).unwrap();
+        m.train_step(&SequenceBatch::new(x), 3e-2).unwrap();
+    }
+    m
+}
+
+#[test]
+fn gpu_fused_rollout_matches_the_f64_reference_and_tensor_ops() {
+    let test = "gpu_fused_rollout_matches_the_f64_reference_and_tensor_ops";
+    let Some(gpu) = gpu_cuda::testing::gpu_device_or_skip(test) else {
+        return;
+    };
+    let seed = gpu_cuda::testing::test_seed(test);
+    let mut r = StdRng::seed_from_u64(seed);
+    let odd = RssmConfig {
+        feature_dim: 24,
+        embed_dim: 20,
+        hidden_dim: 44,
+        latent_dim: 6,
+        head_dim: 36,
+        output_dim: 24,
+        ensemble: 3,
+        seed: seed ^ 1,
+        ..RssmConfig::default()
+    };
+    let default = RssmConfig {
+        seed: seed ^ 2,
+        ..RssmConfig::default()
+    };
+    // (config, batch, context, steps)
+    let cases = [
+        (default, 32, 1, 10),
+        (default, 37, 3, 4),
+        (odd, 1, 1, 1),
+        (odd, 70, 5, 3),
+    ];
+    for (cfg, b, t, n) in cases {
+        let m = model(cfg, &mut r);
+        let reference = GpuAccelerator::with_model(m.to_device(Device::Cpu).unwrap());
+        let fused = GpuAccelerator::with_model(m.to_device(gpu).unwrap());
+        assert_eq!(fused.engine(), Engine::Fused);
+        let tensor = GpuAccelerator::with_model(m.to_device(gpu).unwrap())
+            .with_engine(Engine::Tensor)
+            .unwrap();
+        let f = cfg.feature_dim;
+        let ctx =
+            Tensor::from_vec(uniform(&mut r, b * t * f, 2.0), &[b, t, f], Device::Cpu).unwrap();
+        let want = reference.predict_batch(&ctx, n).unwrap();
+        let got = fused.predict_batch(&ctx.to(gpu).unwrap(), n).unwrap();
+        let via_ops = tensor.predict_batch(&ctx.to(gpu).unwrap(), n).unwrap();
+        assert_eq!(got.members.shape(), [cfg.ensemble, b, n, cfg.output_dim]);
+        assert_eq!(got.mean.shape(), [b, n, cfg.output_dim]);
+        assert_eq!(got.disagreement.shape(), [b, n]);
+        for (what, x, y, z) in [
+            ("members", &got.members, &want.members, &via_ops.members),
+            ("mean", &got.mean, &want.mean, &via_ops.mean),
+            (
+                "disagreement",
+                &got.disagreement,
+                &want.disagreement,
+                &via_ops.disagreement,
+            ),
+        ] {
+            let (e_ref, e_ops) = (rel_err(x, y), rel_err(x, z));
+            eprintln!(
+                "B {b} T {t} N {n} H {}: {what}: vs f64 reference {e_ref:e}, vs tensor-ops {e_ops:e}",
+                cfg.hidden_dim
+            );
+            // The bound: f32 against the f64 reference, norm-wise (no TF32 anywhere).
+            assert!(e_ref < 1e-5, "{what}: {e_ref:e} (seed {seed})");
+            assert!(e_ops < 1e-5, "{what}: {e_ops:e} (seed {seed})");
+        }
+    }
+}
+
+#[test]
+fn gpu_fused_rollout_follows_weight_updates_and_rejects_bad_input() {
+    let test = "gpu_fused_rollout_follows_weight_updates_and_rejects_bad_input";
+    let Some(gpu) = gpu_cuda::testing::gpu_device_or_skip(test) else {
+        return;
+    };
+    let mut r = StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test));
+    let cfg = RssmConfig::default();
+    let mut acc = GpuAccelerator::with_model(model(cfg, &mut r).to_device(gpu).unwrap());
+    let ctx = Tensor::from_vec(uniform(&mut r, 8 * 2 * 64, 1.0), &[8, 2, 64], gpu).unwrap();
+    let before = acc.predict_batch(&ctx, 3).unwrap().mean.to_vec().unwrap();
+    // Training changes the weights: the packed copy must follow.
+    let x = Tensor::from_vec(uniform(&mut r, 2 * 3 * 64, 1.0), &[2, 3, 64], gpu).unwrap();
+    acc.model_mut()
+        .unwrap()
+        .train_step(&SequenceBatch::new(x), 1e-2)
+        .unwrap();
+    let after = acc.predict_batch(&ctx, 3).unwrap();
+    assert_ne!(before, after.mean.to_vec().unwrap());
+    let reference =
+        GpuAccelerator::with_model(acc.model().unwrap().to_device(Device::Cpu).unwrap());
+    let want = reference
+        .predict_batch(&ctx.to(Device::Cpu).unwrap(), 3)
+        .unwrap();
+    assert!(rel_err(&after.mean, &want.mean) < 1e-5);
+    // Bad input: typed errors, on the fused path too.
+    assert!(acc.predict_batch(&ctx, 0).is_err());
+    let wide = Tensor::zeros(&[8, 2, 65], gpu).unwrap();
+    assert!(acc.predict_batch(&wide, 2).is_err());
+    let mut v = vec![0.0f32; 4 * 64];
+    v[5] = f32::NAN;
+    let nan = Tensor::from_vec(v, &[4, 1, 64], gpu).unwrap();
+    assert!(acc.predict_batch(&nan, 2).is_err());
+    assert!(acc.predict_batch(&ctx.to(Device::Cpu).unwrap(), 2).is_err());
+    assert!(GpuAccelerator::new(Device::Cpu)
+        .unwrap()
+        .with_engine(Engine::Fused)
+        .is_err());
+}

@@ -1,0 +1,376 @@
+// The world model's ensemble rollout in one persistent, cooperative launch: every member
+// filters the embedded context along its posterior mean, then rolls N steps along its prior
+// mean and decodes each step; then the ensemble mean and disagreement are formed. No host
+// round trip. CPU reference: rssm::reference::HostRssm::predict (f64); parity tests:
+// crates/rssm/tests/gpu_rollout.rs.
+//
+// Per member and step (rows are batch entries; W·x means x·Wᵀ with PyTorch's [out, in] W):
+//   h ← GRU(z, h):  r, u = σ(W_i{r,u}·z + b + W_h{r,u}·h + b), n = tanh(W_in·z + b_in +
+//                   r ⊙ (W_hn·h + b_hn)), h' = n + u ⊙ (h − n)
+//   observe:  z ← first S of head_post([h, e_t]);  imagine: z ← first S of head_prior(h),
+//             y ← head_dec([h, z])
+//   head(x) = W_out·relu(LayerNorm(W_fc·x + b_fc)) + b_out
+//
+// Weight-stationary: each member owns BPM consecutive blocks; block s of a member keeps in
+// shared memory, for the whole rollout, GRU units [16s, 16s + 16) (all three gates), the
+// heads' fc units [16s, 16s + 16) (when s < ⌈P/16⌉), and the last block the heads' LayerNorms
+// and output layers. Per step the blocks exchange only activations (h, z, the fc outputs,
+// ~50 KB per member, through L2, read with __ldcg after a barrier), in three phases separated
+// by per-member barriers (members never wait for each other until the final statistics):
+//   1: h_t = GRU(z, h) ‖ decoder fc of step t − 1;  2: head fc of step t ‖ decoder LN + output
+//   of step t − 1;  3: head LN + output → z_t.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define THREADS 256
+#define GU 16   // GRU units per block
+#define FU 16   // head fc units per block
+#define RB 32   // rows staged at a time
+
+// Offsets (in floats) of one member's packed weights, in gpu_cuda::rollout::member_layout's
+// order.
+struct Layout {
+    u64 wih, whh, bih, bhh;
+    u64 fc[3], fcb[3], g[3], b[3], out[3], outb[3];  // heads: 0 prior, 1 posterior, 2 decoder
+    u64 size;
+};
+
+static __device__ Layout layout(u32 H, u32 S, u32 E, u32 P, u32 D) {
+    Layout l;
+    u64 o = 0;
+    l.wih = o; o += (u64)3 * H * S;
+    l.whh = o; o += (u64)3 * H * H;
+    l.bih = o; o += 3 * H;
+    l.bhh = o; o += 3 * H;
+    const u32 in[3] = {H, H + E, H + S}, outs[3] = {2 * S, 2 * S, D};
+    for (int h = 0; h < 3; h++) {
+        l.fc[h] = o; o += (u64)P * in[h];
+        l.fcb[h] = o; o += P;
+        l.g[h] = o; o += P;
+        l.b[h] = o; o += P;
+        l.out[h] = o; o += (u64)outs[h] * P;
+        l.outb[h] = o; o += outs[h];
+    }
+    l.size = o;
+    return l;
+}
+
+// Barrier over `count` blocks sharing counter pair `b` (the launch is cooperative: all blocks
+// are resident). The last to arrive resets the count and bumps the generation.
+static __device__ __forceinline__ void barrier(u32* b, u32 count, u32& gen) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u32 g = gen;
+        __threadfence();
+        if (atomicAdd(&b[0], 1u) == count - 1) {
+            atomicExch(&b[0], 0u);
+            __threadfence();
+            atomicExch(&b[1], g + 1);
+        } else {
+            while (*(volatile u32*)&b[1] == g) {
+            }
+        }
+        __threadfence();
+    }
+    gen++;
+    __syncthreads();
+}
+
+static __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// dst(i, src(i)) for i < n, with UNR loads in flight per thread (a plain loop keeps one
+// L2 round trip in flight and is latency-bound).
+#define UNR 16
+template <typename Src, typename Dst>
+static __device__ __forceinline__ void gather(u32 n, Src src, Dst dst) {
+    for (u32 i0 = threadIdx.x; i0 < n; i0 += blockDim.x * UNR) {
+        float v[UNR];
+#pragma unroll
+        for (int q = 0; q < UNR; q++) {
+            const u32 i = i0 + q * blockDim.x;
+            v[q] = i < n ? src(i) : 0.0f;
+        }
+#pragma unroll
+        for (int q = 0; q < UNR; q++) {
+            const u32 i = i0 + q * blockDim.x;
+            if (i < n) dst(i, v[q]);
+        }
+    }
+}
+
+// Stages rows [r0, r0 + nr) of [a (width wa) | b (width wb)] into st (row stride wa + wb + 1).
+static __device__ void stage(float* st, const float* a, u32 wa, const float* b, u32 wb,
+                             u64 b_row_stride, u32 nr) {
+    const u32 ld = wa + wb + 1;
+    __syncthreads();
+    gather(nr * wa, [&](u32 i) { return __ldcg(a + i); },
+           [&](u32 i, float v) { st[(i / wa) * ld + i % wa] = v; });
+    if (wb)
+        gather(nr * wb, [&](u32 i) { return __ldcg(b + (i / wb) * b_row_stride + i % wb); },
+               [&](u32 i, float v) { st[(i / wb) * ld + wa + i % wb] = v; });
+    __syncthreads();
+}
+
+// fc slice: dst[r·P + p0 + u] = W[u]·x_r + bias[u] for the block's FU units, rows < nr; W
+// (stride in + 1) and x (stride in + 1) in shared memory. Thread: unit t/16, rows t%16, +16.
+static __device__ void fc_slice(const float* W, const float* bias, const float* st, u32 in,
+                                u32 nr, u32 p0, u32 P, float* dst) {
+    const u32 u = threadIdx.x / 16, r = threadIdx.x % 16, ld = in + 1;
+    const float* wr = W + u * ld;
+    const float *x0 = st + r * ld, *x1 = st + (r + 16) * ld;
+    float a0 = 0.0f, a1 = 0.0f;
+    for (u32 k = 0; k < in; k++) {
+        const float wv = wr[k];
+        a0 = fmaf(wv, x0[k], a0);
+        a1 = fmaf(wv, x1[k], a1);
+    }
+    if (p0 + u < P) {
+        if (r < nr) dst[(u64)r * P + p0 + u] = a0 + bias[u];
+        if (r + 16 < nr) dst[(u64)(r + 16) * P + p0 + u] = a1 + bias[u];
+    }
+}
+
+// LayerNorm (two-pass, f32) + ReLU of the staged rows (stride P + 1) in place, then
+// dst[r·dst_stride + o] = Wo[o]·y_r + bo[o] for o < O (Wo stride P + 1).
+static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const float* be,
+                                float eps, const float* Wo, const float* bo, u32 O, float* dst,
+                                u64 dst_stride) {
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, ld = P + 1;
+    for (u32 r = warp; r < nr; r += blockDim.x / 32) {
+        float* x = st + r * ld;
+        float s = 0.0f;
+        for (u32 k = lane; k < P; k += 32) s += x[k];
+        const float mu = warp_sum(s) / (float)P;
+        float v = 0.0f;
+        for (u32 k = lane; k < P; k += 32) {
+            const float d = x[k] - mu;
+            v = fmaf(d, d, v);
+        }
+        const float rstd = rsqrtf(warp_sum(v) / (float)P + eps);
+        __syncwarp();
+        for (u32 k = lane; k < P; k += 32) x[k] = fmaxf(fmaf((x[k] - mu) * rstd, g[k], be[k]), 0.0f);
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < O * nr; i += blockDim.x) {
+        const u32 o = i % O, r = i / O;
+        const float *wr = Wo + o * ld, *x = st + r * ld;
+        float a = 0.0f;
+        for (u32 k = 0; k < P; k++) a = fmaf(wr[k], x[k], a);
+        dst[r * dst_stride + o] = a + bo[o];
+    }
+}
+
+// w: M packed members; emb: [B, T, E] encoder output; scratch: h [2][M][B][H], z [M][B][S],
+// fc outputs [2][M][B][P]; out: [M, B, N, D]; mean: [B, N, D]; dis: [B, N]; bar: 2 + 2M
+// zeroed u32 (grid barrier, then one per member). Grid: M·BPM blocks, BPM = max(⌈H/16⌉,
+// ⌈P/16⌉ + 1); dynamic shared memory as gpu_cuda::rollout::RolloutDims::smem_bytes.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, float* scratch,
+                 float* out, float* mean, float* dis, u32* bar, u32 M, u32 B, u32 T, u32 N,
+                 u32 H, u32 S, u32 E, u32 P, u32 D, float eps) {
+    extern __shared__ float sm[];
+    const Layout L = layout(H, S, E, P, D);
+    const u32 GS = (H + GU - 1) / GU, FS = (P + FU - 1) / FU;
+    const u32 BPM = max(GS, FS + 1);
+    const u32 m = blockIdx.x / BPM, s = blockIdx.x % BPM;
+    const bool has_gru = s < GS, has_fc = s < FS, is_out = s == BPM - 1;
+    const u32 X = S + H, XL = X + 1, j0 = s * GU, p0 = s * FU;
+    const u32 in[3] = {H, H + E, H + S}, outs[3] = {S, S, D};
+    const float* wm = w + (u64)m * L.size;
+    // Shared memory: GRU slice, then the fc slices or the output layers, then the stage.
+    float* gw = sm;                          // [3·GU][XL]: row g·GU + u = [W_ih row | W_hh row]
+    float* gb = gw + 3 * GU * XL;            // [2][3·GU]: b_ih, b_hh
+    float* un = gb + 6 * GU;
+    float* fw[3];                            // [FU][in_h + 1]
+    fw[0] = un;
+    fw[1] = fw[0] + FU * (in[0] + 1);
+    fw[2] = fw[1] + FU * (in[1] + 1);
+    float* fb = fw[2] + FU * (in[2] + 1);    // [3][FU]
+    const u32 fc_len = FU * (in[0] + in[1] + in[2] + 3) + 3 * FU;
+    float* ow[3];                            // [outs_h][P + 1]
+    ow[0] = un;
+    ow[1] = ow[0] + S * (P + 1);
+    ow[2] = ow[1] + S * (P + 1);
+    float* ob = ow[2] + D * (P + 1);         // S, S, D
+    float* lg = ob + 2 * S + D;              // [3][2][P]: γ, β per head
+    const u32 out_len = (2 * S + D) * (P + 1) + 2 * S + D + 6 * P;
+    float* st = un + max(fc_len, out_len);
+
+    // Load this block's weights once.
+    if (has_gru) {
+        gather(3 * GU * X,
+               [&](u32 i) {
+                   const u32 row = i / X, k = i % X, g = row / GU, j = j0 + row % GU;
+                   if (j >= H) return 0.0f;
+                   return k < S ? wm[L.wih + (u64)(g * H + j) * S + k]
+                                : wm[L.whh + (u64)(g * H + j) * H + k - S];
+               },
+               [&](u32 i, float v) { gw[(i / X) * XL + i % X] = v; });
+        gather(6 * GU,
+               [&](u32 i) {
+                   const u32 part = i / (3 * GU), row = i % (3 * GU), j = j0 + row % GU;
+                   return j < H ? wm[(part ? L.bhh : L.bih) + (row / GU) * H + j] : 0.0f;
+               },
+               [&](u32 i, float v) { gb[i] = v; });
+    }
+    if (has_fc) {
+        for (int h = 0; h < 3; h++) {
+            const u32 n = in[h];
+            float* f = fw[h];
+            gather(FU * n,
+                   [&](u32 i) {
+                       const u32 u = i / n;
+                       return p0 + u < P ? wm[L.fc[h] + (u64)(p0 + u) * n + i % n] : 0.0f;
+                   },
+                   [&](u32 i, float v) { f[(i / n) * (n + 1) + i % n] = v; });
+            gather(FU, [&](u32 u) { return p0 + u < P ? wm[L.fcb[h] + p0 + u] : 0.0f; },
+                   [&](u32 u, float v) { fb[h * FU + u] = v; });
+        }
+    }
+    if (is_out) {
+        for (int h = 0; h < 3; h++) {
+            float* o = ow[h];
+            gather(outs[h] * P, [&](u32 i) { return wm[L.out[h] + i]; },
+                   [&](u32 i, float v) { o[(i / P) * (P + 1) + i % P] = v; });
+            const u32 base = h == 0 ? 0 : h == 1 ? S : 2 * S;
+            gather(outs[h], [&](u32 i) { return wm[L.outb[h] + i]; },
+                   [&](u32 i, float v) { ob[base + i] = v; });
+            gather(2 * P, [&](u32 i) { return wm[(i < P ? L.g[h] : L.b[h]) + i % P]; },
+                   [&](u32 i, float v) { lg[2 * h * P + i] = v; });
+        }
+    }
+    const u64 MBH = (u64)M * B * H;
+    float* hb[2] = {scratch, scratch + MBH};
+    float* z = scratch + 2 * MBH;
+    float* fcp = z + (u64)M * B * S;         // the step's head fc outputs [M][B][P]
+    float* fcd = fcp + (u64)M * B * P;       // the decoder's fc outputs [M][B][P]
+    u32* mbar = bar + 2 + 2 * m;
+    u32 gg = 0, gm = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < MBH + (u64)M * B * S;
+         i += (u64)gridDim.x * blockDim.x)
+        (i < MBH ? hb[0][i] : z[i - MBH]) = 0.0f;
+    barrier(bar, gridDim.x, gg);
+
+    const u64 mB = (u64)m * B;
+    int cur = 0;
+    // The decoder of imagined step n (h, z of that step in hb[c], z): fc, then LN + output.
+    auto dec_fc = [&](int c) {
+        if (!has_fc) return;
+        for (u32 r0 = 0; r0 < B; r0 += RB) {
+            const u32 nr = min((u32)RB, B - r0);
+            stage(st, hb[c] + (mB + r0) * H, H, z + (mB + r0) * S, S, S, nr);
+            fc_slice(fw[2], fb + 2 * FU, st, in[2], nr, p0, P, fcd + (mB + r0) * P);
+        }
+    };
+    auto dec_out = [&](u32 n) {
+        if (!is_out) return;
+        for (u32 r0 = 0; r0 < B; r0 += RB) {
+            const u32 nr = min((u32)RB, B - r0);
+            stage(st, fcd + (mB + r0) * P, P, nullptr, 0, 0, nr);
+            norm_out(st, nr, P, lg + 4 * P, lg + 5 * P, eps, ow[2], ob + 2 * S, D,
+                     out + ((mB + r0) * N + n) * D, (u64)N * D);
+        }
+    };
+    for (u32 t = 0; t < T + N; t++) {
+        // Phase 1: h_t = GRU(z_{t−1}, h_{t−1}); the decoder fc of imagined step t − 1 − T.
+        if (has_gru) {
+            for (u32 r0 = 0; r0 < B; r0 += RB) {
+                const u32 nr = min((u32)RB, B - r0);
+                stage(st, z + (mB + r0) * S, S, hb[cur] + (mB + r0) * H, H, H, nr);
+                const u32 u = threadIdx.x / 16, r = threadIdx.x % 16, j = j0 + u;
+                float ai[3][2] = {}, ah[3][2] = {};
+                const float *x0 = st + r * XL, *x1 = st + (r + 16) * XL;
+                for (u32 k = 0; k < S; k++) {
+                    const float v0 = x0[k], v1 = x1[k];
+#pragma unroll
+                    for (int g = 0; g < 3; g++) {
+                        const float wv = gw[(g * GU + u) * XL + k];
+                        ai[g][0] = fmaf(wv, v0, ai[g][0]);
+                        ai[g][1] = fmaf(wv, v1, ai[g][1]);
+                    }
+                }
+                for (u32 k = S; k < X; k++) {
+                    const float v0 = x0[k], v1 = x1[k];
+#pragma unroll
+                    for (int g = 0; g < 3; g++) {
+                        const float wv = gw[(g * GU + u) * XL + k];
+                        ah[g][0] = fmaf(wv, v0, ah[g][0]);
+                        ah[g][1] = fmaf(wv, v1, ah[g][1]);
+                    }
+                }
+                if (j < H) {
+#pragma unroll
+                    for (int q = 0; q < 2; q++) {
+                        const u32 row = r + 16 * q;
+                        if (row >= nr) continue;
+                        const float* x = q ? x1 : x0;
+                        const float rg = sigmoidf(ai[0][q] + gb[u] + ah[0][q] + gb[3 * GU + u]);
+                        const float ug = sigmoidf(ai[1][q] + gb[GU + u] + ah[1][q] + gb[4 * GU + u]);
+                        const float ng = tanhf(ai[2][q] + gb[2 * GU + u] + rg * (ah[2][q] + gb[5 * GU + u]));
+                        hb[cur ^ 1][(mB + r0 + row) * H + j] = fmaf(ug, x[S + j] - ng, ng);
+                    }
+                }
+            }
+        }
+        if (t > T) dec_fc(cur);
+        barrier(mbar, BPM, gm);
+        const int nxt = cur ^ 1;
+        // Phase 2: the head fc of step t (posterior on [h, e_t] or prior on h); the decoder's
+        // LN + output of imagined step t − 1 − T.
+        const int hd = t < T ? 1 : 0;
+        if (has_fc) {
+            for (u32 r0 = 0; r0 < B; r0 += RB) {
+                const u32 nr = min((u32)RB, B - r0);
+                if (hd == 1)
+                    stage(st, hb[nxt] + (mB + r0) * H, H, emb + ((u64)r0 * T + t) * E, E,
+                          (u64)T * E, nr);
+                else
+                    stage(st, hb[nxt] + (mB + r0) * H, H, nullptr, 0, 0, nr);
+                fc_slice(fw[hd], fb + hd * FU, st, in[hd], nr, p0, P, fcp + (mB + r0) * P);
+            }
+        }
+        if (t > T) dec_out(t - 1 - T);
+        barrier(mbar, BPM, gm);
+        // Phase 3: z_t = the head's mean output.
+        if (is_out) {
+            for (u32 r0 = 0; r0 < B; r0 += RB) {
+                const u32 nr = min((u32)RB, B - r0);
+                stage(st, fcp + (mB + r0) * P, P, nullptr, 0, 0, nr);
+                norm_out(st, nr, P, lg + 2 * hd * P, lg + (2 * hd + 1) * P, eps, ow[hd],
+                         ob + hd * S, S, z + (mB + r0) * S, S);
+            }
+        }
+        barrier(mbar, BPM, gm);
+        cur = nxt;
+    }
+    // The last imagined step's decoder, then the ensemble statistics.
+    dec_fc(cur);
+    barrier(mbar, BPM, gm);
+    dec_out(N - 1);
+    barrier(bar, gridDim.x, gg);
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (u64 p = (u64)blockIdx.x * (blockDim.x / 32) + warp; p < (u64)B * N;
+         p += (u64)gridDim.x * (blockDim.x / 32)) {
+        float v = 0.0f;
+        for (u32 d = lane; d < D; d += 32) {
+            float sum = 0.0f;
+            for (u32 k = 0; k < M; k++) sum += __ldcg(out + ((u64)k * B * N + p) * D + d);
+            const float mu = sum / (float)M;
+            float q = 0.0f;
+            for (u32 k = 0; k < M; k++) {
+                const float e = __ldcg(out + ((u64)k * B * N + p) * D + d) - mu;
+                q = fmaf(e, e, q);
+            }
+            mean[p * D + d] = mu;
+            v += q / (float)M;
+        }
+        v = warp_sum(v);
+        if (lane == 0) dis[p] = v / (float)D;
+    }
+}
