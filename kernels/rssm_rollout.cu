@@ -104,31 +104,72 @@ static __device__ __forceinline__ void gather(u32 n, Src src, Dst dst) {
     }
 }
 
-// Stages rows [r0, r0 + nr) of [a (width wa) | b (width wb)] into st (row stride wa + wb + 1).
+// Row stride in shared memory of rows of width w: w + 4 when w is a multiple of 4 (rows stay
+// 16-byte aligned for float4 access; a stride of 4 mod 32 spreads 8 rows over all banks), else
+// w + 1 (odd: rows on distinct banks).
+static __device__ __forceinline__ u32 pad(u32 w) { return (w & 3) == 0 ? w + 4 : w + 1; }
+
+// The float4 form of gather for a rows × w block (w a multiple of 4, rows 16-byte aligned at
+// src + r·src_stride) into dst rows at stride ld (a multiple of 4).
+static __device__ __forceinline__ void gather4(u32 rows, u32 w, const float* src, u64 src_stride,
+                                               float* dst, u32 ld) {
+    const u32 w4 = w / 4, n = rows * w4;
+    for (u32 i0 = threadIdx.x; i0 < n; i0 += blockDim.x * UNR) {
+        float4 v[UNR];
+#pragma unroll
+        for (int q = 0; q < UNR; q++) {
+            const u32 i = i0 + q * blockDim.x;
+            if (i < n) v[q] = __ldcg(reinterpret_cast<const float4*>(src + (i / w4) * src_stride) + i % w4);
+        }
+#pragma unroll
+        for (int q = 0; q < UNR; q++) {
+            const u32 i = i0 + q * blockDim.x;
+            if (i < n) reinterpret_cast<float4*>(dst + (i / w4) * ld)[i % w4] = v[q];
+        }
+    }
+}
+
+// Stages rows [r0, r0 + nr) of [a (width wa, rows contiguous) | b (width wb, rows
+// b_row_stride apart)] into st (row stride pad(wa + wb)).
 static __device__ void stage(float* st, const float* a, u32 wa, const float* b, u32 wb,
                              u64 b_row_stride, u32 nr) {
-    const u32 ld = wa + wb + 1;
+    const u32 ld = pad(wa + wb);
     __syncthreads();
-    gather(nr * wa, [&](u32 i) { return __ldcg(a + i); },
-           [&](u32 i, float v) { st[(i / wa) * ld + i % wa] = v; });
-    if (wb)
-        gather(nr * wb, [&](u32 i) { return __ldcg(b + (i / wb) * b_row_stride + i % wb); },
-               [&](u32 i, float v) { st[(i / wb) * ld + wa + i % wb] = v; });
+    if (((wa | wb | b_row_stride) & 3) == 0) {
+        gather4(nr, wa, a, wa, st, ld);
+        if (wb) gather4(nr, wb, b, b_row_stride, st + wa, ld);
+    } else {
+        gather(nr * wa, [&](u32 i) { return __ldcg(a + i); },
+               [&](u32 i, float v) { st[(i / wa) * ld + i % wa] = v; });
+        if (wb)
+            gather(nr * wb, [&](u32 i) { return __ldcg(b + (i / wb) * b_row_stride + i % wb); },
+                   [&](u32 i, float v) { st[(i / wb) * ld + wa + i % wb] = v; });
+    }
     __syncthreads();
 }
 
 // fc slice: dst[r·P + p0 + u] = W[u]·x_r + bias[u] for the block's FU units, rows < nr; W
-// (stride in + 1) and x (stride in + 1) in shared memory. Thread: unit t/16, rows t%16, +16.
+// and x (both stride pad(in)) in shared memory. Thread: unit t/16, rows t%16 and t%16 + 16.
 static __device__ void fc_slice(const float* W, const float* bias, const float* st, u32 in,
                                 u32 nr, u32 p0, u32 P, float* dst) {
-    const u32 u = threadIdx.x / 16, r = threadIdx.x % 16, ld = in + 1;
+    const u32 u = threadIdx.x / 16, r = threadIdx.x % 16, ld = pad(in);
     const float* wr = W + u * ld;
     const float *x0 = st + r * ld, *x1 = st + (r + 16) * ld;
     float a0 = 0.0f, a1 = 0.0f;
-    for (u32 k = 0; k < in; k++) {
-        const float wv = wr[k];
-        a0 = fmaf(wv, x0[k], a0);
-        a1 = fmaf(wv, x1[k], a1);
+    if ((in & 3) == 0) {
+        for (u32 k = 0; k < in; k += 4) {
+            const float4 w = *reinterpret_cast<const float4*>(wr + k);
+            const float4 v = *reinterpret_cast<const float4*>(x0 + k);
+            const float4 y = *reinterpret_cast<const float4*>(x1 + k);
+            a0 = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, a0))));
+            a1 = fmaf(w.x, y.x, fmaf(w.y, y.y, fmaf(w.z, y.z, fmaf(w.w, y.w, a1))));
+        }
+    } else {
+        for (u32 k = 0; k < in; k++) {
+            const float wv = wr[k];
+            a0 = fmaf(wv, x0[k], a0);
+            a1 = fmaf(wv, x1[k], a1);
+        }
     }
     if (p0 + u < P) {
         if (r < nr) dst[(u64)r * P + p0 + u] = a0 + bias[u];
@@ -136,12 +177,14 @@ static __device__ void fc_slice(const float* W, const float* bias, const float* 
     }
 }
 
-// LayerNorm (two-pass, f32) + ReLU of the staged rows (stride P + 1) in place, then
-// dst[r·dst_stride + o] = Wo[o]·y_r + bo[o] for o < O (Wo stride P + 1).
+// LayerNorm (two-pass, f32) + ReLU of the staged rows (stride pad(P)) in place, then
+// dst[r·dst_stride + o] = Wo[o]·y_r + bo[o] for o < O (Wo stride pad(P)). Output phase:
+// thread t takes row t/8 and outputs t%8, t%8 + 8, ... (independent accumulators).
+#define OPT 8
 static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const float* be,
                                 float eps, const float* Wo, const float* bo, u32 O, float* dst,
                                 u64 dst_stride) {
-    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, ld = P + 1;
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, ld = pad(P);
     for (u32 r = warp; r < nr; r += blockDim.x / 32) {
         float* x = st + r * ld;
         float s = 0.0f;
@@ -157,17 +200,72 @@ static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const 
         for (u32 k = lane; k < P; k += 32) x[k] = fmaxf(fmaf((x[k] - mu) * rstd, g[k], be[k]), 0.0f);
     }
     __syncthreads();
-    for (u32 i = threadIdx.x; i < O * nr; i += blockDim.x) {
-        const u32 o = i % O, r = i / O;
-        const float *wr = Wo + o * ld, *x = st + r * ld;
-        float a = 0.0f;
-        for (u32 k = 0; k < P; k++) a = fmaf(wr[k], x[k], a);
-        dst[r * dst_stride + o] = a + bo[o];
+    const u32 r = threadIdx.x / 8, og = threadIdx.x % 8;
+    if (r < nr) {
+        const float* x = st + r * ld;
+        for (u32 o0 = og; o0 < O; o0 += 8 * OPT) {
+            float a[OPT] = {};
+            if ((P & 3) == 0) {
+                for (u32 k = 0; k < P; k += 4) {
+                    const float4 v = *reinterpret_cast<const float4*>(x + k);
+#pragma unroll
+                    for (int i = 0; i < OPT; i++) {
+                        const u32 o = o0 + 8 * i;
+                        if (o < O) {
+                            const float4 w = *reinterpret_cast<const float4*>(Wo + o * ld + k);
+                            a[i] = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, a[i]))));
+                        }
+                    }
+                }
+            } else {
+                for (u32 k = 0; k < P; k++) {
+#pragma unroll
+                    for (int i = 0; i < OPT; i++) {
+                        const u32 o = o0 + 8 * i;
+                        if (o < O) a[i] = fmaf(Wo[o * ld + k], x[k], a[i]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < OPT; i++) {
+                const u32 o = o0 + 8 * i;
+                if (o < O) dst[r * dst_stride + o] = a[i] + bo[o];
+            }
+        }
+    }
+}
+
+// acc[g][q] += Σ_{k0 <= k < k1} W[g·gs + k]·x_q[k] for the three gates g (rows gs apart) and
+// the two rows q; float4 steps when k0 and k1 are multiples of 4 (rows 16-byte aligned).
+static __device__ __forceinline__ void gru_dots(const float* W, u32 gs, const float* x0,
+                                                const float* x1, u32 k0, u32 k1,
+                                                float (&acc)[3][2]) {
+    if (((k0 | k1) & 3) == 0) {
+        for (u32 k = k0; k < k1; k += 4) {
+            const float4 v0 = *reinterpret_cast<const float4*>(x0 + k);
+            const float4 v1 = *reinterpret_cast<const float4*>(x1 + k);
+#pragma unroll
+            for (int g = 0; g < 3; g++) {
+                const float4 w = *reinterpret_cast<const float4*>(W + g * gs + k);
+                acc[g][0] = fmaf(w.x, v0.x, fmaf(w.y, v0.y, fmaf(w.z, v0.z, fmaf(w.w, v0.w, acc[g][0]))));
+                acc[g][1] = fmaf(w.x, v1.x, fmaf(w.y, v1.y, fmaf(w.z, v1.z, fmaf(w.w, v1.w, acc[g][1]))));
+            }
+        }
+    } else {
+        for (u32 k = k0; k < k1; k++) {
+            const float v0 = x0[k], v1 = x1[k];
+#pragma unroll
+            for (int g = 0; g < 3; g++) {
+                const float wv = W[g * gs + k];
+                acc[g][0] = fmaf(wv, v0, acc[g][0]);
+                acc[g][1] = fmaf(wv, v1, acc[g][1]);
+            }
+        }
     }
 }
 
 // w: M packed members; emb: [B, T, E] encoder output; scratch: h [2][M][B][H], z [M][B][S],
-// fc outputs [2][M][B][P]; out: [M, B, N, D]; mean: [B, N, D]; dis: [B, N]; bar: 2 + 2M
+// fc outputs [2][M][B][P] (each part rounded up to 4 floats); out: [M, B, N, D]; mean: [B, N, D]; dis: [B, N]; bar: 2 + 2M
 // zeroed u32 (grid barrier, then one per member). Grid: M·BPM blocks, BPM = max(⌈H/16⌉,
 // ⌈P/16⌉ + 1); dynamic shared memory as gpu_cuda::rollout::RolloutDims::smem_bytes.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -180,27 +278,30 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
     const u32 BPM = max(GS, FS + 1);
     const u32 m = blockIdx.x / BPM, s = blockIdx.x % BPM;
     const bool has_gru = s < GS, has_fc = s < FS, is_out = s == BPM - 1;
-    const u32 X = S + H, XL = X + 1, j0 = s * GU, p0 = s * FU;
+    const u32 X = S + H, XL = pad(X), j0 = s * GU, p0 = s * FU;
     const u32 in[3] = {H, H + E, H + S}, outs[3] = {S, S, D};
     const float* wm = w + (u64)m * L.size;
-    // Shared memory: GRU slice, then the fc slices or the output layers, then the stage.
+    // Shared memory (every region a multiple of 4 floats, so float4 rows stay aligned): the
+    // GRU slice, then the fc slices or the output layers, then the stage. The host's size is
+    // gpu_cuda::rollout::RolloutDims::smem_bytes, the same sums.
     float* gw = sm;                          // [3·GU][XL]: row g·GU + u = [W_ih row | W_hh row]
     float* gb = gw + 3 * GU * XL;            // [2][3·GU]: b_ih, b_hh
     float* un = gb + 6 * GU;
-    float* fw[3];                            // [FU][in_h + 1]
+    float* fw[3];                            // [FU][pad(in_h)]
     fw[0] = un;
-    fw[1] = fw[0] + FU * (in[0] + 1);
-    fw[2] = fw[1] + FU * (in[1] + 1);
-    float* fb = fw[2] + FU * (in[2] + 1);    // [3][FU]
-    const u32 fc_len = FU * (in[0] + in[1] + in[2] + 3) + 3 * FU;
-    float* ow[3];                            // [outs_h][P + 1]
+    fw[1] = fw[0] + FU * pad(in[0]);
+    fw[2] = fw[1] + FU * pad(in[1]);
+    float* fb = fw[2] + FU * pad(in[2]);     // [3][FU]
+    const u32 fc_len = FU * (pad(in[0]) + pad(in[1]) + pad(in[2])) + 3 * FU;
+    const u32 PL = pad(P);
+    float* ow[3];                            // [outs_h][PL]
     ow[0] = un;
-    ow[1] = ow[0] + S * (P + 1);
-    ow[2] = ow[1] + S * (P + 1);
-    float* ob = ow[2] + D * (P + 1);         // S, S, D
-    float* lg = ob + 2 * S + D;              // [3][2][P]: γ, β per head
-    const u32 out_len = (2 * S + D) * (P + 1) + 2 * S + D + 6 * P;
-    float* st = un + max(fc_len, out_len);
+    ow[1] = ow[0] + S * PL;
+    ow[2] = ow[1] + S * PL;
+    float* ob = ow[2] + D * PL;              // S, S, D (rounded up to 4)
+    float* lg = ob + ((2 * S + D + 3) & ~3u);  // [3][2][P]: γ, β per head
+    const u32 out_len = (2 * S + D) * PL + ((2 * S + D + 3) & ~3u) + 6 * P;
+    float* st = un + ((max(fc_len, out_len) + 3) & ~3u);
 
     // Load this block's weights once.
     if (has_gru) {
@@ -228,7 +329,7 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
                        const u32 u = i / n;
                        return p0 + u < P ? wm[L.fc[h] + (u64)(p0 + u) * n + i % n] : 0.0f;
                    },
-                   [&](u32 i, float v) { f[(i / n) * (n + 1) + i % n] = v; });
+                   [&](u32 i, float v) { f[(i / n) * pad(n) + i % n] = v; });
             gather(FU, [&](u32 u) { return p0 + u < P ? wm[L.fcb[h] + p0 + u] : 0.0f; },
                    [&](u32 u, float v) { fb[h * FU + u] = v; });
         }
@@ -237,7 +338,7 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
         for (int h = 0; h < 3; h++) {
             float* o = ow[h];
             gather(outs[h] * P, [&](u32 i) { return wm[L.out[h] + i]; },
-                   [&](u32 i, float v) { o[(i / P) * (P + 1) + i % P] = v; });
+                   [&](u32 i, float v) { o[(i / P) * PL + i % P] = v; });
             const u32 base = h == 0 ? 0 : h == 1 ? S : 2 * S;
             gather(outs[h], [&](u32 i) { return wm[L.outb[h] + i]; },
                    [&](u32 i, float v) { ob[base + i] = v; });
@@ -245,11 +346,12 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
                    [&](u32 i, float v) { lg[2 * h * P + i] = v; });
         }
     }
-    const u64 MBH = (u64)M * B * H;
-    float* hb[2] = {scratch, scratch + MBH};
-    float* z = scratch + 2 * MBH;
-    float* fcp = z + (u64)M * B * S;         // the step's head fc outputs [M][B][P]
-    float* fcd = fcp + (u64)M * B * P;       // the decoder's fc outputs [M][B][P]
+    // Scratch parts start at multiples of 4 floats (16 bytes: float4 rows stay aligned).
+    const u64 MBH = (u64)M * B * H, MBH4 = (MBH + 3) & ~3ull;
+    float* hb[2] = {scratch, scratch + MBH4};
+    float* z = scratch + 2 * MBH4;
+    float* fcp = z + (((u64)M * B * S + 3) & ~3ull);      // the step's head fc outputs [M][B][P]
+    float* fcd = fcp + (((u64)M * B * P + 3) & ~3ull);    // the decoder's fc outputs [M][B][P]
     u32* mbar = bar + 2 + 2 * m;
     u32 gg = 0, gm = 0;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < MBH + (u64)M * B * S;
@@ -286,24 +388,9 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
                 const u32 u = threadIdx.x / 16, r = threadIdx.x % 16, j = j0 + u;
                 float ai[3][2] = {}, ah[3][2] = {};
                 const float *x0 = st + r * XL, *x1 = st + (r + 16) * XL;
-                for (u32 k = 0; k < S; k++) {
-                    const float v0 = x0[k], v1 = x1[k];
-#pragma unroll
-                    for (int g = 0; g < 3; g++) {
-                        const float wv = gw[(g * GU + u) * XL + k];
-                        ai[g][0] = fmaf(wv, v0, ai[g][0]);
-                        ai[g][1] = fmaf(wv, v1, ai[g][1]);
-                    }
-                }
-                for (u32 k = S; k < X; k++) {
-                    const float v0 = x0[k], v1 = x1[k];
-#pragma unroll
-                    for (int g = 0; g < 3; g++) {
-                        const float wv = gw[(g * GU + u) * XL + k];
-                        ah[g][0] = fmaf(wv, v0, ah[g][0]);
-                        ah[g][1] = fmaf(wv, v1, ah[g][1]);
-                    }
-                }
+                const float* wu = gw + u * XL;
+                gru_dots(wu, GU * XL, x0, x1, 0, S, ai);
+                gru_dots(wu, GU * XL, x0, x1, S, X, ah);
                 if (j < H) {
 #pragma unroll
                     for (int q = 0; q < 2; q++) {

@@ -62,9 +62,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "rssm_rollout",
         ptx: include_str!("../kernels/rssm_rollout.ptx"),
         fatbin: include_bytes!("../kernels/rssm_rollout.fatbin"),
-        source_sha256: "aff23e676401bf2b1af1d3b423453c4fe2d7e9edcf175b37db1d6fb2c45bbc83",
-        ptx_sha256: "b507bc92dd05215d98b6a1e1f6122018af382e179bc6b405d3c2ec34391049a6",
-        fatbin_sha256: "56cc6143b68c7cc38506d654636397caee35b222773561e78d6fc6ff1bba594e",
+        source_sha256: "a41ab7c4a57644e79c78c7af3032f9dbfcd0ed4eb99f5b4070e5af43bfc9e72c",
+        ptx_sha256: "2f0ade92da69cc161612ee3e36db058bca812795243292acbb0c516e624141b8",
+        fatbin_sha256: "8cded20ba9bfa0c3f54294271dba8f14cacb68240c0296ad1f037202b3fabfe2",
         kernels: &["rssm_rollout_f32"],
     },
 ];

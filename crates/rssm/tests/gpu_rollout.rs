@@ -55,6 +55,8 @@ fn gpu_fused_rollout_matches_the_f64_reference_and_tensor_ops() {
         (default, 32, 1, 10),
         (default, 37, 3, 4),
         (odd, 1, 1, 1),
+        (default, 3, 2, 5),
+        (odd, 7, 2, 2),
         (odd, 70, 5, 3),
     ];
     for (cfg, b, t, n) in cases {
