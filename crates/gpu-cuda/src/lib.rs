@@ -1,6 +1,7 @@
 //! `gpu-cuda`: the CUDA backend of hybrid-trainer, on `cudarc` with dynamic loading.
-//! Context and stream, lazy module cache, caching memory pool, cuBLAS SGEMM, events, two kernel
-//! launchers (cudarc's and the raw driver API), and NVRTC for user CUDA C. Never panics without a GPU.
+//! Context and stream, lazy module cache, caching memory pool, cuBLAS SGEMM and cuSOLVER
+//! ([`linalg`]), events, kernel launchers (cudarc's, the raw driver API, cooperative), the world
+//! model's fused rollout ([`rollout`]), and NVRTC for user CUDA C. Never panics without a GPU.
 
 mod backend;
 mod blas;

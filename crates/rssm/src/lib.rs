@@ -78,6 +78,7 @@ pub use config::RssmConfig;
 pub use error::{AcceleratorError, Result, RssmError};
 pub use lowrank::{HostLowRank, LowRank};
 pub use model::{MemberState, Prediction, Rssm};
+pub use rollout_cuda::rollout_dims;
 pub use svd::SvdOptions;
 pub use svd_cuda::SvdMethod;
 pub use train::{LossBreakdown, SequenceBatch};

@@ -5,6 +5,7 @@
 //! the kernel cannot hold on the device (shared memory, co-resident blocks) falls back to
 //! [`Rssm::predict`].
 
+use crate::config::RssmConfig;
 use crate::error::{Result, RssmError};
 use crate::layers::Head;
 use crate::model::{Prediction, Rssm};
@@ -71,18 +72,26 @@ pub(crate) fn pack(model: &Rssm) -> Result<Tensor> {
 }
 
 fn dims(model: &Rssm, batch: usize, context: usize, steps: usize) -> RolloutDims {
-    let c = model.config();
     RolloutDims {
         members: model.members.len(),
+        ..rollout_dims(model.config(), batch, context, steps)
+    }
+}
+
+/// The fused kernel's sizes for a model of `cfg` rolling `batch` contexts of `context` steps
+/// `steps` ahead.
+pub fn rollout_dims(cfg: &RssmConfig, batch: usize, context: usize, steps: usize) -> RolloutDims {
+    RolloutDims {
+        members: cfg.ensemble,
         batch,
         context,
         steps,
-        hidden: c.hidden_dim,
-        latent: c.latent_dim,
-        embed: c.embed_dim,
-        head: c.head_dim,
-        out: c.output_dim,
-        eps: c.layer_norm_eps,
+        hidden: cfg.hidden_dim,
+        latent: cfg.latent_dim,
+        embed: cfg.embed_dim,
+        head: cfg.head_dim,
+        out: cfg.output_dim,
+        eps: cfg.layer_norm_eps,
     }
 }
 

@@ -91,18 +91,7 @@ pub(crate) fn measure(reps: usize) -> Result<Vec<Row>> {
         let gpu = tensor_ops::cuda_backend(0)?;
         for (steps, batch) in [(STEPS, BATCH), (1, BATCH), (STEPS, 1)] {
             let c = RssmConfig::default();
-            let dims = gpu_cuda::rollout::RolloutDims {
-                members: c.ensemble,
-                batch,
-                context: 1,
-                steps,
-                hidden: c.hidden_dim,
-                latent: c.latent_dim,
-                embed: c.embed_dim,
-                head: c.head_dim,
-                out: c.output_dim,
-                eps: c.layer_norm_eps,
-            };
+            let dims = rssm::rollout_dims(&c, batch, 1, steps);
             let w = Tensor::randn(&[c.ensemble * dims.member_len()], 0.05, 8, d)?;
             let e = Tensor::randn(&[batch, c.embed_dim], 1.0, 9, d)?;
             let mut out = gpu.allocate(
