@@ -11,14 +11,16 @@
 //             y ← head_dec([h, z])
 //   head(x) = W_out·relu(LayerNorm(W_fc·x + b_fc)) + b_out
 //
-// Weight-stationary: each member owns BPM consecutive blocks; block s of a member keeps in
-// shared memory, for the whole rollout, GRU units [16s, 16s + 16) (all three gates), the
-// heads' fc units [16s, 16s + 16) (when s < ⌈P/16⌉), and the last block the heads' LayerNorms
-// and output layers. Per step the blocks exchange only activations (h, z, the fc outputs,
-// ~50 KB per member, through L2, read with __ldcg after a barrier), in three phases separated
-// by per-member barriers (members never wait for each other until the final statistics):
-//   1: h_t = GRU(z, h) ‖ decoder fc of step t − 1;  2: head fc of step t ‖ decoder LN + output
-//   of step t − 1;  3: head LN + output → z_t.
+// Weight-stationary: each member owns BPM = max(⌈H/16⌉, ⌈P/16⌉) consecutive blocks; block s
+// of a member keeps in shared memory, for the whole rollout, GRU units [16s, 16s + 16) (all
+// three gates), the heads' fc units [16s, 16s + 16), the prior and posterior output layers'
+// mean halves, its slice of the decoder's output layer, and the LayerNorms. Per step the
+// blocks exchange only activations (h and the fc outputs, through L2, read with __ldcg after a
+// barrier) in two phases separated by per-member barriers (members never wait for each other
+// until the final statistics):
+//   1: z_{t−1} = head output of the previous fc (every block computes all of it, for itself);
+//      h_t = GRU(z_{t−1}, h_{t−1}) ‖ decoder fc of step t − 1
+//   2: head fc of step t ‖ each block's slice of the decoder outputs of step t − 1
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -264,10 +266,12 @@ static __device__ __forceinline__ void gru_dots(const float* W, u32 gs, const fl
     }
 }
 
-// w: M packed members; emb: [B, T, E] encoder output; scratch: h [2][M][B][H], z [M][B][S],
-// fc outputs [2][M][B][P] (each part rounded up to 4 floats); out: [M, B, N, D]; mean: [B, N, D]; dis: [B, N]; bar: 2 + 2M
-// zeroed u32 (grid barrier, then one per member). Grid: M·BPM blocks, BPM = max(⌈H/16⌉,
-// ⌈P/16⌉ + 1); dynamic shared memory as gpu_cuda::rollout::RolloutDims::smem_bytes.
+// w: M packed members; emb: [B, T, E] encoder output; scratch: h [2][M][B][H], every
+// block's own copy of z [grid][B][S], the head fc outputs [M][B][P] and the decoder's
+// [M][B][P] (each part rounded up to 4 floats); out: [M, B, N, D]; mean: [B, N, D];
+// dis: [B, N]; bar: 2 + 2M zeroed u32 (grid barrier, then one per member). Grid: M·BPM
+// blocks, BPM = max(⌈H/16⌉, ⌈P/16⌉); dynamic shared memory as
+// gpu_cuda::rollout::RolloutDims::smem_bytes.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, float* scratch,
                  float* out, float* mean, float* dis, u32* bar, u32 M, u32 B, u32 T, u32 N,
@@ -275,33 +279,34 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
     extern __shared__ float sm[];
     const Layout L = layout(H, S, E, P, D);
     const u32 GS = (H + GU - 1) / GU, FS = (P + FU - 1) / FU;
-    const u32 BPM = max(GS, FS + 1);
+    const u32 BPM = max(GS, FS), DO = (D + BPM - 1) / BPM;
     const u32 m = blockIdx.x / BPM, s = blockIdx.x % BPM;
-    const bool has_gru = s < GS, has_fc = s < FS, is_out = s == BPM - 1;
+    const bool has_gru = s < GS, has_fc = s < FS;
     const u32 X = S + H, XL = pad(X), j0 = s * GU, p0 = s * FU;
-    const u32 in[3] = {H, H + E, H + S}, outs[3] = {S, S, D};
+    // This block's slice of the decoder's outputs: [o0, o0 + nd).
+    const u32 o0 = min(s * DO, D), nd = min(DO, D - o0);
+    const u32 in[3] = {H, H + E, H + S};
     const float* wm = w + (u64)m * L.size;
     // Shared memory (every region a multiple of 4 floats, so float4 rows stay aligned): the
-    // GRU slice, then the fc slices or the output layers, then the stage. The host's size is
+    // GRU slice, the fc slices, the output layers, the stage. The host's size is
     // gpu_cuda::rollout::RolloutDims::smem_bytes, the same sums.
+    const u32 PL = pad(P), S4 = (S + 3) & ~3u, DO4 = (DO + 3) & ~3u;
     float* gw = sm;                          // [3·GU][XL]: row g·GU + u = [W_ih row | W_hh row]
     float* gb = gw + 3 * GU * XL;            // [2][3·GU]: b_ih, b_hh
-    float* un = gb + 6 * GU;
     float* fw[3];                            // [FU][pad(in_h)]
-    fw[0] = un;
+    fw[0] = gb + 6 * GU;
     fw[1] = fw[0] + FU * pad(in[0]);
     fw[2] = fw[1] + FU * pad(in[1]);
-    float* fb = fw[2] + FU * pad(in[2]);     // [3][FU]
-    const u32 fc_len = FU * (pad(in[0]) + pad(in[1]) + pad(in[2])) + 3 * FU;
-    const u32 PL = pad(P);
-    float* ow[3];                            // [outs_h][PL]
-    ow[0] = un;
-    ow[1] = ow[0] + S * PL;
-    ow[2] = ow[1] + S * PL;
-    float* ob = ow[2] + D * PL;              // S, S, D (rounded up to 4)
-    float* lg = ob + ((2 * S + D + 3) & ~3u);  // [3][2][P]: γ, β per head
-    const u32 out_len = (2 * S + D) * PL + ((2 * S + D + 3) & ~3u) + 6 * P;
-    float* st = un + ((max(fc_len, out_len) + 3) & ~3u);
+    float* fb = fw[2] + FU * pad(in[2]);     // [3][FU] (then 4 floats of padding)
+    const u32 SPL4 = (S * PL + 3) & ~3u, DPL4 = (DO * PL + 3) & ~3u;
+    float* om[2];                            // prior and posterior mean outputs [S][PL]
+    om[0] = fb + 3 * FU + 4;
+    om[1] = om[0] + SPL4;
+    float* omb = om[1] + SPL4;               // [2][S4]
+    float* od = omb + 2 * S4;                // the decoder's output slice [DO][PL]
+    float* odb = od + DPL4;                  // [DO4]
+    float* lg = odb + DO4;                   // [3][2][P]: γ, β per head
+    float* st = lg + ((6 * P + 3) & ~3u);
 
     // Load this block's weights once.
     if (has_gru) {
@@ -334,57 +339,75 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
                    [&](u32 u, float v) { fb[h * FU + u] = v; });
         }
     }
-    if (is_out) {
-        for (int h = 0; h < 3; h++) {
-            float* o = ow[h];
-            gather(outs[h] * P, [&](u32 i) { return wm[L.out[h] + i]; },
-                   [&](u32 i, float v) { o[(i / P) * PL + i % P] = v; });
-            const u32 base = h == 0 ? 0 : h == 1 ? S : 2 * S;
-            gather(outs[h], [&](u32 i) { return wm[L.outb[h] + i]; },
-                   [&](u32 i, float v) { ob[base + i] = v; });
-            gather(2 * P, [&](u32 i) { return wm[(i < P ? L.g[h] : L.b[h]) + i % P]; },
-                   [&](u32 i, float v) { lg[2 * h * P + i] = v; });
-        }
+    for (int h = 0; h < 2; h++) {
+        float* o = om[h];
+        gather(S * P, [&](u32 i) { return wm[L.out[h] + i]; },
+               [&](u32 i, float v) { o[(i / P) * PL + i % P] = v; });
+        gather(S, [&](u32 i) { return wm[L.outb[h] + i]; },
+               [&](u32 i, float v) { omb[h * S4 + i] = v; });
     }
+    gather(nd * P, [&](u32 i) { return wm[L.out[2] + (u64)o0 * P + i]; },
+           [&](u32 i, float v) { od[(i / P) * PL + i % P] = v; });
+    gather(nd, [&](u32 i) { return wm[L.outb[2] + o0 + i]; }, [&](u32 i, float v) { odb[i] = v; });
+    for (int h = 0; h < 3; h++)
+        gather(2 * P, [&](u32 i) { return wm[(i < P ? L.g[h] : L.b[h]) + i % P]; },
+               [&](u32 i, float v) { lg[2 * h * P + i] = v; });
+
     // Scratch parts start at multiples of 4 floats (16 bytes: float4 rows stay aligned).
-    const u64 MBH = (u64)M * B * H, MBH4 = (MBH + 3) & ~3ull;
+    const u64 MBH4 = ((u64)M * B * H + 3) & ~3ull, MBP4 = ((u64)M * B * P + 3) & ~3ull;
+    const u64 BS4 = ((u64)B * S + 3) & ~3ull;
     float* hb[2] = {scratch, scratch + MBH4};
-    float* z = scratch + 2 * MBH4;
-    float* fcp = z + (((u64)M * B * S + 3) & ~3ull);      // the step's head fc outputs [M][B][P]
-    float* fcd = fcp + (((u64)M * B * P + 3) & ~3ull);    // the decoder's fc outputs [M][B][P]
+    float* z = scratch + 2 * MBH4 + (u64)blockIdx.x * BS4;   // this block's z [B][S]
+    float* fcp = scratch + 2 * MBH4 + (u64)gridDim.x * BS4;  // the step's head fc [M][B][P]
+    float* fcd = fcp + MBP4;                                 // the decoder's fc [M][B][P]
     u32* mbar = bar + 2 + 2 * m;
     u32 gg = 0, gm = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < MBH + (u64)M * B * S;
-         i += (u64)gridDim.x * blockDim.x)
-        (i < MBH ? hb[0][i] : z[i - MBH]) = 0.0f;
-    barrier(bar, gridDim.x, gg);
-
+    // h₀ = 0 (this member's rows, split over its blocks), z₀ = 0 (this block's copy).
     const u64 mB = (u64)m * B;
+    for (u64 i = (u64)s * blockDim.x + threadIdx.x; i < (u64)B * H; i += (u64)BPM * blockDim.x)
+        hb[0][mB * H + i] = 0.0f;
+    for (u32 i = threadIdx.x; i < B * S; i += blockDim.x) z[i] = 0.0f;
+    barrier(mbar, BPM, gm);
+
     int cur = 0;
-    // The decoder of imagined step n (h, z of that step in hb[c], z): fc, then LN + output.
+    // z ← the mean output of head hd (LN + ReLU + output) of the fc outputs in fcp: every
+    // block computes all of it for itself, so no barrier separates it from its users.
+    auto z_from_fc = [&](int hd) {
+        for (u32 r0 = 0; r0 < B; r0 += RB) {
+            const u32 nr = min((u32)RB, B - r0);
+            stage(st, fcp + (mB + r0) * P, P, nullptr, 0, 0, nr);
+            norm_out(st, nr, P, lg + 2 * hd * P, lg + (2 * hd + 1) * P, eps, om[hd],
+                     omb + hd * S4, S, z + (u64)r0 * S, S);
+        }
+        __syncthreads();
+    };
+    // The decoder of imagined step n: fc slices (from h in hb[c] and z), then, after a
+    // barrier, every block's slice of the outputs.
     auto dec_fc = [&](int c) {
         if (!has_fc) return;
         for (u32 r0 = 0; r0 < B; r0 += RB) {
             const u32 nr = min((u32)RB, B - r0);
-            stage(st, hb[c] + (mB + r0) * H, H, z + (mB + r0) * S, S, S, nr);
+            stage(st, hb[c] + (mB + r0) * H, H, z + (u64)r0 * S, S, S, nr);
             fc_slice(fw[2], fb + 2 * FU, st, in[2], nr, p0, P, fcd + (mB + r0) * P);
         }
     };
     auto dec_out = [&](u32 n) {
-        if (!is_out) return;
+        if (nd == 0) return;
         for (u32 r0 = 0; r0 < B; r0 += RB) {
             const u32 nr = min((u32)RB, B - r0);
             stage(st, fcd + (mB + r0) * P, P, nullptr, 0, 0, nr);
-            norm_out(st, nr, P, lg + 4 * P, lg + 5 * P, eps, ow[2], ob + 2 * S, D,
-                     out + ((mB + r0) * N + n) * D, (u64)N * D);
+            norm_out(st, nr, P, lg + 4 * P, lg + 5 * P, eps, od, odb, nd,
+                     out + ((mB + r0) * N + n) * D + o0, (u64)N * D);
         }
     };
     for (u32 t = 0; t < T + N; t++) {
-        // Phase 1: h_t = GRU(z_{t−1}, h_{t−1}); the decoder fc of imagined step t − 1 − T.
+        // Phase 1: z_{t−1} (locally); h_t = GRU(z_{t−1}, h_{t−1}); the decoder fc of imagined
+        // step t − 1 − T.
+        if (t > 0) z_from_fc(t - 1 < T ? 1 : 0);
         if (has_gru) {
             for (u32 r0 = 0; r0 < B; r0 += RB) {
                 const u32 nr = min((u32)RB, B - r0);
-                stage(st, z + (mB + r0) * S, S, hb[cur] + (mB + r0) * H, H, H, nr);
+                stage(st, z + (u64)r0 * S, S, hb[cur] + (mB + r0) * H, H, H, nr);
                 const u32 u = threadIdx.x / 16, r = threadIdx.x % 16, j = j0 + u;
                 float ai[3][2] = {}, ah[3][2] = {};
                 const float *x0 = st + r * XL, *x1 = st + (r + 16) * XL;
@@ -408,8 +431,8 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
         if (t > T) dec_fc(cur);
         barrier(mbar, BPM, gm);
         const int nxt = cur ^ 1;
-        // Phase 2: the head fc of step t (posterior on [h, e_t] or prior on h); the decoder's
-        // LN + output of imagined step t − 1 − T.
+        // Phase 2: the head fc of step t (posterior on [h, e_t] or prior on h); every block's
+        // slice of the decoder outputs of imagined step t − 1 − T.
         const int hd = t < T ? 1 : 0;
         if (has_fc) {
             for (u32 r0 = 0; r0 < B; r0 += RB) {
@@ -424,19 +447,10 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
         }
         if (t > T) dec_out(t - 1 - T);
         barrier(mbar, BPM, gm);
-        // Phase 3: z_t = the head's mean output.
-        if (is_out) {
-            for (u32 r0 = 0; r0 < B; r0 += RB) {
-                const u32 nr = min((u32)RB, B - r0);
-                stage(st, fcp + (mB + r0) * P, P, nullptr, 0, 0, nr);
-                norm_out(st, nr, P, lg + 2 * hd * P, lg + (2 * hd + 1) * P, eps, ow[hd],
-                         ob + hd * S, S, z + (mB + r0) * S, S);
-            }
-        }
-        barrier(mbar, BPM, gm);
         cur = nxt;
     }
-    // The last imagined step's decoder, then the ensemble statistics.
+    // The last imagined step: its z, decoder fc, decoder outputs; then the ensemble statistics.
+    z_from_fc(0);
     dec_fc(cur);
     barrier(mbar, BPM, gm);
     dec_out(N - 1);

@@ -83,30 +83,30 @@ impl RolloutDims {
         Ok(())
     }
 
-    /// Blocks per member: `max(⌈H/16⌉, ⌈P/16⌉ + 1)` (the kernel's `BPM`).
+    /// Blocks per member: `max(⌈H/16⌉, ⌈P/16⌉)` (the kernel's `BPM`).
     fn blocks_per_member(&self) -> usize {
-        self.hidden
-            .div_ceil(UNITS)
-            .max(self.head.div_ceil(UNITS) + 1)
+        self.hidden.div_ceil(UNITS).max(self.head.div_ceil(UNITS))
     }
 
-    /// Dynamic shared memory of the kernel, the sums of its carve-up in floats: the GRU slice
-    /// `3·16·pad(S + H) + 6·16`, the larger of the fc slices and the output layers (rounded
-    /// to 4), and 32 staged rows of the widest input; `pad(w)` is `w + 4` for a multiple of 4,
-    /// else `w + 1`, as in the kernel.
+    /// Dynamic shared memory of the kernel, the sums of its carve-up in floats (each region a
+    /// multiple of 4): the GRU slice `3·16·pad(S + H) + 6·16`, the fc slices, the prior and
+    /// posterior mean outputs, the block's slice of the decoder outputs, the LayerNorms, and 32
+    /// staged rows of the widest input; `pad(w)` is `w + 4` for a multiple of 4, else `w + 1`,
+    /// as in the kernel.
     fn smem_bytes(&self) -> usize {
         let (h, s, e, p, d) = (self.hidden, self.latent, self.embed, self.head, self.out);
         let pad = |w: usize| if w.is_multiple_of(4) { w + 4 } else { w + 1 };
-        let round4 = |v: usize| v.div_ceil(4) * 4;
+        let r4 = |v: usize| v.div_ceil(4) * 4;
+        let dout = d.div_ceil(self.blocks_per_member());
         let gru = 3 * UNITS * pad(s + h) + 6 * UNITS;
-        let fc = UNITS * (pad(h) + pad(h + e) + pad(h + s)) + 3 * UNITS;
-        let outs = (2 * s + d) * pad(p) + round4(2 * s + d) + 6 * p;
+        let fc = UNITS * (pad(h) + pad(h + e) + pad(h + s)) + 3 * UNITS + 4;
+        let outs = 2 * r4(s * pad(p)) + 2 * r4(s) + r4(dout * pad(p)) + r4(dout) + r4(6 * p);
         let widest = [s + h, h + e, h + s, h, p]
             .map(pad)
             .into_iter()
             .max()
             .unwrap_or(0);
-        4 * (gru + round4(fc.max(outs)) + ROWS * widest)
+        4 * (gru + fc + outs + ROWS * widest)
     }
 }
 
@@ -177,9 +177,11 @@ impl CudaBackend {
         self.check_owned("rssm_rollout", &[weights, embeds, out, mean, disagreement])?;
         let (grid, smem) = self.rollout_launch(d)?;
         let mb = mul(d.members, d.batch)?;
-        // h twice, z, two fc outputs; each part rounded up to 4 floats as the kernel lays it.
-        let part = |w: usize| mul(mb, w).map(|v| v.div_ceil(4) * 4);
-        let scratch_len = 2 * part(d.hidden)? + part(d.latent)? + 2 * part(d.head)?;
+        // h twice, one z per block, two fc outputs; each part rounded up to 4 floats as the
+        // kernel lays it.
+        let r4 = |v: usize| v.div_ceil(4) * 4;
+        let z_all = mul(grid as usize, r4(mul(d.batch, d.latent)?))?;
+        let scratch_len = 2 * r4(mul(mb, d.hidden)?) + z_all + 2 * r4(mul(mb, d.head)?);
         let scratch = self.allocate(DType::F32, scratch_len)?;
         let mut bar = self.allocate(DType::U32, 2 + 2 * d.members)?;
         self.memset32(&mut bar, 0)?;
@@ -209,8 +211,8 @@ impl CudaBackend {
             shared_mem_bytes: smem,
         };
         // SAFETY: rssm_rollout_f32's parameters in order; every buffer's length was checked
-        // against the dims above (scratch holds 2·M·B·H + M·B·S + 2·M·B·P floats, each part
-        // rounded up to 4, bar 2 + 2M
+        // against the dims above (scratch holds 2·M·B·H + grid·B·S + 2·M·B·P floats, each
+        // part rounded up to 4, bar 2 + 2M
         // zeroed u32), the grid is M·BPM as the kernel indexes it, and at most the number of
         // co-resident blocks (a cooperative launch).
         unsafe { self.launch_cooperative(KERNEL, cfg, &args) }

@@ -62,9 +62,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "rssm_rollout",
         ptx: include_str!("../kernels/rssm_rollout.ptx"),
         fatbin: include_bytes!("../kernels/rssm_rollout.fatbin"),
-        source_sha256: "a41ab7c4a57644e79c78c7af3032f9dbfcd0ed4eb99f5b4070e5af43bfc9e72c",
-        ptx_sha256: "2f0ade92da69cc161612ee3e36db058bca812795243292acbb0c516e624141b8",
-        fatbin_sha256: "8cded20ba9bfa0c3f54294271dba8f14cacb68240c0296ad1f037202b3fabfe2",
+        source_sha256: "fdfbc9a3f3f7f04240bdacc86bbacf050789038a89974baee3b7e494d61a5bf2",
+        ptx_sha256: "eb37b73eab5811a4908e94943774b92c2e443e5e79bfece1bbbd1ea57ef27225",
+        fatbin_sha256: "a770966cee95ffac4b18ad9c03724d6368b5ed77e339edcaf9e396df84cb105f",
         kernels: &["rssm_rollout_f32"],
     },
 ];
