@@ -25,7 +25,7 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-#define THREADS 256
+#define THREADS 512
 #define GU 16   // GRU units per block
 #define FU 16   // head fc units per block
 #define RB 32   // rows staged at a time
@@ -88,7 +88,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 
 // dst(i, src(i)) for i < n, with UNR loads in flight per thread (a plain loop keeps one
 // L2 round trip in flight and is latency-bound).
-#define UNR 16
+#define UNR 8
 template <typename Src, typename Dst>
 static __device__ __forceinline__ void gather(u32 n, Src src, Dst dst) {
     for (u32 i0 = threadIdx.x; i0 < n; i0 += blockDim.x * UNR) {
@@ -151,38 +151,34 @@ static __device__ void stage(float* st, const float* a, u32 wa, const float* b, 
 }
 
 // fc slice: dst[r·P + p0 + u] = W[u]·x_r + bias[u] for the block's FU units, rows < nr; W
-// and x (both stride pad(in)) in shared memory. Thread: unit t/16, rows t%16 and t%16 + 16.
+// and x (both stride pad(in)) in shared memory. Thread: unit t/32, row t%32.
 static __device__ void fc_slice(const float* W, const float* bias, const float* st, u32 in,
                                 u32 nr, u32 p0, u32 P, float* dst) {
-    const u32 u = threadIdx.x / 16, r = threadIdx.x % 16, ld = pad(in);
+    const u32 u = threadIdx.x / 32, r = threadIdx.x % 32, ld = pad(in);
     const float* wr = W + u * ld;
-    const float *x0 = st + r * ld, *x1 = st + (r + 16) * ld;
+    const float* x0 = st + r * ld;
     float a0 = 0.0f, a1 = 0.0f;
     if ((in & 3) == 0) {
-        for (u32 k = 0; k < in; k += 4) {
+        for (u32 k = 0; k < in; k += 8) {
             const float4 w = *reinterpret_cast<const float4*>(wr + k);
             const float4 v = *reinterpret_cast<const float4*>(x0 + k);
-            const float4 y = *reinterpret_cast<const float4*>(x1 + k);
             a0 = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, a0))));
-            a1 = fmaf(w.x, y.x, fmaf(w.y, y.y, fmaf(w.z, y.z, fmaf(w.w, y.w, a1))));
+            if (k + 4 < in) {
+                const float4 w2 = *reinterpret_cast<const float4*>(wr + k + 4);
+                const float4 v2 = *reinterpret_cast<const float4*>(x0 + k + 4);
+                a1 = fmaf(w2.x, v2.x, fmaf(w2.y, v2.y, fmaf(w2.z, v2.z, fmaf(w2.w, v2.w, a1))));
+            }
         }
     } else {
-        for (u32 k = 0; k < in; k++) {
-            const float wv = wr[k];
-            a0 = fmaf(wv, x0[k], a0);
-            a1 = fmaf(wv, x1[k], a1);
-        }
+        for (u32 k = 0; k < in; k++) a0 = fmaf(wr[k], x0[k], a0);
     }
-    if (p0 + u < P) {
-        if (r < nr) dst[(u64)r * P + p0 + u] = a0 + bias[u];
-        if (r + 16 < nr) dst[(u64)(r + 16) * P + p0 + u] = a1 + bias[u];
-    }
+    if (p0 + u < P && u < FU && r < nr) dst[(u64)r * P + p0 + u] = (a0 + a1) + bias[u];
 }
 
 // LayerNorm (two-pass, f32) + ReLU of the staged rows (stride pad(P)) in place, then
 // dst[r·dst_stride + o] = Wo[o]·y_r + bo[o] for o < O (Wo stride pad(P)). Output phase:
-// thread t takes row t/8 and outputs t%8, t%8 + 8, ... (independent accumulators).
-#define OPT 8
+// thread t takes row t/16 and outputs t%16, t%16 + 16, ... (independent accumulators).
+#define OPT 4
 static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const float* be,
                                 float eps, const float* Wo, const float* bo, u32 O, float* dst,
                                 u64 dst_stride) {
@@ -202,17 +198,17 @@ static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const 
         for (u32 k = lane; k < P; k += 32) x[k] = fmaxf(fmaf((x[k] - mu) * rstd, g[k], be[k]), 0.0f);
     }
     __syncthreads();
-    const u32 r = threadIdx.x / 8, og = threadIdx.x % 8;
+    const u32 r = threadIdx.x / 16, og = threadIdx.x % 16;
     if (r < nr) {
         const float* x = st + r * ld;
-        for (u32 o0 = og; o0 < O; o0 += 8 * OPT) {
+        for (u32 o0 = og; o0 < O; o0 += 16 * OPT) {
             float a[OPT] = {};
             if ((P & 3) == 0) {
                 for (u32 k = 0; k < P; k += 4) {
                     const float4 v = *reinterpret_cast<const float4*>(x + k);
 #pragma unroll
                     for (int i = 0; i < OPT; i++) {
-                        const u32 o = o0 + 8 * i;
+                        const u32 o = o0 + 16 * i;
                         if (o < O) {
                             const float4 w = *reinterpret_cast<const float4*>(Wo + o * ld + k);
                             a[i] = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, a[i]))));
@@ -223,45 +219,38 @@ static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const 
                 for (u32 k = 0; k < P; k++) {
 #pragma unroll
                     for (int i = 0; i < OPT; i++) {
-                        const u32 o = o0 + 8 * i;
+                        const u32 o = o0 + 16 * i;
                         if (o < O) a[i] = fmaf(Wo[o * ld + k], x[k], a[i]);
                     }
                 }
             }
 #pragma unroll
             for (int i = 0; i < OPT; i++) {
-                const u32 o = o0 + 8 * i;
+                const u32 o = o0 + 16 * i;
                 if (o < O) dst[r * dst_stride + o] = a[i] + bo[o];
             }
         }
     }
 }
 
-// acc[g][q] += Σ_{k0 <= k < k1} W[g·gs + k]·x_q[k] for the three gates g (rows gs apart) and
-// the two rows q; float4 steps when k0 and k1 are multiples of 4 (rows 16-byte aligned).
-static __device__ __forceinline__ void gru_dots(const float* W, u32 gs, const float* x0,
-                                                const float* x1, u32 k0, u32 k1,
-                                                float (&acc)[3][2]) {
+// acc[g] += Σ_{k0 <= k < k1} W[g·gs + k]·x[k] for the three gates g (rows gs apart); float4
+// steps when k0 and k1 are multiples of 4 (rows 16-byte aligned).
+static __device__ __forceinline__ void gru_dots(const float* W, u32 gs, const float* x, u32 k0,
+                                                u32 k1, float (&acc)[3]) {
     if (((k0 | k1) & 3) == 0) {
         for (u32 k = k0; k < k1; k += 4) {
-            const float4 v0 = *reinterpret_cast<const float4*>(x0 + k);
-            const float4 v1 = *reinterpret_cast<const float4*>(x1 + k);
+            const float4 v = *reinterpret_cast<const float4*>(x + k);
 #pragma unroll
             for (int g = 0; g < 3; g++) {
                 const float4 w = *reinterpret_cast<const float4*>(W + g * gs + k);
-                acc[g][0] = fmaf(w.x, v0.x, fmaf(w.y, v0.y, fmaf(w.z, v0.z, fmaf(w.w, v0.w, acc[g][0]))));
-                acc[g][1] = fmaf(w.x, v1.x, fmaf(w.y, v1.y, fmaf(w.z, v1.z, fmaf(w.w, v1.w, acc[g][1]))));
+                acc[g] = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, acc[g]))));
             }
         }
     } else {
         for (u32 k = k0; k < k1; k++) {
-            const float v0 = x0[k], v1 = x1[k];
+            const float v = x[k];
 #pragma unroll
-            for (int g = 0; g < 3; g++) {
-                const float wv = W[g * gs + k];
-                acc[g][0] = fmaf(wv, v0, acc[g][0]);
-                acc[g][1] = fmaf(wv, v1, acc[g][1]);
-            }
+            for (int g = 0; g < 3; g++) acc[g] = fmaf(W[g * gs + k], v, acc[g]);
         }
     }
 }
@@ -408,23 +397,17 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
             for (u32 r0 = 0; r0 < B; r0 += RB) {
                 const u32 nr = min((u32)RB, B - r0);
                 stage(st, z + (u64)r0 * S, S, hb[cur] + (mB + r0) * H, H, H, nr);
-                const u32 u = threadIdx.x / 16, r = threadIdx.x % 16, j = j0 + u;
-                float ai[3][2] = {}, ah[3][2] = {};
-                const float *x0 = st + r * XL, *x1 = st + (r + 16) * XL;
+                const u32 u = threadIdx.x / 32, r = threadIdx.x % 32, j = j0 + u;
+                float ai[3] = {}, ah[3] = {};
+                const float* x = st + r * XL;
                 const float* wu = gw + u * XL;
-                gru_dots(wu, GU * XL, x0, x1, 0, S, ai);
-                gru_dots(wu, GU * XL, x0, x1, S, X, ah);
-                if (j < H) {
-#pragma unroll
-                    for (int q = 0; q < 2; q++) {
-                        const u32 row = r + 16 * q;
-                        if (row >= nr) continue;
-                        const float* x = q ? x1 : x0;
-                        const float rg = sigmoidf(ai[0][q] + gb[u] + ah[0][q] + gb[3 * GU + u]);
-                        const float ug = sigmoidf(ai[1][q] + gb[GU + u] + ah[1][q] + gb[4 * GU + u]);
-                        const float ng = tanhf(ai[2][q] + gb[2 * GU + u] + rg * (ah[2][q] + gb[5 * GU + u]));
-                        hb[cur ^ 1][(mB + r0 + row) * H + j] = fmaf(ug, x[S + j] - ng, ng);
-                    }
+                gru_dots(wu, GU * XL, x, 0, S, ai);
+                gru_dots(wu, GU * XL, x, S, X, ah);
+                if (j < H && u < GU && r < nr) {
+                    const float rg = sigmoidf(ai[0] + gb[u] + ah[0] + gb[3 * GU + u]);
+                    const float ug = sigmoidf(ai[1] + gb[GU + u] + ah[1] + gb[4 * GU + u]);
+                    const float ng = tanhf(ai[2] + gb[2 * GU + u] + rg * (ah[2] + gb[5 * GU + u]));
+                    hb[cur ^ 1][(mB + r0 + r) * H + j] = fmaf(ug, x[S + j] - ng, ng);
                 }
             }
         }

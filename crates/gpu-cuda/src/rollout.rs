@@ -9,7 +9,7 @@ use crate::pool::CudaBuffer;
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
 const KERNEL: &str = "rssm_rollout_f32";
-const THREADS: u32 = 256;
+const THREADS: u32 = 512;
 /// Hidden (and head) units per block and rows staged at a time (`GU`/`FU`, `RB` in the
 /// kernel).
 const UNITS: usize = 16;

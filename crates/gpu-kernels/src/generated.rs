@@ -62,9 +62,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "rssm_rollout",
         ptx: include_str!("../kernels/rssm_rollout.ptx"),
         fatbin: include_bytes!("../kernels/rssm_rollout.fatbin"),
-        source_sha256: "fdfbc9a3f3f7f04240bdacc86bbacf050789038a89974baee3b7e494d61a5bf2",
-        ptx_sha256: "eb37b73eab5811a4908e94943774b92c2e443e5e79bfece1bbbd1ea57ef27225",
-        fatbin_sha256: "a770966cee95ffac4b18ad9c03724d6368b5ed77e339edcaf9e396df84cb105f",
+        source_sha256: "3ad065f07c3f71c34354982b28615d4864838da0c489f6c3f18dd066b8acc881",
+        ptx_sha256: "65a2faa479b878d4686d49330b428527799997f3f7e2a9ea33c0839fdeeecf7d",
+        fatbin_sha256: "952d7231d9b1e2c052479ac16dcf52ff768449a8ae9842a62b6ae6fb583d38f2",
         kernels: &["rssm_rollout_f32"],
     },
 ];
