@@ -92,16 +92,22 @@ fn check_input(
     device: Device,
 ) -> Result<(), AcceleratorError> {
     check_device(entry, what, device, t.device())?;
+    check_f32(entry, what, t)?;
+    crate::layers::check_finite(what, t).map_err(|e| match e {
+        RssmError::NonFinite { .. } => AcceleratorError::NonFinite { entry, what },
+        other => other.into(),
+    })
+}
+
+/// Errors unless `t` holds f32.
+fn check_f32(entry: &'static str, what: &'static str, t: &Tensor) -> Result<(), AcceleratorError> {
     if t.dtype() != DType::F32 {
         return Err(AcceleratorError::InvalidArgument {
             entry,
             reason: format!("{what} must hold f32, not {}", t.dtype()),
         });
     }
-    crate::layers::check_finite(what, t).map_err(|e| match e {
-        RssmError::NonFinite { .. } => AcceleratorError::NonFinite { entry, what },
-        other => other.into(),
-    })
+    Ok(())
 }
 
 /// A tensor's host copy as an array of rank `D` (the shape was checked by the caller).
@@ -361,9 +367,13 @@ impl GpuAccelerator {
                 ),
             });
         }
-        check_input(ENTRY, "residual", residual, self.device)?;
         match self.device {
-            Device::Cuda(_) => randomized_svd_cuda(residual, rank, opts),
+            // The CUDA path checks finiteness in the reduction that gives its scale.
+            Device::Cuda(_) => {
+                check_device(ENTRY, "residual", self.device, residual.device())?;
+                check_f32(ENTRY, "residual", residual)?;
+                randomized_svd_cuda(residual, rank, opts)
+            }
             Device::Cpu if opts.method == SvdMethod::CusolverGesvdr => {
                 Err(AcceleratorError::InvalidArgument {
                     entry: ENTRY,
@@ -373,6 +383,7 @@ impl GpuAccelerator {
                 })
             }
             Device::Cpu => {
+                check_input(ENTRY, "residual", residual, self.device)?;
                 let a = host_array::<Ix2>(ENTRY, residual)?;
                 let svd = randomized_svd(&to_matrix(a.view()), rank, opts)?;
                 LowRank::from_svd(&svd)

@@ -8,20 +8,13 @@
 
 use crate::error::AcceleratorError;
 use crate::lowrank::LowRank;
-use tensor_ops::{no_grad, DType, Device, Tensor};
+use tensor_ops::{DType, Device, Tensor};
 
 const ENTRY: &str = "apply_corrections";
 
-/// The largest magnitude in `t` (one reduction, one synchronisation); NaN when `t` holds NaN.
+/// The largest magnitude in `t` (one synchronisation); NaN when `t` holds NaN or Inf.
 fn max_abs(t: &Tensor) -> Result<f32, AcceleratorError> {
-    let flat = t.reshape(&[t.numel()])?;
-    let probe = no_grad(|| flat.mul_scalar(0.0)?.sum_all()?.item())?;
-    if probe.is_nan() {
-        return Ok(f32::NAN);
-    }
-    let hi = no_grad(|| flat.max(0, false)?.item())?;
-    let lo = no_grad(|| flat.neg()?.max(0, false)?.item())?;
-    Ok(hi.max(lo))
+    Ok(crate::layers::max_abs_if_finite(t)?.unwrap_or(f32::NAN))
 }
 
 /// `w += U·diag(S)·Vᵀ` for `w` an f32 `[m, n]` CUDA tensor and `c` on the same device (both

@@ -33,15 +33,10 @@ pub enum SvdMethod {
     CusolverGesvdr,
 }
 
-/// `a` scaled by a power of two (exact) when its largest magnitude is outside `[2^-30, 2^30]`,
-/// and the factor: f32 products, norms and Householder vectors of the iteration then neither
-/// overflow nor underflow. One reduction and one synchronisation.
-fn normalised(a: &Tensor) -> Result<(Tensor, f32), AcceleratorError> {
-    let n = a.numel();
-    let flat = a.reshape(&[n])?;
-    let hi = no_grad(|| flat.max(0, false)?.item())?;
-    let lo = no_grad(|| flat.neg()?.max(0, false)?.item())?;
-    let max = hi.max(lo);
+/// `a` scaled by a power of two (exact) when its largest magnitude `max` is outside
+/// `[2^-30, 2^30]`, and the factor: f32 products, norms and Householder vectors of the
+/// iteration then neither overflow nor underflow.
+fn normalised(a: &Tensor, max: f32) -> Result<(Tensor, f32), AcceleratorError> {
     if max == 0.0 || (2f32.powi(-30)..=2f32.powi(30)).contains(&max) {
         return Ok((a.clone(), 1.0));
     }
@@ -69,14 +64,21 @@ fn ordinal(a: &Tensor) -> Result<usize, AcceleratorError> {
     }
 }
 
-/// The rank-`rank` randomized SVD of the f32 CUDA tensor `a` `[m, n]` (shape, rank and
-/// finiteness checked by the caller) by `opts.method`.
+/// The rank-`rank` randomized SVD of the f32 CUDA tensor `a` `[m, n]` (shape, rank and device
+/// checked by the caller) by `opts.method`. NaN or Inf is [`AcceleratorError::NonFinite`]
+/// (found by the same reduction that gives the scale: one synchronisation).
 pub(crate) fn randomized_svd_cuda(
     a: &Tensor,
     rank: usize,
     opts: &SvdOptions,
 ) -> Result<LowRank, AcceleratorError> {
-    let (x, scale) = normalised(a)?;
+    let Some(max) = crate::layers::max_abs_if_finite(a)? else {
+        return Err(AcceleratorError::NonFinite {
+            entry: ENTRY,
+            what: "residual",
+        });
+    };
+    let (x, scale) = normalised(a, max)?;
     match opts.method {
         SvdMethod::Halko => halko(&x, scale, rank, opts),
         SvdMethod::CusolverGesvdr => gesvdr(&x, scale, rank, opts),

@@ -256,6 +256,20 @@ fn report(
             fmt_rate(r)
         );
     }
+    // PyTorch rows with no counterpart of ours (e.g. the rollout captured in a CUDA graph).
+    if let Ok(t) = torch {
+        let mut extra: Vec<&Row> = t
+            .values()
+            .filter(|p| !rows.iter().any(|r| r.id == p.id))
+            .collect();
+        extra.sort_by(|a, b| a.id.cmp(&b.id));
+        if !extra.is_empty() {
+            s += "\nPyTorch rows without a counterpart here:\n\n| PyTorch row | µs |\n|---|---:|\n";
+            for p in extra {
+                s += &format!("| {} | {:.1} |\n", p.id, p.median_us);
+            }
+        }
+    }
     s
 }
 
