@@ -1,10 +1,12 @@
 //! [`GpuAccelerator`]: the trainer's single door to the device work. Four entry points, each
-//! dispatched by the accelerator's device: on the CPU the exact f64 `nalgebra` reference
+//! dispatched by the accelerator's device: on the CPU the fast f32 engine ([`crate::fast`], the
+//! default) or the exact f64 `nalgebra` reference
 //! ([`crate::reference`], [`crate::svd`], [`crate::correct`]); on CUDA the tensor-ops ops where
 //! they suffice, else [`AcceleratorError::Unsupported`].
 
 use crate::correct::{apply_tiled, TILE};
 use crate::error::{AcceleratorError, RssmError};
+use crate::fast::FastRssm;
 use crate::model::{Prediction, Rssm};
 use crate::reference::{to_matrix, HostRssm};
 use crate::svd::{randomized_svd, LowRank, SvdOptions};
@@ -16,9 +18,13 @@ use tensor_ops::{DType, Device, Tensor};
 /// How the model's entry points (`encode_state`, `predict_batch`) compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// The f64 `nalgebra` reference on the host ([`HostRssm`]): the CPU path. Only for a model
-    /// on the CPU.
+    /// The f64 `nalgebra` reference on the host ([`HostRssm`], and the f64
+    /// [`randomized_svd`]): exact, slow, what the fast engine is tested against. Only on the
+    /// CPU.
     Reference,
+    /// The fast f32 engine on the host ([`FastRssm`], [`crate::fast`]'s randomized SVD): the
+    /// CPU default. Only on the CPU.
+    Fast,
     /// The model's own tensor-ops forward on its device: the CUDA path (and, on the CPU, the
     /// path the reference is checked against).
     Tensor,
@@ -37,8 +43,8 @@ const APPLY_ON_CUDA: &str = "an in-place tiled update of device-resident weights
 ///
 /// | entry point | CPU | CUDA |
 /// |---|---|---|
-/// | [`encode_state`](Self::encode_state) | f64 reference | the encoder's tensor-ops forward |
-/// | [`predict_batch`](Self::predict_batch) | f64 reference | the model's tensor-ops rollout |
+/// | [`encode_state`](Self::encode_state) | fast f32 engine (or the f64 reference) | the encoder's tensor-ops forward |
+/// | [`predict_batch`](Self::predict_batch) | fast f32 engine (or the f64 reference) | the model's tensor-ops rollout |
 /// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f64) | `Unsupported` |
 /// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | `Unsupported` |
 pub struct GpuAccelerator {
@@ -47,6 +53,8 @@ pub struct GpuAccelerator {
     engine: Engine,
     /// The host copy of the model's weights, with the model version it was taken at.
     host: Mutex<Option<(u64, Arc<HostRssm>)>>,
+    /// The fast engine's packed copy, likewise.
+    fast: Mutex<Option<(u64, Arc<FastRssm>)>>,
 }
 
 impl std::fmt::Debug for GpuAccelerator {
@@ -62,7 +70,7 @@ impl std::fmt::Debug for GpuAccelerator {
 /// The engine a device uses by default.
 fn default_engine(device: Device) -> Engine {
     match device {
-        Device::Cpu => Engine::Reference,
+        Device::Cpu => Engine::Fast,
         Device::Cuda(_) => Engine::Tensor,
     }
 }
@@ -105,6 +113,28 @@ fn check_input(
     })
 }
 
+/// [`check_input`] for the host engines: the device and dtype checks, then the host copy of
+/// `t`'s elements, checked finite there (the same errors, without a device-side probe).
+fn host_input(
+    entry: &'static str,
+    what: &'static str,
+    t: &Tensor,
+    device: Device,
+) -> Result<Vec<f32>, AcceleratorError> {
+    check_device(entry, what, device, t.device())?;
+    if t.dtype() != DType::F32 {
+        return Err(AcceleratorError::InvalidArgument {
+            entry,
+            reason: format!("{what} must hold f32, not {}", t.dtype()),
+        });
+    }
+    let v = t.to_vec()?;
+    if !crate::fast::all_finite(&v) {
+        return Err(AcceleratorError::NonFinite { entry, what });
+    }
+    Ok(v)
+}
+
 /// A tensor's host copy as an array of rank `D` (the shape was checked by the caller).
 fn host_array<D: ndarray::Dimension>(
     entry: &'static str,
@@ -128,6 +158,7 @@ impl GpuAccelerator {
             model: None,
             engine: default_engine(device),
             host: Mutex::new(None),
+            fast: Mutex::new(None),
         })
     }
 
@@ -139,16 +170,18 @@ impl GpuAccelerator {
             model: Some(model),
             engine: default_engine(device),
             host: Mutex::new(None),
+            fast: Mutex::new(None),
         }
     }
 
-    /// Chooses the engine of `encode_state` and `predict_batch`. [`Engine::Reference`] is the
-    /// CPU path: on a CUDA accelerator it is an error.
+    /// Chooses the engine of `encode_state` and `predict_batch` (and, on the CPU, of
+    /// `compress_residuals`). [`Engine::Reference`] and [`Engine::Fast`] are CPU paths: on a
+    /// CUDA accelerator they are an error.
     pub fn with_engine(mut self, engine: Engine) -> Result<GpuAccelerator, AcceleratorError> {
-        if engine == Engine::Reference && self.device != Device::Cpu {
+        if engine != Engine::Tensor && self.device != Device::Cpu {
             return Err(AcceleratorError::InvalidArgument {
                 entry: "with_engine",
-                reason: format!("the reference engine runs on the CPU, not {}", self.device),
+                reason: format!("the {engine:?} engine runs on the CPU, not {}", self.device),
             });
         }
         self.engine = engine;
@@ -159,6 +192,7 @@ impl GpuAccelerator {
     pub fn set_model(&mut self, model: Rssm) -> Result<Option<Rssm>, AcceleratorError> {
         check_device("set_model", "the model", self.device, model.device())?;
         *self.host.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.fast.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(self.model.replace(model))
     }
 
@@ -201,6 +235,19 @@ impl GpuAccelerator {
         Ok(h)
     }
 
+    /// The fast engine's packed copy of the model's current weights (likewise cached).
+    fn fast_model(&self, model: &Rssm) -> Result<Arc<FastRssm>, AcceleratorError> {
+        let mut cache = self.fast.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((v, h)) = cache.as_ref() {
+            if *v == model.version() {
+                return Ok(h.clone());
+            }
+        }
+        let h = Arc::new(FastRssm::from_model(model)?);
+        *cache = Some((model.version(), h.clone()));
+        Ok(h)
+    }
+
     /// The encoder in evaluation mode on a batch of feature vectors: `features` f32 `[B, F]`
     /// gives `[B, E]` = `relu(LayerNorm(features·Wᵀ + b))`, on the accelerator's device.
     ///
@@ -230,13 +277,23 @@ impl GpuAccelerator {
                 })
             }
         }
-        check_input(ENTRY, "features", features, self.device)?;
         match self.engine {
-            Engine::Tensor => Ok(tensor_ops::no_grad(|| model.encode(features, Mode::Eval))?),
+            Engine::Tensor => {
+                check_input(ENTRY, "features", features, self.device)?;
+                Ok(tensor_ops::no_grad(|| model.encode(features, Mode::Eval))?)
+            }
             Engine::Reference => {
+                check_input(ENTRY, "features", features, self.device)?;
                 let x = host_array::<Ix2>(ENTRY, features)?;
                 let y = self.host_model(model)?.encode(x.view())?;
                 Ok(Tensor::from_ndarray(&y, self.device)?)
+            }
+            Engine::Fast => {
+                let x = host_input(ENTRY, "features", features, self.device)?;
+                let rows = features.shape()[0];
+                let y = self.fast_model(model)?.encode_checked(&x, rows);
+                let shape = [rows, model.config().embed_dim];
+                Ok(Tensor::from_vec(y, &shape, self.device)?)
             }
         }
     }
@@ -257,7 +314,7 @@ impl GpuAccelerator {
         check_device(ENTRY, "context", self.device, context.device())?;
         match self.engine {
             Engine::Tensor => Ok(model.predict(context, steps)?),
-            Engine::Reference => {
+            Engine::Reference | Engine::Fast => {
                 // The model's checks (trained, shape, width, finite, steps), in its order.
                 if !model.is_trained() {
                     return Err(RssmError::Untrained.into());
@@ -273,6 +330,19 @@ impl GpuAccelerator {
                         what: "the rollout (steps = 0)",
                     }
                     .into());
+                }
+                if self.engine == Engine::Fast {
+                    let (b, t) = (context.shape()[0], context.shape()[1]);
+                    let fast = self.fast_model(model)?;
+                    let (m, d) = (model.config().ensemble, model.config().output_dim);
+                    let (members, mean, dis) =
+                        fast.predict_checked(&context.to_vec()?, b, t, steps);
+                    let dev = self.device;
+                    return Ok(Prediction {
+                        members: Tensor::from_vec(members, &[m, b, steps, d], dev)?,
+                        mean: Tensor::from_vec(mean, &[b, steps, d], dev)?,
+                        disagreement: Tensor::from_vec(dis, &[b, steps], dev)?,
+                    });
                 }
                 let x = host_array::<Ix3>(ENTRY, context)?;
                 let (members, mean, disagreement) =
@@ -374,7 +444,7 @@ mod tests {
 
     #[test]
     fn each_device_gets_its_engine() {
-        assert_eq!(default_engine(Device::Cpu), Engine::Reference);
+        assert_eq!(default_engine(Device::Cpu), Engine::Fast);
         assert_eq!(default_engine(Device::Cuda(1)), Engine::Tensor);
     }
 }

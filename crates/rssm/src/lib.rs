@@ -47,10 +47,10 @@
 //! and tensor-ops, and the trainer, its only user, sits above: `tensor-ops ← rssm ←
 //! hybrid-trainer` stays strictly downward. Each entry point dispatches by device:
 //!
-//! | entry point | CPU (the `nalgebra` reference, f64) | CUDA |
+//! | entry point | CPU: [`Engine::Fast`] (default) / [`Engine::Reference`] (f64) | CUDA |
 //! |---|---|---|
-//! | `encode_state` | [`reference::HostRssm::encode`] | the encoder's tensor-ops forward |
-//! | `predict_batch` | [`reference::HostRssm::predict`] | [`Rssm::predict`] on the device |
+//! | `encode_state` | [`fast::FastRssm`] / [`reference::HostRssm::encode`] | the encoder's tensor-ops forward |
+//! | `predict_batch` | [`fast::FastRssm`] / [`reference::HostRssm::predict`] | [`Rssm::predict`] on the device |
 //! | `compress_residuals` | [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | [`AcceleratorError::Unsupported`] |
 //! | `apply_corrections` | [`correct::apply_tiled`], in place | [`AcceleratorError::Unsupported`] |
 //!
@@ -64,6 +64,7 @@ mod accelerator;
 mod config;
 pub mod correct;
 mod error;
+pub mod fast;
 mod layers;
 mod model;
 pub mod reference;

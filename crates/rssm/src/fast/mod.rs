@@ -1,0 +1,39 @@
+//! The fast CPU engine: f32 storage, register-tiled GEMMs compiled for AVX-512, AVX2 + FMA or
+//! the baseline and chosen at run time (module `simd`), weights packed once, fused epilogues,
+//! buffers reused across steps, and two threads where the work splits. The f64 `nalgebra`
+//! code ([`crate::reference`], [`crate::svd::randomized_svd`]) stays the exact reference the
+//! tests compare it with.
+//!
+//! - [`FastRssm`]: `encode_state` and `predict_batch` ([`crate::Engine::Fast`]).
+
+#[allow(dead_code)] // the tn and f64 kernels serve the randomized SVD (next commit)
+mod gemm;
+mod rssm;
+pub(crate) mod simd;
+
+pub use rssm::FastRssm;
+
+/// Whether every value is finite, by one vectorizable pass over the bits (an exponent field of
+/// all ones is Inf or NaN).
+pub(crate) fn all_finite(x: &[f32]) -> bool {
+    max_abs_bits(x) < 0x7f80_0000
+}
+
+/// The largest `|x|` as bits (`f32::to_bits` of a non-negative value orders like the value;
+/// Inf and NaN sort above every finite value), 0 for no value.
+pub(crate) fn max_abs_bits(x: &[f32]) -> u32 {
+    let mut acc = [0u32; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .map(|v| v.to_bits() & 0x7fff_ffff)
+        .max()
+        .unwrap_or(0);
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a = (*a).max(v.to_bits() & 0x7fff_ffff);
+        }
+    }
+    acc.into_iter().fold(tail, u32::max)
+}
