@@ -4,7 +4,7 @@
 //! ([`crate::reference`], [`crate::svd`], [`crate::correct`]); on CUDA the tensor-ops ops where
 //! they suffice, else [`AcceleratorError::Unsupported`].
 
-use crate::correct::{apply_tiled, TILE};
+use crate::correct::{apply_tiled, apply_tiled_exact, TILE};
 use crate::error::{AcceleratorError, RssmError};
 use crate::fast::FastRssm;
 use crate::model::{Prediction, Rssm};
@@ -45,7 +45,7 @@ const APPLY_ON_CUDA: &str = "an in-place tiled update of device-resident weights
 /// |---|---|---|
 /// | [`encode_state`](Self::encode_state) | fast f32 engine (or the f64 reference) | the encoder's tensor-ops forward |
 /// | [`predict_batch`](Self::predict_batch) | fast f32 engine (or the f64 reference) | the model's tensor-ops rollout |
-/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f64) | `Unsupported` |
+/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f32 passes, f64 QR; or all f64) | `Unsupported` |
 /// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | `Unsupported` |
 pub struct GpuAccelerator {
     device: Device,
@@ -357,7 +357,9 @@ impl GpuAccelerator {
     }
 
     /// The rank-`rank` truncated SVD of `residual` f32 `[m, n]` by randomized SVD (see
-    /// [`randomized_svd`]; computed in f64, returned as f32 factors).
+    /// [`randomized_svd`]), returned as f32 factors: on the fast engine (the CPU default) with
+    /// f32 passes over the residual and an f64 QR and small SVD ([`crate::fast`]); on the
+    /// reference engine all in f64.
     ///
     /// Errors: a rank of 0 or above `min(m, n)` ([`AcceleratorError::Rank`]), a residual that
     /// is not 2-D or is empty, NaN or Inf, another device, bad options. On CUDA:
@@ -386,6 +388,10 @@ impl GpuAccelerator {
                 rank,
                 max: m.min(n),
             });
+        }
+        if self.device == Device::Cpu && self.engine == Engine::Fast {
+            let a = host_input(ENTRY, "residual", residual, self.device)?;
+            return crate::fast::randomized_svd_f32(&a, m, n, rank, opts);
         }
         check_input(ENTRY, "residual", residual, self.device)?;
         if let Device::Cuda(_) = self.device {
@@ -417,6 +423,9 @@ impl GpuAccelerator {
                 device: self.device,
                 reason: APPLY_ON_CUDA,
             });
+        }
+        if self.engine == Engine::Reference {
+            return apply_tiled_exact(weights, correction, TILE);
         }
         apply_tiled(weights, correction, TILE)
     }

@@ -51,8 +51,8 @@
 //! |---|---|---|
 //! | `encode_state` | [`fast::FastRssm`] / [`reference::HostRssm::encode`] | the encoder's tensor-ops forward |
 //! | `predict_batch` | [`fast::FastRssm`] / [`reference::HostRssm::predict`] | [`Rssm::predict`] on the device |
-//! | `compress_residuals` | [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | [`AcceleratorError::Unsupported`] |
-//! | `apply_corrections` | [`correct::apply_tiled`], in place | [`AcceleratorError::Unsupported`] |
+//! | `compress_residuals` | [`fast`]'s f32 randomized SVD / [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | [`AcceleratorError::Unsupported`] |
+//! | `apply_corrections` | [`correct::apply_tiled`] (f32 GEMM) / its exact f64 path, in place | [`AcceleratorError::Unsupported`] |
 //!
 //! The two `Unsupported` paths need device work tensor-ops does not expose (QR and a small
 //! SVD on the device, i.e. cuSOLVER; an in-place tiled update of device memory): they return

@@ -123,7 +123,9 @@ fn normalised(a: &DMatrix<f64>) -> (std::borrow::Cow<'_, DMatrix<f64>>, f64) {
 
 /// The SVD of `a` with singular values in descending order, or a typed error when the
 /// iteration does not converge within a generous bound.
-fn full_svd(a: DMatrix<f64>) -> Result<SVD<f64, nalgebra::Dyn, nalgebra::Dyn>, AcceleratorError> {
+pub(crate) fn full_svd(
+    a: DMatrix<f64>,
+) -> Result<SVD<f64, nalgebra::Dyn, nalgebra::Dyn>, AcceleratorError> {
     let (rows, cols) = a.shape();
     let max_iter = 1000usize.max(100 * rows.max(cols));
     SVD::try_new(a, true, true, 5.0 * f64::EPSILON, max_iter).ok_or(
@@ -136,7 +138,7 @@ fn full_svd(a: DMatrix<f64>) -> Result<SVD<f64, nalgebra::Dyn, nalgebra::Dyn>, A
 }
 
 /// The first `k` singular triplets of an SVD.
-fn truncate(
+pub(crate) fn truncate(
     svd: SVD<f64, nalgebra::Dyn, nalgebra::Dyn>,
     k: usize,
 ) -> Result<Svd, AcceleratorError> {

@@ -7,8 +7,6 @@
 //!   packed when the host copy of a model is taken, so a rollout never repacks.
 //! - `nn`: `out = epilogue(X·W + init)`, `X` given by rows (`ldx` apart), `MR` rows at a time;
 //!   the epilogue is a bias (optionally ReLU) or an accumulation into `out`.
-//! - `tn`: `out = Xᵀ·W` for row-major `X` (`k × l`) and `W` (`k × n`): the products of the
-//!   randomized SVD with the tall dimension inside (`Qᵀ·A`, Gram matrices `YᵀY`).
 //!
 //! Accumulation is in the element type (f32 sums of up to a few thousand terms here).
 
@@ -113,10 +111,37 @@ impl<T: Lanes> Packed<T> {
         }
     }
 
-    /// A dense `k × n` matrix (row-major, `ld` apart) without bias.
+    /// A dense `k × n` matrix (row-major, `ld` apart) without bias (the panels copied row
+    /// segment by row segment).
     pub(crate) fn dense(k: usize, n: usize, w: &[T], ld: usize) -> Packed<T> {
-        let region = Region { cols: n, k: 0..k };
-        Packed::new(k, &[region], |p, j| w[p * ld + j], |_| T::ZERO)
+        let v = T::V;
+        let mut panels = Vec::new();
+        let mut data = Vec::with_capacity(k * n.div_ceil(v) * v);
+        let mut col = 0;
+        while col < n {
+            let valid = (n - col).min(2 * v);
+            let width = if valid <= v { v } else { 2 * v };
+            let off = data.len();
+            for row in w.chunks(ld).take(k) {
+                data.extend_from_slice(&row[col..col + valid]);
+                data.resize(data.len() + width - valid, T::ZERO);
+            }
+            panels.push(Panel {
+                col,
+                width,
+                valid,
+                k: 0..k,
+                off,
+            });
+            col += valid;
+        }
+        Packed {
+            k,
+            n,
+            panels,
+            data,
+            bias: vec![T::ZERO; n],
+        }
     }
 
     /// The rows of `W` (the width of `X`).
@@ -131,7 +156,8 @@ impl<T: Lanes> Packed<T> {
 }
 
 /// `init + Σ_p x_i[p] · w[p·NR .. p·NR + NR]` for the `MR` rows `x_i` (each `len` long). The
-/// accumulators are a local array (kept in registers) and nothing in the loop can panic.
+/// accumulators are a local array (kept in registers), the loads of `x` are scalar broadcasts
+/// (the vectors run along `w`'s lanes) and nothing in the loop can panic.
 #[inline(always)]
 fn nn_tile<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
     x: [&[T]; MR],
@@ -142,7 +168,7 @@ fn nn_tile<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
     let mut acc = init;
     let x = x.map(|r| &r[..len]);
     for (p, wr) in (0..len).zip(w.chunks_exact(NR)) {
-        let wr: &[T; NR] = wr.try_into().expect("chunks of NR");
+        let wr: [T; NR] = *<&[T; NR]>::try_from(wr).expect("chunks of NR");
         for i in 0..MR {
             let xi = x[i][p];
             for j in 0..NR {
@@ -153,14 +179,15 @@ fn nn_tile<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
     acc
 }
 
-/// One panel of `nn` over all rows, `MR` at a time (a last partial block repeats its last row
-/// and drops the extra results).
+/// One `MR`-row tile of `nn` (rows `r0..r0 + mr` of `out`) against one panel, `xp` holding
+/// the tile's rows of `X`, `ks` apart.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn nn_panel<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
-    x: &[T],
-    ldx: usize,
-    rows: usize,
+    xp: &[T],
+    ks: usize,
+    r0: usize,
+    mr: usize,
     w: &Packed<T>,
     p: &Panel,
     out: &mut [T],
@@ -169,49 +196,57 @@ fn nn_panel<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
 ) {
     let data = &w.data[p.off..p.off + p.k.len() * NR];
     let bias = &w.bias[p.col..p.col + p.valid];
-    for r0 in (0..rows).step_by(MR) {
-        let mr = MR.min(rows - r0);
-        let xs: [&[T]; MR] = std::array::from_fn(|i| {
-            let r = r0 + i.min(mr - 1);
-            &x[r * ldx + p.k.start..r * ldx + p.k.end]
-        });
-        let mut acc = [[T::ZERO; NR]; MR];
-        for (i, a) in acc.iter_mut().enumerate().take(mr) {
-            let o = (r0 + i) * ldo + p.col;
-            let init = if epi == Epi::Acc {
-                &out[o..o + p.valid]
-            } else {
-                bias
-            };
-            a[..p.valid].copy_from_slice(init);
-        }
-        let acc = nn_tile::<T, MR, NR, FMA>(xs, data, p.k.len(), acc);
-        for (i, a) in acc.iter().enumerate().take(mr) {
-            let o = (r0 + i) * ldo + p.col;
-            let dst = &mut out[o..o + p.valid];
-            if epi == Epi::BiasRelu {
-                for (d, &s) in dst.iter_mut().zip(a) {
-                    *d = T::max(s, T::ZERO);
-                }
-            } else {
-                dst.copy_from_slice(&a[..p.valid]);
-            }
-        }
+    let mut acc = [[T::ZERO; NR]; MR];
+    for (i, a) in acc.iter_mut().enumerate().take(mr) {
+        let o = (r0 + i) * ldo + p.col;
+        let init = if epi == Epi::Acc {
+            &out[o..o + p.valid]
+        } else {
+            bias
+        };
+        load(a, init);
+    }
+    let xs: [&[T]; MR] = std::array::from_fn(|i| {
+        let r = i.min(mr - 1) * ks;
+        &xp[r + p.k.start..r + p.k.end]
+    });
+    let acc = nn_tile::<T, MR, NR, FMA>(xs, data, p.k.len(), acc);
+    for (i, a) in acc.iter().enumerate().take(mr) {
+        let o = (r0 + i) * ldo + p.col;
+        store(&mut out[o..o + p.valid], a, epi == Epi::BiasRelu);
     }
 }
 
-/// `nn` over every panel: panels of `W2 = 2V` lanes with `MR2` rows a tile, of `W1 = V` lanes
-/// with `MR1`.
+/// `dst[..src.len()] = src`, as whole registers when `src` fills `dst`.
+#[inline(always)]
+fn load<T: Real, const NR: usize>(dst: &mut [T; NR], src: &[T]) {
+    match <&[T; NR]>::try_from(src) {
+        Ok(full) => *dst = *full,
+        Err(_) => dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s),
+    }
+}
+
+/// `dst = src[..dst.len()]` (ReLU'd when `relu`), as whole registers when `dst` is `NR` long.
+#[inline(always)]
+fn store<T: Real, const NR: usize>(dst: &mut [T], src: &[T; NR], relu: bool) {
+    let f = |s: T| if relu { T::max(s, T::ZERO) } else { s };
+    match <&mut [T; NR]>::try_from(&mut *dst) {
+        Ok(full) => {
+            for j in 0..NR {
+                full[j] = f(src[j]);
+            }
+        }
+        Err(_) => dst.iter_mut().zip(src).for_each(|(d, &s)| *d = f(s)),
+    }
+}
+
+/// `nn`: one `MR`-row tile of `X` at a time (copied into a buffer with rows `k + V` apart when
+/// `X`'s rows are a multiple of 4 KiB apart, which would share cache sets) against every panel
+/// in turn (panels of `W2 = 2V` or `W1 = V` lanes); so each row of `out` is walked once,
+/// front to back. A partial last tile repeats its last row and drops the extra results.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn nn_impl<
-    T: Lanes,
-    const W2: usize,
-    const MR2: usize,
-    const W1: usize,
-    const MR1: usize,
-    const FMA: bool,
->(
+fn nn_impl<T: Lanes, const W2: usize, const W1: usize, const MR: usize, const FMA: bool>(
     x: &[T],
     ldx: usize,
     rows: usize,
@@ -220,11 +255,28 @@ fn nn_impl<
     ldo: usize,
     epi: Epi,
 ) {
-    for p in &w.panels {
-        if p.width == W2 {
-            nn_panel::<T, MR2, W2, FMA>(x, ldx, rows, w, p, out, ldo, epi);
+    let k = w.k;
+    // Rows a multiple of 4 KiB apart would share cache sets: copy such tiles first.
+    let copy = (ldx * std::mem::size_of::<T>()).is_multiple_of(4096);
+    let ks = if copy { k + T::V } else { ldx };
+    let mut xp = vec![T::ZERO; if copy { ks * MR } else { 0 }];
+    for r0 in (0..rows).step_by(MR) {
+        let mr = MR.min(rows - r0);
+        let tile: &[T] = if copy {
+            for i in 0..mr {
+                let row = &x[(r0 + i) * ldx..(r0 + i) * ldx + k];
+                xp[i * ks..i * ks + k].copy_from_slice(row);
+            }
+            &xp
         } else {
-            nn_panel::<T, MR1, W1, FMA>(x, ldx, rows, w, p, out, ldo, epi);
+            &x[r0 * ldx..]
+        };
+        for p in &w.panels {
+            if p.width == W2 {
+                nn_panel::<T, MR, W2, FMA>(tile, ks, r0, mr, w, p, out, ldo, epi);
+            } else {
+                nn_panel::<T, MR, W1, FMA>(tile, ks, r0, mr, w, p, out, ldo, epi);
+            }
         }
     }
 }
@@ -244,18 +296,18 @@ fn check_nn<T>(x: &[T], ldx: usize, rows: usize, k: usize, out: &[T], ldo: usize
 simd_fn! {
     /// `out[i·ldo + j] = epi(Σ_p x[i·ldx + p]·W[p][j])` for `rows` rows, f32.
     fn nn_f32_raw(x: &[f32], ldx: usize, rows: usize, w: &Packed<f32>, out: &mut [f32], ldo: usize, epi: Epi) {
-        avx512: nn_impl::<f32, 32, 8, 16, 12, true>(x, ldx, rows, w, out, ldo, epi),
-        avx2: nn_impl::<f32, 32, 3, 16, 6, true>(x, ldx, rows, w, out, ldo, epi),
-        base: nn_impl::<f32, 32, 1, 16, 2, false>(x, ldx, rows, w, out, ldo, epi),
+        avx512: nn_impl::<f32, 32, 16, 8, true>(x, ldx, rows, w, out, ldo, epi),
+        avx2: nn_impl::<f32, 32, 16, 3, true>(x, ldx, rows, w, out, ldo, epi),
+        base: nn_impl::<f32, 32, 16, 1, false>(x, ldx, rows, w, out, ldo, epi),
     }
 }
 
 simd_fn! {
     /// The f64 twin of [`nn_f32_raw`].
     fn nn_f64_raw(x: &[f64], ldx: usize, rows: usize, w: &Packed<f64>, out: &mut [f64], ldo: usize, epi: Epi) {
-        avx512: nn_impl::<f64, 16, 8, 8, 12, true>(x, ldx, rows, w, out, ldo, epi),
-        avx2: nn_impl::<f64, 16, 3, 8, 6, true>(x, ldx, rows, w, out, ldo, epi),
-        base: nn_impl::<f64, 16, 1, 8, 2, false>(x, ldx, rows, w, out, ldo, epi),
+        avx512: nn_impl::<f64, 16, 8, 8, true>(x, ldx, rows, w, out, ldo, epi),
+        avx2: nn_impl::<f64, 16, 8, 3, true>(x, ldx, rows, w, out, ldo, epi),
+        base: nn_impl::<f64, 16, 8, 1, false>(x, ldx, rows, w, out, ldo, epi),
     }
 }
 
@@ -288,122 +340,12 @@ pub(crate) fn nn_f64(
     nn_f64_raw(x, ldx, rows, w, out, ldo, epi)
 }
 
-/// The shape of a `tn` product: `out (l × n, ldo) = Xᵀ·W`, `X` `k × l` (`ldx`), `W` `k × n`
-/// (`ldw`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TnShape {
-    pub(crate) k: usize,
-    pub(crate) l: usize,
-    pub(crate) n: usize,
-    pub(crate) ldx: usize,
-    pub(crate) ldw: usize,
-    pub(crate) ldo: usize,
-}
-
-/// `tn`: `X` is copied into a `k × lp` buffer (`lp` = `l` rounded up to `MR`, zero-padded);
-/// `W`'s columns are taken `NR` at a time straight from `w` (a last partial block from a
-/// zero-padded copy).
-#[inline(always)]
-fn tn_impl<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
-    s: TnShape,
-    x: &[T],
-    w: &[T],
-    out: &mut [T],
-) {
-    let lp = s.l.div_ceil(MR) * MR;
-    let mut xp = vec![T::ZERO; s.k * lp];
-    for p in 0..s.k {
-        xp[p * lp..p * lp + s.l].copy_from_slice(&x[p * s.ldx..p * s.ldx + s.l]);
-    }
-    let mut tail = Vec::new();
-    for j0 in (0..s.n).step_by(NR) {
-        let nr = NR.min(s.n - j0);
-        let (wb, ldw): (&[T], usize) = if nr == NR {
-            (&w[j0..], s.ldw)
-        } else {
-            tail.clear();
-            for p in 0..s.k {
-                tail.extend_from_slice(&w[p * s.ldw + j0..p * s.ldw + j0 + nr]);
-                tail.extend(std::iter::repeat_n(T::ZERO, NR - nr));
-            }
-            (&tail, NR)
-        };
-        for r0 in (0..s.l).step_by(MR) {
-            let acc = tn_tile::<T, MR, NR, FMA>(&xp[r0..], lp, wb, ldw, s.k);
-            for (i, a) in acc.iter().enumerate().take(s.l - r0) {
-                let o = (r0 + i) * s.ldo + j0;
-                out[o..o + nr].copy_from_slice(&a[..nr]);
-            }
-        }
-    }
-}
-
-/// `Σ_p x[p·ldx .. + MR] ⊗ w[p·ldw .. + NR]` over `k` steps, accumulators in registers.
-#[inline(always)]
-fn tn_tile<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
-    x: &[T],
-    ldx: usize,
-    w: &[T],
-    ldw: usize,
-    k: usize,
-) -> [[T; NR]; MR] {
-    let mut acc = [[T::ZERO; NR]; MR];
-    for (xr, wr) in x.chunks(ldx).zip(w.chunks(ldw)).take(k) {
-        let xr: &[T; MR] = xr[..MR].try_into().expect("MR lanes");
-        let wr: &[T; NR] = wr[..NR].try_into().expect("NR lanes");
-        for i in 0..MR {
-            for j in 0..NR {
-                acc[i][j] = T::madd::<FMA>(xr[i], wr[j], acc[i][j]);
-            }
-        }
-    }
-    acc
-}
-
-fn check_tn<T>(s: TnShape, x: &[T], w: &[T], out: &[T]) {
-    let fits = |len: usize, rows: usize, ld: usize, cols: usize| {
-        rows == 0 || cols == 0 || (ld >= cols && len >= (rows - 1) * ld + cols)
-    };
-    assert!(fits(x.len(), s.k, s.ldx, s.l), "gemm tn: X too short");
-    assert!(fits(w.len(), s.k, s.ldw, s.n), "gemm tn: W too short");
-    assert!(fits(out.len(), s.l, s.ldo, s.n), "gemm tn: out too short");
-}
-
-simd_fn! {
-    fn tn_f32_raw(s: TnShape, x: &[f32], w: &[f32], out: &mut [f32]) {
-        avx512: tn_impl::<f32, 7, 32, true>(s, x, w, out),
-        avx2: tn_impl::<f32, 6, 16, true>(s, x, w, out),
-        base: tn_impl::<f32, 2, 16, false>(s, x, w, out),
-    }
-}
-
-simd_fn! {
-    fn tn_f64_raw(s: TnShape, x: &[f64], w: &[f64], out: &mut [f64]) {
-        avx512: tn_impl::<f64, 7, 16, true>(s, x, w, out),
-        avx2: tn_impl::<f64, 6, 8, true>(s, x, w, out),
-        base: tn_impl::<f64, 2, 8, false>(s, x, w, out),
-    }
-}
-
-/// `out = Xᵀ·W` in f32 (see [`TnShape`]). Panics when a slice is too short (a caller's bug).
-pub(crate) fn tn_f32(s: TnShape, x: &[f32], w: &[f32], out: &mut [f32]) {
-    check_tn(s, x, w, out);
-    tn_f32_raw(s, x, w, out)
-}
-
-/// The f64 twin of [`tn_f32`].
-pub(crate) fn tn_f64(s: TnShape, x: &[f64], w: &[f64], out: &mut [f64]) {
-    check_tn(s, x, w, out);
-    tn_f64_raw(s, x, w, out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
     type Nn<T> = fn(&[T], usize, usize, &Packed<T>, &mut [T], usize, Epi);
-    type Tn<T> = fn(TnShape, &[T], &[T], &mut [T]);
 
     fn rand(r: &mut StdRng, n: usize) -> Vec<f64> {
         (0..n).map(|_| r.random_range(-1.0..1.0)).collect()
@@ -448,14 +390,22 @@ mod tests {
                     Epi::Acc => s + base[i * ldo + j],
                 }
             };
+            let dense = Packed::<f32>::new(
+                k,
+                &[Region { cols, k: 0..k }],
+                |p, j| wv[p * cols + j] as f32,
+                |_| 0.0,
+            );
+            let wv32: Vec<f32> = wv.iter().map(|&v| v as f32).collect();
+            assert_eq!(Packed::dense(k, cols, &wv32, cols), dense);
             let w64 = Packed::<f64>::new(k, &regions, w_of, |j| bv[j]);
             let w32 = Packed::<f32>::new(k, &regions, |p, j| w_of(p, j) as f32, |j| bv[j] as f32);
             let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
             for epi in [Epi::Bias, Epi::BiasRelu, Epi::Acc] {
                 let runs64: [Nn<f64>; 4] = [
-                    nn_impl::<f64, 16, 8, 8, 12, true>,
-                    nn_impl::<f64, 16, 3, 8, 6, true>,
-                    nn_impl::<f64, 16, 1, 8, 2, false>,
+                    nn_impl::<f64, 16, 8, 8, true>,
+                    nn_impl::<f64, 16, 8, 3, true>,
+                    nn_impl::<f64, 16, 8, 1, false>,
                     nn_f64,
                 ];
                 for run in runs64 {
@@ -473,9 +423,9 @@ mod tests {
                     }
                 }
                 let runs32: [Nn<f32>; 4] = [
-                    nn_impl::<f32, 32, 8, 16, 12, true>,
-                    nn_impl::<f32, 32, 3, 16, 6, true>,
-                    nn_impl::<f32, 32, 1, 16, 2, false>,
+                    nn_impl::<f32, 32, 16, 8, true>,
+                    nn_impl::<f32, 32, 16, 3, true>,
+                    nn_impl::<f32, 32, 16, 1, false>,
                     nn_f32,
                 ];
                 for run in runs32 {
@@ -491,62 +441,62 @@ mod tests {
             }
         }
     }
+}
 
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    /// `cargo test -p rssm --release --lib gemm_speed -- --ignored --nocapture`
     #[test]
-    fn tn_matches_a_naive_product_for_every_tile_size() {
-        let mut r = StdRng::seed_from_u64(12);
-        for (k, l, n) in [(1, 1, 1), (9, 5, 40), (50, 42, 33), (64, 7, 100)] {
-            let s = TnShape {
-                k,
-                l,
-                n,
-                ldx: l + 1,
-                ldw: n + 2,
-                ldo: n + 3,
-            };
-            let x = rand(&mut r, k * s.ldx);
-            let w = rand(&mut r, k * s.ldw);
-            let want = |i: usize, j: usize| -> f64 {
-                (0..k).map(|p| x[p * s.ldx + i] * w[p * s.ldw + j]).sum()
-            };
-            let runs: [Tn<f64>; 4] = [
-                tn_impl::<f64, 7, 16, true>,
-                tn_impl::<f64, 6, 8, true>,
-                tn_impl::<f64, 2, 8, false>,
-                tn_f64,
-            ];
-            for run in runs {
-                let mut out = vec![7.0; l * s.ldo];
-                run(s, &x, &w, &mut out);
-                for i in 0..l {
-                    for j in 0..n {
-                        assert!((out[i * s.ldo + j] - want(i, j)).abs() < 1e-12);
+    #[ignore]
+    fn gemm_speed() {
+        for (m, k, n, epi) in [
+            (1024, 32, 1024, Epi::Acc),
+            (8, 128, 32, Epi::Bias),
+            (16, 128, 64, Epi::Bias),
+            (1024, 1024, 48, Epi::Bias),
+            (16, 288, 1024, Epi::Bias),
+            (32, 288, 1024, Epi::Bias),
+        ] {
+            let x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
+            let wv: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
+            let w = Packed::dense(k, n, &wv, n);
+            let mut out = vec![0.0f32; m * n];
+            let reps = (4e8 / (m * k * n) as f64).ceil() as usize;
+            let s = (0..10)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        nn_f32(&x, k, m, &w, &mut out, n, epi);
                     }
-                    assert!(out[i * s.ldo + n..(i + 1) * s.ldo]
-                        .iter()
-                        .all(|&v| v == 7.0));
-                }
-            }
-            let (x32, w32): (Vec<f32>, Vec<f32>) = (
-                x.iter().map(|&v| v as f32).collect(),
-                w.iter().map(|&v| v as f32).collect(),
+                    t.elapsed().as_secs_f64() / reps as f64
+                })
+                .fold(f64::MAX, f64::min);
+            eprintln!(
+                "{m}x{k}x{n} {epi:?}: {:.1} us, {:.1} GFLOPS",
+                s * 1e6,
+                2.0 * (m * k * n) as f64 / s / 1e9
             );
-            let runs: [Tn<f32>; 4] = [
-                tn_impl::<f32, 7, 32, true>,
-                tn_impl::<f32, 6, 16, true>,
-                tn_impl::<f32, 2, 16, false>,
-                tn_f32,
-            ];
-            for run in runs {
-                let mut out = vec![0.0f32; l * s.ldo];
-                run(s, &x32, &w32, &mut out);
-                for i in 0..l {
-                    for j in 0..n {
-                        let e = (f64::from(out[i * s.ldo + j]) - want(i, j)).abs();
-                        assert!(e < 1e-5 * (1.0 + k as f64));
+            let a = ndarray::Array2::from_shape_vec((m, k), x.clone()).unwrap();
+            let b = ndarray::Array2::from_shape_vec((k, n), wv.clone()).unwrap();
+            let mut c = ndarray::Array2::<f32>::zeros((m, n));
+            let bt = b.t().to_owned();
+            let bt = bt.t();
+            let s = (0..10)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        ndarray::linalg::general_mat_mul(1.0, &a, &bt, 1.0, &mut c);
                     }
-                }
-            }
+                    t.elapsed().as_secs_f64() / reps as f64
+                })
+                .fold(f64::MAX, f64::min);
+            eprintln!(
+                "   matrixmultiply: {:.1} us, {:.1} GFLOPS",
+                s * 1e6,
+                2.0 * (m * k * n) as f64 / s / 1e9
+            );
         }
     }
 }

@@ -4,14 +4,20 @@
 //! code ([`crate::reference`], [`crate::svd::randomized_svd`]) stays the exact reference the
 //! tests compare it with.
 //!
-//! - [`FastRssm`]: `encode_state` and `predict_batch` ([`crate::Engine::Fast`]).
+//! - [`FastRssm`]: `encode_state` and `predict_batch` ([`crate::Engine::Fast`]);
+//! - the fast path of [`crate::correct::apply_tiled`] (`apply_corrections`);
+//! - the randomized SVD of an f32 residual (`compress_residuals`): f32 passes over the
+//!   matrix, f64 CholeskyQR2 and small SVD.
 
-#[allow(dead_code)] // the tn and f64 kernels serve the randomized SVD (next commit)
+mod correct;
 mod gemm;
 mod rssm;
 pub(crate) mod simd;
+mod svd;
 
+pub(crate) use correct::add_low_rank;
 pub use rssm::FastRssm;
+pub(crate) use svd::randomized_svd_f32;
 
 /// Whether every value is finite, by one vectorizable pass over the bits (an exponent field of
 /// all ones is Inf or NaN).
@@ -36,4 +42,14 @@ pub(crate) fn max_abs_bits(x: &[f32]) -> u32 {
         }
     }
     acc.into_iter().fold(tail, u32::max)
+}
+
+/// [`max_abs_bits`] with the two halves of a long slice on two threads.
+pub(crate) fn max_abs_bits_par(x: &[f32]) -> u32 {
+    if x.len() < 1 << 16 {
+        return max_abs_bits(x);
+    }
+    let (a, b) = x.split_at(x.len() / 2);
+    let (a, b) = rayon::join(|| max_abs_bits(a), || max_abs_bits(b));
+    a.max(b)
 }
