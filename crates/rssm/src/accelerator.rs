@@ -115,12 +115,13 @@ fn check_input(
 
 /// [`check_input`] for the host engines: the device and dtype checks, then the host copy of
 /// `t`'s elements, checked finite there (the same errors, without a device-side probe).
+/// Returns the values and their largest magnitude as bits ([`crate::fast::max_abs_bits`]).
 fn host_input(
     entry: &'static str,
     what: &'static str,
     t: &Tensor,
     device: Device,
-) -> Result<Vec<f32>, AcceleratorError> {
+) -> Result<(Vec<f32>, u32), AcceleratorError> {
     check_device(entry, what, device, t.device())?;
     if t.dtype() != DType::F32 {
         return Err(AcceleratorError::InvalidArgument {
@@ -129,10 +130,11 @@ fn host_input(
         });
     }
     let v = t.to_vec()?;
-    if !crate::fast::all_finite(&v) {
+    let bits = crate::fast::max_abs_bits_par(&v);
+    if bits >= 0x7f80_0000 {
         return Err(AcceleratorError::NonFinite { entry, what });
     }
-    Ok(v)
+    Ok((v, bits))
 }
 
 /// A tensor's host copy as an array of rank `D` (the shape was checked by the caller).
@@ -289,7 +291,7 @@ impl GpuAccelerator {
                 Ok(Tensor::from_ndarray(&y, self.device)?)
             }
             Engine::Fast => {
-                let x = host_input(ENTRY, "features", features, self.device)?;
+                let (x, _) = host_input(ENTRY, "features", features, self.device)?;
                 let rows = features.shape()[0];
                 let y = self.fast_model(model)?.encode_checked(&x, rows);
                 let shape = [rows, model.config().embed_dim];
@@ -390,8 +392,8 @@ impl GpuAccelerator {
             });
         }
         if self.device == Device::Cpu && self.engine == Engine::Fast {
-            let a = host_input(ENTRY, "residual", residual, self.device)?;
-            return crate::fast::randomized_svd_f32(&a, m, n, rank, opts);
+            let (a, bits) = host_input(ENTRY, "residual", residual, self.device)?;
+            return crate::fast::randomized_svd_f32(&a, bits, m, n, rank, opts);
         }
         check_input(ENTRY, "residual", residual, self.device)?;
         if let Device::Cuda(_) = self.device {

@@ -6,7 +6,7 @@
 //!   `k` (so `[z | h]·W` of a GRU cell skips the zero blocks of its `n` gate). Weights are
 //!   packed when the host copy of a model is taken, so a rollout never repacks.
 //! - `nn`: `out = epilogue(X·W + init)`, `X` given by rows (`ldx` apart), `MR` rows at a time;
-//!   the epilogue is a bias (optionally ReLU) or an accumulation into `out`.
+//!   the epilogue is a bias or an accumulation into `out`.
 //!
 //! Accumulation is in the element type (f32 sums of up to a few thousand terms here).
 
@@ -18,9 +18,7 @@ use std::ops::Range;
 pub(crate) enum Epi {
     /// `out = X·W + bias`.
     Bias,
-    /// `out = max(0, X·W + bias)`.
-    BiasRelu,
-    /// `out += X·W` (bias ignored).
+    /// `out += X·W` (bias ignored; the product is summed, then added to `out`).
     Acc,
 }
 
@@ -123,8 +121,15 @@ impl<T: Lanes> Packed<T> {
             let width = if valid <= v { v } else { 2 * v };
             let off = data.len();
             for row in w.chunks(ld).take(k) {
-                data.extend_from_slice(&row[col..col + valid]);
-                data.resize(data.len() + width - valid, T::ZERO);
+                let seg = &row[col..col + valid];
+                match <&[T; 32]>::try_from(seg) {
+                    // A fixed-size copy (inlined) for the common full f32 panel.
+                    Ok(full) => data.extend_from_slice(full),
+                    Err(_) => {
+                        data.extend_from_slice(seg);
+                        data.resize(data.len() + width - valid, T::ZERO);
+                    }
+                }
             }
             panels.push(Panel {
                 col,
@@ -196,15 +201,13 @@ fn nn_panel<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
 ) {
     let data = &w.data[p.off..p.off + p.k.len() * NR];
     let bias = &w.bias[p.col..p.col + p.valid];
+    // The bias starts the sums; `out` (Epi::Acc) is added when storing, so that its loads
+    // overlap the next tile's products instead of delaying this one's.
     let mut acc = [[T::ZERO; NR]; MR];
-    for (i, a) in acc.iter_mut().enumerate().take(mr) {
-        let o = (r0 + i) * ldo + p.col;
-        let init = if epi == Epi::Acc {
-            &out[o..o + p.valid]
-        } else {
-            bias
-        };
-        load(a, init);
+    if epi != Epi::Acc {
+        for a in acc.iter_mut().take(mr) {
+            load(a, bias);
+        }
     }
     let xs: [&[T]; MR] = std::array::from_fn(|i| {
         let r = i.min(mr - 1) * ks;
@@ -213,7 +216,7 @@ fn nn_panel<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
     let acc = nn_tile::<T, MR, NR, FMA>(xs, data, p.k.len(), acc);
     for (i, a) in acc.iter().enumerate().take(mr) {
         let o = (r0 + i) * ldo + p.col;
-        store(&mut out[o..o + p.valid], a, epi == Epi::BiasRelu);
+        store(&mut out[o..o + p.valid], a, epi);
     }
 }
 
@@ -226,24 +229,27 @@ fn load<T: Real, const NR: usize>(dst: &mut [T; NR], src: &[T]) {
     }
 }
 
-/// `dst = src[..dst.len()]` (ReLU'd when `relu`), as whole registers when `dst` is `NR` long.
+/// `dst = src[..dst.len()]` (added to `dst` for `Epi::Acc`), as whole registers when `dst` is
+/// `NR` long.
 #[inline(always)]
-fn store<T: Real, const NR: usize>(dst: &mut [T], src: &[T; NR], relu: bool) {
-    let f = |s: T| if relu { T::max(s, T::ZERO) } else { s };
+fn store<T: Real, const NR: usize>(dst: &mut [T], src: &[T; NR], epi: Epi) {
+    let f = |d: T, s: T| match epi {
+        Epi::Bias => s,
+        Epi::Acc => d + s,
+    };
     match <&mut [T; NR]>::try_from(&mut *dst) {
         Ok(full) => {
             for j in 0..NR {
-                full[j] = f(src[j]);
+                full[j] = f(full[j], src[j]);
             }
         }
-        Err(_) => dst.iter_mut().zip(src).for_each(|(d, &s)| *d = f(s)),
+        Err(_) => dst.iter_mut().zip(src).for_each(|(d, &s)| *d = f(*d, s)),
     }
 }
 
-/// `nn`: one `MR`-row tile of `X` at a time (copied into a buffer with rows `k + V` apart when
-/// `X`'s rows are a multiple of 4 KiB apart, which would share cache sets) against every panel
-/// in turn (panels of `W2 = 2V` or `W1 = V` lanes); so each row of `out` is walked once,
-/// front to back. A partial last tile repeats its last row and drops the extra results.
+/// `nn`: one `MR`-row tile of `X` at a time against every panel in turn (panels of
+/// `W2 = 2V` or `W1 = V` lanes); so each row of `out` is walked once, front to back. A partial
+/// last tile repeats its last row and drops the extra results.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn nn_impl<T: Lanes, const W2: usize, const W1: usize, const MR: usize, const FMA: bool>(
@@ -255,27 +261,14 @@ fn nn_impl<T: Lanes, const W2: usize, const W1: usize, const MR: usize, const FM
     ldo: usize,
     epi: Epi,
 ) {
-    let k = w.k;
-    // Rows a multiple of 4 KiB apart would share cache sets: copy such tiles first.
-    let copy = (ldx * std::mem::size_of::<T>()).is_multiple_of(4096);
-    let ks = if copy { k + T::V } else { ldx };
-    let mut xp = vec![T::ZERO; if copy { ks * MR } else { 0 }];
     for r0 in (0..rows).step_by(MR) {
         let mr = MR.min(rows - r0);
-        let tile: &[T] = if copy {
-            for i in 0..mr {
-                let row = &x[(r0 + i) * ldx..(r0 + i) * ldx + k];
-                xp[i * ks..i * ks + k].copy_from_slice(row);
-            }
-            &xp
-        } else {
-            &x[r0 * ldx..]
-        };
+        let tile = &x[r0 * ldx..];
         for p in &w.panels {
             if p.width == W2 {
-                nn_panel::<T, MR, W2, FMA>(tile, ks, r0, mr, w, p, out, ldo, epi);
+                nn_panel::<T, MR, W2, FMA>(tile, ldx, r0, mr, w, p, out, ldo, epi);
             } else {
-                nn_panel::<T, MR, W1, FMA>(tile, ks, r0, mr, w, p, out, ldo, epi);
+                nn_panel::<T, MR, W1, FMA>(tile, ldx, r0, mr, w, p, out, ldo, epi);
             }
         }
     }
@@ -386,7 +379,6 @@ mod tests {
                 let s: f64 = (0..k).map(|p| x[i * ldx + p] * w_of(p, j)).sum();
                 match epi {
                     Epi::Bias => s + bv[j],
-                    Epi::BiasRelu => (s + bv[j]).max(0.0),
                     Epi::Acc => s + base[i * ldo + j],
                 }
             };
@@ -401,7 +393,7 @@ mod tests {
             let w64 = Packed::<f64>::new(k, &regions, w_of, |j| bv[j]);
             let w32 = Packed::<f32>::new(k, &regions, |p, j| w_of(p, j) as f32, |j| bv[j] as f32);
             let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-            for epi in [Epi::Bias, Epi::BiasRelu, Epi::Acc] {
+            for epi in [Epi::Bias, Epi::Acc] {
                 let runs64: [Nn<f64>; 4] = [
                     nn_impl::<f64, 16, 8, 8, true>,
                     nn_impl::<f64, 16, 8, 3, true>,
@@ -452,6 +444,8 @@ mod speed {
     #[ignore]
     fn gemm_speed() {
         for (m, k, n, epi) in [
+            (1024, 32, 1024, Epi::Bias),
+            (1024, 32, 1040, Epi::Acc),
             (1024, 32, 1024, Epi::Acc),
             (8, 128, 32, Epi::Bias),
             (16, 128, 64, Epi::Bias),

@@ -19,15 +19,18 @@ pub(crate) use correct::add_low_rank;
 pub use rssm::FastRssm;
 pub(crate) use svd::randomized_svd_f32;
 
-/// Whether every value is finite, by one vectorizable pass over the bits (an exponent field of
-/// all ones is Inf or NaN).
-pub(crate) fn all_finite(x: &[f32]) -> bool {
-    max_abs_bits(x) < 0x7f80_0000
+simd::simd_fn! {
+    /// The largest `|x|` as bits (`f32::to_bits` of a non-negative value orders like the
+    /// value; Inf and NaN sort above every finite value), 0 for no value.
+    pub(crate) fn max_abs_bits(x: &[f32]) -> u32 {
+        avx512: max_abs_bits_impl(x),
+        avx2: max_abs_bits_impl(x),
+        base: max_abs_bits_impl(x),
+    }
 }
 
-/// The largest `|x|` as bits (`f32::to_bits` of a non-negative value orders like the value;
-/// Inf and NaN sort above every finite value), 0 for no value.
-pub(crate) fn max_abs_bits(x: &[f32]) -> u32 {
+#[inline(always)]
+fn max_abs_bits_impl(x: &[f32]) -> u32 {
     let mut acc = [0u32; 16];
     let chunks = x.chunks_exact(16);
     let tail = chunks

@@ -99,7 +99,6 @@ pub(crate) trait Real:
 {
     /// `a·b + c`: fused where the level has FMA (`FMA`), else a product and a sum.
     fn madd<const FMA: bool>(a: Self, b: Self, c: Self) -> Self;
-    fn max(a: Self, b: Self) -> Self;
     const ZERO: Self;
 }
 
@@ -112,14 +111,6 @@ impl Real for f32 {
             a * b + c
         }
     }
-    #[inline(always)]
-    fn max(a: f32, b: f32) -> f32 {
-        if a > b {
-            a
-        } else {
-            b
-        }
-    }
     const ZERO: f32 = 0.0;
 }
 
@@ -130,14 +121,6 @@ impl Real for f64 {
             a.mul_add(b, c)
         } else {
             a * b + c
-        }
-    }
-    #[inline(always)]
-    fn max(a: f64, b: f64) -> f64 {
-        if a > b {
-            a
-        } else {
-            b
         }
     }
     const ZERO: f64 = 0.0;

@@ -3,8 +3,9 @@
 //! [`crate::svd::randomized_svd`] (Halko, Martinsson and Tropp 2011, Algorithms 4.4 and 5.1),
 //! with the precision spent where it matters:
 //!
-//! - the passes over `A` (`A·Ω`, `A·W` and `Aᵀ·Q`, all but a few percent of the work) are f32
-//!   GEMMs on `A` and on its transpose (made once), each split over two threads;
+//! - the passes over `A` (`A·Ω`, `A·W` and `Qᵀ·A`, all but a few percent of the work) are f32
+//!   GEMMs (for `Qᵀ·A`, `A` packed once as their right-hand side), each split over two
+//!   threads;
 //! - every sketch is orthonormalised in f64 by CholeskyQR2 (Gram matrix `YᵀY` and `Y·R⁻¹` as
 //!   f64 GEMMs, twice: Yamamoto et al. 2015, orthogonal to f64 rounding when `κ(Y) ≲ 10⁸`),
 //!   falling back to a Householder QR when the Cholesky factor shows `κ(Y) > 10⁶` (rank
@@ -55,16 +56,6 @@ fn par_nn_f32(x: &[f32], ldx: usize, rows: usize, w: &Packed<f32>, out: &mut [f3
     );
 }
 
-/// A leading dimension for rows of `cols` f32 values that is not a multiple of 4 KiB (rows
-/// that far apart share cache sets).
-fn stride(cols: usize) -> usize {
-    if (cols * 4).is_multiple_of(4096) {
-        cols + 16
-    } else {
-        cols
-    }
-}
-
 /// The f64 twin of [`par_nn_f32`].
 fn par_nn_f64(x: &[f64], rows: usize, w: &Packed<f64>, out: &mut [f64]) {
     let (k, n) = (w.k(), w.n());
@@ -80,35 +71,64 @@ fn par_nn_f64(x: &[f64], rows: usize, w: &Packed<f64>, out: &mut [f64]) {
     );
 }
 
-/// `aᵀ` (`n × m`, rows `ldt` apart) of an `m × n` matrix (rows `lda` apart), in blocks of
-/// 16 rows × 128 columns of `a` (reads run along its rows, each written line of `aᵀ` is
-/// filled whole), the output rows split over two threads.
-fn transpose(a: &[f32], lda: usize, m: usize, n: usize, ldt: usize) -> Vec<f32> {
-    const R: usize = 16;
-    const C: usize = 128;
-    let mut t = vec![0.0f32; n * ldt];
-    let fill = |t: &mut [f32], j0: usize| {
-        for (bj, tb) in t.chunks_mut(C * ldt).enumerate() {
-            let cols = tb.len() / ldt;
-            let j = j0 + bj * C;
-            for i0 in (0..m).step_by(R) {
-                for i in i0..m.min(i0 + R) {
-                    let row = &a[i * lda + j..i * lda + j + cols];
-                    for (c, &v) in row.iter().enumerate() {
-                        tb[c * ldt + i] = v;
-                    }
-                }
+/// `A` packed as the right-hand matrix of `Qᵀ·A`, in two halves of its columns (one per
+/// thread). Packing writes sequentially (no zeroed buffer first) and is done once for the
+/// `q + 1` products with `Aᵀ`.
+struct PackedT {
+    halves: Vec<(usize, Packed<f32>)>,
+    m: usize,
+    n: usize,
+}
+
+impl PackedT {
+    fn new(a: &[f32], m: usize, n: usize) -> PackedT {
+        let cuts = if n < SPLIT {
+            vec![0, n]
+        } else {
+            vec![0, n / 2, n]
+        };
+        let halves = rayon::join(
+            || Packed::dense(m, cuts[1], a, n),
+            || (cuts.len() > 2).then(|| Packed::dense(m, n - cuts[1], &a[cuts[1]..], n)),
+        );
+        let mut v = vec![(0, halves.0)];
+        v.extend(halves.1.map(|p| (cuts[1], p)));
+        PackedT { halves: v, m, n }
+    }
+
+    /// `Aᵀ·Q` (`n × l`, f64, row-major) for `Q` `m × l` (row-major): `Qᵀ·A` on two threads,
+    /// each half transposed into its rows of the result.
+    fn at_q(&self, q: &[f64], l: usize) -> Vec<f64> {
+        let (m, n) = (self.m, self.n);
+        let ld = m;
+        let mut qt = vec![0.0f32; l * ld];
+        for (i, row) in q.chunks(l).enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                qt[c * ld + i] = v as f32;
             }
         }
-    };
-    if n < SPLIT {
-        fill(&mut t, 0);
-    } else {
-        let half = n / 2;
-        let (ta, tb) = t.split_at_mut(half * ldt);
-        rayon::join(|| fill(ta, 0), || fill(tb, half));
+        let mut z = vec![0.0f64; n * l];
+        // Columns `j0..j0 + w.n()` of Qᵀ·A, transposed into `z` (their rows of Aᵀ·Q).
+        let block = |w: &Packed<f32>, z: &mut [f64]| {
+            let cols = w.n();
+            let mut bt = vec![0.0f32; l * cols];
+            nn_f32(&qt, ld, l, w, &mut bt, cols, Epi::Bias);
+            for (j, row) in z.chunks_mut(l).enumerate() {
+                for (r, v) in row.iter_mut().enumerate() {
+                    *v = f64::from(bt[r * cols + j]);
+                }
+            }
+        };
+        match self.halves.as_slice() {
+            [(_, w)] => block(w, &mut z),
+            [(_, w0), (j1, w1)] => {
+                let (za, zb) = z.split_at_mut(j1 * l);
+                rayon::join(|| block(w0, za), || block(w1, zb));
+            }
+            _ => {}
+        }
+        z
     }
-    t
 }
 
 /// `YᵀY` (`l × l`) in f64 for row-major `Y` (`rows × l`): `Yᵀ` times `Y` packed, the rows of
@@ -230,10 +250,14 @@ fn orthonormalise(y: Vec<f64>, rows: usize, l: usize, twice: bool) -> Qr {
 /// The rank-`rank` truncated SVD of `a` (f32, row-major `m × n`) by randomized subspace
 /// iteration, as f32 factors (see the module doc).
 ///
+/// `bits` is `a`'s largest magnitude as bits ([`super::max_abs_bits`]: the caller's
+/// finiteness check computed it).
+///
 /// Errors: a slice that is not `m·n` long, an empty matrix, a rank of 0 or above
 /// `min(m, n)`, NaN or Inf, `power_iters` above [`SvdOptions::MAX_POWER`].
 pub(crate) fn randomized_svd_f32(
     a: &[f32],
+    bits: u32,
     m: usize,
     n: usize,
     rank: usize,
@@ -265,7 +289,6 @@ pub(crate) fn randomized_svd_f32(
             ),
         });
     }
-    let bits = super::max_abs_bits_par(a);
     if bits >= 0x7f80_0000 {
         return Err(AcceleratorError::NonFinite {
             entry: ENTRY,
@@ -273,8 +296,7 @@ pub(crate) fn randomized_svd_f32(
         });
     }
     // Scaled by a power of two (exactly) into [2^-40, 2^40] when outside: no product, sum or
-    // Gram matrix of the iteration then overflows or underflows. Copied (with the scaling)
-    // when its rows are a multiple of 4 KiB apart.
+    // Gram matrix of the iteration then overflows or underflows.
     let amax = f32::from_bits(bits);
     let e = if amax == 0.0 {
         0
@@ -286,14 +308,9 @@ pub(crate) fn randomized_svd_f32(
     } else {
         (1.0, 1.0)
     };
-    let lda = stride(n);
     let copy;
-    let a = if f != 1.0 || lda != n {
-        let mut c = vec![0.0f32; m * lda];
-        for (dst, src) in c.chunks_mut(lda).zip(a.chunks(n)) {
-            dst.iter_mut().zip(src).for_each(|(d, &x)| *d = x * f);
-        }
-        copy = c;
+    let a = if f != 1.0 {
+        copy = a.iter().map(|&x| x * f).collect::<Vec<f32>>();
         copy.as_slice()
     } else {
         a
@@ -303,26 +320,25 @@ pub(crate) fn randomized_svd_f32(
     let omega: Vec<f32> = (0..n * l)
         .map(|_| StandardNormal.sample(&mut rng))
         .collect();
-    let ldt = stride(m);
-    let at = transpose(a, lda, m, n, ldt);
-    // `x·W` (`rows × l`, f64) for `x` = A or Aᵀ (rows `ld` apart) and `W` (`k × l`).
-    let product = |x: &[f32], ld: usize, rows: usize, k: usize, w: &[f32]| {
-        let mut y = vec![0.0f32; rows * l];
-        par_nn_f32(x, ld, rows, &Packed::dense(k, l, w, l), &mut y);
+    let at = PackedT::new(a, m, n);
+    // `A·W` (`m × l`, f64) for `W` (`n × l`).
+    let a_w = |w: &[f32]| {
+        let mut y = vec![0.0f32; m * l];
+        par_nn_f32(a, n, m, &Packed::dense(n, l, w, l), &mut y);
         y.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>()
     };
     let to32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     // The bases of the power iterations only feed the next product: one CholeskyQR pass; the
     // last Q (the left factor) and Q_b (the right one) are orthonormalised fully.
     let last = opts.power_iters == 0;
-    let mut q = orthonormalise(product(a, lda, m, n, &omega), m, l, last);
+    let mut q = orthonormalise(a_w(&omega), m, l, last);
     for it in 0..opts.power_iters {
-        let w = orthonormalise(product(&at, ldt, n, m, &to32(&q.q)), n, l, false);
+        let w = orthonormalise(at.at_q(&q.q, l), n, l, false);
         let last = it + 1 == opts.power_iters;
-        q = orthonormalise(product(a, lda, m, n, &to32(&w.q)), m, l, last);
+        q = orthonormalise(a_w(&to32(&w.q)), m, l, last);
     }
     // Bᵀ = Aᵀ·Q (n × l) = Q_b·R_b; B = R_bᵀ·Q_bᵀ = Ũ·Σ·(Q_b·Ṽ)ᵀ.
-    let qb = orthonormalise(product(&at, ldt, n, m, &to32(&q.q)), n, l, true);
+    let qb = orthonormalise(at.at_q(&q.q, l), n, l, true);
     let rt = DMatrix::from_row_slice(l, l, &qb.r).transpose();
     let small = truncate(full_svd(rt)?, rank)?;
     let lift = |basis: &[f64], rows: usize, f: &DMatrix<f64>| -> Array2<f32> {
