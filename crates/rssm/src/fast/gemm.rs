@@ -247,8 +247,9 @@ fn store<T: Real, const NR: usize>(dst: &mut [T], src: &[T; NR], epi: Epi) {
     }
 }
 
-/// `nn`: one `MR`-row tile of `X` at a time against every panel in turn (panels of
-/// `W2 = 2V` or `W1 = V` lanes); so each row of `out` is walked once, front to back. A partial
+/// `nn`: `MR`-row tiles of `X` against the panels (of `W2 = 2V` or `W1 = V` lanes): for many
+/// rows, each tile against every panel in turn (each row of `X` and `out` walked once, front
+/// to back); for few rows, each panel against every tile (each panel read once). A partial
 /// last tile repeats its last row and drops the extra results.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -261,16 +262,44 @@ fn nn_impl<T: Lanes, const W2: usize, const W1: usize, const MR: usize, const FM
     ldo: usize,
     epi: Epi,
 ) {
-    for r0 in (0..rows).step_by(MR) {
-        let mr = MR.min(rows - r0);
-        let tile = &x[r0 * ldx..];
+    if rows <= 8 * MR {
+        // Few rows (a rollout's block, `Qᵀ·A`): each panel once, from cache for every tile.
         for p in &w.panels {
-            if p.width == W2 {
-                nn_panel::<T, MR, W2, FMA>(tile, ldx, r0, mr, w, p, out, ldo, epi);
-            } else {
-                nn_panel::<T, MR, W1, FMA>(tile, ldx, r0, mr, w, p, out, ldo, epi);
+            for r0 in (0..rows).step_by(MR) {
+                nn_run::<T, W2, W1, MR, FMA>(x, ldx, rows, r0, w, p, out, ldo, epi);
             }
         }
+    } else {
+        // Many rows: each row of `X` and `out` walked once.
+        for r0 in (0..rows).step_by(MR) {
+            for p in &w.panels {
+                nn_run::<T, W2, W1, MR, FMA>(x, ldx, rows, r0, w, p, out, ldo, epi);
+            }
+        }
+    }
+}
+
+/// The tile of rows `r0..` against panel `p`, at the panel's width. (A function, not a
+/// closure: everything under [`simd_fn!`] must be `#[inline(always)]` to get its features.)
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn nn_run<T: Lanes, const W2: usize, const W1: usize, const MR: usize, const FMA: bool>(
+    x: &[T],
+    ldx: usize,
+    rows: usize,
+    r0: usize,
+    w: &Packed<T>,
+    p: &Panel,
+    out: &mut [T],
+    ldo: usize,
+    epi: Epi,
+) {
+    let mr = MR.min(rows - r0);
+    let tile = &x[r0 * ldx..];
+    if p.width == W2 {
+        nn_panel::<T, MR, W2, FMA>(tile, ldx, r0, mr, w, p, out, ldo, epi);
+    } else {
+        nn_panel::<T, MR, W1, FMA>(tile, ldx, r0, mr, w, p, out, ldo, epi);
     }
 }
 
