@@ -112,9 +112,15 @@ impl<T: Lanes> Packed<T> {
     /// A dense `k × n` matrix (row-major, `ld` apart) without bias (the panels copied row
     /// segment by row segment).
     pub(crate) fn dense(k: usize, n: usize, w: &[T], ld: usize) -> Packed<T> {
+        Packed::dense_in(k, n, w, ld, Vec::new())
+    }
+
+    /// [`Packed::dense`] into `data`'s allocation (recycled: see [`Packed::into_data`]).
+    pub(crate) fn dense_in(k: usize, n: usize, w: &[T], ld: usize, mut data: Vec<T>) -> Packed<T> {
         let v = T::V;
         let mut panels = Vec::new();
-        let mut data = Vec::with_capacity(k * n.div_ceil(v) * v);
+        data.clear();
+        data.reserve(k * n.div_ceil(v) * v);
         let mut col = 0;
         while col < n {
             let valid = (n - col).min(2 * v);
@@ -147,6 +153,11 @@ impl<T: Lanes> Packed<T> {
             data,
             bias: vec![T::ZERO; n],
         }
+    }
+
+    /// The packed values' allocation, to recycle.
+    pub(crate) fn into_data(self) -> Vec<T> {
+        self.data
     }
 
     /// The rows of `W` (the width of `X`).

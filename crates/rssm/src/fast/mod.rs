@@ -56,3 +56,26 @@ pub(crate) fn max_abs_bits_par(x: &[f32]) -> u32 {
     let (a, b) = rayon::join(|| max_abs_bits(a), || max_abs_bits(b));
     a.max(b)
 }
+
+/// Large f32 buffers kept between calls (the residual packed by the randomized SVD), so that
+/// a call does not fault a few MiB of fresh pages in each time: at most two, of at most 32 MiB.
+static POOL: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
+
+/// A recycled buffer (empty, with whatever capacity it kept), or a new one.
+pub(crate) fn take_buffer() -> Vec<f32> {
+    POOL.lock()
+        .ok()
+        .and_then(|mut p| p.pop())
+        .unwrap_or_default()
+}
+
+/// Returns a buffer to the pool (dropped when the pool is full or the buffer too large).
+pub(crate) fn give_buffer(v: Vec<f32>) {
+    if v.capacity() <= 8 << 20 {
+        if let Ok(mut p) = POOL.lock() {
+            if p.len() < 2 {
+                p.push(v);
+            }
+        }
+    }
+}

@@ -72,8 +72,9 @@ fn par_nn_f64(x: &[f64], rows: usize, w: &Packed<f64>, out: &mut [f64]) {
 }
 
 /// `A` packed as the right-hand matrix of `Qᵀ·A`, in two halves of its columns (one per
-/// thread). Packing writes sequentially (no zeroed buffer first) and is done once for the
-/// `q + 1` products with `Aᵀ`.
+/// thread). Packing writes sequentially (no zeroed buffer first), into buffers recycled from
+/// the previous call ([`super::take_buffer`]), and is done once for the `q + 1` products with
+/// `Aᵀ`.
 struct PackedT {
     halves: Vec<(usize, Packed<f32>)>,
     m: usize,
@@ -87,13 +88,21 @@ impl PackedT {
         } else {
             vec![0, n / 2, n]
         };
+        let (b0, b1) = (super::take_buffer(), super::take_buffer());
         let halves = rayon::join(
-            || Packed::dense(m, cuts[1], a, n),
-            || (cuts.len() > 2).then(|| Packed::dense(m, n - cuts[1], &a[cuts[1]..], n)),
+            || Packed::dense_in(m, cuts[1], a, n, b0),
+            || (cuts.len() > 2).then(|| Packed::dense_in(m, n - cuts[1], &a[cuts[1]..], n, b1)),
         );
         let mut v = vec![(0, halves.0)];
         v.extend(halves.1.map(|p| (cuts[1], p)));
         PackedT { halves: v, m, n }
+    }
+
+    /// Returns the packed buffers to the pool.
+    fn recycle(self) {
+        for (_, p) in self.halves {
+            super::give_buffer(p.into_data());
+        }
     }
 
     /// `Aᵀ·Q` (`n × l`, f64, row-major) for `Q` `m × l` (row-major): `Qᵀ·A` on two threads,
@@ -339,6 +348,7 @@ pub(crate) fn randomized_svd_f32(
     }
     // Bᵀ = Aᵀ·Q (n × l) = Q_b·R_b; B = R_bᵀ·Q_bᵀ = Ũ·Σ·(Q_b·Ṽ)ᵀ.
     let qb = orthonormalise(at.at_q(&q.q, l), n, l, true);
+    at.recycle();
     let rt = DMatrix::from_row_slice(l, l, &qb.r).transpose();
     let small = truncate(full_svd(rt)?, rank)?;
     let lift = |basis: &[f64], rows: usize, f: &DMatrix<f64>| -> Array2<f32> {
