@@ -2,8 +2,10 @@
 //! the roadmap's latency table: state encode, GRU ensemble forward over 10 steps, randomized
 //! SVD of rank 32 of a 1024² residual, and the rank-32 correction of a 1024² weight
 //! (`cargo bench -p benches --bench rssm_cpu`). The model is the default (64 → 128,
-//! five GRU members of 256, Gaussian latent 32); `reference` is the CPU path (f64 `nalgebra`),
-//! `tensor` the tensor-ops path on the CPU backend.
+//! five GRU members of 256, Gaussian latent 32). Engines: `fast` (the CPU default: f32,
+//! packed weights, SIMD dispatched at run time), `reference` (the exact f64 `nalgebra`
+//! path), `tensor` (the tensor-ops forward on the CPU backend). `benches/torch_rssm_cpu.py`
+//! times PyTorch on the same rows; run both back to back.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use rssm::{Engine, GpuAccelerator, Rssm, RssmConfig, SequenceBatch, SvdOptions};
@@ -27,15 +29,15 @@ fn model() -> Rssm {
     m
 }
 
-fn accelerators() -> [(&'static str, GpuAccelerator); 2] {
+fn engine(e: Engine) -> GpuAccelerator {
+    GpuAccelerator::with_model(model()).with_engine(e).unwrap()
+}
+
+fn accelerators() -> [(&'static str, GpuAccelerator); 3] {
     [
-        ("reference", GpuAccelerator::with_model(model())),
-        (
-            "tensor",
-            GpuAccelerator::with_model(model())
-                .with_engine(Engine::Tensor)
-                .unwrap(),
-        ),
+        ("fast", engine(Engine::Fast)),
+        ("reference", engine(Engine::Reference)),
+        ("tensor", engine(Engine::Tensor)),
     ]
 }
 
@@ -55,21 +57,35 @@ fn encode_and_predict(c: &mut Criterion) {
     g.finish();
 }
 
+/// The residual of the PyTorch script: `G1·G2` (Gaussian `n × 32` times `32 × n`, rank 32)
+/// plus `0.01·noise`.
+fn residual(n: usize) -> Tensor {
+    let g1 = Tensor::randn(&[n, 32], 1.0, 1, Device::Cpu).unwrap();
+    let g2 = Tensor::randn(&[32, n], 1.0, 2, Device::Cpu).unwrap();
+    let noise = Tensor::randn(&[n, n], 0.01, 3, Device::Cpu).unwrap();
+    g1.matmul(&g2).unwrap().add(&noise).unwrap()
+}
+
 fn svd_and_correction(c: &mut Criterion) {
     let n = 1024;
-    let acc = GpuAccelerator::new(Device::Cpu).unwrap();
-    let residual = Tensor::from_vec(data(n * n, 3), &[n, n], Device::Cpu).unwrap();
+    let residual = residual(n);
     let opts = SvdOptions::default();
     let mut g = c.benchmark_group("rssm_cpu_1024");
     g.sample_size(10);
-    g.bench_function("svd_rank32_randomized", |b| {
-        b.iter(|| acc.compress_residuals(&residual, 32, &opts).unwrap())
-    });
-    let correction = acc.compress_residuals(&residual, 32, &opts).unwrap();
-    let w = Tensor::from_vec(data(n * n, 4), &[n, n], Device::Cpu).unwrap();
-    g.bench_function("correction_rank32", |b| {
-        b.iter(|| acc.apply_corrections(&w, &correction).unwrap())
-    });
+    for (name, e) in [("fast", Engine::Fast), ("reference", Engine::Reference)] {
+        let acc = GpuAccelerator::new(Device::Cpu)
+            .unwrap()
+            .with_engine(e)
+            .unwrap();
+        g.bench_function(format!("svd_rank32_randomized/{name}"), |b| {
+            b.iter(|| acc.compress_residuals(&residual, 32, &opts).unwrap())
+        });
+        let correction = acc.compress_residuals(&residual, 32, &opts).unwrap();
+        let w = Tensor::from_vec(data(n * n, 4), &[n, n], Device::Cpu).unwrap();
+        g.bench_function(format!("correction_rank32/{name}"), |b| {
+            b.iter(|| acc.apply_corrections(&w, &correction).unwrap())
+        });
+    }
     g.finish();
 }
 

@@ -1,10 +1,12 @@
 //! [`GpuAccelerator`]: the trainer's single door to the device work. Four entry points, each
-//! dispatched by the accelerator's device: on the CPU the exact f64 `nalgebra` reference
-//! ([`crate::reference`], [`crate::svd`], [`crate::correct`]); on CUDA the tensor-ops ops, and
+//! dispatched by the accelerator's device: on the CPU the fast f32 engine ([`crate::fast`], the
+//! default) or the exact f64 `nalgebra` reference ([`crate::reference`], [`crate::svd`],
+//! [`crate::correct`]); on CUDA the fused rollout kernel, the tensor-ops ops, and
 //! cuBLAS/cuSOLVER on the tensors' buffers for the SVD and the in-place correction.
 
-use crate::correct::{apply_tiled, TILE};
+use crate::correct::{apply_tiled, apply_tiled_exact, TILE};
 use crate::error::{AcceleratorError, RssmError};
+use crate::fast::FastRssm;
 use crate::lowrank::LowRank;
 use crate::model::{Prediction, Rssm};
 use crate::reference::{to_matrix, HostRssm};
@@ -18,9 +20,13 @@ use tensor_ops::{DType, Device, Tensor};
 /// How the model's entry points (`encode_state`, `predict_batch`) compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// The f64 `nalgebra` reference on the host ([`HostRssm`]): the CPU path. Only for a model
-    /// on the CPU.
+    /// The f64 `nalgebra` reference on the host ([`HostRssm`], and the f64
+    /// [`randomized_svd`]): exact, slow, what the fast engine is tested against. Only on the
+    /// CPU.
     Reference,
+    /// The fast f32 engine on the host ([`FastRssm`], [`crate::fast`]'s randomized SVD): the
+    /// CPU default. Only on the CPU.
+    Fast,
     /// The model's own tensor-ops forward on its device (on the CPU, the path the reference
     /// is checked against; on CUDA, the path the fused kernel is checked against).
     Tensor,
@@ -34,9 +40,9 @@ pub enum Engine {
 ///
 /// | entry point | CPU | CUDA |
 /// |---|---|---|
-/// | [`encode_state`](Self::encode_state) | f64 reference | the encoder's tensor-ops forward |
-/// | [`predict_batch`](Self::predict_batch) | f64 reference | one fused cooperative kernel ([`Engine::Fused`]) |
-/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f64) | randomized SVD (cuBLAS + cuSOLVER) or `cusolverDnXgesvdr` |
+/// | [`encode_state`](Self::encode_state) | fast f32 engine (or the f64 reference) | the encoder's tensor-ops forward |
+/// | [`predict_batch`](Self::predict_batch) | fast f32 engine (or the f64 reference) | one fused cooperative kernel ([`Engine::Fused`]) |
+/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f32 passes, f64 QR; or all f64) | randomized SVD (cuBLAS + cuSOLVER) or `cusolverDnXgesvdr` |
 /// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | one in-place cuBLAS GEMM |
 pub struct GpuAccelerator {
     device: Device,
@@ -44,6 +50,8 @@ pub struct GpuAccelerator {
     engine: Engine,
     /// The host copy of the model's weights, with the model version it was taken at.
     host: Mutex<Option<(u64, Arc<HostRssm>)>>,
+    /// The fast engine's packed copy, likewise.
+    fast: Mutex<Option<(u64, Arc<FastRssm>)>>,
     /// The fused kernel's packed weights, with the model version they were packed at.
     packed: Mutex<Option<(u64, Tensor)>>,
 }
@@ -61,7 +69,7 @@ impl std::fmt::Debug for GpuAccelerator {
 /// The engine a device uses by default.
 fn default_engine(device: Device) -> Engine {
     match device {
-        Device::Cpu => Engine::Reference,
+        Device::Cpu => Engine::Fast,
         Device::Cuda(_) => Engine::Fused,
     }
 }
@@ -110,6 +118,24 @@ fn check_f32(entry: &'static str, what: &'static str, t: &Tensor) -> Result<(), 
     Ok(())
 }
 
+/// The host copy of an f32 `t` on `device`, and the bit pattern of its largest magnitude;
+/// NaN or Inf is an error (one scan, shared with the fast paths' overflow checks).
+fn host_input(
+    entry: &'static str,
+    what: &'static str,
+    t: &Tensor,
+    device: Device,
+) -> Result<(Vec<f32>, u32), AcceleratorError> {
+    check_device(entry, what, device, t.device())?;
+    check_f32(entry, what, t)?;
+    let v = t.to_vec()?;
+    let bits = crate::fast::max_abs_bits_par(&v);
+    if bits >= 0x7f80_0000 {
+        return Err(AcceleratorError::NonFinite { entry, what });
+    }
+    Ok((v, bits))
+}
+
 /// A tensor's host copy as an array of rank `D` (the shape was checked by the caller).
 fn host_array<D: ndarray::Dimension>(
     entry: &'static str,
@@ -133,6 +159,7 @@ impl GpuAccelerator {
             model: None,
             engine: default_engine(device),
             host: Mutex::new(None),
+            fast: Mutex::new(None),
             packed: Mutex::new(None),
         })
     }
@@ -145,15 +172,17 @@ impl GpuAccelerator {
             model: Some(model),
             engine: default_engine(device),
             host: Mutex::new(None),
+            fast: Mutex::new(None),
             packed: Mutex::new(None),
         }
     }
 
-    /// Chooses the engine of `encode_state` and `predict_batch`. [`Engine::Reference`] is the
-    /// CPU path and [`Engine::Fused`] a CUDA one: on another device they are an error.
+    /// Chooses the engine of `encode_state` and `predict_batch` (and, on the CPU, of
+    /// `compress_residuals` and `apply_corrections`). [`Engine::Reference`] and [`Engine::Fast`]
+    /// are CPU paths and [`Engine::Fused`] a CUDA one: on another device they are an error.
     pub fn with_engine(mut self, engine: Engine) -> Result<GpuAccelerator, AcceleratorError> {
         let fits = match engine {
-            Engine::Reference => self.device == Device::Cpu,
+            Engine::Reference | Engine::Fast => self.device == Device::Cpu,
             Engine::Fused => self.device != Device::Cpu,
             Engine::Tensor => true,
         };
@@ -171,6 +200,7 @@ impl GpuAccelerator {
     pub fn set_model(&mut self, model: Rssm) -> Result<Option<Rssm>, AcceleratorError> {
         check_device("set_model", "the model", self.device, model.device())?;
         *self.host.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.fast.lock().unwrap_or_else(|p| p.into_inner()) = None;
         *self.packed.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(self.model.replace(model))
     }
@@ -210,6 +240,19 @@ impl GpuAccelerator {
             }
         }
         let h = Arc::new(HostRssm::from_model(model)?);
+        *cache = Some((model.version(), h.clone()));
+        Ok(h)
+    }
+
+    /// The fast engine's packed copy of the model's current weights (likewise cached).
+    fn fast_model(&self, model: &Rssm) -> Result<Arc<FastRssm>, AcceleratorError> {
+        let mut cache = self.fast.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((v, h)) = cache.as_ref() {
+            if *v == model.version() {
+                return Ok(h.clone());
+            }
+        }
+        let h = Arc::new(FastRssm::from_model(model)?);
         *cache = Some((model.version(), h.clone()));
         Ok(h)
     }
@@ -257,9 +300,16 @@ impl GpuAccelerator {
                 })
             }
         }
+        if self.engine == Engine::Fast {
+            let (x, _) = host_input(ENTRY, "features", features, self.device)?;
+            let rows = features.shape()[0];
+            let y = self.fast_model(model)?.encode_checked(&x, rows);
+            let shape = [rows, model.config().embed_dim];
+            return Ok(Tensor::from_vec(y, &shape, self.device)?);
+        }
         check_input(ENTRY, "features", features, self.device)?;
         match self.engine {
-            Engine::Tensor | Engine::Fused => {
+            Engine::Tensor | Engine::Fused | Engine::Fast => {
                 Ok(tensor_ops::no_grad(|| model.encode(features, Mode::Eval))?)
             }
             Engine::Reference => {
@@ -305,6 +355,18 @@ impl GpuAccelerator {
         }
         match self.engine {
             Engine::Tensor => Ok(model.predict(context, steps)?),
+            Engine::Fast => {
+                let (b, t) = (context.shape()[0], context.shape()[1]);
+                let fast = self.fast_model(model)?;
+                let (m, d) = (model.config().ensemble, model.config().output_dim);
+                let (members, mean, dis) = fast.predict_checked(&context.to_vec()?, b, t, steps);
+                let dev = self.device;
+                Ok(Prediction {
+                    members: Tensor::from_vec(members, &[m, b, steps, d], dev)?,
+                    mean: Tensor::from_vec(mean, &[b, steps, d], dev)?,
+                    disagreement: Tensor::from_vec(dis, &[b, steps], dev)?,
+                })
+            }
             Engine::Fused => {
                 let packed = self.packed_model(model)?;
                 Ok(crate::rollout_cuda::predict_fused(
@@ -325,7 +387,9 @@ impl GpuAccelerator {
     }
 
     /// The rank-`rank` truncated SVD of `residual` f32 `[m, n]` by randomized SVD, as f32
-    /// factors on the accelerator's device. CPU: [`randomized_svd`] in f64. CUDA:
+    /// factors on the accelerator's device. CPU: the fast engine's f32 passes with an f64 QR and
+    /// small SVD ([`crate::fast`], the default), or [`randomized_svd`] all in f64
+    /// ([`Engine::Reference`]). CUDA:
     /// `opts.method` — the same algorithm on cuBLAS and cuSOLVER (the sketch drawn on the
     /// device, the `(k + p)²` core's SVD in f64 on the host), or `cusolverDnXgesvdr`.
     ///
@@ -382,6 +446,10 @@ impl GpuAccelerator {
                         .into(),
                 })
             }
+            Device::Cpu if self.engine == Engine::Fast => {
+                let (a, bits) = host_input(ENTRY, "residual", residual, self.device)?;
+                crate::fast::randomized_svd_f32(&a, bits, m, n, rank, opts)
+            }
             Device::Cpu => {
                 check_input(ENTRY, "residual", residual, self.device)?;
                 let a = host_array::<Ix2>(ENTRY, residual)?;
@@ -421,6 +489,9 @@ impl GpuAccelerator {
                 let mut out = Ok(());
                 weights.with_host_slice_mut(|w| {
                     out = match ArrayViewMut2::from_shape((m, n), w) {
+                        Ok(view) if self.engine == Engine::Reference => {
+                            apply_tiled_exact(view, correction, TILE)
+                        }
                         Ok(view) => apply_tiled(view, correction, TILE),
                         Err(e) => Err(AcceleratorError::InvalidArgument {
                             entry: ENTRY,
@@ -442,6 +513,9 @@ impl GpuAccelerator {
         weights: ArrayViewMut2<'_, f32>,
         correction: &LowRank,
     ) -> Result<(), AcceleratorError> {
+        if self.engine == Engine::Reference {
+            return apply_tiled_exact(weights, correction, TILE);
+        }
         apply_tiled(weights, correction, TILE)
     }
 }
@@ -468,7 +542,7 @@ mod tests {
 
     #[test]
     fn each_device_gets_its_engine() {
-        assert_eq!(default_engine(Device::Cpu), Engine::Reference);
+        assert_eq!(default_engine(Device::Cpu), Engine::Fast);
         assert_eq!(default_engine(Device::Cuda(1)), Engine::Fused);
     }
 }

@@ -11,18 +11,50 @@ pub const TILE: usize = 64;
 
 const ENTRY: &str = "apply_corrections";
 
-/// Adds `c = U·diag(S)·Vᵀ` to `w` in place. The product is formed one `tile × tile` block at a
-/// time (a block of `U·diag(S)`'s rows times a block of `V`'s rows, accumulated in f64 and
-/// added to `w`'s f32 values with one rounding), so at most one tile of it exists at once.
+/// Adds `c = U·diag(S)·Vᵀ` to `w` in place, without ever holding more than one tile of the
+/// product.
+///
+/// When the norm bound below proves that no partial sum can leave the f32 range (always, but
+/// for weights or factors near `f32::MAX`), the fast path runs: the f32 GEMM of
+/// [`crate::fast`] accumulates `(U·diag(S))·Vᵀ` onto `w` one register tile at a time (the
+/// sums are rounded in f32: a few ulps of `|w| + Σ_r |u·s·v|`). Otherwise the exact path runs:
+/// one `tile × tile` block at a time (a block of `U·diag(S)`'s rows times a block of `V`'s
+/// rows, accumulated in f64 and added to `w`'s f32 values with one rounding), after a dry run
+/// that checks every sum.
 ///
 /// Errors, before `w` is touched: shapes that disagree (`w` must be `m × n` for factors of
 /// `(m, n)`), a zero tile, NaN or Inf in `w` (the sum would silently be NaN), a sum that
-/// overflows f32 (checked by a dry run whenever a norm bound says it could).
+/// overflows f32.
 pub fn apply_tiled(
-    mut w: ArrayViewMut2<'_, f32>,
+    w: ArrayViewMut2<'_, f32>,
     c: &LowRank,
     tile: usize,
 ) -> Result<(), AcceleratorError> {
+    let c = c.host()?;
+    if check(&w, &c, tile)? {
+        crate::fast::add_low_rank(w, &c);
+        return Ok(());
+    }
+    exact(w, &c, tile, true)
+}
+
+/// [`apply_tiled`] always on the exact f64 path (the reference engine's).
+pub(crate) fn apply_tiled_exact(
+    w: ArrayViewMut2<'_, f32>,
+    c: &LowRank,
+    tile: usize,
+) -> Result<(), AcceleratorError> {
+    let c = c.host()?;
+    let safe = check(&w, &c, tile)?;
+    exact(w, &c, tile, !safe)
+}
+
+/// The checks of [`apply_tiled`]; `Ok(true)` when no sum can overflow f32.
+fn check(
+    w: &ArrayViewMut2<'_, f32>,
+    c: &HostLowRank,
+    tile: usize,
+) -> Result<bool, AcceleratorError> {
     let (m, n) = c.shape();
     if w.dim() != (m, n) {
         return Err(AcceleratorError::Shape {
@@ -38,21 +70,54 @@ pub fn apply_tiled(
             reason: "the tile size must be positive".into(),
         });
     }
-    if w.iter().any(|x| !x.is_finite()) {
+    let max_bits = match w.as_slice_memory_order() {
+        Some(x) => crate::fast::max_abs_bits_par(x),
+        None => w.rows().into_iter().fold(0, |a, r| match r.as_slice() {
+            Some(x) => a.max(crate::fast::max_abs_bits(x)),
+            None => r.iter().fold(a, |a, x| a.max(x.to_bits() & 0x7fff_ffff)),
+        }),
+    };
+    if max_bits >= 0x7f80_0000 {
         return Err(AcceleratorError::NonFinite {
             entry: ENTRY,
             what: "the weights",
         });
     }
-    // Cauchy–Schwarz: |(U·diag(S)·Vᵀ)ᵢⱼ| <= max_i ‖(U·diag(S))ᵢ‖ · max_j ‖Vⱼ‖. When the sum may
-    // leave the f32 range (the bound is finite: f32 values squared fit f64), a dry run checks
-    // every result before anything is written.
-    let bound = c.entry_bound()? + w.iter().fold(0.0f64, |a, &x| a.max(f64::from(x.abs())));
-    let h = c.host()?;
-    if bound >= f64::from(f32::MAX) / 2.0 {
-        tiles(&mut w, &h, tile, false)?;
+    // Cauchy–Schwarz: every partial sum of wᵢⱼ + Σ_r uᵢᵣ·sᵣ·vⱼᵣ is at most
+    // |wᵢⱼ| + ‖(U·diag(S))ᵢ‖·‖Vⱼ‖ (the bound is finite: f32 values squared fit f64). Below half
+    // of f32::MAX, rounding (a factor (1 + 2⁻²⁴)^(k+1)) cannot reach it: nothing overflows.
+    let s: Vec<f64> = c.s.iter().map(|&x| f64::from(x)).collect();
+    let ones = vec![1.0f64; s.len()];
+    let bound =
+        max_row_norm(&c.u, &s) * max_row_norm(&c.v, &ones) + f64::from(f32::from_bits(max_bits));
+    Ok(bound < f64::from(f32::MAX) / 2.0)
+}
+
+/// `max_i ‖aᵢ∘scale‖` in f64.
+fn max_row_norm(a: &ndarray::Array2<f32>, scale: &[f64]) -> f64 {
+    a.rows()
+        .into_iter()
+        .map(|r| {
+            r.iter()
+                .zip(scale)
+                .map(|(&x, &c)| (f64::from(x) * c).powi(2))
+                .sum::<f64>()
+        })
+        .fold(0.0f64, f64::max)
+        .sqrt()
+}
+
+/// The exact path: the tiles written, after a dry run that checks every sum when `dry`.
+fn exact(
+    mut w: ArrayViewMut2<'_, f32>,
+    c: &HostLowRank,
+    tile: usize,
+    dry: bool,
+) -> Result<(), AcceleratorError> {
+    if dry {
+        tiles(&mut w, c, tile, false)?;
     }
-    tiles(&mut w, &h, tile, true)
+    tiles(&mut w, c, tile, true)
 }
 
 /// Forms the product tile by tile; adds each tile to `w` when `write`, else only checks that

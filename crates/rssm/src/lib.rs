@@ -47,12 +47,12 @@
 //! and tensor-ops, and the trainer, its only user, sits above: `tensor-ops ← rssm ←
 //! hybrid-trainer` stays strictly downward. Each entry point dispatches by device:
 //!
-//! | entry point | CPU (the `nalgebra` reference, f64) | CUDA |
+//! | entry point | CPU: [`Engine::Fast`] (default) / [`Engine::Reference`] (f64) | CUDA |
 //! |---|---|---|
-//! | `encode_state` | [`reference::HostRssm::encode`] | the encoder's tensor-ops forward |
-//! | `predict_batch` | [`reference::HostRssm::predict`] | one fused, cooperative kernel launch (`kernels/rssm_rollout.cu`; [`Engine::Fused`]), or [`Rssm::predict`] ([`Engine::Tensor`]) |
-//! | `compress_residuals` | [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | the same algorithm on cuBLAS + cuSOLVER, or `cusolverDnXgesvdr` ([`SvdMethod`]) |
-//! | `apply_corrections` | [`correct::apply_tiled`], in place | one cuBLAS GEMM with `beta = 1`, in place |
+//! | `encode_state` | [`fast::FastRssm`] / [`reference::HostRssm::encode`] | the encoder's tensor-ops forward |
+//! | `predict_batch` | [`fast::FastRssm`] / [`reference::HostRssm::predict`] | one fused, cooperative kernel launch (`kernels/rssm_rollout.cu`; [`Engine::Fused`]), or [`Rssm::predict`] ([`Engine::Tensor`]) |
+//! | `compress_residuals` | [`fast`]'s f32 randomized SVD / [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | the same algorithm on cuBLAS + cuSOLVER, or `cusolverDnXgesvdr` ([`SvdMethod`]) |
+//! | `apply_corrections` | [`correct::apply_tiled`] (f32 GEMM) / its exact f64 path, in place | one cuBLAS GEMM with `beta = 1`, in place |
 //!
 //! The CUDA SVD and correction work on the tensors' buffers through `gpu_cuda::linalg`
 //! (rssm depends on gpu-cuda directly, still downward). Bad input (wrong widths, ranks, NaN or Inf,
@@ -64,6 +64,7 @@ mod config;
 pub mod correct;
 mod correct_cuda;
 mod error;
+pub mod fast;
 mod layers;
 mod lowrank;
 mod model;

@@ -139,7 +139,7 @@ pub(crate) fn full_svd(
 }
 
 /// The first `k` singular triplets of an SVD.
-fn truncate(
+pub(crate) fn truncate(
     svd: SVD<f64, nalgebra::Dyn, nalgebra::Dyn>,
     k: usize,
 ) -> Result<Svd, AcceleratorError> {

@@ -42,8 +42,14 @@ fn model(seed: u64, device: Device) -> Rssm {
 }
 
 fn both(seed: u64) -> (GpuAccelerator, GpuAccelerator) {
-    let reference = GpuAccelerator::with_model(model(seed, CPU));
-    assert_eq!(reference.engine(), Engine::Reference, "the CPU default");
+    assert_eq!(
+        GpuAccelerator::new(CPU).unwrap().engine(),
+        Engine::Fast,
+        "the CPU default"
+    );
+    let reference = GpuAccelerator::with_model(model(seed, CPU))
+        .with_engine(Engine::Reference)
+        .unwrap();
     let tensor = GpuAccelerator::with_model(model(seed, CPU))
         .with_engine(Engine::Tensor)
         .unwrap();
@@ -97,21 +103,26 @@ fn the_host_copy_follows_training() {
         seed: s,
         ..RssmConfig::default()
     };
-    let mut acc = GpuAccelerator::with_model(Rssm::new(cfg, CPU).unwrap());
-    let mut r = StdRng::seed_from_u64(s);
-    let x = Tensor::from_vec(uniform(&mut r, 2 * 3 * 64, 1.0), &[2, 3, 64], CPU).unwrap();
-    let before = acc.encode_state(&x.narrow(1, 0, 1).unwrap().reshape(&[2, 64]).unwrap());
-    let m = acc.model_mut().unwrap();
-    m.train_step(&SequenceBatch::new(x.clone()), 1e-2).unwrap();
-    let p = acc.predict_batch(&x, 3).unwrap();
-    let want = acc.model().unwrap().predict(&x, 3).unwrap();
-    let e = rel_err(&p.mean.to_vec().unwrap(), &want.mean.to_vec().unwrap());
-    assert!(e < 1e-5, "the reference uses the trained weights: {e:e}");
-    let after = acc.encode_state(&x.narrow(1, 0, 1).unwrap().reshape(&[2, 64]).unwrap());
-    assert_ne!(
-        before.unwrap().to_vec().unwrap(),
-        after.unwrap().to_vec().unwrap()
-    );
+    for engine in [Engine::Fast, Engine::Reference] {
+        let mut acc = GpuAccelerator::with_model(Rssm::new(cfg, CPU).unwrap())
+            .with_engine(engine)
+            .unwrap();
+        let mut r = StdRng::seed_from_u64(s);
+        let x = Tensor::from_vec(uniform(&mut r, 2 * 3 * 64, 1.0), &[2, 3, 64], CPU).unwrap();
+        let first = x.narrow(1, 0, 1).unwrap().reshape(&[2, 64]).unwrap();
+        let before = acc.encode_state(&first);
+        let m = acc.model_mut().unwrap();
+        m.train_step(&SequenceBatch::new(x.clone()), 1e-2).unwrap();
+        let p = acc.predict_batch(&x, 3).unwrap();
+        let want = acc.model().unwrap().predict(&x, 3).unwrap();
+        let e = rel_err(&p.mean.to_vec().unwrap(), &want.mean.to_vec().unwrap());
+        assert!(e < 1e-5, "{engine:?} uses the trained weights: {e:e}");
+        let after = acc.encode_state(&first);
+        assert_ne!(
+            before.unwrap().to_vec().unwrap(),
+            after.unwrap().to_vec().unwrap()
+        );
+    }
 }
 
 /// `W + U·diag(S)·Vᵀ` densely in f64, rounded once.
@@ -296,7 +307,7 @@ fn model_entry_points_reject_bad_input_with_typed_errors() {
         ensemble: 2,
         ..RssmConfig::default()
     };
-    for engine in [Engine::Reference, Engine::Tensor] {
+    for engine in [Engine::Reference, Engine::Fast, Engine::Tensor] {
         let mut acc = GpuAccelerator::with_model(Rssm::new(cfg, CPU).unwrap())
             .with_engine(engine)
             .unwrap();
@@ -388,7 +399,9 @@ fn gpu_entry_points_match_the_cpu_reference() {
     };
     let gpu = Device::Cuda(b.info().ordinal);
     let s = seed("gpu_entry_points_match_the_cpu_reference");
-    let reference = GpuAccelerator::with_model(model(s, CPU));
+    let reference = GpuAccelerator::with_model(model(s, CPU))
+        .with_engine(Engine::Reference)
+        .unwrap();
     let on_gpu = GpuAccelerator::with_model(model(s, CPU).to_device(gpu).unwrap());
     assert_eq!(on_gpu.engine(), Engine::Fused, "the CUDA default");
     let mut r = StdRng::seed_from_u64(s ^ 3);
@@ -428,10 +441,12 @@ fn gpu_entry_points_match_the_cpu_reference() {
             ..
         })
     ));
-    assert!(GpuAccelerator::new(gpu)
-        .unwrap()
-        .with_engine(Engine::Reference)
-        .is_err());
+    for engine in [Engine::Reference, Engine::Fast] {
+        assert!(GpuAccelerator::new(gpu)
+            .unwrap()
+            .with_engine(engine)
+            .is_err());
+    }
     let mut cpu_acc = GpuAccelerator::new(CPU).unwrap();
     assert!(matches!(
         cpu_acc.set_model(model(s, gpu)),

@@ -248,14 +248,24 @@ fn an_ill_conditioned_matrix_keeps_its_leading_triplets_and_the_bound() {
     );
     assert!(small < 1e-6, "σ_min rel err {small:e}");
     // In f32 (what compress_residuals takes) the input's rounding is ~6e-8‖A‖, the size of
-    // σ_min: the leading values are still right and nothing is NaN.
+    // σ_min, and the fast engine's f32 products are backward stable: the factors are exact
+    // ones of A + ΔA with ‖ΔA‖₂ <= (u + γ_m)·‖A‖ (u = 2⁻²⁴, γ_m = m·u = 1.2e-5 here, worst
+    // case). By Weyl, |σ̂_j − σ_j| <= ‖ΔA‖₂ on top of the convergence error asserted above
+    // for the f64 path (1e-3 at j < k: a property of the random sketch, which the f32 and f64
+    // paths draw differently; seed 32 gives 1.19e-4 on the f64 path at j = 19). So: the
+    // leading quarter (σ_j >= 0.65) within 1e-4 (rounding: <= 2e-5), all k within the
+    // convergence bound plus rounding (<= 1e-3 + 1.2e-5/σ_k = 1.1e-3), and nothing is NaN.
     let c = compress(&a, k, &SvdOptions::default()).unwrap();
     let cs = c.host().unwrap().s;
-    let rel = (0..k)
-        .map(|j| (f64::from(cs[j]) - sigma[j]).abs() / sigma[j])
-        .fold(0.0f64, f64::max);
-    eprintln!("compress_residuals (f32): leading singular values rel err {rel:e}");
-    assert!(rel < 1e-4, "{rel:e}");
+    let rel32 = |j: usize| (f64::from(cs[j]) - sigma[j]).abs() / sigma[j];
+    let head = (0..k / 4).map(rel32).fold(0.0f64, f64::max);
+    let all = (0..k).map(rel32).fold(0.0f64, f64::max);
+    eprintln!(
+        "compress_residuals (f32): singular values rel err, first {} {head:e}, all {k} {all:e}",
+        k / 4
+    );
+    assert!(head < 1e-4, "{head:e}");
+    assert!(all < 1.1e-3, "{all:e}");
 }
 
 #[test]
