@@ -420,3 +420,28 @@ fn extreme_scales_neither_overflow_nor_underflow() {
         }
     }
 }
+
+#[test]
+fn exact_svd_of_rank_deficient_matrices_is_verified_and_right() {
+    // nalgebra's SVD with vectors returned wrong factors (σ₃ off by up to 1.6%, reconstruction
+    // error up to 0.13·‖A‖) for 2–3% of these rank-3 draws, among them seeds 61, 113 and 226;
+    // the verified `full_svd` retries them. Fixed seeds: the failing draws are always covered.
+    let sigma = [3.0, 2.0, 1.0];
+    for seed in 0..300u64 {
+        let mut r = StdRng::seed_from_u64(seed);
+        let a = with_spectrum(&mut r, 30, 20, &sigma);
+        for svd in [
+            exact_svd(&a, 3).unwrap(),
+            randomized_svd(&a, 3, &SvdOptions::default()).unwrap(),
+        ] {
+            let rec = frob(&(&a - svd.reconstruct())) / frob(&a);
+            assert!(rec < 1e-13, "seed {seed}: reconstruction {rec:e}");
+            for (j, want) in sigma.iter().enumerate() {
+                let rel = (svd.s()[j] - want).abs() / want;
+                assert!(rel < 1e-12, "seed {seed}: σ_{j} rel err {rel:e}");
+            }
+            assert!(orthonormality_defect(svd.u()) < 1e-12);
+            assert!(orthonormality_defect(svd.v()) < 1e-12);
+        }
+    }
+}
