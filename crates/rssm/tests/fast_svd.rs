@@ -10,9 +10,10 @@
 //! orthonormal to the rounding of f32 sums of `n` terms. Seeds are printed; replay one with
 //! `HYBRID_TEST_SEED`.
 
-use nalgebra::{DMatrix, DVector};
+mod common;
+use common::with_spectrum;
+use nalgebra::DMatrix;
 use rand::{rngs::StdRng, SeedableRng};
-use rand_distr::{Distribution, StandardNormal};
 use rssm::svd::exact_svd;
 use rssm::{Engine, GpuAccelerator, LowRank, SvdOptions};
 use tensor_ops::ndarray::Array2;
@@ -20,19 +21,6 @@ use tensor_ops::{Device, Tensor};
 
 fn rng(test: &str) -> StdRng {
     StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test))
-}
-
-fn orthonormal(r: &mut StdRng, m: usize, k: usize) -> DMatrix<f64> {
-    DMatrix::from_fn(m, k, |_, _| StandardNormal.sample(r))
-        .qr()
-        .q()
-}
-
-/// `U·diag(σ)·Vᵀ` for random orthonormal `U`, `V`.
-fn with_spectrum(r: &mut StdRng, m: usize, n: usize, sigma: &[f64]) -> DMatrix<f64> {
-    let k = sigma.len();
-    let (u, v) = (orthonormal(r, m, k), orthonormal(r, n, k));
-    u * DMatrix::from_diagonal(&DVector::from_column_slice(sigma)) * v.transpose()
 }
 
 fn compress(a: &DMatrix<f64>, k: usize, engine: Engine) -> LowRank {

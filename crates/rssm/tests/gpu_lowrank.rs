@@ -2,9 +2,10 @@
 //! f64 references, on fresh random inputs (seed printed; `HYBRID_TEST_SEED` replays). Each
 //! test prints why it skips without a GPU; with one it must run.
 
+mod common;
+use common::with_spectrum;
 use nalgebra::{DMatrix, DVector};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use rand_distr::{Distribution, StandardNormal};
 use rssm::svd::exact_svd;
 use rssm::{AcceleratorError, GpuAccelerator, LowRank, SvdMethod, SvdOptions};
 use tensor_ops::ndarray::{Array1, Array2};
@@ -16,18 +17,6 @@ const U: f64 = f32::EPSILON as f64 / 2.0;
 fn gpu(test: &str) -> Option<(Device, StdRng)> {
     let d = gpu_cuda::testing::gpu_device_or_skip(test)?;
     Some((d, StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test))))
-}
-
-fn with_spectrum(r: &mut StdRng, m: usize, n: usize, sigma: &[f64]) -> DMatrix<f64> {
-    let mut q = |rows: usize| {
-        DMatrix::from_fn(rows, sigma.len(), |_, _| -> f64 {
-            StandardNormal.sample(&mut *r)
-        })
-        .qr()
-        .q()
-    };
-    let (u, v) = (q(m), q(n));
-    u * DMatrix::from_diagonal(&DVector::from_column_slice(sigma)) * v.transpose()
 }
 
 fn tensor(a: &DMatrix<f64>, d: Device) -> Tensor {

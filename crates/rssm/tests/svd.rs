@@ -6,6 +6,8 @@
 //! Test matrices are `U·diag(σ)·Vᵀ` with Haar-random orthonormal `U`, `V` from a seed each test
 //! prints (`HYBRID_TEST_SEED` replays it).
 
+mod common;
+use common::with_spectrum;
 use nalgebra::{DMatrix, DVector};
 use rand::{rngs::StdRng, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
@@ -16,20 +18,6 @@ use tensor_ops::{Device, Tensor};
 
 fn rng(test: &str) -> StdRng {
     StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test))
-}
-
-/// An `m × r` matrix with orthonormal columns (the Q of a Gaussian matrix).
-fn orthonormal(r: &mut StdRng, m: usize, k: usize) -> DMatrix<f64> {
-    DMatrix::from_fn(m, k, |_, _| StandardNormal.sample(r))
-        .qr()
-        .q()
-}
-
-/// `U·diag(σ)·Vᵀ` for random orthonormal `U` (`m × len σ`), `V` (`n × len σ`).
-fn with_spectrum(r: &mut StdRng, m: usize, n: usize, sigma: &[f64]) -> DMatrix<f64> {
-    let k = sigma.len();
-    let (u, v) = (orthonormal(r, m, k), orthonormal(r, n, k));
-    u * DMatrix::from_diagonal(&DVector::from_column_slice(sigma)) * v.transpose()
 }
 
 fn frob(a: &DMatrix<f64>) -> f64 {

@@ -134,3 +134,19 @@ pub fn spearman(x: &[f64], y: &[f64]) -> f64 {
 
 #[allow(unused_imports)] // not every test binary that shares this module compares tensors
 pub use gpu_cuda::testing::rel_err;
+
+/// A random `rows × k` matrix with orthonormal columns (the Q of a Gaussian matrix).
+pub fn orthonormal(r: &mut StdRng, rows: usize, k: usize) -> nalgebra::DMatrix<f64> {
+    use rand_distr::Distribution;
+    nalgebra::DMatrix::from_fn(rows, k, |_, _| -> f64 { StandardNormal.sample(&mut *r) })
+        .qr()
+        .q()
+}
+
+/// `U·diag(σ)·Vᵀ` for random orthonormal `U` (`m × k`) and `V` (`n × k`), `k = σ.len()`.
+pub fn with_spectrum(r: &mut StdRng, m: usize, n: usize, sigma: &[f64]) -> nalgebra::DMatrix<f64> {
+    let k = sigma.len();
+    let (u, v) = (orthonormal(r, m, k), orthonormal(r, n, k));
+    u * nalgebra::DMatrix::from_diagonal(&nalgebra::DVector::from_column_slice(sigma))
+        * v.transpose()
+}
