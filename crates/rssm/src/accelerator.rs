@@ -10,7 +10,7 @@ use crate::fast::FastRssm;
 use crate::lowrank::LowRank;
 use crate::model::{Prediction, Rssm};
 use crate::reference::{to_matrix, HostRssm};
-use crate::svd::{randomized_svd, SvdOptions};
+use crate::svd::{check_rank, randomized_svd, SvdOptions};
 use crate::svd_cuda::{randomized_svd_cuda, SvdMethod};
 use ndarray::{ArrayViewMut2, Ix2, Ix3};
 use std::sync::{Arc, Mutex};
@@ -414,23 +414,8 @@ impl GpuAccelerator {
                 })
             }
         };
-        if rank == 0 || rank > m.min(n) {
-            return Err(AcceleratorError::Rank {
-                entry: ENTRY,
-                rank,
-                max: m.min(n),
-            });
-        }
-        if opts.power_iters > SvdOptions::MAX_POWER {
-            return Err(AcceleratorError::InvalidArgument {
-                entry: ENTRY,
-                reason: format!(
-                    "power_iters {} is above {}",
-                    opts.power_iters,
-                    SvdOptions::MAX_POWER
-                ),
-            });
-        }
+        check_rank(ENTRY, rank, m, n)?;
+        opts.check(ENTRY)?;
         match self.device {
             // The CUDA path checks finiteness in the reduction that gives its scale.
             Device::Cuda(_) => {

@@ -40,6 +40,35 @@ impl SvdOptions {
     /// The largest accepted `power_iters` (more never helps in f64: `σ^(2q+1)` underflows the
     /// tail long before).
     pub const MAX_POWER: usize = 64;
+
+    /// Errors unless the options are usable (`power_iters` at most [`SvdOptions::MAX_POWER`]).
+    pub(crate) fn check(&self, entry: &'static str) -> Result<(), AcceleratorError> {
+        if self.power_iters > SvdOptions::MAX_POWER {
+            return Err(AcceleratorError::InvalidArgument {
+                entry,
+                reason: format!(
+                    "power_iters {} is above {}",
+                    self.power_iters,
+                    SvdOptions::MAX_POWER
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Errors unless the truncation `rank` is in `1..=min(m, n)`.
+pub(crate) fn check_rank(
+    entry: &'static str,
+    rank: usize,
+    m: usize,
+    n: usize,
+) -> Result<(), AcceleratorError> {
+    let max = m.min(n);
+    if rank == 0 || rank > max {
+        return Err(AcceleratorError::Rank { entry, rank, max });
+    }
+    Ok(())
 }
 
 /// A truncated SVD in f64: `A ≈ U·diag(s)·Vᵀ`, `u` `m × k`, `s` descending, `v` `n × k`, both
@@ -93,14 +122,7 @@ impl Svd {
 
 /// Errors unless `rank` is in `1..=min(m, n)` and every element of `a` is finite.
 fn check(a: &DMatrix<f64>, rank: usize) -> Result<(), AcceleratorError> {
-    let max = a.nrows().min(a.ncols());
-    if rank == 0 || rank > max {
-        return Err(AcceleratorError::Rank {
-            entry: ENTRY,
-            rank,
-            max,
-        });
-    }
+    check_rank(ENTRY, rank, a.nrows(), a.ncols())?;
     if a.iter().any(|v| !v.is_finite()) {
         return Err(AcceleratorError::NonFinite {
             entry: ENTRY,
@@ -234,16 +256,7 @@ pub fn randomized_svd(
     opts: &SvdOptions,
 ) -> Result<Svd, AcceleratorError> {
     check(a, rank)?;
-    if opts.power_iters > SvdOptions::MAX_POWER {
-        return Err(AcceleratorError::InvalidArgument {
-            entry: ENTRY,
-            reason: format!(
-                "power_iters {} is above {}",
-                opts.power_iters,
-                SvdOptions::MAX_POWER
-            ),
-        });
-    }
+    opts.check(ENTRY)?;
     let (a, scale) = normalised(a);
     let a = a.as_ref();
     let (m, n) = a.shape();

@@ -100,33 +100,23 @@ fn halko(a: &Tensor, scale: f32, k: usize, opts: &SvdOptions) -> Result<LowRank,
         gpu.fill_randn(&mut omega, opts.seed)?;
         let mut y = alloc(gpu, r * l)?;
         let mut z = alloc(gpu, c * l)?;
-        let nn = (false, false);
-        gpu.gemm_cm(nn, (r, l, c), 1.0, (x, r), (&omega, c), 0.0, (&mut y, r))?;
+        // The two products of the iteration: Y = X·Z (r × l) and Z = Xᵀ·Y (c × l).
+        let x_times = |z: &CudaBuffer, y: &mut CudaBuffer| {
+            gpu.gemm_cm((false, false), (r, l, c), 1.0, (x, r), (z, c), 0.0, (y, r))
+        };
+        let xt_times = |y: &CudaBuffer, z: &mut CudaBuffer| {
+            gpu.gemm_cm((true, false), (c, l, r), 1.0, (x, r), (y, r), 0.0, (z, c))
+        };
+        x_times(&omega, &mut y)?;
         gpu.orthonormalize_cm((r, l), (&mut y, r), &mut info)?;
         for _ in 0..opts.power_iters {
-            gpu.gemm_cm(
-                (true, false),
-                (c, l, r),
-                1.0,
-                (x, r),
-                (&y, r),
-                0.0,
-                (&mut z, c),
-            )?;
+            xt_times(&y, &mut z)?;
             gpu.orthonormalize_cm((c, l), (&mut z, c), &mut info)?;
-            gpu.gemm_cm(nn, (r, l, c), 1.0, (x, r), (&z, c), 0.0, (&mut y, r))?;
+            x_times(&z, &mut y)?;
             gpu.orthonormalize_cm((r, l), (&mut y, r), &mut info)?;
         }
         // Bᵀ = Xᵀ·Y (c × l); keep a copy, orthonormalise it to Q₂ and take R = Q₂ᵀ·Bᵀ.
-        gpu.gemm_cm(
-            (true, false),
-            (c, l, r),
-            1.0,
-            (x, r),
-            (&y, r),
-            0.0,
-            (&mut z, c),
-        )?;
+        xt_times(&y, &mut z)?;
         gpu.copy_buffer(&z, &mut omega)?;
         gpu.orthonormalize_cm((c, l), (&mut z, c), &mut info)?;
         let mut rr = alloc(gpu, l * l)?;

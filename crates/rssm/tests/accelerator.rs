@@ -80,15 +80,12 @@ fn predict_batch_matches_the_reference_over_10_steps_at_batch_32() {
     let a = reference.predict_batch(&ctx, 10).unwrap();
     let b = tensor.predict_batch(&ctx, 10).unwrap();
     assert_eq!(a.members.shape(), &[5, 32, 10, 64]);
-    for (what, x, y) in [
-        ("members", &b.members, &a.members),
-        ("mean", &b.mean, &a.mean),
-        ("disagreement", &b.disagreement, &a.disagreement),
-    ] {
-        let e = rel_err(&x.to_vec().unwrap(), &y.to_vec().unwrap());
-        eprintln!("predict_batch {what}: tensor-ops f32 vs f64 reference, rel err {e:e}");
-        assert!(e < 1e-5, "{what}: {e:e}");
-    }
+    common::assert_predictions_close(
+        "predict_batch: tensor-ops f32 vs f64 reference",
+        &b,
+        &a,
+        1e-5,
+    );
 }
 
 #[test]
@@ -415,15 +412,8 @@ fn gpu_entry_points_match_the_cpu_reference() {
     let ctx = Tensor::from_vec(uniform(&mut r, 32 * 4 * 64, 1.0), &[32, 4, 64], CPU).unwrap();
     let pa = reference.predict_batch(&ctx, 10).unwrap();
     let pg = on_gpu.predict_batch(&ctx.to(gpu).unwrap(), 10).unwrap();
-    for (what, x, y) in [
-        ("members", &pg.members, &pa.members),
-        ("mean", &pg.mean, &pa.mean),
-        ("disagreement", &pg.disagreement, &pa.disagreement),
-    ] {
-        let e = rel_err(&x.to_vec().unwrap(), &y.to_vec().unwrap());
-        eprintln!("predict_batch {what} on {gpu} vs f64 reference: rel err {e:e}");
-        assert!(e < 1e-5, "{what}: {e:e}");
-    }
+    let label = format!("predict_batch on {gpu} vs f64 reference");
+    common::assert_predictions_close(&label, &pg, &pa, 1e-5);
     // Inputs on the CPU handed to the CUDA accelerator: a device mismatch, named.
     for e in [
         on_gpu.encode_state(&x).unwrap_err(),

@@ -64,16 +64,8 @@ fn compare(cfg: RssmConfig, b: usize, t: usize, steps: usize, r: &mut StdRng) {
         fast.predict_batch(&ctx, steps).unwrap(),
         reference.predict_batch(&ctx, steps).unwrap(),
     );
-    for (what, x, y) in [
-        ("members", &p.members, &q.members),
-        ("mean", &p.mean, &q.mean),
-        ("disagreement", &p.disagreement, &q.disagreement),
-    ] {
-        assert_eq!(x.shape(), y.shape(), "{what}");
-        let err = rel_err(&x.to_vec().unwrap(), &y.to_vec().unwrap());
-        eprintln!("[{b}, {t}] x {steps} predict_batch {what}: rel err {err:e}");
-        assert!(err < BOUND, "{what}: {err:e}");
-    }
+    let label = format!("[{b}, {t}] x {steps} predict_batch");
+    common::assert_predictions_close(&label, &p, &q, BOUND);
 }
 
 #[test]

@@ -348,4 +348,14 @@ fn gpu_apply_corrections_refuses_bad_input_and_leaves_the_weights() {
     let g = p.mul_scalar(2.0).unwrap();
     let e = acc.apply_corrections(&g, &c).unwrap_err();
     assert!(matches!(e, AcceleratorError::Tensor(_)), "{e}");
+    // Aliasing: a factor sharing the weights' storage (V is W itself, 4 × 4, rank 4) is a typed
+    // error, never a deadlock or a read of half-written weights; W is left as it was.
+    let wv: Vec<f32> = uniform(&mut r, 16, 1.0);
+    let w = Tensor::from_vec(wv.clone(), &[4, 4], d).unwrap();
+    let u = Tensor::from_vec(uniform(&mut r, 16, 1.0), &[4, 4], d).unwrap();
+    let s = Tensor::ones(&[4], d).unwrap();
+    let aliased = LowRank::from_tensors(u, s, w.clone()).unwrap();
+    let e = acc.apply_corrections(&w, &aliased).unwrap_err();
+    assert!(matches!(e, AcceleratorError::Tensor(_)), "{e}");
+    assert!(same(&w, &wv));
 }

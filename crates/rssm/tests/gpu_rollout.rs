@@ -3,6 +3,7 @@
 //! `HYBRID_TEST_SEED` replays), at the sizes and at odd ones that exercise every
 //! partial tile (rows beyond 32 and not a multiple of 4, hidden widths not a multiple of 8).
 
+mod common;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rssm::{Engine, GpuAccelerator, Rssm, RssmConfig, SequenceBatch};
 use tensor_ops::{Device, Tensor};
@@ -76,25 +77,10 @@ fn gpu_fused_rollout_matches_the_f64_reference_and_tensor_ops() {
         assert_eq!(got.members.shape(), [cfg.ensemble, b, n, cfg.output_dim]);
         assert_eq!(got.mean.shape(), [b, n, cfg.output_dim]);
         assert_eq!(got.disagreement.shape(), [b, n]);
-        for (what, x, y, z) in [
-            ("members", &got.members, &want.members, &via_ops.members),
-            ("mean", &got.mean, &want.mean, &via_ops.mean),
-            (
-                "disagreement",
-                &got.disagreement,
-                &want.disagreement,
-                &via_ops.disagreement,
-            ),
-        ] {
-            let (e_ref, e_ops) = (rel_err(x, y), rel_err(x, z));
-            eprintln!(
-                "B {b} T {t} N {n} H {}: {what}: vs f64 reference {e_ref:e}, vs tensor-ops {e_ops:e}",
-                cfg.hidden_dim
-            );
-            // The bound: f32 against the f64 reference, norm-wise (no TF32 anywhere).
-            assert!(e_ref < 1e-5, "{what}: {e_ref:e} (seed {seed})");
-            assert!(e_ops < 1e-5, "{what}: {e_ops:e} (seed {seed})");
-        }
+        // The bound: f32 against the f64 reference, norm-wise (no TF32 anywhere).
+        let case = format!("seed {seed}, B {b} T {t} N {n} H {}", cfg.hidden_dim);
+        common::assert_predictions_close(&format!("{case}: vs f64 reference"), &got, &want, 1e-5);
+        common::assert_predictions_close(&format!("{case}: vs tensor-ops"), &got, &via_ops, 1e-5);
     }
 }
 
@@ -136,4 +122,32 @@ fn gpu_fused_rollout_follows_weight_updates_and_rejects_bad_input() {
         .unwrap()
         .with_engine(Engine::Fused)
         .is_err());
+}
+
+#[test]
+fn gpu_a_model_too_large_for_the_fused_kernel_takes_the_tensor_path() {
+    let test = "gpu_a_model_too_large_for_the_fused_kernel_takes_the_tensor_path";
+    let Some(gpu) = gpu_cuda::testing::gpu_device_or_skip(test) else {
+        return;
+    };
+    let mut r = StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test));
+    // Hidden 1024: the GRU slice and staged rows need more shared memory than a block may have.
+    let cfg = RssmConfig {
+        hidden_dim: 1024,
+        ensemble: 2,
+        ..RssmConfig::default()
+    };
+    let dims = rssm::rollout_dims(&cfg, 3, 2, 2);
+    let backend = tensor_ops::cuda_backend(0).unwrap();
+    assert!(!backend.rssm_rollout_fits(&dims));
+    let m = model(cfg, &mut r);
+    let reference = GpuAccelerator::with_model(m.to_device(Device::Cpu).unwrap())
+        .with_engine(Engine::Reference)
+        .unwrap();
+    let fused = GpuAccelerator::with_model(m.to_device(gpu).unwrap());
+    assert_eq!(fused.engine(), Engine::Fused);
+    let ctx = Tensor::from_vec(uniform(&mut r, 3 * 2 * 64, 1.0), &[3, 2, 64], Device::Cpu).unwrap();
+    let want = reference.predict_batch(&ctx, 2).unwrap();
+    let got = fused.predict_batch(&ctx.to(gpu).unwrap(), 2).unwrap();
+    common::assert_predictions_close("hidden 1024 (tensor-ops fallback)", &got, &want, 1e-5);
 }

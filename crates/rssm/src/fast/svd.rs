@@ -24,7 +24,7 @@
 use super::gemm::{nn_f32, nn_f64, Epi, Packed, Region};
 use crate::error::AcceleratorError;
 use crate::lowrank::LowRank;
-use crate::svd::{full_svd, truncate, SvdOptions};
+use crate::svd::{check_rank, full_svd, truncate, SvdOptions};
 use nalgebra::DMatrix;
 use ndarray::{Array1, Array2};
 use rand::SeedableRng;
@@ -281,24 +281,8 @@ pub(crate) fn randomized_svd_f32(
             got: vec![m, n, a.len()],
         });
     }
-    let max = m.min(n);
-    if rank == 0 || rank > max {
-        return Err(AcceleratorError::Rank {
-            entry: ENTRY,
-            rank,
-            max,
-        });
-    }
-    if opts.power_iters > SvdOptions::MAX_POWER {
-        return Err(AcceleratorError::InvalidArgument {
-            entry: ENTRY,
-            reason: format!(
-                "power_iters {} is above {}",
-                opts.power_iters,
-                SvdOptions::MAX_POWER
-            ),
-        });
-    }
+    check_rank(ENTRY, rank, m, n)?;
+    opts.check(ENTRY)?;
     if bits >= 0x7f80_0000 {
         return Err(AcceleratorError::NonFinite {
             entry: ENTRY,
@@ -325,7 +309,7 @@ pub(crate) fn randomized_svd_f32(
     } else {
         a
     };
-    let l = rank.saturating_add(opts.oversample).min(max);
+    let l = rank.saturating_add(opts.oversample).min(m.min(n));
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     let omega: Vec<f32> = (0..n * l)
         .map(|_| StandardNormal.sample(&mut rng))

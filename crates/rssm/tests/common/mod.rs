@@ -150,3 +150,23 @@ pub fn with_spectrum(r: &mut StdRng, m: usize, n: usize, sigma: &[f64]) -> nalge
     u * nalgebra::DMatrix::from_diagonal(&nalgebra::DVector::from_column_slice(sigma))
         * v.transpose()
 }
+
+/// Asserts that two predictions have the same shapes and agree norm-wise within `bound` in
+/// their members, mean and disagreement; prints each error with `label`.
+pub fn assert_predictions_close(
+    label: &str,
+    got: &rssm::Prediction,
+    want: &rssm::Prediction,
+    bound: f64,
+) {
+    for (what, x, y) in [
+        ("members", &got.members, &want.members),
+        ("mean", &got.mean, &want.mean),
+        ("disagreement", &got.disagreement, &want.disagreement),
+    ] {
+        assert_eq!(x.shape(), y.shape(), "{label}: {what}");
+        let e = rel_err(&x.to_vec().unwrap(), &y.to_vec().unwrap());
+        eprintln!("{label}: {what} rel err {e:e}");
+        assert!(e < bound, "{label}: {what}: {e:e}");
+    }
+}
