@@ -3,6 +3,7 @@
 //! the hybrid predictive trainer and its `GpuAccelerator` arrive with their own issues.
 
 pub mod demo;
+pub mod hybrid;
 pub mod parity;
 pub mod parity_gru;
 pub mod train_gpt;

@@ -313,6 +313,18 @@ impl Rssm {
         Ok(())
     }
 
+    /// A copy of the training optimiser's state (moments and step count), for checkpoints that
+    /// resume training bit for bit (with [`Rssm::to_bytes`]).
+    pub fn optimizer_state(&self) -> Result<tensor_ops::optim::AdamWState> {
+        Ok(self.opt.state()?)
+    }
+
+    /// Loads an optimiser state from [`Rssm::optimizer_state`] of a model of the same config
+    /// (checked before anything is written).
+    pub fn load_optimizer_state(&mut self, state: &tensor_ops::optim::AdamWState) -> Result<()> {
+        Ok(self.opt.load_state(state)?)
+    }
+
     /// A copy of this model (weights and step count, fresh optimiser state) on `device`.
     pub fn to_device(&self, device: Device) -> Result<Rssm> {
         let mut other = Rssm::new(self.cfg, device)?;

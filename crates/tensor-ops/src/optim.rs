@@ -31,6 +31,15 @@ impl Default for AdamWParams {
     }
 }
 
+/// A copy of an [`AdamW`]'s state: both moments of each parameter (in the optimiser's order)
+/// and the step count that sets the bias correction.
+#[derive(Debug, Clone)]
+pub struct AdamWState {
+    pub m: Vec<Tensor>,
+    pub v: Vec<Tensor>,
+    pub step: u32,
+}
+
 /// AdamW state: first and second moments for each parameter.
 pub struct AdamW {
     params: Vec<Tensor>,
@@ -151,6 +160,67 @@ impl AdamW {
     /// [`AdamW::new`]).
     pub fn moments(&self) -> (&[Tensor], &[Tensor]) {
         (&self.m, &self.v)
+    }
+
+    /// A copy of the optimiser's state (moments and step count), on the device.
+    pub fn state(&self) -> Result<AdamWState> {
+        let copy = |ts: &[Tensor]| ts.iter().map(Tensor::deep_copy).collect::<Result<Vec<_>>>();
+        Ok(AdamWState {
+            m: copy(&self.m)?,
+            v: copy(&self.v)?,
+            step: self.step,
+        })
+    }
+
+    /// Writes a state from [`AdamW::state`] (of this optimiser or one over parameters of the
+    /// same shapes) back, in place. Everything is checked (count, shapes, devices) before
+    /// anything is written.
+    pub fn load_state(&mut self, state: &AdamWState) -> Result<()> {
+        let op = "AdamW::load_state";
+        if state.m.len() != self.m.len() || state.v.len() != self.v.len() {
+            return Err(GpuError::invalid(
+                op,
+                format!(
+                    "the state holds {} and {} moments, the optimiser {} parameters",
+                    state.m.len(),
+                    state.v.len(),
+                    self.m.len()
+                ),
+            ));
+        }
+        for (mine, theirs) in self
+            .m
+            .iter()
+            .zip(&state.m)
+            .chain(self.v.iter().zip(&state.v))
+        {
+            if mine.shape() != theirs.shape()
+                || mine.device() != theirs.device()
+                || theirs.dtype() != DType::F32
+            {
+                return Err(GpuError::shape(
+                    op,
+                    format!("f32 {:?} on {}", mine.shape(), mine.device()),
+                    format!(
+                        "{} {:?} on {}",
+                        theirs.dtype(),
+                        theirs.shape(),
+                        theirs.device()
+                    ),
+                ));
+            }
+        }
+        for (mine, theirs) in self
+            .m
+            .iter()
+            .zip(&state.m)
+            .chain(self.v.iter().zip(&state.v))
+        {
+            mine.assign(theirs)?;
+        }
+        self.step = state.step;
+        self.last_clip = None;
+        Ok(())
     }
 
     /// One step with learning rate `lr`. Parameters without a gradient are an error (they would

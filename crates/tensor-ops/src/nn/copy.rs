@@ -58,3 +58,18 @@ pub(crate) fn copy_into(op: &'static str, dst: &Tensor, src: &Tensor) -> Result<
     )?);
     Ok(())
 }
+
+impl Tensor {
+    /// A copy of this f32 tensor's elements in new storage on the same device, cut from the
+    /// autograd graph (no host round trip).
+    pub fn deep_copy(&self) -> Result<Tensor> {
+        deep_copy(self)
+    }
+
+    /// Overwrites this f32 tensor's elements with `src`'s (same shape and device), in place:
+    /// every tensor sharing this storage (an optimiser's handle on a parameter) sees the new
+    /// values. Checked before anything is written.
+    pub fn assign(&self, src: &Tensor) -> Result<()> {
+        copy_into("Tensor::assign", self, src)
+    }
+}

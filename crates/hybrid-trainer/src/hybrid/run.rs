@@ -1,0 +1,486 @@
+//! [`HybridTrainer`]: one call of [`HybridTrainer::step`] runs one training step in the phase
+//! the gate chooses (see the module docs of `hybrid`).
+
+use super::state::TrainingState;
+use super::updates::UpdateHistory;
+use super::{HybridConfig, HybridError, Mode, Objective, Phase};
+use rssm::{GpuAccelerator, Rssm};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use tensor_ops::nn::ParamStore;
+use tensor_ops::optim::{AdamW, AdamWParams, AdamWState};
+use tensor_ops::{no_grad, Device, Tensor};
+
+/// What a run has spent so far (never rewound by a rollback).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Steps taken, the repeated ones after a rollback included.
+    pub steps: u64,
+    /// Forward passes: full steps, predicted steps with a forward pass, held-out batches.
+    pub forward_passes: u64,
+    pub backward_passes: u64,
+    pub predicted_steps: u64,
+    pub rollbacks: u64,
+    pub world_model_updates: u64,
+}
+
+/// What one step did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepReport {
+    pub step: u64,
+    pub phase: Phase,
+    /// The training loss, when the step ran a forward pass.
+    pub loss: Option<f32>,
+    pub lr: f32,
+    /// The ensemble's disagreement about this step, when it predicted it.
+    pub disagreement: Option<f32>,
+    /// The world model's relative update error on this full step, when it predicted it.
+    pub update_error: Option<f32>,
+    /// Set when this step rolled back (the step index then goes back).
+    pub rollback: Option<String>,
+}
+
+/// The span of predicted steps in progress: the world model's coefficients (unscaled) and
+/// disagreement for each step ahead.
+#[derive(Clone)]
+pub(crate) struct Span {
+    pub(crate) coefs: Vec<Vec<f32>>,
+    pub(crate) disagreement: Vec<f32>,
+    pub(crate) taken: usize,
+}
+
+/// The host-side state a rollback restores and a checkpoint writes as JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct HostState {
+    pub(crate) step: u64,
+    pub(crate) state: TrainingState,
+    /// Raw features of the last K full steps.
+    pub(crate) features: VecDeque<Vec<f32>>,
+    /// Their updates' coefficients in the current basis (unscaled), aligned with `features`.
+    pub(crate) coefs: VecDeque<Vec<f32>>,
+    pub(crate) full_since_span: usize,
+    pub(crate) since_basis: usize,
+    pub(crate) disagreement_ema: Option<f32>,
+    pub(crate) holdout_best: Option<f32>,
+    pub(crate) predicted_since_good: bool,
+    pub(crate) cooldown_until: u64,
+}
+
+/// The last good point: weights, optimiser state and the host state.
+pub(crate) struct Good {
+    pub(crate) weights: Vec<Tensor>,
+    pub(crate) opt: AdamWState,
+    pub(crate) host: HostState,
+}
+
+/// The hybrid predictive trainer over the parameters of a [`ParamStore`].
+pub struct HybridTrainer {
+    pub(crate) cfg: HybridConfig,
+    pub(crate) device: Device,
+    pub(crate) params: Vec<Tensor>,
+    pub(crate) opt: AdamW,
+    pub(crate) max_grad_norm: Option<f32>,
+    pub(crate) acc: GpuAccelerator,
+    pub(crate) history: UpdateHistory,
+    pub(crate) host: HostState,
+    pub(crate) span: Option<Span>,
+    pub(crate) last_delta: Option<Vec<Tensor>>,
+    /// ‖last_delta‖².
+    pub(crate) last_delta_sq: f64,
+    pub(crate) good: Option<Good>,
+    pub(crate) counters: Counters,
+    pub(crate) total_steps: u64,
+}
+
+impl HybridTrainer {
+    /// A trainer of `store`'s parameters with AdamW `adamw` over `total_steps` steps.
+    pub fn new(
+        store: &ParamStore,
+        adamw: AdamWParams,
+        cfg: HybridConfig,
+        total_steps: u64,
+    ) -> Result<HybridTrainer, HybridError> {
+        cfg.validate()?;
+        let opt = store.adamw(adamw)?;
+        let params: Vec<Tensor> = store.params().iter().map(|p| p.tensor().clone()).collect();
+        if params.is_empty() {
+            return Err(HybridError::Config {
+                field: "store",
+                reason: "has no parameters".into(),
+            });
+        }
+        let device = store.device();
+        let history = UpdateHistory::new(params.clone(), cfg.history, cfg.rank);
+        let state = TrainingState::new(params.len());
+        let rc = cfg.world.config(
+            state.width(),
+            state.width() + history.coefficients(),
+            cfg.seed ^ 0x5EED_0F1D,
+        );
+        let acc = if cfg.mode == Mode::Hybrid {
+            GpuAccelerator::with_model(Rssm::new(rc, device)?)
+        } else {
+            GpuAccelerator::new(device)?
+        };
+        let mut t = HybridTrainer {
+            max_grad_norm: adamw.max_grad_norm,
+            cfg,
+            device,
+            params,
+            opt,
+            acc,
+            history,
+            host: HostState {
+                step: 0,
+                state,
+                features: VecDeque::new(),
+                coefs: VecDeque::new(),
+                full_since_span: 0,
+                since_basis: 0,
+                disagreement_ema: None,
+                holdout_best: None,
+                predicted_since_good: false,
+                cooldown_until: 0,
+            },
+            span: None,
+            last_delta: None,
+            last_delta_sq: 0.0,
+            good: None,
+            counters: Counters::default(),
+            total_steps,
+        };
+        if t.cfg.mode == Mode::Hybrid {
+            t.take_good()?;
+        }
+        Ok(t)
+    }
+
+    /// The index of the next step.
+    pub fn step_index(&self) -> u64 {
+        self.host.step
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn config(&self) -> &HybridConfig {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The world model (hybrid mode only).
+    pub fn world_model(&self) -> Option<&Rssm> {
+        self.acc.model()
+    }
+
+    /// The training-state features' width.
+    pub fn feature_width(&self) -> usize {
+        self.host.state.width()
+    }
+
+    /// One step in the phase the gate picks; `lr_at(step)` gives the learning rate.
+    pub fn step(
+        &mut self,
+        obj: &mut dyn Objective,
+        lr_at: &dyn Fn(u64) -> f32,
+    ) -> Result<StepReport, HybridError> {
+        let s = self.host.step;
+        let lr = lr_at(s);
+        self.counters.steps += 1;
+        match self.cfg.mode {
+            Mode::Baseline => self.baseline_step(obj, s, lr),
+            Mode::SkipFreeze { fraction } | Mode::ReapplyLast { fraction } => {
+                self.control_step(obj, s, lr, fraction)
+            }
+            Mode::Hybrid => self.hybrid_step(obj, s, lr),
+        }
+    }
+
+    pub(crate) fn report(&self, step: u64, phase: Phase, loss: Option<f32>, lr: f32) -> StepReport {
+        StepReport {
+            step,
+            phase,
+            loss,
+            lr,
+            disagreement: None,
+            update_error: None,
+            rollback: None,
+        }
+    }
+
+    /// Forward, backward and AdamW; returns the loss (synchronised).
+    pub(crate) fn adamw_step(
+        &mut self,
+        obj: &mut dyn Objective,
+        s: u64,
+        lr: f32,
+    ) -> Result<(f32, tensor_ops::Gradients), HybridError> {
+        let loss = obj.train_loss(s).map_err(HybridError::Objective)?;
+        let grads = loss.backward()?;
+        self.counters.forward_passes += 1;
+        self.counters.backward_passes += 1;
+        self.opt.step(&grads, lr)?;
+        Ok((loss.item()?, grads))
+    }
+
+    fn baseline_step(
+        &mut self,
+        obj: &mut dyn Objective,
+        s: u64,
+        lr: f32,
+    ) -> Result<StepReport, HybridError> {
+        let (l, _) = self.adamw_step(obj, s, lr)?;
+        if !l.is_finite() {
+            return Err(HybridError::Diverged {
+                step: s,
+                reason: format!("loss {l}"),
+            });
+        }
+        self.host.step += 1;
+        Ok(self.report(s, Phase::Full, Some(l), lr))
+    }
+
+    /// The controls: predicted steps evenly spaced at `fraction` after warm-up.
+    fn control_step(
+        &mut self,
+        obj: &mut dyn Objective,
+        s: u64,
+        lr: f32,
+        fraction: f64,
+    ) -> Result<StepReport, HybridError> {
+        let i = s.saturating_sub(self.cfg.warmup);
+        let predicted = s >= self.cfg.warmup
+            && ((i + 1) as f64 * fraction).floor() > (i as f64 * fraction).floor()
+            && self.last_delta.is_some();
+        if predicted {
+            if let (Mode::ReapplyLast { .. }, Some(d)) = (self.cfg.mode, &self.last_delta) {
+                no_grad(|| -> tensor_ops::Result<()> {
+                    for (p, d) in self.params.iter().zip(d) {
+                        p.assign(&p.detach().add(&d.reshape(p.shape())?)?)?;
+                    }
+                    Ok(())
+                })?;
+            }
+            self.counters.predicted_steps += 1;
+            self.host.step += 1;
+            return Ok(self.report(s, Phase::Predict, None, lr));
+        }
+        let before = self.copy_params()?;
+        let (l, _) = self.adamw_step(obj, s, lr)?;
+        if !l.is_finite() {
+            return Err(HybridError::Diverged {
+                step: s,
+                reason: format!("loss {l}"),
+            });
+        }
+        self.last_delta = Some(self.deltas(&before)?);
+        self.host.step += 1;
+        let phase = if s < self.cfg.warmup {
+            Phase::Warmup
+        } else {
+            Phase::Full
+        };
+        Ok(self.report(s, phase, Some(l), lr))
+    }
+
+    pub(crate) fn copy_params(&self) -> Result<Vec<Tensor>, HybridError> {
+        Ok(self
+            .params
+            .iter()
+            .map(Tensor::deep_copy)
+            .collect::<tensor_ops::Result<_>>()?)
+    }
+
+    /// `params − before`, flattened per tensor.
+    pub(crate) fn deltas(&self, before: &[Tensor]) -> Result<Vec<Tensor>, HybridError> {
+        Ok(no_grad(|| {
+            self.params
+                .iter()
+                .zip(before)
+                .map(|(p, b)| p.detach().sub(b)?.reshape(&[p.numel()]))
+                .collect::<tensor_ops::Result<Vec<_>>>()
+        })?)
+    }
+
+    pub(crate) fn take_good(&mut self) -> Result<(), HybridError> {
+        self.host.predicted_since_good = false;
+        self.good = Some(Good {
+            weights: self.copy_params()?,
+            opt: self.opt.state()?,
+            host: self.host.clone(),
+        });
+        Ok(())
+    }
+
+    /// Rolls back to the last good point, or fails when plain AdamW produced the failure.
+    pub(crate) fn rollback(&mut self, s: u64, reason: String) -> Result<StepReport, HybridError> {
+        let good = match &self.good {
+            Some(g) if self.host.predicted_since_good => g,
+            _ => return Err(HybridError::Diverged { step: s, reason }),
+        };
+        for (p, w) in self.params.iter().zip(&good.weights) {
+            p.assign(w)?;
+        }
+        self.opt.load_state(&good.opt)?;
+        let rollbacks = self.counters.rollbacks + 1;
+        self.host = good.host.clone();
+        self.host.cooldown_until = s.max(good.host.step) + self.cfg.cooldown;
+        self.host.features.clear();
+        self.host.coefs.clear();
+        self.host.since_basis = 0;
+        self.history.clear();
+        self.span = None;
+        self.last_delta = None;
+        self.counters.rollbacks = rollbacks;
+        tracing::warn!("step {s}: {reason}; rolled back to step {}", self.host.step);
+        Ok(StepReport {
+            rollback: Some(reason),
+            ..self.report(s, Phase::Full, None, 0.0)
+        })
+    }
+
+    /// The context the world model reads: the last T normalised feature vectors, `[1, T, F]`.
+    fn context(&self) -> Result<Tensor, HybridError> {
+        let t = self.cfg.context;
+        let f = self.host.state.width();
+        let n = self.host.features.len();
+        let mut x = Vec::with_capacity(t * f);
+        for raw in self.host.features.iter().skip(n - t) {
+            x.extend(self.host.state.normalise(raw));
+        }
+        Ok(Tensor::from_vec(x, &[1, t, f], self.device())?)
+    }
+
+    /// Whether the world model may predict now.
+    pub(crate) fn model_ready(&self) -> bool {
+        let trained = self
+            .acc
+            .model()
+            .is_some_and(|m| m.steps() >= self.cfg.rssm_min_steps);
+        trained && self.history.basis.is_some() && self.host.features.len() >= self.cfg.context
+    }
+
+    /// The world model's next `steps` predictions: unscaled coefficients and disagreement.
+    pub(crate) fn predict(&self, steps: usize) -> Result<(Vec<Vec<f32>>, Vec<f32>), HybridError> {
+        let p = self.acc.predict_batch(&self.context()?, steps)?;
+        let mean = p.mean.to_vec()?;
+        let dis = p.disagreement.to_vec()?;
+        let f = self.host.state.width();
+        let d = p.mean.shape()[2];
+        let scales = self.history.scales();
+        let coefs = (0..steps)
+            .map(|i| {
+                mean[i * d + f..(i + 1) * d]
+                    .iter()
+                    .zip(&scales)
+                    .map(|(c, s)| c * s)
+                    .collect()
+            })
+            .collect();
+        Ok((coefs, dis))
+    }
+
+    /// The gate for predicted step `i` of the span.
+    fn gate(&self, disagreement: f32) -> bool {
+        let dis_ok = self
+            .host
+            .disagreement_ema
+            .is_some_and(|e| disagreement <= self.cfg.gate_disagreement * e);
+        let err_ok = self
+            .host
+            .state
+            .error_ema()
+            .is_some_and(|e| e < self.cfg.gate_error);
+        dis_ok && err_ok && disagreement.is_finite()
+    }
+
+    fn hybrid_step(
+        &mut self,
+        obj: &mut dyn Objective,
+        s: u64,
+        lr: f32,
+    ) -> Result<StepReport, HybridError> {
+        // Continue or end the span in progress, or open one.
+        if let Some(span) = &self.span {
+            let i = span.taken;
+            if i < self.cfg.max_span && self.gate(span.disagreement[i]) {
+                return self.predicted_step(obj, s, lr);
+            }
+            return self.full_step(obj, s, lr, Phase::Correct);
+        }
+        let may_open = s >= self.cfg.warmup
+            && s >= self.host.cooldown_until
+            && self.host.full_since_span >= self.cfg.full_between
+            && self.model_ready();
+        if may_open {
+            let (coefs, disagreement) = self.predict(self.cfg.max_span + 1)?;
+            if self.gate(disagreement[0]) {
+                self.span = Some(Span {
+                    coefs,
+                    disagreement,
+                    taken: 0,
+                });
+                return self.predicted_step(obj, s, lr);
+            }
+        }
+        let phase = if s < self.cfg.warmup {
+            Phase::Warmup
+        } else {
+            Phase::Full
+        };
+        self.full_step(obj, s, lr, phase)
+    }
+
+    fn predicted_step(
+        &mut self,
+        obj: &mut dyn Objective,
+        s: u64,
+        lr: f32,
+    ) -> Result<StepReport, HybridError> {
+        let span = self.span.as_mut().expect("a span is open");
+        let i = span.taken;
+        span.taken += 1;
+        let (coefs, dis) = (span.coefs[i].clone(), span.disagreement[i]);
+        if let Err(e) = self.history.apply_predicted(&self.acc, &coefs) {
+            return match e {
+                HybridError::NonFinite(_) | HybridError::Accelerator(_) => {
+                    self.rollback(s, format!("predicted update refused: {e}"))
+                }
+                e => Err(e),
+            };
+        }
+        self.host.predicted_since_good = true;
+        self.host.state.note_predicted();
+        self.counters.predicted_steps += 1;
+        let mut loss = None;
+        if self.cfg.predicted_forward {
+            let l = no_grad(|| obj.train_loss(s))
+                .map_err(HybridError::Objective)?
+                .item()?;
+            self.counters.forward_passes += 1;
+            if let Some(reason) = self.drift(l) {
+                return self.rollback(s, format!("predicted step: {reason}"));
+            }
+            loss = Some(l);
+        }
+        self.host.step += 1;
+        Ok(StepReport {
+            disagreement: Some(dis),
+            ..self.report(s, Phase::Predict, loss, lr)
+        })
+    }
+
+    /// Why `loss` is out of the recent full-step trajectory, if it is.
+    pub(crate) fn drift(&self, loss: f32) -> Option<String> {
+        if !loss.is_finite() {
+            return Some(format!("loss {loss}"));
+        }
+        let (mean, std) = self.host.state.loss_trajectory()?;
+        let limit = mean + 3.0 * std + self.cfg.drift_tolerance * mean.abs();
+        (loss > limit).then(|| format!("loss {loss:.4} above the trajectory limit {limit:.4}"))
+    }
+}
