@@ -359,3 +359,65 @@ fn a_bad_config_is_a_typed_error() {
         assert!(matches!(e, HybridError::Config { .. }), "{e}");
     }
 }
+
+fn bits(m: &Mlp) -> Vec<u32> {
+    values(m).iter().flatten().map(|v| v.to_bits()).collect()
+}
+
+/// Interrupting a run at any step (in a predicted span, at its correct step, after a
+/// rollback) and resuming from the checkpoint in a fresh process-like setup (new model, new
+/// trainer) gives the run that would have happened: the same weights, bit for bit, and the
+/// same per-step losses and phases.
+#[test]
+fn resume_from_a_checkpoint_continues_bit_for_bit() {
+    const STEPS: u64 = 60;
+    let straight = |m: &mut Mlp| {
+        let mut t = HybridTrainer::new(&m.store, adamw(), quick(Mode::Hybrid), STEPS).unwrap();
+        let r = run(&mut t, m, STEPS).unwrap();
+        (r, t.counters().clone())
+    };
+    let mut a = Mlp::new(10);
+    let (ra, ca) = straight(&mut a);
+    assert!(ra.iter().any(|r| r.phase == Phase::Predict));
+    let dir = std::env::temp_dir().join(format!("hybrid-resume-{}", std::process::id()));
+    for cut in [20u64, 27, 33, 41] {
+        let mut b = Mlp::new(10);
+        let mut t = HybridTrainer::new(&b.store, adamw(), quick(Mode::Hybrid), STEPS).unwrap();
+        let mut rb = run(&mut t, &mut b, cut).unwrap();
+        t.save(&dir).unwrap();
+        drop(t);
+        // A fresh model (other initial weights) and trainer, then the checkpoint.
+        let mut c = Mlp::new(99);
+        c.x = b.x.clone();
+        c.y = b.y.clone();
+        let mut t = HybridTrainer::new(&c.store, adamw(), quick(Mode::Hybrid), STEPS).unwrap();
+        t.load(&dir).unwrap();
+        assert_eq!(t.step_index(), cut);
+        rb.extend(run(&mut t, &mut c, STEPS).unwrap());
+        assert_eq!(bits(&c), bits(&a), "cut at {cut}");
+        let key = |r: &StepReport| (r.step, r.phase, r.loss.map(f32::to_bits));
+        assert_eq!(
+            rb.iter().map(key).collect::<Vec<_>>(),
+            ra.iter().map(key).collect::<Vec<_>>(),
+            "cut at {cut}"
+        );
+        assert_eq!(t.counters(), &ca);
+    }
+    // A checkpoint of another layout is refused, leaving the trainer untouched.
+    let other = ParamStore::new(DEV, 1);
+    other.pp("x").linear(3, 3, true).unwrap();
+    let mut t = HybridTrainer::new(&other, adamw(), quick(Mode::Hybrid), STEPS).unwrap();
+    let before: Vec<Vec<f32>> = other
+        .params()
+        .iter()
+        .map(|p| p.tensor().to_vec().unwrap())
+        .collect();
+    assert!(matches!(t.load(&dir), Err(HybridError::Checkpoint(_))));
+    let after: Vec<Vec<f32>> = other
+        .params()
+        .iter()
+        .map(|p| p.tensor().to_vec().unwrap())
+        .collect();
+    assert_eq!(before, after);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -40,11 +40,13 @@
 //! failure with no predicted step since that snapshot is plain AdamW's own and is returned as
 //! [`HybridError::Diverged`].
 
+mod checkpoint;
 mod full;
 mod run;
 pub mod state;
 mod updates;
 
+pub use checkpoint::MODEL_FILE;
 pub use run::{Counters, HybridTrainer, StepReport};
 pub use state::{StepMeasure, TrainingState, FEATURE_TABLE};
 

@@ -77,6 +77,7 @@ pub(crate) struct Good {
 pub struct HybridTrainer {
     pub(crate) cfg: HybridConfig,
     pub(crate) device: Device,
+    pub(crate) names: Vec<String>,
     pub(crate) params: Vec<Tensor>,
     pub(crate) opt: AdamW,
     pub(crate) max_grad_norm: Option<f32>,
@@ -103,6 +104,7 @@ impl HybridTrainer {
         cfg.validate()?;
         let opt = store.adamw(adamw)?;
         let params: Vec<Tensor> = store.params().iter().map(|p| p.tensor().clone()).collect();
+        let names = store.names();
         if params.is_empty() {
             return Err(HybridError::Config {
                 field: "store",
@@ -126,6 +128,7 @@ impl HybridTrainer {
             max_grad_norm: adamw.max_grad_norm,
             cfg,
             device,
+            names,
             params,
             opt,
             acc,
