@@ -1,10 +1,12 @@
-//! `hybrid-trainer`: the top layer of the workspace and its CLI.
-//! Today it holds the GPU demo (seed C) that the CLI runs by default and the GPT training loop;
-//! the hybrid predictive trainer and its `GpuAccelerator` arrive with their own issues.
+//! `hybrid-trainer`: the top layer of the workspace: the hybrid predictive trainer
+//! ([`hybrid`]), its main job ([`job`], what the CLI runs by default) and experiment
+//! ([`experiment`]), with reports, the embedded corpus, the GPU demo and parity dumps.
 
 pub mod corpus;
 pub mod demo;
+pub mod experiment;
 pub mod hybrid;
+pub mod job;
 pub mod parity;
 pub mod parity_gru;
 pub mod report;

@@ -1,4 +1,5 @@
-//! The `hybrid-trainer` command line. With no subcommand it runs the demo on the default device.
+//! The `hybrid-trainer` command line. With no subcommand it runs the main job (a char-level GPT
+//! trained by the hybrid trainer on the embedded corpus) on the default device.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -8,9 +9,13 @@ use gpu_core::Device;
 #[command(
     name = "hybrid-trainer",
     version,
-    about = "Hybrid predictive trainer on NVIDIA GPUs with an exact CPU fallback"
+    about = "Hybrid predictive trainer on NVIDIA GPUs with an exact CPU fallback",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
+    /// The main job's flags (used when no subcommand is given).
+    #[command(flatten)]
+    job: hybrid_trainer::job::JobArgs,
     /// Device: auto (GPU when present, else CPU), cpu, cuda or cuda:N. Overrides $HYBRID_DEVICE.
     #[arg(long, global = true, default_value = "auto", value_parser = parse_device)]
     device: DeviceChoice,
@@ -20,6 +25,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// The main job (the default): see the top-level flags.
+    Run(hybrid_trainer::job::JobArgs),
+    /// The hybrid against AdamW and three controls over several seeds; writes docs/results.md.
+    Experiment(hybrid_trainer::experiment::ExperimentArgs),
     /// Device info, memory round trip, 2×2 and N×N matmul checked against references, GFLOP/s.
     Demo {
         /// Matrix size of the timed product.
@@ -76,7 +85,13 @@ fn main() -> Result<()> {
             d
         }
     };
-    match cli.cmd.unwrap_or(Cmd::Demo { size: 1024 }) {
+    match cli.cmd.unwrap_or(Cmd::Run(cli.job)) {
+        Cmd::Run(args) => {
+            hybrid_trainer::job::run(device, &args)?;
+        }
+        Cmd::Experiment(args) => {
+            hybrid_trainer::experiment::run(device, &args)?;
+        }
         Cmd::Demo { size } => {
             hybrid_trainer::demo::run(device, size as usize)?;
         }

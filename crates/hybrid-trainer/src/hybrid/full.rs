@@ -50,6 +50,15 @@ impl HybridTrainer {
             (Some((chat, _)), Some((c, sq))) => Some(relative_error(chat, c, sq)),
             _ => None,
         };
+        if let (Some((c, sq)), Some(prev)) = (&projected, self.host.coefs.back()) {
+            if prev.len() == c.len() {
+                tracing::debug!(
+                    "step {s}: in-basis (oracle) error {:.3}, persistence error {:.3}",
+                    relative_error(c, c, sq),
+                    relative_error(prev, c, sq)
+                );
+            }
+        }
         if let (Some((chat, _)), Phase::Correct) = (&expected, phase) {
             if self.cfg.correction_gain > 0.0 {
                 let predicted = self.history.expand(chat)?;
@@ -134,6 +143,13 @@ impl HybridTrainer {
             self.host.holdout_best = Some(self.host.holdout_best.map_or(h, |b| b.min(h)));
             self.take_good()?;
         }
+        tracing::debug!(
+            "step {s} {phase:?}: loss {loss:.4}, update error {update_error:?} (EMA {:?}), \
+             disagreement {:?} (EMA {:?})",
+            self.host.state.error_ema(),
+            expected.as_ref().map(|e| e.1),
+            self.host.disagreement_ema
+        );
         Ok(StepReport {
             disagreement: expected.map(|e| e.1),
             update_error,
@@ -243,46 +259,29 @@ impl HybridTrainer {
         })
     }
 
-    /// World-model training on the stored full steps: every window of `context` steps, the
-    /// targets being the normalised features and the scaled coefficients.
+    /// World-model training on the stored full steps: every window of `context` rows (features
+    /// and scaled coefficients), each step's target being its own row (the decoder on the
+    /// prior predicts it before seeing it).
     fn train_world_model(&mut self) -> Result<(), HybridError> {
         let k = self.host.features.len();
         let t = self.cfg.context;
         let ready = self.history.basis.is_some()
-            && k >= t
+            && k > t
             && self.host.coefs.iter().all(|c| !c.is_empty())
             && self.cfg.rssm_steps_per_full > 0;
         if !ready {
             return Ok(());
         }
-        let f = self.host.state.width();
-        let scales = self.history.scales();
-        let d = f + scales.len();
-        let rows: Vec<(Vec<f32>, Vec<f32>)> = self
-            .host
-            .features
-            .iter()
-            .zip(&self.host.coefs)
-            .map(|(raw, c)| {
-                let x = self.host.state.normalise(raw);
-                let mut y = x.clone();
-                y.extend(c.iter().zip(&scales).map(|(c, s)| (c / s).clamp(-8.0, 8.0)));
-                (x, y)
-            })
-            .collect();
-        let b = k - t + 1;
-        let (mut xs, mut ys) = (Vec::with_capacity(b * t * f), Vec::with_capacity(b * t * d));
-        for w in 0..b {
-            for (x, y) in &rows[w..w + t] {
-                xs.extend_from_slice(x);
-                ys.extend_from_slice(y);
+        let rows = self.rows();
+        let w = rows[0].len();
+        let b = rows.len() + 1 - t;
+        let mut xs = Vec::with_capacity(b * t * w);
+        for start in 0..b {
+            for r in &rows[start..start + t] {
+                xs.extend_from_slice(r);
             }
         }
-        let dev = self.device();
-        let batch = SequenceBatch::with_targets(
-            Tensor::from_vec(xs, &[b, t, f], dev)?,
-            Tensor::from_vec(ys, &[b, t, d], dev)?,
-        );
+        let batch = SequenceBatch::new(Tensor::from_vec(xs, &[b, t, w], self.device())?);
         let lr = self.cfg.rssm_lr;
         let model = self.acc.model_mut().ok_or(HybridError::NoBasis)?;
         for _ in 0..self.cfg.rssm_steps_per_full {

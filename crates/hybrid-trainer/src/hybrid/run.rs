@@ -114,11 +114,8 @@ impl HybridTrainer {
         let device = store.device();
         let history = UpdateHistory::new(params.clone(), cfg.history, cfg.rank);
         let state = TrainingState::new(params.len());
-        let rc = cfg.world.config(
-            state.width(),
-            state.width() + history.coefficients(),
-            cfg.seed ^ 0x5EED_0F1D,
-        );
+        let width = state.width() + history.coefficients();
+        let rc = cfg.world.config(width, width, cfg.seed ^ 0x5EED_0F1D);
         let acc = if cfg.mode == Mode::Hybrid {
             GpuAccelerator::with_model(Rssm::new(rc, device)?)
         } else {
@@ -346,16 +343,38 @@ impl HybridTrainer {
         })
     }
 
-    /// The context the world model reads: the last T normalised feature vectors, `[1, T, F]`.
+    /// The rows the world model observes, one per stored full step after the first: the
+    /// normalised features and the change of the update's coefficients since the previous full
+    /// step, divided by their scales (clipped to ±8). Predicting the change makes persistence
+    /// (the last update again, in the basis) what an untrained model falls back to.
+    pub(crate) fn rows(&self) -> Vec<Vec<f32>> {
+        let scales = self.history.scales();
+        let pairs = self.host.coefs.iter().zip(self.host.coefs.iter().skip(1));
+        self.host
+            .features
+            .iter()
+            .skip(1)
+            .zip(pairs)
+            .map(|(raw, (prev, c))| {
+                let mut x = self.host.state.normalise(raw);
+                x.extend(
+                    c.iter()
+                        .zip(prev)
+                        .zip(&scales)
+                        .map(|((c, p), s)| ((c - p) / s).clamp(-8.0, 8.0)),
+                );
+                x
+            })
+            .collect()
+    }
+
+    /// The context the world model reads: the last T rows, `[1, T, F + C]`.
     fn context(&self) -> Result<Tensor, HybridError> {
         let t = self.cfg.context;
-        let f = self.host.state.width();
-        let n = self.host.features.len();
-        let mut x = Vec::with_capacity(t * f);
-        for raw in self.host.features.iter().skip(n - t) {
-            x.extend(self.host.state.normalise(raw));
-        }
-        Ok(Tensor::from_vec(x, &[1, t, f], self.device())?)
+        let rows = self.rows();
+        let w = rows[0].len();
+        let x: Vec<f32> = rows[rows.len() - t..].concat();
+        Ok(Tensor::from_vec(x, &[1, t, w], self.device())?)
     }
 
     /// Whether the world model may predict now.
@@ -375,13 +394,13 @@ impl HybridTrainer {
         let f = self.host.state.width();
         let d = p.mean.shape()[2];
         let scales = self.history.scales();
+        let mut c = self.host.coefs.back().cloned().unwrap_or_default();
         let coefs = (0..steps)
             .map(|i| {
-                mean[i * d + f..(i + 1) * d]
-                    .iter()
-                    .zip(&scales)
-                    .map(|(c, s)| c * s)
-                    .collect()
+                for ((c, d), s) in c.iter_mut().zip(&mean[i * d + f..(i + 1) * d]).zip(&scales) {
+                    *c += d * s;
+                }
+                c.clone()
             })
             .collect();
         Ok((coefs, dis))
