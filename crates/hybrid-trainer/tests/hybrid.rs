@@ -14,6 +14,7 @@ const DEV: Device = Device::Cpu;
 
 /// A 3-layer MLP regressing a fixed random target; batches drawn from the step.
 struct Mlp {
+    dev: Device,
     store: ParamStore,
     layers: Vec<Linear>,
     x: Vec<f32>,
@@ -35,7 +36,11 @@ const BATCH: usize = 32;
 
 impl Mlp {
     fn new(seed: u64) -> Mlp {
-        let store = ParamStore::new(DEV, seed);
+        Mlp::on(seed, DEV)
+    }
+
+    fn on(seed: u64, dev: Device) -> Mlp {
+        let store = ParamStore::new(dev, seed);
         let dims = [IN, 32, 32, 1];
         let layers = (0..3)
             .map(|i| {
@@ -51,6 +56,7 @@ impl Mlp {
             .map(|i| (x[i * IN..i * IN + IN].iter().sum::<f32>()).sin())
             .collect();
         Mlp {
+            dev,
             store,
             layers,
             x,
@@ -69,14 +75,14 @@ impl Mlp {
             .flat_map(|&r| self.x[r * IN..r * IN + IN].to_vec())
             .collect();
         let ys: Vec<f32> = rows.iter().map(|&r| self.y[r]).collect();
-        let mut h = Tensor::from_vec(xs, &[rows.len(), IN], DEV)?;
+        let mut h = Tensor::from_vec(xs, &[rows.len(), IN], self.dev)?;
         for (i, l) in self.layers.iter().enumerate() {
             h = l.forward(&h)?;
             if i < 2 {
                 h = h.relu()?;
             }
         }
-        let d = h.sub(&Tensor::from_vec(ys, &[rows.len(), 1], DEV)?)?;
+        let d = h.sub(&Tensor::from_vec(ys, &[rows.len(), 1], self.dev)?)?;
         Ok(d.mul(&d)?.mean_all()?)
     }
 }
@@ -163,9 +169,17 @@ fn values(m: &Mlp) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// On every device (the CPU, then CUDA where present): the GpuAccelerator entry points run on
+/// the model's device.
 #[test]
 fn phases_go_warmup_full_predict_correct_and_predicted_steps_move_every_tensor() {
-    let mut m = Mlp::new(1);
+    for dev in gpu_cuda::testing::devices("phases_go_warmup_full_predict_correct") {
+        phases_on(dev);
+    }
+}
+
+fn phases_on(dev: Device) {
+    let mut m = Mlp::on(1, dev);
     let mut t = HybridTrainer::new(&m.store, adamw(), quick(Mode::Hybrid), 80).unwrap();
     assert_eq!(t.feature_width(), 24 + 5 * 6);
     let mut reports = Vec::new();
@@ -370,24 +384,30 @@ fn bits(m: &Mlp) -> Vec<u32> {
 /// same per-step losses and phases.
 #[test]
 fn resume_from_a_checkpoint_continues_bit_for_bit() {
+    for dev in gpu_cuda::testing::devices("resume_from_a_checkpoint_continues_bit_for_bit") {
+        resume_on(dev);
+    }
+}
+
+fn resume_on(dev: Device) {
     const STEPS: u64 = 60;
     let straight = |m: &mut Mlp| {
         let mut t = HybridTrainer::new(&m.store, adamw(), quick(Mode::Hybrid), STEPS).unwrap();
         let r = run(&mut t, m, STEPS).unwrap();
         (r, t.counters().clone())
     };
-    let mut a = Mlp::new(10);
+    let mut a = Mlp::on(10, dev);
     let (ra, ca) = straight(&mut a);
     assert!(ra.iter().any(|r| r.phase == Phase::Predict));
-    let dir = std::env::temp_dir().join(format!("hybrid-resume-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("hybrid-resume-{}-{dev}", std::process::id()));
     for cut in [20u64, 27, 33, 41] {
-        let mut b = Mlp::new(10);
+        let mut b = Mlp::on(10, dev);
         let mut t = HybridTrainer::new(&b.store, adamw(), quick(Mode::Hybrid), STEPS).unwrap();
         let mut rb = run(&mut t, &mut b, cut).unwrap();
         t.save(&dir).unwrap();
         drop(t);
         // A fresh model (other initial weights) and trainer, then the checkpoint.
-        let mut c = Mlp::new(99);
+        let mut c = Mlp::on(99, dev);
         c.x = b.x.clone();
         c.y = b.y.clone();
         let mut t = HybridTrainer::new(&c.store, adamw(), quick(Mode::Hybrid), STEPS).unwrap();
@@ -404,7 +424,7 @@ fn resume_from_a_checkpoint_continues_bit_for_bit() {
         assert_eq!(t.counters(), &ca);
     }
     // A checkpoint of another layout is refused, leaving the trainer untouched.
-    let other = ParamStore::new(DEV, 1);
+    let other = ParamStore::new(dev, 1);
     other.pp("x").linear(3, 3, true).unwrap();
     let mut t = HybridTrainer::new(&other, adamw(), quick(Mode::Hybrid), STEPS).unwrap();
     let before: Vec<Vec<f32>> = other
