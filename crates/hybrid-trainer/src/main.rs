@@ -9,11 +9,10 @@ use gpu_core::Device;
 #[command(
     name = "hybrid-trainer",
     version,
-    about = "Hybrid predictive trainer on NVIDIA GPUs with an exact CPU fallback",
-    args_conflicts_with_subcommands = true
+    about = "Hybrid predictive trainer on NVIDIA GPUs with an exact CPU fallback"
 )]
 struct Cli {
-    /// The main job's flags (used when no subcommand is given).
+    /// The main job's flags (used when no subcommand is given; `run` takes the same).
     #[command(flatten)]
     job: hybrid_trainer::job::JobArgs,
     /// Device: auto (GPU when present, else CPU), cpu, cuda or cuda:N. Overrides $HYBRID_DEVICE.

@@ -347,7 +347,7 @@ mod tests {
         m.correct = true;
         m.span_before = 2;
         let f = s.observe(&m);
-        assert_eq!(f[11], 2.0);
+        assert_eq!(f[11], 3.0, "steps 40 and 41 were predicted");
         assert_eq!(f[13], 1.0);
         assert_eq!(f[14], 2.0);
         assert!(f[10] > 0.0);
