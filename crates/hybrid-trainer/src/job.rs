@@ -119,6 +119,9 @@ pub struct JobSummary {
     pub params: usize,
     pub evals: Vec<EvalTrace>,
     pub counters: crate::hybrid::Counters,
+    /// Where the trainer's time went (this process's part of the run).
+    #[serde(default)]
+    pub timings: crate::hybrid::Timings,
     pub train_seconds: f64,
     pub final_val: f32,
     pub best_val: f32,
@@ -306,6 +309,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         params: model.num_params(),
         evals: vec![],
         counters: Default::default(),
+        timings: Default::default(),
         train_seconds: 0.0,
         final_val: f32::NAN,
         best_val: f32::INFINITY,
@@ -430,6 +434,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         let stop = a.stop_after.is_some_and(|s| done >= s);
         if (a.checkpoint_every > 0 && done % a.checkpoint_every == 0) || done == a.iters || stop {
             summary.counters = trainer.counters().clone();
+            summary.timings = trainer.timings().clone();
             summary.finished = done == a.iters;
             trainer.save(&a.out.join("checkpoint"))?;
             std::fs::write(
@@ -452,6 +457,23 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         rollbacks: c.rollbacks,
         wall_seconds: summary.train_seconds,
     };
+    let t = trainer.timings();
+    summary.record.notes.push(format!(
+        "time: AdamW steps {:.1} s; hybrid overhead {:.1} s (copies {:.1}, measurements {:.1}, \
+         rollouts {:.1}, predicted updates {:.1}, corrections {:.1}, basis {:.1}, world-model \
+         training {:.1}, held-out checks {:.1})",
+        t.adamw,
+        t.overhead(),
+        t.copies,
+        t.measure,
+        t.predict,
+        t.apply,
+        t.correct,
+        t.basis,
+        t.world_train,
+        t.holdout
+    ));
+    println!("{}", summary.record.notes.last().map_or("", |s| s.as_str()));
     let paths = report::write_report(&a.out, "report", &summary.record)?;
     std::fs::write(
         a.out.join("summary.json"),

@@ -416,6 +416,11 @@ impl GpuAccelerator {
         };
         check_rank(ENTRY, rank, m, n)?;
         opts.check(ENTRY)?;
+        if opts.method == SvdMethod::Gram {
+            check_device(ENTRY, "residual", self.device, residual.device())?;
+            check_f32(ENTRY, "residual", residual)?;
+            return crate::svd_gram::gram_svd(residual, rank);
+        }
         match self.device {
             // The CUDA path checks finiteness in the reduction that gives its scale.
             Device::Cuda(_) => {

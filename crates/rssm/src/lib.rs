@@ -72,6 +72,7 @@ pub mod reference;
 mod rollout_cuda;
 pub mod svd;
 mod svd_cuda;
+pub mod svd_gram;
 mod train;
 
 pub use accelerator::{Engine, GpuAccelerator};

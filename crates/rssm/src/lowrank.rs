@@ -177,13 +177,22 @@ impl LowRank {
     }
 
     /// The Cauchy–Schwarz bound `max_i ‖(U·diag(S))ᵢ‖ · max_j ‖Vⱼ‖` on every entry of the
-    /// product, in f64 (finite: f32 values squared fit f64); computed once, on the host.
+    /// product; computed once. On the CPU in f64 (f32 values squared fit f64); on CUDA by
+    /// reductions on the device (two small reads per factor, no copy of the factors): each
+    /// factor divided by its largest magnitude first, so no square overflows, the row norms
+    /// then exact to f32 rounding (a relative `k·u`, far below what the bound is for: telling
+    /// a sum that may overflow f32 from one that cannot).
     pub fn entry_bound(&self) -> Result<f64, AcceleratorError> {
         if let Some(b) = self.bound.get() {
             return Ok(*b);
         }
-        let h = self.host()?;
-        let b = h.entry_bound();
+        let b = if self.u.device() == Device::Cpu {
+            self.host()?.entry_bound()
+        } else {
+            let k = self.s.numel();
+            let us = no_grad(|| self.u.mul(&self.s.reshape(&[1, k])?))?;
+            row_norm_max(&us)? * row_norm_max(&self.v)?
+        };
         Ok(*self.bound.get_or_init(|| b))
     }
 
@@ -233,4 +242,23 @@ impl HostLowRank {
                 .sum::<f64>() as f32
         })
     }
+}
+
+/// The largest row norm of a finite 2-D f32 tensor, on its device: `m·max_i ‖rowᵢ/m‖` with
+/// `m` its largest magnitude (two reads).
+fn row_norm_max(t: &Tensor) -> Result<f64, AcceleratorError> {
+    let m = crate::layers::max_abs_if_finite(t)?.ok_or(AcceleratorError::NonFinite {
+        entry: "LowRank::entry_bound",
+        what: "the factors",
+    })?;
+    if m < 1e-30 {
+        // 1/m would overflow: each row norm is at most m·√cols anyway.
+        let cols = t.shape().get(1).copied().unwrap_or(1) as f64;
+        return Ok(f64::from(m) * cols.sqrt());
+    }
+    let q = no_grad(|| {
+        let x = t.mul_scalar(1.0 / m)?;
+        x.mul(&x)?.sum(1, false)?.max(0, false)?.item()
+    })?;
+    Ok(f64::from(m) * f64::from(q).sqrt())
 }

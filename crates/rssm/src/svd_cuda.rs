@@ -31,6 +31,11 @@ pub enum SvdMethod {
     /// H200 at equal error (docs/benchmarks.md), and not exact on exactly low-rank input (a
     /// rank-16 matrix came back with relative error 4.8e-4): kept for comparison.
     CusolverGesvdr,
+    /// The short-wide (or tall-skinny) matrix's Gram matrix, one GEMM, its eigen-decomposition
+    /// on the host and a second GEMM ([`crate::svd_gram`]), on either device: one pass over the
+    /// matrix, for `min(m, n) <= 512`. Directions with `σ <= √(min(m, n)·u)·σ₁` come back as
+    /// noise-free zeros (σ = 0): for histories of updates, not for ill-conditioned matrices.
+    Gram,
 }
 
 /// `a` scaled by a power of two (exact) when its largest magnitude `max` is outside
@@ -82,6 +87,7 @@ pub(crate) fn randomized_svd_cuda(
     match opts.method {
         SvdMethod::Halko => halko(&x, scale, rank, opts),
         SvdMethod::CusolverGesvdr => gesvdr(&x, scale, rank, opts),
+        SvdMethod::Gram => crate::svd_gram::gram_svd(a, rank),
     }
 }
 

@@ -67,10 +67,11 @@ pub(crate) fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result
     std::fs::write(path, out).map_err(|e| ck(format!("{}: {e}", path.display())))
 }
 
-/// Reads every f32 tensor of a safetensors file: name → (shape, values).
-pub(crate) fn read_tensors(
-    path: &Path,
-) -> Result<HashMap<String, (Vec<usize>, Vec<f32>)>, HybridError> {
+/// Host tensors by name: (shape, values).
+type HostTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
+/// Reads every f32 tensor of a safetensors file.
+pub(crate) fn read_tensors(path: &Path) -> Result<HostTensors, HybridError> {
     let data = std::fs::read(path).map_err(|e| ck(format!("{}: {e}", path.display())))?;
     let st = SafeTensors::deserialize(&data).map_err(ck)?;
     let mut out = HashMap::new();
@@ -171,21 +172,20 @@ impl HybridTrainer {
         let model = read_tensors(&dir.join(MODEL_FILE))?;
         let ts = read_tensors(&dir.join(TENSORS))?;
         let dev = self.device;
-        let take =
-            |map: &HashMap<String, (Vec<usize>, Vec<f32>)>, name: &str, like: Option<&Tensor>| {
-                let (shape, vals) = map
-                    .get(name)
-                    .ok_or_else(|| ck(format!("missing tensor {name}")))?;
-                if let Some(l) = like {
-                    if l.shape() != shape.as_slice() {
-                        return Err(ck(format!(
-                            "{name}: shape {shape:?}, expected {:?}",
-                            l.shape()
-                        )));
-                    }
+        let take = |map: &HostTensors, name: &str, like: Option<&Tensor>| {
+            let (shape, vals) = map
+                .get(name)
+                .ok_or_else(|| ck(format!("missing tensor {name}")))?;
+            if let Some(l) = like {
+                if l.shape() != shape.as_slice() {
+                    return Err(ck(format!(
+                        "{name}: shape {shape:?}, expected {:?}",
+                        l.shape()
+                    )));
                 }
-                Ok(Tensor::from_vec(vals.clone(), shape, dev)?)
-            };
+            }
+            Ok(Tensor::from_vec(vals.clone(), shape, dev)?)
+        };
         let list = |prefix: &str, like: &[Tensor]| -> Result<Vec<Tensor>, HybridError> {
             like.iter()
                 .enumerate()
@@ -205,8 +205,14 @@ impl HybridTrainer {
             .collect::<tensor_ops::Result<_>>()?;
         let m = list("opt.m", &self.params)?;
         let v = list("opt.v", &self.params)?;
+        let groups: Vec<Tensor> = self
+            .history
+            .group_sizes()
+            .iter()
+            .map(|&n| Tensor::zeros(&[n], dev))
+            .collect::<tensor_ops::Result<_>>()?;
         let deltas: Vec<Vec<Tensor>> = (0..saved.deltas)
-            .map(|j| list(&format!("history.{j}"), &flat))
+            .map(|j| list(&format!("history.{j}"), &groups))
             .collect::<Result<_, _>>()?;
         let basis = match &saved.scales {
             Some(scales) => Some(
@@ -214,8 +220,10 @@ impl HybridTrainer {
                     .iter()
                     .enumerate()
                     .map(|(i, sc)| {
+                        let v = take(&ts, &format!("basis.{i}"), None)?;
                         Ok(Basis {
-                            v: take(&ts, &format!("basis.{i}"), None)?,
+                            slices: self.history.slices(i, &v)?,
+                            v,
                             scale: sc.clone(),
                         })
                     })

@@ -6,7 +6,19 @@ use super::run::{HybridTrainer, StepReport};
 use super::state::StepMeasure;
 use super::{HybridError, Objective, Phase};
 use rssm::SequenceBatch;
+use std::time::Instant;
 use tensor_ops::{no_grad, Tensor};
+
+/// A lap counter: each call returns the seconds since the previous one.
+fn lap_from(start: Instant) -> impl FnMut() -> f64 {
+    let mut last = start;
+    move || {
+        let now = Instant::now();
+        let d = now.duration_since(last).as_secs_f64();
+        last = now;
+        d
+    }
+}
 
 /// Per tensor: ‖g‖², ‖Δ‖², ‖W‖², ‖m‖², Σv, Δ·Δ_prev.
 const STATS: usize = 6;
@@ -22,16 +34,23 @@ impl HybridTrainer {
         // What the world model expects of this step (the span's next entry after a span).
         let span = self.span.take();
         let span_len = span.as_ref().map_or(0, |sp| sp.taken);
+        let clock = Instant::now();
+        let mut one_step_change = None;
         let expected = match &span {
             Some(sp) => Some((sp.coefs[sp.taken].clone(), sp.disagreement[sp.taken])),
             None if self.model_ready() => {
-                let (c, d) = self.predict(1)?;
-                Some((c[0].clone(), d[0]))
+                let p = self.predict(1)?;
+                one_step_change = Some(p.first_change);
+                Some((p.coefs[0].clone(), p.disagreement[0]))
             }
             None => None,
         };
+        let mut lap = lap_from(clock);
+        self.timings.predict += lap();
         let before = self.copy_params()?;
+        self.timings.copies += lap();
         let (loss, grads) = self.adamw_step(obj, s, lr)?;
+        self.timings.adamw += lap();
         if !loss.is_finite() {
             return self.rollback(s, format!("{phase:?} step: loss {loss}"));
         }
@@ -41,11 +60,29 @@ impl HybridTrainer {
             }
         }
         let delta = self.deltas(&before)?;
+        self.timings.copies += lap();
         let stats = self.tensor_stats(&grads, &delta)?;
+        let gdelta = self.history.by_group(&delta)?;
         let projected = match self.history.basis {
-            Some(_) => Some(self.history.project(&delta)?),
+            Some(_) => Some(self.history.project(&gdelta)?),
             None => None,
         };
+        if let (Some(p), Some((c, _)), Some(last)) =
+            (&one_step_change, &projected, self.host.coefs.back())
+        {
+            // Calibrate the weight of predicted changes on this one-step prediction.
+            let scales = self.history.scales();
+            let (mut num, mut den) = (0.0f64, 0.0f64);
+            for (((p, c), l), s) in p.iter().zip(c).zip(last).zip(&scales) {
+                let (p, a) = (f64::from(p / s), f64::from((c - l) / s));
+                num += p * a;
+                den += p * p;
+            }
+            if num.is_finite() && den.is_finite() && last.len() == c.len() {
+                self.host.innov_num = 0.95 * self.host.innov_num + num;
+                self.host.innov_den = 0.95 * self.host.innov_den + den;
+            }
+        }
         let update_error = match (&expected, &projected) {
             (Some((chat, _)), Some((c, sq))) => Some(relative_error(chat, c, sq)),
             _ => None,
@@ -59,6 +96,7 @@ impl HybridTrainer {
                 );
             }
         }
+        self.timings.measure += lap();
         if let (Some((chat, _)), Phase::Correct) = (&expected, phase) {
             if self.cfg.correction_gain > 0.0 {
                 let predicted = self.history.expand(chat)?;
@@ -80,6 +118,7 @@ impl HybridTrainer {
                 )?;
             }
         }
+        self.timings.correct += lap();
         if let Some((_, d)) = &expected {
             let e = self.host.disagreement_ema.map_or(*d, |e| 0.9 * e + 0.1 * d);
             self.host.disagreement_ema = Some(e);
@@ -104,25 +143,27 @@ impl HybridTrainer {
             self.host.features.pop_front();
             self.host.coefs.pop_front();
         }
-        self.history.push(delta.clone());
+        self.history.push(gdelta);
         self.last_delta = Some(delta);
+        self.timings.measure += lap();
         self.host.since_basis += 1;
         if self.history.is_full()
             && (self.history.basis.is_none() || self.host.since_basis >= self.cfg.basis_every)
         {
-            let seed = self.cfg.seed ^ s.wrapping_mul(0x9FB2_1C65_1E98_DF25);
-            let coefs = self.history.refresh_basis(&self.acc, seed)?;
+            let coefs = self.history.refresh_basis(&self.acc)?;
             self.host.coefs = coefs.into();
             self.host.since_basis = 0;
         }
+        self.timings.basis += lap();
         self.train_world_model()?;
+        self.timings.world_train += lap();
         self.host.full_since_span = if phase == Phase::Correct {
             1
         } else {
             self.host.full_since_span + 1
         };
         self.host.step += 1;
-        if self.host.step % self.cfg.holdout_every == 0 {
+        if self.host.step.is_multiple_of(self.cfg.holdout_every) {
             let h = obj.holdout_loss().map_err(HybridError::Objective)?;
             self.counters.forward_passes += 1;
             let limit = self
@@ -143,6 +184,7 @@ impl HybridTrainer {
             self.host.holdout_best = Some(self.host.holdout_best.map_or(h, |b| b.min(h)));
             self.take_good()?;
         }
+        self.timings.holdout += lap();
         tracing::debug!(
             "step {s} {phase:?}: loss {loss:.4}, update error {update_error:?} (EMA {:?}), \
              disagreement {:?} (EMA {:?})",
@@ -172,7 +214,7 @@ impl HybridTrainer {
                     .get(p)
                     .ok_or(HybridError::NonFinite("gradient (missing)"))?;
                 let d = &delta[i];
-                parts.push(sq(&g)?);
+                parts.push(sq(g)?);
                 parts.push(sq(d)?);
                 parts.push(sq(&p.detach())?);
                 parts.push(sq(&m[i])?);

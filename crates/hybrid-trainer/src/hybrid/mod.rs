@@ -47,7 +47,7 @@ pub mod state;
 mod updates;
 
 pub use checkpoint::MODEL_FILE;
-pub use run::{Counters, HybridTrainer, StepReport};
+pub use run::{Counters, HybridTrainer, StepReport, Timings};
 pub use state::{StepMeasure, TrainingState, FEATURE_TABLE};
 
 use serde::{Deserialize, Serialize};

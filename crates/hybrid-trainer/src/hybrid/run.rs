@@ -24,6 +24,44 @@ pub struct Counters {
     pub world_model_updates: u64,
 }
 
+/// Where the trainer's time went, in seconds (host wall-clock; each part ends in a host read,
+/// so device work is included). Not part of checkpoints' equality: timings vary run to run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Timings {
+    /// Forward, backward and AdamW of full steps.
+    pub adamw: f64,
+    /// Copies of the weights before a full step and the updates after it.
+    pub copies: f64,
+    /// Features, the update's coefficients and norms (one host read).
+    pub measure: f64,
+    /// The world model's rollouts (`predict_batch`).
+    pub predict: f64,
+    /// Predicted updates applied (`apply_corrections`).
+    pub apply: f64,
+    /// Drift corrections (`compress_residuals` + `apply_corrections`).
+    pub correct: f64,
+    /// Basis refreshes (`compress_residuals`).
+    pub basis: f64,
+    /// The world model's training.
+    pub world_train: f64,
+    /// Held-out checks and good snapshots.
+    pub holdout: f64,
+}
+
+impl Timings {
+    /// Everything but `adamw`: what the hybrid adds to plain training.
+    pub fn overhead(&self) -> f64 {
+        self.copies
+            + self.measure
+            + self.predict
+            + self.apply
+            + self.correct
+            + self.basis
+            + self.world_train
+            + self.holdout
+    }
+}
+
 /// What one step did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepReport {
@@ -38,6 +76,13 @@ pub struct StepReport {
     pub update_error: Option<f32>,
     /// Set when this step rolled back (the step index then goes back).
     pub rollback: Option<String>,
+}
+
+/// What [`HybridTrainer::predict`] returns.
+pub(crate) struct Prediction {
+    pub(crate) coefs: Vec<Vec<f32>>,
+    pub(crate) disagreement: Vec<f32>,
+    pub(crate) first_change: Vec<f32>,
 }
 
 /// The span of predicted steps in progress: the world model's coefficients (unscaled) and
@@ -64,6 +109,12 @@ pub(crate) struct HostState {
     pub(crate) holdout_best: Option<f32>,
     pub(crate) predicted_since_good: bool,
     pub(crate) cooldown_until: u64,
+    /// Running sums (decay 0.95) of Σ p·a and Σ p² over one-step predictions on full steps,
+    /// p the world model's predicted change of the coefficients and a the actual one (each
+    /// divided by its scale): their ratio, clamped to [0, 1], is how much of the predicted
+    /// change a prediction applies (0: persistence).
+    pub(crate) innov_num: f64,
+    pub(crate) innov_den: f64,
 }
 
 /// The last good point: weights, optimiser state and the host state.
@@ -90,6 +141,7 @@ pub struct HybridTrainer {
     pub(crate) last_delta_sq: f64,
     pub(crate) good: Option<Good>,
     pub(crate) counters: Counters,
+    pub(crate) timings: Timings,
     pub(crate) total_steps: u64,
 }
 
@@ -112,8 +164,11 @@ impl HybridTrainer {
             });
         }
         let device = store.device();
-        let history = UpdateHistory::new(params.clone(), cfg.history, cfg.rank);
         let state = TrainingState::new(params.len());
+        let group: Vec<usize> = (0..params.len())
+            .map(|i| state.group_of(i, params.len()))
+            .collect();
+        let history = UpdateHistory::new(params.clone(), &group, cfg.history, cfg.rank);
         let width = state.width() + history.coefficients();
         let rc = cfg.world.config(width, width, cfg.seed ^ 0x5EED_0F1D);
         let acc = if cfg.mode == Mode::Hybrid {
@@ -141,12 +196,15 @@ impl HybridTrainer {
                 holdout_best: None,
                 predicted_since_good: false,
                 cooldown_until: 0,
+                innov_num: 0.0,
+                innov_den: 0.0,
             },
             span: None,
             last_delta: None,
             last_delta_sq: 0.0,
             good: None,
             counters: Counters::default(),
+            timings: Timings::default(),
             total_steps,
         };
         if t.cfg.mode == Mode::Hybrid {
@@ -162,6 +220,11 @@ impl HybridTrainer {
 
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Where the time went so far (this process; not restored by a resume).
+    pub fn timings(&self) -> &Timings {
+        &self.timings
     }
 
     pub fn config(&self) -> &HybridConfig {
@@ -386,24 +449,50 @@ impl HybridTrainer {
         trained && self.history.basis.is_some() && self.host.features.len() >= self.cfg.context
     }
 
-    /// The world model's next `steps` predictions: unscaled coefficients and disagreement.
-    pub(crate) fn predict(&self, steps: usize) -> Result<(Vec<Vec<f32>>, Vec<f32>), HybridError> {
+    /// How much of the world model's predicted change a prediction applies: the regression
+    /// coefficient of actual on predicted changes, clamped to [0, 1] (0 until measured).
+    pub(crate) fn innovation_weight(&self) -> f32 {
+        let (n, d) = (self.host.innov_num, self.host.innov_den);
+        if d > 0.0 {
+            (n / d).clamp(0.0, 1.0) as f32
+        } else {
+            0.0
+        }
+    }
+
+    /// The world model's next `steps` predictions: the coefficients (unscaled: the last full
+    /// step's plus the weighted predicted changes), the disagreement, and the first step's
+    /// predicted change (unweighted, unscaled).
+    pub(crate) fn predict(&self, steps: usize) -> Result<Prediction, HybridError> {
         let p = self.acc.predict_batch(&self.context()?, steps)?;
         let mean = p.mean.to_vec()?;
         let dis = p.disagreement.to_vec()?;
         let f = self.host.state.width();
         let d = p.mean.shape()[2];
         let scales = self.history.scales();
+        let alpha = self.innovation_weight();
         let mut c = self.host.coefs.back().cloned().unwrap_or_default();
+        let change = |i: usize| -> Vec<f32> {
+            mean[i * d + f..(i + 1) * d]
+                .iter()
+                .zip(&scales)
+                .map(|(x, s)| x * s)
+                .collect()
+        };
+        let first = change(0);
         let coefs = (0..steps)
             .map(|i| {
-                for ((c, d), s) in c.iter_mut().zip(&mean[i * d + f..(i + 1) * d]).zip(&scales) {
-                    *c += d * s;
+                for (c, x) in c.iter_mut().zip(change(i)) {
+                    *c += alpha * x;
                 }
                 c.clone()
             })
             .collect();
-        Ok((coefs, dis))
+        Ok(Prediction {
+            coefs,
+            disagreement: dis,
+            first_change: first,
+        })
     }
 
     /// The gate for predicted step `i` of the span.
@@ -439,11 +528,13 @@ impl HybridTrainer {
             && self.host.full_since_span >= self.cfg.full_between
             && self.model_ready();
         if may_open {
-            let (coefs, disagreement) = self.predict(self.cfg.max_span + 1)?;
-            if self.gate(disagreement[0]) {
+            let t0 = std::time::Instant::now();
+            let p = self.predict(self.cfg.max_span + 1)?;
+            self.timings.predict += t0.elapsed().as_secs_f64();
+            if self.gate(p.disagreement[0]) {
                 self.span = Some(Span {
-                    coefs,
-                    disagreement,
+                    coefs: p.coefs,
+                    disagreement: p.disagreement,
                     taken: 0,
                 });
                 return self.predicted_step(obj, s, lr);
@@ -467,7 +558,10 @@ impl HybridTrainer {
         let i = span.taken;
         span.taken += 1;
         let (coefs, dis) = (span.coefs[i].clone(), span.disagreement[i]);
-        if let Err(e) = self.history.apply_predicted(&self.acc, &coefs) {
+        let t0 = std::time::Instant::now();
+        let applied = self.history.apply_predicted(&self.acc, &coefs);
+        self.timings.apply += t0.elapsed().as_secs_f64();
+        if let Err(e) = applied {
             return match e {
                 HybridError::NonFinite(_) | HybridError::Accelerator(_) => {
                     self.rollback(s, format!("predicted update refused: {e}"))

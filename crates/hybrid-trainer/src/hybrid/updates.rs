@@ -4,25 +4,30 @@
 //! (through `GpuAccelerator::apply_corrections`).
 
 use super::HybridError;
-use rssm::{GpuAccelerator, LowRank, SvdOptions};
+use rssm::{GpuAccelerator, LowRank, SvdMethod, SvdOptions};
 use std::collections::VecDeque;
 use tensor_ops::{no_grad, Tensor};
 
-/// One parameter tensor's rank-r basis: `v` `[N, r]` with orthonormal columns, and the scale
-/// of each coefficient (the RMS over the history), so the world model sees unit-scale targets.
+/// One parameter group's rank-r basis: `v` `[N, r]` with orthonormal columns (N the group's
+/// elements, its tensors flattened one after the other), each member tensor's rows of it, and
+/// the scale of each coefficient (the RMS over the history), so the world model sees
+/// unit-scale values.
 pub(crate) struct Basis {
     pub(crate) v: Tensor,
+    pub(crate) slices: Vec<Tensor>,
     pub(crate) scale: Vec<f32>,
 }
 
-/// The update history of a model's parameters, all on the model's device.
+/// The update history of a model's parameters by group, all on the model's device.
 pub(crate) struct UpdateHistory {
     pub(crate) k: usize,
     pub(crate) rank: usize,
     pub(crate) params: Vec<Tensor>,
-    /// The last `k` updates: per entry, one flattened `[N]` delta per tensor.
+    /// The tensors of each group, in order.
+    pub(crate) members: Vec<Vec<usize>>,
+    /// The last `k` updates: per entry, one flattened `[N_g]` delta per group.
     pub(crate) deltas: VecDeque<Vec<Tensor>>,
-    /// Per tensor, when computed.
+    /// Per group, when computed.
     pub(crate) basis: Option<Vec<Basis>>,
 }
 
@@ -42,22 +47,72 @@ pub(crate) fn matrix_shape(shape: &[usize]) -> (usize, usize) {
 }
 
 impl UpdateHistory {
-    pub(crate) fn new(params: Vec<Tensor>, k: usize, rank: usize) -> UpdateHistory {
+    /// `group[i]` is tensor i's group (groups numbered from 0, contiguous).
+    pub(crate) fn new(
+        params: Vec<Tensor>,
+        group: &[usize],
+        k: usize,
+        rank: usize,
+    ) -> UpdateHistory {
+        let n = group.iter().max().map_or(0, |g| g + 1);
+        let mut members = vec![Vec::new(); n];
+        for (i, &g) in group.iter().enumerate() {
+            members[g].push(i);
+        }
+        members.retain(|m| !m.is_empty());
         UpdateHistory {
             k,
             rank,
             params,
+            members,
             deltas: VecDeque::new(),
             basis: None,
         }
     }
 
-    /// The rank of each tensor's basis.
-    pub(crate) fn ranks(&self) -> Vec<usize> {
-        self.params
+    /// Each group's element count.
+    pub(crate) fn group_sizes(&self) -> Vec<usize> {
+        self.members
             .iter()
-            .map(|p| rank_of(self.rank, self.k, p.numel()))
+            .map(|m| m.iter().map(|&i| self.params[i].numel()).sum())
             .collect()
+    }
+
+    /// The rank of each group's basis.
+    pub(crate) fn ranks(&self) -> Vec<usize> {
+        self.group_sizes()
+            .iter()
+            .map(|&n| rank_of(self.rank, self.k, n))
+            .collect()
+    }
+
+    /// Per-tensor flattened updates joined into one `[N_g]` vector per group.
+    pub(crate) fn by_group(&self, delta: &[Tensor]) -> Result<Vec<Tensor>, HybridError> {
+        Ok(no_grad(|| {
+            self.members
+                .iter()
+                .map(|m| {
+                    let parts: Vec<&Tensor> = m.iter().map(|&i| &delta[i]).collect();
+                    if parts.len() == 1 {
+                        Ok(parts[0].clone())
+                    } else {
+                        Tensor::cat(&parts, 0)
+                    }
+                })
+                .collect::<tensor_ops::Result<Vec<_>>>()
+        })?)
+    }
+
+    /// Each member tensor's rows `[N_p, r]` of a group basis `v`.
+    pub(crate) fn slices(&self, g: usize, v: &Tensor) -> Result<Vec<Tensor>, HybridError> {
+        let mut at = 0;
+        let mut out = Vec::new();
+        for &i in &self.members[g] {
+            let n = self.params[i].numel();
+            out.push(no_grad(|| v.narrow(0, at, n))?);
+            at += n;
+        }
+        Ok(out)
     }
 
     /// The number of coefficients C = Σ ranks: the width the world model predicts beside the
@@ -76,7 +131,8 @@ impl UpdateHistory {
         self.basis = None;
     }
 
-    /// Adds one full step's update (flattened per tensor), dropping the oldest beyond `k`.
+    /// Adds one full step's update (per group, from [`UpdateHistory::by_group`]), dropping the
+    /// oldest beyond `k`.
     pub(crate) fn push(&mut self, delta: Vec<Tensor>) {
         self.deltas.push_back(delta);
         while self.deltas.len() > self.k {
@@ -84,54 +140,31 @@ impl UpdateHistory {
         }
     }
 
-    /// Recomputes every tensor's basis from the stored updates: the top right singular vectors
-    /// of the `[k, N]` history (randomized SVD, `compress_residuals`), each column's sign
-    /// chosen to agree with the previous basis so coefficients keep their meaning across
-    /// refreshes. Returns the coefficients of the stored updates in the new basis, `[k][C]`
-    /// (unscaled).
+    /// Recomputes every group's basis from the stored updates: the top right singular vectors
+    /// of the `[k, N_g]` history (`compress_residuals` by its Gram matrix: one pass over the
+    /// history), each column's sign chosen to agree with the previous basis so coefficients
+    /// keep their meaning across refreshes. Returns the coefficients of the stored updates in
+    /// the new basis, `[k][C]` (unscaled).
     pub(crate) fn refresh_basis(
         &mut self,
         acc: &GpuAccelerator,
-        seed: u64,
     ) -> Result<Vec<Vec<f32>>, HybridError> {
         let ranks = self.ranks();
         let k = self.deltas.len();
         let mut out = vec![Vec::new(); k];
-        let mut bases = Vec::with_capacity(self.params.len());
-        for (i, &r) in ranks.iter().enumerate() {
-            let n = self.params[i].numel();
-            let rows: Vec<Tensor> = no_grad(|| {
-                self.deltas
-                    .iter()
-                    .map(|d| d[i].reshape(&[1, n]))
-                    .collect::<tensor_ops::Result<_>>()
-            })?;
-            let refs: Vec<&Tensor> = rows.iter().collect();
-            let h = no_grad(|| Tensor::cat(&refs, 0))?;
-            let opts = SvdOptions {
-                seed: seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                ..SvdOptions::default()
-            };
-            // An all-zero history (a frozen tensor) has no direction: any orthonormal basis
-            // does, with zero coefficients.
-            if all_zero(&h)? {
-                let mut e = vec![0.0f32; n * r];
-                for j in 0..r {
-                    e[j * r + j] = 1.0;
-                }
-                for row in out.iter_mut() {
-                    row.extend(std::iter::repeat_n(0.0, r));
-                }
-                bases.push(Basis {
-                    v: Tensor::from_vec(e, &[n, r], h.device())?,
-                    scale: vec![1.0; r],
-                });
-                continue;
-            }
+        let mut bases = Vec::with_capacity(self.members.len());
+        let opts = SvdOptions {
+            method: SvdMethod::Gram,
+            ..SvdOptions::default()
+        };
+        for (g, &r) in ranks.iter().enumerate() {
+            let rows: Vec<&Tensor> = self.deltas.iter().map(|d| &d[g]).collect();
+            let n = rows[0].numel();
+            let h = no_grad(|| Tensor::cat(&rows, 0)?.reshape(&[k, n]))?;
             let svd = acc.compress_residuals(&h, r, &opts)?;
             let (u, s) = (svd.u().to_vec()?, svd.s().to_vec()?);
             let mut signs = vec![1.0f32; r];
-            if let Some(old) = self.basis.as_ref().map(|b| &b[i].v) {
+            if let Some(old) = self.basis.as_ref().map(|b| &b[g].v) {
                 let dots = no_grad(|| svd.v().matmul_t(old, true, false))?.to_vec()?;
                 for (j, sg) in signs.iter_mut().enumerate() {
                     if dots[j * r + j] < 0.0 {
@@ -153,18 +186,27 @@ impl UpdateHistory {
                     row.push(c);
                 }
             }
+            let top = scale.iter().cloned().fold(0.0, f64::max);
+            // A direction with no energy (σ = 0) keeps a unit scale: its coefficients are 0.
             let scale = scale
                 .iter()
-                .map(|q| ((q / k.max(1) as f64).sqrt() as f32).max(1e-30))
+                .map(|&q| {
+                    if q > 1e-12 * top && q > 0.0 {
+                        (q / k as f64).sqrt() as f32
+                    } else {
+                        1.0
+                    }
+                })
                 .collect();
-            bases.push(Basis { v, scale });
+            let slices = self.slices(g, &v)?;
+            bases.push(Basis { v, slices, scale });
         }
         self.basis = Some(bases);
         Ok(out)
     }
 
-    /// The coefficients `[C]` of an update in the current basis, with each tensor's squared
-    /// norm `‖Δ‖²` (one host read for all).
+    /// The coefficients `[C]` of an update (per group) in the current basis, with each group's
+    /// squared norm `‖Δ‖²` (one host read for all).
     pub(crate) fn project(&self, delta: &[Tensor]) -> Result<(Vec<f32>, Vec<f32>), HybridError> {
         let basis = self.basis.as_ref().ok_or(HybridError::NoBasis)?;
         let mut parts = Vec::with_capacity(2 * delta.len());
@@ -199,44 +241,56 @@ impl UpdateHistory {
             .collect()
     }
 
-    /// The update `Σ_j c_j·v_j` of each tensor for coefficients `[C]` (unscaled), flattened.
-    pub(crate) fn expand(&self, coefs: &[f32]) -> Result<Vec<Tensor>, HybridError> {
+    /// For each tensor, with its group's coefficients (unscaled) as `[1, r]` and its rows of
+    /// the group's basis.
+    fn per_tensor(&self, coefs: &[f32]) -> Result<Vec<(usize, Tensor, Tensor)>, HybridError> {
         let basis = self.basis.as_ref().ok_or(HybridError::NoBasis)?;
         let mut at = 0;
-        let mut out = Vec::with_capacity(basis.len());
-        for (b, p) in basis.iter().zip(&self.params) {
+        let mut out = Vec::with_capacity(self.params.len());
+        for (g, b) in basis.iter().enumerate() {
             let r = b.scale.len();
-            let c = Tensor::from_vec(coefs[at..at + r].to_vec(), &[1, r], p.device())?;
+            let dev = b.v.device();
+            let c = Tensor::from_vec(coefs[at..at + r].to_vec(), &[1, r], dev)?;
             at += r;
-            out.push(no_grad(|| {
-                c.matmul_t(&b.v, false, true)?.reshape(&[p.numel()])
-            })?);
+            for (&i, slice) in self.members[g].iter().zip(&b.slices) {
+                out.push((i, c.clone(), slice.clone()));
+            }
         }
+        out.sort_by_key(|e| e.0);
         Ok(out)
     }
 
+    /// The update `Σ_j c_j·v_j` of each tensor for coefficients `[C]` (unscaled), flattened.
+    pub(crate) fn expand(&self, coefs: &[f32]) -> Result<Vec<Tensor>, HybridError> {
+        self.per_tensor(coefs)?
+            .into_iter()
+            .map(|(i, c, v)| {
+                Ok(no_grad(|| {
+                    c.matmul_t(&v, false, true)?
+                        .reshape(&[self.params[i].numel()])
+                })?)
+            })
+            .collect()
+    }
+
     /// A predicted step: `W += Σ_j c_j·v_j` on every tensor, in place, through
-    /// `apply_corrections` on the tensor's `[1, N]` view (`U` = the coefficients, `S` = 1,
-    /// `V` = the basis). Every tensor is checked before any is written (all factors finite).
+    /// `apply_corrections` on the tensor's `[1, N]` view (`U` = its group's coefficients,
+    /// `S` = 1, `V` = its rows of the group basis). Every factor is checked before any tensor
+    /// is written (all finite).
     pub(crate) fn apply_predicted(
         &self,
         acc: &GpuAccelerator,
         coefs: &[f32],
     ) -> Result<(), HybridError> {
-        let basis = self.basis.as_ref().ok_or(HybridError::NoBasis)?;
         if coefs.iter().any(|c| !c.is_finite()) {
             return Err(HybridError::NonFinite("predicted coefficients"));
         }
-        let mut at = 0;
-        let mut plans = Vec::with_capacity(basis.len());
-        for (b, p) in basis.iter().zip(&self.params) {
-            let r = b.scale.len();
-            let dev = p.device();
-            let u = Tensor::from_vec(coefs[at..at + r].to_vec(), &[1, r], dev)?;
-            let s = Tensor::ones(&[r], dev)?;
-            at += r;
+        let mut plans = Vec::with_capacity(self.params.len());
+        for (i, u, v) in self.per_tensor(coefs)? {
+            let p = &self.params[i];
+            let s = Tensor::ones(&[u.numel()], p.device())?;
             let view = no_grad(|| p.detach().reshape(&[1, p.numel()]))?;
-            plans.push((view, LowRank::from_tensors(u, s, b.v.clone())?));
+            plans.push((view, LowRank::from_tensors(u, s, v)?));
         }
         for (view, lr) in &plans {
             acc.apply_corrections(view, lr)?;
