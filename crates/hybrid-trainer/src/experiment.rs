@@ -80,8 +80,10 @@ pub fn run(device: Device, a: &ExperimentArgs) -> Result<()> {
                 .collect::<Vec<_>>(),
         )
         .0;
+        // Evenly spaced predicted steps after warm-up, as many as give the hybrid's budget.
         let iters = a.job.iters as f64;
-        let fraction = (1.0 - backward / iters).clamp(0.0, 0.99);
+        let after = (a.job.iters.saturating_sub(a.job.warmup)).max(1) as f64;
+        let fraction = ((iters - backward) / after).clamp(0.0, 0.99);
         let compressed = backward.round().max(1.0) as u64;
         for &s in &a.seeds {
             go("adamw-compressed", s, &|j| {

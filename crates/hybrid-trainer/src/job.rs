@@ -60,8 +60,9 @@ pub struct JobArgs {
     pub eval_interval: u64,
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     pub eval_iters: u32,
-    /// Longest predicted span (hybrid).
-    #[arg(long, default_value_t = 3)]
+    /// Longest predicted span (hybrid). Longer spans compound the prediction error (measured:
+    /// docs/hybrid-trainer.md).
+    #[arg(long, default_value_t = 1)]
     pub max_span: usize,
     /// Rank of each parameter tensor's update basis (hybrid).
     #[arg(long, default_value_t = 4)]
@@ -72,6 +73,12 @@ pub struct JobArgs {
     /// The gate's bound on the world model's relative update error (hybrid).
     #[arg(long, default_value_t = 0.9)]
     pub gate_error: f32,
+    /// Drift-correction gain per predicted step of a span (hybrid; 0: no correction).
+    #[arg(long, default_value_t = 0.5)]
+    pub correction_gain: f32,
+    /// Train the world model every this many full steps (hybrid).
+    #[arg(long, default_value_t = 1)]
+    pub world_every: u64,
     /// World-model size: GRU hidden width (the model: 256).
     #[arg(long, default_value_t = 256)]
     pub world_hidden: usize,
@@ -222,6 +229,8 @@ pub fn hybrid_config(a: &JobArgs) -> HybridConfig {
         rank: a.rank,
         history: a.history,
         gate_error: a.gate_error,
+        correction_gain: a.correction_gain,
+        rssm_every: a.world_every,
         seed: a.seed,
         ..HybridConfig::default()
     };
@@ -426,10 +435,15 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
             });
             summary.best_val = summary.best_val.min(va);
             summary.final_val = va;
-            bar.println(format!(
+            let line = format!(
                 "step {done}: train {tr:.4}, val {va:.4}, {} backward passes, {:.1} s",
                 c.backward_passes, summary.train_seconds
-            ));
+            );
+            if a.quiet {
+                println!("{line}");
+            } else {
+                bar.println(line);
+            }
         }
         let stop = a.stop_after.is_some_and(|s| done >= s);
         if (a.checkpoint_every > 0 && done % a.checkpoint_every == 0) || done == a.iters || stop {
@@ -473,7 +487,9 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         t.world_train,
         t.holdout
     ));
-    println!("{}", summary.record.notes.last().map_or("", |s| s.as_str()));
+    for n in &summary.record.notes {
+        println!("{n}");
+    }
     let paths = report::write_report(&a.out, "report", &summary.record)?;
     std::fs::write(
         a.out.join("summary.json"),

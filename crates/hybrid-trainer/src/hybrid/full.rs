@@ -83,8 +83,14 @@ impl HybridTrainer {
                 self.host.innov_den = 0.95 * self.host.innov_den + den;
             }
         }
+        // The error of what would have been applied (the gains as they stood), then the gains
+        // learn from this step.
         let update_error = match (&expected, &projected) {
-            (Some((chat, _)), Some((c, sq))) => Some(relative_error(chat, c, sq)),
+            (Some((chat, _)), Some((c, sq))) if chat.len() == c.len() => {
+                let e = relative_error(&self.with_gains(chat), c, sq);
+                self.score_gains(chat, c);
+                Some(e)
+            }
             _ => None,
         };
         if let (Some((c, sq)), Some(prev)) = (&projected, self.host.coefs.back()) {
@@ -99,7 +105,7 @@ impl HybridTrainer {
         self.timings.measure += lap();
         if let (Some((chat, _)), Phase::Correct) = (&expected, phase) {
             if self.cfg.correction_gain > 0.0 {
-                let predicted = self.history.expand(chat)?;
+                let predicted = self.history.expand(&self.with_gains(chat))?;
                 let residual = no_grad(|| {
                     delta
                         .iter()
@@ -163,7 +169,9 @@ impl HybridTrainer {
             self.host.full_since_span + 1
         };
         self.host.step += 1;
-        if self.host.step.is_multiple_of(self.cfg.holdout_every) {
+        if self.host.step >= self.host.next_holdout {
+            let every = self.cfg.holdout_every;
+            self.host.next_holdout = (self.host.step / every + 1) * every;
             let h = obj.holdout_loss().map_err(HybridError::Objective)?;
             self.counters.forward_passes += 1;
             let limit = self
@@ -310,7 +318,11 @@ impl HybridTrainer {
         let ready = self.history.basis.is_some()
             && k > t
             && self.host.coefs.iter().all(|c| !c.is_empty())
-            && self.cfg.rssm_steps_per_full > 0;
+            && self.cfg.rssm_every > 0
+            && self
+                .counters
+                .backward_passes
+                .is_multiple_of(self.cfg.rssm_every.max(1));
         if !ready {
             return Ok(());
         }
@@ -326,10 +338,8 @@ impl HybridTrainer {
         let batch = SequenceBatch::new(Tensor::from_vec(xs, &[b, t, w], self.device())?);
         let lr = self.cfg.rssm_lr;
         let model = self.acc.model_mut().ok_or(HybridError::NoBasis)?;
-        for _ in 0..self.cfg.rssm_steps_per_full {
-            model.train_step(&batch, lr)?;
-            self.counters.world_model_updates += 1;
-        }
+        model.train_step(&batch, lr)?;
+        self.counters.world_model_updates += 1;
         Ok(())
     }
 }

@@ -97,8 +97,8 @@ pub struct HybridConfig {
     pub full_between: usize,
     /// Full steps between basis refreshes.
     pub basis_every: usize,
-    /// World-model training steps per full step (0: none).
-    pub rssm_steps_per_full: usize,
+    /// One world-model training step every this many full steps (0: never).
+    pub rssm_every: u64,
     /// World-model training steps before its predictions are used.
     pub rssm_min_steps: u64,
     pub rssm_lr: f32,
@@ -128,10 +128,10 @@ impl Default for HybridConfig {
             history: 8,
             rank: 2,
             context: 4,
-            max_span: 3,
+            max_span: 1,
             full_between: 1,
             basis_every: 4,
-            rssm_steps_per_full: 1,
+            rssm_every: 1,
             rssm_min_steps: 20,
             rssm_lr: 1e-3,
             gate_disagreement: 2.0,

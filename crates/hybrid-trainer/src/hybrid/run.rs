@@ -115,6 +115,14 @@ pub(crate) struct HostState {
     /// change a prediction applies (0: persistence).
     pub(crate) innov_num: f64,
     pub(crate) innov_den: f64,
+    /// The step index at or after which the next held-out check runs (at the first full
+    /// step there: a predicted span may straddle a multiple of `holdout_every`).
+    pub(crate) next_holdout: u64,
+    /// Per group, running sums (decay 0.9) of ⟨c, ĉ⟩ and ‖ĉ‖² over the world model's
+    /// predictions scored on full steps (c the actual coefficients, ĉ the predicted): their
+    /// ratio, clamped to [0, 1], is the least-squares gain a predicted update is applied with.
+    pub(crate) gain_num: Vec<f64>,
+    pub(crate) gain_den: Vec<f64>,
 }
 
 /// The last good point: weights, optimiser state and the host state.
@@ -176,6 +184,7 @@ impl HybridTrainer {
         } else {
             GpuAccelerator::new(device)?
         };
+        let holdout_every = cfg.holdout_every;
         let mut t = HybridTrainer {
             max_grad_norm: adamw.max_grad_norm,
             cfg,
@@ -198,6 +207,9 @@ impl HybridTrainer {
                 cooldown_until: 0,
                 innov_num: 0.0,
                 innov_den: 0.0,
+                next_holdout: holdout_every,
+                gain_num: Vec::new(),
+                gain_den: Vec::new(),
             },
             span: None,
             last_delta: None,
@@ -296,7 +308,9 @@ impl HybridTrainer {
         s: u64,
         lr: f32,
     ) -> Result<StepReport, HybridError> {
+        let t0 = std::time::Instant::now();
         let (l, _) = self.adamw_step(obj, s, lr)?;
+        self.timings.adamw += t0.elapsed().as_secs_f64();
         if !l.is_finite() {
             return Err(HybridError::Diverged {
                 step: s,
@@ -449,6 +463,61 @@ impl HybridTrainer {
         trained && self.history.basis.is_some() && self.host.features.len() >= self.cfg.context
     }
 
+    /// Each group's gain (see [`HostState::gain_num`]; 0 until measured).
+    pub(crate) fn gains(&self) -> Vec<f32> {
+        self.history
+            .ranks()
+            .iter()
+            .enumerate()
+            .map(|(g, _)| {
+                let (n, d) = (
+                    self.host.gain_num.get(g).copied().unwrap_or(0.0),
+                    self.host.gain_den.get(g).copied().unwrap_or(0.0),
+                );
+                if d > 0.0 {
+                    (n / d).clamp(0.0, 1.0) as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+
+    /// Coefficients `[C]` with each group's gain applied: what a predicted step applies.
+    pub(crate) fn with_gains(&self, coefs: &[f32]) -> Vec<f32> {
+        let gains = self.gains();
+        let mut out = Vec::with_capacity(coefs.len());
+        let mut at = 0;
+        for (r, g) in self.history.ranks().iter().zip(gains) {
+            out.extend(coefs[at..at + r].iter().map(|c| c * g));
+            at += r;
+        }
+        out
+    }
+
+    /// Scores a raw prediction `chat` against the actual coefficients `c`: updates each group's
+    /// gain sums.
+    pub(crate) fn score_gains(&mut self, chat: &[f32], c: &[f32]) {
+        let ranks = self.history.ranks();
+        if self.host.gain_num.len() != ranks.len() {
+            self.host.gain_num = vec![0.0; ranks.len()];
+            self.host.gain_den = vec![0.0; ranks.len()];
+        }
+        let mut at = 0;
+        for (g, r) in ranks.iter().enumerate() {
+            let (mut num, mut den) = (0.0f64, 0.0f64);
+            for j in at..at + r {
+                num += f64::from(c[j]) * f64::from(chat[j]);
+                den += f64::from(chat[j]) * f64::from(chat[j]);
+            }
+            at += r;
+            if num.is_finite() && den.is_finite() {
+                self.host.gain_num[g] = 0.9 * self.host.gain_num[g] + num;
+                self.host.gain_den[g] = 0.9 * self.host.gain_den[g] + den;
+            }
+        }
+    }
+
     /// How much of the world model's predicted change a prediction applies: the regression
     /// coefficient of actual on predicted changes, clamped to [0, 1] (0 until measured).
     pub(crate) fn innovation_weight(&self) -> f32 {
@@ -558,8 +627,19 @@ impl HybridTrainer {
         let i = span.taken;
         span.taken += 1;
         let (coefs, dis) = (span.coefs[i].clone(), span.disagreement[i]);
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let last = self.host.coefs.back().map_or(0.0, |c| norm(c));
+            tracing::debug!(
+                "step {s} predicted ({i}): |c| {:.3e} vs last full step's {last:.3e}, weight {}",
+                norm(&coefs),
+                self.innovation_weight()
+            );
+        }
         let t0 = std::time::Instant::now();
-        let applied = self.history.apply_predicted(&self.acc, &coefs);
+        let applied = self
+            .history
+            .apply_predicted(&self.acc, &self.with_gains(&coefs));
         self.timings.apply += t0.elapsed().as_secs_f64();
         if let Err(e) = applied {
             return match e {
