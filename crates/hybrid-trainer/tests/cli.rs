@@ -130,3 +130,115 @@ fn train_gpt_reports_a_batch_too_large_to_hold_as_an_error() {
         "{err}"
     );
 }
+
+/// The main job's flags for a tiny hybrid run on `corpus` into `out`.
+fn job_args<'a>(corpus: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "--device",
+        "cpu",
+        "--data",
+        corpus,
+        "--iters",
+        "60",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--embd",
+        "16",
+        "--block",
+        "16",
+        "--batch",
+        "4",
+        "--warmup",
+        "16",
+        "--eval-interval",
+        "20",
+        "--eval-iters",
+        "2",
+        "--world-hidden",
+        "16",
+        "--quiet",
+        "--out",
+        out,
+    ]
+}
+
+/// An interrupted main job (`--stop-after`, as a kill after a checkpoint would leave it)
+/// resumed with `--resume` ends with the same model, optimiser, world model and trainer state,
+/// byte for byte, as the run that was never interrupted; both write the report files.
+#[test]
+fn the_main_job_resumes_bit_for_bit() {
+    let corpus = Corpus::new("resume");
+    let data = corpus.0.to_str().unwrap();
+    let base = std::env::temp_dir().join(format!("hybrid-job-resume-{}", std::process::id()));
+    let (a, b) = (base.join("straight"), base.join("cut"));
+    let (sa, sb) = (a.to_str().unwrap(), b.to_str().unwrap());
+    Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(job_args(data, sa))
+        .assert()
+        .success();
+    let stopped = Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(job_args(data, sb))
+        .args(["--stop-after", "37"])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&stopped.get_output().stdout).into_owned();
+    assert!(
+        !b.join("report.md").exists(),
+        "a stopped run writes no report"
+    );
+    assert!(
+        text.contains("--stop-after") || b.join("checkpoint").exists(),
+        "{text}"
+    );
+    Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(job_args(data, sb))
+        .args(["--resume", sb])
+        .assert()
+        .success();
+    for f in [
+        "model.safetensors",
+        "trainer.safetensors",
+        "world_model.safetensors",
+    ] {
+        let (x, y) = (
+            std::fs::read(a.join("checkpoint").join(f)).unwrap(),
+            std::fs::read(b.join("checkpoint").join(f)).unwrap(),
+        );
+        assert!(x == y, "{f} differs after the resume");
+    }
+    for f in ["report.md", "report.json", "report.png", "summary.json"] {
+        assert!(a.join(f).exists() && b.join(f).exists(), "{f}");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(b.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["finished"], true);
+    assert!(
+        summary["counters"]["predicted_steps"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
+    std::fs::remove_dir_all(&base).ok();
+}
+
+/// With no subcommand the binary runs the main job (here shortened by flags).
+#[test]
+fn no_subcommand_runs_the_main_job() {
+    let corpus = Corpus::new("main-job");
+    let out = std::env::temp_dir().join(format!("hybrid-job-main-{}", std::process::id()));
+    let o = Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(job_args(corpus.0.to_str().unwrap(), out.to_str().unwrap()))
+        .args(["--mode", "baseline"])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&o.get_output().stdout).into_owned();
+    assert!(
+        text.contains("baseline training: GPT") && text.contains("done: val"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}
