@@ -348,7 +348,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         a.mode, a.layers, a.embd, model.num_params(), a.block, a.batch, a.iters, summary.record.corpus
     );
     if a.iters == 600 && a.layers == 4 && a.embd == 128 && device == Device::Cpu {
-        println!("the default job takes about 3 minutes on 2 CPU cores (less on a GPU)");
+        println!("the default job takes about 2 minutes on 2 CPU cores (less on a GPU)");
     }
     let bar = if a.quiet {
         ProgressBar::hidden()
@@ -439,7 +439,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
                 "step {done}: train {tr:.4}, val {va:.4}, {} backward passes, {:.1} s",
                 c.backward_passes, summary.train_seconds
             );
-            if a.quiet {
+            if a.quiet || bar.is_hidden() {
                 println!("{line}");
             } else {
                 bar.println(line);
