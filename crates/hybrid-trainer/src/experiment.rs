@@ -151,7 +151,7 @@ fn write_results(a: &ExperimentArgs) -> Result<()> {
          learning rate {} → {} (warm-up {}, cosine to each arm's own last step), on {dev}, \
          seeds {:?}. Target: the baseline's mean best validation loss {target_mean:.4} + \
          max(0.01, 2·std) = {target:.4}. The trainer's gate and rollback use held-out training \
-         data (the last 5% of the train split), never the validation split below. Wall-clock is \
+         data (the first 5% of the train split), never the validation split below. Wall-clock is \
          training time with every predictor overhead (features, world-model training and \
          rollouts, SVDs, corrections, held-out checks); evaluation excluded.\n",
         a.job.layers,
