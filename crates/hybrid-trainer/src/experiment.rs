@@ -23,6 +23,41 @@ pub struct ExperimentArgs {
     /// Run at most this many arms in this call (0: all), then write the table of what is done.
     #[arg(long, default_value_t = 0)]
     pub max_runs: usize,
+    /// nanoGPT's shakespeare-char configuration (6 layers × 6 heads × 384, context 256, batch
+    /// 64, dropout 0.2, lr 1e-3 → 1e-4, warm-up 100, β2 0.99, weight decay 0.1, 5000 steps,
+    /// evaluation every 250 steps, TF32) in place of the job's model and schedule flags; an
+    /// explicit `--iters` still applies.
+    #[arg(long)]
+    pub nanogpt: bool,
+}
+
+/// The job flags of nanoGPT's shakespeare-char configuration, keeping `iters` when it was
+/// changed from the job's default.
+pub fn nanogpt(j: &JobArgs) -> JobArgs {
+    let default_iters = 600;
+    JobArgs {
+        layers: 6,
+        heads: 6,
+        embd: 384,
+        block: 256,
+        batch: 64,
+        dropout: 0.2,
+        lr: 1e-3,
+        min_lr: 1e-4,
+        warmup: 100,
+        beta2: 0.99,
+        weight_decay: 0.1,
+        grad_clip: 1.0,
+        iters: if j.iters == default_iters {
+            5000
+        } else {
+            j.iters
+        },
+        eval_interval: 250,
+        eval_iters: 20,
+        tf32: true,
+        ..j.clone()
+    }
 }
 
 fn dir(a: &ExperimentArgs, arm: &str, seed: u64) -> PathBuf {
@@ -44,6 +79,16 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
 
 /// Runs the missing arms (baseline and hybrid first: the controls need the hybrid's budget).
 pub fn run(device: Device, a: &ExperimentArgs) -> Result<()> {
+    let preset;
+    let a = if a.nanogpt {
+        preset = ExperimentArgs {
+            job: nanogpt(&a.job),
+            ..a.clone()
+        };
+        &preset
+    } else {
+        a
+    };
     let mut budget = a.max_runs;
     let mut go = |arm: &str, seed: u64, f: &dyn Fn(&mut JobArgs)| -> Result<bool> {
         if load(a, arm, seed).is_some() {
@@ -225,4 +270,33 @@ fn write_results(a: &ExperimentArgs) -> Result<()> {
 /// The directory of an arm's run (for tests and scripts).
 pub fn arm_dir(out: &Path, arm: &str, seed: u64) -> PathBuf {
     out.join(format!("{arm}-seed{seed}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ExperimentArgs,
+    }
+
+    #[test]
+    fn the_nanogpt_preset_sets_the_shakespeare_char_configuration() {
+        let a = Cli::try_parse_from(["t", "--nanogpt"]).unwrap().args;
+        let j = nanogpt(&a.job);
+        assert_eq!(
+            (j.layers, j.heads, j.embd, j.block, j.batch),
+            (6, 6, 384, 256, 64)
+        );
+        assert_eq!((j.iters, j.warmup, j.eval_interval), (5000, 100, 250));
+        assert!(j.tf32 && (j.dropout - 0.2).abs() < 1e-6 && (j.beta2 - 0.99).abs() < 1e-6);
+        let b = Cli::try_parse_from(["t", "--nanogpt", "--iters", "2000"])
+            .unwrap()
+            .args;
+        assert_eq!(nanogpt(&b.job).iters, 2000);
+        assert_eq!(a.seeds, vec![1, 2, 3]);
+    }
 }
