@@ -242,3 +242,29 @@ fn no_subcommand_runs_the_main_job() {
     );
     std::fs::remove_dir_all(&out).ok();
 }
+
+/// The main job refuses a context longer than the corpus and zero steps with a clean error
+/// (exit 1, a message), not a panic.
+#[test]
+fn the_main_job_refuses_bad_sizes_cleanly() {
+    let corpus = Corpus::new("job-bad");
+    let out = std::env::temp_dir().join(format!("hybrid-job-bad-{}", std::process::id()));
+    let (data, o) = (corpus.0.to_str().unwrap(), out.to_str().unwrap());
+    for (extra, says) in [
+        (vec!["--block", "100000"], "longer than the corpus"),
+        (vec!["--iters", "0"], "--iters"),
+    ] {
+        // The job's flags with the size flag under test replaced.
+        let mut args = job_args(data, o);
+        let at = args.iter().position(|a| *a == extra[0]).unwrap();
+        args[at + 1] = extra[1];
+        let r = Command::cargo_bin("hybrid-trainer")
+            .unwrap()
+            .args(&args)
+            .assert()
+            .code(1);
+        let err = String::from_utf8_lossy(&r.get_output().stderr).into_owned();
+        assert!(err.contains(says), "{extra:?}: {err}");
+    }
+    std::fs::remove_dir_all(&out).ok();
+}

@@ -441,3 +441,64 @@ fn resume_on(dev: Device) {
     assert_eq!(before, after);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// With `predicted_forward`, a predicted step runs a forward pass (no backward): its loss is
+/// reported and counted.
+#[test]
+fn predicted_steps_with_a_forward_pass_report_their_loss() {
+    let mut m = Mlp::new(11);
+    let cfg = HybridConfig {
+        predicted_forward: true,
+        ..quick(Mode::Hybrid)
+    };
+    let mut t = HybridTrainer::new(&m.store, adamw(), cfg, 60).unwrap();
+    let r = run(&mut t, &mut m, 60).unwrap();
+    let predicted: Vec<&StepReport> = r.iter().filter(|r| r.phase == Phase::Predict).collect();
+    assert!(!predicted.is_empty());
+    assert!(predicted.iter().all(|r| r.loss.is_some_and(f32::is_finite)));
+    let c = t.counters();
+    assert_eq!(c.backward_passes + c.predicted_steps, 60);
+    // Every step ran a forward pass, plus the held-out checks.
+    assert!(c.forward_passes >= 60, "{c:?}");
+}
+
+#[test]
+fn a_store_without_parameters_is_a_typed_error() {
+    let empty = ParamStore::new(DEV, 1);
+    let e = HybridTrainer::new(&empty, adamw(), quick(Mode::Hybrid), 10)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, HybridError::Config { field: "store", .. }),
+        "{e}"
+    );
+}
+
+/// A damaged checkpoint (unreadable JSON, a truncated tensor file, a missing directory) is a
+/// typed error, and the trainer and the weights are left as they were.
+#[test]
+fn a_damaged_checkpoint_is_refused_without_a_trace() {
+    let mut m = Mlp::new(12);
+    let mut t = HybridTrainer::new(&m.store, adamw(), quick(Mode::Hybrid), 40).unwrap();
+    run(&mut t, &mut m, 30).unwrap();
+    let dir = std::env::temp_dir().join(format!("hybrid-damaged-{}", std::process::id()));
+    t.save(&dir).unwrap();
+    run(&mut t, &mut m, 35).unwrap();
+    let (before, step) = (values(&m), t.step_index());
+    let tensors = dir.join("trainer.safetensors");
+    let full = std::fs::read(&tensors).unwrap();
+    std::fs::write(&tensors, &full[..full.len() / 2]).unwrap();
+    assert!(matches!(t.load(&dir), Err(HybridError::Checkpoint(_))));
+    std::fs::write(&tensors, &full).unwrap();
+    std::fs::write(dir.join("trainer.json"), "{ not json").unwrap();
+    assert!(matches!(t.load(&dir), Err(HybridError::Checkpoint(_))));
+    assert!(matches!(
+        t.load(&dir.join("missing")),
+        Err(HybridError::Checkpoint(_))
+    ));
+    assert_eq!(values(&m), before);
+    assert_eq!(t.step_index(), step);
+    // The trainer still works after the refusals.
+    run(&mut t, &mut m, 40).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+}

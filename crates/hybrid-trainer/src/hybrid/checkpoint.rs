@@ -172,45 +172,39 @@ impl HybridTrainer {
         let model = read_tensors(&dir.join(MODEL_FILE))?;
         let ts = read_tensors(&dir.join(TENSORS))?;
         let dev = self.device;
-        let take = |map: &HostTensors, name: &str, like: Option<&Tensor>| {
+        // A tensor by name, checked against the shape it must have (None: any).
+        let take = |map: &HostTensors, name: &str, want: Option<&[usize]>| {
             let (shape, vals) = map
                 .get(name)
                 .ok_or_else(|| ck(format!("missing tensor {name}")))?;
-            if let Some(l) = like {
-                if l.shape() != shape.as_slice() {
-                    return Err(ck(format!(
-                        "{name}: shape {shape:?}, expected {:?}",
-                        l.shape()
-                    )));
+            if let Some(w) = want {
+                if w != shape.as_slice() {
+                    return Err(ck(format!("{name}: shape {shape:?}, expected {w:?}")));
                 }
             }
             Ok(Tensor::from_vec(vals.clone(), shape, dev)?)
         };
-        let list = |prefix: &str, like: &[Tensor]| -> Result<Vec<Tensor>, HybridError> {
-            like.iter()
+        let list = |prefix: &str, shapes: &[Vec<usize>]| -> Result<Vec<Tensor>, HybridError> {
+            shapes
+                .iter()
                 .enumerate()
-                .map(|(i, l)| take(&ts, &format!("{prefix}.{i}"), Some(l)))
+                .map(|(i, w)| take(&ts, &format!("{prefix}.{i}"), Some(w)))
                 .collect()
         };
+        let shapes_of =
+            |ts: &[Tensor]| -> Vec<Vec<usize>> { ts.iter().map(|t| t.shape().to_vec()).collect() };
+        let params = shapes_of(&self.params);
         let weights: Vec<Tensor> = self
             .names
             .iter()
             .zip(&self.params)
-            .map(|(n, p)| take(&model, n, Some(p)))
+            .map(|(n, p)| take(&model, n, Some(p.shape())))
             .collect::<Result<_, _>>()?;
-        let flat: Vec<Tensor> = self
-            .params
-            .iter()
-            .map(|p| Tensor::zeros(&[p.numel()], dev))
-            .collect::<tensor_ops::Result<_>>()?;
-        let m = list("opt.m", &self.params)?;
-        let v = list("opt.v", &self.params)?;
-        let groups: Vec<Tensor> = self
-            .history
-            .group_sizes()
-            .iter()
-            .map(|&n| Tensor::zeros(&[n], dev))
-            .collect::<tensor_ops::Result<_>>()?;
+        let flat: Vec<Vec<usize>> = self.params.iter().map(|p| vec![p.numel()]).collect();
+        let m = list("opt.m", &params)?;
+        let v = list("opt.v", &params)?;
+        let sizes = self.history.group_sizes();
+        let groups: Vec<Vec<usize>> = sizes.iter().map(|&n| vec![n]).collect();
         let deltas: Vec<Vec<Tensor>> = (0..saved.deltas)
             .map(|j| list(&format!("history.{j}"), &groups))
             .collect::<Result<_, _>>()?;
@@ -220,7 +214,8 @@ impl HybridTrainer {
                     .iter()
                     .enumerate()
                     .map(|(i, sc)| {
-                        let v = take(&ts, &format!("basis.{i}"), None)?;
+                        let want = [sizes.get(i).copied().unwrap_or(0), sc.len()];
+                        let v = take(&ts, &format!("basis.{i}"), Some(&want))?;
                         Ok(Basis {
                             slices: self.history.slices(i, &v)?,
                             v,
@@ -238,10 +233,10 @@ impl HybridTrainer {
         };
         let good = match &saved.good {
             Some((host, step)) => Some(Good {
-                weights: list("good.weights", &self.params)?,
+                weights: list("good.weights", &params)?,
                 opt: AdamWState {
-                    m: list("good.m", &self.params)?,
-                    v: list("good.v", &self.params)?,
+                    m: list("good.m", &params)?,
+                    v: list("good.v", &params)?,
                     step: *step,
                 },
                 host: host.clone(),
@@ -255,8 +250,8 @@ impl HybridTrainer {
                 Some((
                     bytes,
                     AdamWState {
-                        m: list("world.m", &st.m)?,
-                        v: list("world.v", &st.v)?,
+                        m: list("world.m", &shapes_of(&st.m))?,
+                        v: list("world.v", &shapes_of(&st.v))?,
                         step,
                     },
                 ))
