@@ -345,6 +345,8 @@ fn controls_predict_at_their_fraction_and_apply_what_they_say() {
             "{mode:?}: a quarter of the 40 steps after warm-up"
         );
         assert_eq!(t.counters().backward_passes, 42);
+        assert!(t.timings().adamw > 0.0, "{mode:?}: full steps are timed");
+        assert_eq!(t.timings().overhead(), 0.0, "{mode:?}: no predictor");
     }
 }
 

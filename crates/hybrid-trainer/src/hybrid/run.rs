@@ -346,6 +346,10 @@ impl HybridTrainer {
             self.host.step += 1;
             return Ok(self.report(s, Phase::Predict, None, lr));
         }
+        // The controls count a full step's whole time (copies, forward, backward, AdamW, the
+        // delta) as `adamw`; it ends in the loss's host read, so the device work of a re-applied
+        // update queued before it lands there too.
+        let t0 = std::time::Instant::now();
         let before = self.copy_params()?;
         let (l, _) = self.adamw_step(obj, s, lr)?;
         if !l.is_finite() {
@@ -355,6 +359,7 @@ impl HybridTrainer {
             });
         }
         self.last_delta = Some(self.deltas(&before)?);
+        self.timings.adamw += t0.elapsed().as_secs_f64();
         self.host.step += 1;
         let phase = if s < self.cfg.warmup {
             Phase::Warmup
