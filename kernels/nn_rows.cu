@@ -384,6 +384,47 @@ static __device__ __forceinline__ double grp_sum_d(double v, float2* red) {
     return warp_sum_d(lane < nw ? rd[lane] : 0.0);
 }
 
+// The rows the f32 statistics cannot be trusted for (see layernorm_fwd_row): both statistics in
+// one f64 pass, shifted by K = x[0]: d = x − K, mean = K + Σd/n, var = (Σd² − (Σd)²/n)/n. K is
+// one of the row's values, so (K − mean)² <= n·var and the subtraction loses at most a factor n
+// (relative error <= ~n·2^-53 in var). A constant row gives d = 0: mean exactly K, var exactly
+// 0. Nothing overflows. The mean is kept as hi + lo, so x̂ is as accurate as the f64 reference.
+// Not inlined: typical rows never come here, and its f64 registers stay out of the fast path.
+template <int V>
+static __device__ __noinline__ void layernorm_fwd_row_exact(const float* x, const float* src,
+                                                            const float* w, const float* b,
+                                                            float* y, float* mean, float* rstd,
+                                                            unsigned cols, float eps, float2* red) {
+    const double k0 = (double)x[0];
+    double s = 0.0, q = 0.0;
+    FOR_CHUNKS(i) {
+        const Vf<V> v = ld<V>(src, i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const double d = (double)v.v[k] - k0;
+            s += d;
+            q = fma(d, d, q);
+        }
+    }
+    s = grp_sum_d(s, red);
+    q = grp_sum_d(q, red);
+    const double n = (double)cols;
+    const double mud = k0 + s / n;
+    const float mu = (float)mud, lo = (float)(mud - (double)mu);
+    // Clamp rounding below 0, but keep a NaN (fmax would drop it: a row holding +inf has
+    // q = s = inf and an undefined variance, NaN as in the reference).
+    const double var = (q - s * (s / n)) / n;
+    const float rs = (float)(1.0 / sqrt((var < 0.0 ? 0.0 : var) + (double)eps));
+    FOR_CHUNKS(i) {
+        Vf<V> v = ld<V>(src, i);
+        const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v.v[k] = fmaf(xhat(v.v[k], mu, lo, rs), g.v[k], c.v[k]);
+        st<V>(y, i, v);
+    }
+    if (threadIdx.x == 0) *mean = mu, *rstd = rs;
+}
+
 template <int V>
 static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const float* w,
                                                          const float* b, float* y, float* mean,
@@ -398,7 +439,7 @@ static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const f
 #pragma unroll
         for (int k = 0; k < V; ++k) sf += v.v[k];
     }
-    float mu = grp_sum(sf, red) / (float)cols, lo = 0.0f;
+    const float mu = grp_sum(sf, red) / (float)cols;
     const float* src = cached ? cache : x;
     float qf = 0.0f;
     FOR_CHUNKS(i) {
@@ -410,56 +451,20 @@ static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const f
     // The f32 statistics are trusted when finite and when the spread is not at the rounding
     // level of the mean (std >= 2^-10·|mean|: a constant row of 1e20 has a rounded mean and a
     // variance made of rounding errors). Otherwise (near-constant rows, sums that overflow f32,
-    // NaN or inf inputs) the row's statistics are recomputed in f64 below; the test is uniform
-    // over the group, and typical rows never take it.
-    const bool exact = !(var32 >= mu * mu * 9.5367431640625e-7f && var32 <= 1e37f);
-    float rs;
-    if (!exact) {
-        rs = 1.0f / sqrtf(var32 + eps);
-    } else {
-        // One f64 pass for both statistics, shifted by K = x[0]: d = x − K, mean = K + Σd/n,
-        // var = (Σd² − (Σd)²/n)/n. K is one of the row's values, so (K − mean)² <= n·var and the
-        // subtraction loses at most a factor n (relative error <= ~n·2^-53 in var). A constant
-        // row gives d = 0: mean exactly K, var exactly 0. Nothing overflows. The mean is kept as
-        // hi + lo, so x̂ is as accurate as the f64 reference.
-        const double k0 = (double)x[0];
-        double s = 0.0, q = 0.0;
-        FOR_CHUNKS(i) {
-            const Vf<V> v = ld<V>(src, i);
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-                const double d = (double)v.v[k] - k0;
-                s += d;
-                q = fma(d, d, q);
-            }
-        }
-        s = grp_sum_d(s, red);
-        q = grp_sum_d(q, red);
-        const double n = (double)cols;
-        const double mud = k0 + s / n;
-        mu = (float)mud, lo = (float)(mud - (double)mu);
-        // Clamp rounding below 0, but keep a NaN (fmax would drop it: a row holding +inf has
-        // q = s = inf and an undefined variance, NaN as in the reference).
-        const double var = (q - s * (s / n)) / n;
-        rs = (float)(1.0 / sqrt((var < 0.0 ? 0.0 : var) + (double)eps));
+    // NaN or inf inputs) the row goes to the f64 path; the test is uniform over the group, and
+    // typical rows never take it.
+    if (!(var32 >= mu * mu * 9.5367431640625e-7f && var32 <= 1e37f)) {
+        layernorm_fwd_row_exact<V>(x, src, w, b, y, mean, rstd, cols, eps, red);
+        return;
     }
-    if (!exact) {
-        // Finite var32 <= 1e37 bounds |x − mean|: the plain difference cannot overflow.
-        FOR_CHUNKS(i) {
-            Vf<V> v = ld<V>(src, i);
-            const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
+    const float rs = 1.0f / sqrtf(var32 + eps);
+    // Finite var32 <= 1e37 bounds |x − mean|: the plain difference cannot overflow.
+    FOR_CHUNKS(i) {
+        Vf<V> v = ld<V>(src, i);
+        const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
 #pragma unroll
-            for (int k = 0; k < V; ++k) v.v[k] = fmaf((v.v[k] - mu) * rs, g.v[k], c.v[k]);
-            st<V>(y, i, v);
-        }
-    } else {
-        FOR_CHUNKS(i) {
-            Vf<V> v = ld<V>(src, i);
-            const Vf<V> g = ld<V>(w, i), c = ld<V>(b, i);
-#pragma unroll
-            for (int k = 0; k < V; ++k) v.v[k] = fmaf(xhat(v.v[k], mu, lo, rs), g.v[k], c.v[k]);
-            st<V>(y, i, v);
-        }
+        for (int k = 0; k < V; ++k) v.v[k] = fmaf((v.v[k] - mu) * rs, g.v[k], c.v[k]);
+        st<V>(y, i, v);
     }
     if (threadIdx.x == 0) *mean = mu, *rstd = rs;
 }

@@ -449,52 +449,61 @@ fn masked_nan_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut
         let (out, lse) = fwd(b, &p);
         let grads = bwd(b, &p, &out, &lse);
         let what = format!("{dev} {}", p.what());
-
-        let mut late = clone(&p);
-        for s in 0..n {
-            for c in 0..d {
-                late.k[(s * t + t - 1) * d + c] = f32::NAN;
-                late.v[(s * t + t - 1) * d + c] = f32::NAN;
-            }
-        }
-        let (o2, l2) = fwd(b, &late);
-        let [dq2, _, _] = bwd(b, &late, &o2, &l2);
-        let early = 0..t - 1;
         let same = |a: &[f32], b: &[f32], w: usize, r: std::ops::Range<usize>| {
             seq_rows(a, n, t, w, r.clone()) == seq_rows(b, n, t, w, r)
         };
-        assert!(
-            same(&out, &o2, d, early.clone()),
-            "{what}: NaN k/v leaked into out"
-        );
-        assert!(
-            same(&lse, &l2, 1, early.clone()),
-            "{what}: NaN k/v leaked into lse"
-        );
-        assert!(
-            same(&grads[0], &dq2, d, early),
-            "{what}: NaN k/v leaked into dq"
-        );
 
-        let mut first = clone(&p);
-        for s in 0..n {
-            for c in 0..d {
-                first.q[s * t * d + c] = f32::NAN;
-                first.dout[s * t * d + c] = f32::NAN;
+        // A NaN in k and v at key m (the last, and one inside a tile): rows before m unchanged.
+        for m in [t - 1, t / 2] {
+            let mut late = clone(&p);
+            for s in 0..n {
+                for c in 0..d {
+                    late.k[(s * t + m) * d + c] = f32::NAN;
+                    late.v[(s * t + m) * d + c] = f32::NAN;
+                }
             }
-        }
-        let (o3, l3) = fwd(b, &first);
-        let g3 = bwd(b, &first, &o3, &l3);
-        let later = 1..t;
-        assert!(
-            same(&out, &o3, d, later.clone()),
-            "{what}: NaN q leaked into out"
-        );
-        for (name, (g, g0)) in ["dq", "dk", "dv"].iter().zip(g3.iter().zip(&grads)) {
+            let (o2, l2) = fwd(b, &late);
+            let [dq2, _, _] = bwd(b, &late, &o2, &l2);
+            let early = 0..m;
             assert!(
-                same(g0, g, d, later.clone()),
-                "{what}: NaN q/dout leaked into {name}"
+                same(&out, &o2, d, early.clone()),
+                "{what}: NaN k/v at {m} leaked into out"
             );
+            assert!(
+                same(&lse, &l2, 1, early.clone()),
+                "{what}: NaN k/v at {m} leaked into lse"
+            );
+            assert!(
+                same(&grads[0], &dq2, d, early),
+                "{what}: NaN k/v at {m} leaked into dq"
+            );
+        }
+
+        // A NaN in q and dout at query m (the first, and one inside a tile): out and dq of the
+        // other rows, and dk, dv of the keys after m, unchanged.
+        for m in [0, t / 2] {
+            let mut first = clone(&p);
+            for s in 0..n {
+                for c in 0..d {
+                    first.q[(s * t + m) * d + c] = f32::NAN;
+                    first.dout[(s * t + m) * d + c] = f32::NAN;
+                }
+            }
+            let (o3, l3) = fwd(b, &first);
+            let g3 = bwd(b, &first, &o3, &l3);
+            let later = m + 1..t;
+            for (name, (a, z)) in [("out", (&out, &o3)), ("dq", (&grads[0], &g3[0]))] {
+                assert!(
+                    same(a, z, d, 0..m) && same(a, z, d, later.clone()),
+                    "{what}: NaN q/dout at {m} leaked into {name} of another row"
+                );
+            }
+            for (name, (g, g0)) in ["dk", "dv"].iter().zip(g3[1..].iter().zip(&grads[1..])) {
+                assert!(
+                    same(g0, g, d, later.clone()),
+                    "{what}: NaN q/dout at {m} leaked into {name}"
+                );
+            }
         }
     }
 }
