@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Same-process A/B timing of the row and attention kernels of two revisions (or the working tree).
+# Here (needs the pinned nvcc that `cargo xtask build-ptx` installs):
+#   scripts/kernel-ab.sh build REV_A REV_B ...   -> target/ab/cubin/{NAME}-{module}.cubin, NAME = REV
+#     (a REV of "work" takes the working tree's kernels/)
+# On the GPU machine (the device tool, carrying target/ab):
+#   python3 scripts/kernel_ab.py ROUNDS LN_NAMES ATT_NAMES   e.g. 60 f6ce311,work f6ce311,work
+# The first name of each list is the baseline of its ratios.
+set -euo pipefail
+cmd=${1:-}; shift || true
+[ "$cmd" = build ] || { sed -n 2,8p "$0"; exit 2; }
+NVCC=${NVCC:-$(ls "$HOME"/.cache/hybrid-trainer/cuda-13.0/lib/python3*/site-packages/nvidia/cu13/bin/nvcc | head -1)}
+out=target/ab/cubin; mkdir -p "$out"
+for rev in "$@"; do
+  src=$(mktemp -d)
+  if [ "$rev" = work ]; then cp kernels/*.cu kernels/*.cuh "$src/";
+  else for f in $(git ls-tree --name-only "$rev" kernels/); do git show "$rev:$f" > "$src/$(basename "$f")"; done; fi
+  for m in nn_rows nn_attention; do
+    "$NVCC" -O3 -std=c++17 -I "$src" -cubin -arch=sm_90 "$src/$m.cu" -o "$out/$rev-$m.cubin"
+  done
+  rm -rf "$src"; echo "built $rev"
+done

@@ -1,0 +1,114 @@
+# A/B timing of kernel builds (cubins from scripts/kernel-ab.sh build) in one process, interleaved,
+# with their outputs compared (LayerNorm against the first build, attention against PyTorch SDPA).
+# LayerNorm forward 8192×4096; causal attention backward (dq, then dk/dv) at B64 H6 T256, D 64
+# and 128; CUDA-event medians of ROUNDS rounds of 20 (10) launches.
+import ctypes, sys, os, torch, statistics as st
+torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+cu = ctypes.CDLL("libcuda.so.1")
+def ck(r, what):
+    if r != 0: raise RuntimeError(f"{what}: CUresult {r}")
+D = os.environ.get("AB_CUBINS", "target/ab/cubin") + "/"
+mods = {}
+def fn(var, f, name):
+    key = (var, f)
+    if key not in mods:
+        m = ctypes.c_void_p(); data = open(D + f"{var}-{f}.cubin", "rb").read()
+        ck(cu.cuModuleLoadData(ctypes.byref(m), ctypes.c_char_p(data)), f"load {key}")
+        mods[key] = m
+    h = ctypes.c_void_p()
+    ck(cu.cuModuleGetFunction(ctypes.byref(h), mods[key], name.encode()), name)
+    return h
+def launch(h, grid, block, smem, args):
+    cargs = []
+    for a in args:
+        if isinstance(a, torch.Tensor): cargs.append(ctypes.c_uint64(a.data_ptr()))
+        elif isinstance(a, float): cargs.append(ctypes.c_float(a))
+        else: cargs.append(ctypes.c_uint32(a))
+    arr = (ctypes.c_void_p * len(cargs))(*[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p) for c in cargs])
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    ck(cu.cuLaunchKernel(h, grid, 1, 1, block[0], block[1], 1, smem, stream, arr, None), "launch")
+def timeit(f, n=20):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(n): f()
+    e.record(); torch.cuda.synchronize()
+    return s.elapsed_time(e) * 1e3 / n
+
+def ln_bench(vars, rounds):
+    R, C = 8192, 4096
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = (torch.rand(R, C, device="cuda", generator=g) * 8 - 4)
+    w = torch.rand(C, device="cuda", generator=g); b = torch.rand(C, device="cuda", generator=g)
+    outs = {}
+    fs = {}
+    for v in vars:
+        h = fn(v, "nn_rows", "layernorm_fwd_f32")
+        y = torch.empty_like(x); mu = torch.empty(R, device="cuda"); rs = torch.empty(R, device="cuda")
+        fs[v] = (lambda h=h, y=y, mu=mu, rs=rs: launch(h, R, (256, 1), C * 4, [x, w, b, y, mu, rs, C, R, 1e-5, 1]))
+        fs[v](); torch.cuda.synchronize(); outs[v] = (y, mu, rs)
+    ref = outs[vars[0]]
+    for v in vars: print(f"ln {v}: max|dy| vs {vars[0]} {(outs[v][0]-ref[0]).abs().max().item():.3g}")
+    t = {v: [] for v in vars}
+    for _ in range(rounds):
+        for v in vars: t[v].append(timeit(fs[v]))
+    return t
+
+def att_bench(vars, rounds, d=64):
+    n, T = 64 * 6, 256
+    W = "d64" if d == 64 else "d128"
+    fr, fth, br, bth = (64, 256, 32, 128) if d == 64 else (32, 128, 16, 64)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v_, do = [torch.randn(n, T, d, device="cuda", generator=g) for _ in range(4)]
+    scale = d ** -0.5
+    fs, outs = {}, {}
+    for v in vars:
+        hf = fn(v, "nn_attention", f"attn_fwd_{W}_f32")
+        hq = fn(v, "nn_attention", f"attn_bwd_dq_{W}_f32")
+        hk = fn(v, "nn_attention", f"attn_bwd_dkdv_{W}_f32")
+        try:
+            hx = fn(v, "nn_attention", f"attn_bwd_dkdv_fix_{W}_f32")
+        except RuntimeError:
+            hx = None
+        flag = torch.zeros(n * (T // br), dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q); lse = torch.empty(n, T, device="cuda")
+        launch(hf, n * (T // fr), (fth, 1), 0, [q, k, v_, out, lse, n, T, d, scale])
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q); delta = torch.empty(n, T, device="cuda")
+        def dkdv(hk, hx, lse, delta, dk, dv, flag=flag):
+            if hx is None:
+                launch(hk, n * (T // br), (bth, 1), 0, [q, k, v_, lse, do, delta, dk, dv, n, T, d, scale])
+            else:
+                launch(hk, n * (T // br), (bth, 1), 0, [q, k, v_, lse, do, delta, dk, dv, flag, n, T, d, scale])
+                launch(hx, n * (T // br), (bth, 1), 0, [q, k, v_, lse, do, delta, dk, dv, flag, n, T, d, scale])
+        def bwd(hq=hq, hk=hk, hx=hx, dkdv=dkdv, out=out, lse=lse, dq=dq, dk=dk, dv=dv, delta=delta):
+            launch(hq, n * (T // br), (bth, 1), 0, [q, k, v_, out, lse, do, dq, delta, n, T, d, scale])
+            dkdv(hk, hx, lse, delta, dk, dv)
+        bwd(); torch.cuda.synchronize()
+        fs[v] = bwd; outs[v] = (dq, dk, dv)
+        fs[v + ".dq"] = lambda hq=hq, out=out, lse=lse, dq=dq, delta=delta: launch(hq, n * (T // br), (bth, 1), 0, [q, k, v_, out, lse, do, dq, delta, n, T, d, scale])
+        fs[v + ".dkdv"] = lambda hk=hk, hx=hx, dkdv=dkdv, lse=lse, dk=dk, dv=dv, delta=delta: dkdv(hk, hx, lse, delta, dk, dv)
+    # reference check against torch autograd
+    qq, kk, vv = [a.clone().requires_grad_() for a in (q, k, v_)]
+    o = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=scale)
+    o.backward(do)
+    for v in vars:
+        e = max(((a - r).norm() / r.norm()).item() for a, r in zip(outs[v], (qq.grad, kk.grad, vv.grad)))
+        print(f"att {v}: max norm-wise rel err vs torch {e:.3g}")
+    t = {v: [] for v in fs}
+    for _ in range(rounds):
+        for v in fs: t[v].append(timeit(fs[v], 10))
+    return t
+
+def report(name, t, base):
+    mb = st.median(t[base])
+    for v, xs in t.items():
+        m = st.median(xs)
+        mb = st.median(t[base + v[v.find("."):]] if "." in v else t[base])
+        print(f"{name:10s} {v:10s} median {m:8.1f} us  min {min(xs):8.1f}  max {max(xs):8.1f}  vs {base} {m/mb:.4f}")
+
+rounds = int(sys.argv[1])
+LN = sys.argv[2].split(","); ATT = sys.argv[3].split(",")
+print(torch.cuda.get_device_name())
+for _ in range(2):
+    report("layernorm", ln_bench(LN, rounds), LN[0])
+    report("attn bwd", att_bench(ATT, rounds), ATT[0])
+    report("attn128", att_bench(ATT, rounds, 128), ATT[0])
