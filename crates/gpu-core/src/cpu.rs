@@ -1,5 +1,6 @@
 //! The CPU backend: always present, and the reference every CUDA kernel is tested against.
-//! Row-wise reductions accumulate in f64; matmul goes through `matrixmultiply`'s blocked SGEMM.
+//! Row-wise reductions accumulate in f64; matmul goes through the `gemm` crate's SGEMM (f32
+//! accumulation, AVX2/AVX-512 kernels chosen at run time, threaded with rayon).
 //! Independent work (elements, rows, sequences) runs on `rayon`'s pool (see `par`), each item
 //! computed exactly as a sequential loop would, so results do not depend on the thread count.
 
@@ -211,7 +212,7 @@ impl MatmulOps for CpuBackend {
     }
 }
 
-/// Row-major (batched) SGEMM through `matrixmultiply`; transposes are expressed as strides.
+/// Row-major (batched) SGEMM through `gemm`; transposes are expressed as strides.
 pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
     let MatmulSpec {
         batch,
@@ -246,23 +247,30 @@ pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
         );
         let cb = &mut c[bi * m * n..(bi + 1) * m * n];
         // SAFETY: the slices hold exactly m·k, k·n and m·n elements (checked by
-        // `MatmulSpec::validate`), and the strides above address only those elements.
+        // `MatmulSpec::validate`), the strides above address only those elements, and `cb`
+        // does not overlap `ab` or `bb` (a `&mut` slice). gemm computes
+        // dst = alpha·dst + beta·lhs·rhs; with read_dst false, dst is only written.
         unsafe {
-            matrixmultiply::sgemm(
+            gemm::gemm(
                 m,
-                k,
                 n,
-                1.0,
-                ab.as_ptr(),
-                rsa,
-                csa,
-                bb.as_ptr(),
-                rsb,
-                csb,
-                0.0,
+                k,
                 cb.as_mut_ptr(),
-                n as isize,
                 1,
+                n as isize,
+                false,
+                ab.as_ptr(),
+                csa,
+                rsa,
+                bb.as_ptr(),
+                csb,
+                rsb,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(0),
             );
         }
     }

@@ -143,7 +143,7 @@ impl<B: BufferInfo> BufferInfoDyn for B {
 }
 
 /// Matrix products: what the demo, the benchmarks and every linear layer need. The CPU backend
-/// runs `matrixmultiply`'s SGEMM, CUDA runs cuBLAS.
+/// runs the `gemm` crate's SGEMM, CUDA runs cuBLAS.
 pub trait MatmulOps: Backend {
     /// `c = op(a)·op(b)` for each batch, row-major, per [`MatmulSpec`]; `c` is overwritten.
     fn matmul(

@@ -1,4 +1,4 @@
-//! cuBLAS SGEMM (`MatmulOps` on CUDA) against the CPU's `matrixmultiply` SGEMM: every transpose
+//! cuBLAS SGEMM (`MatmulOps` on CUDA) against the CPU's SGEMM (the `gemm` crate): every transpose
 //! combination, batched, empty and degenerate shapes, outputs poisoned before each call.
 //! Tolerance: norm-wise and elementwise 1e-5 (f32 sums of at most 300 unit-size products, TF32
 //! off; the rounding of either side is below ~300·6e-8 relative to Σ|a·b|).

@@ -160,3 +160,98 @@ fn log_softmax_and_cross_entropy_of_equal_huge_logits_are_exact() {
         );
     }
 }
+
+/// f64 reference of op(A)·op(B) for one batch entry, and Σ|a·b| per element (the rounding bound).
+fn matmul_f64(spec: MatmulSpec, a: &[f32], b: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let MatmulSpec { m, n, k, .. } = spec;
+    let at = |i: usize, p: usize| a[if spec.trans_a { p * m + i } else { i * k + p }] as f64;
+    let bt = |p: usize, j: usize| b[if spec.trans_b { j * k + p } else { p * n + j }] as f64;
+    let (mut c, mut mag) = (vec![0.0; m * n], vec![0.0; m * n]);
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                c[i * n + j] += at(i, p) * bt(p, j);
+                mag[i * n + j] += (at(i, p) * bt(p, j)).abs();
+            }
+        }
+    }
+    (c, mag)
+}
+
+/// Odd shapes around the SIMD widths and the blocking sizes, every transpose, batched: each
+/// element within k·u·Σ|a·b| of the f64 product (u = 2^-24; an f32 dot product of length k,
+/// however it is blocked, rounds each partial sum once).
+#[test]
+fn matmul_matches_f64_on_odd_shapes_and_transposes() {
+    let cpu = CpuBackend;
+    let mut state = 0x2545f4914f6cdd1du64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+    };
+    for (batch, m, n, k) in [
+        (1, 1, 1, 1),
+        (2, 17, 33, 65),
+        (1, 3, 130, 7),
+        (3, 64, 5, 300),
+        (1, 129, 95, 257),
+    ] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let spec = MatmulSpec {
+                batch,
+                trans_a: ta,
+                trans_b: tb,
+                ..MatmulSpec::new(m, n, k)
+            };
+            let a: Vec<f32> = (0..batch * m * k).map(|_| next()).collect();
+            let b: Vec<f32> = (0..batch * k * n).map(|_| next()).collect();
+            let mut c = cpu.upload(&vec![f32::NAN; batch * m * n]).unwrap();
+            let (ab, bb) = (cpu.upload(&a).unwrap(), cpu.upload(&b).unwrap());
+            cpu.matmul(spec, &ab, &bb, &mut c).unwrap();
+            let got = c.as_f32().unwrap();
+            for bi in 0..batch {
+                let one = MatmulSpec { batch: 1, ..spec };
+                let (want, mag) = matmul_f64(
+                    one,
+                    &a[bi * m * k..(bi + 1) * m * k],
+                    &b[bi * k * n..(bi + 1) * k * n],
+                );
+                for (e, (w, s)) in want.iter().zip(&mag).enumerate() {
+                    let g = got[bi * m * n + e] as f64;
+                    let tol = k as f64 * s / (1u64 << 24) as f64 + 1e-30;
+                    assert!(
+                        (g - w).abs() <= tol,
+                        "{spec:?} batch {bi} element {e}: {g} vs {w} (bound {tol:e})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The product is the same, bit for bit, on 1, 2 and 5 threads (training runs resume bit-exactly
+/// on a machine with another core count).
+#[test]
+fn matmul_results_do_not_depend_on_the_thread_count() {
+    let (m, n, k) = (300, 260, 1100);
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 104729) % 997) as f32 / 250.0 - 2.0)
+        .collect();
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut c = vec![0.0f32; m * n];
+        pool.install(|| sgemm_rows(MatmulSpec::new(m, n, k), &a, &b, &mut c));
+        c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    };
+    let one = run(1);
+    assert_eq!(run(2), one, "2 threads");
+    assert_eq!(run(5), one, "5 threads");
+}

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""numpy and PyTorch CPU peer of `cpu-bench`: the same rows timed in this run, 2 threads.
+
+Rows (one `id median_us` line each, then a JSON list):
+  sgemm_1024, sgemm_2048   fp32 C = A·B, n³; numpy (its BLAS) as `numpy_sgemm_*`, torch.mm as
+                           `torch_sgemm_*`
+  gpt_cpu_step             the tiny GPT (vocab of the text, 4 layers, 4 heads, width 128, ctx 64,
+                           batch 12, dropout 0, GELU MLP, no biases, tied head; tensor-ops'
+                           `GptConfig::tiny`), one training step:
+                           batch, forward, backward, clip 1.0, AdamW (non-fused, CPU), loss.item()
+Usage: python3 benches/torch_cpu_peer.py [--reps N] [--gpt-text FILE] [--threads N]
+"""
+import argparse
+import json
+import statistics
+import time
+
+
+def median_us(fn, reps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--gpt-text", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    rows = []
+
+    def add(id_, us):
+        rows.append({"id": id_, "median_us": us})
+        print(f"{id_} {us:.1f}", flush=True)
+
+    import numpy as np
+    rng = np.random.default_rng(1)
+    for n in (1024, 2048):
+        a = rng.uniform(-2, 2, (n, n)).astype(np.float32)
+        b = rng.uniform(-2, 2, (n, n)).astype(np.float32)
+        add(f"numpy_sgemm_{n}", median_us(lambda: a @ b, args.reps))
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        torch.set_num_threads(args.threads)
+        for n in (1024, 2048):
+            a = torch.rand(n, n) * 4 - 2
+            b = torch.rand(n, n) * 4 - 2
+            add(f"torch_sgemm_{n}", median_us(lambda: torch.mm(a, b), args.reps))
+        if args.gpt_text:
+            gpt_row(torch, add, args.gpt_text, args.reps)
+    print(json.dumps(rows))
+
+
+def gpt_row(torch, add, path, reps):
+    import torch.nn.functional as F
+    nn = torch.nn
+    text = open(path, encoding="utf-8").read()
+    chars = sorted(set(text))
+    idx = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([idx[c] for c in text[: len(text) * 9 // 10]], dtype=torch.long)
+    V, L, H, C, T, B = len(chars), 4, 4, 128, 64, 12
+
+    class Gpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+            self.h = nn.ModuleList()
+            for _ in range(L):
+                blk = nn.Module()
+                blk.ln_1, blk.ln_2 = nn.LayerNorm(C, bias=False), nn.LayerNorm(C, bias=False)
+                blk.c_attn, blk.c_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
+                blk.fc, blk.proj = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
+                self.h.append(blk)
+            self.ln_f = nn.LayerNorm(C, bias=False)
+
+        def forward(self, x, y):
+            b, t = x.shape
+            h = self.wte(x) + self.wpe(torch.arange(t))
+            for blk in self.h:
+                q, k, v = blk.c_attn(blk.ln_1(h)).split(C, 2)
+                q, k, v = (z.view(b, t, H, -1).transpose(1, 2) for z in (q, k, v))
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                h = h + blk.c_proj(a.transpose(1, 2).reshape(b, t, C))
+                h = h + blk.proj(F.gelu(blk.fc(blk.ln_2(h))))
+            logits = F.linear(self.ln_f(h), self.wte.weight)
+            return F.cross_entropy(logits.view(-1, V), y.view(-1))
+
+    torch.manual_seed(1)
+    model = Gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    g = torch.Generator().manual_seed(1)
+
+    def step():
+        ix = torch.randint(len(data) - T, (B,), generator=g)
+        x = torch.stack([data[j:j + T] for j in ix])
+        y = torch.stack([data[j + 1:j + T + 1] for j in ix])
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss.item()
+
+    add("gpt_cpu_step", median_us(step, max(reps, 20), warmup=5))
+
+
+if __name__ == "__main__":
+    main()
