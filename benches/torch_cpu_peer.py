@@ -61,41 +61,19 @@ def main():
 
 
 def gpt_row(torch, add, path, reps):
-    import torch.nn.functional as F
-    nn = torch.nn
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_peer import NanoGpt  # gpu-bench's peer: the same GPT, no biases, tied head
+
     text = open(path, encoding="utf-8").read()
     chars = sorted(set(text))
     idx = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([idx[c] for c in text[: len(text) * 9 // 10]], dtype=torch.long)
-    V, L, H, C, T, B = len(chars), 4, 4, 128, 64, 12
-
-    class Gpt(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-            self.h = nn.ModuleList()
-            for _ in range(L):
-                blk = nn.Module()
-                blk.ln_1, blk.ln_2 = nn.LayerNorm(C, bias=False), nn.LayerNorm(C, bias=False)
-                blk.c_attn, blk.c_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
-                blk.fc, blk.proj = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
-                self.h.append(blk)
-            self.ln_f = nn.LayerNorm(C, bias=False)
-
-        def forward(self, x, y):
-            b, t = x.shape
-            h = self.wte(x) + self.wpe(torch.arange(t))
-            for blk in self.h:
-                q, k, v = blk.c_attn(blk.ln_1(h)).split(C, 2)
-                q, k, v = (z.view(b, t, H, -1).transpose(1, 2) for z in (q, k, v))
-                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                h = h + blk.c_proj(a.transpose(1, 2).reshape(b, t, C))
-                h = h + blk.proj(F.gelu(blk.fc(blk.ln_2(h))))
-            logits = F.linear(self.ln_f(h), self.wte.weight)
-            return F.cross_entropy(logits.view(-1, V), y.view(-1))
+    T, B = 64, 12
 
     torch.manual_seed(1)
-    model = Gpt()
+    model = NanoGpt(len(chars), n_layer=4, n_head=4, c=128, block=T, dropout=0.0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
     g = torch.Generator().manual_seed(1)
 

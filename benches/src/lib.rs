@@ -31,6 +31,17 @@ impl Row {
     }
 }
 
+/// The optimiser of the GPT training-step rows, as nanoGPT and the PyTorch peers set it up:
+/// AdamW with β2 0.99, weight decay 0.1 and global-norm clipping at 1.0.
+pub fn gpt_adamw(model: &tensor_ops::gpt::Gpt) -> tensor_ops::Result<tensor_ops::optim::AdamW> {
+    model.store().adamw(tensor_ops::optim::AdamWParams {
+        beta2: 0.99,
+        weight_decay: 0.1,
+        max_grad_norm: Some(1.0),
+        ..Default::default()
+    })
+}
+
 /// Median of a sample (sorted copy); NaN for an empty one.
 pub fn median(xs: &[f64]) -> f64 {
     if xs.is_empty() {

@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig};
-use tensor_ops::optim::AdamWParams;
 use tensor_ops::Device;
 
 #[derive(Parser)]
@@ -67,12 +66,7 @@ fn sgemm_us(n: usize, reps: usize) -> Result<f64> {
 fn gpt_step_us(text: &str) -> Result<f64> {
     let ds = Dataset::from_text(text, 0.9)?;
     let model = Gpt::new(GptConfig::tiny(ds.tokenizer.vocab_size()), 1, Device::Cpu)?;
-    let mut opt = model.store().adamw(AdamWParams {
-        beta2: 0.99,
-        weight_decay: 0.1,
-        max_grad_norm: Some(1.0),
-        ..Default::default()
-    })?;
+    let mut opt = benches::gpt_adamw(&model)?;
     let mut rng = Dataset::rng(1);
     time_us(20, 5, || {
         let (x, y) = ds.batch(false, 12, 64, &mut rng, Device::Cpu)?;

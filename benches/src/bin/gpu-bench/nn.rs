@@ -9,7 +9,6 @@ use gpu_core::nn::{Activation, AdamWConfig, AttentionOps, ElementwiseOps, OptimO
 use gpu_cuda::CudaBuffer;
 use std::time::Instant;
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig};
-use tensor_ops::optim::AdamWParams;
 use tensor_ops::Device;
 
 pub fn measure(b: &Bench) -> Result<Vec<Row>> {
@@ -210,12 +209,7 @@ pub fn train_step(gpu_ordinal: usize, text: &str, steps: usize, tf32: bool) -> R
     let ds = Dataset::from_text(text, 0.9)?;
     let cfg = GptConfig::shakespeare_char(ds.tokenizer.vocab_size());
     let model = Gpt::new(cfg, 1, dev)?;
-    let mut opt = model.store().adamw(AdamWParams {
-        beta2: 0.99,
-        weight_decay: 0.1,
-        max_grad_norm: Some(1.0),
-        ..Default::default()
-    })?;
+    let mut opt = benches::gpt_adamw(&model)?;
     let mut rng = Dataset::rng(1);
     let mut times = Vec::new();
     for i in 0..steps + 3 {
