@@ -8,9 +8,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_attention",
         ptx: include_str!("../kernels/nn_attention.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
-        source_sha256: "342cab5290319aafaeb85057e30b459216a3e4c0588dd20a768046266af554d3",
-        ptx_sha256: "6fc0275778cdfc4e28ba34e0678d285685138a1bcff64b7df29b0e31036b2493",
-        fatbin_sha256: "bb5395ae931e8b7ecd90a274c161ea67b3cfef06859b2d70d999e2d2fcecc0c8",
+        source_sha256: "849c9d172133f8af95c9e2996e826973d6f9878670ae4b4f0f3af5f7135331d7",
+        ptx_sha256: "9e9ec6453dad585173bee4a5c86ff2fa4154fdb0e602e7caa8a112b0d1143419",
+        fatbin_sha256: "c307f58535230e99d25f8a1642a6b57e3adbf2d193811cd6bbd21a8d7efd76d3",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {
