@@ -42,9 +42,12 @@ def ln_bench(vars, rounds):
     outs = {}
     fs = {}
     for v in vars:
-        h = fn(v, "nn_rows", "layernorm_fwd_f32")
+        # "BUILD@THREADS" launches BUILD's kernel with THREADS threads per row (default 256, the
+        # backend's choice for 4096 columns).
+        build, _, th = v.partition("@")
+        h = fn(build, "nn_rows", "layernorm_fwd_f32")
         y = torch.empty_like(x); mu = torch.empty(R, device="cuda"); rs = torch.empty(R, device="cuda")
-        fs[v] = (lambda h=h, y=y, mu=mu, rs=rs: launch(h, R, (256, 1), C * 4, [x, w, b, y, mu, rs, C, R, 1e-5, 1]))
+        fs[v] = (lambda h=h, y=y, mu=mu, rs=rs, th=int(th or 256): launch(h, R, (th, 1), C * 4, [x, w, b, y, mu, rs, C, R, 1e-5, 1]))
         fs[v](); torch.cuda.synchronize(); outs[v] = (y, mu, rs)
     ref = outs[vars[0]]
     for v in vars: print(f"ln {v}: max|dy| vs {vars[0]} {(outs[v][0]-ref[0]).abs().max().item():.3g}")
