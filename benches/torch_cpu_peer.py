@@ -64,7 +64,8 @@ def gpt_row(torch, add, path, reps):
     import os
     import sys
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from torch_peer import NanoGpt  # gpu-bench's peer: the same GPT, no biases, tied head
+    # gpu-bench's peer: the same GPT (no biases, tied head) and the same timed step.
+    from torch_peer import NanoGpt, gpt_train_step
 
     text = open(path, encoding="utf-8").read()
     chars = sorted(set(text))
@@ -78,15 +79,7 @@ def gpt_row(torch, add, path, reps):
     g = torch.Generator().manual_seed(1)
 
     def step():
-        ix = torch.randint(len(data) - T, (B,), generator=g)
-        x = torch.stack([data[j:j + T] for j in ix])
-        y = torch.stack([data[j + 1:j + T + 1] for j in ix])
-        loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss.item()
+        gpt_train_step(model, opt, data, T, B, "cpu", g)
 
     add("gpt_cpu_step", median_us(step, max(reps, 20), warmup=5))
 

@@ -91,6 +91,20 @@ class NanoGpt(torch.nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
 
 
+def gpt_train_step(model, opt, data, block, batch, dev, gen=None):
+    """One training step as the GPT rows of gpu-bench and cpu-bench time it: a random batch of
+    `batch` windows of `block` tokens, forward, backward, clip 1.0, AdamW, loss.item()."""
+    ix = torch.randint(len(data) - block, (batch,), generator=gen)
+    x = torch.stack([data[j:j + block] for j in ix]).to(dev)
+    y = torch.stack([data[j + 1:j + block + 1] for j in ix]).to(dev)
+    loss = model(x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    loss.item()
+
+
 def gpt_rows(add, path, dev):
     import time
     text = open(path, encoding="utf-8").read()
@@ -103,15 +117,7 @@ def gpt_rows(add, path, dev):
         times = []
         for i in range(13):
             t0 = time.perf_counter()
-            ix = torch.randint(len(data) - 256, (64,))
-            x = torch.stack([data[j:j + 256] for j in ix]).to(dev)
-            y = torch.stack([data[j + 1:j + 257] for j in ix]).to(dev)
-            loss = model(x, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            loss.item()
+            gpt_train_step(model, opt, data, 256, 64, dev)
             if i >= 3:
                 times.append((time.perf_counter() - t0) * 1e6)
         add("gpt_step_tf32" if tf32 else "gpt_step", statistics.median(times))

@@ -442,7 +442,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
                 "step {done}: train {tr:.4}, val {va:.4}, {} backward passes, {:.1} s",
                 c.backward_passes, summary.train_seconds
             );
-            if a.quiet || bar.is_hidden() {
+            if bar.is_hidden() {
                 println!("{line}");
             } else {
                 bar.println(line);

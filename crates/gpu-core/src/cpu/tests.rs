@@ -255,3 +255,60 @@ fn matmul_results_do_not_depend_on_the_thread_count() {
     assert_eq!(run(2), one, "2 threads");
     assert_eq!(run(5), one, "5 threads");
 }
+
+/// Non-finite inputs reach exactly the outputs that read them: a NaN in row 1 of A makes row 1
+/// of C NaN and leaves the other rows finite and exact; +inf in column 2 of B makes column 2
+/// ±inf or NaN only. The output starts poisoned, so an unwritten element would show.
+#[test]
+fn matmul_non_finite_inputs_reach_only_their_row_or_column() {
+    let cpu = CpuBackend;
+    let (m, n, k) = (37, 41, 70);
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 13) % 11) as f32 / 4.0 - 1.0)
+        .collect();
+    let run = |a: &[f32], b: &[f32]| {
+        let mut c = cpu.upload(&vec![-7.5f32; m * n]).unwrap();
+        let (ab, bb) = (cpu.upload(a).unwrap(), cpu.upload(b).unwrap());
+        cpu.matmul(MatmulSpec::new(m, n, k), &ab, &bb, &mut c)
+            .unwrap();
+        c.as_f32().unwrap().to_vec()
+    };
+    let clean = run(&a, &b);
+    let mut an = a.clone();
+    an[k + 5] = f32::NAN;
+    let c = run(&an, &b);
+    for i in 0..m {
+        for j in 0..n {
+            let (g, w) = (c[i * n + j], clean[i * n + j]);
+            if i == 1 {
+                assert!(g.is_nan(), "C[1][{j}] = {g}, want NaN");
+            } else {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "C[{i}][{j}] moved by a NaN in row 1"
+                );
+            }
+        }
+    }
+    let mut binf = b.clone();
+    binf[3 * n + 2] = f32::INFINITY;
+    let c = run(&a, &binf);
+    for i in 0..m {
+        for j in 0..n {
+            let (g, w) = (c[i * n + j], clean[i * n + j]);
+            if j == 2 {
+                assert!(!g.is_finite(), "C[{i}][2] = {g}, want ±inf or NaN");
+            } else {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "C[{i}][{j}] moved by an inf in column 2"
+                );
+            }
+        }
+    }
+}

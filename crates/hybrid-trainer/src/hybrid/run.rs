@@ -470,20 +470,12 @@ impl HybridTrainer {
 
     /// Each group's gain (see [`HostState::gain_num`]; 0 until measured).
     pub(crate) fn gains(&self) -> Vec<f32> {
-        self.history
-            .ranks()
-            .iter()
-            .enumerate()
-            .map(|(g, _)| {
-                let (n, d) = (
+        (0..self.history.members.len())
+            .map(|g| {
+                ratio01(
                     self.host.gain_num.get(g).copied().unwrap_or(0.0),
                     self.host.gain_den.get(g).copied().unwrap_or(0.0),
-                );
-                if d > 0.0 {
-                    (n / d).clamp(0.0, 1.0) as f32
-                } else {
-                    0.0
-                }
+                )
             })
             .collect()
     }
@@ -526,12 +518,7 @@ impl HybridTrainer {
     /// How much of the world model's predicted change a prediction applies: the regression
     /// coefficient of actual on predicted changes, clamped to [0, 1] (0 until measured).
     pub(crate) fn innovation_weight(&self) -> f32 {
-        let (n, d) = (self.host.innov_num, self.host.innov_den);
-        if d > 0.0 {
-            (n / d).clamp(0.0, 1.0) as f32
-        } else {
-            0.0
-        }
+        ratio01(self.host.innov_num, self.host.innov_den)
     }
 
     /// The world model's next `steps` predictions: the coefficients (unscaled: the last full
@@ -683,5 +670,15 @@ impl HybridTrainer {
         let (mean, std) = self.host.state.loss_trajectory()?;
         let limit = mean + 3.0 * std + self.cfg.drift_tolerance * mean.abs();
         (loss > limit).then(|| format!("loss {loss:.4} above the trajectory limit {limit:.4}"))
+    }
+}
+
+/// A regression coefficient `num / den` from running sums, clamped to [0, 1]; 0 until the
+/// denominator has any weight.
+fn ratio01(num: f64, den: f64) -> f32 {
+    if den > 0.0 {
+        (num / den).clamp(0.0, 1.0) as f32
+    } else {
+        0.0
     }
 }
