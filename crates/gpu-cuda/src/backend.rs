@@ -337,6 +337,40 @@ impl CudaBackend {
         }
     }
 
+    /// Launches an embedded kernel whose dynamic shared memory may exceed the default 48 KiB
+    /// (raises the kernel's limit to `cfg.shared_mem_bytes` first; the driver refuses more than
+    /// the device allows, with an error).
+    ///
+    /// # Safety
+    /// As [`CudaBackend::launch`].
+    pub unsafe fn launch_large_smem(
+        &self,
+        kernel: &str,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        launch::check_config(kernel, &cfg)?;
+        launch::check_owners(kernel, self.id(), args)?;
+        let f = self
+            .inner
+            .modules
+            .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
+        self.bind()?;
+        let smem = i32::try_from(cfg.shared_mem_bytes)
+            .map_err(|_| GpuError::invalid("launch_large_smem", "shared memory too large"))?;
+        // SAFETY: `f.func` is a live function of a loaded module; the attribute only sets its
+        // launch limit.
+        check("cuFuncSetAttribute", unsafe {
+            sys::cuFuncSetAttribute(
+                f.func,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem,
+            )
+        })?;
+        // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
+        unsafe { launch::launch_raw(&self.inner.stream, f.func, cfg, args) }
+    }
+
     /// Launches an embedded kernel cooperatively: every block resident at once, as grid-wide
     /// barriers need. `cfg.grid_dim.0` must not exceed [`CudaBackend::cooperative_grid`] for
     /// the same block and shared memory (the driver refuses a larger grid with an error).

@@ -5,6 +5,7 @@
 
 mod backend;
 mod blas;
+pub mod cholqr;
 mod error;
 mod launch;
 pub mod linalg;
@@ -14,6 +15,7 @@ mod nvrtc;
 mod ops;
 mod pool;
 pub mod rollout;
+pub mod small_svd;
 pub mod testing;
 mod timer;
 

@@ -18,7 +18,7 @@ use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 use std::os::raw::c_int;
 
 /// Checks that `buf` holds a column-major `rows × cols` f32 matrix with leading dimension `ld`.
-fn check_mat(
+pub(crate) fn check_mat(
     op: &'static str,
     what: &str,
     buf: &CudaBuffer,
@@ -52,7 +52,7 @@ fn check_mat(
     Ok(())
 }
 
-fn int(op: &'static str, v: usize) -> Result<c_int> {
+pub(crate) fn int(op: &'static str, v: usize) -> Result<c_int> {
     c_int::try_from(v).map_err(|_| GpuError::invalid(op, format!("{v} exceeds the i32 range")))
 }
 

@@ -5,6 +5,24 @@ use crate::KernelModule;
 /// Every embedded kernel module, sorted by name.
 pub static MODULES: &[KernelModule] = &[
     KernelModule {
+        name: "linalg_cholqr",
+        ptx: include_str!("../kernels/linalg_cholqr.ptx"),
+        fatbin: include_bytes!("../kernels/linalg_cholqr.fatbin"),
+        source_sha256: "402c24811f297f9a50bc2bd1cc6431aa625aedfee00abb554096b68976bcb12a",
+        ptx_sha256: "a711ebaf827396edf334833f6a56b56ea2a138dc80ac693230a6a25a02949bb7",
+        fatbin_sha256: "2168399cebfce45113a60987a0de2c5928950d8b01b38f5ea50f36c0981d5ddf",
+        kernels: &["chol_rinv_f32"],
+    },
+    KernelModule {
+        name: "linalg_jacobi",
+        ptx: include_str!("../kernels/linalg_jacobi.ptx"),
+        fatbin: include_bytes!("../kernels/linalg_jacobi.fatbin"),
+        source_sha256: "911f964251f43d874e7abe87f0b281d1ef2d9652dfb889ad1fdb6b4a25c2bf6e",
+        ptx_sha256: "bc339fc6d0b2e94d5b6d10a2c6b558bd1e32bbe1c63207ee29abb4226f087395",
+        fatbin_sha256: "a7fe2e890f400e8933062dcd976da9ec4949e875b59687f93ba6df02666501f0",
+        kernels: &["jacobi_svd_f32"],
+    },
+    KernelModule {
         name: "nn_attention",
         ptx: include_str!("../kernels/nn_attention.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),

@@ -196,24 +196,20 @@ pub(crate) fn check_device(what: &'static str, t: &Tensor, device: Device) -> Re
     Ok(())
 }
 
-/// Errors when `t` holds NaN or Inf (or is not f32). On the device: `Σ 0·x` is NaN exactly when
-/// some element is non-finite (and cannot overflow), so only one scalar comes back.
-/// The largest magnitude in `t`, or `None` when `t` holds NaN or Inf: three reductions on the
-/// tensor's device and one synchronisation.
+/// The largest magnitude in `t`, or `None` when `t` holds NaN or Inf: `max(x)` and `max(−x)`
+/// on the tensor's device (the max reduction propagates NaN, and an infinity is its own
+/// maximum) and one synchronisation.
 pub(crate) fn max_abs_if_finite(t: &Tensor) -> tensor_ops::Result<Option<f32>> {
     no_grad(|| {
         let flat = t.reshape(&[t.numel()])?;
-        let parts = [
-            flat.max(0, true)?,
-            flat.neg()?.max(0, true)?,
-            flat.mul_scalar(0.0)?.sum(0, true)?,
-        ];
-        let refs: Vec<&Tensor> = parts.iter().collect();
-        let v = Tensor::cat(&refs, 0)?.to_vec()?;
-        Ok((!v[2].is_nan()).then(|| v[0].max(v[1])))
+        let parts = [flat.max(0, true)?, flat.neg()?.max(0, true)?];
+        let v = Tensor::cat(&[&parts[0], &parts[1]], 0)?.to_vec()?;
+        Ok((v[0].is_finite() && v[1].is_finite()).then(|| v[0].max(v[1])))
     })
 }
 
+/// Errors when `t` holds NaN or Inf (or is not f32). On the device: `Σ 0·x` is NaN exactly when
+/// some element is non-finite (and cannot overflow), so only one scalar comes back.
 pub(crate) fn check_finite(what: &'static str, t: &Tensor) -> Result<()> {
     let probe = no_grad(|| t.mul_scalar(0.0)?.sum_all()?.item())?;
     if probe.is_nan() {

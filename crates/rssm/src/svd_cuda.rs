@@ -1,17 +1,21 @@
 //! The CUDA path of `compress_residuals`: the randomized SVD of [`crate::svd::randomized_svd`]
-//! on the device (cuBLAS GEMMs, cuSOLVER Householder QR, the small SVD in f64 on the host),
+//! on the device (cuBLAS GEMMs, Cholesky QR2 and a one-sided Jacobi small SVD, with cuSOLVER
+//! Householder QR and the host's f64 SVD as their fallbacks),
 //! and cuSOLVER's own `cusolverDnXgesvdr` behind the same entry point ([`SvdMethod`]).
 //!
 //! A row-major `m × n` residual `A` is, read column-major, `X = Aᵀ` (`n × m`, `ld = n`): both
 //! algorithms factor `X ≈ Uₓ·S·Vₓᵀ` and return `U = Vₓ`, `V = Uₓ` as row-major `[m, k]` and
 //! `[n, k]` tensors, written transposed by the last GEMM (or a transpose), never copied on the
-//! host. Host synchronisations: the finiteness and scale check, the small matrix `R` down and
-//! its factors up (Halko); the info check (gesvdr).
+//! host. Host synchronisations: the finiteness and scale check, then (Halko) the one flag word of
+//! the fast path, or `R` down and its factors up (the Householder path and the fallback); the
+//! info check (gesvdr).
 
 use crate::error::AcceleratorError;
 use crate::lowrank::LowRank;
 use crate::svd::{full_svd, SvdOptions};
+use gpu_cuda::cholqr::{CholQrWork, CHOLQR_BREAKDOWN, CHOLQR_MAX_COLS};
 use gpu_cuda::linalg::SolverInfo;
+use gpu_cuda::small_svd::SMALL_SVD_MAX;
 use gpu_cuda::{CudaBackend, CudaBuffer};
 use nalgebra::DMatrix;
 use tensor_ops::{no_grad, DType, Device, GpuError, Tensor};
@@ -23,9 +27,18 @@ const ENTRY: &str = "compress_residuals";
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SvdMethod {
     /// Halko, Martinsson and Tropp's algorithm as written in [`crate::svd::randomized_svd`],
-    /// on cuBLAS and cuSOLVER.
+    /// on cuBLAS, each orthonormalisation by Cholesky QR2 (`gpu_cuda::cholqr`) and the small
+    /// SVD by one-sided Jacobi (`gpu_cuda::small_svd`), for sketch widths `k + p <= 64`. A
+    /// breakdown of Cholesky QR (a sketch too ill-conditioned for f32, an exactly
+    /// rank-deficient one) is flagged on the device and read at the call's one
+    /// synchronisation; the call is then redone as [`SvdMethod::HalkoHouseholder`]. A zero
+    /// singular value among the first `k` sends the small SVD to the host.
     #[default]
     Halko,
+    /// The same algorithm with cuSOLVER's Householder QR (`geqrf` + `orgqr`) at every
+    /// orthonormalisation and the small SVD in f64 on the host (nalgebra): unconditionally
+    /// stable, and slower (docs/benchmarks.md). On the CPU the same as `Halko`.
+    HalkoHouseholder,
     /// cuSOLVER's `cusolverDnXgesvdr` (fp32), with the same oversampling and power iterations
     /// (oversampling capped so that `k + p <= min(m, n)`). CUDA only. Slower than `Halko` on an
     /// H200 at equal error (docs/benchmarks.md), and not exact on exactly low-rank input (a
@@ -85,23 +98,73 @@ pub(crate) fn randomized_svd_cuda(
     };
     let (x, scale) = normalised(a, max)?;
     match opts.method {
-        SvdMethod::Halko => halko(&x, scale, rank, opts),
+        SvdMethod::Halko => match halko(&x, scale, rank, opts, Ortho::CholQr2)? {
+            Some(f) => Ok(f),
+            None => halko(&x, scale, rank, opts, Ortho::Householder)?.ok_or_else(|| {
+                AcceleratorError::InvalidArgument {
+                    entry: ENTRY,
+                    reason: "Householder QR reported a breakdown".into(),
+                }
+            }),
+        },
+        SvdMethod::HalkoHouseholder => halko(&x, scale, rank, opts, Ortho::Householder)?
+            .ok_or_else(|| AcceleratorError::InvalidArgument {
+                entry: ENTRY,
+                reason: "Householder QR reported a breakdown".into(),
+            }),
         SvdMethod::CusolverGesvdr => gesvdr(&x, scale, rank, opts),
         SvdMethod::Gram => crate::svd_gram::gram_svd(a, rank),
     }
 }
 
-/// Halko et al. on the device; see the module docs for the layout.
-fn halko(a: &Tensor, scale: f32, k: usize, opts: &SvdOptions) -> Result<LowRank, AcceleratorError> {
+/// How [`halko`] orthonormalises its sketches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ortho {
+    /// Cholesky QR2 where the sketch is at most 64 wide (else Householder).
+    CholQr2,
+    /// cuSOLVER's Householder QR.
+    Householder,
+}
+
+/// What the device part of [`halko`] ended with.
+enum Outcome {
+    /// Cholesky QR broke down: redo with Householder QR.
+    Redo,
+    /// Everything on the device: `U`, `S` (unscaled), `V`.
+    Done(CudaBuffer, CudaBuffer, CudaBuffer),
+    /// The small SVD is the host's to take: `Y`, `Q₂` and `R`.
+    Host(CudaBuffer, CudaBuffer, Vec<f32>),
+}
+
+/// Halko et al. on the device; see the module docs for the layout. `None` when Cholesky QR
+/// broke down (nothing is returned from that attempt; the caller redoes it with Householder).
+fn halko(
+    a: &Tensor,
+    scale: f32,
+    k: usize,
+    opts: &SvdOptions,
+    ortho: Ortho,
+) -> Result<Option<LowRank>, AcceleratorError> {
     let (m, n) = (a.shape()[0], a.shape()[1]);
     let (r, c) = (n, m);
     let l = k.saturating_add(opts.oversample).min(m.min(n));
     let dev = ordinal(a)?;
     let gpu = tensor_ops::cuda_backend(dev)?;
+    // The fast path: Cholesky QR2 and the small SVD on the device (both take l <= 64).
+    let fast = ortho == Ortho::CholQr2 && l <= CHOLQR_MAX_COLS.min(SMALL_SVD_MAX);
     // Sketch, power iterations, Bᵀ = Xᵀ·Y and the R of its QR, all queued on the stream.
-    let (y, q2, small) = a.with_cuda_buffer(|gpu, x| {
+    let outcome = a.with_cuda_buffer(|gpu, x| {
         // 2 QRs per power iteration, one for the sketch, one for Bᵀ; 2 info slots each.
         let mut info = SolverInfo::new(gpu, 2 * (2 * opts.power_iters + 2))?;
+        let mut work = if fast {
+            Some(CholQrWork::new(gpu, r.max(c), l)?)
+        } else {
+            None
+        };
+        let mut ortho = |(rows, cols): (usize, usize), q: &mut CudaBuffer| match work.as_mut() {
+            Some(w) => gpu.cholqr2_cm((rows, cols), (q, rows), w),
+            None => gpu.orthonormalize_cm((rows, cols), (q, rows), &mut info),
+        };
         let mut omega = alloc(gpu, c * l)?;
         gpu.fill_randn(&mut omega, opts.seed)?;
         let mut y = alloc(gpu, r * l)?;
@@ -114,17 +177,17 @@ fn halko(a: &Tensor, scale: f32, k: usize, opts: &SvdOptions) -> Result<LowRank,
             gpu.gemm_cm((true, false), (c, l, r), 1.0, (x, r), (y, r), 0.0, (z, c))
         };
         x_times(&omega, &mut y)?;
-        gpu.orthonormalize_cm((r, l), (&mut y, r), &mut info)?;
+        ortho((r, l), &mut y)?;
         for _ in 0..opts.power_iters {
             xt_times(&y, &mut z)?;
-            gpu.orthonormalize_cm((c, l), (&mut z, c), &mut info)?;
+            ortho((c, l), &mut z)?;
             x_times(&z, &mut y)?;
-            gpu.orthonormalize_cm((r, l), (&mut y, r), &mut info)?;
+            ortho((r, l), &mut y)?;
         }
         // Bᵀ = Xᵀ·Y (c × l); keep a copy, orthonormalise it to Q₂ and take R = Q₂ᵀ·Bᵀ.
         xt_times(&y, &mut z)?;
         gpu.copy_buffer(&z, &mut omega)?;
-        gpu.orthonormalize_cm((c, l), (&mut z, c), &mut info)?;
+        ortho((c, l), &mut z)?;
         let mut rr = alloc(gpu, l * l)?;
         gpu.gemm_cm(
             (true, false),
@@ -135,10 +198,46 @@ fn halko(a: &Tensor, scale: f32, k: usize, opts: &SvdOptions) -> Result<LowRank,
             0.0,
             (&mut rr, l),
         )?;
-        info.check(gpu, ENTRY)?;
+        if let Some(w) = work.as_mut() {
+            // R = Ũ·Σ·Ṽᵀ on the device, then the factors (below), then the one
+            // synchronisation: the flag that Cholesky QR and the small SVD report into.
+            let (mut ur, mut vr, mut s) = (alloc(gpu, l * k)?, alloc(gpu, l * k)?, alloc(gpu, k)?);
+            gpu.jacobi_svd_cm(
+                (l, k),
+                &rr,
+                1.0 / scale,
+                &mut ur,
+                &mut s,
+                &mut vr,
+                w.flag_mut(),
+            )?;
+            let (u_out, v_out) = factors(gpu, (m, n, k, l), (&ur, &vr), (&z, &y))?;
+            let bits = w.flag_bits(gpu)?;
+            if bits & CHOLQR_BREAKDOWN != 0 {
+                return Ok(Outcome::Redo);
+            }
+            if bits == 0 {
+                return Ok(Outcome::Done(u_out, s, v_out));
+            }
+            // The small SVD found a zero singular value (or no convergence, or an overflow):
+            // the host's exact SVD completes the factors.
+        } else {
+            info.check(gpu, ENTRY)?;
+        }
         let small: Vec<f32> = gpu_core::Backend::download(gpu, &rr)?;
-        Ok((y, z, small))
+        Ok(Outcome::Host(y, z, small))
     })?;
+    let (y, q2, small) = match outcome {
+        Outcome::Redo => return Ok(None),
+        Outcome::Done(u, s, v) => {
+            return Ok(Some(LowRank::trusted(
+                Tensor::from_cuda_buffer(u, &[m, k], dev)?,
+                Tensor::from_cuda_buffer(s, &[k], dev)?,
+                Tensor::from_cuda_buffer(v, &[n, k], dev)?,
+            )))
+        }
+        Outcome::Host(y, q2, small) => (y, q2, small),
+    };
     // X ≈ Y·B, Bᵀ = Q₂·R, R = Ũ·Σ·Ṽᵀ  ⇒  X ≈ (Y·Ṽ)·Σ·(Q₂·Ũ)ᵀ, and A = Xᵀ ≈ (Q₂·Ũ)·Σ·(Y·Ṽ)ᵀ.
     let rm = DMatrix::from_iterator(l, l, small.iter().map(|&v| f64::from(v)));
     let svd = full_svd(rm)?;
@@ -165,15 +264,26 @@ fn halko(a: &Tensor, scale: f32, k: usize, opts: &SvdOptions) -> Result<LowRank,
         .iter()
         .map(|&v| (v / f64::from(scale)) as f32)
         .collect();
-    let ur = upload(&gpu, &ur)?;
-    let vr = upload(&gpu, &vr)?;
-    // Row-major U [m, k] is column-major Uᵀ (k × m) = Ũₖᵀ·Q₂ᵀ; V [n, k] likewise Ṽₖᵀ·Yᵀ.
-    let mut u_out = alloc(&gpu, m * k)?;
-    let mut v_out = alloc(&gpu, n * k)?;
+    let (ur, vr) = (upload(&gpu, &ur)?, upload(&gpu, &vr)?);
+    let (u_out, v_out) = factors(&gpu, (m, n, k, l), (&ur, &vr), (&q2, &y))?;
+    finish(u_out, s, v_out, (m, n, k), dev).map(Some)
+}
+
+/// Row-major `U` `[m, k]` (column-major `Uᵀ`, `k × m` = `Ũₖᵀ·Q₂ᵀ`) and `V` `[n, k]` (`Ṽₖᵀ·Yᵀ`)
+/// from the small factors (column-major `l × k`) and the two bases.
+fn factors(
+    gpu: &CudaBackend,
+    (m, n, k, l): (usize, usize, usize, usize),
+    (ur, vr): (&CudaBuffer, &CudaBuffer),
+    (q2, y): (&CudaBuffer, &CudaBuffer),
+) -> Result<(CudaBuffer, CudaBuffer), GpuError> {
+    let (r, c) = (n, m);
+    let mut u_out = alloc(gpu, m * k)?;
+    let mut v_out = alloc(gpu, n * k)?;
     let tt = (true, true);
-    gpu.gemm_cm(tt, (k, c, l), 1.0, (&ur, l), (&q2, c), 0.0, (&mut u_out, k))?;
-    gpu.gemm_cm(tt, (k, r, l), 1.0, (&vr, l), (&y, r), 0.0, (&mut v_out, k))?;
-    finish(u_out, s, v_out, (m, n, k), dev)
+    gpu.gemm_cm(tt, (k, c, l), 1.0, (ur, l), (q2, c), 0.0, (&mut u_out, k))?;
+    gpu.gemm_cm(tt, (k, r, l), 1.0, (vr, l), (y, r), 0.0, (&mut v_out, k))?;
+    Ok((u_out, v_out))
 }
 
 /// The factors as tensors; `s` descending, finite (the caller checked the input).

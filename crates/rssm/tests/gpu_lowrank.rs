@@ -35,8 +35,34 @@ fn residual(a: &DMatrix<f64>, c: &LowRank) -> f64 {
     (a - f(&h.u) * s * f(&h.v).transpose()).norm()
 }
 
-fn methods() -> [SvdMethod; 2] {
-    [SvdMethod::Halko, SvdMethod::CusolverGesvdr]
+fn methods() -> [SvdMethod; 3] {
+    [
+        SvdMethod::Halko,
+        SvdMethod::HalkoHouseholder,
+        SvdMethod::CusolverGesvdr,
+    ]
+}
+
+fn halko(method: SvdMethod) -> bool {
+    method != SvdMethod::CusolverGesvdr
+}
+
+/// `max(‖UᵀU − I‖_F, ‖VᵀV − I‖_F)` in f64.
+fn orthonormality(c: &LowRank) -> f64 {
+    let h = c.host().unwrap();
+    let err = |x: &Array2<f32>| {
+        let f = DMatrix::from_fn(x.nrows(), x.ncols(), |i, j| f64::from(x[(i, j)]));
+        (f.transpose() * &f - DMatrix::identity(x.ncols(), x.ncols())).norm()
+    };
+    err(&h.u).max(err(&h.v))
+}
+
+/// The orthogonality the Halko paths guarantee: Cholesky QR2's 6(rows·l + l(l+1))·u
+/// (Yamamoto et al. 2015; Householder QR is within it), plus the small factors' product
+/// (l·u per entry, √k·l·u in norm), for the taller side `rows`.
+fn orth_bound(m: usize, n: usize, k: usize, oversample: usize) -> f64 {
+    let l = (k + oversample).min(m.min(n)) as f64;
+    6.0 * (m.max(n) as f64 * l + l * (l + 1.0)) * U + (k as f64).sqrt() * l * U
 }
 
 fn opts(method: SvdMethod) -> SvdOptions {
@@ -77,6 +103,10 @@ fn gpu_svd_is_within_1_1x_of_eckart_young_on_decaying_spectra() {
             // The optimal errors here are >= 1e-4·‖A‖, far above f32's rounding of A and of
             // the factors (~1e-7·‖A‖ each): the 1.1× bound applies as it is.
             assert!(ratio <= 1.1, "{name}, {method:?}: ratio {ratio}");
+            if halko(method) {
+                let (o, ob) = (orthonormality(&c), orth_bound(m, n, k, 10));
+                assert!(o <= ob, "{name}, {method:?}: orthonormality {o:e} > {ob:e}");
+            }
         }
     }
 }
@@ -110,8 +140,15 @@ fn gpu_svd_recovers_exact_rank_k_rank_deficient_and_ill_conditioned_matrices() {
             );
             let s = c.host().unwrap().s;
             assert!(s.iter().all(|x| x.is_finite() && *x >= 0.0));
-            if method == SvdMethod::Halko {
+            if halko(method) {
                 assert!(err <= bound, "rank {true_rank}, {method:?}: {err:e}");
+                // Rank-deficient: the trailing factors are still orthonormal.
+                let (o, ob) = (orthonormality(&c), orth_bound(m, n, k, 10));
+                eprintln!("  orthonormality {o:.3e} (bound {ob:.3e})");
+                assert!(
+                    o <= ob,
+                    "rank {true_rank}, {method:?}: orthonormality {o:e}"
+                );
             }
         }
     }
@@ -132,8 +169,13 @@ fn gpu_svd_recovers_exact_rank_k_rank_deficient_and_ill_conditioned_matrices() {
             .fold(0.0f64, f64::max);
         eprintln!("cond 1e7, {method:?}: leading singular values rel err {rel:e}");
         assert!(s.iter().all(|x| x.is_finite()));
-        if method == SvdMethod::Halko {
+        if halko(method) {
             assert!(rel < 1e-4, "{method:?}: {rel:e}");
+            let (o, ob) = (orthonormality(&c), orth_bound(m, n, k, 10));
+            assert!(
+                o <= ob,
+                "cond 1e7, {method:?}: orthonormality {o:e} > {ob:e}"
+            );
         }
     }
 }

@@ -1,0 +1,129 @@
+// The small SVD at the end of the randomized SVD (crates/gpu-cuda/src/small_svd.rs): the l × l
+// f32 matrix R (l <= 64, column-major) = Ũ·Σ·Ṽᵀ by one-sided Jacobi (Hestenes) in f64, in one
+// block, so that nothing goes to the host. CPU reference: nalgebra's SVD (the host path it
+// replaces, rssm::svd); parity tests: crates/gpu-cuda/tests/small_svd.rs.
+//
+// The columns of A (R, rotated) and V (I, rotated) live in dynamic shared memory, f64, column j
+// contiguous. A sweep is n − 1 rounds of n/2 disjoint column pairs in round-robin order (n = l
+// rounded up to even; a pair with the padding column is skipped); warp m of the block takes pair
+// m of the round, its lanes hold rows i = lane and lane + 32; one barrier a round. A pair
+// (p, q) is rotated when |a_p·a_q| > tol·‖a_p‖·‖a_q‖ (tol = l·2^-53), by the rotation that
+// makes the two columns orthogonal (Rutishauser's formulas); the sweeps stop when a sweep
+// rotates nothing, so the final columns are orthogonal to tol. Then σ_j = ‖a_j‖, u_j = a_j/σ_j,
+// sorted descending; the first k go out (s scaled by `inv_scale`, a power of two: exact).
+//
+// flag (OR-ed): 4 = no convergence in 60 sweeps; 8 = one of the first k singular values is not
+// > 2^-60·σ_max (zero: u_j undefined), or a column is not finite; 16 = a singular value overflows
+// f32 once unscaled. The caller then takes its host path.
+#include "common.cuh"
+
+#define JAC_MAX 64
+#define JAC_SWEEPS 60
+
+extern "C" __global__ void __launch_bounds__(1024) jacobi_svd_f32(
+    const float* __restrict__ r, float* __restrict__ u, float* __restrict__ s,
+    float* __restrict__ v, unsigned* __restrict__ flag, unsigned l, unsigned k, float inv_scale) {
+    extern __shared__ double jac_smem[];
+    double* a = jac_smem;              // l × l, column j at a + j·l
+    double* w = jac_smem + l * l;      // V, likewise
+    __shared__ double sig[JAC_MAX];
+    __shared__ unsigned ord[JAC_MAX];
+    __shared__ int rotated;
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned n = l + (l & 1u);
+    for (unsigned e = threadIdx.x; e < l * l; e += blockDim.x) {
+        a[e] = (double)r[e];
+        w[e] = (e % l) == (e / l) ? 1.0 : 0.0;
+    }
+    const double tol = (double)l * 1.1102230246251565e-16;
+    unsigned bad = 4u;
+    for (int sweep = 0; sweep < JAC_SWEEPS; ++sweep) {
+        if (threadIdx.x == 0) rotated = 0;
+        __syncthreads();
+        for (unsigned round = 0; round + 1 < n; ++round) {
+            unsigned p, q;
+            if (warp == 0) {
+                p = round, q = n - 1;
+            } else {
+                p = (round + warp) % (n - 1);
+                q = (round + n - 1 - warp) % (n - 1);
+            }
+            if (warp < n / 2 && p < l && q < l) {
+                double* ap = a + p * l;
+                double* aq = a + q * l;
+                double x0 = 0, x1 = 0, y0 = 0, y1 = 0;
+                if (lane < l) x0 = ap[lane], y0 = aq[lane];
+                if (lane + 32 < l) x1 = ap[lane + 32], y1 = aq[lane + 32];
+                double al = fma(x0, x0, x1 * x1), be = fma(y0, y0, y1 * y1),
+                       ga = fma(x0, y0, x1 * y1);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    al += __shfl_xor_sync(0xffffffffu, al, o);
+                    be += __shfl_xor_sync(0xffffffffu, be, o);
+                    ga += __shfl_xor_sync(0xffffffffu, ga, o);
+                }
+                if (fabs(ga) > tol * sqrt(al) * sqrt(be)) {
+                    const double zeta = (be - al) / (2.0 * ga);
+                    const double t = fabs(zeta) > 1e150
+                                         ? 0.5 / zeta
+                                         : copysign(1.0, zeta) / (fabs(zeta) + sqrt(fma(zeta, zeta, 1.0)));
+                    const double c = 1.0 / sqrt(fma(t, t, 1.0)), sn = c * t;
+                    if (lane < l) {
+                        ap[lane] = c * x0 - sn * y0;
+                        aq[lane] = sn * x0 + c * y0;
+                        const double vp = w[p * l + lane], vq = w[q * l + lane];
+                        w[p * l + lane] = c * vp - sn * vq;
+                        w[q * l + lane] = sn * vp + c * vq;
+                    }
+                    if (lane + 32 < l) {
+                        ap[lane + 32] = c * x1 - sn * y1;
+                        aq[lane + 32] = sn * x1 + c * y1;
+                        const double vp = w[p * l + lane + 32], vq = w[q * l + lane + 32];
+                        w[p * l + lane + 32] = c * vp - sn * vq;
+                        w[q * l + lane + 32] = sn * vp + c * vq;
+                    }
+                    if (lane == 0) rotated = 1;
+                }
+            }
+            __syncthreads();
+        }
+        if (!rotated) {
+            bad = 0;
+            break;
+        }
+        __syncthreads();  // every thread has read `rotated` before thread 0 clears it
+    }
+
+    // σ_j = ‖a_j‖ (a warp a column), then each σ's rank (ties by index) gives the order.
+    for (unsigned j = warp; j < l; j += blockDim.x >> 5) {
+        double x = 0.0;
+        for (unsigned i = lane; i < l; i += 32) x = fma(a[j * l + i], a[j * l + i], x);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+        if (lane == 0) sig[j] = x <= 1.79e308 ? sqrt(x) : -1.0;  // NaN or inf: -1, flagged
+    }
+    __syncthreads();
+    if (threadIdx.x < l) {
+        const unsigned j = threadIdx.x;
+        unsigned rank = 0;
+        for (unsigned i = 0; i < l; ++i)
+            rank += (sig[i] > sig[j] || (sig[i] == sig[j] && i < j)) ? 1u : 0u;
+        ord[rank] = j;
+    }
+    __syncthreads();
+    const double smax = sig[ord[0]];
+    if (!(smax > 0.0) || !(sig[ord[k - 1]] > smax * 8.673617379884035e-19) || sig[ord[l - 1]] < 0.0)
+        bad |= 8u;
+    for (unsigned e = threadIdx.x; e < l * k; e += blockDim.x) {
+        const unsigned i = e % l, rr = e / l, j = ord[rr];
+        const double sj = sig[j];
+        u[e] = (float)(sj > 0.0 ? a[j * l + i] / sj : 0.0);
+        v[e] = (float)w[j * l + i];
+    }
+    if (threadIdx.x < k) {
+        const float sf = (float)(sig[ord[threadIdx.x]] * (double)inv_scale);
+        s[threadIdx.x] = sf;
+        if (!isfinite(sf)) atomicOr(flag, 16u);
+    }
+    if (threadIdx.x == 0 && bad) *flag |= bad;
+}
