@@ -1,5 +1,5 @@
 // The small SVD at the end of the randomized SVD (crates/gpu-cuda/src/small_svd.rs): the l × l
-// f32 matrix R (l <= 64, column-major) = Ũ·Σ·Ṽᵀ by one-sided Jacobi (Hestenes) in f64, in one
+// f32 matrix R (l <= 64, column-major, given as `nparts` partial sums added here in f64) = Ũ·Σ·Ṽᵀ by one-sided Jacobi (Hestenes) in f64, in one
 // block, so that nothing goes to the host. CPU reference: nalgebra's SVD (the host path it
 // replaces, rssm::svd); parity tests: crates/gpu-cuda/tests/small_svd.rs.
 //
@@ -7,9 +7,10 @@
 // contiguous. A sweep is n − 1 rounds of n/2 disjoint column pairs in round-robin order (n = l
 // rounded up to even; a pair with the padding column is skipped); warp m of the block takes pair
 // m of the round, its lanes hold rows i = lane and lane + 32; one barrier a round. A pair
-// (p, q) is rotated when |a_p·a_q| > tol·‖a_p‖·‖a_q‖ (tol = l·2^-53), by the rotation that
-// makes the two columns orthogonal (Rutishauser's formulas); the sweeps stop when a sweep
-// rotates nothing, so the final columns are orthogonal to tol. Then σ_j = ‖a_j‖, u_j = a_j/σ_j,
+// (p, q) is rotated when |a_p·a_q| > tol·‖a_p‖·‖a_q‖ (tol = 2^-34: the outputs are f32, whose
+// rounding, 2^-24, is far coarser), by the rotation that makes the two columns orthogonal
+// (Rutishauser's formulas); the sweeps stop when a sweep rotates nothing, so the final columns
+// are orthogonal to tol. Then σ_j = ‖a_j‖, u_j = a_j/σ_j,
 // sorted descending; the first k go out (s scaled by `inv_scale`, a power of two: exact).
 //
 // flag (OR-ed): 4 = no convergence in 60 sweeps; 8 = one of the first k singular values is not
@@ -21,7 +22,7 @@
 #define JAC_SWEEPS 60
 
 extern "C" __global__ void __launch_bounds__(1024) jacobi_svd_f32(
-    const float* __restrict__ r, float* __restrict__ u, float* __restrict__ s,
+    const float* __restrict__ r, unsigned nparts, float* __restrict__ u, float* __restrict__ s,
     float* __restrict__ v, unsigned* __restrict__ flag, unsigned l, unsigned k, float inv_scale) {
     extern __shared__ double jac_smem[];
     double* a = jac_smem;              // l × l, column j at a + j·l
@@ -32,10 +33,13 @@ extern "C" __global__ void __launch_bounds__(1024) jacobi_svd_f32(
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned n = l + (l & 1u);
     for (unsigned e = threadIdx.x; e < l * l; e += blockDim.x) {
-        a[e] = (double)r[e];
+        double x = 0.0;  // eight loads in flight, added in order
+#pragma unroll 8
+        for (unsigned p = 0; p < nparts; ++p) x += (double)r[(size_t)p * l * l + e];
+        a[e] = x;
         w[e] = (e % l) == (e / l) ? 1.0 : 0.0;
     }
-    const double tol = (double)l * 1.1102230246251565e-16;
+    const double tol2 = 3.3881317890172014e-21;  // tol² = 2^-68 (compared without a sqrt)
     unsigned bad = 4u;
     for (int sweep = 0; sweep < JAC_SWEEPS; ++sweep) {
         if (threadIdx.x == 0) rotated = 0;
@@ -62,12 +66,20 @@ extern "C" __global__ void __launch_bounds__(1024) jacobi_svd_f32(
                     be += __shfl_xor_sync(0xffffffffu, be, o);
                     ga += __shfl_xor_sync(0xffffffffu, ga, o);
                 }
-                if (fabs(ga) > tol * sqrt(al) * sqrt(be)) {
-                    const double zeta = (be - al) / (2.0 * ga);
-                    const double t = fabs(zeta) > 1e150
-                                         ? 0.5 / zeta
-                                         : copysign(1.0, zeta) / (fabs(zeta) + sqrt(fma(zeta, zeta, 1.0)));
-                    const double c = 1.0 / sqrt(fma(t, t, 1.0)), sn = c * t;
+                if (ga * ga > tol2 * al * be) {
+                    // t = sign(ζ)/(|ζ| + √(1 + ζ²)), ζ = (β − α)/2γ, taken in f32 on the
+                    // exponent-normalised d = β − α and 2γ: whatever t is, c = 1/√(1 + t²) and
+                    // s = c·t make a rotation orthogonal to f64 precision; an f32 angle only
+                    // leaves γ' ≈ 2^-24·γ for the next sweep. One f64 reciprocal square root.
+                    const double d = be - al, g2 = 2.0 * ga;
+                    int e;
+                    frexp(fmax(fabs(d), fabs(g2)), &e);
+                    const float df = (float)ldexp(d, -e), gf = (float)ldexp(g2, -e);
+                    const float tf =
+                        copysignf(fabsf(gf) / (fabsf(df) + sqrtf(fmaf(df, df, gf * gf))), df * gf);
+                    // 2γ below f32's range next to β − α: t ≈ γ/(β − α).
+                    const double t = tf != 0.0f ? (double)tf : 0.5 * g2 / d;
+                    const double c = rsqrt(fma(t, t, 1.0)), sn = c * t;
                     if (lane < l) {
                         ap[lane] = c * x0 - sn * y0;
                         aq[lane] = sn * x0 + c * y0;

@@ -18,6 +18,15 @@ use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 /// The widest matrix Cholesky QR takes here (the kernel's shared-memory tile).
 pub const CHOLQR_MAX_COLS: usize = 64;
 
+/// Rows per part of the Gram matrices: enough parts (at most 32) to spread the products over
+/// the GPU, few enough for one block to add them up.
+pub fn gram_chunk(rows: usize) -> usize {
+    rows.div_ceil(GRAM_PARTS).max(128)
+}
+
+/// The most parts [`gram_chunk`] makes.
+pub const GRAM_PARTS: usize = 32;
+
 /// Cholesky QR's flag bits: 1 = a pivot that is not positive, 2 = a second pass given a matrix
 /// further than 1/2 (Frobenius) from orthonormal.
 pub const CHOLQR_BREAKDOWN: u32 = 3;
@@ -53,7 +62,7 @@ impl CholQrWork {
             rows,
             cols,
             q: gpu.allocate(DType::F32, len.max(1))?,
-            gram: gpu.allocate(DType::F32, (cols * cols).max(1))?,
+            gram: gpu.allocate(DType::F32, (GRAM_PARTS * cols * cols).max(1))?,
             rinv: gpu.allocate(DType::F32, (cols * cols).max(1))?,
             flag,
         })
@@ -132,7 +141,7 @@ impl CudaBackend {
         )
     }
 
-    /// `gram = YᵀY`, then `rinv = R⁻¹` of its Cholesky factor.
+    /// `gram = YᵀY` (in parts), then `rinv = R⁻¹` of its Cholesky factor.
     fn cholqr_pass(
         &self,
         (rows, cols): (usize, usize),
@@ -140,25 +149,25 @@ impl CudaBackend {
         (gram, rinv, flag): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
         check: bool,
     ) -> Result<()> {
-        self.gemm_cm(
-            (true, false),
-            (cols, cols, rows),
-            1.0,
+        let parts = self.gemm_tn_parts_cm(
+            rows,
+            (cols, cols),
             (y, ldy),
             (y, ldy),
-            0.0,
-            (gram, cols),
+            gram_chunk(rows),
+            gram,
         )?;
-        self.chol_rinv_cm(cols, gram, rinv, flag, check)
+        self.chol_rinv_cm(cols, (gram, parts), rinv, flag, check)
     }
 
-    /// The kernel alone: `rinv` (column-major `l × l`) = `R⁻¹` where `G = RᵀR` for the
-    /// column-major `l × l` f32 `g` (its lower triangle is read); ORs the breakdown bits into
-    /// `flag[0]` (bit 1 only when `check`). See [`chol_rinv_reference`].
+    /// The kernel alone: `rinv` (column-major `l × l`) = `R⁻¹` where `G = RᵀR`, `G` the sum of
+    /// the `nparts` column-major `l × l` f32 matrices at the start of `g` (its lower triangle is
+    /// read); ORs the breakdown bits into `flag[0]` (bit 1 only when `check`). See
+    /// [`chol_rinv_reference`].
     pub fn chol_rinv_cm(
         &self,
         l: usize,
-        g: &CudaBuffer,
+        (g, nparts): (&CudaBuffer, usize),
         rinv: &mut CudaBuffer,
         flag: &mut CudaBuffer,
         check: bool,
@@ -170,7 +179,10 @@ impl CudaBackend {
                 format!("at most {CHOLQR_MAX_COLS} columns, got {l}"),
             ));
         }
-        check_mat(OP, "G", g, l, l, l.max(1))?;
+        if nparts == 0 {
+            return Err(GpuError::invalid(OP, "at least one part"));
+        }
+        check_mat(OP, "G", g, l, l * nparts, l.max(1))?;
         check_mat(OP, "R⁻¹", rinv, l, l, l.max(1))?;
         if flag.dtype() != DType::U32 || flag.len() == 0 {
             return Err(GpuError::invalid(OP, "the flag must be at least one u32"));
@@ -181,6 +193,7 @@ impl CudaBackend {
         }
         let args = [
             KernelArg::from(g),
+            KernelArg::U32(u32::try_from(nparts).map_err(|_| GpuError::invalid(OP, "parts"))?),
             KernelArg::from(&mut *rinv),
             KernelArg::from(&mut *flag),
             KernelArg::U32(l as u32),
@@ -188,24 +201,32 @@ impl CudaBackend {
         ];
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (if l <= 32 { 256 } else { 1024 }, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: chol_rinv_f32(const float* g, float* rinv, unsigned* flag, unsigned l,
-        // unsigned check); g and rinv hold l·l f32 (checked), flag one u32, l <= 64 (the
-        // kernel's static tile).
+        // SAFETY: chol_rinv_f32(const float* g, unsigned nparts, float* rinv, unsigned* flag,
+        // unsigned l, unsigned check); g holds nparts·l·l f32 and rinv l·l (checked), flag one
+        // u32, l <= 64 (the kernel's static tile), and 256 threads for l <= 32, else 1024, as
+        // the kernel's row groups assume (at most 4 rows a thread).
         unsafe { self.launch("chol_rinv_f32", cfg, &args) }
     }
 }
 
-/// The CPU reference of `chol_rinv_f32`: the same steps in f64 on the f32 input (the kernel
-/// fuses some multiply-adds, so the two differ by f64 rounding). Returns
+/// The CPU reference of `chol_rinv_f32`: the same steps in f64 on the f32 input, `g` the
+/// `nparts` parts back to back, added in f64 in order (the kernel fuses some multiply-adds, so
+/// the two differ by f64 rounding). Returns
 /// `R⁻¹` (column-major `l × l`, zeros below the diagonal, rounded to f32) and the flag bits.
-pub fn chol_rinv_reference(g: &[f32], l: usize, check: bool) -> Result<(Vec<f32>, u32)> {
-    if l.checked_mul(l) != Some(g.len()) {
+pub fn chol_rinv_reference(
+    g: &[f32],
+    nparts: usize,
+    l: usize,
+    check: bool,
+) -> Result<(Vec<f32>, u32)> {
+    let need = l.checked_mul(l).and_then(|x| x.checked_mul(nparts));
+    if nparts == 0 || need != Some(g.len()) {
         return Err(GpuError::shape(
             "chol_rinv_reference",
-            format!("an {l} × {l} matrix"),
+            format!("{nparts} (at least one) {l} × {l} matrices"),
             g.len(),
         ));
     }
@@ -214,7 +235,9 @@ pub fn chol_rinv_reference(g: &[f32], l: usize, check: bool) -> Result<(Vec<f32>
     let mut off = 0.0f64;
     for i in 0..l {
         for c in 0..l {
-            let v = f64::from(g[c + i * l]);
+            let v: f64 = (0..nparts)
+                .map(|p| f64::from(g[(p * l + i) * l + c]))
+                .fold(0.0, |acc, x| acc + x);
             let e = v - if i == c { 1.0 } else { 0.0 };
             off += e * e;
             if i <= c {

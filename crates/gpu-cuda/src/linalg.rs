@@ -189,6 +189,117 @@ impl CudaBackend {
         })
     }
 
+    /// `AᵀB` as a sum of parts, for tall `A` (`rows × m`) and `B` (`rows × n`), column-major:
+    /// part `s` is `A_sᵀ·B_s` over rows `[s·chunk, (s + 1)·chunk)` (the last part takes the
+    /// remainder), written back to back (`m × n` each, `ld = m`) into `parts`; returns their
+    /// count, `⌈rows / chunk⌉`. One strided-batched GEMM (and one more for a remainder)
+    /// instead of one GEMM whose few output tiles would each run the whole length alone: the
+    /// sum is left to the consumer (`chol_rinv_f32` and `jacobi_svd_f32` add them in f64).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_tn_parts_cm(
+        &self,
+        rows: usize,
+        (m, n): (usize, usize),
+        (a, lda): (&CudaBuffer, usize),
+        (b, ldb): (&CudaBuffer, usize),
+        chunk: usize,
+        parts: &mut CudaBuffer,
+    ) -> Result<usize> {
+        const OP: &str = "gemm_tn_parts_cm";
+        if chunk == 0 {
+            return Err(GpuError::invalid(OP, "chunk must be positive"));
+        }
+        check_mat(OP, "A", a, rows, m, lda)?;
+        check_mat(OP, "B", b, rows, n, ldb)?;
+        let count = rows.div_ceil(chunk);
+        let mn = m
+            .checked_mul(n)
+            .ok_or_else(|| GpuError::invalid(OP, "m × n overflows"))?;
+        let need = mn
+            .checked_mul(count)
+            .ok_or_else(|| GpuError::invalid(OP, "parts overflow"))?;
+        check_mat(OP, "parts", parts, need.max(1), 1, need.max(1))?;
+        self.check_owned(OP, &[a, b, parts])?;
+        if mn == 0 || rows == 0 {
+            return Ok(count);
+        }
+        let full = rows / chunk;
+        let rest = rows - full * chunk;
+        if full > 0 {
+            let (mi, ni, ki) = (int(OP, m)?, int(OP, n)?, int(OP, chunk)?);
+            let (lda_i, ldb_i, batch) = (int(OP, lda)?, int(OP, ldb)?, int(OP, full)?);
+            let stride = |v: usize| i64::try_from(v).map_err(|_| GpuError::invalid(OP, "stride"));
+            let (sc, sp) = (stride(chunk)?, stride(mn)?);
+            let guard = self.blas()?;
+            let handle = *guard.handle();
+            self.bind()?;
+            // SAFETY: the handle is live and bound to this backend's stream.
+            blas_ok("cublasSetMathMode", unsafe {
+                blas::cublasSetMathMode(handle, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
+            })?;
+            let (one, zero) = (1.0f32, 0.0f32);
+            // SAFETY: batch s reads rows [s·chunk, (s + 1)·chunk) of A and B (inside them:
+            // full·chunk <= rows, checked with their leading dimensions above) and writes
+            // part s, inside `parts` (count·m·n elements, checked).
+            blas_ok("cublasSgemmStridedBatched", unsafe {
+                blas::cublasSgemmStridedBatched(
+                    handle,
+                    blas::cublasOperation_t::CUBLAS_OP_T,
+                    blas::cublasOperation_t::CUBLAS_OP_N,
+                    mi,
+                    ni,
+                    ki,
+                    &one,
+                    a.device_ptr() as *const f32,
+                    lda_i,
+                    sc,
+                    b.device_ptr() as *const f32,
+                    ldb_i,
+                    sc,
+                    &zero,
+                    parts.device_ptr() as *mut f32,
+                    mi,
+                    sp,
+                    batch,
+                )
+            })?;
+        }
+        if rest > 0 {
+            let off = full * chunk;
+            let (mi, ni, ki) = (int(OP, m)?, int(OP, n)?, int(OP, rest)?);
+            let (lda_i, ldb_i) = (int(OP, lda)?, int(OP, ldb)?);
+            let guard = self.blas()?;
+            let handle = *guard.handle();
+            self.bind()?;
+            // SAFETY: the handle is live and bound to this backend's stream.
+            blas_ok("cublasSetMathMode", unsafe {
+                blas::cublasSetMathMode(handle, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
+            })?;
+            let (one, zero) = (1.0f32, 0.0f32);
+            // SAFETY: rows [off, rows) of A and B are inside them (checked above), and the
+            // last part is inside `parts`.
+            blas_ok("cublasSgemm", unsafe {
+                blas::cublasSgemm_v2(
+                    handle,
+                    blas::cublasOperation_t::CUBLAS_OP_T,
+                    blas::cublasOperation_t::CUBLAS_OP_N,
+                    mi,
+                    ni,
+                    ki,
+                    &one,
+                    (a.device_ptr() as *const f32).wrapping_add(off),
+                    lda_i,
+                    (b.device_ptr() as *const f32).wrapping_add(off),
+                    ldb_i,
+                    &zero,
+                    (parts.device_ptr() as *mut f32).wrapping_add(full * mn),
+                    mi,
+                )
+            })?;
+        }
+        Ok(count)
+    }
+
     /// `C = Aᵀ` for a column-major `rows × cols` `A`; `C` is `cols × rows`.
     pub fn transpose_cm(
         &self,

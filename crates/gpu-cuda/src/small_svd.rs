@@ -24,7 +24,8 @@ pub const JACOBI_DEGENERATE: u32 = 8;
 pub const JACOBI_OVERFLOW: u32 = 16;
 
 impl CudaBackend {
-    /// The SVD of the column-major `l × l` f32 `r` (`1 <= k <= l <= 64`): fills `u` and `v`
+    /// The SVD of `R`, the sum of the `nparts` column-major `l × l` f32 matrices at the start of
+    /// `r` (added in f64; `1 <= k <= l <= 64`): fills `u` and `v`
     /// (column-major `l × k`, the leading left and right singular vectors) and `s` (`k` values,
     /// descending, times `inv_scale`), and ORs failure bits into the u32 `flag[0]` (see the
     /// module docs). Queued only.
@@ -32,7 +33,7 @@ impl CudaBackend {
     pub fn jacobi_svd_cm(
         &self,
         (l, k): (usize, usize),
-        r: &CudaBuffer,
+        (r, nparts): (&CudaBuffer, usize),
         inv_scale: f32,
         u: &mut CudaBuffer,
         s: &mut CudaBuffer,
@@ -46,7 +47,10 @@ impl CudaBackend {
                 format!("needs 1 <= k <= l <= {SMALL_SVD_MAX}, got l {l}, k {k}"),
             ));
         }
-        check_mat(OP, "R", r, l, l, l)?;
+        if nparts == 0 {
+            return Err(GpuError::invalid(OP, "at least one part"));
+        }
+        check_mat(OP, "R", r, l, l * nparts, l)?;
         check_mat(OP, "U", u, l, k, l)?;
         check_mat(OP, "V", v, l, k, l)?;
         check_mat(OP, "S", s, k, 1, k)?;
@@ -57,6 +61,7 @@ impl CudaBackend {
         let pairs = (l + (l & 1)) / 2;
         let args = [
             KernelArg::from(r),
+            KernelArg::U32(u32::try_from(nparts).map_err(|_| GpuError::invalid(OP, "parts"))?),
             KernelArg::from(&mut *u),
             KernelArg::from(&mut *s),
             KernelArg::from(&mut *v),
@@ -70,9 +75,9 @@ impl CudaBackend {
             block_dim: (32 * pairs as u32, 1, 1),
             shared_mem_bytes: (2 * l * l * 8) as u32,
         };
-        // SAFETY: jacobi_svd_f32(const float* r, float* u, float* s, float* v, unsigned* flag,
-        // unsigned l, unsigned k, float inv_scale); r holds l·l f32, u and v l·k, s k, flag one
-        // u32 (checked above); the block has a warp per column pair (<= 32 warps) and the
+        // SAFETY: jacobi_svd_f32(const float* r, unsigned nparts, float* u, float* s, float* v,
+        // unsigned* flag, unsigned l, unsigned k, float inv_scale); r holds nparts·l·l f32, u
+        // and v l·k, s k, flag one u32 (checked above); the block has a warp per column pair (<= 32 warps) and the
         // dynamic shared memory holds A and V, 2·l·l f64.
         unsafe { self.launch_large_smem("jacobi_svd_f32", cfg, &args) }
     }

@@ -83,7 +83,7 @@ fn chol_rinv_reference_orthonormalises_y() {
     ] {
         let y = tall(&mut r, rows, l, kappa);
         let g = gram(&y, rows, l);
-        let (rinv, flag) = chol_rinv_reference(&g, l, false).unwrap();
+        let (rinv, flag) = chol_rinv_reference(&g, 1, l, false).unwrap();
         assert_eq!(flag, 0, "{rows}×{l}: positive definite Gram flagged");
         // Q = Y·R⁻¹ in f64: G's rounding to f32 (relative u per entry, so ‖ΔG‖ <= u·‖G‖_F)
         // moves R⁻¹ᵀGR⁻¹ from I by at most ‖R⁻¹‖²·u·‖G‖_F <= u·κ̃², and R⁻¹'s rounding adds
@@ -106,30 +106,30 @@ fn chol_rinv_reference_orthonormalises_y() {
         assert!((0..l).all(|c| (c + 1..l).all(|i| rinv[i + c * l] == 0.0)));
     }
     // Breakdowns: a zero column (pivot exactly 0), NaN, and the distance check.
-    let (rinv, flag) = chol_rinv_reference(&[0.0; 4], 2, false).unwrap();
-    assert!(chol_rinv_reference(&[0.0; 5], 2, false).is_err());
+    let (rinv, flag) = chol_rinv_reference(&[0.0; 4], 1, 2, false).unwrap();
+    assert!(chol_rinv_reference(&[0.0; 5], 1, 2, false).is_err());
     assert_eq!(flag, 1);
     assert!(rinv.iter().all(|v| v.is_finite()));
     assert_eq!(
-        chol_rinv_reference(&[f32::NAN, 0.0, 0.0, 1.0], 2, true)
+        chol_rinv_reference(&[f32::NAN, 0.0, 0.0, 1.0], 1, 2, true)
             .unwrap()
             .1,
         3
     );
     assert_eq!(
-        chol_rinv_reference(&[1.0, 0.0, 0.0, 1.0], 2, true)
+        chol_rinv_reference(&[1.0, 0.0, 0.0, 1.0], 1, 2, true)
             .unwrap()
             .1,
         0
     );
     assert_eq!(
-        chol_rinv_reference(&[2.0, 0.0, 0.0, 1.0], 2, true)
+        chol_rinv_reference(&[2.0, 0.0, 0.0, 1.0], 1, 2, true)
             .unwrap()
             .1,
         2
     );
     assert_eq!(
-        chol_rinv_reference(&[2.0, 0.0, 0.0, 1.0], 2, false)
+        chol_rinv_reference(&[2.0, 0.0, 0.0, 1.0], 1, 2, false)
             .unwrap()
             .1,
         0
@@ -140,7 +140,8 @@ fn chol_gpu(gpu: &CudaBackend, g: &[f32], l: usize, check: bool) -> (Vec<f32>, u
     let dg = gpu.upload(g).unwrap();
     let mut rinv = gpu.upload(&vec![f32::NAN; l * l]).unwrap();
     let mut flag = gpu.upload(&[0u32]).unwrap();
-    gpu.chol_rinv_cm(l, &dg, &mut rinv, &mut flag, check)
+    let parts = g.len() / (l * l).max(1);
+    gpu.chol_rinv_cm(l, (&dg, parts), &mut rinv, &mut flag, check)
         .unwrap();
     (
         gpu.download(&rinv).unwrap(),
@@ -166,7 +167,7 @@ fn gpu_chol_rinv_matches_its_reference() {
         let y = tall(&mut r, rows, l, kappa);
         let g = gram(&y, rows, l);
         for check in [false, true] {
-            let (want, wf) = chol_rinv_reference(&g, l, check).unwrap();
+            let (want, wf) = chol_rinv_reference(&g, 1, l, check).unwrap();
             let (got, gf) = chol_gpu(&gpu, &g, l, check);
             assert_eq!(gf, wf, "{rows}×{l}: flags");
             // Same steps in f64 (the kernel fuses multiply-adds): the two differ by f64
@@ -184,6 +185,33 @@ fn gpu_chol_rinv_matches_its_reference() {
             assert!(diff <= bound, "{rows}×{l}: {diff:e} > {bound:e}");
         }
     }
+    // G given as parts (as the Gram product writes it): three random f32 parts whose f64 sum
+    // is G; kernel and reference add them the same way.
+    let (rows, l) = (120, 20);
+    let y = tall(&mut r, rows, l, 10.0);
+    let g = gram(&y, rows, l);
+    let mut parts = vec![0.0f32; 3 * l * l];
+    for e in 0..l * l {
+        let (a, b) = (r.random_range(-1.0f32..1.0), r.random_range(-1.0f32..1.0));
+        parts[e] = a;
+        parts[l * l + e] = b;
+        parts[2 * l * l + e] = ((f64::from(g[e]) - f64::from(a)) - f64::from(b)) as f32;
+    }
+    let (want, wf) = chol_rinv_reference(&parts, 3, l, false).unwrap();
+    let (got, gf) = chol_gpu(&gpu, &parts, l, false);
+    assert_eq!((gf, wf), (0, 0));
+    let k = kappa_bound(&y, &want);
+    let norm = frob(want.iter().map(|&v| f64::from(v)));
+    let diff = frob(
+        got.iter()
+            .zip(&want)
+            .map(|(&a, &b)| f64::from(a) - f64::from(b)),
+    );
+    assert!(
+        diff <= (2.0 * U + l as f64 * f64::EPSILON * k * k) * norm,
+        "parts: {diff:e}"
+    );
+
     // Breakdowns, as the reference flags them; the factor stays finite.
     for (g, l, check) in [
         (vec![0.0f32; 9], 3, false),
@@ -192,7 +220,7 @@ fn gpu_chol_rinv_matches_its_reference() {
         (vec![1.0, 0.0, 0.0, 1.0], 2, true),
         (vec![1.0, 2.0, 2.0, 1.0], 2, false),
     ] {
-        let (want, wf) = chol_rinv_reference(&g, l, check).unwrap();
+        let (want, wf) = chol_rinv_reference(&g, 1, l, check).unwrap();
         let (got, gf) = chol_gpu(&gpu, &g, l, check);
         assert_eq!(gf, wf, "{g:?}: flags");
         if !g.iter().any(|v| v.is_nan()) {
@@ -204,15 +232,14 @@ fn gpu_chol_rinv_matches_its_reference() {
     let small = gpu.allocate(DType::F32, 4).unwrap();
     let mut out = gpu.allocate(DType::F32, 4).unwrap();
     let mut flag = gpu.allocate(DType::U32, 1).unwrap();
-    assert!(gpu
-        .chol_rinv_cm(65, &small, &mut out, &mut flag, false)
-        .is_err());
-    assert!(gpu
-        .chol_rinv_cm(3, &small, &mut out, &mut flag, false)
-        .is_err());
+    for (l, parts) in [(65, 1), (3, 1), (2, 2), (2, 0)] {
+        assert!(gpu
+            .chol_rinv_cm(l, (&small, parts), &mut out, &mut flag, false)
+            .is_err());
+    }
     let mut not_u32 = gpu.allocate(DType::F32, 1).unwrap();
     assert!(gpu
-        .chol_rinv_cm(2, &small, &mut out, &mut not_u32, false)
+        .chol_rinv_cm(2, (&small, 1), &mut out, &mut not_u32, false)
         .is_err());
 }
 
@@ -237,7 +264,7 @@ fn gpu_cholqr2_orthonormalises_and_keeps_the_span() {
     ] {
         let y = tall(&mut r, rows, l, kappa);
         let g = gram(&y, rows, l);
-        let k = kappa_bound(&y, &chol_rinv_reference(&g, l, false).unwrap().0);
+        let k = kappa_bound(&y, &chol_rinv_reference(&g, 1, l, false).unwrap().0);
         let theorem = 8.0 * k * k * ((rows * l + l * (l + 1)) as f64) * U <= 1.0;
         let mut q = gpu.upload(&y).unwrap();
         let mut work = CholQrWork::new(&gpu, rows, l).unwrap();

@@ -205,3 +205,67 @@ fn gpu_transpose_scale_and_orthonormalize_are_right() {
     let mut ints = gpu.allocate(DType::U32, 16).unwrap();
     assert!(gpu.fill_randn(&mut ints, 1).is_err());
 }
+
+#[test]
+fn gpu_gemm_tn_parts_sum_to_the_product() {
+    let test = "gpu_gemm_tn_parts_sum_to_the_product";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    // Exact multiples of the chunk, a remainder, and fewer rows than one chunk.
+    for (rows, m, n, chunk) in [
+        (256, 7, 5, 64),
+        (1000, 32, 32, 128),
+        (50, 3, 9, 64),
+        (129, 1, 1, 128),
+    ] {
+        let (lda, ldb) = (rows + 3, rows);
+        let mut fill = |len: usize| {
+            (0..len)
+                .map(|_| r.random_range(-1.0f32..1.0))
+                .collect::<Vec<_>>()
+        };
+        let (a, b) = (fill(lda * m), fill(ldb * n));
+        let count = rows.div_ceil(chunk);
+        let mut parts = gpu.upload(&vec![f32::NAN; count * m * n]).unwrap();
+        let got_count = gpu
+            .gemm_tn_parts_cm(
+                rows,
+                (m, n),
+                (&gpu.upload(&a).unwrap(), lda),
+                (&gpu.upload(&b).unwrap(), ldb),
+                chunk,
+                &mut parts,
+            )
+            .unwrap();
+        assert_eq!(got_count, count);
+        let p: Vec<f32> = gpu.download(&parts).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let sum: f64 = (0..count)
+                    .map(|s| f64::from(p[s * m * n + i + j * m]))
+                    .sum();
+                let (want, size) = (0..rows).fold((0.0f64, 0.0f64), |(w, z), t| {
+                    let v = at(&a, lda, t, i) * at(&b, ldb, t, j);
+                    (w + v, z + v.abs())
+                });
+                // Each part is an f32 sum of at most `chunk` products: chunk·u·Σ|ab|.
+                let bound = chunk as f64 * U * size;
+                assert!(
+                    (sum - want).abs() <= bound,
+                    "{rows}: ({i}, {j}) {sum} vs {want}"
+                );
+            }
+        }
+    }
+    // A parts buffer too short, or a zero chunk: typed errors.
+    let a = gpu.upload(&[1.0f32; 20]).unwrap();
+    let mut short = gpu.allocate(DType::F32, 3).unwrap();
+    assert!(gpu
+        .gemm_tn_parts_cm(10, (2, 2), (&a, 10), (&a, 10), 4, &mut short)
+        .is_err());
+    assert!(gpu
+        .gemm_tn_parts_cm(10, (2, 2), (&a, 10), (&a, 10), 0, &mut short)
+        .is_err());
+}

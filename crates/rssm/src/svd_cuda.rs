@@ -13,7 +13,7 @@
 use crate::error::AcceleratorError;
 use crate::lowrank::LowRank;
 use crate::svd::{full_svd, SvdOptions};
-use gpu_cuda::cholqr::{CholQrWork, CHOLQR_BREAKDOWN, CHOLQR_MAX_COLS};
+use gpu_cuda::cholqr::{gram_chunk, CholQrWork, CHOLQR_BREAKDOWN, CHOLQR_MAX_COLS};
 use gpu_cuda::linalg::SolverInfo;
 use gpu_cuda::small_svd::SMALL_SVD_MAX;
 use gpu_cuda::{CudaBackend, CudaBuffer};
@@ -133,7 +133,7 @@ enum Outcome {
     /// Everything on the device: `U`, `S` (unscaled), `V`.
     Done(CudaBuffer, CudaBuffer, CudaBuffer),
     /// The small SVD is the host's to take: `Y`, `Q₂` and `R`.
-    Host(CudaBuffer, CudaBuffer, Vec<f32>),
+    Host(CudaBuffer, CudaBuffer, Vec<f64>),
 }
 
 /// Halko et al. on the device; see the module docs for the layout. `None` when Cholesky QR
@@ -155,16 +155,19 @@ fn halko(
     // Sketch, power iterations, Bᵀ = Xᵀ·Y and the R of its QR, all queued on the stream.
     let outcome = a.with_cuda_buffer(|gpu, x| {
         // 2 QRs per power iteration, one for the sketch, one for Bᵀ; 2 info slots each.
-        let mut info = SolverInfo::new(gpu, 2 * (2 * opts.power_iters + 2))?;
-        let mut work = if fast {
-            Some(CholQrWork::new(gpu, r.max(c), l)?)
+        // Either Cholesky QR's scratch and flag, or cuSOLVER's info slots.
+        let (mut work, mut info) = if fast {
+            (Some(CholQrWork::new(gpu, r.max(c), l)?), None)
         } else {
-            None
+            let slots = 2 * (2 * opts.power_iters + 2);
+            (None, Some(SolverInfo::new(gpu, slots)?))
         };
-        let mut ortho = |(rows, cols): (usize, usize), q: &mut CudaBuffer| match work.as_mut() {
-            Some(w) => gpu.cholqr2_cm((rows, cols), (q, rows), w),
-            None => gpu.orthonormalize_cm((rows, cols), (q, rows), &mut info),
-        };
+        let mut ortho =
+            |(rows, cols): (usize, usize), q: &mut CudaBuffer| match (&mut work, &mut info) {
+                (Some(w), _) => gpu.cholqr2_cm((rows, cols), (q, rows), w),
+                (None, Some(i)) => gpu.orthonormalize_cm((rows, cols), (q, rows), i),
+                (None, None) => Err(GpuError::invalid(ENTRY, "no orthonormalisation")),
+            };
         let mut omega = alloc(gpu, c * l)?;
         gpu.fill_randn(&mut omega, opts.seed)?;
         let mut y = alloc(gpu, r * l)?;
@@ -188,23 +191,17 @@ fn halko(
         xt_times(&y, &mut z)?;
         gpu.copy_buffer(&z, &mut omega)?;
         ortho((c, l), &mut z)?;
-        let mut rr = alloc(gpu, l * l)?;
-        gpu.gemm_cm(
-            (true, false),
-            (l, l, c),
-            1.0,
-            (&z, c),
-            (&omega, c),
-            0.0,
-            (&mut rr, l),
-        )?;
+        // R = Q₂ᵀ·Bᵀ as a sum of parts (see `gemm_tn_parts_cm`), added up by its consumer.
+        let chunk = if fast { gram_chunk(c) } else { c.max(1) };
+        let mut rr = alloc(gpu, c.div_ceil(chunk) * l * l)?;
+        let parts = gpu.gemm_tn_parts_cm(c, (l, l), (&z, c), (&omega, c), chunk, &mut rr)?;
         if let Some(w) = work.as_mut() {
             // R = Ũ·Σ·Ṽᵀ on the device, then the factors (below), then the one
             // synchronisation: the flag that Cholesky QR and the small SVD report into.
             let (mut ur, mut vr, mut s) = (alloc(gpu, l * k)?, alloc(gpu, l * k)?, alloc(gpu, k)?);
             gpu.jacobi_svd_cm(
                 (l, k),
-                &rr,
+                (&rr, parts),
                 1.0 / scale,
                 &mut ur,
                 &mut s,
@@ -221,10 +218,14 @@ fn halko(
             }
             // The small SVD found a zero singular value (or no convergence, or an overflow):
             // the host's exact SVD completes the factors.
-        } else {
-            info.check(gpu, ENTRY)?;
+        } else if let Some(i) = &info {
+            i.check(gpu, ENTRY)?;
         }
-        let small: Vec<f32> = gpu_core::Backend::download(gpu, &rr)?;
+        // R for the host: its parts added in f64.
+        let all: Vec<f32> = gpu_core::Backend::download(gpu, &rr)?;
+        let small: Vec<f64> = (0..l * l)
+            .map(|e| (0..parts).map(|p| f64::from(all[p * l * l + e])).sum())
+            .collect();
         Ok(Outcome::Host(y, z, small))
     })?;
     let (y, q2, small) = match outcome {
@@ -239,7 +240,7 @@ fn halko(
         Outcome::Host(y, q2, small) => (y, q2, small),
     };
     // X ≈ Y·B, Bᵀ = Q₂·R, R = Ũ·Σ·Ṽᵀ  ⇒  X ≈ (Y·Ṽ)·Σ·(Q₂·Ũ)ᵀ, and A = Xᵀ ≈ (Q₂·Ũ)·Σ·(Y·Ṽ)ᵀ.
-    let rm = DMatrix::from_iterator(l, l, small.iter().map(|&v| f64::from(v)));
+    let rm = DMatrix::from_vec(l, l, small);
     let svd = full_svd(rm)?;
     let (ut, vt) = match (svd.u, svd.v_t) {
         (Some(u), Some(vt)) => (u, vt),
