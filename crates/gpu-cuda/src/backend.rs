@@ -310,19 +310,10 @@ impl CudaBackend {
             .modules
             .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
         self.bind()?;
-        let smem_i = i32::try_from(smem)
-            .map_err(|_| GpuError::invalid("cooperative_grid", "shared memory too large"))?;
-        // SAFETY: `f.func` is a live function of a loaded module; the attribute and the
-        // occupancy query only read and set the function's launch limits.
+        allow_dynamic_smem(f.func, smem)?;
+        // SAFETY: `f.func` is a live function of a loaded module; the occupancy query only
+        // reads its launch limits.
         unsafe {
-            check(
-                "cuFuncSetAttribute",
-                sys::cuFuncSetAttribute(
-                    f.func,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem_i,
-                ),
-            )?;
             let mut per_sm: i32 = 0;
             check(
                 "cuOccupancyMaxActiveBlocksPerMultiprocessor",
@@ -356,17 +347,7 @@ impl CudaBackend {
             .modules
             .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
         self.bind()?;
-        let smem = i32::try_from(cfg.shared_mem_bytes)
-            .map_err(|_| GpuError::invalid("launch_large_smem", "shared memory too large"))?;
-        // SAFETY: `f.func` is a live function of a loaded module; the attribute only sets its
-        // launch limit.
-        check("cuFuncSetAttribute", unsafe {
-            sys::cuFuncSetAttribute(
-                f.func,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem,
-            )
-        })?;
+        allow_dynamic_smem(f.func, cfg.shared_mem_bytes)?;
         // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
         unsafe { launch::launch_raw(&self.inner.stream, f.func, cfg, args) }
     }
@@ -523,4 +504,20 @@ impl Backend for CudaBackend {
             .synchronize()
             .map_err(drv("cuStreamSynchronize"))
     }
+}
+
+/// Raises `func`'s dynamic shared memory limit to `smem` bytes (the driver refuses more than
+/// the device allows, with an error).
+fn allow_dynamic_smem(func: sys::CUfunction, smem: u32) -> Result<()> {
+    let smem = i32::try_from(smem)
+        .map_err(|_| GpuError::invalid("cuFuncSetAttribute", "shared memory too large"))?;
+    // SAFETY: the callers pass a live function of a loaded module; the attribute only sets its
+    // launch limit.
+    check("cuFuncSetAttribute", unsafe {
+        sys::cuFuncSetAttribute(
+            func,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem,
+        )
+    })
 }

@@ -225,22 +225,24 @@ impl CudaBackend {
         }
         let full = rows / chunk;
         let rest = rows - full * chunk;
-        if full > 0 {
-            let (mi, ni, ki) = (int(OP, m)?, int(OP, n)?, int(OP, chunk)?);
-            let (lda_i, ldb_i, batch) = (int(OP, lda)?, int(OP, ldb)?, int(OP, full)?);
-            let stride = |v: usize| i64::try_from(v).map_err(|_| GpuError::invalid(OP, "stride"));
-            let (sc, sp) = (stride(chunk)?, stride(mn)?);
-            let guard = self.blas()?;
-            let handle = *guard.handle();
-            self.bind()?;
-            // SAFETY: the handle is live and bound to this backend's stream.
-            blas_ok("cublasSetMathMode", unsafe {
-                blas::cublasSetMathMode(handle, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
-            })?;
+        let (mi, ni, lda_i, ldb_i) = (int(OP, m)?, int(OP, n)?, int(OP, lda)?, int(OP, ldb)?);
+        let stride = |v: usize| i64::try_from(v).map_err(|_| GpuError::invalid(OP, "stride"));
+        let (sc, sp) = (stride(chunk)?, stride(mn)?);
+        let guard = self.blas()?;
+        let handle = *guard.handle();
+        self.bind()?;
+        // SAFETY: the handle is live and bound to this backend's stream.
+        blas_ok("cublasSetMathMode", unsafe {
+            blas::cublasSetMathMode(handle, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
+        })?;
+        // `batch` products of `k` rows each, the first starting at row `row` and writing part
+        // `part`.
+        let products = |k: usize, row: usize, part: usize, batch: usize| -> Result<()> {
             let (one, zero) = (1.0f32, 0.0f32);
-            // SAFETY: batch s reads rows [s·chunk, (s + 1)·chunk) of A and B (inside them:
-            // full·chunk <= rows, checked with their leading dimensions above) and writes
-            // part s, inside `parts` (count·m·n elements, checked).
+            let (ki, bi) = (int(OP, k)?, int(OP, batch)?);
+            // SAFETY: product s reads rows [row + s·k, row + (s + 1)·k) of A and B, inside them
+            // (row + batch·k <= rows, checked with their leading dimensions above), and writes
+            // part `part + s`, inside `parts` (count·m·n elements, checked).
             blas_ok("cublasSgemmStridedBatched", unsafe {
                 blas::cublasSgemmStridedBatched(
                     handle,
@@ -250,52 +252,25 @@ impl CudaBackend {
                     ni,
                     ki,
                     &one,
-                    a.device_ptr() as *const f32,
+                    (a.device_ptr() as *const f32).wrapping_add(row),
                     lda_i,
                     sc,
-                    b.device_ptr() as *const f32,
+                    (b.device_ptr() as *const f32).wrapping_add(row),
                     ldb_i,
                     sc,
                     &zero,
-                    parts.device_ptr() as *mut f32,
+                    (parts.device_ptr() as *mut f32).wrapping_add(part * mn),
                     mi,
                     sp,
-                    batch,
+                    bi,
                 )
-            })?;
+            })
+        };
+        if full > 0 {
+            products(chunk, 0, 0, full)?;
         }
         if rest > 0 {
-            let off = full * chunk;
-            let (mi, ni, ki) = (int(OP, m)?, int(OP, n)?, int(OP, rest)?);
-            let (lda_i, ldb_i) = (int(OP, lda)?, int(OP, ldb)?);
-            let guard = self.blas()?;
-            let handle = *guard.handle();
-            self.bind()?;
-            // SAFETY: the handle is live and bound to this backend's stream.
-            blas_ok("cublasSetMathMode", unsafe {
-                blas::cublasSetMathMode(handle, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
-            })?;
-            let (one, zero) = (1.0f32, 0.0f32);
-            // SAFETY: rows [off, rows) of A and B are inside them (checked above), and the
-            // last part is inside `parts`.
-            blas_ok("cublasSgemm", unsafe {
-                blas::cublasSgemm_v2(
-                    handle,
-                    blas::cublasOperation_t::CUBLAS_OP_T,
-                    blas::cublasOperation_t::CUBLAS_OP_N,
-                    mi,
-                    ni,
-                    ki,
-                    &one,
-                    (a.device_ptr() as *const f32).wrapping_add(off),
-                    lda_i,
-                    (b.device_ptr() as *const f32).wrapping_add(off),
-                    ldb_i,
-                    &zero,
-                    (parts.device_ptr() as *mut f32).wrapping_add(full * mn),
-                    mi,
-                )
-            })?;
+            products(rest, full * chunk, full, 1)?;
         }
         Ok(count)
     }

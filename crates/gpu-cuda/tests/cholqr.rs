@@ -149,6 +149,22 @@ fn chol_gpu(gpu: &CudaBackend, g: &[f32], l: usize, check: bool) -> (Vec<f32>, u
     )
 }
 
+/// The kernel's `R⁻¹` against the reference's for the Gram matrix of `y`: the same steps in f64
+/// (the kernel fuses multiply-adds), so the two differ by f64 rounding amplified by G's
+/// conditioning, ≤ l·2^-52·κ̃²·‖R⁻¹‖, plus one f32 rounding each side (2u relative).
+fn close_to_reference(what: &str, got: &[f32], want: &[f32], y: &[f32], l: usize) {
+    let k = kappa_bound(y, want);
+    let norm = frob(want.iter().map(|&v| f64::from(v)));
+    let diff = frob(
+        got.iter()
+            .zip(want)
+            .map(|(&a, &b)| f64::from(a) - f64::from(b)),
+    );
+    let bound = (2.0 * U + l as f64 * f64::EPSILON * k * k) * norm;
+    eprintln!("{what}: ‖Δ‖ {diff:.3e} (bound {bound:.3e})");
+    assert!(diff <= bound, "{what}: {diff:e} > {bound:e}");
+}
+
 #[test]
 fn gpu_chol_rinv_matches_its_reference() {
     let test = "gpu_chol_rinv_matches_its_reference";
@@ -170,19 +186,7 @@ fn gpu_chol_rinv_matches_its_reference() {
             let (want, wf) = chol_rinv_reference(&g, 1, l, check).unwrap();
             let (got, gf) = chol_gpu(&gpu, &g, l, check);
             assert_eq!(gf, wf, "{rows}×{l}: flags");
-            // Same steps in f64 (the kernel fuses multiply-adds): the two differ by f64
-            // rounding amplified by G's conditioning, ≤ l·2^-52·κ̃²·‖R⁻¹‖, plus one f32
-            // rounding each side (2u relative).
-            let k = kappa_bound(&y, &want);
-            let norm = frob(want.iter().map(|&v| f64::from(v)));
-            let diff = frob(
-                got.iter()
-                    .zip(&want)
-                    .map(|(&a, &b)| f64::from(a) - f64::from(b)),
-            );
-            let bound = (2.0 * U + l as f64 * f64::EPSILON * k * k) * norm;
-            eprintln!("{rows}×{l} κ≈{kappa:e}: ‖Δ‖ {diff:.3e} (bound {bound:.3e})");
-            assert!(diff <= bound, "{rows}×{l}: {diff:e} > {bound:e}");
+            close_to_reference(&format!("{rows}×{l} κ≈{kappa:e}"), &got, &want, &y, l);
         }
     }
     // G given as parts (as the Gram product writes it): three random f32 parts whose f64 sum
@@ -200,17 +204,7 @@ fn gpu_chol_rinv_matches_its_reference() {
     let (want, wf) = chol_rinv_reference(&parts, 3, l, false).unwrap();
     let (got, gf) = chol_gpu(&gpu, &parts, l, false);
     assert_eq!((gf, wf), (0, 0));
-    let k = kappa_bound(&y, &want);
-    let norm = frob(want.iter().map(|&v| f64::from(v)));
-    let diff = frob(
-        got.iter()
-            .zip(&want)
-            .map(|(&a, &b)| f64::from(a) - f64::from(b)),
-    );
-    assert!(
-        diff <= (2.0 * U + l as f64 * f64::EPSILON * k * k) * norm,
-        "parts: {diff:e}"
-    );
+    close_to_reference("three parts", &got, &want, &y, l);
 
     // Breakdowns, as the reference flags them; the factor stays finite.
     for (g, l, check) in [

@@ -51,7 +51,7 @@
 //! |---|---|---|
 //! | `encode_state` | [`fast::FastRssm`] / [`reference::HostRssm::encode`] | the encoder's tensor-ops forward |
 //! | `predict_batch` | [`fast::FastRssm`] / [`reference::HostRssm::predict`] | one fused, cooperative kernel launch (`kernels/rssm_rollout.cu`; [`Engine::Fused`]), or [`Rssm::predict`] ([`Engine::Tensor`]) |
-//! | `compress_residuals` | [`fast`]'s f32 randomized SVD / [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | the same algorithm on cuBLAS + cuSOLVER, or `cusolverDnXgesvdr` ([`SvdMethod`]) |
+//! | `compress_residuals` | [`fast`]'s f32 randomized SVD / [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | the same algorithm on cuBLAS with Cholesky QR2 and a Jacobi small SVD on the device (Householder QR and the host SVD as fallbacks), or `cusolverDnXgesvdr` ([`SvdMethod`]) |
 //! | `apply_corrections` | [`correct::apply_tiled`] (f32 GEMM) / its exact f64 path, in place | one cuBLAS GEMM with `beta = 1`, in place |
 //!
 //! The CUDA SVD and correction work on the tensors' buffers through `gpu_cuda::linalg`
