@@ -5,8 +5,8 @@
 //
 // The columns of A (R, rotated) and V (I, rotated) live in dynamic shared memory, f64, column j
 // contiguous. A sweep is n − 1 rounds of n/2 disjoint column pairs in round-robin order (n = l
-// rounded up to even; a pair with the padding column is skipped); warp m of the block takes pair
-// m of the round, its lanes hold rows i = lane and lane + 32; one barrier a round. A pair
+// rounded up to even; a pair with the padding column is skipped); half-warp m of the block takes
+// pair m of the round, its 16 lanes hold rows i ≡ lane (mod 16); one barrier a round. A pair
 // (p, q) is rotated when |a_p·a_q| > tol·‖a_p‖·‖a_q‖ (tol = 2^-34: the outputs are f32, whose
 // rounding, 2^-24, is far coarser), by the rotation that makes the two columns orthogonal
 // (Rutishauser's formulas); the sweeps stop when a sweep rotates nothing, so the final columns
@@ -21,7 +21,7 @@
 #define JAC_MAX 64
 #define JAC_SWEEPS 60
 
-extern "C" __global__ void __launch_bounds__(1024) jacobi_svd_f32(
+extern "C" __global__ void __launch_bounds__(512) jacobi_svd_f32(
     const float* __restrict__ r, unsigned nparts, float* __restrict__ u, float* __restrict__ s,
     float* __restrict__ v, unsigned* __restrict__ flag, unsigned l, unsigned k, float inv_scale) {
     extern __shared__ double jac_smem[];
@@ -30,8 +30,9 @@ extern "C" __global__ void __launch_bounds__(1024) jacobi_svd_f32(
     __shared__ double sig[JAC_MAX];
     __shared__ unsigned ord[JAC_MAX];
     __shared__ int rotated;
-    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned n = l + (l & 1u);
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hl = lane & 15;
+    const unsigned n = l + (l & 1u), nm1 = n - 1;
+    const unsigned m = 2 * warp + (lane >> 4);  // this half-warp's pair of each round
     for (unsigned e = threadIdx.x; e < l * l; e += blockDim.x) {
         double x = 0.0;  // eight loads in flight, added in order
 #pragma unroll 8
@@ -44,58 +45,60 @@ extern "C" __global__ void __launch_bounds__(1024) jacobi_svd_f32(
     for (int sweep = 0; sweep < JAC_SWEEPS; ++sweep) {
         if (threadIdx.x == 0) rotated = 0;
         __syncthreads();
-        for (unsigned round = 0; round + 1 < n; ++round) {
-            unsigned p, q;
-            if (warp == 0) {
-                p = round, q = n - 1;
-            } else {
-                p = (round + warp) % (n - 1);
-                q = (round + n - 1 - warp) % (n - 1);
+        for (unsigned round = 0; round < nm1; ++round) {
+            // Round-robin: pair 0 is (round, n − 1), pair m is (round + m, round − m) mod n − 1.
+            unsigned p = round, q = nm1;
+            if (m > 0) {
+                p = round + m;
+                q = round + nm1 - m;
+                if (p >= nm1) p -= nm1;
+                if (q >= nm1) q -= nm1;
             }
-            if (warp < n / 2 && p < l && q < l) {
-                double* ap = a + p * l;
-                double* aq = a + q * l;
-                double x0 = 0, x1 = 0, y0 = 0, y1 = 0;
-                if (lane < l) x0 = ap[lane], y0 = aq[lane];
-                if (lane + 32 < l) x1 = ap[lane + 32], y1 = aq[lane + 32];
-                double al = fma(x0, x0, x1 * x1), be = fma(y0, y0, y1 * y1),
-                       ga = fma(x0, y0, x1 * y1);
+            const bool active = m < n / 2 && p < l && q < l;
+            double x[4], y[4], al = 0.0, be = 0.0, ga = 0.0;
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) {
-                    al += __shfl_xor_sync(0xffffffffu, al, o);
-                    be += __shfl_xor_sync(0xffffffffu, be, o);
-                    ga += __shfl_xor_sync(0xffffffffu, ga, o);
-                }
-                if (ga * ga > tol2 * al * be) {
-                    // t = sign(ζ)/(|ζ| + √(1 + ζ²)), ζ = (β − α)/2γ, taken in f32 on the
-                    // exponent-normalised d = β − α and 2γ: whatever t is, c = 1/√(1 + t²) and
-                    // s = c·t make a rotation orthogonal to f64 precision; an f32 angle only
-                    // leaves γ' ≈ 2^-24·γ for the next sweep. One f64 reciprocal square root.
-                    const double d = be - al, g2 = 2.0 * ga;
-                    int e;
-                    frexp(fmax(fabs(d), fabs(g2)), &e);
-                    const float df = (float)ldexp(d, -e), gf = (float)ldexp(g2, -e);
-                    const float tf =
-                        copysignf(fabsf(gf) / (fabsf(df) + sqrtf(fmaf(df, df, gf * gf))), df * gf);
-                    // 2γ below f32's range next to β − α: t ≈ γ/(β − α).
-                    const double t = tf != 0.0f ? (double)tf : 0.5 * g2 / d;
-                    const double c = rsqrt(fma(t, t, 1.0)), sn = c * t;
-                    if (lane < l) {
-                        ap[lane] = c * x0 - sn * y0;
-                        aq[lane] = sn * x0 + c * y0;
-                        const double vp = w[p * l + lane], vq = w[q * l + lane];
-                        w[p * l + lane] = c * vp - sn * vq;
-                        w[q * l + lane] = sn * vp + c * vq;
+            for (int r = 0; r < 4; ++r) {
+                const unsigned i = hl + 16u * r;
+                const bool in = active && i < l;
+                x[r] = in ? a[p * l + i] : 0.0;
+                y[r] = in ? a[q * l + i] : 0.0;
+                al = fma(x[r], x[r], al);
+                be = fma(y[r], y[r], be);
+                ga = fma(x[r], y[r], ga);
+            }
+            // Sums over the half-warp (xor offsets below 16 stay inside it).
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) {
+                al += __shfl_xor_sync(0xffffffffu, al, o);
+                be += __shfl_xor_sync(0xffffffffu, be, o);
+                ga += __shfl_xor_sync(0xffffffffu, ga, o);
+            }
+            if (active && ga * ga > tol2 * al * be) {
+                // t = sign(ζ)/(|ζ| + √(1 + ζ²)), ζ = (β − α)/2γ, taken in f32 on the
+                // exponent-normalised d = β − α and 2γ: whatever t is, c = 1/√(1 + t²) and
+                // s = c·t make a rotation orthogonal to f64 precision; an f32 angle only leaves
+                // γ' ≈ 2^-24·γ for the next sweep. One f64 reciprocal square root.
+                const double d = be - al, g2 = 2.0 * ga;
+                int e;
+                frexp(fmax(fabs(d), fabs(g2)), &e);
+                const float df = (float)ldexp(d, -e), gf = (float)ldexp(g2, -e);
+                const float tf =
+                    copysignf(fabsf(gf) / (fabsf(df) + sqrtf(fmaf(df, df, gf * gf))), df * gf);
+                // 2γ below f32's range next to β − α: t ≈ γ/(β − α).
+                const double t = tf != 0.0f ? (double)tf : 0.5 * g2 / d;
+                const double c = rsqrt(fma(t, t, 1.0)), sn = c * t;
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const unsigned i = hl + 16u * r;
+                    if (i < l) {
+                        a[p * l + i] = c * x[r] - sn * y[r];
+                        a[q * l + i] = sn * x[r] + c * y[r];
+                        const double vp = w[p * l + i], vq = w[q * l + i];
+                        w[p * l + i] = c * vp - sn * vq;
+                        w[q * l + i] = sn * vp + c * vq;
                     }
-                    if (lane + 32 < l) {
-                        ap[lane + 32] = c * x1 - sn * y1;
-                        aq[lane + 32] = sn * x1 + c * y1;
-                        const double vp = w[p * l + lane + 32], vq = w[q * l + lane + 32];
-                        w[p * l + lane + 32] = c * vp - sn * vq;
-                        w[q * l + lane + 32] = sn * vp + c * vq;
-                    }
-                    if (lane == 0) rotated = 1;
                 }
+                if (hl == 0) rotated = 1;
             }
             __syncthreads();
         }

@@ -72,13 +72,14 @@ impl CudaBackend {
         ];
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (32 * pairs as u32, 1, 1),
+            block_dim: (32 * pairs.div_ceil(2) as u32, 1, 1),
             shared_mem_bytes: (2 * l * l * 8) as u32,
         };
         // SAFETY: jacobi_svd_f32(const float* r, unsigned nparts, float* u, float* s, float* v,
         // unsigned* flag, unsigned l, unsigned k, float inv_scale); r holds nparts·l·l f32, u
-        // and v l·k, s k, flag one u32 (checked above); the block has a warp per column pair (<= 32 warps) and the
-        // dynamic shared memory holds A and V, 2·l·l f64.
+        // and v l·k, s k, flag one u32 (checked above); the block has a half-warp per column pair
+        // (<= 16 warps, within the kernel's launch bounds) and the dynamic shared memory holds
+        // A and V, 2·l·l f64.
         unsafe { self.launch_large_smem("jacobi_svd_f32", cfg, &args) }
     }
 }

@@ -17,9 +17,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "linalg_jacobi",
         ptx: include_str!("../kernels/linalg_jacobi.ptx"),
         fatbin: include_bytes!("../kernels/linalg_jacobi.fatbin"),
-        source_sha256: "94cb867d3dc5e301250607fc6f67424e577a0e94186dd6b57c7c9758fa134a5e",
-        ptx_sha256: "740192d04f6b249a12ceb84f338fc9575dcc459002b70500054e1e7c6c02f69b",
-        fatbin_sha256: "161eedbc721ec0bd2cdd90cf340e5414f1f72c00aad2b0618179f8f1d0a42c24",
+        source_sha256: "ee3b1e359669bde035331958d827b7fe2d0e81661fe66a59b0c3195f6ec2cc1a",
+        ptx_sha256: "e9ae9b6fc4a62d71dc3cf1c108cd7227ed535072bde41156cf7b328fa84be250",
+        fatbin_sha256: "92d64667c6dd9f6ac7478cf6aa64507258e6d8411766b6ce800cde9e2b282f20",
         kernels: &["jacobi_svd_f32"],
     },
     KernelModule {
