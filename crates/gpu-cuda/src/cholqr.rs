@@ -248,43 +248,37 @@ pub fn chol_rinv_reference(
     // NaN fails both tests (`<=` and `>` are false for it), as in the kernel.
     let near = off.sqrt() <= 0.5;
     let mut bad = if check && !near { 2 } else { 0 };
-    // LDLᵀ form: rows stay unscaled, the pivots are kept apart.
+    // Symmetric elimination on [G | I] in one array (see the kernel): row i holds the trailing
+    // G for c >= i and L⁻¹(i, c) for c < i; the pivots are kept apart.
     let mut piv = vec![0.0f64; l];
     for j in 0..l {
-        let mut d = a[j * l + j];
+        let d = a[j * l + j];
         let positive = d > 0.0;
         if !positive {
             bad |= 1;
-            d = 1.0;
         }
-        piv[j] = d;
-        for c in j + 1..l {
-            let f = a[j * l + c] * (1.0 / d);
-            for i in j + 1..=c {
-                a[i * l + c] -= a[j * l + i] * f;
+        piv[j] = if positive { d } else { 1.0 };
+        let inv = 1.0 / piv[j];
+        for i in j + 1..l {
+            let f = a[j * l + i] * inv;
+            for c in (0..=j).chain(i..l) {
+                a[i * l + c] = if c == j {
+                    -f
+                } else {
+                    a[i * l + c] - f * a[j * l + c]
+                };
             }
         }
     }
-    for i in 0..l {
-        let s = piv[i].sqrt();
-        for c in i + 1..l {
-            a[i * l + c] /= s;
-        }
-        a[i * l + i] = s;
-    }
-    // T = R⁻¹ bottom-up: T(k, c) = (δ_kc − Σ_{m>k} R(k, m)·T(m, c)) / R(k, k), the sums taken
-    // from m = l − 1 down, as the kernel adds them.
+    // R = D^½·Lᵀ: R⁻¹(i, c) = L⁻¹(c, i)/√d_c for i < c, 1/√d_i on the diagonal.
     let mut t = vec![0.0f64; l * l];
-    let mut acc = vec![0.0f64; l * l];
-    for k in (0..l).rev() {
-        let rd = 1.0 / a[k * l + k];
-        for c in k..l {
-            t[k * l + c] = (if k == c { 1.0 } else { 0.0 } - acc[k * l + c]) * rd;
-        }
-        for i in 0..k {
-            for c in k..l {
-                acc[i * l + c] += a[i * l + k] * t[k * l + c];
-            }
+    for c in 0..l {
+        for i in 0..=c {
+            t[i * l + c] = if i == c {
+                1.0 / piv[i].sqrt()
+            } else {
+                a[c * l + i] / piv[c].sqrt()
+            };
         }
     }
     let a = t;

@@ -8,9 +8,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "linalg_cholqr",
         ptx: include_str!("../kernels/linalg_cholqr.ptx"),
         fatbin: include_bytes!("../kernels/linalg_cholqr.fatbin"),
-        source_sha256: "20ba310472144c82c795c279988add4ec4e2c5acd96971afe52ff16a9a1e7e2d",
-        ptx_sha256: "c3fd26566c167f58585da32e5ce59e57d9876574c20e863d615114cd66ba074c",
-        fatbin_sha256: "d6952a445c1ebc1a2ae74f58f2746785783a9df784530f7537e5be5d7de18e76",
+        source_sha256: "4166105f51df4ca1d633db241bdb40d434b21dc88bf8adf1545fdfb0aa7862d3",
+        ptx_sha256: "3a7496e2979490523fc94d91b017a62d821179812fa0b3284d0877f904b1b4e7",
+        fatbin_sha256: "87f036780bfc1af0ce81fe417e05f7863ad822615005dcfcae54e4fb5043faf9",
         kernels: &["chol_rinv_f32"],
     },
     KernelModule {
