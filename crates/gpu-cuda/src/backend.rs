@@ -340,12 +340,7 @@ impl CudaBackend {
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<()> {
-        launch::check_config(kernel, &cfg)?;
-        launch::check_owners(kernel, self.id(), args)?;
-        let f = self
-            .inner
-            .modules
-            .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
+        let f = self.checked_raw_function(kernel, &cfg, args)?;
         self.bind()?;
         allow_dynamic_smem(f.func, cfg.shared_mem_bytes)?;
         // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
@@ -364,14 +359,24 @@ impl CudaBackend {
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<()> {
-        launch::check_config(kernel, &cfg)?;
-        launch::check_owners(kernel, self.id(), args)?;
-        let f = self
-            .inner
-            .modules
-            .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
+        let f = self.checked_raw_function(kernel, &cfg, args)?;
         // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
         unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, true) }
+    }
+
+    /// An embedded kernel's raw-driver function, after checking the launch configuration and
+    /// that every buffer argument is this instance's.
+    fn checked_raw_function(
+        &self,
+        kernel: &str,
+        cfg: &LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<crate::module::RawFunction> {
+        launch::check_config(kernel, cfg)?;
+        launch::check_owners(kernel, self.id(), args)?;
+        self.inner
+            .modules
+            .raw_function(&self.inner.ctx, kernel, self.image_kind())
     }
 
     /// Copies `src` into `dst` on the device (same dtype and length), queued on the stream.

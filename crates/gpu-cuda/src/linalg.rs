@@ -113,6 +113,24 @@ impl SolverInfo {
 }
 
 impl CudaBackend {
+    /// The cuBLAS handle, locked, bound to this backend's stream and set to full f32 products
+    /// (no TF32: the factorizations these GEMMs feed need them).
+    fn blas_full_f32(
+        &self,
+    ) -> Result<(
+        std::sync::MutexGuard<'_, cudarc::cublas::CudaBlas>,
+        blas::cublasHandle_t,
+    )> {
+        let guard = self.blas()?;
+        let handle = *guard.handle();
+        self.bind()?;
+        // SAFETY: the handle is live and bound to this backend's stream.
+        blas_ok("cublasSetMathMode", unsafe {
+            blas::cublasSetMathMode(handle, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
+        })?;
+        Ok((guard, handle))
+    }
+
     /// Fills the f32 `out` with the standard normal stream `seed`: element `i` is
     /// [`gpu_core::nn::elementwise::randn_at`]`(seed, i)` to within 3e-6 (the kernel's f32
     /// `logf`/`sqrtf`/`cospif` against the reference's f64). The sketches of a randomized SVD
@@ -160,13 +178,7 @@ impl CudaBackend {
         }
         let (m, n, k) = (int(OP, m)?, int(OP, n)?, int(OP, k)?);
         let (lda, ldb, ldc) = (int(OP, lda)?, int(OP, ldb)?, int(OP, ldc)?);
-        let guard = self.blas()?;
-        let handle = *guard.handle();
-        self.bind()?;
-        // SAFETY: the handle is live and bound to this backend's stream.
-        blas_ok("cublasSetMathMode", unsafe {
-            blas::cublasSetMathMode(handle, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
-        })?;
+        let (_guard, handle) = self.blas_full_f32()?;
         // SAFETY: `check_mat` showed every operand's buffer holds its matrix at its leading
         // dimension (with k = 0, cuBLAS reads nothing and scales C by beta).
         blas_ok("cublasSgemm", unsafe {
@@ -228,13 +240,7 @@ impl CudaBackend {
         let (mi, ni, lda_i, ldb_i) = (int(OP, m)?, int(OP, n)?, int(OP, lda)?, int(OP, ldb)?);
         let stride = |v: usize| i64::try_from(v).map_err(|_| GpuError::invalid(OP, "stride"));
         let (sc, sp) = (stride(chunk)?, stride(mn)?);
-        let guard = self.blas()?;
-        let handle = *guard.handle();
-        self.bind()?;
-        // SAFETY: the handle is live and bound to this backend's stream.
-        blas_ok("cublasSetMathMode", unsafe {
-            blas::cublasSetMathMode(handle, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
-        })?;
+        let (_guard, handle) = self.blas_full_f32()?;
         // `batch` products of `k` rows each, the first starting at row `row` and writing part
         // `part`.
         let products = |k: usize, row: usize, part: usize, batch: usize| -> Result<()> {
