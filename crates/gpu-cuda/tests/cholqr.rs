@@ -314,6 +314,11 @@ fn gpu_cholqr2_orthonormalises_and_keeps_the_span() {
     assert!(work.failed(&gpu).unwrap(), "a zero column must be flagged");
     let y = tall(&mut r, 500, 12, 1.0);
     let mut work = CholQrWork::new(&gpu, 500, 12).unwrap();
+    // No columns: nothing to do, nothing flagged.
+    let mut empty = gpu.allocate(DType::F32, 0).unwrap();
+    let mut w0 = CholQrWork::new(&gpu, 10, 0).unwrap();
+    gpu.cholqr2_cm((10, 0), (&mut empty, 10), &mut w0).unwrap();
+    assert!(!w0.failed(&gpu).unwrap());
     // Shapes beyond the scratch or wider than tall: typed errors.
     let mut q = gpu.upload(&y).unwrap();
     let mut small = CholQrWork::new(&gpu, 100, 12).unwrap();

@@ -259,6 +259,21 @@ fn gpu_gemm_tn_parts_sum_to_the_product() {
             }
         }
     }
+    // Empty shapes: no rows gives no parts; no columns queues nothing.
+    let one = gpu.upload(&[1.0f32; 8]).unwrap();
+    let mut parts = gpu.upload(&[f32::NAN; 4]).unwrap();
+    assert_eq!(
+        gpu.gemm_tn_parts_cm(0, (2, 2), (&one, 1), (&one, 1), 4, &mut parts)
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        gpu.gemm_tn_parts_cm(8, (0, 2), (&one, 8), (&one, 8), 4, &mut parts)
+            .unwrap(),
+        2
+    );
+    let left: Vec<f32> = gpu.download(&parts).unwrap();
+    assert!(left.iter().all(|x| x.is_nan()), "nothing written");
     // A parts buffer too short, or a zero chunk: typed errors.
     let a = gpu.upload(&[1.0f32; 20]).unwrap();
     let mut short = gpu.allocate(DType::F32, 3).unwrap();

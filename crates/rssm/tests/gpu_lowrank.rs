@@ -251,6 +251,21 @@ fn gpu_svd_rejects_bad_input_with_typed_errors() {
         let c = acc.compress_residuals(&z, 3, &o).unwrap();
         assert!(c.host().unwrap().s.iter().all(|&x| x == 0.0), "{method:?}");
     }
+    // Finite entries whose singular value overflows f32 (64 × 64 of 3e38: σ₁ = 1.9e40): a typed
+    // error from every method. Rank 1 at k = 1 keeps the fast path's Cholesky QR well posed,
+    // so its small SVD is the one that flags the overflow and hands over to the host path.
+    let huge = Tensor::from_vec(vec![3e38f32; 64 * 64], &[64, 64], d).unwrap();
+    for method in methods() {
+        let o = SvdOptions {
+            oversample: 0,
+            ..opts(method)
+        };
+        let e = acc.compress_residuals(&huge, 1, &o).unwrap_err();
+        assert!(
+            matches!(e, AcceleratorError::NonFinite { .. }),
+            "{method:?}: {e}"
+        );
+    }
     let cpu_acc = GpuAccelerator::new(Device::Cpu).unwrap();
     let cpu = Tensor::from_vec(v, &[12, 8], Device::Cpu).unwrap();
     let e = cpu_acc
