@@ -260,7 +260,7 @@ fn gpu_gemm_tn_parts_sum_to_the_product() {
         }
     }
     // Empty shapes: no rows gives no parts; no columns queues nothing.
-    let one = gpu.upload(&[1.0f32; 8]).unwrap();
+    let one = gpu.upload(&[1.0f32; 16]).unwrap();
     let mut parts = gpu.upload(&[f32::NAN; 4]).unwrap();
     assert_eq!(
         gpu.gemm_tn_parts_cm(0, (2, 2), (&one, 1), (&one, 1), 4, &mut parts)
