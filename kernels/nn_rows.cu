@@ -14,6 +14,7 @@
 // chunks i = threadIdx.x + j·blockDim.x in every pass over a row, so the shared-memory row cache
 // (`cached`: the host gives each group narrays·cols floats of dynamic shared memory when they fit
 // in 47 KiB, the static scratch included) is private to the thread that wrote it: no barrier.
+// The LayerNorm forward holds rows of up to 16 values per thread in registers instead.
 #include "common.cuh"
 
 template <int V>
@@ -469,15 +470,73 @@ static __device__ __forceinline__ void layernorm_fwd_row(const float* x, const f
     if (threadIdx.x == 0) *mean = mu, *rstd = rs;
 }
 
-// Blocks hold at most 512 threads (warp mode: 32 × rows per block; block mode: up to 512).
-extern "C" __global__ void __launch_bounds__(512, 4) layernorm_fwd_f32(const float* __restrict__ x,
+// The same forward with the row held in registers (NR 16-byte chunks per thread; taken when
+// cols % 4 == 0 and cols <= 4·NR·blockDim.x, which with NR = 4 is every block-mode row up to
+// 8192 columns and warp-mode rows up to 512): every load of the row is issued before the first
+// reduction, and the row is never staged in shared memory (about 5% faster than the staged
+// path at 8192 × 4096). Same arithmetic in the same order as layernorm_fwd_row<4>, so the two
+// agree bit for bit.
+template <int NR>
+static __device__ __forceinline__ void layernorm_fwd_row_reg(const float* x, const float* w,
+                                                             const float* b, float* y,
+                                                             float* mean, float* rstd,
+                                                             unsigned cols, float eps,
+                                                             float2* red) {
+    const unsigned n4 = cols / 4;
+    Vf<4> v[NR];
+    float sf = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        const unsigned i = threadIdx.x + j * blockDim.x;
+        if (i < n4) {
+            v[j] = ld<4>(x, i);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) sf += v[j].v[k];
+        }
+    }
+    const float mu = grp_sum(sf, red) / (float)cols;
+    float qf = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        if (threadIdx.x + j * blockDim.x < n4) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) qf = fmaf(v[j].v[k] - mu, v[j].v[k] - mu, qf);
+        }
+    }
+    const float var32 = grp_sum(qf, red) / (float)cols;
+    // Same trust test as layernorm_fwd_row.
+    if (!(var32 >= mu * mu * 9.5367431640625e-7f && var32 <= 1e37f)) {
+        layernorm_fwd_row_exact<4>(x, x, w, b, y, mean, rstd, cols, eps, red);
+        return;
+    }
+    const float rs = 1.0f / sqrtf(var32 + eps);
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        const unsigned i = threadIdx.x + j * blockDim.x;
+        if (i < n4) {
+            const Vf<4> g = ld<4>(w, i), c = ld<4>(b, i);
+            Vf<4> r;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) r.v[k] = fmaf((v[j].v[k] - mu) * rs, g.v[k], c.v[k]);
+            st<4>(y, i, r);
+        }
+    }
+    if (threadIdx.x == 0) *mean = mu, *rstd = rs;
+}
+
+// Blocks hold at most 512 threads (warp mode: 32 × rows per block; block mode: up to 512). Three
+// blocks of 512 per SM allow 40 registers, enough for the register path's 16 row values without
+// spilling (at four, 32 registers, it spilled and ran 3% slower than the shared-memory path).
+extern "C" __global__ void __launch_bounds__(512, 3) layernorm_fwd_f32(const float* __restrict__ x,
                                              const float* __restrict__ w,
                                              const float* __restrict__ b, float* __restrict__ y,
                                              float* __restrict__ mean, float* __restrict__ rstd,
                                              unsigned cols, unsigned rows, float eps,
                                              unsigned cached) {
     ROW_SETUP(1)
-    if ((cols & 3u) == 0)
+    if ((cols & 3u) == 0 && cols / 4 <= 4 * blockDim.x)
+        layernorm_fwd_row_reg<4>(x + off, w, b, y + off, mean + row, rstd + row, cols, eps, red);
+    else if ((cols & 3u) == 0)
         layernorm_fwd_row<4>(x + off, w, b, y + off, mean + row, rstd + row, cols, eps, cached,
                              cache, red);
     else

@@ -13,10 +13,12 @@ NVCC=${NVCC:-$(ls "$HOME"/.cache/hybrid-trainer/cuda-13.0/lib/python3*/site-pack
 out=target/ab/cubin; mkdir -p "$out"
 for rev in "$@"; do
   src=$(mktemp -d)
-  if [ "$rev" = work ]; then cp kernels/*.cu kernels/*.cuh "$src/";
+  defs=()
+  # "work" or "work-M1+M2=V": the working tree's kernels, the latter compiled with -DM1 -DM2=V.
+  if [[ "$rev" == work* ]]; then cp kernels/*.cu kernels/*.cuh "$src/"; [ "$rev" = work ] || { IFS=+ read -ra ms <<< "${rev#work-}"; for m in "${ms[@]}"; do defs+=("-D$m"); done; };
   else for f in $(git ls-tree --name-only "$rev" kernels/); do git show "$rev:$f" > "$src/$(basename "$f")"; done; fi
   for m in nn_rows nn_attention; do
-    "$NVCC" -O3 -std=c++17 -I "$src" -cubin -arch=sm_90 "$src/$m.cu" -o "$out/$rev-$m.cubin"
+    "$NVCC" -O3 -std=c++17 "${defs[@]}" -I "$src" -cubin -arch=sm_90 "$src/$m.cu" -o "$out/$rev-$m.cubin"
   done
   rm -rf "$src"; echo "built $rev"
 done

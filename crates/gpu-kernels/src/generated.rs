@@ -71,9 +71,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_rows",
         ptx: include_str!("../kernels/nn_rows.ptx"),
         fatbin: include_bytes!("../kernels/nn_rows.fatbin"),
-        source_sha256: "5b0743499781172d741c5ebcc28cb0b445196d16578ff7841d10c354e56580c8",
-        ptx_sha256: "10ce1f0fc28b9a294d42ed7a508569763fd1a7169b4b7f5c215b4163d3e89ccb",
-        fatbin_sha256: "28fd088809dc9040138cef358f48fe34677cb6890ae2d369a72699071d4548e9",
+        source_sha256: "443287b3ed189e037ec382700b3e0044c72898b3cbf70af2fdfb1ed2b984dccb",
+        ptx_sha256: "6bd7ad909b6d7fcb12cbf0c2f384fc9c68a4b8f46f0462fe3f0d7606ab11dff0",
+        fatbin_sha256: "25674d8cd8c52c460b3e9aafa5080e898fd7c52e56c780417fa8a971df6e555f",
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
     KernelModule {
