@@ -23,6 +23,7 @@ def launch(h, grid, block, smem, args):
     for a in args:
         if isinstance(a, torch.Tensor): cargs.append(ctypes.c_uint64(a.data_ptr()))
         elif isinstance(a, float): cargs.append(ctypes.c_float(a))
+        elif isinstance(a, tuple): cargs.append(ctypes.c_uint64(a[1]))  # ("u64", n)
         else: cargs.append(ctypes.c_uint32(a))
     arr = (ctypes.c_void_p * len(cargs))(*[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p) for c in cargs])
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -101,6 +102,44 @@ def att_bench(vars, rounds, d=64):
         for v in fs: t[v].append(timeit(fs[v], 10))
     return t
 
+def ew_bench(vars, rounds):
+    # Streaming elementwise kernels over 8192×4096 f32 (the benchmark rows' size), launched as
+    # the backend does (256 threads, at most 16 blocks per SM); "torch" is PyTorch's own kernel.
+    n = 8192 * 4096
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.rand(n, device="cuda", generator=g) * 8 - 4; x2 = torch.rand(n, device="cuda", generator=g)
+    grid = min((n // 4 + 255) // 256, torch.cuda.get_device_properties(0).multi_processor_count * 16)
+    ops = {"relu": (lambda y: torch.clamp_min(x, 0.0, out=y)), "sigmoid": (lambda y: torch.sigmoid(x, out=y)),
+           "tanh": (lambda y: torch.tanh(x, out=y)), "add": (lambda y: torch.add(x, x2, out=y))}
+    fs, res = {}, {}
+    for op, tf in ops.items():
+        for v in vars:
+            y = torch.empty_like(x)
+            if v == "torch":
+                f = lambda y=y, tf=tf: tf(y)
+            else:
+                # "BUILD@B": B blocks per SM (default 16, the backend's cap); B = 0: one float4
+                # per thread, no grid-stride iterations.
+                build, _, bps = v.partition("@")
+                name = "binary_same_add_f32" if op == "add" else f"act_fwd_{op}_f32"
+                h = fn(build, "nn_elementwise", name)
+                args = [x, x2, y, ("u64", n)] if op == "add" else [x, y, ("u64", n)]
+                gr = grid if not bps else (n // 4 + 255) // 256 if int(bps) == 0 else min((n // 4 + 255) // 256, 132 * int(bps))
+                f = lambda h=h, args=args, gr=gr: launch(h, gr, (256, 1), 0, args)
+            f(); torch.cuda.synchronize(); res[(op, v)] = y
+            fs[f"{op}:{v}"] = f
+        for v in vars:
+            e = (res[(op, v)] - res[(op, vars[0])]).abs().max().item()
+            print(f"ew {op} {v}: max|diff| vs {vars[0]} {e:.3g}")
+    t = {k: [] for k in fs}
+    for _ in range(rounds):
+        for k, f in fs.items(): t[k].append(timeit(f))
+    for op in ops:
+        base = st.median(t[f"{op}:{vars[0]}"])
+        for v in vars:
+            xs = t[f"{op}:{v}"]; m = st.median(xs)
+            print(f"ew {op:8s} {v:16s} median {m:7.1f} us  min {min(xs):7.1f}  vs {vars[0]} {m/base:.4f}")
+
 def report(name, t, base):
     mb = st.median(t[base])
     for v, xs in t.items():
@@ -108,10 +147,14 @@ def report(name, t, base):
         mb = st.median(t[base + v[v.find("."):]] if "." in v else t[base])
         print(f"{name:10s} {v:10s} median {m:8.1f} us  min {min(xs):8.1f}  max {max(xs):8.1f}  vs {base} {m/mb:.4f}")
 
+# A list given as "-" is skipped; EW (optional) names the elementwise builds, "torch" among them.
 rounds = int(sys.argv[1])
 LN = sys.argv[2].split(","); ATT = sys.argv[3].split(",")
+EW = sys.argv[4].split(",") if len(sys.argv) > 4 else ["-"]
 print(torch.cuda.get_device_name())
 for _ in range(2):
-    report("layernorm", ln_bench(LN, rounds), LN[0])
-    report("attn bwd", att_bench(ATT, rounds), ATT[0])
-    report("attn128", att_bench(ATT, rounds, 128), ATT[0])
+    if LN != ["-"]: report("layernorm", ln_bench(LN, rounds), LN[0])
+    if ATT != ["-"]:
+        report("attn bwd", att_bench(ATT, rounds), ATT[0])
+        report("attn128", att_bench(ATT, rounds, 128), ATT[0])
+    if EW != ["-"]: ew_bench(EW, rounds)

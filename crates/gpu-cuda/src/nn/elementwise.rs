@@ -18,6 +18,8 @@ use plan::{BinaryPath, ReducePlan, REDUCE_THREADS};
 
 /// Threads per block of the streaming kernels.
 const BLOCK: u32 = 256;
+/// The largest x dimension of a grid (2^31 − 1 blocks).
+const MAX_GRID_X: u32 = i32::MAX as u32;
 
 /// The binary kernel of `op` for a broadcast `path` (`same`, `2d` or `nd`).
 fn binary_kernel(path: &str, op: BinaryKind) -> String {
@@ -70,9 +72,14 @@ impl CudaBackend {
     }
 
     /// A 1-D grid of [`BLOCK`]-thread blocks for a grid-stride loop over `threads` work units:
-    /// one unit per thread, at most 16 blocks per multiprocessor.
+    /// one unit per thread, the block scheduler balancing the blocks over the multiprocessors;
+    /// the loop strides only past the grid-size limit. (A grid capped at 16 blocks per
+    /// multiprocessor, each thread looping over ~15 float4s, was 4–8% slower on an H200 at
+    /// 8192 × 4096 and 2–7% slower than PyTorch's kernels, timed in one process.)
     pub(crate) fn stride_grid(&self, threads: usize) -> LaunchConfig {
-        let blocks = threads.div_ceil(BLOCK as usize).clamp(1, self.sms() * 16) as u32;
+        let blocks = threads
+            .div_ceil(BLOCK as usize)
+            .clamp(1, MAX_GRID_X as usize) as u32;
         LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (BLOCK, 1, 1),
