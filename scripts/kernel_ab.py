@@ -110,7 +110,8 @@ def ew_bench(vars, rounds):
     x = torch.rand(n, device="cuda", generator=g) * 8 - 4; x2 = torch.rand(n, device="cuda", generator=g)
     grid = min((n // 4 + 255) // 256, torch.cuda.get_device_properties(0).multi_processor_count * 16)
     ops = {"relu": (lambda y: torch.clamp_min(x, 0.0, out=y)), "sigmoid": (lambda y: torch.sigmoid(x, out=y)),
-           "tanh": (lambda y: torch.tanh(x, out=y)), "add": (lambda y: torch.add(x, x2, out=y))}
+           "tanh": (lambda y: torch.tanh(x, out=y)), "add": (lambda y: torch.add(x, x2, out=y)),
+           "gelu": (lambda y: torch.nn.functional.gelu(x)), "silu": (lambda y: torch.nn.functional.silu(x))}
     fs, res = {}, {}
     for op, tf in ops.items():
         for v in vars:
@@ -126,7 +127,7 @@ def ew_bench(vars, rounds):
                 args = [x, x2, y, ("u64", n)] if op == "add" else [x, y, ("u64", n)]
                 gr = grid if not bps else (n // 4 + 255) // 256 if int(bps) == 0 else min((n // 4 + 255) // 256, 132 * int(bps))
                 f = lambda h=h, args=args, gr=gr: launch(h, gr, (256, 1), 0, args)
-            f(); torch.cuda.synchronize(); res[(op, v)] = y
+            r = f(); torch.cuda.synchronize(); res[(op, v)] = r if isinstance(r, torch.Tensor) else y
             fs[f"{op}:{v}"] = f
         for v in vars:
             e = (res[(op, v)] - res[(op, vars[0])]).abs().max().item()
