@@ -79,6 +79,18 @@ static __device__ __forceinline__ void barrier(u32* b, u32 count, u32& gen) {
     __syncthreads();
 }
 
+// The member's blocks as one thread-block cluster (the host's choice on sm_90 and later, when
+// they fit one): the hardware cluster barrier, release/acquire at cluster scope, which orders
+// the blocks' global writes before their peers' reads. A build for an older GPU never takes it.
+static __device__ __forceinline__ void cluster_barrier() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+                 ::: "memory");
+#else
+    __trap();
+#endif
+}
+
 static __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 static __device__ __forceinline__ float warp_sum(float v) {
@@ -111,68 +123,64 @@ static __device__ __forceinline__ void gather(u32 n, Src src, Dst dst) {
 // w + 1 (odd: rows on distinct banks).
 static __device__ __forceinline__ u32 pad(u32 w) { return (w & 3) == 0 ? w + 4 : w + 1; }
 
-// The float4 form of gather for a rows × w block (w a multiple of 4, rows 16-byte aligned at
-// src + r·src_stride) into dst rows at stride ld (a multiple of 4).
-static __device__ __forceinline__ void gather4(u32 rows, u32 w, const float* src, u64 src_stride,
-                                               float* dst, u32 ld) {
-    const u32 w4 = w / 4, n = rows * w4;
-    for (u32 i0 = threadIdx.x; i0 < n; i0 += blockDim.x * UNR) {
-        float4 v[UNR];
-#pragma unroll
-        for (int q = 0; q < UNR; q++) {
-            const u32 i = i0 + q * blockDim.x;
-            if (i < n) v[q] = __ldcg(reinterpret_cast<const float4*>(src + (i / w4) * src_stride) + i % w4);
-        }
-#pragma unroll
-        for (int q = 0; q < UNR; q++) {
-            const u32 i = i0 + q * blockDim.x;
-            if (i < n) reinterpret_cast<float4*>(dst + (i / w4) * ld)[i % w4] = v[q];
-        }
-    }
-}
+// One block's weight slices in shared memory (each kernel's carve-up says where).
+struct Slices {
+    float *gw, *gb, *fw[3], *fb, *om[2], *omb, *od, *odb, *lg;
+};
 
-// Stages rows [r0, r0 + nr) of [a (width wa, rows contiguous) | b (width wb, rows
-// b_row_stride apart)] into st (row stride pad(wa + wb)).
-static __device__ void stage(float* st, const float* a, u32 wa, const float* b, u32 wb,
-                             u64 b_row_stride, u32 nr) {
-    const u32 ld = pad(wa + wb);
-    __syncthreads();
-    if (((wa | wb | b_row_stride) & 3) == 0) {
-        gather4(nr, wa, a, wa, st, ld);
-        if (wb) gather4(nr, wb, b, b_row_stride, st + wa, ld);
-    } else {
-        gather(nr * wa, [&](u32 i) { return __ldcg(a + i); },
-               [&](u32 i, float v) { st[(i / wa) * ld + i % wa] = v; });
-        if (wb)
-            gather(nr * wb, [&](u32 i) { return __ldcg(b + (i / wb) * b_row_stride + i % wb); },
-                   [&](u32 i, float v) { st[(i / wb) * ld + wa + i % wb] = v; });
+// Loads a block's slices once: GRU units [j0, j0 + GU), all three gates as [W_ih | W_hh] rows
+// of stride pad(S + H), then their biases; head fc units [p0, p0 + fu) of each head (rows of
+// stride pad(in)) and biases; the prior and posterior mean output layers (rows of stride
+// pad(P)) and biases; decoder outputs [o0, o0 + nd); the heads' LayerNorm γ and β. Units past
+// the end load as 0.
+static __device__ void load_slices(const float* wm, const Layout& L, u32 H, u32 S, u32 E, u32 P,
+                                   u32 j0, u32 p0, u32 fu, u32 o0, u32 nd, bool has_gru,
+                                   bool has_fc, const Slices& w) {
+    const u32 X = S + H, XL = pad(X), PL = pad(P), S4 = (S + 3) & ~3u;
+    const u32 in[3] = {H, H + E, H + S};
+    if (has_gru) {
+        gather(3 * GU * X,
+               [&](u32 i) {
+                   const u32 row = i / X, k = i % X, g = row / GU, j = j0 + row % GU;
+                   if (j >= H) return 0.0f;
+                   return k < S ? wm[L.wih + (u64)(g * H + j) * S + k]
+                                : wm[L.whh + (u64)(g * H + j) * H + k - S];
+               },
+               [&](u32 i, float v) { w.gw[(i / X) * XL + i % X] = v; });
+        gather(6 * GU,
+               [&](u32 i) {
+                   const u32 part = i / (3 * GU), row = i % (3 * GU), j = j0 + row % GU;
+                   return j < H ? wm[(part ? L.bhh : L.bih) + (row / GU) * H + j] : 0.0f;
+               },
+               [&](u32 i, float v) { w.gb[i] = v; });
     }
-    __syncthreads();
-}
-
-// fc slice: dst[r·P + p0 + u] = W[u]·x_r + bias[u] for the block's FU units, rows < nr; W
-// and x (both stride pad(in)) in shared memory. Thread: unit t/32, row t%32.
-static __device__ void fc_slice(const float* W, const float* bias, const float* st, u32 in,
-                                u32 nr, u32 p0, u32 P, float* dst) {
-    const u32 u = threadIdx.x / 32, r = threadIdx.x % 32, ld = pad(in);
-    const float* wr = W + u * ld;
-    const float* x0 = st + r * ld;
-    float a0 = 0.0f, a1 = 0.0f;
-    if ((in & 3) == 0) {
-        for (u32 k = 0; k < in; k += 8) {
-            const float4 w = *reinterpret_cast<const float4*>(wr + k);
-            const float4 v = *reinterpret_cast<const float4*>(x0 + k);
-            a0 = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, a0))));
-            if (k + 4 < in) {
-                const float4 w2 = *reinterpret_cast<const float4*>(wr + k + 4);
-                const float4 v2 = *reinterpret_cast<const float4*>(x0 + k + 4);
-                a1 = fmaf(w2.x, v2.x, fmaf(w2.y, v2.y, fmaf(w2.z, v2.z, fmaf(w2.w, v2.w, a1))));
-            }
+    if (has_fc) {
+        for (int h = 0; h < 3; h++) {
+            const u32 n = in[h];
+            float* f = w.fw[h];
+            gather(fu * n,
+                   [&](u32 i) {
+                       const u32 u = i / n;
+                       return p0 + u < P ? wm[L.fc[h] + (u64)(p0 + u) * n + i % n] : 0.0f;
+                   },
+                   [&](u32 i, float v) { f[(i / n) * pad(n) + i % n] = v; });
+            gather(fu, [&](u32 u) { return p0 + u < P ? wm[L.fcb[h] + p0 + u] : 0.0f; },
+                   [&](u32 u, float v) { w.fb[h * fu + u] = v; });
         }
-    } else {
-        for (u32 k = 0; k < in; k++) a0 = fmaf(wr[k], x0[k], a0);
     }
-    if (p0 + u < P && u < FU && r < nr) dst[(u64)r * P + p0 + u] = (a0 + a1) + bias[u];
+    for (int h = 0; h < 2; h++) {
+        float* o = w.om[h];
+        gather(S * P, [&](u32 i) { return wm[L.out[h] + i]; },
+               [&](u32 i, float v) { o[(i / P) * PL + i % P] = v; });
+        gather(S, [&](u32 i) { return wm[L.outb[h] + i]; },
+               [&](u32 i, float v) { w.omb[h * S4 + i] = v; });
+    }
+    gather(nd * P, [&](u32 i) { return wm[L.out[2] + (u64)o0 * P + i]; },
+           [&](u32 i, float v) { w.od[(i / P) * PL + i % P] = v; });
+    gather(nd, [&](u32 i) { return wm[L.outb[2] + o0 + i]; }, [&](u32 i, float v) { w.odb[i] = v; });
+    for (int h = 0; h < 3; h++)
+        gather(2 * P, [&](u32 i) { return wm[(i < P ? L.g[h] : L.b[h]) + i % P]; },
+               [&](u32 i, float v) { w.lg[2 * h * P + i] = v; });
 }
 
 // LayerNorm (two-pass, f32) + ReLU of the staged rows (stride pad(P)) in place, then
@@ -255,16 +263,107 @@ static __device__ __forceinline__ void gru_dots(const float* W, u32 gs, const fl
     }
 }
 
+// The ensemble statistics over the members' outputs out [M, B, N, D] (written by every block
+// before a grid-wide barrier): mean [B, N, D] and the disagreement [B, N], the population
+// variance over members averaged over outputs.
+static __device__ void ensemble_stats(const float* out, float* mean, float* dis, u32 M, u32 B,
+                                      u32 N, u32 D) {
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (u64 p = (u64)blockIdx.x * (blockDim.x / 32) + warp; p < (u64)B * N;
+         p += (u64)gridDim.x * (blockDim.x / 32)) {
+        float v = 0.0f;
+        for (u32 d = lane; d < D; d += 32) {
+            float sum = 0.0f;
+            for (u32 k = 0; k < M; k++) sum += __ldcg(out + ((u64)k * B * N + p) * D + d);
+            const float mu = sum / (float)M;
+            float q = 0.0f;
+            for (u32 k = 0; k < M; k++) {
+                const float e = __ldcg(out + ((u64)k * B * N + p) * D + d) - mu;
+                q = fmaf(e, e, q);
+            }
+            mean[p * D + d] = mu;
+            v += q / (float)M;
+        }
+        v = warp_sum(v);
+        if (lane == 0) dis[p] = v / (float)D;
+    }
+}
+
+// The float4 form of gather for a rows × w block (w a multiple of 4, rows 16-byte aligned at
+// src + r·src_stride) into dst rows at stride ld (a multiple of 4).
+static __device__ __forceinline__ void gather4(u32 rows, u32 w, const float* src, u64 src_stride,
+                                               float* dst, u32 ld) {
+    const u32 w4 = w / 4, n = rows * w4;
+    for (u32 i0 = threadIdx.x; i0 < n; i0 += blockDim.x * UNR) {
+        float4 v[UNR];
+#pragma unroll
+        for (int q = 0; q < UNR; q++) {
+            const u32 i = i0 + q * blockDim.x;
+            if (i < n) v[q] = __ldcg(reinterpret_cast<const float4*>(src + (i / w4) * src_stride) + i % w4);
+        }
+#pragma unroll
+        for (int q = 0; q < UNR; q++) {
+            const u32 i = i0 + q * blockDim.x;
+            if (i < n) reinterpret_cast<float4*>(dst + (i / w4) * ld)[i % w4] = v[q];
+        }
+    }
+}
+
+// Stages rows [r0, r0 + nr) of [a (width wa, rows contiguous) | b (width wb, rows
+// b_row_stride apart)] into st (row stride pad(wa + wb)).
+static __device__ void stage(float* st, const float* a, u32 wa, const float* b, u32 wb,
+                             u64 b_row_stride, u32 nr) {
+    const u32 ld = pad(wa + wb);
+    __syncthreads();
+    if (((wa | wb | b_row_stride) & 3) == 0) {
+        gather4(nr, wa, a, wa, st, ld);
+        if (wb) gather4(nr, wb, b, b_row_stride, st + wa, ld);
+    } else {
+        gather(nr * wa, [&](u32 i) { return __ldcg(a + i); },
+               [&](u32 i, float v) { st[(i / wa) * ld + i % wa] = v; });
+        if (wb)
+            gather(nr * wb, [&](u32 i) { return __ldcg(b + (i / wb) * b_row_stride + i % wb); },
+                   [&](u32 i, float v) { st[(i / wb) * ld + wa + i % wb] = v; });
+    }
+    __syncthreads();
+}
+
+// fc slice: dst[r·P + p0 + u] = W[u]·x_r + bias[u] for the block's FU units, rows < nr; W
+// and x (both stride pad(in)) in shared memory. Thread: unit t/32, row t%32.
+static __device__ void fc_slice(const float* W, const float* bias, const float* st, u32 in,
+                                u32 nr, u32 p0, u32 P, float* dst) {
+    const u32 u = threadIdx.x / 32, r = threadIdx.x % 32, ld = pad(in);
+    const float* wr = W + u * ld;
+    const float* x0 = st + r * ld;
+    float a0 = 0.0f, a1 = 0.0f;
+    if ((in & 3) == 0) {
+        for (u32 k = 0; k < in; k += 8) {
+            const float4 w = *reinterpret_cast<const float4*>(wr + k);
+            const float4 v = *reinterpret_cast<const float4*>(x0 + k);
+            a0 = fmaf(w.x, v.x, fmaf(w.y, v.y, fmaf(w.z, v.z, fmaf(w.w, v.w, a0))));
+            if (k + 4 < in) {
+                const float4 w2 = *reinterpret_cast<const float4*>(wr + k + 4);
+                const float4 v2 = *reinterpret_cast<const float4*>(x0 + k + 4);
+                a1 = fmaf(w2.x, v2.x, fmaf(w2.y, v2.y, fmaf(w2.z, v2.z, fmaf(w2.w, v2.w, a1))));
+            }
+        }
+    } else {
+        for (u32 k = 0; k < in; k++) a0 = fmaf(wr[k], x0[k], a0);
+    }
+    if (p0 + u < P && u < FU && r < nr) dst[(u64)r * P + p0 + u] = (a0 + a1) + bias[u];
+}
+
 // w: M packed members; emb: [B, T, E] encoder output; scratch: h [2][M][B][H], every
 // block's own copy of z [grid][B][S], the head fc outputs [M][B][P] and the decoder's
 // [M][B][P] (each part rounded up to 4 floats); out: [M, B, N, D]; mean: [B, N, D];
 // dis: [B, N]; bar: 2 + 2M zeroed u32 (grid barrier, then one per member). Grid: M·BPM
 // blocks, BPM = max(⌈H/16⌉, ⌈P/16⌉); dynamic shared memory as
-// gpu_cuda::rollout::RolloutDims::smem_bytes.
+// gpu_cuda::rollout::RolloutDims::smem_bytes. clustered: the launch groups each member's
+// blocks into one cluster (cluster barriers replace the per-member ones).
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, float* scratch,
                  float* out, float* mean, float* dis, u32* bar, u32 M, u32 B, u32 T, u32 N,
-                 u32 H, u32 S, u32 E, u32 P, u32 D, float eps) {
+                 u32 H, u32 S, u32 E, u32 P, u32 D, float eps, u32 clustered) {
     extern __shared__ float sm[];
     const Layout L = layout(H, S, E, P, D);
     const u32 GS = (H + GU - 1) / GU, FS = (P + FU - 1) / FU;
@@ -298,49 +397,8 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
     float* st = lg + ((6 * P + 3) & ~3u);
 
     // Load this block's weights once.
-    if (has_gru) {
-        gather(3 * GU * X,
-               [&](u32 i) {
-                   const u32 row = i / X, k = i % X, g = row / GU, j = j0 + row % GU;
-                   if (j >= H) return 0.0f;
-                   return k < S ? wm[L.wih + (u64)(g * H + j) * S + k]
-                                : wm[L.whh + (u64)(g * H + j) * H + k - S];
-               },
-               [&](u32 i, float v) { gw[(i / X) * XL + i % X] = v; });
-        gather(6 * GU,
-               [&](u32 i) {
-                   const u32 part = i / (3 * GU), row = i % (3 * GU), j = j0 + row % GU;
-                   return j < H ? wm[(part ? L.bhh : L.bih) + (row / GU) * H + j] : 0.0f;
-               },
-               [&](u32 i, float v) { gb[i] = v; });
-    }
-    if (has_fc) {
-        for (int h = 0; h < 3; h++) {
-            const u32 n = in[h];
-            float* f = fw[h];
-            gather(FU * n,
-                   [&](u32 i) {
-                       const u32 u = i / n;
-                       return p0 + u < P ? wm[L.fc[h] + (u64)(p0 + u) * n + i % n] : 0.0f;
-                   },
-                   [&](u32 i, float v) { f[(i / n) * pad(n) + i % n] = v; });
-            gather(FU, [&](u32 u) { return p0 + u < P ? wm[L.fcb[h] + p0 + u] : 0.0f; },
-                   [&](u32 u, float v) { fb[h * FU + u] = v; });
-        }
-    }
-    for (int h = 0; h < 2; h++) {
-        float* o = om[h];
-        gather(S * P, [&](u32 i) { return wm[L.out[h] + i]; },
-               [&](u32 i, float v) { o[(i / P) * PL + i % P] = v; });
-        gather(S, [&](u32 i) { return wm[L.outb[h] + i]; },
-               [&](u32 i, float v) { omb[h * S4 + i] = v; });
-    }
-    gather(nd * P, [&](u32 i) { return wm[L.out[2] + (u64)o0 * P + i]; },
-           [&](u32 i, float v) { od[(i / P) * PL + i % P] = v; });
-    gather(nd, [&](u32 i) { return wm[L.outb[2] + o0 + i]; }, [&](u32 i, float v) { odb[i] = v; });
-    for (int h = 0; h < 3; h++)
-        gather(2 * P, [&](u32 i) { return wm[(i < P ? L.g[h] : L.b[h]) + i % P]; },
-               [&](u32 i, float v) { lg[2 * h * P + i] = v; });
+    const Slices sl = {gw, gb, {fw[0], fw[1], fw[2]}, fb, {om[0], om[1]}, omb, od, odb, lg};
+    load_slices(wm, L, H, S, E, P, j0, p0, FU, o0, nd, has_gru, has_fc, sl);
 
     // Scratch parts start at multiples of 4 floats (16 bytes: float4 rows stay aligned).
     const u64 MBH4 = ((u64)M * B * H + 3) & ~3ull, MBP4 = ((u64)M * B * P + 3) & ~3ull;
@@ -351,12 +409,19 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
     float* fcd = fcp + MBP4;                                 // the decoder's fc [M][B][P]
     u32* mbar = bar + 2 + 2 * m;
     u32 gg = 0, gm = 0;
+    // The barrier among the member's blocks: the cluster's when launched as one, else through L2.
+    auto member_barrier = [&]() {
+        if (clustered)
+            cluster_barrier();
+        else
+            barrier(mbar, BPM, gm);
+    };
     // h₀ = 0 (this member's rows, split over its blocks), z₀ = 0 (this block's copy).
     const u64 mB = (u64)m * B;
     for (u64 i = (u64)s * blockDim.x + threadIdx.x; i < (u64)B * H; i += (u64)BPM * blockDim.x)
         hb[0][mB * H + i] = 0.0f;
     for (u32 i = threadIdx.x; i < B * S; i += blockDim.x) z[i] = 0.0f;
-    barrier(mbar, BPM, gm);
+    member_barrier();
 
     int cur = 0;
     // z ← the mean output of head hd (LN + ReLU + output) of the fc outputs in fcp: every
@@ -412,7 +477,7 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
             }
         }
         if (t > T) dec_fc(cur);
-        barrier(mbar, BPM, gm);
+        member_barrier();
         const int nxt = cur ^ 1;
         // Phase 2: the head fc of step t (posterior on [h, e_t] or prior on h); every block's
         // slice of the decoder outputs of imagined step t − 1 − T.
@@ -429,32 +494,14 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
             }
         }
         if (t > T) dec_out(t - 1 - T);
-        barrier(mbar, BPM, gm);
+        member_barrier();
         cur = nxt;
     }
     // The last imagined step: its z, decoder fc, decoder outputs; then the ensemble statistics.
     z_from_fc(0);
     dec_fc(cur);
-    barrier(mbar, BPM, gm);
+    member_barrier();
     dec_out(N - 1);
     barrier(bar, gridDim.x, gg);
-    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (u64 p = (u64)blockIdx.x * (blockDim.x / 32) + warp; p < (u64)B * N;
-         p += (u64)gridDim.x * (blockDim.x / 32)) {
-        float v = 0.0f;
-        for (u32 d = lane; d < D; d += 32) {
-            float sum = 0.0f;
-            for (u32 k = 0; k < M; k++) sum += __ldcg(out + ((u64)k * B * N + p) * D + d);
-            const float mu = sum / (float)M;
-            float q = 0.0f;
-            for (u32 k = 0; k < M; k++) {
-                const float e = __ldcg(out + ((u64)k * B * N + p) * D + d) - mu;
-                q = fmaf(e, e, q);
-            }
-            mean[p * D + d] = mu;
-            v += q / (float)M;
-        }
-        v = warp_sum(v);
-        if (lane == 0) dis[p] = v / (float)D;
-    }
+    ensemble_stats(out, mean, dis, M, B, N, D);
 }

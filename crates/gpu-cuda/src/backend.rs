@@ -361,7 +361,83 @@ impl CudaBackend {
     ) -> Result<()> {
         let f = self.checked_raw_function(kernel, &cfg, args)?;
         // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
-        unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, true) }
+        unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, true, 0) }
+    }
+
+    /// As [`CudaBackend::launch_cooperative`], with the blocks grouped into thread-block
+    /// clusters of `cluster` consecutive blocks along x (see [`CudaBackend::max_clusters`]).
+    ///
+    /// # Safety
+    /// As [`CudaBackend::launch`].
+    pub unsafe fn launch_cooperative_clustered(
+        &self,
+        kernel: &str,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+        cluster: u32,
+    ) -> Result<()> {
+        let f = self.checked_raw_function(kernel, &cfg, args)?;
+        // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
+        unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, true, cluster) }
+    }
+
+    /// How many clusters of `cluster` blocks (`block` threads, `smem` bytes of dynamic shared
+    /// memory each) of `kernel` this device can hold at once; 0 where it has no clusters
+    /// (compute capability below 9.0) or cannot place one of that size. Sizes above 8 (the
+    /// portable limit) are allowed for the kernel first.
+    pub fn max_clusters(&self, kernel: &str, block: u32, smem: u32, cluster: u32) -> Result<u32> {
+        if self.info().compute_capability.0 < 9 || cluster == 0 {
+            return Ok(0);
+        }
+        let f = self
+            .inner
+            .modules
+            .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
+        self.bind()?;
+        allow_dynamic_smem(f.func, smem)?;
+        // SAFETY: `f.func` is a live function of a loaded module; the attribute only widens the
+        // cluster sizes its launches may ask for, and the query only reads its launch limits
+        // (`config` and `attr` outlive the call).
+        unsafe {
+            if cluster > 8 {
+                check(
+                    "cuFuncSetAttribute",
+                    sys::cuFuncSetAttribute(
+                        f.func,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                    ),
+                )?;
+            }
+            let mut value: sys::CUlaunchAttributeValue = std::mem::zeroed();
+            value.clusterDim.x = cluster;
+            value.clusterDim.y = 1;
+            value.clusterDim.z = 1;
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                pad: [0; 4],
+                value,
+            };
+            let config = sys::CUlaunchConfig {
+                gridDimX: cluster,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: smem,
+                hStream: std::ptr::null_mut(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            let mut n: i32 = 0;
+            let r = sys::cuOccupancyMaxActiveClusters(&mut n, f.func, &config);
+            // A size the device cannot place at all is "none", not an error.
+            if r != sys::CUresult::CUDA_SUCCESS {
+                return Ok(0);
+            }
+            Ok(n.max(0) as u32)
+        }
     }
 
     /// An embedded kernel's raw-driver function, after checking the launch configuration and

@@ -164,11 +164,13 @@ pub(crate) unsafe fn launch_raw(
     args: &[KernelArg],
 ) -> Result<()> {
     // SAFETY: this function's own contract, passed on.
-    unsafe { launch_raw_with(stream, func, cfg, args, false) }
+    unsafe { launch_raw_with(stream, func, cfg, args, false, 0) }
 }
 
 /// Launches through the raw driver API, cooperatively when `cooperative` (every block resident
-/// at once, which grid-wide barriers need; the driver refuses a grid that cannot be).
+/// at once, which grid-wide barriers need; the driver refuses a grid that cannot be), and in
+/// thread-block clusters of `cluster` consecutive blocks along x when `cluster > 0` (sm_90 and
+/// later; the grid's x size must be a multiple of it).
 ///
 /// # Safety
 /// As [`launch_raw`].
@@ -178,6 +180,7 @@ pub(crate) unsafe fn launch_raw_with(
     cfg: LaunchConfig,
     args: &[KernelArg],
     cooperative: bool,
+    cluster: u32,
 ) -> Result<()> {
     let mut values: Vec<KernelArg> = args.to_vec();
     let mut params: Vec<*mut c_void> = values
@@ -196,6 +199,10 @@ pub(crate) unsafe fn launch_raw_with(
         .bind_to_thread()
         .map_err(crate::error::drv("cuCtxSetCurrent"))?;
     let (g, b) = (cfg.grid_dim, cfg.block_dim);
+    if cluster > 0 {
+        // SAFETY: `params` as below; this function's contract.
+        return unsafe { launch_ex(stream, func, cfg, &mut params, cooperative, cluster) };
+    }
     // SAFETY: `params` points at `values` (or, for `Bytes`, at the byte buffers they own), which
     // outlive the call (the driver copies parameter values at launch); `func` belongs to a loaded
     // module and the parameter list matches the kernel's signature (this function's contract).
@@ -230,4 +237,56 @@ pub(crate) unsafe fn launch_raw_with(
         }
     };
     check("cuLaunchKernel (raw)", r)
+}
+
+/// `cuLaunchKernelEx` with a cluster dimension (and the cooperative attribute when asked).
+///
+/// # Safety
+/// `params` holds the kernel's parameters as in [`launch_raw_with`].
+unsafe fn launch_ex(
+    stream: &CudaStream,
+    func: sys::CUfunction,
+    cfg: LaunchConfig,
+    params: &mut [*mut c_void],
+    cooperative: bool,
+    cluster: u32,
+) -> Result<()> {
+    use sys::{CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig};
+    // SAFETY: a zeroed union is a valid value of every variant (plain integers).
+    let mut dim: CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    dim.clusterDim.x = cluster;
+    dim.clusterDim.y = 1;
+    dim.clusterDim.z = 1;
+    // SAFETY: as above.
+    let mut coop: CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    coop.cooperative = 1;
+    let mut attrs = vec![CUlaunchAttribute {
+        id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value: dim,
+    }];
+    if cooperative {
+        attrs.push(CUlaunchAttribute {
+            id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+            pad: [0; 4],
+            value: coop,
+        });
+    }
+    let (g, b) = (cfg.grid_dim, cfg.block_dim);
+    let config = CUlaunchConfig {
+        gridDimX: g.0,
+        gridDimY: g.1,
+        gridDimZ: g.2,
+        blockDimX: b.0,
+        blockDimY: b.1,
+        blockDimZ: b.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: attrs.len() as u32,
+    };
+    // SAFETY: `config` and `attrs` outlive the call; `params` as this function's contract.
+    let r =
+        unsafe { sys::cuLaunchKernelEx(&config, func, params.as_mut_ptr(), std::ptr::null_mut()) };
+    check("cuLaunchKernelEx", r)
 }

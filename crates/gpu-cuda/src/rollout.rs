@@ -1,7 +1,9 @@
 //! The world model's fused ensemble rollout (`kernels/rssm_rollout.cu`): one cooperative launch
 //! that filters a context, rolls every member forward and forms the ensemble statistics. The
 //! packed weight layout is [`RolloutDims::member_layout`]; the CPU reference is
-//! `rssm::reference::HostRssm::predict`.
+//! `rssm::reference::HostRssm::predict`. On sm_90 and later each member's blocks form one
+//! thread-block cluster and synchronise with the hardware cluster barrier
+//! ([`RolloutBarrier`]).
 
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
@@ -18,6 +20,22 @@ const ROWS: usize = 32;
 /// allow at least 163 KiB; sm_90 227 KiB); the driver refuses more, and [`CudaBackend::rssm_rollout_fits`]
 /// checks the device's own figure.
 const SMEM_ATTR_MAX: usize = 227 * 1024;
+
+/// The most blocks a member may have for its blocks to form one cluster (the non-portable
+/// limit of sm_90).
+const MAX_CLUSTER: usize = 16;
+
+/// How the blocks of one member synchronise inside the fused rollout. Both give the same
+/// numbers, bit for bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutBarrier {
+    /// One thread-block cluster per member and the hardware cluster barrier, where the device
+    /// has clusters (sm_90 and later), a member's blocks fit one (at most 16) and the device
+    /// can hold every member's cluster at once; otherwise `Memory`.
+    Auto,
+    /// Barriers through atomics in device memory (every GPU).
+    Memory,
+}
 
 /// Sizes of a rollout: `members` ensemble members, `batch` rows, `context` observed steps,
 /// `steps` imagined steps; widths hidden `H`, latent `S`, embedding `E`, head `P`, output `D`.
@@ -122,10 +140,10 @@ fn check_len(what: &str, b: &CudaBuffer, want: usize) -> Result<()> {
 }
 
 impl CudaBackend {
-    /// The grid (`M·BPM` blocks) and dynamic shared memory of a rollout, or a typed error when
-    /// this device cannot run it (more shared memory than a block may have, or more blocks
-    /// than can be resident at once).
-    fn rollout_launch(&self, d: &RolloutDims) -> Result<(u32, u32)> {
+    /// The grid (`M·BPM` blocks), dynamic shared memory and cluster size (0: none) of a
+    /// rollout, or a typed error when this device cannot run it (more shared memory than a
+    /// block may have, or more blocks than can be resident at once).
+    fn rollout_launch(&self, d: &RolloutDims, barrier: RolloutBarrier) -> Result<(u32, u32, u32)> {
         d.check()?;
         let smem = d.smem_bytes();
         let grid = d.members * d.blocks_per_member();
@@ -142,12 +160,27 @@ impl CudaBackend {
                 format!("{grid} blocks needed, {most} can be resident at once"),
             ));
         }
-        Ok((grid as u32, smem as u32))
+        let bpm = d.blocks_per_member();
+        let cluster = if barrier == RolloutBarrier::Auto
+            && bpm <= MAX_CLUSTER
+            && self.max_clusters(KERNEL, THREADS, smem as u32, bpm as u32)? as usize >= d.members
+        {
+            bpm as u32
+        } else {
+            0
+        };
+        Ok((grid as u32, smem as u32, cluster))
+    }
+
+    /// The cluster size the fused rollout of `d` launches with under `barrier`: the blocks per
+    /// member, or 0 where it synchronises through memory.
+    pub fn rssm_rollout_cluster(&self, d: &RolloutDims, barrier: RolloutBarrier) -> Result<u32> {
+        Ok(self.rollout_launch(d, barrier)?.2)
     }
 
     /// Whether this device can run the fused rollout of `d` (see [`CudaBackend::rssm_rollout`]).
     pub fn rssm_rollout_fits(&self, d: &RolloutDims) -> bool {
-        self.rollout_launch(d).is_ok()
+        self.rollout_launch(d, RolloutBarrier::Memory).is_ok()
     }
 
     /// The fused rollout: `weights` holds `members` packed members ([`RolloutDims::member_len`]
@@ -165,6 +198,21 @@ impl CudaBackend {
         mean: &mut CudaBuffer,
         disagreement: &mut CudaBuffer,
     ) -> Result<()> {
+        let bufs = (out, mean, disagreement);
+        self.rssm_rollout_with(d, weights, embeds, bufs, RolloutBarrier::Auto)
+    }
+
+    /// [`CudaBackend::rssm_rollout`] with the member barriers chosen by `barrier`; `outputs` are
+    /// `out`, `mean` and `disagreement`.
+    pub fn rssm_rollout_with(
+        &self,
+        d: &RolloutDims,
+        weights: &CudaBuffer,
+        embeds: &CudaBuffer,
+        outputs: (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
+        barrier: RolloutBarrier,
+    ) -> Result<()> {
+        let (out, mean, disagreement) = outputs;
         d.check()?;
         let overflow = || GpuError::invalid("rssm_rollout", "sizes overflow");
         let mul = |a: usize, b: usize| a.checked_mul(b).ok_or_else(overflow);
@@ -175,7 +223,7 @@ impl CudaBackend {
         check_len("mean", mean, per_member)?;
         check_len("disagreement", disagreement, mul(d.batch, d.steps)?)?;
         self.check_owned("rssm_rollout", &[weights, embeds, out, mean, disagreement])?;
-        let (grid, smem) = self.rollout_launch(d)?;
+        let (grid, smem, cluster) = self.rollout_launch(d, barrier)?;
         let mb = mul(d.members, d.batch)?;
         // h twice, one z per block, two fc outputs; each part rounded up to 4 floats as the
         // kernel lays it.
@@ -204,6 +252,7 @@ impl CudaBackend {
             u(d.head),
             u(d.out),
             KernelArg::F32(d.eps),
+            KernelArg::U32((cluster > 0) as u32),
         ];
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
@@ -212,9 +261,14 @@ impl CudaBackend {
         };
         // SAFETY: rssm_rollout_f32's parameters in order; every buffer's length was checked
         // against the dims above (scratch holds 2·M·B·H + grid·B·S + 2·M·B·P floats, each
-        // part rounded up to 4, bar 2 + 2M
-        // zeroed u32), the grid is M·BPM as the kernel indexes it, and at most the number of
-        // co-resident blocks (a cooperative launch).
-        unsafe { self.launch_cooperative(KERNEL, cfg, &args) }
+        // part rounded up to 4, bar 2 + 2M zeroed u32), the grid is M·BPM as the kernel indexes it, and at most the number of
+        // co-resident blocks (a cooperative launch); when clustered, clusters of BPM blocks (a
+        // divisor of the grid) that the device can hold, and the kernel's last argument says so.
+        if cluster > 0 {
+            unsafe { self.launch_cooperative_clustered(KERNEL, cfg, &args, cluster) }
+        } else {
+            // SAFETY: as above, without clusters (the kernel's last argument is 0).
+            unsafe { self.launch_cooperative(KERNEL, cfg, &args) }
+        }
     }
 }

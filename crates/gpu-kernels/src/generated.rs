@@ -80,9 +80,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "rssm_rollout",
         ptx: include_str!("../kernels/rssm_rollout.ptx"),
         fatbin: include_bytes!("../kernels/rssm_rollout.fatbin"),
-        source_sha256: "3ad065f07c3f71c34354982b28615d4864838da0c489f6c3f18dd066b8acc881",
-        ptx_sha256: "65a2faa479b878d4686d49330b428527799997f3f7e2a9ea33c0839fdeeecf7d",
-        fatbin_sha256: "952d7231d9b1e2c052479ac16dcf52ff768449a8ae9842a62b6ae6fb583d38f2",
+        source_sha256: "b62796175489fab74485a6f7b921d0d69f156ccee3a2fbadee1371f8d6b8d9fb",
+        ptx_sha256: "4a7e7dc2f2218a214d54cd23a1f83f0009dcc038ca49703278f80d58cbeaeb0c",
+        fatbin_sha256: "3819bde314461917eaced3ef9aa928acd3cc8988345bc3794ba26168fa37a1dd",
         kernels: &["rssm_rollout_f32"],
     },
 ];

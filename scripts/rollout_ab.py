@@ -1,0 +1,84 @@
+# Same-process A/B timing of builds of the fused rollout kernel (cubins from
+# scripts/kernel-ab.sh build), default model, batch 32, context 1, 10 steps:
+#   python3 scripts/rollout_ab.py ROUNDS NAME[,NAME...]
+# "BUILD:cluster" is launched with one thread-block cluster per member (cluster size = blocks
+# per member, non-portable sizes allowed) and the kernel's `clustered` argument 1; every
+# launch is cooperative, as the backend's. Outputs are compared with the first build's; CUDA-event medians of ROUNDS rounds.
+import ctypes, os, sys, statistics as st, torch
+torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+cu = ctypes.CDLL("libcuda.so.1")
+def ck(r, what):
+    if r != 0: raise RuntimeError(f"{what}: CUresult {r}")
+D_ = os.environ.get("AB_CUBINS", "target/ab/cubin") + "/"
+M, B, T, N, H, S, E, P, D = 5, 32, 1, 10, 256, 32, 128, 128, 64
+eps = 1e-5
+pad = lambda w: w + 4 if w % 4 == 0 else w + 1
+r4 = lambda v: (v + 3) // 4 * 4
+member = 3 * H * S + 3 * H * H + 6 * H + sum(P * i + 3 * P + o * P + o for i, o in [(H, 2 * S), (H + E, 2 * S), (H + S, D)])
+BPM = max(-(-H // 16), -(-P // 16)); grid = M * BPM
+dout = -(-D // BPM)
+smem = 4 * (3 * 16 * pad(S + H) + 6 * 16 + 16 * (pad(H) + pad(H + E) + pad(H + S)) + 3 * 16 + 4
+            + 2 * r4(S * pad(P)) + 2 * r4(S) + r4(dout * pad(P)) + r4(dout) + r4(6 * P)
+            + 32 * max(pad(w) for w in [S + H, H + E, H + S, H, P]))
+g = torch.Generator(device="cuda").manual_seed(4)
+w = torch.randn(M * member, device="cuda", generator=g) * 0.06
+emb = torch.randn(B * T * E, device="cuda", generator=g)
+scratch = torch.empty(2 * r4(M * B * H) + grid * r4(B * S) + 2 * r4(M * B * P), device="cuda")
+
+class Attr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("v", ctypes.c_uint * 16)]
+class Cfg(ctypes.Structure):
+    _fields_ = [("gx", ctypes.c_uint), ("gy", ctypes.c_uint), ("gz", ctypes.c_uint), ("bx", ctypes.c_uint),
+                ("by", ctypes.c_uint), ("bz", ctypes.c_uint), ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(Attr)), ("n", ctypes.c_uint)]
+
+def make(name):
+    build, _, kind = name.partition(":")
+    cluster = kind == "cluster"
+    m = ctypes.c_void_p(); data = open(D_ + f"{build}-rssmemrollout.cubin", "rb").read()
+    ck(cu.cuModuleLoadData(ctypes.byref(m), ctypes.c_char_p(data)), "load")
+    f = ctypes.c_void_p(); ck(cu.cuModuleGetFunction(ctypes.byref(f), m, b"rssmemrollout_f32"), "fn")
+    ck(cu.cuFuncSetAttribute(f, 8, smem), "smem attr")
+    if cluster: ck(cu.cuFuncSetAttribute(f, 14, 1), "non-portable cluster attr")
+    out = torch.empty(M * B * N * D, device="cuda"); mean = torch.empty(B * N * D, device="cuda")
+    dis = torch.empty(B * N, device="cuda"); bar = torch.zeros(2 + 2 * M, dtype=torch.int32, device="cuda")
+    vals = [ctypes.c_uint64(t.data_ptr()) for t in (w, emb, scratch, out, mean, dis, bar)]
+    vals += [ctypes.c_uint32(v) for v in (M, B, T, N, H, S, E, P, D)] + [ctypes.c_float(eps), ctypes.c_uint32(int(cluster))]
+    params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+    attrs = (Attr * 2)()
+    attrs[0].id = 2; attrs[0].v[0] = 1            # cooperative
+    attrs[1].id = 4; attrs[1].v[0] = BPM; attrs[1].v[1] = 1; attrs[1].v[2] = 1  # cluster dims
+    cfg = Cfg(grid, 1, 1, 512, 1, 1, smem, None, attrs, 2 if cluster else 1)
+    if cluster:
+        n = ctypes.c_int(0)
+        r = cu.cuOccupancyMaxActiveClusters(ctypes.byref(n), f, ctypes.byref(Cfg(grid, 1, 1, 512, 1, 1, smem, None, ctypes.cast(ctypes.byref(attrs[1]), ctypes.POINTER(Attr)), 1)))
+        print(f"{name}: max active clusters of {BPM}: {n.value} (rc {r})")
+    def run():
+        bar.zero_()
+        cfg.stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        ck(cu.cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"launch {name}")
+    return run, (out, mean, dis), (m, f, params, vals, attrs, cfg)
+
+def timeit(f, n=10):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(n): f()
+    e.record(); torch.cuda.synchronize()
+    return s.elapsed_time(e) * 1e3 / n
+
+rounds = int(sys.argv[1]); names = sys.argv[2].split(",")
+print(torch.cuda.get_device_name(), f"grid {grid}, smem {smem} B")
+runs, outs, keep = {}, {}, []
+for nm in names:
+    f, o, k = make(nm); keep.append(k)
+    f(); torch.cuda.synchronize(); runs[nm] = f; outs[nm] = o
+for nm in names:
+    d = max((a - b).abs().max().item() for a, b in zip(outs[nm], outs[names[0]]))
+    print(f"{nm}: max|diff| vs {names[0]} {d:.3g}, finite {all(torch.isfinite(a).all().item() for a in outs[nm])}")
+for _ in range(2):
+    t = {nm: [] for nm in names}
+    for _ in range(rounds):
+        for nm in names: t[nm].append(timeit(runs[nm]))
+    b = st.median(t[names[0]])
+    for nm in names:
+        m = st.median(t[nm]); print(f"rollout {nm:24s} median {m:8.1f} us  min {min(t[nm]):8.1f}  vs {names[0]} {m / b:.3f}")
