@@ -14,7 +14,7 @@
 // chunks i = threadIdx.x + j·blockDim.x in every pass over a row, so the shared-memory row cache
 // (`cached`: the host gives each group narrays·cols floats of dynamic shared memory when they fit
 // in 47 KiB, the static scratch included) is private to the thread that wrote it: no barrier.
-// The LayerNorm forward holds rows of up to 16 values per thread in registers instead.
+// The LayerNorm and RMSNorm forwards hold rows of up to 16 values per thread in registers instead.
 #include "common.cuh"
 
 template <int V>
@@ -571,12 +571,51 @@ static __device__ __forceinline__ void rmsnorm_fwd_row(const float* x, const flo
     if (threadIdx.x == 0) *rstd = rs;
 }
 
-extern "C" __global__ void rmsnorm_fwd_f32(const float* __restrict__ x,
+// The same with the row held in registers (as layernorm_fwd_row_reg; same arithmetic in the
+// same order as rmsnorm_fwd_row<4>, so the two agree bit for bit).
+template <int NR>
+static __device__ __forceinline__ void rmsnorm_fwd_row_reg(const float* x, const float* w,
+                                                           float* y, float* rstd, unsigned cols,
+                                                           float eps, float2* red) {
+    const unsigned n4 = cols / 4;
+    Vf<4> v[NR];
+    double q[4] = {0.0, 0.0, 0.0, 0.0};
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        const unsigned i = threadIdx.x + j * blockDim.x;
+        if (i < n4) {
+            v[j] = ld<4>(x, i);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) q[k] = fma((double)v[j].v[k], (double)v[j].v[k], q[k]);
+        }
+    }
+#pragma unroll
+    for (int k = 1; k < 4; ++k) q[0] += q[k];
+    const float rs = (float)(1.0 / sqrt(grp_sum_d(q[0], red) / (double)cols + (double)eps));
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        const unsigned i = threadIdx.x + j * blockDim.x;
+        if (i < n4) {
+            const Vf<4> g = ld<4>(w, i);
+            Vf<4> r;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) r.v[k] = v[j].v[k] * rs * g.v[k];
+            st<4>(y, i, r);
+        }
+    }
+    if (threadIdx.x == 0) *rstd = rs;
+}
+
+// 52 registers (two blocks of 512 per SM): the f64 sums take more than LayerNorm's; at three
+// blocks (40 registers) it ran 1.5% slower. Both about 5% faster than the staged path.
+extern "C" __global__ void __launch_bounds__(512, 2) rmsnorm_fwd_f32(const float* __restrict__ x,
                                            const float* __restrict__ w, float* __restrict__ y,
                                            float* __restrict__ rstd, unsigned cols,
                                            unsigned rows, float eps, unsigned cached) {
     ROW_SETUP(1)
-    if ((cols & 3u) == 0)
+    if ((cols & 3u) == 0 && cols / 4 <= 4 * blockDim.x)
+        rmsnorm_fwd_row_reg<4>(x + off, w, y + off, rstd + row, cols, eps, red);
+    else if ((cols & 3u) == 0)
         rmsnorm_fwd_row<4>(x + off, w, y + off, rstd + row, cols, eps, cached, cache, red);
     else
         rmsnorm_fwd_row<1>(x + off, w, y + off, rstd + row, cols, eps, cached, cache, red);

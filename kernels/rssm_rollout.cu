@@ -454,14 +454,23 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
                      out + ((mB + r0) * N + n) * D + o0, (u64)N * D);
         }
     };
+#ifdef PROF  // timing builds (scripts/rollout_ab.py): block PROF's clock at the phase ends
+    long long* prof = reinterpret_cast<long long*>(fcd + MBP4 + 4);
+#define STAMP(i) if (blockIdx.x == PROF && threadIdx.x == 0) prof[t * 10 + (i)] = clock64();
+#else
+#define STAMP(i)
+#endif
     for (u32 t = 0; t < T + N; t++) {
         // Phase 1: z_{t−1} (locally); h_t = GRU(z_{t−1}, h_{t−1}); the decoder fc of imagined
         // step t − 1 − T.
+        STAMP(0)
         if (t > 0) z_from_fc(t - 1 < T ? 1 : 0);
+        STAMP(1)
         if (has_gru) {
             for (u32 r0 = 0; r0 < B; r0 += RB) {
                 const u32 nr = min((u32)RB, B - r0);
                 stage(st, z + (u64)r0 * S, S, hb[cur] + (mB + r0) * H, H, H, nr);
+                STAMP(8)
                 const u32 u = threadIdx.x / 32, r = threadIdx.x % 32, j = j0 + u;
                 float ai[3] = {}, ah[3] = {};
                 const float* x = st + r * XL;
@@ -476,8 +485,11 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
                 }
             }
         }
+        STAMP(2)
         if (t > T) dec_fc(cur);
+        STAMP(3)
         member_barrier();
+        STAMP(4)
         const int nxt = cur ^ 1;
         // Phase 2: the head fc of step t (posterior on [h, e_t] or prior on h); every block's
         // slice of the decoder outputs of imagined step t − 1 − T.
@@ -493,8 +505,11 @@ rssm_rollout_f32(const float* __restrict__ w, const float* __restrict__ emb, flo
                 fc_slice(fw[hd], fb + hd * FU, st, in[hd], nr, p0, P, fcp + (mB + r0) * P);
             }
         }
+        STAMP(5)
         if (t > T) dec_out(t - 1 - T);
+        STAMP(6)
         member_barrier();
+        STAMP(7)
         cur = nxt;
     }
     // The last imagined step: its z, decoder fc, decoder outputs; then the ensemble statistics.

@@ -141,6 +141,42 @@ def ew_bench(vars, rounds):
             xs = t[f"{op}:{v}"]; m = st.median(xs)
             print(f"ew {op:8s} {v:16s} median {m:7.1f} us  min {min(xs):7.1f}  vs {vars[0]} {m/base:.4f}")
 
+def rows_bench(vars, rounds):
+    # The other row kernels at 8192×4096, launched as the backend does (a block of 256 threads
+    # per row; the norm backwards on their persistent grid of 4 blocks per SM, without the
+    # column-sum pass that follows them); outputs compared with the first build's.
+    R, C = 8192, 4096
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.rand(R, C, device="cuda", generator=g) * 8 - 4; dy = torch.randn(R, C, device="cuda", generator=g)
+    w = torch.rand(C, device="cuda", generator=g) + 0.5
+    mean = x.mean(1); rstd = (x.var(1, unbiased=False) + 1e-5).rsqrt(); y = torch.softmax(x, 1)
+    pg = min(R, torch.cuda.get_device_properties(0).multi_processor_count * 4)
+    kern = {  # name: (kernel, grid, smem, args builder -> (args, outputs))
+        "rmsnorm fwd": ("rmsnorm_fwd_f32", R, C * 4, lambda: (lambda o, r: ([x, w, o, r, C, R, 1e-5, 1], [o, r]))(torch.empty_like(x), torch.empty(R, device="cuda"))),
+        "softmax bwd": ("softmax_bwd_f32", R, 2 * C * 4, lambda: (lambda o: ([y, dy, o, C, R, 1], [o]))(torch.empty_like(x))),
+        "layernorm bwd": ("layernorm_bwd_f32", pg, 2 * C * 4, lambda: (lambda o, p: ([x, w, mean, rstd, dy, o, p, C, R, 1], [o]))(torch.empty_like(x), torch.empty(2 * pg * C, device="cuda"))),
+        "rmsnorm bwd": ("rmsnorm_bwd_f32", pg, C * 4, lambda: (lambda o, p: ([x, w, rstd, dy, o, p, C, R, 1], [o]))(torch.empty_like(x), torch.empty(pg * C, device="cuda"))),
+    }
+    fs, res = {}, {}
+    for name, (kn, grid, smem, mk) in kern.items():
+        for v in vars:
+            args, outs = mk()
+            h = fn(v, "nn_rows", kn)
+            ck(cu.cuFuncSetAttribute(h, 8, smem), "smem attr")
+            f = lambda h=h, args=args, grid=grid, smem=smem: launch(h, grid, (256, 1), smem, args)
+            f(); torch.cuda.synchronize(); res[(name, v)] = outs; fs[f"{name}:{v}"] = f
+        for v in vars:
+            e = max((a - b).abs().max().item() for a, b in zip(res[(name, v)], res[(name, vars[0])]))
+            print(f"rows {name} {v}: max|diff| vs {vars[0]} {e:.3g}")
+    t = {k: [] for k in fs}
+    for _ in range(rounds):
+        for k, f in fs.items(): t[k].append(timeit(f))
+    for name in kern:
+        base = st.median(t[f"{name}:{vars[0]}"])
+        for v in vars:
+            xs = t[f"{name}:{v}"]; m = st.median(xs)
+            print(f"rows {name:14s} {v:10s} median {m:7.1f} us  min {min(xs):7.1f}  vs {vars[0]} {m/base:.4f}")
+
 def report(name, t, base):
     mb = st.median(t[base])
     for v, xs in t.items():
@@ -152,6 +188,7 @@ def report(name, t, base):
 rounds = int(sys.argv[1])
 LN = sys.argv[2].split(","); ATT = sys.argv[3].split(",")
 EW = sys.argv[4].split(",") if len(sys.argv) > 4 else ["-"]
+ROWS = sys.argv[5].split(",") if len(sys.argv) > 5 else ["-"]
 print(torch.cuda.get_device_name())
 for _ in range(2):
     if LN != ["-"]: report("layernorm", ln_bench(LN, rounds), LN[0])
@@ -159,3 +196,4 @@ for _ in range(2):
         report("attn bwd", att_bench(ATT, rounds), ATT[0])
         report("attn128", att_bench(ATT, rounds, 128), ATT[0])
     if EW != ["-"]: ew_bench(EW, rounds)
+    if ROWS != ["-"]: rows_bench(ROWS, rounds)

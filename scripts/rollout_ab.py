@@ -23,7 +23,9 @@ smem = 4 * (3 * 16 * pad(S + H) + 6 * 16 + 16 * (pad(H) + pad(H + E) + pad(H + S
 g = torch.Generator(device="cuda").manual_seed(4)
 w = torch.randn(M * member, device="cuda", generator=g) * 0.06
 emb = torch.randn(B * T * E, device="cuda", generator=g)
-scratch = torch.empty(2 * r4(M * B * H) + grid * r4(B * S) + 2 * r4(M * B * P), device="cuda")
+# (a build with -DPROF=BLOCK writes that block's phase clocks past the scratch it uses)
+scratch = torch.empty(2 * r4(M * B * H) + grid * r4(B * S) + 2 * r4(M * B * P) + 4 + 2 * 10 * (T + N), device="cuda")
+PROF_AT = 2 * r4(M * B * H) + grid * r4(B * S) + 2 * r4(M * B * P) + 4
 
 class Attr(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("v", ctypes.c_uint * 16)]
@@ -35,9 +37,9 @@ class Cfg(ctypes.Structure):
 def make(name):
     build, _, kind = name.partition(":")
     cluster = kind == "cluster"
-    m = ctypes.c_void_p(); data = open(D_ + f"{build}-rssmemrollout.cubin", "rb").read()
+    m = ctypes.c_void_p(); data = open(D_ + f"{build}-rssm_rollout.cubin", "rb").read()
     ck(cu.cuModuleLoadData(ctypes.byref(m), ctypes.c_char_p(data)), "load")
-    f = ctypes.c_void_p(); ck(cu.cuModuleGetFunction(ctypes.byref(f), m, b"rssmemrollout_f32"), "fn")
+    f = ctypes.c_void_p(); ck(cu.cuModuleGetFunction(ctypes.byref(f), m, b"rssm_rollout_f32"), "fn")
     ck(cu.cuFuncSetAttribute(f, 8, smem), "smem attr")
     if cluster: ck(cu.cuFuncSetAttribute(f, 14, 1), "non-portable cluster attr")
     out = torch.empty(M * B * N * D, device="cuda"); mean = torch.empty(B * N * D, device="cuda")
@@ -82,3 +84,14 @@ for _ in range(2):
     b = st.median(t[names[0]])
     for nm in names:
         m = st.median(t[nm]); print(f"rollout {nm:24s} median {m:8.1f} us  min {min(t[nm]):8.1f}  vs {names[0]} {m / b:.3f}")
+
+# Phase clocks of PROF builds (cycles of the profiled block, mean over the imagined steps).
+names_ = ["z from fc", "GRU stage", "GRU compute", "dec fc", "barrier 1", "head fc", "dec out", "barrier 2"]
+for nm in names:
+    if "PROF" not in nm: continue
+    runs[nm](); torch.cuda.synchronize()
+    c = scratch[PROF_AT:PROF_AT + 2 * 10 * (T + N)].view(torch.int64).view(T + N, 10).cpu()
+    steps = range(T + 1, T + N)
+    d = lambda a, b: sum(int(c[t, b] - c[t, a]) for t in steps) / len(steps)
+    parts = [d(0, 1), d(1, 8), d(8, 2), d(2, 3), d(3, 4), d(4, 5), d(5, 6), d(6, 7)]
+    print(f"{nm}: cycles per imagined step {d(0, 7):.0f}: " + ", ".join(f"{n} {v:.0f}" for n, v in zip(names_, parts)))
