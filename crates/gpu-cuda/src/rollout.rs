@@ -1,9 +1,10 @@
-//! The world model's fused ensemble rollout (`kernels/rssm_rollout.cu`): one cooperative launch
-//! that filters a context, rolls every member forward and forms the ensemble statistics. The
-//! packed weight layout is [`RolloutDims::member_layout`]; the CPU reference is
-//! `rssm::reference::HostRssm::predict`. On sm_90 and later each member's blocks form one
-//! thread-block cluster and synchronise with the hardware cluster barrier
-//! ([`RolloutBarrier`]).
+//! The world model's fused ensemble rollout: one cooperative launch that filters a context,
+//! rolls every member forward and forms the ensemble statistics. Two kernels: on sm_90 and later
+//! `kernels/rssm_rollout_cluster.cu` (one thread-block cluster per member, activations exchanged
+//! in distributed shared memory), elsewhere or for larger models `kernels/rssm_rollout.cu`
+//! (activations through L2, per-member barriers by cluster or through memory); see
+//! [`RolloutPath`]. The packed weight layout is [`RolloutDims::member_layout`]; the CPU reference
+//! is `rssm::reference::HostRssm::predict`.
 
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
@@ -11,6 +12,7 @@ use crate::pool::CudaBuffer;
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
 const KERNEL: &str = "rssm_rollout_f32";
+const CLUSTER_KERNEL: &str = "rssm_rollout_cluster_f32";
 const THREADS: u32 = 512;
 /// Hidden (and head) units per block and rows staged at a time (`GU`/`FU`, `RB` in the
 /// kernel).
@@ -25,16 +27,32 @@ const SMEM_ATTR_MAX: usize = 227 * 1024;
 /// limit of sm_90).
 const MAX_CLUSTER: usize = 16;
 
-/// How the blocks of one member synchronise inside the fused rollout. Both give the same
-/// numbers, bit for bit.
+/// Which kernel and which member barrier the fused rollout uses. All compute the same
+/// function; `ClusterBarrier` and `MemoryBarrier` give the same numbers bit for bit,
+/// `Distributed` sums the decoder's input in another order (a few f32 roundings apart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RolloutBarrier {
-    /// One thread-block cluster per member and the hardware cluster barrier, where the device
-    /// has clusters (sm_90 and later), a member's blocks fit one (at most 16) and the device
-    /// can hold every member's cluster at once; otherwise `Memory`.
+pub enum RolloutPath {
+    /// The fastest this device can run: `Distributed`, else `ClusterBarrier`, else
+    /// `MemoryBarrier`.
     Auto,
-    /// Barriers through atomics in device memory (every GPU).
-    Memory,
+    /// `rssm_rollout_cluster.cu`: one cluster per member, every block holding the member's
+    /// activations in shared memory (batch <= 32, at most 16 blocks a member, sm_90 and
+    /// later, every member's cluster resident at once).
+    Distributed,
+    /// `rssm_rollout.cu` with one cluster per member and the hardware cluster barrier
+    /// (at most 16 blocks a member, sm_90 and later).
+    ClusterBarrier,
+    /// `rssm_rollout.cu` with barriers through atomics in device memory (every GPU).
+    MemoryBarrier,
+}
+
+/// A resolved launch: the path (which names the kernel), grid, dynamic shared memory, cluster
+/// size (0: none).
+struct Plan {
+    path: RolloutPath,
+    grid: u32,
+    smem: u32,
+    cluster: u32,
 }
 
 /// Sizes of a rollout: `members` ensemble members, `batch` rows, `context` observed steps,
@@ -126,6 +144,34 @@ impl RolloutDims {
             .unwrap_or(0);
         4 * (gru + fc + outs + ROWS * widest)
     }
+
+    /// Dynamic shared memory of the cluster kernel, the sums of its carve-up: the GRU slice, the
+    /// fc slices of `⌈P/BPM⌉` units per head, the output layers and LayerNorms (as
+    /// [`RolloutDims::smem_bytes`]), then h twice, z, and the head and decoder fc outputs, all
+    /// `batch` rows.
+    fn cluster_smem_bytes(&self) -> usize {
+        let (h, s, e, p, d, b) = (
+            self.hidden,
+            self.latent,
+            self.embed,
+            self.head,
+            self.out,
+            self.batch,
+        );
+        let pad = |w: usize| if w.is_multiple_of(4) { w + 4 } else { w + 1 };
+        let r4 = |v: usize| v.div_ceil(4) * 4;
+        let bpm = self.blocks_per_member();
+        let (fcu, dout) = (p.div_ceil(bpm), d.div_ceil(bpm));
+        let gru = 3 * UNITS * pad(s + h) + 6 * UNITS;
+        let fc = [h, h + e, h + s]
+            .map(|i| r4(fcu * pad(i)))
+            .iter()
+            .sum::<usize>()
+            + r4(3 * fcu);
+        let outs = 2 * r4(s * pad(p)) + 2 * r4(s) + r4(dout * pad(p)) + r4(dout) + r4(6 * p);
+        let acts = 2 * r4(b * pad(h)) + b * r4(s) + 2 * r4(b * pad(p));
+        4 * (gru + fc + outs + acts)
+    }
 }
 
 fn check_len(what: &str, b: &CudaBuffer, want: usize) -> Result<()> {
@@ -140,47 +186,85 @@ fn check_len(what: &str, b: &CudaBuffer, want: usize) -> Result<()> {
 }
 
 impl CudaBackend {
-    /// The grid (`M·BPM` blocks), dynamic shared memory and cluster size (0: none) of a
-    /// rollout, or a typed error when this device cannot run it (more shared memory than a
-    /// block may have, or more blocks than can be resident at once).
-    fn rollout_launch(&self, d: &RolloutDims, barrier: RolloutBarrier) -> Result<(u32, u32, u32)> {
+    /// The launch of a rollout along `path` (`Auto`: the fastest this device can run), or a
+    /// typed error when this device cannot run it that way (more shared memory than a block may
+    /// have, more blocks than can be resident at once, no clusters).
+    fn rollout_plan(&self, d: &RolloutDims, path: RolloutPath) -> Result<Plan> {
         d.check()?;
-        let smem = d.smem_bytes();
-        let grid = d.members * d.blocks_per_member();
-        if smem > SMEM_ATTR_MAX {
-            return Err(GpuError::invalid(
-                "rssm_rollout",
-                format!("{smem} bytes of shared memory per block exceed {SMEM_ATTR_MAX}"),
-            ));
-        }
-        let most = self.cooperative_grid(KERNEL, THREADS, smem as u32)? as usize;
-        if grid > most {
-            return Err(GpuError::invalid(
-                "rssm_rollout",
-                format!("{grid} blocks needed, {most} can be resident at once"),
-            ));
-        }
         let bpm = d.blocks_per_member();
-        let cluster = if barrier == RolloutBarrier::Auto
-            && bpm <= MAX_CLUSTER
-            && self.max_clusters(KERNEL, THREADS, smem as u32, bpm as u32)? as usize >= d.members
-        {
-            bpm as u32
-        } else {
-            0
+        let grid = d.members * d.blocks_per_member();
+        let refuse = |why: String| Err(GpuError::invalid("rssm_rollout", why));
+        // Clusters of one member's blocks, every member's resident at once, or 0.
+        // (Cluster code is in the fatbins' sm_90 images only: the committed PTX targets
+        // compute_80, where those paths trap.)
+        let clusters = |kernel: &str, smem: usize| -> Result<u32> {
+            let fatbin = self.image_kind() == crate::module::ImageKind::Fatbin;
+            if !fatbin || bpm > MAX_CLUSTER || smem > SMEM_ATTR_MAX {
+                return Ok(0);
+            }
+            let n = self.max_clusters(kernel, THREADS, smem as u32, bpm as u32)? as usize;
+            Ok(if n >= d.members { bpm as u32 } else { 0 })
         };
-        Ok((grid as u32, smem as u32, cluster))
+        let plan = |path, kernel, smem: usize, cluster| -> Result<Plan> {
+            if smem > SMEM_ATTR_MAX {
+                return refuse(format!(
+                    "{smem} bytes of shared memory per block exceed {SMEM_ATTR_MAX}"
+                ));
+            }
+            let most = self.cooperative_grid(kernel, THREADS, smem as u32)? as usize;
+            if grid > most {
+                return refuse(format!(
+                    "{grid} blocks needed, {most} can be resident at once"
+                ));
+            }
+            Ok(Plan {
+                path,
+                grid: grid as u32,
+                smem: smem as u32,
+                cluster,
+            })
+        };
+        let (csmem, smem) = (d.cluster_smem_bytes(), d.smem_bytes());
+        let distributed = || -> Result<u32> {
+            if d.batch > ROWS {
+                return Ok(0);
+            }
+            clusters(CLUSTER_KERNEL, csmem)
+        };
+        match path {
+            RolloutPath::Distributed => match distributed()? {
+                0 => refuse(
+                    "the distributed rollout needs sm_90, batch <= 32 and one cluster a member"
+                        .into(),
+                ),
+                c => plan(path, CLUSTER_KERNEL, csmem, c),
+            },
+            RolloutPath::ClusterBarrier => match clusters(KERNEL, smem)? {
+                0 => refuse("the cluster barrier needs sm_90 and one cluster a member".into()),
+                c => plan(path, KERNEL, smem, c),
+            },
+            RolloutPath::MemoryBarrier => plan(path, KERNEL, smem, 0),
+            RolloutPath::Auto => {
+                if let Ok(p) = self.rollout_plan(d, RolloutPath::Distributed) {
+                    return Ok(p);
+                }
+                if let Ok(p) = self.rollout_plan(d, RolloutPath::ClusterBarrier) {
+                    return Ok(p);
+                }
+                self.rollout_plan(d, RolloutPath::MemoryBarrier)
+            }
+        }
     }
 
-    /// The cluster size the fused rollout of `d` launches with under `barrier`: the blocks per
-    /// member, or 0 where it synchronises through memory.
-    pub fn rssm_rollout_cluster(&self, d: &RolloutDims, barrier: RolloutBarrier) -> Result<u32> {
-        Ok(self.rollout_launch(d, barrier)?.2)
+    /// The path the fused rollout of `d` takes when asked for `path` (`Auto` resolved), or the
+    /// typed error that refuses it on this device.
+    pub fn rssm_rollout_path(&self, d: &RolloutDims, path: RolloutPath) -> Result<RolloutPath> {
+        Ok(self.rollout_plan(d, path)?.path)
     }
 
     /// Whether this device can run the fused rollout of `d` (see [`CudaBackend::rssm_rollout`]).
     pub fn rssm_rollout_fits(&self, d: &RolloutDims) -> bool {
-        self.rollout_launch(d, RolloutBarrier::Memory).is_ok()
+        self.rollout_plan(d, RolloutPath::Auto).is_ok()
     }
 
     /// The fused rollout: `weights` holds `members` packed members ([`RolloutDims::member_len`]
@@ -199,18 +283,18 @@ impl CudaBackend {
         disagreement: &mut CudaBuffer,
     ) -> Result<()> {
         let bufs = (out, mean, disagreement);
-        self.rssm_rollout_with(d, weights, embeds, bufs, RolloutBarrier::Auto)
+        self.rssm_rollout_with(d, weights, embeds, bufs, RolloutPath::Auto)
     }
 
-    /// [`CudaBackend::rssm_rollout`] with the member barriers chosen by `barrier`; `outputs` are
-    /// `out`, `mean` and `disagreement`.
+    /// [`CudaBackend::rssm_rollout`] along `path`; `outputs` are `out`, `mean` and
+    /// `disagreement`.
     pub fn rssm_rollout_with(
         &self,
         d: &RolloutDims,
         weights: &CudaBuffer,
         embeds: &CudaBuffer,
         outputs: (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
-        barrier: RolloutBarrier,
+        path: RolloutPath,
     ) -> Result<()> {
         let (out, mean, disagreement) = outputs;
         d.check()?;
@@ -223,25 +307,16 @@ impl CudaBackend {
         check_len("mean", mean, per_member)?;
         check_len("disagreement", disagreement, mul(d.batch, d.steps)?)?;
         self.check_owned("rssm_rollout", &[weights, embeds, out, mean, disagreement])?;
-        let (grid, smem, cluster) = self.rollout_launch(d, barrier)?;
-        let mb = mul(d.members, d.batch)?;
-        // h twice, one z per block, two fc outputs; each part rounded up to 4 floats as the
-        // kernel lays it.
-        let r4 = |v: usize| v.div_ceil(4) * 4;
-        let z_all = mul(grid as usize, r4(mul(d.batch, d.latent)?))?;
-        let scratch_len = 2 * r4(mul(mb, d.hidden)?) + z_all + 2 * r4(mul(mb, d.head)?);
-        let scratch = self.allocate(DType::F32, scratch_len)?;
+        let plan = self.rollout_plan(d, path)?;
+        let cfg = LaunchConfig {
+            grid_dim: (plan.grid, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: plan.smem,
+        };
         let mut bar = self.allocate(DType::U32, 2 + 2 * d.members)?;
         self.memset32(&mut bar, 0)?;
         let u = |v: usize| KernelArg::U32(v as u32);
-        let args = [
-            weights.into(),
-            embeds.into(),
-            (&scratch).into(),
-            KernelArg::from(&mut *out),
-            KernelArg::from(&mut *mean),
-            KernelArg::from(&mut *disagreement),
-            (&bar).into(),
+        let dims = [
             u(d.members),
             u(d.batch),
             u(d.context),
@@ -252,20 +327,57 @@ impl CudaBackend {
             u(d.head),
             u(d.out),
             KernelArg::F32(d.eps),
-            KernelArg::U32((cluster > 0) as u32),
         ];
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: smem,
-        };
+        if plan.path == RolloutPath::Distributed {
+            let args = [
+                &[
+                    weights.into(),
+                    embeds.into(),
+                    KernelArg::from(&mut *out),
+                    KernelArg::from(&mut *mean),
+                    KernelArg::from(&mut *disagreement),
+                    (&bar).into(),
+                ],
+                &dims[..],
+            ]
+            .concat();
+            // SAFETY: rssm_rollout_cluster_f32's parameters in order; every buffer's length was
+            // checked against the dims above, bar holds 2 + 2M zeroed u32; the grid is M·BPM in
+            // clusters of BPM blocks (batch <= 32 and BPM <= 16, as the kernel needs), every
+            // cluster resident at once (rollout_plan) for the final grid barrier.
+            return unsafe {
+                self.launch_cooperative_clustered(CLUSTER_KERNEL, cfg, &args, plan.cluster)
+            };
+        }
+        let mb = mul(d.members, d.batch)?;
+        // h twice, one z per block, two fc outputs; each part rounded up to 4 floats as the
+        // kernel lays it.
+        let r4 = |v: usize| v.div_ceil(4) * 4;
+        let z_all = mul(plan.grid as usize, r4(mul(d.batch, d.latent)?))?;
+        let scratch_len = 2 * r4(mul(mb, d.hidden)?) + z_all + 2 * r4(mul(mb, d.head)?);
+        let scratch = self.allocate(DType::F32, scratch_len)?;
+        let args = [
+            &[
+                weights.into(),
+                embeds.into(),
+                (&scratch).into(),
+                KernelArg::from(&mut *out),
+                KernelArg::from(&mut *mean),
+                KernelArg::from(&mut *disagreement),
+                (&bar).into(),
+            ],
+            &dims[..],
+            &[KernelArg::U32((plan.cluster > 0) as u32)],
+        ]
+        .concat();
         // SAFETY: rssm_rollout_f32's parameters in order; every buffer's length was checked
-        // against the dims above (scratch holds 2·M·B·H + grid·B·S + 2·M·B·P floats, each
-        // part rounded up to 4, bar 2 + 2M zeroed u32), the grid is M·BPM as the kernel indexes it, and at most the number of
-        // co-resident blocks (a cooperative launch); when clustered, clusters of BPM blocks (a
-        // divisor of the grid) that the device can hold, and the kernel's last argument says so.
-        if cluster > 0 {
-            unsafe { self.launch_cooperative_clustered(KERNEL, cfg, &args, cluster) }
+        // against the dims above (scratch holds 2·M·B·H + grid·B·S + 2·M·B·P floats, each part
+        // rounded up to 4, bar 2 + 2M zeroed u32), the grid is M·BPM as the kernel indexes it,
+        // and at most the number of co-resident blocks (a cooperative launch); when clustered,
+        // clusters of BPM blocks (a divisor of the grid) that the device can hold, and the
+        // kernel's last argument says so.
+        if plan.cluster > 0 {
+            unsafe { self.launch_cooperative_clustered(KERNEL, cfg, &args, plan.cluster) }
         } else {
             // SAFETY: as above, without clusters (the kernel's last argument is 0).
             unsafe { self.launch_cooperative(KERNEL, cfg, &args) }

@@ -1,0 +1,236 @@
+// The world model's ensemble rollout with one thread-block cluster per member (sm_90 and later).
+// Same computation, step order and weight slices as rssm_rollout.cu (read its header), but every
+// block keeps the member's whole activations in its own shared memory — h (twice), z, the head
+// fc outputs and the decoder fc outputs — and the blocks exchange their slices by writing them
+// into every peer's shared memory (distributed shared memory), between hardware cluster
+// barriers: nothing is staged through L2 and no barrier spins on memory. The head fc units are
+// spread over all BPM blocks (FC = ⌈P/BPM⌉ each). Needs B <= 32 rows and BPM <= 16 (one cluster
+// per member); the host falls back to rssm_rollout_f32 otherwise. CPU reference:
+// rssm::reference::HostRssm::predict; parity tests: crates/rssm/tests/gpu_rollout.rs.
+#include "rssm_rollout.cuh"
+
+#if __CUDA_ARCH__ >= 900
+// w·x over n values in shared memory; float4 steps when v4 (both 16-byte aligned, n % 4 == 0).
+static __device__ __forceinline__ float dot(const float* w, const float* x, u32 n, bool v4) {
+    float a0 = 0.0f, a1 = 0.0f;
+    if (v4) {
+        u32 k = 0;
+        for (; k + 8 <= n; k += 8) {
+            const float4 p = *reinterpret_cast<const float4*>(w + k);
+            const float4 q = *reinterpret_cast<const float4*>(x + k);
+            const float4 p2 = *reinterpret_cast<const float4*>(w + k + 4);
+            const float4 q2 = *reinterpret_cast<const float4*>(x + k + 4);
+            a0 = fmaf(p.x, q.x, fmaf(p.y, q.y, fmaf(p.z, q.z, fmaf(p.w, q.w, a0))));
+            a1 = fmaf(p2.x, q2.x, fmaf(p2.y, q2.y, fmaf(p2.z, q2.z, fmaf(p2.w, q2.w, a1))));
+        }
+        if (k < n) {
+            const float4 p = *reinterpret_cast<const float4*>(w + k);
+            const float4 q = *reinterpret_cast<const float4*>(x + k);
+            a0 = fmaf(p.x, q.x, fmaf(p.y, q.y, fmaf(p.z, q.z, fmaf(p.w, q.w, a0))));
+        }
+    } else {
+        for (u32 k = 0; k < n; k++) a0 = fmaf(w[k], x[k], a0);
+    }
+    return a0 + a1;
+}
+
+// The cluster primitives (PTX; sm_90 and later).
+static __device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Writes v at `local` (a shared address of this block) in every block of the cluster, itself
+// included: the same offset in each block's shared memory.
+static __device__ __forceinline__ void broadcast(float* local, float v, u32 blocks) {
+    const u32 a = (u32)__cvta_generic_to_shared(local);
+    for (u32 q = 0; q < blocks; q++) {
+        u32 ra;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(q));
+        asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
+    }
+}
+
+// Copies this block's slice — rows [0, rows), columns [c0, c0 + width) of the shared array
+// `buf` (row stride ld) — to the same place in every other block of the cluster: 16-byte
+// stores when ld, c0 and width are multiples of 4. The caller synchronises the block before
+// (the slice is complete) and the cluster after (the copies have landed).
+static __device__ __forceinline__ void push_slice(float* buf, u32 ld, u32 c0, u32 width,
+                                                  u32 rows, u32 blocks, u32 self) {
+    if (((ld | c0 | width) & 3) == 0) {
+        const u32 w4 = width / 4, n = rows * w4;
+        for (u32 i = threadIdx.x; i < n * blocks; i += blockDim.x) {
+            const u32 q = i / n, e = i % n;
+            if (q == self) continue;
+            float* p = buf + (e / w4) * ld + c0 + 4 * (e % w4);
+            const float4 v = *reinterpret_cast<const float4*>(p);
+            const u32 a = (u32)__cvta_generic_to_shared(p);
+            u32 ra;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(q));
+            asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(ra), "f"(v.x),
+                         "f"(v.y), "f"(v.z), "f"(v.w)
+                         : "memory");
+        }
+    } else {
+        const u32 n = rows * width;
+        for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+            float* p = buf + (i / width) * ld + c0 + i % width;
+            broadcast(p, *p, blocks);
+        }
+    }
+}
+#endif
+
+// As rssm_rollout_f32 (the same parameters less the L2 scratch): w: M packed members; emb:
+// [B, T, E]; out: [M, B, N, D]; mean: [B, N, D]; dis: [B, N]; bar: 2 zeroed u32 (the grid
+// barrier before the statistics; the launch is cooperative). Grid: M·BPM blocks in clusters of
+// BPM; dynamic shared memory as gpu_cuda::rollout::RolloutDims::cluster_smem_bytes.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ emb, float* out,
+                         float* mean, float* dis, u32* bar, u32 M, u32 B, u32 T, u32 N, u32 H,
+                         u32 S, u32 E, u32 P, u32 D, float eps) {
+#if __CUDA_ARCH__ >= 900
+    extern __shared__ float4 sm4[];
+    float* sm = reinterpret_cast<float*>(sm4);
+    const Layout L = layout(H, S, E, P, D);
+    const u32 GS = (H + GU - 1) / GU, BPM = max(GS, (P + FU - 1) / FU);
+    const u32 FC = (P + BPM - 1) / BPM, DO = (D + BPM - 1) / BPM;
+    const u32 m = blockIdx.x / BPM, s = cluster_rank();
+    const u32 X = S + H, XL = pad(X), j0 = s * GU, p0 = min(s * FC, P), nf = min(FC, P - p0);
+    const u32 o0 = min(s * DO, D), nd = min(DO, D - o0);
+    const u32 in[3] = {H, H + E, H + S};
+    const u32 PL = pad(P), HL = pad(H), S4 = (S + 3) & ~3u, DO4 = (DO + 3) & ~3u;
+    auto r4 = [](u32 v) { return (v + 3) & ~3u; };
+    // Shared memory, every region a multiple of 4 floats (the host's cluster_smem_bytes sums
+    // the same): the weight slices, then the activations.
+    float* gw = sm;                                  // [3·GU][XL]
+    float* gb = gw + 3 * GU * XL;                    // [2][3·GU]
+    float* fw0 = gb + 6 * GU;                        // [FC][pad(in_h)] per head
+    float* fw1 = fw0 + r4(FC * pad(in[0]));
+    float* fw2 = fw1 + r4(FC * pad(in[1]));
+    float* fb = fw2 + r4(FC * pad(in[2]));           // [3][FC]
+    float* om0 = fb + r4(3 * FC);                    // prior and posterior mean outputs [S][PL]
+    float* om1 = om0 + r4(S * PL);
+    float* omb = om1 + r4(S * PL);                   // [2][S4]
+    float* od = omb + 2 * S4;                        // the decoder's output slice [DO][PL]
+    float* odb = od + r4(DO * PL);                   // [DO4]
+    float* lg = odb + DO4;                           // [3][2][P]
+    float* hb[2];                                    // h [B][HL], twice
+    hb[0] = lg + r4(6 * P);
+    hb[1] = hb[0] + r4(B * HL);
+    float* zb = hb[1] + r4(B * HL);                  // z [B][S4]
+    float* fcp = zb + B * S4;                        // the step's head fc [B][PL]
+    float* fcd = fcp + r4(B * PL);                   // the decoder's fc [B][PL]
+    const Slices sl = {gw, gb, {fw0, fw1, fw2}, fb, {om0, om1}, omb, od, odb, lg};
+    load_slices(w + (u64)m * L.size, L, H, S, E, P, j0, p0, FC, o0, nd, s < GS, nf > 0, sl);
+    for (u32 i = threadIdx.x; i < B * HL; i += blockDim.x) hb[0][i] = 0.0f;
+    for (u32 i = threadIdx.x; i < B * S4; i += blockDim.x) zb[i] = 0.0f;
+    // Every block is running (its shared memory may be written) once this returns.
+    cluster_barrier();
+
+    const u64 mB = (u64)m * B;
+    const bool v4 = ((S | H | E | P) & 3) == 0;
+    // Thread roles: GRU unit u (of GU) and head fc unit u (of FC) for row r.
+    const u32 u = threadIdx.x / 32, r = threadIdx.x % 32;
+    // The head fc units of this block for step t's hidden state hx: posterior on [h, e_t]
+    // (e from global memory) or prior on h; into every block's fcp.
+    auto head_fc = [&](int hd, const float* hx, u32 t) {
+        if (u >= nf || r >= B) return;
+        const float* wr = (hd ? fw1 : fw0) + u * pad(in[hd]);
+        float a = dot(wr, hx + r * HL, H, v4);
+        if (hd) {
+            const float* e = emb + ((u64)r * T + t) * E;
+            for (u32 k = 0; k < E; k++) a = fmaf(wr[H + k], __ldg(e + k), a);
+        }
+        fcp[r * PL + p0 + u] = a + fb[hd * FC + u];
+    };
+    // The decoder fc units of this block on [h, z], into every block's fcd.
+    auto dec_fc = [&](const float* hx) {
+        if (u >= nf || r >= B) return;
+        const float* wr = fw2 + u * pad(in[2]);
+        const float a = dot(wr, hx + r * HL, H, v4) + dot(wr + H, zb + r * S4, S, v4);
+        fcd[r * PL + p0 + u] = a + fb[2 * FC + u];
+    };
+    // This block's slice of the decoder outputs of imagined step n (LayerNorm of fcd in place).
+    auto dec_out = [&](u32 n) {
+        if (nd > 0)
+            norm_out(fcd, B, P, lg + 4 * P, lg + 5 * P, eps, od, odb, nd,
+                     out + (mB * N + n) * D + o0, (u64)N * D);
+    };
+
+    int cur = 0;
+#ifdef PROF  // timing builds (scripts/rollout_ab.py gives dis room): block PROF's phase clocks
+    long long* prof = reinterpret_cast<long long*>(dis) + 4096;
+#define STAMP(i) if (blockIdx.x == PROF && threadIdx.x == 0) prof[t * 10 + (i)] = clock64();
+#else
+#define STAMP(i)
+#endif
+    for (u32 t = 0; t < T + N; t++) {
+        STAMP(0)
+        // Phase 1: z_{t−1} from fcp (every block, for itself); h_t = GRU(z_{t−1}, h_{t−1})
+        // into every block's hb[cur ^ 1]; the decoder fc of imagined step t − 1 − T.
+        if (t > 0) {
+            const int hd = t - 1 < T ? 1 : 0;
+            norm_out(fcp, B, P, lg + 2 * hd * P, lg + (2 * hd + 1) * P, eps, hd ? om1 : om0,
+                     omb + hd * S4, S, zb, S4);
+            __syncthreads();
+        }
+        STAMP(1)
+        STAMP(8)
+        const u32 j = j0 + u;
+        if (j < H && r < B) {
+            const float* wu = gw + u * XL;
+            const float* hx = hb[cur] + r * HL;
+            const float* zx = zb + r * S4;
+            float ai[3] = {}, ah[3] = {};
+            if (v4) {  // rows of gw 16-byte aligned (XL % 4 == 0), and wu + S too
+                gru_dots(wu, GU * XL, zx, 0, S, ai);
+                gru_dots(wu + S, GU * XL, hx, 0, H, ah);
+            } else {
+                for (int g = 0; g < 3; g++) {
+                    for (u32 k = 0; k < S; k++) ai[g] = fmaf(wu[g * GU * XL + k], zx[k], ai[g]);
+                    for (u32 k = 0; k < H; k++) ah[g] = fmaf(wu[g * GU * XL + S + k], hx[k], ah[g]);
+                }
+            }
+            const float rg = sigmoidf(ai[0] + gb[u] + ah[0] + gb[3 * GU + u]);
+            const float ug = sigmoidf(ai[1] + gb[GU + u] + ah[1] + gb[4 * GU + u]);
+            const float ng = tanhf(ai[2] + gb[2 * GU + u] + rg * (ah[2] + gb[5 * GU + u]));
+            hb[cur ^ 1][r * HL + j] = fmaf(ug, hx[j] - ng, ng);
+        }
+        STAMP(2)
+        if (t > T) dec_fc(hb[cur]);
+        __syncthreads();
+        push_slice(hb[cur ^ 1], HL, j0, j0 < H ? min(GU, H - j0) : 0, B, BPM, s);
+        if (t > T) push_slice(fcd, PL, p0, nf, B, BPM, s);
+        STAMP(3)
+        cluster_barrier();
+        STAMP(4)
+        const int nxt = cur ^ 1;
+        // Phase 2: the head fc of step t; this block's slice of the decoder outputs of imagined
+        // step t − 1 − T.
+        head_fc(t < T ? 1 : 0, hb[nxt], t);
+        STAMP(5)
+        __syncthreads();
+        push_slice(fcp, PL, p0, nf, B, BPM, s);
+        if (t > T) dec_out(t - 1 - T);
+        STAMP(6)
+        cluster_barrier();
+        STAMP(7)
+        cur = nxt;
+    }
+    // The last imagined step: its z, decoder fc, decoder outputs; then the statistics.
+    norm_out(fcp, B, P, lg, lg + P, eps, om0, omb, S, zb, S4);
+    __syncthreads();
+    dec_fc(hb[cur]);
+    __syncthreads();
+    push_slice(fcd, PL, p0, nf, B, BPM, s);
+    cluster_barrier();
+    dec_out(N - 1);
+    u32 gg = 0;
+    barrier(bar, gridDim.x, gg);
+    ensemble_stats(out, mean, dis, M, B, N, D);
+#else
+    __trap();
+#endif
+}
