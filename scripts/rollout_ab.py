@@ -86,7 +86,7 @@ for nm in names:
     f, o, k = make(nm); keep.append(k)
     f(); torch.cuda.synchronize(); runs[nm] = f; outs[nm] = o
 for nm in names:
-    d = max((a[:b.numel()] - b).abs().max().item() for a, b in zip(outs[nm], outs[names[0]]))
+    d = max((a[:n] - b[:n]).abs().max().item() for a, b, n in zip(outs[nm], outs[names[0]], (M * B * N * D, B * N * D, B * N)))
     print(f"{nm}: max|diff| vs {names[0]} {d:.3g}, finite {all(torch.isfinite(a[:B * N * D]).all().item() for a in outs[nm])}")
 for _ in range(2):
     t = {nm: [] for nm in names}
