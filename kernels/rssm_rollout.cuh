@@ -167,23 +167,30 @@ static __device__ void load_slices(const float* wm, const Layout& L, u32 H, u32 
 // LayerNorm (two-pass, f32) + ReLU of the staged rows (stride pad(P)) in place, then
 // dst[r·dst_stride + o] = Wo[o]·y_r + bo[o] for o < O (Wo stride pad(P)). Output phase:
 // thread t takes row t/16 and outputs t%16, t%16 + 16, ... (independent accumulators).
+// PC: P as a compile-time constant (0: P as given), so that the loops unroll and their loads
+// issue together (norm_out below picks it).
 #define OPT 4
-static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const float* be,
-                                float eps, const float* Wo, const float* bo, u32 O, float* dst,
-                                u64 dst_stride) {
+template <u32 PC>
+static __device__ void norm_out_p(float* st, u32 nr, u32 P_, const float* g, const float* be,
+                                  float eps, const float* Wo, const float* bo, u32 O, float* dst,
+                                  u64 dst_stride) {
+    const u32 P = PC ? PC : P_;
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, ld = pad(P);
     for (u32 r = warp; r < nr; r += blockDim.x / 32) {
         float* x = st + r * ld;
         float s = 0.0f;
+#pragma unroll
         for (u32 k = lane; k < P; k += 32) s += x[k];
         const float mu = warp_sum(s) / (float)P;
         float v = 0.0f;
+#pragma unroll
         for (u32 k = lane; k < P; k += 32) {
             const float d = x[k] - mu;
             v = fmaf(d, d, v);
         }
         const float rstd = rsqrtf(warp_sum(v) / (float)P + eps);
         __syncwarp();
+#pragma unroll
         for (u32 k = lane; k < P; k += 32) x[k] = fmaxf(fmaf((x[k] - mu) * rstd, g[k], be[k]), 0.0f);
     }
     __syncthreads();
@@ -193,6 +200,7 @@ static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const 
         for (u32 o0 = og; o0 < O; o0 += 16 * OPT) {
             float a[OPT] = {};
             if ((P & 3) == 0) {
+#pragma unroll 8
                 for (u32 k = 0; k < P; k += 4) {
                     const float4 v = *reinterpret_cast<const float4*>(x + k);
 #pragma unroll
@@ -220,6 +228,16 @@ static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const 
             }
         }
     }
+}
+
+// norm_out_p with the model's default head width (128) compiled in.
+static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const float* be,
+                                float eps, const float* Wo, const float* bo, u32 O, float* dst,
+                                u64 dst_stride) {
+    if (P == 128)
+        norm_out_p<128>(st, nr, P, g, be, eps, Wo, bo, O, dst, dst_stride);
+    else
+        norm_out_p<0>(st, nr, P, g, be, eps, Wo, bo, O, dst, dst_stride);
 }
 
 // acc[g] += Σ_{k0 <= k < k1} W[g·gs + k]·x[k] for the three gates g (rows gs apart); float4

@@ -213,6 +213,7 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
         STAMP(5)
         __syncthreads();
         push_slice(fcp, PL, p0, nf, B, BPM, s);
+        STAMP(9)
         if (t > T) dec_out(t - 1 - T);
         STAMP(6)
         cluster_barrier();

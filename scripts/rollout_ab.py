@@ -106,4 +106,5 @@ for nm in names:
     steps = range(T + 1, T + N)
     d = lambda a, b: sum(int(c[t, b] - c[t, a]) for t in steps) / len(steps)
     parts = [d(0, 1), d(1, 8), d(8, 2), d(2, 3), d(3, 4), d(4, 5), d(5, 6), d(6, 7)]
+    if c[T + 1, 9] != 0: print(f"  (push of fcp {d(5, 9):.0f}, dec out itself {d(9, 6):.0f})")
     print(f"{nm}: cycles per imagined step {d(0, 7):.0f}: " + ", ".join(f"{n} {v:.0f}" for n, v in zip(names_, parts)))
