@@ -100,7 +100,7 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
     const u32 X = S + H, XL = pad(X), j0 = s * GU, p0 = min(s * FC, P), nf = min(FC, P - p0);
     const u32 o0 = min(s * DO, D), nd = min(DO, D - o0);
     const u32 in[3] = {H, H + E, H + S};
-    const u32 PL = pad(P), HL = pad(H), S4 = (S + 3) & ~3u, DO4 = (DO + 3) & ~3u;
+    const u32 PL = pad(P), HL = pad(H), ZL = pad(S), S4 = (S + 3) & ~3u, DO4 = (DO + 3) & ~3u;
     auto r4 = [](u32 v) { return (v + 3) & ~3u; };
     // Shared memory, every region a multiple of 4 floats (the host's cluster_smem_bytes sums
     // the same): the weight slices, then the activations.
@@ -119,13 +119,13 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
     float* hb[2];                                    // h [B][HL], twice
     hb[0] = lg + r4(6 * P);
     hb[1] = hb[0] + r4(B * HL);
-    float* zb = hb[1] + r4(B * HL);                  // z [B][S4]
-    float* fcp = zb + B * S4;                        // the step's head fc [B][PL]
+    float* zb = hb[1] + r4(B * HL);                  // z [B][ZL] (padded: rows on distinct banks)
+    float* fcp = zb + r4(B * ZL);                    // the step's head fc [B][PL]
     float* fcd = fcp + r4(B * PL);                   // the decoder's fc [B][PL]
     const Slices sl = {gw, gb, {fw0, fw1, fw2}, fb, {om0, om1}, omb, od, odb, lg};
     load_slices(w + (u64)m * L.size, L, H, S, E, P, j0, p0, FC, o0, nd, s < GS, nf > 0, sl);
     for (u32 i = threadIdx.x; i < B * HL; i += blockDim.x) hb[0][i] = 0.0f;
-    for (u32 i = threadIdx.x; i < B * S4; i += blockDim.x) zb[i] = 0.0f;
+    for (u32 i = threadIdx.x; i < B * ZL; i += blockDim.x) zb[i] = 0.0f;
     // Every block is running (its shared memory may be written) once this returns.
     cluster_barrier();
 
@@ -149,7 +149,7 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
     auto dec_fc = [&](const float* hx) {
         if (u >= nf || r >= B) return;
         const float* wr = fw2 + u * pad(in[2]);
-        const float a = dot(wr, hx + r * HL, H, v4) + dot(wr + H, zb + r * S4, S, v4);
+        const float a = dot(wr, hx + r * HL, H, v4) + dot(wr + H, zb + r * ZL, S, v4);
         fcd[r * PL + p0 + u] = a + fb[2 * FC + u];
     };
     // This block's slice of the decoder outputs of imagined step n (LayerNorm of fcd in place).
@@ -173,7 +173,7 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
         if (t > 0) {
             const int hd = t - 1 < T ? 1 : 0;
             norm_out(fcp, B, P, lg + 2 * hd * P, lg + (2 * hd + 1) * P, eps, hd ? om1 : om0,
-                     omb + hd * S4, S, zb, S4);
+                     omb + hd * S4, S, zb, ZL);
             __syncthreads();
         }
         STAMP(1)
@@ -182,7 +182,7 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
         if (j < H && r < B) {
             const float* wu = gw + u * XL;
             const float* hx = hb[cur] + r * HL;
-            const float* zx = zb + r * S4;
+            const float* zx = zb + r * ZL;
             float ai[3] = {}, ah[3] = {};
             if (v4) {  // rows of gw 16-byte aligned (XL % 4 == 0), and wu + S too
                 gru_dots(wu, GU * XL, zx, 0, S, ai);
@@ -221,7 +221,7 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
         cur = nxt;
     }
     // The last imagined step: its z, decoder fc, decoder outputs; then the statistics.
-    norm_out(fcp, B, P, lg, lg + P, eps, om0, omb, S, zb, S4);
+    norm_out(fcp, B, P, lg, lg + P, eps, om0, omb, S, zb, ZL);
     __syncthreads();
     dec_fc(hb[cur]);
     __syncthreads();

@@ -38,7 +38,7 @@ class Cfg(ctypes.Structure):
 FC = -(-P // BPM)
 csmem = 4 * (3 * 16 * pad(S + H) + 96 + sum(r4(FC * pad(i)) for i in (H, H + E, H + S)) + r4(3 * FC)
              + 2 * r4(S * pad(P)) + 2 * r4(S) + r4(dout * pad(P)) + r4(dout) + r4(6 * P)
-             + 2 * r4(B * pad(H)) + B * r4(S) + 2 * r4(B * pad(P)))
+             + 2 * r4(B * pad(H)) + r4(B * pad(S)) + 2 * r4(B * pad(P)))
 
 def make(name):
     build, _, kind = name.partition(":")

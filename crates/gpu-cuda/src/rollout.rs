@@ -169,7 +169,7 @@ impl RolloutDims {
             .sum::<usize>()
             + r4(3 * fcu);
         let outs = 2 * r4(s * pad(p)) + 2 * r4(s) + r4(dout * pad(p)) + r4(dout) + r4(6 * p);
-        let acts = 2 * r4(b * pad(h)) + b * r4(s) + 2 * r4(b * pad(p));
+        let acts = 2 * r4(b * pad(h)) + r4(b * pad(s)) + 2 * r4(b * pad(p));
         4 * (gru + fc + outs + acts)
     }
 }

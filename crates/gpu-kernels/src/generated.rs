@@ -89,9 +89,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "rssm_rollout_cluster",
         ptx: include_str!("../kernels/rssm_rollout_cluster.ptx"),
         fatbin: include_bytes!("../kernels/rssm_rollout_cluster.fatbin"),
-        source_sha256: "c070ee835f4a2ec9d6a0136c29fa834a37eaa79fab1c02c140be17de861a9d40",
+        source_sha256: "f273eea4c3c72844b2ca063990dbbf004b602650240fdc79e36437f995e6e827",
         ptx_sha256: "3b3226fda16e1f4a5f4cea1adbf3883a5725476263e54cd352be4344d0d7dcb4",
-        fatbin_sha256: "4dfa92af9d215840578ac77097f3bebfebde444c10a9fffd1c19cfc371dbd890",
+        fatbin_sha256: "6b30505d5faf15269b60928a173f5c8fb32eba786adcad251c2b31f8df2469a2",
         kernels: &["rssm_rollout_cluster_f32"],
     },
 ];
