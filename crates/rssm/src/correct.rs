@@ -2,6 +2,7 @@
 //! accelerator's `apply_corrections`.
 
 use crate::error::AcceleratorError;
+use crate::fast::simd::simd_fn;
 use crate::lowrank::{HostLowRank, LowRank};
 use nalgebra::DMatrix;
 use ndarray::ArrayViewMut2;
@@ -30,12 +31,26 @@ pub fn apply_tiled(
     c: &LowRank,
     tile: usize,
 ) -> Result<(), AcceleratorError> {
-    let c = c.host()?;
-    if check(&w, &c, tile)? {
-        crate::fast::add_low_rank(w, &c);
-        return Ok(());
+    let large = w.len() >= 1 << 16;
+    let run = move || {
+        let mut w = w;
+        let safe = check(&w, c, tile)?;
+        let c = c.host()?;
+        if safe && crate::fast::add_low_rank(w.view_mut(), &c) {
+            return Ok(());
+        }
+        exact(w, &c, tile, true)
+    };
+    if !large || rayon::current_thread_index().is_some() {
+        return run();
     }
-    exact(w, &c, tile, true)
+    // A large `w` is scanned and updated in halves on two threads (`rayon::join`, twice).
+    // Run from outside rayon's pool, each join would hand its work to the pool and sleep
+    // until it is done; run inside the pool (a scope's body runs on a worker), the joins
+    // share it between two workers awake: one hand-over per call instead of one per join.
+    let mut out = Ok(());
+    rayon::scope(|_| out = run());
+    out
 }
 
 /// [`apply_tiled`] always on the exact f64 path (the reference engine's).
@@ -44,17 +59,12 @@ pub(crate) fn apply_tiled_exact(
     c: &LowRank,
     tile: usize,
 ) -> Result<(), AcceleratorError> {
-    let c = c.host()?;
-    let safe = check(&w, &c, tile)?;
-    exact(w, &c, tile, !safe)
+    let safe = check(&w, c, tile)?;
+    exact(w, &c.host()?, tile, !safe)
 }
 
 /// The checks of [`apply_tiled`]; `Ok(true)` when no sum can overflow f32.
-fn check(
-    w: &ArrayViewMut2<'_, f32>,
-    c: &HostLowRank,
-    tile: usize,
-) -> Result<bool, AcceleratorError> {
+fn check(w: &ArrayViewMut2<'_, f32>, c: &LowRank, tile: usize) -> Result<bool, AcceleratorError> {
     let (m, n) = c.shape();
     if w.dim() != (m, n) {
         return Err(AcceleratorError::Shape {
@@ -70,13 +80,7 @@ fn check(
             reason: "the tile size must be positive".into(),
         });
     }
-    let max_bits = match w.as_slice_memory_order() {
-        Some(x) => crate::fast::max_abs_bits_par(x),
-        None => w.rows().into_iter().fold(0, |a, r| match r.as_slice() {
-            Some(x) => a.max(crate::fast::max_abs_bits(x)),
-            None => r.iter().fold(a, |a, x| a.max(x.to_bits() & 0x7fff_ffff)),
-        }),
-    };
+    let max_bits = max_abs_bits(w);
     if max_bits >= 0x7f80_0000 {
         return Err(AcceleratorError::NonFinite {
             entry: ENTRY,
@@ -84,27 +88,47 @@ fn check(
         });
     }
     // Cauchy–Schwarz: every partial sum of wᵢⱼ + Σ_r uᵢᵣ·sᵣ·vⱼᵣ is at most
-    // |wᵢⱼ| + ‖(U·diag(S))ᵢ‖·‖Vⱼ‖ (the bound is finite: f32 values squared fit f64). Below half
-    // of f32::MAX, rounding (a factor (1 + 2⁻²⁴)^(k+1)) cannot reach it: nothing overflows.
-    let s: Vec<f64> = c.s.iter().map(|&x| f64::from(x)).collect();
-    let ones = vec![1.0f64; s.len()];
-    let bound =
-        max_row_norm(&c.u, &s) * max_row_norm(&c.v, &ones) + f64::from(f32::from_bits(max_bits));
+    // |wᵢⱼ| + ‖(U·diag(S))ᵢ‖·‖Vⱼ‖. Below half of f32::MAX, rounding (a factor
+    // (1 + 2⁻²⁴)^(k+1)) cannot reach f32::MAX: nothing overflows. The factors' part is
+    // `LowRank::entry_bound`, computed once per correction and cached: for CPU factors the
+    // same f64 sums of squares as ever (f32 values squared fit f64); for factors on a GPU the
+    // device reduction, within a relative k·2⁻²⁴ of them, which the factor 2 absorbs.
+    let bound = c.entry_bound()? + f64::from(f32::from_bits(max_bits));
     Ok(bound < f64::from(f32::MAX) / 2.0)
 }
 
-/// `max_i ‖aᵢ∘scale‖` in f64.
-fn max_row_norm(a: &ndarray::Array2<f32>, scale: &[f64]) -> f64 {
-    a.rows()
-        .into_iter()
-        .map(|r| {
-            r.iter()
-                .zip(scale)
-                .map(|(&x, &c)| (f64::from(x) * c).powi(2))
-                .sum::<f64>()
-        })
-        .fold(0.0f64, f64::max)
-        .sqrt()
+simd_fn! {
+    /// The largest `|x|` of a slice as bits (`f32::to_bits` of a non-negative value orders
+    /// like the value; Inf and NaN sort above every finite value), 0 for none: a plain
+    /// unsigned-max reduction, which the compiler vectorizes (one load, one `and`, one `max`
+    /// per register of values).
+    fn max_abs_bits_slice(x: &[f32]) -> u32 {
+        avx512: max_abs_bits_impl(x),
+        avx2: max_abs_bits_impl(x),
+        base: max_abs_bits_impl(x),
+    }
+}
+
+#[inline(always)]
+fn max_abs_bits_impl(x: &[f32]) -> u32 {
+    x.iter().fold(0, |a, v| a.max(v.to_bits() & 0x7fff_ffff))
+}
+
+/// The largest `|wᵢⱼ|` as bits (`>= 0x7f80_0000` when `w` holds NaN or Inf): one read of
+/// `w`, in two halves on two threads when `w` is one block of memory of 64 Ki values or more.
+fn max_abs_bits(w: &ArrayViewMut2<'_, f32>) -> u32 {
+    match w.as_slice_memory_order() {
+        Some(x) if x.len() >= 1 << 16 && rayon::current_num_threads() > 1 => {
+            let (a, b) = x.split_at(x.len() / 2);
+            let (a, b) = rayon::join(|| max_abs_bits_slice(a), || max_abs_bits_slice(b));
+            a.max(b)
+        }
+        Some(x) => max_abs_bits_slice(x),
+        None => w.rows().into_iter().fold(0, |a, r| match r.as_slice() {
+            Some(x) => a.max(max_abs_bits_slice(x)),
+            None => r.iter().fold(a, |a, x| a.max(x.to_bits() & 0x7fff_ffff)),
+        }),
+    }
 }
 
 /// The exact path: the tiles written, after a dry run that checks every sum when `dry`.
