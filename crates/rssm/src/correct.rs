@@ -2,7 +2,6 @@
 //! accelerator's `apply_corrections`.
 
 use crate::error::AcceleratorError;
-use crate::fast::simd::simd_fn;
 use crate::lowrank::{HostLowRank, LowRank};
 use nalgebra::DMatrix;
 use ndarray::ArrayViewMut2;
@@ -97,35 +96,21 @@ fn check(w: &ArrayViewMut2<'_, f32>, c: &LowRank, tile: usize) -> Result<bool, A
     Ok(bound < f64::from(f32::MAX) / 2.0)
 }
 
-simd_fn! {
-    /// The largest `|x|` of a slice as bits (`f32::to_bits` of a non-negative value orders
-    /// like the value; Inf and NaN sort above every finite value), 0 for none: a plain
-    /// unsigned-max reduction, which the compiler vectorizes (one load, one `and`, one `max`
-    /// per register of values).
-    fn max_abs_bits_slice(x: &[f32]) -> u32 {
-        avx512: max_abs_bits_impl(x),
-        avx2: max_abs_bits_impl(x),
-        base: max_abs_bits_impl(x),
-    }
-}
-
-#[inline(always)]
-fn max_abs_bits_impl(x: &[f32]) -> u32 {
-    x.iter().fold(0, |a, v| a.max(v.to_bits() & 0x7fff_ffff))
-}
-
 /// The largest `|wᵢⱼ|` as bits (`>= 0x7f80_0000` when `w` holds NaN or Inf): one read of
 /// `w`, in two halves on two threads when `w` is one block of memory of 64 Ki values or more.
 fn max_abs_bits(w: &ArrayViewMut2<'_, f32>) -> u32 {
     match w.as_slice_memory_order() {
         Some(x) if x.len() >= 1 << 16 && rayon::current_num_threads() > 1 => {
             let (a, b) = x.split_at(x.len() / 2);
-            let (a, b) = rayon::join(|| max_abs_bits_slice(a), || max_abs_bits_slice(b));
+            let (a, b) = rayon::join(
+                || crate::fast::max_abs_bits(a),
+                || crate::fast::max_abs_bits(b),
+            );
             a.max(b)
         }
-        Some(x) => max_abs_bits_slice(x),
+        Some(x) => crate::fast::max_abs_bits(x),
         None => w.rows().into_iter().fold(0, |a, r| match r.as_slice() {
-            Some(x) => a.max(max_abs_bits_slice(x)),
+            Some(x) => a.max(crate::fast::max_abs_bits(x)),
             None => r.iter().fold(a, |a, x| a.max(x.to_bits() & 0x7fff_ffff)),
         }),
     }
