@@ -3,6 +3,15 @@
 // distributed shared memory). The math is in rssm_rollout.cu's header comment.
 #pragma once
 
+// Timing builds (-DPROF=BLOCK, scripts/rollout_ab.py): block BLOCK's clock at the phase ends of
+// step t, into the kernel's `prof` (10 slots a step).
+#ifdef PROF
+#define STAMP(i) \
+    if (blockIdx.x == PROF && threadIdx.x == 0) prof[t * 10 + (i)] = clock64();
+#else
+#define STAMP(i)
+#endif
+
 typedef unsigned int u32;
 typedef unsigned long long u64;
 

@@ -301,16 +301,23 @@ impl CudaBackend {
         }
     }
 
-    /// The most blocks of `block` threads and `smem` bytes of dynamic shared memory of an
-    /// embedded kernel that can be resident at once on this device (the largest cooperative
-    /// grid). Allows more than 48 KiB of dynamic shared memory when `smem` asks for it.
-    pub fn cooperative_grid(&self, kernel: &str, block: u32, smem: u32) -> Result<u32> {
+    /// An embedded kernel's raw-driver function, its context bound to this thread and its
+    /// dynamic shared memory limit raised to `smem` (for the occupancy queries).
+    fn function_with_smem(&self, kernel: &str, smem: u32) -> Result<crate::module::RawFunction> {
         let f = self
             .inner
             .modules
             .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
         self.bind()?;
         allow_dynamic_smem(f.func, smem)?;
+        Ok(f)
+    }
+
+    /// The most blocks of `block` threads and `smem` bytes of dynamic shared memory of an
+    /// embedded kernel that can be resident at once on this device (the largest cooperative
+    /// grid). Allows more than 48 KiB of dynamic shared memory when `smem` asks for it.
+    pub fn cooperative_grid(&self, kernel: &str, block: u32, smem: u32) -> Result<u32> {
+        let f = self.function_with_smem(kernel, smem)?;
         // SAFETY: `f.func` is a live function of a loaded module; the occupancy query only
         // reads its launch limits.
         unsafe {
@@ -389,12 +396,7 @@ impl CudaBackend {
         if self.info().compute_capability.0 < 9 || cluster == 0 {
             return Ok(0);
         }
-        let f = self
-            .inner
-            .modules
-            .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
-        self.bind()?;
-        allow_dynamic_smem(f.func, smem)?;
+        let f = self.function_with_smem(kernel, smem)?;
         // SAFETY: `f.func` is a live function of a loaded module; the attribute only widens the
         // cluster sizes its launches may ask for, and the query only reads its launch limits
         // (`config` and `attr` outlive the call).
