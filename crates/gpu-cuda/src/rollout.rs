@@ -8,8 +8,10 @@
 
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
+use crate::module::ImageKind;
 use crate::pool::CudaBuffer;
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
+use std::sync::Mutex;
 
 const KERNEL: &str = "rssm_rollout_f32";
 const CLUSTER_KERNEL: &str = "rssm_rollout_cluster_f32";
@@ -48,12 +50,22 @@ pub enum RolloutPath {
 
 /// A resolved launch: the path (which names the kernel), grid, dynamic shared memory, cluster
 /// size (0: none).
+#[derive(Debug, Clone, Copy)]
 struct Plan {
     path: RolloutPath,
     grid: u32,
     smem: u32,
     cluster: u32,
 }
+
+/// Plans already resolved, by backend instance, image kind, sizes and asked path: resolving one
+/// takes up to five driver occupancy queries, which would otherwise run on every rollout (and
+/// twice where a caller asks `rssm_rollout_fits` first). The queries also set the kernel
+/// attributes the launch needs (dynamic shared memory, cluster size), which stay set on that
+/// instance's function. Only successes are kept; at most [`PLANS_KEPT`], the oldest dropped.
+type PlanKey = (u64, ImageKind, [usize; 9], RolloutPath);
+static PLANS: Mutex<Vec<(PlanKey, Plan)>> = Mutex::new(Vec::new());
+const PLANS_KEPT: usize = 64;
 
 /// Sizes of a rollout: `members` ensemble members, `batch` rows, `context` observed steps,
 /// `steps` imagined steps; widths hidden `H`, latent `S`, embedding `E`, head `P`, output `D`.
@@ -191,6 +203,27 @@ impl CudaBackend {
     /// have, more blocks than can be resident at once, no clusters).
     fn rollout_plan(&self, d: &RolloutDims, path: RolloutPath) -> Result<Plan> {
         d.check()?;
+        let sizes = [
+            d.members, d.batch, d.context, d.steps, d.hidden, d.latent, d.embed, d.head, d.out,
+        ];
+        let key = (self.id(), self.image_kind(), sizes, path);
+        let cached =
+            |plans: &Vec<(PlanKey, Plan)>| plans.iter().find(|(k, _)| *k == key).map(|(_, p)| *p);
+        if let Some(p) = PLANS.lock().ok().and_then(|plans| cached(&plans)) {
+            return Ok(p);
+        }
+        let plan = self.resolve_plan(d, path)?;
+        if let Ok(mut plans) = PLANS.lock() {
+            if plans.len() >= PLANS_KEPT {
+                plans.remove(0);
+            }
+            plans.push((key, plan));
+        }
+        Ok(plan)
+    }
+
+    /// [`CudaBackend::rollout_plan`] without the cache.
+    fn resolve_plan(&self, d: &RolloutDims, path: RolloutPath) -> Result<Plan> {
         let bpm = d.blocks_per_member();
         let grid = d.members * d.blocks_per_member();
         let refuse = |why: String| Err(GpuError::invalid("rssm_rollout", why));
@@ -198,7 +231,7 @@ impl CudaBackend {
         // (Cluster code is in the fatbins' sm_90 images only: the committed PTX targets
         // compute_80, where those paths trap.)
         let clusters = |kernel: &str, smem: usize| -> Result<u32> {
-            let fatbin = self.image_kind() == crate::module::ImageKind::Fatbin;
+            let fatbin = self.image_kind() == ImageKind::Fatbin;
             if !fatbin || bpm > MAX_CLUSTER || smem > SMEM_ATTR_MAX {
                 return Ok(0);
             }
