@@ -11,6 +11,7 @@ use crate::error::{GpuError, Result};
 use crate::ops::{self, MatmulOps, MatmulSpec};
 use half::{bf16, f16};
 
+pub use fast::{isa_name, mode, set_mode, with_mode, CpuMode, CPU_MODE_ENV};
 pub use host::{
     out_of_memory, try_filled_vec, try_to_vec, try_vec_with_capacity, try_zeroed_vec, ZeroBits,
 };
@@ -172,6 +173,7 @@ impl Backend for CpuBackend {
     /// Zero-filled host memory; a request the host cannot hold (past `isize::MAX`, past RAM plus
     /// swap, or refused by the allocator) is [`GpuError::OutOfMemory`], never an abort.
     fn allocate(&self, dtype: DType, len: usize) -> Result<CpuStorage> {
+        let _p = profile::scope("allocate");
         Ok(match dtype {
             DType::F32 => CpuStorage::F32(try_zeroed_vec(len)?),
             DType::F16 => CpuStorage::F16(try_zeroed_vec(len)?),
@@ -206,6 +208,7 @@ impl MatmulOps for CpuBackend {
         b: &CpuStorage,
         c: &mut CpuStorage,
     ) -> Result<()> {
+        let _p = profile::scope("matmul");
         spec.validate(a, b, c)?;
         sgemm_rows(spec, a.as_f32()?, b.as_f32()?, c.as_f32_mut()?);
         Ok(())
@@ -278,9 +281,11 @@ pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
 
 mod attention;
 mod elementwise;
+pub mod fast;
 mod host;
 mod optim;
 mod par;
+pub mod profile;
 mod rows;
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use anyhow::{Context, Result};
 use benches::median;
 use clap::Parser;
-use gpu_core::{Backend, CpuBackend, DType, MatmulOps, MatmulSpec};
+use gpu_core::{cpu, Backend, CpuBackend, DType, MatmulOps, MatmulSpec};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
@@ -31,6 +31,19 @@ struct Args {
     /// Text for the GPT training-step row; the row is skipped without it.
     #[arg(long)]
     gpt_text: Option<PathBuf>,
+    /// Skip the SGEMM rows (profiling the GPT step alone).
+    #[arg(long)]
+    no_sgemm: bool,
+    /// Skip the peer (numpy, PyTorch).
+    #[arg(long)]
+    no_peer: bool,
+    /// The CPU backend's mode for the GPT step: fast (f32 kernels, what training uses) or exact
+    /// (the f64 reference).
+    #[arg(long, default_value = "fast", value_parser = parse_mode)]
+    cpu_mode: cpu::CpuMode,
+    /// Print where the GPT step's time goes: each CPU op's total per step (`cpu::profile`).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// Median microseconds of `f` over `reps` calls after `warmup`.
@@ -63,19 +76,62 @@ fn sgemm_us(n: usize, reps: usize) -> Result<f64> {
 
 /// One training step of the tiny GPT (`GptConfig::tiny`, batch 12 × 64): batch, forward,
 /// backward, clip 1.0, AdamW, `loss.item()`; as the peer does.
-fn gpt_step_us(text: &str) -> Result<f64> {
+fn gpt_step_us(text: &str, profile: bool) -> Result<f64> {
     let ds = Dataset::from_text(text, 0.9)?;
     let model = Gpt::new(GptConfig::tiny(ds.tokenizer.vocab_size()), 1, Device::Cpu)?;
     let mut opt = benches::gpt_adamw(&model)?;
     let mut rng = Dataset::rng(1);
-    time_us(20, 5, || {
+    let mut step = || {
         let (x, y) = ds.batch(false, 12, 64, &mut rng, Device::Cpu)?;
         let loss = model.loss(&x, &y, None)?;
         let g = loss.backward()?;
         opt.step(&g, 1e-3)?;
         loss.item()?;
         Ok(())
-    })
+    };
+    let us = time_us(20, 5, &mut step)?;
+    if profile {
+        print_profile(&mut step)?;
+    }
+    Ok(us)
+}
+
+/// Times 20 more steps with the op timer on and prints each op's share of a step.
+fn print_profile(step: &mut impl FnMut() -> Result<()>) -> Result<()> {
+    const STEPS: usize = 20;
+    cpu::profile::take();
+    cpu::profile::enable(true);
+    let t0 = Instant::now();
+    for _ in 0..STEPS {
+        step()?;
+    }
+    let total = t0.elapsed().as_secs_f64() / STEPS as f64;
+    cpu::profile::enable(false);
+    let ops = cpu::profile::take();
+    println!(
+        "GPT step profile ({STEPS} steps with the op timer on): {:.2} ms a step",
+        total * 1e3
+    );
+    println!("| op | calls a step | ms a step | share |\n|---|---:|---:|---:|");
+    let mut in_ops = 0.0;
+    for o in &ops {
+        let s = o.seconds / STEPS as f64;
+        in_ops += s;
+        println!(
+            "| {} | {} | {:.2} | {:.1}% |",
+            o.name,
+            o.calls / STEPS as u64,
+            s * 1e3,
+            100.0 * s / total
+        );
+    }
+    let rest = total - in_ops;
+    println!(
+        "| outside the ops (autograd, tensor bookkeeping, batch) | | {:.2} | {:.1}% |",
+        rest * 1e3,
+        100.0 * rest / total
+    );
+    Ok(())
 }
 
 /// The peer's rows (`id median_us` lines); empty, with a note, when it cannot run.
@@ -108,11 +164,16 @@ fn peer(a: &Args) -> HashMap<String, f64> {
     }
 }
 
+fn parse_mode(s: &str) -> Result<cpu::CpuMode, String> {
+    cpu::CpuMode::parse(s).ok_or_else(|| format!("'{s}': expected exact or fast"))
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
+    cpu::set_mode(a.cpu_mode);
     let threads = threads();
     let mut ours = Vec::new();
-    for n in [1024, 2048] {
+    for n in [1024, 2048].into_iter().filter(|_| !a.no_sgemm) {
         ours.push((
             format!("sgemm_{n}"),
             sgemm_us(n, a.reps)?,
@@ -122,9 +183,9 @@ fn main() -> Result<()> {
     if let Some(p) = &a.gpt_text {
         let text =
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-        ours.push(("gpt_cpu_step".into(), gpt_step_us(&text)?, 0.0));
+        ours.push(("gpt_cpu_step".into(), gpt_step_us(&text, a.profile)?, 0.0));
     }
-    let peers = peer(&a);
+    let peers = if a.no_peer { HashMap::new() } else { peer(&a) };
     let mut md = format!(
         "CPU rows, {threads} threads, median µs (SGEMM: {} timed calls after 3 warm-ups; GPT \
          step: 20 after 5), numpy and PyTorch CPU in the same run.\n\n\

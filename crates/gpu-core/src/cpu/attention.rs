@@ -1,7 +1,7 @@
 //! [`AttentionOps`] on the CPU: the reference. Straightforward loops over each sequence, every
 //! dot product and sum accumulated in f64; the f32 results are rounded once at the end.
 
-use super::{CpuBackend, CpuStorage};
+use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::attention::{check_bwd, check_fwd, AttentionOps};
 use rayon::prelude::*;
@@ -19,6 +19,7 @@ impl AttentionOps for CpuBackend {
         d: usize,
         scale: f32,
     ) -> Result<()> {
+        let _p = super::profile::scope("causal_attention_fwd");
         check_fwd(q, k, v, out, lse, n, t, d, scale)?;
         let (q, k, v) = (q.as_f32()?, k.as_f32()?, v.as_f32()?);
         let (out, lse) = (out.as_f32_mut()?, lse.as_f32_mut()?);
@@ -29,6 +30,17 @@ impl AttentionOps for CpuBackend {
         let outs = out
             .par_chunks_exact_mut(seq)
             .zip(lse.par_chunks_exact_mut(t));
+        if fast::fast() {
+            let isa = fast::Isa::best();
+            let scratch = || vec![0.0f32; seq + t];
+            outs.enumerate()
+                .for_each_init(scratch, |scratch, (b, (out, lse))| {
+                    let span = b * seq..(b + 1) * seq;
+                    let (q, k, v) = (&q[span.clone()], &k[span.clone()], &v[span]);
+                    fast::attention::fwd_seq(isa, q, k, v, out, lse, (t, d, scale), scratch);
+                });
+            return Ok(());
+        }
         outs.enumerate().for_each(|(b, (out, lse))| {
             let span = b * seq..(b + 1) * seq;
             let (o, l) = fwd_seq_f64(
@@ -65,6 +77,7 @@ impl AttentionOps for CpuBackend {
         d: usize,
         scale: f32,
     ) -> Result<()> {
+        let _p = super::profile::scope("causal_attention_bwd");
         check_bwd(q, k, v, out, lse, dout, dq, dk, dv, n, t, d, scale)?;
         let (q, k, v) = (q.as_f32()?, k.as_f32()?, v.as_f32()?);
         let (out, lse, dout) = (out.as_f32()?, lse.as_f32()?, dout.as_f32()?);
@@ -77,6 +90,25 @@ impl AttentionOps for CpuBackend {
             .par_chunks_exact_mut(seq)
             .zip(dk.par_chunks_exact_mut(seq));
         let grads = grads.zip(dv.par_chunks_exact_mut(seq));
+        if fast::fast() {
+            let isa = fast::Isa::best();
+            let scratch = || vec![0.0f32; 2 * (seq + t * t)];
+            grads
+                .enumerate()
+                .for_each_init(scratch, |scratch, (b, ((dq, dk), dv))| {
+                    let s = b * seq..(b + 1) * seq;
+                    let x = (
+                        &q[s.clone()],
+                        &k[s.clone()],
+                        &v[s.clone()],
+                        &out[s.clone()],
+                        &lse[b * t..(b + 1) * t],
+                        &dout[s],
+                    );
+                    fast::attention::bwd_seq(isa, x, (dq, dk, dv), (t, d, scale), scratch);
+                });
+            return Ok(());
+        }
         grads.enumerate().for_each(|(b, ((dq, dk), dv))| {
             let span = b * seq..(b + 1) * seq;
             let w = |x: &[f32]| widen(&x[span.clone()]);

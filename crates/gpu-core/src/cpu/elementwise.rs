@@ -3,7 +3,7 @@
 //! affine and dropout compute exactly what the kernels compute in f32.
 
 use super::par::{for_chunks, Strided};
-use super::{CpuBackend, CpuStorage};
+use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::elementwise::{
     check_broadcast, check_copy_blocks, check_dropout, check_max_axis_bwd, check_permute,
@@ -41,6 +41,7 @@ fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
 
 impl ElementwiseOps for CpuBackend {
     fn fill(&self, buf: &mut CpuStorage, value: f32) -> Result<()> {
+        let _p = super::profile::scope("fill");
         match buf {
             CpuStorage::F32(v) => v.fill(value),
             CpuStorage::F16(v) => v.fill(half::f16::from_f32(value)),
@@ -59,17 +60,66 @@ impl ElementwiseOps for CpuBackend {
         b_shape: &[usize],
         out: &mut CpuStorage,
     ) -> Result<()> {
+        let _p = super::profile::scope("broadcast_binary");
         let shape = check_broadcast(a, a_shape, b, b_shape, out)?;
         let (a, b, out) = (a.as_f32()?, b.as_f32()?, out.as_f32_mut()?);
         let sa = broadcast_strides(a_shape, &shape);
         let sb = broadcast_strides(b_shape, &shape);
-        Strided::new(&shape, &sa, &sb).fill(out, |ia, ib| op.eval(a[ia], b[ib]));
+        // Per row: the same `op.eval` per element as an element-by-element walk, with the op
+        // chosen once per row and contiguous or broadcast rows as plain slices (vectorized).
+        Strided::new(&shape, &sa, &sb).fill_rows(out, |o, ia, ib, step_a, step_b| {
+            let n = o.len();
+            macro_rules! rows {
+                ($f:expr) => {
+                    match (step_a, step_b) {
+                        (1, 1) => {
+                            for ((o, &x), &y) in
+                                o.iter_mut().zip(&a[ia..ia + n]).zip(&b[ib..ib + n])
+                            {
+                                *o = $f(x, y);
+                            }
+                        }
+                        (1, 0) => {
+                            let y = b[ib];
+                            for (o, &x) in o.iter_mut().zip(&a[ia..ia + n]) {
+                                *o = $f(x, y);
+                            }
+                        }
+                        (0, 1) => {
+                            let x = a[ia];
+                            for (o, &y) in o.iter_mut().zip(&b[ib..ib + n]) {
+                                *o = $f(x, y);
+                            }
+                        }
+                        _ => {
+                            for (e, o) in o.iter_mut().enumerate() {
+                                *o = $f(a[ia + e * step_a], b[ib + e * step_b]);
+                            }
+                        }
+                    }
+                };
+            }
+            match op {
+                BinaryKind::Add => rows!(|x: f32, y: f32| x + y),
+                BinaryKind::Sub => rows!(|x: f32, y: f32| x - y),
+                BinaryKind::Mul => rows!(|x: f32, y: f32| x * y),
+                BinaryKind::Div => rows!(|x: f32, y: f32| x / y),
+            }
+        });
         Ok(())
     }
 
     fn activation_fwd(&self, op: Activation, x: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
+        let _p = super::profile::scope("activation_fwd");
         check_elementwise("activation_fwd", &[x], out)?;
         let x = x.as_f32()?;
+        if op == Activation::Gelu && fast::fast() {
+            let isa = fast::Isa::best();
+            for_chunks(out.as_f32_mut()?, |off, o| {
+                fast::math::gelu_fwd(isa, &x[off..], o)
+            });
+            return Ok(());
+        }
         for_chunks(out.as_f32_mut()?, |off, o| {
             for (o, &v) in o.iter_mut().zip(&x[off..]) {
                 *o = op.eval(v as f64) as f32;
@@ -86,8 +136,16 @@ impl ElementwiseOps for CpuBackend {
         dy: &CpuStorage,
         dx: &mut CpuStorage,
     ) -> Result<()> {
+        let _p = super::profile::scope("activation_bwd");
         check_elementwise("activation_bwd", &[x, y, dy], dx)?;
         let (x, y, dy) = (x.as_f32()?, y.as_f32()?, dy.as_f32()?);
+        if op == Activation::Gelu && fast::fast() {
+            let isa = fast::Isa::best();
+            for_chunks(dx.as_f32_mut()?, |off, dx| {
+                fast::math::gelu_bwd(isa, &x[off..], &dy[off..], dx)
+            });
+            return Ok(());
+        }
         for_chunks(dx.as_f32_mut()?, |off, dx| {
             let (x, y, dy) = (&x[off..], &y[off..], &dy[off..]);
             for (i, d) in dx.iter_mut().enumerate() {
@@ -99,6 +157,7 @@ impl ElementwiseOps for CpuBackend {
 
     /// Computed as one fused multiply-add per element, as the kernel does.
     fn affine(&self, x: &CpuStorage, mul: f32, add: f32, out: &mut CpuStorage) -> Result<()> {
+        let _p = super::profile::scope("affine");
         check_elementwise("affine", &[x], out)?;
         let x = x.as_f32()?;
         for_chunks(out.as_f32_mut()?, |off, o| {
@@ -118,6 +177,7 @@ impl ElementwiseOps for CpuBackend {
         inner: usize,
         out: &mut CpuStorage,
     ) -> Result<()> {
+        let _p = super::profile::scope("reduce_axis");
         check_reduce(op, x, outer, n, inner, out)?;
         let (x, out) = (x.as_f32()?, out.as_f32_mut()?);
         if out.is_empty() {
@@ -166,6 +226,7 @@ impl ElementwiseOps for CpuBackend {
         inner: usize,
         dx: &mut CpuStorage,
     ) -> Result<()> {
+        let _p = super::profile::scope("max_axis_bwd");
         check_max_axis_bwd(x, y, dy, outer, n, inner, dx)?;
         let (x, y, dy, dx) = (x.as_f32()?, y.as_f32()?, dy.as_f32()?, dx.as_f32_mut()?);
         let mut found = vec![false; inner];
@@ -195,6 +256,7 @@ impl ElementwiseOps for CpuBackend {
         outer: usize,
         len: usize,
     ) -> Result<()> {
+        let _p = super::profile::scope("copy_blocks");
         check_copy_blocks(
             src, src_offset, src_stride, dst, dst_offset, dst_stride, outer, len,
         )?;
@@ -217,15 +279,25 @@ impl ElementwiseOps for CpuBackend {
         perm: &[usize],
         out: &mut CpuStorage,
     ) -> Result<()> {
+        let _p = super::profile::scope("permute");
         let out_shape = check_permute(x, shape, perm, out)?;
         let (x, out) = (x.as_f32()?, out.as_f32_mut()?);
         let in_strides = crate::Shape::from(shape).contiguous_strides();
         let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
-        Strided::new(&out_shape, &strides, &strides).fill(out, |i, _| x[i]);
+        Strided::new(&out_shape, &strides, &strides).fill_rows(out, |o, i, _, step, _| {
+            if step == 1 {
+                o.copy_from_slice(&x[i..i + o.len()]);
+            } else {
+                for (e, o) in o.iter_mut().enumerate() {
+                    *o = x[i + e * step];
+                }
+            }
+        });
         Ok(())
     }
 
     fn dropout(&self, x: &CpuStorage, p: f32, seed: u64, out: &mut CpuStorage) -> Result<()> {
+        let _p = super::profile::scope("dropout");
         check_dropout(x, p, out)?;
         let q = 1.0 - p;
         let x = x.as_f32()?;

@@ -3,7 +3,7 @@
 //! evaluated per element in f64 from the stored f32 values and rounded once.
 
 use super::par::GRAIN;
-use super::{CpuBackend, CpuStorage};
+use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::optim::{adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps};
 use rayon::prelude::*;
@@ -25,14 +25,20 @@ impl OptimOps for CpuBackend {
         max_norm: f32,
         out: &mut CpuStorage,
     ) -> Result<()> {
+        let _p = super::profile::scope("clip_coefficient");
         check_clip(grads, max_norm, out)?;
         let mut sum = 0.0f64;
+        let fast = fast::fast().then(fast::Isa::best);
         for g in grads {
-            sum += g
-                .as_f32()?
-                .iter()
-                .map(|&x| (x as f64) * (x as f64))
-                .sum::<f64>();
+            let g = g.as_f32()?;
+            sum += match fast {
+                Some(isa) => {
+                    let mut s = 0.0;
+                    fast::optim::sum_squares(isa, g, &mut s);
+                    s
+                }
+                None => g.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>(),
+            };
         }
         let norm = sum.sqrt();
         let out = out.as_f32_mut()?;
@@ -51,6 +57,7 @@ impl OptimOps for CpuBackend {
         grad_scale: Option<&CpuStorage>,
         cfg: AdamWConfig,
     ) -> Result<()> {
+        let _p = super::profile::scope("adamw_step");
         check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
         let coef = match grad_scale {
             Some(s) => s.as_f32()?[1] as f64,
@@ -58,6 +65,32 @@ impl OptimOps for CpuBackend {
         };
         let (step_size, bc2_sqrt) = adamw_scalars(cfg);
         let (b1, b2, eps) = (cfg.beta1 as f64, cfg.beta2 as f64, cfg.eps as f64);
+        if fast::fast() {
+            let isa = fast::Isa::best();
+            for i in 0..params.len() {
+                let s = fast::optim::AdamWScalars {
+                    coef: coef as f32,
+                    beta1: cfg.beta1,
+                    beta2: cfg.beta2,
+                    eps: cfg.eps,
+                    decay: (1.0 - cfg.lr as f64 * weight_decay[i] as f64) as f32,
+                    step_size: step_size as f32,
+                    bc2_sqrt: bc2_sqrt as f32,
+                };
+                let g = grads[i].as_f32()?;
+                let (p, mi, vi) = (
+                    params[i].as_f32_mut()?,
+                    m[i].as_f32_mut()?,
+                    v[i].as_f32_mut()?,
+                );
+                let chunks = p.par_chunks_mut(GRAIN).zip(mi.par_chunks_mut(GRAIN));
+                let chunks = chunks
+                    .zip(vi.par_chunks_mut(GRAIN))
+                    .zip(g.par_chunks(GRAIN));
+                chunks.for_each(|(((p, m), v), g)| fast::optim::adamw(isa, p, m, v, g, s));
+            }
+            return Ok(());
+        }
         for i in 0..params.len() {
             let decay = 1.0 - cfg.lr as f64 * weight_decay[i] as f64;
             let g = grads[i].as_f32()?;

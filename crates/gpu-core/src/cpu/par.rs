@@ -64,21 +64,23 @@ impl Strided {
         }
     }
 
-    /// Fills `out` (row-major over the shape) with `f(ia, ib)` of each element's two offsets,
-    /// in parallel over rows of the innermost dim.
-    pub(crate) fn fill(&self, out: &mut [f32], f: impl Fn(usize, usize) -> f32 + Sync) {
+    /// Calls `f(out_row, ia, ib, step_a, step_b)` on each innermost row of `out` (row-major over
+    /// the shape), in parallel: `ia`, `ib` are the offsets of the row's first element in the two
+    /// views and `step_a`, `step_b` their strides along the row. Lets a caller copy or combine
+    /// whole contiguous rows.
+    pub(crate) fn fill_rows(
+        &self,
+        out: &mut [f32],
+        f: impl Fn(&mut [f32], usize, usize, usize, usize) + Sync,
+    ) {
         let inner = *self.shape.last().expect("at least one dim");
         if out.is_empty() {
             return;
         }
-        let (ia_step, ib_step) = (self.sa[self.sa.len() - 1], self.sb[self.sb.len() - 1]);
+        let (sa, sb) = (self.sa[self.sa.len() - 1], self.sb[self.sb.len() - 1]);
         for_rows(out, inner, |r, o| {
-            let (mut ia, mut ib) = self.row_offsets(r);
-            for e in o {
-                *e = f(ia, ib);
-                ia += ia_step;
-                ib += ib_step;
-            }
+            let (ia, ib) = self.row_offsets(r);
+            f(o, ia, ib, sa, sb);
         });
     }
 
@@ -138,7 +140,11 @@ mod tests {
                 want.push((ia * 1000 + ib) as f32);
             }
             let mut got = vec![0.0; total];
-            Strided::new(shape, sa, sb).fill(&mut got, |ia, ib| (ia * 1000 + ib) as f32);
+            Strided::new(shape, sa, sb).fill_rows(&mut got, |o, ia, ib, step_a, step_b| {
+                for (e, o) in o.iter_mut().enumerate() {
+                    *o = ((ia + e * step_a) * 1000 + ib + e * step_b) as f32;
+                }
+            });
             assert_eq!(got, want, "shape {shape:?}");
         }
     }

@@ -2,7 +2,7 @@
 //! angles) is computed in f64 and rounded once to f32; `dw`/`db` are summed over rows in f64.
 
 use super::par::{column_sums, for_rows, min_rows};
-use super::{CpuBackend, CpuStorage};
+use super::{fast, CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
 use crate::nn::rows::{
     check_cross_entropy, check_embedding, check_eps, check_norm, check_rope, check_rows_bwd, RowOps,
@@ -35,6 +35,7 @@ fn check_ids(op: &'static str, what: &str, ids: &[u32], bound: usize) -> Result<
 
 impl RowOps for CpuBackend {
     fn softmax_fwd(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
+        let _p = super::profile::scope("softmax_fwd");
         check_rows("softmax_fwd", x, out, cols)?;
         let x = x.as_f32()?;
         for_rows(out.as_f32_mut()?, cols, |r, or| {
@@ -53,6 +54,7 @@ impl RowOps for CpuBackend {
         dx: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
+        let _p = super::profile::scope("softmax_bwd");
         check_rows_bwd("softmax_bwd", y, dy, dx, cols)?;
         let (y, dy) = (y.as_f32()?, dy.as_f32()?);
         for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
@@ -66,6 +68,7 @@ impl RowOps for CpuBackend {
     }
 
     fn log_softmax_fwd(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
+        let _p = super::profile::scope("log_softmax_fwd");
         check_rows("log_softmax_fwd", x, out, cols)?;
         let x = x.as_f32()?;
         for_rows(out.as_f32_mut()?, cols, |r, or| {
@@ -86,6 +89,7 @@ impl RowOps for CpuBackend {
         dx: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
+        let _p = super::profile::scope("log_softmax_bwd");
         check_rows_bwd("log_softmax_bwd", y, dy, dx, cols)?;
         let (y, dy) = (y.as_f32()?, dy.as_f32()?);
         for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
@@ -105,6 +109,7 @@ impl RowOps for CpuBackend {
         loss: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
+        let _p = super::profile::scope("cross_entropy_fwd");
         const OP: &str = "cross_entropy_fwd";
         check_cross_entropy(OP, logits, targets, loss, None, cols)?;
         let (x, t) = (logits.as_f32()?, targets.as_u32()?);
@@ -125,6 +130,7 @@ impl RowOps for CpuBackend {
         dlogits: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
+        let _p = super::profile::scope("cross_entropy_bwd");
         const OP: &str = "cross_entropy_bwd";
         check_cross_entropy(OP, logits, targets, dloss, Some(&*dlogits), cols)?;
         let (x, t, dl) = (logits.as_f32()?, targets.as_u32()?, dloss.as_f32()?);
@@ -151,6 +157,7 @@ impl RowOps for CpuBackend {
         cols: usize,
         eps: f32,
     ) -> Result<()> {
+        let _p = super::profile::scope("layernorm_fwd");
         const OP: &str = "layernorm_fwd";
         check_norm(
             OP,
@@ -163,6 +170,16 @@ impl RowOps for CpuBackend {
         check_eps(OP, eps)?;
         let (x, w, b) = (x.as_f32()?, w.as_f32()?, b.as_f32()?);
         let (mean, rstd) = (mean.as_f32_mut()?, rstd.as_f32_mut()?);
+        if fast::fast() {
+            let (isa, per) = (fast::Isa::best(), min_rows(cols));
+            let stats = mean.par_chunks_mut(per).zip(rstd.par_chunks_mut(per));
+            let chunks = y.as_f32_mut()?.par_chunks_mut(per * cols).zip(stats);
+            chunks.enumerate().for_each(|(c, (yc, (m, r)))| {
+                let xc = &x[c * per * cols..][..yc.len()];
+                fast::rows::layernorm_fwd(isa, xc, w, b, yc, (m, r), cols, eps);
+            });
+            return Ok(());
+        }
         let n = cols as f64;
         let stats = mean.par_iter_mut().zip(rstd.par_iter_mut());
         let rows = y.as_f32_mut()?.par_chunks_exact_mut(cols).zip(stats);
@@ -193,12 +210,34 @@ impl RowOps for CpuBackend {
         db: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
+        let _p = super::profile::scope("layernorm_bwd");
         const OP: &str = "layernorm_bwd";
         let params = [("w", w as _), ("dw", &*dw as _), ("db", &*db as _)];
         check_norm(OP, x, dx, &params, &[("mean", mean), ("rstd", rstd)], cols)?;
         check_rows_bwd(OP, x, dy, dx, cols)?;
         let (x, w, dy) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?);
         let (mean, rstd) = (mean.as_f32()?, rstd.as_f32()?);
+        if fast::fast() {
+            let (isa, per) = (fast::Isa::best(), min_rows(cols));
+            let chunks = dx.as_f32_mut()?.par_chunks_mut(per * cols).enumerate();
+            chunks.for_each(|(c, dxc)| {
+                let (r0, rows) = (c * per, dxc.len() / cols);
+                let e = r0 * cols..(r0 + rows) * cols;
+                let stats = (&mean[r0..r0 + rows], &rstd[r0..r0 + rows]);
+                let (xc, dyc) = (&x[e.clone()], &dy[e]);
+                fast::rows::layernorm_dx(isa, xc, w, stats, dyc, dxc, cols);
+            });
+            const BLOCK: usize = 64;
+            let blocks = dw.as_f32_mut()?.par_chunks_mut(BLOCK);
+            let blocks = blocks
+                .zip(db.as_f32_mut()?.par_chunks_mut(BLOCK))
+                .enumerate();
+            blocks.for_each(|(bi, (dwb, dbb))| {
+                let grads = (dwb, dbb);
+                fast::rows::layernorm_dwdb(isa, x, (mean, rstd), dy, grads, cols, bi * BLOCK);
+            });
+            return Ok(());
+        }
         let n = cols as f64;
         let xhat = |r: usize, i: usize| (x[r * cols + i] as f64 - mean[r] as f64) * rstd[r] as f64;
         for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
@@ -231,6 +270,7 @@ impl RowOps for CpuBackend {
         cols: usize,
         eps: f32,
     ) -> Result<()> {
+        let _p = super::profile::scope("rmsnorm_fwd");
         const OP: &str = "rmsnorm_fwd";
         check_norm(OP, x, y, &[("w", w)], &[("rstd", rstd)], cols)?;
         check_eps(OP, eps)?;
@@ -260,6 +300,7 @@ impl RowOps for CpuBackend {
         dw: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
+        let _p = super::profile::scope("rmsnorm_bwd");
         const OP: &str = "rmsnorm_bwd";
         let params = [("w", w as _), ("dw", &*dw as _)];
         check_norm(OP, x, dx, &params, &[("rstd", rstd)], cols)?;
@@ -295,6 +336,7 @@ impl RowOps for CpuBackend {
         base: f32,
         inverse: bool,
     ) -> Result<()> {
+        let _p = super::profile::scope("rope");
         check_rope(x, out, n, t, d, base)?;
         let (x, out) = (x.as_f32()?, out.as_f32_mut()?);
         let h = d / 2;
@@ -326,6 +368,7 @@ impl RowOps for CpuBackend {
         out: &mut CpuStorage,
         dim: usize,
     ) -> Result<()> {
+        let _p = super::profile::scope("embedding_fwd");
         const OP: &str = "embedding_fwd";
         let (_, vocab) = check_embedding(OP, ids, table, out, dim)?;
         let (ids, table) = (ids.as_u32()?, table.as_f32()?);
@@ -343,6 +386,7 @@ impl RowOps for CpuBackend {
         dtable: &mut CpuStorage,
         dim: usize,
     ) -> Result<()> {
+        let _p = super::profile::scope("embedding_bwd");
         const OP: &str = "embedding_bwd";
         let (_, vocab) = check_embedding(OP, ids, dtable, dout, dim)?;
         let (ids, dout) = (ids.as_u32()?, dout.as_f32()?);

@@ -1,0 +1,190 @@
+//! Causal attention of one sequence in f32 (the fast mode's kernel; the formulas are those of
+//! the f64 reference in `cpu/attention.rs`). The keys and values are transposed once per
+//! sequence so that a row of scores `q_i·k_j` (j <= i) is a vector loop over `j`, and each
+//! output row `Σ_j p_j v_j` a vector loop over the head width; every sum runs in a fixed order.
+
+use super::math::exp;
+use super::multiversion;
+
+/// `dst[c·t + j] = src[j·d + c]`: a `[t, d]` matrix transposed to `[d, t]`.
+#[inline(always)]
+fn transpose(src: &[f32], dst: &mut [f32], t: usize, d: usize) {
+    for (j, row) in src.chunks_exact(d).take(t).enumerate() {
+        for (c, &x) in row.iter().enumerate() {
+            dst[c * t + j] = x;
+        }
+    }
+}
+
+/// One sequence's backward inputs: `q`, `k`, `v`, `out`, `lse`, `dout`.
+pub(crate) type SeqIn<'a> = (
+    &'a [f32],
+    &'a [f32],
+    &'a [f32],
+    &'a [f32],
+    &'a [f32],
+    &'a [f32],
+);
+
+/// Outputs that one register block accumulates.
+const B: usize = 16;
+
+/// `s[j] = Σ_c a[c]·mt[c·t + j]` for `j < s.len()`, each summed over `c` in order; 16 outputs
+/// at a time held in registers.
+#[inline(always)]
+fn row_dots(a: &[f32], mt: &[f32], t: usize, s: &mut [f32]) {
+    for (jb, sb) in s.chunks_mut(B).enumerate() {
+        let (j0, w) = (jb * B, sb.len());
+        let mut acc = [0.0f32; B];
+        if w == B {
+            for (c, &ac) in a.iter().enumerate() {
+                let m = &mt[c * t + j0..][..B];
+                for l in 0..B {
+                    acc[l] += ac * m[l];
+                }
+            }
+        } else {
+            for (c, &ac) in a.iter().enumerate() {
+                for (al, &m) in acc.iter_mut().zip(&mt[c * t + j0..][..w]) {
+                    *al += ac * m;
+                }
+            }
+        }
+        sb.copy_from_slice(&acc[..w]);
+    }
+}
+
+/// `o[c] = Σ_j w(j)·x[j·d + c]` over the rows `j` in `rows` (in order), 16 outputs at a time
+/// held in registers.
+#[inline(always)]
+fn weighted_rows(
+    o: &mut [f32],
+    rows: std::ops::Range<usize>,
+    w: impl Fn(usize) -> f32,
+    x: &[f32],
+    d: usize,
+) {
+    for (cb, ob) in o.chunks_mut(B).enumerate() {
+        let (c0, n) = (cb * B, ob.len());
+        let mut acc = [0.0f32; B];
+        if n == B {
+            for j in rows.clone() {
+                let (p, xr) = (w(j), &x[j * d + c0..][..B]);
+                for l in 0..B {
+                    acc[l] += p * xr[l];
+                }
+            }
+        } else {
+            for j in rows.clone() {
+                let p = w(j);
+                for (al, &xv) in acc.iter_mut().zip(&x[j * d + c0..][..n]) {
+                    *al += p * xv;
+                }
+            }
+        }
+        ob.copy_from_slice(&acc[..n]);
+    }
+}
+
+/// Forward of one sequence: `q`, `k`, `v`, `out` are `[t, d]`, `lse` is `[t]`; `scratch` holds
+/// at least `t·d + t` floats.
+#[inline(always)]
+fn fwd_body(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    lse: &mut [f32],
+    dims: (usize, usize, f32),
+    scratch: &mut [f32],
+) {
+    let (t, d, scale) = dims;
+    let (kt, s) = scratch.split_at_mut(t * d);
+    transpose(k, kt, t, d);
+    for i in 0..t {
+        let s = &mut s[..=i];
+        row_dots(&q[i * d..(i + 1) * d], kt, t, s);
+        let mut max = f32::NEG_INFINITY;
+        for sj in s.iter_mut() {
+            *sj *= scale;
+            // NaN scores are skipped here (as f64::max does in the reference) and come back
+            // through exp below.
+            max = if *sj > max { *sj } else { max };
+        }
+        for sj in s.iter_mut() {
+            *sj = exp(*sj - max);
+        }
+        let sum = super::rows::sum2(s, s, |p, _| p);
+        let o = &mut out[i * d..(i + 1) * d];
+        weighted_rows(o, 0..i + 1, |j| s[j], v, d);
+        let inv = 1.0 / sum;
+        for oc in o.iter_mut() {
+            *oc *= inv;
+        }
+        lse[i] = max + sum.ln();
+    }
+}
+
+/// Backward of one sequence (the formulas of `AttentionOps::causal_attention_bwd`): `dq`, `dk`,
+/// `dv` are overwritten; `scratch` holds at least `2·t·d + 2·t·t` floats. First each row `i`
+/// of `P` and `dS·scale` and `dq_i`; then each `dk_j`, `dv_j` from column `j` of those.
+#[inline(always)]
+fn bwd_body(
+    x: SeqIn<'_>,
+    grads: (&mut [f32], &mut [f32], &mut [f32]),
+    dims: (usize, usize, f32),
+    scratch: &mut [f32],
+) {
+    let (q, k, v, out, lse, dout) = x;
+    let (dq, dk, dv) = grads;
+    let (t, d, scale) = dims;
+    let (kt, rest) = scratch.split_at_mut(t * d);
+    let (vt, rest) = rest.split_at_mut(t * d);
+    let (pm, rest) = rest.split_at_mut(t * t);
+    let dsm = &mut rest[..t * t];
+    transpose(k, kt, t, d);
+    transpose(v, vt, t, d);
+    for i in 0..t {
+        let row = i * d..(i + 1) * d;
+        let (qi, doi) = (&q[row.clone()], &dout[row.clone()]);
+        let delta = super::rows::sum2(doi, &out[row.clone()], |a, b| a * b);
+        let (p, ds) = (&mut pm[i * t..=i * t + i], &mut dsm[i * t..=i * t + i]);
+        row_dots(qi, kt, t, p);
+        row_dots(doi, vt, t, ds);
+        for (pj, dsj) in p.iter_mut().zip(ds.iter_mut()) {
+            *pj = exp(scale * *pj - lse[i]);
+            // dS·scale, the factor of both dq and dk.
+            *dsj = scale * (*pj * (*dsj - delta));
+        }
+        let ds = &*ds;
+        weighted_rows(&mut dq[row], 0..i + 1, |j| ds[j], k, d);
+    }
+    for j in 0..t {
+        let row = j * d..(j + 1) * d;
+        weighted_rows(&mut dv[row.clone()], j..t, |i| pm[i * t + j], dout, d);
+        weighted_rows(&mut dk[row], j..t, |i| dsm[i * t + j], q, d);
+    }
+}
+
+multiversion!(
+    /// Causal attention forward of one sequence (see [`fwd_body`]).
+    pub(crate) fn fwd_seq(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        out: &mut [f32],
+        lse: &mut [f32],
+        dims: (usize, usize, f32),
+        scratch: &mut [f32],
+    ) => fwd_body
+);
+
+multiversion!(
+    /// Causal attention backward of one sequence (see [`bwd_body`]).
+    pub(crate) fn bwd_seq(
+        x: SeqIn<'_>,
+        grads: (&mut [f32], &mut [f32], &mut [f32]),
+        dims: (usize, usize, f32),
+        scratch: &mut [f32],
+    ) => bwd_body
+);

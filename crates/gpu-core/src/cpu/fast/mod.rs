@@ -1,0 +1,175 @@
+//! The CPU backend's fast mode: f32 kernels for the ops that dominate training on the CPU
+//! (GELU, causal attention, LayerNorm, AdamW), written as plain loops that the compiler
+//! vectorizes, compiled three times (AVX-512, AVX2 + FMA, and the x86-64 baseline / other
+//! architectures) and picked at run time by `is_x86_feature_detected!` — never by
+//! `target-cpu=native`, so one binary runs on any x86-64 host.
+//!
+//! **Two modes.** [`CpuMode::Exact`] is the reference every CUDA kernel is tested against: row
+//! reductions and transcendentals in f64, rounded once. [`CpuMode::Fast`] computes in f32 as
+//! PyTorch's CPU kernels do (polynomial `exp` and `erfc`, f32 sums in a fixed lane order).
+//! Ops without a fast kernel, and every op whose exact form is already f32 (matmul, binary
+//! ops, copies), behave the same in both modes.
+//!
+//! **Choosing.** The process-wide mode is `Exact` unless [`set_mode`] changes it; the training
+//! binaries choose `Fast` (their `--cpu-mode` flag, or `HYBRID_CPU_MODE=exact|fast`).
+//! [`with_mode`] overrides it on the calling thread for a closure (tests). The mode is read when
+//! an op starts, on the thread that calls it.
+//!
+//! **Determinism.** Every fast kernel computes each output from a fixed sequence of f32
+//! operations with no fused multiply-add, so the three instruction-set builds give bit-identical
+//! results (tested), and work is split only between independent rows or sequences, so results do
+//! not depend on the thread count either.
+//!
+//! **Accuracy.** Each kernel's tests in `tests.rs` state the bound they check against the exact
+//! reference, derived from the number and size of the summed terms.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+pub(crate) mod attention;
+pub(crate) mod math;
+pub(crate) mod optim;
+pub(crate) mod rows;
+
+#[cfg(test)]
+mod tests;
+
+/// How the CPU backend computes the ops that have a fast kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuMode {
+    /// The f64 reference (the default).
+    #[default]
+    Exact,
+    /// f32 SIMD kernels (training).
+    Fast,
+}
+
+impl CpuMode {
+    /// Parses `exact` or `fast`.
+    pub fn parse(s: &str) -> Option<CpuMode> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "exact" => Some(CpuMode::Exact),
+            "fast" => Some(CpuMode::Fast),
+            _ => None,
+        }
+    }
+}
+
+/// The environment variable that the binaries read for the mode (`exact` or `fast`).
+pub const CPU_MODE_ENV: &str = "HYBRID_CPU_MODE";
+
+static MODE: AtomicU8 = AtomicU8::new(0);
+
+thread_local! {
+    static OVERRIDE: Cell<Option<CpuMode>> = const { Cell::new(None) };
+}
+
+/// Sets the process-wide mode.
+pub fn set_mode(mode: CpuMode) {
+    MODE.store(mode as u8, Ordering::Relaxed);
+}
+
+/// The mode in force on this thread: its [`with_mode`] override, else the process-wide one.
+pub fn mode() -> CpuMode {
+    OVERRIDE
+        .with(|o| o.get())
+        .unwrap_or(match MODE.load(Ordering::Relaxed) {
+            0 => CpuMode::Exact,
+            _ => CpuMode::Fast,
+        })
+}
+
+/// Runs `f` with `mode` in force on this thread (restored afterwards, also on a panic).
+pub fn with_mode<R>(mode: CpuMode, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<CpuMode>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OVERRIDE.with(|o| o.set(self.0));
+        }
+    }
+    let _r = Restore(OVERRIDE.with(|o| o.replace(Some(mode))));
+    f()
+}
+
+pub(crate) fn fast() -> bool {
+    mode() == CpuMode::Fast
+}
+
+/// The instruction-set level the fast kernels run at on this host: `avx512`, `avx2` or `scalar`.
+pub fn isa_name() -> &'static str {
+    match Isa::best() {
+        Isa::Scalar => "scalar",
+        Isa::Avx2 => "avx2",
+        Isa::Avx512 => "avx512",
+    }
+}
+
+/// An instruction-set level that the fast kernels are compiled for. Crate-private: the only
+/// values handed to kernels come from [`Isa::available`] / [`Isa::best`], which is what makes
+/// the `unsafe` calls of [`multiversion`] sound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// The architecture's baseline (SSE2 on x86-64): the fallback.
+    Scalar,
+    /// AVX2 + FMA.
+    Avx2,
+    /// AVX-512 F + VL.
+    Avx512,
+}
+
+impl Isa {
+    /// The best level this host supports (detected once).
+    pub fn best() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| *Isa::available().last().expect("Scalar is always available"))
+    }
+
+    /// Every level this host can run, lowest first.
+    pub fn available() -> Vec<Isa> {
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                v.push(Isa::Avx2);
+                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+                    v.push(Isa::Avx512);
+                }
+            }
+        }
+        v
+    }
+}
+
+/// Defines `pub(crate) fn $name(isa: Isa, args...)` that runs the `#[inline(always)]` body
+/// function `$body` compiled for `isa`: the body is instantiated inside one
+/// `#[target_feature]` function per level, so the compiler vectorizes it for that level.
+macro_rules! multiversion {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $body:path) => {
+        $(#[$doc])*
+        $vis fn $name(isa: $crate::cpu::fast::Isa, $($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+            fn avx512($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa` is crate-private and its values come only from
+                // `Isa::available` / `Isa::best`, which hand out `Avx512` only where the host
+                // has AVX-512 F + VL, AVX2 and FMA.
+                $crate::cpu::fast::Isa::Avx512 => unsafe { avx512($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above, `Avx2` only where the host has AVX2 and FMA.
+                $crate::cpu::fast::Isa::Avx2 => unsafe { avx2($($arg),*) },
+                _ => $body($($arg),*),
+            }
+        }
+    };
+}
+pub(crate) use multiversion;

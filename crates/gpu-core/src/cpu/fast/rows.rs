@@ -1,0 +1,153 @@
+//! LayerNorm forward and backward in f32 (the fast mode's kernels; the formulas are the f64
+//! reference's in `cpu/rows.rs`). Row sums run over 16 lanes in a fixed order (the lanes, then
+//! the lane totals, then the tail), so every level computes the same bits.
+
+use super::multiversion;
+
+const LANES: usize = 16;
+
+/// `Σ f(a[i], b[i])` over 16 lanes in a fixed order (see the module doc).
+#[inline(always)]
+pub(crate) fn sum2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (xa, xb) in ca.zip(cb) {
+        for l in 0..LANES {
+            acc[l] += f(xa[l], xb[l]);
+        }
+    }
+    let mut s = 0.0f32;
+    for a in acc {
+        s += a;
+    }
+    for (&xa, &xb) in ra.iter().zip(rb) {
+        s += f(xa, xb);
+    }
+    s
+}
+
+/// LayerNorm forward of whole rows: `x`, `y` hold the same number of `cols`-wide rows, `mean`
+/// and `rstd` one value per row.
+#[inline(always)]
+fn layernorm_fwd_body(
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    y: &mut [f32],
+    stats: (&mut [f32], &mut [f32]),
+    cols: usize,
+    eps: f32,
+) {
+    let n = cols as f32;
+    let rows = x.chunks_exact(cols).zip(y.chunks_exact_mut(cols));
+    for ((xr, yr), (mean, rstd)) in rows.zip(stats.0.iter_mut().zip(stats.1.iter_mut())) {
+        let mu = sum2(xr, xr, |v, _| v) / n;
+        let var = sum2(xr, xr, |v, _| (v - mu) * (v - mu)) / n;
+        let rs = 1.0 / (var + eps).sqrt();
+        for (((o, &v), &wi), &bi) in yr.iter_mut().zip(xr).zip(w).zip(b) {
+            *o = (v - mu) * rs * wi + bi;
+        }
+        (*mean, *rstd) = (mu, rs);
+    }
+}
+
+/// LayerNorm backward of whole rows: `dx` from `x`, `w`, the saved `mean`/`rstd` and `dy`.
+#[inline(always)]
+fn layernorm_dx_body(
+    x: &[f32],
+    w: &[f32],
+    stats: (&[f32], &[f32]),
+    dy: &[f32],
+    dx: &mut [f32],
+    cols: usize,
+) {
+    let n = cols as f32;
+    let rows = x.chunks_exact(cols).zip(dy.chunks_exact(cols));
+    let rows = rows.zip(dx.chunks_exact_mut(cols));
+    for (((xr, dyr), dxr), (&mu, &rs)) in rows.zip(stats.0.iter().zip(stats.1)) {
+        let sg = sum2(dyr, w, |g, wi| g * wi);
+        // Σ g·x̂ with x̂ = (x − μ)·rs; the products are formed as in the loop below.
+        let mut acc = [0.0f32; LANES];
+        let chunks = xr.chunks_exact(LANES).zip(dyr.chunks_exact(LANES));
+        for (k, (xc, gc)) in chunks.enumerate() {
+            for l in 0..LANES {
+                let i = k * LANES + l;
+                acc[l] += gc[l] * w[i] * ((xc[l] - mu) * rs);
+            }
+        }
+        let mut sgx = 0.0f32;
+        for a in acc {
+            sgx += a;
+        }
+        for i in cols / LANES * LANES..cols {
+            sgx += dyr[i] * w[i] * ((xr[i] - mu) * rs);
+        }
+        for (i, o) in dxr.iter_mut().enumerate() {
+            let xhat = (xr[i] - mu) * rs;
+            *o = rs * (dyr[i] * w[i] - (sg + xhat * sgx) / n);
+        }
+    }
+}
+
+/// `dw[c] = Σ_r dy[r, c0 + c]·x̂[r, c0 + c]` and `db[c] = Σ_r dy[r, c0 + c]` for the columns
+/// `c0..c0 + dw.len()`, each summed over the rows in order.
+#[inline(always)]
+fn layernorm_dwdb_body(
+    x: &[f32],
+    stats: (&[f32], &[f32]),
+    dy: &[f32],
+    grads: (&mut [f32], &mut [f32]),
+    cols: usize,
+    c0: usize,
+) {
+    let (dw, db) = grads;
+    let width = dw.len();
+    dw.fill(0.0);
+    db.fill(0.0);
+    for (r, (&mu, &rs)) in stats.0.iter().zip(stats.1).enumerate() {
+        let xr = &x[r * cols + c0..][..width];
+        let dyr = &dy[r * cols + c0..][..width];
+        for (((w, b), &xv), &g) in dw.iter_mut().zip(db.iter_mut()).zip(xr).zip(dyr) {
+            *w += g * ((xv - mu) * rs);
+            *b += g;
+        }
+    }
+}
+
+multiversion!(
+    /// LayerNorm forward of whole rows (see [`layernorm_fwd_body`]).
+    pub(crate) fn layernorm_fwd(
+        x: &[f32],
+        w: &[f32],
+        b: &[f32],
+        y: &mut [f32],
+        stats: (&mut [f32], &mut [f32]),
+        cols: usize,
+        eps: f32,
+    ) => layernorm_fwd_body
+);
+
+multiversion!(
+    /// LayerNorm backward's `dx` of whole rows (see [`layernorm_dx_body`]).
+    pub(crate) fn layernorm_dx(
+        x: &[f32],
+        w: &[f32],
+        stats: (&[f32], &[f32]),
+        dy: &[f32],
+        dx: &mut [f32],
+        cols: usize,
+    ) => layernorm_dx_body
+);
+
+multiversion!(
+    /// LayerNorm backward's `dw`, `db` of a block of columns (see [`layernorm_dwdb_body`]).
+    pub(crate) fn layernorm_dwdb(
+        x: &[f32],
+        stats: (&[f32], &[f32]),
+        dy: &[f32],
+        grads: (&mut [f32], &mut [f32]),
+        cols: usize,
+        c0: usize,
+    ) => layernorm_dwdb_body
+);
