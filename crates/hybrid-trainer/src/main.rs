@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use gpu_core::cpu::{CpuMode, CPU_MODE_ENV};
 use gpu_core::Device;
 
 #[derive(Parser)]
@@ -18,6 +19,11 @@ struct Cli {
     /// Device: auto (GPU when present, else CPU), cpu, cuda or cuda:N. Overrides $HYBRID_DEVICE.
     #[arg(long, global = true, default_value = "auto", value_parser = parse_device)]
     device: DeviceChoice,
+    /// How the CPU computes (docs/cpu-speed.md): fast (f32 SIMD kernels, the default for
+    /// training) or exact (the f64 reference; the default of parity-dump). Overrides
+    /// $HYBRID_CPU_MODE.
+    #[arg(long, global = true, value_parser = parse_cpu_mode)]
+    cpu_mode: Option<CpuMode>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -66,6 +72,22 @@ fn parse_device(s: &str) -> Result<DeviceChoice, String> {
     }
 }
 
+fn parse_cpu_mode(s: &str) -> Result<CpuMode, String> {
+    CpuMode::parse(s).ok_or_else(|| format!("'{s}': expected exact or fast"))
+}
+
+/// The CPU mode: the flag, else `$HYBRID_CPU_MODE`, else `default`.
+fn cpu_mode(flag: Option<CpuMode>, default: CpuMode) -> Result<CpuMode> {
+    if let Some(m) = flag {
+        return Ok(m);
+    }
+    match std::env::var(CPU_MODE_ENV) {
+        Ok(v) => CpuMode::parse(&v)
+            .ok_or_else(|| anyhow::anyhow!("{CPU_MODE_ENV}={v:?}: expected exact or fast")),
+        Err(_) => Ok(default),
+    }
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -84,7 +106,23 @@ fn main() -> Result<()> {
             d
         }
     };
-    match cli.cmd.unwrap_or(Cmd::Run(cli.job)) {
+    let cmd = cli.cmd.unwrap_or(Cmd::Run(cli.job));
+    let default_mode = match cmd {
+        Cmd::ParityDump { .. } => CpuMode::Exact,
+        _ => CpuMode::Fast,
+    };
+    let mode = cpu_mode(cli.cpu_mode, default_mode)?;
+    gpu_core::cpu::set_mode(mode);
+    if device == Device::Cpu {
+        match mode {
+            CpuMode::Fast => println!(
+                "cpu mode fast (f32 kernels, {}; --cpu-mode exact for the f64 reference)",
+                gpu_core::cpu::isa_name()
+            ),
+            CpuMode::Exact => println!("cpu mode exact (the f64 reference)"),
+        }
+    }
+    match cmd {
         Cmd::Run(args) => {
             hybrid_trainer::job::run(device, &args)?;
         }
