@@ -9,6 +9,7 @@ Rows (one `id median_us` line each, then a JSON list):
                            `GptConfig::tiny`), one training step:
                            batch, forward, backward, clip 1.0, AdamW (non-fused, CPU), loss.item()
 Usage: python3 benches/torch_cpu_peer.py [--reps N] [--gpt-text FILE] [--threads N]
+                                        [--sizes 1024,1536,2048]
 """
 import argparse
 import json
@@ -32,7 +33,9 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--gpt-text", default=None)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sizes", default="1024,2048", help="SGEMM sizes, comma-separated ('' for none)")
     args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     rows = []
 
     def add(id_, us):
@@ -41,7 +44,7 @@ def main():
 
     import numpy as np
     rng = np.random.default_rng(1)
-    for n in (1024, 2048):
+    for n in sizes:
         a = rng.uniform(-2, 2, (n, n)).astype(np.float32)
         b = rng.uniform(-2, 2, (n, n)).astype(np.float32)
         add(f"numpy_sgemm_{n}", median_us(lambda: a @ b, args.reps))
@@ -51,7 +54,7 @@ def main():
         torch = None
     if torch is not None:
         torch.set_num_threads(args.threads)
-        for n in (1024, 2048):
+        for n in sizes:
             a = torch.rand(n, n) * 4 - 2
             b = torch.rand(n, n) * 4 - 2
             add(f"torch_sgemm_{n}", median_us(lambda: torch.mm(a, b), args.reps))

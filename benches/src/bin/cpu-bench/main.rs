@@ -1,6 +1,7 @@
-//! `cpu-bench`: the CPU path's SGEMM (1024³, 2048³) and the tiny GPT's training step, beside
-//! numpy and PyTorch CPU timed in the same run (`benches/torch_cpu_peer.py`, same thread count).
-//! Prints a markdown table and writes it to `--out`.
+//! `cpu-bench`: the CPU path's SGEMM (1024³, 1536³, 2048³) and the tiny GPT's training step,
+//! beside numpy and PyTorch CPU timed in the same run (`benches/torch_cpu_peer.py`, same thread
+//! count), in `--rounds` interleaved rounds (ours, then the peer, per round). Prints a markdown
+//! table of medians over the rounds with their range and writes it to `--out`.
 
 use anyhow::{Context, Result};
 use benches::median;
@@ -31,6 +32,12 @@ struct Args {
     /// Text for the GPT training-step row; the row is skipped without it.
     #[arg(long)]
     gpt_text: Option<PathBuf>,
+    /// Rounds, each timing ours and then the peer.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// SGEMM sizes n (n × n × n).
+    #[arg(long, value_delimiter = ',', default_value = "1024,1536,2048")]
+    sizes: Vec<usize>,
     /// Skip the SGEMM rows (profiling the GPT step alone).
     #[arg(long)]
     no_sgemm: bool,
@@ -137,8 +144,15 @@ fn print_profile(step: &mut impl FnMut() -> Result<()>) -> Result<()> {
 /// The peer's rows (`id median_us` lines); empty, with a note, when it cannot run.
 fn peer(a: &Args) -> HashMap<String, f64> {
     let mut cmd = Command::new(&a.python);
+    let sizes: Vec<String> = a.sizes.iter().map(|n| n.to_string()).collect();
+    let sizes = if a.no_sgemm {
+        String::new()
+    } else {
+        sizes.join(",")
+    };
     cmd.arg(&a.peer)
         .args(["--reps", &a.reps.to_string()])
+        .arg(format!("--sizes={sizes}"))
         .args(["--threads", &threads().to_string()]);
     if let Some(t) = &a.gpt_text {
         cmd.arg("--gpt-text").arg(t);
@@ -168,50 +182,96 @@ fn parse_mode(s: &str) -> Result<cpu::CpuMode, String> {
     cpu::CpuMode::parse(s).ok_or_else(|| format!("'{s}': expected exact or fast"))
 }
 
+/// `median (min–max)` of per-round values.
+fn spread(v: &[f64], digits: usize) -> String {
+    if v.is_empty() {
+        return "-".into();
+    }
+    let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:.digits$} ({lo:.digits$}–{hi:.digits$})", median(v))
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     cpu::set_mode(a.cpu_mode);
     let threads = threads();
-    let mut ours = Vec::new();
-    for n in [1024, 2048].into_iter().filter(|_| !a.no_sgemm) {
-        ours.push((
-            format!("sgemm_{n}"),
-            sgemm_us(n, a.reps)?,
-            2.0 * (n as f64).powi(3),
-        ));
+    let text = match &a.gpt_text {
+        Some(p) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
+        None => None,
+    };
+    // Per row: (id, work: flops or tokens, is_gpt), and per round the µs of ours and the peers'.
+    let mut rows: Vec<(String, f64, bool)> = Vec::new();
+    if !a.no_sgemm {
+        for &n in &a.sizes {
+            rows.push((format!("sgemm_{n}"), 2.0 * (n as f64).powi(3), false));
+        }
     }
-    if let Some(p) = &a.gpt_text {
-        let text =
-            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-        ours.push(("gpt_cpu_step".into(), gpt_step_us(&text, a.profile)?, 0.0));
+    if text.is_some() {
+        rows.push(("gpt_cpu_step".into(), 12.0 * 64.0, true));
     }
-    let peers = if a.no_peer { HashMap::new() } else { peer(&a) };
+    let mut ours: HashMap<String, Vec<f64>> = HashMap::new();
+    let mut peers: HashMap<String, Vec<f64>> = HashMap::new();
+    for round in 0..a.rounds {
+        for (id, _, gpt) in &rows {
+            let us = match (gpt, &text) {
+                (true, Some(t)) => gpt_step_us(t, a.profile && round == 0)?,
+                _ => sgemm_us(id["sgemm_".len()..].parse()?, a.reps)?,
+            };
+            ours.entry(id.clone()).or_default().push(us);
+        }
+        if !a.no_peer {
+            for (id, us) in peer(&a) {
+                peers.entry(id).or_default().push(us);
+            }
+        }
+        eprintln!("round {} of {} done", round + 1, a.rounds);
+    }
     let mut md = format!(
-        "CPU rows, {threads} threads, median µs (SGEMM: {} timed calls after 3 warm-ups; GPT \
-         step: 20 after 5), numpy and PyTorch CPU in the same run.\n\n\
-         | row | ours (µs) | ours | numpy (µs) | torch (µs) | numpy / ours | torch / ours |\n\
-         |---|---:|---:|---:|---:|---:|---:|\n",
-        a.reps
+        "CPU rows, {threads} threads, {} interleaved rounds (ours, then numpy and PyTorch \
+         CPU, per round); each round's figure is a median (SGEMM: {} timed calls after 3 \
+         warm-ups; GPT step: 20 after 5); cells are the median over the rounds (min–max). \
+         Ours in CPU mode {:?} ({}). OPENBLAS_CORETYPE removed from the peer's environment.\n\n\
+         | row | ours | numpy | PyTorch | ours / numpy | ours / PyTorch |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+        a.rounds,
+        a.reps,
+        a.cpu_mode,
+        cpu::isa_name()
     );
-    for (id, us, flops) in &ours {
-        let rate = if *flops > 0.0 {
-            format!("{:.0} GFLOP/s", flops / us / 1e3)
-        } else {
-            format!("{:.1}K tok/s", 12.0 * 64.0 / us * 1e3)
+    for (id, work, gpt) in &rows {
+        // Rates: GFLOP/s for SGEMM, K tokens/s for the GPT step.
+        let rate = |us: f64| {
+            if *gpt {
+                work / us * 1e3
+            } else {
+                work / us / 1e3
+            }
         };
-        let np = peers.get(&format!("numpy_{id}")).copied();
-        let th = peers
-            .get(&format!("torch_{id}"))
-            .or_else(|| peers.get(id))
-            .copied();
-        let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
-        let r = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.2}", v / us));
+        let get = |m: &HashMap<String, Vec<f64>>, k: &str| m.get(k).cloned().unwrap_or_default();
+        let o: Vec<f64> = get(&ours, id).into_iter().map(rate).collect();
+        let np: Vec<f64> = get(&peers, &format!("numpy_{id}"))
+            .into_iter()
+            .map(rate)
+            .collect();
+        let mut th = get(&peers, &format!("torch_{id}"));
+        if *gpt {
+            th = get(&peers, id);
+        }
+        let th: Vec<f64> = th.into_iter().map(rate).collect();
+        // Ratios per round (the rounds pair up in order).
+        let ratio = |p: &[f64]| -> Vec<f64> { o.iter().zip(p).map(|(x, y)| x / y).collect() };
+        let unit = if *gpt { "K tok/s" } else { "GFLOP/s" };
+        let d = if *gpt { 1 } else { 0 };
         md += &format!(
-            "| {id} | {us:.1} | {rate} | {} | {} | {} | {} |\n",
-            f(np),
-            f(th),
-            r(np),
-            r(th)
+            "| {id} ({unit}) | {} | {} | {} | {} | {} |\n",
+            spread(&o, d),
+            spread(&np, d),
+            spread(&th, d),
+            spread(&ratio(&np), 2),
+            spread(&ratio(&th), 2)
         );
     }
     print!("{md}");
