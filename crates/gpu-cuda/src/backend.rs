@@ -1,6 +1,7 @@
 //! [`CudaBackend`]: one CUDA device, its context, stream, module cache, pool and cuBLAS handle.
 
 use crate::error::{check, drv, free_bytes};
+use crate::gate::{Gate, Locked, Pass};
 use crate::launch::{self, KernelArg, LaunchConfig, LaunchPath};
 use crate::module::{ImageKind, ModuleCache};
 use crate::pool::{CudaBuffer, MemoryPool, PoolStats};
@@ -43,6 +44,7 @@ struct Inner {
     tf32: AtomicBool,
     path: AtomicU8,
     image: AtomicU8,
+    gate: Gate,
 }
 
 /// A CUDA device. Cloning is cheap and shares everything.
@@ -129,6 +131,7 @@ impl CudaBackend {
                 tf32: AtomicBool::new(false),
                 path: AtomicU8::new(0),
                 image: AtomicU8::new(0),
+                gate: Gate::default(),
             }),
         };
         backend.set_launch_path(path);
@@ -167,6 +170,17 @@ impl CudaBackend {
     /// ([`CudaBuffer::owner`]), and every entry point rejects buffers of other instances.
     pub fn id(&self) -> u64 {
         self.inner.id
+    }
+
+    /// Passage through this instance's stream gate (`crate::gate`): held by every entry point
+    /// while it queues work, so that no work of another thread lands in a graph being captured.
+    pub(crate) fn pass(&self) -> Pass<'_> {
+        self.inner.gate.pass(self.id())
+    }
+
+    /// The exclusive passage a capture holds.
+    pub(crate) fn gate(&self) -> &Gate {
+        &self.inner.gate
     }
 
     /// Fails with [`GpuError::ForeignBuffer`] unless every buffer came from this instance.
@@ -228,6 +242,8 @@ impl CudaBackend {
 
     /// Returns the pool's cached blocks to the driver.
     pub fn empty_cache(&self) -> Result<()> {
+        // cuMemFree synchronises: not while another thread captures a graph.
+        let _pass = self.pass();
         self.inner.pool.empty_cache()
     }
 
@@ -237,7 +253,8 @@ impl CudaBackend {
     }
 
     /// The cuSOLVER dense handle on this backend's stream, created on first use.
-    pub(crate) fn solver(&self) -> Result<std::sync::MutexGuard<'_, DnHandle>> {
+    pub(crate) fn solver(&self) -> Result<Locked<'_, DnHandle>> {
+        let pass = self.pass();
         let solver = self.inner.solver.get_or_init(|| {
             // SAFETY: only probes whether the library can be opened.
             if !unsafe { cudarc::cusolver::sys::is_culib_present() } {
@@ -248,13 +265,17 @@ impl CudaBackend {
                 .map_err(|e| format!("cusolverDnCreate failed: {e:?}"))
         });
         match solver {
-            Ok(m) => Ok(m.lock().unwrap_or_else(|p| p.into_inner())),
+            Ok(m) => Ok(Locked::new(
+                pass,
+                m.lock().unwrap_or_else(|p| p.into_inner()),
+            )),
             Err(e) => Err(GpuError::CudaUnavailable(e.clone())),
         }
     }
 
     /// The cuBLAS handle, created on first use.
-    pub(crate) fn blas(&self) -> Result<std::sync::MutexGuard<'_, CudaBlas>> {
+    pub(crate) fn blas(&self) -> Result<Locked<'_, CudaBlas>> {
+        let pass = self.pass();
         let blas = self.inner.blas.get_or_init(|| {
             // SAFETY: only probes whether the library can be opened.
             if !unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -265,7 +286,10 @@ impl CudaBackend {
                 .map_err(|e| format!("cublasCreate failed: {e:?}"))
         });
         match blas {
-            Ok(m) => Ok(m.lock().unwrap_or_else(|p| p.into_inner())),
+            Ok(m) => Ok(Locked::new(
+                pass,
+                m.lock().unwrap_or_else(|p| p.into_inner()),
+            )),
             Err(e) => Err(GpuError::CudaUnavailable(e.clone())),
         }
     }
@@ -280,6 +304,7 @@ impl CudaBackend {
     pub unsafe fn launch(&self, kernel: &str, cfg: LaunchConfig, args: &[KernelArg]) -> Result<()> {
         launch::check_config(kernel, &cfg)?;
         launch::check_owners(kernel, self.id(), args)?;
+        let _pass = self.pass();
         let (ctx, stream, kind) = (&self.inner.ctx, &self.inner.stream, self.image_kind());
         // By-value struct parameters exist only on the raw driver path.
         let path = match args.iter().any(KernelArg::is_bytes) {
@@ -348,6 +373,7 @@ impl CudaBackend {
         args: &[KernelArg],
     ) -> Result<()> {
         let f = self.checked_raw_function(kernel, &cfg, args)?;
+        let _pass = self.pass();
         self.bind()?;
         allow_dynamic_smem(f.func, cfg.shared_mem_bytes)?;
         // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
@@ -367,6 +393,7 @@ impl CudaBackend {
         args: &[KernelArg],
     ) -> Result<()> {
         let f = self.checked_raw_function(kernel, &cfg, args)?;
+        let _pass = self.pass();
         // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
         unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, true, 0) }
     }
@@ -384,6 +411,7 @@ impl CudaBackend {
         cluster: u32,
     ) -> Result<()> {
         let f = self.checked_raw_function(kernel, &cfg, args)?;
+        let _pass = self.pass();
         // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
         unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, true, cluster) }
     }
@@ -473,6 +501,7 @@ impl CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
+        let _pass = self.pass();
         self.bind()?;
         // SAFETY: both buffers are live and hold `size_in_bytes` bytes (checked above).
         unsafe {
@@ -492,6 +521,7 @@ impl CudaBackend {
         if buf.is_empty() {
             return Ok(());
         }
+        let _pass = self.pass();
         self.bind()?;
         // SAFETY: the buffer holds `len` 4-byte elements and is live.
         crate::error::check("cuMemsetD32Async", unsafe {
@@ -509,6 +539,7 @@ impl CudaBackend {
         if buf.is_empty() {
             return Ok(());
         }
+        let _pass = self.pass();
         self.bind()?;
         // SAFETY: the buffer holds `len` 2-byte elements and is live.
         crate::error::check("cuMemsetD16Async", unsafe {
@@ -559,6 +590,7 @@ impl Backend for CudaBackend {
         if src.is_empty() {
             return Ok(());
         }
+        let _pass = self.pass();
         self.bind()?;
         // SAFETY: `dst` holds exactly `src.len()` elements of T (checked above); the stream is
         // synchronised before `src` can be dropped.
@@ -573,6 +605,7 @@ impl Backend for CudaBackend {
         if dst.is_empty() {
             return Ok(());
         }
+        let _pass = self.pass();
         self.bind()?;
         // SAFETY: `src` holds exactly `dst.len()` elements of T (checked above); the stream is
         // synchronised before `dst` is read.
@@ -582,6 +615,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        let _pass = self.pass();
         self.inner
             .stream
             .synchronize()

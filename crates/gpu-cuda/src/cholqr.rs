@@ -74,6 +74,12 @@ impl CholQrWork {
         Ok(self.flag_bits(gpu)? & CHOLQR_BREAKDOWN != 0)
     }
 
+    /// Queues the flag's reset to 0 (so that one scratch serves many calls, also inside a
+    /// captured graph).
+    pub fn clear_flag(&mut self, gpu: &CudaBackend) -> Result<()> {
+        gpu.memset32(&mut self.flag, 0)
+    }
+
     /// The flag, for kernels that report into the same word (`crate::small_svd`).
     pub fn flag_mut(&mut self) -> &mut CudaBuffer {
         &mut self.flag
@@ -97,17 +103,7 @@ impl CudaBackend {
         work: &mut CholQrWork,
     ) -> Result<()> {
         const OP: &str = "cholqr2_cm";
-        check_mat(OP, "A", a, rows, cols, lda)?;
-        if rows < cols || rows > work.rows || cols > work.cols {
-            return Err(GpuError::invalid(
-                OP,
-                format!(
-                    "needs cols <= rows, within the scratch's {}×{}; got {rows}×{cols}",
-                    work.rows, work.cols
-                ),
-            ));
-        }
-        self.check_owned(OP, &[a, &work.q, &work.gram, &work.rinv, &work.flag])?;
+        self.cholqr_checks(OP, (rows, cols), (a, lda), work)?;
         if cols == 0 {
             return Ok(());
         }
@@ -139,6 +135,63 @@ impl CudaBackend {
             0.0,
             (a, lda),
         )
+    }
+
+    /// One pass of Cholesky QR on the column-major `rows × cols` `A` (`rows >= cols`,
+    /// `cols <= 64`): `out` (`rows × cols`, its own buffer) becomes `A·R⁻¹`, whose columns span
+    /// the same space as `A`'s and are
+    /// orthonormal to `u·κ(A)²` (Yamamoto et al. 2015), not to working precision. For the
+    /// intermediate bases of a subspace iteration, whose next product needs a well-conditioned
+    /// basis of the right span, not an orthonormal one. Queued only; a non-positive pivot sets
+    /// `work`'s flag (bit 0).
+    pub fn cholqr1_cm(
+        &self,
+        (rows, cols): (usize, usize),
+        (a, lda): (&CudaBuffer, usize),
+        (out, ldo): (&mut CudaBuffer, usize),
+        work: &mut CholQrWork,
+    ) -> Result<()> {
+        const OP: &str = "cholqr1_cm";
+        self.cholqr_checks(OP, (rows, cols), (a, lda), work)?;
+        check_mat(OP, "out", out, rows, cols, ldo)?;
+        self.check_owned(OP, &[out])?;
+        if cols == 0 {
+            return Ok(());
+        }
+        let CholQrWork {
+            gram, rinv, flag, ..
+        } = work;
+        self.cholqr_pass((rows, cols), (a, lda), (gram, rinv, flag), false)?;
+        self.gemm_cm(
+            (false, false),
+            (rows, cols, cols),
+            1.0,
+            (a, lda),
+            (rinv, cols),
+            0.0,
+            (out, ldo),
+        )
+    }
+
+    /// The checks both Cholesky QR entry points make.
+    fn cholqr_checks(
+        &self,
+        op: &'static str,
+        (rows, cols): (usize, usize),
+        (a, lda): (&CudaBuffer, usize),
+        work: &CholQrWork,
+    ) -> Result<()> {
+        check_mat(op, "A", a, rows, cols, lda)?;
+        if rows < cols || rows > work.rows || cols > work.cols {
+            return Err(GpuError::invalid(
+                op,
+                format!(
+                    "needs cols <= rows, within the scratch's {}×{}; got {rows}×{cols}",
+                    work.rows, work.cols
+                ),
+            ));
+        }
+        self.check_owned(op, &[a, &work.q, &work.gram, &work.rinv, &work.flag])
     }
 
     /// `gram = YᵀY` (in parts), then `rinv = R⁻¹` of its Cholesky factor.
@@ -201,13 +254,13 @@ impl CudaBackend {
         ];
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (if l <= 32 { 256 } else { 1024 }, 1, 1),
+            block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: chol_rinv_f32(const float* g, unsigned nparts, float* rinv, unsigned* flag,
         // unsigned l, unsigned check); g holds nparts·l·l f32 and rinv l·l (checked), flag one
-        // u32, l <= 64 (the kernel's static tile), and 256 threads for l <= 32, else 1024, as
-        // the kernel's row groups assume (at most 4 rows a thread).
+        // u32, l <= 64 (the kernel's static tile), and the 1024 threads its launch bounds and
+        // its named barrier (up to 256 of them) assume.
         unsafe { self.launch("chol_rinv_f32", cfg, &args) }
     }
 }

@@ -118,7 +118,7 @@ impl CudaBackend {
     fn blas_full_f32(
         &self,
     ) -> Result<(
-        std::sync::MutexGuard<'_, cudarc::cublas::CudaBlas>,
+        crate::gate::Locked<'_, cudarc::cublas::CudaBlas>,
         blas::cublasHandle_t,
     )> {
         let guard = self.blas()?;

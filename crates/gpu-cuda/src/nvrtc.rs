@@ -132,6 +132,7 @@ impl CudaBackend {
     ) -> Result<()> {
         launch::check_config(&kernel.name, &cfg)?;
         launch::check_owners(&kernel.name, self.id(), args)?;
+        let _pass = self.pass();
         // SAFETY: this function's contract (arguments match the kernel, live buffers); the
         // module behind `kernel` stays loaded while `kernel` lives.
         match &kernel.handle {

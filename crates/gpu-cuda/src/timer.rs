@@ -27,6 +27,7 @@ impl GpuTimer {
 
     /// Records the start on the stream.
     pub fn start(&self, backend: &CudaBackend) -> Result<()> {
+        let _pass = backend.pass();
         self.start
             .record(backend.stream())
             .map_err(drv("cuEventRecord"))
@@ -34,6 +35,7 @@ impl GpuTimer {
 
     /// Records the stop, waits for it, and returns the elapsed milliseconds.
     pub fn stop(&self, backend: &CudaBackend) -> Result<f32> {
+        let _pass = backend.pass();
         self.stop
             .record(backend.stream())
             .map_err(drv("cuEventRecord"))?;

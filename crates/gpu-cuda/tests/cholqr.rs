@@ -189,22 +189,27 @@ fn gpu_chol_rinv_matches_its_reference() {
             close_to_reference(&format!("{rows}×{l} κ≈{kappa:e}"), &got, &want, &y, l);
         }
     }
-    // G given as parts (as the Gram product writes it): three random f32 parts whose f64 sum
-    // is G; kernel and reference add them the same way.
-    let (rows, l) = (120, 20);
-    let y = tall(&mut r, rows, l, 10.0);
-    let g = gram(&y, rows, l);
-    let mut parts = vec![0.0f32; 3 * l * l];
-    for e in 0..l * l {
-        let (a, b) = (r.random_range(-1.0f32..1.0), r.random_range(-1.0f32..1.0));
-        parts[e] = a;
-        parts[l * l + e] = b;
-        parts[2 * l * l + e] = ((f64::from(g[e]) - f64::from(a)) - f64::from(b)) as f32;
+    // G given as parts (as the Gram product writes it): random f32 parts whose f64 sum is G;
+    // kernel and reference add them the same way. 21 parts cross the kernel's batches of 16
+    // loads in flight.
+    for (rows, l, nparts) in [(120, 20, 3), (150, 40, 21)] {
+        let y = tall(&mut r, rows, l, 10.0);
+        let g = gram(&y, rows, l);
+        let mut parts = vec![0.0f32; nparts * l * l];
+        for e in 0..l * l {
+            let mut rest = f64::from(g[e]);
+            for p in 0..nparts - 1 {
+                let a = r.random_range(-1.0f32..1.0);
+                parts[p * l * l + e] = a;
+                rest -= f64::from(a);
+            }
+            parts[(nparts - 1) * l * l + e] = rest as f32;
+        }
+        let (want, wf) = chol_rinv_reference(&parts, nparts, l, false).unwrap();
+        let (got, gf) = chol_gpu(&gpu, &parts, l, false);
+        assert_eq!((gf, wf), (0, 0), "{nparts} parts");
+        close_to_reference(&format!("{nparts} parts"), &got, &want, &y, l);
     }
-    let (want, wf) = chol_rinv_reference(&parts, 3, l, false).unwrap();
-    let (got, gf) = chol_gpu(&gpu, &parts, l, false);
-    assert_eq!((gf, wf), (0, 0));
-    close_to_reference("three parts", &got, &want, &y, l);
 
     // Breakdowns, as the reference flags them; the factor stays finite.
     for (g, l, check) in [
@@ -327,4 +332,67 @@ fn gpu_cholqr2_orthonormalises_and_keeps_the_span() {
         .is_err());
     assert!(gpu.cholqr2_cm((5, 12), (&mut q, 5), &mut work).is_err());
     assert!(CholQrWork::new(&gpu, 100, 65).is_err());
+}
+
+/// κ₂(Y) in f64, from the eigenvalues of its exact Gram matrix.
+fn kappa2(y: &[f32], rows: usize, l: usize) -> f64 {
+    let g = nalgebra::DMatrix::from_fn(l, l, |a, b| {
+        (0..rows)
+            .map(|i| f64::from(y[i + a * rows]) * f64::from(y[i + b * rows]))
+            .sum::<f64>()
+    });
+    let e = g.symmetric_eigenvalues();
+    (e.max() / e.min()).sqrt()
+}
+
+/// One pass (`cholqr1_cm`, the intermediate bases of the randomized SVD): within the theorem's
+/// range (8·κ₂²·(rows·l + l(l+1))·u <= 1), Yamamoto et al. bound the first pass' ‖QᵀQ − I‖ by
+/// 5/8 of that quantity (plus the rounding of the product); the input is left alone.
+#[test]
+fn gpu_cholqr1_keeps_the_span_within_its_orthogonality_bound() {
+    let test = "gpu_cholqr1_keeps_the_span_within_its_orthogonality_bound";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    // κ small enough for the theorem's range at these sizes (8·κ²·rows·l·u <= 1 needs
+    // κ <= ~5 at 1024 × 64).
+    for (rows, l, kappa) in [
+        (40, 1, 1.0),
+        (1000, 32, 2.0),
+        (1024, 64, 2.0),
+        (3000, 33, 2.0),
+    ] {
+        let y = tall(&mut r, rows, l, kappa);
+        let k = kappa2(&y, rows, l);
+        let quantity = 8.0 * k * k * ((rows * l + l * (l + 1)) as f64) * U;
+        assert!(
+            quantity <= 1.0,
+            "{rows}×{l}: κ₂ {k:.3e} outside the theorem's range"
+        );
+        let a = gpu.upload(&y).unwrap();
+        let mut out = gpu.upload(&vec![f32::NAN; rows * l]).unwrap();
+        let mut work = CholQrWork::new(&gpu, rows, l).unwrap();
+        gpu.cholqr1_cm((rows, l), (&a, rows), (&mut out, rows), &mut work)
+            .unwrap();
+        assert!(!work.failed(&gpu).unwrap(), "{rows}×{l}: flagged");
+        assert_eq!(gpu.download::<f32>(&a).unwrap(), y, "the input changed");
+        let q: Vec<f32> = gpu.download(&out).unwrap();
+        let e = orth_err(&q, rows, l);
+        let bound = 5.0 / 8.0 * quantity + 2.0 * ((rows * l) as f64) * U;
+        eprintln!("{rows}×{l} κ≈{kappa:e} (κ₂ {k:.3e}): ‖QᵀQ − I‖ {e:.3e} (bound {bound:.3e})");
+        assert!(e <= bound, "{rows}×{l}: orthogonality {e:e} > {bound:e}");
+    }
+    // `out` too small, or the input wider than tall: typed errors, nothing queued.
+    let y = tall(&mut r, 100, 8, 1.0);
+    let a = gpu.upload(&y).unwrap();
+    let mut work = CholQrWork::new(&gpu, 100, 8).unwrap();
+    let mut short = gpu.allocate(DType::F32, 100 * 8 - 1).unwrap();
+    assert!(gpu
+        .cholqr1_cm((100, 8), (&a, 100), (&mut short, 100), &mut work)
+        .is_err());
+    let mut out = gpu.allocate(DType::F32, 100 * 8).unwrap();
+    assert!(gpu
+        .cholqr1_cm((4, 8), (&a, 4), (&mut out, 4), &mut work)
+        .is_err());
 }

@@ -73,6 +73,7 @@ mod rollout_cuda;
 pub mod svd;
 mod svd_cuda;
 pub mod svd_gram;
+mod svd_graph;
 mod train;
 
 pub use accelerator::{Engine, GpuAccelerator};

@@ -13,7 +13,8 @@
 use crate::error::AcceleratorError;
 use crate::lowrank::LowRank;
 use crate::svd::{full_svd, SvdOptions};
-use gpu_cuda::cholqr::{gram_chunk, CholQrWork, CHOLQR_BREAKDOWN, CHOLQR_MAX_COLS};
+use crate::svd_graph::Fast;
+use gpu_cuda::cholqr::CHOLQR_MAX_COLS;
 use gpu_cuda::linalg::SolverInfo;
 use gpu_cuda::small_svd::SMALL_SVD_MAX;
 use gpu_cuda::{CudaBackend, CudaBuffer};
@@ -27,14 +28,20 @@ const ENTRY: &str = "compress_residuals";
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SvdMethod {
     /// Halko, Martinsson and Tropp's algorithm as written in [`crate::svd::randomized_svd`],
-    /// on cuBLAS, each orthonormalisation by Cholesky QR2 (`gpu_cuda::cholqr`) and the small
-    /// SVD by one-sided Jacobi (`gpu_cuda::small_svd`), for sketch widths `k + p <= 64`. A
+    /// on cuBLAS, the final bases (of the sketch and of `Bᵀ`) orthonormalised by Cholesky QR2
+    /// and the intermediate ones of the power iterations by one pass of it
+    /// (`gpu_cuda::cholqr`), and the small SVD by one-sided Jacobi (`gpu_cuda::small_svd`),
+    /// for sketch widths `k + p <= 64`. A
     /// breakdown of Cholesky QR (a sketch too ill-conditioned for f32, an exactly
     /// rank-deficient one) is flagged on the device and read at the call's one
     /// synchronisation; the call is then redone as [`SvdMethod::HalkoHouseholder`]. A zero
     /// singular value among the first `k` sends the small SVD to the host.
+    /// Replayed as one CUDA graph from the second call of a shape on (`crate::svd_graph`).
     #[default]
     Halko,
+    /// The same as [`SvdMethod::Halko`], with every operation issued one by one instead of
+    /// replayed from a captured graph (the results are bit for bit the same): for comparison.
+    HalkoEager,
     /// The same algorithm with cuSOLVER's Householder QR (`geqrf` + `orgqr`) at every
     /// orthonormalisation and the small SVD in f64 on the host (nalgebra): unconditionally
     /// stable, and slower (docs/benchmarks.md). On the CPU the same as `Halko`.
@@ -98,15 +105,17 @@ pub(crate) fn randomized_svd_cuda(
     };
     let (x, scale) = normalised(a, max)?;
     match opts.method {
-        SvdMethod::Halko => match halko(&x, scale, rank, opts, Ortho::CholQr2)? {
-            Some(f) => Ok(f),
-            None => halko(&x, scale, rank, opts, Ortho::Householder)?.ok_or_else(|| {
-                AcceleratorError::InvalidArgument {
-                    entry: ENTRY,
-                    reason: "Householder QR reported a breakdown".into(),
-                }
-            }),
-        },
+        SvdMethod::Halko | SvdMethod::HalkoEager => {
+            match halko(&x, scale, rank, opts, Ortho::CholQr2)? {
+                Some(f) => Ok(f),
+                None => halko(&x, scale, rank, opts, Ortho::Householder)?.ok_or_else(|| {
+                    AcceleratorError::InvalidArgument {
+                        entry: ENTRY,
+                        reason: "Householder QR reported a breakdown".into(),
+                    }
+                }),
+            }
+        }
         SvdMethod::HalkoHouseholder => halko(&x, scale, rank, opts, Ortho::Householder)?
             .ok_or_else(|| AcceleratorError::InvalidArgument {
                 entry: ENTRY,
@@ -134,6 +143,8 @@ enum Outcome {
     Done(CudaBuffer, CudaBuffer, CudaBuffer),
     /// The small SVD is the host's to take: `Y`, `Q₂` and `R`.
     Host(CudaBuffer, CudaBuffer, Vec<f64>),
+    /// The fast path failed with this error.
+    Failed(AcceleratorError),
 }
 
 /// Halko et al. on the device; see the module docs for the layout. `None` when Cholesky QR
@@ -154,20 +165,24 @@ fn halko(
     let fast = ortho == Ortho::CholQr2 && l <= CHOLQR_MAX_COLS.min(SMALL_SVD_MAX);
     // Sketch, power iterations, Bᵀ = Xᵀ·Y and the R of its QR, all queued on the stream.
     let outcome = a.with_cuda_buffer(|gpu, x| {
-        // 2 QRs per power iteration, one for the sketch, one for Bᵀ; 2 info slots each.
-        // Either Cholesky QR's scratch and flag, or cuSOLVER's info slots.
-        let (mut work, mut info) = if fast {
-            (Some(CholQrWork::new(gpu, r.max(c), l)?), None)
-        } else {
-            let slots = 2 * (2 * opts.power_iters + 2);
-            (None, Some(SolverInfo::new(gpu, slots)?))
+        if fast {
+            let eager = opts.method == SvdMethod::HalkoEager;
+            let dims = (m, n, k, l);
+            return Ok(
+                match crate::svd_graph::halko_fast(gpu, x, dims, scale, opts, eager) {
+                    Ok(Fast::Redo) => Outcome::Redo,
+                    Ok(Fast::Done(u, s, v)) => Outcome::Done(u, s, v),
+                    Ok(Fast::Host(y, q2, small)) => Outcome::Host(y, q2, small),
+                    Err(e) => Outcome::Failed(e),
+                },
+            );
+        }
+        // Householder QR (cuSOLVER): 2 QRs per power iteration, one for the sketch, one for
+        // Bᵀ; 2 info slots each.
+        let mut info = SolverInfo::new(gpu, 2 * (2 * opts.power_iters + 2))?;
+        let mut ortho = |(rows, cols): (usize, usize), q: &mut CudaBuffer| {
+            gpu.orthonormalize_cm((rows, cols), (q, rows), &mut info)
         };
-        let mut ortho =
-            |(rows, cols): (usize, usize), q: &mut CudaBuffer| match (&mut work, &mut info) {
-                (Some(w), _) => gpu.cholqr2_cm((rows, cols), (q, rows), w),
-                (None, Some(i)) => gpu.orthonormalize_cm((rows, cols), (q, rows), i),
-                (None, None) => Err(GpuError::invalid(ENTRY, "no orthonormalisation")),
-            };
         let mut omega = alloc(gpu, c * l)?;
         gpu.fill_randn(&mut omega, opts.seed)?;
         let mut y = alloc(gpu, r * l)?;
@@ -191,44 +206,17 @@ fn halko(
         xt_times(&y, &mut z)?;
         gpu.copy_buffer(&z, &mut omega)?;
         ortho((c, l), &mut z)?;
-        // R = Q₂ᵀ·Bᵀ as a sum of parts (see `gemm_tn_parts_cm`), added up by its consumer.
-        let chunk = if fast { gram_chunk(c) } else { c.max(1) };
-        let mut rr = alloc(gpu, c.div_ceil(chunk) * l * l)?;
-        let parts = gpu.gemm_tn_parts_cm(c, (l, l), (&z, c), (&omega, c), chunk, &mut rr)?;
-        if let Some(w) = work.as_mut() {
-            // R = Ũ·Σ·Ṽᵀ on the device, then the factors (below), then the one
-            // synchronisation: the flag that Cholesky QR and the small SVD report into.
-            let (mut ur, mut vr, mut s) = (alloc(gpu, l * k)?, alloc(gpu, l * k)?, alloc(gpu, k)?);
-            gpu.jacobi_svd_cm(
-                (l, k),
-                (&rr, parts),
-                1.0 / scale,
-                &mut ur,
-                &mut s,
-                &mut vr,
-                w.flag_mut(),
-            )?;
-            let (u_out, v_out) = factors(gpu, (m, n, k, l), (&ur, &vr), (&z, &y))?;
-            let bits = w.flag_bits(gpu)?;
-            if bits & CHOLQR_BREAKDOWN != 0 {
-                return Ok(Outcome::Redo);
-            }
-            if bits == 0 {
-                return Ok(Outcome::Done(u_out, s, v_out));
-            }
-            // The small SVD found a zero singular value (or no convergence, or an overflow):
-            // the host's exact SVD completes the factors.
-        } else if let Some(i) = &info {
-            i.check(gpu, ENTRY)?;
-        }
-        // R for the host: its parts added in f64.
-        let all: Vec<f32> = gpu_core::Backend::download(gpu, &rr)?;
-        let small: Vec<f64> = (0..l * l)
-            .map(|e| (0..parts).map(|p| f64::from(all[p * l * l + e])).sum())
+        let mut rr = alloc(gpu, l * l)?;
+        gpu.gemm_tn_parts_cm(c, (l, l), (&z, c), (&omega, c), c.max(1), &mut rr)?;
+        info.check(gpu, ENTRY)?;
+        let small: Vec<f64> = gpu_core::Backend::download::<f32>(gpu, &rr)?
+            .into_iter()
+            .map(f64::from)
             .collect();
         Ok(Outcome::Host(y, z, small))
     })?;
     let (y, q2, small) = match outcome {
+        Outcome::Failed(e) => return Err(e),
         Outcome::Redo => return Ok(None),
         Outcome::Done(u, s, v) => {
             return Ok(Some(LowRank::trusted(
@@ -278,13 +266,30 @@ fn factors(
     (ur, vr): (&CudaBuffer, &CudaBuffer),
     (q2, y): (&CudaBuffer, &CudaBuffer),
 ) -> Result<(CudaBuffer, CudaBuffer), GpuError> {
-    let (r, c) = (n, m);
     let mut u_out = alloc(gpu, m * k)?;
     let mut v_out = alloc(gpu, n * k)?;
-    let tt = (true, true);
-    gpu.gemm_cm(tt, (k, c, l), 1.0, (ur, l), (q2, c), 0.0, (&mut u_out, k))?;
-    gpu.gemm_cm(tt, (k, r, l), 1.0, (vr, l), (y, r), 0.0, (&mut v_out, k))?;
+    factors_into(
+        gpu,
+        (m, n, k, l),
+        (ur, vr),
+        (q2, y),
+        (&mut u_out, &mut v_out),
+    )?;
     Ok((u_out, v_out))
+}
+
+/// [`factors`] into given buffers (queued only).
+pub(crate) fn factors_into(
+    gpu: &CudaBackend,
+    (m, n, k, l): (usize, usize, usize, usize),
+    (ur, vr): (&CudaBuffer, &CudaBuffer),
+    (q2, y): (&CudaBuffer, &CudaBuffer),
+    (u_out, v_out): (&mut CudaBuffer, &mut CudaBuffer),
+) -> Result<(), GpuError> {
+    let (r, c) = (n, m);
+    let tt = (true, true);
+    gpu.gemm_cm(tt, (k, c, l), 1.0, (ur, l), (q2, c), 0.0, (u_out, k))?;
+    gpu.gemm_cm(tt, (k, r, l), 1.0, (vr, l), (y, r), 0.0, (v_out, k))
 }
 
 /// The factors as tensors; `s` descending, finite (the caller checked the input).

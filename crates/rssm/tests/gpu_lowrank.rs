@@ -35,9 +35,10 @@ fn residual(a: &DMatrix<f64>, c: &LowRank) -> f64 {
     (a - f(&h.u) * s * f(&h.v).transpose()).norm()
 }
 
-fn methods() -> [SvdMethod; 3] {
+fn methods() -> [SvdMethod; 4] {
     [
         SvdMethod::Halko,
+        SvdMethod::HalkoEager,
         SvdMethod::HalkoHouseholder,
         SvdMethod::CusolverGesvdr,
     ]
@@ -415,4 +416,53 @@ fn gpu_apply_corrections_refuses_bad_input_and_leaves_the_weights() {
     let e = acc.apply_corrections(&w, &aliased).unwrap_err();
     assert!(matches!(e, AcceleratorError::Tensor(_)), "{e}");
     assert!(same(&w, &wv));
+}
+
+/// `Halko` replays a captured graph from the second call of a shape on; `HalkoEager` issues
+/// the same operations one by one. Same inputs, same seed: the same bits, whichever call of the
+/// plan it is (first: eager, second: capture, later: replay), when the inputs and seeds change
+/// between calls, and after more shapes than the plan cache keeps have pushed a plan out.
+#[test]
+fn gpu_halko_graph_replays_match_eager_calls_bit_for_bit() {
+    let Some((d, mut r)) = gpu("gpu_halko_graph_replays_match_eager_calls_bit_for_bit") else {
+        return;
+    };
+    let acc = GpuAccelerator::new(d).unwrap();
+    let bits = |c: &LowRank| {
+        let h = c.host().unwrap();
+        let all = h.u.iter().chain(h.s.iter()).chain(h.v.iter());
+        all.map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    // Each shape's eager call comes first, so its `Halko` call is the plan's second (a
+    // capture) or later (a replay). Three shapes three times, then six (more than the cache's
+    // four plans), then the first two again (fresh plans).
+    let shapes = [
+        (96, 80, 4),
+        (64, 120, 6),
+        (200, 50, 3),
+        (72, 72, 8),
+        (130, 90, 5),
+        (40, 64, 2),
+    ];
+    let order = [0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5, 0, 1];
+    for (call, &i) in order.iter().enumerate() {
+        let (m, n, k) = shapes[i];
+        let sigma: Vec<f64> = (0..m.min(n)).map(|j| 0.8f64.powi(j as i32)).collect();
+        let a = tensor(&with_spectrum(&mut r, m, n, &sigma), d);
+        let seed = call as u64;
+        let run = |method| {
+            let o = SvdOptions {
+                seed,
+                ..opts(method)
+            };
+            acc.compress_residuals(&a, k, &o).unwrap()
+        };
+        let eager = run(SvdMethod::HalkoEager);
+        let graph = run(SvdMethod::Halko);
+        assert_eq!(
+            bits(&graph),
+            bits(&eager),
+            "call {call}: {m}×{n} rank {k}, seed {seed}"
+        );
+    }
 }

@@ -121,6 +121,7 @@ pub(crate) fn measure(reps: usize) -> Result<Vec<Row>> {
         let a = low_rank_plus_noise(m, n, k, d)?;
         for (name, method, p) in [
             ("svd", SvdMethod::Halko, 0),
+            ("svd_eager", SvdMethod::HalkoEager, 0),
             ("svd_householder", SvdMethod::HalkoHouseholder, 0),
             ("gesvdr", SvdMethod::CusolverGesvdr, 0),
         ] {

@@ -1,0 +1,134 @@
+//! CUDA graphs (`gpu_cuda::graph`): a capture records without running, a replay runs what was
+//! recorded on the buffers' current contents, a failed capture leaves the stream usable, and
+//! other threads' work for the same backend never lands in a graph being captured (the stream
+//! gate). Tests named `gpu_*` skip with a printed reason without a GPU.
+
+mod common;
+
+use common::*;
+use gpu_core::{Backend, GpuError};
+use gpu_cuda::testing::backend_or_skip;
+use gpu_cuda::CudaBackend;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// `c = b·b` (column-major n × n) after `b = a`: the sequence the tests capture.
+fn queue(
+    gpu: &CudaBackend,
+    n: usize,
+    bufs: (
+        &gpu_cuda::CudaBuffer,
+        &mut gpu_cuda::CudaBuffer,
+        &mut gpu_cuda::CudaBuffer,
+    ),
+) -> gpu_core::Result<()> {
+    let (a, b, c) = bufs;
+    gpu.copy_buffer(a, b)?;
+    gpu.gemm_cm((false, false), (n, n, n), 1.0, (b, n), (b, n), 0.0, (c, n))
+}
+
+#[test]
+fn gpu_captured_graphs_replay_what_they_recorded() {
+    let test = "gpu_captured_graphs_replay_what_they_recorded";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut r, _) = rng(test);
+    let n = 48;
+    let a = up(&gpu, &random_vec(&mut r, n * n, 1.0));
+    let mut b = up(&gpu, &vec![f32::NAN; n * n]);
+    let mut c = up(&gpu, &vec![f32::NAN; n * n]);
+    let graph = gpu.capture(|g| queue(g, n, (&a, &mut b, &mut c))).unwrap();
+    // Recorded, not run.
+    assert!(down(&gpu, &c).iter().all(|v| v.is_nan()));
+    // The same sequence issued eagerly into other buffers is the reference.
+    let (mut b2, mut c2) = (up(&gpu, &vec![0.0; n * n]), up(&gpu, &vec![0.0; n * n]));
+    queue(&gpu, n, (&a, &mut b2, &mut c2)).unwrap();
+    gpu.launch_graph(&graph).unwrap();
+    assert_eq!(down(&gpu, &c), down(&gpu, &c2));
+    // A replay reads the buffers' contents at replay time.
+    let a_new = random_vec(&mut r, n * n, 2.0);
+    let mut a_buf = a;
+    gpu.copy_to_device(&a_new, &mut a_buf).unwrap();
+    gpu.launch_graph(&graph).unwrap();
+    gpu.launch_graph(&graph).unwrap();
+    queue(&gpu, n, (&a_buf, &mut b2, &mut c2)).unwrap();
+    assert_eq!(down(&gpu, &c), down(&gpu, &c2));
+    // Another backend instance refuses the graph.
+    let other = CudaBackend::new(0).unwrap();
+    assert!(other.launch_graph(&graph).is_err());
+}
+
+#[test]
+fn gpu_failed_captures_are_typed_errors_and_leave_the_stream_usable() {
+    let test = "gpu_failed_captures_are_typed_errors_and_leave_the_stream_usable";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut r, _) = rng(test);
+    let x = random_vec(&mut r, 1000, 1.0);
+    let a = up(&gpu, &x);
+    let mut b = up(&gpu, &vec![0.0; 1000]);
+    // The closure's own error comes back.
+    let e = gpu
+        .capture(|g| {
+            g.copy_buffer(&a, &mut b)?;
+            Err(GpuError::invalid("test", "stop here"))
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("stop here"), "{e}");
+    // An empty capture is an error too.
+    assert!(gpu.capture(|_| Ok(())).is_err());
+    // Nothing of the above ran, and the stream works.
+    assert!(down(&gpu, &b).iter().all(|&v| v == 0.0));
+    gpu.copy_buffer(&a, &mut b).unwrap();
+    assert_eq!(down(&gpu, &b), x);
+}
+
+#[test]
+fn gpu_other_threads_work_waits_while_a_graph_is_captured() {
+    let test = "gpu_other_threads_work_waits_while_a_graph_is_captured";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut r, _) = rng(test);
+    let n = 64;
+    let a = up(&gpu, &random_vec(&mut r, n * n, 1.0));
+    let mut b = up(&gpu, &vec![0.0; n * n]);
+    let mut c = up(&gpu, &vec![0.0; n * n]);
+    let worker_seed: u64 = r.random();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Another thread copies and reads back all along: each of its round trips must see
+        // its own data (none of its copies swallowed by a graph, no read-back refused).
+        let worker = s.spawn(|| {
+            let mut rounds = 0u32;
+            let mut local = StdRng::seed_from_u64(worker_seed);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 20 {
+                let x = random_vec(&mut local, 4096, 1.0);
+                let src = up(&gpu, &x);
+                let mut dst = up(&gpu, &vec![0.0; 4096]);
+                gpu.copy_buffer(&src, &mut dst).unwrap();
+                assert_eq!(down(&gpu, &dst), x, "round {rounds}");
+                rounds += 1;
+            }
+            rounds
+        });
+        for _ in 0..30 {
+            let graph = gpu
+                .capture(|g| {
+                    for _ in 0..8 {
+                        queue(g, n, (&a, &mut b, &mut c))?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            gpu.launch_graph(&graph).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let rounds = worker.join().unwrap();
+        eprintln!("{test}: the other thread made {rounds} round trips");
+    });
+    let (mut b2, mut c2) = (up(&gpu, &vec![0.0; n * n]), up(&gpu, &vec![0.0; n * n]));
+    queue(&gpu, n, (&a, &mut b2, &mut c2)).unwrap();
+    assert_eq!(down(&gpu, &c), down(&gpu, &c2));
+}
