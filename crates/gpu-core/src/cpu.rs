@@ -13,7 +13,8 @@ use half::{bf16, f16};
 
 pub use fast::{isa_name, mode, set_mode, with_mode, CpuMode, CPU_MODE_ENV};
 pub use host::{
-    out_of_memory, try_filled_vec, try_to_vec, try_vec_with_capacity, try_zeroed_vec, ZeroBits,
+    keep_freed_host_memory, out_of_memory, try_filled_vec, try_to_vec, try_vec_with_capacity,
+    try_zeroed_vec, ZeroBits,
 };
 
 /// Host memory of one dtype.

@@ -114,6 +114,8 @@ fn main() -> Result<()> {
     let mode = cpu_mode(cli.cpu_mode, default_mode)?;
     gpu_core::cpu::set_mode(mode);
     if device == Device::Cpu {
+        // Activation buffers are allocated and freed every step: keep them in the heap.
+        gpu_core::cpu::keep_freed_host_memory();
         match mode {
             CpuMode::Fast => println!(
                 "cpu mode fast (f32 kernels, {}; --cpu-mode exact for the f64 reference)",

@@ -48,6 +48,9 @@ struct Args {
     /// (the f64 reference).
     #[arg(long, default_value = "fast", value_parser = parse_mode)]
     cpu_mode: cpu::CpuMode,
+    /// Leave glibc's malloc at its defaults (else `cpu::keep_freed_host_memory`, as training).
+    #[arg(long)]
+    libc_malloc_defaults: bool,
     /// Print where the GPT step's time goes: each CPU op's total per step (`cpu::profile`).
     #[arg(long)]
     profile: bool,
@@ -195,6 +198,9 @@ fn spread(v: &[f64], digits: usize) -> String {
 fn main() -> Result<()> {
     let a = Args::parse();
     cpu::set_mode(a.cpu_mode);
+    if !a.libc_malloc_defaults {
+        cpu::keep_freed_host_memory();
+    }
     let threads = threads();
     let text = match &a.gpt_text {
         Some(p) => {

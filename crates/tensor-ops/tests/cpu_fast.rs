@@ -1,0 +1,73 @@
+//! The CPU backend's fast mode (f32 kernels, `gpu_core::cpu::CpuMode::Fast`) trains the GPT as
+//! the exact reference does: the same loss and gradients up to f32 rounding, from random
+//! weights and batches (seed printed; `HYBRID_TEST_SEED` replays).
+//!
+//! Bounds: each fast kernel is within a few hundred units of f32 roundoff (`u = 2^-24`, 6e-8)
+//! of the reference per output, relative to the size of its summed terms (its own tests,
+//! `gpu-core/src/cpu/fast/tests.rs`); through the model's 4 layers forward and backward (about
+//! 30 such kernels on each path) those relative errors add up to at most ~30 × 300u ≈ 5e-4 in
+//! the worst case, typically √30 × a few u. Measured: gradients differ by at most 5e-7 of their
+//! norm, the loss not at all. The thresholds (1e-6 of the loss, 2e-5 of each gradient's norm)
+//! sit 40× above that and far below what a wrong kernel gives (O(1)).
+
+use gpu_core::cpu::{with_mode, CpuMode};
+use gpu_cuda::testing::test_seed;
+use tensor_ops::gpt::{Dataset, Gpt, GptConfig};
+use tensor_ops::Device;
+
+/// `(loss, gradients in parameter order)` of one batch in `mode`.
+fn loss_and_grads(
+    model: &Gpt,
+    x: &tensor_ops::Tensor,
+    y: &tensor_ops::Tensor,
+    mode: CpuMode,
+) -> (f32, Vec<Vec<f32>>) {
+    with_mode(mode, || {
+        let loss = model.loss(x, y, None).unwrap();
+        let g = loss.backward().unwrap();
+        let grads = model
+            .parameters()
+            .iter()
+            .map(|(_, p, _)| g.get(p).unwrap().to_vec().unwrap())
+            .collect();
+        (loss.item().unwrap(), grads)
+    })
+}
+
+#[test]
+fn fast_mode_matches_the_exact_gpt_loss_and_gradients() {
+    let seed = test_seed("fast_mode_matches_the_exact_gpt_loss_and_gradients");
+    let text: String = (0..4000)
+        .map(|i| (b'a' + ((i * 7 + i / 13) % 23) as u8) as char)
+        .collect();
+    let ds = Dataset::from_text(&text, 0.9).unwrap();
+    let mut cfg = GptConfig::tiny(ds.tokenizer.vocab_size());
+    (cfg.n_embd, cfg.block_size) = (32, 16);
+    let model = Gpt::new(cfg, seed, Device::Cpu).unwrap();
+    let mut rng = Dataset::rng(seed);
+    let (x, y) = ds.batch(false, 3, 16, &mut rng, Device::Cpu).unwrap();
+    let (lf, gf) = loss_and_grads(&model, &x, &y, CpuMode::Fast);
+    let (le, ge) = loss_and_grads(&model, &x, &y, CpuMode::Exact);
+    assert!(lf.is_finite() && le.is_finite());
+    assert!(
+        ((lf - le) / le).abs() <= 1e-6,
+        "loss: fast {lf}, exact {le}"
+    );
+    let mut differs = false;
+    for (((name, _, _), f), e) in model.parameters().iter().zip(&gf).zip(&ge) {
+        let norm = e.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+        let diff = f
+            .iter()
+            .zip(e)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        assert!(
+            diff <= 2e-5 * norm + 1e-12,
+            "{name}: |fast − exact| {diff}, |exact| {norm}"
+        );
+        differs |= diff > 0.0;
+    }
+    // The modes do run different kernels.
+    assert!(differs || lf != le, "fast and exact gave identical results");
+}
