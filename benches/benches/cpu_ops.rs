@@ -1,7 +1,8 @@
 //! criterion benchmarks of the CPU reference paths (`cargo bench -p benches`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, RowOps};
+use gpu_core::cpu::{with_mode, CpuMode};
+use gpu_core::nn::{Activation, AttentionOps, BinaryKind, ElementwiseOps, RowOps};
 use gpu_core::{Backend, CpuBackend, DType, MatmulOps, MatmulSpec};
 
 fn data(n: usize) -> Vec<f32> {
@@ -77,5 +78,74 @@ fn matmul(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, elementwise, rows, matmul);
+/// The tiny GPT's non-GEMM ops at its shapes (batch 12 × 64 tokens, width 128, 4 heads of
+/// 32), in the exact and the fast CPU mode.
+fn gpt_ops(c: &mut Criterion) {
+    let cpu = CpuBackend;
+    let (rows, cols) = (768, 128);
+    let (n, t, d) = (48, 64, 32);
+    let up = |len: usize| cpu.upload(&data(len)).unwrap();
+    let z = |len: usize| cpu.allocate(DType::F32, len).unwrap();
+    let (x, w, dy, h) = (
+        up(rows * cols),
+        up(cols),
+        up(rows * cols),
+        up(rows * 4 * cols),
+    );
+    let (q, k, v, dout) = (up(n * t * d), up(n * t * d), up(n * t * d), up(n * t * d));
+    let (mut o, mut mean, mut rstd) = (z(rows * cols), z(rows), z(rows));
+    let (mut dx, mut dw, mut db) = (z(rows * cols), z(cols), z(cols));
+    let (mut ho, mut hg, hdy) = (z(rows * 4 * cols), z(rows * 4 * cols), up(rows * 4 * cols));
+    let (mut ao, mut lse) = (z(n * t * d), z(n * t));
+    let (mut dq, mut dk, mut dv) = (z(n * t * d), z(n * t * d), z(n * t * d));
+    let mut g = c.benchmark_group("cpu_gpt_ops");
+    g.sample_size(20);
+    for mode in [CpuMode::Exact, CpuMode::Fast] {
+        let m = format!("{mode:?}").to_lowercase();
+        g.bench_function(format!("gelu_fwd_768x512/{m}"), |b| {
+            b.iter(|| with_mode(mode, || cpu.activation_fwd(Activation::Gelu, &h, &mut ho)))
+        });
+        g.bench_function(format!("gelu_bwd_768x512/{m}"), |b| {
+            b.iter(|| {
+                with_mode(mode, || {
+                    cpu.activation_bwd(Activation::Gelu, &h, &h, &hdy, &mut hg)
+                })
+            })
+        });
+        g.bench_function(format!("layernorm_fwd_768x128/{m}"), |b| {
+            b.iter(|| {
+                with_mode(mode, || {
+                    cpu.layernorm_fwd(&x, &w, &w, &mut o, &mut mean, &mut rstd, cols, 1e-5)
+                })
+            })
+        });
+        g.bench_function(format!("layernorm_bwd_768x128/{m}"), |b| {
+            b.iter(|| {
+                with_mode(mode, || {
+                    cpu.layernorm_bwd(&x, &w, &mean, &rstd, &dy, &mut dx, &mut dw, &mut db, cols)
+                })
+            })
+        });
+        let scale = 1.0 / (d as f32).sqrt();
+        g.bench_function(format!("attention_fwd_48x64x32/{m}"), |b| {
+            b.iter(|| {
+                with_mode(mode, || {
+                    cpu.causal_attention_fwd(&q, &k, &v, &mut ao, &mut lse, n, t, d, scale)
+                })
+            })
+        });
+        g.bench_function(format!("attention_bwd_48x64x32/{m}"), |b| {
+            b.iter(|| {
+                with_mode(mode, || {
+                    cpu.causal_attention_bwd(
+                        &q, &k, &v, &ao, &lse, &dout, &mut dq, &mut dk, &mut dv, n, t, d, scale,
+                    )
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, elementwise, rows, matmul, gpt_ops);
 criterion_main!(benches);

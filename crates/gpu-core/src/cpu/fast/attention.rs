@@ -29,33 +29,80 @@ pub(crate) type SeqIn<'a> = (
 /// Outputs that one register block accumulates.
 const B: usize = 16;
 
-/// `s[j] = Σ_c a[c]·mt[c·t + j]` for `j < s.len()`, each summed over `c` in order; 16 outputs
-/// at a time held in registers.
+/// `Σ_i f(i)·row(i)[..B]` over `range` in four register chains (`i − start ≡ 0, 1, 2, 3 mod 4`,
+/// each in order, a tail of fewer than four rows going to the first chains), combined as
+/// `(c0 + c1) + (c2 + c3)`: four independent FMA chains hide the FMA latency.
 #[inline(always)]
-fn row_dots(a: &[f32], mt: &[f32], t: usize, s: &mut [f32]) {
-    for (jb, sb) in s.chunks_mut(B).enumerate() {
-        let (j0, w) = (jb * B, sb.len());
-        let mut acc = [0.0f32; B];
-        if w == B {
-            for (c, &ac) in a.iter().enumerate() {
-                let m = &mt[c * t + j0..][..B];
-                for l in 0..B {
-                    acc[l] += ac * m[l];
-                }
-            }
-        } else {
-            for (c, &ac) in a.iter().enumerate() {
-                for (al, &m) in acc.iter_mut().zip(&mt[c * t + j0..][..w]) {
-                    *al += ac * m;
-                }
-            }
+fn sum4<'x>(
+    range: std::ops::Range<usize>,
+    f: impl Fn(usize) -> f32,
+    row: impl Fn(usize) -> &'x [f32],
+    out: &mut [f32],
+) {
+    let (mut c0, mut c1, mut c2, mut c3) = ([0.0f32; B], [0.0f32; B], [0.0f32; B], [0.0f32; B]);
+    let (start, len) = (range.start, range.len());
+    for q in 0..len / 4 {
+        let i = start + 4 * q;
+        let (f0, f1, f2, f3) = (f(i), f(i + 1), f(i + 2), f(i + 3));
+        let (r0, r1) = (&row(i)[..B], &row(i + 1)[..B]);
+        let (r2, r3) = (&row(i + 2)[..B], &row(i + 3)[..B]);
+        for l in 0..B {
+            c0[l] += f0 * r0[l];
+            c1[l] += f1 * r1[l];
+            c2[l] += f2 * r2[l];
+            c3[l] += f3 * r3[l];
         }
-        sb.copy_from_slice(&acc[..w]);
+    }
+    let tail = start + len / 4 * 4;
+    for (k, i) in (tail..range.end).enumerate() {
+        let (fi, r) = (f(i), &row(i)[..B]);
+        let c = match k {
+            0 => &mut c0,
+            1 => &mut c1,
+            _ => &mut c2,
+        };
+        for l in 0..B {
+            c[l] += fi * r[l];
+        }
+    }
+    for (l, o) in out[..B].iter_mut().enumerate() {
+        *o = (c0[l] + c1[l]) + (c2[l] + c3[l]);
     }
 }
 
-/// `o[c] = Σ_j w(j)·x[j·d + c]` over the rows `j` in `rows` (in order), 16 outputs at a time
-/// held in registers.
+/// As [`sum4`] for a block of `n < B` outputs, in one chain.
+#[inline(always)]
+fn sum1<'x>(
+    range: std::ops::Range<usize>,
+    f: impl Fn(usize) -> f32,
+    row: impl Fn(usize) -> &'x [f32],
+    out: &mut [f32],
+) {
+    out.fill(0.0);
+    let n = out.len();
+    for i in range {
+        let fi = f(i);
+        for (o, &r) in out.iter_mut().zip(&row(i)[..n]) {
+            *o += fi * r;
+        }
+    }
+}
+
+/// `s[j] = Σ_c a[c]·mt[c·t + j]` for `j < s.len()`, 16 outputs at a time held in registers.
+#[inline(always)]
+fn row_dots(a: &[f32], mt: &[f32], t: usize, s: &mut [f32]) {
+    for (jb, sb) in s.chunks_mut(B).enumerate() {
+        let j0 = jb * B;
+        if sb.len() == B {
+            sum4(0..a.len(), |c| a[c], |c| &mt[c * t + j0..], sb);
+        } else {
+            sum1(0..a.len(), |c| a[c], |c| &mt[c * t + j0..], sb);
+        }
+    }
+}
+
+/// `o[c] = Σ_j w(j)·x[j·d + c]` over the rows `j` in `rows`, 16 outputs at a time held in
+/// registers.
 #[inline(always)]
 fn weighted_rows(
     o: &mut [f32],
@@ -65,24 +112,12 @@ fn weighted_rows(
     d: usize,
 ) {
     for (cb, ob) in o.chunks_mut(B).enumerate() {
-        let (c0, n) = (cb * B, ob.len());
-        let mut acc = [0.0f32; B];
-        if n == B {
-            for j in rows.clone() {
-                let (p, xr) = (w(j), &x[j * d + c0..][..B]);
-                for l in 0..B {
-                    acc[l] += p * xr[l];
-                }
-            }
+        let c0 = cb * B;
+        if ob.len() == B {
+            sum4(rows.clone(), &w, |j| &x[j * d + c0..], ob);
         } else {
-            for j in rows.clone() {
-                let p = w(j);
-                for (al, &xv) in acc.iter_mut().zip(&x[j * d + c0..][..n]) {
-                    *al += p * xv;
-                }
-            }
+            sum1(rows.clone(), &w, |j| &x[j * d + c0..], ob);
         }
-        ob.copy_from_slice(&acc[..n]);
     }
 }
 
