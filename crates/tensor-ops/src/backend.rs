@@ -11,12 +11,21 @@ use std::sync::{Mutex, OnceLock};
 /// A backend that tensors can run on: every op family, and how its buffers
 /// sit inside a [`Storage`].
 pub(crate) trait DeviceBackend: NnOps {
+    /// An f32 buffer of `len` elements for an op that overwrites all of it: on the CPU a
+    /// recycled one when there is one (`pool`), else a new one.
+    fn alloc_output(&self, len: usize) -> Result<Self::Buffer>;
     fn get(s: &Storage) -> Result<&Self::Buffer>;
     fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer>;
     fn wrap(buf: Self::Buffer) -> Storage;
 }
 
 impl DeviceBackend for CpuBackend {
+    fn alloc_output(&self, len: usize) -> Result<Self::Buffer> {
+        match crate::pool::take(len) {
+            Some(v) => Ok(gpu_core::CpuStorage::F32(v)),
+            None => gpu_core::Backend::allocate(self, gpu_core::DType::F32, len),
+        }
+    }
     fn get(s: &Storage) -> Result<&Self::Buffer> {
         match s {
             Storage::Cpu(b) => Ok(b),
@@ -35,6 +44,9 @@ impl DeviceBackend for CpuBackend {
 }
 
 impl DeviceBackend for CudaBackend {
+    fn alloc_output(&self, len: usize) -> Result<Self::Buffer> {
+        gpu_core::Backend::allocate(self, gpu_core::DType::F32, len)
+    }
     fn get(s: &Storage) -> Result<&Self::Buffer> {
         match s {
             Storage::Cuda(b) => Ok(b),

@@ -11,6 +11,7 @@ mod ndarray_io;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+mod pool;
 mod storage;
 mod tensor;
 

@@ -24,6 +24,17 @@ pub(crate) struct Inner {
     pub(crate) u32_bound: U32Bound,
 }
 
+impl Drop for Inner {
+    /// The last view of a CPU f32 buffer hands it to the pool of recycled op outputs.
+    fn drop(&mut self) {
+        if let Some(lock) = Arc::get_mut(&mut self.storage) {
+            if let Ok(Storage::Cpu(CpuStorage::F32(v))) = lock.get_mut() {
+                crate::pool::give(std::mem::take(v));
+            }
+        }
+    }
+}
+
 /// A contiguous, row-major tensor on one device. Cloning is cheap (shared storage and graph).
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<Inner>);

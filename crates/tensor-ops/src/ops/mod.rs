@@ -32,12 +32,13 @@ pub(crate) fn wrap<B: DeviceBackend>(_b: &B, buf: B::Buffer) -> Storage {
 }
 
 /// Allocates an f32 output of `$len` on `$dev`'s backend as `$out`, runs `$body` (a `Result`),
-/// and evaluates to the output's [`Storage`].
+/// and evaluates to the output's [`Storage`]. `$body` must overwrite every element of `$out`:
+/// on the CPU the buffer may be a recycled one (`crate::pool`).
 macro_rules! compute {
     ($dev:expr, $len:expr, |$b:ident, $out:ident| $body:expr) => {
         $crate::backend::on_device!($dev, |$b| {
             #[allow(unused_mut)]
-            let mut $out = gpu_core::Backend::allocate($b, gpu_core::DType::F32, $len)?;
+            let mut $out = $crate::backend::DeviceBackend::alloc_output($b, $len)?;
             $body?;
             $crate::ops::wrap($b, $out)
         })

@@ -3,9 +3,10 @@
 
 use super::{buf, checked_numel, compute, numel};
 use crate::backend::on_device;
+use crate::backend::DeviceBackend;
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::nn::{AttentionOps, RowOps};
-use gpu_core::{Backend, DType, GpuError, Result};
+use gpu_core::{DType, GpuError, Result};
 
 fn last_dim(op: &'static str, t: &Tensor) -> Result<usize> {
     t.shape()
@@ -131,9 +132,9 @@ impl Tensor {
         let rows = self.numel() / cols;
         let (gx, gw, gb) = (self.read(), weight.read(), bias.read());
         let (y, mean, rstd) = on_device!(dev, |be| {
-            let mut y = be.allocate(DType::F32, self.numel())?;
-            let mut mean = be.allocate(DType::F32, rows)?;
-            let mut rstd = be.allocate(DType::F32, rows)?;
+            let mut y = be.alloc_output(self.numel())?;
+            let mut mean = be.alloc_output(rows)?;
+            let mut rstd = be.alloc_output(rows)?;
             be.layernorm_fwd(
                 buf(be, &gx)?,
                 buf(be, &gw)?,
@@ -163,9 +164,9 @@ impl Tensor {
             move |_, g| {
                 let (gx, gw, gm, gr, gg) = (x.read(), w.read(), mean.read(), rstd.read(), g.read());
                 let (dx, dw, db) = on_device!(dev, |be| {
-                    let mut dx = be.allocate(DType::F32, x.numel())?;
-                    let mut dw = be.allocate(DType::F32, cols)?;
-                    let mut db = be.allocate(DType::F32, cols)?;
+                    let mut dx = be.alloc_output(x.numel())?;
+                    let mut dw = be.alloc_output(cols)?;
+                    let mut db = be.alloc_output(cols)?;
                     be.layernorm_bwd(
                         buf(be, &gx)?,
                         buf(be, &gw)?,
@@ -201,8 +202,8 @@ impl Tensor {
         let rows = self.numel() / cols;
         let (gx, gw) = (self.read(), weight.read());
         let (y, rstd) = on_device!(dev, |be| {
-            let mut y = be.allocate(DType::F32, self.numel())?;
-            let mut rstd = be.allocate(DType::F32, rows)?;
+            let mut y = be.alloc_output(self.numel())?;
+            let mut rstd = be.alloc_output(rows)?;
             be.rmsnorm_fwd(buf(be, &gx)?, buf(be, &gw)?, &mut y, &mut rstd, cols, eps)?;
             (crate::ops::wrap(be, y), crate::ops::wrap(be, rstd))
         });
@@ -218,8 +219,8 @@ impl Tensor {
             move |_, g| {
                 let (gx, gw, gr, gg) = (x.read(), w.read(), rstd.read(), g.read());
                 let (dx, dw) = on_device!(dev, |be| {
-                    let mut dx = be.allocate(DType::F32, x.numel())?;
-                    let mut dw = be.allocate(DType::F32, cols)?;
+                    let mut dx = be.alloc_output(x.numel())?;
+                    let mut dw = be.alloc_output(cols)?;
                     be.rmsnorm_bwd(
                         buf(be, &gx)?,
                         buf(be, &gw)?,
@@ -351,8 +352,8 @@ impl Tensor {
         let scale = 1.0 / (d as f32).sqrt();
         let (gq, gk, gv) = (q.read(), k.read(), v.read());
         let (out, lse) = on_device!(dev, |be| {
-            let mut out = be.allocate(DType::F32, n * t * d)?;
-            let mut lse = be.allocate(DType::F32, n * t)?;
+            let mut out = be.alloc_output(n * t * d)?;
+            let mut lse = be.alloc_output(n * t)?;
             be.causal_attention_fwd(
                 buf(be, &gq)?,
                 buf(be, &gk)?,
@@ -385,9 +386,9 @@ impl Tensor {
                     g.read(),
                 );
                 let (dq, dk, dv) = on_device!(dev, |be| {
-                    let mut dq = be.allocate(DType::F32, n * t * d)?;
-                    let mut dk = be.allocate(DType::F32, n * t * d)?;
-                    let mut dv = be.allocate(DType::F32, n * t * d)?;
+                    let mut dq = be.alloc_output(n * t * d)?;
+                    let mut dk = be.alloc_output(n * t * d)?;
+                    let mut dv = be.alloc_output(n * t * d)?;
                     be.causal_attention_bwd(
                         buf(be, &gq)?,
                         buf(be, &gk)?,

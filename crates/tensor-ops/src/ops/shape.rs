@@ -101,7 +101,12 @@ impl Tensor {
         let dtype = self.dtype();
         let g = self.read();
         let st = crate::backend::on_device!(dev, |be| {
-            let mut out = gpu_core::Backend::allocate(be, dtype, outer * len * inner)?;
+            // The blocks cover the whole output, so an f32 one may be a recycled buffer.
+            let mut out = if dtype == gpu_core::DType::F32 {
+                crate::backend::DeviceBackend::alloc_output(be, outer * len * inner)?
+            } else {
+                gpu_core::Backend::allocate(be, dtype, outer * len * inner)?
+            };
             be.copy_blocks(
                 buf(be, &g)?,
                 start * inner,
