@@ -44,13 +44,36 @@ struct Inner {
     tf32: AtomicBool,
     path: AtomicU8,
     image: AtomicU8,
-    gate: Gate,
+    gate: Arc<Gate>,
 }
 
 /// A CUDA device. Cloning is cheap and shares everything.
 #[derive(Clone)]
 pub struct CudaBackend {
-    inner: Arc<Inner>,
+    inner: Arc<Guarded>,
+}
+
+/// [`Inner`], dropped while passing the device's capture gate: destroying the cuBLAS/cuSOLVER
+/// handles, the modules, the stream and the context may synchronise the device, which would
+/// invalidate another thread's capture (`crate::gate`).
+struct Guarded {
+    inner: std::mem::ManuallyDrop<Inner>,
+}
+
+impl std::ops::Deref for Guarded {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let gate = self.inner.gate.clone();
+        let _pass = gate.pass();
+        // SAFETY: dropped exactly once, here; nothing reads `inner` afterwards.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.inner) }
+    }
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -80,6 +103,11 @@ impl CudaBackend {
         if ordinal >= count {
             return Err(GpuError::InvalidOrdinal { ordinal, count });
         }
+        // Opening a context and its first stream may synchronise the device: not during
+        // another thread's capture.
+        let gate = Gate::for_device(ordinal);
+        let held = gate.clone();
+        let _pass = held.pass();
         let ctx = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -119,19 +147,21 @@ impl CudaBackend {
             }
         };
         let backend = Self {
-            inner: Arc::new(Inner {
-                id,
-                pool: MemoryPool::new(ctx.clone(), id),
-                ctx,
-                stream,
-                info,
-                modules: ModuleCache::default(),
-                blas: OnceLock::new(),
-                solver: OnceLock::new(),
-                tf32: AtomicBool::new(false),
-                path: AtomicU8::new(0),
-                image: AtomicU8::new(0),
-                gate: Gate::default(),
+            inner: Arc::new(Guarded {
+                inner: std::mem::ManuallyDrop::new(Inner {
+                    id,
+                    pool: MemoryPool::new(ctx.clone(), id, gate.clone()),
+                    ctx,
+                    stream,
+                    info,
+                    modules: ModuleCache::default(),
+                    blas: OnceLock::new(),
+                    solver: OnceLock::new(),
+                    tf32: AtomicBool::new(false),
+                    path: AtomicU8::new(0),
+                    image: AtomicU8::new(0),
+                    gate,
+                }),
             }),
         };
         backend.set_launch_path(path);
@@ -172,10 +202,10 @@ impl CudaBackend {
         self.inner.id
     }
 
-    /// Passage through this instance's stream gate (`crate::gate`): held by every entry point
+    /// Passage through the device's capture gate (`crate::gate`): held by every entry point
     /// while it queues work, so that no work of another thread lands in a graph being captured.
     pub(crate) fn pass(&self) -> Pass<'_> {
-        self.inner.gate.pass(self.id())
+        self.inner.gate.pass()
     }
 
     /// The exclusive passage a capture holds.
@@ -242,8 +272,6 @@ impl CudaBackend {
 
     /// Returns the pool's cached blocks to the driver.
     pub fn empty_cache(&self) -> Result<()> {
-        // cuMemFree synchronises: not while another thread captures a graph.
-        let _pass = self.pass();
         self.inner.pool.empty_cache()
     }
 

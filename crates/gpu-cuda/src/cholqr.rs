@@ -254,13 +254,13 @@ impl CudaBackend {
         ];
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (1024, 1, 1),
+            block_dim: (if l <= 32 { 256 } else { 1024 }, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: chol_rinv_f32(const float* g, unsigned nparts, float* rinv, unsigned* flag,
         // unsigned l, unsigned check); g holds nparts·l·l f32 and rinv l·l (checked), flag one
-        // u32, l <= 64 (the kernel's static tile), and the 1024 threads its launch bounds and
-        // its named barrier (up to 256 of them) assume.
+        // u32, l <= 64 (the kernel's static tile), and 256 threads for l <= 32, else 1024, as
+        // the kernel's row groups assume (at most 4 rows a thread).
         unsafe { self.launch("chol_rinv_f32", cfg, &args) }
     }
 }

@@ -1,29 +1,32 @@
-//! The stream gate of a [`crate::CudaBackend`]: while one thread captures a CUDA graph on the
-//! backend's stream ([`crate::CudaBackend::capture`]), work that other threads queue on the same
-//! stream would silently become part of the graph. Every entry point that queues work, waits on
-//! the stream or takes the cuBLAS/cuSOLVER handle passes the gate (a shared lock, uncontended
-//! except during a capture); a capture holds it exclusively. A thread that already holds the
-//! gate of a backend (a nested entry point, or the capturing thread itself) passes freely, so
-//! nothing deadlocks on itself.
+//! The capture gate of a CUDA device: while one thread captures a CUDA graph on a backend's
+//! stream ([`crate::CudaBackend::capture`]), work that other threads queue on the same stream
+//! would silently become part of the graph, and anything that synchronises the device (a new
+//! stream of a fresh context, `cuMemFree`) would invalidate the capture. So every entry point
+//! of every backend instance on the device that queues work, waits, allocates, frees or takes
+//! the cuBLAS/cuSOLVER handle passes the device's gate (a shared lock, uncontended except
+//! during a capture), and a capture holds it exclusively. A thread that already holds the gate
+//! (a nested entry point, or the capturing thread itself) passes freely, so nothing deadlocks
+//! on itself.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
-use std::sync::{MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 thread_local! {
-    /// The backends (by id) whose gate this thread holds, innermost last.
-    static HELD: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// The devices (by ordinal) whose gate this thread holds, innermost last.
+    static HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
-fn holds(id: u64) -> bool {
+fn holds(id: usize) -> bool {
     HELD.with(|h| h.borrow().contains(&id))
 }
 
-fn push(id: u64) {
+fn push(id: usize) {
     HELD.with(|h| h.borrow_mut().push(id));
 }
 
-fn pop(id: u64) {
+fn pop(id: usize) {
     HELD.with(|h| {
         let mut h = h.borrow_mut();
         if let Some(i) = h.iter().rposition(|&x| x == id) {
@@ -32,14 +35,17 @@ fn pop(id: u64) {
     });
 }
 
-/// One backend's gate.
-#[derive(Debug, Default)]
-pub(crate) struct Gate(RwLock<()>);
+/// One device's gate.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    lock: RwLock<()>,
+    device: usize,
+}
 
 /// Shared passage through a gate (or none needed: this thread already holds it).
 pub(crate) struct Pass<'a> {
     _read: Option<RwLockReadGuard<'a, ()>>,
-    id: Option<u64>,
+    id: Option<usize>,
 }
 
 impl Drop for Pass<'_> {
@@ -53,7 +59,7 @@ impl Drop for Pass<'_> {
 /// Exclusive passage: no other thread queues work on the backend while it lives.
 pub(crate) struct Exclusive<'a> {
     _write: RwLockWriteGuard<'a, ()>,
-    id: u64,
+    id: usize,
 }
 
 impl Drop for Exclusive<'_> {
@@ -63,33 +69,52 @@ impl Drop for Exclusive<'_> {
 }
 
 impl Gate {
-    /// Passage for backend `id`'s work from this thread.
-    pub(crate) fn pass(&self, id: u64) -> Pass<'_> {
-        if holds(id) {
+    /// The gate of device `ordinal`, shared by every backend instance on it.
+    pub(crate) fn for_device(ordinal: usize) -> Arc<Gate> {
+        static GATES: Mutex<Option<HashMap<usize, Arc<Gate>>>> = Mutex::new(None);
+        let mut gates = GATES.lock().unwrap_or_else(|p| p.into_inner());
+        gates
+            .get_or_insert_with(HashMap::new)
+            .entry(ordinal)
+            .or_insert_with(|| {
+                Arc::new(Gate {
+                    lock: RwLock::new(()),
+                    device: ordinal,
+                })
+            })
+            .clone()
+    }
+
+    /// Passage for this thread's work on the device.
+    pub(crate) fn pass(&self) -> Pass<'_> {
+        if holds(self.device) {
             return Pass {
                 _read: None,
                 id: None,
             };
         }
-        let read = self.0.read().unwrap_or_else(|p| p.into_inner());
-        push(id);
+        let read = self.lock.read().unwrap_or_else(|p| p.into_inner());
+        push(self.device);
         Pass {
             _read: Some(read),
-            id: Some(id),
+            id: Some(self.device),
         }
     }
 
-    /// Exclusive passage for a capture on backend `id` (waits for the work other threads are
-    /// queueing to be queued). Must not be taken by a thread that already passes the gate.
-    pub(crate) fn exclusive(&self, id: u64) -> Exclusive<'_> {
-        let write = self.0.write().unwrap_or_else(|p| p.into_inner());
-        push(id);
-        Exclusive { _write: write, id }
+    /// Exclusive passage for a capture (waits for the work other threads are queueing to be
+    /// queued). Must not be taken by a thread that already passes the gate.
+    pub(crate) fn exclusive(&self) -> Exclusive<'_> {
+        let write = self.lock.write().unwrap_or_else(|p| p.into_inner());
+        push(self.device);
+        Exclusive {
+            _write: write,
+            id: self.device,
+        }
     }
 
-    /// Whether this thread holds backend `id`'s gate.
-    pub(crate) fn held_here(id: u64) -> bool {
-        holds(id)
+    /// Whether this thread holds the gate.
+    pub(crate) fn held_here(&self) -> bool {
+        holds(self.device)
     }
 }
 

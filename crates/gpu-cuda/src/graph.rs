@@ -12,7 +12,6 @@
 
 use crate::backend::CudaBackend;
 use crate::error::{check, drv};
-use crate::gate::Gate;
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;
 use gpu_core::{GpuError, Result};
@@ -42,7 +41,7 @@ impl CudaBackend {
     /// or from the capture itself (an allocation or a synchronisation inside it) is returned
     /// and nothing was run.
     pub fn capture(&self, queue: impl FnOnce(&CudaBackend) -> Result<()>) -> Result<CapturedGraph> {
-        if Gate::held_here(self.id()) {
+        if self.gate().held_here() {
             return Err(GpuError::invalid(
                 "capture",
                 "a capture cannot start inside another entry point of the same backend",
@@ -51,7 +50,7 @@ impl CudaBackend {
         // The cuBLAS handle is created (and its memory allocated) outside any capture.
         drop(self.blas()?);
         // Other threads' work for this stream waits until the capture ends (`crate::gate`).
-        let _exclusive = self.gate().exclusive(self.id());
+        let _exclusive = self.gate().exclusive();
         let stream = self.stream();
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)

@@ -7,6 +7,7 @@
 //! once before reporting [`GpuError::OutOfMemory`].
 
 use crate::error::{drv, free_bytes};
+use crate::gate::Gate;
 use cudarc::driver::{result, sys::CUdeviceptr, CudaContext};
 use gpu_core::{BufferInfo, DType, GpuError, Result};
 use std::collections::BTreeMap;
@@ -39,6 +40,8 @@ pub(crate) struct PoolInner {
     ctx: Arc<CudaContext>,
     /// The id of the backend instance this pool belongs to (see [`CudaBuffer::owner`]).
     owner: u64,
+    /// The device's capture gate: allocations and frees wait while a graph is captured.
+    gate: Arc<Gate>,
     state: Mutex<State>,
 }
 
@@ -90,6 +93,9 @@ impl PoolInner {
 
 impl Drop for PoolInner {
     fn drop(&mut self) {
+        // cuMemFree synchronises: not during another thread's capture (gate before the lock).
+        let gate = self.gate.clone();
+        let _pass = gate.pass();
         let mut st = std::mem::take(&mut *self.lock());
         if let Err(e) = self.release_cache(&mut st) {
             tracing::warn!("releasing the CUDA memory pool failed: {e}");
@@ -104,11 +110,12 @@ pub struct MemoryPool {
 }
 
 impl MemoryPool {
-    pub(crate) fn new(ctx: Arc<CudaContext>, owner: u64) -> Self {
+    pub(crate) fn new(ctx: Arc<CudaContext>, owner: u64, gate: Arc<Gate>) -> Self {
         Self {
             inner: Arc::new(PoolInner {
                 ctx,
                 owner,
+                gate,
                 state: Mutex::new(State::default()),
             }),
         }
@@ -131,6 +138,9 @@ impl MemoryPool {
                 pool: None,
             });
         }
+        // The gate before the pool's lock (a miss allocates, a failed allocation frees the
+        // cache; neither may happen during another thread's capture).
+        let _pass = self.inner.gate.pass();
         let mut st = self.inner.lock();
         let ptr = match st.free.get_mut(&class).and_then(Vec::pop) {
             Some(p) => {
@@ -181,6 +191,7 @@ impl MemoryPool {
 
     /// Returns every cached block to the driver.
     pub fn empty_cache(&self) -> Result<()> {
+        let _pass = self.inner.gate.pass();
         let mut st = self.inner.lock();
         self.inner.release_cache(&mut st)
     }

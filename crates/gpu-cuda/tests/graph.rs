@@ -1,6 +1,6 @@
 //! CUDA graphs (`gpu_cuda::graph`): a capture records without running, a replay runs what was
 //! recorded on the buffers' current contents, a failed capture leaves the stream usable, and
-//! other threads' work for the same backend never lands in a graph being captured (the stream
+//! other threads' work for the same device never lands in a graph being captured (the capture
 //! gate). Tests named `gpu_*` skip with a printed reason without a GPU.
 
 mod common;
@@ -103,30 +103,40 @@ fn gpu_other_threads_work_waits_while_a_graph_is_captured() {
         let worker = s.spawn(|| {
             let mut rounds = 0u32;
             let mut local = StdRng::seed_from_u64(worker_seed);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 20 {
+            // Every tenth round on a fresh backend instance of the same device: its context's
+            // new stream and its pool's frees at drop must not break the capture either.
+            while rounds < 100_000
+                && (!stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 20)
+            {
+                let fresh = (rounds % 10 == 9).then(|| CudaBackend::new(0).unwrap());
+                let b = fresh.as_ref().unwrap_or(&gpu);
                 let x = random_vec(&mut local, 4096, 1.0);
-                let src = up(&gpu, &x);
-                let mut dst = up(&gpu, &vec![0.0; 4096]);
-                gpu.copy_buffer(&src, &mut dst).unwrap();
-                assert_eq!(down(&gpu, &dst), x, "round {rounds}");
+                let src = up(b, &x);
+                let mut dst = up(b, &vec![0.0; 4096]);
+                b.copy_buffer(&src, &mut dst).unwrap();
+                assert_eq!(down(b, &dst), x, "round {rounds}");
                 rounds += 1;
             }
             rounds
         });
+        // Errors are collected, not unwrapped, so that the worker is always told to stop.
+        let mut failures = Vec::new();
         for _ in 0..30 {
-            let graph = gpu
-                .capture(|g| {
-                    for _ in 0..8 {
-                        queue(g, n, (&a, &mut b, &mut c))?;
-                    }
-                    Ok(())
-                })
-                .unwrap();
-            gpu.launch_graph(&graph).unwrap();
+            let captured = gpu.capture(|g| {
+                for _ in 0..8 {
+                    queue(g, n, (&a, &mut b, &mut c))?;
+                }
+                Ok(())
+            });
+            match captured.and_then(|graph| gpu.launch_graph(&graph)) {
+                Ok(()) => {}
+                Err(e) => failures.push(e.to_string()),
+            }
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let rounds = worker.join().unwrap();
         eprintln!("{test}: the other thread made {rounds} round trips");
+        assert!(failures.is_empty(), "captures failed: {failures:?}");
     });
     let (mut b2, mut c2) = (up(&gpu, &vec![0.0; n * n]), up(&gpu, &vec![0.0; n * n]));
     queue(&gpu, n, (&a, &mut b2, &mut c2)).unwrap();

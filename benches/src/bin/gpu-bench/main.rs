@@ -34,6 +34,9 @@ struct Args {
     /// Only the world model's rows (`rssm`), skipping the kernel and ceiling rows.
     #[arg(long)]
     only_rssm: bool,
+    /// Only the randomized SVD rows (implies `--only-rssm`; for profilers).
+    #[arg(long)]
+    only_svd: bool,
     /// Text for the GPT training-step row (tinyshakespeare); the row is skipped without it.
     #[arg(long)]
     gpt_text: Option<PathBuf>,
@@ -283,11 +286,11 @@ fn main() -> Result<()> {
         reps: args.reps,
     };
     let mut rows = Vec::new();
-    if !args.only_rssm {
+    if !args.only_rssm && !args.only_svd {
         rows.extend(measure(&bench)?);
         rows.extend(nn::measure(&bench)?);
     }
-    rows.extend(rssm::measure(args.reps)?);
+    rows.extend(rssm::measure(args.reps, args.only_svd)?);
     if let Some(path) = &args.gpt_text {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

@@ -49,9 +49,14 @@ fn low_rank_plus_noise(m: usize, n: usize, r: usize, d: Device) -> Result<Tensor
     Ok(g1.matmul(&g2)?.add(&noise)?)
 }
 
-pub(crate) fn measure(reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn measure(reps: usize, only_svd: bool) -> Result<Vec<Row>> {
     let d = Device::Cuda(0);
     let mut rows = Vec::new();
+    if only_svd {
+        let acc = GpuAccelerator::new(d)?;
+        svd_rows(&acc, reps, &mut rows)?;
+        return Ok(rows);
+    }
     let mut model = Rssm::new(RssmConfig::default(), d)?;
     let x = Tensor::randn(&[2, 3, 64], 1.0, 4, d)?;
     model.train_step(&SequenceBatch::new(x), 1e-4)?;
@@ -117,6 +122,25 @@ pub(crate) fn measure(reps: usize) -> Result<Vec<Row>> {
             ));
         }
     }
+    svd_rows(&acc, reps, &mut rows)?;
+    let n = 1024;
+    let a = low_rank_plus_noise(n, n, 32, d)?;
+    let c = acc.compress_residuals(&a, 32, &SvdOptions::default())?;
+    let w = Tensor::randn(&[n, n], 1.0, 6, d)?;
+    let us = time(reps, || Ok(acc.apply_corrections(&w, &c)?))?;
+    rows.push(row(
+        "correction_1024_k32",
+        "W += U·diag(S)·Vᵀ in place, rank 32, 1024²".into(),
+        us,
+        Some(2.0 * (n * n * 4) as f64),
+        Some(2.0 * (n * n * 32) as f64),
+    ));
+    Ok(rows)
+}
+
+/// The randomized SVD rows: every CUDA method at the two sizes, with their errors.
+fn svd_rows(acc: &GpuAccelerator, reps: usize, rows: &mut Vec<Row>) -> Result<()> {
+    let d = Device::Cuda(0);
     for (m, n, k) in [(1024, 1024, 32), (4096, 4096, 64)] {
         let a = low_rank_plus_noise(m, n, k, d)?;
         for (name, method, p) in [
@@ -141,17 +165,5 @@ pub(crate) fn measure(reps: usize) -> Result<Vec<Row>> {
             rows.push(row(&id, what, us, None, None));
         }
     }
-    let n = 1024;
-    let a = low_rank_plus_noise(n, n, 32, d)?;
-    let c = acc.compress_residuals(&a, 32, &SvdOptions::default())?;
-    let w = Tensor::randn(&[n, n], 1.0, 6, d)?;
-    let us = time(reps, || Ok(acc.apply_corrections(&w, &c)?))?;
-    rows.push(row(
-        "correction_1024_k32",
-        "W += U·diag(S)·Vᵀ in place, rank 32, 1024²".into(),
-        us,
-        Some(2.0 * (n * n * 4) as f64),
-        Some(2.0 * (n * n * 32) as f64),
-    ));
-    Ok(rows)
+    Ok(())
 }
