@@ -8,9 +8,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "linalg_cholqr",
         ptx: include_str!("../kernels/linalg_cholqr.ptx"),
         fatbin: include_bytes!("../kernels/linalg_cholqr.fatbin"),
-        source_sha256: "1e2b00aa9febe60182093b198dd1707704858ba46727b135086dc8ea82a60006",
-        ptx_sha256: "65e102e704e37258d8b5ca4c89bf9e7c61ca5c40fbd6de2ab487e9d354de9d54",
-        fatbin_sha256: "303a48962525538636eb0f796ee0aa1174359964213c1169363ad29cebc1c5f8",
+        source_sha256: "58eca9a37d149ad1e419eda44a101913ca570fa10789e293895f578ac837bbd4",
+        ptx_sha256: "3a7496e2979490523fc94d91b017a62d821179812fa0b3284d0877f904b1b4e7",
+        fatbin_sha256: "87f036780bfc1af0ce81fe417e05f7863ad822615005dcfcae54e4fb5043faf9",
         kernels: &["chol_rinv_f32"],
     },
     KernelModule {
