@@ -1,6 +1,9 @@
 //! The CPU backend: always present, and the reference every CUDA kernel is tested against.
 //! Row-wise reductions accumulate in f64; matmul goes through the `gemm` crate's SGEMM (f32
 //! accumulation, AVX2/AVX-512 kernels chosen at run time, threaded with rayon).
+//! The reference is the default ([`CpuMode::Exact`]); [`CpuMode::Fast`] (what the training
+//! binaries choose) runs f32 SIMD kernels for GELU, attention, LayerNorm and AdamW instead
+//! (`fast`, `docs/cpu-speed.md`).
 //! Independent work (elements, rows, sequences) runs on `rayon`'s pool (see `par`), each item
 //! computed exactly as a sequential loop would, so results do not depend on the thread count.
 
