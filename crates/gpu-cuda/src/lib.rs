@@ -1,7 +1,7 @@
 //! `gpu-cuda`: the CUDA backend of hybrid-trainer, on `cudarc` with dynamic loading.
 //! Context and stream, lazy module cache, caching memory pool, cuBLAS SGEMM and cuSOLVER
 //! ([`linalg`], with Cholesky QR2 and a small Jacobi SVD in [`cholqr`] and [`small_svd`]),
-//! CUDA graphs ([`graph`]), events, kernel launchers (cudarc's, the raw driver API, cooperative), the world model's fused
+//! the world model's fused correction ([`lowrank`]), CUDA graphs ([`graph`]), events, kernel launchers (cudarc's, the raw driver API, cooperative), the world model's fused
 //! rollout ([`rollout`]), and NVRTC for user CUDA C. Never panics without a GPU.
 
 mod backend;
@@ -12,6 +12,7 @@ mod gate;
 pub mod graph;
 mod launch;
 pub mod linalg;
+pub mod lowrank;
 mod module;
 mod nn;
 mod nvrtc;

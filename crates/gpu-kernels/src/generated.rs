@@ -77,6 +77,15 @@ pub static MODULES: &[KernelModule] = &[
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
     KernelModule {
+        name: "rssm_correct",
+        ptx: include_str!("../kernels/rssm_correct.ptx"),
+        fatbin: include_bytes!("../kernels/rssm_correct.fatbin"),
+        source_sha256: "447ac14ec21a9b29e2252b4a27b7d935071ef03b739670ae7ecc0a9a1f782493",
+        ptx_sha256: "bb902a8c6dbab7698039127e60b61a9c38c78b29c0af8ed8f9a326116ccf2aa3",
+        fatbin_sha256: "78e516ed54ebbfbd3a0056b1a8765576e8a8babda257135b1fc0a10f063ab280",
+        kernels: &["lowrank_add_f32"],
+    },
+    KernelModule {
         name: "rssm_rollout",
         ptx: include_str!("../kernels/rssm_rollout.ptx"),
         fatbin: include_bytes!("../kernels/rssm_rollout.fatbin"),

@@ -1,16 +1,50 @@
-//! The CUDA path of `apply_corrections`: `W += U·diag(S)·Vᵀ` in place on a device tensor, as
-//! one cuBLAS GEMM with `beta = 1` (each output tile is formed in registers and added to `W`
-//! once; nothing of the product's size is allocated), after `diag(S)` is folded into `U`.
+//! The CUDA path of `apply_corrections`: `W += U·diag(S)·Vᵀ` in place on a device tensor.
 //!
-//! A failed call leaves `W` untouched: NaN or Inf in `W` is refused first, and when the
-//! Cauchy–Schwarz bound says the sum could leave the f32 range, the sum is formed in a copy,
-//! checked, and only then copied over `W`.
+//! Ranks up to 64 (the hybrid trainer's): one fused kernel (`gpu_cuda::lowrank`) forms each
+//! 64 × 64 tile of the sum in registers, a first launch checks every entry (NaN or Inf in `W`,
+//! a sum that leaves the f32 range), a second writes the sums only when the check passed, and
+//! one flag word comes back: a failed call leaves `W` untouched, and nothing of `W`'s size is
+//! allocated.
+//!
+//! Larger ranks: one cuBLAS GEMM with `beta = 1` after `diag(S)` is folded into `U`; NaN or
+//! Inf in `W` is refused first, and when the Cauchy–Schwarz bound says the sum could leave the
+//! f32 range, the sum is formed in a copy, checked, and only then copied over `W`.
 
 use crate::error::AcceleratorError;
 use crate::lowrank::LowRank;
+use gpu_cuda::lowrank::{LOWRANK_MAX_RANK, LOWRANK_NONFINITE_W};
 use tensor_ops::{DType, Device, Tensor};
 
 const ENTRY: &str = "apply_corrections";
+
+/// The fused kernel's path (`1 <= k <= 64`): one synchronisation, the flag word.
+fn fused(w: &Tensor, c: &LowRank, dims: (usize, usize, usize)) -> Result<(), AcceleratorError> {
+    use gpu_core::Backend;
+    let bits = w.with_cuda_buffer_mut(|gpu, wb| {
+        c.u().with_cuda_buffer(|_, u| {
+            c.s().with_cuda_buffer(|_, s| {
+                c.v().with_cuda_buffer(|_, v| {
+                    let mut flag = gpu.allocate(DType::U32, 1)?;
+                    gpu.lowrank_add(dims, wb, u, s, v, &mut flag)?;
+                    Ok(gpu.download::<u32>(&flag)?[0])
+                })
+            })
+        })
+    })?;
+    if bits & LOWRANK_NONFINITE_W != 0 {
+        return Err(AcceleratorError::NonFinite {
+            entry: ENTRY,
+            what: "the weights",
+        });
+    }
+    if bits != 0 {
+        return Err(AcceleratorError::NonFinite {
+            entry: ENTRY,
+            what: "the corrected weights (the sum overflows f32)",
+        });
+    }
+    Ok(())
+}
 
 /// The largest magnitude in `t` (one synchronisation); NaN when `t` holds NaN or Inf.
 fn max_abs(t: &Tensor) -> Result<f32, AcceleratorError> {
@@ -22,6 +56,9 @@ fn max_abs(t: &Tensor) -> Result<f32, AcceleratorError> {
 pub(crate) fn apply_cuda(w: &Tensor, c: &LowRank) -> Result<(), AcceleratorError> {
     let (m, n) = c.shape();
     let k = c.rank();
+    if (1..=LOWRANK_MAX_RANK).contains(&k) {
+        return fused(w, c, (m, n, k));
+    }
     let w_max = max_abs(w)?;
     if !w_max.is_finite() {
         return Err(AcceleratorError::NonFinite {

@@ -285,7 +285,15 @@ fn gpu_apply_corrections_matches_the_dense_product_in_place() {
         return;
     };
     let acc = GpuAccelerator::new(d).unwrap();
-    for (m, n, k) in [(300, 200, 32), (1, 1, 1), (37, 129, 5), (1024, 1024, 32)] {
+    // Ranks up to 64 take the fused kernel, larger ones cuBLAS (80).
+    for (m, n, k) in [
+        (300, 200, 32),
+        (1, 1, 1),
+        (37, 129, 5),
+        (1024, 1024, 32),
+        (65, 130, 64),
+        (200, 150, 80),
+    ] {
         let u = Array2::from_shape_vec((m, k), uniform(&mut r, m * k, 1.0)).unwrap();
         let s = Array1::from_vec(uniform(&mut r, k, 2.0));
         let v = Array2::from_shape_vec((n, k), uniform(&mut r, n * k, 1.0)).unwrap();
