@@ -201,6 +201,13 @@ def main():
         c = torch.empty(size, size, device=dev)
         add(id_, time_us(lambda i: torch.mm(a, b, out=c), reps), None, 2.0 * size ** 3)
     torch.backends.cuda.matmul.allow_tf32 = False
+    for id_, m, n, k in [("bf16_4096", 4096, 4096, 4096), ("bf16_gpt_qkv", 16384, 1152, 384),
+                         ("bf16_gpt_fc", 16384, 1536, 384), ("bf16_gpt_proj", 16384, 384, 1536)]:
+        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
+        c = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        add(id_, time_us(lambda i: torch.mm(a, b, out=c), reps), None, 2.0 * m * n * k)
+    del a, b, c
 
     nb = ROWS * COLS * 4.0
     xs = [torch.rand(ROWS, COLS, device=dev) * 8 - 4 for _ in range(2)]

@@ -1,11 +1,13 @@
 //! `gpu-cuda`: the CUDA backend of hybrid-trainer, on `cudarc` with dynamic loading.
-//! Context and stream, lazy module cache, caching memory pool, cuBLAS SGEMM and cuSOLVER
+//! Context and stream, lazy module cache, caching memory pool, cuBLAS SGEMM (and bf16 GEMM on
+//! tensor cores, [`blas_bf16`]) and cuSOLVER
 //! ([`linalg`], with Cholesky QR2 and a small Jacobi SVD in [`cholqr`] and [`small_svd`]),
 //! the world model's fused correction ([`lowrank`]), CUDA graphs ([`graph`]), events, kernel launchers (cudarc's, the raw driver API, cooperative), the world model's fused
 //! rollout ([`rollout`]), and NVRTC for user CUDA C. Never panics without a GPU.
 
 mod backend;
 mod blas;
+pub mod blas_bf16;
 pub mod cholqr;
 mod error;
 mod gate;

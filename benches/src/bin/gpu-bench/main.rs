@@ -127,6 +127,32 @@ fn measure(b: &Bench) -> Result<Vec<Row>> {
         ));
     }
     b.gpu.set_tf32(false);
+    // bf16 GEMMs on tensor cores (f32 accumulation, bf16 out): 4096³ and the shakespeare-char
+    // GPT's forward shapes (batch 64 × context 256 rows, width 384).
+    for (id, m, n, k, what) in [
+        ("bf16_4096", 4096, 4096, 4096, "4096³"),
+        ("bf16_gpt_qkv", 16384, 1152, 384, "16384×384 · 384×1152 (GPT qkv)"),
+        ("bf16_gpt_fc", 16384, 1536, 384, "16384×384 · 384×1536 (GPT mlp up)"),
+        ("bf16_gpt_proj", 16384, 384, 1536, "16384×1536 · 1536×384 (GPT mlp down)"),
+    ] {
+        let s = MatmulSpec::new(m, n, k);
+        let mut rng = rand::rng();
+        let mut host = |len: usize| -> Vec<half::bf16> {
+            (0..len)
+                .map(|_| half::bf16::from_f32(rng.random_range(-4.0f32..4.0)))
+                .collect()
+        };
+        let (x, y) = (b.gpu.upload(&host(m * k))?, b.gpu.upload(&host(k * n))?);
+        let mut c = b.gpu.allocate(DType::BF16, m * n)?;
+        let us = b.time(|_| b.gpu.matmul_bf16(s, &x, &y, &mut c))?;
+        rows.push(row(
+            id,
+            format!("cuBLAS bf16 GEMM {what}, f32 accumulation"),
+            us,
+            None,
+            Some(s.flops()),
+        ));
+    }
     // Memory-bound kernels at 8192×4096 f32 (128 MiB per tensor, twice the L2), two input sets.
     let xs = [b.random(n)?, b.random(n)?];
     let ys = [b.random(n)?, b.random(n)?];

@@ -1,0 +1,165 @@
+//! Row-major bf16 GEMM on cuBLAS's tensor cores with f32 accumulation (`cublasGemmStridedBatchedEx`,
+//! compute type `CUBLAS_COMPUTE_32F`): the matmuls of bf16 mixed precision. Inputs are bf16;
+//! the output is bf16 (rounded once, from the f32 accumulator) or f32. The same row-major to
+//! column-major swap as the f32 GEMM (`crate::blas`). Its reference is
+//! [`matmul_bf16_reference`].
+
+use crate::backend::CudaBackend;
+use crate::pool::CudaBuffer;
+use cudarc::cublas::sys;
+use gpu_core::{BufferInfo, DType, GpuError, MatmulSpec, Result};
+use half::bf16;
+
+const OP: &str = "matmul_bf16";
+
+fn to_i32(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| GpuError::InvalidShape {
+        op: OP,
+        reason: format!("dimension {v} exceeds cuBLAS's i32 range"),
+    })
+}
+
+/// The element counts of A, B and C under `s`, or a typed error when they overflow.
+fn lengths(s: &MatmulSpec) -> Result<[usize; 3]> {
+    let len = |x: usize, y: usize| {
+        s.batch
+            .checked_mul(x)
+            .and_then(|v| v.checked_mul(y))
+            .ok_or_else(|| GpuError::InvalidShape {
+                op: OP,
+                reason: format!("{s:?} overflows usize"),
+            })
+    };
+    Ok([len(s.m, s.k)?, len(s.k, s.n)?, len(s.m, s.n)?])
+}
+
+impl CudaBackend {
+    /// `C = op(A)·op(B)` (see [`MatmulSpec`]) for bf16 `A` and `B`, accumulated in f32 on tensor
+    /// cores; `C` is bf16 or f32. Queued only.
+    pub fn matmul_bf16(
+        &self,
+        s: MatmulSpec,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+    ) -> Result<()> {
+        for (name, buf) in [("A", a.dtype()), ("B", b.dtype())] {
+            if buf != DType::BF16 {
+                return Err(GpuError::invalid(
+                    OP,
+                    format!("{name} must be bf16, got {buf}"),
+                ));
+            }
+        }
+        let c_type = match c.dtype() {
+            DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+            DType::F32 => sys::cudaDataType::CUDA_R_32F,
+            other => {
+                return Err(GpuError::invalid(
+                    OP,
+                    format!("C must be bf16 or f32, got {other}"),
+                ))
+            }
+        };
+        let [ea, eb, ec] = lengths(&s)?;
+        for (name, want, got) in [("A", ea, a.len()), ("B", eb, b.len()), ("C", ec, c.len())] {
+            if want != got {
+                return Err(GpuError::shape(
+                    OP,
+                    format!("{name} of {want} elements"),
+                    got,
+                ));
+            }
+        }
+        self.check_owned(OP, &[a, b, c])?;
+        if s.batch == 0 || s.m == 0 || s.n == 0 {
+            return Ok(());
+        }
+        if s.k == 0 {
+            return match c.dtype() {
+                DType::F32 => self.memset32(c, 0),
+                _ => self.memset16(c, 0),
+            };
+        }
+        let (m, n, k, batch) = (to_i32(s.m)?, to_i32(s.n)?, to_i32(s.k)?, to_i32(s.batch)?);
+        let stride = |v: usize| i64::try_from(v).map_err(|_| GpuError::invalid(OP, "stride"));
+        let (sa, sb, sc) = (stride(s.m * s.k)?, stride(s.k * s.n)?, stride(s.m * s.n)?);
+        let op = |t: bool| {
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        // cuBLAS sees row-major B as column-major Bᵀ: leading dimension is B's row length.
+        let ldb_row = if s.trans_b { k } else { n };
+        let lda_row = if s.trans_a { m } else { k };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let blas = self.blas()?;
+        let handle = *blas.handle();
+        self.bind()?;
+        // SAFETY: the buffers hold batch·m·k and batch·k·n bf16 and batch·m·n elements of C's
+        // type (checked above); the leading dimensions and strides address exactly those; the
+        // scalars are f32 as CUBLAS_COMPUTE_32F requires.
+        unsafe {
+            sys::cublasGemmStridedBatchedEx(
+                handle,
+                op(s.trans_b),
+                op(s.trans_a),
+                n,
+                m,
+                k,
+                (&alpha as *const f32).cast(),
+                b.device_ptr() as *const std::ffi::c_void,
+                sys::cudaDataType::CUDA_R_16BF,
+                ldb_row,
+                sb,
+                a.device_ptr() as *const std::ffi::c_void,
+                sys::cudaDataType::CUDA_R_16BF,
+                lda_row,
+                sa,
+                (&beta as *const f32).cast(),
+                c.device_ptr() as *mut std::ffi::c_void,
+                c_type,
+                n,
+                sc,
+                batch,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .result()
+        .map_err(|e| GpuError::cuda("cublasGemmStridedBatchedEx", e))
+    }
+}
+
+/// The reference of [`CudaBackend::matmul_bf16`]: the exact products of the bf16 inputs summed
+/// in f64, as f32 (the caller rounds to bf16 where the kernel's output is bf16). Row-major,
+/// `s` already validated.
+pub fn matmul_bf16_reference(s: MatmulSpec, a: &[bf16], b: &[bf16]) -> Vec<f32> {
+    let mut out = vec![0.0f32; s.batch * s.m * s.n];
+    for p in 0..s.batch {
+        let (a, b) = (&a[p * s.m * s.k..], &b[p * s.k * s.n..]);
+        for i in 0..s.m {
+            for j in 0..s.n {
+                let sum: f64 = (0..s.k)
+                    .map(|t| {
+                        let x = if s.trans_a {
+                            a[t * s.m + i]
+                        } else {
+                            a[i * s.k + t]
+                        };
+                        let y = if s.trans_b {
+                            b[j * s.k + t]
+                        } else {
+                            b[t * s.n + j]
+                        };
+                        f64::from(x.to_f32()) * f64::from(y.to_f32())
+                    })
+                    .sum();
+                out[(p * s.m + i) * s.n + j] = sum as f32;
+            }
+        }
+    }
+    out
+}
