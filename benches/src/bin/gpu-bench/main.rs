@@ -264,8 +264,9 @@ fn report(
     for r in rows {
         let pct = match (r.gbps(), r.tflops()) {
             (Some(g), _) => format!("{:.0}%", 100.0 * g / copy_gbps),
-            // TF32 runs on tensor cores: the fp32 SGEMM is not its ceiling.
+            // TF32 and bf16 run on tensor cores: the fp32 SGEMM is not their ceiling.
             (_, Some(_)) if r.id.starts_with("tf32") => "n/a (TF32)".into(),
+            (_, Some(_)) if r.id.starts_with("bf16") => "n/a (bf16)".into(),
             (_, Some(t)) => format!("{:.0}%", 100.0 * t / gemm_tflops),
             _ => "-".into(),
         };
