@@ -17,9 +17,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "linalg_jacobi",
         ptx: include_str!("../kernels/linalg_jacobi.ptx"),
         fatbin: include_bytes!("../kernels/linalg_jacobi.fatbin"),
-        source_sha256: "40b4f4bdae8bffbc5a4519e3cb14c2247d09e9b871051bb111bac6efdf27c56a",
-        ptx_sha256: "e9ae9b6fc4a62d71dc3cf1c108cd7227ed535072bde41156cf7b328fa84be250",
-        fatbin_sha256: "92d64667c6dd9f6ac7478cf6aa64507258e6d8411766b6ce800cde9e2b282f20",
+        source_sha256: "144eceaa7422f50dc182c995421afd3b6c9246f48f22c3e42309bea2f84655af",
+        ptx_sha256: "72655680077bb35afacb68a9093de94977595d7a9343d03f1e6474db0e92d9fb",
+        fatbin_sha256: "3685d1d5da9c36d0e66c58dcd775a77dee4cfb4214cb4764e55b22668f400df2",
         kernels: &["jacobi_svd_f32"],
     },
     KernelModule {
