@@ -131,9 +131,27 @@ fn measure(b: &Bench) -> Result<Vec<Row>> {
     // GPT's forward shapes (batch 64 × context 256 rows, width 384).
     for (id, m, n, k, what) in [
         ("bf16_4096", 4096, 4096, 4096, "4096³"),
-        ("bf16_gpt_qkv", 16384, 1152, 384, "16384×384 · 384×1152 (GPT qkv)"),
-        ("bf16_gpt_fc", 16384, 1536, 384, "16384×384 · 384×1536 (GPT mlp up)"),
-        ("bf16_gpt_proj", 16384, 384, 1536, "16384×1536 · 1536×384 (GPT mlp down)"),
+        (
+            "bf16_gpt_qkv",
+            16384,
+            1152,
+            384,
+            "16384×384 · 384×1152 (GPT qkv)",
+        ),
+        (
+            "bf16_gpt_fc",
+            16384,
+            1536,
+            384,
+            "16384×384 · 384×1536 (GPT mlp up)",
+        ),
+        (
+            "bf16_gpt_proj",
+            16384,
+            384,
+            1536,
+            "16384×1536 · 1536×384 (GPT mlp down)",
+        ),
     ] {
         let s = MatmulSpec::new(m, n, k);
         let mut rng = rand::rng();
