@@ -16,6 +16,21 @@ fn to_i32(op: &'static str, v: usize) -> Result<i32> {
     })
 }
 
+/// cuBLAS's transpose flag for a row-major operand's `trans`.
+pub(crate) fn op_of(t: bool) -> sys::cublasOperation_t {
+    if t {
+        sys::cublasOperation_t::CUBLAS_OP_T
+    } else {
+        sys::cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+/// The leading dimensions cuBLAS sees for row-major `A` and `B` under `s`: a row-major matrix
+/// is its column-major transpose, whose leading dimension is the row length.
+pub(crate) fn row_major_lds(s: &MatmulSpec, (m, n, k): (i32, i32, i32)) -> (i32, i32) {
+    (if s.trans_a { m } else { k }, if s.trans_b { k } else { n })
+}
+
 fn blas_err(call: &'static str) -> impl Fn(result::CublasError) -> GpuError {
     move |e| GpuError::cuda(call, e)
 }
@@ -42,16 +57,7 @@ impl CudaBackend {
         );
         let batch = to_i32("matmul", s.batch)?;
         self.check_owned("matmul", &[a, b, c])?;
-        let op = |t: bool| {
-            if t {
-                sys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                sys::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        // cuBLAS sees row-major B as column-major Bᵀ: leading dimension is B's row length.
-        let ldb_row = if s.trans_b { k } else { n };
-        let lda_row = if s.trans_a { m } else { k };
+        let (op, (lda_row, ldb_row)) = (op_of, row_major_lds(&s, (m, n, k)));
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = self.blas()?;
         let handle = *blas.handle();

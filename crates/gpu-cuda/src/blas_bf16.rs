@@ -5,6 +5,7 @@
 //! [`matmul_bf16_reference`].
 
 use crate::backend::CudaBackend;
+use crate::blas::{op_of, row_major_lds};
 use crate::pool::CudaBuffer;
 use cudarc::cublas::sys;
 use gpu_core::{BufferInfo, DType, GpuError, MatmulSpec, Result};
@@ -84,16 +85,7 @@ impl CudaBackend {
         let (m, n, k, batch) = (to_i32(s.m)?, to_i32(s.n)?, to_i32(s.k)?, to_i32(s.batch)?);
         let stride = |v: usize| i64::try_from(v).map_err(|_| GpuError::invalid(OP, "stride"));
         let (sa, sb, sc) = (stride(s.m * s.k)?, stride(s.k * s.n)?, stride(s.m * s.n)?);
-        let op = |t: bool| {
-            if t {
-                sys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                sys::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        // cuBLAS sees row-major B as column-major Bᵀ: leading dimension is B's row length.
-        let ldb_row = if s.trans_b { k } else { n };
-        let lda_row = if s.trans_a { m } else { k };
+        let (op, (lda_row, ldb_row)) = (op_of, row_major_lds(&s, (m, n, k)));
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = self.blas()?;
         let handle = *blas.handle();

@@ -115,26 +115,9 @@ impl CudaBackend {
             ..
         } = work;
         // Pass 1: A → Q₁ (in the scratch); pass 2: Q₁ → Q₂ (back into A).
-        self.cholqr_pass((rows, cols), (a, lda), (gram, rinv, flag), false)?;
-        self.gemm_cm(
-            (false, false),
-            (rows, cols, cols),
-            1.0,
-            (a, lda),
-            (rinv, cols),
-            0.0,
-            (q, rows),
-        )?;
-        self.cholqr_pass((rows, cols), (q, rows), (gram, rinv, flag), true)?;
-        self.gemm_cm(
-            (false, false),
-            (rows, cols, cols),
-            1.0,
-            (q, rows),
-            (rinv, cols),
-            0.0,
-            (a, lda),
-        )
+        let dims = (rows, cols);
+        self.cholqr_pass(dims, (a, lda), (gram, rinv, flag), false, (q, rows))?;
+        self.cholqr_pass(dims, (q, rows), (gram, rinv, flag), true, (a, lda))
     }
 
     /// One pass of Cholesky QR on the column-major `rows × cols` `A` (`rows >= cols`,
@@ -161,14 +144,11 @@ impl CudaBackend {
         let CholQrWork {
             gram, rinv, flag, ..
         } = work;
-        self.cholqr_pass((rows, cols), (a, lda), (gram, rinv, flag), false)?;
-        self.gemm_cm(
-            (false, false),
-            (rows, cols, cols),
-            1.0,
+        self.cholqr_pass(
+            (rows, cols),
             (a, lda),
-            (rinv, cols),
-            0.0,
+            (gram, rinv, flag),
+            false,
             (out, ldo),
         )
     }
@@ -194,13 +174,14 @@ impl CudaBackend {
         self.check_owned(op, &[a, &work.q, &work.gram, &work.rinv, &work.flag])
     }
 
-    /// `gram = YᵀY` (in parts), then `rinv = R⁻¹` of its Cholesky factor.
+    /// `gram = YᵀY` (in parts), `rinv = R⁻¹` of its Cholesky factor, then `out = Y·R⁻¹`.
     fn cholqr_pass(
         &self,
         (rows, cols): (usize, usize),
         (y, ldy): (&CudaBuffer, usize),
         (gram, rinv, flag): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
         check: bool,
+        (out, ldo): (&mut CudaBuffer, usize),
     ) -> Result<()> {
         let parts = self.gemm_tn_parts_cm(
             rows,
@@ -210,7 +191,16 @@ impl CudaBackend {
             gram_chunk(rows),
             gram,
         )?;
-        self.chol_rinv_cm(cols, (gram, parts), rinv, flag, check)
+        self.chol_rinv_cm(cols, (gram, parts), rinv, flag, check)?;
+        self.gemm_cm(
+            (false, false),
+            (rows, cols, cols),
+            1.0,
+            (y, ldy),
+            (rinv, cols),
+            0.0,
+            (out, ldo),
+        )
     }
 
     /// The kernel alone: `rinv` (column-major `l × l`) = `R⁻¹` where `G = RᵀR`, `G` the sum of

@@ -10,6 +10,7 @@
 //! factorizations they feed need full f32 products.
 
 use crate::backend::CudaBackend;
+use crate::blas::op_of;
 use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
 use cudarc::cublas::sys as blas;
@@ -54,14 +55,6 @@ pub(crate) fn check_mat(
 
 pub(crate) fn int(op: &'static str, v: usize) -> Result<c_int> {
     c_int::try_from(v).map_err(|_| GpuError::invalid(op, format!("{v} exceeds the i32 range")))
-}
-
-fn op_of(t: bool) -> blas::cublasOperation_t {
-    if t {
-        blas::cublasOperation_t::CUBLAS_OP_T
-    } else {
-        blas::cublasOperation_t::CUBLAS_OP_N
-    }
 }
 
 fn blas_ok(call: &'static str, s: blas::cublasStatus_t) -> Result<()> {
