@@ -42,8 +42,8 @@ pub enum Engine {
 /// |---|---|---|
 /// | [`encode_state`](Self::encode_state) | fast f32 engine (or the f64 reference) | the encoder's tensor-ops forward |
 /// | [`predict_batch`](Self::predict_batch) | fast f32 engine (or the f64 reference) | one fused cooperative kernel ([`Engine::Fused`]) |
-/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f32 passes, f64 QR; or all f64) | randomized SVD (cuBLAS + cuSOLVER) or `cusolverDnXgesvdr` |
-/// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | one in-place cuBLAS GEMM |
+/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f32 passes, f64 QR; or all f64) | randomized SVD (cuBLAS, Cholesky QR, Jacobi; replayed as a CUDA graph) or `cusolverDnXgesvdr` |
+/// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | one fused check-then-write kernel (rank <= 64), else one in-place cuBLAS GEMM |
 pub struct GpuAccelerator {
     device: Device,
     model: Option<Rssm>,
