@@ -88,6 +88,14 @@ fn sum1<'x>(
     }
 }
 
+/// How many scores row `i` computes: `i + 1` rounded up to whole register blocks (at most
+/// `t`), so that every block takes the four-chain path; the scores past `i` are not used
+/// (nothing is summed over them, so a non-finite key there changes nothing).
+#[inline(always)]
+fn padded(i: usize, t: usize) -> usize {
+    ((i + 1).div_ceil(B) * B).min(t)
+}
+
 /// `s[j] = Σ_c a[c]·mt[c·t + j]` for `j < s.len()`, 16 outputs at a time held in registers.
 #[inline(always)]
 fn row_dots(a: &[f32], mt: &[f32], t: usize, s: &mut [f32]) {
@@ -137,8 +145,8 @@ fn fwd_body(
     let (kt, s) = scratch.split_at_mut(t * d);
     transpose(k, kt, t, d);
     for i in 0..t {
+        row_dots(&q[i * d..(i + 1) * d], kt, t, &mut s[..padded(i, t)]);
         let s = &mut s[..=i];
-        row_dots(&q[i * d..(i + 1) * d], kt, t, s);
         let mut max = f32::NEG_INFINITY;
         for sj in s.iter_mut() {
             *sj *= scale;
@@ -183,9 +191,10 @@ fn bwd_body(
         let row = i * d..(i + 1) * d;
         let (qi, doi) = (&q[row.clone()], &dout[row.clone()]);
         let delta = super::rows::sum2(doi, &out[row.clone()], |a, b| a * b);
+        let w = padded(i, t);
+        row_dots(qi, kt, t, &mut pm[i * t..i * t + w]);
+        row_dots(doi, vt, t, &mut dsm[i * t..i * t + w]);
         let (p, ds) = (&mut pm[i * t..=i * t + i], &mut dsm[i * t..=i * t + i]);
-        row_dots(qi, kt, t, p);
-        row_dots(doi, vt, t, ds);
         for (pj, dsj) in p.iter_mut().zip(ds.iter_mut()) {
             *pj = exp(scale * *pj - lse[i]);
             // dS·scale, the factor of both dq and dk.
