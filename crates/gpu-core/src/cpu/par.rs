@@ -78,10 +78,36 @@ impl Strided {
             return;
         }
         let (sa, sb) = (self.sa[self.sa.len() - 1], self.sb[self.sb.len() - 1]);
-        for_rows(out, inner, |r, o| {
-            let (ia, ib) = self.row_offsets(r);
-            f(o, ia, ib, sa, sb);
-        });
+        let outer = self.shape.len() - 1;
+        let per_task = min_rows(inner);
+        out.par_chunks_mut(per_task * inner)
+            .enumerate()
+            .for_each(|(task, chunk)| {
+                // The first row's multi-index by division, then an odometer over the outer dims
+                // (no division per row).
+                let r0 = task * per_task;
+                let mut idx = vec![0usize; outer];
+                let mut rest = r0;
+                for k in (0..outer).rev() {
+                    idx[k] = rest % self.shape[k];
+                    rest /= self.shape[k];
+                }
+                let (mut ia, mut ib) = self.row_offsets(r0);
+                for o in chunk.chunks_exact_mut(inner) {
+                    f(o, ia, ib, sa, sb);
+                    for k in (0..outer).rev() {
+                        idx[k] += 1;
+                        ia += self.sa[k];
+                        ib += self.sb[k];
+                        if idx[k] < self.shape[k] {
+                            break;
+                        }
+                        ia -= self.shape[k] * self.sa[k];
+                        ib -= self.shape[k] * self.sb[k];
+                        idx[k] = 0;
+                    }
+                }
+            });
     }
 
     /// The offsets in both views of the first element of innermost row `r`.
