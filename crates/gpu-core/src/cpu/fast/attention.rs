@@ -31,7 +31,7 @@ const B: usize = 16;
 
 /// `Σ_i f(i)·row(i)[..B]` over `range` in four register chains (`i − start ≡ 0, 1, 2, 3 mod 4`,
 /// each in order, a tail of fewer than four rows going to the first chains), combined as
-/// `(c0 + c1) + (c2 + c3)`: four independent FMA chains hide the FMA latency.
+/// `(c0 + c1) + (c2 + c3)`: four independent chains hide the latency of the adds.
 #[inline(always)]
 fn sum4<'x>(
     range: std::ops::Range<usize>,
