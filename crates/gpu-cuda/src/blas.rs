@@ -9,7 +9,7 @@ use crate::pool::CudaBuffer;
 use cudarc::cublas::{result, sys};
 use gpu_core::{GpuError, MatmulSpec, Result};
 
-fn to_i32(op: &'static str, v: usize) -> Result<i32> {
+pub(crate) fn to_i32(op: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| GpuError::InvalidShape {
         op,
         reason: format!("dimension {v} exceeds cuBLAS's i32 range"),

@@ -14,10 +14,7 @@ use half::bf16;
 const OP: &str = "matmul_bf16";
 
 fn to_i32(v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| GpuError::InvalidShape {
-        op: OP,
-        reason: format!("dimension {v} exceeds cuBLAS's i32 range"),
-    })
+    crate::blas::to_i32(OP, v)
 }
 
 /// The element counts of A, B and C under `s`, or a typed error when they overflow.
@@ -125,30 +122,39 @@ impl CudaBackend {
     }
 }
 
+/// The `k` exact products `a_it·b_tj` (as f64) of entry `(p, i, j)` of `op(A)·op(B)` under
+/// `s`, for row-major bf16 operands: what [`matmul_bf16_reference`] sums, and what a test's
+/// error bound takes the magnitudes of.
+pub fn matmul_bf16_terms<'a>(
+    s: &'a MatmulSpec,
+    (a, b): (&'a [bf16], &'a [bf16]),
+    (p, i, j): (usize, usize, usize),
+) -> impl Iterator<Item = f64> + 'a {
+    let (a, b) = (&a[p * s.m * s.k..], &b[p * s.k * s.n..]);
+    (0..s.k).map(move |t| {
+        let x = if s.trans_a {
+            a[t * s.m + i]
+        } else {
+            a[i * s.k + t]
+        };
+        let y = if s.trans_b {
+            b[j * s.k + t]
+        } else {
+            b[t * s.n + j]
+        };
+        f64::from(x.to_f32()) * f64::from(y.to_f32())
+    })
+}
+
 /// The reference of [`CudaBackend::matmul_bf16`]: the exact products of the bf16 inputs summed
 /// in f64, as f32 (the caller rounds to bf16 where the kernel's output is bf16). Row-major,
 /// `s` already validated.
 pub fn matmul_bf16_reference(s: MatmulSpec, a: &[bf16], b: &[bf16]) -> Vec<f32> {
     let mut out = vec![0.0f32; s.batch * s.m * s.n];
     for p in 0..s.batch {
-        let (a, b) = (&a[p * s.m * s.k..], &b[p * s.k * s.n..]);
         for i in 0..s.m {
             for j in 0..s.n {
-                let sum: f64 = (0..s.k)
-                    .map(|t| {
-                        let x = if s.trans_a {
-                            a[t * s.m + i]
-                        } else {
-                            a[i * s.k + t]
-                        };
-                        let y = if s.trans_b {
-                            b[j * s.k + t]
-                        } else {
-                            b[t * s.n + j]
-                        };
-                        f64::from(x.to_f32()) * f64::from(y.to_f32())
-                    })
-                    .sum();
+                let sum: f64 = matmul_bf16_terms(&s, (a, b), (p, i, j)).sum();
                 out[(p * s.m + i) * s.n + j] = sum as f32;
             }
         }

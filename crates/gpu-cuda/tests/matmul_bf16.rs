@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use gpu_core::{Backend, DType, MatmulSpec};
-use gpu_cuda::blas_bf16::matmul_bf16_reference;
+use gpu_cuda::blas_bf16::{matmul_bf16_reference, matmul_bf16_terms};
 use gpu_cuda::testing::backend_or_skip;
 use half::bf16;
 use rand::Rng;
@@ -23,23 +23,8 @@ fn bf16s(r: &mut rand::rngs::StdRng, n: usize) -> Vec<bf16> {
 }
 
 /// Σ_t |a_it·b_tj| for entry (p, i, j).
-fn magnitude(s: &MatmulSpec, a: &[bf16], b: &[bf16], (p, i, j): (usize, usize, usize)) -> f64 {
-    let (a, b) = (&a[p * s.m * s.k..], &b[p * s.k * s.n..]);
-    (0..s.k)
-        .map(|t| {
-            let x = if s.trans_a {
-                a[t * s.m + i]
-            } else {
-                a[i * s.k + t]
-            };
-            let y = if s.trans_b {
-                b[j * s.k + t]
-            } else {
-                b[t * s.n + j]
-            };
-            (f64::from(x.to_f32()) * f64::from(y.to_f32())).abs()
-        })
-        .sum()
+fn magnitude(s: &MatmulSpec, a: &[bf16], b: &[bf16], at: (usize, usize, usize)) -> f64 {
+    matmul_bf16_terms(s, (a, b), at).map(f64::abs).sum()
 }
 
 #[test]
