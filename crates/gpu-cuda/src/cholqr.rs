@@ -1,8 +1,10 @@
 //! Cholesky QR2 for tall-skinny f32 matrices (`cols <= 64`): the fast orthonormalisation of the
-//! randomized SVD. One pass is `G = YᵀY` (cuBLAS), `R⁻¹` from `G = RᵀR` (`kernels/linalg_cholqr.cu`,
-//! one block, f64) and `Q = Y·R⁻¹` (cuBLAS); the second pass repeats it on `Q` and restores the
-//! orthogonality the first lost to the condition number (Yamamoto, Nakatsukasa, Yanagisawa and
-//! Fukaya 2015). Three small launches a pass instead of cuSOLVER's `geqrf` + `orgqr`.
+//! randomized SVD. One pass is `G = YᵀY` in row-block parts (cuBLAS,
+//! [`CudaBackend::gemm_tn_parts_cm`]), `R⁻¹` from `G = RᵀR` (`kernels/linalg_cholqr.cu`, one
+//! block, f64) and `Q = Y·R⁻¹` (cuBLAS); the second pass repeats it on
+//! `Q` and restores the orthogonality the first lost to the condition number (Yamamoto,
+//! Nakatsukasa, Yanagisawa and Fukaya 2015). Three small launches a pass instead of cuSOLVER's
+//! `geqrf` + `orgqr`.
 //!
 //! Nothing is read back: a breakdown (a pivot that is not positive, or a first pass that left
 //! `Q` further than 1/2 in Frobenius norm from orthonormal) only sets a flag on the device,
@@ -244,13 +246,13 @@ impl CudaBackend {
         ];
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (if l <= 32 { 256 } else { 1024 }, 1, 1),
+            block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: chol_rinv_f32(const float* g, unsigned nparts, float* rinv, unsigned* flag,
         // unsigned l, unsigned check); g holds nparts·l·l f32 and rinv l·l (checked), flag one
-        // u32, l <= 64 (the kernel's static tile), and 256 threads for l <= 32, else 1024, as
-        // the kernel's row groups assume (at most 4 rows a thread).
+        // u32, l <= 64 (the kernel's static row buffers), and the 1024 threads its row groups
+        // assume (at most 4 rows a thread).
         unsafe { self.launch("chol_rinv_f32", cfg, &args) }
     }
 }

@@ -2,9 +2,10 @@
 //! Context and stream, lazy module cache, caching memory pool, cuBLAS SGEMM (and bf16 GEMM on
 //! tensor cores, [`blas_bf16`]) and cuSOLVER
 //! ([`linalg`], with Cholesky QR2 and a small Jacobi SVD in [`cholqr`] and [`small_svd`]),
-//! the world model's fused correction ([`lowrank`]), CUDA graphs ([`graph`]), events, kernel launchers (cudarc's, the raw driver API, cooperative), the world model's fused
+//! the world model's fused correction ([`lowrank`]) and finiteness scan ([`amax`]), CUDA graphs ([`graph`]), events, kernel launchers (cudarc's, the raw driver API, cooperative), the world model's fused
 //! rollout ([`rollout`]), and NVRTC for user CUDA C. Never panics without a GPU.
 
+pub mod amax;
 mod backend;
 mod blas;
 pub mod blas_bf16;

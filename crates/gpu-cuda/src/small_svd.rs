@@ -77,9 +77,9 @@ impl CudaBackend {
         };
         // SAFETY: jacobi_svd_f32(const float* r, unsigned nparts, float* u, float* s, float* v,
         // unsigned* flag, unsigned l, unsigned k, float inv_scale); r holds nparts·l·l f32, u
-        // and v l·k, s k, flag one u32 (checked above); the block has a half-warp per column pair
-        // (<= 16 warps, within the kernel's launch bounds) and the dynamic shared memory holds
-        // A and V, 2·l·l f64.
+        // and v l·k, s k, flag one u32 (checked above); the block has a half-warp per column
+        // pair (<= 16 warps, within the kernel's launch bounds; at least l threads) and the
+        // dynamic shared memory holds A and V, 2·l·l f64.
         unsafe { self.launch_large_smem("jacobi_svd_f32", cfg, &args) }
     }
 }

@@ -213,12 +213,16 @@ fn gpu_gemm_tn_parts_sum_to_the_product() {
         return;
     };
     let mut r = StdRng::seed_from_u64(test_seed(test));
-    // Exact multiples of the chunk, a remainder, and fewer rows than one chunk.
+    // Exact multiples of the chunk, a remainder, and fewer rows than one chunk; the randomized
+    // SVD's widths (32, 33, 64) and wider.
     for (rows, m, n, chunk) in [
         (256, 7, 5, 64),
         (1000, 32, 32, 128),
         (50, 3, 9, 64),
         (129, 1, 1, 128),
+        (700, 33, 32, 100),
+        (4100, 64, 64, 128),
+        (300, 70, 65, 128),
     ] {
         let (lda, ldb) = (rows + 3, rows);
         let mut fill = |len: usize| {

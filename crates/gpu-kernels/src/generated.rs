@@ -5,21 +5,30 @@ use crate::KernelModule;
 /// Every embedded kernel module, sorted by name.
 pub static MODULES: &[KernelModule] = &[
     KernelModule {
+        name: "linalg_amax",
+        ptx: include_str!("../kernels/linalg_amax.ptx"),
+        fatbin: include_bytes!("../kernels/linalg_amax.fatbin"),
+        source_sha256: "69c49c36baf99785e63b71e18fb447c42850d8e7e6ff77ba8b73109020d4d871",
+        ptx_sha256: "fdc889a8c3e98e809e51991c91102d35290599a2477de2eec1930fb0c87c9f78",
+        fatbin_sha256: "7972d1c0c6df4a4f2001d95ba16dd190e560611f31b3656da1c7069b54af0c0a",
+        kernels: &["max_abs_bits_f32"],
+    },
+    KernelModule {
         name: "linalg_cholqr",
         ptx: include_str!("../kernels/linalg_cholqr.ptx"),
         fatbin: include_bytes!("../kernels/linalg_cholqr.fatbin"),
-        source_sha256: "58eca9a37d149ad1e419eda44a101913ca570fa10789e293895f578ac837bbd4",
-        ptx_sha256: "3a7496e2979490523fc94d91b017a62d821179812fa0b3284d0877f904b1b4e7",
-        fatbin_sha256: "87f036780bfc1af0ce81fe417e05f7863ad822615005dcfcae54e4fb5043faf9",
+        source_sha256: "7dc3b0d06f34072d6a510c7acce306e13f8ccd4d24fd9463d9e11664918cdd2f",
+        ptx_sha256: "5b2d39bc790f80391e20315a9d42e5bcfc5a7ee48037b2566d7cc8cd20613687",
+        fatbin_sha256: "c88bcf02dac66f38bff34643346510a157276a9382e0ae40f21f5d5e057d4e48",
         kernels: &["chol_rinv_f32"],
     },
     KernelModule {
         name: "linalg_jacobi",
         ptx: include_str!("../kernels/linalg_jacobi.ptx"),
         fatbin: include_bytes!("../kernels/linalg_jacobi.fatbin"),
-        source_sha256: "144eceaa7422f50dc182c995421afd3b6c9246f48f22c3e42309bea2f84655af",
-        ptx_sha256: "72655680077bb35afacb68a9093de94977595d7a9343d03f1e6474db0e92d9fb",
-        fatbin_sha256: "3685d1d5da9c36d0e66c58dcd775a77dee4cfb4214cb4764e55b22668f400df2",
+        source_sha256: "912b57b781c65e0d926c8f1efe361a52b6bc5bcc91c89666e2e2dfca324962e9",
+        ptx_sha256: "d469de0ac04795a015ec0af11135f2ecc41044918da1b5110faf4a77d3cafc99",
+        fatbin_sha256: "64800ab255e22e705383d3f0168e00d05cab9477a02f1a757696693ab8fb5b7c",
         kernels: &["jacobi_svd_f32"],
     },
     KernelModule {

@@ -5,7 +5,7 @@
 use crate::config::RssmConfig;
 use crate::error::{Result, RssmError};
 use tensor_ops::nn::{Dropout, GruCell, LayerNorm, Linear, Mode, Module, ModuleT, ParamBuilder};
-use tensor_ops::{no_grad, Device, Tensor};
+use tensor_ops::{no_grad, DType, Device, Tensor};
 
 /// Linear F → E, LayerNorm, ReLU, dropout (the identity outside training).
 #[derive(Debug, Clone)]
@@ -196,10 +196,16 @@ pub(crate) fn check_device(what: &'static str, t: &Tensor, device: Device) -> Re
     Ok(())
 }
 
-/// The largest magnitude in `t`, or `None` when `t` holds NaN or Inf: `max(x)` and `max(−x)`
-/// on the tensor's device (the max reduction propagates NaN, and an infinity is its own
-/// maximum) and one synchronisation.
+/// The largest magnitude in `t`, or `None` when `t` holds NaN or Inf, and one synchronisation.
+/// An f32 CUDA tensor takes one pass over its buffer (`gpu_cuda::amax`); elsewhere `max(x)` and
+/// `max(−x)` on the tensor's device (the max reduction propagates NaN, and an infinity is its
+/// own maximum).
 pub(crate) fn max_abs_if_finite(t: &Tensor) -> tensor_ops::Result<Option<f32>> {
+    if matches!(t.device(), Device::Cuda(_)) && t.dtype() == DType::F32 {
+        let n = t.numel();
+        let bits = t.with_cuda_buffer(|gpu, x| gpu.max_abs_bits(x, n))?;
+        return Ok((bits < gpu_cuda::amax::INF_BITS).then(|| f32::from_bits(bits)));
+    }
     no_grad(|| {
         let flat = t.reshape(&[t.numel()])?;
         let parts = [flat.max(0, true)?, flat.neg()?.max(0, true)?];
