@@ -25,6 +25,7 @@
 // Y it came from is not close enough to orthonormal for Cholesky QR2's second pass to finish
 // the job (Yamamoto, Nakatsukasa, Yanagisawa and Fukaya 2015).
 #include "common.cuh"
+#include "linalg_parts.cuh"
 
 #define CHOL_MAX 64
 #define CT 1024  // threads of the block (the host launches this many)
@@ -46,24 +47,12 @@ static __device__ __forceinline__ void chol_body(const float* __restrict__ g, un
     // v[q] = a(i_q, c), i_q = grp + ng·q: G(c, i) = Σ_p part_p(c, i) (G's lower triangle read as
     // the upper: coalesced), L⁻¹'s part zero; the squared distance to the identity on the way.
     double v[NQ], off = 0.0;
-#pragma unroll
-    for (int q = 0; q < NQ; ++q) v[q] = 0.0;
-    for (unsigned p0 = 0; p0 < nparts; p0 += CP) {
-        float y[NQ][CP];
-#pragma unroll
-        for (int q = 0; q < NQ; ++q) {
-            const unsigned i = grp + ng * q;
-#pragma unroll
-            for (int k = 0; k < CP; ++k)
-                y[q][k] = (col && i < l && p0 + k < nparts) ? g[(size_t)(p0 + k) * ll + i * l + c]
-                                                            : 0.0f;
-        }
-#pragma unroll
-        for (int q = 0; q < NQ; ++q)
-#pragma unroll
-            for (int k = 0; k < CP; ++k)
-                if (p0 + k < nparts) v[q] += (double)y[q][k];  // in order, as the reference
-    }
+    sum_parts<NQ, CP>(g, nparts, ll,
+                      [&](int q) -> long long {
+                          const unsigned i = grp + ng * q;
+                          return col && i < l ? (long long)(i * l + c) : -1;
+                      },
+                      v);
 #pragma unroll
     for (int q = 0; q < NQ; ++q) {
         const unsigned i = grp + ng * q;

@@ -27,6 +27,7 @@
 // > 2^-60·σ_max (zero: u_j undefined), or a column is not finite; 16 = a singular value overflows
 // f32 once unscaled. The caller then takes its host path.
 #include "common.cuh"
+#include "linalg_parts.cuh"
 
 #define JAC_MAX 64
 #define JAC_SWEEPS 60
@@ -157,27 +158,15 @@ extern "C" __global__ void __launch_bounds__(JAC_THREADS) jacobi_svd_f32(
     __shared__ unsigned ord[JAC_MAX];
     __shared__ int rotated;
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ll = l * l;
-    // The parts added in order (as in the reference), JAC_CE elements × JAC_CP parts of loads
-    // in flight a thread.
+    // R, its parts added in order (as in the reference), JAC_CE elements a thread at a time.
     for (unsigned e0 = 0; e0 < ll; e0 += JAC_CE * blockDim.x) {
         double acc[JAC_CE];
-#pragma unroll
-        for (int s = 0; s < JAC_CE; ++s) acc[s] = 0.0;
-        for (unsigned p0 = 0; p0 < nparts; p0 += JAC_CP) {
-            float y[JAC_CE][JAC_CP];
-#pragma unroll
-            for (int s = 0; s < JAC_CE; ++s) {
-                const unsigned e = e0 + threadIdx.x + blockDim.x * s;
-#pragma unroll
-                for (int q = 0; q < JAC_CP; ++q)
-                    y[s][q] = (e < ll && p0 + q < nparts) ? r[(size_t)(p0 + q) * ll + e] : 0.0f;
-            }
-#pragma unroll
-            for (int s = 0; s < JAC_CE; ++s)
-#pragma unroll
-                for (int q = 0; q < JAC_CP; ++q)
-                    if (p0 + q < nparts) acc[s] += (double)y[s][q];
-        }
+        sum_parts<JAC_CE, JAC_CP>(r, nparts, ll,
+                                  [&](int s) -> long long {
+                                      const unsigned e = e0 + threadIdx.x + blockDim.x * s;
+                                      return e < ll ? (long long)e : -1;
+                                  },
+                                  acc);
 #pragma unroll
         for (int s = 0; s < JAC_CE; ++s) {
             const unsigned e = e0 + threadIdx.x + blockDim.x * s;
