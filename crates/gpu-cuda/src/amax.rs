@@ -4,7 +4,7 @@
 //! Its reference is [`max_abs_bits_reference`].
 
 use crate::backend::CudaBackend;
-use crate::launch::{KernelArg, LaunchConfig};
+use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
@@ -40,12 +40,8 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let sms = self.info().multiprocessors.max(1) as usize;
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(4 * 256).clamp(1, 8 * sms) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        // A float4 a thread, at most 8 blocks of 256 threads a multiprocessor.
+        let cfg = self.stride_grid_capped(n.div_ceil(4), 8);
         let args = [
             KernelArg::from(x),
             KernelArg::U64(n as u64),
@@ -53,7 +49,8 @@ impl CudaBackend {
         ];
         // SAFETY: max_abs_bits_f32(const float* x, u64 n, unsigned* out); x holds at least n
         // f32 (checked) from the start of a pool allocation (16-byte aligned, as its float4 loads
-        // need), out one u32; the kernel's block reduction assumes the 256 threads given here.
+        // need), out one u32; the kernel's block reduction assumes the 256-thread blocks that
+        // `stride_grid_capped` gives.
         unsafe { self.launch("max_abs_bits_f32", cfg, &args) }
     }
 

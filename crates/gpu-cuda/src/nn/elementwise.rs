@@ -95,7 +95,7 @@ impl CudaBackend {
     }
 
     /// [`CudaBackend::stride_grid`] with at most `per_sm` blocks per multiprocessor.
-    fn stride_grid_capped(&self, threads: usize, per_sm: usize) -> LaunchConfig {
+    pub(crate) fn stride_grid_capped(&self, threads: usize, per_sm: usize) -> LaunchConfig {
         let blocks = threads
             .div_ceil(BLOCK as usize)
             .clamp(1, self.sms() * per_sm) as u32;
