@@ -105,6 +105,35 @@ def gpt_train_step(model, opt, data, block, batch, dev, gen=None):
     loss.item()
 
 
+def gpt_pipelined_us(step, rounds=5, per=10):
+    """Median over `rounds` of the mean time of `per` steps queued back to back with one loss
+    read-back at the end (training with a log interval), after one untimed round."""
+    import time
+    times = []
+    for r in range(rounds + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(per):
+            loss = step()
+        loss.item()
+        if r > 0:
+            times.append((time.perf_counter() - t0) * 1e6 / per)
+    return statistics.median(times)
+
+
+def gpt_step_queued(model, opt, data, block, batch, dev):
+    """`gpt_train_step` without the per-step loss.item(): returns the loss tensor."""
+    ix = torch.randint(len(data) - block, (batch,))
+    x = torch.stack([data[j:j + block] for j in ix]).to(dev)
+    y = torch.stack([data[j + 1:j + block + 1] for j in ix]).to(dev)
+    loss = model(x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+
 def gpt_rows(add, path, dev):
     import time
     text = open(path, encoding="utf-8").read()
@@ -121,6 +150,21 @@ def gpt_rows(add, path, dev):
             if i >= 3:
                 times.append((time.perf_counter() - t0) * 1e6)
         add("gpt_step_tf32" if tf32 else "gpt_step", statistics.median(times))
+    # Steps queued with the loss read every 10 (as a training loop with a log interval), TF32:
+    # eager, and the model under torch.compile (default mode).
+    torch.backends.cuda.matmul.allow_tf32 = True
+    for compiled in (False, True):
+        model = NanoGpt(len(chars)).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True)
+        try:
+            m = torch.compile(model) if compiled else model
+            t0 = time.perf_counter()
+            gpt_step_queued(m, opt, data, 256, 64, dev).item()  # compiles when compiled
+            print(f"gpt compiled={compiled}: first step {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            us = gpt_pipelined_us(lambda: gpt_step_queued(m, opt, data, 256, 64, dev))
+            add("gpt_pipe_tf32_compile" if compiled else "gpt_pipe_tf32", us)
+        except Exception as e:  # noqa: BLE001 - reported, the other rows stand
+            print(f"gpt compiled={compiled} failed: {e}", file=sys.stderr)
     torch.backends.cuda.matmul.allow_tf32 = False
 
 

@@ -361,9 +361,12 @@ static __device__ __forceinline__ bool dropout_keep(u64 seed, u64 i, float thres
     return (float)(u32)(z >> 40) >= thresh;
 }
 
-// out[i] = keep(seed, i) ? x[i] / (1 − p) : 0 (an IEEE division, as on the CPU).
+// out[i] = keep(seed, i) ? x[i] / (1 − p) : 0 (an IEEE division, as on the CPU). With
+// `offset` non-null the seed is seed + *offset (wrapping): a CUDA graph's replays draw new masks
+// from values written to the device before each replay.
 extern "C" __global__ void dropout_f32(const float* __restrict__ x, float* __restrict__ out, u64 n,
-                                       float p, u64 seed) {
+                                       float p, u64 seed, const u64* __restrict__ offset) {
+    if (offset != nullptr) seed += *offset;
     const float thresh = p * 16777216.0f, q = 1.0f - p;
     const u64 n4 = n / 4, stride = grid_threads();
     const float4* x4 = reinterpret_cast<const float4*>(x);

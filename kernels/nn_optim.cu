@@ -108,9 +108,13 @@ struct AdamW {
 // grad_scale is null); m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²; p *= decay[i];
 // p −= step_size · m / (sqrt(v)/bc2_sqrt + eps), with step_size = lr/(1−β1^step) and
 // bc2_sqrt = sqrt(1−β2^step) computed on the host in f64.
+// With `schedule` non-null (a step replayed from a CUDA graph, whose kernel arguments are
+// frozen), the step's scalars come from the device instead: schedule = [lr, step_size,
+// bc2_sqrt], the `step_size` and `bc2_sqrt` arguments are ignored, and a.decay[i] holds the
+// weight decay wd[i], turned into 1 − lr·wd[i] here in f64 as the host does (same bits).
 extern "C" __global__ void __launch_bounds__(MT_THREADS)
     adamw_f32(const MultiTensor a, const float* __restrict__ grad_scale, float beta1, float beta2,
-              float eps, float step_size, float bc2_sqrt) {
+              float eps, float step_size, float bc2_sqrt, const float* __restrict__ schedule) {
     const int ti = mt_tensor(a, blockIdx.x);
     float* __restrict__ p = reinterpret_cast<float*>(a.p[ti]);
     const float* __restrict__ g = reinterpret_cast<const float*>(a.g[ti]);
@@ -118,9 +122,15 @@ extern "C" __global__ void __launch_bounds__(MT_THREADS)
     float* __restrict__ v = reinterpret_cast<float*>(a.v[ti]);
     const unsigned int base = (blockIdx.x - a.block_start[ti]) * MT_CHUNK;
     const unsigned int cnt = min((unsigned int)MT_CHUNK, a.n[ti] - base), cnt4 = cnt >> 2;
+    float decay = a.decay[ti];
+    if (schedule != nullptr) {
+        decay = (float)(1.0 - (double)schedule[0] * (double)decay);
+        step_size = schedule[1];
+        bc2_sqrt = schedule[2];
+    }
     const AdamW op{beta1,     beta2,    1.0f - beta1,
                    1.0f - beta2, eps,   step_size,
-                   bc2_sqrt,  grad_scale != nullptr ? grad_scale[1] : 1.0f, a.decay[ti]};
+                   bc2_sqrt,  grad_scale != nullptr ? grad_scale[1] : 1.0f, decay};
     p += base;
     g += base;
     m += base;

@@ -270,6 +270,10 @@ impl CudaBackend {
         self.inner.pool.stats()
     }
 
+    pub(crate) fn memory_pool(&self) -> &MemoryPool {
+        &self.inner.pool
+    }
+
     /// Returns the pool's cached blocks to the driver.
     pub fn empty_cache(&self) -> Result<()> {
         self.inner.pool.empty_cache()

@@ -9,17 +9,35 @@
 //! allocate, synchronise or read back inside the closure (the capture fails with a typed
 //! error if it does). While a capture runs, other threads' work for the same backend waits at
 //! its stream gate (`crate::gate`) instead of landing in the graph.
+//!
+//! Allocations inside the closure are allowed: the pool serves them from a private pool that
+//! the graph owns (`crate::pool`), so buffers made and dropped inside the capture (a training
+//! step's activations and gradients) keep their addresses reserved for the replays, and
+//! nothing allocated later can alias them.
 
 use crate::backend::CudaBackend;
 use crate::error::{check, drv};
+use crate::pool::{PoolInner, PoolStats};
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;
 use gpu_core::{GpuError, Result};
+use std::sync::Arc;
 
 /// An instantiated CUDA graph recorded on one backend instance's stream.
 pub struct CapturedGraph {
     graph: CudaGraph,
     owner: u64,
+    /// The memory the capture allocated or freed: reserved for the replays. Declared after
+    /// `graph`, so it is released after the graph is destroyed.
+    memory: Arc<PoolInner>,
+}
+
+impl CapturedGraph {
+    /// The graph's private memory: `bytes_in_use` held by buffers still alive outside it,
+    /// `bytes_cached` reserved for the replays (both stay allocated while the graph lives).
+    pub fn memory_stats(&self) -> PoolStats {
+        self.memory.stats()
+    }
 }
 
 impl std::fmt::Debug for CapturedGraph {
@@ -55,7 +73,9 @@ impl CudaBackend {
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(drv("cuStreamBeginCapture"))?;
+        let memory = self.memory_pool().begin_capture();
         let queued = queue(self);
+        self.memory_pool().end_capture();
         let ended = stream.end_capture(CUgraphInstantiate_flags(0));
         queued?;
         let graph = ended
@@ -73,6 +93,7 @@ impl CudaBackend {
         Ok(CapturedGraph {
             graph,
             owner: self.id(),
+            memory,
         })
     }
 

@@ -5,6 +5,13 @@
 //! first step. Every block is at least 256-byte aligned (the driver's guarantee), so kernels may
 //! use 16-byte vector loads. On out-of-memory the pool returns its cache to the driver and retries
 //! once before reporting [`GpuError::OutOfMemory`].
+//!
+//! Graph-safe: while a CUDA graph is captured ([`crate::CudaBackend::capture`]) the pool serves
+//! from a private pool that the graph owns. Every block handed out or freed during the capture
+//! (a cached block taken over, a fresh one from the driver, a block of a buffer dropped
+//! meanwhile) belongs to the graph from then on: it goes back to the private pool, which never
+//! serves anyone after the capture, and to the driver only when the graph and every buffer of
+//! it are gone. So no later allocation can alias an address that a replay writes or reads.
 
 use crate::error::{drv, free_bytes};
 use crate::gate::Gate;
@@ -34,6 +41,8 @@ pub struct PoolStats {
 struct State {
     free: BTreeMap<usize, Vec<CUdeviceptr>>,
     stats: PoolStats,
+    /// The private pool of the graph being captured, while a capture runs.
+    capture: Option<Arc<PoolInner>>,
 }
 
 pub(crate) struct PoolInner {
@@ -72,6 +81,11 @@ pub(crate) fn block_size(elem_size: usize, len: usize) -> Option<(usize, usize)>
 }
 
 impl PoolInner {
+    /// Current statistics of this pool (shared or a graph's private one).
+    pub(crate) fn stats(&self) -> PoolStats {
+        self.lock().stats
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the maps inconsistent (no partial updates).
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -121,6 +135,25 @@ impl MemoryPool {
         }
     }
 
+    /// Starts serving from a fresh private pool (see the module doc) and returns it; the
+    /// capture keeps it for its graph. Called by the capturing thread holding the gate
+    /// exclusively.
+    pub(crate) fn begin_capture(&self) -> Arc<PoolInner> {
+        let private = Arc::new(PoolInner {
+            ctx: self.inner.ctx.clone(),
+            owner: self.inner.owner,
+            gate: self.inner.gate.clone(),
+            state: Mutex::new(State::default()),
+        });
+        self.inner.lock().capture = Some(private.clone());
+        private
+    }
+
+    /// Stops serving from the private pool of [`MemoryPool::begin_capture`].
+    pub(crate) fn end_capture(&self) {
+        self.inner.lock().capture = None;
+    }
+
     /// Allocates `len` elements of `dtype`; the contents are unspecified.
     pub(crate) fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
         let (requested, class) =
@@ -142,12 +175,11 @@ impl MemoryPool {
         // cache; neither may happen during another thread's capture).
         let _pass = self.inner.gate.pass();
         let mut st = self.inner.lock();
-        let ptr = match st.free.get_mut(&class).and_then(Vec::pop) {
-            Some(p) => {
-                st.stats.hits += 1;
-                st.stats.bytes_cached -= class;
-                p
-            }
+        if let Some(private) = st.capture.clone() {
+            return alloc_for_capture(&self.inner, &mut st, &private, dtype, len, requested, class);
+        }
+        let ptr = match take_cached(&mut st, class) {
+            Some(p) => p,
             None => {
                 st.stats.misses += 1;
                 self.inner
@@ -171,30 +203,108 @@ impl MemoryPool {
                 }
             }
         };
-        st.stats.bytes_in_use += class;
-        st.stats.live_buffers += 1;
-        st.stats.peak_bytes_in_use = st.stats.peak_bytes_in_use.max(st.stats.bytes_in_use);
-        Ok(CudaBuffer {
-            ptr,
-            len,
-            dtype,
-            class,
-            owner: self.inner.owner,
-            pool: Some(self.inner.clone()),
-        })
+        Ok(hand_out(&self.inner, &mut st, ptr, dtype, len, class))
     }
 
     /// Current statistics.
     pub fn stats(&self) -> PoolStats {
-        self.inner.lock().stats
+        self.inner.stats()
     }
 
     /// Returns every cached block to the driver.
     pub fn empty_cache(&self) -> Result<()> {
         let _pass = self.inner.gate.pass();
         let mut st = self.inner.lock();
+        if st.capture.is_some() {
+            return Err(GpuError::invalid(
+                "empty_cache",
+                "not during a graph capture (freeing memory would synchronise the device)",
+            ));
+        }
         self.inner.release_cache(&mut st)
     }
+}
+
+/// A cached block of `class` bytes, if any (counted as a hit).
+fn take_cached(st: &mut State, class: usize) -> Option<CUdeviceptr> {
+    let p = st.free.get_mut(&class).and_then(Vec::pop)?;
+    st.stats.hits += 1;
+    st.stats.bytes_cached -= class;
+    Some(p)
+}
+
+/// Books a block as live in `pool` and wraps it.
+fn hand_out(
+    pool: &Arc<PoolInner>,
+    st: &mut State,
+    ptr: CUdeviceptr,
+    dtype: DType,
+    len: usize,
+    class: usize,
+) -> CudaBuffer {
+    st.stats.bytes_in_use += class;
+    st.stats.live_buffers += 1;
+    st.stats.peak_bytes_in_use = st.stats.peak_bytes_in_use.max(st.stats.bytes_in_use);
+    CudaBuffer {
+        ptr,
+        len,
+        dtype,
+        class,
+        owner: pool.owner,
+        pool: Some(pool.clone()),
+    }
+}
+
+/// An allocation during a capture: from the private pool's cache, else a block taken over from
+/// the shared cache (`st`, locked), else a fresh block from the driver. The driver call runs in
+/// relaxed capture mode (as PyTorch's allocator does): `cuMemAlloc` does not touch the stream,
+/// but the capture's default mode refuses it as potentially unsafe. No cache is returned to the
+/// driver on failure (`cuMemFree` would synchronise inside the capture): out of memory is
+/// reported as it is.
+fn alloc_for_capture(
+    shared: &Arc<PoolInner>,
+    st: &mut State,
+    private: &Arc<PoolInner>,
+    dtype: DType,
+    len: usize,
+    requested: usize,
+    class: usize,
+) -> Result<CudaBuffer> {
+    let mut pst = private.lock();
+    let ptr = match take_cached(&mut pst, class) {
+        Some(p) => p,
+        None => match take_cached(st, class) {
+            Some(p) => p,
+            None => {
+                pst.stats.misses += 1;
+                shared
+                    .ctx
+                    .bind_to_thread()
+                    .map_err(drv("cuCtxSetCurrent"))?;
+                relaxed_malloc(class).map_err(|_| GpuError::OutOfMemory {
+                    requested,
+                    free: free_bytes(),
+                })?
+            }
+        },
+    };
+    Ok(hand_out(private, &mut pst, ptr, dtype, len, class))
+}
+
+/// `cuMemAlloc` with this thread's stream-capture mode set to relaxed for the call.
+fn relaxed_malloc(bytes: usize) -> std::result::Result<CUdeviceptr, ()> {
+    use cudarc::driver::sys::{cuThreadExchangeStreamCaptureMode, CUresult, CUstreamCaptureMode};
+    let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: exchanges this thread's capture mode through a valid pointer; restored below.
+    if unsafe { cuThreadExchangeStreamCaptureMode(&mut mode) } != CUresult::CUDA_SUCCESS {
+        return Err(());
+    }
+    // SAFETY: plain device allocation on the bound context; the block is owned by the caller's
+    // buffer and freed by its pool.
+    let p = unsafe { result::malloc_sync(bytes) }.map_err(|_| ());
+    // SAFETY: puts the previous mode back (`mode` now holds it).
+    unsafe { cuThreadExchangeStreamCaptureMode(&mut mode) };
+    p
 }
 
 /// Device memory from the pool; goes back to the pool on drop.
@@ -246,10 +356,21 @@ impl Drop for CudaBuffer {
             // Work already queued on the backend's one stream that reads this block runs before
             // any later work that reuses it, so no synchronisation is needed here.
             let mut st = pool.lock();
-            st.free.entry(self.class).or_default().push(self.ptr);
             st.stats.bytes_in_use -= self.class;
-            st.stats.bytes_cached += self.class;
             st.stats.live_buffers -= 1;
+            // During a capture the block may be in the graph (freed after its last use there):
+            // it goes to the graph's private pool, never to a later allocation outside it.
+            match st.capture.clone() {
+                Some(private) => {
+                    let mut pst = private.lock();
+                    pst.free.entry(self.class).or_default().push(self.ptr);
+                    pst.stats.bytes_cached += self.class;
+                }
+                None => {
+                    st.free.entry(self.class).or_default().push(self.ptr);
+                    st.stats.bytes_cached += self.class;
+                }
+            }
         }
     }
 }

@@ -142,3 +142,71 @@ fn gpu_other_threads_work_waits_while_a_graph_is_captured() {
     queue(&gpu, n, (&a, &mut b2, &mut c2)).unwrap();
     assert_eq!(down(&gpu, &c), down(&gpu, &c2));
 }
+
+/// Memory touched by a capture belongs to the graph: a buffer made and dropped inside it (the
+/// step's temporaries), a cached block it took over, and a buffer made before and dropped during
+/// it are never handed out again while the graph lives, so eager work after the capture cannot
+/// overwrite what a replay reads. The replay still computes the recorded sequence after that
+/// eager work ran over freshly allocated buffers of every size involved.
+#[test]
+fn gpu_memory_of_a_capture_is_reserved_for_its_graph() {
+    let test = "gpu_memory_of_a_capture_is_reserved_for_its_graph";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut r, _) = rng(test);
+    let n = 40;
+    let a = up(&gpu, &random_vec(&mut r, n * n, 1.0));
+    let mut c = up(&gpu, &vec![0.0; n * n]);
+    let early_out = up(&gpu, &vec![0.0; n * n]);
+    let mut early_in = Some(up(&gpu, &vec![0.0; n * n]));
+    // A cached block of the temporaries' size, for the capture to take over.
+    drop(up(&gpu, &vec![0.0; n * n]));
+    let mut inside = Vec::new();
+    let graph = gpu
+        .capture(|g| {
+            let mut t = g.allocate(gpu_core::DType::F32, n * n)?;
+            inside.push(t.device_ptr());
+            queue(g, n, (&a, &mut t, &mut c))?;
+            drop(t);
+            if let Some(e) = early_in.take() {
+                inside.push(e.device_ptr());
+            }
+            // Freed inside, allocated again inside: still the graph's blocks.
+            let mut t2 = g.allocate(gpu_core::DType::F32, n * n)?;
+            inside.push(t2.device_ptr());
+            g.copy_buffer(&c, &mut t2)?;
+            let mut t3 = g.allocate(gpu_core::DType::F32, n * n)?;
+            inside.push(t3.device_ptr());
+            queue(g, n, (&t2, &mut t3, &mut c))
+        })
+        .unwrap();
+    let early_ptr = early_out.device_ptr();
+    drop(early_out); // after the capture: still the shared pool's
+    let reserved = graph.memory_stats();
+    assert!(reserved.bytes_cached > 0, "{reserved:?}");
+    // Eager allocations of the same size after the capture: none at a graph address; the block
+    // freed after the capture ended is served again.
+    let after: Vec<_> = (0..16).map(|_| up(&gpu, &vec![f32::NAN; n * n])).collect();
+    for b in &after {
+        assert!(
+            !inside.contains(&b.device_ptr()),
+            "{:#x} reused",
+            b.device_ptr()
+        );
+    }
+    assert!(after.iter().any(|b| b.device_ptr() == early_ptr));
+    // The replay against the same sequence run eagerly.
+    gpu.launch_graph(&graph).unwrap();
+    let got = down(&gpu, &c);
+    let (mut t, mut c2) = (up(&gpu, &vec![0.0; n * n]), up(&gpu, &vec![0.0; n * n]));
+    queue(&gpu, n, (&a, &mut t, &mut c2)).unwrap();
+    let mut t2 = up(&gpu, &vec![0.0; n * n]);
+    gpu.copy_buffer(&c2, &mut t2).unwrap();
+    let mut t3 = up(&gpu, &vec![0.0; n * n]);
+    queue(&gpu, n, (&t2, &mut t3, &mut c2)).unwrap();
+    assert_eq!(got, down(&gpu, &c2));
+    assert!(after
+        .iter()
+        .all(|b| down(&gpu, b).iter().all(|v| v.is_nan())));
+}

@@ -22,6 +22,7 @@ use common::*;
 use gpu_core::nn::elementwise::{
     broadcast_shape, Activation, BinaryKind, ElementwiseOps, ReduceKind,
 };
+use gpu_core::Backend;
 use gpu_cuda::testing::backend_or_skip;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -582,4 +583,56 @@ fn grid_stride_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
 #[test]
 fn gpu_grid_stride_loops_cover_large_inputs() {
     on_every_device!("gpu_grid_stride_loops_cover_large_inputs", grid_stride_body);
+}
+
+/// `dropout_offset` (the seed completed on the device, for CUDA graphs) is `dropout` with the
+/// seed `seed + offsets[index]`, wrapping: bit for bit against the CPU reference, for offsets
+/// that carry into the high word and wrap past 2^64, at every index of the offsets buffer; an
+/// index past its end or a buffer of another dtype is a typed error.
+#[test]
+fn gpu_dropout_with_a_device_offset_is_dropout_with_the_summed_seed() {
+    let test = "gpu_dropout_with_a_device_offset_is_dropout_with_the_summed_seed";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut r, _) = rng(test);
+    let n = 4099; // a scalar tail after the float4 body
+    let x = random_vec(&mut r, n, 3.0);
+    let xb = up(&gpu, &x);
+    let cases = [
+        (5u64, 0u64),
+        (r.random(), r.random()),
+        (u64::MAX, 2),
+        (0xFFFF_FFFF, 1),
+    ];
+    let words: Vec<u32> = cases
+        .iter()
+        .flat_map(|&(_, o)| [o as u32, (o >> 32) as u32])
+        .collect();
+    let offsets = gpu.upload(&words).unwrap();
+    for (k, &(seed, off)) in cases.iter().enumerate() {
+        let mut o = poisoned(&gpu, n);
+        gpu.dropout_offset(&xb, 0.3, seed, (&offsets, k), &mut o)
+            .unwrap();
+        let mut want = poisoned(&CPU, n);
+        CPU.dropout(&up(&CPU, &x), 0.3, seed.wrapping_add(off), &mut want)
+            .unwrap();
+        assert_bits(
+            &format!("dropout seed {seed} offset {off} (entry {k})"),
+            &down(&gpu, &o),
+            &down(&CPU, &want),
+        );
+    }
+    let mut o = poisoned(&gpu, n);
+    let floats = up(&gpu, &[1.0f32, 2.0]);
+    for (bad, k) in [(&offsets, 4), (&offsets, usize::MAX), (&floats, 0)] {
+        let e = gpu
+            .dropout_offset(&xb, 0.3, 1, (bad, k), &mut o)
+            .unwrap_err();
+        assert!(e.to_string().contains("offsets"), "{e}");
+    }
+    assert!(
+        down(&gpu, &o).iter().all(|v| v.is_nan()),
+        "a refused call wrote"
+    );
 }

@@ -361,3 +361,90 @@ fn gpu_by_value_struct_arguments() {
     assert!(KernelArg::Bytes(bytes).is_bytes() && !KernelArg::U32(1).is_bytes());
     let _ = gpu.synchronize();
 }
+
+/// The step a CUDA graph records (`adamw_step_scheduled`, scalars read on the device) gives the
+/// eager CUDA step's bits when its schedule is `adamw_schedule(cfg)` (the eager step is checked
+/// against the CPU reference above): both round the same f64 scalars to f32, and the kernel forms
+/// 1 − lr·wd in f64 as the host does. Random states, every weight decay of `random_state`, with
+/// and without a clip coefficient, steps 1 and 1000.
+#[test]
+fn gpu_scheduled_adamw_gives_the_eager_steps_bits() {
+    let test = "gpu_scheduled_adamw_gives_the_eager_steps_bits";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut r, _) = rng(test);
+    let lens = lengths(&mut r);
+    let (s0, g, wd) = random_state(&mut r, &lens);
+    for (cfg, scale) in [
+        (CFG, Some([3.5f32, 0.25])),
+        (
+            AdamWConfig {
+                lr: 3e-4,
+                step: 1000,
+                ..CFG
+            },
+            None,
+        ),
+    ] {
+        let want = adamw(&gpu, &s0, &g, &wd, scale, cfg);
+        let upl = |xs: &[Vec<f32>]| xs.iter().map(|x| up(&gpu, x)).collect::<Vec<_>>();
+        let (mut p, mut m, mut v, gb) = (upl(&s0.p), upl(&s0.m), upl(&s0.v), upl(&g));
+        let sc = scale.map(|c| up(&gpu, &c));
+        let sched = up(&gpu, &gpu_core::nn::optim::adamw_schedule(cfg));
+        let mut pr: Vec<_> = p.iter_mut().collect();
+        let mut mr: Vec<_> = m.iter_mut().collect();
+        let mut vr: Vec<_> = v.iter_mut().collect();
+        let gr: Vec<_> = gb.iter().collect();
+        // cfg's lr and step are not used: a different (valid) pair must change nothing.
+        let other = AdamWConfig {
+            lr: 0.0,
+            step: 7,
+            ..cfg
+        };
+        gpu.adamw_step_scheduled(
+            &mut pr,
+            &gr,
+            &mut mr,
+            &mut vr,
+            &wd,
+            sc.as_ref(),
+            other,
+            &sched,
+        )
+        .unwrap();
+        for i in 0..lens.len() {
+            let what = format!("step {} tensor {i}", cfg.step);
+            assert_eq!(bits(&down(&gpu, &p[i])), bits(&want.p[i]), "{what} p");
+            assert_eq!(bits(&down(&gpu, &m[i])), bits(&want.m[i]), "{what} m");
+            assert_eq!(bits(&down(&gpu, &v[i])), bits(&want.v[i]), "{what} v");
+        }
+    }
+    // A schedule of the wrong length or dtype is a typed error, and nothing is written.
+    let mut p = up(&gpu, &[1.0f32; 4]);
+    let (gb, mut m, mut v) = (
+        up(&gpu, &[1.0f32; 4]),
+        up(&gpu, &[0.0f32; 4]),
+        up(&gpu, &[0.0f32; 4]),
+    );
+    for bad in [up(&gpu, &[0.1f32, 1.0]), gpu.upload(&[1u32, 2, 3]).unwrap()] {
+        let e = gpu
+            .adamw_step_scheduled(
+                &mut [&mut p],
+                &[&gb],
+                &mut [&mut m],
+                &mut [&mut v],
+                &[0.0],
+                None,
+                CFG,
+                &bad,
+            )
+            .unwrap_err();
+        assert!(matches!(e, GpuError::InvalidShape { .. }), "{e}");
+    }
+    assert_eq!(down(&gpu, &p), vec![1.0; 4]);
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}

@@ -6,6 +6,7 @@ mod autograd;
 mod backend;
 mod bound;
 pub mod gpt;
+pub mod graph;
 mod interop;
 mod ndarray_io;
 pub mod nn;

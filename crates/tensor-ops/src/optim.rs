@@ -233,13 +233,89 @@ impl AdamW {
     /// caller to detect and roll back.
     pub fn step(&mut self, grads: &Gradients, lr: f32) -> Result<()> {
         check_lr(lr)?;
+        let step = self.next_step()?;
+        self.queue_step(grads, lr, step, None)?;
+        self.step = step;
+        Ok(())
+    }
+
+    /// The device scalars `[lr, step_size, bc2_sqrt]` of the next step at `lr`
+    /// ([`gpu_core::nn::optim::adamw_schedule`]): what to write into the schedule tensor of
+    /// [`AdamW::step_scheduled`] before each replay of a graph that recorded it.
+    pub fn next_schedule(&self, lr: f32) -> Result<[f32; 3]> {
+        check_lr(lr)?;
+        Ok(gpu_core::nn::optim::adamw_schedule(
+            self.config(lr, self.next_step()?),
+        ))
+    }
+
+    /// Queues a step as [`AdamW::step`] does, on CUDA, with the learning rate and the bias
+    /// corrections read on the device when it runs, from `schedule` (an f32 CUDA tensor of 3
+    /// elements, see [`AdamW::next_schedule`]): the step a CUDA graph records
+    /// ([`crate::graph`]). The step counter does not advance here: a replay is counted with
+    /// [`AdamW::count_replayed_step`]. With the schedule of `next_schedule(lr)` it gives the
+    /// same bits as `step(grads, lr)`.
+    pub fn step_scheduled(&mut self, grads: &Gradients, schedule: &Tensor) -> Result<()> {
+        let step = self.next_step()?;
+        self.queue_step(grads, 0.0, step, Some(schedule))
+    }
+
+    /// Counts one step run by a replay of a graph that recorded [`AdamW::step_scheduled`].
+    pub fn count_replayed_step(&mut self) -> Result<()> {
+        self.step = self.next_step()?;
+        Ok(())
+    }
+
+    /// An identity of this optimiser's state (its first moment buffer), so that a graph that
+    /// recorded one optimiser's step can refuse to count its replays on another.
+    pub(crate) fn identity(&self) -> usize {
+        self.m.first().map_or(0, storage_ptr)
+    }
+
+    fn next_step(&self) -> Result<u32> {
+        self.step
+            .checked_add(1)
+            .ok_or_else(|| GpuError::invalid("AdamW::step", "the step counter would overflow u32"))
+    }
+
+    fn config(&self, lr: f32, step: u32) -> AdamWConfig {
+        AdamWConfig {
+            lr,
+            beta1: self.hp.beta1,
+            beta2: self.hp.beta2,
+            eps: self.hp.eps,
+            step,
+        }
+    }
+
+    /// Checks everything, then queues the clipping and the update (with a device schedule
+    /// when given) and records the clip result.
+    fn queue_step(
+        &mut self,
+        grads: &Gradients,
+        lr: f32,
+        step: u32,
+        schedule: Option<&Tensor>,
+    ) -> Result<()> {
         let Some(first) = self.params.first() else {
             return Ok(());
         };
         let dev = first.device();
-        let step = self.step.checked_add(1).ok_or_else(|| {
-            GpuError::invalid("AdamW::step", "the step counter would overflow u32")
-        })?;
+        if let Some(s) = schedule {
+            if s.device() != dev || s.dtype() != DType::F32 || s.numel() != 3 {
+                return Err(GpuError::shape(
+                    "AdamW::step_scheduled",
+                    format!("an f32 schedule of 3 elements on {dev}"),
+                    format!("{} {:?} on {}", s.dtype(), s.shape(), s.device()),
+                ));
+            }
+            if !matches!(dev, gpu_core::Device::Cuda(_)) {
+                return Err(GpuError::invalid(
+                    "AdamW::step_scheduled",
+                    format!("a device schedule is for CUDA parameters, these are on {dev}"),
+                ));
+            }
+        }
         let written: std::collections::HashSet<usize> = self
             .params
             .iter()
@@ -270,13 +346,7 @@ impl AdamW {
             }
             gs.push(g.clone());
         }
-        let cfg = AdamWConfig {
-            lr,
-            beta1: self.hp.beta1,
-            beta2: self.hp.beta2,
-            eps: self.hp.eps,
-            step,
-        };
+        let cfg = self.config(lr, step);
         let clip = match self.hp.max_grad_norm {
             Some(max) => {
                 let guards: Vec<_> = gs.iter().map(|g| g.read()).collect();
@@ -291,18 +361,24 @@ impl AdamW {
             let mut vg: Vec<_> = self.v.iter().map(|t| t.write()).collect();
             let gg: Vec<_> = gs.iter().map(|t| t.read()).collect();
             let cg = clip.as_ref().map(|c| c.read());
-            on_device!(dev, |be| adamw_impl(
-                be,
-                &mut pg,
-                &gg,
-                &mut mg,
-                &mut vg,
-                &self.decays,
-                cg.as_deref(),
-                cfg
-            )?);
+            match schedule {
+                None => on_device!(dev, |be| adamw_impl(
+                    be,
+                    &mut pg,
+                    &gg,
+                    &mut mg,
+                    &mut vg,
+                    &self.decays,
+                    cg.as_deref(),
+                    cfg
+                )?),
+                Some(s) => {
+                    let sg = s.read();
+                    let lists = (&mut pg[..], &gg[..], &mut mg[..], &mut vg[..]);
+                    scheduled_cuda(dev, lists, &self.decays, cg.as_deref(), cfg, &sg)?
+                }
+            }
         }
-        self.step = step;
         self.last_clip = clip;
         Ok(())
     }
@@ -347,4 +423,40 @@ fn adamw_impl<B: DeviceBackend>(
     let mut vv: Vec<&mut B::Buffer> = v.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
     let c = clip.map(B::get).transpose()?;
     be.adamw_step(&mut p, &g, &mut mm, &mut vv, decays, c, cfg)
+}
+
+type Lists<'a, 'b> = (
+    &'a mut [std::sync::RwLockWriteGuard<'b, Storage>],
+    &'a [std::sync::RwLockReadGuard<'b, Storage>],
+    &'a mut [std::sync::RwLockWriteGuard<'b, Storage>],
+    &'a mut [std::sync::RwLockWriteGuard<'b, Storage>],
+);
+
+/// The CUDA AdamW launch with its scalars read from `schedule` on the device.
+fn scheduled_cuda(
+    dev: gpu_core::Device,
+    (params, grads, m, v): Lists<'_, '_>,
+    decays: &[f32],
+    clip: Option<&Storage>,
+    cfg: AdamWConfig,
+    schedule: &Storage,
+) -> Result<()> {
+    let gpu_core::Device::Cuda(i) = dev else {
+        return Err(GpuError::invalid(
+            "AdamW::step_scheduled",
+            "not a CUDA device",
+        ));
+    };
+    let gpu = crate::backend::cuda_backend(i)?;
+    type B = gpu_cuda::CudaBackend;
+    let mut p: Vec<_> = params
+        .iter_mut()
+        .map(|g| B::get_mut(g))
+        .collect::<Result<_>>()?;
+    let g: Vec<_> = grads.iter().map(|g| B::get(g)).collect::<Result<_>>()?;
+    let mut mm: Vec<_> = m.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
+    let mut vv: Vec<_> = v.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
+    let c = clip.map(B::get).transpose()?;
+    let s = B::get(schedule)?;
+    gpu.adamw_step_scheduled(&mut p, &g, &mut mm, &mut vv, decays, c, cfg, s)
 }

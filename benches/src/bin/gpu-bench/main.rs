@@ -342,6 +342,7 @@ fn main() -> Result<()> {
         for tf32 in [false, true] {
             rows.push(nn::train_step(gpu.info().ordinal, &text, 10, tf32)?);
         }
+        rows.extend(nn::pipelined_steps(gpu.info().ordinal, &text)?);
     }
     let torch = if args.no_torch {
         Err(anyhow::anyhow!("disabled with --no-torch"))

@@ -235,3 +235,71 @@ pub fn train_step(gpu_ordinal: usize, text: &str, steps: usize, tf32: bool) -> R
     );
     Ok(crate::row(id, what, us, None, None))
 }
+
+/// Steps queued back to back with the loss read every 10 (a training loop with a log
+/// interval), TF32: mean time a step, median of 5 rounds after one untimed round; eager
+/// (`gpt_pipe_tf32`, PyTorch eager's id) and replaying the captured step
+/// (`gpt_pipe_tf32_graph`; PyTorch's `torch.compile` row is `gpt_pipe_tf32_compile`).
+pub fn pipelined_steps(gpu_ordinal: usize, text: &str) -> Result<Vec<Row>> {
+    let dev = Device::Cuda(gpu_ordinal);
+    tensor_ops::cuda_backend(gpu_ordinal)?.set_tf32(true);
+    let ds = Dataset::from_text(text, 0.9)?;
+    let cfg = GptConfig::shakespeare_char(ds.tokenizer.vocab_size());
+    let mut rows = Vec::new();
+    for graphed in [false, true] {
+        let model = Gpt::new(cfg, 1, dev)?;
+        let mut opt = benches::gpt_adamw(&model)?;
+        let step = if graphed {
+            Some(tensor_ops::gpt::GraphedStep::capture(
+                &model, &mut opt, 64, 256,
+            )?)
+        } else {
+            None
+        };
+        let mut rng = Dataset::rng(1);
+        let mut i = 0u64;
+        let mut times = Vec::new();
+        for round in 0..6 {
+            gpu_core::Backend::synchronize(&tensor_ops::cuda_backend(gpu_ordinal)?)?;
+            let t0 = Instant::now();
+            let mut last = None;
+            for _ in 0..10 {
+                i += 1;
+                last = Some(match &step {
+                    Some(g) => {
+                        let (x, y) = ds.batch_ids(false, 64, 256, &mut rng)?;
+                        g.step(&mut opt, &x, &y, i, 1e-3)?;
+                        g.loss().clone()
+                    }
+                    None => {
+                        let (x, y) = ds.batch(false, 64, 256, &mut rng, dev)?;
+                        let loss = model.loss(&x, &y, Some(i))?;
+                        let g = loss.backward()?;
+                        opt.step(&g, 1e-3)?;
+                        loss.detach()
+                    }
+                });
+            }
+            if let Some(l) = last {
+                l.item()?;
+            }
+            if round > 0 {
+                times.push(t0.elapsed().as_secs_f64() * 1e6 / 10.0);
+            }
+        }
+        let us = benches::median(&times);
+        let tokens = 64.0 * 256.0;
+        let (id, how) = if graphed {
+            ("gpt_pipe_tf32_graph", "one captured CUDA graph a step")
+        } else {
+            ("gpt_pipe_tf32", "eager")
+        };
+        let what = format!(
+            "GPT train step, shakespeare-char, TF32, loss read every 10 steps, {how}: {:.0}K tok/s",
+            tokens / (us * 1e-6) / 1e3
+        );
+        rows.push(crate::row(id, what, us, None, None));
+    }
+    tensor_ops::cuda_backend(gpu_ordinal)?.set_tf32(false);
+    Ok(rows)
+}

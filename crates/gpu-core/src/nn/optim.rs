@@ -157,6 +157,14 @@ pub fn check_adamw<B: BufferInfo>(
 
 /// The per-step scalars of the update, computed in f64 as PyTorch does with Python floats:
 /// `(step_size, bc2_sqrt)` = `(lr / (1 − β1^step), sqrt(1 − β2^step))`.
+/// The device-side scalars of one AdamW step, for a step replayed from a CUDA graph (whose kernel
+/// arguments are frozen): `[lr, step_size, bc2_sqrt]` from [`adamw_scalars`], rounded to f32
+/// exactly as the eager launch rounds its arguments, so both give the same bits.
+pub fn adamw_schedule(cfg: AdamWConfig) -> [f32; 3] {
+    let (step_size, bc2_sqrt) = adamw_scalars(cfg);
+    [cfg.lr, step_size as f32, bc2_sqrt as f32]
+}
+
 pub fn adamw_scalars(cfg: AdamWConfig) -> (f64, f64) {
     let step = cfg.step as f64;
     let bc1 = 1.0 - (cfg.beta1 as f64).powf(step);

@@ -13,7 +13,7 @@ use gpu_core::nn::elementwise::{
 };
 use gpu_core::nn::Direction;
 use gpu_core::ops::check_elementwise;
-use gpu_core::{Backend, BufferInfo, DType, Result};
+use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 use plan::{BinaryPath, ReducePlan, REDUCE_THREADS};
 
 /// Threads per block of the streaming kernels.
@@ -470,6 +470,49 @@ impl ElementwiseOps for CudaBackend {
     }
 
     fn dropout(&self, x: &CudaBuffer, p: f32, seed: u64, out: &mut CudaBuffer) -> Result<()> {
+        self.dropout_impl(x, p, seed, 0, out)
+    }
+}
+
+impl CudaBackend {
+    /// [`ElementwiseOps::dropout`] with the seed `seed + offsets[index]` (wrapping), where
+    /// `offsets` holds u64s as pairs of U32 (low word first) and `offsets[index]` is read on the
+    /// device when the kernel runs. A CUDA graph that records this call draws new masks on each
+    /// replay from the values written into `offsets` before it. The reference is
+    /// `dropout(x, p, seed.wrapping_add(offsets[index]))` on any backend.
+    pub fn dropout_offset(
+        &self,
+        x: &CudaBuffer,
+        p: f32,
+        seed: u64,
+        (offsets, index): (&CudaBuffer, usize),
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        let fits = index
+            .checked_add(1)
+            .and_then(|k| k.checked_mul(2))
+            .is_some_and(|need| need <= offsets.len());
+        if offsets.dtype() != DType::U32 || !fits {
+            return Err(GpuError::shape(
+                "dropout_offset",
+                format!("offsets of U32 pairs (u64s, low word first) with an entry {index}"),
+                format!("{} {}", offsets.len(), offsets.dtype()),
+            ));
+        }
+        self.check_owned("dropout_offset", &[offsets])?;
+        // In bounds (checked above); 8-byte aligned (256-byte aligned base, 8-byte entries).
+        let ptr = offsets.device_ptr() + 8 * index as u64;
+        self.dropout_impl(x, p, seed, ptr, out)
+    }
+
+    fn dropout_impl(
+        &self,
+        x: &CudaBuffer,
+        p: f32,
+        seed: u64,
+        offset_ptr: u64,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
         check_dropout(x, p, out)?;
         let n = out.len();
         if n == 0 {
@@ -481,9 +524,11 @@ impl ElementwiseOps for CudaBackend {
             u64_arg(n),
             KernelArg::F32(p),
             KernelArg::U64(seed),
+            KernelArg::Ptr(offset_ptr),
         ];
-        // SAFETY: dropout_f32(const float* x, float* out, u64 n, float p, u64 seed); both hold n
-        // f32, 256-byte aligned.
+        // SAFETY: dropout_f32(const float* x, float* out, u64 n, float p, u64 seed,
+        // const u64* offset); both hold n f32, 256-byte aligned; offset_ptr is 0 (null) or
+        // an 8-byte aligned u64 inside a buffer of this backend (`dropout_offset`).
         unsafe { self.launch("dropout_f32", self.stride_grid(n.div_ceil(4)), &args) }
     }
 }

@@ -10,7 +10,7 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::optim::{adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps};
-use gpu_core::{Backend, BufferInfo, DType, Result};
+use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
 /// Tensors per launch (`MT_MAX` in the kernel).
 const MT_MAX: usize = 64;
@@ -168,6 +168,53 @@ impl OptimOps for CudaBackend {
         grad_scale: Option<&CudaBuffer>,
         cfg: AdamWConfig,
     ) -> Result<()> {
+        self.adamw_impl(params, grads, m, v, weight_decay, grad_scale, cfg, None)
+    }
+}
+
+impl CudaBackend {
+    /// [`OptimOps::adamw_step`] with the step's learning rate and bias corrections read on the
+    /// device when the kernel runs, from `schedule` = `[lr, step_size, bc2_sqrt]` (3 f32,
+    /// [`gpu_core::nn::optim::adamw_schedule`]); `cfg.lr` and `cfg.step` are only validated.
+    /// A CUDA graph that records this call runs a new step on each replay from the values
+    /// written into `schedule` before it; with the schedule of `cfg` it gives the same bits as
+    /// `adamw_step(…, cfg)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw_step_scheduled(
+        &self,
+        params: &mut [&mut CudaBuffer],
+        grads: &[&CudaBuffer],
+        m: &mut [&mut CudaBuffer],
+        v: &mut [&mut CudaBuffer],
+        weight_decay: &[f32],
+        grad_scale: Option<&CudaBuffer>,
+        cfg: AdamWConfig,
+        schedule: &CudaBuffer,
+    ) -> Result<()> {
+        if schedule.dtype() != DType::F32 || schedule.len() != 3 {
+            return Err(GpuError::shape(
+                "adamw_step_scheduled",
+                "a schedule of 3 f32 ([lr, step_size, bc2_sqrt])",
+                format!("{} {}", schedule.len(), schedule.dtype()),
+            ));
+        }
+        self.check_owned("adamw_step_scheduled", &[schedule])?;
+        let s = Some(schedule);
+        self.adamw_impl(params, grads, m, v, weight_decay, grad_scale, cfg, s)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn adamw_impl(
+        &self,
+        params: &mut [&mut CudaBuffer],
+        grads: &[&CudaBuffer],
+        m: &mut [&mut CudaBuffer],
+        v: &mut [&mut CudaBuffer],
+        weight_decay: &[f32],
+        grad_scale: Option<&CudaBuffer>,
+        cfg: AdamWConfig,
+        schedule: Option<&CudaBuffer>,
+    ) -> Result<()> {
         check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
         for i in 0..params.len() {
             self.check_owned("adamw_step", &[&*params[i], grads[i], &*m[i], &*v[i]])?;
@@ -183,12 +230,17 @@ impl OptimOps for CudaBackend {
                 v[i].device_ptr(),
             ],
             len: params[i].len(),
-            // In f64 then rounded, as PyTorch's `param.mul_(1 - lr * weight_decay)`.
-            decay: (1.0 - cfg.lr as f64 * weight_decay[i] as f64) as f32,
+            decay: match schedule {
+                // The kernel forms 1 − lr·wd from the schedule's lr.
+                Some(_) => weight_decay[i],
+                // In f64 then rounded, as PyTorch's `param.mul_(1 - lr * weight_decay)`.
+                None => (1.0 - cfg.lr as f64 * weight_decay[i] as f64) as f32,
+            },
         });
         let chunks = chunks(entries);
         let (step_size, bc2_sqrt) = adamw_scalars(cfg);
         let scale_ptr = KernelArg::Ptr(grad_scale.map_or(0, |s| s.device_ptr()));
+        let schedule_ptr = KernelArg::Ptr(schedule.map_or(0, |s| s.device_ptr()));
         for c in chunks {
             let blocks = c.blocks;
             let args = [
@@ -199,11 +251,13 @@ impl OptimOps for CudaBackend {
                 KernelArg::F32(cfg.eps),
                 KernelArg::F32(step_size as f32),
                 KernelArg::F32(bc2_sqrt as f32),
+                schedule_ptr.clone(),
             ];
             // SAFETY: adamw_f32(MultiTensor a, const float* grad_scale, float beta1, beta2,
-            // eps, step_size, bc2_sqrt): `a` names live, distinct (&mut) f32 p, m, v and f32 g
-            // buffers of `n[i]` elements each (check_adamw), 256-byte aligned; grad_scale is
-            // null or 2 f32 (check_adamw); the grid has block_start[count] blocks.
+            // eps, step_size, bc2_sqrt, const float* schedule): `a` names live, distinct (&mut)
+            // f32 p, m, v and f32 g buffers of `n[i]` elements each (check_adamw), 256-byte
+            // aligned; grad_scale is null or 2 f32 (check_adamw); schedule is null or 3 f32 of
+            // this backend; the grid has block_start[count] blocks.
             unsafe { self.launch("adamw_f32", blocks_config(blocks), &args) }?;
         }
         Ok(())

@@ -23,13 +23,25 @@ impl DropoutSeeds {
         match &mut self.0 {
             None => Mode::Eval,
             Some(s) => {
-                *s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
+                *s = lcg(*s);
                 Mode::train(*s)
             }
         }
     }
+
+    /// The seeds of the first `k` dropout sites of a training pass with `seed` (what
+    /// [`DropoutSeeds::next_mode`] hands out, in order).
+    pub(crate) fn site_seeds(seed: u64, k: usize) -> Vec<u64> {
+        std::iter::successors(Some(lcg(seed)), |&s| Some(lcg(s)))
+            .take(k)
+            .collect()
+    }
+}
+
+/// One step of the seeds' LCG (Knuth's MMIX constants).
+fn lcg(s: u64) -> u64 {
+    s.wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
 }
 
 /// LayerNorm (GPT-2, with a bias when the config has biases) or RMSNorm (Llama).

@@ -119,6 +119,22 @@ impl Dataset {
         rng: &mut rand::rngs::StdRng,
         device: Device,
     ) -> Result<(Tensor, Tensor)> {
+        let (x, y) = self.batch_ids(val, batch, block, rng)?;
+        Ok((
+            Tensor::from_vec(x, &[batch, block], device)?,
+            Tensor::from_vec(y, &[batch, block], device)?,
+        ))
+    }
+
+    /// [`Dataset::batch`]'s token ids on the host (the same draws from `rng`), row-major
+    /// `[batch, block]`: for feeding a captured step ([`crate::gpt::GraphedStep`]).
+    pub fn batch_ids(
+        &self,
+        val: bool,
+        batch: usize,
+        block: usize,
+        rng: &mut rand::rngs::StdRng,
+    ) -> Result<(Vec<u32>, Vec<u32>)> {
         self.check_split(val, block)?;
         let data = if val { &self.val } else { &self.train };
         let n = batch
@@ -134,10 +150,7 @@ impl Dataset {
             x.extend_from_slice(&data[i..i + block]);
             y.extend_from_slice(&data[i + 1..i + block + 1]);
         }
-        Ok((
-            Tensor::from_vec(x, &[batch, block], device)?,
-            Tensor::from_vec(y, &[batch, block], device)?,
-        ))
+        Ok((x, y))
     }
 
     /// A seeded generator for [`Dataset::batch`].

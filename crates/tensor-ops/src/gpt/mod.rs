@@ -5,8 +5,10 @@
 
 mod blocks;
 mod data;
+mod graph_step;
 mod io;
 mod model;
 
 pub use data::{CharTokenizer, Dataset};
+pub use graph_step::GraphedStep;
 pub use model::{Gpt, GptConfig, Variant};

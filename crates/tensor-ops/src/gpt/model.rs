@@ -244,6 +244,11 @@ impl Gpt {
         }
     }
 
+    /// The dropout sites of a forward pass: the embeddings' and two a block.
+    pub(crate) fn dropout_sites(&self) -> usize {
+        1 + 2 * self.blocks.len()
+    }
+
     /// Mean cross-entropy of the next-token predictions for `x` against `y` (both `[b, t]`).
     pub fn loss(&self, x: &Tensor, y: &Tensor, dropout_seed: Option<u64>) -> Result<Tensor> {
         let logits = self.forward(x, dropout_seed)?;

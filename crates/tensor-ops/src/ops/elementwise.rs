@@ -5,7 +5,7 @@ use crate::ops::buf;
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::nn::elementwise::broadcast_shape;
 use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, Saved};
-use gpu_core::{GpuError, Result};
+use gpu_core::{Backend, Device, GpuError, Result};
 
 fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<Tensor> {
     let dev = same_device(name, &[a, b])?;
@@ -195,18 +195,27 @@ impl Tensor {
                 format!("p must be in [0, 1), got {p}"),
             ));
         }
-        if !training || p == 0.0 {
+        if !training {
+            return Ok(self.clone());
+        }
+        // Under `graph::with_dropout_offsets` the seed is completed on the device (every
+        // training-mode op takes its entry, also at p = 0, so the k-th op is the k-th entry).
+        let offset = crate::graph::next_dropout_offset()?;
+        if p == 0.0 {
             return Ok(self.clone());
         }
         require_f32("dropout", self)?;
         let dev = self.device();
+        if let Some((o, _)) = &offset {
+            if o.device() != dev {
+                return Err(GpuError::invalid(
+                    "dropout",
+                    format!("the input is on {dev}, the seed offset on {}", o.device()),
+                ));
+            }
+        }
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.dropout(
-            buf(be, &g)?,
-            p,
-            seed,
-            &mut out
-        ));
+        let st = dropout_storage(dev, &g, self.numel(), p, seed, offset.as_ref())?;
         drop(g);
         Ok(Tensor::from_op(
             st,
@@ -216,12 +225,7 @@ impl Tensor {
             &[self],
             move |_, g| {
                 let gg = g.read();
-                let st = compute!(dev, g.numel(), |be, out| be.dropout(
-                    buf(be, &gg)?,
-                    p,
-                    seed,
-                    &mut out
-                ));
+                let st = dropout_storage(dev, &gg, g.numel(), p, seed, offset.as_ref())?;
                 Ok(vec![Some(Tensor::from_storage(
                     st,
                     g.shape().to_vec(),
@@ -229,5 +233,40 @@ impl Tensor {
                 ))])
             },
         ))
+    }
+}
+
+/// `x`'s dropout (`n` elements) with `seed`, or on CUDA with `seed + offsets[k]` read on the
+/// device.
+fn dropout_storage(
+    dev: Device,
+    x: &crate::storage::Storage,
+    n: usize,
+    p: f32,
+    seed: u64,
+    offset: Option<&(Tensor, usize)>,
+) -> Result<crate::storage::Storage> {
+    match (offset, dev) {
+        (None, _) => Ok(compute!(dev, n, |be, out| be.dropout(
+            buf(be, x)?,
+            p,
+            seed,
+            &mut out
+        ))),
+        (Some((o, k)), Device::Cuda(i)) => {
+            let gpu = crate::backend::cuda_backend(i)?;
+            let og = o.read();
+            let (crate::storage::Storage::Cuda(xb), crate::storage::Storage::Cuda(ob)) = (x, &*og)
+            else {
+                return Err(GpuError::invalid("dropout", "storage and device disagree"));
+            };
+            let mut out = gpu.allocate(gpu_core::DType::F32, n)?;
+            gpu.dropout_offset(xb, p, seed, (ob, *k), &mut out)?;
+            Ok(crate::storage::Storage::Cuda(out))
+        }
+        (Some(_), Device::Cpu) => Err(GpuError::invalid(
+            "dropout",
+            "a device seed offset needs a CUDA tensor",
+        )),
     }
 }
