@@ -40,6 +40,9 @@ struct Args {
     /// Text for the GPT training-step row (tinyshakespeare); the row is skipped without it.
     #[arg(long)]
     gpt_text: Option<PathBuf>,
+    /// Only the GPT training-step rows (needs `--gpt-text`).
+    #[arg(long)]
+    only_gpt: bool,
 }
 
 pub(crate) const ROWS: usize = 8192;
@@ -203,6 +206,7 @@ fn torch_rows(
     script: &PathBuf,
     reps: usize,
     gpt_text: Option<&PathBuf>,
+    only_gpt: bool,
 ) -> Result<HashMap<String, Row>> {
     let ok = Command::new("python3")
         .args(["-c", "import torch; assert torch.cuda.is_available()"])
@@ -218,6 +222,7 @@ fn torch_rows(
                 .map(|p| vec!["--gpt-text".into(), p.display().to_string()])
                 .unwrap_or_default(),
         )
+        .args(only_gpt.then_some("--only-gpt"))
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
@@ -331,11 +336,16 @@ fn main() -> Result<()> {
         reps: args.reps,
     };
     let mut rows = Vec::new();
-    if !args.only_rssm && !args.only_svd {
+    if args.only_gpt && args.gpt_text.is_none() {
+        bail!("--only-gpt needs --gpt-text");
+    }
+    if !args.only_rssm && !args.only_svd && !args.only_gpt {
         rows.extend(measure(&bench)?);
         rows.extend(nn::measure(&bench)?);
     }
-    rows.extend(rssm::measure(args.reps, args.only_svd)?);
+    if !args.only_gpt {
+        rows.extend(rssm::measure(args.reps, args.only_svd)?);
+    }
     if let Some(path) = &args.gpt_text {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -347,7 +357,12 @@ fn main() -> Result<()> {
     let torch = if args.no_torch {
         Err(anyhow::anyhow!("disabled with --no-torch"))
     } else {
-        torch_rows(&args.torch_script, args.reps, args.gpt_text.as_ref())
+        torch_rows(
+            &args.torch_script,
+            args.reps,
+            args.gpt_text.as_ref(),
+            args.only_gpt,
+        )
     };
     if let Err(e) = &torch {
         println!("PyTorch peer not measured: {e}");
