@@ -440,7 +440,7 @@ fn gpu_scheduled_adamw_gives_the_eager_steps_bits() {
                 &bad,
             )
             .unwrap_err();
-        assert!(matches!(e, GpuError::InvalidShape { .. }), "{e}");
+        assert!(e.to_string().contains("schedule of 3 f32"), "{e}");
     }
     assert_eq!(down(&gpu, &p), vec![1.0; 4]);
 }

@@ -2,6 +2,7 @@
 //! timed repeats after warm-up, inputs rotated over buffers larger than L2), beside the same ops
 //! in PyTorch measured in the same run when `python3 -c "import torch"` works. Writes markdown.
 
+mod host;
 mod nn;
 mod rssm;
 
@@ -43,6 +44,9 @@ struct Args {
     /// Only the GPT training-step rows (needs `--gpt-text`).
     #[arg(long)]
     only_gpt: bool,
+    /// Only the host time per queued op (no PyTorch peer).
+    #[arg(long)]
+    only_host: bool,
 }
 
 pub(crate) const ROWS: usize = 8192;
@@ -336,6 +340,12 @@ fn main() -> Result<()> {
         reps: args.reps,
     };
     let mut rows = Vec::new();
+    if args.only_host {
+        for r in host::measure()? {
+            println!("{} {:.2}", r.id, r.median_us);
+        }
+        return Ok(());
+    }
     if args.only_gpt && args.gpt_text.is_none() {
         bail!("--only-gpt needs --gpt-text");
     }
