@@ -46,12 +46,12 @@ pub fn measure() -> Result<Vec<Row>> {
     add(
         "host_backend_lookup",
         "tensor_ops::cuda_backend(0)",
-        per_call(|| Ok(drop(tensor_ops::cuda_backend(0)?)))?,
+        per_call(|| tensor_ops::cuda_backend(0).map(drop).map_err(Into::into))?,
     );
     add(
         "host_alloc_free",
         "pool allocate + drop, 4 f32",
-        per_call(|| Ok(drop(gpu.allocate(DType::F32, 4)?)))?,
+        per_call(|| gpu.allocate(DType::F32, 4).map(drop).map_err(Into::into))?,
     );
     let mut buf = gpu.allocate(DType::F32, 4)?;
     add(
@@ -63,28 +63,36 @@ pub fn measure() -> Result<Vec<Row>> {
     add(
         "host_tensor_add_nograd",
         "tensor add of 4 f32, no autograd",
-        per_call(|| Ok(drop(tensor_ops::no_grad(|| x.add(&y))?)))?,
+        per_call(|| {
+            tensor_ops::no_grad(|| x.add(&y))
+                .map(drop)
+                .map_err(Into::into)
+        })?,
     );
     let w = Tensor::ones(&[4], d)?.requires_grad_()?;
     add(
         "host_tensor_add_grad",
         "tensor add of 4 f32 recorded for autograd",
-        per_call(|| Ok(drop(w.add(&y)?)))?,
+        per_call(|| w.add(&y).map(drop).map_err(Into::into))?,
     );
     let a = Tensor::ones(&[8, 8], d)?;
     add(
         "host_tensor_matmul",
         "tensor matmul 8×8, no autograd (cuBLAS)",
-        per_call(|| Ok(drop(tensor_ops::no_grad(|| a.matmul(&a))?)))?,
+        per_call(|| {
+            tensor_ops::no_grad(|| a.matmul(&a))
+                .map(drop)
+                .map_err(Into::into)
+        })?,
     );
     let ln_w = Tensor::ones(&[8], d)?;
     add(
         "host_tensor_layernorm",
         "tensor layer_norm 8×8, no autograd",
         per_call(|| {
-            Ok(drop(tensor_ops::no_grad(|| {
-                a.layer_norm(&ln_w, &ln_w, 1e-5)
-            })?))
+            tensor_ops::no_grad(|| a.layer_norm(&ln_w, &ln_w, 1e-5))
+                .map(drop)
+                .map_err(Into::into)
         })?,
     );
     Ok(rows)
