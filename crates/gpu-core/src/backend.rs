@@ -47,7 +47,9 @@ pub trait Backend {
         drop(buffer);
         Ok(())
     }
-    /// Copies host data into a buffer of the same dtype and length.
+    /// Copies host data into a buffer of the same dtype and length. `src` may be reused as
+    /// soon as this returns; on an asynchronous device the copy is ordered after the work
+    /// queued before it and before the work queued after it, without waiting for either.
     fn copy_to_device<T: Element>(&self, src: &[T], dst: &mut Self::Buffer) -> Result<()>;
     /// Copies a buffer into host memory of the same dtype and length.
     fn copy_from_device<T: Element>(&self, src: &Self::Buffer, dst: &mut [T]) -> Result<()>;

@@ -623,12 +623,24 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let _pass = self.pass();
+        if self.inner.pool.is_capturing() {
+            // A recorded copy would read `src` again at every replay, long after it is gone.
+            return Err(GpuError::invalid(
+                "copy_to_device",
+                "a host-to-device copy cannot be recorded in a CUDA graph; write the inputs \
+                 before the replay",
+            ));
+        }
         self.bind()?;
-        // SAFETY: `dst` holds exactly `src.len()` elements of T (checked above); the stream is
-        // synchronised before `src` can be dropped.
+        // No stream synchronisation: work queued before still runs first (stream order), and
+        // the host does not wait for it, so a training loop's uploads do not stall the device.
+        // SAFETY: `dst` holds exactly `src.len()` elements of T (checked above). `src` is
+        // pageable memory (this crate never pins host memory), and for a host-to-device copy
+        // from pageable memory the driver stages the data before `cuMemcpyHtoDAsync` returns
+        // ("API synchronization behavior" in the CUDA driver documentation), so `src` may be
+        // dropped or changed as soon as the call returns.
         unsafe { result::memcpy_htod_async(dst.device_ptr(), src, self.inner.stream.cu_stream()) }
-            .map_err(drv("cuMemcpyHtoDAsync"))?;
-        self.synchronize()
+            .map_err(drv("cuMemcpyHtoDAsync"))
     }
 
     fn copy_from_device<T: Element>(&self, src: &CudaBuffer, dst: &mut [T]) -> Result<()> {

@@ -149,6 +149,11 @@ impl MemoryPool {
         private
     }
 
+    /// Whether a capture is running on this pool's backend.
+    pub(crate) fn is_capturing(&self) -> bool {
+        self.inner.lock().capture.is_some()
+    }
+
     /// Stops serving from the private pool of [`MemoryPool::begin_capture`].
     pub(crate) fn end_capture(&self) {
         self.inner.lock().capture = None;

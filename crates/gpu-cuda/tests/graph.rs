@@ -78,6 +78,14 @@ fn gpu_failed_captures_are_typed_errors_and_leave_the_stream_usable() {
     assert!(e.to_string().contains("stop here"), "{e}");
     // An empty capture is an error too.
     assert!(gpu.capture(|_| Ok(())).is_err());
+    // So is an upload inside one (a recorded copy would read freed host memory at replay).
+    let e = gpu
+        .capture(|g| {
+            g.copy_buffer(&a, &mut b)?;
+            g.copy_to_device(&x, &mut b)
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("host-to-device"), "{e}");
     // Nothing of the above ran, and the stream works.
     assert!(down(&gpu, &b).iter().all(|&v| v == 0.0));
     gpu.copy_buffer(&a, &mut b).unwrap();
