@@ -226,6 +226,8 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--gpt-text", default=None)
     ap.add_argument("--only-gpt", action="store_true")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="run this many TF32 GPT steps after 1 warm-up step and exit (for ncu)")
     args = ap.parse_args()
     reps = args.reps
     dev = torch.device("cuda")
@@ -235,6 +237,17 @@ def main():
     def add(id_, us, bytes_=None, flops=None):
         rows.append({"id": id_, "what": id_, "median_us": us, "bytes": bytes_, "flops": flops})
 
+    if args.profile_steps:
+        text = open(args.gpt_text, encoding="utf-8").read()
+        chars = sorted(set(text))
+        data = torch.tensor([chars.index(c) for c in text[: len(text) * 9 // 10]], dtype=torch.long)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        model = NanoGpt(len(chars)).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True)
+        for _ in range(1 + args.profile_steps):
+            gpt_step_queued(model, opt, data, 256, 64, dev)
+        torch.cuda.synchronize()
+        return
     if args.only_gpt:
         gpt_rows(add, args.gpt_text, dev)
         print(json.dumps(rows))

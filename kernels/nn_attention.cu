@@ -1,5 +1,9 @@
 // Causal scaled-dot-product attention, f32 SIMT, flash-attention style.
-// Layout: q, k, v, out, dout, dq, dk, dv are [n, t, d] row-major, lse and delta are [n, t].
+// Layout: sequence s = b·heads + h of q, k, v, dq, dk, dv starts at (b·t·ld_in + h·d) and its
+// rows are ld_in floats apart; of out and dout at (b·t·ld_out + h·d), rows ld_out apart; lse and
+// delta are [n, t]. heads = 1, ld = d is the plain [n, t, d] layout; heads = H, ld_in = 3·H·d,
+// ld_out = H·d reads q, k and v straight out of a GPT's fused [b, t, 3·H·d] projection (q, k, v
+// pointing at its three column blocks) and writes [b, t, H·d] without any permute.
 // d must be a multiple of 4 in 4..=128 (checked on the host); d <= 64 runs the D = 64 kernels,
 // 64 < d <= 128 the D = 128 kernels, padding the head dimension with zeros in shared memory.
 // Global rows are read and written with 16-byte accesses (d % 4 == 0, 256-byte aligned bases).
@@ -42,14 +46,15 @@ struct RowTile {
     static_assert(ROWS * C4 % NT == 0, "tile must split evenly over the block");
     float4 r[ITERS];
 
-    __device__ __forceinline__ void fetch(const float* __restrict__ g, int row0, int t, int d) {
+    __device__ __forceinline__ void fetch(const float* __restrict__ g, int row0, int t, int d,
+                                          int ld) {
 #pragma unroll
         for (int it = 0; it < ITERS; ++it) {
             const int f = it * NT + threadIdx.x;
             const int row = f / C4, col = (f % C4) * 4;
             const int grow = row0 + row;
             r[it] = (grow < t && col < d)
-                        ? __ldg(reinterpret_cast<const float4*>(g + (size_t)grow * d + col))
+                        ? __ldg(reinterpret_cast<const float4*>(g + (size_t)grow * ld + col))
                         : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
@@ -66,18 +71,18 @@ struct RowTile {
 
 template <int ROWS, int D, int NT>
 static __device__ __forceinline__ void load_tile(float* s, const float* __restrict__ g, int row0,
-                                                 int t, int d) {
+                                                 int t, int d, int ld) {
     RowTile<ROWS, D, NT> tile;
-    tile.fetch(g, row0, t, d);
+    tile.fetch(g, row0, t, d, ld);
     tile.store(s);
 }
 
 // load_tile that also says whether this thread loaded a NaN or an infinity.
 template <int ROWS, int D, int NT>
 static __device__ __forceinline__ bool load_tile_nonfinite(float* s, const float* __restrict__ g,
-                                                           int row0, int t, int d) {
+                                                           int row0, int t, int d, int ld) {
     RowTile<ROWS, D, NT> tile;
-    tile.fetch(g, row0, t, d);
+    tile.fetch(g, row0, t, d, ld);
     tile.store(s);
     bool bad = false;
 #pragma unroll
@@ -248,11 +253,12 @@ static __device__ __forceinline__ float row16_sum(float v) {
     return v;
 }
 
-// Writes acc[i][*]·mul into rows row0 + ty*4 + i (< t), columns < d, of a [t, d] matrix.
+// Writes acc[i][*]·mul into rows row0 + ty*4 + i (< t), columns < d, of a matrix whose rows are
+// ld floats apart.
 template <int D>
 static __device__ __forceinline__ void store_rows(float* __restrict__ g, const float (&acc)[4][D / 16],
                                                   const float (&mul)[4], int row0, int t, int d,
-                                                  int ty, int tx) {
+                                                  int ld, int ty, int tx) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int row = row0 + ty * 4 + i;
@@ -261,7 +267,7 @@ static __device__ __forceinline__ void store_rows(float* __restrict__ g, const f
         for (int h = 0; h < D / 64; ++h) {
             const int col = h * 64 + tx * 4;
             if (col < d)
-                *reinterpret_cast<float4*>(g + (size_t)row * d + col) =
+                *reinterpret_cast<float4*>(g + (size_t)row * ld + col) =
                     make_float4(acc[i][h * 4 + 0] * mul[i], acc[i][h * 4 + 1] * mul[i],
                                 acc[i][h * 4 + 2] * mul[i], acc[i][h * 4 + 3] * mul[i]);
         }
@@ -274,7 +280,8 @@ template <int D, int BK, int NT>
 static __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, const float* __restrict__ k,
                                                 const float* __restrict__ v, float* __restrict__ out,
                                                 float* __restrict__ lse, unsigned int n, unsigned int t_,
-                                                unsigned int d_, float scale) {
+                                                unsigned int d_, unsigned int heads, unsigned int ld_in,
+                                                unsigned int ld_out, float scale) {
     constexpr int BQ = NT / 4, SC = BK / 16, OC = D / 16;
     static_assert(BQ % BK == 0 && BK % 16 == 0, "query tiles must be whole key tiles");
     __shared__ __align__(16) float sQ[BQ * Ld<D>::v];
@@ -288,15 +295,17 @@ static __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, con
     const unsigned int seq = blockIdx.x % n;
     const int q0 = (nqt - 1 - (int)(blockIdx.x / n)) * BQ;  // heaviest query tiles first
     const int kend = min(q0 + BQ, t);                       // keys 0 .. kend-1 are visible
-    const size_t base = (size_t)seq * t * d;
+    const size_t base = (size_t)(seq / heads) * t * ld_in + (size_t)(seq % heads) * d;
+    const size_t obase = (size_t)(seq / heads) * t * ld_out + (size_t)(seq % heads) * d;
+    const int li = (int)ld_in, lo = (int)ld_out;
     const float sl2 = scale * ATT_LOG2E;
     // This warp's local rows are 8w .. 8w+7 (ty = 2w, 2w+1).
     const int wlast = (threadIdx.x >> 5) * 8 + 7;
 
     RowTile<BK, D, NT> pk, pv;
-    pk.fetch(k + base, 0, t, d);
-    pv.fetch(v + base, 0, t, d);
-    load_tile<BQ, D, NT>(sQ, q + base, q0, t, d);
+    pk.fetch(k + base, 0, t, d, li);
+    pv.fetch(v + base, 0, t, d, li);
+    load_tile<BQ, D, NT>(sQ, q + base, q0, t, d, li);
 
     float o[4][OC], m[4], l[4];
 #pragma unroll
@@ -312,8 +321,8 @@ static __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, con
         pv.store(sV);
         __syncthreads();
         if (k0 + BK < kend) {  // the next tiles, in flight during this one
-            pk.fetch(k + base, k0 + BK, t, d);
-            pv.fetch(v + base, k0 + BK, t, d);
+            pk.fetch(k + base, k0 + BK, t, d, li);
+            pv.fetch(v + base, k0 + BK, t, d, li);
         }
         // Key columns are local to the query tile: c' = kofs + tx + 16j, masked when c' > r.
         const int kofs = k0 - q0;
@@ -371,23 +380,25 @@ static __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, con
         const int row = q0 + ty * 4 + i;
         if (tx == 0 && row < t) lse[(size_t)seq * t + row] = (m[i] + log2f(lt)) * ATT_LN2;
     }
-    store_rows<D>(out + base, o, inv, q0, t, d, ty, tx);
+    store_rows<D>(out + obase, o, inv, q0, t, d, lo, ty, tx);
 }
 
 // q, k, v, out: [n, t, d]; lse: [n, t]; grid n·ceil(t/64) blocks of 256 threads; d <= 64.
 extern "C" __global__ void __launch_bounds__(256, 2)
     attn_fwd_d64_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                      float* __restrict__ out, float* __restrict__ lse, unsigned int n, unsigned int t,
-                     unsigned int d, float scale) {
-    attn_fwd<64, 32, 256>(q, k, v, out, lse, n, t, d, scale);
+                     unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale) {
+    attn_fwd<64, 32, 256>(q, k, v, out, lse, n, t, d, heads, ld_in, ld_out, scale);
 }
 
 // As attn_fwd_d64_f32 for 64 < d <= 128: grid n·ceil(t/32) blocks of 128 threads.
 extern "C" __global__ void __launch_bounds__(128, 3)
     attn_fwd_d128_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                       float* __restrict__ out, float* __restrict__ lse, unsigned int n, unsigned int t,
-                      unsigned int d, float scale) {
-    attn_fwd<128, 16, 128>(q, k, v, out, lse, n, t, d, scale);
+                      unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale) {
+    attn_fwd<128, 16, 128>(q, k, v, out, lse, n, t, d, heads, ld_in, ld_out, scale);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -398,7 +409,7 @@ static __device__ __forceinline__ void attn_bwd_dq(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ out, const float* __restrict__ lse, const float* __restrict__ dout,
     float* __restrict__ dq, float* __restrict__ delta, unsigned int n, unsigned int t_,
-    unsigned int d_, float scale) {
+    unsigned int d_, unsigned int heads, unsigned int ld_in, unsigned int ld_out, float scale) {
     constexpr int BQ = NT / 4, SC = BK / 16, OC = D / 16;
     static_assert(BQ % BK == 0 && BK % 16 == 0, "query tiles must be whole key tiles");
     __shared__ __align__(16) float sQ[BQ * Ld<D>::v];
@@ -413,11 +424,13 @@ static __device__ __forceinline__ void attn_bwd_dq(
     const unsigned int seq = blockIdx.x % n;
     const int q0 = (nqt - 1 - (int)(blockIdx.x / n)) * BQ;
     const int kend = min(q0 + BQ, t);
-    const size_t base = (size_t)seq * t * d;
+    const size_t base = (size_t)(seq / heads) * t * ld_in + (size_t)(seq % heads) * d;
+    const size_t obase = (size_t)(seq / heads) * t * ld_out + (size_t)(seq % heads) * d;
+    const int li = (int)ld_in, lo = (int)ld_out;
     const float sl2 = scale * ATT_LOG2E;
 
-    load_tile<BQ, D, NT>(sQ, q + base, q0, t, d);
-    load_tile<BQ, D, NT>(sdO, dout + base, q0, t, d);
+    load_tile<BQ, D, NT>(sQ, q + base, q0, t, d, li);
+    load_tile<BQ, D, NT>(sdO, dout + obase, q0, t, d, lo);
     __syncthreads();
 
     // delta_i = dout_i · out_i (out read straight from global memory, dout from the tile).
@@ -431,7 +444,7 @@ static __device__ __forceinline__ void attn_bwd_dq(
             for (int h = 0; h < D / 64; ++h) {
                 const int col = h * 64 + tx * 4;
                 if (col < d) {
-                    const float4 a = __ldg(reinterpret_cast<const float4*>(out + base + (size_t)row * d + col));
+                    const float4 a = __ldg(reinterpret_cast<const float4*>(out + obase + (size_t)row * lo + col));
                     const float4 b = *reinterpret_cast<const float4*>(sdO + r * Ld<D>::v + col);
                     acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
                 }
@@ -449,8 +462,8 @@ static __device__ __forceinline__ void attn_bwd_dq(
         for (int c = 0; c < OC; ++c) acc[i][c] = 0.f;
 
     for (int k0 = 0; k0 < kend; k0 += BK) {
-        const bool kbad = load_tile_nonfinite<BK, D, NT>(sK, k + base, k0, t, d);
-        load_tile<BK, D, NT>(sV, v + base, k0, t, d);
+        const bool kbad = load_tile_nonfinite<BK, D, NT>(sK, k + base, k0, t, d, li);
+        load_tile<BK, D, NT>(sV, v + base, k0, t, d, li);
         // Masked dS entries are exact zeros (selects below), so dS·K needs the causal selects
         // only when the K tile holds a NaN or an infinity (0·NaN); the common case keeps the
         // plain product.
@@ -484,7 +497,7 @@ static __device__ __forceinline__ void attn_bwd_dq(
         __syncthreads();
     }
     const float mul[4] = {scale, scale, scale, scale};
-    store_rows<D>(dq + base, acc, mul, q0, t, d, ty, tx);
+    store_rows<D>(dq + base, acc, mul, q0, t, d, li, ty, tx);
 }
 
 // q, k, v, out, dout, dq: [n, t, d]; lse, delta: [n, t]; grid n·ceil(t/32) blocks of 128
@@ -493,8 +506,9 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     attn_bwd_dq_d64_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                         const float* __restrict__ out, const float* __restrict__ lse,
                         const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ delta,
-                        unsigned int n, unsigned int t, unsigned int d, float scale) {
-    attn_bwd_dq<64, 32, 128>(q, k, v, out, lse, dout, dq, delta, n, t, d, scale);
+                        unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale) {
+    attn_bwd_dq<64, 32, 128>(q, k, v, out, lse, dout, dq, delta, n, t, d, heads, ld_in, ld_out, scale);
 }
 
 // As attn_bwd_dq_d64_f32 for 64 < d <= 128: grid n·ceil(t/16) blocks of 64 threads. Five
@@ -504,8 +518,9 @@ extern "C" __global__ void __launch_bounds__(64, 5)
     attn_bwd_dq_d128_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                          const float* __restrict__ out, const float* __restrict__ lse,
                          const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ delta,
-                         unsigned int n, unsigned int t, unsigned int d, float scale) {
-    attn_bwd_dq<128, 16, 64>(q, k, v, out, lse, dout, dq, delta, n, t, d, scale);
+                         unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale) {
+    attn_bwd_dq<128, 16, 64>(q, k, v, out, lse, dout, dq, delta, n, t, d, heads, ld_in, ld_out, scale);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -517,7 +532,7 @@ static __device__ __forceinline__ void attn_bwd_dkdv(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ lse, const float* __restrict__ dout, const float* __restrict__ delta,
     float* __restrict__ dk, float* __restrict__ dv, unsigned int n, unsigned int t_, unsigned int d_,
-    float scale) {
+    unsigned int heads, unsigned int ld_in, unsigned int ld_out, float scale) {
     constexpr int BKR = NT / 4, SC = BQC / 16, OC = D / 16;
     static_assert(BQC % 16 == 0, "query tiles are whole column groups");
     __shared__ __align__(16) float sK[BKR * Ld<D>::v];
@@ -531,11 +546,13 @@ static __device__ __forceinline__ void attn_bwd_dkdv(
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     const unsigned int seq = blockIdx.x % n;
     const int k0 = (int)(blockIdx.x / n) * BKR;  // low key tiles see the most queries: first
-    const size_t base = (size_t)seq * t * d;
+    const size_t base = (size_t)(seq / heads) * t * ld_in + (size_t)(seq % heads) * d;
+    const size_t obase = (size_t)(seq / heads) * t * ld_out + (size_t)(seq % heads) * d;
+    const int li = (int)ld_in, lo = (int)ld_out;
     const float sl2 = scale * ATT_LOG2E;
 
-    load_tile<BKR, D, NT>(sK, k + base, k0, t, d);
-    load_tile<BKR, D, NT>(sV, v + base, k0, t, d);
+    load_tile<BKR, D, NT>(sK, k + base, k0, t, d, li);
+    load_tile<BKR, D, NT>(sV, v + base, k0, t, d, li);
 
     float gk[4][OC], gv[4][OC];
 #pragma unroll
@@ -545,8 +562,8 @@ static __device__ __forceinline__ void attn_bwd_dkdv(
 
     // The first query tile holding a row >= k0.
     for (int q0 = k0 / BQC * BQC; q0 < t; q0 += BQC) {
-        bool qbad = load_tile_nonfinite<BQC, D, NT>(sQ, q + base, q0, t, d);
-        qbad |= load_tile_nonfinite<BQC, D, NT>(sdO, dout + base, q0, t, d);
+        bool qbad = load_tile_nonfinite<BQC, D, NT>(sQ, q + base, q0, t, d, li);
+        qbad |= load_tile_nonfinite<BQC, D, NT>(sdO, dout + obase, q0, t, d, lo);
         float lse2[SC], dlt[SC];
 #pragma unroll
         for (int j = 0; j < SC; ++j) {
@@ -587,8 +604,8 @@ static __device__ __forceinline__ void attn_bwd_dkdv(
         __syncthreads();
     }
     const float one[4] = {1.f, 1.f, 1.f, 1.f}, mul[4] = {scale, scale, scale, scale};
-    store_rows<D>(dk + base, gk, mul, k0, t, d, ty, tx);
-    store_rows<D>(dv + base, gv, one, k0, t, d, ty, tx);
+    store_rows<D>(dk + base, gk, mul, k0, t, d, li, ty, tx);
+    store_rows<D>(dv + base, gv, one, k0, t, d, li, ty, tx);
 }
 
 // q, k, v, dout, dk, dv: [n, t, d]; lse, delta: [n, t] (delta from attn_bwd_dq_d64_f32); grid
@@ -597,8 +614,9 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     attn_bwd_dkdv_d64_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                           const float* __restrict__ lse, const float* __restrict__ dout,
                           const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
-                          unsigned int n, unsigned int t, unsigned int d, float scale) {
-    attn_bwd_dkdv<64, 32, 128>(q, k, v, lse, dout, delta, dk, dv, n, t, d, scale);
+                          unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale) {
+    attn_bwd_dkdv<64, 32, 128>(q, k, v, lse, dout, delta, dk, dv, n, t, d, heads, ld_in, ld_out, scale);
 }
 
 // As attn_bwd_dkdv_d64_f32 for 64 < d <= 128: grid n·ceil(t/16) blocks of 64 threads; five
@@ -607,6 +625,7 @@ extern "C" __global__ void __launch_bounds__(64, 5)
     attn_bwd_dkdv_d128_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                            const float* __restrict__ lse, const float* __restrict__ dout,
                            const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
-                           unsigned int n, unsigned int t, unsigned int d, float scale) {
-    attn_bwd_dkdv<128, 16, 64>(q, k, v, lse, dout, delta, dk, dv, n, t, d, scale);
+                           unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale) {
+    attn_bwd_dkdv<128, 16, 64>(q, k, v, lse, dout, delta, dk, dv, n, t, d, heads, ld_in, ld_out, scale);
 }

@@ -35,9 +35,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_attention",
         ptx: include_str!("../kernels/nn_attention.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
-        source_sha256: "262230fdd21b4f2cb08ebe4cf9b0c8a8530bf9aadfdba5272b748cbbfdc70b00",
-        ptx_sha256: "9e9ec6453dad585173bee4a5c86ff2fa4154fdb0e602e7caa8a112b0d1143419",
-        fatbin_sha256: "c307f58535230e99d25f8a1642a6b57e3adbf2d193811cd6bbd21a8d7efd76d3",
+        source_sha256: "016babb359cdb4308084e2de7c37c31ef606c568b9db476e260026b2784376b6",
+        ptx_sha256: "6320718a60807638b9d18681dce9080f965f5f6e6c1078e68c85d174876bef55",
+        fatbin_sha256: "2a72603263d0fb16f17664a734c9db3726c9790d2a2ed652a4d49cc3e270b5a4",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {

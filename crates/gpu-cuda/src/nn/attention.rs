@@ -6,7 +6,7 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::attention::{check_bwd, check_fwd, AttentionOps};
-use gpu_core::{Backend, DType, GpuError, Result};
+use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
 /// A kernel and its tile: `rows` rows of the sequence per block, `threads` threads per block.
 struct Tile {
@@ -40,15 +40,86 @@ fn config(op: &'static str, n: usize, t: usize, tile: &Tile) -> Result<LaunchCon
     })
 }
 
-/// `n`, `t`, `d` and `scale` as kernel arguments (n < 2^31 once `config` accepted the grid;
-/// t <= 2^30 and d <= 128 by the shared checks).
-fn dims(n: usize, t: usize, d: usize, scale: f32) -> [KernelArg; 4] {
+/// Where sequence `s = b·heads + h` of each tensor lives (the kernels' layout, see
+/// `kernels/nn_attention.cu`): q, k, v, dq, dk, dv rows `ld_in` floats apart from
+/// `b·t·ld_in + h·d`, out and dout rows `ld_out` apart from `b·t·ld_out + h·d`.
+#[derive(Clone, Copy)]
+struct Layout {
+    heads: usize,
+    ld_in: usize,
+    ld_out: usize,
+}
+
+impl Layout {
+    /// `[n, t, d]` tensors, one after another.
+    fn plain(d: usize) -> Layout {
+        Layout {
+            heads: 1,
+            ld_in: d,
+            ld_out: d,
+        }
+    }
+}
+
+/// `n`, `t`, `d`, the layout and `scale` as kernel arguments (n < 2^31 once `config` accepted
+/// the grid; t <= 2^30 and d <= 128 by the shared checks; the layout's strides < 2^31 by the
+/// packed checks).
+fn dims(n: usize, t: usize, d: usize, l: Layout, scale: f32) -> [KernelArg; 7] {
     [
         KernelArg::U32(n as u32),
         KernelArg::U32(t as u32),
         KernelArg::U32(d as u32),
+        KernelArg::U32(l.heads as u32),
+        KernelArg::U32(l.ld_in as u32),
+        KernelArg::U32(l.ld_out as u32),
         KernelArg::F32(scale),
     ]
+}
+
+fn fwd_tile(d: usize) -> Tile {
+    pick(
+        d,
+        Tile {
+            kernel: "attn_fwd_d64_f32",
+            rows: 64,
+            threads: 256,
+        },
+        Tile {
+            kernel: "attn_fwd_d128_f32",
+            rows: 32,
+            threads: 128,
+        },
+    )
+}
+
+fn bwd_tiles(d: usize) -> (Tile, Tile) {
+    let dq = pick(
+        d,
+        Tile {
+            kernel: "attn_bwd_dq_d64_f32",
+            rows: 32,
+            threads: 128,
+        },
+        Tile {
+            kernel: "attn_bwd_dq_d128_f32",
+            rows: 16,
+            threads: 64,
+        },
+    );
+    let dkdv = pick(
+        d,
+        Tile {
+            kernel: "attn_bwd_dkdv_d64_f32",
+            rows: 32,
+            threads: 128,
+        },
+        Tile {
+            kernel: "attn_bwd_dkdv_d128_f32",
+            rows: 16,
+            threads: 64,
+        },
+    );
+    (dq, dkdv)
 }
 
 impl AttentionOps for CudaBackend {
@@ -69,28 +140,11 @@ impl AttentionOps for CudaBackend {
         if n == 0 || t == 0 {
             return Ok(());
         }
-        let tile = pick(
-            d,
-            Tile {
-                kernel: "attn_fwd_d64_f32",
-                rows: 64,
-                threads: 256,
-            },
-            Tile {
-                kernel: "attn_fwd_d128_f32",
-                rows: 32,
-                threads: 128,
-            },
-        );
-        let cfg = config(OP, n, t, &tile)?;
-        let mut args = vec![q.into(), k.into(), v.into(), out.into(), lse.into()];
-        args.extend(dims(n, t, d, scale));
-        // SAFETY: attn_fwd_d{64,128}_f32(const float* q, const float* k, const float* v,
-        // float* out, float* lse, u32 n, u32 t, u32 d, float scale) over n·ceil(t/rows) blocks of
-        // `threads` threads (the kernel's tile); q, k, v, out hold n·t·d f32 and lse n·t
-        // (check_fwd), all 256-byte aligned pool blocks, and d % 4 == 0 keeps every row 16-byte
-        // aligned for the float4 accesses; static shared memory only (<= 48 KiB).
-        unsafe { self.launch(tile.kernel, cfg, &args) }
+        self.check_owned(OP, &[q, k, v])?;
+        let ptrs = [q, k, v].map(|b| KernelArg::Ptr(b.device_ptr()));
+        // SAFETY: the plain layout over buffers of n·t·d f32 (q, k, v, out) and n·t (lse),
+        // checked by check_fwd.
+        unsafe { self.attention_fwd(ptrs, out, lse, n, t, d, Layout::plain(d), scale) }
     }
 
     fn causal_attention_bwd(
@@ -114,70 +168,261 @@ impl AttentionOps for CudaBackend {
         if n == 0 || t == 0 {
             return Ok(());
         }
-        let dq_tile = pick(
-            d,
-            Tile {
-                kernel: "attn_bwd_dq_d64_f32",
-                rows: 32,
-                threads: 128,
-            },
-            Tile {
-                kernel: "attn_bwd_dq_d128_f32",
-                rows: 16,
-                threads: 64,
-            },
-        );
-        let dkdv_tile = pick(
-            d,
-            Tile {
-                kernel: "attn_bwd_dkdv_d64_f32",
-                rows: 32,
-                threads: 128,
-            },
-            Tile {
-                kernel: "attn_bwd_dkdv_d128_f32",
-                rows: 16,
-                threads: 64,
-            },
-        );
+        self.check_owned(OP, &[q, k, v, &*dq, &*dk, &*dv])?;
+        let ptrs = [q, k, v].map(|b| KernelArg::Ptr(b.device_ptr()));
+        let grads = [dq, dk, dv].map(|b| KernelArg::Ptr(b.device_ptr()));
+        // SAFETY: the plain layout over buffers of n·t·d f32 (q, k, v, out, dout, dq, dk, dv)
+        // and n·t (lse), checked by check_bwd; dq, dk, dv are distinct (&mut) and written only.
+        unsafe {
+            self.attention_bwd(
+                ptrs,
+                out,
+                lse,
+                dout,
+                grads,
+                n,
+                t,
+                d,
+                Layout::plain(d),
+                scale,
+            )
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Causal attention over a fused projection: `qkv` `[b, t, 3·heads·d]` holds q, k and v as
+    /// its three column blocks (head `h` at columns `h·d..(h+1)·d` of each), as a GPT's
+    /// `c_attn` makes it; `out` `[b, t, heads·d]` and `lse` `[b·heads, t]` are written. The
+    /// same arithmetic as [`AttentionOps::causal_attention_fwd`] on the permuted
+    /// `[b·heads, t, d]` tensors (the same bits), without the permutes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn causal_attention_packed_fwd(
+        &self,
+        qkv: &CudaBuffer,
+        out: &mut CudaBuffer,
+        lse: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        heads: usize,
+        d: usize,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "causal_attention_packed_fwd";
+        let (n, layout) = check_packed(OP, qkv, &[&*out], lse, b, t, heads, d, scale)?;
+        self.check_owned(OP, &[qkv, &*out, &*lse])?;
+        if n == 0 || t == 0 {
+            return Ok(());
+        }
+        // SAFETY: q, k, v at column offsets 0, c, 2c of qkv (b·t rows of 3c = ld_in floats);
+        // out holds b·t rows of c = ld_out floats and lse n·t (check_packed); all pointers are
+        // 16-byte aligned (256-byte aligned base, c and d multiples of 4).
+        unsafe {
+            self.attention_fwd(
+                packed_ptrs(qkv, heads * d),
+                out,
+                lse,
+                n,
+                t,
+                d,
+                layout,
+                scale,
+            )
+        }
+    }
+
+    /// The backward of [`CudaBackend::causal_attention_packed_fwd`]: `dqkv` (the layout of
+    /// `qkv`) gets dq, dk and dv in its three column blocks, from `out`, `lse` and `dout`
+    /// `[b, t, heads·d]`. The same bits as [`AttentionOps::causal_attention_bwd`] on the
+    /// permuted tensors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn causal_attention_packed_bwd(
+        &self,
+        qkv: &CudaBuffer,
+        out: &CudaBuffer,
+        lse: &CudaBuffer,
+        dout: &CudaBuffer,
+        dqkv: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        heads: usize,
+        d: usize,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "causal_attention_packed_bwd";
+        let (n, layout) = check_packed(OP, qkv, &[out, dout], lse, b, t, heads, d, scale)?;
+        if dqkv.dtype() != DType::F32 || dqkv.len() != qkv.len() {
+            return Err(GpuError::shape(
+                OP,
+                format!("dqkv of {} f32", qkv.len()),
+                dqkv.len(),
+            ));
+        }
+        self.check_owned(OP, &[qkv, out, lse, dout, &*dqkv])?;
+        if n == 0 || t == 0 {
+            return Ok(());
+        }
+        let c = heads * d;
+        let grads = packed_ptrs(dqkv, c);
+        // SAFETY: as the forward; dqkv has qkv's layout and is distinct (&mut), written only.
+        unsafe {
+            self.attention_bwd(
+                packed_ptrs(qkv, c),
+                out,
+                lse,
+                dout,
+                grads,
+                n,
+                t,
+                d,
+                layout,
+                scale,
+            )
+        }
+    }
+
+    /// # Safety
+    /// `qkv` point at q, k, v in `layout` for `n` sequences of `t` rows of `d` floats, `out`
+    /// and `lse` hold them in `layout` and `[n, t]`; all are this backend's, 16-byte aligned.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attention_fwd(
+        &self,
+        qkv: [KernelArg; 3],
+        out: &mut CudaBuffer,
+        lse: &mut CudaBuffer,
+        n: usize,
+        t: usize,
+        d: usize,
+        layout: Layout,
+        scale: f32,
+    ) -> Result<()> {
+        let tile = fwd_tile(d);
+        let cfg = config("causal_attention_fwd", n, t, &tile)?;
+        let mut args = qkv.to_vec();
+        args.extend([out.into(), lse.into()]);
+        args.extend(dims(n, t, d, layout, scale));
+        // SAFETY: attn_fwd_d{64,128}_f32(const float* q, k, v, float* out, float* lse, u32 n,
+        // u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale) over n·ceil(t/rows)
+        // blocks of `threads` threads (the kernel's tile); the pointers cover the layout (this
+        // function's contract); static shared memory only (<= 48 KiB).
+        unsafe { self.launch(tile.kernel, cfg, &args) }
+    }
+
+    /// # Safety
+    /// As [`CudaBackend::attention_fwd`], with `dout` in `out`'s layout and `grads` (dq, dk,
+    /// dv) in q's, not overlapping any input.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attention_bwd(
+        &self,
+        qkv: [KernelArg; 3],
+        out: &CudaBuffer,
+        lse: &CudaBuffer,
+        dout: &CudaBuffer,
+        grads: [KernelArg; 3],
+        n: usize,
+        t: usize,
+        d: usize,
+        layout: Layout,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "causal_attention_bwd";
+        let (dq_tile, dkdv_tile) = bwd_tiles(d);
         let dq_cfg = config(OP, n, t, &dq_tile)?;
         let dkdv_cfg = config(OP, n, t, &dkdv_tile)?;
         // Returned to the pool on drop; later work reusing it is queued behind both kernels.
         let mut delta = self.allocate(DType::F32, n * t)?;
-
-        let mut args = vec![
-            q.into(),
-            k.into(),
-            v.into(),
-            out.into(),
-            lse.into(),
-            dout.into(),
-            dq.into(),
-            (&mut delta).into(),
-        ];
-        args.extend(dims(n, t, d, scale));
+        let [q, k, v] = qkv;
+        let [dq, dk, dv] = grads;
+        let mut args = vec![q.clone(), k.clone(), v.clone()];
+        args.extend([out.into(), lse.into(), dout.into(), dq, (&mut delta).into()]);
+        args.extend(dims(n, t, d, layout, scale));
         // SAFETY: attn_bwd_dq_d{64,128}_f32(const float* q, k, v, out, lse, dout, float* dq,
-        // float* delta, u32 n, u32 t, u32 d, float scale) over n·ceil(t/rows) blocks of
-        // `threads` threads; every [n, t, d] buffer holds n·t·d f32 and lse, delta hold n·t
-        // (check_bwd, allocation above); 256-byte aligned pool blocks, rows 16-byte aligned
-        // (d % 4 == 0).
+        // float* delta, u32 n, u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale)
+        // over n·ceil(t/rows) blocks of `threads` threads; the pointers cover the layout (this
+        // function's contract) and delta holds n·t (allocated above).
         unsafe { self.launch(dq_tile.kernel, dq_cfg, &args) }?;
-
-        let mut args = vec![
-            q.into(),
-            k.into(),
-            v.into(),
-            lse.into(),
-            dout.into(),
-            (&delta).into(),
-            dk.into(),
-            dv.into(),
-        ];
-        args.extend(dims(n, t, d, scale));
+        let mut args = vec![q, k, v, lse.into(), dout.into(), (&delta).into(), dk, dv];
+        args.extend(dims(n, t, d, layout, scale));
         // SAFETY: attn_bwd_dkdv_d{64,128}_f32(const float* q, k, v, lse, dout, delta,
-        // float* dk, float* dv, u32 n, u32 t, u32 d, float scale) over n·ceil(t/rows) blocks;
-        // sizes and alignment as above; delta was written by the dq kernel queued before this
-        // one on the same stream.
+        // float* dk, float* dv, u32 n, u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out,
+        // float scale); as above; delta was written by the dq kernel queued before this one on
+        // the same stream.
         unsafe { self.launch(dkdv_tile.kernel, dkdv_cfg, &args) }
     }
+}
+
+/// Pointers to the three column blocks (q, k, v or dq, dk, dv) of a `[b, t, 3c]` buffer.
+fn packed_ptrs(buf: &CudaBuffer, c: usize) -> [KernelArg; 3] {
+    let p = buf.device_ptr();
+    [0, 1, 2].map(|i| KernelArg::Ptr(if p == 0 { 0 } else { p + (4 * i * c) as u64 }))
+}
+
+/// Checks a packed call: f32 buffers, `qkv` of `b·t·3c` and each of `outs` of `b·t·c` floats
+/// (c = heads·d), `lse` of `b·heads·t`, `d` a multiple of 4 in 4..=128, `scale` finite, every
+/// size and stride within the kernels' 32-bit arithmetic. Returns `n = b·heads` and the layout.
+#[allow(clippy::too_many_arguments)]
+fn check_packed(
+    op: &'static str,
+    qkv: &CudaBuffer,
+    outs: &[&CudaBuffer],
+    lse: &CudaBuffer,
+    b: usize,
+    t: usize,
+    heads: usize,
+    d: usize,
+    scale: f32,
+) -> Result<(usize, Layout)> {
+    if !(4..=128).contains(&d) || !d.is_multiple_of(4) || heads == 0 {
+        return Err(GpuError::invalid(
+            op,
+            format!("head width {d} must be a multiple of 4 in 4..=128, with heads >= 1"),
+        ));
+    }
+    if !scale.is_finite() {
+        return Err(GpuError::invalid(
+            op,
+            format!("scale must be finite, got {scale}"),
+        ));
+    }
+    let big = || GpuError::InvalidShape {
+        op,
+        reason: format!("b {b} x t {t} x heads {heads} x d {d} is too large"),
+    };
+    let c = heads.checked_mul(d).ok_or_else(big)?;
+    let ld_in = c.checked_mul(3).filter(|&l| l < 1 << 31).ok_or_else(big)?;
+    let rows = b.checked_mul(t).ok_or_else(big)?;
+    let n = b
+        .checked_mul(heads)
+        .filter(|&n| n < 1 << 31)
+        .ok_or_else(big)?;
+    if t > 1 << 30 {
+        return Err(big());
+    }
+    let want_qkv = rows.checked_mul(ld_in).ok_or_else(big)?;
+    let want_out = rows * c;
+    let want_lse = n.checked_mul(t).ok_or_else(big)?;
+    let f32s = [qkv, lse].into_iter().chain(outs.iter().copied());
+    if f32s.into_iter().any(|x| x.dtype() != DType::F32) {
+        return Err(GpuError::invalid(op, "every buffer must be f32"));
+    }
+    if qkv.len() != want_qkv || lse.len() != want_lse || outs.iter().any(|o| o.len() != want_out) {
+        return Err(GpuError::shape(
+            op,
+            format!("qkv {want_qkv}, out/dout {want_out}, lse {want_lse} f32"),
+            format!(
+                "qkv {}, {:?}, lse {}",
+                qkv.len(),
+                outs.iter().map(|o| o.len()).collect::<Vec<_>>(),
+                lse.len()
+            ),
+        ));
+    }
+    Ok((
+        n,
+        Layout {
+            heads,
+            ld_in,
+            ld_out: c,
+        },
+    ))
 }

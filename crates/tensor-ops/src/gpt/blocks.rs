@@ -107,16 +107,17 @@ impl Module for Attention {
         let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         let (nh, hd) = (self.n_head, c / self.n_head);
         let qkv = self.c_attn.forward(x)?; // [b, t, 3c]
+        if !self.rope {
+            // q, k, v read where they lie (no split or permute copies on CUDA).
+            return self.c_proj.forward(&qkv.causal_attention_packed(nh)?);
+        }
         let heads = |i: usize| -> Result<Tensor> {
             qkv.narrow(2, i * c, c)?
                 .reshape(&[b, t, nh, hd])?
                 .permute(&[0, 2, 1, 3])
         };
-        let (mut q, mut k, v) = (heads(0)?, heads(1)?, heads(2)?);
-        if self.rope {
-            q = q.rope(10_000.0)?;
-            k = k.rope(10_000.0)?;
-        }
+        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        let (q, k) = (q.rope(10_000.0)?, k.rope(10_000.0)?);
         let y = Tensor::causal_attention(&q, &k, &v)?
             .permute(&[0, 2, 1, 3])?
             .reshape(&[b, t, c])?;

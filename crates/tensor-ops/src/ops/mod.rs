@@ -1,6 +1,7 @@
 //! Tensor operations, forward and backward. Each op checks devices and shapes, runs on its
 //! inputs' device through [`crate::backend::DeviceBackend`], and records its backward.
 
+mod attention;
 pub mod elementwise;
 pub mod matmul;
 pub mod nn;
