@@ -128,38 +128,45 @@ extern "C" __global__ void embedding_bwd_f32(const unsigned* __restrict__ ids,
     }
 }
 
-// The same scatter-add for small vocabularies (many rows per id), where the plain kernel's
-// global atomics would pile up on few addresses. Block (bx, by) owns columns
-// [bx·tile, bx·tile + tile) of every id and rows [by·chunk, by·chunk + chunk): it accumulates
-// them in a vocab × tile slice of shared memory (shared-memory atomics), then adds the slice's
-// non-zero entries to dtable with one global atomic each. dtable must be zeroed first.
-extern "C" __global__ void embedding_bwd_tiled_f32(const unsigned* __restrict__ ids,
-                                                   const float* __restrict__ dout,
-                                                   float* __restrict__ dtable,
-                                                   unsigned long long rows, unsigned dim,
-                                                   unsigned vocab, unsigned tile,
-                                                   unsigned long long chunk) {
+// The same scatter-add for small vocabularies (many rows per id), in a fixed order, so that
+// the result is the same bits on every run (the global-atomic kernel above is not). Two
+// kernels. Part: block (bx, by) owns columns [bx·tile, bx·tile + tile) and rows
+// [by·chunk, by·chunk + chunk); its thread c owns column c and adds the block's rows into a
+// vocab × tile slice of shared memory in row order (no other thread touches that column, so
+// no atomics), then writes the slice, zeros included, to part[by] (chunks × vocab × dim).
+// Sum: dtable[e] = part[0][e] + part[1][e] + ... in chunk order.
+extern "C" __global__ void embedding_bwd_part_f32(const unsigned* __restrict__ ids,
+                                                  const float* __restrict__ dout,
+                                                  float* __restrict__ part,
+                                                  unsigned long long rows, unsigned dim,
+                                                  unsigned vocab, unsigned tile,
+                                                  unsigned long long chunk) {
     extern __shared__ float acc[];  // vocab · tile
-    const unsigned nt = blockDim.x;
-    const unsigned c0 = blockIdx.x * tile;
+    const unsigned c = threadIdx.x, c0 = blockIdx.x * tile;
     const unsigned tw = min(tile, dim - c0);
-    for (unsigned i = threadIdx.x; i < vocab * tile; i += nt) acc[i] = 0.0f;
-    __syncthreads();
     const unsigned long long r0 = blockIdx.y * chunk;
     const unsigned long long r1 = min(rows, r0 + chunk);
-    if (r0 < r1) {
-        const unsigned n = (unsigned)((r1 - r0) * tw);  // the host keeps chunk·tile < 2^32
-        for (unsigned i = threadIdx.x; i < n; i += nt) {
-            const unsigned long long r = r0 + i / tw;
-            const unsigned c = i % tw;
-            const unsigned id = ids[r];
-            if (id < vocab) atomicAdd(&acc[id * tile + c], dout[r * dim + c0 + c]);
-        }
+    if (c >= tw) return;  // no barrier below: each thread only touches its own column
+    for (unsigned v = 0; v < vocab; ++v) acc[v * tile + c] = 0.0f;
+    const float* __restrict__ g = dout + c0 + c;
+#pragma unroll 4
+    for (unsigned long long r = r0; r < r1; ++r) {
+        const unsigned id = __ldg(ids + r);
+        const float x = __ldg(g + r * dim);
+        if (id < vocab) acc[id * tile + c] += x;
     }
-    __syncthreads();
-    for (unsigned i = threadIdx.x; i < vocab * tw; i += nt) {
-        const unsigned v = i / tw, c = i % tw;
-        const float s = acc[v * tile + c];
-        if (s != 0.0f) atomicAdd(&dtable[(size_t)v * dim + c0 + c], s);
+    float* __restrict__ out = part + (size_t)blockIdx.y * vocab * dim + c0 + c;
+    for (unsigned v = 0; v < vocab; ++v) out[(size_t)v * dim] = acc[v * tile + c];
+}
+
+extern "C" __global__ void embedding_bwd_sum_f32(const float* __restrict__ part,
+                                                 float* __restrict__ dtable,
+                                                 unsigned long long n, unsigned chunks) {
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long e = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += stride) {
+        float s = 0.0f;
+        for (unsigned p = 0; p < chunks; ++p) s += __ldg(part + (size_t)p * n + e);
+        dtable[e] = s;
     }
 }

@@ -43,11 +43,12 @@ fn bits(t: &Tensor) -> Vec<u32> {
     t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
 }
 
-/// Inputs and targets of `n` tokens in which no id occurs more than twice. The embedding's
-/// backward adds rows into the table with atomics (`kernels/nn_embed.cu`): the order of three or
-/// more additions into one entry varies from run to run, so two eager runs could differ in the
-/// last bits. Two additions into a zeroed entry commute exactly, so with such batches every
-/// kernel of the step is deterministic and the graph and eager runs must agree bit for bit.
+/// Inputs and targets of `n` tokens in which no id occurs more than twice. A batch this small
+/// (fewer than 8 rows per id) takes the embedding backward's atomic path (`kernels/nn_embed.cu`;
+/// large batches of a small vocabulary take the fixed-order one): the order of three or more
+/// additions into one entry varies from run to run, so two eager runs could differ in the last
+/// bits. Two additions into a zeroed entry commute exactly, so with such batches every kernel of
+/// the step is deterministic and the graph and eager runs must agree bit for bit.
 fn at_most_twice(r: &mut StdRng, vocab: usize, n: usize) -> (Vec<u32>, Vec<u32>) {
     let mut draw = || {
         let mut ids: Vec<u32> = (0..vocab as u32).chain(0..vocab as u32).collect();

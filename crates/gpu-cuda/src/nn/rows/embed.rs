@@ -5,7 +5,7 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::rows::{check_embedding, check_rope};
-use gpu_core::Result;
+use gpu_core::{Backend, DType, Result};
 
 impl CudaBackend {
     /// [`RowOps::rope`](gpu_core::nn::RowOps::rope): `rope_f32`, angles computed once per
@@ -73,8 +73,10 @@ impl CudaBackend {
         unsafe { self.launch("embedding_fwd_f32", cfg, &args) }
     }
 
-    /// [`RowOps::embedding_bwd`](gpu_core::nn::RowOps::embedding_bwd): memset, then the tiled
-    /// shared-memory scatter when ids repeat a lot, else a warp per row of global atomics.
+    /// [`RowOps::embedding_bwd`](gpu_core::nn::RowOps::embedding_bwd): when ids repeat a lot
+    /// (a small vocabulary: a GPT's characters), the tiled sum in a fixed order, the same bits
+    /// on every run; else a memset and a warp per row of global atomics, whose order (and so
+    /// the last bits of an id's sum over three or more rows) varies from run to run.
     pub(super) fn embedding_bwd_impl(
         &self,
         ids: &CudaBuffer,
@@ -84,15 +86,13 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "embedding_bwd";
         let (rows, vocab) = check_embedding(OP, ids, dtable, dout, dim)?;
-        self.memset32(dtable, 0)?;
         if rows == 0 || vocab == 0 {
-            return Ok(());
+            return self.memset32(dtable, 0);
         }
-        if let Some((tile, tiles)) = embedding_tile(rows, vocab, dim)
-            .filter(|&(tile, _)| rows.saturating_mul(tile).div_ceil(1 << 31) <= 65_535)
-        {
+        if let Some((tile, tiles)) = embedding_tile(rows, vocab, dim) {
             return self.embedding_bwd_tiled(ids, dout, dtable, rows, dim, vocab, tile, tiles);
         }
+        self.memset32(dtable, 0)?;
         let (cfg, args) = embedding_launch(
             OP,
             rows,
@@ -126,8 +126,13 @@ fn embedding_tile(rows: usize, vocab: usize, dim: usize) -> Option<(usize, usize
     Some((tile, dim.div_ceil(tile)))
 }
 
+/// The most floats of the deterministic backward's per-chunk partial tables (64 MiB).
+const EMBED_PARTS_MAX: usize = 16 << 20;
+
 impl CudaBackend {
-    /// The tiled scatter-add (`embedding_bwd_tiled_f32`) into a zeroed `dtable`.
+    /// The tiled scatter-add in a fixed order (`embedding_bwd_part_f32`, then
+    /// `embedding_bwd_sum_f32`): the same bits on every run. `dtable` is overwritten.
+    #[allow(clippy::too_many_arguments)]
     fn embedding_bwd_tiled(
         &self,
         ids: &CudaBuffer,
@@ -140,36 +145,51 @@ impl CudaBackend {
         tiles: usize,
     ) -> Result<()> {
         const OP: &str = "embedding_bwd";
-        // About two blocks per SM, but at least 4·vocab rows per block, so the flush (one
-        // global atomic per id and column per block) stays well below one per input element.
-        // The kernel indexes a chunk's elements in 32 bits: chunk·tile < 2^32.
+        // About two blocks per SM; at least vocab rows per chunk (so writing a chunk's
+        // vocab × tile partial costs no more than reading its rows); at most 65535 chunks
+        // (grid.y) and EMBED_PARTS_MAX floats of partials.
         let sms = self.info().multiprocessors.max(1) as usize;
-        let chunks = (rows / (4 * vocab))
-            .min((2 * sms).div_ceil(tiles))
-            .max((rows * tile).div_ceil(1 << 31)) // <= 65535: checked by the caller
-            .max(1);
+        let table = vocab * dim; // <= rows · dim / 8 (embedding_tile): no overflow
+        let chunks = (2 * sms)
+            .div_ceil(tiles)
+            .min(rows / vocab)
+            .min(EMBED_PARTS_MAX / table.max(1))
+            .clamp(1, 65_535);
         let chunk = rows.div_ceil(chunks);
+        let chunks = rows.div_ceil(chunk);
+        let mut parts = self.allocate(DType::F32, chunks * table)?;
+        let threads = tile.div_ceil(32) * 32;
         let cfg = LaunchConfig {
-            grid_dim: (to_grid(OP, tiles)?, rows.div_ceil(chunk) as u32, 1),
-            block_dim: (256, 1, 1),
+            grid_dim: (to_grid(OP, tiles)?, chunks as u32, 1),
+            block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: (vocab * tile * 4) as u32,
         };
         let args = [
             ids.into(),
             dout.into(),
-            dtable.into(),
+            (&mut parts).into(),
             KernelArg::U64(rows as u64),
             KernelArg::U32(to_u32(OP, "dim", dim)?),
             KernelArg::U32(vocab as u32),
             KernelArg::U32(tile as u32),
             KernelArg::U64(chunk as u64),
         ];
-        // SAFETY: embedding_bwd_tiled_f32(const u32* ids, const float* dout, float* dtable, u64
-        // rows, u32 dim, u32 vocab, u32 tile, u64 chunk): ids hold rows u32, dout rows·dim f32,
-        // dtable vocab·dim f32 (checked, zeroed on the same stream); grid.x·tile covers dim,
-        // grid.y·chunk covers rows, and the block has vocab·tile floats of shared memory
-        // (<= 47 KiB by embedding_tile, so vocab < 2^32).
-        unsafe { self.launch("embedding_bwd_tiled_f32", cfg, &args) }
+        // SAFETY: embedding_bwd_part_f32(const u32* ids, const float* dout, float* part, u64
+        // rows, u32 dim, u32 vocab, u32 tile, u64 chunk): ids hold rows u32, dout rows·dim f32
+        // (checked), part chunks·vocab·dim f32 (allocated above); grid.x·tile covers dim,
+        // grid.y·chunk covers rows, `threads` >= tile (<= 256), and the block has vocab·tile
+        // floats of shared memory (<= 47 KiB by embedding_tile).
+        unsafe { self.launch("embedding_bwd_part_f32", cfg, &args) }?;
+        let args = [
+            (&parts).into(),
+            dtable.into(),
+            KernelArg::U64(table as u64),
+            KernelArg::U32(chunks as u32),
+        ];
+        // SAFETY: embedding_bwd_sum_f32(const float* part, float* dtable, u64 n, u32 chunks):
+        // part holds chunks·n f32 written by the kernel queued before on this stream, dtable
+        // n = vocab·dim f32 (checked).
+        unsafe { self.launch("embedding_bwd_sum_f32", self.stride_grid(table), &args) }
     }
 }
 
