@@ -94,15 +94,7 @@ class NanoGpt(torch.nn.Module):
 def gpt_train_step(model, opt, data, block, batch, dev, gen=None):
     """One training step as the GPT rows of gpu-bench and cpu-bench time it: a random batch of
     `batch` windows of `block` tokens, forward, backward, clip 1.0, AdamW, loss.item()."""
-    ix = torch.randint(len(data) - block, (batch,), generator=gen)
-    x = torch.stack([data[j:j + block] for j in ix]).to(dev)
-    y = torch.stack([data[j + 1:j + block + 1] for j in ix]).to(dev)
-    loss = model(x, y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    loss.item()
+    gpt_step_queued(model, opt, data, block, batch, dev, gen).item()
 
 
 def gpt_pipelined_us(step, rounds=5, per=10):
@@ -121,9 +113,9 @@ def gpt_pipelined_us(step, rounds=5, per=10):
     return statistics.median(times)
 
 
-def gpt_step_queued(model, opt, data, block, batch, dev):
+def gpt_step_queued(model, opt, data, block, batch, dev, gen=None):
     """`gpt_train_step` without the per-step loss.item(): returns the loss tensor."""
-    ix = torch.randint(len(data) - block, (batch,))
+    ix = torch.randint(len(data) - block, (batch,), generator=gen)
     x = torch.stack([data[j:j + block] for j in ix]).to(dev)
     y = torch.stack([data[j + 1:j + block + 1] for j in ix]).to(dev)
     loss = model(x, y)
