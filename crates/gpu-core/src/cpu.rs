@@ -284,6 +284,7 @@ pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
 }
 
 mod attention;
+mod attention_packed;
 mod elementwise;
 pub mod fast;
 mod host;

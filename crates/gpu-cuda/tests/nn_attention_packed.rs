@@ -9,6 +9,7 @@
 mod common;
 
 use common::*;
+use gpu_core::nn::attention::Packed;
 use gpu_core::nn::AttentionOps;
 use gpu_core::Backend;
 use gpu_cuda::testing::backend_or_skip;
@@ -82,7 +83,8 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
     // Packed.
     let qkv_b = up(gpu, &qkv);
     let (mut out, mut lse) = (poisoned(gpu, b * t * c), poisoned(gpu, n * t));
-    gpu.causal_attention_packed_fwd(&qkv_b, &mut out, &mut lse, b, t, h, d, scale)
+    let p = Packed { b, t, heads: h, d };
+    gpu.causal_attention_packed_fwd(&qkv_b, &mut out, &mut lse, p, scale)
         .unwrap();
     assert_eq!(
         bits(&down(gpu, &out)),
@@ -96,7 +98,7 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
     );
     let mut dqkv = poisoned(gpu, b * t * 3 * c);
     let dout_b = up(gpu, &dout);
-    gpu.causal_attention_packed_bwd(&qkv_b, &out, &lse, &dout_b, &mut dqkv, b, t, h, d, scale)
+    gpu.causal_attention_packed_bwd(&qkv_b, &out, &lse, &dout_b, &mut dqkv, p, scale)
         .unwrap();
     let got = down(gpu, &dqkv);
     for (i, want) in [dq, dk, dv].iter().enumerate() {
@@ -139,8 +141,9 @@ fn gpu_packed_attention_rejects_bad_arguments() {
     let qkv = up(&gpu, &vec![0.5; b * t * 3 * c]);
     let mut out = poisoned(&gpu, b * t * c);
     let mut lse = poisoned(&gpu, b * h * t);
-    let mut fwd = |qkv: &gpu_cuda::CudaBuffer, bb, tt, hh, dd, s| {
-        gpu.causal_attention_packed_fwd(qkv, &mut out, &mut lse, bb, tt, hh, dd, s)
+    let mut fwd = |qkv: &gpu_cuda::CudaBuffer, b, t, heads, d, s| {
+        let p = Packed { b, t, heads, d };
+        gpu.causal_attention_packed_fwd(qkv, &mut out, &mut lse, p, s)
     };
     let short = up(&gpu, &vec![0.5; b * t * 3 * c - 1]);
     let ints = gpu.upload(&vec![0u32; b * t * 3 * c]).unwrap();
@@ -159,12 +162,13 @@ fn gpu_packed_attention_rejects_bad_arguments() {
         down(&gpu, &out).iter().all(|v| v.is_nan()),
         "a refused call wrote"
     );
-    gpu.causal_attention_packed_fwd(&qkv, &mut out, &mut lse, b, t, h, d, 1.0)
+    let p = Packed { b, t, heads: h, d };
+    gpu.causal_attention_packed_fwd(&qkv, &mut out, &mut lse, p, 1.0)
         .unwrap();
     let dout = up(&gpu, &vec![1.0; b * t * c]);
     let mut small = poisoned(&gpu, b * t * c);
     let e = gpu
-        .causal_attention_packed_bwd(&qkv, &out, &lse, &dout, &mut small, b, t, h, d, 1.0)
+        .causal_attention_packed_bwd(&qkv, &out, &lse, &dout, &mut small, p, 1.0)
         .unwrap_err();
     assert!(e.to_string().contains("dqkv"), "{e}");
 }

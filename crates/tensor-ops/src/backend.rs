@@ -1,6 +1,7 @@
 //! Device dispatch: the backend behind each [`Device`], and the transfer counter.
 
 use crate::storage::Storage;
+use gpu_core::nn::attention::Packed;
 use gpu_core::nn::NnOps;
 use gpu_core::{CpuBackend, Device, GpuError, Result};
 use gpu_cuda::CudaBackend;
@@ -17,6 +18,55 @@ pub(crate) trait DeviceBackend: NnOps {
     fn get(s: &Storage) -> Result<&Self::Buffer>;
     fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer>;
     fn wrap(buf: Self::Buffer) -> Storage;
+    /// The backend's packed causal attention (`causal_attention_packed_fwd`).
+    fn attention_packed_fwd(
+        &self,
+        qkv: &Self::Buffer,
+        out: &mut Self::Buffer,
+        lse: &mut Self::Buffer,
+        p: Packed,
+        scale: f32,
+    ) -> Result<()>;
+    /// The backend's packed causal attention backward (`causal_attention_packed_bwd`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_packed_bwd(
+        &self,
+        qkv: &Self::Buffer,
+        out: &Self::Buffer,
+        lse: &Self::Buffer,
+        dout: &Self::Buffer,
+        dqkv: &mut Self::Buffer,
+        p: Packed,
+        scale: f32,
+    ) -> Result<()>;
+}
+
+/// Both backends' packed attention entry points, which share one signature.
+macro_rules! packed_attention {
+    () => {
+        fn attention_packed_fwd(
+            &self,
+            qkv: &Self::Buffer,
+            out: &mut Self::Buffer,
+            lse: &mut Self::Buffer,
+            p: Packed,
+            scale: f32,
+        ) -> Result<()> {
+            self.causal_attention_packed_fwd(qkv, out, lse, p, scale)
+        }
+        fn attention_packed_bwd(
+            &self,
+            qkv: &Self::Buffer,
+            out: &Self::Buffer,
+            lse: &Self::Buffer,
+            dout: &Self::Buffer,
+            dqkv: &mut Self::Buffer,
+            p: Packed,
+            scale: f32,
+        ) -> Result<()> {
+            self.causal_attention_packed_bwd(qkv, out, lse, dout, dqkv, p, scale)
+        }
+    };
 }
 
 impl DeviceBackend for CpuBackend {
@@ -41,6 +91,7 @@ impl DeviceBackend for CpuBackend {
     fn wrap(buf: Self::Buffer) -> Storage {
         Storage::Cpu(buf)
     }
+    packed_attention!();
 }
 
 impl DeviceBackend for CudaBackend {
@@ -68,6 +119,7 @@ impl DeviceBackend for CudaBackend {
     fn wrap(buf: Self::Buffer) -> Storage {
         Storage::Cuda(buf)
     }
+    packed_attention!();
 }
 
 fn mismatch(want: Device, _b: &gpu_cuda::CudaBuffer) -> GpuError {

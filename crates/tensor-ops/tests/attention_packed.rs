@@ -1,8 +1,9 @@
-//! `Tensor::causal_attention_packed` (attention straight from a fused `[b, t, 3c]` projection):
-//! on CUDA bit for bit the composed form (split, permute, `causal_attention`, permute back), its
-//! output and the gradient of the projection; against the CPU within the attention kernels'
-//! bound (`gpu-cuda/tests/nn_attention.rs`: norm-wise 1e-5 forward, 3e-5 gradients); typed
-//! errors for shapes that do not split. Tests named `gpu_*` skip without a GPU.
+//! `Tensor::causal_attention_packed` (attention straight from a fused `[b, t, 3c]` projection)
+//! against the composed form (split, permute, `causal_attention`, permute back), bit for bit,
+//! output and the gradient of the projection: on CUDA, and on the CPU in both CPU modes. CUDA
+//! against the CPU within the attention kernels' bound (`gpu-cuda/tests/nn_attention.rs`:
+//! norm-wise 1e-5 forward, 3e-5 gradients). Typed errors for shapes that do not split. Tests
+//! named `gpu_*` skip without a GPU.
 
 use gpu_cuda::testing::{gpu_device_or_skip as gpu, rel_err};
 use tensor_ops::{Device, Tensor};
@@ -97,4 +98,31 @@ fn packed_attention_refuses_shapes_that_do_not_split() {
         bits(&q.causal_attention_packed(2).unwrap()),
         bits(&composed(&q, 2))
     );
+}
+
+/// On the CPU the packed op gathers each sequence and runs the same per-sequence code as
+/// `causal_attention`: the composed form's bits, output and gradient, in the exact (f64) mode
+/// and in the fast (f32 SIMD) mode; ragged lengths and several head widths.
+#[test]
+fn cpu_packed_attention_is_the_composed_form_bit_for_bit() {
+    let seed: u64 = rand::random();
+    eprintln!("cpu_packed_attention_is_the_composed_form_bit_for_bit: seed {seed}");
+    for mode in [gpu_core::cpu::CpuMode::Exact, gpu_core::cpu::CpuMode::Fast] {
+        gpu_core::cpu::with_mode(mode, || {
+            for (i, (b, t, heads, d)) in [(2, 17, 3, 8), (1, 64, 4, 32), (3, 5, 2, 64)]
+                .into_iter()
+                .enumerate()
+            {
+                let c = heads * d;
+                let s = seed.wrapping_add(i as u64);
+                let qkv = Tensor::randn(&[b, t, 3 * c], 1.0, s, Device::Cpu).unwrap();
+                let r = Tensor::randn(&[b, t, c], 1.0, s ^ 7, Device::Cpu).unwrap();
+                let (yp, gp) = run(&qkv, &r, heads, true);
+                let (yc, gc) = run(&qkv, &r, heads, false);
+                let what = format!("{mode:?} b {b} t {t} heads {heads} d {d} (seed {seed})");
+                assert_eq!(bits(&yp), bits(&yc), "{what}: output");
+                assert_eq!(bits(&gp), bits(&gc), "{what}: gradient");
+            }
+        });
+    }
 }

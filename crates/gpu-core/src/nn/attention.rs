@@ -167,3 +167,65 @@ pub fn check_bwd<B: BufferInfo>(
         ],
     )
 }
+
+/// The sizes of a packed attention call (`causal_attention_packed_*`, the CPU and CUDA
+/// backends): `qkv` `[b, t, 3c]` holding q, k, v as column blocks of `heads` heads of width
+/// `d` (c = heads·d), outputs `[b, t, c]`, `lse` `[b·heads, t]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packed {
+    pub b: usize,
+    pub t: usize,
+    pub heads: usize,
+    pub d: usize,
+}
+
+impl Packed {
+    /// `c = heads·d`, the width of a head block.
+    pub fn c(&self) -> usize {
+        self.heads * self.d
+    }
+
+    /// Sequences: `b·heads`.
+    pub fn n(&self) -> usize {
+        self.b * self.heads
+    }
+}
+
+/// Checks a packed call (every backend calls this): the head width and sequence length as
+/// [`check_dims`], `heads >= 1`, `scale` finite, f32 buffers, `qkv` and `dqkv` (when given) of
+/// `b·t·3c` elements, each of `outs` of `b·t·c`, `lse` of `b·heads·t`, and every size and row
+/// stride below 2^31 (the CUDA kernels' 32-bit arithmetic).
+pub fn check_packed<B: BufferInfo>(
+    op: &'static str,
+    qkv: &B,
+    outs: &[&B],
+    lse: &B,
+    dqkv: Option<&B>,
+    p: Packed,
+    scale: f32,
+) -> Result<()> {
+    check_dims(op, p.b.saturating_mul(p.heads), p.t, p.d)?;
+    check_scale(op, scale)?;
+    let big = || GpuError::InvalidShape {
+        op,
+        reason: format!("{p:?} is too large"),
+    };
+    if p.heads == 0 {
+        return Err(GpuError::InvalidShape {
+            op,
+            reason: "at least one head".into(),
+        });
+    }
+    let c = p.heads.checked_mul(p.d).ok_or_else(big)?;
+    let ld = c.checked_mul(3).filter(|&l| l < 1 << 31).ok_or_else(big)?;
+    let n =
+        p.b.checked_mul(p.heads)
+            .filter(|&n| n < 1 << 31)
+            .ok_or_else(big)?;
+    let rows = p.b.checked_mul(p.t).ok_or_else(big)?;
+    let e_qkv = rows.checked_mul(ld).ok_or_else(big)?;
+    let mut bufs = vec![("qkv", qkv, e_qkv), ("lse", lse, n * p.t)];
+    bufs.extend(outs.iter().map(|&o| ("out", o, rows * c)));
+    bufs.extend(dqkv.map(|g| ("dqkv", g, e_qkv)));
+    check_buffers(op, &bufs)
+}

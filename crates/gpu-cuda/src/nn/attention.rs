@@ -5,8 +5,8 @@
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
-use gpu_core::nn::attention::{check_bwd, check_fwd, AttentionOps};
-use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
+use gpu_core::nn::attention::{check_bwd, check_fwd, check_packed, AttentionOps, Packed};
+use gpu_core::{Backend, DType, GpuError, Result};
 
 /// A kernel and its tile: `rows` rows of the sequence per block, `threads` threads per block.
 struct Tile {
@@ -196,21 +196,18 @@ impl CudaBackend {
     /// `c_attn` makes it; `out` `[b, t, heads·d]` and `lse` `[b·heads, t]` are written. The
     /// same arithmetic as [`AttentionOps::causal_attention_fwd`] on the permuted
     /// `[b·heads, t, d]` tensors (the same bits), without the permutes.
-    #[allow(clippy::too_many_arguments)]
     pub fn causal_attention_packed_fwd(
         &self,
         qkv: &CudaBuffer,
         out: &mut CudaBuffer,
         lse: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        heads: usize,
-        d: usize,
+        p: Packed,
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_fwd";
-        let (n, layout) = check_packed(OP, qkv, &[&*out], lse, b, t, heads, d, scale)?;
+        check_packed(OP, qkv, &[&*out], lse, None, p, scale)?;
         self.check_owned(OP, &[qkv, &*out, &*lse])?;
+        let (n, t, d, heads, layout) = (p.n(), p.t, p.d, p.heads, packed_layout(p));
         if n == 0 || t == 0 {
             return Ok(());
         }
@@ -243,26 +240,16 @@ impl CudaBackend {
         lse: &CudaBuffer,
         dout: &CudaBuffer,
         dqkv: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        heads: usize,
-        d: usize,
+        p: Packed,
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_bwd";
-        let (n, layout) = check_packed(OP, qkv, &[out, dout], lse, b, t, heads, d, scale)?;
-        if dqkv.dtype() != DType::F32 || dqkv.len() != qkv.len() {
-            return Err(GpuError::shape(
-                OP,
-                format!("dqkv of {} f32", qkv.len()),
-                dqkv.len(),
-            ));
-        }
+        check_packed(OP, qkv, &[out, dout], lse, Some(&*dqkv), p, scale)?;
         self.check_owned(OP, &[qkv, out, lse, dout, &*dqkv])?;
+        let (n, t, d, c, layout) = (p.n(), p.t, p.d, p.c(), packed_layout(p));
         if n == 0 || t == 0 {
             return Ok(());
         }
-        let c = heads * d;
         let grads = packed_ptrs(dqkv, c);
         // SAFETY: as the forward; dqkv has qkv's layout and is distinct (&mut), written only.
         unsafe {
@@ -351,78 +338,17 @@ impl CudaBackend {
     }
 }
 
+/// The kernels' layout of a packed call (strides < 2^31 by `check_packed`).
+fn packed_layout(p: Packed) -> Layout {
+    Layout {
+        heads: p.heads,
+        ld_in: 3 * p.c(),
+        ld_out: p.c(),
+    }
+}
+
 /// Pointers to the three column blocks (q, k, v or dq, dk, dv) of a `[b, t, 3c]` buffer.
 fn packed_ptrs(buf: &CudaBuffer, c: usize) -> [KernelArg; 3] {
     let p = buf.device_ptr();
     [0, 1, 2].map(|i| KernelArg::Ptr(if p == 0 { 0 } else { p + (4 * i * c) as u64 }))
-}
-
-/// Checks a packed call: f32 buffers, `qkv` of `b·t·3c` and each of `outs` of `b·t·c` floats
-/// (c = heads·d), `lse` of `b·heads·t`, `d` a multiple of 4 in 4..=128, `scale` finite, every
-/// size and stride within the kernels' 32-bit arithmetic. Returns `n = b·heads` and the layout.
-#[allow(clippy::too_many_arguments)]
-fn check_packed(
-    op: &'static str,
-    qkv: &CudaBuffer,
-    outs: &[&CudaBuffer],
-    lse: &CudaBuffer,
-    b: usize,
-    t: usize,
-    heads: usize,
-    d: usize,
-    scale: f32,
-) -> Result<(usize, Layout)> {
-    if !(4..=128).contains(&d) || !d.is_multiple_of(4) || heads == 0 {
-        return Err(GpuError::invalid(
-            op,
-            format!("head width {d} must be a multiple of 4 in 4..=128, with heads >= 1"),
-        ));
-    }
-    if !scale.is_finite() {
-        return Err(GpuError::invalid(
-            op,
-            format!("scale must be finite, got {scale}"),
-        ));
-    }
-    let big = || GpuError::InvalidShape {
-        op,
-        reason: format!("b {b} x t {t} x heads {heads} x d {d} is too large"),
-    };
-    let c = heads.checked_mul(d).ok_or_else(big)?;
-    let ld_in = c.checked_mul(3).filter(|&l| l < 1 << 31).ok_or_else(big)?;
-    let rows = b.checked_mul(t).ok_or_else(big)?;
-    let n = b
-        .checked_mul(heads)
-        .filter(|&n| n < 1 << 31)
-        .ok_or_else(big)?;
-    if t > 1 << 30 {
-        return Err(big());
-    }
-    let want_qkv = rows.checked_mul(ld_in).ok_or_else(big)?;
-    let want_out = rows * c;
-    let want_lse = n.checked_mul(t).ok_or_else(big)?;
-    let f32s = [qkv, lse].into_iter().chain(outs.iter().copied());
-    if f32s.into_iter().any(|x| x.dtype() != DType::F32) {
-        return Err(GpuError::invalid(op, "every buffer must be f32"));
-    }
-    if qkv.len() != want_qkv || lse.len() != want_lse || outs.iter().any(|o| o.len() != want_out) {
-        return Err(GpuError::shape(
-            op,
-            format!("qkv {want_qkv}, out/dout {want_out}, lse {want_lse} f32"),
-            format!(
-                "qkv {}, {:?}, lse {}",
-                qkv.len(),
-                outs.iter().map(|o| o.len()).collect::<Vec<_>>(),
-                lse.len()
-            ),
-        ));
-    }
-    Ok((
-        n,
-        Layout {
-            heads,
-            ld_in,
-            ld_out: c,
-        },
-    ))
 }

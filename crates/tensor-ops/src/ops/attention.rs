@@ -1,19 +1,20 @@
 //! Causal self-attention straight from a fused q/k/v projection (a GPT's `c_attn` output), with
-//! no split, permute or concatenation copies on CUDA.
+//! no split, permute or concatenation copies.
 
-use crate::backend::cuda_backend;
-use crate::storage::Storage;
+use crate::backend::{on_device, DeviceBackend};
+use crate::ops::buf;
 use crate::tensor::{require_f32, Tensor};
-use gpu_core::{Backend, DType, Device, GpuError, Result};
+use gpu_core::nn::attention::Packed;
+use gpu_core::{GpuError, Result};
 
 impl Tensor {
     /// Causal scaled-dot-product attention of `qkv` `[b, t, 3c]`, whose three column blocks are
     /// q, k and v of `heads` heads of width `d = c / heads` (head `h` at columns `h·d..` of each
     /// block); returns `[b, t, c]`, the heads side by side. The same function, bit for bit, as
     /// splitting the blocks, permuting each to `[b, heads, t, d]`,
-    /// [`Tensor::causal_attention`] and permuting back (which is what the CPU runs). On CUDA the
-    /// kernels read q, k and v where they lie and write the output and, backward, the gradient
-    /// of `qkv` in place: none of the ten copies of the composed form.
+    /// [`Tensor::causal_attention`] and permuting back. Both devices read q, k and v where
+    /// they lie and write the output and, backward, the gradient of `qkv` in place: none of the
+    /// copies of the composed form.
     pub fn causal_attention_packed(&self, heads: usize) -> Result<Tensor> {
         const OP: &str = "causal_attention_packed";
         require_f32(OP, self)?;
@@ -33,88 +34,47 @@ impl Tensor {
                 format!("{c3} columns do not split into q, k, v of {heads} heads"),
             ));
         }
-        let (c, d) = (c3 / 3, c3 / 3 / heads);
-        match self.device() {
-            Device::Cpu => composed(self, b, t, c, heads, d),
-            Device::Cuda(i) => packed_cuda(self, i, b, t, heads, d),
-        }
-    }
-}
-
-/// The composition the packed op stands for (the CPU path).
-fn composed(qkv: &Tensor, b: usize, t: usize, c: usize, nh: usize, hd: usize) -> Result<Tensor> {
-    let head = |i: usize| -> Result<Tensor> {
-        qkv.narrow(2, i * c, c)?
-            .reshape(&[b, t, nh, hd])?
-            .permute(&[0, 2, 1, 3])
-    };
-    Tensor::causal_attention(&head(0)?, &head(1)?, &head(2)?)?
-        .permute(&[0, 2, 1, 3])?
-        .reshape(&[b, t, c])
-}
-
-fn cuda_buf<'a>(op: &'static str, s: &'a Storage) -> Result<&'a gpu_cuda::CudaBuffer> {
-    match s {
-        Storage::Cuda(b) => Ok(b),
-        Storage::Cpu(_) => Err(GpuError::invalid(op, "storage and device disagree")),
-    }
-}
-
-fn packed_cuda(
-    qkv: &Tensor,
-    ordinal: usize,
-    b: usize,
-    t: usize,
-    nh: usize,
-    hd: usize,
-) -> Result<Tensor> {
-    const OP: &str = "causal_attention_packed";
-    let dev = Device::Cuda(ordinal);
-    let gpu = cuda_backend(ordinal)?;
-    let c = nh * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let (out, lse) = {
-        let g = qkv.read();
-        let mut out = gpu.allocate(DType::F32, b * t * c)?;
-        let mut lse = gpu.allocate(DType::F32, b * nh * t)?;
-        gpu.causal_attention_packed_fwd(
-            cuda_buf(OP, &g)?,
-            &mut out,
-            &mut lse,
+        let p = Packed {
             b,
             t,
-            nh,
-            hd,
-            scale,
-        )?;
-        (out, lse)
-    };
-    let lse = Tensor::from_storage(Storage::Cuda(lse), vec![b * nh, t], dev);
+            heads,
+            d: c3 / 3 / heads,
+        };
+        packed(self, p)
+    }
+}
+
+fn packed(qkv: &Tensor, p: Packed) -> Result<Tensor> {
+    const OP: &str = "causal_attention_packed";
+    let dev = qkv.device();
+    let (b, t, c) = (p.b, p.t, p.c());
+    let scale = 1.0 / (p.d as f32).sqrt();
+    let g = qkv.read();
+    let (out, lse) = on_device!(dev, |be| {
+        let mut out = be.alloc_output(b * t * c)?;
+        let mut lse = be.alloc_output(p.n() * t)?;
+        be.attention_packed_fwd(buf(be, &g)?, &mut out, &mut lse, p, scale)?;
+        (crate::ops::wrap(be, out), crate::ops::wrap(be, lse))
+    });
+    drop(g);
+    let lse = Tensor::from_storage(lse, vec![p.n(), t], dev);
     let input = qkv.clone();
     Ok(Tensor::from_op(
-        Storage::Cuda(out),
+        out,
         vec![b, t, c],
         dev,
         OP,
         &[qkv],
         move |o, g| {
-            let gpu = cuda_backend(ordinal)?;
             let (gq, go, gl, gg) = (input.read(), o.read(), lse.read(), g.read());
-            let mut dqkv = gpu.allocate(DType::F32, b * t * 3 * c)?;
-            gpu.causal_attention_packed_bwd(
-                cuda_buf(OP, &gq)?,
-                cuda_buf(OP, &go)?,
-                cuda_buf(OP, &gl)?,
-                cuda_buf(OP, &gg)?,
-                &mut dqkv,
-                b,
-                t,
-                nh,
-                hd,
-                scale,
-            )?;
+            let dqkv = on_device!(dev, |be| {
+                let mut dqkv = be.alloc_output(b * t * 3 * c)?;
+                let (q, o, l, d) = (buf(be, &gq)?, buf(be, &go)?, buf(be, &gl)?, buf(be, &gg)?);
+                be.attention_packed_bwd(q, o, l, d, &mut dqkv, p, scale)?;
+                crate::ops::wrap(be, dqkv)
+            });
             Ok(vec![Some(Tensor::from_storage(
-                Storage::Cuda(dqkv),
+                dqkv,
                 vec![b, t, 3 * c],
                 dev,
             ))])
