@@ -2,6 +2,7 @@
 
 use crate::storage::Storage;
 use gpu_core::nn::attention::Packed;
+use gpu_core::nn::optim::AdamWConfig;
 use gpu_core::nn::NnOps;
 use gpu_core::{CpuBackend, Device, GpuError, Result};
 use gpu_cuda::CudaBackend;
@@ -18,6 +19,20 @@ pub(crate) trait DeviceBackend: NnOps {
     fn get(s: &Storage) -> Result<&Self::Buffer>;
     fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer>;
     fn wrap(buf: Self::Buffer) -> Storage;
+    /// AdamW with its learning rate and bias corrections read on the device from `schedule`
+    /// (`CudaBackend::adamw_step_scheduled`); CUDA only.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw_scheduled(
+        &self,
+        params: &mut [&mut Self::Buffer],
+        grads: &[&Self::Buffer],
+        m: &mut [&mut Self::Buffer],
+        v: &mut [&mut Self::Buffer],
+        weight_decay: &[f32],
+        grad_scale: Option<&Self::Buffer>,
+        cfg: AdamWConfig,
+        schedule: &Self::Buffer,
+    ) -> Result<()>;
     /// The backend's packed causal attention (`causal_attention_packed_fwd`).
     fn attention_packed_fwd(
         &self,
@@ -92,6 +107,22 @@ impl DeviceBackend for CpuBackend {
         Storage::Cpu(buf)
     }
     packed_attention!();
+    fn adamw_scheduled(
+        &self,
+        _: &mut [&mut Self::Buffer],
+        _: &[&Self::Buffer],
+        _: &mut [&mut Self::Buffer],
+        _: &mut [&mut Self::Buffer],
+        _: &[f32],
+        _: Option<&Self::Buffer>,
+        _: AdamWConfig,
+        _: &Self::Buffer,
+    ) -> Result<()> {
+        Err(GpuError::invalid(
+            "AdamW::step_scheduled",
+            "a device schedule is for CUDA (graph replays); the CPU steps with AdamW::step",
+        ))
+    }
 }
 
 impl DeviceBackend for CudaBackend {
@@ -120,6 +151,19 @@ impl DeviceBackend for CudaBackend {
         Storage::Cuda(buf)
     }
     packed_attention!();
+    fn adamw_scheduled(
+        &self,
+        params: &mut [&mut Self::Buffer],
+        grads: &[&Self::Buffer],
+        m: &mut [&mut Self::Buffer],
+        v: &mut [&mut Self::Buffer],
+        weight_decay: &[f32],
+        grad_scale: Option<&Self::Buffer>,
+        cfg: AdamWConfig,
+        schedule: &Self::Buffer,
+    ) -> Result<()> {
+        self.adamw_step_scheduled(params, grads, m, v, weight_decay, grad_scale, cfg, schedule)
+    }
 }
 
 fn mismatch(want: Device, _b: &gpu_cuda::CudaBuffer) -> GpuError {

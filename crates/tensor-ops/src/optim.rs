@@ -361,23 +361,17 @@ impl AdamW {
             let mut vg: Vec<_> = self.v.iter().map(|t| t.write()).collect();
             let gg: Vec<_> = gs.iter().map(|t| t.read()).collect();
             let cg = clip.as_ref().map(|c| c.read());
-            match schedule {
-                None => on_device!(dev, |be| adamw_impl(
-                    be,
-                    &mut pg,
-                    &gg,
-                    &mut mg,
-                    &mut vg,
-                    &self.decays,
-                    cg.as_deref(),
-                    cfg
-                )?),
-                Some(s) => {
-                    let sg = s.read();
-                    let lists = (&mut pg[..], &gg[..], &mut mg[..], &mut vg[..]);
-                    scheduled_cuda(dev, lists, &self.decays, cg.as_deref(), cfg, &sg)?
-                }
-            }
+            let sg = schedule.map(|s| s.read());
+            on_device!(dev, |be| adamw_impl(
+                be,
+                &mut pg,
+                &gg,
+                &mut mg,
+                &mut vg,
+                &self.decays,
+                (cg.as_deref(), sg.as_deref()),
+                cfg
+            )?);
         }
         self.last_clip = clip;
         Ok(())
@@ -411,7 +405,7 @@ fn adamw_impl<B: DeviceBackend>(
     m: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
     v: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
     decays: &[f32],
-    clip: Option<&Storage>,
+    (clip, schedule): (Option<&Storage>, Option<&Storage>),
     cfg: AdamWConfig,
 ) -> Result<()> {
     let mut p: Vec<&mut B::Buffer> = params
@@ -422,41 +416,8 @@ fn adamw_impl<B: DeviceBackend>(
     let mut mm: Vec<&mut B::Buffer> = m.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
     let mut vv: Vec<&mut B::Buffer> = v.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
     let c = clip.map(B::get).transpose()?;
-    be.adamw_step(&mut p, &g, &mut mm, &mut vv, decays, c, cfg)
-}
-
-type Lists<'a, 'b> = (
-    &'a mut [std::sync::RwLockWriteGuard<'b, Storage>],
-    &'a [std::sync::RwLockReadGuard<'b, Storage>],
-    &'a mut [std::sync::RwLockWriteGuard<'b, Storage>],
-    &'a mut [std::sync::RwLockWriteGuard<'b, Storage>],
-);
-
-/// The CUDA AdamW launch with its scalars read from `schedule` on the device.
-fn scheduled_cuda(
-    dev: gpu_core::Device,
-    (params, grads, m, v): Lists<'_, '_>,
-    decays: &[f32],
-    clip: Option<&Storage>,
-    cfg: AdamWConfig,
-    schedule: &Storage,
-) -> Result<()> {
-    let gpu_core::Device::Cuda(i) = dev else {
-        return Err(GpuError::invalid(
-            "AdamW::step_scheduled",
-            "not a CUDA device",
-        ));
-    };
-    let gpu = crate::backend::cuda_backend(i)?;
-    type B = gpu_cuda::CudaBackend;
-    let mut p: Vec<_> = params
-        .iter_mut()
-        .map(|g| B::get_mut(g))
-        .collect::<Result<_>>()?;
-    let g: Vec<_> = grads.iter().map(|g| B::get(g)).collect::<Result<_>>()?;
-    let mut mm: Vec<_> = m.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
-    let mut vv: Vec<_> = v.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
-    let c = clip.map(B::get).transpose()?;
-    let s = B::get(schedule)?;
-    gpu.adamw_step_scheduled(&mut p, &g, &mut mm, &mut vv, decays, c, cfg, s)
+    match schedule {
+        None => be.adamw_step(&mut p, &g, &mut mm, &mut vv, decays, c, cfg),
+        Some(s) => be.adamw_scheduled(&mut p, &g, &mut mm, &mut vv, decays, c, cfg, B::get(s)?),
+    }
 }

@@ -48,8 +48,7 @@ fn gpu_packed_attention_is_the_composed_form_bit_for_bit() {
     let Some(dev) = gpu(test) else {
         return;
     };
-    let seed: u64 = rand::random();
-    eprintln!("{test}: seed {seed}");
+    let seed = gpu_cuda::testing::test_seed(test);
     for (i, (b, t, heads, d)) in [(2, 70, 3, 64), (1, 40, 2, 128), (3, 9, 1, 8)]
         .into_iter()
         .enumerate()
@@ -105,8 +104,8 @@ fn packed_attention_refuses_shapes_that_do_not_split() {
 /// and in the fast (f32 SIMD) mode; ragged lengths and several head widths.
 #[test]
 fn cpu_packed_attention_is_the_composed_form_bit_for_bit() {
-    let seed: u64 = rand::random();
-    eprintln!("cpu_packed_attention_is_the_composed_form_bit_for_bit: seed {seed}");
+    let seed =
+        gpu_cuda::testing::test_seed("cpu_packed_attention_is_the_composed_form_bit_for_bit");
     for mode in [gpu_core::cpu::CpuMode::Exact, gpu_core::cpu::CpuMode::Fast] {
         gpu_core::cpu::with_mode(mode, || {
             for (i, (b, t, heads, d)) in [(2, 17, 3, 8), (1, 64, 4, 32), (3, 5, 2, 64)]
@@ -124,5 +123,66 @@ fn cpu_packed_attention_is_the_composed_form_bit_for_bit() {
                 assert_eq!(bits(&gp), bits(&gc), "{what}: gradient");
             }
         });
+    }
+}
+
+/// Hostile inputs on every device present: a NaN in one head's q, k and v (every row) stays in
+/// that head (no other head's output changes by a bit); ±1e30 and ±inf in one head give that
+/// head non-finite or saturated values without touching the others; empty batches and empty
+/// sequences give empty results and gradients.
+#[test]
+fn gpu_packed_attention_keeps_heads_apart_and_takes_empty_shapes() {
+    let test = "gpu_packed_attention_keeps_heads_apart_and_takes_empty_shapes";
+    let seed = gpu_cuda::testing::test_seed(test);
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu(test));
+    let (b, t, heads, d) = (2, 19, 3, 8);
+    let c = heads * d;
+    for dev in devices {
+        let clean = Tensor::randn(&[b, t, 3 * c], 1.0, seed, Device::Cpu)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let base = Tensor::from_vec(clean.clone(), &[b, t, 3 * c], dev)
+            .unwrap()
+            .causal_attention_packed(heads)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        for bad in [f32::NAN, f32::INFINITY, -f32::INFINITY, 1e30, -1e30] {
+            // Head 1 of q, k and v, every row.
+            let mut x = clean.clone();
+            for row in x.chunks_exact_mut(3 * c) {
+                for blk in 0..3 {
+                    row[blk * c + d..blk * c + 2 * d].fill(bad);
+                }
+            }
+            let y = Tensor::from_vec(x, &[b, t, 3 * c], dev)
+                .unwrap()
+                .causal_attention_packed(heads)
+                .unwrap()
+                .to_vec()
+                .unwrap();
+            for (i, (got, want)) in y.iter().zip(&base).enumerate() {
+                let head = i % c / d;
+                if head != 1 {
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{dev} {bad}: entry {i} of head {head}"
+                    );
+                }
+            }
+        }
+        for shape in [[0, t, 3 * c], [b, 0, 3 * c]] {
+            let x = Tensor::zeros(&shape, dev)
+                .unwrap()
+                .requires_grad_()
+                .unwrap();
+            let y = x.causal_attention_packed(heads).unwrap();
+            assert_eq!(y.shape(), &[shape[0], shape[1], c][..]);
+            let g = y.sum_all().unwrap().backward().unwrap();
+            assert_eq!(g.get(&x).unwrap().shape(), &shape[..], "{dev}");
+        }
     }
 }

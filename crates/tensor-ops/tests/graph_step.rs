@@ -67,8 +67,7 @@ fn gpu_graphed_gpt_steps_give_the_eager_steps_bits() {
     let Some(dev) = gpu(test) else {
         return;
     };
-    let seed: u64 = rand::random();
-    eprintln!("{test}: seed {seed}");
+    let seed = gpu_cuda::testing::test_seed(test);
     let ds = Dataset::from_text(TEXT, 0.8).unwrap();
     let (batch, block) = (3, 16);
     let vocab = ds.tokenizer.vocab_size();
@@ -173,6 +172,13 @@ fn gpu_bad_graphed_steps_are_typed_errors_that_change_nothing() {
         eprintln!("{test}: {what}: {e}");
     }
     assert!(cases[1].1.to_string().contains("token id"));
+    // Empty batches cannot be captured.
+    for (b, t) in [(0, 8), (2, 0), (usize::MAX, 2)] {
+        assert!(
+            GraphedStep::capture(&model, &mut opt, b, t).is_err(),
+            "{b} x {t}"
+        );
+    }
     assert_eq!(opt.steps(), 0);
     let after: Vec<Vec<u32>> = model.parameters().iter().map(|p| bits(&p.1)).collect();
     assert_eq!(before, after, "a refused step changed the parameters");
@@ -197,8 +203,7 @@ fn gpu_dropout_ops_take_their_offsets_in_order() {
     let Some(dev) = gpu(test) else {
         return;
     };
-    let seed: u64 = rand::random();
-    eprintln!("{test}: seed {seed}");
+    let seed = gpu_cuda::testing::test_seed(test);
     let mut r = StdRng::seed_from_u64(seed);
     let x = Tensor::randn(&[1000], 1.0, seed, dev)
         .unwrap()
@@ -301,6 +306,9 @@ fn write_from_host_overwrites_in_place_or_refuses() {
     assert_eq!(alias.to_vec_u32().unwrap(), vec![7, 8, 9]);
     assert!(t.write_from_host(&[1u32, 2]).is_err());
     assert!(t.write_from_host(&[1.0f32, 2.0, 3.0]).is_err());
+    let empty = Tensor::from_vec(Vec::<u32>::new(), &[0], Device::Cpu).unwrap();
+    empty.write_from_host::<u32>(&[]).unwrap();
+    assert!(empty.write_from_host(&[1u32]).is_err());
     assert_eq!(t.to_vec_u32().unwrap(), vec![7, 8, 9]);
     let w = Tensor::ones(&[2], Device::Cpu)
         .unwrap()
