@@ -60,14 +60,21 @@ pub fn with_dropout_offsets<R>(offsets: &Tensor, f: impl FnOnce() -> R) -> Resul
     Ok(f())
 }
 
-/// For a training-mode dropout op: the innermost [`with_dropout_offsets`] tensor and the
-/// index of this op's offset (taken), or `None` outside any scope.
-pub(crate) fn next_dropout_offset() -> Result<Option<(Tensor, usize)>> {
+/// For a training-mode dropout op on `dev`: the innermost [`with_dropout_offsets`] tensor and
+/// the index of this op's offset (taken), or `None` outside any scope. An op on another device
+/// than the offsets, or one past their end, is an error and takes nothing.
+pub(crate) fn next_dropout_offset(dev: Device) -> Result<Option<(Tensor, usize)>> {
     OFFSETS.with(|o| {
         let mut o = o.borrow_mut();
         let Some((t, next)) = o.last_mut() else {
             return Ok(None);
         };
+        if t.device() != dev {
+            return Err(GpuError::invalid(
+                "dropout",
+                format!("the input is on {dev}, the seed offsets on {}", t.device()),
+            ));
+        }
         if 2 * (*next + 1) > t.numel() {
             return Err(GpuError::invalid(
                 "dropout",

@@ -214,6 +214,11 @@ fn gpu_dropout_ops_take_their_offsets_in_order() {
     let offsets = Tensor::from_vec(words, &[4], dev).unwrap();
     let (a, c) = with_dropout_offsets(&offsets, || {
         let e = x.dropout(0.5, 99, false).unwrap(); // evaluation: takes no entry
+                                                    // Refused ops take no entry either: a u32 input, and an input on the CPU.
+        let ids = Tensor::from_vec(vec![1u32; 4], &[4], dev).unwrap();
+        assert!(ids.dropout(0.5, 1, true).is_err());
+        let host = Tensor::ones(&[4], Device::Cpu).unwrap();
+        assert!(host.dropout(0.5, 1, true).is_err());
         let a = x.dropout(0.5, 10, true).unwrap(); // entry 0
         let _ = x.dropout(0.0, 11, true).unwrap(); // entry 1
         let c = x.dropout(0.5, 12, true).unwrap_err(); // none left

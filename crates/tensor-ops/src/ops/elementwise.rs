@@ -198,21 +198,16 @@ impl Tensor {
         if !training {
             return Ok(self.clone());
         }
+        if p != 0.0 {
+            require_f32("dropout", self)?;
+        }
+        let dev = self.device();
         // Under `graph::with_dropout_offsets` the seed is completed on the device (every
-        // training-mode op takes its entry, also at p = 0, so the k-th op is the k-th entry).
-        let offset = crate::graph::next_dropout_offset()?;
+        // training-mode op takes its entry, also at p = 0, so the k-th op is the k-th entry;
+        // the last check, so that a refused op takes none).
+        let offset = crate::graph::next_dropout_offset(dev)?;
         if p == 0.0 {
             return Ok(self.clone());
-        }
-        require_f32("dropout", self)?;
-        let dev = self.device();
-        if let Some((o, _)) = &offset {
-            if o.device() != dev {
-                return Err(GpuError::invalid(
-                    "dropout",
-                    format!("the input is on {dev}, the seed offset on {}", o.device()),
-                ));
-            }
         }
         let g = self.read();
         let st = dropout_storage(dev, &g, self.numel(), p, seed, offset.as_ref())?;
