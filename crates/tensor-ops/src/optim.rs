@@ -254,7 +254,8 @@ impl AdamW {
     /// elements, see [`AdamW::next_schedule`]): the step a CUDA graph records
     /// ([`crate::graph`]). The step counter does not advance here: a replay is counted with
     /// [`AdamW::count_replayed_step`]. With the schedule of `next_schedule(lr)` it gives the
-    /// same bits as `step(grads, lr)`.
+    /// same bits as `step(grads, lr)`. The device values are used as they are, unchecked:
+    /// write them from `next_schedule`, which refuses a bad learning rate.
     pub fn step_scheduled(&mut self, grads: &Gradients, schedule: &Tensor) -> Result<()> {
         let step = self.next_step()?;
         self.queue_step(grads, 0.0, step, Some(schedule))
