@@ -142,21 +142,29 @@ def gpt_rows(add, path, dev):
             if i >= 3:
                 times.append((time.perf_counter() - t0) * 1e6)
         add("gpt_step_tf32" if tf32 else "gpt_step", statistics.median(times))
-    # Steps queued with the loss read every 10 (as a training loop with a log interval), TF32:
-    # eager, and the model under torch.compile (default mode).
+    # Steps queued with the loss read every 10 (as a training loop with a log interval), TF32
+    # and bf16 autocast (nanoGPT's recipe: torch.autocast around the forward and the loss, f32
+    # parameters and fused AdamW): eager, and the model under torch.compile (default mode).
     torch.backends.cuda.matmul.allow_tf32 = True
-    for compiled in (False, True):
-        model = NanoGpt(len(chars)).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True)
-        try:
-            m = torch.compile(model) if compiled else model
-            t0 = time.perf_counter()
-            gpt_step_queued(m, opt, data, 256, 64, dev).item()  # compiles when compiled
-            print(f"gpt compiled={compiled}: first step {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-            us = gpt_pipelined_us(lambda: gpt_step_queued(m, opt, data, 256, 64, dev))
-            add("gpt_pipe_tf32_compile" if compiled else "gpt_pipe_tf32", us)
-        except Exception as e:  # noqa: BLE001 - reported, the other rows stand
-            print(f"gpt compiled={compiled} failed: {e}", file=sys.stderr)
+    for precision in ("tf32", "bf16"):
+        for compiled in (False, True):
+            model = NanoGpt(len(chars)).to(dev)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True)
+            ctx = torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=precision == "bf16")
+            try:
+                m = torch.compile(model) if compiled else model
+
+                def step():
+                    with ctx:
+                        return gpt_step_queued(m, opt, data, 256, 64, dev)
+
+                t0 = time.perf_counter()
+                step().item()  # compiles when compiled
+                print(f"gpt {precision} compiled={compiled}: first step {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+                us = gpt_pipelined_us(step)
+                add(f"gpt_pipe_{precision}_compile" if compiled else f"gpt_pipe_{precision}", us)
+            except Exception as e:  # noqa: BLE001 - reported, the other rows stand
+                print(f"gpt {precision} compiled={compiled} failed: {e}", file=sys.stderr)
     torch.backends.cuda.matmul.allow_tf32 = False
 
 

@@ -5,6 +5,15 @@ loss, logits and every gradient.
 
 Criteria (f32): loss and logits relative error < 1e-4 (norm-wise for logits); every gradient
 elementwise |ours - ref| <= 1e-4 + 1e-3 * |ref|. Exit status 0 when all pass.
+
+A bf16 dump (`parity-dump --precision bf16`) is compared with PyTorch's autocast bf16 recipe
+(torch.autocast(dtype=torch.bfloat16) around the forward, f32 parameters). Two bf16 programs
+round at slightly different places (PyTorch's attention rounds its probabilities to bf16 for
+P·V; ours computes attention in f32 and rounds its output where c_proj casts it), so neither is
+"the" bf16 result: both are measured against the exact f32 result of the same weights and batch,
+and ours passes when its error is at most 2x PyTorch autocast's own error (+1e-4) in the loss,
+in the logits (norm-wise) and in every gradient (norm-wise). Its distance to PyTorch autocast is
+printed too.
 Usage: torch_parity.py DUMP.safetensors [--device cuda|cpu]
 """
 import argparse
@@ -76,6 +85,42 @@ def forward(cfg, p, x):
     return F.linear(h, head)
 
 
+def run(cfg, t, names, device, bf16):
+    """Loss, logits and gradients of PyTorch's model on the dump's weights and batch."""
+    params = {k: t[k].clone().requires_grad_(True) for k in names}
+    x, y = t["batch.x"].long(), t["batch.y"].long()
+    with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+        logits = forward(cfg, params, x)
+    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+    loss.backward()
+    return loss.item(), logits.detach().float(), {k: params[k].grad for k in names}
+
+
+def compare_bf16(cfg, t, device):
+    names = [k for k in t if not k.startswith(("grad.", "batch.", "out."))]
+    exact = run(cfg, t, names, device, bf16=False)
+    torch_bf16 = run(cfg, t, names, device, bf16=True)
+    ours = (t["out.loss"].item(), t["out.logits"], {k: t[f"grad.{k}"] for k in names})
+
+    def rel(a, b):
+        if isinstance(a, float):
+            return abs(a - b) / abs(b)
+        return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+    ok = True
+    rows = [("loss", 0), ("logits", 1)] + [(f"grad {k}", k) for k in names]
+    print(f"{'':46s} {'ours vs f32':>12s} {'torch bf16 vs f32':>18s} {'ours vs torch bf16':>19s}")
+    for label, key in rows:
+        pick = (lambda r: r[2][key]) if isinstance(key, str) else (lambda r: r[key])
+        e_ours, e_torch = rel(pick(ours), pick(exact)), rel(pick(torch_bf16), pick(exact))
+        e_between = rel(pick(ours), pick(torch_bf16))
+        good = e_ours <= 2.0 * e_torch + 1e-4
+        ok &= good
+        print(f"{label:46s} {e_ours:12.2e} {e_torch:18.2e} {e_between:19.2e}  {'ok' if good else 'FAIL'}")
+    print(f"{cfg['variant']} bf16: {'PASS' if ok else 'FAIL'} (criterion: ours vs f32 <= 2x torch autocast vs f32 + 1e-4)")
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dump")
@@ -84,6 +129,10 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cfg, t = load(args.dump, args.device)
+    with safe_open(args.dump, framework="pt") as f:
+        precision = f.metadata().get("precision", "fp32")
+    if precision == "bf16":
+        sys.exit(0 if compare_bf16(cfg, t, args.device) else 1)
     names = [k for k in t if not k.startswith(("grad.", "batch.", "out."))]
     params = {k: t[k].clone().requires_grad_(True) for k in names}
     x, y = t["batch.x"].long(), t["batch.y"].long()

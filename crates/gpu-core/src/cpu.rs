@@ -214,6 +214,14 @@ impl MatmulOps for CpuBackend {
     ) -> Result<()> {
         let _p = profile::scope("matmul");
         spec.validate(a, b, c)?;
+        if a.dtype() == DType::BF16 || c.dtype() == DType::BF16 {
+            // bf16 × bf16: the products are exact in f32; accumulated in f32, rounded once
+            // (to C's dtype), as cuBLAS's bf16 GEMM with f32 compute does.
+            return widen::via_f32(&[a, b], c, false, |i, o| {
+                sgemm_rows(spec, i[0].as_f32()?, i[1].as_f32()?, o.as_f32_mut()?);
+                Ok(())
+            });
+        }
         sgemm_rows(spec, a.as_f32()?, b.as_f32()?, c.as_f32_mut()?);
         Ok(())
     }
@@ -292,6 +300,7 @@ mod optim;
 mod par;
 pub mod profile;
 mod rows;
+mod widen;
 
 #[cfg(test)]
 mod tests;

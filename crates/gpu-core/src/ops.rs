@@ -44,9 +44,7 @@ impl MatmulSpec {
         b: &impl BufferInfo,
         c: &impl BufferInfo,
     ) -> Result<()> {
-        for buf in [a.dtype(), b.dtype(), c.dtype()] {
-            require_f32("matmul", buf)?;
-        }
+        check_matmul_dtypes(a.dtype(), b.dtype(), c.dtype())?;
         let len = |x: usize, y: usize| {
             self.batch
                 .checked_mul(x)
@@ -83,6 +81,72 @@ pub fn require_f32(op: &'static str, dtype: DType) -> Result<()> {
             op,
             dtype,
             backend: "this release (f32 kernels only)",
+        })
+    }
+}
+
+/// The float dtypes the elementwise, reduction, data-movement and matmul families take: f32, and
+/// bf16 for mixed precision (computed in f32, rounded once to bf16 at the output).
+pub fn require_float(op: &'static str, dtype: DType) -> Result<()> {
+    match dtype {
+        DType::F32 | DType::BF16 => Ok(()),
+        _ => Err(GpuError::UnsupportedDType {
+            op,
+            dtype,
+            backend: "this op (f32 and bf16 only)",
+        }),
+    }
+}
+
+/// The dtypes of a matmul: A and B both f32 (C f32), or both bf16 (C bf16 or f32: the f32
+/// accumulator rounded once, or not at all).
+pub fn check_matmul_dtypes(a: DType, b: DType, c: DType) -> Result<()> {
+    const OP: &str = "matmul";
+    require_float(OP, a)?;
+    if b != a {
+        return Err(GpuError::DTypeMismatch {
+            op: OP,
+            expected: a,
+            got: b,
+        });
+    }
+    if c != a && c != DType::F32 {
+        return Err(GpuError::DTypeMismatch {
+            op: OP,
+            expected: a,
+            got: c,
+        });
+    }
+    Ok(())
+}
+
+/// Checks the operands of an elementwise op that runs in f32 or bf16: one float dtype for
+/// every buffer and the same length; returns the dtype.
+pub fn check_float_elementwise(
+    op: &'static str,
+    inputs: &[&dyn BufferInfoDyn],
+    out: &dyn BufferInfoDyn,
+) -> Result<DType> {
+    let dtype = out.dtype_dyn();
+    require_float(op, dtype)?;
+    for x in inputs {
+        same_dtype(op, dtype, x.dtype_dyn())?;
+        if x.len_dyn() != out.len_dyn() {
+            return Err(GpuError::shape(op, out.len_dyn(), x.len_dyn()));
+        }
+    }
+    Ok(dtype)
+}
+
+/// Errors unless `got` is `want`.
+pub fn same_dtype(op: &'static str, want: DType, got: DType) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(GpuError::DTypeMismatch {
+            op,
+            expected: want,
+            got,
         })
     }
 }

@@ -13,6 +13,9 @@ impl MatmulOps for CudaBackend {
         c: &mut CudaBuffer,
     ) -> Result<()> {
         spec.validate(a, b, c)?;
+        if gpu_core::BufferInfo::dtype(a) == gpu_core::DType::BF16 {
+            return self.matmul_bf16(spec, a, b, c);
+        }
         self.sgemm(spec, a, b, c)
     }
 }

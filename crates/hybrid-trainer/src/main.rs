@@ -53,6 +53,10 @@ enum Cmd {
         /// The GPT's variant: gpt2 or llama.
         #[arg(long, default_value = "gpt2", value_parser = hybrid_trainer::train_gpt::parse_variant)]
         variant: tensor_ops::gpt::Variant,
+        /// The GPT's arithmetic: fp32 or bf16 (mixed precision; the script then compares
+        /// against PyTorch's autocast).
+        #[arg(long, default_value = "fp32", value_parser = hybrid_trainer::train_gpt::parse_precision)]
+        precision: tensor_ops::Precision,
     },
 }
 
@@ -138,11 +142,12 @@ fn main() -> Result<()> {
             out,
             model,
             variant,
+            precision,
         } => {
             if model == "gru" {
                 hybrid_trainer::parity_gru::dump(device, &out)?;
             } else {
-                hybrid_trainer::parity::dump(device, variant, &out)?;
+                hybrid_trainer::parity::dump(device, variant, precision, &out)?;
             }
         }
         Cmd::TrainGpt(args) => {

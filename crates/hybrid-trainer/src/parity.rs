@@ -7,12 +7,13 @@ use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
 use std::path::Path;
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
-use tensor_ops::Tensor;
+use tensor_ops::{Precision, Tensor};
 
 const TEXT: &str = include_str!("parity_text.txt");
 
-/// Writes weights, batch, logits, loss and every gradient (dropout off) to `out`.
-pub fn dump(device: Device, variant: Variant, out: &Path) -> Result<f32> {
+/// Writes weights, batch, logits, loss and every gradient (dropout off) to `out`, the model
+/// running in `precision` (recorded in the file's metadata).
+pub fn dump(device: Device, variant: Variant, precision: Precision, out: &Path) -> Result<f32> {
     let ds = Dataset::from_text(TEXT, 0.9)?;
     let cfg = GptConfig {
         variant,
@@ -24,7 +25,8 @@ pub fn dump(device: Device, variant: Variant, out: &Path) -> Result<f32> {
         dropout: 0.0,
         bias: variant == Variant::Gpt2,
     };
-    let model = Gpt::new(cfg, 2024, device)?;
+    let mut model = Gpt::new(cfg, 2024, device)?;
+    model.set_precision(precision)?;
     let (x, y) = ds.batch(false, 4, 64, &mut Dataset::rng(99), device)?;
     let logits = model.forward(&x, None)?;
     let (b, t) = (4, 64);
@@ -33,6 +35,7 @@ pub fn dump(device: Device, variant: Variant, out: &Path) -> Result<f32> {
         .cross_entropy(&y.reshape(&[b * t])?)?;
     let grads = loss.backward()?;
     let mut entries: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    // Written as f32 (bf16 logits widen exactly).
     let f32s = |t: &Tensor| -> Result<Vec<u8>> {
         Ok(t.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect())
     };
@@ -74,7 +77,10 @@ pub fn dump(device: Device, variant: Variant, out: &Path) -> Result<f32> {
         .iter()
         .map(|(n, d, s, bytes)| Ok((n.clone(), TensorView::new(*d, s.clone(), bytes)?)))
         .collect::<Result<_>>()?;
-    let meta = HashMap::from([("config".to_string(), serde_json::to_string(&cfg)?)]);
+    let meta = HashMap::from([
+        ("config".to_string(), serde_json::to_string(&cfg)?),
+        ("precision".to_string(), precision.to_string()),
+    ]);
     std::fs::write(out, safetensors::serialize(views, &Some(meta))?)?;
     println!(
         "parity dump: {variant:?} on {device}, loss {l:.6}, {} tensors -> {}",

@@ -8,7 +8,7 @@ use std::time::Instant;
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
 use tensor_ops::no_grad;
 use tensor_ops::optim::AdamWParams;
-use tensor_ops::Tensor;
+use tensor_ops::{Precision, Tensor};
 
 /// Options of a training run (the CLI's flags).
 #[derive(Debug, Clone, clap::Args)]
@@ -54,8 +54,13 @@ pub struct TrainArgs {
     /// Batches per evaluation.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub eval_iters: u32,
-    /// Allow TF32 tensor cores in matmuls (CUDA).
-    #[arg(long)]
+    /// Arithmetic: fp32, tf32 (f32 matmuls on TF32 tensor cores) or bf16 (mixed precision:
+    /// bf16 matmuls and activations, f32 master weights, norms, loss and AdamW). CUDA only
+    /// for tf32 and bf16.
+    #[arg(long, default_value = "fp32", value_parser = parse_precision)]
+    pub precision: Precision,
+    /// The same as `--precision tf32` (kept for older scripts).
+    #[arg(long, conflicts_with = "precision")]
     pub tf32: bool,
     /// On CUDA, run every step op by op instead of replaying one captured CUDA graph of the
     /// whole step (the same numbers, more host work per step).
@@ -73,6 +78,10 @@ pub struct TrainArgs {
     /// Characters to sample after training.
     #[arg(long, default_value_t = 200)]
     pub sample: usize,
+}
+
+pub fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse().map_err(|e: tensor_ops::GpuError| e.to_string())
 }
 
 pub fn parse_variant(s: &str) -> Result<Variant, String> {
@@ -172,12 +181,11 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         dropout: a.dropout,
         bias: false,
     };
-    if let Device::Cuda(i) = device {
-        tensor_ops::cuda_backend(i)?.set_tf32(a.tf32);
-    }
-    let model = Gpt::new(cfg, a.seed, device)?;
+    let precision = if a.tf32 { Precision::Tf32 } else { a.precision };
+    let mut model = Gpt::new(cfg, a.seed, device)?;
+    model.set_precision(precision)?;
     println!(
-        "model: {:?}, {} parameters, on {device}",
+        "model: {:?}, {} parameters, on {device}, {precision}",
         cfg.variant,
         model.num_params()
     );

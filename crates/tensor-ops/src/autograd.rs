@@ -80,7 +80,8 @@ impl Tensor {
         no_grad(|| {
             let order = topo_order(self);
             let mut grads: HashMap<u64, Tensor> = HashMap::new();
-            grads.insert(self.id(), Tensor::ones(self.shape(), self.device())?);
+            let seed = Tensor::full_as(1.0, self.shape(), self.dtype(), self.device())?;
+            grads.insert(self.id(), seed);
             let mut leaves = Gradients::default();
             for t in order.iter().rev() {
                 let Some(g) = grads.remove(&t.id()) else {

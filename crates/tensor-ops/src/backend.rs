@@ -16,6 +16,13 @@ pub(crate) trait DeviceBackend: NnOps {
     /// An f32 buffer of `len` elements for an op that overwrites all of it: on the CPU a
     /// recycled one when there is one (`pool`), else a new one.
     fn alloc_output(&self, len: usize) -> Result<Self::Buffer>;
+    /// [`DeviceBackend::alloc_output`] of `dtype` (only f32 buffers are recycled on the CPU).
+    fn alloc_output_as(&self, dtype: gpu_core::DType, len: usize) -> Result<Self::Buffer> {
+        match dtype {
+            gpu_core::DType::F32 => self.alloc_output(len),
+            other => gpu_core::Backend::allocate(self, other, len),
+        }
+    }
     fn get(s: &Storage) -> Result<&Self::Buffer>;
     fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer>;
     fn wrap(buf: Self::Buffer) -> Storage;

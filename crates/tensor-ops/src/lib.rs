@@ -2,6 +2,7 @@
 //! Every op runs where its inputs live (CPU reference or CUDA), moving data only through an
 //! explicit `to(device)`; a transfer counter makes hidden copies testable.
 
+pub mod autocast;
 mod autograd;
 mod backend;
 mod bound;
@@ -16,6 +17,7 @@ mod pool;
 mod storage;
 mod tensor;
 
+pub use autocast::{autocast, Precision};
 pub use autograd::{no_grad, Gradients};
 pub use backend::{cuda_backend, transfer_stats, TransferStats};
 pub use gpu_core::{DType, Device, GpuError, Result};

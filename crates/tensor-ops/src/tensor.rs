@@ -134,9 +134,14 @@ impl Tensor {
 
     /// A tensor filled with `value`.
     pub fn full(value: f32, shape: &[usize], device: Device) -> Result<Tensor> {
+        Tensor::full_as(value, shape, DType::F32, device)
+    }
+
+    /// A tensor of `dtype` filled with `value` (rounded to the dtype, as [`Tensor::to_dtype`]).
+    pub fn full_as(value: f32, shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
         let numel = Shape::from(shape).checked_numel()?;
         let storage = crate::backend::on_device!(device, |b| {
-            let mut buf = b.allocate(DType::F32, numel)?;
+            let mut buf = b.allocate(dtype, numel)?;
             gpu_core::nn::ElementwiseOps::fill(b, &mut buf, value)?;
             crate::ops::wrap(b, buf)
         });
@@ -334,10 +339,13 @@ impl Tensor {
         .with_u32_bound(self.0.u32_bound))
     }
 
-    /// The elements as f32 on the host (one device-to-host copy for CUDA).
+    /// The elements as f32 on the host (one device-to-host copy for CUDA); bf16 and f16
+    /// elements are widened (exactly).
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         match self.to(Device::Cpu)?.read().clone_cpu()? {
             CpuStorage::F32(v) => Ok(v),
+            CpuStorage::BF16(v) => Ok(v.iter().map(|e| e.to_f32()).collect()),
+            CpuStorage::F16(v) => Ok(v.iter().map(|e| e.to_f32()).collect()),
             other => Err(GpuError::DTypeMismatch {
                 op: "to_vec",
                 expected: DType::F32,
@@ -419,4 +427,15 @@ pub(crate) fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Errors unless every tensor holds one float dtype (f32, or bf16 for mixed precision); returns
+/// it. The ops that take bf16 compute in f32 and round their output once.
+pub(crate) fn same_float(op: &'static str, tensors: &[&Tensor]) -> Result<DType> {
+    let dtype = tensors.first().map_or(DType::F32, |t| t.dtype());
+    gpu_core::ops::require_float(op, dtype)?;
+    for t in tensors {
+        gpu_core::ops::same_dtype(op, dtype, t.dtype())?;
+    }
+    Ok(dtype)
 }

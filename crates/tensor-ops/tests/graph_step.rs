@@ -9,7 +9,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
 use tensor_ops::graph::{capture, with_dropout_offsets};
 use tensor_ops::optim::{AdamW, AdamWParams};
-use tensor_ops::{Device, GpuError, Tensor};
+use tensor_ops::{Device, GpuError, Precision, Tensor};
 
 const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n\
                     Speak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than \
@@ -75,10 +75,15 @@ fn gpu_graphed_gpt_steps_give_the_eager_steps_bits() {
         2 * vocab >= batch * block,
         "the corpus has too few distinct characters"
     );
-    for variant in [Variant::Gpt2, Variant::Llama] {
+    let runs = [Variant::Gpt2, Variant::Llama]
+        .into_iter()
+        .flat_map(|v| [Precision::Fp32, Precision::Bf16].map(|p| (v, p)));
+    for (variant, precision) in runs {
         let cfg = config(variant, vocab);
-        let eager = Gpt::new(cfg, seed, dev).unwrap();
-        let graphed = Gpt::new(cfg, seed, dev).unwrap();
+        let mut eager = Gpt::new(cfg, seed, dev).unwrap();
+        let mut graphed = Gpt::new(cfg, seed, dev).unwrap();
+        eager.set_precision(precision).unwrap();
+        graphed.set_precision(precision).unwrap();
         let mut opt_e = eager.store().adamw(hp()).unwrap();
         let mut opt_g = graphed.store().adamw(hp()).unwrap();
         let step = GraphedStep::capture(&graphed, &mut opt_g, batch, block).unwrap();
@@ -99,7 +104,7 @@ fn gpu_graphed_gpt_steps_give_the_eager_steps_bits() {
             let grads = loss.backward().unwrap();
             opt_e.step(&grads, lr).unwrap();
             step.step(&mut opt_g, &x, &y, drop_seed, lr).unwrap();
-            let what = format!("{variant:?} step {it} (seed {seed})");
+            let what = format!("{variant:?} {precision} step {it} (seed {seed})");
             assert_eq!(
                 loss.item().unwrap().to_bits(),
                 step.loss().item().unwrap().to_bits(),
@@ -116,7 +121,7 @@ fn gpu_graphed_gpt_steps_give_the_eager_steps_bits() {
             assert_eq!(
                 bits(a),
                 bits(b),
-                "{variant:?} {name} after 5 steps (seed {seed})"
+                "{variant:?} {precision} {name} after 5 steps (seed {seed})"
             );
         }
         // The moments too (the next step depends on them).

@@ -9,7 +9,7 @@ use gpu_core::nn::{Activation, AdamWConfig, AttentionOps, ElementwiseOps, OptimO
 use gpu_cuda::CudaBuffer;
 use std::time::Instant;
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig};
-use tensor_ops::Device;
+use tensor_ops::{Device, Precision};
 
 pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
@@ -237,17 +237,22 @@ pub fn train_step(gpu_ordinal: usize, text: &str, steps: usize, tf32: bool) -> R
 }
 
 /// Steps queued back to back with the loss read every 10 (a training loop with a log
-/// interval), TF32: mean time a step, median of 5 rounds after one untimed round; eager
-/// (`gpt_pipe_tf32`, PyTorch eager's id) and replaying the captured step
-/// (`gpt_pipe_tf32_graph`; PyTorch's `torch.compile` row is `gpt_pipe_tf32_compile`).
+/// interval), in TF32 and in bf16 mixed precision: mean time a step, median of 5 rounds after
+/// one untimed round; eager (`gpt_pipe_{tf32,bf16}`, PyTorch eager's ids) and replaying the
+/// captured step (`gpt_pipe_{tf32,bf16}_graph`; PyTorch's `torch.compile` rows are
+/// `gpt_pipe_{tf32,bf16}_compile`).
 pub fn pipelined_steps(gpu_ordinal: usize, text: &str) -> Result<Vec<Row>> {
     let dev = Device::Cuda(gpu_ordinal);
     tensor_ops::cuda_backend(gpu_ordinal)?.set_tf32(true);
     let ds = Dataset::from_text(text, 0.9)?;
     let cfg = GptConfig::shakespeare_char(ds.tokenizer.vocab_size());
     let mut rows = Vec::new();
-    for graphed in [false, true] {
-        let model = Gpt::new(cfg, 1, dev)?;
+    let runs = [Precision::Tf32, Precision::Bf16]
+        .into_iter()
+        .flat_map(|p| [(p, false), (p, true)]);
+    for (precision, graphed) in runs {
+        let mut model = Gpt::new(cfg, 1, dev)?;
+        model.set_precision(precision)?;
         let mut opt = benches::gpt_adamw(&model)?;
         let step = if graphed {
             Some(tensor_ops::gpt::GraphedStep::capture(
@@ -290,15 +295,18 @@ pub fn pipelined_steps(gpu_ordinal: usize, text: &str) -> Result<Vec<Row>> {
         let us = benches::median(&times);
         let tokens = 64.0 * 256.0;
         let (id, how) = if graphed {
-            ("gpt_pipe_tf32_graph", "one captured CUDA graph a step")
+            (
+                format!("gpt_pipe_{precision}_graph"),
+                "one captured CUDA graph a step",
+            )
         } else {
-            ("gpt_pipe_tf32", "eager")
+            (format!("gpt_pipe_{precision}"), "eager")
         };
         let what = format!(
-            "GPT train step, shakespeare-char, TF32, loss read every 10 steps, {how}: {:.0}K tok/s",
+            "GPT train step, shakespeare-char, {precision}, loss read every 10 steps, {how}: {:.0}K tok/s",
             tokens / (us * 1e-6) / 1e3
         );
-        rows.push(crate::row(id, what, us, None, None));
+        rows.push(crate::row(&id, what, us, None, None));
     }
     tensor_ops::cuda_backend(gpu_ordinal)?.set_tf32(false);
     Ok(rows)

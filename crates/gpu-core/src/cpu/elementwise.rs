@@ -3,13 +3,14 @@
 //! affine and dropout compute exactly what the kernels compute in f32.
 
 use super::par::{for_chunks, Strided};
+use super::widen::{self, is_bf16, via_f32};
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::elementwise::{
-    check_broadcast, check_copy_blocks, check_dropout, check_max_axis_bwd, check_permute,
-    check_reduce, dropout_keep, Activation, BinaryKind, ElementwiseOps, ReduceKind,
+    check_broadcast, check_cast, check_copy_blocks, check_dropout, check_max_axis_bwd,
+    check_permute, check_reduce, dropout_keep, Activation, BinaryKind, ElementwiseOps, ReduceKind,
 };
-use crate::ops::check_elementwise;
+use crate::ops::check_float_elementwise;
 
 /// Combines two values of a Max reduction: NaN propagates, ties keep `a`.
 fn max_combine(a: f32, b: f32) -> f32 {
@@ -62,6 +63,11 @@ impl ElementwiseOps for CpuBackend {
     ) -> Result<()> {
         let _p = super::profile::scope("broadcast_binary");
         let shape = check_broadcast(a, a_shape, b, b_shape, out)?;
+        if is_bf16(out) {
+            return via_f32(&[a, b], out, false, |i, o| {
+                self.broadcast_binary(op, i[0], a_shape, i[1], b_shape, o)
+            });
+        }
         let (a, b, out) = (a.as_f32()?, b.as_f32()?, out.as_f32_mut()?);
         let sa = broadcast_strides(a_shape, &shape);
         let sb = broadcast_strides(b_shape, &shape);
@@ -111,7 +117,10 @@ impl ElementwiseOps for CpuBackend {
 
     fn activation_fwd(&self, op: Activation, x: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
         let _p = super::profile::scope("activation_fwd");
-        check_elementwise("activation_fwd", &[x], out)?;
+        check_float_elementwise("activation_fwd", &[x], out)?;
+        if is_bf16(out) {
+            return via_f32(&[x], out, false, |i, o| self.activation_fwd(op, i[0], o));
+        }
         let x = x.as_f32()?;
         if op == Activation::Gelu && fast::fast() {
             let isa = fast::Isa::best();
@@ -137,7 +146,12 @@ impl ElementwiseOps for CpuBackend {
         dx: &mut CpuStorage,
     ) -> Result<()> {
         let _p = super::profile::scope("activation_bwd");
-        check_elementwise("activation_bwd", &[x, y, dy], dx)?;
+        check_float_elementwise("activation_bwd", &[x, y, dy], dx)?;
+        if is_bf16(dx) {
+            return via_f32(&[x, y, dy], dx, false, |i, o| {
+                self.activation_bwd(op, i[0], i[1], i[2], o)
+            });
+        }
         let (x, y, dy) = (x.as_f32()?, y.as_f32()?, dy.as_f32()?);
         if op == Activation::Gelu && fast::fast() {
             let isa = fast::Isa::best();
@@ -158,7 +172,10 @@ impl ElementwiseOps for CpuBackend {
     /// Computed as one fused multiply-add per element, as the kernel does.
     fn affine(&self, x: &CpuStorage, mul: f32, add: f32, out: &mut CpuStorage) -> Result<()> {
         let _p = super::profile::scope("affine");
-        check_elementwise("affine", &[x], out)?;
+        check_float_elementwise("affine", &[x], out)?;
+        if is_bf16(out) {
+            return via_f32(&[x], out, false, |i, o| self.affine(i[0], mul, add, o));
+        }
         let x = x.as_f32()?;
         for_chunks(out.as_f32_mut()?, |off, o| {
             for (o, &v) in o.iter_mut().zip(&x[off..]) {
@@ -179,6 +196,11 @@ impl ElementwiseOps for CpuBackend {
     ) -> Result<()> {
         let _p = super::profile::scope("reduce_axis");
         check_reduce(op, x, outer, n, inner, out)?;
+        if is_bf16(out) {
+            return via_f32(&[x], out, false, |i, o| {
+                self.reduce_axis(op, i[0], outer, n, inner, o)
+            });
+        }
         let (x, out) = (x.as_f32()?, out.as_f32_mut()?);
         if out.is_empty() {
             return Ok(());
@@ -228,6 +250,11 @@ impl ElementwiseOps for CpuBackend {
     ) -> Result<()> {
         let _p = super::profile::scope("max_axis_bwd");
         check_max_axis_bwd(x, y, dy, outer, n, inner, dx)?;
+        if is_bf16(dx) {
+            return via_f32(&[x, y, dy], dx, false, |i, o| {
+                self.max_axis_bwd(i[0], i[1], i[2], outer, n, inner, o)
+            });
+        }
         let (x, y, dy, dx) = (x.as_f32()?, y.as_f32()?, dy.as_f32()?, dx.as_f32_mut()?);
         let mut found = vec![false; inner];
         for o in 0..outer {
@@ -263,6 +290,14 @@ impl ElementwiseOps for CpuBackend {
         if len == 0 {
             return Ok(());
         }
+        if is_bf16(dst) {
+            // Exact both ways: the copy moves the same bits.
+            return via_f32(&[src], dst, true, |i, o| {
+                self.copy_blocks(
+                    i[0], src_offset, src_stride, o, dst_offset, dst_stride, outer, len,
+                )
+            });
+        }
         let (src, dst) = (src.as_f32()?, dst.as_f32_mut()?);
         for o in 0..outer {
             let s = src_offset + o * src_stride;
@@ -281,6 +316,9 @@ impl ElementwiseOps for CpuBackend {
     ) -> Result<()> {
         let _p = super::profile::scope("permute");
         let out_shape = check_permute(x, shape, perm, out)?;
+        if is_bf16(out) {
+            return via_f32(&[x], out, false, |i, o| self.permute(i[0], shape, perm, o));
+        }
         let (x, out) = (x.as_f32()?, out.as_f32_mut()?);
         let in_strides = crate::Shape::from(shape).contiguous_strides();
         let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
@@ -299,6 +337,9 @@ impl ElementwiseOps for CpuBackend {
     fn dropout(&self, x: &CpuStorage, p: f32, seed: u64, out: &mut CpuStorage) -> Result<()> {
         let _p = super::profile::scope("dropout");
         check_dropout(x, p, out)?;
+        if is_bf16(out) {
+            return via_f32(&[x], out, false, |i, o| self.dropout(i[0], p, seed, o));
+        }
         let q = 1.0 - p;
         let x = x.as_f32()?;
         for_chunks(out.as_f32_mut()?, |off, o| {
@@ -311,6 +352,12 @@ impl ElementwiseOps for CpuBackend {
             }
         });
         Ok(())
+    }
+
+    fn cast(&self, x: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
+        let _p = super::profile::scope("cast");
+        check_cast(x, out)?;
+        widen::cast(x, out)
     }
 }
 

@@ -56,10 +56,16 @@ fn elementwise_and_activations() {
     assert!(cpu
         .broadcast_binary(BinaryKind::Add, &a, &[3], &short, &[3], &mut o)
         .is_err());
+    // f16 has no kernels; an f16 input for an f32 output is a mismatch.
     let half = cpu.upload(&[f16::ONE; 3]).unwrap();
+    let mut half_out = cpu.upload(&[f16::ZERO; 3]).unwrap();
+    assert!(matches!(
+        cpu.activation_fwd(Activation::Relu, &half, &mut half_out),
+        Err(GpuError::UnsupportedDType { .. })
+    ));
     assert!(matches!(
         cpu.activation_fwd(Activation::Relu, &half, &mut o),
-        Err(GpuError::UnsupportedDType { .. })
+        Err(GpuError::DTypeMismatch { .. })
     ));
 }
 

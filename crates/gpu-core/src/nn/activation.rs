@@ -109,11 +109,16 @@ activations! {
 impl Activation {
     /// The kernel that runs this activation in `direction` on f32 data.
     pub fn kernel(self, direction: Direction) -> String {
+        self.kernel_for(direction, crate::DType::F32)
+    }
+
+    /// The kernel that runs this activation in `direction` on `dtype` data (f32 or bf16).
+    pub fn kernel_for(self, direction: Direction, dtype: crate::DType) -> String {
         let dir = match direction {
             Direction::Forward => "fwd",
             Direction::Backward => "bwd",
         };
-        format!("act_{dir}_{}_f32", self.name())
+        format!("act_{dir}_{}_{dtype}", self.name())
     }
 
     /// The `NAME` of the activation's constant in the generated CUDA header (`ACT_RELU`, ...).

@@ -2,8 +2,9 @@
 
 pub use super::activation::Activation;
 use crate::backend::Backend;
+use crate::dtype::DType;
 use crate::error::{GpuError, Result};
-use crate::ops::{check_elementwise, require_f32, BufferInfoDyn};
+use crate::ops::{check_float_elementwise, require_float, same_dtype, BufferInfoDyn};
 
 /// Binary operations with NumPy broadcasting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +120,10 @@ pub trait ElementwiseOps: Backend {
     /// counter-based hash of `(seed, i)` that is identical on every backend, so the same call on
     /// `dy` is the backward. `p` in `[0, 1)`.
     fn dropout(&self, x: &Self::Buffer, p: f32, seed: u64, out: &mut Self::Buffer) -> Result<()>;
+
+    /// `out = x` converted to `out`'s dtype: f32 to bf16 rounds to nearest even (NaN stays NaN,
+    /// overflow goes to ±inf), bf16 to f32 is exact, the same dtype copies.
+    fn cast(&self, x: &Self::Buffer, out: &mut Self::Buffer) -> Result<()>;
 }
 
 /// The shape two shapes broadcast to, or `None` when they are incompatible.
@@ -239,7 +244,7 @@ fn check_rank(op: &'static str, shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// Checks the arguments of [`ElementwiseOps::broadcast_binary`] (f32 buffers, at most
+/// Checks the arguments of [`ElementwiseOps::broadcast_binary`] (buffers of one float dtype, f32 or bf16, at most
 /// [`MAX_DIMS`] dims, compatible shapes, lengths equal to the shapes' element counts); returns
 /// the broadcast shape.
 pub fn check_broadcast(
@@ -250,8 +255,9 @@ pub fn check_broadcast(
     out: &dyn BufferInfoDyn,
 ) -> Result<Vec<usize>> {
     const OP: &str = "broadcast_binary";
-    for buf in [a, b, out] {
-        require_f32(OP, buf.dtype_dyn())?;
+    require_float(OP, out.dtype_dyn())?;
+    for buf in [a, b] {
+        same_dtype(OP, out.dtype_dyn(), buf.dtype_dyn())?;
     }
     check_rank(OP, a_shape)?;
     check_rank(OP, b_shape)?;
@@ -272,7 +278,7 @@ fn axis_sizes(op: &'static str, outer: usize, n: usize, inner: usize) -> Result<
     Ok((full, checked_numel(op, &[outer, inner])?))
 }
 
-/// Checks the arguments of [`ElementwiseOps::reduce_axis`]: f32 buffers, `x` of
+/// Checks the arguments of [`ElementwiseOps::reduce_axis`]: f32 or bf16 buffers of one dtype, `x` of
 /// `outer·n·inner` and `out` of `outer·inner` elements, and `n > 0` for Mean and Max.
 pub fn check_reduce(
     op: ReduceKind,
@@ -283,8 +289,8 @@ pub fn check_reduce(
     out: &dyn BufferInfoDyn,
 ) -> Result<()> {
     const OP: &str = "reduce_axis";
-    require_f32(OP, x.dtype_dyn())?;
-    require_f32(OP, out.dtype_dyn())?;
+    require_float(OP, x.dtype_dyn())?;
+    same_dtype(OP, x.dtype_dyn(), out.dtype_dyn())?;
     let (full, reduced) = axis_sizes(OP, outer, n, inner)?;
     if n == 0 && op != ReduceKind::Sum {
         return Err(GpuError::InvalidShape {
@@ -296,7 +302,7 @@ pub fn check_reduce(
     check_len(OP, "out", out, reduced)
 }
 
-/// Checks the arguments of [`ElementwiseOps::max_axis_bwd`]: f32 buffers, `x` and `dx` of
+/// Checks the arguments of [`ElementwiseOps::max_axis_bwd`]: buffers of one float dtype, `x` and `dx` of
 /// `outer·n·inner`, `y` and `dy` of `outer·inner` elements, `n > 0`.
 pub fn check_max_axis_bwd(
     x: &dyn BufferInfoDyn,
@@ -308,8 +314,9 @@ pub fn check_max_axis_bwd(
     dx: &dyn BufferInfoDyn,
 ) -> Result<()> {
     const OP: &str = "max_axis_bwd";
-    for buf in [x, y, dy, dx] {
-        require_f32(OP, buf.dtype_dyn())?;
+    require_float(OP, dx.dtype_dyn())?;
+    for buf in [x, y, dy] {
+        same_dtype(OP, dx.dtype_dyn(), buf.dtype_dyn())?;
     }
     let (full, reduced) = axis_sizes(OP, outer, n, inner)?;
     if n == 0 {
@@ -324,7 +331,7 @@ pub fn check_max_axis_bwd(
     check_len(OP, "dy", dy, reduced)
 }
 
-/// Checks the arguments of [`ElementwiseOps::copy_blocks`]: f32 buffers, every block inside its
+/// Checks the arguments of [`ElementwiseOps::copy_blocks`]: buffers of one float dtype, every block inside its
 /// buffer (no overflow), and destination blocks that do not overlap (`dst_stride >= len` when
 /// `outer > 1`), so the result does not depend on the order of the copies.
 #[allow(clippy::too_many_arguments)]
@@ -339,8 +346,8 @@ pub fn check_copy_blocks(
     len: usize,
 ) -> Result<()> {
     const OP: &str = "copy_blocks";
-    require_f32(OP, src.dtype_dyn())?;
-    require_f32(OP, dst.dtype_dyn())?;
+    require_float(OP, dst.dtype_dyn())?;
+    same_dtype(OP, dst.dtype_dyn(), src.dtype_dyn())?;
     if outer == 0 || len == 0 {
         return Ok(());
     }
@@ -375,7 +382,7 @@ pub fn check_copy_blocks(
     Ok(())
 }
 
-/// Checks the arguments of [`ElementwiseOps::permute`]: f32 buffers, at most [`MAX_DIMS`] dims,
+/// Checks the arguments of [`ElementwiseOps::permute`]: buffers of one float dtype, at most [`MAX_DIMS`] dims,
 /// `perm` a permutation of `0..shape.len()`, both lengths equal to the element count; returns
 /// the output shape.
 pub fn check_permute(
@@ -385,8 +392,8 @@ pub fn check_permute(
     out: &dyn BufferInfoDyn,
 ) -> Result<Vec<usize>> {
     const OP: &str = "permute";
-    require_f32(OP, x.dtype_dyn())?;
-    require_f32(OP, out.dtype_dyn())?;
+    require_float(OP, out.dtype_dyn())?;
+    same_dtype(OP, out.dtype_dyn(), x.dtype_dyn())?;
     check_rank(OP, shape)?;
     let mut seen = [false; MAX_DIMS];
     let valid = perm.len() == shape.len()
@@ -405,9 +412,10 @@ pub fn check_permute(
     Ok(perm.iter().map(|&p| shape[p]).collect())
 }
 
-/// Checks the arguments of [`ElementwiseOps::dropout`]: f32 buffers of one length, `p` in `[0, 1)`.
+/// Checks the arguments of [`ElementwiseOps::dropout`]: f32 or bf16 buffers of one dtype and
+/// length, `p` in `[0, 1)`.
 pub fn check_dropout(x: &dyn BufferInfoDyn, p: f32, out: &dyn BufferInfoDyn) -> Result<()> {
-    check_elementwise("dropout", &[x], out)?;
+    check_float_elementwise("dropout", &[x], out)?;
     if !(0.0..1.0).contains(&p) {
         return Err(GpuError::invalid(
             "dropout",
@@ -415,6 +423,16 @@ pub fn check_dropout(x: &dyn BufferInfoDyn, p: f32, out: &dyn BufferInfoDyn) -> 
         ));
     }
     Ok(())
+}
+
+/// Checks the arguments of [`ElementwiseOps::cast`]: f32 or bf16 buffers of one length; returns
+/// the (input, output) dtypes.
+pub fn check_cast(x: &dyn BufferInfoDyn, out: &dyn BufferInfoDyn) -> Result<(DType, DType)> {
+    const OP: &str = "cast";
+    require_float(OP, x.dtype_dyn())?;
+    require_float(OP, out.dtype_dyn())?;
+    check_len(OP, "out", out, x.len_dyn())?;
+    Ok((x.dtype_dyn(), out.dtype_dyn()))
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! [`ElementwiseOps`] on CUDA: the kernels of `kernels/nn_elementwise.cu` and
-//! `kernels/nn_reduce.cu`. Arguments are checked by the same `gpu_core::nn::elementwise`
+//! `kernels/nn_reduce.cu` (f32), and their bf16 instances in `kernels/nn_bf16.cu`. Arguments are checked by the same `gpu_core::nn::elementwise`
 //! helpers as the CPU reference, so both backends reject exactly the same inputs.
 
 mod plan;
@@ -8,11 +8,11 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::elementwise::{
-    check_broadcast, check_copy_blocks, check_dropout, check_max_axis_bwd, check_permute,
-    check_reduce, Activation, BinaryKind, ElementwiseOps, ReduceKind,
+    check_broadcast, check_cast, check_copy_blocks, check_dropout, check_max_axis_bwd,
+    check_permute, check_reduce, Activation, BinaryKind, ElementwiseOps, ReduceKind,
 };
 use gpu_core::nn::Direction;
-use gpu_core::ops::check_elementwise;
+use gpu_core::ops::check_float_elementwise;
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 use plan::{BinaryPath, ReducePlan, REDUCE_THREADS};
 
@@ -34,17 +34,32 @@ fn activation_cap(op: Activation) -> usize {
     }
 }
 
-/// The binary kernel of `op` for a broadcast `path` (`same`, `2d` or `nd`).
-fn binary_kernel(path: &str, op: BinaryKind) -> String {
-    format!("binary_{path}_{}_f32", op.name())
+/// The binary kernel of `op` for a broadcast `path` (`same`, `2d` or `nd`) on `dtype` data.
+fn binary_kernel(path: &str, op: BinaryKind, dtype: DType) -> String {
+    format!("binary_{path}_{}_{dtype}", op.name())
 }
 
-/// The reduction kernel of `kind` (`sum` or `max`), float4 rows or general.
-fn reduce_kernel(kind: &str, vec4: bool) -> String {
-    if vec4 {
-        format!("reduce_rows4_{kind}_f32")
+/// The reduction kernel of `kind` (`sum` or `max`), 4-wide rows or general, reading `from` and
+/// writing `to` (the f32 partials of a split reduction sit between the two passes).
+fn reduce_kernel(kind: &str, vec4: bool, from: DType, to: DType) -> String {
+    let types = if from == to {
+        from.to_string()
     } else {
-        format!("reduce_{kind}_f32")
+        format!("{from}_{to}")
+    };
+    if vec4 {
+        format!("reduce_rows4_{kind}_{types}")
+    } else {
+        format!("reduce_{kind}_{types}")
+    }
+}
+
+/// The suffix of a data-movement kernel: `f32`, or `b16` for any 2-byte element (bit copies).
+fn move_suffix(dtype: DType) -> &'static str {
+    if dtype.size_in_bytes() == 2 {
+        "b16"
+    } else {
+        "f32"
     }
 }
 
@@ -54,19 +69,38 @@ fn reduce_kernel(kind: &str, vec4: bool) -> String {
 #[cfg(test)]
 fn vocabulary_kernels() -> Vec<String> {
     let mut v = Vec::new();
-    for &op in Activation::ALL {
-        v.push(op.kernel(Direction::Forward));
-        v.push(op.kernel(Direction::Backward));
-    }
-    for op in BinaryKind::ALL {
-        for path in ["same", "2d", "nd"] {
-            v.push(binary_kernel(path, op));
+    for dtype in [DType::F32, DType::BF16] {
+        for &op in Activation::ALL {
+            v.push(op.kernel_for(Direction::Forward, dtype));
+            v.push(op.kernel_for(Direction::Backward, dtype));
+        }
+        for op in BinaryKind::ALL {
+            for path in ["same", "2d", "nd"] {
+                v.push(binary_kernel(path, op, dtype));
+            }
+        }
+        for kind in ["sum", "max"] {
+            for vec4 in [false, true] {
+                v.push(reduce_kernel(kind, vec4, dtype, dtype));
+                v.push(reduce_kernel(kind, vec4, dtype, DType::F32));
+                v.push(reduce_kernel(kind, vec4, DType::F32, dtype));
+            }
+        }
+        for k in ["affine", "dropout", "max_axis_bwd"] {
+            v.push(format!("{k}_{dtype}"));
+        }
+        let m = move_suffix(dtype);
+        for k in [
+            "copy_blocks",
+            "copy_blocks4",
+            "permute",
+            "permute4",
+            "permute_tile",
+        ] {
+            v.push(format!("{k}_{m}"));
         }
     }
-    for kind in ["sum", "max"] {
-        v.push(reduce_kernel(kind, false));
-        v.push(reduce_kernel(kind, true));
-    }
+    v.extend(["cast_f32_bf16".to_string(), "cast_bf16_f32".to_string()]);
     v
 }
 
@@ -119,7 +153,7 @@ impl CudaBackend {
         p: &ReducePlan,
         divisor: f32,
     ) -> Result<()> {
-        let kernel = reduce_kernel(kind, p.vec4);
+        let kernel = reduce_kernel(kind, p.vec4, x.dtype(), out.dtype());
         let cfg = LaunchConfig {
             grid_dim: (p.grid_x, p.splits as u32, 1),
             block_dim: (REDUCE_THREADS as u32, 1, 1),
@@ -136,10 +170,11 @@ impl CudaBackend {
             KernelArg::U32(p.ty_log2),
             KernelArg::F32(divisor),
         ];
-        // SAFETY: reduce_{,rows4_}{sum,max}_f32(const float* x, float* out, u64 outer, u64 n,
-        // u64 inner, u64 chunk, u32 tx_log2, u32 ty_log2, float divisor) reads x[outer·n·inner]
-        // and writes out[outer·splits·inner] (splits = grid.y); the callers size both so. The
-        // float4 variant runs only with inner == 1 and n, chunk multiples of 4 (aligned rows).
+        // SAFETY: reduce_{,rows4_}{sum,max}_{X}(const X* x, Y* out, u64 outer, u64 n,
+        // u64 inner, u64 chunk, u32 tx_log2, u32 ty_log2, float divisor), X and Y the dtypes of
+        // x and out (f32 or bf16, named by reduce_kernel), reads x[outer·n·inner] and writes
+        // out[outer·splits·inner] (splits = grid.y); the callers size both so. The 4-wide
+        // variant runs only with inner == 1 and n, chunk multiples of 4 (aligned rows).
         unsafe { self.launch(&kernel, cfg, &args) }
     }
 }
@@ -165,6 +200,7 @@ impl ElementwiseOps for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         let shape = check_broadcast(a, a_shape, b, b_shape, out)?;
+        let dt = out.dtype();
         let n = out.len();
         if n == 0 {
             return Ok(());
@@ -172,11 +208,12 @@ impl ElementwiseOps for CudaBackend {
         match plan::binary_path(a_shape, b_shape, &shape) {
             BinaryPath::Same => {
                 let args = [a.into(), b.into(), out.into(), u64_arg(n)];
-                // SAFETY: binary_same_{op}_f32(const float* a, const float* b, float* out,
-                // u64 n); without broadcasting a, b and out all hold n f32, 256-byte aligned.
+                // SAFETY: binary_same_{op}_{T}(const T* a, const T* b, T* out, u64 n), T the
+                // buffers' one dtype (f32 or bf16); without broadcasting a, b and out all hold
+                // n elements, 256-byte aligned.
                 unsafe {
                     self.launch(
-                        &binary_kernel("same", op),
+                        &binary_kernel("same", op, dt),
                         self.stride_grid(n.div_ceil(4)),
                         &args,
                     )
@@ -198,10 +235,12 @@ impl ElementwiseOps for CudaBackend {
                     KernelArg::U32(mode),
                     KernelArg::U32(small_is_a as u32),
                 ];
-                // SAFETY: binary_2d_{op}_f32(const float* big, const float* small, float* out,
-                // u64 n, u64 cols, u32 mode, u32 small_is_a); big and out hold n = rows·cols f32,
-                // small holds cols (mode 0) or rows (mode 1) f32, as the collapsed shapes say.
-                unsafe { self.launch(&binary_kernel("2d", op), self.stride_grid(units), &args) }
+                // SAFETY: binary_2d_{op}_{T}(const T* big, const T* small, T* out, u64 n,
+                // u64 cols, u32 mode, u32 small_is_a), T f32 or bf16; big and out hold
+                // n = rows·cols elements, small holds cols (mode 0) or rows (mode 1), as the
+                // collapsed shapes say.
+                let kernel = binary_kernel("2d", op, dt);
+                unsafe { self.launch(&kernel, self.stride_grid(units), &args) }
             }
             BinaryPath::Nd {
                 dims_rev,
@@ -217,26 +256,26 @@ impl ElementwiseOps for CudaBackend {
                 ];
                 args.extend(dim_args(&dims_rev));
                 args.extend([KernelArg::U32(amask), KernelArg::U32(bmask)]);
-                // SAFETY: binary_nd_{op}_f32(const float* a, const float* b, float* out, u64 n,
-                // u32 rank, u64 d0..d5, u32 amask, u32 bmask); rank <= 6 collapsed dims whose
-                // product is n; a and b hold the product of the dims their masks select, so
-                // every offset the kernel forms is in bounds.
-                unsafe { self.launch(&binary_kernel("nd", op), self.stride_grid(n), &args) }
+                // SAFETY: binary_nd_{op}_{T}(const T* a, const T* b, T* out, u64 n, u32 rank,
+                // u64 d0..d5, u32 amask, u32 bmask), T f32 or bf16; rank <= 6 collapsed dims
+                // whose product is n; a and b hold the product of the dims their masks select,
+                // so every offset the kernel forms is in bounds.
+                unsafe { self.launch(&binary_kernel("nd", op, dt), self.stride_grid(n), &args) }
             }
         }
     }
 
     fn activation_fwd(&self, op: Activation, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
-        check_elementwise("activation_fwd", &[x], out)?;
+        let dt = check_float_elementwise("activation_fwd", &[x], out)?;
         let n = out.len();
         if n == 0 {
             return Ok(());
         }
         let args = [x.into(), out.into(), u64_arg(n)];
-        let kernel = op.kernel(Direction::Forward);
+        let kernel = op.kernel_for(Direction::Forward, dt);
         let grid = self.stride_grid_capped(n.div_ceil(4), activation_cap(op));
-        // SAFETY: act_fwd_{op}_f32(const float* x, float* out, u64 n); both hold n f32, 256-byte
-        // aligned for the float4 accesses.
+        // SAFETY: act_fwd_{op}_{T}(const T* x, T* out, u64 n), T f32 or bf16; both hold n
+        // elements, 256-byte aligned for the 4-wide accesses.
         unsafe { self.launch(&kernel, grid, &args) }
     }
 
@@ -248,21 +287,21 @@ impl ElementwiseOps for CudaBackend {
         dy: &CudaBuffer,
         dx: &mut CudaBuffer,
     ) -> Result<()> {
-        check_elementwise("activation_bwd", &[x, y, dy], dx)?;
+        let dt = check_float_elementwise("activation_bwd", &[x, y, dy], dx)?;
         let n = dx.len();
         if n == 0 {
             return Ok(());
         }
         let args = [x.into(), y.into(), dy.into(), dx.into(), u64_arg(n)];
-        let kernel = op.kernel(Direction::Backward);
+        let kernel = op.kernel_for(Direction::Backward, dt);
         let grid = self.stride_grid_capped(n.div_ceil(4), activation_cap(op));
-        // SAFETY: act_bwd_{op}_f32(const float* x, const float* y, const float* dy, float* dx,
-        // u64 n); all four hold n f32, 256-byte aligned.
+        // SAFETY: act_bwd_{op}_{T}(const T* x, const T* y, const T* dy, T* dx, u64 n), T f32
+        // or bf16; all four hold n elements, 256-byte aligned.
         unsafe { self.launch(&kernel, grid, &args) }
     }
 
     fn affine(&self, x: &CudaBuffer, mul: f32, add: f32, out: &mut CudaBuffer) -> Result<()> {
-        check_elementwise("affine", &[x], out)?;
+        let dt = check_float_elementwise("affine", &[x], out)?;
         let n = out.len();
         if n == 0 {
             return Ok(());
@@ -274,9 +313,10 @@ impl ElementwiseOps for CudaBackend {
             KernelArg::F32(mul),
             KernelArg::F32(add),
         ];
-        // SAFETY: affine_f32(const float* x, float* out, u64 n, float mul, float add); both hold
-        // n f32, 256-byte aligned.
-        unsafe { self.launch("affine_f32", self.stride_grid(n.div_ceil(4)), &args) }
+        // SAFETY: affine_{T}(const T* x, T* out, u64 n, float mul, float add), T f32 or bf16;
+        // both hold n elements, 256-byte aligned.
+        let kernel = format!("affine_{dt}");
+        unsafe { self.launch(&kernel, self.stride_grid(n.div_ceil(4)), &args) }
     }
 
     fn reduce_axis(
@@ -293,7 +333,11 @@ impl ElementwiseOps for CudaBackend {
             return Ok(());
         }
         if n == 0 {
-            return self.memset32(out, 0); // Sum over an empty axis (the others were rejected)
+            // Sum over an empty axis (the others were rejected): +0 in either dtype.
+            return match out.dtype() {
+                DType::BF16 => self.memset16(out, 0),
+                _ => self.memset32(out, 0),
+            };
         }
         let (kind, divisor) = match op {
             ReduceKind::Sum => ("sum", 1.0),
@@ -304,7 +348,8 @@ impl ElementwiseOps for CudaBackend {
         if p.splits == 1 {
             return self.reduce_pass(kind, x, out, outer, n, inner, &p, divisor);
         }
-        // Partials [outer, splits, inner], then a second pass over the splits.
+        // Partials [outer, splits, inner] in f32 (whatever x's dtype), then a second pass over
+        // the splits that rounds once into out.
         let mut part = self.allocate(DType::F32, outer * p.splits * inner)?;
         self.reduce_pass(kind, x, &mut part, outer, n, inner, &p, 1.0)?;
         let p2 = plan::reduce_plan(outer, p.splits, inner, self.sms(), false, true);
@@ -342,10 +387,11 @@ impl ElementwiseOps for CudaBackend {
             KernelArg::U32(p.tx_log2),
             KernelArg::U32(p.ty_log2),
         ];
-        // SAFETY: max_axis_bwd_f32(const float* x, const float* y, const float* dy, float* dx,
-        // u64 outer, u64 n, u64 inner, u32 tx_log2, u32 ty_log2); x and dx hold outer·n·inner
-        // f32, y and dy outer·inner (checked above).
-        unsafe { self.launch("max_axis_bwd_f32", cfg, &args) }
+        // SAFETY: max_axis_bwd_{T}(const T* x, const T* y, const T* dy, T* dx, u64 outer,
+        // u64 n, u64 inner, u32 tx_log2, u32 ty_log2), T f32 or bf16; x and dx hold
+        // outer·n·inner elements, y and dy outer·inner (checked above).
+        let kernel = format!("max_axis_bwd_{}", dx.dtype());
+        unsafe { self.launch(&kernel, cfg, &args) }
     }
 
     fn copy_blocks(
@@ -385,16 +431,18 @@ impl ElementwiseOps for CudaBackend {
             u64_arg(outer),
             u64_arg(len / w),
         ];
+        let m = move_suffix(dst.dtype());
         let kernel = if vec {
-            "copy_blocks4_f32"
+            format!("copy_blocks4_{m}")
         } else {
-            "copy_blocks_f32"
+            format!("copy_blocks_{m}")
         };
-        // SAFETY: copy_blocks{,4}_f32(const T* src, T* dst, u64 src_off, u64 src_stride,
-        // u64 dst_off, u64 dst_stride, u64 outer, u64 len), T = float or float4 with every
-        // argument in units of T (all multiples of 4 floats, buffers 256-byte aligned); every
-        // block lies inside its buffer (check_copy_blocks).
-        unsafe { self.launch(kernel, self.stride_grid(outer * len / w), &args) }
+        // SAFETY: copy_blocks{,4}_{f32,b16}(const T* src, T* dst, u64 src_off, u64 src_stride,
+        // u64 dst_off, u64 dst_stride, u64 outer, u64 len), T = one element (4 or 2 bytes, the
+        // buffers' one dtype) or 4 of them, with every argument in units of T (all multiples
+        // of 4 elements, buffers 256-byte aligned); every block lies inside its buffer
+        // (check_copy_blocks).
+        unsafe { self.launch(&kernel, self.stride_grid(outer * len / w), &args) }
     }
 
     fn permute(
@@ -438,10 +486,12 @@ impl ElementwiseOps for CudaBackend {
                 block_dim: (32, 8, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: permute_tile_f32(const float* x, float* out, u64 P, u64 Q, u64 sq,
-            // u64 sp, u64 batch, u64 b0..b3, u64 bi0..bi3, u64 bo0..bo3) with the strides of
-            // the collapsed contiguous shapes of x and out, which both hold n f32; block 32×8.
-            return unsafe { self.launch("permute_tile_f32", cfg, &args) };
+            // SAFETY: permute_tile_{f32,b16}(const T* x, T* out, u64 P, u64 Q, u64 sq,
+            // u64 sp, u64 batch, u64 b0..b3, u64 bi0..bi3, u64 bo0..bo3), T the buffers' one
+            // element type, with the strides of the collapsed contiguous shapes of x and out,
+            // which both hold n elements; block 32×8.
+            let kernel = format!("permute_tile_{}", move_suffix(out.dtype()));
+            return unsafe { self.launch(&kernel, cfg, &args) };
         }
         // Writes are coalesced; when the last axis stays last so are reads, in float4 units when
         // its length allows.
@@ -462,15 +512,38 @@ impl ElementwiseOps for CudaBackend {
         ];
         args.extend(dim_args(&dims));
         args.push(KernelArg::U32(packed));
-        let kernel = if vec { "permute4_f32" } else { "permute_f32" };
-        // SAFETY: permute{,4}_f32(const T* x, T* out, u64 n, u32 rank, u64 d0..d5, u32 perm),
-        // T = float or float4 (then the last dim and n are in float4 units); the collapsed dims
-        // multiply to n units, which both buffers hold; perm is a permutation of 0..rank.
-        unsafe { self.launch(kernel, self.stride_grid(units), &args) }
+        let m = move_suffix(out.dtype());
+        let kernel = if vec {
+            format!("permute4_{m}")
+        } else {
+            format!("permute_{m}")
+        };
+        // SAFETY: permute{,4}_{f32,b16}(const T* x, T* out, u64 n, u32 rank, u64 d0..d5,
+        // u32 perm), T = one element of the buffers' dtype or 4 of them (then the last dim and
+        // n are in 4-element units); the collapsed dims multiply to n units, which both
+        // buffers hold; perm is a permutation of 0..rank.
+        unsafe { self.launch(&kernel, self.stride_grid(units), &args) }
     }
 
     fn dropout(&self, x: &CudaBuffer, p: f32, seed: u64, out: &mut CudaBuffer) -> Result<()> {
         self.dropout_impl(x, p, seed, 0, out)
+    }
+
+    fn cast(&self, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
+        let kernel = match check_cast(x, out)? {
+            (DType::F32, DType::BF16) => "cast_f32_bf16",
+            (DType::BF16, DType::F32) => "cast_bf16_f32",
+            _ => return self.copy_buffer(x, out),
+        };
+        let n = out.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [x.into(), out.into(), u64_arg(n)];
+        // SAFETY: cast_f32_bf16(const float* x, bf16* out, u64 n) and cast_bf16_f32(const bf16*
+        // x, float* out, u64 n); x and out hold n elements of the dtypes the match names,
+        // 256-byte aligned.
+        unsafe { self.launch(kernel, self.stride_grid(n.div_ceil(4)), &args) }
     }
 }
 
@@ -526,10 +599,12 @@ impl CudaBackend {
             KernelArg::U64(seed),
             KernelArg::Ptr(offset_ptr),
         ];
-        // SAFETY: dropout_f32(const float* x, float* out, u64 n, float p, u64 seed,
-        // const u64* offset); both hold n f32, 256-byte aligned; offset_ptr is 0 (null) or
-        // an 8-byte aligned u64 inside a buffer of this backend (`dropout_offset`).
-        unsafe { self.launch("dropout_f32", self.stride_grid(n.div_ceil(4)), &args) }
+        // SAFETY: dropout_{T}(const T* x, T* out, u64 n, float p, u64 seed, const u64* offset),
+        // T f32 or bf16 (check_dropout: one dtype); both hold n elements, 256-byte aligned;
+        // offset_ptr is 0 (null) or an 8-byte aligned u64 inside a buffer of this backend
+        // (`dropout_offset`).
+        let kernel = format!("dropout_{}", out.dtype());
+        unsafe { self.launch(&kernel, self.stride_grid(n.div_ceil(4)), &args) }
     }
 }
 

@@ -3,7 +3,7 @@
 use super::blocks::{Block, DropoutSeeds, Norm};
 use crate::nn::{Dropout, Embedding, Init, Linear, Module, ModuleT, ParamStore};
 use crate::tensor::Tensor;
-use crate::{no_grad, Device, GpuError, Result};
+use crate::{no_grad, Device, GpuError, Precision, Result};
 use gpu_core::nn::attention::{MAX_HEAD_DIM, MAX_SEQ_LEN};
 use rand::{Rng, SeedableRng};
 
@@ -139,6 +139,8 @@ pub struct Gpt {
     ln_f: Norm,
     /// The output head (Llama); GPT-2's is tied to `wte`.
     lm_head: Option<Linear>,
+    /// The arithmetic of [`Gpt::forward`] (see [`crate::autocast`]); fp32 by default.
+    precision: Precision,
 }
 
 impl Gpt {
@@ -186,7 +188,24 @@ impl Gpt {
             blocks,
             ln_f,
             lm_head,
+            precision: Precision::Fp32,
         })
+    }
+
+    /// Sets the arithmetic of the forward pass (and so of its backward): under
+    /// [`Precision::Bf16`] every linear layer runs in bf16 mixed precision
+    /// ([`crate::autocast`]); the parameters and the optimiser stay f32. Also applies the
+    /// device setting ([`Precision::apply`]: TF32 on CUDA; bf16 and tf32 are refused on the
+    /// CPU).
+    pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
+        precision.apply(self.device())?;
+        self.precision = precision;
+        Ok(())
+    }
+
+    /// The arithmetic of the forward pass.
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// The device the parameters live on.
@@ -216,6 +235,10 @@ impl Gpt {
     /// Logits `[b, t, vocab]` for u32 token ids `[b, t]` (`t <= block_size`). `dropout_seed`
     /// turns training-mode dropout on.
     pub fn forward(&self, idx: &Tensor, dropout_seed: Option<u64>) -> Result<Tensor> {
+        crate::autocast(self.precision, || self.forward_impl(idx, dropout_seed))
+    }
+
+    fn forward_impl(&self, idx: &Tensor, dropout_seed: Option<u64>) -> Result<Tensor> {
         let cfg = &self.config;
         let t = match idx.shape() {
             [_, t] if *t > 0 && *t <= cfg.block_size => *t,

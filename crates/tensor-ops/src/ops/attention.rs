@@ -17,6 +17,12 @@ impl Tensor {
     /// copies of the composed form.
     pub fn causal_attention_packed(&self, heads: usize) -> Result<Tensor> {
         const OP: &str = "causal_attention_packed";
+        if self.dtype() == gpu_core::DType::BF16 {
+            // Computed in f32 for now (the bf16 input widens exactly); the output is f32.
+            return self
+                .to_dtype(gpu_core::DType::F32)?
+                .causal_attention_packed(heads);
+        }
         require_f32(OP, self)?;
         let (b, t, c3) = match self.shape() {
             &[b, t, c3] => (b, t, c3),

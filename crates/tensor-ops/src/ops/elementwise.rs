@@ -2,15 +2,19 @@
 
 use super::{checked_numel, compute};
 use crate::ops::buf;
-use crate::tensor::{require_f32, same_device, Tensor};
+use crate::tensor::{same_device, same_float, Tensor};
 use gpu_core::nn::elementwise::broadcast_shape;
 use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, Saved};
-use gpu_core::{Backend, Device, GpuError, Result};
+use gpu_core::{Backend, BufferInfo, DType, Device, GpuError, Result};
 
 fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<Tensor> {
     let dev = same_device(name, &[a, b])?;
-    require_f32(name, a)?;
-    require_f32(name, b)?;
+    if a.dtype() != b.dtype() && [a.dtype(), b.dtype()].contains(&DType::F32) {
+        // Type promotion: f32 with bf16 computes in f32 (the bf16 operand widens exactly).
+        let wide = |t: &Tensor| t.to_dtype(DType::F32);
+        return binary(&wide(a)?, &wide(b)?, op, name);
+    }
+    let dtype = same_float(name, &[a, b])?;
     let shape = broadcast_shape(a.shape(), b.shape()).ok_or_else(|| {
         GpuError::shape(
             name,
@@ -20,7 +24,7 @@ fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<
     })?;
     let len = checked_numel(name, &shape)?;
     let (ga, gb) = (a.read(), b.read());
-    let st = compute!(dev, len, |be, out| be.broadcast_binary(
+    let st = compute!(dev, dtype, len, |be, out| be.broadcast_binary(
         op,
         buf(be, &ga)?,
         a.shape(),
@@ -76,12 +80,36 @@ impl Tensor {
         binary(self, other, BinaryKind::Div, "div")
     }
 
-    /// `mul·self + add`.
-    pub fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
-        require_f32("affine", self)?;
+    /// The elements converted to `dtype` (f32 or bf16): to bf16 they round to nearest even
+    /// (NaN stays NaN, overflow goes to ±inf), to f32 they widen exactly. The gradient is cast
+    /// back to this tensor's dtype (mixed precision's f32 master weights get f32 gradients).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        let from = same_float("to_dtype", &[self])?;
+        gpu_core::ops::require_float("to_dtype", dtype)?;
+        if from == dtype {
+            return Ok(self.clone());
+        }
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.affine(
+        let st = compute!(dev, dtype, self.numel(), |be, out| be
+            .cast(buf(be, &g)?, &mut out));
+        drop(g);
+        Ok(Tensor::from_op(
+            st,
+            self.shape().to_vec(),
+            dev,
+            "to_dtype",
+            &[self],
+            move |_, g| Ok(vec![Some(g.to_dtype(from)?)]),
+        ))
+    }
+
+    /// `mul·self + add`.
+    pub fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
+        let dtype = same_float("affine", &[self])?;
+        let dev = self.device();
+        let g = self.read();
+        let st = compute!(dev, dtype, self.numel(), |be, out| be.affine(
             buf(be, &g)?,
             mul,
             add,
@@ -115,10 +143,10 @@ impl Tensor {
 
     /// A pointwise activation.
     pub fn activation(&self, op: Activation) -> Result<Tensor> {
-        require_f32("activation", self)?;
+        let dtype = same_float("activation", &[self])?;
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.activation_fwd(
+        let st = compute!(dev, dtype, self.numel(), |be, out| be.activation_fwd(
             op,
             buf(be, &g)?,
             &mut out
@@ -140,7 +168,7 @@ impl Tensor {
             move |y, g| {
                 let x = x.as_ref().unwrap_or(y);
                 let (gx, gy, gg) = (x.read(), y.read(), g.read());
-                let st = compute!(dev, x.numel(), |be, dx| be.activation_bwd(
+                let st = compute!(dev, dtype, x.numel(), |be, dx| be.activation_bwd(
                     op,
                     buf(be, &gx)?,
                     buf(be, &gy)?,
@@ -199,7 +227,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         if p != 0.0 {
-            require_f32("dropout", self)?;
+            same_float("dropout", &[self])?;
         }
         let dev = self.device();
         // Under `graph::with_dropout_offsets` the seed is completed on the device (every
@@ -242,7 +270,7 @@ fn dropout_storage(
     offset: Option<&(Tensor, usize)>,
 ) -> Result<crate::storage::Storage> {
     match (offset, dev) {
-        (None, _) => Ok(compute!(dev, n, |be, out| be.dropout(
+        (None, _) => Ok(compute!(dev, x.dtype(), n, |be, out| be.dropout(
             buf(be, x)?,
             p,
             seed,
@@ -255,7 +283,7 @@ fn dropout_storage(
             else {
                 return Err(GpuError::invalid("dropout", "storage and device disagree"));
             };
-            let mut out = gpu.allocate(gpu_core::DType::F32, n)?;
+            let mut out = gpu.allocate(xb.dtype(), n)?;
             gpu.dropout_offset(xb, p, seed, (ob, *k), &mut out)?;
             Ok(crate::storage::Storage::Cuda(out))
         }

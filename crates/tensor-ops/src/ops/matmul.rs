@@ -1,7 +1,7 @@
 //! Matrix products on cuBLAS / the CPU GEMM, with transposed operands taken as flags (no copies).
 
 use super::{buf, checked_numel, compute, numel};
-use crate::tensor::{require_f32, same_device, Tensor};
+use crate::tensor::{same_device, same_float, Tensor};
 use gpu_core::{GpuError, MatmulOps, MatmulSpec, Result};
 
 /// How two operands line up: `batch` products of `m × k` by `k × n`.
@@ -92,11 +92,11 @@ impl Tensor {
     /// passed to the GEMM as a flag rather than copied.
     pub fn matmul_t(&self, other: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
         let dev = same_device("matmul", &[self, other])?;
-        require_f32("matmul", self)?;
-        require_f32("matmul", other)?;
+        // bf16 × bf16 gives bf16 (f32 accumulation on tensor cores, one rounding).
+        let dtype = same_float("matmul", &[self, other])?;
         let p = plan(self, other, ta, tb)?;
         let (ga, gb) = (self.read(), other.read());
-        let st = compute!(dev, numel(&p.out_shape), |be, out| be.matmul(
+        let st = compute!(dev, dtype, numel(&p.out_shape), |be, out| be.matmul(
             p.spec,
             buf(be, &ga)?,
             buf(be, &gb)?,
@@ -141,8 +141,18 @@ impl Tensor {
         ))
     }
 
-    /// `self · weightᵀ + bias` with PyTorch's `[out, in]` weight layout.
+    /// `self · weightᵀ + bias` with PyTorch's `[out, in]` weight layout. Under
+    /// [`crate::autocast`] all three are cast to its dtype first (bf16 mixed precision).
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        if let Some(dt) = crate::autocast::autocast_dtype() {
+            let y = self
+                .to_dtype(dt)?
+                .matmul_t(&weight.to_dtype(dt)?, false, true)?;
+            return match bias {
+                Some(b) => y.add(&b.to_dtype(dt)?),
+                None => Ok(y),
+            };
+        }
         let y = self.matmul_t(weight, false, true)?;
         match bias {
             Some(b) => y.add(b),

@@ -35,11 +35,15 @@ pub(crate) fn wrap<B: DeviceBackend>(_b: &B, buf: B::Buffer) -> Storage {
 /// Allocates an f32 output of `$len` on `$dev`'s backend as `$out`, runs `$body` (a `Result`),
 /// and evaluates to the output's [`Storage`]. `$body` must overwrite every element of `$out`:
 /// on the CPU the buffer may be a recycled one (`crate::pool`).
+/// With a dtype before the length, the output has that dtype (f32 or bf16).
 macro_rules! compute {
     ($dev:expr, $len:expr, |$b:ident, $out:ident| $body:expr) => {
+        $crate::ops::compute!($dev, gpu_core::DType::F32, $len, |$b, $out| $body)
+    };
+    ($dev:expr, $dtype:expr, $len:expr, |$b:ident, $out:ident| $body:expr) => {
         $crate::backend::on_device!($dev, |$b| {
             #[allow(unused_mut)]
-            let mut $out = $crate::backend::DeviceBackend::alloc_output($b, $len)?;
+            let mut $out = $crate::backend::DeviceBackend::alloc_output_as($b, $dtype, $len)?;
             $body?;
             $crate::ops::wrap($b, $out)
         })

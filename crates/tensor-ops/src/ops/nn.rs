@@ -33,6 +33,9 @@ impl Tensor {
     /// Softmax or log-softmax over the last dim; both backwards need only the output.
     fn row_softmax(&self, log: bool) -> Result<Tensor> {
         let name = if log { "log_softmax" } else { "softmax" };
+        if self.dtype() == DType::BF16 {
+            return self.to_dtype(DType::F32)?.row_softmax(log); // computed in f32
+        }
         require_f32(name, self)?;
         let cols = last_dim(name, self)?;
         let dev = self.device();
@@ -69,6 +72,9 @@ impl Tensor {
     /// fused with the softmax. Returns a one-element tensor of shape `[]`.
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
         let dev = same_device("cross_entropy", &[self, targets])?;
+        if self.dtype() == DType::BF16 {
+            return self.to_dtype(DType::F32)?.cross_entropy(targets); // computed in f32
+        }
         require_f32("cross_entropy", self)?;
         if targets.dtype() != DType::U32 {
             return Err(GpuError::DTypeMismatch {
@@ -125,6 +131,9 @@ impl Tensor {
     /// LayerNorm over the last dim with weight and bias of that size.
     pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
         let dev = same_device("layer_norm", &[self, weight, bias])?;
+        if self.dtype() == DType::BF16 {
+            return self.to_dtype(DType::F32)?.layer_norm(weight, bias, eps); // in f32
+        }
         for t in [self, weight, bias] {
             require_f32("layer_norm", t)?;
         }
@@ -196,6 +205,9 @@ impl Tensor {
     /// RMSNorm over the last dim with a weight of that size.
     pub fn rms_norm(&self, weight: &Tensor, eps: f32) -> Result<Tensor> {
         let dev = same_device("rms_norm", &[self, weight])?;
+        if self.dtype() == DType::BF16 {
+            return self.to_dtype(DType::F32)?.rms_norm(weight, eps); // computed in f32
+        }
         require_f32("rms_norm", self)?;
         require_f32("rms_norm", weight)?;
         let cols = last_dim("rms_norm", self)?;
@@ -242,6 +254,9 @@ impl Tensor {
 
     /// Rotary position embedding on `[batch, heads, t, d]` (rotate-half, positions 0..t).
     pub fn rope(&self, base: f32) -> Result<Tensor> {
+        if self.dtype() == DType::BF16 {
+            return self.to_dtype(DType::F32)?.rope(base); // computed in f32
+        }
         require_f32("rope", self)?;
         if self.rank() != 4 || !self.shape()[3].is_multiple_of(2) {
             return Err(GpuError::shape(
@@ -337,6 +352,11 @@ impl Tensor {
     /// Fused causal attention: `q`, `k`, `v` are `[batch, heads, t, d]`; scale `1/sqrt(d)`.
     pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         let dev = same_device("causal_attention", &[q, k, v])?;
+        if [q, k, v].iter().any(|t| t.dtype() == DType::BF16) {
+            // Computed in f32 (the bf16 inputs widen exactly); the output is f32.
+            let w = |t: &Tensor| t.to_dtype(DType::F32);
+            return Tensor::causal_attention(&w(q)?, &w(k)?, &w(v)?);
+        }
         for t in [q, k, v] {
             require_f32("causal_attention", t)?;
         }

@@ -1,7 +1,7 @@
 //! Reductions over an axis, and the broadcasting pair `expand` / `sum_to`.
 
 use super::{axis, buf, checked_numel, compute, numel};
-use crate::tensor::{require_f32, Tensor};
+use crate::tensor::{same_float, Tensor};
 use gpu_core::nn::{BinaryKind, ElementwiseOps, ReduceKind};
 use gpu_core::{GpuError, Result};
 
@@ -13,13 +13,13 @@ impl Tensor {
         keepdim: bool,
         name: &'static str,
     ) -> Result<Tensor> {
-        require_f32(name, self)?;
+        let dtype = same_float(name, &[self])?;
         let a = axis(name, self.rank(), ax)?;
         let dims = self.shape();
         let (outer, n, inner) = (numel(&dims[..a]), dims[a], numel(&dims[a + 1..]));
         let dev = self.device();
         let g = self.read();
-        let st = compute!(dev, outer * inner, |be, out| be.reduce_axis(
+        let st = compute!(dev, dtype, outer * inner, |be, out| be.reduce_axis(
             op,
             buf(be, &g)?,
             outer,
@@ -49,7 +49,7 @@ impl Tensor {
                     ReduceKind::Mean => g.expand(x.shape())?.mul_scalar(1.0 / n as f32)?,
                     ReduceKind::Max => {
                         let (gx, gy, gg) = (x.read(), y.read(), g.read());
-                        let st = compute!(dev, x.numel(), |be, dx| be.max_axis_bwd(
+                        let st = compute!(dev, dtype, x.numel(), |be, dx| be.max_axis_bwd(
                             buf(be, &gx)?,
                             buf(be, &gy)?,
                             buf(be, &gg)?,
@@ -107,9 +107,10 @@ impl Tensor {
         }
         let len = checked_numel("expand", shape)?;
         let dev = self.device();
-        let zeros = Tensor::zeros(shape, dev)?;
+        let dtype = same_float("expand", &[self])?;
+        let zeros = Tensor::full_as(0.0, shape, dtype, dev)?;
         let (gz, gx) = (zeros.read(), self.read());
-        let st = compute!(dev, len, |be, out| be.broadcast_binary(
+        let st = compute!(dev, dtype, len, |be, out| be.broadcast_binary(
             BinaryKind::Add,
             buf(be, &gz)?,
             shape,

@@ -48,7 +48,7 @@ impl Tensor {
         let dev = self.device();
         let shape: Vec<usize> = perm.iter().map(|&p| self.shape()[p]).collect();
         let g = self.read();
-        let st = compute!(dev, self.numel(), |be, out| be.permute(
+        let st = compute!(dev, self.dtype(), self.numel(), |be, out| be.permute(
             buf(be, &g)?,
             self.shape(),
             perm,

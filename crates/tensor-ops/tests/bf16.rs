@@ -1,0 +1,424 @@
+//! bf16 mixed precision at the tensor level, on the CPU and on CUDA (`devices`: the CUDA part
+//! is reported as skipped where no GPU exists). The contract of every bf16 op: the f32 result
+//! of the widened inputs, rounded once to nearest even. Where both devices compute that f32
+//! result exactly (casts, +, −, ×, ÷, fused affine, dropout, data movement, max) the test asks
+//! for the same bits as rounding the f32 op; where the f32 result itself carries an error
+//! (activations, sums, matmuls) the bound is that error plus one bf16 ulp (2^-7 relative: the
+//! rounding of two nearby f32 values can land on neighbouring bf16 values).
+
+use gpu_cuda::testing::{devices, test_seed};
+use half::bf16;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use tensor_ops::ops::Activation;
+use tensor_ops::{autocast, DType, Device, Precision, Tensor};
+
+/// bf16's unit roundoff (8 significant bits).
+const U16: f64 = 1.0 / 256.0;
+/// f32's unit roundoff.
+const U32: f64 = 1.0 / 16_777_216.0;
+
+fn bf16_of(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect()
+}
+
+/// Values exactly representable in bf16 (so widening is exact), with a spread of magnitudes.
+fn draw(r: &mut StdRng, n: usize) -> Vec<f32> {
+    let v: Vec<f32> = (0..n)
+        .map(|_| r.random_range(-3.0f32..3.0) * 2f32.powi(r.random_range(-4..4)))
+        .collect();
+    bf16_of(&v)
+}
+
+fn t_bf16(v: &[f32], shape: &[usize], dev: Device) -> Tensor {
+    let h: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+    Tensor::from_vec(h, shape, dev).unwrap()
+}
+
+fn same_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let same = a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        assert!(same, "{what}: element {i}: {a:e} vs {b:e}");
+    }
+}
+
+/// `|got − want| <= 2^-7·max(|got|, |want|) + abs[i]` elementwise (one bf16 ulp plus the f32
+/// result's own error bound `abs`).
+fn within_ulp(what: &str, got: &[f32], want: &[f32], abs: &[f64]) {
+    for (i, ((&a, &b), &e)) in got.iter().zip(want).zip(abs).enumerate() {
+        let (a, b) = (a as f64, b as f64);
+        let tol = 2.0 * U16 * a.abs().max(b.abs()) + e;
+        assert!(
+            (a - b).abs() <= tol,
+            "{what}: element {i}: {a:e} vs {b:e} (tol {tol:e})"
+        );
+    }
+}
+
+#[test]
+fn bf16_casts_round_to_nearest_even_and_keep_specials() {
+    let test = "bf16_casts_round_to_nearest_even_and_keep_specials";
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let mut x = vec![
+        1.0,
+        1.0 + 1.0 / 256.0, // a tie: to even (1.0)
+        1.0 + 3.0 / 512.0, // above the tie: up
+        1.0 + 3.0 / 256.0, // a tie: to even (up)
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e30,
+        -1e30,
+        f32::MAX,     // above bf16's largest finite value: rounds to inf
+        1e-40,        // an f32 denormal: a bf16 denormal
+        -1e-45,       // the smallest f32 denormal: rounds to -0
+        3.3895314e38, // bf16's largest finite value
+    ];
+    x.extend((0..1001).map(|_| r.random_range(-1e3f32..1e3)));
+    let want = bf16_of(&x);
+    for dev in devices(test) {
+        let t = Tensor::from_vec(x.clone(), &[x.len()], dev).unwrap();
+        let h = t.to_dtype(DType::BF16).unwrap();
+        assert_eq!(h.dtype(), DType::BF16);
+        same_bits(
+            &format!("f32 -> bf16 on {dev}"),
+            &h.to_vec().unwrap(),
+            &want,
+        );
+        let back = h.to_dtype(DType::F32).unwrap();
+        assert_eq!(back.dtype(), DType::F32);
+        same_bits(
+            &format!("bf16 -> f32 on {dev}"),
+            &back.to_vec().unwrap(),
+            &want,
+        );
+        // Empty tensors cast to empty tensors; u32 is refused with a typed error.
+        let e = Tensor::zeros(&[0, 3], dev)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        assert_eq!((e.shape(), e.dtype()), (&[0usize, 3][..], DType::BF16));
+        let ids = Tensor::from_vec(vec![1u32, 2], &[2], dev).unwrap();
+        assert!(ids.to_dtype(DType::BF16).is_err());
+    }
+}
+
+/// `f` on bf16 tensors against the f32 op on the widened values, rounded once.
+fn exact_case(
+    test: &str,
+    devs: &[Device],
+    shapes: &[&[usize]],
+    r: &mut StdRng,
+    f: &dyn Fn(&[Tensor]) -> tensor_ops::Result<Tensor>,
+) {
+    let data: Vec<Vec<f32>> = shapes.iter().map(|s| draw(r, s.iter().product())).collect();
+    let f32_in: Vec<Tensor> = data
+        .iter()
+        .zip(shapes)
+        .map(|(d, s)| Tensor::from_vec(d.clone(), s, Device::Cpu).unwrap())
+        .collect();
+    let want = bf16_of(&f(&f32_in).unwrap().to_vec().unwrap());
+    for &dev in devs {
+        let ins: Vec<Tensor> = data
+            .iter()
+            .zip(shapes)
+            .map(|(d, s)| t_bf16(d, s, dev))
+            .collect();
+        let y = f(&ins).unwrap();
+        assert_eq!(y.dtype(), DType::BF16, "{test}");
+        same_bits(
+            &format!("{test} {shapes:?} on {dev}"),
+            &y.to_vec().unwrap(),
+            &want,
+        );
+    }
+}
+
+#[test]
+fn bf16_exact_ops_give_the_rounded_f32_result() {
+    let test = "bf16_exact_ops_give_the_rounded_f32_result";
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let devs = devices(test);
+    type Op = fn(&Tensor, &Tensor) -> tensor_ops::Result<Tensor>;
+    let ops: [(&str, Op); 4] = [
+        ("add", Tensor::add),
+        ("sub", Tensor::sub),
+        ("mul", Tensor::mul),
+        ("div", Tensor::div),
+    ];
+    // Same shapes (odd length: a scalar tail), a row bias (4-wide and not), a column, and a
+    // general broadcast.
+    let pairs: [(&[usize], &[usize]); 5] = [
+        (&[7, 33], &[7, 33]),
+        (&[9, 24], &[24]),
+        (&[9, 13], &[13]),
+        (&[6, 10], &[6, 1]),
+        (&[2, 1, 5], &[3, 1]),
+    ];
+    for (name, op) in ops {
+        for (a, b) in pairs {
+            exact_case(&format!("{test} {name}"), &devs, &[a, b], &mut r, &|t| {
+                op(&t[0], &t[1])
+            });
+        }
+    }
+    exact_case(test, &devs, &[&[1001]], &mut r, &|t| {
+        t[0].affine(0.37, -1.5)
+    });
+    exact_case(test, &devs, &[&[4, 257]], &mut r, &|t| {
+        t[0].dropout(0.3, 99, true)
+    });
+    exact_case(test, &devs, &[&[3, 5, 7]], &mut r, &|t| {
+        t[0].permute(&[2, 0, 1])
+    });
+    exact_case(test, &devs, &[&[3, 40, 36]], &mut r, &|t| {
+        t[0].permute(&[0, 2, 1])
+    });
+    exact_case(test, &devs, &[&[5, 12]], &mut r, &|t| t[0].narrow(1, 4, 8));
+    exact_case(test, &devs, &[&[6, 9, 4]], &mut r, &|t| t[0].max(1, false));
+}
+
+#[test]
+fn bf16_activations_sums_and_matmuls_are_within_their_bounds() {
+    let test = "bf16_activations_sums_and_matmuls_are_within_their_bounds";
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let devs = devices(test);
+    let x = draw(&mut r, 2051);
+    for op in Activation::ALL.iter().copied() {
+        // log needs positive inputs.
+        let xin: Vec<f32> = match op {
+            Activation::Log => bf16_of(&x.iter().map(|v| v.abs() + 0.125).collect::<Vec<_>>()),
+            _ => x.clone(),
+        };
+        let want = bf16_of(
+            &Tensor::from_vec(xin.clone(), &[xin.len()], Device::Cpu)
+                .unwrap()
+                .activation(op)
+                .unwrap()
+                .to_vec()
+                .unwrap(),
+        );
+        for &dev in &devs {
+            let y = t_bf16(&xin, &[xin.len()], dev).activation(op).unwrap();
+            // The f32 formula's error is a few f32 ulps: far below the bf16 ulp.
+            let abs = vec![1e-30; xin.len()];
+            within_ulp(
+                &format!("{op:?} on {dev}"),
+                &y.to_vec().unwrap(),
+                &want,
+                &abs,
+            );
+        }
+    }
+    // Sums over an axis: f32 accumulation (γ_n·Σ|x|), then one rounding.
+    for shape in [[4usize, 300, 3], [2, 5000, 1], [3, 8, 130]] {
+        let v = draw(&mut r, shape.iter().product());
+        let want = Tensor::from_vec(v.clone(), &shape, Device::Cpu)
+            .unwrap()
+            .sum(1, false)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let abs_sum = Tensor::from_vec(v.iter().map(|a| a.abs()).collect(), &shape, Device::Cpu)
+            .unwrap()
+            .sum(1, false)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let n = shape[1] as f64;
+        let abs: Vec<f64> = abs_sum.iter().map(|&s| 2.0 * n * U32 * s as f64).collect();
+        for &dev in &devs {
+            let y = t_bf16(&v, &shape, dev).sum(1, false).unwrap();
+            assert_eq!(y.dtype(), DType::BF16);
+            within_ulp(
+                &format!("sum {shape:?} on {dev}"),
+                &y.to_vec().unwrap(),
+                &want,
+                &abs,
+            );
+        }
+    }
+    // Matmuls: the products of bf16 values are exact in f32; f32 sums (γ_k·Σ|a||b|), one
+    // rounding. Plain, transposed and batched.
+    for (ta, tb, batch, m, n, k) in [
+        (false, false, 1, 17, 23, 40),
+        (false, true, 1, 8, 64, 129),
+        (true, false, 3, 5, 7, 33),
+    ] {
+        let sa: Vec<usize> = if ta {
+            vec![batch, k, m]
+        } else {
+            vec![batch, m, k]
+        };
+        let sb: Vec<usize> = if tb {
+            vec![batch, n, k]
+        } else {
+            vec![batch, k, n]
+        };
+        let (a, b) = (draw(&mut r, batch * m * k), draw(&mut r, batch * k * n));
+        let f32_t = |v: &[f32], s: &[usize]| Tensor::from_vec(v.to_vec(), s, Device::Cpu).unwrap();
+        let want = f32_t(&a, &sa)
+            .matmul_t(&f32_t(&b, &sb), ta, tb)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let abs_ab = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+        let mag = f32_t(&abs_ab(&a), &sa)
+            .matmul_t(&f32_t(&abs_ab(&b), &sb), ta, tb)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let abs: Vec<f64> = mag
+            .iter()
+            .map(|&s| 2.0 * k as f64 * U32 * s as f64)
+            .collect();
+        for &dev in &devs {
+            let y = t_bf16(&a, &sa, dev)
+                .matmul_t(&t_bf16(&b, &sb, dev), ta, tb)
+                .unwrap();
+            assert_eq!(y.dtype(), DType::BF16);
+            let what = format!("matmul ta={ta} tb={tb} {batch}x{m}x{n}x{k} on {dev}");
+            within_ulp(&what, &y.to_vec().unwrap(), &want, &abs);
+        }
+    }
+}
+
+#[test]
+fn bf16_mixed_operands_promote_and_gradients_come_back_in_each_dtype() {
+    let test = "bf16_mixed_operands_promote_and_gradients_come_back_in_each_dtype";
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let (a, b) = (draw(&mut r, 24), draw(&mut r, 24));
+    for dev in devices(test) {
+        let x = Tensor::from_vec(a.clone(), &[4, 6], dev)
+            .unwrap()
+            .requires_grad_()
+            .unwrap();
+        let w = Tensor::from_vec(b.clone(), &[4, 6], dev)
+            .unwrap()
+            .requires_grad_()
+            .unwrap();
+        // f32 + bf16 computes in f32 (exact here: both operands are bf16 values).
+        let h = w.to_dtype(DType::BF16).unwrap().gelu().unwrap();
+        let y = x.add(&h).unwrap();
+        assert_eq!(y.dtype(), DType::F32);
+        let g = y.sum_all().unwrap().backward().unwrap();
+        assert_eq!(g.get(&x).unwrap().dtype(), DType::F32);
+        assert_eq!(g.get(&w).unwrap().dtype(), DType::F32, "through the cast");
+        // x's gradient is exactly 1; w's is gelu'(w) rounded to bf16 (within a bf16 ulp).
+        assert!(g
+            .get(&x)
+            .unwrap()
+            .to_vec()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 1.0));
+        let want = Tensor::from_vec(b.clone(), &[4, 6], Device::Cpu)
+            .unwrap()
+            .requires_grad_()
+            .unwrap();
+        let gw = want.gelu().unwrap().sum_all().unwrap().backward().unwrap();
+        let want = gw.get(&want).unwrap().to_vec().unwrap();
+        within_ulp(
+            &format!("gelu' on {dev}"),
+            &g.get(&w).unwrap().to_vec().unwrap(),
+            &want,
+            &[1e-30; 24],
+        );
+        // A bf16 loss seeds its backward in bf16.
+        let l = w.to_dtype(DType::BF16).unwrap().sum_all().unwrap();
+        assert_eq!(l.dtype(), DType::BF16);
+        let g = l.backward().unwrap();
+        assert!(g
+            .get(&w)
+            .unwrap()
+            .to_vec()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 1.0));
+        // Mixed dtypes where promotion does not apply are typed errors.
+        let ids = Tensor::from_vec(vec![1u32; 24], &[4, 6], dev).unwrap();
+        assert!(h.add(&ids).is_err());
+    }
+}
+
+#[test]
+fn bf16_autocast_linear_is_within_its_rounding_bound() {
+    let test = "bf16_autocast_linear_is_within_its_rounding_bound";
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let (rows, i, o) = (9, 70, 24);
+    let x: Vec<f32> = (0..rows * i)
+        .map(|_| r.random_range(-2.0f32..2.0))
+        .collect();
+    let w: Vec<f32> = (0..o * i).map(|_| r.random_range(-0.3f32..0.3)).collect();
+    let b: Vec<f32> = (0..o).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    // Exact references in f64: y = x·wᵀ + b, S = |x|·|w|ᵀ, and dW = column sums of x.
+    let (mut y, mut s) = (vec![0.0f64; rows * o], vec![0.0f64; rows * o]);
+    for p in 0..rows {
+        for q in 0..o {
+            for t in 0..i {
+                let v = x[p * i + t] as f64 * w[q * i + t] as f64;
+                y[p * o + q] += v;
+                s[p * o + q] += v.abs();
+            }
+            y[p * o + q] += b[q] as f64;
+        }
+    }
+    for dev in devices(test) {
+        let xt = Tensor::from_vec(x.clone(), &[rows, i], dev).unwrap();
+        let wt = Tensor::from_vec(w.clone(), &[o, i], dev)
+            .unwrap()
+            .requires_grad_()
+            .unwrap();
+        let bt = Tensor::from_vec(b.clone(), &[o], dev)
+            .unwrap()
+            .requires_grad_()
+            .unwrap();
+        let out = autocast(Precision::Bf16, || xt.linear(&wt, Some(&bt))).unwrap();
+        assert_eq!(out.dtype(), DType::BF16, "autocast gives bf16");
+        let got = out.to_vec().unwrap();
+        // x, w, b each rounded to bf16 (u), exact products, f32 sums (γ_k), the GEMM's output
+        // rounded (u), the bias add rounded (u):
+        // |ŷ − y| <= (2u + u² + γ_k)·S + u·(S + |b|) + u·|b| + u·|ŷ| (+ second order).
+        for (e, (&g, (&yv, &sv))) in got.iter().zip(y.iter().zip(&s)).enumerate() {
+            let bq = b[e % o].abs() as f64;
+            let tol = (3.0 * U16 + U16 * U16 + 2.0 * i as f64 * U32) * sv * 1.01
+                + 2.0 * U16 * bq
+                + U16 * (g as f64).abs();
+            let err = (g as f64 - yv).abs();
+            assert!(
+                err <= tol,
+                "{dev}: y[{e}] = {g} vs {yv} (err {err:e}, tol {tol:e})"
+            );
+        }
+        // Outside autocast the same call is f32.
+        assert_eq!(xt.linear(&wt, Some(&bt)).unwrap().dtype(), DType::F32);
+        // Gradients of the f32 parameters are f32: dW = Σ_rows x (times 1 from the sum).
+        let grads = autocast(Precision::Bf16, || {
+            xt.linear(&wt, Some(&bt))
+                .and_then(|y| y.to_dtype(DType::F32))
+                .and_then(|y| y.sum_all())
+        })
+        .unwrap()
+        .backward()
+        .unwrap();
+        let (dw, db) = (grads.get(&wt).unwrap(), grads.get(&bt).unwrap());
+        assert_eq!((dw.dtype(), db.dtype()), (DType::F32, DType::F32));
+        let dw = dw.to_vec().unwrap();
+        for q in 0..o {
+            for t in 0..i {
+                let col: Vec<f64> = (0..rows).map(|p| x[p * i + t] as f64).collect();
+                let want: f64 = col.iter().sum();
+                let mag: f64 = col.iter().map(|v| v.abs()).sum();
+                let g = dw[q * i + t] as f64;
+                // x rounded (u), f32 sums, the result rounded (u).
+                let tol = (U16 + 2.0 * rows as f64 * U32) * mag * 1.01 + U16 * g.abs();
+                assert!(
+                    (g - want).abs() <= tol,
+                    "{dev}: dW[{q},{t}] = {g} vs {want}"
+                );
+            }
+        }
+        assert!(db.to_vec().unwrap().iter().all(|&v| v == rows as f32));
+    }
+}

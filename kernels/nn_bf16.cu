@@ -1,0 +1,47 @@
+// NN elementwise kernels on bf16 buffers (bf16 mixed precision): dtype casts, broadcasting
+// binary ops, activations forward and backward, affine, dropout, and the 2-byte block copies and
+// permutes. CPU reference: gpu_core::cpu::elementwise, via f32 math and one rounding: every
+// kernel widens its bf16 inputs to f32 (exact), computes exactly as the f32 kernel of
+// nn_elementwise.cu (the same templates, nn_elementwise.cuh), and rounds the result once to bf16
+// (round to nearest even; NaN stays NaN, ±inf stays ±inf). 4 bf16 move as one 8-byte uint2.
+
+#include "nn_elementwise.cuh"
+
+// Casts: cast_f32_bf16 rounds to nearest even, cast_bf16_f32 widens exactly.
+extern "C" __global__ void cast_f32_bf16(const float* __restrict__ x, bf16* __restrict__ out,
+                                         u64 n) {
+    convert_impl<float, bf16>(x, out, n);
+}
+
+extern "C" __global__ void cast_bf16_f32(const bf16* __restrict__ x, float* __restrict__ out,
+                                         u64 n) {
+    convert_impl<bf16, float>(x, out, n);
+}
+
+// Binary operations with broadcasting: binary_{same,2d,nd}_{add,sub,mul,div}_bf16 (binary_2d's
+// vector path, for cols % 4 == 0, reads 4 bf16 at a time).
+BINARY_KERNELS(add, OpAdd, bf16, bf16)
+BINARY_KERNELS(sub, OpSub, bf16, bf16)
+BINARY_KERNELS(mul, OpMul, bf16, bf16)
+BINARY_KERNELS(div, OpDiv, bf16, bf16)
+
+// Activations: act_{fwd,bwd}_<name>_bf16.
+#define ACTIVATION_KERNELS_BF16(NAME, A) ACTIVATION_KERNELS(NAME, A, bf16, bf16)
+FOR_EACH_ACTIVATION(ACTIVATION_KERNELS_BF16)
+
+// out = round(fmaf(mul, x, add)).
+extern "C" __global__ void affine_bf16(const bf16* __restrict__ x, bf16* __restrict__ out, u64 n,
+                                       float mul, float add) {
+    affine_impl<bf16>(x, out, n, mul, add);
+}
+
+// The mask of dropout_f32 (same seed, offset and index); kept values round(x / (1 − p)).
+extern "C" __global__ void dropout_bf16(const bf16* __restrict__ x, bf16* __restrict__ out, u64 n,
+                                        float p, u64 seed, const u64* __restrict__ offset) {
+    dropout_impl<bf16>(x, out, n, p, seed, offset);
+}
+
+// Block copies and permutes of any 2-byte element, bit for bit: copy_blocks{,4}_b16,
+// permute{,4}_b16 (4: offsets, strides, lengths and dims in units of 4 elements, one uint2) and
+// permute_tile_b16 (the tile holds each element in a 4-byte word: one bank per element).
+MOVE_KERNELS(unsigned short, uint2, u32, b16)

@@ -1,0 +1,574 @@
+// Templates of the NN elementwise kernels, on the element storage type T (float or bf16, see
+// nn_elem_io.cuh): broadcasting binary ops, activations forward and backward, affine, dropout,
+// dtype conversion, block copies and permutes. CPU reference: gpu_core::cpu::elementwise; every
+// value is computed in f32 by the f32 formula and stored with one rounding to T.
+// nn_elementwise.cu instantiates the f32 kernels, nn_bf16.cu the bf16 ones.
+//
+// Streaming kernels are grid-stride loops over 4 elements (16-byte float4 for f32, 8 bytes for
+// bf16; pool buffers are 256-byte aligned) with a scalar tail. Index math uses 32-bit
+// magic-number division when the element count is below 2^31 and plain 64-bit division
+// otherwise.
+#pragma once
+
+#include "nn_elem_io.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+static __device__ __forceinline__ u64 global_tid() {
+    return (u64)blockIdx.x * blockDim.x + threadIdx.x;
+}
+static __device__ __forceinline__ u64 grid_threads() { return (u64)gridDim.x * blockDim.x; }
+
+// Division by a fixed d in [1, 2^31) of numerators below 2^31 (Granlund-Montgomery, as
+// PyTorch's IntDivider): q = (umulhi(n, m) + n) >> s.
+struct FastDiv {
+    u32 d, m, s;
+};
+
+static __device__ __forceinline__ FastDiv fastdiv_make(u32 d) {
+    u32 s = 0;
+    while (s < 32 && (1ull << s) < d) ++s;
+    const u64 m = ((1ull << 32) * ((1ull << s) - d)) / d + 1;
+    FastDiv f;
+    f.d = d;
+    f.m = (u32)m;
+    f.s = s;
+    return f;
+}
+
+static __device__ __forceinline__ u32 fastdiv(const FastDiv& f, u32 n) {
+    return (__umulhi(n, f.m) + n) >> f.s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversion: out[k] = x[k], widened exactly or rounded once to nearest even.
+
+template <class TI, class TO>
+static __device__ void convert_impl(const TI* __restrict__ x, TO* __restrict__ out, u64 n) {
+    const u64 n4 = n / 4, stride = grid_threads();
+    for (u64 i = global_tid(); i < n4; i += stride) store4(out, i, load4(x, i));
+    const u64 t = n4 * 4 + global_tid();
+    if (t < n) store(out, t, load(x, t));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binary operations with broadcasting
+
+struct OpAdd {
+    static __device__ __forceinline__ float f(float a, float b) { return a + b; }
+};
+struct OpSub {
+    static __device__ __forceinline__ float f(float a, float b) { return a - b; }
+};
+struct OpMul {
+    static __device__ __forceinline__ float f(float a, float b) { return a * b; }
+};
+// IEEE division (nvcc's default -prec-div=true): x/0 = ±inf, 0/0 = NaN, as on the CPU.
+struct OpDiv {
+    static __device__ __forceinline__ float f(float a, float b) { return a / b; }
+};
+
+template <class Op>
+static __device__ __forceinline__ float4 op4(float4 a, float4 b) {
+    return make_float4(Op::f(a.x, b.x), Op::f(a.y, b.y), Op::f(a.z, b.z), Op::f(a.w, b.w));
+}
+
+// Same shapes: out[k] = a[k] ∘ b[k].
+template <class Op, class T>
+static __device__ void binary_same(const T* __restrict__ a, const T* __restrict__ b,
+                                   T* __restrict__ out, u64 n) {
+    const u64 n4 = n / 4, stride = grid_threads();
+    for (u64 i = global_tid(); i < n4; i += stride)
+        store4(out, i, op4<Op>(load4(a, i), load4(b, i)));
+    const u64 t = n4 * 4 + global_tid();
+    if (t < n) store(out, t, Op::f(load(a, t), load(b, t)));
+}
+
+// out viewed as [n / cols, cols]; `big` has n elements, `small` one per column (mode 0: a bias
+// over the trailing dims) or one per row (mode 1). small_is_a puts `small` on the left.
+// The (row, col) of each thread's element is advanced incrementally: one division per thread.
+template <class Op>
+static __device__ __forceinline__ float apply2(float x, float s, u32 small_is_a) {
+    return small_is_a ? Op::f(s, x) : Op::f(x, s);
+}
+
+template <class Op, class T>
+static __device__ void binary_2d(const T* __restrict__ big, const T* __restrict__ small,
+                                 T* __restrict__ out, u64 n, u64 cols, u32 mode,
+                                 u32 small_is_a) {
+    const u64 tid = global_tid(), stride = grid_threads();
+    if ((cols & 3) == 0) {
+        const u64 c4 = cols / 4, n4 = n / 4;
+        u64 r = tid / c4, c = tid - r * c4;
+        const u64 dr = stride / c4, dc = stride - dr * c4;
+        for (u64 k = tid; k < n4; k += stride) {
+            const float4 x = load4(big, k);
+            float4 s;
+            if (mode == 0) {
+                s = load4(small, c);
+            } else {
+                const float v = load(small, r);
+                s = make_float4(v, v, v, v);
+            }
+            store4(out, k, small_is_a ? op4<Op>(s, x) : op4<Op>(x, s));
+            c += dc;
+            r += dr;
+            if (c >= c4) {
+                c -= c4;
+                ++r;
+            }
+        }
+    } else {
+        u64 r = tid / cols, c = tid - r * cols;
+        const u64 dr = stride / cols, dc = stride - dr * cols;
+        for (u64 k = tid; k < n; k += stride) {
+            const float s = mode == 0 ? load(small, c) : load(small, r);
+            store(out, k, apply2<Op>(load(big, k), s, small_is_a));
+            c += dc;
+            r += dr;
+            if (c >= cols) {
+                c -= cols;
+                ++r;
+            }
+        }
+    }
+}
+
+// General broadcasting over up to 6 dims. dims are given innermost first (d0 is the last dim);
+// bit k of amask / bmask is set when a / b varies along dim k (else it is broadcast there).
+template <class Op, class T>
+static __device__ void binary_nd(const T* __restrict__ a, const T* __restrict__ b,
+                                 T* __restrict__ out, u64 n, u32 rank, u64 d0, u64 d1, u64 d2,
+                                 u64 d3, u64 d4, u64 d5, u32 amask, u32 bmask) {
+    const u64 d[6] = {d0, d1, d2, d3, d4, d5};
+    u64 sa[6], sb[6];
+    u64 pa = 1, pb = 1;
+#pragma unroll
+    for (int k = 0; k < 6; ++k) {
+        const bool va = k < (int)rank && ((amask >> k) & 1u);
+        const bool vb = k < (int)rank && ((bmask >> k) & 1u);
+        sa[k] = va ? pa : 0;
+        sb[k] = vb ? pb : 0;
+        if (va) pa *= d[k];
+        if (vb) pb *= d[k];
+    }
+    const u64 stride = grid_threads();
+    if (n < (1ull << 31)) {
+        FastDiv fd[6];
+        u32 sa32[6], sb32[6];
+#pragma unroll
+        for (int k = 0; k < 6; ++k) {
+            fd[k] = fastdiv_make(k < (int)rank ? (u32)d[k] : 1u);
+            sa32[k] = (u32)sa[k];
+            sb32[k] = (u32)sb[k];
+        }
+        for (u32 i = (u32)global_tid(); i < (u32)n; i += (u32)stride) {
+            u32 rem = i, ia = 0, ib = 0;
+#pragma unroll
+            for (int k = 0; k < 6; ++k) {
+                if (k < (int)rank) {
+                    const u32 q = fastdiv(fd[k], rem);
+                    const u32 c = rem - q * fd[k].d;
+                    ia += c * sa32[k];
+                    ib += c * sb32[k];
+                    rem = q;
+                }
+            }
+            store(out, i, Op::f(load(a, ia), load(b, ib)));
+        }
+    } else {
+        for (u64 i = global_tid(); i < n; i += stride) {
+            u64 rem = i, ia = 0, ib = 0;
+#pragma unroll
+            for (int k = 0; k < 6; ++k) {
+                if (k < (int)rank) {
+                    const u64 q = rem / d[k];
+                    const u64 c = rem - q * d[k];
+                    ia += c * sa[k];
+                    ib += c * sb[k];
+                    rem = q;
+                }
+            }
+            store(out, i, Op::f(load(a, ia), load(b, ib)));
+        }
+    }
+}
+
+// The three binary kernels of one op on element type T, named <kind>_<NAME>_<SUFFIX>.
+#define BINARY_KERNELS(NAME, OP, T, SUFFIX)                                                      \
+    extern "C" __global__ void binary_same_##NAME##_##SUFFIX(                                    \
+        const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, u64 n) {          \
+        binary_same<OP, T>(a, b, out, n);                                                        \
+    }                                                                                            \
+    extern "C" __global__ void binary_2d_##NAME##_##SUFFIX(                                      \
+        const T* __restrict__ big, const T* __restrict__ small, T* __restrict__ out, u64 n,      \
+        u64 cols, u32 mode, u32 small_is_a) {                                                    \
+        binary_2d<OP, T>(big, small, out, n, cols, mode, small_is_a);                            \
+    }                                                                                            \
+    extern "C" __global__ void binary_nd_##NAME##_##SUFFIX(                                      \
+        const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, u64 n, u32 rank,  \
+        u64 d0, u64 d1, u64 d2, u64 d3, u64 d4, u64 d5, u32 amask, u32 bmask) {                  \
+        binary_nd<OP, T>(a, b, out, n, rank, d0, d1, d2, d3, d4, d5, amask, bmask);              \
+    }
+
+// ---------------------------------------------------------------------------------------------
+// Activations
+
+// The activations (constants ACT_*, ActSaves, FOR_EACH_ACTIVATION) come from the op vocabulary,
+// gpu_core::nn::Activation, through the generated header; the f32 formulas live here. An
+// activation without a formula below fails to compile.
+#include "nn_activations.cuh"
+
+template <int A>
+inline constexpr bool no_formula = false;
+
+static __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Φ(x) = erfc(−x/√2)/2: the exact GELU's CDF, accurate in both tails (1 + erf(x/√2) would
+// cancel for negative x). The rounding error e of z = −x/√2 in f32 would cost a relative
+// 2z²·2^-24 in the tail (4e-6 at x = −8), so it is computed exactly (fma, plus the low part
+// of 1/√2) and corrected for to first order: erfc(z + e) ≈ erfc(z) − e·(2/√π)·exp(−z²).
+static __device__ __forceinline__ float normcdf_(float x) {
+    const float c_hi = 0.70710676908493042f, c_lo = 1.2101617104478970e-08f;
+    const float z = -x * c_hi;
+    const float e = fabsf(x) < 1e30f ? fmaf(-x, c_hi, -z) - x * c_lo : 0.0f;
+    return 0.5f * fmaf(-1.1283791670955126f * e, expf(-z * z), erfcf(z));
+}
+
+template <int A>
+static __device__ __forceinline__ float act_fwd(float x) {
+    if constexpr (A == ACT_RELU) {
+        return x < 0.0f ? 0.0f : x;  // keeps NaN
+    } else if constexpr (A == ACT_GELU) {
+        // The limits at −inf are 0: the leading factor x is clamped to −FLT_MAX (one max, no
+        // branch), so −inf gives −FLT_MAX·0 = −0 where −inf·0 or −inf/inf would be NaN; a NaN x
+        // still gives NaN through the other factor.
+        return fmaxf(x, -3.40282347e38f) * normcdf_(x);
+    } else if constexpr (A == ACT_SILU) {
+        return fmaxf(x, -3.40282347e38f) / (1.0f + expf(-x));
+    } else if constexpr (A == ACT_SIGMOID) {
+        return sigmoidf_(x);
+    } else if constexpr (A == ACT_TANH) {
+        return tanhf(x);
+    } else if constexpr (A == ACT_EXP) {
+        return expf(x);
+    } else if constexpr (A == ACT_LOG) {
+        return logf(x);
+    } else {
+        static_assert(no_formula<A>, "activation without a CUDA forward formula");
+    }
+}
+
+// dx = f'(x)·dy; relu is a select (dy = NaN with x <= 0 gives 0, as in PyTorch). gelu' and
+// silu' tend to 1 at +inf and 0 at −inf; the x·pdf and x·s(−x) terms are 0 there, taken as such
+// (x·0 would be NaN at ±inf).
+template <int A>
+static __device__ __forceinline__ float act_bwd(float x, float y, float g) {
+    if constexpr (A == ACT_RELU) {
+        return x > 0.0f ? g : 0.0f;
+    } else if constexpr (A == ACT_GELU) {
+        const float pdf = 0.3989422804014327f * expf(-0.5f * x * x);
+        return (normcdf_(x) + (pdf > 0.0f ? x * pdf : 0.0f)) * g;
+    } else if constexpr (A == ACT_SILU) {
+        if (x == -INFINITY) return 0.0f * g;
+        // 1 − s(x) as s(−x): accurate where s(x) ≈ 1 (1.0f − s would keep only a few bits).
+        const float sm = sigmoidf_(-x);
+        return sigmoidf_(x) * (1.0f + (sm > 0.0f ? x * sm : 0.0f)) * g;
+    } else if constexpr (A == ACT_SIGMOID) {
+        return y * (1.0f - y) * g;
+    } else if constexpr (A == ACT_TANH) {
+        return fmaf(-y, y, 1.0f) * g;  // one rounding: accurate where y² ≈ 1
+    } else if constexpr (A == ACT_EXP) {
+        return y * g;
+    } else if constexpr (A == ACT_LOG) {
+        return g / x;
+    } else {
+        static_assert(no_formula<A>, "activation without a CUDA backward formula");
+    }
+}
+
+template <int A, class T>
+static __device__ void activation_fwd(const T* __restrict__ x, T* __restrict__ out, u64 n) {
+    const u64 n4 = n / 4, stride = grid_threads();
+    for (u64 i = global_tid(); i < n4; i += stride) {
+        const float4 v = load4(x, i);
+        store4(out, i,
+            make_float4(act_fwd<A>(v.x), act_fwd<A>(v.y), act_fwd<A>(v.z), act_fwd<A>(v.w)));
+    }
+    const u64 t = n4 * 4 + global_tid();
+    if (t < n) store(out, t, act_fwd<A>(load(x, t)));
+}
+
+template <int A, class T>
+static __device__ void activation_bwd(const T* __restrict__ x, const T* __restrict__ y,
+                                      const T* __restrict__ dy, T* __restrict__ dx, u64 n) {
+    const u64 n4 = n / 4, stride = grid_threads();
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (u64 i = global_tid(); i < n4; i += stride) {
+        const float4 xv = ActSaves<A>::x ? load4(x, i) : zero;
+        const float4 yv = ActSaves<A>::y ? load4(y, i) : zero;
+        const float4 g = load4(dy, i);
+        store4(dx, i,
+            make_float4(act_bwd<A>(xv.x, yv.x, g.x), act_bwd<A>(xv.y, yv.y, g.y),
+                        act_bwd<A>(xv.z, yv.z, g.z), act_bwd<A>(xv.w, yv.w, g.w)));
+    }
+    const u64 t = n4 * 4 + global_tid();
+    if (t < n) {
+        const float xv = ActSaves<A>::x ? load(x, t) : 0.0f;
+        const float yv = ActSaves<A>::y ? load(y, t) : 0.0f;
+        store(dx, t, act_bwd<A>(xv, yv, load(dy, t)));
+    }
+}
+
+// The forward and backward kernels of activation A on element type T, named _<NAME>_<SUFFIX>.
+#define ACTIVATION_KERNELS(NAME, A, T, SUFFIX)                                                   \
+    extern "C" __global__ void act_fwd_##NAME##_##SUFFIX(const T* __restrict__ x,                \
+                                                         T* __restrict__ out, u64 n) {           \
+        activation_fwd<A, T>(x, out, n);                                                         \
+    }                                                                                            \
+    extern "C" __global__ void act_bwd_##NAME##_##SUFFIX(const T* __restrict__ x,                \
+                                                         const T* __restrict__ y,                \
+                                                         const T* __restrict__ dy,               \
+                                                         T* __restrict__ dx, u64 n) {            \
+        activation_bwd<A, T>(x, y, dy, dx, n);                                                   \
+    }
+
+// ---------------------------------------------------------------------------------------------
+// Affine and dropout
+
+// out = fmaf(mul, x, add): one rounding in f32, as the CPU's f32::mul_add.
+template <class T>
+static __device__ void affine_impl(const T* __restrict__ x, T* __restrict__ out, u64 n,
+                                   float mul, float add) {
+    const u64 n4 = n / 4, stride = grid_threads();
+    for (u64 i = global_tid(); i < n4; i += stride) {
+        const float4 v = load4(x, i);
+        store4(out, i,
+            make_float4(fmaf(mul, v.x, add), fmaf(mul, v.y, add), fmaf(mul, v.z, add),
+                        fmaf(mul, v.w, add)));
+    }
+    const u64 t = n4 * 4 + global_tid();
+    if (t < n) store(out, t, fmaf(mul, load(x, t), add));
+}
+
+// gpu_core::nn::elementwise::dropout_keep, bit for bit: SplitMix64 of seed ^ (i·golden); kept
+// when the top 24 bits, as a float, are >= p·2^24.
+static __device__ __forceinline__ bool dropout_keep(u64 seed, u64 i, float thresh) {
+    u64 z = seed ^ (i * 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(u32)(z >> 40) >= thresh;
+}
+
+// out[i] = keep(seed, i) ? x[i] / (1 − p) : 0 (an IEEE division, as on the CPU). With
+// `offset` non-null the seed is seed + *offset (wrapping): a CUDA graph's replays draw new masks
+// from values written to the device before each replay. The mask does not depend on T.
+template <class T>
+static __device__ void dropout_impl(const T* __restrict__ x, T* __restrict__ out, u64 n, float p,
+                                    u64 seed, const u64* __restrict__ offset) {
+    if (offset != nullptr) seed += *offset;
+    const float thresh = p * 16777216.0f, q = 1.0f - p;
+    const u64 n4 = n / 4, stride = grid_threads();
+    for (u64 i = global_tid(); i < n4; i += stride) {
+        const float4 v = load4(x, i);
+        const u64 e = 4 * i;
+        store4(out, i,
+            make_float4(dropout_keep(seed, e, thresh) ? v.x / q : 0.0f,
+                        dropout_keep(seed, e + 1, thresh) ? v.y / q : 0.0f,
+                        dropout_keep(seed, e + 2, thresh) ? v.z / q : 0.0f,
+                        dropout_keep(seed, e + 3, thresh) ? v.w / q : 0.0f));
+    }
+    const u64 t = n4 * 4 + global_tid();
+    if (t < n) store(out, t, dropout_keep(seed, t, thresh) ? load(x, t) / q : 0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block copies: dst[dst_off + o·dst_stride + k] = src[src_off + o·src_stride + k], k < len.
+// Bit copies: T is the element (float, or unsigned short for 2-byte elements), or a vector of 4
+// of them (float4, uint2) when every offset, stride and len is a multiple of 4 (then all of
+// them are passed in units of 4 elements).
+
+template <class T>
+static __device__ void copy_blocks_impl(const T* __restrict__ src, T* __restrict__ dst,
+                                        u64 src_off, u64 src_stride, u64 dst_off, u64 dst_stride,
+                                        u64 outer, u64 len) {
+    const u64 total = outer * len, stride = grid_threads();
+    if (total < (1ull << 31) && len < (1ull << 31)) {
+        const FastDiv fd = fastdiv_make((u32)len);
+        for (u32 i = (u32)global_tid(); i < (u32)total; i += (u32)stride) {
+            const u32 o = fastdiv(fd, i), k = i - o * (u32)len;
+            dst[dst_off + o * dst_stride + k] = src[src_off + o * src_stride + k];
+        }
+    } else {
+        for (u64 i = global_tid(); i < total; i += stride) {
+            const u64 o = i / len, k = i - o * len;
+            dst[dst_off + o * dst_stride + k] = src[src_off + o * src_stride + k];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Permutes. The host collapses the shape first (drops size-1 dims, merges dims that stay
+// adjacent), so `rank` is 2..6; dims d0..d5 are x's dims outermost first and perm is packed 3
+// bits per output axis (axis j in bits 3j..3j+2).
+
+struct PermMeta {
+    u64 od[6];  // output dims, innermost first (od[t] is output axis rank-1-t)
+    u64 is[6];  // x's stride along each of those axes
+};
+
+static __device__ __forceinline__ PermMeta perm_meta(u32 rank, u64 d0, u64 d1, u64 d2, u64 d3,
+                                                     u64 d4, u64 d5, u32 perm) {
+    const u64 d[6] = {d0, d1, d2, d3, d4, d5};
+    u64 st[6];
+    u64 acc = 1;
+#pragma unroll
+    for (int k = 5; k >= 0; --k) {
+        st[k] = k < (int)rank ? acc : 0;
+        if (k < (int)rank) acc *= d[k];
+    }
+    PermMeta m;
+#pragma unroll
+    for (int t = 0; t < 6; ++t) {
+        m.od[t] = 1;
+        m.is[t] = 0;
+        const int j = (int)rank - 1 - t;
+        if (j >= 0) {
+            const u32 p = (perm >> (3 * j)) & 7u;
+#pragma unroll
+            for (int k = 0; k < 6; ++k) {
+                if ((u32)k == p) {
+                    m.od[t] = d[k];
+                    m.is[t] = st[k];
+                }
+            }
+        }
+    }
+    return m;
+}
+
+// One thread per output element (coalesced writes; reads are coalesced too when the last dim
+// stays last, and then the host passes units of 4 elements when it is a multiple of 4). The
+// host uses it for moves of the last axis too when that axis or the output's last one is short.
+// A bit copy, T as for copy_blocks_impl.
+template <class T>
+static __device__ void permute_impl(const T* __restrict__ x, T* __restrict__ out, u64 n, u32 rank,
+                                    u64 d0, u64 d1, u64 d2, u64 d3, u64 d4, u64 d5, u32 perm) {
+    const PermMeta m = perm_meta(rank, d0, d1, d2, d3, d4, d5, perm);
+    const u64 stride = grid_threads();
+    if (n < (1ull << 31)) {
+        FastDiv fd[6];
+        u32 is32[6];
+#pragma unroll
+        for (int t = 0; t < 6; ++t) {
+            fd[t] = fastdiv_make((u32)m.od[t]);
+            is32[t] = (u32)m.is[t];
+        }
+        for (u32 i = (u32)global_tid(); i < (u32)n; i += (u32)stride) {
+            u32 rem = i, src = 0;
+#pragma unroll
+            for (int t = 0; t < 6; ++t) {
+                if (t < (int)rank) {
+                    const u32 q = fastdiv(fd[t], rem);
+                    src += (rem - q * fd[t].d) * is32[t];
+                    rem = q;
+                }
+            }
+            out[i] = x[src];
+        }
+    } else {
+        for (u64 i = global_tid(); i < n; i += stride) {
+            u64 rem = i, src = 0;
+#pragma unroll
+            for (int t = 0; t < 6; ++t) {
+                if (t < (int)rank) {
+                    const u64 q = rem / m.od[t];
+                    src += (rem - q * m.od[t]) * m.is[t];
+                    rem = q;
+                }
+            }
+            out[i] = x[src];
+        }
+    }
+}
+
+// Permutes that move x's last axis: 32×32 tiles through shared memory, read along x's last
+// axis (length P, stride 1 in x, stride sp in out) and written along the output's last axis
+// (x's axis of length Q and stride sq, stride 1 in out), so both sides are coalesced. The other
+// axes (at most 4) are batch axes, given innermost first as dims b*, x strides bi* and output
+// strides bo* (unused ones: dim 1, strides 0); `batch` is their product. Block (32, 8);
+// grid-stride over tiles. The host precomputes all of it, so it lives in the constant bank.
+// A bit copy of elements T through the kernel's shared tile, of S (4 bytes wide: one bank per
+// element). The tile is declared in the kernel, so its symbol stays _ZZ<kernel>E4tile.
+template <class T, class S>
+static __device__ __forceinline__ void permute_tile_impl(
+    S (*tile)[33], const T* __restrict__ x, T* __restrict__ out, u64 P, u64 Q, u64 sq, u64 sp,
+    u64 batch, u64 b0, u64 b1, u64 b2, u64 b3, u64 bi0, u64 bi1, u64 bi2, u64 bi3, u64 bo0,
+    u64 bo1, u64 bo2, u64 bo3) {
+    const u64 tiles_p = (P + 31) / 32, tiles_q = (Q + 31) / 32;
+    const u64 per_batch = tiles_p * tiles_q, items = batch * per_batch;
+    const u32 tx = threadIdx.x, ty = threadIdx.y;
+    for (u64 item = blockIdx.x; item < items; item += gridDim.x) {
+        u64 b = item / per_batch;
+        const u64 r = item - b * per_batch, tpi = r / tiles_q, tqi = r - tpi * tiles_q;
+        u64 in_base = 0, out_base = 0;
+#define BATCH_AXIS(D, SI, SO)                  \
+    {                                          \
+        const u64 q_ = b / D, c_ = b - q_ * D; \
+        in_base += c_ * SI;                    \
+        out_base += c_ * SO;                   \
+        b = q_;                                \
+    }
+        BATCH_AXIS(b0, bi0, bo0)
+        BATCH_AXIS(b1, bi1, bo1)
+        BATCH_AXIS(b2, bi2, bo2)
+        BATCH_AXIS(b3, bi3, bo3)
+#undef BATCH_AXIS
+        const u64 p0 = tpi * 32, q0 = tqi * 32;
+        for (u32 yy = ty; yy < 32; yy += 8) {
+            const u64 p = p0 + tx, q = q0 + yy;
+            if (p < P && q < Q) tile[yy][tx] = x[in_base + q * sq + p];
+        }
+        __syncthreads();
+        for (u32 yy = ty; yy < 32; yy += 8) {
+            const u64 p = p0 + yy, q = q0 + tx;
+            if (p < P && q < Q) out[out_base + p * sp + q] = (T)tile[tx][yy];
+        }
+        __syncthreads();  // the tile is rewritten by the next item
+    }
+}
+
+// The data-movement kernels for elements T (vector of 4: T4, tile storage S), named _<SUFFIX>.
+#define MOVE_KERNELS(T, T4, S, SUFFIX)                                                           \
+    extern "C" __global__ void copy_blocks_##SUFFIX(const T* __restrict__ src,                   \
+                                                    T* __restrict__ dst, u64 src_off,            \
+                                                    u64 src_stride, u64 dst_off,                 \
+                                                    u64 dst_stride, u64 outer, u64 len) {        \
+        copy_blocks_impl<T>(src, dst, src_off, src_stride, dst_off, dst_stride, outer, len);     \
+    }                                                                                            \
+    extern "C" __global__ void copy_blocks4_##SUFFIX(const T4* __restrict__ src,                 \
+                                                     T4* __restrict__ dst, u64 src_off,          \
+                                                     u64 src_stride, u64 dst_off,                \
+                                                     u64 dst_stride, u64 outer, u64 len) {       \
+        copy_blocks_impl<T4>(src, dst, src_off, src_stride, dst_off, dst_stride, outer, len);    \
+    }                                                                                            \
+    extern "C" __global__ void permute_##SUFFIX(const T* __restrict__ x, T* __restrict__ out,    \
+                                                u64 n, u32 rank, u64 d0, u64 d1, u64 d2,         \
+                                                u64 d3, u64 d4, u64 d5, u32 perm) {              \
+        permute_impl<T>(x, out, n, rank, d0, d1, d2, d3, d4, d5, perm);                          \
+    }                                                                                            \
+    extern "C" __global__ void permute4_##SUFFIX(const T4* __restrict__ x, T4* __restrict__ out, \
+                                                 u64 n, u32 rank, u64 d0, u64 d1, u64 d2,        \
+                                                 u64 d3, u64 d4, u64 d5, u32 perm) {             \
+        permute_impl<T4>(x, out, n, rank, d0, d1, d2, d3, d4, d5, perm);                         \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) permute_tile_##SUFFIX(                     \
+        const T* __restrict__ x, T* __restrict__ out, u64 P, u64 Q, u64 sq, u64 sp, u64 batch,   \
+        u64 b0, u64 b1, u64 b2, u64 b3, u64 bi0, u64 bi1, u64 bi2, u64 bi3, u64 bo0, u64 bo1,    \
+        u64 bo2, u64 bo3) {                                                                      \
+        __shared__ S tile[32][33];                                                               \
+        permute_tile_impl<T, S>(tile, x, out, P, Q, sq, sp, batch, b0, b1, b2, b3, bi0, bi1,     \
+                                bi2, bi3, bo0, bo1, bo2, bo3);                                   \
+    }
