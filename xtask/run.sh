@@ -7,8 +7,8 @@
 # Exits non-zero if any test failed, or if any GPU test skipped while a GPU is present.
 # Where compute-sanitizer exists, runs the kernel tests under memcheck and racecheck.
 # --bench also runs gpu-bench (with the PyTorch peer) and writes out/benchmarks.md.
-# --parity runs the PyTorch parity checks of the GPT (scripts/torch_parity.py) and of the GRU
-# cell (scripts/torch_gru_parity.py).
+# --parity runs the PyTorch parity checks of the GPT (scripts/torch_parity.py; fp32, and bf16
+# against PyTorch's autocast) and of the GRU cell (scripts/torch_gru_parity.py).
 # --train N trains the shakespeare-char GPT for N iterations on data/tinyshakespeare.txt.
 set -u -o pipefail
 cd "$(dirname "$0")"
@@ -108,10 +108,12 @@ if [ "$gpu" = 1 ] && [ "$tests" = 1 ]; then
 fi
 if [ "$parity" = 1 ]; then
   for v in gpt2 llama; do
-    echo "== PyTorch parity ($v)"
-    bin/hybrid-trainer --device cuda parity-dump --variant "$v" --out "$OUT_DIR/parity-$v.safetensors" || status=1
-    python3 torch_parity.py "$OUT_DIR/parity-$v.safetensors" 2>&1 | tee "$OUT_DIR/parity-$v.log" | tail -4
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    for p in fp32 bf16; do
+      echo "== PyTorch parity ($v, $p)"
+      bin/hybrid-trainer --device cuda parity-dump --variant "$v" --precision "$p" --out "$OUT_DIR/parity-$v-$p.safetensors" || status=1
+      python3 torch_parity.py "$OUT_DIR/parity-$v-$p.safetensors" 2>&1 | tee "$OUT_DIR/parity-$v-$p.log" | tail -4
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
   done
   echo "== PyTorch parity (GRU cell)"
   bin/hybrid-trainer --device cuda parity-dump --model gru --out "$OUT_DIR/parity-gru.safetensors" || status=1

@@ -130,6 +130,7 @@ pub fn check_float_elementwise(
     let dtype = out.dtype_dyn();
     require_float(op, dtype)?;
     for x in inputs {
+        require_float(op, x.dtype_dyn())?;
         same_dtype(op, dtype, x.dtype_dyn())?;
         if x.len_dyn() != out.len_dyn() {
             return Err(GpuError::shape(op, out.len_dyn(), x.len_dyn()));

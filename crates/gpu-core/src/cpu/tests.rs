@@ -56,7 +56,7 @@ fn elementwise_and_activations() {
     assert!(cpu
         .broadcast_binary(BinaryKind::Add, &a, &[3], &short, &[3], &mut o)
         .is_err());
-    // f16 has no kernels; an f16 input for an f32 output is a mismatch.
+    // f16 has no kernels, as input or output.
     let half = cpu.upload(&[f16::ONE; 3]).unwrap();
     let mut half_out = cpu.upload(&[f16::ZERO; 3]).unwrap();
     assert!(matches!(
@@ -65,6 +65,12 @@ fn elementwise_and_activations() {
     ));
     assert!(matches!(
         cpu.activation_fwd(Activation::Relu, &half, &mut o),
+        Err(GpuError::UnsupportedDType { .. })
+    ));
+    // bf16 in, f32 out: a mismatch (bf16 ops write bf16).
+    let b16 = cpu.upload(&[half::bf16::ONE; 3]).unwrap();
+    assert!(matches!(
+        cpu.activation_fwd(Activation::Relu, &b16, &mut o),
         Err(GpuError::DTypeMismatch { .. })
     ));
 }

@@ -257,6 +257,7 @@ pub fn check_broadcast(
     const OP: &str = "broadcast_binary";
     require_float(OP, out.dtype_dyn())?;
     for buf in [a, b] {
+        require_float(OP, buf.dtype_dyn())?;
         same_dtype(OP, out.dtype_dyn(), buf.dtype_dyn())?;
     }
     check_rank(OP, a_shape)?;
@@ -290,6 +291,7 @@ pub fn check_reduce(
 ) -> Result<()> {
     const OP: &str = "reduce_axis";
     require_float(OP, x.dtype_dyn())?;
+    require_float(OP, out.dtype_dyn())?;
     same_dtype(OP, x.dtype_dyn(), out.dtype_dyn())?;
     let (full, reduced) = axis_sizes(OP, outer, n, inner)?;
     if n == 0 && op != ReduceKind::Sum {
@@ -316,6 +318,7 @@ pub fn check_max_axis_bwd(
     const OP: &str = "max_axis_bwd";
     require_float(OP, dx.dtype_dyn())?;
     for buf in [x, y, dy] {
+        require_float(OP, buf.dtype_dyn())?;
         same_dtype(OP, dx.dtype_dyn(), buf.dtype_dyn())?;
     }
     let (full, reduced) = axis_sizes(OP, outer, n, inner)?;
@@ -347,6 +350,7 @@ pub fn check_copy_blocks(
 ) -> Result<()> {
     const OP: &str = "copy_blocks";
     require_float(OP, dst.dtype_dyn())?;
+    require_float(OP, src.dtype_dyn())?;
     same_dtype(OP, dst.dtype_dyn(), src.dtype_dyn())?;
     if outer == 0 || len == 0 {
         return Ok(());
@@ -393,6 +397,7 @@ pub fn check_permute(
 ) -> Result<Vec<usize>> {
     const OP: &str = "permute";
     require_float(OP, out.dtype_dyn())?;
+    require_float(OP, x.dtype_dyn())?;
     same_dtype(OP, out.dtype_dyn(), x.dtype_dyn())?;
     check_rank(OP, shape)?;
     let mut seen = [false; MAX_DIMS];

@@ -9,7 +9,8 @@ use gpu_core::{Backend, BufferInfo, DType, Device, GpuError, Result};
 
 fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<Tensor> {
     let dev = same_device(name, &[a, b])?;
-    if a.dtype() != b.dtype() && [a.dtype(), b.dtype()].contains(&DType::F32) {
+    let float = |d: DType| matches!(d, DType::F32 | DType::BF16);
+    if a.dtype() != b.dtype() && float(a.dtype()) && float(b.dtype()) {
         // Type promotion: f32 with bf16 computes in f32 (the bf16 operand widens exactly).
         let wide = |t: &Tensor| t.to_dtype(DType::F32);
         return binary(&wide(a)?, &wide(b)?, op, name);

@@ -127,7 +127,7 @@ impl Tensor {
         };
         Ok(
             Tensor::from_op(st, shape, dev, "narrow", &[self], move |_, g| {
-                let dx = Tensor::zeros(&dims, dev)?;
+                let dx = Tensor::full_as(0.0, &dims, g.dtype(), dev)?;
                 {
                     let (gg, mut gd) = (g.read(), dx.write());
                     crate::backend::on_device!(dev, |be| be.copy_blocks(
