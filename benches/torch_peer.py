@@ -43,7 +43,18 @@ def nn_rows(add, reps, dev):
     add("rmsnorm_fwd", time_us(lambda i: F.rms_norm(xs[i % 2], (COLS,), w, 1e-5), reps), 2 * nb)
     y = F.rms_norm(x, (COLS,), w, 1e-5)
     add("rmsnorm_bwd", time_us(lambda i: torch.autograd.grad(y, x, dys[i % 2], retain_graph=True), reps), 3 * nb)
-    del xs, dys, x, y
+    del x, y
+    # The memory-bound bf16 kernels (ids as gpu-bench's nn_bf16 rows).
+    hb = ROWS * COLS * 2.0
+    xb = [z.to(torch.bfloat16) for z in xs]
+    db = [z.to(torch.bfloat16) for z in dys]
+    add("cast_f32_bf16", time_us(lambda i: xs[i % 2].to(torch.bfloat16), reps), 3 * hb)
+    add("cast_bf16_f32", time_us(lambda i: xb[i % 2].float(), reps), 3 * hb)
+    add("add_bf16", time_us(lambda i: xb[i % 2] + db[0], reps), 3 * hb)
+    add("gelu_bf16", time_us(lambda i: F.gelu(xb[i % 2]), reps), 2 * hb)
+    add("gelu_bwd_bf16", time_us(lambda i: torch.ops.aten.gelu_backward(db[i % 2], xb[0]), reps), 3 * hb)
+    add("dropout_bf16", time_us(lambda i: F.dropout(xb[i % 2], 0.2, True), reps), 2 * hb)
+    del xs, dys, xb, db
     n, h, t, d = 64, 6, 256, 64
     q, k, v = (torch.randn(n, h, t, d, device=dev, requires_grad=True) for _ in range(3))
     flops = 4.0 * n * h * t * t * d / 2

@@ -4,6 +4,7 @@
 
 mod host;
 mod nn;
+mod nn_bf16;
 mod rssm;
 
 use anyhow::{bail, Context, Result};
@@ -352,6 +353,7 @@ fn main() -> Result<()> {
     if !args.only_rssm && !args.only_svd && !args.only_gpt {
         rows.extend(measure(&bench)?);
         rows.extend(nn::measure(&bench)?);
+        rows.extend(nn_bf16::measure(&bench)?);
     }
     if !args.only_gpt {
         rows.extend(rssm::measure(args.reps, args.only_svd)?);

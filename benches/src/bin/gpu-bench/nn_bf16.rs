@@ -1,0 +1,83 @@
+//! The memory-bound bf16 kernels of mixed precision at the elementwise rows' size: casts, add,
+//! GELU forward and backward, dropout. Bytes count every element read and written once (2 per
+//! bf16, 4 per f32); the goal is >= 85% of the copy row's bandwidth.
+
+use crate::{row, Bench, COLS, ROWS};
+use anyhow::Result;
+use benches::Row;
+use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps};
+use gpu_core::{Backend, DType};
+use gpu_cuda::CudaBuffer;
+
+pub fn measure(b: &Bench) -> Result<Vec<Row>> {
+    let n = ROWS * COLS;
+    let (h, f) = (2.0 * n as f64, 4.0 * n as f64);
+    let size = format!("{ROWS}×{COLS}");
+    let bf16 = |src: &CudaBuffer| -> Result<CudaBuffer> {
+        let mut out = b.gpu.allocate(DType::BF16, n)?;
+        b.gpu.cast(src, &mut out)?;
+        Ok(out)
+    };
+    let xf = [b.random(n)?, b.random(n)?];
+    let xs = [bf16(&xf[0])?, bf16(&xf[1])?];
+    let dys = [bf16(&b.random(n)?)?, bf16(&b.random(n)?)?];
+    let mut o = b.gpu.allocate(DType::BF16, n)?;
+    let mut of = b.out(n)?;
+    let mut rows = Vec::new();
+    let us = b.time(|i| b.gpu.cast(&xf[i % 2], &mut o))?;
+    rows.push(row(
+        "cast_f32_bf16",
+        format!("cast f32 → bf16 {size}"),
+        us,
+        Some(f + h),
+        None,
+    ));
+    let us = b.time(|i| b.gpu.cast(&xs[i % 2], &mut of))?;
+    rows.push(row(
+        "cast_bf16_f32",
+        format!("cast bf16 → f32 {size}"),
+        us,
+        Some(h + f),
+        None,
+    ));
+    let shape = [ROWS, COLS];
+    let us = b.time(|i| {
+        b.gpu
+            .broadcast_binary(BinaryKind::Add, &xs[i % 2], &shape, &dys[0], &shape, &mut o)
+    })?;
+    rows.push(row(
+        "add_bf16",
+        format!("add bf16 {size} (same shapes)"),
+        us,
+        Some(3.0 * h),
+        None,
+    ));
+    let us = b.time(|i| b.gpu.activation_fwd(Activation::Gelu, &xs[i % 2], &mut o))?;
+    rows.push(row(
+        "gelu_bf16",
+        format!("gelu forward bf16 {size}"),
+        us,
+        Some(2.0 * h),
+        None,
+    ));
+    let us = b.time(|i| {
+        b.gpu
+            .activation_bwd(Activation::Gelu, &xs[0], &xs[0], &dys[i % 2], &mut o)
+    })?;
+    rows.push(row(
+        "gelu_bwd_bf16",
+        format!("gelu backward bf16 {size} (x, dy in; dx out)"),
+        us,
+        Some(3.0 * h),
+        None,
+    ));
+    let us = b.time(|i| b.gpu.dropout(&xs[i % 2], 0.2, i as u64, &mut o))?;
+    rows.push(row(
+        "dropout_bf16",
+        format!("dropout p 0.2 bf16 {size}"),
+        us,
+        Some(2.0 * h),
+        None,
+    ));
+    Ok(rows)
+}
