@@ -180,6 +180,78 @@ fn bf16_exact_ops_give_the_rounded_f32_result() {
 }
 
 #[test]
+fn bf16_hostile_values_round_like_f32_results() {
+    // ±1e30, ±inf, NaN, f32 and bf16 denormals, bf16's largest value (whose sum overflows to
+    // inf in bf16 but not in f32), signed zeros: the exact ops must still give the rounded f32
+    // result bit for bit, and a NaN stays in its element.
+    let test = "bf16_hostile_values_round_like_f32_results";
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let specials = [
+        1e30,
+        -1e30,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-40,
+        -9.2e-41,
+        3.3895314e38,
+        -0.0,
+        0.0,
+    ];
+    let n = 4 * 37;
+    let pick = |r: &mut StdRng| -> Vec<f32> {
+        let mut v = draw(r, n);
+        for x in v.iter_mut() {
+            if r.random_bool(0.3) {
+                *x = specials[r.random_range(0..specials.len())];
+            }
+        }
+        bf16_of(&v)
+    };
+    let (a, b) = (pick(&mut r), pick(&mut r));
+    let devs = devices(test);
+    type Op = fn(&Tensor, &Tensor) -> tensor_ops::Result<Tensor>;
+    let ops: [Op; 4] = [Tensor::add, Tensor::sub, Tensor::mul, Tensor::div];
+    let f32_t = |v: &[f32]| Tensor::from_vec(v.to_vec(), &[4, 37], Device::Cpu).unwrap();
+    for op in ops {
+        let want = bf16_of(&op(&f32_t(&a), &f32_t(&b)).unwrap().to_vec().unwrap());
+        for &dev in &devs {
+            let got = op(&t_bf16(&a, &[4, 37], dev), &t_bf16(&b, &[4, 37], dev)).unwrap();
+            same_bits(&format!("{test} on {dev}"), &got.to_vec().unwrap(), &want);
+        }
+    }
+    let want = bf16_of(&f32_t(&a).dropout(0.25, 7, true).unwrap().to_vec().unwrap());
+    let want_max = bf16_of(&f32_t(&a).max(1, false).unwrap().to_vec().unwrap());
+    for &dev in &devs {
+        let x = t_bf16(&a, &[4, 37], dev);
+        let got = x.dropout(0.25, 7, true).unwrap().to_vec().unwrap();
+        same_bits(&format!("{test} dropout on {dev}"), &got, &want);
+        let got = x.max(1, false).unwrap().to_vec().unwrap();
+        same_bits(&format!("{test} max on {dev}"), &got, &want_max);
+        // Sums: a row with a NaN (or both infinities) is NaN, one with +inf and no NaN or -inf
+        // is +inf. A row holding bf16's largest value twice may overflow to +inf in any order
+        // of addition, so its infinities are not asserted.
+        let sums = x.sum(1, false).unwrap().to_vec().unwrap();
+        for (row, s) in a.chunks(37).zip(&sums) {
+            let big = row.iter().filter(|&&v| v == 3.3895314e38).count() >= 2;
+            if row.iter().any(|v| v.is_nan()) {
+                assert!(s.is_nan(), "{test}: sum on {dev}: {s}");
+            } else if big {
+                continue;
+            } else if row.iter().any(|v| v.is_nan())
+                || (row.contains(&f32::INFINITY) && row.contains(&f32::NEG_INFINITY))
+            {
+                assert!(s.is_nan(), "{test}: sum on {dev}: {s}");
+            } else if row.contains(&f32::INFINITY) {
+                assert_eq!(*s, f32::INFINITY, "{test}: sum on {dev}");
+            } else if row.contains(&f32::NEG_INFINITY) {
+                assert_eq!(*s, f32::NEG_INFINITY, "{test}: sum on {dev}");
+            }
+        }
+    }
+}
+
+#[test]
 fn bf16_activations_sums_and_matmuls_are_within_their_bounds() {
     let test = "bf16_activations_sums_and_matmuls_are_within_their_bounds";
     let mut r = StdRng::seed_from_u64(test_seed(test));
