@@ -292,6 +292,7 @@ pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
 }
 
 mod attention;
+pub mod attention_bf16;
 mod attention_packed;
 mod elementwise;
 pub mod fast;

@@ -41,6 +41,15 @@ pub static MODULES: &[KernelModule] = &[
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d64_f32", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d64_f32", "attn_fwd_d128_f32", "attn_fwd_d64_f32"],
     },
     KernelModule {
+        name: "nn_attention_bf16",
+        ptx: include_str!("../kernels/nn_attention_bf16.ptx"),
+        fatbin: include_bytes!("../kernels/nn_attention_bf16.fatbin"),
+        source_sha256: "63297125accef07da8e9240dba0b140e0c8161281f230edd2da2f23fa9867358",
+        ptx_sha256: "9ba299ff44c885fab6716c044a8efe5b61e54145bf1f740d2ba5f0a4361b77e8",
+        fatbin_sha256: "6dd3cd2c0227c385639f30b5170bc9cb08121ef2ea40473f59582440686a08d8",
+        kernels: &["attn_bwd_dkdv_d64_bf16", "attn_bwd_dq_d64_bf16", "attn_fwd_d64_bf16"],
+    },
+    KernelModule {
         name: "nn_bf16",
         ptx: include_str!("../kernels/nn_bf16.ptx"),
         fatbin: include_bytes!("../kernels/nn_bf16.fatbin"),

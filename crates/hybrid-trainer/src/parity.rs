@@ -20,7 +20,7 @@ pub fn dump(device: Device, variant: Variant, precision: Precision, out: &Path) 
         vocab_size: ds.tokenizer.vocab_size(),
         block_size: 64,
         n_layer: 2,
-        n_head: 4,
+        n_head: 2, // head dimension 64: the bf16 tensor-core attention's
         n_embd: 128,
         dropout: 0.0,
         bias: variant == Variant::Gpt2,

@@ -494,3 +494,53 @@ fn bf16_autocast_linear_is_within_its_rounding_bound() {
         assert!(db.to_vec().unwrap().iter().all(|&v| v == rows as f32));
     }
 }
+
+#[test]
+fn bf16_packed_attention_is_within_its_rounding_bound_on_both_devices() {
+    // Head dimension 64 takes the bf16 kernels (CUDA: tensor cores; CPU: their reference).
+    // Against the exact attention of the same (bf16) values: the probabilities are rounded to
+    // bf16 for P·V (each by at most 2^-8 relatively, so the output moves by at most
+    // 2^-8·Σ_j p_ij·|v_j|), f32 sums, and the output is rounded once (2^-8·|o|).
+    let test = "bf16_packed_attention_is_within_its_rounding_bound_on_both_devices";
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let (b, t, heads, d) = (2, 37, 2, 64);
+    let c = heads * d;
+    let qkv = draw(&mut r, b * t * 3 * c);
+    let exact = |v: &[f32]| {
+        gpu_core::cpu::with_mode(gpu_core::cpu::CpuMode::Exact, || {
+            Tensor::from_vec(v.to_vec(), &[b, t, 3 * c], Device::Cpu)
+                .unwrap()
+                .causal_attention_packed(heads)
+                .unwrap()
+                .to_vec()
+                .unwrap()
+        })
+    };
+    let want = exact(&qkv);
+    // Σ_j p_ij·|v_j|: the same attention with |v| (the v block is the last third of each row).
+    let abs_v: Vec<f32> = qkv
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| if i % (3 * c) >= 2 * c { x.abs() } else { x })
+        .collect();
+    let mag = exact(&abs_v);
+    for dev in devices(test) {
+        let y = t_bf16(&qkv, &[b, t, 3 * c], dev)
+            .causal_attention_packed(heads)
+            .unwrap();
+        assert_eq!(y.dtype(), DType::BF16, "bf16 in, bf16 out at d = 64");
+        let got = y.to_vec().unwrap();
+        for (i, ((&g, &w), &m)) in got.iter().zip(&want).zip(&mag).enumerate() {
+            let tol = U16 * m as f64 * 1.05 + U16 * (g as f64).abs() + 1e-6;
+            let err = (g as f64 - w as f64).abs();
+            assert!(
+                err <= tol,
+                "{dev}: out[{i}] = {g} vs {w} (err {err:e}, tol {tol:e})"
+            );
+        }
+        // Another head width computes in f32 and says so in its dtype.
+        let narrow = t_bf16(&qkv[..b * t * 3 * 64], &[b, t, 3 * 64], dev);
+        let y = narrow.causal_attention_packed(2).unwrap();
+        assert_eq!(y.dtype(), DType::F32, "d = 32: the f32 kernels");
+    }
+}

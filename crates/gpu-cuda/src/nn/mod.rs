@@ -2,6 +2,7 @@
 //! kernels of `kernels/nn_<family>.cu`.
 
 mod attention;
+mod attention_bf16;
 mod elementwise;
 mod optim;
 mod rows;

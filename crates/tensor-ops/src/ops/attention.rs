@@ -4,6 +4,7 @@
 use crate::backend::{on_device, DeviceBackend};
 use crate::ops::buf;
 use crate::tensor::{require_f32, Tensor};
+use gpu_core::cpu::attention_bf16::HEAD_DIM_BF16;
 use gpu_core::nn::attention::Packed;
 use gpu_core::{GpuError, Result};
 
@@ -17,13 +18,10 @@ impl Tensor {
     /// copies of the composed form.
     pub fn causal_attention_packed(&self, heads: usize) -> Result<Tensor> {
         const OP: &str = "causal_attention_packed";
-        if self.dtype() == gpu_core::DType::BF16 {
-            // Computed in f32 for now (the bf16 input widens exactly); the output is f32.
-            return self
-                .to_dtype(gpu_core::DType::F32)?
-                .causal_attention_packed(heads);
+        let bf16 = self.dtype() == gpu_core::DType::BF16;
+        if !bf16 {
+            require_f32(OP, self)?;
         }
-        require_f32(OP, self)?;
         let (b, t, c3) = match self.shape() {
             &[b, t, c3] => (b, t, c3),
             s => {
@@ -46,6 +44,13 @@ impl Tensor {
             heads,
             d: c3 / 3 / heads,
         };
+        if bf16 && p.d != HEAD_DIM_BF16 {
+            // The bf16 kernels are for head dimension 64: other widths compute in f32 (the
+            // bf16 input widens exactly) and give an f32 output.
+            return self
+                .to_dtype(gpu_core::DType::F32)?
+                .causal_attention_packed(heads);
+        }
         packed(self, p)
     }
 }
@@ -56,8 +61,9 @@ fn packed(qkv: &Tensor, p: Packed) -> Result<Tensor> {
     let (b, t, c) = (p.b, p.t, p.c());
     let scale = 1.0 / (p.d as f32).sqrt();
     let g = qkv.read();
+    let dtype = qkv.dtype();
     let (out, lse) = on_device!(dev, |be| {
-        let mut out = be.alloc_output(b * t * c)?;
+        let mut out = be.alloc_output_as(dtype, b * t * c)?;
         let mut lse = be.alloc_output(p.n() * t)?;
         be.attention_packed_fwd(buf(be, &g)?, &mut out, &mut lse, p, scale)?;
         (crate::ops::wrap(be, out), crate::ops::wrap(be, lse))
@@ -74,7 +80,7 @@ fn packed(qkv: &Tensor, p: Packed) -> Result<Tensor> {
         move |o, g| {
             let (gq, go, gl, gg) = (input.read(), o.read(), lse.read(), g.read());
             let dqkv = on_device!(dev, |be| {
-                let mut dqkv = be.alloc_output(b * t * 3 * c)?;
+                let mut dqkv = be.alloc_output_as(dtype, b * t * 3 * c)?;
                 let (q, o, l, d) = (buf(be, &gq)?, buf(be, &go)?, buf(be, &gl)?, buf(be, &gg)?);
                 be.attention_packed_bwd(q, o, l, d, &mut dqkv, p, scale)?;
                 crate::ops::wrap(be, dqkv)

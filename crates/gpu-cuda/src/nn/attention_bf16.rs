@@ -1,0 +1,175 @@
+//! bf16 causal attention on tensor cores over a fused projection: the kernels of
+//! `kernels/nn_attention_bf16.cu` (head dimension 64). Forward: one launch. Backward:
+//! `attn_bwd_dq_d64_bf16` (which also writes the per-row `delta = Σ dout ∘ out` into a pooled
+//! f32 scratch buffer) then `attn_bwd_dkdv_d64_bf16`. The CPU reference, with the same rounding
+//! points, is `gpu_core::cpu::attention_bf16`.
+
+use crate::backend::CudaBackend;
+use crate::launch::{KernelArg, LaunchConfig};
+use crate::pool::CudaBuffer;
+use gpu_core::cpu::attention_bf16::packed_bf16_lens;
+use gpu_core::nn::attention::Packed;
+use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
+
+/// Rows of a tile (queries or keys) per block, and threads per block, of every kernel here.
+const ROWS: usize = 64;
+const THREADS: u32 = 128;
+
+/// One block per (sequence, tile of [`ROWS`] rows).
+fn config(op: &'static str, n: usize, t: usize) -> Result<LaunchConfig> {
+    let blocks = n
+        .checked_mul(t.div_ceil(ROWS))
+        .filter(|&b| b <= i32::MAX as usize)
+        .ok_or_else(|| GpuError::InvalidShape {
+            op,
+            reason: format!("n·ceil(t/{ROWS}) blocks exceed 2^31-1"),
+        })?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Checks the dtype and length of each `(name, buffer, dtype, elements)`.
+fn check_bufs(op: &'static str, bufs: &[(&str, &CudaBuffer, DType, usize)]) -> Result<()> {
+    for &(name, buf, dtype, want) in bufs {
+        if buf.dtype() != dtype {
+            return Err(GpuError::DTypeMismatch {
+                op,
+                expected: dtype,
+                got: buf.dtype(),
+            });
+        }
+        if buf.len() != want {
+            return Err(GpuError::shape(
+                op,
+                format!("{name} of {want} elements"),
+                buf.len(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `n`, `t`, `d`, the packed layout (heads, ld_in = 3c, ld_out = c) and `scale` as kernel
+/// arguments (all below 2^31 by `packed_bf16_lens` and `config`).
+fn dims(p: Packed, scale: f32) -> [KernelArg; 7] {
+    [
+        KernelArg::U32(p.n() as u32),
+        KernelArg::U32(p.t as u32),
+        KernelArg::U32(p.d as u32),
+        KernelArg::U32(p.heads as u32),
+        KernelArg::U32((3 * p.c()) as u32),
+        KernelArg::U32(p.c() as u32),
+        KernelArg::F32(scale),
+    ]
+}
+
+/// Pointers to the three column blocks (q, k, v or dq, dk, dv) of a bf16 `[b, t, 3c]` buffer.
+fn packed_ptrs(buf: &CudaBuffer, c: usize) -> [KernelArg; 3] {
+    let p = buf.device_ptr();
+    [0, 1, 2].map(|i| KernelArg::Ptr(if p == 0 { 0 } else { p + (2 * i * c) as u64 }))
+}
+
+impl CudaBackend {
+    /// bf16 causal attention over a fused projection on tensor cores: `qkv` bf16
+    /// `[b, t, 3·heads·d]` holds q, k and v as its three column blocks (head `h` at columns
+    /// `h·d..(h+1)·d` of each); `out` bf16 `[b, t, heads·d]` and `lse` f32 `[b·heads, t]`
+    /// (natural log) are written. f32 accumulation and softmax; the probabilities are rounded to
+    /// bf16 for P·V and the output once (reference: `gpu_core::cpu::attention_bf16`). Head
+    /// dimension `d = 64` only (other values are a typed error); any `b`, `t`, `heads >= 1`.
+    pub fn causal_attention_packed_bf16_fwd(
+        &self,
+        qkv: &CudaBuffer,
+        out: &mut CudaBuffer,
+        lse: &mut CudaBuffer,
+        p: Packed,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "causal_attention_packed_bf16_fwd";
+        let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
+        check_bufs(
+            OP,
+            &[
+                ("qkv", qkv, DType::BF16, e_qkv),
+                ("out", &*out, DType::BF16, e_out),
+                ("lse", &*lse, DType::F32, e_lse),
+            ],
+        )?;
+        self.check_owned(OP, &[qkv, &*out, &*lse])?;
+        if p.n() == 0 || p.t == 0 {
+            return Ok(());
+        }
+        let cfg = config(OP, p.n(), p.t)?;
+        let mut args = packed_ptrs(qkv, p.c()).to_vec();
+        args.extend([out.into(), lse.into()]);
+        args.extend(dims(p, scale));
+        // SAFETY: attn_fwd_d64_bf16(const bf16* q, k, v, bf16* out, float* lse, u32 n, u32 t,
+        // u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale) over n·ceil(t/64) blocks of 128
+        // threads. q, k, v point at column offsets 0, c, 2c of qkv, which holds b·t rows of
+        // 3c = ld_in bf16; out holds b·t rows of c = ld_out bf16 and lse n·t f32 (checked
+        // above); d = 64, so every row base the kernel forms is 16-byte aligned (256-byte
+        // aligned pool bases, strides multiples of 64 elements); static shared memory only
+        // (40 KiB). out and lse are distinct (&mut) and written only.
+        unsafe { self.launch("attn_fwd_d64_bf16", cfg, &args) }
+    }
+
+    /// The backward of [`CudaBackend::causal_attention_packed_bf16_fwd`]: `dqkv` (bf16, the
+    /// layout of `qkv`) gets dq, dk and dv in its three column blocks, from `out`, `lse` and
+    /// `dout` bf16 `[b, t, heads·d]`. f32 accumulation; P and dS are rounded to bf16 as operands
+    /// of the tensor-core products, each gradient once at its store.
+    #[allow(clippy::too_many_arguments)]
+    pub fn causal_attention_packed_bf16_bwd(
+        &self,
+        qkv: &CudaBuffer,
+        out: &CudaBuffer,
+        lse: &CudaBuffer,
+        dout: &CudaBuffer,
+        dqkv: &mut CudaBuffer,
+        p: Packed,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "causal_attention_packed_bf16_bwd";
+        let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
+        check_bufs(
+            OP,
+            &[
+                ("qkv", qkv, DType::BF16, e_qkv),
+                ("out", out, DType::BF16, e_out),
+                ("lse", lse, DType::F32, e_lse),
+                ("dout", dout, DType::BF16, e_out),
+                ("dqkv", &*dqkv, DType::BF16, e_qkv),
+            ],
+        )?;
+        self.check_owned(OP, &[qkv, out, lse, dout, &*dqkv])?;
+        let (n, t, c) = (p.n(), p.t, p.c());
+        if n == 0 || t == 0 {
+            return Ok(());
+        }
+        let cfg = config(OP, n, t)?;
+        // Returned to the pool on drop; later work reusing it is queued behind both kernels.
+        let mut delta = self.allocate(DType::F32, n * t)?;
+        let [q, k, v] = packed_ptrs(qkv, c);
+        let [dq, dk, dv] = packed_ptrs(dqkv, c);
+        let mut args = vec![q.clone(), k.clone(), v.clone()];
+        args.extend([out.into(), lse.into(), dout.into(), dq, (&mut delta).into()]);
+        args.extend(dims(p, scale));
+        // SAFETY: attn_bwd_dq_d64_bf16(const bf16* q, k, v, out, const float* lse,
+        // const bf16* dout, bf16* dq, float* delta, u32 n, u32 t, u32 d, u32 heads, u32 ld_in,
+        // u32 ld_out, float scale) over n·ceil(t/64) blocks of 128 threads. q, k, v and dq point
+        // at the column blocks of qkv and dqkv (b·t rows of 3c = ld_in bf16 each), out and dout
+        // hold b·t rows of c = ld_out bf16, lse n·t f32 (checked above), delta n·t f32
+        // (allocated above); 16-byte aligned rows as in the forward; 48 KiB of static shared
+        // memory. dqkv is distinct from every input (&mut) and written only.
+        unsafe { self.launch("attn_bwd_dq_d64_bf16", cfg, &args) }?;
+        let mut args = vec![q, k, v, lse.into(), dout.into(), (&delta).into(), dk, dv];
+        args.extend(dims(p, scale));
+        // SAFETY: attn_bwd_dkdv_d64_bf16(const bf16* q, k, v, const float* lse,
+        // const bf16* dout, const float* delta, bf16* dk, bf16* dv, u32 n, u32 t, u32 d,
+        // u32 heads, u32 ld_in, u32 ld_out, float scale); the same buffers and grid as above;
+        // delta was written by the dq kernel queued before this one on the same stream; dk and
+        // dv are the other two column blocks of dqkv (disjoint from dq).
+        unsafe { self.launch("attn_bwd_dkdv_d64_bf16", cfg, &args) }
+    }
+}
