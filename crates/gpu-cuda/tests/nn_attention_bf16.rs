@@ -211,9 +211,9 @@ fn compare(
         b: batches.len(),
         ..p
     };
-    let (out, lse) = causal_attention_packed_bf16_fwd(qkv, p, scale);
+    let (out, lse) = causal_attention_packed_bf16_fwd(qkv, p, scale).unwrap();
     // The backward reference takes the GPU's forward outputs, as the GPU backward does.
-    let grad = causal_attention_packed_bf16_bwd(qkv, &got.out, &got.lse, dout, p, scale);
+    let grad = causal_attention_packed_bf16_bwd(qkv, &got.out, &got.lse, dout, p, scale).unwrap();
     let (to, tl, tg) = bounds(qkv, &got.out, &got.lse, dout, p, scale as f64);
     let (t, c, d) = (p.t, p.c(), p.d);
     let seq_of_row = |i: usize, w: usize| (i / (t * w * c)) * p.heads + (i % (w * c)) % c / d;

@@ -162,7 +162,7 @@ impl Bf16Attention for CpuBackend {
         const OP: &str = "causal_attention_packed_bf16_fwd";
         let (e_qkv, e_out, e_lse) = attention_bf16::packed_bf16_lens(OP, p, scale)?;
         let qkv = bf16_slice(OP, "qkv", qkv, e_qkv)?;
-        let (o, l) = attention_bf16::causal_attention_packed_bf16_fwd(qkv, p, scale);
+        let (o, l) = attention_bf16::causal_attention_packed_bf16_fwd(qkv, p, scale)?;
         match (out, lse) {
             (CpuStorage::BF16(out), CpuStorage::F32(lse))
                 if out.len() == e_out && lse.len() == e_lse =>
@@ -203,8 +203,9 @@ impl Bf16Attention for CpuBackend {
         };
         match dqkv {
             CpuStorage::BF16(g) if g.len() == e_qkv => {
-                let r =
-                    attention_bf16::causal_attention_packed_bf16_bwd(qkv, out, lse, dout, p, scale);
+                let r = attention_bf16::causal_attention_packed_bf16_bwd(
+                    qkv, out, lse, dout, p, scale,
+                )?;
                 g.copy_from_slice(&r);
                 Ok(())
             }

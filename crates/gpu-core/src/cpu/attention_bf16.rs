@@ -67,8 +67,16 @@ pub fn packed_bf16_lens(op: &'static str, p: Packed, scale: f32) -> Result<(usiz
     Ok((e_qkv, rows * c, n * p.t))
 }
 
-fn check_len(what: &str, len: usize, want: usize) {
-    assert_eq!(len, want, "{what}: {len} elements, want {want}");
+fn check_len(op: &'static str, what: &str, len: usize, want: usize) -> Result<()> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(GpuError::shape(
+            op,
+            format!("{what} of {want} elements"),
+            len,
+        ))
+    }
 }
 
 /// Head `h` of block `blk` of batch `bi` of a `[b, t, w·c]` buffer, widened to f64 `[t, d]`.
@@ -106,17 +114,16 @@ fn round(x: f64) -> f64 {
 /// Forward: `out` `[b, t, c]` (bf16) and `lse` `[b·heads, t]` (f32) from `qkv` `[b, t, 3c]`,
 /// with the kernels' rounding points (see the module docs).
 ///
-/// # Panics
-/// When `p`, `scale` or the length of `qkv` is not a valid bf16 packed call
-/// ([`packed_bf16_lens`]).
+/// A call that is not a valid bf16 packed call ([`packed_bf16_lens`], or a wrong length) is a
+/// typed error.
 pub fn causal_attention_packed_bf16_fwd(
     qkv: &[bf16],
     p: Packed,
     scale: f32,
-) -> (Vec<bf16>, Vec<f32>) {
-    let (e_qkv, e_out, e_lse) =
-        packed_bf16_lens("causal_attention_packed_bf16_fwd", p, scale).expect("valid call");
-    check_len("qkv", qkv.len(), e_qkv);
+) -> Result<(Vec<bf16>, Vec<f32>)> {
+    const OP: &str = "causal_attention_packed_bf16_fwd";
+    let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
+    check_len(OP, "qkv", qkv.len(), e_qkv)?;
     let (t, d) = (p.t, p.d);
     let mut out = vec![bf16::ZERO; e_out];
     let mut lse = vec![0.0f32; e_lse];
@@ -146,15 +153,15 @@ pub fn causal_attention_packed_bf16_fwd(
             scatter(&o, p, 1, 0, seq, &mut out);
         }
     }
-    (out, lse)
+    Ok((out, lse))
 }
 
 /// Backward: the gradient `[b, t, 3c]` (dq, dk, dv in `qkv`'s layout, bf16) from `qkv`, the
 /// forward's `out` and `lse`, and `dout` `[b, t, c]`, with the kernels' rounding points (see the
 /// module docs).
 ///
-/// # Panics
-/// When `p`, `scale` or a length is not a valid bf16 packed call ([`packed_bf16_lens`]).
+/// A call that is not a valid bf16 packed call ([`packed_bf16_lens`], or a wrong length) is a
+/// typed error.
 pub fn causal_attention_packed_bf16_bwd(
     qkv: &[bf16],
     out: &[bf16],
@@ -162,13 +169,13 @@ pub fn causal_attention_packed_bf16_bwd(
     dout: &[bf16],
     p: Packed,
     scale: f32,
-) -> Vec<bf16> {
-    let (e_qkv, e_out, e_lse) =
-        packed_bf16_lens("causal_attention_packed_bf16_bwd", p, scale).expect("valid call");
-    check_len("qkv", qkv.len(), e_qkv);
-    check_len("out", out.len(), e_out);
-    check_len("dout", dout.len(), e_out);
-    check_len("lse", lse.len(), e_lse);
+) -> Result<Vec<bf16>> {
+    const OP: &str = "causal_attention_packed_bf16_bwd";
+    let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
+    check_len(OP, "qkv", qkv.len(), e_qkv)?;
+    check_len(OP, "out", out.len(), e_out)?;
+    check_len(OP, "dout", dout.len(), e_out)?;
+    check_len(OP, "lse", lse.len(), e_lse)?;
     let (t, d) = (p.t, p.d);
     let scale = scale as f64;
     let mut grad = vec![bf16::ZERO; e_qkv];
@@ -200,7 +207,7 @@ pub fn causal_attention_packed_bf16_bwd(
             }
         }
     }
-    grad
+    Ok(grad)
 }
 
 #[cfg(test)]
@@ -219,7 +226,7 @@ mod tests {
         let qkv: Vec<bf16> = (0..192)
             .map(|i| bf16::from_f32((i % 7) as f32 * 0.25 - 0.5))
             .collect();
-        let (out, lse) = causal_attention_packed_bf16_fwd(&qkv, p, 0.125);
+        let (out, lse) = causal_attention_packed_bf16_fwd(&qkv, p, 0.125).unwrap();
         assert_eq!(out, qkv[128..].to_vec());
         let s: f64 = (0..64)
             .map(|x| qkv[x].to_f64() * qkv[64 + x].to_f64())
@@ -230,7 +237,7 @@ mod tests {
         let dout: Vec<bf16> = (0..64)
             .map(|i| bf16::from_f32(i as f32 / 32.0 - 1.0))
             .collect();
-        let g = causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, p, 0.125);
+        let g = causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, p, 0.125).unwrap();
         assert!(g[..128].iter().all(|x| x.to_f32() == 0.0));
         assert_eq!(g[128..].to_vec(), dout);
     }
