@@ -55,7 +55,16 @@ def nn_rows(add, reps, dev):
     add("gelu_bwd_bf16", time_us(lambda i: torch.ops.aten.gelu_backward(db[i % 2], xb[0]), reps), 3 * hb)
     add("dropout_bf16", time_us(lambda i: F.dropout(xb[i % 2], 0.2, True), reps), 2 * hb)
     del xs, dys, xb, db
+    # bf16 SDPA on the views a GPT makes of its fused projection (as gpu-bench's bf16 rows).
     n, h, t, d = 64, 6, 256, 64
+    qkv = torch.randn(n, t, 3 * h * d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    qb, kb, vb = (z.view(n, t, h, d).transpose(1, 2) for z in qkv.split(h * d, 2))
+    flops_b = 4.0 * n * h * t * t * d / 2
+    add("attn_fwd_bf16", time_us(lambda i: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True), reps), None, flops_b)
+    ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True)
+    dob = torch.randn_like(ob)
+    add("attn_bwd_bf16", time_us(lambda i: torch.autograd.grad(ob, qkv, dob, retain_graph=True), reps), None, 2.5 * flops_b)
+    del qkv, qb, kb, vb, ob, dob
     q, k, v = (torch.randn(n, h, t, d, device=dev, requires_grad=True) for _ in range(3))
     flops = 4.0 * n * h * t * t * d / 2
     add("attn_fwd", time_us(lambda i: F.scaled_dot_product_attention(q, k, v, is_causal=True), reps), None, flops)

@@ -1,10 +1,12 @@
-//! The memory-bound bf16 kernels of mixed precision at the elementwise rows' size: casts, add,
-//! GELU forward and backward, dropout. Bytes count every element read and written once (2 per
-//! bf16, 4 per f32); the goal is >= 85% of the copy row's bandwidth.
+//! The bf16 kernels of mixed precision: the memory-bound ones at the elementwise rows' size
+//! (casts, add, GELU forward and backward, dropout; bytes count every element read and written
+//! once, 2 per bf16 and 4 per f32; the goal is >= 85% of the copy row's bandwidth), and
+//! the tensor-core causal attention at the GPT's shape.
 
 use crate::{row, Bench, COLS, ROWS};
 use anyhow::Result;
 use benches::Row;
+use gpu_core::nn::attention::Packed;
 use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps};
 use gpu_core::{Backend, DType};
 use gpu_cuda::CudaBuffer;
@@ -78,6 +80,45 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         us,
         Some(2.0 * h),
         None,
+    ));
+    drop((xf, xs, dys, o, of));
+
+    // bf16 causal attention straight from a GPT's fused projection, B64 H6 T256 D64 (the
+    // shakespeare-char GPT's): FLOPs counted as PyTorch's causal half, 4·n·t²·d/2.
+    let p = Packed {
+        b: 64,
+        t: 256,
+        heads: 6,
+        d: 64,
+    };
+    let qkv = bf16(&b.random(p.b * p.t * 3 * p.c())?)?;
+    let mut out = b.gpu.allocate(DType::BF16, p.b * p.t * p.c())?;
+    let mut lse = b.out(p.n() * p.t)?;
+    let scale = 1.0 / (p.d as f32).sqrt();
+    let fwd_flops = 4.0 * p.n() as f64 * (p.t * p.t) as f64 * p.d as f64 / 2.0;
+    let us = b.time(|_| {
+        b.gpu
+            .causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, p, scale)
+    })?;
+    rows.push(row(
+        "attn_fwd_bf16",
+        "causal attention forward B64 H6 T256 D64 bf16, tensor cores, from the fused qkv".into(),
+        us,
+        None,
+        Some(fwd_flops),
+    ));
+    let dout = bf16(&b.random(p.b * p.t * p.c())?)?;
+    let mut dqkv = b.gpu.allocate(DType::BF16, p.b * p.t * 3 * p.c())?;
+    let us = b.time(|_| {
+        b.gpu
+            .causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, &mut dqkv, p, scale)
+    })?;
+    rows.push(row(
+        "attn_bwd_bf16",
+        "causal attention backward B64 H6 T256 D64 bf16, tensor cores, into the fused dqkv".into(),
+        us,
+        None,
+        Some(2.5 * fwd_flops),
     ));
     Ok(rows)
 }
