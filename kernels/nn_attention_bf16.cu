@@ -12,9 +12,20 @@
 //   backward  P = exp(scale·q·k − lse) in f32, dP = dout·vᵀ, dS = P∘(dP − delta) in f32 with
 //             delta_i = Σ_c dout_ic·out_ic (f32); P and dS rounded to bf16 as the operands of
 //             dq = scale·dS·k, dk = scale·dSᵀ·q, dv = Pᵀ·dout, each rounded once at the store.
-// Masked probabilities are exact zeros (selects). A NaN or infinity in one sequence stays in that
-// sequence; within it, a non-finite later key (k or v) can reach earlier rows through 0·inf in the
-// tensor-core products (the f32 kernels avoid that; these do not).
+// Masked entries never influence a result, as in the f32 kernels: in every sequence out_i, lse_i
+// and dq_i depend only on positions j <= i (and dq_i on lse_i, delta_i), dk_j and dv_j only on
+// k_j, v_j and the q, dout, lse, delta of rows i >= j, and nothing crosses sequences; a NaN or
+// ±inf at position p reaches only the rows that legitimately depend on p. Masked scores, probabilities and dS are exact zeros
+// (selects, never products), padding rows past t are loaded as zeros (cp.async zero-fill, also
+// for lse and delta), and tiles above the diagonal are skipped. The one place a masked zero meets
+// a later position's operand is the warp's diagonal 16 x 16 block of the second product (P·V in
+// the forward, dS·K for dq, Pᵀ·dO and dSᵀ·Q for dk/dv), where the tensor core would form 0·inf:
+// there a warp vote on those 16 operand rows (a NaN/inf test on the bf16 bits: of the shared tile
+// before the products in the forward and dk/dv, of the loaded fragments in dq) sends a warp that
+// holds any non-finite element to a slow exact path (mma_diag): the non-finite elements enter the
+// product as 0 and are added back with per-element FMAs for the visible pairs only (fix_diag).
+// Finite inputs take the original products, so their results are bit-identical; rows that do
+// not see the non-finite position keep their bits too.
 //
 // Tiling: blocks of 128 threads = 4 warps; a block owns a tile of 64 rows (queries in the forward
 // and the dq pass, keys in the dk/dv pass) and each warp 16 of them; the other side is walked in
@@ -129,6 +140,55 @@ static __device__ __forceinline__ void mma_abt(float (&acc)[8][4], const u32 (&a
         }
 }
 
+static __device__ __forceinline__ u32 lds32(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+// The halves (0xffff each) of a bf16x2 word that hold a NaN or an infinity.
+static __device__ __forceinline__ u32 nonfinite_halves(u32 x) {
+    const u32 e = x & 0x7f807f80u;
+    return ((e & 0xffffu) == 0x7f80u ? 0xffffu : 0u) |
+           ((e & 0xffff0000u) == 0x7f800000u ? 0xffff0000u : 0u);
+}
+
+// The slow part of a diagonal k16 step kk (see mma_ax): acc += A(:, jj)·X(16kk + jj, :) for the
+// elements of X that are NaN or ±inf (the tensor-core product took them as 0), over the visible
+// pairs only: local key jj <= local row r (LOWER: rows are queries, k is keys) or r <= jj (rows
+// are keys, k is queries). Per-element f32 FMAs; every row they reach is non-finite anyway.
+template <bool LOWER>
+static __device__ __forceinline__ void fix_diag(float (&acc)[8][4], const u32 (&a)[4], u32 s, int kk,
+                                                int lane) {
+    const int g = lane >> 2, c = lane & 3;
+#pragma unroll 1
+    for (int jj = 0; jj < 16; ++jj) {
+        // A(r, jj) of rows g and g+8: lane 4g + (jj & 7)/2 holds it, in a[0]/a[1] (jj < 8) or
+        // a[2]/a[3], the low half for even jj.
+        const int src = (lane & ~3) | ((jj >> 1) & 3);
+        const u32 w0 = __shfl_sync(0xffffffffu, jj < 8 ? a[0] : a[2], src);
+        const u32 w1 = __shfl_sync(0xffffffffu, jj < 8 ? a[1] : a[3], src);
+        const float a0 = __uint_as_float((jj & 1) ? (w0 & 0xffff0000u) : (w0 << 16));
+        const float a1 = __uint_as_float((jj & 1) ? (w1 & 0xffff0000u) : (w1 << 16));
+        const bool v0 = LOWER ? jj <= g : g <= jj, v1 = LOWER ? jj <= g + 8 : g + 8 <= jj;
+#pragma unroll
+        for (int dt = 0; dt < 8; ++dt) {
+            const u32 x = lds32(s + swz(16 * kk + jj, dt) + 4 * c);
+            const u32 bad = nonfinite_halves(x);
+            if (bad == 0u) continue;
+            const float2 xf = bf16x2_to_float2(x);
+            if (bad & 0xffffu) {
+                if (v0) acc[dt][0] = fmaf(a0, xf.x, acc[dt][0]);
+                if (v1) acc[dt][2] = fmaf(a1, xf.x, acc[dt][2]);
+            }
+            if (bad & 0xffff0000u) {
+                if (v0) acc[dt][1] = fmaf(a0, xf.y, acc[dt][1]);
+                if (v1) acc[dt][3] = fmaf(a1, xf.y, acc[dt][3]);
+            }
+        }
+    }
+}
+
 // acc (16 x 64) += A · X, X the tile s (64 rows = the k dimension, 64 columns), over the k16
 // steps klo ..= khi only (warp-uniform).
 static __device__ __forceinline__ void mma_ax(float (&acc)[8][4], const u32 (&a)[4][4], u32 s,
@@ -144,6 +204,53 @@ static __device__ __forceinline__ void mma_ax(float (&acc)[8][4], const u32 (&a)
             mma16816(acc[2 * dp + 1], a[kk], b[2], b[3]);
         }
     }
+}
+
+// The k16 step kd (warp-uniform) of mma_ax on its own: the diagonal 16 x 16 block, where A has
+// masked entries (exact zeros). If the 16 rows of X it reads hold a NaN or an infinity (one warp
+// vote), those elements enter the tensor-core product as 0 (finite elements are untouched, so
+// every other bit is as in mma_ax) and fix_diag adds them back over the visible pairs alone:
+// no 0·inf reaches a masked row. Finite X takes the plain product (the same bits as mma_ax).
+// Whether rows 16kd .. 16kd+15 of tile s hold a NaN or an infinity (warp vote; kd warp-uniform).
+static __device__ __forceinline__ bool chunk_nonfinite(u32 s, int kd, int lane) {
+    u32 any = 0u;
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+        const int idx = it * 32 + lane;
+        const uint4 x = lds128(s + swz(kd * 16 + (idx >> 3), idx & 7));
+        any |= ((x.x & 0x7f807f80u) + 0x00800080u) | ((x.y & 0x7f807f80u) + 0x00800080u) |
+               ((x.z & 0x7f807f80u) + 0x00800080u) | ((x.w & 0x7f807f80u) + 0x00800080u);
+    }
+    return __any_sync(0xffffffffu, (any & 0x80008000u) != 0u);
+}
+
+template <bool LOWER>
+static __device__ __forceinline__ void mma_diag(float (&acc)[8][4], const u32 (&a)[4][4], u32 s,
+                                                int lane, int kd) {
+    u32 ad[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        ad[i] = kd == 0 ? a[0][i] : kd == 1 ? a[1][i] : kd == 2 ? a[2][i] : a[3][i];
+    u32 b[4][4], any = 0u;
+#pragma unroll
+    for (int dp = 0; dp < 4; ++dp) {
+        ldsm_x4_t(b[dp], s + swz(kd * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) any |= (b[dp][i] & 0x7f807f80u) + 0x00800080u;  // bit 15/31: exp all ones
+    }
+    const bool bad = __any_sync(0xffffffffu, (any & 0x80008000u) != 0u);
+    if (bad) {
+#pragma unroll
+        for (int dp = 0; dp < 4; ++dp)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) b[dp][i] &= ~nonfinite_halves(b[dp][i]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < 4; ++dp) {
+        mma16816(acc[2 * dp], ad, b[dp][0], b[dp][1]);
+        mma16816(acc[2 * dp + 1], ad, b[dp][2], b[dp][3]);
+    }
+    if (bad) fix_diag<LOWER>(acc, ad, s, kd, lane);
 }
 
 // An f32 accumulator (16 x 64) rounded to bf16 A fragments (16 x 64 as four k16 steps).
@@ -236,6 +343,7 @@ extern "C" __global__ void __launch_bounds__(NT)
         if (kt == 0) load_a(qf, sQ, 16 * w, lane);
         const bool diag = kt == qt;
         const int jhi = diag ? w : 3;  // 16-key blocks past the warp's last row are all masked
+        const bool bad = diag && chunk_nonfinite(sV + buf, w, lane);
 
         float s[8][4];
         zero(s);
@@ -276,7 +384,14 @@ extern "C" __global__ void __launch_bounds__(NT)
         }
         u32 pf[4][4];
         c_to_a(pf, s);
-        mma_ax(o, pf, sV + buf, lane, 0, jhi);
+        // Non-finite V on the warp's diagonal block: that k16 step (w) on its own, last, as in the
+        // order of mma_ax (the same bits for every row that does not see the non-finite keys).
+        if (!bad) {
+            mma_ax(o, pf, sV + buf, lane, 0, jhi);
+        } else {
+            mma_ax(o, pf, sV + buf, lane, 0, w - 1);
+            mma_diag<true>(o, pf, sV + buf, lane, w);
+        }
         __syncthreads();  // before the buffers are refilled
     }
 
@@ -386,7 +501,9 @@ extern "C" __global__ void __launch_bounds__(NT)
             }
         u32 dsf[4][4];
         c_to_a(dsf, s);
-        mma_ax(acc, dsf, sK + buf, lane, 0, jhi);
+        // The diagonal k16 step (w) on its own, last, as in the order of mma_ax.
+        mma_ax(acc, dsf, sK + buf, lane, 0, diag ? w - 1 : 3);
+        if (diag) mma_diag<true>(acc, dsf, sK + buf, lane, w);
         __syncthreads();
     }
     store_rows(dq + base, acc, scale, scale, sQ, 16 * w, q0, t, li, lane);
@@ -396,7 +513,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 // Backward, dk and dv: one block per (sequence, 64-row key tile), query tiles from the diagonal
 // one to the end. Rows are keys and score columns queries: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ,
 // dv = Pᵀ·dO, dk = scale·dSᵀ·Q. K and V fragments stay in registers. Three blocks per SM (168
-// registers, 336 bytes spilled) beat two at 226 registers by 14% on an H100 (B64 H6 T256).
+// registers, about 340 bytes spilled) beat two at 226 registers by 14% on an H100 (B64 H6 T256).
 extern "C" __global__ void __launch_bounds__(NT, 3)
     attn_bwd_dkdv_d64_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                            const float* __restrict__ lse, const bf16* __restrict__ dout,
@@ -454,6 +571,7 @@ extern "C" __global__ void __launch_bounds__(NT, 3)
         const int q0 = qt * TR;
         const bool diag = qt == kt0;
         const int jlo = diag ? w : 0;  // 16-query blocks before the warp's first key are masked
+        const bool bad = diag && (chunk_nonfinite(sdO + buf, w, lane) | chunk_nonfinite(sQ + buf, w, lane));
 
         float s[8][4], dp[8][4];
         zero(s);
@@ -473,8 +591,18 @@ extern "C" __global__ void __launch_bounds__(NT, 3)
         u32 pf[4][4], dsf[4][4];
         c_to_a(pf, s);
         c_to_a(dsf, dp);
-        mma_ax(gv, pf, sdO + buf, lane, jlo, 3);
-        mma_ax(gk, dsf, sQ + buf, lane, jlo, 3);
+        // Non-finite dO or Q on the warp's diagonal block: that k16 step (w) on its own, first, as
+        // in the order of mma_ax (the same bits for every row that does not see the non-finite
+        // queries).
+        if (!bad) {
+            mma_ax(gv, pf, sdO + buf, lane, jlo, 3);
+            mma_ax(gk, dsf, sQ + buf, lane, jlo, 3);
+        } else {
+            mma_diag<false>(gv, pf, sdO + buf, lane, w);
+            mma_diag<false>(gk, dsf, sQ + buf, lane, w);
+            mma_ax(gv, pf, sdO + buf, lane, w + 1, 3);
+            mma_ax(gk, dsf, sQ + buf, lane, w + 1, 3);
+        }
         __syncthreads();
     }
     store_rows(dk + base, gk, scale, scale, sQ, 16 * w, k0, t, li, lane);

@@ -44,9 +44,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_attention_bf16",
         ptx: include_str!("../kernels/nn_attention_bf16.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention_bf16.fatbin"),
-        source_sha256: "63297125accef07da8e9240dba0b140e0c8161281f230edd2da2f23fa9867358",
-        ptx_sha256: "9ba299ff44c885fab6716c044a8efe5b61e54145bf1f740d2ba5f0a4361b77e8",
-        fatbin_sha256: "6dd3cd2c0227c385639f30b5170bc9cb08121ef2ea40473f59582440686a08d8",
+        source_sha256: "765b625f8307dda90799104f0443883fe200217bc4f507940ac255d1077531e4",
+        ptx_sha256: "5c9de6add457aefc69e50413dd4ff159e9d1380148f220f06043263eeb2b158b",
+        fatbin_sha256: "95fec2039ab53f18ce102c6bbcd135fc1eb4b58f8cd32cd79b2d0d6b89961ade",
         kernels: &["attn_bwd_dkdv_d64_bf16", "attn_bwd_dq_d64_bf16", "attn_fwd_d64_bf16"],
     },
     KernelModule {

@@ -544,3 +544,70 @@ fn bf16_packed_attention_is_within_its_rounding_bound_on_both_devices() {
         assert_eq!(y.dtype(), DType::F32, "d = 32: the f32 kernels");
     }
 }
+
+#[test]
+fn bf16_attention_masked_positions_never_reach_earlier_rows() {
+    // A NaN or inf at position p of one sequence's k, v or q may reach rows >= p only: out and
+    // dq of every row i < p keep the clean run's bits (the tensor cores multiply masked zeros by
+    // the later operands, which the kernels must not let through), on both devices.
+    let test = "bf16_attention_masked_positions_never_reach_earlier_rows";
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let (b, t, heads, d) = (2, 70, 2, 64);
+    let c = heads * d;
+    let clean = draw(&mut r, b * t * 3 * c);
+    let rr = draw(&mut r, b * t * c);
+    for dev in devices(test) {
+        let run = |qkv: &[f32]| {
+            let x = t_bf16(qkv, &[b, t, 3 * c], dev).requires_grad_().unwrap();
+            let out = x.causal_attention_packed(heads).unwrap();
+            let w = t_bf16(&rr, &[b, t, c], dev);
+            let g = out.mul(&w).unwrap().to_dtype(DType::F32).unwrap();
+            let grads = g.sum_all().unwrap().backward().unwrap();
+            (
+                out.to_vec().unwrap(),
+                grads.get(&x).unwrap().to_vec().unwrap(),
+            )
+        };
+        let (out0, g0) = run(&clean);
+        for (block, bad) in [
+            (1, f32::INFINITY),
+            (2, f32::NAN),
+            (2, f32::NEG_INFINITY),
+            (0, f32::NAN),
+        ] {
+            let p = r.random_range(1..t);
+            let (bi, h, x) = (
+                r.random_range(0..b),
+                r.random_range(0..heads),
+                r.random_range(0..d),
+            );
+            let mut qkv = clean.clone();
+            qkv[(bi * t + p) * 3 * c + block * c + h * d + x] = bad;
+            let (out1, g1) = run(&qkv);
+            let what = format!("{dev}: {bad} in block {block} at position {p} of sequence {bi}");
+            for i in 0..p {
+                let o = (bi * t + i) * c;
+                same_bits(
+                    &format!("{what}: out row {i}"),
+                    &out1[o..o + c],
+                    &out0[o..o + c],
+                );
+                let q = (bi * t + i) * 3 * c;
+                same_bits(&format!("{what}: dq row {i}"), &g1[q..q + c], &g0[q..q + c]);
+            }
+            // The other sequence of the batch is untouched everywhere.
+            let other = 1 - bi;
+            let (o, q) = (other * t * c, other * t * 3 * c);
+            same_bits(
+                &format!("{what}: other out"),
+                &out1[o..o + t * c],
+                &out0[o..o + t * c],
+            );
+            same_bits(
+                &format!("{what}: other grad"),
+                &g1[q..q + 3 * t * c],
+                &g0[q..q + 3 * t * c],
+            );
+        }
+    }
+}
