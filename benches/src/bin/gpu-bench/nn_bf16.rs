@@ -8,7 +8,7 @@ use anyhow::Result;
 use benches::Row;
 use gpu_core::nn::attention::Packed;
 use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps};
-use gpu_core::{Backend, DType};
+use gpu_core::{Backend, BufferInfo, DType};
 use gpu_cuda::CudaBuffer;
 
 pub fn measure(b: &Bench) -> Result<Vec<Row>> {
@@ -16,7 +16,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let (h, f) = (2.0 * n as f64, 4.0 * n as f64);
     let size = format!("{ROWS}×{COLS}");
     let bf16 = |src: &CudaBuffer| -> Result<CudaBuffer> {
-        let mut out = b.gpu.allocate(DType::BF16, n)?;
+        let mut out = b.gpu.allocate(DType::BF16, src.len())?;
         b.gpu.cast(src, &mut out)?;
         Ok(out)
     };
