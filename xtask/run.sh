@@ -85,8 +85,11 @@ san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2
 if [ "$sanitize" = 1 ] && [ "$gpu" = 1 ] && [ -n "$san" ]; then
   # memcheck over every kernel test binary; racecheck over those whose kernels share memory.
   for tool in memcheck racecheck; do
-    for bin in ${SANITIZE_BINS:-matmul nn_elementwise nn_rows nn_rows_extreme nn_attention nn_optim}; do
-      t=$(ls tests/gpu-cuda--"$bin" 2>/dev/null) || continue
+    # A name without a package is a gpu-cuda test binary; tensor-ops--bf16 runs the bf16 kernels
+    # (elementwise, reductions, attention) from the tensor level.
+    for bin in ${SANITIZE_BINS:-matmul nn_elementwise nn_rows nn_rows_extreme nn_attention nn_attention_bf16 nn_optim tensor-ops--bf16}; do
+      case "$bin" in *--*) name="$bin" ;; *) name="gpu-cuda--$bin" ;; esac
+      t=$(ls tests/"$name" 2>/dev/null) || continue
       [ "$tool" = racecheck ] && [ "$bin" = nn_optim ] && continue
       log="$OUT_DIR/sanitizer-$tool-$bin.log"
       timeout "${SANITIZER_TIMEOUT:-300}" "$san" --tool "$tool" --error-exitcode 99 --print-limit 20 \
