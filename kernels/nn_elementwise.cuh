@@ -352,14 +352,20 @@ static __device__ void affine_impl(const T* __restrict__ x, T* __restrict__ out,
     if (t < n) store(out, t, fmaf(mul, load(x, t), add));
 }
 
-// gpu_core::nn::elementwise::dropout_keep, bit for bit: SplitMix64 of seed ^ (i·golden); kept
-// when the top 24 bits, as a float, are >= p·2^24.
-static __device__ __forceinline__ bool dropout_keep(u64 seed, u64 i, float thresh) {
-    u64 z = seed ^ (i * 0x9E3779B97F4A7C15ull);
+// gpu_core::nn::elementwise::dropout_keep, bit for bit. One SplitMix64 of seed ^ (j·golden)
+// serves the pair of elements 2j and 2j + 1: element 2j reads the hash's top 24 bits, element
+// 2j + 1 bits 16..39; kept when those bits, as a float, are >= p·2^24. (One 64-bit hash an
+// element made the kernel bound by its integer multiplies: bf16 dropout ran at 68% of the copy
+// bandwidth.)
+static __device__ __forceinline__ u64 dropout_hash(u64 seed, u64 pair) {
+    u64 z = seed ^ (pair * 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (float)(u32)(z >> 40) >= thresh;
+    return z ^ (z >> 31);
+}
+static __device__ __forceinline__ bool dropout_bits(u64 z, u64 odd, float thresh) {
+    const u32 u = odd ? (u32)(z >> 16) & 0xFFFFFFu : (u32)(z >> 40);
+    return (float)u >= thresh;
 }
 
 // out[i] = keep(seed, i) ? x[i] / (1 − p) : 0 (an IEEE division, as on the CPU). With
@@ -373,15 +379,17 @@ static __device__ void dropout_impl(const T* __restrict__ x, T* __restrict__ out
     const u64 n4 = n / 4, stride = grid_threads();
     for (u64 i = global_tid(); i < n4; i += stride) {
         const float4 v = load4(x, i);
-        const u64 e = 4 * i;
+        const u64 a = dropout_hash(seed, 2 * i), b = dropout_hash(seed, 2 * i + 1);
         store4(out, i,
-            make_float4(dropout_keep(seed, e, thresh) ? v.x / q : 0.0f,
-                        dropout_keep(seed, e + 1, thresh) ? v.y / q : 0.0f,
-                        dropout_keep(seed, e + 2, thresh) ? v.z / q : 0.0f,
-                        dropout_keep(seed, e + 3, thresh) ? v.w / q : 0.0f));
+            make_float4(dropout_bits(a, 0, thresh) ? v.x / q : 0.0f,
+                        dropout_bits(a, 1, thresh) ? v.y / q : 0.0f,
+                        dropout_bits(b, 0, thresh) ? v.z / q : 0.0f,
+                        dropout_bits(b, 1, thresh) ? v.w / q : 0.0f));
     }
     const u64 t = n4 * 4 + global_tid();
-    if (t < n) store(out, t, dropout_keep(seed, t, thresh) ? load(x, t) / q : 0.0f);
+    if (t < n)
+        store(out, t,
+              dropout_bits(dropout_hash(seed, t / 2), t & 1, thresh) ? load(x, t) / q : 0.0f);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -151,11 +151,16 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     Some(out)
 }
 
-/// The dropout keep decision: a SplitMix64 hash of `seed ^ (i · golden)`; kept when the top 24
-/// bits, as a fraction of 2^24, are `>= p`. CUDA kernels compute exactly this.
+/// The dropout keep decision. One SplitMix64 hash of `seed ^ (j · golden)` serves the pair of
+/// elements `2j`, `2j + 1`: element `2j` reads its top 24 bits, element `2j + 1` bits 16..39;
+/// kept when those bits, as a fraction of 2^24, are `>= p`. CUDA kernels compute exactly this.
 pub fn dropout_keep(seed: u64, i: u64, p: f32) -> bool {
-    let z = splitmix(seed, i);
-    let u = (z >> 40) as u32; // top 24 bits
+    let z = splitmix(seed, i / 2);
+    let u = if i % 2 == 0 {
+        (z >> 40) as u32 // top 24 bits
+    } else {
+        ((z >> 16) & 0xFF_FFFF) as u32
+    };
     (u as f32) >= p * (1u32 << 24) as f32
 }
 
@@ -459,5 +464,15 @@ mod tests {
             .count();
         assert!((kept as f64 / 100_000.0 - 0.8).abs() < 0.01, "{kept}");
         assert!((0..1000u64).all(|i| dropout_keep(7, i, 0.0)));
+        // The two elements of a hash decide independently: both kept with probability 0.8².
+        let both = (0..100_000u64)
+            .filter(|&j| dropout_keep(42, 2 * j, 0.2) && dropout_keep(42, 2 * j + 1, 0.2))
+            .count();
+        assert!((both as f64 / 100_000.0 - 0.64).abs() < 0.01, "{both}");
+        // And neighbouring pairs do too.
+        let across = (0..100_000u64)
+            .filter(|&j| dropout_keep(42, 2 * j + 1, 0.2) && dropout_keep(42, 2 * j + 2, 0.2))
+            .count();
+        assert!((across as f64 / 100_000.0 - 0.64).abs() < 0.01, "{across}");
     }
 }
