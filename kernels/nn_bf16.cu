@@ -35,7 +35,7 @@ extern "C" __global__ void affine_bf16(const bf16* __restrict__ x, bf16* __restr
     affine_impl<bf16>(x, out, n, mul, add);
 }
 
-// The mask of dropout_f32 (same seed, offset and index); kept values round(x / (1 − p)).
+// The mask of dropout_f32 (same seed, offset and index); kept values round(x·s), s = 1/(1 − p) in f32.
 extern "C" __global__ void dropout_bf16(const bf16* __restrict__ x, bf16* __restrict__ out, u64 n,
                                         float p, u64 seed, const u64* __restrict__ offset) {
     dropout_impl<bf16>(x, out, n, p, seed, offset);

@@ -354,9 +354,7 @@ static __device__ void affine_impl(const T* __restrict__ x, T* __restrict__ out,
 
 // gpu_core::nn::elementwise::dropout_keep, bit for bit. One SplitMix64 of seed ^ (j·golden)
 // serves the pair of elements 2j and 2j + 1: element 2j reads the hash's top 24 bits, element
-// 2j + 1 bits 16..39; kept when those bits, as a float, are >= p·2^24. (One 64-bit hash an
-// element made the kernel bound by its integer multiplies: bf16 dropout ran at 68% of the copy
-// bandwidth.)
+// 2j + 1 bits 16..39; kept when those bits, as a float, are >= p·2^24.
 static __device__ __forceinline__ u64 dropout_hash(u64 seed, u64 pair) {
     u64 z = seed ^ (pair * 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -368,28 +366,29 @@ static __device__ __forceinline__ bool dropout_bits(u64 z, u64 odd, float thresh
     return (float)u >= thresh;
 }
 
-// out[i] = keep(seed, i) ? x[i] / (1 − p) : 0 (an IEEE division, as on the CPU). With
+// out[i] = keep(seed, i) ? x[i]·s : 0 with s = 1/(1 − p) rounded to f32 once (PyTorch's
+// scale; a product per element instead of an IEEE division, as on the CPU). With
 // `offset` non-null the seed is seed + *offset (wrapping): a CUDA graph's replays draw new masks
 // from values written to the device before each replay. The mask does not depend on T.
 template <class T>
 static __device__ void dropout_impl(const T* __restrict__ x, T* __restrict__ out, u64 n, float p,
                                     u64 seed, const u64* __restrict__ offset) {
     if (offset != nullptr) seed += *offset;
-    const float thresh = p * 16777216.0f, q = 1.0f - p;
+    const float thresh = p * 16777216.0f, s = 1.0f / (1.0f - p);
     const u64 n4 = n / 4, stride = grid_threads();
     for (u64 i = global_tid(); i < n4; i += stride) {
         const float4 v = load4(x, i);
         const u64 a = dropout_hash(seed, 2 * i), b = dropout_hash(seed, 2 * i + 1);
         store4(out, i,
-            make_float4(dropout_bits(a, 0, thresh) ? v.x / q : 0.0f,
-                        dropout_bits(a, 1, thresh) ? v.y / q : 0.0f,
-                        dropout_bits(b, 0, thresh) ? v.z / q : 0.0f,
-                        dropout_bits(b, 1, thresh) ? v.w / q : 0.0f));
+            make_float4(dropout_bits(a, 0, thresh) ? v.x * s : 0.0f,
+                        dropout_bits(a, 1, thresh) ? v.y * s : 0.0f,
+                        dropout_bits(b, 0, thresh) ? v.z * s : 0.0f,
+                        dropout_bits(b, 1, thresh) ? v.w * s : 0.0f));
     }
     const u64 t = n4 * 4 + global_tid();
     if (t < n)
         store(out, t,
-              dropout_bits(dropout_hash(seed, t / 2), t & 1, thresh) ? load(x, t) / q : 0.0f);
+              dropout_bits(dropout_hash(seed, t / 2), t & 1, thresh) ? load(x, t) * s : 0.0f);
 }
 
 // ---------------------------------------------------------------------------------------------

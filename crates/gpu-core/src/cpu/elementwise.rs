@@ -340,12 +340,13 @@ impl ElementwiseOps for CpuBackend {
         if is_bf16(out) {
             return via_f32(&[x], out, false, |i, o| self.dropout(i[0], p, seed, o));
         }
-        let q = 1.0 - p;
+        // The kernels' scale: 1/(1 − p) rounded to f32 once, a product per element.
+        let s = 1.0f32 / (1.0f32 - p);
         let x = x.as_f32()?;
         for_chunks(out.as_f32_mut()?, |off, o| {
             for (i, (o, &v)) in (off..).zip(o.iter_mut().zip(&x[off..])) {
                 *o = if dropout_keep(seed, i as u64, p) {
-                    v / q
+                    v * s
                 } else {
                     0.0
                 };

@@ -116,7 +116,8 @@ pub trait ElementwiseOps: Backend {
         out: &mut Self::Buffer,
     ) -> Result<()>;
 
-    /// Inverted dropout: `out[i] = keep(seed, i) ? x[i] / (1 − p) : 0`, where `keep` is a
+    /// Inverted dropout: `out[i] = keep(seed, i) ? x[i]·s : 0` with `s = 1/(1 − p)` rounded to
+    /// f32 once (PyTorch's scale), where `keep` is a
     /// counter-based hash of `(seed, i)` that is identical on every backend, so the same call on
     /// `dy` is the backward. `p` in `[0, 1)`.
     fn dropout(&self, x: &Self::Buffer, p: f32, seed: u64, out: &mut Self::Buffer) -> Result<()>;

@@ -201,7 +201,7 @@ fn dropout_follows_the_shared_hash() {
         .unwrap();
     for (i, (&o, &x)) in out.as_f32().unwrap().iter().zip(&xs).enumerate() {
         let want = if dropout_keep(99, i as u64, 0.25) {
-            x / 0.75
+            x * (1.0f32 / 0.75)
         } else {
             0.0
         };
