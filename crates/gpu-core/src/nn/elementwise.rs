@@ -157,7 +157,7 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 /// kept when those bits, as a fraction of 2^24, are `>= p`. CUDA kernels compute exactly this.
 pub fn dropout_keep(seed: u64, i: u64, p: f32) -> bool {
     let z = splitmix(seed, i / 2);
-    let u = if i % 2 == 0 {
+    let u = if i.is_multiple_of(2) {
         (z >> 40) as u32 // top 24 bits
     } else {
         ((z >> 16) & 0xFF_FFFF) as u32
