@@ -13,9 +13,11 @@
 //! | AdamW, gradient clipping | `nn/optim.rs` | `cpu/optim.rs` | `gpu-cuda/src/nn/optim.rs` | `kernels/nn_optim.cu` | `gpu-cuda/tests/nn_optim.rs` |
 //! | matmul | `ops.rs` ([`MatmulOps`]) | `cpu.rs` (`sgemm_rows`) | `gpu-cuda/src/ops.rs`, `blas.rs` | cuBLAS | `gpu-cuda/tests/matmul.rs` |
 //!
-//! All float buffers are f32; index buffers (token ids, targets) are u32. Every method checks its
-//! buffers' dtypes and lengths and returns a typed error on a mismatch; outputs are fully
-//! overwritten (never accumulated into) unless the doc says otherwise.
+//! Float buffers are f32; the elementwise, reduction and data-movement families, matmul and the
+//! packed attention (`cpu::attention_bf16`) also take bf16 (f32 arithmetic, one rounding at the
+//! output: bf16 mixed precision). Index buffers (token ids, targets) are u32. Every method
+//! checks its buffers' dtypes and lengths and returns a typed error on a mismatch; outputs are
+//! fully overwritten (never accumulated into) unless the doc says otherwise.
 
 pub mod activation;
 pub mod attention;
