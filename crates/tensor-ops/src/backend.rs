@@ -1,11 +1,10 @@
 //! Device dispatch: the backend behind each [`Device`], and the transfer counter.
 
 use crate::storage::Storage;
-use gpu_core::cpu::attention_bf16;
 use gpu_core::nn::attention::Packed;
 use gpu_core::nn::optim::AdamWConfig;
 use gpu_core::nn::NnOps;
-use gpu_core::{CpuBackend, CpuStorage, Device, GpuError, Result};
+use gpu_core::{CpuBackend, Device, GpuError, Result};
 use gpu_cuda::CudaBackend;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -78,7 +77,7 @@ macro_rules! packed_attention {
             scale: f32,
         ) -> Result<()> {
             if gpu_core::BufferInfo::dtype(qkv) == gpu_core::DType::BF16 {
-                return Bf16Attention::fwd(self, qkv, out, lse, p, scale);
+                return self.causal_attention_packed_bf16_fwd(qkv, out, lse, p, scale);
             }
             self.causal_attention_packed_fwd(qkv, out, lse, p, scale)
         }
@@ -93,144 +92,11 @@ macro_rules! packed_attention {
             scale: f32,
         ) -> Result<()> {
             if gpu_core::BufferInfo::dtype(qkv) == gpu_core::DType::BF16 {
-                return Bf16Attention::bwd(self, qkv, out, lse, dout, dqkv, p, scale);
+                return self.causal_attention_packed_bf16_bwd(qkv, out, lse, dout, dqkv, p, scale);
             }
             self.causal_attention_packed_bwd(qkv, out, lse, dout, dqkv, p, scale)
         }
     };
-}
-
-/// The bf16 packed attention of a backend (see `packed_attention!`).
-trait Bf16Attention: NnOps {
-    fn fwd(
-        &self,
-        qkv: &Self::Buffer,
-        out: &mut Self::Buffer,
-        lse: &mut Self::Buffer,
-        p: Packed,
-        scale: f32,
-    ) -> Result<()>;
-    #[allow(clippy::too_many_arguments)]
-    fn bwd(
-        &self,
-        qkv: &Self::Buffer,
-        out: &Self::Buffer,
-        lse: &Self::Buffer,
-        dout: &Self::Buffer,
-        dqkv: &mut Self::Buffer,
-        p: Packed,
-        scale: f32,
-    ) -> Result<()>;
-}
-
-impl Bf16Attention for CudaBackend {
-    fn fwd(
-        &self,
-        qkv: &Self::Buffer,
-        out: &mut Self::Buffer,
-        lse: &mut Self::Buffer,
-        p: Packed,
-        scale: f32,
-    ) -> Result<()> {
-        self.causal_attention_packed_bf16_fwd(qkv, out, lse, p, scale)
-    }
-    fn bwd(
-        &self,
-        qkv: &Self::Buffer,
-        out: &Self::Buffer,
-        lse: &Self::Buffer,
-        dout: &Self::Buffer,
-        dqkv: &mut Self::Buffer,
-        p: Packed,
-        scale: f32,
-    ) -> Result<()> {
-        self.causal_attention_packed_bf16_bwd(qkv, out, lse, dout, dqkv, p, scale)
-    }
-}
-
-/// The CPU side: the reference of the kernels (`gpu_core::cpu::attention_bf16`), after the
-/// same checks the kernels' launchers make.
-impl Bf16Attention for CpuBackend {
-    fn fwd(
-        &self,
-        qkv: &Self::Buffer,
-        out: &mut Self::Buffer,
-        lse: &mut Self::Buffer,
-        p: Packed,
-        scale: f32,
-    ) -> Result<()> {
-        const OP: &str = "causal_attention_packed_bf16_fwd";
-        let (e_qkv, e_out, e_lse) = attention_bf16::packed_bf16_lens(OP, p, scale)?;
-        let qkv = bf16_slice(OP, "qkv", qkv, e_qkv)?;
-        let (o, l) = attention_bf16::causal_attention_packed_bf16_fwd(qkv, p, scale)?;
-        match (out, lse) {
-            (CpuStorage::BF16(out), CpuStorage::F32(lse))
-                if out.len() == e_out && lse.len() == e_lse =>
-            {
-                out.copy_from_slice(&o);
-                lse.copy_from_slice(&l);
-                Ok(())
-            }
-            _ => Err(GpuError::invalid(
-                OP,
-                format!("out must be bf16 of {e_out} and lse f32 of {e_lse} elements"),
-            )),
-        }
-    }
-    fn bwd(
-        &self,
-        qkv: &Self::Buffer,
-        out: &Self::Buffer,
-        lse: &Self::Buffer,
-        dout: &Self::Buffer,
-        dqkv: &mut Self::Buffer,
-        p: Packed,
-        scale: f32,
-    ) -> Result<()> {
-        const OP: &str = "causal_attention_packed_bf16_bwd";
-        let (e_qkv, e_out, e_lse) = attention_bf16::packed_bf16_lens(OP, p, scale)?;
-        let qkv = bf16_slice(OP, "qkv", qkv, e_qkv)?;
-        let out = bf16_slice(OP, "out", out, e_out)?;
-        let dout = bf16_slice(OP, "dout", dout, e_out)?;
-        let lse = match lse {
-            CpuStorage::F32(l) if l.len() == e_lse => l,
-            _ => {
-                return Err(GpuError::invalid(
-                    OP,
-                    format!("lse must be f32 of {e_lse} elements"),
-                ))
-            }
-        };
-        match dqkv {
-            CpuStorage::BF16(g) if g.len() == e_qkv => {
-                let r = attention_bf16::causal_attention_packed_bf16_bwd(
-                    qkv, out, lse, dout, p, scale,
-                )?;
-                g.copy_from_slice(&r);
-                Ok(())
-            }
-            _ => Err(GpuError::invalid(
-                OP,
-                format!("dqkv must be bf16 of {e_qkv} elements"),
-            )),
-        }
-    }
-}
-
-/// The bf16 elements of `s`, which must hold `len` of them.
-fn bf16_slice<'a>(
-    op: &'static str,
-    name: &str,
-    s: &'a CpuStorage,
-    len: usize,
-) -> Result<&'a [half::bf16]> {
-    match s {
-        CpuStorage::BF16(v) if v.len() == len => Ok(v),
-        _ => Err(GpuError::invalid(
-            op,
-            format!("{name} must be bf16 of {len} elements"),
-        )),
-    }
 }
 
 impl DeviceBackend for CpuBackend {

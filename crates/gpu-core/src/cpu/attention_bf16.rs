@@ -18,6 +18,7 @@
 //! in f32, so a P or dS entry may differ from this reference by one bf16 ulp; the tests bound
 //! the difference accordingly.
 
+use super::{CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
 use crate::nn::attention::{check_dims, Packed};
 use half::bf16;
@@ -208,6 +209,92 @@ pub fn causal_attention_packed_bf16_bwd(
         }
     }
     Ok(grad)
+}
+
+/// The same entry points as `CudaBackend::causal_attention_packed_bf16_*` (the same checks,
+/// the same errors), computed by this module's reference.
+impl CpuBackend {
+    /// [`causal_attention_packed_bf16_fwd`] on backend buffers: `qkv` and `out` bf16, `lse` f32.
+    pub fn causal_attention_packed_bf16_fwd(
+        &self,
+        qkv: &CpuStorage,
+        out: &mut CpuStorage,
+        lse: &mut CpuStorage,
+        p: Packed,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "causal_attention_packed_bf16_fwd";
+        let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
+        let qkv = bf16_slice(OP, "qkv", qkv, e_qkv)?;
+        let (o, l) = causal_attention_packed_bf16_fwd(qkv, p, scale)?;
+        match (out, lse) {
+            (CpuStorage::BF16(out), CpuStorage::F32(lse))
+                if out.len() == e_out && lse.len() == e_lse =>
+            {
+                out.copy_from_slice(&o);
+                lse.copy_from_slice(&l);
+                Ok(())
+            }
+            _ => Err(GpuError::invalid(
+                OP,
+                format!("out must be bf16 of {e_out} and lse f32 of {e_lse} elements"),
+            )),
+        }
+    }
+    /// [`causal_attention_packed_bf16_bwd`] on backend buffers: `dqkv` bf16 of `qkv`'s length.
+    #[allow(clippy::too_many_arguments)]
+    pub fn causal_attention_packed_bf16_bwd(
+        &self,
+        qkv: &CpuStorage,
+        out: &CpuStorage,
+        lse: &CpuStorage,
+        dout: &CpuStorage,
+        dqkv: &mut CpuStorage,
+        p: Packed,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "causal_attention_packed_bf16_bwd";
+        let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
+        let qkv = bf16_slice(OP, "qkv", qkv, e_qkv)?;
+        let out = bf16_slice(OP, "out", out, e_out)?;
+        let dout = bf16_slice(OP, "dout", dout, e_out)?;
+        let lse = match lse {
+            CpuStorage::F32(l) if l.len() == e_lse => l,
+            _ => {
+                return Err(GpuError::invalid(
+                    OP,
+                    format!("lse must be f32 of {e_lse} elements"),
+                ))
+            }
+        };
+        match dqkv {
+            CpuStorage::BF16(g) if g.len() == e_qkv => {
+                let r = causal_attention_packed_bf16_bwd(qkv, out, lse, dout, p, scale)?;
+                g.copy_from_slice(&r);
+                Ok(())
+            }
+            _ => Err(GpuError::invalid(
+                OP,
+                format!("dqkv must be bf16 of {e_qkv} elements"),
+            )),
+        }
+    }
+}
+
+/// The bf16 elements of `s`, which must hold `len` of them.
+fn bf16_slice<'a>(
+    op: &'static str,
+    name: &str,
+    s: &'a CpuStorage,
+    len: usize,
+) -> Result<&'a [half::bf16]> {
+    match s {
+        CpuStorage::BF16(v) if v.len() == len => Ok(v),
+        _ => Err(GpuError::invalid(
+            op,
+            format!("{name} must be bf16 of {len} elements"),
+        )),
+    }
 }
 
 #[cfg(test)]
