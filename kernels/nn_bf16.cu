@@ -4,6 +4,10 @@
 // kernel widens its bf16 inputs to f32 (exact), computes exactly as the f32 kernel of
 // nn_elementwise.cu (the same templates, nn_elementwise.cuh), and rounds the result once to bf16
 // (round to nearest even; NaN stays NaN, ±inf stays ±inf). 4 bf16 move as one 8-byte uint2.
+// The exception is GELU: its forward and backward evaluate Φ with a cheaper formula, relative
+// error below 2e-6 + 1e-6·x²/2 before the rounding (nn_elementwise.cuh, gelu_fwd_bf16), so its
+// results are the reference's or a neighbouring bf16 value (crates/gpu-cuda/tests/nn_gelu_bf16.rs
+// checks every bf16 input).
 
 #include "nn_elementwise.cuh"
 

@@ -5,7 +5,9 @@
 // nn_elementwise.cu instantiates the f32 kernels, nn_bf16.cu the bf16 ones.
 //
 // Streaming kernels are grid-stride loops over 4 elements (16-byte float4 for f32, 8 bytes for
-// bf16; pool buffers are 256-byte aligned) with a scalar tail. Index math uses 32-bit
+// bf16; pool buffers are 256-byte aligned) with a scalar tail. The unary bf16 kernels (casts
+// from bf16, activations, affine, dropout) run `stream2`: two vectors a step, with the next
+// step's loads issued before this step's arithmetic. Index math uses 32-bit
 // magic-number division when the element count is below 2^31 and plain 64-bit division
 // otherwise.
 #pragma once
@@ -41,13 +43,45 @@ static __device__ __forceinline__ u32 fastdiv(const FastDiv& f, u32 n) {
     return (__umulhi(n, f.m) + n) >> f.s;
 }
 
+// The grid-stride loop of a 2-byte stream over n4 vectors: `load(i)` reads vector i's inputs,
+// `run(i, v)` computes and stores it. Each thread takes vectors i and i + stride a step and
+// issues the next step's loads before this step's arithmetic, so an 8-byte bf16 vector's
+// arithmetic (GELU's exponentials, dropout's hashes) overlaps the next loads. Ends with i at
+// the first vector it left to the caller's plain loop (at most one).
+template <class Load, class Run>
+static __device__ __forceinline__ u64 stream2(u64 n4, Load load, Run run) {
+    const u64 stride = grid_threads();
+    u64 i = global_tid();
+    if (i + stride >= n4) return i;
+    auto a = load(i), b = load(i + stride);
+    for (;;) {
+        const u64 j = i + 2 * stride;
+        const bool more = j + stride < n4;
+        decltype(a) na = a, nb = b;
+        if (more) {
+            na = load(j);
+            nb = load(j + stride);
+        }
+        run(i, a);
+        run(i + stride, b);
+        i = j;
+        if (!more) return i;
+        a = na;
+        b = nb;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Conversion: out[k] = x[k], widened exactly or rounded once to nearest even.
 
 template <class TI, class TO>
 static __device__ void convert_impl(const TI* __restrict__ x, TO* __restrict__ out, u64 n) {
     const u64 n4 = n / 4, stride = grid_threads();
-    for (u64 i = global_tid(); i < n4; i += stride) store4(out, i, load4(x, i));
+    u64 i = global_tid();
+    if constexpr (sizeof(TI) == 2)
+        i = stream2(n4, [&](u64 k) { return load4(x, k); },
+                    [&](u64 k, float4 v) { store4(out, k, v); });
+    for (; i < n4; i += stride) store4(out, i, load4(x, i));
     const u64 t = n4 * 4 + global_tid();
     if (t < n) store(out, t, load(x, t));
 }
@@ -236,6 +270,70 @@ static __device__ __forceinline__ float normcdf_(float x) {
     return 0.5f * fmaf(-1.1283791670955126f * e, expf(-z * z), erfcf(z));
 }
 
+// GELU for the bf16 kernels. Their results keep 8 significant bits, so Φ needs a relative
+// error far below 2^-9 rather than the f32 kernel's few ulps, and the exact erfcf (with its
+// tail correction) made GELU the one bf16 stream bound by arithmetic. Here, for a = |x|/√2,
+//   Φ(−|x|) = erfc(a)/2 = t·exp(P(t) − a²)/2,  t = 1/(1 + a/2),
+// with P the Chebyshev fit of Numerical Recipes' erfcc (fractional error < 1.2e-7 for every
+// a >= 0), t from rcp.approx and the exponential from ex2.approx (both within ~2^-22
+// relative). The exponent's rounding adds a relative ~2^-21·ln2·log2(e)·a² (a² <= 113 below
+// x = −15, where GELU is 0 in bf16), so the formula's relative error is below
+// 2e-6 + 1e-6·a² before the rounding to bf16 (tested over every bf16 input against the exact
+// f32 reference). For x < −1 the exponential is taken times 2^64 and the product scaled back
+// last, so results in f32's subnormal range are one rounding of the formula's value
+// (ex2.approx flushes subnormals). −inf gives −0 (the leading x clamped to −FLT_MAX), +inf
+// gives +inf, NaN gives NaN.
+static __device__ __forceinline__ float ex2_approx(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+static __device__ __forceinline__ float rcp_approx(float v) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+static __device__ __forceinline__ float erfcc_poly(float t) {
+    float p = 0.17087277f;
+    p = fmaf(p, t, -0.82215223f);
+    p = fmaf(p, t, 1.48851587f);
+    p = fmaf(p, t, -1.13520398f);
+    p = fmaf(p, t, 0.27886807f);
+    p = fmaf(p, t, -0.18628806f);
+    p = fmaf(p, t, 0.09678418f);
+    p = fmaf(p, t, 0.37409196f);
+    p = fmaf(p, t, 1.00002368f);
+    return fmaf(p, t, -1.26551223f);
+}
+#define GELU_LOG2E 1.4426950408889634f
+#define GELU_TWO_M64 5.421010862427522e-20f  // 2^-64
+
+static __device__ __forceinline__ float gelu_fwd_bf16(float x) {
+    const float a = fabsf(x) * 0.70710678118654752f;
+    const float t = rcp_approx(fmaf(0.5f, a, 1.0f));
+    const bool far = x < -1.0f;
+    // e = Φ(−|x|), times 2^64 when far.
+    const float e =
+        0.5f * t * ex2_approx(fmaf(fmaf(-a, a, erfcc_poly(t)), GELU_LOG2E, far ? 64.0f : 0.0f));
+    return x <= 0.0f ? (fmaxf(x, -3.40282347e38f) * e) * (far ? GELU_TWO_M64 : 1.0f)
+                     : x * (1.0f - e);
+}
+
+// gelu'(x)·g = (Φ(x) + x·φ(x))·g with both terms as multiples of G = exp(−x²/2) (times 2^64
+// when far): Φ(−|x|) = G·q, q = t·exp(P(t))/2, and x·φ(x) = G·x/√(2π). The ±inf limits are 0
+// and 1 (x clamped to ±FLT_MAX, so G = 0 meets a finite factor). Near gelu's minimum
+// (x ≈ −0.752) the two terms cancel: the error there is relative to Φ(x) + |x|·φ(x).
+static __device__ __forceinline__ float gelu_bwd_bf16(float x, float g) {
+    const float a = fabsf(x) * 0.70710678118654752f;
+    const float t = rcp_approx(fmaf(0.5f, a, 1.0f));
+    const bool far = x < -1.0f;
+    const float G = ex2_approx(fmaf(-a * a, GELU_LOG2E, far ? 64.0f : 0.0f));
+    const float q = 0.5f * t * ex2_approx(erfcc_poly(t) * GELU_LOG2E);
+    const float cx = 0.3989422804014327f * fminf(fmaxf(x, -3.40282347e38f), 3.40282347e38f);
+    const float d = x <= 0.0f ? (G * (q + cx)) * (far ? GELU_TWO_M64 : 1.0f) : fmaf(G, cx - q, 1.0f);
+    return d * g;
+}
+
 template <int A>
 static __device__ __forceinline__ float act_fwd(float x) {
     if constexpr (A == ACT_RELU) {
@@ -288,16 +386,45 @@ static __device__ __forceinline__ float act_bwd(float x, float y, float g) {
     }
 }
 
+// The formulas a kernel on element type T uses: bf16's GELU has its own (gelu_fwd_bf16 and
+// gelu_bwd_bf16), every other activation the f32 kernel's.
+template <int A, class T>
+static __device__ __forceinline__ float act_fwd_t(float x) {
+    if constexpr (A == ACT_GELU && sizeof(T) == 2) {
+        return gelu_fwd_bf16(x);
+    } else {
+        return act_fwd<A>(x);
+    }
+}
+template <int A, class T>
+static __device__ __forceinline__ float act_bwd_t(float x, float y, float g) {
+    if constexpr (A == ACT_GELU && sizeof(T) == 2) {
+        return gelu_bwd_bf16(x, g);
+    } else {
+        return act_bwd<A>(x, y, g);
+    }
+}
+template <int A, class T>
+static __device__ __forceinline__ float4 act_fwd4(float4 v) {
+    return make_float4(act_fwd_t<A, T>(v.x), act_fwd_t<A, T>(v.y), act_fwd_t<A, T>(v.z),
+                       act_fwd_t<A, T>(v.w));
+}
+template <int A, class T>
+static __device__ __forceinline__ float4 act_bwd4(float4 x, float4 y, float4 g) {
+    return make_float4(act_bwd_t<A, T>(x.x, y.x, g.x), act_bwd_t<A, T>(x.y, y.y, g.y),
+                       act_bwd_t<A, T>(x.z, y.z, g.z), act_bwd_t<A, T>(x.w, y.w, g.w));
+}
+
 template <int A, class T>
 static __device__ void activation_fwd(const T* __restrict__ x, T* __restrict__ out, u64 n) {
     const u64 n4 = n / 4, stride = grid_threads();
-    for (u64 i = global_tid(); i < n4; i += stride) {
-        const float4 v = load4(x, i);
-        store4(out, i,
-            make_float4(act_fwd<A>(v.x), act_fwd<A>(v.y), act_fwd<A>(v.z), act_fwd<A>(v.w)));
-    }
+    u64 i = global_tid();
+    if constexpr (sizeof(T) == 2)
+        i = stream2(n4, [&](u64 k) { return load4(x, k); },
+                    [&](u64 k, float4 v) { store4(out, k, act_fwd4<A, T>(v)); });
+    for (; i < n4; i += stride) store4(out, i, act_fwd4<A, T>(load4(x, i)));
     const u64 t = n4 * 4 + global_tid();
-    if (t < n) store(out, t, act_fwd<A>(load(x, t)));
+    if (t < n) store(out, t, act_fwd_t<A, T>(load(x, t)));
 }
 
 template <int A, class T>
@@ -305,19 +432,29 @@ static __device__ void activation_bwd(const T* __restrict__ x, const T* __restri
                                       const T* __restrict__ dy, T* __restrict__ dx, u64 n) {
     const u64 n4 = n / 4, stride = grid_threads();
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (u64 i = global_tid(); i < n4; i += stride) {
+    u64 i = global_tid();
+    if constexpr (sizeof(T) == 2) {
+        struct In {
+            float4 x, y, g;
+        };
+        i = stream2(
+            n4,
+            [&](u64 k) {
+                return In{ActSaves<A>::x ? load4(x, k) : zero, ActSaves<A>::y ? load4(y, k) : zero,
+                          load4(dy, k)};
+            },
+            [&](u64 k, const In& v) { store4(dx, k, act_bwd4<A, T>(v.x, v.y, v.g)); });
+    }
+    for (; i < n4; i += stride) {
         const float4 xv = ActSaves<A>::x ? load4(x, i) : zero;
         const float4 yv = ActSaves<A>::y ? load4(y, i) : zero;
-        const float4 g = load4(dy, i);
-        store4(dx, i,
-            make_float4(act_bwd<A>(xv.x, yv.x, g.x), act_bwd<A>(xv.y, yv.y, g.y),
-                        act_bwd<A>(xv.z, yv.z, g.z), act_bwd<A>(xv.w, yv.w, g.w)));
+        store4(dx, i, act_bwd4<A, T>(xv, yv, load4(dy, i)));
     }
     const u64 t = n4 * 4 + global_tid();
     if (t < n) {
         const float xv = ActSaves<A>::x ? load(x, t) : 0.0f;
         const float yv = ActSaves<A>::y ? load(y, t) : 0.0f;
-        store(dx, t, act_bwd<A>(xv, yv, load(dy, t)));
+        store(dx, t, act_bwd_t<A, T>(xv, yv, load(dy, t)));
     }
 }
 
@@ -342,12 +479,15 @@ template <class T>
 static __device__ void affine_impl(const T* __restrict__ x, T* __restrict__ out, u64 n,
                                    float mul, float add) {
     const u64 n4 = n / 4, stride = grid_threads();
-    for (u64 i = global_tid(); i < n4; i += stride) {
-        const float4 v = load4(x, i);
-        store4(out, i,
-            make_float4(fmaf(mul, v.x, add), fmaf(mul, v.y, add), fmaf(mul, v.z, add),
-                        fmaf(mul, v.w, add)));
-    }
+    auto f = [&](float4 v) {
+        return make_float4(fmaf(mul, v.x, add), fmaf(mul, v.y, add), fmaf(mul, v.z, add),
+                           fmaf(mul, v.w, add));
+    };
+    u64 i = global_tid();
+    if constexpr (sizeof(T) == 2)
+        i = stream2(n4, [&](u64 k) { return load4(x, k); },
+                    [&](u64 k, float4 v) { store4(out, k, f(v)); });
+    for (; i < n4; i += stride) store4(out, i, f(load4(x, i)));
     const u64 t = n4 * 4 + global_tid();
     if (t < n) store(out, t, fmaf(mul, load(x, t), add));
 }
@@ -376,15 +516,18 @@ static __device__ void dropout_impl(const T* __restrict__ x, T* __restrict__ out
     if (offset != nullptr) seed += *offset;
     const float thresh = p * 16777216.0f, s = 1.0f / (1.0f - p);
     const u64 n4 = n / 4, stride = grid_threads();
-    for (u64 i = global_tid(); i < n4; i += stride) {
-        const float4 v = load4(x, i);
+    auto f = [&](u64 i, float4 v) {
         const u64 a = dropout_hash(seed, 2 * i), b = dropout_hash(seed, 2 * i + 1);
-        store4(out, i,
-            make_float4(dropout_bits(a, 0, thresh) ? v.x * s : 0.0f,
-                        dropout_bits(a, 1, thresh) ? v.y * s : 0.0f,
-                        dropout_bits(b, 0, thresh) ? v.z * s : 0.0f,
-                        dropout_bits(b, 1, thresh) ? v.w * s : 0.0f));
-    }
+        return make_float4(dropout_bits(a, 0, thresh) ? v.x * s : 0.0f,
+                           dropout_bits(a, 1, thresh) ? v.y * s : 0.0f,
+                           dropout_bits(b, 0, thresh) ? v.z * s : 0.0f,
+                           dropout_bits(b, 1, thresh) ? v.w * s : 0.0f);
+    };
+    u64 i = global_tid();
+    if constexpr (sizeof(T) == 2)
+        i = stream2(n4, [&](u64 k) { return load4(x, k); },
+                    [&](u64 k, float4 v) { store4(out, k, f(k, v)); });
+    for (; i < n4; i += stride) store4(out, i, f(i, load4(x, i)));
     const u64 t = n4 * 4 + global_tid();
     if (t < n)
         store(out, t,

@@ -4,7 +4,7 @@
 #   scripts/kernel-ab.sh build REV_A REV_B ...   -> target/ab/cubin/{NAME}-{module}.cubin, NAME = REV
 #     (a REV of "work" takes the working tree's kernels/)
 # On the GPU machine (the device tool, carrying target/ab):
-#   python3 scripts/kernel_ab.py ROUNDS LN_NAMES ATT_NAMES [EW_NAMES]   e.g. 60 f6ce311,work f6ce311,work f6ce311,work,torch
+#   python3 scripts/kernel_ab.py ROUNDS LN_NAMES ATT_NAMES [EW_NAMES [ROWS_NAMES [BF16_NAMES]]]   e.g. 60 f6ce311,work f6ce311,work f6ce311,work,torch
 # The first name of each list is the baseline of its ratios.
 set -euo pipefail
 cmd=${1:-}; shift || true
@@ -17,7 +17,7 @@ for rev in "$@"; do
   # "work" or "work-M1+M2=V": the working tree's kernels, the latter compiled with -DM1 -DM2=V.
   if [[ "$rev" == work* ]]; then cp kernels/*.cu kernels/*.cuh "$src/"; [ "$rev" = work ] || { IFS=+ read -ra ms <<< "${rev#work-}"; for m in "${ms[@]}"; do defs+=("-D$m"); done; };
   else for f in $(git ls-tree --name-only "$rev" kernels/); do git show "$rev:$f" > "$src/$(basename "$f")"; done; fi
-  for m in nn_rows nn_attention nn_elementwise rssm_rollout rssm_rollout_cluster; do
+  for m in nn_rows nn_attention nn_elementwise nn_bf16 rssm_rollout rssm_rollout_cluster; do
     [ -f "$src/$m.cu" ] || continue
     "$NVCC" -O3 -std=c++17 "${defs[@]}" -I "$src" -cubin -arch=sm_90 "$src/$m.cu" -o "$out/$rev-$m.cubin"
   done

@@ -141,6 +141,73 @@ def ew_bench(vars, rounds):
             xs = t[f"{op}:{v}"]; m = st.median(xs)
             print(f"ew {op:8s} {v:16s} median {m:7.1f} us  min {min(xs):7.1f}  vs {vars[0]} {m/base:.4f}")
 
+def bf16_bench(vars, rounds):
+    # The unary bf16 streams at 8192×4096 (the benchmark rows' size): copy (PyTorch's copy_, the
+    # ceiling), cast bf16→f32, GELU forward and backward, dropout (p 0.2), affine. A build name
+    # "REV" is launched as the backend of REV did (one thread per 4 elements, GELU capped at 16
+    # blocks per SM, the rest at 128); "REV@8": one thread per 8 elements (the two-vector step);
+    # "REV@8g128": that, and GELU capped at 128 blocks per SM too; "REV@8cC": every kernel capped
+    # at C blocks per SM. "torch": PyTorch's kernels.
+    n = 8192 * 4096
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = ((torch.rand(n, device="cuda", generator=g) * 8 - 4)).bfloat16()
+    dy = torch.randn(n, device="cuda", generator=g).bfloat16()
+    x2, dy2 = x.flip(0).contiguous(), dy.flip(0).contiguous()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ops = {  # name: (kernel, bytes per element, args(out), out dtype, torch fn)
+        "cast": ("cast_bf16_f32", 6, lambda o: [x, o, ("u64", n)], torch.float32, lambda: x.float()),
+        "gelu fwd": ("act_fwd_gelu_bf16", 4, lambda o: [x, o, ("u64", n)], torch.bfloat16,
+                     lambda: torch.nn.functional.gelu(x)),
+        "gelu bwd": ("act_bwd_gelu_bf16", 6, lambda o: [x, x, dy, o, ("u64", n)], torch.bfloat16,
+                     lambda: torch.ops.aten.gelu_backward(dy, x)),
+        "dropout": ("dropout_bf16", 4, lambda o: [x, o, ("u64", n), 0.2, ("u64", 1234), ("u64", 0)],
+                    torch.bfloat16, lambda: torch.nn.functional.dropout(x, 0.2, True)),
+        "affine": ("affine_bf16", 4, lambda o: [x, o, ("u64", n), 1.5, 0.25], torch.bfloat16,
+                   lambda: torch.add(x, 0.25, alpha=1.0)),
+    }
+    fs, res = {}, {}
+    yc, cc = torch.empty_like(x), [0]
+    def copy():
+        cc[0] += 1
+        yc.copy_(x if cc[0] % 2 else x2)
+    fs["copy:torch"] = copy
+    for op, (kn, bpe, mk, odt, tf) in ops.items():
+        for v in vars:
+            o = torch.empty(n, device="cuda", dtype=odt)
+            if v == "torch":
+                f = tf
+            else:
+                build, _, mode = v.partition("@")
+                per = 8 if mode.startswith("8") else 4
+                cap = 128 if (not op.startswith("gelu") or mode.endswith("g128")) else 16
+                if "c" in mode: cap = int(mode.split("c")[1])
+                grid = min((n // per + 255) // 256, sms * cap)
+                h = fn(build, "nn_bf16", kn)
+                # Two argument sets (x, dy and x2, dy2) alternate, as gpu-bench's rows do, so
+                # that the 50 MB L2 does not hold the previous launch's input.
+                argsets = [mk(o), [x2 if a is x else dy2 if a is dy else a for a in mk(o)]]
+                cnt = [0]
+                def f(h=h, argsets=argsets, grid=grid, cnt=cnt):
+                    cnt[0] += 1
+                    launch(h, grid, (256, 1), 0, argsets[cnt[0] % 2])
+            r = f(); torch.cuda.synchronize(); res[(op, v)] = r if isinstance(r, torch.Tensor) else o
+            fs[f"{op}:{v}"] = f
+        for v in vars:
+            if v == "torch" or op == "dropout": continue
+            e = (res[(op, v)].float() - res[(op, vars[0])].float()).abs().max().item()
+            print(f"bf16 {op} {v}: max|diff| vs {vars[0]} {e:.3g}")
+    t = {k: [] for k in fs}
+    for _ in range(rounds):
+        for k, f in fs.items(): t[k].append(timeit(f))
+    cm = st.median(t["copy:torch"])
+    print(f"bf16 copy     torch            median {cm:7.1f} us  {4 * n / cm / 1e3:7.1f} GB/s")
+    for op, (kn, bpe, *_r) in ops.items():
+        base = st.median(t[f"{op}:{vars[0]}"])
+        for v in vars:
+            xs = t[f"{op}:{v}"]; m = st.median(xs)
+            print(f"bf16 {op:8s} {v:16s} median {m:7.1f} us  {bpe * n / m / 1e3:7.1f} GB/s  "
+                  f"{bpe * n / m / (4 * n / cm) * 100:5.1f}% of copy  vs {vars[0]} {m/base:.4f}")
+
 def rows_bench(vars, rounds):
     # The other row kernels at 8192×4096, launched as the backend does (a block of 256 threads
     # per row; the norm backwards on their persistent grid of 4 blocks per SM, without the
@@ -189,6 +256,7 @@ rounds = int(sys.argv[1])
 LN = sys.argv[2].split(","); ATT = sys.argv[3].split(",")
 EW = sys.argv[4].split(",") if len(sys.argv) > 4 else ["-"]
 ROWS = sys.argv[5].split(",") if len(sys.argv) > 5 else ["-"]
+BF16 = sys.argv[6].split(",") if len(sys.argv) > 6 else ["-"]
 print(torch.cuda.get_device_name())
 for _ in range(2):
     if LN != ["-"]: report("layernorm", ln_bench(LN, rounds), LN[0])
@@ -197,3 +265,4 @@ for _ in range(2):
         report("attn128", att_bench(ATT, rounds, 128), ATT[0])
     if EW != ["-"]: ew_bench(EW, rounds)
     if ROWS != ["-"]: rows_bench(ROWS, rounds)
+    if BF16 != ["-"]: bf16_bench(BF16, rounds)

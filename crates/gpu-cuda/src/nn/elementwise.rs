@@ -25,6 +25,14 @@ const BLOCKS_PER_SM: usize = 128;
 /// in `gpu-bench` (94.3 against 90.5 µs at 8192 × 4096, H200).
 const GELU_BLOCKS_PER_SM: usize = 16;
 
+/// The grid cap (blocks per multiprocessor) of the unary bf16 streams (casts from bf16,
+/// activations, affine, dropout), whose threads loop over two 4-element vectors a step with the
+/// next step's loads in flight (`stream2` in `kernels/nn_elementwise.cuh`). Same-process A/B
+/// on an H100 at 8192 × 4096 (`scripts/kernel_ab.py`, `docs/benchmarks.md`), caps of 16, 32,
+/// 64 and 128: 32 was the fastest for GELU forward and dropout and within 3% of the fastest
+/// for the others.
+const BF16_STREAM_BLOCKS_PER_SM: usize = 32;
+
 /// The grid cap (blocks per multiprocessor) of an activation kernel.
 fn activation_cap(op: Activation) -> usize {
     if op == Activation::Gelu {
@@ -126,6 +134,17 @@ impl CudaBackend {
     /// fast as 128 except for GELU (erfc, more arithmetic per byte), 10% slower.
     pub(crate) fn stride_grid(&self, threads: usize) -> LaunchConfig {
         self.stride_grid_capped(threads, BLOCKS_PER_SM)
+    }
+
+    /// The grid of a unary stream over `n` elements whose input is `dtype`: f32 kernels take a
+    /// float4 a thread up to `f32_cap` blocks per multiprocessor, bf16 ones two 4-element
+    /// vectors a step up to [`BF16_STREAM_BLOCKS_PER_SM`].
+    fn unary_grid(&self, n: usize, dtype: DType, f32_cap: usize) -> LaunchConfig {
+        if dtype == DType::BF16 {
+            self.stride_grid_capped(n.div_ceil(8), BF16_STREAM_BLOCKS_PER_SM)
+        } else {
+            self.stride_grid_capped(n.div_ceil(4), f32_cap)
+        }
     }
 
     /// [`CudaBackend::stride_grid`] with at most `per_sm` blocks per multiprocessor.
@@ -273,7 +292,7 @@ impl ElementwiseOps for CudaBackend {
         }
         let args = [x.into(), out.into(), u64_arg(n)];
         let kernel = op.kernel_for(Direction::Forward, dt);
-        let grid = self.stride_grid_capped(n.div_ceil(4), activation_cap(op));
+        let grid = self.unary_grid(n, dt, activation_cap(op));
         // SAFETY: act_fwd_{op}_{T}(const T* x, T* out, u64 n), T f32 or bf16; both hold n
         // elements, 256-byte aligned for the 4-wide accesses.
         unsafe { self.launch(&kernel, grid, &args) }
@@ -294,7 +313,7 @@ impl ElementwiseOps for CudaBackend {
         }
         let args = [x.into(), y.into(), dy.into(), dx.into(), u64_arg(n)];
         let kernel = op.kernel_for(Direction::Backward, dt);
-        let grid = self.stride_grid_capped(n.div_ceil(4), activation_cap(op));
+        let grid = self.unary_grid(n, dt, activation_cap(op));
         // SAFETY: act_bwd_{op}_{T}(const T* x, const T* y, const T* dy, T* dx, u64 n), T f32
         // or bf16; all four hold n elements, 256-byte aligned.
         unsafe { self.launch(&kernel, grid, &args) }
@@ -316,7 +335,7 @@ impl ElementwiseOps for CudaBackend {
         // SAFETY: affine_{T}(const T* x, T* out, u64 n, float mul, float add), T f32 or bf16;
         // both hold n elements, 256-byte aligned.
         let kernel = format!("affine_{dt}");
-        unsafe { self.launch(&kernel, self.stride_grid(n.div_ceil(4)), &args) }
+        unsafe { self.launch(&kernel, self.unary_grid(n, dt, BLOCKS_PER_SM), &args) }
     }
 
     fn reduce_axis(
@@ -543,7 +562,7 @@ impl ElementwiseOps for CudaBackend {
         // SAFETY: cast_f32_bf16(const float* x, bf16* out, u64 n) and cast_bf16_f32(const bf16*
         // x, float* out, u64 n); x and out hold n elements of the dtypes the match names,
         // 256-byte aligned.
-        unsafe { self.launch(kernel, self.stride_grid(n.div_ceil(4)), &args) }
+        unsafe { self.launch(kernel, self.unary_grid(n, x.dtype(), BLOCKS_PER_SM), &args) }
     }
 }
 
@@ -599,12 +618,13 @@ impl CudaBackend {
             KernelArg::U64(seed),
             KernelArg::Ptr(offset_ptr),
         ];
+        let kernel = format!("dropout_{}", out.dtype());
+        let grid = self.unary_grid(n, out.dtype(), BLOCKS_PER_SM);
         // SAFETY: dropout_{T}(const T* x, T* out, u64 n, float p, u64 seed, const u64* offset),
         // T f32 or bf16 (check_dropout: one dtype); both hold n elements, 256-byte aligned;
         // offset_ptr is 0 (null) or an 8-byte aligned u64 inside a buffer of this backend
         // (`dropout_offset`).
-        let kernel = format!("dropout_{}", out.dtype());
-        unsafe { self.launch(&kernel, self.stride_grid(n.div_ceil(4)), &args) }
+        unsafe { self.launch(&kernel, grid, &args) }
     }
 }
 

@@ -1,0 +1,125 @@
+//! The bf16 GELU kernels (`gelu_fwd_bf16` / `gelu_bwd_bf16` in `kernels/nn_elementwise.cuh`)
+//! on every one of the 65,536 bf16 inputs, against the CPU's bf16 GELU (the exact f32
+//! reference rounded once to bf16).
+//!
+//! The kernels evaluate Φ with a cheaper formula than the f32 kernel: relative error
+//! `ε(x) <= 2e-6 + 1e-6·x²/2` before the rounding to bf16 (the Chebyshev fit's 1.2e-7, the
+//! approximate reciprocal and exponential, and the exponent's rounding, which grows with
+//! `x²/2`; see the kernel's comment). The reference's f32 value is within 2^-22 of the exact
+//! one. Each side then rounds to bf16 (at most half an ulp, 2^-8 relative), so
+//! `|got − want| <= 2^-7·max(|got|, |want|) + (ε + 2^-22)·|exact|·1.01 + 2^-133`, the last term
+//! one step of bf16's subnormals. For the backward, `exact` is replaced by
+//! `(Φ(x) + |x|·φ(x))·|g|` (the two terms cancel near gelu's minimum, x ≈ −0.752, so the error
+//! is relative to their magnitudes), plus `|g|·2^-149` for gelu' rounded into f32's subnormals
+//! before the product. NaN must give NaN, ±inf the reference's value exactly.
+
+use gpu_core::nn::elementwise::{Activation, ElementwiseOps};
+use gpu_core::{Backend, CpuBackend};
+use gpu_cuda::testing::{backend_or_skip, test_seed};
+use half::bf16;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// Every bf16 bit pattern, as bf16.
+fn every_bf16() -> Vec<bf16> {
+    (0..=u16::MAX).map(bf16::from_bits).collect()
+}
+
+fn formula_error(x: f64) -> f64 {
+    2e-6 + 1e-6 * x * x / 2.0 + 2f64.powi(-22)
+}
+
+fn check(what: &str, x: &[bf16], got: &[bf16], want: &[bf16], scale: &[f64], extra: &[f64]) {
+    for i in 0..x.len() {
+        let (g, w) = (got[i].to_f64(), want[i].to_f64());
+        let xi = x[i].to_f64();
+        if w.is_nan() || g.is_nan() {
+            assert!(
+                w.is_nan() && g.is_nan(),
+                "{what}: x = {xi:e}: got {g:e}, want {w:e}"
+            );
+            continue;
+        }
+        if w.is_infinite() || g.is_infinite() {
+            assert_eq!(g, w, "{what}: x = {xi:e}");
+            continue;
+        }
+        let tol = 2f64.powi(-7) * g.abs().max(w.abs())
+            + formula_error(xi) * scale[i] * 1.01
+            + extra[i]
+            + 2f64.powi(-133);
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: x = {xi:e} ({:#06x}): got {g:e}, want {w:e}, tol {tol:e}",
+            x[i].to_bits()
+        );
+    }
+}
+
+#[test]
+fn gpu_bf16_gelu_matches_the_reference_on_every_bf16_input() {
+    let test = "gpu_bf16_gelu_matches_the_reference_on_every_bf16_input";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let x = every_bf16();
+    let n = x.len();
+    let gelu = Activation::Gelu;
+
+    // Forward.
+    let want = cpu.fwd(gelu, &x);
+    let got = gpu.fwd(gelu, &x);
+    let exact: Vec<f64> = x.iter().map(|v| gelu.eval(v.to_f64()).abs()).collect();
+    check(&format!("{test} forward"), &x, &got, &want, &exact, &vec![0.0; n]);
+
+    // Backward: g of every magnitude bf16 has (and both signs), with ±inf and NaN mixed in.
+    let g: Vec<bf16> = (0..n)
+        .map(|_| {
+            if r.random_bool(0.01) {
+                [f32::INFINITY, f32::NEG_INFINITY, f32::NAN][r.random_range(0..3)]
+            } else {
+                r.random_range(-1.0f32..1.0) * 2f32.powi(r.random_range(-40..40))
+            }
+        })
+        .map(bf16::from_f32)
+        .collect();
+    let want = cpu.bwd(gelu, &x, &g);
+    let got = gpu.bwd(gelu, &x, &g);
+    let (mut scale, mut extra) = (vec![0.0; n], vec![0.0; n]);
+    for i in 0..n {
+        let (xi, gi) = (x[i].to_f64(), g[i].to_f64().abs());
+        let pdf = (-0.5 * xi * xi).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        let cdf = if xi.is_finite() {
+            gelu.backward(xi, 0.0, 1.0) - xi * pdf
+        } else {
+            0.0
+        };
+        scale[i] = (cdf + xi.abs() * pdf) * gi;
+        extra[i] = gi * 2f64.powi(-149);
+    }
+    check(&format!("{test} backward"), &x, &got, &want, &scale, &extra);
+}
+
+/// The two calls the test needs, on either backend: upload bf16, run, download.
+trait Dev {
+    fn fwd(&self, op: Activation, x: &[bf16]) -> Vec<bf16>;
+    fn bwd(&self, op: Activation, x: &[bf16], g: &[bf16]) -> Vec<bf16>;
+}
+
+impl<B: Backend + ElementwiseOps> Dev for B {
+    fn fwd(&self, op: Activation, x: &[bf16]) -> Vec<bf16> {
+        let xb = self.upload(x).unwrap();
+        let mut out = self.upload(&vec![bf16::NAN; x.len()]).unwrap();
+        self.activation_fwd(op, &xb, &mut out).unwrap();
+        self.download(&out).unwrap()
+    }
+
+    fn bwd(&self, op: Activation, x: &[bf16], g: &[bf16]) -> Vec<bf16> {
+        let (xb, gb) = (self.upload(x).unwrap(), self.upload(g).unwrap());
+        // GELU's backward reads x, not y: y is passed as x's buffer.
+        let mut out = self.upload(&vec![bf16::NAN; x.len()]).unwrap();
+        self.activation_bwd(op, &xb, &xb, &gb, &mut out).unwrap();
+        self.download(&out).unwrap()
+    }
+}
