@@ -71,7 +71,14 @@ fn gpu_bf16_gelu_matches_the_reference_on_every_bf16_input() {
     let want = cpu.fwd(gelu, &x);
     let got = gpu.fwd(gelu, &x);
     let exact: Vec<f64> = x.iter().map(|v| gelu.eval(v.to_f64()).abs()).collect();
-    check(&format!("{test} forward"), &x, &got, &want, &exact, &vec![0.0; n]);
+    check(
+        &format!("{test} forward"),
+        &x,
+        &got,
+        &want,
+        &exact,
+        &vec![0.0; n],
+    );
 
     // Backward: g of every magnitude bf16 has (and both signs), with ±inf and NaN mixed in.
     let g: Vec<bf16> = (0..n)
