@@ -5,7 +5,9 @@
 // into every peer's shared memory (distributed shared memory), between hardware cluster
 // barriers: nothing is staged through L2 and no barrier spins on memory. The head fc units are
 // spread over all BPM blocks (FC = ⌈P/BPM⌉ each). Needs B <= 32 rows and BPM <= 16 (one cluster
-// per member); the host falls back to rssm_rollout_f32 otherwise. CPU reference:
+// per member); the host falls back to rssm_rollout_f32 otherwise. The GRU's gate products run
+// on tensor cores in 3×TF32 (gate_mma) when S and H are multiples of 8; the other products,
+// and the GRU for other sizes, are f32 FMA dot products. CPU reference:
 // rssm::reference::HostRssm::predict; parity tests: crates/rssm/tests/gpu_rollout.rs.
 #include "rssm_rollout.cuh"
 
@@ -32,6 +34,84 @@ static __device__ __forceinline__ float dot(const float* w, const float* x, u32 
         for (u32 k = 0; k < n; k++) a0 = fmaf(w[k], x[k], a0);
     }
     return a0 + a1;
+}
+
+// The GRU's gate pre-activations on tensor cores, in 3×TF32: each operand x is split exactly
+// as x = hi + lo, hi = x with its 13 low mantissa bits cleared (a tf32 value) and lo = x − hi
+// (exact in f32); the tensor cores read lo's top 19 bits, which keep it to 2^-11 of itself. A
+// product sum is taken as hi·hi + hi·lo + lo·hi in f32 accumulators (lo·lo is ~2^-20 of the
+// product): relative error ~2^-20 of Σ|w·x|, about f32's (the FMA path's K·2^-24), at
+// mma.sync's rate. Two instructions a value: cvt.rna.tf32.f32 takes six on sm_90.
+static __device__ __forceinline__ void split_tf32(float x, u32& hi, u32& lo) {
+    hi = __float_as_uint(x) & 0xFFFFE000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
+}
+static __device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4],
+                                                const u32 (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The scratch row stride of the gate pre-activations (3·GU + 1: odd, so the nonlinearity's
+// reads of 32 rows at one column fall on 32 banks).
+#define GATE_LD (3 * GU + 1)
+
+// dst[r·GATE_LD + c] = Σ_k W[c][woff + k]·x[r·ld + k] for rows r < B and the block's 3·GU gate
+// rows c (gw, row stride XL), k < K (K % 8 == 0). Warps 0–11 each take one 16 × 8 tile: rows
+// 16·(w / 6) on, gate rows 8·(w % 6) on; m16n8k8 fragments (PTX ISA): A a0 (g, t), a1 (g + 8,
+// t), a2 (g, t + 4), a3 (g + 8, t + 4); B b0 (k t, n g), b1 (k t + 4, n g); C c0 (g, 2t),
+// c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1), with g = lane / 4, t = lane % 4.
+static __device__ __forceinline__ void gate_mma(const float* gw, u32 XL, u32 woff,
+                                                const float* x, u32 ld, u32 K, u32 B,
+                                                float* dst) {
+    const u32 w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (w >= 12) return;
+    const u32 g = lane / 4, t = lane % 4, r0 = 16 * (w / 6) + g, r1 = r0 + 8, n0 = 8 * (w % 6);
+    const float* wr = gw + (n0 + g) * XL + woff + t;
+    const float* x0 = x + r0 * ld + t;
+    const float* x1 = x + r1 * ld + t;
+    const bool in0 = r0 < B, in1 = r1 < B;
+    // Two k-steps a trip into separate accumulators (K % 16 == 0, else the last step alone):
+    // twice the independent mma chains.
+    float big[2][4] = {}, s1[2][4] = {}, s2[2][4] = {};
+    auto step = [&](u32 k, int q) {
+        const float av[4] = {in0 ? x0[k] : 0.0f, in1 ? x1[k] : 0.0f, in0 ? x0[k + 4] : 0.0f,
+                             in1 ? x1[k + 4] : 0.0f};
+        const float bv[2] = {wr[k], wr[k + 4]};
+        u32 ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+        for (int i = 0; i < 4; i++) split_tf32(av[i], ah[i], al[i]);
+#pragma unroll
+        for (int i = 0; i < 2; i++) split_tf32(bv[i], bh[i], bl[i]);
+        mma_tf32(big[q], ah, bh);
+        mma_tf32(s1[q], ah, bl);
+        mma_tf32(s2[q], al, bh);
+    };
+    u32 k = 0;
+#pragma unroll 2
+    for (; k + 16 <= K; k += 16) {
+        step(k, 0);
+        step(k + 8, 1);
+    }
+    if (k < K) step(k, 0);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        big[0][i] += big[1][i];
+        s1[0][i] += s1[1][i];
+        s2[0][i] += s2[1][i];
+    }
+    const u32 c = n0 + 2 * t;
+    if (in0) {
+        dst[r0 * GATE_LD + c] = big[0][0] + (s1[0][0] + s2[0][0]);
+        dst[r0 * GATE_LD + c + 1] = big[0][1] + (s1[0][1] + s2[0][1]);
+    }
+    if (in1) {
+        dst[r1 * GATE_LD + c] = big[0][2] + (s1[0][2] + s2[0][2]);
+        dst[r1 * GATE_LD + c + 1] = big[0][3] + (s1[0][3] + s2[0][3]);
+    }
 }
 
 // The cluster primitives (PTX; sm_90 and later).
@@ -131,6 +211,9 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
 
     const u64 mB = (u64)m * B;
     const bool v4 = ((S | H | E | P) & 3) == 0;
+    // The GRU on tensor cores (gate_mma) when its K ranges are whole mma steps and the gate
+    // scratch (2·B rows of GATE_LD) fits in fcp (B rows of PL); else FMA dot products.
+    const bool mma = v4 && ((S | H) & 7) == 0 && 2 * GATE_LD <= PL;
     // Thread roles: GRU unit u (of GU) and head fc unit u (of FC) for row r.
     const u32 u = threadIdx.x / 32, r = threadIdx.x % 32;
     // The head fc units of this block for step t's hidden state hx: posterior on [h, e_t]
@@ -176,7 +259,24 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
         STAMP(1)
         STAMP(8)
         const u32 j = j0 + u;
-        if (j < H && r < B) {
+        if (mma) {
+            // Gate pre-activations into fcp (read above; peers write it only in phase 2).
+            float* gi = fcp;
+            float* gh = fcp + B * GATE_LD;
+            gate_mma(gw, XL, 0, zb, ZL, S, B, gi);
+            gate_mma(gw, XL, S, hb[cur], HL, H, B, gh);
+            __syncthreads();
+            if (j < H && r < B) {
+                const float* ai = gi + r * GATE_LD + u;
+                const float* ah = gh + r * GATE_LD + u;
+                const float hj = hb[cur][r * HL + j];
+                const float rg = sigmoidf(ai[0] + gb[u] + ah[0] + gb[3 * GU + u]);
+                const float ug = sigmoidf(ai[GU] + gb[GU + u] + ah[GU] + gb[4 * GU + u]);
+                const float ng =
+                    tanhf(ai[2 * GU] + gb[2 * GU + u] + rg * (ah[2 * GU] + gb[5 * GU + u]));
+                hb[cur ^ 1][r * HL + j] = fmaf(ug, hj - ng, ng);
+            }
+        } else if (j < H && r < B) {
             const float* wu = gw + u * XL;
             const float* hx = hb[cur] + r * HL;
             const float* zx = zb + r * ZL;

@@ -134,9 +134,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "rssm_rollout_cluster",
         ptx: include_str!("../kernels/rssm_rollout_cluster.ptx"),
         fatbin: include_bytes!("../kernels/rssm_rollout_cluster.fatbin"),
-        source_sha256: "b5edf3bb2ab3afa22c9180fdc7ef324792e6d1cfbbba64e94bcc2f8939fb0178",
+        source_sha256: "99f418a5c11ccd46c351659d26edb759806336d033200c377ade4e756a77a4b7",
         ptx_sha256: "3b3226fda16e1f4a5f4cea1adbf3883a5725476263e54cd352be4344d0d7dcb4",
-        fatbin_sha256: "6b30505d5faf15269b60928a173f5c8fb32eba786adcad251c2b31f8df2469a2",
+        fatbin_sha256: "abe3137f7a61a0af4e419cf9610f5d8ad47c7c85748f047221546b2a02aa8bfe",
         kernels: &["rssm_rollout_cluster_f32"],
     },
 ];
