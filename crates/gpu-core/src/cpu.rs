@@ -19,6 +19,7 @@ pub use host::{
     keep_freed_host_memory, out_of_memory, try_filled_vec, try_to_vec, try_vec_with_capacity,
     try_zeroed_vec, ZeroBits,
 };
+pub use par::{init_pool_stack, on_pool};
 
 /// Host memory of one dtype.
 #[derive(Debug, Clone, PartialEq)]

@@ -71,3 +71,29 @@ fn fast_mode_matches_the_exact_gpt_loss_and_gradients() {
     // The modes do run different kernels.
     assert!(differs || lf != le, "fast and exact gave identical results");
 }
+
+/// A GPT step run on a worker of the CPU pool (`gpu_core::cpu::on_pool`, as the training
+/// binaries run it) gives the same loss and gradients, bit for bit, as one run from the test's
+/// own thread, in both modes: the pool only changes who starts each op's parallel loop.
+#[test]
+fn gpt_step_on_the_pool_is_bit_identical() {
+    let seed = test_seed("gpt_step_on_the_pool_is_bit_identical");
+    let text: String = (0..4000)
+        .map(|i| (b'a' + ((i * 5 + i / 11) % 21) as u8) as char)
+        .collect();
+    let ds = Dataset::from_text(&text, 0.9).unwrap();
+    let mut cfg = GptConfig::tiny(ds.tokenizer.vocab_size());
+    (cfg.n_embd, cfg.block_size) = (64, 32);
+    let model = Gpt::new(cfg, seed, Device::Cpu).unwrap();
+    let mut rng = Dataset::rng(seed);
+    let (x, y) = ds.batch(false, 12, 32, &mut rng, Device::Cpu).unwrap();
+    for mode in [CpuMode::Fast, CpuMode::Exact] {
+        let (l0, g0) = loss_and_grads(&model, &x, &y, mode);
+        let (l1, g1) = gpu_core::cpu::on_pool(|| loss_and_grads(&model, &x, &y, mode));
+        assert_eq!(l0.to_bits(), l1.to_bits(), "{mode:?}: loss {l0} vs {l1}");
+        for (((name, _, _), a), b) in model.parameters().iter().zip(&g0).zip(&g1) {
+            let same = a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "{mode:?}: gradient of {name} differs on the pool");
+        }
+    }
+}

@@ -5,12 +5,47 @@
 
 use rayon::prelude::*;
 
+/// Runs `f` on a worker of the pool that the CPU backend's ops run on (rayon's global pool) and
+/// returns what it returns; the calling thread waits. Ops called on a worker start their
+/// parallel loops there and share them with the other workers directly. Called from any other
+/// thread, each op instead hands its whole loop over to the pool and sleeps until a worker
+/// wakes it: two thread switches per op, about a tenth of the tiny GPT's CPU training step on
+/// two cores (`docs/cpu-speed.md`). Training loops on the CPU run inside this.
+///
+/// Results are the same bits either way (the work is split as always). The caller's
+/// [`crate::cpu::with_mode`] override goes along; other thread-local state (tensor-ops'
+/// `no_grad`, autocast) does not, so enter the pool outside it. On a worker already, `f` just
+/// runs. A panic in `f` resumes on the caller.
+///
+/// Worker threads get rayon's default stack (2 MiB) unless [`init_pool_stack`] ran first:
+/// binaries that move deep work here (graphs are dropped recursively) call it at start-up.
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        return f();
+    }
+    let mode = super::fast::mode_override();
+    rayon::scope(move |_| match mode {
+        Some(m) => super::fast::with_mode(m, f),
+        None => f(),
+    })
+}
+
 /// Roughly the elements one task should cover: below this, splitting costs more than it saves.
 pub(crate) const GRAIN: usize = 1 << 13;
 
 /// The least rows of `cols` elements one task should take.
 pub(crate) fn min_rows(cols: usize) -> usize {
     (GRAIN / cols.max(1)).max(1)
+}
+
+/// Builds the CPU pool (rayon's global pool, default thread count) with worker stacks of
+/// `bytes`, e.g. a main thread's 8 MiB, for work moved there by [`on_pool`]. Returns false, and
+/// changes nothing, when the pool exists already (any op or an earlier call built it).
+pub fn init_pool_stack(bytes: usize) -> bool {
+    rayon::ThreadPoolBuilder::new()
+        .stack_size(bytes)
+        .build_global()
+        .is_ok()
 }
 
 /// Calls `f(offset, chunk)` on consecutive chunks of `out`, in parallel; `offset` is the index of

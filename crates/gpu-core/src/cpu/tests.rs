@@ -324,3 +324,28 @@ fn matmul_non_finite_inputs_reach_only_their_row_or_column() {
         }
     }
 }
+
+/// `on_pool` runs its closure on a worker of rayon's global pool (not on the caller), with the
+/// caller's mode override, returns its value, runs nested calls in place, and hands a panic
+/// back to the caller.
+#[test]
+fn on_pool_runs_on_a_worker_with_the_callers_mode() {
+    use crate::cpu::{mode, on_pool, with_mode, CpuMode};
+    // The test harness runs tests on threads of its own, never on rayon's workers.
+    assert_eq!(rayon::current_thread_index(), None);
+    let caller = std::thread::current().id();
+    let (index, thread, m, nested) = with_mode(CpuMode::Fast, || {
+        on_pool(|| {
+            let here = std::thread::current().id();
+            let nested = on_pool(|| std::thread::current().id() == here);
+            (rayon::current_thread_index(), here, mode(), nested)
+        })
+    });
+    assert!(index.is_some(), "not on a worker");
+    assert_ne!(thread, caller);
+    assert_eq!(m, CpuMode::Fast, "the caller's override did not go along");
+    assert!(nested, "a nested call moved to another thread");
+    assert_eq!(on_pool(mode), CpuMode::Exact, "no override: the default");
+    let panicked = std::panic::catch_unwind(|| on_pool(|| panic!("inside the pool")));
+    assert!(panicked.is_err());
+}

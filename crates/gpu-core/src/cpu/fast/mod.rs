@@ -80,6 +80,11 @@ pub fn mode() -> CpuMode {
         })
 }
 
+/// This thread's [`with_mode`] override, if any.
+pub(crate) fn mode_override() -> Option<CpuMode> {
+    OVERRIDE.with(|o| o.get())
+}
+
 /// Runs `f` with `mode` in force on this thread (restored afterwards, also on a panic).
 pub fn with_mode<R>(mode: CpuMode, f: impl FnOnce() -> R) -> R {
     struct Restore(Option<CpuMode>);
