@@ -98,6 +98,9 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // CPU training runs on a worker of the op pool (`on_pool` below): give the workers a main
+    // thread's stack before anything builds the pool.
+    gpu_core::cpu::init_pool_stack(8 << 20);
     let device = match cli.device {
         DeviceChoice::Auto => {
             let d = Device::auto()?;
@@ -128,31 +131,39 @@ fn main() -> Result<()> {
             CpuMode::Exact => println!("cpu mode exact (the f64 reference)"),
         }
     }
-    match cmd {
-        Cmd::Run(args) => {
-            hybrid_trainer::job::run(device, &args)?;
-        }
-        Cmd::Experiment(args) => {
-            hybrid_trainer::experiment::run(device, &args)?;
-        }
-        Cmd::Demo { size } => {
-            hybrid_trainer::demo::run(device, size as usize)?;
-        }
-        Cmd::ParityDump {
-            out,
-            model,
-            variant,
-            precision,
-        } => {
-            if model == "gru" {
-                hybrid_trainer::parity_gru::dump(device, &out)?;
-            } else {
-                hybrid_trainer::parity::dump(device, variant, precision, &out)?;
+    let run = move || -> Result<()> {
+        match cmd {
+            Cmd::Run(args) => {
+                hybrid_trainer::job::run(device, &args)?;
+            }
+            Cmd::Experiment(args) => {
+                hybrid_trainer::experiment::run(device, &args)?;
+            }
+            Cmd::Demo { size } => {
+                hybrid_trainer::demo::run(device, size as usize)?;
+            }
+            Cmd::ParityDump {
+                out,
+                model,
+                variant,
+                precision,
+            } => {
+                if model == "gru" {
+                    hybrid_trainer::parity_gru::dump(device, &out)?;
+                } else {
+                    hybrid_trainer::parity::dump(device, variant, precision, &out)?;
+                }
+            }
+            Cmd::TrainGpt(args) => {
+                hybrid_trainer::train_gpt::run(device, &args)?;
             }
         }
-        Cmd::TrainGpt(args) => {
-            hybrid_trainer::train_gpt::run(device, &args)?;
-        }
+        Ok(())
+    };
+    if device == Device::Cpu {
+        // Every op then starts its parallel loop on a worker instead of handing it over.
+        gpu_core::cpu::on_pool(run)
+    } else {
+        run()
     }
-    Ok(())
 }

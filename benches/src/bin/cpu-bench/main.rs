@@ -54,6 +54,10 @@ struct Args {
     /// Print where the GPT step's time goes: each CPU op's total per step (`cpu::profile`).
     #[arg(long)]
     profile: bool,
+    /// Run the GPT step from the main thread instead of on a worker of the CPU pool (each op
+    /// then hands its loop over to the pool: the way before `cpu::on_pool`).
+    #[arg(long)]
+    outside_pool: bool,
 }
 
 /// Median microseconds of `f` over `reps` calls after `warmup`.
@@ -223,7 +227,15 @@ fn main() -> Result<()> {
     for round in 0..a.rounds {
         for (id, _, gpt) in &rows {
             let us = match (gpt, &text) {
-                (true, Some(t)) => gpt_step_us(t, a.profile && round == 0)?,
+                (true, Some(t)) => {
+                    let prof = a.profile && round == 0;
+                    if a.outside_pool {
+                        gpt_step_us(t, prof)?
+                    } else {
+                        // As the training binaries run it (`cpu::on_pool`).
+                        cpu::on_pool(|| gpt_step_us(t, prof))?
+                    }
+                }
                 _ => sgemm_us(id["sgemm_".len()..].parse()?, a.reps)?,
             };
             ours.entry(id.clone()).or_default().push(us);
