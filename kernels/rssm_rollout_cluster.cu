@@ -6,8 +6,8 @@
 // barriers: nothing is staged through L2 and no barrier spins on memory. The head fc units are
 // spread over all BPM blocks (FC = ⌈P/BPM⌉ each). Needs B <= 32 rows and BPM <= 16 (one cluster
 // per member); the host falls back to rssm_rollout_f32 otherwise. The GRU's gate products run
-// on tensor cores in 3×TF32 (gate_mma) when S and H are multiples of 8; the other products,
-// and the GRU for other sizes, are f32 FMA dot products. CPU reference:
+// and the decoder fc's run on tensor cores in 3×TF32 (gate_mma, dec_mma) when S and H are
+// multiples of 8; the other products, and these for other sizes, are f32 FMA dot products. CPU reference:
 // rssm::reference::HostRssm::predict; parity tests: crates/rssm/tests/gpu_rollout.rs.
 #include "rssm_rollout.cuh"
 
@@ -114,6 +114,46 @@ static __device__ __forceinline__ void gate_mma(const float* gw, u32 XL, u32 wof
     }
 }
 
+// The decoder fc of the block's nf <= 8 units (rows of W, stride WL: [h (H) | z (S)] weights)
+// on tensor cores, as gate_mma: warp w takes rows 16·(w & 1) on and the k-steps s ≡ w / 2
+// (mod 8) of [h | z] ((H + S) / 8 of them), and writes its 16 × 8 partial sums to part
+// (chunk w / 2 at part + (w / 2)·8·B, [B][8]); the caller adds the 8 chunks in order.
+static __device__ __forceinline__ void dec_mma(const float* W, u32 WL, u32 nf, const float* h,
+                                               u32 HL, u32 H, const float* z, u32 ZL, u32 S,
+                                               u32 B, float* part) {
+    const u32 w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u32 g = lane / 4, t = lane % 4, r0 = 16 * (w & 1) + g, r1 = r0 + 8, c = w / 2;
+    const bool in0 = r0 < B, in1 = r1 < B, wn = g < nf;
+    const float* wr = W + g * WL + t;
+    float big[4] = {}, s1[4] = {}, s2[4] = {};
+    for (u32 st = c; st < (H + S) / 8; st += 8) {
+        const u32 k = 8 * st;
+        const bool hz = k < H;
+        const float* x = hz ? h : z;
+        const u32 ld = hz ? HL : ZL, kk = (hz ? k : k - H) + t;
+        const float av[4] = {in0 ? x[r0 * ld + kk] : 0.0f, in1 ? x[r1 * ld + kk] : 0.0f,
+                             in0 ? x[r0 * ld + kk + 4] : 0.0f, in1 ? x[r1 * ld + kk + 4] : 0.0f};
+        const float bv[2] = {wn ? wr[k] : 0.0f, wn ? wr[k + 4] : 0.0f};
+        u32 ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+        for (int i = 0; i < 4; i++) split_tf32(av[i], ah[i], al[i]);
+#pragma unroll
+        for (int i = 0; i < 2; i++) split_tf32(bv[i], bh[i], bl[i]);
+        mma_tf32(big, ah, bh);
+        mma_tf32(s1, ah, bl);
+        mma_tf32(s2, al, bh);
+    }
+    float* p = part + c * 8 * B + 2 * t;
+    if (in0) {
+        p[r0 * 8] = big[0] + (s1[0] + s2[0]);
+        p[r0 * 8 + 1] = big[1] + (s1[1] + s2[1]);
+    }
+    if (in1) {
+        p[r1 * 8] = big[2] + (s1[2] + s2[2]);
+        p[r1 * 8 + 1] = big[3] + (s1[3] + s2[3]);
+    }
+}
+
 // The cluster primitives (PTX; sm_90 and later).
 static __device__ __forceinline__ u32 cluster_rank() {
     u32 r;
@@ -214,6 +254,9 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
     // The GRU on tensor cores (gate_mma) when its K ranges are whole mma steps and the gate
     // scratch (2·B rows of GATE_LD) fits in fcp (B rows of PL); else FMA dot products.
     const bool mma = v4 && ((S | H) & 7) == 0 && 2 * GATE_LD <= PL;
+    // The decoder fc on tensor cores (dec_mma, 16 warps) when the block's units fit one n-tile
+    // and its 8 chunks of partial sums fit in fcp.
+    const bool dmma = v4 && ((S | H) & 7) == 0 && FC <= 8 && PL >= 64 && THREADS == 512;
     // Thread roles: GRU unit u (of GU) and head fc unit u (of FC) for row r.
     const u32 u = threadIdx.x / 32, r = threadIdx.x % 32;
     // The head fc units of this block for step t's hidden state hx: posterior on [h, e_t]
@@ -230,6 +273,17 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
     };
     // The decoder fc units of this block on [h, z], into every block's fcd.
     auto dec_fc = [&](const float* hx) {
+        if (dmma) {
+            // Partial sums in fcp (free in phase 1 once the GRU's gate scratch is read).
+            __syncthreads();
+            dec_mma(fw2, pad(in[2]), nf, hx, HL, H, zb, ZL, S, B, fcp);
+            __syncthreads();
+            if (u >= nf || r >= B) return;
+            float a = 0.0f;
+            for (u32 c = 0; c < 8; c++) a += fcp[c * 8 * B + r * 8 + u];
+            fcd[r * PL + p0 + u] = a + fb[2 * FC + u];
+            return;
+        }
         if (u >= nf || r >= B) return;
         const float* wr = fw2 + u * pad(in[2]);
         const float a = dot(wr, hx + r * HL, H, v4) + dot(wr + H, zb + r * ZL, S, v4);

@@ -134,9 +134,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "rssm_rollout_cluster",
         ptx: include_str!("../kernels/rssm_rollout_cluster.ptx"),
         fatbin: include_bytes!("../kernels/rssm_rollout_cluster.fatbin"),
-        source_sha256: "99f418a5c11ccd46c351659d26edb759806336d033200c377ade4e756a77a4b7",
+        source_sha256: "777e3b9f88aa3873e60aa8f89643a2d3ab5c6d2055b61302f880c8f5fe3c87cd",
         ptx_sha256: "3b3226fda16e1f4a5f4cea1adbf3883a5725476263e54cd352be4344d0d7dcb4",
-        fatbin_sha256: "abe3137f7a61a0af4e419cf9610f5d8ad47c7c85748f047221546b2a02aa8bfe",
+        fatbin_sha256: "04e701c74406411cf290e93df5d13a0da459097e818830808aea91dcb51d64b7",
         kernels: &["rssm_rollout_cluster_f32"],
     },
 ];
