@@ -9,8 +9,9 @@ use rayon::prelude::*;
 /// returns what it returns; the calling thread waits. Ops called on a worker start their
 /// parallel loops there and share them with the other workers directly. Called from any other
 /// thread, each op instead hands its whole loop over to the pool and sleeps until a worker
-/// wakes it: two thread switches per op, about a tenth of the tiny GPT's CPU training step on
-/// two cores (`docs/cpu-speed.md`). Training loops on the CPU run inside this.
+/// wakes it: two thread switches per op (the tiny GPT's CPU training step ran 6 % faster in the
+/// median on the pool, 2 cores: `docs/cpu-speed.md`). Training loops on the CPU run inside
+/// this.
 ///
 /// Results are the same bits either way (the work is split as always). The caller's
 /// [`crate::cpu::with_mode`] override goes along; other thread-local state (tensor-ops'
