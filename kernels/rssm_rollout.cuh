@@ -4,10 +4,10 @@
 #pragma once
 
 // Timing builds (-DPROF=BLOCK, scripts/rollout_ab.py): block BLOCK's clock at the phase ends of
-// step t, into the kernel's `prof` (10 slots a step).
+// step t < T + N, into the kernel's `prof` (10 slots a step).
 #ifdef PROF
 #define STAMP(i) \
-    if (blockIdx.x == PROF && threadIdx.x == 0) prof[t * 10 + (i)] = clock64();
+    if (blockIdx.x == PROF && threadIdx.x == 0 && t < T + N) prof[t * 10 + (i)] = clock64();
 #else
 #define STAMP(i)
 #endif
@@ -173,16 +173,13 @@ static __device__ void load_slices(const float* wm, const Layout& L, u32 H, u32 
                [&](u32 i, float v) { w.lg[2 * h * P + i] = v; });
 }
 
-// LayerNorm (two-pass, f32) + ReLU of the staged rows (stride pad(P)) in place, then
-// dst[r·dst_stride + o] = Wo[o]·y_r + bo[o] for o < O (Wo stride pad(P)). Output phase:
-// thread t takes row t/16 and outputs t%16, t%16 + 16, ... (independent accumulators).
+// LayerNorm (two-pass, f32) + ReLU of the staged rows (stride pad(P)) in place: a warp a row.
 // PC: P as a compile-time constant (0: P as given), so that the loops unroll and their loads
 // issue together (norm_out below picks it).
 #define OPT 4
 template <u32 PC>
-static __device__ void norm_out_p(float* st, u32 nr, u32 P_, const float* g, const float* be,
-                                  float eps, const float* Wo, const float* bo, u32 O, float* dst,
-                                  u64 dst_stride) {
+static __device__ void norm_rows_p(float* st, u32 nr, u32 P_, const float* g, const float* be,
+                                   float eps) {
     const u32 P = PC ? PC : P_;
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, ld = pad(P);
     for (u32 r = warp; r < nr; r += blockDim.x / 32) {
@@ -202,7 +199,14 @@ static __device__ void norm_out_p(float* st, u32 nr, u32 P_, const float* g, con
 #pragma unroll
         for (u32 k = lane; k < P; k += 32) x[k] = fmaxf(fmaf((x[k] - mu) * rstd, g[k], be[k]), 0.0f);
     }
-    __syncthreads();
+}
+
+// dst[r·dst_stride + o] = Wo[o]·y_r + bo[o] for rows r < nr, o < O (Wo and y stride pad(P)):
+// thread t takes row t/16 and outputs t%16, t%16 + 16, ... (independent accumulators).
+template <u32 PC>
+static __device__ void out_rows_p(const float* st, u32 nr, u32 P_, const float* Wo, const float* bo,
+                                  u32 O, float* dst, u64 dst_stride) {
+    const u32 P = PC ? PC : P_, ld = pad(P);
     const u32 r = threadIdx.x / 16, og = threadIdx.x % 16;
     if (r < nr) {
         const float* x = st + r * ld;
@@ -239,7 +243,31 @@ static __device__ void norm_out_p(float* st, u32 nr, u32 P_, const float* g, con
     }
 }
 
-// norm_out_p with the model's default head width (128) compiled in.
+// norm_rows_p, then out_rows_p.
+template <u32 PC>
+static __device__ void norm_out_p(float* st, u32 nr, u32 P_, const float* g, const float* be,
+                                  float eps, const float* Wo, const float* bo, u32 O, float* dst,
+                                  u64 dst_stride) {
+    norm_rows_p<PC>(st, nr, P_, g, be, eps);
+    __syncthreads();
+    out_rows_p<PC>(st, nr, P_, Wo, bo, O, dst, dst_stride);
+}
+
+// The three with the model's default head width (128) compiled in.
+static __device__ void norm_rows(float* st, u32 nr, u32 P, const float* g, const float* be,
+                                 float eps) {
+    if (P == 128)
+        norm_rows_p<128>(st, nr, P, g, be, eps);
+    else
+        norm_rows_p<0>(st, nr, P, g, be, eps);
+}
+static __device__ void out_rows(const float* st, u32 nr, u32 P, const float* Wo, const float* bo,
+                                u32 O, float* dst, u64 dst_stride) {
+    if (P == 128)
+        out_rows_p<128>(st, nr, P, Wo, bo, O, dst, dst_stride);
+    else
+        out_rows_p<0>(st, nr, P, Wo, bo, O, dst, dst_stride);
+}
 static __device__ void norm_out(float* st, u32 nr, u32 P, const float* g, const float* be,
                                 float eps, const float* Wo, const float* bo, u32 O, float* dst,
                                 u64 dst_stride) {

@@ -114,7 +114,8 @@ static __device__ __forceinline__ void gate_mma(const float* gw, u32 XL, u32 wof
     }
 }
 
-// The decoder fc of the block's nf <= 8 units (rows of W, stride WL: [h (H) | z (S)] weights)
+// A head fc of the block's nf <= 8 units (rows of W, stride WL: [h (H) | z (S)] weights; S = 0
+// for the prior's, on h alone)
 // on tensor cores, as gate_mma: warp w takes rows 16·(w & 1) on and the k-steps s ≡ w / 2
 // (mod 8) of [h | z] ((H + S) / 8 of them), and writes its 16 × 8 partial sums to part
 // (chunk w / 2 at part + (w / 2)·8·B, [B][8]); the caller adds the 8 chunks in order.
@@ -151,6 +152,68 @@ static __device__ __forceinline__ void dec_mma(const float* W, u32 WL, u32 nf, c
     if (in1) {
         p[r1 * 8] = big[2] + (s1[2] + s2[2]);
         p[r1 * 8 + 1] = big[3] + (s1[3] + s2[3]);
+    }
+}
+
+// dst[r·ds + o] = Wo[o]·y_r + bo[o] for rows r < B <= 32 and outputs o < O <= 64 on tensor
+// cores (3×TF32): y and Wo rows of stride ld (≡ 4 mod 32: conflict-free fragments), K = P
+// (P % 8 == 0). The 16 × 8 tiles, 2·⌈O/8⌉ of them (a divisor of 16), go to warps w % tiles,
+// each taking the k-steps ≡ w / tiles (mod kp). kp = 1 (scratch null): the first `tiles` warps
+// write dst; kp = 16 / tiles: every warp writes its partial sums to scratch ([kp][B][8·⌈O/8⌉])
+// and, after a block barrier, they are added in order.
+static __device__ __forceinline__ void out_mma(const float* y, u32 ld, u32 P, const float* Wo,
+                                               const float* bo, u32 O, u32 B, float* dst,
+                                               u64 ds, float* scratch) {
+    const u32 w = threadIdx.x / 32, lane = threadIdx.x % 32, nt = (O + 7) / 8, tiles = 2 * nt;
+    const u32 kp = scratch ? 16 / tiles : 1, OW = 8 * nt;
+    const u32 g = lane / 4, t = lane % 4, tile = w % tiles, c = w / tiles;
+    if (c < kp) {
+        const u32 r0 = 16 * (tile & 1) + g, r1 = r0 + 8, n0 = 8 * (tile >> 1);
+        const bool in0 = r0 < B, in1 = r1 < B, wn = n0 + g < O;
+        const float* wr = Wo + (n0 + g) * ld + t;
+        const float* x0 = y + r0 * ld + t;
+        const float* x1 = y + r1 * ld + t;
+        float big[4] = {}, s1[4] = {}, s2[4] = {};
+        for (u32 k = 8 * c; k < P; k += 8 * kp) {
+            const float av[4] = {in0 ? x0[k] : 0.0f, in1 ? x1[k] : 0.0f, in0 ? x0[k + 4] : 0.0f,
+                                 in1 ? x1[k + 4] : 0.0f};
+            const float bv[2] = {wn ? wr[k] : 0.0f, wn ? wr[k + 4] : 0.0f};
+            u32 ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+            for (int i = 0; i < 4; i++) split_tf32(av[i], ah[i], al[i]);
+#pragma unroll
+            for (int i = 0; i < 2; i++) split_tf32(bv[i], bh[i], bl[i]);
+            mma_tf32(big, ah, bh);
+            mma_tf32(s1, ah, bl);
+            mma_tf32(s2, al, bh);
+        }
+        const u32 o = n0 + 2 * t;
+        const float v[4] = {big[0] + (s1[0] + s2[0]), big[1] + (s1[1] + s2[1]),
+                            big[2] + (s1[2] + s2[2]), big[3] + (s1[3] + s2[3])};
+        if (scratch) {
+            float* p = scratch + c * B * OW + o;
+            if (in0) {
+                p[r0 * OW] = v[0];
+                p[r0 * OW + 1] = v[1];
+            }
+            if (in1) {
+                p[r1 * OW] = v[2];
+                p[r1 * OW + 1] = v[3];
+            }
+        } else {
+            if (in0 && o < O) dst[r0 * ds + o] = v[0] + bo[o];
+            if (in0 && o + 1 < O) dst[r0 * ds + o + 1] = v[1] + bo[o + 1];
+            if (in1 && o < O) dst[r1 * ds + o] = v[2] + bo[o];
+            if (in1 && o + 1 < O) dst[r1 * ds + o + 1] = v[3] + bo[o + 1];
+        }
+    }
+    if (!scratch) return;
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < B * O; i += blockDim.x) {
+        const u32 r = i / O, o = i % O;
+        float a = 0.0f;
+        for (u32 q = 0; q < kp; q++) a += scratch[q * B * OW + r * OW + o];
+        dst[r * ds + o] = a + bo[o];
     }
 }
 
@@ -254,14 +317,32 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
     // The GRU on tensor cores (gate_mma) when its K ranges are whole mma steps and the gate
     // scratch (2·B rows of GATE_LD) fits in fcp (B rows of PL); else FMA dot products.
     const bool mma = v4 && ((S | H) & 7) == 0 && 2 * GATE_LD <= PL;
-    // The decoder fc on tensor cores (dec_mma, 16 warps) when the block's units fit one n-tile
-    // and its 8 chunks of partial sums fit in fcp.
+    // The decoder fc and the prior's fc on tensor cores (dec_mma, 16 warps) when the block's
+    // units fit one n-tile and the 8 chunks of partial sums fit in fcp (and in the dead h
+    // buffer, B·HL floats, HL >= PL).
     const bool dmma = v4 && ((S | H) & 7) == 0 && FC <= 8 && PL >= 64 && THREADS == 512;
+    // The prior/posterior mean outputs (S of them, into zb) and the block's decoder outputs on
+    // tensor cores (out_mma) when P is whole mma steps and the tiles divide the 16 warps; the
+    // decoder's partial sums ([16 / 2][B][8]) go to the dead h buffer (B·HL floats).
+    const bool tiles_ok = (P & 7) == 0 && THREADS == 512;
+    const bool omma = tiles_ok && S <= 64 && 16 % (2 * ((S + 7) / 8)) == 0;
+    const bool domma = tiles_ok && DO <= 8 && 64 <= HL;
     // Thread roles: GRU unit u (of GU) and head fc unit u (of FC) for row r.
     const u32 u = threadIdx.x / 32, r = threadIdx.x % 32;
     // The head fc units of this block for step t's hidden state hx: posterior on [h, e_t]
     // (e from global memory) or prior on h; into every block's fcp.
-    auto head_fc = [&](int hd, const float* hx, u32 t) {
+    // The prior's (hd 0) on tensor cores as the decoder fc's (dec_mma on [h], partial sums in
+    // `scratch`); the posterior's, which also reads e_t from global memory, on FMA.
+    auto head_fc = [&](int hd, const float* hx, u32 t, float* scratch) {
+        if (dmma && hd == 0 && HL >= 64) {
+            dec_mma(fw0, pad(in[0]), nf, hx, HL, H, nullptr, 0, 0, B, scratch);
+            __syncthreads();
+            if (u >= nf || r >= B) return;
+            float a = 0.0f;
+            for (u32 c = 0; c < 8; c++) a += scratch[c * 8 * B + r * 8 + u];
+            fcp[r * PL + p0 + u] = a + fb[u];
+            return;
+        }
         if (u >= nf || r >= B) return;
         const float* wr = (hd ? fw1 : fw0) + u * pad(in[hd]);
         float a = dot(wr, hx + r * HL, H, v4);
@@ -289,28 +370,45 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
         const float a = dot(wr, hx + r * HL, H, v4) + dot(wr + H, zb + r * ZL, S, v4);
         fcd[r * PL + p0 + u] = a + fb[2 * FC + u];
     };
-    // This block's slice of the decoder outputs of imagined step n (LayerNorm of fcd in place).
-    auto dec_out = [&](u32 n) {
-        if (nd > 0)
-            norm_out(fcd, B, P, lg + 4 * P, lg + 5 * P, eps, od, odb, nd,
-                     out + (mB * N + n) * D + o0, (u64)N * D);
-    };
-
-    int cur = 0;
 #ifdef PROF  // the phase clocks (STAMP) go to dis + 8192 floats (rollout_ab.py gives room)
     long long* prof = reinterpret_cast<long long*>(dis) + 4096;
 #endif
+    // This block's slice of the decoder outputs of imagined step n (LayerNorm of fcd in place);
+    // t: the loop's step, for the phase clocks of PROF builds.
+    auto dec_out = [&](u32 n, u32 t, float* scratch) {
+        if (nd == 0) return;
+        norm_rows(fcd, B, P, lg + 4 * P, lg + 5 * P, eps);
+        __syncthreads();
+#ifdef PROF_SPLIT  // "dec out itself" is then the outputs only
+        STAMP(9)
+#endif
+        if (domma)
+            out_mma(fcd, PL, P, od, odb, nd, B, out + (mB * N + n) * D + o0, (u64)N * D, scratch);
+        else
+            out_rows(fcd, B, P, od, odb, nd, out + (mB * N + n) * D + o0, (u64)N * D);
+    };
+
+    int cur = 0;
     for (u32 t = 0; t < T + N; t++) {
         STAMP(0)
         // Phase 1: z_{t−1} from fcp (every block, for itself); h_t = GRU(z_{t−1}, h_{t−1})
         // into every block's hb[cur ^ 1]; the decoder fc of imagined step t − 1 − T.
         if (t > 0) {
             const int hd = t - 1 < T ? 1 : 0;
-            norm_out(fcp, B, P, lg + 2 * hd * P, lg + (2 * hd + 1) * P, eps, hd ? om1 : om0,
-                     omb + hd * S4, S, zb, ZL);
+            norm_rows(fcp, B, P, lg + 2 * hd * P, lg + (2 * hd + 1) * P, eps);
+            __syncthreads();
+#ifdef PROF_SPLIT  // the LayerNorms' share: "z from fc" ends here, "GRU stage" has the outputs
+            STAMP(1)
+#endif
+            if (omma)
+                out_mma(fcp, PL, P, hd ? om1 : om0, omb + hd * S4, S, B, zb, ZL, nullptr);
+            else
+                out_rows(fcp, B, P, hd ? om1 : om0, omb + hd * S4, S, zb, ZL);
             __syncthreads();
         }
+#ifndef PROF_SPLIT
         STAMP(1)
+#endif
         STAMP(8)
         const u32 j = j0 + u;
         if (mma) {
@@ -360,12 +458,14 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
         const int nxt = cur ^ 1;
         // Phase 2: the head fc of step t; this block's slice of the decoder outputs of imagined
         // step t − 1 − T.
-        head_fc(t < T ? 1 : 0, hb[nxt], t);
+        head_fc(t < T ? 1 : 0, hb[nxt], t, hb[cur]);  // h_{t−1}: dead until next phase 1
         STAMP(5)
         __syncthreads();
         push_slice(fcp, PL, p0, nf, B, BPM, s);
+#ifndef PROF_SPLIT
         STAMP(9)
-        if (t > T) dec_out(t - 1 - T);
+#endif
+        if (t > T) dec_out(t - 1 - T, t, hb[cur]);  // h_{t−1}: dead until next phase 1
         STAMP(6)
         cluster_barrier();
         STAMP(7)
@@ -378,7 +478,7 @@ rssm_rollout_cluster_f32(const float* __restrict__ w, const float* __restrict__ 
     __syncthreads();
     push_slice(fcd, PL, p0, nf, B, BPM, s);
     cluster_barrier();
-    dec_out(N - 1);
+    dec_out(N - 1, T + N, hb[cur ^ 1]);  // the h before the last: dead
     u32 gg = 0;
     barrier(bar, gridDim.x, gg);
     ensemble_stats(out, mean, dis, M, B, N, D);
