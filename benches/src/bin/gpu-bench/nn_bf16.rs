@@ -1,5 +1,6 @@
 //! The bf16 kernels of mixed precision: the memory-bound ones at the elementwise rows' size
-//! (casts, add, GELU forward and backward, dropout; bytes count every element read and written
+//! (casts, add, bias add, affine, GELU forward and backward, dropout, sums over rows and
+//! columns, a permute; bytes count every element read and written
 //! once, 2 per bf16 and 4 per f32; the goal is >= 85% of the copy row's bandwidth), and
 //! the tensor-core causal attention at the GPT's shape.
 
@@ -7,7 +8,7 @@ use crate::{row, Bench, COLS, ROWS};
 use anyhow::Result;
 use benches::Row;
 use gpu_core::nn::attention::Packed;
-use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps};
+use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, ReduceKind};
 use gpu_core::{Backend, BufferInfo, DType};
 use gpu_cuda::CudaBuffer;
 
@@ -81,7 +82,60 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(2.0 * h),
         None,
     ));
-    drop((xf, xs, dys, o, of));
+    let us = b.time(|i| b.gpu.affine(&xs[i % 2], 1.5, 0.25, &mut o))?;
+    rows.push(row(
+        "affine_bf16",
+        format!("affine x·1.5 + 0.25 bf16 {size}"),
+        us,
+        Some(2.0 * h),
+        None,
+    ));
+    let bias = bf16(&b.random(COLS)?)?;
+    let us = b.time(|i| {
+        b.gpu
+            .broadcast_binary(BinaryKind::Add, &xs[i % 2], &shape, &bias, &[COLS], &mut o)
+    })?;
+    rows.push(row(
+        "bias_add_bf16",
+        format!("add bf16 {size} + a bias row [{COLS}]"),
+        us,
+        Some(2.0 * h),
+        None,
+    ));
+    let mut sr = b.gpu.allocate(DType::BF16, ROWS)?;
+    let us = b.time(|i| {
+        b.gpu
+            .reduce_axis(ReduceKind::Sum, &xs[i % 2], ROWS, COLS, 1, &mut sr)
+    })?;
+    rows.push(row(
+        "sum_rows_bf16",
+        format!("sum over each row bf16 {size} (f32 accumulation)"),
+        us,
+        Some(h),
+        None,
+    ));
+    let mut sc = b.gpu.allocate(DType::BF16, COLS)?;
+    let us = b.time(|i| {
+        b.gpu
+            .reduce_axis(ReduceKind::Sum, &xs[i % 2], 1, ROWS, COLS, &mut sc)
+    })?;
+    rows.push(row(
+        "sum_cols_bf16",
+        format!("sum over the rows bf16 {size} (a bias gradient; f32 accumulation)"),
+        us,
+        Some(h),
+        None,
+    ));
+    let pshape = [512, 256, 4, 64];
+    let us = b.time(|i| b.gpu.permute(&xs[i % 2], &pshape, &[0, 2, 1, 3], &mut o))?;
+    rows.push(row(
+        "permute_bf16",
+        "permute [512, 256, 4, 64] → [512, 4, 256, 64] bf16 (heads to the front)".into(),
+        us,
+        Some(2.0 * h),
+        None,
+    ));
+    drop((xf, xs, dys, o, of, bias, sr, sc));
 
     // bf16 causal attention straight from a GPT's fused projection, B64 H6 T256 D64 (the
     // shakespeare-char GPT's): FLOPs counted as PyTorch's causal half, 4·n·t²·d/2.
