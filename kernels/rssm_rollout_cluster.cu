@@ -55,6 +55,21 @@ static __device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4]
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// One k-step of 3×TF32: big, s1, s2 += hi·hi, hi·lo, lo·hi of the fragments' f32 values av (A)
+// and bv (B).
+static __device__ __forceinline__ void mma_3xtf32(float (&big)[4], float (&s1)[4],
+                                                  float (&s2)[4], const float (&av)[4],
+                                                  const float (&bv)[2]) {
+    u32 ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int i = 0; i < 4; i++) split_tf32(av[i], ah[i], al[i]);
+#pragma unroll
+    for (int i = 0; i < 2; i++) split_tf32(bv[i], bh[i], bl[i]);
+    mma_tf32(big, ah, bh);
+    mma_tf32(s1, ah, bl);
+    mma_tf32(s2, al, bh);
+}
+
 // The scratch row stride of the gate pre-activations (3·GU + 1: odd, so the nonlinearity's
 // reads of 32 rows at one column fall on 32 banks).
 #define GATE_LD (3 * GU + 1)
@@ -81,14 +96,7 @@ static __device__ __forceinline__ void gate_mma(const float* gw, u32 XL, u32 wof
         const float av[4] = {in0 ? x0[k] : 0.0f, in1 ? x1[k] : 0.0f, in0 ? x0[k + 4] : 0.0f,
                              in1 ? x1[k + 4] : 0.0f};
         const float bv[2] = {wr[k], wr[k + 4]};
-        u32 ah[4], al[4], bh[2], bl[2];
-#pragma unroll
-        for (int i = 0; i < 4; i++) split_tf32(av[i], ah[i], al[i]);
-#pragma unroll
-        for (int i = 0; i < 2; i++) split_tf32(bv[i], bh[i], bl[i]);
-        mma_tf32(big[q], ah, bh);
-        mma_tf32(s1[q], ah, bl);
-        mma_tf32(s2[q], al, bh);
+        mma_3xtf32(big[q], s1[q], s2[q], av, bv);
     };
     u32 k = 0;
 #pragma unroll 2
@@ -135,14 +143,7 @@ static __device__ __forceinline__ void dec_mma(const float* W, u32 WL, u32 nf, c
         const float av[4] = {in0 ? x[r0 * ld + kk] : 0.0f, in1 ? x[r1 * ld + kk] : 0.0f,
                              in0 ? x[r0 * ld + kk + 4] : 0.0f, in1 ? x[r1 * ld + kk + 4] : 0.0f};
         const float bv[2] = {wn ? wr[k] : 0.0f, wn ? wr[k + 4] : 0.0f};
-        u32 ah[4], al[4], bh[2], bl[2];
-#pragma unroll
-        for (int i = 0; i < 4; i++) split_tf32(av[i], ah[i], al[i]);
-#pragma unroll
-        for (int i = 0; i < 2; i++) split_tf32(bv[i], bh[i], bl[i]);
-        mma_tf32(big, ah, bh);
-        mma_tf32(s1, ah, bl);
-        mma_tf32(s2, al, bh);
+        mma_3xtf32(big, s1, s2, av, bv);
     }
     float* p = part + c * 8 * B + 2 * t;
     if (in0) {
@@ -178,14 +179,7 @@ static __device__ __forceinline__ void out_mma(const float* y, u32 ld, u32 P, co
             const float av[4] = {in0 ? x0[k] : 0.0f, in1 ? x1[k] : 0.0f, in0 ? x0[k + 4] : 0.0f,
                                  in1 ? x1[k + 4] : 0.0f};
             const float bv[2] = {wn ? wr[k] : 0.0f, wn ? wr[k + 4] : 0.0f};
-            u32 ah[4], al[4], bh[2], bl[2];
-#pragma unroll
-            for (int i = 0; i < 4; i++) split_tf32(av[i], ah[i], al[i]);
-#pragma unroll
-            for (int i = 0; i < 2; i++) split_tf32(bv[i], bh[i], bl[i]);
-            mma_tf32(big, ah, bh);
-            mma_tf32(s1, ah, bl);
-            mma_tf32(s2, al, bh);
+            mma_3xtf32(big, s1, s2, av, bv);
         }
         const u32 o = n0 + 2 * t;
         const float v[4] = {big[0] + (s1[0] + s2[0]), big[1] + (s1[1] + s2[1]),

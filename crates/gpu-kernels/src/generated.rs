@@ -134,7 +134,7 @@ pub static MODULES: &[KernelModule] = &[
         name: "rssm_rollout_cluster",
         ptx: include_str!("../kernels/rssm_rollout_cluster.ptx"),
         fatbin: include_bytes!("../kernels/rssm_rollout_cluster.fatbin"),
-        source_sha256: "34dba2ea106d8a68f5f449097637248d0b655feed72cea1178ab8d1dbc7fd173",
+        source_sha256: "54ed70735ad016e894425817809d294d77357fd3c6c035c59dad9d00f8e46b99",
         ptx_sha256: "3b3226fda16e1f4a5f4cea1adbf3883a5725476263e54cd352be4344d0d7dcb4",
         fatbin_sha256: "43efae06b40ed38bc7d48b298f4f445f721ba7b746bd5daf58e4492a308d5b2b",
         kernels: &["rssm_rollout_cluster_f32"],
