@@ -44,14 +44,18 @@ mod tests {
         }
     }
 
-    /// A kernel name with no kernel fails here, on any machine, instead of at the first launch.
+    /// A kernel name with no kernel fails here, on any machine with the sources, instead of at
+    /// the first launch. (A test binary carried to another machine, as the GPU bundle is, finds
+    /// no sources: it says so and checks nothing there; CI runs it where they are.)
     #[test]
     fn every_kernel_name_in_the_sources_exists() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        if !src.is_dir() {
+            eprintln!("SKIP every_kernel_name_in_the_sources_exists: no sources at {src:?}");
+            return;
+        }
         let mut names = Vec::new();
-        literal_kernel_names(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-            &mut names,
-        );
+        literal_kernel_names(&src, &mut names);
         assert!(names.len() >= 25, "found only {} kernel names", names.len());
         for (name, file) in names {
             assert!(
