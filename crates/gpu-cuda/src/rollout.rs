@@ -3,8 +3,11 @@
 //! `kernels/rssm_rollout_cluster.cu` (one thread-block cluster per member, activations exchanged
 //! in distributed shared memory), elsewhere or for larger models `kernels/rssm_rollout.cu`
 //! (activations through L2, per-member barriers by cluster or through memory); see
-//! [`RolloutPath`]. The packed weight layout is [`RolloutDims::member_layout`]; the CPU reference
-//! is `rssm::reference::HostRssm::predict`.
+//! [`RolloutPath`]. The cluster kernel takes its products on tensor cores in 3×TF32 (each
+//! operand split exactly into a TF32 head and tail, three products summed in f32: about f32's
+//! accuracy, within 1e-7 of its FMA form), never in plain TF32; the other kernel is f32 FMA.
+//! The packed weight layout is [`RolloutDims::member_layout`]; the CPU reference is
+//! `rssm::reference::HostRssm::predict`.
 
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
