@@ -51,6 +51,20 @@ fn gpu_fused_rollout_matches_the_f64_reference_and_tensor_ops() {
         seed: seed ^ 2,
         ..RssmConfig::default()
     };
+    // Sizes other than the default's on the cluster kernel's tensor-core paths (multiples of 8):
+    // 8 blocks a member, the GRU's gates on FMA (its gate scratch does not fit a 64-wide head
+    // row), the head and decoder fcs and the outputs on tensor cores.
+    let mid = RssmConfig {
+        feature_dim: 40,
+        embed_dim: 64,
+        hidden_dim: 128,
+        latent_dim: 16,
+        head_dim: 64,
+        output_dim: 40,
+        ensemble: 4,
+        seed: seed ^ 3,
+        ..RssmConfig::default()
+    };
     // (config, batch, context, steps)
     let cases = [
         (default, 32, 1, 10),
@@ -59,6 +73,8 @@ fn gpu_fused_rollout_matches_the_f64_reference_and_tensor_ops() {
         (default, 3, 2, 5),
         (odd, 7, 2, 2),
         (odd, 70, 5, 3),
+        (mid, 32, 2, 6),
+        (mid, 5, 1, 3),
     ];
     for (cfg, b, t, n) in cases {
         let m = model(cfg, &mut r);
