@@ -138,10 +138,111 @@ fn gpu_bf16_gelu_matches_the_reference_on_every_bf16_input() {
     );
 }
 
+/// The unary bf16 streams (`stream2` in `kernels/nn_elementwise.cuh`: two vectors a step, the
+/// next step's loads issued first) on more elements than one pass of their grid covers: two
+/// full passes (32 blocks per SM × 256 threads × 8 elements) and 13 more, so every thread takes
+/// several steps, the prefetch runs, and so do the plain loop and the scalar tail. Hostile
+/// values (NaN, ±inf, ±1e30, a subnormal, −0) are mixed in. Cast, affine, dropout and ReLU are
+/// exact on both devices: the same bits; GELU forward and backward: the bound above.
+#[test]
+fn gpu_bf16_streams_match_the_reference_across_steps_and_tails() {
+    let test = "gpu_bf16_streams_match_the_reference_across_steps_and_tails";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let n = 2 * gpu.info().multiprocessors as usize * 32 * 256 * 8 + 13;
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e30,
+        -1e30,
+        1e-40,
+        -0.0,
+    ];
+    let draw = |r: &mut StdRng| -> Vec<bf16> {
+        (0..n)
+            .map(|_| {
+                if r.random_bool(0.001) {
+                    specials[r.random_range(0..specials.len())]
+                } else {
+                    r.random_range(-6.0f32..6.0)
+                }
+            })
+            .map(bf16::from_f32)
+            .collect()
+    };
+    let (x, g) = (draw(&mut r), draw(&mut r));
+    let same_bits = |what: &str, got: &[f32], want: &[f32]| {
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            let same = a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+            assert!(same, "{test}: {what}: element {i} of {n}: {a:e} vs {b:e}");
+        }
+    };
+    let widen = |v: &[bf16]| v.iter().map(|b| b.to_f32()).collect::<Vec<_>>();
+    let casts = (cpu.cast_up(&x), gpu.cast_up(&x));
+    same_bits("cast bf16 → f32", &casts.1, &casts.0);
+    for (what, op) in [
+        ("affine", Unary::Affine),
+        ("dropout", Unary::Dropout),
+        ("relu", Unary::Relu),
+    ] {
+        same_bits(what, &widen(&gpu.unary(op, &x)), &widen(&cpu.unary(op, &x)));
+    }
+    let gelu = Activation::Gelu;
+    let exact: Vec<f64> = x.iter().map(|v| gelu.eval(v.to_f64()).abs()).collect();
+    let zeros = vec![0.0; n];
+    let (got, want) = (gpu.fwd(gelu, &x), cpu.fwd(gelu, &x));
+    check(
+        &format!("{test} gelu forward"),
+        &x,
+        &got,
+        &want,
+        &exact,
+        &zeros,
+        &vec![false; n],
+    );
+    let (got, want) = (gpu.bwd(gelu, &x, &g), cpu.bwd(gelu, &x, &g));
+    let (mut scale, mut extra, mut nan_ok) = (vec![0.0; n], vec![0.0; n], vec![false; n]);
+    for i in 0..n {
+        let (xi, gi) = (x[i].to_f64(), g[i].to_f64().abs());
+        let pdf = (-0.5 * xi * xi).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        let cdf = if xi.is_finite() {
+            gelu.backward(xi, 0.0, 1.0) - xi * pdf
+        } else {
+            0.0
+        };
+        scale[i] = (cdf + xi.abs() * pdf) * gi;
+        extra[i] = gi * 2f64.powi(-149);
+        nan_ok[i] = gi.is_infinite() && (cdf + xi.abs() * pdf) < 2f64.powi(-150);
+    }
+    check(
+        &format!("{test} gelu backward"),
+        &x,
+        &got,
+        &want,
+        &scale,
+        &extra,
+        &nan_ok,
+    );
+}
+
+/// The exact unary bf16 ops of the streaming test.
+#[derive(Clone, Copy)]
+enum Unary {
+    Affine,
+    Dropout,
+    Relu,
+}
+
 /// The two calls the test needs, on either backend: upload bf16, run, download.
 trait Dev {
     fn fwd(&self, op: Activation, x: &[bf16]) -> Vec<bf16>;
     fn bwd(&self, op: Activation, x: &[bf16], g: &[bf16]) -> Vec<bf16>;
+    fn unary(&self, op: Unary, x: &[bf16]) -> Vec<bf16>;
+    fn cast_up(&self, x: &[bf16]) -> Vec<f32>;
 }
 
 impl<B: Backend + ElementwiseOps> Dev for B {
@@ -157,6 +258,25 @@ impl<B: Backend + ElementwiseOps> Dev for B {
         // GELU's backward reads x, not y: y is passed as x's buffer.
         let mut out = self.upload(&vec![bf16::NAN; x.len()]).unwrap();
         self.activation_bwd(op, &xb, &xb, &gb, &mut out).unwrap();
+        self.download(&out).unwrap()
+    }
+
+    fn unary(&self, op: Unary, x: &[bf16]) -> Vec<bf16> {
+        let xb = self.upload(x).unwrap();
+        let mut out = self.upload(&vec![bf16::NAN; x.len()]).unwrap();
+        match op {
+            Unary::Affine => self.affine(&xb, 1.5, 0.25, &mut out),
+            Unary::Dropout => self.dropout(&xb, 0.2, 77, &mut out),
+            Unary::Relu => self.activation_fwd(Activation::Relu, &xb, &mut out),
+        }
+        .unwrap();
+        self.download(&out).unwrap()
+    }
+
+    fn cast_up(&self, x: &[bf16]) -> Vec<f32> {
+        let xb = self.upload(x).unwrap();
+        let mut out = self.upload(&vec![f32::NAN; x.len()]).unwrap();
+        self.cast(&xb, &mut out).unwrap();
         self.download(&out).unwrap()
     }
 }
