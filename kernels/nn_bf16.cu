@@ -30,7 +30,12 @@ BINARY_KERNELS(mul, OpMul, bf16, bf16)
 BINARY_KERNELS(div, OpDiv, bf16, bf16)
 
 // Activations: act_{fwd,bwd}_<name>_bf16.
-#define ACTIVATION_KERNELS_BF16(NAME, A) ACTIVATION_KERNELS(NAME, A, bf16, bf16)
+// GELU's backward at 6 blocks of 256 threads a multiprocessor (at most 40 registers, no
+// spills): it ran 53.9 µs against 57.8 at its free 52 registers (H200, 8192 × 4096,
+// same-process A/B, docs/benchmarks.md), the cap setting the loads in flight. The others keep
+// their registers (log's and SiLU's backwards would spill under that cap).
+#define ACTIVATION_KERNELS_BF16(NAME, A) \
+    ACTIVATION_KERNELS(NAME, A, bf16, bf16, ((A) == ACT_GELU ? 6 : 1))
 FOR_EACH_ACTIVATION(ACTIVATION_KERNELS_BF16)
 
 // out = round(fmaf(mul, x, add)).
@@ -49,3 +54,11 @@ extern "C" __global__ void dropout_bf16(const bf16* __restrict__ x, bf16* __rest
 // permute{,4}_b16 (4: offsets, strides, lengths and dims in units of 4 elements, one uint2) and
 // permute_tile_b16 (the tile holds each element in a 4-byte word: one bank per element).
 MOVE_KERNELS(unsigned short, uint2, u32, b16)
+
+// permute8_b16: permute_b16 in units of 8 elements (16 bytes, one uint4), for a last axis that
+// stays last and is a multiple of 8 long.
+extern "C" __global__ void permute8_b16(const uint4* __restrict__ x, uint4* __restrict__ out,
+                                        u64 n, u32 rank, u64 d0, u64 d1, u64 d2, u64 d3, u64 d4,
+                                        u64 d5, u32 perm) {
+    permute_impl<uint4>(x, out, n, rank, d0, d1, d2, d3, d4, d5, perm);
+}

@@ -72,3 +72,35 @@ static __device__ __forceinline__ void store4(bf16* p, u64 i, float4 v) {
     reinterpret_cast<uint2*>(p)[i] =
         make_uint2(float2_to_bf16x2(v.x, v.y), float2_to_bf16x2(v.z, v.w));
 }
+
+// 16 bytes of elements T: N of them.
+template <class T>
+struct V16 {
+    static constexpr int N = 16 / (int)sizeof(T);
+};
+
+static __device__ __forceinline__ void load16(const float* p, u64 i, float (&v)[4]) {
+    const float4 a = reinterpret_cast<const float4*>(p)[i];
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+}
+static __device__ __forceinline__ void load16(const bf16* p, u64 i, float (&v)[8]) {
+    const uint4 u = reinterpret_cast<const uint4*>(p)[i];
+    const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float2 f = bf16x2_to_float2(w[k]);
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+    }
+}
+static __device__ __forceinline__ void store16(float* p, u64 i, const float (&v)[4]) {
+    reinterpret_cast<float4*>(p)[i] = make_float4(v[0], v[1], v[2], v[3]);
+}
+static __device__ __forceinline__ void store16(bf16* p, u64 i, const float (&v)[8]) {
+    reinterpret_cast<uint4*>(p)[i] =
+        make_uint4(float2_to_bf16x2(v[0], v[1]), float2_to_bf16x2(v[2], v[3]),
+                   float2_to_bf16x2(v[4], v[5]), float2_to_bf16x2(v[6], v[7]));
+}

@@ -12,7 +12,7 @@ BINARY_KERNELS(mul, OpMul, float, f32)
 BINARY_KERNELS(div, OpDiv, float, f32)
 
 // Activations: act_{fwd,bwd}_<name>_f32.
-#define ACTIVATION_KERNELS_F32(NAME, A) ACTIVATION_KERNELS(NAME, A, float, f32)
+#define ACTIVATION_KERNELS_F32(NAME, A) ACTIVATION_KERNELS(NAME, A, float, f32, 1)
 FOR_EACH_ACTIVATION(ACTIVATION_KERNELS_F32)
 
 extern "C" __global__ void affine_f32(const float* __restrict__ x, float* __restrict__ out, u64 n,

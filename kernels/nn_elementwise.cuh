@@ -112,10 +112,17 @@ static __device__ __forceinline__ float4 op4(float4 a, float4 b) {
 template <class Op, class T>
 static __device__ void binary_same(const T* __restrict__ a, const T* __restrict__ b,
                                    T* __restrict__ out, u64 n) {
-    const u64 n4 = n / 4, stride = grid_threads();
-    for (u64 i = global_tid(); i < n4; i += stride)
-        store4(out, i, op4<Op>(load4(a, i), load4(b, i)));
-    const u64 t = n4 * 4 + global_tid();
+    constexpr int N = V16<T>::N;
+    const u64 nv = n / N, stride = grid_threads();
+    for (u64 i = global_tid(); i < nv; i += stride) {
+        float x[N], y[N];
+        load16(a, i, x);
+        load16(b, i, y);
+#pragma unroll
+        for (int k = 0; k < N; ++k) x[k] = Op::f(x[k], y[k]);
+        store16(out, i, x);
+    }
+    const u64 t = nv * N + global_tid();
     if (t < n) store(out, t, Op::f(load(a, t), load(b, t)));
 }
 
@@ -132,7 +139,33 @@ static __device__ void binary_2d(const T* __restrict__ big, const T* __restrict_
                                  T* __restrict__ out, u64 n, u64 cols, u32 mode,
                                  u32 small_is_a) {
     const u64 tid = global_tid(), stride = grid_threads();
-    if ((cols & 3) == 0) {
+    constexpr int N = V16<T>::N;
+    if (cols % N == 0) {
+        // 16-byte units (the 4-wide path below is this one for f32).
+        const u64 cv = cols / N, nv = n / N;
+        u64 r = tid / cv, c = tid - r * cv;
+        const u64 dr = stride / cv, dc = stride - dr * cv;
+        for (u64 k = tid; k < nv; k += stride) {
+            float x[N], sm[N];
+            load16(big, k, x);
+            if (mode == 0) {
+                load16(small, c, sm);
+            } else {
+                const float v = load(small, r);
+#pragma unroll
+                for (int e = 0; e < N; ++e) sm[e] = v;
+            }
+#pragma unroll
+            for (int e = 0; e < N; ++e) x[e] = apply2<Op>(x[e], sm[e], small_is_a);
+            store16(out, k, x);
+            c += dc;
+            r += dr;
+            if (c >= cv) {
+                c -= cv;
+                ++r;
+            }
+        }
+    } else if ((cols & 3) == 0) {
         const u64 c4 = cols / 4, n4 = n / 4;
         u64 r = tid / c4, c = tid - r * c4;
         const u64 dr = stride / c4, dc = stride - dr * c4;
@@ -274,13 +307,15 @@ static __device__ __forceinline__ float normcdf_(float x) {
 // error far below 2^-9 rather than the f32 kernel's few ulps, and the exact erfcf (with its
 // tail correction) made GELU the one bf16 stream bound by arithmetic. Here, for a = |x|/√2,
 //   Φ(−|x|) = erfc(a)/2 = t·exp(P(t) − a²)/2,  t = 1/(1 + a/2),
-// with P the Chebyshev fit of Numerical Recipes' erfcc (fractional error < 1.2e-7 for every
-// a >= 0), t from rcp.approx and the exponential from ex2.approx (both within ~2^-22
-// relative). The exponent's rounding adds a relative ~2^-21·ln2·log2(e)·a² (a² <= 113 below
-// x = −15, where GELU is 0 in bf16), so the formula's relative error is below
-// 2e-6 + 1e-6·a² before the rounding to bf16 (tested over every bf16 input against the exact
-// f32 reference). For x < −1 the exponential is taken times 2^64 and the product scaled back
-// last, so results in f32's subnormal range are one rounding of the formula's value
+// Numerical Recipes' erfcc form with P a degree-5 polynomial fitted (iteratively reweighted
+// least squares, f32 coefficients) to ln(erfc(a)·exp(a²)/t) over a in [0, 11]: with f32 t and
+// f32 Horner steps, |P(t) − ln(erfc(a)·exp(a²)/t)| < 7.9e-6 there (checked at 400,001 points;
+// a > 10.6 is x < −15, where GELU is 0 in bf16). t from rcp.approx and the exponential from
+// ex2.approx (both within ~2^-22 relative) add ~1e-6, and the exponent's rounding a relative
+// ~2^-24·log2(e)·a²·ln 2 per unit of a² (below 1e-6·a²), so the formula's relative error is
+// below 1e-5 + 1e-6·a² before the rounding to bf16 (tested over every bf16 input against the
+// exact f32 reference). For x < −1 the exponential is taken times 2^64 and the product scaled
+// back last, so results in f32's subnormal range are one rounding of the formula's value
 // (ex2.approx flushes subnormals). −inf gives −0 (the leading x clamped to −FLT_MAX), +inf
 // gives +inf, NaN gives NaN.
 static __device__ __forceinline__ float ex2_approx(float v) {
@@ -293,30 +328,43 @@ static __device__ __forceinline__ float rcp_approx(float v) {
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
     return r;
 }
-static __device__ __forceinline__ float erfcc_poly(float t) {
-    float p = 0.17087277f;
-    p = fmaf(p, t, -0.82215223f);
-    p = fmaf(p, t, 1.48851587f);
-    p = fmaf(p, t, -1.13520398f);
-    p = fmaf(p, t, 0.27886807f);
-    p = fmaf(p, t, -0.18628806f);
-    p = fmaf(p, t, 0.09678418f);
-    p = fmaf(p, t, 0.37409196f);
-    p = fmaf(p, t, 1.00002368f);
-    return fmaf(p, t, -1.26551223f);
+// P(t)·log2(e) − 1, and the same + 64 (the far case's 2^64): the exponent's polynomial part in
+// base 2, with Φ's 1/2 folded in (each coefficient the f32 rounding of the fit's times log2 e).
+static __device__ __forceinline__ float erfcc_poly2(float t, float c0) {
+    float p = 0.33007732033729553f;
+    p = fmaf(p, t, -1.0231536626815796f);
+    p = fmaf(p, t, 0.6845570802688599f);
+    p = fmaf(p, t, 0.3670799136161804f);
+    p = fmaf(p, t, 1.4686840772628784f);
+    return fmaf(p, t, c0);
 }
-#define GELU_LOG2E 1.4426950408889634f
+#define GELU_C0 -2.8272335529327393f      // c0·log2(e) − 1
+#define GELU_C0_FAR 61.172767639160156f   // c0·log2(e) − 1 + 64
+#define GELU_M_HALF_LOG2E -0.7213475108146667f
 #define GELU_TWO_M64 5.421010862427522e-20f  // 2^-64
 
+// max.NaN: the larger of a and b, NaN if either is.
+static __device__ __forceinline__ float fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// Φ(−|x|) = t·2^(P(t)·log2 e − 1 − x²·log2(e)/2), times 2^64 when far (x < −1).
+static __device__ __forceinline__ float gelu_tail_bf16(float x, bool far) {
+    const float t = rcp_approx(fmaf(0.35355339059327376f, fabsf(x), 1.0f));  // a/2 = |x|/(2√2)
+    const float p = erfcc_poly2(t, far ? GELU_C0_FAR : GELU_C0);
+    return t * ex2_approx(fmaf(x, x * GELU_M_HALF_LOG2E, p));
+}
+
 static __device__ __forceinline__ float gelu_fwd_bf16(float x) {
-    const float a = fabsf(x) * 0.70710678118654752f;
-    const float t = rcp_approx(fmaf(0.5f, a, 1.0f));
     const bool far = x < -1.0f;
-    // e = Φ(−|x|), times 2^64 when far.
-    const float e =
-        0.5f * t * ex2_approx(fmaf(fmaf(-a, a, erfcc_poly(t)), GELU_LOG2E, far ? 64.0f : 0.0f));
-    return x <= 0.0f ? (fmaxf(x, -3.40282347e38f) * e) * (far ? GELU_TWO_M64 : 1.0f)
-                     : x * (1.0f - e);
+    const float e = gelu_tail_bf16(x, far);
+    // x·Φ(x): Φ = e for x <= 0 (x scaled by 2^-64 first when far: exact, and the product is one
+    // rounding even into f32's subnormals), 1 − e above; x clamped to −FLT_MAX (−inf gives −0,
+    // not −inf·0) with NaN kept.
+    const float xm = fmax_nan(x, -3.40282347e38f) * (far ? GELU_TWO_M64 : 1.0f);
+    return xm * (x > 0.0f ? 1.0f - e : e);
 }
 
 // gelu'(x)·g = (Φ(x) + x·φ(x))·g with both terms as multiples of G = exp(−x²/2) (times 2^64
@@ -324,11 +372,10 @@ static __device__ __forceinline__ float gelu_fwd_bf16(float x) {
 // and 1 (x clamped to ±FLT_MAX, so G = 0 meets a finite factor). Near gelu's minimum
 // (x ≈ −0.752) the two terms cancel: the error there is relative to Φ(x) + |x|·φ(x).
 static __device__ __forceinline__ float gelu_bwd_bf16(float x, float g) {
-    const float a = fabsf(x) * 0.70710678118654752f;
-    const float t = rcp_approx(fmaf(0.5f, a, 1.0f));
     const bool far = x < -1.0f;
-    const float G = ex2_approx(fmaf(-a * a, GELU_LOG2E, far ? 64.0f : 0.0f));
-    const float q = 0.5f * t * ex2_approx(erfcc_poly(t) * GELU_LOG2E);
+    const float t = rcp_approx(fmaf(0.35355339059327376f, fabsf(x), 1.0f));
+    const float G = ex2_approx(fmaf(x, x * GELU_M_HALF_LOG2E, far ? 64.0f : 0.0f));
+    const float q = t * ex2_approx(erfcc_poly2(t, GELU_C0));
     const float cx = 0.3989422804014327f * fminf(fmaxf(x, -3.40282347e38f), 3.40282347e38f);
     const float d = x <= 0.0f ? (G * (q + cx)) * (far ? GELU_TWO_M64 : 1.0f) : fmaf(G, cx - q, 1.0f);
     return d * g;
@@ -459,12 +506,16 @@ static __device__ void activation_bwd(const T* __restrict__ x, const T* __restri
 }
 
 // The forward and backward kernels of activation A on element type T, named _<NAME>_<SUFFIX>.
-#define ACTIVATION_KERNELS(NAME, A, T, SUFFIX)                                                   \
+// The backward is compiled for at least BWD_MIN_BLOCKS blocks of 256 threads a multiprocessor
+// (a register cap): it streams three tensors, and the loads in flight that occupancy buys can
+// matter more than registers (the bf16 kernels take 6, see nn_bf16.cu).
+#define ACTIVATION_KERNELS(NAME, A, T, SUFFIX, BWD_MIN_BLOCKS)                                   \
     extern "C" __global__ void act_fwd_##NAME##_##SUFFIX(const T* __restrict__ x,                \
                                                          T* __restrict__ out, u64 n) {           \
         activation_fwd<A, T>(x, out, n);                                                         \
     }                                                                                            \
-    extern "C" __global__ void act_bwd_##NAME##_##SUFFIX(const T* __restrict__ x,                \
+    extern "C" __global__ void __launch_bounds__(256, BWD_MIN_BLOCKS)                           \
+        act_bwd_##NAME##_##SUFFIX(const T* __restrict__ x,                                       \
                                                          const T* __restrict__ y,                \
                                                          const T* __restrict__ dy,               \
                                                          T* __restrict__ dx, u64 n) {            \
@@ -495,15 +546,20 @@ static __device__ void affine_impl(const T* __restrict__ x, T* __restrict__ out,
 // gpu_core::nn::elementwise::dropout_keep, bit for bit. One SplitMix64 of seed ^ (j·golden)
 // serves the pair of elements 2j and 2j + 1: element 2j reads the hash's top 24 bits, element
 // 2j + 1 bits 16..39; kept when those bits, as a float, are >= p·2^24.
-static __device__ __forceinline__ u64 dropout_hash(u64 seed, u64 pair) {
-    u64 z = seed ^ (pair * 0x9E3779B97F4A7C15ull);
+static __device__ __forceinline__ u64 dropout_mix(u64 z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
-static __device__ __forceinline__ bool dropout_bits(u64 z, u64 odd, float thresh) {
+static __device__ __forceinline__ u64 dropout_hash(u64 seed, u64 pair) {
+    return dropout_mix(seed ^ (pair * 0x9E3779B97F4A7C15ull));
+}
+// Element 0 or 1 of a pair kept: its 24 bits u >= ti, ti = ⌈p·2^24⌉ (the same as comparing
+// (float)u >= p·2^24 in f32, u below 2^24 being exact there; an integer compare costs no
+// conversion).
+static __device__ __forceinline__ bool dropout_bits(u64 z, u64 odd, u32 ti) {
     const u32 u = odd ? (u32)(z >> 16) & 0xFFFFFFu : (u32)(z >> 40);
-    return (float)u >= thresh;
+    return u >= ti;
 }
 
 // out[i] = keep(seed, i) ? x[i]·s : 0 with s = 1/(1 − p) rounded to f32 once (PyTorch's
@@ -514,14 +570,17 @@ template <class T>
 static __device__ void dropout_impl(const T* __restrict__ x, T* __restrict__ out, u64 n, float p,
                                     u64 seed, const u64* __restrict__ offset) {
     if (offset != nullptr) seed += *offset;
-    const float thresh = p * 16777216.0f, s = 1.0f / (1.0f - p);
+    const u32 ti = (u32)ceilf(p * 16777216.0f);  // p in [0, 1]: at most 2^24
+    const float s = 1.0f / (1.0f - p);
     const u64 n4 = n / 4, stride = grid_threads();
     auto f = [&](u64 i, float4 v) {
-        const u64 a = dropout_hash(seed, 2 * i), b = dropout_hash(seed, 2 * i + 1);
-        return make_float4(dropout_bits(a, 0, thresh) ? v.x * s : 0.0f,
-                           dropout_bits(a, 1, thresh) ? v.y * s : 0.0f,
-                           dropout_bits(b, 0, thresh) ? v.z * s : 0.0f,
-                           dropout_bits(b, 1, thresh) ? v.w * s : 0.0f);
+        // Pairs 2i and 2i + 1: one product with the golden ratio for both.
+        const u64 m = (2 * i) * 0x9E3779B97F4A7C15ull;
+        const u64 a = dropout_mix(seed ^ m), b = dropout_mix(seed ^ (m + 0x9E3779B97F4A7C15ull));
+        return make_float4(dropout_bits(a, 0, ti) ? v.x * s : 0.0f,
+                           dropout_bits(a, 1, ti) ? v.y * s : 0.0f,
+                           dropout_bits(b, 0, ti) ? v.z * s : 0.0f,
+                           dropout_bits(b, 1, ti) ? v.w * s : 0.0f);
     };
     u64 i = global_tid();
     if constexpr (sizeof(T) == 2)
@@ -531,7 +590,7 @@ static __device__ void dropout_impl(const T* __restrict__ x, T* __restrict__ out
     const u64 t = n4 * 4 + global_tid();
     if (t < n)
         store(out, t,
-              dropout_bits(dropout_hash(seed, t / 2), t & 1, thresh) ? load(x, t) * s : 0.0f);
+              dropout_bits(dropout_hash(seed, t / 2), t & 1, ti) ? load(x, t) * s : 0.0f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -599,8 +658,8 @@ static __device__ __forceinline__ PermMeta perm_meta(u32 rank, u64 d0, u64 d1, u
     return m;
 }
 
-// One thread per output element (coalesced writes; reads are coalesced too when the last dim
-// stays last, and then the host passes units of 4 elements when it is a multiple of 4). The
+// One thread per output unit (coalesced writes; reads are coalesced too when the last dim stays
+// last, and then the host passes units of 16 bytes, or of 4 elements, when its length allows). The
 // host uses it for moves of the last axis too when that axis or the output's last one is short.
 // A bit copy, T as for copy_blocks_impl.
 template <class T>
@@ -616,7 +675,7 @@ static __device__ void permute_impl(const T* __restrict__ x, T* __restrict__ out
             fd[t] = fastdiv_make((u32)m.od[t]);
             is32[t] = (u32)m.is[t];
         }
-        for (u32 i = (u32)global_tid(); i < (u32)n; i += (u32)stride) {
+        auto src_of = [&](u32 i) {
             u32 rem = i, src = 0;
 #pragma unroll
             for (int t = 0; t < 6; ++t) {
@@ -626,8 +685,17 @@ static __device__ void permute_impl(const T* __restrict__ x, T* __restrict__ out
                     rem = q;
                 }
             }
-            out[i] = x[src];
+            return src;
+        };
+        // Two units a step, both loads in flight before either store (i < n < 2^31, so the
+        // u64 sums below never wrap and their u32 casts are exact).
+        u64 i = global_tid();
+        for (; i + stride < n; i += 2 * stride) {
+            const T a = x[src_of((u32)i)], b = x[src_of((u32)(i + stride))];
+            out[i] = a;
+            out[i + stride] = b;
         }
+        if (i < n) out[i] = x[src_of((u32)i)];
     } else {
         for (u64 i = global_tid(); i < n; i += stride) {
             u64 rem = i, src = 0;

@@ -5,7 +5,8 @@
 
 #include "nn_reduce.cuh"
 
-// reduce_{sum,max}_f32 and reduce_rows4_{sum,max}_f32 (float4 reads).
+// reduce_{sum,max}_f32, reduce_rowsv_{sum,max}_f32 and reduce_colsv_{sum,max}_f32 (float4 reads
+// along a row or across 4 adjacent columns).
 REDUCE_KERNELS(sum, SumOp, float, float, f32)
 REDUCE_KERNELS(max, MaxOp, float, float, f32)
 

@@ -6,12 +6,19 @@
 //
 // One layout serves rows (inner == 1) and columns (inner > 1): a block of 256 threads is split
 // into G groups of TY × TX threads (tx fastest, TX and TY powers of two). A group reduces one
-// item, TX adjacent columns j of one o, its TY threads striding over the axis, so a warp reads
-// contiguous memory: TX columns × 32/TX consecutive rows. The host picks TX = min(32, inner)
-// and TY = min(256/TX, rows to read) (rounded to powers of two), so short rows pack many items
-// into a block and long rows get the whole block. When there are too few items to fill the GPU,
-// the axis is split into S chunks (grid.y): the first pass writes partials [outer, S, inner]
-// and a second pass reduces them; both passes are deterministic.
+// item, TX adjacent column units of one o (a unit: one column, or W adjacent columns), its TY
+// threads striding over the axis, so a warp reads contiguous memory: TX units × 32/TX
+// consecutive rows. The host picks TX = min(32, units of inner) and TY = min(256/TX, rows to
+// read) (rounded to powers of two), at most a warp per item when there are items enough to fill
+// the GPU that way; a group within one warp adds its threads' values by shuffles, a wider one
+// through shared memory. Short rows pack many items into a block and long rows get up to the
+// whole block. When there are too few items to fill the GPU, the axis is split into S chunks
+// (grid.y): the first pass writes partials [outer, S, inner] and a second pass reduces them;
+// both passes are deterministic.
+//
+// Loads (MODE): 0 one element at a time; 1 rows (inner == 1) read 16 bytes at a time (V16<TI>::N
+// elements, n and chunk multiples of it); 2 columns read 16 bytes at a time, each thread owning
+// W = V16<TI>::N adjacent columns (inner a multiple of W).
 #pragma once
 
 #include "nn_elem_io.cuh"
@@ -33,48 +40,83 @@ struct MaxOp {
     static __device__ __forceinline__ float finish(float a, float) { return a; }
 };
 
+// The columns each thread owns.
+template <int MODE, class TI>
+struct ReduceCols {
+    static constexpr int W = MODE == 2 ? V16<TI>::N : 1;
+};
+
 // out[(o·S + s)·inner + j] = finish(reduce of x[o, i, j] over i in chunk s), S = gridDim.y.
-// VEC == 4 reads 4 elements at a time (a float4, or 4 bf16 in 8 bytes; needs inner == 1,
-// TX == 1, n and chunk multiples of 4). sm is the kernel's shared array of THREADS floats.
-template <class Op, int VEC, class TI, class TO>
+// sm is the kernel's shared array of THREADS·W floats (unused when a group fits in a warp).
+template <class Op, int MODE, class TI, class TO>
 static __device__ __forceinline__ void reduce_impl(float* sm, const TI* __restrict__ x,
                                                    TO* __restrict__ out, u64 outer, u64 n,
                                                    u64 inner, u64 chunk, u32 tx_log2,
                                                    u32 ty_log2, float divisor) {
+    constexpr int V = V16<TI>::N, W = ReduceCols<MODE, TI>::W;
     const u32 TX = 1u << tx_log2, TY = 1u << ty_log2, t = threadIdx.x;
     const u32 tx = t & (TX - 1), ty = (t >> tx_log2) & (TY - 1), g = t >> (tx_log2 + ty_log2);
     const u64 G = THREADS >> (tx_log2 + ty_log2);
-    const u64 tiles = (inner + TX - 1) >> tx_log2, items = outer * tiles;
+    const u64 units = (inner + W - 1) / W, tiles = (units + TX - 1) >> tx_log2;
+    const u64 items = outer * tiles;
     const u64 S = gridDim.y, s = blockIdx.y;
     const u64 i0 = s * chunk, i1 = min(n, i0 + chunk);
+    const bool in_warp = (TX << ty_log2) <= 32u;
     for (u64 base = (u64)blockIdx.x * G; base < items; base += (u64)gridDim.x * G) {
         const u64 item = base + g;
         u64 o = 0, j = 0;
         bool valid = false;
         if (item < items) {
             o = item / tiles;
-            j = ((item - o * tiles) << tx_log2) + tx;
+            j = (((item - o * tiles) << tx_log2) + tx) * W;
             valid = j < inner;
         }
-        float acc = Op::init();
+        float acc[W];
+#pragma unroll
+        for (int c = 0; c < W; ++c) acc[c] = Op::init();
         if (valid) {
-            if (VEC == 4) {
+            if constexpr (MODE == 1) {
                 const TI* row = x + o * n;
-                const u64 e = i1 / 4;
-                u64 i = i0 / 4 + ty;
+                const u64 e = i1 / V;
+                u64 i = i0 / V + ty;
                 for (; i + 3 * TY < e; i += 4 * TY) {
-                    const float4 a = load4(row, i), b = load4(row, i + TY),
-                                 c = load4(row, i + 2 * TY), d = load4(row, i + 3 * TY);
-                    const float ra = Op::combine(Op::combine(a.x, a.y), Op::combine(a.z, a.w));
-                    const float rb = Op::combine(Op::combine(b.x, b.y), Op::combine(b.z, b.w));
-                    const float rc = Op::combine(Op::combine(c.x, c.y), Op::combine(c.z, c.w));
-                    const float rd = Op::combine(Op::combine(d.x, d.y), Op::combine(d.z, d.w));
-                    acc = Op::combine(acc, Op::combine(Op::combine(ra, rb), Op::combine(rc, rd)));
+                    float a[V], b[V], c[V], d[V];
+                    load16(row, i, a);
+                    load16(row, i + TY, b);
+                    load16(row, i + 2 * TY, c);
+                    load16(row, i + 3 * TY, d);
+#pragma unroll
+                    for (int k = 0; k < V; ++k)
+                        a[k] = Op::combine(Op::combine(a[k], b[k]), Op::combine(c[k], d[k]));
+#pragma unroll
+                    for (int k = 0; k < V; ++k) acc[0] = Op::combine(acc[0], a[k]);
                 }
                 for (; i < e; i += TY) {
-                    const float4 a = load4(row, i);
-                    acc = Op::combine(acc,
-                                      Op::combine(Op::combine(a.x, a.y), Op::combine(a.z, a.w)));
+                    float a[V];
+                    load16(row, i, a);
+#pragma unroll
+                    for (int k = 0; k < V; ++k) acc[0] = Op::combine(acc[0], a[k]);
+                }
+            } else if constexpr (MODE == 2) {
+                // 16-byte units: column j (a multiple of W) of row i is unit (i·inner + j) / W.
+                const u64 stride = inner / W, at = (o * n * inner + j) / W;
+                u64 i = i0 + ty;
+                for (; i + 3 * TY < i1; i += 4 * TY) {
+                    float a[W], b[W], c[W], d[W];
+                    load16(x, at + i * stride, a);
+                    load16(x, at + (i + TY) * stride, b);
+                    load16(x, at + (i + 2 * TY) * stride, c);
+                    load16(x, at + (i + 3 * TY) * stride, d);
+#pragma unroll
+                    for (int k = 0; k < W; ++k)
+                        acc[k] = Op::combine(
+                            acc[k], Op::combine(Op::combine(a[k], b[k]), Op::combine(c[k], d[k])));
+                }
+                for (; i < i1; i += TY) {
+                    float a[W];
+                    load16(x, at + i * stride, a);
+#pragma unroll
+                    for (int k = 0; k < W; ++k) acc[k] = Op::combine(acc[k], a[k]);
                 }
             } else {
                 const TI* col = x + o * n * inner + j;
@@ -83,43 +125,71 @@ static __device__ __forceinline__ void reduce_impl(float* sm, const TI* __restri
                     const float a = load(col, i * inner), b = load(col, (i + TY) * inner),
                                 c = load(col, (i + 2 * TY) * inner),
                                 d = load(col, (i + 3 * TY) * inner);
-                    acc = Op::combine(acc, Op::combine(Op::combine(a, b), Op::combine(c, d)));
+                    acc[0] = Op::combine(acc[0], Op::combine(Op::combine(a, b), Op::combine(c, d)));
                 }
-                for (; i < i1; i += TY) acc = Op::combine(acc, load(col, i * inner));
+                for (; i < i1; i += TY) acc[0] = Op::combine(acc[0], load(col, i * inner));
             }
         }
-        // Tree over ty within each (g, tx); sm[t] with t = (g·TY + ty)·TX + tx.
-        sm[t] = acc;
-        __syncthreads();
-        for (u32 h = TY >> 1; h > 0; h >>= 1) {
-            if (ty < h) sm[t] = Op::combine(sm[t], sm[t + (h << tx_log2)]);
+        // Tree over ty within each (g, tx): level h combines ty with ty + h (left first), the
+        // same order by shuffles inside a warp as through sm[c·THREADS + t] across warps.
+        if (in_warp) {
+            for (u32 h = TY >> 1; h > 0; h >>= 1) {
+#pragma unroll
+                for (int c = 0; c < W; ++c)
+                    acc[c] = Op::combine(acc[c], __shfl_down_sync(0xffffffffu, acc[c], h << tx_log2));
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < W; ++c) sm[c * THREADS + t] = acc[c];
             __syncthreads();
+            for (u32 h = TY >> 1; h > 0; h >>= 1) {
+                if (ty < h) {
+#pragma unroll
+                    for (int c = 0; c < W; ++c)
+                        sm[c * THREADS + t] =
+                            Op::combine(sm[c * THREADS + t], sm[c * THREADS + t + (h << tx_log2)]);
+                }
+                __syncthreads();
+            }
+            // Only thread t reads sm[c·THREADS + t] from here on, and the next item writes sm
+            // only after every thread has passed the last barrier above, so no further barrier
+            // is needed.
+#pragma unroll
+            for (int c = 0; c < W; ++c) acc[c] = sm[c * THREADS + t];
         }
-        // Only thread t reads sm[t] from here on, and the next item writes sm only after every
-        // thread has passed the last barrier above, so no further barrier is needed.
         if (ty == 0 && valid) {
-            const float r = Op::finish(sm[t], divisor);
-            store(out, (o * S + s) * inner + j, r);
+#pragma unroll
+            for (int c = 0; c < W; ++c)
+                store(out, (o * S + s) * inner + j + c, Op::finish(acc[c], divisor));
         }
     }
 }
 
-// reduce_<NAME>_<SUFFIX> and reduce_rows4_<NAME>_<SUFFIX>, reading TI and writing TO.
+// reduce_<NAME>_<SUFFIX>, reduce_rowsv_<NAME>_<SUFFIX> and reduce_colsv_<NAME>_<SUFFIX> (MODE
+// 0, 1, 2), reading TI and writing TO.
 #define REDUCE_KERNELS(NAME, OP, TI, TO, SUFFIX)                                                 \
     extern "C" __global__ void __launch_bounds__(THREADS)                                       \
         reduce_##NAME##_##SUFFIX(const TI* __restrict__ x, TO* __restrict__ out, u64 outer,     \
                                  u64 n, u64 inner, u64 chunk, u32 tx_log2, u32 ty_log2,          \
                                  float divisor) {                                                \
         __shared__ float sm[THREADS];                                                            \
+        reduce_impl<OP, 0, TI, TO>(sm, x, out, outer, n, inner, chunk, tx_log2, ty_log2,         \
+                                   divisor);                                                     \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                       \
+        reduce_rowsv_##NAME##_##SUFFIX(const TI* __restrict__ x, TO* __restrict__ out,          \
+                                       u64 outer, u64 n, u64 inner, u64 chunk, u32 tx_log2,      \
+                                       u32 ty_log2, float divisor) {                             \
+        __shared__ float sm[THREADS];                                                            \
         reduce_impl<OP, 1, TI, TO>(sm, x, out, outer, n, inner, chunk, tx_log2, ty_log2,         \
                                    divisor);                                                     \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(THREADS)                                       \
-        reduce_rows4_##NAME##_##SUFFIX(const TI* __restrict__ x, TO* __restrict__ out,          \
+        reduce_colsv_##NAME##_##SUFFIX(const TI* __restrict__ x, TO* __restrict__ out,          \
                                        u64 outer, u64 n, u64 inner, u64 chunk, u32 tx_log2,      \
                                        u32 ty_log2, float divisor) {                             \
-        __shared__ float sm[THREADS];                                                            \
-        reduce_impl<OP, 4, TI, TO>(sm, x, out, outer, n, inner, chunk, tx_log2, ty_log2,         \
+        __shared__ float sm[THREADS * ReduceCols<2, TI>::W];                                     \
+        reduce_impl<OP, 2, TI, TO>(sm, x, out, outer, n, inner, chunk, tx_log2, ty_log2,         \
                                    divisor);                                                     \
     }
 

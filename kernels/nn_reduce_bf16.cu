@@ -6,8 +6,8 @@
 
 #include "nn_reduce.cuh"
 
-// reduce_{sum,max}_<suffix> and reduce_rows4_{sum,max}_<suffix> (4 elements per read: 8 bytes
-// of bf16, or a float4):
+// reduce_{sum,max}_<suffix>, reduce_rowsv_{sum,max}_<suffix> and reduce_colsv_{sum,max}_<suffix>
+// (16 bytes a read: 8 bf16 or 4 f32, along a row or across adjacent columns):
 //   _bf16      bf16 in, bf16 out (one pass);
 //   _bf16_f32  bf16 in, f32 out (the first pass of a split reduction: f32 partials);
 //   _f32_bf16  f32 in, bf16 out (the second pass, over the f32 partials).

@@ -361,7 +361,8 @@ fn gpu_affine_matches_cpu() {
 /// `(outer, n, inner)`: empty outputs and an empty axis, single elements, rows (inner = 1) of
 /// odd and float4 widths, long rows that are split across blocks, narrow and wide columns,
 /// columns wider than a block, many short rows, a bias gradient (a split column reduction),
-/// and more items than one pass of the capped grid.
+/// more items than one pass of the capped grid, rows enough for a warp a row (float4 and
+/// scalar loads), and float4 columns narrower than a warp.
 const REDUCE_CASES: &[(usize, usize, usize)] = &[
     (0, 5, 3),
     (3, 0, 2),
@@ -384,6 +385,9 @@ const REDUCE_CASES: &[(usize, usize, usize)] = &[
     (300_000, 3, 1),
     (20_000, 2, 64),
     (1, 8192, 768),
+    (2500, 1000, 1),
+    (2500, 1001, 1),
+    (3, 50, 12),
 ];
 
 /// Checks a Sum (`div` 1) or Mean (`div` n) against the reference: each element within

@@ -147,11 +147,12 @@ fn bf16_exact_ops_give_the_rounded_f32_result() {
         ("mul", Tensor::mul),
         ("div", Tensor::div),
     ];
-    // Same shapes (odd length: a scalar tail), a row bias (4-wide and not), a column, and a
-    // general broadcast.
-    let pairs: [(&[usize], &[usize]); 5] = [
+    // Same shapes (odd length: 16-byte units and a scalar tail), a row bias (16-byte, 4-wide
+    // and scalar paths), a column, and a general broadcast.
+    let pairs: [(&[usize], &[usize]); 6] = [
         (&[7, 33], &[7, 33]),
         (&[9, 24], &[24]),
+        (&[5, 12], &[12]),
         (&[9, 13], &[13]),
         (&[6, 10], &[6, 1]),
         (&[2, 1, 5], &[3, 1]),
@@ -174,6 +175,18 @@ fn bf16_exact_ops_give_the_rounded_f32_result() {
     });
     exact_case(test, &devs, &[&[3, 40, 36]], &mut r, &|t| {
         t[0].permute(&[0, 2, 1])
+    });
+    // The last axis stays: units of 8 elements (16 bytes), of 4, and single elements; more
+    // units than one step of the two-a-step loop leaves a last odd one.
+    for last in [16usize, 12, 10] {
+        exact_case(test, &devs, &[&[5, 7, 3, last]], &mut r, &|t| {
+            t[0].permute(&[0, 2, 1, 3])
+        });
+    }
+    // Max over rows and over columns (16-byte loads along a row, and across 8 columns).
+    exact_case(test, &devs, &[&[2300, 16]], &mut r, &|t| t[0].max(1, false));
+    exact_case(test, &devs, &[&[3, 20, 24]], &mut r, &|t| {
+        t[0].max(1, false)
     });
     exact_case(test, &devs, &[&[5, 12]], &mut r, &|t| t[0].narrow(1, 4, 8));
     exact_case(test, &devs, &[&[6, 9, 4]], &mut r, &|t| t[0].max(1, false));
@@ -284,7 +297,17 @@ fn bf16_activations_sums_and_matmuls_are_within_their_bounds() {
         }
     }
     // Sums over an axis: f32 accumulation (γ_n·Σ|x|), then one rounding.
-    for shape in [[4usize, 300, 3], [2, 5000, 1], [3, 8, 130]] {
+    // Scalar columns, a split row (16-byte loads), scalar columns that are not 16 bytes wide,
+    // many rows (a warp a row, 16-byte loads and scalar), 16-byte columns split and not.
+    for shape in [
+        [4usize, 300, 3],
+        [2, 5000, 1],
+        [3, 8, 130],
+        [2500, 64, 1],
+        [2500, 60, 1],
+        [1, 3000, 48],
+        [5, 40, 16],
+    ] {
         let v = draw(&mut r, shape.iter().product());
         let want = Tensor::from_vec(v.clone(), &shape, Device::Cpu)
             .unwrap()

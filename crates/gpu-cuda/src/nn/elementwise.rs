@@ -14,7 +14,7 @@ use gpu_core::nn::elementwise::{
 use gpu_core::nn::Direction;
 use gpu_core::ops::check_float_elementwise;
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
-use plan::{BinaryPath, ReducePlan, REDUCE_THREADS};
+use plan::{BinaryPath, ReduceLoads, ReducePlan, REDUCE_THREADS};
 
 /// Threads per block of the streaming kernels.
 const BLOCK: u32 = 256;
@@ -24,6 +24,13 @@ const BLOCKS_PER_SM: usize = 128;
 /// which keeps the grid it had before the cap was raised: 128 blocks per SM measured 5% slower
 /// in `gpu-bench` (94.3 against 90.5 µs at 8192 × 4096, H200).
 const GELU_BLOCKS_PER_SM: usize = 16;
+
+/// The grid cap of the per-unit permute, whose threads first build a magic-number divider for
+/// each of up to 6 dims (a 64-bit division each): at 128 blocks a multiprocessor each thread
+/// moved ~2 units after that setup, at 16 about 16. Same-process A/B on an H200, bf16
+/// [1024, 256, 4, 64] → [1024, 4, 256, 64] in 16-byte units: 134.2 µs at 128, 77.1 µs at 16,
+/// 80.9 at 8, 80.4 at 4 (PyTorch's copy_ of the same bytes 69.6 µs; docs/benchmarks.md).
+const PERMUTE_BLOCKS_PER_SM: usize = 16;
 
 /// The grid cap (blocks per multiprocessor) of the unary bf16 streams (casts from bf16,
 /// activations, affine, dropout), whose threads loop over two 4-element vectors a step with the
@@ -47,18 +54,18 @@ fn binary_kernel(path: &str, op: BinaryKind, dtype: DType) -> String {
     format!("binary_{path}_{}_{dtype}", op.name())
 }
 
-/// The reduction kernel of `kind` (`sum` or `max`), 4-wide rows or general, reading `from` and
-/// writing `to` (the f32 partials of a split reduction sit between the two passes).
-fn reduce_kernel(kind: &str, vec4: bool, from: DType, to: DType) -> String {
+/// The reduction kernel of `kind` (`sum` or `max`) reading as `loads` says, reading `from`
+/// and writing `to` (the f32 partials of a split reduction sit between the two passes).
+fn reduce_kernel(kind: &str, loads: ReduceLoads, from: DType, to: DType) -> String {
     let types = if from == to {
         from.to_string()
     } else {
         format!("{from}_{to}")
     };
-    if vec4 {
-        format!("reduce_rows4_{kind}_{types}")
-    } else {
-        format!("reduce_{kind}_{types}")
+    match loads {
+        ReduceLoads::Scalar => format!("reduce_{kind}_{types}"),
+        ReduceLoads::Rows => format!("reduce_rowsv_{kind}_{types}"),
+        ReduceLoads::Cols => format!("reduce_colsv_{kind}_{types}"),
     }
 }
 
@@ -88,10 +95,10 @@ fn vocabulary_kernels() -> Vec<String> {
             }
         }
         for kind in ["sum", "max"] {
-            for vec4 in [false, true] {
-                v.push(reduce_kernel(kind, vec4, dtype, dtype));
-                v.push(reduce_kernel(kind, vec4, dtype, DType::F32));
-                v.push(reduce_kernel(kind, vec4, DType::F32, dtype));
+            for loads in [ReduceLoads::Scalar, ReduceLoads::Rows, ReduceLoads::Cols] {
+                v.push(reduce_kernel(kind, loads, dtype, dtype));
+                v.push(reduce_kernel(kind, loads, dtype, DType::F32));
+                v.push(reduce_kernel(kind, loads, DType::F32, dtype));
             }
         }
         for k in ["affine", "dropout", "max_axis_bwd"] {
@@ -108,7 +115,11 @@ fn vocabulary_kernels() -> Vec<String> {
             v.push(format!("{k}_{m}"));
         }
     }
-    v.extend(["cast_f32_bf16".to_string(), "cast_bf16_f32".to_string()]);
+    v.extend([
+        "cast_f32_bf16".to_string(),
+        "cast_bf16_f32".to_string(),
+        "permute8_b16".to_string(),
+    ]);
     v
 }
 
@@ -172,7 +183,7 @@ impl CudaBackend {
         p: &ReducePlan,
         divisor: f32,
     ) -> Result<()> {
-        let kernel = reduce_kernel(kind, p.vec4, x.dtype(), out.dtype());
+        let kernel = reduce_kernel(kind, p.loads, x.dtype(), out.dtype());
         let cfg = LaunchConfig {
             grid_dim: (p.grid_x, p.splits as u32, 1),
             block_dim: (REDUCE_THREADS as u32, 1, 1),
@@ -189,11 +200,13 @@ impl CudaBackend {
             KernelArg::U32(p.ty_log2),
             KernelArg::F32(divisor),
         ];
-        // SAFETY: reduce_{,rows4_}{sum,max}_{X}(const X* x, Y* out, u64 outer, u64 n,
+        // SAFETY: reduce_{,rowsv_,colsv_}{sum,max}_{X}(const X* x, Y* out, u64 outer, u64 n,
         // u64 inner, u64 chunk, u32 tx_log2, u32 ty_log2, float divisor), X and Y the dtypes of
         // x and out (f32 or bf16, named by reduce_kernel), reads x[outer·n·inner] and writes
-        // out[outer·splits·inner] (splits = grid.y); the callers size both so. The 4-wide
-        // variant runs only with inner == 1 and n, chunk multiples of 4 (aligned rows).
+        // out[outer·splits·inner] (splits = grid.y); the callers size both so. The 16-byte
+        // variants run only as reduce_plan allows them: rowsv with inner == 1 and n, chunk
+        // multiples of 16 bytes of elements, colsv with inner a multiple of that, so every
+        // 16-byte load is aligned (pool buffers are 256-byte aligned).
         unsafe { self.launch(&kernel, cfg, &args) }
     }
 }
@@ -363,7 +376,15 @@ impl ElementwiseOps for CudaBackend {
             ReduceKind::Mean => ("sum", n as f32),
             ReduceKind::Max => ("max", 1.0),
         };
-        let p = plan::reduce_plan(outer, n, inner, self.sms(), true, true);
+        let p = plan::reduce_plan(
+            outer,
+            n,
+            inner,
+            x.dtype().size_in_bytes(),
+            self.sms(),
+            true,
+            true,
+        );
         if p.splits == 1 {
             return self.reduce_pass(kind, x, out, outer, n, inner, &p, divisor);
         }
@@ -371,7 +392,7 @@ impl ElementwiseOps for CudaBackend {
         // the splits that rounds once into out.
         let mut part = self.allocate(DType::F32, outer * p.splits * inner)?;
         self.reduce_pass(kind, x, &mut part, outer, n, inner, &p, 1.0)?;
-        let p2 = plan::reduce_plan(outer, p.splits, inner, self.sms(), false, true);
+        let p2 = plan::reduce_plan(outer, p.splits, inner, 4, self.sms(), false, true);
         self.reduce_pass(kind, &part, out, outer, p.splits, inner, &p2, divisor)
     }
 
@@ -389,7 +410,15 @@ impl ElementwiseOps for CudaBackend {
         if dx.is_empty() {
             return Ok(());
         }
-        let p = plan::reduce_plan(outer, n, inner, self.sms(), false, false);
+        let p = plan::reduce_plan(
+            outer,
+            n,
+            inner,
+            x.dtype().size_in_bytes(),
+            self.sms(),
+            false,
+            false,
+        );
         let cfg = LaunchConfig {
             grid_dim: (p.grid_x, 1, 1),
             block_dim: (REDUCE_THREADS as u32, 1, 1),
@@ -512,13 +541,21 @@ impl ElementwiseOps for CudaBackend {
             let kernel = format!("permute_tile_{}", move_suffix(out.dtype()));
             return unsafe { self.launch(&kernel, cfg, &args) };
         }
-        // Writes are coalesced; when the last axis stays last so are reads, in float4 units when
-        // its length allows.
-        let vec = !moves_last && dims[rank - 1].is_multiple_of(4);
-        if vec {
-            dims[rank - 1] /= 4;
-        }
-        let units = if vec { n / 4 } else { n };
+        // Writes are coalesced; when the last axis stays last so are reads, in units of 16
+        // bytes (4 f32 or 8 bf16) when its length allows, else of 4 elements.
+        let m = move_suffix(out.dtype());
+        let wide = if m == "b16" { 8 } else { 4 };
+        let unit = if moves_last {
+            1
+        } else if dims[rank - 1].is_multiple_of(wide) {
+            wide
+        } else if dims[rank - 1].is_multiple_of(4) {
+            4
+        } else {
+            1
+        };
+        dims[rank - 1] /= unit;
+        let units = n / unit;
         let packed = perm
             .iter()
             .enumerate()
@@ -531,17 +568,17 @@ impl ElementwiseOps for CudaBackend {
         ];
         args.extend(dim_args(&dims));
         args.push(KernelArg::U32(packed));
-        let m = move_suffix(out.dtype());
-        let kernel = if vec {
-            format!("permute4_{m}")
-        } else {
-            format!("permute_{m}")
+        let kernel = match unit {
+            1 => format!("permute_{m}"),
+            _ => format!("permute{unit}_{m}"),
         };
-        // SAFETY: permute{,4}_{f32,b16}(const T* x, T* out, u64 n, u32 rank, u64 d0..d5,
-        // u32 perm), T = one element of the buffers' dtype or 4 of them (then the last dim and
-        // n are in 4-element units); the collapsed dims multiply to n units, which both
-        // buffers hold; perm is a permutation of 0..rank.
-        unsafe { self.launch(&kernel, self.stride_grid(units), &args) }
+        let cfg = self.stride_grid_capped(units, PERMUTE_BLOCKS_PER_SM);
+        // SAFETY: permute{,4}_{f32,b16} and permute8_b16(const T* x, T* out, u64 n, u32 rank,
+        // u64 d0..d5, u32 perm), T = one element of the buffers' dtype or `unit` of them (then
+        // the last dim, which stays last and is a multiple of `unit`, and n are in such units:
+        // 16 or 8 bytes, aligned in the 256-byte aligned pool buffers); the collapsed dims
+        // multiply to n units, which both buffers hold; perm is a permutation of 0..rank.
+        unsafe { self.launch(&kernel, cfg, &args) }
     }
 
     fn dropout(&self, x: &CudaBuffer, p: f32, seed: u64, out: &mut CudaBuffer) -> Result<()> {

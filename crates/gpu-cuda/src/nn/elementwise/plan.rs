@@ -164,49 +164,84 @@ pub(super) fn tile_plan(dims: &[usize], perm: &[usize]) -> TilePlan {
     }
 }
 
-/// Thread layout and grid of one reduction pass (see `nn_reduce.cu`).
+/// How a reduction pass reads (`MODE` in `kernels/nn_reduce.cuh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReduceLoads {
+    /// One element at a time.
+    Scalar,
+    /// Rows (`inner == 1`) read 16 bytes at a time (`n` and the chunk multiples of that).
+    Rows,
+    /// 16 bytes across adjacent columns, each thread owning that many columns (`inner` a
+    /// multiple of it).
+    Cols,
+}
+
+/// Thread layout and grid of one reduction pass (see `nn_reduce.cuh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ReducePlan {
-    /// float4 loads along rows (`inner == 1`, `n % 4 == 0`).
-    pub vec4: bool,
+    pub loads: ReduceLoads,
     pub tx_log2: u32,
     pub ty_log2: u32,
-    /// Chunks the axis is split into (grid.y), each `chunk` long (a multiple of 4).
+    /// Chunks the axis is split into (grid.y), each `chunk` long (a multiple of 8).
     pub splits: usize,
     pub chunk: usize,
     pub grid_x: u32,
 }
 
-/// Plans a pass over `[outer, n, inner]` (all non-zero) on a GPU with `sms` multiprocessors.
-/// With `allow_split`, an axis long enough is split into chunks when there are too few items
-/// (`outer` × column tiles) to fill the GPU with blocks; `vec_ok` allows float4 rows.
+/// Plans a pass over `[outer, n, inner]` (all non-zero) of elements `elem_bytes` wide on a GPU
+/// with `sms` multiprocessors. With `allow_split`, an axis long enough is split into chunks
+/// when there are too few items (`outer` × column tiles) to fill the GPU with blocks;
+/// `vec_ok` allows 16-byte loads.
 pub(super) fn reduce_plan(
     outer: usize,
     n: usize,
     inner: usize,
+    elem_bytes: usize,
     sms: usize,
     allow_split: bool,
     vec_ok: bool,
 ) -> ReducePlan {
-    let tx = inner.next_power_of_two().min(32);
-    let items = outer * inner.div_ceil(tx);
-    let target = sms.max(1) * 8;
-    // A block's chunk covers min(inner, 32) columns, so a narrower chunk of a wide column
+    let v = 16 / elem_bytes.clamp(1, 16);
+    let loads = if !vec_ok || v < 2 {
+        ReduceLoads::Scalar
+    } else if inner == 1 && n.is_multiple_of(v) {
+        ReduceLoads::Rows
+    } else if inner > 1 && inner.is_multiple_of(v) {
+        ReduceLoads::Cols
+    } else {
+        ReduceLoads::Scalar
+    };
+    // Columns a thread owns, and the units (of that many columns) across a row.
+    let w = if loads == ReduceLoads::Cols { v } else { 1 };
+    let units = inner / w;
+    let tx = units.next_power_of_two().min(32);
+    let items = outer * units.div_ceil(tx);
+    // Split until there are about four blocks a multiprocessor: at 8192 × 8192 bf16 column
+    // sums, 16 chunks (512 blocks on 132 SMs) ran 36.2 µs against 38.5 µs for 32 (1024 blocks;
+    // H200, one process, docs/benchmarks.md): more chunks only add partials.
+    let target = sms.max(1) * 4;
+    // A block's chunk covers min(inner, 32·w) columns, so a narrower chunk of a wide column
     // reduction holds as many elements as a long one of a row reduction.
-    let min_chunk = (MIN_BLOCK_ELEMS / inner.min(32)).max(16);
+    let min_chunk = (MIN_BLOCK_ELEMS / inner.min(32 * w)).max(16);
     let (mut splits, mut chunk) = (1, n);
     if allow_split && items < target && n >= 2 * min_chunk {
         let s = target.div_ceil(items).min(n / min_chunk).min(65_535);
-        chunk = n.div_ceil(s).next_multiple_of(4);
+        chunk = n.div_ceil(s).next_multiple_of(8);
         splits = n.div_ceil(chunk);
     }
-    let vec4 = vec_ok && inner == 1 && n.is_multiple_of(4);
-    let loads = chunk.div_ceil(if vec4 { 4 } else { 1 }).max(1);
-    let ty = loads.next_power_of_two().min(REDUCE_THREADS / tx);
+    let reads = chunk
+        .div_ceil(if loads == ReduceLoads::Rows { v } else { 1 })
+        .max(1);
+    let mut ty = reads.next_power_of_two().min(REDUCE_THREADS / tx);
+    // Items enough for two blocks of eight warps a multiprocessor: at most a warp an item,
+    // whose threads add up by shuffles instead of block barriers.
+    if items >= 16 * sms.max(1) {
+        ty = ty.min((32 / tx).max(1));
+    }
     let groups = REDUCE_THREADS / (tx * ty);
     let grid_x = items.div_ceil(groups).clamp(1, sms.max(1) * 32) as u32;
     ReducePlan {
-        vec4,
+        loads,
         tx_log2: tx.trailing_zeros(),
         ty_log2: ty.trailing_zeros(),
         splits,
@@ -305,22 +340,41 @@ mod tests {
 
     #[test]
     fn reduce_layouts() {
-        // Long rows, few of them: split, whole block per row chunk, float4.
-        let p = reduce_plan(2, 1 << 20, 1, 132, true, true);
-        assert!(p.vec4 && p.splits > 1 && p.chunk.is_multiple_of(4));
+        use ReduceLoads::*;
+        // Long rows, few of them: split, whole block per row chunk, 16-byte loads.
+        let p = reduce_plan(2, 1 << 20, 1, 4, 132, true, true);
+        assert!(p.loads == Rows && p.splits > 1 && p.chunk.is_multiple_of(8));
         assert_eq!((p.tx_log2, p.ty_log2), (0, 8));
         assert!(p.splits * p.chunk >= 1 << 20 && (p.splits - 1) * p.chunk < 1 << 20);
         // Many short rows of 8: two threads (one float4 each) per row, 128 rows per block.
-        let p = reduce_plan(10_000, 8, 1, 132, true, true);
-        assert_eq!((p.splits, p.tx_log2, p.ty_log2, p.vec4), (1, 0, 1, true));
-        // A bias gradient [8192, 768] summed over rows: 24 column tiles, split 44 ways.
-        let p = reduce_plan(1, 8192, 768, 132, true, true);
-        assert_eq!((p.tx_log2, p.ty_log2, p.splits, p.chunk), (5, 3, 44, 188));
-        // Columns: 32 wide tiles, 8 threads down the axis.
-        let p = reduce_plan(4, 1000, 100, 132, false, true);
-        assert_eq!((p.tx_log2, p.ty_log2, p.splits), (5, 3, 1));
+        let p = reduce_plan(10_000, 8, 1, 4, 132, true, true);
+        assert_eq!((p.splits, p.tx_log2, p.ty_log2, p.loads), (1, 0, 1, Rows));
+        // Many long bf16 rows: a warp a row (8 bf16 a load), no split.
+        let p = reduce_plan(8192, 4096, 1, 2, 132, true, true);
+        assert_eq!((p.splits, p.tx_log2, p.ty_log2, p.loads), (1, 0, 5, Rows));
+        // A few long rows: a block a row.
+        let p = reduce_plan(1024, 4096, 1, 2, 132, true, true);
+        assert_eq!((p.splits, p.ty_log2), (1, 8));
+        // A bias gradient [8192, 768] f32 summed over rows: 192 float4 units, 6 tiles of 32,
+        // split 88 ways (chunks of 96 rows).
+        let p = reduce_plan(1, 8192, 768, 4, 132, true, true);
+        assert_eq!((p.loads, p.tx_log2, p.ty_log2), (Cols, 5, 3));
+        assert_eq!((p.splits, p.chunk), (86, 96));
+        // 8192 × 8192 bf16 columns: 32 tiles of 256 columns, 17 chunks.
+        let p = reduce_plan(1, 8192, 8192, 2, 132, true, true);
+        assert_eq!((p.loads, p.tx_log2, p.ty_log2, p.splits), (Cols, 5, 3, 17));
+        // The same in bf16: 96 units of 8 columns, 3 tiles.
+        let p = reduce_plan(1, 8192, 768, 2, 132, true, true);
+        assert_eq!((p.loads, p.tx_log2, p.ty_log2), (Cols, 5, 3));
+        // Columns, no split: 32 wide tiles, 8 threads down the axis; 100 columns are not a
+        // multiple of 8 bf16, so one element a load.
+        let p = reduce_plan(4, 1000, 100, 2, 132, false, true);
+        assert_eq!((p.loads, p.tx_log2, p.ty_log2, p.splits), (Scalar, 5, 3, 1));
         // Narrow columns pack rows into a warp.
-        let p = reduce_plan(1, 100, 3, 132, true, true);
-        assert_eq!((p.tx_log2, p.ty_log2, p.vec4), (2, 6, false));
+        let p = reduce_plan(1, 100, 3, 4, 132, true, true);
+        assert_eq!((p.tx_log2, p.ty_log2, p.loads), (2, 6, Scalar));
+        // Vectors off (the max backward).
+        let p = reduce_plan(8192, 4096, 1, 2, 132, false, false);
+        assert_eq!(p.loads, Scalar);
     }
 }
