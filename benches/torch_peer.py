@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 ROWS, COLS = 8192, 4096
+# The bf16 rows: 8192 × 8192 bf16, 128 MiB a tensor (the f32 rows' bytes).
+BROWS, BCOLS = 8192, 8192
 
 
 def time_us(fn, reps):
@@ -25,6 +27,30 @@ def time_us(fn, reps):
         stop.synchronize()
         samples.append(start.elapsed_time(stop) * 1e3)
     return statistics.median(samples)
+
+
+def bf16_rows(add, reps, dev):
+    """The memory-bound bf16 kernels (ids as gpu-bench's nn_bf16 rows)."""
+    hb = BROWS * BCOLS * 2.0
+    xb = [(torch.rand(BROWS, BCOLS, device=dev) * 8 - 4).to(torch.bfloat16) for _ in range(2)]
+    db = [torch.randn(BROWS, BCOLS, device=dev).to(torch.bfloat16) for _ in range(2)]
+    o = torch.empty_like(xb[0])
+    add("copy_bf16", time_us(lambda i: o.copy_(xb[i % 2]), reps), 2 * hb)
+    xs = [z.float() for z in xb]
+    add("cast_f32_bf16", time_us(lambda i: xs[i % 2].to(torch.bfloat16), reps), 3 * hb)
+    del xs
+    add("cast_bf16_f32", time_us(lambda i: xb[i % 2].float(), reps), 3 * hb)
+    add("add_bf16", time_us(lambda i: torch.add(xb[i % 2], db[0], out=o), reps), 3 * hb)
+    add("gelu_bf16", time_us(lambda i: F.gelu(xb[i % 2]), reps), 2 * hb)
+    add("gelu_bwd_bf16", time_us(lambda i: torch.ops.aten.gelu_backward(db[i % 2], xb[0]), reps), 3 * hb)
+    add("dropout_bf16", time_us(lambda i: F.dropout(xb[i % 2], 0.2, True), reps), 2 * hb)
+    bias = db[1][0].clone()
+    add("bias_add_bf16", time_us(lambda i: torch.add(xb[i % 2], bias, out=o), reps), 2 * hb)
+    add("sum_rows_bf16", time_us(lambda i: xb[i % 2].sum(1), reps), hb)
+    add("sum_cols_bf16", time_us(lambda i: xb[i % 2].sum(0), reps), hb)
+    pshape = (BROWS * BCOLS // (256 * 4 * 64), 256, 4, 64)
+    add("permute_bf16", time_us(lambda i: o.view(pshape).copy_(xb[i % 2].view(pshape).permute(0, 2, 1, 3)), reps), 2 * hb)
+    del xb, db, o
 
 
 def nn_rows(add, reps, dev):
@@ -44,17 +70,7 @@ def nn_rows(add, reps, dev):
     y = F.rms_norm(x, (COLS,), w, 1e-5)
     add("rmsnorm_bwd", time_us(lambda i: torch.autograd.grad(y, x, dys[i % 2], retain_graph=True), reps), 3 * nb)
     del x, y
-    # The memory-bound bf16 kernels (ids as gpu-bench's nn_bf16 rows).
-    hb = ROWS * COLS * 2.0
-    xb = [z.to(torch.bfloat16) for z in xs]
-    db = [z.to(torch.bfloat16) for z in dys]
-    add("cast_f32_bf16", time_us(lambda i: xs[i % 2].to(torch.bfloat16), reps), 3 * hb)
-    add("cast_bf16_f32", time_us(lambda i: xb[i % 2].float(), reps), 3 * hb)
-    add("add_bf16", time_us(lambda i: xb[i % 2] + db[0], reps), 3 * hb)
-    add("gelu_bf16", time_us(lambda i: F.gelu(xb[i % 2]), reps), 2 * hb)
-    add("gelu_bwd_bf16", time_us(lambda i: torch.ops.aten.gelu_backward(db[i % 2], xb[0]), reps), 3 * hb)
-    add("dropout_bf16", time_us(lambda i: F.dropout(xb[i % 2], 0.2, True), reps), 2 * hb)
-    del xs, dys, xb, db
+    del xs, dys
     # bf16 SDPA on the views a GPT makes of its fused projection (as gpu-bench's bf16 rows).
     n, h, t, d = 64, 6, 256, 64
     qkv = torch.randn(n, t, 3 * h * d, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -246,6 +262,8 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--gpt-text", default=None)
     ap.add_argument("--only-gpt", action="store_true")
+    ap.add_argument("--only-bf16", action="store_true",
+                    help="only the copy ceiling and the memory-bound bf16 rows")
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="run this many TF32 GPT steps after 1 warm-up step and exit (for ncu)")
     args = ap.parse_args()
@@ -276,6 +294,10 @@ def main():
     src, dst = torch.randn(n, device=dev), torch.empty(n, device=dev)
     add("copy", time_us(lambda i: dst.copy_(src), reps), 2.0 * n * 4)
     del src, dst
+    if args.only_bf16:
+        bf16_rows(add, reps, dev)
+        print(json.dumps(rows))
+        return
     for id_, size, tf32 in [("sgemm_1024", 1024, False), ("sgemm_4096", 4096, False),
                             ("sgemm_8192", 8192, False), ("tf32_4096", 4096, True)]:
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -304,6 +326,7 @@ def main():
     g, b = torch.randn(COLS, device=dev), torch.randn(COLS, device=dev)
     del xs, ys, o
     nn_rows(add, reps, dev)
+    bf16_rows(add, reps, dev)
     rssm_rows(add, reps, dev)
     if args.gpt_text:
         gpt_rows(add, args.gpt_text, dev)

@@ -244,6 +244,85 @@ def rows_bench(vars, rounds):
             xs = t[f"{name}:{v}"]; m = st.median(xs)
             print(f"rows {name:14s} {v:10s} median {m:7.1f} us  min {min(xs):7.1f}  vs {vars[0]} {m/base:.4f}")
 
+def mem_bench(vars, rounds):
+    # bf16 data movement at 8192×8192 (128 MiB a tensor), two inputs alternating: the permute
+    # [1024, 256, 4, 64] → [1024, 4, 256, 64] in 16-byte units (BUILD:gC: permute8_b16 on at
+    # most C blocks per SM, default 128; an earlier build's BUILD:sC walked the input instead,
+    # permute8s_b16: no faster, not kept), and the column sums
+    # (over the 8192 rows) as the backend's two passes, BUILD@TX.TY.SPLITS giving the first
+    # pass's layout (reduce_colsv_sum_bf16_f32, then reduce_colsv_sum_f32_bf16 over the
+    # partials). Against PyTorch's copy_ of one tensor, its permute copy and its sum(0).
+    R = C = 8192
+    n = R * C
+    g = torch.Generator(device="cuda").manual_seed(9)
+    xs = [(torch.rand(n, device="cuda", generator=g) * 8 - 4).bfloat16() for _ in range(2)]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fs, res, cnt = {}, {}, [0]
+    o = torch.empty_like(xs[0])
+    def nxt():
+        cnt[0] += 1
+        return xs[cnt[0] % 2]
+    fs["copy:torch"] = lambda: o.copy_(nxt())
+    ps = (1024, 256, 4, 64)
+    fs["permute:torch"] = lambda: o.view(1024, 4, 256, 64).copy_(nxt().view(ps).permute(0, 2, 1, 3))
+    want_p = xs[0].view(ps).permute(0, 2, 1, 3).contiguous().view(-1)
+    fs["sum0:torch"] = lambda: nxt().view(R, C).sum(0)
+    want_s = xs[0].view(R, C).float().sum(0)
+    units = n // 8
+    pk = 0 | 2 << 3 | 1 << 6 | 3 << 9
+    for v in vars:
+        build, _, lay = v.partition("@")
+        if ":" in build:
+            build, mode = build.split(":")
+            cap = int(mode[1:] or 128)
+            kn = "permute8s_b16" if mode[0] == "s" else "permute8_b16"
+            dims = [1024, 4, 256, 8] if mode[0] == "s" else [1024, 256, 4, 8]
+            h = fn(build, "nn_bf16", kn)
+            grid = min((units + 255) // 256, sms * cap)
+            out = torch.empty_like(xs[0])
+            def f(h=h, out=out, grid=grid, dims=dims):
+                launch(h, grid, (256, 1), 0, [nxt(), out, ("u64", units), 4] + [("u64", d) for d in dims] + [("u64", 1), ("u64", 1), pk])
+            cnt[0] = 1; f(); torch.cuda.synchronize()
+            print(f"mem permute {v}: equal to torch: {bool(torch.equal(out, want_p))}")
+            fs[f"permute:{v}"] = f
+        else:
+            tx, ty, sp = (int(z) for z in lay.split("."))
+            chunk = -(-R // sp); chunk = -(-chunk // 8) * 8; sp = -(-R // chunk)
+            items = (C // 8) // tx
+            grid_x = max(1, min(-(-items // (256 // (tx * ty))), sms * 32))
+            h1 = fn(build, "nn_reduce_bf16", "reduce_colsv_sum_bf16_f32")
+            h2 = fn(build, "nn_reduce_bf16", "reduce_colsv_sum_f32_bf16")
+            part = torch.empty(sp * C, device="cuda"); out = torch.empty(C, device="cuda", dtype=torch.bfloat16)
+            tx2 = 32; ty2 = min(1 << (sp - 1).bit_length(), 256 // tx2)
+            items2 = (C // 4) // tx2; grid2 = max(1, min(-(-items2 // (256 // (tx2 * ty2))), sms * 32))
+            def f(h1=h1, h2=h2, part=part, out=out, grid_x=grid_x, sp=sp, chunk=chunk, tx=tx, ty=ty, ty2=ty2, grid2=grid2):
+                x = nxt()
+                cu.cuLaunchKernel(h1, grid_x, sp, 1, 256, 1, 1, 0, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
+                                  (ctypes.c_void_p * 9)(*[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p) for c in [
+                                      ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(part.data_ptr()), ctypes.c_uint64(1),
+                                      ctypes.c_uint64(R), ctypes.c_uint64(C), ctypes.c_uint64(chunk),
+                                      ctypes.c_uint32(tx.bit_length() - 1), ctypes.c_uint32(ty.bit_length() - 1), ctypes.c_float(1.0)]]), None)
+                launch(h2, grid2, (256, 1), 0, [part, out, ("u64", 1), ("u64", sp), ("u64", C), ("u64", sp), 5, ty2.bit_length() - 1, 1.0])
+                return out
+            cnt[0] = 1; r = f(); torch.cuda.synchronize()
+            # Two python launches a call outrun nothing: time a captured graph of 10 calls.
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                for _ in range(10): f()
+            fs[f"sum0:{v}"] = lambda gr=gr: gr.replay()
+            cnt[0] = 1; r = f(); torch.cuda.synchronize()
+            e = ((r.float() - want_s).abs() / (xs[0].view(R, C).float().abs().sum(0) * 2**-7 + 1e-6)).max().item()
+            print(f"mem sum0 {v}: max |diff| / (2^-7·Σ|x|) {e:.3g} (splits {sp}, chunk {chunk}, grid {grid_x})")
+    t = {k: [] for k in fs}
+    for _ in range(rounds):
+        for k, f in fs.items(): t[k].append(timeit(f))
+    cm = st.median(t["copy:torch"])
+    print(f"mem copy torch median {cm:7.1f} us  {4 * n / cm / 1e3:7.1f} GB/s")
+    for k, xsv in t.items():
+        m = st.median(xsv) / (10 if k.startswith("sum0:") and k != "sum0:torch" else 1)
+        b = 4 * n if k.startswith("permute") or k.startswith("copy") else 2 * n
+        print(f"mem {k:22s} median {m:7.1f} us  {b / m / 1e3:7.1f} GB/s  {b / m / (4 * n / cm) * 100:5.1f}% of the same-bytes copy")
+
 def report(name, t, base):
     mb = st.median(t[base])
     for v, xs in t.items():
@@ -257,6 +336,7 @@ LN = sys.argv[2].split(","); ATT = sys.argv[3].split(",")
 EW = sys.argv[4].split(",") if len(sys.argv) > 4 else ["-"]
 ROWS = sys.argv[5].split(",") if len(sys.argv) > 5 else ["-"]
 BF16 = sys.argv[6].split(",") if len(sys.argv) > 6 else ["-"]
+MEM = sys.argv[7].split(",") if len(sys.argv) > 7 else ["-"]
 print(torch.cuda.get_device_name())
 for _ in range(2):
     if LN != ["-"]: report("layernorm", ln_bench(LN, rounds), LN[0])
@@ -266,3 +346,4 @@ for _ in range(2):
     if EW != ["-"]: ew_bench(EW, rounds)
     if ROWS != ["-"]: rows_bench(ROWS, rounds)
     if BF16 != ["-"]: bf16_bench(BF16, rounds)
+    if MEM != ["-"]: mem_bench(MEM, rounds)

@@ -48,6 +48,9 @@ struct Args {
     /// Only the host time per queued op (no PyTorch peer).
     #[arg(long)]
     only_host: bool,
+    /// Only the copy ceiling and the memory-bound bf16 rows (and PyTorch's).
+    #[arg(long)]
+    only_bf16: bool,
 }
 
 pub(crate) const ROWS: usize = 8192;
@@ -96,24 +99,26 @@ pub(crate) fn row(id: &str, what: String, us: f64, bytes: Option<f64>, flops: Op
     }
 }
 
+/// The bandwidth ceiling: a 1 GiB device-to-device copy (read + write counted).
+fn copy_ceiling(b: &Bench) -> Result<Row> {
+    let len = 1 << 28;
+    let src = b.random(len)?;
+    let mut dst = b.out(len)?;
+    let us = b.time(|_| b.gpu.copy_buffer(&src, &mut dst))?;
+    Ok(row(
+        "copy",
+        "device-to-device copy, 1 GiB f32".into(),
+        us,
+        Some(2.0 * len as f64 * 4.0),
+        None,
+    ))
+}
+
 fn measure(b: &Bench) -> Result<Vec<Row>> {
-    let mut rows = Vec::new();
+    let mut rows = vec![copy_ceiling(b)?];
     let n = ROWS * COLS;
     let nb = (n * 4) as f64;
-    // Ceilings: a 1 GiB device-to-device copy (read + write counted) and large SGEMMs.
-    {
-        let len = 1 << 28;
-        let src = b.random(len)?;
-        let mut dst = b.out(len)?;
-        let us = b.time(|_| b.gpu.copy_buffer(&src, &mut dst))?;
-        rows.push(row(
-            "copy",
-            "device-to-device copy, 1 GiB f32".into(),
-            us,
-            Some(2.0 * len as f64 * 4.0),
-            None,
-        ));
-    }
+    // The other ceilings: large SGEMMs.
     for (id, size, tf32) in [
         ("sgemm_1024", 1024, false),
         ("sgemm_4096", 4096, false),
@@ -212,6 +217,7 @@ fn torch_rows(
     reps: usize,
     gpt_text: Option<&PathBuf>,
     only_gpt: bool,
+    only_bf16: bool,
 ) -> Result<HashMap<String, Row>> {
     let ok = Command::new("python3")
         .args(["-c", "import torch; assert torch.cuda.is_available()"])
@@ -228,6 +234,7 @@ fn torch_rows(
                 .unwrap_or_default(),
         )
         .args(only_gpt.then_some("--only-gpt"))
+        .args(only_bf16.then_some("--only-bf16"))
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
@@ -271,8 +278,8 @@ fn report(
         "# Benchmarks\n\nMeasured by `gpu-bench` (`cargo xtask bench`, or `run.sh --bench` in the GPU bundle) on \
          **{}** (compute capability {}.{}, {} SMs, {:.0} MiB L2, driver API {}).\n\n\
          Method: CUDA events around each call, median of {reps} timed calls after 3 warm-up calls; \
-         memory-bound rows use 8192×4096 f32 tensors (128 MiB each, larger than L2) rotated over two \
-         input sets. Bytes count each input read once and each output written once. Ceilings are \
+         memory-bound rows use 8192×4096 f32 or 8192×8192 bf16 tensors (128 MiB each, larger than \
+         L2) rotated over two input sets. Bytes count each input read once and each output written once. Ceilings are \
          this GPU's own, measured in the same run: a 1 GiB device-to-device copy ({copy_gbps:.0} GB/s, \
          read + write counted) for bandwidth and an fp32 8192³ cuBLAS SGEMM ({gemm_tflops:.1} TFLOP/s) \
          for arithmetic. The PyTorch column is the same op in PyTorch, timed the same way in the same \
@@ -350,12 +357,15 @@ fn main() -> Result<()> {
     if args.only_gpt && args.gpt_text.is_none() {
         bail!("--only-gpt needs --gpt-text");
     }
-    if !args.only_rssm && !args.only_svd && !args.only_gpt {
+    if args.only_bf16 {
+        rows.push(copy_ceiling(&bench)?);
+        rows.extend(nn_bf16::measure(&bench)?);
+    } else if !args.only_rssm && !args.only_svd && !args.only_gpt {
         rows.extend(measure(&bench)?);
         rows.extend(nn::measure(&bench)?);
         rows.extend(nn_bf16::measure(&bench)?);
     }
-    if !args.only_gpt {
+    if !args.only_gpt && !args.only_bf16 {
         rows.extend(rssm::measure(args.reps, args.only_svd)?);
     }
     if let Some(path) = &args.gpt_text {
@@ -374,6 +384,7 @@ fn main() -> Result<()> {
             args.reps,
             args.gpt_text.as_ref(),
             args.only_gpt,
+            args.only_bf16,
         )
     };
     if let Err(e) = &torch {
