@@ -49,7 +49,8 @@ def bf16_rows(add, reps, dev):
     add("sum_rows_bf16", time_us(lambda i: xb[i % 2].sum(1), reps), hb)
     add("sum_cols_bf16", time_us(lambda i: xb[i % 2].sum(0), reps), hb)
     pshape = (BROWS * BCOLS // (256 * 4 * 64), 256, 4, 64)
-    add("permute_bf16", time_us(lambda i: o.view(pshape).copy_(xb[i % 2].view(pshape).permute(0, 2, 1, 3)), reps), 2 * hb)
+    oshape = (pshape[0], pshape[2], pshape[1], pshape[3])
+    add("permute_bf16", time_us(lambda i: o.view(oshape).copy_(xb[i % 2].view(pshape).permute(0, 2, 1, 3)), reps), 2 * hb)
     del xb, db, o
 
 

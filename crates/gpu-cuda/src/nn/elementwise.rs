@@ -27,10 +27,11 @@ const GELU_BLOCKS_PER_SM: usize = 16;
 
 /// The grid cap of the per-unit permute, whose threads first build a magic-number divider for
 /// each of up to 6 dims (a 64-bit division each): at 128 blocks a multiprocessor each thread
-/// moved ~2 units after that setup, at 16 about 16. Same-process A/B on an H200, bf16
-/// [1024, 256, 4, 64] → [1024, 4, 256, 64] in 16-byte units: 134.2 µs at 128, 77.1 µs at 16,
-/// 80.9 at 8, 80.4 at 4 (PyTorch's copy_ of the same bytes 69.6 µs; docs/benchmarks.md).
-const PERMUTE_BLOCKS_PER_SM: usize = 16;
+/// moved ~2 units after that setup. Same-process A/B on an H200, bf16 [1024, 256, 4, 64] →
+/// [1024, 4, 256, 64] in 16-byte units, two units a step: 134.2 µs at 128 blocks per SM, 77.1
+/// at 16, 80.9 at 8, 80.4 at 4; four units a step (`PERMUTE_UNITS`): 75.3 µs at 32, 77.3 at
+/// 16 (PyTorch's copy_ of the same bytes 65.9–69.6 µs; docs/benchmarks.md).
+const PERMUTE_BLOCKS_PER_SM: usize = 32;
 
 /// The grid cap (blocks per multiprocessor) of the unary bf16 streams (casts from bf16,
 /// activations, affine, dropout), whose threads loop over two 4-element vectors a step with the
