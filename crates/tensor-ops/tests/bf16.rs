@@ -211,7 +211,15 @@ fn bf16_hostile_values_round_like_f32_results() {
         -0.0,
         0.0,
     ];
-    let n = 4 * 37;
+    // 37 columns take the scalar and 4-wide paths, 40 the 16-byte ones (rows of 5 vectors of 8,
+    // columns in groups of 8).
+    for (rows, cols) in [(4usize, 37usize), (6, 40)] {
+        hostile_case(test, &mut r, &specials, (rows, cols));
+    }
+}
+
+fn hostile_case(test: &str, r: &mut StdRng, specials: &[f32], (rows, cols): (usize, usize)) {
+    let n = rows * cols;
     let pick = |r: &mut StdRng| -> Vec<f32> {
         let mut v = draw(r, n);
         for x in v.iter_mut() {
@@ -221,44 +229,67 @@ fn bf16_hostile_values_round_like_f32_results() {
         }
         bf16_of(&v)
     };
-    let (a, b) = (pick(&mut r), pick(&mut r));
+    let (a, b) = (pick(r), pick(r));
     let devs = devices(test);
     type Op = fn(&Tensor, &Tensor) -> tensor_ops::Result<Tensor>;
     let ops: [Op; 4] = [Tensor::add, Tensor::sub, Tensor::mul, Tensor::div];
-    let f32_t = |v: &[f32]| Tensor::from_vec(v.to_vec(), &[4, 37], Device::Cpu).unwrap();
+    let shape = [rows, cols];
+    let f32_t = |v: &[f32]| Tensor::from_vec(v.to_vec(), &shape, Device::Cpu).unwrap();
     for op in ops {
         let want = bf16_of(&op(&f32_t(&a), &f32_t(&b)).unwrap().to_vec().unwrap());
         for &dev in &devs {
-            let got = op(&t_bf16(&a, &[4, 37], dev), &t_bf16(&b, &[4, 37], dev)).unwrap();
-            same_bits(&format!("{test} on {dev}"), &got.to_vec().unwrap(), &want);
+            let got = op(&t_bf16(&a, &shape, dev), &t_bf16(&b, &shape, dev)).unwrap();
+            same_bits(
+                &format!("{test} {shape:?} on {dev}"),
+                &got.to_vec().unwrap(),
+                &want,
+            );
         }
     }
     let want = bf16_of(&f32_t(&a).dropout(0.25, 7, true).unwrap().to_vec().unwrap());
     let want_max = bf16_of(&f32_t(&a).max(1, false).unwrap().to_vec().unwrap());
+    let want_max0 = bf16_of(&f32_t(&a).max(0, false).unwrap().to_vec().unwrap());
+    // The values summed by each output of a sum over `dim`.
+    let lines = |dim: isize| -> Vec<Vec<f32>> {
+        if dim == 1 {
+            a.chunks(cols).map(<[f32]>::to_vec).collect()
+        } else {
+            (0..cols)
+                .map(|j| (0..rows).map(|i| a[i * cols + j]).collect())
+                .collect()
+        }
+    };
     for &dev in &devs {
-        let x = t_bf16(&a, &[4, 37], dev);
+        let x = t_bf16(&a, &shape, dev);
         let got = x.dropout(0.25, 7, true).unwrap().to_vec().unwrap();
-        same_bits(&format!("{test} dropout on {dev}"), &got, &want);
+        same_bits(&format!("{test} {shape:?} dropout on {dev}"), &got, &want);
         let got = x.max(1, false).unwrap().to_vec().unwrap();
-        same_bits(&format!("{test} max on {dev}"), &got, &want_max);
-        // Sums: a row with a NaN (or both infinities) is NaN, one with +inf and no NaN or -inf
-        // is +inf. A row holding bf16's largest value twice may overflow to +inf in any order
+        same_bits(&format!("{test} {shape:?} max on {dev}"), &got, &want_max);
+        let got = x.max(0, false).unwrap().to_vec().unwrap();
+        same_bits(
+            &format!("{test} {shape:?} max 0 on {dev}"),
+            &got,
+            &want_max0,
+        );
+        // Sums: a line with a NaN (or both infinities) is NaN, one with +inf and no NaN or -inf
+        // is +inf. A line holding bf16's largest value twice may overflow to +inf in any order
         // of addition, so its infinities are not asserted.
-        let sums = x.sum(1, false).unwrap().to_vec().unwrap();
-        for (row, s) in a.chunks(37).zip(&sums) {
-            let big = row.iter().filter(|&&v| v == 3.3895314e38).count() >= 2;
-            if row.iter().any(|v| v.is_nan()) {
-                assert!(s.is_nan(), "{test}: sum on {dev}: {s}");
-            } else if big {
-                continue;
-            } else if row.iter().any(|v| v.is_nan())
-                || (row.contains(&f32::INFINITY) && row.contains(&f32::NEG_INFINITY))
-            {
-                assert!(s.is_nan(), "{test}: sum on {dev}: {s}");
-            } else if row.contains(&f32::INFINITY) {
-                assert_eq!(*s, f32::INFINITY, "{test}: sum on {dev}");
-            } else if row.contains(&f32::NEG_INFINITY) {
-                assert_eq!(*s, f32::NEG_INFINITY, "{test}: sum on {dev}");
+        for dim in [1, 0] {
+            let sums = x.sum(dim, false).unwrap().to_vec().unwrap();
+            for (line, s) in lines(dim).iter().zip(&sums) {
+                let what = format!("{test}: sum over {dim} of {shape:?} on {dev}: {s}");
+                let big = line.iter().filter(|&&v| v == 3.3895314e38).count() >= 2;
+                if line.iter().any(|v| v.is_nan()) {
+                    assert!(s.is_nan(), "{what}");
+                } else if big {
+                    continue;
+                } else if line.contains(&f32::INFINITY) && line.contains(&f32::NEG_INFINITY) {
+                    assert!(s.is_nan(), "{what}");
+                } else if line.contains(&f32::INFINITY) {
+                    assert_eq!(*s, f32::INFINITY, "{what}");
+                } else if line.contains(&f32::NEG_INFINITY) {
+                    assert_eq!(*s, f32::NEG_INFINITY, "{what}");
+                }
             }
         }
     }
