@@ -6,7 +6,7 @@ context 256, batch 64, dropout 0.2, no biases, tied head, nanoGPT's init, AdamW 
 evaluation every 250 iterations on 50 random batches of each split). Training time excludes
 the evaluations (synchronised at their boundaries), as `train-gpt` reports it.
 
-Usage: torch_train_gpt.py TEXT [--precision bf16|tf32|fp32] [--iters N] [--compile]
+Usage: torch_train_gpt.py TEXT [--precision bf16|tf32|fp32] [--iters N] [--compile] [--seed S]
 Prints one line per evaluation and the first iteration whose validation loss is <= 1.50.
 """
 import argparse
@@ -29,9 +29,10 @@ def main():
     ap.add_argument("--eval-interval", type=int, default=250)
     ap.add_argument("--eval-iters", type=int, default=50)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--seed", type=int, default=1337)
     a = ap.parse_args()
     dev = "cuda"
-    torch.manual_seed(1337)
+    torch.manual_seed(a.seed)
     torch.backends.cuda.matmul.allow_tf32 = a.precision != "fp32"
     torch.backends.cudnn.allow_tf32 = a.precision != "fp32"
     text = open(a.text, encoding="utf-8").read()
