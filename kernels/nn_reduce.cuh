@@ -165,33 +165,23 @@ static __device__ __forceinline__ void reduce_impl(float* sm, const TI* __restri
     }
 }
 
-// reduce_<NAME>_<SUFFIX>, reduce_rowsv_<NAME>_<SUFFIX> and reduce_colsv_<NAME>_<SUFFIX> (MODE
-// 0, 1, 2), reading TI and writing TO.
-#define REDUCE_KERNELS(NAME, OP, TI, TO, SUFFIX)                                                 \
+// One reduction kernel: PREFIX<NAME>_<SUFFIX> on loads MODE, reading TI and writing TO.
+#define REDUCE_KERNEL(PREFIX, MODE, NAME, OP, TI, TO, SUFFIX)                                    \
     extern "C" __global__ void __launch_bounds__(THREADS)                                       \
-        reduce_##NAME##_##SUFFIX(const TI* __restrict__ x, TO* __restrict__ out, u64 outer,     \
-                                 u64 n, u64 inner, u64 chunk, u32 tx_log2, u32 ty_log2,          \
-                                 float divisor) {                                                \
-        __shared__ float sm[THREADS];                                                            \
-        reduce_impl<OP, 0, TI, TO>(sm, x, out, outer, n, inner, chunk, tx_log2, ty_log2,         \
-                                   divisor);                                                     \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                       \
-        reduce_rowsv_##NAME##_##SUFFIX(const TI* __restrict__ x, TO* __restrict__ out,          \
-                                       u64 outer, u64 n, u64 inner, u64 chunk, u32 tx_log2,      \
-                                       u32 ty_log2, float divisor) {                             \
-        __shared__ float sm[THREADS];                                                            \
-        reduce_impl<OP, 1, TI, TO>(sm, x, out, outer, n, inner, chunk, tx_log2, ty_log2,         \
-                                   divisor);                                                     \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                       \
-        reduce_colsv_##NAME##_##SUFFIX(const TI* __restrict__ x, TO* __restrict__ out,          \
-                                       u64 outer, u64 n, u64 inner, u64 chunk, u32 tx_log2,      \
-                                       u32 ty_log2, float divisor) {                             \
-        __shared__ float sm[THREADS * ReduceCols<2, TI>::W];                                     \
-        reduce_impl<OP, 2, TI, TO>(sm, x, out, outer, n, inner, chunk, tx_log2, ty_log2,         \
-                                   divisor);                                                     \
+        PREFIX##NAME##_##SUFFIX(const TI* __restrict__ x, TO* __restrict__ out, u64 outer,      \
+                                u64 n, u64 inner, u64 chunk, u32 tx_log2, u32 ty_log2,           \
+                                float divisor) {                                                 \
+        __shared__ float sm[THREADS * ReduceCols<MODE, TI>::W];                                  \
+        reduce_impl<OP, MODE, TI, TO>(sm, x, out, outer, n, inner, chunk, tx_log2, ty_log2,      \
+                                      divisor);                                                  \
     }
+
+// reduce_<NAME>_<SUFFIX>, reduce_rowsv_<NAME>_<SUFFIX> and reduce_colsv_<NAME>_<SUFFIX> (MODE
+// 0, 1, 2).
+#define REDUCE_KERNELS(NAME, OP, TI, TO, SUFFIX)                 \
+    REDUCE_KERNEL(reduce_, 0, NAME, OP, TI, TO, SUFFIX)          \
+    REDUCE_KERNEL(reduce_rowsv_, 1, NAME, OP, TI, TO, SUFFIX)    \
+    REDUCE_KERNEL(reduce_colsv_, 2, NAME, OP, TI, TO, SUFFIX)
 
 // Backward of Max over the axis, same layout without splits: each group finds the first i with
 // x[o, i, j] == y[o, j] (or both NaN) as a min over its threads' first matches, then writes the
