@@ -16,9 +16,11 @@
 //! an op starts, on the thread that calls it.
 //!
 //! **Determinism.** Every fast kernel computes each output from a fixed sequence of f32
-//! operations with no fused multiply-add, so the three instruction-set builds give bit-identical
-//! results (tested), and work is split only between independent rows or sequences, so results do
-//! not depend on the thread count either.
+//! operations, so the three instruction-set builds give bit-identical results (tested), and work
+//! is split only between independent rows or sequences, so results do not depend on the thread
+//! count either. Multiply-adds are never contracted by the compiler; where a kernel wants one
+//! (attention's products) it calls `f32::mul_add`, which rounds once at every level (the FMA
+//! instruction, or libm's correctly rounded `fmaf` on the baseline).
 //!
 //! **Accuracy.** Each kernel's tests in `tests.rs` state the bound they check against the exact
 //! reference, derived from the number and size of the summed terms.
