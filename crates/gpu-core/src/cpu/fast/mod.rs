@@ -1,5 +1,5 @@
 //! The CPU backend's fast mode: f32 kernels for the ops that dominate training on the CPU
-//! (GELU, causal attention, LayerNorm, AdamW), written as plain loops that the compiler
+//! (GELU, causal attention, LayerNorm, cross-entropy, AdamW), written as plain loops that the compiler
 //! vectorizes, compiled three times (AVX-512, AVX2 + FMA, and the x86-64 baseline / other
 //! architectures) and picked at run time by `is_x86_feature_detected!` — never by
 //! `target-cpu=native`, so one binary runs on any x86-64 host.
@@ -33,6 +33,7 @@ pub(crate) mod attention;
 pub(crate) mod math;
 pub(crate) mod optim;
 pub(crate) mod rows;
+pub(crate) mod softmax;
 
 #[cfg(test)]
 mod tests;
