@@ -19,8 +19,9 @@
 //! operations, so the three instruction-set builds give bit-identical results (tested), and work
 //! is split only between independent rows or sequences, so results do not depend on the thread
 //! count either. Multiply-adds are never contracted by the compiler; where a kernel wants one
-//! (attention's products) it calls `f32::mul_add`, which rounds once at every level (the FMA
-//! instruction, or libm's correctly rounded `fmaf` on the baseline).
+//! (attention's products, the polynomials of `exp` and `erfc`) it calls `f32::mul_add`, which
+//! rounds once at every level (the FMA instruction, or libm's correctly rounded `fmaf` on the
+//! baseline).
 //!
 //! **Accuracy.** Each kernel's tests in `tests.rs` state the bound they check against the exact
 //! reference, derived from the number and size of the summed terms.
