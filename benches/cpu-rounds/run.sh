@@ -6,6 +6,9 @@
 #
 #   OUT=dir ROUNDS=20 PY=/path/to/python TXT=tinyshakespeare.txt [BASE_BIN=old/cpu-bench] \
 #     benches/cpu-rounds/run.sh          # from the repository root, after a release build
+#
+# GPT_ONLY=1: only the GPT step row, no SGEMM rows and no exact-mode run; BASE_BIN is then a
+# build of this cpu-bench (e.g. another commit's), run as ours is (fast mode, --no-sgemm).
 #   python3 benches/cpu-rounds/summary.py dir 0.05
 set -u
 OUT=${OUT:-target/cpu-rounds}; mkdir -p "$OUT"
@@ -28,13 +31,23 @@ for r in $(seq "$START" "$ROUNDS"); do
     python3 -c "import sys; sys.exit(0 if $o < 0.15 else 1)" && break
     sleep 5
   done
-  if [ -n "${BASE_BIN:-}" ]; then
-    run "base_$r" "$BASE_BIN" --python /bin/false --gpt-text "$TXT" --out "$OUT/base_$r.md"
+  if [ -n "${GPT_ONLY:-}" ]; then
+    if [ -n "${BASE_BIN:-}" ]; then
+      run "base_$r" "$BASE_BIN" --no-peer --no-sgemm --gpt-text "$TXT" --rounds 1 \
+        --out "$OUT/base_$r.md"
+    fi
+    run "ours_$r" "$BENCH" --no-peer --no-sgemm --gpt-text "$TXT" --rounds 1 --out "$OUT/ours_$r.md"
+    run "peer_$r" env -u OPENBLAS_CORETYPE "$PY" benches/torch_cpu_peer.py --reps 10 --threads 2 \
+      --sizes '' --gpt-text "$TXT"
+  else
+    if [ -n "${BASE_BIN:-}" ]; then
+      run "base_$r" "$BASE_BIN" --python /bin/false --gpt-text "$TXT" --out "$OUT/base_$r.md"
+    fi
+    run "ours_$r" "$BENCH" --no-peer --gpt-text "$TXT" --rounds 1 --out "$OUT/ours_$r.md"
+    run "peer_$r" env -u OPENBLAS_CORETYPE "$PY" benches/torch_cpu_peer.py --reps 10 --threads 2 \
+      --sizes 1024,1536,2048 --gpt-text "$TXT"
+    run "exact_$r" "$BENCH" --cpu-mode exact --no-sgemm --no-peer --gpt-text "$TXT" --rounds 1 \
+      --out "$OUT/exact_$r.md"
   fi
-  run "ours_$r" "$BENCH" --no-peer --gpt-text "$TXT" --rounds 1 --out "$OUT/ours_$r.md"
-  run "peer_$r" env -u OPENBLAS_CORETYPE "$PY" benches/torch_cpu_peer.py --reps 10 --threads 2 \
-    --sizes 1024,1536,2048 --gpt-text "$TXT"
-  run "exact_$r" "$BENCH" --cpu-mode exact --no-sgemm --no-peer --gpt-text "$TXT" --rounds 1 \
-    --out "$OUT/exact_$r.md"
   echo "round $r $(date +%T) wall, others' cores: ours $(cat "$OUT/ours_$r.load") peer $(cat "$OUT/peer_$r.load")"
 done

@@ -11,7 +11,7 @@ def num(s): return float(re.match(r'\s*([0-9.]+)',s).group(1))
 def rate(k,us): return 768/us*1e3 if k=='gpt' else 2*int(k.split('_')[1])**3/us/1e3
 R=[]
 r=1
-while os.path.exists(f'{d}/exact_{r}.load'):
+while os.path.exists(f'{d}/ours_{r}.load') and os.path.exists(f'{d}/peer_{r}.load'):
     rec={'r':r,'load':{}}
     for n in ('base','ours','peer','exact'):
         if os.path.exists(f'{d}/{n}_{r}.load'):
@@ -21,12 +21,17 @@ while os.path.exists(f'{d}/exact_{r}.load'):
         if m:
             k='gpt' if m.group(1)=='gpt_cpu_step' else m.group(1)
             rec[('base',k)]=rate(k,float(m.group(2)))
+        # a build of this cpu-bench as the baseline (GPT_ONLY=1)
+        m=re.match(r'\| (sgemm_\d+|gpt_cpu_step) \([^)]*\) \|([^|]*)\|',l)
+        if m:
+            k='gpt' if m.group(1)=='gpt_cpu_step' else m.group(1)
+            rec[('base',k)]=num(m.group(2))
     for l in open(f'{d}/ours_{r}.md'):
         m=re.match(r'\| (sgemm_\d+|gpt_cpu_step) \([^)]*\) \|([^|]*)\|',l)
         if m:
             k='gpt' if m.group(1)=='gpt_cpu_step' else m.group(1)
             rec[('ours',k)]=num(m.group(2))
-    for l in open(f'{d}/exact_{r}.md'):
+    for l in (open(f'{d}/exact_{r}.md') if os.path.exists(f'{d}/exact_{r}.md') else []):
         m=re.match(r'\| (gpt_cpu_step) \([^)]*\) \|([^|]*)\|',l)
         if m: rec[('exact','gpt')]=num(m.group(2))
     for l in open(f'{d}/peer_{r}.out'):
@@ -51,4 +56,4 @@ quiet=[x for x in R if max(x['load'].values())<=thr]
 table(quiet,f"quiet rounds (other processes used at most {thr} of a core during each run)")
 table(R,"all rounds")
 print("others per round (base ours peer exact):")
-for x in R: print(x['r'], [round(x['load'][n],2) for n in ('base','ours','peer','exact')], 'gpt ours/torch', round(x.get(('ours','gpt'),0)/x.get(('torch','gpt'),1),2))
+for x in R: print(x['r'], [round(x['load'][n],2) for n in ('base','ours','peer','exact') if n in x['load']], 'gpt ours/torch', round(x.get(('ours','gpt'),0)/x.get(('torch','gpt'),1),2))

@@ -32,7 +32,7 @@ impl AttentionOps for CpuBackend {
             .zip(lse.par_chunks_exact_mut(t));
         if fast::fast() {
             let isa = fast::Isa::best();
-            let scratch = || vec![0.0f32; seq + t];
+            let scratch = || vec![0.0f32; fast::attention::fwd_scratch(t, d)];
             outs.enumerate()
                 .for_each_init(scratch, |scratch, (b, (out, lse))| {
                     let span = b * seq..(b + 1) * seq;
@@ -92,7 +92,7 @@ impl AttentionOps for CpuBackend {
         let grads = grads.zip(dv.par_chunks_exact_mut(seq));
         if fast::fast() {
             let isa = fast::Isa::best();
-            let scratch = || vec![0.0f32; 2 * (seq + t * t)];
+            let scratch = || vec![0.0f32; fast::attention::bwd_scratch(t, d)];
             grads
                 .enumerate()
                 .for_each_init(scratch, |scratch, (b, ((dq, dk), dv))| {

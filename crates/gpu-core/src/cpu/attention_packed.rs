@@ -70,7 +70,7 @@ impl CpuBackend {
             .zip(lse.par_chunks_exact_mut(p.heads * t))
             .enumerate();
         per_batch.for_each_init(
-            || vec![0.0f32; 5 * seq + t],
+            || vec![0.0f32; 4 * seq + fast::attention::fwd_scratch(t, d)],
             |scr, (bi, (out, lse))| {
                 let x = &qkv[bi * t * 3 * c..(bi + 1) * t * 3 * c];
                 for h in 0..p.heads {
@@ -130,7 +130,7 @@ impl CpuBackend {
         dqkv.par_chunks_exact_mut(t * 3 * c)
             .enumerate()
             .for_each_init(
-                || vec![0.0f32; 8 * seq + 2 * (seq + t * t)],
+                || vec![0.0f32; 8 * seq + fast::attention::bwd_scratch(t, d)],
                 |scr, (bi, g)| {
                     let x = &qkv[bi * t * 3 * c..(bi + 1) * t * 3 * c];
                     let (o_rows, do_rows) =

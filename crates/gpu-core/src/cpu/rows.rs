@@ -114,6 +114,16 @@ impl RowOps for CpuBackend {
         check_cross_entropy(OP, logits, targets, loss, None, cols)?;
         let (x, t) = (logits.as_f32()?, targets.as_u32()?);
         check_ids(OP, "targets", t, cols)?;
+        if fast::fast() {
+            let (isa, per) = (fast::Isa::best(), min_rows(cols));
+            let chunks = loss.as_f32_mut()?.par_chunks_mut(per).enumerate();
+            chunks.for_each(|(c, lc)| {
+                let r0 = c * per;
+                let (xc, tc) = (&x[r0 * cols..(r0 + lc.len()) * cols], &t[r0..r0 + lc.len()]);
+                fast::softmax::cross_entropy_fwd(isa, xc, tc, lc, cols);
+            });
+            return Ok(());
+        }
         let rows = x.par_chunks_exact(cols).zip(t).zip(loss.as_f32_mut()?);
         rows.with_min_len(min_rows(cols)).for_each(|((xr, &t), l)| {
             let (max, sum) = max_sumexp(xr);
@@ -135,6 +145,16 @@ impl RowOps for CpuBackend {
         check_cross_entropy(OP, logits, targets, dloss, Some(&*dlogits), cols)?;
         let (x, t, dl) = (logits.as_f32()?, targets.as_u32()?, dloss.as_f32()?);
         check_ids(OP, "targets", t, cols)?;
+        if fast::fast() {
+            let (isa, per) = (fast::Isa::best(), min_rows(cols));
+            let chunks = dlogits.as_f32_mut()?.par_chunks_mut(per * cols).enumerate();
+            chunks.for_each(|(c, dc)| {
+                let (r0, rows) = (c * per, dc.len() / cols);
+                let (xc, tc) = (&x[r0 * cols..(r0 + rows) * cols], &t[r0..r0 + rows]);
+                fast::softmax::cross_entropy_bwd(isa, xc, tc, &dl[r0..r0 + rows], dc, cols);
+            });
+            return Ok(());
+        }
         for_rows(dlogits.as_f32_mut()?, cols, |r, dr| {
             let (xr, t, g) = (&x[r * cols..][..cols], t[r] as usize, dl[r] as f64);
             let (max, sum) = max_sumexp(xr);

@@ -1,10 +1,18 @@
 //! Causal attention of one sequence in f32 (the fast mode's kernel; the formulas are those of
-//! the f64 reference in `cpu/attention.rs`). The keys and values are transposed once per
-//! sequence so that a row of scores `q_i·k_j` (j <= i) is a vector loop over `j`, and each
-//! output row `Σ_j p_j v_j` a vector loop over the head width; every sum runs in a fixed order.
+//! the f64 reference in `cpu/attention.rs`).
+//!
+//! The five products (scores, `P·V`, `dS·K`, `dSᵀ·Q`, `Pᵀ·dO`) are small register-blocked
+//! GEMMs: a block of [`R`] output rows × [`W`] columns stays in registers while the reduction
+//! index runs. Each output is one chain of fused multiply-adds in index order, so its value does
+//! not depend on the blocking (block rows, tail rows and narrow column tails all sum the same
+//! terms in the same order), nor on the instruction-set level: `f32::mul_add` rounds once at
+//! every level (the FMA instruction with AVX2 / AVX-512, libm's correctly rounded `fmaf` on the
+//! baseline). The keys and values are transposed once per sequence so that a row of scores is
+//! a product of that form too.
 
 use super::math::exp;
 use super::multiversion;
+use std::ops::Range;
 
 /// `dst[c·t + j] = src[j·d + c]`: a `[t, d]` matrix transposed to `[d, t]`.
 #[inline(always)]
@@ -26,111 +34,188 @@ pub(crate) type SeqIn<'a> = (
     &'a [f32],
 );
 
-/// Outputs that one register block accumulates.
-const B: usize = 16;
+/// Columns of a register block.
+const W: usize = 16;
+/// Rows of a register block.
+const R: usize = 4;
 
-/// `Σ_i f(i)·row(i)[..B]` over `range` in four register chains (`i − start ≡ 0, 1, 2, 3 mod 4`,
-/// each in order, a tail of fewer than four rows going to the first chains), combined as
-/// `(c0 + c1) + (c2 + c3)`: four independent chains hide the latency of the adds.
+/// Scratch floats that [`fwd_seq`] needs.
+pub(crate) const fn fwd_scratch(t: usize, d: usize) -> usize {
+    t * d + R * t
+}
+
+/// Scratch floats that [`bwd_seq`] needs.
+pub(crate) const fn bwd_scratch(t: usize, d: usize) -> usize {
+    2 * (t * d + t * t)
+}
+
+/// `acc[l] = a(x)·b(x)[l] + acc[l]` for `x` in `xs`, in order (one rounding each).
 #[inline(always)]
-fn sum4<'x>(
-    range: std::ops::Range<usize>,
-    f: impl Fn(usize) -> f32,
-    row: impl Fn(usize) -> &'x [f32],
-    out: &mut [f32],
+fn fma_row<'x>(
+    acc: &mut [f32],
+    xs: Range<usize>,
+    a: impl Fn(usize) -> f32,
+    b: impl Fn(usize) -> &'x [f32],
 ) {
-    let (mut c0, mut c1, mut c2, mut c3) = ([0.0f32; B], [0.0f32; B], [0.0f32; B], [0.0f32; B]);
-    let (start, len) = (range.start, range.len());
-    for q in 0..len / 4 {
-        let i = start + 4 * q;
-        let (f0, f1, f2, f3) = (f(i), f(i + 1), f(i + 2), f(i + 3));
-        let (r0, r1) = (&row(i)[..B], &row(i + 1)[..B]);
-        let (r2, r3) = (&row(i + 2)[..B], &row(i + 3)[..B]);
-        for l in 0..B {
-            c0[l] += f0 * r0[l];
-            c1[l] += f1 * r1[l];
-            c2[l] += f2 * r2[l];
-            c3[l] += f3 * r3[l];
+    let n = acc.len();
+    for x in xs {
+        let (ax, bx) = (a(x), &b(x)[..n]);
+        for (o, &bv) in acc.iter_mut().zip(bx) {
+            *o = ax.mul_add(bv, *o);
         }
-    }
-    let tail = start + len / 4 * 4;
-    for (k, i) in (tail..range.end).enumerate() {
-        let (fi, r) = (f(i), &row(i)[..B]);
-        let c = match k {
-            0 => &mut c0,
-            1 => &mut c1,
-            _ => &mut c2,
-        };
-        for l in 0..B {
-            c[l] += fi * r[l];
-        }
-    }
-    for (l, o) in out[..B].iter_mut().enumerate() {
-        *o = (c0[l] + c1[l]) + (c2[l] + c3[l]);
     }
 }
 
-/// As [`sum4`] for a block of `n < B` outputs, in one chain.
+/// [`fma_row`] for the `N` rows of a block at once over the same `xs` (`a(r, x)` the factor of
+/// row `r`), `W` columns each.
 #[inline(always)]
-fn sum1<'x>(
-    range: std::ops::Range<usize>,
-    f: impl Fn(usize) -> f32,
-    row: impl Fn(usize) -> &'x [f32],
-    out: &mut [f32],
+fn fma_block<'x, const N: usize>(
+    acc: &mut [[f32; W]; N],
+    xs: Range<usize>,
+    a: impl Fn(usize, usize) -> f32,
+    b: impl Fn(usize) -> &'x [f32],
 ) {
-    out.fill(0.0);
-    let n = out.len();
-    for i in range {
-        let fi = f(i);
-        for (o, &r) in out.iter_mut().zip(&row(i)[..n]) {
-            *o += fi * r;
+    for x in xs {
+        let bx: &[f32; W] = b(x)[..W].try_into().expect("W floats");
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let ar = a(r, x);
+            for l in 0..W {
+                acc_r[l] = ar.mul_add(bx[l], acc_r[l]);
+            }
+        }
+    }
+}
+
+/// The terms that row `r` of a block sums, in order: `pre(r)`, then the rows' common range,
+/// then `post(r)`.
+struct Terms<P, Q> {
+    pre: P,
+    common: Range<usize>,
+    post: Q,
+}
+
+/// `out[r·stride + c] = Σ_x a(r, x)·b(x)[c]` for the `N` rows `r` of a block and the columns
+/// `c < cols`, over the terms `terms` (see [`Terms`]); `b(x)` is a row of at least `cols`
+/// floats.
+#[inline(always)]
+fn product<'x, const N: usize>(
+    cols: usize,
+    terms: &Terms<impl Fn(usize) -> Range<usize>, impl Fn(usize) -> Range<usize>>,
+    a: impl Fn(usize, usize) -> f32 + Copy,
+    b: impl Fn(usize) -> &'x [f32] + Copy,
+    (out, stride): (&mut [f32], usize),
+) {
+    let mut c0 = 0;
+    while c0 + W <= cols {
+        let bc = move |x: usize| &b(x)[c0..];
+        let mut acc = [[0.0f32; W]; N];
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            fma_row(acc_r, (terms.pre)(r), |x| a(r, x), bc);
+        }
+        fma_block(&mut acc, terms.common.clone(), a, bc);
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            fma_row(acc_r, (terms.post)(r), |x| a(r, x), bc);
+            out[r * stride + c0..r * stride + c0 + W].copy_from_slice(acc_r);
+        }
+        c0 += W;
+    }
+    if c0 < cols {
+        let bc = move |x: usize| &b(x)[c0..];
+        for r in 0..N {
+            let o = &mut out[r * stride + c0..r * stride + cols];
+            o.fill(0.0);
+            let ar = |x: usize| a(r, x);
+            fma_row(o, (terms.pre)(r), ar, bc);
+            fma_row(o, terms.common.clone(), ar, bc);
+            fma_row(o, (terms.post)(r), ar, bc);
         }
     }
 }
 
 /// How many scores row `i` computes: `i + 1` rounded up to whole register blocks (at most
-/// `t`), so that every block takes the four-chain path; the scores past `i` are not used
-/// (nothing is summed over them, so a non-finite key there changes nothing).
+/// `t`); the scores past `i` are not used (nothing is summed over them, so a non-finite key
+/// there changes nothing).
 #[inline(always)]
 fn padded(i: usize, t: usize) -> usize {
-    ((i + 1).div_ceil(B) * B).min(t)
+    ((i + 1).div_ceil(W) * W).min(t)
 }
 
-/// `s[j] = Σ_c a[c]·mt[c·t + j]` for `j < s.len()`, 16 outputs at a time held in registers.
-#[inline(always)]
-fn row_dots(a: &[f32], mt: &[f32], t: usize, s: &mut [f32]) {
-    for (jb, sb) in s.chunks_mut(B).enumerate() {
-        let j0 = jb * B;
-        if sb.len() == B {
-            sum4(0..a.len(), |c| a[c], |c| &mt[c * t + j0..], sb);
-        } else {
-            sum1(0..a.len(), |c| a[c], |c| &mt[c * t + j0..], sb);
-        }
-    }
+fn none(_: usize) -> Range<usize> {
+    0..0
 }
 
-/// `o[c] = Σ_j w(j)·x[j·d + c]` over the rows `j` in `rows`, 16 outputs at a time held in
-/// registers.
+/// The rows `0..N` of `x` `[t, d]` times `mt` `[d, t]` (a transposed matrix) into `s` (rows of
+/// `t`), the columns below `cols`.
 #[inline(always)]
-fn weighted_rows(
-    o: &mut [f32],
-    rows: std::ops::Range<usize>,
-    w: impl Fn(usize) -> f32,
+fn row_dots<const N: usize>(
     x: &[f32],
-    d: usize,
+    mt: &[f32],
+    (t, d): (usize, usize),
+    cols: usize,
+    s: &mut [f32],
 ) {
-    for (cb, ob) in o.chunks_mut(B).enumerate() {
-        let c0 = cb * B;
-        if ob.len() == B {
-            sum4(rows.clone(), &w, |j| &x[j * d + c0..], ob);
-        } else {
-            sum1(rows.clone(), &w, |j| &x[j * d + c0..], ob);
+    let terms = Terms {
+        pre: none,
+        common: 0..d,
+        post: none,
+    };
+    product::<N>(cols, &terms, |r, c| x[r * d + c], |c| &mt[c * t..], (s, t));
+}
+
+/// Softmax of row `i` (its scores `s[..=i]`, unscaled) in place, unnormalised: returns
+/// `(1 / Σ, lse)`.
+#[inline(always)]
+fn softmax_row(s: &mut [f32], scale: f32) -> (f32, f32) {
+    let mut max = f32::NEG_INFINITY;
+    for sj in s.iter_mut() {
+        *sj *= scale;
+        // NaN scores are skipped here (as f64::max does in the reference) and come back
+        // through exp below.
+        max = if *sj > max { *sj } else { max };
+    }
+    for sj in s.iter_mut() {
+        *sj = exp(*sj - max);
+    }
+    let sum = super::rows::sum2(s, s, |p, _| p);
+    (1.0 / sum, max + sum.ln())
+}
+
+/// The forward of the `N` rows from `i0` (see [`fwd_body`]).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn fwd_rows<const N: usize>(
+    i0: usize,
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    lse: &mut [f32],
+    (t, d, scale): (usize, usize, f32),
+    s: &mut [f32],
+) {
+    row_dots::<N>(&q[i0 * d..], kt, (t, d), padded(i0 + N - 1, t), s);
+    let mut inv = [0.0f32; N];
+    for (r, inv_r) in inv.iter_mut().enumerate() {
+        let i = i0 + r;
+        (*inv_r, lse[i]) = softmax_row(&mut s[r * t..=r * t + i], scale);
+    }
+    let s = &*s;
+    let pv = Terms {
+        pre: none,
+        common: 0..i0 + 1,
+        post: |r: usize| i0 + 1..i0 + r + 1,
+    };
+    let o = &mut out[i0 * d..(i0 + N) * d];
+    product::<N>(d, &pv, |r, j| s[r * t + j], |j| &v[j * d..], (&mut *o, d));
+    for (orow, &inv_r) in o.chunks_exact_mut(d).zip(&inv) {
+        for oc in orow {
+            *oc *= inv_r;
         }
     }
 }
 
 /// Forward of one sequence: `q`, `k`, `v`, `out` are `[t, d]`, `lse` is `[t]`; `scratch` holds
-/// at least `t·d + t` floats.
+/// at least [`fwd_scratch`] floats.
 #[inline(always)]
 fn fwd_body(
     q: &[f32],
@@ -141,35 +226,77 @@ fn fwd_body(
     dims: (usize, usize, f32),
     scratch: &mut [f32],
 ) {
-    let (t, d, scale) = dims;
+    let (t, d, _) = dims;
     let (kt, s) = scratch.split_at_mut(t * d);
     transpose(k, kt, t, d);
-    for i in 0..t {
-        row_dots(&q[i * d..(i + 1) * d], kt, t, &mut s[..padded(i, t)]);
-        let s = &mut s[..=i];
-        let mut max = f32::NEG_INFINITY;
-        for sj in s.iter_mut() {
-            *sj *= scale;
-            // NaN scores are skipped here (as f64::max does in the reference) and come back
-            // through exp below.
-            max = if *sj > max { *sj } else { max };
-        }
-        for sj in s.iter_mut() {
-            *sj = exp(*sj - max);
-        }
-        let sum = super::rows::sum2(s, s, |p, _| p);
-        let o = &mut out[i * d..(i + 1) * d];
-        weighted_rows(o, 0..i + 1, |j| s[j], v, d);
-        let inv = 1.0 / sum;
-        for oc in o.iter_mut() {
-            *oc *= inv;
-        }
-        lse[i] = max + sum.ln();
+    let mut i0 = 0;
+    while i0 + R <= t {
+        fwd_rows::<R>(i0, q, kt, v, out, lse, dims, s);
+        i0 += R;
+    }
+    for i in i0..t {
+        fwd_rows::<1>(i, q, kt, v, out, lse, dims, s);
     }
 }
 
+/// Step 1 of the backward for the `N` rows from `i0`: their rows of `P` (in `pm`) and
+/// `dS·scale` (in `dsm`), and `dq`.
+#[inline(always)]
+fn bwd_rows<const N: usize>(
+    i0: usize,
+    x: SeqIn<'_>,
+    (kt, vt): (&[f32], &[f32]),
+    dq: &mut [f32],
+    (t, d, scale): (usize, usize, f32),
+    (pm, dsm): (&mut [f32], &mut [f32]),
+) {
+    let (q, k, _, out, lse, dout) = x;
+    let w = padded(i0 + N - 1, t);
+    row_dots::<N>(&q[i0 * d..], kt, (t, d), w, &mut pm[i0 * t..]);
+    row_dots::<N>(&dout[i0 * d..], vt, (t, d), w, &mut dsm[i0 * t..]);
+    for i in i0..i0 + N {
+        let row = i * d..(i + 1) * d;
+        let delta = super::rows::sum2(&dout[row.clone()], &out[row], |a, b| a * b);
+        let (p, ds) = (&mut pm[i * t..=i * t + i], &mut dsm[i * t..=i * t + i]);
+        for (pj, dsj) in p.iter_mut().zip(ds.iter_mut()) {
+            *pj = exp(scale * *pj - lse[i]);
+            // dS·scale, the factor of both dq and dk.
+            *dsj = scale * (*pj * (*dsj - delta));
+        }
+    }
+    let dsm = &*dsm;
+    let terms = Terms {
+        pre: none,
+        common: 0..i0 + 1,
+        post: |r: usize| i0 + 1..i0 + r + 1,
+    };
+    let a = |r: usize, j: usize| dsm[(i0 + r) * t + j];
+    product::<N>(d, &terms, a, |j| &k[j * d..], (&mut dq[i0 * d..], d));
+}
+
+/// Step 2 of the backward for the `N` rows of `dk`, `dv` from `j0`: `dv_j = Σ_{i≥j} P_ij dO_i`,
+/// `dk_j = Σ_{i≥j} dS_ij q_i`, each in increasing `i`.
+#[inline(always)]
+fn bwd_cols<const N: usize>(
+    j0: usize,
+    (q, dout): (&[f32], &[f32]),
+    (dk, dv): (&mut [f32], &mut [f32]),
+    (t, d): (usize, usize),
+    (pm, dsm): (&[f32], &[f32]),
+) {
+    let terms = Terms {
+        pre: |r: usize| j0 + r..j0 + N - 1,
+        common: j0 + N - 1..t,
+        post: none,
+    };
+    let (rows, out) = (|i: usize| &dout[i * d..], (&mut dv[j0 * d..], d));
+    product::<N>(d, &terms, |r, i| pm[i * t + j0 + r], rows, out);
+    let (rows, out) = (|i: usize| &q[i * d..], (&mut dk[j0 * d..], d));
+    product::<N>(d, &terms, |r, i| dsm[i * t + j0 + r], rows, out);
+}
+
 /// Backward of one sequence (the formulas of `AttentionOps::causal_attention_bwd`): `dq`, `dk`,
-/// `dv` are overwritten; `scratch` holds at least `2·t·d + 2·t·t` floats. First each row `i`
+/// `dv` are overwritten; `scratch` holds at least [`bwd_scratch`] floats. First each row `i`
 /// of `P` and `dS·scale` and `dq_i`; then each `dk_j`, `dv_j` from column `j` of those.
 #[inline(always)]
 fn bwd_body(
@@ -178,35 +305,31 @@ fn bwd_body(
     dims: (usize, usize, f32),
     scratch: &mut [f32],
 ) {
-    let (q, k, v, out, lse, dout) = x;
+    let (q, k, v, _, _, dout) = x;
     let (dq, dk, dv) = grads;
-    let (t, d, scale) = dims;
+    let (t, d, _) = dims;
     let (kt, rest) = scratch.split_at_mut(t * d);
     let (vt, rest) = rest.split_at_mut(t * d);
     let (pm, rest) = rest.split_at_mut(t * t);
     let dsm = &mut rest[..t * t];
     transpose(k, kt, t, d);
     transpose(v, vt, t, d);
-    for i in 0..t {
-        let row = i * d..(i + 1) * d;
-        let (qi, doi) = (&q[row.clone()], &dout[row.clone()]);
-        let delta = super::rows::sum2(doi, &out[row.clone()], |a, b| a * b);
-        let w = padded(i, t);
-        row_dots(qi, kt, t, &mut pm[i * t..i * t + w]);
-        row_dots(doi, vt, t, &mut dsm[i * t..i * t + w]);
-        let (p, ds) = (&mut pm[i * t..=i * t + i], &mut dsm[i * t..=i * t + i]);
-        for (pj, dsj) in p.iter_mut().zip(ds.iter_mut()) {
-            *pj = exp(scale * *pj - lse[i]);
-            // dS·scale, the factor of both dq and dk.
-            *dsj = scale * (*pj * (*dsj - delta));
-        }
-        let ds = &*ds;
-        weighted_rows(&mut dq[row], 0..i + 1, |j| ds[j], k, d);
+    let mut i0 = 0;
+    while i0 + R <= t {
+        bwd_rows::<R>(i0, x, (kt, vt), dq, dims, (pm, dsm));
+        i0 += R;
     }
-    for j in 0..t {
-        let row = j * d..(j + 1) * d;
-        weighted_rows(&mut dv[row.clone()], j..t, |i| pm[i * t + j], dout, d);
-        weighted_rows(&mut dk[row], j..t, |i| dsm[i * t + j], q, d);
+    for i in i0..t {
+        bwd_rows::<1>(i, x, (kt, vt), dq, dims, (pm, dsm));
+    }
+    let (pm, dsm) = (&*pm, &*dsm);
+    let mut j0 = 0;
+    while j0 + R <= t {
+        bwd_cols::<R>(j0, (q, dout), (dk, dv), (t, d), (pm, dsm));
+        j0 += R;
+    }
+    for j in j0..t {
+        bwd_cols::<1>(j, (q, dout), (dk, dv), (t, d), (pm, dsm));
     }
 }
 

@@ -1,5 +1,5 @@
 //! The CPU backend's fast mode: f32 kernels for the ops that dominate training on the CPU
-//! (GELU, causal attention, LayerNorm, AdamW), written as plain loops that the compiler
+//! (GELU, causal attention, LayerNorm, cross-entropy, AdamW), written as plain loops that the compiler
 //! vectorizes, compiled three times (AVX-512, AVX2 + FMA, and the x86-64 baseline / other
 //! architectures) and picked at run time by `is_x86_feature_detected!` — never by
 //! `target-cpu=native`, so one binary runs on any x86-64 host.
@@ -16,9 +16,12 @@
 //! an op starts, on the thread that calls it.
 //!
 //! **Determinism.** Every fast kernel computes each output from a fixed sequence of f32
-//! operations with no fused multiply-add, so the three instruction-set builds give bit-identical
-//! results (tested), and work is split only between independent rows or sequences, so results do
-//! not depend on the thread count either.
+//! operations, so the three instruction-set builds give bit-identical results (tested), and work
+//! is split only between independent rows or sequences, so results do not depend on the thread
+//! count either. Multiply-adds are never contracted by the compiler; where a kernel wants one
+//! (attention's products, the polynomials of `exp` and `erfc`) it calls `f32::mul_add`, which
+//! rounds once at every level (the FMA instruction, or libm's correctly rounded `fmaf` on the
+//! baseline).
 //!
 //! **Accuracy.** Each kernel's tests in `tests.rs` state the bound they check against the exact
 //! reference, derived from the number and size of the summed terms.
@@ -31,6 +34,7 @@ pub(crate) mod attention;
 pub(crate) mod math;
 pub(crate) mod optim;
 pub(crate) mod rows;
+pub(crate) mod softmax;
 
 #[cfg(test)]
 mod tests;

@@ -63,29 +63,34 @@ fn layernorm_dx_body(
     cols: usize,
 ) {
     let n = cols as f32;
+    let w = &w[..cols];
     let rows = x.chunks_exact(cols).zip(dy.chunks_exact(cols));
     let rows = rows.zip(dx.chunks_exact_mut(cols));
     for (((xr, dyr), dxr), (&mu, &rs)) in rows.zip(stats.0.iter().zip(stats.1)) {
         let sg = sum2(dyr, w, |g, wi| g * wi);
         // Σ g·x̂ with x̂ = (x − μ)·rs; the products are formed as in the loop below.
         let mut acc = [0.0f32; LANES];
-        let chunks = xr.chunks_exact(LANES).zip(dyr.chunks_exact(LANES));
-        for (k, (xc, gc)) in chunks.enumerate() {
+        let (xc, gc, wc) = (
+            xr.chunks_exact(LANES),
+            dyr.chunks_exact(LANES),
+            w.chunks_exact(LANES),
+        );
+        let tail = (xc.remainder(), gc.remainder(), wc.remainder());
+        for ((xc, gc), wc) in xc.zip(gc).zip(wc) {
             for l in 0..LANES {
-                let i = k * LANES + l;
-                acc[l] += gc[l] * w[i] * ((xc[l] - mu) * rs);
+                acc[l] += gc[l] * wc[l] * ((xc[l] - mu) * rs);
             }
         }
         let mut sgx = 0.0f32;
         for a in acc {
             sgx += a;
         }
-        for i in cols / LANES * LANES..cols {
-            sgx += dyr[i] * w[i] * ((xr[i] - mu) * rs);
+        for ((&xv, &g), &wi) in tail.0.iter().zip(tail.1).zip(tail.2) {
+            sgx += g * wi * ((xv - mu) * rs);
         }
-        for (i, o) in dxr.iter_mut().enumerate() {
-            let xhat = (xr[i] - mu) * rs;
-            *o = rs * (dyr[i] * w[i] - (sg + xhat * sgx) / n);
+        for (((o, &xv), &g), &wi) in dxr.iter_mut().zip(xr).zip(dyr).zip(w) {
+            let xhat = (xv - mu) * rs;
+            *o = rs * (g * wi - (sg + xhat * sgx) / n);
         }
     }
 }
@@ -102,12 +107,30 @@ fn layernorm_dwdb_body(
     c0: usize,
 ) {
     let (dw, db) = grads;
-    let width = dw.len();
+    // Columns in groups of `LANES` whose sums stay in registers over all rows, then the rest.
+    let groups = dw.len() / LANES;
+    for gi in 0..groups {
+        let (mut aw, mut ab) = ([0.0f32; LANES], [0.0f32; LANES]);
+        let c = c0 + gi * LANES;
+        let rows = x[c..].chunks(cols).zip(dy[c..].chunks(cols));
+        for ((xr, dyr), (&mu, &rs)) in rows.zip(stats.0.iter().zip(stats.1)) {
+            let (xr, dyr) = (&xr[..LANES], &dyr[..LANES]);
+            for l in 0..LANES {
+                aw[l] += dyr[l] * ((xr[l] - mu) * rs);
+                ab[l] += dyr[l];
+            }
+        }
+        dw[gi * LANES..(gi + 1) * LANES].copy_from_slice(&aw);
+        db[gi * LANES..(gi + 1) * LANES].copy_from_slice(&ab);
+    }
+    let done = groups * LANES;
+    let width = dw.len() - done;
+    let (dw, db) = (&mut dw[done..], &mut db[done..]);
     dw.fill(0.0);
     db.fill(0.0);
     for (r, (&mu, &rs)) in stats.0.iter().zip(stats.1).enumerate() {
-        let xr = &x[r * cols + c0..][..width];
-        let dyr = &dy[r * cols + c0..][..width];
+        let xr = &x[r * cols + c0 + done..][..width];
+        let dyr = &dy[r * cols + c0 + done..][..width];
         for (((w, b), &xv), &g) in dw.iter_mut().zip(db.iter_mut()).zip(xr).zip(dyr) {
             *w += g * ((xv - mu) * rs);
             *b += g;

@@ -11,6 +11,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 
 mod attention;
+mod cross_entropy;
 
 pub(super) const U: f64 = 1.0 / (1u64 << 24) as f64;
 
@@ -69,7 +70,7 @@ pub(super) fn check(what: &str, got: &[f32], want: &[f64], bound: impl Fn(usize)
 }
 
 /// Random values with the hostile ones mixed in.
-fn hostile_mix(rng: &mut StdRng, n: usize, std: f64) -> Vec<f32> {
+pub(super) fn hostile_mix(rng: &mut StdRng, n: usize, std: f64) -> Vec<f32> {
     let special = [
         f32::NAN,
         f32::INFINITY,

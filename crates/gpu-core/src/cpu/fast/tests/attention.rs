@@ -155,36 +155,55 @@ fn attention_propagates_nan_and_inf_as_the_reference() {
     }
 }
 
-/// The per-sequence kernels give the same bits at every level, the scalar fallback included.
+/// One sequence through the per-sequence kernels at `isa`: `[out, lse, dq, dk, dv]`.
+fn run_seq(c: &Case, isa: Isa) -> [Vec<f32>; 5] {
+    let (t, d) = (c.t, c.d);
+    let (mut out, mut lse) = (vec![0.0; t * d], vec![0.0; t]);
+    let len = attention::fwd_scratch(t, d).max(attention::bwd_scratch(t, d));
+    let mut scratch = vec![0.0; len];
+    let dims = (t, d, c.scale);
+    let (q, k, v) = (&c.q[..t * d], &c.k[..t * d], &c.v[..t * d]);
+    attention::fwd_seq(isa, q, k, v, &mut out, &mut lse, dims, &mut scratch);
+    let (mut dq, mut dk, mut dv) = (vec![0.0; t * d], vec![0.0; t * d], vec![0.0; t * d]);
+    let x = (q, k, v, &out[..], &lse[..], &c.dout[..t * d]);
+    attention::bwd_seq(isa, x, (&mut dq, &mut dk, &mut dv), dims, &mut scratch);
+    [out, lse, dq, dk, dv]
+}
+
+/// The per-sequence kernels give the same bits at every level, the scalar fallback included
+/// (shapes with whole and partial register blocks of rows and columns).
 #[test]
 fn attention_levels_agree_bit_for_bit() {
     let mut rng = StdRng::seed_from_u64(seed("attention_levels_agree_bit_for_bit"));
-    let (t, d) = (21, 12);
-    let c = case(&mut rng, 1, t, d);
-    at_every_level("attention", |isa: Isa| {
-        let (mut out, mut lse) = (vec![0.0; t * d], vec![0.0; t]);
-        let mut scratch = vec![0.0; 2 * (t * d + t * t)];
-        let dims = (t, d, c.scale);
-        attention::fwd_seq(
-            isa,
-            &c.q,
-            &c.k,
-            &c.v,
-            &mut out,
-            &mut lse,
-            dims,
-            &mut scratch,
-        );
-        let (mut dq, mut dk, mut dv) = (vec![0.0; t * d], vec![0.0; t * d], vec![0.0; t * d]);
-        let x = (
-            &c.q[..],
-            &c.k[..],
-            &c.v[..],
-            &out[..],
-            &lse[..],
-            &c.dout[..],
-        );
-        attention::bwd_seq(isa, x, (&mut dq, &mut dk, &mut dv), dims, &mut scratch);
-        [out, lse, dq, dk, dv].concat()
-    });
+    for (t, d) in [(21, 12), (22, 36)] {
+        let c = case(&mut rng, 1, t, d);
+        at_every_level("attention", |isa: Isa| run_seq(&c, isa).concat());
+    }
+}
+
+/// Each output is one chain of fused multiply-adds in index order, whatever block computes it:
+/// the first `t − 1` rows of a causal attention (out, lse, dq) depend only on those rows, so a
+/// sequence of `t` rows (the last four rows one register block) and the same sequence less its
+/// last row (those rows single) give the same bits.
+#[test]
+fn attention_rows_do_not_depend_on_the_blocking() {
+    let mut rng = StdRng::seed_from_u64(seed("attention_rows_do_not_depend_on_the_blocking"));
+    for (t, d) in [(20, 32), (20, 20)] {
+        let mut long = case(&mut rng, 1, t, d);
+        long.dout[(t - 1) * d] = f32::NAN; // reaches no earlier row of out, lse or dq
+        let short = Case {
+            t: t - 1,
+            q: long.q[..(t - 1) * d].to_vec(),
+            k: long.k[..(t - 1) * d].to_vec(),
+            v: long.v[..(t - 1) * d].to_vec(),
+            dout: long.dout[..(t - 1) * d].to_vec(),
+            ..long
+        };
+        let (a, b) = (run_seq(&long, Isa::best()), run_seq(&short, Isa::best()));
+        for (k, name) in [(0, "out"), (1, "lse"), (2, "dq")] {
+            let rows = if k == 1 { t - 1 } else { (t - 1) * d };
+            let bits = |v: &[f32]| v[..rows].iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a[k]), bits(&b[k]), "t={t} d={d} {name}");
+        }
+    }
 }
