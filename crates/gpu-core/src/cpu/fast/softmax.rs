@@ -7,15 +7,21 @@ use super::math::exp;
 use super::multiversion;
 use super::rows::sum2;
 
-/// `(max, Σ_c exp(x_c − max))` of a row. NaN entries are skipped by the max (as `f64::max`
-/// does in the reference) and make the sum NaN; a row of `-inf` gives a NaN sum, as the
-/// reference.
+/// The max of a row. NaN entries are skipped (as `f64::max` does in the reference); they make
+/// the sums below NaN, and a row of `-inf` gives a NaN sum, as the reference.
 #[inline(always)]
-fn max_sumexp(x: &[f32]) -> (f32, f32) {
+fn row_max(x: &[f32]) -> f32 {
     let mut max = f32::NEG_INFINITY;
     for &v in x {
         max = if v > max { v } else { max };
     }
+    max
+}
+
+/// `(max, Σ_c exp(x_c − max))` of a row.
+#[inline(always)]
+fn max_sumexp(x: &[f32]) -> (f32, f32) {
+    let max = row_max(x);
     (max, sum2(x, x, |v, _| exp(v - max)))
 }
 
@@ -34,11 +40,16 @@ fn cross_entropy_fwd_body(x: &[f32], targets: &[u32], loss: &mut [f32], cols: us
 fn cross_entropy_bwd_body(x: &[f32], targets: &[u32], dloss: &[f32], dx: &mut [f32], cols: usize) {
     let rows = x.chunks_exact(cols).zip(dx.chunks_exact_mut(cols));
     for (((xr, dr), &t), &g) in rows.zip(targets).zip(dloss) {
-        let (max, sum) = max_sumexp(xr);
+        // The exponentials once, into dx; summed there in max_sumexp's order (the same bits).
+        let max = row_max(xr);
+        for (o, &v) in dr.iter_mut().zip(xr.iter()) {
+            *o = exp(v - max);
+        }
+        let sum = sum2(dr, dr, |e, _| e);
         let t = t as usize;
-        for (c, (o, &v)) in dr.iter_mut().zip(xr).enumerate() {
+        for (c, o) in dr.iter_mut().enumerate() {
             let one = if c == t { 1.0 } else { 0.0 };
-            *o = (exp(v - max) / sum - one) * g;
+            *o = (*o / sum - one) * g;
         }
     }
 }
