@@ -2,11 +2,13 @@
 """PyTorch's side of the time-to-validation-loss row: nanoGPT's shakespeare-char recipe with the
 hyperparameters `hybrid-trainer train-gpt` uses by default (6 layers × 6 heads × width 384,
 context 256, batch 64, dropout 0.2, no biases, tied head, nanoGPT's init, AdamW lr 1e-3 betas
-(0.9, 0.99) weight decay 0.1 on matrices, warm-up 100, cosine to 1e-4 over 5000, clip 1.0;
+(0.9, 0.99) weight decay 0.1 on matrices, warm-up 100, cosine to 1e-4 over the run's iterations
+(nanoGPT's config: 5000 of 5000; `--lr-decay-iters` sets another length), clip 1.0;
 evaluation every 250 iterations on 50 random batches of each split). Training time excludes
 the evaluations (synchronised at their boundaries), as `train-gpt` reports it.
 
 Usage: torch_train_gpt.py TEXT [--precision bf16|tf32|fp32] [--iters N] [--compile] [--seed S]
+                          [--lr-decay-iters N]
 Prints one line per evaluation and the first iteration whose validation loss is <= 1.50.
 """
 import argparse
@@ -30,8 +32,11 @@ def main():
     ap.add_argument("--eval-iters", type=int, default=50)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--lr-decay-iters", type=int, default=None,
+                    help="cosine decay length (default: --iters, at least the warm-up; as train-gpt)")
     a = ap.parse_args()
     dev = "cuda"
+    decay_iters = a.lr_decay_iters if a.lr_decay_iters is not None else max(a.iters, 100)
     torch.manual_seed(a.seed)
     torch.backends.cuda.matmul.allow_tf32 = a.precision != "fp32"
     torch.backends.cudnn.allow_tf32 = a.precision != "fp32"
@@ -66,9 +71,9 @@ def main():
     def lr_at(it):
         if it < 100:
             return 1e-3 * (it + 1) / 101
-        if it > 5000:
+        if it > decay_iters:
             return 1e-4
-        r = (it - 100) / 4900
+        r = (it - 100) / max(decay_iters - 100, 1)
         return 1e-4 + 0.5 * (1.0 + math.cos(math.pi * r)) * (1e-3 - 1e-4)
 
     @torch.no_grad()

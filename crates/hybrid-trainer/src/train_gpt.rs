@@ -41,9 +41,11 @@ pub struct TrainArgs {
     pub min_lr: f32,
     #[arg(long, default_value_t = 100)]
     pub warmup: u32,
-    /// Iterations over which the cosine decays to `min_lr`.
-    #[arg(long, default_value_t = 5000)]
-    pub lr_decay_iters: u32,
+    /// Iterations over which the cosine decays to `min_lr` (default: `--iters`, at least
+    /// `--warmup`: the rate reaches `min_lr` when the run ends, as nanoGPT advises; its
+    /// shakespeare-char config trains 5000 iterations with 5000 here).
+    #[arg(long)]
+    pub lr_decay_iters: Option<u32>,
     #[arg(long, default_value_t = 0.1)]
     pub weight_decay: f32,
     #[arg(long, default_value_t = 1.0)]
@@ -92,15 +94,25 @@ pub fn parse_variant(s: &str) -> Result<Variant, String> {
     }
 }
 
+impl TrainArgs {
+    /// The iterations of the cosine decay: `--lr-decay-iters`, else `--iters` (at least
+    /// `--warmup`).
+    pub fn decay_iters(&self) -> u32 {
+        self.lr_decay_iters
+            .unwrap_or_else(|| self.iters.max(self.warmup))
+    }
+}
+
 /// nanoGPT's schedule: linear warm-up, cosine decay to `min_lr`, then flat.
 pub fn learning_rate(a: &TrainArgs, it: u32) -> f32 {
     if it < a.warmup {
         return a.lr * (it as f32 + 1.0) / (a.warmup as f32 + 1.0);
     }
-    if it > a.lr_decay_iters {
+    let decay_iters = a.decay_iters();
+    if it > decay_iters {
         return a.min_lr;
     }
-    let ratio = (it - a.warmup) as f32 / (a.lr_decay_iters - a.warmup).max(1) as f32;
+    let ratio = (it - a.warmup) as f32 / (decay_iters - a.warmup).max(1) as f32;
     a.min_lr + 0.5 * (1.0 + (std::f32::consts::PI * ratio).cos()) * (a.lr - a.min_lr)
 }
 
@@ -156,8 +168,8 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         "--dropout must be in [0, 1)"
     );
     ensure!(
-        a.lr > 0.0 && a.min_lr >= 0.0 && a.lr_decay_iters >= a.warmup,
-        "bad learning-rate schedule"
+        a.lr > 0.0 && a.min_lr >= 0.0 && a.decay_iters() >= a.warmup,
+        "bad learning-rate schedule (--lr, --min-lr, or --lr-decay-iters below --warmup)"
     );
     let text = std::fs::read_to_string(&a.data)
         .with_context(|| format!("reading {}", a.data.display()))?;
@@ -319,6 +331,26 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: TrainArgs,
+    }
+
+    /// Without `--lr-decay-iters` the cosine ends at the run's last iteration; with it, where
+    /// it says; and never before the warm-up ends.
+    #[test]
+    fn the_decay_length_defaults_to_the_run() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["t", "--data", "c.txt", "--iters", "1500"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).unwrap().args
+        };
+        let a = parse(&[]);
+        assert_eq!(a.decay_iters(), 1500);
+        assert_eq!(learning_rate(&a, 1500), a.min_lr);
+        assert!(learning_rate(&a, 1499) > a.min_lr);
+        let a = parse(&["--lr-decay-iters", "5000"]);
+        assert_eq!(a.decay_iters(), 5000);
+        assert!(learning_rate(&a, 1500) > 0.8 * a.lr);
+        let a = parse(&["--warmup", "2000"]);
+        assert_eq!(a.decay_iters(), 2000);
     }
 
     /// `--warmup 4294967295` overflowed `warmup + 1` (a panic in a debug build).
