@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""PyTorch peer of gpu-bench: the same ops, sizes and timing method (CUDA events, median of
-timed calls after 3 warm-ups, inputs rotated over two sets). Prints a JSON list of rows."""
+"""PyTorch peer of gpu-bench: the same ops, sizes and timing method (CUDA events around a burst
+of calls queued back to back, the median over samples after 3 warm-ups, inputs rotated over two
+sets). Prints a JSON list of rows."""
 import argparse
 import json
 import statistics
@@ -14,7 +15,14 @@ ROWS, COLS = 8192, 4096
 BROWS, BCOLS = 8192, 8192
 
 
-def time_us(fn, reps):
+# Calls a sample times back to back (gpu-bench's --burst): 1 times each call alone.
+BURST = 10
+
+
+def time_us(fn, reps, burst=None):
+    """Median µs per call: each of `reps` samples times `burst` (default BURST) calls queued
+    back to back. The world model's rows pass 1, as gpu-bench times its whole calls alone."""
+    burst = BURST if burst is None else burst
     for i in range(3):
         fn(i)
     torch.cuda.synchronize()
@@ -22,10 +30,11 @@ def time_us(fn, reps):
     samples = []
     for i in range(reps):
         start.record()
-        fn(i)
+        for j in range(burst):
+            fn(i * burst + j)
         stop.record()
         stop.synchronize()
-        samples.append(start.elapsed_time(stop) * 1e3)
+        samples.append(start.elapsed_time(stop) * 1e3 / burst)
     return statistics.median(samples)
 
 
@@ -213,7 +222,7 @@ def rssm_rows(add, reps, dev):
     enc = nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128), nn.ReLU()).to(dev).eval()
     x = torch.randn(b, 64, device=dev)
     with torch.no_grad():
-        add("rssm_encode", time_us(lambda i: enc(x), reps))
+        add("rssm_encode", time_us(lambda i: enc(x), reps, 1))
         # The issue's rollout: Linear(64→128)+ReLU, 5 × GRUCell(128→256) × 10 steps with
         # Linear(256→128) feedback; eager and captured in a CUDA graph.
         inp = nn.Sequential(nn.Linear(64, 128), nn.ReLU()).to(dev)
@@ -232,7 +241,7 @@ def rssm_rows(add, reps, dev):
                 outs.append(h)
             return torch.stack(outs)
 
-        add("rssm_rollout", time_us(lambda i: rollout(), reps))
+        add("rssm_rollout", time_us(lambda i: rollout(), reps, 1))
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -242,7 +251,7 @@ def rssm_rows(add, reps, dev):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             rollout()
-        add("rssm_rollout_graph", time_us(lambda i: g.replay(), reps))
+        add("rssm_rollout_graph", time_us(lambda i: g.replay(), reps, 1))
         for m, k in [(1024, 32), (4096, 64)]:
             gen = torch.Generator(device=dev).manual_seed(1)
             a = (torch.randn(m, k, device=dev, generator=gen) @ torch.randn(k, m, device=dev, generator=gen)
@@ -250,17 +259,19 @@ def rssm_rows(add, reps, dev):
             u, sv, v = torch.svd_lowrank(a, q=k, niter=2)
             err = (torch.linalg.norm(a - (u * sv) @ v.T) / torch.linalg.norm(a)).item()
             rows_id = f"svd_{m}_k{k}"
-            add(rows_id, time_us(lambda i: torch.svd_lowrank(a, q=k, niter=2), min(reps, 20)))
+            add(rows_id, time_us(lambda i: torch.svd_lowrank(a, q=k, niter=2), min(reps, 20), 1))
             print(f"torch {rows_id}: rel err {err:.3e}", file=sys.stderr)
         w = torch.randn(1024, 1024, device=dev)
         u, sv, v = torch.randn(1024, 32, device=dev), torch.rand(32, device=dev), torch.randn(1024, 32, device=dev)
-        add("correction_1024_k32", time_us(lambda i: w.addmm_(u * sv, v.T), reps),
+        add("correction_1024_k32", time_us(lambda i: w.addmm_(u * sv, v.T), reps, 1),
             2.0 * 1024 * 1024 * 4, 2.0 * 1024 * 1024 * 32)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--burst", type=int, default=BURST,
+                    help="calls timed back to back in each sample (1: each call alone)")
     ap.add_argument("--gpt-text", default=None)
     ap.add_argument("--only-gpt", action="store_true")
     ap.add_argument("--only-bf16", action="store_true",
@@ -268,6 +279,8 @@ def main():
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="run this many TF32 GPT steps after 1 warm-up step and exit (for ncu)")
     args = ap.parse_args()
+    global BURST
+    BURST = max(args.burst, 1)
     reps = args.reps
     dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -1,6 +1,7 @@
 //! `gpu-bench`: the GPU's own ceilings, then every kernel, timed with CUDA events (median of
-//! timed repeats after warm-up, inputs rotated over buffers larger than L2), beside the same ops
-//! in PyTorch measured in the same run when `python3 -c "import torch"` works. Writes markdown.
+//! timed bursts of calls queued back to back, after warm-up; inputs rotated over buffers larger
+//! than L2), beside the same ops in PyTorch measured in the same run when `python3 -c "import
+//! torch"` works. Writes markdown.
 
 mod host;
 mod nn;
@@ -30,9 +31,15 @@ struct Args {
     /// Skip the PyTorch comparison.
     #[arg(long)]
     no_torch: bool,
-    /// Timed repeats per row (after warm-up).
+    /// Timed samples per row (after warm-up).
     #[arg(long, default_value_t = 30)]
     reps: usize,
+    /// Kernel rows: calls queued back to back in each timed sample (the sample's time divided
+    /// by this), so that the host's launch work overlaps the GPU's as in a real program; 1
+    /// times each call alone between two events, its launch latency included. The PyTorch peer
+    /// times its rows the same way.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    burst: u32,
     /// Only the world model's rows (`rssm`), skipping the kernel and ceiling rows.
     #[arg(long)]
     only_rssm: bool,
@@ -59,11 +66,15 @@ pub(crate) const COLS: usize = 4096;
 pub(crate) struct Bench {
     pub(crate) gpu: CudaBackend,
     timer: GpuTimer,
+    /// Calls a timed sample queues back to back (`--burst`).
+    pub(crate) burst: usize,
     reps: usize,
 }
 
 impl Bench {
     /// Median microseconds of `f(i)` over warm-up + `reps` timed calls; `i` rotates input sets.
+    /// Median µs per call of `f(i)` (`i` counts the calls, to rotate inputs): each of `reps`
+    /// samples times `burst` calls queued back to back, after 3 warm-up calls.
     pub(crate) fn time(&self, mut f: impl FnMut(usize) -> gpu_core::Result<()>) -> Result<f64> {
         for i in 0..3 {
             f(i)?;
@@ -71,8 +82,10 @@ impl Bench {
         self.gpu.synchronize()?;
         let mut samples = Vec::with_capacity(self.reps);
         for i in 0..self.reps {
-            let ms = self.timer.time(&self.gpu, || f(i))?;
-            samples.push(ms as f64 * 1e3);
+            let ms = self.timer.time(&self.gpu, || {
+                (0..self.burst).try_for_each(|j| f(i * self.burst + j))
+            })?;
+            samples.push(ms as f64 * 1e3 / self.burst as f64);
         }
         Ok(median(&samples))
     }
@@ -215,6 +228,7 @@ fn measure(b: &Bench) -> Result<Vec<Row>> {
 fn torch_rows(
     script: &PathBuf,
     reps: usize,
+    burst: u32,
     gpt_text: Option<&PathBuf>,
     only_gpt: bool,
     only_bf16: bool,
@@ -228,6 +242,7 @@ fn torch_rows(
     let out = Command::new("python3")
         .arg(script)
         .args(["--reps", &reps.to_string()])
+        .args(["--burst", &burst.to_string()])
         .args(
             gpt_text
                 .map(|p| vec!["--gpt-text".into(), p.display().to_string()])
@@ -262,6 +277,7 @@ fn report(
     rows: &[Row],
     torch: &Result<HashMap<String, Row>>,
     reps: usize,
+    burst: u32,
 ) -> String {
     let info = gpu.info();
     let copy_gbps = rows
@@ -277,7 +293,10 @@ fn report(
     let mut s = format!(
         "# Benchmarks\n\nMeasured by `gpu-bench` (`cargo xtask bench`, or `run.sh --bench` in the GPU bundle) on \
          **{}** (compute capability {}.{}, {} SMs, {:.0} MiB L2, driver API {}).\n\n\
-         Method: CUDA events around each call, median of {reps} timed calls after 3 warm-up calls; \
+         Method: CUDA events around a burst of {burst} calls queued back to back (the host's launch \
+         work overlapping the GPU's), per-call time the median of {reps} such samples after 3 warm-up \
+         calls (`--burst 1`: each call alone, its launch latency included; the world model's rows always \
+         time whole calls alone); \
          memory-bound rows use 8192×4096 f32 or 8192×8192 bf16 tensors (128 MiB each, larger than \
          L2) rotated over two input sets. Bytes count each input read once and each output written once. Ceilings are \
          this GPU's own, measured in the same run: a 1 GiB device-to-device copy ({copy_gbps:.0} GB/s, \
@@ -346,6 +365,7 @@ fn main() -> Result<()> {
         timer: GpuTimer::new(&gpu)?,
         gpu: gpu.clone(),
         reps: args.reps,
+        burst: args.burst as usize,
     };
     let mut rows = Vec::new();
     if args.only_host {
@@ -382,6 +402,7 @@ fn main() -> Result<()> {
         torch_rows(
             &args.torch_script,
             args.reps,
+            args.burst,
             args.gpt_text.as_ref(),
             args.only_gpt,
             args.only_bf16,
@@ -390,7 +411,7 @@ fn main() -> Result<()> {
     if let Err(e) = &torch {
         println!("PyTorch peer not measured: {e}");
     }
-    let md = report(&gpu, &rows, &torch, args.reps);
+    let md = report(&gpu, &rows, &torch, args.reps, args.burst);
     if let Some(dir) = args.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
