@@ -543,58 +543,112 @@ static __device__ void affine_impl(const T* __restrict__ x, T* __restrict__ out,
     if (t < n) store(out, t, fmaf(mul, load(x, t), add));
 }
 
-// gpu_core::nn::elementwise::dropout_keep, bit for bit. One SplitMix64 of seed ^ (j·golden)
-// serves the pair of elements 2j and 2j + 1: element 2j reads the hash's top 24 bits, element
-// 2j + 1 bits 16..39; kept when those bits, as a float, are >= p·2^24.
-// SplitMix64 of seed ^ (pair·golden) without its last step r = z ^ (z >> 31).
-static __device__ __forceinline__ u64 dropout_state(u64 seed, u64 m) {
-    u64 z = seed ^ m;
+// gpu_core::nn::elementwise::dropout_keep, bit for bit. Element i is kept when a 24-bit uniform
+// u_i >= t = ⌈p·2^24⌉. u_i's top 8 bits are byte i mod 8 of SplitMix64(seed, i / 8), so one
+// hash decides eight elements; its low 16 bits, the top 16 of SplitMix64(seed ^ DROPOUT_LOW_KEY,
+// i), are drawn only where that byte ties with t's top byte (one element in 256).
+#define DROPOUT_LOW_KEY 0xD1B54A32D192ED03ull
+
+// SplitMix64 of seed ^ (i·golden): the CPU's gpu_core::nn::elementwise::splitmix.
+static __device__ __forceinline__ u64 splitmix_at(u64 seed, u64 i) {
+    u64 z = seed ^ (i * 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    return (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
 }
-// The pair's two keep decisions from that state z: element 0 reads r's top 24 bits u0, element 1
-// its bits 16..39 u1, each kept when u >= ti = ⌈p·2^24⌉ (the same as (float)u >= p·2^24 in f32,
-// u < 2^24 being exact there). The last step leaves bits 32..63 of r those of z but bit 32, so
-// u0 = z_hi >> 8; and for u < 2^24, f < 2^8, u·2^8 + f >= ti·2^8 ⟺ u >= ti: each test is one
-// 32-bit compare against t8 = ti·2^8 (ti < 2^24 as p < 1), with no shifts or conversions.
-static __device__ __forceinline__ void dropout_pair(u64 z, u32 t8, bool& k0, bool& k1) {
-    const u32 hi = (u32)(z >> 32), lo = (u32)z;
-    const u32 rhi = hi ^ (hi >> 31), rlo = lo ^ __funnelshift_r(lo, hi, 31);  // r = z ^ (z >> 31)
-    k0 = hi >= t8;
-    k1 = __funnelshift_r(rlo, rhi, 8) >= t8;  // r's bits 8..39: u1·2^8 + bits 8..15
+
+// The tie of element i: its low 16 bits against t's.
+static __device__ __noinline__ bool dropout_low_keep(u64 seed, u64 i, u32 t) {
+    return (u32)(splitmix_at(seed ^ DROPOUT_LOW_KEY, i) >> 48) >= (t & 0xFFFFu);
+}
+
+// Keep flags of elements 8·u .. 8·u + 7: byte e of the result is 0xFF when element 8·u + e is
+// kept, else 0 (bytes 0..3 in .x). Byte-wise SIMD compares of the hash against t's top byte.
+static __device__ __forceinline__ uint2 dropout_keep8(u64 seed, u64 u, u32 t) {
+    const u64 z = splitmix_at(seed, u);
+    const u32 tb = (t >> 16) * 0x01010101u;
+    u32 k[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 w = h == 0 ? (u32)z : (u32)(z >> 32);
+        k[h] = __vcmpgtu4(w, tb);
+        const u32 tie = __vcmpeq4(w, tb);
+        if (tie != 0u) {
+            for (int e = 0; e < 4; ++e)
+                if (((tie >> (8 * e)) & 1u) && dropout_low_keep(seed, 8 * u + 4 * h + e, t))
+                    k[h] |= 0xFFu << (8 * e);
+        }
+    }
+    return make_uint2(k[0], k[1]);
+}
+
+// Eight elements as loaded: one 16-byte unit of bf16, two float4 of f32.
+template <class T>
+struct Pack8;
+template <>
+struct Pack8<bf16> {
+    uint4 r;
+    __device__ __forceinline__ float at(int k) const {
+        const u32 w = k < 2 ? r.x : k < 4 ? r.y : k < 6 ? r.z : r.w;
+        return (k & 1) ? __uint_as_float(w & 0xFFFF0000u) : __uint_as_float(w << 16);
+    }
+};
+template <>
+struct Pack8<float> {
+    float4 a, b;
+    __device__ __forceinline__ float at(int k) const {
+        const float4& v = k < 4 ? a : b;
+        const int j = k & 3;
+        return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+    }
+};
+static __device__ __forceinline__ Pack8<bf16> load8(const bf16* p, u64 u) {
+    return Pack8<bf16>{reinterpret_cast<const uint4*>(p)[u]};
+}
+static __device__ __forceinline__ Pack8<float> load8(const float* p, u64 u) {
+    const float4* q = reinterpret_cast<const float4*>(p);
+    return Pack8<float>{q[2 * u], q[2 * u + 1]};
+}
+static __device__ __forceinline__ void store8(bf16* p, u64 u, const float (&v)[8]) {
+    reinterpret_cast<uint4*>(p)[u] =
+        make_uint4(float2_to_bf16x2(v[0], v[1]), float2_to_bf16x2(v[2], v[3]),
+                   float2_to_bf16x2(v[4], v[5]), float2_to_bf16x2(v[6], v[7]));
+}
+static __device__ __forceinline__ void store8(float* p, u64 u, const float (&v)[8]) {
+    float4* q = reinterpret_cast<float4*>(p);
+    q[2 * u] = make_float4(v[0], v[1], v[2], v[3]);
+    q[2 * u + 1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
 // out[i] = keep(seed, i) ? x[i]·s : 0 with s = 1/(1 − p) rounded to f32 once (PyTorch's
 // scale; a product per element instead of an IEEE division, as on the CPU). With
 // `offset` non-null the seed is seed + *offset (wrapping): a CUDA graph's replays draw new masks
-// from values written to the device before each replay. The mask does not depend on T.
+// from values written to the device before each replay. The mask does not depend on T. Units of
+// eight elements (one hash each), two a step with the next step's loads in flight.
 template <class T>
 static __device__ void dropout_impl(const T* __restrict__ x, T* __restrict__ out, u64 n, float p,
                                     u64 seed, const u64* __restrict__ offset) {
     if (offset != nullptr) seed += *offset;
-    const u32 t8 = (u32)ceilf(p * 16777216.0f) << 8;  // p in [0, 1) (checked by the host)
+    const u32 t = (u32)ceilf(p * 16777216.0f);  // p in [0, 1) (checked by the host): t < 2^24
     const float s = 1.0f / (1.0f - p);
-    const u64 n4 = n / 4, stride = grid_threads();
-    const u64 golden = 0x9E3779B97F4A7C15ull;
-    auto f = [&](u64 i, float4 v) {
-        // Pairs 2i and 2i + 1: one product with the golden ratio for both.
-        const u64 m = (2 * i) * golden;
-        bool k0, k1, k2, k3;
-        dropout_pair(dropout_state(seed, m), t8, k0, k1);
-        dropout_pair(dropout_state(seed, m + golden), t8, k2, k3);
-        return make_float4(k0 ? v.x * s : 0.0f, k1 ? v.y * s : 0.0f, k2 ? v.z * s : 0.0f,
-                           k3 ? v.w * s : 0.0f);
+    const u64 n8 = n / 8, stride = grid_threads();
+    auto run = [&](u64 u, const Pack8<T>& v) {
+        const uint2 k = dropout_keep8(seed, u, t);
+        float o[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const u32 w = e < 4 ? k.x : k.y;
+            o[e] = ((w >> (8 * (e & 3))) & 1u) ? v.at(e) * s : 0.0f;
+        }
+        store8(out, u, o);
     };
-    u64 i = global_tid();
-    if constexpr (sizeof(T) == 2)
-        i = stream2(n4, [&](u64 k) { return load4(x, k); },
-                    [&](u64 k, float4 v) { store4(out, k, f(k, v)); });
-    for (; i < n4; i += stride) store4(out, i, f(i, load4(x, i)));
-    const u64 t = n4 * 4 + global_tid();
-    if (t < n) {
-        bool k0, k1;
-        dropout_pair(dropout_state(seed, (t / 2) * golden), t8, k0, k1);
-        store(out, t, ((t & 1) ? k1 : k0) ? load(x, t) * s : 0.0f);
+    u64 u = stream2(n8, [&](u64 j) { return load8(x, j); }, run);
+    for (; u < n8; u += stride) run(u, load8(x, u));
+    const u64 i = n8 * 8 + global_tid();
+    if (i < n) {
+        const u32 b = (u32)(splitmix_at(seed, i >> 3) >> (8 * (i & 7))) & 0xFFu, tb = t >> 16;
+        const bool keep = b != tb ? b > tb : dropout_low_keep(seed, i, t);
+        store(out, i, keep ? load(x, i) * s : 0.0f);
     }
 }
 

@@ -152,18 +152,25 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     Some(out)
 }
 
-/// The dropout keep decision. One SplitMix64 hash of `seed ^ (j · golden)` serves the pair of
-/// elements `2j`, `2j + 1`: element `2j` reads its top 24 bits, element `2j + 1` bits 16..39;
-/// kept when those bits, as a fraction of 2^24, are `>= p`. CUDA kernels compute exactly this.
+/// The dropout keep decision: element `i` is kept when a 24-bit uniform `u_i >= t`, with
+/// `t = ⌈p·2^24⌉` (so the keep probability is `1 − t/2^24`, within `2^-24` of `1 − p`). The top
+/// 8 bits of `u_i` are byte `i mod 8` of the SplitMix64 hash of `(seed, i / 8)`, so one hash
+/// decides eight elements; its low 16 bits, the top 16 of the hash of
+/// `(seed ^ DROPOUT_LOW_KEY, i)`, are drawn only where that byte ties with `t`'s top byte (one
+/// element in 256). CUDA kernels compute exactly this.
 pub fn dropout_keep(seed: u64, i: u64, p: f32) -> bool {
-    let z = splitmix(seed, i / 2);
-    let u = if i.is_multiple_of(2) {
-        (z >> 40) as u32 // top 24 bits
-    } else {
-        ((z >> 16) & 0xFF_FFFF) as u32
-    };
-    (u as f32) >= p * (1u32 << 24) as f32
+    // p·2^24 is exact in f32; an integer u is >= it exactly when u >= its ceiling.
+    let t = (p * (1u32 << 24) as f32).ceil() as u32;
+    let b = ((splitmix(seed, i / 8) >> (8 * (i % 8))) & 0xFF) as u32;
+    let tb = t >> 16;
+    if b != tb {
+        return b > tb;
+    }
+    ((splitmix(seed ^ DROPOUT_LOW_KEY, i) >> 48) as u32) >= (t & 0xFFFF)
 }
+
+/// The key of the second hash [`dropout_keep`] draws on a tie.
+const DROPOUT_LOW_KEY: u64 = 0xD1B5_4A32_D192_ED03;
 
 /// The SplitMix64 hash the device's random streams share: `seed ^ (i · golden)`, mixed.
 fn splitmix(seed: u64, i: u64) -> u64 {
@@ -465,15 +472,34 @@ mod tests {
             .count();
         assert!((kept as f64 / 100_000.0 - 0.8).abs() < 0.01, "{kept}");
         assert!((0..1000u64).all(|i| dropout_keep(7, i, 0.0)));
-        // The two elements of a hash decide independently: both kept with probability 0.8².
-        let both = (0..100_000u64)
-            .filter(|&j| dropout_keep(42, 2 * j, 0.2) && dropout_keep(42, 2 * j + 1, 0.2))
-            .count();
-        assert!((both as f64 / 100_000.0 - 0.64).abs() < 0.01, "{both}");
-        // And neighbouring pairs do too.
-        let across = (0..100_000u64)
-            .filter(|&j| dropout_keep(42, 2 * j + 1, 0.2) && dropout_keep(42, 2 * j + 2, 0.2))
-            .count();
-        assert!((across as f64 / 100_000.0 - 0.64).abs() < 0.01, "{across}");
+        // The eight elements of a hash decide independently (both of two kept with probability
+        // 0.8², within 8 standard deviations over 100,000 pairs), and so do neighbouring hashes.
+        for (a, b) in [(0, 1), (3, 4), (0, 7), (6, 7), (7, 8)] {
+            let both = (0..100_000u64)
+                .filter(|&j| dropout_keep(42, 8 * j + a, 0.2) && dropout_keep(42, 8 * j + b, 0.2))
+                .count();
+            assert!(
+                (both as f64 / 100_000.0 - 0.64).abs() < 0.012,
+                "{a} {b}: {both}"
+            );
+        }
+    }
+
+    /// The lazy draw is the full one: `u_i >= ⌈p·2^24⌉` with `u_i`'s low 16 bits always drawn,
+    /// for rates whose threshold's low bits matter (ties happen one element in 256).
+    #[test]
+    fn dropout_keep_is_a_24_bit_uniform_against_the_threshold() {
+        for p in [0.2f32, 0.5, 1e-6, 0.999, 0.5 + 3.0 / 16_777_216.0, 0.0] {
+            let t = (p * 16_777_216.0).ceil() as u64;
+            for i in 0..200_000u64 {
+                let top = (splitmix(7, i / 8) >> (8 * (i % 8))) & 0xFF;
+                let low = splitmix(7 ^ DROPOUT_LOW_KEY, i) >> 48;
+                assert_eq!(
+                    dropout_keep(7, i, p),
+                    (top << 16 | low) >= t,
+                    "p {p}, i {i}"
+                );
+            }
+        }
     }
 }

@@ -149,7 +149,9 @@ fn dropout_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
         if n > 2 {
             x[1] = f32::NAN;
         }
-        for p in [0.0, 0.1, 0.5, 0.9] {
+        // Rates whose threshold ⌈p·2^24⌉ has a top byte of 0 (1e-6: only a tie can drop), of
+        // 255 (0.999), and low bits that split the ties (0.1).
+        for p in [0.0, 1e-6, 0.1, 0.5, 0.9, 0.999] {
             let seed: u64 = rng.random();
             let got = dropout(b, &x, p, seed);
             let what = format!("{dev} dropout p={p} seed={seed} n={n}");
