@@ -14,7 +14,8 @@
 // through shared memory. Short rows pack many items into a block and long rows get up to the
 // whole block. When there are too few items to fill the GPU, the axis is split into S chunks
 // (grid.y): the first pass writes partials [outer, S, inner] and a second pass reduces them;
-// both passes are deterministic.
+// both passes are deterministic. On sm_90, 16-byte column loads split 8 ways use a cluster
+// instead (reduce_cluster_*, below): one launch, no partials in global memory.
 //
 // Loads (MODE): 0 one element at a time; 1 rows (inner == 1) read 16 bytes at a time (V16<TI>::N
 // elements, n and chunk multiples of it); 2 columns read 16 bytes at a time, each thread owning
@@ -31,11 +32,14 @@ struct SumOp {
     static __device__ __forceinline__ float finish(float a, float divisor) { return a / divisor; }
 };
 
-// NaN propagates (as PyTorch's max); ties keep the left value.
+// NaN propagates (as PyTorch's max); +0 counts above −0 (IEEE 754-2019 maximum); other ties
+// keep the left value. So the result does not depend on the combining order (the CPU's
+// max_combine is the same rule).
 struct MaxOp {
     static __device__ __forceinline__ float init() { return -INFINITY; }
     static __device__ __forceinline__ float combine(float a, float b) {
-        return (b > a || b != b) ? b : a;
+        const bool zero_up = b == 0.0f && a == 0.0f && signbit(a) && !signbit(b);
+        return (b > a || b != b || zero_up) ? b : a;
     }
     static __device__ __forceinline__ float finish(float a, float) { return a; }
 };
@@ -176,12 +180,126 @@ static __device__ __forceinline__ void reduce_impl(float* sm, const TI* __restri
                                       divisor);                                                  \
     }
 
+// Column reductions split across a thread-block cluster (sm_90 and later): the 16-byte column
+// loads of MODE 2 with the axis cut into CLUSTER_SPLITS chunks, one a block of a cluster, and
+// the chunks' sums added through distributed shared memory instead of f32 partials in global
+// memory and a second pass. Block b of the grid reduces item b / CLUSTER_SPLITS (o and a tile of
+// TX·W columns) over chunk r = its rank in the cluster: TX × TY threads (TX·TY = THREADS), each
+// summing W columns down its rows, then a tree over ty in shared memory (the order of
+// reduce_impl). After a cluster barrier, rank r adds the CLUSTER_SPLITS blocks' sums of its
+// share of the tile's columns in rank order, finishes and writes them; a second barrier keeps
+// every block's shared memory alive until its peers have read it. Deterministic.
+#define CLUSTER_SPLITS 8
+
+// Every thread of every block of the cluster waits here for all the others, with release and
+// acquire of memory (shared memory included). The block barrier first converges the block's
+// threads, whatever branches they took, and the barrier.cluster forms without .aligned do not
+// need converged warps either.
+static __device__ __forceinline__ void cluster_sync_all() {
+#if __CUDA_ARCH__ >= 900
+    __syncthreads();
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+
+template <class Op, class TI, class TO>
+static __device__ __forceinline__ void reduce_cluster_impl(float* sm, float* sums,
+                                                           const TI* __restrict__ x,
+                                                           TO* __restrict__ out, u64 n, u64 inner,
+                                                           u64 chunk, u32 tx_log2,
+                                                           float divisor) {
+#if __CUDA_ARCH__ >= 900
+    constexpr int W = V16<TI>::N;
+    const u32 TX = 1u << tx_log2, TY = THREADS >> tx_log2, t = threadIdx.x;
+    const u32 tx = t & (TX - 1), ty = t >> tx_log2;
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    const u64 tiles = (inner / W + TX - 1) >> tx_log2, item = blockIdx.x / CLUSTER_SPLITS;
+    const u64 o = item / tiles, j = (((item - o * tiles) << tx_log2) + tx) * W;
+    const bool valid = j < inner;
+    const u64 i0 = r * chunk, i1 = min(n, i0 + chunk);
+    float acc[W];
+#pragma unroll
+    for (int c = 0; c < W; ++c) acc[c] = Op::init();
+    if (valid) {
+        const u64 stride = inner / W, at = (o * n * inner + j) / W;
+        u64 i = i0 + ty;
+        for (; i + 3 * TY < i1; i += 4 * TY) {
+            float a[W], b[W], c[W], d[W];
+            load16(x, at + i * stride, a);
+            load16(x, at + (i + TY) * stride, b);
+            load16(x, at + (i + 2 * TY) * stride, c);
+            load16(x, at + (i + 3 * TY) * stride, d);
+#pragma unroll
+            for (int k = 0; k < W; ++k)
+                acc[k] = Op::combine(
+                    acc[k], Op::combine(Op::combine(a[k], b[k]), Op::combine(c[k], d[k])));
+        }
+        for (; i < i1; i += TY) {
+            float a[W];
+            load16(x, at + i * stride, a);
+#pragma unroll
+            for (int k = 0; k < W; ++k) acc[k] = Op::combine(acc[k], a[k]);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < W; ++c) sm[c * THREADS + t] = acc[c];
+    __syncthreads();
+    for (u32 h = TY >> 1; h > 0; h >>= 1) {
+        if (ty < h) {
+#pragma unroll
+            for (int c = 0; c < W; ++c)
+                sm[c * THREADS + t] = Op::combine(sm[c * THREADS + t], sm[c * THREADS + t + (h << tx_log2)]);
+        }
+        __syncthreads();
+    }
+    // This block's sums of the tile's TX·W columns, column tx·W + c at sums[tx·W + c].
+    if (ty == 0) {
+#pragma unroll
+        for (int c = 0; c < W; ++c) sums[tx * W + c] = sm[c * THREADS + t];
+    }
+    cluster_sync_all();
+    const u32 cols = TX * W, share = (cols + CLUSTER_SPLITS - 1) / CLUSTER_SPLITS;
+    if (t < share) {
+        const u32 c = r * share + t;
+        const u64 jc = ((item - o * tiles) << tx_log2) * W + c;
+        if (c < cols && jc < inner) {
+            const u32 a = (u32)__cvta_generic_to_shared(sums + c);
+            float v = Op::init();
+            for (u32 q = 0; q < CLUSTER_SPLITS; ++q) {
+                u32 ra;
+                float e;
+                asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(q));
+                asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(e) : "r"(ra) : "memory");
+                v = Op::combine(v, e);
+            }
+            store(out, o * inner + jc, Op::finish(v, divisor));
+        }
+    }
+    cluster_sync_all();
+#else
+    __trap();
+#endif
+}
+
+// reduce_cluster_colsv_<NAME>_<SUFFIX>: grid.x = items·CLUSTER_SPLITS in clusters of
+// CLUSTER_SPLITS along x, THREADS threads a block.
+#define REDUCE_CLUSTER_KERNEL(NAME, OP, TI, TO, SUFFIX)                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS) reduce_cluster_colsv_##NAME##_##SUFFIX( \
+        const TI* __restrict__ x, TO* __restrict__ out, u64 n, u64 inner, u64 chunk,            \
+        u32 tx_log2, float divisor) {                                                            \
+        __shared__ float sm[THREADS * V16<TI>::N];                                               \
+        __shared__ float sums[32 * V16<TI>::N];                                                  \
+        reduce_cluster_impl<OP, TI, TO>(sm, sums, x, out, n, inner, chunk, tx_log2, divisor);    \
+    }
+
 // reduce_<NAME>_<SUFFIX>, reduce_rowsv_<NAME>_<SUFFIX> and reduce_colsv_<NAME>_<SUFFIX> (MODE
-// 0, 1, 2).
+// 0, 1, 2), and reduce_cluster_colsv_<NAME>_<SUFFIX>.
 #define REDUCE_KERNELS(NAME, OP, TI, TO, SUFFIX)                 \
     REDUCE_KERNEL(reduce_, 0, NAME, OP, TI, TO, SUFFIX)          \
     REDUCE_KERNEL(reduce_rowsv_, 1, NAME, OP, TI, TO, SUFFIX)    \
-    REDUCE_KERNEL(reduce_colsv_, 2, NAME, OP, TI, TO, SUFFIX)
+    REDUCE_KERNEL(reduce_colsv_, 2, NAME, OP, TI, TO, SUFFIX)   \
+    REDUCE_CLUSTER_KERNEL(NAME, OP, TI, TO, SUFFIX)
 
 // Backward of Max over the axis, same layout without splits: each group finds the first i with
 // x[o, i, j] == y[o, j] (or both NaN) as a min over its threads' first matches, then writes the

@@ -448,6 +448,26 @@ impl CudaBackend {
         unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, true, cluster) }
     }
 
+    /// Launches an embedded kernel with its blocks grouped into thread-block clusters of
+    /// `cluster` consecutive blocks along x (at most 8, the portable size; sm_90 and later: the
+    /// driver refuses it elsewhere, with an error). Not cooperative: the blocks need not all be
+    /// resident at once.
+    ///
+    /// # Safety
+    /// As [`CudaBackend::launch`].
+    pub unsafe fn launch_clustered(
+        &self,
+        kernel: &str,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+        cluster: u32,
+    ) -> Result<()> {
+        let f = self.checked_raw_function(kernel, &cfg, args)?;
+        let _pass = self.pass();
+        // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
+        unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, false, cluster) }
+    }
+
     /// How many clusters of `cluster` blocks (`block` threads, `smem` bytes of dynamic shared
     /// memory each) of `kernel` this device can hold at once; 0 where it has no clusters
     /// (compute capability below 9.0) or cannot place one of that size. Sizes above 8 (the

@@ -362,7 +362,7 @@ fn gpu_affine_matches_cpu() {
 /// odd and float4 widths, long rows that are split across blocks, narrow and wide columns,
 /// columns wider than a block, many short rows, a bias gradient (a split column reduction),
 /// more items than one pass of the capped grid, rows enough for a warp a row (float4 and
-/// scalar loads), and float4 columns narrower than a warp.
+/// scalar loads), float4 columns narrower than a warp, and columns split in clusters.
 const REDUCE_CASES: &[(usize, usize, usize)] = &[
     (0, 5, 3),
     (3, 0, 2),
@@ -388,6 +388,11 @@ const REDUCE_CASES: &[(usize, usize, usize)] = &[
     (2500, 1000, 1),
     (2500, 1001, 1),
     (3, 50, 12),
+    // Split float4 columns that sm_90 reduces in thread-block clusters: tiles of 16 and 32
+    // units, three outer items, a last tile of one unit.
+    (1, 512, 4096),
+    (3, 200, 2048),
+    (1, 600, 4100),
 ];
 
 /// Checks a Sum (`div` 1) or Mean (`div` n) against the reference: each element within
@@ -461,6 +466,21 @@ fn reduce_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
                 "{what}[{i}]: {g} vs {w}"
             );
         }
+        // Zeros of both signs among negatives: +0 counts above −0 in any order, so the bits
+        // match whatever order the device combines in.
+        let zeros: Vec<f32> = x
+            .iter()
+            .map(|&v| match rng.random_range(0..3) {
+                0 => -0.0,
+                1 => 0.0,
+                _ => -v.abs() - 1.0,
+            })
+            .collect();
+        assert_bits(
+            &format!("{dev} Max of signed zeros {shape:?}"),
+            &reduce(b, ReduceKind::Max, &zeros, shape),
+            &reduce(&CPU, ReduceKind::Max, &zeros, shape),
+        );
     }
 }
 

@@ -190,6 +190,10 @@ fn bf16_exact_ops_give_the_rounded_f32_result() {
     });
     exact_case(test, &devs, &[&[5, 12]], &mut r, &|t| t[0].narrow(1, 4, 8));
     exact_case(test, &devs, &[&[6, 9, 4]], &mut r, &|t| t[0].max(1, false));
+    // Max down 512 rows of 4096 columns: a split that sm_90 runs as clusters (tiles of 8 units).
+    exact_case(test, &devs, &[&[512, 4096]], &mut r, &|t| {
+        t[0].max(0, false)
+    });
 }
 
 #[test]
@@ -329,7 +333,8 @@ fn bf16_activations_sums_and_matmuls_are_within_their_bounds() {
     }
     // Sums over an axis: f32 accumulation (γ_n·Σ|x|), then one rounding.
     // Scalar columns, a split row (16-byte loads), scalar columns that are not 16 bytes wide,
-    // many rows (a warp a row, 16-byte loads and scalar), 16-byte columns split and not.
+    // many rows (a warp a row, 16-byte loads and scalar), 16-byte columns split and not, and
+    // split in clusters.
     for shape in [
         [4usize, 300, 3],
         [2, 5000, 1],
@@ -338,6 +343,11 @@ fn bf16_activations_sums_and_matmuls_are_within_their_bounds() {
         [2500, 60, 1],
         [1, 3000, 48],
         [5, 40, 16],
+        // Split 16-byte columns that sm_90 reduces in thread-block clusters: tiles of 16 and 32
+        // units, three outer items, a last tile of one unit.
+        [1, 512, 8192],
+        [3, 200, 4096],
+        [1, 300, 8200],
     ] {
         let v = draw(&mut r, shape.iter().product());
         let want = Tensor::from_vec(v.clone(), &shape, Device::Cpu)

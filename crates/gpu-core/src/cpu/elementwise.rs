@@ -12,9 +12,12 @@ use crate::nn::elementwise::{
 };
 use crate::ops::check_float_elementwise;
 
-/// Combines two values of a Max reduction: NaN propagates, ties keep `a`.
+/// Combines two values of a Max reduction: NaN propagates, +0 counts above −0 (IEEE 754-2019
+/// `maximum`), other ties keep `a`: so the result does not depend on the order the device
+/// combines values in (`MaxOp` in `kernels/nn_reduce.cuh` is the same rule).
 fn max_combine(a: f32, b: f32) -> f32 {
-    if b > a || b.is_nan() {
+    let zero_up = b == 0.0 && a == 0.0 && a.is_sign_negative() && b.is_sign_positive();
+    if b > a || b.is_nan() || zero_up {
         b
     } else {
         a

@@ -101,6 +101,13 @@ fn vocabulary_kernels() -> Vec<String> {
                 v.push(reduce_kernel(kind, loads, dtype, DType::F32));
                 v.push(reduce_kernel(kind, loads, DType::F32, dtype));
             }
+            for (from, to) in [(dtype, dtype), (dtype, DType::F32), (DType::F32, dtype)] {
+                v.push(reduce_kernel(kind, ReduceLoads::Cols, from, to).replacen(
+                    "reduce_colsv_",
+                    "reduce_cluster_colsv_",
+                    1,
+                ));
+            }
         }
         for k in ["affine", "dropout", "max_axis_bwd"] {
             v.push(format!("{k}_{dtype}"));
@@ -209,6 +216,47 @@ impl CudaBackend {
         // multiples of 16 bytes of elements, colsv with inner a multiple of that, so every
         // 16-byte load is aligned (pool buffers are 256-byte aligned).
         unsafe { self.launch(&kernel, cfg, &args) }
+    }
+}
+
+impl CudaBackend {
+    /// A split column reduction in one clustered launch (`reduce_cluster_colsv_*`).
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_cluster(
+        &self,
+        kind: &str,
+        x: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        inner: usize,
+        c: &plan::ClusterPlan,
+        divisor: f32,
+    ) -> Result<()> {
+        let kernel = reduce_kernel(kind, ReduceLoads::Cols, x.dtype(), out.dtype()).replacen(
+            "reduce_colsv_",
+            "reduce_cluster_colsv_",
+            1,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (c.grid_x, 1, 1),
+            block_dim: (REDUCE_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            x.into(),
+            (&*out).into(),
+            u64_arg(n),
+            u64_arg(inner),
+            u64_arg(c.chunk),
+            KernelArg::U32(c.tx_log2),
+            KernelArg::F32(divisor),
+        ];
+        // SAFETY: reduce_cluster_colsv_{sum,max}_{X}(const X* x, Y* out, u64 n, u64 inner, u64
+        // chunk, u32 tx_log2, float divisor) reads x[outer·n·inner] (grid.x / 8 items of outer
+        // and column tiles) and writes out[outer·inner] (checked by check_reduce); inner is a
+        // multiple of the 16-byte unit (cluster_plan takes Cols plans only), so every load is
+        // aligned. grid.x is a multiple of the cluster size 8, the portable limit.
+        unsafe { self.launch_clustered(&kernel, cfg, &args, plan::CLUSTER_SPLITS as u32) }
     }
 }
 
@@ -388,6 +436,14 @@ impl ElementwiseOps for CudaBackend {
         );
         if p.splits == 1 {
             return self.reduce_pass(kind, x, out, outer, n, inner, &p, divisor);
+        }
+        let elem = x.dtype().size_in_bytes();
+        // Cluster code is in the fatbins' sm_90 images only (the committed PTX targets
+        // compute_80, where it traps).
+        let clusters = self.info().compute_capability.0 >= 9
+            && self.image_kind() == crate::module::ImageKind::Fatbin;
+        if let Some(c) = plan::cluster_plan(&p, outer, n, inner, elem, self.sms(), clusters) {
+            return self.reduce_cluster(kind, x, out, n, inner, &c, divisor);
         }
         // Partials [outer, splits, inner] in f32 (whatever x's dtype), then a second pass over
         // the splits that rounds once into out.

@@ -226,3 +226,24 @@ fn reduce_over_an_empty_axis_with_overflowing_output_is_a_typed_error() {
     let r = cpu.reduce_axis(ReduceKind::Sum, &x, 1 << 40, 0, 1 << 40, &mut out);
     assert!(matches!(r, Err(GpuError::InvalidShape { .. })), "{r:?}");
 }
+
+/// Max over −0 and +0 is +0 in either order (the rule that makes device results order-free);
+/// NaN still wins from either side.
+#[test]
+fn max_prefers_positive_zero_in_any_order() {
+    for v in [[-0.0f32, 0.0], [0.0, -0.0]] {
+        let got = reduce_max(&v);
+        assert!(got == 0.0 && got.is_sign_positive(), "{v:?}: {got}");
+    }
+    assert_eq!(reduce_max(&[-0.0, -0.0]).to_bits(), (-0.0f32).to_bits());
+    assert!(reduce_max(&[f32::NAN, 0.0]).is_nan() && reduce_max(&[0.0, f32::NAN]).is_nan());
+}
+
+fn reduce_max(v: &[f32]) -> f32 {
+    let cpu = CpuBackend;
+    let x = cpu.upload(v).unwrap();
+    let mut out = cpu.allocate(DType::F32, 1).unwrap();
+    cpu.reduce_axis(ReduceKind::Max, &x, 1, v.len(), 1, &mut out)
+        .unwrap();
+    cpu.download::<f32>(&out).unwrap()[0]
+}

@@ -250,6 +250,60 @@ pub(super) fn reduce_plan(
     }
 }
 
+/// Blocks a cluster of a split column reduction (`reduce_cluster_*`, `nn_reduce.cuh`): the
+/// axis's chunks, one a block.
+pub(super) const CLUSTER_SPLITS: usize = 8;
+
+/// Layout of a column reduction split across thread-block clusters (sm_90 and later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ClusterPlan {
+    /// log2 of the 16-byte column units a block owns (TX; THREADS / TX threads down the axis).
+    pub tx_log2: u32,
+    /// Rows of a chunk (the axis split into `CLUSTER_SPLITS` of them).
+    pub chunk: usize,
+    /// Blocks: items × `CLUSTER_SPLITS`.
+    pub grid_x: u32,
+}
+
+/// The cluster form of a split column reduction, when it applies: the device has clusters
+/// (`clusters`), `split` (the plan [`reduce_plan`] made) splits 16-byte column loads, and tiles
+/// of at least 8 units (128 bytes of a row) still give two blocks a multiprocessor. The tiles
+/// narrow from 32 units until there are about `4·sms` blocks (8192 × 8192 bf16: 64 tiles of 16
+/// units, 512 blocks), like the split target.
+pub(super) fn cluster_plan(
+    split: &ReducePlan,
+    outer: usize,
+    n: usize,
+    inner: usize,
+    elem_bytes: usize,
+    sms: usize,
+    clusters: bool,
+) -> Option<ClusterPlan> {
+    if !clusters || split.loads != ReduceLoads::Cols || split.splits <= 1 {
+        return None;
+    }
+    let units = inner / (16 / elem_bytes.clamp(1, 16));
+    let target = sms.max(1) * 4;
+    let blocks = |tx: usize| {
+        outer
+            .saturating_mul(units.div_ceil(tx))
+            .saturating_mul(CLUSTER_SPLITS)
+    };
+    let mut tx = units.next_power_of_two().min(32);
+    while tx > 8 && blocks(tx) * 2 <= target {
+        tx /= 2;
+    }
+    let grid_x = blocks(tx);
+    if grid_x < 2 * sms.max(1) || grid_x > u32::MAX as usize {
+        return None;
+    }
+    Some(ClusterPlan {
+        tx_log2: tx.trailing_zeros(),
+        chunk: n.div_ceil(CLUSTER_SPLITS),
+        grid_x: grid_x as u32,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,5 +430,27 @@ mod tests {
         // Vectors off (the max backward).
         let p = reduce_plan(8192, 4096, 1, 2, 132, false, false);
         assert_eq!(p.loads, Scalar);
+    }
+
+    /// Which split column reductions run as clusters, and their layout.
+    #[test]
+    fn cluster_layouts() {
+        let cluster = |outer, n, inner, bytes, clusters| {
+            let p = reduce_plan(outer, n, inner, bytes, 132, true, true);
+            cluster_plan(&p, outer, n, inner, bytes, 132, clusters)
+        };
+        // The bf16 bias gradient of 8192 columns: 64 tiles of 16 units (128 columns), 512
+        // blocks, chunks of 1024 rows.
+        let c = cluster(1, 8192, 8192, 2, true).unwrap();
+        assert_eq!((c.tx_log2, c.chunk, c.grid_x), (4, 1024, 512));
+        // f32 columns: 4096 of them, 1024 units: also 64 tiles.
+        let c = cluster(1, 8192, 4096, 4, true).unwrap();
+        assert_eq!((c.tx_log2, c.grid_x), (4, 512));
+        // No clusters on the device, no split, scalar loads, or tiles too narrow to fill it
+        // (768 f32 columns: 192 units): the other paths.
+        assert_eq!(cluster(1, 8192, 8192, 2, false), None);
+        assert_eq!(cluster(4096, 64, 8192, 2, true), None);
+        assert_eq!(cluster(1, 8192, 8190, 2, true), None);
+        assert_eq!(cluster(1, 8192, 768, 4, true), None);
     }
 }
