@@ -62,3 +62,11 @@ extern "C" __global__ void permute8_b16(const uint4* __restrict__ x, uint4* __re
                                         u64 d5, u32 perm) {
     permute_impl<uint4>(x, out, n, rank, d0, d1, d2, d3, d4, d5, perm);
 }
+
+// permute8s_b16: the same move walking the input (permute_impl's SCATTER: d* are the output's
+// dims and perm the inverse permutation).
+extern "C" __global__ void permute8s_b16(const uint4* __restrict__ x, uint4* __restrict__ out,
+                                         u64 n, u32 rank, u64 d0, u64 d1, u64 d2, u64 d3, u64 d4,
+                                         u64 d5, u32 perm) {
+    permute_impl<uint4, true>(x, out, n, rank, d0, d1, d2, d3, d4, d5, perm);
+}

@@ -721,7 +721,10 @@ static __device__ __forceinline__ PermMeta perm_meta(u32 rank, u64 d0, u64 d1, u
 // last, and then the host passes units of 16 bytes, or of 4 elements, when its length allows). The
 // host uses it for moves of the last axis too when that axis or the output's last one is short.
 // A bit copy, T as for copy_blocks_impl.
-template <class T>
+// SCATTER walks the input instead: out[map(i)] = x[i], the host passing the output's dims and
+// the inverse permutation, so that map (the same index math) takes an input index to its output
+// index. Warps then read contiguous memory and write whole units wherever they go.
+template <class T, bool SCATTER = false>
 static __device__ void permute_impl(const T* __restrict__ x, T* __restrict__ out, u64 n, u32 rank,
                                     u64 d0, u64 d1, u64 d2, u64 d3, u64 d4, u64 d5, u32 perm) {
     const PermMeta m = perm_meta(rank, d0, d1, d2, d3, d4, d5, perm);
@@ -757,11 +760,22 @@ static __device__ void permute_impl(const T* __restrict__ x, T* __restrict__ out
         for (; i + (PERMUTE_UNITS - 1) * stride < n; i += PERMUTE_UNITS * stride) {
             T v[PERMUTE_UNITS];
 #pragma unroll
-            for (int k = 0; k < PERMUTE_UNITS; ++k) v[k] = x[src_of((u32)(i + k * stride))];
+            for (int k = 0; k < PERMUTE_UNITS; ++k)
+                v[k] = SCATTER ? x[i + k * stride] : x[src_of((u32)(i + k * stride))];
 #pragma unroll
-            for (int k = 0; k < PERMUTE_UNITS; ++k) out[i + k * stride] = v[k];
+            for (int k = 0; k < PERMUTE_UNITS; ++k) {
+                if constexpr (SCATTER)
+                    out[src_of((u32)(i + k * stride))] = v[k];
+                else
+                    out[i + k * stride] = v[k];
+            }
         }
-        for (; i < n; i += stride) out[i] = x[src_of((u32)i)];
+        for (; i < n; i += stride) {
+            if constexpr (SCATTER)
+                out[src_of((u32)i)] = x[i];
+            else
+                out[i] = x[src_of((u32)i)];
+        }
     } else {
         for (u64 i = global_tid(); i < n; i += stride) {
             u64 rem = i, src = 0;
@@ -773,7 +787,10 @@ static __device__ void permute_impl(const T* __restrict__ x, T* __restrict__ out
                     rem = q;
                 }
             }
-            out[i] = x[src];
+            if constexpr (SCATTER)
+                out[src] = x[i];
+            else
+                out[i] = x[src];
         }
     }
 }

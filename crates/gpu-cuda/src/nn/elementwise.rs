@@ -32,6 +32,9 @@ const GELU_BLOCKS_PER_SM: usize = 16;
 /// at 16, 80.9 at 8, 80.4 at 4; four units a step (`PERMUTE_UNITS`): 75.3 µs at 32, 77.3 at
 /// 16 (PyTorch's copy_ of the same bytes 65.9–69.6 µs; docs/benchmarks.md).
 const PERMUTE_BLOCKS_PER_SM: usize = 32;
+/// Whether 16-byte bf16 permutes walk their input (`permute8s_b16`) rather than their output:
+/// 73.0–73.1 against 73.9–74.1 µs on the 8192² case above (H200, same call, three rounds).
+const PERMUTE_SCATTER: bool = true;
 
 /// The grid cap (blocks per multiprocessor) of the unary bf16 streams (casts from bf16,
 /// activations, affine, dropout), whose threads loop over two 4-element vectors a step with the
@@ -127,6 +130,7 @@ fn vocabulary_kernels() -> Vec<String> {
         "cast_f32_bf16".to_string(),
         "cast_bf16_f32".to_string(),
         "permute8_b16".to_string(),
+        "permute8s_b16".to_string(),
     ]);
     v
 }
@@ -613,6 +617,18 @@ impl ElementwiseOps for CudaBackend {
         };
         dims[rank - 1] /= unit;
         let units = n / unit;
+        // 16-byte bf16 units walk the input (permute8s_b16): the output's dims and the inverse
+        // permutation.
+        let scatter = PERMUTE_SCATTER && unit == 8;
+        let (dims, perm) = if scatter {
+            let mut inv = vec![0; rank];
+            for (k, &p) in perm.iter().enumerate() {
+                inv[p] = k;
+            }
+            (perm.iter().map(|&p| dims[p]).collect::<Vec<_>>(), inv)
+        } else {
+            (dims, perm)
+        };
         let packed = perm
             .iter()
             .enumerate()
@@ -627,6 +643,7 @@ impl ElementwiseOps for CudaBackend {
         args.push(KernelArg::U32(packed));
         let kernel = match unit {
             1 => format!("permute_{m}"),
+            8 if scatter => "permute8s_b16".to_string(),
             _ => format!("permute{unit}_{m}"),
         };
         let cfg = self.stride_grid_capped(units, PERMUTE_BLOCKS_PER_SM);
