@@ -1,0 +1,208 @@
+//! The axis reductions on CUDA (`kernels/nn_reduce.cuh`): Sum, Mean and Max over the middle
+//! axis of `[outer, n, inner]` in one pass, in two (f32 partials, then their sum) or, for split
+//! 16-byte column loads on sm_90, in one clustered launch; and the backward of Max.
+
+use super::plan::{self, ReduceLoads, ReducePlan, REDUCE_THREADS};
+use super::u64_arg;
+use crate::backend::CudaBackend;
+use crate::launch::{KernelArg, LaunchConfig};
+use crate::pool::CudaBuffer;
+use gpu_core::nn::elementwise::{check_max_axis_bwd, check_reduce, ReduceKind};
+use gpu_core::{Backend, BufferInfo, DType, Result};
+
+/// The reduction kernel of `kind` (`sum` or `max`) reading as `loads` says, reading `from`
+/// and writing `to` (the f32 partials of a split reduction sit between the two passes).
+pub(super) fn reduce_kernel(kind: &str, loads: ReduceLoads, from: DType, to: DType) -> String {
+    let types = if from == to {
+        from.to_string()
+    } else {
+        format!("{from}_{to}")
+    };
+    match loads {
+        ReduceLoads::Scalar => format!("reduce_{kind}_{types}"),
+        ReduceLoads::Rows => format!("reduce_rowsv_{kind}_{types}"),
+        ReduceLoads::Cols => format!("reduce_colsv_{kind}_{types}"),
+    }
+}
+
+impl CudaBackend {
+    /// Launches one reduction pass over `[outer, n, inner]` (all non-zero) as planned by `p`.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_pass(
+        &self,
+        kind: &str,
+        x: &CudaBuffer,
+        out: &mut CudaBuffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        p: &ReducePlan,
+        divisor: f32,
+    ) -> Result<()> {
+        let kernel = reduce_kernel(kind, p.loads, x.dtype(), out.dtype());
+        let cfg = LaunchConfig {
+            grid_dim: (p.grid_x, p.splits as u32, 1),
+            block_dim: (REDUCE_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            x.into(),
+            out.into(),
+            u64_arg(outer),
+            u64_arg(n),
+            u64_arg(inner),
+            u64_arg(p.chunk),
+            KernelArg::U32(p.tx_log2),
+            KernelArg::U32(p.ty_log2),
+            KernelArg::F32(divisor),
+        ];
+        // SAFETY: reduce_{,rowsv_,colsv_}{sum,max}_{X}(const X* x, Y* out, u64 outer, u64 n,
+        // u64 inner, u64 chunk, u32 tx_log2, u32 ty_log2, float divisor), X and Y the dtypes of
+        // x and out (f32 or bf16, named by reduce_kernel), reads x[outer·n·inner] and writes
+        // out[outer·splits·inner] (splits = grid.y); the callers size both so. The 16-byte
+        // variants run only as reduce_plan allows them: rowsv with inner == 1 and n, chunk
+        // multiples of 16 bytes of elements, colsv with inner a multiple of that, so every
+        // 16-byte load is aligned (pool buffers are 256-byte aligned).
+        unsafe { self.launch(&kernel, cfg, &args) }
+    }
+    /// A split column reduction in one clustered launch (`reduce_cluster_colsv_*`).
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_cluster(
+        &self,
+        kind: &str,
+        x: &CudaBuffer,
+        out: &mut CudaBuffer,
+        n: usize,
+        inner: usize,
+        c: &plan::ClusterPlan,
+        divisor: f32,
+    ) -> Result<()> {
+        let kernel = reduce_kernel(kind, ReduceLoads::Cols, x.dtype(), out.dtype()).replacen(
+            "reduce_colsv_",
+            "reduce_cluster_colsv_",
+            1,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (c.grid_x, 1, 1),
+            block_dim: (REDUCE_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            x.into(),
+            (&*out).into(),
+            u64_arg(n),
+            u64_arg(inner),
+            u64_arg(c.chunk),
+            KernelArg::U32(c.tx_log2),
+            KernelArg::F32(divisor),
+        ];
+        // SAFETY: reduce_cluster_colsv_{sum,max}_{X}(const X* x, Y* out, u64 n, u64 inner, u64
+        // chunk, u32 tx_log2, float divisor) reads x[outer·n·inner] (grid.x / 8 items of outer
+        // and column tiles) and writes out[outer·inner] (checked by check_reduce); inner is a
+        // multiple of the 16-byte unit (cluster_plan takes Cols plans only), so every load is
+        // aligned. grid.x is a multiple of the cluster size 8, the portable limit.
+        unsafe { self.launch_clustered(&kernel, cfg, &args, plan::CLUSTER_SPLITS as u32) }
+    }
+
+    /// [`ElementwiseOps::reduce_axis`].
+    pub(super) fn reduce_axis_impl(
+        &self,
+        op: ReduceKind,
+        x: &CudaBuffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        check_reduce(op, x, outer, n, inner, out)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        if n == 0 {
+            // Sum over an empty axis (the others were rejected): +0 in either dtype.
+            return match out.dtype() {
+                DType::BF16 => self.memset16(out, 0),
+                _ => self.memset32(out, 0),
+            };
+        }
+        let (kind, divisor) = match op {
+            ReduceKind::Sum => ("sum", 1.0),
+            ReduceKind::Mean => ("sum", n as f32),
+            ReduceKind::Max => ("max", 1.0),
+        };
+        let p = plan::reduce_plan(
+            outer,
+            n,
+            inner,
+            x.dtype().size_in_bytes(),
+            self.sms(),
+            true,
+            true,
+        );
+        if p.splits == 1 {
+            return self.reduce_pass(kind, x, out, outer, n, inner, &p, divisor);
+        }
+        let elem = x.dtype().size_in_bytes();
+        // Cluster code is in the fatbins' sm_90 images only (the committed PTX targets
+        // compute_80, where it traps).
+        let clusters = self.info().compute_capability.0 >= 9
+            && self.image_kind() == crate::module::ImageKind::Fatbin;
+        if let Some(c) = plan::cluster_plan(&p, outer, n, inner, elem, self.sms(), clusters) {
+            return self.reduce_cluster(kind, x, out, n, inner, &c, divisor);
+        }
+        // Partials [outer, splits, inner] in f32 (whatever x's dtype), then a second pass over
+        // the splits that rounds once into out.
+        let mut part = self.allocate(DType::F32, outer * p.splits * inner)?;
+        self.reduce_pass(kind, x, &mut part, outer, n, inner, &p, 1.0)?;
+        let p2 = plan::reduce_plan(outer, p.splits, inner, 4, self.sms(), false, true);
+        self.reduce_pass(kind, &part, out, outer, p.splits, inner, &p2, divisor)
+    }
+
+    /// [`ElementwiseOps::max_axis_bwd`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn max_axis_bwd_impl(
+        &self,
+        x: &CudaBuffer,
+        y: &CudaBuffer,
+        dy: &CudaBuffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        dx: &mut CudaBuffer,
+    ) -> Result<()> {
+        check_max_axis_bwd(x, y, dy, outer, n, inner, dx)?;
+        if dx.is_empty() {
+            return Ok(());
+        }
+        let p = plan::reduce_plan(
+            outer,
+            n,
+            inner,
+            x.dtype().size_in_bytes(),
+            self.sms(),
+            false,
+            false,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (p.grid_x, 1, 1),
+            block_dim: (REDUCE_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            x.into(),
+            y.into(),
+            dy.into(),
+            dx.into(),
+            u64_arg(outer),
+            u64_arg(n),
+            u64_arg(inner),
+            KernelArg::U32(p.tx_log2),
+            KernelArg::U32(p.ty_log2),
+        ];
+        // SAFETY: max_axis_bwd_{T}(const T* x, const T* y, const T* dy, T* dx, u64 outer,
+        // u64 n, u64 inner, u32 tx_log2, u32 ty_log2), T f32 or bf16; x and dx hold
+        // outer·n·inner elements, y and dy outer·inner (checked above).
+        let kernel = format!("max_axis_bwd_{}", dx.dtype());
+        unsafe { self.launch(&kernel, cfg, &args) }
+    }
+}
