@@ -51,6 +51,56 @@ struct ReduceCols {
 };
 
 // out[(o·S + s)·inner + j] = finish(reduce of x[o, i, j] over i in chunk s), S = gridDim.y.
+// Columns j .. j + W − 1 of item o (16-byte units: column j, a multiple of W, of row i is unit
+// (o·n·inner + i·inner + j) / W), rows i, i + TY, ... below i1, combined into acc: four rows'
+// loads in flight, added as ((a + b) + (c + d)) into acc, then the rest one at a time.
+template <class Op, class TI, int W>
+static __device__ __forceinline__ void cols16_accumulate(const TI* __restrict__ x, float (&acc)[W],
+                                                         u64 n, u64 inner, u64 o, u64 j, u64 i,
+                                                         u64 i1, u32 TY) {
+    const u64 stride = inner / W, at = (o * n * inner + j) / W;
+    for (; i + 3 * TY < i1; i += 4 * TY) {
+        float a[W], b[W], c[W], d[W];
+        load16(x, at + i * stride, a);
+        load16(x, at + (i + TY) * stride, b);
+        load16(x, at + (i + 2 * TY) * stride, c);
+        load16(x, at + (i + 3 * TY) * stride, d);
+#pragma unroll
+        for (int k = 0; k < W; ++k)
+            acc[k] = Op::combine(acc[k],
+                                 Op::combine(Op::combine(a[k], b[k]), Op::combine(c[k], d[k])));
+    }
+    for (; i < i1; i += TY) {
+        float a[W];
+        load16(x, at + i * stride, a);
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] = Op::combine(acc[k], a[k]);
+    }
+}
+
+// The tree over ty through shared memory (sm: THREADS·W floats): level h combines ty with
+// ty + h (left first); acc of the ty = 0 threads ends as their group's result. Only thread t
+// reads sm[c·THREADS + t] after the last barrier, and sm is written again only after every
+// thread has passed it, so no further barrier is needed before the next use.
+template <class Op, int W>
+static __device__ __forceinline__ void smem_tree(float* sm, float (&acc)[W], u32 t, u32 ty,
+                                                 u32 TY, u32 tx_log2) {
+#pragma unroll
+    for (int c = 0; c < W; ++c) sm[c * THREADS + t] = acc[c];
+    __syncthreads();
+    for (u32 h = TY >> 1; h > 0; h >>= 1) {
+        if (ty < h) {
+#pragma unroll
+            for (int c = 0; c < W; ++c)
+                sm[c * THREADS + t] =
+                    Op::combine(sm[c * THREADS + t], sm[c * THREADS + t + (h << tx_log2)]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int c = 0; c < W; ++c) acc[c] = sm[c * THREADS + t];
+}
+
 // sm is the kernel's shared array of THREADS·W floats (unused when a group fits in a warp).
 template <class Op, int MODE, class TI, class TO>
 static __device__ __forceinline__ void reduce_impl(float* sm, const TI* __restrict__ x,
@@ -102,26 +152,7 @@ static __device__ __forceinline__ void reduce_impl(float* sm, const TI* __restri
                     for (int k = 0; k < V; ++k) acc[0] = Op::combine(acc[0], a[k]);
                 }
             } else if constexpr (MODE == 2) {
-                // 16-byte units: column j (a multiple of W) of row i is unit (i·inner + j) / W.
-                const u64 stride = inner / W, at = (o * n * inner + j) / W;
-                u64 i = i0 + ty;
-                for (; i + 3 * TY < i1; i += 4 * TY) {
-                    float a[W], b[W], c[W], d[W];
-                    load16(x, at + i * stride, a);
-                    load16(x, at + (i + TY) * stride, b);
-                    load16(x, at + (i + 2 * TY) * stride, c);
-                    load16(x, at + (i + 3 * TY) * stride, d);
-#pragma unroll
-                    for (int k = 0; k < W; ++k)
-                        acc[k] = Op::combine(
-                            acc[k], Op::combine(Op::combine(a[k], b[k]), Op::combine(c[k], d[k])));
-                }
-                for (; i < i1; i += TY) {
-                    float a[W];
-                    load16(x, at + i * stride, a);
-#pragma unroll
-                    for (int k = 0; k < W; ++k) acc[k] = Op::combine(acc[k], a[k]);
-                }
+                cols16_accumulate<Op>(x, acc, n, inner, o, j, i0 + ty, i1, TY);
             } else {
                 const TI* col = x + o * n * inner + j;
                 u64 i = i0 + ty;
@@ -143,23 +174,7 @@ static __device__ __forceinline__ void reduce_impl(float* sm, const TI* __restri
                     acc[c] = Op::combine(acc[c], __shfl_down_sync(0xffffffffu, acc[c], h << tx_log2));
             }
         } else {
-#pragma unroll
-            for (int c = 0; c < W; ++c) sm[c * THREADS + t] = acc[c];
-            __syncthreads();
-            for (u32 h = TY >> 1; h > 0; h >>= 1) {
-                if (ty < h) {
-#pragma unroll
-                    for (int c = 0; c < W; ++c)
-                        sm[c * THREADS + t] =
-                            Op::combine(sm[c * THREADS + t], sm[c * THREADS + t + (h << tx_log2)]);
-                }
-                __syncthreads();
-            }
-            // Only thread t reads sm[c·THREADS + t] from here on, and the next item writes sm
-            // only after every thread has passed the last barrier above, so no further barrier
-            // is needed.
-#pragma unroll
-            for (int c = 0; c < W; ++c) acc[c] = sm[c * THREADS + t];
+            smem_tree<Op>(sm, acc, t, ty, TY, tx_log2);
         }
         if (ty == 0 && valid) {
 #pragma unroll
@@ -222,41 +237,13 @@ static __device__ __forceinline__ void reduce_cluster_impl(float* sm, float* sum
 #pragma unroll
     for (int c = 0; c < W; ++c) acc[c] = Op::init();
     if (valid) {
-        const u64 stride = inner / W, at = (o * n * inner + j) / W;
-        u64 i = i0 + ty;
-        for (; i + 3 * TY < i1; i += 4 * TY) {
-            float a[W], b[W], c[W], d[W];
-            load16(x, at + i * stride, a);
-            load16(x, at + (i + TY) * stride, b);
-            load16(x, at + (i + 2 * TY) * stride, c);
-            load16(x, at + (i + 3 * TY) * stride, d);
-#pragma unroll
-            for (int k = 0; k < W; ++k)
-                acc[k] = Op::combine(
-                    acc[k], Op::combine(Op::combine(a[k], b[k]), Op::combine(c[k], d[k])));
-        }
-        for (; i < i1; i += TY) {
-            float a[W];
-            load16(x, at + i * stride, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) acc[k] = Op::combine(acc[k], a[k]);
-        }
+        cols16_accumulate<Op>(x, acc, n, inner, o, j, i0 + ty, i1, TY);
     }
-#pragma unroll
-    for (int c = 0; c < W; ++c) sm[c * THREADS + t] = acc[c];
-    __syncthreads();
-    for (u32 h = TY >> 1; h > 0; h >>= 1) {
-        if (ty < h) {
-#pragma unroll
-            for (int c = 0; c < W; ++c)
-                sm[c * THREADS + t] = Op::combine(sm[c * THREADS + t], sm[c * THREADS + t + (h << tx_log2)]);
-        }
-        __syncthreads();
-    }
+    smem_tree<Op>(sm, acc, t, ty, TY, tx_log2);
     // This block's sums of the tile's TX·W columns, column tx·W + c at sums[tx·W + c].
     if (ty == 0) {
 #pragma unroll
-        for (int c = 0; c < W; ++c) sums[tx * W + c] = sm[c * THREADS + t];
+        for (int c = 0; c < W; ++c) sums[tx * W + c] = acc[c];
     }
     cluster_sync_all();
     const u32 cols = TX * W, share = (cols + CLUSTER_SPLITS - 1) / CLUSTER_SPLITS;

@@ -424,10 +424,8 @@ impl CudaBackend {
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<()> {
-        let f = self.checked_raw_function(kernel, &cfg, args)?;
-        let _pass = self.pass();
-        // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
-        unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, true, 0) }
+        // SAFETY: this function's contract.
+        unsafe { self.launch_grouped(kernel, cfg, args, true, 0) }
     }
 
     /// As [`CudaBackend::launch_cooperative`], with the blocks grouped into thread-block
@@ -442,10 +440,8 @@ impl CudaBackend {
         args: &[KernelArg],
         cluster: u32,
     ) -> Result<()> {
-        let f = self.checked_raw_function(kernel, &cfg, args)?;
-        let _pass = self.pass();
-        // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
-        unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, true, cluster) }
+        // SAFETY: this function's contract.
+        unsafe { self.launch_grouped(kernel, cfg, args, true, cluster) }
     }
 
     /// Launches an embedded kernel with its blocks grouped into thread-block clusters of
@@ -462,10 +458,29 @@ impl CudaBackend {
         args: &[KernelArg],
         cluster: u32,
     ) -> Result<()> {
+        // SAFETY: this function's contract.
+        unsafe { self.launch_grouped(kernel, cfg, args, false, cluster) }
+    }
+
+    /// The raw-driver launch of an embedded kernel, cooperative or not, in clusters of
+    /// `cluster` blocks along x (0: no clusters).
+    ///
+    /// # Safety
+    /// As [`CudaBackend::launch`].
+    unsafe fn launch_grouped(
+        &self,
+        kernel: &str,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+        cooperative: bool,
+        cluster: u32,
+    ) -> Result<()> {
         let f = self.checked_raw_function(kernel, &cfg, args)?;
         let _pass = self.pass();
         // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
-        unsafe { launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, false, cluster) }
+        unsafe {
+            launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, cooperative, cluster)
+        }
     }
 
     /// How many clusters of `cluster` blocks (`block` threads, `smem` bytes of dynamic shared
