@@ -228,8 +228,95 @@ impl MatmulOps for CpuBackend {
     }
 }
 
-/// Row-major (batched) SGEMM through `gemm`; transposes are expressed as strides.
+/// Which SGEMM computes a product (see [`sgemm_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SgemmPath {
+    /// The fast mode's own AVX2 kernel where it measured faster (an AVX2 host without
+    /// AVX-512, large shapes), else the `gemm` crate; always the crate in the exact mode.
+    #[default]
+    Auto,
+    /// The `gemm` crate (the exact mode's path).
+    Crate,
+    /// The own AVX2 + FMA kernel (`fast/sgemm.rs`); an error on hosts without AVX2 and FMA.
+    Own,
+}
+
+/// Row-major (batched) SGEMM, `C[b] = op(A[b])·op(B[b])` ([`SgemmPath::Auto`]).
 pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let own = fast::sgemm::choose(&spec).filter(|_| fast::fast());
+    if let Some(isa) = own {
+        if own_sgemm(isa, spec, a, b, c).is_ok() {
+            return;
+        }
+        // Only the packing scratch's allocation can fail: the crate needs less.
+    }
+    crate_sgemm(spec, a, b, c);
+}
+
+/// [`sgemm_rows`] through the given path (benchmarks and tests compare the paths). Errors with
+/// [`GpuError::InvalidArgument`] for [`SgemmPath::Own`] on a host without AVX2 and FMA, and
+/// with [`GpuError::OutOfMemory`] when the own kernel's packing scratch cannot be allocated.
+pub fn sgemm_with(
+    path: SgemmPath,
+    spec: MatmulSpec,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+) -> Result<()> {
+    match path {
+        SgemmPath::Auto => sgemm_rows(spec, a, b, c),
+        SgemmPath::Crate => crate_sgemm(spec, a, b, c),
+        SgemmPath::Own => {
+            let isa = fast::sgemm::Avx2Fma::detect().ok_or_else(|| GpuError::InvalidArgument {
+                op: "sgemm_with",
+                reason: "the own SGEMM needs AVX2 and FMA, which this host lacks".into(),
+            })?;
+            own_sgemm(isa, spec, a, b, c)?;
+        }
+    }
+    Ok(())
+}
+
+/// The own kernel over the batch.
+fn own_sgemm(
+    isa: fast::sgemm::Avx2Fma,
+    spec: MatmulSpec,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+) -> Result<()> {
+    use fast::sgemm::{sgemm, Blocking, View};
+    let MatmulSpec {
+        batch,
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+    } = spec;
+    let bl = Blocking::host();
+    for bi in 0..batch {
+        let (ab, bb) = (&a[bi * m * k..][..m * k], &b[bi * k * n..][..k * n]);
+        let cb = &mut c[bi * m * n..][..m * n];
+        let (rsa, csa) = if trans_a { (1, m) } else { (k, 1) };
+        let (rsb, csb) = if trans_b { (1, k) } else { (n, 1) };
+        let va = View {
+            data: ab,
+            rs: rsa,
+            cs: csa,
+        };
+        let vb = View {
+            data: bb,
+            rs: rsb,
+            cs: csb,
+        };
+        sgemm(isa, bl, (m, n, k), va, vb, cb)?;
+    }
+    Ok(())
+}
+
+/// Row-major (batched) SGEMM through `gemm`; transposes are expressed as strides.
+fn crate_sgemm(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
     let MatmulSpec {
         batch,
         m,

@@ -34,6 +34,7 @@ pub(crate) mod attention;
 pub(crate) mod math;
 pub(crate) mod optim;
 pub(crate) mod rows;
+pub(crate) mod sgemm;
 pub(crate) mod softmax;
 
 #[cfg(test)]
