@@ -1,6 +1,7 @@
 //! The CPU backend: always present, and the reference every CUDA kernel is tested against.
 //! Row-wise reductions accumulate in f64; matmul goes through the `gemm` crate's SGEMM (f32
-//! accumulation, AVX2/AVX-512 kernels chosen at run time, threaded with rayon).
+//! accumulation, AVX2/AVX-512 kernels chosen at run time, threaded with rayon), or in the fast
+//! mode on AVX2 hosts without AVX-512 through an own kernel ([`SgemmPath`]).
 //! The reference is the default ([`CpuMode::Exact`]); [`CpuMode::Fast`] (what the training
 //! binaries choose) runs f32 SIMD kernels for GELU, attention, LayerNorm and AdamW instead
 //! (`fast`, `docs/cpu-speed.md`).
@@ -232,7 +233,8 @@ impl MatmulOps for CpuBackend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SgemmPath {
     /// The fast mode's own AVX2 kernel where it measured faster (an AVX2 host without
-    /// AVX-512, large shapes), else the `gemm` crate; always the crate in the exact mode.
+    /// AVX-512; `m` ≥ 64, `n` and `k` ≥ 128), else the `gemm` crate; always the crate in the
+    /// exact mode (the reference the tests and the golden losses use).
     #[default]
     Auto,
     /// The `gemm` crate (the exact mode's path).

@@ -3,11 +3,13 @@
 //!
 //! - `jc`: blocks of [`Blocking::nc`] columns of C;
 //! - `pc`: blocks of [`Blocking::kc`] reduction steps; the `kc × nc` block of `op(B)` is packed
-//!   once, by both threads, into 16-column micro-panels (shared: it stays in L3);
+//!   once, by all threads, into 16-column micro-panels, which they share (it stays in L3; each
+//!   thread packing its own copy measured no faster);
 //! - the rows of C are split into one part per thread, each a multiple of 6 rows;
 //! - `ic`: blocks of [`Blocking::mc`] rows of a thread's part; its `mc × kc` block of `op(A)` is
 //!   packed into 6-row micro-panels (kept in that core's L2);
-//! - `jr`, `ir`: one B micro-panel (L1) against every A micro-panel of the block.
+//! - `jr`, `ir`: one B micro-panel against every A micro-panel of the block (the C tile of
+//!   the next call prefetched meanwhile).
 //!
 //! **Every output is one chain of fused multiply-adds in reduction order**, starting from 0:
 //! a later `kc` block reloads the f32 partial sum stored by the earlier one and continues the
@@ -31,17 +33,24 @@ use rayon::prelude::*;
 use std::cell::Cell;
 
 /// The own kernel for `spec` where it measured faster than the `gemm` crate: on hosts with AVX2
-/// and FMA but not AVX-512 (where the crate has its AVX-512 kernels), for products with every
-/// dimension at least [`MIN_DIM`]. `None` elsewhere.
+/// and FMA but not AVX-512 (where the crate has its AVX-512 kernels), for products of at least
+/// [`MIN_M`] rows and [`MIN_NK`] columns and reduction steps. `None` elsewhere.
 pub(crate) fn choose(spec: &MatmulSpec) -> Option<Avx2Fma> {
-    if super::Isa::best() != super::Isa::Avx2 || spec.m.min(spec.n).min(spec.k) < MIN_DIM {
+    if super::Isa::best() != super::Isa::Avx2 || spec.m < MIN_M || spec.n.min(spec.k) < MIN_NK {
         return None;
     }
     Avx2Fma::detect()
 }
 
-/// The least `m`, `n` and `k` for which [`choose`] picks the own kernel.
-pub(crate) const MIN_DIM: usize = 256;
+/// The least `m` for which [`choose`] picks the own kernel. On the AVX2 box (2 threads, calls
+/// alternating with the crate's, `gemm-shapes --compare`) the GPT's `65 × 128 × 768` ran 1.35×
+/// the crate's speed.
+pub(crate) const MIN_M: usize = 64;
+
+/// The least `n` and `k` for which [`choose`] picks the own kernel: there `n` = 65 (a 16-column
+/// panel with one real column) and `k` = 65 (a short chain per C tile) ran at 0.87–0.91× the
+/// crate's speed, `n`, `k` ≥ 128 at 1.00–1.22×.
+pub(crate) const MIN_NK: usize = 128;
 
 /// A strided matrix: element `(i, j)` at `data[i·rs + j·cs]`.
 #[derive(Debug, Clone, Copy)]
@@ -52,7 +61,7 @@ pub(crate) struct View<'a> {
 }
 
 /// Cache blocking: `mc` rows of A (a multiple of [`MR`]) × `kc` steps in L2, `kc × nc` of B in
-/// L3, `kc × NR` of B in L1.
+/// L3; the driver evens the blocks out (no thin last block), never above these sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Blocking {
     pub(crate) mc: usize,
@@ -61,13 +70,16 @@ pub(crate) struct Blocking {
 }
 
 impl Blocking {
-    /// From the data caches of one core (bytes): a B micro-panel (`kc × 16`) fills half of L1,
-    /// an A block (`mc × kc`) about half of L2, the shared B block (`kc × nc`) an eighth of L3.
+    /// From the cache sizes (bytes; L3 shared): an A micro-panel (`6 × kc`) fills about half
+    /// of L1 (rounded up to 128 steps: `kc` 768 for 32 KiB), the A block (`mc × kc`) half of
+    /// L2, the shared B block (`kc × nc`) a quarter of L3. Measured on the AVX2 box (2 threads,
+    /// against numpy in the same rounds): `kc` 512–1024 beat 256–384 by 5–10 % (fewer passes
+    /// over C); `mc` 48–96 made no difference that the box's noise showed.
     pub(crate) fn for_caches(l1: usize, l2: usize, l3: usize) -> Blocking {
         let f = std::mem::size_of::<f32>();
-        let kc = (l1 / 2 / (NR * f)).clamp(64, 512) / 8 * 8;
+        let kc = (l1 / 2 / (MR * f)).next_multiple_of(128).clamp(128, 2048);
         let mc = ((l2 / 2 / (kc * f)) / MR * MR).clamp(MR, 1020);
-        let nc = ((l3 / 8 / (kc * f)) / NR * NR).clamp(NR, 8192);
+        let nc = ((l3 / 4 / (kc * f)) / NR * NR).clamp(NR, 8192);
         Blocking { mc, kc, nc }
     }
 
@@ -143,9 +155,14 @@ pub(crate) fn sgemm(
     let threads = rayon::current_num_threads().clamp(1, m.div_ceil(MR));
     let part = m.div_ceil(threads).next_multiple_of(MR);
     let parts = m.div_ceil(part);
-    let kc = bl.kc.min(k);
-    let nc = bl.nc.min(n.next_multiple_of(NR));
-    let mc = bl.mc.min(part);
+    // Blocks of equal size (no thin last block), at most the blocking's.
+    let even = |len: usize, max: usize, unit: usize| {
+        let max = max.max(unit);
+        len.div_ceil(len.div_ceil(max)).next_multiple_of(unit)
+    };
+    let kc = even(k, bl.kc, 1);
+    let nc = even(n, bl.nc, NR);
+    let mc = even(part, bl.mc, MR);
     // Scratch: the B block, then one A block per part, each a multiple of ALIGN values.
     let b_len = (kc * nc.next_multiple_of(NR)).next_multiple_of(ALIGN);
     let a_len = (kc * mc.next_multiple_of(MR)).next_multiple_of(ALIGN);
@@ -182,7 +199,7 @@ pub(crate) fn sgemm(
                         let mb = mc.min(rows - ic);
                         let r0 = t * part + ic;
                         let ap = &mut ap[..mb.div_ceil(MR) * MR * kb];
-                        pack_a(ap, &a, r0..r0 + mb, ks.clone());
+                        pack_a(isa, ap, &a, r0..r0 + mb, ks.clone());
                         let cb = &mut cr[ic * n..(ic + mb) * n];
                         block(isa, kb, ap, bp, cb, n, jc..jc + nb, pc > 0);
                     }

@@ -122,7 +122,13 @@ unsafe fn tile_avx2(
 /// Packs rows `rows` × reduction steps `ks` of `op(A)` into consecutive micro-panels of
 /// [`MR`] rows (the last one zero-padded); `dst` holds `rows.len().div_ceil(MR) · MR · ks.len()`
 /// values.
-pub(crate) fn pack_a(dst: &mut [f32], a: &View, rows: Range<usize>, ks: Range<usize>) {
+pub(crate) fn pack_a(
+    isa: Avx2Fma,
+    dst: &mut [f32],
+    a: &View,
+    rows: Range<usize>,
+    ks: Range<usize>,
+) {
     let kb = ks.len();
     for (ip, panel) in dst.chunks_exact_mut(kb * MR).enumerate() {
         let r0 = rows.start + ip * MR;
@@ -130,11 +136,20 @@ pub(crate) fn pack_a(dst: &mut [f32], a: &View, rows: Range<usize>, ks: Range<us
         if a.cs == 1 && mr == MR {
             // Each row of op(A) is contiguous along k: read the six rows side by side.
             let row = |r: usize| &a.data[(r0 + r) * a.rs + ks.start..][..kb];
-            let rows = [row(0), row(1), row(2), row(3), row(4), row(5)];
-            for (p, d) in panel.chunks_exact_mut(MR).enumerate() {
-                let d: &mut [f32; MR] = d.try_into().expect("MR values");
-                for r in 0..MR {
-                    d[r] = rows[r][p];
+            let src = [row(0), row(1), row(2), row(3), row(4), row(5)];
+            let whole = kb / 8 * 8;
+            let _ = isa;
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `isa` proves AVX2 (`Avx2Fma::detect`); the rows hold `kb ≥ whole` values
+            // and the panel `kb·MR ≥ whole·MR`.
+            unsafe {
+                transpose6(src, whole, panel.as_mut_ptr());
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let whole = 0;
+            for (p, d) in panel.chunks_exact_mut(MR).enumerate().skip(whole) {
+                for (r, x) in d.iter_mut().enumerate() {
+                    *x = src[r][p];
                 }
             }
         } else {
@@ -144,6 +159,63 @@ pub(crate) fn pack_a(dst: &mut [f32], a: &View, rows: Range<usize>, ks: Range<us
                     *x = if r < mr { a.data[base + r * a.rs] } else { 0.0 };
                 }
             }
+        }
+    }
+}
+
+/// `dst[p·MR + r] = src[r][p]` for `p < len` (a multiple of 8), eight steps at a time: six rows
+/// and two zero rows transposed as an 8 × 8 block, each step stored as 4 + 2 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transpose6(src: [&[f32]; MR], len: usize, dst: *mut f32) {
+    // SAFETY (whole body): the caller guarantees src[r][..len] and dst[..len·MR] exist.
+    let zero = _mm256_setzero_ps();
+    for p in (0..len).step_by(8) {
+        let x: [__m256; 8] = [
+            _mm256_loadu_ps(src[0].as_ptr().add(p)),
+            _mm256_loadu_ps(src[1].as_ptr().add(p)),
+            _mm256_loadu_ps(src[2].as_ptr().add(p)),
+            _mm256_loadu_ps(src[3].as_ptr().add(p)),
+            _mm256_loadu_ps(src[4].as_ptr().add(p)),
+            _mm256_loadu_ps(src[5].as_ptr().add(p)),
+            zero,
+            zero,
+        ];
+        // Pairs of rows interleaved, then quadruples, then the 128-bit halves swapped.
+        let t0 = _mm256_unpacklo_ps(x[0], x[1]);
+        let t1 = _mm256_unpackhi_ps(x[0], x[1]);
+        let t2 = _mm256_unpacklo_ps(x[2], x[3]);
+        let t3 = _mm256_unpackhi_ps(x[2], x[3]);
+        let t4 = _mm256_unpacklo_ps(x[4], x[5]);
+        let t5 = _mm256_unpackhi_ps(x[4], x[5]);
+        let t6 = _mm256_unpacklo_ps(x[6], x[7]);
+        let t7 = _mm256_unpackhi_ps(x[6], x[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        // Step q's column (rows 0..8) is the 128-bit half q / 4 of (u_q%4, u_q%4+4).
+        let lo = [u0, u1, u2, u3];
+        let hi = [u4, u5, u6, u7];
+        let d = dst.add(p * MR);
+        for q in 0..4 {
+            let (a, b) = (lo[q], hi[q]);
+            // Step q: rows 0..4 in a's low half, rows 4..6 in b's low half; step q + 4: the
+            // high halves.
+            _mm_storeu_ps(d.add(q * MR), _mm256_castps256_ps128(a));
+            _mm_store_sd(
+                d.add(q * MR + 4) as *mut f64,
+                _mm_castps_pd(_mm256_castps256_ps128(b)),
+            );
+            _mm_storeu_ps(d.add((q + 4) * MR), _mm256_extractf128_ps::<1>(a));
+            _mm_store_sd(
+                d.add((q + 4) * MR + 4) as *mut f64,
+                _mm_castps_pd(_mm256_extractf128_ps::<1>(b)),
+            );
         }
     }
 }

@@ -282,9 +282,10 @@ fn fast_matmul_batches_and_empty_shapes() {
     }
     let mut rng = StdRng::seed_from_u64(seed(test));
     let cpu = CpuBackend;
-    let big = crate::cpu::fast::sgemm::MIN_DIM;
+    let big = crate::cpu::fast::sgemm::MIN_NK;
     for &(batch, m, n, k) in &[
         (3, 9, 20, 11),
+        (2, big - 1, big + 3, big + 1),
         (2, big, big + 3, big + 1),
         (2, 5, 7, 0),
         (2, 0, 7, 3),
