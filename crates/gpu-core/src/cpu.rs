@@ -1,6 +1,7 @@
 //! The CPU backend: always present, and the reference every CUDA kernel is tested against.
 //! Row-wise reductions accumulate in f64; matmul goes through the `gemm` crate's SGEMM (f32
-//! accumulation, AVX2/AVX-512 kernels chosen at run time, threaded with rayon).
+//! accumulation, AVX2/AVX-512 kernels chosen at run time, threaded with rayon), or in the fast
+//! mode on AVX2 hosts without AVX-512 through an own kernel ([`SgemmPath`]).
 //! The reference is the default ([`CpuMode::Exact`]); [`CpuMode::Fast`] (what the training
 //! binaries choose) runs f32 SIMD kernels for GELU, attention, LayerNorm and AdamW instead
 //! (`fast`, `docs/cpu-speed.md`).
@@ -228,8 +229,96 @@ impl MatmulOps for CpuBackend {
     }
 }
 
-/// Row-major (batched) SGEMM through `gemm`; transposes are expressed as strides.
+/// Which SGEMM computes a product (see [`sgemm_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SgemmPath {
+    /// The fast mode's own AVX2 kernel where it measured faster (an AVX2 host without
+    /// AVX-512; `m` ≥ 64, `n` and `k` ≥ 128), else the `gemm` crate; always the crate in the
+    /// exact mode (the reference the tests and the golden losses use).
+    #[default]
+    Auto,
+    /// The `gemm` crate (the exact mode's path).
+    Crate,
+    /// The own AVX2 + FMA kernel (`fast/sgemm.rs`); an error on hosts without AVX2 and FMA.
+    Own,
+}
+
+/// Row-major (batched) SGEMM, `C[b] = op(A[b])·op(B[b])` ([`SgemmPath::Auto`]).
 pub fn sgemm_rows(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let own = fast::sgemm::choose(&spec).filter(|_| fast::fast());
+    if let Some(isa) = own {
+        if own_sgemm(isa, spec, a, b, c).is_ok() {
+            return;
+        }
+        // Only the packing scratch's allocation can fail: the crate needs less.
+    }
+    crate_sgemm(spec, a, b, c);
+}
+
+/// [`sgemm_rows`] through the given path (benchmarks and tests compare the paths). Errors with
+/// [`GpuError::InvalidArgument`] for [`SgemmPath::Own`] on a host without AVX2 and FMA, and
+/// with [`GpuError::OutOfMemory`] when the own kernel's packing scratch cannot be allocated.
+pub fn sgemm_with(
+    path: SgemmPath,
+    spec: MatmulSpec,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+) -> Result<()> {
+    match path {
+        SgemmPath::Auto => sgemm_rows(spec, a, b, c),
+        SgemmPath::Crate => crate_sgemm(spec, a, b, c),
+        SgemmPath::Own => {
+            let isa = fast::sgemm::Avx2Fma::detect().ok_or_else(|| GpuError::InvalidArgument {
+                op: "sgemm_with",
+                reason: "the own SGEMM needs AVX2 and FMA, which this host lacks".into(),
+            })?;
+            own_sgemm(isa, spec, a, b, c)?;
+        }
+    }
+    Ok(())
+}
+
+/// The own kernel over the batch.
+fn own_sgemm(
+    isa: fast::sgemm::Avx2Fma,
+    spec: MatmulSpec,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+) -> Result<()> {
+    use fast::sgemm::{sgemm, Blocking, View};
+    let MatmulSpec {
+        batch,
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+    } = spec;
+    let bl = Blocking::host();
+    for bi in 0..batch {
+        let (ab, bb) = (&a[bi * m * k..][..m * k], &b[bi * k * n..][..k * n]);
+        let cb = &mut c[bi * m * n..][..m * n];
+        let (rsa, csa) = if trans_a { (1, m) } else { (k, 1) };
+        let (rsb, csb) = if trans_b { (1, k) } else { (n, 1) };
+        let va = View {
+            data: ab,
+            rs: rsa,
+            cs: csa,
+        };
+        let vb = View {
+            data: bb,
+            rs: rsb,
+            cs: csb,
+        };
+        sgemm(isa, bl, (m, n, k), va, vb, cb)?;
+    }
+    Ok(())
+}
+
+/// Row-major (batched) SGEMM through `gemm`; transposes are expressed as strides.
+fn crate_sgemm(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
     let MatmulSpec {
         batch,
         m,

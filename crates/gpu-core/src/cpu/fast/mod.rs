@@ -7,8 +7,10 @@
 //! **Two modes.** [`CpuMode::Exact`] is the reference every CUDA kernel is tested against: row
 //! reductions and transcendentals in f64, rounded once. [`CpuMode::Fast`] computes in f32 as
 //! PyTorch's CPU kernels do (polynomial `exp` and `erfc`, f32 sums in a fixed lane order).
-//! Ops without a fast kernel, and every op whose exact form is already f32 (matmul, binary
-//! ops, copies), behave the same in both modes.
+//! Ops without a fast kernel, and every op whose exact form is already f32 (binary ops, copies),
+//! behave the same in both modes. Matmul does too, except on hosts with AVX2 and FMA but not
+//! AVX-512, where the fast mode runs its larger products through an own kernel (`sgemm.rs`:
+//! one FMA chain per output, so the same bits at every thread count and blocking).
 //!
 //! **Choosing.** The process-wide mode is `Exact` unless [`set_mode`] changes it; the training
 //! binaries choose `Fast` (their `--cpu-mode` flag, or `HYBRID_CPU_MODE=exact|fast`).
@@ -34,6 +36,7 @@ pub(crate) mod attention;
 pub(crate) mod math;
 pub(crate) mod optim;
 pub(crate) mod rows;
+pub(crate) mod sgemm;
 pub(crate) mod softmax;
 
 #[cfg(test)]
