@@ -32,10 +32,7 @@ extern "C" __global__ void dropout_f32(const float* __restrict__ x, float* __res
 extern "C" __global__ void randn_f32(float* __restrict__ out, u64 n, u64 seed) {
     const u64 stride = grid_threads();
     for (u64 i = global_tid(); i < n; i += stride) {
-        u64 z = seed ^ (i * 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
+        const u64 z = splitmix_at(seed, i);
         const float u1 = ((float)(u32)(z >> 40) + 1.0f) * (1.0f / 16777216.0f);
         const float u2 = (float)(u32)(z & 0xFFFFFFull) * (1.0f / 16777216.0f);
         out[i] = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);

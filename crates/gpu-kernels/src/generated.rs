@@ -62,7 +62,7 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_elementwise",
         ptx: include_str!("../kernels/nn_elementwise.ptx"),
         fatbin: include_bytes!("../kernels/nn_elementwise.fatbin"),
-        source_sha256: "7f8b19384f47a190b9dc936e6bb6bdad03cece4cf82daf94e70dcfea902d0eea",
+        source_sha256: "7b10d2b6304e954d78b70efc073762a3e805f56586842105b92ee249f10c0552",
         ptx_sha256: "9fea57130d8094134b3d76cf7064f4b2e8b1a1eba4bf61c016ede09032479545",
         fatbin_sha256: "fa3b07bf7a1d7111d053b2d2e9364717548fffe8cc1df012cdaadbae00b75f70",
         kernels: &["act_bwd_exp_f32", "act_bwd_gelu_f32", "act_bwd_log_f32", "act_bwd_relu_f32", "act_bwd_sigmoid_f32", "act_bwd_silu_f32", "act_bwd_tanh_f32", "act_fwd_exp_f32", "act_fwd_gelu_f32", "act_fwd_log_f32", "act_fwd_relu_f32", "act_fwd_sigmoid_f32", "act_fwd_silu_f32", "act_fwd_tanh_f32", "affine_f32", "binary_2d_add_f32", "binary_2d_div_f32", "binary_2d_mul_f32", "binary_2d_sub_f32", "binary_nd_add_f32", "binary_nd_div_f32", "binary_nd_mul_f32", "binary_nd_sub_f32", "binary_same_add_f32", "binary_same_div_f32", "binary_same_mul_f32", "binary_same_sub_f32", "copy_blocks4_f32", "copy_blocks_f32", "dropout_f32", "permute4_f32", "permute_f32", "permute_tile_f32", "randn_f32"],

@@ -8,7 +8,7 @@ use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::elementwise::{
     check_broadcast, check_cast, check_copy_blocks, check_dropout, check_max_axis_bwd,
-    check_permute, check_reduce, dropout_keep, Activation, BinaryKind, ElementwiseOps, ReduceKind,
+    check_permute, check_reduce, dropout_keep8, Activation, BinaryKind, ElementwiseOps, ReduceKind,
 };
 use crate::ops::check_float_elementwise;
 
@@ -347,8 +347,13 @@ impl ElementwiseOps for CpuBackend {
         let s = 1.0f32 / (1.0f32 - p);
         let x = x.as_f32()?;
         for_chunks(out.as_f32_mut()?, |off, o| {
-            for (i, (o, &v)) in (off..).zip(o.iter_mut().zip(&x[off..])) {
-                *o = if dropout_keep(seed, i as u64, p) {
+            // One hash for each eight elements (dropout_keep8), whatever the chunk's offset.
+            let mut mask = (u64::MAX, 0u8);
+            for (i, (o, &v)) in (off as u64..).zip(o.iter_mut().zip(&x[off..])) {
+                if mask.0 != i / 8 {
+                    mask = (i / 8, dropout_keep8(seed, i / 8, p));
+                }
+                *o = if (mask.1 >> (i % 8)) & 1 == 1 {
                     v * s
                 } else {
                     0.0

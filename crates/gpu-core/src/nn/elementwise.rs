@@ -159,14 +159,24 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 /// `(seed ^ DROPOUT_LOW_KEY, i)`, are drawn only where that byte ties with `t`'s top byte (one
 /// element in 256). CUDA kernels compute exactly this.
 pub fn dropout_keep(seed: u64, i: u64, p: f32) -> bool {
+    (dropout_keep8(seed, i / 8, p) >> (i % 8)) & 1 == 1
+}
+
+/// The keep decisions of elements `8j .. 8j + 7` ([`dropout_keep`]) as the bits of a byte,
+/// bit `e` for element `8j + e`: one hash for the eight.
+pub fn dropout_keep8(seed: u64, j: u64, p: f32) -> u8 {
     // p·2^24 is exact in f32; an integer u is >= it exactly when u >= its ceiling.
     let t = (p * (1u32 << 24) as f32).ceil() as u32;
-    let b = ((splitmix(seed, i / 8) >> (8 * (i % 8))) & 0xFF) as u32;
-    let tb = t >> 16;
-    if b != tb {
-        return b > tb;
-    }
-    ((splitmix(seed ^ DROPOUT_LOW_KEY, i) >> 48) as u32) >= (t & 0xFFFF)
+    let (z, tb) = (splitmix(seed, j), t >> 16);
+    (0..8).fold(0u8, |mask, e| {
+        let b = ((z >> (8 * e)) & 0xFF) as u32;
+        let keep = if b != tb {
+            b > tb
+        } else {
+            ((splitmix(seed ^ DROPOUT_LOW_KEY, 8 * j + e) >> 48) as u32) >= (t & 0xFFFF)
+        };
+        mask | (keep as u8) << e
+    })
 }
 
 /// The key of the second hash [`dropout_keep`] draws on a tie.

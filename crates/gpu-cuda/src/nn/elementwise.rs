@@ -17,7 +17,10 @@ use gpu_core::ops::check_float_elementwise;
 use gpu_core::{BufferInfo, DType, GpuError, Result};
 use plan::BinaryPath;
 #[cfg(test)]
-use {plan::ReduceLoads, reduce::reduce_kernel};
+use {
+    plan::ReduceLoads,
+    reduce::{reduce_cluster_kernel, reduce_kernel},
+};
 
 /// Threads per block of the streaming kernels.
 const BLOCK: u32 = 256;
@@ -93,11 +96,7 @@ fn vocabulary_kernels() -> Vec<String> {
                 v.push(reduce_kernel(kind, loads, DType::F32, dtype));
             }
             for (from, to) in [(dtype, dtype), (dtype, DType::F32), (DType::F32, dtype)] {
-                v.push(reduce_kernel(kind, ReduceLoads::Cols, from, to).replacen(
-                    "reduce_colsv_",
-                    "reduce_cluster_colsv_",
-                    1,
-                ));
+                v.push(reduce_cluster_kernel(kind, from, to));
             }
         }
         for k in ["affine", "dropout", "max_axis_bwd"] {

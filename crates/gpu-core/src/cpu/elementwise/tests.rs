@@ -1,4 +1,5 @@
 use super::*;
+use crate::nn::elementwise::dropout_keep;
 use crate::{Backend, DType, GpuError};
 
 fn run_binary(op: BinaryKind, a: &[f32], sa: &[usize], b: &[f32], sb: &[usize]) -> Vec<f32> {

@@ -13,15 +13,25 @@ use gpu_core::{Backend, BufferInfo, DType, Result};
 /// The reduction kernel of `kind` (`sum` or `max`) reading as `loads` says, reading `from`
 /// and writing `to` (the f32 partials of a split reduction sit between the two passes).
 pub(super) fn reduce_kernel(kind: &str, loads: ReduceLoads, from: DType, to: DType) -> String {
-    let types = if from == to {
+    let prefix = match loads {
+        ReduceLoads::Scalar => "reduce_",
+        ReduceLoads::Rows => "reduce_rowsv_",
+        ReduceLoads::Cols => "reduce_colsv_",
+    };
+    format!("{prefix}{kind}_{}", reduce_types(from, to))
+}
+
+/// The cluster form of the 16-byte column kernel (`reduce_cluster_colsv_*`).
+pub(super) fn reduce_cluster_kernel(kind: &str, from: DType, to: DType) -> String {
+    format!("reduce_cluster_colsv_{kind}_{}", reduce_types(from, to))
+}
+
+/// A reduction kernel's type suffix: `f32`, `bf16`, or `{from}_{to}` when they differ.
+fn reduce_types(from: DType, to: DType) -> String {
+    if from == to {
         from.to_string()
     } else {
         format!("{from}_{to}")
-    };
-    match loads {
-        ReduceLoads::Scalar => format!("reduce_{kind}_{types}"),
-        ReduceLoads::Rows => format!("reduce_rowsv_{kind}_{types}"),
-        ReduceLoads::Cols => format!("reduce_colsv_{kind}_{types}"),
     }
 }
 
@@ -77,11 +87,7 @@ impl CudaBackend {
         c: &plan::ClusterPlan,
         divisor: f32,
     ) -> Result<()> {
-        let kernel = reduce_kernel(kind, ReduceLoads::Cols, x.dtype(), out.dtype()).replacen(
-            "reduce_colsv_",
-            "reduce_cluster_colsv_",
-            1,
-        );
+        let kernel = reduce_cluster_kernel(kind, x.dtype(), out.dtype());
         let cfg = LaunchConfig {
             grid_dim: (c.grid_x, 1, 1),
             block_dim: (REDUCE_THREADS as u32, 1, 1),
