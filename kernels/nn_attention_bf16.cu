@@ -6,10 +6,12 @@
 // buffers 256-byte aligned, strides multiples of 64), so rows move as 16-byte chunks.
 //
 // Arithmetic: bf16 operands, f32 accumulation (mma.sync m16n8k16 bf16), softmax in f32 (base 2).
-//   forward   S = q·kᵀ; online softmax with running max m and per-thread partial sums l of the
-//             unrounded f32 probabilities; P rounded to bf16 for P·V; out = O/l rounded once to
-//             bf16; lse = ln Σ exp(scale·q·k) in f32.
-//   backward  P = exp(scale·q·k − lse) in f32, dP = dout·vᵀ, dS = P∘(dP − delta) in f32 with
+//   forward   S = q·kᵀ; online softmax in base 2 (each term 2^(S·scale·log2 e − m) as one FFMA
+//             and one ex2.approx.ftz: terms below 2^-126 of the row's largest are 0) with
+//             running max m and per-thread partial sums l of the unrounded f32 probabilities; P
+//             rounded to bf16 for P·V; out = O/l rounded once to bf16; lse = ln Σ exp(scale·q·k)
+//             in f32.
+//   backward  P = exp(scale·q·k − lse) in f32 (base 2, one FFMA and one ex2.approx.ftz), dP = dout·vᵀ, dS = P∘(dP − delta) in f32 with
 //             delta_i = Σ_c dout_ic·out_ic (f32); P and dS rounded to bf16 as the operands of
 //             dq = scale·dS·k, dk = scale·dSᵀ·q, dv = Pᵀ·dout, each rounded once at the store.
 // Masked entries never influence a result, as in the f32 kernels: in every sequence out_i, lse_i
@@ -27,6 +29,9 @@
 // Finite inputs take the original products, so their results are bit-identical; rows that do
 // not see the non-finite position keep their bits too.
 //
+// Each key (query) tile step is compiled once for the tiles off the diagonal and once per warp
+// for the diagonal tile (fwd_tile, dq_tile, dkdv_tile with a compile-time warp), so that no
+// 16-column block test or mask test runs where every entry is visible.
 // Tiling: blocks of 128 threads = 4 warps; a block owns a tile of 64 rows (queries in the forward
 // and the dq pass, keys in the dk/dv pass) and each warp 16 of them; the other side is walked in
 // tiles of 64. Tiles live in shared memory as 64 rows of eight 16-byte chunks, chunk ch of row r at
@@ -302,6 +307,77 @@ static __device__ __forceinline__ void zero(float (&x)[8][4]) {
         for (int e = 0; e < 4; ++e) x[j][e] = 0.f;
 }
 
+// 2^x on the special-function unit alone (ex2.approx.ftz, ~2 ulp): exp2f is the same instruction
+// with a rescale around it for results in the subnormal range; here those come out as 0 (below
+// 2^-126 next to the row's largest term, 1).
+static __device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// One key tile of the forward for a warp's 16 rows: S = Q·Kᵀ, the online softmax update of m, l
+// and o, and o += P·V. W = -1: a tile below the diagonal (every key visible); W = 0..3: the
+// diagonal tile of warp W, whose rows see its 16-key blocks 0 ..= W (the later ones are skipped,
+// the diagonal block masked per element). A compile-time W keeps each case free of branches.
+template <int W>
+static __device__ __forceinline__ void fwd_tile(float (&o)[8][4], float (&m)[2], float (&l)[2],
+                                                const u32 (&qf)[4][4], u32 tk, u32 tv, int lane,
+                                                float sl2) {
+    constexpr bool diag = W >= 0;
+    constexpr int jhi = diag ? W : 3;
+    const int g = lane >> 2, c = lane & 3;
+    const bool bad = diag && chunk_nonfinite(tv, jhi, lane);
+
+    float s[8][4];
+    zero(s);
+    mma_abt(s, qf, tk, lane, 0, jhi);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int rl = 16 * jhi + g + 8 * h;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                mx = fmaxf(mx, diag && 8 * j + 2 * c + e > rl ? -INFINITY : s[j][2 * h + e]);
+        // The row's largest scaled score (sl2 >= 0), finite for finite inputs: key 0 is
+        // visible to every row in the first tile.
+        const float mnew = fmaxf(m[h], quad_max(mx) * sl2);
+        const float alpha = ex2_ftz(m[h] - mnew);
+        m[h] = mnew;
+        float ls = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                // Masked keys get an exact 0 (a select: with scale 0 their scores would
+                // otherwise meet 0·inf).
+                const float p = diag && 8 * j + 2 * c + e > rl
+                                    ? 0.f
+                                    : ex2_ftz(fmaf(s[j][2 * h + e], sl2, -mnew));
+                ls += p;
+                s[j][2 * h + e] = p;
+            }
+        l[h] = l[h] * alpha + ls;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            o[j][2 * h] *= alpha;
+            o[j][2 * h + 1] *= alpha;
+        }
+    }
+    u32 pf[4][4];
+    c_to_a(pf, s);
+    // Non-finite V on the warp's diagonal block: that k16 step on its own, last, as in the order
+    // of mma_ax (the same bits for every row that does not see the non-finite keys).
+    if (!bad) {
+        mma_ax(o, pf, tv, lane, 0, jhi);
+    } else {
+        mma_ax(o, pf, tv, lane, 0, jhi - 1);
+        mma_diag<true>(o, pf, tv, lane, jhi);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward: one block per (sequence, 64-row query tile); key tiles 0 ..= the diagonal one.
 extern "C" __global__ void __launch_bounds__(NT)
@@ -319,7 +395,9 @@ extern "C" __global__ void __launch_bounds__(NT)
     const size_t base = (size_t)(seq / heads) * t * ld_in + (size_t)(seq % heads) * 64;
     const size_t obase = (size_t)(seq / heads) * t * ld_out + (size_t)(seq % heads) * 64;
     const int li = (int)ld_in;
-    const float sl2 = scale * ATB_LOG2E;
+    // Scores are kept unscaled and scaled by |scale| inside each exponent (one FFMA); a negative
+    // scale flips the sign of Q instead (exact in bf16, and so in every product and sum).
+    const float sl2 = fabsf(scale) * ATB_LOG2E;
 
     tile_async(sQ, q + base, q0, t, li);
     tile_async(sK, k + base, 0, t, li);
@@ -340,57 +418,25 @@ extern "C" __global__ void __launch_bounds__(NT)
             cp_wait<0>();
         }
         __syncthreads();
-        if (kt == 0) load_a(qf, sQ, 16 * w, lane);
-        const bool diag = kt == qt;
-        const int jhi = diag ? w : 3;  // 16-key blocks past the warp's last row are all masked
-        const bool bad = diag && chunk_nonfinite(sV + buf, w, lane);
-
-        float s[8][4];
-        zero(s);
-        mma_abt(s, qf, sK + buf, lane, 0, jhi);
+        if (kt == 0) {
+            load_a(qf, sQ, 16 * w, lane);
+            if (scale < 0.f) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int rl = 16 * w + g + 8 * h;
-            float mx = -INFINITY;
+                for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float x = s[j][2 * h + e] * sl2;
-                    if (diag && 8 * j + 2 * c + e > rl) x = -INFINITY;
-                    s[j][2 * h + e] = x;
-                    mx = fmaxf(mx, x);
-                }
-            mx = quad_max(mx);
-            // Finite for finite inputs: key 0 is visible to every row in the first tile.
-            const float mnew = fmaxf(m[h], mx);
-            const float alpha = exp2f(m[h] - mnew);
-            m[h] = mnew;
-            float ls = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float p = exp2f(s[j][2 * h + e] - mnew);
-                    ls += p;
-                    s[j][2 * h + e] = p;
-                }
-            l[h] = l[h] * alpha + ls;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                o[j][2 * h] *= alpha;
-                o[j][2 * h + 1] *= alpha;
+                    for (int i = 0; i < 4; ++i) qf[kk][i] ^= 0x80008000u;
             }
         }
-        u32 pf[4][4];
-        c_to_a(pf, s);
-        // Non-finite V on the warp's diagonal block: that k16 step (w) on its own, last, as in the
-        // order of mma_ax (the same bits for every row that does not see the non-finite keys).
-        if (!bad) {
-            mma_ax(o, pf, sV + buf, lane, 0, jhi);
+        const u32 tk = sK + buf, tv = sV + buf;
+        if (kt < qt) {
+            fwd_tile<-1>(o, m, l, qf, tk, tv, lane, sl2);
         } else {
-            mma_ax(o, pf, sV + buf, lane, 0, w - 1);
-            mma_diag<true>(o, pf, sV + buf, lane, w);
+            switch (w) {  // the diagonal tile, one compiled case a warp
+            case 0: fwd_tile<0>(o, m, l, qf, tk, tv, lane, sl2); break;
+            case 1: fwd_tile<1>(o, m, l, qf, tk, tv, lane, sl2); break;
+            case 2: fwd_tile<2>(o, m, l, qf, tk, tv, lane, sl2); break;
+            default: fwd_tile<3>(o, m, l, qf, tk, tv, lane, sl2); break;
+            }
         }
         __syncthreads();  // before the buffers are refilled
     }
@@ -406,6 +452,37 @@ extern "C" __global__ void __launch_bounds__(NT)
     store_rows(out + obase, o, inv[0], inv[1], sQ, 16 * w, q0, t, (int)ld_out, lane);
 }
 
+// One key tile of dq for a warp's 16 rows (W as in fwd_tile): P = 2^(S·scale·log2 e − lse·log2 e),
+// dS = P∘(dP − delta) (exact zeros where masked or past the sequence's end), acc += dS·K; the
+// diagonal k16 step on its own, last, as in the order of mma_ax.
+template <int W>
+static __device__ __forceinline__ void dq_tile(float (&acc)[8][4], const u32 (&qf)[4][4],
+                                               const u32 (&of)[4][4], u32 tk, u32 tv, int lane,
+                                               float sl2, const float (&lse2)[2],
+                                               const float (&dlt)[2], int rows_left) {
+    constexpr bool diag = W >= 0;
+    constexpr int jhi = diag ? W : 3;
+    const int g = lane >> 2, c = lane & 3;
+    float s[8][4], dp[8][4];
+    zero(s);
+    zero(dp);
+    mma_abt(s, qf, tk, lane, 0, jhi);
+    mma_abt(dp, of, tv, lane, 0, jhi);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const int h = x >> 1, rw = g + 8 * h, cl = 8 * j + 2 * c + (x & 1);
+            const bool vis = (!diag || cl <= 16 * jhi + rw) && rw < rows_left;
+            const float p = vis ? ex2_ftz(fmaf(s[j][x], sl2, -lse2[h])) : 0.f;
+            s[j][x] = vis ? p * (dp[j][x] - dlt[h]) : 0.f;
+        }
+    u32 dsf[4][4];
+    c_to_a(dsf, s);
+    mma_ax(acc, dsf, tk, lane, 0, jhi - (diag ? 1 : 0));
+    if (diag) mma_diag<true>(acc, dsf, tk, lane, jhi);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Backward, dq: one block per (sequence, 64-row query tile), key tiles 0 ..= the diagonal one.
 // Also writes delta for its rows (computed first, from out and dout in global memory).
@@ -418,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     (void)d_;
     const u32 sQ = smem_addr(smem), sdO = sQ + TILE_BYTES, sK = sQ + 2 * TILE_BYTES,
               sV = sQ + 4 * TILE_BYTES;
-    const int t = (int)t_, lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int t = (int)t_, lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2;
     const int nqt = (t + TR - 1) / TR;
     const u32 seq = blockIdx.x % n;
     const int qt = nqt - 1 - (int)(blockIdx.x / n);
@@ -482,39 +559,74 @@ extern "C" __global__ void __launch_bounds__(NT)
             load_a(qf, sQ, 16 * w, lane);
             load_a(of, sdO, 16 * w, lane);
         }
-        const bool diag = kt == qt;
-        const int jhi = diag ? w : 3;
-
-        float s[8][4], dp[8][4];
-        zero(s);
-        zero(dp);
-        mma_abt(s, qf, sK + buf, lane, 0, jhi);
-        mma_abt(dp, of, sV + buf, lane, 0, jhi);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                const int h = x >> 1, rl = 16 * w + g + 8 * h, cl = 8 * j + 2 * c + (x & 1);
-                const bool vis = (!diag || cl <= rl) && q0 + rl < t;
-                const float p = vis ? exp2f(s[j][x] * sl2 - lse2[h]) : 0.f;
-                s[j][x] = vis ? p * (dp[j][x] - dlt[h]) : 0.f;
+        const u32 tk = sK + buf, tv = sV + buf;
+        const int rows_left = t - q0 - 16 * w;  // rows of the warp inside the sequence: > g + 8h
+        if (kt < qt) {
+            dq_tile<-1>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left);
+        } else {
+            switch (w) {  // the diagonal tile, one compiled case a warp
+            case 0: dq_tile<0>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left); break;
+            case 1: dq_tile<1>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left); break;
+            case 2: dq_tile<2>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left); break;
+            default: dq_tile<3>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left); break;
             }
-        u32 dsf[4][4];
-        c_to_a(dsf, s);
-        // The diagonal k16 step (w) on its own, last, as in the order of mma_ax.
-        mma_ax(acc, dsf, sK + buf, lane, 0, diag ? w - 1 : 3);
-        if (diag) mma_diag<true>(acc, dsf, sK + buf, lane, w);
+        }
         __syncthreads();
     }
     store_rows(dq + base, acc, scale, scale, sQ, 16 * w, q0, t, li, lane);
 }
 
+// One query tile of dk and dv for a warp's 16 key rows (W = -1: a tile after the diagonal, every
+// query sees every key; W = 0..3: the diagonal tile of warp W, whose keys are seen by its 16-query
+// blocks W ..= 3). ld: the tile's lse (natural log) then delta, TR floats each. Non-finite dO or Q
+// on the warp's diagonal block: that k16 step on its own, first, as in the order of mma_ax (the
+// same bits for every row that does not see the non-finite queries).
+template <int W>
+static __device__ __forceinline__ void dkdv_tile(float (&gk)[8][4], float (&gv)[8][4],
+                                                 const u32 (&kf)[4][4], const u32 (&vf)[4][4],
+                                                 u32 tq, u32 tdo, const float* ld, int lane,
+                                                 float sl2, int cols_left) {
+    constexpr bool diag = W >= 0;
+    constexpr int jlo = diag ? W : 0;  // 16-query blocks before the warp's first key are masked
+    const int g = lane >> 2, c = lane & 3;
+    const bool bad = diag && (chunk_nonfinite(tdo, jlo, lane) | chunk_nonfinite(tq, jlo, lane));
+
+    float s[8][4], dp[8][4];
+    zero(s);
+    zero(dp);
+    mma_abt(s, kf, tq, lane, jlo, 3);
+    mma_abt(dp, vf, tdo, lane, jlo, 3);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const int kl = g + 8 * (x >> 1), ql = 8 * j + 2 * c + (x & 1);
+            const bool vis = (!diag || 16 * jlo + kl <= ql) && ql < cols_left;
+            const float p = vis ? ex2_ftz(fmaf(s[j][x], sl2, -ld[ql] * ATB_LOG2E)) : 0.f;
+            s[j][x] = p;
+            dp[j][x] = vis ? p * (dp[j][x] - ld[TR + ql]) : 0.f;
+        }
+    u32 pf[4][4], dsf[4][4];
+    c_to_a(pf, s);
+    c_to_a(dsf, dp);
+    if (!bad) {
+        mma_ax(gv, pf, tdo, lane, jlo, 3);
+        mma_ax(gk, dsf, tq, lane, jlo, 3);
+    } else {
+        mma_diag<false>(gv, pf, tdo, lane, jlo);
+        mma_diag<false>(gk, dsf, tq, lane, jlo);
+        mma_ax(gv, pf, tdo, lane, jlo + 1, 3);
+        mma_ax(gk, dsf, tq, lane, jlo + 1, 3);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Backward, dk and dv: one block per (sequence, 64-row key tile), query tiles from the diagonal
 // one to the end. Rows are keys and score columns queries: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ,
-// dv = Pᵀ·dO, dk = scale·dSᵀ·Q. K and V fragments stay in registers. Three blocks per SM (168
-// registers, about 340 bytes spilled) beat two at 226 registers by 14% on an H100 (B64 H6 T256).
-extern "C" __global__ void __launch_bounds__(NT, 3)
+// dv = Pᵀ·dO, dk = scale·dSᵀ·Q. K and V fragments stay in registers. Two blocks per SM (244
+// registers, no spills) ran 1% faster than three (168 registers, 136 bytes spilled) on an H200
+// (B64 H6 T256), once each tile's case was compiled on its own (dkdv_tile).
+extern "C" __global__ void __launch_bounds__(NT, 2)
     attn_bwd_dkdv_d64_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                            const float* __restrict__ lse, const bf16* __restrict__ dout,
                            const float* __restrict__ delta, bf16* __restrict__ dk, bf16* __restrict__ dv,
@@ -523,7 +635,7 @@ extern "C" __global__ void __launch_bounds__(NT, 3)
     __shared__ __align__(16) float sLD[2][2][TR];                  // [buffer][lse, delta][query]
     (void)d_;
     const u32 sQ = smem_addr(smem), sdO = sQ + 2 * TILE_BYTES;
-    const int t = (int)t_, lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int t = (int)t_, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int nt = (t + TR - 1) / TR;
     const u32 seq = blockIdx.x % n;
     const int kt0 = (int)(blockIdx.x / n);  // low key tiles see the most queries: first
@@ -568,40 +680,17 @@ extern "C" __global__ void __launch_bounds__(NT, 3)
             cp_wait<0>();
         }
         __syncthreads();
-        const int q0 = qt * TR;
-        const bool diag = qt == kt0;
-        const int jlo = diag ? w : 0;  // 16-query blocks before the warp's first key are masked
-        const bool bad = diag && (chunk_nonfinite(sdO + buf, w, lane) | chunk_nonfinite(sQ + buf, w, lane));
-
-        float s[8][4], dp[8][4];
-        zero(s);
-        zero(dp);
-        mma_abt(s, kf, sQ + buf, lane, jlo, 3);
-        mma_abt(dp, vf, sdO + buf, lane, jlo, 3);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                const int h = x >> 1, kl = 16 * w + g + 8 * h, ql = 8 * j + 2 * c + (x & 1);
-                const bool vis = (!diag || kl <= ql) && q0 + ql < t;
-                const float p = vis ? exp2f(s[j][x] * sl2 - sLD[b][0][ql] * ATB_LOG2E) : 0.f;
-                s[j][x] = p;
-                dp[j][x] = vis ? p * (dp[j][x] - sLD[b][1][ql]) : 0.f;
-            }
-        u32 pf[4][4], dsf[4][4];
-        c_to_a(pf, s);
-        c_to_a(dsf, dp);
-        // Non-finite dO or Q on the warp's diagonal block: that k16 step (w) on its own, first, as
-        // in the order of mma_ax (the same bits for every row that does not see the non-finite
-        // queries).
-        if (!bad) {
-            mma_ax(gv, pf, sdO + buf, lane, jlo, 3);
-            mma_ax(gk, dsf, sQ + buf, lane, jlo, 3);
+        const float* ld = &sLD[b][0][0];
+        const int cols_left = t - qt * TR;  // queries of the tile inside the sequence: > ql
+        if (qt > kt0) {
+            dkdv_tile<-1>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left);
         } else {
-            mma_diag<false>(gv, pf, sdO + buf, lane, w);
-            mma_diag<false>(gk, dsf, sQ + buf, lane, w);
-            mma_ax(gv, pf, sdO + buf, lane, w + 1, 3);
-            mma_ax(gk, dsf, sQ + buf, lane, w + 1, 3);
+            switch (w) {  // the diagonal tile, one compiled case a warp
+            case 0: dkdv_tile<0>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left); break;
+            case 1: dkdv_tile<1>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left); break;
+            case 2: dkdv_tile<2>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left); break;
+            default: dkdv_tile<3>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left); break;
+            }
         }
         __syncthreads();
     }

@@ -8,14 +8,14 @@
 //! error for head width 64 and ≤ 256 keys). The kernel and the reference differ only in where
 //! they round: the kernel accumulates in f32 and rounds P against its running row max, so a P
 //! or dS entry that both round to bf16 may land one bf16 ulp apart, and each output is rounded
-//! once from slightly different values. With s_ij = scale·q_i·k_j, σ_ij = scale·Σ|q_i∘k_j| (the
+//! once from slightly different values. With s_ij = scale·q_i·k_j, σ_ij = |scale|·Σ|q_i∘k_j| (the
 //! size of the terms of s_ij), P_ij = exp(s_ij − lse_i) and κ_ij = 1 + σ_ij + |lse_i| (P's
 //! relative error is ε·κ_ij):
 //! - out_i: |Δ| ≤ u·(2·Σ_j P_ij|v_j| + 2|out_i|) + ε·Σ_j P_ij|v_j|·κ_ij;
 //! - lse_i: |Δ| ≤ ε·(1 + |lse_i| + max_j σ_ij);
 //! - |ΔdS_ij| ≤ e_ij = 2u·|dS_ij| + ε·P_ij·(Σ|dout_i∘v_j| + Σ|dout_i∘out_i|)·κ_ij and
-//!   |ΔP_ij| ≤ (2u + ε·κ_ij)·P_ij, so dq_i: |Δ| ≤ 1.25·scale·Σ_j e_ij|k_j| + 2u|dq_i|,
-//!   dk_j: 1.25·scale·Σ_i e_ij|q_i| + 2u|dk_j|, dv_j: 1.25·Σ_i (2u + εκ_ij)P_ij|dout_i| + 2u|dv_j|
+//!   |ΔP_ij| ≤ (2u + ε·κ_ij)·P_ij, so dq_i: |Δ| ≤ 1.25·|scale|·Σ_j e_ij|k_j| + 2u|dq_i|,
+//!   dk_j: 1.25·|scale|·Σ_i e_ij|q_i| + 2u|dk_j|, dv_j: 1.25·Σ_i (2u + εκ_ij)P_ij|dout_i| + 2u|dv_j|
 //!   (the 1.25 covers the f32 sums of the rounded terms, ≤ 256·2^-24 of their magnitude).
 //!
 //! A wrong index, mask or formula moves an element by a whole term, many times these bounds
@@ -95,7 +95,7 @@ fn bounds(
                         dp += gv;
                         dpabs += gv.abs();
                     }
-                    let (s, sig) = (scale * s, scale * sig);
+                    let (s, sig) = (scale * s, scale.abs() * sig);
                     smax = smax.max(sig);
                     let pij = (s - li).exp();
                     let kap = 1.0 + sig + li.abs();
@@ -104,8 +104,8 @@ fn bounds(
                     let ep = (2.0 * U + EPS * kap) * pij;
                     for x in 0..d {
                         eo[i * d + x] += ep * v[j * d + x].abs();
-                        eq[i * d + x] += scale * e * k[j * d + x].abs();
-                        ek[j * d + x] += scale * e * q[i * d + x].abs();
+                        eq[i * d + x] += scale.abs() * e * k[j * d + x].abs();
+                        ek[j * d + x] += scale.abs() * e * q[i * d + x].abs();
                         ev[j * d + x] += ep * g[i * d + x].abs();
                     }
                 }
@@ -271,6 +271,38 @@ fn gpu_bf16_attention_matches_its_reference_within_the_rounding_bound() {
             let batches = lo..hi;
             compare(&what, &qkv, &dout, &got, p, scale, batches, None);
         }
+    }
+}
+
+#[test]
+fn gpu_bf16_attention_takes_any_finite_scale() {
+    // The forward scales scores inside each exponent by |scale| and flips Q's sign for a
+    // negative one: negative, zero and tiny scales against the reference.
+    let test = "gpu_bf16_attention_takes_any_finite_scale";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut r, _) = rng(test);
+    let p = Packed {
+        b: 2,
+        t: 140,
+        heads: 2,
+        d: 64,
+    };
+    for scale in [-0.3f32, 0.0, -0.0, 1e-3, 2.0] {
+        let qkv = bf16s(&mut r, p.b * p.t * 3 * p.c(), 2.0);
+        let dout = bf16s(&mut r, p.b * p.t * p.c(), 1.0);
+        let got = run_gpu(&gpu, &qkv, &dout, p, scale);
+        compare(
+            &format!("scale {scale}"),
+            &qkv,
+            &dout,
+            &got,
+            p,
+            scale,
+            0..p.b,
+            None,
+        );
     }
 }
 

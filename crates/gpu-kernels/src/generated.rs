@@ -44,9 +44,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_attention_bf16",
         ptx: include_str!("../kernels/nn_attention_bf16.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention_bf16.fatbin"),
-        source_sha256: "d95a38a985022603a56431aaed341a3f6030929c528d2be9e0164110e0fcd97a",
-        ptx_sha256: "5c9de6add457aefc69e50413dd4ff159e9d1380148f220f06043263eeb2b158b",
-        fatbin_sha256: "95fec2039ab53f18ce102c6bbcd135fc1eb4b58f8cd32cd79b2d0d6b89961ade",
+        source_sha256: "dcaebc92ae3cb6187cd4473b9786998e7616db642bc2d19e6e4c9aa7cf88cf9e",
+        ptx_sha256: "12b483e49d11c89110f9d858ced7112035c24918e143795485a179bc18bcccd0",
+        fatbin_sha256: "2ad9b163ab3259849d5c77e1d7d9cc58c454427eeaf8abd2704069438670d577",
         kernels: &["attn_bwd_dkdv_d64_bf16", "attn_bwd_dq_d64_bf16", "attn_fwd_d64_bf16"],
     },
     KernelModule {
