@@ -420,6 +420,44 @@ fn assert_sum_close(what: &str, got: &[f32], want: &[f32], abs_sum: &[f32], div:
     );
 }
 
+/// Sums and means whose inputs hold, in five different outputs: +inf; +inf and −inf (NaN); a
+/// NaN; 1e30 among values near 1 (finite, and within the same `1e-5·Σ|x|` bound); two 3e38 of
+/// the same sign (+inf in any order: nothing near 1 brings the sum back under f32's range).
+/// Non-finite outputs must match the reference's exactly (NaN for NaN, the same infinity),
+/// every other output stays within the bound: nothing leaks into the other outputs.
+fn hostile_sums<B: Dev>(b: &B, dev: &str, x: &[f32], shape: (usize, usize, usize)) {
+    let (outer, n, inner) = shape;
+    let mut x = x.to_vec();
+    let at = |u: usize, j: usize| ((u / inner) * n + j) * inner + u % inner;
+    let outs = outer * inner;
+    let specials: [&[(usize, f32)]; 5] = [
+        &[(0, f32::INFINITY)],
+        &[(0, f32::INFINITY), (n - 1, f32::NEG_INFINITY)],
+        &[(n / 2, f32::NAN)],
+        &[(0, 1e30)],
+        &[(0, 3e38), (n - 1, 3e38)],
+    ];
+    for (u, list) in specials.iter().enumerate().take(outs) {
+        for &(j, v) in list.iter() {
+            x[at(u, j)] = v;
+        }
+    }
+    let abs: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+    let abs_sum = reduce(&CPU, ReduceKind::Sum, &abs, shape);
+    for (op, div) in [(ReduceKind::Sum, 1.0), (ReduceKind::Mean, n as f64)] {
+        let got = reduce(b, op, &x, shape);
+        let want = reduce(&CPU, op, &x, shape);
+        for (i, ((&g, &w), &s)) in got.iter().zip(&want).zip(&abs_sum).enumerate() {
+            let what = format!("{dev} hostile {op:?} {shape:?}[{i}]: got {g:e}, want {w:e}");
+            if !w.is_finite() {
+                assert!(g == w || (g.is_nan() && w.is_nan()), "{what}");
+            } else {
+                assert!((g as f64 - w as f64).abs() <= 1e-5 * s as f64 / div + 1e-30, "{what}");
+            }
+        }
+    }
+}
+
 fn reduce_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     for &shape in REDUCE_CASES {
         let (outer, n, inner) = shape;
@@ -449,6 +487,7 @@ fn reduce_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
         if n == 0 {
             continue;
         }
+        hostile_sums(b, dev, &x, shape);
         // Max is exact. Make one column all -inf and put a NaN in another.
         if outer * inner >= 2 {
             for i in 0..n {
