@@ -38,6 +38,24 @@ def time_us(fn, reps, burst=None):
     return statistics.median(samples)
 
 
+def time_graph_us(fn, reps, burst=None, side=None):
+    """As `time_us`, with each burst captured once as a CUDA graph and replayed: the kernels'
+    own throughput where PyTorch's host work per call outlasts them (SDPA at these sizes).
+    A backward is captured on `side`, the stream its forward ran on."""
+    burst = BURST if burst is None else burst
+    side = torch.cuda.Stream() if side is None else side
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        for j in range(burst):
+            fn(j)
+    return time_us(lambda i: graph.replay(), reps, 1) / burst
+
+
 def bf16_rows(add, reps, dev):
     """The memory-bound bf16 kernels (ids as gpu-bench's nn_bf16 rows)."""
     hb = BROWS * BCOLS * 2.0
@@ -86,10 +104,18 @@ def nn_rows(add, reps, dev):
     qkv = torch.randn(n, t, 3 * h * d, device=dev, dtype=torch.bfloat16, requires_grad=True)
     qb, kb, vb = (z.view(n, t, h, d).transpose(1, 2) for z in qkv.split(h * d, 2))
     flops_b = 4.0 * n * h * t * t * d / 2
-    add("attn_fwd_bf16", time_us(lambda i: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True), reps), None, flops_b)
-    ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True)
-    dob = torch.randn_like(ob)
-    add("attn_bwd_bf16", time_us(lambda i: torch.autograd.grad(ob, qkv, dob, retain_graph=True), reps), None, 2.5 * flops_b)
+    # SDPA's host work per call is about as long as its kernels here: its bursts are timed as
+    # replayed CUDA graphs (gpu-bench's own launches keep ahead of the GPU).
+    add("attn_fwd_bf16", time_graph_us(lambda i: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True), reps), None, flops_b)
+    bwd_stream = torch.cuda.Stream()
+    bwd_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(bwd_stream):  # the whole forward, leaf and views too, on that stream
+        qkv = qkv.detach().clone().requires_grad_(True)
+        qb, kb, vb = (z.view(n, t, h, d).transpose(1, 2) for z in qkv.split(h * d, 2))
+        ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True)
+        dob = torch.randn_like(ob)
+    add("attn_bwd_bf16", time_graph_us(lambda i: torch.autograd.grad(ob, qkv, dob, retain_graph=True), reps,
+                                       side=bwd_stream), None, 2.5 * flops_b)
     del qkv, qb, kb, vb, ob, dob
     q, k, v = (torch.randn(n, h, t, d, device=dev, requires_grad=True) for _ in range(3))
     flops = 4.0 * n * h * t * t * d / 2

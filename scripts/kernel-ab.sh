@@ -17,7 +17,7 @@ for rev in "$@"; do
   # "work" or "work-M1+M2=V": the working tree's kernels, the latter compiled with -DM1 -DM2=V.
   if [[ "$rev" == work* ]]; then cp kernels/*.cu kernels/*.cuh "$src/"; [ "$rev" = work ] || { IFS=+ read -ra ms <<< "${rev#work-}"; for m in "${ms[@]}"; do defs+=("-D$m"); done; };
   else for f in $(git ls-tree --name-only "$rev" kernels/); do git show "$rev:$f" > "$src/$(basename "$f")"; done; fi
-  for m in nn_rows nn_attention nn_elementwise nn_bf16 nn_reduce_bf16 rssm_rollout rssm_rollout_cluster; do
+  for m in nn_rows nn_attention nn_attention_bf16 nn_elementwise nn_bf16 nn_reduce_bf16 rssm_rollout rssm_rollout_cluster; do
     [ -f "$src/$m.cu" ] || continue
     "$NVCC" -O3 -std=c++17 "${defs[@]}" -I "$src" -cubin -arch=sm_90 "$src/$m.cu" -o "$out/$rev-$m.cubin"
   done

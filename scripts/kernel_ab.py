@@ -323,6 +323,100 @@ def mem_bench(vars, rounds):
         b = 4 * n if k.startswith("permute") or k.startswith("copy") else 2 * n
         print(f"mem {k:22s} median {m:7.1f} us  {b / m / 1e3:7.1f} GB/s  {b / m / (4 * n / cm) * 100:5.1f}% of the same-bytes copy")
 
+def abf_bench(vars, rounds):
+    # bf16 causal attention forward on the GPT's fused projection, B64 H6 T256 D64, bursts of 10;
+    # "torch" is SDPA on the same views. A build named "...FWD_WARPS=8..." gets 8-warp blocks.
+    n, h, T, d = 64, 6, 256, 64
+    g = torch.Generator(device="cuda").manual_seed(11)
+    qkv = torch.randn(n, T, 3 * h * d, device="cuda", generator=g).bfloat16()
+    qb, kb, vb = (z.view(n, T, h, d).transpose(1, 2) for z in qkv.split(h * d, 2))
+    want = torch.nn.functional.scaled_dot_product_attention(qb.float(), kb.float(), vb.float(), is_causal=True)
+    want = want.transpose(1, 2).reshape(n, T, h * d)
+    fs = {}
+    for v in vars:
+        if v == "torch":
+            fs[v] = lambda: torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=True)
+            r = fs[v]().transpose(1, 2).reshape(n, T, h * d)
+        else:
+            hf = fn(v, "nn_attention_bf16", "attn_fwd_d64_bf16")
+            import re
+            W = int((re.search(r"FWD_WARPS=(\d+)", v) or [0, 4])[1]); MB = int((re.search(r"FWD_MB=(\d+)", v) or [0, 1])[1])
+            fq, nt = 16 * W * MB, 32 * W
+            out = torch.full((n, T, h * d), float("nan"), device="cuda").bfloat16(); lse = torch.empty(n * h, T, device="cuda")
+            c = h * d
+            args = [qkv, ("u64", qkv.data_ptr() + 2 * c), ("u64", qkv.data_ptr() + 4 * c), out, lse, n * h, T, d, h, 3 * c, c, d ** -0.5]
+            args[0] = ("u64", qkv.data_ptr())
+            fs[v] = lambda hf=hf, args=args, fq=fq, nt=nt: launch(hf, n * h * ((T + fq - 1) // fq), (nt, 1), 0, args)
+            fs[v](); torch.cuda.synchronize(); r = out
+        e = ((r.float() - want).norm() / want.norm()).item()
+        if v != "torch" and v != vars[0]: same = torch.equal(r, first) and torch.equal(lse, first_lse)
+        elif v == vars[0]: first, first_lse, same = r.clone(), lse.clone(), True
+        else: same = "-"
+        print(f"attn bf16 fwd {v}: norm-wise rel err vs f32 SDPA {e:.3g}; NaN {torch.isnan(r.float()).any().item()}; bit-identical to {vars[0]}: {same}")
+    # Python's launch work outlasts these kernels: time captured graphs of 10 calls (bursts).
+    gs = {}
+    for k, f in fs.items():
+        gr = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gr):
+            for _ in range(10): f()
+        gs[k] = lambda gr=gr: gr.replay()
+    t = {k: [] for k in fs}
+    for _ in range(rounds):
+        for k, f in gs.items(): t[k].append(timeit(f, 5) / 10)
+    return t
+
+def abb_bench(vars, rounds):
+    # bf16 causal attention backward (dq + delta, then dk/dv) on the fused projection, B64 H6
+    # T256 D64, from the first build's forward; graphs of 10 calls; "torch" is SDPA's backward.
+    n, h, T, d = 64, 6, 256, 64
+    c = h * d
+    g = torch.Generator(device="cuda").manual_seed(12)
+    qkv = torch.randn(n, T, 3 * c, device="cuda", generator=g).bfloat16()
+    dout = torch.randn(n, T, c, device="cuda", generator=g).bfloat16()
+    qp = ("u64", qkv.data_ptr()); kp = ("u64", qkv.data_ptr() + 2 * c); vp = ("u64", qkv.data_ptr() + 4 * c)
+    dims = [n * h, T, d, h, 3 * c, c, d ** -0.5]
+    out = torch.empty(n, T, c, device="cuda").bfloat16(); lse = torch.empty(n * h, T, device="cuda")
+    v0 = [v for v in vars if v != "torch"][0]
+    launch(fn(v0, "nn_attention_bf16", "attn_fwd_d64_bf16"), n * h * 4, (128, 1), 0, [qp, kp, vp, out, lse] + dims)
+    torch.cuda.synchronize()
+    fs, res = {}, {}
+    for v in vars:
+        if v == "torch":
+            side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                x = qkv.detach().clone().requires_grad_(True)
+                qb, kb, vb = (z.view(n, T, h, d).transpose(1, 2) for z in x.split(c, 2))
+                ob = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=True)
+                dob = dout.view(n, T, h, d).transpose(1, 2)
+                for _ in range(3): torch.autograd.grad(ob, x, dob, retain_graph=True)
+            torch.cuda.current_stream().wait_stream(side)
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr, stream=side):
+                for _ in range(10): torch.autograd.grad(ob, x, dob, retain_graph=True)
+            fs[v] = lambda gr=gr: gr.replay()
+            continue
+        hq = fn(v, "nn_attention_bf16", "attn_bwd_dq_d64_bf16"); hk = fn(v, "nn_attention_bf16", "attn_bwd_dkdv_d64_bf16")
+        dqkv = torch.full((n, T, 3 * c), float("nan"), device="cuda").bfloat16(); delta = torch.empty(n * h, T, device="cuda")
+        dq = ("u64", dqkv.data_ptr()); dk = ("u64", dqkv.data_ptr() + 2 * c); dv = ("u64", dqkv.data_ptr() + 4 * c)
+        fdq = lambda hq=hq, dq=dq, delta=delta: launch(hq, n * h * 4, (128, 1), 0, [qp, kp, vp, out, lse, dout, dq, delta] + dims)
+        fkv = lambda hk=hk, dk=dk, dv=dv, delta=delta: launch(hk, n * h * 4, (128, 1), 0, [qp, kp, vp, lse, dout, delta, dk, dv] + dims)
+        fdq(); fkv(); torch.cuda.synchronize()
+        res[v] = dqkv.clone()
+        for name, f in [("dq", fdq), ("dkdv", fkv), ("both", lambda fdq=fdq, fkv=fkv: (fdq(), fkv()))]:
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                for _ in range(10): f()
+            fs[f"{v}.{name}"] = lambda gr=gr: gr.replay()
+    for v, r in res.items():
+        same = torch.equal(r, res[v0])
+        e = ((r.float() - res[v0].float()).norm() / res[v0].float().norm()).item()
+        print(f"attn bf16 bwd {v}: NaN {torch.isnan(r.float()).any().item()}; bit-identical to {v0}: {same}; rel diff {e:.3g}")
+    t = {k: [] for k in fs}
+    for _ in range(rounds):
+        for k, f in fs.items(): t[k].append(timeit(f, 5) / 10)
+    for k, xs in t.items(): print(f"attn bwd {k:28s} median {st.median(xs):8.1f} us  min {min(xs):8.1f}")
+    return t
+
 def report(name, t, base):
     mb = st.median(t[base])
     for v, xs in t.items():
@@ -337,6 +431,8 @@ EW = sys.argv[4].split(",") if len(sys.argv) > 4 else ["-"]
 ROWS = sys.argv[5].split(",") if len(sys.argv) > 5 else ["-"]
 BF16 = sys.argv[6].split(",") if len(sys.argv) > 6 else ["-"]
 MEM = sys.argv[7].split(",") if len(sys.argv) > 7 else ["-"]
+ABF = sys.argv[8].split(",") if len(sys.argv) > 8 else ["-"]
+ABB = sys.argv[9].split(",") if len(sys.argv) > 9 else ["-"]
 print(torch.cuda.get_device_name())
 for _ in range(2):
     if LN != ["-"]: report("layernorm", ln_bench(LN, rounds), LN[0])
@@ -347,3 +443,5 @@ for _ in range(2):
     if ROWS != ["-"]: rows_bench(ROWS, rounds)
     if BF16 != ["-"]: bf16_bench(BF16, rounds)
     if MEM != ["-"]: mem_bench(MEM, rounds)
+    if ABF != ["-"]: report("attn fwd", abf_bench(ABF, rounds), ABF[0])
+    if ABB != ["-"]: abb_bench(ABB, rounds)
