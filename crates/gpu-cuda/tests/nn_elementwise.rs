@@ -452,7 +452,10 @@ fn hostile_sums<B: Dev>(b: &B, dev: &str, x: &[f32], shape: (usize, usize, usize
             if !w.is_finite() {
                 assert!(g == w || (g.is_nan() && w.is_nan()), "{what}");
             } else {
-                assert!((g as f64 - w as f64).abs() <= 1e-5 * s as f64 / div + 1e-30, "{what}");
+                assert!(
+                    (g as f64 - w as f64).abs() <= 1e-5 * s as f64 / div + 1e-30,
+                    "{what}"
+                );
             }
         }
     }
