@@ -4,7 +4,10 @@
 #   scripts/kernel-ab.sh build REV_A REV_B ...   -> target/ab/cubin/{NAME}-{module}.cubin, NAME = REV
 #     (a REV of "work" takes the working tree's kernels/)
 # On the GPU machine (the device tool, carrying target/ab):
-#   python3 scripts/kernel_ab.py ROUNDS LN_NAMES ATT_NAMES [EW_NAMES [ROWS_NAMES [BF16_NAMES]]]   e.g. 60 f6ce311,work f6ce311,work f6ce311,work,torch
+#   python3 scripts/kernel_ab.py ROUNDS LN_NAMES ATT_NAMES [EW_NAMES [ROWS_NAMES [BF16_NAMES [MEM_NAMES [ABF_NAMES [ABB_NAMES]]]]]]
+#   e.g. 60 f6ce311,work f6ce311,work f6ce311,work,torch; "-" skips a list. ABF / ABB: the bf16
+#   attention forward / backward against SDPA ("torch"), graph-timed: 40 - - - - - - 74d68e3,work,torch
+#   (a build named work-M1+M2=V compiles the working tree with -DM1 -DM2=V).
 # The first name of each list is the baseline of its ratios.
 set -euo pipefail
 cmd=${1:-}; shift || true

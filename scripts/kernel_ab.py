@@ -1,7 +1,8 @@
 # A/B timing of kernel builds (cubins from scripts/kernel-ab.sh build) in one process, interleaved,
 # with their outputs compared (LayerNorm against the first build, attention against PyTorch SDPA).
 # LayerNorm forward 8192×4096; causal attention backward (dq, then dk/dv) at B64 H6 T256, D 64
-# and 128; CUDA-event medians of ROUNDS rounds of 20 (10) launches.
+# and 128; CUDA-event medians of ROUNDS rounds of 20 (10) launches. The bf16 attention forward
+# and backward (lists 8 and 9) time replayed CUDA graphs of 10 calls, SDPA's too.
 import ctypes, sys, os, torch, statistics as st
 torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 cu = ctypes.CDLL("libcuda.so.1")
