@@ -50,11 +50,7 @@ impl CudaBackend {
         divisor: f32,
     ) -> Result<()> {
         let kernel = reduce_kernel(kind, p.loads, x.dtype(), out.dtype());
-        let cfg = LaunchConfig {
-            grid_dim: (p.grid_x, p.splits as u32, 1),
-            block_dim: (REDUCE_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = reduce_cfg(p.grid_x, p.splits as u32);
         let args = [
             x.into(),
             out.into(),
@@ -88,11 +84,7 @@ impl CudaBackend {
         divisor: f32,
     ) -> Result<()> {
         let kernel = reduce_cluster_kernel(kind, x.dtype(), out.dtype());
-        let cfg = LaunchConfig {
-            grid_dim: (c.grid_x, 1, 1),
-            block_dim: (REDUCE_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = reduce_cfg(c.grid_x, 1);
         let args = [
             x.into(),
             (&*out).into(),
@@ -189,11 +181,7 @@ impl CudaBackend {
             false,
             false,
         );
-        let cfg = LaunchConfig {
-            grid_dim: (p.grid_x, 1, 1),
-            block_dim: (REDUCE_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = reduce_cfg(p.grid_x, 1);
         let args = [
             x.into(),
             y.into(),
@@ -210,5 +198,14 @@ impl CudaBackend {
         // outer·n·inner elements, y and dy outer·inner (checked above).
         let kernel = format!("max_axis_bwd_{}", dx.dtype());
         unsafe { self.launch(&kernel, cfg, &args) }
+    }
+}
+
+/// A reduction launch: `grid_x × grid_y` blocks of [`REDUCE_THREADS`], static shared memory only.
+fn reduce_cfg(grid_x: u32, grid_y: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid_x, grid_y, 1),
+        block_dim: (REDUCE_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
     }
 }
