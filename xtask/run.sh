@@ -30,12 +30,18 @@ OUT_DIR="${OUT_DIR:-$PWD/out}"
 mkdir -p "$OUT_DIR"
 export HYBRID_GPU_SKIP_LOG="$OUT_DIR/skips.log"
 : > "$HYBRID_GPU_SKIP_LOG"
+# Multi-GPU tests (multigpu_*) are counted on their own line: most machines have one GPU.
+export HYBRID_MULTI_GPU_SKIP_LOG="$OUT_DIR/multi-skips.log"
+: > "$HYBRID_MULTI_GPU_SKIP_LOG"
+export HYBRID_TRAINER_BIN="$PWD/bin/hybrid-trainer"
+export NCCL_NVLS_ENABLE=0
 
 gpu=0
 if nvidia-smi -L > "$OUT_DIR/gpus.txt" 2>&1 && grep -q GPU "$OUT_DIR/gpus.txt"; then
   gpu=1
   export HYBRID_REQUIRE_GPU=1
-  echo "GPU present: $(head -1 "$OUT_DIR/gpus.txt")"
+  export HYBRID_REQUIRE_GPUS=$(grep -c '^GPU' "$OUT_DIR/gpus.txt")
+  echo "GPU present: $(head -1 "$OUT_DIR/gpus.txt") ($HYBRID_REQUIRE_GPUS in all)"
 else
   echo "no GPU present: GPU tests will skip"
 fi
@@ -75,7 +81,12 @@ all_failed=$(grep -cE '^test .* \.\.\. FAILED$' "$OUT_DIR/tests.log")
 passed=$((passed - skipped))
 echo
 echo "GPU tests: ran $ran, passed $passed, failed $failed, skipped $skipped"
-echo "all tests: $all_passed ok, $all_failed failed (skips included in ok: $skipped)"
+m_ran=$(grep -cE '^test (.*::)?multigpu_[^ ]* \.\.\. (ok|FAILED)$' "$OUT_DIR/tests.log")
+m_failed=$(grep -cE '^test (.*::)?multigpu_[^ ]* \.\.\. FAILED$' "$OUT_DIR/tests.log")
+m_skipped=$(sort -u "$HYBRID_MULTI_GPU_SKIP_LOG" | grep -c . )
+m_passed=$(( $(grep -cE '^test (.*::)?multigpu_[^ ]* \.\.\. ok$' "$OUT_DIR/tests.log") - m_skipped ))
+echo "multi-GPU tests: ran $m_ran, passed $m_passed, failed $m_failed, skipped $m_skipped (GPUs here: ${HYBRID_REQUIRE_GPUS:-0})"
+echo "all tests: $all_passed ok, $all_failed failed (skips included in ok: $((skipped + m_skipped)))"
 if [ "$tests" = 1 ] && [ "$gpu" = 1 ] && [ "$skipped" -gt 0 ]; then
   echo "!! GPU present but $skipped GPU test(s) skipped"; status=1
 fi

@@ -124,10 +124,9 @@ pub fn build() -> Result<PathBuf> {
         let p = e?.path();
         fs::copy(&p, dir.join("kernels").join(p.file_name().unwrap()))?;
     }
-    fs::copy(
-        root.join("benches/torch_peer.py"),
-        dir.join("torch_peer.py"),
-    )?;
+    for peer in ["torch_peer.py", "torch_ddp.py"] {
+        fs::copy(root.join("benches").join(peer), dir.join(peer))?;
+    }
     for script in ["torch_parity.py", "torch_gru_parity.py"] {
         fs::copy(root.join("scripts").join(script), dir.join(script))?;
     }

@@ -17,6 +17,7 @@ mod launch;
 pub mod linalg;
 pub mod lowrank;
 mod module;
+pub mod nccl;
 mod nn;
 mod nvrtc;
 mod ops;

@@ -97,6 +97,39 @@ fn fresh_seed() -> u64 {
     h.finish()
 }
 
+/// The number of CUDA devices when there are at least `n`, or `None` after reporting the skip
+/// to stderr and to the file named by `HYBRID_MULTI_GPU_SKIP_LOG`: for the multi-GPU tests
+/// (named `multigpu_*`), which the GPU bundle counts on a line of their own, since most GPU
+/// machines have one GPU. With `HYBRID_REQUIRE_GPUS=m` (the bundle sets the machine's count)
+/// and `m >= n`, a skip fails the test instead.
+pub fn gpus_or_skip(test: &str, n: usize) -> Option<usize> {
+    let count = crate::cuda_device_count().unwrap_or(0);
+    if count >= n {
+        return Some(count);
+    }
+    let required = std::env::var("HYBRID_REQUIRE_GPUS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    if required >= n {
+        panic!("{test}: HYBRID_REQUIRE_GPUS={required} but CUDA reports {count} device(s)");
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIP {test}: needs {n} CUDA devices, this machine has {count}"
+    );
+    if let Ok(path) = std::env::var("HYBRID_MULTI_GPU_SKIP_LOG") {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{test}");
+        }
+    }
+    None
+}
+
 /// The CUDA device 0 as a [`Device`], or `None` after reporting the skip (see
 /// [`backend_or_skip`]).
 pub fn gpu_device_or_skip(test: &str) -> Option<Device> {

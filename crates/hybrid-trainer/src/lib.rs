@@ -4,9 +4,12 @@
 
 pub mod corpus;
 pub mod demo;
+pub mod dist_bench;
+pub mod dist_selftest;
 pub mod experiment;
 pub mod hybrid;
 pub mod job;
+pub mod launch;
 pub mod parity;
 pub mod parity_gru;
 pub mod report;

@@ -58,6 +58,14 @@ enum Cmd {
         #[arg(long, default_value = "fp32", value_parser = hybrid_trainer::train_gpt::parse_precision)]
         precision: tensor_ops::Precision,
     },
+    /// Start one process per GPU for data-parallel training, like torchrun:
+    /// `launch --nproc-per-node N -- <subcommand and flags>`.
+    Launch(hybrid_trainer::launch::LaunchArgs),
+    /// All-reduce bus bandwidth over the ranks of a launched job (docs/multi-gpu.md).
+    AllreduceBench(hybrid_trainer::dist_bench::AllReduceBenchArgs),
+    /// The launcher's and rendezvous's check without a GPU (for tests).
+    #[command(hide = true)]
+    DistSelftest,
 }
 
 #[derive(Clone, Copy)]
@@ -92,6 +100,62 @@ fn cpu_mode(flag: Option<CpuMode>, default: CpuMode) -> Result<CpuMode> {
     }
 }
 
+/// The device of this process. In a data-parallel group (WORLD_SIZE > 1), `auto` is the GPU
+/// of LOCAL_RANK ($HYBRID_DEVICE is then not consulted, except that `cpu` is refused as
+/// `--device cpu` is), and only rank 0 says which device it took.
+fn select_device(choice: DeviceChoice) -> Result<Device> {
+    let dist = tensor_ops::dist::DistEnv::from_env()?.filter(|e| e.world_size > 1);
+    let Some(env) = dist else {
+        return Ok(match choice {
+            DeviceChoice::Auto => {
+                let d = Device::auto()?;
+                gpu_core::device::describe_choice(d);
+                d
+            }
+            DeviceChoice::Fixed(d) => {
+                d.check_present()?;
+                println!("device {d} (--device)");
+                d
+            }
+        });
+    };
+    let env_cpu =
+        std::env::var(gpu_core::DEVICE_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("cpu"));
+    let auto = matches!(choice, DeviceChoice::Auto);
+    let device = match choice {
+        DeviceChoice::Fixed(Device::Cpu) => anyhow::bail!(
+            "--device cpu with WORLD_SIZE={}: data-parallel runs need one GPU per process",
+            env.world_size
+        ),
+        DeviceChoice::Auto if env_cpu => anyhow::bail!(
+            "{}=cpu with WORLD_SIZE={}: data-parallel runs need one GPU per process",
+            gpu_core::DEVICE_ENV,
+            env.world_size
+        ),
+        DeviceChoice::Auto => Device::Cuda(env.local_rank),
+        DeviceChoice::Fixed(d) => d,
+    };
+    device.check_present().map_err(|e| {
+        anyhow::anyhow!(
+            "rank {} (LOCAL_RANK={}) needs {device}: {e}",
+            env.rank,
+            env.local_rank
+        )
+    })?;
+    if env.is_main() && auto {
+        println!(
+            "device cuda:LOCAL_RANK ({} processes, one GPU each; rank 0 on {device})",
+            env.world_size
+        );
+    } else if env.is_main() {
+        println!(
+            "device {device} (--device, in each of the {} processes)",
+            env.world_size
+        );
+    }
+    Ok(device)
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -101,19 +165,19 @@ fn main() -> Result<()> {
     // CPU training runs on a worker of the op pool (`on_pool` below): give the workers a main
     // thread's stack before anything builds the pool.
     gpu_core::cpu::init_pool_stack(8 << 20);
-    let device = match cli.device {
-        DeviceChoice::Auto => {
-            let d = Device::auto()?;
-            gpu_core::device::describe_choice(d);
-            d
+    // The launcher and its self-test never touch CUDA: they run before the device is chosen.
+    let cmd = match cli.cmd {
+        Some(Cmd::Launch(a)) => {
+            if !matches!(cli.device, DeviceChoice::Auto) || cli.cpu_mode.is_some() {
+                anyhow::bail!("launch: give --device and --cpu-mode after `--`, in the command");
+            }
+            std::process::exit(hybrid_trainer::launch::run(&a)?)
         }
-        DeviceChoice::Fixed(d) => {
-            d.check_present()?;
-            println!("device {d} (--device)");
-            d
-        }
+        Some(Cmd::DistSelftest) => std::process::exit(hybrid_trainer::dist_selftest::run()?),
+        Some(c) => c,
+        None => Cmd::Run(cli.job),
     };
-    let cmd = cli.cmd.unwrap_or(Cmd::Run(cli.job));
+    let device = select_device(cli.device)?;
     let default_mode = match cmd {
         Cmd::ParityDump { .. } => CpuMode::Exact,
         _ => CpuMode::Fast,
@@ -157,6 +221,10 @@ fn main() -> Result<()> {
             Cmd::TrainGpt(args) => {
                 hybrid_trainer::train_gpt::run(device, &args)?;
             }
+            Cmd::AllreduceBench(args) => {
+                hybrid_trainer::dist_bench::run(device, &args)?;
+            }
+            Cmd::Launch(_) | Cmd::DistSelftest => unreachable!("handled before the device"),
         }
         Ok(())
     };

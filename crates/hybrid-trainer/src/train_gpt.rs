@@ -1,10 +1,13 @@
 //! `hybrid-trainer train-gpt`: trains the GPT of `tensor-ops` on a text file, nanoGPT style
-//! (AdamW, linear warm-up then cosine decay, global-norm clipping, periodic evaluation).
+//! (AdamW, linear warm-up then cosine decay, global-norm clipping, periodic evaluation), on one
+//! device or data-parallel over several GPUs, one process each (`hybrid-trainer launch`, or any
+//! launcher that sets the `torch.distributed` environment: docs/multi-gpu.md).
 
 use anyhow::{ensure, Context, Result};
 use gpu_core::Device;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tensor_ops::dist::{GradSync, ProcessGroup, StepSync};
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
 use tensor_ops::no_grad;
 use tensor_ops::optim::AdamWParams;
@@ -21,6 +24,7 @@ pub struct TrainArgs {
     pub variant: Variant,
     #[arg(long, default_value_t = 2000)]
     pub iters: u32,
+    /// Sequences a step, over all ranks together (data-parallel runs split it evenly).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch: u32,
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
@@ -80,6 +84,11 @@ pub struct TrainArgs {
     /// Characters to sample after training.
     #[arg(long, default_value_t = 200)]
     pub sample: usize,
+    /// Data-parallel runs: how long the rendezvous and NCCL's set-up, and then each step, may
+    /// take before the other ranks are declared hung or gone (this rank then aborts NCCL and
+    /// exits with status 75).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub dist_timeout_secs: u64,
 }
 
 pub fn parse_precision(s: &str) -> Result<Precision, String> {
@@ -120,6 +129,8 @@ pub fn learning_rate(a: &TrainArgs, it: u32) -> f32 {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TrainSummary {
     pub device: String,
+    /// Data-parallel ranks (1: a single device).
+    pub ranks: usize,
     pub params: usize,
     pub iters: u32,
     pub final_train_loss: f32,
@@ -171,6 +182,18 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         a.lr > 0.0 && a.min_lr >= 0.0 && a.decay_iters() >= a.warmup,
         "bad learning-rate schedule (--lr, --min-lr, or --lr-decay-iters below --warmup)"
     );
+    let pg = ProcessGroup::from_env(device, Duration::from_secs(a.dist_timeout_secs))
+        .context("joining the data-parallel job")?;
+    let (main, world, rank) = (pg.is_main(), pg.world_size(), pg.rank());
+    ensure!(
+        (a.batch as usize).is_multiple_of(world),
+        "--batch {} (the global batch) must be a multiple of the {world} ranks",
+        a.batch
+    );
+    // Only rank 0 prints (and evaluates, samples and saves).
+    macro_rules! say {
+        ($($t:tt)*) => { if main { println!($($t)*); } };
+    }
     let text = std::fs::read_to_string(&a.data)
         .with_context(|| format!("reading {}", a.data.display()))?;
     let ds = Dataset::from_text(&text, 0.9)?;
@@ -196,12 +219,23 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     let precision = if a.tf32 { Precision::Tf32 } else { a.precision };
     let mut model = Gpt::new(cfg, a.seed, device)?;
     model.set_precision(precision)?;
-    println!(
+    let params: Vec<Tensor> = model.parameters().into_iter().map(|p| p.1).collect();
+    let param_refs: Vec<&Tensor> = params.iter().collect();
+    // Every rank starts from rank 0's parameters.
+    pg.broadcast(&param_refs, 0)?;
+    say!(
         "model: {:?}, {} parameters, on {device}, {precision}",
         cfg.variant,
         model.num_params()
     );
-    println!(
+    if world > 1 {
+        say!(
+            "data parallel: {world} ranks, {} sequences each of the global batch {}",
+            a.batch as usize / world,
+            a.batch
+        );
+    }
+    say!(
         "data: {} train / {} val tokens, vocab {}",
         ds.train.len(),
         ds.val.len(),
@@ -216,12 +250,18 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     };
     let mut opt = model.store().adamw(hp)?;
     let (batch, block) = (a.batch as usize, a.block as usize);
-    // On CUDA the whole step (forward, backward, clipping, AdamW) is one captured graph.
+    // This rank's rows of each global batch.
+    let local = batch / world;
+    let rows = rank * local * block..(rank + 1) * local * block;
+    // On CUDA the whole step (forward, backward, all-reduce, clipping, AdamW) is one captured
+    // graph.
     let graphed = match device {
         Device::Cuda(_) if !a.eager => {
-            let g = GraphedStep::capture(&model, &mut opt, batch, block)
+            // Gradients (and the loss) averaged over the ranks, overlapped with the backward pass.
+            let mut sync = GradSync::new(&pg);
+            let g = GraphedStep::capture_synced(&model, &mut opt, local, block, &mut sync)
                 .context("capturing the training step as a CUDA graph (--eager runs without)")?;
-            println!(
+            say!(
                 "training step captured as a CUDA graph ({:.1} MiB kept for its replays)",
                 g.memory_stats().bytes_cached as f64 / (1 << 20) as f64
             );
@@ -244,47 +284,61 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
                 ensure!(l.is_finite(), "loss became {l} before iteration {it}");
                 train_secs += since.elapsed().as_secs_f64();
             }
-            let (tr, va) = evaluate(&model, &ds, a, a.seed ^ 0xE7A1 ^ it as u64)?;
-            (last_train, last_val) = (tr, va);
-            if va < best {
-                (best, best_iter) = (va, it);
+            if world > 1 {
+                let sum = pg
+                    .check_identical(&param_refs)
+                    .with_context(|| format!("checking the ranks' parameters at iteration {it}"))?;
+                say!("parameters identical on all {world} ranks (checksum {sum:016x})");
             }
-            println!(
-                "eval iter {it}: train {tr:.4}, val {va:.4} (after {train_secs:.1} s of training)"
-            );
+            if main {
+                let (tr, va) = evaluate(&model, &ds, a, a.seed ^ 0xE7A1 ^ it as u64)?;
+                (last_train, last_val) = (tr, va);
+                if va < best {
+                    (best, best_iter) = (va, it);
+                }
+                say!(
+                    "eval iter {it}: train {tr:.4}, val {va:.4} (after {train_secs:.1} s of training)"
+                );
+            }
             (since, steps_since) = (Instant::now(), 0);
         }
         if it == a.iters {
             break;
         }
         let lr = learning_rate(a, it);
-        let drop_seed = a.seed.wrapping_add(it as u64);
+        // Each rank its own dropout masks (rank 0's are a single-device run's).
+        let drop_seed = a.seed.wrapping_add(it as u64) ^ ((rank as u64) << 40);
+        // Every rank draws the same global batch and keeps its rows.
+        let (x, y) = ds
+            .batch_ids(false, batch, block, &mut rng)
+            .with_context(|| batch_context(a))?;
+        let (x, y) = (&x[rows.clone()], &y[rows.clone()]);
         let loss = match &graphed {
             Some(g) => {
-                let (x, y) = ds
-                    .batch_ids(false, batch, block, &mut rng)
-                    .with_context(|| batch_context(a))?;
-                g.step(&mut opt, &x, &y, drop_seed, lr)?;
+                g.step(&mut opt, x, y, drop_seed, lr)?;
                 g.loss().clone()
             }
             None => {
-                let (x, y) = ds
-                    .batch(false, batch, block, &mut rng, device)
-                    .with_context(|| batch_context(a))?;
+                let x = Tensor::from_vec(x.to_vec(), &[local, block], device)?;
+                let y = Tensor::from_vec(y.to_vec(), &[local, block], device)?;
                 let loss = model.loss(&x, &y, Some(drop_seed))?;
-                let grads = loss.backward()?;
+                let mut sync = GradSync::new(&pg);
+                let grads = loss.backward_with(&mut |p, g| sync.grad_ready(p, g))?;
+                let loss = loss.detach();
+                sync.finish(&loss)?;
                 opt.step(&grads, lr)?;
-                loss.detach()
+                loss
             }
         };
+        pg.fence()?;
         steps_since += 1;
-        if it % a.log_interval == 0 {
+        if main && it % a.log_interval == 0 {
             let l = loss.item()?; // synchronises: the steps so far are done
             ensure!(l.is_finite(), "loss became {l} at iteration {it}");
             let dt = since.elapsed().as_secs_f64();
             train_secs += dt;
             let per = dt / steps_since as f64;
-            println!(
+            say!(
                 "iter {it}: loss {l:.4}, lr {lr:.2e}, {:.1} ms/iter, {:.0} tok/s",
                 per * 1e3,
                 tokens_per_iter / per
@@ -295,8 +349,25 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
             last_loss = Some(loss);
         }
     }
+    if !main {
+        // The other ranks are done once their last step is: leave, and let rank 0 finish.
+        pg.finish()?;
+        return Ok(TrainSummary {
+            device: device.to_string(),
+            ranks: world,
+            params: model.num_params(),
+            iters: a.iters,
+            final_train_loss: f32::NAN,
+            final_val_loss: f32::NAN,
+            best_val_loss: f32::NAN,
+            best_val_iter: 0,
+            train_seconds: train_secs,
+            tokens_per_second: 0.0,
+        });
+    }
     let summary = TrainSummary {
         device: device.to_string(),
+        ranks: world,
         params: model.num_params(),
         iters: a.iters,
         final_train_loss: last_train,
@@ -319,6 +390,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         );
     }
     println!("summary {}", serde_json::to_string(&summary)?);
+    pg.finish()?;
     Ok(summary)
 }
 

@@ -64,6 +64,19 @@ impl Gradients {
 impl Tensor {
     /// Backpropagates from this scalar (one-element) tensor; returns the leaves' gradients.
     pub fn backward(&self) -> Result<Gradients> {
+        self.backward_with(&mut |_, _| Ok(()))
+    }
+
+    /// [`Tensor::backward`], calling `on_leaf(leaf, gradient)` as soon as each leaf's gradient
+    /// is final (every op that reads the leaf has passed its part back), in the order the pass
+    /// finishes them (the same on every run of the same graph): a data-parallel trainer starts
+    /// averaging those gradients across processes while the rest of the pass runs. `on_leaf`
+    /// may replace the gradient (with a private copy, before changing it in place: a gradient
+    /// can share its storage with one the pass still reads).
+    pub fn backward_with(
+        &self,
+        on_leaf: &mut dyn FnMut(&Tensor, &mut Tensor) -> Result<()>,
+    ) -> Result<Gradients> {
         if self.numel() != 1 {
             return Err(GpuError::shape(
                 "backward",
@@ -88,6 +101,8 @@ impl Tensor {
                     continue;
                 };
                 let Some(node) = &t.0.node else {
+                    let mut g = g;
+                    on_leaf(t, &mut g)?;
                     leaves.map.insert(t.id(), g);
                     continue;
                 };

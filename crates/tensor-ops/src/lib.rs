@@ -6,6 +6,7 @@ pub mod autocast;
 mod autograd;
 mod backend;
 mod bound;
+pub mod dist;
 pub mod gpt;
 pub mod graph;
 mod interop;

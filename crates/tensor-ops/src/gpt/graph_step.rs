@@ -48,6 +48,20 @@ impl GraphedStep {
     /// on batches of `batch` × `block` tokens, without running it. Needs a CUDA model; the
     /// optimiser must be on the model's device.
     pub fn capture(model: &Gpt, opt: &mut AdamW, batch: usize, block: usize) -> Result<Self> {
+        Self::capture_synced(model, opt, batch, block, &mut crate::dist::NoSync)
+    }
+
+    /// [`GraphedStep::capture`] with `sync`'s hooks in the step: each gradient as the backward
+    /// pass finishes it, then the loss before AdamW ([`crate::dist::StepSync`]). What they queue
+    /// (a data-parallel average of the gradients, overlapped with the pass) is captured into the
+    /// step.
+    pub fn capture_synced(
+        model: &Gpt,
+        opt: &mut AdamW,
+        batch: usize,
+        block: usize,
+        sync: &mut dyn crate::dist::StepSync,
+    ) -> Result<Self> {
         let dev = model.device();
         if !matches!(dev, Device::Cuda(_)) {
             return Err(GpuError::invalid(
@@ -74,9 +88,11 @@ impl GraphedStep {
         let (graph, loss) = capture(dev, || {
             with_dropout_offsets(&offsets, || -> Result<Tensor> {
                 let loss = model.loss(&x, &y, Some(0))?; // pass seed 0: `captured_seeds`
-                let grads = loss.backward()?;
+                let grads = loss.backward_with(&mut |p, g| sync.grad_ready(p, g))?;
+                let loss = loss.detach();
+                sync.finish(&loss)?;
                 opt.step_scheduled(&grads, &schedule)?;
-                Ok(loss.detach())
+                Ok(loss)
             })?
         })?;
         Ok(GraphedStep {

@@ -1,0 +1,488 @@
+//! NCCL collectives on a [`CudaBackend`]'s stream, through cudarc's `nccl` bindings, which load
+//! `libnccl` at run time: a machine without it builds and runs everything else, and every entry
+//! here first checks that the library loads ([`available`]) instead of letting cudarc panic.
+//!
+//! One [`NcclComm`] a process and GPU (the `torch.distributed` model). Collectives are queued on
+//! the backend's stream in place on [`CudaBuffer`]s, several at once as one NCCL group, and may
+//! be captured into a CUDA graph (NCCL supports stream capture once its connections are up: run
+//! one collective eagerly first). [`AbortHandle`] lets a watchdog thread abort the communicator
+//! (NCCL's `ncclCommAbort`, which makes pending collectives return) when a peer dies or hangs.
+
+use crate::error::drv;
+use crate::{CudaBackend, CudaBuffer};
+use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::nccl::sys;
+use gpu_core::{BufferInfo, DType, GpuError, Result};
+use std::sync::{Arc, Mutex};
+
+/// Bytes of an NCCL unique id (`ncclUniqueId`), which rank 0 makes and every rank needs.
+pub const ID_BYTES: usize = 128;
+
+/// Why NCCL cannot be used here, or `Ok` when `libnccl` loads. cudarc looks for `libnccl.so`
+/// (and `libnccl.so.<CUDA major>` and a few more) on the dynamic loader's path; the
+/// `nvidia-nccl-cu13` wheel ships only `libnccl.so.2`, which `hybrid-trainer launch` links for
+/// its children.
+pub fn available() -> Result<()> {
+    // SAFETY: `is_culib_present` only tries to dlopen the library by its candidate names.
+    if unsafe { sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(GpuError::CudaUnavailable(
+            "the NCCL library (libnccl.so) is not on the dynamic loader's path: install NCCL \
+             (for example the nvidia-nccl-cu13 wheel) and put a libnccl.so in LD_LIBRARY_PATH, \
+             or start the processes with `hybrid-trainer launch`, which links the wheel's"
+                .into(),
+        ))
+    }
+}
+
+/// NCCL's version code (for example 22703 for 2.27.3).
+pub fn version() -> Result<i32> {
+    available()?;
+    let mut v = 0;
+    // SAFETY: out-pointer to a local; the library is loaded (checked above).
+    check("ncclGetVersion", unsafe { sys::ncclGetVersion(&mut v) })?;
+    Ok(v)
+}
+
+/// A fresh unique id for a new communicator (made by rank 0, sent to the others).
+pub fn unique_id() -> Result<[u8; ID_BYTES]> {
+    available()?;
+    let mut id = std::mem::MaybeUninit::<sys::ncclUniqueId>::uninit();
+    // SAFETY: NCCL writes the whole id through the out-pointer; the library is loaded.
+    check("ncclGetUniqueId", unsafe {
+        sys::ncclGetUniqueId(id.as_mut_ptr())
+    })?;
+    // SAFETY: initialised by the successful call above.
+    let id = unsafe { id.assume_init() };
+    Ok(id.internal.map(|c| c as u8))
+}
+
+fn describe(r: sys::ncclResult_t) -> String {
+    // SAFETY: ncclGetErrorString returns a pointer to a static NUL-terminated string (or null).
+    let p = unsafe { sys::ncclGetErrorString(r) };
+    if p.is_null() {
+        format!("{r:?}")
+    } else {
+        // SAFETY: non-null, NUL-terminated and static (NCCL's documented contract).
+        let s = unsafe { std::ffi::CStr::from_ptr(p) };
+        format!("{r:?}: {}", s.to_string_lossy())
+    }
+}
+
+fn check(call: &'static str, r: sys::ncclResult_t) -> Result<()> {
+    match r {
+        sys::ncclResult_t::ncclSuccess => Ok(()),
+        _ => Err(GpuError::Cuda {
+            call,
+            detail: describe(r),
+        }),
+    }
+}
+
+fn nccl_type(dtype: DType) -> Result<sys::ncclDataType_t> {
+    Ok(match dtype {
+        DType::F32 => sys::ncclDataType_t::ncclFloat32,
+        DType::BF16 => sys::ncclDataType_t::ncclBfloat16,
+        DType::U32 => sys::ncclDataType_t::ncclUint32,
+        other => {
+            return Err(GpuError::UnsupportedDType {
+                op: "nccl",
+                dtype: other,
+                backend: "NCCL",
+            })
+        }
+    })
+}
+
+/// The reduction of an all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// The mean over ranks (NCCL's `ncclAvg`).
+    Avg,
+    Max,
+    Min,
+}
+
+impl ReduceOp {
+    fn raw(self) -> sys::ncclRedOp_t {
+        match self {
+            ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
+            ReduceOp::Avg => sys::ncclRedOp_t::ncclAvg,
+            ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
+            ReduceOp::Min => sys::ncclRedOp_t::ncclMin,
+        }
+    }
+}
+
+/// The communicator, shared with the [`AbortHandle`]s: `None` once aborted or destroyed. The
+/// lock is held for the length of each (enqueue-only) NCCL call, so an abort never frees a
+/// communicator that a call is using.
+struct Shared {
+    comm: Mutex<Option<Raw>>,
+}
+
+struct Raw(sys::ncclComm_t);
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
+// concurrent; every use goes through `Shared::comm`'s lock.
+unsafe impl Send for Raw {}
+
+/// One rank's NCCL communicator on one GPU.
+pub struct NcclComm {
+    backend: CudaBackend,
+    shared: Arc<Shared>,
+    rank: usize,
+    world: usize,
+    /// The communication stream of [`NcclComm::all_reduce_async`], and the events that order
+    /// it after the device's stream (`fork`) and the device's stream after it (`join`).
+    side: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "NcclComm(rank {} of {} on cuda:{})",
+            self.rank,
+            self.world,
+            self.backend.info().ordinal
+        )
+    }
+}
+
+/// Aborts a communicator from any thread (a watchdog's): pending and later collectives of
+/// that communicator fail instead of waiting for a peer that is gone.
+#[derive(Clone)]
+pub struct AbortHandle {
+    shared: Arc<Shared>,
+}
+
+impl AbortHandle {
+    /// `ncclCommAbort`, once; waits at most `wait` for a call in progress to leave the
+    /// communicator. Returns whether it aborted (false: already gone, or still in use).
+    pub fn abort(&self, wait: std::time::Duration) -> bool {
+        let until = std::time::Instant::now() + wait;
+        loop {
+            if let Ok(mut g) = self.shared.comm.try_lock() {
+                return match g.take() {
+                    // SAFETY: the communicator is live (taken out of the shared slot under its
+                    // lock, so no call is using it and nothing will again).
+                    Some(raw) => {
+                        let r = unsafe { sys::ncclCommAbort(raw.0) };
+                        r == sys::ncclResult_t::ncclSuccess
+                    }
+                    None => false,
+                };
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
+impl NcclComm {
+    /// Joins the communicator of `world` ranks named by `id` as `rank`, on `backend`'s GPU.
+    /// Blocks until every rank has joined (NCCL's `ncclCommInitRank`).
+    pub fn new(
+        backend: &CudaBackend,
+        rank: usize,
+        world: usize,
+        id: &[u8; ID_BYTES],
+    ) -> Result<Self> {
+        available()?;
+        if world == 0 || rank >= world || world > i32::MAX as usize {
+            return Err(GpuError::invalid(
+                "NcclComm::new",
+                format!("rank {rank} of a world of {world}"),
+            ));
+        }
+        let raw_id = sys::ncclUniqueId {
+            internal: id.map(|b| b as std::ffi::c_char),
+        };
+        backend.bind()?;
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the id is a full ncclUniqueId; the device's context is
+        // current on this thread (NCCL uses the current device).
+        check("ncclCommInitRank", unsafe {
+            sys::ncclCommInitRank(&mut comm, world as i32, raw_id, rank as i32)
+        })?;
+        let shared = Arc::new(Shared {
+            comm: Mutex::new(Some(Raw(comm))),
+        });
+        let ctx = backend.context();
+        let made = (|| {
+            Ok((
+                ctx.new_stream()?,
+                ctx.new_event(None)?,
+                ctx.new_event(None)?,
+            ))
+        })();
+        let (side, fork, join) = match made {
+            Ok(v) => v,
+            Err(e) => {
+                // SAFETY: the communicator was just made and is used nowhere else.
+                unsafe { sys::ncclCommDestroy(comm) };
+                return Err(drv("cuStreamCreate")(e));
+            }
+        };
+        Ok(NcclComm {
+            backend: backend.clone(),
+            shared,
+            rank,
+            world,
+            side,
+            fork,
+            join,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    pub fn backend(&self) -> &CudaBackend {
+        &self.backend
+    }
+
+    /// A handle a watchdog thread can abort this communicator with.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// An error NCCL found asynchronously (a peer that failed, a network error), if any.
+    pub fn async_error(&self) -> Result<()> {
+        self.with_comm("ncclCommGetAsyncError", |c| {
+            let mut r = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: live communicator (under the lock), out-pointer to a local.
+            check("ncclCommGetAsyncError", unsafe {
+                sys::ncclCommGetAsyncError(c, &mut r)
+            })?;
+            check("a collective", r)
+        })
+    }
+
+    fn with_comm<R>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(sys::ncclComm_t) -> Result<R>,
+    ) -> Result<R> {
+        let g = self.shared.comm.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref() {
+            Some(raw) => f(raw.0),
+            None => Err(GpuError::Cuda {
+                call,
+                detail: "the communicator was aborted (a peer was lost or timed out)".into(),
+            }),
+        }
+    }
+
+    fn stream(&self) -> sys::cudaStream_t {
+        self.backend.stream().cu_stream() as sys::cudaStream_t
+    }
+
+    /// [`NcclComm::all_reduce`] queued on the communication stream after the work queued so
+    /// far on the device's stream, so that the compute queued next overlaps it. The buffers
+    /// must stay alive and untouched until [`NcclComm::join`] has been called (which makes the
+    /// device's stream wait for every collective queued this way). Capturable.
+    pub fn all_reduce_async(&self, bufs: &mut [&mut CudaBuffer], op: ReduceOp) -> Result<()> {
+        let views: Vec<&CudaBuffer> = bufs.iter().map(|b| &**b).collect();
+        self.check_bufs("NcclComm::all_reduce_async", &views)?;
+        let _pass = self.backend.pass();
+        self.backend.bind()?;
+        self.fork
+            .record(self.backend.stream())
+            .map_err(drv("cuEventRecord"))?;
+        self.side
+            .wait(&self.fork)
+            .map_err(drv("cuStreamWaitEvent"))?;
+        let stream = self.side.cu_stream() as sys::cudaStream_t;
+        self.with_comm("ncclAllReduce", |c| {
+            self.grouped(&views, |b| {
+                let p = b.device_ptr() as *mut std::ffi::c_void;
+                // SAFETY: as in `all_reduce`; the side stream runs after the work that made the
+                // buffers (the fork event) and the caller keeps them alive until `join`.
+                check("ncclAllReduce", unsafe {
+                    sys::ncclAllReduce(p, p, b.len(), nccl_type(b.dtype())?, op.raw(), c, stream)
+                })
+            })
+        })
+    }
+
+    /// Makes the device's stream wait for every collective [`NcclComm::all_reduce_async`]
+    /// queued so far.
+    pub fn join(&self) -> Result<()> {
+        let _pass = self.backend.pass();
+        self.backend.bind()?;
+        self.join.record(&self.side).map_err(drv("cuEventRecord"))?;
+        self.backend
+            .stream()
+            .wait(&self.join)
+            .map_err(drv("cuStreamWaitEvent"))
+    }
+
+    /// Checks that every buffer is this device's and of an NCCL type.
+    fn check_bufs(&self, op: &'static str, bufs: &[&CudaBuffer]) -> Result<()> {
+        self.backend.check_owned(op, bufs)?;
+        for b in bufs {
+            nccl_type(b.dtype())?;
+        }
+        Ok(())
+    }
+
+    /// All-reduces each buffer in place with `op`, as one NCCL group, queued on the stream.
+    /// Every rank must pass buffers of the same dtypes and lengths in the same order.
+    pub fn all_reduce(&self, bufs: &mut [&mut CudaBuffer], op: ReduceOp) -> Result<()> {
+        let views: Vec<&CudaBuffer> = bufs.iter().map(|b| &**b).collect();
+        self.check_bufs("NcclComm::all_reduce", &views)?;
+        let _pass = self.backend.pass();
+        self.backend.bind()?;
+        let stream = self.stream();
+        self.with_comm("ncclAllReduce", |c| {
+            self.grouped(&views, |b| {
+                let p = b.device_ptr() as *mut std::ffi::c_void;
+                // SAFETY: the buffer is live, on this communicator's device, and holds `len`
+                // elements of its dtype; in place (send == receive) is allowed by NCCL.
+                check("ncclAllReduce", unsafe {
+                    sys::ncclAllReduce(p, p, b.len(), nccl_type(b.dtype())?, op.raw(), c, stream)
+                })
+            })
+        })
+    }
+
+    /// Broadcasts each buffer in place from rank `root`, as one NCCL group.
+    pub fn broadcast(&self, bufs: &mut [&mut CudaBuffer], root: usize) -> Result<()> {
+        if root >= self.world {
+            return Err(GpuError::invalid(
+                "NcclComm::broadcast",
+                format!("root {root} in a world of {}", self.world),
+            ));
+        }
+        let views: Vec<&CudaBuffer> = bufs.iter().map(|b| &**b).collect();
+        self.check_bufs("NcclComm::broadcast", &views)?;
+        let _pass = self.backend.pass();
+        self.backend.bind()?;
+        let stream = self.stream();
+        self.with_comm("ncclBroadcast", |c| {
+            self.grouped(&views, |b| {
+                let p = b.device_ptr() as *mut std::ffi::c_void;
+                // SAFETY: as in `all_reduce`; in place is allowed.
+                check("ncclBroadcast", unsafe {
+                    sys::ncclBroadcast(p, p, b.len(), nccl_type(b.dtype())?, root as i32, c, stream)
+                })
+            })
+        })
+    }
+
+    /// Gathers every rank's `send` into `recv` (`world × send.len()` elements, rank order).
+    pub fn all_gather(&self, send: &CudaBuffer, recv: &mut CudaBuffer) -> Result<()> {
+        self.check_bufs("NcclComm::all_gather", &[send, recv])?;
+        if send.dtype() != recv.dtype() {
+            return Err(GpuError::DTypeMismatch {
+                op: "NcclComm::all_gather",
+                expected: send.dtype(),
+                got: recv.dtype(),
+            });
+        }
+        let want = send.len().checked_mul(self.world);
+        if want != Some(recv.len()) {
+            return Err(GpuError::shape(
+                "NcclComm::all_gather",
+                format!("{} x {}", self.world, send.len()),
+                recv.len(),
+            ));
+        }
+        let _pass = self.backend.pass();
+        self.backend.bind()?;
+        let stream = self.stream();
+        self.with_comm("ncclAllGather", |c| {
+            // SAFETY: both buffers live on this device, sizes checked above.
+            check("ncclAllGather", unsafe {
+                sys::ncclAllGather(
+                    send.device_ptr() as *const std::ffi::c_void,
+                    recv.device_ptr() as *mut std::ffi::c_void,
+                    send.len(),
+                    nccl_type(send.dtype())?,
+                    c,
+                    stream,
+                )
+            })
+        })
+    }
+
+    /// Runs `each` on every non-empty buffer between `ncclGroupStart` and `ncclGroupEnd`.
+    fn grouped(
+        &self,
+        bufs: &[&CudaBuffer],
+        mut each: impl FnMut(&CudaBuffer) -> Result<()>,
+    ) -> Result<()> {
+        // SAFETY: group calls only bracket the collectives queued below.
+        check("ncclGroupStart", unsafe { sys::ncclGroupStart() })?;
+        let mut first_err = None;
+        for b in bufs.iter().filter(|b| !b.is_empty()) {
+            if let Err(e) = each(b) {
+                first_err = Some(e);
+                break;
+            }
+        }
+        // SAFETY: closes the group opened above (also after a failed call, as NCCL requires).
+        let end = check("ncclGroupEnd", unsafe { sys::ncclGroupEnd() });
+        match first_err {
+            Some(e) => Err(e),
+            None => end,
+        }
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        let taken = self
+            .shared
+            .comm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(raw) = taken {
+            let _ = self.backend.bind();
+            let _pass = self.backend.pass();
+            // SAFETY: the communicator is live and no longer reachable from anywhere else.
+            let r = unsafe { sys::ncclCommDestroy(raw.0) };
+            if r != sys::ncclResult_t::ncclSuccess {
+                tracing::warn!("ncclCommDestroy: {}", describe(r));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without libnccl every entry is a typed error, never cudarc's panic; with it, the
+    /// version is a 2.x code.
+    #[test]
+    fn entries_report_a_missing_library() {
+        match available() {
+            Ok(()) => {
+                let v = version().unwrap();
+                assert!(v >= 20000, "NCCL version code {v}");
+            }
+            Err(e) => {
+                assert!(e.to_string().contains("libnccl"), "{e}");
+                assert!(version().is_err());
+                assert!(unique_id().is_err());
+                println!("no libnccl here: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! Data-parallel training on two GPUs (`hybrid-trainer launch`, NCCL): the same loss curve as
+//! one GPU with the same global batch; a rank that is killed or hangs makes the other exit with
+//! a clear error within the stated time. These tests need two CUDA devices and skip (reported
+//! on their own line by the GPU bundle) on machines with fewer.
+//!
+//! The binary is `$HYBRID_TRAINER_BIN` (the GPU bundle's `bin/hybrid-trainer`), else the one
+//! cargo built for this test.
+
+use gpu_cuda::testing::gpus_or_skip;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The tests share the two GPUs: one at a time.
+static GPUS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn gpus() -> std::sync::MutexGuard<'static, ()> {
+    GPUS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn binary() -> PathBuf {
+    std::env::var_os("HYBRID_TRAINER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
+}
+
+/// The embedded corpus, written once to a file for `--data`.
+fn corpus() -> PathBuf {
+    let path = std::env::temp_dir().join(format!("dp-corpus-{}.txt", std::process::id()));
+    if !path.exists() {
+        let text = hybrid_trainer::corpus::default_corpus().expect("embedded corpus");
+        std::fs::write(&path, text).expect("writing the corpus");
+    }
+    path
+}
+
+/// A free TCP port on the loopback interface for the rendezvous.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("binding port 0");
+    l.local_addr().expect("local address").port()
+}
+
+/// A small GPT, fp32, no dropout: every difference between the runs is reduction order.
+fn train_args(iters: u32, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "train-gpt",
+        "--batch",
+        "16",
+        "--block",
+        "64",
+        "--layers",
+        "2",
+        "--heads",
+        "4",
+        "--embd",
+        "128",
+        "--dropout",
+        "0",
+        "--log-interval",
+        "1",
+        "--eval-interval",
+        "100000",
+        "--eval-iters",
+        "2",
+        "--sample",
+        "0",
+        "--warmup",
+        "10",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.push("--iters".into());
+    v.push(iters.to_string());
+    v.push("--data".into());
+    v.push(corpus().display().to_string());
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// `iter N: loss X` lines of a run's output, in order.
+fn losses(out: &str) -> Vec<(u32, f64)> {
+    out.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("iter ")?;
+            let (it, rest) = rest.split_once(": loss ")?;
+            let loss = rest.split(',').next()?;
+            Some((it.parse().ok()?, loss.parse().ok()?))
+        })
+        .collect()
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("starting hybrid-trainer");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "run failed ({}):\n{text}", out.status);
+    text
+}
+
+/// 50 steps on 2 GPUs with global batch 16 (8 a rank, gradients averaged by NCCL) against 50
+/// steps on 1 GPU with batch 16. The only difference is the order of fp32 sums: the loss is a
+/// mean of two half-batch means instead of one mean, and each gradient likewise. At step 0
+/// the parameters are equal, so the losses differ by rounding alone (relative 2^-24 times the
+/// few hundred terms of a mean: below 1e-5). Later steps also carry the rounding of earlier
+/// updates; AdamW at these rates moves the loss by ~1e-2 a step, and the bound 2e-3 (absolute,
+/// on losses near 2.5–4.2) is a tenth of that: a wrong gradient average (a sum instead of a
+/// mean, a rank's shard missing, ranks out of step) shifts the curve by far more from the
+/// first steps on.
+#[test]
+fn multigpu_data_parallel_matches_one_gpu() {
+    let test = "multigpu_data_parallel_matches_one_gpu";
+    if gpus_or_skip(test, 2).is_none() {
+        return;
+    }
+    let _gpus = gpus();
+    let one = run(Command::new(binary())
+        .arg("--device")
+        .arg("cuda:0")
+        .args(train_args(50, &[])));
+    let port = free_port().to_string();
+    let two = run(Command::new(binary())
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            &port,
+            "--",
+        ])
+        .args(train_args(50, &[])));
+    assert!(two.contains("data parallel: 2 ranks"), "{two}");
+    assert!(two.contains("parameters identical on all 2 ranks"), "{two}");
+    let (a, b) = (losses(&one), losses(&two));
+    assert_eq!(a.len(), 50, "one GPU logged {} steps:\n{one}", a.len());
+    assert_eq!(b.len(), 50, "two GPUs logged {} steps:\n{two}", b.len());
+    let mut worst = 0.0f64;
+    for ((ia, la), (ib, lb)) in a.iter().zip(&b) {
+        assert_eq!(ia, ib);
+        let d = (la - lb).abs();
+        worst = worst.max(d);
+        let bound = if *ia == 0 { 1e-5 * la.abs() } else { 2e-3 };
+        assert!(
+            d <= bound,
+            "step {ia}: 1 GPU {la}, 2 GPUs {lb} (|d| {d:e} > {bound:e})"
+        );
+    }
+    eprintln!(
+        "{test}: largest |loss difference| over 50 steps {worst:.3e}; first {:.5} / {:.5}, last {:.5} / {:.5}",
+        a[0].1, b[0].1, a[49].1, b[49].1
+    );
+}
+
+/// Starts rank `rank` of 2 directly (as a launcher would), output piped.
+fn spawn_rank(rank: usize, port: &str, args: &[String]) -> Child {
+    let mut cmd = Command::new(binary());
+    cmd.args(args)
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("LOCAL_WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port)
+        .env("NCCL_NVLS_ENABLE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(path) = hybrid_trainer::launch::nccl_library_path() {
+        cmd.env("LD_LIBRARY_PATH", path);
+    }
+    cmd.spawn().expect("starting a rank")
+}
+
+/// Lines of a child's stdout and stderr, as they come.
+fn lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().expect("piped stdout");
+    let err = child.stderr.take().expect("piped stderr");
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx2.send(l);
+        }
+    });
+    rx
+}
+
+/// Waits for a line containing `what` (collecting everything seen) until `limit`.
+fn wait_for(
+    rx: &mpsc::Receiver<String>,
+    what: &str,
+    limit: Duration,
+    seen: &mut Vec<String>,
+) -> bool {
+    let until = Instant::now() + limit;
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                let hit = l.contains(what);
+                seen.push(l);
+                if hit {
+                    return true;
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// Waits for `child` to exit within `limit`; kills it after.
+fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// Both ranks train; once rank 0 has logged step 20, rank 1 is killed (SIGKILL) or frozen
+/// (SIGSTOP). Rank 0 must exit with status 75 and say why within the stated time: a killed
+/// rank closes its rendezvous connection, which rank 0 notices at once (bound: 30 s, for the
+/// abort and the exit); a frozen one keeps it open, so rank 0's step does not complete and
+/// its watchdog fires after `--dist-timeout-secs 10` (bound: 10 s + 10 s for NCCL's abort +
+/// 10 s of slack).
+fn a_lost_rank_stops_the_other(test: &str, freeze: bool) {
+    if gpus_or_skip(test, 2).is_none() {
+        return;
+    }
+    let _gpus = gpus();
+    let port = free_port().to_string();
+    let args = train_args(
+        1_000_000,
+        &["--log-interval", "10", "--dist-timeout-secs", "10"],
+    );
+    let mut r0 = spawn_rank(0, &port, &args);
+    let mut r1 = spawn_rank(1, &port, &args);
+    let rx0 = lines(&mut r0);
+    let _rx1 = lines(&mut r1);
+    let mut seen = Vec::new();
+    let started = wait_for(&rx0, "iter 20:", Duration::from_secs(120), &mut seen);
+    if !started {
+        let _ = r0.kill();
+        let _ = r1.kill();
+        panic!("{test}: rank 0 never reached step 20:\n{}", seen.join("\n"));
+    }
+    let pid = r1.id().to_string();
+    let t0 = Instant::now();
+    if freeze {
+        let ok = Command::new("kill").args(["-STOP", &pid]).status();
+        assert!(ok.is_ok_and(|s| s.success()), "kill -STOP {pid}");
+    } else {
+        r1.kill().expect("killing rank 1");
+    }
+    let limit = Duration::from_secs(30);
+    let status = exit_within(&mut r0, limit);
+    let took = t0.elapsed();
+    let _ = r1.kill();
+    let _ = r1.wait();
+    while let Ok(l) = rx0.recv_timeout(Duration::from_millis(200)) {
+        seen.push(l);
+    }
+    let log = seen.join("\n");
+    let Some(status) = status else {
+        panic!(
+            "{test}: rank 0 still ran {} s after rank 1 was lost:\n{log}",
+            limit.as_secs()
+        );
+    };
+    assert_eq!(
+        status.code(),
+        Some(75),
+        "{test}: rank 0 exited with {status}:\n{log}"
+    );
+    let why = if freeze {
+        "has not completed"
+    } else {
+        "rank 1 was lost"
+    };
+    assert!(
+        log.contains(why),
+        "{test}: rank 0 did not say '{why}':\n{log}"
+    );
+    eprintln!(
+        "{test}: rank 0 exited with 75 {:.1} s after rank 1 was {}",
+        took.as_secs_f64(),
+        if freeze { "frozen" } else { "killed" }
+    );
+}
+
+#[test]
+fn multigpu_a_killed_rank_stops_the_other() {
+    a_lost_rank_stops_the_other("multigpu_a_killed_rank_stops_the_other", false);
+}
+
+#[test]
+fn multigpu_a_hung_rank_stops_the_other() {
+    a_lost_rank_stops_the_other("multigpu_a_hung_rank_stops_the_other", true);
+}

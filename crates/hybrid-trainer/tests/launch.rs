@@ -1,0 +1,331 @@
+//! `hybrid-trainer launch` with the hidden `dist-selftest` as the children's command: the
+//! launcher, the torch.distributed environment, the TCP rendezvous and the liveness channel
+//! across real processes, without a GPU.
+
+use assert_cmd::Command;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+/// A free port below Linux's ephemeral range, offset per process so that concurrent test
+/// binaries rarely try the same ones.
+fn free_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let offset = (std::process::id() % 500) as u16 * 16;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = 10000 + (offset + n) % 9000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            println!("port {port}");
+            return port;
+        }
+    }
+}
+
+/// The binary with none of the variables a surrounding launcher or test run might have set.
+fn cmd() -> Command {
+    let mut c = Command::cargo_bin("hybrid-trainer").expect("the binary");
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "HYBRID_TRAINER_LAUNCHED",
+        "HYBRID_DIST_SELFTEST",
+        "HYBRID_DEVICE",
+    ] {
+        c.env_remove(v);
+    }
+    c.timeout(Duration::from_secs(60));
+    c
+}
+
+/// `launch` with these flags and `dist-selftest`; returns (exit code, stdout, stderr, seconds).
+fn launch(flags: &[&str], fault: Option<&str>) -> (Option<i32>, String, String, f64) {
+    let port = free_port().to_string();
+    let mut c = cmd();
+    c.args(["launch", "--master-port", &port])
+        .args(flags)
+        .args(["--", "dist-selftest"])
+        // The launcher must override this.
+        .env("NCCL_NVLS_ENABLE", "1");
+    if let Some(f) = fault {
+        c.env("HYBRID_DIST_SELFTEST", f);
+    }
+    let started = Instant::now();
+    let out = c.output().expect("run the launcher");
+    let secs = started.elapsed().as_secs_f64();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    println!("--- stdout\n{stdout}--- stderr\n{stderr}--- {secs:.2} s");
+    (out.status.code(), stdout, stderr, secs)
+}
+
+#[test]
+fn two_processes_meet_and_exit_cleanly() {
+    let (code, out, err, _) = launch(&["--nproc", "2"], None);
+    assert_eq!(code, Some(0), "{err}");
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("rank {r} of 2 ok [0, 1] (local rank {r} of 2")),
+            "{out}"
+        );
+    }
+    assert_eq!(out.matches("NCCL_NVLS_ENABLE=0").count(), 2, "{out}");
+    assert!(
+        err.contains("launch: rank 0: exit code 0, rank 1: exit code 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn four_processes_with_the_long_flag() {
+    let (code, out, err, _) = launch(&["--nproc-per-node", "4"], None);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.matches(" of 4 ok [0, 1, 2, 3]").count(), 4, "{out}");
+}
+
+#[test]
+fn a_dying_rank_is_noticed_by_the_others_and_its_code_returned() {
+    let (code, out, err, secs) = launch(&["--nproc", "3"], Some("exit-rank1"));
+    assert_eq!(code, Some(3), "{out}{err}");
+    assert!(out.contains("rank 0: rank 1 was lost"), "{out}");
+    // Rank 2 hears it from rank 0.
+    assert!(
+        out.contains("rank 2: rank 1 was lost") && out.contains("(reported by rank 0)"),
+        "{out}"
+    );
+    assert!(
+        err.contains("launch: rank 1 exited with exit code 3"),
+        "{err}"
+    );
+    assert!(secs < 10.0, "{secs} s");
+}
+
+#[test]
+fn losing_rank_0_stops_the_others() {
+    let (code, out, err, secs) = launch(&["--nproc", "2"], Some("exit-rank0"));
+    assert_eq!(code, Some(3), "{out}{err}");
+    assert!(out.contains("rank 1: rank 0 was lost"), "{out}");
+    assert!(secs < 10.0, "{secs} s");
+}
+
+#[test]
+fn ranks_that_ignore_a_loss_are_killed_after_the_grace_period() {
+    let (code, out, err, secs) = launch(
+        &["--nproc", "2", "--grace-secs", "1"],
+        Some("exit-rank1-deaf"),
+    );
+    assert_eq!(code, Some(3), "{out}{err}");
+    assert!(out.contains("rank 0: rank 1 was lost"), "{out}");
+    assert!(
+        err.contains("rank 0 still runs 1 s after rank 1 failed; killing it"),
+        "{err}"
+    );
+    assert!(
+        err.contains("rank 0: killed after the grace period"),
+        "{err}"
+    );
+    assert!(secs < 10.0, "{secs} s");
+}
+
+#[test]
+fn failing_children_give_their_exit_code() {
+    let port = free_port().to_string();
+    let out = cmd()
+        .args([
+            "launch",
+            "--nproc",
+            "2",
+            "--master-port",
+            &port,
+            "--",
+            "no-such-command",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("launch: rank 0: exit code 2, rank 1: exit code 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_launcher_flags_are_clear_errors() {
+    for (args, needle) in [
+        (vec!["launch", "--nproc", "0", "--", "run"], "nproc"),
+        (vec!["launch", "--nproc", "two", "--", "run"], "nproc"),
+        (vec!["launch", "--nproc", "2"], "COMMAND"),
+        (vec!["launch", "--", "run"], "nproc-per-node"),
+        (
+            vec!["launch", "--nproc", "2", "--nnodes", "0", "--", "run"],
+            "nnodes",
+        ),
+        (
+            vec![
+                "launch",
+                "--nproc",
+                "2",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "2",
+                "--",
+                "run",
+            ],
+            "--node-rank 2 is not below --nnodes 2",
+        ),
+        (
+            vec!["launch", "--nproc", "2", "--master-port", "0", "--", "run"],
+            "master-port",
+        ),
+        (
+            vec![
+                "launch",
+                "--nproc",
+                "2",
+                "--master-addr",
+                "a b",
+                "--",
+                "run",
+            ],
+            "MASTER_ADDR",
+        ),
+        (
+            vec![
+                "launch", "--nproc", "2", "--", "launch", "--nproc", "2", "--", "run",
+            ],
+            "runs `launch` again",
+        ),
+        (
+            vec![
+                "launch",
+                "--nproc",
+                "4000000000",
+                "--nnodes",
+                "4000000000",
+                "--",
+                "run",
+            ],
+            "too many processes",
+        ),
+        (
+            vec!["--device", "cpu", "launch", "--nproc", "2", "--", "run"],
+            "after `--`",
+        ),
+    ] {
+        let out = cmd().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        // Nothing was started.
+        assert!(!err.contains("launch: ranks"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_launched_process_cannot_launch() {
+    let out = cmd()
+        .env("HYBRID_TRAINER_LAUNCHED", "1")
+        .args(["launch", "--nproc", "1", "--", "run"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("launches do not nest"), "{err}");
+}
+
+#[test]
+fn the_selftest_needs_the_environment() {
+    let out = cmd().arg("dist-selftest").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("hybrid-trainer launch"), "{err}");
+}
+
+#[test]
+fn data_parallel_runs_refuse_the_cpu() {
+    let dist = [
+        ("WORLD_SIZE", "2"),
+        ("RANK", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29999"),
+    ];
+    let out = cmd()
+        .envs(dist)
+        .args(["--device", "cpu", "demo", "--size", "8"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("data-parallel runs need one GPU per process"),
+        "{err}"
+    );
+    let out = cmd()
+        .envs(dist)
+        .env("HYBRID_DEVICE", "cpu")
+        .args(["demo", "--size", "8"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("data-parallel runs need one GPU per process"),
+        "{err}"
+    );
+    // A malformed environment is an error naming the variable.
+    let out = cmd()
+        .envs(dist)
+        .env("RANK", "x")
+        .args(["--device", "cpu", "demo", "--size", "8"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("RANK: \"x\""), "{err}");
+}
+
+#[test]
+fn the_pip_wheels_nccl_is_put_on_the_library_path_when_the_loader_lacks_one() {
+    if std::process::Command::new("python3")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        println!("no python3: skipped");
+        return;
+    }
+    let root = std::env::temp_dir().join(format!("ht-launch-pip-{}", std::process::id()));
+    let lib = root.join("nvidia").join("nccl").join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(root.join("nvidia").join("nccl").join("__init__.py"), "").unwrap();
+    std::fs::write(lib.join("libnccl.so.2"), "").unwrap();
+    let port = free_port().to_string();
+    let out = cmd()
+        .env("PYTHONPATH", &root)
+        .args([
+            "launch",
+            "--nproc",
+            "1",
+            "--master-port",
+            &port,
+            "--",
+            "dist-selftest",
+        ])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&root);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // On a machine whose loader finds libnccl by itself, the launcher leaves the path alone.
+    let line = format!(
+        "the pip wheel's {} (behind a libnccl.so link) first in LD_LIBRARY_PATH",
+        lib.join("libnccl.so.2").display()
+    );
+    assert!(err.contains(&line) || !err.contains("pip wheel"), "{err}");
+    println!("{err}");
+}

@@ -1,0 +1,528 @@
+//! [`ProcessGroup`]: this process's place among the data-parallel ranks, and the collectives a
+//! training loop needs — averaging gradients, broadcasting parameters from rank 0, checking
+//! that every rank holds the same parameters — on NCCL, with the failure handling of a serious
+//! trainer: a peer that dies is noticed through the rendezvous connections, a peer that hangs
+//! through a step that does not complete within the timeout, and either way this process
+//! aborts its NCCL communicator and exits with [`EXIT_DIST_FAILURE`] and a message saying
+//! which, instead of waiting forever.
+
+use super::{DistEnv, DistError, Liveness, Rendezvous};
+use crate::backend::cuda_backend;
+use crate::storage::Storage;
+use crate::tensor::Tensor;
+use cudarc::driver::CudaEvent;
+use gpu_core::{DType, Device};
+use gpu_cuda::nccl::{self, AbortHandle, NcclComm, ReduceOp};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+/// The exit status of a rank that gave up because another rank died or hung (the launcher's
+/// `EXIT_PEER_LOST` is the same number: it reports another rank's status first).
+pub const EXIT_DIST_FAILURE: i32 = 75;
+
+/// Gradients are all-reduced in groups of about this many bytes (PyTorch DDP's default
+/// bucket is 25 MiB): one NCCL group each.
+pub const BUCKET_BYTES: usize = 25 << 20;
+
+/// One rank of a data-parallel job (or the only one: [`ProcessGroup::single`]).
+pub struct ProcessGroup {
+    rank: usize,
+    world: usize,
+    device: Device,
+    multi: Option<Multi>,
+}
+
+struct Multi {
+    comm: NcclComm,
+    liveness: Option<Liveness>,
+    /// Work the watchdog waits for: an event recorded at the end of a step, and when.
+    fences: Arc<Mutex<VecDeque<(CudaEvent, Instant)>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ProcessGroup(rank {} of {} on {})",
+            self.rank, self.world, self.device
+        )
+    }
+}
+
+/// Reports a failure of the job and leaves: NCCL's abort path (pending collectives return),
+/// then the process exits. Called from watcher threads.
+/// The abort runs on its own thread and gets [`ABORT_WAIT`]: the process exits either way.
+fn fail(rank: usize, abort: &AbortHandle, why: &str) -> ! {
+    eprintln!("rank {rank}: {why}; aborting the NCCL communicator and exiting");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = abort.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(handle.abort(ABORT_WAIT / 2));
+    });
+    match rx.recv_timeout(ABORT_WAIT) {
+        Ok(true) => {}
+        Ok(false) => eprintln!("rank {rank}: the communicator was busy or already gone"),
+        Err(_) => eprintln!(
+            "rank {rank}: ncclCommAbort did not return within {} s",
+            ABORT_WAIT.as_secs()
+        ),
+    }
+    std::process::exit(EXIT_DIST_FAILURE)
+}
+
+/// How long a failing rank waits for NCCL's abort before it exits anyway.
+pub const ABORT_WAIT: Duration = Duration::from_secs(10);
+
+impl ProcessGroup {
+    /// A group of one: every collective is the identity.
+    pub fn single(device: Device) -> ProcessGroup {
+        ProcessGroup {
+            rank: 0,
+            world: 1,
+            device,
+            multi: None,
+        }
+    }
+
+    /// Joins the job the environment describes ([`DistEnv`]), or a group of one when it
+    /// describes none. Several ranks need a CUDA `device` (`cuda:LOCAL_RANK`, one GPU a
+    /// process) and NCCL; the rendezvous and NCCL's set-up must finish within `timeout`, and
+    /// so must every later step ([`ProcessGroup::fence`]) once it is queued.
+    pub fn from_env(device: Device, timeout: Duration) -> Result<ProcessGroup, DistError> {
+        match DistEnv::from_env()? {
+            Some(env) if env.world_size > 1 => ProcessGroup::init(&env, device, timeout),
+            _ => Ok(ProcessGroup::single(device)),
+        }
+    }
+
+    /// Joins the job of `env` on `device` (see [`ProcessGroup::from_env`]).
+    pub fn init(
+        env: &DistEnv,
+        device: Device,
+        timeout: Duration,
+    ) -> Result<ProcessGroup, DistError> {
+        if env.world_size == 1 {
+            return Ok(ProcessGroup::single(device));
+        }
+        let Device::Cuda(ordinal) = device else {
+            return Err(DistError::Env {
+                var: "WORLD_SIZE",
+                reason: format!(
+                    "{} ranks need one CUDA device each, this one was given {device}",
+                    env.world_size
+                ),
+            });
+        };
+        if ordinal != env.local_rank {
+            tracing::warn!(
+                "rank {} runs on cuda:{ordinal}, not cuda:LOCAL_RANK = cuda:{}",
+                env.rank,
+                env.local_rank
+            );
+        }
+        nccl::available().map_err(|e| DistError::NcclUnavailable(e.to_string()))?;
+        let backend = cuda_backend(ordinal)?;
+        let mut rdv = Rendezvous::connect(env, timeout)?;
+        let id = if env.rank == 0 {
+            Some(nccl::unique_id().map_err(nccl_err("ncclGetUniqueId"))?)
+        } else {
+            None
+        };
+        let id = rdv.broadcast_id(id, timeout)?;
+        let comm = NcclComm::new(&backend, env.rank, env.world_size, &id)
+            .map_err(nccl_err("ncclCommInitRank"))?;
+        let abort = comm.abort_handle();
+        let rank = env.rank;
+        let liveness = rdv.watch(move |e: DistError| fail(rank, &abort, &e.to_string()));
+        let group = ProcessGroup {
+            rank,
+            world: env.world_size,
+            device,
+            multi: Some(Multi {
+                comm,
+                liveness: Some(liveness),
+                fences: Arc::default(),
+                stop: Arc::default(),
+            }),
+        };
+        group.start_watchdog(timeout);
+        // One collective now, so that NCCL's connections are up before any CUDA graph capture
+        // and a broken set-up shows here.
+        let probe = Tensor::from_vec(vec![1.0f32], &[1], device)?;
+        group.all_reduce(&[&probe], ReduceOp::Sum)?;
+        let got = probe.to_vec()?[0];
+        if got != env.world_size as f32 {
+            return Err(DistError::Nccl {
+                call: "ncclAllReduce",
+                detail: format!(
+                    "the set-up sum came back {got}, expected {}",
+                    env.world_size
+                ),
+            });
+        }
+        Ok(group)
+    }
+
+    /// A thread that aborts the job when a step recorded by [`ProcessGroup::fence`] has not
+    /// completed `timeout` after it was queued (a peer that hangs inside a collective).
+    fn start_watchdog(&self, timeout: Duration) {
+        let Some(m) = &self.multi else { return };
+        let (fences, stop, abort) = (m.fences.clone(), m.stop.clone(), m.comm.abort_handle());
+        let ctx = m.comm.backend().context().clone();
+        let rank = self.rank;
+        std::thread::spawn(move || {
+            if ctx.bind_to_thread().is_err() {
+                return;
+            }
+            // A step's time runs from when it was queued or when the one before it completed,
+            // whichever is later: a host far ahead of its GPU does not count as a hang.
+            let mut last_done = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                let mut q = fences.lock().unwrap_or_else(|p| p.into_inner());
+                while let Some((ev, queued)) = q.front() {
+                    let since = (*queued).max(last_done);
+                    match ev.try_is_complete() {
+                        Ok(true) => {
+                            q.pop_front();
+                            last_done = Instant::now();
+                        }
+                        Ok(false) if since.elapsed() > timeout => {
+                            let why = format!(
+                                "a step queued {:.1} s ago has not completed (timeout {:.1} s): \
+                                 another rank hangs or is gone",
+                                since.elapsed().as_secs_f64(),
+                                timeout.as_secs_f64()
+                            );
+                            drop(q);
+                            fail(rank, &abort, &why);
+                        }
+                        Ok(false) => break,
+                        Err(e) => {
+                            let why = format!("the device reported {e:?} in a step");
+                            drop(q);
+                            fail(rank, &abort, &why);
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// Rank 0: the one that logs, evaluates and writes checkpoints.
+    pub fn is_main(&self) -> bool {
+        self.rank == 0
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The NCCL communicator (none in a group of one).
+    pub fn comm(&self) -> Option<&NcclComm> {
+        self.multi.as_ref().map(|m| &m.comm)
+    }
+
+    /// Marks the end of a queued step for the hang watchdog (cheap: one event).
+    pub fn fence(&self) -> Result<(), DistError> {
+        let Some(m) = &self.multi else { return Ok(()) };
+        let ev = m.comm.backend().stream().record_event(None).map_err(|e| {
+            DistError::Gpu(gpu_core::GpuError::Cuda {
+                call: "cuEventRecord",
+                detail: gpu_cuda::describe_driver_error(&e),
+            })
+        })?;
+        m.fences
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back((ev, Instant::now()));
+        Ok(())
+    }
+
+    /// Reduces every tensor in place across the ranks (every rank passes tensors of the same
+    /// shapes in the same order), in buckets of about [`BUCKET_BYTES`], each one NCCL group,
+    /// queued on the device's stream (capturable in a CUDA graph). Tensors sharing storage are
+    /// reduced once.
+    pub fn all_reduce(&self, tensors: &[&Tensor], op: ReduceOp) -> Result<(), DistError> {
+        let Some(m) = &self.multi else { return Ok(()) };
+        self.check_tensors("all_reduce", tensors)?;
+        for bucket in buckets(&unique(tensors)) {
+            let mut guards: Vec<RwLockWriteGuard<'_, Storage>> =
+                bucket.iter().map(|t| t.write()).collect();
+            let mut bufs = cuda_bufs(&mut guards)?;
+            m.comm
+                .all_reduce(&mut bufs, op)
+                .map_err(nccl_err("ncclAllReduce"))?;
+        }
+        Ok(())
+    }
+
+    /// Averages the tensors (gradients) across the ranks in place: [`ReduceOp::Avg`].
+    pub fn all_reduce_mean(&self, tensors: &[&Tensor]) -> Result<(), DistError> {
+        self.all_reduce(tensors, ReduceOp::Avg)
+    }
+
+    /// Overwrites every tensor with rank `root`'s values.
+    pub fn broadcast(&self, tensors: &[&Tensor], root: usize) -> Result<(), DistError> {
+        let Some(m) = &self.multi else { return Ok(()) };
+        self.check_tensors("broadcast", tensors)?;
+        for bucket in buckets(&unique(tensors)) {
+            let mut guards: Vec<RwLockWriteGuard<'_, Storage>> =
+                bucket.iter().map(|t| t.write()).collect();
+            let mut bufs = cuda_bufs(&mut guards)?;
+            m.comm
+                .broadcast(&mut bufs, root)
+                .map_err(nccl_err("ncclBroadcast"))?;
+        }
+        Ok(())
+    }
+
+    /// A checksum of the tensors' bits (FNV-1a over their values in order), checked equal on
+    /// every rank: an error naming the ranks that differ from rank 0 otherwise. Returns it.
+    pub fn check_identical(&self, tensors: &[&Tensor]) -> Result<u64, DistError> {
+        let sum = checksum(tensors)?;
+        let Some(m) = &self.multi else { return Ok(sum) };
+        let mine = Tensor::from_vec(vec![sum as u32, (sum >> 32) as u32], &[2], self.device)?;
+        let all = Tensor::from_vec(vec![0u32; 2 * self.world], &[2 * self.world], self.device)?;
+        {
+            let (s, mut r) = (mine.read(), all.write());
+            let (Storage::Cuda(s), Storage::Cuda(r)) = (&*s, &mut *r) else {
+                return Err(not_cuda("check_identical"));
+            };
+            m.comm.all_gather(s, r).map_err(nccl_err("ncclAllGather"))?;
+        }
+        let words = all.to_vec_u32()?;
+        let sums: Vec<u64> = words
+            .chunks(2)
+            .map(|w| w[0] as u64 | (w[1] as u64) << 32)
+            .collect();
+        let differ: Vec<usize> = (0..self.world).filter(|&r| sums[r] != sums[0]).collect();
+        if differ.is_empty() {
+            Ok(sum)
+        } else {
+            Err(DistError::Nccl {
+                call: "check_identical",
+                detail: format!(
+                    "the parameters of ranks {differ:?} differ from rank 0's (checksums {sums:x?})"
+                ),
+            })
+        }
+    }
+
+    fn check_tensors(&self, op: &'static str, tensors: &[&Tensor]) -> Result<(), DistError> {
+        for t in tensors {
+            if t.device() != self.device {
+                return Err(DistError::Gpu(gpu_core::GpuError::DeviceMismatch {
+                    op,
+                    a: self.device,
+                    b: t.device(),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves the job on purpose: waits for this rank's queued work, tells the others, and
+    /// destroys the communicator. (Dropping the group without it does the same, silently.)
+    pub fn finish(mut self) -> Result<(), DistError> {
+        if let Some(m) = &self.multi {
+            m.comm.backend().stream().synchronize().map_err(|e| {
+                DistError::Gpu(gpu_core::GpuError::Cuda {
+                    call: "cuStreamSynchronize",
+                    detail: gpu_cuda::describe_driver_error(&e),
+                })
+            })?;
+        }
+        self.leave();
+        Ok(())
+    }
+
+    fn leave(&mut self) {
+        if let Some(mut m) = self.multi.take() {
+            m.stop.store(true, Ordering::Relaxed);
+            if let Some(l) = m.liveness.take() {
+                l.goodbye();
+            }
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+fn nccl_err(call: &'static str) -> impl Fn(gpu_core::GpuError) -> DistError {
+    move |e| match e {
+        gpu_core::GpuError::Cuda { detail, .. } => DistError::Nccl { call, detail },
+        other => DistError::Gpu(other),
+    }
+}
+
+fn not_cuda(op: &'static str) -> DistError {
+    DistError::Gpu(gpu_core::GpuError::invalid(
+        op,
+        "a CUDA tensor's storage is on the host",
+    ))
+}
+
+/// The tensors with distinct storage, in order.
+fn unique<'a>(tensors: &[&'a Tensor]) -> Vec<&'a Tensor> {
+    let mut out: Vec<&Tensor> = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        if !out.iter().any(|u| Arc::ptr_eq(&u.0.storage, &t.0.storage)) {
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// Consecutive runs of tensors of at most [`BUCKET_BYTES`] (a larger tensor alone).
+fn buckets<'a>(tensors: &[&'a Tensor]) -> Vec<Vec<&'a Tensor>> {
+    let mut out: Vec<Vec<&Tensor>> = Vec::new();
+    let mut bytes = 0usize;
+    for t in tensors {
+        let b = t.numel().saturating_mul(t.dtype().size_in_bytes());
+        if out.is_empty() || bytes.saturating_add(b) > BUCKET_BYTES {
+            out.push(Vec::new());
+            bytes = 0;
+        }
+        bytes = bytes.saturating_add(b);
+        if let Some(last) = out.last_mut() {
+            last.push(t);
+        }
+    }
+    out
+}
+
+pub(super) fn cuda_bufs<'g>(
+    guards: &'g mut [RwLockWriteGuard<'_, Storage>],
+) -> Result<Vec<&'g mut gpu_cuda::CudaBuffer>, DistError> {
+    guards
+        .iter_mut()
+        .map(|g| match &mut **g {
+            Storage::Cuda(b) => Ok(b),
+            Storage::Cpu(_) => Err(not_cuda("all_reduce")),
+        })
+        .collect()
+}
+
+/// FNV-1a over the tensors' values (f32 bits; u32 as they are; bf16 widened to f32 bits).
+fn checksum(tensors: &[&Tensor]) -> Result<u64, DistError> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |w: u32| {
+        for b in w.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for t in tensors {
+        match t.dtype() {
+            DType::U32 => t.to_vec_u32()?.into_iter().for_each(&mut eat),
+            _ => t.to_vec()?.into_iter().for_each(|x| eat(x.to_bits())),
+        }
+    }
+    Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group of one is the identity and needs neither NCCL nor a GPU.
+    #[test]
+    fn a_group_of_one_changes_nothing() {
+        let pg = ProcessGroup::single(Device::Cpu);
+        let t = Tensor::from_vec(vec![1.0f32, -2.0, 3.5], &[3], Device::Cpu).unwrap();
+        pg.all_reduce_mean(&[&t]).unwrap();
+        pg.broadcast(&[&t], 0).unwrap();
+        pg.fence().unwrap();
+        assert_eq!(t.to_vec().unwrap(), vec![1.0, -2.0, 3.5]);
+        let a = pg.check_identical(&[&t]).unwrap();
+        let u = Tensor::from_vec(vec![1.0f32, -2.0, 3.25], &[3], Device::Cpu).unwrap();
+        assert_ne!(
+            a,
+            pg.check_identical(&[&u]).unwrap(),
+            "the checksum sees one value"
+        );
+        assert_eq!((pg.rank(), pg.world_size(), pg.is_main()), (0, 1, true));
+        pg.finish().unwrap();
+    }
+
+    /// Several ranks need CUDA devices and NCCL: typed errors, before any connection is tried.
+    #[test]
+    fn several_ranks_need_cuda_and_nccl() {
+        let env = DistEnv {
+            rank: 0,
+            world_size: 2,
+            local_rank: 0,
+            local_world_size: 2,
+            master_addr: "127.0.0.1".into(),
+            master_port: 1,
+        };
+        let t = Duration::from_millis(200);
+        let e = ProcessGroup::init(&env, Device::Cpu, t).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DistError::Env {
+                    var: "WORLD_SIZE",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        if nccl::available().is_err() {
+            let e = ProcessGroup::init(&env, Device::Cuda(0), t).unwrap_err();
+            assert!(matches!(e, DistError::NcclUnavailable(_)), "{e}");
+            assert!(e.to_string().contains("libnccl"), "{e}");
+        }
+        let one = DistEnv {
+            world_size: 1,
+            local_world_size: 1,
+            ..env
+        };
+        assert_eq!(
+            ProcessGroup::init(&one, Device::Cpu, t)
+                .unwrap()
+                .world_size(),
+            1
+        );
+    }
+
+    /// Buckets keep order, never exceed the limit unless one tensor alone does, and shared
+    /// storage is reduced once.
+    #[test]
+    fn buckets_and_unique() {
+        let big = BUCKET_BYTES / 4;
+        let a = Tensor::zeros(&[big / 2], Device::Cpu).unwrap();
+        let b = Tensor::zeros(&[big / 2 + 1], Device::Cpu).unwrap();
+        let c = Tensor::zeros(&[2 * big], Device::Cpu).unwrap();
+        let d = Tensor::zeros(&[3], Device::Cpu).unwrap();
+        let bs = buckets(&[&a, &b, &c, &d]);
+        let ids: Vec<Vec<u64>> = bs
+            .iter()
+            .map(|v| v.iter().map(|t| t.id()).collect())
+            .collect();
+        assert_eq!(
+            ids,
+            vec![vec![a.id()], vec![b.id()], vec![c.id()], vec![d.id()]]
+        );
+        let bs = buckets(&[&d, &a, &d]);
+        assert_eq!(bs.len(), 1);
+        let view = a.reshape(&[1, big / 2]).unwrap();
+        assert_eq!(unique(&[&a, &view, &d]).len(), 2);
+    }
+}

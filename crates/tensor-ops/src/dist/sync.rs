@@ -1,0 +1,122 @@
+//! [`StepSync`]: what a training step does between its backward pass and its optimiser across
+//! processes, and [`GradSync`], PyTorch DDP's scheme on a [`ProcessGroup`]: each gradient joins
+//! a bucket the moment the backward pass has finished it; a full bucket (about
+//! [`BUCKET_BYTES`]) is averaged across the ranks by NCCL on a communication stream while the
+//! pass goes on; the step's end waits for the last bucket (and the loss, averaged with it).
+
+use super::group::{ProcessGroup, BUCKET_BYTES};
+use crate::storage::Storage;
+use crate::tensor::Tensor;
+use gpu_core::Result;
+use gpu_cuda::nccl::ReduceOp;
+use std::sync::{Arc, RwLockWriteGuard};
+
+/// Hooks of a training step (see [`crate::gpt::GraphedStep::capture_synced`]).
+pub trait StepSync {
+    /// `param`'s gradient `grad` is final; it may be replaced (see [`Tensor::backward_with`]).
+    fn grad_ready(&mut self, param: &Tensor, grad: &mut Tensor) -> Result<()>;
+    /// The backward pass is done: whatever was started must be complete, as far as the
+    /// device's stream is concerned, when this returns; `loss` (the step's loss, detached) is
+    /// averaged with the gradients.
+    fn finish(&mut self, loss: &Tensor) -> Result<()>;
+}
+
+/// A single process: nothing to do.
+pub struct NoSync;
+
+impl StepSync for NoSync {
+    fn grad_ready(&mut self, _: &Tensor, _: &mut Tensor) -> Result<()> {
+        Ok(())
+    }
+    fn finish(&mut self, _: &Tensor) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Bucketed, overlapped gradient averaging over a [`ProcessGroup`] (a no-op in a group of one).
+/// Every rank must run the same graph, so that the buckets match.
+pub struct GradSync<'a> {
+    pg: &'a ProcessGroup,
+    bucket: Vec<Tensor>,
+    bytes: usize,
+    /// The buckets queued on the communication stream: alive until the join.
+    queued: Vec<Tensor>,
+    /// Averaged with the gradients (off: a sum, for tests of the plumbing).
+    op: ReduceOp,
+}
+
+impl<'a> GradSync<'a> {
+    pub fn new(pg: &'a ProcessGroup) -> GradSync<'a> {
+        GradSync {
+            pg,
+            bucket: Vec::new(),
+            bytes: 0,
+            queued: Vec::new(),
+            op: ReduceOp::Avg,
+        }
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.bucket.is_empty() {
+            return Ok(());
+        }
+        let Some(comm) = self.pg.comm() else {
+            self.bucket.clear();
+            return Ok(());
+        };
+        {
+            let mut guards: Vec<RwLockWriteGuard<'_, Storage>> =
+                self.bucket.iter().map(|t| t.write()).collect();
+            let mut bufs = super::group::cuda_bufs(&mut guards)?;
+            comm.all_reduce_async(&mut bufs, self.op)?;
+        }
+        self.queued.append(&mut self.bucket);
+        self.bytes = 0;
+        Ok(())
+    }
+
+    /// Whether `t`'s storage is already in a bucket.
+    fn held(&self, t: &Tensor) -> bool {
+        self.bucket
+            .iter()
+            .chain(&self.queued)
+            .any(|u| Arc::ptr_eq(&u.0.storage, &t.0.storage))
+    }
+}
+
+impl StepSync for GradSync<'_> {
+    fn grad_ready(&mut self, _param: &Tensor, grad: &mut Tensor) -> Result<()> {
+        if self.pg.comm().is_none() {
+            return Ok(());
+        }
+        // Changed in place on another stream while the pass goes on: it must be this
+        // gradient's alone (an op may hand the same tensor to two inputs).
+        if Arc::strong_count(&grad.0) > 1
+            || Arc::strong_count(&grad.0.storage) > 1
+            || self.held(grad)
+        {
+            *grad = grad.mul_scalar(1.0)?;
+        }
+        self.bytes = self
+            .bytes
+            .saturating_add(grad.numel().saturating_mul(grad.dtype().size_in_bytes()));
+        self.bucket.push(grad.clone());
+        if self.bytes >= BUCKET_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, loss: &Tensor) -> Result<()> {
+        let Some(comm) = self.pg.comm() else {
+            return Ok(());
+        };
+        if !self.held(loss) {
+            self.bucket.push(loss.clone());
+        }
+        self.flush()?;
+        comm.join()?;
+        self.queued.clear();
+        Ok(())
+    }
+}
