@@ -215,6 +215,8 @@ impl NcclComm {
             comm: Mutex::new(Some(Raw(comm))),
         });
         let ctx = backend.context();
+        // A plain stream: one at the device's highest priority measured the same (2 x H200,
+        // docs/benchmarks.md).
         let made = (|| {
             Ok((
                 ctx.new_stream()?,

@@ -13,4 +13,5 @@ pub mod launch;
 pub mod parity;
 pub mod parity_gru;
 pub mod report;
+pub mod train_ckpt;
 pub mod train_gpt;

@@ -3,6 +3,7 @@
 //! device or data-parallel over several GPUs, one process each (`hybrid-trainer launch`, or any
 //! launcher that sets the `torch.distributed` environment: docs/multi-gpu.md).
 
+use crate::train_ckpt::{self, TrainState};
 use anyhow::{ensure, Context, Result};
 use gpu_core::Device;
 use std::path::PathBuf;
@@ -84,6 +85,17 @@ pub struct TrainArgs {
     /// Characters to sample after training.
     #[arg(long, default_value_t = 200)]
     pub sample: usize,
+    /// Write a checkpoint (weights, AdamW state, iteration) into this directory every
+    /// `--checkpoint-interval` iterations and at the end (rank 0 only).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    pub checkpoint_interval: u32,
+    /// Continue from the newest checkpoint in this directory (written by a run with the same
+    /// seed, global batch, context and model, on any number of GPUs); `--iters` counts from
+    /// the start of the original run. Every rank reads it.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
     /// Data-parallel runs: how long the rendezvous and NCCL's set-up, and then each step, may
     /// take before the other ranks are declared hung or gone (this rank then aborts NCCL and
     /// exits with status 75).
@@ -270,6 +282,35 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         _ => None,
     };
     let mut rng = Dataset::rng(a.seed);
+    let ck_state = |iter: u32, opt: &tensor_ops::optim::AdamW| TrainState {
+        iter,
+        opt_step: opt.steps(),
+        seed: a.seed,
+        batch: a.batch,
+        block: a.block,
+        params: model.num_params(),
+        ranks: world,
+    };
+    let mut start = 0;
+    if let Some(dir) = &a.resume {
+        let expect = ck_state(0, &opt);
+        let st = train_ckpt::load(dir, &model, &mut opt, &expect)?;
+        ensure!(
+            st.iter <= a.iters,
+            "{} is at iteration {}, past --iters {}",
+            dir.display(),
+            st.iter,
+            a.iters
+        );
+        // The batches of the iterations done, drawn again: the data stream goes on.
+        ds.skip_batches(false, batch, block, st.iter as usize, &mut rng)?;
+        start = st.iter;
+        say!(
+            "resumed from {} at iteration {start} (written by {} rank(s), now {world})",
+            dir.display(),
+            st.ranks
+        );
+    }
     let tokens_per_iter = a.batch as f64 * a.block as f64;
     let (mut best, mut best_iter, mut last_val, mut last_train) =
         (f32::INFINITY, 0, f32::NAN, f32::NAN);
@@ -277,7 +318,14 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     // Training time runs from `since` (after an evaluation) to each read-back of the loss.
     let (mut since, mut steps_since) = (Instant::now(), 0u32);
     let mut last_loss: Option<Tensor> = None;
-    for it in 0..=a.iters {
+    for it in start..=a.iters {
+        if let Some(dir) = a.checkpoint.as_ref().filter(|_| main && it > start) {
+            if it % a.checkpoint_interval == 0 || it == a.iters {
+                let sub = train_ckpt::save(dir, &model, &opt, &ck_state(it, &opt))
+                    .with_context(|| format!("writing a checkpoint into {}", dir.display()))?;
+                say!("checkpoint {}", sub.display());
+            }
+        }
         if it % a.eval_interval == 0 || it == a.iters {
             if let Some(l) = last_loss.take() {
                 let l = l.item()?; // synchronises: the steps so far are done
@@ -349,6 +397,9 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
             last_loss = Some(loss);
         }
     }
+    // NCCL's communicator outlives nothing that holds its collectives: the captured step goes
+    // first (destroying the communicator waits for the graphs that use it).
+    drop(graphed);
     if !main {
         // The other ranks are done once their last step is: leave, and let rank 0 finish.
         pg.finish()?;

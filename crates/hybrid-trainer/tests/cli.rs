@@ -268,3 +268,92 @@ fn the_main_job_refuses_bad_sizes_cleanly() {
     }
     std::fs::remove_dir_all(&out).ok();
 }
+
+/// `iter N: loss X` lines of `train-gpt`'s output, by iteration.
+fn logged_losses(out: &str) -> std::collections::BTreeMap<u32, String> {
+    out.lines()
+        .filter_map(|l| {
+            let (it, rest) = l.strip_prefix("iter ")?.split_once(": loss ")?;
+            Some((it.parse().ok()?, rest.split(',').next()?.to_string()))
+        })
+        .collect()
+}
+
+/// `train-gpt --checkpoint` then `--resume` from its iteration-10 checkpoint continues the run
+/// bit for bit on one device: the same losses at iterations 10–19 and the same final
+/// evaluation (printed in full by the summary). A checkpoint of another run's shape is refused.
+#[test]
+fn train_gpt_resumes_from_a_checkpoint_bit_for_bit() {
+    let corpus = Corpus::new("ckpt");
+    let dir = std::env::temp_dir().join(format!("train-gpt-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = corpus.0.to_str().unwrap();
+    let ck = dir.to_str().unwrap();
+    let base = [
+        "--device",
+        "cpu",
+        "train-gpt",
+        "--data",
+        data,
+        "--block",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--embd",
+        "16",
+        "--iters",
+        "20",
+        "--warmup",
+        "5",
+        "--log-interval",
+        "1",
+        "--eval-interval",
+        "100",
+        "--eval-iters",
+        "2",
+        "--sample",
+        "0",
+    ];
+    let run = |extra: &[&str]| {
+        let out = Command::cargo_bin("hybrid-trainer")
+            .unwrap()
+            .args(base)
+            .args(["--batch", "4"])
+            .args(extra)
+            .assert()
+            .success();
+        String::from_utf8_lossy(&out.get_output().stdout).into_owned()
+    };
+    let full = run(&["--checkpoint", ck, "--checkpoint-interval", "10"]);
+    assert!(full.contains("checkpoint"), "{full}");
+    let mid = dir.join("iter-0000010");
+    let resumed = run(&["--resume", mid.to_str().unwrap()]);
+    assert!(resumed.contains("resumed from"), "{resumed}");
+    let (a, b) = (logged_losses(&full), logged_losses(&resumed));
+    assert_eq!(
+        b.keys().copied().collect::<Vec<_>>(),
+        (10..20).collect::<Vec<_>>()
+    );
+    for (it, loss) in &b {
+        assert_eq!(Some(loss), a.get(it), "iteration {it}");
+    }
+    let summary = |s: &str| {
+        s.lines().find(|l| l.starts_with("summary")).map(|l| {
+            let v: serde_json::Value = serde_json::from_str(&l["summary ".len()..]).unwrap();
+            (v["final_train_loss"].clone(), v["final_val_loss"].clone())
+        })
+    };
+    assert_eq!(summary(&full), summary(&resumed));
+    // The newest checkpoint (iteration 20) of a run with another global batch: refused.
+    let out = Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(base)
+        .args(["--batch", "8", "--resume", ck])
+        .assert()
+        .failure();
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("--batch (global) 4"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -43,7 +43,7 @@ fn free_port() -> u16 {
 }
 
 /// A small GPT, fp32, no dropout: every difference between the runs is reduction order.
-fn train_args(iters: u32, extra: &[&str]) -> Vec<String> {
+fn train_args(iters: u32, log_interval: u32, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [
         "train-gpt",
         "--batch",
@@ -58,8 +58,6 @@ fn train_args(iters: u32, extra: &[&str]) -> Vec<String> {
         "128",
         "--dropout",
         "0",
-        "--log-interval",
-        "1",
         "--eval-interval",
         "100000",
         "--eval-iters",
@@ -74,6 +72,8 @@ fn train_args(iters: u32, extra: &[&str]) -> Vec<String> {
     .collect();
     v.push("--iters".into());
     v.push(iters.to_string());
+    v.push("--log-interval".into());
+    v.push(log_interval.to_string());
     v.push("--data".into());
     v.push(corpus().display().to_string());
     v.extend(extra.iter().map(|s| s.to_string()));
@@ -92,14 +92,39 @@ fn losses(out: &str) -> Vec<(u32, f64)> {
         .collect()
 }
 
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("starting hybrid-trainer");
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "run failed ({}):\n{text}", out.status);
+/// Runs `cmd` to its end within `limit` (killed and reported after), echoing its output to
+/// stderr as it comes; returns stdout and stderr together.
+fn run(cmd: &mut Command, limit: Duration) -> String {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting hybrid-trainer");
+    let rx = lines(&mut child);
+    let mut seen = Vec::new();
+    let until = Instant::now() + limit;
+    let status = loop {
+        while let Ok(l) = rx.recv_timeout(Duration::from_millis(20)) {
+            eprintln!("  | {l}");
+            seen.push(l);
+        }
+        if let Ok(Some(s)) = child.try_wait() {
+            break Some(s);
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+    };
+    while let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+        seen.push(l);
+    }
+    let text = seen.join("\n");
+    match status {
+        Some(s) => assert!(s.success(), "run failed ({s}):\n{text}"),
+        None => panic!("run did not finish within {} s:\n{text}", limit.as_secs()),
+    }
     text
 }
 
@@ -119,21 +144,27 @@ fn multigpu_data_parallel_matches_one_gpu() {
         return;
     }
     let _gpus = gpus();
-    let one = run(Command::new(binary())
-        .arg("--device")
-        .arg("cuda:0")
-        .args(train_args(50, &[])));
+    let one = run(
+        Command::new(binary())
+            .arg("--device")
+            .arg("cuda:0")
+            .args(train_args(50, 1, &[])),
+        Duration::from_secs(90),
+    );
     let port = free_port().to_string();
-    let two = run(Command::new(binary())
-        .args([
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            &port,
-            "--",
-        ])
-        .args(train_args(50, &[])));
+    let two = run(
+        Command::new(binary())
+            .args([
+                "launch",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                &port,
+                "--",
+            ])
+            .args(train_args(50, 1, &[])),
+        Duration::from_secs(90),
+    );
     assert!(two.contains("data parallel: 2 ranks"), "{two}");
     assert!(two.contains("parameters identical on all 2 ranks"), "{two}");
     let (a, b) = (losses(&one), losses(&two));
@@ -243,9 +274,20 @@ fn a_lost_rank_stops_the_other(test: &str, freeze: bool) {
     }
     let _gpus = gpus();
     let port = free_port().to_string();
+    let ck = std::env::temp_dir().join(format!("dp-ckpt-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ck);
+    let ck_s = ck.display().to_string();
     let args = train_args(
         1_000_000,
-        &["--log-interval", "10", "--dist-timeout-secs", "10"],
+        10,
+        &[
+            "--dist-timeout-secs",
+            "10",
+            "--checkpoint",
+            &ck_s,
+            "--checkpoint-interval",
+            "10",
+        ],
     );
     let mut r0 = spawn_rank(0, &port, &args);
     let mut r1 = spawn_rank(1, &port, &args);
@@ -295,6 +337,27 @@ fn a_lost_rank_stops_the_other(test: &str, freeze: bool) {
         log.contains(why),
         "{test}: rank 0 did not say '{why}':\n{log}"
     );
+    // The checkpoint written before the failure resumes on one GPU.
+    let latest =
+        std::fs::read_to_string(ck.join("latest")).expect("a checkpoint before the failure");
+    let at: u32 = latest
+        .trim()
+        .trim_start_matches("iter-")
+        .parse()
+        .expect("iter-N");
+    let resumed = run(
+        Command::new(binary())
+            .args(["--device", "cuda:0"])
+            .args(train_args(at + 5, 1, &["--resume", &ck_s])),
+        Duration::from_secs(120),
+    );
+    assert!(
+        resumed.contains(&format!("at iteration {at} (written by 2 rank(s), now 1)")),
+        "{resumed}"
+    );
+    let steps: Vec<u32> = losses(&resumed).iter().map(|p| p.0).collect();
+    assert_eq!(steps, (at..at + 5).collect::<Vec<_>>(), "{resumed}");
+    let _ = std::fs::remove_dir_all(&ck);
     eprintln!(
         "{test}: rank 0 exited with 75 {:.1} s after rank 1 was {}",
         took.as_secs_f64(),

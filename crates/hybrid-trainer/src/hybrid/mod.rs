@@ -40,7 +40,7 @@
 //! failure with no predicted step since that snapshot is plain AdamW's own and is returned as
 //! [`HybridError::Diverged`].
 
-mod checkpoint;
+pub(crate) mod checkpoint;
 mod full;
 mod run;
 pub mod state;

@@ -14,7 +14,7 @@ use cudarc::driver::CudaEvent;
 use gpu_core::{DType, Device};
 use gpu_cuda::nccl::{self, AbortHandle, NcclComm, ReduceOp};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -38,7 +38,9 @@ struct Multi {
     comm: NcclComm,
     liveness: Option<Liveness>,
     /// Work the watchdog waits for: an event recorded at the end of a step, and when.
-    fences: Arc<Mutex<VecDeque<(CudaEvent, Instant)>>>,
+    fences: Arc<Mutex<VecDeque<(CudaEvent, u64)>>>,
+    /// The watchdog's clock (milliseconds since the group started, from 1).
+    t0: Instant,
     stop: Arc<AtomicBool>,
 }
 
@@ -53,8 +55,10 @@ impl std::fmt::Debug for ProcessGroup {
 }
 
 /// Reports a failure of the job and leaves: NCCL's abort path (pending collectives return),
-/// then the process exits. Called from watcher threads.
-/// The abort runs on its own thread and gets [`ABORT_WAIT`]: the process exits either way.
+/// then the process ends at once with [`EXIT_DIST_FAILURE`]. Called from watcher threads while
+/// the main thread may be blocked in the device (or still queueing work), so the abort runs
+/// on its own thread and gets [`ABORT_WAIT`], and the process ends with `_exit`: exit handlers
+/// and destructors (NCCL's and the driver's included) would wait for the blocked work.
 fn fail(rank: usize, abort: &AbortHandle, why: &str) -> ! {
     eprintln!("rank {rank}: {why}; aborting the NCCL communicator and exiting");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -70,11 +74,16 @@ fn fail(rank: usize, abort: &AbortHandle, why: &str) -> ! {
             ABORT_WAIT.as_secs()
         ),
     }
-    std::process::exit(EXIT_DIST_FAILURE)
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` ends the process without running exit handlers or destructors; nothing
+    // after this point relies on them (output is flushed above).
+    unsafe { libc::_exit(EXIT_DIST_FAILURE) }
 }
 
 /// How long a failing rank waits for NCCL's abort before it exits anyway.
-pub const ABORT_WAIT: Duration = Duration::from_secs(10);
+pub const ABORT_WAIT: Duration = Duration::from_secs(3);
 
 impl ProcessGroup {
     /// A group of one: every collective is the identity.
@@ -145,6 +154,7 @@ impl ProcessGroup {
                 comm,
                 liveness: Some(liveness),
                 fences: Arc::default(),
+                t0: Instant::now(),
                 stop: Arc::default(),
             }),
         };
@@ -166,48 +176,83 @@ impl ProcessGroup {
         Ok(group)
     }
 
-    /// A thread that aborts the job when a step recorded by [`ProcessGroup::fence`] has not
-    /// completed `timeout` after it was queued (a peer that hangs inside a collective).
+    /// Two threads that end the job when a step recorded by [`ProcessGroup::fence`] has not
+    /// completed `timeout` after it could start (a peer that hangs inside a collective). The
+    /// prober asks the device which steps are done (`cuEventQuery`) and publishes, in atomics,
+    /// when it last answered and since when the oldest pending step waits; the watchdog reads
+    /// only those, so it fires even when the driver blocks the prober's query behind the main
+    /// thread's wait for the stuck step.
     fn start_watchdog(&self, timeout: Duration) {
         let Some(m) = &self.multi else { return };
         let (fences, stop, abort) = (m.fences.clone(), m.stop.clone(), m.comm.abort_handle());
         let ctx = m.comm.backend().context().clone();
         let rank = self.rank;
+        let t0 = m.t0;
+        let ms = move || t0.elapsed().as_millis() as u64 + 1;
+        // When the prober last finished a pass, and since when the front step waits (0: none).
+        let answered = Arc::new(AtomicU64::new(ms()));
+        let waiting = Arc::new(AtomicU64::new(0));
+        let (ans, wait, stop_p) = (answered.clone(), waiting.clone(), stop.clone());
+        let prober_abort = abort.clone();
         std::thread::spawn(move || {
-            if ctx.bind_to_thread().is_err() {
+            if let Err(e) = ctx.bind_to_thread() {
+                tracing::warn!("rank {rank}: the step watchdog is off: {e:?}");
+                ans.store(u64::MAX, Ordering::Relaxed);
                 return;
             }
-            // A step's time runs from when it was queued or when the one before it completed,
+            // A step's wait starts when it was queued or when the one before it completed,
             // whichever is later: a host far ahead of its GPU does not count as a hang.
-            let mut last_done = Instant::now();
-            while !stop.load(Ordering::Relaxed) {
+            let mut last_done = ms();
+            while !stop_p.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(100));
                 let mut q = fences.lock().unwrap_or_else(|p| p.into_inner());
+                let mut front = 0;
                 while let Some((ev, queued)) = q.front() {
-                    let since = (*queued).max(last_done);
                     match ev.try_is_complete() {
                         Ok(true) => {
                             q.pop_front();
-                            last_done = Instant::now();
+                            last_done = ms();
                         }
-                        Ok(false) if since.elapsed() > timeout => {
-                            let why = format!(
-                                "a step queued {:.1} s ago has not completed (timeout {:.1} s): \
-                                 another rank hangs or is gone",
-                                since.elapsed().as_secs_f64(),
-                                timeout.as_secs_f64()
-                            );
-                            drop(q);
-                            fail(rank, &abort, &why);
+                        Ok(false) => {
+                            front = (*queued).max(last_done);
+                            break;
                         }
-                        Ok(false) => break,
                         Err(e) => {
                             let why = format!("the device reported {e:?} in a step");
                             drop(q);
-                            fail(rank, &abort, &why);
+                            fail(rank, &prober_abort, &why);
                         }
                     }
                 }
+                wait.store(front, Ordering::Relaxed);
+                ans.store(ms(), Ordering::Relaxed);
+            }
+        });
+        let limit = timeout.as_millis() as u64;
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                let now = ms();
+                let front = waiting.load(Ordering::Relaxed);
+                let silent = now.saturating_sub(answered.load(Ordering::Relaxed));
+                let why = if front > 0 && now.saturating_sub(front) > limit {
+                    format!("a step has waited {:.1} s", (now - front) as f64 / 1e3)
+                } else if silent > limit {
+                    format!(
+                        "the device has not answered for {:.1} s",
+                        silent as f64 / 1e3
+                    )
+                } else {
+                    continue;
+                };
+                fail(
+                    rank,
+                    &abort,
+                    &format!(
+                        "{why} and has not completed (timeout {:.1} s): another rank hangs or is gone",
+                        timeout.as_secs_f64()
+                    ),
+                );
             }
         });
     }
@@ -246,7 +291,7 @@ impl ProcessGroup {
         m.fences
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push_back((ev, Instant::now()));
+            .push_back((ev, m.t0.elapsed().as_millis() as u64 + 1));
         Ok(())
     }
 

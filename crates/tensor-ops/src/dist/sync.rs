@@ -43,6 +43,19 @@ pub struct GradSync<'a> {
     queued: Vec<Tensor>,
     /// Averaged with the gradients (off: a sum, for tests of the plumbing).
     op: ReduceOp,
+    /// Bytes a bucket: [`BUCKET_BYTES`], or `$HYBRID_BUCKET_MIB` MiB.
+    limit: usize,
+}
+
+/// The environment variable that sets [`GradSync`]'s bucket size in MiB (default 25).
+pub const BUCKET_ENV: &str = "HYBRID_BUCKET_MIB";
+
+fn bucket_limit() -> usize {
+    std::env::var(BUCKET_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&m| (1..=1024).contains(&m))
+        .map_or(BUCKET_BYTES, |m| m << 20)
 }
 
 impl<'a> GradSync<'a> {
@@ -53,6 +66,7 @@ impl<'a> GradSync<'a> {
             bytes: 0,
             queued: Vec::new(),
             op: ReduceOp::Avg,
+            limit: bucket_limit(),
         }
     }
 
@@ -101,7 +115,7 @@ impl StepSync for GradSync<'_> {
             .bytes
             .saturating_add(grad.numel().saturating_mul(grad.dtype().size_in_bytes()));
         self.bucket.push(grad.clone());
-        if self.bytes >= BUCKET_BYTES {
+        if self.bytes >= self.limit {
             self.flush()?;
         }
         Ok(())

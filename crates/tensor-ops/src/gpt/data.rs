@@ -153,6 +153,28 @@ impl Dataset {
         Ok((x, y))
     }
 
+    /// Draws from `rng` what `n` calls of [`Dataset::batch_ids`] would, without the tokens:
+    /// a resumed run's data stream then goes on where the interrupted one stopped.
+    pub fn skip_batches(
+        &self,
+        val: bool,
+        batch: usize,
+        block: usize,
+        n: usize,
+        rng: &mut rand::rngs::StdRng,
+    ) -> Result<()> {
+        self.check_split(val, block)?;
+        let len = if val {
+            self.val.len()
+        } else {
+            self.train.len()
+        };
+        for _ in 0..n.saturating_mul(batch) {
+            let _: usize = rng.random_range(0..len - block);
+        }
+        Ok(())
+    }
+
     /// A seeded generator for [`Dataset::batch`].
     pub fn rng(seed: u64) -> rand::rngs::StdRng {
         rand::rngs::StdRng::seed_from_u64(seed)

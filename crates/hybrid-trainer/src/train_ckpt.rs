@@ -1,0 +1,134 @@
+//! Checkpoints of `train-gpt` (`--checkpoint DIR`, `--resume DIR`): the model's weights, AdamW's
+//! moments and step, and the iteration reached, in `DIR/iter-NNNNNNN/` (`model.safetensors`
+//! under the parameters' names, `optim.safetensors`, `state.json`), with `DIR/latest` naming the
+//! newest one (replaced atomically, so a crash while writing leaves the previous checkpoint).
+//!
+//! Nothing in a checkpoint depends on the number of ranks: every rank draws the same global
+//! batches from the run's seed (the draws of the iterations before are replayed on resume) and
+//! dropout seeds are a function of the iteration, so a run resumes on any number of GPUs — or
+//! on the CPU — and a single-device resume continues bit for bit.
+
+use crate::hybrid::checkpoint::{read_tensors, write_tensors, MODEL_FILE};
+use anyhow::{bail, ensure, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tensor_ops::gpt::Gpt;
+use tensor_ops::optim::{AdamW, AdamWState};
+use tensor_ops::Tensor;
+
+const OPTIM: &str = "optim.safetensors";
+const STATE: &str = "state.json";
+const LATEST: &str = "latest";
+
+/// What a checkpoint records besides the tensors; the run's shape is checked on resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    /// Iterations done (the resumed run starts at this one).
+    pub iter: u32,
+    pub opt_step: u32,
+    pub seed: u64,
+    /// The global batch and the context: the data stream depends on them.
+    pub batch: u32,
+    pub block: u32,
+    pub params: usize,
+    /// The ranks that wrote it (for the record only).
+    pub ranks: usize,
+}
+
+fn ck(e: crate::hybrid::HybridError) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+/// Writes a checkpoint of `model` and `opt` at `state.iter` into `dir` and points `latest` at it.
+pub fn save(dir: &Path, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<PathBuf> {
+    let sub = dir.join(format!("iter-{:07}", state.iter));
+    std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
+    let named: Vec<(String, Tensor)> = model
+        .parameters()
+        .into_iter()
+        .map(|(n, t, _)| (n, t))
+        .collect();
+    write_tensors(&sub.join(MODEL_FILE), &named).map_err(ck)?;
+    let (m, v) = opt.moments();
+    let mut moments = Vec::with_capacity(2 * named.len());
+    for (i, (name, _)) in named.iter().enumerate() {
+        moments.push((format!("m.{name}"), m[i].clone()));
+        moments.push((format!("v.{name}"), v[i].clone()));
+    }
+    write_tensors(&sub.join(OPTIM), &moments).map_err(ck)?;
+    std::fs::write(sub.join(STATE), serde_json::to_string_pretty(state)?)?;
+    let tmp = dir.join(format!(".latest.{}", std::process::id()));
+    std::fs::write(&tmp, sub.file_name().unwrap_or_default().as_encoded_bytes())?;
+    std::fs::rename(&tmp, dir.join(LATEST))
+        .with_context(|| format!("updating {}", dir.join(LATEST).display()))?;
+    Ok(sub)
+}
+
+/// The newest checkpoint of `dir` (its `latest`), or `dir` itself when it is one.
+fn newest(dir: &Path) -> Result<PathBuf> {
+    if dir.join(STATE).is_file() {
+        return Ok(dir.to_path_buf());
+    }
+    let name = std::fs::read_to_string(dir.join(LATEST))
+        .with_context(|| format!("{} holds no checkpoint (no {LATEST} file)", dir.display()))?;
+    let name = name.trim();
+    ensure!(
+        !name.is_empty() && !name.contains(['/', '\\']) && name != "..",
+        "{}: {LATEST} names {name:?}",
+        dir.display()
+    );
+    Ok(dir.join(name))
+}
+
+/// Loads the newest checkpoint of `dir` into `model` and `opt` (in place) after checking it
+/// was written by a run of the same shape (`expect`: seed, global batch, context, parameter
+/// count); returns its state.
+pub fn load(dir: &Path, model: &Gpt, opt: &mut AdamW, expect: &TrainState) -> Result<TrainState> {
+    let sub = newest(dir)?;
+    let text = std::fs::read_to_string(sub.join(STATE))
+        .with_context(|| format!("reading {}", sub.join(STATE).display()))?;
+    let st: TrainState = serde_json::from_str(&text)
+        .with_context(|| format!("parsing {}", sub.join(STATE).display()))?;
+    for (what, got, want) in [
+        ("--seed", st.seed, expect.seed),
+        ("--batch (global)", st.batch as u64, expect.batch as u64),
+        ("--block", st.block as u64, expect.block as u64),
+        ("parameter count", st.params as u64, expect.params as u64),
+    ] {
+        if got != want {
+            bail!(
+                "{} was written by a run with {what} {got}, this run has {want}",
+                sub.display()
+            );
+        }
+    }
+    model
+        .store()
+        .load(&sub.join(MODEL_FILE))
+        .with_context(|| format!("loading the weights of {}", sub.display()))?;
+    let host = read_tensors(&sub.join(OPTIM)).map_err(ck)?;
+    let device = model.device();
+    let mut m = Vec::new();
+    let mut v = Vec::new();
+    for (name, p, _) in model.parameters() {
+        for (prefix, out) in [("m", &mut m), ("v", &mut v)] {
+            let key = format!("{prefix}.{name}");
+            let Some((shape, vals)) = host.get(&key) else {
+                bail!("{}: no tensor {key}", sub.join(OPTIM).display());
+            };
+            ensure!(
+                shape.as_slice() == p.shape(),
+                "{}: {key} has shape {shape:?}, the parameter {:?}",
+                sub.join(OPTIM).display(),
+                p.shape()
+            );
+            out.push(Tensor::from_vec(vals.clone(), shape, device)?);
+        }
+    }
+    opt.load_state(&AdamWState {
+        m,
+        v,
+        step: st.opt_step,
+    })?;
+    Ok(st)
+}
