@@ -41,6 +41,7 @@ for step in $STEPS; do
         timeout ${RUN_LIMIT:-120} bin/hybrid-trainer launch --nproc-per-node $n -- train-gpt --data $txt $flags --batch $((b * n)) \
           --precision bf16 --dropout 0 --iters $iters --eval-interval 100000 --eval-iters 1 --sample 0 \
           --log-interval 20 2>&1 | tee "$OUT/ours-$name-$n.log" | grep -E 'summary|error|Error|rank' | cut -c1-400
+        [ -n "${SKIP_TORCH:-}" ] && continue
         echo "== $name GPT, $n GPU(s), PyTorch DDP"
         timeout ${RUN_LIMIT:-120} python3 -m torch.distributed.run --nproc_per_node $n torch_ddp.py gpt --data $txt $flags --batch $b \
           --iters $iters 2>&1 | tee "$OUT/torch-$name-$n.log" | grep -E 'peer|Error' | cut -c1-400

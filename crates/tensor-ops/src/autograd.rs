@@ -96,14 +96,42 @@ impl Tensor {
             let seed = Tensor::full_as(1.0, self.shape(), self.dtype(), self.device())?;
             grads.insert(self.id(), seed);
             let mut leaves = Gradients::default();
+            // How many reads of each leaf are still to pass their part back: a leaf's gradient
+            // is final (and handed to `on_leaf`) the moment its last reader is done, which in
+            // the reverse order can be long before the leaf's own turn.
+            let mut pending: HashMap<u64, usize> = HashMap::new();
+            for t in &order {
+                for inp in t.0.node.iter().flat_map(|n| &n.inputs) {
+                    if inp.0.node.is_none() && inp.requires_grad() {
+                        *pending.entry(inp.id()).or_default() += 1;
+                    }
+                }
+            }
+            let mut finish = |leaf: &Tensor,
+                              grads: &mut HashMap<u64, Tensor>,
+                              leaves: &mut Gradients|
+             -> Result<()> {
+                if let Some(mut g) = grads.remove(&leaf.id()) {
+                    on_leaf(leaf, &mut g)?;
+                    leaves.map.insert(leaf.id(), g);
+                }
+                Ok(())
+            };
             for t in order.iter().rev() {
-                let Some(g) = grads.remove(&t.id()) else {
+                let Some(node) = &t.0.node else {
+                    // A leaf whose readers all passed nothing back, or the root itself.
+                    finish(t, &mut grads, &mut leaves)?;
                     continue;
                 };
-                let Some(node) = &t.0.node else {
-                    let mut g = g;
-                    on_leaf(t, &mut g)?;
-                    leaves.map.insert(t.id(), g);
+                let Some(g) = grads.remove(&t.id()) else {
+                    for inp in &node.inputs {
+                        if let Some(n) = pending.get_mut(&inp.id()) {
+                            *n -= 1;
+                            if *n == 0 {
+                                finish(inp, &mut grads, &mut leaves)?;
+                            }
+                        }
+                    }
                     continue;
                 };
                 let input_grads = (node.backward)(t, &g)?;
@@ -125,6 +153,14 @@ impl Tensor {
                         None => ig,
                     };
                     grads.insert(inp.id(), acc);
+                }
+                for inp in &node.inputs {
+                    if let Some(n) = pending.get_mut(&inp.id()) {
+                        *n -= 1;
+                        if *n == 0 {
+                            finish(inp, &mut grads, &mut leaves)?;
+                        }
+                    }
                 }
             }
             Ok(leaves)

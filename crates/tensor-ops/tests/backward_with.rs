@@ -71,3 +71,80 @@ fn a_replaced_gradient_is_the_one_returned_and_errors_stop_the_pass() {
         .expect("the hook's error comes back");
     assert!(err.to_string().contains("refused"), "{err}");
 }
+
+/// A leaf's gradient is handed over as soon as its last reader is done, not at the leaf's
+/// turn in the pass: in x·w1·w2·w3, w3 comes first and w1 (with x) last. A data-parallel
+/// trainer's buckets then fill while the pass still runs.
+#[test]
+fn gradients_are_handed_over_as_soon_as_they_are_final() {
+    let x = leaf(vec![1.0, 2.0, 3.0]);
+    let w: Vec<Tensor> = (1..=3).map(|k| leaf(vec![k as f32; 3])).collect();
+    let y = x
+        .mul(&w[0])
+        .unwrap()
+        .mul(&w[1])
+        .unwrap()
+        .mul(&w[2])
+        .unwrap();
+    let mut seen = Vec::new();
+    y.sum(0, false)
+        .unwrap()
+        .backward_with(&mut |t, _| {
+            seen.push(t.id());
+            Ok(())
+        })
+        .unwrap();
+    let pos = |t: &Tensor| seen.iter().position(|&i| i == t.id()).unwrap();
+    assert_eq!(seen.len(), 4);
+    assert_eq!(pos(&w[2]), 0, "w3 is final first");
+    assert_eq!(pos(&w[1]), 1);
+    assert!(pos(&w[0]) >= 2 && pos(&x) >= 2);
+}
+
+/// In a GPT's backward pass the last block's parameters are handed over before the first
+/// block's: what lets a data-parallel step average the late layers' gradients while the
+/// early layers' are still being computed.
+#[test]
+fn a_gpts_late_layers_are_handed_over_first() {
+    use tensor_ops::gpt::{Gpt, GptConfig, Variant};
+    let cfg = GptConfig {
+        variant: Variant::Gpt2,
+        vocab_size: 11,
+        block_size: 8,
+        n_layer: 3,
+        n_head: 2,
+        n_embd: 16,
+        dropout: 0.0,
+        bias: false,
+    };
+    let model = Gpt::new(cfg, 7, Device::Cpu).unwrap();
+    let ids: Vec<u32> = (0..16).map(|i| (i * 7 % 11) as u32).collect();
+    let x = Tensor::from_vec(ids.clone(), &[2, 8], Device::Cpu).unwrap();
+    let y = Tensor::from_vec(
+        ids.iter().map(|i| (i + 1) % 11).collect(),
+        &[2, 8],
+        Device::Cpu,
+    )
+    .unwrap();
+    let names: std::collections::HashMap<u64, String> = model
+        .parameters()
+        .into_iter()
+        .map(|(n, t, _)| (t.id(), n))
+        .collect();
+    let mut order = Vec::new();
+    model
+        .loss(&x, &y, None)
+        .unwrap()
+        .backward_with(&mut |t, _| {
+            order.push(names[&t.id()].clone());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(order.len(), names.len(), "{order:?}");
+    let last = |block: &str| order.iter().rposition(|n| n.contains(block)).unwrap();
+    let first = |block: &str| order.iter().position(|n| n.contains(block)).unwrap();
+    assert!(
+        last(".2.") < first(".0."),
+        "block 2 before block 0: {order:?}"
+    );
+}
