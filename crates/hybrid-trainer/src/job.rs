@@ -11,7 +11,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tensor_ops::dist::ProcessGroup;
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::optim::AdamWParams;
 use tensor_ops::{no_grad, Tensor};
@@ -136,25 +138,31 @@ pub struct JobSummary {
 }
 
 /// The GPT's loss on step-derived batches; held-out batches from the end of the train split.
+/// In a data-parallel job every rank draws the same global batch and keeps its rows (`rank`
+/// of `world` equal shares); the held-out loss is the whole batch's on every rank (the same
+/// value everywhere: the gate's decisions agree).
 struct GptObjective<'a> {
     model: &'a Gpt,
     train: &'a Dataset,
     holdout: &'a Dataset,
     args: &'a JobArgs,
+    rank: usize,
+    world: usize,
 }
 
 impl Objective for GptObjective<'_> {
     fn train_loss(&mut self, step: u64) -> Result<Tensor> {
         let a = self.args;
         let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed ^ step.wrapping_mul(0x9E37_79B9));
-        let (x, y) = self.train.batch(
-            false,
-            a.batch as usize,
-            a.block as usize,
-            &mut rng,
-            self.model.device(),
-        )?;
-        let drop = (a.dropout > 0.0).then(|| a.seed.wrapping_add(step));
+        let (batch, block) = (a.batch as usize, a.block as usize);
+        let (x, y) = self.train.batch_ids(false, batch, block, &mut rng)?;
+        let local = batch / self.world;
+        let rows = self.rank * local * block..(self.rank + 1) * local * block;
+        let dev = self.model.device();
+        let x = Tensor::from_vec(x[rows.clone()].to_vec(), &[local, block], dev)?;
+        let y = Tensor::from_vec(y[rows].to_vec(), &[local, block], dev)?;
+        let drop =
+            (a.dropout > 0.0).then(|| a.seed.wrapping_add(step) ^ ((self.rank as u64) << 40));
         Ok(self.model.loss(&x, &y, drop)?)
     }
 
@@ -303,6 +311,22 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         tensor_ops::cuda_backend(i)?.set_tf32(a.tf32);
     }
     let model = Gpt::new(cfg, a.seed, device)?;
+    // One rank of a data-parallel job when the environment says so (hybrid-trainer launch).
+    let pg = Arc::new(
+        ProcessGroup::from_env(device, DIST_TIMEOUT).context("joining the data-parallel job")?,
+    );
+    let (main, world) = (pg.is_main(), pg.world_size());
+    // Only rank 0 prints, evaluates and writes.
+    macro_rules! say {
+        ($($t:tt)*) => { if main { println!($($t)*); } };
+    }
+    ensure!(
+        (a.batch as usize).is_multiple_of(world),
+        "--batch {} (the global batch) must be a multiple of the {world} ranks",
+        a.batch
+    );
+    let params: Vec<Tensor> = model.parameters().into_iter().map(|p| p.1).collect();
+    pg.broadcast(&params.iter().collect::<Vec<_>>(), 0)?;
     let adamw = AdamWParams {
         beta1: 0.9,
         beta2: a.beta2,
@@ -312,6 +336,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
     };
     let hcfg = hybrid_config(a);
     let mut trainer = HybridTrainer::new(model.store(), adamw, hcfg.clone(), a.iters)?;
+    trainer.set_process_group(pg.clone());
     let mut summary = JobSummary {
         mode: a.mode.clone(),
         device: device.to_string(),
@@ -334,26 +359,35 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
             ..Default::default()
         },
     };
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    if main {
+        std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    }
     if let Some(from) = &a.resume {
         trainer.load(&from.join("checkpoint"))?;
         let s = std::fs::read_to_string(from.join("summary.json"))
             .context("reading the resumed run's summary.json")?;
         summary = serde_json::from_str(&s)?;
-        println!(
+        say!(
             "resumed {} at step {}",
             from.display(),
             trainer.step_index()
         );
     }
-    println!(
+    if world > 1 {
+        say!(
+            "data parallel: {world} ranks, {} sequences each of the global batch {}",
+            a.batch as usize / world,
+            a.batch
+        );
+    }
+    say!(
         "{} training: GPT {}×{} ({} parameters), context {}, batch {}, {} steps on {device}, corpus {}",
         a.mode, a.layers, a.embd, model.num_params(), a.block, a.batch, a.iters, summary.record.corpus
     );
     if a.iters == 600 && a.layers == 4 && a.embd == 128 && device == Device::Cpu {
         println!("the default job takes about 2 minutes on 2 CPU cores (less on a GPU)");
     }
-    let bar = if a.quiet {
+    let bar = if a.quiet || !main {
         ProgressBar::hidden()
     } else {
         ProgressBar::new(a.iters)
@@ -371,6 +405,8 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         train: &train,
         holdout: &holdout,
         args: a,
+        rank: pg.rank(),
+        world,
     };
     let lr_at = |s: u64| learning_rate(a, s);
     while trainer.step_index() < a.iters {
@@ -405,7 +441,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
                 tokens / dt.max(1e-9)
             ));
         }
-        if done % a.eval_interval == 0 || done == a.iters {
+        if main && (done % a.eval_interval == 0 || done == a.iters) {
             let tr = mean_loss(
                 &model,
                 &train,
@@ -449,7 +485,11 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
             }
         }
         let stop = a.stop_after.is_some_and(|s| done >= s);
-        if (a.checkpoint_every > 0 && done % a.checkpoint_every == 0) || done == a.iters || stop {
+        if main
+            && ((a.checkpoint_every > 0 && done % a.checkpoint_every == 0)
+                || done == a.iters
+                || stop)
+        {
             summary.counters = trainer.counters().clone();
             summary.timings = trainer.timings().clone();
             summary.finished = done == a.iters;
@@ -461,10 +501,16 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         }
         if stop && done < a.iters {
             bar.abandon_with_message(format!("stopped at step {done} (--stop-after)"));
+            leave(trainer, pg)?;
             return Ok(summary);
         }
     }
     bar.finish_and_clear();
+    if !main {
+        // The other ranks are done once their last step is.
+        leave(trainer, pg)?;
+        return Ok(summary);
+    }
     let c = trainer.counters();
     summary.record.counters = report::Counters {
         steps: c.steps,
@@ -502,7 +548,21 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         "done: val {:.4} (best {:.4}), {} backward / {} steps ({} predicted, {} rollbacks), {:.1} s; report {}",
         summary.final_val, summary.best_val, c.backward_passes, a.iters, c.predicted_steps, c.rollbacks, summary.train_seconds, paths.markdown.display()
     );
+    leave(trainer, pg)?;
     Ok(summary)
+}
+
+/// How long the rendezvous, NCCL's set-up and each step of a data-parallel job may take.
+const DIST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Leaves the data-parallel job (a no-op for a single process): the trainer holds the
+/// group too, so it goes first.
+fn leave(trainer: HybridTrainer, pg: Arc<ProcessGroup>) -> Result<()> {
+    drop(trainer);
+    if let Ok(pg) = Arc::try_unwrap(pg) {
+        pg.finish()?;
+    }
+    Ok(())
 }
 
 /// The weights file of a finished or stopped run.

@@ -41,6 +41,7 @@
 //! [`HybridError::Diverged`].
 
 pub(crate) mod checkpoint;
+mod dist;
 mod full;
 mod run;
 pub mod state;
@@ -263,6 +264,9 @@ pub enum HybridError {
     Accelerator(#[from] rssm::AcceleratorError),
     #[error(transparent)]
     Rssm(#[from] rssm::RssmError),
+    /// A data-parallel job's ranks failed to agree, or a collective failed.
+    #[error("data parallel: {0}")]
+    Distributed(String),
 }
 
 /// The phase a step ran in.

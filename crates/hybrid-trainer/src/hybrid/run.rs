@@ -7,6 +7,8 @@ use super::{HybridConfig, HybridError, Mode, Objective, Phase};
 use rssm::{GpuAccelerator, Rssm};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::sync::Arc;
+use tensor_ops::dist::{GradSync, ProcessGroup, StepSync};
 use tensor_ops::nn::ParamStore;
 use tensor_ops::optim::{AdamW, AdamWParams, AdamWState};
 use tensor_ops::{no_grad, Device, Tensor};
@@ -148,6 +150,8 @@ pub struct HybridTrainer {
     /// ‖last_delta‖².
     pub(crate) last_delta_sq: f64,
     pub(crate) good: Option<Good>,
+    /// The data-parallel job this trainer is one rank of (none: a single process).
+    pub(crate) pg: Option<Arc<ProcessGroup>>,
     pub(crate) counters: Counters,
     pub(crate) timings: Timings,
     pub(crate) total_steps: u64,
@@ -215,6 +219,7 @@ impl HybridTrainer {
             last_delta: None,
             last_delta_sq: 0.0,
             good: None,
+            pg: None,
             counters: Counters::default(),
             timings: Timings::default(),
             total_steps,
@@ -266,13 +271,15 @@ impl HybridTrainer {
         let s = self.host.step;
         let lr = lr_at(s);
         self.counters.steps += 1;
-        match self.cfg.mode {
+        let r = match self.cfg.mode {
             Mode::Baseline => self.baseline_step(obj, s, lr),
             Mode::SkipFreeze { fraction } | Mode::ReapplyLast { fraction } => {
                 self.control_step(obj, s, lr, fraction)
             }
             Mode::Hybrid => self.hybrid_step(obj, s, lr),
-        }
+        }?;
+        self.check_agreement(&r)?;
+        Ok(r)
     }
 
     pub(crate) fn report(&self, step: u64, phase: Phase, loss: Option<f32>, lr: f32) -> StepReport {
@@ -295,7 +302,20 @@ impl HybridTrainer {
         lr: f32,
     ) -> Result<(f32, tensor_ops::Gradients), HybridError> {
         let loss = obj.train_loss(s).map_err(HybridError::Objective)?;
-        let grads = loss.backward()?;
+        let (loss, grads) = match &self.pg {
+            // Each rank's gradients of its share, averaged as the pass finishes them.
+            Some(pg) => {
+                let mut sync = GradSync::new(pg);
+                let grads = loss.backward_with(&mut |p, g| sync.grad_ready(p, g))?;
+                let loss = loss.detach();
+                sync.finish(&loss)?;
+                (loss, grads)
+            }
+            None => {
+                let grads = loss.backward()?;
+                (loss, grads)
+            }
+        };
         self.counters.forward_passes += 1;
         self.counters.backward_passes += 1;
         self.opt.step(&grads, lr)?;
