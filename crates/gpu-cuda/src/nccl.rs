@@ -298,27 +298,7 @@ impl NcclComm {
     /// must stay alive and untouched until [`NcclComm::join`] has been called (which makes the
     /// device's stream wait for every collective queued this way). Capturable.
     pub fn all_reduce_async(&self, bufs: &mut [&mut CudaBuffer], op: ReduceOp) -> Result<()> {
-        let views: Vec<&CudaBuffer> = bufs.iter().map(|b| &**b).collect();
-        self.check_bufs("NcclComm::all_reduce_async", &views)?;
-        let _pass = self.backend.pass();
-        self.backend.bind()?;
-        self.fork
-            .record(self.backend.stream())
-            .map_err(drv("cuEventRecord"))?;
-        self.side
-            .wait(&self.fork)
-            .map_err(drv("cuStreamWaitEvent"))?;
-        let stream = self.side.cu_stream() as sys::cudaStream_t;
-        self.with_comm("ncclAllReduce", |c| {
-            self.grouped(&views, |b| {
-                let p = b.device_ptr() as *mut std::ffi::c_void;
-                // SAFETY: as in `all_reduce`; the side stream runs after the work that made the
-                // buffers (the fork event) and the caller keeps them alive until `join`.
-                check("ncclAllReduce", unsafe {
-                    sys::ncclAllReduce(p, p, b.len(), nccl_type(b.dtype())?, op.raw(), c, stream)
-                })
-            })
-        })
+        self.all_reduce_on(bufs, op, true)
     }
 
     /// Makes the device's stream wait for every collective [`NcclComm::all_reduce_async`]
@@ -345,16 +325,34 @@ impl NcclComm {
     /// All-reduces each buffer in place with `op`, as one NCCL group, queued on the stream.
     /// Every rank must pass buffers of the same dtypes and lengths in the same order.
     pub fn all_reduce(&self, bufs: &mut [&mut CudaBuffer], op: ReduceOp) -> Result<()> {
+        self.all_reduce_on(bufs, op, false)
+    }
+
+    /// The all-reduce on the device's stream, or (`side`) on the communication stream after
+    /// the device stream's work so far.
+    fn all_reduce_on(&self, bufs: &mut [&mut CudaBuffer], op: ReduceOp, side: bool) -> Result<()> {
         let views: Vec<&CudaBuffer> = bufs.iter().map(|b| &**b).collect();
         self.check_bufs("NcclComm::all_reduce", &views)?;
         let _pass = self.backend.pass();
         self.backend.bind()?;
-        let stream = self.stream();
+        let stream = if side {
+            self.fork
+                .record(self.backend.stream())
+                .map_err(drv("cuEventRecord"))?;
+            self.side
+                .wait(&self.fork)
+                .map_err(drv("cuStreamWaitEvent"))?;
+            self.side.cu_stream() as sys::cudaStream_t
+        } else {
+            self.stream()
+        };
         self.with_comm("ncclAllReduce", |c| {
             self.grouped(&views, |b| {
                 let p = b.device_ptr() as *mut std::ffi::c_void;
                 // SAFETY: the buffer is live, on this communicator's device, and holds `len`
-                // elements of its dtype; in place (send == receive) is allowed by NCCL.
+                // elements of its dtype; in place (send == receive) is allowed by NCCL. On the
+                // side stream it runs after the work that made the buffers (the fork event),
+                // and the caller keeps them alive until `join`.
                 check("ncclAllReduce", unsafe {
                     sys::ncclAllReduce(p, p, b.len(), nccl_type(b.dtype())?, op.raw(), c, stream)
                 })

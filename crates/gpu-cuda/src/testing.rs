@@ -32,16 +32,11 @@ pub fn backend_or_skip(test: &str) -> Option<CudaBackend> {
             if gpu_required() {
                 panic!("{test}: HYBRID_REQUIRE_GPU=1 but no GPU: {e}");
             }
-            let _ = writeln!(std::io::stderr(), "SKIP {test}: no CUDA device ({e})");
-            if let Ok(path) = std::env::var("HYBRID_GPU_SKIP_LOG") {
-                if let Ok(mut f) = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                {
-                    let _ = writeln!(f, "{test}");
-                }
-            }
+            report_skip(
+                test,
+                &format!("no CUDA device ({e})"),
+                "HYBRID_GPU_SKIP_LOG",
+            );
             None
         }
     }
@@ -114,11 +109,19 @@ pub fn gpus_or_skip(test: &str, n: usize) -> Option<usize> {
     if required >= n {
         panic!("{test}: HYBRID_REQUIRE_GPUS={required} but CUDA reports {count} device(s)");
     }
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIP {test}: needs {n} CUDA devices, this machine has {count}"
+    report_skip(
+        test,
+        &format!("needs {n} CUDA devices, this machine has {count}"),
+        "HYBRID_MULTI_GPU_SKIP_LOG",
     );
-    if let Ok(path) = std::env::var("HYBRID_MULTI_GPU_SKIP_LOG") {
+    None
+}
+
+/// Prints `SKIP test: why` to stderr (past the harness's capture) and appends the test's name
+/// to the file named by the environment variable `log`, when it is set.
+fn report_skip(test: &str, why: &str, log: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
+    if let Ok(path) = std::env::var(log) {
         if let Ok(mut f) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -127,7 +130,6 @@ pub fn gpus_or_skip(test: &str, n: usize) -> Option<usize> {
             let _ = writeln!(f, "{test}");
         }
     }
-    None
 }
 
 /// The CUDA device 0 as a [`Device`], or `None` after reporting the skip (see

@@ -312,19 +312,16 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
     }
     let model = Gpt::new(cfg, a.seed, device)?;
     // One rank of a data-parallel job when the environment says so (hybrid-trainer launch).
-    let pg = Arc::new(
-        ProcessGroup::from_env(device, DIST_TIMEOUT).context("joining the data-parallel job")?,
-    );
+    let pg = Arc::new(crate::train_gpt::join_data_parallel(
+        device,
+        DIST_TIMEOUT,
+        a.batch,
+    )?);
     let (main, world) = (pg.is_main(), pg.world_size());
     // Only rank 0 prints, evaluates and writes.
     macro_rules! say {
         ($($t:tt)*) => { if main { println!($($t)*); } };
     }
-    ensure!(
-        (a.batch as usize).is_multiple_of(world),
-        "--batch {} (the global batch) must be a multiple of the {world} ranks",
-        a.batch
-    );
     let params: Vec<Tensor> = model.parameters().into_iter().map(|p| p.1).collect();
     pg.broadcast(&params.iter().collect::<Vec<_>>(), 0)?;
     let adamw = AdamWParams {

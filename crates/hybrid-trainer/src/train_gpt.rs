@@ -177,6 +177,22 @@ fn evaluate(model: &Gpt, ds: &Dataset, a: &TrainArgs, seed: u64) -> Result<(f32,
     })
 }
 
+/// This process's place in the data-parallel job the environment describes (a group of one
+/// when it describes none); the global `batch` must split evenly over the ranks.
+pub(crate) fn join_data_parallel(
+    device: Device,
+    timeout: Duration,
+    batch: u32,
+) -> Result<ProcessGroup> {
+    let pg = ProcessGroup::from_env(device, timeout).context("joining the data-parallel job")?;
+    let world = pg.world_size();
+    ensure!(
+        (batch as usize).is_multiple_of(world),
+        "--batch {batch} (the global batch) must be a multiple of the {world} ranks"
+    );
+    Ok(pg)
+}
+
 fn batch_context(a: &TrainArgs) -> String {
     format!(
         "sampling a batch of --batch {} x --block {} tokens",
@@ -194,14 +210,8 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         a.lr > 0.0 && a.min_lr >= 0.0 && a.decay_iters() >= a.warmup,
         "bad learning-rate schedule (--lr, --min-lr, or --lr-decay-iters below --warmup)"
     );
-    let pg = ProcessGroup::from_env(device, Duration::from_secs(a.dist_timeout_secs))
-        .context("joining the data-parallel job")?;
+    let pg = join_data_parallel(device, Duration::from_secs(a.dist_timeout_secs), a.batch)?;
     let (main, world, rank) = (pg.is_main(), pg.world_size(), pg.rank());
-    ensure!(
-        (a.batch as usize).is_multiple_of(world),
-        "--batch {} (the global batch) must be a multiple of the {world} ranks",
-        a.batch
-    );
     // Only rank 0 prints (and evaluates, samples and saves).
     macro_rules! say {
         ($($t:tt)*) => { if main { println!($($t)*); } };

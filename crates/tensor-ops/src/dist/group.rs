@@ -300,15 +300,26 @@ impl ProcessGroup {
     /// queued on the device's stream (capturable in a CUDA graph). Tensors sharing storage are
     /// reduced once.
     pub fn all_reduce(&self, tensors: &[&Tensor], op: ReduceOp) -> Result<(), DistError> {
+        self.each_bucket("all_reduce", tensors, |comm, bufs| {
+            comm.all_reduce(bufs, op).map_err(nccl_err("ncclAllReduce"))
+        })
+    }
+
+    /// Runs `f` on the CUDA buffers of each bucket of `tensors` (distinct storages, in order,
+    /// about [`BUCKET_BYTES`] each), write-locked; a no-op in a group of one.
+    fn each_bucket(
+        &self,
+        op: &'static str,
+        tensors: &[&Tensor],
+        mut f: impl FnMut(&NcclComm, &mut [&mut gpu_cuda::CudaBuffer]) -> Result<(), DistError>,
+    ) -> Result<(), DistError> {
         let Some(m) = &self.multi else { return Ok(()) };
-        self.check_tensors("all_reduce", tensors)?;
+        self.check_tensors(op, tensors)?;
         for bucket in buckets(&unique(tensors)) {
             let mut guards: Vec<RwLockWriteGuard<'_, Storage>> =
                 bucket.iter().map(|t| t.write()).collect();
             let mut bufs = cuda_bufs(&mut guards)?;
-            m.comm
-                .all_reduce(&mut bufs, op)
-                .map_err(nccl_err("ncclAllReduce"))?;
+            f(&m.comm, &mut bufs)?;
         }
         Ok(())
     }
@@ -320,17 +331,10 @@ impl ProcessGroup {
 
     /// Overwrites every tensor with rank `root`'s values.
     pub fn broadcast(&self, tensors: &[&Tensor], root: usize) -> Result<(), DistError> {
-        let Some(m) = &self.multi else { return Ok(()) };
-        self.check_tensors("broadcast", tensors)?;
-        for bucket in buckets(&unique(tensors)) {
-            let mut guards: Vec<RwLockWriteGuard<'_, Storage>> =
-                bucket.iter().map(|t| t.write()).collect();
-            let mut bufs = cuda_bufs(&mut guards)?;
-            m.comm
-                .broadcast(&mut bufs, root)
-                .map_err(nccl_err("ncclBroadcast"))?;
-        }
-        Ok(())
+        self.each_bucket("broadcast", tensors, |comm, bufs| {
+            comm.broadcast(bufs, root)
+                .map_err(nccl_err("ncclBroadcast"))
+        })
     }
 
     /// A checksum of the tensors' bits (FNV-1a over their values in order), checked equal on
