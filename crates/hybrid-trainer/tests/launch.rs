@@ -22,9 +22,13 @@ fn free_port() -> u16 {
     }
 }
 
-/// The binary with none of the variables a surrounding launcher or test run might have set.
+/// The binary (`$HYBRID_TRAINER_BIN` in the GPU bundle, else cargo's) with none of the
+/// variables a surrounding launcher or test run might have set.
 fn cmd() -> Command {
-    let mut c = Command::cargo_bin("hybrid-trainer").expect("the binary");
+    let mut c = match std::env::var_os("HYBRID_TRAINER_BIN") {
+        Some(bin) => Command::new(bin),
+        None => Command::cargo_bin("hybrid-trainer").expect("the binary"),
+    };
     for v in [
         "RANK",
         "WORLD_SIZE",
