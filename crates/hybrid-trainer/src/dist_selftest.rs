@@ -54,8 +54,10 @@ pub fn run() -> Result<i32> {
     rv.barrier(WAIT)?;
     let nvls = std::env::var("NCCL_NVLS_ENABLE").unwrap_or_else(|_| "unset".into());
     println!(
-        "rank {rank} of {world} ok {ranks:?} (local rank {} of {}, NCCL_NVLS_ENABLE={nvls})",
-        env.local_rank, env.local_world_size
+        "rank {rank} of {world} ok {ranks:?} (local rank {} of {}, NCCL_NVLS_ENABLE={nvls}, pid {})",
+        env.local_rank,
+        env.local_world_size,
+        std::process::id()
     );
     let deaf = fault.is_some_and(|(_, d)| d);
     let live = rv.watch(move |e| {

@@ -223,6 +223,28 @@ fn library_path() -> Option<OsString> {
     Some(p)
 }
 
+/// Makes the child get SIGTERM when the launcher dies (killed, crashed), as torchrun's agent
+/// takes its workers down with it: a job is never left running without its supervisor.
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: `getpid` has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the forked child before `exec` and calls only
+    // async-signal-safe functions (`prctl`, `getppid`, `_exit`), allocating nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher may have died before the prctl: then no signal will come.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// How a child ended.
 enum End {
     Exited(ExitStatus),
@@ -307,6 +329,7 @@ pub fn run(a: &LaunchArgs) -> anyhow::Result<i32> {
         if let Some(p) = &ld_path {
             cmd.env("LD_LIBRARY_PATH", p);
         }
+        die_with_parent(&mut cmd);
         match cmd.spawn() {
             Ok(child) => procs.push(Proc {
                 rank,

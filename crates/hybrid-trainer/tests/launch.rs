@@ -333,3 +333,79 @@ fn the_pip_wheels_nccl_is_put_on_the_library_path_when_the_loader_lacks_one() {
     assert!(err.contains(&line) || !err.contains("pip wheel"), "{err}");
     println!("{err}");
 }
+
+/// Whether process `pid` is gone (or a zombie nobody has reaped yet).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the field after the command name's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+/// Killing the launcher (SIGKILL: it gets no chance to clean up) takes its ranks down with it
+/// (SIGTERM through PR_SET_PDEATHSIG) instead of leaving them running unsupervised: here they
+/// would otherwise wait 20 s for a loss that never comes.
+#[test]
+fn the_ranks_die_with_the_launcher() {
+    use std::io::{BufRead, BufReader};
+    let port = free_port().to_string();
+    let mut c = std::process::Command::new(match std::env::var_os("HYBRID_TRAINER_BIN") {
+        Some(bin) => std::path::PathBuf::from(bin),
+        None => std::path::PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")),
+    });
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "HYBRID_TRAINER_LAUNCHED",
+    ] {
+        c.env_remove(v);
+    }
+    let mut launcher = c
+        .env("HYBRID_DIST_SELFTEST", "exit-rank9")
+        .args([
+            "launch",
+            "--nproc",
+            "2",
+            "--master-port",
+            &port,
+            "--",
+            "dist-selftest",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the launcher");
+    let out = BufReader::new(launcher.stdout.take().expect("piped"));
+    let mut pids = Vec::new();
+    for line in out.lines().map_while(Result::ok) {
+        if let Some(pid) = line.split("pid ").nth(1) {
+            pids.push(pid.trim_end_matches(')').parse::<u32>().expect("a pid"));
+        }
+        if pids.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(pids.len(), 2, "both ranks report their pid");
+    launcher.kill().expect("killing the launcher");
+    let _ = launcher.wait();
+    let t0 = Instant::now();
+    while !pids.iter().all(|&p| gone(p)) && t0.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        pids.iter().all(|&p| gone(p)),
+        "ranks {pids:?} still run {:.1} s after the launcher was killed",
+        t0.elapsed().as_secs_f64()
+    );
+    println!(
+        "ranks gone {:.2} s after the launcher",
+        t0.elapsed().as_secs_f64()
+    );
+}
