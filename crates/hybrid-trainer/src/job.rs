@@ -370,13 +370,6 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
             trainer.step_index()
         );
     }
-    if world > 1 {
-        say!(
-            "data parallel: {world} ranks, {} sequences each of the global batch {}",
-            a.batch as usize / world,
-            a.batch
-        );
-    }
     say!(
         "{} training: GPT {}×{} ({} parameters), context {}, batch {}, {} steps on {device}, corpus {}",
         a.mode, a.layers, a.embd, model.num_params(), a.block, a.batch, a.iters, summary.record.corpus

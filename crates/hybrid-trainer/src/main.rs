@@ -224,7 +224,9 @@ fn main() -> Result<()> {
             Cmd::AllreduceBench(args) => {
                 hybrid_trainer::dist_bench::run(device, &args)?;
             }
-            Cmd::Launch(_) | Cmd::DistSelftest => unreachable!("handled before the device"),
+            Cmd::Launch(_) | Cmd::DistSelftest => {
+                anyhow::bail!("launch and dist-selftest run before a device is chosen")
+            }
         }
         Ok(())
     };

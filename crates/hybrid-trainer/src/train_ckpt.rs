@@ -82,7 +82,7 @@ fn newest(dir: &Path) -> Result<PathBuf> {
 
 /// Loads the newest checkpoint of `dir` into `model` and `opt` (in place) after checking it
 /// was written by a run of the same shape (`expect`: seed, global batch, context, parameter
-/// count); returns its state.
+/// count); returns its state. A checkpoint that fails any check (or to read) changes nothing.
 pub fn load(dir: &Path, model: &Gpt, opt: &mut AdamW, expect: &TrainState) -> Result<TrainState> {
     let sub = newest(dir)?;
     let text = std::fs::read_to_string(sub.join(STATE))
@@ -102,10 +102,6 @@ pub fn load(dir: &Path, model: &Gpt, opt: &mut AdamW, expect: &TrainState) -> Re
             );
         }
     }
-    model
-        .store()
-        .load(&sub.join(MODEL_FILE))
-        .with_context(|| format!("loading the weights of {}", sub.display()))?;
     let host = read_tensors(&sub.join(OPTIM)).map_err(ck)?;
     let device = model.device();
     let mut m = Vec::new();
@@ -125,10 +121,98 @@ pub fn load(dir: &Path, model: &Gpt, opt: &mut AdamW, expect: &TrainState) -> Re
             out.push(Tensor::from_vec(vals.clone(), shape, device)?);
         }
     }
+    // Everything is read and checked before anything is written: the weights load all or
+    // nothing, and the moments, built above with the parameters' shapes, cannot fail after.
+    model
+        .store()
+        .load(&sub.join(MODEL_FILE))
+        .with_context(|| format!("loading the weights of {}", sub.display()))?;
     opt.load_state(&AdamWState {
         m,
         v,
         step: st.opt_step,
     })?;
     Ok(st)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensor_ops::gpt::{GptConfig, Variant};
+    use tensor_ops::optim::AdamWParams;
+    use tensor_ops::Device;
+
+    fn model(seed: u64) -> (Gpt, AdamW) {
+        let cfg = GptConfig {
+            variant: Variant::Gpt2,
+            vocab_size: 7,
+            block_size: 4,
+            n_layer: 1,
+            n_head: 2,
+            n_embd: 8,
+            dropout: 0.0,
+            bias: false,
+        };
+        let m = Gpt::new(cfg, seed, Device::Cpu).unwrap();
+        let opt = m.store().adamw(AdamWParams::default()).unwrap();
+        (m, opt)
+    }
+
+    fn values(m: &Gpt) -> Vec<Vec<f32>> {
+        m.parameters()
+            .iter()
+            .map(|p| p.1.to_vec().unwrap())
+            .collect()
+    }
+
+    /// A round trip restores weights, moments and step; a checkpoint that is damaged (a moment
+    /// missing, `latest` pointing outside the directory, another run's shape) is an error that
+    /// leaves the model and the optimiser as they were.
+    #[test]
+    fn a_bad_checkpoint_changes_nothing() {
+        let dir = std::env::temp_dir().join(format!("train-ckpt-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (a, opt_a) = model(1);
+        let state = TrainState {
+            iter: 7,
+            opt_step: 3,
+            seed: 1,
+            batch: 4,
+            block: 4,
+            params: a.num_params(),
+            ranks: 2,
+        };
+        let sub = save(&dir, &a, &opt_a, &state).unwrap();
+        let (b, mut opt_b) = model(2);
+        assert_ne!(values(&a), values(&b));
+        assert_eq!(load(&dir, &b, &mut opt_b, &state).unwrap(), state);
+        assert_eq!(values(&a), values(&b));
+        assert_eq!(opt_b.steps(), 3);
+
+        let (c, mut opt_c) = model(3);
+        let before = values(&c);
+        // Another run's global batch.
+        let other = TrainState {
+            batch: 8,
+            ..state.clone()
+        };
+        let e = load(&dir, &c, &mut opt_c, &other).unwrap_err();
+        assert!(e.to_string().contains("--batch (global) 4"), "{e}");
+        // A moment missing (the weights themselves are fine).
+        let host = read_tensors(&sub.join(OPTIM)).unwrap();
+        let kept: Vec<(String, Tensor)> = host
+            .into_iter()
+            .filter(|(n, _)| !n.starts_with("v.transformer.h.0"))
+            .map(|(n, (shape, v))| (n, Tensor::from_vec(v, &shape, Device::Cpu).unwrap()))
+            .collect();
+        write_tensors(&sub.join(OPTIM), &kept).unwrap();
+        let e = load(&dir, &c, &mut opt_c, &state).unwrap_err();
+        assert!(e.to_string().contains("no tensor v."), "{e}");
+        // `latest` naming a path outside the directory.
+        std::fs::write(dir.join(LATEST), "../elsewhere").unwrap();
+        assert!(load(&dir, &c, &mut opt_c, &state).is_err());
+        assert_eq!(values(&c), before, "a failed load changed the weights");
+        assert_eq!(opt_c.steps(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

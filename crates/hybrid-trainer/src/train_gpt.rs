@@ -178,7 +178,8 @@ fn evaluate(model: &Gpt, ds: &Dataset, a: &TrainArgs, seed: u64) -> Result<(f32,
 }
 
 /// This process's place in the data-parallel job the environment describes (a group of one
-/// when it describes none); the global `batch` must split evenly over the ranks.
+/// when it describes none); the global `batch` must split evenly over the ranks. Rank 0 of
+/// several says how the batch is split.
 pub(crate) fn join_data_parallel(
     device: Device,
     timeout: Duration,
@@ -190,6 +191,12 @@ pub(crate) fn join_data_parallel(
         (batch as usize).is_multiple_of(world),
         "--batch {batch} (the global batch) must be a multiple of the {world} ranks"
     );
+    if world > 1 && pg.is_main() {
+        println!(
+            "data parallel: {world} ranks, {} sequences each of the global batch {batch}",
+            batch as usize / world
+        );
+    }
     Ok(pg)
 }
 
@@ -250,13 +257,6 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         cfg.variant,
         model.num_params()
     );
-    if world > 1 {
-        say!(
-            "data parallel: {world} ranks, {} sequences each of the global batch {}",
-            a.batch as usize / world,
-            a.batch
-        );
-    }
     say!(
         "data: {} train / {} val tokens, vocab {}",
         ds.train.len(),

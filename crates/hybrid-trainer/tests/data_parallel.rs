@@ -80,6 +80,15 @@ fn train_args(iters: u32, log_interval: u32, extra: &[&str]) -> Vec<String> {
     v
 }
 
+/// `hybrid-trainer launch --nproc-per-node 2 --master-port <free> --`, to be given the command.
+fn launch_two() -> Command {
+    let mut c = Command::new(binary());
+    c.args(["launch", "--nproc-per-node", "2", "--master-port"])
+        .arg(free_port().to_string())
+        .arg("--");
+    c
+}
+
 /// `iter N: loss X` lines of a run's output, in order.
 fn losses(out: &str) -> Vec<(u32, f64)> {
     out.lines()
@@ -151,18 +160,8 @@ fn multigpu_data_parallel_matches_one_gpu() {
             .args(train_args(50, 1, &[])),
         Duration::from_secs(90),
     );
-    let port = free_port().to_string();
     let two = run(
-        Command::new(binary())
-            .args([
-                "launch",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                &port,
-                "--",
-            ])
-            .args(train_args(50, 1, &[])),
+        launch_two().args(train_args(50, 1, &[])),
         Duration::from_secs(90),
     );
     assert!(two.contains("data parallel: 2 ranks"), "{two}");
@@ -414,20 +413,7 @@ fn multigpu_the_hybrid_job_runs_data_parallel() {
             .args(args(out("one"))),
         limit,
     );
-    let port = free_port().to_string();
-    let two = run(
-        Command::new(binary())
-            .args([
-                "launch",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                &port,
-                "--",
-            ])
-            .args(args(out("two"))),
-        limit,
-    );
+    let two = run(launch_two().args(args(out("two"))), limit);
     assert!(two.contains("data parallel: 2 ranks"), "{two}");
     let summary = |name: &str| -> serde_json::Value {
         let text = std::fs::read_to_string(dir.join(name).join("summary.json")).unwrap();
