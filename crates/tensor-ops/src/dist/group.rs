@@ -571,6 +571,13 @@ mod tests {
         );
         let bs = buckets(&[&d, &a, &d]);
         assert_eq!(bs.len(), 1);
+        assert!(buckets(&[]).is_empty(), "nothing to reduce: no bucket");
+        let empty = Tensor::zeros(&[0], Device::Cpu).unwrap();
+        assert_eq!(
+            buckets(&[&empty]).len(),
+            1,
+            "an empty tensor costs nothing but is kept"
+        );
         let view = a.reshape(&[1, big / 2]).unwrap();
         assert_eq!(unique(&[&a, &view, &d]).len(), 2);
     }
