@@ -139,6 +139,8 @@ pub struct NcclComm {
     side: Arc<CudaStream>,
     fork: CudaEvent,
     join: CudaEvent,
+    /// The contiguous buffers of [`NcclComm::all_reduce_packed_async`], alive until the join.
+    flat: Mutex<Vec<CudaBuffer>>,
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -240,6 +242,7 @@ impl NcclComm {
             side,
             fork,
             join,
+            flat: Mutex::new(Vec::new()),
         })
     }
 
@@ -301,6 +304,105 @@ impl NcclComm {
         self.all_reduce_on(bufs, op, true)
     }
 
+    /// [`NcclComm::all_reduce_async`] in which the buffers of fewer than `pack_below` bytes are
+    /// reduced together through one contiguous buffer (PyTorch DDP packs whole buckets so):
+    /// on the communication stream they are copied into it, it is reduced with the larger
+    /// buffers in one NCCL group, and it is copied back. A group of many small collectives
+    /// pays each one's latency; packing the small ones costs a copy of only their bytes. The
+    /// buffers must share one dtype; the contiguous buffer lives until [`NcclComm::join`].
+    /// Capturable.
+    pub fn all_reduce_packed_async(
+        &self,
+        bufs: &mut [&mut CudaBuffer],
+        op: ReduceOp,
+        pack_below: usize,
+    ) -> Result<()> {
+        const OP: &str = "NcclComm::all_reduce_packed_async";
+        let views: Vec<&CudaBuffer> = bufs.iter().map(|b| &**b).collect();
+        self.check_bufs(OP, &views)?;
+        let Some(first) = views.first() else {
+            return Ok(());
+        };
+        let dtype = first.dtype();
+        if let Some(b) = views.iter().find(|b| b.dtype() != dtype) {
+            return Err(GpuError::DTypeMismatch {
+                op: OP,
+                expected: dtype,
+                got: b.dtype(),
+            });
+        }
+        let (small, large): (Vec<&CudaBuffer>, Vec<&CudaBuffer>) = views
+            .iter()
+            .filter(|b| !b.is_empty())
+            .partition(|b| b.size_in_bytes() < pack_below);
+        if small.len() < 2 {
+            return self.all_reduce_on(bufs, op, true);
+        }
+        let total: usize = small.iter().map(|b| b.len()).sum();
+        let flat = gpu_core::Backend::allocate(&self.backend, dtype, total)?;
+        let flat_ptr = flat.device_ptr();
+        // Kept until the join from now on, also when a call below fails: the side stream may
+        // already use it.
+        self.flat
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(flat);
+        let _pass = self.backend.pass();
+        self.backend.bind()?;
+        self.fork
+            .record(self.backend.stream())
+            .map_err(drv("cuEventRecord"))?;
+        self.side
+            .wait(&self.fork)
+            .map_err(drv("cuStreamWaitEvent"))?;
+        let side = self.side.cu_stream();
+        let copy = |into_flat: bool| -> Result<()> {
+            let mut at = flat_ptr;
+            for b in &small {
+                let bytes = b.size_in_bytes();
+                let (dst, src) = if into_flat {
+                    (at, b.device_ptr())
+                } else {
+                    (b.device_ptr(), at)
+                };
+                // SAFETY: `b` is live and holds `bytes` bytes; the contiguous buffer holds the
+                // small buffers' lengths summed, and this copy covers `b`'s share from `at`.
+                // Both stay alive until the join (the contiguous one in `self.flat`, the
+                // buffers by the caller), and the side stream runs after the work that made
+                // them (the fork event).
+                unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, side) }
+                    .map_err(drv("cuMemcpyDtoDAsync"))?;
+                at += bytes as u64;
+            }
+            Ok(())
+        };
+        copy(true)?;
+        let packed = (flat_ptr, total);
+        let reduce = large
+            .iter()
+            .map(|b| (b.device_ptr(), b.len()))
+            .chain(std::iter::once(packed));
+        self.with_comm("ncclAllReduce", |c| {
+            self.grouped_raw(reduce, |ptr, len| {
+                let p = ptr as *mut std::ffi::c_void;
+                // SAFETY: a live buffer on this device of `len` elements of `dtype` (a caller's
+                // or the contiguous one), kept alive until the join; in place.
+                check("ncclAllReduce", unsafe {
+                    sys::ncclAllReduce(
+                        p,
+                        p,
+                        len,
+                        nccl_type(dtype)?,
+                        op.raw(),
+                        c,
+                        side as sys::cudaStream_t,
+                    )
+                })
+            })
+        })?;
+        copy(false)
+    }
+
     /// Makes the device's stream wait for every collective [`NcclComm::all_reduce_async`]
     /// queued so far.
     pub fn join(&self) -> Result<()> {
@@ -310,7 +412,11 @@ impl NcclComm {
         self.backend
             .stream()
             .wait(&self.join)
-            .map_err(drv("cuStreamWaitEvent"))
+            .map_err(drv("cuStreamWaitEvent"))?;
+        // The device's stream now runs after everything that used them, and the pool hands
+        // memory out in that stream's order.
+        self.flat.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        Ok(())
     }
 
     /// Checks that every buffer is this device's and of an NCCL type.
@@ -426,11 +532,24 @@ impl NcclComm {
         bufs: &[&CudaBuffer],
         mut each: impl FnMut(&CudaBuffer) -> Result<()>,
     ) -> Result<()> {
+        self.grouped_raw(
+            bufs.iter().enumerate().map(|(i, b)| (i as u64, b.len())),
+            |i, _| each(bufs[i as usize]),
+        )
+    }
+
+    /// Runs `each` on every (address or index, length) with a non-zero length between
+    /// `ncclGroupStart` and `ncclGroupEnd`.
+    fn grouped_raw(
+        &self,
+        items: impl IntoIterator<Item = (u64, usize)>,
+        mut each: impl FnMut(u64, usize) -> Result<()>,
+    ) -> Result<()> {
         // SAFETY: group calls only bracket the collectives queued below.
         check("ncclGroupStart", unsafe { sys::ncclGroupStart() })?;
         let mut first_err = None;
-        for b in bufs.iter().filter(|b| !b.is_empty()) {
-            if let Err(e) = each(b) {
+        for (at, len) in items.into_iter().filter(|&(_, len)| len > 0) {
+            if let Err(e) = each(at, len) {
                 first_err = Some(e);
                 break;
             }

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use tensor_ops::dist::{BUCKET_ENV, PACK_ENV};
 
 /// The tests share the two GPUs: one at a time.
 static GPUS: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -160,30 +161,42 @@ fn multigpu_data_parallel_matches_one_gpu() {
             .args(train_args(50, 1, &[])),
         Duration::from_secs(90),
     );
-    let two = run(
-        launch_two().args(train_args(50, 1, &[])),
-        Duration::from_secs(90),
-    );
-    assert!(two.contains("data parallel: 2 ranks"), "{two}");
-    assert!(two.contains("parameters identical on all 2 ranks"), "{two}");
-    let (a, b) = (losses(&one), losses(&two));
-    assert_eq!(a.len(), 50, "one GPU logged {} steps:\n{one}", a.len());
-    assert_eq!(b.len(), 50, "two GPUs logged {} steps:\n{two}", b.len());
-    let mut worst = 0.0f64;
-    for ((ia, la), (ib, lb)) in a.iter().zip(&b) {
-        assert_eq!(ia, ib);
-        let d = (la - lb).abs();
-        worst = worst.max(d);
-        let bound = if *ia == 0 { 1e-5 * la.abs() } else { 2e-3 };
-        assert!(
-            d <= bound,
-            "step {ia}: 1 GPU {la}, 2 GPUs {lb} (|d| {d:e} > {bound:e})"
+    // The default (small gradients packed into one buffer, 25 MiB buckets: here one), and
+    // each gradient its own collective in 1 MiB buckets (two, the first overlapping the pass).
+    for (setting, env) in [
+        ("default", vec![]),
+        (
+            "unpacked, 1 MiB buckets",
+            vec![(PACK_ENV, "0"), (BUCKET_ENV, "1")],
+        ),
+    ] {
+        let two = run(
+            launch_two()
+                .envs(env.iter().copied())
+                .args(train_args(50, 1, &[])),
+            Duration::from_secs(90),
+        );
+        assert!(two.contains("data parallel: 2 ranks"), "{two}");
+        assert!(two.contains("parameters identical on all 2 ranks"), "{two}");
+        let (a, b) = (losses(&one), losses(&two));
+        assert_eq!(a.len(), 50, "one GPU logged {} steps:\n{one}", a.len());
+        assert_eq!(b.len(), 50, "two GPUs logged {} steps:\n{two}", b.len());
+        let mut worst = 0.0f64;
+        for ((ia, la), (ib, lb)) in a.iter().zip(&b) {
+            assert_eq!(ia, ib);
+            let d = (la - lb).abs();
+            worst = worst.max(d);
+            let bound = if *ia == 0 { 1e-5 * la.abs() } else { 2e-3 };
+            assert!(
+                d <= bound,
+                "{setting}, step {ia}: 1 GPU {la}, 2 GPUs {lb} (|d| {d:e} > {bound:e})"
+            );
+        }
+        eprintln!(
+            "{test} ({setting}): largest |loss difference| over 50 steps {worst:.3e}; first {:.5} / {:.5}, last {:.5} / {:.5}",
+            a[0].1, b[0].1, a[49].1, b[49].1
         );
     }
-    eprintln!(
-        "{test}: largest |loss difference| over 50 steps {worst:.3e}; first {:.5} / {:.5}, last {:.5} / {:.5}",
-        a[0].1, b[0].1, a[49].1, b[49].1
-    );
 }
 
 /// Starts rank `rank` of 2 directly (as a launcher would), output piped.

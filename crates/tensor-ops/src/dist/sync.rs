@@ -2,7 +2,10 @@
 //! processes, and [`GradSync`], PyTorch DDP's scheme on a [`ProcessGroup`]: each gradient joins
 //! a bucket the moment the backward pass has finished it; a full bucket (about
 //! [`BUCKET_BYTES`]) is averaged across the ranks by NCCL on a communication stream while the
-//! pass goes on; the step's end waits for the last bucket (and the loss, averaged with it).
+//! pass goes on, its small gradients (below [`PACK_BELOW_BYTES`]: biases, LayerNorm weights)
+//! packed into one buffer so that they make one collective; the step's end waits for the last
+//! bucket (and the loss, averaged with it). `docs/multi-gpu.md` gives the measured effect of
+//! each setting.
 
 use super::group::{ProcessGroup, BUCKET_BYTES};
 use crate::storage::Storage;
@@ -45,10 +48,20 @@ pub struct GradSync<'a> {
     op: ReduceOp,
     /// Bytes a bucket: [`BUCKET_BYTES`], or `$HYBRID_BUCKET_MIB` MiB.
     limit: usize,
+    /// Gradients of fewer bytes are packed into one buffer for their all-reduce
+    /// ([`gpu_cuda::nccl::NcclComm::all_reduce_packed_async`]); 0: none.
+    pack_below: usize,
 }
 
 /// The environment variable that sets [`GradSync`]'s bucket size in MiB (default 25).
 pub const BUCKET_ENV: &str = "HYBRID_BUCKET_MIB";
+
+/// The environment variable that sets below how many KiB a gradient is packed with the
+/// bucket's other small ones for the all-reduce (default [`PACK_BELOW_BYTES`]; 0: none).
+pub const PACK_ENV: &str = "HYBRID_PACK_BELOW_KIB";
+
+/// Gradients below this size are reduced packed together: the biases and LayerNorm weights.
+pub const PACK_BELOW_BYTES: usize = 1 << 20;
 
 fn bucket_limit() -> usize {
     std::env::var(BUCKET_ENV)
@@ -67,6 +80,10 @@ impl<'a> GradSync<'a> {
             queued: Vec::new(),
             op: ReduceOp::Avg,
             limit: bucket_limit(),
+            pack_below: std::env::var(PACK_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .map_or(PACK_BELOW_BYTES, |k| k.saturating_mul(1024)),
         }
     }
 
@@ -78,7 +95,26 @@ impl<'a> GradSync<'a> {
             self.bucket.clear();
             return Ok(());
         };
-        {
+        if self.pack_below > 0 {
+            // Per dtype (a bucket normally holds one).
+            // In order of first appearance, the same on every rank.
+            let mut dtypes = Vec::new();
+            for t in &self.bucket {
+                if !dtypes.contains(&t.dtype()) {
+                    dtypes.push(t.dtype());
+                }
+            }
+            for dtype in dtypes {
+                let mut guards: Vec<RwLockWriteGuard<'_, Storage>> = self
+                    .bucket
+                    .iter()
+                    .filter(|t| t.dtype() == dtype)
+                    .map(|t| t.write())
+                    .collect();
+                let mut bufs = super::group::cuda_bufs(&mut guards)?;
+                comm.all_reduce_packed_async(&mut bufs, self.op, self.pack_below)?;
+            }
+        } else {
             let mut guards: Vec<RwLockWriteGuard<'_, Storage>> =
                 self.bucket.iter().map(|t| t.write()).collect();
             let mut bufs = super::group::cuda_bufs(&mut guards)?;
