@@ -119,6 +119,9 @@ fn select_device(choice: DeviceChoice) -> Result<Device> {
             }
         });
     };
+    // The gradient-bucket settings are read again by the process group; a malformed one
+    // stops the job here, before any device is touched.
+    tensor_ops::dist::SyncSettings::from_env()?;
     let env_cpu =
         std::env::var(gpu_core::DEVICE_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("cpu"));
     let auto = matches!(choice, DeviceChoice::Auto);

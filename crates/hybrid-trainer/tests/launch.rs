@@ -291,6 +291,21 @@ fn data_parallel_runs_refuse_the_cpu() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("RANK: \"x\""), "{err}");
+    // So is a malformed gradient-bucket setting, before any device is looked at.
+    for (var, value) in [
+        ("HYBRID_BUCKET_MIB", "0"),
+        ("HYBRID_PACK_BELOW_KIB", "lots"),
+    ] {
+        let out = cmd()
+            .envs(dist)
+            .env(var, value)
+            .args(["--device", "cpu", "demo", "--size", "8"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains(&format!("{var}: \"{value}\"")), "{err}");
+    }
 }
 
 #[test]

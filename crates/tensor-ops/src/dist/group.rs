@@ -6,7 +6,7 @@
 //! aborts its NCCL communicator and exits with [`EXIT_DIST_FAILURE`] and a message saying
 //! which, instead of waiting forever.
 
-use super::{DistEnv, DistError, Liveness, Rendezvous};
+use super::{DistEnv, DistError, Liveness, Rendezvous, SyncSettings};
 use crate::backend::cuda_backend;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
@@ -32,6 +32,8 @@ pub struct ProcessGroup {
     world: usize,
     device: Device,
     multi: Option<Multi>,
+    /// How [`super::GradSync`] buckets the gradients (read from the environment at `init`).
+    sync: SyncSettings,
 }
 
 struct Multi {
@@ -93,7 +95,14 @@ impl ProcessGroup {
             world: 1,
             device,
             multi: None,
+            sync: SyncSettings::default(),
         }
+    }
+
+    /// How [`super::GradSync`] buckets this group's gradients ([`SyncSettings::from_env`] for
+    /// several ranks, the defaults for one).
+    pub fn sync_settings(&self) -> SyncSettings {
+        self.sync
     }
 
     /// Joins the job the environment describes ([`DistEnv`]), or a group of one when it
@@ -132,6 +141,7 @@ impl ProcessGroup {
                 env.local_rank
             );
         }
+        let sync = SyncSettings::from_env()?;
         nccl::available().map_err(|e| DistError::NcclUnavailable(e.to_string()))?;
         let backend = cuda_backend(ordinal)?;
         let mut rdv = Rendezvous::connect(env, timeout)?;
@@ -157,6 +167,7 @@ impl ProcessGroup {
                 t0: Instant::now(),
                 stop: Arc::default(),
             }),
+            sync,
         };
         group.start_watchdog(timeout);
         // One collective now, so that NCCL's connections are up before any CUDA graph capture

@@ -8,10 +8,12 @@
 //! each setting.
 
 use super::group::{ProcessGroup, BUCKET_BYTES};
+use super::DistError;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 use gpu_core::Result;
 use gpu_cuda::nccl::ReduceOp;
+use std::ops::RangeInclusive;
 use std::sync::{Arc, RwLockWriteGuard};
 
 /// Hooks of a training step (see [`crate::gpt::GraphedStep::capture_synced`]).
@@ -46,29 +48,85 @@ pub struct GradSync<'a> {
     queued: Vec<Tensor>,
     /// Averaged with the gradients (off: a sum, for tests of the plumbing).
     op: ReduceOp,
-    /// Bytes a bucket: [`BUCKET_BYTES`], or `$HYBRID_BUCKET_MIB` MiB.
+    /// Bytes a bucket ([`SyncSettings::bucket_bytes`]).
     limit: usize,
     /// Gradients of fewer bytes are packed into one buffer for their all-reduce
     /// ([`gpu_cuda::nccl::NcclComm::all_reduce_packed_async`]); 0: none.
     pack_below: usize,
 }
 
-/// The environment variable that sets [`GradSync`]'s bucket size in MiB (default 25).
+/// The environment variable that sets [`GradSync`]'s bucket size in MiB (1–1024, default 25).
 pub const BUCKET_ENV: &str = "HYBRID_BUCKET_MIB";
 
 /// The environment variable that sets below how many KiB a gradient is packed with the
-/// bucket's other small ones for the all-reduce (default [`PACK_BELOW_BYTES`]; 0: none).
+/// bucket's other small ones for the all-reduce (0–1048576, default 1024; 0: none).
 pub const PACK_ENV: &str = "HYBRID_PACK_BELOW_KIB";
 
 /// Gradients below this size are reduced packed together: the biases and LayerNorm weights.
 pub const PACK_BELOW_BYTES: usize = 1 << 20;
 
-fn bucket_limit() -> usize {
-    std::env::var(BUCKET_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&m| (1..=1024).contains(&m))
-        .map_or(BUCKET_BYTES, |m| m << 20)
+/// How [`GradSync`] groups the gradients: read once from the environment when a
+/// [`ProcessGroup`] of several ranks starts, so that a malformed value stops the job before it
+/// trains (and every rank reads the same, as the launcher passes its environment on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncSettings {
+    /// Bytes a bucket ([`BUCKET_ENV`]).
+    pub bucket_bytes: usize,
+    /// Gradients of fewer bytes are packed ([`PACK_ENV`]); 0: none.
+    pub pack_below: usize,
+}
+
+impl Default for SyncSettings {
+    fn default() -> Self {
+        SyncSettings {
+            bucket_bytes: BUCKET_BYTES,
+            pack_below: PACK_BELOW_BYTES,
+        }
+    }
+}
+
+impl SyncSettings {
+    /// [`BUCKET_ENV`] and [`PACK_ENV`], defaults where unset.
+    pub fn from_env() -> Result<SyncSettings, DistError> {
+        let var = |name: &'static str| match std::env::var(name) {
+            Ok(v) => Ok(Some(v)),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => Err(DistError::Env {
+                var: name,
+                reason: "not valid UTF-8".into(),
+            }),
+        };
+        SyncSettings::parse(var(BUCKET_ENV)?.as_deref(), var(PACK_ENV)?.as_deref())
+    }
+
+    /// The settings from the two variables' values (`None`: unset).
+    pub fn parse(
+        bucket_mib: Option<&str>,
+        pack_kib: Option<&str>,
+    ) -> Result<SyncSettings, DistError> {
+        let number = |var: &'static str, v: &str, range: RangeInclusive<usize>| {
+            v.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| range.contains(n))
+                .ok_or_else(|| DistError::Env {
+                    var,
+                    reason: format!(
+                        "{v:?} is not a whole number in {}..={}",
+                        range.start(),
+                        range.end()
+                    ),
+                })
+        };
+        let mut s = SyncSettings::default();
+        if let Some(v) = bucket_mib {
+            s.bucket_bytes = number(BUCKET_ENV, v, 1..=1024)? << 20;
+        }
+        if let Some(v) = pack_kib {
+            s.pack_below = number(PACK_ENV, v, 0..=1 << 20)? << 10;
+        }
+        Ok(s)
+    }
 }
 
 impl<'a> GradSync<'a> {
@@ -79,11 +137,8 @@ impl<'a> GradSync<'a> {
             bytes: 0,
             queued: Vec::new(),
             op: ReduceOp::Avg,
-            limit: bucket_limit(),
-            pack_below: std::env::var(PACK_ENV)
-                .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .map_or(PACK_BELOW_BYTES, |k| k.saturating_mul(1024)),
+            limit: pg.sync_settings().bucket_bytes,
+            pack_below: pg.sync_settings().pack_below,
         }
     }
 
@@ -168,5 +223,48 @@ impl StepSync for GradSync<'_> {
         comm.join()?;
         self.queued.clear();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_default_where_unset_and_read_whole_numbers() {
+        assert_eq!(
+            SyncSettings::parse(None, None).unwrap(),
+            SyncSettings::default()
+        );
+        let s = SyncSettings::parse(Some(" 1024 "), Some("0")).unwrap();
+        assert_eq!(s.bucket_bytes, 1 << 30);
+        assert_eq!(s.pack_below, 0);
+        let s = SyncSettings::parse(Some("1"), Some("1048576")).unwrap();
+        assert_eq!((s.bucket_bytes, s.pack_below), (1 << 20, 1 << 30));
+    }
+
+    /// A malformed or out-of-range value is a typed error naming the variable, never a silent
+    /// default.
+    #[test]
+    fn malformed_settings_are_errors_naming_the_variable() {
+        for (bucket, pack, var) in [
+            (Some("abc"), None, BUCKET_ENV),
+            (Some("0"), None, BUCKET_ENV),
+            (Some("1025"), None, BUCKET_ENV),
+            (Some("-1"), None, BUCKET_ENV),
+            (Some(""), None, BUCKET_ENV),
+            (Some("2.5"), None, BUCKET_ENV),
+            (Some("99999999999999999999999"), None, BUCKET_ENV),
+            (None, Some("1048577"), PACK_ENV),
+            (None, Some("one"), PACK_ENV),
+            (None, Some("18446744073709551615"), PACK_ENV),
+        ] {
+            match SyncSettings::parse(bucket, pack) {
+                Err(DistError::Env { var: v, reason }) => {
+                    assert_eq!(v, var, "{bucket:?} {pack:?}: {reason}");
+                }
+                other => panic!("{bucket:?} {pack:?}: {other:?}"),
+            }
+        }
     }
 }
