@@ -4,9 +4,11 @@
 //! newest one (replaced atomically, so a crash while writing leaves the previous checkpoint).
 //!
 //! Nothing in a checkpoint depends on the number of ranks: every rank draws the same global
-//! batches from the run's seed (the draws of the iterations before are replayed on resume) and
-//! dropout seeds are a function of the iteration, so a run resumes on any number of GPUs — or
-//! on the CPU — and a single-device resume continues bit for bit.
+//! batches from the run's seed (the draws of the iterations before are replayed on resume), so
+//! a run resumes on any number of GPUs — or on the CPU — and a single-device resume continues
+//! bit for bit. Dropout masks depend on the iteration and the rank (rank 0's are a single
+//! device's), so with `--dropout > 0` a resume on another number of GPUs draws other masks for
+//! the rows that move to another rank.
 
 use crate::hybrid::checkpoint::{read_tensors, write_tensors, MODEL_FILE};
 use anyhow::{bail, ensure, Context, Result};
@@ -40,28 +42,55 @@ fn ck(e: crate::hybrid::HybridError) -> anyhow::Error {
 }
 
 /// Writes a checkpoint of `model` and `opt` at `state.iter` into `dir` and points `latest` at it.
+/// The files go into a scratch directory that is renamed into place when complete (replacing
+/// an older `iter-N` of the same number, left by an earlier run in the same directory), so a
+/// crash never leaves a mix of two runs' files. A model or moment that is not finite (a
+/// diverged run) is an error, and nothing is written.
 pub fn save(dir: &Path, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<PathBuf> {
-    let sub = dir.join(format!("iter-{:07}", state.iter));
-    std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
-    let named: Vec<(String, Tensor)> = model
-        .parameters()
-        .into_iter()
-        .map(|(n, t, _)| (n, t))
-        .collect();
-    write_tensors(&sub.join(MODEL_FILE), &named).map_err(ck)?;
+    let params = model.parameters();
     let (m, v) = opt.moments();
-    let mut moments = Vec::with_capacity(2 * named.len());
-    for (i, (name, _)) in named.iter().enumerate() {
+    let mut moments = Vec::with_capacity(2 * params.len());
+    for (i, (name, p, _)) in params.iter().enumerate() {
+        finite(&format!("the weight {name}"), p)?;
+        finite(&format!("AdamW's first moment of {name}"), &m[i])?;
+        finite(&format!("AdamW's second moment of {name}"), &v[i])?;
         moments.push((format!("m.{name}"), m[i].clone()));
         moments.push((format!("v.{name}"), v[i].clone()));
     }
-    write_tensors(&sub.join(OPTIM), &moments).map_err(ck)?;
-    std::fs::write(sub.join(STATE), serde_json::to_string_pretty(state)?)?;
+    let name = format!("iter-{:07}", state.iter);
+    let sub = dir.join(&name);
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let written = (|| -> Result<()> {
+        model.store().save(&tmp.join(MODEL_FILE))?;
+        write_tensors(&tmp.join(OPTIM), &moments).map_err(ck)?;
+        std::fs::write(tmp.join(STATE), serde_json::to_string_pretty(state)?)?;
+        if sub.exists() {
+            let old = dir.join(format!(".{name}.old.{}", std::process::id()));
+            std::fs::rename(&sub, &old)?;
+            let _ = std::fs::remove_dir_all(&old);
+        }
+        std::fs::rename(&tmp, &sub)?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e.context(format!("writing {}", sub.display())));
+    }
     let tmp = dir.join(format!(".latest.{}", std::process::id()));
-    std::fs::write(&tmp, sub.file_name().unwrap_or_default().as_encoded_bytes())?;
+    std::fs::write(&tmp, name.as_bytes())?;
     std::fs::rename(&tmp, dir.join(LATEST))
         .with_context(|| format!("updating {}", dir.join(LATEST).display()))?;
     Ok(sub)
+}
+
+/// An error naming `what` when `t` holds a NaN or an infinity.
+fn finite(what: &str, t: &Tensor) -> Result<()> {
+    if let Some(x) = t.to_vec()?.into_iter().find(|x| !x.is_finite()) {
+        bail!("{what} is {x}: the run has diverged, no checkpoint written");
+    }
+    Ok(())
 }
 
 /// The newest checkpoint of `dir` (its `latest`), or `dir` itself when it is one.
@@ -213,6 +242,60 @@ mod tests {
         assert!(load(&dir, &c, &mut opt_c, &state).is_err());
         assert_eq!(values(&c), before, "a failed load changed the weights");
         assert_eq!(opt_c.steps(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn leftovers(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect()
+    }
+
+    /// A diverged model (a NaN or infinite weight) is refused and leaves the directory
+    /// as it was; a checkpoint of the same iteration written again (a new run in an old
+    /// directory) replaces the old one whole, with no scratch files left.
+    #[test]
+    fn diverged_models_are_refused_and_rewrites_are_whole() {
+        let dir = std::env::temp_dir().join(format!("train-ckpt-nan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (a, opt_a) = model(1);
+        let state = TrainState {
+            iter: 5,
+            opt_step: 0,
+            seed: 1,
+            batch: 4,
+            block: 4,
+            params: a.num_params(),
+            ranks: 1,
+        };
+        save(&dir, &a, &opt_a, &state).unwrap();
+        let latest = std::fs::read_to_string(dir.join(LATEST)).unwrap();
+
+        let (bad, opt_bad) = model(2);
+        let (name, w, _) = bad.parameters().swap_remove(0);
+        let mut vals = w.to_vec().unwrap();
+        for x in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            vals[0] = x;
+            w.write_from_host(&vals).unwrap();
+            let later = TrainState {
+                iter: 6,
+                ..state.clone()
+            };
+            let e = save(&dir, &bad, &opt_bad, &later).unwrap_err();
+            assert!(e.to_string().contains(&name), "{e}");
+            assert!(!dir.join("iter-0000006").exists());
+            assert_eq!(std::fs::read_to_string(dir.join(LATEST)).unwrap(), latest);
+        }
+
+        // The same iteration again, from another model: loads as that model.
+        let (b, opt_b) = model(3);
+        save(&dir, &b, &opt_b, &state).unwrap();
+        let (c, mut opt_c) = model(4);
+        load(&dir, &c, &mut opt_c, &state).unwrap();
+        assert_eq!(values(&c), values(&b));
+        assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
