@@ -109,7 +109,7 @@ fn plan(a: &LaunchArgs) -> Result<Plan, LaunchError> {
     if a.command.is_empty() {
         return bad("no command: give the hybrid-trainer subcommand after `--`".into());
     }
-    if a.command.iter().any(|t| t == "launch") {
+    if a.command.first().is_some_and(|t| t == "launch") {
         return bad(format!(
             "the command {:?} runs `launch` again: give the training subcommand itself",
             a.command
@@ -176,13 +176,26 @@ fn pip_nccl_dir() -> Option<PathBuf> {
     dir.join("libnccl.so.2").is_file().then_some(dir)
 }
 
-/// A directory holding `libnccl.so`, a link to `lib` (made once, replaced atomically).
+/// A directory holding `libnccl.so`, a link to `lib` (made once, replaced atomically). It is
+/// this user's own (mode 0700, checked: in a shared temporary directory another user could
+/// make it first and swap the link), else `None`.
 fn link_dir(lib: &std::path::Path) -> Option<PathBuf> {
     use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     lib.hash(&mut h);
-    let dir = std::env::temp_dir().join(format!("hybrid-trainer-nccl-{:016x}", h.finish()));
-    std::fs::create_dir_all(&dir).ok()?;
+    // SAFETY: `getuid` has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let dir = std::env::temp_dir().join(format!("hybrid-trainer-nccl-{uid}-{:016x}", h.finish()));
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    let meta = std::fs::symlink_metadata(&dir).ok()?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        eprintln!(
+            "launch: {} is not a directory of this user's alone; not linking NCCL there",
+            dir.display()
+        );
+        return None;
+    }
     let link = dir.join("libnccl.so");
     if std::fs::read_link(&link).ok().as_deref() != Some(lib) {
         let tmp = dir.join(format!("libnccl.so.{}", std::process::id()));
@@ -197,11 +210,17 @@ fn link_dir(lib: &std::path::Path) -> Option<PathBuf> {
 /// does not: the pip wheel's `libnccl.so.2` behind a `libnccl.so` link, then the current path.
 /// `None` when NCCL loads already or no wheel is found (the processes then report it).
 pub fn nccl_library_path() -> Option<OsString> {
+    wheel_library_path().map(|(p, _)| p)
+}
+
+/// [`nccl_library_path`] and the wheel's library it links.
+fn wheel_library_path() -> Option<(OsString, PathBuf)> {
     if nccl_loadable() {
         return None;
     }
     let dir = pip_nccl_dir()?;
-    let links = link_dir(&dir.join("libnccl.so.2"))?;
+    let lib = dir.join("libnccl.so.2");
+    let links = link_dir(&lib)?;
     let mut p = OsString::from(links.as_os_str());
     p.push(":");
     p.push(dir.as_os_str());
@@ -209,16 +228,16 @@ pub fn nccl_library_path() -> Option<OsString> {
         p.push(":");
         p.push(old);
     }
-    Some(p)
+    Some((p, lib))
 }
 
 /// The children's `LD_LIBRARY_PATH`, when it must change so that they find `libnccl`.
 fn library_path() -> Option<OsString> {
-    let p = nccl_library_path()?;
+    let (p, lib) = wheel_library_path()?;
     eprintln!(
         "launch: libnccl.so is not on the loader's path; the processes get the pip wheel's {} \
          (behind a libnccl.so link) first in LD_LIBRARY_PATH",
-        pip_nccl_dir()?.join("libnccl.so.2").display()
+        lib.display()
     );
     Some(p)
 }

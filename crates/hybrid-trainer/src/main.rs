@@ -138,6 +138,16 @@ fn select_device(choice: DeviceChoice) -> Result<Device> {
         DeviceChoice::Auto => Device::Cuda(env.local_rank),
         DeviceChoice::Fixed(d) => d,
     };
+    if let Device::Cuda(k) = device {
+        if !auto && env.local_world_size > 1 && k != env.local_rank {
+            anyhow::bail!(
+                "--device {device} in each of the {} processes on this node: they would share \
+                 one GPU, and data parallelism needs one a process; leave --device out (rank \
+                 LOCAL_RANK takes cuda:LOCAL_RANK)",
+                env.local_world_size
+            );
+        }
+    }
     device.check_present().map_err(|e| {
         anyhow::anyhow!(
             "rank {} (LOCAL_RANK={}) needs {device}: {e}",

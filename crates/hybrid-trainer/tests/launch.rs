@@ -308,6 +308,27 @@ fn data_parallel_runs_refuse_the_cpu() {
     }
 }
 
+/// `--device cuda:K` given to every rank of a node would put them all on one GPU: refused
+/// (before any device is touched) unless K is the rank's own LOCAL_RANK.
+#[test]
+fn ranks_of_one_node_refuse_a_shared_gpu() {
+    let out = cmd()
+        .envs([
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29999"),
+        ])
+        .args(["--device", "cuda:0", "demo", "--size", "8"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("they would share one GPU"), "{err}");
+}
+
 #[test]
 fn the_pip_wheels_nccl_is_put_on_the_library_path_when_the_loader_lacks_one() {
     if std::process::Command::new("python3")
@@ -340,12 +361,14 @@ fn the_pip_wheels_nccl_is_put_on_the_library_path_when_the_loader_lacks_one() {
     let _ = std::fs::remove_dir_all(&root);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    // On a machine whose loader finds libnccl by itself, the launcher leaves the path alone.
+    // On a machine whose loader finds libnccl by itself, the launcher leaves the path alone;
+    // elsewhere it must have put the (fake) wheel's library on it.
     let line = format!(
         "the pip wheel's {} (behind a libnccl.so link) first in LD_LIBRARY_PATH",
         lib.join("libnccl.so.2").display()
     );
-    assert!(err.contains(&line) || !err.contains("pip wheel"), "{err}");
+    let loader_lacks_nccl = gpu_cuda::nccl::available().is_err();
+    assert_eq!(err.contains(&line), loader_lacks_nccl, "{err}");
     println!("{err}");
 }
 
