@@ -28,9 +28,13 @@ pub struct DistEnv {
 }
 
 impl DistEnv {
-    /// Reads the process environment; see [`DistEnv::from_lookup`].
+    /// Reads the process environment; see [`DistEnv::from_lookup`]. A value that is not
+    /// UTF-8 is an error naming its variable.
     pub fn from_env() -> Result<Option<DistEnv>, DistError> {
-        Self::from_lookup(|k| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()))
+        for var in VARS {
+            env_var(var)?;
+        }
+        Self::from_lookup(|k| std::env::var(k).ok())
     }
 
     /// `Ok(None)` when `WORLD_SIZE` is unset (a plain single-process run). Otherwise every
@@ -141,7 +145,35 @@ fn parse_index(var: &'static str, value: &str) -> Result<usize, DistError> {
 fn parse_count(var: &'static str, value: &str) -> Result<usize, DistError> {
     match parse_index(var, value)? {
         0 => Err(env_err(var, format!("{value:?} must be at least 1"))),
+        n if n > MAX_WORLD => Err(env_err(
+            var,
+            format!("{value:?} is more than {MAX_WORLD} processes"),
+        )),
         n => Ok(n),
+    }
+}
+
+/// The variables [`DistEnv::from_env`] reads.
+const VARS: [&str; 6] = [
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
+/// The most ranks a job may have (the rendezvous's gathers carry one u64 a rank).
+pub const MAX_WORLD: usize = 1 << 16;
+
+/// An environment variable's value (`None`: unset); a value that is not UTF-8 is an error.
+pub fn env_var(var: &'static str) -> Result<Option<String>, DistError> {
+    match std::env::var(var) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(env_err(var, format!("{v:?} is not valid UTF-8")))
+        }
     }
 }
 
@@ -353,6 +385,16 @@ mod tests {
     fn out_of_range_values_are_errors() {
         assert_env_err(with("WORLD_SIZE", Some("0")), "WORLD_SIZE", "at least 1");
         assert_env_err(
+            with("WORLD_SIZE", Some("65537")),
+            "WORLD_SIZE",
+            "more than 65536 processes",
+        );
+        assert_env_err(
+            with("WORLD_SIZE", Some("18446744073709551615")),
+            "WORLD_SIZE",
+            "more than 65536",
+        );
+        assert_env_err(
             with("LOCAL_WORLD_SIZE", Some("0")),
             "LOCAL_WORLD_SIZE",
             "at least 1",
@@ -393,5 +435,25 @@ mod tests {
                 &format!("{bad:?}"),
             );
         }
+    }
+
+    /// A value that is not UTF-8 is an error naming the variable (a variable only this test
+    /// uses, so that the process environment of the other tests is untouched).
+    #[test]
+    fn non_utf8_values_are_errors() {
+        use std::os::unix::ffi::OsStrExt;
+        const VAR: &str = "HYBRID_TEST_ENV_NOT_UTF8";
+        std::env::set_var(VAR, std::ffi::OsStr::from_bytes(b"2\xff"));
+        match env_var(VAR) {
+            Err(DistError::Env { var, reason }) => {
+                assert_eq!(var, VAR);
+                assert!(reason.contains("not valid UTF-8"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        std::env::set_var(VAR, "2");
+        assert_eq!(env_var(VAR).unwrap().as_deref(), Some("2"));
+        std::env::remove_var(VAR);
+        assert_eq!(env_var(VAR).unwrap(), None);
     }
 }

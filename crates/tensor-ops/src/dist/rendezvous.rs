@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use wire::{hello, notify, read_frame, u64_at, write_frame, Fail, Tag, HELLO_LEN, MAGIC, VERSION};
 
 /// The size of an `ncclUniqueId`.
-pub const ID_BYTES: usize = 128;
+pub use gpu_cuda::nccl::ID_BYTES;
 
 /// How long rank 0 waits for the hello of a connection it accepted.
 const HELLO_WAIT: Duration = Duration::from_secs(5);

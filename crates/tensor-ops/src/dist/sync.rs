@@ -7,6 +7,7 @@
 //! bucket (and the loss, averaged with it). `docs/multi-gpu.md` gives the measured effect of
 //! each setting.
 
+use super::env::env_var;
 use super::group::{ProcessGroup, BUCKET_BYTES};
 use super::DistError;
 use crate::storage::Storage;
@@ -88,15 +89,10 @@ impl Default for SyncSettings {
 impl SyncSettings {
     /// [`BUCKET_ENV`] and [`PACK_ENV`], defaults where unset.
     pub fn from_env() -> Result<SyncSettings, DistError> {
-        let var = |name: &'static str| match std::env::var(name) {
-            Ok(v) => Ok(Some(v)),
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(_)) => Err(DistError::Env {
-                var: name,
-                reason: "not valid UTF-8".into(),
-            }),
-        };
-        SyncSettings::parse(var(BUCKET_ENV)?.as_deref(), var(PACK_ENV)?.as_deref())
+        SyncSettings::parse(
+            env_var(BUCKET_ENV)?.as_deref(),
+            env_var(PACK_ENV)?.as_deref(),
+        )
     }
 
     /// The settings from the two variables' values (`None`: unset).

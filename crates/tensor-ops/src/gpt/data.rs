@@ -169,7 +169,13 @@ impl Dataset {
         } else {
             self.train.len()
         };
-        for _ in 0..n.saturating_mul(batch) {
+        let draws = n.checked_mul(batch).ok_or_else(|| {
+            GpuError::invalid(
+                "Dataset::skip_batches",
+                format!("{n} batches of {batch} rows overflow"),
+            )
+        })?;
+        for _ in 0..draws {
             let _: usize = rng.random_range(0..len - block);
         }
         Ok(())
@@ -231,5 +237,8 @@ mod tests {
         assert!(matches!(r, Err(GpuError::InvalidShape { .. })), "{r:?}");
         let r = ds.batch(false, 1 << 40, 8, &mut rng, Device::Cpu);
         assert!(matches!(r, Err(GpuError::OutOfMemory { .. })), "{r:?}");
+        // Skipping more draws than a usize holds is an error at once, not an endless loop.
+        let r = ds.skip_batches(false, usize::MAX, 8, 2, &mut rng);
+        assert!(matches!(r, Err(GpuError::InvalidArgument { .. })), "{r:?}");
     }
 }
