@@ -402,6 +402,8 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
     while trainer.step_index() < a.iters {
         let t0 = Instant::now();
         let r: StepReport = trainer.step(&mut obj, &lr_at)?;
+        // The step's end, for the hang watchdog (a no-op for one process).
+        pg.fence()?;
         let dt = t0.elapsed().as_secs_f64();
         summary.train_seconds += dt;
         if let Some(reason) = &r.rollback {
