@@ -118,6 +118,10 @@ def main():
     r.add_argument("--sizes-mib", default="1,16,64,256")
     r.add_argument("--reps", type=int, default=20)
     a = p.parse_args()
+    if a.cmd == "gpt" and a.iters < 10:
+        p.error("--iters must be at least 10 (steps are timed in groups of 10)")
+    if a.cmd == "allreduce" and a.reps < 1:
+        p.error("--reps must be at least 1")
     gpt(a) if a.cmd == "gpt" else allreduce(a)
 
 

@@ -3,8 +3,10 @@
 # the large GPT bf16 alone on 1 GPU, as two independent 1-GPU runs at once (no communication),
 # on 2 GPUs with the settings in $AB (default, pack0: no small gradients packed, chN: N NCCL
 # channels, bN: N MiB buckets, or
-# VAR=value+VAR=value; eager+ in front: train-gpt --eager; EAGER_BASELINE=1: 1 GPU --eager too), and, where Nsight Systems is installed, a 2-GPU
-# timeline summarised by scripts/nsys_overlap.py. Logs under $OUT.
+# VAR=value+VAR=value; eager+ in front: train-gpt --eager), and, where Nsight Systems is installed
+# and NO_NSYS is unset, a 2-GPU timeline summarised by scripts/nsys_overlap.py. Logs under $OUT.
+# MODEL=small|large, REPS (2), ITERS, SKIP_PAIR=1 (no two-runs-at-once control),
+# EAGER_BASELINE=1 (1 GPU with --eager too). A run that printed no summary reports 'no figure'.
 set -u
 export NCCL_NVLS_ENABLE=0
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -15,7 +17,7 @@ if [ "${MODEL:-large}" = small ]; then model="--layers 6 --heads 6 --embd 384 --
 else model="--layers 12 --heads 12 --embd 768 --block 1024"; b=16; ITERS=${ITERS:-100}; fi
 m=${MODEL:-large}
 flags="--data data/tinyshakespeare.txt $model --precision bf16 --dropout 0 --eval-interval 100000 --eval-iters 1 --sample 0 --log-interval 20"
-tps() { grep -o '"tokens_per_second":[0-9.]*' "$1" | cut -d: -f2 | cut -d. -f1; }
+tps() { grep -o '"tokens_per_second":[0-9.]*' "$1" | cut -d: -f2 | cut -d. -f1 | grep . || echo "no figure (see $1)"; }
 for rep in $(seq ${REPS:-2}); do
   timeout 90 bin/hybrid-trainer --device cuda:0 train-gpt $flags --batch $b --iters $ITERS > "$OUT/$m-one-$rep.log" 2>&1
   echo "$m, 1 GPU alone: $(tps "$OUT/$m-one-$rep.log") tok/s"
@@ -33,7 +35,7 @@ for rep in $(seq ${REPS:-2}); do
     extra=""
     case "$v" in eager+*) extra="--eager"; v="${v#eager+}" ;; esac
     case "$v" in
-      default) env="X=1" ;;
+      default) env="" ;;
       pack0) env="HYBRID_PACK_BELOW_KIB=0" ;;
       ch*) env="NCCL_MAX_NCHANNELS=${v#ch}" ;;
       b*) env="HYBRID_BUCKET_MIB=${v#b}" ;;
@@ -44,7 +46,6 @@ for rep in $(seq ${REPS:-2}); do
     echo "$m, 2 GPUs $extra $v: $(tps "$log") tok/s"
   done
 done
-[ -n "${NO_NSYS:-}" ] && exit 0
 nsys=$(ls -d /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
 [ -z "$nsys" ] && nsys=$(command -v nsys)
 if [ -n "$nsys" ] && [ -z "${NO_NSYS:-}" ]; then

@@ -28,11 +28,13 @@ for step in $STEPS; do
   bench)
     if [ -z "${SKIP_ALLREDUCE:-}" ]; then
     echo "== all-reduce bandwidth"
-    timeout 120 bin/hybrid-trainer launch --nproc-per-node 2 -- allreduce-bench --sizes-mib 1,16,64,256 > "$OUT/allreduce-ours.log" 2>&1; grep peer "$OUT/allreduce-ours.log"
-    timeout 120 python3 -m torch.distributed.run --nproc_per_node 2 torch_ddp.py allreduce --sizes-mib 1,16,64,256 > "$OUT/allreduce-torch.log" 2>&1; grep peer "$OUT/allreduce-torch.log"
+    timeout 120 bin/hybrid-trainer launch --nproc-per-node 2 -- allreduce-bench --sizes-mib 1,16,64,256 > "$OUT/allreduce-ours.log" 2>&1 || status=1
+    grep peer "$OUT/allreduce-ours.log"
+    timeout 120 python3 -m torch.distributed.run --nproc_per_node 2 torch_ddp.py allreduce --sizes-mib 1,16,64,256 > "$OUT/allreduce-torch.log" 2>&1 || status=1
+    grep peer "$OUT/allreduce-torch.log"
     fi
     txt=data/tinyshakespeare.txt
-    # name, our flags, torch flags, per-rank batch
+    # name, model flags, per-rank batch, iterations
     for cfg in "large|--layers 12 --heads 12 --embd 768 --block 1024|${LARGE_BATCH:-16}|${LARGE_ITERS:-60}" \
                "small|--layers 6 --heads 6 --embd 384 --block 256|64|${SMALL_ITERS:-300}"; do
       IFS='|' read -r name flags b iters <<< "$cfg"
@@ -41,10 +43,12 @@ for step in $STEPS; do
         timeout ${RUN_LIMIT:-120} bin/hybrid-trainer launch --nproc-per-node $n -- train-gpt --data $txt $flags --batch $((b * n)) \
           --precision bf16 --dropout 0 --iters $iters --eval-interval 100000 --eval-iters 1 --sample 0 \
           --log-interval 20 2>&1 | tee "$OUT/ours-$name-$n.log" | grep -E 'summary|error|Error|rank' | cut -c1-400
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         [ -n "${SKIP_TORCH:-}" ] && continue
         echo "== $name GPT, $n GPU(s), PyTorch DDP"
         timeout ${RUN_LIMIT:-120} python3 -m torch.distributed.run --nproc_per_node $n torch_ddp.py gpt --data $txt $flags --batch $b \
           --iters $iters 2>&1 | tee "$OUT/torch-$name-$n.log" | grep -E 'peer|Error' | cut -c1-400
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done
     done ;;
   full)

@@ -45,11 +45,11 @@ def main():
     db = sqlite3.connect(path)
     names = dict(db.execute("select id, value from StringIds"))
     rows = db.execute(
-        "select start, end, deviceId, globalPid, streamId, shortName from CUPTI_ACTIVITY_KIND_KERNEL"
+        "select start, end, deviceId, globalPid, shortName from CUPTI_ACTIVITY_KIND_KERNEL"
     ).fetchall()
     groups = defaultdict(list)
-    for s, e, dev, pid, stream, name in rows:
-        groups[(pid, dev)].append((s, e, stream, names.get(name, str(name))))
+    for s, e, dev, pid, name in rows:
+        groups[(pid, dev)].append((s, e, names.get(name, str(name))))
     for (pid, dev), ks in sorted(groups.items()):
         ks.sort()
         t0 = ks[0][0] + skip * (ks[-1][1] - ks[0][0])
@@ -57,8 +57,8 @@ def main():
         if not ks:
             continue
         span = ks[-1][1] - ks[0][0]
-        nccl = [(s, e) for s, e, _, n in ks if "nccl" in n.lower()]
-        comp = [(s, e) for s, e, _, n in ks if "nccl" not in n.lower()]
+        nccl = [(s, e) for s, e, n in ks if "nccl" in n.lower()]
+        comp = [(s, e) for s, e, n in ks if "nccl" not in n.lower()]
         un, uc = union(nccl), union(comp)
         both = intersect(un, uc)
         busy = length(union(nccl + comp))
@@ -67,20 +67,15 @@ def main():
             f"{length(uc) / 1e6:.2f} ms, NCCL busy {length(un) / 1e6:.2f} ms, of it exposed "
             f"{(length(un) - length(both)) / 1e6:.2f} ms; idle {(span - busy) / 1e6:.2f} ms"
         )
-        per = defaultdict(list)
-        for s, e, _, n in ks:
-            if "nccl" in n.lower():
-                per[n].append(e - s)
-        for n, d in sorted(per.items(), key=lambda x: -sum(x[1]))[:4]:
-            print(f"    {n[:70]}: {len(d)} calls, mean {sum(d) / len(d) / 1e3:.1f} us")
-        comp_k = defaultdict(list)
-        for s, e, _, n in ks:
-            if "nccl" not in n.lower():
-                comp_k[n].append(e - s)
-        top = sorted(comp_k.items(), key=lambda x: -sum(x[1]))[:6]
-        for n, d in top:
-            print(f"    {n[:70]}: {len(d)} calls, mean {sum(d) / len(d) / 1e3:.1f} us, total {sum(d) / 1e6:.2f} ms")
-
+        per = {True: defaultdict(list), False: defaultdict(list)}
+        for s, e, n in ks:
+            per["nccl" in n.lower()][n].append(e - s)
+        for is_nccl, top in ((True, 4), (False, 6)):
+            for n, d in sorted(per[is_nccl].items(), key=lambda x: -sum(x[1]))[:top]:
+                print(
+                    f"    {n[:70]}: {len(d)} calls, mean {sum(d) / len(d) / 1e3:.1f} us, "
+                    f"total {sum(d) / 1e6:.2f} ms"
+                )
 
 if __name__ == "__main__":
     main()

@@ -340,10 +340,12 @@ fn train_gpt_resumes_from_a_checkpoint_bit_for_bit() {
         assert_eq!(Some(loss), a.get(it), "iteration {it}");
     }
     let summary = |s: &str| {
-        s.lines().find(|l| l.starts_with("summary")).map(|l| {
-            let v: serde_json::Value = serde_json::from_str(&l["summary ".len()..]).unwrap();
-            (v["final_train_loss"].clone(), v["final_val_loss"].clone())
-        })
+        let l = s
+            .lines()
+            .find(|l| l.starts_with("summary"))
+            .unwrap_or_else(|| panic!("no summary line in:\n{s}"));
+        let v: serde_json::Value = serde_json::from_str(&l["summary ".len()..]).unwrap();
+        (v["final_train_loss"].clone(), v["final_val_loss"].clone())
     };
     assert_eq!(summary(&full), summary(&resumed));
     // The newest checkpoint (iteration 20) of a run with another global batch: refused.

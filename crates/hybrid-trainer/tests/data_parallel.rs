@@ -142,7 +142,8 @@ fn run(cmd: &mut Command, limit: Duration) -> String {
 /// steps on 1 GPU with batch 16. The only difference is the order of fp32 sums: the loss is a
 /// mean of two half-batch means instead of one mean, and each gradient likewise. At step 0
 /// the parameters are equal, so the losses differ by rounding alone (relative 2^-24 times the
-/// few hundred terms of a mean: below 1e-5). Later steps also carry the rounding of earlier
+/// few hundred terms of a mean: below 1e-5), plus the log's rounding to 4 decimals (each side
+/// at most 5e-5 off: 1e-4 between them). Later steps also carry the rounding of earlier
 /// updates; AdamW at these rates moves the loss by ~1e-2 a step, and the bound 2e-3 (absolute,
 /// on losses near 2.5–4.2) is a tenth of that: a wrong gradient average (a sum instead of a
 /// mean, a rank's shard missing, ranks out of step) shifts the curve by far more from the
@@ -186,7 +187,11 @@ fn multigpu_data_parallel_matches_one_gpu() {
             assert_eq!(ia, ib);
             let d = (la - lb).abs();
             worst = worst.max(d);
-            let bound = if *ia == 0 { 1e-5 * la.abs() } else { 2e-3 };
+            let bound = if *ia == 0 {
+                1e-5 * la.abs() + 1e-4
+            } else {
+                2e-3
+            };
             assert!(
                 d <= bound,
                 "{setting}, step {ia}: 1 GPU {la}, 2 GPUs {lb} (|d| {d:e} > {bound:e})"

@@ -22,24 +22,30 @@ fn free_port() -> u16 {
     }
 }
 
-/// The binary (`$HYBRID_TRAINER_BIN` in the GPU bundle, else cargo's) with none of the
-/// variables a surrounding launcher or test run might have set.
+/// The variables a surrounding launcher or test run might have set, which no test inherits.
+const INHERITED: [&str; 9] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "HYBRID_TRAINER_LAUNCHED",
+    "HYBRID_DIST_SELFTEST",
+    "HYBRID_DEVICE",
+];
+
+/// The binary: `$HYBRID_TRAINER_BIN` in the GPU bundle, else cargo's.
+fn binary() -> std::path::PathBuf {
+    std::env::var_os("HYBRID_TRAINER_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
+}
+
+/// The binary with none of the [`INHERITED`] variables.
 fn cmd() -> Command {
-    let mut c = match std::env::var_os("HYBRID_TRAINER_BIN") {
-        Some(bin) => Command::new(bin),
-        None => Command::cargo_bin("hybrid-trainer").expect("the binary"),
-    };
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "HYBRID_TRAINER_LAUNCHED",
-        "HYBRID_DIST_SELFTEST",
-        "HYBRID_DEVICE",
-    ] {
+    let mut c = Command::new(binary());
+    for v in INHERITED {
         c.env_remove(v);
     }
     c.timeout(Duration::from_secs(60));
@@ -390,19 +396,8 @@ fn gone(pid: u32) -> bool {
 fn the_ranks_die_with_the_launcher() {
     use std::io::{BufRead, BufReader};
     let port = free_port().to_string();
-    let mut c = std::process::Command::new(match std::env::var_os("HYBRID_TRAINER_BIN") {
-        Some(bin) => std::path::PathBuf::from(bin),
-        None => std::path::PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")),
-    });
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "HYBRID_TRAINER_LAUNCHED",
-    ] {
+    let mut c = std::process::Command::new(binary());
+    for v in INHERITED {
         c.env_remove(v);
     }
     let mut launcher = c
