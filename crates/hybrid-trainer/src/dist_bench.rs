@@ -22,6 +22,12 @@ pub struct AllReduceBenchArgs {
 
 /// Runs the benchmark on `device` as this process's rank.
 pub fn run(device: Device, a: &AllReduceBenchArgs) -> Result<()> {
+    for &mib in &a.sizes_mib {
+        ensure!(
+            mib > 0 && mib <= 1 << 14,
+            "--sizes-mib: {mib} is not in 1..=16384"
+        );
+    }
     let pg = ProcessGroup::from_env(device, Duration::from_secs(120))
         .context("joining the data-parallel job")?;
     let world = pg.world_size();
@@ -31,10 +37,6 @@ pub fn run(device: Device, a: &AllReduceBenchArgs) -> Result<()> {
     );
     let mut rows = Vec::new();
     for &mib in &a.sizes_mib {
-        ensure!(
-            mib > 0 && mib <= 1 << 14,
-            "--sizes-mib: {mib} is not in 1..=16384"
-        );
         let n = mib * (1 << 20) / 4;
         let x = Tensor::from_vec(vec![1.0f32; n], &[n], device)?;
         for _ in 0..5 {

@@ -544,7 +544,8 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
     Ok(summary)
 }
 
-/// How long the rendezvous, NCCL's set-up and each step of a data-parallel job may take.
+/// How long the rendezvous and each step of a data-parallel job may take (NCCL's own set-up
+/// between them is not bounded by it).
 const DIST_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Leaves the data-parallel job (a no-op for a single process): the trainer holds the

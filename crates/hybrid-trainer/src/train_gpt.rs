@@ -89,6 +89,7 @@ pub struct TrainArgs {
     /// `--checkpoint-interval` iterations and at the end (rank 0 only).
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
+    /// With --checkpoint: write one every this many iterations (and at the end).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
     pub checkpoint_interval: u32,
     /// Continue from the newest checkpoint in this directory (written by a run with the same
@@ -96,10 +97,10 @@ pub struct TrainArgs {
     /// the start of the original run. Every rank reads it.
     #[arg(long)]
     pub resume: Option<PathBuf>,
-    /// Data-parallel runs: how long the rendezvous and NCCL's set-up, and then each step, may
-    /// take before the other ranks are declared hung or gone (this rank then aborts NCCL and
-    /// exits with status 75).
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Data-parallel runs: how long the rendezvous, and then each step, may take before the
+    /// other ranks are declared hung or gone (this rank then aborts NCCL and exits with status
+    /// 75); at most a day. NCCL's own set-up between the two is not bounded by it.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub dist_timeout_secs: u64,
 }
 

@@ -314,6 +314,20 @@ fn data_parallel_runs_refuse_the_cpu() {
     }
 }
 
+/// The all-reduce benchmark checks its sizes before it joins (or waits for) a job.
+#[test]
+fn allreduce_bench_refuses_bad_sizes_first() {
+    for sizes in ["0", "16385", "1,0"] {
+        let out = cmd()
+            .args(["--device", "cpu", "allreduce-bench", "--sizes-mib", sizes])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains("is not in 1..=16384"), "{sizes}: {err}");
+    }
+}
+
 /// `--device cuda:K` given to every rank of a node would put them all on one GPU: refused
 /// (before any device is touched) unless K is the rank's own LOCAL_RANK.
 #[test]

@@ -107,8 +107,10 @@ impl ProcessGroup {
 
     /// Joins the job the environment describes ([`DistEnv`]), or a group of one when it
     /// describes none. Several ranks need a CUDA `device` (`cuda:LOCAL_RANK`, one GPU a
-    /// process) and NCCL; the rendezvous and NCCL's set-up must finish within `timeout`, and
-    /// so must every later step ([`ProcessGroup::fence`]) once it is queued.
+    /// process) and NCCL; the rendezvous must finish within `timeout`, and so must every later
+    /// step ([`ProcessGroup::fence`]) once it is queued. NCCL's own set-up
+    /// (`ncclCommInitRank`, between the two) is not bounded here: a peer that hangs inside it
+    /// is not caught.
     pub fn from_env(device: Device, timeout: Duration) -> Result<ProcessGroup, DistError> {
         match DistEnv::from_env()? {
             Some(env) if env.world_size > 1 => ProcessGroup::init(&env, device, timeout),

@@ -110,6 +110,9 @@ impl Shared {
                     self.links[i].done.store(true, Ordering::SeqCst);
                     return;
                 }
+                Ok((Tag::PeerLost, p)) if self.rank != 0 && p.len() < 8 => {
+                    return self.lost(i, peer, "a loss notice without a rank".into())
+                }
                 Ok((Tag::PeerLost, p)) if self.rank != 0 => {
                     let lost = usize::try_from(u64_at(&p, 0)).unwrap_or(usize::MAX);
                     let why = String::from_utf8_lossy(p.get(8..).unwrap_or_default());
