@@ -549,12 +549,13 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
 const DIST_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Leaves the data-parallel job (a no-op for a single process): the trainer holds the
-/// group too, so it goes first.
+/// group too, so it goes first. A group still held elsewhere would leave as a crash when
+/// dropped (see [`ProcessGroup::finish`]): that is an error here, not a silent exit.
 fn leave(trainer: HybridTrainer, pg: Arc<ProcessGroup>) -> Result<()> {
     drop(trainer);
-    if let Ok(pg) = Arc::try_unwrap(pg) {
-        pg.finish()?;
-    }
+    let pg = Arc::try_unwrap(pg)
+        .map_err(|_| anyhow::anyhow!("the process group is still in use when the job ends"))?;
+    pg.finish()?;
     Ok(())
 }
 

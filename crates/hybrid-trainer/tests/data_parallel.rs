@@ -1,6 +1,6 @@
 //! Data-parallel training on two GPUs (`hybrid-trainer launch`, NCCL): the same loss curve as
-//! one GPU with the same global batch; a rank that is killed or hangs makes the other exit with
-//! a clear error within the stated time. These tests need two CUDA devices and skip (reported
+//! one GPU with the same global batch; a rank that is killed, hangs or fails with an error
+//! makes the other exit with a clear error within the stated time. These tests need two CUDA devices and skip (reported
 //! on their own line by the GPU bundle) on machines with fewer.
 //!
 //! The binary is `$HYBRID_TRAINER_BIN` (the GPU bundle's `bin/hybrid-trainer`), else the one
@@ -390,6 +390,82 @@ fn multigpu_a_killed_rank_stops_the_other() {
 #[test]
 fn multigpu_a_hung_rank_stops_the_other() {
     a_lost_rank_stops_the_other("multigpu_a_hung_rank_stops_the_other", true);
+}
+
+/// Rank 0 fails with an error of its own: its checkpoint directory is a file, so writing the
+/// checkpoint at step 30 fails. It exits with that error, leaving the group as a crash would
+/// (no goodbye), so rank 1 reports rank 0 lost and exits with 75 at once: within 15 s of rank
+/// 0's exit (NCCL's abort takes up to 3 s), far below the `--dist-timeout-secs 120` after which
+/// its watchdog alone would have stopped it.
+#[test]
+fn multigpu_a_rank_failing_with_an_error_stops_the_other() {
+    const TEST: &str = "multigpu_a_rank_failing_with_an_error_stops_the_other";
+    if gpus_or_skip(TEST, 2).is_none() {
+        return;
+    }
+    let _gpus = gpus();
+    let port = free_port().to_string();
+    let ck = std::env::temp_dir().join(format!("dp-ckpt-file-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ck);
+    std::fs::write(&ck, "a file, not a directory").expect("writing the blocking file");
+    let ck_s = ck.display().to_string();
+    let args = train_args(
+        1_000_000,
+        10,
+        &[
+            "--dist-timeout-secs",
+            "120",
+            "--checkpoint",
+            &ck_s,
+            "--checkpoint-interval",
+            "30",
+        ],
+    );
+    let mut r0 = spawn_rank(0, &port, &args);
+    let mut r1 = spawn_rank(1, &port, &args);
+    let rx0 = lines(&mut r0);
+    let rx1 = lines(&mut r1);
+    let s0 = exit_within(&mut r0, Duration::from_secs(120));
+    let t0 = Instant::now();
+    let s1 = exit_within(&mut r1, Duration::from_secs(15));
+    let took = t0.elapsed();
+    let _ = std::fs::remove_file(&ck);
+    let drain = |rx: mpsc::Receiver<String>| {
+        let mut v = Vec::new();
+        while let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            v.push(l);
+        }
+        v.join("\n")
+    };
+    let (log0, log1) = (drain(rx0), drain(rx1));
+    let Some(s0) = s0 else {
+        let _ = r1.kill();
+        panic!("{TEST}: rank 0 did not fail within 120 s:\n{log0}");
+    };
+    assert!(
+        !s0.success() && s0.code() != Some(75),
+        "{TEST}: rank 0 exited with {s0}, expected its own error:\n{log0}"
+    );
+    assert!(
+        log0.contains("writing a checkpoint"),
+        "{TEST}: rank 0 failed for another reason:\n{log0}"
+    );
+    let Some(s1) = s1 else {
+        panic!("{TEST}: rank 1 still ran 15 s after rank 0 failed:\n{log1}");
+    };
+    assert_eq!(
+        s1.code(),
+        Some(75),
+        "{TEST}: rank 1 exited with {s1}:\n{log1}"
+    );
+    assert!(
+        log1.contains("rank 0 was lost"),
+        "{TEST}: rank 1 did not say 'rank 0 was lost':\n{log1}"
+    );
+    eprintln!(
+        "{TEST}: rank 1 exited with 75 {:.1} s after rank 0 failed with its error",
+        took.as_secs_f64()
+    );
 }
 
 /// The main job (the hybrid trainer, world model and gate) on 2 GPUs with global batch 12

@@ -396,7 +396,9 @@ impl ProcessGroup {
     }
 
     /// Leaves the job on purpose: waits for this rank's queued work, tells the others, and
-    /// destroys the communicator. (Dropping the group without it does the same, silently.)
+    /// destroys the communicator. Dropping the group without it (an error's way out) closes
+    /// the connections as a crash would: the others report this rank lost at once instead of
+    /// waiting for their step's timeout.
     pub fn finish(mut self) -> Result<(), DistError> {
         if let Some(m) = &self.multi {
             m.comm.backend().stream().synchronize().map_err(|e| {
@@ -406,15 +408,25 @@ impl ProcessGroup {
                 })
             })?;
         }
-        self.leave();
+        self.leave(true);
         Ok(())
     }
 
-    fn leave(&mut self) {
+    /// Stops the watchdog and closes the liveness connections, with a goodbye or (`false`) as
+    /// a crash. The communicator goes with the group: destroyed after a goodbye (its work is
+    /// done), aborted after a crash, as collectives still queued would wait forever for peers
+    /// that are leaving too.
+    fn leave(&mut self, goodbye: bool) {
         if let Some(mut m) = self.multi.take() {
             m.stop.store(true, Ordering::Relaxed);
             if let Some(l) = m.liveness.take() {
-                l.goodbye();
+                if goodbye {
+                    l.goodbye();
+                }
+                // Dropped without a goodbye: the peers see this rank lost.
+            }
+            if !goodbye {
+                m.comm.abort_handle().abort(ABORT_WAIT / 2);
             }
         }
     }
@@ -422,7 +434,7 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        self.leave();
+        self.leave(false);
     }
 }
 
