@@ -288,6 +288,18 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
                 "training step captured as a CUDA graph ({:.1} MiB kept for its replays)",
                 g.memory_stats().bytes_cached as f64 / (1 << 20) as f64
             );
+            if world > 1 {
+                let st = sync.stats();
+                let mib = |b: usize| b as f64 / (1 << 20) as f64;
+                say!(
+                    "gradients averaged a step: {} tensors, {:.1} MiB in {} bucket(s); {} copied first ({:.1} MiB)",
+                    st.tensors,
+                    mib(st.bytes),
+                    st.buckets,
+                    st.copied,
+                    mib(st.copied_bytes)
+                );
+            }
             Some(g)
         }
         _ => None,

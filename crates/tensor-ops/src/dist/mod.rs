@@ -14,7 +14,9 @@ pub use env::DistEnv;
 pub use gpu_cuda::nccl::ReduceOp;
 pub use group::{ProcessGroup, BUCKET_BYTES, EXIT_DIST_FAILURE};
 pub use rendezvous::{Liveness, Rendezvous, ID_BYTES};
-pub use sync::{GradSync, NoSync, StepSync, SyncSettings, BUCKET_ENV, PACK_BELOW_BYTES, PACK_ENV};
+pub use sync::{
+    GradSync, NoSync, StepSync, SyncSettings, SyncStats, BUCKET_ENV, PACK_BELOW_BYTES, PACK_ENV,
+};
 
 use gpu_core::GpuError;
 

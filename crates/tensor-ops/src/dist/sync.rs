@@ -54,6 +54,22 @@ pub struct GradSync<'a> {
     /// Gradients of fewer bytes are packed into one buffer for their all-reduce
     /// ([`gpu_cuda::nccl::NcclComm::all_reduce_packed_async`]); 0: none.
     pack_below: usize,
+    stats: SyncStats,
+}
+
+/// What a [`GradSync`] has queued so far (over every pass it served).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Buckets handed to NCCL (one NCCL group each).
+    pub buckets: usize,
+    /// Tensors averaged (gradients and losses).
+    pub tensors: usize,
+    /// Their bytes.
+    pub bytes: usize,
+    /// Gradients copied first because their storage was shared ([`StepSync::grad_ready`]).
+    pub copied: usize,
+    /// The copies' bytes.
+    pub copied_bytes: usize,
 }
 
 /// The environment variable that sets [`GradSync`]'s bucket size in MiB (1–1024, default 25).
@@ -135,7 +151,13 @@ impl<'a> GradSync<'a> {
             op: ReduceOp::Avg,
             limit: pg.sync_settings().bucket_bytes,
             pack_below: pg.sync_settings().pack_below,
+            stats: SyncStats::default(),
         }
+    }
+
+    /// What was queued so far.
+    pub fn stats(&self) -> SyncStats {
+        self.stats
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -171,6 +193,9 @@ impl<'a> GradSync<'a> {
             let mut bufs = super::group::cuda_bufs(&mut guards)?;
             comm.all_reduce_async(&mut bufs, self.op)?;
         }
+        self.stats.buckets += 1;
+        self.stats.tensors += self.bucket.len();
+        self.stats.bytes = self.stats.bytes.saturating_add(self.bytes);
         self.queued.append(&mut self.bucket);
         self.bytes = 0;
         Ok(())
@@ -197,10 +222,10 @@ impl StepSync for GradSync<'_> {
             || self.held(grad)
         {
             *grad = grad.mul_scalar(1.0)?;
+            self.stats.copied += 1;
+            self.stats.copied_bytes = self.stats.copied_bytes.saturating_add(bytes(grad));
         }
-        self.bytes = self
-            .bytes
-            .saturating_add(grad.numel().saturating_mul(grad.dtype().size_in_bytes()));
+        self.bytes = self.bytes.saturating_add(bytes(grad));
         self.bucket.push(grad.clone());
         if self.bytes >= self.limit {
             self.flush()?;
@@ -213,6 +238,7 @@ impl StepSync for GradSync<'_> {
             return Ok(());
         };
         if !self.held(loss) {
+            self.bytes = self.bytes.saturating_add(bytes(loss));
             self.bucket.push(loss.clone());
         }
         self.flush()?;
@@ -220,6 +246,10 @@ impl StepSync for GradSync<'_> {
         self.queued.clear();
         Ok(())
     }
+}
+
+fn bytes(t: &Tensor) -> usize {
+    t.numel().saturating_mul(t.dtype().size_in_bytes())
 }
 
 #[cfg(test)]
