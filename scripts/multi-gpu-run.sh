@@ -3,7 +3,8 @@
 # bundle, then the steps named in $STEPS (default: all), logs under $OUT.
 #   tests  the multi-GPU tests (tests/hybrid-trainer--data_parallel), output shown
 #   bench  GPT tokens/s on 1 and 2 GPUs, ours (launch) and PyTorch DDP (torchrun), for the
-#          shakespeare-char model and a 12 x 768, context 1024 one; all-reduce bus bandwidth
+#          shakespeare-char model and a 12 x 768, context 1024 one (per-rank batches
+#          $LARGE_BATCHES, default 16); all-reduce bus bandwidth
 #   full   the whole bundle (run.sh --no-sanitizer)
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0
@@ -34,20 +35,25 @@ for step in $STEPS; do
     grep peer "$OUT/allreduce-torch.log"
     fi
     txt=data/tinyshakespeare.txt
-    # name, model flags, per-rank batch, iterations
-    for cfg in "large|--layers 12 --heads 12 --embd 768 --block 1024|${LARGE_BATCH:-16}|${LARGE_ITERS:-60}" \
-               "small|--layers 6 --heads 6 --embd 384 --block 256|64|${SMALL_ITERS:-300}"; do
+    # name, model flags, per-rank batch, iterations. LARGE_BATCHES: the large model's per-rank
+    # batches, each a row (64 is llm.c's per-GPU batch for GPT-2 124M at context 1024).
+    cfgs=()
+    for lb in ${LARGE_BATCHES:-16}; do
+      cfgs+=("large|--layers 12 --heads 12 --embd 768 --block 1024|$lb|${LARGE_ITERS:-60}")
+    done
+    cfgs+=("small|--layers 6 --heads 6 --embd 384 --block 256|64|${SMALL_ITERS:-300}")
+    for cfg in "${cfgs[@]}"; do
       IFS='|' read -r name flags b iters <<< "$cfg"
       for n in ${NGPUS:-1 2}; do
         echo "== $name GPT, $n GPU(s), per-rank batch $b, ours"
         timeout ${RUN_LIMIT:-120} bin/hybrid-trainer launch --nproc-per-node $n -- train-gpt --data $txt $flags --batch $((b * n)) \
           --precision bf16 --dropout 0 --iters $iters --eval-interval 100000 --eval-iters 1 --sample 0 \
-          --log-interval 20 2>&1 | tee "$OUT/ours-$name-$n.log" | grep -E 'summary|error|Error|rank' | cut -c1-400
+          --log-interval 20 2>&1 | tee "$OUT/ours-$name-b$b-$n.log" | grep -E 'summary|error|Error|rank' | cut -c1-400
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         [ -n "${SKIP_TORCH:-}" ] && continue
         echo "== $name GPT, $n GPU(s), PyTorch DDP"
         timeout ${RUN_LIMIT:-120} python3 -m torch.distributed.run --nproc_per_node $n torch_ddp.py gpt --data $txt $flags --batch $b \
-          --iters $iters 2>&1 | tee "$OUT/torch-$name-$n.log" | grep -E 'peer|Error' | cut -c1-400
+          --iters $iters 2>&1 | tee "$OUT/torch-$name-b$b-$n.log" | grep -E 'peer|Error' | cut -c1-400
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done
     done ;;
