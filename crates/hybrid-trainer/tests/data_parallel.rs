@@ -204,6 +204,23 @@ fn multigpu_data_parallel_matches_one_gpu() {
     }
 }
 
+/// A run that goes on until stopped (logging every 10 steps), with a step timeout and a
+/// checkpoint every `interval` steps into `ck`.
+fn endless_args(timeout_secs: u32, ck: &str, interval: u32) -> Vec<String> {
+    train_args(
+        1_000_000,
+        10,
+        &[
+            "--dist-timeout-secs",
+            &timeout_secs.to_string(),
+            "--checkpoint",
+            ck,
+            "--checkpoint-interval",
+            &interval.to_string(),
+        ],
+    )
+}
+
 /// Starts rank `rank` of 2 directly (as a launcher would), output piped.
 fn spawn_rank(rank: usize, port: &str, args: &[String]) -> Child {
     let mut cmd = Command::new(binary());
@@ -294,18 +311,7 @@ fn a_lost_rank_stops_the_other(test: &str, freeze: bool) {
     let ck = std::env::temp_dir().join(format!("dp-ckpt-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&ck);
     let ck_s = ck.display().to_string();
-    let args = train_args(
-        1_000_000,
-        10,
-        &[
-            "--dist-timeout-secs",
-            "10",
-            "--checkpoint",
-            &ck_s,
-            "--checkpoint-interval",
-            "10",
-        ],
-    );
+    let args = endless_args(10, &ck_s, 10);
     let mut r0 = spawn_rank(0, &port, &args);
     let mut r1 = spawn_rank(1, &port, &args);
     let rx0 = lines(&mut r0);
@@ -409,18 +415,7 @@ fn multigpu_a_rank_failing_with_an_error_stops_the_other() {
     let _ = std::fs::remove_dir_all(&ck);
     std::fs::write(&ck, "a file, not a directory").expect("writing the blocking file");
     let ck_s = ck.display().to_string();
-    let args = train_args(
-        1_000_000,
-        10,
-        &[
-            "--dist-timeout-secs",
-            "120",
-            "--checkpoint",
-            &ck_s,
-            "--checkpoint-interval",
-            "30",
-        ],
-    );
+    let args = endless_args(120, &ck_s, 30);
     let mut r0 = spawn_rank(0, &port, &args);
     let mut r1 = spawn_rank(1, &port, &args);
     let rx0 = lines(&mut r0);
