@@ -63,25 +63,38 @@ impl std::fmt::Debug for ProcessGroup {
 /// and destructors (NCCL's and the driver's included) would wait for the blocked work.
 fn fail(rank: usize, abort: &AbortHandle, why: &str) -> ! {
     eprintln!("rank {rank}: {why}; aborting the NCCL communicator and exiting");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let handle = abort.clone();
-    std::thread::spawn(move || {
-        let _ = tx.send(handle.abort(ABORT_WAIT / 2));
-    });
-    match rx.recv_timeout(ABORT_WAIT) {
-        Ok(true) => {}
-        Ok(false) => eprintln!("rank {rank}: the communicator was busy or already gone"),
-        Err(_) => eprintln!(
-            "rank {rank}: ncclCommAbort did not return within {} s",
-            ABORT_WAIT.as_secs()
-        ),
-    }
+    abort_within(rank, abort);
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
     // SAFETY: `_exit` ends the process without running exit handlers or destructors; nothing
     // after this point relies on them (output is flushed above).
     unsafe { libc::_exit(EXIT_DIST_FAILURE) }
+}
+
+/// NCCL's abort on its own thread, waited for at most [`ABORT_WAIT`] (a busy communicator, or
+/// one that a CUDA graph still uses, can keep `ncclCommAbort` from returning). Returns whether
+/// the call returned; says on stderr what went wrong.
+fn abort_within(rank: usize, abort: &AbortHandle) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = abort.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(handle.abort(ABORT_WAIT / 2));
+    });
+    match rx.recv_timeout(ABORT_WAIT) {
+        Ok(true) => true,
+        Ok(false) => {
+            eprintln!("rank {rank}: the communicator was busy or already gone");
+            true
+        }
+        Err(_) => {
+            eprintln!(
+                "rank {rank}: ncclCommAbort did not return within {} s",
+                ABORT_WAIT.as_secs()
+            );
+            false
+        }
+    }
 }
 
 /// How long a failing rank waits for NCCL's abort before it exits anyway.
@@ -398,7 +411,8 @@ impl ProcessGroup {
     /// Leaves the job on purpose: waits for this rank's queued work, tells the others, and
     /// destroys the communicator. Dropping the group without it (an error's way out) closes
     /// the connections as a crash would: the others report this rank lost at once instead of
-    /// waiting for their step's timeout.
+    /// waiting for their step's timeout. Drop the CUDA graphs that captured its collectives
+    /// before the group: NCCL's tear-down waits for them.
     pub fn finish(mut self) -> Result<(), DistError> {
         if let Some(m) = &self.multi {
             m.comm.backend().stream().synchronize().map_err(|e| {
@@ -425,8 +439,10 @@ impl ProcessGroup {
                 }
                 // Dropped without a goodbye: the peers see this rank lost.
             }
-            if !goodbye {
-                m.comm.abort_handle().abort(ABORT_WAIT / 2);
+            if !goodbye && !abort_within(self.rank, &m.comm.abort_handle()) {
+                // The abort still holds the communicator: destroying it would wait for the
+                // abort. Left to the process's end.
+                std::mem::forget(m);
             }
         }
     }
