@@ -8,7 +8,7 @@ use anyhow::{ensure, Context, Result};
 use gpu_core::Device;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tensor_ops::dist::{GradSync, ProcessGroup, StepSync};
+use tensor_ops::dist::{DistEnv, GradSync, ProcessGroup, StepSync};
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
 use tensor_ops::no_grad;
 use tensor_ops::optim::AdamWParams;
@@ -186,12 +186,13 @@ pub(crate) fn join_data_parallel(
     timeout: Duration,
     batch: u32,
 ) -> Result<ProcessGroup> {
-    let pg = ProcessGroup::from_env(device, timeout).context("joining the data-parallel job")?;
-    let world = pg.world_size();
+    // Checked before joining: every rank refuses it alike, none waits for another.
+    let world = DistEnv::from_env()?.map_or(1, |e| e.world_size);
     ensure!(
         (batch as usize).is_multiple_of(world),
         "--batch {batch} (the global batch) must be a multiple of the {world} ranks"
     );
+    let pg = ProcessGroup::from_env(device, timeout).context("joining the data-parallel job")?;
     if world > 1 && pg.is_main() {
         println!(
             "data parallel: {world} ranks, {} sequences each of the global batch {batch}",
@@ -218,12 +219,8 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         a.lr > 0.0 && a.min_lr >= 0.0 && a.decay_iters() >= a.warmup,
         "bad learning-rate schedule (--lr, --min-lr, or --lr-decay-iters below --warmup)"
     );
-    let pg = join_data_parallel(device, Duration::from_secs(a.dist_timeout_secs), a.batch)?;
-    let (main, world, rank) = (pg.is_main(), pg.world_size(), pg.rank());
-    // Only rank 0 prints (and evaluates, samples and saves).
-    macro_rules! say {
-        ($($t:tt)*) => { if main { println!($($t)*); } };
-    }
+    // The settings every rank would refuse alike are checked before the job is joined: a rank
+    // that fails after it leaves as a crash, and the others would report it lost.
     let text = std::fs::read_to_string(&a.data)
         .with_context(|| format!("reading {}", a.data.display()))?;
     let ds = Dataset::from_text(&text, 0.9)?;
@@ -246,6 +243,13 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         dropout: a.dropout,
         bias: false,
     };
+    cfg.validate()?;
+    let pg = join_data_parallel(device, Duration::from_secs(a.dist_timeout_secs), a.batch)?;
+    let (main, world, rank) = (pg.is_main(), pg.world_size(), pg.rank());
+    // Only rank 0 prints (and evaluates, samples and saves).
+    macro_rules! say {
+        ($($t:tt)*) => { if main { println!($($t)*); } };
+    }
     let precision = if a.tf32 { Precision::Tf32 } else { a.precision };
     let mut model = Gpt::new(cfg, a.seed, device)?;
     model.set_precision(precision)?;
@@ -292,7 +296,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
                 let st = sync.stats();
                 let mib = |b: usize| b as f64 / (1 << 20) as f64;
                 say!(
-                    "gradients averaged a step: {} tensors, {:.1} MiB in {} bucket(s); {} copied first ({:.1} MiB)",
+                    "averaged a step: {} tensors (the gradients and the loss), {:.1} MiB in {} bucket(s); {} gradient(s) copied first ({:.1} MiB)",
                     st.tensors,
                     mib(st.bytes),
                     st.buckets,

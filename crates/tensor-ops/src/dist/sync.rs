@@ -60,7 +60,7 @@ pub struct GradSync<'a> {
 /// What a [`GradSync`] has queued so far (over every pass it served).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SyncStats {
-    /// Buckets handed to NCCL (one NCCL group each).
+    /// Buckets handed to NCCL (one NCCL group a dtype in each).
     pub buckets: usize,
     /// Tensors averaged (gradients and losses).
     pub tensors: usize,
