@@ -12,15 +12,14 @@ use crate::storage::Storage;
 use crate::tensor::Tensor;
 use cudarc::driver::CudaEvent;
 use gpu_core::{DType, Device};
-use gpu_cuda::nccl::{self, AbortHandle, NcclComm, ReduceOp};
+use gpu_cuda::nccl::{self, NcclComm, ReduceOp};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-/// The exit status of a rank that gave up because another rank died or hung (the launcher's
-/// `EXIT_PEER_LOST` is the same number: it reports another rank's status first).
-pub const EXIT_DIST_FAILURE: i32 = 75;
+use super::failure::{abort_within, fail};
+pub use super::failure::{ABORT_WAIT, EXIT_DIST_FAILURE};
 
 /// Gradients are all-reduced in groups of about this many bytes (PyTorch DDP's default
 /// bucket is 25 MiB): one NCCL group each.
@@ -55,50 +54,6 @@ impl std::fmt::Debug for ProcessGroup {
         )
     }
 }
-
-/// Reports a failure of the job and leaves: NCCL's abort path (pending collectives return),
-/// then the process ends at once with [`EXIT_DIST_FAILURE`]. Called from watcher threads while
-/// the main thread may be blocked in the device (or still queueing work), so the abort runs
-/// on its own thread and gets [`ABORT_WAIT`], and the process ends with `_exit`: exit handlers
-/// and destructors (NCCL's and the driver's included) would wait for the blocked work.
-fn fail(rank: usize, abort: &AbortHandle, why: &str) -> ! {
-    eprintln!("rank {rank}: {why}; aborting the NCCL communicator and exiting");
-    abort_within(rank, abort);
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().flush();
-    // SAFETY: `_exit` ends the process without running exit handlers or destructors; nothing
-    // after this point relies on them (output is flushed above).
-    unsafe { libc::_exit(EXIT_DIST_FAILURE) }
-}
-
-/// NCCL's abort on its own thread, waited for at most [`ABORT_WAIT`] (a busy communicator, or
-/// one that a CUDA graph still uses, can keep `ncclCommAbort` from returning). Returns whether
-/// the call returned; says on stderr what went wrong.
-fn abort_within(rank: usize, abort: &AbortHandle) -> bool {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let handle = abort.clone();
-    std::thread::spawn(move || {
-        let _ = tx.send(handle.abort(ABORT_WAIT / 2));
-    });
-    match rx.recv_timeout(ABORT_WAIT) {
-        Ok(true) => true,
-        Ok(false) => {
-            eprintln!("rank {rank}: the communicator was busy or already gone");
-            true
-        }
-        Err(_) => {
-            eprintln!(
-                "rank {rank}: ncclCommAbort did not return within {} s",
-                ABORT_WAIT.as_secs()
-            );
-            false
-        }
-    }
-}
-
-/// How long a failing rank waits for NCCL's abort before it exits anyway.
-pub const ABORT_WAIT: Duration = Duration::from_secs(3);
 
 impl ProcessGroup {
     /// A group of one: every collective is the identity.

@@ -6,6 +6,7 @@
 //! else, and asking for several processes there is [`DistError::NcclUnavailable`]).
 
 pub mod env;
+mod failure;
 pub mod group;
 pub mod rendezvous;
 pub mod sync;
