@@ -187,6 +187,19 @@ mod tests {
         (m, opt)
     }
 
+    /// The state of a run of `m` with seed 1, batch 4 and block 4.
+    fn state_of(m: &Gpt, iter: u32, opt_step: u32, ranks: usize) -> TrainState {
+        TrainState {
+            iter,
+            opt_step,
+            seed: 1,
+            batch: 4,
+            block: 4,
+            params: m.num_params(),
+            ranks,
+        }
+    }
+
     fn values(m: &Gpt) -> Vec<Vec<f32>> {
         m.parameters()
             .iter()
@@ -202,15 +215,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("train-ckpt-unit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let (a, opt_a) = model(1);
-        let state = TrainState {
-            iter: 7,
-            opt_step: 3,
-            seed: 1,
-            batch: 4,
-            block: 4,
-            params: a.num_params(),
-            ranks: 2,
-        };
+        let state = state_of(&a, 7, 3, 2);
         let sub = save(&dir, &a, &opt_a, &state).unwrap();
         let (b, mut opt_b) = model(2);
         assert_ne!(values(&a), values(&b));
@@ -261,15 +266,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("train-ckpt-nan-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let (a, opt_a) = model(1);
-        let state = TrainState {
-            iter: 5,
-            opt_step: 0,
-            seed: 1,
-            batch: 4,
-            block: 4,
-            params: a.num_params(),
-            ranks: 1,
-        };
+        let state = state_of(&a, 5, 0, 1);
         save(&dir, &a, &opt_a, &state).unwrap();
         let latest = std::fs::read_to_string(dir.join(LATEST)).unwrap();
 

@@ -52,6 +52,15 @@ fn cmd() -> Command {
     c
 }
 
+/// Runs `c`, which must fail with `needle` in its stderr; returns the stderr.
+fn refused(c: &mut Command, needle: &str) -> String {
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{c:?} succeeded: {err}");
+    assert!(err.contains(needle), "{c:?}: {err}");
+    err
+}
+
 /// `launch` with these flags and `dist-selftest`; returns (exit code, stdout, stderr, seconds).
 fn launch(flags: &[&str], fault: Option<&str>) -> (Option<i32>, String, String, f64) {
     let port = free_port().to_string();
@@ -228,10 +237,7 @@ fn bad_launcher_flags_are_clear_errors() {
             "after `--`",
         ),
     ] {
-        let out = cmd().args(&args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} succeeded");
-        assert!(err.contains(needle), "{args:?}: {err}");
+        let err = refused(cmd().args(&args), needle);
         // Nothing was started.
         assert!(!err.contains("launch: ranks"), "{args:?}: {err}");
     }
@@ -239,22 +245,17 @@ fn bad_launcher_flags_are_clear_errors() {
 
 #[test]
 fn a_launched_process_cannot_launch() {
-    let out = cmd()
-        .env("HYBRID_TRAINER_LAUNCHED", "1")
-        .args(["launch", "--nproc", "1", "--", "run"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("launches do not nest"), "{err}");
+    refused(
+        cmd()
+            .env("HYBRID_TRAINER_LAUNCHED", "1")
+            .args(["launch", "--nproc", "1", "--", "run"]),
+        "launches do not nest",
+    );
 }
 
 #[test]
 fn the_selftest_needs_the_environment() {
-    let out = cmd().arg("dist-selftest").output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("hybrid-trainer launch"), "{err}");
+    refused(cmd().arg("dist-selftest"), "hybrid-trainer launch");
 }
 
 #[test]
@@ -265,52 +266,40 @@ fn data_parallel_runs_refuse_the_cpu() {
         ("MASTER_ADDR", "127.0.0.1"),
         ("MASTER_PORT", "29999"),
     ];
-    let out = cmd()
-        .envs(dist)
-        .args(["--device", "cpu", "demo", "--size", "8"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("data-parallel runs need one GPU per process"),
-        "{err}"
+    let cpu = "data-parallel runs need one GPU per process";
+    refused(
+        cmd()
+            .envs(dist)
+            .args(["--device", "cpu", "demo", "--size", "8"]),
+        cpu,
     );
-    let out = cmd()
-        .envs(dist)
-        .env("HYBRID_DEVICE", "cpu")
-        .args(["demo", "--size", "8"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("data-parallel runs need one GPU per process"),
-        "{err}"
+    refused(
+        cmd()
+            .envs(dist)
+            .env("HYBRID_DEVICE", "cpu")
+            .args(["demo", "--size", "8"]),
+        cpu,
     );
     // A malformed environment is an error naming the variable.
-    let out = cmd()
-        .envs(dist)
-        .env("RANK", "x")
-        .args(["--device", "cpu", "demo", "--size", "8"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("RANK: \"x\""), "{err}");
+    refused(
+        cmd()
+            .envs(dist)
+            .env("RANK", "x")
+            .args(["--device", "cpu", "demo", "--size", "8"]),
+        "RANK: \"x\"",
+    );
     // So is a malformed gradient-bucket setting, before any device is looked at.
     for (var, value) in [
         ("HYBRID_BUCKET_MIB", "0"),
         ("HYBRID_PACK_BELOW_KIB", "lots"),
     ] {
-        let out = cmd()
-            .envs(dist)
-            .env(var, value)
-            .args(["--device", "cpu", "demo", "--size", "8"])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success());
-        assert!(err.contains(&format!("{var}: \"{value}\"")), "{err}");
+        refused(
+            cmd()
+                .envs(dist)
+                .env(var, value)
+                .args(["--device", "cpu", "demo", "--size", "8"]),
+            &format!("{var}: \"{value}\""),
+        );
     }
 }
 
@@ -318,13 +307,10 @@ fn data_parallel_runs_refuse_the_cpu() {
 #[test]
 fn allreduce_bench_refuses_bad_sizes_first() {
     for sizes in ["0", "16385", "1,0"] {
-        let out = cmd()
-            .args(["--device", "cpu", "allreduce-bench", "--sizes-mib", sizes])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success());
-        assert!(err.contains("is not in 1..=16384"), "{sizes}: {err}");
+        refused(
+            cmd().args(["--device", "cpu", "allreduce-bench", "--sizes-mib", sizes]),
+            "is not in 1..=16384",
+        );
     }
 }
 
@@ -332,21 +318,17 @@ fn allreduce_bench_refuses_bad_sizes_first() {
 /// (before any device is touched) unless K is the rank's own LOCAL_RANK.
 #[test]
 fn ranks_of_one_node_refuse_a_shared_gpu() {
-    let out = cmd()
-        .envs([
-            ("WORLD_SIZE", "2"),
-            ("LOCAL_WORLD_SIZE", "2"),
-            ("RANK", "1"),
-            ("LOCAL_RANK", "1"),
-            ("MASTER_ADDR", "127.0.0.1"),
-            ("MASTER_PORT", "29999"),
-        ])
-        .args(["--device", "cuda:0", "demo", "--size", "8"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("they would share one GPU"), "{err}");
+    let mut c = cmd();
+    c.envs([
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("RANK", "1"),
+        ("LOCAL_RANK", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29999"),
+    ])
+    .args(["--device", "cuda:0", "demo", "--size", "8"]);
+    refused(&mut c, "they would share one GPU");
 }
 
 #[test]

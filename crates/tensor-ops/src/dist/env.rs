@@ -383,40 +383,24 @@ mod tests {
 
     #[test]
     fn out_of_range_values_are_errors() {
-        assert_env_err(with("WORLD_SIZE", Some("0")), "WORLD_SIZE", "at least 1");
-        assert_env_err(
-            with("WORLD_SIZE", Some("65537")),
-            "WORLD_SIZE",
-            "more than 65536 processes",
-        );
-        assert_env_err(
-            with("WORLD_SIZE", Some("18446744073709551615")),
-            "WORLD_SIZE",
-            "more than 65536",
-        );
-        assert_env_err(
-            with("LOCAL_WORLD_SIZE", Some("0")),
-            "LOCAL_WORLD_SIZE",
-            "at least 1",
-        );
-        assert_env_err(with("RANK", Some("8")), "RANK", "not below WORLD_SIZE=8");
-        assert_env_err(with("LOCAL_RANK", Some("2")), "LOCAL_RANK", "not below");
-        assert_env_err(
-            with("LOCAL_WORLD_SIZE", Some("9")),
-            "LOCAL_WORLD_SIZE",
-            "exceeds WORLD_SIZE=8",
-        );
-        assert_env_err(with("MASTER_PORT", Some("0")), "MASTER_PORT", "1..=65535");
-        assert_env_err(
-            with("MASTER_PORT", Some("65536")),
-            "MASTER_PORT",
-            "1..=65535",
-        );
-        assert_env_err(
-            with("MASTER_PORT", Some("99999999999999999999999")),
-            "MASTER_PORT",
-            "not a port number",
-        );
+        for (var, value, why) in [
+            ("WORLD_SIZE", "0", "at least 1"),
+            ("WORLD_SIZE", "65537", "more than 65536 processes"),
+            ("WORLD_SIZE", "18446744073709551615", "more than 65536"),
+            ("LOCAL_WORLD_SIZE", "0", "at least 1"),
+            ("RANK", "8", "not below WORLD_SIZE=8"),
+            ("LOCAL_RANK", "2", "not below"),
+            ("LOCAL_WORLD_SIZE", "9", "exceeds WORLD_SIZE=8"),
+            ("MASTER_PORT", "0", "1..=65535"),
+            ("MASTER_PORT", "65536", "1..=65535"),
+            (
+                "MASTER_PORT",
+                "99999999999999999999999",
+                "not a port number",
+            ),
+        ] {
+            assert_env_err(with(var, Some(value)), var, why);
+        }
         assert_eq!(
             with("MASTER_PORT", Some("65535"))
                 .unwrap()
