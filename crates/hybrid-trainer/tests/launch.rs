@@ -61,6 +61,22 @@ fn refused(c: &mut Command, needle: &str) -> String {
     err
 }
 
+/// `launch --nproc N --master-port PORT -- COMMAND`.
+fn launch_argv(nproc: u32, port: &str, command: &str) -> Vec<String> {
+    let n = nproc.to_string();
+    [
+        "launch",
+        "--nproc",
+        &n,
+        "--master-port",
+        port,
+        "--",
+        command,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// `launch` with these flags and `dist-selftest`; returns (exit code, stdout, stderr, seconds).
 fn launch(flags: &[&str], fault: Option<&str>) -> (Option<i32>, String, String, f64) {
     let port = free_port().to_string();
@@ -154,15 +170,7 @@ fn ranks_that_ignore_a_loss_are_killed_after_the_grace_period() {
 fn failing_children_give_their_exit_code() {
     let port = free_port().to_string();
     let out = cmd()
-        .args([
-            "launch",
-            "--nproc",
-            "2",
-            "--master-port",
-            &port,
-            "--",
-            "no-such-command",
-        ])
+        .args(launch_argv(2, &port, "no-such-command"))
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -349,15 +357,7 @@ fn the_pip_wheels_nccl_is_put_on_the_library_path_when_the_loader_lacks_one() {
     let port = free_port().to_string();
     let out = cmd()
         .env("PYTHONPATH", &root)
-        .args([
-            "launch",
-            "--nproc",
-            "1",
-            "--master-port",
-            &port,
-            "--",
-            "dist-selftest",
-        ])
+        .args(launch_argv(1, &port, "dist-selftest"))
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&root);
@@ -398,15 +398,7 @@ fn the_ranks_die_with_the_launcher() {
     }
     let mut launcher = c
         .env("HYBRID_DIST_SELFTEST", "exit-rank9")
-        .args([
-            "launch",
-            "--nproc",
-            "2",
-            "--master-port",
-            &port,
-            "--",
-            "dist-selftest",
-        ])
+        .args(launch_argv(2, &port, "dist-selftest"))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -368,14 +368,7 @@ mod tests {
 
     #[test]
     fn empty_values_are_errors() {
-        for var in [
-            "WORLD_SIZE",
-            "RANK",
-            "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-        ] {
+        for var in VARS {
             assert_env_err(with(var, Some("")), var, "empty");
             assert_env_err(with(var, Some("  ")), var, "empty");
         }
