@@ -2,6 +2,7 @@
 //! ([`hybrid`]), its main job ([`job`], what the CLI runs by default) and experiment
 //! ([`experiment`]), with reports, the embedded corpus, the GPU demo and parity dumps.
 
+pub mod control;
 pub mod corpus;
 pub mod demo;
 pub mod dist_bench;
@@ -14,4 +15,6 @@ pub mod parity;
 pub mod parity_gru;
 pub mod report;
 pub mod train_ckpt;
+pub mod train_curve;
 pub mod train_gpt;
+pub mod train_step;

@@ -3,12 +3,16 @@
 //! device or data-parallel over several GPUs, one process each (`hybrid-trainer launch`, or any
 //! launcher that sets the `torch.distributed` environment: docs/multi-gpu.md).
 
+use crate::control::cli::{ControlArgs, EvalSplits, TrainMode};
+use crate::control::hybrid::{At, ProbeShape, StepSizeHybrid};
 use crate::train_ckpt::{self, TrainState};
+use crate::train_curve::{EvalPoint, RunCurve, Spent};
+use crate::train_step::{RangeTest, Stepper};
 use anyhow::{ensure, Context, Result};
 use gpu_core::Device;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tensor_ops::dist::{DistEnv, GradSync, ProcessGroup, StepSync};
+use tensor_ops::dist::{DistEnv, GradSync, ProcessGroup};
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
 use tensor_ops::no_grad;
 use tensor_ops::optim::AdamWParams;
@@ -102,6 +106,22 @@ pub struct TrainArgs {
     /// 75); at most a day. NCCL's own set-up between the two is not bounded by it.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub dist_timeout_secs: u64,
+    /// What trains: adamw (the optimizer at the given rate and schedule), hybrid (the
+    /// step-size controller and its world model around it: docs/hybrid-trainer.md) or
+    /// range-test (an LR range test picks the peak rate first).
+    #[arg(long, value_enum, default_value_t = TrainMode::Adamw)]
+    pub mode: TrainMode,
+    #[command(flatten)]
+    pub control: ControlArgs,
+    /// Which splits an evaluation measures.
+    #[arg(long, value_enum, default_value_t = EvalSplits::Both)]
+    pub eval_splits: EvalSplits,
+    /// Evaluate on the same batches every time (else fresh ones each evaluation).
+    #[arg(long)]
+    pub eval_fixed: bool,
+    /// Write the run's evaluations, counters and the controller's decisions here (JSON).
+    #[arg(long)]
+    pub curve: Option<PathBuf>,
 }
 
 pub fn parse_precision(s: &str) -> Result<Precision, String> {
@@ -154,10 +174,15 @@ pub struct TrainSummary {
     pub tokens_per_second: f64,
 }
 
+/// The mean loss over `--eval-iters` batches of the train and val splits (train NaN with
+/// `--eval-splits val`).
 fn evaluate(model: &Gpt, ds: &Dataset, a: &TrainArgs, seed: u64) -> Result<(f32, f32)> {
     no_grad(|| {
-        let mut out = [0.0f32; 2];
+        let mut out = [f32::NAN; 2];
         for (k, val) in [false, true].into_iter().enumerate() {
+            if !val && a.eval_splits == EvalSplits::Val {
+                continue;
+            }
             let mut rng = Dataset::rng(seed ^ (k as u64 + 1));
             let mut total = 0.0;
             for _ in 0..a.eval_iters {
@@ -308,6 +333,12 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         }
         _ => None,
     };
+    let stepper = Stepper {
+        graphed,
+        pg: &pg,
+        local,
+        block,
+    };
     let mut rng = Dataset::rng(a.seed);
     let ck_state = |iter: u32, opt: &tensor_ops::optim::AdamW| TrainState {
         iter,
@@ -320,6 +351,11 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     };
     let mut start = 0;
     if let Some(dir) = &a.resume {
+        ensure!(
+            a.mode == TrainMode::Adamw,
+            "--resume is for --mode adamw (the hybrid's and the range test's state are not in \
+             train-gpt checkpoints)"
+        );
         let expect = ck_state(0, &opt);
         let st = train_ckpt::load(dir, &model, &mut opt, &expect)?;
         ensure!(
@@ -338,14 +374,89 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
             st.ranks
         );
     }
+    let mut curve = RunCurve {
+        mode: a.mode.name().into(),
+        optimizer: "adamw".into(),
+        given_lr: a.lr,
+        peak_lr: a.lr,
+        seed: a.seed,
+        iters: a.iters,
+        ..RunCurve::default()
+    };
+    let t_run = Instant::now();
+    let mut spent = Spent::default();
+    // The factor on the schedule's rate: the range test's pick over the given rate.
+    let mut rate_scale = 1.0f32;
+    let mut train_secs = 0.0;
+    if a.mode == TrainMode::RangeTest {
+        let t = Instant::now();
+        let pick = RangeTest::default().run(
+            &stepper,
+            (&model, &mut opt),
+            (&ds, &mut rng, local),
+            a.seed,
+        )?;
+        train_secs += t.elapsed().as_secs_f64();
+        spent.backward += pick.steps as u64;
+        spent.forward += pick.steps as u64;
+        curve.range_test_steps = pick.steps;
+        curve.peak_lr = pick.lr;
+        rate_scale = pick.lr / a.lr;
+        say!(
+            "range test: {} steps, picked peak lr {:.3e}",
+            pick.steps,
+            pick.lr
+        );
+    }
+    let mut hybrid = match a.mode {
+        TrainMode::Hybrid => {
+            ensure!(
+                world == 1,
+                "--mode hybrid runs on one device (data parallelism is for --mode adamw)"
+            );
+            let t = Instant::now();
+            let shape = ProbeShape {
+                batch,
+                block,
+                seed: a.seed,
+            };
+            let h =
+                StepSizeHybrid::new(a.control.config(), &ds, shape, (&model, &opt, &rng, start))?;
+            train_secs += t.elapsed().as_secs_f64();
+            Some(h)
+        }
+        _ => None,
+    };
     let tokens_per_iter = a.batch as f64 * a.block as f64;
     let (mut best, mut best_iter, mut last_val, mut last_train) =
         (f32::INFINITY, 0, f32::NAN, f32::NAN);
-    let mut train_secs = 0.0;
-    // Training time runs from `since` (after an evaluation) to each read-back of the loss.
+    // Training time runs from `since` (after an evaluation) to each evaluation.
     let (mut since, mut steps_since) = (Instant::now(), 0u32);
     let mut last_loss: Option<Tensor> = None;
-    for it in start..=a.iters {
+    let mut evaluated: Option<u32> = None;
+    let mut lr = 0.0f32;
+    let mut diverged: Option<String> = None;
+    let mut it = start;
+    while it <= a.iters {
+        if let Some(h) = hybrid.as_mut() {
+            let at = At {
+                step: it,
+                iters: a.iters,
+                warmup: a.warmup,
+                schedule: learning_rate(a, it) / a.lr,
+            };
+            if it < a.iters && h.is_decision(&at) {
+                last_loss = None;
+                if let Some(back) = h.decide(&at, &model, &mut opt, &mut rng)? {
+                    say!(
+                        "iter {it}: rolled back to iteration {back}, lr multiplier now {:.3}",
+                        h.ctl.multiplier()
+                    );
+                    it = back;
+                    continue;
+                }
+            }
+        }
         if let Some(dir) = a.checkpoint.as_ref().filter(|_| main && it > start) {
             if it % a.checkpoint_interval == 0 || it == a.iters {
                 let sub = train_ckpt::save(dir, &model, &opt, &ck_state(it, &opt))
@@ -353,12 +464,15 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
                 say!("checkpoint {}", sub.display());
             }
         }
-        if it % a.eval_interval == 0 || it == a.iters {
+        if (it % a.eval_interval == 0 || it == a.iters) && evaluated.is_none_or(|e| it > e) {
             if let Some(l) = last_loss.take() {
                 let l = l.item()?; // synchronises: the steps so far are done
-                ensure!(l.is_finite(), "loss became {l} before iteration {it}");
-                train_secs += since.elapsed().as_secs_f64();
+                if !l.is_finite() && hybrid.is_none() {
+                    diverged = Some(format!("loss became {l} before iteration {it}"));
+                    break;
+                }
             }
+            train_secs += since.elapsed().as_secs_f64();
             if world > 1 {
                 let sum = pg
                     .check_identical(&param_refs)
@@ -366,21 +480,40 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
                 say!("parameters identical on all {world} ranks (checksum {sum:016x})");
             }
             if main {
-                let (tr, va) = evaluate(&model, &ds, a, a.seed ^ 0xE7A1 ^ it as u64)?;
+                let t = Instant::now();
+                let eval_seed = if a.eval_fixed {
+                    a.seed ^ 0xE7A1
+                } else {
+                    a.seed ^ 0xE7A1 ^ it as u64
+                };
+                let (tr, va) = evaluate(&model, &ds, a, eval_seed)?;
+                curve.eval_seconds += t.elapsed().as_secs_f64();
                 (last_train, last_val) = (tr, va);
                 if va < best {
                     (best, best_iter) = (va, it);
                 }
+                curve.evals.push(EvalPoint {
+                    iter: it,
+                    backward: spent.backward,
+                    forward: spent.forward + hybrid.as_ref().map_or(0, |h| h.costs.probe_forwards),
+                    seconds: train_secs,
+                    train: tr,
+                    val: va,
+                    lr,
+                });
                 say!(
-                    "eval iter {it}: train {tr:.4}, val {va:.4} (after {train_secs:.1} s of training)"
+                    "eval iter {it}: train {tr:.4}, val {va:.4} (after {train_secs:.1} s of training, {} backward passes)",
+                    spent.backward
                 );
             }
+            evaluated = Some(it);
             (since, steps_since) = (Instant::now(), 0);
         }
         if it == a.iters {
             break;
         }
-        let lr = learning_rate(a, it);
+        let multiplier = hybrid.as_ref().map_or(1.0, |h| h.ctl.multiplier());
+        lr = learning_rate(a, it) * rate_scale * multiplier;
         // Each rank its own dropout masks (rank 0's are a single-device run's).
         let drop_seed = a.seed.wrapping_add(it as u64) ^ ((rank as u64) << 40);
         // Every rank draws the same global batch and keeps its rows.
@@ -388,42 +521,56 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
             .batch_ids(false, batch, block, &mut rng)
             .with_context(|| batch_context(a))?;
         let (x, y) = (&x[rows.clone()], &y[rows.clone()]);
-        let loss = match &graphed {
-            Some(g) => {
-                g.step(&mut opt, x, y, drop_seed, lr)?;
-                g.loss().clone()
-            }
-            None => {
-                let x = Tensor::from_vec(x.to_vec(), &[local, block], device)?;
-                let y = Tensor::from_vec(y.to_vec(), &[local, block], device)?;
-                let loss = model.loss(&x, &y, Some(drop_seed))?;
-                let mut sync = GradSync::new(&pg);
-                let grads = loss.backward_with(&mut |p, g| sync.grad_ready(p, g))?;
-                let loss = loss.detach();
-                sync.finish(&loss)?;
-                opt.step(&grads, lr)?;
-                loss
-            }
-        };
+        let loss = stepper.step(&model, &mut opt, (x, y), drop_seed, lr)?;
+        spent.backward += 1;
+        spent.forward += 1;
         pg.fence()?;
         steps_since += 1;
         if main && it % a.log_interval == 0 {
             let l = loss.item()?; // synchronises: the steps so far are done
-            ensure!(l.is_finite(), "loss became {l} at iteration {it}");
-            let dt = since.elapsed().as_secs_f64();
-            train_secs += dt;
-            let per = dt / steps_since as f64;
+            if !l.is_finite() && hybrid.is_none() {
+                diverged = Some(format!("loss became {l} at iteration {it}"));
+                break;
+            }
+            let per = since.elapsed().as_secs_f64() / steps_since as f64;
             say!(
                 "iter {it}: loss {l:.4}, lr {lr:.2e}, {:.1} ms/iter, {:.0} tok/s",
                 per * 1e3,
                 tokens_per_iter / per
             );
-            (since, steps_since) = (Instant::now(), 0);
             last_loss = None;
         } else {
             last_loss = Some(loss);
         }
+        it += 1;
     }
+    curve.total_seconds = t_run.elapsed().as_secs_f64();
+    if let Some(h) = &hybrid {
+        curve.decisions = h.ctl.history.clone();
+        curve.costs = Some((&h.costs).into());
+        curve.rollbacks = h.ctl.rollbacks;
+        say!(
+            "hybrid: final lr multiplier {:.3}, {} decisions ({} measured, {} predicted by the world model), {} rollbacks; probes {} forward passes in {:.2} s, world model {:.2} s, snapshots {:.2} s",
+            h.ctl.multiplier(),
+            h.ctl.history.len(),
+            h.costs.measured,
+            h.costs.predicted,
+            h.ctl.rollbacks,
+            h.costs.probe_forwards,
+            h.costs.probe_seconds,
+            h.costs.world_seconds,
+            h.costs.snapshot_seconds
+        );
+    }
+    curve.diverged = diverged.clone();
+    if let (Some(path), true) = (&a.curve, main) {
+        std::fs::write(path, serde_json::to_string_pretty(&curve)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(why) = diverged {
+        anyhow::bail!("{why}");
+    }
+    let graphed = stepper.graphed;
     // NCCL's communicator outlives nothing that holds its collectives: the captured step goes
     // first (destroying the communicator waits for the graphs that use it).
     drop(graphed);

@@ -1,0 +1,72 @@
+//! The controller's command-line flags (`train-gpt --mode hybrid` and the main job).
+
+use super::ControlConfig;
+
+/// What trains.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrainMode {
+    /// The optimizer at the given learning rate and schedule.
+    Adamw,
+    /// The hybrid trainer: the step-size controller and its world model around the optimizer.
+    Hybrid,
+    /// An LR range test (Smith 2017) picks the peak rate, then the optimizer trains at it.
+    RangeTest,
+}
+
+impl TrainMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            TrainMode::Adamw => "adamw",
+            TrainMode::Hybrid => "hybrid",
+            TrainMode::RangeTest => "range-test",
+        }
+    }
+}
+
+/// The hybrid's settings that ablations change (the rest are [`ControlConfig`]'s defaults).
+#[derive(Debug, Clone, clap::Args, serde::Serialize, serde::Deserialize)]
+pub struct ControlArgs {
+    /// Hybrid: steps between the controller's decisions.
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u32).range(1..))]
+    pub segment: u32,
+    /// Hybrid: fraction of the run during which the step size adapts (then held).
+    #[arg(long, default_value_t = 0.5)]
+    pub adapt_until: f32,
+    /// Hybrid: c ← c·s*^gain at each decision.
+    #[arg(long, default_value_t = 0.5)]
+    pub control_gain: f32,
+    /// Hybrid ablation: measure every decision, no world model.
+    #[arg(long)]
+    pub no_world_model: bool,
+    /// Hybrid ablation: no rollback on a risen probe loss (a non-finite one still rolls back).
+    #[arg(long)]
+    pub no_rollback: bool,
+}
+
+impl ControlArgs {
+    pub fn config(&self) -> ControlConfig {
+        let d = ControlConfig::default();
+        ControlConfig {
+            segment: self.segment,
+            adapt_until: self.adapt_until,
+            gain: self.control_gain,
+            world_model: !self.no_world_model,
+            rollback_tolerance: if self.no_rollback {
+                None
+            } else {
+                d.rollback_tolerance
+            },
+            ..d
+        }
+    }
+}
+
+/// Which splits an evaluation measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EvalSplits {
+    Both,
+    Val,
+}

@@ -1,0 +1,237 @@
+//! The hybrid trainer's decision point, run by the training driver at every segment's end:
+//! measure, roll back or adapt the multiplier (predicted by the world model or measured), and
+//! start the next segment.
+
+use super::probe::{ProbeSet, SegmentStart};
+use super::world::{DecisionState, Gate, ScalePredictor, StepSizeModel, FEATURES};
+use super::{best_scale, ControlConfig, Controller, Decision};
+use anyhow::{bail, Result};
+use rand::rngs::StdRng;
+use serde::Serialize;
+use std::time::Instant;
+use tensor_ops::gpt::{Dataset, Gpt};
+use tensor_ops::optim::AdamW;
+
+/// What the controller's own work cost (wall-clock seconds, forward passes).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ControlCosts {
+    pub probe_forwards: u64,
+    pub probe_seconds: f64,
+    pub world_seconds: f64,
+    pub snapshot_seconds: f64,
+    pub measured: u32,
+    pub predicted: u32,
+}
+
+/// Where the run is, for a decision.
+pub struct At {
+    pub step: u32,
+    pub iters: u32,
+    pub warmup: u32,
+    /// The scheduled rate at this step over the peak rate.
+    pub schedule: f32,
+}
+
+/// The step-size controller with its measurements, world model and rollback point.
+pub struct StepSizeHybrid {
+    pub ctl: Controller,
+    probes: ProbeSet,
+    start: SegmentStart,
+    world: Option<Box<dyn ScalePredictor>>,
+    gate: Gate,
+    states: Vec<[f32; FEATURES]>,
+    prev_change: f32,
+    last_log_scale: f32,
+    last_measured: bool,
+    mean_log_scale: Option<f32>,
+    pub costs: ControlCosts,
+}
+
+/// The sizes of the probe batches.
+pub struct ProbeShape {
+    pub batch: usize,
+    pub block: usize,
+    pub seed: u64,
+}
+
+impl StepSizeHybrid {
+    /// A controller whose first segment starts at step `step` with the model's weights now.
+    pub fn new(
+        cfg: ControlConfig,
+        ds: &Dataset,
+        shape: ProbeShape,
+        (model, opt, rng, step): (&Gpt, &AdamW, &StdRng, u32),
+    ) -> Result<StepSizeHybrid> {
+        let world: Option<Box<dyn ScalePredictor>> = if cfg.world_model {
+            Some(Box::new(StepSizeModel::new(shape.seed ^ 0x57E9)?))
+        } else {
+            None
+        };
+        Self::with_predictor(cfg, ds, shape, (model, opt, rng, step), world)
+    }
+
+    /// As [`StepSizeHybrid::new`] with a given predictor (tests inject one that lies).
+    pub fn with_predictor(
+        cfg: ControlConfig,
+        ds: &Dataset,
+        shape: ProbeShape,
+        (model, opt, rng, step): (&Gpt, &AdamW, &StdRng, u32),
+        world: Option<Box<dyn ScalePredictor>>,
+    ) -> Result<StepSizeHybrid> {
+        let gate = Gate::new(cfg.trust, cfg.world_min_examples, cfg.max_predicted_run);
+        let ctl = Controller::new(cfg)?;
+        let probes = ProbeSet::new(
+            ds,
+            ctl.cfg.probe_batches as usize,
+            shape.batch,
+            shape.block,
+            shape.seed,
+            model,
+        )?;
+        let t = Instant::now();
+        let f0 = probes.loss(model)?;
+        let mut costs = ControlCosts {
+            probe_forwards: probes.forwards(),
+            probe_seconds: t.elapsed().as_secs_f64(),
+            ..ControlCosts::default()
+        };
+        let t = Instant::now();
+        let start = SegmentStart::take(step, model, opt, rng, f0)?;
+        costs.snapshot_seconds += t.elapsed().as_secs_f64();
+        Ok(StepSizeHybrid {
+            ctl,
+            probes,
+            start,
+            world,
+            gate,
+            states: Vec::new(),
+            prev_change: 0.0,
+            last_log_scale: 0.0,
+            last_measured: false,
+            mean_log_scale: None,
+            costs,
+        })
+    }
+
+    /// The current segment's length: `segment` while adapting, four times that after.
+    fn segment_len(&self, at: &At) -> u32 {
+        let l = self.ctl.cfg.segment;
+        if self.ctl.adapting(at.step, at.warmup, at.iters) {
+            l
+        } else {
+            l.saturating_mul(4)
+        }
+    }
+
+    /// Whether step `at.step` (about to run) ends the current segment.
+    pub fn is_decision(&self, at: &At) -> bool {
+        at.step > self.start.step && at.step - self.start.step >= self.segment_len(at)
+    }
+
+    /// The decision at a segment's end. Returns the step to continue from when it rolled
+    /// back (the weights, optimizer state and `rng` are then the segment start's).
+    pub fn decide(
+        &mut self,
+        at: &At,
+        model: &Gpt,
+        opt: &mut AdamW,
+        rng: &mut StdRng,
+    ) -> Result<Option<u32>> {
+        let t = Instant::now();
+        let f1 = self.probes.loss(model)?;
+        self.costs.probe_forwards += self.probes.forwards();
+        self.costs.probe_seconds += t.elapsed().as_secs_f64();
+        let f0 = self.start.loss;
+        if self.ctl.must_roll_back(f0, f1) {
+            if self.ctl.at_floor() {
+                bail!(
+                    "training diverged at step {}: probe loss {f1} after {f0}, with the \
+                     multiplier already at its floor",
+                    at.step
+                );
+            }
+            self.ctl.apply(at.step, Decision::Rollback, f1);
+            let back = self.start.restore(model, opt, rng)?;
+            return Ok(Some(back));
+        }
+        let change = (f1 - f0) / f0;
+        let decision = if self.ctl.adapting(at.step, at.warmup, at.iters) {
+            self.adapt(at, model, f0, f1, change)?
+        } else {
+            Decision::Continue {
+                scale: None,
+                measured: true,
+            }
+        };
+        self.ctl.apply(at.step, decision, f1);
+        self.prev_change = change;
+        let t = Instant::now();
+        self.start = SegmentStart::take(at.step, model, opt, rng, f1)?;
+        self.costs.snapshot_seconds += t.elapsed().as_secs_f64();
+        Ok(None)
+    }
+
+    /// Chooses `s*`: predicted when the gate trusts the world model, else measured.
+    fn adapt(&mut self, at: &At, model: &Gpt, f0: f32, f1: f32, change: f32) -> Result<Decision> {
+        let cfg = &self.ctl.cfg;
+        let lc = cfg.max_change.ln();
+        let state = DecisionState {
+            progress: at.step as f32 / at.iters.max(1) as f32,
+            multiplier: self.ctl.multiplier(),
+            schedule: at.schedule,
+            change,
+            prev_change: self.prev_change,
+            last_log_scale: self.last_log_scale,
+            last_measured: self.last_measured,
+            mean_log_scale: self.mean_log_scale.unwrap_or(0.0),
+        };
+        self.states.push(state.features(cfg.max_change));
+        let t = Instant::now();
+        let prediction = match self.world.as_mut() {
+            Some(w) => w.predict(&self.states)?,
+            None => None,
+        };
+        self.costs.world_seconds += t.elapsed().as_secs_f64();
+        let trusted = prediction.filter(|&(_, spread)| self.gate.trusts(spread));
+        let (log_scale, measured) = match trusted {
+            Some((p, _)) => {
+                self.gate.predicted();
+                self.costs.predicted += 1;
+                ((p * lc).clamp(-lc, lc), false)
+            }
+            None => {
+                let e = cfg.extrapolate;
+                let t = Instant::now();
+                let fe = self.probes.loss_along(model, &self.start.weights, e)?;
+                self.costs.probe_forwards += self.probes.forwards();
+                self.costs.probe_seconds += t.elapsed().as_secs_f64();
+                self.costs.measured += 1;
+                // A non-finite loss past the segment: far too large a step.
+                let s = best_scale(f0, f1, fe, e, cfg.max_change).unwrap_or(1.0 / cfg.max_change);
+                let ls = s.ln();
+                self.gate.measured(prediction.map(|p| p.0), ls / lc);
+                self.mean_log_scale = Some(match self.mean_log_scale {
+                    Some(m) => 0.7 * m + 0.3 * ls,
+                    None => ls,
+                });
+                (ls, true)
+            }
+        };
+        self.last_log_scale = log_scale;
+        self.last_measured = measured;
+        if let Some(w) = self.world.as_mut() {
+            let t = Instant::now();
+            w.learn(&self.states)?;
+            self.costs.world_seconds += t.elapsed().as_secs_f64();
+        }
+        Ok(Decision::Continue {
+            scale: Some(log_scale.exp()),
+            measured,
+        })
+    }
+
+    /// The world model's running error on measured decisions (scaled `ln s*`).
+    pub fn world_error(&self) -> Option<f32> {
+        self.gate.error()
+    }
+}

@@ -1,0 +1,217 @@
+//! The world model of the step-size controller: an [`rssm::Rssm`] ensemble over the sequence
+//! of decisions. Each decision is one step of the sequence, described by [`FEATURES`]
+//! features; the model learns to predict the next decision's features, and feature
+//! [`SCALE`] of the next decision is the scale `s*` the current one will measure. So its
+//! one-step prediction is a prediction of the line search, with the ensemble's spread as its
+//! uncertainty. The [`Gate`] trusts it only while its measured error and that spread are small,
+//! and never for more than a few decisions in a row.
+//!
+//! It runs on the host CPU whatever the training device: a sequence of a few dozen decisions
+//! of 8 numbers needs no GPU, and the GPU's queue stays free for training.
+
+use rssm::{Rssm, RssmConfig, SequenceBatch};
+use tensor_ops::{Device, Tensor};
+
+/// Features of one decision.
+pub const FEATURES: usize = 8;
+/// The feature holding the previous decision's `ln s*`, scaled by `1/ln(max_change)`.
+pub const SCALE: usize = 5;
+/// Decisions the model reads before predicting.
+pub const CONTEXT: usize = 6;
+
+/// The state of the run at a decision, before its line search.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecisionState {
+    /// Step / steps of the run.
+    pub progress: f32,
+    /// The multiplier in force during the segment.
+    pub multiplier: f32,
+    /// The scheduled rate at the segment's end over the peak rate.
+    pub schedule: f32,
+    /// Relative change of the probe loss over the segment, `(f1 − f0)/f0`.
+    pub change: f32,
+    /// The same for the segment before.
+    pub prev_change: f32,
+    /// `ln s*` of the previous decision (0 when none).
+    pub last_log_scale: f32,
+    /// Whether that one was measured.
+    pub last_measured: bool,
+    /// Running mean (β = 0.7) of the measured `ln s*`.
+    pub mean_log_scale: f32,
+}
+
+impl DecisionState {
+    /// The features, each a fixed affine map of its value clamped to ±4 (no running
+    /// statistics: a resumed or replayed run computes the same numbers).
+    pub fn features(&self, max_change: f32) -> [f32; FEATURES] {
+        let lc = max_change.ln();
+        let c = |x: f32| {
+            if x.is_finite() {
+                x.clamp(-4.0, 4.0)
+            } else {
+                0.0
+            }
+        };
+        [
+            c(self.progress),
+            c(self.multiplier.ln() / 2.0),
+            c(self.schedule.max(1e-6).ln()),
+            c(100.0 * self.change / 4.0),
+            c(100.0 * self.prev_change / 4.0),
+            c(self.last_log_scale / lc),
+            if self.last_measured { 1.0 } else { 0.0 },
+            c(self.mean_log_scale / lc),
+        ]
+    }
+}
+
+/// Something that predicts the next `ln s*` (scaled as [`SCALE`]) from the decisions so far.
+pub trait ScalePredictor {
+    /// The prediction and the ensemble's standard deviation, both in units of `ln s*`
+    /// scaled by `1/ln(max_change)`; `None` until it can predict.
+    fn predict(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<Option<(f32, f32)>>;
+    /// Learns from every decision so far (the last one included).
+    fn learn(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<()>;
+}
+
+/// The RSSM predictor: small (5 members, GRU 32), on the CPU.
+pub struct StepSizeModel {
+    rssm: Rssm,
+    /// BPTT steps after each decision.
+    train_steps: u32,
+    lr: f32,
+}
+
+impl StepSizeModel {
+    pub fn new(seed: u64) -> anyhow::Result<StepSizeModel> {
+        let cfg = RssmConfig {
+            feature_dim: FEATURES,
+            output_dim: FEATURES,
+            ensemble: 5,
+            embed_dim: 32,
+            hidden_dim: 32,
+            latent_dim: 8,
+            head_dim: 32,
+            seed,
+            ..RssmConfig::default()
+        };
+        Ok(StepSizeModel {
+            rssm: Rssm::new(cfg, Device::Cpu)?,
+            train_steps: 4,
+            lr: 3e-3,
+        })
+    }
+
+    fn windows(states: &[[f32; FEATURES]], len: usize) -> anyhow::Result<Option<Tensor>> {
+        if states.len() < len {
+            return Ok(None);
+        }
+        let n = states.len() - len + 1;
+        let data: Vec<f32> = (0..n)
+            .flat_map(|i| states[i..i + len].iter().flatten().copied())
+            .collect();
+        Ok(Some(Tensor::from_vec(
+            data,
+            &[n, len, FEATURES],
+            Device::Cpu,
+        )?))
+    }
+}
+
+impl ScalePredictor for StepSizeModel {
+    fn predict(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<Option<(f32, f32)>> {
+        if !self.rssm.is_trained() || states.len() < CONTEXT {
+            return Ok(None);
+        }
+        let ctx = &states[states.len() - CONTEXT..];
+        let Some(x) = Self::windows(ctx, CONTEXT)? else {
+            return Ok(None);
+        };
+        let p = self.rssm.predict(&x, 1)?;
+        // members [M, 1, 1, F]: the scale column of each member.
+        let members = p.members.to_vec()?;
+        let m = members.len() / FEATURES;
+        let vals: Vec<f32> = (0..m).map(|i| members[i * FEATURES + SCALE]).collect();
+        let mean = vals.iter().sum::<f32>() / m as f32;
+        let var = vals.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / m as f32;
+        Ok(Some((mean, var.sqrt())))
+    }
+
+    fn learn(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<()> {
+        // Windows one longer than the context: the last step of each is a prediction target.
+        let Some(x) = Self::windows(states, CONTEXT + 1)? else {
+            return Ok(());
+        };
+        let batch = SequenceBatch::new(x);
+        for _ in 0..self.train_steps {
+            self.rssm.train_step(&batch, self.lr)?;
+        }
+        Ok(())
+    }
+}
+
+/// When the world model's prediction replaces the measurement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    trust: f32,
+    min_examples: u32,
+    max_run: u32,
+    /// Running mean (β = 0.7) of |predicted − measured| on measured decisions (scaled units).
+    error: Option<f32>,
+    /// Measured decisions the model was scored on.
+    scored: u32,
+    /// Predicted decisions in a row.
+    run: u32,
+}
+
+impl Gate {
+    pub fn new(trust: f32, min_examples: u32, max_run: u32) -> Gate {
+        Gate {
+            trust,
+            min_examples,
+            max_run,
+            error: None,
+            scored: 0,
+            run: 0,
+        }
+    }
+
+    /// Whether a prediction with ensemble spread `spread` may be used instead of measuring.
+    pub fn trusts(&self, spread: f32) -> bool {
+        let Some(err) = self.error else {
+            return false;
+        };
+        self.scored >= self.min_examples
+            && self.run < self.max_run
+            && err < self.trust
+            && spread.is_finite()
+            && spread < self.trust
+    }
+
+    /// Records a measured decision and the prediction that was made for it (if any).
+    pub fn measured(&mut self, predicted: Option<f32>, measured: f32) {
+        self.run = 0;
+        if let Some(p) = predicted {
+            let e = if p.is_finite() {
+                (p - measured).abs()
+            } else {
+                f32::INFINITY
+            };
+            self.error = Some(match self.error {
+                Some(old) => 0.7 * old + 0.3 * e,
+                None => e,
+            });
+            self.scored += 1;
+        }
+    }
+
+    /// Records a decision that used the prediction.
+    pub fn predicted(&mut self) {
+        self.run += 1;
+    }
+
+    /// The running error, when scored.
+    pub fn error(&self) -> Option<f32> {
+        self.error
+    }
+}

@@ -1,0 +1,82 @@
+//! What a `train-gpt` run spends and reaches: its counters (backward and forward passes,
+//! seconds of training with everything the trainer does, evaluations excluded) and its
+//! evaluation curve, written as JSON with `--curve`.
+
+use crate::control::hybrid::ControlCosts;
+use crate::control::DecisionRecord;
+use serde::{Deserialize, Serialize};
+
+/// An evaluation, with what the run had spent to reach it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EvalPoint {
+    pub iter: u32,
+    /// Backward passes so far (a rolled-back step counts: it was spent).
+    pub backward: u64,
+    /// Forward passes so far: one per training step plus the trainer's own probes (the
+    /// evaluations' own are not counted: every arm makes the same ones).
+    pub forward: u64,
+    /// Seconds of training so far: steps, probes, the world model, snapshots, range tests;
+    /// not the evaluations.
+    pub seconds: f64,
+    /// NaN when the train split was not evaluated.
+    pub train: f32,
+    pub val: f32,
+    /// The learning rate the last step ran at.
+    pub lr: f32,
+}
+
+/// Everything `--curve` writes.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct RunCurve {
+    pub mode: String,
+    pub optimizer: String,
+    /// The peak learning rate the user gave.
+    pub given_lr: f32,
+    /// The peak rate training used (the range test's pick; else the given one).
+    pub peak_lr: f32,
+    pub seed: u64,
+    pub iters: u32,
+    pub evals: Vec<EvalPoint>,
+    /// The step-size controller's decisions (hybrid).
+    pub decisions: Vec<DecisionRecord>,
+    /// What the controller's own work cost (hybrid).
+    pub costs: Option<ControlCostsRecord>,
+    pub rollbacks: u32,
+    /// Backward passes the range test spent before training.
+    pub range_test_steps: u32,
+    pub total_seconds: f64,
+    pub eval_seconds: f64,
+    /// Why training stopped early (a non-finite loss), when it did.
+    pub diverged: Option<String>,
+}
+
+/// [`ControlCosts`] as written.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct ControlCostsRecord {
+    pub probe_forwards: u64,
+    pub probe_seconds: f64,
+    pub world_seconds: f64,
+    pub snapshot_seconds: f64,
+    pub measured: u32,
+    pub predicted: u32,
+}
+
+impl From<&ControlCosts> for ControlCostsRecord {
+    fn from(c: &ControlCosts) -> Self {
+        ControlCostsRecord {
+            probe_forwards: c.probe_forwards,
+            probe_seconds: c.probe_seconds,
+            world_seconds: c.world_seconds,
+            snapshot_seconds: c.snapshot_seconds,
+            measured: c.measured,
+            predicted: c.predicted,
+        }
+    }
+}
+
+/// The run's counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Spent {
+    pub backward: u64,
+    pub forward: u64,
+}

@@ -1,0 +1,127 @@
+//! One training step of the driver, captured as a CUDA graph and replayed or run op by op, and
+//! the LR range test (Smith 2017) that runs on it.
+
+use anyhow::{Context, Result};
+use rand::rngs::StdRng;
+use tensor_ops::dist::{GradSync, ProcessGroup, StepSync};
+use tensor_ops::gpt::{Dataset, Gpt, GraphedStep};
+use tensor_ops::optim::AdamW;
+use tensor_ops::Tensor;
+
+/// How a step runs: a replay of the captured graph, or eagerly.
+pub struct Stepper<'a> {
+    pub graphed: Option<GraphedStep>,
+    pub pg: &'a ProcessGroup,
+    /// This rank's rows of a global batch.
+    pub local: usize,
+    pub block: usize,
+}
+
+impl Stepper<'_> {
+    /// Queues one step on this rank's rows `x`, `y` at learning rate `lr`; returns the loss
+    /// (on the device, not read).
+    pub fn step(
+        &self,
+        model: &Gpt,
+        opt: &mut AdamW,
+        (x, y): (&[u32], &[u32]),
+        drop_seed: u64,
+        lr: f32,
+    ) -> Result<Tensor> {
+        match &self.graphed {
+            Some(g) => {
+                g.step(opt, x, y, drop_seed, lr)?;
+                Ok(g.loss().clone())
+            }
+            None => {
+                let dev = model.device();
+                let x = Tensor::from_vec(x.to_vec(), &[self.local, self.block], dev)?;
+                let y = Tensor::from_vec(y.to_vec(), &[self.local, self.block], dev)?;
+                let loss = model.loss(&x, &y, Some(drop_seed))?;
+                let mut sync = GradSync::new(self.pg);
+                let grads = loss.backward_with(&mut |p, g| sync.grad_ready(p, g))?;
+                let loss = loss.detach();
+                sync.finish(&loss)?;
+                opt.step(&grads, lr)?;
+                Ok(loss)
+            }
+        }
+    }
+}
+
+/// The LR range test's sweep: `steps` steps at rates growing exponentially from `lo` to `hi`.
+#[derive(Debug, Clone, Copy)]
+pub struct RangeTest {
+    pub steps: u32,
+    pub lo: f32,
+    pub hi: f32,
+}
+
+impl Default for RangeTest {
+    /// 100 steps from 1e-6 to 1: the test needs no rate from the user.
+    fn default() -> Self {
+        RangeTest {
+            steps: 100,
+            lo: 1e-6,
+            hi: 1.0,
+        }
+    }
+}
+
+/// What the sweep found.
+#[derive(Debug, Clone)]
+pub struct RangePick {
+    pub lr: f32,
+    /// Steps run (backward passes spent).
+    pub steps: u32,
+}
+
+impl RangeTest {
+    /// The rate of sweep step `i`.
+    pub fn rate(&self, i: u32) -> f32 {
+        let t = i as f64 / (self.steps.max(2) - 1) as f64;
+        (self.lo as f64 * (self.hi as f64 / self.lo as f64).powf(t)) as f32
+    }
+
+    /// Runs the sweep from the model's current weights, then puts the weights, the optimizer's
+    /// state and the data stream back. The pick is fastai's rule: a tenth of the rate at the
+    /// minimum of the smoothed loss (EMA 0.98, bias-corrected); the sweep stops once the
+    /// smoothed loss passes 4 × its minimum or is not finite.
+    pub fn run(
+        &self,
+        stepper: &Stepper,
+        (model, opt): (&Gpt, &mut AdamW),
+        (ds, rng, batch): (&Dataset, &mut StdRng, usize),
+        seed: u64,
+    ) -> Result<RangePick> {
+        let weights = model.store().snapshot()?;
+        let state = opt.state()?;
+        let saved_rng = rng.clone();
+        let mut sweep_rng = Dataset::rng(seed ^ 0x4A46_E57F);
+        let (mut avg, mut best, mut best_lr, mut done) = (0.0f64, f64::INFINITY, self.lo, 0);
+        for i in 0..self.steps {
+            let lr = self.rate(i);
+            let (x, y) = ds
+                .batch_ids(false, batch, stepper.block, &mut sweep_rng)
+                .context("drawing a range-test batch")?;
+            let loss = stepper.step(model, opt, (&x, &y), seed.wrapping_add(i as u64), lr)?;
+            let l = loss.item()? as f64;
+            done = i + 1;
+            avg = 0.98 * avg + 0.02 * l;
+            let smooth = avg / (1.0 - 0.98f64.powi(i as i32 + 1));
+            if !smooth.is_finite() || smooth > 4.0 * best {
+                break;
+            }
+            if smooth < best {
+                (best, best_lr) = (smooth, lr);
+            }
+        }
+        model.store().restore(&weights)?;
+        opt.load_state(&state)?;
+        *rng = saved_rng;
+        Ok(RangePick {
+            lr: best_lr / 10.0,
+            steps: done,
+        })
+    }
+}
