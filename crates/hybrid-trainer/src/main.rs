@@ -32,7 +32,8 @@ struct Cli {
 enum Cmd {
     /// The main job (the default): see the top-level flags.
     Run(hybrid_trainer::job::JobArgs),
-    /// The hybrid against AdamW and three controls over several seeds; writes docs/results.md.
+    /// The hybrid against AdamW, its learning-rate sweep, an LR range test and the ablations
+    /// on the protocol's workloads (docs/results.md).
     Experiment(hybrid_trainer::experiment::ExperimentArgs),
     /// Device info, memory round trip, 2×2 and N×N matmul checked against references, GFLOP/s.
     Demo {
@@ -214,7 +215,7 @@ fn main() -> Result<()> {
                 hybrid_trainer::job::run(device, &args)?;
             }
             Cmd::Experiment(args) => {
-                hybrid_trainer::experiment::run(device, &args)?;
+                hybrid_trainer::experiment::run(&device.to_string(), &args)?;
             }
             Cmd::Demo { size } => {
                 hybrid_trainer::demo::run(device, size as usize)?;

@@ -18,8 +18,10 @@ pub struct EvalPoint {
     /// Seconds of training so far: steps, probes, the world model, snapshots, range tests;
     /// not the evaluations.
     pub seconds: f64,
-    /// NaN when the train split was not evaluated.
+    /// NaN when the train split was not evaluated (`null` in JSON, as every non-finite loss).
+    #[serde(with = "finite_or_null")]
     pub train: f32,
+    #[serde(with = "finite_or_null")]
     pub val: f32,
     /// The learning rate the last step ran at.
     pub lr: f32,
@@ -57,6 +59,7 @@ pub struct ControlCostsRecord {
     pub probe_seconds: f64,
     pub world_seconds: f64,
     pub snapshot_seconds: f64,
+    pub average_seconds: f64,
     pub measured: u32,
     pub predicted: u32,
 }
@@ -68,6 +71,7 @@ impl From<&ControlCosts> for ControlCostsRecord {
             probe_seconds: c.probe_seconds,
             world_seconds: c.world_seconds,
             snapshot_seconds: c.snapshot_seconds,
+            average_seconds: c.average_seconds,
             measured: c.measured,
             predicted: c.predicted,
         }
@@ -79,4 +83,50 @@ impl From<&ControlCosts> for ControlCostsRecord {
 pub struct Spent {
     pub backward: u64,
     pub forward: u64,
+}
+
+/// A loss in JSON: a number when finite, else `null` (read back as NaN).
+pub(crate) mod finite_or_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() {
+            s.serialize_f32(*v)
+        } else {
+            s.serialize_none()
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+        Ok(Option::<f32>::deserialize(d)?.unwrap_or(f32::NAN))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Non-finite losses survive a JSON round trip as NaN; finite ones exactly.
+    #[test]
+    fn non_finite_losses_round_trip_as_nan() {
+        for (train, val) in [(f32::NAN, 1.25f32), (2.5, f32::INFINITY), (0.1, 0.2)] {
+            let p = EvalPoint {
+                iter: 1,
+                backward: 2,
+                forward: 3,
+                seconds: 0.5,
+                train,
+                val,
+                lr: 1e-3,
+            };
+            let back: EvalPoint =
+                serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+            for (a, b) in [(train, back.train), (val, back.val)] {
+                assert!(
+                    if a.is_finite() { a == b } else { b.is_nan() },
+                    "{a} -> {b}"
+                );
+            }
+        }
+    }
 }

@@ -524,6 +524,15 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         let loss = stepper.step(&model, &mut opt, (x, y), drop_seed, lr)?;
         spent.backward += 1;
         spent.forward += 1;
+        if let Some(h) = hybrid.as_mut() {
+            let at = At {
+                step: it,
+                iters: a.iters,
+                warmup: a.warmup,
+                schedule: 0.0,
+            };
+            h.after_step(&at, &model)?;
+        }
         pg.fence()?;
         steps_since += 1;
         if main && it % a.log_interval == 0 {

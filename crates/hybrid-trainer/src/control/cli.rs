@@ -44,6 +44,15 @@ pub struct ControlArgs {
     /// Hybrid ablation: no rollback on a risen probe loss (a non-finite one still rolls back).
     #[arg(long)]
     pub no_rollback: bool,
+    /// Hybrid ablation: line-search the raw iterates instead of the weight average.
+    #[arg(long)]
+    pub no_average: bool,
+    /// Hybrid: the weight average's step β (w̄ ← w̄ + β·(w − w̄) every 4 steps).
+    #[arg(long, default_value_t = 0.3)]
+    pub average_beta: f32,
+    /// Hybrid: the line search's probe point past the segment's end (× its displacement).
+    #[arg(long, default_value_t = 2.0)]
+    pub extrapolate: f32,
 }
 
 impl ControlArgs {
@@ -59,6 +68,12 @@ impl ControlArgs {
             } else {
                 d.rollback_tolerance
             },
+            average: if self.no_average {
+                None
+            } else {
+                Some(self.average_beta)
+            },
+            extrapolate: self.extrapolate,
             ..d
         }
     }

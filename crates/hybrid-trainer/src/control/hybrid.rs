@@ -2,7 +2,7 @@
 //! measure, roll back or adapt the multiplier (predicted by the world model or measured), and
 //! start the next segment.
 
-use super::probe::{ProbeSet, SegmentStart};
+use super::probe::{ProbeSet, SegmentStart, WeightAverage};
 use super::world::{DecisionState, Gate, ScalePredictor, StepSizeModel, FEATURES};
 use super::{best_scale, ControlConfig, Controller, Decision};
 use anyhow::{bail, Result};
@@ -19,6 +19,7 @@ pub struct ControlCosts {
     pub probe_seconds: f64,
     pub world_seconds: f64,
     pub snapshot_seconds: f64,
+    pub average_seconds: f64,
     pub measured: u32,
     pub predicted: u32,
 }
@@ -37,6 +38,7 @@ pub struct StepSizeHybrid {
     pub ctl: Controller,
     probes: ProbeSet,
     start: SegmentStart,
+    average: Option<WeightAverage>,
     world: Option<Box<dyn ScalePredictor>>,
     gate: Gate,
     states: Vec<[f32; FEATURES]>,
@@ -96,12 +98,18 @@ impl StepSizeHybrid {
             ..ControlCosts::default()
         };
         let t = Instant::now();
-        let start = SegmentStart::take(step, model, opt, rng, f0)?;
+        let average = ctl
+            .cfg
+            .average
+            .map(|b| WeightAverage::new(model, b))
+            .transpose()?;
+        let start = SegmentStart::take(step, (model, average.as_ref()), opt, rng, f0)?;
         costs.snapshot_seconds += t.elapsed().as_secs_f64();
         Ok(StepSizeHybrid {
             ctl,
             probes,
             start,
+            average,
             world,
             gate,
             states: Vec::new(),
@@ -151,7 +159,9 @@ impl StepSizeHybrid {
                 );
             }
             self.ctl.apply(at.step, Decision::Rollback, f1);
-            let back = self.start.restore(model, opt, rng)?;
+            let back = self
+                .start
+                .restore((model, self.average.as_mut()), opt, rng)?;
             return Ok(Some(back));
         }
         let change = (f1 - f0) / f0;
@@ -166,14 +176,80 @@ impl StepSizeHybrid {
         self.ctl.apply(at.step, decision, f1);
         self.prev_change = change;
         let t = Instant::now();
-        self.start = SegmentStart::take(at.step, model, opt, rng, f1)?;
+        let avg_loss = self.start.avg_end_loss.take();
+        self.start = SegmentStart::take(at.step, (model, self.average.as_ref()), opt, rng, f1)?;
+        self.start.avg_loss = avg_loss;
         self.costs.snapshot_seconds += t.elapsed().as_secs_f64();
         Ok(None)
     }
 
+    /// After the step `it` ran: moves the weight average every `average_every` steps while
+    /// the multiplier adapts.
+    pub fn after_step(&mut self, at: &At, model: &Gpt) -> Result<()> {
+        let every = self.ctl.cfg.average_every;
+        if let Some(avg) = self.average.as_mut() {
+            if self.ctl.adapting(at.step + 1, at.warmup, at.iters)
+                && (at.step + 1).is_multiple_of(every)
+            {
+                let t = Instant::now();
+                avg.update(model)?;
+                self.costs.average_seconds += t.elapsed().as_secs_f64();
+            }
+        }
+        Ok(())
+    }
+
+    /// The probe losses `(f(0), f(1), f(e))` of the line search: along the weight average's
+    /// path when kept, else along the raw iterates' (`f0`, `f1` given). Without `e`, the
+    /// last is NaN (not measured).
+    fn line_losses(
+        &mut self,
+        model: &Gpt,
+        (f0, f1): (f32, f32),
+        e: Option<f32>,
+    ) -> Result<(f32, f32, f32)> {
+        let t = Instant::now();
+        let out = match &self.average {
+            None => {
+                let fe = match e {
+                    Some(e) => {
+                        self.costs.probe_forwards += self.probes.forwards();
+                        self.probes
+                            .loss_along(model, &self.start.weights, None, e)?
+                    }
+                    None => f32::NAN,
+                };
+                (f0, f1, fe)
+            }
+            Some(avg) => {
+                let a0 = self.start.average.as_ref().expect("kept with the average");
+                let fa0 = match self.start.avg_loss {
+                    Some(l) => l,
+                    None => {
+                        self.costs.probe_forwards += self.probes.forwards();
+                        self.probes.loss_along(model, a0, Some(a0), 1.0)?
+                    }
+                };
+                self.costs.probe_forwards += self.probes.forwards();
+                let fa1 = self.probes.loss_along(model, a0, Some(&avg.avg), 1.0)?;
+                self.start.avg_end_loss = Some(fa1);
+                let fae = match e {
+                    Some(e) => {
+                        self.costs.probe_forwards += self.probes.forwards();
+                        self.probes.loss_along(model, a0, Some(&avg.avg), e)?
+                    }
+                    None => f32::NAN,
+                };
+                (fa0, fa1, fae)
+            }
+        };
+        self.costs.probe_seconds += t.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
     /// Chooses `s*`: predicted when the gate trusts the world model, else measured.
     fn adapt(&mut self, at: &At, model: &Gpt, f0: f32, f1: f32, change: f32) -> Result<Decision> {
-        let cfg = &self.ctl.cfg;
+        let cfg = self.ctl.cfg.clone();
         let lc = cfg.max_change.ln();
         let state = DecisionState {
             progress: at.step as f32 / at.iters.max(1) as f32,
@@ -195,19 +271,19 @@ impl StepSizeHybrid {
         let trusted = prediction.filter(|&(_, spread)| self.gate.trusts(spread));
         let (log_scale, measured) = match trusted {
             Some((p, _)) => {
+                // The average's end loss is still needed: it starts the next line search.
+                self.line_losses(model, (f0, f1), None)?;
                 self.gate.predicted();
                 self.costs.predicted += 1;
                 ((p * lc).clamp(-lc, lc), false)
             }
             None => {
                 let e = cfg.extrapolate;
-                let t = Instant::now();
-                let fe = self.probes.loss_along(model, &self.start.weights, e)?;
-                self.costs.probe_forwards += self.probes.forwards();
-                self.costs.probe_seconds += t.elapsed().as_secs_f64();
+                let max_change = cfg.max_change;
+                let (g0, g1, ge) = self.line_losses(model, (f0, f1), Some(e))?;
                 self.costs.measured += 1;
                 // A non-finite loss past the segment: far too large a step.
-                let s = best_scale(f0, f1, fe, e, cfg.max_change).unwrap_or(1.0 / cfg.max_change);
+                let s = best_scale(g0, g1, ge, e, max_change).unwrap_or(1.0 / max_change);
                 let ls = s.ln();
                 self.gate.measured(prediction.map(|p| p.0), ls / lc);
                 self.mean_log_scale = Some(match self.mean_log_scale {

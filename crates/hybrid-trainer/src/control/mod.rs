@@ -61,6 +61,10 @@ pub struct ControlConfig {
     /// At most this many predicted decisions in a row; the next one is measured (and scores
     /// the model).
     pub max_predicted_run: u32,
+    /// Line-search the running average of the weights (`w̄ ← w̄ + β·(w − w̄)` every
+    /// `average_every` steps) instead of the raw iterates: `Some(β)`.
+    pub average: Option<f32>,
+    pub average_every: u32,
 }
 
 impl Default for ControlConfig {
@@ -78,6 +82,8 @@ impl Default for ControlConfig {
             trust: 0.15,
             world_min_examples: 6,
             max_predicted_run: 2,
+            average: Some(0.3),
+            average_every: 4,
         }
     }
 }
@@ -123,6 +129,14 @@ impl ControlConfig {
             if !(t.is_finite() && t >= 0.0) {
                 return bad("rollback_tolerance", "must be finite and >= 0");
             }
+        }
+        if let Some(b) = self.average {
+            if !(b > 0.0 && b <= 1.0) {
+                return bad("average", "must be in (0, 1]");
+            }
+        }
+        if self.average_every == 0 {
+            return bad("average_every", "must be at least 1");
         }
         if !(self.trust.is_finite() && self.trust >= 0.0) {
             return bad("trust", "must be finite and >= 0");
@@ -176,7 +190,8 @@ pub struct DecisionRecord {
     /// Whether `s*` was measured (else predicted by the world model).
     pub measured: bool,
     pub rollback: bool,
-    /// The probe loss at the segment's end.
+    /// The probe loss at the segment's end (`null` in JSON when not finite).
+    #[serde(with = "crate::train_curve::finite_or_null")]
     pub probe_loss: f32,
 }
 

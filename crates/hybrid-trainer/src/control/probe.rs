@@ -5,7 +5,6 @@
 use anyhow::{Context, Result};
 use rand::rngs::StdRng;
 use tensor_ops::gpt::{Dataset, Gpt};
-use tensor_ops::nn::Snapshot;
 use tensor_ops::optim::{AdamW, AdamWState};
 use tensor_ops::{no_grad, Tensor};
 
@@ -54,60 +53,153 @@ impl ProbeSet {
         })
     }
 
-    /// The loss at `start + s·(now − start)`, the model's weights being `now`; the weights are
-    /// `now` again afterwards, also when the measurement fails.
-    pub fn loss_along(&self, model: &Gpt, start: &Snapshot, s: f32) -> Result<f32> {
-        let now = model.store().snapshot()?;
+    /// The loss at `start + s·(end − start)` (`end`: the model's weights when `None`); the
+    /// model's weights are what they were afterwards, also when the measurement fails.
+    pub fn loss_along(
+        &self,
+        model: &Gpt,
+        start: &Weights,
+        end: Option<&Weights>,
+        s: f32,
+    ) -> Result<f32> {
+        let now = Weights::of(model)?;
+        let end = end.unwrap_or(&now);
         let measured = (|| {
             no_grad(|| -> Result<()> {
-                for (name, p, _) in model.parameters() {
-                    let w0 = start
-                        .get(&name)
-                        .with_context(|| format!("the segment start has no '{name}'"))?;
-                    // s·now − (s − 1)·start
-                    let w = p.mul_scalar(s)?.sub(&w0.mul_scalar(s - 1.0)?)?;
+                for ((p, w0), w1) in model_params(model).iter().zip(&start.0).zip(&end.0) {
+                    // s·end − (s − 1)·start
+                    let w = if s == 1.0 {
+                        w1.clone()
+                    } else {
+                        w1.mul_scalar(s)?.sub(&w0.mul_scalar(s - 1.0)?)?
+                    };
                     p.assign(&w)?;
                 }
                 Ok(())
             })?;
             self.loss(model)
         })();
-        model.store().restore(&now)?;
+        now.load_into(model)?;
         measured
+    }
+}
+
+fn model_params(model: &Gpt) -> Vec<Tensor> {
+    model.parameters().into_iter().map(|p| p.1).collect()
+}
+
+/// A copy of a model's weights in the store's order, in its own storage on the device.
+pub struct Weights(Vec<Tensor>);
+
+impl Weights {
+    pub fn of(model: &Gpt) -> Result<Weights> {
+        Ok(Weights(
+            model_params(model)
+                .iter()
+                .map(Tensor::deep_copy)
+                .collect::<tensor_ops::Result<_>>()?,
+        ))
+    }
+
+    pub fn deep_copy(&self) -> Result<Weights> {
+        Ok(Weights(
+            self.0
+                .iter()
+                .map(Tensor::deep_copy)
+                .collect::<tensor_ops::Result<_>>()?,
+        ))
+    }
+
+    /// Writes these weights into the model's parameters, in place (checked per tensor).
+    pub fn load_into(&self, model: &Gpt) -> Result<()> {
+        let params = model_params(model);
+        anyhow::ensure!(
+            params.len() == self.0.len(),
+            "{} saved tensors for {} parameters",
+            self.0.len(),
+            params.len()
+        );
+        for (p, w) in params.iter().zip(&self.0) {
+            p.assign(w)?;
+        }
+        Ok(())
+    }
+}
+
+/// A running average of the weights, `w̄ ← w̄ + β·(w − w̄)`, updated every few steps: the
+/// trajectory with its step-to-step noise filtered out (what annealing the rate would keep).
+pub struct WeightAverage {
+    pub avg: Weights,
+    beta: f32,
+}
+
+impl WeightAverage {
+    pub fn new(model: &Gpt, beta: f32) -> Result<WeightAverage> {
+        Ok(WeightAverage {
+            avg: Weights::of(model)?,
+            beta,
+        })
+    }
+
+    /// Moves the average toward the model's weights.
+    pub fn update(&mut self, model: &Gpt) -> Result<()> {
+        no_grad(|| {
+            for (p, a) in model_params(model).iter().zip(&self.avg.0) {
+                a.assign(&a.add(&p.sub(a)?.mul_scalar(self.beta)?)?)?;
+            }
+            Ok(())
+        })
     }
 }
 
 /// Where a segment started: what a rollback returns to.
 pub struct SegmentStart {
     pub step: u32,
-    pub weights: Snapshot,
+    pub weights: Weights,
+    /// The weight average then (when the controller keeps one).
+    pub average: Option<Weights>,
     pub optimizer: AdamWState,
     pub rng: StdRng,
     /// The probe loss at these weights.
     pub loss: f32,
+    /// The probe loss at the weight average then, when measured.
+    pub avg_loss: Option<f32>,
+    /// The probe loss at the weight average at this segment's end (set by its line search).
+    pub avg_end_loss: Option<f32>,
 }
 
 impl SegmentStart {
     pub fn take(
         step: u32,
-        model: &Gpt,
+        (model, average): (&Gpt, Option<&WeightAverage>),
         opt: &AdamW,
         rng: &StdRng,
         loss: f32,
     ) -> Result<SegmentStart> {
         Ok(SegmentStart {
             step,
-            weights: model.store().snapshot()?,
+            weights: Weights::of(model)?,
+            average: average.map(|a| a.avg.deep_copy()).transpose()?,
             optimizer: opt.state()?,
             rng: rng.clone(),
             loss,
+            avg_loss: None,
+            avg_end_loss: None,
         })
     }
 
     /// Puts the weights, the optimizer's state and the data stream back; returns the step to
     /// continue from.
-    pub fn restore(&self, model: &Gpt, opt: &mut AdamW, rng: &mut StdRng) -> Result<u32> {
-        model.store().restore(&self.weights)?;
+    pub fn restore(
+        &self,
+        (model, average): (&Gpt, Option<&mut WeightAverage>),
+        opt: &mut AdamW,
+        rng: &mut StdRng,
+    ) -> Result<u32> {
+        self.weights.load_into(model)?;
+        if let (Some(avg), Some(saved)) = (average, &self.average) {
+            avg.avg = saved.deep_copy()?;
+        }
         opt.load_state(&self.optimizer)?;
         *rng = self.rng.clone();
         Ok(self.step)

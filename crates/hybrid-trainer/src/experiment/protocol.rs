@@ -1,0 +1,187 @@
+//! The experiment's protocol, fixed before it runs: the workloads, the arms, and the
+//! `train-gpt` flags of each run.
+
+use crate::control::cli::TrainMode;
+use serde::{Deserialize, Serialize};
+
+/// A workload: a model, its data and schedule, and the learning rate a user would have typed.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    Serialize,
+    Deserialize,
+    Hash,
+    PartialOrd,
+    Ord,
+)]
+pub enum Workload {
+    /// nanoGPT's shakespeare-char model (6 × 384, context 256, batch 64, dropout 0.2), 2000
+    /// steps, given peak rate 1e-3.
+    W1,
+    /// W1 at a given rate of 3e-4.
+    W2,
+    /// W1 at a given rate of 1e-2.
+    W3,
+    /// The Llama variant, 8 layers × 512, the same data, given rate 6e-4.
+    W4,
+    /// The main job's 4 × 128 model on the CPU at its defaults (600 steps, rate 1e-3).
+    W5,
+}
+
+/// One run's configuration.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    Serialize,
+    Deserialize,
+    Hash,
+    PartialOrd,
+    Ord,
+)]
+pub enum Arm {
+    /// AdamW at the given rate.
+    Adamw,
+    /// AdamW at 1/3, 1/2, 2 and 3 × the given rate (with `Adamw`, the sweep; its best is the
+    /// oracle).
+    AdamwThird,
+    AdamwHalf,
+    AdamwDouble,
+    AdamwTriple,
+    /// LR range test, then AdamW at its pick.
+    RangeTest,
+    /// The hybrid trainer (default configuration).
+    Hybrid,
+    /// Ablation: the hybrid without its world model (every decision measured).
+    HybridNoWorldModel,
+    /// Ablation: the hybrid line-searching the raw iterates, not the weight average.
+    HybridNoAverage,
+    /// Ablation: the hybrid without rollback on a risen probe loss.
+    HybridNoRollback,
+}
+
+impl Arm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arm::Adamw => "adamw",
+            Arm::AdamwThird => "adamw-x1/3",
+            Arm::AdamwHalf => "adamw-x1/2",
+            Arm::AdamwDouble => "adamw-x2",
+            Arm::AdamwTriple => "adamw-x3",
+            Arm::RangeTest => "range-test",
+            Arm::Hybrid => "hybrid",
+            Arm::HybridNoWorldModel => "hybrid, no world model",
+            Arm::HybridNoAverage => "hybrid, raw iterates",
+            Arm::HybridNoRollback => "hybrid, no rollback",
+        }
+    }
+
+    /// A file-name-safe key.
+    pub fn key(self) -> String {
+        format!("{self:?}").to_lowercase()
+    }
+
+    /// The factor on the given rate (AdamW's sweep).
+    pub fn lr_factor(self) -> f32 {
+        match self {
+            Arm::AdamwThird => 1.0 / 3.0,
+            Arm::AdamwHalf => 0.5,
+            Arm::AdamwDouble => 2.0,
+            Arm::AdamwTriple => 3.0,
+            _ => 1.0,
+        }
+    }
+
+    /// The five runs of AdamW's sweep.
+    pub const SWEEP: [Arm; 5] = [
+        Arm::AdamwThird,
+        Arm::AdamwHalf,
+        Arm::Adamw,
+        Arm::AdamwDouble,
+        Arm::AdamwTriple,
+    ];
+
+    fn mode(self) -> TrainMode {
+        match self {
+            Arm::RangeTest => TrainMode::RangeTest,
+            Arm::Hybrid
+            | Arm::HybridNoWorldModel
+            | Arm::HybridNoAverage
+            | Arm::HybridNoRollback => TrainMode::Hybrid,
+            _ => TrainMode::Adamw,
+        }
+    }
+}
+
+impl Workload {
+    pub fn given_lr(self) -> f32 {
+        match self {
+            Workload::W1 | Workload::W5 => 1e-3,
+            Workload::W2 => 3e-4,
+            Workload::W3 => 1e-2,
+            Workload::W4 => 6e-4,
+        }
+    }
+
+    /// Whether it runs on the CPU whatever device the experiment has.
+    pub fn cpu_only(self) -> bool {
+        self == Workload::W5
+    }
+
+    /// The model, data and schedule flags of `train-gpt` (every arm shares them).
+    fn model_flags(self) -> Vec<String> {
+        let f = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        match self {
+            Workload::W1 | Workload::W2 | Workload::W3 => f(
+                "--layers 6 --heads 6 --embd 384 --block 256 --batch 64 --dropout 0.2 \
+                 --iters 2000 --warmup 100 --precision bf16 --eval-interval 25 --eval-iters 20",
+            ),
+            Workload::W4 => f(
+                "--variant llama --layers 8 --heads 8 --embd 512 --block 256 --batch 64 \
+                 --dropout 0.2 --iters 2000 --warmup 100 --precision bf16 --eval-interval 25 \
+                 --eval-iters 20",
+            ),
+            Workload::W5 => f(
+                "--layers 4 --heads 4 --embd 128 --block 64 --batch 12 --dropout 0 --iters 600 \
+                 --warmup 50 --precision fp32 --eval-interval 25 --eval-iters 10",
+            ),
+        }
+    }
+
+    /// The `train-gpt` arguments of one run (without `--data`, `--device` and `--curve`).
+    pub fn args(self, arm: Arm, seed: u64) -> Vec<String> {
+        let lr = self.given_lr() * arm.lr_factor();
+        let mut v = self.model_flags();
+        v.extend([
+            "--lr".to_string(),
+            format!("{lr:e}"),
+            "--min-lr".into(),
+            format!("{:e}", lr / 10.0),
+            "--seed".into(),
+            seed.to_string(),
+            "--mode".into(),
+            arm.mode().name().into(),
+            "--eval-splits".into(),
+            "val".into(),
+            "--eval-fixed".into(),
+            "--sample".into(),
+            "0".into(),
+            "--log-interval".into(),
+            "500".into(),
+        ]);
+        match arm {
+            Arm::HybridNoWorldModel => v.push("--no-world-model".into()),
+            Arm::HybridNoAverage => v.push("--no-average".into()),
+            Arm::HybridNoRollback => v.push("--no-rollback".into()),
+            _ => {}
+        }
+        v
+    }
+}
