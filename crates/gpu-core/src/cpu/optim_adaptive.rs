@@ -209,7 +209,7 @@ pub(super) fn prodigy_step(
     check_prodigy_scalars(OP, scalars)?;
     let lr = scalar_values(&lr)?[0] as f64;
     let coef = coef_of(grad_scale)?;
-    let sc = ProdigyScalars::from_words(scalars.as_u32()?)?;
+    let sc = ProdigyScalars::from_words(scalars.as_f32()?)?;
     let (d, dlr) = (sc.d, prodigy_dlr(&cfg, &sc, lr));
     let (b1, b2, b3) = (cfg.beta1 as f64, cfg.beta2 as f64, cfg.beta3 as f64);
     let s_coef = (d / cfg.d0 as f64) * if cfg.safeguard_warmup { d } else { dlr };
@@ -233,17 +233,8 @@ pub(super) fn prodigy_step(
     if next.apply != 0.0 {
         prodigy_update(params, grads, m, v, weight_decay, coef, &cfg, &next)?;
     }
-    match scalars {
-        CpuStorage::U32(w) => {
-            w.copy_from_slice(&next.to_words());
-            Ok(())
-        }
-        other => Err(crate::GpuError::DTypeMismatch {
-            op: OP,
-            expected: crate::DType::U32,
-            got: crate::BufferInfo::dtype(other),
-        }),
-    }
+    scalars.as_f32_mut()?.copy_from_slice(&next.to_words());
+    Ok(())
 }
 
 /// Prodigy's parameter update with the step's new scalars (`next.d`, `next.dlr`).

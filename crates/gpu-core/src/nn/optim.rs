@@ -90,7 +90,7 @@ pub trait OptimOps: Backend {
     ) -> Result<()>;
 
     /// One Prodigy step (`prodigyopt.Prodigy.step`, `slice_p = 1`) over every parameter, with
-    /// its f64 scalars read and updated in `scalars` (a u32 buffer of
+    /// its f64 scalars read and updated in `scalars` (an f32 buffer of
     /// `2 · ProdigyScalars::COUNT` words, [`ProdigyScalars`]) and the learning rate from `lr`
     /// (one value). With `g = grads[i] · grad_scale[1]` (or `grads[i]`), plus `wd[i]·p` when
     /// `!cfg.decouple`, and `dlr = d·lr·bc`: when `lr > 0`, `m = β1·m + d(1−β1)·g`,

@@ -87,8 +87,9 @@ pub struct ProdigyConfig {
 /// Length of Prodigy's schedule `[lr]`.
 pub const PRODIGY_SCHEDULE_LEN: usize = 1;
 
-/// The f64 slots of Prodigy's device scalars (stored as a u32 buffer of `2 · COUNT`
-/// elements, each f64 little-endian over two u32): see [`ProdigyScalars::initial`].
+/// The f64 slots of Prodigy's device scalars, stored as an f32 buffer of `2 · COUNT` words
+/// (each f64's bits little-endian over two f32 words, which are bit patterns, not values: they
+/// are only copied, never computed with, outside the ops): see [`ProdigyScalars::initial`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ProdigyScalars {
     /// The step size estimate `d`.
@@ -157,19 +158,19 @@ impl ProdigyScalars {
         }
     }
 
-    /// The u32 words of the buffer (each f64 as its low then high half).
-    pub fn to_words(&self) -> Vec<u32> {
+    /// The words of the buffer (each f64 as its low then high 32 bits, as f32 bit patterns).
+    pub fn to_words(&self) -> Vec<f32> {
         self.to_array()
             .iter()
             .flat_map(|x| {
                 let b = x.to_bits();
-                [b as u32, (b >> 32) as u32]
+                [f32::from_bits(b as u32), f32::from_bits((b >> 32) as u32)]
             })
             .collect()
     }
 
-    /// From the buffer's u32 words; a typed error unless there are `2 · COUNT`.
-    pub fn from_words(w: &[u32]) -> Result<Self> {
+    /// From the buffer's words; a typed error unless there are `2 · COUNT`.
+    pub fn from_words(w: &[f32]) -> Result<Self> {
         if w.len() != 2 * Self::COUNT {
             return Err(GpuError::shape(
                 "ProdigyScalars",
@@ -179,7 +180,7 @@ impl ProdigyScalars {
         }
         let mut a = [0.0; Self::COUNT];
         for (i, x) in a.iter_mut().enumerate() {
-            *x = f64::from_bits(w[2 * i] as u64 | (w[2 * i + 1] as u64) << 32);
+            *x = f64::from_bits(w[2 * i].to_bits() as u64 | (w[2 * i + 1].to_bits() as u64) << 32);
         }
         Ok(Self::from_array(a))
     }
@@ -296,13 +297,13 @@ pub fn check_schedule_free(op: &'static str, cfg: ScheduleFreeConfig) -> Result<
     Ok(())
 }
 
-/// Checks Prodigy's device scalars: a u32 buffer of `2 · ProdigyScalars::COUNT` words.
+/// Checks Prodigy's device scalars: an f32 buffer of `2 · ProdigyScalars::COUNT` words.
 pub fn check_prodigy_scalars<B: BufferInfo>(op: &'static str, b: &B) -> Result<()> {
     let want = 2 * ProdigyScalars::COUNT;
-    if b.dtype() != DType::U32 || b.len() != want {
+    if b.dtype() != DType::F32 || b.len() != want {
         return Err(GpuError::shape(
             op,
-            format!("Prodigy scalars of {want} u32"),
+            format!("Prodigy scalars of {want} f32 words"),
             format!("{} {}", b.len(), b.dtype()),
         ));
     }

@@ -268,7 +268,7 @@ impl CudaBackend {
             // SAFETY: prodigy_update_f32(MultiTensor6 a, const float* grad_scale, ProdigyArgs c,
             // const double* sc): `a` names live f32 p (&mut), g, m, v buffers of `n[i]`
             // elements (check_lists) of this backend; grad_scale null or 2 f32; sc the 8 f64 of
-            // `scalars` (16 u32, check_prodigy_scalars); block_start[count] blocks.
+            // `scalars` (16 f32 words, check_prodigy_scalars); block_start[count] blocks.
             unsafe { self.launch("prodigy_update_f32", blocks_config(c.blocks), &args) }?;
         }
         Ok(())
@@ -315,7 +315,7 @@ impl CudaBackend {
         ];
         // SAFETY: prodigy_finalize(const double* partials, u32 nparts, ProdigyArgs c, float lr,
         // const float* lr_ptr, double* sc), one block: reads the `total` f64 pairs written
-        // above (same stream), reads and writes the 8 f64 of `scalars` (16 u32).
+        // above (same stream), reads and writes the 8 f64 of `scalars` (16 f32 words).
         unsafe { self.launch("prodigy_finalize", blocks_config(1), &args) }
     }
 }
