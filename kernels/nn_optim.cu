@@ -157,3 +157,221 @@ extern "C" __global__ void __launch_bounds__(MT_THREADS)
         v[i] = vv;
     }
 }
+
+// ---- Schedule-Free AdamW, the parameter lerp, Prodigy (CPU references:
+// gpu_core::cpu::optim_adaptive, f64) ----
+
+// torch.lerp(a, b, w) in f32: a + w·(b − a) when |w| < 0.5, else b − (b − a)·(1 − w).
+static __device__ __forceinline__ float lerp_torch(float a, float b, float w) {
+    return fabsf(w) < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w);
+}
+
+// One Schedule-Free AdamW step (schedulefree.AdamWScheduleFree): a.p = y (the parameters),
+// a.g = grads, a.m = z, a.v = v, a.decay[i] = wd[i]. With g = grad·coef:
+// v = β2·v + (1−β2)·g²; u = g/(sqrt(v/bc2) + eps) (+ wd·y when wd ≠ 0);
+// y = lerp(y, z, ckp1) + y_lr·u; z −= lr·u. `schedule` non-null (a replayed graph): the step's
+// [lr, ckp1, y_lr, bc2] are read from it and the four scalar arguments ignored.
+extern "C" __global__ void __launch_bounds__(MT_THREADS)
+    sf_adamw_f32(const MultiTensor a, const float* __restrict__ grad_scale, float beta2, float eps,
+                 float lr, float ckp1, float y_lr, float bc2, const float* __restrict__ schedule) {
+    const int ti = mt_tensor(a, blockIdx.x);
+    float* __restrict__ y = reinterpret_cast<float*>(a.p[ti]);
+    const float* __restrict__ g = reinterpret_cast<const float*>(a.g[ti]);
+    float* __restrict__ z = reinterpret_cast<float*>(a.m[ti]);
+    float* __restrict__ v = reinterpret_cast<float*>(a.v[ti]);
+    const unsigned int base = (blockIdx.x - a.block_start[ti]) * MT_CHUNK;
+    const unsigned int cnt = min((unsigned int)MT_CHUNK, a.n[ti] - base);
+    if (schedule != nullptr) {
+        lr = schedule[0];
+        ckp1 = schedule[1];
+        y_lr = schedule[2];
+        bc2 = schedule[3];
+    }
+    const float coef = grad_scale != nullptr ? grad_scale[1] : 1.0f, wd = a.decay[ti];
+    const float omb2 = 1.0f - beta2;
+    for (unsigned int i = base + threadIdx.x; i < base + cnt; i += MT_THREADS) {
+        const float gi = g[i] * coef;
+        const float vi = beta2 * v[i] + omb2 * gi * gi;
+        float u = gi / (sqrtf(vi / bc2) + eps);
+        const float yi = y[i], zi = z[i];
+        if (wd != 0.0f) u += wd * yi;
+        y[i] = lerp_torch(yi, zi, ckp1) + y_lr * u;
+        z[i] = zi - lr * u;
+        v[i] = vi;
+    }
+}
+
+// p = lerp(p, end, w) per element: a.p = the parameters, a.g = the ends.
+extern "C" __global__ void __launch_bounds__(MT_THREADS) lerp_f32(const MultiTensor a, float w) {
+    const int ti = mt_tensor(a, blockIdx.x);
+    float* __restrict__ p = reinterpret_cast<float*>(a.p[ti]);
+    const float* __restrict__ e = reinterpret_cast<const float*>(a.g[ti]);
+    const unsigned int base = (blockIdx.x - a.block_start[ti]) * MT_CHUNK;
+    const unsigned int cnt = min((unsigned int)MT_CHUNK, a.n[ti] - base);
+    for (unsigned int i = base + threadIdx.x; i < base + cnt; i += MT_THREADS)
+        p[i] = lerp_torch(p[i], e[i], w);
+}
+
+#define MT6_MAX 48
+
+// Prodigy's tensors: p, g, p0, s, m, v (must match crates/gpu-cuda/src/nn/optim_adaptive.rs).
+struct MultiTensor6 {
+    unsigned long long ptr[6][MT6_MAX];
+    unsigned int n[MT6_MAX];
+    float decay[MT6_MAX];  // weight decay wd[i]
+    unsigned int block_start[MT6_MAX + 1];
+    unsigned int count;
+};
+static_assert(offsetof(MultiTensor6, n) == 2304 && offsetof(MultiTensor6, decay) == 2496 &&
+                  offsetof(MultiTensor6, block_start) == 2688 &&
+                  offsetof(MultiTensor6, count) == 2884 && sizeof(MultiTensor6) == 2888,
+              "MultiTensor6 layout changed: update the Rust side");
+
+static __device__ __forceinline__ int mt6_tensor(const MultiTensor6& a, unsigned int b) {
+    int lo = 0, hi = (int)a.count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (a.block_start[mid] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Prodigy's hyper-parameters (gpu_core::nn::ProdigyConfig; flags: 1 decouple,
+// 2 use_bias_correction, 4 safeguard_warmup). 32 bytes.
+struct ProdigyArgs {
+    float beta1, beta2, beta3, eps, d0, d_coef, growth_rate;
+    unsigned int flags;
+};
+static_assert(sizeof(ProdigyArgs) == 32, "ProdigyArgs layout changed: update the Rust side");
+
+// Slots of the f64 scalars (gpu_core::nn::ProdigyScalars).
+enum { PD_D = 0, PD_DMAX, PD_NUM, PD_K, PD_DHAT, PD_DEN, PD_DLR, PD_APPLY };
+
+// dlr = d·lr·bias_correction, in f64 as the host reference.
+static __device__ __forceinline__ double prodigy_dlr(const ProdigyArgs& c, const double* sc, double lr) {
+    double bc = 1.0;
+    if (c.flags & 2u) {
+        const double k1 = sc[PD_K] + 1.0;
+        bc = sqrt(1.0 - pow((double)c.beta2, k1)) / (1.0 - pow((double)c.beta1, k1));
+    }
+    return sc[PD_D] * lr * bc;
+}
+
+// The gradient Prodigy uses: grad·coef, plus wd·p when the decay is coupled.
+static __device__ __forceinline__ float prodigy_grad(const ProdigyArgs& c, float g, float coef, float wd,
+                                                     float p) {
+    g *= coef;
+    if (!(c.flags & 1u) && wd != 0.0f) g += wd * p;
+    return g;
+}
+
+// Prodigy pass 1: when lr > 0, m = β1·m + d(1−β1)·g, v = β2·v + d²(1−β2)·g², s = β3·s + c·g
+// (c = (d/d0)·dlr, or (d/d0)·d with safeguard_warmup), and per block the f64 sums
+// partials[2(part0 + b)] = Σ g·(p0 − p), partials[2(part0 + b) + 1] = Σ |s| (0 when lr <= 0).
+// lr: `lr_ptr[0]` when non-null (a replayed graph), else the argument.
+extern "C" __global__ void __launch_bounds__(MT_THREADS)
+    prodigy_accum_f32(const MultiTensor6 a, const float* __restrict__ grad_scale, const ProdigyArgs c,
+                      float lr, const float* __restrict__ lr_ptr, const double* __restrict__ sc,
+                      double* __restrict__ partials, unsigned int part0) {
+    if (lr_ptr != nullptr) lr = lr_ptr[0];
+    double dot = 0.0, den = 0.0;
+    if (lr > 0.0f) {
+        const int ti = mt6_tensor(a, blockIdx.x);
+        float* __restrict__ p = reinterpret_cast<float*>(a.ptr[0][ti]);
+        const float* __restrict__ g = reinterpret_cast<const float*>(a.ptr[1][ti]);
+        const float* __restrict__ p0 = reinterpret_cast<const float*>(a.ptr[2][ti]);
+        float* __restrict__ s = reinterpret_cast<float*>(a.ptr[3][ti]);
+        float* __restrict__ m = reinterpret_cast<float*>(a.ptr[4][ti]);
+        float* __restrict__ v = reinterpret_cast<float*>(a.ptr[5][ti]);
+        const unsigned int base = (blockIdx.x - a.block_start[ti]) * MT_CHUNK;
+        const unsigned int cnt = min((unsigned int)MT_CHUNK, a.n[ti] - base);
+        const double d = sc[PD_D], dlr = prodigy_dlr(c, sc, (double)lr);
+        const float s_coef = (float)((d / (double)c.d0) * ((c.flags & 4u) ? d : dlr));
+        const float m_coef = (float)(d * (1.0 - (double)c.beta1));
+        const float v_coef = (float)(d * d * (1.0 - (double)c.beta2));
+        const float coef = grad_scale != nullptr ? grad_scale[1] : 1.0f, wd = a.decay[ti];
+        for (unsigned int i = base + threadIdx.x; i < base + cnt; i += MT_THREADS) {
+            const float pi = p[i];
+            const float gi = prodigy_grad(c, g[i], coef, wd, pi);
+            dot += (double)gi * ((double)p0[i] - (double)pi);
+            m[i] = c.beta1 * m[i] + m_coef * gi;
+            v[i] = c.beta2 * v[i] + v_coef * gi * gi;
+            const float si = c.beta3 * s[i] + s_coef * gi;
+            s[i] = si;
+            den += fabs((double)si);
+        }
+    }
+    dot = block_sum_f64(dot);
+    __syncthreads();  // block_sum_f64's scratch is reused
+    den = block_sum_f64(den);
+    if (threadIdx.x == 0) {
+        partials[2 * (part0 + blockIdx.x)] = dot;
+        partials[2 * (part0 + blockIdx.x) + 1] = den;
+    }
+}
+
+// Python's max(a, b) / min(a, b): keep a unless b is greater / smaller (NaN never replaces).
+static __device__ __forceinline__ double py_max(double a, double b) { return b > a ? b : a; }
+static __device__ __forceinline__ double py_min(double a, double b) { return b < a ? b : a; }
+
+// Prodigy pass 2, one block of MT_THREADS: sums the partials in f64 and updates the scalars
+// as prodigyopt's step does (nothing but dlr and apply = 0 when Σ|s| = 0 or lr <= 0).
+extern "C" __global__ void __launch_bounds__(MT_THREADS)
+    prodigy_finalize(const double* __restrict__ partials, unsigned int nparts, const ProdigyArgs c,
+                     float lr, const float* __restrict__ lr_ptr, double* __restrict__ sc) {
+    if (lr_ptr != nullptr) lr = lr_ptr[0];
+    double dot = 0.0, den = 0.0;
+    for (unsigned int i = threadIdx.x; i < nparts; i += MT_THREADS) {
+        dot += partials[2 * i];
+        den += partials[2 * i + 1];
+    }
+    dot = block_sum_f64(dot);
+    __syncthreads();
+    den = block_sum_f64(den);
+    if (threadIdx.x != 0) return;
+    const double dlr = prodigy_dlr(c, sc, (double)lr), d0 = (double)c.d0, d_old = sc[PD_D];
+    sc[PD_DLR] = dlr;
+    sc[PD_APPLY] = 0.0;
+    if (den == 0.0 || !(lr > 0.0f)) return;
+    const double num = sc[PD_NUM] * (double)c.beta3 + (d_old / d0) * dlr * dot;
+    const double d_hat = (double)c.d_coef * num / den;
+    double d = d_old;
+    if (d == d0) d = py_max(d, d_hat);
+    const double d_max = py_max(sc[PD_DMAX], d_hat);
+    sc[PD_D] = py_min(d_max, d * (double)c.growth_rate);
+    sc[PD_DMAX] = d_max;
+    sc[PD_NUM] = num;
+    sc[PD_DEN] = den;
+    sc[PD_DHAT] = d_hat;
+    sc[PD_K] += 1.0;
+    sc[PD_APPLY] = 1.0;
+}
+
+// Prodigy pass 3, when sc[apply] ≠ 0: p −= wd·dlr·p (decoupled), then
+// p −= dlr·m/(sqrt(v) + d·eps) (β1 = 0: p −= dlr·d·g/(sqrt(v) + d·eps)) with the new d.
+extern "C" __global__ void __launch_bounds__(MT_THREADS)
+    prodigy_update_f32(const MultiTensor6 a, const float* __restrict__ grad_scale, const ProdigyArgs c,
+                       const double* __restrict__ sc) {
+    if (sc[PD_APPLY] == 0.0) return;
+    const int ti = mt6_tensor(a, blockIdx.x);
+    float* __restrict__ p = reinterpret_cast<float*>(a.ptr[0][ti]);
+    const float* __restrict__ g = reinterpret_cast<const float*>(a.ptr[1][ti]);
+    const float* __restrict__ m = reinterpret_cast<const float*>(a.ptr[4][ti]);
+    const float* __restrict__ v = reinterpret_cast<const float*>(a.ptr[5][ti]);
+    const unsigned int base = (blockIdx.x - a.block_start[ti]) * MT_CHUNK;
+    const unsigned int cnt = min((unsigned int)MT_CHUNK, a.n[ti] - base);
+    const double d = sc[PD_D], dlr = sc[PD_DLR];
+    const float coef = grad_scale != nullptr ? grad_scale[1] : 1.0f, wd = a.decay[ti];
+    const float d_eps = (float)(d * (double)c.eps), neg_dlr = (float)(-dlr);
+    const float neg_dlr_d = (float)(-dlr * d), decay = (float)(-(double)wd * dlr);
+    const bool decoupled = (c.flags & 1u) && wd != 0.0f;
+    for (unsigned int i = base + threadIdx.x; i < base + cnt; i += MT_THREADS) {
+        float pi = p[i];
+        const float gi = prodigy_grad(c, g[i], coef, wd, pi);
+        const float denom = sqrtf(v[i]) + d_eps;
+        if (decoupled) pi += decay * pi;
+        pi += c.beta1 > 0.0f ? neg_dlr * (m[i] / denom) : neg_dlr_d * (gi / denom);
+        p[i] = pi;
+    }
+}

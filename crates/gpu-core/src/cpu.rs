@@ -388,6 +388,7 @@ mod elementwise;
 pub mod fast;
 mod host;
 mod optim;
+mod optim_adaptive;
 mod par;
 pub mod profile;
 mod rows;

@@ -11,6 +11,8 @@ mod ids;
 mod numerics;
 #[path = "hostile/optim.rs"]
 mod optim;
+#[path = "hostile/optim_adaptive.rs"]
+mod optim_adaptive;
 #[path = "hostile/sizes.rs"]
 mod sizes;
 

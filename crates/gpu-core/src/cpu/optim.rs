@@ -2,10 +2,14 @@
 //! `torch.optim.AdamW` step by step (decoupled decay first, then the bias-corrected Adam update),
 //! evaluated per element in f64 from the stored f32 values and rounded once.
 
+use super::optim_adaptive as adaptive;
 use super::par::GRAIN;
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
-use crate::nn::optim::{adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps};
+use crate::nn::optim::{
+    adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps, ProdigyConfig,
+    ScheduleFreeConfig, StepScalars,
+};
 use rayon::prelude::*;
 
 /// `min(1, max_norm / (norm + 1e-6))` in f64, keeping a NaN (as `torch.clamp(max=1)` does).
@@ -116,5 +120,59 @@ impl OptimOps for CpuBackend {
             });
         }
         Ok(())
+    }
+
+    fn schedule_free_step(
+        &self,
+        params: &mut [&mut CpuStorage],
+        grads: &[&CpuStorage],
+        z: &mut [&mut CpuStorage],
+        v: &mut [&mut CpuStorage],
+        weight_decay: &[f32],
+        grad_scale: Option<&CpuStorage>,
+        cfg: ScheduleFreeConfig,
+        scalars: StepScalars<'_, CpuStorage>,
+    ) -> Result<()> {
+        let _p = super::profile::scope("schedule_free_step");
+        adaptive::schedule_free_step(params, grads, z, v, weight_decay, grad_scale, cfg, scalars)
+    }
+
+    fn lerp_params(
+        &self,
+        params: &mut [&mut CpuStorage],
+        ends: &[&CpuStorage],
+        weight: f32,
+    ) -> Result<()> {
+        adaptive::lerp_params(params, ends, weight)
+    }
+
+    fn prodigy_step(
+        &self,
+        params: &mut [&mut CpuStorage],
+        grads: &[&CpuStorage],
+        p0: &[&CpuStorage],
+        s: &mut [&mut CpuStorage],
+        m: &mut [&mut CpuStorage],
+        v: &mut [&mut CpuStorage],
+        weight_decay: &[f32],
+        grad_scale: Option<&CpuStorage>,
+        cfg: ProdigyConfig,
+        lr: StepScalars<'_, CpuStorage>,
+        scalars: &mut CpuStorage,
+    ) -> Result<()> {
+        let _p = super::profile::scope("prodigy_step");
+        adaptive::prodigy_step(
+            params,
+            grads,
+            p0,
+            s,
+            m,
+            v,
+            weight_decay,
+            grad_scale,
+            cfg,
+            lr,
+            scalars,
+        )
     }
 }

@@ -10,7 +10,7 @@
 //! | elementwise, broadcast, reductions, data movement | `nn/elementwise.rs` | `cpu/elementwise.rs` | `gpu-cuda/src/nn/elementwise.rs` | `kernels/nn_elementwise.cu`, `nn_reduce.cu` | `gpu-cuda/tests/nn_elementwise.rs` |
 //! | rows: softmax, log-softmax, cross-entropy, norms, RoPE, embedding | `nn/rows.rs` | `cpu/rows.rs` | `gpu-cuda/src/nn/rows.rs` | `kernels/nn_rows.cu`, `nn_embed.cu` | `gpu-cuda/tests/nn_rows*.rs` |
 //! | causal attention | `nn/attention.rs` | `cpu/attention.rs` | `gpu-cuda/src/nn/attention.rs` | `kernels/nn_attention.cu` | `gpu-cuda/tests/nn_attention.rs` |
-//! | AdamW, gradient clipping | `nn/optim.rs` | `cpu/optim.rs` | `gpu-cuda/src/nn/optim.rs` | `kernels/nn_optim.cu` | `gpu-cuda/tests/nn_optim.rs` |
+//! | AdamW, Schedule-Free AdamW, Prodigy, gradient clipping | `nn/optim.rs`, `nn/optim_adaptive.rs` | `cpu/optim.rs`, `cpu/optim_adaptive.rs` | `gpu-cuda/src/nn/optim.rs` | `kernels/nn_optim.cu` | `gpu-cuda/tests/nn_optim.rs` |
 //! | matmul | `ops.rs` ([`MatmulOps`]) | `cpu.rs` (`sgemm_rows`) | `gpu-cuda/src/ops.rs`, `blas.rs` | cuBLAS | `gpu-cuda/tests/matmul.rs` |
 //!
 //! Float buffers are f32; the elementwise, reduction and data-movement families, matmul and the
@@ -23,6 +23,7 @@ pub mod activation;
 pub mod attention;
 pub mod elementwise;
 pub mod optim;
+pub mod optim_adaptive;
 pub mod rows;
 
 pub use activation::{Activation, Direction, Saved};

@@ -4,6 +4,11 @@ use crate::backend::{Backend, BufferInfo};
 use crate::error::{GpuError, Result};
 use crate::ops::require_f32;
 
+pub use super::optim_adaptive::{
+    ProdigyConfig, ProdigyScalars, ScheduleFreeConfig, StepScalars, PRODIGY_SCHEDULE_LEN,
+    SF_SCHEDULE_LEN,
+};
+
 /// AdamW hyper-parameters for one step (PyTorch's `torch.optim.AdamW` semantics: decoupled
 /// weight decay `p -= lr·wd·p`, bias-corrected moments).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,6 +57,63 @@ pub trait OptimOps: Backend {
         weight_decay: &[f32],
         grad_scale: Option<&Self::Buffer>,
         cfg: AdamWConfig,
+    ) -> Result<()>;
+
+    /// One fused Schedule-Free AdamW step (`schedulefree.AdamWScheduleFree.step`) over every
+    /// parameter `y = params[i]`, with `[lr, ckp1, y_lr, bc2] = scalars` and
+    /// `g = grads[i] · grad_scale[1]` (or `grads[i]`): `v = β2·v + (1−β2)·g²`,
+    /// `u = g / (sqrt(v/bc2) + eps) + wd[i]·y`, `y = lerp(y, z, ckp1) + y_lr·u`, `z −= lr·u`
+    /// (`lerp` as `torch.lerp`). `z` and `v` have one buffer per parameter of its length.
+    /// On CUDA one kernel launch (per 64 tensors), reading `scalars` on the device when
+    /// [`StepScalars::Device`]; the CPU reads a device schedule from its buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn schedule_free_step(
+        &self,
+        params: &mut [&mut Self::Buffer],
+        grads: &[&Self::Buffer],
+        z: &mut [&mut Self::Buffer],
+        v: &mut [&mut Self::Buffer],
+        weight_decay: &[f32],
+        grad_scale: Option<&Self::Buffer>,
+        cfg: ScheduleFreeConfig,
+        scalars: StepScalars<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    /// `params[i] = lerp(params[i], ends[i], weight)` per element (`torch.lerp`): Schedule-Free
+    /// AdamW's switch between the point `y` where gradients are taken and the average `x`
+    /// where the model is evaluated. `weight` finite.
+    fn lerp_params(
+        &self,
+        params: &mut [&mut Self::Buffer],
+        ends: &[&Self::Buffer],
+        weight: f32,
+    ) -> Result<()>;
+
+    /// One Prodigy step (`prodigyopt.Prodigy.step`, `slice_p = 1`) over every parameter, with
+    /// its f64 scalars read and updated in `scalars` (an f32 buffer of
+    /// `2 · ProdigyScalars::COUNT` words, [`ProdigyScalars`]) and the learning rate from `lr`
+    /// (one value). With `g = grads[i] · grad_scale[1]` (or `grads[i]`), plus `wd[i]·p` when
+    /// `!cfg.decouple`, and `dlr = d·lr·bc`: when `lr > 0`, `m = β1·m + d(1−β1)·g`,
+    /// `v = β2·v + d²(1−β2)·g²`, `s = β3·s + (d/d0)·dlr·g` (`·d` with `safeguard_warmup`);
+    /// then, unless `Σ|s| = 0` (the package returns early), `d` is updated from
+    /// `d_hat = d_coef·(β3·num + (d/d0)·dlr·Σ⟨g, p0 − p⟩)/Σ|s|` and
+    /// `p −= wd[i]·dlr·p` (decoupled), `p −= dlr·m/(sqrt(v) + d·eps)` with the new `d`
+    /// (with `β1 = 0`: `p −= dlr·d·g/(sqrt(v) + d·eps)`). The sums are accumulated in f64 on
+    /// the device; no host transfer on CUDA, so the step can be captured in a CUDA graph.
+    #[allow(clippy::too_many_arguments)]
+    fn prodigy_step(
+        &self,
+        params: &mut [&mut Self::Buffer],
+        grads: &[&Self::Buffer],
+        p0: &[&Self::Buffer],
+        s: &mut [&mut Self::Buffer],
+        m: &mut [&mut Self::Buffer],
+        v: &mut [&mut Self::Buffer],
+        weight_decay: &[f32],
+        grad_scale: Option<&Self::Buffer>,
+        cfg: ProdigyConfig,
+        lr: StepScalars<'_, Self::Buffer>,
+        scalars: &mut Self::Buffer,
     ) -> Result<()>;
 }
 

@@ -5,6 +5,7 @@ mod attention;
 mod attention_bf16;
 mod elementwise;
 mod optim;
+mod optim_adaptive;
 mod rows;
 
 #[cfg(test)]

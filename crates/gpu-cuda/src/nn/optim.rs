@@ -9,18 +9,21 @@
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
-use gpu_core::nn::optim::{adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps};
+use gpu_core::nn::optim::{
+    adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps, ProdigyConfig,
+    ScheduleFreeConfig, StepScalars,
+};
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
 /// Tensors per launch (`MT_MAX` in the kernel).
 const MT_MAX: usize = 64;
 /// Elements per block (`MT_CHUNK`).
-const MT_CHUNK: usize = 4096;
+pub(super) const MT_CHUNK: usize = 4096;
 /// Threads per block (`MT_THREADS`).
-const MT_THREADS: u32 = 256;
+pub(super) const MT_THREADS: u32 = 256;
 /// Longest piece of a tensor in one entry: a multiple of `MT_CHUNK`, so pieces stay 16-byte
 /// aligned, and small enough for the kernel's 32-bit lengths and block counts.
-const PIECE: usize = 1 << 30;
+pub(super) const PIECE: usize = 1 << 30;
 
 /// Byte offsets of the fields of `struct MultiTensor` (static_assert'ed in the kernel).
 mod layout {
@@ -38,10 +41,10 @@ mod layout {
 /// One tensor (or piece of one): device addresses of p, g, m, v (0 where unused), its length
 /// and its AdamW decay factor `1 − lr·wd`.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
-    ptrs: [u64; 4],
-    len: usize,
-    decay: f32,
+pub(super) struct Entry {
+    pub(super) ptrs: [u64; 4],
+    pub(super) len: usize,
+    pub(super) decay: f32,
 }
 
 impl Entry {
@@ -58,17 +61,17 @@ impl Entry {
 }
 
 /// One launch's `MultiTensor` bytes and its block count.
-struct Chunk {
-    bytes: Vec<u8>,
-    blocks: u32,
+pub(super) struct Chunk {
+    pub(super) bytes: Vec<u8>,
+    pub(super) blocks: u32,
 }
 
-fn put(bytes: &mut [u8], at: usize, v: &[u8]) {
+pub(super) fn put(bytes: &mut [u8], at: usize, v: &[u8]) {
     bytes[at..at + v.len()].copy_from_slice(v);
 }
 
 /// Packs the entries into launches of up to [`MT_MAX`] tensors each.
-fn chunks(entries: impl IntoIterator<Item = Entry>) -> Vec<Chunk> {
+pub(super) fn chunks(entries: impl IntoIterator<Item = Entry>) -> Vec<Chunk> {
     let pieces: Vec<Entry> = entries.into_iter().flat_map(Entry::pieces).collect();
     pieces
         .chunks(MT_MAX)
@@ -107,7 +110,7 @@ fn chunks(entries: impl IntoIterator<Item = Entry>) -> Vec<Chunk> {
         .collect()
 }
 
-fn blocks_config(blocks: u32) -> LaunchConfig {
+pub(super) fn blocks_config(blocks: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (MT_THREADS, 1, 1),
@@ -169,6 +172,58 @@ impl OptimOps for CudaBackend {
         cfg: AdamWConfig,
     ) -> Result<()> {
         self.adamw_impl(params, grads, m, v, weight_decay, grad_scale, cfg, None)
+    }
+
+    fn schedule_free_step(
+        &self,
+        params: &mut [&mut CudaBuffer],
+        grads: &[&CudaBuffer],
+        z: &mut [&mut CudaBuffer],
+        v: &mut [&mut CudaBuffer],
+        weight_decay: &[f32],
+        grad_scale: Option<&CudaBuffer>,
+        cfg: ScheduleFreeConfig,
+        scalars: StepScalars<'_, CudaBuffer>,
+    ) -> Result<()> {
+        self.schedule_free_impl(params, grads, z, v, weight_decay, grad_scale, cfg, scalars)
+    }
+
+    fn lerp_params(
+        &self,
+        params: &mut [&mut CudaBuffer],
+        ends: &[&CudaBuffer],
+        weight: f32,
+    ) -> Result<()> {
+        self.lerp_params_impl(params, ends, weight)
+    }
+
+    fn prodigy_step(
+        &self,
+        params: &mut [&mut CudaBuffer],
+        grads: &[&CudaBuffer],
+        p0: &[&CudaBuffer],
+        s: &mut [&mut CudaBuffer],
+        m: &mut [&mut CudaBuffer],
+        v: &mut [&mut CudaBuffer],
+        weight_decay: &[f32],
+        grad_scale: Option<&CudaBuffer>,
+        cfg: ProdigyConfig,
+        lr: StepScalars<'_, CudaBuffer>,
+        scalars: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.prodigy_impl(
+            params,
+            grads,
+            p0,
+            s,
+            m,
+            v,
+            weight_decay,
+            grad_scale,
+            cfg,
+            lr,
+            scalars,
+        )
     }
 }
 

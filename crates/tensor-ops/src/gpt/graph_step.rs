@@ -9,7 +9,7 @@
 use super::blocks::DropoutSeeds;
 use super::model::Gpt;
 use crate::graph::{capture, with_dropout_offsets, Graph};
-use crate::optim::AdamW;
+use crate::optim::Optimizer;
 use crate::tensor::Tensor;
 use gpu_core::{Device, GpuError, Result};
 use gpu_cuda::PoolStats;
@@ -24,7 +24,8 @@ pub struct GraphedStep {
     offsets: Tensor,
     /// The dropout sites of a pass and their seeds in the captured pass (seed 0).
     captured_seeds: Vec<u64>,
-    /// AdamW's `[lr, step_size, bc2_sqrt]`.
+    /// The optimiser's schedule ([`Optimizer::next_schedule`]; AdamW's `[lr, step_size,
+    /// bc2_sqrt]`).
     schedule: Tensor,
     /// The mean loss of the last replay (detached; written by the graph).
     loss: Tensor,
@@ -44,10 +45,16 @@ impl std::fmt::Debug for GraphedStep {
 }
 
 impl GraphedStep {
-    /// Records one training step of `model` with `opt` (an AdamW over the model's parameters)
-    /// on batches of `batch` × `block` tokens, without running it. Needs a CUDA model; the
-    /// optimiser must be on the model's device.
-    pub fn capture(model: &Gpt, opt: &mut AdamW, batch: usize, block: usize) -> Result<Self> {
+    /// Records one training step of `model` with `opt` (any [`Optimizer`] over the model's
+    /// parameters: `&mut AdamW`, `&mut Prodigy`, `&mut dyn Optimizer`) on batches of `batch` ×
+    /// `block` tokens, without running it. Needs a CUDA model; the optimiser must be on the
+    /// model's device.
+    pub fn capture<O: Optimizer + ?Sized>(
+        model: &Gpt,
+        opt: &mut O,
+        batch: usize,
+        block: usize,
+    ) -> Result<Self> {
         Self::capture_synced(model, opt, batch, block, &mut crate::dist::NoSync)
     }
 
@@ -55,9 +62,9 @@ impl GraphedStep {
     /// pass finishes it, then the loss before AdamW ([`crate::dist::StepSync`]). What they queue
     /// (a data-parallel average of the gradients, overlapped with the pass) is captured into the
     /// step.
-    pub fn capture_synced(
+    pub fn capture_synced<O: Optimizer + ?Sized>(
         model: &Gpt,
-        opt: &mut AdamW,
+        opt: &mut O,
         batch: usize,
         block: usize,
         sync: &mut dyn crate::dist::StepSync,
@@ -84,7 +91,8 @@ impl GraphedStep {
         let captured_seeds = DropoutSeeds::site_seeds(0, sites);
         let offsets = Tensor::from_vec(vec![0u32; 2 * sites], &[2 * sites], dev)?;
         // Overwritten before every replay; any valid schedule serves the capture.
-        let schedule = Tensor::from_vec(opt.next_schedule(0.0)?.to_vec(), &[3], dev)?;
+        let schedule = opt.next_schedule(0.0)?;
+        let schedule = Tensor::from_vec(schedule, &[opt.schedule_len()], dev)?;
         let (graph, loss) = capture(dev, || {
             with_dropout_offsets(&offsets, || -> Result<Tensor> {
                 let loss = model.loss(&x, &y, Some(0))?; // pass seed 0: `captured_seeds`
@@ -104,7 +112,7 @@ impl GraphedStep {
             schedule,
             loss,
             vocab: model.config.vocab_size,
-            opt: opt.identity(),
+            opt: opt.state_id(),
         })
     }
 
@@ -114,9 +122,16 @@ impl GraphedStep {
     /// [`GraphedStep::loss`] when the value is needed. `opt` must be the optimiser captured.
     /// Everything is checked (lengths, ids below the vocabulary size, `lr`, the optimiser)
     /// before anything is written.
-    pub fn step(&self, opt: &mut AdamW, x: &[u32], y: &[u32], seed: u64, lr: f32) -> Result<()> {
+    pub fn step<O: Optimizer + ?Sized>(
+        &self,
+        opt: &mut O,
+        x: &[u32],
+        y: &[u32],
+        seed: u64,
+        lr: f32,
+    ) -> Result<()> {
         const OP: &str = "GraphedStep::step";
-        if opt.identity() != self.opt {
+        if opt.state_id() != self.opt {
             return Err(GpuError::invalid(
                 OP,
                 "not the optimiser this step was captured with",
@@ -151,7 +166,7 @@ impl GraphedStep {
         self.offsets.write_from_host(&offsets)?;
         self.schedule.write_from_host(&schedule)?;
         self.graph.replay()?;
-        opt.count_replayed_step()
+        opt.count_replayed_step(lr)
     }
 
     /// The mean loss of the last replay, on the device (reading it synchronises).

@@ -3,7 +3,9 @@
 use super::builder::ParamBuilder;
 use super::copy::{copy_into, deep_copy};
 use super::init::Init;
-use crate::optim::{AdamW, AdamWParams};
+use crate::optim::{
+    AdamW, AdamWParams, Prodigy, ProdigyParams, ScheduleFreeAdamW, ScheduleFreeParams,
+};
 use crate::{Device, GpuError, Result, Tensor};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -187,6 +189,24 @@ impl ParamStore {
                 .collect(),
             hp,
         )
+    }
+
+    /// Schedule-Free AdamW over every parameter, each decayed or not by its flag.
+    pub fn schedule_free_adamw(&self, hp: ScheduleFreeParams) -> Result<ScheduleFreeAdamW> {
+        ScheduleFreeAdamW::new(self.decay_flags(), hp)
+    }
+
+    /// Prodigy over every parameter, each decayed or not by its flag.
+    pub fn prodigy(&self, hp: ProdigyParams) -> Result<Prodigy> {
+        Prodigy::new(self.decay_flags(), hp)
+    }
+
+    /// Every parameter with its weight-decay flag (nanoGPT decays 2-D weights only).
+    fn decay_flags(&self) -> Vec<(Tensor, bool)> {
+        self.params()
+            .into_iter()
+            .map(|p| (p.tensor, p.decay))
+            .collect()
     }
 
     /// A copy of every parameter's values, made on the device (no host round trip).

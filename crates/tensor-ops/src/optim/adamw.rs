@@ -1,10 +1,13 @@
 //! AdamW over a set of parameters, as one fused multi-tensor step, with optional global-norm
 //! clipping computed on the device.
 
+use super::common::{check_lr as check_lr_in, check_params, clip, clip_norm, storage_ptr};
+use super::state::{assign_all, checked_state, copy_named, count_scalar, named};
+use super::{Optimizer, OptimizerState};
 use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
 use crate::storage::Storage;
-use crate::tensor::{same_device, Tensor};
+use crate::tensor::Tensor;
 use gpu_core::nn::AdamWConfig;
 use gpu_core::{DType, GpuError, Result};
 
@@ -83,19 +86,7 @@ impl AdamWParams {
 
 /// Checks a step's learning rate: finite and `>= 0`.
 fn check_lr(lr: f32) -> Result<()> {
-    if lr.is_finite() && lr >= 0.0 {
-        Ok(())
-    } else {
-        Err(GpuError::invalid(
-            "AdamW::step",
-            format!("the learning rate must be finite and >= 0, got {lr}"),
-        ))
-    }
-}
-
-/// The address of a tensor's storage: two tensors with the same one share their elements.
-fn storage_ptr(t: &Tensor) -> usize {
-    std::sync::Arc::as_ptr(&t.0.storage) as *const () as usize
+    check_lr_in("AdamW::step", lr)
 }
 
 impl AdamW {
@@ -108,28 +99,7 @@ impl AdamW {
     /// storage would be updated twice per step (and its lock taken twice).
     pub fn new(params: Vec<(Tensor, bool)>, hp: AdamWParams) -> Result<AdamW> {
         hp.validate()?;
-        let refs: Vec<&Tensor> = params.iter().map(|(t, _)| t).collect();
-        if !refs.is_empty() {
-            same_device("AdamW", &refs)?;
-        }
-        let mut owner = std::collections::HashMap::new();
-        for (i, (p, _)) in params.iter().enumerate() {
-            if !p.requires_grad() || p.dtype() != DType::F32 {
-                return Err(GpuError::invalid(
-                    "AdamW",
-                    "parameters must be f32 tensors with requires_grad_",
-                ));
-            }
-            if let Some(j) = owner.insert(storage_ptr(p), i) {
-                return Err(GpuError::invalid(
-                    "AdamW",
-                    format!(
-                        "parameters {j} and {i} share storage (the same tensor twice, or a view \
-                         or detached copy of another parameter)"
-                    ),
-                ));
-            }
-        }
+        check_params("AdamW", &params)?;
         let mut m = Vec::new();
         let mut v = Vec::new();
         for (p, _) in &params {
@@ -348,14 +318,7 @@ impl AdamW {
             gs.push(g.clone());
         }
         let cfg = self.config(lr, step);
-        let clip = match self.hp.max_grad_norm {
-            Some(max) => {
-                let guards: Vec<_> = gs.iter().map(|g| g.read()).collect();
-                let st = on_device!(dev, |be| clip_impl(be, &guards, max)?);
-                Some(Tensor::from_storage(st, vec![2], dev))
-            }
-            None => None,
-        };
+        let clip = clip(&gs, self.hp.max_grad_norm, dev)?;
         {
             let mut pg: Vec<_> = self.params.iter().map(|t| t.write()).collect();
             let mut mg: Vec<_> = self.m.iter().map(|t| t.write()).collect();
@@ -380,22 +343,8 @@ impl AdamW {
 
     /// The global gradient norm before clipping at the last step (a device-to-host copy).
     pub fn last_grad_norm(&self) -> Result<Option<f32>> {
-        self.last_clip
-            .as_ref()
-            .map(|c| Ok(c.to_vec()?[0]))
-            .transpose()
+        clip_norm(self.last_clip.as_ref())
     }
-}
-
-fn clip_impl<B: DeviceBackend>(
-    be: &B,
-    grads: &[std::sync::RwLockReadGuard<'_, Storage>],
-    max: f32,
-) -> Result<Storage> {
-    let bufs: Vec<&B::Buffer> = grads.iter().map(|g| B::get(g)).collect::<Result<_>>()?;
-    let mut out = be.allocate(DType::F32, 2)?;
-    be.clip_coefficient(&bufs, max, &mut out)?;
-    Ok(B::wrap(out))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -420,5 +369,66 @@ fn adamw_impl<B: DeviceBackend>(
     match schedule {
         None => be.adamw_step(&mut p, &g, &mut mm, &mut vv, decays, c, cfg),
         Some(s) => be.adamw_scheduled(&mut p, &g, &mut mm, &mut vv, decays, c, cfg, B::get(s)?),
+    }
+}
+
+impl Optimizer for AdamW {
+    fn name(&self) -> &'static str {
+        "adamw"
+    }
+
+    fn step(&mut self, grads: &Gradients, lr: f32) -> Result<()> {
+        AdamW::step(self, grads, lr)
+    }
+
+    fn schedule_len(&self) -> usize {
+        3
+    }
+
+    fn next_schedule(&self, lr: f32) -> Result<Vec<f32>> {
+        Ok(AdamW::next_schedule(self, lr)?.to_vec())
+    }
+
+    fn step_scheduled(&mut self, grads: &Gradients, schedule: &Tensor) -> Result<()> {
+        AdamW::step_scheduled(self, grads, schedule)
+    }
+
+    fn count_replayed_step(&mut self, _lr: f32) -> Result<()> {
+        AdamW::count_replayed_step(self)
+    }
+
+    fn steps(&self) -> u32 {
+        self.step
+    }
+
+    fn last_grad_norm(&self) -> Result<Option<f32>> {
+        AdamW::last_grad_norm(self)
+    }
+
+    /// Tensors `m.i`, `v.i`; scalar `step`.
+    fn state(&self) -> Result<OptimizerState> {
+        let mut tensors = copy_named(&named("m", &self.m))?;
+        tensors.extend(copy_named(&named("v", &self.v))?);
+        Ok(OptimizerState {
+            optimizer: "adamw".into(),
+            tensors,
+            scalars: vec![("step".into(), self.step as f64)],
+        })
+    }
+
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
+        const OP: &str = "AdamW::load_state";
+        let mut mine = named("m", &self.m);
+        mine.extend(named("v", &self.v));
+        let (fresh, sc) = checked_state(OP, "adamw", &mine, &["step"], state)?;
+        let step = count_scalar(OP, "step", sc[0])?;
+        assign_all(&mine, &fresh)?;
+        self.step = step;
+        self.last_clip = None;
+        Ok(())
+    }
+
+    fn state_id(&self) -> usize {
+        self.identity()
     }
 }

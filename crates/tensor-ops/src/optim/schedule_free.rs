@@ -1,0 +1,393 @@
+//! Schedule-Free AdamW (Defazio et al. 2024, "The Road Less Scheduled"), as the `schedulefree`
+//! package's `AdamWScheduleFree` (1.4): no learning-rate schedule is needed (a linear warm-up
+//! is built in), the parameters hold the point `y` where gradients are taken, the optimiser
+//! keeps the base sequence `z` and the second moment, and the evaluation point `x` (an average
+//! weighted by `ckp1`) is swapped in by [`Optimizer::eval_params`].
+
+use super::common::{
+    bufs, bufs_mut, check_lr, check_params, check_schedule, clip, clip_norm, copies, decays,
+    gather_grads, read_all, storage_ptr, write_all, zeros_like,
+};
+use super::state::{assign_all, checked_state, copy_named, count_scalar, named};
+use super::{Optimizer, OptimizerState};
+use crate::autograd::Gradients;
+use crate::backend::{on_device, DeviceBackend};
+use crate::storage::Storage;
+use crate::tensor::Tensor;
+use gpu_core::nn::optim::{ScheduleFreeConfig, StepScalars, SF_SCHEDULE_LEN};
+use gpu_core::{GpuError, Result};
+
+/// Schedule-Free AdamW's hyper-parameters (the package's defaults; the learning rate comes
+/// with each step, the package's default is 0.0025).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScheduleFreeParams {
+    /// Interpolation between `z` and `x` for `y`, and the moment of the average: in `(0, 1)`.
+    pub beta1: f32,
+    /// Second-moment decay, in `[0, 1)`.
+    pub beta2: f32,
+    /// Denominator term, finite and `>= 0`.
+    pub eps: f32,
+    /// Weight decay (evaluated at `y`, as the package does) of the decayed parameters.
+    pub weight_decay: f32,
+    /// Linear warm-up of the learning rate over this many steps (0: none).
+    pub warmup_steps: u32,
+    /// Polynomial weighting power of the average (finite).
+    pub r: f32,
+    /// The average's weights are `lr_max^weight_lr_power` (finite, `>= 0`).
+    pub weight_lr_power: f32,
+    /// Clip the global gradient norm to this value first, when set.
+    pub max_grad_norm: Option<f32>,
+}
+
+impl Default for ScheduleFreeParams {
+    fn default() -> Self {
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            warmup_steps: 0,
+            r: 0.0,
+            weight_lr_power: 2.0,
+            max_grad_norm: None,
+        }
+    }
+}
+
+impl ScheduleFreeParams {
+    /// Checks the values documented on each field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, v: f32, want: &str| {
+            Err(GpuError::invalid(
+                "ScheduleFreeAdamW",
+                format!("{what} must be {want}, got {v}"),
+            ))
+        };
+        if !(self.beta1 > 0.0 && self.beta1 < 1.0) {
+            return bad("beta1", self.beta1, "in (0, 1)");
+        }
+        if !(0.0..1.0).contains(&self.beta2) {
+            return bad("beta2", self.beta2, "in [0, 1)");
+        }
+        for (what, x) in [
+            ("eps", self.eps),
+            ("weight_decay", self.weight_decay),
+            ("weight_lr_power", self.weight_lr_power),
+        ] {
+            if !(x.is_finite() && x >= 0.0) {
+                return bad(what, x, "finite and >= 0");
+            }
+        }
+        if !self.r.is_finite() {
+            return bad("r", self.r, "finite");
+        }
+        match self.max_grad_norm {
+            Some(max) if !(max.is_finite() && max > 0.0) => {
+                bad("max_grad_norm", max, "finite and > 0")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Schedule-Free AdamW over a list of parameters (see the module doc). It starts in train
+/// mode (the parameters are `y`; the package needs an explicit `train()` first).
+pub struct ScheduleFreeAdamW {
+    params: Vec<Tensor>,
+    decays: Vec<f32>,
+    z: Vec<Tensor>,
+    v: Vec<Tensor>,
+    hp: ScheduleFreeParams,
+    /// Steps taken (the package's `k`).
+    k: u32,
+    lr_max: f64,
+    weight_sum: f64,
+    train_mode: bool,
+    last_clip: Option<Tensor>,
+}
+
+/// The host scalars after a step, and the step's schedule `[lr, ckp1, y_lr, bc2]`.
+struct Plan {
+    lr_max: f64,
+    weight_sum: f64,
+    schedule: [f32; SF_SCHEDULE_LEN],
+}
+
+impl ScheduleFreeAdamW {
+    /// `params` with whether each is weight-decayed. `z` starts as a copy of the parameters,
+    /// the second moment at 0. Errors as [`super::AdamW::new`] does.
+    pub fn new(params: Vec<(Tensor, bool)>, hp: ScheduleFreeParams) -> Result<Self> {
+        hp.validate()?;
+        check_params("ScheduleFreeAdamW", &params)?;
+        let decays = decays(&params, hp.weight_decay);
+        let params: Vec<Tensor> = params.into_iter().map(|(t, _)| t).collect();
+        Ok(ScheduleFreeAdamW {
+            z: copies(&params)?,
+            v: zeros_like(&params)?,
+            params,
+            decays,
+            hp,
+            k: 0,
+            lr_max: -1.0,
+            weight_sum: 0.0,
+            train_mode: true,
+            last_clip: None,
+        })
+    }
+
+    /// Whether the parameters hold `y` (train mode) rather than `x`.
+    pub fn is_train_mode(&self) -> bool {
+        self.train_mode
+    }
+
+    /// The step's scalars at `lr`, in f64 as the package computes them with Python floats:
+    /// warm-up `sched = (k+1)/warmup_steps` while `k < warmup_steps`, `lr·sched`, `lr_max`,
+    /// `weight = (k+1)^r · lr_max^weight_lr_power`, `ckp1 = weight/weight_sum` (0 when the
+    /// sum is 0), `y_lr = lr·(β1·(1 − ckp1) − 1)`, `bc2 = 1 − β2^(k+1)`.
+    fn plan(&self, op: &'static str, lr: f32) -> Result<Plan> {
+        check_lr(op, lr)?;
+        if !self.train_mode {
+            return Err(GpuError::invalid(
+                op,
+                "the parameters hold x (eval mode): call train_params before stepping",
+            ));
+        }
+        self.k
+            .checked_add(1)
+            .ok_or_else(|| GpuError::invalid(op, "the step counter would overflow u32"))?;
+        let hp = &self.hp;
+        let k1 = self.k as f64 + 1.0;
+        let sched = if self.k < hp.warmup_steps {
+            k1 / hp.warmup_steps as f64
+        } else {
+            1.0
+        };
+        let bc2 = 1.0 - (hp.beta2 as f64).powf(k1);
+        let lr = lr as f64 * sched;
+        let lr_max = if self.lr_max > lr { self.lr_max } else { lr };
+        let weight = k1.powf(hp.r as f64) * lr_max.powf(hp.weight_lr_power as f64);
+        let weight_sum = self.weight_sum + weight;
+        let ckp1 = if weight_sum == 0.0 {
+            0.0
+        } else {
+            weight / weight_sum
+        };
+        let y_lr = lr * (hp.beta1 as f64 * (1.0 - ckp1) - 1.0);
+        Ok(Plan {
+            lr_max,
+            weight_sum,
+            schedule: [lr as f32, ckp1 as f32, y_lr as f32, bc2 as f32],
+        })
+    }
+
+    fn commit(&mut self, plan: &Plan) {
+        self.k += 1;
+        self.lr_max = plan.lr_max;
+        self.weight_sum = plan.weight_sum;
+    }
+
+    /// Checks everything, then queues the clipping and the fused update with the schedule's
+    /// values (`host`) or the device schedule.
+    fn queue(
+        &mut self,
+        op: &'static str,
+        grads: &Gradients,
+        host: &[f32],
+        schedule: Option<&Tensor>,
+    ) -> Result<()> {
+        let Some(first) = self.params.first() else {
+            return Ok(());
+        };
+        let dev = first.device();
+        if let Some(s) = schedule {
+            check_schedule(op, s, SF_SCHEDULE_LEN, dev)?;
+        }
+        let gs = gather_grads(op, &self.params, &[&self.z, &self.v], grads, dev)?;
+        let clip = clip(&gs, self.hp.max_grad_norm, dev)?;
+        let cfg = ScheduleFreeConfig {
+            beta2: self.hp.beta2,
+            eps: self.hp.eps,
+        };
+        {
+            let (mut pg, mut zg, mut vg) = (
+                write_all(&self.params),
+                write_all(&self.z),
+                write_all(&self.v),
+            );
+            let gg = read_all(&gs);
+            let cg = clip.as_ref().map(|c| c.read());
+            let sg = schedule.map(|s| s.read());
+            let guards = SfGuards {
+                p: &mut pg,
+                g: &gg,
+                z: &mut zg,
+                v: &mut vg,
+            };
+            let extra = (cg.as_deref(), host, sg.as_deref());
+            on_device!(dev, |be| sf_impl(be, guards, &self.decays, extra, cfg)?);
+        }
+        self.last_clip = clip;
+        Ok(())
+    }
+
+    /// `params = lerp(params, z, w)` on the device.
+    fn swap(&mut self, w: f64) -> Result<()> {
+        let Some(first) = self.params.first() else {
+            return Ok(());
+        };
+        let dev = first.device();
+        let mut pg = write_all(&self.params);
+        let zg = read_all(&self.z);
+        on_device!(dev, |be| lerp_impl(be, &mut pg, &zg, w as f32)?);
+        Ok(())
+    }
+}
+
+/// The guards of one step's tensors.
+struct SfGuards<'a, 'g> {
+    p: &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
+    g: &'a [std::sync::RwLockReadGuard<'g, Storage>],
+    z: &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
+    v: &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
+}
+
+fn sf_impl<B: DeviceBackend>(
+    be: &B,
+    t: SfGuards<'_, '_>,
+    decays: &[f32],
+    (clip, host, schedule): (Option<&Storage>, &[f32], Option<&Storage>),
+    cfg: ScheduleFreeConfig,
+) -> Result<()> {
+    let mut p = bufs_mut::<B>(t.p)?;
+    let g = bufs::<B>(t.g)?;
+    let (mut z, mut v) = (bufs_mut::<B>(t.z)?, bufs_mut::<B>(t.v)?);
+    let c = clip.map(B::get).transpose()?;
+    let scalars = match schedule {
+        Some(s) => StepScalars::Device(B::get(s)?),
+        None => StepScalars::Host(host),
+    };
+    be.schedule_free_step(&mut p, &g, &mut z, &mut v, decays, c, cfg, scalars)
+}
+
+fn lerp_impl<B: DeviceBackend>(
+    be: &B,
+    p: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
+    z: &[std::sync::RwLockReadGuard<'_, Storage>],
+    w: f32,
+) -> Result<()> {
+    let mut p = bufs_mut::<B>(p)?;
+    let z = bufs::<B>(z)?;
+    be.lerp_params(&mut p, &z, w)
+}
+
+const NAME: &str = "schedule_free_adamw";
+const SCALARS: [&str; 4] = ["k", "lr_max", "weight_sum", "train_mode"];
+
+impl Optimizer for ScheduleFreeAdamW {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn step(&mut self, grads: &Gradients, lr: f32) -> Result<()> {
+        let plan = self.plan("ScheduleFreeAdamW::step", lr)?;
+        self.queue("ScheduleFreeAdamW::step", grads, &plan.schedule, None)?;
+        self.commit(&plan);
+        Ok(())
+    }
+
+    fn schedule_len(&self) -> usize {
+        SF_SCHEDULE_LEN
+    }
+
+    /// `[lr, ckp1, y_lr, bc2]` of the next step (see the module doc).
+    fn next_schedule(&self, lr: f32) -> Result<Vec<f32>> {
+        Ok(self
+            .plan("ScheduleFreeAdamW::next_schedule", lr)?
+            .schedule
+            .to_vec())
+    }
+
+    fn step_scheduled(&mut self, grads: &Gradients, schedule: &Tensor) -> Result<()> {
+        const OP: &str = "ScheduleFreeAdamW::step_scheduled";
+        self.plan(OP, 0.0)?; // train mode, counter room
+        self.queue(OP, grads, &[], Some(schedule))
+    }
+
+    fn count_replayed_step(&mut self, lr: f32) -> Result<()> {
+        let plan = self.plan("ScheduleFreeAdamW::count_replayed_step", lr)?;
+        self.commit(&plan);
+        Ok(())
+    }
+
+    fn steps(&self) -> u32 {
+        self.k
+    }
+
+    fn last_grad_norm(&self) -> Result<Option<f32>> {
+        clip_norm(self.last_clip.as_ref())
+    }
+
+    /// Tensors `z.i`, `v.i`; scalars `k`, `lr_max`, `weight_sum`, `train_mode` (1 or 0). Take
+    /// it together with the parameters, in the same mode.
+    fn state(&self) -> Result<OptimizerState> {
+        let mut tensors = copy_named(&named("z", &self.z))?;
+        tensors.extend(copy_named(&named("v", &self.v))?);
+        let vals = [
+            self.k as f64,
+            self.lr_max,
+            self.weight_sum,
+            self.train_mode as u8 as f64,
+        ];
+        Ok(OptimizerState {
+            optimizer: NAME.into(),
+            tensors,
+            scalars: SCALARS.iter().map(|n| n.to_string()).zip(vals).collect(),
+        })
+    }
+
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
+        const OP: &str = "ScheduleFreeAdamW::load_state";
+        let mut mine = named("z", &self.z);
+        mine.extend(named("v", &self.v));
+        let (fresh, sc) = checked_state(OP, NAME, &mine, &SCALARS, state)?;
+        let k = count_scalar(OP, "k", sc[0])?;
+        if !(sc[1].is_finite() && sc[2].is_finite() && sc[2] >= 0.0)
+            || !(sc[3] == 0.0 || sc[3] == 1.0)
+        {
+            return Err(GpuError::invalid(
+                OP,
+                format!(
+                    "invalid scalars lr_max {}, weight_sum {}, train_mode {}",
+                    sc[1], sc[2], sc[3]
+                ),
+            ));
+        }
+        assign_all(&mine, &fresh)?;
+        (self.k, self.lr_max, self.weight_sum) = (k, sc[1], sc[2]);
+        self.train_mode = sc[3] == 1.0;
+        self.last_clip = None;
+        Ok(())
+    }
+
+    /// `x = lerp(y, z, 1 − 1/β1)` in place of the parameters (`AdamWScheduleFree.eval`).
+    fn eval_params(&mut self) -> Result<()> {
+        if self.train_mode {
+            self.swap(1.0 - 1.0 / self.hp.beta1 as f64)?;
+            self.train_mode = false;
+        }
+        Ok(())
+    }
+
+    /// `y = lerp(x, z, 1 − β1)` in place of the parameters (`AdamWScheduleFree.train`).
+    fn train_params(&mut self) -> Result<()> {
+        if !self.train_mode {
+            self.swap(1.0 - self.hp.beta1 as f64)?;
+            self.train_mode = true;
+        }
+        Ok(())
+    }
+
+    fn state_id(&self) -> usize {
+        self.z.first().map_or(0, storage_ptr)
+    }
+}

@@ -1,0 +1,125 @@
+//! `GraphedStep` with Schedule-Free AdamW and Prodigy (through `&mut dyn Optimizer`): replays
+//! give the eager steps' bits (loss, gradient norm, parameters, every state tensor and scalar)
+//! over several steps with clipping and a changing learning rate. Prodigy's step (its sums and
+//! `d` on the device) is inside the captured graph. Skips with a printed reason without a GPU.
+
+use gpu_cuda::testing::gpu_device_or_skip as gpu;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
+use tensor_ops::optim::{Optimizer, ProdigyParams, ScheduleFreeParams};
+use tensor_ops::Tensor;
+
+const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n\
+                    Speak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than \
+                    to famish?\n\nAll:\nResolved. resolved.\n";
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+/// Inputs and targets in which no id occurs more than twice (every kernel deterministic; see
+/// `graph_step.rs`).
+fn at_most_twice(r: &mut StdRng, vocab: usize, n: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut draw = || {
+        let mut ids: Vec<u32> = (0..vocab as u32).chain(0..vocab as u32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, r.random_range(0..=i));
+        }
+        ids.truncate(n);
+        ids
+    };
+    (draw(), draw())
+}
+
+fn optimiser(which: &str, model: &Gpt) -> Box<dyn Optimizer> {
+    let store = model.store();
+    match which {
+        "schedule_free" => Box::new(
+            store
+                .schedule_free_adamw(ScheduleFreeParams {
+                    weight_decay: 0.1,
+                    warmup_steps: 2,
+                    max_grad_norm: Some(0.5),
+                    ..Default::default()
+                })
+                .unwrap(),
+        ),
+        _ => Box::new(
+            store
+                .prodigy(ProdigyParams {
+                    weight_decay: 0.1,
+                    max_grad_norm: Some(0.5),
+                    ..Default::default()
+                })
+                .unwrap(),
+        ),
+    }
+}
+
+#[test]
+fn gpu_graphed_steps_with_schedule_free_and_prodigy_give_the_eager_bits() {
+    let test = "gpu_graphed_steps_with_schedule_free_and_prodigy_give_the_eager_bits";
+    let Some(dev) = gpu(test) else {
+        return;
+    };
+    let seed = gpu_cuda::testing::test_seed(test);
+    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
+    let (batch, block) = (3, 16);
+    let vocab = ds.tokenizer.vocab_size();
+    let cfg = GptConfig {
+        variant: Variant::Gpt2,
+        vocab_size: vocab,
+        block_size: 16,
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+        dropout: 0.2,
+        bias: false,
+    };
+    for which in ["schedule_free", "prodigy"] {
+        let eager = Gpt::new(cfg, seed, dev).unwrap();
+        let graphed = Gpt::new(cfg, seed, dev).unwrap();
+        let (mut opt_e, mut opt_g) = (optimiser(which, &eager), optimiser(which, &graphed));
+        let step = GraphedStep::capture(&graphed, &mut *opt_g, batch, block).unwrap();
+        assert_eq!(opt_g.steps(), 0);
+        let mut r = StdRng::seed_from_u64(seed ^ 7);
+        for it in 0..5u32 {
+            let (x, y) = at_most_twice(&mut r, vocab, batch * block);
+            let lr = if which == "prodigy" {
+                1.0 - 0.1 * it as f32
+            } else {
+                1e-3 * (1.0 + it as f32)
+            };
+            let drop_seed: u64 = r.random();
+            let xt = Tensor::from_vec(x.clone(), &[batch, block], dev).unwrap();
+            let yt = Tensor::from_vec(y.clone(), &[batch, block], dev).unwrap();
+            let loss = eager.loss(&xt, &yt, Some(drop_seed)).unwrap();
+            opt_e.step(&loss.backward().unwrap(), lr).unwrap();
+            step.step(&mut *opt_g, &x, &y, drop_seed, lr).unwrap();
+            let what = format!("{which} step {it} (seed {seed})");
+            assert_eq!(
+                loss.item().unwrap().to_bits(),
+                step.loss().item().unwrap().to_bits(),
+                "{what}: loss"
+            );
+            assert_eq!(
+                opt_e.last_grad_norm().unwrap().map(f32::to_bits),
+                opt_g.last_grad_norm().unwrap().map(f32::to_bits),
+                "{what}: gradient norm"
+            );
+        }
+        assert_eq!(opt_e.steps(), opt_g.steps());
+        for ((name, a, _), (_, b, _)) in eager.parameters().iter().zip(&graphed.parameters()) {
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "{which} {name} after 5 steps (seed {seed})"
+            );
+        }
+        let (se, sg) = (opt_e.state().unwrap(), opt_g.state().unwrap());
+        for ((n, a), (_, b)) in se.tensors.iter().zip(&sg.tensors) {
+            assert_eq!(bits(a), bits(b), "{which} state {n}");
+        }
+        assert_eq!(se.scalars, sg.scalars, "{which} host scalars");
+    }
+}
