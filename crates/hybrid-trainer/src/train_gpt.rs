@@ -7,7 +7,7 @@ use crate::control::cli::{ControlArgs, EvalSplits, TrainMode};
 use crate::control::hybrid::{At, ProbeShape, StepSizeHybrid};
 use crate::train_ckpt::{self, TrainState};
 use crate::train_curve::{EvalPoint, RunCurve, Spent};
-use crate::train_step::{RangeTest, Stepper};
+use crate::train_step::{OptimizerKind, RangeTest, RunOptimizer, Stepper};
 use anyhow::{ensure, Context, Result};
 use gpu_core::Device;
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tensor_ops::dist::{DistEnv, GradSync, ProcessGroup};
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
 use tensor_ops::no_grad;
-use tensor_ops::optim::AdamWParams;
+use tensor_ops::optim::Optimizer;
 use tensor_ops::{Precision, Tensor};
 
 /// Options of a training run (the CLI's flags).
@@ -111,6 +111,13 @@ pub struct TrainArgs {
     /// range-test (an LR range test picks the peak rate first).
     #[arg(long, value_enum, default_value_t = TrainMode::Adamw)]
     pub mode: TrainMode,
+    /// The optimizer (the hybrid wraps any of them).
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Adamw)]
+    pub optimizer: OptimizerKind,
+    /// The rate's shape after the warm-up: cosine (decay to --min-lr at the end) or constant
+    /// (Schedule-Free AdamW's).
+    #[arg(long, value_enum, default_value_t = Schedule::Cosine)]
+    pub schedule: Schedule,
     #[command(flatten)]
     pub control: ControlArgs,
     /// Which splits an evaluation measures.
@@ -145,10 +152,21 @@ impl TrainArgs {
     }
 }
 
-/// nanoGPT's schedule: linear warm-up, cosine decay to `min_lr`, then flat.
+/// The shape of the rate after the warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Schedule {
+    Cosine,
+    Constant,
+}
+
+/// nanoGPT's schedule: linear warm-up, cosine decay to `min_lr`, then flat (or flat at `lr`
+/// after the warm-up with `--schedule constant`).
 pub fn learning_rate(a: &TrainArgs, it: u32) -> f32 {
     if it < a.warmup {
         return a.lr * (it as f32 + 1.0) / (a.warmup as f32 + 1.0);
+    }
+    if a.schedule == Schedule::Constant {
+        return a.lr;
     }
     let decay_iters = a.decay_iters();
     if it > decay_iters {
@@ -236,6 +254,12 @@ fn batch_context(a: &TrainArgs) -> String {
 
 /// Trains and reports; prints progress lines and a final JSON summary line.
 pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
+    run_with_curve(device, a).map(|r| r.0)
+}
+
+/// [`run`], also returning the run's curve (what `--curve` writes); the other ranks of a
+/// data-parallel job return an empty one.
+pub fn run_with_curve(device: Device, a: &TrainArgs) -> Result<(TrainSummary, RunCurve)> {
     ensure!(
         a.dropout >= 0.0 && a.dropout < 1.0,
         "--dropout must be in [0, 1)"
@@ -293,14 +317,11 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         ds.val.len(),
         cfg.vocab_size
     );
-    let hp = AdamWParams {
-        beta1: 0.9,
-        beta2: 0.99,
-        eps: 1e-8,
-        weight_decay: a.weight_decay,
-        max_grad_norm: Some(a.grad_clip),
-    };
-    let mut opt = model.store().adamw(hp)?;
+    ensure!(
+        a.optimizer == OptimizerKind::Adamw || (a.checkpoint.is_none() && a.resume.is_none()),
+        "--checkpoint and --resume are for --optimizer adamw"
+    );
+    let mut opt = RunOptimizer::new(a.optimizer, &model, a.weight_decay, a.grad_clip)?;
     let (batch, block) = (a.batch as usize, a.block as usize);
     // This rank's rows of each global batch.
     let local = batch / world;
@@ -311,7 +332,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         Device::Cuda(_) if !a.eager => {
             // Gradients (and the loss) averaged over the ranks, overlapped with the backward pass.
             let mut sync = GradSync::new(&pg);
-            let g = GraphedStep::capture_synced(&model, &mut opt, local, block, &mut sync)
+            let g = GraphedStep::capture_synced(&model, opt.get(), local, block, &mut sync)
                 .context("capturing the training step as a CUDA graph (--eager runs without)")?;
             say!(
                 "training step captured as a CUDA graph ({:.1} MiB kept for its replays)",
@@ -340,7 +361,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         block,
     };
     let mut rng = Dataset::rng(a.seed);
-    let ck_state = |iter: u32, opt: &tensor_ops::optim::AdamW| TrainState {
+    let ck_state = |iter: u32, opt: &dyn Optimizer| TrainState {
         iter,
         opt_step: opt.steps(),
         seed: a.seed,
@@ -356,8 +377,9 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
             "--resume is for --mode adamw (the hybrid's and the range test's state are not in \
              train-gpt checkpoints)"
         );
-        let expect = ck_state(0, &opt);
-        let st = train_ckpt::load(dir, &model, &mut opt, &expect)?;
+        let expect = ck_state(0, opt.get_ref());
+        let adamw = opt.adamw().context("checkpoints are AdamW's")?;
+        let st = train_ckpt::load(dir, &model, adamw, &expect)?;
         ensure!(
             st.iter <= a.iters,
             "{} is at iteration {}, past --iters {}",
@@ -376,7 +398,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     }
     let mut curve = RunCurve {
         mode: a.mode.name().into(),
-        optimizer: "adamw".into(),
+        optimizer: a.optimizer.name().into(),
         given_lr: a.lr,
         peak_lr: a.lr,
         seed: a.seed,
@@ -392,7 +414,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         let t = Instant::now();
         let pick = RangeTest::default().run(
             &stepper,
-            (&model, &mut opt),
+            (&model, opt.get()),
             (&ds, &mut rng, local),
             a.seed,
         )?;
@@ -420,8 +442,12 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
                 block,
                 seed: a.seed,
             };
-            let h =
-                StepSizeHybrid::new(a.control.config(), &ds, shape, (&model, &opt, &rng, start))?;
+            let h = StepSizeHybrid::new(
+                a.control.config(),
+                &ds,
+                shape,
+                (&model, opt.get_ref(), &rng, start),
+            )?;
             train_secs += t.elapsed().as_secs_f64();
             Some(h)
         }
@@ -447,7 +473,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
             };
             if it < a.iters && h.is_decision(&at) {
                 last_loss = None;
-                if let Some(back) = h.decide(&at, &model, &mut opt, &mut rng)? {
+                if let Some(back) = h.decide(&at, &model, opt.get(), &mut rng)? {
                     say!(
                         "iter {it}: rolled back to iteration {back}, lr multiplier now {:.3}",
                         h.ctl.multiplier()
@@ -459,7 +485,9 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
         }
         if let Some(dir) = a.checkpoint.as_ref().filter(|_| main && it > start) {
             if it % a.checkpoint_interval == 0 || it == a.iters {
-                let sub = train_ckpt::save(dir, &model, &opt, &ck_state(it, &opt))
+                let st = ck_state(it, opt.get_ref());
+                let adamw = opt.adamw().context("checkpoints are AdamW's")?;
+                let sub = train_ckpt::save(dir, &model, adamw, &st)
                     .with_context(|| format!("writing a checkpoint into {}", dir.display()))?;
                 say!("checkpoint {}", sub.display());
             }
@@ -486,7 +514,11 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
                 } else {
                     a.seed ^ 0xE7A1 ^ it as u64
                 };
-                let (tr, va) = evaluate(&model, &ds, a, eval_seed)?;
+                // Schedule-Free AdamW is evaluated at its average x.
+                opt.get().eval_params()?;
+                let evaluated = evaluate(&model, &ds, a, eval_seed);
+                opt.get().train_params()?;
+                let (tr, va) = evaluated?;
                 curve.eval_seconds += t.elapsed().as_secs_f64();
                 (last_train, last_val) = (tr, va);
                 if va < best {
@@ -521,7 +553,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
             .batch_ids(false, batch, block, &mut rng)
             .with_context(|| batch_context(a))?;
         let (x, y) = (&x[rows.clone()], &y[rows.clone()]);
-        let loss = stepper.step(&model, &mut opt, (x, y), drop_seed, lr)?;
+        let loss = stepper.step(&model, opt.get(), (x, y), drop_seed, lr)?;
         spent.backward += 1;
         spent.forward += 1;
         if let Some(h) = hybrid.as_mut() {
@@ -586,18 +618,21 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     if !main {
         // The other ranks are done once their last step is: leave, and let rank 0 finish.
         pg.finish()?;
-        return Ok(TrainSummary {
-            device: device.to_string(),
-            ranks: world,
-            params: model.num_params(),
-            iters: a.iters,
-            final_train_loss: f32::NAN,
-            final_val_loss: f32::NAN,
-            best_val_loss: f32::NAN,
-            best_val_iter: 0,
-            train_seconds: train_secs,
-            tokens_per_second: 0.0,
-        });
+        return Ok((
+            TrainSummary {
+                device: device.to_string(),
+                ranks: world,
+                params: model.num_params(),
+                iters: a.iters,
+                final_train_loss: f32::NAN,
+                final_val_loss: f32::NAN,
+                best_val_loss: f32::NAN,
+                best_val_iter: 0,
+                train_seconds: train_secs,
+                tokens_per_second: 0.0,
+            },
+            RunCurve::default(),
+        ));
     }
     let summary = TrainSummary {
         device: device.to_string(),
@@ -625,7 +660,7 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
     }
     println!("summary {}", serde_json::to_string(&summary)?);
     pg.finish()?;
-    Ok(summary)
+    Ok((summary, curve))
 }
 
 #[cfg(test)]

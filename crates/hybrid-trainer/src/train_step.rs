@@ -5,8 +5,99 @@ use anyhow::{Context, Result};
 use rand::rngs::StdRng;
 use tensor_ops::dist::{GradSync, ProcessGroup, StepSync};
 use tensor_ops::gpt::{Dataset, Gpt, GraphedStep};
-use tensor_ops::optim::AdamW;
+use tensor_ops::optim::{AdamW, AdamWParams, Optimizer, ProdigyParams, ScheduleFreeParams};
 use tensor_ops::Tensor;
+
+/// Which optimizer trains.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerKind {
+    /// AdamW (β 0.9/0.99, eps 1e-8: nanoGPT's).
+    Adamw,
+    /// Schedule-Free AdamW (Defazio et al. 2024) at the `schedulefree` package's defaults but
+    /// the run's weight decay and clipping; evaluated at its average `x`.
+    ScheduleFree,
+    /// Prodigy (Mishchenko & Defazio 2023) at the `prodigyopt` package's defaults but the run's
+    /// weight decay and clipping; `--lr` multiplies its estimate `d` (the package's lr, 1.0).
+    Prodigy,
+}
+
+impl OptimizerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Adamw => "adamw",
+            OptimizerKind::ScheduleFree => "schedule-free",
+            OptimizerKind::Prodigy => "prodigy",
+        }
+    }
+}
+
+/// The run's optimizer: AdamW keeps its own type (its checkpoints are `train_ckpt`'s), the
+/// others are trait objects.
+pub enum RunOptimizer {
+    AdamW(AdamW),
+    Other(Box<dyn Optimizer>),
+}
+
+impl RunOptimizer {
+    /// The optimizer of `kind` over the model's parameters (nanoGPT's decay flags).
+    pub fn new(
+        kind: OptimizerKind,
+        model: &Gpt,
+        weight_decay: f32,
+        clip: f32,
+    ) -> Result<RunOptimizer> {
+        let store = model.store();
+        let clip = Some(clip);
+        Ok(match kind {
+            OptimizerKind::Adamw => RunOptimizer::AdamW(store.adamw(AdamWParams {
+                beta1: 0.9,
+                beta2: 0.99,
+                eps: 1e-8,
+                weight_decay,
+                max_grad_norm: clip,
+            })?),
+            OptimizerKind::ScheduleFree => {
+                RunOptimizer::Other(Box::new(store.schedule_free_adamw(ScheduleFreeParams {
+                    weight_decay,
+                    max_grad_norm: clip,
+                    ..ScheduleFreeParams::default()
+                })?))
+            }
+            OptimizerKind::Prodigy => {
+                RunOptimizer::Other(Box::new(store.prodigy(ProdigyParams {
+                    weight_decay,
+                    max_grad_norm: clip,
+                    ..ProdigyParams::default()
+                })?))
+            }
+        })
+    }
+
+    pub fn get(&mut self) -> &mut dyn Optimizer {
+        match self {
+            RunOptimizer::AdamW(o) => o,
+            RunOptimizer::Other(o) => o.as_mut(),
+        }
+    }
+
+    pub fn get_ref(&self) -> &dyn Optimizer {
+        match self {
+            RunOptimizer::AdamW(o) => o,
+            RunOptimizer::Other(o) => o.as_ref(),
+        }
+    }
+
+    /// The AdamW, when it is one.
+    pub fn adamw(&mut self) -> Option<&mut AdamW> {
+        match self {
+            RunOptimizer::AdamW(o) => Some(o),
+            RunOptimizer::Other(_) => None,
+        }
+    }
+}
 
 /// How a step runs: a replay of the captured graph, or eagerly.
 pub struct Stepper<'a> {
@@ -23,7 +114,7 @@ impl Stepper<'_> {
     pub fn step(
         &self,
         model: &Gpt,
-        opt: &mut AdamW,
+        opt: &mut dyn Optimizer,
         (x, y): (&[u32], &[u32]),
         drop_seed: u64,
         lr: f32,
@@ -90,7 +181,7 @@ impl RangeTest {
     pub fn run(
         &self,
         stepper: &Stepper,
-        (model, opt): (&Gpt, &mut AdamW),
+        (model, opt): (&Gpt, &mut dyn Optimizer),
         (ds, rng, batch): (&Dataset, &mut StdRng, usize),
         seed: u64,
     ) -> Result<RangePick> {

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use serde::Serialize;
 use std::time::Instant;
 use tensor_ops::gpt::{Dataset, Gpt};
-use tensor_ops::optim::AdamW;
+use tensor_ops::optim::Optimizer;
 
 /// What the controller's own work cost (wall-clock seconds, forward passes).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -62,7 +62,7 @@ impl StepSizeHybrid {
         cfg: ControlConfig,
         ds: &Dataset,
         shape: ProbeShape,
-        (model, opt, rng, step): (&Gpt, &AdamW, &StdRng, u32),
+        (model, opt, rng, step): (&Gpt, &dyn Optimizer, &StdRng, u32),
     ) -> Result<StepSizeHybrid> {
         let world: Option<Box<dyn ScalePredictor>> = if cfg.world_model {
             Some(Box::new(StepSizeModel::new(shape.seed ^ 0x57E9)?))
@@ -77,7 +77,7 @@ impl StepSizeHybrid {
         cfg: ControlConfig,
         ds: &Dataset,
         shape: ProbeShape,
-        (model, opt, rng, step): (&Gpt, &AdamW, &StdRng, u32),
+        (model, opt, rng, step): (&Gpt, &dyn Optimizer, &StdRng, u32),
         world: Option<Box<dyn ScalePredictor>>,
     ) -> Result<StepSizeHybrid> {
         let gate = Gate::new(cfg.trust, cfg.world_min_examples, cfg.max_predicted_run);
@@ -142,7 +142,7 @@ impl StepSizeHybrid {
         &mut self,
         at: &At,
         model: &Gpt,
-        opt: &mut AdamW,
+        opt: &mut dyn Optimizer,
         rng: &mut StdRng,
     ) -> Result<Option<u32>> {
         let t = Instant::now();

@@ -5,7 +5,7 @@
 use anyhow::{Context, Result};
 use rand::rngs::StdRng;
 use tensor_ops::gpt::{Dataset, Gpt};
-use tensor_ops::optim::{AdamW, AdamWState};
+use tensor_ops::optim::{Optimizer, OptimizerState};
 use tensor_ops::{no_grad, Tensor};
 
 /// Fixed batches of the training split, drawn once from their own seed.
@@ -158,7 +158,7 @@ pub struct SegmentStart {
     pub weights: Weights,
     /// The weight average then (when the controller keeps one).
     pub average: Option<Weights>,
-    pub optimizer: AdamWState,
+    pub optimizer: OptimizerState,
     pub rng: StdRng,
     /// The probe loss at these weights.
     pub loss: f32,
@@ -172,7 +172,7 @@ impl SegmentStart {
     pub fn take(
         step: u32,
         (model, average): (&Gpt, Option<&WeightAverage>),
-        opt: &AdamW,
+        opt: &dyn Optimizer,
         rng: &StdRng,
         loss: f32,
     ) -> Result<SegmentStart> {
@@ -193,7 +193,7 @@ impl SegmentStart {
     pub fn restore(
         &self,
         (model, average): (&Gpt, Option<&mut WeightAverage>),
-        opt: &mut AdamW,
+        opt: &mut dyn Optimizer,
         rng: &mut StdRng,
     ) -> Result<u32> {
         self.weights.load_into(model)?;
