@@ -15,6 +15,7 @@ pub mod parity;
 pub mod parity_gru;
 pub mod report;
 pub mod train_ckpt;
+pub mod train_args;
 pub mod train_curve;
 pub mod train_gpt;
 pub mod train_step;

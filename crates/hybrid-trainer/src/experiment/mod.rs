@@ -43,7 +43,9 @@ pub struct ExperimentArgs {
     pub report: Option<PathBuf>,
 }
 
+/// Where a run's curve goes; the lr-free arms of W2 and W3 are W1's runs.
 fn curve_path(out: &Path, w: Workload, arm: Arm, seed: u64) -> PathBuf {
+    let w = if arm.lr_free() { w.model_workload() } else { w };
     out.join(format!("{w:?}").to_lowercase())
         .join(format!("{}-seed{seed}.json", arm.key()))
 }
@@ -98,7 +100,7 @@ pub fn run(device_flag: &str, a: &ExperimentArgs) -> Result<()> {
         for &seed in &a.seeds {
             for &arm in &arms {
                 let p = curve_path(&a.out, w, arm, seed);
-                if !p.exists() {
+                if !p.exists() && !todo.iter().any(|t: &(_, _, _, PathBuf)| t.3 == p) {
                     todo.push((w, arm, seed, p));
                 }
             }

@@ -57,6 +57,12 @@ pub enum Arm {
     AdamwTriple,
     /// LR range test, then AdamW at its pick.
     RangeTest,
+    /// Schedule-Free AdamW at the `schedulefree` package's defaults (lr 0.0025, no weight
+    /// decay), after the workload's linear warm-up, constant after it.
+    ScheduleFree,
+    /// Prodigy at the `prodigyopt` package's defaults (lr 1.0, no weight decay), with the
+    /// workload's warm-up and cosine decay (the package's advice).
+    Prodigy,
     /// The hybrid trainer (default configuration).
     Hybrid,
     /// Ablation: the hybrid without its world model (every decision measured).
@@ -76,6 +82,8 @@ impl Arm {
             Arm::AdamwDouble => "adamw-x2",
             Arm::AdamwTriple => "adamw-x3",
             Arm::RangeTest => "range-test",
+            Arm::ScheduleFree => "schedule-free AdamW",
+            Arm::Prodigy => "Prodigy",
             Arm::Hybrid => "hybrid",
             Arm::HybridNoWorldModel => "hybrid, no world model",
             Arm::HybridNoAverage => "hybrid, raw iterates",
@@ -97,6 +105,11 @@ impl Arm {
             Arm::AdamwTriple => 3.0,
             _ => 1.0,
         }
+    }
+
+    /// Whether the arm ignores the given rate (its runs are the same on W1, W2 and W3).
+    pub fn lr_free(self) -> bool {
+        matches!(self, Arm::RangeTest | Arm::ScheduleFree | Arm::Prodigy)
     }
 
     /// The five runs of AdamW's sweep.
@@ -121,6 +134,14 @@ impl Arm {
 }
 
 impl Workload {
+    /// The workload whose runs an lr-free arm shares (W2 and W3 are W1 at other rates).
+    pub fn model_workload(self) -> Workload {
+        match self {
+            Workload::W2 | Workload::W3 => Workload::W1,
+            w => w,
+        }
+    }
+
     pub fn given_lr(self) -> f32 {
         match self {
             Workload::W1 | Workload::W5 => 1e-3,
@@ -157,7 +178,11 @@ impl Workload {
 
     /// The `train-gpt` arguments of one run (without `--data`, `--device` and `--curve`).
     pub fn args(self, arm: Arm, seed: u64) -> Vec<String> {
-        let lr = self.given_lr() * arm.lr_factor();
+        let lr = match arm {
+            Arm::ScheduleFree => 0.0025,
+            Arm::Prodigy => 1.0,
+            _ => self.given_lr() * arm.lr_factor(),
+        };
         let mut v = self.model_flags();
         v.extend([
             "--lr".to_string(),
@@ -176,7 +201,12 @@ impl Workload {
             "--log-interval".into(),
             "500".into(),
         ]);
+        let f = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
         match arm {
+            Arm::ScheduleFree => v.extend(f(
+                "--optimizer schedule-free --schedule constant --weight-decay 0",
+            )),
+            Arm::Prodigy => v.extend(f("--optimizer prodigy --weight-decay 0")),
             Arm::HybridNoWorldModel => v.push("--no-world-model".into()),
             Arm::HybridNoAverage => v.push("--no-average".into()),
             Arm::HybridNoRollback => v.push("--no-rollback".into()),
