@@ -1,6 +1,8 @@
-//! `hybrid-trainer`: the top layer of the workspace: the hybrid predictive trainer
-//! ([`hybrid`]), its main job ([`job`], what the CLI runs by default) and experiment
-//! ([`experiment`]), with reports, the embedded corpus, the GPU demo and parity dumps.
+//! `hybrid-trainer`: the top layer of the workspace: the hybrid trainer (the step-size
+//! controller of [`control`], and the older per-step update predictor of [`hybrid`]), the main
+//! job ([`job`], what the CLI runs by default: the hybrid against AdamW; the old one is
+//! [`job_legacy`]) and experiment ([`experiment`]), with reports, the embedded corpus, the GPU
+//! demo and parity dumps.
 
 pub mod control;
 pub mod corpus;
@@ -10,12 +12,13 @@ pub mod dist_selftest;
 pub mod experiment;
 pub mod hybrid;
 pub mod job;
+pub mod job_legacy;
 pub mod launch;
 pub mod parity;
 pub mod parity_gru;
 pub mod report;
-pub mod train_ckpt;
 pub mod train_args;
+pub mod train_ckpt;
 pub mod train_curve;
 pub mod train_gpt;
 pub mod train_step;

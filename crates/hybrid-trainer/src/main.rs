@@ -1,5 +1,6 @@
 //! The `hybrid-trainer` command line. With no subcommand it runs the main job (a char-level GPT
-//! trained by the hybrid trainer on the embedded corpus) on the default device.
+//! trained by AdamW and by the hybrid trainer on the embedded corpus, side by side) on the
+//! default device.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -30,8 +31,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// The main job (the default): see the top-level flags.
+    /// The main job (the default): AdamW and the hybrid side by side; see the top-level flags.
     Run(hybrid_trainer::job::JobArgs),
+    /// The old main job, for comparison: the per-step hybrid that predicts parameter updates
+    /// (or a control), with checkpoints and resume.
+    PredictUpdates(hybrid_trainer::job_legacy::JobArgs),
     /// The hybrid against AdamW, its learning-rate sweep, an LR range test and the ablations
     /// on the protocol's workloads (docs/results.md).
     Experiment(hybrid_trainer::experiment::ExperimentArgs),
@@ -213,6 +217,9 @@ fn main() -> Result<()> {
         match cmd {
             Cmd::Run(args) => {
                 hybrid_trainer::job::run(device, &args)?;
+            }
+            Cmd::PredictUpdates(args) => {
+                hybrid_trainer::job_legacy::run(device, &args)?;
             }
             Cmd::Experiment(args) => {
                 hybrid_trainer::experiment::run(&device.to_string(), &args)?;

@@ -1,7 +1,10 @@
 //! Run records of the trainer and their reports: a markdown summary, the record as JSON and a
 //! PNG of the loss curves (drawn by [`plot`] with `plotters`), written side by side by
 //! [`write_report`]. Non-finite losses are kept in memory but written to JSON as `null`.
+//! The main job's side-by-side report of AdamW and the hybrid is [`compare`].
 
+pub mod compare;
+mod compare_plot;
 mod plot;
 
 use std::fmt::Write as _;

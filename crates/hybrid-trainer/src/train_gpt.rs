@@ -5,6 +5,7 @@
 
 use crate::control::cli::{EvalSplits, TrainMode};
 use crate::control::hybrid::{At, ProbeShape, StepSizeHybrid};
+use crate::control::world::ScalePredictor;
 pub use crate::train_args::{learning_rate, parse_precision, parse_variant, Schedule, TrainArgs};
 use crate::train_ckpt::{self, TrainState};
 use crate::train_curve::{EvalPoint, RunCurve, Spent};
@@ -65,7 +66,11 @@ fn evaluate(model: &Gpt, ds: &Dataset, a: &TrainArgs, seed: u64) -> Result<(f32,
 
 /// Writes a NaN into the first element of the model's first parameter (`--inject-nan-at`).
 fn poison_first_weight(model: &Gpt) -> Result<()> {
-    let (_, p, _) = model.parameters().into_iter().next().context("a model has parameters")?;
+    let (_, p, _) = model
+        .parameters()
+        .into_iter()
+        .next()
+        .context("a model has parameters")?;
     let mut v = p.to_vec()?;
     v[0] = f32::NAN;
     p.assign(&Tensor::from_vec(v, p.shape(), p.device())?)?;
@@ -111,6 +116,28 @@ pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
 /// [`run`], also returning the run's curve (what `--curve` writes); the other ranks of a
 /// data-parallel job return an empty one.
 pub fn run_with_curve(device: Device, a: &TrainArgs) -> Result<(TrainSummary, RunCurve)> {
+    run_inner(device, a, None)
+}
+
+/// [`run_with_curve`] with `--mode hybrid` and a given predictor in place of the world model
+/// (tests give it one that lies).
+pub fn run_with_predictor(
+    device: Device,
+    a: &TrainArgs,
+    predictor: Box<dyn ScalePredictor>,
+) -> Result<(TrainSummary, RunCurve)> {
+    ensure!(
+        a.mode == TrainMode::Hybrid,
+        "a predictor is for --mode hybrid"
+    );
+    run_inner(device, a, Some(predictor))
+}
+
+fn run_inner(
+    device: Device,
+    a: &TrainArgs,
+    predictor: Option<Box<dyn ScalePredictor>>,
+) -> Result<(TrainSummary, RunCurve)> {
     ensure!(
         a.dropout >= 0.0 && a.dropout < 1.0,
         "--dropout must be in [0, 1)"
@@ -293,12 +320,21 @@ pub fn run_with_curve(device: Device, a: &TrainArgs) -> Result<(TrainSummary, Ru
                 block,
                 seed: a.seed,
             };
-            let h = StepSizeHybrid::new(
-                a.control.config(),
-                &ds,
-                shape,
-                (&model, opt.get_ref(), &rng, start),
-            )?;
+            let h = match predictor {
+                None => StepSizeHybrid::new(
+                    a.control.config(),
+                    &ds,
+                    shape,
+                    (&model, opt.get_ref(), &rng, start),
+                )?,
+                Some(p) => StepSizeHybrid::with_predictor(
+                    a.control.config(),
+                    &ds,
+                    shape,
+                    (&model, opt.get_ref(), &rng, start),
+                    Some(p),
+                )?,
+            };
             train_secs += t.elapsed().as_secs_f64();
             Some(h)
         }

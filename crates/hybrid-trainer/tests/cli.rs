@@ -131,11 +131,12 @@ fn train_gpt_reports_a_batch_too_large_to_hold_as_an_error() {
     );
 }
 
-/// The main job's flags for a tiny hybrid run on `corpus` into `out`.
+/// `predict-updates` (the old main job) flags for a tiny hybrid run on `corpus` into `out`.
 fn job_args<'a>(corpus: &'a str, out: &'a str) -> Vec<&'a str> {
     vec![
         "--device",
         "cpu",
+        "predict-updates",
         "--data",
         corpus,
         "--iters",
@@ -164,11 +165,11 @@ fn job_args<'a>(corpus: &'a str, out: &'a str) -> Vec<&'a str> {
     ]
 }
 
-/// An interrupted main job (`--stop-after`, as a kill after a checkpoint would leave it)
+/// An interrupted `predict-updates` job (`--stop-after`, as a kill after a checkpoint would leave it)
 /// resumed with `--resume` ends with the same model, optimiser, world model and trainer state,
 /// byte for byte, as the run that was never interrupted; both write the report files.
 #[test]
-fn the_main_job_resumes_bit_for_bit() {
+fn predict_updates_resumes_bit_for_bit() {
     let corpus = Corpus::new("resume");
     let data = corpus.0.to_str().unwrap();
     let base = std::env::temp_dir().join(format!("hybrid-job-resume-{}", std::process::id()));
@@ -224,11 +225,11 @@ fn the_main_job_resumes_bit_for_bit() {
     std::fs::remove_dir_all(&base).ok();
 }
 
-/// With no subcommand the binary runs the main job (here shortened by flags).
+/// `predict-updates --mode baseline` runs the old job's plain AdamW arm to its end.
 #[test]
-fn no_subcommand_runs_the_main_job() {
-    let corpus = Corpus::new("main-job");
-    let out = std::env::temp_dir().join(format!("hybrid-job-main-{}", std::process::id()));
+fn predict_updates_runs_its_baseline() {
+    let corpus = Corpus::new("legacy-job");
+    let out = std::env::temp_dir().join(format!("hybrid-job-legacy-{}", std::process::id()));
     let o = Command::cargo_bin("hybrid-trainer")
         .unwrap()
         .args(job_args(corpus.0.to_str().unwrap(), out.to_str().unwrap()))
@@ -243,10 +244,123 @@ fn no_subcommand_runs_the_main_job() {
     std::fs::remove_dir_all(&out).ok();
 }
 
-/// The main job refuses a context longer than the corpus and zero steps with a clean error
-/// (exit 1, a message), not a panic.
+/// The main job's flags for a tiny run (both arms) on `corpus` into `out`.
+fn main_job_args<'a>(corpus: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "--device",
+        "cpu",
+        "--data",
+        corpus,
+        "--iters",
+        "60",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--embd",
+        "32",
+        "--block",
+        "16",
+        "--batch",
+        "4",
+        "--warmup",
+        "10",
+        "--eval-interval",
+        "10",
+        "--eval-iters",
+        "2",
+        "--dropout",
+        "0",
+        "--quiet",
+        "--out",
+        out,
+    ]
+}
+
+/// With no subcommand the binary runs the main job (here shortened by flags): AdamW, then the
+/// hybrid, and a report with both runs side by side.
 #[test]
-fn the_main_job_refuses_bad_sizes_cleanly() {
+fn no_subcommand_runs_the_main_job() {
+    let corpus = Corpus::new("main-job");
+    let out = std::env::temp_dir().join(format!("hybrid-job-main-{}", std::process::id()));
+    let o = Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(main_job_args(
+            corpus.0.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ))
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&o.get_output().stdout).into_owned();
+    assert!(
+        text.contains("expected time")
+            && text.contains("== adamw ==")
+            && text.contains("== hybrid =="),
+        "{text}"
+    );
+    assert!(text.contains("target: AdamW's best val loss"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let modes: Vec<&str> = json["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["adamw", "hybrid"]);
+    assert!(json["runs"][1]["decisions"]
+        .as_array()
+        .is_some_and(|d| !d.is_empty()));
+    assert!(
+        json["rows"][0]["reached"]["backward"].as_u64().is_some(),
+        "{json}"
+    );
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        md.contains("| adamw |") && md.contains("| hybrid |"),
+        "{md}"
+    );
+    let png = std::fs::read(out.join("report.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    for f in ["adamw.json", "hybrid.json"] {
+        assert!(out.join(f).exists(), "{f}");
+    }
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// `run` is the main job too, and refuses bad sizes with a clean error (exit 1).
+#[test]
+fn the_main_job_refuses_bad_flags_cleanly() {
+    let corpus = Corpus::new("main-job-bad");
+    let out = std::env::temp_dir().join(format!("hybrid-job-main-bad-{}", std::process::id()));
+    let (data, o) = (corpus.0.to_str().unwrap(), out.to_str().unwrap());
+    for (flag, value, says) in [
+        ("--iters", "0", "--iters"),
+        ("--block", "100000", "longer than the corpus"),
+        ("--dropout", "1.5", "--dropout"),
+    ] {
+        let mut args = main_job_args(data, o);
+        let at = args.iter().position(|a| *a == flag).unwrap();
+        args[at + 1] = value;
+        args.insert(2, "run");
+        let r = Command::cargo_bin("hybrid-trainer")
+            .unwrap()
+            .args(&args)
+            .assert()
+            .code(1);
+        let err = String::from_utf8_lossy(&r.get_output().stderr).into_owned();
+        assert!(
+            err.contains(says) && !err.contains("panicked"),
+            "{flag}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// `predict-updates` refuses a context longer than the corpus and zero steps with a clean
+/// error (exit 1, a message), not a panic.
+#[test]
+fn predict_updates_refuses_bad_sizes_cleanly() {
     let corpus = Corpus::new("job-bad");
     let out = std::env::temp_dir().join(format!("hybrid-job-bad-{}", std::process::id()));
     let (data, o) = (corpus.0.to_str().unwrap(), out.to_str().unwrap());

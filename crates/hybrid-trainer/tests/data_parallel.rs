@@ -463,8 +463,8 @@ fn multigpu_a_rank_failing_with_an_error_stops_the_other() {
     );
 }
 
-/// The main job (the hybrid trainer, world model and gate) on 2 GPUs with global batch 12
-/// against 1 GPU with batch 12, 300 steps: both finish, every step's phase agrees across the
+/// The previous per-step hybrid (`predict-updates`: world model, gate, predicted steps) on 2
+/// GPUs with global batch 12 against 1 GPU with batch 12, 300 steps: both finish, every step's phase agrees across the
 /// ranks (the trainer checks it and fails otherwise), the hybrid predicts steps on 2 GPUs too,
 /// and the final validation loss agrees to within 0.05 (about 2% of it at this point). The
 /// runs differ only in fp32 reduction order; that can flip a gate decision near its threshold,
@@ -480,7 +480,7 @@ fn multigpu_the_hybrid_job_runs_data_parallel() {
     let out = |name: &str| dir.join(name).display().to_string();
     let args = |o: String| -> Vec<String> {
         [
-            "run",
+            "predict-updates",
             "--iters",
             "300",
             "--eval-interval",

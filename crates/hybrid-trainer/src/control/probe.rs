@@ -5,7 +5,7 @@
 use anyhow::{Context, Result};
 use rand::rngs::StdRng;
 use tensor_ops::gpt::{Dataset, Gpt};
-use tensor_ops::optim::{Optimizer, OptimizerState};
+use tensor_ops::optim::{lerp_tensors, Optimizer, OptimizerState};
 use tensor_ops::{no_grad, Tensor};
 
 /// Fixed batches of the training split, drawn once from their own seed.
@@ -141,14 +141,9 @@ impl WeightAverage {
         })
     }
 
-    /// Moves the average toward the model's weights.
+    /// Moves the average toward the model's weights (one fused launch on CUDA).
     pub fn update(&mut self, model: &Gpt) -> Result<()> {
-        no_grad(|| {
-            for (p, a) in model_params(model).iter().zip(&self.avg.0) {
-                a.assign(&a.add(&p.sub(a)?.mul_scalar(self.beta)?)?)?;
-            }
-            Ok(())
-        })
+        Ok(lerp_tensors(&self.avg.0, &model_params(model), self.beta)?)
     }
 }
 

@@ -7,7 +7,8 @@
 //! and never for more than a few decisions in a row.
 //!
 //! It runs on the host CPU whatever the training device: a sequence of a few dozen decisions
-//! of 8 numbers needs no GPU, and the GPU's queue stays free for training.
+//! of 8 numbers needs no GPU, and the GPU's queue stays free for training. It trains on a
+//! thread of its own while the next segment runs.
 
 use rssm::{Rssm, RssmConfig, SequenceBatch};
 use tensor_ops::{Device, Tensor};
@@ -74,9 +75,14 @@ pub trait ScalePredictor {
     fn learn(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<()>;
 }
 
-/// The RSSM predictor: small (5 members, GRU 32), on the CPU.
+/// The RSSM predictor: small (5 members, GRU 32), on the CPU. It learns on a thread of its
+/// own, started after a decision and joined at the next one, so its training overlaps the
+/// segment's steps instead of stopping them; the result does not depend on the timing.
 pub struct StepSizeModel {
-    rssm: Rssm,
+    /// The model, when no training is under way.
+    rssm: Option<Rssm>,
+    /// The training under way: it gives the model back.
+    training: Option<std::thread::JoinHandle<anyhow::Result<Rssm>>>,
     /// BPTT steps after each decision.
     train_steps: u32,
     lr: f32,
@@ -96,10 +102,24 @@ impl StepSizeModel {
             ..RssmConfig::default()
         };
         Ok(StepSizeModel {
-            rssm: Rssm::new(cfg, Device::Cpu)?,
+            rssm: Some(Rssm::new(cfg, Device::Cpu)?),
+            training: None,
             train_steps: 4,
             lr: 3e-3,
         })
+    }
+
+    /// The model, after the training under way (if any) has finished.
+    fn model(&mut self) -> anyhow::Result<&mut Rssm> {
+        if let Some(t) = self.training.take() {
+            let rssm = t
+                .join()
+                .map_err(|_| anyhow::anyhow!("the world model's training thread panicked"))??;
+            self.rssm = Some(rssm);
+        }
+        self.rssm
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("the world model was lost by a failed training"))
     }
 
     fn windows(states: &[[f32; FEATURES]], len: usize) -> anyhow::Result<Option<Tensor>> {
@@ -118,16 +138,25 @@ impl StepSizeModel {
     }
 }
 
+impl Drop for StepSizeModel {
+    fn drop(&mut self) {
+        if let Some(t) = self.training.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 impl ScalePredictor for StepSizeModel {
     fn predict(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<Option<(f32, f32)>> {
-        if !self.rssm.is_trained() || states.len() < CONTEXT {
+        let rssm = self.model()?;
+        if !rssm.is_trained() || states.len() < CONTEXT {
             return Ok(None);
         }
         let ctx = &states[states.len() - CONTEXT..];
         let Some(x) = Self::windows(ctx, CONTEXT)? else {
             return Ok(None);
         };
-        let p = self.rssm.predict(&x, 1)?;
+        let p = rssm.predict(&x, 1)?;
         // members [M, 1, 1, F]: the scale column of each member.
         let members = p.members.to_vec()?;
         let m = members.len() / FEATURES;
@@ -137,18 +166,29 @@ impl ScalePredictor for StepSizeModel {
         Ok(Some((mean, var.sqrt())))
     }
 
+    /// Starts the training on its own thread and returns at once.
     fn learn(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<()> {
         // Windows one longer than the context: the last step of each is a prediction target.
         let Some(x) = Self::windows(states, CONTEXT + 1)? else {
             return Ok(());
         };
-        let batch = SequenceBatch::new(x);
-        for _ in 0..self.train_steps {
-            self.rssm.train_step(&batch, self.lr)?;
-        }
+        self.model()?;
+        let mut rssm = self.rssm.take().expect("model() put it back");
+        let (steps, lr) = (self.train_steps, self.lr);
+        self.training = Some(std::thread::spawn(move || {
+            let batch = SequenceBatch::new(x);
+            for _ in 0..steps {
+                rssm.train_step(&batch, lr)?;
+            }
+            Ok(rssm)
+        }));
         Ok(())
     }
 }
+
+/// The largest error one prediction adds to the gate's running error (scaled `ln s*`; the
+/// scale spans [-1, 1], so 10 is far outside anything a sane model predicts).
+const ERROR_CAP: f32 = 10.0;
 
 /// When the world model's prediction replaces the measurement.
 #[derive(Debug, Clone, PartialEq)]
@@ -192,10 +232,12 @@ impl Gate {
     pub fn measured(&mut self, predicted: Option<f32>, measured: f32) {
         self.run = 0;
         if let Some(p) = predicted {
+            // Capped (a NaN counts as the cap): one wild prediction closes the gate, and the
+            // running error can still decay if the model is right again.
             let e = if p.is_finite() {
-                (p - measured).abs()
+                (p - measured).abs().min(ERROR_CAP)
             } else {
-                f32::INFINITY
+                ERROR_CAP
             };
             self.error = Some(match self.error {
                 Some(old) => 0.7 * old + 0.3 * e,

@@ -61,29 +61,91 @@ pub fn reach(c: &RunCurve, target: f32) -> Option<Reach> {
     })
 }
 
-/// Per arm: the mean backward passes to the target over the seeds that reached it, and how
-/// many did.
-pub fn mean_backward(runs: &BTreeMap<u64, RunCurve>, target: f32) -> (Option<f64>, usize) {
-    let r: Vec<f64> = runs
-        .values()
-        .filter_map(|c| reach(c, target))
-        .map(|r| r.backward as f64)
-        .collect();
-    let n = r.len();
-    ((n == runs.len() && n > 0).then(|| mean(&r)), n)
+/// What a run spent to the target: its first crossing, or (censored) everything it spent when
+/// it never crossed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cost {
+    pub reach: Reach,
+    /// The run never reached the target: `reach` is its whole budget, a lower bound.
+    pub censored: bool,
 }
 
-/// The oracle: the arm of AdamW's sweep with the fewest mean backward passes to the target,
-/// every seed reaching it.
-pub fn oracle(runs: &Runs, target: f32) -> Option<(Arm, f64)> {
+pub fn cost(c: &RunCurve, target: f32) -> Option<Cost> {
+    match reach(c, target) {
+        Some(r) => Some(Cost {
+            reach: r,
+            censored: false,
+        }),
+        None => c.evals.last().map(|e| Cost {
+            reach: Reach {
+                backward: e.backward,
+                forward: e.forward,
+                seconds: e.seconds,
+            },
+            censored: true,
+        }),
+    }
+}
+
+/// Per arm: the mean backward passes to the target over its seeds (a run that never reached
+/// it counts as its whole budget) and whether any run was censored so.
+pub fn mean_backward(runs: &BTreeMap<u64, RunCurve>, target: f32) -> Option<(f64, bool)> {
+    let c: Vec<Cost> = runs.values().filter_map(|c| cost(c, target)).collect();
+    (!c.is_empty()).then(|| {
+        (
+            mean(
+                &c.iter()
+                    .map(|c| c.reach.backward as f64)
+                    .collect::<Vec<_>>(),
+            ),
+            c.iter().any(|c| c.censored),
+        )
+    })
+}
+
+/// The oracle: the arm of AdamW's sweep with the fewest mean backward passes to the target.
+pub fn oracle(runs: &Runs, target: f32) -> Option<(Arm, f64, bool)> {
     Arm::SWEEP
         .iter()
-        .filter_map(|a| Some((*a, mean_backward(runs.get(a)?, target).0?)))
+        .filter_map(|a| {
+            let (m, cens) = mean_backward(runs.get(a)?, target)?;
+            Some((*a, m, cens))
+        })
         .min_by(|x, y| x.1.total_cmp(&y.1))
 }
 
-fn fmt_opt(x: Option<f64>, prec: usize) -> String {
-    x.map_or("—".into(), |v| format!("{v:.prec$}"))
+/// A figure, marked `≥` when a censored run went into it.
+fn mark(x: f64, censored: bool, prec: usize) -> String {
+    format!("{}{x:.prec$}", if censored { "≥" } else { "" })
+}
+
+/// The mean over the seeds of `1 − arm/AdamW` (in %), seed by seed; marked `*` when a
+/// censored run went into it (then it is a bound, not a measurement).
+fn paired(
+    seeds: &BTreeMap<u64, RunCurve>,
+    base: &BTreeMap<u64, RunCurve>,
+    target: f32,
+    f: &dyn Fn(&Reach) -> f64,
+) -> String {
+    let mut d = Vec::new();
+    let mut cens = false;
+    for (seed, c) in seeds {
+        let (Some(a), Some(b)) = (
+            cost(c, target),
+            base.get(seed).and_then(|b| cost(b, target)),
+        ) else {
+            continue;
+        };
+        if a.censored && b.censored {
+            continue;
+        }
+        cens |= a.censored || b.censored;
+        d.push(1.0 - f(&a.reach) / f(&b.reach));
+    }
+    if d.is_empty() {
+        return "—".into();
+    }
+    format!("{:+.1}%{}", 100.0 * mean(&d), if cens { "*" } else { "" })
 }
 
 /// The markdown table of one workload.
@@ -101,35 +163,34 @@ pub fn table(w: Workload, runs: &Runs) -> String {
         "Target: val {target:.4} (median best of AdamW at the given rate over {} seeds).",
         base.len()
     );
-    if let Some((arm, b)) = oracle(runs, target) {
-        let _ = writeln!(s, "Oracle: {} ({b:.0} backward passes, mean).", arm.name());
+    if let Some((arm, b, cens)) = oracle(runs, target) {
+        let _ = writeln!(
+            s,
+            "Oracle: {} ({} backward passes, mean).",
+            arm.name(),
+            mark(b, cens, 0)
+        );
     }
     let _ = writeln!(
         s,
-        "\n| arm | peak lr | reached | backward passes (per seed) | mean | vs AdamW (paired) | forward passes | seconds (mean) | vs AdamW (paired) | best val | final val |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "\n| arm | peak lr | seeds reached | backward passes (per seed) | mean | saved vs AdamW (paired) | forward passes (mean) | seconds (mean) | saved vs AdamW (paired) | best val | final val |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     );
     for (arm, seeds) in runs {
-        let reaches: Vec<Option<Reach>> = seeds.values().map(|c| reach(c, target)).collect();
-        let per_seed = reaches
+        let costs: Vec<Cost> = seeds.values().filter_map(|c| cost(c, target)).collect();
+        let per_seed = costs
             .iter()
-            .map(|r| r.map_or("never".into(), |r| r.backward.to_string()))
+            .map(|c| {
+                if c.censored {
+                    "never".into()
+                } else {
+                    c.reach.backward.to_string()
+                }
+            })
             .collect::<Vec<_>>()
             .join(" / ");
-        let got: Vec<Reach> = reaches.iter().flatten().copied().collect();
-        let all = got.len() == seeds.len();
-        let m =
-            |f: &dyn Fn(&Reach) -> f64| all.then(|| mean(&got.iter().map(f).collect::<Vec<_>>()));
-        // Paired: the relative saving against AdamW at the given rate, seed by seed.
-        let paired = |f: &dyn Fn(&Reach) -> f64| -> Option<f64> {
-            let d: Vec<f64> = seeds
-                .iter()
-                .map(|(seed, c)| {
-                    let r = reach(c, target)?;
-                    let b = reach(base.get(seed)?, target)?;
-                    Some(1.0 - f(&r) / f(&b))
-                })
-                .collect::<Option<Vec<_>>>()?;
-            Some(100.0 * mean(&d))
+        let cens = costs.iter().any(|c| c.censored);
+        let m = |f: &dyn Fn(&Reach) -> f64| {
+            mean(&costs.iter().map(|c| f(&c.reach)).collect::<Vec<_>>())
         };
         let peak = mean(&seeds.values().map(|c| c.peak_lr as f64).collect::<Vec<_>>());
         let bests: Vec<f64> = seeds.values().map(|c| best_val(c) as f64).collect();
@@ -141,17 +202,22 @@ pub fn table(w: Workload, runs: &Runs) -> String {
             s,
             "| {} | {peak:.2e} | {}/{} | {per_seed} | {} | {} | {} | {} | {} | {:.4} | {:.4} |",
             arm.name(),
-            got.len(),
+            costs.iter().filter(|c| !c.censored).count(),
             seeds.len(),
-            fmt_opt(m(&|r| r.backward as f64), 0),
-            fmt_opt(paired(&|r| r.backward as f64), 1).to_string() + "%",
-            fmt_opt(m(&|r| r.forward as f64), 0),
-            fmt_opt(m(&|r| r.seconds), 2),
-            fmt_opt(paired(&|r| r.seconds), 1).to_string() + "%",
+            mark(m(&|r| r.backward as f64), cens, 0),
+            paired(seeds, &base, target, &|r| r.backward as f64),
+            mark(m(&|r| r.forward as f64), cens, 0),
+            mark(m(&|r| r.seconds), cens, 2),
+            paired(seeds, &base, target, &|r| r.seconds),
             mean(&bests),
             mean(&finals),
         );
     }
+    let _ = writeln!(
+        s,
+        "\nA run that never reached the target counts as its whole budget (`never`, and `≥` on \
+         the means it enters); a paired saving marked `*` includes such a run and is a bound."
+    );
     s
 }
 
@@ -213,15 +279,28 @@ mod tests {
         assert_eq!(t, 1.5);
         assert_eq!(reach(&runs[&Arm::Adamw][&1], t).unwrap().backward, 50);
         assert_eq!(reach(&runs[&Arm::Adamw][&3], t), None);
-        assert_eq!(mean_backward(&runs[&Arm::AdamwDouble], t), (Some(25.0), 3));
-        assert_eq!(mean_backward(&runs[&Arm::Hybrid], t), (None, 2));
-        assert_eq!(oracle(&runs, t), Some((Arm::AdamwDouble, 25.0)));
+        // Double: 25, 25, 50.
+        let (m, cens) = mean_backward(&runs[&Arm::AdamwDouble], t).unwrap();
+        assert!((m - 100.0 / 3.0).abs() < 1e-9 && !cens);
+        // Hybrid: 25, never (its budget: 25), 0.
+        let (m, cens) = mean_backward(&runs[&Arm::Hybrid], t).unwrap();
+        assert!((m - 50.0 / 3.0).abs() < 1e-9 && cens);
+        // AdamW: 50, 75, never (its budget: 75).
+        let (m, cens) = mean_backward(&runs[&Arm::Adamw], t).unwrap();
+        assert!((m - 200.0 / 3.0).abs() < 1e-9 && cens);
+        let (arm, m, _) = oracle(&runs, t).unwrap();
+        assert_eq!(arm, Arm::AdamwDouble);
+        assert!((m - 100.0 / 3.0).abs() < 1e-9);
         let md = table(Workload::W1, &runs);
         assert!(md.contains("Target: val 1.5000"), "{md}");
         assert!(
-            md.contains("| hybrid | 1.00e-3 | 2/3 | 25 / never / 0 |"),
+            md.contains("| hybrid | 1.00e-3 | 2/3 | 25 / never / 0 | ≥17 |"),
             "{md}"
         );
+        // Paired savings: seed 1: 1 − 25/50; seed 2: 1 − 25/75 (AdamW censored); seed 3:
+        // 1 − 0/75 (AdamW censored).
+        let want = 100.0 * (0.5 + (1.0 - 25.0 / 75.0) + 1.0) / 3.0;
+        assert!(md.contains(&format!("{want:+.1}%*")), "{want} {md}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ const FONT: &[u8] = include_bytes!("../../data/DejaVuSans.ttf");
 const WIDTH: u32 = 1200;
 const HEIGHT: u32 = 700;
 /// Tableau 10: one colour per curve, cycled.
-const PALETTE: [RGBColor; 10] = [
+pub(super) const PALETTE: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -59,7 +59,7 @@ fn ensure_font() -> Result<()> {
         .map_err(|e| anyhow!("registering the plot font: {e}"))
 }
 
-fn plot_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+pub(super) fn plot_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing the plot: {e}")
 }
 
@@ -68,15 +68,25 @@ fn render(
     path: &Path,
     draw: impl FnOnce(&DrawingArea<BitMapBackend<'_>, Shift>) -> Result<()>,
 ) -> Result<()> {
+    render_sized(path, (WIDTH, HEIGHT), draw)
+}
+
+/// Draws with `draw` on a white bitmap of `size` (width, height) and writes it to `path` as
+/// PNG.
+pub(super) fn render_sized(
+    path: &Path,
+    (width, height): (u32, u32),
+    draw: impl FnOnce(&DrawingArea<BitMapBackend<'_>, Shift>) -> Result<()>,
+) -> Result<()> {
     ensure_font()?;
-    let mut rgb = vec![0u8; WIDTH as usize * HEIGHT as usize * 3];
+    let mut rgb = vec![0u8; width as usize * height as usize * 3];
     {
-        let root = BitMapBackend::with_buffer(&mut rgb, (WIDTH, HEIGHT)).into_drawing_area();
+        let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
         draw(&root).with_context(|| format!("plotting {}", path.display()))?;
         root.present().map_err(plot_err)?;
     }
-    write_png(path, WIDTH, HEIGHT, &rgb)
+    write_png(path, width, height, &rgb)
 }
 
 fn write_png(path: &Path, width: u32, height: u32, rgb: &[u8]) -> Result<()> {
@@ -113,7 +123,7 @@ fn padded(lo: f64, hi: f64, frac: f64) -> (f64, f64) {
 
 /// The y range of the finite `values`: their 1st..99th percentile (nearest rank), padded;
 /// `0..1` without any.
-fn y_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+pub(super) fn y_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let mut v: Vec<f64> = values.filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return (0.0, 1.0);
@@ -126,7 +136,7 @@ fn y_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
 }
 
 /// The x range of the finite `values`: min..max, widened when empty or a single value.
-fn x_range(values: impl Iterator<Item = f64>, frac: f64) -> (f64, f64) {
+pub(super) fn x_range(values: impl Iterator<Item = f64>, frac: f64) -> (f64, f64) {
     let (lo, hi) = values
         .filter(|x| x.is_finite())
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
@@ -139,7 +149,7 @@ fn x_range(values: impl Iterator<Item = f64>, frac: f64) -> (f64, f64) {
     }
 }
 
-fn finite(p: &(f64, f64)) -> bool {
+pub(super) fn finite(p: &(f64, f64)) -> bool {
     p.0.is_finite() && p.1.is_finite()
 }
 

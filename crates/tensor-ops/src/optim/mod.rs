@@ -12,7 +12,7 @@ mod state;
 
 pub use adamw::{AdamW, AdamWParams, AdamWState};
 pub use prodigy::{Prodigy, ProdigyParams};
-pub use schedule_free::{ScheduleFreeAdamW, ScheduleFreeParams};
+pub use schedule_free::{lerp_tensors, ScheduleFreeAdamW, ScheduleFreeParams};
 pub use state::OptimizerState;
 
 use crate::autograd::Gradients;

@@ -391,3 +391,58 @@ impl Optimizer for ScheduleFreeAdamW {
         self.z.first().map_or(0, storage_ptr)
     }
 }
+
+/// `targets[i] = lerp(targets[i], ends[i], weight)` per element, every tensor in one fused
+/// launch on CUDA ([`gpu_core::nn::optim::OptimOps::lerp_params`], the kernel of
+/// Schedule-Free AdamW's swap): a running average of weights, `w̄ ← w̄ + β·(w − w̄)`, is
+/// `lerp_tensors(avg, weights, β)`.
+///
+/// Errors, before anything is written: lists of different lengths, tensors that are not f32,
+/// of different shapes or devices, a target that shares storage with another target or with
+/// an end (it would be locked twice), a `weight` that is not finite.
+pub fn lerp_tensors(targets: &[Tensor], ends: &[Tensor], weight: f32) -> Result<()> {
+    const OP: &str = "lerp_tensors";
+    if targets.len() != ends.len() {
+        return Err(GpuError::invalid(
+            OP,
+            format!("{} targets and {} ends", targets.len(), ends.len()),
+        ));
+    }
+    let Some(first) = targets.first() else {
+        return Ok(());
+    };
+    let dev = first.device();
+    let mut written = std::collections::HashSet::new();
+    for t in targets {
+        if !written.insert(storage_ptr(t)) {
+            return Err(GpuError::invalid(OP, "two targets share storage"));
+        }
+    }
+    for (t, e) in targets.iter().zip(ends) {
+        if t.shape() != e.shape()
+            || t.dtype() != gpu_core::DType::F32
+            || e.dtype() != gpu_core::DType::F32
+            || t.device() != dev
+            || e.device() != dev
+        {
+            return Err(GpuError::shape(
+                OP,
+                format!("f32 {:?} on {dev}", t.shape()),
+                format!("{} {:?} on {}", e.dtype(), e.shape(), e.device()),
+            ));
+        }
+        if written.contains(&storage_ptr(e)) {
+            return Err(GpuError::invalid(OP, "an end shares storage with a target"));
+        }
+    }
+    if !weight.is_finite() {
+        return Err(GpuError::invalid(
+            OP,
+            format!("the weight must be finite, got {weight}"),
+        ));
+    }
+    let mut tg = write_all(targets);
+    let eg = read_all(ends);
+    on_device!(dev, |be| lerp_impl(be, &mut tg, &eg, weight)?);
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! The hybrid trainer's safety on the CPU: an injected NaN is rolled back, a diverging given
+//! rate is cut, a world model that lies is never trusted (the run is then the run without
+//! one), a truthful one is, and the typed flags refuse typos.
+
+use clap::Parser;
+use gpu_core::Device;
+use hybrid_trainer::control::world::{ScalePredictor, FEATURES};
+use hybrid_trainer::train_args::TrainArgs;
+use hybrid_trainer::train_curve::RunCurve;
+use hybrid_trainer::train_gpt::{run_with_curve, run_with_predictor};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: TrainArgs,
+}
+
+/// The embedded corpus, written once per test process.
+fn corpus() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("hybrid-control-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("corpus.txt");
+        std::fs::write(&p, hybrid_trainer::corpus::default_corpus().unwrap()).unwrap();
+        p
+    })
+    .clone()
+}
+
+/// A tiny GPT's run: 2 layers × 64, 200 steps, the hybrid deciding every 25.
+fn args(extra: &[&str]) -> Result<TrainArgs, clap::Error> {
+    args_for(200, extra)
+}
+
+fn args_for(iters: u32, extra: &[&str]) -> Result<TrainArgs, clap::Error> {
+    let data = corpus();
+    let mut argv: Vec<String> = "t --layers 2 --heads 2 --embd 64 --block 32 --batch 8 \
+         --warmup 20 --eval-interval 50 --eval-iters 4 --sample 0 \
+         --log-interval 1000 --eval-splits val --eval-fixed --seed 7 --data"
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    argv.push(data.display().to_string());
+    argv.extend(["--iters".to_string(), iters.to_string()]);
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    Cli::try_parse_from(argv).map(|c| c.args)
+}
+
+fn run(extra: &[&str]) -> anyhow::Result<RunCurve> {
+    run_with_curve(Device::Cpu, &args(extra).unwrap()).map(|r| r.1)
+}
+
+fn all_finite(c: &RunCurve) -> bool {
+    c.evals.iter().all(|e| e.val.is_finite())
+}
+
+#[test]
+fn an_injected_nan_is_rolled_back_by_the_hybrid_and_stops_adamw() {
+    let c = run(&["--mode", "hybrid", "--inject-nan-at", "60"]).unwrap();
+    assert!(c.rollbacks >= 1, "{:?}", c.decisions);
+    assert!(all_finite(&c), "{:?}", c.evals);
+    assert_eq!(c.evals.last().unwrap().iter, 200);
+    // The rolled-back steps were spent: more backward passes than steps.
+    assert!(c.evals.last().unwrap().backward > 200);
+    let err = run(&["--mode", "adamw", "--inject-nan-at", "60"]).unwrap_err();
+    assert!(format!("{err:#}").contains("NaN"), "{err:#}");
+}
+
+/// At a given rate of 30, AdamW's loss becomes NaN; the hybrid rolls the first segment back
+/// until the multiplier is small enough, and finishes with finite losses.
+#[test]
+fn a_diverging_given_rate_is_cut_and_the_run_finishes() {
+    let err = run(&["--mode", "adamw", "--lr", "30", "--min-lr", "3"]).unwrap_err();
+    assert!(format!("{err:#}").contains("NaN"), "{err:#}");
+    let c = run(&["--mode", "hybrid", "--lr", "30", "--min-lr", "3"]).unwrap();
+    let last = c.decisions.last().unwrap();
+    assert!(last.multiplier <= 1.0 / 8.0, "{:?}", c.decisions);
+    assert!(c.rollbacks >= 3, "{:?}", c.decisions);
+    assert!(all_finite(&c));
+}
+
+/// Predicts `s*` of every decision from a fixed list (scaled `ln s*`), with no spread.
+struct Scripted {
+    scaled: Vec<f32>,
+}
+
+impl ScalePredictor for Scripted {
+    fn predict(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<Option<(f32, f32)>> {
+        Ok(self.scaled.get(states.len() - 1).map(|&v| (v, 0.0)))
+    }
+    fn learn(&mut self, _: &[[f32; FEATURES]]) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// A world model that confidently says "double the step" at every decision is scored against
+/// the measurements, never trusted, and changes nothing: the run is bit for bit the run
+/// without a world model.
+#[test]
+fn a_lying_world_model_is_never_trusted() {
+    let a = args(&["--mode", "hybrid"]).unwrap();
+    let liar = Box::new(Scripted {
+        scaled: vec![1.0; 1000],
+    });
+    let (_, lied) = run_with_predictor(Device::Cpu, &a, liar).unwrap();
+    let plain = run(&["--mode", "hybrid", "--no-world-model"]).unwrap();
+    let costs = lied.costs.as_ref().unwrap();
+    assert_eq!(costs.predicted, 0);
+    assert!(costs.measured > 0);
+    assert_eq!(lied.decisions, plain.decisions);
+    let vals = |c: &RunCurve| c.evals.iter().map(|e| e.val.to_bits()).collect::<Vec<_>>();
+    assert_eq!(vals(&lied), vals(&plain));
+}
+
+/// A world model that predicts what the measurements will say is trusted at some decisions
+/// (their extra probes skipped), and the multiplier follows the measured run's.
+#[test]
+fn a_truthful_world_model_is_trusted_and_saves_probes() {
+    let plain = run_with_curve(
+        Device::Cpu,
+        &args_for(600, &["--mode", "hybrid", "--no-world-model"]).unwrap(),
+    )
+    .unwrap()
+    .1;
+    let scaled: Vec<f32> = plain
+        .decisions
+        .iter()
+        .filter_map(|d| d.scale)
+        .map(|s| s.ln() / 2f32.ln())
+        .collect();
+    let a = args_for(600, &["--mode", "hybrid"]).unwrap();
+    let (_, told) = run_with_predictor(Device::Cpu, &a, Box::new(Scripted { scaled })).unwrap();
+    let (tc, pc) = (told.costs.unwrap(), plain.costs.unwrap());
+    assert!(tc.predicted > 0, "the gate never opened");
+    assert!(tc.probe_forwards < pc.probe_forwards);
+    let (m1, m2) = (
+        told.decisions.last().unwrap().multiplier,
+        plain.decisions.last().unwrap().multiplier,
+    );
+    assert!((m1 / m2 - 1.0).abs() < 0.02, "{m1} vs {m2}");
+}
+
+#[test]
+fn typed_flags_refuse_typos() {
+    for bad in [
+        &["--mode", "hybird"][..],
+        &["--optimizer", "adam"],
+        &["--schedule", "linear"],
+        &["--eval-splits", "test"],
+    ] {
+        assert!(args(bad).is_err(), "{bad:?} was accepted");
+    }
+    for good in [
+        &["--mode", "range-test"][..],
+        &["--optimizer", "schedule-free"],
+        &["--optimizer", "prodigy"],
+    ] {
+        args(good).unwrap();
+    }
+}
+
+#[test]
+fn the_range_test_counts_its_sweep() {
+    let c = run(&["--mode", "range-test"]).unwrap();
+    assert!(c.range_test_steps > 0 && c.range_test_steps <= 100);
+    assert!(c.peak_lr > 0.0 && c.peak_lr.is_finite());
+    let first_after = c.evals.iter().find(|e| e.iter > 0).unwrap();
+    assert!(first_after.backward >= c.range_test_steps as u64 + 50);
+}
