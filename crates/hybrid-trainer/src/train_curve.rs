@@ -42,7 +42,7 @@ pub struct RunCurve {
     /// The step-size controller's decisions (hybrid).
     pub decisions: Vec<DecisionRecord>,
     /// What the controller's own work cost (hybrid).
-    pub costs: Option<ControlCostsRecord>,
+    pub costs: Option<ControlCosts>,
     pub rollbacks: u32,
     /// Backward passes the range test spent before training.
     pub range_test_steps: u32,
@@ -50,32 +50,6 @@ pub struct RunCurve {
     pub eval_seconds: f64,
     /// Why training stopped early (a non-finite loss), when it did.
     pub diverged: Option<String>,
-}
-
-/// [`ControlCosts`] as written.
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
-pub struct ControlCostsRecord {
-    pub probe_forwards: u64,
-    pub probe_seconds: f64,
-    pub world_seconds: f64,
-    pub snapshot_seconds: f64,
-    pub average_seconds: f64,
-    pub measured: u32,
-    pub predicted: u32,
-}
-
-impl From<&ControlCosts> for ControlCostsRecord {
-    fn from(c: &ControlCosts) -> Self {
-        ControlCostsRecord {
-            probe_forwards: c.probe_forwards,
-            probe_seconds: c.probe_seconds,
-            world_seconds: c.world_seconds,
-            snapshot_seconds: c.snapshot_seconds,
-            average_seconds: c.average_seconds,
-            measured: c.measured,
-            predicted: c.predicted,
-        }
-    }
 }
 
 /// The run's counters.

@@ -480,7 +480,7 @@ fn run_inner(
     curve.total_seconds = t_run.elapsed().as_secs_f64();
     if let Some(h) = &hybrid {
         curve.decisions = h.ctl.history.clone();
-        curve.costs = Some((&h.costs).into());
+        curve.costs = Some(h.costs.clone());
         curve.rollbacks = h.ctl.rollbacks;
         say!(
             "hybrid: final lr multiplier {:.3}, {} decisions ({} measured, {} predicted by the world model), {} rollbacks; probes {} forward passes in {:.2} s, world model {:.2} s, snapshots {:.2} s",

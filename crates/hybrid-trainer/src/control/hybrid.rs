@@ -7,13 +7,14 @@ use super::world::{DecisionState, Gate, ScalePredictor, StepSizeModel, FEATURES}
 use super::{best_scale, ControlConfig, Controller, Decision};
 use anyhow::{bail, Result};
 use rand::rngs::StdRng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Instant;
 use tensor_ops::gpt::{Dataset, Gpt};
 use tensor_ops::optim::Optimizer;
 
 /// What the controller's own work cost (wall-clock seconds, forward passes).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ControlCosts {
     pub probe_forwards: u64,
     pub probe_seconds: f64,

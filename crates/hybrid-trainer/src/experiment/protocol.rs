@@ -181,6 +181,9 @@ impl Workload {
         let lr = match arm {
             Arm::ScheduleFree => 0.0025,
             Arm::Prodigy => 1.0,
+            // The range test ignores the given rate (its pick replaces it): W1's, so that W2's
+            // and W3's runs are W1's.
+            Arm::RangeTest => self.model_workload().given_lr(),
             _ => self.given_lr() * arm.lr_factor(),
         };
         let mut v = self.model_flags();
@@ -213,5 +216,61 @@ impl Workload {
             _ => {}
         }
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+        let i = args.iter().position(|a| a == name)?;
+        args.get(i + 1).map(String::as_str)
+    }
+
+    /// Every arm's run parses as `train-gpt` flags, at the rate the protocol gives it.
+    #[test]
+    fn every_run_is_a_valid_train_gpt_command_at_its_rate() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: crate::train_args::TrainArgs,
+        }
+        use clap::{Parser, ValueEnum};
+        for &w in Workload::value_variants() {
+            for &arm in Arm::value_variants() {
+                let args = w.args(arm, 3);
+                let mut argv = vec!["t".to_string(), "--data".into(), "x.txt".into()];
+                argv.extend(args.iter().cloned());
+                let parsed = Cli::try_parse_from(&argv)
+                    .unwrap_or_else(|e| panic!("{w:?} {arm:?}: {e}"))
+                    .args;
+                let want = match arm {
+                    Arm::ScheduleFree => 0.0025,
+                    Arm::Prodigy => 1.0,
+                    Arm::RangeTest => w.model_workload().given_lr(),
+                    _ => w.given_lr() * arm.lr_factor(),
+                };
+                assert!((parsed.lr - want).abs() <= 1e-6 * want, "{w:?} {arm:?}");
+                assert!((parsed.min_lr - want / 10.0).abs() <= 1e-6 * want);
+                assert_eq!(flag(&args, "--seed"), Some("3"));
+                assert!(parsed.eval_fixed);
+            }
+        }
+    }
+
+    /// The rate-free arms of W2 and W3 are W1's runs; nothing else is shared.
+    #[test]
+    fn only_rate_free_arms_share_runs() {
+        use clap::ValueEnum;
+        for &arm in Arm::value_variants() {
+            assert_eq!(
+                Workload::W2.args(arm, 1) == Workload::W1.args(arm, 1),
+                arm.lr_free(),
+                "{arm:?}"
+            );
+        }
+        assert_eq!(Workload::W3.model_workload(), Workload::W1);
+        assert_eq!(Workload::W4.model_workload(), Workload::W4);
     }
 }

@@ -2,8 +2,8 @@
 //! loss, never reached), the JSON round trip and the three files.
 
 use super::*;
+use crate::control::hybrid::ControlCosts;
 use crate::control::DecisionRecord;
-use crate::train_curve::ControlCostsRecord;
 
 /// A curve with evaluations every 10 steps of the given val losses (1 s a step).
 fn curve(mode: &str, vals: &[f32], probes: u64) -> RunCurve {
@@ -101,12 +101,12 @@ fn the_report_files_are_written_and_the_json_reads_back() {
         },
     ];
     h.rollbacks = 1;
-    h.costs = Some(ControlCostsRecord {
+    h.costs = Some(ControlCosts {
         probe_forwards: 9,
         probe_seconds: 0.5,
         measured: 1,
         predicted: 1,
-        ..ControlCostsRecord::default()
+        ..ControlCosts::default()
     });
     let c = compare(curve("adamw", &[4.0, 3.0, 2.5, 2.0], 0), h);
     let dir = std::env::temp_dir().join(format!("compare-report-{}", std::process::id()));
