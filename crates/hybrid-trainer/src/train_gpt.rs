@@ -3,19 +3,20 @@
 //! device or data-parallel over several GPUs, one process each (`hybrid-trainer launch`, or any
 //! launcher that sets the `torch.distributed` environment: docs/multi-gpu.md).
 
-use crate::control::cli::{EvalSplits, TrainMode};
+use crate::control::cli::TrainMode;
 use crate::control::hybrid::{At, ProbeShape, StepSizeHybrid};
 use crate::control::world::ScalePredictor;
 pub use crate::train_args::{learning_rate, parse_precision, parse_variant, Schedule, TrainArgs};
 use crate::train_ckpt::{self, TrainState};
 use crate::train_curve::{EvalPoint, RunCurve, Spent};
-use crate::train_step::{OptimizerKind, RangeTest, RunOptimizer, Stepper};
+use crate::train_step::{
+    batch_context, evaluate, poison_first_weight, OptimizerKind, RangeTest, RunOptimizer, Stepper,
+};
 use anyhow::{ensure, Context, Result};
 use gpu_core::Device;
 use std::time::{Duration, Instant};
 use tensor_ops::dist::{DistEnv, GradSync, ProcessGroup};
 use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep};
-use tensor_ops::no_grad;
 use tensor_ops::optim::Optimizer;
 use tensor_ops::{Precision, Tensor};
 
@@ -33,48 +34,6 @@ pub struct TrainSummary {
     pub best_val_iter: u32,
     pub train_seconds: f64,
     pub tokens_per_second: f64,
-}
-
-/// The mean loss over `--eval-iters` batches of the train and val splits (train NaN with
-/// `--eval-splits val`).
-fn evaluate(model: &Gpt, ds: &Dataset, a: &TrainArgs, seed: u64) -> Result<(f32, f32)> {
-    no_grad(|| {
-        let mut out = [f32::NAN; 2];
-        for (k, val) in [false, true].into_iter().enumerate() {
-            if !val && a.eval_splits == EvalSplits::Val {
-                continue;
-            }
-            let mut rng = Dataset::rng(seed ^ (k as u64 + 1));
-            let mut total = 0.0;
-            for _ in 0..a.eval_iters {
-                let (x, y) = ds
-                    .batch(
-                        val,
-                        a.batch as usize,
-                        a.block as usize,
-                        &mut rng,
-                        model.device(),
-                    )
-                    .with_context(|| batch_context(a))?;
-                total += model.loss(&x, &y, None)?.item()?;
-            }
-            out[k] = total / a.eval_iters as f32;
-        }
-        Ok((out[0], out[1]))
-    })
-}
-
-/// Writes a NaN into the first element of the model's first parameter (`--inject-nan-at`).
-fn poison_first_weight(model: &Gpt) -> Result<()> {
-    let (_, p, _) = model
-        .parameters()
-        .into_iter()
-        .next()
-        .context("a model has parameters")?;
-    let mut v = p.to_vec()?;
-    v[0] = f32::NAN;
-    p.assign(&Tensor::from_vec(v, p.shape(), p.device())?)?;
-    Ok(())
 }
 
 /// This process's place in the data-parallel job the environment describes (a group of one
@@ -99,13 +58,6 @@ pub(crate) fn join_data_parallel(
         );
     }
     Ok(pg)
-}
-
-fn batch_context(a: &TrainArgs) -> String {
-    format!(
-        "sampling a batch of --batch {} x --block {} tokens",
-        a.batch, a.block
-    )
 }
 
 /// Trains and reports; prints progress lines and a final JSON summary line.
@@ -320,20 +272,12 @@ fn run_inner(
                 block,
                 seed: a.seed,
             };
+            let at = (&model, opt.get_ref(), &rng, start);
             let h = match predictor {
-                None => StepSizeHybrid::new(
-                    a.control.config(),
-                    &ds,
-                    shape,
-                    (&model, opt.get_ref(), &rng, start),
-                )?,
-                Some(p) => StepSizeHybrid::with_predictor(
-                    a.control.config(),
-                    &ds,
-                    shape,
-                    (&model, opt.get_ref(), &rng, start),
-                    Some(p),
-                )?,
+                None => StepSizeHybrid::new(a.control.config(), &ds, shape, at)?,
+                Some(p) => {
+                    StepSizeHybrid::with_predictor(a.control.config(), &ds, shape, at, Some(p))?
+                }
             };
             train_secs += t.elapsed().as_secs_f64();
             Some(h)
@@ -482,18 +426,7 @@ fn run_inner(
         curve.decisions = h.ctl.history.clone();
         curve.costs = Some(h.costs.clone());
         curve.rollbacks = h.ctl.rollbacks;
-        say!(
-            "hybrid: final lr multiplier {:.3}, {} decisions ({} measured, {} predicted by the world model), {} rollbacks; probes {} forward passes in {:.2} s, world model {:.2} s, snapshots {:.2} s",
-            h.ctl.multiplier(),
-            h.ctl.history.len(),
-            h.costs.measured,
-            h.costs.predicted,
-            h.ctl.rollbacks,
-            h.costs.probe_forwards,
-            h.costs.probe_seconds,
-            h.costs.world_seconds,
-            h.costs.snapshot_seconds
-        );
+        say!("{}", h.summary());
     }
     curve.diverged = diverged.clone();
     if let (Some(path), true) = (&a.curve, main) {

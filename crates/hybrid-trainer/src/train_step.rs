@@ -1,10 +1,13 @@
 //! One training step of the driver, captured as a CUDA graph and replayed or run op by op, and
 //! the LR range test (Smith 2017) that runs on it.
 
+use crate::control::cli::EvalSplits;
+use crate::train_args::TrainArgs;
 use anyhow::{Context, Result};
 use rand::rngs::StdRng;
 use tensor_ops::dist::{GradSync, ProcessGroup, StepSync};
 use tensor_ops::gpt::{Dataset, Gpt, GraphedStep};
+use tensor_ops::no_grad;
 use tensor_ops::optim::{AdamW, AdamWParams, Optimizer, ProdigyParams, ScheduleFreeParams};
 use tensor_ops::Tensor;
 
@@ -215,4 +218,53 @@ impl RangeTest {
             steps: done,
         })
     }
+}
+
+/// The mean loss over `--eval-iters` batches of the train and val splits (train NaN with
+/// `--eval-splits val`).
+pub(crate) fn evaluate(model: &Gpt, ds: &Dataset, a: &TrainArgs, seed: u64) -> Result<(f32, f32)> {
+    no_grad(|| {
+        let mut out = [f32::NAN; 2];
+        for (k, val) in [false, true].into_iter().enumerate() {
+            if !val && a.eval_splits == EvalSplits::Val {
+                continue;
+            }
+            let mut rng = Dataset::rng(seed ^ (k as u64 + 1));
+            let mut total = 0.0;
+            for _ in 0..a.eval_iters {
+                let (x, y) = ds
+                    .batch(
+                        val,
+                        a.batch as usize,
+                        a.block as usize,
+                        &mut rng,
+                        model.device(),
+                    )
+                    .with_context(|| batch_context(a))?;
+                total += model.loss(&x, &y, None)?.item()?;
+            }
+            out[k] = total / a.eval_iters as f32;
+        }
+        Ok((out[0], out[1]))
+    })
+}
+
+/// Writes a NaN into the first element of the model's first parameter (`--inject-nan-at`).
+pub(crate) fn poison_first_weight(model: &Gpt) -> Result<()> {
+    let (_, p, _) = model
+        .parameters()
+        .into_iter()
+        .next()
+        .context("a model has parameters")?;
+    let mut v = p.to_vec()?;
+    v[0] = f32::NAN;
+    p.assign(&Tensor::from_vec(v, p.shape(), p.device())?)?;
+    Ok(())
+}
+
+pub(crate) fn batch_context(a: &TrainArgs) -> String {
+    format!(
+        "sampling a batch of --batch {} x --block {} tokens",
+        a.batch, a.block
+    )
 }

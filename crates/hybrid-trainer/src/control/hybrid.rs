@@ -307,6 +307,26 @@ impl StepSizeHybrid {
         })
     }
 
+    /// One line on what the controller did and cost.
+    pub fn summary(&self) -> String {
+        let c = &self.costs;
+        format!(
+            "hybrid: final lr multiplier {:.3}, {} decisions ({} measured, {} predicted by the \
+             world model), {} rollbacks; probes {} forward passes in {:.2} s, world model {:.2} s, \
+             weight average {:.2} s, snapshots {:.2} s",
+            self.ctl.multiplier(),
+            self.ctl.history.len(),
+            c.measured,
+            c.predicted,
+            self.ctl.rollbacks,
+            c.probe_forwards,
+            c.probe_seconds,
+            c.world_seconds,
+            c.average_seconds,
+            c.snapshot_seconds
+        )
+    }
+
     /// The world model's running error on measured decisions (scaled `ln s*`).
     pub fn world_error(&self) -> Option<f32> {
         self.gate.error()
