@@ -47,6 +47,18 @@ fn ck(e: crate::hybrid::HybridError) -> anyhow::Error {
 /// crash never leaves a mix of two runs' files. A model or moment that is not finite (a
 /// diverged run) is an error, and nothing is written.
 pub fn save(dir: &Path, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<PathBuf> {
+    save_with(dir, model, opt, state, &mut |_| Ok(()))
+}
+
+/// [`save`], with `extra` writing more files into the checkpoint's folder before it is renamed
+/// into place (the driver's counters, the hybrid's state): all of it lands, or none.
+pub fn save_with(
+    dir: &Path,
+    model: &Gpt,
+    opt: &AdamW,
+    state: &TrainState,
+    extra: &mut dyn FnMut(&Path) -> Result<()>,
+) -> Result<PathBuf> {
     let params = model.parameters();
     let (m, v) = opt.moments();
     let mut moments = Vec::with_capacity(2 * params.len());
@@ -66,6 +78,7 @@ pub fn save(dir: &Path, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<
         model.store().save(&tmp.join(MODEL_FILE))?;
         write_tensors(&tmp.join(OPTIM), &moments).map_err(ck)?;
         std::fs::write(tmp.join(STATE), serde_json::to_string_pretty(state)?)?;
+        extra(&tmp)?;
         if sub.exists() {
             let old = dir.join(format!(".{name}.old.{}", std::process::id()));
             std::fs::rename(&sub, &old)?;
@@ -94,7 +107,7 @@ fn finite(what: &str, t: &Tensor) -> Result<()> {
 }
 
 /// The newest checkpoint of `dir` (its `latest`), or `dir` itself when it is one.
-fn newest(dir: &Path) -> Result<PathBuf> {
+pub fn newest(dir: &Path) -> Result<PathBuf> {
     if dir.join(STATE).is_file() {
         return Ok(dir.to_path_buf());
     }

@@ -52,6 +52,20 @@ pub struct RunCurve {
     pub diverged: Option<String>,
 }
 
+/// What a `train-gpt` checkpoint keeps of the driver (`driver.json`), so that a resumed run's
+/// curve and counters go on: the curve so far, the counters, and the range test's scale.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DriverState {
+    pub curve: RunCurve,
+    pub backward: u64,
+    pub forward: u64,
+    pub train_seconds: f64,
+    pub rate_scale: f32,
+}
+
+/// The file of [`DriverState`] in a checkpoint.
+pub const DRIVER_FILE: &str = "driver.json";
+
 /// The run's counters.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Spent {

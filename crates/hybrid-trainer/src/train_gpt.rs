@@ -8,7 +8,7 @@ use crate::control::hybrid::{At, ProbeShape, StepSizeHybrid};
 use crate::control::world::ScalePredictor;
 pub use crate::train_args::{learning_rate, parse_precision, parse_variant, Schedule, TrainArgs};
 use crate::train_ckpt::{self, TrainState};
-use crate::train_curve::{EvalPoint, RunCurve, Spent};
+use crate::train_curve::{DriverState, EvalPoint, RunCurve, Spent, DRIVER_FILE};
 use crate::train_step::{
     batch_context, evaluate, poison_first_weight, OptimizerKind, RangeTest, RunOptimizer, Stepper,
 };
@@ -59,6 +59,9 @@ pub(crate) fn join_data_parallel(
     }
     Ok(pg)
 }
+
+/// The hybrid's folder in a checkpoint.
+const HYBRID_DIR: &str = "hybrid";
 
 /// Trains and reports; prints progress lines and a final JSON summary line.
 pub fn run(device: Device, a: &TrainArgs) -> Result<TrainSummary> {
@@ -201,12 +204,8 @@ fn run_inner(
         ranks: world,
     };
     let mut start = 0;
+    let mut resumed: Option<std::path::PathBuf> = None;
     if let Some(dir) = &a.resume {
-        ensure!(
-            a.mode == TrainMode::Adamw,
-            "--resume is for --mode adamw (the hybrid's and the range test's state are not in \
-             train-gpt checkpoints)"
-        );
         let expect = ck_state(0, opt.get_ref());
         let adamw = opt.adamw().context("checkpoints are AdamW's")?;
         let st = train_ckpt::load(dir, &model, adamw, &expect)?;
@@ -220,6 +219,7 @@ fn run_inner(
         // The batches of the iterations done, drawn again: the data stream goes on.
         ds.skip_batches(false, batch, block, st.iter as usize, &mut rng)?;
         start = st.iter;
+        resumed = Some(train_ckpt::newest(dir)?);
         say!(
             "resumed from {} at iteration {start} (written by {} rank(s), now {world})",
             dir.display(),
@@ -240,7 +240,22 @@ fn run_inner(
     // The factor on the schedule's rate: the range test's pick over the given rate.
     let mut rate_scale = 1.0f32;
     let mut train_secs = 0.0;
-    if a.mode == TrainMode::RangeTest {
+    if let Some(sub) = &resumed {
+        let path = sub.join(DRIVER_FILE);
+        if path.exists() {
+            let d: DriverState = serde_json::from_str(&std::fs::read_to_string(&path)?)
+                .with_context(|| format!("reading {}", path.display()))?;
+            (curve, train_secs, rate_scale) = (d.curve, d.train_seconds, d.rate_scale);
+            (spent.backward, spent.forward) = (d.backward, d.forward);
+        } else {
+            ensure!(
+                a.mode == TrainMode::Adamw,
+                "{} holds no {DRIVER_FILE}: only an AdamW run resumes from it",
+                sub.display()
+            );
+        }
+    }
+    if a.mode == TrainMode::RangeTest && resumed.is_none() {
         let t = Instant::now();
         let pick = RangeTest::default().run(
             &stepper,
@@ -273,12 +288,17 @@ fn run_inner(
                 seed: a.seed,
             };
             let at = (&model, opt.get_ref(), &rng, start);
-            let h = match predictor {
+            let mut h = match predictor {
                 None => StepSizeHybrid::new(a.control.config(), &ds, shape, at)?,
                 Some(p) => {
                     StepSizeHybrid::with_predictor(a.control.config(), &ds, shape, at, Some(p))?
                 }
             };
+            if let Some(sub) = &resumed {
+                let dir = sub.join(HYBRID_DIR);
+                h = StepSizeHybrid::load(&dir, h, (&ds, &model, batch, block, a.seed))
+                    .with_context(|| format!("resuming the hybrid from {}", dir.display()))?;
+            }
             train_secs += t.elapsed().as_secs_f64();
             Some(h)
         }
@@ -318,8 +338,22 @@ fn run_inner(
         if let Some(dir) = a.checkpoint.as_ref().filter(|_| main && it > start) {
             if it % a.checkpoint_interval == 0 || it == a.iters {
                 let st = ck_state(it, opt.get_ref());
+                let driver = DriverState {
+                    curve: curve.clone(),
+                    backward: spent.backward,
+                    forward: spent.forward,
+                    train_seconds: train_secs,
+                    rate_scale,
+                };
                 let adamw = opt.adamw().context("checkpoints are AdamW's")?;
-                let sub = train_ckpt::save(dir, &model, adamw, &st)
+                let mut extra = |tmp: &std::path::Path| -> Result<()> {
+                    std::fs::write(tmp.join(DRIVER_FILE), serde_json::to_string(&driver)?)?;
+                    if let Some(h) = hybrid.as_mut() {
+                        h.save(&tmp.join(HYBRID_DIR))?;
+                    }
+                    Ok(())
+                };
+                let sub = train_ckpt::save_with(dir, &model, adamw, &st, &mut extra)
                     .with_context(|| format!("writing a checkpoint into {}", dir.display()))?;
                 say!("checkpoint {}", sub.display());
             }

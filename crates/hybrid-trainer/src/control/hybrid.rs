@@ -2,8 +2,9 @@
 //! measure, roll back or adapt the multiplier (predicted by the world model or measured), and
 //! start the next segment.
 
-use super::probe::{ProbeSet, SegmentStart, WeightAverage};
-use super::world::{DecisionState, Gate, ScalePredictor, StepSizeModel, FEATURES};
+use super::checkpoint::HostState;
+use super::probe::{ProbeSet, SegmentStart, WeightAverage, Weights};
+use super::world::{DecisionState, Gate, ScalePredictor, StepSizeModel, WorldSnapshot, FEATURES};
 use super::{best_scale, ControlConfig, Controller, Decision};
 use anyhow::{bail, Result};
 use rand::rngs::StdRng;
@@ -325,6 +326,69 @@ impl StepSizeHybrid {
             c.average_seconds,
             c.snapshot_seconds
         )
+    }
+
+    pub(super) fn start(&self) -> &SegmentStart {
+        &self.start
+    }
+
+    pub(super) fn average(&self) -> Option<&WeightAverage> {
+        self.average.as_ref()
+    }
+
+    /// The host state and the world model's, for a checkpoint.
+    pub(super) fn host_state(&mut self) -> Result<(HostState, Option<WorldSnapshot>)> {
+        let world = match self.world.as_mut() {
+            Some(w) => w.snapshot()?,
+            None => None,
+        };
+        let host = HostState {
+            ctl: self.ctl.clone(),
+            gate: self.gate.clone(),
+            states: self.states.clone(),
+            prev_change: self.prev_change,
+            last_log_scale: self.last_log_scale,
+            last_measured: self.last_measured,
+            mean_log_scale: self.mean_log_scale,
+            costs: self.costs.clone(),
+            start_step: self.start.step,
+            start_loss: self.start.loss,
+            start_avg_loss: self.start.avg_loss,
+            start_avg_end_loss: self.start.avg_end_loss,
+            has_average: self.average.is_some(),
+            world_step: world.as_ref().map(|w| w.optimizer.step),
+        };
+        Ok((host, world))
+    }
+
+    /// This controller (fresh, of the same settings) with a checkpoint's state.
+    pub(super) fn restored(
+        mut self,
+        host: HostState,
+        start: SegmentStart,
+        average: Option<Weights>,
+        world: Option<WorldSnapshot>,
+    ) -> Result<StepSizeHybrid> {
+        match (self.average.as_mut(), average) {
+            (Some(a), Some(w)) => a.avg = w,
+            (None, None) => {}
+            _ => anyhow::bail!("the checkpoint's weight average does not match the settings"),
+        }
+        match (self.world.as_mut(), world) {
+            (Some(w), Some(snap)) => w.restore(&snap)?,
+            (None, None) => {}
+            _ => anyhow::bail!("the checkpoint's world model does not match the settings"),
+        }
+        self.ctl = host.ctl;
+        self.gate = host.gate;
+        self.states = host.states;
+        self.prev_change = host.prev_change;
+        self.last_log_scale = host.last_log_scale;
+        self.last_measured = host.last_measured;
+        self.mean_log_scale = host.mean_log_scale;
+        self.costs = host.costs;
+        self.start = start;
+        Ok(self)
     }
 
     /// The world model's running error on measured decisions (scaled `ln s*`).

@@ -23,6 +23,7 @@
 //! segment's start and `c` is divided by `max_change`. Rollbacks are counted; the backward
 //! passes they wasted count in every figure.
 
+pub mod checkpoint;
 pub mod cli;
 pub mod hybrid;
 pub mod probe;

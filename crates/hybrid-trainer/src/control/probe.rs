@@ -92,6 +92,15 @@ fn model_params(model: &Gpt) -> Vec<Tensor> {
 pub struct Weights(Vec<Tensor>);
 
 impl Weights {
+    /// Tensors in the model's parameter order.
+    pub fn from_tensors(ts: Vec<Tensor>) -> Weights {
+        Weights(ts)
+    }
+
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.0
+    }
+
     pub fn of(model: &Gpt) -> Result<Weights> {
         Ok(Weights(
             model_params(model)

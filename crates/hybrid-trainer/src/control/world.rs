@@ -73,6 +73,21 @@ pub trait ScalePredictor {
     fn predict(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<Option<(f32, f32)>>;
     /// Learns from every decision so far (the last one included).
     fn learn(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<()>;
+    /// Its learned state, for a checkpoint (`None`: it keeps none).
+    fn snapshot(&mut self) -> anyhow::Result<Option<WorldSnapshot>> {
+        Ok(None)
+    }
+    /// Takes back a [`ScalePredictor::snapshot`].
+    fn restore(&mut self, _snap: &WorldSnapshot) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// A world model's learned state: its weights (safetensors bytes, with its step count) and its
+/// AdamW moments and step, so that its training resumes bit for bit.
+pub struct WorldSnapshot {
+    pub weights: Vec<u8>,
+    pub optimizer: tensor_ops::optim::AdamWState,
 }
 
 /// The RSSM predictor: small (5 members, GRU 32), on the CPU. It learns on a thread of its
@@ -166,6 +181,21 @@ impl ScalePredictor for StepSizeModel {
         Ok(Some((mean, var.sqrt())))
     }
 
+    fn snapshot(&mut self) -> anyhow::Result<Option<WorldSnapshot>> {
+        let rssm = self.model()?;
+        Ok(Some(WorldSnapshot {
+            weights: rssm.to_bytes()?,
+            optimizer: rssm.optimizer_state()?,
+        }))
+    }
+
+    fn restore(&mut self, snap: &WorldSnapshot) -> anyhow::Result<()> {
+        let rssm = self.model()?;
+        rssm.load_bytes(&snap.weights)?;
+        rssm.load_optimizer_state(&snap.optimizer)?;
+        Ok(())
+    }
+
     /// Starts the training on its own thread and returns at once.
     fn learn(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<()> {
         // Windows one longer than the context: the last step of each is a prediction target.
@@ -191,7 +221,7 @@ impl ScalePredictor for StepSizeModel {
 const ERROR_CAP: f32 = 10.0;
 
 /// When the world model's prediction replaces the measurement.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Gate {
     trust: f32,
     min_examples: u32,

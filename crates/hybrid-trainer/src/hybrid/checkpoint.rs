@@ -68,7 +68,7 @@ pub(crate) fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result
 }
 
 /// Host tensors by name: (shape, values).
-type HostTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
+pub(crate) type HostTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
 
 /// Reads every f32 tensor of a safetensors file.
 pub(crate) fn read_tensors(path: &Path) -> Result<HostTensors, HybridError> {
