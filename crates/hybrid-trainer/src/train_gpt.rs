@@ -399,8 +399,13 @@ fn run_inner(
                     val: va,
                     lr,
                 });
+                let train = if tr.is_nan() {
+                    String::new()
+                } else {
+                    format!("train {tr:.4}, ")
+                };
                 say!(
-                    "eval iter {it}: train {tr:.4}, val {va:.4} (after {train_secs:.1} s of training, {} backward passes)",
+                    "eval iter {it}: {train}val {va:.4} (after {train_secs:.1} s of training, {} backward passes)",
                     spent.backward
                 );
             }
