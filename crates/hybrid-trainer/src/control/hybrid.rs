@@ -185,12 +185,15 @@ impl StepSizeHybrid {
         Ok(None)
     }
 
-    /// After the step `it` ran: moves the weight average every `average_every` steps while
-    /// the multiplier adapts.
+    /// After the step `it` ran: moves the weight average every `average_every` steps until the
+    /// multiplier stops adapting (through the warm-up too).
     pub fn after_step(&mut self, at: &At, model: &Gpt) -> Result<()> {
         let every = self.ctl.cfg.average_every;
         if let Some(avg) = self.average.as_mut() {
-            if self.ctl.adapting(at.step + 1, at.warmup, at.iters)
+            // From the first step, not from the first adapting one: the first line search
+            // needs an average that moved over its segment (a still average gives a flat
+            // parabola, whose answer is the lower bound).
+            if self.ctl.before_adaptation_ends(at.step + 1, at.iters)
                 && (at.step + 1).is_multiple_of(every)
             {
                 let t = Instant::now();

@@ -231,6 +231,11 @@ impl Controller {
         it > warmup && (it as f64) < self.cfg.adapt_until as f64 * iters as f64
     }
 
+    /// Whether step `it` of a run of `iters` comes before the multiplier is held.
+    pub fn before_adaptation_ends(&self, it: u32, iters: u32) -> bool {
+        (it as f64) < self.cfg.adapt_until as f64 * iters as f64
+    }
+
     /// Whether a segment that went from probe loss `f0` to `f1` must be rolled back.
     pub fn must_roll_back(&self, f0: f32, f1: f32) -> bool {
         if !f1.is_finite() {

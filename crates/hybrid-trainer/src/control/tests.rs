@@ -164,6 +164,10 @@ fn adaptation_runs_from_the_warm_up_to_its_end_fraction() {
     assert!(c.adapting(101, 100, 2000));
     assert!(c.adapting(999, 100, 2000));
     assert!(!c.adapting(1000, 100, 2000));
+    // The weight average moves from the first step (through the warm-up) to the same end.
+    assert!(c.before_adaptation_ends(1, 2000));
+    assert!(c.before_adaptation_ends(999, 2000));
+    assert!(!c.before_adaptation_ends(1000, 2000));
 }
 
 /// The gate trusts a model only after enough measured decisions with a small error and spread,
