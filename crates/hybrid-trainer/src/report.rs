@@ -141,6 +141,24 @@ pub struct ReportPaths {
 
 /// Writes `<dir>/<stem>.md`, `<stem>.json` (the record, pretty) and `<stem>.png`: creates `dir`.
 pub fn write_report(dir: &Path, stem: &str, rec: &RunRecord) -> Result<ReportPaths> {
+    write_three(
+        dir,
+        stem,
+        rec,
+        |png| plot_run(png, rec),
+        |name| markdown(rec, name),
+    )
+}
+
+/// Writes `<dir>/<stem>.json` (`value`, pretty), `<stem>.png` (`plot`) and `<stem>.md`
+/// (`md`, given the PNG's file name to link); creates `dir`.
+pub(crate) fn write_three<T: Serialize>(
+    dir: &Path,
+    stem: &str,
+    value: &T,
+    plot: impl FnOnce(&Path) -> Result<()>,
+    md: impl FnOnce(&str) -> String,
+) -> Result<ReportPaths> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating report directory {}", dir.display()))?;
     let png_name = format!("{stem}.png");
@@ -149,11 +167,11 @@ pub fn write_report(dir: &Path, stem: &str, rec: &RunRecord) -> Result<ReportPat
         json: dir.join(format!("{stem}.json")),
         png: dir.join(&png_name),
     };
-    let json = serde_json::to_string_pretty(rec).context("serialising the run record")?;
+    let json = serde_json::to_string_pretty(value).context("serialising the report")?;
     std::fs::write(&paths.json, json + "\n")
         .with_context(|| format!("writing {}", paths.json.display()))?;
-    plot_run(&paths.png, rec)?;
-    std::fs::write(&paths.markdown, markdown(rec, &png_name))
+    plot(&paths.png)?;
+    std::fs::write(&paths.markdown, md(&png_name))
         .with_context(|| format!("writing {}", paths.markdown.display()))?;
     Ok(paths)
 }

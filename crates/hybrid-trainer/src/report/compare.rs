@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use super::compare_plot::plot_comparison;
@@ -232,21 +232,13 @@ fn loss(v: f32) -> String {
 
 /// Writes `<dir>/<stem>.md`, `<stem>.json` and `<stem>.png`; creates `dir`.
 pub fn write_comparison(dir: &Path, stem: &str, cmp: &Comparison) -> Result<ReportPaths> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("creating report directory {}", dir.display()))?;
-    let png_name = format!("{stem}.png");
-    let paths = ReportPaths {
-        markdown: dir.join(format!("{stem}.md")),
-        json: dir.join(format!("{stem}.json")),
-        png: dir.join(&png_name),
-    };
-    let json = serde_json::to_string_pretty(cmp).context("serialising the comparison")?;
-    std::fs::write(&paths.json, json + "\n")
-        .with_context(|| format!("writing {}", paths.json.display()))?;
-    plot_comparison(&paths.png, cmp)?;
-    std::fs::write(&paths.markdown, markdown(cmp, &png_name))
-        .with_context(|| format!("writing {}", paths.markdown.display()))?;
-    Ok(paths)
+    super::write_three(
+        dir,
+        stem,
+        cmp,
+        |png| plot_comparison(png, cmp),
+        |name| markdown(cmp, name),
+    )
 }
 
 /// The markdown of a comparison: the table, the verdict, the hybrid's costs and decisions,
