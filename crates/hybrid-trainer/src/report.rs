@@ -305,7 +305,7 @@ fn loss(v: f32) -> String {
 }
 
 /// Serde helpers: JSON has no NaN or infinity, so non-finite floats are written as `null`.
-mod finite {
+pub(crate) mod finite {
     use serde::{Deserialize, Deserializer, Serializer};
 
     /// `Some(finite)` as a number, anything else (None, NaN, inf) as `null`.
@@ -339,6 +339,12 @@ mod finite {
 
     pub fn de_f64<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
         Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
+
+    /// [`f32`] and [`de_f32`] for `#[serde(with = "crate::report::finite::f32_or_null")]`.
+    pub mod f32_or_null {
+        pub use super::de_f32 as deserialize;
+        pub use super::f32 as serialize;
     }
 }
 

@@ -19,9 +19,9 @@ pub struct EvalPoint {
     /// not the evaluations.
     pub seconds: f64,
     /// NaN when the train split was not evaluated (`null` in JSON, as every non-finite loss).
-    #[serde(with = "finite_or_null")]
+    #[serde(with = "crate::report::finite::f32_or_null")]
     pub train: f32,
-    #[serde(with = "finite_or_null")]
+    #[serde(with = "crate::report::finite::f32_or_null")]
     pub val: f32,
     /// The learning rate the last step ran at.
     pub lr: f32,
@@ -71,23 +71,6 @@ pub const DRIVER_FILE: &str = "driver.json";
 pub struct Spent {
     pub backward: u64,
     pub forward: u64,
-}
-
-/// A loss in JSON: a number when finite, else `null` (read back as NaN).
-pub(crate) mod finite_or_null {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
-        if v.is_finite() {
-            s.serialize_f32(*v)
-        } else {
-            s.serialize_none()
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
-        Ok(Option::<f32>::deserialize(d)?.unwrap_or(f32::NAN))
-    }
 }
 
 #[cfg(test)]

@@ -192,7 +192,7 @@ pub struct DecisionRecord {
     pub measured: bool,
     pub rollback: bool,
     /// The probe loss at the segment's end (`null` in JSON when not finite).
-    #[serde(with = "crate::train_curve::finite_or_null")]
+    #[serde(with = "crate::report::finite::f32_or_null")]
     pub probe_loss: f32,
 }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::compare_plot::plot_comparison;
 use super::ReportPaths;
-use crate::train_curve::{finite_or_null, EvalPoint, RunCurve};
+use crate::train_curve::{EvalPoint, RunCurve};
 
 /// What a run had spent when it first reached the target (at an evaluation).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
@@ -40,9 +40,9 @@ pub struct RunRow {
     pub mode: String,
     /// `None`: the run never reached the target.
     pub reached: Option<Reach>,
-    #[serde(with = "finite_or_null")]
+    #[serde(with = "crate::report::finite::f32_or_null")]
     pub best_val: f32,
-    #[serde(with = "finite_or_null")]
+    #[serde(with = "crate::report::finite::f32_or_null")]
     pub final_val: f32,
     /// What the whole run spent (at its last evaluation).
     pub total: Option<Reach>,
@@ -96,7 +96,7 @@ pub struct Comparison {
     /// The job's flags.
     pub config: serde_json::Value,
     /// AdamW's best validation loss (`null` when it had none finite).
-    #[serde(with = "finite_or_null")]
+    #[serde(with = "crate::report::finite::f32_or_null")]
     pub target_val: f32,
     /// AdamW first, the hybrid second.
     pub runs: Vec<RunCurve>,
