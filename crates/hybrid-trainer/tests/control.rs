@@ -234,3 +234,111 @@ fn a_resumed_hybrid_run_continues_bit_for_bit() {
     assert_eq!(host(&da), host(&db));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A hybrid checkpoint that was truncated, lost a file, or was written with other settings is
+/// refused with an error naming the problem; nothing panics.
+#[test]
+fn a_damaged_hybrid_checkpoint_is_refused() {
+    let dir = std::env::temp_dir().join(format!("hybrid-damaged-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ck = dir.join("ck");
+    let a = args_for(
+        100,
+        &[
+            "--mode",
+            "hybrid",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--checkpoint-interval",
+            "100",
+        ],
+    )
+    .unwrap();
+    run_with_curve(Device::Cpu, &a).unwrap();
+    let good = ck.join("iter-0000100");
+    let copy = |name: &str| -> PathBuf {
+        let to = dir.join(name);
+        std::fs::create_dir_all(to.join("hybrid")).unwrap();
+        for sub in ["", "hybrid"] {
+            for e in std::fs::read_dir(good.join(sub)).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_file() {
+                    std::fs::copy(&p, to.join(sub).join(p.file_name().unwrap())).unwrap();
+                }
+            }
+        }
+        to
+    };
+    let truncate = |p: PathBuf| {
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    };
+    let cases: Vec<(PathBuf, &[&str])> = vec![
+        (
+            {
+                let d = copy("json");
+                truncate(d.join("hybrid/control.json"));
+                d
+            },
+            &[],
+        ),
+        (
+            {
+                let d = copy("tensors");
+                truncate(d.join("hybrid/tensors.safetensors"));
+                d
+            },
+            &[],
+        ),
+        (
+            {
+                let d = copy("world");
+                truncate(d.join("hybrid/world_model.safetensors"));
+                d
+            },
+            &[],
+        ),
+        (
+            {
+                let d = copy("missing");
+                std::fs::remove_file(d.join("hybrid/start_optimizer.safetensors")).unwrap();
+                d
+            },
+            &[],
+        ),
+        (
+            {
+                let d = copy("no-hybrid");
+                std::fs::remove_dir_all(d.join("hybrid")).unwrap();
+                d
+            },
+            &[],
+        ),
+        (copy("settings"), &["--segment", "50"]),
+        (copy("no-world-model"), &["--no-world-model"]),
+    ];
+    for (from, extra) in cases {
+        let mut flags = vec![
+            "--mode",
+            "hybrid",
+            "--iters",
+            "150",
+            "--resume",
+            from.to_str().unwrap(),
+        ];
+        flags.extend_from_slice(extra);
+        let mut argv: Vec<String> =
+            vec!["t".into(), "--data".into(), corpus().display().to_string()];
+        argv.extend("--layers 2 --heads 2 --embd 64 --block 32 --batch 8 --warmup 20 --eval-interval 50 --eval-iters 4 --sample 0 --log-interval 1000 --eval-splits val --eval-fixed --seed 7".split_whitespace().map(String::from));
+        argv.extend(flags.iter().map(|s| s.to_string()));
+        let args = Cli::try_parse_from(argv).unwrap().args;
+        let err = run_with_curve(Device::Cpu, &args).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("resuming the hybrid"),
+            "{}: {msg}",
+            from.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -72,3 +72,47 @@ fn lerp_tensors_refuses_bad_lists_and_leaves_no_trace() {
         assert_eq!(a.to_vec().unwrap(), vec![1.5, 2.5]);
     }
 }
+
+/// Extreme finite values (±1e30) keep the stated bound; a NaN or an infinity in a target or
+/// an end gives a non-finite result there and nowhere else; a tensor of 3,000,001 elements
+/// (longer than one launch's piece) is lerped whole.
+#[test]
+fn lerp_tensors_handles_extreme_values_and_long_tensors() {
+    let seed = gpu_cuda::testing::test_seed("lerp_tensors_handles_extreme_values_and_long_tensors");
+    for dev in gpu_cuda::testing::devices("lerp_tensors_handles_extreme_values_and_long_tensors") {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let t_host = vec![1e30f32, -1e30, 1e30, f32::NAN, 1.0, f32::INFINITY, 2.0];
+        let e_host = vec![-1e30f32, 1e30, 1e30, 1.0, f32::NAN, 1.0, -3.0];
+        let t = Tensor::from_vec(t_host.clone(), &[7], dev).unwrap();
+        let e = Tensor::from_vec(e_host.clone(), &[7], dev).unwrap();
+        lerp_tensors(std::slice::from_ref(&t), &[e], 0.25).unwrap();
+        let got = t.to_vec().unwrap();
+        for (i, ((&g, &a), &b)) in got.iter().zip(&t_host).zip(&e_host).enumerate() {
+            if a.is_finite() && b.is_finite() {
+                let want = a as f64 + 0.25 * (b as f64 - a as f64);
+                let bound = 4.0 * f32::EPSILON as f64 * (a.abs().max(b.abs()) as f64);
+                assert!(
+                    (g as f64 - want).abs() <= bound,
+                    "{dev} [{i}]: {g}, want {want}"
+                );
+            } else {
+                assert!(!g.is_finite(), "{dev} [{i}]: lerp({a}, {b}) = {g}");
+            }
+        }
+        let n = 3_000_001;
+        let th = random(&mut rng, n);
+        let eh = random(&mut rng, n);
+        let t = Tensor::from_vec(th.clone(), &[n], dev).unwrap();
+        let e = Tensor::from_vec(eh.clone(), &[n], dev).unwrap();
+        lerp_tensors(std::slice::from_ref(&t), &[e], 0.5).unwrap();
+        let got = t.to_vec().unwrap();
+        for i in [0, 1, n / 2, n - 2, n - 1] {
+            let want = th[i] as f64 + 0.5 * (eh[i] as f64 - th[i] as f64);
+            let bound = 4.0 * f32::EPSILON as f64 * (th[i].abs().max(eh[i].abs()) as f64);
+            assert!(
+                (got[i] as f64 - want).abs() <= bound,
+                "{dev} seed {seed} [{i}]"
+            );
+        }
+    }
+}

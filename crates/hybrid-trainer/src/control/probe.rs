@@ -119,7 +119,8 @@ impl Weights {
         ))
     }
 
-    /// Writes these weights into the model's parameters, in place (checked per tensor).
+    /// Writes these weights into the model's parameters, in place. Every tensor's shape,
+    /// dtype and device is checked before the first is written: a refusal leaves no trace.
     pub fn load_into(&self, model: &Gpt) -> Result<()> {
         let params = model_params(model);
         anyhow::ensure!(
@@ -128,6 +129,18 @@ impl Weights {
             self.0.len(),
             params.len()
         );
+        for (i, (p, w)) in params.iter().zip(&self.0).enumerate() {
+            anyhow::ensure!(
+                p.shape() == w.shape() && p.dtype() == w.dtype() && p.device() == w.device(),
+                "saved tensor {i} is {} {:?} on {}, the parameter {} {:?} on {}",
+                w.dtype(),
+                w.shape(),
+                w.device(),
+                p.dtype(),
+                p.shape(),
+                p.device()
+            );
+        }
         for (p, w) in params.iter().zip(&self.0) {
             p.assign(w)?;
         }
@@ -200,11 +213,14 @@ impl SegmentStart {
         opt: &mut dyn Optimizer,
         rng: &mut StdRng,
     ) -> Result<u32> {
-        self.weights.load_into(model)?;
-        if let (Some(avg), Some(saved)) = (average, &self.average) {
-            avg.avg = saved.deep_copy()?;
-        }
+        // The optimizer's state and the weights are each checked before they are written;
+        // the copy of the average is made before anything is.
+        let avg_copy = self.average.as_ref().map(Weights::deep_copy).transpose()?;
         opt.load_state(&self.optimizer)?;
+        self.weights.load_into(model)?;
+        if let (Some(avg), Some(copy)) = (average, avg_copy) {
+            avg.avg = copy;
+        }
         *rng = self.rng.clone();
         Ok(self.step)
     }
