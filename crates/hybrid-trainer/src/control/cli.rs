@@ -35,9 +35,17 @@ pub struct ControlArgs {
     /// Hybrid: fraction of the run during which the step size adapts (then held).
     #[arg(long, default_value_t = 0.5)]
     pub adapt_until: f32,
+    /// Hybrid ablation: no decisions inside the warm-up (only rollback checks, every
+    /// 4 × segment steps).
+    #[arg(long)]
+    pub no_warmup_decisions: bool,
     /// Hybrid: c ← c·s*^gain at each decision.
     #[arg(long, default_value_t = 0.5)]
     pub control_gain: f32,
+    /// Hybrid: the gain grows by this factor per decision while the scales agree in direction
+    /// (1: a fixed gain).
+    #[arg(long, default_value_t = 1.0)]
+    pub gain_growth: f32,
     /// Hybrid ablation: measure every decision, no world model.
     #[arg(long)]
     pub no_world_model: bool,
@@ -61,7 +69,9 @@ impl ControlArgs {
         ControlConfig {
             segment: self.segment,
             adapt_until: self.adapt_until,
+            adapt_in_warmup: !self.no_warmup_decisions,
             gain: self.control_gain,
+            gain_growth: self.gain_growth,
             world_model: !self.no_world_model,
             rollback_tolerance: if self.no_rollback {
                 None

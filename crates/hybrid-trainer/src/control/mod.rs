@@ -43,10 +43,17 @@ pub struct ControlConfig {
     pub extrapolate: f32,
     /// `c ← c·s*^gain` (0: never adapt; 1: jump to the measured optimum).
     pub gain: f32,
+    /// While successive scales agree in direction the gain grows by this factor per decision
+    /// (up to 1), and falls back to `gain` when one disagrees (delta-bar-delta; 1: off, the
+    /// default: on the development workload it did not pay, docs/hybrid-trainer.md).
+    pub gain_growth: f32,
     /// `s*` is clamped to `[1/max_change, max_change]` (> 1).
     pub max_change: f32,
     /// Fraction of the run after which the multiplier is held.
     pub adapt_until: f32,
+    /// Adapt the multiplier inside the warm-up too (else only check for rollbacks there, in
+    /// segments four times as long).
+    pub adapt_in_warmup: bool,
     /// The multiplier stays in `[1/max_multiplier, max_multiplier]`.
     pub max_multiplier: f32,
     /// Relative rise of the probe loss over a segment that rolls it back (`None`: only a
@@ -75,8 +82,10 @@ impl Default for ControlConfig {
             probe_batches: 2,
             extrapolate: 2.0,
             gain: 0.5,
+            gain_growth: 1.0,
             max_change: 2.0,
             adapt_until: 0.5,
+            adapt_in_warmup: true,
             max_multiplier: 64.0,
             rollback_tolerance: Some(0.02),
             world_model: true,
@@ -120,6 +129,9 @@ impl ControlConfig {
             if !(v.is_finite() && v > 1.0) {
                 return bad(field, "must be finite and > 1");
             }
+        }
+        if !(self.gain_growth.is_finite() && self.gain_growth >= 1.0) {
+            return bad("gain_growth", "must be finite and >= 1");
         }
         for (field, v) in [("gain", self.gain), ("adapt_until", self.adapt_until)] {
             if !(0.0..=1.0).contains(&v) {
@@ -201,6 +213,9 @@ pub struct DecisionRecord {
 pub struct Controller {
     pub cfg: ControlConfig,
     multiplier: f32,
+    /// The gain of the last adaptation and its direction (`+1` up, `-1` down, `0` none).
+    gain_now: f32,
+    direction: i8,
     pub rollbacks: u32,
     pub history: Vec<DecisionRecord>,
 }
@@ -209,8 +224,10 @@ impl Controller {
     pub fn new(cfg: ControlConfig) -> Result<Controller, ConfigError> {
         cfg.validate()?;
         Ok(Controller {
+            gain_now: cfg.gain,
             cfg,
             multiplier: 1.0,
+            direction: 0,
             rollbacks: 0,
             history: Vec::new(),
         })
@@ -226,9 +243,10 @@ impl Controller {
         it > start && (it - start).is_multiple_of(self.cfg.segment)
     }
 
-    /// Whether the multiplier still adapts at step `it` of a run of `iters` after `warmup`.
+    /// Whether the multiplier still adapts at step `it` of a run of `iters` whose warm-up
+    /// lasts `warmup` steps.
     pub fn adapting(&self, it: u32, warmup: u32, iters: u32) -> bool {
-        it > warmup && (it as f64) < self.cfg.adapt_until as f64 * iters as f64
+        (self.cfg.adapt_in_warmup || it > warmup) && self.before_adaptation_ends(it, iters)
     }
 
     /// Whether step `it` of a run of `iters` comes before the multiplier is held.
@@ -255,13 +273,15 @@ impl Controller {
         let (scale, measured, rollback) = match decision {
             Decision::Rollback => {
                 self.multiplier = (self.multiplier / self.cfg.max_change).clamp(lo, hi);
+                (self.gain_now, self.direction) = (self.cfg.gain, 0);
                 self.rollbacks += 1;
                 (None, true, true)
             }
             Decision::Continue { scale, measured } => {
                 if let Some(s) = scale {
                     let s = s.clamp(1.0 / self.cfg.max_change, self.cfg.max_change);
-                    self.multiplier = (self.multiplier * s.powf(self.cfg.gain)).clamp(lo, hi);
+                    let gain = self.next_gain(s);
+                    self.multiplier = (self.multiplier * s.powf(gain)).clamp(lo, hi);
                 }
                 (scale, measured, false)
             }
@@ -274,6 +294,27 @@ impl Controller {
             rollback,
             probe_loss: f1,
         });
+    }
+
+    /// The gain for an adaptation by `s`: grown by `gain_growth` (up to 1) when `s` moves the
+    /// multiplier the same way as the last adaptation, else the configured gain.
+    fn next_gain(&mut self, s: f32) -> f32 {
+        let direction = if s > 1.0 {
+            1
+        } else if s < 1.0 {
+            -1
+        } else {
+            0
+        };
+        self.gain_now = if direction != 0 && direction == self.direction {
+            (self.gain_now * self.cfg.gain_growth)
+                .min(1.0)
+                .max(self.cfg.gain)
+        } else {
+            self.cfg.gain
+        };
+        self.direction = direction;
+        self.gain_now
     }
 
     /// Whether the multiplier sits at its lower bound (a rollback there cannot help).

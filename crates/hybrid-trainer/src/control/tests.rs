@@ -158,9 +158,18 @@ fn rollback_on_a_non_finite_or_risen_loss() {
 }
 
 #[test]
-fn adaptation_runs_from_the_warm_up_to_its_end_fraction() {
+fn adaptation_runs_to_its_end_fraction_from_the_start_or_the_warm_up_end() {
     let c = Controller::new(ControlConfig::default()).unwrap();
-    assert!(!c.adapting(100, 100, 2000));
+    assert!(c.adapting(1, 100, 2000));
+    assert!(c.adapting(100, 100, 2000));
+    let late = Controller::new(ControlConfig {
+        adapt_in_warmup: false,
+        ..ControlConfig::default()
+    })
+    .unwrap();
+    assert!(!late.adapting(100, 100, 2000));
+    assert!(late.adapting(101, 100, 2000));
+    assert!(!late.adapting(1000, 100, 2000));
     assert!(c.adapting(101, 100, 2000));
     assert!(c.adapting(999, 100, 2000));
     assert!(!c.adapting(1000, 100, 2000));

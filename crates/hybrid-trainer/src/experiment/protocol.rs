@@ -71,6 +71,8 @@ pub enum Arm {
     HybridNoAverage,
     /// Ablation: the hybrid without rollback on a risen probe loss.
     HybridNoRollback,
+    /// Ablation: the hybrid without decisions inside the warm-up.
+    HybridNoWarmupDecisions,
 }
 
 impl Arm {
@@ -88,6 +90,7 @@ impl Arm {
             Arm::HybridNoWorldModel => "hybrid, no world model",
             Arm::HybridNoAverage => "hybrid, raw iterates",
             Arm::HybridNoRollback => "hybrid, no rollback",
+            Arm::HybridNoWarmupDecisions => "hybrid, no warm-up decisions",
         }
     }
 
@@ -127,7 +130,8 @@ impl Arm {
             Arm::Hybrid
             | Arm::HybridNoWorldModel
             | Arm::HybridNoAverage
-            | Arm::HybridNoRollback => TrainMode::Hybrid,
+            | Arm::HybridNoRollback
+            | Arm::HybridNoWarmupDecisions => TrainMode::Hybrid,
             _ => TrainMode::Adamw,
         }
     }
@@ -213,6 +217,7 @@ impl Workload {
             Arm::HybridNoWorldModel => v.push("--no-world-model".into()),
             Arm::HybridNoAverage => v.push("--no-average".into()),
             Arm::HybridNoRollback => v.push("--no-rollback".into()),
+            Arm::HybridNoWarmupDecisions => v.push("--no-warmup-decisions".into()),
             _ => {}
         }
         v
