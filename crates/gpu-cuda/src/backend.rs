@@ -45,6 +45,9 @@ struct Inner {
     path: AtomicU8,
     image: AtomicU8,
     gate: Arc<Gate>,
+    /// Held while a kernel's dynamic shared memory limit is read and raised
+    /// ([`CudaBackend::raise_dynamic_smem`]), so that two threads cannot lower it between them.
+    smem_limit: Mutex<()>,
 }
 
 /// A CUDA device. Cloning is cheap and shares everything.
@@ -161,6 +164,7 @@ impl CudaBackend {
                     path: AtomicU8::new(0),
                     image: AtomicU8::new(0),
                     gate,
+                    smem_limit: Mutex::new(()),
                 }),
             }),
         };
@@ -359,37 +363,88 @@ impl CudaBackend {
     }
 
     /// An embedded kernel's raw-driver function, its context bound to this thread and its
-    /// dynamic shared memory limit raised to `smem` (for the occupancy queries).
+    /// dynamic shared memory limit at least `smem` (for the occupancy queries).
     fn function_with_smem(&self, kernel: &str, smem: u32) -> Result<crate::module::RawFunction> {
         let f = self
             .inner
             .modules
             .raw_function(&self.inner.ctx, kernel, self.image_kind())?;
         self.bind()?;
-        allow_dynamic_smem(f.func, smem)?;
+        self.raise_dynamic_smem(f.func, smem)?;
         Ok(f)
+    }
+
+    /// Raises `func`'s dynamic shared memory limit
+    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`) to `smem` bytes where it is lower;
+    /// never lowers it. The context must be bound.
+    ///
+    /// The limit belongs to the function, which every thread using this backend shares (the
+    /// module cache holds one per kernel), and it outlives the call that set it: the rollout's
+    /// plans are cached on the understanding that it stays set. Setting it to each caller's size
+    /// let planning another size lower it below what a cached plan launches with (from another
+    /// thread, or the same one between two rollouts of different sizes): the driver then counts
+    /// no block of the launch's size as resident (the occupancy of more dynamic shared memory
+    /// than the function's limit is 0) and refuses the cooperative grid with
+    /// `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`. A higher limit admits every smaller launch; the
+    /// occupancy queries are asked about the launch's own size (should the driver still refuse
+    /// a grid they admitted, `rollout` takes its next path). Reading and raising under one lock
+    /// keeps two raising threads from lowering it between them.
+    fn raise_dynamic_smem(&self, func: sys::CUfunction, smem: u32) -> Result<()> {
+        if smem == 0 {
+            return Ok(());
+        }
+        let want = i32::try_from(smem)
+            .map_err(|_| GpuError::invalid("cuFuncSetAttribute", "shared memory too large"))?;
+        let _held = self
+            .inner
+            .smem_limit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        let mut now: i32 = 0;
+        // SAFETY: the callers pass a live function of a loaded module, its context bound;
+        // the query writes one int to a local.
+        check("cuFuncGetAttribute", unsafe {
+            sys::cuFuncGetAttribute(&mut now, attr, func)
+        })?;
+        if now >= want {
+            return Ok(());
+        }
+        // SAFETY: as above; the attribute only sets the function's launch limit (the driver
+        // refuses more than the device allows, with an error).
+        check("cuFuncSetAttribute", unsafe {
+            sys::cuFuncSetAttribute(func, attr, want)
+        })
     }
 
     /// The most blocks of `block` threads and `smem` bytes of dynamic shared memory of an
     /// embedded kernel that can be resident at once on this device (the largest cooperative
     /// grid). Allows more than 48 KiB of dynamic shared memory when `smem` asks for it.
     pub fn cooperative_grid(&self, kernel: &str, block: u32, smem: u32) -> Result<u32> {
+        let per_sm = self.blocks_per_multiprocessor(kernel, block, smem)?;
+        Ok(per_sm.saturating_mul(self.info().multiprocessors))
+    }
+
+    /// The most blocks of `block` threads and `smem` bytes of dynamic shared memory of an
+    /// embedded kernel that one multiprocessor holds at once
+    /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`, after raising the kernel's dynamic shared
+    /// memory limit to at least `smem`: below it the driver counts 0).
+    pub fn blocks_per_multiprocessor(&self, kernel: &str, block: u32, smem: u32) -> Result<u32> {
+        let block = i32::try_from(block)
+            .map_err(|_| GpuError::invalid("occupancy", format!("{block} threads a block")))?;
         let f = self.function_with_smem(kernel, smem)?;
+        let mut per_sm: i32 = 0;
         // SAFETY: `f.func` is a live function of a loaded module; the occupancy query only
-        // reads its launch limits.
-        unsafe {
-            let mut per_sm: i32 = 0;
-            check(
-                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                    &mut per_sm,
-                    f.func,
-                    block as i32,
-                    smem as usize,
-                ),
-            )?;
-            Ok((per_sm.max(0) as u32).saturating_mul(self.info().multiprocessors))
-        }
+        // reads its launch limits and writes one int to a local.
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut per_sm,
+                f.func,
+                block,
+                smem as usize,
+            )
+        })?;
+        Ok(per_sm.max(0) as u32)
     }
 
     /// Launches an embedded kernel whose dynamic shared memory may exceed the default 48 KiB
@@ -407,7 +462,7 @@ impl CudaBackend {
         let f = self.checked_raw_function(kernel, &cfg, args)?;
         let _pass = self.pass();
         self.bind()?;
-        allow_dynamic_smem(f.func, cfg.shared_mem_bytes)?;
+        self.raise_dynamic_smem(f.func, cfg.shared_mem_bytes)?;
         // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
         unsafe { launch::launch_raw(&self.inner.stream, f.func, cfg, args) }
     }
@@ -477,6 +532,9 @@ impl CudaBackend {
     ) -> Result<()> {
         let f = self.checked_raw_function(kernel, &cfg, args)?;
         let _pass = self.pass();
+        // The launch's own dynamic shared memory, whatever an earlier query left set.
+        self.bind()?;
+        self.raise_dynamic_smem(f.func, cfg.shared_mem_bytes)?;
         // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
         unsafe {
             launch::launch_raw_with(&self.inner.stream, f.func, cfg, args, cooperative, cluster)
@@ -700,20 +758,4 @@ impl Backend for CudaBackend {
             .synchronize()
             .map_err(drv("cuStreamSynchronize"))
     }
-}
-
-/// Raises `func`'s dynamic shared memory limit to `smem` bytes (the driver refuses more than
-/// the device allows, with an error).
-fn allow_dynamic_smem(func: sys::CUfunction, smem: u32) -> Result<()> {
-    let smem = i32::try_from(smem)
-        .map_err(|_| GpuError::invalid("cuFuncSetAttribute", "shared memory too large"))?;
-    // SAFETY: the callers pass a live function of a loaded module; the attribute only sets its
-    // launch limit.
-    check("cuFuncSetAttribute", unsafe {
-        sys::cuFuncSetAttribute(
-            func,
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem,
-        )
-    })
 }

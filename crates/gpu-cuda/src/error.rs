@@ -27,6 +27,15 @@ pub(crate) fn drv(call: &'static str) -> impl Fn(DriverError) -> GpuError {
     }
 }
 
+/// True for the driver's refusal of a cooperative grid that cannot be resident at once
+/// (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`): the launch did not run, nothing was written.
+pub fn is_cooperative_launch_too_large(e: &GpuError) -> bool {
+    let name = format!("{:?}", CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+    // `drv` writes the driver's name of the error (`describe_driver_error`), which is the
+    // enum's, or the enum's Debug form where the name cannot be read: the same string.
+    matches!(e, GpuError::Cuda { detail, .. } if detail.starts_with(&name))
+}
+
 /// Checks a raw `CUresult` from a `sys::` call.
 pub(crate) fn check(call: &'static str, r: CUresult) -> Result<(), GpuError> {
     r.result().map_err(drv(call))
@@ -51,4 +60,31 @@ pub(crate) fn is_image_error(r: CUresult) -> bool {
 /// Free device memory of the current context, or 0 when it cannot be read.
 pub(crate) fn free_bytes() -> usize {
     cudarc::driver::result::mem_get_info().map_or(0, |(free, _)| free)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cooperative_refusal_is_told_apart() {
+        let cuda = |detail: &str| GpuError::Cuda {
+            call: "cuLaunchKernelEx",
+            detail: detail.into(),
+        };
+        // As `describe_driver_error` writes it: the driver's name, or the enum's Debug form.
+        assert!(is_cooperative_launch_too_large(&cuda(
+            "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: too many blocks in cooperative launch"
+        )));
+        assert!(is_cooperative_launch_too_large(&cuda(
+            "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"
+        )));
+        assert!(!is_cooperative_launch_too_large(&cuda(
+            "CUDA_ERROR_INVALID_VALUE: invalid argument"
+        )));
+        assert!(!is_cooperative_launch_too_large(&GpuError::invalid(
+            "rssm_rollout",
+            "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"
+        )));
+    }
 }

@@ -18,6 +18,38 @@
 //!   dk_j: 1.25·|scale|·Σ_i e_ij|q_i| + 2u|dk_j|, dv_j: 1.25·Σ_i (2u + εκ_ij)P_ij|dout_i| + 2u|dv_j|
 //!   (the 1.25 covers the f32 sums of the rounded terms, ≤ 256·2^-24 of their magnitude).
 //!
+//! Flush to zero. These bounds are relative: they cannot absorb a value that the kernel flushes
+//! to 0 however small it is, and an H200 returned 0 where the reference has a bf16 subnormal
+//! (4.6e-40 against a bound of 3e-41, scale 2: a P_ij = exp(s_ij − lse_i) below 2^-126, which
+//! the reference keeps, in a gradient; in another run a normal 6.9e-38 lost half to such a P).
+//! Let F = 2^-126, the smallest normal number of f32 and of bf16 (they share their exponent
+//! range). The kernels are built without `-ftz` or `--use_fast_math` (`xtask build-ptx`: `-O3`
+//! only), so their f32 adds, multiplies and FMAs keep subnormals; the instruction that flushes
+//! is `ex2.approx.ftz` (every P of the forward and of the backward, and the forward's rescale α
+//! of its running sums), whose results below F are +0. The bound does not rely on the subnormal
+//! handling of the bf16 conversion (`cvt.rn.bf16x2.f32`) or of the tensor-core product either:
+//! it lets both flush their operands, products and partial sums. What a flush costs:
+//! - a flushed P_ij is below F(1 + 2^-21) (ex2.approx's relative error), below 2F after the
+//!   reference's own rounding to bf16: 2F times whatever multiplies it. A flushed α drops running
+//!   sums whose terms are each below 2F of the new row maximum: the same 2F per key, and a key
+//!   is lost once at most, so this is not counted twice;
+//! - any other flushed value is below F: F times whatever multiplies it.
+//!
+//! Counting, for each output element, what can be flushed on its way: one operand per term of
+//! its sum, the product and the partial sum per term (and in the forward the rescale of the
+//! running sum, an f32 multiply, counted anyway: at most one per term), and two at the store
+//! (the scaling by `scale` or 1/l, the rounding to bf16). Each element's bound gains:
+//! - out_i: 2F·Σ_j |v_j| + 3F per visible key + 2F, and 4F·(i+1)·|out_i| for the normaliser
+//!   l ≥ 1/2 (the row maximum's term is 1), which loses < 2F per key;
+//! - lse_i: 4F·(i+1) (ln l moves by < 2× l's loss, as l ≥ 1/2);
+//! - dS_ij as an operand: f_ij = 2F·(Σ|dout_i∘v_j| + Σ|dout_i∘out_i|) (P flushed inside
+//!   P∘(dP − δ)) + F (dS itself flushed), so dq_i: |scale|·Σ_j (f_ij·|k_j| + 2F) + 2F,
+//!   dk_j: |scale|·Σ_i (f_ij·|q_i| + 2F) + 2F, and dv_j: Σ_i (2F·|dout_i| + 2F) + 2F.
+//!
+//! At these inputs (|q|, |k|, |v| ≤ 2, |dout| ≤ 1, t ≤ 256) every such term is below 2^-100
+//! (`the_bound_counts_flushed_subnormals_and_still_rejects_a_wrong_term` checks it, and replays
+//! the four H200 failures on the CPU): it changes the verdict on no result larger than that.
+//!
 //! A wrong index, mask or formula moves an element by a whole term, many times these bounds
 //! at the small lengths.
 
@@ -32,7 +64,7 @@ use gpu_core::{Backend, BufferInfo, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::CudaBackend;
 use half::bf16;
-use rand::{rngs::StdRng, Rng};
+use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const U: f64 = 1.0 / 256.0;
 const EPS: f64 = 1.0 / 65536.0;
@@ -53,8 +85,19 @@ fn gather(x: &[bf16], p: Packed, w: usize, blk: usize, bi: usize, h: usize) -> V
     out
 }
 
-/// The bounds of the module docs: `(out, lse, [b, t, 3c] gradient)`, from the inputs and the
-/// GPU's `out` and `lse` (as the backward reference takes them).
+/// F = 2^-126, the smallest normal f32 and bf16: what one flushed subnormal can lose (module
+/// docs).
+const F: f64 = f32::MIN_POSITIVE as f64;
+
+/// Per-element bounds of `(out, lse, [b, t, 3c] gradient)`.
+struct Tol {
+    out: Vec<f64>,
+    lse: Vec<f64>,
+    grad: Vec<f64>,
+}
+
+/// The bounds of the module docs from the inputs and the GPU's `out` and `lse` (as the
+/// backward reference takes them): the rounding bounds, and apart the flush-to-zero terms.
 fn bounds(
     qkv: &[bf16],
     out: &[bf16],
@@ -62,21 +105,19 @@ fn bounds(
     dout: &[bf16],
     p: Packed,
     scale: f64,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+) -> (Tol, Tol) {
     let (t, d, c) = (p.t, p.d, p.c());
     let mut to = vec![0.0; out.len()];
     let mut tl = vec![0.0; lse.len()];
     let mut tg = vec![0.0; qkv.len()];
+    let (mut fo, mut fl, mut fg) = (to.clone(), tl.clone(), tg.clone());
     for bi in 0..p.b {
         for h in 0..p.heads {
             let [q, k, v] = [0, 1, 2].map(|blk| gather(qkv, p, 3, blk, bi, h));
             let (o, g) = (gather(out, p, 1, 0, bi, h), gather(dout, p, 1, 0, bi, h));
-            let (mut eo, mut eq, mut ek, mut ev) = (
-                vec![0.0; t * d],
-                vec![0.0; t * d],
-                vec![0.0; t * d],
-                vec![0.0; t * d],
-            );
+            let zeros = || vec![0.0; t * d];
+            let (mut eo, mut eq, mut ek, mut ev) = (zeros(), zeros(), zeros(), zeros());
+            let (mut zo, mut zq, mut zk, mut zv) = (zeros(), zeros(), zeros(), zeros());
             for i in 0..t {
                 let li = lse[(bi * p.heads + h) * t + i] as f64;
                 let (mut dl, mut dlabs) = (0.0, 0.0);
@@ -102,34 +143,51 @@ fn bounds(
                     let ds = pij * (dp - dl);
                     let e = 2.0 * U * ds.abs() + EPS * pij * (dpabs + dlabs) * kap;
                     let ep = (2.0 * U + EPS * kap) * pij;
+                    // Flushes: dS as an operand (P inside it, then dS itself).
+                    let fds = 2.0 * F * (dpabs + dlabs) + F;
                     for x in 0..d {
                         eo[i * d + x] += ep * v[j * d + x].abs();
                         eq[i * d + x] += scale.abs() * e * k[j * d + x].abs();
                         ek[j * d + x] += scale.abs() * e * q[i * d + x].abs();
                         ev[j * d + x] += ep * g[i * d + x].abs();
+                        // Per term: the operand, then 3F (forward) or 2F (backward) for the
+                        // product, the partial sum (and the forward's rescale).
+                        zo[i * d + x] += 2.0 * F * v[j * d + x].abs() + 3.0 * F;
+                        zq[i * d + x] += scale.abs() * (fds * k[j * d + x].abs() + 2.0 * F);
+                        zk[j * d + x] += scale.abs() * (fds * q[i * d + x].abs() + 2.0 * F);
+                        zv[j * d + x] += 2.0 * F * g[i * d + x].abs() + 2.0 * F;
                     }
                 }
+                let keys = (i + 1) as f64;
                 tl[(bi * p.heads + h) * t + i] = EPS * (1.0 + li.abs() + smax);
+                fl[(bi * p.heads + h) * t + i] = 4.0 * F * keys;
                 for x in 0..d {
                     let at = (bi * t + i) * c + h * d + x;
                     to[at] = eo[i * d + x] + 2.0 * U * o[i * d + x].abs();
+                    // The store, and the normaliser's loss.
+                    fo[at] = zo[i * d + x] + 2.0 * F + 4.0 * F * keys * o[i * d + x].abs();
                 }
             }
             for i in 0..t {
-                for (blk, e) in [&eq, &ek, &ev].into_iter().enumerate() {
+                let blocks = [(&eq, &zq), (&ek, &zk), (&ev, &zv)];
+                for (blk, (e, z)) in blocks.into_iter().enumerate() {
                     let at = (bi * t + i) * 3 * c + blk * c + h * d;
                     for x in 0..d {
                         tg[at + x] = 1.25 * e[i * d + x];
+                        // The store.
+                        fg[at + x] = z[i * d + x] + 2.0 * F;
                     }
                 }
             }
         }
     }
-    (to, tl, tg)
+    let tol = |out, lse, grad| Tol { out, lse, grad };
+    (tol(to, tl, tg), tol(fo, fl, fg))
 }
 
 /// `|got − want| ≤ tol + 2u|want|` elementwise (the second term only where `rounded`), skipping
-/// elements for which `skip` holds; a NaN anywhere fails.
+/// elements for which `skip` holds; a NaN anywhere fails. The worst error / bound, or the first
+/// element out of bounds.
 fn check<T: Copy + Into<f64>>(
     what: &str,
     got: &[T],
@@ -137,7 +195,7 @@ fn check<T: Copy + Into<f64>>(
     tol: &[f64],
     rounded: bool,
     skip: impl Fn(usize) -> bool,
-) {
+) -> Result<f64, String> {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let mut worst = 0.0f64;
     for (i, ((&g, &w), &t)) in got.iter().zip(want).zip(tol).enumerate() {
@@ -147,15 +205,17 @@ fn check<T: Copy + Into<f64>>(
         let (g, w): (f64, f64) = (g.into(), w.into());
         let tol = t + if rounded { 2.0 * U * w.abs() } else { 0.0 };
         let diff = (g - w).abs();
-        assert!(
-            diff <= tol,
-            "{what}[{i}]: gpu {g}, reference {w}, diff {diff:e} > bound {tol:e}"
-        );
+        // A NaN (in the result or the bound) fails too.
+        if diff.is_nan() || tol.is_nan() || diff > tol {
+            return Err(format!(
+                "{what}[{i}]: gpu {g:e}, reference {w:e}, diff {diff:e} > bound {tol:e}"
+            ));
+        }
         if tol > 0.0 {
             worst = worst.max(diff / tol);
         }
     }
-    eprintln!("{what}: worst error / bound {worst:.3}");
+    Ok(worst)
 }
 
 struct Outputs {
@@ -187,7 +247,7 @@ fn run_gpu(gpu: &CudaBackend, qkv: &[bf16], dout: &[bf16], p: Packed, scale: f32
 
 /// GPU against the reference within the bounds over batches `batches` (each batch is
 /// independent, so a slice of the batch is an exact smaller call), skipping sequence `skip_seq`
-/// (`b·heads + h` within the slice).
+/// (`b·heads + h` within the slice); panics on the first element out of bounds.
 #[allow(clippy::too_many_arguments)]
 fn compare(
     what: &str,
@@ -199,6 +259,34 @@ fn compare(
     batches: std::ops::Range<usize>,
     skip_seq: Option<usize>,
 ) {
+    let all = Terms::WithFlush;
+    if let Err(e) = judge(what, qkv, dout, got, p, scale, batches, skip_seq, all) {
+        panic!("{e}");
+    }
+}
+
+/// Which terms of the bound [`judge`] counts.
+#[derive(Clone, Copy, PartialEq)]
+enum Terms {
+    /// The rounding bounds and the flush-to-zero terms (what the GPU is held to).
+    WithFlush,
+    /// The rounding bounds alone (to show that a case needs the flush terms).
+    RoundingOnly,
+}
+
+/// [`compare`]'s verdict: `Err` names the first element out of bounds.
+#[allow(clippy::too_many_arguments)]
+fn judge(
+    what: &str,
+    qkv: &[bf16],
+    dout: &[bf16],
+    got: &Outputs,
+    p: Packed,
+    scale: f32,
+    batches: std::ops::Range<usize>,
+    skip_seq: Option<usize>,
+    terms: Terms,
+) -> Result<(), String> {
     let (rows, c, nt) = (batches.start * p.t..batches.end * p.t, p.c(), p.heads * p.t);
     let qkv = &qkv[rows.start * 3 * c..rows.end * 3 * c];
     let dout = &dout[rows.start * c..rows.end * c];
@@ -214,29 +302,178 @@ fn compare(
     let (out, lse) = causal_attention_packed_bf16_fwd(qkv, p, scale).unwrap();
     // The backward reference takes the GPU's forward outputs, as the GPU backward does.
     let grad = causal_attention_packed_bf16_bwd(qkv, &got.out, &got.lse, dout, p, scale).unwrap();
-    let (to, tl, tg) = bounds(qkv, &got.out, &got.lse, dout, p, scale as f64);
+    let (round, flush) = bounds(qkv, &got.out, &got.lse, dout, p, scale as f64);
+    let sum = |a: &[f64], b: &[f64]| -> Vec<f64> {
+        match terms {
+            Terms::WithFlush => a.iter().zip(b).map(|(x, y)| x + y).collect(),
+            Terms::RoundingOnly => a.to_vec(),
+        }
+    };
+    let (to, tl, tg) = (
+        sum(&round.out, &flush.out),
+        sum(&round.lse, &flush.lse),
+        sum(&round.grad, &flush.grad),
+    );
     let (t, c, d) = (p.t, p.c(), p.d);
     let seq_of_row = |i: usize, w: usize| (i / (t * w * c)) * p.heads + (i % (w * c)) % c / d;
     let is_skipped = |s: usize| skip_seq == Some(s);
-    check(
-        &format!("{what}: out"),
-        &got.out.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
-        &out.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
-        &to,
-        false,
-        |i| is_skipped(seq_of_row(i, 1)),
+    let f32s = |x: &[bf16]| x.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+    let worst = [
+        check(
+            &format!("{what}: out"),
+            &f32s(&got.out),
+            &f32s(&out),
+            &to,
+            false,
+            |i| is_skipped(seq_of_row(i, 1)),
+        )?,
+        check(&format!("{what}: lse"), &got.lse, &lse, &tl, false, |i| {
+            is_skipped(i / t)
+        })?,
+        check(
+            &format!("{what}: dqkv"),
+            &f32s(&got.grad),
+            &f32s(&grad),
+            &tg,
+            true,
+            |i| is_skipped(seq_of_row(i, 3)),
+        )?,
+    ];
+    eprintln!(
+        "{what}: worst error / bound: out {:.3}, lse {:.3}, dqkv {:.3}",
+        worst[0], worst[1], worst[2]
     );
-    check(&format!("{what}: lse"), &got.lse, &lse, &tl, false, |i| {
-        is_skipped(i / t)
-    });
-    check(
-        &format!("{what}: dqkv"),
-        &got.grad.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
-        &grad.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
-        &tg,
-        true,
-        |i| is_skipped(seq_of_row(i, 3)),
-    );
+    Ok(())
+}
+
+/// The reference backward with the flushes the bound allows for (module docs), as a stand-in
+/// for a GPU gradient on the CPU: P_ij below F is 0 (the kernel's `ex2.approx.ftz`), and so are
+/// the bf16 dS entries and outputs below F. The loops are `gpu_core`'s reference's.
+fn bwd_flushed(
+    qkv: &[bf16],
+    out: &[bf16],
+    lse: &[f32],
+    dout: &[bf16],
+    p: Packed,
+    scale: f32,
+) -> Vec<bf16> {
+    let (t, d, c) = (p.t, p.d, p.c());
+    let scale = scale as f64;
+    let ftz = |x: f64| if x.abs() < F { 0.0 } else { x };
+    let round = |x: f64| bf16::from_f64(x).to_f64();
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    let mut grad = vec![bf16::ZERO; qkv.len()];
+    for bi in 0..p.b {
+        for h in 0..p.heads {
+            let [q, k, v] = [0, 1, 2].map(|blk| gather(qkv, p, 3, blk, bi, h));
+            let (o, g) = (gather(out, p, 1, 0, bi, h), gather(dout, p, 1, 0, bi, h));
+            let (mut gq, mut gk, mut gv) = (vec![0.0; t * d], vec![0.0; t * d], vec![0.0; t * d]);
+            for i in 0..t {
+                let (qi, gi) = (&q[i * d..][..d], &g[i * d..][..d]);
+                let li = lse[(bi * p.heads + h) * t + i] as f64;
+                let delta = dot(gi, &o[i * d..][..d]);
+                for j in 0..=i {
+                    let (kj, vj) = (&k[j * d..][..d], &v[j * d..][..d]);
+                    let pij = ftz((scale * dot(qi, kj) - li).exp());
+                    let ds = ftz(round(pij * (dot(gi, vj) - delta)));
+                    let pr = round(pij);
+                    for x in 0..d {
+                        gq[i * d + x] += ds * kj[x];
+                        gk[j * d + x] += ds * qi[x];
+                        gv[j * d + x] += pr * gi[x];
+                    }
+                }
+            }
+            gq.iter_mut().chain(gk.iter_mut()).for_each(|x| *x *= scale);
+            for (blk, src) in [&gq, &gk, &gv].into_iter().enumerate() {
+                for i in 0..t {
+                    let at = (bi * t + i) * 3 * c + blk * c + h * d;
+                    for x in 0..d {
+                        grad[at + x] = bf16::from_f64(ftz(src[i * d + x]));
+                    }
+                }
+            }
+        }
+    }
+    grad
+}
+
+#[test]
+fn the_bound_counts_flushed_subnormals_and_still_rejects_a_wrong_term() {
+    // CPU only. The inputs of the four H200 failures of gpu_bf16_attention_takes_any_finite_scale
+    // (their seeds, the fifth draw: scale 2); the reference forward stands in for the GPU's,
+    // `bwd_flushed` for its gradient.
+    let p = Packed {
+        b: 2,
+        t: 140,
+        heads: 2,
+        d: 64,
+    };
+    let scale = 2.0f32;
+    for (n, seed) in [
+        4820999636731116303u64,
+        16620796392207610066,
+        10333563914720841520,
+        3282134797516376775,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut r = StdRng::seed_from_u64(seed);
+        let mut draw = || {
+            let qkv = bf16s(&mut r, p.b * p.t * 3 * p.c(), 2.0);
+            (qkv, bf16s(&mut r, p.b * p.t * p.c(), 1.0))
+        };
+        for _ in 0..4 {
+            draw();
+        }
+        let (qkv, dout) = draw();
+        let (out, lse) = causal_attention_packed_bf16_fwd(&qkv, p, scale).unwrap();
+        let exact = causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, p, scale).unwrap();
+        let flushed = bwd_flushed(&qkv, &out, &lse, &dout, p, scale);
+        // Some P_ij (or dS_ij) falls below F: the flushed gradient differs from the reference.
+        assert!(exact != flushed, "seed {seed}: nothing flushed, no test");
+        let outputs = |out: &[bf16], lse: &[f32], grad: &[bf16]| Outputs {
+            out: out.to_vec(),
+            lse: lse.to_vec(),
+            grad: grad.to_vec(),
+        };
+        let what = format!("seed {seed}");
+        let verdict =
+            |got: &Outputs, terms| judge(&what, &qkv, &dout, got, p, scale, 0..p.b, None, terms);
+        // The rounding bounds alone reject the flushed gradient (the H200 failure, on the CPU);
+        // the flush terms admit it.
+        let got = outputs(&out, &lse, &flushed);
+        let e = verdict(&got, Terms::RoundingOnly).expect_err("the flushes need the flush terms");
+        eprintln!("rounding bounds alone: {e}");
+        verdict(&got, Terms::WithFlush).unwrap();
+        // The flush terms are below 2^-100 everywhere: they admit no error in a larger result.
+        let (_, flush) = bounds(&qkv, &out, &lse, &dout, p, scale as f64);
+        let most =
+            (flush.out.iter().chain(&flush.lse).chain(&flush.grad)).fold(0.0f64, |a, &b| a.max(b));
+        assert!(
+            most < 2f64.powi(-100),
+            "{what}: largest flush term {most:e}"
+        );
+        if n > 0 {
+            continue;
+        }
+        // Whole-term errors are still rejected. A mask error: dv of key 0 (sequence 0) without
+        // query 0's term, P_00·dout_0 = dout_0 (row 0 sees key 0 alone, so P_00 = 1).
+        let mut grad = flushed.clone();
+        let c = p.c();
+        for x in 0..p.d {
+            let dv = &mut grad[2 * c + x];
+            *dv = bf16::from_f64(dv.to_f64() - dout[x].to_f64());
+        }
+        let e = verdict(&outputs(&out, &lse, &grad), Terms::WithFlush).expect_err("missing term");
+        assert!(e.contains("dqkv"), "{e}");
+        // An index error: row 0's lse replaced by row 1's.
+        let mut lse1 = lse.clone();
+        lse1[0] = lse[1];
+        let e = verdict(&outputs(&out, &lse1, &flushed), Terms::WithFlush).expect_err("wrong row");
+        assert!(e.contains("lse"), "{e}");
+    }
 }
 
 #[test]

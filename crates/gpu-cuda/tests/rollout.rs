@@ -105,3 +105,80 @@ fn gpu_rollout_paths_agree() {
         }
     }
 }
+
+#[test]
+fn gpu_a_plan_stays_launchable_after_other_sizes_plan() {
+    // A plan is cached with the kernel's dynamic shared memory limit raised for it; planning
+    // other sizes of the same kernel used to set that limit to their (smaller) size, and the
+    // cached plan's next launch then asked for more than the limit: the driver counts no such
+    // block as resident and refused the cooperative grid (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+    // seen in rssm's gpu_rollout tests, whose tests plan sizes concurrently on one backend).
+    let test = "gpu_a_plan_stays_launchable_after_other_sizes_plan";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut r, seed) = rng(test);
+    let dims = |members, batch, hidden, head| RolloutDims {
+        members,
+        batch,
+        context: 2,
+        steps: 3,
+        hidden,
+        latent: 32,
+        embed: 128,
+        head,
+        out: 64,
+        eps: 1e-5,
+    };
+    // (large, small, path): the same kernel at a large then a small dynamic shared memory size.
+    // The distributed kernel's size grows with the batch (230,832 bytes at batch 32, 135,712 at
+    // 3); the L2 kernel's with the widths (205,728 bytes at hidden 256, 72,912 at 44 and head 36).
+    let cases = [
+        (
+            dims(5, 32, 256, 128),
+            dims(5, 3, 256, 128),
+            RolloutPath::Auto,
+        ),
+        (
+            dims(5, 8, 256, 128),
+            dims(3, 8, 44, 36),
+            RolloutPath::MemoryBarrier,
+        ),
+    ];
+    for (large, small, path) in cases {
+        let what = format!("seed {seed}, {path:?}, {large:?} after {small:?}");
+        if let Err(e) = gpu.rssm_rollout_path(&large, path) {
+            println!("{what}: skipped, this device does not run the large size: {e}");
+            continue;
+        }
+        let w = up(
+            &gpu,
+            &random_vec(&mut r, large.members * large.member_len(), 0.15),
+        );
+        let e = up(
+            &gpu,
+            &random_vec(&mut r, large.batch * large.context * large.embed, 1.0),
+        );
+        let run = || {
+            let d = large;
+            let mut o = up(&gpu, &vec![f32::NAN; d.members * d.batch * d.steps * d.out]);
+            let mut m = up(&gpu, &vec![f32::NAN; d.batch * d.steps * d.out]);
+            let mut s = up(&gpu, &vec![f32::NAN; d.batch * d.steps]);
+            gpu.rssm_rollout_with(&d, &w, &e, (&mut o, &mut m, &mut s), path)
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+            [down(&gpu, &o), down(&gpu, &m), down(&gpu, &s)]
+        };
+        let first = run();
+        // Planning the small size (what rssm_rollout_fits does before each fused rollout).
+        let small_path = gpu.rssm_rollout_path(&small, path);
+        println!("{what}: the small size plans {small_path:?}");
+        let again = run();
+        for (i, (a, b)) in again.iter().zip(&first).enumerate() {
+            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "{what}: output {i} differs between two launches of one plan"
+            );
+        }
+    }
+}

@@ -2,8 +2,8 @@
 //! (`gpu_cuda::rollout`, `kernels/rssm_rollout.cu`) over the members' weights packed into one
 //! device buffer, after the encoder's tensor-ops forward. Same result as [`Rssm::predict`]
 //! (the f64 reference is `HostRssm::predict`); no host round trip inside the rollout. A model
-//! the kernel cannot hold on the device (shared memory, co-resident blocks) falls back to
-//! [`Rssm::predict`].
+//! the kernel cannot hold on the device (shared memory, co-resident blocks), or whose
+//! cooperative grid the driver refuses, falls back to [`Rssm::predict`].
 
 use crate::config::RssmConfig;
 use crate::error::{Result, RssmError};
@@ -122,7 +122,7 @@ pub(crate) fn predict_fused(
     }
     let embeds = no_grad(|| model.encode(context, Mode::Eval))?;
     let (m, o) = (d.members, d.out);
-    let (out, mean, dis) = embeds.with_cuda_buffer(|gpu, e| {
+    let fused = embeds.with_cuda_buffer(|gpu, e| {
         packed.with_cuda_buffer(|_, w| {
             use gpu_core::Backend;
             let mut out = gpu.allocate(tensor_ops::DType::F32, m * b * steps * o)?;
@@ -131,7 +131,17 @@ pub(crate) fn predict_fused(
             gpu.rssm_rollout(&d, w, e, &mut out, &mut mean, &mut dis)?;
             Ok((out, mean, dis))
         })
-    })?;
+    });
+    let (out, mean, dis) = match fused {
+        Ok(v) => v,
+        // The driver refused every cooperative grid of the kernel although its occupancy
+        // queries admitted them (`gpu_cuda::rollout`): nothing ran and the outputs were this
+        // call's own, so the tensor-ops path gives the result instead.
+        Err(e) if gpu_cuda::is_cooperative_launch_too_large(&e) => {
+            return model.predict(context, steps)
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(Prediction {
         members: Tensor::from_cuda_buffer(out, &[m, b, steps, o], dev)?,
         mean: Tensor::from_cuda_buffer(mean, &[b, steps, o], dev)?,

@@ -15,8 +15,9 @@
 //!   `dk_j = bf16(scale·Σ_i bf16(dS_ij)·q_i)`, `dv_j = bf16(Σ_i bf16(P_ij)·dout_i)`.
 //!
 //! The kernels round P against their running row max rather than the final one and accumulate
-//! in f32, so a P or dS entry may differ from this reference by one bf16 ulp; the tests bound
-//! the difference accordingly.
+//! in f32, so a P or dS entry may differ from this reference by one bf16 ulp; and they take P
+//! from `ex2.approx.ftz`, which flushes a P below 2^-126 to 0 where this reference keeps the
+//! subnormal. The tests bound both differences (`crates/gpu-cuda/tests/nn_attention_bf16.rs`).
 
 use super::{CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
