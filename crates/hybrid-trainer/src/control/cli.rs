@@ -42,10 +42,6 @@ pub struct ControlArgs {
     /// Hybrid: c ← c·s*^gain at each decision.
     #[arg(long, default_value_t = 0.5)]
     pub control_gain: f32,
-    /// Hybrid: the gain grows by this factor per decision while the scales agree in direction
-    /// (1: a fixed gain).
-    #[arg(long, default_value_t = 1.0)]
-    pub gain_growth: f32,
     /// Hybrid ablation: measure every decision, no world model.
     #[arg(long)]
     pub no_world_model: bool,
@@ -71,7 +67,6 @@ impl ControlArgs {
             adapt_until: self.adapt_until,
             adapt_in_warmup: !self.no_warmup_decisions,
             gain: self.control_gain,
-            gain_growth: self.gain_growth,
             world_model: !self.no_world_model,
             rollback_tolerance: if self.no_rollback {
                 None

@@ -43,10 +43,6 @@ pub struct ControlConfig {
     pub extrapolate: f32,
     /// `c ← c·s*^gain` (0: never adapt; 1: jump to the measured optimum).
     pub gain: f32,
-    /// While successive scales agree in direction the gain grows by this factor per decision
-    /// (up to 1), and falls back to `gain` when one disagrees (delta-bar-delta; 1: off, the
-    /// default: on the development workload it did not pay, docs/hybrid-trainer.md).
-    pub gain_growth: f32,
     /// `s*` is clamped to `[1/max_change, max_change]` (> 1).
     pub max_change: f32,
     /// Fraction of the run after which the multiplier is held.
@@ -82,7 +78,6 @@ impl Default for ControlConfig {
             probe_batches: 2,
             extrapolate: 2.0,
             gain: 0.5,
-            gain_growth: 1.0,
             max_change: 2.0,
             adapt_until: 0.5,
             adapt_in_warmup: true,
@@ -129,9 +124,6 @@ impl ControlConfig {
             if !(v.is_finite() && v > 1.0) {
                 return bad(field, "must be finite and > 1");
             }
-        }
-        if !(self.gain_growth.is_finite() && self.gain_growth >= 1.0) {
-            return bad("gain_growth", "must be finite and >= 1");
         }
         for (field, v) in [("gain", self.gain), ("adapt_until", self.adapt_until)] {
             if !(0.0..=1.0).contains(&v) {
@@ -213,9 +205,6 @@ pub struct DecisionRecord {
 pub struct Controller {
     pub cfg: ControlConfig,
     multiplier: f32,
-    /// The gain of the last adaptation and its direction (`+1` up, `-1` down, `0` none).
-    gain_now: f32,
-    direction: i8,
     pub rollbacks: u32,
     pub history: Vec<DecisionRecord>,
 }
@@ -224,10 +213,8 @@ impl Controller {
     pub fn new(cfg: ControlConfig) -> Result<Controller, ConfigError> {
         cfg.validate()?;
         Ok(Controller {
-            gain_now: cfg.gain,
             cfg,
             multiplier: 1.0,
-            direction: 0,
             rollbacks: 0,
             history: Vec::new(),
         })
@@ -273,15 +260,13 @@ impl Controller {
         let (scale, measured, rollback) = match decision {
             Decision::Rollback => {
                 self.multiplier = (self.multiplier / self.cfg.max_change).clamp(lo, hi);
-                (self.gain_now, self.direction) = (self.cfg.gain, 0);
                 self.rollbacks += 1;
                 (None, true, true)
             }
             Decision::Continue { scale, measured } => {
                 if let Some(s) = scale {
                     let s = s.clamp(1.0 / self.cfg.max_change, self.cfg.max_change);
-                    let gain = self.next_gain(s);
-                    self.multiplier = (self.multiplier * s.powf(gain)).clamp(lo, hi);
+                    self.multiplier = (self.multiplier * s.powf(self.cfg.gain)).clamp(lo, hi);
                 }
                 (scale, measured, false)
             }
@@ -294,27 +279,6 @@ impl Controller {
             rollback,
             probe_loss: f1,
         });
-    }
-
-    /// The gain for an adaptation by `s`: grown by `gain_growth` (up to 1) when `s` moves the
-    /// multiplier the same way as the last adaptation, else the configured gain.
-    fn next_gain(&mut self, s: f32) -> f32 {
-        let direction = if s > 1.0 {
-            1
-        } else if s < 1.0 {
-            -1
-        } else {
-            0
-        };
-        self.gain_now = if direction != 0 && direction == self.direction {
-            (self.gain_now * self.cfg.gain_growth)
-                .min(1.0)
-                .max(self.cfg.gain)
-        } else {
-            self.cfg.gain
-        };
-        self.direction = direction;
-        self.gain_now
     }
 
     /// Whether the multiplier sits at its lower bound (a rollback there cannot help).
