@@ -39,6 +39,9 @@ pub struct ControlArgs {
     /// 4 × segment steps).
     #[arg(long)]
     pub no_warmup_decisions: bool,
+    /// Hybrid: the multiplier c the run starts with.
+    #[arg(long, default_value_t = 1.0)]
+    pub initial_multiplier: f32,
     /// Hybrid: c ← c·s*^gain at each decision.
     #[arg(long, default_value_t = 0.5)]
     pub control_gain: f32,
@@ -67,6 +70,7 @@ impl ControlArgs {
             adapt_until: self.adapt_until,
             adapt_in_warmup: !self.no_warmup_decisions,
             gain: self.control_gain,
+            initial_multiplier: self.initial_multiplier,
             world_model: !self.no_world_model,
             rollback_tolerance: if self.no_rollback {
                 None

@@ -52,6 +52,8 @@ pub struct ControlConfig {
     pub adapt_in_warmup: bool,
     /// The multiplier stays in `[1/max_multiplier, max_multiplier]`.
     pub max_multiplier: f32,
+    /// The multiplier the run starts with.
+    pub initial_multiplier: f32,
     /// Relative rise of the probe loss over a segment that rolls it back (`None`: only a
     /// non-finite loss does).
     pub rollback_tolerance: Option<f32>,
@@ -82,6 +84,7 @@ impl Default for ControlConfig {
             adapt_until: 0.5,
             adapt_in_warmup: true,
             max_multiplier: 64.0,
+            initial_multiplier: 1.0,
             rollback_tolerance: Some(0.02),
             world_model: true,
             trust: 0.15,
@@ -129,6 +132,13 @@ impl ControlConfig {
             if !(0.0..=1.0).contains(&v) {
                 return bad(field, "must be in [0, 1]");
             }
+        }
+        let m = self.initial_multiplier;
+        if !(m.is_finite() && m * self.max_multiplier >= 1.0 && m <= self.max_multiplier) {
+            return bad(
+                "initial_multiplier",
+                "must be within [1/max_multiplier, max_multiplier]",
+            );
         }
         if let Some(t) = self.rollback_tolerance {
             if !(t.is_finite() && t >= 0.0) {
@@ -213,8 +223,8 @@ impl Controller {
     pub fn new(cfg: ControlConfig) -> Result<Controller, ConfigError> {
         cfg.validate()?;
         Ok(Controller {
+            multiplier: cfg.initial_multiplier,
             cfg,
-            multiplier: 1.0,
             rollbacks: 0,
             history: Vec::new(),
         })

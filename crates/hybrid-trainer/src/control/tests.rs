@@ -102,6 +102,20 @@ fn every_bad_setting_is_named() {
                 ..ok.clone()
             },
         ),
+        (
+            "initial_multiplier",
+            ControlConfig {
+                initial_multiplier: 1.0 / 65.0,
+                ..ok.clone()
+            },
+        ),
+        (
+            "initial_multiplier",
+            ControlConfig {
+                initial_multiplier: f32::NAN,
+                ..ok.clone()
+            },
+        ),
     ];
     for (field, cfg) in cases {
         assert_eq!(cfg.validate().unwrap_err().field, field);
