@@ -40,7 +40,7 @@ pub struct ControlArgs {
     #[arg(long)]
     pub no_warmup_decisions: bool,
     /// Hybrid: the multiplier c the run starts with.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 0.5)]
     pub initial_multiplier: f32,
     /// Hybrid: c ← c·s*^gain at each decision.
     #[arg(long, default_value_t = 0.5)]

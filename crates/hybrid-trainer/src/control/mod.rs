@@ -52,7 +52,9 @@ pub struct ControlConfig {
     pub adapt_in_warmup: bool,
     /// The multiplier stays in `[1/max_multiplier, max_multiplier]`.
     pub max_multiplier: f32,
-    /// The multiplier the run starts with.
+    /// The multiplier the run starts with. Below 1 because the two errors are not alike: a
+    /// rate too high early can trap the model on a plateau that no later cut undoes (W3), while
+    /// a rate too low is raised by the line search, by up to `max_change^gain` a segment.
     pub initial_multiplier: f32,
     /// Relative rise of the probe loss over a segment that rolls it back (`None`: only a
     /// non-finite loss does).
@@ -84,7 +86,7 @@ impl Default for ControlConfig {
             adapt_until: 0.5,
             adapt_in_warmup: true,
             max_multiplier: 64.0,
-            initial_multiplier: 1.0,
+            initial_multiplier: 0.5,
             rollback_tolerance: Some(0.02),
             world_model: true,
             trust: 0.15,

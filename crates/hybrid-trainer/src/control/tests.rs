@@ -128,14 +128,16 @@ fn every_bad_setting_is_named() {
 #[test]
 fn the_multiplier_follows_the_decisions_within_its_bounds() {
     let mut c = Controller::new(ControlConfig::default()).unwrap();
+    assert_eq!(c.multiplier(), ControlConfig::default().initial_multiplier);
+    let start = c.multiplier();
     let up = Decision::Continue {
         scale: Some(2.0),
         measured: true,
     };
     c.apply(25, up, 2.0);
-    assert!((c.multiplier() - 2f32.sqrt()).abs() < 1e-6);
+    assert!((c.multiplier() - start * 2f32.sqrt()).abs() < 1e-6);
     c.apply(50, Decision::Rollback, f32::NAN);
-    assert!((c.multiplier() - 2f32.sqrt() / 2.0).abs() < 1e-6);
+    assert!((c.multiplier() - start * 2f32.sqrt() / 2.0).abs() < 1e-6);
     assert_eq!(c.rollbacks, 1);
     // A scale outside [1/2, 2] counts as the bound.
     let huge = Decision::Continue {

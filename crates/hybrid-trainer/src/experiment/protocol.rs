@@ -73,6 +73,8 @@ pub enum Arm {
     HybridNoRollback,
     /// Ablation: the hybrid without decisions inside the warm-up.
     HybridNoWarmupDecisions,
+    /// Ablation: the hybrid starting at the given rate (multiplier 1, not 1/2).
+    HybridStartAtOne,
 }
 
 impl Arm {
@@ -91,6 +93,7 @@ impl Arm {
             Arm::HybridNoAverage => "hybrid, raw iterates",
             Arm::HybridNoRollback => "hybrid, no rollback",
             Arm::HybridNoWarmupDecisions => "hybrid, no warm-up decisions",
+            Arm::HybridStartAtOne => "hybrid, starting at multiplier 1",
         }
     }
 
@@ -131,7 +134,8 @@ impl Arm {
             | Arm::HybridNoWorldModel
             | Arm::HybridNoAverage
             | Arm::HybridNoRollback
-            | Arm::HybridNoWarmupDecisions => TrainMode::Hybrid,
+            | Arm::HybridNoWarmupDecisions
+            | Arm::HybridStartAtOne => TrainMode::Hybrid,
             _ => TrainMode::Adamw,
         }
     }
@@ -218,6 +222,7 @@ impl Workload {
             Arm::HybridNoAverage => v.push("--no-average".into()),
             Arm::HybridNoRollback => v.push("--no-rollback".into()),
             Arm::HybridNoWarmupDecisions => v.push("--no-warmup-decisions".into()),
+            Arm::HybridStartAtOne => v.extend(f("--initial-multiplier 1")),
             _ => {}
         }
         v
