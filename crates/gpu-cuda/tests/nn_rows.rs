@@ -8,9 +8,12 @@
 //! (softmax backward `y·(dy − Σ y·dy)`, a confident row's cross-entropy `logsumexp − x_t`, the
 //! norms' gradients) are bounded by the size of the terms that cancel, not of the result. NaN and
 //! infinities must propagate exactly. RoPE and the embedding use the [`EXACT`] and [`SUMS`]
-//! tolerances (`atol` relative to the largest |reference|).
+//! tolerances (`atol` relative to the largest |reference|). `nn_rows_emu` mirrors the kernels'
+//! f32 arithmetic on the CPU: it replays logged GPU failures and shows that the bounds admit
+//! another summation order and reject wrong results, with no GPU.
 
 mod common;
+mod nn_rows_emu;
 mod nn_rows_util;
 
 use common::*;
