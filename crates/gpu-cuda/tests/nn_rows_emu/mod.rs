@@ -12,7 +12,6 @@
 //!
 //! [`Bug`] makes the mirror wrong in the ways a kernel goes wrong: a term missing from a
 //! reduction, a sign flipped, another row's statistics, an index off by one.
-#![allow(dead_code)] // the ops and bugs the replays do not use are tested next
 
 use crate::nn_rows_util::row_group;
 
@@ -30,6 +29,8 @@ pub enum Bug {
     /// An index off by one column (cross-entropy's target; dw's last row is skipped instead).
     OffByOne,
 }
+
+pub const BUGS: [Bug; 4] = [Bug::DropTerm, Bug::FlipSign, Bug::NextRow, Bug::OffByOne];
 
 /// The columns each lane of a row group visits, in order.
 fn lane_elems(cols: usize) -> Vec<Vec<usize>> {
