@@ -175,17 +175,22 @@ struct Lse {
 impl Lse {
     fn of(xr: &[f32]) -> Lse {
         let m = xr.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
-        let s: f64 = xr.iter().map(|&v| (v as f64 - m).exp()).sum();
-        let (mut wa, mut w) = (0.0, 0.0);
+        let (mut s, mut wa, mut w) = (0.0, 0.0, 0.0);
         for &v in xr {
             let a = v as f64 - m;
+            let e = a.exp();
+            s += e;
             if a < 0.0 && a > f64::NEG_INFINITY {
-                let p = a.exp() / s;
-                wa += p * -a;
-                w += p;
+                wa += e * -a;
+                w += e;
             }
         }
-        Lse { m, s, wa, w }
+        Lse {
+            m,
+            s,
+            wa: wa / s,
+            w: w / s,
+        }
     }
 
     /// `a_i = x_i − m` and `p_i = e^(a_i)/s` (0 for a masked `-inf`).
