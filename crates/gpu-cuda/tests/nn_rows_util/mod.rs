@@ -7,9 +7,12 @@ use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::RowOps;
 use gpu_core::Backend;
 
-/// What every wrapper needs from a backend.
-pub trait Rows: RowOps + ElementwiseOps {}
-impl<B: RowOps + ElementwiseOps> Rows for B {}
+mod bounds;
+pub use bounds::*;
+
+/// What every wrapper needs from a backend (`'static`: [`sms_of`] looks for a CUDA backend).
+pub trait Rows: RowOps + ElementwiseOps + 'static {}
+impl<B: RowOps + ElementwiseOps + 'static> Rows for B {}
 
 pub fn up_u32<B: Backend>(b: &B, v: &[u32]) -> B::Buffer {
     b.upload(v).expect("upload u32")
@@ -149,7 +152,9 @@ pub fn emb_bwd<B: Rows>(b: &B, ids: &[u32], dout: &[f32], vocab: usize, dim: usi
 }
 
 /// Tolerances of a comparison: elementwise `|got − want| <= rtol·|want| + atol·max|want|`, and
-/// the norm-wise relative error `‖got − want‖ / ‖want‖ < norm`.
+/// the norm-wise relative error `‖got − want‖ / ‖want‖ < norm`. For RoPE, the embedding and the
+/// gradient checks; the row ops of `nn_rows` are checked against derived per-element bounds
+/// ([`check_bounded`] and the bound functions of `bounds.rs`).
 #[derive(Clone, Copy, Debug)]
 pub struct Tol {
     pub rtol: f64,
@@ -171,67 +176,60 @@ pub const SUMS: Tol = Tol {
     norm: 1e-5,
 };
 
-/// Asserts `got` matches `want` under `tol`: NaN where `want` is NaN, the same infinity where
-/// `want` is infinite, else finite (a poisoned, unwritten element fails) and within tolerance.
+/// Asserts `got` matches `want` under `tol` (see [`tol_violation`]).
 pub fn check(what: &str, got: &[f32], want: &[f32], tol: Tol) {
-    check_scaled(what, got, want, tol, 0.0);
+    if let Some(e) = tol_violation(got, want, tol) {
+        panic!("{what}{e}");
+    }
 }
 
-/// [`check`] with `atol` relative to `max(scale, max|want|)`: for outputs that cancel, `scale` is
-/// the size of the terms that cancel (an f32 kernel's error is relative to those).
-pub fn check_scaled(what: &str, got: &[f32], want: &[f32], tol: Tol, scale: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
+/// Why `got` fails `tol`, or `None`: NaN where `want` is NaN, the same infinity where `want` is
+/// infinite, else finite (a poisoned, unwritten element fails) and within tolerance.
+pub fn tol_violation(got: &[f32], want: &[f32], tol: Tol) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!(": length {} != {}", got.len(), want.len()));
+    }
     let scale = want
         .iter()
         .filter(|w| w.is_finite())
-        .fold(scale, |m, &w| m.max(w.abs() as f64));
+        .fold(0.0f64, |m, &w| m.max(w.abs() as f64));
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         if w.is_nan() || w.is_infinite() {
-            assert!(
-                g.to_bits() == w.to_bits() || (w.is_nan() && g.is_nan()),
-                "{what}[{i}]: got {g}, want {w}"
-            );
+            if !(g.to_bits() == w.to_bits() || (w.is_nan() && g.is_nan())) {
+                return Some(format!("[{i}]: got {g}, want {w}"));
+            }
             continue;
         }
-        assert!(g.is_finite(), "{what}[{i}]: got {g}, want {w} (unwritten?)");
+        if !g.is_finite() {
+            return Some(format!("[{i}]: got {g}, want {w} (unwritten?)"));
+        }
         let d = (g as f64 - w as f64).abs();
-        assert!(
-            d <= tol.rtol * (w as f64).abs() + tol.atol * scale.max(1e-30),
-            "{what}[{i}]: got {g}, want {w}, diff {d:e} (max |want| {scale:e})"
-        );
+        if d > tol.rtol * (w as f64).abs() + tol.atol * scale.max(1e-30) {
+            return Some(format!(
+                "[{i}]: got {g}, want {w}, diff {d:e} (max |want| {scale:e})"
+            ));
+        }
         num += d * d;
         den += (w as f64) * (w as f64);
     }
-    // Norm-wise too, the error is measured against the size of the cancelling terms
-    // (`scale` per element), not against a result that cancellation made tiny.
-    let den = if scale > 0.0 {
-        den.max(scale * scale * got.len() as f64)
-    } else {
-        den
-    };
+    // Norm-wise against the larger of ‖want‖ and max|want|·sqrt(n).
+    let den = den.max(scale * scale * got.len() as f64);
     if den > 0.0 {
         let rel = (num / den).sqrt();
-        assert!(
-            rel < tol.norm,
-            "{what}: norm-wise error {rel:e} >= {:e}",
-            tol.norm
-        );
+        if rel >= tol.norm {
+            return Some(format!(": norm-wise error {rel:e} >= {:e}", tol.norm));
+        }
     }
+    None
 }
 
 /// LayerNorm and RMSNorm of rows `x` on backend `b` against the CPU reference, forward and
 /// backward (random weights, bias and output gradient; the backward is fed the CPU's saved
-/// statistics). Bounds:
-/// - LayerNorm's mean: a sum in f32 of at most ~150 terms per thread plus a tree of at most 10
-///   levels errs by ≤ 160·2^-24·mean|x| < 1e-5·mean|x| (the size of its terms; a row holding
-///   ±FLT_MAX cancels to a small mean);
-/// - LayerNorm's y: x̂ = (x − mean)·rstd inherits that error and the rounding of x − mean, so it
-///   is bounded relative to (|x| + |mean|)·rstd·|w|, the row's conditioning (a row of 2.5s with
-///   one −2.5 has std 0.035 and |x|·rstd ≈ 70);
-/// - rstd and RMSNorm's forward within [`EXACT`]; dx, which cancels (`rstd·(g − mean(g) −
-///   x̂·mean(g·x̂))`, g = dy·w), within [`SUMS`] of the cancelling terms' size rstd·max|g|; dw and
-///   db, sums over rows, within [`SUMS`] of the size of their terms.
+/// statistics), each output within its derived per-element bound: [`layernorm_fwd_bounds`]
+/// (the mean bounded by the size of its terms, y by the row's conditioning `|x|·rstd`),
+/// [`layernorm_bwd_bounds`] (dx by the size of its cancelling terms, dw and db, sums over rows
+/// that may cancel, by the size of theirs), [`rmsnorm_fwd_bounds`], [`rmsnorm_bwd_bounds`].
 pub fn norm_check<B: Rows>(
     b: &B,
     what: &str,
@@ -242,67 +240,30 @@ pub fn norm_check<B: Rows>(
     let eps = 1e-5;
     let (w, bias) = (random_vec(rng, cols, 2.0), random_vec(rng, cols, 1.0));
     let dy = random_vec(rng, x.len(), 1.0);
+    let rows = x.len() / cols.max(1);
+    let cd = col_depth(rows, cols, sms_of(b));
 
     let (y, mean, rstd) = ln_fwd(&CPU, x, &w, &bias, cols, eps);
     let (gy, gm, gr) = ln_fwd(b, x, &w, &bias, cols, eps);
-    let rows = x.chunks(cols.max(1));
-    let mean_abs = rows
-        .clone()
-        .map(|r| r.iter().map(|v| v.abs() as f64).sum::<f64>() / cols as f64)
-        .fold(0.0f64, f64::max);
-    let conditioning = rows
-        .enumerate()
-        .flat_map(|(r, xr)| {
-            let (m, s) = (mean[r].abs() as f64, rstd[r] as f64);
-            xr.iter()
-                .zip(&w)
-                .map(move |(&v, &wv)| (v.abs() as f64 + m) * s * wv.abs() as f64)
-        })
-        .fold(0.0f64, f64::max);
-    let ten = Tol {
-        rtol: 1e-5,
-        atol: 1e-5,
-        norm: 1e-5,
-    };
-    check_scaled(&format!("{what} layernorm y"), &gy, &y, ten, conditioning);
-    check_scaled(&format!("{what} layernorm mean"), &gm, &mean, ten, mean_abs);
-    check(&format!("{what} layernorm rstd"), &gr, &rstd, EXACT);
-    let g_max = dy
-        .iter()
-        .enumerate()
-        .fold(0.0f64, |m, (i, &d)| m.max((d * w[i % cols]).abs() as f64));
-    let term = |rstd: &[f32]| g_max * rstd.iter().fold(0.0f64, |m, &r| m.max(r as f64));
+    let bd = layernorm_fwd_bounds(x, &w, &bias, cols, eps);
+    check_bounded(&format!("{what} layernorm y"), &gy, &y, &bd.y);
+    check_bounded(&format!("{what} layernorm mean"), &gm, &mean, &bd.mean);
+    check_bounded(&format!("{what} layernorm rstd"), &gr, &rstd, &bd.rstd);
     let (dx, dw, db) = ln_bwd(&CPU, x, &w, &mean, &rstd, &dy, cols);
     let (gdx, gdw, gdb) = ln_bwd(b, x, &w, &mean, &rstd, &dy, cols);
-    check_scaled(
-        &format!("{what} layernorm dx"),
-        &gdx,
-        &dx,
-        SUMS,
-        term(&rstd),
-    );
-    // dw and db are sums over rows that may cancel (an outlier row against the others): bounded
-    // by the size of their terms, max over columns of Σ_rows |dy·x̂| (and Σ_rows |dy|).
-    let col_terms = |f: &dyn Fn(usize, usize) -> f64| -> f64 {
-        let rows = x.len() / cols.max(1);
-        (0..cols)
-            .map(|c| (0..rows).map(|r| f(r, c).abs()).sum::<f64>())
-            .fold(0.0f64, f64::max)
-    };
-    let ln_xhat = |r: usize, c: usize| (x[r * cols + c] as f64 - mean[r] as f64) * rstd[r] as f64;
-    let dw_terms = col_terms(&|r, c| dy[r * cols + c] as f64 * ln_xhat(r, c));
-    let db_terms = col_terms(&|r, c| dy[r * cols + c] as f64);
-    check_scaled(&format!("{what} layernorm dw"), &gdw, &dw, SUMS, dw_terms);
-    check_scaled(&format!("{what} layernorm db"), &gdb, &db, SUMS, db_terms);
+    let bd = layernorm_bwd_bounds(x, &w, &mean, &rstd, &dy, cols, cd);
+    check_bounded(&format!("{what} layernorm dx"), &gdx, &dx, &bd.dx);
+    check_bounded(&format!("{what} layernorm dw"), &gdw, &dw, &bd.dw);
+    check_bounded(&format!("{what} layernorm db"), &gdb, &db, &bd.db);
 
     let (y, rstd) = rms_fwd(&CPU, x, &w, cols, eps);
     let (gy, gr) = rms_fwd(b, x, &w, cols, eps);
-    check(&format!("{what} rmsnorm y"), &gy, &y, EXACT);
-    check(&format!("{what} rmsnorm rstd"), &gr, &rstd, EXACT);
+    let bd = rmsnorm_fwd_bounds(x, &w, cols, eps);
+    check_bounded(&format!("{what} rmsnorm y"), &gy, &y, &bd.y);
+    check_bounded(&format!("{what} rmsnorm rstd"), &gr, &rstd, &bd.rstd);
     let (dx, dw) = rms_bwd(&CPU, x, &w, &rstd, &dy, cols);
     let (gdx, gdw) = rms_bwd(b, x, &w, &rstd, &dy, cols);
-    check_scaled(&format!("{what} rmsnorm dx"), &gdx, &dx, SUMS, term(&rstd));
-    let dw_terms =
-        col_terms(&|r, c| dy[r * cols + c] as f64 * x[r * cols + c] as f64 * rstd[r] as f64);
-    check_scaled(&format!("{what} rmsnorm dw"), &gdw, &dw, SUMS, dw_terms);
+    let bd = rmsnorm_bwd_bounds(x, &w, &rstd, &dy, cols, cd);
+    check_bounded(&format!("{what} rmsnorm dx"), &gdx, &dx, &bd.dx);
+    check_bounded(&format!("{what} rmsnorm dw"), &gdw, &dw, &bd.dw);
 }

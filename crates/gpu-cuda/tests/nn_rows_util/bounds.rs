@@ -1,0 +1,634 @@
+//! First-order error bounds of the f32 row kernels (`kernels/nn_rows.cu`) against the CPU
+//! reference (`gpu_core`'s exact mode: f64, rounded once to f32), one bound per output element,
+//! computed in f64 from the inputs. Each bound is the sum of the rounding errors of the kernel's
+//! operations, each measured against the size of what that operation rounds (the terms of a
+//! reduction, the operands of a subtraction that cancels), so a result that cancels to almost
+//! nothing keeps a bound the size of its terms' rounding, and a wrong result (a term dropped, a
+//! sign flipped, another row's statistics) exceeds it.
+//!
+//! Conventions, used by every derivation below:
+//! - `u = 2^-24` (f32 unit roundoff): `+ − × /`, `sqrtf` and `fmaf` round once, with relative
+//!   error <= u (nvcc's defaults: no `--use_fast_math`, no `-ftz`, IEEE division and square root);
+//! - CUDA's `expf` errs by at most 2 ulp, a relative error <= 4u, and `expf(0) = 1` exactly (the
+//!   reduced argument is 0 and `ex2(0) = 1`); `logf` errs by at most 1 ulp, <= 2u relative;
+//!   `expf(a·(1+δ))` of an argument rounded by `|δ| <= u` errs by a further `|a|·u` relative;
+//! - a reduction of `n` terms along a tree in which every term passes through at most `d`
+//!   roundings errs by at most `γ_d·Σ|terms|`, `γ_d = d·u/(1 − d·u)`; `d` is [`row_depth`] for
+//!   the row reductions and [`col_depth`] for the sums over rows;
+//! - the reference's own error is its final rounding, `u·|want|` (its f64 arithmetic errs by
+//!   ~2^-53 relative, far below every bound here);
+//! - rounding into the subnormal range errs by up to 2^-150 absolute: every bound gets
+//!   [`FLOOR`], and relative errors of a value that may be subnormal get `2^-150/|value|`;
+//! - products of two first-order terms are dropped: every relative error here stays below 1e-2,
+//!   so they are below 1% of the bound, and the bounds are multiplied by [`SECOND_ORDER`].
+//!
+//! The depth functions mirror the kernels' launch geometry (`row_shape` and `norm_bwd_grid` in
+//! `crates/gpu-cuda/src/nn/rows.rs`); a change there must be made here too, or the bounds of
+//! wide rows may come out too tight.
+
+/// f32 unit roundoff, 2^-24.
+pub const U: f64 = 1.0 / 16_777_216.0;
+/// Half the smallest f32 subnormal, 2^-150: the absolute error of one rounding that underflows.
+pub const TINY: f64 = 7.006_492_321_624_085e-46;
+/// Absolute floor of every bound: a few roundings into the subnormal range (2^-146).
+pub const FLOOR: f64 = 16.0 * TINY;
+/// Covers the dropped second-order terms (see the module documentation).
+pub const SECOND_ORDER: f64 = 1.01;
+
+/// `γ_n = n·u/(1 − n·u)`: the relative error of a sum whose terms each pass through `n`
+/// roundings.
+pub fn gamma(n: usize) -> f64 {
+    let nu = n as f64 * U;
+    nu / (1.0 - nu)
+}
+
+/// `γ_n` of f64 arithmetic (`2^-53`).
+fn gamma64(n: usize) -> f64 {
+    n as f64 * f64::EPSILON / 2.0
+}
+
+fn ceil_log2(n: usize) -> usize {
+    n.max(1).next_power_of_two().trailing_zeros() as usize
+}
+
+/// The row group of a kernel for rows of `cols` columns: `(threads, V)`. A warp for rows of up to
+/// 1024 columns, else a block of `next_pow2(⌈cols/16⌉)` threads clamped to [32, 512]
+/// (`CudaBackend::row_shape`); chunks of `V = 4` columns when `cols % 4 == 0`, else 1.
+pub fn row_group(cols: usize) -> (usize, usize) {
+    let threads = if cols <= 1024 {
+        32
+    } else {
+        cols.div_ceil(16).next_power_of_two().clamp(32, 512)
+    };
+    (threads, if cols.is_multiple_of(4) { 4 } else { 1 })
+}
+
+/// Roundings that any one term of a row reduction passes through: the thread visits chunks
+/// `i, i + T, …` and adds their `V` columns in order (`k = V·⌈cols/(V·T)⌉` terms: at most `k`
+/// roundings, the first one counted for `fmaf(a, b, 0)`), then the xor butterfly of the warp and,
+/// in block mode, the butterfly over the warps' results. A butterfly over `L` used lanes (the
+/// others hold the identity, added exactly) rounds at `⌈log2 L⌉` of its levels: at offset `o`
+/// both halves hold used lanes only when `o < L`.
+pub fn row_depth(cols: usize) -> usize {
+    if cols == 0 {
+        return 0;
+    }
+    let (threads, v) = row_group(cols);
+    let chunks = cols / v;
+    let lanes = chunks.min(threads);
+    v * chunks.div_ceil(threads) + ceil_log2(lanes.min(32)) + ceil_log2(lanes.div_ceil(32))
+}
+
+/// Roundings that any one term of the norm backward's column sums (dw, db) passes through, for
+/// `rows` rows on a GPU of `sms` multiprocessors (`None`: any order). `norm_bwd_grid` launches
+/// `blocks = min(⌈rows/R⌉, sms·per_sm)` blocks of `R` groups (warp mode: `R = 4`, `per_sm = 8`;
+/// block mode: `R = 1`, `per_sm = 1024/T`), group `g` of `G = R·blocks` accumulates rows
+/// `g, g + G, …` (`⌈rows/G⌉` fmaf), a block adds its `R` groups' accumulators (`R − 1`), and
+/// `norm_colsum_f32` adds the `blocks` partials, `⌈blocks/32⌉` per thread and then 32 in order.
+/// Any summation tree of `rows` terms has depth below `rows`, which caps it.
+pub fn col_depth(rows: usize, cols: usize, sms: Option<usize>) -> usize {
+    let Some(sms) = sms else {
+        return rows;
+    };
+    if rows == 0 {
+        return 0;
+    }
+    let (threads, _) = row_group(cols);
+    let (groups, per_sm) = if cols <= 1024 {
+        (4, 8)
+    } else {
+        (1, (1024 / threads).max(1))
+    };
+    let blocks = rows.div_ceil(groups).min(sms.max(1) * per_sm);
+    let chain = rows.div_ceil(blocks * groups);
+    (chain + groups + blocks.div_ceil(32) + 31).min(rows)
+}
+
+/// The multiprocessor count of `b` when it is a [`gpu_cuda::CudaBackend`] (for [`col_depth`]).
+pub fn sms_of<B: 'static>(b: &B) -> Option<usize> {
+    let any: &dyn std::any::Any = b;
+    any.downcast_ref::<gpu_cuda::CudaBackend>()
+        .map(|c| c.info().multiprocessors.max(1) as usize)
+}
+
+/// Why `got` fails its bounds, or `None`: NaN where `want` is NaN, the same infinity where `want`
+/// is infinite (the propagation of NaN and inf is checked exactly), else finite (a poisoned,
+/// unwritten element fails) and `|got − want| <= bound` elementwise.
+pub fn bound_violation(got: &[f32], want: &[f32], bound: &[f64]) -> Option<String> {
+    if got.len() != want.len() || bound.len() != want.len() {
+        return Some(format!(
+            "lengths: got {}, want {}, bound {}",
+            got.len(),
+            want.len(),
+            bound.len()
+        ));
+    }
+    for (i, ((&g, &w), &b)) in got.iter().zip(want).zip(bound).enumerate() {
+        if w.is_nan() || w.is_infinite() {
+            if !(g.to_bits() == w.to_bits() || (w.is_nan() && g.is_nan())) {
+                return Some(format!("[{i}]: got {g}, want {w}"));
+            }
+            continue;
+        }
+        if !g.is_finite() {
+            return Some(format!("[{i}]: got {g}, want {w} (unwritten?)"));
+        }
+        let d = (g as f64 - w as f64).abs();
+        if d > b || b.is_nan() {
+            return Some(format!(
+                "[{i}]: got {g}, want {w}, diff {d:e} > bound {b:e} ({:.2}x)",
+                d / b
+            ));
+        }
+    }
+    None
+}
+
+/// Asserts [`bound_violation`] finds nothing.
+pub fn check_bounded(what: &str, got: &[f32], want: &[f32], bound: &[f64]) {
+    if let Some(e) = bound_violation(got, want, bound) {
+        panic!("{what}{e}");
+    }
+}
+
+/// The largest `|got − want| / bound` over the finite elements (how close a result came).
+pub fn bound_ratio(got: &[f32], want: &[f32], bound: &[f64]) -> f64 {
+    got.iter()
+        .zip(want)
+        .zip(bound)
+        .filter(|((_, w), _)| w.is_finite())
+        .map(|((&g, &w), &b)| (g as f64 - w as f64).abs() / b)
+        .fold(0.0, f64::max)
+}
+
+/// Exact statistics of one row of logits: `m = max`, `s = Σ e^(a_j)` with `a_j = x_j − m`, and
+/// over the entries below the max (`a_j < 0`, the only ones whose `expf` rounds), with weights
+/// `w_j = e^(a_j)/s`: `wa = Σ w_j·|a_j|` and `w = Σ w_j`.
+#[derive(Clone, Copy, Debug)]
+struct Lse {
+    m: f64,
+    s: f64,
+    wa: f64,
+    w: f64,
+}
+
+impl Lse {
+    fn of(xr: &[f32]) -> Lse {
+        let m = xr.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+        let (mut s, mut wa, mut w) = (0.0, 0.0, 0.0);
+        for &v in xr {
+            let a = v as f64 - m;
+            let e = a.exp();
+            s += e;
+            if a < 0.0 && a > f64::NEG_INFINITY {
+                wa += e * -a;
+                w += e;
+            }
+        }
+        Lse {
+            m,
+            s,
+            wa: wa / s,
+            w: w / s,
+        }
+    }
+
+    /// `a_i = x_i − m` and `p_i = e^(a_i)/s` (0 for a masked `-inf`).
+    fn a_p(&self, v: f32) -> (f64, f64) {
+        let a = v as f64 - self.m;
+        (a, (a.exp() / self.s))
+    }
+
+    /// Relative error of the two-pass softmax's row sum `Ŝ = Σ expf(fl(x_j − m))` (max exact):
+    /// each term below the max errs by `|a_j|·u` (its rounded argument) `+ 4u` (`expf`), the max
+    /// itself is exactly 1, and the additions by `γ_d`:
+    /// `ε_S = u·Σ_{a_j<0} w_j·(|a_j| + 4) + γ_d`.
+    fn eps_two_pass(&self, d: usize) -> f64 {
+        U * (self.wa + 4.0 * self.w) + gamma(d)
+    }
+
+    /// Relative error of the online log-sum-exp's `Ŝ` (`lse_push`, `lse_merge`): a term below
+    /// the max is pushed with its own `expf` (`|a_j|·u`-worth of rounded argument and 4u), and at
+    /// each later step (at most `d`) its partial may be rescaled by `expf(m_old − m_new)` (4u, and
+    /// u for the product); the rescaling arguments telescope to `m − x_j`, so all their roundings
+    /// together are `|a_j|·u`. The partial holding the row's max is never rescaled (it is the
+    /// larger side: `expf(0) = 1`). Additions as a sum, `γ_d`:
+    /// `ε_S = u·Σ_{a_j<0} w_j·(|a_j| + 4 + 5d) + γ_d`.
+    fn eps_online(&self, d: usize) -> f64 {
+        U * (self.wa + (4.0 + 5.0 * d as f64) * self.w) + gamma(d)
+    }
+}
+
+fn rows_of(n: usize, cols: usize) -> usize {
+    n.checked_div(cols).unwrap_or(0)
+}
+
+/// Softmax forward, `y_i = e^(a_i)/S`. The kernel: `m` exact (a max), `Ŝ` with relative error
+/// `ε_S` ([`Lse::eps_two_pass`]), `inv = fl(1/Ŝ)` (+u), `y_i = fl(expf(fl(x_i − m))·inv)`
+/// (`|a_i|·u + 4u` for `a_i < 0`, +u for the product); the reference adds u:
+/// `|ŷ_i − y_i| <= y_i·(u·(|a_i| + 4·[a_i<0] + 3) + ε_S)`.
+pub fn softmax_fwd_bound(x: &[f32], cols: usize) -> Vec<f64> {
+    let d = row_depth(cols);
+    let mut out = Vec::with_capacity(x.len());
+    for xr in x.chunks(cols.max(1)).take(rows_of(x.len(), cols)) {
+        let st = Lse::of(xr);
+        let eps = st.eps_two_pass(d);
+        for &v in xr {
+            let (a, p) = st.a_p(v);
+            let b = if p > 0.0 {
+                p * (U * (-a + if a < 0.0 { 4.0 } else { 0.0 } + 3.0) + eps)
+            } else {
+                0.0
+            };
+            out.push(SECOND_ORDER * b + FLOOR);
+        }
+    }
+    out
+}
+
+/// Softmax backward, `dx_i = y_i·(dy_i − dot)`, `dot = Σ_j y_j·dy_j`, from the f32 inputs `y` and
+/// `dy` (given to both sides exactly: here `y` carries no error). The kernel: `dot` by `fmaf`
+/// (products exact) and the group sum, `|dôt − dot| <= γ_d·P` with `P = Σ_j |y_j·dy_j|`; then
+/// `fl(y_i·fl(dy_i − dôt))`, two roundings of `y_i·(dy_i − dot)`; the reference adds one:
+/// `|dx̂_i − dx_i| <= |y_i|·(3u·|dy_i − dot| + γ_d·P)`. When `dy_i ≈ dot` the output cancels to
+/// nothing, and what is left is the `γ_d·P` of the dot product, the size of the cancelling terms.
+pub fn softmax_bwd_bound(y: &[f32], dy: &[f32], cols: usize) -> Vec<f64> {
+    let g = gamma(row_depth(cols));
+    let mut out = Vec::with_capacity(y.len());
+    for (yr, dyr) in y.chunks(cols.max(1)).zip(dy.chunks(cols.max(1))) {
+        let dot: f64 = yr.iter().zip(dyr).map(|(&a, &b)| a as f64 * b as f64).sum();
+        let p: f64 = yr
+            .iter()
+            .zip(dyr)
+            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+            .sum();
+        for (&a, &b) in yr.iter().zip(dyr) {
+            let bound = (a as f64).abs() * (3.0 * U * (b as f64 - dot).abs() + g * p);
+            out.push(SECOND_ORDER * bound + FLOOR);
+        }
+    }
+    out
+}
+
+/// Log-softmax forward, `o_i = a_i − ln S`. The kernel: online `(m, Ŝ)` (`ε_S`,
+/// [`Lse::eps_online`]), `ls = logf(Ŝ)` (`ln S + ε_S`, and 2u·ln S for `logf`),
+/// `fl(fl(x_i − m) − ls)` (u·|a_i|, u·|o_i|); the reference adds u·|o_i|:
+/// `|ô_i − o_i| <= u·|a_i| + ε_S + 2u·ln S + 2u·|o_i|`.
+pub fn log_softmax_fwd_bound(x: &[f32], cols: usize) -> Vec<f64> {
+    let d = row_depth(cols);
+    let mut out = Vec::with_capacity(x.len());
+    for xr in x.chunks(cols.max(1)).take(rows_of(x.len(), cols)) {
+        let st = Lse::of(xr);
+        let (eps, ln_s) = (st.eps_online(d), st.s.ln());
+        for &v in xr {
+            let a = v as f64 - st.m;
+            let b = if a.is_finite() {
+                U * a.abs() + eps + 2.0 * U * ln_s + 2.0 * U * (a - ln_s).abs()
+            } else {
+                0.0 // −inf in, −inf out: compared exactly
+            };
+            out.push(SECOND_ORDER * b + FLOOR);
+        }
+    }
+    out
+}
+
+/// Log-softmax backward, `dx_i = dy_i − e^(y_i)·s`, `s = Σ_j dy_j`, from the f32 inputs. The
+/// kernel: `ŝ` by the group sum (`γ_d·Σ|dy_j|`), `fmaf(−expf(y_i), ŝ, dy_i)` (4u·e^(y_i)·|s| for
+/// `expf`, one rounding u·|dx_i|); the reference adds u·|dx_i|:
+/// `|dx̂_i − dx_i| <= e^(y_i)·(4u·|s| + γ_d·Σ|dy_j|) + 2u·|dx_i|`.
+pub fn log_softmax_bwd_bound(ly: &[f32], dy: &[f32], cols: usize) -> Vec<f64> {
+    let g = gamma(row_depth(cols));
+    let mut out = Vec::with_capacity(ly.len());
+    for (yr, dyr) in ly.chunks(cols.max(1)).zip(dy.chunks(cols.max(1))) {
+        let s: f64 = dyr.iter().map(|&v| v as f64).sum();
+        let sa: f64 = dyr.iter().map(|&v| (v as f64).abs()).sum();
+        for (&a, &b) in yr.iter().zip(dyr) {
+            let e = (a as f64).exp();
+            let dx = b as f64 - e * s;
+            let bound = e * (4.0 * U * s.abs() + g * sa) + 2.0 * U * dx.abs();
+            out.push(SECOND_ORDER * bound + FLOOR);
+        }
+    }
+    out
+}
+
+/// Cross-entropy forward, `loss = (m − x_t) + ln S` (a logsumexp minus the target's logit: a
+/// confident, correct row cancels to a tiny loss, and the error is that of the cancelling
+/// terms). The kernel: online `(m, Ŝ)` (`ε_S`, [`Lse::eps_online`]),
+/// `fl(fl(m − x_t) + logf(Ŝ))`: u·|m − x_t|, `ε_S` and 2u·ln S through `logf`, u·loss; the
+/// reference adds u·loss: `|l̂ − l| <= u·|m − x_t| + ε_S + 2u·ln S + 2u·l`.
+/// Rows with a target out of range get a NaN bound (their loss is NaN on both sides).
+pub fn cross_entropy_fwd_bound(x: &[f32], t: &[u32], cols: usize) -> Vec<f64> {
+    let d = row_depth(cols);
+    x.chunks(cols.max(1))
+        .zip(t)
+        .map(|(xr, &t)| {
+            let Some(&xt) = xr.get(t as usize) else {
+                return f64::NAN;
+            };
+            let st = Lse::of(xr);
+            let (mt, ln_s) = (st.m - xt as f64, st.s.ln());
+            let b = U * mt.abs() + st.eps_online(d) + 2.0 * U * ln_s + 2.0 * U * (mt + ln_s);
+            SECOND_ORDER * b + FLOOR
+        })
+        .collect()
+}
+
+/// Cross-entropy backward, `dl_i = g·(p_i − [i = t])`, `p_i = e^(a_i)/S`. The kernel: online
+/// `(m, Ŝ)` (`ε_S`), `inv = fl(1/Ŝ)` (+u), `p̂_i = fl(expf(fl(x_i − m))·inv)` (`|a_i|·u + 4u`
+/// for `a_i < 0`, +u), `p̂_t − 1` (u·|p_t − 1|), `·g` (u); the reference adds u:
+/// `|dl̂_i − dl_i| <= |g|·(p_i·(u·|a_i| + 4u·[a_i<0] + 2u + ε_S) + 3u·|p_i − [i = t]|)`.
+/// At the target of a confident row `p_t − 1` cancels, and what is left is `p_t·ε_S`: the
+/// softmax's error, the size of the terms that cancel.
+pub fn cross_entropy_bwd_bound(x: &[f32], t: &[u32], dl: &[f32], cols: usize) -> Vec<f64> {
+    let d = row_depth(cols);
+    let mut out = Vec::with_capacity(x.len());
+    for ((xr, &t), &g) in x.chunks(cols.max(1)).zip(t).zip(dl) {
+        let st = Lse::of(xr);
+        let eps = st.eps_online(d);
+        for (i, &v) in xr.iter().enumerate() {
+            let (a, p) = st.a_p(v);
+            let q = p - if i == t as usize { 1.0 } else { 0.0 };
+            let own = if p > 0.0 {
+                p * (U * -a + if a < 0.0 { 4.0 * U } else { 0.0 } + 2.0 * U + eps)
+            } else {
+                0.0
+            };
+            let b = (g as f64).abs() * (own + 3.0 * U * q.abs());
+            out.push(SECOND_ORDER * b + FLOOR);
+        }
+    }
+    out
+}
+
+/// Exact statistics of a row for the norms: `n`, `μ = Σx/n`, `var = Σ(x − μ)²/n`,
+/// `mean_abs = Σ|x|/n`, `dev0 = Σ|x − x_0|/n` (the f64 path's shifted sum), `ms = Σx²/n`.
+#[derive(Clone, Copy, Debug)]
+struct RowStats {
+    n: f64,
+    mu: f64,
+    var: f64,
+    mean_abs: f64,
+    dev0: f64,
+    ms: f64,
+}
+
+impl RowStats {
+    fn of(xr: &[f32]) -> RowStats {
+        let n = xr.len() as f64;
+        let mu = xr.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let var = xr.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / n;
+        let mean_abs = xr.iter().map(|&v| (v as f64).abs()).sum::<f64>() / n;
+        let x0 = xr[0] as f64;
+        let dev0 = xr.iter().map(|&v| (v as f64 - x0).abs()).sum::<f64>() / n;
+        let ms = xr.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n;
+        RowStats {
+            n,
+            mu,
+            var,
+            mean_abs,
+            dev0,
+            ms,
+        }
+    }
+}
+
+/// Bounds of LayerNorm's forward outputs: `(y, mean, rstd)`.
+pub struct LnFwdBounds {
+    pub y: Vec<f64>,
+    pub mean: Vec<f64>,
+    pub rstd: Vec<f64>,
+}
+
+/// LayerNorm forward, `y_i = x̂_i·w_i + b_i`, `x̂_i = (x_i − μ)·r`, `r = 1/sqrt(var + eps)`.
+/// The kernel takes a row's statistics in f32 (the fast path) unless they fail its trust test
+/// (`var32 >= 2^-20·μ̂²` and `var32 <= 1e37`), and then in f64 (`layernorm_fwd_row_exact`);
+/// the bound is that of the f32 path, which covers the f64 path too, except for rows that
+/// certainly fail the test (their exact `var` is far below `2^-20·μ²`, or above 1e37), which
+/// get the f64 path's much smaller bound (constant rows: `y = b` exactly).
+/// - Mean, f32 path: `fl(fl(Σx)/n)`, `Δμ = γ_d·mean|x| + u·|μ|` (the sum is bounded by the size
+///   of its terms: a row holding ±FLT_MAX cancels to a small mean); f64 path: the shifted sum
+///   `K + Σ(x − K)/n` with `K = x_0` (`γ64·Σ|x − x_0|/n` and two f64 roundings of `μ`; none
+///   for a constant row, whose shifted terms are exact zeros) rounded to f32 (u·|μ|) and kept as
+///   `hi + lo` for `x̂` (`lo` rounded: u·|μ − fl32(μ)|); both plus 2^-149 (a subnormal mean).
+///   Bound: the saved mean's error (f32 path `Δμ`; f64 path its f64 error and the rounding to
+///   f32, u·|μ|) and the reference's rounding, u·|μ|.
+/// - rstd, f32 path: `var32 = fl(Σ fmaf(x − μ̂)²/n)` is the variance about `μ̂`,
+///   `var + (μ̂ − μ)²`, each square off by 2u, the sum by `γ_d`, the division by u; then
+///   `fl(1/sqrtf(fl(var32 + eps)))`: the square root halves the relative error of `var + eps`
+///   (the addition's rounding included), then `sqrtf` and the division round once each.
+///   `ε_r = ½·(((3u + γ_d)·var + Δμ²)/(var + eps) + u) + 2u`; f64
+///   path: `u + (d + 3)(n + 1)·2^-51` (the shifted variance loses at most a factor `n + 1`);
+///   both plus 2^-150/r (a subnormal rstd, rows of ±FLT_MAX). Bound `r·(ε_r + u)`.
+/// - y: `fmaf(fl(fl(x_i − μ̂)·r̂), w_i, b_i)` (the f64 path's `(x − hi) − lo` rounds once more):
+///   `|x̂̂_i − x̂_i| <= r·(Δμ + 2u·|x_i − μ|) + |x̂_i|·(ε_r + u)`, times `|w_i|`, then u·|y_i| for
+///   the fmaf and u·|y_i| for the reference. `r·Δμ` is the row's conditioning: `|x|·r`.
+pub fn layernorm_fwd_bounds(x: &[f32], w: &[f32], b: &[f32], cols: usize, eps: f32) -> LnFwdBounds {
+    let d = row_depth(cols);
+    let (g, eps) = (gamma(d), eps as f64);
+    let rows = rows_of(x.len(), cols);
+    let mut out = LnFwdBounds {
+        y: Vec::with_capacity(x.len()),
+        mean: Vec::with_capacity(rows),
+        rstd: Vec::with_capacity(rows),
+    };
+    for xr in x.chunks(cols.max(1)).take(rows) {
+        let st = RowStats::of(xr);
+        let r = 1.0 / (st.var + eps).sqrt();
+        let dmu32 = g * st.mean_abs + U * st.mu.abs() + 2.0 * TINY;
+        let er32 = 0.5 * ((3.0 * U + g) * st.var + dmu32 * dmu32) / (st.var + eps) + 2.5 * U;
+        let lo = (st.mu - st.mu as f32 as f64).abs();
+        // A constant row sums exact zeros: its f64 mean is exactly x_0.
+        let shifted = if st.dev0 > 0.0 {
+            gamma64(d + 2) * st.dev0 + gamma64(2) * st.mu.abs()
+        } else {
+            0.0
+        };
+        let dmu64 = shifted + U * lo + 2.0 * TINY;
+        let er64 = U + (d as f64 + 3.0) * (st.n + 1.0) * f64::EPSILON * 2.0;
+        // The f32 path is certainly not taken when the largest var32 stays below the smallest
+        // threshold 2^-20·μ̂² (products rounded, or underflowing: a subnormal mean's threshold
+        // is 0, and such a row may take either path), or the smallest var32 exceeds 1e37.
+        let var32_hi = (st.var + dmu32 * dmu32) * (1.0 + 4.0 * U + g) + (d + 2) as f64 * TINY;
+        let mu_lo = (st.mu.abs() - dmu32).max(0.0);
+        let thr_lo = mu_lo * mu_lo * 9.5367431640625e-7 * (1.0 - 3.0 * U) - 2.0 * TINY;
+        let f64_only = var32_hi < thr_lo || st.var * (1.0 - 4.0 * U - g) > 1.001e37;
+        let (dmu, mean_round, er) = if f64_only {
+            (dmu64, 2.0 * U * st.mu.abs(), er64)
+        } else {
+            (dmu32, U * st.mu.abs(), er32)
+        };
+        let er = er + TINY / r;
+        out.mean.push(SECOND_ORDER * (dmu + mean_round) + FLOOR);
+        out.rstd.push(SECOND_ORDER * r * (er + U) + FLOOR);
+        for ((&v, &wv), &bv) in xr.iter().zip(w).zip(b) {
+            let c = v as f64 - st.mu;
+            let xh = c * r;
+            let y = xh * wv as f64 + bv as f64;
+            let e_xh = r * (dmu + 2.0 * U * c.abs()) + xh.abs() * (er + U);
+            let bound = (wv as f64).abs() * e_xh + 2.0 * U * y.abs();
+            out.y.push(SECOND_ORDER * bound + FLOOR);
+        }
+    }
+    out
+}
+
+/// Bounds of LayerNorm's backward outputs: `(dx, dw, db)`.
+pub struct LnBwdBounds {
+    pub dx: Vec<f64>,
+    pub dw: Vec<f64>,
+    pub db: Vec<f64>,
+}
+
+/// LayerNorm backward from the f32 inputs (`mean`, `rstd` as saved; `x̂_i = (x_i − μ)·r`,
+/// `g_i = dy_i·w_i`, all exact in f64): `dx_i = r·(g_i − m1 − x̂_i·m2)` with `m1 = Σg/n` and
+/// `m2 = Σg·x̂/n`, which cancels (its terms are `g_i`, `m1`, `x̂_i·m2`).
+/// - The kernel's `x̂` rounds twice (`fl(fl(x − μ)·r)`: 2u·|x̂|), `g` once (u·|g|).
+///   `m1 = fl(Σĝ/n)`: `E1 = (u + γ_d)·Σ|g|/n + u·|m1|`; `m2 = fl(Σ fmaf(ĝ, x̂̂)/n)`:
+///   `E2 = (3u + γ_d)·Σ|g·x̂|/n + u·|m2|`.
+/// - `fl(r·fl(fl(ĝ_i − m̂1) − fl(x̂̂_i·m̂2)))`: `r·(u·|g_i| + E1 + u·|g_i − m1| + 3u·|x̂_i·m2|
+///   + |x̂_i|·E2 + u·|inner_i|) + u·|dx_i|`, and u·|dx_i| for the reference.
+/// - dw_c = Σ_rows dy·x̂ by fmaf over `D = col_depth` roundings, `x̂` off by 2u:
+///   `(2u + γ_D)·Σ|dy·x̂| + u·|dw_c|`; db_c = Σ dy: `γ_D·Σ|dy| + u·|db_c|`.
+pub fn layernorm_bwd_bounds(
+    x: &[f32],
+    w: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    dy: &[f32],
+    cols: usize,
+    col_depth: usize,
+) -> LnBwdBounds {
+    let g = gamma(row_depth(cols));
+    let n = cols as f64;
+    let rows = rows_of(x.len(), cols);
+    let mut dx = Vec::with_capacity(x.len());
+    let (mut tw, mut tb) = (vec![0.0f64; cols], vec![0.0f64; cols]);
+    let (mut sw, mut sb) = (vec![0.0f64; cols], vec![0.0f64; cols]);
+    for r in 0..rows {
+        let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
+        let (mu, rs) = (mean[r] as f64, rstd[r] as f64);
+        let xh = |i: usize| (xr[i] as f64 - mu) * rs;
+        let gi = |i: usize| dyr[i] as f64 * w[i] as f64;
+        let (mut s1, mut a1, mut s2, mut a2) = (0.0, 0.0, 0.0, 0.0);
+        for i in 0..cols {
+            let (gv, xv) = (gi(i), xh(i));
+            s1 += gv;
+            a1 += gv.abs();
+            s2 += gv * xv;
+            a2 += (gv * xv).abs();
+            tw[i] += (dyr[i] as f64 * xv).abs();
+            tb[i] += (dyr[i] as f64).abs();
+            sw[i] += dyr[i] as f64 * xv;
+            sb[i] += dyr[i] as f64;
+        }
+        let (m1, m2) = (s1 / n, s2 / n);
+        let e1 = (U + g) * a1 / n + U * m1.abs();
+        let e2 = (3.0 * U + g) * a2 / n + U * m2.abs();
+        for i in 0..cols {
+            let (gv, xv) = (gi(i), xh(i));
+            let inner = gv - m1 - xv * m2;
+            let inner_err = U * (gv.abs() + (gv - m1).abs() + 3.0 * (xv * m2).abs() + inner.abs())
+                + e1
+                + xv.abs() * e2;
+            let bound = rs * inner_err + 2.0 * U * (rs * inner).abs();
+            dx.push(SECOND_ORDER * bound + FLOOR);
+        }
+    }
+    let gc = gamma(col_depth);
+    let dw = (0..cols)
+        .map(|c| SECOND_ORDER * ((2.0 * U + gc) * tw[c] + U * sw[c].abs()) + FLOOR)
+        .collect();
+    let db = (0..cols)
+        .map(|c| SECOND_ORDER * (gc * tb[c] + U * sb[c].abs()) + FLOOR)
+        .collect();
+    LnBwdBounds { dx, dw, db }
+}
+
+/// Bounds of RMSNorm's forward outputs: `(y, rstd)`.
+pub struct RmsFwdBounds {
+    pub y: Vec<f64>,
+    pub rstd: Vec<f64>,
+}
+
+/// RMSNorm forward, `r = 1/sqrt(Σx²/n + eps)`, `y_i = x_i·r·w_i`. The kernel sums `x²` in f64
+/// (`V` accumulators, then the group: `γ64_(d+3)`), takes the root and reciprocal in f64 and
+/// rounds `r` once to f32, as the reference does: `ε_r = u + (d + 8)·2^-53 + 2^-150/r` each, so
+/// rstd is bounded by `r·(2u + (d + 8)·2^-53) + 2^-149`. `y_i = fl(fl(x_i·r̂)·w_i)`: `ε_r + 2u`,
+/// and u for the reference: `|y_i|·(ε_r + 3u)`.
+pub fn rmsnorm_fwd_bounds(x: &[f32], w: &[f32], cols: usize, eps: f32) -> RmsFwdBounds {
+    let d = row_depth(cols);
+    let rows = rows_of(x.len(), cols);
+    let mut out = RmsFwdBounds {
+        y: Vec::with_capacity(x.len()),
+        rstd: Vec::with_capacity(rows),
+    };
+    for xr in x.chunks(cols.max(1)).take(rows) {
+        let st = RowStats::of(xr);
+        let r = 1.0 / (st.ms + eps as f64).sqrt();
+        let f64_err = gamma64(d + 8);
+        out.rstd
+            .push(SECOND_ORDER * (r * (2.0 * U + f64_err) + 2.0 * TINY) + FLOOR);
+        let er = U + f64_err + TINY / r;
+        for (&v, &wv) in xr.iter().zip(w) {
+            let y = v as f64 * r * wv as f64;
+            out.y.push(SECOND_ORDER * y.abs() * (er + 3.0 * U) + FLOOR);
+        }
+    }
+    out
+}
+
+/// Bounds of RMSNorm's backward outputs: `(dx, dw)`.
+pub struct RmsBwdBounds {
+    pub dx: Vec<f64>,
+    pub dw: Vec<f64>,
+}
+
+/// RMSNorm backward from the f32 inputs (`x̂_i = x_i·r`, `g_i = dy_i·w_i`, exact in f64):
+/// `dx_i = r·(g_i − x̂_i·c)`, `c = Σg·x̂/n`, which cancels (terms `g_i` and `x̂_i·c`).
+/// - The kernel's `c = fl(Σ fmaf(fl(dy·w), fl(x·r))/n)`: `E_c = (2u + γ_d)·Σ|g·x̂|/n + u·|c|`.
+/// - `fl(r·fmaf(−fl(x_i·r), ĉ, fl(dy_i·w_i)))`: `r·(u·|g_i| + |x̂_i|·(E_c + u·|c|) +
+///   u·|inner_i|) + u·|dx_i|`, and u·|dx_i| for the reference.
+/// - dw_c = Σ_rows dy·x̂ by fmaf over `D = col_depth` roundings, `x̂` off by u:
+///   `(u + γ_D)·Σ|dy·x̂| + u·|dw_c|`.
+pub fn rmsnorm_bwd_bounds(
+    x: &[f32],
+    w: &[f32],
+    rstd: &[f32],
+    dy: &[f32],
+    cols: usize,
+    col_depth: usize,
+) -> RmsBwdBounds {
+    let g = gamma(row_depth(cols));
+    let n = cols as f64;
+    let rows = rows_of(x.len(), cols);
+    let mut dx = Vec::with_capacity(x.len());
+    let (mut tw, mut sw) = (vec![0.0f64; cols], vec![0.0f64; cols]);
+    for r in 0..rows {
+        let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
+        let rs = rstd[r] as f64;
+        let (mut s, mut a) = (0.0, 0.0);
+        for i in 0..cols {
+            let (gv, xv) = (dyr[i] as f64 * w[i] as f64, xr[i] as f64 * rs);
+            s += gv * xv;
+            a += (gv * xv).abs();
+            tw[i] += (dyr[i] as f64 * xv).abs();
+            sw[i] += dyr[i] as f64 * xv;
+        }
+        let c = s / n;
+        let ec = (2.0 * U + g) * a / n + U * c.abs();
+        for i in 0..cols {
+            let (gv, xv) = (dyr[i] as f64 * w[i] as f64, xr[i] as f64 * rs);
+            let inner = gv - xv * c;
+            let inner_err = U * gv.abs() + xv.abs() * (ec + U * c.abs()) + U * inner.abs();
+            let bound = rs * inner_err + 2.0 * U * (rs * inner).abs();
+            dx.push(SECOND_ORDER * bound + FLOOR);
+        }
+    }
+    let gc = gamma(col_depth);
+    let dw = (0..cols)
+        .map(|c| SECOND_ORDER * ((U + gc) * tw[c] + U * sw[c].abs()) + FLOOR)
+        .collect();
+    RmsBwdBounds { dx, dw }
+}
