@@ -3,6 +3,7 @@
 # carried bundle (target/gpu-bundle.tar.xz): each argument is one GPU's experiment flags, run
 # by its own process (GPU i gets argument i). The runs resume from the curves in target/exp,
 # stop after EXP_SECONDS, and the curves and logs are packed into $OUT/exp.tgz.
+#   (EXP_TAG names the logs: $OUT/${EXP_TAG}0.log, ...)
 #   scripts/experiment-gpus.sh "--workloads w1 --arms adamw,hybrid" "--workloads w2 --jobs 4"
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0
@@ -15,7 +16,7 @@ gpu=0
 for flags in "$@"; do
   # shellcheck disable=SC2086 # each argument is a list of flags
   CUDA_VISIBLE_DEVICES=$gpu timeout "${EXP_SECONDS:-540}" "$bin" --device cuda experiment \
-    --data "$data" --out target/exp $flags > "$OUT/gpu$gpu.log" 2>&1 &
+    --data "$data" --out target/exp $flags > "$OUT/${EXP_TAG:-gpu}$gpu.log" 2>&1 &
   gpu=$((gpu + 1))
 done
 wait

@@ -42,7 +42,10 @@ pub struct ControlArgs {
     /// Hybrid: the multiplier c the run starts with.
     #[arg(long, default_value_t = 0.5)]
     pub initial_multiplier: f32,
-    /// Hybrid: c ← c·s*^gain at each decision.
+    /// Hybrid: the line search's answer s* the multiplier settles at.
+    #[arg(long, default_value_t = 0.8)]
+    pub aim: f32,
+    /// Hybrid: c ← c·(s*/aim)^gain at each decision.
     #[arg(long, default_value_t = 0.5)]
     pub control_gain: f32,
     /// Hybrid ablation: measure every decision, no world model.
@@ -70,6 +73,7 @@ impl ControlArgs {
             adapt_until: self.adapt_until,
             adapt_in_warmup: !self.no_warmup_decisions,
             gain: self.control_gain,
+            aim: self.aim,
             initial_multiplier: self.initial_multiplier,
             world_model: !self.no_world_model,
             rollback_tolerance: if self.no_rollback {

@@ -116,6 +116,13 @@ fn every_bad_setting_is_named() {
                 ..ok.clone()
             },
         ),
+        (
+            "aim",
+            ControlConfig {
+                aim: 0.0,
+                ..ok.clone()
+            },
+        ),
     ];
     for (field, cfg) in cases {
         assert_eq!(cfg.validate().unwrap_err().field, field);
@@ -135,9 +142,20 @@ fn the_multiplier_follows_the_decisions_within_its_bounds() {
         measured: true,
     };
     c.apply(25, up, 2.0);
-    assert!((c.multiplier() - start * 2f32.sqrt()).abs() < 1e-6);
+    // c ← c·(s/aim)^gain.
+    let cfg = ControlConfig::default();
+    let moved = start * (2.0 / cfg.aim).powf(cfg.gain);
+    assert!((c.multiplier() - moved).abs() < 1e-6);
     c.apply(50, Decision::Rollback, f32::NAN);
-    assert!((c.multiplier() - start * 2f32.sqrt() / 2.0).abs() < 1e-6);
+    assert!((c.multiplier() - moved / 2.0).abs() < 1e-6);
+    // At s* = aim the multiplier holds.
+    let hold = Decision::Continue {
+        scale: Some(cfg.aim),
+        measured: true,
+    };
+    let before = c.multiplier();
+    c.apply(60, hold, 2.0);
+    assert!((c.multiplier() - before).abs() < 1e-6);
     assert_eq!(c.rollbacks, 1);
     // A scale outside [1/2, 2] counts as the bound.
     let huge = Decision::Continue {
@@ -152,7 +170,7 @@ fn the_multiplier_follows_the_decisions_within_its_bounds() {
         c.apply(200 + i, Decision::Rollback, 1.0);
     }
     assert!(c.at_floor());
-    assert_eq!(c.history.len(), 202);
+    assert_eq!(c.history.len(), 203);
     assert!(c.history[1].rollback && !c.history[0].rollback);
 }
 

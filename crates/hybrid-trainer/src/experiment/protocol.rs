@@ -75,6 +75,8 @@ pub enum Arm {
     HybridNoWarmupDecisions,
     /// Ablation: the hybrid starting at the given rate (multiplier 1, not 1/2).
     HybridStartAtOne,
+    /// Ablation: the hybrid settling where the line search answers 1 (the greedy optimum).
+    HybridAimOne,
 }
 
 impl Arm {
@@ -94,6 +96,7 @@ impl Arm {
             Arm::HybridNoRollback => "hybrid, no rollback",
             Arm::HybridNoWarmupDecisions => "hybrid, no warm-up decisions",
             Arm::HybridStartAtOne => "hybrid, starting at multiplier 1",
+            Arm::HybridAimOne => "hybrid, aiming at s* = 1",
         }
     }
 
@@ -135,7 +138,8 @@ impl Arm {
             | Arm::HybridNoAverage
             | Arm::HybridNoRollback
             | Arm::HybridNoWarmupDecisions
-            | Arm::HybridStartAtOne => TrainMode::Hybrid,
+            | Arm::HybridStartAtOne
+            | Arm::HybridAimOne => TrainMode::Hybrid,
             _ => TrainMode::Adamw,
         }
     }
@@ -223,6 +227,7 @@ impl Workload {
             Arm::HybridNoRollback => v.push("--no-rollback".into()),
             Arm::HybridNoWarmupDecisions => v.push("--no-warmup-decisions".into()),
             Arm::HybridStartAtOne => v.extend(f("--initial-multiplier 1")),
+            Arm::HybridAimOne => v.extend(f("--aim 1")),
             _ => {}
         }
         v
