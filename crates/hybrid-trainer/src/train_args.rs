@@ -78,7 +78,7 @@ pub struct TrainArgs {
     /// Characters to sample after training.
     #[arg(long, default_value_t = 200)]
     pub sample: usize,
-    /// Write a checkpoint (weights, AdamW state, iteration) into this directory every
+    /// Write a checkpoint (weights, the optimizer's state, iteration) into this directory every
     /// `--checkpoint-interval` iterations and at the end (rank 0 only).
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,

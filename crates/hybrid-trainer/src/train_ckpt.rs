@@ -1,7 +1,10 @@
-//! Checkpoints of `train-gpt` (`--checkpoint DIR`, `--resume DIR`): the model's weights, AdamW's
-//! moments and step, and the iteration reached, in `DIR/iter-NNNNNNN/` (`model.safetensors`
-//! under the parameters' names, `optim.safetensors`, `state.json`), with `DIR/latest` naming the
-//! newest one (replaced atomically, so a crash while writing leaves the previous checkpoint).
+//! Checkpoints of `train-gpt` (`--checkpoint DIR`, `--resume DIR`): the model's weights, the
+//! optimizer's state (any [`Optimizer`]: AdamW, Schedule-Free AdamW, Prodigy) and the iteration
+//! reached, in `DIR/iter-NNNNNNN/` (`model.safetensors` under the parameters' names,
+//! `optimizer.safetensors` as [`OptimizerState::save`] writes it, `state.json`), with
+//! `DIR/latest` naming the newest one (replaced atomically, so a crash while writing leaves the
+//! previous checkpoint). Checkpoints of earlier builds (AdamW's moments in `optim.safetensors`
+//! under `m.`/`v.` and the parameters' names) still load into AdamW.
 //!
 //! Nothing in a checkpoint depends on the number of ranks: every rank draws the same global
 //! batches from the run's seed (the draws of the iterations before are replayed on resume), so
@@ -10,15 +13,18 @@
 //! device's), so with `--dropout > 0` a resume on another number of GPUs draws other masks for
 //! the rows that move to another rank.
 
-use crate::hybrid::checkpoint::{read_tensors, write_tensors, MODEL_FILE};
+use crate::hybrid::checkpoint::{read_tensors, MODEL_FILE};
 use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tensor_ops::gpt::Gpt;
-use tensor_ops::optim::{AdamW, AdamWState};
+use tensor_ops::optim::{Optimizer, OptimizerState};
 use tensor_ops::Tensor;
 
-const OPTIM: &str = "optim.safetensors";
+/// The optimizer's state ([`OptimizerState`]).
+const OPTIMIZER: &str = "optimizer.safetensors";
+/// Earlier builds' AdamW moments (read only).
+const LEGACY_ADAMW: &str = "optim.safetensors";
 const STATE: &str = "state.json";
 const LATEST: &str = "latest";
 
@@ -44,9 +50,9 @@ fn ck(e: crate::hybrid::HybridError) -> anyhow::Error {
 /// Writes a checkpoint of `model` and `opt` at `state.iter` into `dir` and points `latest` at it.
 /// The files go into a scratch directory that is renamed into place when complete (replacing
 /// an older `iter-N` of the same number, left by an earlier run in the same directory), so a
-/// crash never leaves a mix of two runs' files. A model or moment that is not finite (a
-/// diverged run) is an error, and nothing is written.
-pub fn save(dir: &Path, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<PathBuf> {
+/// crash never leaves a mix of two runs' files. A weight or optimizer state that is not finite
+/// (a diverged run) is an error, and nothing is written.
+pub fn save(dir: &Path, model: &Gpt, opt: &dyn Optimizer, state: &TrainState) -> Result<PathBuf> {
     save_with(dir, model, opt, state, &mut |_| Ok(()))
 }
 
@@ -55,19 +61,22 @@ pub fn save(dir: &Path, model: &Gpt, opt: &AdamW, state: &TrainState) -> Result<
 pub fn save_with(
     dir: &Path,
     model: &Gpt,
-    opt: &AdamW,
+    opt: &dyn Optimizer,
     state: &TrainState,
     extra: &mut dyn FnMut(&Path) -> Result<()>,
 ) -> Result<PathBuf> {
-    let params = model.parameters();
-    let (m, v) = opt.moments();
-    let mut moments = Vec::with_capacity(2 * params.len());
-    for (i, (name, p, _)) in params.iter().enumerate() {
-        finite(&format!("the weight {name}"), p)?;
-        finite(&format!("AdamW's first moment of {name}"), &m[i])?;
-        finite(&format!("AdamW's second moment of {name}"), &v[i])?;
-        moments.push((format!("m.{name}"), m[i].clone()));
-        moments.push((format!("v.{name}"), v[i].clone()));
+    for (name, p, _) in model.parameters() {
+        finite(&format!("the weight {name}"), &p)?;
+    }
+    let optimizer = opt.state()?;
+    for (name, t) in &optimizer.tensors {
+        finite(&format!("{}'s state {name}", opt.name()), t)?;
+    }
+    if let Some((name, x)) = optimizer.scalars.iter().find(|(_, x)| !x.is_finite()) {
+        bail!(
+            "{}'s {name} is {x}: the run has diverged, no checkpoint written",
+            opt.name()
+        );
     }
     let name = format!("iter-{:07}", state.iter);
     let sub = dir.join(&name);
@@ -76,7 +85,7 @@ pub fn save_with(
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let written = (|| -> Result<()> {
         model.store().save(&tmp.join(MODEL_FILE))?;
-        write_tensors(&tmp.join(OPTIM), &moments).map_err(ck)?;
+        optimizer.save(&tmp.join(OPTIMIZER))?;
         std::fs::write(tmp.join(STATE), serde_json::to_string_pretty(state)?)?;
         extra(&tmp)?;
         if sub.exists() {
@@ -124,8 +133,14 @@ pub fn newest(dir: &Path) -> Result<PathBuf> {
 
 /// Loads the newest checkpoint of `dir` into `model` and `opt` (in place) after checking it
 /// was written by a run of the same shape (`expect`: seed, global batch, context, parameter
-/// count); returns its state. A checkpoint that fails any check (or to read) changes nothing.
-pub fn load(dir: &Path, model: &Gpt, opt: &mut AdamW, expect: &TrainState) -> Result<TrainState> {
+/// count) and optimizer; returns its state. A checkpoint that fails any check (or to read)
+/// changes nothing.
+pub fn load(
+    dir: &Path,
+    model: &Gpt,
+    opt: &mut dyn Optimizer,
+    expect: &TrainState,
+) -> Result<TrainState> {
     let sub = newest(dir)?;
     let text = std::fs::read_to_string(sub.join(STATE))
         .with_context(|| format!("reading {}", sub.join(STATE).display()))?;
@@ -144,44 +159,72 @@ pub fn load(dir: &Path, model: &Gpt, opt: &mut AdamW, expect: &TrainState) -> Re
             );
         }
     }
-    let host = read_tensors(&sub.join(OPTIM)).map_err(ck)?;
+    let saved = if sub.join(OPTIMIZER).is_file() {
+        OptimizerState::load(&sub.join(OPTIMIZER))?
+    } else {
+        legacy_adamw(&sub, model, st.opt_step)?
+    };
+    ensure!(
+        saved.optimizer == opt.name(),
+        "{} holds {}'s state, this run's optimizer is {} (--optimizer)",
+        sub.display(),
+        saved.optimizer,
+        opt.name()
+    );
+    // The optimizer's load checks everything before it writes; the weights load all or
+    // nothing. Should the weights fail after the optimizer loaded, the optimizer's own state
+    // goes back, so nothing changes.
+    let before = opt.state()?;
+    opt.load_state(&saved)
+        .with_context(|| format!("loading the optimizer state of {}", sub.display()))?;
+    if let Err(e) = model.store().load(&sub.join(MODEL_FILE)) {
+        opt.load_state(&before)?;
+        return Err(
+            anyhow::Error::new(e).context(format!("loading the weights of {}", sub.display()))
+        );
+    }
+    Ok(st)
+}
+
+/// An earlier build's AdamW checkpoint (`optim.safetensors`: `m.NAME` and `v.NAME` for each
+/// parameter) as an [`OptimizerState`] of AdamW (`m.I`, `v.I`, `step`).
+fn legacy_adamw(sub: &Path, model: &Gpt, step: u32) -> Result<OptimizerState> {
+    let path = sub.join(LEGACY_ADAMW);
+    let host = read_tensors(&path).map_err(ck)?;
     let device = model.device();
-    let mut m = Vec::new();
-    let mut v = Vec::new();
-    for (name, p, _) in model.parameters() {
-        for (prefix, out) in [("m", &mut m), ("v", &mut v)] {
+    let params = model.parameters();
+    let mut tensors = Vec::with_capacity(2 * params.len());
+    for prefix in ["m", "v"] {
+        for (i, (name, p, _)) in params.iter().enumerate() {
             let key = format!("{prefix}.{name}");
             let Some((shape, vals)) = host.get(&key) else {
-                bail!("{}: no tensor {key}", sub.join(OPTIM).display());
+                bail!("{}: no tensor {key}", path.display());
             };
             ensure!(
                 shape.as_slice() == p.shape(),
                 "{}: {key} has shape {shape:?}, the parameter {:?}",
-                sub.join(OPTIM).display(),
+                path.display(),
                 p.shape()
             );
-            out.push(Tensor::from_vec(vals.clone(), shape, device)?);
+            tensors.push((
+                format!("{prefix}.{i}"),
+                Tensor::from_vec(vals.clone(), shape, device)?,
+            ));
         }
     }
-    // Everything is read and checked before anything is written: the weights load all or
-    // nothing, and the moments, built above with the parameters' shapes, cannot fail after.
-    model
-        .store()
-        .load(&sub.join(MODEL_FILE))
-        .with_context(|| format!("loading the weights of {}", sub.display()))?;
-    opt.load_state(&AdamWState {
-        m,
-        v,
-        step: st.opt_step,
-    })?;
-    Ok(st)
+    Ok(OptimizerState {
+        optimizer: "adamw".into(),
+        tensors,
+        scalars: vec![("step".into(), f64::from(step))],
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hybrid::checkpoint::write_tensors;
     use tensor_ops::gpt::{GptConfig, Variant};
-    use tensor_ops::optim::AdamWParams;
+    use tensor_ops::optim::{AdamW, AdamWParams, ProdigyParams, ScheduleFreeParams};
     use tensor_ops::Device;
 
     fn model(seed: u64) -> (Gpt, AdamW) {
@@ -227,7 +270,13 @@ mod tests {
     fn a_bad_checkpoint_changes_nothing() {
         let dir = std::env::temp_dir().join(format!("train-ckpt-unit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let (a, opt_a) = model(1);
+        let (a, mut opt_a) = model(1);
+        let x = Tensor::from_vec(vec![1u32, 2, 3, 4], &[1, 4], Device::Cpu).unwrap();
+        let y = Tensor::from_vec(vec![2u32, 3, 4, 5], &[1, 4], Device::Cpu).unwrap();
+        for _ in 0..3 {
+            let grads = a.loss(&x, &y, None).unwrap().backward().unwrap();
+            Optimizer::step(&mut opt_a, &grads, 0.01).unwrap();
+        }
         let state = state_of(&a, 7, 3, 2);
         let sub = save(&dir, &a, &opt_a, &state).unwrap();
         let (b, mut opt_b) = model(2);
@@ -246,15 +295,16 @@ mod tests {
         let e = load(&dir, &c, &mut opt_c, &other).unwrap_err();
         assert!(e.to_string().contains("--batch (global) 4"), "{e}");
         // A moment missing (the weights themselves are fine).
-        let host = read_tensors(&sub.join(OPTIM)).unwrap();
-        let kept: Vec<(String, Tensor)> = host
-            .into_iter()
-            .filter(|(n, _)| !n.starts_with("v.transformer.h.0"))
-            .map(|(n, (shape, v))| (n, Tensor::from_vec(v, &shape, Device::Cpu).unwrap()))
-            .collect();
-        write_tensors(&sub.join(OPTIM), &kept).unwrap();
+        let mut saved = OptimizerState::load(&sub.join(OPTIMIZER)).unwrap();
+        saved.tensors.remove(3);
+        saved.save(&sub.join(OPTIMIZER)).unwrap();
         let e = load(&dir, &c, &mut opt_c, &state).unwrap_err();
-        assert!(e.to_string().contains("no tensor v."), "{e}");
+        assert!(format!("{e:#}").contains("optimizer state"), "{e:#}");
+        assert_eq!(values(&c), before, "a failed load changed the weights");
+        // A truncated state file.
+        let bytes = std::fs::read(sub.join(OPTIMIZER)).unwrap();
+        std::fs::write(sub.join(OPTIMIZER), &bytes[..bytes.len() / 2]).unwrap();
+        assert!(load(&dir, &c, &mut opt_c, &state).is_err());
         // `latest` naming a path outside the directory.
         std::fs::write(dir.join(LATEST), "../elsewhere").unwrap();
         assert!(load(&dir, &c, &mut opt_c, &state).is_err());
@@ -307,5 +357,102 @@ mod tests {
         assert_eq!(values(&c), values(&b));
         assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A checkpoint of an earlier build (AdamW's moments under `m.NAME`/`v.NAME` in
+    /// `optim.safetensors`, no `optimizer.safetensors`) loads into AdamW, moments and step.
+    #[test]
+    fn an_earlier_builds_adamw_checkpoint_still_loads() {
+        let dir = std::env::temp_dir().join(format!("train-ckpt-legacy-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (a, opt_a) = model(1);
+        let state = state_of(&a, 4, 2, 1);
+        let sub = save(&dir, &a, &opt_a, &state).unwrap();
+        // Rewrite the optimizer's file the old way, with moments of known values.
+        let mut legacy = Vec::new();
+        for (prefix, fill) in [("m", 0.25f32), ("v", 0.5)] {
+            for (name, p, _) in a.parameters() {
+                let vals = vec![fill; p.numel()];
+                legacy.push((
+                    format!("{prefix}.{name}"),
+                    Tensor::from_vec(vals, p.shape(), Device::Cpu).unwrap(),
+                ));
+            }
+        }
+        write_tensors(&sub.join(LEGACY_ADAMW), &legacy).unwrap();
+        std::fs::remove_file(sub.join(OPTIMIZER)).unwrap();
+        let (b, mut opt_b) = model(2);
+        load(&dir, &b, &mut opt_b, &state).unwrap();
+        assert_eq!(values(&a), values(&b));
+        assert_eq!(opt_b.steps(), 2);
+        let st = Optimizer::state(&opt_b).unwrap();
+        for (name, t) in &st.tensors {
+            let want = if name.starts_with("m.") { 0.25 } else { 0.5 };
+            assert!(t.to_vec().unwrap().iter().all(|&x| x == want), "{name}");
+        }
+        // Into Prodigy: refused by name, nothing changed.
+        let (c, mut prodigy) = other(3, "prodigy");
+        let before = values(&c);
+        let e = load(&dir, &c, prodigy.as_mut(), &state).unwrap_err();
+        assert!(e.to_string().contains("adamw's state"), "{e}");
+        assert_eq!(values(&c), before);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn other(seed: u64, kind: &str) -> (Gpt, Box<dyn Optimizer>) {
+        let (m, _) = model(seed);
+        let opt: Box<dyn Optimizer> = match kind {
+            "prodigy" => Box::new(m.store().prodigy(ProdigyParams::default()).unwrap()),
+            _ => Box::new(
+                m.store()
+                    .schedule_free_adamw(ScheduleFreeParams::default())
+                    .unwrap(),
+            ),
+        };
+        (m, opt)
+    }
+
+    /// Schedule-Free AdamW and Prodigy checkpoints round-trip their whole state (after a few
+    /// steps, so that it is not the initial one), and a checkpoint of one is refused by the
+    /// other with an error that leaves the weights and the state as they were.
+    #[test]
+    fn every_optimizer_round_trips_and_kinds_do_not_mix() {
+        for kind in ["schedule_free_adamw", "prodigy"] {
+            let dir =
+                std::env::temp_dir().join(format!("train-ckpt-{kind}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let (a, mut opt_a) = other(1, kind);
+            assert_eq!(opt_a.name(), kind);
+            let x =
+                Tensor::from_vec(vec![1u32, 2, 3, 4, 5, 6, 0, 1], &[2, 4], Device::Cpu).unwrap();
+            let y =
+                Tensor::from_vec(vec![2u32, 3, 4, 5, 6, 0, 1, 2], &[2, 4], Device::Cpu).unwrap();
+            for _ in 0..3 {
+                let grads = a.loss(&x, &y, None).unwrap().backward().unwrap();
+                opt_a.step(&grads, 0.01).unwrap();
+            }
+            let state = state_of(&a, 3, opt_a.steps(), 1);
+            save(&dir, &a, opt_a.as_ref(), &state).unwrap();
+            let (b, mut opt_b) = other(2, kind);
+            load(&dir, &b, opt_b.as_mut(), &state).unwrap();
+            assert_eq!(values(&a), values(&b));
+            let (sa, sb) = (opt_a.state().unwrap(), opt_b.state().unwrap());
+            assert_eq!(sa.scalars, sb.scalars);
+            for ((na, ta), (nb, tb)) in sa.tensors.iter().zip(&sb.tensors) {
+                assert_eq!(na, nb);
+                assert_eq!(ta.to_vec().unwrap(), tb.to_vec().unwrap(), "{kind} {na}");
+            }
+            // Into AdamW: refused, nothing changed.
+            let (c, mut adamw): (Gpt, AdamW) = model(3);
+            let before = values(&c);
+            let e = load(&dir, &c, &mut adamw, &state).unwrap_err();
+            assert!(
+                e.to_string().contains("this run's optimizer is adamw"),
+                "{e}"
+            );
+            assert_eq!(values(&c), before);
+            assert_eq!(adamw.steps(), 0);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }

@@ -10,7 +10,7 @@ pub use crate::train_args::{learning_rate, parse_precision, parse_variant, Sched
 use crate::train_ckpt::{self, TrainState};
 use crate::train_curve::{DriverState, EvalPoint, RunCurve, Spent, DRIVER_FILE};
 use crate::train_step::{
-    batch_context, evaluate, poison_first_weight, OptimizerKind, RangeTest, RunOptimizer, Stepper,
+    batch_context, evaluate, poison_first_weight, RangeTest, RunOptimizer, Stepper,
 };
 use anyhow::{ensure, Context, Result};
 use gpu_core::Device;
@@ -150,10 +150,6 @@ fn run_inner(
         ds.val.len(),
         cfg.vocab_size
     );
-    ensure!(
-        a.optimizer == OptimizerKind::Adamw || (a.checkpoint.is_none() && a.resume.is_none()),
-        "--checkpoint and --resume are for --optimizer adamw"
-    );
     let mut opt = RunOptimizer::new(a.optimizer, &model, a.weight_decay, a.grad_clip)?;
     let (batch, block) = (a.batch as usize, a.block as usize);
     // This rank's rows of each global batch.
@@ -207,8 +203,7 @@ fn run_inner(
     let mut resumed: Option<std::path::PathBuf> = None;
     if let Some(dir) = &a.resume {
         let expect = ck_state(0, opt.get_ref());
-        let adamw = opt.adamw().context("checkpoints are AdamW's")?;
-        let st = train_ckpt::load(dir, &model, adamw, &expect)?;
+        let st = train_ckpt::load(dir, &model, opt.get(), &expect)?;
         ensure!(
             st.iter <= a.iters,
             "{} is at iteration {}, past --iters {}",
@@ -345,7 +340,6 @@ fn run_inner(
                     train_seconds: train_secs,
                     rate_scale,
                 };
-                let adamw = opt.adamw().context("checkpoints are AdamW's")?;
                 let mut extra = |tmp: &std::path::Path| -> Result<()> {
                     std::fs::write(tmp.join(DRIVER_FILE), serde_json::to_string(&driver)?)?;
                     if let Some(h) = hybrid.as_mut() {
@@ -353,7 +347,7 @@ fn run_inner(
                     }
                     Ok(())
                 };
-                let sub = train_ckpt::save_with(dir, &model, adamw, &st, &mut extra)
+                let sub = train_ckpt::save_with(dir, &model, opt.get_ref(), &st, &mut extra)
                     .with_context(|| format!("writing a checkpoint into {}", dir.display()))?;
                 say!("checkpoint {}", sub.display());
             }

@@ -394,12 +394,20 @@ fn logged_losses(out: &str) -> std::collections::BTreeMap<u32, String> {
 }
 
 /// `train-gpt --checkpoint` then `--resume` from its iteration-10 checkpoint continues the run
-/// bit for bit on one device: the same losses at iterations 10–19 and the same final
-/// evaluation (printed in full by the summary). A checkpoint of another run's shape is refused.
+/// bit for bit on one device, with each optimizer: the same losses at iterations 10–19 and the
+/// same final evaluation (printed in full by the summary). A checkpoint of another run's shape,
+/// or of another optimizer, is refused.
 #[test]
 fn train_gpt_resumes_from_a_checkpoint_bit_for_bit() {
+    for optimizer in ["adamw", "schedule-free", "prodigy"] {
+        resumes_bit_for_bit(optimizer);
+    }
+}
+
+fn resumes_bit_for_bit(optimizer: &str) {
     let corpus = Corpus::new("ckpt");
-    let dir = std::env::temp_dir().join(format!("train-gpt-ckpt-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("train-gpt-ckpt-{optimizer}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let data = corpus.0.to_str().unwrap();
     let ck = dir.to_str().unwrap();
@@ -429,6 +437,8 @@ fn train_gpt_resumes_from_a_checkpoint_bit_for_bit() {
         "2",
         "--sample",
         "0",
+        "--optimizer",
+        optimizer,
     ];
     let run = |extra: &[&str]| {
         let out = Command::cargo_bin("hybrid-trainer")
@@ -471,5 +481,25 @@ fn train_gpt_resumes_from_a_checkpoint_bit_for_bit() {
         .failure();
     let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
     assert!(err.contains("--batch (global) 4"), "{err}");
+    // The same checkpoint into another optimizer: refused by name.
+    let other = if optimizer == "adamw" {
+        "prodigy"
+    } else {
+        "adamw"
+    };
+    let mut args: Vec<&str> = base.to_vec();
+    let at = args.len() - 1;
+    args[at] = other;
+    let out = Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(&args)
+        .args(["--batch", "4", "--resume", ck])
+        .assert()
+        .failure();
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(
+        err.contains("this run's optimizer is"),
+        "{optimizer}: {err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,5 +1,5 @@
 //! The hybrid's state in a `train-gpt` checkpoint (a `hybrid/` folder beside the model and
-//! AdamW's files), so that a resumed run continues bit for bit: the controller and its gate,
+//! optimizer's files), so that a resumed run continues bit for bit: the controller and its gate,
 //! the decisions' features, the rollback point (weights, optimizer state, weight average, probe
 //! losses; its data position is the step's), the running weight average, and the world model
 //! (weights, its AdamW state and step count; its training under way is finished first).
