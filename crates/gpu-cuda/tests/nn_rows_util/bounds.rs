@@ -111,6 +111,22 @@ pub fn sms_of<B: 'static>(b: &B) -> Option<usize> {
         .map(|c| c.info().multiprocessors.max(1) as usize)
 }
 
+/// `|g − w|` of element `i` when `w` is finite and `g` too (`Some`); `None` when `w` is NaN or
+/// infinite and `g` propagates it exactly; else why they disagree (a non-finite `g` where `w`
+/// is finite is a poisoned, unwritten element).
+pub fn difference(i: usize, g: f32, w: f32) -> Result<Option<f64>, String> {
+    if w.is_nan() || w.is_infinite() {
+        if !(g.to_bits() == w.to_bits() || (w.is_nan() && g.is_nan())) {
+            return Err(format!("[{i}]: got {g}, want {w}"));
+        }
+        return Ok(None);
+    }
+    if !g.is_finite() {
+        return Err(format!("[{i}]: got {g}, want {w} (unwritten?)"));
+    }
+    Ok(Some((g as f64 - w as f64).abs()))
+}
+
 /// Why `got` fails its bounds, or `None`: NaN where `want` is NaN, the same infinity where `want`
 /// is infinite (the propagation of NaN and inf is checked exactly), else finite (a poisoned,
 /// unwritten element fails) and `|got − want| <= bound` elementwise.
@@ -124,16 +140,11 @@ pub fn bound_violation(got: &[f32], want: &[f32], bound: &[f64]) -> Option<Strin
         ));
     }
     for (i, ((&g, &w), &b)) in got.iter().zip(want).zip(bound).enumerate() {
-        if w.is_nan() || w.is_infinite() {
-            if !(g.to_bits() == w.to_bits() || (w.is_nan() && g.is_nan())) {
-                return Some(format!("[{i}]: got {g}, want {w}"));
-            }
-            continue;
-        }
-        if !g.is_finite() {
-            return Some(format!("[{i}]: got {g}, want {w} (unwritten?)"));
-        }
-        let d = (g as f64 - w as f64).abs();
+        let d = match difference(i, g, w) {
+            Err(e) => return Some(e),
+            Ok(None) => continue,
+            Ok(Some(d)) => d,
+        };
         if d > b || b.is_nan() {
             return Some(format!(
                 "[{i}]: got {g}, want {w}, diff {d:e} > bound {b:e} ({:.2}x)",

@@ -195,16 +195,11 @@ pub fn tol_violation(got: &[f32], want: &[f32], tol: Tol) -> Option<String> {
         .fold(0.0f64, |m, &w| m.max(w.abs() as f64));
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        if w.is_nan() || w.is_infinite() {
-            if !(g.to_bits() == w.to_bits() || (w.is_nan() && g.is_nan())) {
-                return Some(format!("[{i}]: got {g}, want {w}"));
-            }
-            continue;
-        }
-        if !g.is_finite() {
-            return Some(format!("[{i}]: got {g}, want {w} (unwritten?)"));
-        }
-        let d = (g as f64 - w as f64).abs();
+        let d = match difference(i, g, w) {
+            Err(e) => return Some(e),
+            Ok(None) => continue,
+            Ok(Some(d)) => d,
+        };
         if d > tol.rtol * (w as f64).abs() + tol.atol * scale.max(1e-30) {
             return Some(format!(
                 "[{i}]: got {g}, want {w}, diff {d:e} (max |want| {scale:e})"
