@@ -161,6 +161,25 @@ fn typed_flags_refuse_typos() {
     }
 }
 
+/// Controller settings out of range are refused with an error that names the setting, before
+/// any step runs.
+#[test]
+fn bad_controller_settings_are_named_errors() {
+    for (flags, field) in [
+        (&["--aim", "0"][..], "aim"),
+        (&["--aim", "NaN"], "aim"),
+        (&["--initial-multiplier", "1000"], "initial_multiplier"),
+        (&["--initial-multiplier=-1"], "initial_multiplier"),
+        (&["--control-gain", "2"], "gain"),
+        (&["--average-beta", "0"], "average"),
+    ] {
+        let mut argv = vec!["--mode", "hybrid"];
+        argv.extend_from_slice(flags);
+        let e = run(&argv).unwrap_err();
+        assert!(format!("{e:#}").contains(field), "{flags:?}: {e:#}");
+    }
+}
+
 #[test]
 fn the_range_test_counts_its_sweep() {
     let c = run(&["--mode", "range-test"]).unwrap();
