@@ -515,4 +515,6 @@ pub fn rmsnorm_bwd(
 }
 
 #[cfg(test)]
+mod mirror_tests;
+#[cfg(test)]
 mod tests;

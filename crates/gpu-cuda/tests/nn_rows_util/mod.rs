@@ -8,7 +8,9 @@ use gpu_core::nn::RowOps;
 use gpu_core::Backend;
 
 mod bounds;
+mod bounds_norm;
 pub use bounds::*;
+pub use bounds_norm::*;
 
 /// What every wrapper needs from a backend (`'static`: [`sms_of`] looks for a CUDA backend).
 pub trait Rows: RowOps + ElementwiseOps + 'static {}
