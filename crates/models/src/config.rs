@@ -1,0 +1,327 @@
+//! `config.json` of a Hugging Face causal LM, parsed into a typed, validated [`ModelConfig`].
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+/// The model families this crate knows the weight layout of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// `LlamaForCausalLM` (Llama 2 and 3).
+    Llama,
+    /// `Qwen2ForCausalLM`: Llama layout with q/k/v biases.
+    Qwen2,
+    /// `MistralForCausalLM`: Llama layout.
+    Mistral,
+    /// `GPT2LMHeadModel`: learned positions, LayerNorm, Conv1D (transposed) projections.
+    Gpt2,
+}
+
+impl Architecture {
+    fn from_name(name: &str) -> Result<Self, ConfigError> {
+        match name {
+            "LlamaForCausalLM" => Ok(Self::Llama),
+            "Qwen2ForCausalLM" => Ok(Self::Qwen2),
+            "MistralForCausalLM" => Ok(Self::Mistral),
+            "GPT2LMHeadModel" => Ok(Self::Gpt2),
+            other => Err(ConfigError::UnsupportedArchitecture(other.to_string())),
+        }
+    }
+
+    /// Whether the family uses rotary embeddings, RMSNorm and a gated MLP (Llama-like).
+    pub fn is_llama_like(self) -> bool {
+        !matches!(self, Self::Gpt2)
+    }
+}
+
+/// Llama 3 rope scaling (`rope_type` or `type` = `"llama3"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeScaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: usize,
+}
+
+/// The shape-relevant hyper-parameters of a checkpoint, whatever the family's key names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention); equals `num_heads` when the config omits it.
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    /// RMSNorm epsilon (Llama family) or LayerNorm epsilon (GPT-2).
+    pub norm_eps: f64,
+    /// Rotary base; `None` for GPT-2 (learned positions).
+    pub rope_theta: Option<f64>,
+    pub rope_scaling: Option<RopeScaling>,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Whether q/k/v projections carry biases (always for Qwen2, `attention_bias` for Llama).
+    pub attention_bias: bool,
+    /// `torch_dtype` (or the newer `dtype`) as written, e.g. `"bfloat16"`.
+    pub torch_dtype: Option<String>,
+}
+
+/// Why a `config.json` was refused.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("malformed config JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("config JSON is not an object")]
+    NotAnObject,
+    #[error("unsupported architecture `{0}` (supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel)")]
+    UnsupportedArchitecture(String),
+    #[error("config field `{0}` is missing")]
+    MissingField(&'static str),
+    #[error("config field `{field}` is invalid: {reason}")]
+    BadField { field: &'static str, reason: String },
+    #[error("config field `{0}` is 0")]
+    Zero(&'static str),
+    #[error("{heads} attention heads do not divide hidden size {hidden}")]
+    HeadsDoNotDivideHidden { heads: usize, hidden: usize },
+    #[error("{kv_heads} key/value heads do not divide {heads} attention heads")]
+    KvHeadsDoNotDivideHeads { kv_heads: usize, heads: usize },
+    #[error("bad rope_scaling: {0}")]
+    BadRopeScaling(String),
+}
+
+type Obj = Map<String, Value>;
+
+impl ModelConfig {
+    /// Reads `<dir>/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_json_str(&text)
+    }
+
+    /// Parses and validates the text of a `config.json`.
+    pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
+        let value: Value = serde_json::from_str(text)?;
+        let obj = value.as_object().ok_or(ConfigError::NotAnObject)?;
+        let architecture = Architecture::from_name(architecture_name(obj)?)?;
+        let config = match architecture {
+            Architecture::Gpt2 => parse_gpt2(obj)?,
+            arch => parse_llama_like(obj, arch)?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Query heads per key/value head.
+    pub fn kv_group(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let nonzero = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_layers),
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("intermediate_size", self.intermediate_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        if let Some((name, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
+            return Err(ConfigError::Zero(name));
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return Err(ConfigError::KvHeadsDoNotDivideHeads {
+                kv_heads: self.num_kv_heads,
+                heads: self.num_heads,
+            });
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
+            return bad(
+                "norm epsilon",
+                format!("{} is not a positive number", self.norm_eps),
+            );
+        }
+        match self.rope_theta {
+            Some(t) if !(t.is_finite() && t > 0.0) => {
+                bad("rope_theta", format!("{t} is not a positive number"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn bad<T>(field: &'static str, reason: String) -> Result<T, ConfigError> {
+    Err(ConfigError::BadField { field, reason })
+}
+
+fn architecture_name(obj: &Obj) -> Result<&str, ConfigError> {
+    let archs = obj
+        .get("architectures")
+        .ok_or(ConfigError::MissingField("architectures"))?;
+    match archs
+        .as_array()
+        .and_then(|a| a.first())
+        .and_then(Value::as_str)
+    {
+        Some(name) => Ok(name),
+        None => bad("architectures", "expected a non-empty list of names".into()),
+    }
+}
+
+fn opt_usize(obj: &Obj, key: &'static str) -> Result<Option<usize>, ConfigError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
+            Some(n) => Ok(Some(n)),
+            None => bad(key, format!("{v} is not a non-negative integer")),
+        },
+    }
+}
+
+fn req_usize(obj: &Obj, key: &'static str) -> Result<usize, ConfigError> {
+    opt_usize(obj, key)?.ok_or(ConfigError::MissingField(key))
+}
+
+fn opt_f64(obj: &Obj, key: &'static str) -> Result<Option<f64>, ConfigError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| ConfigError::BadField {
+            field: key,
+            reason: format!("{v} is not a number"),
+        }),
+    }
+}
+
+fn opt_bool(obj: &Obj, key: &'static str, default: bool) -> Result<bool, ConfigError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => bad(key, format!("{v} is not a boolean")),
+    }
+}
+
+fn torch_dtype(obj: &Obj) -> Option<String> {
+    let v = obj.get("torch_dtype").or_else(|| obj.get("dtype"))?;
+    v.as_str().map(str::to_string)
+}
+
+/// Head size: `head_dim` when given, else hidden / heads, which must divide evenly.
+fn head_dim(obj: &Obj, hidden: usize, heads: usize) -> Result<usize, ConfigError> {
+    if let Some(d) = opt_usize(obj, "head_dim")? {
+        return Ok(d);
+    }
+    if heads == 0 {
+        return Err(ConfigError::Zero("num_attention_heads"));
+    }
+    if !hidden.is_multiple_of(heads) {
+        return Err(ConfigError::HeadsDoNotDivideHidden { heads, hidden });
+    }
+    Ok(hidden / heads)
+}
+
+fn parse_llama_like(obj: &Obj, architecture: Architecture) -> Result<ModelConfig, ConfigError> {
+    let hidden_size = req_usize(obj, "hidden_size")?;
+    let num_heads = req_usize(obj, "num_attention_heads")?;
+    let qwen = architecture == Architecture::Qwen2;
+    Ok(ModelConfig {
+        architecture,
+        vocab_size: req_usize(obj, "vocab_size")?,
+        hidden_size,
+        num_layers: req_usize(obj, "num_hidden_layers")?,
+        num_heads,
+        num_kv_heads: opt_usize(obj, "num_key_value_heads")?.unwrap_or(num_heads),
+        head_dim: head_dim(obj, hidden_size, num_heads)?,
+        intermediate_size: req_usize(obj, "intermediate_size")?,
+        norm_eps: opt_f64(obj, "rms_norm_eps")?.unwrap_or(1e-6),
+        rope_theta: Some(opt_f64(obj, "rope_theta")?.unwrap_or(10_000.0)),
+        rope_scaling: rope_scaling(obj.get("rope_scaling"))?,
+        max_position_embeddings: req_usize(obj, "max_position_embeddings")?,
+        tie_word_embeddings: opt_bool(obj, "tie_word_embeddings", false)?,
+        attention_bias: qwen || opt_bool(obj, "attention_bias", false)?,
+        torch_dtype: torch_dtype(obj),
+    })
+}
+
+fn parse_gpt2(obj: &Obj) -> Result<ModelConfig, ConfigError> {
+    let hidden_size = req_usize(obj, "n_embd")?;
+    let num_heads = req_usize(obj, "n_head")?;
+    Ok(ModelConfig {
+        architecture: Architecture::Gpt2,
+        vocab_size: req_usize(obj, "vocab_size")?,
+        hidden_size,
+        num_layers: req_usize(obj, "n_layer")?,
+        num_heads,
+        num_kv_heads: num_heads,
+        head_dim: head_dim(obj, hidden_size, num_heads)?,
+        intermediate_size: opt_usize(obj, "n_inner")?.unwrap_or(4 * hidden_size),
+        norm_eps: opt_f64(obj, "layer_norm_epsilon")?.unwrap_or(1e-5),
+        rope_theta: None,
+        rope_scaling: None,
+        max_position_embeddings: req_usize(obj, "n_positions")?,
+        tie_word_embeddings: opt_bool(obj, "tie_word_embeddings", true)?,
+        attention_bias: true,
+        torch_dtype: torch_dtype(obj),
+    })
+}
+
+/// `rope_scaling`: absent/null, or Llama 3's `{"rope_type": "llama3", ...}`.
+fn rope_scaling(value: Option<&Value>) -> Result<Option<RopeScaling>, ConfigError> {
+    let obj = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(obj)) => obj,
+        Some(v) => return Err(ConfigError::BadRopeScaling(format!("{v} is not an object"))),
+    };
+    let kind = obj.get("rope_type").or_else(|| obj.get("type"));
+    match kind.and_then(Value::as_str) {
+        Some("llama3") => llama3_scaling(obj).map(Some),
+        Some("default") => Ok(None),
+        Some(other) => Err(ConfigError::BadRopeScaling(format!(
+            "rope type `{other}` is not supported (only llama3)"
+        ))),
+        None => Err(ConfigError::BadRopeScaling("no rope_type".into())),
+    }
+}
+
+fn llama3_scaling(obj: &Obj) -> Result<RopeScaling, ConfigError> {
+    let num = |key: &str| {
+        obj.get(key)
+            .and_then(Value::as_f64)
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .ok_or_else(|| ConfigError::BadRopeScaling(format!("`{key}` missing or not > 0")))
+    };
+    let s = RopeScaling {
+        factor: num("factor")?,
+        low_freq_factor: num("low_freq_factor")?,
+        high_freq_factor: num("high_freq_factor")?,
+        original_max_position_embeddings: obj
+            .get("original_max_position_embeddings")
+            .and_then(Value::as_u64)
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                ConfigError::BadRopeScaling(
+                    "`original_max_position_embeddings` missing or 0".into(),
+                )
+            })?,
+    };
+    if s.low_freq_factor >= s.high_freq_factor {
+        return Err(ConfigError::BadRopeScaling(format!(
+            "low_freq_factor {} must be below high_freq_factor {}",
+            s.low_freq_factor, s.high_freq_factor
+        )));
+    }
+    Ok(s)
+}
