@@ -66,3 +66,36 @@ proptest! {
         let _ = open_bytes(&with_header(&header, data));
     }
 }
+
+/// A valid tiny GPT-2 `model.safetensors` (one 2x3 F32 tensor and one bias).
+fn valid_file() -> Vec<u8> {
+    let header = r#"{"wte.weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"ln_f.bias":{"dtype":"F32","shape":[3],"data_offsets":[24,36]}}"#;
+    with_header(header, 36)
+}
+
+#[test]
+fn the_valid_file_opens() {
+    let ckpt = open_bytes(&valid_file()).unwrap();
+    assert_eq!(ckpt.tensor_f32("wte.weight").unwrap(), vec![0.0; 6]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Overwrite one byte (header length, header text or data) and truncate: no panic, and
+    /// whatever opens still reads every tensor within bounds.
+    #[test]
+    fn mutated_valid_files_never_panic(pos in any::<prop::sample::Index>(), byte in any::<u8>(),
+                                       cut in any::<prop::sample::Index>()) {
+        let mut bytes = valid_file();
+        let i = pos.index(bytes.len());
+        bytes[i] = byte;
+        bytes.truncate(bytes.len() - cut.index(4));
+        if let Ok(ckpt) = open_bytes(&bytes) {
+            let names: Vec<String> = ckpt.names().map(str::to_string).collect();
+            for name in names {
+                let _ = ckpt.tensor_f32(&name);
+            }
+        }
+    }
+}

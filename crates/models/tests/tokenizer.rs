@@ -1,7 +1,9 @@
 //! A tiny tokenizer built with the `tokenizers` API, saved as `tokenizer.json` and loaded back.
 
 use models::{Tokenizer, TokenizerError};
+use tokenizers::models::bpe::BPE;
 use tokenizers::models::wordlevel::WordLevel;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::whitespace::Whitespace;
 
 fn tiny(dir: &std::path::Path) {
@@ -29,6 +31,32 @@ fn saved_tokenizer_loads_and_round_trips() {
     assert_eq!(tok.decode(&ids, false).unwrap(), "the cat sat on the mat");
     assert_eq!(tok.encode("the dog", false).unwrap(), vec![1, 0]);
     assert_eq!(tok.token_to_id("mat"), Some(5));
+}
+
+/// GPT-2 style: byte-level BPE, whose pre-tokenizer needs the regex engine (fancy-regex here).
+#[test]
+fn byte_level_bpe_round_trips() {
+    let tokens = [
+        "h", "e", "l", "o", "\u{120}", "w", "r", "d", "he", "ll", "hell", "hello",
+    ];
+    let vocab = tokens.iter().enumerate();
+    let vocab: tokenizers::models::bpe::Vocab =
+        vocab.map(|(i, t)| (t.to_string(), i as u32)).collect();
+    let merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o")];
+    let merges = merges.iter().map(|(a, b)| (a.to_string(), b.to_string()));
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges.collect())
+        .build()
+        .unwrap();
+    let mut tok = tokenizers::Tokenizer::new(bpe);
+    tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+    tok.with_decoder(Some(ByteLevel::default()));
+    let dir = tempfile::tempdir().unwrap();
+    tok.save(dir.path().join("tokenizer.json"), true).unwrap();
+    let tok = Tokenizer::from_dir(dir.path()).unwrap();
+    let ids = tok.encode("hello world", false).unwrap();
+    assert_eq!(ids, vec![11, 4, 5, 3, 6, 2, 7]);
+    assert_eq!(tok.decode(&ids, false).unwrap(), "hello world");
 }
 
 #[test]

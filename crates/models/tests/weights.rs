@@ -256,3 +256,40 @@ fn reading_an_unknown_tensor_is_an_error() {
         Err(WeightsError::MissingTensor(_))
     ));
 }
+
+#[test]
+fn mixed_float_dtypes_are_accepted_and_converted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), common::GPT2);
+    let mut tensors = tensors_for(&cfg, Dtype::F32);
+    let wpe = tensors.iter_mut().find(|t| t.name == "wpe.weight").unwrap();
+    let vals: Vec<f32> = (0..16 * 8).map(|i| value(1, i)).collect();
+    wpe.dtype = Dtype::F16;
+    wpe.bytes = common::encode(&vals, Dtype::F16);
+    std::fs::write(dir.path().join("model.safetensors"), serialize(&tensors)).unwrap();
+    let ckpt = open(dir.path()).unwrap();
+    assert_eq!(ckpt.info("wpe.weight").unwrap().dtype, Dtype::F16);
+    assert_eq!(ckpt.tensor_f32("wpe.weight").unwrap(), vals);
+}
+
+#[test]
+fn unchecked_open_reads_only_float_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let ints = Raw {
+        name: "ids".into(),
+        dtype: Dtype::I32,
+        shape: vec![2],
+        bytes: vec![0; 8],
+    };
+    std::fs::write(dir.path().join("model.safetensors"), serialize(&[ints])).unwrap();
+    let ckpt = Checkpoint::open(dir.path(), models::Architecture::Llama).unwrap();
+    let r = ckpt.tensor_f32("ids");
+    assert!(matches!(
+        r,
+        Err(WeightsError::WrongDtype {
+            found: Dtype::I32,
+            ..
+        })
+    ));
+    assert_eq!(ckpt.bytes("ids").unwrap().len(), 8);
+}
