@@ -29,6 +29,18 @@ impl Architecture {
         }
     }
 
+    /// This family's `config.json` key for a Llama-style key (GPT-2 spells them `n_*`).
+    pub fn key(self, llama_key: &'static str) -> &'static str {
+        match (self, llama_key) {
+            (Self::Gpt2, "hidden_size") => "n_embd",
+            (Self::Gpt2, "num_hidden_layers") => "n_layer",
+            (Self::Gpt2, "num_attention_heads" | "num_key_value_heads") => "n_head",
+            (Self::Gpt2, "intermediate_size") => "n_inner",
+            (Self::Gpt2, "max_position_embeddings") => "n_positions",
+            _ => llama_key,
+        }
+    }
+
     /// Whether the family uses rotary embeddings, RMSNorm and a gated MLP (Llama-like).
     pub fn is_llama_like(self) -> bool {
         !matches!(self, Self::Gpt2)
@@ -140,7 +152,7 @@ impl ModelConfig {
             ("max_position_embeddings", self.max_position_embeddings),
         ];
         if let Some((name, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
-            return Err(ConfigError::Zero(name));
+            return Err(ConfigError::Zero(self.architecture.key(name)));
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(ConfigError::KvHeadsDoNotDivideHeads {
@@ -219,12 +231,17 @@ fn torch_dtype(obj: &Obj) -> Option<String> {
 }
 
 /// Head size: `head_dim` when given, else hidden / heads, which must divide evenly.
-fn head_dim(obj: &Obj, hidden: usize, heads: usize) -> Result<usize, ConfigError> {
+fn head_dim(
+    obj: &Obj,
+    arch: Architecture,
+    hidden: usize,
+    heads: usize,
+) -> Result<usize, ConfigError> {
     if let Some(d) = opt_usize(obj, "head_dim")? {
         return Ok(d);
     }
     if heads == 0 {
-        return Err(ConfigError::Zero("num_attention_heads"));
+        return Err(ConfigError::Zero(arch.key("num_attention_heads")));
     }
     if !hidden.is_multiple_of(heads) {
         return Err(ConfigError::HeadsDoNotDivideHidden { heads, hidden });
@@ -243,7 +260,7 @@ fn parse_llama_like(obj: &Obj, architecture: Architecture) -> Result<ModelConfig
         num_layers: req_usize(obj, "num_hidden_layers")?,
         num_heads,
         num_kv_heads: opt_usize(obj, "num_key_value_heads")?.unwrap_or(num_heads),
-        head_dim: head_dim(obj, hidden_size, num_heads)?,
+        head_dim: head_dim(obj, architecture, hidden_size, num_heads)?,
         intermediate_size: req_usize(obj, "intermediate_size")?,
         norm_eps: opt_f64(obj, "rms_norm_eps")?.unwrap_or(1e-6),
         rope_theta: Some(opt_f64(obj, "rope_theta")?.unwrap_or(10_000.0)),
@@ -265,7 +282,7 @@ fn parse_gpt2(obj: &Obj) -> Result<ModelConfig, ConfigError> {
         num_layers: req_usize(obj, "n_layer")?,
         num_heads,
         num_kv_heads: num_heads,
-        head_dim: head_dim(obj, hidden_size, num_heads)?,
+        head_dim: head_dim(obj, Architecture::Gpt2, hidden_size, num_heads)?,
         intermediate_size: opt_usize(obj, "n_inner")?.unwrap_or(4 * hidden_size),
         norm_eps: opt_f64(obj, "layer_norm_epsilon")?.unwrap_or(1e-5),
         rope_theta: None,

@@ -139,10 +139,12 @@ fn zero_heads_layers_hidden() {
             other => panic!("{key}: {other:?}"),
         }
     }
-    assert!(matches!(
-        parse(&with(common::GPT2, "n_head", json!(0))),
-        Err(ConfigError::Zero(_))
-    ));
+    for key in ["n_head", "n_layer", "n_embd", "n_positions"] {
+        match parse(&with(common::GPT2, key, json!(0))) {
+            Err(ConfigError::Zero(k)) => assert_eq!(k, key),
+            other => panic!("{key}: {other:?}"),
+        }
+    }
 }
 
 #[test]
