@@ -324,7 +324,7 @@ impl Shard {
 
 /// Parses and validates a safetensors header: every tensor's bytes lie inside the buffer.
 pub(crate) fn parse_header(buf: &[u8]) -> Result<(usize, HashMap<String, TensorInfo>), String> {
-    precheck_offsets(buf)?;
+    tensor_ops::nn::check_offsets(buf)?;
     let (n, meta) = SafeTensors::read_metadata(buf).map_err(|e| format!("{e:?}"))?;
     let tensors = meta
         .tensors()
@@ -332,34 +332,4 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<(usize, HashMap<String, TensorI
         .map(|(k, v)| (k, v.clone()))
         .collect();
     Ok((n, tensors))
-}
-
-/// `safetensors` 0.4 adds the last data offset to the header length unchecked, which overflows
-/// (a panic in debug builds) on a lying header; refuse offsets beyond the buffer first.
-fn precheck_offsets(buf: &[u8]) -> Result<(), String> {
-    let Some(len_bytes) = buf.get(..8) else {
-        return Err(format!(
-            "{} bytes, shorter than the 8-byte header length",
-            buf.len()
-        ));
-    };
-    let n = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
-    let end = usize::try_from(n)
-        .ok()
-        .and_then(|n| n.checked_add(8))
-        .filter(|&end| end <= buf.len())
-        .ok_or_else(|| format!("header length {n} exceeds the file ({} bytes)", buf.len()))?;
-    let header: serde_json::Value =
-        serde_json::from_slice(&buf[8..end]).map_err(|e| format!("header is not JSON: {e}"))?;
-    let entries = header.as_object().ok_or("header is not a JSON object")?;
-    let data_len = (buf.len() - end) as u64;
-    for (name, entry) in entries.iter().filter(|(k, _)| *k != "__metadata__") {
-        let offsets = entry.get("data_offsets").and_then(|o| o.as_array());
-        let past_end =
-            offsets.is_some_and(|o| o.iter().any(|x| x.as_u64().is_some_and(|x| x > data_len)));
-        if past_end {
-            return Err(format!("tensor `{name}` lies past the end of the file"));
-        }
-    }
-    Ok(())
 }

@@ -364,3 +364,33 @@ fn adamw_state_round_trips_and_resumes_bit_for_bit() {
     }
     train(&small, &mut opt4, 1);
 }
+
+/// safetensors bytes whose header puts a tensor's data near `usize::MAX` (the `safetensors`
+/// crate adds that offset unchecked: a panic in debug builds) or past the end, or whose header
+/// length exceeds the file, are typed errors for every reader, never a panic.
+#[test]
+fn lying_headers_are_errors_not_panics() {
+    let file = |header: &str, data: usize| {
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(header.as_bytes());
+        b.extend(std::iter::repeat_n(0u8, data));
+        b
+    };
+    let max = usize::MAX;
+    let huge = format!(r#"{{"w":{{"dtype":"U8","shape":[{max}],"data_offsets":[0,{max}]}}}}"#);
+    let past = r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+    let mut long = file(past, 8);
+    long[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    let store = ParamStore::new(Device::Cpu, 1);
+    model(&store);
+    let before = all_bits(&store);
+    for bytes in [file(&huge, 4), file(past, 4), long] {
+        assert!(matches!(
+            store.load_bytes(&bytes),
+            Err(GpuError::InvalidArgument { .. })
+        ));
+        assert!(read_metadata(&bytes).is_err());
+        assert!(tensor_ops::optim::OptimizerState::from_safetensors(&bytes).is_err());
+    }
+    assert_eq!(all_bits(&store), before);
+}

@@ -73,6 +73,7 @@ pub(crate) type HostTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
 /// Reads every f32 tensor of a safetensors file.
 pub(crate) fn read_tensors(path: &Path) -> Result<HostTensors, HybridError> {
     let data = std::fs::read(path).map_err(|e| ck(format!("{}: {e}", path.display())))?;
+    tensor_ops::nn::check_offsets(&data).map_err(|e| ck(format!("{}: {e}", path.display())))?;
     let st = SafeTensors::deserialize(&data).map_err(ck)?;
     let mut out = HashMap::new();
     for (name, view) in st.tensors() {

@@ -12,8 +12,48 @@ fn st_err(op: &'static str, e: impl std::fmt::Display) -> GpuError {
     GpuError::invalid(op, format!("safetensors: {e}"))
 }
 
+/// Refuses safetensors bytes whose header lies about where its tensors lie, before the
+/// `safetensors` crate parses them: it adds the last data offset to the header length
+/// unchecked, which overflows (a panic in debug builds, a slice past the end in release) on a
+/// header whose offsets are near `usize::MAX`. Checks that the header length fits the bytes,
+/// that the header is a JSON object, and that no tensor's `data_offsets` lie past the end.
+pub fn check_offsets(data: &[u8]) -> std::result::Result<(), String> {
+    let Some(len_bytes) = data.get(..8) else {
+        return Err(format!(
+            "{} bytes, shorter than the 8-byte header length",
+            data.len()
+        ));
+    };
+    let n = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
+    let end = usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_add(8))
+        .filter(|&end| end <= data.len())
+        .ok_or_else(|| format!("header length {n} exceeds the file ({} bytes)", data.len()))?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&data[8..end]).map_err(|e| format!("header is not JSON: {e}"))?;
+    let entries = header.as_object().ok_or("header is not a JSON object")?;
+    let data_len = (data.len() - end) as u64;
+    for (name, entry) in entries.iter().filter(|(k, _)| *k != "__metadata__") {
+        let offsets = entry.get("data_offsets").and_then(|o| o.as_array());
+        let past_end =
+            offsets.is_some_and(|o| o.iter().any(|x| x.as_u64().is_none_or(|x| x > data_len)));
+        if past_end {
+            return Err(format!("tensor `{name}` lies past the end of the file"));
+        }
+    }
+    Ok(())
+}
+
+/// [`SafeTensors::deserialize`] after [`check_offsets`], errors as `op`'s.
+pub(crate) fn parse<'a>(op: &'static str, data: &'a [u8]) -> Result<SafeTensors<'a>> {
+    check_offsets(data).map_err(|e| st_err(op, e))?;
+    SafeTensors::deserialize(data).map_err(|e| st_err(op, e))
+}
+
 /// The string metadata of safetensors bytes (empty when the file has none).
 pub fn read_metadata(data: &[u8]) -> Result<HashMap<String, String>> {
+    check_offsets(data).map_err(|e| st_err("read_metadata", e))?;
     let (_, meta) = SafeTensors::read_metadata(data).map_err(|e| st_err("read_metadata", e))?;
     Ok(meta.metadata().clone().unwrap_or_default())
 }
@@ -75,7 +115,7 @@ impl ParamStore {
     /// parameter is written.
     pub fn load_bytes(&self, data: &[u8]) -> Result<()> {
         let op = "ParamStore::load";
-        let st = SafeTensors::deserialize(data).map_err(|e| st_err(op, e))?;
+        let st = parse(op, data)?;
         let params = self.params();
         let mut fresh = Vec::with_capacity(params.len());
         for p in &params {

@@ -17,14 +17,14 @@ mod builder;
 mod copy;
 mod gru;
 mod init;
-mod io;
+pub(crate) mod io;
 mod layers;
 mod store;
 
 pub use builder::ParamBuilder;
 pub use gru::GruCell;
 pub use init::Init;
-pub use io::read_metadata;
+pub use io::{check_offsets, read_metadata};
 pub use layers::{Dropout, Embedding, LayerNorm, Linear, RmsNorm};
 pub use store::{Param, ParamStore, Snapshot};
 

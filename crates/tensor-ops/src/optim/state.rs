@@ -90,7 +90,7 @@ impl OptimizerState {
     /// (`load_state` uploads them to the optimiser's device).
     pub fn from_safetensors(data: &[u8]) -> Result<OptimizerState> {
         const OP: &str = "OptimizerState::load";
-        let st = SafeTensors::deserialize(data).map_err(|e| st_err(OP, e))?;
+        let st = crate::nn::io::parse(OP, data)?;
         let (_, header) = SafeTensors::read_metadata(data).map_err(|e| st_err(OP, e))?;
         let meta = header.metadata().clone().unwrap_or_default();
         let mut tensors = Vec::new();
