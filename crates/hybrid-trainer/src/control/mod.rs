@@ -12,9 +12,11 @@
 //! too small the steps agree and the loss keeps falling past `D` (`s* > 1`); when it is too
 //! large the displacement is dominated by noise and oscillation across sharp directions, and
 //! the loss rises past it (`s* < 1`). The first-order effect of running the segment at `s·c`
-//! is `s·D`, so `c ← c·s*^gain`. The multiplier is adapted from the end of the warm-up until
-//! `adapt_until` of the run and then held, so that the schedule's decay does the annealing
-//! (late in a decay every displacement is drift and would ask for a larger step).
+//! is `s·D`, so `c ← c·(s*/aim)^gain`, with `aim` below 1 against the line search's
+//! short-horizon bias. The run starts at `initial_multiplier` (1/2), and the multiplier is
+//! adapted from the first segment (inside the warm-up too) until `adapt_until` of the run and
+//! then held, so that the schedule's decay does the annealing (late in a decay every
+//! displacement is drift and would ask for a larger step).
 //!
 //! # Safety
 //!
