@@ -31,24 +31,9 @@ pub struct JobArgs {
     /// Training steps of each run.
     #[arg(long, default_value_t = 600)]
     pub iters: u32,
-    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch: u32,
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
-    pub block: u32,
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
-    pub layers: u32,
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
-    pub heads: u32,
-    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(2..))]
-    pub embd: u32,
-    #[arg(long, default_value_t = 0.0)]
-    pub dropout: f32,
-    /// The peak learning rate both runs are given (the hybrid scales it by its multiplier).
-    #[arg(long, default_value_t = 1e-3)]
-    pub lr: f32,
-    /// The cosine schedule's floor, reached at the last step.
-    #[arg(long, default_value_t = 1e-4)]
-    pub min_lr: f32,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub model: SmallGpt,
     /// Learning-rate warm-up steps.
     #[arg(long, default_value_t = 50)]
     pub warmup: u32,
@@ -68,6 +53,30 @@ pub struct JobArgs {
     pub quiet: bool,
 }
 
+/// The small GPT both jobs train by default (4 layers × 4 heads × width 128, context 64, batch
+/// 12, no dropout) and its given rate: the flags the main job and `predict-updates` share.
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+pub struct SmallGpt {
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub block: u32,
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub layers: u32,
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub heads: u32,
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(2..))]
+    pub embd: u32,
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f32,
+    /// The given peak learning rate (the main job gives it to both its runs).
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f32,
+    /// The cosine schedule's floor, reached at the last step.
+    #[arg(long, default_value_t = 1e-4)]
+    pub min_lr: f32,
+}
+
 /// Measured: wall-clock seconds of one run of the default job (AdamW 18.7 s and the hybrid
 /// 17.7 s of training, evaluations besides) on the 2-core AVX-512 CPU this was developed on.
 pub const DEFAULT_CPU_SECONDS: f64 = 21.0;
@@ -78,9 +87,9 @@ pub const DEFAULT_CPU_JOB_SECONDS: f64 = 42.0;
 /// The size of the default job's work: parameters (non-embedding work scales with them) ×
 /// tokens per step × steps, plus its evaluations.
 fn work(a: &JobArgs) -> f64 {
-    let width = f64::from(a.embd);
-    let params = 12.0 * f64::from(a.layers) * width * width;
-    let tokens = f64::from(a.batch) * f64::from(a.block);
+    let width = f64::from(a.model.embd);
+    let params = 12.0 * f64::from(a.model.layers) * width * width;
+    let tokens = f64::from(a.model.batch) * f64::from(a.model.block);
     let evals = f64::from(a.iters / a.eval_interval + 1) * f64::from(a.eval_iters) / 3.0;
     params * tokens * (f64::from(a.iters) + evals)
 }
@@ -123,14 +132,14 @@ fn train_argv(a: &JobArgs, mode: TrainMode, data: &Path, curve: &Path) -> Vec<St
     flag("data", data.display().to_string());
     flag("mode", mode.name().into());
     flag("iters", a.iters.to_string());
-    flag("batch", a.batch.to_string());
-    flag("block", a.block.to_string());
-    flag("layers", a.layers.to_string());
-    flag("heads", a.heads.to_string());
-    flag("embd", a.embd.to_string());
-    flag("dropout", a.dropout.to_string());
-    flag("lr", a.lr.to_string());
-    flag("min-lr", a.min_lr.to_string());
+    flag("batch", a.model.batch.to_string());
+    flag("block", a.model.block.to_string());
+    flag("layers", a.model.layers.to_string());
+    flag("heads", a.model.heads.to_string());
+    flag("embd", a.model.embd.to_string());
+    flag("dropout", a.model.dropout.to_string());
+    flag("lr", a.model.lr.to_string());
+    flag("min-lr", a.model.min_lr.to_string());
     flag("warmup", a.warmup.to_string());
     flag("eval-interval", a.eval_interval.to_string());
     flag("eval-iters", a.eval_iters.to_string());
@@ -163,11 +172,14 @@ pub fn train_args(a: &JobArgs, mode: TrainMode, data: &Path, curve: &Path) -> Re
 fn check(a: &JobArgs) -> Result<()> {
     ensure!(a.iters > 0, "--iters must be at least 1");
     ensure!(
-        (0.0..1.0).contains(&a.dropout),
+        (0.0..1.0).contains(&a.model.dropout),
         "--dropout must be in [0, 1)"
     );
     ensure!(
-        a.lr.is_finite() && a.lr > 0.0 && a.min_lr.is_finite() && a.min_lr >= 0.0,
+        a.model.lr.is_finite()
+            && a.model.lr > 0.0
+            && a.model.min_lr.is_finite()
+            && a.model.min_lr >= 0.0,
         "--lr must be positive and --min-lr at least 0"
     );
     ensure!(
@@ -206,16 +218,16 @@ fn announce(device: Device, a: &JobArgs, corpus_name: &str) {
          (cosine), seed {}: 1. AdamW, 2. the hybrid (step-size controller + world model \
          around AdamW) at the same lr; val loss every {} steps on {} fixed batches; report \
          in {}",
-        a.layers,
-        a.heads,
-        a.embd,
-        a.block,
-        a.batch,
-        a.dropout,
+        a.model.layers,
+        a.model.heads,
+        a.model.embd,
+        a.model.block,
+        a.model.batch,
+        a.model.dropout,
         a.iters,
         a.warmup,
-        a.lr,
-        a.min_lr,
+        a.model.lr,
+        a.model.min_lr,
         a.seed,
         a.eval_interval,
         a.eval_iters,

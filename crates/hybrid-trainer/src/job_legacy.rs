@@ -35,22 +35,9 @@ pub struct JobArgs {
     pub fraction: f64,
     #[arg(long, default_value_t = 600)]
     pub iters: u64,
-    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch: u32,
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
-    pub block: u32,
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
-    pub layers: u32,
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
-    pub heads: u32,
-    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(2..))]
-    pub embd: u32,
-    #[arg(long, default_value_t = 0.0)]
-    pub dropout: f32,
-    #[arg(long, default_value_t = 1e-3)]
-    pub lr: f32,
-    #[arg(long, default_value_t = 1e-4)]
-    pub min_lr: f32,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub model: crate::job::SmallGpt,
     /// Learning-rate warm-up steps (also the hybrid's warm-up).
     #[arg(long, default_value_t = 50)]
     pub warmup: u64,
@@ -156,7 +143,7 @@ impl Objective for GptObjective<'_> {
     fn train_loss(&mut self, step: u64) -> Result<Tensor> {
         let a = self.args;
         let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed ^ step.wrapping_mul(0x9E37_79B9));
-        let (batch, block) = (a.batch as usize, a.block as usize);
+        let (batch, block) = (a.model.batch as usize, a.model.block as usize);
         let (x, y) = self.train.batch_ids(false, batch, block, &mut rng)?;
         let local = batch / self.world;
         let rows = self.rank * local * block..(self.rank + 1) * local * block;
@@ -164,7 +151,7 @@ impl Objective for GptObjective<'_> {
         let x = Tensor::from_vec(x[rows.clone()].to_vec(), &[local, block], dev)?;
         let y = Tensor::from_vec(y[rows].to_vec(), &[local, block], dev)?;
         let drop =
-            (a.dropout > 0.0).then(|| a.seed.wrapping_add(step) ^ ((self.rank as u64) << 40));
+            (a.model.dropout > 0.0).then(|| a.seed.wrapping_add(step) ^ ((self.rank as u64) << 40));
         Ok(self.model.loss(&x, &y, drop)?)
     }
 
@@ -195,8 +182,8 @@ fn mean_loss(
         for _ in 0..iters {
             let (x, y) = ds.batch(
                 val,
-                a.batch as usize,
-                a.block as usize,
+                a.model.batch as usize,
+                a.model.block as usize,
                 &mut rng,
                 model.device(),
             )?;
@@ -210,11 +197,12 @@ fn mean_loss(
 /// the last step.
 pub fn learning_rate(a: &JobArgs, it: u64) -> f32 {
     if it < a.warmup {
-        return a.lr * (it as f32 + 1.0) / (a.warmup as f32 + 1.0);
+        return a.model.lr * (it as f32 + 1.0) / (a.warmup as f32 + 1.0);
     }
     let span = a.iters.saturating_sub(a.warmup).max(1);
     let ratio = ((it - a.warmup) as f32 / span as f32).min(1.0);
-    a.min_lr + 0.5 * (1.0 + (std::f32::consts::PI * ratio).cos()) * (a.lr - a.min_lr)
+    a.model.min_lr
+        + 0.5 * (1.0 + (std::f32::consts::PI * ratio).cos()) * (a.model.lr - a.model.min_lr)
 }
 
 fn mode_of(a: &JobArgs) -> Mode {
@@ -261,7 +249,7 @@ fn kind(p: Phase) -> StepKind {
 pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
     ensure!(a.iters > 0, "--iters must be at least 1");
     ensure!(
-        (0.0..1.0).contains(&a.dropout),
+        (0.0..1.0).contains(&a.model.dropout),
         "--dropout must be in [0, 1)"
     );
     let (text, corpus_name) = match &a.data {
@@ -293,20 +281,20 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         ("held-out", &holdout.val),
     ] {
         ensure!(
-            d.len() > a.block as usize + 1,
+            d.len() > a.model.block as usize + 1,
             "--block {} is longer than the corpus {corpus_name}'s {name} part ({} tokens) allows",
-            a.block,
+            a.model.block,
             d.len()
         );
     }
     let cfg = GptConfig {
         variant: Variant::Gpt2,
         vocab_size: ds.tokenizer.vocab_size(),
-        block_size: a.block as usize,
-        n_layer: a.layers as usize,
-        n_head: a.heads as usize,
-        n_embd: a.embd as usize,
-        dropout: a.dropout,
+        block_size: a.model.block as usize,
+        n_layer: a.model.layers as usize,
+        n_head: a.model.heads as usize,
+        n_embd: a.model.embd as usize,
+        dropout: a.model.dropout,
         bias: false,
     };
     if let Device::Cuda(i) = device {
@@ -317,7 +305,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
     let pg = Arc::new(crate::train_gpt::join_data_parallel(
         device,
         DIST_TIMEOUT,
-        a.batch,
+        a.model.batch,
     )?);
     let (main, world) = (pg.is_main(), pg.world_size());
     // Only rank 0 prints, evaluates and writes.
@@ -374,9 +362,9 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
     }
     say!(
         "{} training: GPT {}×{} ({} parameters), context {}, batch {}, {} steps on {device}, corpus {}",
-        a.mode, a.layers, a.embd, model.num_params(), a.block, a.batch, a.iters, summary.record.corpus
+        a.mode, a.model.layers, a.model.embd, model.num_params(), a.model.block, a.model.batch, a.iters, summary.record.corpus
     );
-    if a.iters == 600 && a.layers == 4 && a.embd == 128 && device == Device::Cpu {
+    if a.iters == 600 && a.model.layers == 4 && a.model.embd == 128 && device == Device::Cpu {
         println!("this default run takes about 2 minutes on 2 CPU cores (less on a GPU)");
     }
     let bar = if a.quiet || !main {
@@ -391,7 +379,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_position(trainer.step_index());
-    let tokens = f64::from(a.batch) * f64::from(a.block);
+    let tokens = f64::from(a.model.batch) * f64::from(a.model.block);
     let mut obj = GptObjective {
         model: &model,
         train: &train,
