@@ -28,8 +28,8 @@ pub struct JobArgs {
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// hybrid, baseline, skip-freeze or reapply-last (the last two: controls, at --fraction).
-    #[arg(long, default_value = "hybrid", value_parser = ["hybrid", "baseline", "skip-freeze", "reapply-last"])]
-    pub mode: String,
+    #[arg(long, value_enum, default_value_t = LegacyMode::Hybrid)]
+    pub mode: LegacyMode,
     /// Fraction of predicted steps for the controls.
     #[arg(long, default_value_t = 0.3)]
     pub fraction: f64,
@@ -205,16 +205,41 @@ pub fn learning_rate(a: &JobArgs, it: u64) -> f32 {
         + 0.5 * (1.0 + (std::f32::consts::PI * ratio).cos()) * (a.model.lr - a.model.min_lr)
 }
 
+/// What `predict-updates` trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LegacyMode {
+    /// The per-step hybrid (predicted parameter updates).
+    Hybrid,
+    /// Plain AdamW.
+    Baseline,
+    /// Control: freeze the weights on a fraction of the steps.
+    SkipFreeze,
+    /// Control: re-apply the last update on a fraction of the steps.
+    ReapplyLast,
+}
+
+impl LegacyMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            LegacyMode::Hybrid => "hybrid",
+            LegacyMode::Baseline => "baseline",
+            LegacyMode::SkipFreeze => "skip-freeze",
+            LegacyMode::ReapplyLast => "reapply-last",
+        }
+    }
+}
+
 fn mode_of(a: &JobArgs) -> Mode {
-    match a.mode.as_str() {
-        "baseline" => Mode::Baseline,
-        "skip-freeze" => Mode::SkipFreeze {
+    match a.mode {
+        LegacyMode::Baseline => Mode::Baseline,
+        LegacyMode::SkipFreeze => Mode::SkipFreeze {
             fraction: a.fraction,
         },
-        "reapply-last" => Mode::ReapplyLast {
+        LegacyMode::ReapplyLast => Mode::ReapplyLast {
             fraction: a.fraction,
         },
-        _ => Mode::Hybrid,
+        LegacyMode::Hybrid => Mode::Hybrid,
     }
 }
 
@@ -325,7 +350,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
     let mut trainer = HybridTrainer::new(model.store(), adamw, hcfg.clone(), a.iters)?;
     trainer.set_process_group(pg.clone());
     let mut summary = JobSummary {
-        mode: a.mode.clone(),
+        mode: a.mode.name().to_string(),
         device: device.to_string(),
         seed: a.seed,
         iters: a.iters,
@@ -338,8 +363,8 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
         final_val: f32::NAN,
         best_val: f32::INFINITY,
         record: RunRecord {
-            title: format!("{} run, seed {}", a.mode, a.seed),
-            mode: a.mode.clone(),
+            title: format!("{} run, seed {}", a.mode.name(), a.seed),
+            mode: a.mode.name().to_string(),
             device: device.to_string(),
             corpus: corpus_name,
             config: serde_json::json!({ "job": a, "hybrid": hcfg }),
@@ -362,7 +387,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
     }
     say!(
         "{} training: GPT {}×{} ({} parameters), context {}, batch {}, {} steps on {device}, corpus {}",
-        a.mode, a.model.layers, a.model.embd, model.num_params(), a.model.block, a.model.batch, a.iters, summary.record.corpus
+        a.mode.name(), a.model.layers, a.model.embd, model.num_params(), a.model.block, a.model.batch, a.iters, summary.record.corpus
     );
     if a.iters == 600 && a.model.layers == 4 && a.model.embd == 128 && device == Device::Cpu {
         println!("this default run takes about 2 minutes on 2 CPU cores (less on a GPU)");

@@ -242,6 +242,16 @@ fn predict_updates_runs_its_baseline() {
         "{text}"
     );
     std::fs::remove_dir_all(&out).ok();
+    // A typo of a mode is refused, never a silent fall-back to the hybrid.
+    let o = Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(job_args(corpus.0.to_str().unwrap(), out.to_str().unwrap()))
+        .args(["--mode", "basline"])
+        .assert()
+        .failure();
+    let err = String::from_utf8_lossy(&o.get_output().stderr).into_owned();
+    assert!(err.contains("possible values"), "{err}");
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
 }
 
 /// The main job's flags for a tiny run (both arms) on `corpus` into `out`.
