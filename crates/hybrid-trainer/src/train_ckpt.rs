@@ -301,6 +301,20 @@ mod tests {
         let e = load(&dir, &c, &mut opt_c, &state).unwrap_err();
         assert!(format!("{e:#}").contains("optimizer state"), "{e:#}");
         assert_eq!(values(&c), before, "a failed load changed the weights");
+        // Weights that fail after the optimizer's state loaded: the optimizer goes back.
+        save(&dir, &a, &opt_a, &state).unwrap();
+        let model_file = sub.join(MODEL_FILE);
+        let bytes = std::fs::read(&model_file).unwrap();
+        std::fs::write(&model_file, &bytes[..bytes.len() - 3]).unwrap();
+        let e = load(&dir, &c, &mut opt_c, &state).unwrap_err();
+        assert!(format!("{e:#}").contains("weights"), "{e:#}");
+        assert_eq!(values(&c), before, "a failed load changed the weights");
+        assert_eq!(opt_c.steps(), 0, "a failed load changed the optimizer");
+        let fresh = Optimizer::state(&opt_c).unwrap();
+        assert!(fresh
+            .tensors
+            .iter()
+            .all(|(_, t)| t.to_vec().unwrap().iter().all(|&x| x == 0.0)));
         // A truncated state file.
         let bytes = std::fs::read(sub.join(OPTIMIZER)).unwrap();
         std::fs::write(sub.join(OPTIMIZER), &bytes[..bytes.len() / 2]).unwrap();
