@@ -281,6 +281,7 @@ fn run_inner(
                 batch,
                 block,
                 seed: a.seed,
+                graphed: !a.eager,
             };
             let at = (&model, opt.get_ref(), &rng, start);
             let mut h = match predictor {

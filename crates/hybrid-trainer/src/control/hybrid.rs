@@ -56,6 +56,8 @@ pub struct ProbeShape {
     pub batch: usize,
     pub block: usize,
     pub seed: u64,
+    /// On CUDA, measure by replaying a captured graph (`--eager`: op by op).
+    pub graphed: bool,
 }
 
 impl StepSizeHybrid {
@@ -86,11 +88,10 @@ impl StepSizeHybrid {
         let ctl = Controller::new(cfg)?;
         let probes = ProbeSet::new(
             ds,
-            ctl.cfg.probe_batches as usize,
-            shape.batch,
-            shape.block,
+            (ctl.cfg.probe_batches as usize, shape.batch, shape.block),
             shape.seed,
             model,
+            shape.graphed,
         )?;
         let t = Instant::now();
         let f0 = probes.loss(model)?;
@@ -219,8 +220,8 @@ impl StepSizeHybrid {
                 let fe = match e {
                     Some(e) => {
                         self.costs.probe_forwards += self.probes.forwards();
-                        self.probes
-                            .loss_along(model, &self.start.weights, None, e)?
+                        let at = [(&self.start.weights, None, e)];
+                        self.probes.losses_along(model, &at)?[0]
                     }
                     None => f32::NAN,
                 };
@@ -228,23 +229,26 @@ impl StepSizeHybrid {
             }
             Some(avg) => {
                 let a0 = self.start.average.as_ref().expect("kept with the average");
+                // The average's loss at the segment's start (unless the last line search
+                // measured it), at its end, and at the extrapolation `e`.
+                let mut points = Vec::with_capacity(3);
+                if self.start.avg_loss.is_none() {
+                    points.push((a0, Some(a0), 1.0));
+                }
+                points.push((a0, Some(&avg.avg), 1.0));
+                if let Some(e) = e {
+                    points.push((a0, Some(&avg.avg), e));
+                }
+                self.costs.probe_forwards += self.probes.forwards() * points.len() as u64;
+                let mut losses = self.probes.losses_along(model, &points)?.into_iter();
+                let mut next = || losses.next().expect("one loss per point");
                 let fa0 = match self.start.avg_loss {
                     Some(l) => l,
-                    None => {
-                        self.costs.probe_forwards += self.probes.forwards();
-                        self.probes.loss_along(model, a0, Some(a0), 1.0)?
-                    }
+                    None => next(),
                 };
-                self.costs.probe_forwards += self.probes.forwards();
-                let fa1 = self.probes.loss_along(model, a0, Some(&avg.avg), 1.0)?;
+                let fa1 = next();
                 self.start.avg_end_loss = Some(fa1);
-                let fae = match e {
-                    Some(e) => {
-                        self.costs.probe_forwards += self.probes.forwards();
-                        self.probes.loss_along(model, a0, Some(&avg.avg), e)?
-                    }
-                    None => f32::NAN,
-                };
+                let fae = if e.is_some() { next() } else { f32::NAN };
                 (fa0, fa1, fae)
             }
         };

@@ -4,31 +4,40 @@
 
 use anyhow::{Context, Result};
 use rand::rngs::StdRng;
-use tensor_ops::gpt::{Dataset, Gpt};
+use tensor_ops::gpt::{Dataset, Gpt, GraphedLoss};
 use tensor_ops::optim::{lerp_tensors, Optimizer, OptimizerState};
-use tensor_ops::{no_grad, Tensor};
+use tensor_ops::{Device, Tensor};
 
-/// Fixed batches of the training split, drawn once from their own seed.
+/// Fixed batches of the training split, drawn once from their own seed. On CUDA their loss is
+/// measured by replaying one captured graph ([`GraphedLoss`]): one launch and one host read.
 pub struct ProbeSet {
     batches: Vec<(Tensor, Tensor)>,
+    graphed: Option<GraphedLoss>,
 }
 
 impl ProbeSet {
-    /// `n` batches of `batch` × `block` tokens from the training split, on the model's device.
+    /// `n` batches of `batch` × `block` tokens from the training split, on the model's device;
+    /// with `graphed` on a CUDA model, their measurement is captured as a graph now.
     pub fn new(
         ds: &Dataset,
-        n: usize,
-        batch: usize,
-        block: usize,
+        (n, batch, block): (usize, usize, usize),
         seed: u64,
         model: &Gpt,
+        graphed: bool,
     ) -> Result<ProbeSet> {
         let mut rng = Dataset::rng(seed ^ 0x9E37_79B9_7F4A_7C15);
-        let batches = (0..n)
+        let batches: Vec<_> = (0..n)
             .map(|_| ds.batch(false, batch, block, &mut rng, model.device()))
             .collect::<tensor_ops::Result<_>>()
             .context("drawing the probe batches")?;
-        Ok(ProbeSet { batches })
+        let graphed = match model.device() {
+            Device::Cuda(_) if graphed => Some(
+                GraphedLoss::capture(model, &batches)
+                    .context("capturing the probe loss as a CUDA graph (--eager runs without)")?,
+            ),
+            _ => None,
+        };
+        Ok(ProbeSet { batches, graphed })
     }
 
     /// Forward passes one measurement costs.
@@ -36,53 +45,48 @@ impl ProbeSet {
         self.batches.len() as u64
     }
 
+    /// Whether a measurement replays a captured graph.
+    pub fn graphed(&self) -> bool {
+        self.graphed.is_some()
+    }
+
     /// The mean loss of the model's current weights over the probe batches (no dropout, no
     /// gradients). One host read.
     pub fn loss(&self, model: &Gpt) -> Result<f32> {
-        no_grad(|| {
-            let mut total: Option<Tensor> = None;
-            for (x, y) in &self.batches {
-                let l = model.loss(x, y, None)?;
-                total = Some(match total {
-                    Some(t) => t.add(&l)?,
-                    None => l,
-                });
-            }
-            let total = total.context("no probe batches")?;
-            Ok(total.item()? / self.batches.len() as f32)
+        Ok(match &self.graphed {
+            Some(g) => g.loss(model)?,
+            None => GraphedLoss::eager(model, &self.batches)?,
         })
     }
 
-    /// The loss at `start + s·(end − start)` (`end`: the model's weights when `None`); the
-    /// model's weights are what they were afterwards, also when the measurement fails.
-    pub fn loss_along(
-        &self,
-        model: &Gpt,
-        start: &Weights,
-        end: Option<&Weights>,
-        s: f32,
-    ) -> Result<f32> {
+    /// The losses at the points `start + s·(end − start)` (`end`: the model's weights now when
+    /// `None`), measured one after another. The model's weights are what they were afterwards,
+    /// also when a measurement fails; they are copied once for all the points, and each point
+    /// is written with one copy per tensor and, unless `s` = 1, one fused lerp.
+    pub fn losses_along(&self, model: &Gpt, points: &[Point<'_>]) -> Result<Vec<f32>> {
         let now = Weights::of(model)?;
-        let end = end.unwrap_or(&now);
+        let params = model_params(model);
         let measured = (|| {
-            no_grad(|| -> Result<()> {
-                for ((p, w0), w1) in model_params(model).iter().zip(&start.0).zip(&end.0) {
-                    // s·end − (s − 1)·start
-                    let w = if s == 1.0 {
-                        w1.clone()
-                    } else {
-                        w1.mul_scalar(s)?.sub(&w0.mul_scalar(s - 1.0)?)?
-                    };
-                    p.assign(&w)?;
+            let mut out = Vec::with_capacity(points.len());
+            for &(start, end, s) in points {
+                let end = end.unwrap_or(&now);
+                if s == 1.0 {
+                    end.load_into(model)?;
+                } else {
+                    start.load_into(model)?;
+                    lerp_tensors(&params, &end.0, s)?;
                 }
-                Ok(())
-            })?;
-            self.loss(model)
+                out.push(self.loss(model)?);
+            }
+            Ok(out)
         })();
         now.load_into(model)?;
         measured
     }
 }
+
+/// A point of a line search: `start + s·(end − start)`, `end` the weights now when `None`.
+pub type Point<'a> = (&'a Weights, Option<&'a Weights>, f32);
 
 fn model_params(model: &Gpt) -> Vec<Tensor> {
     model.parameters().into_iter().map(|p| p.1).collect()

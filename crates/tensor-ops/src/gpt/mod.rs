@@ -5,10 +5,12 @@
 
 mod blocks;
 mod data;
+mod graph_loss;
 mod graph_step;
 mod io;
 mod model;
 
 pub use data::{CharTokenizer, Dataset};
+pub use graph_loss::GraphedLoss;
 pub use graph_step::GraphedStep;
 pub use model::{Gpt, GptConfig, Variant};

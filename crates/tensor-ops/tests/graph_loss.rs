@@ -1,0 +1,124 @@
+//! The captured loss on fixed batches (`GraphedLoss`): a replay gives the eager measurement's
+//! bits on both GPT variants in fp32 and bf16, reads the weights as they are at the replay
+//! (changed in place between replays), and refuses another model, no batches, batches on
+//! another device and the CPU with typed errors. Tests named `gpu_*` skip with a printed reason
+//! where no GPU exists.
+
+use gpu_cuda::testing::gpu_device_or_skip as gpu;
+use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedLoss, Variant};
+use tensor_ops::optim::lerp_tensors;
+use tensor_ops::{Device, Precision, Tensor};
+
+const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n\
+                    Speak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than \
+                    to famish?\n\nAll:\nResolved. resolved.\n";
+
+fn config(variant: Variant, vocab: usize, width: usize) -> GptConfig {
+    GptConfig {
+        variant,
+        vocab_size: vocab,
+        block_size: 16,
+        n_layer: 2,
+        n_head: 2,
+        n_embd: width,
+        dropout: 0.2,
+        bias: false,
+    }
+}
+
+fn batches(ds: &Dataset, n: usize, seed: u64, dev: Device) -> Vec<(Tensor, Tensor)> {
+    let mut rng = Dataset::rng(seed);
+    (0..n)
+        .map(|_| ds.batch(false, 3, 16, &mut rng, dev).unwrap())
+        .collect()
+}
+
+#[test]
+fn gpu_graphed_loss_gives_the_eager_bits_and_sees_changed_weights() {
+    let test = "gpu_graphed_loss_gives_the_eager_bits_and_sees_changed_weights";
+    let Some(dev) = gpu(test) else {
+        return;
+    };
+    let seed = gpu_cuda::testing::test_seed(test);
+    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
+    let vocab = ds.tokenizer.vocab_size();
+    for variant in [Variant::Gpt2, Variant::Llama] {
+        for (precision, width) in [(Precision::Fp32, 32), (Precision::Bf16, 128)] {
+            let what = format!("{variant:?} {precision} (seed {seed})");
+            let mut model = Gpt::new(config(variant, vocab, width), seed, dev).unwrap();
+            model.set_precision(precision).unwrap();
+            let b = batches(&ds, 3, seed ^ 7, dev);
+            let g = GraphedLoss::capture(&model, &b).unwrap();
+            assert_eq!(g.batches(), 3);
+            let eager = GraphedLoss::eager(&model, &b).unwrap();
+            assert!(eager.is_finite(), "{what}: {eager}");
+            assert_eq!(g.loss(&model).unwrap().to_bits(), eager.to_bits(), "{what}");
+            // Weights changed in place between replays: the replay sees the new ones.
+            let other = Gpt::new(config(variant, vocab, width), seed ^ 99, dev).unwrap();
+            let params: Vec<Tensor> = model.parameters().into_iter().map(|p| p.1).collect();
+            let ends: Vec<Tensor> = other.parameters().into_iter().map(|p| p.1).collect();
+            lerp_tensors(&params, &ends, 0.7).unwrap();
+            let moved = GraphedLoss::eager(&model, &b).unwrap();
+            assert_ne!(
+                moved.to_bits(),
+                eager.to_bits(),
+                "{what}: the lerp moved nothing"
+            );
+            assert_eq!(g.loss(&model).unwrap().to_bits(), moved.to_bits(), "{what}");
+            // Another model (the same shapes, other storage) is refused and runs nothing.
+            let e = g.loss(&other).unwrap_err();
+            assert!(e.to_string().contains("not the one captured"), "{e}");
+            assert_eq!(g.loss(&model).unwrap().to_bits(), moved.to_bits(), "{what}");
+        }
+    }
+}
+
+#[test]
+fn gpu_graphed_loss_refuses_bad_batches() {
+    let test = "gpu_graphed_loss_refuses_bad_batches";
+    let Some(dev) = gpu(test) else {
+        return;
+    };
+    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
+    let model = Gpt::new(config(Variant::Gpt2, ds.tokenizer.vocab_size(), 32), 1, dev).unwrap();
+    let e = GraphedLoss::capture(&model, &[]).unwrap_err();
+    assert!(e.to_string().contains("no batches"), "{e}");
+    let on_cpu = batches(&ds, 2, 3, Device::Cpu);
+    let e = GraphedLoss::capture(&model, &on_cpu).unwrap_err();
+    assert!(e.to_string().contains("cpu"), "{e}");
+    // The model still measures after the refusals.
+    let b = batches(&ds, 2, 3, dev);
+    let g = GraphedLoss::capture(&model, &b).unwrap();
+    assert_eq!(
+        g.loss(&model).unwrap().to_bits(),
+        GraphedLoss::eager(&model, &b).unwrap().to_bits()
+    );
+}
+
+#[test]
+fn graphed_loss_is_refused_on_the_cpu_and_eager_measures_there() {
+    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
+    let model = Gpt::new(
+        config(Variant::Llama, ds.tokenizer.vocab_size(), 32),
+        1,
+        Device::Cpu,
+    )
+    .unwrap();
+    let b = batches(&ds, 2, 5, Device::Cpu);
+    let e = GraphedLoss::capture(&model, &b).unwrap_err();
+    assert!(e.to_string().contains("CUDA"), "{e}");
+    let e = GraphedLoss::eager(&model, &[]).unwrap_err();
+    assert!(e.to_string().contains("no batches"), "{e}");
+    // The eager measurement is the mean of the batches' losses.
+    let each: Vec<f32> = b
+        .iter()
+        .map(|(x, y)| model.loss(x, y, None).unwrap().item().unwrap())
+        .collect();
+    let mean = GraphedLoss::eager(&model, &b).unwrap();
+    let want = (each[0] + each[1]) / 2.0;
+    // One f32 addition and one division by 2 (exact): the sum's rounding, half an ulp.
+    assert!(
+        (mean - want).abs() <= want.abs() * f32::EPSILON,
+        "{mean} vs {want}"
+    );
+}
