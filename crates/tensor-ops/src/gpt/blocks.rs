@@ -111,17 +111,21 @@ impl Module for Attention {
             // q, k, v read where they lie (no split or permute copies on CUDA).
             return self.c_proj.forward(&qkv.causal_attention_packed(nh)?);
         }
-        let heads = |i: usize| -> Result<Tensor> {
+        // RoPE on q and k (in f32, rounded back to qkv's dtype as PyTorch's autocast rounds
+        // them for its attention), packed again beside v: the attention then runs the packed
+        // kernels (bf16 tensor cores under bf16; in f32, the same bits as the split form).
+        let rotated = |i: usize| -> Result<Tensor> {
             qkv.narrow(2, i * c, c)?
                 .reshape(&[b, t, nh, hd])?
-                .permute(&[0, 2, 1, 3])
+                .permute(&[0, 2, 1, 3])?
+                .rope(10_000.0)?
+                .permute(&[0, 2, 1, 3])?
+                .reshape(&[b, t, c])?
+                .to_dtype(qkv.dtype())
         };
-        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
-        let (q, k) = (q.rope(10_000.0)?, k.rope(10_000.0)?);
-        let y = Tensor::causal_attention(&q, &k, &v)?
-            .permute(&[0, 2, 1, 3])?
-            .reshape(&[b, t, c])?;
-        self.c_proj.forward(&y)
+        let v = qkv.narrow(2, 2 * c, c)?;
+        let qkv = Tensor::cat(&[&rotated(0)?, &rotated(1)?, &v], 2)?;
+        self.c_proj.forward(&qkv.causal_attention_packed(nh)?)
     }
 }
 
