@@ -263,8 +263,11 @@ fn parse_llama_like(obj: &Obj, architecture: Architecture) -> Result<ModelConfig
         head_dim: head_dim(obj, architecture, hidden_size, num_heads)?,
         intermediate_size: req_usize(obj, "intermediate_size")?,
         norm_eps: opt_f64(obj, "rms_norm_eps")?.unwrap_or(1e-6),
-        rope_theta: Some(opt_f64(obj, "rope_theta")?.unwrap_or(10_000.0)),
-        rope_scaling: rope_scaling(obj.get("rope_scaling"))?,
+        rope_theta: Some(rope_theta(obj)?),
+        rope_scaling: match obj.get("rope_scaling") {
+            None | Some(Value::Null) => rope_parameters_scaling(obj)?,
+            given => rope_scaling(given)?,
+        },
         max_position_embeddings: req_usize(obj, "max_position_embeddings")?,
         tie_word_embeddings: opt_bool(obj, "tie_word_embeddings", false)?,
         attention_bias: qwen || opt_bool(obj, "attention_bias", false)?,
@@ -292,6 +295,29 @@ fn parse_gpt2(obj: &Obj) -> Result<ModelConfig, ConfigError> {
         attention_bias: true,
         torch_dtype: torch_dtype(obj),
     })
+}
+
+/// The rotary base: `rope_theta`, or (transformers 5) `rope_parameters.rope_theta`, else 10000.
+fn rope_theta(obj: &Obj) -> Result<f64, ConfigError> {
+    if let Some(t) = opt_f64(obj, "rope_theta")? {
+        return Ok(t);
+    }
+    match obj.get("rope_parameters") {
+        Some(Value::Object(p)) => Ok(opt_f64(p, "rope_theta")?.unwrap_or(10_000.0)),
+        _ => Ok(10_000.0),
+    }
+}
+
+/// transformers 5's `rope_parameters` (the base and the scaling in one object): its scaling,
+/// `None` for `rope_type` "default" or none given.
+fn rope_parameters_scaling(obj: &Obj) -> Result<Option<RopeScaling>, ConfigError> {
+    match obj.get("rope_parameters") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(p)) if p.get("rope_type").or_else(|| p.get("type")).is_none() => {
+            Ok(None)
+        }
+        given => rope_scaling(given),
+    }
 }
 
 /// `rope_scaling`: absent/null, or Llama 3's `{"rope_type": "llama3", ...}`.

@@ -1,13 +1,24 @@
-//! Hugging Face checkpoints for LLM inference (issue 30), CPU-side groundwork only.
-//! Parses `config.json` into a typed [`ModelConfig`], memory-maps and validates the safetensors
-//! weights against the tensor list the config implies, and loads `tokenizer.json`.
+//! Hugging Face causal LMs for inference (issue 30): `config.json` parsed into a typed
+//! [`ModelConfig`], safetensors weights memory-mapped and checked against it, `tokenizer.json`,
+//! and the Llama family and GPT-2 run with a KV cache on `tensor_ops` (CPU or CUDA, f32).
 
+pub mod cache;
 pub mod config;
+pub mod error;
 pub mod expected;
+mod gpt2;
+mod layers;
+mod llama;
+pub mod lm;
+pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 
+pub use cache::KvCache;
 pub use config::{Architecture, ConfigError, ModelConfig, RopeScaling};
+pub use error::ModelError;
 pub use expected::{expected_tensors, ExpectedTensor};
+pub use lm::CausalLm;
+pub use sample::{Sampler, Sampling};
 pub use tokenizer::{Tokenizer, TokenizerError};
 pub use weights::{Checkpoint, WeightsError};

@@ -1,0 +1,110 @@
+//! GPT-2: learned positions, pre-LayerNorm blocks, Conv1D (`[in, out]`) projections, the tanh
+//! GELU, and the head tied to the token embedding unless the checkpoint holds `lm_head`.
+//! Weights in `transformers`' names (with or without `transformer.`); arithmetic in f32.
+
+use tensor_ops::{Device, Tensor};
+
+use crate::cache::LayerCache;
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::layers::{cached_attention, gelu_tanh, heads, load, Linear};
+use crate::weights::Checkpoint;
+
+struct Norm {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl Norm {
+    fn load(ck: &Checkpoint, prefix: &str, dev: Device) -> Result<Self, ModelError> {
+        Ok(Norm {
+            weight: load(ck, &format!("{prefix}.weight"), dev)?,
+            bias: load(ck, &format!("{prefix}.bias"), dev)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
+        Ok(x.layer_norm(&self.weight, &self.bias, eps)?)
+    }
+}
+
+struct Block {
+    ln_1: Norm,
+    attn: Linear,
+    proj: Linear,
+    ln_2: Norm,
+    fc: Linear,
+    fc_proj: Linear,
+}
+
+pub(crate) struct Gpt2 {
+    cfg: ModelConfig,
+    wte: Tensor,
+    wpe: Tensor,
+    blocks: Vec<Block>,
+    ln_f: Norm,
+    head: Linear,
+}
+
+impl Gpt2 {
+    pub(crate) fn load(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        dev: Device,
+    ) -> Result<Self, ModelError> {
+        let blocks = (0..cfg.num_layers)
+            .map(|i| {
+                let p = format!("h.{i}");
+                Ok(Block {
+                    ln_1: Norm::load(ck, &format!("{p}.ln_1"), dev)?,
+                    attn: Linear::conv1d(ck, &format!("{p}.attn.c_attn"), dev)?,
+                    proj: Linear::conv1d(ck, &format!("{p}.attn.c_proj"), dev)?,
+                    ln_2: Norm::load(ck, &format!("{p}.ln_2"), dev)?,
+                    fc: Linear::conv1d(ck, &format!("{p}.mlp.c_fc"), dev)?,
+                    fc_proj: Linear::conv1d(ck, &format!("{p}.mlp.c_proj"), dev)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let wte = load(ck, "wte.weight", dev)?;
+        let head = if ck.info("lm_head.weight").is_some() {
+            Linear::torch(ck, "lm_head", false, dev)?
+        } else {
+            Linear::tied(wte.clone())
+        };
+        Ok(Gpt2 {
+            cfg: cfg.clone(),
+            wte,
+            wpe: load(ck, "wpe.weight", dev)?,
+            blocks,
+            ln_f: Norm::load(ck, "ln_f", dev)?,
+            head,
+        })
+    }
+
+    /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` at positions `start..start + t`.
+    pub(crate) fn forward(
+        &self,
+        ids: &Tensor,
+        start: usize,
+        caches: &mut [LayerCache],
+    ) -> Result<Tensor, ModelError> {
+        let (c, nh) = (self.cfg.hidden_size, self.cfg.num_heads);
+        let eps = self.cfg.norm_eps as f32;
+        let t = ids.shape()[1];
+        let pos = Tensor::from_vec(
+            (start as u32..(start + t) as u32).collect::<Vec<u32>>(),
+            &[t],
+            ids.device(),
+        )?;
+        let mut x = self.wte.embedding(ids)?.add(&self.wpe.embedding(&pos)?)?;
+        for (b, cache) in self.blocks.iter().zip(caches) {
+            let qkv = b.attn.forward(&b.ln_1.forward(&x, eps)?)?;
+            let part = |i: usize| heads(&qkv.narrow(2, i * c, c)?, nh);
+            let y = cached_attention(&part(0)?, &part(1)?, &part(2)?, cache)?;
+            x = x.add(&b.proj.forward(&y)?)?;
+            let m = gelu_tanh(&b.fc.forward(&b.ln_2.forward(&x, eps)?)?)?;
+            x = x.add(&b.fc_proj.forward(&m)?)?;
+        }
+        self.head.forward(&self.ln_f.forward(&x, eps)?)
+    }
+}

@@ -1,0 +1,193 @@
+//! The pieces the model families share, composed from `tensor_ops` ops (so they run on the CPU
+//! and on CUDA alike): weights read from a checkpoint, linear layers in PyTorch's or GPT-2's
+//! layout, rotary tables, the tanh GELU, and causal attention of new queries against a KV cache.
+
+use tensor_ops::{Device, Tensor};
+
+use crate::cache::LayerCache;
+use crate::config::{ModelConfig, RopeScaling};
+use crate::error::ModelError;
+use crate::weights::Checkpoint;
+
+/// Reads tensor `name` as f32 onto `dev` with its stored shape.
+pub(crate) fn load(ck: &Checkpoint, name: &str, dev: Device) -> Result<Tensor, ModelError> {
+    let shape = ck
+        .info(name)
+        .map(|i| i.shape.clone())
+        .ok_or_else(|| crate::weights::WeightsError::MissingTensor(name.to_string()))?;
+    Ok(Tensor::from_vec(ck.tensor_f32(name)?, &shape, dev)?)
+}
+
+/// A linear layer: `x·Wᵀ + b` with PyTorch's `[out, in]` weight, or `x·W + b` with GPT-2's
+/// Conv1D `[in, out]` weight.
+pub(crate) struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    /// Whether the weight is stored `[in, out]` (GPT-2's Conv1D).
+    conv1d: bool,
+}
+
+impl Linear {
+    /// `{prefix}.weight` in PyTorch's layout, with `{prefix}.bias` when `bias`.
+    pub(crate) fn torch(
+        ck: &Checkpoint,
+        prefix: &str,
+        bias: bool,
+        dev: Device,
+    ) -> Result<Self, ModelError> {
+        Ok(Linear {
+            weight: load(ck, &format!("{prefix}.weight"), dev)?,
+            bias: bias
+                .then(|| load(ck, &format!("{prefix}.bias"), dev))
+                .transpose()?,
+            conv1d: false,
+        })
+    }
+
+    /// GPT-2's Conv1D `{prefix}.weight` `[in, out]` and `{prefix}.bias`.
+    pub(crate) fn conv1d(ck: &Checkpoint, prefix: &str, dev: Device) -> Result<Self, ModelError> {
+        Ok(Linear {
+            weight: load(ck, &format!("{prefix}.weight"), dev)?,
+            bias: Some(load(ck, &format!("{prefix}.bias"), dev)?),
+            conv1d: true,
+        })
+    }
+
+    /// A layer over an existing `[out, in]` weight (a tied head).
+    pub(crate) fn tied(weight: Tensor) -> Self {
+        Linear {
+            weight,
+            bias: None,
+            conv1d: false,
+        }
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let y = x.matmul_t(&self.weight, false, !self.conv1d)?;
+        Ok(match &self.bias {
+            Some(b) => y.add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// GPT-2's `gelu_new`: `x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+pub(crate) fn gelu_tanh(x: &Tensor) -> Result<Tensor, ModelError> {
+    let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
+    let x3 = x.mul(x)?.mul(x)?;
+    let inner = x.add(&x3.mul_scalar(0.044715)?)?.mul_scalar(c)?;
+    Ok(x.mul(&inner.tanh()?.add_scalar(1.0)?)?.mul_scalar(0.5)?)
+}
+
+/// The rotary frequencies of a Llama-family config: `θ^(−2i/d)` for `i < d/2`, computed in f32
+/// as `transformers` does, then Llama 3's scaling when configured.
+pub(crate) fn inv_freq(cfg: &ModelConfig, theta: f64) -> Vec<f32> {
+    let d = cfg.head_dim;
+    let base = (0..d / 2)
+        .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / d as f32))
+        .collect::<Vec<f32>>();
+    match &cfg.rope_scaling {
+        None => base,
+        Some(s) => base.into_iter().map(|f| llama3_scale(f, s)).collect(),
+    }
+}
+
+/// `transformers`' `_compute_llama3_parameters` for one frequency (f32 arithmetic).
+fn llama3_scale(f: f32, s: &RopeScaling) -> f32 {
+    let (factor, low, high) = (
+        s.factor as f32,
+        s.low_freq_factor as f32,
+        s.high_freq_factor as f32,
+    );
+    let old = s.original_max_position_embeddings as f32;
+    let (low_wavelen, high_wavelen) = (old / low, old / high);
+    let wavelen = 2.0 * std::f32::consts::PI / f;
+    if wavelen > low_wavelen {
+        return f / factor;
+    }
+    if wavelen < high_wavelen {
+        return f;
+    }
+    let smooth = (old / wavelen - low) / (high - low);
+    (1.0 - smooth) * f / factor + smooth * f
+}
+
+/// `cos` and `sin` `[t, d]` of positions `start..start + t` (each frequency twice, the
+/// rotate-half layout), on `dev`.
+pub(crate) fn rope_tables(
+    freqs: &[f32],
+    start: usize,
+    t: usize,
+    dev: Device,
+) -> Result<(Tensor, Tensor), ModelError> {
+    let d = 2 * freqs.len();
+    let (mut cos, mut sin) = (Vec::with_capacity(t * d), Vec::with_capacity(t * d));
+    for p in start..start + t {
+        for _ in 0..2 {
+            for &f in freqs {
+                // The angle as an f32 product (as `transformers` computes it), its cosine and
+                // sine rounded once.
+                let a = (p as f32 * f) as f64;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+    }
+    Ok((
+        Tensor::from_vec(cos, &[t, d], dev)?,
+        Tensor::from_vec(sin, &[t, d], dev)?,
+    ))
+}
+
+/// `x·cos + rotate_half(x)·sin` for `x` `[b, h, t, d]` and tables `[t, d]`.
+pub(crate) fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, ModelError> {
+    let d = x.shape()[3];
+    let (x1, x2) = (x.narrow(3, 0, d / 2)?, x.narrow(3, d / 2, d / 2)?);
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], 3)?;
+    Ok(x.mul(cos)?.add(&rotated.mul(sin)?)?)
+}
+
+/// `[b, t, h·d]` → `[b, h, t, d]`.
+pub(crate) fn heads(x: &Tensor, h: usize) -> Result<Tensor, ModelError> {
+    let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+    Ok(x.reshape(&[b, t, h, c / h])?.permute(&[0, 2, 1, 3])?)
+}
+
+/// Causal attention of the new queries `q` `[b, h, t, d]` (positions `start..start + t`, where
+/// `start` is what `cache` held before) against the cache extended with `k`, `v`
+/// `[b, kv, t, d]`; `h` is a multiple of `kv` (grouped-query attention). Returns `[b, t, h·d]`
+/// and leaves `k`, `v` appended to the cache.
+pub(crate) fn cached_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cache: &mut LayerCache,
+) -> Result<Tensor, ModelError> {
+    let (b, h, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let start = cache.len();
+    let (k, v) = cache.append(k, v)?;
+    let total = start + t;
+    let kv = k.shape()[1];
+    let repeat = |x: &Tensor| -> Result<Tensor, ModelError> {
+        if kv == h {
+            return Ok(x.clone());
+        }
+        Ok(x.reshape(&[b, kv, 1, total, d])?
+            .expand(&[b, kv, h / kv, total, d])?
+            .reshape(&[b, h, total, d])?)
+    };
+    let (k, v) = (repeat(&k)?, repeat(&v)?);
+    let scores = q
+        .matmul_t(&k, false, true)?
+        .mul_scalar(1.0 / (d as f32).sqrt())?;
+    // Query i (position start + i) sees keys 0..=start + i.
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::MIN }))
+        .collect();
+    let mask = Tensor::from_vec(mask, &[t, total], q.device())?;
+    let probs = scores.add(&mask)?.softmax()?;
+    Ok(probs
+        .matmul(&v)?
+        .permute(&[0, 2, 1, 3])?
+        .reshape(&[b, t, h * d])?)
+}

@@ -1,0 +1,100 @@
+//! The Llama family (Llama 2 and 3, Qwen2, Mistral): RMSNorm, rotary positions (with Llama 3's
+//! frequency scaling), grouped-query attention with optional q/k/v biases, a SwiGLU MLP, and a
+//! tied or separate head. Weights in `transformers`' names; arithmetic in f32.
+
+use tensor_ops::{Device, Tensor};
+
+use crate::cache::LayerCache;
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::layers::{apply_rope, cached_attention, heads, inv_freq, load, rope_tables, Linear};
+use crate::weights::Checkpoint;
+
+struct Layer {
+    input_norm: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    post_norm: Tensor,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+pub(crate) struct Llama {
+    cfg: ModelConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    head: Linear,
+    freqs: Vec<f32>,
+}
+
+impl Llama {
+    pub(crate) fn load(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        dev: Device,
+    ) -> Result<Self, ModelError> {
+        let layers = (0..cfg.num_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                let lin =
+                    |name: &str, bias: bool| Linear::torch(ck, &format!("{p}.{name}"), bias, dev);
+                Ok(Layer {
+                    input_norm: load(ck, &format!("{p}.input_layernorm.weight"), dev)?,
+                    q: lin("self_attn.q_proj", cfg.attention_bias)?,
+                    k: lin("self_attn.k_proj", cfg.attention_bias)?,
+                    v: lin("self_attn.v_proj", cfg.attention_bias)?,
+                    o: lin("self_attn.o_proj", false)?,
+                    post_norm: load(ck, &format!("{p}.post_attention_layernorm.weight"), dev)?,
+                    gate: lin("mlp.gate_proj", false)?,
+                    up: lin("mlp.up_proj", false)?,
+                    down: lin("mlp.down_proj", false)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let embed = load(ck, "model.embed_tokens.weight", dev)?;
+        let head = if cfg.tie_word_embeddings {
+            Linear::tied(embed.clone())
+        } else {
+            Linear::torch(ck, "lm_head", false, dev)?
+        };
+        Ok(Llama {
+            cfg: cfg.clone(),
+            embed,
+            layers,
+            norm: load(ck, "model.norm.weight", dev)?,
+            head,
+            freqs: inv_freq(cfg, cfg.rope_theta.unwrap_or(10_000.0)),
+        })
+    }
+
+    /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` (u32) at positions `start..start + t`,
+    /// with `caches` (one per layer, holding `start` positions) extended.
+    pub(crate) fn forward(
+        &self,
+        ids: &Tensor,
+        start: usize,
+        caches: &mut [LayerCache],
+    ) -> Result<Tensor, ModelError> {
+        let cfg = &self.cfg;
+        let t = ids.shape()[1];
+        let eps = cfg.norm_eps as f32;
+        let (cos, sin) = rope_tables(&self.freqs, start, t, ids.device())?;
+        let mut x = self.embed.embedding(ids)?;
+        for (l, cache) in self.layers.iter().zip(caches) {
+            let a = x.rms_norm(&l.input_norm, eps)?;
+            let q = apply_rope(&heads(&l.q.forward(&a)?, cfg.num_heads)?, &cos, &sin)?;
+            let k = apply_rope(&heads(&l.k.forward(&a)?, cfg.num_kv_heads)?, &cos, &sin)?;
+            let v = heads(&l.v.forward(&a)?, cfg.num_kv_heads)?;
+            let y = cached_attention(&q, &k, &v, cache)?;
+            x = x.add(&l.o.forward(&y)?)?;
+            let m = x.rms_norm(&l.post_norm, eps)?;
+            let g = l.gate.forward(&m)?.silu()?.mul(&l.up.forward(&m)?)?;
+            x = x.add(&l.down.forward(&g)?)?;
+        }
+        self.head.forward(&x.rms_norm(&self.norm, eps)?)
+    }
+}
