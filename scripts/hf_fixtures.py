@@ -106,6 +106,18 @@ def expectations(model, seed):
             "batch_logits": batch_logits.contiguous()}
 
 
+def char_tokenizer(path):
+    """A character tokenizer of the fixtures' 96 ids (printable ASCII and the newline): a BPE
+    model without merges splits text into characters; the Fuse decoder joins them back."""
+    from tokenizers import Tokenizer, decoders, models
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
+    tok.decoder = decoders.Fuse()
+    tok.save(path)
+    ids = Tokenizer.from_file(path).encode("Hello, world!\n").ids
+    assert ids == [chars.index(c) for c in "Hello, world!\n"], ids
+
+
 def save(model, outdir, name, exp):
     d = os.path.join(outdir, name)
     if os.path.isdir(d):
@@ -115,6 +127,7 @@ def save(model, outdir, name, exp):
     if os.path.exists(gen):
         os.remove(gen)
     safetensors.torch.save_file(exp, os.path.join(d, "expected.safetensors"))
+    char_tokenizer(os.path.join(d, "tokenizer.json"))
     with safetensors.safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
         print(f"  model.safetensors tensors ({f.metadata()}):")
         for k in sorted(f.keys()):

@@ -10,6 +10,7 @@ pub mod demo;
 pub mod dist_bench;
 pub mod dist_selftest;
 pub mod experiment;
+pub mod generate;
 pub mod hybrid;
 pub mod job;
 pub mod job_legacy;

@@ -45,6 +45,9 @@ enum Cmd {
         #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=16384))]
         size: u32,
     },
+    /// Generate text from a Hugging Face model directory (Llama 2/3, Qwen2, Mistral, GPT-2)
+    /// with a KV cache, streamed as it is sampled.
+    Generate(hybrid_trainer::generate::GenerateArgs),
     /// Train the GPT of tensor-ops on a text file (nanoGPT's shakespeare-char setup by default).
     TrainGpt(hybrid_trainer::train_gpt::TrainArgs),
     /// Write a small model's weights, inputs, outputs and gradients for a PyTorch replay:
@@ -241,6 +244,9 @@ fn main() -> Result<()> {
             }
             Cmd::TrainGpt(args) => {
                 hybrid_trainer::train_gpt::run(device, &args)?;
+            }
+            Cmd::Generate(args) => {
+                hybrid_trainer::generate::run(device, &args)?;
             }
             Cmd::AllreduceBench(args) => {
                 hybrid_trainer::dist_bench::run(device, &args)?;

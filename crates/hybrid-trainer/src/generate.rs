@@ -1,0 +1,137 @@
+//! `hybrid-trainer generate`: text from a Hugging Face model directory (Llama 2/3, Qwen2,
+//! Mistral, GPT-2: `config.json`, safetensors weights, `tokenizer.json`) through `models`' KV
+//! cache, streamed to stdout as it is sampled.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use models::{CausalLm, Sampler, Sampling, Tokenizer};
+use tensor_ops::Device;
+
+#[derive(Args, Debug, Clone)]
+pub struct GenerateArgs {
+    /// The model directory: config.json, model.safetensors (or shards and their index) and
+    /// tokenizer.json.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The text to continue.
+    #[arg(long)]
+    pub prompt: String,
+    /// Tokens to generate at most (fewer when the model emits its end-of-sequence token).
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 decodes greedily.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens when sampling.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Nucleus sampling: keep the most likely tokens up to this probability.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// transformers' repetition penalty (1: none).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Do not add the tokenizer's special tokens (e.g. Llama's BOS) to the prompt.
+    #[arg(long)]
+    pub no_special_tokens: bool,
+    /// Keep generating past the end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+/// The end-of-sequence ids `config.json` names (`eos_token_id`: a number or a list).
+fn eos_ids(dir: &Path) -> Result<Vec<u32>> {
+    let path = dir.join("config.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let id = |x: &serde_json::Value| x.as_u64().and_then(|n| u32::try_from(n).ok());
+    Ok(match v.get("eos_token_id") {
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(id).collect(),
+        Some(x) => id(x).into_iter().collect(),
+        None => Vec::new(),
+    })
+}
+
+pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
+    let sampler = Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed,
+    };
+    let mut sampler = Sampler::new(sampler)?;
+    let tok = Tokenizer::from_dir(&a.model)?;
+    let prompt = tok.encode(&a.prompt, !a.no_special_tokens)?;
+    let stop = if a.ignore_eos {
+        Vec::new()
+    } else {
+        eos_ids(&a.model)?
+    };
+    let t = Instant::now();
+    let model = CausalLm::load(&a.model, device)
+        .with_context(|| format!("loading the model in {}", a.model.display()))?;
+    let cfg = model.config();
+    eprintln!(
+        "model: {:?}, {} layers × {}, {} heads ({} key/value), vocab {}, context {}; loaded on {device} in {:.2} s; prompt {} tokens",
+        cfg.architecture,
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.vocab_size,
+        cfg.max_position_embeddings,
+        t.elapsed().as_secs_f64(),
+        prompt.len()
+    );
+    print!("{}", a.prompt);
+    std::io::stdout().flush()?;
+    let mut new: Vec<u32> = Vec::new();
+    let mut shown = String::new();
+    let mut first = None;
+    let t = Instant::now();
+    let mut err = None;
+    model.generate(&prompt, a.max_new_tokens, &mut sampler, &stop, |id| {
+        first.get_or_insert_with(|| t.elapsed().as_secs_f64());
+        new.push(id);
+        // Decode the whole continuation and print what is new: multi-byte characters split
+        // over tokens appear once whole.
+        match tok.decode(&new, true) {
+            Ok(text) if text.starts_with(&shown) => {
+                print!("{}", &text[shown.len()..]);
+                let _ = std::io::stdout().flush();
+                shown = text;
+            }
+            Ok(text) => shown = text,
+            Err(e) => err = Some(e),
+        }
+    })?;
+    if let Some(e) = err {
+        return Err(e.into());
+    }
+    println!();
+    let total = t.elapsed().as_secs_f64();
+    let ttft = first.unwrap_or(total);
+    let rest = new.len().saturating_sub(1);
+    eprintln!(
+        "{} new tokens; first after {:.1} ms (prefill of {} tokens), then {:.1} tokens/s",
+        new.len(),
+        ttft * 1e3,
+        prompt.len(),
+        if rest > 0 {
+            rest as f64 / (total - ttft)
+        } else {
+            0.0
+        }
+    );
+    Ok(())
+}

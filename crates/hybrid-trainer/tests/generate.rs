@@ -1,0 +1,104 @@
+//! `hybrid-trainer generate` as a user runs it, on the committed tiny checkpoints of
+//! `crates/models/tests/fixtures/hf` (random weights, a character tokenizer of their 96 ids):
+//! greedy text equal to `transformers`' greedy tokens, streamed to stdout; bad settings and
+//! directories are clear errors.
+
+use std::path::PathBuf;
+
+use assert_cmd::Command;
+use safetensors::SafeTensors;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/tests/fixtures/hf")
+        .join(name)
+}
+
+/// The fixtures' character of each id (printable ASCII, then the newline).
+fn char_of(id: u32) -> char {
+    if id < 95 {
+        char::from(32 + id as u8)
+    } else {
+        '\n'
+    }
+}
+
+fn ids(st: &SafeTensors, key: &str) -> Vec<u32> {
+    st.tensor(key)
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect()
+}
+
+#[test]
+fn greedy_generation_prints_transformers_tokens() {
+    for name in ["llama3", "qwen2", "gpt2"] {
+        let dir = fixture(name);
+        let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (prompt, greedy) = (ids(&st, "input_ids"), ids(&st, "greedy"));
+        let text: String = prompt.iter().map(|&i| char_of(i)).collect();
+        let want: String = greedy.iter().map(|&i| char_of(i)).collect();
+        let out = Command::cargo_bin("hybrid-trainer")
+            .unwrap()
+            .args(["--device", "cpu", "generate", "--model"])
+            .arg(&dir)
+            .args(["--prompt", &text, "--max-new-tokens", "16", "--ignore-eos"])
+            .assert()
+            .success();
+        let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+        assert!(
+            stdout.ends_with(&format!("{want}\n")),
+            "{name}: {stdout:?} does not end with {want:?}"
+        );
+        let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        assert!(stderr.contains("16 new tokens"), "{name}: {stderr}");
+    }
+}
+
+#[test]
+fn bad_generate_calls_are_clear_errors() {
+    let dir = fixture("llama3");
+    let d = dir.to_str().unwrap();
+    let long = "a".repeat(80); // the context is 64
+    let empty = tempfile::tempdir().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--model", d, "--prompt", "hi", "--temperature=-1"],
+            "temperature",
+        ),
+        (
+            vec!["--model", d, "--prompt", "hi", "--top-p", "0"],
+            "top-p",
+        ),
+        (
+            vec!["--model", d, "--prompt", "hi", "--top-k", "0"],
+            "top-k",
+        ),
+        (vec!["--model", d, "--prompt", &long], "context"),
+        (
+            vec!["--model", d, "--prompt", "hi", "--max-new-tokens", "100"],
+            "context",
+        ),
+        (
+            vec!["--model", empty.path().to_str().unwrap(), "--prompt", "hi"],
+            "tokenizer",
+        ),
+        (
+            vec!["--model", d, "--prompt", "hi", "--temperature", "hot"],
+            "invalid value",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = Command::cargo_bin("hybrid-trainer")
+            .unwrap()
+            .args(["--device", "cpu", "generate"])
+            .args(&args)
+            .assert()
+            .failure();
+        let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
