@@ -1,14 +1,15 @@
 //! `hybrid-trainer generate`: text from a Hugging Face model directory (Llama 2/3, Qwen2,
 //! Mistral, GPT-2: `config.json`, safetensors weights, `tokenizer.json`) through `models`' KV
-//! cache, streamed to stdout as it is sampled.
+//! cache, streamed to stdout as it is sampled; `hybrid-trainer perplexity`: the model's
+//! perplexity on a text file. Both can round the weights to int8 or int4 first (`--quant`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use clap::Args;
-use models::{CausalLm, Sampler, Sampling, Tokenizer};
+use clap::{Args, ValueEnum};
+use models::{CausalLm, QuantKind, Sampler, Sampling, Tokenizer};
 use tensor_ops::Device;
 
 #[derive(Args, Debug, Clone)]
@@ -44,6 +45,90 @@ pub struct GenerateArgs {
     /// Keep generating past the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+    #[command(flatten)]
+    pub quant: QuantArg,
+}
+
+/// Weight-only quantization of the layers' projections.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quant {
+    /// One scale per output channel.
+    Int8,
+    /// Groups of 128 inputs, a scale and an offset each.
+    Int4,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct QuantArg {
+    /// Round the projection weights to this format first (the accuracy of the format: the
+    /// arithmetic stays f32 on the dequantized weights, so neither speed nor memory change).
+    #[arg(long, value_enum)]
+    pub quant: Option<Quant>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PerplexityArgs {
+    /// The model directory (as for `generate`).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The text to score.
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Score at most this many tokens of it (from the start).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    #[command(flatten)]
+    pub quant: QuantArg,
+}
+
+/// Loads `dir` on `device`, quantized when asked, and says what it loaded.
+fn load(dir: &Path, device: Device, quant: &QuantArg) -> Result<CausalLm> {
+    let t = Instant::now();
+    let mut model = CausalLm::load(dir, device)
+        .with_context(|| format!("loading the model in {}", dir.display()))?;
+    let cfg = model.config().clone();
+    eprintln!(
+        "model: {:?}, {} layers × {}, {} heads ({} key/value), vocab {}, context {}; loaded on {device} in {:.2} s",
+        cfg.architecture,
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.vocab_size,
+        cfg.max_position_embeddings,
+        t.elapsed().as_secs_f64(),
+    );
+    if let Some(q) = quant.quant {
+        let kind = match q {
+            Quant::Int8 => QuantKind::Int8,
+            Quant::Int4 => QuantKind::Int4,
+        };
+        let bytes = model.quantize(kind)?;
+        eprintln!(
+            "projections rounded to {q:?}: {:.2} MiB quantized (computed from the dequantized f32 weights)",
+            bytes as f64 / (1 << 20) as f64
+        );
+    }
+    Ok(model)
+}
+
+pub fn perplexity(device: Device, a: &PerplexityArgs) -> Result<()> {
+    let tok = Tokenizer::from_dir(&a.model)?;
+    let text = std::fs::read_to_string(&a.text)
+        .with_context(|| format!("reading {}", a.text.display()))?;
+    let mut ids = tok.encode(&text, false)?;
+    if let Some(n) = a.max_tokens {
+        ids.truncate(n);
+    }
+    let model = load(&a.model, device, &a.quant)?;
+    let t = Instant::now();
+    let p = model.perplexity(&ids)?;
+    println!(
+        "perplexity {p:.4} over {} tokens ({:.1} s)",
+        ids.len(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// The end-of-sequence ids `config.json` names (`eos_token_id`: a number or a list).
@@ -77,22 +162,8 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
     } else {
         eos_ids(&a.model)?
     };
-    let t = Instant::now();
-    let model = CausalLm::load(&a.model, device)
-        .with_context(|| format!("loading the model in {}", a.model.display()))?;
-    let cfg = model.config();
-    eprintln!(
-        "model: {:?}, {} layers × {}, {} heads ({} key/value), vocab {}, context {}; loaded on {device} in {:.2} s; prompt {} tokens",
-        cfg.architecture,
-        cfg.num_layers,
-        cfg.hidden_size,
-        cfg.num_heads,
-        cfg.num_kv_heads,
-        cfg.vocab_size,
-        cfg.max_position_embeddings,
-        t.elapsed().as_secs_f64(),
-        prompt.len()
-    );
+    let model = load(&a.model, device, &a.quant)?;
+    eprintln!("prompt: {} tokens", prompt.len());
     print!("{}", a.prompt);
     std::io::stdout().flush()?;
     let mut new: Vec<u32> = Vec::new();

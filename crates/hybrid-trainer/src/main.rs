@@ -48,6 +48,8 @@ enum Cmd {
     /// Generate text from a Hugging Face model directory (Llama 2/3, Qwen2, Mistral, GPT-2)
     /// with a KV cache, streamed as it is sampled.
     Generate(hybrid_trainer::generate::GenerateArgs),
+    /// The perplexity of a Hugging Face model directory's model on a text file.
+    Perplexity(hybrid_trainer::generate::PerplexityArgs),
     /// Train the GPT of tensor-ops on a text file (nanoGPT's shakespeare-char setup by default).
     TrainGpt(hybrid_trainer::train_gpt::TrainArgs),
     /// Write a small model's weights, inputs, outputs and gradients for a PyTorch replay:
@@ -247,6 +249,9 @@ fn main() -> Result<()> {
             }
             Cmd::Generate(args) => {
                 hybrid_trainer::generate::run(device, &args)?;
+            }
+            Cmd::Perplexity(args) => {
+                hybrid_trainer::generate::perplexity(device, &args)?;
             }
             Cmd::AllreduceBench(args) => {
                 hybrid_trainer::dist_bench::run(device, &args)?;

@@ -102,3 +102,77 @@ fn bad_generate_calls_are_clear_errors() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn perplexity_and_quantized_runs_from_the_cli() {
+    let dir = fixture("gpt2");
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("text.txt");
+    std::fs::write(
+        &text,
+        "To be, or not to be, that is the question.\n".repeat(4),
+    )
+    .unwrap();
+    let ppl = |extra: &[&str]| -> f64 {
+        let out = Command::cargo_bin("hybrid-trainer")
+            .unwrap()
+            .args(["--device", "cpu", "perplexity", "--model"])
+            .arg(&dir)
+            .arg("--text")
+            .arg(&text)
+            .args(extra)
+            .assert()
+            .success();
+        let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("perplexity "))
+            .unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let (full, int8, int4) = (
+        ppl(&[]),
+        ppl(&["--quant", "int8"]),
+        ppl(&["--quant", "int4"]),
+    );
+    // Random weights: about the vocabulary's 96, and the formats move it.
+    assert!(full > 10.0 && full.is_finite(), "{full}");
+    assert!(int8 != full && int4 != full, "{full} {int8} {int4}");
+    Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(["--device", "cpu", "generate", "--model"])
+        .arg(&dir)
+        .args([
+            "--prompt",
+            "To be",
+            "--max-new-tokens",
+            "4",
+            "--quant",
+            "int4",
+        ])
+        .assert()
+        .success();
+    for bad in [vec!["--quant", "int9"], vec!["--max-tokens", "x"]] {
+        let out = Command::cargo_bin("hybrid-trainer")
+            .unwrap()
+            .args(["--device", "cpu", "perplexity", "--model"])
+            .arg(&dir)
+            .arg("--text")
+            .arg(&text)
+            .args(&bad)
+            .assert()
+            .failure();
+        let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        assert!(err.contains("invalid value"), "{bad:?}: {err}");
+    }
+    // A missing text file is a clear error.
+    let out = Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(["--device", "cpu", "perplexity", "--model"])
+        .arg(&dir)
+        .args(["--text", "/nonexistent/text.txt"])
+        .assert()
+        .failure();
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("reading /nonexistent/text.txt"), "{err}");
+}

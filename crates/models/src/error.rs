@@ -31,4 +31,6 @@ pub enum ModelError {
     RaggedBatch(usize, usize),
     #[error("bad sampling setting: {0}")]
     BadSampling(String),
+    #[error("cannot quantize: {0}")]
+    Quant(String),
 }

@@ -107,4 +107,12 @@ impl Gpt2 {
         }
         self.head.forward(&self.ln_f.forward(&x, eps)?)
     }
+
+    /// The projections of every block (not the embeddings or the head).
+    pub(crate) fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        self.blocks
+            .iter_mut()
+            .flat_map(|b| [&mut b.attn, &mut b.proj, &mut b.fc, &mut b.fc_proj])
+            .collect()
+    }
 }

@@ -7,6 +7,7 @@ use tensor_ops::{Device, Tensor};
 use crate::cache::LayerCache;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::ModelError;
+use crate::quant::{QuantKind, Quantized};
 use crate::weights::Checkpoint;
 
 /// Reads tensor `name` as f32 onto `dev` with its stored shape.
@@ -60,6 +61,39 @@ impl Linear {
             bias: None,
             conv1d: false,
         }
+    }
+
+    /// The weight rounded to `kind` (per output channel, or groups along the inputs) and
+    /// dequantized, and the bytes the quantized form takes. Changes nothing:
+    /// [`Linear::set_weight`] installs it.
+    pub(crate) fn quantized(&self, kind: QuantKind) -> Result<(Tensor, usize), ModelError> {
+        let shape = self.weight.shape().to_vec();
+        let (a, b) = (shape[0], shape[1]);
+        let w = self.weight.to_vec()?;
+        // Rows are output channels: GPT-2's `[in, out]` weight is transposed first and back.
+        let t = |v: &[f32], r: usize, c: usize| -> Vec<f32> {
+            (0..c)
+                .flat_map(|j| (0..r).map(move |i| (i, j)))
+                .map(|(i, j)| v[i * c + j])
+                .collect()
+        };
+        let (q, d) = if self.conv1d {
+            let q = Quantized::new(kind, &t(&w, a, b), b, a)?;
+            let d = t(&q.dequantize(), b, a);
+            (q, d)
+        } else {
+            let q = Quantized::new(kind, &w, a, b)?;
+            let d = q.dequantize();
+            (q, d)
+        };
+        Ok((
+            Tensor::from_vec(d, &shape, self.weight.device())?,
+            q.bytes(),
+        ))
+    }
+
+    pub(crate) fn set_weight(&mut self, w: Tensor) {
+        self.weight = w;
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {

@@ -97,4 +97,22 @@ impl Llama {
         }
         self.head.forward(&x.rms_norm(&self.norm, eps)?)
     }
+
+    /// The projections of every layer (not the embedding or the head).
+    pub(crate) fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| {
+                [
+                    &mut l.q,
+                    &mut l.k,
+                    &mut l.v,
+                    &mut l.o,
+                    &mut l.gate,
+                    &mut l.up,
+                    &mut l.down,
+                ]
+            })
+            .collect()
+    }
 }

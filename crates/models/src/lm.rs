@@ -10,6 +10,7 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::ModelError;
 use crate::gpt2::Gpt2;
 use crate::llama::Llama;
+use crate::quant::QuantKind;
 use crate::sample::Sampler;
 use crate::weights::Checkpoint;
 
@@ -49,6 +50,54 @@ impl CausalLm {
             family,
             device,
         })
+    }
+
+    /// Rounds every layer's projection weights (not the embeddings or the head) to `kind`
+    /// and computes from the dequantized values from then on: the accuracy of the format (its
+    /// perplexity), not its speed or memory (the weights stay f32 here). Returns the bytes the
+    /// quantized projections take. All or nothing: a weight that cannot be quantized (not
+    /// finite) leaves the model as it was.
+    pub fn quantize(&mut self, kind: QuantKind) -> Result<usize, ModelError> {
+        let mut linears = match &mut self.family {
+            Family::Llama(m) => m.linears_mut(),
+            Family::Gpt2(m) => m.linears_mut(),
+        };
+        let new = linears
+            .iter()
+            .map(|l| l.quantized(kind))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut bytes = 0;
+        for (l, (w, b)) in linears.iter_mut().zip(new) {
+            l.set_weight(w);
+            bytes += b;
+        }
+        Ok(bytes)
+    }
+
+    /// The perplexity of `ids` (`exp` of the mean negative log-likelihood of each token after
+    /// its predecessors), in windows of the model's context, each from an empty cache.
+    pub fn perplexity(&self, ids: &[u32]) -> Result<f64, ModelError> {
+        if ids.len() < 2 {
+            return Err(ModelError::EmptyInput);
+        }
+        let ctx = self.cfg.max_position_embeddings;
+        let vocab = self.cfg.vocab_size;
+        let (mut nll, mut n) = (0f64, 0usize);
+        // Windows overlap by one token, so every token but the first is predicted once.
+        let mut start = 0;
+        while start + 1 < ids.len() {
+            let w = &ids[start..(start + ctx).min(ids.len())];
+            let lp = self
+                .forward(w, 1, &mut self.new_cache())?
+                .log_softmax()?
+                .to_vec()?;
+            for (i, &next) in w[1..].iter().enumerate() {
+                nll -= lp[i * vocab + next as usize] as f64;
+                n += 1;
+            }
+            start += w.len() - 1;
+        }
+        Ok((nll / n as f64).exp())
     }
 
     pub fn config(&self) -> &ModelConfig {

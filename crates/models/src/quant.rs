@@ -1,0 +1,263 @@
+//! Weight-only quantization of a linear layer's `[out, in]` weight, the CPU reference of the
+//! formats the decode kernels read:
+//! - **int8**, one scale per output channel (row), symmetric: `s = max|w|/127`,
+//!   `q = round(w/s)` in −127..=127, `w ≈ q·s`;
+//! - **int4**, groups of 128 consecutive inputs of a row (the last group of a row may be
+//!   shorter), asymmetric with an offset (llama.cpp's Q4_1): `s = (max − min)/15`, `m = min`,
+//!   `q = clamp(round((w − m)/s), 0, 15)`, `w ≈ q·s + m`; two values a byte, low nibble first.
+//!   (A zero point `z = round(−min/s)` clamped to 0..=15 cannot reach a group that does not
+//!   straddle 0; the offset can.)
+//!
+//! Error bound of one element ([`Quantized::bound`]): half a step, `s/2`, plus the f32
+//! roundings of the division and the product (and, for int4, of `w − m` and `+ m`). No value is
+//! clamped beyond its grid: int8's `|w/s| ≤ 127`, int4's `(w − m)/s ∈ [0, 15]`.
+
+use crate::error::ModelError;
+
+/// The formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantKind {
+    Int8,
+    Int4,
+}
+
+/// Inputs a group of int4 shares its scale and zero point with.
+pub const INT4_GROUP: usize = 128;
+
+/// A quantized `[rows, cols]` weight.
+#[derive(Debug, Clone)]
+pub struct Quantized {
+    pub kind: QuantKind,
+    pub rows: usize,
+    pub cols: usize,
+    /// int8: `rows·cols` bytes (two's complement); int4: `rows·⌈cols/2⌉` bytes.
+    pub data: Vec<u8>,
+    /// int8: one per row; int4: one per group (`rows·⌈cols/128⌉`).
+    pub scales: Vec<f32>,
+    /// int4: the offset (minimum) of each group; empty for int8.
+    pub mins: Vec<f32>,
+}
+
+fn groups(cols: usize) -> usize {
+    cols.div_ceil(INT4_GROUP)
+}
+
+impl Quantized {
+    /// Quantizes `w` (`rows × cols`, row-major). Non-finite weights and a length that is not
+    /// `rows·cols` are typed errors.
+    pub fn new(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> Result<Self, ModelError> {
+        if rows.checked_mul(cols) != Some(w.len()) {
+            return Err(ModelError::Quant(format!(
+                "{} values for a {rows} x {cols} weight",
+                w.len()
+            )));
+        }
+        if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::Quant(format!("weight {i} is {}", w[i])));
+        }
+        if kind == QuantKind::Int4 && w.iter().any(|v| v.abs() > f32::MAX / 2.0) {
+            // max − min would overflow.
+            return Err(ModelError::Quant("int4 needs |w| <= f32::MAX / 2".into()));
+        }
+        Ok(match kind {
+            QuantKind::Int8 => int8(w, rows, cols),
+            QuantKind::Int4 => int4(w, rows, cols),
+        })
+    }
+
+    /// The weight the quantized values stand for, `rows × cols` row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.rows * self.cols);
+        for r in 0..self.rows {
+            for c in 0..self.cols {
+                out.push(self.value(r, c));
+            }
+        }
+        out
+    }
+
+    /// Element `(r, c)` dequantized.
+    pub fn value(&self, r: usize, c: usize) -> f32 {
+        match self.kind {
+            QuantKind::Int8 => self.data[r * self.cols + c] as i8 as f32 * self.scales[r],
+            QuantKind::Int4 => {
+                let byte = self.data[r * self.cols.div_ceil(2) + c / 2];
+                let q = if c.is_multiple_of(2) { byte & 0x0f } else { byte >> 4 };
+                let g = r * groups(self.cols) + c / INT4_GROUP;
+                q as f32 * self.scales[g] + self.mins[g]
+            }
+        }
+    }
+
+    /// The largest `|w − deq(q(w))|` the format allows for element `(r, c)` (module docs), with
+    /// the f32 roundings of the products.
+    pub fn bound(&self, r: usize, c: usize) -> f32 {
+        let e = f32::EPSILON;
+        match self.kind {
+            // w/s (|w/s| ≤ 127) shifts the rounding by ≤ 64ε steps, q·s rounds by ≤ 64ε·s.
+            QuantKind::Int8 => 0.5 * self.scales[r] * (1.0 + 256.0 * e),
+            QuantKind::Int4 => {
+                let g = r * groups(self.cols) + c / INT4_GROUP;
+                let (s, m) = (self.scales[g], self.mins[g]);
+                // w − m, its division (≤ 15 steps) and q·s each ≤ 8ε·s; `+ m` and the
+                // subtraction round by ≤ ε of the group's magnitude.
+                let mag = m.abs().max((m + 15.0 * s).abs());
+                0.5 * s * (1.0 + 64.0 * e) + 2.0 * e * mag
+            }
+        }
+    }
+
+    /// Bytes of the quantized weight with its scales and zero points.
+    pub fn bytes(&self) -> usize {
+        self.data.len() + 4 * (self.scales.len() + self.mins.len())
+    }
+}
+
+fn int8(w: &[f32], rows: usize, cols: usize) -> Quantized {
+    let mut data = Vec::with_capacity(w.len());
+    let mut scales = Vec::with_capacity(rows);
+    for row in w.chunks_exact(cols.max(1)).take(rows) {
+        let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = amax / 127.0;
+        scales.push(s);
+        data.extend(row.iter().map(|&v| {
+            let q = if s > 0.0 {
+                (v / s).round().clamp(-127.0, 127.0)
+            } else {
+                0.0
+            };
+            q as i8 as u8
+        }));
+    }
+    Quantized {
+        kind: QuantKind::Int8,
+        rows,
+        cols,
+        data,
+        scales,
+        mins: Vec::new(),
+    }
+}
+
+fn int4(w: &[f32], rows: usize, cols: usize) -> Quantized {
+    let per_row = cols.div_ceil(2);
+    let mut data = vec![0u8; rows * per_row];
+    let mut scales = Vec::with_capacity(rows * groups(cols));
+    let mut mins = Vec::with_capacity(rows * groups(cols));
+    for r in 0..rows {
+        let row = &w[r * cols..(r + 1) * cols];
+        for (g, group) in row.chunks(INT4_GROUP).enumerate() {
+            let (lo, hi) = group
+                .iter()
+                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+                    (a.min(v), b.max(v))
+                });
+            let s = (hi - lo) / 15.0;
+            scales.push(s);
+            mins.push(lo);
+            for (i, &v) in group.iter().enumerate() {
+                // A constant group (s = 0) stores q = 0: exactly its value.
+                let q = if s > 0.0 {
+                    ((v - lo) / s).round().clamp(0.0, 15.0) as u8
+                } else {
+                    0
+                };
+                let c = g * INT4_GROUP + i;
+                data[r * per_row + c / 2] |= if c.is_multiple_of(2) { q } else { q << 4 };
+            }
+        }
+    }
+    Quantized {
+        kind: QuantKind::Int4,
+        rows,
+        cols,
+        data,
+        scales,
+        mins,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn check(kind: QuantKind, w: &[f32], rows: usize, cols: usize) {
+        let q = Quantized::new(kind, w, rows, cols).unwrap();
+        let d = q.dequantize();
+        for r in 0..rows {
+            for c in 0..cols {
+                let (a, b) = (w[r * cols + c], d[r * cols + c]);
+                assert!(
+                    (a - b).abs() <= q.bound(r, c),
+                    "{kind:?} ({r}, {c}): {a} → {b}, bound {}",
+                    q.bound(r, c)
+                );
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn dequantized_weights_are_within_the_bound(
+            rows in 1usize..5,
+            cols in 1usize..300,
+            scale in prop_oneof![Just(1e-30f32), Just(1e-3f32), Just(1.0f32), Just(1e30f32)],
+            shift in prop_oneof![Just(0.0f32), Just(1.0f32), Just(-5.0f32)],
+            seed in any::<u64>(),
+        ) {
+            use rand::{Rng, SeedableRng};
+            let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+            // Groups around 0 and groups on one side of it.
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|_| (r.random_range(-1.0f32..1.0) + shift) * scale)
+                .collect();
+            check(QuantKind::Int8, &w, rows, cols);
+            check(QuantKind::Int4, &w, rows, cols);
+        }
+    }
+
+    #[test]
+    fn constant_zero_and_one_sided_groups_are_exact_or_bounded() {
+        for w in [vec![0.0; 256], vec![0.25; 256], vec![-3.0; 130]] {
+            let n = w.len();
+            for kind in [QuantKind::Int8, QuantKind::Int4] {
+                let q = Quantized::new(kind, &w, 1, n).unwrap();
+                if kind == QuantKind::Int4 {
+                    assert_eq!(q.dequantize(), w, "a constant group is exact");
+                }
+                check(kind, &w, 1, n);
+            }
+        }
+        // All positive, far from 0: the offset carries the group.
+        let w: Vec<f32> = (0..128).map(|i| 100.0 + i as f32 / 128.0).collect();
+        check(QuantKind::Int4, &w, 1, 128);
+        check(QuantKind::Int8, &w, 1, 128);
+    }
+
+    #[test]
+    fn int4_packs_two_a_byte_and_int8_one() {
+        let w: Vec<f32> = (0..3 * 257).map(|i| (i as f32 * 0.37).sin()).collect();
+        let q4 = Quantized::new(QuantKind::Int4, &w, 3, 257).unwrap();
+        assert_eq!(q4.data.len(), 3 * 129);
+        assert_eq!(q4.scales.len(), 3 * 3);
+        let q8 = Quantized::new(QuantKind::Int8, &w, 3, 257).unwrap();
+        assert_eq!(q8.data.len(), 3 * 257);
+        assert!(q4.bytes() < q8.bytes());
+    }
+
+    #[test]
+    fn bad_weights_are_typed_errors() {
+        for kind in [QuantKind::Int8, QuantKind::Int4] {
+            assert!(Quantized::new(kind, &[0.0, f32::NAN], 1, 2).is_err());
+            assert!(Quantized::new(kind, &[f32::INFINITY], 1, 1).is_err());
+            assert!(Quantized::new(kind, &[0.0; 5], 2, 3).is_err());
+            assert!(Quantized::new(kind, &[], usize::MAX, 2).is_err());
+            if kind == QuantKind::Int4 {
+                assert!(Quantized::new(kind, &[f32::MAX, -f32::MAX], 1, 2).is_err());
+            }
+            let empty = Quantized::new(kind, &[], 0, 7).unwrap();
+            assert!(empty.dequantize().is_empty());
+        }
+    }
+}

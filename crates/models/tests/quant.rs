@@ -1,0 +1,167 @@
+//! Weight-only quantization of a loaded model and its perplexity, on the committed tiny
+//! checkpoints: the perplexity matches the one `transformers`' logits give, quantizing moves the
+//! logits (int4 further than int8), and a weight that cannot be quantized leaves the model as it
+//! was.
+
+use std::path::PathBuf;
+
+use models::{CausalLm, ModelError, QuantKind};
+use safetensors::SafeTensors;
+use tensor_ops::Device;
+
+fn dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name)
+}
+
+fn expected(name: &str) -> (Vec<u32>, Vec<f32>) {
+    let bytes = std::fs::read(dir(name).join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ids = st
+        .tensor("input_ids")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect();
+    let logits = st
+        .tensor("logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (ids, logits)
+}
+
+fn logits(m: &CausalLm, ids: &[u32]) -> Vec<f32> {
+    m.forward(ids, 1, &mut m.new_cache())
+        .unwrap()
+        .to_vec()
+        .unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+#[test]
+fn perplexity_matches_the_one_of_transformers_logits() {
+    for name in ["llama3", "qwen2", "gpt2"] {
+        let m = CausalLm::load(&dir(name), Device::Cpu).unwrap();
+        let (ids, want_logits) = expected(name);
+        let vocab = m.config().vocab_size;
+        // exp(mean NLL) from transformers' logits, in f64.
+        let mut nll = 0f64;
+        for i in 0..ids.len() - 1 {
+            let row = &want_logits[i * vocab..(i + 1) * vocab];
+            let max = row.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&v| (v as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            nll += lse - row[ids[i + 1] as usize] as f64;
+        }
+        let want = (nll / (ids.len() - 1) as f64).exp();
+        let got = m.perplexity(&ids).unwrap();
+        // The logits agree within 3e-4 of their scale (tests/parity.rs); a log-softmax moves
+        // by at most twice a logit's error, so the mean NLL by 2·3e-4·max|logit|.
+        let scale = want_logits.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+        let tol = 2.0 * 3e-4 * scale;
+        assert!(
+            (got.ln() - want.ln()).abs() <= tol,
+            "{name}: perplexity {got} against {want}"
+        );
+    }
+}
+
+#[test]
+fn perplexity_over_several_windows_predicts_every_token_once() {
+    let m = CausalLm::load(&dir("gpt2"), Device::Cpu).unwrap();
+    let ctx = m.config().max_position_embeddings;
+    let ids: Vec<u32> = (0..(2 * ctx + 7) as u32).map(|i| (i * 37) % 96).collect();
+    let p = m.perplexity(&ids).unwrap();
+    assert!(p.is_finite() && p > 1.0, "{p}");
+    // The first window alone is a different mean: the windows are all counted.
+    assert_ne!(p, m.perplexity(&ids[..ctx]).unwrap());
+    assert!(matches!(
+        m.perplexity(&ids[..1]),
+        Err(ModelError::EmptyInput)
+    ));
+    assert!(matches!(
+        m.perplexity(&[0, 200]),
+        Err(ModelError::TokenOutOfVocab { .. })
+    ));
+}
+
+#[test]
+fn quantizing_moves_the_logits_int4_further_than_int8() {
+    for name in ["llama3", "mistral", "gpt2"] {
+        let (ids, _) = expected(name);
+        let full = CausalLm::load(&dir(name), Device::Cpu).unwrap();
+        let base = logits(&full, &ids);
+        let mut diffs = Vec::new();
+        for kind in [QuantKind::Int8, QuantKind::Int4] {
+            let mut m = CausalLm::load(&dir(name), Device::Cpu).unwrap();
+            let bytes = m.quantize(kind).unwrap();
+            assert!(bytes > 0);
+            let d = max_diff(&logits(&m, &ids), &base);
+            assert!(d > 0.0, "{name} {kind:?}: quantizing changed nothing");
+            diffs.push((d, bytes));
+        }
+        assert!(
+            diffs[0].0 < diffs[1].0,
+            "{name}: int8 moved the logits by {} and int4 by {}",
+            diffs[0].0,
+            diffs[1].0
+        );
+        assert!(diffs[1].1 < diffs[0].1, "{name}: int4 is smaller");
+    }
+}
+
+#[test]
+fn a_weight_that_cannot_be_quantized_leaves_the_model_as_it_was() {
+    // llama3 with one NaN in the second layer's down projection.
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(dir("llama3").join(f), tmp.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(dir("llama3").join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let poisoned = "model.layers.1.mlp.down_proj.weight";
+    let tensors: Vec<(String, Vec<u8>, Vec<usize>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let mut data = v.data().to_vec();
+            if name == poisoned {
+                data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+            }
+            (name, data, v.shape().to_vec())
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s)| {
+            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d);
+            (n.clone(), v.unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, &None, &tmp.path().join("model.safetensors")).unwrap();
+    let (ids, _) = expected("llama3");
+    let mut m = CausalLm::load(tmp.path(), Device::Cpu).unwrap();
+    let before = logits(&m, &ids[..4]);
+    for kind in [QuantKind::Int8, QuantKind::Int4] {
+        let e = m.quantize(kind).unwrap_err();
+        assert!(matches!(e, ModelError::Quant(_)), "{e}");
+        let after = logits(&m, &ids[..4]);
+        let same = before
+            .iter()
+            .zip(&after)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{kind:?}: a refused quantization changed the model");
+    }
+}
