@@ -40,6 +40,8 @@ impl LayerCache {
 /// A run's cache: one [`LayerCache`] per layer, and the context it may not outgrow.
 pub struct KvCache {
     pub(crate) layers: Vec<LayerCache>,
+    /// Each row's left padding (slots), fixed by the first forward pass.
+    pub(crate) pads: Vec<usize>,
     context: usize,
 }
 
@@ -48,6 +50,7 @@ impl KvCache {
     pub fn new(layers: usize, context: usize) -> Self {
         KvCache {
             layers: (0..layers).map(|_| LayerCache::default()).collect(),
+            pads: Vec::new(),
             context,
         }
     }

@@ -31,6 +31,8 @@ pub enum ModelError {
     RaggedBatch(usize, usize),
     #[error("bad sampling setting: {0}")]
     BadSampling(String),
+    #[error("bad padding: {0}")]
+    BadPadding(String),
     #[error("cannot quantize: {0}")]
     Quant(String),
 }

@@ -7,7 +7,7 @@ use tensor_ops::{Device, Tensor};
 use crate::cache::LayerCache;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::layers::{cached_attention, gelu_tanh, heads, load, Linear};
+use crate::layers::{cached_attention, gelu_tanh, heads, load, Linear, Slots};
 use crate::weights::Checkpoint;
 
 struct Norm {
@@ -81,26 +81,23 @@ impl Gpt2 {
         })
     }
 
-    /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` at positions `start..start + t`.
+    /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` in `slots`.
     pub(crate) fn forward(
         &self,
         ids: &Tensor,
-        start: usize,
+        slots: &Slots<'_>,
         caches: &mut [LayerCache],
     ) -> Result<Tensor, ModelError> {
         let (c, nh) = (self.cfg.hidden_size, self.cfg.num_heads);
         let eps = self.cfg.norm_eps as f32;
-        let t = ids.shape()[1];
-        let pos = Tensor::from_vec(
-            (start as u32..(start + t) as u32).collect::<Vec<u32>>(),
-            &[t],
-            ids.device(),
-        )?;
+        let (b, t) = (ids.shape()[0], ids.shape()[1]);
+        let pos = Tensor::from_vec(slots.positions(), &[b, t], ids.device())?;
+        let mask = slots.mask(ids.device())?;
         let mut x = self.wte.embedding(ids)?.add(&self.wpe.embedding(&pos)?)?;
         for (b, cache) in self.blocks.iter().zip(caches) {
             let qkv = b.attn.forward(&b.ln_1.forward(&x, eps)?)?;
             let part = |i: usize| heads(&qkv.narrow(2, i * c, c)?, nh);
-            let y = cached_attention(&part(0)?, &part(1)?, &part(2)?, cache)?;
+            let y = cached_attention(&part(0)?, &part(1)?, &part(2)?, cache, &mask)?;
             x = x.add(&b.proj.forward(&y)?)?;
             let m = gelu_tanh(&b.fc.forward(&b.ln_2.forward(&x, eps)?)?)?;
             x = x.add(&b.fc_proj.forward(&m)?)?;

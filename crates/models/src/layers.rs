@@ -146,17 +146,55 @@ fn llama3_scale(f: f32, s: &RopeScaling) -> f32 {
     (1.0 - smooth) * f / factor + smooth * f
 }
 
-/// `cos` and `sin` `[t, d]` of positions `start..start + t` (each frequency twice, the
+/// Where a forward pass's tokens sit: slots `start..start + t` of each row, of which row
+/// `r`'s first `pads[r]` slots of the whole sequence are left padding (masked out; the row's
+/// real tokens are at positions 0, 1, … from slot `pads[r]`, as `transformers` numbers them).
+pub(crate) struct Slots<'a> {
+    pub start: usize,
+    pub t: usize,
+    pub pads: &'a [usize],
+}
+
+impl Slots<'_> {
+    /// The position of each new token, `[b·t]` (0 for a padding slot).
+    pub(crate) fn positions(&self) -> Vec<u32> {
+        self.pads
+            .iter()
+            .flat_map(|&p| {
+                (self.start..self.start + self.t).map(move |s| s.saturating_sub(p) as u32)
+            })
+            .collect()
+    }
+
+    /// The additive mask `[b, 1, t, start + t]`: query slot `i` sees key slot `j` when
+    /// `pad ≤ j ≤ i` (a padding query sees nothing and is never read).
+    pub(crate) fn mask(&self, dev: Device) -> Result<Tensor, ModelError> {
+        let total = self.start + self.t;
+        let mut m = Vec::with_capacity(self.pads.len() * self.t * total);
+        for &pad in self.pads {
+            for i in self.start..total {
+                m.extend((0..total).map(|j| if j >= pad && j <= i { 0.0 } else { f32::MIN }));
+            }
+        }
+        Ok(Tensor::from_vec(
+            m,
+            &[self.pads.len(), 1, self.t, total],
+            dev,
+        )?)
+    }
+}
+
+/// `cos` and `sin` `[b, 1, t, d]` of the given positions (`[b·t]`; each frequency twice, the
 /// rotate-half layout), on `dev`.
 pub(crate) fn rope_tables(
     freqs: &[f32],
-    start: usize,
-    t: usize,
+    positions: &[u32],
+    (b, t): (usize, usize),
     dev: Device,
 ) -> Result<(Tensor, Tensor), ModelError> {
     let d = 2 * freqs.len();
-    let (mut cos, mut sin) = (Vec::with_capacity(t * d), Vec::with_capacity(t * d));
-    for p in start..start + t {
+    let (mut cos, mut sin) = (Vec::with_capacity(b * t * d), Vec::with_capacity(b * t * d));
+    for &p in positions {
         for _ in 0..2 {
             for &f in freqs {
                 // The angle as an f32 product (as `transformers` computes it), its cosine and
@@ -168,12 +206,12 @@ pub(crate) fn rope_tables(
         }
     }
     Ok((
-        Tensor::from_vec(cos, &[t, d], dev)?,
-        Tensor::from_vec(sin, &[t, d], dev)?,
+        Tensor::from_vec(cos, &[b, 1, t, d], dev)?,
+        Tensor::from_vec(sin, &[b, 1, t, d], dev)?,
     ))
 }
 
-/// `x·cos + rotate_half(x)·sin` for `x` `[b, h, t, d]` and tables `[t, d]`.
+/// `x·cos + rotate_half(x)·sin` for `x` `[b, h, t, d]` and tables `[b, 1, t, d]`.
 pub(crate) fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, ModelError> {
     let d = x.shape()[3];
     let (x1, x2) = (x.narrow(3, 0, d / 2)?, x.narrow(3, d / 2, d / 2)?);
@@ -187,15 +225,16 @@ pub(crate) fn heads(x: &Tensor, h: usize) -> Result<Tensor, ModelError> {
     Ok(x.reshape(&[b, t, h, c / h])?.permute(&[0, 2, 1, 3])?)
 }
 
-/// Causal attention of the new queries `q` `[b, h, t, d]` (positions `start..start + t`, where
-/// `start` is what `cache` held before) against the cache extended with `k`, `v`
-/// `[b, kv, t, d]`; `h` is a multiple of `kv` (grouped-query attention). Returns `[b, t, h·d]`
-/// and leaves `k`, `v` appended to the cache.
+/// Attention of the new queries `q` `[b, h, t, d]` (slots `start..start + t`, where `start` is
+/// what `cache` held before) against the cache extended with `k`, `v` `[b, kv, t, d]`, under
+/// `mask` ([`Slots::mask`]); `h` is a multiple of `kv` (grouped-query attention). Returns
+/// `[b, t, h·d]` and leaves `k`, `v` appended to the cache.
 pub(crate) fn cached_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     cache: &mut LayerCache,
+    mask: &Tensor,
 ) -> Result<Tensor, ModelError> {
     let (b, h, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let start = cache.len();
@@ -214,12 +253,7 @@ pub(crate) fn cached_attention(
     let scores = q
         .matmul_t(&k, false, true)?
         .mul_scalar(1.0 / (d as f32).sqrt())?;
-    // Query i (position start + i) sees keys 0..=start + i.
-    let mask: Vec<f32> = (0..t)
-        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::MIN }))
-        .collect();
-    let mask = Tensor::from_vec(mask, &[t, total], q.device())?;
-    let probs = scores.add(&mask)?.softmax()?;
+    let probs = scores.add(mask)?.softmax()?;
     Ok(probs
         .matmul(&v)?
         .permute(&[0, 2, 1, 3])?

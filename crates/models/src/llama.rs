@@ -7,7 +7,9 @@ use tensor_ops::{Device, Tensor};
 use crate::cache::LayerCache;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::layers::{apply_rope, cached_attention, heads, inv_freq, load, rope_tables, Linear};
+use crate::layers::{
+    apply_rope, cached_attention, heads, inv_freq, load, rope_tables, Linear, Slots,
+};
 use crate::weights::Checkpoint;
 
 struct Layer {
@@ -71,25 +73,27 @@ impl Llama {
         })
     }
 
-    /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` (u32) at positions `start..start + t`,
-    /// with `caches` (one per layer, holding `start` positions) extended.
+    /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` (u32) in `slots`, with `caches` (one
+    /// per layer, holding `slots.start` slots) extended.
     pub(crate) fn forward(
         &self,
         ids: &Tensor,
-        start: usize,
+        slots: &Slots<'_>,
         caches: &mut [LayerCache],
     ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
-        let t = ids.shape()[1];
+        let (b, t) = (ids.shape()[0], ids.shape()[1]);
         let eps = cfg.norm_eps as f32;
-        let (cos, sin) = rope_tables(&self.freqs, start, t, ids.device())?;
+        let dev = ids.device();
+        let (cos, sin) = rope_tables(&self.freqs, &slots.positions(), (b, t), dev)?;
+        let mask = slots.mask(dev)?;
         let mut x = self.embed.embedding(ids)?;
         for (l, cache) in self.layers.iter().zip(caches) {
             let a = x.rms_norm(&l.input_norm, eps)?;
             let q = apply_rope(&heads(&l.q.forward(&a)?, cfg.num_heads)?, &cos, &sin)?;
             let k = apply_rope(&heads(&l.k.forward(&a)?, cfg.num_kv_heads)?, &cos, &sin)?;
             let v = heads(&l.v.forward(&a)?, cfg.num_kv_heads)?;
-            let y = cached_attention(&q, &k, &v, cache)?;
+            let y = cached_attention(&q, &k, &v, cache, &mask)?;
             x = x.add(&l.o.forward(&y)?)?;
             let m = x.rms_norm(&l.post_norm, eps)?;
             let g = l.gate.forward(&m)?.silu()?.mul(&l.up.forward(&m)?)?;

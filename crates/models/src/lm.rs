@@ -9,6 +9,7 @@ use crate::cache::KvCache;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::ModelError;
 use crate::gpt2::Gpt2;
+use crate::layers::Slots;
 use crate::llama::Llama;
 use crate::quant::QuantKind;
 use crate::sample::Sampler;
@@ -123,6 +124,25 @@ impl CausalLm {
         batch: usize,
         cache: &mut KvCache,
     ) -> Result<Tensor, ModelError> {
+        let pads = if cache.is_empty() {
+            vec![0; batch]
+        } else {
+            cache.pads.clone()
+        };
+        self.forward_padded(ids, batch, &pads, cache)
+    }
+
+    /// [`CausalLm::forward`] of rows left-padded by `pads` slots each (a row's padding is
+    /// masked out and its tokens numbered from 0 after it, as `transformers` does with an
+    /// attention mask). The first pass fixes the padding of the cache: later passes must give
+    /// the same, and every row needs a real token in the first pass.
+    pub fn forward_padded(
+        &self,
+        ids: &[u32],
+        batch: usize,
+        pads: &[usize],
+        cache: &mut KvCache,
+    ) -> Result<Tensor, ModelError> {
         if ids.is_empty() || batch == 0 {
             return Err(ModelError::EmptyInput);
         }
@@ -136,15 +156,84 @@ impl CausalLm {
         let t = ids.len() / batch;
         cache.reserve(t)?;
         let start = cache.len();
+        let fits = pads.len() == batch
+            && if start == 0 {
+                pads.iter().all(|&p| p < t)
+            } else {
+                pads == cache.pads.as_slice()
+            };
+        if !fits {
+            return Err(ModelError::BadPadding(format!(
+                "{pads:?} for {batch} rows of {t} tokens after {start} (cached padding {:?})",
+                cache.pads
+            )));
+        }
         let x = Tensor::from_vec(ids.to_vec(), &[batch, t], self.device)?;
+        let slots = Slots { start, t, pads };
         // The layers extend a copy of the cache (shared tensors), kept only on success.
         let mut work = cache.layers.clone();
         let logits = no_grad(|| match &self.family {
-            Family::Llama(m) => m.forward(&x, start, &mut work),
-            Family::Gpt2(m) => m.forward(&x, start, &mut work),
+            Family::Llama(m) => m.forward(&x, &slots, &mut work),
+            Family::Gpt2(m) => m.forward(&x, &slots, &mut work),
         })?;
         cache.layers = work;
+        cache.pads = pads.to_vec();
         Ok(logits)
+    }
+
+    /// Generates up to `max_new` tokens after each of `prompts` in one batch (left-padded to
+    /// the longest), sampling each row with `sampler` in row order; a row stops at a token in
+    /// `stop` (it is fed on, its later tokens dropped). Each row's tokens are those it would
+    /// get alone, up to the arithmetic's rounding.
+    pub fn generate_batch(
+        &self,
+        prompts: &[&[u32]],
+        max_new: usize,
+        sampler: &mut Sampler,
+        stop: &[u32],
+    ) -> Result<Vec<Vec<u32>>, ModelError> {
+        let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+        if prompts.is_empty() || prompts.iter().any(|p| p.is_empty()) {
+            return Err(ModelError::EmptyInput);
+        }
+        let mut cache = self.new_cache();
+        let need = longest.saturating_add(max_new);
+        if need > cache.context() {
+            return Err(ModelError::ContextFull {
+                have: 0,
+                more: need,
+                context: cache.context(),
+            });
+        }
+        let pads: Vec<usize> = prompts.iter().map(|p| longest - p.len()).collect();
+        let mut input: Vec<u32> = prompts
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(0, longest - p.len()).chain(p.iter().copied()))
+            .collect();
+        let mut history: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+        let mut out = vec![Vec::new(); prompts.len()];
+        let mut done = vec![false; prompts.len()];
+        let vocab = self.cfg.vocab_size;
+        for _ in 0..max_new {
+            let b = prompts.len();
+            let t = input.len() / b;
+            let logits = self.forward_padded(&input, b, &pads, &mut cache)?;
+            let last = logits.narrow(1, t - 1, 1)?.to_vec()?;
+            input.clear();
+            for r in 0..b {
+                let tok = sampler.sample(&last[r * vocab..(r + 1) * vocab], &history[r])?;
+                input.push(tok);
+                if !done[r] {
+                    out[r].push(tok);
+                    history[r].push(tok);
+                    done[r] = stop.contains(&tok);
+                }
+            }
+            if done.iter().all(|&d| d) {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     /// Generates up to `max_new` tokens after `prompt` (one row) with `sampler`, calling

@@ -82,7 +82,11 @@ impl Quantized {
             QuantKind::Int8 => self.data[r * self.cols + c] as i8 as f32 * self.scales[r],
             QuantKind::Int4 => {
                 let byte = self.data[r * self.cols.div_ceil(2) + c / 2];
-                let q = if c.is_multiple_of(2) { byte & 0x0f } else { byte >> 4 };
+                let q = if c.is_multiple_of(2) {
+                    byte & 0x0f
+                } else {
+                    byte >> 4
+                };
                 let g = r * groups(self.cols) + c / INT4_GROUP;
                 q as f32 * self.scales[g] + self.mins[g]
             }
