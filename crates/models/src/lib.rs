@@ -15,7 +15,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use cache::KvCache;
-pub use config::{Architecture, ConfigError, ModelConfig, RopeScaling};
+pub use config::{Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeScaling};
 pub use error::ModelError;
 pub use expected::{expected_tensors, ExpectedTensor};
 pub use lm::CausalLm;
