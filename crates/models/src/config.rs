@@ -47,6 +47,34 @@ impl Architecture {
     }
 }
 
+/// GPT-2's MLP activation (`activation_function` in `config.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gpt2Activation {
+    /// The tanh approximation, `x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`: `"gelu_new"`
+    /// (GPT-2's default) or `"gelu_pytorch_tanh"`.
+    GeluTanh,
+    /// The exact GELU `x·Φ(x)` (erf): `"gelu"`.
+    GeluErf,
+}
+
+impl Gpt2Activation {
+    fn from_name(name: &str) -> Result<Self, ConfigError> {
+        match name {
+            "gelu_new" | "gelu_pytorch_tanh" => Ok(Self::GeluTanh),
+            "gelu" => Ok(Self::GeluErf),
+            other => Err(ConfigError::UnsupportedActivation(other.to_string())),
+        }
+    }
+
+    /// The `activation_function` value that names this activation.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::GeluTanh => "gelu_new",
+            Self::GeluErf => "gelu",
+        }
+    }
+}
+
 /// Llama 3 rope scaling (`rope_type` or `type` = `"llama3"`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeScaling {
@@ -79,6 +107,9 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     /// `torch_dtype` (or the newer `dtype`) as written, e.g. `"bfloat16"`.
     pub torch_dtype: Option<String>,
+    /// GPT-2's MLP activation (`gelu_new` when the config omits it); `None` for the Llama
+    /// family (SwiGLU).
+    pub gpt2_activation: Option<Gpt2Activation>,
 }
 
 /// Why a `config.json` was refused.
@@ -105,6 +136,10 @@ pub enum ConfigError {
     HeadsDoNotDivideHidden { heads: usize, hidden: usize },
     #[error("{kv_heads} key/value heads do not divide {heads} attention heads")]
     KvHeadsDoNotDivideHeads { kv_heads: usize, heads: usize },
+    #[error(
+        "unsupported activation_function `{0}` (supported: gelu_new, gelu_pytorch_tanh, gelu)"
+    )]
+    UnsupportedActivation(String),
     #[error("bad rope_scaling: {0}")]
     BadRopeScaling(String),
 }
@@ -272,6 +307,7 @@ fn parse_llama_like(obj: &Obj, architecture: Architecture) -> Result<ModelConfig
         tie_word_embeddings: opt_bool(obj, "tie_word_embeddings", false)?,
         attention_bias: qwen || opt_bool(obj, "attention_bias", false)?,
         torch_dtype: torch_dtype(obj),
+        gpt2_activation: None,
     })
 }
 
@@ -294,7 +330,17 @@ fn parse_gpt2(obj: &Obj) -> Result<ModelConfig, ConfigError> {
         tie_word_embeddings: opt_bool(obj, "tie_word_embeddings", true)?,
         attention_bias: true,
         torch_dtype: torch_dtype(obj),
+        gpt2_activation: Some(gpt2_activation(obj)?),
     })
+}
+
+/// `activation_function`, `gelu_new` (transformers' GPT-2 default) when absent or null.
+fn gpt2_activation(obj: &Obj) -> Result<Gpt2Activation, ConfigError> {
+    match obj.get("activation_function") {
+        None | Some(Value::Null) => Ok(Gpt2Activation::GeluTanh),
+        Some(Value::String(name)) => Gpt2Activation::from_name(name),
+        Some(v) => bad("activation_function", format!("{v} is not a string")),
+    }
 }
 
 /// The rotary base: `rope_theta`, or (transformers 5) `rope_parameters.rope_theta`, else 10000.

@@ -3,6 +3,7 @@
 use thiserror::Error;
 
 use crate::config::ConfigError;
+use crate::export::ExportError;
 use crate::tokenizer::TokenizerError;
 use crate::weights::WeightsError;
 
@@ -15,6 +16,8 @@ pub enum ModelError {
     Weights(#[from] WeightsError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Export(#[from] ExportError),
     #[error("tensor op failed: {0}")]
     Op(#[from] tensor_ops::GpuError),
     #[error("empty input: a forward pass needs at least one token")]

@@ -1,11 +1,11 @@
 //! GPT-2: learned positions, pre-LayerNorm blocks, Conv1D (`[in, out]`) projections, the tanh
-//! GELU, and the head tied to the token embedding unless the checkpoint holds `lm_head`.
+//! GELU (or the exact one when `activation_function` is `"gelu"`), and the head tied to the token embedding unless the checkpoint holds `lm_head`.
 //! Weights in `transformers`' names (with or without `transformer.`); arithmetic in f32.
 
 use tensor_ops::{Device, Tensor};
 
 use crate::cache::LayerCache;
-use crate::config::ModelConfig;
+use crate::config::{Gpt2Activation, ModelConfig};
 use crate::error::ModelError;
 use crate::layers::{cached_attention, gelu_tanh, heads, load, Linear, Slots};
 use crate::weights::Checkpoint;
@@ -44,6 +44,7 @@ pub(crate) struct Gpt2 {
     blocks: Vec<Block>,
     ln_f: Norm,
     head: Linear,
+    activation: Gpt2Activation,
 }
 
 impl Gpt2 {
@@ -78,6 +79,7 @@ impl Gpt2 {
             blocks,
             ln_f: Norm::load(ck, "ln_f", dev)?,
             head,
+            activation: cfg.gpt2_activation.unwrap_or(Gpt2Activation::GeluTanh),
         })
     }
 
@@ -99,7 +101,7 @@ impl Gpt2 {
             let part = |i: usize| heads(&qkv.narrow(2, i * c, c)?, nh);
             let y = cached_attention(&part(0)?, &part(1)?, &part(2)?, cache, &mask)?;
             x = x.add(&b.proj.forward(&y)?)?;
-            let m = gelu_tanh(&b.fc.forward(&b.ln_2.forward(&x, eps)?)?)?;
+            let m = self.activate(&b.fc.forward(&b.ln_2.forward(&x, eps)?)?)?;
             x = x.add(&b.fc_proj.forward(&m)?)?;
         }
         self.head.forward(&self.ln_f.forward(&x, eps)?)
@@ -111,5 +113,13 @@ impl Gpt2 {
             .iter_mut()
             .flat_map(|b| [&mut b.attn, &mut b.proj, &mut b.fc, &mut b.fc_proj])
             .collect()
+    }
+
+    /// The MLP's activation: the tanh GELU, or `tensor_ops`' exact (erf) GELU.
+    fn activate(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        match self.activation {
+            Gpt2Activation::GeluTanh => gelu_tanh(x),
+            Gpt2Activation::GeluErf => Ok(x.gelu()?),
+        }
     }
 }

@@ -1,11 +1,13 @@
 //! Hugging Face causal LMs for inference (issue 30): `config.json` parsed into a typed
 //! [`ModelConfig`], safetensors weights memory-mapped and checked against it, `tokenizer.json`,
-//! and the Llama family and GPT-2 run with a KV cache on `tensor_ops` (CPU or CUDA, f32).
+//! and the Llama family and GPT-2 run with a KV cache on `tensor_ops` (CPU or CUDA, f32); the
+//! project's own GPT exported as a GPT-2 model directory ([`export_gpt2`]).
 
 pub mod cache;
 pub mod config;
 pub mod error;
 pub mod expected;
+pub mod export;
 mod gpt2;
 mod layers;
 mod llama;
@@ -16,9 +18,10 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use cache::KvCache;
-pub use config::{Architecture, ConfigError, ModelConfig, RopeScaling};
+pub use config::{Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeScaling};
 pub use error::ModelError;
 pub use expected::{expected_tensors, ExpectedTensor};
+pub use export::{export_gpt2, ExportError};
 pub use lm::CausalLm;
 pub use quant::{QuantKind, Quantized};
 pub use sample::{Sampler, Sampling};

@@ -54,6 +54,8 @@ impl Tokenizer {
     }
 
     /// Token ids of `text`; `add_special` adds the post-processor's special tokens (e.g. BOS).
+    /// Text the tokenizer cannot encode is a [`TokenizerError::Encode`]: e.g. a character
+    /// outside the vocabulary of a tokenizer written by [`crate::export_gpt2`].
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
         let enc = self
             .inner

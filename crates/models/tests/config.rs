@@ -2,7 +2,7 @@
 
 mod common;
 
-use models::{Architecture, ConfigError, ModelConfig};
+use models::{Architecture, ConfigError, Gpt2Activation, ModelConfig};
 use serde_json::{json, Value};
 
 fn parse(v: &Value) -> Result<ModelConfig, ConfigError> {
@@ -89,6 +89,37 @@ fn gpt2_names_and_defaults() {
     assert!(c.tie_word_embeddings);
     assert_eq!(c.rope_theta, None);
     assert_eq!(c.torch_dtype.as_deref(), Some("float32"));
+    assert_eq!(c.gpt2_activation, Some(Gpt2Activation::GeluTanh));
+}
+
+#[test]
+fn gpt2_activation_names() {
+    let act = |v: Value| parse(&with(common::GPT2, "activation_function", v));
+    for (name, want) in [
+        ("gelu_new", Gpt2Activation::GeluTanh),
+        ("gelu_pytorch_tanh", Gpt2Activation::GeluTanh),
+        ("gelu", Gpt2Activation::GeluErf),
+    ] {
+        assert_eq!(
+            act(json!(name)).unwrap().gpt2_activation,
+            Some(want),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        act(Value::Null).unwrap().gpt2_activation,
+        Some(Gpt2Activation::GeluTanh)
+    );
+    match act(json!("relu")) {
+        Err(ConfigError::UnsupportedActivation(name)) => assert_eq!(name, "relu"),
+        other => panic!("{other:?}"),
+    }
+    match act(json!(3)) {
+        Err(ConfigError::BadField { field, .. }) => assert_eq!(field, "activation_function"),
+        other => panic!("{other:?}"),
+    }
+    let llama = ModelConfig::from_json_str(common::LLAMA_GQA).unwrap();
+    assert_eq!(llama.gpt2_activation, None);
 }
 
 #[test]

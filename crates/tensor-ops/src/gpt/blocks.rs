@@ -5,8 +5,8 @@ use super::model::{GptConfig, Variant};
 use crate::nn::{Dropout, Init, LayerNorm, Linear, Mode, Module, ModuleT, ParamBuilder, RmsNorm};
 use crate::{Result, Tensor};
 
-/// The norms' epsilon.
-const EPS: f32 = 1e-5;
+/// The norms' epsilon (LayerNorm and RMSNorm alike).
+pub const EPS: f32 = 1e-5;
 
 /// The dropout masks of one forward pass: the i-th dropout site draws the i-th seed of an LCG
 /// started at the pass's seed (the GPT's sequence since before the module layer).

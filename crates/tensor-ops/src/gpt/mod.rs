@@ -10,6 +10,7 @@ mod graph_step;
 mod io;
 mod model;
 
+pub use blocks::EPS as NORM_EPS;
 pub use data::{CharTokenizer, Dataset};
 pub use graph_loss::GraphedLoss;
 pub use graph_step::GraphedStep;

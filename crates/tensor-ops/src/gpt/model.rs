@@ -117,7 +117,9 @@ impl GptConfig {
         Ok(())
     }
 
-    pub(crate) fn mlp_hidden(&self) -> usize {
+    /// The MLP's hidden width: 4·n_embd (GPT-2), or 8/3·n_embd rounded up to a multiple of 8
+    /// (Llama).
+    pub fn mlp_hidden(&self) -> usize {
         match self.variant {
             Variant::Gpt2 => 4 * self.n_embd,
             // Llama's 2/3·4·C rounded up to a multiple of 8.
