@@ -112,6 +112,36 @@ fn load(dir: &Path, device: Device, quant: &QuantArg) -> Result<CausalLm> {
     Ok(model)
 }
 
+#[derive(Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// A GPT saved by `train-gpt --save` (GPT-2 variant).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The text it was trained on (its characters are the tokenizer's vocabulary).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// The directory to write (must not exist, or be empty).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Writes a `train-gpt --save` model as a Hugging Face GPT-2 directory (`models::export_gpt2`).
+pub fn export(a: &ExportArgs) -> Result<()> {
+    let model = tensor_ops::gpt::Gpt::load(&a.model, Device::Cpu)
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    let text = std::fs::read_to_string(&a.data)
+        .with_context(|| format!("reading {}", a.data.display()))?;
+    let ds = tensor_ops::gpt::Dataset::from_text(&text, 0.9)?;
+    models::export_gpt2(&model, &ds.tokenizer, &a.out)?;
+    println!(
+        "wrote {} (config.json, model.safetensors, tokenizer.json): {} parameters, vocab {}",
+        a.out.display(),
+        model.num_params(),
+        ds.tokenizer.vocab_size()
+    );
+    Ok(())
+}
+
 pub fn perplexity(device: Device, a: &PerplexityArgs) -> Result<()> {
     let tok = Tokenizer::from_dir(&a.model)?;
     let text = std::fs::read_to_string(&a.text)
@@ -164,6 +194,13 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
     };
     let model = load(&a.model, device, &a.quant)?;
     eprintln!("prompt: {} tokens", prompt.len());
+    let context = model.config().max_position_embeddings;
+    anyhow::ensure!(
+        prompt.len().saturating_add(a.max_new_tokens) <= context,
+        "the prompt's {} tokens and --max-new-tokens {} exceed the model's context of {context}",
+        prompt.len(),
+        a.max_new_tokens
+    );
     print!("{}", a.prompt);
     std::io::stdout().flush()?;
     let mut new: Vec<u32> = Vec::new();

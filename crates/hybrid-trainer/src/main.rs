@@ -50,6 +50,9 @@ enum Cmd {
     Generate(hybrid_trainer::generate::GenerateArgs),
     /// The perplexity of a Hugging Face model directory's model on a text file.
     Perplexity(hybrid_trainer::generate::PerplexityArgs),
+    /// Write a `train-gpt --save` GPT (GPT-2 variant) as a Hugging Face GPT-2 directory that
+    /// `generate`, `perplexity` and `transformers` load.
+    ExportHf(hybrid_trainer::generate::ExportArgs),
     /// Train the GPT of tensor-ops on a text file (nanoGPT's shakespeare-char setup by default).
     TrainGpt(hybrid_trainer::train_gpt::TrainArgs),
     /// Write a small model's weights, inputs, outputs and gradients for a PyTorch replay:
@@ -252,6 +255,9 @@ fn main() -> Result<()> {
             }
             Cmd::Perplexity(args) => {
                 hybrid_trainer::generate::perplexity(device, &args)?;
+            }
+            Cmd::ExportHf(args) => {
+                hybrid_trainer::generate::export(&args)?;
             }
             Cmd::AllreduceBench(args) => {
                 hybrid_trainer::dist_bench::run(device, &args)?;

@@ -176,3 +176,97 @@ fn perplexity_and_quantized_runs_from_the_cli() {
     let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
     assert!(err.contains("reading /nonexistent/text.txt"), "{err}");
 }
+
+#[test]
+fn a_trained_gpt_exports_and_generates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("text.txt");
+    std::fs::write(
+        &data,
+        "To be, or not to be, that is the question:\n".repeat(40),
+    )
+    .unwrap();
+    let saved = tmp.path().join("gpt.safetensors");
+    let run = |args: Vec<String>| {
+        let out = Command::cargo_bin("hybrid-trainer")
+            .unwrap()
+            .args(&args)
+            .assert()
+            .success();
+        String::from_utf8_lossy(&out.get_output().stdout).into_owned()
+    };
+    let s = |x: &str| x.to_string();
+    let p = |x: &std::path::Path| x.display().to_string();
+    run(vec![
+        s("--device"),
+        s("cpu"),
+        s("train-gpt"),
+        s("--data"),
+        p(&data),
+        s("--layers"),
+        s("2"),
+        s("--heads"),
+        s("2"),
+        s("--embd"),
+        s("32"),
+        s("--block"),
+        s("32"),
+        s("--batch"),
+        s("4"),
+        s("--iters"),
+        s("60"),
+        s("--warmup"),
+        s("5"),
+        s("--lr"),
+        s("3e-3"),
+        s("--dropout"),
+        s("0"),
+        s("--eval-interval"),
+        s("60"),
+        s("--eval-iters"),
+        s("2"),
+        s("--sample"),
+        s("0"),
+        s("--save"),
+        p(&saved),
+    ]);
+    let hf = tmp.path().join("hf");
+    let out = run(vec![
+        s("export-hf"),
+        s("--model"),
+        p(&saved),
+        s("--data"),
+        p(&data),
+        s("--out"),
+        p(&hf),
+    ]);
+    assert!(out.contains("wrote"), "{out}");
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(hf.join(f).is_file(), "{f}");
+    }
+    let out = Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(["--device", "cpu", "generate", "--model"])
+        .arg(&hf)
+        .args(["--prompt", "To be, or not to", "--max-new-tokens", "8"])
+        .assert()
+        .success();
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("8 new tokens"), "{err}");
+    // Exporting again into the now non-empty directory is refused.
+    let again = Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(["export-hf", "--model"])
+        .arg(&saved)
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(&hf)
+        .assert()
+        .failure();
+    let err = String::from_utf8_lossy(&again.get_output().stderr).into_owned();
+    assert!(
+        err.contains("not empty") || err.contains("non-empty"),
+        "{err}"
+    );
+}
