@@ -18,9 +18,10 @@ pub struct GenerateArgs {
     /// tokenizer.json.
     #[arg(long)]
     pub model: PathBuf,
-    /// The text to continue.
-    #[arg(long)]
-    pub prompt: String,
+    /// The text to continue; give it several times to decode the prompts as one batch (left
+    /// padded; printed when done, not streamed).
+    #[arg(long, required = true)]
+    pub prompt: Vec<String>,
     /// Tokens to generate at most (fewer when the model emits its end-of-sequence token).
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
@@ -186,29 +187,54 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
     };
     let mut sampler = Sampler::new(sampler)?;
     let tok = Tokenizer::from_dir(&a.model)?;
-    let prompt = tok.encode(&a.prompt, !a.no_special_tokens)?;
+    let prompts = a
+        .prompt
+        .iter()
+        .map(|p| tok.encode(p, !a.no_special_tokens))
+        .collect::<Result<Vec<_>, _>>()?;
     let stop = if a.ignore_eos {
         Vec::new()
     } else {
         eos_ids(&a.model)?
     };
     let model = load(&a.model, device, &a.quant)?;
-    eprintln!("prompt: {} tokens", prompt.len());
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    eprintln!(
+        "prompts: {:?} tokens",
+        prompts.iter().map(Vec::len).collect::<Vec<_>>()
+    );
     let context = model.config().max_position_embeddings;
     anyhow::ensure!(
-        prompt.len().saturating_add(a.max_new_tokens) <= context,
-        "the prompt's {} tokens and --max-new-tokens {} exceed the model's context of {context}",
-        prompt.len(),
+        longest.saturating_add(a.max_new_tokens) <= context,
+        "the prompt's {longest} tokens and --max-new-tokens {} exceed the model's context of {context}",
         a.max_new_tokens
     );
-    print!("{}", a.prompt);
+    if prompts.len() > 1 {
+        let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        let t = Instant::now();
+        let out = model.generate_batch(&refs, a.max_new_tokens, &mut sampler, &stop)?;
+        let secs = t.elapsed().as_secs_f64();
+        for (i, (p, new)) in a.prompt.iter().zip(&out).enumerate() {
+            println!("[{i}] {p}{}", tok.decode(new, true)?);
+        }
+        let n: usize = out.iter().map(Vec::len).sum();
+        eprintln!(
+            "{} rows, {n} new tokens in {:.1} ms ({:.1} tokens/s)",
+            out.len(),
+            secs * 1e3,
+            n as f64 / secs
+        );
+        return Ok(());
+    }
+    let (prompt, text) = (&prompts[0], &a.prompt[0]);
+    print!("{text}");
     std::io::stdout().flush()?;
     let mut new: Vec<u32> = Vec::new();
     let mut shown = String::new();
     let mut first = None;
     let t = Instant::now();
     let mut err = None;
-    model.generate(&prompt, a.max_new_tokens, &mut sampler, &stop, |id| {
+    model.generate(prompt, a.max_new_tokens, &mut sampler, &stop, |id| {
         first.get_or_insert_with(|| t.elapsed().as_secs_f64());
         new.push(id);
         // Decode the whole continuation and print what is new: multi-byte characters split

@@ -270,3 +270,36 @@ fn a_trained_gpt_exports_and_generates() {
         "{err}"
     );
 }
+
+#[test]
+fn several_prompts_decode_as_one_batch_with_each_rows_own_text() {
+    let dir = fixture("qwen2");
+    let single = |p: &str| -> String {
+        let out = Command::cargo_bin("hybrid-trainer")
+            .unwrap()
+            .args(["--device", "cpu", "generate", "--model"])
+            .arg(&dir)
+            .args(["--prompt", p, "--max-new-tokens", "10", "--ignore-eos"])
+            .assert()
+            .success();
+        let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+        // The text is the last line (device lines come first), newlines in it aside: take the
+        // whole output after the prompt's first occurrence.
+        let at = stdout.find(p).unwrap();
+        stdout[at..].trim_end_matches('\n').to_string()
+    };
+    let prompts = ["Hello there", "Hi"];
+    let out = Command::cargo_bin("hybrid-trainer")
+        .unwrap()
+        .args(["--device", "cpu", "generate", "--model"])
+        .arg(&dir)
+        .args(["--prompt", prompts[0], "--prompt", prompts[1]])
+        .args(["--max-new-tokens", "10", "--ignore-eos"])
+        .assert()
+        .success();
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    for (i, p) in prompts.iter().enumerate() {
+        let want = format!("[{i}] {}", single(p));
+        assert!(stdout.contains(&want), "row {i}: {stdout:?} lacks {want:?}");
+    }
+}
