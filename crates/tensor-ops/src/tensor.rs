@@ -245,6 +245,13 @@ impl Tensor {
         self.0.id
     }
 
+    /// Whether `self` and `other` are views of the same storage (one buffer, so a write
+    /// through either shows in both; a [`Tensor::reshape`] of a tensor shares its storage, a
+    /// copy does not). Compares identity, not values.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+
     /// Dimensions.
     pub fn shape(&self) -> &[usize] {
         &self.0.shape
