@@ -33,7 +33,7 @@ impl Row {
 
 /// The optimiser of the GPT training-step rows, as nanoGPT and the PyTorch peers set it up:
 /// AdamW with β2 0.99, weight decay 0.1 and global-norm clipping at 1.0.
-pub fn gpt_adamw(model: &tensor_ops::gpt::Gpt) -> tensor_ops::Result<tensor_ops::optim::AdamW> {
+pub fn gpt_adamw(model: &models::gpt::Gpt) -> tensor_ops::Result<tensor_ops::optim::AdamW> {
     model.store().adamw(tensor_ops::optim::AdamWParams {
         beta2: 0.99,
         weight_decay: 0.1,

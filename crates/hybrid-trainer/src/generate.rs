@@ -128,11 +128,11 @@ pub struct ExportArgs {
 
 /// Writes a `train-gpt --save` model as a Hugging Face GPT-2 directory (`models::export_gpt2`).
 pub fn export(a: &ExportArgs) -> Result<()> {
-    let model = tensor_ops::gpt::Gpt::load(&a.model, Device::Cpu)
+    let model = models::gpt::Gpt::load(&a.model, Device::Cpu)
         .with_context(|| format!("loading {}", a.model.display()))?;
     let text = std::fs::read_to_string(&a.data)
         .with_context(|| format!("reading {}", a.data.display()))?;
-    let ds = tensor_ops::gpt::Dataset::from_text(&text, 0.9)?;
+    let ds = models::gpt::Dataset::from_text(&text, 0.9)?;
     models::export_gpt2(&model, &ds.tokenizer, &a.out)?;
     println!(
         "wrote {} (config.json, model.safetensors, tokenizer.json): {} parameters, vocab {}",

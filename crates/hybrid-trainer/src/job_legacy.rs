@@ -10,13 +10,13 @@ use crate::report::{self, EvalPoint, RunRecord, StepKind, StepPoint};
 use anyhow::{ensure, Context, Result};
 use gpu_core::Device;
 use indicatif::{ProgressBar, ProgressStyle};
+use models::gpt::{Dataset, Gpt, GptConfig, Variant};
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tensor_ops::dist::ProcessGroup;
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::optim::AdamWParams;
 use tensor_ops::{no_grad, Tensor};
 

@@ -65,7 +65,7 @@ enum Cmd {
         model: String,
         /// The GPT's variant: gpt2 or llama.
         #[arg(long, default_value = "gpt2", value_parser = hybrid_trainer::train_gpt::parse_variant)]
-        variant: tensor_ops::gpt::Variant,
+        variant: models::gpt::Variant,
         /// The GPT's arithmetic: fp32 or bf16 (mixed precision; the script then compares
         /// against PyTorch's autocast).
         #[arg(long, default_value = "fp32", value_parser = hybrid_trainer::train_gpt::parse_precision)]

@@ -3,10 +3,10 @@
 
 use anyhow::{Context, Result};
 use gpu_core::Device;
+use models::gpt::{Dataset, Gpt, GptConfig, Variant};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
 use std::path::Path;
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::{Precision, Tensor};
 
 const TEXT: &str = include_str!("parity_text.txt");

@@ -3,8 +3,8 @@
 
 use crate::control::cli::{ControlArgs, EvalSplits, TrainMode};
 use crate::train_step::OptimizerKind;
+use models::gpt::Variant;
 use std::path::PathBuf;
-use tensor_ops::gpt::Variant;
 use tensor_ops::Precision;
 
 /// Options of a training run (the CLI's flags).

@@ -15,9 +15,9 @@
 
 use crate::hybrid::checkpoint::{read_tensors, MODEL_FILE};
 use anyhow::{bail, ensure, Context, Result};
+use models::gpt::Gpt;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use tensor_ops::gpt::Gpt;
 use tensor_ops::optim::{Optimizer, OptimizerState};
 use tensor_ops::Tensor;
 
@@ -223,7 +223,7 @@ fn legacy_adamw(sub: &Path, model: &Gpt, step: u32) -> Result<OptimizerState> {
 mod tests {
     use super::*;
     use crate::hybrid::checkpoint::write_tensors;
-    use tensor_ops::gpt::{GptConfig, Variant};
+    use models::gpt::{GptConfig, Variant};
     use tensor_ops::optim::{AdamW, AdamWParams, ProdigyParams, ScheduleFreeParams};
     use tensor_ops::Device;
 

@@ -1,4 +1,4 @@
-//! `hybrid-trainer train-gpt`: trains the GPT of `tensor-ops` on a text file, nanoGPT style
+//! `hybrid-trainer train-gpt`: trains the GPT of `models` on a text file, nanoGPT style
 //! (AdamW, linear warm-up then cosine decay, global-norm clipping, periodic evaluation), on one
 //! device or data-parallel over several GPUs, one process each (`hybrid-trainer launch`, or any
 //! launcher that sets the `torch.distributed` environment: docs/multi-gpu.md).
@@ -14,9 +14,9 @@ use crate::train_step::{
 };
 use anyhow::{ensure, Context, Result};
 use gpu_core::Device;
+use models::gpt::{Dataset, Gpt, GptConfig, GraphedStep};
 use std::time::{Duration, Instant};
 use tensor_ops::dist::{DistEnv, GradSync, ProcessGroup};
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep};
 use tensor_ops::optim::Optimizer;
 use tensor_ops::{Precision, Tensor};
 

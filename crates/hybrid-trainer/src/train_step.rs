@@ -4,9 +4,9 @@
 use crate::control::cli::EvalSplits;
 use crate::train_args::TrainArgs;
 use anyhow::{Context, Result};
+use models::gpt::{Dataset, Gpt, GraphedStep};
 use rand::rngs::StdRng;
 use tensor_ops::dist::{GradSync, ProcessGroup, StepSync};
-use tensor_ops::gpt::{Dataset, Gpt, GraphedStep};
 use tensor_ops::no_grad;
 use tensor_ops::optim::{AdamW, AdamWParams, Optimizer, ProdigyParams, ScheduleFreeParams};
 use tensor_ops::Tensor;

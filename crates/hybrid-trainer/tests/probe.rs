@@ -6,7 +6,7 @@
 use gpu_core::nn::optim_adaptive::lerp_f64;
 use gpu_core::Device;
 use hybrid_trainer::control::probe::{ProbeSet, Weights};
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
+use models::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::Precision;
 
 fn dataset() -> Dataset {

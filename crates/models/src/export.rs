@@ -1,9 +1,9 @@
-//! Export of the project's own GPT ([`tensor_ops::gpt::Gpt`], GPT-2 variant) with its char-level
+//! Export of the project's own GPT ([`crate::gpt::Gpt`], GPT-2 variant) with its char-level
 //! tokenizer to a Hugging Face GPT-2 model directory, which `transformers`
 //! (`AutoModelForCausalLM`, `PreTrainedTokenizerFast`) and [`crate::CausalLm`] both load:
 //!
 //! - `config.json`: `GPT2LMHeadModel` with the model's sizes, `n_inner` = the MLP width,
-//!   `layer_norm_epsilon` = [`tensor_ops::gpt::NORM_EPS`], the exact (erf) GELU (`"gelu"`, the
+//!   `layer_norm_epsilon` = [`crate::gpt::NORM_EPS`], the exact (erf) GELU (`"gelu"`, the
 //!   project's `Tensor::gelu`), the head tied to `wte` (as the project's is), no BOS/EOS ids;
 //! - `model.safetensors` (f32): the parameters under `transformers`' names (nanoGPT's names are
 //!   the same); the projections transposed from the project's `[out, in]` to Conv1D's
@@ -25,10 +25,10 @@ use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::gpt::{CharTokenizer, Gpt, Variant, NORM_EPS};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
-use tensor_ops::gpt::{CharTokenizer, Gpt, Variant, NORM_EPS};
 use tensor_ops::Tensor;
 use thiserror::Error;
 

@@ -1,13 +1,16 @@
 //! Hugging Face causal LMs for inference (issue 30): `config.json` parsed into a typed
 //! [`ModelConfig`], safetensors weights memory-mapped and checked against it, `tokenizer.json`,
 //! and the Llama family and GPT-2 run with a KV cache on `tensor_ops` (CPU or CUDA, f32); the
-//! project's own GPT exported as a GPT-2 model directory ([`export_gpt2`]).
+//! project's own GPT exported as a GPT-2 model directory ([`export_gpt2`]). The project's GPT
+//! itself is [`gpt`]: the trainable model (GPT-2 or Llama style) on `tensor_ops`' module layer,
+//! its char-level tokenizer and data loading, and its CUDA-graph training step and loss.
 
 pub mod cache;
 pub mod config;
 pub mod error;
 pub mod expected;
 pub mod export;
+pub mod gpt;
 mod gpt2;
 mod layers;
 mod llama;

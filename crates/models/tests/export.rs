@@ -1,4 +1,4 @@
-//! The project's GPT (`tensor_ops::gpt::Gpt`, GPT-2 variant) exported with `export_gpt2` and
+//! The project's GPT (`models::gpt::Gpt`, GPT-2 variant) exported with `export_gpt2` and
 //! loaded back by `CausalLm`: the same logits and greedy tokens as the project model, the
 //! tokenizer's ids and text, and the refusals (non-empty target, Llama variant, ...).
 //!
@@ -17,12 +17,12 @@
 
 use std::path::{Path, PathBuf};
 
+use models::gpt::{Dataset, Gpt, GptConfig, Variant};
 use models::{export_gpt2, CausalLm, ExportError, Gpt2Activation, ModelError, Sampler, Sampling};
 use models::{Tokenizer, TokenizerError};
 use rand::{Rng, SeedableRng};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::{Device, Tensor};
 
 const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n\

@@ -10,7 +10,7 @@
 //!
 //! Memory allocated inside the capture stays reserved for the graph (`gpu_cuda::pool`), so the
 //! recorded addresses remain valid however the tensors that held them are dropped.
-//! `crate::gpt::GraphedStep` puts these together for a GPT training step.
+//! `models::gpt::GraphedStep` puts these together for a GPT training step.
 
 use crate::backend::cuda_backend;
 use crate::storage::Storage;

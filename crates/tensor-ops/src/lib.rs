@@ -7,7 +7,6 @@ mod autograd;
 mod backend;
 mod bound;
 pub mod dist;
-pub mod gpt;
 pub mod graph;
 mod interop;
 mod ndarray_io;

@@ -1,207 +1,15 @@
-//! CUDA graphs of tensor code (`tensor_ops::graph`) and the captured GPT training step
-//! (`GraphedStep`): replays give the eager step's bits (loss, gradient norm, every parameter)
-//! over several steps with dropout, clipping and a changing learning rate, on both GPT
-//! variants; bad calls are typed errors that change nothing; the CPU refuses graphs with a
-//! typed error. Tests named `gpu_*` skip with a printed reason where no GPU exists.
+//! CUDA graphs of tensor code (`tensor_ops::graph`): dropout ops under device offsets take
+//! them in order, `write_from_host` writes in place, and the CPU refuses graphs and device
+//! offsets with a typed error (the captured GPT step's tests are `models`' `graph_step.rs`).
+//! Tests named `gpu_*` skip with a printed reason where no GPU exists.
 
 use gpu_cuda::testing::gpu_device_or_skip as gpu;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
 use tensor_ops::graph::{capture, with_dropout_offsets};
-use tensor_ops::optim::{AdamW, AdamWParams};
-use tensor_ops::{Device, GpuError, Precision, Tensor};
-
-const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n\
-                    Speak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than \
-                    to famish?\n\nAll:\nResolved. resolved.\n";
-
-fn config(variant: Variant, vocab: usize) -> GptConfig {
-    GptConfig {
-        variant,
-        vocab_size: vocab,
-        block_size: 16,
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 32,
-        dropout: 0.2,
-        bias: false,
-    }
-}
-
-fn hp() -> AdamWParams {
-    AdamWParams {
-        beta1: 0.9,
-        beta2: 0.99,
-        eps: 1e-8,
-        weight_decay: 0.1,
-        // Small enough that the clip coefficient is below 1 in the first steps.
-        max_grad_norm: Some(0.5),
-    }
-}
+use tensor_ops::{Device, Tensor};
 
 fn bits(t: &Tensor) -> Vec<u32> {
     t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
-}
-
-/// Inputs and targets of `n` tokens in which no id occurs more than twice. A batch this small
-/// (fewer than 8 rows per id) takes the embedding backward's atomic path (`kernels/nn_embed.cu`;
-/// large batches of a small vocabulary take the fixed-order one): the order of three or more
-/// additions into one entry varies from run to run, so two eager runs could differ in the last
-/// bits. Two additions into a zeroed entry commute exactly, so with such batches every kernel of
-/// the step is deterministic and the graph and eager runs must agree bit for bit.
-fn at_most_twice(r: &mut StdRng, vocab: usize, n: usize) -> (Vec<u32>, Vec<u32>) {
-    let mut draw = || {
-        let mut ids: Vec<u32> = (0..vocab as u32).chain(0..vocab as u32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, r.random_range(0..=i));
-        }
-        ids.truncate(n);
-        ids
-    };
-    (draw(), draw())
-}
-
-#[test]
-fn gpu_graphed_gpt_steps_give_the_eager_steps_bits() {
-    let test = "gpu_graphed_gpt_steps_give_the_eager_steps_bits";
-    let Some(dev) = gpu(test) else {
-        return;
-    };
-    let seed = gpu_cuda::testing::test_seed(test);
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
-    let (batch, block) = (3, 16);
-    let vocab = ds.tokenizer.vocab_size();
-    assert!(
-        2 * vocab >= batch * block,
-        "the corpus has too few distinct characters"
-    );
-    let runs = [Variant::Gpt2, Variant::Llama]
-        .into_iter()
-        .flat_map(|v| [Precision::Fp32, Precision::Bf16].map(|p| (v, p)));
-    for (variant, precision) in runs {
-        let mut cfg = config(variant, vocab);
-        if precision == Precision::Bf16 {
-            // Head dimension 64: the bf16 tensor-core attention (other widths compute
-            // attention in f32).
-            (cfg.n_embd, cfg.n_head) = (128, 2);
-        }
-        let mut eager = Gpt::new(cfg, seed, dev).unwrap();
-        let mut graphed = Gpt::new(cfg, seed, dev).unwrap();
-        eager.set_precision(precision).unwrap();
-        graphed.set_precision(precision).unwrap();
-        let mut opt_e = eager.store().adamw(hp()).unwrap();
-        let mut opt_g = graphed.store().adamw(hp()).unwrap();
-        let step = GraphedStep::capture(&graphed, &mut opt_g, batch, block).unwrap();
-        // Capturing ran nothing and counted no step.
-        assert_eq!(opt_g.steps(), 0);
-        assert_eq!(
-            bits(&graphed.parameters()[0].1),
-            bits(&eager.parameters()[0].1)
-        );
-        let mut r = StdRng::seed_from_u64(seed ^ 1);
-        for it in 0..5u32 {
-            let (x, y) = at_most_twice(&mut r, vocab, batch * block);
-            let lr = 1e-3 * (1.0 + it as f32) * r.random_range(0.5f32..2.0);
-            let drop_seed: u64 = r.random();
-            let xt = Tensor::from_vec(x.clone(), &[batch, block], dev).unwrap();
-            let yt = Tensor::from_vec(y.clone(), &[batch, block], dev).unwrap();
-            let loss = eager.loss(&xt, &yt, Some(drop_seed)).unwrap();
-            let grads = loss.backward().unwrap();
-            opt_e.step(&grads, lr).unwrap();
-            step.step(&mut opt_g, &x, &y, drop_seed, lr).unwrap();
-            let what = format!("{variant:?} {precision} step {it} (seed {seed})");
-            assert_eq!(
-                loss.item().unwrap().to_bits(),
-                step.loss().item().unwrap().to_bits(),
-                "{what}: loss"
-            );
-            assert_eq!(
-                opt_e.last_grad_norm().unwrap().map(f32::to_bits),
-                opt_g.last_grad_norm().unwrap().map(f32::to_bits),
-                "{what}: gradient norm"
-            );
-        }
-        assert_eq!(opt_e.steps(), opt_g.steps());
-        for ((name, a, _), (_, b, _)) in eager.parameters().iter().zip(&graphed.parameters()) {
-            assert_eq!(
-                bits(a),
-                bits(b),
-                "{variant:?} {precision} {name} after 5 steps (seed {seed})"
-            );
-        }
-        // The moments too (the next step depends on them).
-        let (me, ve) = opt_e.moments();
-        let (mg, vg) = opt_g.moments();
-        for i in 0..me.len() {
-            assert_eq!(bits(&me[i]), bits(&mg[i]), "{variant:?} m[{i}]");
-            assert_eq!(bits(&ve[i]), bits(&vg[i]), "{variant:?} v[{i}]");
-        }
-        assert!(step.memory_stats().bytes_cached > 0);
-    }
-}
-
-#[test]
-fn gpu_bad_graphed_steps_are_typed_errors_that_change_nothing() {
-    let test = "gpu_bad_graphed_steps_are_typed_errors_that_change_nothing";
-    let Some(dev) = gpu(test) else {
-        return;
-    };
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
-    let vocab = ds.tokenizer.vocab_size();
-    let model = Gpt::new(config(Variant::Gpt2, vocab), 7, dev).unwrap();
-    let mut opt = model.store().adamw(hp()).unwrap();
-    let step = GraphedStep::capture(&model, &mut opt, 2, 8).unwrap();
-    let before: Vec<Vec<u32>> = model.parameters().iter().map(|p| bits(&p.1)).collect();
-    let ok = vec![1u32; 16];
-    let mut bad_id = ok.clone();
-    bad_id[9] = vocab as u32;
-    let mut other = model.store().adamw(hp()).unwrap();
-    let cases: Vec<(&str, GpuError)> = vec![
-        (
-            "short x",
-            step.step(&mut opt, &ok[..15], &ok, 1, 1e-3).unwrap_err(),
-        ),
-        (
-            "id past the vocabulary",
-            step.step(&mut opt, &ok, &bad_id, 1, 1e-3).unwrap_err(),
-        ),
-        (
-            "NaN lr",
-            step.step(&mut opt, &ok, &ok, 1, f32::NAN).unwrap_err(),
-        ),
-        (
-            "negative lr",
-            step.step(&mut opt, &ok, &ok, 1, -1.0).unwrap_err(),
-        ),
-        (
-            "another optimiser",
-            step.step(&mut other, &ok, &ok, 1, 1e-3).unwrap_err(),
-        ),
-    ];
-    for (what, e) in &cases {
-        eprintln!("{test}: {what}: {e}");
-    }
-    assert!(cases[1].1.to_string().contains("token id"));
-    // Empty batches cannot be captured.
-    for (b, t) in [(0, 8), (2, 0), (usize::MAX, 2)] {
-        assert!(
-            GraphedStep::capture(&model, &mut opt, b, t).is_err(),
-            "{b} x {t}"
-        );
-    }
-    assert_eq!(opt.steps(), 0);
-    let after: Vec<Vec<u32>> = model.parameters().iter().map(|p| bits(&p.1)).collect();
-    assert_eq!(before, after, "a refused step changed the parameters");
-    // A capture that reads back to the host fails with a typed error and leaves the stream
-    // usable.
-    let t = Tensor::from_vec(vec![1.0f32; 4], &[4], dev).unwrap();
-    let e = capture(dev, || t.mul_scalar(2.0)?.item()).unwrap_err();
-    eprintln!("{test}: read-back inside a capture: {e}");
-    assert_eq!(t.mul_scalar(2.0).unwrap().to_vec().unwrap(), vec![2.0; 4]);
-    // Then a good step runs.
-    step.step(&mut opt, &ok, &ok, 1, 1e-3).unwrap();
-    assert!(step.loss().item().unwrap().is_finite());
-    assert_eq!(opt.steps(), 1);
 }
 
 /// Under `with_dropout_offsets` the k-th training-mode dropout op (p = 0 included, evaluation
@@ -251,16 +59,6 @@ fn gpu_dropout_ops_take_their_offsets_in_order() {
 
 #[test]
 fn graphs_and_device_offsets_are_refused_on_the_cpu() {
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
-    let model = Gpt::new(
-        config(Variant::Gpt2, ds.tokenizer.vocab_size()),
-        1,
-        Device::Cpu,
-    )
-    .unwrap();
-    let mut opt: AdamW = model.store().adamw(hp()).unwrap();
-    let e = GraphedStep::capture(&model, &mut opt, 2, 8).unwrap_err();
-    assert!(e.to_string().contains("CUDA"), "{e}");
     let e = capture(Device::Cpu, || Ok(())).unwrap_err();
     assert!(e.to_string().contains("CUDA"), "{e}");
     let off = Tensor::from_vec(vec![0u32; 2], &[2], Device::Cpu).unwrap();
@@ -268,47 +66,6 @@ fn graphs_and_device_offsets_are_refused_on_the_cpu() {
     assert!(e.to_string().contains("CUDA"), "{e}");
     let odd = Tensor::from_vec(vec![0u32; 3], &[3], Device::Cpu).unwrap();
     assert!(with_dropout_offsets(&odd, || ()).is_err());
-    let sched =
-        Tensor::from_vec(opt.next_schedule(1e-3).unwrap().to_vec(), &[3], Device::Cpu).unwrap();
-    let (x, y) = ds
-        .batch(false, 2, 8, &mut Dataset::rng(3), Device::Cpu)
-        .unwrap();
-    let grads = model.loss(&x, &y, None).unwrap().backward().unwrap();
-    let e = opt.step_scheduled(&grads, &sched).unwrap_err();
-    assert!(e.to_string().contains("CUDA"), "{e}");
-    assert_eq!(opt.steps(), 0);
-}
-
-/// The schedule a replay reads is the eager step's scalars, and `next_schedule` refuses what
-/// `step` refuses.
-#[test]
-fn the_next_schedule_is_the_eager_steps_scalars() {
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
-    let model = Gpt::new(
-        config(Variant::Gpt2, ds.tokenizer.vocab_size()),
-        1,
-        Device::Cpu,
-    )
-    .unwrap();
-    let mut opt = model.store().adamw(hp()).unwrap();
-    let s1 = opt.next_schedule(2e-3).unwrap();
-    let cfg = gpu_core::nn::AdamWConfig {
-        lr: 2e-3,
-        beta1: 0.9,
-        beta2: 0.99,
-        eps: 1e-8,
-        step: 1,
-    };
-    assert_eq!(s1, gpu_core::nn::optim::adamw_schedule(cfg));
-    opt.count_replayed_step().unwrap();
-    let s2 = opt.next_schedule(2e-3).unwrap();
-    assert_eq!(
-        s2,
-        gpu_core::nn::optim::adamw_schedule(gpu_core::nn::AdamWConfig { step: 2, ..cfg })
-    );
-    assert!(s2[1] < s1[1], "the bias correction shrinks the step size");
-    assert!(opt.next_schedule(f32::NAN).is_err());
-    assert!(opt.next_schedule(f32::INFINITY).is_err());
 }
 
 /// `write_from_host` overwrites in place (every handle sees it) and refuses a wrong length or

@@ -7,11 +7,11 @@ use anyhow::{Context, Result};
 use benches::median;
 use clap::Parser;
 use gpu_core::{cpu, Backend, CpuBackend, DType, MatmulOps, MatmulSpec};
+use models::gpt::{Dataset, Gpt, GptConfig};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig};
 use tensor_ops::Device;
 
 #[derive(Parser)]

@@ -7,8 +7,8 @@ use anyhow::Result;
 use benches::Row;
 use gpu_core::nn::{Activation, AdamWConfig, AttentionOps, ElementwiseOps, OptimOps, RowOps};
 use gpu_cuda::CudaBuffer;
+use models::gpt::{Dataset, Gpt, GptConfig};
 use std::time::Instant;
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig};
 use tensor_ops::{Device, Precision};
 
 pub fn measure(b: &Bench) -> Result<Vec<Row>> {
@@ -255,7 +255,7 @@ pub fn pipelined_steps(gpu_ordinal: usize, text: &str) -> Result<Vec<Row>> {
         model.set_precision(precision)?;
         let mut opt = benches::gpt_adamw(&model)?;
         let step = if graphed {
-            Some(tensor_ops::gpt::GraphedStep::capture(
+            Some(models::gpt::GraphedStep::capture(
                 &model, &mut opt, 64, 256,
             )?)
         } else {

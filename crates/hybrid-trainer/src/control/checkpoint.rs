@@ -10,9 +10,9 @@ use super::world::{Gate, WorldSnapshot, FEATURES};
 use super::Controller;
 use crate::hybrid::checkpoint::{read_tensors, write_tensors};
 use anyhow::{ensure, Context, Result};
+use models::gpt::{Dataset, Gpt};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
-use tensor_ops::gpt::{Dataset, Gpt};
 use tensor_ops::optim::{AdamWState, Optimizer, OptimizerState};
 use tensor_ops::Tensor;
 

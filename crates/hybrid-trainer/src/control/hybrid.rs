@@ -7,10 +7,10 @@ use super::probe::{ProbeSet, SegmentStart, WeightAverage, Weights};
 use super::world::{DecisionState, Gate, ScalePredictor, StepSizeModel, WorldSnapshot, FEATURES};
 use super::{best_scale, ControlConfig, Controller, Decision};
 use anyhow::{bail, Result};
+use models::gpt::{Dataset, Gpt};
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
-use tensor_ops::gpt::{Dataset, Gpt};
 use tensor_ops::optim::Optimizer;
 
 /// What the controller's own work cost (wall-clock seconds, forward passes).

@@ -3,8 +3,8 @@
 //! segment's displacement; and what a rollback returns to.
 
 use anyhow::{Context, Result};
+use models::gpt::{Dataset, Gpt, GraphedLoss};
 use rand::rngs::StdRng;
-use tensor_ops::gpt::{Dataset, Gpt, GraphedLoss};
 use tensor_ops::optim::{lerp_tensors, Optimizer, OptimizerState};
 use tensor_ops::{Device, Tensor};
 

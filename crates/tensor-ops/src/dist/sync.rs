@@ -17,7 +17,7 @@ use gpu_cuda::nccl::ReduceOp;
 use std::ops::RangeInclusive;
 use std::sync::{Arc, RwLockWriteGuard};
 
-/// Hooks of a training step (see [`crate::gpt::GraphedStep::capture_synced`]).
+/// Hooks of a training step (see `models::gpt::GraphedStep::capture_synced`).
 pub trait StepSync {
     /// `param`'s gradient `grad` is final; it may be replaced (see [`Tensor::backward_with`]).
     fn grad_ready(&mut self, param: &Tensor, grad: &mut Tensor) -> Result<()>;

@@ -1,7 +1,7 @@
 //! Optimisers behind one trait, [`Optimizer`]: [`AdamW`], [`ScheduleFreeAdamW`] and
 //! [`Prodigy`], each one fused multi-tensor step (a few kernel launches on CUDA) with optional
 //! global-norm clipping computed on the device, a graph path (the step's scalars read from a
-//! small device "schedule" tensor, so that a CUDA graph can replay it, [`crate::gpt::GraphedStep`]),
+//! small device "schedule" tensor, so that a CUDA graph can replay it, `models::gpt::GraphedStep`),
 //! device-side snapshots of their state ([`OptimizerState`]) and safetensors checkpoints.
 
 mod adamw;

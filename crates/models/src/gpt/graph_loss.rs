@@ -7,11 +7,10 @@
 //! order; tested bit for bit).
 
 use super::model::Gpt;
-use crate::autograd::no_grad;
-use crate::graph::{capture, Graph};
-use crate::tensor::Tensor;
-use gpu_core::{Device, GpuError, Result};
-use std::sync::Arc;
+use tensor_ops::graph::{capture, Graph};
+use tensor_ops::no_grad;
+use tensor_ops::Tensor;
+use tensor_ops::{Device, GpuError, Result};
 
 /// A captured loss of one model on fixed batches.
 pub struct GraphedLoss {
@@ -105,7 +104,7 @@ impl GraphedLoss {
             && params
                 .iter()
                 .zip(&self.params)
-                .all(|(a, b)| Arc::ptr_eq(&a.0.storage, &b.0.storage));
+                .all(|(a, b)| a.shares_storage(b));
         if !same {
             return Err(GpuError::invalid(
                 OP,

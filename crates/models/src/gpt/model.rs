@@ -1,11 +1,11 @@
 //! The GPT model: its config, its layers on the module layer, the forward pass and generation.
 
 use super::blocks::{Block, DropoutSeeds, Norm};
-use crate::nn::{Dropout, Embedding, Init, Linear, Module, ModuleT, ParamStore};
-use crate::tensor::Tensor;
-use crate::{no_grad, Device, GpuError, Precision, Result};
 use gpu_core::nn::attention::{MAX_HEAD_DIM, MAX_SEQ_LEN};
 use rand::{Rng, SeedableRng};
+use tensor_ops::nn::{Dropout, Embedding, Init, Linear, Module, ModuleT, ParamStore};
+use tensor_ops::Tensor;
+use tensor_ops::{no_grad, Device, GpuError, Precision, Result};
 
 /// Which architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -141,7 +141,7 @@ pub struct Gpt {
     ln_f: Norm,
     /// The output head (Llama); GPT-2's is tied to `wte`.
     lm_head: Option<Linear>,
-    /// The arithmetic of [`Gpt::forward`] (see [`crate::autocast`]); fp32 by default.
+    /// The arithmetic of [`Gpt::forward`] (see [`tensor_ops::autocast`]); fp32 by default.
     precision: Precision,
 }
 
@@ -196,7 +196,7 @@ impl Gpt {
 
     /// Sets the arithmetic of the forward pass (and so of its backward): under
     /// [`Precision::Bf16`] every linear layer runs in bf16 mixed precision
-    /// ([`crate::autocast`]); the parameters and the optimiser stay f32. Also applies the
+    /// ([`tensor_ops::autocast`]); the parameters and the optimiser stay f32. Also applies the
     /// device setting ([`Precision::apply`]: TF32 on CUDA; bf16 and tf32 are refused on the
     /// CPU).
     pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
@@ -237,7 +237,7 @@ impl Gpt {
     /// Logits `[b, t, vocab]` for u32 token ids `[b, t]` (`t <= block_size`). `dropout_seed`
     /// turns training-mode dropout on.
     pub fn forward(&self, idx: &Tensor, dropout_seed: Option<u64>) -> Result<Tensor> {
-        crate::autocast(self.precision, || self.forward_impl(idx, dropout_seed))
+        tensor_ops::autocast(self.precision, || self.forward_impl(idx, dropout_seed))
     }
 
     fn forward_impl(&self, idx: &Tensor, dropout_seed: Option<u64>) -> Result<Tensor> {

@@ -6,7 +6,7 @@
 //! [`reference_loss`] is that GPT's forward pass, written out with the tensor ops and name
 //! lookups; the model must match it bit for bit, gradients included.
 
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig, Variant};
+use models::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::optim::{AdamW, AdamWParams};
 use tensor_ops::{Device, Result, Tensor};
 

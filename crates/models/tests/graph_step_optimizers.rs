@@ -4,8 +4,8 @@
 //! `d` on the device) is inside the captured graph. Skips with a printed reason without a GPU.
 
 use gpu_cuda::testing::gpu_device_or_skip as gpu;
+use models::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
 use tensor_ops::optim::{Optimizer, ProdigyParams, ScheduleFreeParams};
 use tensor_ops::Tensor;
 

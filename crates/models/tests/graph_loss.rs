@@ -5,7 +5,7 @@
 //! where no GPU exists.
 
 use gpu_cuda::testing::gpu_device_or_skip as gpu;
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig, GraphedLoss, Variant};
+use models::gpt::{Dataset, Gpt, GptConfig, GraphedLoss, Variant};
 use tensor_ops::optim::lerp_tensors;
 use tensor_ops::{Device, Precision, Tensor};
 

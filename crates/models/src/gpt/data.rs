@@ -1,8 +1,8 @@
 //! Char-level tokenizer, the train/val split, and random batches.
 
-use crate::tensor::Tensor;
-use crate::{Device, GpuError, Result};
 use rand::{Rng, SeedableRng};
+use tensor_ops::Tensor;
+use tensor_ops::{Device, GpuError, Result};
 
 /// Maps each distinct character of a text to an id (sorted by code point, as nanoGPT).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

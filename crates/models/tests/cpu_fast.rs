@@ -12,7 +12,7 @@
 
 use gpu_core::cpu::{with_mode, CpuMode};
 use gpu_cuda::testing::test_seed;
-use tensor_ops::gpt::{Dataset, Gpt, GptConfig};
+use models::gpt::{Dataset, Gpt, GptConfig};
 use tensor_ops::Device;
 
 /// `(loss, gradients in parameter order)` of one batch in `mode`.

@@ -1,11 +1,11 @@
 //! safetensors checkpoints (nanoGPT parameter names; the tied head is not stored twice), with
-//! the config as metadata: the model's [`crate::nn::ParamStore`] file.
+//! the config as metadata: the model's [`tensor_ops::nn::ParamStore`] file.
 
 use super::model::Gpt;
-use crate::nn::read_metadata;
-use crate::{GpuError, Result};
 use std::collections::HashMap;
 use std::path::Path;
+use tensor_ops::nn::read_metadata;
+use tensor_ops::{GpuError, Result};
 
 impl Gpt {
     /// Writes every parameter (f32, little-endian) and the config as metadata.
@@ -18,7 +18,7 @@ impl Gpt {
 
     /// Loads a checkpoint written by [`Gpt::save`] (or by the PyTorch parity script) onto
     /// `device`: exactly the model's parameters, each with its shape, f32.
-    pub fn load(path: &Path, device: crate::Device) -> Result<Gpt> {
+    pub fn load(path: &Path, device: tensor_ops::Device) -> Result<Gpt> {
         let data = std::fs::read(path)
             .map_err(|e| GpuError::invalid("Gpt::load", format!("{}: {e}", path.display())))?;
         let meta = read_metadata(&data)?;
@@ -33,7 +33,7 @@ impl Gpt {
     }
 
     /// Overwrites the parameters in place from safetensors bytes (see
-    /// [`crate::nn::ParamStore::load_bytes`]: names, shapes and dtypes must match exactly).
+    /// [`tensor_ops::nn::ParamStore::load_bytes`]: names, shapes and dtypes must match exactly).
     pub fn load_weights(&self, data: &[u8]) -> Result<()> {
         self.store().load_bytes(data)
     }

@@ -2,8 +2,10 @@
 //! transformer block, with nanoGPT's parameter names and init.
 
 use super::model::{GptConfig, Variant};
-use crate::nn::{Dropout, Init, LayerNorm, Linear, Mode, Module, ModuleT, ParamBuilder, RmsNorm};
-use crate::{Result, Tensor};
+use tensor_ops::nn::{
+    Dropout, Init, LayerNorm, Linear, Mode, Module, ModuleT, ParamBuilder, RmsNorm,
+};
+use tensor_ops::{Result, Tensor};
 
 /// The norms' epsilon (LayerNorm and RMSNorm alike).
 pub const EPS: f32 = 1e-5;

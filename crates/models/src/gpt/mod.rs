@@ -1,5 +1,5 @@
 //! A config-driven GPT: GPT-2 style (LayerNorm, GELU, learned positions, tied head) or
-//! Llama style (RMSNorm, RoPE, SwiGLU), built on the module layer ([`crate::nn`]), with a
+//! Llama style (RMSNorm, RoPE, SwiGLU), built on the module layer ([`tensor_ops::nn`]), with a
 //! char-level tokenizer, batches, evaluation, generation and safetensors checkpoints.
 //! Parameter names follow nanoGPT's, so a PyTorch model loads the same file.
 

@@ -1,5 +1,5 @@
 //! A whole GPT training step — forward, loss, backward, global-norm clipping, AdamW — captured
-//! once as a CUDA graph and replayed with one launch per step ([`crate::graph`]). The batch,
+//! once as a CUDA graph and replayed with one launch per step ([`tensor_ops::graph`]). The batch,
 //! the dropout seed and the step's learning rate and bias corrections are written to the
 //! device before each replay; the loss stays on the device until the caller reads it (at its
 //! log interval). A replay computes exactly what the eager step `model.loss` → `backward` →
@@ -8,11 +8,11 @@
 
 use super::blocks::DropoutSeeds;
 use super::model::Gpt;
-use crate::graph::{capture, with_dropout_offsets, Graph};
-use crate::optim::Optimizer;
-use crate::tensor::Tensor;
-use gpu_core::{Device, GpuError, Result};
 use gpu_cuda::PoolStats;
+use tensor_ops::graph::{capture, with_dropout_offsets, Graph};
+use tensor_ops::optim::Optimizer;
+use tensor_ops::Tensor;
+use tensor_ops::{Device, GpuError, Result};
 
 /// A captured training step of one model and its optimiser, for batches of one shape.
 pub struct GraphedStep {
@@ -55,11 +55,11 @@ impl GraphedStep {
         batch: usize,
         block: usize,
     ) -> Result<Self> {
-        Self::capture_synced(model, opt, batch, block, &mut crate::dist::NoSync)
+        Self::capture_synced(model, opt, batch, block, &mut tensor_ops::dist::NoSync)
     }
 
     /// [`GraphedStep::capture`] with `sync`'s hooks in the step: each gradient as the backward
-    /// pass finishes it, then the loss before AdamW ([`crate::dist::StepSync`]). What they queue
+    /// pass finishes it, then the loss before AdamW ([`tensor_ops::dist::StepSync`]). What they queue
     /// (a data-parallel average of the gradients, overlapped with the pass) is captured into the
     /// step.
     pub fn capture_synced<O: Optimizer + ?Sized>(
@@ -67,7 +67,7 @@ impl GraphedStep {
         opt: &mut O,
         batch: usize,
         block: usize,
-        sync: &mut dyn crate::dist::StepSync,
+        sync: &mut dyn tensor_ops::dist::StepSync,
     ) -> Result<Self> {
         let dev = model.device();
         if !matches!(dev, Device::Cuda(_)) {
