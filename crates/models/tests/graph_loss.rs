@@ -4,27 +4,13 @@
 //! another device and the CPU with typed errors. Tests named `gpu_*` skip with a printed reason
 //! where no GPU exists.
 
+mod graph_common;
+
 use gpu_cuda::testing::gpu_device_or_skip as gpu;
-use models::gpt::{Dataset, Gpt, GptConfig, GraphedLoss, Variant};
+use graph_common::{config, TEXT};
+use models::gpt::{Dataset, Gpt, GraphedLoss, Variant};
 use tensor_ops::optim::lerp_tensors;
 use tensor_ops::{Device, Precision, Tensor};
-
-const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n\
-                    Speak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than \
-                    to famish?\n\nAll:\nResolved. resolved.\n";
-
-fn config(variant: Variant, vocab: usize, width: usize) -> GptConfig {
-    GptConfig {
-        variant,
-        vocab_size: vocab,
-        block_size: 16,
-        n_layer: 2,
-        n_head: 2,
-        n_embd: width,
-        dropout: 0.2,
-        bias: false,
-    }
-}
 
 fn batches(ds: &Dataset, n: usize, seed: u64, dev: Device) -> Vec<(Tensor, Tensor)> {
     let mut rng = Dataset::rng(seed);

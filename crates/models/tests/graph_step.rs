@@ -5,29 +5,15 @@
 //! `graph_step.rs` tests the graphs of plain tensor code). Tests named `gpu_*` skip with a
 //! printed reason where no GPU exists.
 
+mod graph_common;
+
 use gpu_cuda::testing::gpu_device_or_skip as gpu;
-use models::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
+use graph_common::{at_most_twice, bits, config, TEXT};
+use models::gpt::{Dataset, Gpt, GraphedStep, Variant};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tensor_ops::graph::capture;
 use tensor_ops::optim::{AdamW, AdamWParams};
 use tensor_ops::{Device, GpuError, Precision, Tensor};
-
-const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n\
-                    Speak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than \
-                    to famish?\n\nAll:\nResolved. resolved.\n";
-
-fn config(variant: Variant, vocab: usize) -> GptConfig {
-    GptConfig {
-        variant,
-        vocab_size: vocab,
-        block_size: 16,
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 32,
-        dropout: 0.2,
-        bias: false,
-    }
-}
 
 fn hp() -> AdamWParams {
     AdamWParams {
@@ -38,28 +24,6 @@ fn hp() -> AdamWParams {
         // Small enough that the clip coefficient is below 1 in the first steps.
         max_grad_norm: Some(0.5),
     }
-}
-
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
-}
-
-/// Inputs and targets of `n` tokens in which no id occurs more than twice. A batch this small
-/// (fewer than 8 rows per id) takes the embedding backward's atomic path (`kernels/nn_embed.cu`;
-/// large batches of a small vocabulary take the fixed-order one): the order of three or more
-/// additions into one entry varies from run to run, so two eager runs could differ in the last
-/// bits. Two additions into a zeroed entry commute exactly, so with such batches every kernel of
-/// the step is deterministic and the graph and eager runs must agree bit for bit.
-fn at_most_twice(r: &mut StdRng, vocab: usize, n: usize) -> (Vec<u32>, Vec<u32>) {
-    let mut draw = || {
-        let mut ids: Vec<u32> = (0..vocab as u32).chain(0..vocab as u32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, r.random_range(0..=i));
-        }
-        ids.truncate(n);
-        ids
-    };
-    (draw(), draw())
 }
 
 #[test]
@@ -80,7 +44,7 @@ fn gpu_graphed_gpt_steps_give_the_eager_steps_bits() {
         .into_iter()
         .flat_map(|v| [Precision::Fp32, Precision::Bf16].map(|p| (v, p)));
     for (variant, precision) in runs {
-        let mut cfg = config(variant, vocab);
+        let mut cfg = config(variant, vocab, 32);
         if precision == Precision::Bf16 {
             // Head dimension 64: the bf16 tensor-core attention (other widths compute
             // attention in f32).
@@ -149,7 +113,7 @@ fn gpu_bad_graphed_steps_are_typed_errors_that_change_nothing() {
     };
     let ds = Dataset::from_text(TEXT, 0.8).unwrap();
     let vocab = ds.tokenizer.vocab_size();
-    let model = Gpt::new(config(Variant::Gpt2, vocab), 7, dev).unwrap();
+    let model = Gpt::new(config(Variant::Gpt2, vocab, 32), 7, dev).unwrap();
     let mut opt = model.store().adamw(hp()).unwrap();
     let step = GraphedStep::capture(&model, &mut opt, 2, 8).unwrap();
     let before: Vec<Vec<u32>> = model.parameters().iter().map(|p| bits(&p.1)).collect();
@@ -211,7 +175,7 @@ fn gpu_bad_graphed_steps_are_typed_errors_that_change_nothing() {
 fn graphed_steps_are_refused_on_the_cpu() {
     let ds = Dataset::from_text(TEXT, 0.8).unwrap();
     let model = Gpt::new(
-        config(Variant::Gpt2, ds.tokenizer.vocab_size()),
+        config(Variant::Gpt2, ds.tokenizer.vocab_size(), 32),
         1,
         Device::Cpu,
     )
@@ -236,7 +200,7 @@ fn graphed_steps_are_refused_on_the_cpu() {
 fn the_next_schedule_is_the_eager_steps_scalars() {
     let ds = Dataset::from_text(TEXT, 0.8).unwrap();
     let model = Gpt::new(
-        config(Variant::Gpt2, ds.tokenizer.vocab_size()),
+        config(Variant::Gpt2, ds.tokenizer.vocab_size(), 32),
         1,
         Device::Cpu,
     )

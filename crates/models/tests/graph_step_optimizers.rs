@@ -3,33 +3,14 @@
 //! over several steps with clipping and a changing learning rate. Prodigy's step (its sums and
 //! `d` on the device) is inside the captured graph. Skips with a printed reason without a GPU.
 
+mod graph_common;
+
 use gpu_cuda::testing::gpu_device_or_skip as gpu;
+use graph_common::{at_most_twice, bits, TEXT};
 use models::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tensor_ops::optim::{Optimizer, ProdigyParams, ScheduleFreeParams};
 use tensor_ops::Tensor;
-
-const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n\
-                    Speak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than \
-                    to famish?\n\nAll:\nResolved. resolved.\n";
-
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()
-}
-
-/// Inputs and targets in which no id occurs more than twice (every kernel deterministic; see
-/// `graph_step.rs`).
-fn at_most_twice(r: &mut StdRng, vocab: usize, n: usize) -> (Vec<u32>, Vec<u32>) {
-    let mut draw = || {
-        let mut ids: Vec<u32> = (0..vocab as u32).chain(0..vocab as u32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, r.random_range(0..=i));
-        }
-        ids.truncate(n);
-        ids
-    };
-    (draw(), draw())
-}
 
 fn optimiser(which: &str, model: &Gpt) -> Box<dyn Optimizer> {
     let store = model.store();
