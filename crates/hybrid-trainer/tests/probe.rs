@@ -128,3 +128,32 @@ fn gpu_graphed_probes_give_the_eager_bits() {
         assert_eq!(bits(&Weights::of(&m).unwrap()), bits(&before), "{what}");
     }
 }
+
+#[test]
+fn a_point_that_fails_halfway_leaves_the_weights_as_they_were() {
+    let ds = dataset();
+    let m = model(&ds, 3, Device::Cpu);
+    let good = Weights::of(&model(&ds, 4, Device::Cpu)).unwrap();
+    // One tensor short, as the end of the second point (s = 1 writes the end, s = 2 lerps
+    // towards it): refused when that point is written, after the first point was measured.
+    let short = Weights::from_tensors(good.tensors()[1..].to_vec());
+    let probes = ProbeSet::new(&ds, (2, 4, 32), 9, &m, false).unwrap();
+    let before = bits(&Weights::of(&m).unwrap());
+    for s in [1.0, 2.0] {
+        let e = probes.losses_along(&m, &[(&good, None, 0.5), (&good, Some(&short), s)]);
+        assert!(e.is_err(), "s = {s}");
+        assert_eq!(
+            bits(&Weights::of(&m).unwrap()),
+            before,
+            "s = {s}: weights changed"
+        );
+    }
+    // A huge extrapolation (weights near ±1e30 and beyond) measures without a panic, and the
+    // weights come back; an infinite one is refused by the lerp.
+    probes.losses_along(&m, &[(&good, None, 1e30)]).unwrap();
+    assert_eq!(bits(&Weights::of(&m).unwrap()), before);
+    assert!(probes
+        .losses_along(&m, &[(&good, None, f32::INFINITY)])
+        .is_err());
+    assert_eq!(bits(&Weights::of(&m).unwrap()), before);
+}

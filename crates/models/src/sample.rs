@@ -74,8 +74,19 @@ impl Sampler {
         if logits.is_empty() {
             return Err(ModelError::BadSampling("no logits".into()));
         }
-        if let Some(i) = logits.iter().position(|v| v.is_nan()) {
-            return Err(ModelError::BadSampling(format!("logit {i} is NaN")));
+        // −∞ masks a token; NaN and +∞ have no probability to sample by, and a row of −∞
+        // leaves nothing to choose.
+        if let Some(i) = logits
+            .iter()
+            .position(|v| v.is_nan() || *v == f32::INFINITY)
+        {
+            return Err(ModelError::BadSampling(format!(
+                "logit {i} is {}",
+                logits[i]
+            )));
+        }
+        if logits.iter().all(|v| *v == f32::NEG_INFINITY) {
+            return Err(ModelError::BadSampling("every logit is -inf".into()));
         }
         let mut l = logits.to_vec();
         if self.s.repetition_penalty != 1.0 {
@@ -245,9 +256,24 @@ mod tests {
                 "{s:?}"
             );
         }
-        let mut s = sampler(Sampling::default());
-        assert!(s.sample(&[], &[]).is_err());
-        assert!(s.sample(&[0.0, f32::NAN], &[]).is_err());
+        let hot = Sampling {
+            temperature: 1.0,
+            ..Sampling::default()
+        };
+        for settings in [Sampling::default(), hot] {
+            let mut s = sampler(settings);
+            assert!(s.sample(&[], &[]).is_err());
+            assert!(s.sample(&[0.0, f32::NAN], &[]).is_err());
+            assert!(s.sample(&[0.0, f32::INFINITY], &[]).is_err());
+            assert!(s.sample(&[f32::NEG_INFINITY; 3], &[]).is_err());
+            // −∞ masks a token; ±1e30 are ordinary logits.
+            for _ in 0..20 {
+                let t = s.sample(&[f32::NEG_INFINITY, -1e30, 1e30], &[]).unwrap();
+                assert_eq!(t, 2, "{settings:?}");
+                let t = s.sample(&[f32::NEG_INFINITY, 0.0], &[]).unwrap();
+                assert_eq!(t, 1, "{settings:?}");
+            }
+        }
         // History ids outside the row are ignored, not a panic.
         let mut s = sampler(Sampling {
             repetition_penalty: 2.0,
