@@ -162,21 +162,6 @@ pub fn perplexity(device: Device, a: &PerplexityArgs) -> Result<()> {
     Ok(())
 }
 
-/// The end-of-sequence ids `config.json` names (`eos_token_id`: a number or a list).
-fn eos_ids(dir: &Path) -> Result<Vec<u32>> {
-    let path = dir.join("config.json");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let id = |x: &serde_json::Value| x.as_u64().and_then(|n| u32::try_from(n).ok());
-    Ok(match v.get("eos_token_id") {
-        Some(serde_json::Value::Array(a)) => a.iter().filter_map(id).collect(),
-        Some(x) => id(x).into_iter().collect(),
-        None => Vec::new(),
-    })
-}
-
 pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
     let sampler = Sampling {
         temperature: a.temperature,
@@ -192,12 +177,12 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
         .iter()
         .map(|p| tok.encode(p, !a.no_special_tokens))
         .collect::<Result<Vec<_>, _>>()?;
+    let model = load(&a.model, device, &a.quant)?;
     let stop = if a.ignore_eos {
         Vec::new()
     } else {
-        eos_ids(&a.model)?
+        model.config().eos_token_ids.clone()
     };
-    let model = load(&a.model, device, &a.quant)?;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     eprintln!(
         "prompts: {:?} tokens",

@@ -110,6 +110,8 @@ pub struct ModelConfig {
     /// GPT-2's MLP activation (`gelu_new` when the config omits it); `None` for the Llama
     /// family (SwiGLU).
     pub gpt2_activation: Option<Gpt2Activation>,
+    /// The end-of-sequence ids (`eos_token_id`: a number, a list, null or absent).
+    pub eos_token_ids: Vec<u32>,
 }
 
 /// Why a `config.json` was refused.
@@ -260,6 +262,24 @@ fn opt_bool(obj: &Obj, key: &'static str, default: bool) -> Result<bool, ConfigE
     }
 }
 
+/// `eos_token_id`: a number, a list of numbers, null or absent; anything else is a bad field.
+fn eos_token_ids(obj: &Obj) -> Result<Vec<u32>, ConfigError> {
+    let bad = |v: &Value| ConfigError::BadField {
+        field: "eos_token_id",
+        reason: format!("{v} is not a token id or a list of them"),
+    };
+    let id = |v: &Value| {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| bad(v))
+    };
+    match obj.get("eos_token_id") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a.iter().map(id).collect(),
+        Some(v) => Ok(vec![id(v)?]),
+    }
+}
+
 fn torch_dtype(obj: &Obj) -> Option<String> {
     let v = obj.get("torch_dtype").or_else(|| obj.get("dtype"))?;
     v.as_str().map(str::to_string)
@@ -307,6 +327,7 @@ fn parse_llama_like(obj: &Obj, architecture: Architecture) -> Result<ModelConfig
         tie_word_embeddings: opt_bool(obj, "tie_word_embeddings", false)?,
         attention_bias: qwen || opt_bool(obj, "attention_bias", false)?,
         torch_dtype: torch_dtype(obj),
+        eos_token_ids: eos_token_ids(obj)?,
         gpt2_activation: None,
     })
 }
@@ -330,6 +351,7 @@ fn parse_gpt2(obj: &Obj) -> Result<ModelConfig, ConfigError> {
         tie_word_embeddings: opt_bool(obj, "tie_word_embeddings", true)?,
         attention_bias: true,
         torch_dtype: torch_dtype(obj),
+        eos_token_ids: eos_token_ids(obj)?,
         gpt2_activation: Some(gpt2_activation(obj)?),
     })
 }

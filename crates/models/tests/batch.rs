@@ -91,6 +91,14 @@ fn batched_greedy_tokens_are_each_rows_own() {
             batched[1][..=cut],
             "{name}: row 1 stops at its stop token"
         );
+        // And a single row's generation stops at its stop token, which it returns.
+        let mut s = Sampler::new(Sampling::default()).unwrap();
+        let alone = m.generate(&ps[1], 12, &mut s, &[stop], |_| {}).unwrap();
+        assert_eq!(
+            alone,
+            batched[1][..=cut],
+            "{name}: generate stops at its stop token"
+        );
     }
 }
 

@@ -259,3 +259,36 @@ fn from_dir_reports_a_missing_file() {
         Err(ConfigError::Io { .. })
     ));
 }
+
+#[test]
+fn eos_token_id_as_a_number_a_list_null_or_absent() {
+    for base in [common::LLAMA_GQA, common::GPT2] {
+        let ids = |v: Value| parse(&with(base, "eos_token_id", v)).map(|c| c.eos_token_ids);
+        assert_eq!(ids(json!(2)).unwrap(), vec![2]);
+        assert_eq!(ids(json!([128001, 128009])).unwrap(), vec![128001, 128009]);
+        assert_eq!(ids(Value::Null).unwrap(), Vec::<u32>::new());
+        assert!(parse(&without(base, "eos_token_id"))
+            .unwrap()
+            .eos_token_ids
+            .is_empty());
+        for bad in [
+            json!("2"),
+            json!(-1),
+            json!(1.5),
+            json!([2, "x"]),
+            json!(1u64 << 40),
+        ] {
+            let e = ids(bad.clone()).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    ConfigError::BadField {
+                        field: "eos_token_id",
+                        ..
+                    }
+                ),
+                "{bad}: {e}"
+            );
+        }
+    }
+}
