@@ -4,7 +4,7 @@
 //! `backward_with.rs` and `hostile/api.rs` with the GPT).
 
 use models::gpt::{Dataset, Gpt, GptConfig, Variant};
-use tensor_ops::optim::{AdamW, AdamWParams};
+use tensor_ops::optim::AdamWParams;
 use tensor_ops::{Device, GpuError, Tensor};
 
 fn corpus() -> String {
@@ -33,19 +33,13 @@ fn tiny_gpt_learns_on_the_cpu_and_checkpoints_round_trip() {
             bias: true,
         };
         let model = Gpt::new(cfg, 7, Device::Cpu).unwrap();
-        let params = model
-            .parameters()
-            .into_iter()
-            .map(|(_, t, d)| (t, d))
-            .collect();
-        let mut opt = AdamW::new(
-            params,
-            AdamWParams {
+        let mut opt = model
+            .store()
+            .adamw(AdamWParams {
                 max_grad_norm: Some(1.0),
                 ..Default::default()
-            },
-        )
-        .unwrap();
+            })
+            .unwrap();
         let mut rng = Dataset::rng(3);
         let mut first = None;
         let mut last = 0.0;

@@ -5,7 +5,7 @@
 
 use gpu_cuda::testing::{gpu_device_or_skip as gpu, rel_err};
 use models::gpt::{Dataset, Gpt, GptConfig, Variant};
-use tensor_ops::optim::{AdamW, AdamWParams};
+use tensor_ops::optim::AdamWParams;
 use tensor_ops::{transfer_stats, Device};
 
 fn small_cfg(variant: Variant, vocab: usize) -> GptConfig {
@@ -65,19 +65,13 @@ fn gpu_training_step_moves_only_the_batch_and_the_loss() {
     let text = "It was the best of times, it was the worst of times. ".repeat(100);
     let ds = Dataset::from_text(&text, 0.9).unwrap();
     let model = Gpt::new(small_cfg(Variant::Gpt2, ds.tokenizer.vocab_size()), 1, dev).unwrap();
-    let params = model
-        .parameters()
-        .into_iter()
-        .map(|(_, t, d)| (t, d))
-        .collect();
-    let mut opt = AdamW::new(
-        params,
-        AdamWParams {
+    let mut opt = model
+        .store()
+        .adamw(AdamWParams {
             max_grad_norm: Some(1.0),
             ..Default::default()
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     let mut rng = Dataset::rng(2);
     let mut step = |i: u64| -> f32 {
         let (x, y) = ds.batch(false, 4, 32, &mut rng, dev).unwrap();
