@@ -384,6 +384,7 @@ fn crate_sgemm(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
 mod attention;
 pub mod attention_bf16;
 mod attention_packed;
+mod decode;
 mod elementwise;
 pub mod fast;
 mod host;

@@ -59,6 +59,15 @@ pub static MODULES: &[KernelModule] = &[
         kernels: &["act_bwd_exp_bf16", "act_bwd_gelu_bf16", "act_bwd_log_bf16", "act_bwd_relu_bf16", "act_bwd_sigmoid_bf16", "act_bwd_silu_bf16", "act_bwd_tanh_bf16", "act_fwd_exp_bf16", "act_fwd_gelu_bf16", "act_fwd_log_bf16", "act_fwd_relu_bf16", "act_fwd_sigmoid_bf16", "act_fwd_silu_bf16", "act_fwd_tanh_bf16", "affine_bf16", "binary_2d_add_bf16", "binary_2d_div_bf16", "binary_2d_mul_bf16", "binary_2d_sub_bf16", "binary_nd_add_bf16", "binary_nd_div_bf16", "binary_nd_mul_bf16", "binary_nd_sub_bf16", "binary_same_add_bf16", "binary_same_div_bf16", "binary_same_mul_bf16", "binary_same_sub_bf16", "cast_bf16_f32", "cast_f32_bf16", "copy_blocks4_b16", "copy_blocks_b16", "dropout_bf16", "permute4_b16", "permute8_b16", "permute8s_b16", "permute_b16", "permute_tile_b16"],
     },
     KernelModule {
+        name: "nn_decode",
+        ptx: include_str!("../kernels/nn_decode.ptx"),
+        fatbin: include_bytes!("../kernels/nn_decode.fatbin"),
+        source_sha256: "6ffa8604e0c351f6b45e821659884f6fe2aba739dd36e71af58ead70d4e80bfa",
+        ptx_sha256: "32bb2d2914153eb58ea68f0946f1ffaa1b9d78fa7e854efdfc997300d2edef01",
+        fatbin_sha256: "27e2d24478ec33b66bb941afb56b2aa19d486569906ebfe0ffa11ecf48938441",
+        kernels: &["argmax_rows_b", "argmax_rows_f", "cache_attn_chunk_bb", "cache_attn_chunk_bf", "cache_attn_chunk_fb", "cache_attn_chunk_ff", "cache_attn_combine_b", "cache_attn_combine_f", "rope_append_bbb", "rope_append_bbf", "rope_append_bfb", "rope_append_bff", "rope_append_fbb", "rope_append_fbf", "rope_append_ffb", "rope_append_fff"],
+    },
+    KernelModule {
         name: "nn_elementwise",
         ptx: include_str!("../kernels/nn_elementwise.ptx"),
         fatbin: include_bytes!("../kernels/nn_elementwise.fatbin"),

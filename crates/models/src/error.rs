@@ -36,6 +36,8 @@ pub enum ModelError {
     BadSampling(String),
     #[error("bad padding: {0}")]
     BadPadding(String),
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     #[error("cannot quantize: {0}")]
     Quant(String),
 }

@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod expected;
 pub mod export;
@@ -22,6 +23,7 @@ pub mod weights;
 
 pub use cache::KvCache;
 pub use config::{Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeScaling};
+pub use engine::{Engine, EngineOptions};
 pub use error::ModelError;
 pub use expected::{expected_tensors, ExpectedTensor};
 pub use export::{export_gpt2, ExportError};

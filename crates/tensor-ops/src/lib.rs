@@ -23,5 +23,6 @@ pub use backend::{cuda_backend, transfer_stats, TransferStats};
 pub use gpu_core::{DType, Device, GpuError, Result};
 /// The `ndarray` version [`Tensor::from_ndarray`] and [`Tensor::to_ndarray`] speak.
 pub use ndarray;
+pub use ops::decode::CacheView;
 pub use storage::Storage;
 pub use tensor::Tensor;

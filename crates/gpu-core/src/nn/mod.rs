@@ -10,6 +10,7 @@
 //! | elementwise, broadcast, reductions, data movement | `nn/elementwise.rs` | `cpu/elementwise.rs` | `gpu-cuda/src/nn/elementwise.rs` | `kernels/nn_elementwise.cu`, `nn_reduce.cu` | `gpu-cuda/tests/nn_elementwise.rs` |
 //! | rows: softmax, log-softmax, cross-entropy, norms, RoPE, embedding | `nn/rows.rs` | `cpu/rows.rs` | `gpu-cuda/src/nn/rows.rs` | `kernels/nn_rows.cu`, `nn_embed.cu` | `gpu-cuda/tests/nn_rows*.rs` |
 //! | causal attention | `nn/attention.rs` | `cpu/attention.rs` | `gpu-cuda/src/nn/attention.rs` | `kernels/nn_attention.cu` | `gpu-cuda/tests/nn_attention.rs` |
+//! | decoding over a KV cache: RoPE + cache writes, cache attention, argmax | `nn/decode.rs` | `cpu/decode.rs` | `gpu-cuda/src/nn/decode.rs` | `kernels/nn_decode.cu` | `gpu-cuda/tests/nn_decode.rs` |
 //! | AdamW, Schedule-Free AdamW, Prodigy, gradient clipping | `nn/optim.rs`, `nn/optim_adaptive.rs` | `cpu/optim.rs`, `cpu/optim_adaptive.rs` | `gpu-cuda/src/nn/optim.rs` | `kernels/nn_optim.cu` | `gpu-cuda/tests/nn_optim.rs` |
 //! | matmul | `ops.rs` ([`MatmulOps`]) | `cpu.rs` (`sgemm_rows`) | `gpu-cuda/src/ops.rs`, `blas.rs` | cuBLAS | `gpu-cuda/tests/matmul.rs` |
 //!
@@ -21,6 +22,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod decode;
 pub mod elementwise;
 pub mod optim;
 pub mod optim_adaptive;
@@ -28,6 +30,7 @@ pub mod rows;
 
 pub use activation::{Activation, Direction, Saved};
 pub use attention::AttentionOps;
+pub use decode::{DecodeDims, DecodeOps};
 pub use elementwise::{BinaryKind, ElementwiseOps, ReduceKind};
 pub use optim::{AdamWConfig, OptimOps};
 pub use rows::RowOps;
@@ -35,5 +38,5 @@ pub use rows::RowOps;
 pub use crate::ops::MatmulOps;
 
 /// Every op family together: what `tensor-ops` needs from a backend.
-pub trait NnOps: ElementwiseOps + RowOps + AttentionOps + OptimOps + MatmulOps {}
-impl<B: ElementwiseOps + RowOps + AttentionOps + OptimOps + MatmulOps> NnOps for B {}
+pub trait NnOps: ElementwiseOps + RowOps + AttentionOps + DecodeOps + OptimOps + MatmulOps {}
+impl<B: ElementwiseOps + RowOps + AttentionOps + DecodeOps + OptimOps + MatmulOps> NnOps for B {}

@@ -3,6 +3,7 @@
 
 mod attention;
 mod attention_bf16;
+mod decode;
 mod elementwise;
 mod optim;
 mod optim_adaptive;

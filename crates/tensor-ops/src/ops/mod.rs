@@ -2,6 +2,7 @@
 //! inputs' device through [`crate::backend::DeviceBackend`], and records its backward.
 
 mod attention;
+pub mod decode;
 pub mod elementwise;
 pub mod matmul;
 pub mod nn;

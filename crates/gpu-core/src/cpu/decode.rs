@@ -1,0 +1,254 @@
+//! The decode family on the CPU: the reference of `kernels/nn_decode.cu`. Rotation angles are
+//! f32 products (as on CUDA and in `transformers`); their sines and cosines, the scores, the
+//! softmax and the weighted sums are f64, rounded once where a value is stored.
+
+use super::CpuStorage;
+use crate::error::{GpuError, Result};
+use crate::nn::decode::{
+    check_argmax, check_cache_attention, check_rope_append, DecodeDims, DecodeOps,
+};
+use crate::CpuBackend;
+use half::bf16;
+use rayon::prelude::*;
+
+/// Read access to an f32 or bf16 buffer.
+#[derive(Clone, Copy)]
+enum Floats<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> Floats<'a> {
+    fn of(op: &'static str, s: &'a CpuStorage) -> Result<Self> {
+        match s {
+            CpuStorage::F32(v) => Ok(Floats::F32(v)),
+            CpuStorage::BF16(v) => Ok(Floats::Bf16(v)),
+            other => Err(unsupported(op, other)),
+        }
+    }
+
+    fn get(&self, i: usize) -> f64 {
+        match self {
+            Floats::F32(v) => v[i] as f64,
+            Floats::Bf16(v) => v[i].to_f64(),
+        }
+    }
+}
+
+/// Write access to an f32 or bf16 buffer: a stored value is rounded once.
+enum FloatsMut<'a> {
+    F32(&'a mut [f32]),
+    Bf16(&'a mut [bf16]),
+}
+
+impl<'a> FloatsMut<'a> {
+    fn of(op: &'static str, s: &'a mut CpuStorage) -> Result<Self> {
+        match s {
+            CpuStorage::F32(v) => Ok(FloatsMut::F32(v)),
+            CpuStorage::BF16(v) => Ok(FloatsMut::Bf16(v)),
+            other => Err(unsupported(op, other)),
+        }
+    }
+
+    fn set(&mut self, i: usize, x: f64) {
+        match self {
+            // f64 → f32 rounds to nearest; f32 → bf16 would round twice, so bf16 from f64.
+            FloatsMut::F32(v) => v[i] = x as f32,
+            FloatsMut::Bf16(v) => v[i] = bf16::from_f64(x),
+        }
+    }
+}
+
+fn unsupported(op: &'static str, s: &CpuStorage) -> GpuError {
+    GpuError::UnsupportedDType {
+        op,
+        dtype: crate::backend::BufferInfo::dtype(s),
+        backend: "cpu (f32 and bf16 only)",
+    }
+}
+
+/// Checks that every new token's slot lies in the cache (CUDA skips such writes silently; the
+/// CPU, which can report it, refuses the call before touching anything).
+fn check_slots(op: &'static str, slot: &[u32], dims: DecodeDims) -> Result<()> {
+    match slot.iter().find(|&&s| s as usize + dims.t > dims.cap) {
+        Some(s) => Err(GpuError::invalid(
+            op,
+            format!(
+                "{} new tokens from slot {s} do not fit a cache of {} slots",
+                dims.t, dims.cap
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+impl DecodeOps for CpuBackend {
+    fn rope_append(
+        &self,
+        qkv: &CpuStorage,
+        inv_freq: &CpuStorage,
+        start: &CpuStorage,
+        slot: &CpuStorage,
+        q_out: &mut CpuStorage,
+        k_cache: &mut CpuStorage,
+        v_cache: &mut CpuStorage,
+        dims: DecodeDims,
+    ) -> Result<()> {
+        const OP: &str = "rope_append";
+        check_rope_append(qkv, inv_freq, start, slot, q_out, k_cache, v_cache, dims)?;
+        let (start, slot, freq) = (start.as_u32()?, slot.as_u32()?, inv_freq.as_f32()?);
+        check_slots(OP, slot, dims)?;
+        let qkv = Floats::of(OP, qkv)?;
+        let (mut q_out, mut kc, mut vc) = (
+            FloatsMut::of(OP, q_out)?,
+            FloatsMut::of(OP, k_cache)?,
+            FloatsMut::of(OP, v_cache)?,
+        );
+        let DecodeDims {
+            t,
+            heads,
+            kv_heads,
+            d,
+            cap,
+            ..
+        } = dims;
+        let half = d / 2;
+        for r in 0..dims.b {
+            for i in 0..t {
+                let s = slot[r] as usize + i;
+                let pos = s.saturating_sub(start[r] as usize);
+                // The angles as f32 products (as on CUDA and in transformers), then f64.
+                let (sin, cos): (Vec<f64>, Vec<f64>) = (0..half)
+                    .map(|j| match freq.get(j) {
+                        Some(&f) => ((pos as f32) * f) as f64,
+                        None => 0.0,
+                    })
+                    .map(|a| a.sin_cos())
+                    .unzip();
+                let row = (r * t + i) * dims.qkv_cols();
+                let rotate = |base: usize, j: usize| {
+                    let (x0, x1) = (qkv.get(base + j), qkv.get(base + j + half));
+                    (x0 * cos[j] - x1 * sin[j], x1 * cos[j] + x0 * sin[j])
+                };
+                for h in 0..heads {
+                    let (src, dst) = (row + h * d, ((r * t + i) * heads + h) * d);
+                    for j in 0..half {
+                        let (a, b) = rotate(src, j);
+                        q_out.set(dst + j, a);
+                        q_out.set(dst + j + half, b);
+                    }
+                }
+                for g in 0..kv_heads {
+                    let k_src = row + (heads + g) * d;
+                    let v_src = row + (heads + kv_heads + g) * d;
+                    let dst = ((r * kv_heads + g) * cap + s) * d;
+                    for j in 0..half {
+                        let (a, b) = rotate(k_src, j);
+                        kc.set(dst + j, a);
+                        kc.set(dst + j + half, b);
+                    }
+                    for j in 0..d {
+                        vc.set(dst + j, qkv.get(v_src + j));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn cache_attention(
+        &self,
+        q: &CpuStorage,
+        k_cache: &CpuStorage,
+        v_cache: &CpuStorage,
+        start: &CpuStorage,
+        slot: &CpuStorage,
+        out: &mut CpuStorage,
+        dims: DecodeDims,
+        max_end: usize,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "cache_attention";
+        check_cache_attention(q, k_cache, v_cache, start, slot, out, dims, max_end, scale)?;
+        let (start, slot) = (start.as_u32()?, slot.as_u32()?);
+        if let Some(&s) = slot.iter().find(|&&s| s as usize + dims.t > max_end) {
+            return Err(GpuError::invalid(
+                OP,
+                format!("slot {s} + {} new tokens is past max_end {max_end}", dims.t),
+            ));
+        }
+        let (q, kc, vc) = (
+            Floats::of(OP, q)?,
+            Floats::of(OP, k_cache)?,
+            Floats::of(OP, v_cache)?,
+        );
+        let DecodeDims {
+            t,
+            heads,
+            kv_heads,
+            d,
+            cap,
+            ..
+        } = dims;
+        let group = heads / kv_heads;
+        // One output row (a query head) per task, each computed as the sequential loop would.
+        let rows: Vec<Vec<f64>> = (0..dims.b * t * heads)
+            .into_par_iter()
+            .map(|idx| {
+                let (r, i, h) = (idx / (t * heads), idx / heads % t, idx % heads);
+                let s = slot[r] as usize + i;
+                let base = (r * kv_heads + h / group) * cap;
+                let qrow = idx * d;
+                let keys = start[r] as usize..s + 1;
+                let scores: Vec<f64> = keys
+                    .clone()
+                    .map(|j| {
+                        let k = (base + j) * d;
+                        (0..d).map(|e| q.get(qrow + e) * kc.get(k + e)).sum::<f64>() * scale as f64
+                    })
+                    .collect();
+                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|&x| (x - m).exp()).collect();
+                let l: f64 = w.iter().sum();
+                let mut acc = vec![0f64; d];
+                for (j, wj) in keys.zip(&w) {
+                    let v = (base + j) * d;
+                    for (e, a) in acc.iter_mut().enumerate() {
+                        *a += wj * vc.get(v + e);
+                    }
+                }
+                if l > 0.0 {
+                    acc.iter_mut().for_each(|a| *a /= l);
+                }
+                acc
+            })
+            .collect();
+        let mut out = FloatsMut::of(OP, out)?;
+        for (idx, row) in rows.iter().enumerate() {
+            for (e, &x) in row.iter().enumerate() {
+                out.set(idx * d + e, x);
+            }
+        }
+        Ok(())
+    }
+
+    fn argmax_rows(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
+        const OP: &str = "argmax_rows";
+        check_argmax(x, out, cols)?;
+        let x = Floats::of(OP, x)?;
+        let CpuStorage::U32(out) = out else {
+            return Err(unsupported(OP, out));
+        };
+        for (r, o) in out.iter_mut().enumerate() {
+            let mut best = r * cols;
+            for i in r * cols + 1..(r + 1) * cols {
+                let (v, b) = (x.get(i), x.get(best));
+                if !b.is_nan() && (v > b || v.is_nan()) {
+                    best = i;
+                }
+            }
+            *o = (best - r * cols) as u32;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,285 @@
+//! Inference over a preallocated key/value cache: what a language model's decode step needs
+//! beyond the training ops (rotary positions and cache writes from a fused q/k/v projection,
+//! attention of new queries against the cache, the argmax of each row).
+//!
+//! The cache of one layer is a pair of buffers `[b, kv_heads, cap, d]` (f32 or bf16), written
+//! in place. Where each batch row stands is read from the device, from two u32 buffers of `b`
+//! elements, so a captured CUDA graph replays the same launches step after step:
+//! - `start[r]`: the first cache slot of row `r` that holds a real token (left padding before
+//!   it is masked); a token's rotary position is its slot minus `start[r]`;
+//! - `slot[r]`: the slot of the first of the `t` new tokens of row `r` (the cache holds `slot[r]`
+//!   slots before this call); the new tokens take slots `slot[r]..slot[r] + t`.
+//!
+//! Query `i` of row `r` sits at slot `slot[r] + i` and attends to the slots
+//! `start[r]..=slot[r] + i` (causal). A slot at or past `cap` is an error on the CPU; CUDA kernels
+//! cannot report one (they run inside graphs), so they skip such writes and attend to nothing
+//! past `cap`: callers check the bounds on the host, as `models::engine` does.
+
+use crate::backend::{Backend, BufferInfo};
+use crate::dtype::DType;
+use crate::error::{GpuError, Result};
+use crate::ops::require_float;
+
+/// The sizes of a decode call: `b` rows of `t` new tokens, `heads` query heads and
+/// `kv_heads` key/value heads (grouped-query attention: query head `h` reads key/value head
+/// `h / (heads / kv_heads)`) of width `d`, and caches of `cap` slots per row and head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeDims {
+    pub b: usize,
+    pub t: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub d: usize,
+    pub cap: usize,
+}
+
+/// The widest head [`DecodeOps`] accepts.
+pub const MAX_DECODE_HEAD_DIM: usize = 256;
+
+impl DecodeDims {
+    /// Columns of the fused projection: `(heads + 2·kv_heads)·d`.
+    pub fn qkv_cols(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.d
+    }
+
+    /// Elements of the q/k/v projection `[b, t, qkv_cols]`.
+    pub fn qkv_len(&self) -> usize {
+        self.b * self.t * self.qkv_cols()
+    }
+
+    /// Elements of a query or attention output `[b, t, heads, d]`.
+    pub fn q_len(&self) -> usize {
+        self.b * self.t * self.heads * self.d
+    }
+
+    /// Elements of one cache buffer `[b, kv_heads, cap, d]`.
+    pub fn cache_len(&self) -> usize {
+        self.b * self.kv_heads * self.cap * self.d
+    }
+
+    /// Checks the sizes every backend accepts: `heads` a positive multiple of `kv_heads >= 1`,
+    /// `d` even in `2..=`[`MAX_DECODE_HEAD_DIM`], and every buffer length and index below
+    /// 2^31 (the kernels' 32-bit arithmetic). `b`, `t` or `cap` may be 0 (an empty call).
+    pub fn check(&self, op: &'static str) -> Result<()> {
+        let bad = |reason: String| Err(GpuError::InvalidShape { op, reason });
+        if self.kv_heads == 0 || self.heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+            return bad(format!(
+                "{} query heads do not split into groups of {} key/value heads",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.d < 2 || self.d > MAX_DECODE_HEAD_DIM || !self.d.is_multiple_of(2) {
+            return bad(format!(
+                "head width d = {} must be even in 2..={MAX_DECODE_HEAD_DIM}",
+                self.d
+            ));
+        }
+        let lens = [
+            self.b.checked_mul(self.t),
+            self.b
+                .checked_mul(self.t)
+                .and_then(|r| r.checked_mul(self.qkv_cols())),
+            self.b
+                .checked_mul(self.kv_heads)
+                .and_then(|r| r.checked_mul(self.cap)),
+            self.b
+                .checked_mul(self.kv_heads)
+                .and_then(|r| r.checked_mul(self.cap))
+                .and_then(|r| r.checked_mul(self.d)),
+            self.cap.checked_add(self.t),
+        ];
+        if lens.iter().any(|l| l.is_none_or(|l| l >= 1 << 31)) {
+            return bad(format!(
+                "{self:?} is too large (sizes must stay below 2^31)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The decode family. Float buffers are f32 or bf16 (arithmetic in f32, one rounding where a
+/// value is stored); positions and token ids are u32.
+pub trait DecodeOps: Backend {
+    /// From the fused projection `qkv` `[b, t, (heads + 2·kv_heads)·d]` (column blocks q, k, v;
+    /// head `h` at columns `h·d..` of its block): rotates q and k by the rotate-half rotary
+    /// embedding at each token's position `p = slot[r] + i − start[r]` (0 for a padding slot
+    /// before `start[r]`), with `θ_j = p·inv_freq[j]` computed in f32 (as `transformers`) for
+    /// `j < d/2`: `x'_j = x_j cos θ_j − x_{j+d/2} sin θ_j`, `x'_{j+d/2} = x_{j+d/2} cos θ_j +
+    /// x_j sin θ_j`; writes the rotated queries to `q_out` `[b, t, heads, d]` and the rotated
+    /// keys and the values to slots `slot[r] + i` of `k_cache` and `v_cache`. An empty
+    /// `inv_freq` means no rotation (learned positions, GPT-2).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_append(
+        &self,
+        qkv: &Self::Buffer,
+        inv_freq: &Self::Buffer,
+        start: &Self::Buffer,
+        slot: &Self::Buffer,
+        q_out: &mut Self::Buffer,
+        k_cache: &mut Self::Buffer,
+        v_cache: &mut Self::Buffer,
+        dims: DecodeDims,
+    ) -> Result<()>;
+
+    /// Causal attention of the new queries `q` `[b, t, heads, d]` against the cache: query `i`
+    /// of row `r` (at slot `s = slot[r] + i`) attends to slots `start[r]..=s`, with softmax
+    /// weights of `scale·q·k` (f32), and `out` `[b, t, heads, d]` gets their average of the
+    /// values; a query with no slot to attend to (`start[r] > s`) gets zeros. `max_end` is a
+    /// bound the caller guarantees on every `slot[r] + t` (at most `cap`; CUDA splits the slots
+    /// into chunks up to it).
+    #[allow(clippy::too_many_arguments)]
+    fn cache_attention(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        start: &Self::Buffer,
+        slot: &Self::Buffer,
+        out: &mut Self::Buffer,
+        dims: DecodeDims,
+        max_end: usize,
+        scale: f32,
+    ) -> Result<()>;
+
+    /// `out[r]` = the index of the largest element of row `r` of `x` `[rows, cols]` (the first
+    /// one on ties; NaN counts as larger than any number, as `torch.argmax`). `cols >= 1`.
+    fn argmax_rows(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()>;
+}
+
+fn check_len(op: &'static str, name: &str, buf: &impl BufferInfo, want: usize) -> Result<()> {
+    if buf.len() == want {
+        Ok(())
+    } else {
+        Err(GpuError::shape(
+            op,
+            format!("{name} of {want} elements"),
+            buf.len(),
+        ))
+    }
+}
+
+fn require_u32(op: &'static str, buf: &impl BufferInfo) -> Result<()> {
+    if buf.dtype() == DType::U32 {
+        Ok(())
+    } else {
+        Err(GpuError::DTypeMismatch {
+            op,
+            expected: DType::U32,
+            got: buf.dtype(),
+        })
+    }
+}
+
+/// The checks of the row positions and the cache pair that both cache ops share.
+fn check_rows_and_cache<B: BufferInfo>(
+    op: &'static str,
+    start: &B,
+    slot: &B,
+    k_cache: &B,
+    v_cache: &B,
+    dims: DecodeDims,
+) -> Result<()> {
+    dims.check(op)?;
+    for (name, buf) in [("start", start), ("slot", slot)] {
+        require_u32(op, buf)?;
+        check_len(op, name, buf, dims.b)?;
+    }
+    require_float(op, k_cache.dtype())?;
+    if v_cache.dtype() != k_cache.dtype() {
+        return Err(GpuError::DTypeMismatch {
+            op,
+            expected: k_cache.dtype(),
+            got: v_cache.dtype(),
+        });
+    }
+    check_len(op, "k_cache", k_cache, dims.cache_len())?;
+    check_len(op, "v_cache", v_cache, dims.cache_len())
+}
+
+/// Checks the arguments of [`DecodeOps::rope_append`] (every backend calls this).
+#[allow(clippy::too_many_arguments)]
+pub fn check_rope_append<B: BufferInfo>(
+    qkv: &B,
+    inv_freq: &B,
+    start: &B,
+    slot: &B,
+    q_out: &B,
+    k_cache: &B,
+    v_cache: &B,
+    dims: DecodeDims,
+) -> Result<()> {
+    const OP: &str = "rope_append";
+    check_rows_and_cache(OP, start, slot, k_cache, v_cache, dims)?;
+    require_float(OP, qkv.dtype())?;
+    require_float(OP, q_out.dtype())?;
+    check_len(OP, "qkv", qkv, dims.qkv_len())?;
+    check_len(OP, "q_out", q_out, dims.q_len())?;
+    if inv_freq.dtype() != DType::F32 {
+        return Err(GpuError::DTypeMismatch {
+            op: OP,
+            expected: DType::F32,
+            got: inv_freq.dtype(),
+        });
+    }
+    if !inv_freq.is_empty() {
+        check_len(OP, "inv_freq", inv_freq, dims.d / 2)?;
+    }
+    Ok(())
+}
+
+/// Checks the arguments of [`DecodeOps::cache_attention`] (every backend calls this).
+#[allow(clippy::too_many_arguments)]
+pub fn check_cache_attention<B: BufferInfo>(
+    q: &B,
+    k_cache: &B,
+    v_cache: &B,
+    start: &B,
+    slot: &B,
+    out: &B,
+    dims: DecodeDims,
+    max_end: usize,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "cache_attention";
+    check_rows_and_cache(OP, start, slot, k_cache, v_cache, dims)?;
+    require_float(OP, q.dtype())?;
+    require_float(OP, out.dtype())?;
+    check_len(OP, "q", q, dims.q_len())?;
+    check_len(OP, "out", out, dims.q_len())?;
+    if max_end > dims.cap {
+        return Err(GpuError::invalid(
+            OP,
+            format!("max_end {max_end} is past the cache's {} slots", dims.cap),
+        ));
+    }
+    if !scale.is_finite() {
+        return Err(GpuError::invalid(
+            OP,
+            format!("scale must be finite, got {scale}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the arguments of [`DecodeOps::argmax_rows`]; returns the number of rows.
+pub fn check_argmax<B: BufferInfo>(x: &B, out: &B, cols: usize) -> Result<usize> {
+    const OP: &str = "argmax_rows";
+    require_float(OP, x.dtype())?;
+    require_u32(OP, out)?;
+    if cols == 0 || cols >= 1 << 31 {
+        return Err(GpuError::invalid(
+            OP,
+            format!("a row must have 1..2^31 columns, got {cols}"),
+        ));
+    }
+    if !x.len().is_multiple_of(cols) {
+        return Err(GpuError::shape(
+            OP,
+            format!("rows of {cols} columns"),
+            x.len(),
+        ));
+    }
+    let rows = x.len() / cols;
+    check_len(OP, "out", out, rows)?;
+    Ok(rows)
+}

@@ -1,0 +1,198 @@
+//! [`DecodeOps`] on CUDA: the kernels of `kernels/nn_decode.cu`. Arguments are checked by the
+//! same `gpu_core::nn::decode::check_*` functions as on the CPU. What only the device knows (a
+//! row's `slot` past the cache) the kernels cannot report from inside a graph: they skip such
+//! writes and attend to nothing past the cache (the CPU refuses the call).
+
+use crate::backend::CudaBackend;
+use crate::launch::{KernelArg, LaunchConfig};
+use crate::pool::CudaBuffer;
+use gpu_core::nn::decode::{
+    check_argmax, check_cache_attention, check_rope_append, DecodeDims, DecodeOps,
+};
+use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
+
+/// Slots per attention chunk and threads per attention block (`CHUNK`, `ATT_THREADS` in the
+/// kernels).
+const CHUNK: usize = 256;
+const ATT_THREADS: u32 = 128;
+
+/// `f` for f32 storage, `b` for bf16 (the kernels' name suffixes).
+fn tag(dtype: DType) -> char {
+    if dtype == DType::BF16 {
+        'b'
+    } else {
+        'f'
+    }
+}
+
+fn grid(op: &'static str, blocks: usize) -> Result<u32> {
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b <= i32::MAX as u32)
+        .ok_or_else(|| GpuError::InvalidShape {
+            op,
+            reason: format!("{blocks} blocks exceed 2^31-1"),
+        })
+}
+
+fn dims_args(dims: DecodeDims) -> [KernelArg; 5] {
+    // Every size is below 2^31 (DecodeDims::check).
+    [
+        KernelArg::U32(dims.t as u32),
+        KernelArg::U32(dims.heads as u32),
+        KernelArg::U32(dims.kv_heads as u32),
+        KernelArg::U32(dims.d as u32),
+        KernelArg::U32(dims.cap as u32),
+    ]
+}
+
+impl DecodeOps for CudaBackend {
+    fn rope_append(
+        &self,
+        qkv: &CudaBuffer,
+        inv_freq: &CudaBuffer,
+        start: &CudaBuffer,
+        slot: &CudaBuffer,
+        q_out: &mut CudaBuffer,
+        k_cache: &mut CudaBuffer,
+        v_cache: &mut CudaBuffer,
+        dims: DecodeDims,
+    ) -> Result<()> {
+        const OP: &str = "rope_append";
+        check_rope_append(qkv, inv_freq, start, slot, q_out, k_cache, v_cache, dims)?;
+        self.check_owned(OP, &[qkv, inv_freq, start, slot, q_out, k_cache, v_cache])?;
+        if dims.b == 0 || dims.t == 0 {
+            return Ok(());
+        }
+        let name = format!(
+            "rope_append_{}{}{}",
+            tag(qkv.dtype()),
+            tag(q_out.dtype()),
+            tag(k_cache.dtype())
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, dims.b * dims.t)?, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut args: Vec<KernelArg> = vec![
+            qkv.into(),
+            inv_freq.into(),
+            KernelArg::U32(u32::from(!inv_freq.is_empty())),
+            start.into(),
+            slot.into(),
+            q_out.into(),
+            k_cache.into(),
+            v_cache.into(),
+        ];
+        args.extend(dims_args(dims));
+        // SAFETY: rope_append_XYZ(const TI* qkv, const float* inv_freq, u32 rope, const u32*
+        // start, const u32* slot, TQ* q_out, TC* kc, TC* vc, u32 t, u32 heads, u32 kvh, u32 d,
+        // u32 cap), one block per token of b·t. The checks above give qkv b·t·(heads+2kvh)·d
+        // elements of TI, q_out b·t·heads·d of TQ, the caches b·kvh·cap·d of TC, start and
+        // slot b u32 and inv_freq d/2 f32 (read only when rope = 1); the kernel writes a cache
+        // slot only below cap, so every access is in bounds whatever slot holds. The outputs
+        // are distinct &mut buffers, the inputs shared ones (no aliasing).
+        unsafe { self.launch(&name, cfg, &args) }
+    }
+
+    fn cache_attention(
+        &self,
+        q: &CudaBuffer,
+        k_cache: &CudaBuffer,
+        v_cache: &CudaBuffer,
+        start: &CudaBuffer,
+        slot: &CudaBuffer,
+        out: &mut CudaBuffer,
+        dims: DecodeDims,
+        max_end: usize,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "cache_attention";
+        check_cache_attention(q, k_cache, v_cache, start, slot, out, dims, max_end, scale)?;
+        self.check_owned(OP, &[q, k_cache, v_cache, start, slot, out])?;
+        let rows = dims.b * dims.t * dims.heads;
+        if rows == 0 {
+            return Ok(());
+        }
+        let chunks = max_end.div_ceil(CHUNK).max(1);
+        let part_len = rows
+            .checked_mul(chunks)
+            .and_then(|n| n.checked_mul(dims.d + 2))
+            .ok_or_else(|| GpuError::InvalidShape {
+                op: OP,
+                reason: format!("{rows} rows × {chunks} chunks overflow"),
+            })?;
+        if chunks > 65_535 {
+            return Err(GpuError::InvalidShape {
+                op: OP,
+                reason: format!("{max_end} slots make more than 65535 chunks of {CHUNK}"),
+            });
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, rows)?, chunks as u32, 1),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let part = self.allocate(DType::F32, part_len)?;
+        let name = format!(
+            "cache_attn_chunk_{}{}",
+            tag(q.dtype()),
+            tag(k_cache.dtype())
+        );
+        let mut args: Vec<KernelArg> = vec![
+            q.into(),
+            k_cache.into(),
+            v_cache.into(),
+            start.into(),
+            slot.into(),
+            (&part).into(),
+        ];
+        args.extend(dims_args(dims));
+        args.push(KernelArg::F32(scale));
+        // SAFETY: cache_attn_chunk_XY(const TQ* q, const TC* kc, const TC* vc, const u32* start,
+        // const u32* slot, float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale)
+        // over rows × chunks blocks of 128 threads: q holds rows·d of TQ, the caches
+        // b·kvh·cap·d of TC (checked above); the kernel reads cache slots below cap only and
+        // writes part[(row·chunks + chunk)·(d+2) ..+ d+2], which part_len covers; d <= 256 fits
+        // its static shared memory (qs[256]).
+        unsafe { self.launch(&name, cfg, &args)? };
+        let combine = LaunchConfig {
+            grid_dim: (grid(OP, rows)?, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            (&part).into(),
+            (&*out).into(),
+            KernelArg::U32(dims.d as u32),
+            KernelArg::U32(chunks as u32),
+        ];
+        let name = format!("cache_attn_combine_{}", tag(out.dtype()));
+        // SAFETY: cache_attn_combine_X(const float* part, TO* o, u32 d, u32 nchunks), one block
+        // per row: reads the rows·chunks·(d+2) partials written above (same stream, in order)
+        // and writes rows·d elements of out (its checked length). The workspace is dropped after
+        // the launch is queued: whatever reuses its block runs later on the same stream (every
+        // op of the backend is queued on one stream, in order), as for every op's temporaries.
+        unsafe { self.launch(&name, combine, &args) }
+    }
+
+    fn argmax_rows(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
+        const OP: &str = "argmax_rows";
+        let rows = check_argmax(x, out, cols)?;
+        self.check_owned(OP, &[x, out])?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, rows)?, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [x.into(), (&*out).into(), KernelArg::U32(cols as u32)];
+        let name = format!("argmax_rows_{}", tag(x.dtype()));
+        // SAFETY: argmax_rows_X(const T* x, u32* out, u32 cols), one block of 1024 threads per
+        // row: x holds rows·cols elements and out rows u32 (check_argmax; cols < 2^31).
+        unsafe { self.launch(&name, cfg, &args) }
+    }
+}

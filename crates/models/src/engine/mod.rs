@@ -1,0 +1,328 @@
+//! The fast inference engine for the Llama family: weights in bf16 (or f32) with fused q/k/v
+//! and gate/up projections, a preallocated key/value cache per layer, prefill of left-padded
+//! prompts in one pass, and greedy decoding whose step is captured once as a CUDA graph and
+//! replayed, with the argmax on the device: one device-to-host copy (the new tokens) per step.
+//! On the CPU the same ops run eagerly. [`crate::CausalLm`] is the f32 reference it is tested
+//! against.
+
+mod weights;
+
+use std::path::Path;
+
+use tensor_ops::graph::{capture, Graph};
+use tensor_ops::{no_grad, CacheView, DType, Device, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::weights::Checkpoint;
+use weights::Weights;
+
+/// The engine's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// The weights' and activations' dtype: bf16 or f32 (norms, softmax and the residual
+    /// stream are f32 either way).
+    pub dtype: DType,
+    /// Rows decoded together.
+    pub batch: usize,
+    /// Cache slots per row: the longest prompt plus new tokens (at most the context).
+    pub capacity: usize,
+}
+
+/// The captured decode step: its input ids `[batch, 1]` and its output (the argmax) `[batch]`.
+struct DecodeGraph {
+    graph: Option<Graph>,
+    ids: Tensor,
+    next: Tensor,
+}
+
+/// A Llama-family model ready to generate (see the module doc).
+pub struct Engine {
+    // Declared first, so the graph is dropped before the buffers it reads.
+    decode: Option<DecodeGraph>,
+    cfg: ModelConfig,
+    w: Weights,
+    opts: EngineOptions,
+    device: Device,
+    /// Per layer, the key and value caches `[batch, kv_heads, capacity, head_dim]`.
+    caches: Vec<(Tensor, Tensor)>,
+    /// u32 `[batch]`: each row's first real slot and its next free slot, on the device ...
+    start: Tensor,
+    slot: Tensor,
+    /// ... and on the host (what was last written).
+    host_slot: Vec<u32>,
+}
+
+impl Engine {
+    /// Loads `dir` onto `device` (see [`crate::CausalLm::load`] for the checks).
+    pub fn load(dir: &Path, device: Device, opts: EngineOptions) -> Result<Self, ModelError> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        let ck = Checkpoint::open_checked(dir, &cfg)?;
+        Self::from_checkpoint(cfg, &ck, device, opts)
+    }
+
+    /// Builds the engine of `cfg` from an opened checkpoint.
+    pub fn from_checkpoint(
+        cfg: ModelConfig,
+        ck: &Checkpoint,
+        device: Device,
+        opts: EngineOptions,
+    ) -> Result<Self, ModelError> {
+        if !matches!(opts.dtype, DType::BF16 | DType::F32) {
+            return Err(ModelError::Unsupported(format!(
+                "engine dtype {} (bf16 or f32)",
+                opts.dtype
+            )));
+        }
+        if opts.batch == 0 || opts.capacity == 0 || opts.capacity > cfg.max_position_embeddings {
+            return Err(ModelError::Unsupported(format!(
+                "batch {} and capacity {} (both >= 1, capacity <= the context of {})",
+                opts.batch, opts.capacity, cfg.max_position_embeddings
+            )));
+        }
+        let w = no_grad(|| Weights::load(&cfg, ck, device, opts.dtype))?;
+        let shape = [opts.batch, cfg.num_kv_heads, opts.capacity, cfg.head_dim];
+        let caches = (0..cfg.num_layers)
+            .map(|_| {
+                let z = || Tensor::zeros(&shape, device)?.to_dtype(opts.dtype);
+                Ok((z()?, z()?))
+            })
+            .collect::<Result<Vec<_>, tensor_ops::GpuError>>()?;
+        let zeros = vec![0u32; opts.batch];
+        Ok(Engine {
+            decode: None,
+            start: Tensor::from_vec(zeros.clone(), &[opts.batch], device)?,
+            slot: Tensor::from_vec(zeros.clone(), &[opts.batch], device)?,
+            host_slot: zeros,
+            cfg,
+            w,
+            opts,
+            device,
+            caches,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn options(&self) -> EngineOptions {
+        self.opts
+    }
+
+    /// Bytes of weights one decode step reads (the bandwidth limit's numerator).
+    pub fn weight_bytes_per_step(&self) -> usize {
+        self.w.bytes_per_step()
+    }
+
+    /// Logits of `ids` `[b, t]` (u32) after what the caches hold (each row at its `slot`),
+    /// written into the caches: `[b, t, vocab]`, or `[b, 1, vocab]` of the last position when
+    /// `last_only`. Every row's `slot + t` must be at most `max_end`.
+    fn forward(&self, ids: &Tensor, max_end: usize, last_only: bool) -> Result<Tensor, ModelError> {
+        let cfg = &self.cfg;
+        let (eps, dt) = (cfg.norm_eps as f32, self.opts.dtype);
+        let scale = 1.0 / (cfg.head_dim as f32).sqrt();
+        let i = cfg.intermediate_size;
+        let mut x = self.w.embed.embedding(ids)?;
+        for (l, (k, v)) in self.w.layers.iter().zip(&self.caches) {
+            let view = CacheView {
+                k,
+                v,
+                start: &self.start,
+                slot: &self.slot,
+            };
+            let a = x.rms_norm(&l.input_norm, eps)?.to_dtype(dt)?;
+            let mut qkv = a.matmul_t(&l.qkv, false, true)?;
+            if let Some(b) = &l.qkv_bias {
+                qkv = qkv.add(b)?;
+            }
+            let q = qkv.rope_append(&self.w.inv_freq, view, cfg.num_heads, dt)?;
+            let y = q.cache_attention(view, max_end, scale)?;
+            x = x.add(&y.matmul_t(&l.o, false, true)?)?;
+            let m = x.rms_norm(&l.post_norm, eps)?.to_dtype(dt)?;
+            let gu = m.matmul_t(&l.gate_up, false, true)?;
+            let g = gu.narrow(-1, 0, i)?.swiglu(&gu.narrow(-1, i, i)?)?;
+            x = x.add(&g.matmul_t(&l.down, false, true)?)?;
+        }
+        let t = ids.shape()[1];
+        if last_only && t > 1 {
+            x = x.narrow(1, t - 1, 1)?;
+        }
+        let h = x.rms_norm(&self.w.norm, eps)?.to_dtype(dt)?;
+        Ok(h.matmul_t(&self.w.head, false, true)?)
+    }
+
+    /// Checks token ids against the vocabulary.
+    fn check_ids(&self, ids: &[u32]) -> Result<(), ModelError> {
+        let vocab = self.cfg.vocab_size;
+        match ids.iter().position(|&id| id as usize >= vocab) {
+            Some(at) => Err(ModelError::TokenOutOfVocab {
+                id: ids[at],
+                at,
+                vocab,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts a new generation: `prompts` (one per batch row, 1 ..= capacity tokens each)
+    /// left-padded to the longest, run through the model in one pass into the caches. Returns
+    /// the logits `[batch, vocab]` of each row's last token on the device (or all positions'
+    /// `[batch, t, vocab]` when `all`). A refused call changes nothing.
+    pub fn prefill(&mut self, prompts: &[Vec<u32>], all: bool) -> Result<Tensor, ModelError> {
+        let b = self.opts.batch;
+        if prompts.len() != b {
+            return Err(ModelError::BadPadding(format!(
+                "{} prompts for an engine of batch {b}",
+                prompts.len()
+            )));
+        }
+        let t = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        if prompts.iter().any(Vec::is_empty) {
+            return Err(ModelError::EmptyInput);
+        }
+        if t > self.opts.capacity {
+            return Err(ModelError::ContextFull {
+                have: 0,
+                more: t,
+                context: self.opts.capacity,
+            });
+        }
+        let mut ids = Vec::with_capacity(b * t);
+        for p in prompts {
+            self.check_ids(p)?;
+            ids.extend(std::iter::repeat_n(0, t - p.len()));
+            ids.extend_from_slice(p);
+        }
+        let start: Vec<u32> = prompts.iter().map(|p| (t - p.len()) as u32).collect();
+        self.start.write_from_host(&start)?;
+        self.slot.write_from_host(&vec![0u32; b])?;
+        self.host_slot = vec![0; b];
+        let ids = Tensor::from_vec(ids, &[b, t], self.device)?;
+        let logits = no_grad(|| self.forward(&ids, t, !all))?;
+        self.host_slot = vec![t as u32; b];
+        Ok(if all {
+            logits
+        } else {
+            logits.reshape(&[b, self.cfg.vocab_size])?
+        })
+    }
+
+    /// One greedy decode step: feeds `tokens` (one per row) at each row's next slot and returns
+    /// the argmax of the next logits, per row. On CUDA the step is a CUDA graph (captured at the
+    /// first call) and this is one host-to-device write of the ids and slots, one replay and
+    /// one device-to-host copy of the result.
+    pub fn decode_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>, ModelError> {
+        let b = self.opts.batch;
+        if tokens.len() != b {
+            return Err(ModelError::RaggedBatch(tokens.len(), b));
+        }
+        self.check_ids(tokens)?;
+        let have = self.host_slot.iter().copied().max().unwrap_or(0) as usize;
+        if have + 1 > self.opts.capacity {
+            return Err(ModelError::ContextFull {
+                have,
+                more: 1,
+                context: self.opts.capacity,
+            });
+        }
+        if self.decode.is_none() {
+            self.decode = Some(self.build_decode()?);
+        }
+        let d = self.decode.as_ref().expect("built above");
+        d.ids.write_from_host(tokens)?;
+        self.slot.write_from_host(&self.host_slot)?;
+        let next = match &d.graph {
+            Some(g) => {
+                g.replay()?;
+                d.next.to_vec_u32()?
+            }
+            None => no_grad(|| self.step_argmax(&d.ids))?.to_vec_u32()?,
+        };
+        self.host_slot.iter_mut().for_each(|s| *s += 1);
+        Ok(next)
+    }
+
+    /// The decode step's work: logits of one token per row, and their argmax `[batch]`.
+    fn step_argmax(&self, ids: &Tensor) -> Result<Tensor, ModelError> {
+        let logits = self.forward(ids, self.opts.capacity, true)?;
+        Ok(logits
+            .reshape(&[self.opts.batch, self.cfg.vocab_size])?
+            .argmax_last()?)
+    }
+
+    /// The input tensor of the decode step and, on CUDA, its captured graph.
+    fn build_decode(&self) -> Result<DecodeGraph, ModelError> {
+        let b = self.opts.batch;
+        // The ids' recorded host bound (vocab − 1, attained) stays true for every id written
+        // later: they are checked against the vocabulary first.
+        let top = self.cfg.vocab_size as u32 - 1;
+        let ids = Tensor::from_vec(vec![top; b], &[b, 1], self.device)?;
+        match self.device {
+            Device::Cuda(_) => {
+                let (graph, next) = capture(self.device, || {
+                    no_grad(|| self.step_argmax(&ids)).map_err(op_err)
+                })?;
+                Ok(DecodeGraph {
+                    graph: Some(graph),
+                    ids,
+                    next,
+                })
+            }
+            Device::Cpu => Ok(DecodeGraph {
+                graph: None,
+                next: Tensor::from_vec(vec![0u32; b], &[b], self.device)?,
+                ids,
+            }),
+        }
+    }
+
+    /// Greedy generation: prefill, then up to `max_new` tokens per row (a row that produced one
+    /// of `stop` stops growing; the batch stops when every row has). `on_step` sees each step's
+    /// tokens as they come. Returns each row's new tokens.
+    pub fn generate_greedy(
+        &mut self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        stop: &[u32],
+        mut on_step: impl FnMut(&[u32]),
+    ) -> Result<Vec<Vec<u32>>, ModelError> {
+        let b = self.opts.batch;
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        if longest + max_new > self.opts.capacity + 1 {
+            return Err(ModelError::ContextFull {
+                have: longest,
+                more: max_new,
+                context: self.opts.capacity,
+            });
+        }
+        let mut out = vec![Vec::with_capacity(max_new); b];
+        if max_new == 0 {
+            return Ok(out);
+        }
+        let logits = self.prefill(prompts, false)?;
+        let mut next = no_grad(|| logits.argmax_last())?.to_vec_u32()?;
+        let mut done = vec![false; b];
+        for step in 0..max_new {
+            on_step(&next);
+            for (r, &tok) in next.iter().enumerate() {
+                if !done[r] {
+                    out[r].push(tok);
+                    done[r] = stop.contains(&tok);
+                }
+            }
+            if step + 1 == max_new || done.iter().all(|&d| d) {
+                break;
+            }
+            next = self.decode_greedy(&next)?;
+        }
+        Ok(out)
+    }
+}
+
+fn op_err(e: ModelError) -> tensor_ops::GpuError {
+    match e {
+        ModelError::Op(g) => g,
+        other => tensor_ops::GpuError::invalid("decode step", other.to_string()),
+    }
+}

@@ -1,0 +1,190 @@
+//! Decoding over a preallocated key/value cache (`gpu_core::nn::decode`): rotary positions and
+//! cache writes from a fused projection, attention against the cache, and the argmax of rows.
+//! Inference only: the outputs carry no gradient, and the caches are written in place.
+
+use crate::backend::on_device;
+use crate::ops::{buf, buf_mut};
+use crate::tensor::{same_device, Tensor};
+use gpu_core::nn::decode::DecodeDims;
+use gpu_core::nn::DecodeOps;
+use gpu_core::{Backend, DType, GpuError, Result};
+
+/// A layer's key and value caches, `[b, kv_heads, cap, d]` each (f32 or bf16), and where each
+/// batch row stands (`start`, `slot`: u32 `[b]`, see `gpu_core::nn::decode`).
+#[derive(Debug, Clone, Copy)]
+pub struct CacheView<'a> {
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub start: &'a Tensor,
+    pub slot: &'a Tensor,
+}
+
+impl CacheView<'_> {
+    /// The decode sizes of `t` new tokens with `heads` query heads, from the caches' shape.
+    fn dims(&self, op: &'static str, t: usize, heads: usize) -> Result<DecodeDims> {
+        let &[b, kv_heads, cap, d] = self.k.shape() else {
+            return Err(GpuError::shape(
+                op,
+                "caches of shape [b, kv_heads, cap, d]",
+                format!("{:?}", self.k.shape()),
+            ));
+        };
+        if self.v.shape() != self.k.shape() {
+            return Err(GpuError::shape(
+                op,
+                format!("a value cache of shape {:?}", self.k.shape()),
+                format!("{:?}", self.v.shape()),
+            ));
+        }
+        let dims = DecodeDims {
+            b,
+            t,
+            heads,
+            kv_heads,
+            d,
+            cap,
+        };
+        dims.check(op)?;
+        Ok(dims)
+    }
+
+    /// Refuses caches that share storage with each other or with `inputs` (a write lock taken
+    /// twice would deadlock, and an op must not read what it overwrites).
+    fn check_distinct(&self, op: &'static str, inputs: &[&Tensor]) -> Result<()> {
+        let clash = self.k.shares_storage(self.v)
+            || inputs
+                .iter()
+                .any(|t| t.shares_storage(self.k) || t.shares_storage(self.v));
+        if clash {
+            return Err(GpuError::invalid(
+                op,
+                "the key and value caches must be two buffers, distinct from the inputs",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Tensor {
+    /// From the fused projection `self` `[b, t, (heads + 2·kv_heads)·d]`: rotates q and k by
+    /// the rotary embedding of each token's position (`inv_freq` f32 `[d/2]`, or empty for no
+    /// rotation), writes k and v into `cache` at each row's `slot..slot + t`, and returns the
+    /// rotated queries `[b, t, heads, d]` in `q_dtype` (`DecodeOps::rope_append`).
+    pub fn rope_append(
+        &self,
+        inv_freq: &Tensor,
+        cache: CacheView<'_>,
+        heads: usize,
+        q_dtype: DType,
+    ) -> Result<Tensor> {
+        const OP: &str = "rope_append";
+        let dev = same_device(
+            OP,
+            &[self, inv_freq, cache.k, cache.v, cache.start, cache.slot],
+        )?;
+        let &[b, t, _] = self.shape() else {
+            return Err(GpuError::shape(
+                OP,
+                "qkv of shape [b, t, cols]",
+                format!("{:?}", self.shape()),
+            ));
+        };
+        let dims = cache.dims(OP, t, heads)?;
+        if dims.b != b {
+            return Err(GpuError::shape(OP, format!("{b} cache rows"), dims.b));
+        }
+        cache.check_distinct(OP, &[self, inv_freq, cache.start, cache.slot])?;
+        let (x, f, st, sl) = (
+            self.read(),
+            inv_freq.read(),
+            cache.start.read(),
+            cache.slot.read(),
+        );
+        let (mut kc, mut vc) = (cache.k.write(), cache.v.write());
+        let q = on_device!(dev, |be| {
+            let mut q = be.allocate(q_dtype, dims.q_len())?;
+            be.rope_append(
+                buf(be, &x)?,
+                buf(be, &f)?,
+                buf(be, &st)?,
+                buf(be, &sl)?,
+                &mut q,
+                buf_mut(be, &mut kc)?,
+                buf_mut(be, &mut vc)?,
+                dims,
+            )?;
+            crate::ops::wrap(be, q)
+        });
+        Ok(Tensor::from_storage(q, vec![b, t, heads, dims.d], dev))
+    }
+
+    /// Attention of the queries `self` `[b, t, heads, d]` against `cache` (causal, from each
+    /// row's `start`; `DecodeOps::cache_attention`), with scores `scale·q·k`; returns
+    /// `[b, t, heads·d]` in the queries' dtype. `max_end` bounds every row's `slot + t`.
+    pub fn cache_attention(
+        &self,
+        cache: CacheView<'_>,
+        max_end: usize,
+        scale: f32,
+    ) -> Result<Tensor> {
+        const OP: &str = "cache_attention";
+        let dev = same_device(OP, &[self, cache.k, cache.v, cache.start, cache.slot])?;
+        let &[b, t, heads, _] = self.shape() else {
+            return Err(GpuError::shape(
+                OP,
+                "queries of shape [b, t, heads, d]",
+                format!("{:?}", self.shape()),
+            ));
+        };
+        let dims = cache.dims(OP, t, heads)?;
+        if self.shape() != [dims.b, t, heads, dims.d] {
+            return Err(GpuError::shape(
+                OP,
+                format!("queries [{}, {t}, {heads}, {}]", dims.b, dims.d),
+                format!("{:?}", self.shape()),
+            ));
+        }
+        let (q, kc, vc, st, sl) = (
+            self.read(),
+            cache.k.read(),
+            cache.v.read(),
+            cache.start.read(),
+            cache.slot.read(),
+        );
+        let dtype = self.dtype();
+        let out = on_device!(dev, |be| {
+            let mut out = be.allocate(dtype, dims.q_len())?;
+            be.cache_attention(
+                buf(be, &q)?,
+                buf(be, &kc)?,
+                buf(be, &vc)?,
+                buf(be, &st)?,
+                buf(be, &sl)?,
+                &mut out,
+                dims,
+                max_end,
+                scale,
+            )?;
+            crate::ops::wrap(be, out)
+        });
+        Ok(Tensor::from_storage(out, vec![b, t, heads * dims.d], dev))
+    }
+
+    /// The index of the largest element of each row along the last axis, u32, of shape
+    /// `self.shape()[..rank-1]` (first on ties; NaN largest, as `torch.argmax`).
+    pub fn argmax_last(&self) -> Result<Tensor> {
+        const OP: &str = "argmax_last";
+        let Some((&cols, lead)) = self.shape().split_last() else {
+            return Err(GpuError::shape(OP, "a tensor of rank >= 1", "a scalar"));
+        };
+        let rows: usize = lead.iter().product();
+        let dev = self.device();
+        let x = self.read();
+        let out = on_device!(dev, |be| {
+            let mut out = be.allocate(DType::U32, rows)?;
+            be.argmax_rows(buf(be, &x)?, &mut out, cols)?;
+            crate::ops::wrap(be, out)
+        });
+        Ok(Tensor::from_storage(out, lead.to_vec(), dev))
+    }
+}

@@ -1,0 +1,167 @@
+//! The decode ops on the CPU reference, against the training ops they must agree with:
+//! a prefill through `rope_append` + `cache_attention` is `rope` + `causal_attention` on the
+//! `[b·heads, t, d]` layout, and decoding one token at a time gives the rows of the one-pass
+//! prefill. Also the typed refusals. (CUDA against this reference: gpu-cuda's `nn_decode.rs`.)
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use tensor_ops::{CacheView, DType, Device, Tensor};
+
+const DEV: Device = Device::Cpu;
+
+fn rand_vec(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
+}
+
+fn u32s(v: &[u32]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), &[v.len()], DEV).unwrap()
+}
+
+/// `[b, t, heads, d]` (or a `[b, t, cols]` block of it) to `[b·heads, t, d]`.
+fn to_heads(
+    x: &[f32],
+    b: usize,
+    t: usize,
+    heads: usize,
+    d: usize,
+    cols: usize,
+    off: usize,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(b * heads * t * d);
+    for r in 0..b {
+        for h in 0..heads {
+            for i in 0..t {
+                let at = (r * t + i) * cols + off + h * d;
+                out.extend_from_slice(&x[at..at + d]);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn prefill_is_rope_then_causal_attention() {
+    let seed = 7;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (b, t, heads, d, cap) = (2, 9, 3, 8, 12);
+    let base = 10_000f32;
+    let cols = 3 * heads * d;
+    let qkv = rand_vec(&mut rng, b * t * cols);
+    let inv: Vec<f32> = (0..d / 2)
+        .map(|j| base.powf(-2.0 * j as f32 / d as f32))
+        .collect();
+    let k = Tensor::zeros(&[b, heads, cap, d], DEV).unwrap();
+    let v = Tensor::zeros(&[b, heads, cap, d], DEV).unwrap();
+    let (start, slot) = (u32s(&[0, 0]), u32s(&[0, 0]));
+    let view = CacheView {
+        k: &k,
+        v: &v,
+        start: &start,
+        slot: &slot,
+    };
+    let x = Tensor::from_vec(qkv.clone(), &[b, t, cols], DEV).unwrap();
+    let freqs = Tensor::from_vec(inv, &[d / 2], DEV).unwrap();
+    let q = x.rope_append(&freqs, view, heads, DType::F32).unwrap();
+    let scale = 1.0 / (d as f32).sqrt();
+    let out = q.cache_attention(view, t, scale).unwrap().to_vec().unwrap();
+    // The training ops on the permuted layout.
+    let part = |off| {
+        Tensor::from_vec(
+            to_heads(&qkv, b, t, heads, d, cols, off),
+            &[b, heads, t, d],
+            DEV,
+        )
+        .unwrap()
+    };
+    let (qr, kr) = (
+        part(0).rope(base).unwrap(),
+        part(heads * d).rope(base).unwrap(),
+    );
+    let want = Tensor::causal_attention(&qr, &kr, &part(2 * heads * d))
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let got = to_heads(&out, b, t, heads, d, heads * d, 0);
+    // rope's angles are f64 (pos·base^(-2j/d)), rope_append's f32 products as transformers:
+    // at positions < 9 they differ by < 9·2^-24 rad, and the attention adds f32 roundings of
+    // sums of <= 9 terms of size <= 1: 1e-5 is above both.
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() < 1e-5, "seed {seed}: out[{i}] {g} vs {w}");
+    }
+}
+
+#[test]
+fn decoding_token_by_token_gives_the_prefill_rows() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let (t, heads, kvh, d, cap) = (6, 4, 2, 8, 8);
+    let cols = (heads + 2 * kvh) * d;
+    let qkv = rand_vec(&mut rng, t * cols);
+    let freqs = Tensor::from_vec(vec![1.0, 0.1, 0.01, 0.001], &[4], DEV).unwrap();
+    let scale = 0.3;
+    let run = |chunks: &[usize]| -> Vec<f32> {
+        let k = Tensor::zeros(&[1, kvh, cap, d], DEV).unwrap();
+        let v = Tensor::zeros(&[1, kvh, cap, d], DEV).unwrap();
+        let start = u32s(&[1]); // slot 0 is padding
+        let mut out = Vec::new();
+        let mut at = 0;
+        for &n in chunks {
+            let slot = u32s(&[at as u32]);
+            let view = CacheView {
+                k: &k,
+                v: &v,
+                start: &start,
+                slot: &slot,
+            };
+            let x = Tensor::from_vec(qkv[at * cols..(at + n) * cols].to_vec(), &[1, n, cols], DEV)
+                .unwrap();
+            let q = x.rope_append(&freqs, view, heads, DType::F32).unwrap();
+            out.extend(
+                q.cache_attention(view, cap, scale)
+                    .unwrap()
+                    .to_vec()
+                    .unwrap(),
+            );
+            at += n;
+        }
+        out
+    };
+    let one_pass = run(&[t]);
+    let stepwise = run(&[2, 1, 1, 1, 1]);
+    assert_eq!(one_pass, stepwise);
+    // The padding slot's query sees nothing: zeros.
+    assert!(one_pass[..heads * d].iter().all(|&x| x == 0.0));
+}
+
+#[test]
+fn decode_ops_refuse_bad_arguments() {
+    let k = Tensor::zeros(&[1, 1, 4, 4], DEV).unwrap();
+    let v = Tensor::zeros(&[1, 1, 4, 4], DEV).unwrap();
+    let (start, slot) = (u32s(&[0]), u32s(&[3]));
+    let view = CacheView {
+        k: &k,
+        v: &v,
+        start: &start,
+        slot: &slot,
+    };
+    let freqs = Tensor::from_vec(vec![1.0, 0.5], &[2], DEV).unwrap();
+    let x = Tensor::from_vec(vec![1.0; 2 * 12], &[1, 2, 12], DEV).unwrap();
+    // Two tokens from slot 3 do not fit 4 slots: refused, the cache untouched.
+    assert!(x.rope_append(&freqs, view, 1, DType::F32).is_err());
+    assert!(k.to_vec().unwrap().iter().all(|&e| e == 0.0));
+    // The same buffer as key and value cache, a head count that does not group.
+    let same = CacheView { v: &k, ..view };
+    assert!(x.rope_append(&freqs, same, 1, DType::F32).is_err());
+    let y = Tensor::from_vec(vec![1.0; 16], &[1, 1, 16], DEV).unwrap();
+    assert!(
+        y.rope_append(&freqs, view, 3, DType::F32).is_err(),
+        "16 columns are not (3 + 2·1)·4"
+    );
+    // max_end past the cache, a non-finite scale.
+    let q = Tensor::from_vec(vec![1.0; 4], &[1, 1, 1, 4], DEV).unwrap();
+    assert!(q.cache_attention(view, 5, 1.0).is_err());
+    assert!(q.cache_attention(view, 4, f32::NAN).is_err());
+    // argmax of rows with no columns, of a scalar.
+    let e = Tensor::zeros(&[2, 0], DEV).unwrap();
+    assert!(e.argmax_last().is_err());
+    let a = Tensor::from_vec(vec![1.0, f32::NAN, 3.0, 3.0, 2.0, 3.0], &[2, 3], DEV).unwrap();
+    assert_eq!(a.argmax_last().unwrap().to_vec_u32().unwrap(), vec![1, 0]);
+}

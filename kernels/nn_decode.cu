@@ -1,0 +1,248 @@
+// Inference over a preallocated key/value cache (gpu_core::nn::decode): rotary positions and
+// cache writes from a fused q/k/v projection, attention of new queries against the cache (split
+// over the slots, then combined), and the argmax of each row. Buffers are f32 or bf16 (the
+// suffix names the storage: _f/_b per argument), computed in f32, rounded once where stored.
+// Row positions (`start`, `slot`) are read from the device, so a CUDA graph replays these
+// launches step after step. CPU reference: crates/gpu-core/src/cpu/decode.rs (f64 sums).
+
+#include "common.cuh"
+#include "nn_elem_io.cuh"
+
+static __device__ __forceinline__ float ldf(const float* p) { return *p; }
+static __device__ __forceinline__ float ldf(const bf16* p) { return bf16_bits_to_float(p->bits); }
+static __device__ __forceinline__ void stf(float* p, float v) { *p = v; }
+static __device__ __forceinline__ void stf(bf16* p, float v) { p->bits = float_to_bf16_bits(v); }
+
+// ---- rope_append --------------------------------------------------------------------------------
+// One block per new token (r, i) of b·t. The token sits at slot s = slot[r] + i, rotary position
+// p = s − start[r] (0 before start). Pairs (head h of q then of k, j < d/2) are rotated by
+// θ = p·inv_freq[j] (an f32 product, as transformers), sincosf (full range reduction, no fast
+// math); q goes to q_out [b, t, heads, d], k and v to slot s of the caches [b, kvh, cap, d]
+// (skipped when s >= cap: the host checks bounds, a graph cannot report them).
+template <typename TI, typename TQ, typename TC>
+static __device__ void rope_append_body(const TI* __restrict__ qkv, const float* __restrict__ inv_freq,
+                                        u32 rope, const u32* __restrict__ start,
+                                        const u32* __restrict__ slot, TQ* __restrict__ q_out,
+                                        TC* __restrict__ kc, TC* __restrict__ vc, u32 t, u32 heads,
+                                        u32 kvh, u32 d, u32 cap) {
+    const u32 tok = blockIdx.x, r = tok / t, i = tok % t;
+    const u32 s = slot[r] + i, st = start[r];
+    const u32 pos = s >= st ? s - st : 0u;
+    const u32 half = d >> 1, cols = (heads + 2 * kvh) * d;
+    const TI* row = qkv + (u64)tok * cols;
+    const bool keep = s < cap;
+    for (u32 p = threadIdx.x; p < (heads + kvh) * half; p += blockDim.x) {
+        const u32 h = p / half, j = p % half;
+        float sn = 0.0f, cs = 1.0f;
+        if (rope) sincosf((float)pos * inv_freq[j], &sn, &cs);
+        const float x0 = ldf(row + h * d + j), x1 = ldf(row + h * d + j + half);
+        const float a = x0 * cs - x1 * sn, c = x1 * cs + x0 * sn;
+        if (h < heads) {
+            TQ* o = q_out + ((u64)tok * heads + h) * d;
+            stf(o + j, a);
+            stf(o + j + half, c);
+        } else if (keep) {
+            TC* o = kc + (((u64)r * kvh + (h - heads)) * cap + s) * d;
+            stf(o + j, a);
+            stf(o + j + half, c);
+        }
+    }
+    if (!keep) return;
+    for (u32 e = threadIdx.x; e < kvh * d; e += blockDim.x) {
+        const u32 g = e / d, j = e % d;
+        stf(vc + (((u64)r * kvh + g) * cap + s) * d + j, ldf(row + (heads + kvh) * d + e));
+    }
+}
+
+#define ROPE_APPEND(NAME, TI, TQ, TC)                                                              \
+    extern "C" __global__ void NAME(const TI* qkv, const float* inv_freq, u32 rope,               \
+                                    const u32* start, const u32* slot, TQ* q_out, TC* kc, TC* vc, \
+                                    u32 t, u32 heads, u32 kvh, u32 d, u32 cap) {                  \
+        rope_append_body<TI, TQ, TC>(qkv, inv_freq, rope, start, slot, q_out, kc, vc, t, heads,  \
+                                     kvh, d, cap);                                                \
+    }
+ROPE_APPEND(rope_append_fff, float, float, float)
+ROPE_APPEND(rope_append_ffb, float, float, bf16)
+ROPE_APPEND(rope_append_fbf, float, bf16, float)
+ROPE_APPEND(rope_append_fbb, float, bf16, bf16)
+ROPE_APPEND(rope_append_bff, bf16, float, float)
+ROPE_APPEND(rope_append_bfb, bf16, float, bf16)
+ROPE_APPEND(rope_append_bbf, bf16, bf16, float)
+ROPE_APPEND(rope_append_bbb, bf16, bf16, bf16)
+
+// ---- cache attention ----------------------------------------------------------------------------
+// Pass 1, one block of ATT_THREADS per (query head row, chunk of CHUNK slots): row = (r·t + i)·heads
+// + h in grid.x, the chunk in grid.y. The query at slot s attends to slots [start[r], s] ∩ chunk:
+// scores scale·(q·k) (a warp per slot, lanes over d), m = their max, w = exp(score − m), and the
+// chunk's partial (m, l = Σ w, acc = Σ w·v) goes to the workspace; an empty chunk writes m = −inf,
+// l = 0, acc = 0. Pass 2, one block per row: M = max m, out = Σ acc·e^{m−M} / Σ l·e^{m−M} (0
+// when every chunk is empty).
+#define CHUNK 256
+#define ATT_THREADS 128
+
+template <typename TQ, typename TC>
+static __device__ void attn_chunk_body(const TQ* __restrict__ q, const TC* __restrict__ kc,
+                                       const TC* __restrict__ vc, const u32* __restrict__ start,
+                                       const u32* __restrict__ slot, float* __restrict__ part,
+                                       u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale) {
+    __shared__ float qs[256];
+    __shared__ float w[CHUNK];
+    __shared__ float acc[ATT_THREADS];
+    __shared__ float scratch[32];
+    const u32 row = blockIdx.x, chunk = blockIdx.y, nchunks = gridDim.y;
+    const u32 h = row % heads, tok = row / heads, r = tok / t, i = tok % t;
+    const u32 s = slot[r] + i;
+    const u32 lo = max(start[r], chunk * CHUNK);
+    const u32 hi = min(min(s + 1, cap), (chunk + 1) * CHUNK);
+    // Partial layout: per (row, chunk), [m, l, acc_0 .. acc_{d-1}].
+    float* out = part + ((u64)row * nchunks + chunk) * (d + 2);
+    if (lo >= hi) {
+        for (u32 e = threadIdx.x; e < d + 2; e += blockDim.x) out[e] = e == 0 ? -INFINITY : 0.0f;
+        return;
+    }
+    for (u32 e = threadIdx.x; e < d; e += blockDim.x) qs[e] = ldf(q + (u64)row * d + e);
+    __syncthreads();
+    const u64 base = ((u64)r * kvh + h / (heads / kvh)) * cap;
+    const TC* kb = kc + base * d;
+    const TC* vb = vc + base * d;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const u32 n = hi - lo;
+    for (u32 j = warp; j < n; j += nw) {
+        const TC* k = kb + (u64)(lo + j) * d;
+        float a = 0.0f;
+        for (u32 e = lane; e < d; e += 32) a = fmaf(qs[e], ldf(k + e), a);
+        a = warp_sum(a);
+        if (lane == 0) w[j] = a * scale;
+    }
+    __syncthreads();
+    float m = -INFINITY;
+    for (u32 j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, w[j]);
+    m = block_max(m, scratch);
+    float l = 0.0f;
+    for (u32 j = threadIdx.x; j < n; j += blockDim.x) {
+        const float x = expf(w[j] - m);
+        w[j] = x;
+        l += x;
+    }
+    l = block_sum(l, scratch);  // its barriers also publish w
+    // P·V: with d <= blockDim, `groups` groups of d threads each take every groups-th slot (one
+    // dimension per thread) and their sums are added in group order; wider heads loop over d.
+    if (d <= blockDim.x) {
+        const u32 groups = blockDim.x / d, g = threadIdx.x / d, e = threadIdx.x % d;
+        float a = 0.0f;
+        if (g < groups) {
+#pragma unroll 4
+            for (u32 j = g; j < n; j += groups) a = fmaf(w[j], ldf(vb + (u64)(lo + j) * d + e), a);
+        }
+        if (groups == 1) {
+            if (threadIdx.x < d) out[2 + e] = a;
+        } else {
+            if (g < groups) acc[threadIdx.x] = a;
+            __syncthreads();
+            if (threadIdx.x < d) {
+                float sum = 0.0f;
+                for (u32 k = 0; k < groups; ++k) sum += acc[k * d + threadIdx.x];
+                out[2 + threadIdx.x] = sum;
+            }
+        }
+    } else {
+        for (u32 e = threadIdx.x; e < d; e += blockDim.x) {
+            float a = 0.0f;
+#pragma unroll 4
+            for (u32 j = 0; j < n; ++j) a = fmaf(w[j], ldf(vb + (u64)(lo + j) * d + e), a);
+            out[2 + e] = a;
+        }
+    }
+    if (threadIdx.x == 0) out[0] = m, out[1] = l;
+}
+
+template <typename TO>
+static __device__ void attn_combine_body(const float* __restrict__ part, TO* __restrict__ o,
+                                         u32 d, u32 nchunks) {
+    const u32 row = blockIdx.x;
+    const float* p = part + (u64)row * nchunks * (d + 2);
+    float m = -INFINITY;
+    for (u32 c = 0; c < nchunks; ++c) m = fmaxf(m, p[c * (d + 2)]);
+    float l = 0.0f;
+    if (m != -INFINITY)
+        for (u32 c = 0; c < nchunks; ++c) l += p[c * (d + 2) + 1] * expf(p[c * (d + 2)] - m);
+    for (u32 e = threadIdx.x; e < d; e += blockDim.x) {
+        float a = 0.0f;
+        if (l > 0.0f) {
+            for (u32 c = 0; c < nchunks; ++c) {
+                const float mc = p[c * (d + 2)];
+                if (mc != -INFINITY) a += p[c * (d + 2) + 2 + e] * expf(mc - m);
+            }
+            a /= l;
+        }
+        stf(o + (u64)row * d + e, a);
+    }
+}
+
+#define ATTN_CHUNK(NAME, TQ, TC)                                                                   \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                     \
+        NAME(const TQ* q, const TC* kc, const TC* vc, const u32* start, const u32* slot,          \
+             float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale) {               \
+        attn_chunk_body<TQ, TC>(q, kc, vc, start, slot, part, t, heads, kvh, d, cap, scale);     \
+    }
+ATTN_CHUNK(cache_attn_chunk_ff, float, float)
+ATTN_CHUNK(cache_attn_chunk_fb, float, bf16)
+ATTN_CHUNK(cache_attn_chunk_bf, bf16, float)
+ATTN_CHUNK(cache_attn_chunk_bb, bf16, bf16)
+
+extern "C" __global__ void cache_attn_combine_f(const float* part, float* o, u32 d, u32 nchunks) {
+    attn_combine_body<float>(part, o, d, nchunks);
+}
+extern "C" __global__ void cache_attn_combine_b(const float* part, bf16* o, u32 d, u32 nchunks) {
+    attn_combine_body<bf16>(part, o, d, nchunks);
+}
+
+// ---- argmax -------------------------------------------------------------------------------------
+// One block of 1024 threads per row. A candidate (v, i) beats (w, j) when v is NaN and w is not,
+// or both are numbers and v > w, or they tie (both NaN, or equal) and i < j: the first index of
+// the largest element, NaN largest (torch.argmax).
+static __device__ __forceinline__ bool beats(float v, u32 i, float w, u32 j) {
+    const bool vn = v != v, wn = w != w;
+    if (vn != wn) return vn;
+    if (!vn && v != w) return v > w;
+    return i < j;
+}
+
+template <typename T>
+static __device__ void argmax_body(const T* __restrict__ x, u32* __restrict__ out, u32 cols) {
+    __shared__ float sv[32];
+    __shared__ u32 si[32];
+    const T* row = x + (u64)blockIdx.x * cols;
+    float best = -INFINITY;
+    u32 bi = 0xffffffffu;
+    for (u32 c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float v = ldf(row + c);
+        if (bi == 0xffffffffu || beats(v, c, best, bi)) best = v, bi = c;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, best, o);
+        const u32 i = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (i != 0xffffffffu && (bi == 0xffffffffu || beats(v, i, best, bi))) best = v, bi = i;
+    }
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sv[warp] = best, si[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+        const u32 nw = blockDim.x >> 5;
+        best = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : 0xffffffffu;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v = __shfl_xor_sync(0xffffffffu, best, o);
+            const u32 i = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (i != 0xffffffffu && (bi == 0xffffffffu || beats(v, i, best, bi))) best = v, bi = i;
+        }
+        if (lane == 0) out[blockIdx.x] = bi;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) argmax_rows_f(const float* x, u32* out, u32 cols) {
+    argmax_body<float>(x, out, cols);
+}
+extern "C" __global__ void __launch_bounds__(1024) argmax_rows_b(const bf16* x, u32* out, u32 cols) {
+    argmax_body<bf16>(x, out, cols);
+}
