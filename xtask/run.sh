@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU test bundle runner (made by `cargo xtask gpu-bundle`). Runs on a GPU machine with no Rust.
 #
-#   ./run.sh [--bench] [--no-sanitizer] [--no-tests] [--sanitize-only] [--parity] [--train ITERS]
+#   ./run.sh [--bench] [--no-sanitizer] [--no-tests] [--sanitize-only] [--parity] [--hf-parity]
+#            [--train ITERS]
 #
 # Runs every test binary, counts the GPU tests (named gpu_*): ran, passed, failed, skipped.
 # Exits non-zero if any test failed, or if any GPU test skipped while a GPU is present.
@@ -9,10 +10,16 @@
 # --bench also runs gpu-bench (with the PyTorch peer) and writes out/benchmarks.md.
 # --parity runs the PyTorch parity checks of the GPT (scripts/torch_parity.py; fp32, and bf16
 # against PyTorch's autocast) and of the GRU cell (scripts/torch_gru_parity.py).
+# --hf-parity builds random models with the real configs of Llama-3.2-1B, Qwen2.5-0.5B and
+# GPT-2 124M in transformers (hf_gpu_parity.py, on cuda, into $HF_PARITY_DIR or a temporary
+# folder removed afterwards; ~8 GB) and checks each with `hybrid-trainer check-hf --device
+# cuda`: the prompt's logits within the stated f32 bound and the same 64 greedy tokens. Logs and
+# the PASS/FAIL lines (hf-parity-summary.txt) go to $OUT_DIR; $HF_PARITY_ARGS is passed to the
+# script (e.g. --small for a quick smoke run).
 # --train N trains the shakespeare-char GPT for N iterations on data/tinyshakespeare.txt.
 set -u -o pipefail
 cd "$(dirname "$0")"
-bench=0; sanitize=1; tests=1; parity=0; train=0
+bench=0; sanitize=1; tests=1; parity=0; hf_parity=0; train=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) bench=1 ;;
@@ -20,6 +27,7 @@ while [ $# -gt 0 ]; do
     --no-tests) tests=0; sanitize=0 ;;
     --sanitize-only) tests=0; sanitize=1 ;;
     --parity) parity=1 ;;
+    --hf-parity) hf_parity=1 ;;
     --train) shift; train="$1" ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -133,6 +141,27 @@ if [ "$parity" = 1 ]; then
   bin/hybrid-trainer --device cuda parity-dump --model gru --out "$OUT_DIR/parity-gru.safetensors" || status=1
   python3 torch_gru_parity.py "$OUT_DIR/parity-gru.safetensors" 2>&1 | tee "$OUT_DIR/parity-gru.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ "$hf_parity" = 1 ]; then
+  echo "== Hugging Face parity at real sizes (hf_gpu_parity.py, then check-hf on cuda)"
+  hf_dir="${HF_PARITY_DIR:-$(mktemp -d)}"
+  # shellcheck disable=SC2086
+  python3 hf_gpu_parity.py "$hf_dir" --device cuda ${HF_PARITY_ARGS:-} 2>&1 | tee "$OUT_DIR/hf-parity-expected.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "!! hf_gpu_parity.py failed"; status=1; }
+  : > "$OUT_DIR/hf-parity-summary.txt"
+  for m in llama-3.2-1b qwen2.5-0.5b gpt2-124m; do
+    echo "== check-hf $m"
+    if [ -f "$hf_dir/$m/expected.safetensors" ]; then
+      bin/hybrid-trainer check-hf --model "$hf_dir/$m" --device cuda 2>&1 | tee "$OUT_DIR/hf-parity-$m.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "!! check-hf $m failed"; status=1; }
+      grep -E '^(PASS|FAIL) ' "$OUT_DIR/hf-parity-$m.log" >> "$OUT_DIR/hf-parity-summary.txt"
+    else
+      echo "!! $m: no expectations ($hf_dir/$m/expected.safetensors)"; status=1
+      echo "FAIL $m: no expectations" >> "$OUT_DIR/hf-parity-summary.txt"
+    fi
+  done
+  echo "== Hugging Face parity summary"; cat "$OUT_DIR/hf-parity-summary.txt"
+  [ -n "${HF_PARITY_DIR:-}" ] || rm -rf "$hf_dir"
 fi
 gpt_text=()
 [ -f data/tinyshakespeare.txt ] && gpt_text=(--gpt-text data/tinyshakespeare.txt)

@@ -1,5 +1,6 @@
 //! `cargo xtask gpu-bundle`: release test and bench binaries, stripped, with the kernels, the
-//! PyTorch peer and parity scripts and `run.sh`, in `target/gpu-bundle` for a GPU machine
+//! PyTorch peer and parity scripts (the GPT's, the GRU's, and `hf_gpu_parity.py` for
+//! `run.sh --hf-parity`) and `run.sh`, in `target/gpu-bundle` for a GPU machine
 //! without Rust.
 
 use anyhow::{ensure, Context, Result};
@@ -127,7 +128,7 @@ pub fn build() -> Result<PathBuf> {
     for peer in ["torch_peer.py", "torch_ddp.py"] {
         fs::copy(root.join("benches").join(peer), dir.join(peer))?;
     }
-    for script in ["torch_parity.py", "torch_gru_parity.py"] {
+    for script in ["torch_parity.py", "torch_gru_parity.py", "hf_gpu_parity.py"] {
         fs::copy(root.join("scripts").join(script), dir.join(script))?;
     }
     fs::copy(root.join("xtask/run.sh"), dir.join("run.sh"))?;

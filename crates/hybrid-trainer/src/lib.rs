@@ -4,6 +4,7 @@
 //! [`job_legacy`]) and experiment ([`experiment`]), with reports, the embedded corpus, the GPU
 //! demo and parity dumps.
 
+pub mod check_hf;
 pub mod control;
 pub mod corpus;
 pub mod demo;

@@ -53,6 +53,10 @@ enum Cmd {
     /// Write a `train-gpt --save` GPT (GPT-2 variant) as a Hugging Face GPT-2 directory that
     /// `generate`, `perplexity` and `transformers` load.
     ExportHf(hybrid_trainer::generate::ExportArgs),
+    /// Check a Hugging Face model directory against the logits and greedy tokens that
+    /// transformers wrote beside it (expected.safetensors, scripts/hf_gpu_parity.py): one
+    /// PASS/FAIL line per check, a non-zero exit on any failure.
+    CheckHf(hybrid_trainer::check_hf::CheckHfArgs),
     /// Train the GPT of tensor-ops on a text file (nanoGPT's shakespeare-char setup by default).
     TrainGpt(hybrid_trainer::train_gpt::TrainArgs),
     /// Write a small model's weights, inputs, outputs and gradients for a PyTorch replay:
@@ -258,6 +262,9 @@ fn main() -> Result<()> {
             }
             Cmd::ExportHf(args) => {
                 hybrid_trainer::generate::export(&args)?;
+            }
+            Cmd::CheckHf(args) => {
+                hybrid_trainer::check_hf::run(device, &args)?;
             }
             Cmd::AllreduceBench(args) => {
                 hybrid_trainer::dist_bench::run(device, &args)?;
