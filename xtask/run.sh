@@ -152,9 +152,16 @@ if [ "$hf_parity" = 1 ]; then
   for m in llama-3.2-1b qwen2.5-0.5b gpt2-124m; do
     echo "== check-hf $m"
     if [ -f "$hf_dir/$m/expected.safetensors" ]; then
-      bin/hybrid-trainer check-hf --model "$hf_dir/$m" --device cuda 2>&1 | tee "$OUT_DIR/hf-parity-$m.log"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "!! check-hf $m failed"; status=1; }
-      grep -E '^(PASS|FAIL) ' "$OUT_DIR/hf-parity-$m.log" >> "$OUT_DIR/hf-parity-summary.txt"
+      # The reference engine (f32) on every model; the fast engine (f32, bf16) on the Llama family.
+      runs=("reference f32")
+      [ "$m" = gpt2-124m ] || runs+=("fast f32" "fast bf16")
+      for r in "${runs[@]}"; do
+        set -- $r
+        log="$OUT_DIR/hf-parity-$m-$1-$2.log"
+        bin/hybrid-trainer check-hf --model "$hf_dir/$m" --device cuda --engine "$1" --dtype "$2" 2>&1 | tee "$log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "!! check-hf $m ($r) failed"; status=1; }
+        grep -E '^(PASS|FAIL) ' "$log" | sed "s/^/[$r] /" >> "$OUT_DIR/hf-parity-summary.txt"
+      done
     else
       echo "!! $m: no expectations ($hf_dir/$m/expected.safetensors)"; status=1
       echo "FAIL $m: no expectations" >> "$OUT_DIR/hf-parity-summary.txt"

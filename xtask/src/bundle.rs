@@ -125,7 +125,7 @@ pub fn build() -> Result<PathBuf> {
         let p = e?.path();
         fs::copy(&p, dir.join("kernels").join(p.file_name().unwrap()))?;
     }
-    for peer in ["torch_peer.py", "torch_ddp.py"] {
+    for peer in ["torch_peer.py", "torch_ddp.py", "hf_generate_peer.py"] {
         fs::copy(root.join("benches").join(peer), dir.join(peer))?;
     }
     for script in ["torch_parity.py", "torch_gru_parity.py", "hf_gpu_parity.py"] {

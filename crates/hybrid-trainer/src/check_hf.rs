@@ -68,8 +68,18 @@ pub const OPS_AFTER_LAYERS: usize = 2;
 pub enum CheckDtype {
     /// The f32 reference engine (logits and greedy tokens).
     F32,
-    /// The fast bf16 engine (logits only; not yet available).
+    /// bf16 weights and matmuls (the fast engine only; logits).
     Bf16,
+}
+
+/// Which engine is checked.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CheckEngine {
+    /// `models::CausalLm`, the f32 reference.
+    #[default]
+    Reference,
+    /// `models::Engine`: fused weights, the preallocated cache, graphed decode on CUDA.
+    Fast,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -81,6 +91,9 @@ pub struct CheckHfArgs {
     /// The engine's arithmetic.
     #[arg(long, value_enum, default_value_t = CheckDtype::F32)]
     pub dtype: CheckDtype,
+    /// The engine checked (bf16 needs the fast one).
+    #[arg(long, value_enum, default_value_t = CheckEngine::Reference)]
+    pub engine: CheckEngine,
 }
 
 /// Why a check could not be run (a check that ran and failed is a [`Check`] with `pass`
@@ -98,7 +111,7 @@ pub enum CheckHfError {
     Model(#[from] ModelError),
     #[error("the expectations and the model disagree: {0}")]
     Mismatch(String),
-    #[error("bf16 needs the fast engine (not yet available)")]
+    #[error("bf16 needs the fast engine (--engine fast)")]
     Bf16Unavailable,
 }
 
@@ -285,16 +298,22 @@ impl LogitsEngine for CausalLm {
     }
 }
 
-/// The engine of `dtype` for the model in `dir` on `device`. bf16 is refused until the fast
-/// engine exists: add it here.
+/// The engine of `kind` and `dtype` for the model in `dir` on `device` (bf16: the fast
+/// engine only).
 pub fn engine(
+    kind: CheckEngine,
     dtype: CheckDtype,
     dir: &Path,
     device: Device,
 ) -> Result<Box<dyn LogitsEngine>, CheckHfError> {
-    match dtype {
-        CheckDtype::F32 => Ok(Box::new(CausalLm::load(dir, device)?)),
-        CheckDtype::Bf16 => Err(CheckHfError::Bf16Unavailable),
+    match (kind, dtype) {
+        (CheckEngine::Reference, CheckDtype::F32) => Ok(Box::new(CausalLm::load(dir, device)?)),
+        (CheckEngine::Reference, CheckDtype::Bf16) => Err(CheckHfError::Bf16Unavailable),
+        (CheckEngine::Fast, _) => Ok(Box::new(crate::check_hf_fast::FastEngine::load(
+            dir,
+            device,
+            dtype == CheckDtype::Bf16,
+        )?)),
     }
 }
 
@@ -523,6 +542,20 @@ pub fn run_checks(
     device: Device,
     dtype: CheckDtype,
 ) -> Result<(String, Vec<Check>), CheckHfError> {
+    let kind = match dtype {
+        CheckDtype::F32 => CheckEngine::Reference,
+        CheckDtype::Bf16 => CheckEngine::Fast,
+    };
+    run_checks_of(dir, device, kind, dtype)
+}
+
+/// [`run_checks`] of the engine `kind`.
+pub fn run_checks_of(
+    dir: &Path,
+    device: Device,
+    kind: CheckEngine,
+    dtype: CheckDtype,
+) -> Result<(String, Vec<Check>), CheckHfError> {
     let e = Expected::read(&dir.join(EXPECTED_FILE))?;
     let name = model_name(dir, &e);
     if !e.meta.is_empty() {
@@ -531,7 +564,7 @@ pub fn run_checks(
     }
     let cfg = ModelConfig::from_dir(dir).map_err(ModelError::from)?;
     let t = Instant::now();
-    let mut eng = engine(dtype, dir, device)?;
+    let mut eng = engine(kind, dtype, dir, device)?;
     eprintln!(
         "{name}: {} ({:?}, {} layers × {}, vocab {}), loaded in {:.1} s",
         eng.describe(),
@@ -550,7 +583,7 @@ pub fn run_checks(
 
 /// `hybrid-trainer check-hf`: runs the checks; an error when any failed.
 pub fn run(device: Device, a: &CheckHfArgs) -> anyhow::Result<()> {
-    let (name, checks) = run_checks(&a.model, device, a.dtype)?;
+    let (name, checks) = run_checks_of(&a.model, device, a.engine, a.dtype)?;
     let failed = checks.iter().filter(|c| !c.pass).count();
     anyhow::ensure!(
         failed == 0,

@@ -4,7 +4,9 @@
 //! [`job_legacy`]) and experiment ([`experiment`]), with reports, the embedded corpus, the GPU
 //! demo and parity dumps.
 
+pub mod bench_generate;
 pub mod check_hf;
+pub mod check_hf_fast;
 pub mod control;
 pub mod corpus;
 pub mod demo;

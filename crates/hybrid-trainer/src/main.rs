@@ -57,6 +57,9 @@ enum Cmd {
     /// transformers wrote beside it (expected.safetensors, scripts/hf_gpu_parity.py): one
     /// PASS/FAIL line per check, a non-zero exit on any failure.
     CheckHf(hybrid_trainer::check_hf::CheckHfArgs),
+    /// Time the fast engine (prefill, first token, greedy decode at batch 1 and 16) on the
+    /// prompts benches/hf_generate_peer.py --save wrote beside the model.
+    BenchGenerate(hybrid_trainer::bench_generate::BenchGenerateArgs),
     /// Train the GPT of tensor-ops on a text file (nanoGPT's shakespeare-char setup by default).
     TrainGpt(hybrid_trainer::train_gpt::TrainArgs),
     /// Write a small model's weights, inputs, outputs and gradients for a PyTorch replay:
@@ -265,6 +268,9 @@ fn main() -> Result<()> {
             }
             Cmd::CheckHf(args) => {
                 hybrid_trainer::check_hf::run(device, &args)?;
+            }
+            Cmd::BenchGenerate(args) => {
+                hybrid_trainer::bench_generate::run(device, &args)?;
             }
             Cmd::AllreduceBench(args) => {
                 hybrid_trainer::dist_bench::run(device, &args)?;

@@ -2,7 +2,7 @@
 //! `crates/models/tests/fixtures/hf`, whose `expected.safetensors` is already in the format it
 //! reads (without margins): they pass; expectations perturbed beyond the bound fail (logits,
 //! a greedy token), a differing token at a recorded near tie is accepted, a bf16 engine is
-//! judged against `transformers`' bf16 deviation, and `--dtype bf16` is a clear error.
+//! judged against `transformers`' bf16 deviation, and `--dtype bf16` on the reference engine is a clear error.
 
 use std::path::{Path, PathBuf};
 
@@ -223,7 +223,7 @@ fn the_command_prints_pass_and_fail_lines_and_its_exit_status() {
     .failure();
     let err = String::from_utf8_lossy(&bf16.get_output().stderr).into_owned();
     assert!(
-        err.contains("bf16 needs the fast engine (not yet available)"),
+        err.contains("bf16 needs the fast engine (--engine fast)"),
         "{err}"
     );
 }

@@ -1,0 +1,163 @@
+//! `hybrid-trainer bench-generate`: times the fast engine ([`models::Engine`]) on the prompts
+//! that `benches/hf_generate_peer.py --save` wrote beside the same model, so both sides time
+//! identical work in one device call. Every figure is the median of `--repeats` runs after a
+//! warm-up, timed on the host around work that ends in a device-to-host copy (so the device
+//! has finished):
+//! - time to first token: prefill of the 512-token prompt at batch 1, its argmax, the copy;
+//! - prefill tokens/s: prompt tokens over the time of that prefill (512 and 2048 tokens);
+//! - decode tokens/s at batch B: B·(N − 1) over the time of the N − 1 graphed greedy steps
+//!   after the first token (each step: ids in, one replay, the new tokens out).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{ensure, Context, Result};
+use clap::{Args, ValueEnum};
+use models::{Engine, EngineOptions};
+use safetensors::SafeTensors;
+use tensor_ops::{no_grad, DType, Device};
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchDtype {
+    Bf16,
+    F32,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchGenerateArgs {
+    /// A Llama-family model directory (as hf_generate_peer.py --save writes it).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// prompts.safetensors (prompt_512 [1,512], prompt_2048 [1,2048], batch16_512 [16,512]).
+    #[arg(long)]
+    pub prompts: PathBuf,
+    #[arg(long, value_enum, default_value_t = BenchDtype::Bf16)]
+    pub dtype: BenchDtype,
+    /// New tokens per decode run.
+    #[arg(long, default_value_t = 128)]
+    pub new_tokens: usize,
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Writes the figures as JSON here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+fn prompts(path: &PathBuf, key: &str) -> Result<Vec<Vec<u32>>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes)?;
+    let t = st
+        .tensor(key)
+        .with_context(|| format!("{key} in {}", path.display()))?;
+    let shape = t.shape().to_vec();
+    ensure!(
+        shape.len() == 2 && t.dtype() == safetensors::Dtype::I64,
+        "{key}: expected int64 [rows, len]"
+    );
+    let ids: Vec<u32> = t
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) as u32)
+        .collect();
+    Ok(ids.chunks(shape[1]).map(<[u32]>::to_vec).collect())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median seconds of `f` over `repeats` runs after one warm-up.
+fn time(repeats: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut s = Vec::with_capacity(repeats);
+    for _ in 0..repeats.max(1) {
+        let t = Instant::now();
+        f()?;
+        s.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(s))
+}
+
+fn engine(a: &BenchGenerateArgs, device: Device, batch: usize, capacity: usize) -> Result<Engine> {
+    let dtype = match a.dtype {
+        BenchDtype::Bf16 => DType::BF16,
+        BenchDtype::F32 => DType::F32,
+    };
+    let opts = EngineOptions {
+        dtype,
+        batch,
+        capacity,
+    };
+    Ok(Engine::load(&a.model, device, opts)?)
+}
+
+/// One prefill and its first tokens (the argmax, copied to the host).
+fn prefill(e: &mut Engine, p: &[Vec<u32>]) -> Result<Vec<u32>> {
+    let logits = e.prefill(p, false)?;
+    Ok(no_grad(|| logits.argmax_last())?.to_vec_u32()?)
+}
+
+pub fn run(device: Device, a: &BenchGenerateArgs) -> Result<()> {
+    let n = a.new_tokens.max(2);
+    let p512 = prompts(&a.prompts, "prompt_512")?;
+    let p2048 = prompts(&a.prompts, "prompt_2048")?;
+    let b16 = prompts(&a.prompts, "batch16_512")?;
+    let mut fig = serde_json::Map::new();
+    let mut e1 = engine(a, device, 1, 2048 + n)?;
+    fig.insert(
+        "weight_bytes_per_step".into(),
+        e1.weight_bytes_per_step().into(),
+    );
+    let ttft = time(a.repeats, || prefill(&mut e1, &p512).map(drop))?;
+    fig.insert("ttft_ms_512".into(), (ttft * 1e3).into());
+    fig.insert("prefill_tok_s_512".into(), (512.0 / ttft).into());
+    let t2048 = time(a.repeats, || prefill(&mut e1, &p2048).map(drop))?;
+    fig.insert("prefill_tok_s_2048".into(), (2048.0 / t2048).into());
+    drop(e1);
+    for (batch, p) in [(1usize, &p512), (16, &b16)] {
+        let mut e = engine(a, device, batch, 512 + n)?;
+        // Run 0 is the warm-up (it captures the decode graph); runs 1.. are timed.
+        let mut s = Vec::new();
+        let mut row0 = Vec::with_capacity(n);
+        for run in 0..=a.repeats.max(1) {
+            let mut next = prefill(&mut e, p)?;
+            row0 = vec![next[0]];
+            let t0 = Instant::now();
+            for _ in 1..n {
+                next = e.decode_greedy(&next)?;
+                row0.push(next[0]);
+            }
+            if run > 0 {
+                s.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        // transformers' greedy tokens of row 0, where the peer saved them: how many leading
+        // tokens agree (random weights repeat tokens; a bf16 near-tie may flip one).
+        let peer = a.model.join("greedy.safetensors");
+        if peer.exists() {
+            let want = prompts(&peer, &format!("b{batch}"))?;
+            let same = row0
+                .iter()
+                .zip(&want[0])
+                .take_while(|(x, y)| x == y)
+                .count();
+            fig.insert(format!("greedy_prefix_agrees_b{batch}"), same.into());
+        }
+        let dt = median(s);
+        fig.insert(
+            format!("decode_tok_s_b{batch}"),
+            ((batch * (n - 1)) as f64 / dt).into(),
+        );
+        fig.insert(
+            format!("decode_step_ms_b{batch}"),
+            (dt / (n - 1) as f64 * 1e3).into(),
+        );
+    }
+    let json = serde_json::Value::Object(fig);
+    println!("{}", serde_json::to_string_pretty(&json)?);
+    if let Some(out) = &a.out {
+        std::fs::write(out, serde_json::to_string_pretty(&json)?)?;
+    }
+    Ok(())
+}
