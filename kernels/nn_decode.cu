@@ -197,6 +197,160 @@ extern "C" __global__ void cache_attn_combine_b(const float* part, bf16* o, u32 
     attn_combine_body<bf16>(part, o, d, nchunks);
 }
 
+// ---- cache attention, grouped (head width a multiple of 8) --------------------------------------
+// Pass 1 for d % 8 == 0: one block of G_THREADS per (token, key/value head, chunk of G_CHUNK
+// slots, group of at most G_MAX query heads sharing that key/value head), so each key and value
+// row is read once for the whole group, 8 elements (16 or 32 bytes) per load:
+// - scores: thread t takes slot t % G_CHUNK for the heads g ≡ t / G_CHUNK (mod 2), q from
+//   shared memory;
+// - softmax of each head's chunk (a warp per head): m, w = exp(s − m), l = Σ w;
+// - P·V: thread t takes 8 dimensions (t % (d/8)) over every KG-th slot (KG = G_THREADS/(d/8)
+//   slot groups), then the slot groups' sums are added in shared memory, one head at a time.
+// It writes the same partials (m, l, acc per query-head row and chunk) as attn_chunk_body, for
+// cache_attn_combine_*. Chunks are G_CHUNK slots here; grid.y counts them.
+#define G_CHUNK 64
+#define G_THREADS 128
+#define G_MAX 8
+
+static __device__ __forceinline__ void load8(const float* p, float* f) {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+static __device__ __forceinline__ void load8(const bf16* p, float* f) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+template <typename TQ, typename TC>
+static __device__ void attn_group_body(const TQ* __restrict__ q, const TC* __restrict__ kc,
+                                       const TC* __restrict__ vc, const u32* __restrict__ start,
+                                       const u32* __restrict__ slot, float* __restrict__ part,
+                                       u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale) {
+    __shared__ float qs[G_MAX * 256];
+    __shared__ float p[G_MAX][G_CHUNK];
+    __shared__ float red[G_THREADS * 8];
+    __shared__ float ml[G_MAX][2];
+    const u32 tok = blockIdx.x / kvh, kv = blockIdx.x % kvh;
+    const u32 chunk = blockIdx.y, nchunks = gridDim.y;
+    const u32 group = heads / kvh, g0 = blockIdx.z * G_MAX;
+    const u32 G = min(group - g0, (u32)G_MAX);
+    const u32 r = tok / t, i = tok % t;
+    const u32 s = slot[r] + i;
+    const u32 lo = max(start[r], chunk * G_CHUNK);
+    const u32 hi = min(min(s + 1, cap), (chunk + 1) * G_CHUNK);
+    const u32 h0 = kv * group + g0;  // first query head of this block
+    const u32 tid = threadIdx.x;
+    if (lo >= hi) {
+        for (u32 g = 0; g < G; ++g) {
+            float* out = part + ((u64)(tok * heads + h0 + g) * nchunks + chunk) * (d + 2);
+            for (u32 e = tid; e < d + 2; e += blockDim.x) out[e] = e == 0 ? -INFINITY : 0.0f;
+        }
+        return;
+    }
+    const u32 n = hi - lo;
+    for (u32 x = tid; x < G * d; x += blockDim.x)
+        qs[x] = ldf(q + ((u64)tok * heads + h0) * d + x);
+    __syncthreads();
+    const u64 base = ((u64)r * kvh + kv) * cap;
+    const TC* kb = kc + (base + lo) * d;
+    const TC* vb = vc + (base + lo) * d;
+    // Scores.
+    {
+        const u32 j = tid % G_CHUNK, half = tid / G_CHUNK;
+        float acc[G_MAX / 2];
+#pragma unroll
+        for (int a = 0; a < G_MAX / 2; ++a) acc[a] = 0.0f;
+        if (j < n) {
+            for (u32 c = 0; c < d; c += 8) {
+                float kf[8];
+                load8(kb + (u64)j * d + c, kf);
+#pragma unroll
+                for (int a = 0; a < G_MAX / 2; ++a) {
+                    const u32 g = half + 2 * a;
+                    if (g < G)
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[a] = fmaf(qs[g * d + c + e], kf[e], acc[a]);
+                }
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < G_MAX / 2; ++a) {
+            const u32 g = half + 2 * a;
+            if (g < G) p[g][j] = j < n ? acc[a] * scale : -INFINITY;
+        }
+    }
+    __syncthreads();
+    // Softmax per head: warp w takes heads w, w + 4.
+    {
+        const u32 lane = tid & 31, warp = tid >> 5;
+        for (u32 g = warp; g < G; g += G_THREADS / 32) {
+            float m = fmaxf(p[g][lane], p[g][lane + 32]);
+            m = warp_max(m);
+            const float a = lane < n ? expf(p[g][lane] - m) : 0.0f;
+            const float b = lane + 32 < n ? expf(p[g][lane + 32] - m) : 0.0f;
+            p[g][lane] = a;
+            p[g][lane + 32] = b;
+            const float l = warp_sum(a + b);
+            if (lane == 0) ml[g][0] = m, ml[g][1] = l;
+        }
+    }
+    __syncthreads();
+    // P·V.
+    const u32 dc = d / 8, kg_n = G_THREADS / dc;
+    const u32 c = tid % dc, kg = tid / dc;
+    float acc[G_MAX][8];
+#pragma unroll
+    for (int g = 0; g < G_MAX; ++g)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+    if (kg < kg_n) {
+        for (u32 j = kg; j < n; j += kg_n) {
+            float vf[8];
+            load8(vb + (u64)j * d + c * 8, vf);
+#pragma unroll
+            for (int g = 0; g < G_MAX; ++g)
+                if (g < (int)G) {
+                    const float w = p[g][j];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(w, vf[e], acc[g][e]);
+                }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G_MAX; ++g) {
+        if (g < (int)G) {
+            if (kg < kg_n)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) red[kg * d + c * 8 + e] = acc[g][e];
+            __syncthreads();
+            float* out = part + ((u64)(tok * heads + h0 + g) * nchunks + chunk) * (d + 2);
+            for (u32 e = tid; e < d; e += blockDim.x) {
+                float sum = 0.0f;
+                for (u32 k = 0; k < kg_n; ++k) sum += red[k * d + e];
+                out[2 + e] = sum;
+            }
+            if (tid == 0) out[0] = ml[g][0], out[1] = ml[g][1];
+            __syncthreads();
+        }
+    }
+}
+
+#define ATTN_GROUP(NAME, TQ, TC)                                                                   \
+    extern "C" __global__ void __launch_bounds__(G_THREADS)                                       \
+        NAME(const TQ* q, const TC* kc, const TC* vc, const u32* start, const u32* slot,          \
+             float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale) {               \
+        attn_group_body<TQ, TC>(q, kc, vc, start, slot, part, t, heads, kvh, d, cap, scale);     \
+    }
+ATTN_GROUP(cache_attn_group_ff, float, float)
+ATTN_GROUP(cache_attn_group_fb, float, bf16)
+ATTN_GROUP(cache_attn_group_bf, bf16, float)
+ATTN_GROUP(cache_attn_group_bb, bf16, bf16)
+
 // ---- argmax -------------------------------------------------------------------------------------
 // One block of 1024 threads per row. A candidate (v, i) beats (w, j) when v is NaN and w is not,
 // or both are numbers and v > w, or they tie (both NaN, or equal) and i < j: the first index of

@@ -49,45 +49,74 @@ fn gpu_bf16_matmul_matches_its_reference_within_the_accumulation_bound() {
                 trans_a: ta,
                 trans_b: tb,
             };
-            let a = bf16s(&mut r, batch * m * k);
-            let b = bf16s(&mut r, batch * k * n);
-            let want = matmul_bf16_reference(s, &a, &b);
-            let (da, db) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
-            for out in [DType::F32, DType::BF16] {
-                let mut dc = gpu.allocate(out, batch * m * n).unwrap();
-                gpu.matmul_bf16(s, &da, &db, &mut dc).unwrap();
-                let got: Vec<f64> = match out {
-                    DType::F32 => gpu
-                        .download::<f32>(&dc)
-                        .unwrap()
-                        .into_iter()
-                        .map(f64::from)
-                        .collect(),
-                    _ => gpu
-                        .download::<bf16>(&dc)
-                        .unwrap()
-                        .into_iter()
-                        .map(|x| f64::from(x.to_f32()))
-                        .collect(),
-                };
-                // f32 accumulation of k exact products (tensor cores may truncate instead of
-                // rounding: 2u a step), then one rounding to the output type.
-                let round = if out == DType::BF16 { U16 } else { U32 };
-                for p in 0..batch {
-                    for i in 0..m {
-                        for j in 0..n {
-                            let e = (p * m + i) * n + j;
-                            let w = f64::from(want[e]);
-                            let mag = magnitude(&s, &a, &b, (p, i, j));
-                            let bound =
-                                round * w.abs() + (1.0 + round) * (2 * k + 2) as f64 * U32 * mag;
-                            let err = (got[e] - w).abs();
-                            assert!(
-                                err <= bound,
-                                "{s:?} {out}: ({p}, {i}, {j}) {err:e} > {bound:e}"
-                            );
-                        }
-                    }
+            case(&gpu, &mut r, s);
+        }
+    }
+}
+
+/// Skinny products (at most 16 rows against a `[n, k]` weight, k a multiple of 8): what a
+/// decode step multiplies, taken by the kernels of `nn_gemv_bf16.cu` instead of cuBLAS.
+#[test]
+fn gpu_bf16_skinny_matmul_matches_its_reference_within_the_accumulation_bound() {
+    let test = "gpu_bf16_skinny_matmul_matches_its_reference_within_the_accumulation_bound";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut r, _) = rng(test);
+    for m in [1, 2, 3, 5, 8, 9, 16] {
+        for (n, k) in [(1, 8), (37, 72), (1030, 2056), (3, 8192)] {
+            let s = MatmulSpec {
+                batch: 1,
+                m,
+                n,
+                k,
+                trans_a: false,
+                trans_b: true,
+            };
+            case(&gpu, &mut r, s);
+        }
+    }
+}
+
+/// One product on fresh random bf16 operands against the reference, every output type.
+fn case(gpu: &gpu_cuda::CudaBackend, r: &mut rand::rngs::StdRng, s: MatmulSpec) {
+    let MatmulSpec { batch, m, n, k, .. } = s;
+    let a = bf16s(r, batch * m * k);
+    let b = bf16s(r, batch * k * n);
+    let want = matmul_bf16_reference(s, &a, &b);
+    let (da, db) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
+    for out in [DType::F32, DType::BF16] {
+        let mut dc = gpu.allocate(out, batch * m * n).unwrap();
+        gpu.matmul_bf16(s, &da, &db, &mut dc).unwrap();
+        let got: Vec<f64> = match out {
+            DType::F32 => gpu
+                .download::<f32>(&dc)
+                .unwrap()
+                .into_iter()
+                .map(f64::from)
+                .collect(),
+            _ => gpu
+                .download::<bf16>(&dc)
+                .unwrap()
+                .into_iter()
+                .map(|x| f64::from(x.to_f32()))
+                .collect(),
+        };
+        // f32 accumulation of k exact products (tensor cores may truncate instead of
+        // rounding: 2u a step), then one rounding to the output type.
+        let round = if out == DType::BF16 { U16 } else { U32 };
+        for p in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    let e = (p * m + i) * n + j;
+                    let w = f64::from(want[e]);
+                    let mag = magnitude(&s, &a, &b, (p, i, j));
+                    let bound = round * w.abs() + (1.0 + round) * (2 * k + 2) as f64 * U32 * mag;
+                    let err = (got[e] - w).abs();
+                    assert!(
+                        err <= bound,
+                        "{s:?} {out}: ({p}, {i}, {j}) {err:e} > {bound:e}"
+                    );
                 }
             }
         }

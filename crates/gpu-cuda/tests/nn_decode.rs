@@ -76,6 +76,9 @@ const SHAPES: &[(usize, usize, usize, usize, usize, usize)] = &[
     (2, 5, 3, 1, 6, 40),
     (2, 37, 4, 4, 64, 600),
     (1, 3, 2, 1, 192, 520),
+    (1, 2, 18, 1, 16, 1300),
+    (2, 1, 14, 2, 64, 200),
+    (1, 4, 4, 4, 8, 70),
 ];
 
 fn rope_case(
@@ -247,7 +250,7 @@ fn attention_case(
                 }
                 let e_s = (gamma(d) + 2.0 * U) * big_s;
                 let eta = 2.0 * e_s + 2.0 * U * big_s + 4.0 * U;
-                let n = window.len() + max_end.div_ceil(256) + 2;
+                let n = window.len() + max_end.div_ceil(64) + 2;
                 for e in 0..d {
                     let (g, w) = (got[row + e] as f64, want[row + e] as f64);
                     let mut bd = (2.0 * eta + 2.0 * gamma(n)) * vmax;

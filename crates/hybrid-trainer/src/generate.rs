@@ -48,6 +48,21 @@ pub struct GenerateArgs {
     pub ignore_eos: bool,
     #[command(flatten)]
     pub quant: QuantArg,
+    /// The engine: the f32 reference (every sampling setting, --quant), or the fast one
+    /// (Llama family; bf16 or f32 weights, a preallocated cache, the decode step as a CUDA graph
+    /// on CUDA; greedy decoding only so far).
+    #[arg(long, value_enum, default_value_t = EngineKind::Reference)]
+    pub engine: EngineKind,
+    /// The fast engine's weights and matmuls.
+    #[arg(long, value_enum, default_value_t = crate::bench_generate::BenchDtype::Bf16)]
+    pub dtype: crate::bench_generate::BenchDtype,
+}
+
+/// Which engine generates.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    Reference,
+    Fast,
 }
 
 /// Weight-only quantization of the layers' projections.
@@ -170,6 +185,11 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
         repetition_penalty: a.repetition_penalty,
         seed: a.seed,
     };
+    let greedy = sampler
+        == Sampling {
+            seed: a.seed,
+            ..Sampling::default()
+        };
     let mut sampler = Sampler::new(sampler)?;
     let tok = Tokenizer::from_dir(&a.model)?;
     let prompts = a
@@ -177,6 +197,14 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
         .iter()
         .map(|p| tok.encode(p, !a.no_special_tokens))
         .collect::<Result<Vec<_>, _>>()?;
+    if a.engine == EngineKind::Fast {
+        anyhow::ensure!(
+            greedy && a.quant.quant.is_none(),
+            "the fast engine decodes greedily on unquantized weights so far (no --temperature, \
+             --top-k, --top-p, --repetition-penalty or --quant): use --engine reference"
+        );
+        return crate::generate_fast::run(device, a, &tok, &prompts);
+    }
     let model = load(&a.model, device, &a.quant)?;
     let stop = if a.ignore_eos {
         Vec::new()

@@ -14,6 +14,7 @@ pub mod dist_bench;
 pub mod dist_selftest;
 pub mod experiment;
 pub mod generate;
+pub mod generate_fast;
 pub mod hybrid;
 pub mod job;
 pub mod job_legacy;

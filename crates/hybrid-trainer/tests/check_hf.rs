@@ -187,10 +187,7 @@ fn expectations_round_trip_and_bad_files_are_typed_errors() {
 }
 
 fn cli(args: &[&str]) -> assert_cmd::assert::Assert {
-    Command::cargo_bin("hybrid-trainer")
-        .unwrap()
-        .args(args)
-        .assert()
+    Command::new(binary()).args(args).assert()
 }
 
 #[test]
@@ -226,4 +223,11 @@ fn the_command_prints_pass_and_fail_lines_and_its_exit_status() {
         err.contains("bf16 needs the fast engine (--engine fast)"),
         "{err}"
     );
+}
+
+/// The binary: `$HYBRID_TRAINER_BIN` in the GPU bundle (no cargo there), else cargo's.
+fn binary() -> std::path::PathBuf {
+    std::env::var_os("HYBRID_TRAINER_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
 }

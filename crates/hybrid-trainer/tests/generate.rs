@@ -20,11 +20,7 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
-    let out = Command::cargo_bin("hybrid-trainer")
-        .unwrap()
-        .args(args)
-        .assert()
-        .success();
+    let out = Command::new(binary()).args(args).assert().success();
     let o = out.get_output();
     (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -38,11 +34,7 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
-    let out = Command::cargo_bin("hybrid-trainer")
-        .unwrap()
-        .args(args)
-        .assert()
-        .failure();
+    let out = Command::new(binary()).args(args).assert().failure();
     String::from_utf8_lossy(&out.get_output().stderr).into_owned()
 }
 
@@ -92,6 +84,58 @@ fn greedy_generation_prints_transformers_tokens() {
         );
         assert!(stderr.contains("16 new tokens"), "{name}: {stderr}");
     }
+}
+
+/// `--engine fast` (f32) streams the same greedy text as transformers; sampling settings are
+/// refused with a clear error (the fast engine decodes greedily so far).
+#[test]
+fn the_fast_engine_prints_transformers_tokens() {
+    for name in ["llama3", "qwen2"] {
+        let dir = fixture(name);
+        let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (prompt, greedy) = (ids(&st, "input_ids"), ids(&st, "greedy"));
+        let text: String = prompt.iter().map(|&i| char_of(i)).collect();
+        let want: String = greedy.iter().map(|&i| char_of(i)).collect();
+        let d = dir.display().to_string();
+        let args = [
+            "--device",
+            "cpu",
+            "generate",
+            "--model",
+            &d,
+            "--prompt",
+            &text,
+            "--max-new-tokens",
+            "16",
+            "--ignore-eos",
+            "--engine",
+            "fast",
+            "--dtype",
+            "f32",
+        ];
+        let (stdout, stderr) = cli_ok(args);
+        assert!(
+            stdout.ends_with(&format!("{want}\n")),
+            "{name}: {stdout:?} does not end with {want:?}"
+        );
+        assert!(stderr.contains("16 new tokens"), "{name}: {stderr}");
+    }
+    let d = fixture("llama3").display().to_string();
+    let err = cli_err([
+        "--device",
+        "cpu",
+        "generate",
+        "--model",
+        &d,
+        "--prompt",
+        "hi",
+        "--engine",
+        "fast",
+        "--temperature",
+        "0.7",
+    ]);
+    assert!(err.contains("greedily"), "{err}");
 }
 
 #[test]
@@ -286,4 +330,11 @@ fn several_prompts_decode_as_one_batch_with_each_rows_own_text() {
         let want = format!("[{i}] {}", single(p));
         assert!(stdout.contains(&want), "row {i}: {stdout:?} lacks {want:?}");
     }
+}
+
+/// The binary: `$HYBRID_TRAINER_BIN` in the GPU bundle (no cargo there), else cargo's.
+fn binary() -> std::path::PathBuf {
+    std::env::var_os("HYBRID_TRAINER_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
 }

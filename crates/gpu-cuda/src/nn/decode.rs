@@ -11,10 +11,13 @@ use gpu_core::nn::decode::{
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
-/// Slots per attention chunk and threads per attention block (`CHUNK`, `ATT_THREADS` in the
-/// kernels).
+/// Slots per attention chunk and threads per attention block of the per-head kernel (`CHUNK`,
+/// `ATT_THREADS` in the kernels).
 const CHUNK: usize = 256;
 const ATT_THREADS: u32 = 128;
+/// Slots per chunk and query heads per block of the grouped kernel (`G_CHUNK`, `G_MAX`).
+const GROUP_CHUNK: usize = 64;
+const GROUP_MAX: usize = 8;
 
 /// `f` for f32 storage, `b` for bf16 (the kernels' name suffixes).
 fn tag(dtype: DType) -> char {
@@ -115,7 +118,17 @@ impl DecodeOps for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let chunks = max_end.div_ceil(CHUNK).max(1);
+        // Head widths that are multiples of 8 take the grouped kernel (16- or 32-byte loads,
+        // each key/value row read once per group of query heads); others the per-head one.
+        let grouped = dims.d.is_multiple_of(8);
+        let chunk = if grouped { GROUP_CHUNK } else { CHUNK };
+        let chunks = max_end.div_ceil(chunk).max(1);
+        if chunks > 65_535 {
+            return Err(GpuError::InvalidShape {
+                op: OP,
+                reason: format!("{max_end} slots make more than 65535 chunks of {chunk}"),
+            });
+        }
         let part_len = rows
             .checked_mul(chunks)
             .and_then(|n| n.checked_mul(dims.d + 2))
@@ -123,20 +136,22 @@ impl DecodeOps for CudaBackend {
                 op: OP,
                 reason: format!("{rows} rows × {chunks} chunks overflow"),
             })?;
-        if chunks > 65_535 {
-            return Err(GpuError::InvalidShape {
-                op: OP,
-                reason: format!("{max_end} slots make more than 65535 chunks of {CHUNK}"),
-            });
-        }
+        let (kind, grid_dim) = if grouped {
+            let group = dims.heads / dims.kv_heads;
+            let tokens = grid(OP, dims.b * dims.t * dims.kv_heads)?;
+            let z = group.div_ceil(GROUP_MAX) as u32; // <= 2^31 / 8 heads
+            ("group", (tokens, chunks as u32, z))
+        } else {
+            ("chunk", (grid(OP, rows)?, chunks as u32, 1))
+        };
         let cfg = LaunchConfig {
-            grid_dim: (grid(OP, rows)?, chunks as u32, 1),
+            grid_dim,
             block_dim: (ATT_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let part = self.allocate(DType::F32, part_len)?;
         let name = format!(
-            "cache_attn_chunk_{}{}",
+            "cache_attn_{kind}_{}{}",
             tag(q.dtype()),
             tag(k_cache.dtype())
         );
@@ -150,12 +165,14 @@ impl DecodeOps for CudaBackend {
         ];
         args.extend(dims_args(dims));
         args.push(KernelArg::F32(scale));
-        // SAFETY: cache_attn_chunk_XY(const TQ* q, const TC* kc, const TC* vc, const u32* start,
-        // const u32* slot, float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale)
-        // over rows × chunks blocks of 128 threads: q holds rows·d of TQ, the caches
-        // b·kvh·cap·d of TC (checked above); the kernel reads cache slots below cap only and
-        // writes part[(row·chunks + chunk)·(d+2) ..+ d+2], which part_len covers; d <= 256 fits
-        // its static shared memory (qs[256]).
+        // SAFETY: cache_attn_{chunk,group}_XY(const TQ* q, const TC* kc, const TC* vc, const
+        // u32* start, const u32* slot, float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap,
+        // float scale), 128 threads a block: q holds rows·d of TQ, the caches b·kvh·cap·d of TC
+        // (checked above); the kernels read cache slots below cap only and write
+        // part[(row·chunks + chunk)·(d+2) ..+ d+2] for their rows, which part_len covers. The
+        // chunk kernel: rows × chunks blocks, d <= 256 fits qs[256]. The group kernel: one
+        // block per (token·kv head, chunk, group of <= 8 query heads); d % 8 == 0, so its 8-wide
+        // loads at row offsets of 256-byte-aligned buffers are aligned; 8·d <= 2048 fits qs.
         unsafe { self.launch(&name, cfg, &args)? };
         let combine = LaunchConfig {
             grid_dim: (grid(OP, rows)?, 1, 1),

@@ -1,0 +1,85 @@
+//! `hybrid-trainer generate --engine fast`: greedy decoding through [`models::Engine`] (the
+//! preallocated cache, the graphed decode step on CUDA), streamed for one prompt, printed per
+//! row for several.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::Result;
+use models::{Engine, EngineOptions, ModelConfig, Tokenizer};
+use tensor_ops::{DType, Device};
+
+use crate::bench_generate::BenchDtype;
+use crate::generate::GenerateArgs;
+
+pub fn run(device: Device, a: &GenerateArgs, tok: &Tokenizer, prompts: &[Vec<u32>]) -> Result<()> {
+    let cfg = ModelConfig::from_dir(&a.model)?;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let capacity = longest.saturating_add(a.max_new_tokens);
+    anyhow::ensure!(
+        capacity <= cfg.max_position_embeddings,
+        "the prompt's {longest} tokens and --max-new-tokens {} exceed the model's context of {}",
+        a.max_new_tokens,
+        cfg.max_position_embeddings
+    );
+    let stop = if a.ignore_eos {
+        Vec::new()
+    } else {
+        cfg.eos_token_ids.clone()
+    };
+    let opts = EngineOptions {
+        dtype: match a.dtype {
+            BenchDtype::Bf16 => DType::BF16,
+            BenchDtype::F32 => DType::F32,
+        },
+        batch: prompts.len(),
+        capacity: capacity.max(1),
+    };
+    let t = Instant::now();
+    let mut engine = Engine::load(&a.model, device, opts)?;
+    eprintln!(
+        "fast engine ({}) on {device}: {} layers × {}, loaded in {:.2} s",
+        opts.dtype,
+        cfg.num_layers,
+        cfg.hidden_size,
+        t.elapsed().as_secs_f64()
+    );
+    let one = prompts.len() == 1;
+    if one {
+        print!("{}", a.prompt[0]);
+        std::io::stdout().flush()?;
+    }
+    let (mut new, mut shown) = (Vec::new(), String::new());
+    let mut first = None;
+    let t = Instant::now();
+    let out = engine.generate_greedy(prompts, a.max_new_tokens, &stop, |step| {
+        first.get_or_insert_with(|| t.elapsed().as_secs_f64());
+        if one && !stop.contains(&step[0]) {
+            new.push(step[0]);
+            // Print what the whole continuation adds (characters split over tokens once whole).
+            if let Ok(text) = tok.decode(&new, true) {
+                if let Some(more) = text.strip_prefix(shown.as_str()) {
+                    print!("{more}");
+                    let _ = std::io::stdout().flush();
+                }
+                shown = text;
+            }
+        }
+    })?;
+    let secs = t.elapsed().as_secs_f64();
+    if one {
+        println!();
+    } else {
+        for (i, (p, row)) in a.prompt.iter().zip(&out).enumerate() {
+            println!("[{i}] {p}{}", tok.decode(row, true)?);
+        }
+    }
+    let n: usize = out.iter().map(Vec::len).sum();
+    eprintln!(
+        "{n} new tokens in {:.1} ms (first after {:.1} ms; {:.1} tokens/s)",
+        secs * 1e3,
+        first.unwrap_or(0.0) * 1e3,
+        n as f64 / secs
+    );
+    Ok(())
+}
