@@ -56,16 +56,22 @@ fn ids(st: &SafeTensors, key: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Fixture `name`'s directory, its prompt as text and the prompt with transformers' 16 greedy
+/// tokens after it, as text.
+fn prompt_and_greedy_text(name: &str) -> (String, String, String) {
+    let dir = fixture(name);
+    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (prompt, greedy) = (ids(&st, "input_ids"), ids(&st, "greedy"));
+    let text: String = prompt.iter().map(|&i| char_of(i)).collect();
+    let want: String = greedy.iter().map(|&i| char_of(i)).collect();
+    (dir.display().to_string(), text, want)
+}
+
 #[test]
 fn greedy_generation_prints_transformers_tokens() {
     for name in ["llama3", "qwen2", "gpt2"] {
-        let dir = fixture(name);
-        let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let (prompt, greedy) = (ids(&st, "input_ids"), ids(&st, "greedy"));
-        let text: String = prompt.iter().map(|&i| char_of(i)).collect();
-        let want: String = greedy.iter().map(|&i| char_of(i)).collect();
-        let d = dir.display().to_string();
+        let (d, text, want) = prompt_and_greedy_text(name);
         let (stdout, stderr) = cli_ok([
             "--device",
             "cpu",
@@ -91,13 +97,7 @@ fn greedy_generation_prints_transformers_tokens() {
 #[test]
 fn the_fast_engine_prints_transformers_tokens() {
     for name in ["llama3", "qwen2"] {
-        let dir = fixture(name);
-        let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let (prompt, greedy) = (ids(&st, "input_ids"), ids(&st, "greedy"));
-        let text: String = prompt.iter().map(|&i| char_of(i)).collect();
-        let want: String = greedy.iter().map(|&i| char_of(i)).collect();
-        let d = dir.display().to_string();
+        let (d, text, want) = prompt_and_greedy_text(name);
         let args = [
             "--device",
             "cpu",

@@ -2,16 +2,11 @@
 //! is numbered from 0 after it, so a padded row gives its own logits and its own greedy tokens;
 //! padding that does not fit is a typed error that changes nothing.
 
-use std::path::PathBuf;
+mod hf_fixture;
 
+use hf_fixture::dir;
 use models::{CausalLm, ModelError, Sampler, Sampling};
 use tensor_ops::Device;
-
-fn dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(name)
-}
 
 const NAMES: [&str; 4] = ["llama3", "qwen2", "mistral", "gpt2"];
 

@@ -12,50 +12,13 @@
 //!   each per matmul, 36 in all, ≈ 0.07 of the logits' scale in the worst case of all adding
 //!   up. The bound used is `0.07 · max|logit|`.
 
-use std::path::PathBuf;
+mod hf_fixture;
 
+use hf_fixture::{dir, expected};
 use models::{CausalLm, Engine, EngineOptions};
-use safetensors::SafeTensors;
 use tensor_ops::{transfer_stats, DType, Device};
 
 const LLAMAS: [&str; 5] = ["llama3", "llama3-bf16", "llama-tied", "qwen2", "mistral"];
-
-fn dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(name)
-}
-
-struct Expected {
-    ids: Vec<u32>,
-    logits: Vec<f32>,
-    greedy: Vec<u32>,
-}
-
-fn expected(name: &str) -> Expected {
-    let bytes = std::fs::read(dir(name).join("expected.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        st.tensor(k)
-            .unwrap()
-            .data()
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-            .collect()
-    };
-    let logits = st
-        .tensor("logits")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    Expected {
-        ids: ids("input_ids"),
-        logits,
-        greedy: ids("greedy"),
-    }
-}
 
 fn max_err(what: &str, got: &[f32], want: &[f32], rel: f32) -> f32 {
     assert_eq!(got.len(), want.len(), "{what}: length");

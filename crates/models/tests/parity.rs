@@ -11,10 +11,10 @@
 //! 3e-4 of the logits' scale (norms rescale activations to about 1, bounded by their weights).
 //! The bound used is `3e-4 · max|logit|`.
 
-use std::path::PathBuf;
+mod hf_fixture;
 
+use hf_fixture::{dir, expected};
 use models::{CausalLm, ModelError, Sampler, Sampling};
-use safetensors::SafeTensors;
 use tensor_ops::Device;
 
 const FIXTURES: [&str; 6] = [
@@ -25,48 +25,6 @@ const FIXTURES: [&str; 6] = [
     "mistral",
     "gpt2",
 ];
-
-fn dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(name)
-}
-
-struct Expected {
-    ids: Vec<u32>,
-    logits: Vec<f32>,
-    greedy: Vec<u32>,
-    batch_ids: Vec<u32>,
-    batch_logits: Vec<f32>,
-}
-
-fn expected(name: &str) -> Expected {
-    let bytes = std::fs::read(dir(name).join("expected.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        st.tensor(k)
-            .unwrap()
-            .data()
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-            .collect()
-    };
-    let f32s = |k: &str| -> Vec<f32> {
-        st.tensor(k)
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
-    Expected {
-        ids: ids("input_ids"),
-        logits: f32s("logits"),
-        greedy: ids("greedy"),
-        batch_ids: ids("batch_input_ids"),
-        batch_logits: f32s("batch_logits"),
-    }
-}
 
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");

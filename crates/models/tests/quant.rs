@@ -3,36 +3,16 @@
 //! logits (int4 further than int8), and a weight that cannot be quantized leaves the model as it
 //! was.
 
-use std::path::PathBuf;
+mod hf_fixture;
 
+use hf_fixture::dir;
 use models::{CausalLm, ModelError, QuantKind};
 use safetensors::SafeTensors;
 use tensor_ops::Device;
 
-fn dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(name)
-}
-
 fn expected(name: &str) -> (Vec<u32>, Vec<f32>) {
-    let bytes = std::fs::read(dir(name).join("expected.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let ids = st
-        .tensor("input_ids")
-        .unwrap()
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-        .collect();
-    let logits = st
-        .tensor("logits")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (ids, logits)
+    let e = hf_fixture::expected(name);
+    (e.ids, e.logits)
 }
 
 fn logits(m: &CausalLm, ids: &[u32]) -> Vec<f32> {

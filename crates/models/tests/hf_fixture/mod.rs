@@ -1,0 +1,57 @@
+//! The committed tiny Hugging Face checkpoints of `tests/fixtures/hf` (made by
+//! `scripts/hf_fixtures.py`) and what `transformers` computed for them (`expected.safetensors`),
+//! shared by the parity, batch, quantization and engine tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use safetensors::SafeTensors;
+
+/// The fixture directory `name`.
+pub fn dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name)
+}
+
+/// A fixture's expectations.
+pub struct Expected {
+    /// A 12-token prompt.
+    pub ids: Vec<u32>,
+    /// Its logits `[12, vocab]`.
+    pub logits: Vec<f32>,
+    /// The prompt and 16 greedy tokens after it.
+    pub greedy: Vec<u32>,
+    /// Two prompts (the first is `ids`) and their logits.
+    pub batch_ids: Vec<u32>,
+    pub batch_logits: Vec<f32>,
+}
+
+/// Reads fixture `name`'s `expected.safetensors`.
+pub fn expected(name: &str) -> Expected {
+    let bytes = std::fs::read(dir(name).join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ids = |k: &str| -> Vec<u32> {
+        st.tensor(k)
+            .unwrap()
+            .data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect()
+    };
+    let f32s = |k: &str| -> Vec<f32> {
+        st.tensor(k)
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    Expected {
+        ids: ids("input_ids"),
+        logits: f32s("logits"),
+        greedy: ids("greedy"),
+        batch_ids: ids("batch_input_ids"),
+        batch_logits: f32s("batch_logits"),
+    }
+}
