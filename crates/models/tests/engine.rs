@@ -169,6 +169,29 @@ fn engine_refuses_bad_input_and_changes_nothing() {
         Engine::load(&dir("gpt2"), Device::Cpu, opts).is_err(),
         "GPT-2 is not in the engine"
     );
+    for (dtype, batch, capacity, what) in [
+        (DType::U32, 1, 8, "a u32 engine"),
+        (DType::F32, 0, 8, "batch 0"),
+        (DType::F32, 1, 0, "capacity 0"),
+    ] {
+        let opts = EngineOptions {
+            dtype,
+            batch,
+            capacity,
+        };
+        assert!(
+            Engine::load(&dir("llama3"), Device::Cpu, opts).is_err(),
+            "{what}"
+        );
+    }
+    let mut e = engine("llama3", Device::Cpu, DType::F32, 2);
+    e.prefill(&[vec![1, 2], vec![3]], false).unwrap();
+    assert!(e.decode_greedy(&[1]).is_err(), "one token for two rows");
+    assert!(
+        e.decode_greedy(&[1, 2, 3]).is_err(),
+        "three tokens for two rows"
+    );
+    assert_eq!(e.decode_greedy(&[4, 5]).unwrap().len(), 2);
 }
 
 fn gpu(test: &str) -> Option<Device> {
