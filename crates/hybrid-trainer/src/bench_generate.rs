@@ -12,16 +12,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use models::{Engine, EngineOptions};
 use safetensors::SafeTensors;
-use tensor_ops::{no_grad, DType, Device};
+use tensor_ops::{no_grad, Device};
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BenchDtype {
-    Bf16,
-    F32,
-}
+use crate::generate_fast::EngineDtype;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchGenerateArgs {
@@ -31,8 +27,8 @@ pub struct BenchGenerateArgs {
     /// prompts.safetensors (prompt_512 [1,512], prompt_2048 [1,2048], batch16_512 [16,512]).
     #[arg(long)]
     pub prompts: PathBuf,
-    #[arg(long, value_enum, default_value_t = BenchDtype::Bf16)]
-    pub dtype: BenchDtype,
+    #[arg(long, value_enum, default_value_t = EngineDtype::Bf16)]
+    pub dtype: EngineDtype,
     /// New tokens per decode run.
     #[arg(long, default_value_t = 128)]
     pub new_tokens: usize,
@@ -80,12 +76,8 @@ fn time(repeats: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 }
 
 fn engine(a: &BenchGenerateArgs, device: Device, batch: usize, capacity: usize) -> Result<Engine> {
-    let dtype = match a.dtype {
-        BenchDtype::Bf16 => DType::BF16,
-        BenchDtype::F32 => DType::F32,
-    };
     let opts = EngineOptions {
-        dtype,
+        dtype: a.dtype.into(),
         batch,
         capacity,
     };

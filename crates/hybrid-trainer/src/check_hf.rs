@@ -50,7 +50,7 @@ use clap::{Args, ValueEnum};
 use models::{CausalLm, ModelConfig, ModelError, Sampler, Sampling};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
-use tensor_ops::Device;
+use tensor_ops::{DType, Device};
 use thiserror::Error;
 
 /// The file of expectations in a model directory.
@@ -309,11 +309,12 @@ pub fn engine(
     match (kind, dtype) {
         (CheckEngine::Reference, CheckDtype::F32) => Ok(Box::new(CausalLm::load(dir, device)?)),
         (CheckEngine::Reference, CheckDtype::Bf16) => Err(CheckHfError::Bf16Unavailable),
-        (CheckEngine::Fast, _) => Ok(Box::new(crate::check_hf_fast::FastEngine::load(
-            dir,
-            device,
-            dtype == CheckDtype::Bf16,
-        )?)),
+        (CheckEngine::Fast, CheckDtype::F32) => Ok(Box::new(
+            crate::check_hf_fast::FastEngine::load(dir, device, DType::F32)?,
+        )),
+        (CheckEngine::Fast, CheckDtype::Bf16) => Ok(Box::new(
+            crate::check_hf_fast::FastEngine::load(dir, device, DType::BF16)?,
+        )),
     }
 }
 

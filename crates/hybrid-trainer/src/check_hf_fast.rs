@@ -17,10 +17,10 @@ pub struct FastEngine {
 }
 
 impl FastEngine {
-    pub fn load(dir: &Path, device: Device, bf16: bool) -> Result<Self, CheckHfError> {
+    pub fn load(dir: &Path, device: Device, dtype: DType) -> Result<Self, CheckHfError> {
         let cfg = ModelConfig::from_dir(dir).map_err(ModelError::from)?;
         let opts = EngineOptions {
-            dtype: if bf16 { DType::BF16 } else { DType::F32 },
+            dtype,
             batch: 1,
             capacity: CAPACITY.min(cfg.max_position_embeddings),
         };

@@ -54,8 +54,8 @@ pub struct GenerateArgs {
     #[arg(long, value_enum, default_value_t = EngineKind::Reference)]
     pub engine: EngineKind,
     /// The fast engine's weights and matmuls.
-    #[arg(long, value_enum, default_value_t = crate::bench_generate::BenchDtype::Bf16)]
-    pub dtype: crate::bench_generate::BenchDtype,
+    #[arg(long, value_enum, default_value_t = crate::generate_fast::EngineDtype::Bf16)]
+    pub dtype: crate::generate_fast::EngineDtype,
 }
 
 /// Which engine generates.

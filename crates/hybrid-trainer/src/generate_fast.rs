@@ -6,11 +6,28 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Result;
+use clap::ValueEnum;
 use models::{Engine, EngineOptions, ModelConfig, Tokenizer};
 use tensor_ops::{DType, Device};
 
-use crate::bench_generate::BenchDtype;
 use crate::generate::GenerateArgs;
+
+/// The fast engine's weights and matmuls (`--dtype` of `generate --engine fast` and
+/// `bench-generate`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineDtype {
+    Bf16,
+    F32,
+}
+
+impl From<EngineDtype> for DType {
+    fn from(d: EngineDtype) -> DType {
+        match d {
+            EngineDtype::Bf16 => DType::BF16,
+            EngineDtype::F32 => DType::F32,
+        }
+    }
+}
 
 pub fn run(device: Device, a: &GenerateArgs, tok: &Tokenizer, prompts: &[Vec<u32>]) -> Result<()> {
     let cfg = ModelConfig::from_dir(&a.model)?;
@@ -28,10 +45,7 @@ pub fn run(device: Device, a: &GenerateArgs, tok: &Tokenizer, prompts: &[Vec<u32
         cfg.eos_token_ids.clone()
     };
     let opts = EngineOptions {
-        dtype: match a.dtype {
-            BenchDtype::Bf16 => DType::BF16,
-            BenchDtype::F32 => DType::F32,
-        },
+        dtype: a.dtype.into(),
         batch: prompts.len(),
         capacity: capacity.max(1),
     };

@@ -21,16 +21,7 @@ fn prompts() -> Vec<Vec<u32>> {
 /// The bound of `tests/parity.rs` (the same f32 functions in another summation order: masked
 /// keys add exact zeros to the softmax's sums).
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let err = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(
-        err <= 3e-4 * scale,
-        "{what}: |Δ| {err:e} over {:e}",
-        3e-4 * scale
-    );
+    hf_fixture::max_err(what, got, want, 3e-4);
 }
 
 #[test]

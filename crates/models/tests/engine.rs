@@ -14,25 +14,11 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, expected};
+use hf_fixture::{dir, expected, max_err};
 use models::{CausalLm, Engine, EngineOptions};
 use tensor_ops::{transfer_stats, DType, Device};
 
 const LLAMAS: [&str; 5] = ["llama3", "llama3-bf16", "llama-tied", "qwen2", "mistral"];
-
-fn max_err(what: &str, got: &[f32], want: &[f32], rel: f32) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let err = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(
-        err <= rel * scale,
-        "{what}: max |diff| {err:e} > {rel} · {scale}"
-    );
-    err
-}
 
 fn engine(name: &str, dev: Device, dtype: DType, batch: usize) -> Engine {
     let opts = EngineOptions {

@@ -165,3 +165,52 @@ fn decode_ops_refuse_bad_arguments() {
     let a = Tensor::from_vec(vec![1.0, f32::NAN, 3.0, 3.0, 2.0, 3.0], &[2, 3], DEV).unwrap();
     assert_eq!(a.argmax_last().unwrap().to_vec_u32().unwrap(), vec![1, 0]);
 }
+
+#[test]
+fn empty_calls_and_extreme_scores() {
+    let k = Tensor::zeros(&[1, 1, 4, 4], DEV).unwrap();
+    let v = Tensor::from_vec((0..16).map(|i| i as f32).collect(), &[1, 1, 4, 4], DEV).unwrap();
+    let (start, slot) = (u32s(&[0]), u32s(&[0]));
+    let view = CacheView {
+        k: &k,
+        v: &v,
+        start: &start,
+        slot: &slot,
+    };
+    let freqs = Tensor::from_vec(vec![1.0, 0.5], &[2], DEV).unwrap();
+    // No new tokens: empty outputs, the caches untouched.
+    let x = Tensor::zeros(&[1, 0, 12], DEV).unwrap();
+    let q = x.rope_append(&freqs, view, 1, DType::F32).unwrap();
+    assert_eq!(q.shape(), &[1, 0, 1, 4]);
+    assert_eq!(q.cache_attention(view, 0, 1.0).unwrap().numel(), 0);
+    assert!(k.to_vec().unwrap().iter().all(|&e| e == 0.0));
+    // Scores of ±1e30 scale: the softmax subtracts the maximum, so the output is the value row
+    // of the best slot, finite; a NaN query gives NaN, not a silent number.
+    let kk = Tensor::from_vec(
+        [
+            [1.0, 0.0, 0.0, 0.0],
+            [-1.0, 0.0, 0.0, 0.0],
+            [0.5, 0.0, 0.0, 0.0],
+            [0.0; 4],
+        ]
+        .concat(),
+        &[1, 1, 4, 4],
+        DEV,
+    )
+    .unwrap();
+    let slot3 = u32s(&[3]);
+    let big = CacheView {
+        k: &kk,
+        slot: &slot3,
+        ..view
+    };
+    for (x0, best) in [(1e30f32, 0usize), (-1e30, 1)] {
+        let q = Tensor::from_vec(vec![x0, 0.0, 0.0, 0.0], &[1, 1, 1, 4], DEV).unwrap();
+        let out = q.cache_attention(big, 4, 1.0).unwrap().to_vec().unwrap();
+        let want: Vec<f32> = (0..4).map(|e| (best * 4 + e) as f32).collect();
+        assert_eq!(out, want, "q[0] = {x0}");
+    }
+    let q = Tensor::from_vec(vec![f32::NAN, 0.0, 0.0, 0.0], &[1, 1, 1, 4], DEV).unwrap();
+    let out = q.cache_attention(big, 4, 1.0).unwrap().to_vec().unwrap();
+    assert!(out.iter().all(|o| o.is_nan()), "{out:?}");
+}

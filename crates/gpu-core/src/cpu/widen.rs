@@ -96,3 +96,48 @@ pub(crate) fn cast(x: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
         }),
     }
 }
+
+/// `x` rounded once to the nearest bf16 (ties to even). Not `half::bf16::from_f64`, which is
+/// not correctly rounded (it gives 0x3f80 for the f32 0x3f808001, just above a tie, where
+/// 0x3f81 is nearest), and not `x as f32` then bf16 (two roundings): f64 → f32 rounded to odd
+/// keeps which side of a bf16 tie `x` lies on, and f32 → bf16 then rounds once.
+pub(crate) fn bf16_rne(x: f64) -> bf16 {
+    let y = x as f32;
+    if y.is_finite() && y as f64 != x && y.to_bits() & 1 == 0 {
+        // Inexact with an even last bit: one ulp toward x makes it odd (round to odd).
+        let b = y.to_bits();
+        let toward_zero = (y as f64).abs() > x.abs();
+        return bf16::from_f32(f32::from_bits(if toward_zero { b - 1 } else { b + 1 }));
+    }
+    bf16::from_f32(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bf16_rne;
+    use half::bf16;
+
+    #[test]
+    fn bf16_from_f64_rounds_once_to_nearest_even() {
+        for bits in [
+            0x3f80_8000u32,
+            0x3f81_8000,
+            0xbf80_8000,
+            0x3f80_8001,
+            0xbf80_8001,
+            1,
+            0x7f7f_ffff,
+        ] {
+            let x = f32::from_bits(bits);
+            assert_eq!(bf16_rne(x as f64), bf16::from_f32(x), "{bits:08x}");
+        }
+        // Just above and below a tie in f64, where f32 would land on the tie itself.
+        let tie = f32::from_bits(0x3f80_8000) as f64;
+        assert_eq!(bf16_rne(tie + 1e-12).to_bits(), 0x3f81);
+        assert_eq!(bf16_rne(tie - 1e-12).to_bits(), 0x3f80);
+        assert_eq!(bf16_rne(-tie - 1e-12).to_bits(), 0xbf81);
+        assert!(bf16_rne(f64::NAN).is_nan());
+        assert_eq!(bf16_rne(f64::INFINITY), bf16::INFINITY);
+        assert_eq!(bf16_rne(1e300), bf16::INFINITY);
+    }
+}

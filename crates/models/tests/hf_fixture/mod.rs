@@ -55,3 +55,19 @@ pub fn expected(name: &str) -> Expected {
         batch_logits: f32s("batch_logits"),
     }
 }
+
+/// The largest |got − want|, asserted to be at most `rel · max|want|` (the bound each caller
+/// states).
+pub fn max_err(what: &str, got: &[f32], want: &[f32], rel: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        err <= rel * scale,
+        "{what}: max |diff| {err:e} > {rel} · {scale}"
+    );
+    err
+}
