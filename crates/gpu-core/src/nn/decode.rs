@@ -18,6 +18,7 @@
 use crate::backend::{Backend, BufferInfo};
 use crate::dtype::DType;
 use crate::error::{GpuError, Result};
+use crate::nn::rows::require_u32;
 use crate::ops::require_float;
 
 /// The sizes of a decode call: `b` rows of `t` new tokens, `heads` query heads and
@@ -158,18 +159,6 @@ fn check_len(op: &'static str, name: &str, buf: &impl BufferInfo, want: usize) -
     }
 }
 
-fn require_u32(op: &'static str, buf: &impl BufferInfo) -> Result<()> {
-    if buf.dtype() == DType::U32 {
-        Ok(())
-    } else {
-        Err(GpuError::DTypeMismatch {
-            op,
-            expected: DType::U32,
-            got: buf.dtype(),
-        })
-    }
-}
-
 /// The checks of the row positions and the cache pair that both cache ops share.
 fn check_rows_and_cache<B: BufferInfo>(
     op: &'static str,
@@ -181,7 +170,7 @@ fn check_rows_and_cache<B: BufferInfo>(
 ) -> Result<()> {
     dims.check(op)?;
     for (name, buf) in [("start", start), ("slot", slot)] {
-        require_u32(op, buf)?;
+        require_u32(op, buf.dtype())?;
         check_len(op, name, buf, dims.b)?;
     }
     require_float(op, k_cache.dtype())?;
@@ -265,7 +254,7 @@ pub fn check_cache_attention<B: BufferInfo>(
 pub fn check_argmax<B: BufferInfo>(x: &B, out: &B, cols: usize) -> Result<usize> {
     const OP: &str = "argmax_rows";
     require_float(OP, x.dtype())?;
-    require_u32(OP, out)?;
+    require_u32(OP, out.dtype())?;
     if cols == 0 || cols >= 1 << 31 {
         return Err(GpuError::invalid(
             OP,
