@@ -393,6 +393,7 @@ mod optim_adaptive;
 mod par;
 pub mod profile;
 mod rows;
+mod sample;
 mod widen;
 
 #[cfg(test)]

@@ -131,6 +131,15 @@ pub static MODULES: &[KernelModule] = &[
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
     KernelModule {
+        name: "nn_sample",
+        ptx: include_str!("../kernels/nn_sample.ptx"),
+        fatbin: include_bytes!("../kernels/nn_sample.fatbin"),
+        source_sha256: "9791b16dcd69274128cc54f3998c9449795c3d41cdabdc1108204b81f9493855",
+        ptx_sha256: "6aa0ff674e3df01d0c6dddc69f7a07a092130c0fc301756aa63f3250f47c11f1",
+        fatbin_sha256: "e3a118838a097bd5f91747a7f632ed308b95e5a715f9168fdeadb4a97cb9153c",
+        kernels: &["sample_rows_b", "sample_rows_f"],
+    },
+    KernelModule {
         name: "rssm_correct",
         ptx: include_str!("../kernels/rssm_correct.ptx"),
         fatbin: include_bytes!("../kernels/rssm_correct.fatbin"),

@@ -6,14 +6,15 @@
 //! - time to first token: prefill of the 512-token prompt at batch 1, its argmax, the copy;
 //! - prefill tokens/s: prompt tokens over the time of that prefill (512 and 2048 tokens);
 //! - decode tokens/s at batch B: B·(N − 1) over the time of the N − 1 graphed greedy steps
-//!   after the first token (each step: ids in, one replay, the new tokens out).
+//!   after the first token (each step: ids in, one replay, the new tokens out); again with
+//!   the tokens sampled on the device (temperature 0.8, top-p 0.95, repetition penalty 1.1).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use clap::Args;
-use models::{Engine, EngineOptions};
+use models::{Engine, EngineOptions, Sampling};
 use safetensors::SafeTensors;
 use tensor_ops::{no_grad, Device};
 
@@ -90,6 +91,32 @@ fn prefill(e: &mut Engine, p: &[Vec<u32>]) -> Result<Vec<u32>> {
     Ok(no_grad(|| logits.argmax_last())?.to_vec_u32()?)
 }
 
+/// Median seconds of the `n − 1` decode steps after a prefill of `p` (run 0 is the warm-up:
+/// it captures the decode graph), and row 0's tokens of the last run.
+fn decode_time(
+    e: &mut Engine,
+    p: &[Vec<u32>],
+    n: usize,
+    repeats: usize,
+    sampling: &Sampling,
+) -> Result<(f64, Vec<u32>)> {
+    let mut s = Vec::new();
+    let mut row0 = Vec::with_capacity(n);
+    for run in 0..=repeats.max(1) {
+        let mut next = prefill(e, p)?;
+        row0 = vec![next[0]];
+        let t0 = Instant::now();
+        for _ in 1..n {
+            next = e.decode(&next, sampling)?;
+            row0.push(next[0]);
+        }
+        if run > 0 {
+            s.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok((median(s), row0))
+}
+
 pub fn run(device: Device, a: &BenchGenerateArgs) -> Result<()> {
     let n = a.new_tokens.max(2);
     let p512 = prompts(&a.prompts, "prompt_512")?;
@@ -107,23 +134,16 @@ pub fn run(device: Device, a: &BenchGenerateArgs) -> Result<()> {
     let t2048 = time(a.repeats, || prefill(&mut e1, &p2048).map(drop))?;
     fig.insert("prefill_tok_s_2048".into(), (2048.0 / t2048).into());
     drop(e1);
+    let sampled = Sampling {
+        temperature: 0.8,
+        top_p: 0.95,
+        repetition_penalty: 1.1,
+        seed: 1,
+        ..Sampling::default()
+    };
     for (batch, p) in [(1usize, &p512), (16, &b16)] {
         let mut e = engine(a, device, batch, 512 + n)?;
-        // Run 0 is the warm-up (it captures the decode graph); runs 1.. are timed.
-        let mut s = Vec::new();
-        let mut row0 = Vec::with_capacity(n);
-        for run in 0..=a.repeats.max(1) {
-            let mut next = prefill(&mut e, p)?;
-            row0 = vec![next[0]];
-            let t0 = Instant::now();
-            for _ in 1..n {
-                next = e.decode_greedy(&next)?;
-                row0.push(next[0]);
-            }
-            if run > 0 {
-                s.push(t0.elapsed().as_secs_f64());
-            }
-        }
+        let (dt, row0) = decode_time(&mut e, p, n, a.repeats, &Sampling::default())?;
         // transformers' greedy tokens of row 0, where the peer saved them: how many leading
         // tokens agree (random weights repeat tokens; a bf16 near-tie may flip one).
         let peer = a.model.join("greedy.safetensors");
@@ -136,7 +156,6 @@ pub fn run(device: Device, a: &BenchGenerateArgs) -> Result<()> {
                 .count();
             fig.insert(format!("greedy_prefix_agrees_b{batch}"), same.into());
         }
-        let dt = median(s);
         fig.insert(
             format!("decode_tok_s_b{batch}"),
             ((batch * (n - 1)) as f64 / dt).into(),
@@ -144,6 +163,11 @@ pub fn run(device: Device, a: &BenchGenerateArgs) -> Result<()> {
         fig.insert(
             format!("decode_step_ms_b{batch}"),
             (dt / (n - 1) as f64 * 1e3).into(),
+        );
+        let (ds, _) = decode_time(&mut e, p, n, a.repeats, &sampled)?;
+        fig.insert(
+            format!("decode_sampled_tok_s_b{batch}"),
+            ((batch * (n - 1)) as f64 / ds).into(),
         );
     }
     let json = serde_json::Value::Object(fig);

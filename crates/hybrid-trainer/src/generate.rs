@@ -48,9 +48,9 @@ pub struct GenerateArgs {
     pub ignore_eos: bool,
     #[command(flatten)]
     pub quant: QuantArg,
-    /// The engine: the f32 reference (every sampling setting, --quant), or the fast one
-    /// (Llama family; bf16 or f32 weights, a preallocated cache, the decode step as a CUDA graph
-    /// on CUDA; greedy decoding only so far).
+    /// The engine: the f32 reference (sampling on the host, --quant), or the fast one (Llama
+    /// family; bf16 or f32 weights, a preallocated cache, the decode step as a CUDA graph on
+    /// CUDA with the sampling on the device; a seed gives other draws than the reference's).
     #[arg(long, value_enum, default_value_t = EngineKind::Reference)]
     pub engine: EngineKind,
     /// The fast engine's weights and matmuls.
@@ -185,11 +185,7 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
         repetition_penalty: a.repetition_penalty,
         seed: a.seed,
     };
-    let greedy = sampler
-        == Sampling {
-            seed: a.seed,
-            ..Sampling::default()
-        };
+    let settings = sampler;
     let mut sampler = Sampler::new(sampler)?;
     let tok = Tokenizer::from_dir(&a.model)?;
     let prompts = a
@@ -199,11 +195,10 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
         .collect::<Result<Vec<_>, _>>()?;
     if a.engine == EngineKind::Fast {
         anyhow::ensure!(
-            greedy && a.quant.quant.is_none(),
-            "the fast engine decodes greedily on unquantized weights so far (no --temperature, \
-             --top-k, --top-p, --repetition-penalty or --quant): use --engine reference"
+            a.quant.quant.is_none(),
+            "the fast engine runs unquantized weights so far (no --quant): use --engine reference"
         );
-        return crate::generate_fast::run(device, a, &tok, &prompts);
+        return crate::generate_fast::run(device, a, &tok, &prompts, &settings);
     }
     let model = load(&a.model, device, &a.quant)?;
     let stop = if a.ignore_eos {

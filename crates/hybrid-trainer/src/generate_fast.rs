@@ -1,13 +1,13 @@
-//! `hybrid-trainer generate --engine fast`: greedy decoding through [`models::Engine`] (the
-//! preallocated cache, the graphed decode step on CUDA), streamed for one prompt, printed per
-//! row for several.
+//! `hybrid-trainer generate --engine fast`: decoding through [`models::Engine`] (the
+//! preallocated cache, the graphed decode step on CUDA, greedy or sampled on the device),
+//! streamed for one prompt, printed per row for several.
 
 use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::ValueEnum;
-use models::{Engine, EngineOptions, ModelConfig, Tokenizer};
+use models::{Engine, EngineOptions, ModelConfig, Sampling, Tokenizer};
 use tensor_ops::{DType, Device};
 
 use crate::generate::GenerateArgs;
@@ -29,7 +29,13 @@ impl From<EngineDtype> for DType {
     }
 }
 
-pub fn run(device: Device, a: &GenerateArgs, tok: &Tokenizer, prompts: &[Vec<u32>]) -> Result<()> {
+pub fn run(
+    device: Device,
+    a: &GenerateArgs,
+    tok: &Tokenizer,
+    prompts: &[Vec<u32>],
+    sampling: &Sampling,
+) -> Result<()> {
     let cfg = ModelConfig::from_dir(&a.model)?;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let capacity = longest.saturating_add(a.max_new_tokens);
@@ -66,7 +72,7 @@ pub fn run(device: Device, a: &GenerateArgs, tok: &Tokenizer, prompts: &[Vec<u32
     let (mut new, mut shown) = (Vec::new(), String::new());
     let mut first = None;
     let t = Instant::now();
-    let out = engine.generate_greedy(prompts, a.max_new_tokens, &stop, |step| {
+    let out = engine.generate(prompts, a.max_new_tokens, &stop, sampling, |step| {
         first.get_or_insert_with(|| t.elapsed().as_secs_f64());
         if one && !stop.contains(&step[0]) {
             new.push(step[0]);

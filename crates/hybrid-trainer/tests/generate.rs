@@ -92,8 +92,8 @@ fn greedy_generation_prints_transformers_tokens() {
     }
 }
 
-/// `--engine fast` (f32) streams the same greedy text as transformers; sampling settings are
-/// refused with a clear error (the fast engine decodes greedily so far).
+/// `--engine fast` (f32) streams the same greedy text as transformers, and the same text when
+/// it samples with top-k 1; a seeded draw replays; `--quant` is refused with a clear error.
 #[test]
 fn the_fast_engine_prints_transformers_tokens() {
     for name in ["llama3", "qwen2"] {
@@ -114,28 +114,29 @@ fn the_fast_engine_prints_transformers_tokens() {
             "--dtype",
             "f32",
         ];
-        let (stdout, stderr) = cli_ok(args);
-        assert!(
-            stdout.ends_with(&format!("{want}\n")),
-            "{name}: {stdout:?} does not end with {want:?}"
+        let sample_k1 = ["--temperature", "0.7", "--top-k", "1"];
+        for extra in [&[][..], &sample_k1[..]] {
+            let (stdout, stderr) = cli_ok(args.iter().chain(extra));
+            assert!(
+                stdout.ends_with(&format!("{want}\n")),
+                "{name} {extra:?}: {stdout:?} does not end with {want:?}"
+            );
+            assert!(stderr.contains("16 new tokens"), "{name}: {stderr}");
+        }
+        let seeded = ["--temperature", "1.5", "--top-p", "0.9", "--seed", "5"];
+        let once = cli_ok(args.iter().chain(&seeded)).0;
+        assert_eq!(
+            once,
+            cli_ok(args.iter().chain(&seeded)).0,
+            "{name}: a seed replays"
         );
-        assert!(stderr.contains("16 new tokens"), "{name}: {stderr}");
     }
     let d = fixture("llama3").display().to_string();
     let err = cli_err([
-        "--device",
-        "cpu",
-        "generate",
-        "--model",
-        &d,
-        "--prompt",
-        "hi",
-        "--engine",
-        "fast",
-        "--temperature",
-        "0.7",
+        "--device", "cpu", "generate", "--model", &d, "--prompt", "hi", "--engine", "fast",
+        "--quant", "int8",
     ]);
-    assert!(err.contains("greedily"), "{err}");
+    assert!(err.contains("--engine reference"), "{err}");
 }
 
 #[test]

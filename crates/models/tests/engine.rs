@@ -15,7 +15,7 @@
 mod hf_fixture;
 
 use hf_fixture::{dir, expected, max_err};
-use models::{CausalLm, Engine, EngineOptions};
+use models::{CausalLm, Engine, EngineOptions, Sampler, Sampling};
 use tensor_ops::{transfer_stats, DType, Device};
 
 const LLAMAS: [&str; 5] = ["llama3", "llama3-bf16", "llama-tied", "qwen2", "mistral"];
@@ -96,6 +96,76 @@ fn batch_rows_match_the_reference(dev: Device) {
             assert_eq!(toks[r], gen, "{name} row {r} on {dev}: greedy tokens");
         }
     }
+}
+
+/// Sampling on the device: greedy with a repetition penalty gives the reference's tokens (the
+/// penalty's history is the prompt and the tokens so far); top-k 1 is greedy at any
+/// temperature; a seed replays its draws and another seed draws otherwise; every drawn token
+/// is among the top 4 of its step's reference logits (within the f32 bound of `parity.rs`).
+fn sampling_follows_the_reference(dev: Device) {
+    let exp = expected("llama3");
+    let reference = CausalLm::load(&dir("llama3"), Device::Cpu).unwrap();
+    let prompts = vec![exp.ids.clone(), exp.ids[4..].to_vec()];
+    let mut e = engine("llama3", dev, DType::F32, 2);
+    let new = 12;
+    let gen = |e: &mut Engine, s: &Sampling| e.generate(&prompts, new, &[], s, |_| {}).unwrap();
+    let pen = Sampling {
+        repetition_penalty: 1.8,
+        ..Sampling::default()
+    };
+    let toks = gen(&mut e, &pen);
+    for (r, p) in prompts.iter().enumerate() {
+        let mut s = Sampler::new(pen).unwrap();
+        let want = reference.generate(p, new, &mut s, &[], |_| {}).unwrap();
+        assert_eq!(toks[r], want, "row {r} on {dev}: greedy with a penalty");
+    }
+    let k1 = Sampling {
+        temperature: 0.9,
+        top_k: Some(1),
+        seed: 3,
+        ..Sampling::default()
+    };
+    assert_eq!(
+        gen(&mut e, &k1),
+        gen(&mut e, &Sampling::default()),
+        "{dev}: top-k 1"
+    );
+    let s = Sampling {
+        temperature: 1.5,
+        top_k: Some(4),
+        seed: 9,
+        ..Sampling::default()
+    };
+    let drawn = gen(&mut e, &s);
+    assert_eq!(drawn, gen(&mut e, &s), "{dev}: a seed replays");
+    assert_ne!(
+        drawn,
+        gen(&mut e, &Sampling { seed: 10, ..s }),
+        "{dev}: seeds differ"
+    );
+    let vocab = e.config().vocab_size;
+    for (r, p) in prompts.iter().enumerate() {
+        let mut ids = p.clone();
+        for &tok in &drawn[r] {
+            let all = reference
+                .forward(&ids, 1, &mut reference.new_cache())
+                .unwrap();
+            let last = all.to_vec().unwrap()[(ids.len() - 1) * vocab..].to_vec();
+            let mut sorted = last.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let tol = 3e-4 * sorted[0].abs().max(sorted[vocab - 1].abs());
+            assert!(
+                last[tok as usize] >= sorted[3] - tol,
+                "row {r} on {dev}: token {tok} is not in the top 4"
+            );
+            ids.push(tok);
+        }
+    }
+}
+
+#[test]
+fn engine_sampling_follows_the_reference_on_the_cpu() {
+    sampling_follows_the_reference(Device::Cpu);
 }
 
 #[test]
@@ -198,6 +268,32 @@ fn gpu_engine_batch_rows_match_the_reference() {
         return;
     };
     batch_rows_match_the_reference(dev);
+}
+
+#[test]
+fn gpu_engine_sampling_follows_the_reference() {
+    let Some(dev) = gpu("gpu_engine_sampling_follows_the_reference") else {
+        return;
+    };
+    sampling_follows_the_reference(dev);
+    // A sampled step is graphed too: one device-to-host copy (the tokens) per step.
+    let exp = expected("llama3");
+    let mut e = engine("llama3", dev, DType::BF16, 1);
+    let s = Sampling {
+        temperature: 0.8,
+        top_p: 0.9,
+        repetition_penalty: 1.2,
+        seed: 1,
+        ..Sampling::default()
+    };
+    e.prefill(std::slice::from_ref(&exp.ids), false).unwrap();
+    let mut next = e.decode(&[1], &s).unwrap(); // captures the graph
+    let before = transfer_stats();
+    for _ in 0..10 {
+        next = e.decode(&next, &s).unwrap();
+    }
+    let after = transfer_stats();
+    assert_eq!(after.device_to_host - before.device_to_host, 10);
 }
 
 /// The graphed decode step copies exactly one thing to the host per step (the new tokens),

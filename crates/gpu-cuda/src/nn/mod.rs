@@ -8,6 +8,7 @@ mod elementwise;
 mod optim;
 mod optim_adaptive;
 mod rows;
+mod sample;
 
 #[cfg(test)]
 mod tests {

@@ -1,19 +1,21 @@
 //! The fast inference engine for the Llama family: weights in bf16 (or f32) with fused q/k/v
 //! and gate/up projections, a preallocated key/value cache per layer, prefill of left-padded
-//! prompts in one pass, and greedy decoding whose step is captured once as a CUDA graph and
-//! replayed, with the argmax on the device: one device-to-host copy (the new tokens) per step.
-//! On the CPU the same ops run eagerly. [`crate::CausalLm`] is the f32 reference it is tested
-//! against.
+//! prompts in one pass, and decoding whose step is captured once as a CUDA graph and replayed,
+//! with the choice of the next token on the device (the argmax, or `Tensor::sample_last`:
+//! repetition penalty, temperature, top-k, top-p, a seeded Philox draw): one device-to-host
+//! copy (the new tokens) per step. On the CPU the same ops run eagerly. [`crate::CausalLm`] is
+//! the f32 reference it is tested against.
 
 mod weights;
 
 use std::path::Path;
 
 use tensor_ops::graph::{capture, Graph};
-use tensor_ops::{no_grad, CacheView, DType, Device, Tensor};
+use tensor_ops::{no_grad, CacheView, DType, Device, SampleParams, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
+use crate::sample::{Sampler, Sampling};
 use crate::weights::Checkpoint;
 use weights::Weights;
 
@@ -29,11 +31,16 @@ pub struct EngineOptions {
     pub capacity: usize,
 }
 
-/// The captured decode step: its input ids `[batch, 1]` and its output (the argmax) `[batch]`.
+/// How a step chooses its token: the argmax, or a draw with these settings.
+type Choice = Option<SampleParams>;
+
+/// The captured decode step: its input ids `[batch, 1]`, its output (the chosen tokens)
+/// `[batch]`, and how it chooses them (a graph replays the settings it was captured with).
 struct DecodeGraph {
     graph: Option<Graph>,
     ids: Tensor,
     next: Tensor,
+    choice: Choice,
 }
 
 /// A Llama-family model ready to generate (see the module doc).
@@ -49,6 +56,9 @@ pub struct Engine {
     /// u32 `[batch]`: each row's first real slot and its next free slot, on the device ...
     start: Tensor,
     slot: Tensor,
+    /// u32 `[batch, ⌈vocab/32⌉]`: the tokens each row was prompted with or produced (the
+    /// repetition penalty's history), on the device.
+    seen: Tensor,
     /// ... and on the host (what was last written).
     host_slot: Vec<u32>,
 }
@@ -89,8 +99,10 @@ impl Engine {
             })
             .collect::<Result<Vec<_>, tensor_ops::GpuError>>()?;
         let zeros = vec![0u32; opts.batch];
+        let words = cfg.vocab_size.div_ceil(32);
         Ok(Engine {
             decode: None,
+            seen: Tensor::from_vec(vec![0u32; opts.batch * words], &[opts.batch, words], device)?,
             start: Tensor::from_vec(zeros.clone(), &[opts.batch], device)?,
             slot: Tensor::from_vec(zeros.clone(), &[opts.batch], device)?,
             host_slot: zeros,
@@ -166,7 +178,8 @@ impl Engine {
     }
 
     /// Starts a new generation: `prompts` (one per batch row, 1 ..= capacity tokens each)
-    /// left-padded to the longest, run through the model in one pass into the caches. Returns
+    /// left-padded to the longest, run through the model in one pass into the caches (and the
+    /// prompts' tokens into the repetition penalty's history). Returns
     /// the logits `[batch, vocab]` of each row's last token on the device (or all positions'
     /// `[batch, t, vocab]` when `all`). A refused call changes nothing.
     pub fn prefill(&mut self, prompts: &[Vec<u32>], all: bool) -> Result<Tensor, ModelError> {
@@ -195,6 +208,14 @@ impl Engine {
             ids.extend_from_slice(p);
         }
         let start: Vec<u32> = prompts.iter().map(|p| (t - p.len()) as u32).collect();
+        let words = self.cfg.vocab_size.div_ceil(32);
+        let mut seen = vec![0u32; b * words];
+        for (r, p) in prompts.iter().enumerate() {
+            for &id in p {
+                seen[r * words + id as usize / 32] |= 1 << (id % 32);
+            }
+        }
+        self.seen.write_from_host(&seen)?;
         self.start.write_from_host(&start)?;
         self.slot.write_from_host(&vec![0u32; b])?;
         self.host_slot = vec![0; b];
@@ -208,11 +229,20 @@ impl Engine {
         })
     }
 
-    /// One greedy decode step: feeds `tokens` (one per row) at each row's next slot and returns
-    /// the argmax of the next logits, per row. On CUDA the step is a CUDA graph (captured at the
-    /// first call) and this is one host-to-device write of the ids and slots, one replay and
-    /// one device-to-host copy of the result.
+    /// One greedy decode step: [`Engine::decode`] choosing the argmax.
     pub fn decode_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>, ModelError> {
+        self.decode(tokens, &Sampling::default())
+    }
+
+    /// One decode step: feeds `tokens` (one per row) at each row's next slot and returns the
+    /// next token of each row, chosen on the device as `sampling` says (the argmax at
+    /// temperature 0 without a penalty; else `Tensor::sample_last`, whose draw for the token
+    /// after slot `s` is Philox's at counter `s`, so a seed replays a generation). On CUDA the
+    /// step is a CUDA graph (captured at the first call, again when the settings change) and
+    /// this is one host-to-device write of the ids and slots, one replay and one
+    /// device-to-host copy of the result.
+    pub fn decode(&mut self, tokens: &[u32], sampling: &Sampling) -> Result<Vec<u32>, ModelError> {
+        let choice = choice(sampling)?;
         let b = self.opts.batch;
         if tokens.len() != b {
             return Err(ModelError::RaggedBatch(tokens.len(), b));
@@ -226,8 +256,9 @@ impl Engine {
                 context: self.opts.capacity,
             });
         }
-        if self.decode.is_none() {
-            self.decode = Some(self.build_decode()?);
+        if self.decode.as_ref().is_none_or(|d| d.choice != choice) {
+            self.decode = None;
+            self.decode = Some(self.build_decode(choice)?);
         }
         let d = self.decode.as_ref().expect("built above");
         d.ids.write_from_host(tokens)?;
@@ -237,22 +268,40 @@ impl Engine {
                 g.replay()?;
                 d.next.to_vec_u32()?
             }
-            None => no_grad(|| self.step_argmax(&d.ids))?.to_vec_u32()?,
+            None => no_grad(|| self.step(&d.ids, choice))?.to_vec_u32()?,
         };
         self.host_slot.iter_mut().for_each(|s| *s += 1);
-        Ok(next)
+        self.checked(next)
     }
 
-    /// The decode step's work: logits of one token per row, and their argmax `[batch]`.
-    fn step_argmax(&self, ids: &Tensor) -> Result<Tensor, ModelError> {
+    /// Refuses a row that had no distribution to sample (`sample_last` gave `vocab`).
+    fn checked(&self, next: Vec<u32>) -> Result<Vec<u32>, ModelError> {
+        match next.iter().position(|&t| t as usize >= self.cfg.vocab_size) {
+            Some(r) => Err(ModelError::BadSampling(format!(
+                "row {r}: the logits have a NaN or an infinity (or overflow the temperature)"
+            ))),
+            None => Ok(next),
+        }
+    }
+
+    /// The token of each row of `logits` `[batch, vocab]`, chosen as `choice` says, with the
+    /// draw at each row's `slot` plus `offset`.
+    fn choose(&self, logits: &Tensor, choice: Choice, offset: u32) -> Result<Tensor, ModelError> {
+        Ok(match choice {
+            None => logits.argmax_last()?,
+            Some(p) => logits.sample_last(&self.seen, &self.slot, SampleParams { offset, ..p })?,
+        })
+    }
+
+    /// The decode step's work: logits of one token per row, and each row's next token `[batch]`.
+    fn step(&self, ids: &Tensor, choice: Choice) -> Result<Tensor, ModelError> {
         let logits = self.forward(ids, self.opts.capacity, true)?;
-        Ok(logits
-            .reshape(&[self.opts.batch, self.cfg.vocab_size])?
-            .argmax_last()?)
+        let logits = logits.reshape(&[self.opts.batch, self.cfg.vocab_size])?;
+        self.choose(&logits, choice, 0)
     }
 
     /// The input tensor of the decode step and, on CUDA, its captured graph.
-    fn build_decode(&self) -> Result<DecodeGraph, ModelError> {
+    fn build_decode(&self, choice: Choice) -> Result<DecodeGraph, ModelError> {
         let b = self.opts.batch;
         // The ids' recorded host bound (vocab − 1, attained) stays true for every id written
         // later: they are checked against the vocabulary first.
@@ -261,32 +310,48 @@ impl Engine {
         match self.device {
             Device::Cuda(_) => {
                 let (graph, next) = capture(self.device, || {
-                    no_grad(|| self.step_argmax(&ids)).map_err(op_err)
+                    no_grad(|| self.step(&ids, choice)).map_err(op_err)
                 })?;
                 Ok(DecodeGraph {
                     graph: Some(graph),
                     ids,
                     next,
+                    choice,
                 })
             }
             Device::Cpu => Ok(DecodeGraph {
                 graph: None,
                 next: Tensor::from_vec(vec![0u32; b], &[b], self.device)?,
                 ids,
+                choice,
             }),
         }
     }
 
-    /// Greedy generation: prefill, then up to `max_new` tokens per row (a row that produced one
-    /// of `stop` stops growing; the batch stops when every row has). `on_step` sees each step's
-    /// tokens as they come. Returns each row's new tokens.
+    /// Greedy generation: [`Engine::generate`] choosing the argmax.
     pub fn generate_greedy(
         &mut self,
         prompts: &[Vec<u32>],
         max_new: usize,
         stop: &[u32],
+        on_step: impl FnMut(&[u32]),
+    ) -> Result<Vec<Vec<u32>>, ModelError> {
+        self.generate(prompts, max_new, stop, &Sampling::default(), on_step)
+    }
+
+    /// Generation: prefill, then up to `max_new` tokens per row chosen as `sampling` says
+    /// ([`Engine::decode`]; a row that produced one of `stop` stops growing, the batch stops
+    /// when every row has). `on_step` sees each step's tokens as they come. Returns each row's
+    /// new tokens.
+    pub fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        stop: &[u32],
+        sampling: &Sampling,
         mut on_step: impl FnMut(&[u32]),
     ) -> Result<Vec<Vec<u32>>, ModelError> {
+        let choice = choice(sampling)?;
         let b = self.opts.batch;
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         if longest + max_new > self.opts.capacity + 1 {
@@ -301,7 +366,10 @@ impl Engine {
             return Ok(out);
         }
         let logits = self.prefill(prompts, false)?;
-        let mut next = no_grad(|| logits.argmax_last())?.to_vec_u32()?;
+        // The draw after the prompt's last slot, t − 1 (the device slots still read 0).
+        let offset = longest.saturating_sub(1) as u32;
+        let first = no_grad(|| self.choose(&logits, choice, offset))?.to_vec_u32()?;
+        let mut next = self.checked(first)?;
         let mut done = vec![false; b];
         for step in 0..max_new {
             on_step(&next);
@@ -314,10 +382,28 @@ impl Engine {
             if step + 1 == max_new || done.iter().all(|&d| d) {
                 break;
             }
-            next = self.decode_greedy(&next)?;
+            next = self.decode(&next, sampling)?;
         }
         Ok(out)
     }
+}
+
+/// How `sampling` chooses (checked as the reference's sampler checks it): the argmax at
+/// temperature 0 without a penalty, else a draw.
+fn choice(sampling: &Sampling) -> Result<Choice, ModelError> {
+    Sampler::new(*sampling)?;
+    let s = sampling;
+    if s.temperature == 0.0 && s.repetition_penalty == 1.0 {
+        return Ok(None);
+    }
+    Ok(Some(SampleParams {
+        temperature: s.temperature,
+        top_k: s.top_k.map_or(0, |k| k.min(u32::MAX as usize) as u32),
+        top_p: s.top_p,
+        penalty: s.repetition_penalty,
+        seed: s.seed,
+        offset: 0,
+    }))
 }
 
 fn op_err(e: ModelError) -> tensor_ops::GpuError {

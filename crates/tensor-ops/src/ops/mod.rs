@@ -7,6 +7,7 @@ pub mod elementwise;
 pub mod matmul;
 pub mod nn;
 pub mod reduce;
+pub mod sample;
 pub mod shape;
 
 use crate::backend::DeviceBackend;
