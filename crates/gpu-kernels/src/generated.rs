@@ -134,9 +134,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_sample",
         ptx: include_str!("../kernels/nn_sample.ptx"),
         fatbin: include_bytes!("../kernels/nn_sample.fatbin"),
-        source_sha256: "9791b16dcd69274128cc54f3998c9449795c3d41cdabdc1108204b81f9493855",
-        ptx_sha256: "6aa0ff674e3df01d0c6dddc69f7a07a092130c0fc301756aa63f3250f47c11f1",
-        fatbin_sha256: "e3a118838a097bd5f91747a7f632ed308b95e5a715f9168fdeadb4a97cb9153c",
+        source_sha256: "ece0d1de8962960361b2c9964f19a764c72d62238103e3b07e61703a24067c1d",
+        ptx_sha256: "4abb67126fe76171e50a7faef3e0d0692b096acf36071f50b10036e815aaa743",
+        fatbin_sha256: "3dc6564ba4be38419627c6426d4693238a1e925ac81b819aa42159d97ef3cc59",
         kernels: &["sample_rows_b", "sample_rows_f"],
     },
     KernelModule {

@@ -57,22 +57,7 @@ fn sample_row(l: &[f32], seen: &[u32], n: u32, r: u32, p: &SampleParams) -> Opti
     let z: Vec<f32> = l
         .iter()
         .enumerate()
-        .map(|(i, &v)| {
-            let v = if seen[i / 32] >> (i % 32) & 1 == 1 {
-                if v > 0.0 {
-                    v / p.penalty
-                } else {
-                    v * p.penalty
-                }
-            } else {
-                v
-            };
-            if p.temperature > 0.0 {
-                v / p.temperature
-            } else {
-                v
-            }
-        })
+        .map(|(i, &v)| p.z(v, seen[i / 32] >> (i % 32) & 1 == 1))
         .collect();
     let first_max = (0..z.len()).fold(0, |b, i| if z[i] > z[b] { i } else { b });
     if !z[first_max].is_finite() {

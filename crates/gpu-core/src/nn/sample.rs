@@ -60,7 +60,43 @@ impl SampleParams {
                 self.penalty
             ));
         }
+        if !(1.0 / self.penalty).is_finite()
+            || (self.temperature > 0.0 && !(1.0 / self.temperature).is_finite())
+        {
+            return bad(format!(
+                "temperature {} and penalty {} must have finite reciprocals",
+                self.temperature, self.penalty
+            ));
+        }
         Ok(())
+    }
+
+    /// `1/temperature` (0 at temperature 0) and `1/penalty`, rounded to f32: the factors
+    /// [`SampleParams::z`] multiplies by (the kernel gets them as arguments).
+    pub fn reciprocals(&self) -> (f32, f32) {
+        let t = if self.temperature > 0.0 {
+            1.0 / self.temperature
+        } else {
+            0.0
+        };
+        (t, 1.0 / self.penalty)
+    }
+
+    /// The penalized, tempered logit `z` of a logit `l` (`seen`: the row has had the token):
+    /// `l · (1/penalty)` when seen and `l > 0`, `l · penalty` when seen otherwise, then
+    /// `· (1/temperature)` unless greedy; f32 products of the f32 [`SampleParams::reciprocals`].
+    pub fn z(&self, l: f32, seen: bool) -> f32 {
+        let (inv_t, inv_p) = self.reciprocals();
+        let v = match (seen, l > 0.0) {
+            (false, _) => l,
+            (true, true) => l * inv_p,
+            (true, false) => l * self.penalty,
+        };
+        if self.temperature > 0.0 {
+            v * inv_t
+        } else {
+            v
+        }
     }
 }
 
@@ -69,8 +105,7 @@ pub trait SampleOps: Backend {
     /// For each row `r` of `logits` `[rows, vocab]` (f32 or bf16), writes a token id to
     /// `out[r]` (u32) and marks it in `seen` (u32 `[rows, ⌈vocab/32⌉]`, bit `i % 32` of word
     /// `i / 32`: the tokens the row has produced or was prompted with). Row by row:
-    /// 1. `z_i = l_i` penalized if seen (f32: `l / penalty` when `l > 0`, else `l · penalty`),
-    ///    then `z_i / temperature` (f32);
+    /// 1. `z_i` = [`SampleParams::z`] of `l_i` (penalized if seen, then tempered);
     /// 2. a row with a NaN or +∞ logit, or whose largest `z` is not finite (only −∞ logits, or
     ///    an overflow of the penalty or temperature), gets `out[r] = vocab` (no token; the
     ///    caller reports it) and `seen` stays; at temperature 0 the token is the first maximum
@@ -188,7 +223,8 @@ pub fn order_key(v: f32) -> u32 {
 /// `W = ⌊exp(x)·2^40⌋` for `x ≤ 0` (a logit minus the row's maximum), as the kernel computes
 /// it: `y = x·log2(e)` (f32), `n = round(y)`, `f = y − n` (exact), `2^f` by the degree-7 Taylor
 /// polynomial of `e^{f·ln 2}` in Horner form with fused multiply-adds (truncation below 6e-9
-/// for `|f| ≤ 1/2`), scaled by `2^n` (exact); 0 when `y < −41` (then `W < 1`). Relative error
+/// for `|f| ≤ 1/2`), scaled by `2^(n+40)` and floored (a shift of its significand); 0 when
+/// `y < −41` (then `W < 1`). Relative error
 /// below 3e-6: `y`'s rounding (half an ulp of 41, 1.9e-6, times ln 2), `log2(e)`'s (1.3e-8
 /// times 41 times ln 2) and the polynomial's few f32 roundings. The same bits on every IEEE
 /// machine.
@@ -214,8 +250,15 @@ pub fn weight(x: f32) -> u64 {
     for c in C[..7].iter().rev() {
         p = p.mul_add(f, f32::from_bits(*c));
     }
-    // p·2^n·2^40 = p·2^(n+40) with n + 40 in −1..=40: exact, then floored.
-    (p as f64 * (2f64).powi(n as i32 + 40)) as u64
+    // ⌊p·2^(n+40)⌋ from p's 24-bit significand m (p = m·2^(e−23), p in [0.7, 1]): a shift.
+    let b = p.to_bits();
+    let m = ((b & 0x7f_ffff) | 0x80_0000) as u64;
+    let shift = ((b >> 23) & 0xff) as i32 - 127 - 23 + n as i32 + 40;
+    match shift {
+        0.. => m << shift,
+        -63..0 => m >> -shift,
+        _ => 0,
+    }
 }
 
 /// `⌊R·K / 2^64⌋`: where in the kept weight `K` the draw `R` lands.
