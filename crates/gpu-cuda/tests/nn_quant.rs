@@ -68,7 +68,7 @@ impl HostWeight {
             }
             QuantFormat::Int4 => {
                 let b = self.bytes[j * k / 2 + t / 2];
-                let q = if t % 2 == 0 { b & 15 } else { b >> 4 };
+                let q = if t.is_multiple_of(2) { b & 15 } else { b >> 4 };
                 let g = j * k.div_ceil(QUANT_GROUP) + t / QUANT_GROUP;
                 q as f64 * self.scales[g].abs() as f64 + self.mins[g].abs() as f64
             }

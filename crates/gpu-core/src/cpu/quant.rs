@@ -65,7 +65,11 @@ fn dequantize_row(
             (0..spec.k)
                 .map(|c| {
                     let b = byte(words, c / 2);
-                    let q = if c % 2 == 0 { b & 0x0f } else { b >> 4 };
+                    let q = if c.is_multiple_of(2) {
+                        b & 0x0f
+                    } else {
+                        b >> 4
+                    };
                     let g = r * groups + c / QUANT_GROUP;
                     q as f32 * scales[g] + mins[g]
                 })
