@@ -392,6 +392,7 @@ mod optim;
 mod optim_adaptive;
 mod par;
 pub mod profile;
+mod quant;
 mod rows;
 mod sample;
 mod widen;

@@ -95,6 +95,15 @@ pub static MODULES: &[KernelModule] = &[
         kernels: &["gemv_bf16_m1_b", "gemv_bf16_m1_f", "gemv_bf16_m2_b", "gemv_bf16_m2_f", "gemv_bf16_m4_b", "gemv_bf16_m4_f"],
     },
     KernelModule {
+        name: "nn_gemv_q",
+        ptx: include_str!("../kernels/nn_gemv_q.ptx"),
+        fatbin: include_bytes!("../kernels/nn_gemv_q.fatbin"),
+        source_sha256: "065f4cfa1b1516c6711a694a6b16ed776c4f011a94cbed0afabd161a0c9c0e77",
+        ptx_sha256: "05cfda59680ebca93626b4540e83ee16ecfb01997b64f5c172d16b87761efbce",
+        fatbin_sha256: "f24b1083f4ef9b39ad5667c930f17ba31a7d451db5bbfbd17e1eef1eb832f675",
+        kernels: &["dequant_q4_b", "dequant_q4_f", "dequant_q8_b", "dequant_q8_f", "gemv_q4_m1_v1_bb", "gemv_q4_m1_v1_bf", "gemv_q4_m1_v1_fb", "gemv_q4_m1_v1_ff", "gemv_q4_m1_v4_bb", "gemv_q4_m1_v4_bf", "gemv_q4_m1_v4_fb", "gemv_q4_m1_v4_ff", "gemv_q4_m2_v1_bb", "gemv_q4_m2_v1_bf", "gemv_q4_m2_v1_fb", "gemv_q4_m2_v1_ff", "gemv_q4_m2_v4_bb", "gemv_q4_m2_v4_bf", "gemv_q4_m2_v4_fb", "gemv_q4_m2_v4_ff", "gemv_q4_m4_v1_bb", "gemv_q4_m4_v1_bf", "gemv_q4_m4_v1_fb", "gemv_q4_m4_v1_ff", "gemv_q4_m4_v4_bb", "gemv_q4_m4_v4_bf", "gemv_q4_m4_v4_fb", "gemv_q4_m4_v4_ff", "gemv_q8_m1_v1_bb", "gemv_q8_m1_v1_bf", "gemv_q8_m1_v1_fb", "gemv_q8_m1_v1_ff", "gemv_q8_m1_v4_bb", "gemv_q8_m1_v4_bf", "gemv_q8_m1_v4_fb", "gemv_q8_m1_v4_ff", "gemv_q8_m2_v1_bb", "gemv_q8_m2_v1_bf", "gemv_q8_m2_v1_fb", "gemv_q8_m2_v1_ff", "gemv_q8_m2_v4_bb", "gemv_q8_m2_v4_bf", "gemv_q8_m2_v4_fb", "gemv_q8_m2_v4_ff", "gemv_q8_m4_v1_bb", "gemv_q8_m4_v1_bf", "gemv_q8_m4_v1_fb", "gemv_q8_m4_v1_ff", "gemv_q8_m4_v4_bb", "gemv_q8_m4_v4_bf", "gemv_q8_m4_v4_fb", "gemv_q8_m4_v4_ff"],
+    },
+    KernelModule {
         name: "nn_optim",
         ptx: include_str!("../kernels/nn_optim.ptx"),
         fatbin: include_bytes!("../kernels/nn_optim.fatbin"),

@@ -13,6 +13,8 @@
 //! clamped beyond its grid: int8's `|w/s| ≤ 127`, int4's `(w − m)/s ∈ [0, 15]`.
 
 use crate::error::ModelError;
+use gpu_core::nn::quant::{QuantFormat, QUANT_GROUP};
+use tensor_ops::{Device, QuantWeight, Tensor};
 
 /// The formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,8 +23,18 @@ pub enum QuantKind {
     Int4,
 }
 
-/// Inputs a group of int4 shares its scale and zero point with.
-pub const INT4_GROUP: usize = 128;
+/// Inputs a group of int4 shares its scale and zero point with (the kernels' `QUANT_GROUP`).
+pub const INT4_GROUP: usize = QUANT_GROUP;
+
+impl QuantKind {
+    /// The `gpu_core` format of the same layout.
+    pub fn format(self) -> QuantFormat {
+        match self {
+            QuantKind::Int8 => QuantFormat::Int8,
+            QuantKind::Int4 => QuantFormat::Int4,
+        }
+    }
+}
 
 /// A quantized `[rows, cols]` weight.
 #[derive(Debug, Clone)]
@@ -114,6 +126,49 @@ impl Quantized {
     /// Bytes of the quantized weight with its scales and zero points.
     pub fn bytes(&self) -> usize {
         self.data.len() + 4 * (self.scales.len() + self.mins.len())
+    }
+
+    /// The bytes as the kernels' u32 words, little-endian (byte `b` of a row at byte `b % 4`
+    /// of word `b / 4`), `rows × cols/4` (int8) or `rows × cols/8` (int4). Every row must
+    /// start on a word: `cols` a multiple of 4 (int8) or 8 (int4), else a typed error.
+    pub fn packed_words(&self) -> Result<Vec<u32>, ModelError> {
+        let per_word = self.kind.format().values_per_word();
+        if !self.cols.is_multiple_of(per_word) {
+            return Err(ModelError::Quant(format!(
+                "{:?} rows of {} inputs do not start on a u32 (need a multiple of {per_word})",
+                self.kind, self.cols
+            )));
+        }
+        // A row is cols (int8) or cols/2 (int4) bytes, a multiple of 4: the rows' bytes in
+        // order are the words in order.
+        Ok(self
+            .data
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// The weight on `device` as a [`QuantWeight`] for `Tensor::matmul_quant` (data, scales
+    /// and, for int4, minimums: three host-to-device copies).
+    pub fn to_device(&self, device: Device) -> Result<QuantWeight, ModelError> {
+        let words = self.packed_words()?;
+        let (n, k, format) = (self.rows, self.cols, self.kind.format());
+        let per_row = k / format.values_per_word();
+        let data = Tensor::from_vec(words, &[n, per_row], device)?;
+        let (scales, mins) = match self.kind {
+            QuantKind::Int8 => (
+                Tensor::from_vec(self.scales.clone(), &[n], device)?,
+                Tensor::from_vec(Vec::<f32>::new(), &[0], device)?,
+            ),
+            QuantKind::Int4 => {
+                let g = groups(k);
+                (
+                    Tensor::from_vec(self.scales.clone(), &[n, g], device)?,
+                    Tensor::from_vec(self.mins.clone(), &[n, g], device)?,
+                )
+            }
+        };
+        Ok(QuantWeight::new(data, scales, mins, format, n, k)?)
     }
 }
 
@@ -248,6 +303,53 @@ mod tests {
         let q8 = Quantized::new(QuantKind::Int8, &w, 3, 257).unwrap();
         assert_eq!(q8.data.len(), 3 * 257);
         assert!(q4.bytes() < q8.bytes());
+    }
+
+    /// The kernels' CPU reference reads the packed words as this module reads its bytes: the
+    /// two dequantizations agree bit for bit, on the host (and, where a GPU is present, the
+    /// CUDA kernel is checked against the same reference by gpu-cuda's nn_quant tests).
+    #[test]
+    fn gpu_core_dequantize_reads_the_packed_words_bit_for_bit() {
+        use rand::{Rng, SeedableRng};
+        let seed: u64 = std::env::var("HYBRID_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random);
+        println!("seed {seed} (HYBRID_TEST_SEED replays it)");
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        for (rows, cols) in [(3, 8), (2, 72), (4, 200), (1, 264), (0, 16)] {
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|_| r.random_range(-1.0f32..1.0) + [0.0, 3.0][r.random_range(0..2)])
+                .collect();
+            for kind in [QuantKind::Int8, QuantKind::Int4] {
+                let q = Quantized::new(kind, &w, rows, cols).unwrap();
+                let gw = q.to_device(Device::Cpu).unwrap();
+                let got = gw
+                    .dequantize(tensor_ops::DType::F32)
+                    .unwrap()
+                    .to_vec()
+                    .unwrap();
+                let want = q.dequantize();
+                assert_eq!(got.len(), want.len());
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{kind:?} {rows}x{cols} [{i}]");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_that_do_not_start_on_a_word_are_refused() {
+        let w = vec![0.5f32; 2 * 12];
+        let q8 = Quantized::new(QuantKind::Int8, &w, 2, 12).unwrap();
+        assert!(q8.to_device(Device::Cpu).is_ok());
+        let q4 = Quantized::new(QuantKind::Int4, &w, 2, 12).unwrap();
+        assert!(matches!(
+            q4.to_device(Device::Cpu),
+            Err(ModelError::Quant(_))
+        ));
+        let q8 = Quantized::new(QuantKind::Int8, &w[..2 * 6], 2, 6).unwrap();
+        assert!(matches!(q8.packed_words(), Err(ModelError::Quant(_))));
     }
 
     #[test]

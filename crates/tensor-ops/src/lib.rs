@@ -24,6 +24,7 @@ pub use gpu_core::{DType, Device, GpuError, Result};
 /// The `ndarray` version [`Tensor::from_ndarray`] and [`Tensor::to_ndarray`] speak.
 pub use ndarray;
 pub use ops::decode::CacheView;
+pub use ops::quant::QuantWeight;
 pub use ops::sample::SampleParams;
 pub use storage::Storage;
 pub use tensor::Tensor;

@@ -11,6 +11,7 @@
 //! | rows: softmax, log-softmax, cross-entropy, norms, RoPE, embedding | `nn/rows.rs` | `cpu/rows.rs` | `gpu-cuda/src/nn/rows.rs` | `kernels/nn_rows.cu`, `nn_embed.cu` | `gpu-cuda/tests/nn_rows*.rs` |
 //! | causal attention | `nn/attention.rs` | `cpu/attention.rs` | `gpu-cuda/src/nn/attention.rs` | `kernels/nn_attention.cu` | `gpu-cuda/tests/nn_attention.rs` |
 //! | decoding over a KV cache: RoPE + cache writes, cache attention, argmax | `nn/decode.rs` | `cpu/decode.rs` | `gpu-cuda/src/nn/decode.rs` | `kernels/nn_decode.cu` | `gpu-cuda/tests/nn_decode.rs` |
+//! | weight-only int8/int4 matmul and dequantization | `nn/quant.rs` | `cpu/quant.rs` | `gpu-cuda/src/nn/quant.rs` | `kernels/nn_gemv_q.cu` (+ cuBLAS for prefill) | `gpu-cuda/tests/nn_quant.rs` |
 //! | token sampling: repetition penalty, temperature, top-k, top-p, Philox draw | `nn/sample.rs` | `cpu/sample.rs` | `gpu-cuda/src/nn/sample.rs` | `kernels/nn_sample.cu` | `gpu-cuda/tests/nn_sample.rs` |
 //! | AdamW, Schedule-Free AdamW, Prodigy, gradient clipping | `nn/optim.rs`, `nn/optim_adaptive.rs` | `cpu/optim.rs`, `cpu/optim_adaptive.rs` | `gpu-cuda/src/nn/optim.rs` | `kernels/nn_optim.cu` | `gpu-cuda/tests/nn_optim.rs` |
 //! | matmul | `ops.rs` ([`MatmulOps`]) | `cpu.rs` (`sgemm_rows`) | `gpu-cuda/src/ops.rs`, `blas.rs` | cuBLAS | `gpu-cuda/tests/matmul.rs` |
@@ -27,6 +28,7 @@ pub mod decode;
 pub mod elementwise;
 pub mod optim;
 pub mod optim_adaptive;
+pub mod quant;
 pub mod rows;
 pub mod sample;
 
@@ -35,6 +37,7 @@ pub use attention::AttentionOps;
 pub use decode::{DecodeDims, DecodeOps};
 pub use elementwise::{BinaryKind, ElementwiseOps, ReduceKind};
 pub use optim::{AdamWConfig, OptimOps};
+pub use quant::{QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
 pub use rows::RowOps;
 pub use sample::{SampleOps, SampleParams};
 
@@ -42,10 +45,17 @@ pub use crate::ops::MatmulOps;
 
 /// Every op family together: what `tensor-ops` needs from a backend.
 pub trait NnOps:
-    ElementwiseOps + RowOps + AttentionOps + DecodeOps + SampleOps + OptimOps + MatmulOps
+    ElementwiseOps + RowOps + AttentionOps + DecodeOps + QuantOps + SampleOps + OptimOps + MatmulOps
 {
 }
 impl<B> NnOps for B where
-    B: ElementwiseOps + RowOps + AttentionOps + DecodeOps + SampleOps + OptimOps + MatmulOps
+    B: ElementwiseOps
+        + RowOps
+        + AttentionOps
+        + DecodeOps
+        + QuantOps
+        + SampleOps
+        + OptimOps
+        + MatmulOps
 {
 }

@@ -7,6 +7,7 @@ mod decode;
 mod elementwise;
 mod optim;
 mod optim_adaptive;
+pub(crate) mod quant;
 mod rows;
 mod sample;
 

@@ -6,6 +6,7 @@ pub mod decode;
 pub mod elementwise;
 pub mod matmul;
 pub mod nn;
+pub mod quant;
 pub mod reduce;
 pub mod sample;
 pub mod shape;

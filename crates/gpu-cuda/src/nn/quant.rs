@@ -1,0 +1,229 @@
+//! [`QuantOps`] on CUDA: the kernels of `kernels/nn_gemv_q.cu`, checked by the same
+//! `gpu_core::nn::quant::check_*` functions as on the CPU.
+//!
+//! - `m <= 4` (a decode step): the fused dequantize-GEMV `gemv_q{8,4}_m{1,2,4}_v{4,1}_{x}{o}`
+//!   streams the packed weight once (16-byte loads when a packed row is a multiple of 16
+//!   bytes, else 4-byte ones), dequantizing in registers.
+//! - `m > 4` (prefill): **dequantize-then-GEMM**, as exllama does for large batches: the
+//!   weight is dequantized into a scratch `[n, k]` from the pool in x's dtype, then multiplied
+//!   by cuBLAS (bf16 x: [`CudaBackend::matmul_bf16`], tensor cores, f32 accumulation; f32 x:
+//!   SGEMM, into an f32 scratch cast to bf16 when `out` is bf16).
+//!
+//! Nothing here synchronizes the host or allocates outside the pool, so a CUDA graph captures
+//! these launches (the scratch of prefill comes from the pool, as the decode ops' partials do).
+//!
+//! # Error against the CPU reference
+//!
+//! With `u = 2^-24`, for output `(i, j)` let `T = Σ_t |x_it|·(|q_jt|·|s| + |m|)` (the scale
+//! and minimum of `t`'s row or group; `m = 0` for int8). The reference is the exact sum of
+//! `x·w̃` with `w̃ = fl(fl(q·s) + m)`, `|w̃ − (q·s + m)| <= 2.01·u·(|q·s| + |m|)`, rounded once.
+//! - Fused kernel: it sums `x·q` in f32 over a chunk (≤ 32 inputs), applies `s` (and `m·Σx`)
+//!   with two fmas per chunk (int8: `s` once, after the warp's sum), and adds chunks and lanes
+//!   in f32: each product passes through at most `k + 8` roundings, so `|y − Σ x·(q·s + m)| <=
+//!   γ_{k+8}·T`, and `|y − ref_f32| <= (γ_{k+8} + 3.01·u)·T <= 1.02·(k + 11)·u·T` (for
+//!   `k < 10^6`). Where `out` is bf16, both sides are rounded once more: add `2^-8·(|ref| + e)`.
+//!   `T` is not `Σ|x·w|`: a group far from zero (`|m|` large against `|w|`) loses to
+//!   cancellation what the reassociation `s·Σx·q + m·Σx` gains in speed.
+//! - Prefill with bf16 x: the weight is rounded to bf16 (`2^-9` relative) and cuBLAS sums in f32
+//!   (`(2k + 2)·u`, the bound of `tests/matmul_bf16.rs`): `1.01·(2^-9 + (2k + 4)·u)·T`.
+//! - Prefill with f32 x: exact f32 weights, SGEMM (TF32 when [`CudaBackend::tf32`] is on: then
+//!   both operands lose up to `2^-11`): `1.01·(2^-10 + (2k + 4)·u)·T`.
+//!
+//! Dequantization is exact: the kernel rounds `q·s` and `+ m` separately (`__fmul_rn`,
+//! `__fadd_rn`: never contracted into an fma, which would round once and differ from the CPU
+//! and from `models::quant`), and bf16 once from that f32.
+
+use crate::backend::CudaBackend;
+use crate::launch::{KernelArg, LaunchConfig};
+use crate::pool::CudaBuffer;
+use gpu_core::nn::quant::{check_dequantize, check_matmul_quant, QuantFormat, QuantOps, QuantSpec};
+use gpu_core::nn::ElementwiseOps;
+use gpu_core::{Backend, BufferInfo, DType, MatmulOps, MatmulSpec, Result};
+
+/// Warps per block and weight rows per warp of the fused kernel (`QWARPS`, `QNR`).
+const WARPS: usize = 4;
+const ROWS_PER_WARP: usize = 2;
+/// Threads per block and the most blocks of the dequantize kernel (a grid-stride loop).
+const DEQ_THREADS: usize = 256;
+const DEQ_MAX_BLOCKS: usize = 1 << 16;
+
+/// `f` for f32, `b` for bf16 (the kernels' name suffixes).
+fn tag(dtype: DType) -> char {
+    if dtype == DType::BF16 {
+        'b'
+    } else {
+        'f'
+    }
+}
+
+fn bits(format: QuantFormat) -> u32 {
+    match format {
+        QuantFormat::Int8 => 8,
+        QuantFormat::Int4 => 4,
+    }
+}
+
+/// The weight's kernel arguments: data, scales, mins.
+fn weight_args(data: &CudaBuffer, scales: &CudaBuffer, mins: &CudaBuffer) -> [KernelArg; 3] {
+    [data.into(), scales.into(), mins.into()]
+}
+
+/// Words per 16-byte load (4) when every packed row is a multiple of 16 bytes, else 1.
+fn words_per_load(spec: &QuantSpec) -> usize {
+    if spec.words_per_row().is_multiple_of(4) {
+        4
+    } else {
+        1
+    }
+}
+
+impl QuantOps for CudaBackend {
+    fn matmul_quant(
+        &self,
+        x: &CudaBuffer,
+        data: &CudaBuffer,
+        scales: &CudaBuffer,
+        mins: &CudaBuffer,
+        out: &mut CudaBuffer,
+        spec: QuantSpec,
+    ) -> Result<()> {
+        const OP: &str = "matmul_quant";
+        check_matmul_quant(x, data, scales, mins, out, spec)?;
+        self.check_owned(OP, &[x, data, scales, mins, out])?;
+        if spec.m == 0 || spec.n == 0 {
+            return Ok(());
+        }
+        if spec.k == 0 {
+            return match out.dtype() {
+                DType::F32 => self.memset32(out, 0),
+                _ => self.memset16(out, 0),
+            };
+        }
+        match [1, 2, 4].into_iter().find(|&r| spec.m <= r) {
+            Some(rows) => self.gemv_quant(x, [data, scales, mins], out, spec, rows),
+            None => self.prefill_quant(x, [data, scales, mins], out, spec),
+        }
+    }
+
+    fn dequantize(
+        &self,
+        data: &CudaBuffer,
+        scales: &CudaBuffer,
+        mins: &CudaBuffer,
+        out: &mut CudaBuffer,
+        spec: QuantSpec,
+    ) -> Result<()> {
+        const OP: &str = "dequantize";
+        check_dequantize(data, scales, mins, out, spec)?;
+        self.check_owned(OP, &[data, scales, mins, out])?;
+        let words = spec.data_len();
+        if words == 0 {
+            return Ok(());
+        }
+        let blocks = words.div_ceil(DEQ_THREADS).min(DEQ_MAX_BLOCKS);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (DEQ_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let name = format!("dequant_q{}_{}", bits(spec.format), tag(out.dtype()));
+        let mut args = weight_args(data, scales, mins).to_vec();
+        args.extend([
+            (&*out).into(),
+            KernelArg::U32(spec.n as u32),
+            KernelArg::U32(spec.k as u32),
+        ]);
+        // SAFETY: dequant_qQ_O(const u32* data, const float* scales, const float* mins, TO*
+        // out, u32 n, u32 k), a grid-stride loop over the n·k/(4 or 8) words of data (checked
+        // length; n·k < 2^31 by QuantSpec::check, so n and k fit u32). Word (r, c) reads
+        // scales/mins at r·groups + c·vpw/128 < n·groups (checked lengths; mins only for
+        // int4) and writes out[r·k + c·vpw ..+ vpw] < n·k (out's checked length), with 16- or
+        // 8-byte stores at offsets that k % 4 == 0 keeps aligned in 256-byte-aligned buffers.
+        unsafe { self.launch(&name, cfg, &args) }
+    }
+}
+
+impl CudaBackend {
+    /// The fused kernel for `m <= rows` (1, 2 or 4); arguments checked, `m, n, k > 0`.
+    fn gemv_quant(
+        &self,
+        x: &CudaBuffer,
+        [data, scales, mins]: [&CudaBuffer; 3],
+        out: &mut CudaBuffer,
+        spec: QuantSpec,
+        rows: usize,
+    ) -> Result<()> {
+        let blocks = spec.n.div_ceil(WARPS * ROWS_PER_WARP);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1), // n < 2^31
+            block_dim: ((WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let name = format!(
+            "gemv_q{}_m{rows}_v{}_{}{}",
+            bits(spec.format),
+            words_per_load(&spec),
+            tag(x.dtype()),
+            tag(out.dtype())
+        );
+        let mut args = vec![x.into()];
+        args.extend(weight_args(data, scales, mins));
+        args.extend([
+            (&*out).into(),
+            KernelArg::U32(spec.m as u32),
+            KernelArg::U32(spec.n as u32),
+            KernelArg::U32(spec.k as u32),
+        ]);
+        // SAFETY: gemv_qQ_mR_vV_XO(const TX* x, const u32* data, const float* scales, const
+        // float* mins, TO* out, u32 m, u32 n, u32 k), 4 warps a block, 2 weight rows a warp:
+        // m <= R (the template's rows), and m·k, m·n, n·k < 2^31 (QuantSpec::check). x holds
+        // m·k elements, data n·k/vpw words, scales and mins n or n·⌈k/128⌉ f32, out m·n
+        // (checked lengths). A warp touches rows j < n only: words j·wpr + c·V ..+ V with
+        // c < wpr/V (V = 4 only when wpr % 4 == 0, so the 16-byte loads are aligned in
+        // 256-byte-aligned pool buffers), x[i·k + c·V·vpw ..+ V·vpw] for i < m (4- or
+        // 8-element loads, aligned as k % vpw == 0), scales/mins at j·groups + c·V·vpw/128,
+        // and writes out[i·n + j] for i < m. Inputs are shared, out a distinct &mut buffer.
+        unsafe { self.launch(&name, cfg, &args) }
+    }
+
+    /// Prefill (`m > 4`): dequantize into a pool scratch in x's dtype, then cuBLAS.
+    fn prefill_quant(
+        &self,
+        x: &CudaBuffer,
+        [data, scales, mins]: [&CudaBuffer; 3],
+        out: &mut CudaBuffer,
+        spec: QuantSpec,
+    ) -> Result<()> {
+        let mm = MatmulSpec {
+            trans_b: true,
+            ..MatmulSpec::new(spec.m, spec.n, spec.k)
+        };
+        let mut w = self.allocate(x.dtype(), spec.n * spec.k)?;
+        self.dequantize(data, scales, mins, &mut w, spec)?;
+        if x.dtype() == DType::BF16 {
+            return self.matmul_bf16(mm, x, &w, out);
+        }
+        if out.dtype() == DType::F32 {
+            return self.matmul(mm, x, &w, out);
+        }
+        let mut wide = self.allocate(DType::F32, out.len())?;
+        self.matmul(mm, x, &w, &mut wide)?;
+        self.cast(&wide, out)
+        // The scratch buffers are dropped after their last use is queued: whatever reuses
+        // their blocks runs later on the same stream, as for every op's temporaries.
+    }
+}
+
+/// The error bound of [`QuantOps::matmul_quant`] on CUDA against the CPU reference stored in
+/// f32, for `m` rows of x in `x_dtype`, given `T = Σ_t |x_t|·(|q_t·s| + |m|)` (module docs);
+/// where the output is bf16, add `2^-8·(|ref| + bound)`.
+pub fn matmul_quant_bound(m: usize, k: usize, x_dtype: DType, t: f64) -> f64 {
+    let (u, k) = (1.0 / (1u64 << 24) as f64, k as f64);
+    if m <= 4 {
+        1.02 * (k + 11.0) * u * t
+    } else if x_dtype == DType::BF16 {
+        1.01 * (1.0 / 512.0 + (2.0 * k + 4.0) * u) * t
+    } else {
+        1.01 * (1.0 / 1024.0 + (2.0 * k + 4.0) * u) * t
+    }
+}

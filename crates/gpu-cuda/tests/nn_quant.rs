@@ -1,0 +1,353 @@
+//! The quantized-weight family (`gpu_core::nn::quant`: `matmul_quant`, `dequantize`) on CUDA
+//! against the CPU reference (f64 sums of the exact products), on fresh random packed weights
+//! (printed, replayable seed): int8 and int4, m ∈ {1, 2, 3, 4, 7, 16} (the fused kernel and
+//! dequantize-then-GEMM), k with a short last int4 group and rows that are and are not a
+//! multiple of 16 bytes (the 16- and 4-byte load paths), x and out f32 and bf16. Each
+//! tolerance is `gpu_cuda::matmul_quant_bound` (derived in `src/nn/quant.rs`), plus two bf16
+//! roundings where the output is bf16. Dequantization is exact. Tests named `gpu_*` skip
+//! without a GPU.
+
+mod common;
+
+use common::*;
+use gpu_core::nn::quant::{QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
+use gpu_core::{Backend, BufferInfo, CpuBackend, DType, GpuError};
+use gpu_cuda::testing::backend_or_skip;
+use gpu_cuda::{matmul_quant_bound, CudaBackend};
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+/// A packed weight on the host: the bytes of its rows, scales and minimums.
+struct HostWeight {
+    spec: QuantSpec,
+    bytes: Vec<u8>,
+    scales: Vec<f32>,
+    mins: Vec<f32>,
+}
+
+impl HostWeight {
+    fn random(rng: &mut StdRng, spec: QuantSpec, scale: f32) -> Self {
+        let bytes = (0..spec.data_len() * 4).map(|_| rng.random()).collect();
+        let scales = (0..spec.scales_len())
+            .map(|_| rng.random_range(0.0..scale))
+            .collect();
+        let mins = (0..spec.mins_len())
+            .map(|_| rng.random_range(-8.0 * scale..0.0))
+            .collect();
+        Self {
+            spec,
+            bytes,
+            scales,
+            mins,
+        }
+    }
+
+    fn words(&self) -> Vec<u32> {
+        self.bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    /// data, scales, mins on `b`.
+    fn upload<B: Backend>(&self, b: &B) -> [B::Buffer; 3] {
+        [
+            b.upload(&self.words()).unwrap(),
+            b.upload(&self.scales).unwrap(),
+            b.upload(&self.mins).unwrap(),
+        ]
+    }
+
+    /// `|q|·|s| + |m|` of element `(j, t)`: what `T` sums.
+    fn magnitude(&self, j: usize, t: usize) -> f64 {
+        let k = self.spec.k;
+        match self.spec.format {
+            QuantFormat::Int8 => {
+                (self.bytes[j * k + t] as i8 as f64).abs() * self.scales[j].abs() as f64
+            }
+            QuantFormat::Int4 => {
+                let b = self.bytes[j * k / 2 + t / 2];
+                let q = if t.is_multiple_of(2) { b & 15 } else { b >> 4 };
+                let g = j * k.div_ceil(QUANT_GROUP) + t / QUANT_GROUP;
+                q as f64 * self.scales[g].abs() as f64 + self.mins[g].abs() as f64
+            }
+        }
+    }
+}
+
+/// Uploads `x` as `dtype` (bf16 rounded first; the CPU gets the same values).
+fn put<B: Backend>(b: &B, x: &[f32], dtype: DType) -> B::Buffer {
+    match dtype {
+        DType::BF16 => b
+            .upload(&x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())
+            .unwrap(),
+        _ => b.upload(x).unwrap(),
+    }
+}
+
+/// An f32 or bf16 buffer as f32.
+fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
+    match x.dtype() {
+        DType::BF16 => b
+            .download::<bf16>(x)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f32())
+            .collect(),
+        _ => b.download::<f32>(x).unwrap(),
+    }
+}
+
+fn matmul<B: QuantOps>(b: &B, w: &HostWeight, x: &[f32], dt: [DType; 2], m: usize) -> Vec<f32> {
+    let spec = QuantSpec { m, ..w.spec };
+    let [d, s, mn] = w.upload(b);
+    let xb = put(b, x, dt[0]);
+    let mut out = put(b, &vec![f32::NAN; m * spec.n], dt[1]);
+    b.matmul_quant(&xb, &d, &s, &mn, &mut out, spec).unwrap();
+    get(b, &out)
+}
+
+/// (n, k): short int4 groups (72, 200), 4-byte loads (int8 k = 72, 200; int4 k = 72, 200) and
+/// 16-byte loads (k = 160 for int4, 256, 2048).
+const SHAPES: &[(usize, usize)] = &[(37, 72), (130, 200), (9, 160), (64, 256), (48, 2048)];
+
+fn matmul_case(gpu: &CudaBackend, rng: &mut StdRng, spec: QuantSpec, dt: [DType; 2]) {
+    let (m, n, k) = (spec.m, spec.n, spec.k);
+    let w = HostWeight::random(rng, spec, 0.1);
+    let x = random_vec(rng, m * k, 2.0);
+    let xs: Vec<f32> = match dt[0] {
+        DType::BF16 => x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
+        _ => x.clone(),
+    };
+    let got = matmul(gpu, &w, &x, dt, m);
+    let want = matmul(&CpuBackend, &w, &x, dt, m);
+    let want32 = matmul(&CpuBackend, &w, &x, [dt[0], DType::F32], m);
+    for idx in 0..m * n {
+        let (i, j) = (idx / n, idx % n);
+        let t: f64 = (0..k)
+            .map(|c| (xs[i * k + c] as f64).abs() * w.magnitude(j, c))
+            .sum();
+        let mut bound = matmul_quant_bound(m, k, dt[0], t);
+        if dt[1] == DType::BF16 {
+            bound += 1.001 * (want32[idx].abs() as f64 + bound) / 256.0;
+        }
+        let err = (got[idx] as f64 - want[idx] as f64).abs();
+        assert!(
+            err <= bound,
+            "{spec:?} x/out {dt:?} ({i}, {j}): {} vs {}: {err:e} > {bound:e}",
+            got[idx],
+            want[idx]
+        );
+    }
+}
+
+#[test]
+fn gpu_matmul_quant_matches_cpu() {
+    let test = "gpu_matmul_quant_matches_cpu";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut rng, _) = rng(test);
+    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+        for &(n, k) in SHAPES {
+            for m in [1, 2, 3, 4, 7, 16] {
+                for xd in [DType::F32, DType::BF16] {
+                    for od in [DType::F32, DType::BF16] {
+                        let spec = QuantSpec { m, n, k, format };
+                        matmul_case(&gpu, &mut rng, spec, [xd, od]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Weights of every byte and scales from subnormal to near overflow (15·s past f32 gives inf
+/// on both): the kernel rounds `q·s` and `+ m` as the CPU does, bf16 once from that f32.
+#[test]
+fn gpu_dequantize_matches_cpu_exactly() {
+    let test = "gpu_dequantize_matches_cpu_exactly";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut rng, _) = rng(test);
+    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+        for &(n, k) in SHAPES {
+            let spec = QuantSpec::weight(format, n, k);
+            let mut w = HostWeight::random(&mut rng, spec, 1.0);
+            for s in w.scales.iter_mut().chain(w.mins.iter_mut()) {
+                *s *= [1.0, 1e-40, 3e37, 1e38][rng.random_range(0..4)];
+            }
+            for od in [DType::F32, DType::BF16] {
+                let (g, c) = (dequant(&gpu, &w, od), dequant(&CpuBackend, &w, od));
+                assert_eq!(g.len(), n * k);
+                for (i, (a, b)) in g.iter().zip(&c).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                        "{spec:?} {od} [{i}]: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn dequant<B: QuantOps>(b: &B, w: &HostWeight, dtype: DType) -> Vec<f32> {
+    let [d, s, m] = w.upload(b);
+    let mut out = put(b, &vec![f32::NAN; w.spec.n * w.spec.k], dtype);
+    b.dequantize(&d, &s, &m, &mut out, w.spec).unwrap();
+    get(b, &out)
+}
+
+#[test]
+fn gpu_quant_empty_calls_and_k_zero() {
+    let Some(gpu) = backend_or_skip("gpu_quant_empty_calls_and_k_zero") else {
+        return;
+    };
+    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+        for (m, n, k) in [(0, 5, 8), (3, 0, 8), (0, 0, 0), (2, 3, 0), (9, 3, 0)] {
+            let spec = QuantSpec { m, n, k, format };
+            let w = HostWeight {
+                spec,
+                bytes: vec![0; spec.data_len() * 4],
+                scales: vec![1.0; spec.scales_len()],
+                mins: vec![1.0; spec.mins_len()],
+            };
+            for od in [DType::F32, DType::BF16] {
+                let got = matmul(&gpu, &w, &vec![1.0; m * k], [DType::BF16, od], m);
+                assert_eq!(got, vec![0.0; m * n], "{spec:?} {od}");
+                assert!(dequant(&gpu, &w, od).is_empty() || k > 0);
+            }
+        }
+    }
+}
+
+/// Every refusal of the CPU is the same typed error on CUDA.
+#[test]
+fn gpu_quant_wrong_dtypes_lengths_and_formats_are_typed_errors() {
+    let Some(gpu) = backend_or_skip("gpu_quant_wrong_dtypes_lengths_and_formats_are_typed_errors")
+    else {
+        return;
+    };
+    let spec = QuantSpec {
+        m: 2,
+        n: 3,
+        k: 16,
+        format: QuantFormat::Int4,
+    };
+    let w = HostWeight {
+        spec,
+        bytes: vec![0x35; spec.data_len() * 4],
+        scales: vec![0.5; spec.scales_len()],
+        mins: vec![-1.0; spec.mins_len()],
+    };
+    let [d, s, m] = w.upload(&gpu);
+    let x = put(&gpu, &[1.0; 32], DType::BF16);
+    let f = |v: &[f32]| gpu.upload(v).unwrap();
+    let mut out = put(&gpu, &[0.0; 6], DType::F32);
+    assert!(gpu.matmul_quant(&x, &d, &s, &m, &mut out, spec).is_ok());
+    let words_as_f32 = f(&[0.0; 6]);
+    let cases: Vec<(&str, gpu_core::Result<()>)> = vec![
+        (
+            "f32 data",
+            gpu.matmul_quant(&x, &words_as_f32, &s, &m, &mut out, spec),
+        ),
+        (
+            "bf16 scales",
+            gpu.matmul_quant(
+                &x,
+                &d,
+                &put(&gpu, &[0.5; 3], DType::BF16),
+                &m,
+                &mut out,
+                spec,
+            ),
+        ),
+        (
+            "short scales",
+            gpu.matmul_quant(&x, &d, &f(&[0.5; 2]), &m, &mut out, spec),
+        ),
+        (
+            "int8 format on int4 buffers",
+            gpu.matmul_quant(
+                &x,
+                &d,
+                &s,
+                &m,
+                &mut out,
+                QuantSpec {
+                    format: QuantFormat::Int8,
+                    ..spec
+                },
+            ),
+        ),
+        (
+            "k not a multiple of 8",
+            gpu.matmul_quant(&x, &d, &s, &m, &mut out, QuantSpec { k: 12, ..spec }),
+        ),
+        (
+            "u32 x",
+            gpu.matmul_quant(
+                &gpu.upload(&[1u32; 32]).unwrap(),
+                &d,
+                &s,
+                &m,
+                &mut out,
+                spec,
+            ),
+        ),
+        (
+            "short out",
+            gpu.dequantize(&d, &s, &m, &mut f(&[0.0; 47]), spec),
+        ),
+    ];
+    for (what, r) in cases {
+        let e = r.expect_err(what);
+        assert!(
+            matches!(
+                e,
+                GpuError::DTypeMismatch { .. }
+                    | GpuError::ShapeMismatch { .. }
+                    | GpuError::InvalidShape { .. }
+                    | GpuError::UnsupportedDType { .. }
+            ),
+            "{what}: {e}"
+        );
+    }
+}
+
+/// A captured graph replays the fused kernel and the prefill path (dequantize into a pool
+/// scratch, then cuBLAS) with the values the buffers hold at replay time.
+#[test]
+fn gpu_quant_launches_are_captured_by_a_graph() {
+    let test = "gpu_quant_launches_are_captured_by_a_graph";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut rng, _) = rng(test);
+    for m in [1, 16] {
+        let spec = QuantSpec {
+            m,
+            n: 64,
+            k: 256,
+            format: QuantFormat::Int4,
+        };
+        let w = HostWeight::random(&mut rng, spec, 0.1);
+        let [d, s, mn] = w.upload(&gpu);
+        let mut x = put(&gpu, &random_vec(&mut rng, m * 256, 1.0), DType::BF16);
+        let mut out = put(&gpu, &vec![f32::NAN; m * 64], DType::BF16);
+        let graph = gpu
+            .capture(|g| g.matmul_quant(&x, &d, &s, &mn, &mut out, spec))
+            .unwrap();
+        let x_new: Vec<bf16> = random_vec(&mut rng, m * 256, 1.0)
+            .iter()
+            .map(|&v| bf16::from_f32(v))
+            .collect();
+        gpu.copy_to_device(&x_new, &mut x).unwrap();
+        gpu.launch_graph(&graph).unwrap();
+        let mut eager = put(&gpu, &vec![f32::NAN; m * 64], DType::BF16);
+        gpu.matmul_quant(&x, &d, &s, &mn, &mut eager, spec).unwrap();
+        assert_eq!(get(&gpu, &out), get(&gpu, &eager), "m = {m}");
+    }
+}
