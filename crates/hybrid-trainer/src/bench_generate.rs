@@ -18,6 +18,7 @@ use models::{Engine, EngineOptions, Sampling};
 use safetensors::SafeTensors;
 use tensor_ops::{no_grad, Device};
 
+use crate::generate::Quant;
 use crate::generate_fast::EngineDtype;
 
 #[derive(Args, Debug, Clone)]
@@ -30,6 +31,9 @@ pub struct BenchGenerateArgs {
     pub prompts: PathBuf,
     #[arg(long, value_enum, default_value_t = EngineDtype::Bf16)]
     pub dtype: EngineDtype,
+    /// Quantize the layers' projections at load (int8 per channel, int4 in groups of 128).
+    #[arg(long, value_enum)]
+    pub quant: Option<Quant>,
     /// New tokens per decode run.
     #[arg(long, default_value_t = 128)]
     pub new_tokens: usize,
@@ -81,6 +85,7 @@ fn engine(a: &BenchGenerateArgs, device: Device, batch: usize, capacity: usize) 
         dtype: a.dtype.into(),
         batch,
         capacity,
+        quant: a.quant.map(Into::into),
     };
     Ok(Engine::load(&a.model, device, opts)?)
 }

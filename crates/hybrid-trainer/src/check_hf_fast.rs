@@ -23,6 +23,7 @@ impl FastEngine {
             dtype,
             batch: 1,
             capacity: CAPACITY.min(cfg.max_position_embeddings),
+            quant: None,
         };
         Ok(FastEngine {
             engine: Engine::load(dir, device, opts)?,

@@ -74,10 +74,20 @@ pub enum Quant {
     Int4,
 }
 
+impl From<Quant> for QuantKind {
+    fn from(q: Quant) -> QuantKind {
+        match q {
+            Quant::Int8 => QuantKind::Int8,
+            Quant::Int4 => QuantKind::Int4,
+        }
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct QuantArg {
-    /// Round the projection weights to this format first (the accuracy of the format: the
-    /// arithmetic stays f32 on the dequantized weights, so neither speed nor memory change).
+    /// Round the projection weights to this format first. The reference engine computes in
+    /// f32 from the dequantized weights (the format's accuracy; neither speed nor memory
+    /// change); the fast engine keeps them quantized and dequantizes in its matmul kernels.
     #[arg(long, value_enum)]
     pub quant: Option<Quant>,
 }
@@ -115,11 +125,7 @@ fn load(dir: &Path, device: Device, quant: &QuantArg) -> Result<CausalLm> {
         t.elapsed().as_secs_f64(),
     );
     if let Some(q) = quant.quant {
-        let kind = match q {
-            Quant::Int8 => QuantKind::Int8,
-            Quant::Int4 => QuantKind::Int4,
-        };
-        let bytes = model.quantize(kind)?;
+        let bytes = model.quantize(q.into())?;
         eprintln!(
             "projections rounded to {q:?}: {:.2} MiB quantized (computed from the dequantized f32 weights)",
             bytes as f64 / (1 << 20) as f64
@@ -194,10 +200,6 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
         .map(|p| tok.encode(p, !a.no_special_tokens))
         .collect::<Result<Vec<_>, _>>()?;
     if a.engine == EngineKind::Fast {
-        anyhow::ensure!(
-            a.quant.quant.is_none(),
-            "the fast engine runs unquantized weights so far (no --quant): use --engine reference"
-        );
         return crate::generate_fast::run(device, a, &tok, &prompts, &settings);
     }
     let model = load(&a.model, device, &a.quant)?;

@@ -54,12 +54,15 @@ pub fn run(
         dtype: a.dtype.into(),
         batch: prompts.len(),
         capacity: capacity.max(1),
+        quant: a.quant.quant.map(Into::into),
     };
     let t = Instant::now();
     let mut engine = Engine::load(&a.model, device, opts)?;
     eprintln!(
-        "fast engine ({}) on {device}: {} layers × {}, loaded in {:.2} s",
+        "fast engine ({}{}) on {device}: {} layers × {}, loaded in {:.2} s",
         opts.dtype,
+        opts.quant
+            .map_or(String::new(), |q| format!(", projections {q:?}")),
         cfg.num_layers,
         cfg.hidden_size,
         t.elapsed().as_secs_f64()

@@ -93,7 +93,8 @@ fn greedy_generation_prints_transformers_tokens() {
 }
 
 /// `--engine fast` (f32) streams the same greedy text as transformers, and the same text when
-/// it samples with top-k 1; a seeded draw replays; `--quant` is refused with a clear error.
+/// it samples with top-k 1; a seeded draw replays; with `--quant` it prints the reference's
+/// text.
 #[test]
 fn the_fast_engine_prints_transformers_tokens() {
     for name in ["llama3", "qwen2"] {
@@ -131,12 +132,28 @@ fn the_fast_engine_prints_transformers_tokens() {
             "{name}: a seed replays"
         );
     }
+    // Quantized projections: the fast engine (kept quantized) prints the reference's text
+    // (computed from the dequantized weights).
     let d = fixture("llama3").display().to_string();
-    let err = cli_err([
-        "--device", "cpu", "generate", "--model", &d, "--prompt", "hi", "--engine", "fast",
-        "--quant", "int8",
-    ]);
-    assert!(err.contains("--engine reference"), "{err}");
+    for q in ["int8", "int4"] {
+        let base = [
+            "--device",
+            "cpu",
+            "generate",
+            "--model",
+            &d,
+            "--prompt",
+            "hello",
+            "--max-new-tokens",
+            "12",
+            "--ignore-eos",
+            "--quant",
+            q,
+        ];
+        let fast = ["--engine", "fast", "--dtype", "f32"];
+        let want = cli_ok(base).0;
+        assert_eq!(cli_ok(base.iter().chain(&fast)).0, want, "--quant {q}");
+    }
 }
 
 #[test]

@@ -12,6 +12,8 @@
 //! roundings of the division and the product (and, for int4, of `w − m` and `+ m`). No value is
 //! clamped beyond its grid: int8's `|w/s| ≤ 127`, int4's `(w − m)/s ∈ [0, 15]`.
 
+use rayon::prelude::*;
+
 use crate::error::ModelError;
 use gpu_core::nn::quant::{QuantFormat, QUANT_GROUP};
 use tensor_ops::{Device, QuantWeight, Tensor};
@@ -71,10 +73,33 @@ impl Quantized {
             // max − min would overflow.
             return Err(ModelError::Quant("int4 needs |w| <= f32::MAX / 2".into()));
         }
-        Ok(match kind {
-            QuantKind::Int8 => int8(w, rows, cols),
-            QuantKind::Int4 => int4(w, rows, cols),
-        })
+        let f = match kind {
+            QuantKind::Int8 => int8,
+            QuantKind::Int4 => int4,
+        };
+        // Rows are independent: blocks of them quantize on all cores, then concatenate.
+        let per_task = (1usize << 16).div_ceil(cols.max(1));
+        if cols == 0 || rows <= per_task {
+            return Ok(f(w, rows, cols));
+        }
+        let parts: Vec<Quantized> = w
+            .par_chunks(per_task * cols)
+            .map(|block| f(block, block.len() / cols, cols))
+            .collect();
+        let mut q = Quantized {
+            kind,
+            rows,
+            cols,
+            data: Vec::new(),
+            scales: Vec::new(),
+            mins: Vec::new(),
+        };
+        for p in parts {
+            q.data.extend(p.data);
+            q.scales.extend(p.scales);
+            q.mins.extend(p.mins);
+        }
+        Ok(q)
     }
 
     /// The weight the quantized values stand for, `rows × cols` row-major.

@@ -15,16 +15,27 @@
 mod hf_fixture;
 
 use hf_fixture::{dir, expected, max_err};
-use models::{CausalLm, Engine, EngineOptions, Sampler, Sampling};
+use models::{CausalLm, Engine, EngineOptions, QuantKind, Sampler, Sampling};
 use tensor_ops::{transfer_stats, DType, Device};
 
 const LLAMAS: [&str; 5] = ["llama3", "llama3-bf16", "llama-tied", "qwen2", "mistral"];
 
 fn engine(name: &str, dev: Device, dtype: DType, batch: usize) -> Engine {
+    quantized(name, dev, dtype, batch, None)
+}
+
+fn quantized(
+    name: &str,
+    dev: Device,
+    dtype: DType,
+    batch: usize,
+    quant: Option<QuantKind>,
+) -> Engine {
     let opts = EngineOptions {
         dtype,
         batch,
         capacity: 40,
+        quant,
     };
     Engine::load(&dir(name), dev, opts).unwrap()
 }
@@ -53,6 +64,47 @@ fn matches_transformers(dev: Device) {
             }
         }
     }
+}
+
+/// The engine with int8 or int4 projections (kept quantized, dequantized in the matmul)
+/// gives the reference's logits and greedy tokens with the same formats (the reference
+/// computes in f32 from the dequantized weights): f32 activations within the f32 bound; bf16
+/// activations within the bf16 one.
+fn quantized_matches_the_reference(dev: Device) {
+    for name in ["llama3", "qwen2"] {
+        let exp = expected(name);
+        for kind in [QuantKind::Int8, QuantKind::Int4] {
+            let mut reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
+            reference.quantize(kind).unwrap();
+            let want = reference
+                .forward(&exp.ids, 1, &mut reference.new_cache())
+                .unwrap()
+                .to_vec()
+                .unwrap();
+            for (dtype, rel) in [(DType::F32, 3e-4), (DType::BF16, 0.07)] {
+                let what = format!("{name} {kind:?} {dtype} on {dev}");
+                let mut e = quantized(name, dev, dtype, 1, Some(kind));
+                let logits = e.prefill(std::slice::from_ref(&exp.ids), true).unwrap();
+                let got = logits.to_dtype(DType::F32).unwrap().to_vec().unwrap();
+                max_err(&what, &got, &want, rel);
+                if dtype == DType::F32 {
+                    let toks = e
+                        .generate_greedy(std::slice::from_ref(&exp.ids), 10, &[], |_| {})
+                        .unwrap();
+                    let mut greedy = Sampler::new(Sampling::default()).unwrap();
+                    let gen = reference
+                        .generate(&exp.ids, 10, &mut greedy, &[], |_| {})
+                        .unwrap();
+                    assert_eq!(toks[0], gen, "{what}: greedy tokens");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn engine_quantized_matches_the_reference_on_the_cpu() {
+    quantized_matches_the_reference(Device::Cpu);
 }
 
 #[test]
@@ -211,6 +263,7 @@ fn engine_refuses_bad_input_and_changes_nothing() {
         dtype: DType::F32,
         batch: 1,
         capacity: 65,
+        quant: None,
     };
     assert!(
         Engine::load(&dir("llama3"), Device::Cpu, opts).is_err(),
@@ -220,6 +273,7 @@ fn engine_refuses_bad_input_and_changes_nothing() {
         dtype: DType::F32,
         batch: 1,
         capacity: 8,
+        quant: None,
     };
     assert!(
         Engine::load(&dir("gpt2"), Device::Cpu, opts).is_err(),
@@ -234,6 +288,7 @@ fn engine_refuses_bad_input_and_changes_nothing() {
             dtype,
             batch,
             capacity,
+            quant: None,
         };
         assert!(
             Engine::load(&dir("llama3"), Device::Cpu, opts).is_err(),
@@ -268,6 +323,14 @@ fn gpu_engine_batch_rows_match_the_reference() {
         return;
     };
     batch_rows_match_the_reference(dev);
+}
+
+#[test]
+fn gpu_engine_quantized_matches_the_reference() {
+    let Some(dev) = gpu("gpu_engine_quantized_matches_the_reference") else {
+        return;
+    };
+    quantized_matches_the_reference(dev);
 }
 
 #[test]

@@ -15,6 +15,7 @@ use tensor_ops::{no_grad, CacheView, DType, Device, SampleParams, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
+use crate::quant::QuantKind;
 use crate::sample::{Sampler, Sampling};
 use crate::weights::Checkpoint;
 use weights::Weights;
@@ -29,6 +30,9 @@ pub struct EngineOptions {
     pub batch: usize,
     /// Cache slots per row: the longest prompt plus new tokens (at most the context).
     pub capacity: usize,
+    /// Quantize the layers' projections to int8 or int4 at load (`models::quant`; the
+    /// matmuls dequantize in registers, `Tensor::matmul_quant`); `None`: the engine's dtype.
+    pub quant: Option<QuantKind>,
 }
 
 /// How a step chooses its token: the argmax, or a draw with these settings.
@@ -90,7 +94,7 @@ impl Engine {
                 opts.batch, opts.capacity, cfg.max_position_embeddings
             )));
         }
-        let w = no_grad(|| Weights::load(&cfg, ck, device, opts.dtype))?;
+        let w = no_grad(|| Weights::load(&cfg, ck, device, opts.dtype, opts.quant))?;
         let shape = [opts.batch, cfg.num_kv_heads, opts.capacity, cfg.head_dim];
         let caches = (0..cfg.num_layers)
             .map(|_| {
@@ -144,17 +148,17 @@ impl Engine {
                 slot: &self.slot,
             };
             let a = x.rms_norm(&l.input_norm, eps)?.to_dtype(dt)?;
-            let mut qkv = a.matmul_t(&l.qkv, false, true)?;
+            let mut qkv = l.qkv.apply(&a)?;
             if let Some(b) = &l.qkv_bias {
                 qkv = qkv.add(b)?;
             }
             let q = qkv.rope_append(&self.w.inv_freq, view, cfg.num_heads, dt)?;
             let y = q.cache_attention(view, max_end, scale)?;
-            x = x.add(&y.matmul_t(&l.o, false, true)?)?;
+            x = x.add(&l.o.apply(&y)?)?;
             let m = x.rms_norm(&l.post_norm, eps)?.to_dtype(dt)?;
-            let gu = m.matmul_t(&l.gate_up, false, true)?;
+            let gu = l.gate_up.apply(&m)?;
             let g = gu.narrow(-1, 0, i)?.swiglu(&gu.narrow(-1, i, i)?)?;
-            x = x.add(&g.matmul_t(&l.down, false, true)?)?;
+            x = x.add(&l.down.apply(&g)?)?;
         }
         let t = ids.shape()[1];
         if last_only && t > 1 {

@@ -1,25 +1,52 @@
 //! The engine's weights: a Llama-family checkpoint with each layer's q/k/v projections fused
 //! into one matrix and gate/up into another (one GEMM each), stored in the engine's dtype
-//! (bf16 or f32); norms stay f32.
+//! (bf16 or f32), or quantized to int8/int4 at load (`models::quant`, from the f32 values; the
+//! head and the embedding stay in the engine's dtype and f32); norms stay f32.
 
-use tensor_ops::{DType, Device, Tensor};
+use tensor_ops::{DType, Device, QuantWeight, Tensor};
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::ModelError;
 use crate::layers::{inv_freq, load};
+use crate::quant::{QuantKind, Quantized};
 use crate::weights::Checkpoint;
+
+/// A projection's weight `[out, in]`: dense in the engine's dtype, or quantized.
+pub(crate) enum Proj {
+    Dense(Tensor),
+    Quant(QuantWeight),
+}
+
+impl Proj {
+    /// `x · Wᵀ` in x's dtype.
+    pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(match self {
+            Proj::Dense(w) => x.matmul_t(w, false, true)?,
+            Proj::Quant(q) => x.matmul_quant(q)?,
+        })
+    }
+
+    /// Bytes a product reads of it.
+    fn bytes(&self) -> usize {
+        let b = |t: &Tensor| t.numel() * t.dtype().size_in_bytes();
+        match self {
+            Proj::Dense(w) => b(w),
+            Proj::Quant(q) => q.parts().iter().map(|t| b(t)).sum(),
+        }
+    }
+}
 
 pub(crate) struct LayerWeights {
     pub input_norm: Tensor,
     /// `[(heads + 2·kv_heads)·d, hidden]`.
-    pub qkv: Tensor,
+    pub qkv: Proj,
     /// `[(heads + 2·kv_heads)·d]` (Qwen2), in the engine's dtype.
     pub qkv_bias: Option<Tensor>,
-    pub o: Tensor,
+    pub o: Proj,
     pub post_norm: Tensor,
     /// `[2·intermediate, hidden]`: gate rows, then up rows.
-    pub gate_up: Tensor,
-    pub down: Tensor,
+    pub gate_up: Proj,
+    pub down: Proj,
 }
 
 pub(crate) struct Weights {
@@ -39,6 +66,7 @@ impl Weights {
         ck: &Checkpoint,
         dev: Device,
         dtype: DType,
+        quant: Option<QuantKind>,
     ) -> Result<Self, ModelError> {
         if cfg.architecture == Architecture::Gpt2 {
             return Err(ModelError::Unsupported(
@@ -50,15 +78,30 @@ impl Weights {
             Ok(load(ck, name, dev)?.to_dtype(dtype)?)
         };
         let f32_of = |name: &str| load(ck, name, dev);
+        // The tensors of `names` stacked by rows: in the engine's dtype, or quantized from
+        // their f32 values on the host.
+        let proj = |names: &[String]| -> Result<Proj, ModelError> {
+            let Some(kind) = quant else {
+                let parts = names.iter().map(|n| w(n)).collect::<Result<Vec<_>, _>>()?;
+                let refs: Vec<&Tensor> = parts.iter().collect();
+                return Ok(Proj::Dense(Tensor::cat(&refs, 0)?));
+            };
+            let parts = names
+                .iter()
+                .map(|n| load(ck, n, Device::Cpu))
+                .collect::<Result<Vec<_>, _>>()?;
+            let refs: Vec<&Tensor> = parts.iter().collect();
+            let all = Tensor::cat(&refs, 0)?;
+            let &[rows, cols] = all.shape() else {
+                return Err(ModelError::Quant(format!("{names:?} are not matrices")));
+            };
+            let q = Quantized::new(kind, &all.to_vec()?, rows, cols)?;
+            Ok(Proj::Quant(q.to_device(dev)?))
+        };
         let layers = (0..cfg.num_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 let a = format!("{p}.self_attn");
-                let (q, k, v) = (
-                    w(&format!("{a}.q_proj.weight"))?,
-                    w(&format!("{a}.k_proj.weight"))?,
-                    w(&format!("{a}.v_proj.weight"))?,
-                );
                 let qkv_bias = if cfg.attention_bias {
                     let (bq, bk, bv) = (
                         w(&format!("{a}.q_proj.bias"))?,
@@ -69,18 +112,21 @@ impl Weights {
                 } else {
                     None
                 };
-                let (gate, up) = (
-                    w(&format!("{p}.mlp.gate_proj.weight"))?,
-                    w(&format!("{p}.mlp.up_proj.weight"))?,
-                );
+                let names = |parts: &[&str]| -> Vec<String> {
+                    parts.iter().map(|n| format!("{p}.{n}.weight")).collect()
+                };
                 Ok(LayerWeights {
                     input_norm: f32_of(&format!("{p}.input_layernorm.weight"))?,
-                    qkv: Tensor::cat(&[&q, &k, &v], 0)?,
+                    qkv: proj(&names(&[
+                        "self_attn.q_proj",
+                        "self_attn.k_proj",
+                        "self_attn.v_proj",
+                    ]))?,
                     qkv_bias,
-                    o: w(&format!("{a}.o_proj.weight"))?,
+                    o: proj(&names(&["self_attn.o_proj"]))?,
                     post_norm: f32_of(&format!("{p}.post_attention_layernorm.weight"))?,
-                    gate_up: Tensor::cat(&[&gate, &up], 0)?,
-                    down: w(&format!("{p}.mlp.down_proj.weight"))?,
+                    gate_up: proj(&names(&["mlp.gate_proj", "mlp.up_proj"]))?,
+                    down: proj(&names(&["mlp.down_proj"]))?,
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
@@ -109,12 +155,12 @@ impl Weights {
             .iter()
             .map(|l| {
                 b(&l.input_norm)
-                    + b(&l.qkv)
+                    + l.qkv.bytes()
                     + l.qkv_bias.as_ref().map_or(0, b)
-                    + b(&l.o)
+                    + l.o.bytes()
                     + b(&l.post_norm)
-                    + b(&l.gate_up)
-                    + b(&l.down)
+                    + l.gate_up.bytes()
+                    + l.down.bytes()
             })
             .sum();
         layers + b(&self.norm) + b(&self.head)
