@@ -14,25 +14,27 @@ static __device__ __forceinline__ void stf(float* p, float v) { *p = v; }
 static __device__ __forceinline__ void stf(bf16* p, float v) { p->bits = float_to_bf16_bits(v); }
 
 // ---- rope_append --------------------------------------------------------------------------------
-// One block per new token (r, i) of b·t. The token sits at slot s = slot[r] + i, rotary position
-// p = s − start[r] (0 before start). Pairs (head h of q then of k, j < d/2) are rotated by
-// θ = p·inv_freq[j] (an f32 product, as transformers), sincosf (full range reduction, no fast
-// math); q goes to q_out [b, t, heads, d], k and v to slot s of the caches [b, kvh, cap, d]
-// (skipped when s >= cap: the host checks bounds, a graph cannot report them).
+// One block per new token (r, i) of b·t and head h of q then of k (grid.y = heads + kvh). The
+// token sits at slot s = slot[r] + i, rotary position p = s − start[r] (0 before start). Pairs
+// (j < d/2) are rotated by θ = p·inv_freq[j] (an f32 product, as transformers), sincosf (full
+// range reduction, no fast math); q goes to q_out [b, t, heads, d], k and v (the k head's block
+// copies its v head) to slot s of the caches [b, kvh, cap, d] (skipped when s >= cap: the host
+// checks bounds, a graph cannot report them). (One block per token, looping over the heads,
+// took 10 us of a Llama-3.2-1B decode step on an H200.)
 template <typename TI, typename TQ, typename TC>
 static __device__ void rope_append_body(const TI* __restrict__ qkv, const float* __restrict__ inv_freq,
                                         u32 rope, const u32* __restrict__ start,
                                         const u32* __restrict__ slot, TQ* __restrict__ q_out,
                                         TC* __restrict__ kc, TC* __restrict__ vc, u32 t, u32 heads,
                                         u32 kvh, u32 d, u32 cap) {
-    const u32 tok = blockIdx.x, r = tok / t, i = tok % t;
+    const u32 tok = blockIdx.x, h = blockIdx.y, r = tok / t, i = tok % t;
     const u32 s = slot[r] + i, st = start[r];
     const u32 pos = s >= st ? s - st : 0u;
     const u32 half = d >> 1, cols = (heads + 2 * kvh) * d;
     const TI* row = qkv + (u64)tok * cols;
     const bool keep = s < cap;
-    for (u32 p = threadIdx.x; p < (heads + kvh) * half; p += blockDim.x) {
-        const u32 h = p / half, j = p % half;
+    if (h >= heads && !keep) return;
+    for (u32 j = threadIdx.x; j < half; j += blockDim.x) {
         float sn = 0.0f, cs = 1.0f;
         if (rope) sincosf((float)pos * inv_freq[j], &sn, &cs);
         const float x0 = ldf(row + h * d + j), x1 = ldf(row + h * d + j + half);
@@ -41,17 +43,16 @@ static __device__ void rope_append_body(const TI* __restrict__ qkv, const float*
             TQ* o = q_out + ((u64)tok * heads + h) * d;
             stf(o + j, a);
             stf(o + j + half, c);
-        } else if (keep) {
+        } else {
             TC* o = kc + (((u64)r * kvh + (h - heads)) * cap + s) * d;
             stf(o + j, a);
             stf(o + j + half, c);
         }
     }
-    if (!keep) return;
-    for (u32 e = threadIdx.x; e < kvh * d; e += blockDim.x) {
-        const u32 g = e / d, j = e % d;
-        stf(vc + (((u64)r * kvh + g) * cap + s) * d + j, ldf(row + (heads + kvh) * d + e));
-    }
+    if (h < heads) return;
+    const u32 g = h - heads;
+    for (u32 e = threadIdx.x; e < d; e += blockDim.x)
+        stf(vc + (((u64)r * kvh + g) * cap + s) * d + e, ldf(row + (heads + kvh + g) * d + e));
 }
 
 #define ROPE_APPEND(NAME, TI, TQ, TC)                                                              \
@@ -400,3 +401,57 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows_f(const float* x,
 extern "C" __global__ void __launch_bounds__(1024) argmax_rows_b(const bf16* x, u32* out, u32 cols) {
     argmax_body<bf16>(x, out, cols);
 }
+
+// ---- add_rms_norm -------------------------------------------------------------------------------
+// One block per row: sum = x + y (f32; no y: a copy), then normed = sum · rsqrt(mean(sum²) + eps)
+// · w, f32 arithmetic (the sum of squares by fmaf, block tree), one rounding at the store.
+template <typename TY, typename TO>
+static __device__ void add_rms_norm_body(const float* __restrict__ x, const TY* __restrict__ y,
+                                         const float* __restrict__ w, float* __restrict__ sum,
+                                         TO* __restrict__ normed, u32 cols, float eps) {
+    __shared__ float red[32];
+    const u64 base = (u64)blockIdx.x * cols;
+    float ss = 0.0f;
+    for (u32 c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = x[base + c];
+        if (y != nullptr) v = __fadd_rn(v, ldf(y + base + c));
+        sum[base + c] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, red);
+    const float rstd = rsqrtf(ss / (float)cols + eps);
+    // Each thread reads back the sums it wrote.
+    for (u32 c = threadIdx.x; c < cols; c += blockDim.x) stf(normed + base + c, sum[base + c] * rstd * w[c]);
+}
+
+#define ADD_RMS_NORM(SUFFIX, TY, TO)                                                                \
+    extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##SUFFIX(                       \
+        const float* x, const TY* y, const float* w, float* sum, TO* normed, u32 cols, float eps) { \
+        add_rms_norm_body<TY, TO>(x, y, w, sum, normed, cols, eps);                                \
+    }
+ADD_RMS_NORM(ff, float, float)
+ADD_RMS_NORM(fb, float, bf16)
+ADD_RMS_NORM(bf, bf16, float)
+ADD_RMS_NORM(bb, bf16, bf16)
+
+// ---- swiglu_packed ------------------------------------------------------------------------------
+// out[r, j] = silu(gu[r, j]) · gu[r, i + j], grid-stride over rows·i; silu as act_fwd<ACT_SILU>
+// (nn_elementwise.cuh): max(g, −FLT_MAX) / (1 + expf(−g)).
+template <typename TI, typename TO>
+static __device__ void swiglu_packed_body(const TI* __restrict__ gu, TO* __restrict__ out, u32 rows, u32 i) {
+    const u64 n = (u64)rows * i;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x) {
+        const u64 r = e / i, j = e % i;
+        const float g = ldf(gu + r * 2 * i + j), u = ldf(gu + r * 2 * i + i + j);
+        stf(out + e, fmaxf(g, -3.40282347e38f) / (1.0f + expf(-g)) * u);
+    }
+}
+
+#define SWIGLU_PACKED(SUFFIX, TI, TO)                                                               \
+    extern "C" __global__ void swiglu_packed_##SUFFIX(const TI* gu, TO* out, u32 rows, u32 i) {   \
+        swiglu_packed_body<TI, TO>(gu, out, rows, i);                                              \
+    }
+SWIGLU_PACKED(ff, float, float)
+SWIGLU_PACKED(fb, float, bf16)
+SWIGLU_PACKED(bf, bf16, float)
+SWIGLU_PACKED(bb, bf16, bf16)

@@ -214,3 +214,54 @@ fn empty_calls_and_extreme_scores() {
     let out = q.cache_attention(big, 4, 1.0).unwrap().to_vec().unwrap();
     assert!(out.iter().all(|o| o.is_nan()), "{out:?}");
 }
+
+/// The fused decode ops are the unfused training ops: `add_rms_norm` is `add` then `rms_norm`
+/// then the cast (f32 sums of ≤ 48 squares: within 1e-5 relative), `swiglu_packed` is
+/// `swiglu` of the two halves.
+#[test]
+fn fused_decode_ops_are_the_unfused_ones() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let (rows, cols) = (3, 48);
+    let t = |v: Vec<f32>, s: &[usize]| Tensor::from_vec(v, s, DEV).unwrap();
+    let x = t(rand_vec(&mut rng, rows * cols), &[1, rows, cols]);
+    let y = t(rand_vec(&mut rng, rows * cols), &[1, rows, cols]);
+    let w = t(rand_vec(&mut rng, cols), &[cols]);
+    for (yy, dtype) in [(Some(&y), DType::F32), (None, DType::BF16)] {
+        let (sum, normed) = x.add_rms_norm(yy, &w, 1e-5, dtype).unwrap();
+        let want_sum = yy.map_or(x.clone(), |y| x.add(y).unwrap());
+        assert_eq!(sum.to_vec().unwrap(), want_sum.to_vec().unwrap());
+        let want = want_sum
+            .rms_norm(&w, 1e-5)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let (g, wv) = (
+            normed.to_dtype(DType::F32).unwrap().to_vec().unwrap(),
+            want.to_dtype(DType::F32).unwrap().to_vec().unwrap(),
+        );
+        let ulp = if dtype == DType::BF16 {
+            1.0 / 128.0
+        } else {
+            0.0
+        };
+        for (a, b) in g.iter().zip(&wv) {
+            assert!(
+                (a - b).abs() <= (1e-5 + ulp) * b.abs() + 1e-30,
+                "{a} vs {b} ({dtype})"
+            );
+        }
+    }
+    let gu = t(rand_vec(&mut rng, rows * 2 * cols), &[rows, 2 * cols]);
+    let got = gu.swiglu_packed().unwrap();
+    assert_eq!(got.shape(), &[rows, cols]);
+    let want = gu
+        .narrow(-1, 0, cols)
+        .unwrap()
+        .swiglu(&gu.narrow(-1, cols, cols).unwrap())
+        .unwrap();
+    for (a, b) in got.to_vec().unwrap().iter().zip(&want.to_vec().unwrap()) {
+        assert!((a - b).abs() <= 1e-6 * b.abs() + 1e-30, "{a} vs {b}");
+    }
+    assert!(t(vec![0.0; 3], &[3]).swiglu_packed().is_err());
+    assert!(x.add_rms_norm(Some(&w), &w, 1e-5, DType::F32).is_err());
+}

@@ -6,8 +6,10 @@ use super::widen::bf16_rne;
 use super::CpuStorage;
 use crate::error::{GpuError, Result};
 use crate::nn::decode::{
-    check_argmax, check_cache_attention, check_rope_append, DecodeDims, DecodeOps,
+    check_add_rms_norm, check_argmax, check_cache_attention, check_rope_append,
+    check_swiglu_packed, DecodeDims, DecodeOps,
 };
+use crate::nn::Activation;
 use crate::CpuBackend;
 use half::bf16;
 use rayon::prelude::*;
@@ -248,6 +250,53 @@ impl DecodeOps for CpuBackend {
                 }
             }
             *o = (best - r * cols) as u32;
+        }
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &CpuStorage,
+        y: Option<&CpuStorage>,
+        w: &CpuStorage,
+        sum: &mut CpuStorage,
+        normed: &mut CpuStorage,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "add_rms_norm";
+        check_add_rms_norm(x, y, w, sum, normed, cols, eps)?;
+        let (x, w) = (x.as_f32()?, w.as_f32()?);
+        let y = y.map(|y| Floats::of(OP, y)).transpose()?;
+        // The f32 sums, then the norm of each row in f64, rounded once.
+        let s: Vec<f32> = (0..x.len())
+            .map(|e| y.map_or(x[e], |y| (x[e] as f64 + y.get(e)) as f32))
+            .collect();
+        let mut out = FloatsMut::of(OP, normed)?;
+        for (r, row) in s.chunks_exact(cols).enumerate() {
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+            let rstd = 1.0 / (ms + eps as f64).sqrt();
+            for (c, &v) in row.iter().enumerate() {
+                out.set(r * cols + c, v as f64 * rstd * w[c] as f64);
+            }
+        }
+        let CpuStorage::F32(sum) = sum else {
+            return Err(unsupported(OP, sum));
+        };
+        sum.copy_from_slice(&s);
+        Ok(())
+    }
+
+    fn swiglu_packed(&self, gu: &CpuStorage, out: &mut CpuStorage, i: usize) -> Result<()> {
+        const OP: &str = "swiglu_packed";
+        let rows = check_swiglu_packed(gu, out, i)?;
+        let gu = Floats::of(OP, gu)?;
+        let mut out = FloatsMut::of(OP, out)?;
+        for r in 0..rows {
+            for j in 0..i {
+                let (g, u) = (gu.get(r * 2 * i + j), gu.get(r * 2 * i + i + j));
+                out.set(r * i + j, Activation::Silu.eval(g) * u);
+            }
         }
         Ok(())
     }

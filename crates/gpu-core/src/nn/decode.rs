@@ -145,6 +145,27 @@ pub trait DecodeOps: Backend {
     /// `out[r]` = the index of the largest element of row `r` of `x` `[rows, cols]` (the first
     /// one on ties; NaN counts as larger than any number, as `torch.argmax`). `cols >= 1`.
     fn argmax_rows(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()>;
+
+    /// The residual add and the RMSNorm after it, fused (vLLM's `fused_add_rms_norm`): with
+    /// `x` f32 `[rows, cols]` and `y` (f32 or bf16, same length; `None`: nothing to add),
+    /// `sum = x + y` (f32) and `normed = sum · (mean(sum²) + eps)^(-1/2) · w` (`w` f32
+    /// `[cols]`; `normed` f32 or bf16, rounded once), as `transformers`' Llama norm on an f32
+    /// residual stream.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &self,
+        x: &Self::Buffer,
+        y: Option<&Self::Buffer>,
+        w: &Self::Buffer,
+        sum: &mut Self::Buffer,
+        normed: &mut Self::Buffer,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()>;
+
+    /// SwiGLU of a packed gate/up projection: `out[r, j] = silu(gu[r, j]) · gu[r, i + j]` for
+    /// `gu` `[rows, 2i]` and `out` `[rows, i]` (f32 or bf16 each; f32 arithmetic, one rounding).
+    fn swiglu_packed(&self, gu: &Self::Buffer, out: &mut Self::Buffer, i: usize) -> Result<()>;
 }
 
 fn check_len(op: &'static str, name: &str, buf: &impl BufferInfo, want: usize) -> Result<()> {
@@ -270,5 +291,72 @@ pub fn check_argmax<B: BufferInfo>(x: &B, out: &B, cols: usize) -> Result<usize>
     }
     let rows = x.len() / cols;
     check_len(OP, "out", out, rows)?;
+    Ok(rows)
+}
+
+/// Checks the arguments of [`DecodeOps::add_rms_norm`]; returns the number of rows.
+pub fn check_add_rms_norm<B: BufferInfo>(
+    x: &B,
+    y: Option<&B>,
+    w: &B,
+    sum: &B,
+    normed: &B,
+    cols: usize,
+    eps: f32,
+) -> Result<usize> {
+    const OP: &str = "add_rms_norm";
+    for b in [x, w, sum] {
+        if b.dtype() != DType::F32 {
+            return Err(GpuError::DTypeMismatch {
+                op: OP,
+                expected: DType::F32,
+                got: b.dtype(),
+            });
+        }
+    }
+    require_float(OP, normed.dtype())?;
+    if cols == 0 || cols >= 1 << 31 || !x.len().is_multiple_of(cols) {
+        return Err(GpuError::shape(
+            OP,
+            format!("rows of {cols} columns"),
+            x.len(),
+        ));
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(GpuError::invalid(
+            OP,
+            format!("eps must be finite and >= 0, got {eps}"),
+        ));
+    }
+    if let Some(y) = y {
+        require_float(OP, y.dtype())?;
+        check_len(OP, "y", y, x.len())?;
+    }
+    check_len(OP, "w", w, cols)?;
+    check_len(OP, "sum", sum, x.len())?;
+    check_len(OP, "normed", normed, x.len())?;
+    Ok(x.len() / cols)
+}
+
+/// Checks the arguments of [`DecodeOps::swiglu_packed`]; returns the number of rows.
+pub fn check_swiglu_packed<B: BufferInfo>(gu: &B, out: &B, i: usize) -> Result<usize> {
+    const OP: &str = "swiglu_packed";
+    require_float(OP, gu.dtype())?;
+    require_float(OP, out.dtype())?;
+    if i == 0 || i >= 1 << 30 || !gu.len().is_multiple_of(2 * i) {
+        return Err(GpuError::shape(
+            OP,
+            format!("rows of 2·{i} columns"),
+            gu.len(),
+        ));
+    }
+    let rows = gu.len() / (2 * i);
+    check_len(OP, "out", out, rows * i)?;
+    if gu.len() >= 1 << 31 {
+        return Err(GpuError::invalid(
+            OP,
+            "gu must hold fewer than 2^31 elements",
+        ));
+    }
     Ok(rows)
 }

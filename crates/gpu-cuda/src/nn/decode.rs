@@ -7,7 +7,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::decode::{
-    check_argmax, check_cache_attention, check_rope_append, DecodeDims, DecodeOps,
+    check_add_rms_norm, check_argmax, check_cache_attention, check_rope_append,
+    check_swiglu_packed, DecodeDims, DecodeOps,
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
@@ -73,9 +74,13 @@ impl DecodeOps for CudaBackend {
             tag(q_out.dtype()),
             tag(k_cache.dtype())
         );
+        let heads = u32::try_from(dims.heads + dims.kv_heads)
+            .ok()
+            .filter(|&h| h <= 65_535)
+            .ok_or_else(|| GpuError::invalid(OP, "more than 65535 query and key heads"))?;
         let cfg = LaunchConfig {
-            grid_dim: (grid(OP, dims.b * dims.t)?, 1, 1),
-            block_dim: (128, 1, 1),
+            grid_dim: (grid(OP, dims.b * dims.t)?, heads, 1),
+            block_dim: (64, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut args: Vec<KernelArg> = vec![
@@ -91,7 +96,8 @@ impl DecodeOps for CudaBackend {
         args.extend(dims_args(dims));
         // SAFETY: rope_append_XYZ(const TI* qkv, const float* inv_freq, u32 rope, const u32*
         // start, const u32* slot, TQ* q_out, TC* kc, TC* vc, u32 t, u32 heads, u32 kvh, u32 d,
-        // u32 cap), one block per token of b·t. The checks above give qkv b·t·(heads+2kvh)·d
+        // u32 cap), one block per token of b·t and head of q then k (grid.y = heads + kvh,
+        // each block's k head also copying its v head). The checks above give qkv b·t·(heads+2kvh)·d
         // elements of TI, q_out b·t·heads·d of TQ, the caches b·kvh·cap·d of TC, start and
         // slot b u32 and inv_freq d/2 f32 (read only when rope = 1); the kernel writes a cache
         // slot only below cap, so every access is in bounds whatever slot holds. The outputs
@@ -210,6 +216,78 @@ impl DecodeOps for CudaBackend {
         let name = format!("argmax_rows_{}", tag(x.dtype()));
         // SAFETY: argmax_rows_X(const T* x, u32* out, u32 cols), one block of 1024 threads per
         // row: x holds rows·cols elements and out rows u32 (check_argmax; cols < 2^31).
+        unsafe { self.launch(&name, cfg, &args) }
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &CudaBuffer,
+        y: Option<&CudaBuffer>,
+        w: &CudaBuffer,
+        sum: &mut CudaBuffer,
+        normed: &mut CudaBuffer,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "add_rms_norm";
+        let rows = check_add_rms_norm(x, y, w, sum, normed, cols, eps)?;
+        let mut owned = vec![x, w, &*sum, &*normed];
+        owned.extend(y);
+        self.check_owned(OP, &owned)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, rows)?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // No y: the f32 kernel with a null y (it skips the add).
+        let (y_arg, y_tag) = match y {
+            Some(y) => (y.into(), tag(y.dtype())),
+            None => (KernelArg::Ptr(0), 'f'),
+        };
+        let args = [
+            x.into(),
+            y_arg,
+            w.into(),
+            (&*sum).into(),
+            (&*normed).into(),
+            KernelArg::U32(cols as u32),
+            KernelArg::F32(eps),
+        ];
+        let name = format!("add_rms_norm_{y_tag}{}", tag(normed.dtype()));
+        // SAFETY: add_rms_norm_YO(const float* x, const TY* y, const float* w, float* sum, TO*
+        // normed, u32 cols, float eps), one block of 256 threads per row: x, sum and normed hold
+        // rows·cols elements, y (when not null) rows·cols of TY, w cols f32
+        // (check_add_rms_norm); each block touches its row only; sum and normed are distinct
+        // &mut buffers from the inputs.
+        unsafe { self.launch(&name, cfg, &args) }
+    }
+
+    fn swiglu_packed(&self, gu: &CudaBuffer, out: &mut CudaBuffer, i: usize) -> Result<()> {
+        const OP: &str = "swiglu_packed";
+        let rows = check_swiglu_packed(gu, out, i)?;
+        self.check_owned(OP, &[gu, out])?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let blocks = (rows * i).div_ceil(256).min(4096);
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, blocks)?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            gu.into(),
+            (&*out).into(),
+            KernelArg::U32(rows as u32),
+            KernelArg::U32(i as u32),
+        ];
+        let name = format!("swiglu_packed_{}{}", tag(gu.dtype()), tag(out.dtype()));
+        // SAFETY: swiglu_packed_IO(const TI* gu, TO* out, u32 rows, u32 i), grid-stride over
+        // rows·i < 2^31 (check_swiglu_packed): gu holds rows·2i elements of TI, out rows·i of
+        // TO; out is a distinct &mut buffer.
         unsafe { self.launch(&name, cfg, &args) }
     }
 }

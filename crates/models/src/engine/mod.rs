@@ -6,6 +6,7 @@
 //! copy (the new tokens) per step. On the CPU the same ops run eagerly. [`crate::CausalLm`] is
 //! the f32 reference it is tested against.
 
+mod perplexity;
 mod weights;
 
 use std::path::Path;
@@ -138,8 +139,10 @@ impl Engine {
         let cfg = &self.cfg;
         let (eps, dt) = (cfg.norm_eps as f32, self.opts.dtype);
         let scale = 1.0 / (cfg.head_dim as f32).sqrt();
-        let i = cfg.intermediate_size;
         let mut x = self.w.embed.embedding(ids)?;
+        // Each block's output waits to be added to the residual stream `x` by the next norm
+        // (`add_rms_norm`: the add and the norm in one kernel).
+        let mut pending: Option<Tensor> = None;
         for (l, (k, v)) in self.w.layers.iter().zip(&self.caches) {
             let view = CacheView {
                 k,
@@ -147,24 +150,24 @@ impl Engine {
                 start: &self.start,
                 slot: &self.slot,
             };
-            let a = x.rms_norm(&l.input_norm, eps)?.to_dtype(dt)?;
+            let (sum, a) = x.add_rms_norm(pending.as_ref(), &l.input_norm, eps, dt)?;
             let mut qkv = l.qkv.apply(&a)?;
             if let Some(b) = &l.qkv_bias {
                 qkv = qkv.add(b)?;
             }
             let q = qkv.rope_append(&self.w.inv_freq, view, cfg.num_heads, dt)?;
             let y = q.cache_attention(view, max_end, scale)?;
-            x = x.add(&l.o.apply(&y)?)?;
-            let m = x.rms_norm(&l.post_norm, eps)?.to_dtype(dt)?;
-            let gu = l.gate_up.apply(&m)?;
-            let g = gu.narrow(-1, 0, i)?.swiglu(&gu.narrow(-1, i, i)?)?;
-            x = x.add(&l.down.apply(&g)?)?;
+            let (sum, m) = sum.add_rms_norm(Some(&l.o.apply(&y)?), &l.post_norm, eps, dt)?;
+            let g = l.gate_up.apply(&m)?.swiglu_packed()?;
+            pending = Some(l.down.apply(&g)?);
+            x = sum;
         }
         let t = ids.shape()[1];
         if last_only && t > 1 {
             x = x.narrow(1, t - 1, 1)?;
+            pending = pending.map(|p| p.narrow(1, t - 1, 1)).transpose()?;
         }
-        let h = x.rms_norm(&self.w.norm, eps)?.to_dtype(dt)?;
+        let (_, h) = x.add_rms_norm(pending.as_ref(), &self.w.norm, eps, dt)?;
         Ok(h.matmul_t(&self.w.head, false, true)?)
     }
 

@@ -187,4 +187,82 @@ impl Tensor {
         });
         Ok(Tensor::from_storage(out, lead.to_vec(), dev))
     }
+
+    /// The residual add and RMSNorm of a decode step, fused (`DecodeOps::add_rms_norm`):
+    /// `self` f32 `[.., cols]` plus `y` (f32 or bf16, same shape; `None`: nothing added), and
+    /// the sum's RMSNorm times `w` (f32 `[cols]`) in `dtype`. Returns (sum, normed).
+    pub fn add_rms_norm(
+        &self,
+        y: Option<&Tensor>,
+        w: &Tensor,
+        eps: f32,
+        dtype: DType,
+    ) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "add_rms_norm";
+        let mut all = vec![self, w];
+        all.extend(y);
+        let dev = same_device(OP, &all)?;
+        let Some(&cols) = self.shape().last() else {
+            return Err(GpuError::shape(OP, "x of rank >= 1", "a scalar"));
+        };
+        if let Some(y) = y {
+            if y.shape() != self.shape() {
+                return Err(GpuError::shape(
+                    OP,
+                    format!("y of shape {:?}", self.shape()),
+                    format!("{:?}", y.shape()),
+                ));
+            }
+        }
+        let n = self.numel();
+        let (x, gw) = (self.read(), w.read());
+        let gy = y.map(|y| y.read());
+        let (sum, normed) = on_device!(dev, |be| {
+            let mut sum = be.allocate(DType::F32, n)?;
+            let mut normed = be.allocate(dtype, n)?;
+            let yb = match &gy {
+                Some(g) => Some(buf(be, g)?),
+                None => None,
+            };
+            be.add_rms_norm(
+                buf(be, &x)?,
+                yb,
+                buf(be, &gw)?,
+                &mut sum,
+                &mut normed,
+                cols,
+                eps,
+            )?;
+            (crate::ops::wrap(be, sum), crate::ops::wrap(be, normed))
+        });
+        let shape = self.shape().to_vec();
+        Ok((
+            Tensor::from_storage(sum, shape.clone(), dev),
+            Tensor::from_storage(normed, shape, dev),
+        ))
+    }
+
+    /// SwiGLU of a packed gate/up projection `self` `[.., 2i]` (gate columns, then up):
+    /// `silu(gate) · up`, `[.., i]` in `self`'s dtype (`DecodeOps::swiglu_packed`).
+    pub fn swiglu_packed(&self) -> Result<Tensor> {
+        const OP: &str = "swiglu_packed";
+        let dev = self.device();
+        let Some((&cols, lead)) = self.shape().split_last() else {
+            return Err(GpuError::shape(OP, "gu of rank >= 1", "a scalar"));
+        };
+        if !cols.is_multiple_of(2) {
+            return Err(GpuError::shape(OP, "an even last dimension", cols));
+        }
+        let i = cols / 2;
+        let n = self.numel() / 2;
+        let g = self.read();
+        let out = on_device!(dev, |be| {
+            let mut out = be.allocate(self.dtype(), n)?;
+            be.swiglu_packed(buf(be, &g)?, &mut out, i)?;
+            crate::ops::wrap(be, out)
+        });
+        let mut shape = lead.to_vec();
+        shape.push(i);
+        Ok(Tensor::from_storage(out, shape, dev))
+    }
 }
