@@ -1,14 +1,36 @@
-//! Export of the project's own GPT ([`crate::gpt::Gpt`], GPT-2 variant) with its char-level
-//! tokenizer to a Hugging Face GPT-2 model directory, which `transformers`
-//! (`AutoModelForCausalLM`, `PreTrainedTokenizerFast`) and [`crate::CausalLm`] both load:
+//! Export of the project's own GPT ([`crate::gpt::Gpt`]) with its char-level tokenizer to a
+//! Hugging Face model directory, which `transformers` (`AutoModelForCausalLM`,
+//! `PreTrainedTokenizerFast`), [`crate::CausalLm`] and (Llama) [`crate::Engine`] load.
+//! [`export_hf`] picks the format of the model's variant: [`export_gpt2`] for the GPT-2
+//! variant, [`export_llama`] for the Llama one.
 //!
+//! GPT-2 variant:
 //! - `config.json`: `GPT2LMHeadModel` with the model's sizes, `n_inner` = the MLP width,
 //!   `layer_norm_epsilon` = [`crate::gpt::NORM_EPS`], the exact (erf) GELU (`"gelu"`, the
 //!   project's `Tensor::gelu`), the head tied to `wte` (as the project's is), no BOS/EOS ids;
 //! - `model.safetensors` (f32): the parameters under `transformers`' names (nanoGPT's names are
 //!   the same); the projections transposed from the project's `[out, in]` to Conv1D's
 //!   `[in, out]`; zero biases where the model has none (`bias: false`), which is the same
-//!   function, since GPT-2 always has them;
+//!   function, since GPT-2 always has them.
+//!
+//! Llama variant (RMSNorm, RoPE, SwiGLU, separate head, no biases):
+//! - `config.json`: `LlamaForCausalLM`, `num_key_value_heads` = `num_attention_heads` (the
+//!   project's attention has as many key/value heads as query heads), `head_dim` = width /
+//!   heads, `intermediate_size` = [`crate::gpt::GptConfig::mlp_hidden`], `hidden_act` `silu`,
+//!   `rms_norm_eps` = [`crate::gpt::NORM_EPS`] (the project's RMSNorm is `x / sqrt(mean(x²) +
+//!   eps) · weight`, as HF's), `rope_theta` = [`LLAMA_ROPE_THETA`] with no scaling,
+//!   `max_position_embeddings` = the block size, no biases (`attention_bias`, `mlp_bias`
+//!   false), the head untied, no BOS/EOS ids;
+//! - `model.safetensors` (f32), `[out, in]` as the project stores them: `c_attn`'s rows split
+//!   into `q_proj`, `k_proj`, `v_proj` (in that order), `c_proj` → `o_proj`, `w1` →
+//!   `gate_proj` (SwiGLU's `silu(w1·x) ∘ w3·x`), `w3` → `up_proj`, `w2` → `down_proj`,
+//!   `attention_norm` → `input_layernorm`, `ffn_norm` → `post_attention_layernorm`, `ln_f` →
+//!   `model.norm`, `wte` → `model.embed_tokens`, `lm_head` as is. No row permutation: the
+//!   project's `Tensor::rope` pairs element `i` with `i + d/2` of a head (rotate-half, angle
+//!   `pos · θ^(-2i/d)`), which is HF Llama's layout (the interleaved layout of Meta's
+//!   checkpoints is the one HF's convert script permutes).
+//!
+//! Both:
 //! - `tokenizer.json`: a BPE model over the characters with no merges (so every character is
 //!   one token, the project's id), no normalizer or pre-tokenizer, and a `Fuse` decoder (tokens
 //!   concatenated). Its `unk_token` is `<unk>`, which is not in the vocabulary: encoding a
@@ -42,7 +64,8 @@ const UNK: &str = "<unk>";
 /// Why an export was refused; a refused or failed export leaves the file system as it was.
 #[derive(Debug, Error)]
 pub enum ExportError {
-    #[error("only the GPT-2 variant exports to a GPT-2 checkpoint, not {0:?}")]
+    /// The variant given to the other variant's export ([`export_hf`] picks the right one).
+    #[error("a {0:?}-variant model does not export to this format (export_hf picks its own)")]
     UnsupportedVariant(Variant),
     #[error("the tokenizer has {tokenizer} characters but the model's vocabulary is {model}")]
     VocabMismatch { model: usize, tokenizer: usize },
@@ -65,7 +88,7 @@ pub enum ExportError {
         expected: Vec<usize>,
         found: Vec<usize>,
     },
-    #[error("parameter `{0}` has no place in a GPT-2 checkpoint")]
+    #[error("parameter `{0}` has no place in the exported checkpoint")]
     UnmappedParameter(String),
     #[error("the tokenizer's characters are not distinct")]
     DuplicateCharacter,
@@ -80,13 +103,59 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
     }
 }
 
+/// The rotary base of the Llama variant: what `gpt::blocks` passes to `Tensor::rope`.
+pub const LLAMA_ROPE_THETA: f32 = 10_000.0;
+
+/// Writes `model` and `tokenizer` as a Hugging Face model directory `dir` in its variant's
+/// format: [`export_gpt2`] or [`export_llama`].
+pub fn export_hf(model: &Gpt, tokenizer: &CharTokenizer, dir: &Path) -> Result<(), ModelError> {
+    match model.config.variant {
+        Variant::Gpt2 => export_gpt2(model, tokenizer, dir),
+        Variant::Llama => export_llama(model, tokenizer, dir),
+    }
+}
+
 /// Writes `model` (GPT-2 variant) and `tokenizer` as a Hugging Face GPT-2 model directory
 /// `dir` (see the module docs). `dir` must not exist or be an empty directory, and its parent
 /// must exist. A Llama-variant model, a tokenizer of another vocabulary size and a non-empty
 /// target are refused with an [`ExportError`] before anything is written.
 pub fn export_gpt2(model: &Gpt, tokenizer: &CharTokenizer, dir: &Path) -> Result<(), ModelError> {
+    export_as(
+        model,
+        tokenizer,
+        dir,
+        Variant::Gpt2,
+        gpt2_config_json,
+        gpt2_tensors,
+    )
+}
+
+/// Writes `model` (Llama variant) and `tokenizer` as a Hugging Face `LlamaForCausalLM`
+/// directory `dir` (see the module docs), with the refusals of [`export_gpt2`] (a GPT-2-variant
+/// model among them).
+pub fn export_llama(model: &Gpt, tokenizer: &CharTokenizer, dir: &Path) -> Result<(), ModelError> {
+    export_as(
+        model,
+        tokenizer,
+        dir,
+        Variant::Llama,
+        llama_config_json,
+        llama_tensors,
+    )
+}
+
+/// The export of a `variant` model: its `config.json` from `config`, the tensors that config
+/// implies from `tensors`, the tokenizer's files.
+fn export_as(
+    model: &Gpt,
+    tokenizer: &CharTokenizer,
+    dir: &Path,
+    variant: Variant,
+    config: fn(&Gpt) -> Value,
+    tensors: fn(&Gpt, &ModelConfig) -> Result<Vec<Named>, ModelError>,
+) -> Result<(), ModelError> {
     let cfg = &model.config;
-    if cfg.variant != Variant::Gpt2 {
+    if cfg.variant != variant {
         return Err(ExportError::UnsupportedVariant(cfg.variant).into());
     }
     if tokenizer.vocab_size() != cfg.vocab_size {
@@ -97,10 +166,10 @@ pub fn export_gpt2(model: &Gpt, tokenizer: &CharTokenizer, dir: &Path) -> Result
         .into());
     }
     check_target(dir)?;
-    let config = config_json(model);
+    let config = config(model);
     // Our own parser reads the config back: the tensors it implies are the ones written.
     let hf = ModelConfig::from_json_str(&config.to_string())?;
-    let tensors = hf_tensors(model, &hf)?;
+    let tensors = tensors(model, &hf)?;
     let views = tensors
         .iter()
         .map(|(name, shape, bytes)| {
@@ -143,7 +212,7 @@ fn short_f64(x: f32) -> f64 {
 
 /// `config.json` of the model (GPT-2 names; dropout as the project applies it: on the
 /// embeddings and on the attention and MLP outputs, none on the attention weights).
-fn config_json(model: &Gpt) -> Value {
+fn gpt2_config_json(model: &Gpt) -> Value {
     let cfg = &model.config;
     let dropout = short_f64(cfg.dropout);
     json!({
@@ -185,7 +254,7 @@ fn is_conv1d_weight(name: &str) -> bool {
 /// Every tensor `hf` implies, under its `transformer.`-prefixed name, as f32 little-endian
 /// bytes from the model's parameter of the same name (transposed for Conv1D weights; zeros for
 /// a bias the model has none of). Every parameter must be used exactly once.
-fn hf_tensors(model: &Gpt, hf: &ModelConfig) -> Result<Vec<Named>, ModelError> {
+fn gpt2_tensors(model: &Gpt, hf: &ModelConfig) -> Result<Vec<Named>, ModelError> {
     let params: HashMap<String, Tensor> = model
         .parameters()
         .into_iter()
@@ -226,6 +295,112 @@ fn hf_tensors(model: &Gpt, hf: &ModelConfig) -> Result<Vec<Named>, ModelError> {
         };
         let bytes = values.iter().flat_map(|x| x.to_le_bytes()).collect();
         out.push((name, e.shape, bytes));
+    }
+    let mut unused: Vec<_> = params.keys().filter(|n| !used.contains(*n)).collect();
+    unused.sort();
+    match unused.first() {
+        Some(name) => Err(ExportError::UnmappedParameter(name.to_string()).into()),
+        None => Ok(out),
+    }
+}
+
+/// `config.json` of a Llama-variant model (see the module docs).
+fn llama_config_json(model: &Gpt) -> Value {
+    let cfg = &model.config;
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.n_embd,
+        "intermediate_size": cfg.mlp_hidden(),
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "num_key_value_heads": cfg.n_head,
+        "head_dim": cfg.n_embd / cfg.n_head,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.block_size,
+        "rms_norm_eps": short_f64(NORM_EPS),
+        "rope_theta": short_f64(LLAMA_ROPE_THETA),
+        "rope_scaling": null,
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "mlp_bias": false,
+        "pretraining_tp": 1,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": false,
+        "bos_token_id": null,
+        "eos_token_id": null,
+        "pad_token_id": null,
+        "use_cache": true,
+        "dtype": "float32",
+    })
+}
+
+/// The project parameter a Llama checkpoint tensor comes from, and which third of its rows
+/// (`c_attn` holds q, k and v stacked), or `None` for a name the mapping does not know.
+fn llama_source(hf_name: &str) -> Option<(String, Option<usize>)> {
+    let whole = |s: &str| Some((s.to_string(), None));
+    match hf_name {
+        "model.embed_tokens.weight" => return whole("transformer.wte.weight"),
+        "model.norm.weight" => return whole("transformer.ln_f.weight"),
+        "lm_head.weight" => return whole("lm_head.weight"),
+        _ => {}
+    }
+    let (layer, tail) = hf_name.strip_prefix("model.layers.")?.split_once('.')?;
+    let (src, part) = match tail {
+        "self_attn.q_proj.weight" => ("attn.c_attn.weight", Some(0)),
+        "self_attn.k_proj.weight" => ("attn.c_attn.weight", Some(1)),
+        "self_attn.v_proj.weight" => ("attn.c_attn.weight", Some(2)),
+        "self_attn.o_proj.weight" => ("attn.c_proj.weight", None),
+        "mlp.gate_proj.weight" => ("mlp.w1.weight", None),
+        "mlp.up_proj.weight" => ("mlp.w3.weight", None),
+        "mlp.down_proj.weight" => ("mlp.w2.weight", None),
+        "input_layernorm.weight" => ("attention_norm.weight", None),
+        "post_attention_layernorm.weight" => ("ffn_norm.weight", None),
+        _ => return None,
+    };
+    Some((format!("transformer.h.{layer}.{src}"), part))
+}
+
+/// Every tensor `hf` (a Llama config) implies, as f32 little-endian bytes from the model's
+/// parameter [`llama_source`] names (a third of `c_attn`'s rows for q, k, v). Every parameter
+/// must be used, and every tensor found.
+fn llama_tensors(model: &Gpt, hf: &ModelConfig) -> Result<Vec<Named>, ModelError> {
+    let params: HashMap<String, Tensor> = model
+        .parameters()
+        .into_iter()
+        .map(|(name, t, _)| (name, t))
+        .collect();
+    let mut used = HashSet::new();
+    let mut out = Vec::new();
+    for e in expected_tensors(hf) {
+        let Some((src, part)) = llama_source(&e.name) else {
+            return Err(ExportError::MissingParameter(e.name).into());
+        };
+        let Some(t) = params.get(&src) else {
+            return Err(ExportError::MissingParameter(src).into());
+        };
+        let mut want = e.shape.clone();
+        if part.is_some() {
+            want[0] *= 3;
+        }
+        if t.shape() != want.as_slice() {
+            return Err(ExportError::WrongShape {
+                name: src,
+                expected: want,
+                found: t.shape().to_vec(),
+            }
+            .into());
+        }
+        let v = t.to_vec()?;
+        let n: usize = e.shape.iter().product();
+        let values = match part {
+            Some(i) => &v[i * n..(i + 1) * n],
+            None => &v[..],
+        };
+        let bytes = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        out.push((e.name, e.shape, bytes));
+        used.insert(src);
     }
     let mut unused: Vec<_> = params.keys().filter(|n| !used.contains(*n)).collect();
     unused.sort();

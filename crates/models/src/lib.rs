@@ -1,9 +1,10 @@
 //! Hugging Face causal LMs for inference (issue 30): `config.json` parsed into a typed
 //! [`ModelConfig`], safetensors weights memory-mapped and checked against it, `tokenizer.json`,
 //! and the Llama family and GPT-2 run with a KV cache on `tensor_ops` (CPU or CUDA, f32); the
-//! project's own GPT exported as a GPT-2 model directory ([`export_gpt2`]). The project's GPT
-//! itself is [`gpt`]: the trainable model (GPT-2 or Llama style) on `tensor_ops`' module layer,
-//! its char-level tokenizer and data loading, and its CUDA-graph training step and loss.
+//! project's own GPT exported as a GPT-2 or Llama model directory ([`export_hf`]). The
+//! project's GPT itself is [`gpt`]: the trainable model (GPT-2 or Llama style) on `tensor_ops`'
+//! module layer, its char-level tokenizer and data loading, and its CUDA-graph training step
+//! and loss.
 
 pub mod cache;
 pub mod config;
@@ -26,7 +27,7 @@ pub use config::{Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeSca
 pub use engine::{Engine, EngineOptions};
 pub use error::ModelError;
 pub use expected::{expected_tensors, ExpectedTensor};
-pub use export::{export_gpt2, ExportError};
+pub use export::{export_gpt2, export_hf, export_llama, ExportError};
 pub use lm::CausalLm;
 pub use quant::{QuantKind, Quantized};
 pub use sample::{Sampler, Sampling};
