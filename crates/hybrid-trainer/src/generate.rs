@@ -1,7 +1,8 @@
 //! `hybrid-trainer generate`: text from a Hugging Face model directory (Llama 2/3, Qwen2,
 //! Mistral, GPT-2: `config.json`, safetensors weights, `tokenizer.json`) through `models`' KV
 //! cache, streamed to stdout as it is sampled; `hybrid-trainer perplexity`: the model's
-//! perplexity on a text file. Both can round the weights to int8 or int4 first (`--quant`).
+//! perplexity on a text file. Both can round the weights to int8 or int4 first (`--quant`), and
+//! both can run on the fast engine (`--engine fast`, Llama family, `--dtype bf16|f32`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -105,6 +106,13 @@ pub struct PerplexityArgs {
     pub max_tokens: Option<usize>,
     #[command(flatten)]
     pub quant: QuantArg,
+    /// The engine: the f32 reference, or the fast one (Llama family; --dtype weights, --quant
+    /// projections kept quantized). Both score windows of the model's context the same way.
+    #[arg(long, value_enum, default_value_t = EngineKind::Reference)]
+    pub engine: EngineKind,
+    /// The fast engine's weights and matmuls.
+    #[arg(long, value_enum, default_value_t = crate::generate_fast::EngineDtype::Bf16)]
+    pub dtype: crate::generate_fast::EngineDtype,
 }
 
 /// Loads `dir` on `device`, quantized when asked, and says what it loaded.
@@ -136,7 +144,7 @@ fn load(dir: &Path, device: Device, quant: &QuantArg) -> Result<CausalLm> {
 
 #[derive(Args, Debug, Clone)]
 pub struct ExportArgs {
-    /// A GPT saved by `train-gpt --save` (GPT-2 variant).
+    /// A GPT saved by `train-gpt --save` (GPT-2 or Llama variant).
     #[arg(long)]
     pub model: PathBuf,
     /// The text it was trained on (its characters are the tokenizer's vocabulary).
@@ -147,17 +155,19 @@ pub struct ExportArgs {
     pub out: PathBuf,
 }
 
-/// Writes a `train-gpt --save` model as a Hugging Face GPT-2 directory (`models::export_gpt2`).
+/// Writes a `train-gpt --save` model as a Hugging Face directory of its variant's format
+/// (`models::export_hf`: GPT-2 or `LlamaForCausalLM`).
 pub fn export(a: &ExportArgs) -> Result<()> {
     let model = models::gpt::Gpt::load(&a.model, Device::Cpu)
         .with_context(|| format!("loading {}", a.model.display()))?;
     let text = std::fs::read_to_string(&a.data)
         .with_context(|| format!("reading {}", a.data.display()))?;
     let ds = models::gpt::Dataset::from_text(&text, 0.9)?;
-    models::export_gpt2(&model, &ds.tokenizer, &a.out)?;
+    models::export_hf(&model, &ds.tokenizer, &a.out)?;
     println!(
-        "wrote {} (config.json, model.safetensors, tokenizer.json): {} parameters, vocab {}",
+        "wrote {} ({:?} variant; config.json, model.safetensors, tokenizer.json): {} parameters, vocab {}",
         a.out.display(),
+        model.config.variant,
         model.num_params(),
         ds.tokenizer.vocab_size()
     );
@@ -172,9 +182,38 @@ pub fn perplexity(device: Device, a: &PerplexityArgs) -> Result<()> {
     if let Some(n) = a.max_tokens {
         ids.truncate(n);
     }
-    let model = load(&a.model, device, &a.quant)?;
-    let t = Instant::now();
-    let p = model.perplexity(&ids)?;
+    let (p, t) = match a.engine {
+        EngineKind::Reference => {
+            let model = load(&a.model, device, &a.quant)?;
+            let t = Instant::now();
+            (model.perplexity(&ids)?, t)
+        }
+        EngineKind::Fast => {
+            let cfg = models::ModelConfig::from_dir(&a.model)?;
+            let opts = models::EngineOptions {
+                dtype: a.dtype.into(),
+                batch: 1,
+                // One window: the context, or the whole text when shorter.
+                capacity: cfg.max_position_embeddings.min(ids.len()).max(1),
+                quant: a.quant.quant.map(Into::into),
+            };
+            let t = Instant::now();
+            let mut engine = models::Engine::load(&a.model, device, opts)
+                .with_context(|| format!("loading the model in {}", a.model.display()))?;
+            eprintln!(
+                "fast engine ({}{}) on {device}: {} layers × {}, context {}, loaded in {:.2} s",
+                opts.dtype,
+                opts.quant
+                    .map_or(String::new(), |q| format!(", projections {q:?}")),
+                cfg.num_layers,
+                cfg.hidden_size,
+                cfg.max_position_embeddings,
+                t.elapsed().as_secs_f64()
+            );
+            let t = Instant::now();
+            (engine.perplexity(&ids)?, t)
+        }
+    };
     println!(
         "perplexity {p:.4} over {} tokens ({:.1} s)",
         ids.len(),

@@ -50,8 +50,8 @@ enum Cmd {
     Generate(hybrid_trainer::generate::GenerateArgs),
     /// The perplexity of a Hugging Face model directory's model on a text file.
     Perplexity(hybrid_trainer::generate::PerplexityArgs),
-    /// Write a `train-gpt --save` GPT (GPT-2 variant) as a Hugging Face GPT-2 directory that
-    /// `generate`, `perplexity` and `transformers` load.
+    /// Write a `train-gpt --save` GPT as a Hugging Face directory (GPT-2, or LlamaForCausalLM
+    /// for the Llama variant) that `generate`, `perplexity` and `transformers` load.
     ExportHf(hybrid_trainer::generate::ExportArgs),
     /// Check a Hugging Face model directory against the logits and greedy tokens that
     /// transformers wrote beside it (expected.safetensors, scripts/hf_gpu_parity.py): one

@@ -356,3 +356,118 @@ fn binary() -> std::path::PathBuf {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
 }
+
+/// A Llama-variant GPT trained here, exported (`export-hf` picks `LlamaForCausalLM`) and
+/// scored by `perplexity` through both engines: the fast engine in f32 (the log-softmax in f64
+/// on the host) gives the reference's perplexity, plain and with int8 projections. Bound: the
+/// two compute the same f32 functions in other summation orders (logits within 6e-4 of their
+/// scale of each other, `models/tests/engine_perplexity.rs`), so `ln ppl` within
+/// 2·6e-4·max|logit|; with logits up to 12 (the largest of the 1500-step tinyshakespeare model
+/// of docs/inference.md; 40 steps here give smaller ones) that is 1.5e-2, and the printed
+/// figures' 4 decimals add ~1e-4 (measured: equal to the last digit). bf16 rounds every
+/// matmul's operands (≈ 0.07 of the logits' scale at worst, which bounds nothing here), so it
+/// is only required to be close (10%). The fast engine refuses GPT-2 with a clear error.
+#[test]
+fn a_trained_llama_variant_exports_and_the_fast_engine_scores_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = |f: &str| tmp.path().join(f).display().to_string();
+    let (data, saved, hf) = (path("text.txt"), path("llama.safetensors"), path("hf"));
+    std::fs::write(
+        &data,
+        "To be, or not to be, that is the question:\n".repeat(40),
+    )
+    .unwrap();
+    let train = [
+        "--device",
+        "cpu",
+        "train-gpt",
+        "--variant",
+        "llama",
+        "--data",
+        &data,
+        "--layers",
+        "2",
+        "--heads",
+        "2",
+        "--embd",
+        "32",
+        "--block",
+        "32",
+        "--batch",
+        "4",
+        "--iters",
+        "40",
+        "--warmup",
+        "5",
+        "--lr",
+        "3e-3",
+        "--dropout",
+        "0",
+        "--eval-interval",
+        "40",
+        "--eval-iters",
+        "2",
+        "--sample",
+        "0",
+        "--save",
+        &saved,
+    ];
+    cli_ok(train);
+    let (out, _) = cli_ok([
+        "export-hf",
+        "--model",
+        &saved,
+        "--data",
+        &data,
+        "--out",
+        &hf,
+    ]);
+    assert!(out.contains("Llama variant"), "{out}");
+    let config = std::fs::read_to_string(tmp.path().join("hf/config.json")).unwrap();
+    assert!(config.contains("LlamaForCausalLM"), "{config}");
+    let base = [
+        "--device",
+        "cpu",
+        "perplexity",
+        "--model",
+        &hf,
+        "--text",
+        &data,
+    ];
+    let ppl = |extra: &[&str]| -> f64 {
+        let (stdout, _) = cli_ok(base.iter().chain(extra));
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("perplexity "))
+            .unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let reference = ppl(&[]);
+    let fast = ppl(&["--engine", "fast", "--dtype", "f32"]);
+    let ref8 = ppl(&["--quant", "int8"]);
+    let fast8 = ppl(&["--engine", "fast", "--dtype", "f32", "--quant", "int8"]);
+    let bf16 = ppl(&["--engine", "fast"]);
+    eprintln!("reference {reference}, fast f32 {fast}, int8 {ref8} / {fast8}, fast bf16 {bf16}");
+    // Trained: well below the vocabulary's size.
+    assert!(reference > 1.0 && reference < 10.0, "{reference}");
+    for (got, want) in [(fast, reference), (fast8, ref8)] {
+        assert!((got / want).ln().abs() <= 1.5e-2, "{got} against {want}");
+    }
+    assert!((bf16 / reference).ln().abs() <= 0.1, "{bf16}");
+    let gpt2 = fixture("gpt2").display().to_string();
+    let err = cli_err([
+        "--device",
+        "cpu",
+        "perplexity",
+        "--model",
+        &gpt2,
+        "--text",
+        &data,
+        "--engine",
+        "fast",
+    ]);
+    assert!(
+        err.contains("Llama family"),
+        "GPT-2 through the fast engine: {err}"
+    );
+}
