@@ -1,5 +1,5 @@
 // Weight-only quantized matmuls (gpu_core::nn::quant, the formats of models::quant): a fused
-// dequantize-GEMV for m <= 4 rows of x (a decode step) and a dequantize kernel (what prefill
+// dequantize-GEMV for m <= 16 rows of x (a decode step) and a dequantize kernel (what prefill
 // hands to cuBLAS). The weight is [n, k] (PyTorch's Linear layout) packed into u32 words,
 // little-endian: int8 (4 values a word, one f32 scale a row, w = q·s) or int4 (8 values a word,
 // low nibble first, groups of 128 inputs with a scale and a minimum, w = q·s + m).
@@ -166,7 +166,9 @@ static __device__ void gemv_q_body(const TX* __restrict__ x, const u32* __restri
 #define GEMV_Q_M(Q, V) \
     GEMV_Q_XO(Q, 1, V) \
     GEMV_Q_XO(Q, 2, V) \
-    GEMV_Q_XO(Q, 4, V)
+    GEMV_Q_XO(Q, 4, V) \
+    GEMV_Q_XO(Q, 8, V) \
+    GEMV_Q_XO(Q, 16, V)
 GEMV_Q_M(8, 4)
 GEMV_Q_M(8, 1)
 GEMV_Q_M(4, 4)

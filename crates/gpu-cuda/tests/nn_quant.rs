@@ -1,6 +1,6 @@
 //! The quantized-weight family (`gpu_core::nn::quant`: `matmul_quant`, `dequantize`) on CUDA
 //! against the CPU reference (f64 sums of the exact products), on fresh random packed weights
-//! (printed, replayable seed): int8 and int4, m ∈ {1, 2, 3, 4, 7, 16} (the fused kernel and
+//! (printed, replayable seed): int8 and int4, m ∈ {1, 2, 3, 4, 7, 16, 17, 40} (the fused kernel up to 16 rows and
 //! dequantize-then-GEMM), k with a short last int4 group and rows that are and are not a
 //! multiple of 16 bytes (the 16- and 4-byte load paths), x and out f32 and bf16. Each
 //! tolerance is `gpu_cuda::matmul_quant_bound` (derived in `src/nn/quant.rs`), plus two bf16
@@ -151,7 +151,7 @@ fn gpu_matmul_quant_matches_cpu() {
     let (mut rng, _) = rng(test);
     for format in [QuantFormat::Int8, QuantFormat::Int4] {
         for &(n, k) in SHAPES {
-            for m in [1, 2, 3, 4, 7, 16] {
+            for m in [1, 2, 3, 4, 7, 16, 17, 40] {
                 for xd in [DType::F32, DType::BF16] {
                     for od in [DType::F32, DType::BF16] {
                         let spec = QuantSpec { m, n, k, format };
