@@ -1,5 +1,5 @@
 // Weight-only quantized matmuls (gpu_core::nn::quant, the formats of models::quant): a fused
-// dequantize-GEMV for m <= 4 rows of x, and m <= 16 rows of bf16 x in 16-byte rows (a decode step) and a dequantize kernel (what prefill
+// dequantize-GEMV for m <= 4 rows of x (a decode step) and a dequantize kernel (what prefill
 // hands to cuBLAS). The weight is [n, k] (PyTorch's Linear layout) packed into u32 words,
 // little-endian: int8 (4 values a word, one f32 scale a row, w = q·s) or int4 (8 values a word,
 // low nibble first, groups of 128 inputs with a scale and a minimum, w = q·s + m).
@@ -171,15 +171,6 @@ GEMV_Q_M(8, 4)
 GEMV_Q_M(8, 1)
 GEMV_Q_M(4, 4)
 GEMV_Q_M(4, 1)
-// 8 and 16 rows (a decode step of a batch): bf16 x and 16-byte loads only (the engine's case;
-// every variant of these unrolled bodies would add megabytes of PTX to every binary).
-#define GEMV_Q_WIDE(Q, M)                  \
-    GEMV_Q(Q, M, 4, bf16, b, float, f)     \
-    GEMV_Q(Q, M, 4, bf16, b, bf16, b)
-GEMV_Q_WIDE(8, 8)
-GEMV_Q_WIDE(8, 16)
-GEMV_Q_WIDE(4, 8)
-GEMV_Q_WIDE(4, 16)
 
 // One thread per word of the packed weight (grid-stride): its 4 or 8 values of deq(W).
 template <int Q, typename TO>

@@ -123,8 +123,8 @@ impl QuantSpec {
 pub trait QuantOps: Backend {
     /// `out[i, j] = Σ_t x[i, t]·deq(W)[j, t]` for `x` `[m, k]` (f32 or bf16) and `out` `[m, n]`
     /// (f32 or bf16, overwritten). The CPU sums the exact products in f64; CUDA sums in f32
-    /// (with `m <= 16` a fused kernel that applies each scale after summing `x·q` over a
-    /// stretch of a row; with `m > 16` dequantize-then-GEMM, the weight rounded to x's dtype
+    /// (with `m <= 4` a fused kernel that applies each scale after summing `x·q` over a
+    /// stretch of a row; with `m > 4` dequantize-then-GEMM, the weight rounded to x's dtype
     /// first). Backends document their error against the CPU.
     fn matmul_quant(
         &self,

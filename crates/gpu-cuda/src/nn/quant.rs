@@ -1,12 +1,12 @@
 //! [`QuantOps`] on CUDA: the kernels of `kernels/nn_gemv_q.cu`, checked by the same
 //! `gpu_core::nn::quant::check_*` functions as on the CPU.
 //!
-//! - `m <= 4`, and `m <= 16` for bf16 x whose packed rows are multiples of 16 bytes (a decode
-//!   step of up to 16 rows): the fused dequantize-GEMV `gemv_q{8,4}_m{1,2,4}_v{4,1}_{x}{o}`
-//!   and `gemv_q{8,4}_m{8,16}_v4_b{o}` streams the packed weight once (16-byte loads
-//!   when a packed row is a multiple of 16 bytes, else 4-byte ones), dequantizing in
-//!   registers. (With dequantize-then-GEMM for every step at 16 rows, an H200 decoded a
-//!   Llama-3.2-1B shape at 5860 tokens/s in int8 against 9471 in bf16.)
+//! - `m <= 4` (a decode step of up to 4 rows): the fused dequantize-GEMV
+//!   `gemv_q{8,4}_m{1,2,4}_v{4,1}_{x}{o}` streams the packed weight once (16-byte loads when a
+//!   packed row is a multiple of 16 bytes, else 4-byte ones), dequantizing in registers.
+//!   (Variants for 8 and 16 rows of bf16 x were measured on an H200 and removed: a
+//!   Llama-3.2-1B shape decoded at batch 16 at 3155 tokens/s in int8 and 2211 in int4 with
+//!   them, against 5860 and 6625 with dequantize-then-GEMM each step, and 9471 in bf16.)
 //! - more rows (prefill): **dequantize-then-GEMM**, as exllama does for large batches: the
 //!   weight is dequantized into a scratch `[n, k]` from the pool in x's dtype, then multiplied
 //!   by cuBLAS (bf16 x: [`CudaBackend::matmul_bf16`], tensor cores, f32 accumulation; f32 x:
@@ -102,7 +102,7 @@ impl QuantOps for CudaBackend {
                 _ => self.memset16(out, 0),
             };
         }
-        match fused_rows(&spec, x.dtype()) {
+        match fused_rows(&spec) {
             Some(rows) => self.gemv_quant(x, [data, scales, mins], out, spec, rows),
             None => self.prefill_quant(x, [data, scales, mins], out, spec),
         }
@@ -217,13 +217,9 @@ impl CudaBackend {
     }
 }
 
-/// The fused kernel's row count for `spec` with x in `x_dtype` (`None`: dequantize-then-GEMM):
-/// 1, 2 or 4 rows for any x, 8 and 16 for bf16 x whose packed rows are multiples of 16 bytes
-/// (`nn_gemv_q.cu` has those variants only).
-pub fn fused_rows(spec: &QuantSpec, x_dtype: DType) -> Option<usize> {
-    let wide = x_dtype == DType::BF16 && words_per_load(spec) == 4;
-    let sizes: &[usize] = if wide { &[1, 2, 4, 8, 16] } else { &[1, 2, 4] };
-    sizes.iter().copied().find(|&r| spec.m <= r)
+/// The fused kernel's row count for `spec` (`None`: dequantize-then-GEMM): 1, 2 or 4.
+pub fn fused_rows(spec: &QuantSpec) -> Option<usize> {
+    [1, 2, 4].into_iter().find(|&r| spec.m <= r)
 }
 
 /// The error bound of [`QuantOps::matmul_quant`] on CUDA against the CPU reference stored in
@@ -231,7 +227,7 @@ pub fn fused_rows(spec: &QuantSpec, x_dtype: DType) -> Option<usize> {
 /// where the output is bf16, add `2^-8·(|ref| + bound)`.
 pub fn matmul_quant_bound(spec: &QuantSpec, x_dtype: DType, t: f64) -> f64 {
     let (u, k) = (1.0 / (1u64 << 24) as f64, spec.k as f64);
-    if fused_rows(spec, x_dtype).is_some() {
+    if fused_rows(spec).is_some() {
         1.02 * (k + 11.0) * u * t
     } else if x_dtype == DType::BF16 {
         1.01 * (1.0 / 512.0 + (2.0 * k + 4.0) * u) * t
