@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use gpu_core::nn::decode::{DecodeDims, DecodeOps};
-use gpu_core::{Backend, BufferInfo, CpuBackend, DType};
+use gpu_core::{Backend, CpuBackend, DType};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::CudaBackend;
 use half::bf16;
@@ -18,29 +18,6 @@ use rand::Rng;
 
 const U: f64 = 1.0 / (1u64 << 24) as f64; // f32 unit roundoff
 const BF16_REL: f64 = 1.0 / 128.0; // one bf16 ulp, relative (8 significant bits)
-
-/// Uploads `x` as `dtype` (bf16 rounds to nearest even first; the CPU gets the same values).
-fn put<B: Backend>(b: &B, x: &[f32], dtype: DType) -> B::Buffer {
-    match dtype {
-        DType::BF16 => b
-            .upload(&x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())
-            .unwrap(),
-        _ => b.upload(x).unwrap(),
-    }
-}
-
-/// Downloads an f32 or bf16 buffer as f32.
-fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
-    match x.dtype() {
-        DType::BF16 => b
-            .download::<bf16>(x)
-            .unwrap()
-            .iter()
-            .map(|v| v.to_f32())
-            .collect(),
-        _ => b.download::<f32>(x).unwrap(),
-    }
-}
 
 /// The stored value of `x` in `dtype` (what an upload keeps).
 fn stored(x: &[f32], dtype: DType) -> Vec<f32> {

@@ -15,34 +15,12 @@ mod common;
 
 use common::*;
 use gpu_core::nn::decode::DecodeOps;
-use gpu_core::{Backend, BufferInfo, CpuBackend, DType};
+use gpu_core::{Backend, CpuBackend, DType};
 use gpu_cuda::testing::backend_or_skip;
-use half::bf16;
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 const BF16_ULP: f64 = 1.0 / 128.0;
 const DTYPES: [DType; 2] = [DType::F32, DType::BF16];
-
-fn put<B: Backend>(b: &B, x: &[f32], dtype: DType) -> B::Buffer {
-    match dtype {
-        DType::BF16 => b
-            .upload(&x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())
-            .unwrap(),
-        _ => b.upload(x).unwrap(),
-    }
-}
-
-fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
-    match x.dtype() {
-        DType::BF16 => b
-            .download::<bf16>(x)
-            .unwrap()
-            .iter()
-            .map(|v| v.to_f32())
-            .collect(),
-        _ => b.download::<f32>(x).unwrap(),
-    }
-}
 
 /// `|got − want| ≤ rel·|want| + 1e-30` elementwise, with the first offender named.
 fn within(what: &str, got: &[f32], want: &[f32], rel: f64) {

@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use gpu_core::nn::quant::{QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
-use gpu_core::{Backend, BufferInfo, CpuBackend, DType, GpuError};
+use gpu_core::{Backend, CpuBackend, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{matmul_quant_bound, CudaBackend};
 use half::bf16;
@@ -73,29 +73,6 @@ impl HostWeight {
                 q as f64 * self.scales[g].abs() as f64 + self.mins[g].abs() as f64
             }
         }
-    }
-}
-
-/// Uploads `x` as `dtype` (bf16 rounded first; the CPU gets the same values).
-fn put<B: Backend>(b: &B, x: &[f32], dtype: DType) -> B::Buffer {
-    match dtype {
-        DType::BF16 => b
-            .upload(&x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())
-            .unwrap(),
-        _ => b.upload(x).unwrap(),
-    }
-}
-
-/// An f32 or bf16 buffer as f32.
-fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
-    match x.dtype() {
-        DType::BF16 => b
-            .download::<bf16>(x)
-            .unwrap()
-            .iter()
-            .map(|v| v.to_f32())
-            .collect(),
-        _ => b.download::<f32>(x).unwrap(),
     }
 }
 

@@ -11,19 +11,8 @@ use common::*;
 use gpu_core::nn::sample::{seen_words, SampleOps, SampleParams};
 use gpu_core::{Backend, CpuBackend, DType};
 use gpu_cuda::testing::backend_or_skip;
-use half::bf16;
 use rand::rngs::StdRng;
 use rand::Rng;
-
-/// Uploads `x` as `dtype` (bf16 rounded to nearest even; the CPU gets the same values).
-fn put<B: Backend>(b: &B, x: &[f32], dtype: DType) -> B::Buffer {
-    match dtype {
-        DType::BF16 => b
-            .upload(&x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())
-            .unwrap(),
-        _ => b.upload(x).unwrap(),
-    }
-}
 
 /// Runs `steps` calls on the same buffers (the bitmask grows); returns every call's tokens and
 /// the final bitmask.

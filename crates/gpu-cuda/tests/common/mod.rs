@@ -80,6 +80,34 @@ pub fn down<B: Backend>(b: &B, buf: &B::Buffer) -> Vec<f32> {
     b.download(buf).expect("download")
 }
 
+/// Uploads `x` as `dtype`: f32, or bf16 rounded to nearest even first (give the CPU the same
+/// buffer and both sides see the same values).
+pub fn put<B: Backend>(b: &B, x: &[f32], dtype: gpu_core::DType) -> B::Buffer {
+    match dtype {
+        gpu_core::DType::BF16 => b
+            .upload(
+                &x.iter()
+                    .map(|&v| half::bf16::from_f32(v))
+                    .collect::<Vec<_>>(),
+            )
+            .expect("upload"),
+        _ => b.upload(x).expect("upload"),
+    }
+}
+
+/// Downloads an f32 or bf16 buffer as f32.
+pub fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
+    match x.dtype() {
+        gpu_core::DType::BF16 => b
+            .download::<half::bf16>(x)
+            .expect("download")
+            .iter()
+            .map(|v| v.to_f32())
+            .collect(),
+        _ => b.download::<f32>(x).expect("download"),
+    }
+}
+
 /// The CPU reference backend.
 pub const CPU: CpuBackend = CpuBackend;
 
