@@ -541,12 +541,20 @@ impl CudaBackend {
         }
     }
 
+    /// Whether the loaded kernels have thread-block cluster code: the fatbins' sm_90 machine
+    /// code has it; the compute_80 PTX (loaded as the `Ptx` image, and JIT-compiled by GPUs of
+    /// another major version, which cannot run sm_90 machine code) has none, and its cluster
+    /// kernels trap.
+    pub fn has_cluster_code(&self) -> bool {
+        self.info().compute_capability.0 == 9 && self.image_kind() == ImageKind::Fatbin
+    }
+
     /// How many clusters of `cluster` blocks (`block` threads, `smem` bytes of dynamic shared
-    /// memory each) of `kernel` this device can hold at once; 0 where it has no clusters
-    /// (compute capability below 9.0) or cannot place one of that size. Sizes above 8 (the
-    /// portable limit) are allowed for the kernel first.
+    /// memory each) of `kernel` this device can hold at once; 0 where the loaded code has no
+    /// clusters ([`CudaBackend::has_cluster_code`]) or the device cannot place one of that
+    /// size. Sizes above 8 (the portable limit) are allowed for the kernel first.
     pub fn max_clusters(&self, kernel: &str, block: u32, smem: u32, cluster: u32) -> Result<u32> {
-        if self.info().compute_capability.0 < 9 || cluster == 0 {
+        if !self.has_cluster_code() || cluster == 0 {
             return Ok(0);
         }
         let f = self.function_with_smem(kernel, smem)?;

@@ -6,7 +6,6 @@
 
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
-use crate::module::ImageKind;
 use crate::pool::CudaBuffer;
 use gpu_core::nn::sample::{check_sample, SampleOps, SampleParams};
 use gpu_core::{BufferInfo, DType, GpuError, Result};
@@ -31,12 +30,7 @@ impl SampleOps for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        // Cluster code exists only in the sm_90 machine code (the compute_80 PTX, which newer
-        // GPUs JIT, has none).
-        let nb = match (self.info().compute_capability.0, self.image_kind()) {
-            (9, ImageKind::Fatbin) => CLUSTER,
-            _ => 1,
-        };
+        let nb = if self.has_cluster_code() { CLUSTER } else { 1 };
         let blocks = u32::try_from(rows)
             .ok()
             .and_then(|r| r.checked_mul(nb))

@@ -141,10 +141,7 @@ impl CudaBackend {
             return self.reduce_pass(kind, x, out, outer, n, inner, &p, divisor);
         }
         let elem = x.dtype().size_in_bytes();
-        // Cluster code is in the fatbins' sm_90 images only (the committed PTX targets
-        // compute_80, where it traps).
-        let clusters = self.info().compute_capability.0 >= 9
-            && self.image_kind() == crate::module::ImageKind::Fatbin;
+        let clusters = self.has_cluster_code();
         if let Some(c) = plan::cluster_plan(&p, outer, n, inner, elem, self.sms(), clusters) {
             return self.reduce_cluster(kind, x, out, n, inner, &c, divisor);
         }
