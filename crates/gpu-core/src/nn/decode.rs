@@ -16,10 +16,9 @@
 //! past `cap`: callers check the bounds on the host, as `models::engine` does.
 
 use crate::backend::{Backend, BufferInfo};
-use crate::dtype::DType;
 use crate::error::{GpuError, Result};
-use crate::nn::rows::require_u32;
-use crate::ops::require_float;
+use crate::nn::rows::{check_len, require_u32};
+use crate::ops::{require_f32, require_float};
 
 /// The sizes of a decode call: `b` rows of `t` new tokens, `heads` query heads and
 /// `kv_heads` key/value heads (grouped-query attention: query head `h` reads key/value head
@@ -168,18 +167,6 @@ pub trait DecodeOps: Backend {
     fn swiglu_packed(&self, gu: &Self::Buffer, out: &mut Self::Buffer, i: usize) -> Result<()>;
 }
 
-fn check_len(op: &'static str, name: &str, buf: &impl BufferInfo, want: usize) -> Result<()> {
-    if buf.len() == want {
-        Ok(())
-    } else {
-        Err(GpuError::shape(
-            op,
-            format!("{name} of {want} elements"),
-            buf.len(),
-        ))
-    }
-}
-
 /// The checks of the row positions and the cache pair that both cache ops share.
 fn check_rows_and_cache<B: BufferInfo>(
     op: &'static str,
@@ -224,13 +211,7 @@ pub fn check_rope_append<B: BufferInfo>(
     require_float(OP, q_out.dtype())?;
     check_len(OP, "qkv", qkv, dims.qkv_len())?;
     check_len(OP, "q_out", q_out, dims.q_len())?;
-    if inv_freq.dtype() != DType::F32 {
-        return Err(GpuError::DTypeMismatch {
-            op: OP,
-            expected: DType::F32,
-            got: inv_freq.dtype(),
-        });
-    }
+    require_f32(OP, inv_freq.dtype())?;
     if !inv_freq.is_empty() {
         check_len(OP, "inv_freq", inv_freq, dims.d / 2)?;
     }
@@ -306,13 +287,7 @@ pub fn check_add_rms_norm<B: BufferInfo>(
 ) -> Result<usize> {
     const OP: &str = "add_rms_norm";
     for b in [x, w, sum] {
-        if b.dtype() != DType::F32 {
-            return Err(GpuError::DTypeMismatch {
-                op: OP,
-                expected: DType::F32,
-                got: b.dtype(),
-            });
-        }
+        require_f32(OP, b.dtype())?;
     }
     require_float(OP, normed.dtype())?;
     if cols == 0 || cols >= 1 << 31 || !x.len().is_multiple_of(cols) {

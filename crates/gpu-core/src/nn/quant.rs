@@ -18,10 +18,9 @@
 //! (int4); `mins` f32 `[n, ⌈k/128⌉]` (int4) or empty (int8).
 
 use crate::backend::{Backend, BufferInfo};
-use crate::dtype::DType;
 use crate::error::{GpuError, Result};
-use crate::nn::rows::require_u32;
-use crate::ops::require_float;
+use crate::nn::rows::{check_len, require_u32};
+use crate::ops::{require_f32, require_float};
 
 /// The quantized formats (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -148,30 +147,6 @@ pub trait QuantOps: Backend {
     ) -> Result<()>;
 }
 
-fn check_len(op: &'static str, name: &str, buf: &impl BufferInfo, want: usize) -> Result<()> {
-    if buf.len() == want {
-        Ok(())
-    } else {
-        Err(GpuError::shape(
-            op,
-            format!("{name} of {want} elements"),
-            buf.len(),
-        ))
-    }
-}
-
-fn require_f32_buf(op: &'static str, buf: &impl BufferInfo) -> Result<()> {
-    if buf.dtype() == DType::F32 {
-        Ok(())
-    } else {
-        Err(GpuError::DTypeMismatch {
-            op,
-            expected: DType::F32,
-            got: buf.dtype(),
-        })
-    }
-}
-
 /// Checks the packed weight of `spec` (every backend calls this through the two checks below).
 fn check_weight<B: BufferInfo>(
     op: &'static str,
@@ -182,8 +157,8 @@ fn check_weight<B: BufferInfo>(
 ) -> Result<()> {
     spec.check(op)?;
     require_u32(op, data.dtype())?;
-    require_f32_buf(op, scales)?;
-    require_f32_buf(op, mins)?;
+    require_f32(op, scales.dtype())?;
+    require_f32(op, mins.dtype())?;
     check_len(op, "data (u32 words)", data, spec.data_len())?;
     check_len(op, "scales", scales, spec.scales_len())?;
     check_len(op, "mins", mins, spec.mins_len())

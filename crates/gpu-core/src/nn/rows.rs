@@ -1,7 +1,7 @@
 //! Row-wise operations over `cols`-wide rows: softmax family, cross-entropy, normalisations,
 //! RoPE and embeddings. Per-row statistics saved by a forward pass are `rows` long.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BufferInfo};
 use crate::dtype::DType;
 use crate::error::{GpuError, Result};
 use crate::ops::{check_elementwise, check_rows, require_f32, BufferInfoDyn};
@@ -157,6 +157,19 @@ pub fn require_u32(op: &'static str, dtype: DType) -> Result<()> {
             expected: DType::U32,
             got: dtype,
         })
+    }
+}
+
+/// Errors unless `buf` holds exactly `want` elements (`name` names it in the error).
+pub fn check_len(op: &'static str, name: &str, buf: &impl BufferInfo, want: usize) -> Result<()> {
+    if buf.len() == want {
+        Ok(())
+    } else {
+        Err(GpuError::shape(
+            op,
+            format!("{name} of {want} elements"),
+            buf.len(),
+        ))
     }
 }
 

@@ -13,7 +13,7 @@
 
 use crate::backend::{Backend, BufferInfo};
 use crate::error::{GpuError, Result};
-use crate::nn::rows::require_u32;
+use crate::nn::rows::{check_len, require_u32};
 use crate::ops::require_float;
 
 /// One in the fixed-point weights: `W = ⌊w · 2^40⌋`.
@@ -165,19 +165,9 @@ pub fn check_sample<B: BufferInfo>(
         ));
     }
     let rows = logits.len() / vocab;
-    for (name, b, want) in [
-        ("seen", seen, rows * seen_words(vocab)),
-        ("counter", counter, rows),
-        ("out", out, rows),
-    ] {
-        if b.len() != want {
-            return Err(GpuError::shape(
-                OP,
-                format!("{name} of {want} elements"),
-                b.len(),
-            ));
-        }
-    }
+    check_len(OP, "seen", seen, rows * seen_words(vocab))?;
+    check_len(OP, "counter", counter, rows)?;
+    check_len(OP, "out", out, rows)?;
     Ok(rows)
 }
 
