@@ -16,9 +16,10 @@
 //! past `cap`: callers check the bounds on the host, as `models::engine` does.
 
 use crate::backend::{Backend, BufferInfo};
+use crate::dtype::DType;
 use crate::error::{GpuError, Result};
-use crate::nn::rows::{check_len, require_u32};
-use crate::ops::{require_f32, require_float};
+use crate::nn::rows::{check_len, require_dtype, require_u32};
+use crate::ops::require_float;
 
 /// The sizes of a decode call: `b` rows of `t` new tokens, `heads` query heads and
 /// `kv_heads` key/value heads (grouped-query attention: query head `h` reads key/value head
@@ -211,7 +212,7 @@ pub fn check_rope_append<B: BufferInfo>(
     require_float(OP, q_out.dtype())?;
     check_len(OP, "qkv", qkv, dims.qkv_len())?;
     check_len(OP, "q_out", q_out, dims.q_len())?;
-    require_f32(OP, inv_freq.dtype())?;
+    require_dtype(OP, DType::F32, inv_freq.dtype())?;
     if !inv_freq.is_empty() {
         check_len(OP, "inv_freq", inv_freq, dims.d / 2)?;
     }
@@ -287,7 +288,7 @@ pub fn check_add_rms_norm<B: BufferInfo>(
 ) -> Result<usize> {
     const OP: &str = "add_rms_norm";
     for b in [x, w, sum] {
-        require_f32(OP, b.dtype())?;
+        require_dtype(OP, DType::F32, b.dtype())?;
     }
     require_float(OP, normed.dtype())?;
     if cols == 0 || cols >= 1 << 31 || !x.len().is_multiple_of(cols) {

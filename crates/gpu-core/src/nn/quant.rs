@@ -18,9 +18,10 @@
 //! (int4); `mins` f32 `[n, ⌈k/128⌉]` (int4) or empty (int8).
 
 use crate::backend::{Backend, BufferInfo};
+use crate::dtype::DType;
 use crate::error::{GpuError, Result};
-use crate::nn::rows::{check_len, require_u32};
-use crate::ops::{require_f32, require_float};
+use crate::nn::rows::{check_len, require_dtype, require_u32};
+use crate::ops::require_float;
 
 /// The quantized formats (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -157,8 +158,8 @@ fn check_weight<B: BufferInfo>(
 ) -> Result<()> {
     spec.check(op)?;
     require_u32(op, data.dtype())?;
-    require_f32(op, scales.dtype())?;
-    require_f32(op, mins.dtype())?;
+    require_dtype(op, DType::F32, scales.dtype())?;
+    require_dtype(op, DType::F32, mins.dtype())?;
     check_len(op, "data (u32 words)", data, spec.data_len())?;
     check_len(op, "scales", scales, spec.scales_len())?;
     check_len(op, "mins", mins, spec.mins_len())

@@ -149,14 +149,15 @@ pub trait RowOps: Backend {
 
 /// Errors unless `dtype` is u32 (token ids, class targets).
 pub fn require_u32(op: &'static str, dtype: DType) -> Result<()> {
-    if dtype == DType::U32 {
+    require_dtype(op, DType::U32, dtype)
+}
+
+/// Errors ([`GpuError::DTypeMismatch`]) unless `got` is `expected`.
+pub fn require_dtype(op: &'static str, expected: DType, got: DType) -> Result<()> {
+    if got == expected {
         Ok(())
     } else {
-        Err(GpuError::DTypeMismatch {
-            op,
-            expected: DType::U32,
-            got: dtype,
-        })
+        Err(GpuError::DTypeMismatch { op, expected, got })
     }
 }
 
