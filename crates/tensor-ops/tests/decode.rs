@@ -63,6 +63,25 @@ fn prefill_is_rope_then_causal_attention() {
     let q = x.rope_append(&freqs, view, heads, DType::F32).unwrap();
     let scale = 1.0 / (d as f32).sqrt();
     let out = q.cache_attention(view, t, scale).unwrap().to_vec().unwrap();
+    // The prefill's own attention (every row at slot 0) is the same function.
+    let pre = q.prefill_attention(&k, &v, &start, scale).unwrap();
+    assert_eq!(pre.shape(), [b, t, heads * d]);
+    assert_eq!(pre.to_vec().unwrap(), out);
+    // With left padding too: rows see slots start..=i, a padding query gets zeros.
+    let late = u32s(&[4, 9]);
+    let late_view = CacheView {
+        start: &late,
+        ..view
+    };
+    let pre = q.prefill_attention(&k, &v, &late, scale).unwrap();
+    let want = q.cache_attention(late_view, t, scale).unwrap();
+    assert_eq!(pre.to_vec().unwrap(), want.to_vec().unwrap());
+    let pre = pre.to_vec().unwrap();
+    assert!(pre[..4 * heads * d].iter().all(|&x| x == 0.0));
+    assert!(
+        pre[t * heads * d..].iter().all(|&x| x == 0.0),
+        "row 1 sees nothing"
+    );
     // The training ops on the permuted layout.
     let part = |off| {
         Tensor::from_vec(
@@ -159,6 +178,16 @@ fn decode_ops_refuse_bad_arguments() {
     let q = Tensor::from_vec(vec![1.0; 4], &[1, 1, 1, 4], DEV).unwrap();
     assert!(q.cache_attention(view, 5, 1.0).is_err());
     assert!(q.cache_attention(view, 4, f32::NAN).is_err());
+    // A prefill longer than the cache, a non-finite scale, float positions.
+    let long = Tensor::from_vec(vec![1.0; 20], &[1, 5, 1, 4], DEV).unwrap();
+    assert!(long.prefill_attention(&k, &v, &start, 1.0).is_err());
+    assert!(q.prefill_attention(&k, &v, &start, f32::INFINITY).is_err());
+    let fstart = Tensor::from_vec(vec![0.0], &[1], DEV).unwrap();
+    assert!(q.prefill_attention(&k, &v, &fstart, 1.0).is_err());
+    assert!(
+        q.prefill_attention(&k, &k, &start, 1.0).is_ok(),
+        "reads only"
+    );
     // argmax of rows with no columns, of a scalar.
     let e = Tensor::zeros(&[2, 0], DEV).unwrap();
     assert!(e.argmax_last().is_err());

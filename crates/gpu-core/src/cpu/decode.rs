@@ -6,8 +6,8 @@ use super::widen::bf16_rne;
 use super::CpuStorage;
 use crate::error::{GpuError, Result};
 use crate::nn::decode::{
-    check_add_rms_norm, check_argmax, check_cache_attention, check_rope_append,
-    check_swiglu_packed, DecodeDims, DecodeOps,
+    check_add_rms_norm, check_argmax, check_cache_attention, check_prefill_attention,
+    check_rope_append, check_swiglu_packed, DecodeDims, DecodeOps,
 };
 use crate::nn::Activation;
 use crate::CpuBackend;
@@ -179,59 +179,33 @@ impl DecodeOps for CpuBackend {
                 format!("slot {s} + {} new tokens is past max_end {max_end}", dims.t),
             ));
         }
-        let (q, kc, vc) = (
-            Floats::of(OP, q)?,
-            Floats::of(OP, k_cache)?,
-            Floats::of(OP, v_cache)?,
-        );
-        let DecodeDims {
-            t,
-            heads,
-            kv_heads,
-            d,
-            cap,
-            ..
-        } = dims;
-        let group = heads / kv_heads;
-        // One output row (a query head) per task, each computed as the sequential loop would.
-        let rows: Vec<Vec<f64>> = (0..dims.b * t * heads)
-            .into_par_iter()
-            .map(|idx| {
-                let (r, i, h) = (idx / (t * heads), idx / heads % t, idx % heads);
-                let s = slot[r] as usize + i;
-                let base = (r * kv_heads + h / group) * cap;
-                let qrow = idx * d;
-                let keys = start[r] as usize..s + 1;
-                let scores: Vec<f64> = keys
-                    .clone()
-                    .map(|j| {
-                        let k = (base + j) * d;
-                        (0..d).map(|e| q.get(qrow + e) * kc.get(k + e)).sum::<f64>() * scale as f64
-                    })
-                    .collect();
-                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let w: Vec<f64> = scores.iter().map(|&x| (x - m).exp()).collect();
-                let l: f64 = w.iter().sum();
-                let mut acc = vec![0f64; d];
-                for (j, wj) in keys.zip(&w) {
-                    let v = (base + j) * d;
-                    for (e, a) in acc.iter_mut().enumerate() {
-                        *a += wj * vc.get(v + e);
-                    }
-                }
-                if l > 0.0 {
-                    acc.iter_mut().for_each(|a| *a /= l);
-                }
-                acc
-            })
-            .collect();
-        let mut out = FloatsMut::of(OP, out)?;
-        for (idx, row) in rows.iter().enumerate() {
-            for (e, &x) in row.iter().enumerate() {
-                out.set(idx * d + e, x);
-            }
-        }
-        Ok(())
+        attend(OP, q, k_cache, v_cache, start, slot, out, dims, scale)
+    }
+
+    fn prefill_attention(
+        &self,
+        q: &CpuStorage,
+        k_cache: &CpuStorage,
+        v_cache: &CpuStorage,
+        start: &CpuStorage,
+        out: &mut CpuStorage,
+        dims: DecodeDims,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "prefill_attention";
+        check_prefill_attention(q, k_cache, v_cache, start, out, dims, scale)?;
+        let slot = vec![0u32; dims.b];
+        attend(
+            OP,
+            q,
+            k_cache,
+            v_cache,
+            start.as_u32()?,
+            &slot,
+            out,
+            dims,
+            scale,
+        )
     }
 
     fn argmax_rows(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
@@ -300,4 +274,73 @@ impl DecodeOps for CpuBackend {
         }
         Ok(())
     }
+}
+
+/// Causal attention of the queries against the cache (`DecodeOps::cache_attention`, checked),
+/// in f64, with the rows' positions on the host.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    op: &'static str,
+    q: &CpuStorage,
+    k_cache: &CpuStorage,
+    v_cache: &CpuStorage,
+    start: &[u32],
+    slot: &[u32],
+    out: &mut CpuStorage,
+    dims: DecodeDims,
+    scale: f32,
+) -> Result<()> {
+    let (q, kc, vc) = (
+        Floats::of(op, q)?,
+        Floats::of(op, k_cache)?,
+        Floats::of(op, v_cache)?,
+    );
+    let DecodeDims {
+        t,
+        heads,
+        kv_heads,
+        d,
+        cap,
+        ..
+    } = dims;
+    let group = heads / kv_heads;
+    // One output row (a query head) per task, each computed as the sequential loop would.
+    let rows: Vec<Vec<f64>> = (0..dims.b * t * heads)
+        .into_par_iter()
+        .map(|idx| {
+            let (r, i, h) = (idx / (t * heads), idx / heads % t, idx % heads);
+            let s = slot[r] as usize + i;
+            let base = (r * kv_heads + h / group) * cap;
+            let qrow = idx * d;
+            let keys = start[r] as usize..s + 1;
+            let scores: Vec<f64> = keys
+                .clone()
+                .map(|j| {
+                    let k = (base + j) * d;
+                    (0..d).map(|e| q.get(qrow + e) * kc.get(k + e)).sum::<f64>() * scale as f64
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|&x| (x - m).exp()).collect();
+            let l: f64 = w.iter().sum();
+            let mut acc = vec![0f64; d];
+            for (j, wj) in keys.zip(&w) {
+                let v = (base + j) * d;
+                for (e, a) in acc.iter_mut().enumerate() {
+                    *a += wj * vc.get(v + e);
+                }
+            }
+            if l > 0.0 {
+                acc.iter_mut().for_each(|a| *a /= l);
+            }
+            acc
+        })
+        .collect();
+    let mut out = FloatsMut::of(op, out)?;
+    for (idx, row) in rows.iter().enumerate() {
+        for (e, &x) in row.iter().enumerate() {
+            out.set(idx * d + e, x);
+        }
+    }
+    Ok(())
 }

@@ -142,6 +142,24 @@ pub trait DecodeOps: Backend {
         scale: f32,
     ) -> Result<()>;
 
+    /// [`DecodeOps::cache_attention`] of a fresh prefill: row `r`'s `t` queries are its slots
+    /// `0..t` (as if `slot[r] = 0`; the caller wrote this call's keys and values there), so
+    /// query `i` attends to slots `start[r]..=i`, and one before `start[r]` gets zeros. CUDA
+    /// runs bf16 queries, caches and output of head width 64 as a tensor-core flash attention
+    /// (the probabilities rounded to bf16 for their product with the values, as the training
+    /// attention does); other cases as `cache_attention`.
+    #[allow(clippy::too_many_arguments)]
+    fn prefill_attention(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        start: &Self::Buffer,
+        out: &mut Self::Buffer,
+        dims: DecodeDims,
+        scale: f32,
+    ) -> Result<()>;
+
     /// `out[r]` = the index of the largest element of row `r` of `x` `[rows, cols]` (the first
     /// one on ties; NaN counts as larger than any number, as `torch.argmax`). `cols >= 1`.
     fn argmax_rows(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()>;
@@ -232,25 +250,77 @@ pub fn check_cache_attention<B: BufferInfo>(
     max_end: usize,
     scale: f32,
 ) -> Result<()> {
-    const OP: &str = "cache_attention";
-    check_rows_and_cache(OP, start, slot, k_cache, v_cache, dims)?;
-    require_float(OP, q.dtype())?;
-    require_float(OP, out.dtype())?;
-    check_len(OP, "q", q, dims.q_len())?;
-    check_len(OP, "out", out, dims.q_len())?;
+    check_attention(
+        "cache_attention",
+        q,
+        k_cache,
+        v_cache,
+        start,
+        slot,
+        out,
+        dims,
+        max_end,
+        scale,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_attention<B: BufferInfo>(
+    op: &'static str,
+    q: &B,
+    k_cache: &B,
+    v_cache: &B,
+    start: &B,
+    slot: &B,
+    out: &B,
+    dims: DecodeDims,
+    max_end: usize,
+    scale: f32,
+) -> Result<()> {
+    check_rows_and_cache(op, start, slot, k_cache, v_cache, dims)?;
+    require_float(op, q.dtype())?;
+    require_float(op, out.dtype())?;
+    check_len(op, "q", q, dims.q_len())?;
+    check_len(op, "out", out, dims.q_len())?;
     if max_end > dims.cap {
         return Err(GpuError::invalid(
-            OP,
+            op,
             format!("max_end {max_end} is past the cache's {} slots", dims.cap),
         ));
     }
     if !scale.is_finite() {
         return Err(GpuError::invalid(
-            OP,
+            op,
             format!("scale must be finite, got {scale}"),
         ));
     }
     Ok(())
+}
+
+/// Checks the arguments of [`DecodeOps::prefill_attention`] (every backend calls this): those
+/// of `cache_attention` with `start` for both position vectors and `max_end = t`.
+#[allow(clippy::too_many_arguments)]
+pub fn check_prefill_attention<B: BufferInfo>(
+    q: &B,
+    k_cache: &B,
+    v_cache: &B,
+    start: &B,
+    out: &B,
+    dims: DecodeDims,
+    scale: f32,
+) -> Result<()> {
+    check_attention(
+        "prefill_attention",
+        q,
+        k_cache,
+        v_cache,
+        start,
+        start,
+        out,
+        dims,
+        dims.t,
+        scale,
+    )
 }
 
 /// Checks the arguments of [`DecodeOps::argmax_rows`]; returns the number of rows.

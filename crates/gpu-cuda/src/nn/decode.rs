@@ -1,4 +1,5 @@
-//! [`DecodeOps`] on CUDA: the kernels of `kernels/nn_decode.cu`. Arguments are checked by the
+//! [`DecodeOps`] on CUDA: the kernels of `kernels/nn_decode.cu` (and the prefill's tensor-core
+//! attention, `kernels/nn_prefill_bf16.cu`). Arguments are checked by the
 //! same `gpu_core::nn::decode::check_*` functions as on the CPU. What only the device knows (a
 //! row's `slot` past the cache) the kernels cannot report from inside a graph: they skip such
 //! writes and attend to nothing past the cache (the CPU refuses the call).
@@ -7,8 +8,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::decode::{
-    check_add_rms_norm, check_argmax, check_cache_attention, check_rope_append,
-    check_swiglu_packed, DecodeDims, DecodeOps,
+    check_add_rms_norm, check_argmax, check_cache_attention, check_prefill_attention,
+    check_rope_append, check_swiglu_packed, DecodeDims, DecodeOps,
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
@@ -19,6 +20,11 @@ const ATT_THREADS: u32 = 128;
 /// Slots per chunk and query heads per block of the grouped kernel (`G_CHUNK`, `G_MAX`).
 const GROUP_CHUNK: usize = 64;
 const GROUP_MAX: usize = 8;
+/// The head width, query rows per block and threads per block of the tensor-core prefill
+/// attention (`kernels/nn_prefill_bf16.cu`).
+const PREFILL_D: usize = 64;
+const PREFILL_ROWS: usize = 64;
+const PREFILL_THREADS: u32 = 128;
 
 /// `f` for f32 storage, `b` for bf16 (the kernels' name suffixes).
 fn tag(dtype: DType) -> char {
@@ -198,6 +204,59 @@ impl DecodeOps for CudaBackend {
         // the launch is queued: whatever reuses its block runs later on the same stream (every
         // op of the backend is queued on one stream, in order), as for every op's temporaries.
         unsafe { self.launch(&name, combine, &args) }
+    }
+
+    fn prefill_attention(
+        &self,
+        q: &CudaBuffer,
+        k_cache: &CudaBuffer,
+        v_cache: &CudaBuffer,
+        start: &CudaBuffer,
+        out: &mut CudaBuffer,
+        dims: DecodeDims,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "prefill_attention";
+        check_prefill_attention(q, k_cache, v_cache, start, out, dims, scale)?;
+        self.check_owned(OP, &[q, k_cache, v_cache, start, out])?;
+        let bf16 = [q.dtype(), k_cache.dtype(), out.dtype()] == [DType::BF16; 3];
+        if !bf16 || dims.d != PREFILL_D {
+            // Slots 0..t: the cache attention with every row at slot 0.
+            let mut slot = self.allocate(DType::U32, dims.b)?;
+            self.memset32(&mut slot, 0)?;
+            return self
+                .cache_attention(q, k_cache, v_cache, start, &slot, out, dims, dims.t, scale);
+        }
+        if dims.b * dims.t * dims.heads == 0 {
+            return Ok(());
+        }
+        let blocks = dims.b * dims.heads * dims.t.div_ceil(PREFILL_ROWS);
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, blocks)?, 1, 1),
+            block_dim: (PREFILL_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            q.into(),
+            k_cache.into(),
+            v_cache.into(),
+            start.into(),
+            (&*out).into(),
+            KernelArg::U32(dims.t as u32),
+            KernelArg::U32(dims.heads as u32),
+            KernelArg::U32(dims.kv_heads as u32),
+            KernelArg::U32(dims.cap as u32),
+            KernelArg::F32(scale),
+        ];
+        // SAFETY: prefill_attn_d64_bf16(const bf16* q, const bf16* kc, const bf16* vc,
+        // const u32* start, bf16* out, u32 t, u32 heads, u32 kvh, u32 cap, float scale) over
+        // b·heads·ceil(t/64) blocks of 128 threads (the kernel derives b·heads from the grid
+        // and t). q and out hold b·t·heads·64 bf16, the caches b·kvh·cap·64 bf16 and start b
+        // u32 (checked above); the kernel reads cache slots below t <= cap only (max_end = t
+        // was checked against cap), and its rows are 128 bytes (caches) or heads·128 bytes (q,
+        // out) apart from 256-byte-aligned pool bases: its 16-byte accesses are aligned.
+        // Static shared memory only (40 KiB). out is distinct (&mut) and written only.
+        unsafe { self.launch("prefill_attn_d64_bf16", cfg, &args) }
     }
 
     fn argmax_rows(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {

@@ -134,8 +134,16 @@ impl Engine {
 
     /// Logits of `ids` `[b, t]` (u32) after what the caches hold (each row at its `slot`),
     /// written into the caches: `[b, t, vocab]`, or `[b, 1, vocab]` of the last position when
-    /// `last_only`. Every row's `slot + t` must be at most `max_end`.
-    fn forward(&self, ids: &Tensor, max_end: usize, last_only: bool) -> Result<Tensor, ModelError> {
+    /// `last_only`. Every row's `slot + t` must be at most `max_end`. `fresh`: a prefill, every
+    /// row at slot 0 (its attention is `Tensor::prefill_attention`, on tensor cores for bf16
+    /// heads of width 64).
+    fn forward(
+        &self,
+        ids: &Tensor,
+        max_end: usize,
+        last_only: bool,
+        fresh: bool,
+    ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
         let (eps, dt) = (cfg.norm_eps as f32, self.opts.dtype);
         let scale = 1.0 / (cfg.head_dim as f32).sqrt();
@@ -156,7 +164,11 @@ impl Engine {
                 qkv = qkv.add(b)?;
             }
             let q = qkv.rope_append(&self.w.inv_freq, view, cfg.num_heads, dt)?;
-            let y = q.cache_attention(view, max_end, scale)?;
+            let y = if fresh {
+                q.prefill_attention(k, v, &self.start, scale)?
+            } else {
+                q.cache_attention(view, max_end, scale)?
+            };
             let (sum, m) = sum.add_rms_norm(Some(&l.o.apply(&y)?), &l.post_norm, eps, dt)?;
             let g = l.gate_up.apply(&m)?.swiglu_packed()?;
             pending = Some(l.down.apply(&g)?);
@@ -227,7 +239,7 @@ impl Engine {
         self.slot.write_from_host(&vec![0u32; b])?;
         self.host_slot = vec![0; b];
         let ids = Tensor::from_vec(ids, &[b, t], self.device)?;
-        let logits = no_grad(|| self.forward(&ids, t, !all))?;
+        let logits = no_grad(|| self.forward(&ids, t, !all, true))?;
         self.host_slot = vec![t as u32; b];
         Ok(if all {
             logits
@@ -302,7 +314,7 @@ impl Engine {
 
     /// The decode step's work: logits of one token per row, and each row's next token `[batch]`.
     fn step(&self, ids: &Tensor, choice: Choice) -> Result<Tensor, ModelError> {
-        let logits = self.forward(ids, self.opts.capacity, true)?;
+        let logits = self.forward(ids, self.opts.capacity, true, false)?;
         let logits = logits.reshape(&[self.opts.batch, self.cfg.vocab_size])?;
         self.choose(&logits, choice, 0)
     }

@@ -170,6 +170,59 @@ impl Tensor {
         Ok(Tensor::from_storage(out, vec![b, t, heads * dims.d], dev))
     }
 
+    /// [`Tensor::cache_attention`] of a fresh prefill (`DecodeOps::prefill_attention`): each
+    /// row's `t` queries `self` `[b, t, heads, d]` are its slots `0..t` of the caches `k`, `v`
+    /// (written there by [`Tensor::rope_append`] at slot 0), so query `i` attends to slots
+    /// `start[r]..=i`. On CUDA, bf16 queries and caches of head width 64 take a tensor-core
+    /// flash attention. Returns `[b, t, heads·d]` in the queries' dtype.
+    pub fn prefill_attention(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        start: &Tensor,
+        scale: f32,
+    ) -> Result<Tensor> {
+        const OP: &str = "prefill_attention";
+        let dev = same_device(OP, &[self, k, v, start])?;
+        let &[b, t, heads, _] = self.shape() else {
+            return Err(GpuError::shape(
+                OP,
+                "queries of shape [b, t, heads, d]",
+                format!("{:?}", self.shape()),
+            ));
+        };
+        let cache = CacheView {
+            k,
+            v,
+            start,
+            slot: start,
+        };
+        let dims = cache.dims(OP, t, heads)?;
+        if self.shape() != [dims.b, t, heads, dims.d] {
+            return Err(GpuError::shape(
+                OP,
+                format!("queries [{}, {t}, {heads}, {}]", dims.b, dims.d),
+                format!("{:?}", self.shape()),
+            ));
+        }
+        let (q, kc, vc, st) = (self.read(), k.read(), v.read(), start.read());
+        let dtype = self.dtype();
+        let out = on_device!(dev, |be| {
+            let mut out = be.allocate(dtype, dims.q_len())?;
+            be.prefill_attention(
+                buf(be, &q)?,
+                buf(be, &kc)?,
+                buf(be, &vc)?,
+                buf(be, &st)?,
+                &mut out,
+                dims,
+                scale,
+            )?;
+            crate::ops::wrap(be, out)
+        });
+        Ok(Tensor::from_storage(out, vec![b, t, heads * dims.d], dev))
+    }
+
     /// The index of the largest element of each row along the last axis, u32, of shape
     /// `self.shape()[..rank-1]` (first on ties; NaN largest, as `torch.argmax`).
     pub fn argmax_last(&self) -> Result<Tensor> {

@@ -1,0 +1,318 @@
+//! `DecodeOps::prefill_attention` on CUDA (the tensor-core flash attention of
+//! `kernels/nn_prefill_bf16.cu` for bf16 heads of width 64; the cache attention otherwise)
+//! against the CPU reference (f64), on fresh random inputs (printed, replayable seed): grouped
+//! heads, lengths that are not whole 64-row tiles, left padding that ends inside a tile, on a
+//! tile boundary or past the prompt (a row that sees nothing gets zeros), negative and zero
+//! scales, NaN in the padding, in stale slots past the prompt and at a later position of the
+//! diagonal tile (reaching only the rows that see it). Tests named `gpu_*` skip without a GPU.
+//!
+//! The bound of the tensor-core path (that of `nn_attention_bf16.rs`'s forward, whose
+//! arithmetic this kernel shares): u = 2^-8 (bf16's unit roundoff), ε = 2^-16 (a generous f32
+//! accumulation and ex2 error for 64-wide heads and ≤ 1024 keys: S's sum of 64 products errs by
+//! ≤ 64·2^-24 of its terms' size, each exponent by 2^-22 and the running rescales by as much per
+//! tile); with s_ij = scale·q_i·k_j, σ_ij = |scale|·Σ|q_i∘k_j|, P_ij the reference's
+//! probabilities and κ_ij = 1 + σ_ij + |lse_i| (the relative error of a P is ε·κ_ij):
+//! |Δout_i| ≤ u·(2·Σ_j P_ij|v_j| + 2|out_i|) + ε·Σ_j P_ij|v_j|·κ_ij + 2F·Σ_j|v_j| + 3F·n_i +
+//! 2F + 4F·n_i·|out_i| (P rounded to bf16 for P·V; the output rounded to bf16 by the kernel and
+//! by the reference; F = 2^-126 for what ex2.approx.ftz flushes, n_i the keys row i sees; see
+//! `nn_attention_bf16.rs` for the flush terms). A wrong mask, slot or head mapping moves an
+//! output by a whole value, far outside. The fallback path is the cache attention itself: it
+//! must equal `cache_attention` with every slot 0, bit for bit.
+
+mod common;
+
+use common::*;
+use gpu_core::nn::decode::{DecodeDims, DecodeOps};
+use gpu_core::{Backend, DType};
+use gpu_cuda::testing::backend_or_skip;
+use gpu_cuda::CudaBackend;
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+const U_BF16: f64 = 1.0 / 256.0;
+const EPS: f64 = 1.0 / 65536.0;
+const F: f64 = 1.1754943508222875e-38; // 2^-126
+
+fn bf(x: Vec<f32>) -> Vec<f32> {
+    x.into_iter().map(|v| bf16::from_f32(v).to_f32()).collect()
+}
+
+struct Case {
+    dims: DecodeDims,
+    q: Vec<f32>,
+    kc: Vec<f32>,
+    vc: Vec<f32>,
+    start: Vec<u32>,
+    scale: f32,
+}
+
+fn random_case(rng: &mut StdRng, dims: DecodeDims, scale: f32) -> Case {
+    let t = dims.t;
+    let start = (0..dims.b)
+        .map(|_| match rng.random_range(0..5) {
+            0 => 0,
+            1 => (rng.random_range(0..=t / 64) * 64) as u32, // a tile boundary
+            2 => rng.random_range(t..t + 3) as u32,          // nothing to see
+            _ => rng.random_range(0..t.max(1)) as u32,
+        })
+        .collect();
+    Case {
+        q: bf(random_vec(rng, dims.q_len(), 2.0)),
+        kc: bf(random_vec(rng, dims.cache_len(), 2.0)),
+        vc: bf(random_vec(rng, dims.cache_len(), 2.0)),
+        start,
+        scale,
+        dims,
+    }
+}
+
+fn run<B: Backend + DecodeOps>(be: &B, c: &Case, dtype: DType) -> Vec<f32> {
+    let (q, k, v) = (
+        put(be, &c.q, dtype),
+        put(be, &c.kc, dtype),
+        put(be, &c.vc, dtype),
+    );
+    let st = be.upload(&c.start).unwrap();
+    let mut out = put(be, &vec![f32::NAN; c.dims.q_len()], dtype);
+    be.prefill_attention(&q, &k, &v, &st, &mut out, c.dims, c.scale)
+        .unwrap();
+    get(be, &out)
+}
+
+/// The bound above for output element `e` of query `i` of row `r`, head `h`.
+fn bound(c: &Case, r: usize, i: usize, h: usize, e: usize, out: f64) -> f64 {
+    let DecodeDims {
+        t,
+        heads,
+        kv_heads,
+        d,
+        cap,
+        ..
+    } = c.dims;
+    let qrow = ((r * t + i) * heads + h) * d;
+    let base = (r * kv_heads + h / (heads / kv_heads)) * cap;
+    let keys = c.start[r] as usize..i + 1;
+    let scale = c.scale as f64;
+    let (mut s, mut sigma) = (vec![], vec![]);
+    for j in keys.clone() {
+        let (dot, abs) = (0..d).fold((0f64, 0f64), |(a, b), x| {
+            let p = c.q[qrow + x] as f64 * c.kc[(base + j) * d + x] as f64;
+            (a + p, b + p.abs())
+        });
+        s.push(scale * dot);
+        sigma.push(scale.abs() * abs);
+    }
+    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+    let (mut pv, mut pvk, mut sv) = (0f64, 0f64, 0f64);
+    for (n, j) in keys.clone().enumerate() {
+        let p = (s[n] - lse).exp();
+        let v = (c.vc[(base + j) * d + e] as f64).abs();
+        pv += p * v;
+        pvk += p * v * (1.0 + sigma[n] + lse.abs());
+        sv += v;
+    }
+    let n = keys.len() as f64;
+    U_BF16 * (2.0 * pv + 2.0 * out.abs())
+        + EPS * pvk
+        + 2.0 * F * sv
+        + 3.0 * F * n
+        + 2.0 * F
+        + 4.0 * F * n * out.abs()
+}
+
+fn check_case(gpu: &CudaBackend, c: &Case, what: &str) {
+    let (got, want) = (run(gpu, c, DType::BF16), run(&CPU, c, DType::BF16));
+    let DecodeDims { b, t, heads, d, .. } = c.dims;
+    for r in 0..b {
+        for i in 0..t {
+            for h in 0..heads {
+                for e in 0..d {
+                    let at = ((r * t + i) * heads + h) * d + e;
+                    let (g, w) = (got[at] as f64, want[at] as f64);
+                    if (i as u32) < c.start[r] {
+                        assert_eq!(g, 0.0, "{what}: padding query [{r},{i},{h},{e}] got {g}");
+                        continue;
+                    }
+                    let bd = bound(c, r, i, h, e, w);
+                    assert!(
+                        (g - w).abs() <= bd,
+                        "{what}: out[{r},{i},{h},{e}] got {g} want {w} bound {bd:e} (start {})",
+                        c.start[r]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// (b, t, heads, kv_heads, cap): whole and partial tiles, t = 1, grouped and plain heads.
+const SHAPES: &[(usize, usize, usize, usize, usize)] = &[
+    (1, 1, 4, 2, 8),
+    (2, 63, 4, 1, 70),
+    (1, 64, 2, 2, 64),
+    (3, 65, 8, 2, 300),
+    (2, 200, 6, 3, 256),
+    (1, 512, 4, 1, 600),
+    (1, 1000, 2, 1, 1024),
+];
+
+#[test]
+fn gpu_prefill_attention_matches_cpu() {
+    let Some(gpu) = backend_or_skip("gpu_prefill_attention_matches_cpu") else {
+        return;
+    };
+    let (mut rng, _) = rng("gpu_prefill_attention_matches_cpu");
+    for &(b, t, heads, kv_heads, cap) in SHAPES {
+        let dims = DecodeDims {
+            b,
+            t,
+            heads,
+            kv_heads,
+            d: 64,
+            cap,
+        };
+        for scale in [0.125f32, -0.3, 0.0, 1.0] {
+            let c = random_case(&mut rng, dims, scale);
+            check_case(
+                &gpu,
+                &c,
+                &format!("{dims:?} scale {scale} start {:?}", c.start),
+            );
+        }
+    }
+}
+
+/// NaN in the padding slots and in stale slots past the prompt reaches nothing; NaN in the
+/// value of a later position of the diagonal tile reaches only the rows at or after it.
+#[test]
+fn gpu_prefill_attention_keeps_nan_where_it_belongs() {
+    let Some(gpu) = backend_or_skip("gpu_prefill_attention_keeps_nan_where_it_belongs") else {
+        return;
+    };
+    let (mut rng, _) = rng("gpu_prefill_attention_keeps_nan_where_it_belongs");
+    let dims = DecodeDims {
+        b: 2,
+        t: 150,
+        heads: 4,
+        kv_heads: 2,
+        d: 64,
+        cap: 200,
+    };
+    let mut c = random_case(&mut rng, dims, 0.125);
+    c.start = vec![37, 0];
+    let slot = |r: usize, g: usize, j: usize| ((r * 2 + g) * dims.cap + j) * 64;
+    for g in 0..2 {
+        for j in (0..37).chain(150..200) {
+            c.kc[slot(0, g, j) + 5] = f32::NAN;
+            c.vc[slot(0, g, j) + 9] = f32::INFINITY;
+        }
+        for j in 150..200 {
+            c.kc[slot(1, g, j)] = f32::NAN;
+            c.vc[slot(1, g, j)] = f32::NAN;
+        }
+    }
+    // Row 1: position 140 (inside the diagonal tile 128..191) has an infinite value.
+    c.vc[slot(1, 0, 140) + 3] = f32::INFINITY;
+    let got = run(&gpu, &c, DType::BF16);
+    let want = run(&CPU, &c, DType::BF16);
+    for (at, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        let (r, i) = (at / (150 * 4 * 64), at / (4 * 64) % 150);
+        let (h, e) = (at / 64 % 4, at % 64);
+        let sees_inf = r == 1 && h < 2 && i >= 140;
+        if sees_inf {
+            assert!(
+                !g.is_finite() || e != 3,
+                "[{r},{i},{h},{e}] {g} should not be finite"
+            );
+        } else {
+            assert!(g.is_finite(), "[{r},{i},{h},{e}] got {g}, want {w}");
+        }
+    }
+    // Rows that do not see the infinite value keep the bound.
+    let mut clean = c;
+    clean.vc[slot(1, 0, 140) + 3] = 0.0;
+    let again = run(&gpu, &clean, DType::BF16);
+    for (at, (&g, &h)) in got.iter().zip(&again).enumerate() {
+        let (r, i, head) = (at / (150 * 4 * 64), at / (4 * 64) % 150, at / 64 % 4);
+        if !(r == 1 && head < 2 && i >= 140) {
+            assert_eq!(
+                g.to_bits(),
+                h.to_bits(),
+                "element {at} moved by a NaN it cannot see"
+            );
+        }
+    }
+}
+
+/// Other head widths and dtypes run the cache attention with every slot 0: the same bits.
+#[test]
+fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
+    let Some(gpu) = backend_or_skip("gpu_prefill_attention_falls_back_to_the_cache_attention")
+    else {
+        return;
+    };
+    let (mut rng, _) = rng("gpu_prefill_attention_falls_back_to_the_cache_attention");
+    for (d, dtype) in [(128, DType::BF16), (64, DType::F32), (32, DType::BF16)] {
+        let dims = DecodeDims {
+            b: 2,
+            t: 70,
+            heads: 4,
+            kv_heads: 2,
+            d,
+            cap: 80,
+        };
+        let c = random_case(&mut rng, dims, 0.1);
+        let got = run(&gpu, &c, dtype);
+        let (q, k, v) = (
+            put(&gpu, &c.q, dtype),
+            put(&gpu, &c.kc, dtype),
+            put(&gpu, &c.vc, dtype),
+        );
+        let st = gpu.upload(&c.start).unwrap();
+        let sl = gpu.upload(&[0u32; 2]).unwrap();
+        let mut out = put(&gpu, &vec![f32::NAN; dims.q_len()], dtype);
+        gpu.cache_attention(&q, &k, &v, &st, &sl, &mut out, dims, 70, 0.1)
+            .unwrap();
+        let want = get(&gpu, &out);
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "d {d} {dtype:?}: not the cache attention's bits");
+    }
+}
+
+/// Bad arguments are typed errors and write nothing.
+#[test]
+fn gpu_prefill_attention_refuses_bad_arguments() {
+    let Some(gpu) = backend_or_skip("gpu_prefill_attention_refuses_bad_arguments") else {
+        return;
+    };
+    let dims = DecodeDims {
+        b: 1,
+        t: 10,
+        heads: 2,
+        kv_heads: 1,
+        d: 64,
+        cap: 8, // shorter than the prompt
+    };
+    let z = |n: usize| put(&gpu, &vec![0f32; n], DType::BF16);
+    let (q, k, v) = (z(dims.q_len()), z(dims.cache_len()), z(dims.cache_len()));
+    let st = gpu.upload(&[0u32]).unwrap();
+    let mut out = put(&gpu, &vec![7f32; dims.q_len()], DType::BF16);
+    assert!(gpu
+        .prefill_attention(&q, &k, &v, &st, &mut out, dims, 1.0)
+        .is_err());
+    let ok = DecodeDims { cap: 10, ..dims };
+    let (k, v) = (z(ok.cache_len()), z(ok.cache_len()));
+    assert!(gpu
+        .prefill_attention(&q, &k, &v, &st, &mut out, ok, f32::NAN)
+        .is_err());
+    let f = gpu.upload(&[0f32]).unwrap();
+    assert!(gpu
+        .prefill_attention(&q, &k, &v, &f, &mut out, ok, 1.0)
+        .is_err());
+    assert!(get(&gpu, &out).iter().all(|&x| x == 7.0));
+}
