@@ -87,3 +87,76 @@ static __device__ void gemv_body(const bf16* __restrict__ x, const bf16* __restr
 GEMV(1, 2)
 GEMV(2, 2)
 GEMV(4, 2)
+
+// Split-k form: a block of GEMV_WARPS warps owns R weight rows and its threads split k into
+// 16-byte chunks (chunk c to thread c mod 256), so that every thread has R·(unrolled steps)
+// loads in flight however few rows n has (n = 2048 gives 128 blocks of the warp form above,
+// fewer than an H200's 132 SMs, and n/R blocks here); the block then sums its partials (warp
+// shuffles, then the warps' sums through shared memory in warp order).
+template <int M, int R, typename TO>
+static __device__ void gemv_sk_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                    TO* __restrict__ out, u32 m, u32 n, u32 k) {
+    __shared__ float part[GEMV_WARPS][M * R];
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 j0 = blockIdx.x * R;
+    float acc[M][R];
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
+    const u32 chunks = k >> 3;
+#pragma unroll 2
+    for (u32 c = tid; c < chunks; c += GEMV_WARPS * 32) {
+        float wf[R][8];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (j0 + r < n)
+                unpack8(ld_stream(w + (u64)(j0 + r) * k + (u64)c * 8), wf[r]);
+            else
+#pragma unroll
+                for (int e = 0; e < 8; ++e) wf[r][e] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            if (i < (int)m) {
+                float xf[8];
+                unpack8(__ldg(reinterpret_cast<const uint4*>(x + (u64)i * k + (u64)c * 8)), xf);
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[i][r] = fmaf(xf[e], wf[r][e], acc[i][r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float v = warp_sum(acc[i][r]);
+            if (lane == 0) part[warp][i * R + r] = v;
+        }
+    __syncthreads();
+    if (tid < (u32)(M * R)) {
+        const u32 i = tid / R, r = tid % R;
+        float s = part[0][tid];
+#pragma unroll
+        for (int q = 1; q < GEMV_WARPS; ++q) s += part[q][tid];
+        if (i < m && j0 + r < n) store(out + (u64)i * n + j0 + r, s);
+    }
+}
+
+#define GEMV_SK(M, R)                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                  \
+        gemv_bf16_sk##R##_m##M##_f(const bf16* x, const bf16* w, float* out, u32 m, u32 n, u32 k) { \
+        gemv_sk_body<M, R, float>(x, w, out, m, n, k);                                             \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                  \
+        gemv_bf16_sk##R##_m##M##_b(const bf16* x, const bf16* w, bf16* out, u32 m, u32 n, u32 k) { \
+        gemv_sk_body<M, R, bf16>(x, w, out, m, n, k);                                              \
+    }
+GEMV_SK(1, 4)
+GEMV_SK(2, 4)
+GEMV_SK(4, 4)
+GEMV_SK(1, 8)
+GEMV_SK(2, 8)
+GEMV_SK(4, 8)

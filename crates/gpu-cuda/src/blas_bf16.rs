@@ -136,6 +136,25 @@ fn skinny_rows(s: &MatmulSpec) -> Option<usize> {
     [1, 2, 4].into_iter().find(|&r| s.m <= r).filter(|_| fits)
 }
 
+/// How the skinny kernels split a product (`nn_gemv_bf16.cu`): `Warp`, each warp two weight
+/// rows over all of k; `Split(r)`, each block of 256 threads `r` rows with k split over its
+/// threads (more loads in flight when n is small). `HYBRID_GEMV=warp|split4|split8` picks one
+/// for a comparison; the default is `split4`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GemvForm {
+    Warp,
+    Split(usize),
+}
+
+fn gemv_form() -> GemvForm {
+    static FORM: std::sync::OnceLock<GemvForm> = std::sync::OnceLock::new();
+    *FORM.get_or_init(|| match std::env::var("HYBRID_GEMV").as_deref() {
+        Ok("warp") => GemvForm::Warp,
+        Ok("split8") => GemvForm::Split(8),
+        _ => GemvForm::Split(4),
+    })
+}
+
 impl CudaBackend {
     /// `C = A·Bᵀ` for a skinny bf16 `A` `[m, k]` (m <= `rows`) and `B` `[n, k]`, by the kernels
     /// of `nn_gemv_bf16.cu`. Arguments checked by [`CudaBackend::matmul_bf16`].
@@ -148,8 +167,12 @@ impl CudaBackend {
         c: &mut CudaBuffer,
     ) -> Result<()> {
         const WARPS: usize = 8; // GEMV_WARPS
-        const NR: usize = 2; // weight rows per warp
-        let blocks = s.n.div_ceil(WARPS * NR);
+        let form = gemv_form();
+        let (rows_per_block, prefix) = match form {
+            GemvForm::Warp => (WARPS * 2, String::from("gemv_bf16")),
+            GemvForm::Split(r) => (r, format!("gemv_bf16_sk{r}")),
+        };
+        let blocks = s.n.div_ceil(rows_per_block);
         let cfg = crate::launch::LaunchConfig {
             grid_dim: (
                 u32::try_from(blocks).map_err(|_| GpuError::invalid(OP, "n"))?,
@@ -160,7 +183,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let tag = if c.dtype() == DType::BF16 { 'b' } else { 'f' };
-        let name = format!("gemv_bf16_m{rows}_{tag}");
+        let name = format!("{prefix}_m{rows}_{tag}");
         let args = [
             a.into(),
             b.into(),
@@ -169,12 +192,13 @@ impl CudaBackend {
             crate::launch::KernelArg::U32(s.n as u32),
             crate::launch::KernelArg::U32(s.k as u32),
         ];
-        // SAFETY: gemv_bf16_mR_X(const bf16* x, const bf16* w, TO* out, u32 m, u32 n, u32 k):
-        // x holds m·k bf16, w n·k bf16 and out m·n elements of TO (lengths checked by
+        // SAFETY: gemv_bf16[_skS]_mR_X(const bf16* x, const bf16* w, TO* out, u32 m, u32 n,
+        // u32 k): x holds m·k bf16, w n·k bf16 and out m·n elements of TO (lengths checked by
         // matmul_bf16, each below 2^31 by to_i32); k is a multiple of 8, so every 16-byte load
         // at a row offset of a 256-byte-aligned pool buffer is aligned; m <= R, the template's
-        // row count; each warp reads rows j0..j0+2 < n only and writes out[i·n + j] for i < m,
-        // j < n.
+        // row count; the warp form's warps read rows j0..j0+2, the split form's blocks rows
+        // j0..j0+S, of those below n only, and write out[i·n + j] for i < m, j < n; 256
+        // threads a block (GEMV_WARPS warps), as both forms assume.
         unsafe { self.launch(&name, cfg, &args) }
     }
 }
