@@ -8,9 +8,10 @@
 //!   other summation orders over ~25 ops of at most 192 terms).
 //! - bf16 engine: each matmul's operands are rounded to bf16 (relative error 2^-9 each, round
 //!   to nearest) and so are its outputs; a logit of these 2-layer models depends on 12
-//!   matmuls whose inputs are normalised (RMSNorm) to about 1: at most 3 roundings of 2^-9
-//!   each per matmul, 36 in all, ≈ 0.07 of the logits' scale in the worst case of all adding
-//!   up. The bound used is `0.07 · max|logit|`.
+//!   matmuls whose inputs are normalised (RMSNorm, or GPT-2's LayerNorm) to about 1: at most 3
+//!   roundings of 2^-9 each per matmul, 36 in all, ≈ 0.07 of the logits' scale in the worst
+//!   case of all adding up (GPT-2's biases, LayerNorms and GELU are f32, adding no bf16
+//!   rounding). The bound used is `0.07 · max|logit|`.
 
 mod hf_fixture;
 
@@ -18,7 +19,15 @@ use hf_fixture::{dir, expected, max_err};
 use models::{CausalLm, Engine, EngineOptions, QuantKind, Sampler, Sampling};
 use tensor_ops::{transfer_stats, DType, Device};
 
-const LLAMAS: [&str; 5] = ["llama3", "llama3-bf16", "llama-tied", "qwen2", "mistral"];
+/// Every fixture: the Llama family and GPT-2.
+const MODELS: [&str; 6] = [
+    "llama3",
+    "llama3-bf16",
+    "llama-tied",
+    "qwen2",
+    "mistral",
+    "gpt2",
+];
 
 fn engine(name: &str, dev: Device, dtype: DType, batch: usize) -> Engine {
     quantized(name, dev, dtype, batch, None)
@@ -40,9 +49,9 @@ fn quantized(
     Engine::load(&dir(name), dev, opts).unwrap()
 }
 
-/// Prompt logits and 16 greedy tokens of every Llama-family fixture, f32 and bf16, on `dev`.
+/// Prompt logits and 16 greedy tokens of every fixture, f32 and bf16, on `dev`.
 fn matches_transformers(dev: Device) {
-    for name in LLAMAS {
+    for name in MODELS {
         let exp = expected(name);
         for (dtype, rel) in [(DType::F32, 3e-4), (DType::BF16, 0.07)] {
             let what = format!("{name} {dtype} on {dev}");
@@ -71,7 +80,7 @@ fn matches_transformers(dev: Device) {
 /// computes in f32 from the dequantized weights): f32 activations within the f32 bound; bf16
 /// activations within the bf16 one.
 fn quantized_matches_the_reference(dev: Device) {
-    for name in ["llama3", "qwen2"] {
+    for name in ["llama3", "qwen2", "gpt2"] {
         let exp = expected(name);
         for kind in [QuantKind::Int8, QuantKind::Int4] {
             let mut reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
@@ -113,9 +122,10 @@ fn engine_matches_transformers_on_the_cpu() {
 }
 
 /// A batch of prompts of different lengths (left-padded in the engine) gives each row what
-/// the reference gives it alone: the last-position logits and the greedy continuation.
+/// the reference gives it alone: the last-position logits and the greedy continuation (for
+/// GPT-2: the padding does not shift a row's learned positions).
 fn batch_rows_match_the_reference(dev: Device) {
-    for name in ["llama3", "qwen2"] {
+    for name in ["llama3", "qwen2", "gpt2"] {
         let exp = expected(name);
         let reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
         let prompts = vec![
@@ -155,10 +165,17 @@ fn batch_rows_match_the_reference(dev: Device) {
 /// temperature; a seed replays its draws and another seed draws otherwise; every drawn token
 /// is among the top 4 of its step's reference logits (within the f32 bound of `parity.rs`).
 fn sampling_follows_the_reference(dev: Device) {
-    let exp = expected("llama3");
-    let reference = CausalLm::load(&dir("llama3"), Device::Cpu).unwrap();
+    for name in ["llama3", "gpt2"] {
+        sampling_follows_the_reference_of(name, dev);
+    }
+}
+
+fn sampling_follows_the_reference_of(name: &str, dev: Device) {
+    let at = format!("{name}, {dev}");
+    let exp = expected(name);
+    let reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
     let prompts = vec![exp.ids.clone(), exp.ids[4..].to_vec()];
-    let mut e = engine("llama3", dev, DType::F32, 2);
+    let mut e = engine(name, dev, DType::F32, 2);
     let new = 12;
     let gen = |e: &mut Engine, s: &Sampling| e.generate(&prompts, new, &[], s, |_| {}).unwrap();
     let pen = Sampling {
@@ -169,7 +186,7 @@ fn sampling_follows_the_reference(dev: Device) {
     for (r, p) in prompts.iter().enumerate() {
         let mut s = Sampler::new(pen).unwrap();
         let want = reference.generate(p, new, &mut s, &[], |_| {}).unwrap();
-        assert_eq!(toks[r], want, "row {r} on {dev}: greedy with a penalty");
+        assert_eq!(toks[r], want, "row {r} on {at}: greedy with a penalty");
     }
     let k1 = Sampling {
         temperature: 0.9,
@@ -180,7 +197,7 @@ fn sampling_follows_the_reference(dev: Device) {
     assert_eq!(
         gen(&mut e, &k1),
         gen(&mut e, &Sampling::default()),
-        "{dev}: top-k 1"
+        "{at}: top-k 1"
     );
     let s = Sampling {
         temperature: 1.5,
@@ -189,11 +206,11 @@ fn sampling_follows_the_reference(dev: Device) {
         ..Sampling::default()
     };
     let drawn = gen(&mut e, &s);
-    assert_eq!(drawn, gen(&mut e, &s), "{dev}: a seed replays");
+    assert_eq!(drawn, gen(&mut e, &s), "{at}: a seed replays");
     assert_ne!(
         drawn,
         gen(&mut e, &Sampling { seed: 10, ..s }),
-        "{dev}: seeds differ"
+        "{at}: seeds differ"
     );
     let vocab = e.config().vocab_size;
     for (r, p) in prompts.iter().enumerate() {
@@ -208,7 +225,7 @@ fn sampling_follows_the_reference(dev: Device) {
             let tol = 3e-4 * sorted[0].abs().max(sorted[vocab - 1].abs());
             assert!(
                 last[tok as usize] >= sorted[3] - tol,
-                "row {r} on {dev}: token {tok} is not in the top 4"
+                "row {r} on {at}: token {tok} is not in the top 4"
             );
             ids.push(tok);
         }
@@ -272,12 +289,12 @@ fn engine_refuses_bad_input_and_changes_nothing() {
     let opts = EngineOptions {
         dtype: DType::F32,
         batch: 1,
-        capacity: 8,
+        capacity: 65,
         quant: None,
     };
     assert!(
         Engine::load(&dir("gpt2"), Device::Cpu, opts).is_err(),
-        "GPT-2 is not in the engine"
+        "a GPT-2 cache longer than its learned positions"
     );
     for (dtype, batch, capacity, what) in [
         (DType::U32, 1, 8, "a u32 engine"),
@@ -360,23 +377,30 @@ fn gpu_engine_sampling_follows_the_reference() {
 }
 
 /// The graphed decode step copies exactly one thing to the host per step (the new tokens),
-/// and gives the tokens the eager CPU engine gives, in bf16 too.
+/// and gives the tokens the eager CPU engine gives, in bf16 too; for GPT-2 the step's
+/// positions are written with its ids (host to device).
 #[test]
 fn gpu_engine_decodes_with_one_copy_per_token() {
     let Some(dev) = gpu("gpu_engine_decodes_with_one_copy_per_token") else {
         return;
     };
-    let exp = expected("llama3");
+    for name in ["llama3", "gpt2"] {
+        decodes_with_one_copy_per_token(name, dev);
+    }
+}
+
+fn decodes_with_one_copy_per_token(name: &str, dev: Device) {
+    let exp = expected(name);
     for dtype in [DType::F32, DType::BF16] {
         let prompts = vec![exp.ids.clone(), exp.ids[5..].to_vec()];
-        let mut cpu = engine("llama3", Device::Cpu, dtype, 2);
+        let mut cpu = engine(name, Device::Cpu, dtype, 2);
         let want = cpu.generate_greedy(&prompts, 20, &[], |_| {}).unwrap();
-        let mut e = engine("llama3", dev, dtype, 2);
+        let mut e = engine(name, dev, dtype, 2);
         let first = e.prefill(&prompts, false).unwrap().argmax_last().unwrap();
         let mut next = first.to_vec_u32().unwrap();
         let mut got = vec![vec![next[0]], vec![next[1]]];
         e.decode_greedy(&next).unwrap(); // captures the graph
-        let mut e2 = engine("llama3", dev, dtype, 2);
+        let mut e2 = engine(name, dev, dtype, 2);
         e2.prefill(&prompts, false).unwrap();
         let before = transfer_stats();
         for _ in 1..20 {
@@ -389,14 +413,14 @@ fn gpu_engine_decodes_with_one_copy_per_token() {
         assert_eq!(
             after.device_to_host - before.device_to_host,
             19,
-            "{dtype}: device-to-host copies in 19 decode steps"
+            "{name} {dtype}: device-to-host copies in 19 decode steps"
         );
         if dtype == DType::F32 {
-            assert_eq!(got, want, "graphed CUDA decode vs eager CPU decode");
+            assert_eq!(got, want, "{name}: graphed CUDA decode vs eager CPU decode");
         } else {
             // bf16 GEMMs sum in other orders on the two devices: the first tokens agree, a
             // later near-tie may flip.
-            assert_eq!(got[0][..4], want[0][..4], "bf16: first tokens");
+            assert_eq!(got[0][..4], want[0][..4], "{name} bf16: first tokens");
         }
     }
 }
