@@ -17,6 +17,8 @@ mod hf_fixture;
 
 use hf_fixture::{dir, expected, max_err};
 use models::{CausalLm, Engine, EngineOptions, QuantKind, Sampler, Sampling};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
 use tensor_ops::{transfer_stats, DType, Device};
 
 /// Every fixture: the Llama family and GPT-2.
@@ -232,6 +234,122 @@ fn sampling_follows_the_reference_of(name: &str, dev: Device) {
     }
 }
 
+/// A copy of the gpt2 fixture with MLP activation `activation`, an untied head (`lm_head`: the
+/// token embedding negated, scaled by 0.7 and shifted by 0.01 per row), and its MLPs moved to
+/// the activation's tail (c_fc's bias − 3) and scaled up (c_proj by 300), so that the tail,
+/// where the tanh and the exact GELU differ most relative to their values, sets the logits.
+fn gpt2_variant(activation: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = dir("gpt2");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["activation_function"] = activation.into();
+    cfg["tie_word_embeddings"] = false.into();
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |v: &TensorView<'_>, f: &dyn Fn(usize, f32) -> f32| -> Vec<u8> {
+        v.data()
+            .chunks_exact(4)
+            .enumerate()
+            .flat_map(|(i, c)| f(i, f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes())
+            .collect()
+    };
+    let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let (k, shift) = match name {
+                _ if name.ends_with("mlp.c_fc.bias") => (1.0, -3.0),
+                _ if name.ends_with("mlp.c_proj.weight") => (300.0, 0.0),
+                _ => (1.0, 0.0),
+            };
+            let bytes = f32s(&v, &|_, x| k * x + shift);
+            (name, v.shape().to_vec(), bytes)
+        })
+        .collect();
+    let wte = st.tensor("transformer.wte.weight").unwrap();
+    let cols = wte.shape()[1];
+    let head = f32s(&wte, &|i, x| -0.7 * x + 0.01 * (i / cols) as f32);
+    data.push(("lm_head.weight".into(), wte.shape().to_vec(), head));
+    let views = data.iter().map(|(n, shape, b)| {
+        (
+            n.clone(),
+            TensorView::new(Dtype::F32, shape.clone(), b).unwrap(),
+        )
+    });
+    let out = safetensors::serialize(views, &None).unwrap();
+    std::fs::write(tmp.path().join("model.safetensors"), out).unwrap();
+    tmp
+}
+
+/// The reference's logits of `ids` for the model in `dir`.
+fn reference_logits(dir: &std::path::Path, ids: &[u32]) -> (CausalLm, Vec<f32>) {
+    let m = CausalLm::load(dir, Device::Cpu).unwrap();
+    let l = m
+        .forward(ids, 1, &mut m.new_cache())
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    (m, l)
+}
+
+/// GPT-2 with the exact GELU and an untied head: the engine gives the reference's logits
+/// (f32 and bf16 bounds) and greedy tokens. The variant's logits with the tanh GELU, or with
+/// the tied head, are farther from the exact GELU's than the f32 bound (checked), so an engine
+/// that took either would fail.
+fn gpt2_variant_matches_the_reference(dev: Device) {
+    let exp = expected("gpt2");
+    let tmp = gpt2_variant("gelu");
+    let (reference, want) = reference_logits(tmp.path(), &exp.ids);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let tanh = gpt2_variant("gelu_new");
+    for (other, what) in [
+        (tanh.path(), "the tanh GELU"),
+        (&*dir("gpt2"), "the fixture"),
+    ] {
+        let (_, l) = reference_logits(other, &exp.ids);
+        let d = l
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!("gpt2 variant against {what}: max |diff| {d:e} (scale {scale})");
+        assert!(
+            d > 3e-4 * scale,
+            "{what} is within the bound of the variant"
+        );
+    }
+    for (dtype, rel) in [(DType::F32, 3e-4), (DType::BF16, 0.07)] {
+        let what = format!("gpt2 erf untied {dtype} on {dev}");
+        let opts = EngineOptions {
+            dtype,
+            batch: 1,
+            capacity: 40,
+            quant: None,
+        };
+        let mut e = Engine::load(tmp.path(), dev, opts).unwrap();
+        let logits = e.prefill(std::slice::from_ref(&exp.ids), true).unwrap();
+        let got = logits.to_dtype(DType::F32).unwrap().to_vec().unwrap();
+        let err = max_err(&what, &got, &want, rel);
+        eprintln!("{what}: prompt logits max |diff| {err:e}");
+        if dtype == DType::F32 {
+            let toks = e
+                .generate_greedy(std::slice::from_ref(&exp.ids), 12, &[], |_| {})
+                .unwrap();
+            let mut greedy = Sampler::new(Sampling::default()).unwrap();
+            let gen = reference
+                .generate(&exp.ids, 12, &mut greedy, &[], |_| {})
+                .unwrap();
+            assert_eq!(toks[0], gen, "{what}: greedy tokens");
+        }
+    }
+}
+
+#[test]
+fn engine_gpt2_variant_matches_the_reference_on_the_cpu() {
+    gpt2_variant_matches_the_reference(Device::Cpu);
+}
+
 #[test]
 fn engine_sampling_follows_the_reference_on_the_cpu() {
     sampling_follows_the_reference(Device::Cpu);
@@ -340,6 +458,14 @@ fn gpu_engine_batch_rows_match_the_reference() {
         return;
     };
     batch_rows_match_the_reference(dev);
+}
+
+#[test]
+fn gpu_engine_gpt2_variant_matches_the_reference() {
+    let Some(dev) = gpu("gpu_engine_gpt2_variant_matches_the_reference") else {
+        return;
+    };
+    gpt2_variant_matches_the_reference(dev);
 }
 
 #[test]
