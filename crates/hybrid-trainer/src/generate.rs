@@ -51,8 +51,9 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub quant: QuantArg,
     /// The engine: the f32 reference (sampling on the host, --quant), or the fast one (Llama
-    /// family and GPT-2; bf16 or f32 weights, a preallocated cache, the decode step as a CUDA graph on
-    /// CUDA with the sampling on the device; a seed gives other draws than the reference's).
+    /// family and GPT-2; bf16 or f32 weights, a preallocated cache, the decode step as a CUDA
+    /// graph on CUDA with the sampling on the device; a seed gives other draws than the
+    /// reference's).
     #[arg(long, value_enum, default_value_t = EngineKind::Reference)]
     pub engine: EngineKind,
     /// The fast engine's weights and matmuls.

@@ -1,11 +1,10 @@
 //! The fast inference engine for the Llama family and GPT-2 (`gpt2.rs`): weights in bf16 (or
 //! f32) with fused q/k/v (and gate/up) projections, a preallocated key/value cache per layer,
-//! prefill of left-padded
-//! prompts in one pass, and decoding whose step is captured once as a CUDA graph and replayed,
-//! with the choice of the next token on the device (the argmax, or `Tensor::sample_last`:
-//! repetition penalty, temperature, top-k, top-p, a seeded Philox draw): one device-to-host
-//! copy (the new tokens) per step. On the CPU the same ops run eagerly. [`crate::CausalLm`] is
-//! the f32 reference it is tested against.
+//! prefill of left-padded prompts in one pass, and decoding whose step is captured once as a
+//! CUDA graph and replayed, with the choice of the next token on the device (the argmax, or
+//! `Tensor::sample_last`: repetition penalty, temperature, top-k, top-p, a seeded Philox
+//! draw): one device-to-host copy (the new tokens) per step. On the CPU the same ops run
+//! eagerly. [`crate::CausalLm`] is the f32 reference it is tested against.
 
 mod gpt2;
 mod perplexity;
@@ -372,7 +371,8 @@ impl Engine {
         // later: they are checked against the vocabulary first.
         let top = self.cfg.vocab_size as u32 - 1;
         let ids = Tensor::from_vec(vec![top; b], &[b, 1], self.device)?;
-        // Likewise the positions' (capacity − 1): decode writes only positions below it.
+        // Likewise the positions' (capacity − 1, attained): a decode step's slots are below
+        // the capacity, and a position is at most its slot.
         let last = self.opts.capacity as u32 - 1;
         let pos = self
             .w
