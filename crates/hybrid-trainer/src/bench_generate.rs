@@ -23,7 +23,7 @@ use crate::generate_fast::EngineDtype;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchGenerateArgs {
-    /// A Llama-family model directory (as hf_generate_peer.py --save writes it).
+    /// A Llama-family or GPT-2 model directory (as hf_generate_peer.py --save writes it).
     #[arg(long)]
     pub model: PathBuf,
     /// prompts.safetensors (prompt_512 [1,512], prompt_2048 [1,2048], batch16_512 [16,512]).

@@ -2,7 +2,8 @@
 //! Mistral, GPT-2: `config.json`, safetensors weights, `tokenizer.json`) through `models`' KV
 //! cache, streamed to stdout as it is sampled; `hybrid-trainer perplexity`: the model's
 //! perplexity on a text file. Both can round the weights to int8 or int4 first (`--quant`), and
-//! both can run on the fast engine (`--engine fast`, Llama family, `--dtype bf16|f32`).
+//! both can run on the fast engine (`--engine fast`, Llama family and GPT-2, `--dtype
+//! bf16|f32`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -50,8 +51,9 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub quant: QuantArg,
     /// The engine: the f32 reference (sampling on the host, --quant), or the fast one (Llama
-    /// family; bf16 or f32 weights, a preallocated cache, the decode step as a CUDA graph on
-    /// CUDA with the sampling on the device; a seed gives other draws than the reference's).
+    /// family and GPT-2; bf16 or f32 weights, a preallocated cache, the decode step as a CUDA
+    /// graph on CUDA with the sampling on the device; a seed gives other draws than the
+    /// reference's).
     #[arg(long, value_enum, default_value_t = EngineKind::Reference)]
     pub engine: EngineKind,
     /// The fast engine's weights and matmuls.
@@ -106,8 +108,9 @@ pub struct PerplexityArgs {
     pub max_tokens: Option<usize>,
     #[command(flatten)]
     pub quant: QuantArg,
-    /// The engine: the f32 reference, or the fast one (Llama family; --dtype weights, --quant
-    /// projections kept quantized). Both score windows of the model's context the same way.
+    /// The engine: the f32 reference, or the fast one (Llama family and GPT-2; --dtype
+    /// weights, --quant projections kept quantized). Both score windows of the model's context
+    /// the same way.
     #[arg(long, value_enum, default_value_t = EngineKind::Reference)]
     pub engine: EngineKind,
     /// The fast engine's weights and matmuls.

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 use hybrid_trainer::check_hf::{
-    check, f32_bound, run_checks, CheckDtype, CheckHfError, Expected, LogitsEngine, EXPECTED_FILE,
+    check, f32_bound, run_checks, run_checks_of, CheckDtype, CheckEngine, CheckHfError, Expected,
+    LogitsEngine, EXPECTED_FILE,
 };
 use models::ModelConfig;
 use tensor_ops::Device;
@@ -48,6 +49,26 @@ fn outcome(dir: &Path) -> (bool, bool, String) {
     let (name, checks) = run_checks(dir, Device::Cpu, CheckDtype::F32).unwrap();
     assert_eq!(checks.len(), 2);
     (checks[0].pass, checks[1].pass, checks[1].line(&name))
+}
+
+/// The fast engine in f32 passes the same checks (its logits are within the reference's f32
+/// bound of transformers': `models/tests/engine.rs`).
+#[test]
+fn committed_fixtures_pass_on_the_fast_engine() {
+    for name in FIXTURES {
+        let (_, checks) = run_checks_of(
+            &fixture(name),
+            Device::Cpu,
+            CheckEngine::Fast,
+            CheckDtype::F32,
+        )
+        .unwrap();
+        assert_eq!(checks.len(), 2);
+        for c in &checks {
+            assert!(c.pass, "{}", c.line(name));
+        }
+        assert!(checks[1].line(name).contains("16/16 tokens equal"));
+    }
 }
 
 #[test]

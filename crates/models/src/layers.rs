@@ -71,12 +71,7 @@ impl Linear {
         let (a, b) = (shape[0], shape[1]);
         let w = self.weight.to_vec()?;
         // Rows are output channels: GPT-2's `[in, out]` weight is transposed first and back.
-        let t = |v: &[f32], r: usize, c: usize| -> Vec<f32> {
-            (0..c)
-                .flat_map(|j| (0..r).map(move |i| (i, j)))
-                .map(|(i, j)| v[i * c + j])
-                .collect()
-        };
+        let t = transpose;
         let (q, d) = if self.conv1d {
             let q = Quantized::new(kind, &t(&w, a, b), b, a)?;
             let d = t(&q.dequantize(), b, a);
@@ -103,6 +98,14 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// The transpose `[c, r]` of the row-major matrix `v` `[r, c]`.
+pub(crate) fn transpose(v: &[f32], r: usize, c: usize) -> Vec<f32> {
+    (0..c)
+        .flat_map(|j| (0..r).map(move |i| (i, j)))
+        .map(|(i, j)| v[i * c + j])
+        .collect()
 }
 
 /// GPT-2's `gelu_new`: `x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.

@@ -8,17 +8,28 @@
 //!   other summation orders over ~25 ops of at most 192 terms).
 //! - bf16 engine: each matmul's operands are rounded to bf16 (relative error 2^-9 each, round
 //!   to nearest) and so are its outputs; a logit of these 2-layer models depends on 12
-//!   matmuls whose inputs are normalised (RMSNorm) to about 1: at most 3 roundings of 2^-9
-//!   each per matmul, 36 in all, ≈ 0.07 of the logits' scale in the worst case of all adding
-//!   up. The bound used is `0.07 · max|logit|`.
+//!   matmuls whose inputs are normalised (RMSNorm, or GPT-2's LayerNorm) to about 1: at most 3
+//!   roundings of 2^-9 each per matmul, 36 in all, ≈ 0.07 of the logits' scale in the worst
+//!   case of all adding up (GPT-2's biases, LayerNorms and GELU are f32, adding no bf16
+//!   rounding). The bound used is `0.07 · max|logit|`.
 
 mod hf_fixture;
 
 use hf_fixture::{dir, expected, max_err};
 use models::{CausalLm, Engine, EngineOptions, QuantKind, Sampler, Sampling};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
 use tensor_ops::{transfer_stats, DType, Device};
 
-const LLAMAS: [&str; 5] = ["llama3", "llama3-bf16", "llama-tied", "qwen2", "mistral"];
+/// Every fixture: the Llama family and GPT-2.
+const MODELS: [&str; 6] = [
+    "llama3",
+    "llama3-bf16",
+    "llama-tied",
+    "qwen2",
+    "mistral",
+    "gpt2",
+];
 
 fn engine(name: &str, dev: Device, dtype: DType, batch: usize) -> Engine {
     quantized(name, dev, dtype, batch, None)
@@ -40,9 +51,9 @@ fn quantized(
     Engine::load(&dir(name), dev, opts).unwrap()
 }
 
-/// Prompt logits and 16 greedy tokens of every Llama-family fixture, f32 and bf16, on `dev`.
+/// Prompt logits and 16 greedy tokens of every fixture, f32 and bf16, on `dev`.
 fn matches_transformers(dev: Device) {
-    for name in LLAMAS {
+    for name in MODELS {
         let exp = expected(name);
         for (dtype, rel) in [(DType::F32, 3e-4), (DType::BF16, 0.07)] {
             let what = format!("{name} {dtype} on {dev}");
@@ -71,7 +82,7 @@ fn matches_transformers(dev: Device) {
 /// computes in f32 from the dequantized weights): f32 activations within the f32 bound; bf16
 /// activations within the bf16 one.
 fn quantized_matches_the_reference(dev: Device) {
-    for name in ["llama3", "qwen2"] {
+    for name in ["llama3", "qwen2", "gpt2"] {
         let exp = expected(name);
         for kind in [QuantKind::Int8, QuantKind::Int4] {
             let mut reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
@@ -113,9 +124,10 @@ fn engine_matches_transformers_on_the_cpu() {
 }
 
 /// A batch of prompts of different lengths (left-padded in the engine) gives each row what
-/// the reference gives it alone: the last-position logits and the greedy continuation.
+/// the reference gives it alone: the last-position logits and the greedy continuation (for
+/// GPT-2: the padding does not shift a row's learned positions).
 fn batch_rows_match_the_reference(dev: Device) {
-    for name in ["llama3", "qwen2"] {
+    for name in ["llama3", "qwen2", "gpt2"] {
         let exp = expected(name);
         let reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
         let prompts = vec![
@@ -155,10 +167,17 @@ fn batch_rows_match_the_reference(dev: Device) {
 /// temperature; a seed replays its draws and another seed draws otherwise; every drawn token
 /// is among the top 4 of its step's reference logits (within the f32 bound of `parity.rs`).
 fn sampling_follows_the_reference(dev: Device) {
-    let exp = expected("llama3");
-    let reference = CausalLm::load(&dir("llama3"), Device::Cpu).unwrap();
+    for name in ["llama3", "gpt2"] {
+        sampling_follows_the_reference_of(name, dev);
+    }
+}
+
+fn sampling_follows_the_reference_of(name: &str, dev: Device) {
+    let at = format!("{name}, {dev}");
+    let exp = expected(name);
+    let reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
     let prompts = vec![exp.ids.clone(), exp.ids[4..].to_vec()];
-    let mut e = engine("llama3", dev, DType::F32, 2);
+    let mut e = engine(name, dev, DType::F32, 2);
     let new = 12;
     let gen = |e: &mut Engine, s: &Sampling| e.generate(&prompts, new, &[], s, |_| {}).unwrap();
     let pen = Sampling {
@@ -169,7 +188,7 @@ fn sampling_follows_the_reference(dev: Device) {
     for (r, p) in prompts.iter().enumerate() {
         let mut s = Sampler::new(pen).unwrap();
         let want = reference.generate(p, new, &mut s, &[], |_| {}).unwrap();
-        assert_eq!(toks[r], want, "row {r} on {dev}: greedy with a penalty");
+        assert_eq!(toks[r], want, "row {r} on {at}: greedy with a penalty");
     }
     let k1 = Sampling {
         temperature: 0.9,
@@ -180,7 +199,7 @@ fn sampling_follows_the_reference(dev: Device) {
     assert_eq!(
         gen(&mut e, &k1),
         gen(&mut e, &Sampling::default()),
-        "{dev}: top-k 1"
+        "{at}: top-k 1"
     );
     let s = Sampling {
         temperature: 1.5,
@@ -189,11 +208,11 @@ fn sampling_follows_the_reference(dev: Device) {
         ..Sampling::default()
     };
     let drawn = gen(&mut e, &s);
-    assert_eq!(drawn, gen(&mut e, &s), "{dev}: a seed replays");
+    assert_eq!(drawn, gen(&mut e, &s), "{at}: a seed replays");
     assert_ne!(
         drawn,
         gen(&mut e, &Sampling { seed: 10, ..s }),
-        "{dev}: seeds differ"
+        "{at}: seeds differ"
     );
     let vocab = e.config().vocab_size;
     for (r, p) in prompts.iter().enumerate() {
@@ -208,11 +227,127 @@ fn sampling_follows_the_reference(dev: Device) {
             let tol = 3e-4 * sorted[0].abs().max(sorted[vocab - 1].abs());
             assert!(
                 last[tok as usize] >= sorted[3] - tol,
-                "row {r} on {dev}: token {tok} is not in the top 4"
+                "row {r} on {at}: token {tok} is not in the top 4"
             );
             ids.push(tok);
         }
     }
+}
+
+/// A copy of the gpt2 fixture with MLP activation `activation`, an untied head (`lm_head`: the
+/// token embedding negated, scaled by 0.7 and shifted by 0.01 per row), and its MLPs moved to
+/// the activation's tail (c_fc's bias − 3) and scaled up (c_proj by 300), so that the tail,
+/// where the tanh and the exact GELU differ most relative to their values, sets the logits.
+fn gpt2_variant(activation: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = dir("gpt2");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["activation_function"] = activation.into();
+    cfg["tie_word_embeddings"] = false.into();
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |v: &TensorView<'_>, f: &dyn Fn(usize, f32) -> f32| -> Vec<u8> {
+        v.data()
+            .chunks_exact(4)
+            .enumerate()
+            .flat_map(|(i, c)| f(i, f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes())
+            .collect()
+    };
+    let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let (k, shift) = match name {
+                _ if name.ends_with("mlp.c_fc.bias") => (1.0, -3.0),
+                _ if name.ends_with("mlp.c_proj.weight") => (300.0, 0.0),
+                _ => (1.0, 0.0),
+            };
+            let bytes = f32s(&v, &|_, x| k * x + shift);
+            (name, v.shape().to_vec(), bytes)
+        })
+        .collect();
+    let wte = st.tensor("transformer.wte.weight").unwrap();
+    let cols = wte.shape()[1];
+    let head = f32s(&wte, &|i, x| -0.7 * x + 0.01 * (i / cols) as f32);
+    data.push(("lm_head.weight".into(), wte.shape().to_vec(), head));
+    let views = data.iter().map(|(n, shape, b)| {
+        (
+            n.clone(),
+            TensorView::new(Dtype::F32, shape.clone(), b).unwrap(),
+        )
+    });
+    let out = safetensors::serialize(views, &None).unwrap();
+    std::fs::write(tmp.path().join("model.safetensors"), out).unwrap();
+    tmp
+}
+
+/// The reference's logits of `ids` for the model in `dir`.
+fn reference_logits(dir: &std::path::Path, ids: &[u32]) -> (CausalLm, Vec<f32>) {
+    let m = CausalLm::load(dir, Device::Cpu).unwrap();
+    let l = m
+        .forward(ids, 1, &mut m.new_cache())
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    (m, l)
+}
+
+/// GPT-2 with the exact GELU and an untied head: the engine gives the reference's logits
+/// (f32 and bf16 bounds) and greedy tokens. The variant's logits with the tanh GELU, or with
+/// the tied head, are farther from the exact GELU's than the f32 bound (checked), so an engine
+/// that took either would fail.
+fn gpt2_variant_matches_the_reference(dev: Device) {
+    let exp = expected("gpt2");
+    let tmp = gpt2_variant("gelu");
+    let (reference, want) = reference_logits(tmp.path(), &exp.ids);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let tanh = gpt2_variant("gelu_new");
+    for (other, what) in [
+        (tanh.path(), "the tanh GELU"),
+        (&*dir("gpt2"), "the fixture"),
+    ] {
+        let (_, l) = reference_logits(other, &exp.ids);
+        let d = l
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!("gpt2 variant against {what}: max |diff| {d:e} (scale {scale})");
+        assert!(
+            d > 3e-4 * scale,
+            "{what} is within the bound of the variant"
+        );
+    }
+    for (dtype, rel) in [(DType::F32, 3e-4), (DType::BF16, 0.07)] {
+        let what = format!("gpt2 erf untied {dtype} on {dev}");
+        let opts = EngineOptions {
+            dtype,
+            batch: 1,
+            capacity: 40,
+            quant: None,
+        };
+        let mut e = Engine::load(tmp.path(), dev, opts).unwrap();
+        let logits = e.prefill(std::slice::from_ref(&exp.ids), true).unwrap();
+        let got = logits.to_dtype(DType::F32).unwrap().to_vec().unwrap();
+        let err = max_err(&what, &got, &want, rel);
+        eprintln!("{what}: prompt logits max |diff| {err:e}");
+        if dtype == DType::F32 {
+            let toks = e
+                .generate_greedy(std::slice::from_ref(&exp.ids), 12, &[], |_| {})
+                .unwrap();
+            let mut greedy = Sampler::new(Sampling::default()).unwrap();
+            let gen = reference
+                .generate(&exp.ids, 12, &mut greedy, &[], |_| {})
+                .unwrap();
+            assert_eq!(toks[0], gen, "{what}: greedy tokens");
+        }
+    }
+}
+
+#[test]
+fn engine_gpt2_variant_matches_the_reference_on_the_cpu() {
+    gpt2_variant_matches_the_reference(Device::Cpu);
 }
 
 #[test]
@@ -272,12 +407,12 @@ fn engine_refuses_bad_input_and_changes_nothing() {
     let opts = EngineOptions {
         dtype: DType::F32,
         batch: 1,
-        capacity: 8,
+        capacity: 65,
         quant: None,
     };
     assert!(
         Engine::load(&dir("gpt2"), Device::Cpu, opts).is_err(),
-        "GPT-2 is not in the engine"
+        "a GPT-2 cache longer than its learned positions"
     );
     for (dtype, batch, capacity, what) in [
         (DType::U32, 1, 8, "a u32 engine"),
@@ -326,6 +461,14 @@ fn gpu_engine_batch_rows_match_the_reference() {
 }
 
 #[test]
+fn gpu_engine_gpt2_variant_matches_the_reference() {
+    let Some(dev) = gpu("gpu_engine_gpt2_variant_matches_the_reference") else {
+        return;
+    };
+    gpt2_variant_matches_the_reference(dev);
+}
+
+#[test]
 fn gpu_engine_quantized_matches_the_reference() {
     let Some(dev) = gpu("gpu_engine_quantized_matches_the_reference") else {
         return;
@@ -360,23 +503,30 @@ fn gpu_engine_sampling_follows_the_reference() {
 }
 
 /// The graphed decode step copies exactly one thing to the host per step (the new tokens),
-/// and gives the tokens the eager CPU engine gives, in bf16 too.
+/// and gives the tokens the eager CPU engine gives, in bf16 too; for GPT-2 the step's
+/// positions are written with its ids (host to device).
 #[test]
 fn gpu_engine_decodes_with_one_copy_per_token() {
     let Some(dev) = gpu("gpu_engine_decodes_with_one_copy_per_token") else {
         return;
     };
-    let exp = expected("llama3");
+    for name in ["llama3", "gpt2"] {
+        decodes_with_one_copy_per_token(name, dev);
+    }
+}
+
+fn decodes_with_one_copy_per_token(name: &str, dev: Device) {
+    let exp = expected(name);
     for dtype in [DType::F32, DType::BF16] {
         let prompts = vec![exp.ids.clone(), exp.ids[5..].to_vec()];
-        let mut cpu = engine("llama3", Device::Cpu, dtype, 2);
+        let mut cpu = engine(name, Device::Cpu, dtype, 2);
         let want = cpu.generate_greedy(&prompts, 20, &[], |_| {}).unwrap();
-        let mut e = engine("llama3", dev, dtype, 2);
+        let mut e = engine(name, dev, dtype, 2);
         let first = e.prefill(&prompts, false).unwrap().argmax_last().unwrap();
         let mut next = first.to_vec_u32().unwrap();
         let mut got = vec![vec![next[0]], vec![next[1]]];
         e.decode_greedy(&next).unwrap(); // captures the graph
-        let mut e2 = engine("llama3", dev, dtype, 2);
+        let mut e2 = engine(name, dev, dtype, 2);
         e2.prefill(&prompts, false).unwrap();
         let before = transfer_stats();
         for _ in 1..20 {
@@ -389,14 +539,14 @@ fn gpu_engine_decodes_with_one_copy_per_token() {
         assert_eq!(
             after.device_to_host - before.device_to_host,
             19,
-            "{dtype}: device-to-host copies in 19 decode steps"
+            "{name} {dtype}: device-to-host copies in 19 decode steps"
         );
         if dtype == DType::F32 {
-            assert_eq!(got, want, "graphed CUDA decode vs eager CPU decode");
+            assert_eq!(got, want, "{name}: graphed CUDA decode vs eager CPU decode");
         } else {
             // bf16 GEMMs sum in other orders on the two devices: the first tokens agree, a
             // later near-tie may flip.
-            assert_eq!(got[0][..4], want[0][..4], "bf16: first tokens");
+            assert_eq!(got[0][..4], want[0][..4], "{name} bf16: first tokens");
         }
     }
 }

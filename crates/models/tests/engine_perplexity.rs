@@ -1,6 +1,7 @@
 //! `Engine::perplexity` (the fast engine's logits, the log-softmax in f64 on the host) against
 //! `CausalLm::perplexity` (the f32 reference; its log-softmax in f32 on the device, summed in
-//! f64), on the committed Llama-family fixtures, over a text of several context windows.
+//! f64), on the committed fixtures (the Llama family and GPT-2), over a text of several
+//! context windows.
 //!
 //! Bound: the mean NLL moves by at most the largest change of one token's NLL, and a
 //! log-softmax entry moves by at most twice the largest change of its row's logits. The f32
@@ -19,7 +20,14 @@ use hf_fixture::dir;
 use models::{CausalLm, Engine, EngineOptions, ModelError, QuantKind};
 use tensor_ops::{DType, Device};
 
-const LLAMAS: [&str; 5] = ["llama3", "llama3-bf16", "llama-tied", "qwen2", "mistral"];
+const MODELS: [&str; 6] = [
+    "llama3",
+    "llama3-bf16",
+    "llama-tied",
+    "qwen2",
+    "mistral",
+    "gpt2",
+];
 
 /// A text of `2·ctx + 7` tokens: three windows, the last one short.
 fn text(m: &CausalLm) -> Vec<u32> {
@@ -62,7 +70,7 @@ fn engine(name: &str, dtype: DType, capacity: usize, quant: Option<QuantKind>) -
 
 #[test]
 fn engine_perplexity_matches_the_reference() {
-    for name in LLAMAS {
+    for name in MODELS {
         for quant in [None, Some(QuantKind::Int8), Some(QuantKind::Int4)] {
             let mut reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
             if let Some(kind) = quant {

@@ -1,11 +1,12 @@
-//! The fast inference engine for the Llama family: weights in bf16 (or f32) with fused q/k/v
-//! and gate/up projections, a preallocated key/value cache per layer, prefill of left-padded
-//! prompts in one pass, and decoding whose step is captured once as a CUDA graph and replayed,
-//! with the choice of the next token on the device (the argmax, or `Tensor::sample_last`:
-//! repetition penalty, temperature, top-k, top-p, a seeded Philox draw): one device-to-host
-//! copy (the new tokens) per step. On the CPU the same ops run eagerly. [`crate::CausalLm`] is
-//! the f32 reference it is tested against.
+//! The fast inference engine for the Llama family and GPT-2 (`gpt2.rs`): weights in bf16 (or
+//! f32) with fused q/k/v (and gate/up) projections, a preallocated key/value cache per layer,
+//! prefill of left-padded prompts in one pass, and decoding whose step is captured once as a
+//! CUDA graph and replayed, with the choice of the next token on the device (the argmax, or
+//! `Tensor::sample_last`: repetition penalty, temperature, top-k, top-p, a seeded Philox
+//! draw): one device-to-host copy (the new tokens) per step. On the CPU the same ops run
+//! eagerly. [`crate::CausalLm`] is the f32 reference it is tested against.
 
+mod gpt2;
 mod perplexity;
 mod weights;
 
@@ -19,7 +20,7 @@ use crate::error::ModelError;
 use crate::quant::QuantKind;
 use crate::sample::{Sampler, Sampling};
 use crate::weights::Checkpoint;
-use weights::Weights;
+use weights::{LlamaWeights, Weights};
 
 /// The engine's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,16 +40,27 @@ pub struct EngineOptions {
 /// How a step chooses its token: the argmax, or a draw with these settings.
 type Choice = Option<SampleParams>;
 
-/// The captured decode step: its input ids `[batch, 1]`, its output (the chosen tokens)
-/// `[batch]`, and how it chooses them (a graph replays the settings it was captured with).
+/// The captured decode step: its input ids `[batch, 1]` (and their positions, for learned
+/// positions), its output (the chosen tokens) `[batch]`, and how it chooses them (a graph
+/// replays the settings it was captured with).
 struct DecodeGraph {
     graph: Option<Graph>,
     ids: Tensor,
+    pos: Option<Tensor>,
     next: Tensor,
     choice: Choice,
 }
 
-/// A Llama-family model ready to generate (see the module doc).
+/// What a pass over new tokens is: every row's `slot + t` is at most `max_end`; `last_only`:
+/// logits of the last position only; `fresh`: a prefill, every row at slot 0.
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    max_end: usize,
+    last_only: bool,
+    fresh: bool,
+}
+
+/// A Llama-family or GPT-2 model ready to generate (see the module doc).
 pub struct Engine {
     // Declared first, so the graph is dropped before the buffers it reads.
     decode: Option<DecodeGraph>,
@@ -65,6 +77,7 @@ pub struct Engine {
     /// repetition penalty's history), on the device.
     seen: Tensor,
     /// ... and on the host (what was last written).
+    host_start: Vec<u32>,
     host_slot: Vec<u32>,
 }
 
@@ -110,6 +123,7 @@ impl Engine {
             seen: Tensor::from_vec(vec![0u32; opts.batch * words], &[opts.batch, words], device)?,
             start: Tensor::from_vec(zeros.clone(), &[opts.batch], device)?,
             slot: Tensor::from_vec(zeros.clone(), &[opts.batch], device)?,
+            host_start: zeros.clone(),
             host_slot: zeros,
             cfg,
             w,
@@ -134,24 +148,48 @@ impl Engine {
 
     /// Logits of `ids` `[b, t]` (u32) after what the caches hold (each row at its `slot`),
     /// written into the caches: `[b, t, vocab]`, or `[b, 1, vocab]` of the last position when
-    /// `last_only`. Every row's `slot + t` must be at most `max_end`. `fresh`: a prefill, every
+    /// `last_only`. Every row's `slot + t` must be at most `max_end`. `pos` (u32 `[b, t]`, each
+    /// token's slot minus its row's start, 0 on padding) is what a model with learned positions
+    /// reads ([`Weights::learned_positions`]); the others ignore it. `fresh`: a prefill, every
     /// row at slot 0 (its attention is `Tensor::prefill_attention`, on tensor cores for bf16
     /// heads of width 64).
     fn forward(
         &self,
         ids: &Tensor,
+        pos: Option<&Tensor>,
         max_end: usize,
         last_only: bool,
         fresh: bool,
     ) -> Result<Tensor, ModelError> {
+        let pass = Pass {
+            max_end,
+            last_only,
+            fresh,
+        };
+        match (&self.w, pos) {
+            (Weights::Llama(w), _) => self.forward_llama(w, ids, pass),
+            (Weights::Gpt2(w), Some(pos)) => self.forward_gpt2(w, ids, pos, pass),
+            (Weights::Gpt2(_), None) => Err(ModelError::Unsupported(
+                "a GPT-2 pass without the tokens' positions".into(),
+            )),
+        }
+    }
+
+    /// The Llama family's pass (see [`Engine::forward`]).
+    fn forward_llama(
+        &self,
+        w: &LlamaWeights,
+        ids: &Tensor,
+        pass: Pass,
+    ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
         let (eps, dt) = (cfg.norm_eps as f32, self.opts.dtype);
         let scale = 1.0 / (cfg.head_dim as f32).sqrt();
-        let mut x = self.w.embed.embedding(ids)?;
+        let mut x = w.embed.embedding(ids)?;
         // Each block's output waits to be added to the residual stream `x` by the next norm
         // (`add_rms_norm`: the add and the norm in one kernel).
         let mut pending: Option<Tensor> = None;
-        for (l, (k, v)) in self.w.layers.iter().zip(&self.caches) {
+        for (l, (k, v)) in w.layers.iter().zip(&self.caches) {
             let view = CacheView {
                 k,
                 v,
@@ -163,24 +201,37 @@ impl Engine {
             if let Some(b) = &l.qkv_bias {
                 qkv = qkv.add(b)?;
             }
-            let q = qkv.rope_append(&self.w.inv_freq, view, cfg.num_heads, dt)?;
-            let y = if fresh {
-                q.prefill_attention(k, v, &self.start, scale)?
-            } else {
-                q.cache_attention(view, max_end, scale)?
-            };
+            let q = qkv.rope_append(&w.inv_freq, view, cfg.num_heads, dt)?;
+            let y = self.attention(&q, view, pass, scale)?;
             let (sum, m) = sum.add_rms_norm(Some(&l.o.apply(&y)?), &l.post_norm, eps, dt)?;
             let g = l.gate_up.apply(&m)?.swiglu_packed()?;
             pending = Some(l.down.apply(&g)?);
             x = sum;
         }
         let t = ids.shape()[1];
-        if last_only && t > 1 {
+        if pass.last_only && t > 1 {
             x = x.narrow(1, t - 1, 1)?;
             pending = pending.map(|p| p.narrow(1, t - 1, 1)).transpose()?;
         }
-        let (_, h) = x.add_rms_norm(pending.as_ref(), &self.w.norm, eps, dt)?;
-        Ok(h.matmul_t(&self.w.head, false, true)?)
+        let (_, h) = x.add_rms_norm(pending.as_ref(), &w.norm, eps, dt)?;
+        Ok(h.matmul_t(&w.head, false, true)?)
+    }
+
+    /// The attention of a layer's queries `q` `[b, t, heads, d]` against its cache: a fresh
+    /// prefill's (`Tensor::prefill_attention`, tensor cores for bf16 heads of width 64) or the
+    /// cache attention from each row's slot.
+    fn attention(
+        &self,
+        q: &Tensor,
+        view: CacheView<'_>,
+        pass: Pass,
+        scale: f32,
+    ) -> Result<Tensor, ModelError> {
+        Ok(if pass.fresh {
+            q.prefill_attention(view.k, view.v, view.start, scale)?
+        } else {
+            q.cache_attention(view, pass.max_end, scale)?
+        })
     }
 
     /// Checks token ids against the vocabulary.
@@ -234,18 +285,31 @@ impl Engine {
                 seen[r * words + id as usize / 32] |= 1 << (id % 32);
             }
         }
+        let learned = self.w.learned_positions();
+        let pos = learned.then(|| self.positions(&start, t)).transpose()?;
         self.seen.write_from_host(&seen)?;
         self.start.write_from_host(&start)?;
         self.slot.write_from_host(&vec![0u32; b])?;
         self.host_slot = vec![0; b];
+        self.host_start = start;
         let ids = Tensor::from_vec(ids, &[b, t], self.device)?;
-        let logits = no_grad(|| self.forward(&ids, t, !all, true))?;
+        let logits = no_grad(|| self.forward(&ids, pos.as_ref(), t, !all, true))?;
         self.host_slot = vec![t as u32; b];
         Ok(if all {
             logits
         } else {
             logits.reshape(&[b, self.cfg.vocab_size])?
         })
+    }
+
+    /// The positions `[b, t]` of a prefill of `t` slots whose rows start at `start`: slot
+    /// `i` of row `r` is at `i − start[r]` (0 on padding), as the reference numbers them.
+    fn positions(&self, start: &[u32], t: usize) -> Result<Tensor, ModelError> {
+        let pos = start
+            .iter()
+            .flat_map(|&s| (0..t as u32).map(move |i| i.saturating_sub(s)))
+            .collect();
+        Ok(Tensor::from_vec(pos, &[start.len(), t], self.device)?)
     }
 
     /// One greedy decode step: [`Engine::decode`] choosing the argmax.
@@ -258,8 +322,8 @@ impl Engine {
     /// temperature 0 without a penalty; else `Tensor::sample_last`, whose draw for the token
     /// after slot `s` is Philox's at counter `s`, so a seed replays a generation). On CUDA the
     /// step is a CUDA graph (captured at the first call, again when the settings change) and
-    /// this is one host-to-device write of the ids and slots, one replay and one
-    /// device-to-host copy of the result.
+    /// this is one host-to-device write of the ids and slots (and positions, for learned
+    /// positions), one replay and one device-to-host copy of the result.
     pub fn decode(&mut self, tokens: &[u32], sampling: &Sampling) -> Result<Vec<u32>, ModelError> {
         let choice = choice(sampling)?;
         let b = self.opts.batch;
@@ -281,13 +345,22 @@ impl Engine {
         }
         let d = self.decode.as_ref().expect("built above");
         d.ids.write_from_host(tokens)?;
+        if let Some(pos) = &d.pos {
+            let at: Vec<u32> = self
+                .host_slot
+                .iter()
+                .zip(&self.host_start)
+                .map(|(&s, &st)| s.saturating_sub(st))
+                .collect();
+            pos.write_from_host(&at)?;
+        }
         self.slot.write_from_host(&self.host_slot)?;
         let next = match &d.graph {
             Some(g) => {
                 g.replay()?;
                 d.next.to_vec_u32()?
             }
-            None => no_grad(|| self.step(&d.ids, choice))?.to_vec_u32()?,
+            None => no_grad(|| self.step(&d.ids, d.pos.as_ref(), choice))?.to_vec_u32()?,
         };
         self.host_slot.iter_mut().for_each(|s| *s += 1);
         self.checked(next)
@@ -313,8 +386,13 @@ impl Engine {
     }
 
     /// The decode step's work: logits of one token per row, and each row's next token `[batch]`.
-    fn step(&self, ids: &Tensor, choice: Choice) -> Result<Tensor, ModelError> {
-        let logits = self.forward(ids, self.opts.capacity, true, false)?;
+    fn step(
+        &self,
+        ids: &Tensor,
+        pos: Option<&Tensor>,
+        choice: Choice,
+    ) -> Result<Tensor, ModelError> {
+        let logits = self.forward(ids, pos, self.opts.capacity, true, false)?;
         let logits = logits.reshape(&[self.opts.batch, self.cfg.vocab_size])?;
         self.choose(&logits, choice, 0)
     }
@@ -326,14 +404,23 @@ impl Engine {
         // later: they are checked against the vocabulary first.
         let top = self.cfg.vocab_size as u32 - 1;
         let ids = Tensor::from_vec(vec![top; b], &[b, 1], self.device)?;
+        // Likewise the positions' (capacity − 1, attained): a decode step's slots are below
+        // the capacity, and a position is at most its slot.
+        let last = self.opts.capacity as u32 - 1;
+        let pos = self
+            .w
+            .learned_positions()
+            .then(|| Tensor::from_vec(vec![last; b], &[b, 1], self.device))
+            .transpose()?;
         match self.device {
             Device::Cuda(_) => {
                 let (graph, next) = capture(self.device, || {
-                    no_grad(|| self.step(&ids, choice)).map_err(op_err)
+                    no_grad(|| self.step(&ids, pos.as_ref(), choice)).map_err(op_err)
                 })?;
                 Ok(DecodeGraph {
                     graph: Some(graph),
                     ids,
+                    pos,
                     next,
                     choice,
                 })
@@ -342,6 +429,7 @@ impl Engine {
                 graph: None,
                 next: Tensor::from_vec(vec![0u32; b], &[b], self.device)?,
                 ids,
+                pos,
                 choice,
             }),
         }

@@ -1,10 +1,12 @@
 //! The engine's weights: a Llama-family checkpoint with each layer's q/k/v projections fused
-//! into one matrix and gate/up into another (one GEMM each), stored in the engine's dtype
-//! (bf16 or f32), or quantized to int8/int4 at load (`models::quant`, from the f32 values; the
-//! head and the embedding stay in the engine's dtype and f32); norms stay f32.
+//! into one matrix and gate/up into another (one GEMM each), or a GPT-2 one (`super::gpt2`),
+//! stored in the engine's dtype (bf16 or f32), or quantized to int8/int4 at load
+//! (`models::quant`, from the f32 values; the head and the embedding stay in the engine's dtype
+//! and f32); norms stay f32.
 
 use tensor_ops::{DType, Device, QuantWeight, Tensor};
 
+use super::gpt2::Gpt2Weights;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::ModelError;
 use crate::layers::{inv_freq, load};
@@ -18,6 +20,29 @@ pub(crate) enum Proj {
 }
 
 impl Proj {
+    /// The projection of `m`, an f32 matrix `[out, in]` on the host: in `dtype` on `dev`, or
+    /// quantized to `quant` from its f32 values.
+    pub(crate) fn from_host(
+        m: &Tensor,
+        dev: Device,
+        dtype: DType,
+        quant: Option<QuantKind>,
+    ) -> Result<Proj, ModelError> {
+        let &[rows, cols] = m.shape() else {
+            return Err(ModelError::Unsupported(format!(
+                "a projection of shape {:?} (not a matrix)",
+                m.shape()
+            )));
+        };
+        Ok(match quant {
+            None => Proj::Dense(m.to(dev)?.to_dtype(dtype)?),
+            Some(kind) => {
+                let q = Quantized::new(kind, &m.to_vec()?, rows, cols)?;
+                Proj::Quant(q.to_device(dev)?)
+            }
+        })
+    }
+
     /// `x · Wᵀ` in x's dtype.
     pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         Ok(match self {
@@ -27,7 +52,7 @@ impl Proj {
     }
 
     /// Bytes a product reads of it.
-    fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         let b = |t: &Tensor| t.numel() * t.dtype().size_in_bytes();
         match self {
             Proj::Dense(w) => b(w),
@@ -49,15 +74,10 @@ pub(crate) struct LayerWeights {
     pub down: Proj,
 }
 
-pub(crate) struct Weights {
-    /// f32 `[vocab, hidden]` (the embedding lookup reads f32 tables; one row per token).
-    pub embed: Tensor,
-    pub layers: Vec<LayerWeights>,
-    pub norm: Tensor,
-    /// The head `[vocab, hidden]`: the embedding itself when tied.
-    pub head: Tensor,
-    /// f32 `[d/2]`, Llama 3's scaling applied.
-    pub inv_freq: Tensor,
+/// The weights of the engine's model, by family.
+pub(crate) enum Weights {
+    Llama(LlamaWeights),
+    Gpt2(Gpt2Weights),
 }
 
 impl Weights {
@@ -68,12 +88,51 @@ impl Weights {
         dtype: DType,
         quant: Option<QuantKind>,
     ) -> Result<Self, ModelError> {
-        if cfg.architecture == Architecture::Gpt2 {
-            return Err(ModelError::Unsupported(
-                "the engine runs the Llama family (Llama, Qwen2, Mistral); GPT-2 runs on CausalLm"
-                    .into(),
-            ));
+        Ok(match cfg.architecture {
+            Architecture::Gpt2 => Weights::Gpt2(Gpt2Weights::load(cfg, ck, dev, dtype, quant)?),
+            _ => Weights::Llama(LlamaWeights::load(cfg, ck, dev, dtype, quant)?),
+        })
+    }
+
+    /// Whether tokens carry learned positions (a pass needs each token's position).
+    pub(crate) fn learned_positions(&self) -> bool {
+        matches!(self, Weights::Gpt2(_))
+    }
+
+    /// Bytes of the weights one decode step reads: every matrix once (the head too, tied or
+    /// not); the embeddings' one row per token are left out.
+    pub(crate) fn bytes_per_step(&self) -> usize {
+        match self {
+            Weights::Llama(w) => w.bytes_per_step(),
+            Weights::Gpt2(w) => w.bytes_per_step(),
         }
+    }
+}
+
+/// Bytes of a tensor's elements.
+pub(crate) fn bytes(t: &Tensor) -> usize {
+    t.numel() * t.dtype().size_in_bytes()
+}
+
+pub(crate) struct LlamaWeights {
+    /// f32 `[vocab, hidden]` (the embedding lookup reads f32 tables; one row per token).
+    pub embed: Tensor,
+    pub layers: Vec<LayerWeights>,
+    pub norm: Tensor,
+    /// The head `[vocab, hidden]`: the embedding itself when tied.
+    pub head: Tensor,
+    /// f32 `[d/2]`, Llama 3's scaling applied.
+    pub inv_freq: Tensor,
+}
+
+impl LlamaWeights {
+    fn load(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        dev: Device,
+        dtype: DType,
+        quant: Option<QuantKind>,
+    ) -> Result<Self, ModelError> {
         let w = |name: &str| -> Result<Tensor, ModelError> {
             Ok(load(ck, name, dev)?.to_dtype(dtype)?)
         };
@@ -91,12 +150,7 @@ impl Weights {
                 .map(|n| load(ck, n, Device::Cpu))
                 .collect::<Result<Vec<_>, _>>()?;
             let refs: Vec<&Tensor> = parts.iter().collect();
-            let all = Tensor::cat(&refs, 0)?;
-            let &[rows, cols] = all.shape() else {
-                return Err(ModelError::Quant(format!("{names:?} are not matrices")));
-            };
-            let q = Quantized::new(kind, &all.to_vec()?, rows, cols)?;
-            Ok(Proj::Quant(q.to_device(dev)?))
+            Proj::from_host(&Tensor::cat(&refs, 0)?, dev, dtype, Some(kind))
         };
         let layers = (0..cfg.num_layers)
             .map(|i| {
@@ -137,7 +191,7 @@ impl Weights {
             w("lm_head.weight")?
         };
         let freqs = inv_freq(cfg, cfg.rope_theta.unwrap_or(10_000.0));
-        Ok(Weights {
+        Ok(LlamaWeights {
             embed,
             layers,
             norm: f32_of("model.norm.weight")?,
@@ -146,10 +200,8 @@ impl Weights {
         })
     }
 
-    /// Bytes of the weights one decode step reads: every matrix once (the head too, tied or
-    /// not); the embedding's one row per token is left out.
-    pub(crate) fn bytes_per_step(&self) -> usize {
-        let b = |t: &Tensor| t.numel() * t.dtype().size_in_bytes();
+    fn bytes_per_step(&self) -> usize {
+        let b = bytes;
         let layers: usize = self
             .layers
             .iter()

@@ -1,0 +1,213 @@
+//! GPT-2 in the fast engine: learned positions (`wpe`, each token's position given with its
+//! id), pre-LayerNorm blocks with biases on every projection, the MLP's GELU (tanh or exact,
+//! from the config) and the head tied to `wte` unless the checkpoint holds `lm_head`, as
+//! [`crate::CausalLm`] runs it. The projections are the checkpoint's Conv1D `[in, out]` weights
+//! transposed at load to `[out, in]` (c_attn's q, k, v column blocks become the fused q/k/v rows
+//! the cache ops read), then stored as the Llama family's are ([`Proj`]: the engine's dtype, or
+//! int8/int4). The cache write is `rope_append` without rotation (an empty `inv_freq`: cos 1,
+//! sin 0, an exact copy), the attention `cache_attention`: the same cache, prefill and decode as
+//! the Llama family. LayerNorms, biases, the GELU and the residual stream are f32; a
+//! projection's input is rounded once to the engine's dtype.
+
+use tensor_ops::{CacheView, DType, Device, Tensor};
+
+use super::weights::{bytes, Proj};
+use super::{Engine, Pass};
+use crate::config::{Gpt2Activation, ModelConfig};
+use crate::error::ModelError;
+use crate::layers::{gelu_tanh, load, transpose};
+use crate::quant::QuantKind;
+use crate::weights::Checkpoint;
+
+/// A LayerNorm's weight and bias (f32).
+struct Norm {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl Norm {
+    fn load(ck: &Checkpoint, prefix: &str, dev: Device) -> Result<Self, ModelError> {
+        Ok(Norm {
+            weight: load(ck, &format!("{prefix}.weight"), dev)?,
+            bias: load(ck, &format!("{prefix}.bias"), dev)?,
+        })
+    }
+
+    /// The LayerNorm of the f32 `x` (in f32), rounded to `dtype`.
+    fn apply(&self, x: &Tensor, eps: f32, dtype: DType) -> Result<Tensor, ModelError> {
+        Ok(x.layer_norm(&self.weight, &self.bias, eps)?
+            .to_dtype(dtype)?)
+    }
+
+    fn bytes(&self) -> usize {
+        bytes(&self.weight) + bytes(&self.bias)
+    }
+}
+
+/// A Conv1D layer: the projection `[out, in]` and its f32 bias `[out]`.
+struct Affine {
+    w: Proj,
+    bias: Tensor,
+}
+
+impl Affine {
+    /// `{prefix}.weight` (`[in, out]`, transposed here) and `{prefix}.bias`.
+    fn load(
+        ck: &Checkpoint,
+        prefix: &str,
+        dev: Device,
+        dtype: DType,
+        quant: Option<QuantKind>,
+    ) -> Result<Self, ModelError> {
+        let name = format!("{prefix}.weight");
+        let w = load(ck, &name, Device::Cpu)?;
+        let &[rows, cols] = w.shape() else {
+            return Err(ModelError::Unsupported(format!(
+                "{name} of shape {:?} (not a matrix)",
+                w.shape()
+            )));
+        };
+        let rows_out = Tensor::from_vec(
+            transpose(&w.to_vec()?, rows, cols),
+            &[cols, rows],
+            Device::Cpu,
+        )?;
+        Ok(Affine {
+            w: Proj::from_host(&rows_out, dev, dtype, quant)?,
+            bias: load(ck, &format!("{prefix}.bias"), dev)?,
+        })
+    }
+
+    /// `x · Wᵀ + b`, in f32 (the product in x's dtype, the bias added in f32).
+    fn apply(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(self.w.apply(x)?.add(&self.bias)?)
+    }
+
+    fn bytes(&self) -> usize {
+        self.w.bytes() + bytes(&self.bias)
+    }
+}
+
+struct Block {
+    ln_1: Norm,
+    /// `[3·hidden, hidden]`: q, k, v rows.
+    attn: Affine,
+    attn_proj: Affine,
+    ln_2: Norm,
+    fc: Affine,
+    mlp_proj: Affine,
+}
+
+pub(crate) struct Gpt2Weights {
+    /// f32 `[vocab, hidden]` and `[context, hidden]` (the embedding lookups read f32 tables).
+    wte: Tensor,
+    wpe: Tensor,
+    blocks: Vec<Block>,
+    ln_f: Norm,
+    /// `[vocab, hidden]` in the engine's dtype: `wte` itself unless the checkpoint has `lm_head`.
+    head: Tensor,
+    activation: Gpt2Activation,
+    /// An empty `inv_freq`: `rope_append` writes the keys without rotating them.
+    no_rotation: Tensor,
+}
+
+impl Gpt2Weights {
+    pub(crate) fn load(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        dev: Device,
+        dtype: DType,
+        quant: Option<QuantKind>,
+    ) -> Result<Self, ModelError> {
+        let affine = |name: &str| Affine::load(ck, name, dev, dtype, quant);
+        let blocks = (0..cfg.num_layers)
+            .map(|i| {
+                let p = format!("h.{i}");
+                Ok(Block {
+                    ln_1: Norm::load(ck, &format!("{p}.ln_1"), dev)?,
+                    attn: affine(&format!("{p}.attn.c_attn"))?,
+                    attn_proj: affine(&format!("{p}.attn.c_proj"))?,
+                    ln_2: Norm::load(ck, &format!("{p}.ln_2"), dev)?,
+                    fc: affine(&format!("{p}.mlp.c_fc"))?,
+                    mlp_proj: affine(&format!("{p}.mlp.c_proj"))?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let wte = load(ck, "wte.weight", dev)?;
+        let head = match ck.info("lm_head.weight") {
+            Some(_) => load(ck, "lm_head.weight", dev)?.to_dtype(dtype)?,
+            None => wte.to_dtype(dtype)?,
+        };
+        Ok(Gpt2Weights {
+            wpe: load(ck, "wpe.weight", dev)?,
+            wte,
+            blocks,
+            ln_f: Norm::load(ck, "ln_f", dev)?,
+            head,
+            activation: cfg.gpt2_activation.unwrap_or(Gpt2Activation::GeluTanh),
+            no_rotation: Tensor::from_vec(Vec::<f32>::new(), &[0], dev)?,
+        })
+    }
+
+    /// Bytes of the weights one decode step reads (see `Weights::bytes_per_step`).
+    pub(crate) fn bytes_per_step(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                b.ln_1.bytes()
+                    + b.attn.bytes()
+                    + b.attn_proj.bytes()
+                    + b.ln_2.bytes()
+                    + b.fc.bytes()
+                    + b.mlp_proj.bytes()
+            })
+            .sum();
+        blocks + self.ln_f.bytes() + bytes(&self.head)
+    }
+
+    /// The MLP's activation of the f32 `x`, in f32.
+    fn activate(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        match self.activation {
+            Gpt2Activation::GeluTanh => gelu_tanh(x),
+            Gpt2Activation::GeluErf => Ok(x.gelu()?),
+        }
+    }
+}
+
+impl Engine {
+    /// GPT-2's pass (see `Engine::forward`): tokens `ids` at positions `pos` (u32, both
+    /// `[b, t]`).
+    pub(super) fn forward_gpt2(
+        &self,
+        w: &Gpt2Weights,
+        ids: &Tensor,
+        pos: &Tensor,
+        pass: Pass,
+    ) -> Result<Tensor, ModelError> {
+        let cfg = &self.cfg;
+        let (eps, dt) = (cfg.norm_eps as f32, self.opts.dtype);
+        let scale = 1.0 / (cfg.head_dim as f32).sqrt();
+        let mut x = w.wte.embedding(ids)?.add(&w.wpe.embedding(pos)?)?;
+        for (b, (k, v)) in w.blocks.iter().zip(&self.caches) {
+            let view = CacheView {
+                k,
+                v,
+                start: &self.start,
+                slot: &self.slot,
+            };
+            let qkv = b.attn.apply(&b.ln_1.apply(&x, eps, dt)?)?;
+            let q = qkv.rope_append(&w.no_rotation, view, cfg.num_heads, dt)?;
+            let y = self.attention(&q, view, pass, scale)?;
+            x = x.add(&b.attn_proj.apply(&y)?)?;
+            let m = w.activate(&b.fc.apply(&b.ln_2.apply(&x, eps, dt)?)?)?;
+            x = x.add(&b.mlp_proj.apply(&m.to_dtype(dt)?)?)?;
+        }
+        let t = ids.shape()[1];
+        if pass.last_only && t > 1 {
+            x = x.narrow(1, t - 1, 1)?;
+        }
+        let h = w.ln_f.apply(&x, eps, dt)?;
+        Ok(h.matmul_t(&w.head, false, true)?)
+    }
+}
