@@ -216,6 +216,16 @@ impl MatmulOps for CpuBackend {
     ) -> Result<()> {
         let _p = profile::scope("matmul");
         spec.validate(a, b, c)?;
+        let x_wt = spec.batch == 1 && !spec.trans_a && spec.trans_b;
+        if let (CpuStorage::BF16(w), true) = (b, x_wt && fast::fast()) {
+            // `x·Wᵀ` by a bf16 weight in the fast mode: W stays bf16 (`fast::linear`).
+            let w = fast::linear::Weight::Bf16 {
+                w,
+                n: spec.n,
+                k: spec.k,
+            };
+            return fast::linear::matmul_t_into(a, spec.m, w, c);
+        }
         if a.dtype() == DType::BF16 || c.dtype() == DType::BF16 {
             // bf16 × bf16: the products are exact in f32; accumulated in f32, rounded once
             // (to C's dtype), as cuBLAS's bf16 GEMM with f32 compute does.

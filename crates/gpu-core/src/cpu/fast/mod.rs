@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 pub(crate) mod attention;
+pub(crate) mod linear;
 pub(crate) mod math;
 pub(crate) mod optim;
 pub(crate) mod rows;
