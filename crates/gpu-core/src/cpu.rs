@@ -4,7 +4,9 @@
 //! mode on AVX2 hosts without AVX-512 through an own kernel ([`SgemmPath`]).
 //! The reference is the default ([`CpuMode::Exact`]); [`CpuMode::Fast`] (what the training
 //! binaries choose) runs f32 SIMD kernels for GELU, attention, LayerNorm and AdamW instead
-//! (`fast`, `docs/cpu-speed.md`).
+//! (`fast`, `docs/cpu-speed.md`), and products `x·Wᵀ` by a bf16 or int8/int4 weight with the
+//! weight kept compact (`fast/linear.rs`; the exact mode widens a bf16 weight whole for the
+//! SGEMM and sums quantized products in f64).
 //! Independent work (elements, rows, sequences) runs on `rayon`'s pool (see `par`), each item
 //! computed exactly as a sequential loop would, so results do not depend on the thread count.
 

@@ -257,15 +257,19 @@ pub(crate) fn matmul_t(isa: Isa, x: &[f32], m: usize, w: Weight<'_>, y: &mut [f3
     }
 }
 
+/// The least rows of `W` one task takes: some 64 Ki weight elements (fewer tasks cost rayon
+/// less than they save on small matrices).
+fn min_rows(k: usize) -> usize {
+    ((1 << 16) / k.max(1)).max(1)
+}
+
 /// The direct kernel (see the module docs): each task takes rows of `W` and writes their
 /// columns of `y` through a transposed `n × m` result.
 fn direct(isa: Isa, x: &[f32], w: Weight<'_>, m: usize, y: &mut [f32]) -> Result<()> {
     let (n, k) = w.dims();
     let mut yt = try_zeroed_vec::<f32>(n * m)?;
-    // Enough rows a task that each covers some 64 Ki weight elements.
-    let min_rows = ((1 << 16) / k.max(1)).max(1);
     yt.par_chunks_mut(m)
-        .with_min_len(min_rows)
+        .with_min_len(min_rows(k))
         .enumerate()
         .for_each(|(j, out)| {
             let mut acc = [[0f32; LANES]; DIRECT_MAX_M];
@@ -303,6 +307,7 @@ fn blocked(isa: Isa, x: &[f32], w: Weight<'_>, m: usize, y: &mut [f32]) -> Resul
         let block = &mut scratch[..rows * k];
         block
             .par_chunks_mut(k)
+            .with_min_len(min_rows(k))
             .enumerate()
             .for_each(|(r, out)| w.widen(isa, j0 + r, 0, out));
         let dst = &mut y[j0..];
