@@ -4,7 +4,9 @@
 //! mode on AVX2 hosts without AVX-512 through an own kernel ([`SgemmPath`]).
 //! The reference is the default ([`CpuMode::Exact`]); [`CpuMode::Fast`] (what the training
 //! binaries choose) runs f32 SIMD kernels for GELU, attention, LayerNorm and AdamW instead
-//! (`fast`, `docs/cpu-speed.md`).
+//! (`fast`, `docs/cpu-speed.md`), and products `x·Wᵀ` by a bf16 or int8/int4 weight with the
+//! weight kept compact (`fast/linear.rs`; the exact mode widens a bf16 weight whole for the
+//! SGEMM and sums quantized products in f64).
 //! Independent work (elements, rows, sequences) runs on `rayon`'s pool (see `par`), each item
 //! computed exactly as a sequential loop would, so results do not depend on the thread count.
 
@@ -216,6 +218,16 @@ impl MatmulOps for CpuBackend {
     ) -> Result<()> {
         let _p = profile::scope("matmul");
         spec.validate(a, b, c)?;
+        let x_wt = spec.batch == 1 && !spec.trans_a && spec.trans_b;
+        if let (CpuStorage::BF16(w), true) = (b, x_wt && fast::fast()) {
+            // `x·Wᵀ` by a bf16 weight in the fast mode: W stays bf16 (`fast::linear`).
+            let w = fast::linear::Weight::Bf16 {
+                w,
+                n: spec.n,
+                k: spec.k,
+            };
+            return fast::linear::matmul_t_into(a, spec.m, w, c);
+        }
         if a.dtype() == DType::BF16 || c.dtype() == DType::BF16 {
             // bf16 × bf16: the products are exact in f32; accumulated in f32, rounded once
             // (to C's dtype), as cuBLAS's bf16 GEMM with f32 compute does.

@@ -3,7 +3,14 @@
 //! `q·s` then `+ m`, each rounded in f32, no fused multiply-add); `matmul_quant` sums the exact
 //! products `x·w` (f32 × f32 is exact in f64) in f64 and rounds once where it stores (bf16 to
 //! nearest even by [`bf16_rne`]).
+//!
+//! That f64 sum is the exact mode's (the default, and what the CUDA kernels are tested
+//! against). In the fast mode ([`super::CpuMode::Fast`], the binaries' choice) `matmul_quant`
+//! runs `fast::linear` instead: the same dequantized values, the weight kept packed (rows
+//! widened by stretches in cache), the products summed in f32 SIMD lanes on all cores, within
+//! `γ_k·Σ|x·w|` of this reference (tested there against it).
 
+use super::fast::{self, linear::Weight};
 use super::widen::bf16_rne;
 use super::CpuStorage;
 use crate::backend::BufferInfo;
@@ -100,6 +107,15 @@ impl QuantOps for CpuBackend {
         const OP: &str = "matmul_quant";
         check_matmul_quant(x, data, scales, mins, out, spec)?;
         let (data, scales, mins) = weight(data, scales, mins)?;
+        if fast::fast() {
+            let w = Weight::Quant {
+                spec,
+                data,
+                scales,
+                mins,
+            };
+            return fast::linear::matmul_t_into(x, spec.m, w, out);
+        }
         let QuantSpec { m, n, k, .. } = spec;
         // One weight row per task: dequantized once, then its column of the output, each sum
         // computed as the sequential loop would.

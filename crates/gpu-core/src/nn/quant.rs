@@ -122,7 +122,8 @@ impl QuantSpec {
 /// say; float buffers are f32 or bf16, computed in f32 or wider and rounded once where stored.
 pub trait QuantOps: Backend {
     /// `out[i, j] = Σ_t x[i, t]·deq(W)[j, t]` for `x` `[m, k]` (f32 or bf16) and `out` `[m, n]`
-    /// (f32 or bf16, overwritten). The CPU sums the exact products in f64; CUDA sums in f32
+    /// (f32 or bf16, overwritten). The CPU sums the exact products in f64 (its fast mode in f32
+    /// SIMD lanes, the weight kept packed: `cpu/fast/linear.rs`); CUDA sums in f32
     /// (with `m <= 4` a fused kernel that applies each scale after summing `x·q` over a
     /// stretch of a row; with `m > 4` dequantize-then-GEMM, the weight rounded to x's dtype
     /// first). Backends document their error against the CPU.

@@ -1,5 +1,6 @@
 //! The CPU backend's fast mode: f32 kernels for the ops that dominate training on the CPU
-//! (GELU, causal attention, LayerNorm, cross-entropy, AdamW), written as plain loops that the compiler
+//! (GELU, causal attention, LayerNorm, cross-entropy, AdamW) and inference (products by a bf16,
+//! int8 or int4 weight kept compact: `linear.rs`), written as plain loops that the compiler
 //! vectorizes, compiled three times (AVX-512, AVX2 + FMA, and the x86-64 baseline / other
 //! architectures) and picked at run time by `is_x86_feature_detected!` — never by
 //! `target-cpu=native`, so one binary runs on any x86-64 host.
@@ -33,6 +34,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 pub(crate) mod attention;
+pub(crate) mod linear;
 pub(crate) mod math;
 pub(crate) mod optim;
 pub(crate) mod rows;

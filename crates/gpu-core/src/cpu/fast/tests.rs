@@ -12,6 +12,7 @@ use rand_distr::{Distribution, Normal};
 
 mod attention;
 mod cross_entropy;
+mod linear;
 mod sgemm;
 
 pub(super) const U: f64 = 1.0 / (1u64 << 24) as f64;
