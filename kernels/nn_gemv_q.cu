@@ -4,7 +4,7 @@
 // little-endian: int8 (4 values a word, one f32 scale a row, w = q·s) or int4 (8 values a word,
 // low nibble first, groups of 128 inputs with a scale and a minimum, w = q·s + m).
 //
-// gemv_q{8,4}_m{M}_v{V}_{x}{o}: out[i, j] = Σ_t x[i, t]·w[j, t], f32 accumulation, out f32 or
+// gemv_q{8,4}_m{M}_v{V}_{x}{o} (and gemv_qs…, the split-k form below): out[i, j] = Σ_t x[i, t]·w[j, t], f32 accumulation, out f32 or
 // bf16 (rounded once). The design of nn_gemv_bf16.cu: each warp streams NR weight rows with
 // loads of V words (V = 4: 16 bytes, when a packed row is a multiple of 16 bytes; else V = 1)
 // that bypass L1 (read once), reads x's rows through the read-only cache, and sums its lanes'
@@ -171,6 +171,107 @@ GEMV_Q_M(8, 4)
 GEMV_Q_M(8, 1)
 GEMV_Q_M(4, 4)
 GEMV_Q_M(4, 1)
+
+// The split-k form (as in nn_gemv_bf16.cu): a block of QWARPS warps owns QSR weight rows and its
+// threads split a row's chunks (chunk c to thread c mod 128), each reading chunk c of all QSR
+// rows, so that the loads of a long row are in flight at once rather than walked by one warp;
+// the block then sums its partials (shuffles, then the warps' sums in warp order through shared
+// memory) and applies int8's row scale. The same products and per-chunk scales as gemv_q.
+#define QSR 4
+template <int Q, int M, int V, typename TX, typename TO>
+static __device__ void gemv_qs_body(const TX* __restrict__ x, const u32* __restrict__ data,
+                                    const float* __restrict__ scales,
+                                    const float* __restrict__ mins, TO* __restrict__ out, u32 m,
+                                    u32 n, u32 k) {
+    constexpr int VPW = Q == 8 ? 4 : 8;
+    constexpr int VPC = VPW * V;
+    __shared__ float part[QWARPS][M * QSR];
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 j0 = blockIdx.x * QSR;
+    const u32 wpr = k / VPW, chunks = wpr / V, groups = (k + QGROUP - 1) / QGROUP;
+    float acc[M][QSR];
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int r = 0; r < QSR; ++r) acc[i][r] = 0.0f;
+#pragma unroll 2
+    for (u32 c = tid; c < chunks; c += QWARPS * 32) {
+        u32 wq[QSR][V];
+        float s[QSR], mn[QSR];
+#pragma unroll
+        for (int r = 0; r < QSR; ++r) {
+            const bool live = j0 + r < n;
+            if (live)
+                ld_stream(data + (u64)(j0 + r) * wpr + (u64)c * V, wq[r]);
+            else
+#pragma unroll
+                for (int p = 0; p < V; ++p) wq[r][p] = 0;
+            if (Q == 4) {
+                const u64 g = (u64)(j0 + r) * groups + (u64)c * VPC / QGROUP;
+                s[r] = live ? __ldg(scales + g) : 0.0f;
+                mn[r] = live ? __ldg(mins + g) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            if (i < (int)m) {
+                float sq[QSR], sx = 0.0f;
+#pragma unroll
+                for (int r = 0; r < QSR; ++r) sq[r] = 0.0f;
+#pragma unroll
+                for (int p = 0; p < V; ++p) {
+                    float xf[VPW];
+                    load_x(x + (u64)i * k + (u64)c * VPC + p * VPW, xf);
+                    if (Q == 4)
+#pragma unroll
+                        for (int e = 0; e < VPW; ++e) sx += xf[e];
+#pragma unroll
+                    for (int r = 0; r < QSR; ++r) dot_word(wq[r][p], xf, sq[r]);
+                }
+#pragma unroll
+                for (int r = 0; r < QSR; ++r)
+                    acc[i][r] = Q == 4 ? fmaf(s[r], sq[r], fmaf(mn[r], sx, acc[i][r]))
+                                       : acc[i][r] + sq[r];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int r = 0; r < QSR; ++r) {
+            const float v = warp_sum(acc[i][r]);
+            if (lane == 0) part[warp][i * QSR + r] = v;
+        }
+    __syncthreads();
+    if (tid < (u32)(M * QSR)) {
+        const u32 i = tid / QSR, r = tid % QSR;
+        float v = part[0][tid];
+#pragma unroll
+        for (int w = 1; w < QWARPS; ++w) v += part[w][tid];
+        if (i < m && j0 + r < n)
+            store(out, (u64)i * n + j0 + r, Q == 8 ? v * __ldg(scales + j0 + r) : v);
+    }
+}
+
+#define GEMV_QS(Q, M, V, TX, X, TO, O)                                                            \
+    extern "C" __global__ void __launch_bounds__(QWARPS * 32)                                     \
+        gemv_qs##Q##_m##M##_v##V##_##X##O(const TX* x, const u32* data, const float* scales,     \
+                                          const float* mins, TO* out, u32 m, u32 n, u32 k) {     \
+        gemv_qs_body<Q, M, V, TX, TO>(x, data, scales, mins, out, m, n, k);                       \
+    }
+#define GEMV_QS_XO(Q, M, V)                  \
+    GEMV_QS(Q, M, V, float, f, float, f)     \
+    GEMV_QS(Q, M, V, float, f, bf16, b)      \
+    GEMV_QS(Q, M, V, bf16, b, float, f)      \
+    GEMV_QS(Q, M, V, bf16, b, bf16, b)
+#define GEMV_QS_M(Q, V) \
+    GEMV_QS_XO(Q, 1, V) \
+    GEMV_QS_XO(Q, 2, V) \
+    GEMV_QS_XO(Q, 4, V)
+GEMV_QS_M(8, 4)
+GEMV_QS_M(8, 1)
+GEMV_QS_M(4, 4)
+GEMV_QS_M(4, 1)
 
 // One thread per word of the packed weight (grid-stride): its 4 or 8 values of deq(W).
 template <int Q, typename TO>

@@ -139,14 +139,15 @@ fn skinny_rows(s: &MatmulSpec) -> Option<usize> {
 /// How the skinny kernels split a product (`nn_gemv_bf16.cu`): `Warp`, each warp two weight
 /// rows over all of k; `Split(r)`, each block of 256 threads `r` rows with k split over its
 /// threads (more loads in flight when n is small). `HYBRID_GEMV=warp|split4|split8` picks one
-/// for a comparison; the default is `split4`.
+/// for a comparison; the default is `split4`. The quantized kernels (`nn_gemv_q.cu`) follow:
+/// the warp form for `warp`, their split-k form (4 rows a block) otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GemvForm {
+pub(crate) enum GemvForm {
     Warp,
     Split(usize),
 }
 
-fn gemv_form() -> GemvForm {
+pub(crate) fn gemv_form() -> GemvForm {
     static FORM: std::sync::OnceLock<GemvForm> = std::sync::OnceLock::new();
     *FORM.get_or_init(|| match std::env::var("HYBRID_GEMV").as_deref() {
         Ok("warp") => GemvForm::Warp,

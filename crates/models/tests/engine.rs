@@ -16,7 +16,7 @@
 mod hf_fixture;
 
 use hf_fixture::{dir, expected, max_err};
-use models::{CausalLm, Engine, EngineOptions, QuantKind, Sampler, Sampling};
+use models::{CausalLm, Engine, EngineOptions, ModelError, QuantKind, Sampler, Sampling};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use tensor_ops::{transfer_stats, DType, Device};
@@ -438,6 +438,59 @@ fn engine_refuses_bad_input_and_changes_nothing() {
         "three tokens for two rows"
     );
     assert_eq!(e.decode_greedy(&[4, 5]).unwrap().len(), 2);
+}
+
+/// A step that fails (a temperature of 3e-39, whose reciprocal 3.3e38 is finite but overflows
+/// the tempered logits: no distribution to sample)
+/// leaves no trace: the rows stay at their slots and the penalty's history is restored, so
+/// the steps after it (sampled, and one greedy) give what an engine that never saw it gives.
+fn a_failed_step_leaves_no_trace(dev: Device) {
+    let exp = expected("llama3");
+    let prompts = vec![exp.ids.clone(), exp.ids[3..].to_vec()];
+    let s = Sampling {
+        temperature: 0.7,
+        top_k: Some(8),
+        repetition_penalty: 3.0,
+        seed: 5,
+        ..Sampling::default()
+    };
+    let bad = Sampling {
+        temperature: 3e-39,
+        ..s
+    };
+    let run = |fail: bool| -> Vec<Vec<u32>> {
+        let mut e = engine("llama3", dev, DType::F32, 2);
+        e.prefill(&prompts, false).unwrap();
+        let mut next = vec![1, 2];
+        let mut out = vec![];
+        for step in 0..8 {
+            if fail && step % 3 == 1 {
+                let r = e.decode(&next, &bad);
+                assert!(
+                    matches!(r, Err(ModelError::BadSampling(_))),
+                    "{dev}: a temperature of 3e-39 must fail the step, got {r:?}"
+                );
+            }
+            let how = if step == 4 { &Sampling::default() } else { &s };
+            next = e.decode(&next, how).unwrap();
+            out.push(next.clone());
+        }
+        out
+    };
+    assert_eq!(run(true), run(false), "{dev}: a failed step left a trace");
+}
+
+#[test]
+fn engine_failed_step_leaves_no_trace_on_the_cpu() {
+    a_failed_step_leaves_no_trace(Device::Cpu);
+}
+
+#[test]
+fn gpu_engine_failed_step_leaves_no_trace() {
+    let Some(dev) = gpu("gpu_engine_failed_step_leaves_no_trace") else {
+        return;
+    };
+    a_failed_step_leaves_no_trace(dev);
 }
 
 fn gpu(test: &str) -> Option<Device> {

@@ -46,6 +46,8 @@ use gpu_core::{Backend, BufferInfo, DType, MatmulOps, MatmulSpec, Result};
 /// Warps per block and weight rows per warp of the fused kernel (`QWARPS`, `QNR`).
 const WARPS: usize = 4;
 const ROWS_PER_WARP: usize = 2;
+/// Weight rows per block of the split-k form (`QSR`), the default.
+const SPLIT_ROWS: usize = 4;
 /// Threads per block and the most blocks of the dequantize kernel (a grid-stride loop).
 const DEQ_THREADS: usize = 256;
 const DEQ_MAX_BLOCKS: usize = 1 << 16;
@@ -156,14 +158,20 @@ impl CudaBackend {
         spec: QuantSpec,
         rows: usize,
     ) -> Result<()> {
-        let blocks = spec.n.div_ceil(WARPS * ROWS_PER_WARP);
+        let split = crate::blas_bf16::gemv_form() != crate::blas_bf16::GemvForm::Warp;
+        let (rows_per_block, form) = if split {
+            (SPLIT_ROWS, "qs")
+        } else {
+            (WARPS * ROWS_PER_WARP, "q")
+        };
+        let blocks = spec.n.div_ceil(rows_per_block);
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1), // n < 2^31
             block_dim: ((WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let name = format!(
-            "gemv_q{}_m{rows}_v{}_{}{}",
+            "gemv_{form}{}_m{rows}_v{}_{}{}",
             bits(spec.format),
             words_per_load(&spec),
             tag(x.dtype()),
@@ -177,8 +185,9 @@ impl CudaBackend {
             KernelArg::U32(spec.n as u32),
             KernelArg::U32(spec.k as u32),
         ]);
-        // SAFETY: gemv_qQ_mR_vV_XO(const TX* x, const u32* data, const float* scales, const
-        // float* mins, TO* out, u32 m, u32 n, u32 k), 4 warps a block, 2 weight rows a warp:
+        // SAFETY: gemv_q[s]Q_mR_vV_XO(const TX* x, const u32* data, const float* scales, const
+        // float* mins, TO* out, u32 m, u32 n, u32 k), 4 warps a block, 2 weight rows a warp
+        // (the split form: 4 rows a block, the same accesses per row):
         // m <= R (the template's rows), and m·k, m·n, n·k < 2^31 (QuantSpec::check). x holds
         // m·k elements, data n·k/vpw words, scales and mins n or n·⌈k/128⌉ f32, out m·n
         // (checked lengths). A warp touches rows j < n only: words j·wpr + c·V ..+ V with

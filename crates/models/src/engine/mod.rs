@@ -74,9 +74,14 @@ pub struct Engine {
     start: Tensor,
     slot: Tensor,
     /// u32 `[batch, ⌈vocab/32⌉]`: the tokens each row was prompted with or produced (the
-    /// repetition penalty's history), on the device.
+    /// repetition penalty's history), on the device (the sampling op adds its draws) ...
     seen: Tensor,
-    /// ... and on the host (what was last written).
+    /// ... and on the host: the history after the last successful step, written back when a
+    /// step fails or when greedy steps (whose argmax does not mark the device's copy) came
+    /// before a sampled one (`seen_stale`).
+    host_seen: Vec<u32>,
+    seen_stale: bool,
+    /// Where each row stands, as last written to `start` and `slot`.
     host_start: Vec<u32>,
     host_slot: Vec<u32>,
 }
@@ -121,6 +126,8 @@ impl Engine {
         Ok(Engine {
             decode: None,
             seen: Tensor::from_vec(vec![0u32; opts.batch * words], &[opts.batch, words], device)?,
+            host_seen: vec![0u32; opts.batch * words],
+            seen_stale: false,
             start: Tensor::from_vec(zeros.clone(), &[opts.batch], device)?,
             slot: Tensor::from_vec(zeros.clone(), &[opts.batch], device)?,
             host_start: zeros.clone(),
@@ -288,6 +295,8 @@ impl Engine {
         let learned = self.w.learned_positions();
         let pos = learned.then(|| self.positions(&start, t)).transpose()?;
         self.seen.write_from_host(&seen)?;
+        self.host_seen = seen;
+        self.seen_stale = false;
         self.start.write_from_host(&start)?;
         self.slot.write_from_host(&vec![0u32; b])?;
         self.host_slot = vec![0; b];
@@ -323,7 +332,9 @@ impl Engine {
     /// after slot `s` is Philox's at counter `s`, so a seed replays a generation). On CUDA the
     /// step is a CUDA graph (captured at the first call, again when the settings change) and
     /// this is one host-to-device write of the ids and slots (and positions, for learned
-    /// positions), one replay and one device-to-host copy of the result.
+    /// positions), one replay and one device-to-host copy of the result. A step that fails (a
+    /// row with no distribution to sample: `ModelError::BadSampling`) leaves the engine as it
+    /// was: the rows stay at their slots and the penalty's history is restored.
     pub fn decode(&mut self, tokens: &[u32], sampling: &Sampling) -> Result<Vec<u32>, ModelError> {
         let choice = choice(sampling)?;
         let b = self.opts.batch;
@@ -355,15 +366,39 @@ impl Engine {
             pos.write_from_host(&at)?;
         }
         self.slot.write_from_host(&self.host_slot)?;
+        if choice.is_some() && self.seen_stale {
+            self.seen.write_from_host(&self.host_seen)?;
+            self.seen_stale = false;
+        }
         let next = match &d.graph {
             Some(g) => {
                 g.replay()?;
-                d.next.to_vec_u32()?
+                d.next.to_vec_u32().map_err(ModelError::from)
             }
-            None => no_grad(|| self.step(&d.ids, d.pos.as_ref(), choice))?.to_vec_u32()?,
+            None => no_grad(|| self.step(&d.ids, d.pos.as_ref(), choice))
+                .and_then(|t| Ok(t.to_vec_u32()?)),
         };
-        self.host_slot.iter_mut().for_each(|s| *s += 1);
-        self.checked(next)
+        match next.and_then(|n| self.checked(n)) {
+            Ok(next) => {
+                // The step is taken: the rows move on and their tokens join the history.
+                self.host_slot.iter_mut().for_each(|s| *s += 1);
+                let words = self.cfg.vocab_size.div_ceil(32);
+                for (r, &tok) in next.iter().enumerate() {
+                    self.host_seen[r * words + tok as usize / 32] |= 1 << (tok % 32);
+                }
+                self.seen_stale |= choice.is_none();
+                Ok(next)
+            }
+            Err(e) => {
+                // Nothing moved: the next step rewrites the slots this one wrote (the rows'
+                // slots are written from the host each step); the history the sampling op
+                // marked for the other rows is restored.
+                if choice.is_some() {
+                    self.seen.write_from_host(&self.host_seen)?;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Refuses a row that had no distribution to sample (`sample_last` gave `vocab`).
