@@ -31,6 +31,34 @@ static __device__ __forceinline__ void unpack8(uint4 v, float* f) {
 static __device__ __forceinline__ void store(float* o, float v) { *o = v; }
 static __device__ __forceinline__ void store(bf16* o, float v) { o->bits = float_to_bf16_bits(v); }
 
+// acc[i][r] += x[i, 8c .. 8c+8] · w[j0 + r, 8c .. 8c+8] for rows i < m and j0 + r < n: one 16-byte
+// chunk of R weight rows (streamed past L1) against the same chunk of x's rows (read-only cache).
+template <int M, int R>
+static __device__ __forceinline__ void chunk_step(float (&acc)[M][R], const bf16* __restrict__ x,
+                                                  const bf16* __restrict__ w, u32 m, u32 n, u32 k,
+                                                  u32 j0, u32 c) {
+    float wf[R][8];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (j0 + r < n)
+            unpack8(ld_stream(w + (u64)(j0 + r) * k + (u64)c * 8), wf[r]);
+        else
+#pragma unroll
+            for (int e = 0; e < 8; ++e) wf[r][e] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+        if (i < (int)m) {
+            float xf[8];
+            unpack8(__ldg(reinterpret_cast<const uint4*>(x + (u64)i * k + (u64)c * 8)), xf);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[i][r] = fmaf(xf[e], wf[r][e], acc[i][r]);
+        }
+    }
+}
+
 template <int M, int NR, typename TO>
 static __device__ void gemv_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                  TO* __restrict__ out, u32 m, u32 n, u32 k) {
@@ -44,28 +72,7 @@ static __device__ void gemv_body(const bf16* __restrict__ x, const bf16* __restr
         for (int r = 0; r < NR; ++r) acc[i][r] = 0.0f;
     const u32 chunks = k >> 3;
 #pragma unroll 2
-    for (u32 c = lane; c < chunks; c += 32) {
-        float wf[NR][8];
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-            if (j0 + r < n)
-                unpack8(ld_stream(w + (u64)(j0 + r) * k + (u64)c * 8), wf[r]);
-            else
-#pragma unroll
-                for (int e = 0; e < 8; ++e) wf[r][e] = 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-            if (i < (int)m) {
-                float xf[8];
-                unpack8(__ldg(reinterpret_cast<const uint4*>(x + (u64)i * k + (u64)c * 8)), xf);
-#pragma unroll
-                for (int r = 0; r < NR; ++r)
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[i][r] = fmaf(xf[e], wf[r][e], acc[i][r]);
-            }
-        }
-    }
+    for (u32 c = lane; c < chunks; c += 32) chunk_step<M, NR>(acc, x, w, m, n, k, j0, c);
 #pragma unroll
     for (int i = 0; i < M; ++i)
 #pragma unroll
@@ -106,28 +113,7 @@ static __device__ void gemv_sk_body(const bf16* __restrict__ x, const bf16* __re
         for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
     const u32 chunks = k >> 3;
 #pragma unroll 2
-    for (u32 c = tid; c < chunks; c += GEMV_WARPS * 32) {
-        float wf[R][8];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if (j0 + r < n)
-                unpack8(ld_stream(w + (u64)(j0 + r) * k + (u64)c * 8), wf[r]);
-            else
-#pragma unroll
-                for (int e = 0; e < 8; ++e) wf[r][e] = 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-            if (i < (int)m) {
-                float xf[8];
-                unpack8(__ldg(reinterpret_cast<const uint4*>(x + (u64)i * k + (u64)c * 8)), xf);
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[i][r] = fmaf(xf[e], wf[r][e], acc[i][r]);
-            }
-        }
-    }
+    for (u32 c = tid; c < chunks; c += GEMV_WARPS * 32) chunk_step<M, R>(acc, x, w, m, n, k, j0, c);
 #pragma unroll
     for (int i = 0; i < M; ++i)
 #pragma unroll

@@ -172,6 +172,9 @@ GEMV_Q_M(8, 1)
 GEMV_Q_M(4, 4)
 GEMV_Q_M(4, 1)
 
+// Its chunk step repeats gemv_q_body's on purpose: moved into a shared function, the compiler
+// unrolls this form's loop differently (other machine code than the images measured on the
+// H200), which nn_gemv_bf16.cu's shared chunk_step does not do.
 // The split-k form (as in nn_gemv_bf16.cu): a block of QWARPS warps owns QSR weight rows and its
 // threads split a row's chunks (chunk c to thread c mod 128), each reading chunk c of all QSR
 // rows, so that the loads of a long row are in flight at once rather than walked by one warp;

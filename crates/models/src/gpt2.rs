@@ -7,32 +7,14 @@ use tensor_ops::{Device, Tensor};
 use crate::cache::LayerCache;
 use crate::config::{Gpt2Activation, ModelConfig};
 use crate::error::ModelError;
-use crate::layers::{cached_attention, gelu_tanh, heads, load, Linear, Slots};
+use crate::layers::{cached_attention, gelu_tanh, heads, load, LayerNorm, Linear, Slots};
 use crate::weights::Checkpoint;
 
-struct Norm {
-    weight: Tensor,
-    bias: Tensor,
-}
-
-impl Norm {
-    fn load(ck: &Checkpoint, prefix: &str, dev: Device) -> Result<Self, ModelError> {
-        Ok(Norm {
-            weight: load(ck, &format!("{prefix}.weight"), dev)?,
-            bias: load(ck, &format!("{prefix}.bias"), dev)?,
-        })
-    }
-
-    fn forward(&self, x: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
-        Ok(x.layer_norm(&self.weight, &self.bias, eps)?)
-    }
-}
-
 struct Block {
-    ln_1: Norm,
+    ln_1: LayerNorm,
     attn: Linear,
     proj: Linear,
-    ln_2: Norm,
+    ln_2: LayerNorm,
     fc: Linear,
     fc_proj: Linear,
 }
@@ -42,7 +24,7 @@ pub(crate) struct Gpt2 {
     wte: Tensor,
     wpe: Tensor,
     blocks: Vec<Block>,
-    ln_f: Norm,
+    ln_f: LayerNorm,
     head: Linear,
     activation: Gpt2Activation,
 }
@@ -57,10 +39,10 @@ impl Gpt2 {
             .map(|i| {
                 let p = format!("h.{i}");
                 Ok(Block {
-                    ln_1: Norm::load(ck, &format!("{p}.ln_1"), dev)?,
+                    ln_1: LayerNorm::load(ck, &format!("{p}.ln_1"), dev)?,
                     attn: Linear::conv1d(ck, &format!("{p}.attn.c_attn"), dev)?,
                     proj: Linear::conv1d(ck, &format!("{p}.attn.c_proj"), dev)?,
-                    ln_2: Norm::load(ck, &format!("{p}.ln_2"), dev)?,
+                    ln_2: LayerNorm::load(ck, &format!("{p}.ln_2"), dev)?,
                     fc: Linear::conv1d(ck, &format!("{p}.mlp.c_fc"), dev)?,
                     fc_proj: Linear::conv1d(ck, &format!("{p}.mlp.c_proj"), dev)?,
                 })
@@ -77,7 +59,7 @@ impl Gpt2 {
             wte,
             wpe: load(ck, "wpe.weight", dev)?,
             blocks,
-            ln_f: Norm::load(ck, "ln_f", dev)?,
+            ln_f: LayerNorm::load(ck, "ln_f", dev)?,
             head,
             activation: cfg.gpt2_activation.unwrap_or(Gpt2Activation::GeluTanh),
         })

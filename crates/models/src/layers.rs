@@ -19,6 +19,26 @@ pub(crate) fn load(ck: &Checkpoint, name: &str, dev: Device) -> Result<Tensor, M
     Ok(Tensor::from_vec(ck.tensor_f32(name)?, &shape, dev)?)
 }
 
+/// A LayerNorm's weight and bias (f32), as GPT-2 names them (`{prefix}.weight`, `.bias`).
+pub(crate) struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+}
+
+impl LayerNorm {
+    pub(crate) fn load(ck: &Checkpoint, prefix: &str, dev: Device) -> Result<Self, ModelError> {
+        Ok(LayerNorm {
+            weight: load(ck, &format!("{prefix}.weight"), dev)?,
+            bias: load(ck, &format!("{prefix}.bias"), dev)?,
+        })
+    }
+
+    /// The LayerNorm of `x` (f32).
+    pub(crate) fn forward(&self, x: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
+        Ok(x.layer_norm(&self.weight, &self.bias, eps)?)
+    }
+}
+
 /// A linear layer: `x·Wᵀ + b` with PyTorch's `[out, in]` weight, or `x·W + b` with GPT-2's
 /// Conv1D `[in, out]` weight.
 pub(crate) struct Linear {

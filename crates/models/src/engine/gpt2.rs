@@ -15,32 +15,25 @@ use super::weights::{bytes, Proj};
 use super::{Engine, Pass};
 use crate::config::{Gpt2Activation, ModelConfig};
 use crate::error::ModelError;
-use crate::layers::{gelu_tanh, load, transpose};
+use crate::layers::{gelu_tanh, load, transpose, LayerNorm};
 use crate::quant::QuantKind;
 use crate::weights::Checkpoint;
 
-/// A LayerNorm's weight and bias (f32).
-struct Norm {
-    weight: Tensor,
-    bias: Tensor,
-}
+/// A LayerNorm (f32) whose output the engine rounds to its dtype.
+struct Norm(LayerNorm);
 
 impl Norm {
     fn load(ck: &Checkpoint, prefix: &str, dev: Device) -> Result<Self, ModelError> {
-        Ok(Norm {
-            weight: load(ck, &format!("{prefix}.weight"), dev)?,
-            bias: load(ck, &format!("{prefix}.bias"), dev)?,
-        })
+        Ok(Norm(LayerNorm::load(ck, prefix, dev)?))
     }
 
     /// The LayerNorm of the f32 `x` (in f32), rounded to `dtype`.
     fn apply(&self, x: &Tensor, eps: f32, dtype: DType) -> Result<Tensor, ModelError> {
-        Ok(x.layer_norm(&self.weight, &self.bias, eps)?
-            .to_dtype(dtype)?)
+        Ok(self.0.forward(x, eps)?.to_dtype(dtype)?)
     }
 
     fn bytes(&self) -> usize {
-        bytes(&self.weight) + bytes(&self.bias)
+        bytes(&self.0.weight) + bytes(&self.0.bias)
     }
 }
 

@@ -48,6 +48,27 @@ impl CacheView<'_> {
         Ok(dims)
     }
 
+    /// The decode sizes of queries `q` `[b, t, heads, d]` against these caches (their `b` and
+    /// `d` must be the caches').
+    fn query_dims(&self, op: &'static str, q: &Tensor) -> Result<DecodeDims> {
+        let &[_, t, heads, _] = q.shape() else {
+            return Err(GpuError::shape(
+                op,
+                "queries of shape [b, t, heads, d]",
+                format!("{:?}", q.shape()),
+            ));
+        };
+        let dims = self.dims(op, t, heads)?;
+        if q.shape() != [dims.b, t, heads, dims.d] {
+            return Err(GpuError::shape(
+                op,
+                format!("queries [{}, {t}, {heads}, {}]", dims.b, dims.d),
+                format!("{:?}", q.shape()),
+            ));
+        }
+        Ok(dims)
+    }
+
     /// Refuses caches that share storage with each other or with `inputs` (a write lock taken
     /// twice would deadlock, and an op must not read what it overwrites).
     fn check_distinct(&self, op: &'static str, inputs: &[&Tensor]) -> Result<()> {
@@ -129,21 +150,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         const OP: &str = "cache_attention";
         let dev = same_device(OP, &[self, cache.k, cache.v, cache.start, cache.slot])?;
-        let &[b, t, heads, _] = self.shape() else {
-            return Err(GpuError::shape(
-                OP,
-                "queries of shape [b, t, heads, d]",
-                format!("{:?}", self.shape()),
-            ));
-        };
-        let dims = cache.dims(OP, t, heads)?;
-        if self.shape() != [dims.b, t, heads, dims.d] {
-            return Err(GpuError::shape(
-                OP,
-                format!("queries [{}, {t}, {heads}, {}]", dims.b, dims.d),
-                format!("{:?}", self.shape()),
-            ));
-        }
+        let dims = cache.query_dims(OP, self)?;
         let (q, kc, vc, st, sl) = (
             self.read(),
             cache.k.read(),
@@ -167,7 +174,11 @@ impl Tensor {
             )?;
             crate::ops::wrap(be, out)
         });
-        Ok(Tensor::from_storage(out, vec![b, t, heads * dims.d], dev))
+        Ok(Tensor::from_storage(
+            out,
+            vec![dims.b, dims.t, dims.heads * dims.d],
+            dev,
+        ))
     }
 
     /// [`Tensor::cache_attention`] of a fresh prefill (`DecodeOps::prefill_attention`): each
@@ -184,27 +195,13 @@ impl Tensor {
     ) -> Result<Tensor> {
         const OP: &str = "prefill_attention";
         let dev = same_device(OP, &[self, k, v, start])?;
-        let &[b, t, heads, _] = self.shape() else {
-            return Err(GpuError::shape(
-                OP,
-                "queries of shape [b, t, heads, d]",
-                format!("{:?}", self.shape()),
-            ));
-        };
         let cache = CacheView {
             k,
             v,
             start,
             slot: start,
         };
-        let dims = cache.dims(OP, t, heads)?;
-        if self.shape() != [dims.b, t, heads, dims.d] {
-            return Err(GpuError::shape(
-                OP,
-                format!("queries [{}, {t}, {heads}, {}]", dims.b, dims.d),
-                format!("{:?}", self.shape()),
-            ));
-        }
+        let dims = cache.query_dims(OP, self)?;
         let (q, kc, vc, st) = (self.read(), k.read(), v.read(), start.read());
         let dtype = self.dtype();
         let out = on_device!(dev, |be| {
@@ -220,7 +217,11 @@ impl Tensor {
             )?;
             crate::ops::wrap(be, out)
         });
-        Ok(Tensor::from_storage(out, vec![b, t, heads * dims.d], dev))
+        Ok(Tensor::from_storage(
+            out,
+            vec![dims.b, dims.t, dims.heads * dims.d],
+            dev,
+        ))
     }
 
     /// The index of the largest element of each row along the last axis, u32, of shape
