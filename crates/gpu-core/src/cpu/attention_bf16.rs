@@ -19,6 +19,7 @@
 //! from `ex2.approx.ftz`, which flushes a P below 2^-126 to 0 where this reference keeps the
 //! subnormal. The tests bound both differences (`crates/gpu-cuda/tests/nn_attention_bf16.rs`).
 
+use super::widen::bf16_rne;
 use super::{CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
 use crate::nn::attention::{check_dims, Packed};
@@ -96,7 +97,7 @@ fn scatter(src: &[f64], p: Packed, w: usize, blk: usize, (bi, h): (usize, usize)
     for (i, row) in src.chunks_exact(p.d).enumerate() {
         let at = (bi * p.t + i) * w * p.c() + blk * p.c() + h * p.d;
         for (dst, &v) in x[at..at + p.d].iter_mut().zip(row) {
-            *dst = bf16::from_f64(v);
+            *dst = bf16_rne(v);
         }
     }
 }
@@ -110,7 +111,7 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 }
 
 fn round(x: f64) -> f64 {
-    bf16::from_f64(x).to_f64()
+    bf16_rne(x).to_f64()
 }
 
 /// Forward: `out` `[b, t, c]` (bf16) and `lse` `[b·heads, t]` (f32) from `qkv` `[b, t, 3c]`,
@@ -301,6 +302,23 @@ fn bf16_slice<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reference_rounds_to_bf16_once() {
+        // Just above a bf16 tie (1 + 2^-8 + 2^-23): the nearest bf16 is 0x3f81; half's
+        // `from_f64`, which this reference used before, gives 0x3f80.
+        let x = f32::from_bits(0x3f80_8001) as f64;
+        assert_eq!(round(x), bf16::from_bits(0x3f81).to_f64());
+        let mut out = vec![bf16::ZERO; 192];
+        let p = Packed {
+            b: 1,
+            t: 1,
+            heads: 1,
+            d: 64,
+        };
+        scatter(&[x; 64], p, 3, 0, (0, 0), &mut out);
+        assert!(out[..64].iter().all(|v| v.to_bits() == 0x3f81));
+    }
 
     #[test]
     fn one_row_is_the_value_row() {
