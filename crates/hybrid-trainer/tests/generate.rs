@@ -435,23 +435,7 @@ fn a_trained_llama_variant_exports_and_the_fast_engine_scores_it() {
     assert!(out.contains("Llama variant"), "{out}");
     let config = std::fs::read_to_string(tmp.path().join("hf/config.json")).unwrap();
     assert!(config.contains("LlamaForCausalLM"), "{config}");
-    let base = [
-        "--device",
-        "cpu",
-        "perplexity",
-        "--model",
-        &hf,
-        "--text",
-        &data,
-    ];
-    let ppl = |extra: &[&str]| -> f64 {
-        let (stdout, _) = cli_ok(base.iter().chain(extra));
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with("perplexity "))
-            .unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    };
+    let ppl = |extra: &[&str]| perplexity_of(&hf, &data, extra);
     let reference = ppl(&[]);
     let fast = ppl(&["--engine", "fast", "--dtype", "f32"]);
     let ref8 = ppl(&["--quant", "int8"]);
@@ -465,23 +449,7 @@ fn a_trained_llama_variant_exports_and_the_fast_engine_scores_it() {
     }
     assert!((bf16 / reference).ln().abs() <= 0.1, "{bf16}");
     let gpt2 = fixture("gpt2").display().to_string();
-    let gpt2_ppl = |extra: &[&str]| -> f64 {
-        let args = [
-            "--device",
-            "cpu",
-            "perplexity",
-            "--model",
-            &gpt2,
-            "--text",
-            &data,
-        ];
-        let (stdout, _) = cli_ok(args.iter().chain(extra));
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with("perplexity "))
-            .unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    };
+    let gpt2_ppl = |extra: &[&str]| perplexity_of(&gpt2, &data, extra);
     let (want, got) = (
         gpt2_ppl(&[]),
         gpt2_ppl(&["--engine", "fast", "--dtype", "f32"]),
@@ -491,4 +459,24 @@ fn a_trained_llama_variant_exports_and_the_fast_engine_scores_it() {
         (got / want).ln().abs() <= 1.5e-2,
         "gpt2: {got} against {want}"
     );
+}
+
+/// The perplexity `hybrid-trainer perplexity` prints for `model` on `text` (on the CPU), with
+/// `extra` flags.
+fn perplexity_of(model: &str, text: &str, extra: &[&str]) -> f64 {
+    let args = [
+        "--device",
+        "cpu",
+        "perplexity",
+        "--model",
+        model,
+        "--text",
+        text,
+    ];
+    let (stdout, _) = cli_ok(args.iter().chain(extra));
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("perplexity "))
+        .unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }

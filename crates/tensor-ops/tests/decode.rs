@@ -212,6 +212,7 @@ fn empty_calls_and_extreme_scores() {
     let q = x.rope_append(&freqs, view, 1, DType::F32).unwrap();
     assert_eq!(q.shape(), &[1, 0, 1, 4]);
     assert_eq!(q.cache_attention(view, 0, 1.0).unwrap().numel(), 0);
+    assert_eq!(q.prefill_attention(&k, &v, &start, 1.0).unwrap().numel(), 0);
     assert!(k.to_vec().unwrap().iter().all(|&e| e == 0.0));
     // Scores of ±1e30 scale: the softmax subtracts the maximum, so the output is the value row
     // of the best slot, finite; a NaN query gives NaN, not a silent number.
@@ -242,6 +243,30 @@ fn empty_calls_and_extreme_scores() {
     let q = Tensor::from_vec(vec![f32::NAN, 0.0, 0.0, 0.0], &[1, 1, 1, 4], DEV).unwrap();
     let out = q.cache_attention(big, 4, 1.0).unwrap().to_vec().unwrap();
     assert!(out.iter().all(|o| o.is_nan()), "{out:?}");
+    // The prefill's attention at the same extremes: 4 queries at slots 0..4, query 3 sees all
+    // four keys, so its row is the best slot's values; a NaN query's row is NaN.
+    for (x0, best) in [(1e30f32, 0usize), (-1e30, 1)] {
+        let mut qs = vec![0.0f32; 16];
+        qs[12] = x0;
+        let q = Tensor::from_vec(qs, &[1, 4, 1, 4], DEV).unwrap();
+        let out = q
+            .prefill_attention(&kk, &v, &start, 1.0)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let want: Vec<f32> = (0..4).map(|e| (best * 4 + e) as f32).collect();
+        assert_eq!(out[12..], want, "q[3][0] = {x0}");
+        assert!(out.iter().all(|o| o.is_finite()));
+    }
+    let mut qs = vec![0.0f32; 16];
+    qs[12] = f32::NAN;
+    let q = Tensor::from_vec(qs, &[1, 4, 1, 4], DEV).unwrap();
+    let out = q
+        .prefill_attention(&kk, &v, &start, 1.0)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    assert!(out[12..].iter().all(|o| o.is_nan()) && out[..12].iter().all(|o| o.is_finite()));
 }
 
 /// The fused decode ops are the unfused training ops: `add_rms_norm` is `add` then `rms_norm`

@@ -5,8 +5,8 @@
 //! transposed at load to `[out, in]` (c_attn's q, k, v column blocks become the fused q/k/v rows
 //! the cache ops read), then stored as the Llama family's are ([`Proj`]: the engine's dtype, or
 //! int8/int4). The cache write is `rope_append` without rotation (an empty `inv_freq`: cos 1,
-//! sin 0, an exact copy), the attention `cache_attention`: the same cache, prefill and decode as
-//! the Llama family. LayerNorms, biases, the GELU and the residual stream are f32; a
+//! sin 0, an exact copy), the attention the Llama family's (`prefill_attention` in a prefill,
+//! `cache_attention` in decode): the same cache, prefill and decode. LayerNorms, biases, the GELU and the residual stream are f32; a
 //! projection's input is rounded once to the engine's dtype.
 
 use tensor_ops::{CacheView, DType, Device, Tensor};
