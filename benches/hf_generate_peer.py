@@ -4,7 +4,7 @@
 usage: python3 benches/hf_generate_peer.py [--models 1b,3b] [--new-tokens 128] [--repeats 3]
            [--save DIR] [--out FILE.json] [--no-static] [--static-timeout 300] [--tiny]
 
-Models: Llama-3.2-1B and -3B shapes (CONFIGS below), random weights (seeded, nothing
+Models: Llama-3.2-1B and -3B shapes and GPT-2 124M (CONFIGS below), random weights (seeded, nothing
 downloaded), bf16, on cuda, attention through PyTorch's SDPA (attn_implementation="sdpa"; the
 JSON records what transformers reports). --tiny: a 2-layer model on the CPU, to test the script.
 
@@ -64,7 +64,7 @@ import time
 import safetensors.torch
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 # transformers 5's form of rope_theta and the llama3 rope_scaling (config.json keeps it so)
 ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
@@ -79,6 +79,10 @@ CONFIGS = {
                                    num_attention_heads=32)),
     "3b": ("llama-3.2-3b", 2, dict(LLAMA32, hidden_size=3072, num_hidden_layers=28,
                                    num_attention_heads=24)),
+    # GPT-2 124M (a context of 1024: no 2048-token prefill); run it alone (its own --save), as
+    # the prompts are drawn below the first model's vocabulary.
+    "gpt2": ("gpt2-124m", 4, dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12,
+                                  n_head=12, bos_token_id=50256, eos_token_id=50256)),
     "tiny": ("llama-tiny", 3, dict(LLAMA32, vocab_size=512, hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, bos_token_id=510, eos_token_id=511)),
@@ -140,7 +144,7 @@ def make_prompts(vocab):
 
 def build(key, dev):
     name, seed, kw = CONFIGS[key]
-    cfg = LlamaConfig(**kw)
+    cfg = GPT2Config(**kw) if key == "gpt2" else LlamaConfig(**kw)
     torch.manual_seed(seed)
     with torch.device(dev):
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa",
@@ -170,7 +174,8 @@ def bytes_per_step(model, b, n):
     c = model.config
     params = sum(p.numel() * p.element_size() for p in model.parameters())  # tied: once
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_pos = c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * 2  # bf16 K and V
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    kv_pos = c.num_hidden_layers * 2 * kv_heads * head_dim * 2  # bf16 K and V
     ctx = PROMPT + n / 2  # mean positions attended over the N-1 decode steps
     emb_rows = b * c.hidden_size * 2
     return params, params + emb_rows + b * ctx * kv_pos, kv_pos
@@ -182,10 +187,15 @@ def eager_arm(key, prompts, args, dev, bw):
     r = {"name": name, "attn_implementation": c._attn_implementation,
          "dtype": str(next(model.parameters()).dtype),
          "params": sum(p.numel() for p in model.parameters()),
-         "param_init_std": model.model.layers[0].mlp.up_proj.weight.float().std().item()}
+         "param_init_std": next(p for n, p in model.named_parameters()
+                                if n.endswith(("mlp.up_proj.weight", "mlp.c_fc.weight"))
+                                ).float().std().item()}
     p = {k: v.to(dev) for k, v in prompts.items()}
     with torch.no_grad():
         for L, ids in ((PROMPT, p["prompt_512"]), (LONG, p["prompt_2048"])):
+            if L > c.max_position_embeddings:
+                r[f"prefill_{L}"] = {"skipped": f"context {c.max_position_embeddings}"}
+                continue
             t, s, _ = bench(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1),
                             dev, 2, SHORT_REPS)
             r[f"prefill_{L}"] = {"median_s": t, "samples_s": s, "tok_s": L / t}
@@ -314,13 +324,14 @@ def table(res):
     for m in res["models"].values():
         out.append(f"| {m['name']} | {m['params'] / 1e6:.1f}M | {m['weight_bytes'] / 1e9:.3f} GB "
                    f"| {m['weights_limit_steps_s']:.0f} | {m['ttft_ms']:.2f} | "
-                   f"{m['prefill_512']['tok_s']:.0f} | {m['prefill_2048']['tok_s']:.0f} |")
+                   f"{m['prefill_512']['tok_s']:.0f} | "
+                   f"{fmt(m['prefill_2048'].get('tok_s'), '.0f')} |")
     return "\n".join(out)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="1b,3b", help="comma-separated: 1b, 3b (tiny: --tiny)")
+    ap.add_argument("--models", default="1b,3b", help="comma-separated: 1b, 3b, gpt2 (tiny: --tiny)")
     ap.add_argument("--new-tokens", type=int, default=None, help="N (default 128; --tiny 16)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each N-token generate")
     ap.add_argument("--save", help="directory for the models, prompts and greedy tokens")
@@ -342,7 +353,7 @@ def main():
     keys = ["tiny"] if args.tiny else [k.strip() for k in args.models.split(",") if k.strip()]
     for k in keys:
         if k not in CONFIGS:
-            sys.exit(f"unknown model {k!r}; known: 1b, 3b (and --tiny)")
+            sys.exit(f"unknown model {k!r}; known: 1b, 3b, gpt2 (and --tiny)")
     if not args.tiny and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --tiny on a CPU")
     dev = torch.device("cpu" if args.tiny else "cuda")

@@ -1,5 +1,5 @@
 //! `DecodeOps::prefill_attention` on CUDA (the tensor-core flash attention of
-//! `kernels/nn_prefill_bf16.cu` for bf16 heads of width 64; the cache attention otherwise)
+//! `kernels/nn_prefill_bf16.cu` for bf16 heads of width 64 or 128; the cache attention otherwise)
 //! against the CPU reference (f64), on fresh random inputs (printed, replayable seed): grouped
 //! heads, lengths that are not whole 64-row tiles, left padding that ends inside a tile, on a
 //! tile boundary or past the prompt (a row that sees nothing gets zeros), negative and zero
@@ -8,8 +8,8 @@
 //!
 //! The bound of the tensor-core path (that of `nn_attention_bf16.rs`'s forward, whose
 //! arithmetic this kernel shares): u = 2^-8 (bf16's unit roundoff), ε = 2^-16 (a generous f32
-//! accumulation and ex2 error for 64-wide heads and ≤ 1024 keys: S's sum of 64 products errs by
-//! ≤ 64·2^-24 of its terms' size, each exponent by 2^-22 and the running rescales by as much per
+//! accumulation and ex2 error for heads up to 128 wide and ≤ 1024 keys: S's sum of 128 products
+//! errs by ≤ 128·2^-24 = 2^-17 of its terms' size, each exponent by 2^-22 and the running rescales by as much per
 //! tile); with s_ij = scale·q_i·k_j, σ_ij = |scale|·Σ|q_i∘k_j|, P_ij the reference's
 //! probabilities and κ_ij = 1 + σ_ij + |lse_i| (the relative error of a P is ε·κ_ij):
 //! |Δout_i| ≤ u·(2·Σ_j P_ij|v_j| + 2|out_i|) + ε·Σ_j P_ij|v_j|·κ_ij + 2F·Σ_j|v_j| + 3F·n_i +
@@ -164,13 +164,13 @@ fn gpu_prefill_attention_matches_cpu() {
         return;
     };
     let (mut rng, _) = rng("gpu_prefill_attention_matches_cpu");
-    for &(b, t, heads, kv_heads, cap) in SHAPES {
+    for (&(b, t, heads, kv_heads, cap), d) in SHAPES.iter().flat_map(|s| [(s, 64), (s, 128)]) {
         let dims = DecodeDims {
             b,
             t,
             heads,
             kv_heads,
-            d: 64,
+            d,
             cap,
         };
         for scale in [0.125f32, -0.3, 0.0, 1.0] {
@@ -185,28 +185,35 @@ fn gpu_prefill_attention_matches_cpu() {
 }
 
 /// NaN in the padding slots and in stale slots past the prompt reaches nothing; NaN in the
-/// value of a later position of the diagonal tile reaches only the rows at or after it.
+/// value of a later position of the diagonal tile reaches only the rows at or after it (heads
+/// of width 64 and 128; at 128 the infinity sits in the second half of the row).
 #[test]
 fn gpu_prefill_attention_keeps_nan_where_it_belongs() {
     let Some(gpu) = backend_or_skip("gpu_prefill_attention_keeps_nan_where_it_belongs") else {
         return;
     };
     let (mut rng, _) = rng("gpu_prefill_attention_keeps_nan_where_it_belongs");
+    for d in [64, 128] {
+        nan_case(&gpu, &mut rng, d);
+    }
+}
+
+fn nan_case(gpu: &CudaBackend, rng: &mut StdRng, d: usize) {
     let dims = DecodeDims {
         b: 2,
         t: 150,
         heads: 4,
         kv_heads: 2,
-        d: 64,
+        d,
         cap: 200,
     };
-    let mut c = random_case(&mut rng, dims, 0.125);
+    let mut c = random_case(rng, dims, 0.125);
     c.start = vec![37, 0];
-    let slot = |r: usize, g: usize, j: usize| ((r * 2 + g) * dims.cap + j) * 64;
+    let slot = |r: usize, g: usize, j: usize| ((r * 2 + g) * dims.cap + j) * d;
     for g in 0..2 {
         for j in (0..37).chain(150..200) {
             c.kc[slot(0, g, j) + 5] = f32::NAN;
-            c.vc[slot(0, g, j) + 9] = f32::INFINITY;
+            c.vc[slot(0, g, j) + d - 9] = f32::INFINITY;
         }
         for j in 150..200 {
             c.kc[slot(1, g, j)] = f32::NAN;
@@ -214,33 +221,34 @@ fn gpu_prefill_attention_keeps_nan_where_it_belongs() {
         }
     }
     // Row 1: position 140 (inside the diagonal tile 128..191) has an infinite value.
-    c.vc[slot(1, 0, 140) + 3] = f32::INFINITY;
-    let got = run(&gpu, &c, DType::BF16);
+    let col = d - 3;
+    c.vc[slot(1, 0, 140) + col] = f32::INFINITY;
+    let got = run(gpu, &c, DType::BF16);
     let want = run(&CPU, &c, DType::BF16);
+    let at_of = |at: usize| (at / (150 * 4 * d), at / (4 * d) % 150, at / d % 4, at % d);
     for (at, (&g, &w)) in got.iter().zip(&want).enumerate() {
-        let (r, i) = (at / (150 * 4 * 64), at / (4 * 64) % 150);
-        let (h, e) = (at / 64 % 4, at % 64);
+        let (r, i, h, e) = at_of(at);
         let sees_inf = r == 1 && h < 2 && i >= 140;
         if sees_inf {
             assert!(
-                !g.is_finite() || e != 3,
-                "[{r},{i},{h},{e}] {g} should not be finite"
+                !g.is_finite() || e != col,
+                "d {d}: [{r},{i},{h},{e}] {g} should not be finite"
             );
         } else {
-            assert!(g.is_finite(), "[{r},{i},{h},{e}] got {g}, want {w}");
+            assert!(g.is_finite(), "d {d}: [{r},{i},{h},{e}] got {g}, want {w}");
         }
     }
-    // Rows that do not see the infinite value keep the bound.
+    // Rows that do not see the infinite value keep their bits.
     let mut clean = c;
-    clean.vc[slot(1, 0, 140) + 3] = 0.0;
-    let again = run(&gpu, &clean, DType::BF16);
+    clean.vc[slot(1, 0, 140) + col] = 0.0;
+    let again = run(gpu, &clean, DType::BF16);
     for (at, (&g, &h)) in got.iter().zip(&again).enumerate() {
-        let (r, i, head) = (at / (150 * 4 * 64), at / (4 * 64) % 150, at / 64 % 4);
+        let (r, i, head, _) = at_of(at);
         if !(r == 1 && head < 2 && i >= 140) {
             assert_eq!(
                 g.to_bits(),
                 h.to_bits(),
-                "element {at} moved by a NaN it cannot see"
+                "d {d}: element {at} moved by a NaN it cannot see"
             );
         }
     }
@@ -254,7 +262,12 @@ fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
         return;
     };
     let (mut rng, _) = rng("gpu_prefill_attention_falls_back_to_the_cache_attention");
-    for (d, dtype) in [(128, DType::BF16), (64, DType::F32), (32, DType::BF16)] {
+    for (d, dtype) in [
+        (96, DType::BF16),
+        (64, DType::F32),
+        (128, DType::F32),
+        (32, DType::BF16),
+    ] {
         let dims = DecodeDims {
             b: 2,
             t: 70,
@@ -281,6 +294,38 @@ fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
             .zip(&want)
             .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "d {d} {dtype:?}: not the cache attention's bits");
+    }
+}
+
+/// An empty call (no rows, or no queries) succeeds on both widths of the tensor-core path and
+/// leaves the caches as they were.
+#[test]
+fn gpu_prefill_attention_empty_calls_succeed() {
+    let Some(gpu) = backend_or_skip("gpu_prefill_attention_empty_calls_succeed") else {
+        return;
+    };
+    for d in [64, 128] {
+        for (b, t) in [(0, 5), (2, 0)] {
+            let dims = DecodeDims {
+                b,
+                t,
+                heads: 2,
+                kv_heads: 1,
+                d,
+                cap: 8,
+            };
+            let cache: Vec<f32> = (0..dims.cache_len()).map(|i| i as f32).collect();
+            let (q, k, v) = (
+                put(&gpu, &vec![0f32; dims.q_len()], DType::BF16),
+                put(&gpu, &cache, DType::BF16),
+                put(&gpu, &cache, DType::BF16),
+            );
+            let st = gpu.upload(&vec![0u32; b]).unwrap();
+            let mut out = put(&gpu, &[], DType::BF16);
+            gpu.prefill_attention(&q, &k, &v, &st, &mut out, dims, 0.5)
+                .unwrap_or_else(|e| panic!("d {d} b {b} t {t}: {e}"));
+            assert_eq!(get(&gpu, &k), bf(cache.clone()), "d {d} b {b} t {t}");
+        }
     }
 }
 

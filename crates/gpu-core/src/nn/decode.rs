@@ -145,7 +145,7 @@ pub trait DecodeOps: Backend {
     /// [`DecodeOps::cache_attention`] of a fresh prefill: row `r`'s `t` queries are its slots
     /// `0..t` (as if `slot[r] = 0`; the caller wrote this call's keys and values there), so
     /// query `i` attends to slots `start[r]..=i`, and one before `start[r]` gets zeros. CUDA
-    /// runs bf16 queries, caches and output of head width 64 as a tensor-core flash attention
+    /// runs bf16 queries, caches and output of head width 64 or 128 as a tensor-core flash attention
     /// (the probabilities rounded to bf16 for their product with the values, as the training
     /// attention does); other cases as `cache_attention`.
     #[allow(clippy::too_many_arguments)]

@@ -20,9 +20,9 @@ const ATT_THREADS: u32 = 128;
 /// Slots per chunk and query heads per block of the grouped kernel (`G_CHUNK`, `G_MAX`).
 const GROUP_CHUNK: usize = 64;
 const GROUP_MAX: usize = 8;
-/// The head width, query rows per block and threads per block of the tensor-core prefill
-/// attention (`kernels/nn_prefill_bf16.cu`).
-const PREFILL_D: usize = 64;
+/// The head widths, query rows per block and threads per block of the tensor-core prefill
+/// attention (`kernels/nn_prefill_bf16.cu`: `prefill_attn_d{64,128}_bf16`).
+const PREFILL_D: [usize; 2] = [64, 128];
 const PREFILL_ROWS: usize = 64;
 const PREFILL_THREADS: u32 = 128;
 
@@ -220,7 +220,7 @@ impl DecodeOps for CudaBackend {
         check_prefill_attention(q, k_cache, v_cache, start, out, dims, scale)?;
         self.check_owned(OP, &[q, k_cache, v_cache, start, out])?;
         let bf16 = [q.dtype(), k_cache.dtype(), out.dtype()] == [DType::BF16; 3];
-        if !bf16 || dims.d != PREFILL_D {
+        if !bf16 || !PREFILL_D.contains(&dims.d) {
             // Slots 0..t: the cache attention with every row at slot 0.
             let mut slot = self.allocate(DType::U32, dims.b)?;
             self.memset32(&mut slot, 0)?;
@@ -248,15 +248,17 @@ impl DecodeOps for CudaBackend {
             KernelArg::U32(dims.cap as u32),
             KernelArg::F32(scale),
         ];
-        // SAFETY: prefill_attn_d64_bf16(const bf16* q, const bf16* kc, const bf16* vc,
-        // const u32* start, bf16* out, u32 t, u32 heads, u32 kvh, u32 cap, float scale) over
-        // b·heads·ceil(t/64) blocks of 128 threads (the kernel derives b·heads from the grid
-        // and t). q and out hold b·t·heads·64 bf16, the caches b·kvh·cap·64 bf16 and start b
-        // u32 (checked above); the kernel reads cache slots below t <= cap only (max_end = t
-        // was checked against cap), and its rows are 128 bytes (caches) or heads·128 bytes (q,
-        // out) apart from 256-byte-aligned pool bases: its 16-byte accesses are aligned.
-        // Static shared memory only (40 KiB). out is distinct (&mut) and written only.
-        unsafe { self.launch("prefill_attn_d64_bf16", cfg, &args) }
+        let name = format!("prefill_attn_d{}_bf16", dims.d);
+        // SAFETY: prefill_attn_dD_bf16(const bf16* q, const bf16* kc, const bf16* vc,
+        // const u32* start, bf16* out, u32 t, u32 heads, u32 kvh, u32 cap, float scale), D =
+        // dims.d (64 or 128, checked above), over b·heads·ceil(t/64) blocks of 128 threads (the
+        // kernel derives b·heads from the grid and t). q and out hold b·t·heads·D bf16, the
+        // caches b·kvh·cap·D bf16 and start b u32 (checked above); the kernel reads cache slots
+        // below t <= cap only (max_end = t was checked against cap), and its rows are 2·D bytes
+        // (caches) or heads·2·D bytes (q, out) apart from 256-byte-aligned pool bases: its
+        // 16-byte accesses are aligned. Static shared memory only (40 or 48 KiB). out is
+        // distinct (&mut) and written only.
+        unsafe { self.launch(&name, cfg, &args) }
     }
 
     fn argmax_rows(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {

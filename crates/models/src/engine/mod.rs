@@ -159,7 +159,7 @@ impl Engine {
     /// token's slot minus its row's start, 0 on padding) is what a model with learned positions
     /// reads ([`Weights::learned_positions`]); the others ignore it. `fresh`: a prefill, every
     /// row at slot 0 (its attention is `Tensor::prefill_attention`, on tensor cores for bf16
-    /// heads of width 64).
+    /// heads of width 64 or 128).
     fn forward(
         &self,
         ids: &Tensor,
@@ -225,7 +225,7 @@ impl Engine {
     }
 
     /// The attention of a layer's queries `q` `[b, t, heads, d]` against its cache: a fresh
-    /// prefill's (`Tensor::prefill_attention`, tensor cores for bf16 heads of width 64) or the
+    /// prefill's (`Tensor::prefill_attention`, tensor cores for bf16 heads of width 64 or 128) or the
     /// cache attention from each row's slot.
     fn attention(
         &self,

@@ -184,7 +184,7 @@ impl Tensor {
     /// [`Tensor::cache_attention`] of a fresh prefill (`DecodeOps::prefill_attention`): each
     /// row's `t` queries `self` `[b, t, heads, d]` are its slots `0..t` of the caches `k`, `v`
     /// (written there by [`Tensor::rope_append`] at slot 0), so query `i` attends to slots
-    /// `start[r]..=i`. On CUDA, bf16 queries and caches of head width 64 take a tensor-core
+    /// `start[r]..=i`. On CUDA, bf16 queries and caches of head width 64 or 128 take a tensor-core
     /// flash attention. Returns `[b, t, heads·d]` in the queries' dtype.
     pub fn prefill_attention(
         &self,
