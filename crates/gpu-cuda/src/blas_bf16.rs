@@ -140,7 +140,8 @@ fn skinny_rows(s: &MatmulSpec) -> Option<usize> {
 /// rows over all of k; `Split(r)`, each block of 256 threads `r` rows with k split over its
 /// threads (more loads in flight when n is small). `HYBRID_GEMV=warp|split4|split8` picks one
 /// for a comparison; the default is `split4`. The quantized kernels (`nn_gemv_q.cu`) follow:
-/// the warp form for `warp`, their split-k form (4 rows a block) otherwise.
+/// the warp form for `warp`, their split-k form (4 rows a block) otherwise. Their prefill form
+/// (more rows) has its own switch, `HYBRID_QGEMM=fused|dequant` ([`crate::qgemm_form`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GemvForm {
     Warp,

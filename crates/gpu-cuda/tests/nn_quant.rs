@@ -4,8 +4,9 @@
 //! dequantize-then-GEMM), k with a short last int4 group and rows that are and are not a
 //! multiple of 16 bytes (the 16- and 4-byte load paths), x and out f32 and bf16. Each
 //! tolerance is `gpu_cuda::matmul_quant_bound` (derived in `src/nn/quant.rs`), plus two bf16
-//! roundings where the output is bf16. Dequantization is exact. Tests named `gpu_*` skip
-//! without a GPU.
+//! roundings where the output is bf16. Dequantization is exact. Prefill with bf16 x runs in
+//! both forms (`gpu_cuda::QgemmForm`: the fused dequantize-GEMM and dequantize-then-cuBLAS) on
+//! tile-edge shapes, with NaN, ±inf and ±1e30 in x. Tests named `gpu_*` skip without a GPU.
 
 mod common;
 
@@ -13,7 +14,7 @@ use common::*;
 use gpu_core::nn::quant::{QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
 use gpu_core::{Backend, CpuBackend, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
-use gpu_cuda::{matmul_quant_bound, CudaBackend};
+use gpu_cuda::{matmul_quant_bound, CudaBackend, QgemmForm};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -89,36 +90,87 @@ fn matmul<B: QuantOps>(b: &B, w: &HostWeight, x: &[f32], dt: [DType; 2], m: usiz
 /// 16-byte loads (k = 160 for int4, 256, 2048).
 const SHAPES: &[(usize, usize)] = &[(37, 72), (130, 200), (9, 160), (64, 256), (48, 2048)];
 
-fn matmul_case(gpu: &CudaBackend, rng: &mut StdRng, spec: QuantSpec, dt: [DType; 2]) {
-    let (m, n, k) = (spec.m, spec.n, spec.k);
-    let w = HostWeight::random(rng, spec, 0.1);
-    let x = random_vec(rng, m * k, 2.0);
-    let xs: Vec<f32> = match dt[0] {
-        DType::BF16 => x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
-        _ => x.clone(),
+/// `matmul_quant` on the GPU: through the trait (`form` `None`: the default form) or with the
+/// prefill form given.
+fn gpu_matmul(
+    gpu: &CudaBackend,
+    form: Option<QgemmForm>,
+    w: &HostWeight,
+    x: &[f32],
+    dt: [DType; 2],
+    m: usize,
+) -> Vec<f32> {
+    let Some(form) = form else {
+        return matmul(gpu, w, x, dt, m);
     };
-    let got = matmul(gpu, &w, &x, dt, m);
-    let want = matmul(&CpuBackend, &w, &x, dt, m);
-    let want32 = matmul(&CpuBackend, &w, &x, [dt[0], DType::F32], m);
+    let spec = QuantSpec { m, ..w.spec };
+    let [d, s, mn] = w.upload(gpu);
+    let xb = put(gpu, x, dt[0]);
+    let mut out = put(gpu, &vec![f32::NAN; m * spec.n], dt[1]);
+    gpu.matmul_quant_with(form, &xb, &d, &s, &mn, &mut out, spec)
+        .unwrap();
+    get(gpu, &out)
+}
+
+/// `T = Σ_t |x_it|·(|q_jt·s| + |m|)` of every output (x as the kernel sees it, in `xd`).
+fn magnitudes(w: &HostWeight, x: &[f32], xd: DType, m: usize) -> Vec<f64> {
+    let (n, k) = (w.spec.n, w.spec.k);
+    let xs: Vec<f64> = match xd {
+        DType::BF16 => x
+            .iter()
+            .map(|&v| bf16::from_f32(v).to_f64().abs())
+            .collect(),
+        _ => x.iter().map(|&v| (v as f64).abs()).collect(),
+    };
+    (0..m * n)
+        .map(|idx| {
+            let (i, j) = (idx / n, idx % n);
+            (0..k).map(|c| xs[i * k + c] * w.magnitude(j, c)).sum()
+        })
+        .collect()
+}
+
+/// The GPU's `matmul_quant` against the CPU reference on `w` and `x` (`m` rows): within
+/// `matmul_quant_bound` (plus two bf16 roundings where out is bf16) where the reference is
+/// finite; where it is not (a row of x holding a NaN or an infinity), NaN where it is NaN and
+/// the same infinity where it is infinite.
+fn check_case(
+    gpu: &CudaBackend,
+    form: Option<QgemmForm>,
+    w: &HostWeight,
+    x: &[f32],
+    dt: [DType; 2],
+    m: usize,
+) {
+    let spec = QuantSpec { m, ..w.spec };
+    let n = spec.n;
+    let got = gpu_matmul(gpu, form, w, x, dt, m);
+    let want = matmul(&CpuBackend, w, x, dt, m);
+    let want32 = matmul(&CpuBackend, w, x, [dt[0], DType::F32], m);
+    let t = magnitudes(w, x, dt[0], m);
     for idx in 0..m * n {
         let (i, j) = (idx / n, idx % n);
-        let t: f64 = (0..k)
-            .map(|c| (xs[i * k + c] as f64).abs() * w.magnitude(j, c))
-            .sum();
-        let mut bound = matmul_quant_bound(&spec, dt[0], t);
+        let (g, r) = (got[idx], want[idx]);
+        let at = format!("{spec:?} x/out {dt:?} form {form:?} ({i}, {j}): {g} vs {r}");
+        if !r.is_finite() {
+            assert!(g.is_nan() == r.is_nan() && (r.is_nan() || g == r), "{at}");
+            continue;
+        }
+        let mut bound = matmul_quant_bound(&spec, dt[0], t[idx]);
         if dt[1] == DType::BF16 {
             // Two roundings to bf16, each within half an ulp (2^-8 relative): the kernel's of
             // its f32 sum (within `bound` of the f32 reference) and the reference's.
             bound += 1.001 * (2.0 * want32[idx].abs() as f64 + bound) / 256.0;
         }
-        let err = (got[idx] as f64 - want[idx] as f64).abs();
-        assert!(
-            err <= bound,
-            "{spec:?} x/out {dt:?} ({i}, {j}): {} vs {}: {err:e} > {bound:e}",
-            got[idx],
-            want[idx]
-        );
+        let err = (g as f64 - r as f64).abs();
+        assert!(err <= bound, "{at}: {err:e} > {bound:e}");
     }
+}
+
+fn matmul_case(gpu: &CudaBackend, rng: &mut StdRng, spec: QuantSpec, dt: [DType; 2]) {
+    let w = HostWeight::random(rng, spec, 0.1);
+    let x = random_vec(rng, spec.m * spec.k, 2.0);
+    check_case(gpu, None, &w, &x, dt, spec.m);
 }
 
 #[test]
@@ -137,6 +189,145 @@ fn gpu_matmul_quant_matches_cpu() {
                         matmul_case(&gpu, &mut rng, spec, [xd, od]);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Tile edges of the fused dequantize-GEMM (blocks of 64 rows of x × 128 weight rows, k steps of
+/// 64): (m, n) below, at and past a tile; k = 64 and 128 take its 16-byte copies, 8, 68 (int8
+/// only: k % 8 == 4), 136 and 520 the narrow ones, and 136 and 520 end int4 rows on a short group.
+const GEMM_MN: &[(usize, usize)] = &[
+    (5, 1),
+    (17, 127),
+    (64, 128),
+    (65, 129),
+    (130, 300),
+    (5, 300),
+    (130, 1),
+];
+const GEMM_K: &[usize] = &[8, 64, 68, 128, 136, 520];
+const FORMS: [QgemmForm; 2] = [QgemmForm::Fused, QgemmForm::Dequant];
+
+#[test]
+fn gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges() {
+    let test = "gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut rng, _) = rng(test);
+    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+        for &(m, n) in GEMM_MN {
+            for &k in GEMM_K {
+                if !k.is_multiple_of(format.values_per_word()) {
+                    continue;
+                }
+                let spec = QuantSpec { m, n, k, format };
+                let w = HostWeight::random(&mut rng, spec, 0.1);
+                let x = random_vec(&mut rng, m * k, 2.0);
+                for od in [DType::F32, DType::BF16] {
+                    for form in FORMS {
+                        check_case(&gpu, Some(form), &w, &x, [DType::BF16, od], m);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// NaN, +inf and -inf in x (in both row tiles, and in a short last k step) make the rows that
+/// hold them NaN or the reference's infinity, and no other: every other row stays within the
+/// bound, in both prefill forms.
+#[test]
+fn gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row() {
+    let test = "gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut rng, _) = rng(test);
+    let (m, n, k) = (65, 129, 136);
+    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+        let spec = QuantSpec { m, n, k, format };
+        let w = HostWeight::random(&mut rng, spec, 0.1);
+        let mut x = random_vec(&mut rng, m * k, 2.0);
+        for (i, c, v) in [
+            (3, 5, f32::NAN),
+            (9, 130, f32::INFINITY),
+            (64, 0, f32::NEG_INFINITY),
+        ] {
+            x[i * k + c] = v;
+        }
+        for od in [DType::F32, DType::BF16] {
+            for form in FORMS {
+                check_case(&gpu, Some(form), &w, &x, [DType::BF16, od], m);
+                let got = gpu_matmul(&gpu, Some(form), &w, &x, [DType::BF16, od], m);
+                for i in [3, 9, 64] {
+                    let row = &got[i * n..(i + 1) * n];
+                    assert!(row.iter().all(|v| !v.is_finite()), "{form:?} {od} row {i}");
+                }
+                assert!(
+                    got[3 * n..4 * n].iter().all(|v| v.is_nan()),
+                    "{form:?} {od}"
+                );
+            }
+        }
+    }
+}
+
+/// |x| up to 1e30 (products near 1e31, sums far below f32's overflow): finite and within the
+/// bound (relative to `T`, which grows with x), in both prefill forms.
+#[test]
+fn gpu_matmul_quant_prefill_huge_x_within_bound() {
+    let test = "gpu_matmul_quant_prefill_huge_x_within_bound";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut rng, _) = rng(test);
+    let (m, n, k) = (17, 129, 520);
+    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+        let spec = QuantSpec { m, n, k, format };
+        let w = HostWeight::random(&mut rng, spec, 0.1);
+        let mut x = random_vec(&mut rng, m * k, 2.0);
+        for v in &mut x[..k] {
+            *v *= 1e30;
+        }
+        for i in 1..m {
+            let c = rng.random_range(0..k);
+            x[i * k + c] = if i % 2 == 0 { 1e30 } else { -1e30 };
+        }
+        for od in [DType::F32, DType::BF16] {
+            for form in FORMS {
+                check_case(&gpu, Some(form), &w, &x, [DType::BF16, od], m);
+            }
+        }
+    }
+}
+
+/// The two prefill forms against each other (out f32): each is within `matmul_quant_bound` of
+/// the reference, so they differ by at most twice that.
+#[test]
+fn gpu_matmul_quant_fused_and_dequant_forms_agree() {
+    let test = "gpu_matmul_quant_fused_and_dequant_forms_agree";
+    let Some(gpu) = backend_or_skip(test) else {
+        return;
+    };
+    let (mut rng, _) = rng(test);
+    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+        for (m, n, k) in [(64, 256, 512), (130, 300, 520), (17, 1000, 2048)] {
+            let spec = QuantSpec { m, n, k, format };
+            let w = HostWeight::random(&mut rng, spec, 0.1);
+            let x = random_vec(&mut rng, m * k, 2.0);
+            let dt = [DType::BF16, DType::F32];
+            let fused = gpu_matmul(&gpu, Some(QgemmForm::Fused), &w, &x, dt, m);
+            let deq = gpu_matmul(&gpu, Some(QgemmForm::Dequant), &w, &x, dt, m);
+            let t = magnitudes(&w, &x, DType::BF16, m);
+            for (idx, (a, b)) in fused.iter().zip(&deq).enumerate() {
+                let bound = 2.0 * matmul_quant_bound(&spec, DType::BF16, t[idx]);
+                let err = (*a as f64 - *b as f64).abs();
+                assert!(
+                    err <= bound,
+                    "{spec:?} [{idx}]: {a} vs {b}: {err:e} > {bound:e}"
+                );
             }
         }
     }

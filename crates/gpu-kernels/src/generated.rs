@@ -86,6 +86,15 @@ pub static MODULES: &[KernelModule] = &[
         kernels: &["embedding_bwd_f32", "embedding_bwd_part_f32", "embedding_bwd_sum_f32", "embedding_fwd_f32", "rope_f32"],
     },
     KernelModule {
+        name: "nn_gemm_q",
+        ptx: include_str!("../kernels/nn_gemm_q.ptx"),
+        fatbin: include_bytes!("../kernels/nn_gemm_q.fatbin"),
+        source_sha256: "38afe275939850b28ebec44f3e8193c8513c25d796efa34500a7ddf8dbadc7ca",
+        ptx_sha256: "904af9ac5b3c58a552a3b2be51dfac10850ab2ebeba7c1807fe967421d114a3d",
+        fatbin_sha256: "ec2324d9c5ba8fb3fcea19e9187b6b0b3996f9cca77b2c9b4e7cab1f7cc2ad67",
+        kernels: &["gemm_q4_v1_bb", "gemm_q4_v1_bf", "gemm_q4_v4_bb", "gemm_q4_v4_bf", "gemm_q8_v1_bb", "gemm_q8_v1_bf", "gemm_q8_v4_bb", "gemm_q8_v4_bf"],
+    },
+    KernelModule {
         name: "nn_gemv_bf16",
         ptx: include_str!("../kernels/nn_gemv_bf16.ptx"),
         fatbin: include_bytes!("../kernels/nn_gemv_bf16.fatbin"),

@@ -125,8 +125,9 @@ pub trait QuantOps: Backend {
     /// (f32 or bf16, overwritten). The CPU sums the exact products in f64 (its fast mode in f32
     /// SIMD lanes, the weight kept packed: `cpu/fast/linear.rs`); CUDA sums in f32
     /// (with `m <= 4` a fused kernel that applies each scale after summing `x·q` over a
-    /// stretch of a row; with `m > 4` dequantize-then-GEMM, the weight rounded to x's dtype
-    /// first). Backends document their error against the CPU.
+    /// stretch of a row; with `m > 4` the weight rounded to x's dtype first: for bf16 x a fused
+    /// dequantize-GEMM on tensor cores, for f32 x dequantize-then-GEMM). Backends document
+    /// their error against the CPU.
     fn matmul_quant(
         &self,
         x: &Self::Buffer,

@@ -35,7 +35,7 @@ fn tag(dtype: DType) -> char {
     }
 }
 
-fn grid(op: &'static str, blocks: usize) -> Result<u32> {
+pub(super) fn grid(op: &'static str, blocks: usize) -> Result<u32> {
     u32::try_from(blocks)
         .ok()
         .filter(|&b| b <= i32::MAX as u32)

@@ -1,4 +1,5 @@
-//! [`QuantOps`] on CUDA: the kernels of `kernels/nn_gemv_q.cu`, checked by the same
+//! [`QuantOps`] on CUDA: the kernels of `kernels/nn_gemv_q.cu` and `kernels/nn_gemm_q.cu`,
+//! checked by the same
 //! `gpu_core::nn::quant::check_*` functions as on the CPU.
 //!
 //! - `m <= 4` (a decode step of up to 4 rows): the fused dequantize-GEMV
@@ -7,10 +8,19 @@
 //!   (Variants for 8 and 16 rows of bf16 x were measured on an H200 and removed: a
 //!   Llama-3.2-1B shape decoded at batch 16 at 3155 tokens/s in int8 and 2211 in int4 with
 //!   them, against 5860 and 6625 with dequantize-then-GEMM each step, and 9471 in bf16.)
-//! - more rows (prefill): **dequantize-then-GEMM**, as exllama does for large batches: the
-//!   weight is dequantized into a scratch `[n, k]` from the pool in x's dtype, then multiplied
-//!   by cuBLAS (bf16 x: [`CudaBackend::matmul_bf16`], tensor cores, f32 accumulation; f32 x:
-//!   SGEMM, into an f32 scratch cast to bf16 when `out` is bf16).
+//! - more rows (prefill) with bf16 x: the **fused dequantize-GEMM** `gemm_q{8,4}_v{4,1}_b{o}`
+//!   of `kernels/nn_gemm_q.cu` (tensor cores, mma.sync m16n8k16 with f32 accumulation): blocks
+//!   of 64 rows of x × 128 weight rows, the packed weight tile of each k step of 64 brought in
+//!   by cp.async (double-buffered), dequantized in shared memory to the bf16 values the
+//!   dequantize kernel writes, then multiplied; no `[n, k]` scratch. Its speed against the
+//!   dequantize-then-GEMM form has not been measured yet. `HYBRID_QGEMM=dequant` (read once a
+//!   process, [`qgemm_form`]) selects that form instead, for a comparison;
+//!   [`CudaBackend::matmul_quant_with`] takes the form as an argument.
+//! - more rows with f32 x (and bf16 x under `HYBRID_QGEMM=dequant`): **dequantize-then-GEMM**,
+//!   as exllama does for large batches: the weight is dequantized into a scratch `[n, k]` from
+//!   the pool in x's dtype, then multiplied by cuBLAS (bf16 x: [`CudaBackend::matmul_bf16`],
+//!   tensor cores, f32 accumulation; f32 x: SGEMM, into an f32 scratch cast to bf16 when `out`
+//!   is bf16).
 //!
 //! Nothing here synchronizes the host or allocates outside the pool, so a CUDA graph captures
 //! these launches (the scratch of prefill comes from the pool, as the decode ops' partials do).
@@ -28,7 +38,10 @@
 //!   `T` is not `Σ|x·w|`: a group far from zero (`|m|` large against `|w|`) loses to
 //!   cancellation what the reassociation `s·Σx·q + m·Σx` gains in speed.
 //! - Prefill with bf16 x: the weight is rounded to bf16 (`2^-9` relative) and cuBLAS sums in f32
-//!   (`(2k + 2)·u`, the bound of `tests/matmul_bf16.rs`): `1.01·(2^-9 + (2k + 4)·u)·T`.
+//!   (`(2k + 2)·u`, the bound of `tests/matmul_bf16.rs`): `1.01·(2^-9 + (2k + 4)·u)·T`. The
+//!   fused kernel has the same bound: it multiplies the same bf16 weights (the dequantize
+//!   kernel's roundings to the bit) by the same bf16 x on the same tensor cores, and sums the
+//!   k products in f32 in another order, which the bound does not depend on.
 //! - Prefill with f32 x: exact f32 weights, SGEMM (TF32 when [`CudaBackend::tf32`] is on: then
 //!   both operands lose up to `2^-11`): `1.01·(2^-10 + (2k + 4)·u)·T`.
 //!
@@ -48,6 +61,11 @@ const WARPS: usize = 4;
 const ROWS_PER_WARP: usize = 2;
 /// Weight rows per block of the split-k form (`QSR`), the default.
 const SPLIT_ROWS: usize = 4;
+/// Rows of x and weight rows a block of the fused dequantize-GEMM (`QG_BM`, `QG_BN`), and its
+/// threads (`QG_THREADS`).
+const GEMM_ROWS: usize = 64;
+const GEMM_COLS: usize = 128;
+const GEMM_THREADS: usize = 128;
 /// Threads per block and the most blocks of the dequantize kernel (a grid-stride loop).
 const DEQ_THREADS: usize = 256;
 const DEQ_MAX_BLOCKS: usize = 1 << 16;
@@ -82,6 +100,25 @@ fn words_per_load(spec: &QuantSpec) -> usize {
     }
 }
 
+/// How [`QuantOps::matmul_quant`] multiplies bf16 x of more than 4 rows (module docs):
+/// `Fused`, the dequantize-GEMM of `nn_gemm_q.cu` (the default); `Dequant`, the weight
+/// dequantized into a pool scratch, then cuBLAS. f32 x always takes `Dequant`'s path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QgemmForm {
+    Fused,
+    Dequant,
+}
+
+/// The form `matmul_quant` uses: `HYBRID_QGEMM=fused|dequant` (read once a process; anything
+/// else, or unset, gives `Fused`).
+pub fn qgemm_form() -> QgemmForm {
+    static FORM: std::sync::OnceLock<QgemmForm> = std::sync::OnceLock::new();
+    *FORM.get_or_init(|| match std::env::var("HYBRID_QGEMM").as_deref() {
+        Ok("dequant") => QgemmForm::Dequant,
+        _ => QgemmForm::Fused,
+    })
+}
+
 impl QuantOps for CudaBackend {
     fn matmul_quant(
         &self,
@@ -92,22 +129,7 @@ impl QuantOps for CudaBackend {
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {
-        const OP: &str = "matmul_quant";
-        check_matmul_quant(x, data, scales, mins, out, spec)?;
-        self.check_owned(OP, &[x, data, scales, mins, out])?;
-        if spec.m == 0 || spec.n == 0 {
-            return Ok(());
-        }
-        if spec.k == 0 {
-            return match out.dtype() {
-                DType::F32 => self.memset32(out, 0),
-                _ => self.memset16(out, 0),
-            };
-        }
-        match fused_rows(&spec) {
-            Some(rows) => self.gemv_quant(x, [data, scales, mins], out, spec, rows),
-            None => self.prefill_quant(x, [data, scales, mins], out, spec),
-        }
+        self.matmul_quant_with(qgemm_form(), x, data, scales, mins, out, spec)
     }
 
     fn dequantize(
@@ -149,6 +171,84 @@ impl QuantOps for CudaBackend {
 }
 
 impl CudaBackend {
+    /// [`QuantOps::matmul_quant`] with the prefill form given rather than read from
+    /// `HYBRID_QGEMM` (`form` matters for bf16 x of more than 4 rows only), so that both forms
+    /// run in one process.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_quant_with(
+        &self,
+        form: QgemmForm,
+        x: &CudaBuffer,
+        data: &CudaBuffer,
+        scales: &CudaBuffer,
+        mins: &CudaBuffer,
+        out: &mut CudaBuffer,
+        spec: QuantSpec,
+    ) -> Result<()> {
+        const OP: &str = "matmul_quant";
+        check_matmul_quant(x, data, scales, mins, out, spec)?;
+        self.check_owned(OP, &[x, data, scales, mins, out])?;
+        if spec.m == 0 || spec.n == 0 {
+            return Ok(());
+        }
+        if spec.k == 0 {
+            return match out.dtype() {
+                DType::F32 => self.memset32(out, 0),
+                _ => self.memset16(out, 0),
+            };
+        }
+        let weight = [data, scales, mins];
+        match fused_rows(&spec) {
+            Some(rows) => self.gemv_quant(x, weight, out, spec, rows),
+            None if x.dtype() == DType::BF16 && form == QgemmForm::Fused => {
+                self.gemm_quant(x, weight, out, spec)
+            }
+            None => self.prefill_quant(x, weight, out, spec),
+        }
+    }
+
+    /// The fused dequantize-GEMM for bf16 x; arguments checked, `m, n, k > 0`.
+    fn gemm_quant(
+        &self,
+        x: &CudaBuffer,
+        [data, scales, mins]: [&CudaBuffer; 3],
+        out: &mut CudaBuffer,
+        spec: QuantSpec,
+    ) -> Result<()> {
+        let tiles = spec.m.div_ceil(GEMM_ROWS) * spec.n.div_ceil(GEMM_COLS);
+        let cfg = LaunchConfig {
+            grid_dim: (super::decode::grid("matmul_quant", tiles)?, 1, 1),
+            block_dim: (GEMM_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0, // static: 48 KiB (int8) or 40 KiB (int4)
+        };
+        let v = words_per_load(&spec);
+        let name = format!("gemm_q{}_v{v}_b{}", bits(spec.format), tag(out.dtype()));
+        let mut args = vec![x.into()];
+        args.extend(weight_args(data, scales, mins));
+        args.extend([
+            (&*out).into(),
+            KernelArg::U32(spec.m as u32),
+            KernelArg::U32(spec.n as u32),
+            KernelArg::U32(spec.k as u32),
+        ]);
+        // SAFETY: gemm_qQ_vV_bO(const bf16* x, const u32* data, const float* scales, const
+        // float* mins, TO* out, u32 m, u32 n, u32 k), 128 threads, block b the x rows
+        // m0 = (b % ⌈m/64⌉)·64 .. +63 and weight rows n0 = (b / ⌈m/64⌉)·128 .. +127 (the grid
+        // is exactly ⌈m/64⌉·⌈n/128⌉ blocks, below 2^31 by `grid`). m·k, m·n, n·k < 2^31
+        // (QuantSpec::check), so every size fits u32 and k % 4 == 0 (int8) or 8 (int4). x holds
+        // m·k bf16, data n·k/vpw words, scales n (int8) or n·⌈k/128⌉ f32, mins n·⌈k/128⌉ (int4;
+        // never read for int8), out m·n elements of TO (checked lengths). Reads: x[i·k + c ..+ E]
+        // only for i < m and c < k, c a multiple of E (E = 8 elements when V = 4, as then
+        // k % 16 == 0 (int8) or k % 32 == 0 (int4); else E = 4, with k % 4 == 0: every copy
+        // lies inside its row and is 16- or 8-byte aligned in a 256-byte-aligned pool buffer); words j·wpr + c ..+ V only for j < n and c < wpr
+        // (V = 4 only when wpr % 4 == 0, so the 16-byte copies are aligned and inside the row);
+        // scales/mins at j·groups + c/128 (int4) or j (int8) for j < n. Copies out of range
+        // pass the buffer's base address with source size 0 (zero-fill, nothing read). Writes
+        // out[i·n + j] for i < m, j < n only (pairs as one 8- or 4-byte store when n is even,
+        // then i·n + j is even: aligned). Inputs are shared, out a distinct &mut buffer.
+        unsafe { self.launch(&name, cfg, &args) }
+    }
+
     /// The fused kernel for `m <= rows` (1, 2 or 4); arguments checked, `m, n, k > 0`.
     fn gemv_quant(
         &self,
