@@ -230,11 +230,14 @@ static __device__ __forceinline__ void store_acc(TO* __restrict__ out, const flo
 
 // Shared memory: two x tiles (8 KiB each), the bf16 weight tile (16 KiB), two staging buffers
 // (8 KiB each for int8, 4 KiB for int4): 48 KiB (int8) or 40 KiB (int4).
+// Split-k (gridDim.y > 1, for grids of few tiles: decode at batch 5..64): block y sums the k
+// steps y·sps .. min((y+1)·sps, steps) - 1 and writes its f32 partial sums to part[y] [m, n];
+// gemm_q_reduce adds the partials in the order of y. gridDim.y == 1: out directly (part unused).
 template <int Q, int V, typename TO>
 static __device__ void gemm_q_body(const bf16* __restrict__ x, const u32* __restrict__ data,
                                    const float* __restrict__ scales,
-                                   const float* __restrict__ mins, TO* __restrict__ out, u32 m,
-                                   u32 n, u32 k) {
+                                   const float* __restrict__ mins, TO* __restrict__ out,
+                                   float* __restrict__ part, u32 m, u32 n, u32 k, u32 sps) {
     constexpr int VPW = Q == 8 ? 4 : 8;
     constexpr int STAGE = QG_BN * QG_BK / VPW * 4;  // bytes of a packed tile
     constexpr int R = Share<Q>::R;
@@ -244,37 +247,42 @@ static __device__ void gemm_q_body(const bf16* __restrict__ x, const u32* __rest
     const u32 mtiles = (m + QG_BM - 1) / QG_BM;
     const u32 m0 = blockIdx.x % mtiles * QG_BM, n0 = blockIdx.x / mtiles * QG_BN;
     const u32 wpr = k / VPW, groups = (k + 127) / 128, steps = (k + QG_BK - 1) / QG_BK;
+    const u32 s0 = blockIdx.y * sps, s1 = min(steps, s0 + sps);  // s0 < steps (host: no empty split)
     float acc[2][8][4];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) zero(acc[mt]);
     float sc[R], mn[R];
-    load_scales<Q>(sc, mn, scales, mins, n0, 0, n, groups);
-    load_x_tile<V>(xs0, x, m0, 0, m, k);
-    load_w_tile<Q, V>(st0, data, n0, 0, n, wpr);
+    load_scales<Q>(sc, mn, scales, mins, n0, s0 * QG_BK, n, groups);
+    load_x_tile<V>(xs0, x, m0, s0 * QG_BK, m, k);
+    load_w_tile<Q, V>(st0, data, n0, s0 * QG_BK, n, wpr);
     cp_commit();
 #pragma unroll 1
-    for (u32 s = 0; s < steps; ++s) {
-        const u32 cur = s & 1, k0 = s * QG_BK;
+    for (u32 s = s0; s < s1; ++s) {
+        const u32 cur = (s - s0) & 1, k0 = s * QG_BK;
         cp_wait<0>();
         __syncthreads();  // step s has landed; every warp is done with step s-1's tiles
-        if (s + 1 < steps) {
+        if (s + 1 < s1) {
             load_x_tile<V>(xs0 + (cur ^ 1) * QG_BM * 128, x, m0, k0 + QG_BK, m, k);
             load_w_tile<Q, V>(st0 + (cur ^ 1) * STAGE, data, n0, k0 + QG_BK, n, wpr);
         }
         cp_commit();
-        if (Q == 4 && s > 0) load_scales<Q>(sc, mn, scales, mins, n0, k0, n, groups);
+        if (Q == 4 && s > s0) load_scales<Q>(sc, mn, scales, mins, n0, k0, n, groups);
         dequant_share<Q>(ws, st0 + cur * STAGE, sc, mn, k0 / VPW, wpr);
         __syncthreads();  // the bf16 weight tile is complete
         mma_step(acc, xs0 + cur * QG_BM * 128, ws, wm, wn, lane);
     }
-    store_acc(out, acc, m0 + 32 * wm, n0 + 64 * wn, m, n, lane);
+    if (gridDim.y == 1)
+        store_acc(out, acc, m0 + 32 * wm, n0 + 64 * wn, m, n, lane);
+    else
+        store_acc(part + (u64)blockIdx.y * m * n, acc, m0 + 32 * wm, n0 + 64 * wn, m, n, lane);
 }
 
 #define GEMM_Q(Q, V, TO, O)                                                                       \
     extern "C" __global__ void __launch_bounds__(QG_THREADS)                                      \
         gemm_q##Q##_v##V##_b##O(const bf16* x, const u32* data, const float* scales,              \
-                                const float* mins, TO* out, u32 m, u32 n, u32 k) {                \
-        gemm_q_body<Q, V, TO>(x, data, scales, mins, out, m, n, k);                               \
+                                const float* mins, TO* out, float* part, u32 m, u32 n, u32 k,     \
+                                u32 sps) {                                                        \
+        gemm_q_body<Q, V, TO>(x, data, scales, mins, out, part, m, n, k, sps);                    \
     }
 #define GEMM_Q_O(Q, V)        \
     GEMM_Q(Q, V, float, f)    \
@@ -283,3 +291,21 @@ GEMM_Q_O(8, 4)
 GEMM_Q_O(8, 1)
 GEMM_Q_O(4, 4)
 GEMM_Q_O(4, 1)
+
+// out[e] = Σ_y part[y][e] (y = 0 .. splits-1 in order: the same bits every run), rounded once
+// to TO; a grid-stride loop over the mn elements.
+template <typename TO>
+static __device__ void gemm_q_reduce_body(const float* __restrict__ part, TO* __restrict__ out,
+                                          u32 mn, u32 splits) {
+    for (u32 e = blockIdx.x * blockDim.x + threadIdx.x; e < mn; e += gridDim.x * blockDim.x) {
+        float a = part[e];
+        for (u32 y = 1; y < splits; ++y) a += part[(u64)y * mn + e];
+        store(out, e, a);
+    }
+}
+extern "C" __global__ void gemm_q_reduce_f(const float* part, float* out, u32 mn, u32 splits) {
+    gemm_q_reduce_body<float>(part, out, mn, splits);
+}
+extern "C" __global__ void gemm_q_reduce_b(const float* part, bf16* out, u32 mn, u32 splits) {
+    gemm_q_reduce_body<bf16>(part, out, mn, splits);
+}

@@ -141,7 +141,7 @@ fn skinny_rows(s: &MatmulSpec) -> Option<usize> {
 /// threads (more loads in flight when n is small). `HYBRID_GEMV=warp|split4|split8` picks one
 /// for a comparison; the default is `split4`. The quantized kernels (`nn_gemv_q.cu`) follow:
 /// the warp form for `warp`, their split-k form (4 rows a block) otherwise. Their prefill form
-/// (more rows) has its own switch, `HYBRID_QGEMM=fused|dequant` ([`crate::qgemm_form`]).
+/// (more rows) has its own switch, `HYBRID_QGEMM=auto|fused|dequant` ([`crate::qgemm_form`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GemvForm {
     Warp,

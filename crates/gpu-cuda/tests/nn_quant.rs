@@ -14,7 +14,7 @@ use common::*;
 use gpu_core::nn::quant::{QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
 use gpu_core::{Backend, CpuBackend, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
-use gpu_cuda::{matmul_quant_bound, CudaBackend, QgemmForm};
+use gpu_cuda::{k_splits, matmul_quant_bound, CudaBackend, QgemmForm};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -519,5 +519,27 @@ fn gpu_quant_launches_are_captured_by_a_graph() {
         let mut eager = put(&gpu, &vec![f32::NAN; m * 64], DType::BF16);
         gpu.matmul_quant(&x, &d, &s, &mn, &mut eager, spec).unwrap();
         assert_eq!(get(&gpu, &out), get(&gpu, &eager), "m = {m}");
+    }
+}
+
+/// The fused GEMM's k split (no GPU needed): every k step in exactly one split, no split
+/// empty, at least 4 steps a split unless k itself is shorter, one split where the tiles
+/// already give two blocks a multiprocessor.
+#[test]
+fn k_splits_cover_every_step_once() {
+    for sms in [1, 2, 78, 132] {
+        for tiles in (1..40).chain([100, 263, 264, 265, 1000]) {
+            for k in (8usize..=20000).step_by(8 * 37).chain([8, 64, 520, 2048, 8192]) {
+                let steps = k.div_ceil(64);
+                let (splits, sps) = k_splits(tiles, k, sms);
+                let at = format!("tiles {tiles} k {k} sms {sms}: ({splits}, {sps})");
+                assert!(splits >= 1 && sps >= 1, "{at}");
+                assert!(splits * sps >= steps && (splits - 1) * sps < steps, "{at}");
+                assert!(sps >= 4.min(steps), "{at}");
+                if tiles >= 2 * sms {
+                    assert_eq!(splits, 1, "{at}");
+                }
+            }
+        }
     }
 }

@@ -6,6 +6,7 @@
 mod host;
 mod nn;
 mod nn_bf16;
+mod qgemm;
 mod rssm;
 
 use anyhow::{bail, Context, Result};
@@ -52,6 +53,10 @@ struct Args {
     /// Only the GPT training-step rows (needs `--gpt-text`).
     #[arg(long)]
     only_gpt: bool,
+    /// Only the quantized matmul's two forms of more than 4 rows (fused dequantize-GEMM and
+    /// dequantize-then-cuBLAS) on a Llama-3.2-1B layer's shapes, printed (no report written).
+    #[arg(long)]
+    only_qgemm: bool,
     /// Only the host time per queued op (no PyTorch peer).
     #[arg(long)]
     only_host: bool,
@@ -390,6 +395,9 @@ fn main() -> Result<()> {
         burst: args.burst as usize,
     };
     let mut rows = Vec::new();
+    if args.only_qgemm {
+        return qgemm::measure(&bench);
+    }
     if args.only_host {
         for r in host::measure()? {
             println!("{} {:.2}", r.id, r.median_us);

@@ -37,11 +37,14 @@
 //!   `k < 10^6`). Where `out` is bf16, both sides are rounded once more: add `2^-8·(|ref| + e)`.
 //!   `T` is not `Σ|x·w|`: a group far from zero (`|m|` large against `|w|`) loses to
 //!   cancellation what the reassociation `s·Σx·q + m·Σx` gains in speed.
-//! - Prefill with bf16 x: the weight is rounded to bf16 (`2^-9` relative) and cuBLAS sums in f32
-//!   (`(2k + 2)·u`, the bound of `tests/matmul_bf16.rs`): `1.01·(2^-9 + (2k + 4)·u)·T`. The
+//! - Prefill with bf16 x: the weight is rounded to bf16 (`2^-8` relative: bf16 keeps 8
+//!   significant bits) and cuBLAS sums in f32 (`(2k + 2)·u`, the bound of
+//!   `tests/matmul_bf16.rs`): `1.01·(2^-8 + (2k + 4)·u)·T`. (This said `2^-9` until the fused
+//!   kernel's tests exceeded it on an H200 by up to 1.16 times, int8 at k = 8 and 520.) The
 //!   fused kernel has the same bound: it multiplies the same bf16 weights (the dequantize
 //!   kernel's roundings to the bit) by the same bf16 x on the same tensor cores, and sums the
-//!   k products in f32 in another order, which the bound does not depend on.
+//!   k products in f32 in another order, which the bound does not depend on (split-k adds
+//!   the partial sums of its k ranges in f32: still one f32 sum of the k products).
 //! - Prefill with f32 x: exact f32 weights, SGEMM (TF32 when [`CudaBackend::tf32`] is on: then
 //!   both operands lose up to `2^-11`): `1.01·(2^-10 + (2k + 4)·u)·T`.
 //!
@@ -101,21 +104,28 @@ fn words_per_load(spec: &QuantSpec) -> usize {
 }
 
 /// How [`QuantOps::matmul_quant`] multiplies bf16 x of more than 4 rows (module docs):
-/// `Fused`, the dequantize-GEMM of `nn_gemm_q.cu` (the default); `Dequant`, the weight
-/// dequantized into a pool scratch, then cuBLAS. f32 x always takes `Dequant`'s path.
+/// `Auto` (the default), the fused dequantize-GEMM of `nn_gemm_q.cu` up to
+/// [`FUSED_GEMM_MAX_ROWS`] rows and dequantize-then-cuBLAS above; `Fused`, the fused kernel at
+/// every size; `Dequant`, the weight dequantized into a pool scratch, then cuBLAS. f32 x always
+/// takes `Dequant`'s path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QgemmForm {
+    Auto,
     Fused,
     Dequant,
 }
 
-/// The form `matmul_quant` uses: `HYBRID_QGEMM=fused|dequant` (read once a process; anything
-/// else, or unset, gives `Fused`).
+/// The most rows of x for which [`QgemmForm::Auto`] takes the fused dequantize-GEMM.
+pub const FUSED_GEMM_MAX_ROWS: usize = 64;
+
+/// The form `matmul_quant` uses: `HYBRID_QGEMM=auto|fused|dequant` (read once a process;
+/// anything else, or unset, gives `Auto`).
 pub fn qgemm_form() -> QgemmForm {
     static FORM: std::sync::OnceLock<QgemmForm> = std::sync::OnceLock::new();
     *FORM.get_or_init(|| match std::env::var("HYBRID_QGEMM").as_deref() {
         Ok("dequant") => QgemmForm::Dequant,
-        _ => QgemmForm::Fused,
+        Ok("fused") => QgemmForm::Fused,
+        _ => QgemmForm::Auto,
     })
 }
 
@@ -200,14 +210,17 @@ impl CudaBackend {
         let weight = [data, scales, mins];
         match fused_rows(&spec) {
             Some(rows) => self.gemv_quant(x, weight, out, spec, rows),
-            None if x.dtype() == DType::BF16 && form == QgemmForm::Fused => {
+            None if x.dtype() == DType::BF16 && fused_gemm(form, spec.m) => {
                 self.gemm_quant(x, weight, out, spec)
             }
             None => self.prefill_quant(x, weight, out, spec),
         }
     }
 
-    /// The fused dequantize-GEMM for bf16 x; arguments checked, `m, n, k > 0`.
+    /// The fused dequantize-GEMM for bf16 x; arguments checked, `m, n, k > 0`. A grid of
+    /// fewer tiles than two a multiprocessor splits k over `gridDim.y` (f32 partials from the
+    /// pool, added in order by `gemm_q_reduce`), so that decoding at batch 5..64 streams the
+    /// weight on every multiprocessor.
     fn gemm_quant(
         &self,
         x: &CudaBuffer,
@@ -215,9 +228,16 @@ impl CudaBackend {
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {
+        const OP: &str = "matmul_quant";
         let tiles = spec.m.div_ceil(GEMM_ROWS) * spec.n.div_ceil(GEMM_COLS);
+        let (splits, sps) = k_splits(tiles, spec.k, self.info().multiprocessors as usize);
+        let part = if splits > 1 {
+            Some(self.allocate(DType::F32, splits * spec.m * spec.n)?)
+        } else {
+            None
+        };
         let cfg = LaunchConfig {
-            grid_dim: (super::decode::grid("matmul_quant", tiles)?, 1, 1),
+            grid_dim: (super::decode::grid(OP, tiles)?, splits as u32, 1),
             block_dim: (GEMM_THREADS as u32, 1, 1),
             shared_mem_bytes: 0, // static: 48 KiB (int8) or 40 KiB (int4)
         };
@@ -227,26 +247,54 @@ impl CudaBackend {
         args.extend(weight_args(data, scales, mins));
         args.extend([
             (&*out).into(),
+            part.as_ref().map_or(KernelArg::Ptr(0), Into::into),
             KernelArg::U32(spec.m as u32),
             KernelArg::U32(spec.n as u32),
             KernelArg::U32(spec.k as u32),
+            KernelArg::U32(sps as u32),
         ]);
         // SAFETY: gemm_qQ_vV_bO(const bf16* x, const u32* data, const float* scales, const
-        // float* mins, TO* out, u32 m, u32 n, u32 k), 128 threads, block b the x rows
-        // m0 = (b % ⌈m/64⌉)·64 .. +63 and weight rows n0 = (b / ⌈m/64⌉)·128 .. +127 (the grid
-        // is exactly ⌈m/64⌉·⌈n/128⌉ blocks, below 2^31 by `grid`). m·k, m·n, n·k < 2^31
-        // (QuantSpec::check), so every size fits u32 and k % 4 == 0 (int8) or 8 (int4). x holds
-        // m·k bf16, data n·k/vpw words, scales n (int8) or n·⌈k/128⌉ f32, mins n·⌈k/128⌉ (int4;
-        // never read for int8), out m·n elements of TO (checked lengths). Reads: x[i·k + c ..+ E]
-        // only for i < m and c < k, c a multiple of E (E = 8 elements when V = 4, as then
-        // k % 16 == 0 (int8) or k % 32 == 0 (int4); else E = 4, with k % 4 == 0: every copy
-        // lies inside its row and is 16- or 8-byte aligned in a 256-byte-aligned pool buffer); words j·wpr + c ..+ V only for j < n and c < wpr
-        // (V = 4 only when wpr % 4 == 0, so the 16-byte copies are aligned and inside the row);
-        // scales/mins at j·groups + c/128 (int4) or j (int8) for j < n. Copies out of range
-        // pass the buffer's base address with source size 0 (zero-fill, nothing read). Writes
-        // out[i·n + j] for i < m, j < n only (pairs as one 8- or 4-byte store when n is even,
-        // then i·n + j is even: aligned). Inputs are shared, out a distinct &mut buffer.
-        unsafe { self.launch(&name, cfg, &args) }
+        // float* mins, TO* out, float* part, u32 m, u32 n, u32 k, u32 sps), 128 threads, block
+        // (b, y) the x rows m0 = (b % ⌈m/64⌉)·64 .. +63, the weight rows n0 = (b / ⌈m/64⌉)·128
+        // .. +127 (the grid's x is exactly ⌈m/64⌉·⌈n/128⌉ blocks, below 2^31 by `grid`) and the
+        // k steps y·sps .. min((y+1)·sps, ⌈k/64⌉) (k_splits: no split is empty). m·k, m·n,
+        // n·k < 2^31 (QuantSpec::check), so every size fits u32 and k % 4 == 0 (int8) or 8
+        // (int4). x holds m·k bf16, data n·k/vpw words, scales n (int8) or n·⌈k/128⌉ f32, mins
+        // n·⌈k/128⌉ (int4; never read for int8), out m·n elements of TO (checked lengths), part
+        // (gridDim.y > 1 only; else null and unused) splits·m·n f32 from the pool. Reads:
+        // x[i·k + c ..+ E] only for i < m and c < k, c a multiple of E (E = 8 elements when
+        // V = 4, as then k % 16 == 0 (int8) or k % 32 == 0 (int4); else E = 4, with k % 4 ==
+        // 0: every copy lies inside its row and is 16- or 8-byte aligned in a 256-byte-aligned
+        // pool buffer); words j·wpr + c ..+ V only for j < n and c < wpr (V = 4 only when
+        // wpr % 4 == 0, so the 16-byte copies are aligned and inside the row); scales/mins at
+        // j·groups + c/128 (int4) or j (int8) for j < n. Copies out of range pass the buffer's
+        // base address with source size 0 (zero-fill, nothing read). Writes out[i·n + j] (one
+        // split) or part[y·m·n + i·n + j] for i < m, j < n only (pairs as one 8- or 4-byte
+        // store when n is even, then i·n + j is even: aligned). Inputs are shared; out and
+        // part are distinct buffers.
+        unsafe { self.launch(&name, cfg, &args) }?;
+        let Some(part) = part else {
+            return Ok(());
+        };
+        let mn = spec.m * spec.n;
+        let reduce = LaunchConfig {
+            grid_dim: (mn.div_ceil(DEQ_THREADS).min(DEQ_MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (DEQ_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            (&part).into(),
+            (&*out).into(),
+            KernelArg::U32(mn as u32),
+            KernelArg::U32(splits as u32),
+        ];
+        let name = format!("gemm_q_reduce_{}", tag(out.dtype()));
+        // SAFETY: gemm_q_reduce_O(const float* part, TO* out, u32 mn, u32 splits), a
+        // grid-stride loop over e < mn = m·n (< 2^31): reads part[y·mn + e] for y < splits
+        // (part holds splits·mn f32, written above on the same stream) and writes out[e] (out
+        // holds m·n elements, checked). part is dropped after the launch is queued: whatever
+        // reuses its block runs later on the same stream, as for every op's temporaries.
+        unsafe { self.launch(&name, reduce, &args) }
     }
 
     /// The fused kernel for `m <= rows` (1, 2 or 4); arguments checked, `m, n, k > 0`.
@@ -326,6 +374,28 @@ impl CudaBackend {
     }
 }
 
+/// Whether `form` multiplies `m` rows of bf16 x (more than 4) with the fused GEMM.
+fn fused_gemm(form: QgemmForm, m: usize) -> bool {
+    match form {
+        QgemmForm::Auto => m <= FUSED_GEMM_MAX_ROWS,
+        QgemmForm::Fused => true,
+        QgemmForm::Dequant => false,
+    }
+}
+
+/// The k split of the fused GEMM over `tiles` output tiles and `k` inputs on `sms`
+/// multiprocessors: `(splits, steps per split)`. Splits until about two blocks a multiprocessor
+/// (the kernel's registers allow two), keeping at least 4 k steps of 64 a split, and never an
+/// empty split (`splits = ⌈steps / sps⌉`).
+pub fn k_splits(tiles: usize, k: usize, sms: usize) -> (usize, usize) {
+    const MIN_STEPS: usize = 4;
+    let steps = k.div_ceil(64).max(1);
+    let want = (2 * sms.max(1)).div_ceil(tiles.max(1));
+    let most = (steps / MIN_STEPS).max(1);
+    let sps = steps.div_ceil(want.clamp(1, most));
+    (steps.div_ceil(sps), sps)
+}
+
 /// The fused kernel's row count for `spec` (`None`: dequantize-then-GEMM): 1, 2 or 4.
 pub fn fused_rows(spec: &QuantSpec) -> Option<usize> {
     [1, 2, 4].into_iter().find(|&r| spec.m <= r)
@@ -339,7 +409,7 @@ pub fn matmul_quant_bound(spec: &QuantSpec, x_dtype: DType, t: f64) -> f64 {
     if fused_rows(spec).is_some() {
         1.02 * (k + 11.0) * u * t
     } else if x_dtype == DType::BF16 {
-        1.01 * (1.0 / 512.0 + (2.0 * k + 4.0) * u) * t
+        1.01 * (1.0 / 256.0 + (2.0 * k + 4.0) * u) * t
     } else {
         1.01 * (1.0 / 1024.0 + (2.0 * k + 4.0) * u) * t
     }
