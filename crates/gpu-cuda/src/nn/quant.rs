@@ -8,19 +8,23 @@
 //!   (Variants for 8 and 16 rows of bf16 x were measured on an H200 and removed: a
 //!   Llama-3.2-1B shape decoded at batch 16 at 3155 tokens/s in int8 and 2211 in int4 with
 //!   them, against 5860 and 6625 with dequantize-then-GEMM each step, and 9471 in bf16.)
-//! - more rows (prefill) with bf16 x: the **fused dequantize-GEMM** `gemm_q{8,4}_v{4,1}_b{o}`
-//!   of `kernels/nn_gemm_q.cu` (tensor cores, mma.sync m16n8k16 with f32 accumulation): blocks
-//!   of 64 rows of x × 128 weight rows, the packed weight tile of each k step of 64 brought in
-//!   by cp.async (double-buffered), dequantized in shared memory to the bf16 values the
-//!   dequantize kernel writes, then multiplied; no `[n, k]` scratch. Its speed against the
-//!   dequantize-then-GEMM form has not been measured yet. `HYBRID_QGEMM=dequant` (read once a
-//!   process, [`qgemm_form`]) selects that form instead, for a comparison;
-//!   [`CudaBackend::matmul_quant_with`] takes the form as an argument.
-//! - more rows with f32 x (and bf16 x under `HYBRID_QGEMM=dequant`): **dequantize-then-GEMM**,
-//!   as exllama does for large batches: the weight is dequantized into a scratch `[n, k]` from
-//!   the pool in x's dtype, then multiplied by cuBLAS (bf16 x: [`CudaBackend::matmul_bf16`],
-//!   tensor cores, f32 accumulation; f32 x: SGEMM, into an f32 scratch cast to bf16 when `out`
-//!   is bf16).
+//! - 5 ..= [`FUSED_GEMM_MAX_ROWS`] (64) rows of bf16 x (decode at batch 5..64): the **fused
+//!   dequantize-GEMM** `gemm_q{8,4}_v{4,1}_b{o}` of `kernels/nn_gemm_q.cu` (tensor cores,
+//!   mma.sync m16n8k16 with f32 accumulation): blocks of 64 rows of x × 128 weight rows, the
+//!   packed weight tile of each k step of 64 brought in by cp.async (double-buffered),
+//!   dequantized in shared memory to the bf16 values the dequantize kernel writes, then
+//!   multiplied; no `[n, k]` scratch. A grid of fewer tiles than two a multiprocessor splits k
+//!   over `gridDim.y` ([`k_splits`]); `gemm_q_reduce_{f,b}` adds the f32 partials in order.
+//! - more rows with bf16 x (prefill), and f32 x: **dequantize-then-GEMM**, as exllama does for
+//!   large batches: the weight is dequantized into a scratch `[n, k]` from the pool in x's
+//!   dtype, then multiplied by cuBLAS (bf16 x: [`CudaBackend::matmul_bf16`], tensor cores, f32
+//!   accumulation; f32 x: SGEMM, into an f32 scratch cast to bf16 when `out` is bf16). The
+//!   fused kernel re-dequantizes each weight tile once per 64 rows of x: on an H200, over a
+//!   Llama-3.2-1B layer's projections (`gpu-bench --only-qgemm`), it took 0.54–0.61 of
+//!   dequantize-then-cuBLAS's time at 8–64 rows in int8 and 0.88–0.95 in int4, 0.95 and 1.6 at
+//!   96–128 rows, 2.8 and 5.0 times as long at 2048 rows: hence the split at 64.
+//!   `HYBRID_QGEMM=auto|fused|dequant` ([`qgemm_form`], read once a process) forces a form for a
+//!   comparison; [`CudaBackend::matmul_quant_with`] takes it as an argument.
 //!
 //! Nothing here synchronizes the host or allocates outside the pool, so a CUDA graph captures
 //! these launches (the scratch of prefill comes from the pool, as the decode ops' partials do).
