@@ -529,7 +529,10 @@ fn gpu_quant_launches_are_captured_by_a_graph() {
 fn k_splits_cover_every_step_once() {
     for sms in [1, 2, 78, 132] {
         for tiles in (1..40).chain([100, 263, 264, 265, 1000]) {
-            for k in (8usize..=20000).step_by(8 * 37).chain([8, 64, 520, 2048, 8192]) {
+            for k in (8usize..=20000)
+                .step_by(8 * 37)
+                .chain([8, 64, 520, 2048, 8192])
+            {
                 let steps = k.div_ceil(64);
                 let (splits, sps) = k_splits(tiles, k, sms);
                 let at = format!("tiles {tiles} k {k} sms {sms}: ({splits}, {sps})");
