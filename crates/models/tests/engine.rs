@@ -15,21 +15,11 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, expected, max_err};
+use hf_fixture::{dir, expected, max_err, write_f32_checkpoint, FIXTURES};
 use models::{CausalLm, Engine, EngineOptions, ModelError, QuantKind, Sampler, Sampling};
 use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use tensor_ops::{transfer_stats, DType, Device};
-
-/// Every fixture: the Llama family and GPT-2.
-const MODELS: [&str; 6] = [
-    "llama3",
-    "llama3-bf16",
-    "llama-tied",
-    "qwen2",
-    "mistral",
-    "gpt2",
-];
 
 fn engine(name: &str, dev: Device, dtype: DType, batch: usize) -> Engine {
     quantized(name, dev, dtype, batch, None)
@@ -53,7 +43,7 @@ fn quantized(
 
 /// Prompt logits and 16 greedy tokens of every fixture, f32 and bf16, on `dev`.
 fn matches_transformers(dev: Device) {
-    for name in MODELS {
+    for name in FIXTURES {
         let exp = expected(name);
         for (dtype, rel) in [(DType::F32, 3e-4), (DType::BF16, 0.07)] {
             let what = format!("{name} {dtype} on {dev}");
@@ -272,14 +262,7 @@ fn gpt2_variant(activation: &str) -> tempfile::TempDir {
     let cols = wte.shape()[1];
     let head = f32s(&wte, &|i, x| -0.7 * x + 0.01 * (i / cols) as f32);
     data.push(("lm_head.weight".into(), wte.shape().to_vec(), head));
-    let views = data.iter().map(|(n, shape, b)| {
-        (
-            n.clone(),
-            TensorView::new(Dtype::F32, shape.clone(), b).unwrap(),
-        )
-    });
-    let out = safetensors::serialize(views, &None).unwrap();
-    std::fs::write(tmp.path().join("model.safetensors"), out).unwrap();
+    write_f32_checkpoint(tmp.path(), &data);
     tmp
 }
 

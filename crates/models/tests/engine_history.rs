@@ -6,21 +6,17 @@
 //! the untied llama3 fixture), so only its logits are NaN. Tests named `gpu_*` skip without a
 //! GPU.
 
-use std::path::PathBuf;
+mod hf_fixture;
 
+use hf_fixture::{dir, write_f32_checkpoint};
 use models::{Engine, EngineOptions, ModelError, Sampling};
-use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use tensor_ops::{DType, Device};
-
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama3")
-}
 
 /// A copy of the llama3 fixture (untied head: the other tokens' logits stay finite) whose
 /// embedding of token `poison` is NaN.
 fn poisoned(poison: u32) -> tempfile::TempDir {
-    let src = fixture();
+    let src = dir("llama3");
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
@@ -41,14 +37,7 @@ fn poisoned(poison: u32) -> tempfile::TempDir {
             (name, v.shape().to_vec(), b)
         })
         .collect();
-    let views = data.iter().map(|(n, shape, b)| {
-        (
-            n.clone(),
-            TensorView::new(Dtype::F32, shape.clone(), b).unwrap(),
-        )
-    });
-    let out = safetensors::serialize(views, &None).unwrap();
-    std::fs::write(tmp.path().join("model.safetensors"), out).unwrap();
+    write_f32_checkpoint(tmp.path(), &data);
     tmp
 }
 
@@ -92,7 +81,7 @@ fn run(dir: &std::path::Path, dev: Device, fail_at: Option<(usize, u32)>) -> Vec
 fn history_survives_a_step_that_fails_in_one_row(dev: Device) {
     // The poisoned token: one the clean run never reads (not drawn, not in a prompt), so the
     // clean run of the poisoned copy is the fixture's.
-    let clean = run(&fixture(), dev, None);
+    let clean = run(&dir("llama3"), dev, None);
     let used: Vec<u32> = clean
         .iter()
         .flatten()

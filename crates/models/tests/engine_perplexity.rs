@@ -16,18 +16,9 @@
 
 mod hf_fixture;
 
-use hf_fixture::dir;
+use hf_fixture::{dir, FIXTURES};
 use models::{CausalLm, Engine, EngineOptions, ModelError, QuantKind};
 use tensor_ops::{DType, Device};
-
-const MODELS: [&str; 6] = [
-    "llama3",
-    "llama3-bf16",
-    "llama-tied",
-    "qwen2",
-    "mistral",
-    "gpt2",
-];
 
 /// A text of `2·ctx + 7` tokens: three windows, the last one short.
 fn text(m: &CausalLm) -> Vec<u32> {
@@ -70,7 +61,7 @@ fn engine(name: &str, dtype: DType, capacity: usize, quant: Option<QuantKind>) -
 
 #[test]
 fn engine_perplexity_matches_the_reference() {
-    for name in MODELS {
+    for name in FIXTURES {
         for quant in [None, Some(QuantKind::Int8), Some(QuantKind::Int4)] {
             let mut reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
             if let Some(kind) = quant {

@@ -13,18 +13,9 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, expected};
+use hf_fixture::{dir, expected, FIXTURES};
 use models::{CausalLm, ModelError, Sampler, Sampling};
 use tensor_ops::Device;
-
-const FIXTURES: [&str; 6] = [
-    "llama3",
-    "llama3-bf16",
-    "llama-tied",
-    "qwen2",
-    "mistral",
-    "gpt2",
-];
 
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");

@@ -245,27 +245,22 @@ fn empty_calls_and_extreme_scores() {
     assert!(out.iter().all(|o| o.is_nan()), "{out:?}");
     // The prefill's attention at the same extremes: 4 queries at slots 0..4, query 3 sees all
     // four keys, so its row is the best slot's values; a NaN query's row is NaN.
-    for (x0, best) in [(1e30f32, 0usize), (-1e30, 1)] {
+    let prefill = |x0: f32| -> Vec<f32> {
         let mut qs = vec![0.0f32; 16];
         qs[12] = x0;
         let q = Tensor::from_vec(qs, &[1, 4, 1, 4], DEV).unwrap();
-        let out = q
-            .prefill_attention(&kk, &v, &start, 1.0)
+        q.prefill_attention(&kk, &v, &start, 1.0)
             .unwrap()
             .to_vec()
-            .unwrap();
+            .unwrap()
+    };
+    for (x0, best) in [(1e30f32, 0usize), (-1e30, 1)] {
+        let out = prefill(x0);
         let want: Vec<f32> = (0..4).map(|e| (best * 4 + e) as f32).collect();
         assert_eq!(out[12..], want, "q[3][0] = {x0}");
         assert!(out.iter().all(|o| o.is_finite()));
     }
-    let mut qs = vec![0.0f32; 16];
-    qs[12] = f32::NAN;
-    let q = Tensor::from_vec(qs, &[1, 4, 1, 4], DEV).unwrap();
-    let out = q
-        .prefill_attention(&kk, &v, &start, 1.0)
-        .unwrap()
-        .to_vec()
-        .unwrap();
+    let out = prefill(f32::NAN);
     assert!(out[12..].iter().all(|o| o.is_nan()) && out[..12].iter().all(|o| o.is_finite()));
 }
 

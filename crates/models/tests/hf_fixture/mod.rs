@@ -3,15 +3,39 @@
 //! shared by the parity, batch, quantization and engine tests.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use safetensors::SafeTensors;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+/// Every fixture: the Llama family and GPT-2.
+pub const FIXTURES: [&str; 6] = [
+    "llama3",
+    "llama3-bf16",
+    "llama-tied",
+    "qwen2",
+    "mistral",
+    "gpt2",
+];
 
 /// The fixture directory `name`.
 pub fn dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/hf")
         .join(name)
+}
+
+/// Writes `tensors` (name, shape, little-endian f32 bytes) as `dir/model.safetensors`: a
+/// fixture's weights rewritten by a test.
+pub fn write_f32_checkpoint(dir: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
+    let views = tensors.iter().map(|(n, shape, b)| {
+        (
+            n.clone(),
+            TensorView::new(Dtype::F32, shape.clone(), b).unwrap(),
+        )
+    });
+    let out = safetensors::serialize(views, &None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
 }
 
 /// A fixture's expectations.
