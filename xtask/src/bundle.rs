@@ -1,5 +1,5 @@
 //! `cargo xtask gpu-bundle`: release test and bench binaries, stripped, with the kernels, the
-//! PyTorch peer and parity scripts (the GPT's, the GRU's, and `hf_gpu_parity.py` for
+//! tests' fixtures, the PyTorch peer and parity scripts (the GPT's, the GRU's, and `hf_gpu_parity.py` for
 //! `run.sh --hf-parity`) and `run.sh`, in `target/gpu-bundle` for a GPU machine
 //! without Rust.
 
@@ -76,6 +76,21 @@ fn copy_stripped(src: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Copies the regular files of `src` and its subfolders into `dst` (created).
+fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
+    fs::create_dir_all(dst)?;
+    for e in fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
+        let e = e?;
+        let to = dst.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_dir(&e.path(), &to)?;
+        } else {
+            fs::copy(e.path(), &to).with_context(|| format!("copying {}", e.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
 fn dir_size(dir: &Path) -> Result<u64> {
     let mut total = 0;
     for e in fs::read_dir(dir)? {
@@ -132,6 +147,13 @@ pub fn build() -> Result<PathBuf> {
         fs::copy(root.join("scripts").join(script), dir.join(script))?;
     }
     fs::copy(root.join("xtask/run.sh"), dir.join("run.sh"))?;
+    // What the tests read at run time: the tiny Hugging Face checkpoints (`run.sh` points
+    // `$HYBRID_HF_FIXTURES` at this copy; the binaries' compiled-in source paths do not exist
+    // where the bundle is unpacked).
+    copy_dir(
+        &root.join("crates/models/tests/fixtures/hf"),
+        &dir.join("fixtures/hf"),
+    )?;
     // The corpus for the training run and benchmark, when this checkout has it beside it.
     let corpus = std::env::var("TINYSHAKESPEARE")
         .map(PathBuf::from)

@@ -16,9 +16,14 @@ use tensor_ops::Device;
 
 const FIXTURES: [&str; 4] = ["llama3", "llama-tied", "qwen2", "gpt2"];
 
+/// Fixture `name`: under `$HYBRID_HF_FIXTURES` where set (the GPU bundle carries them), else
+/// in `crates/models`.
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../models/tests/fixtures/hf")
+    std::env::var_os("HYBRID_HF_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/hf")
+        })
         .join(name)
 }
 

@@ -18,11 +18,18 @@ pub const FIXTURES: [&str; 6] = [
     "gpt2",
 ];
 
+/// The folder of every fixture: `$HYBRID_HF_FIXTURES` where set (the GPU bundle's `run.sh`
+/// sets it to the copy it carries, since a bundle unpacked on another machine has no source
+/// tree), else this crate's `tests/fixtures/hf`.
+pub fn root() -> PathBuf {
+    std::env::var_os("HYBRID_HF_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf"))
+}
+
 /// The fixture directory `name`.
 pub fn dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(name)
+    root().join(name)
 }
 
 /// Writes `tensors` (name, shape, little-endian f32 bytes) as `dir/model.safetensors`: a
