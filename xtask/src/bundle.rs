@@ -140,10 +140,21 @@ pub fn build() -> Result<PathBuf> {
         let p = e?.path();
         fs::copy(&p, dir.join("kernels").join(p.file_name().unwrap()))?;
     }
-    for peer in ["torch_peer.py", "torch_ddp.py", "hf_generate_peer.py"] {
+    for peer in [
+        "torch_peer.py",
+        "torch_ddp.py",
+        "hf_generate_peer.py",
+        "torch_train_gpt.py",
+    ] {
         fs::copy(root.join("benches").join(peer), dir.join(peer))?;
     }
-    for script in ["torch_parity.py", "torch_gru_parity.py", "hf_gpu_parity.py"] {
+    for script in [
+        "torch_parity.py",
+        "torch_gru_parity.py",
+        "hf_gpu_parity.py",
+        "time_to_150.sh",
+        "hf_fixtures.py",
+    ] {
         fs::copy(root.join("scripts").join(script), dir.join(script))?;
     }
     fs::copy(root.join("xtask/run.sh"), dir.join("run.sh"))?;
