@@ -279,15 +279,18 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
         return Ok(());
     }
     let (prompt, text) = (&prompts[0], &a.prompt[0]);
-    print!("{text}");
-    std::io::stdout().flush()?;
     let mut new: Vec<u32> = Vec::new();
     let mut shown = String::new();
     let mut first = None;
     let t = Instant::now();
     let mut err = None;
     model.generate(prompt, a.max_new_tokens, &mut sampler, &stop, |id| {
-        first.get_or_insert_with(|| t.elapsed().as_secs_f64());
+        // The prompt once a token is chosen: a model that cannot choose one (non-finite
+        // logits) prints nothing.
+        first.get_or_insert_with(|| {
+            print!("{text}");
+            t.elapsed().as_secs_f64()
+        });
         new.push(id);
         // Decode the whole continuation and print what is new: multi-byte characters split
         // over tokens appear once whole.

@@ -68,15 +68,18 @@ pub fn run(
         t.elapsed().as_secs_f64()
     );
     let one = prompts.len() == 1;
-    if one {
-        print!("{}", a.prompt[0]);
-        std::io::stdout().flush()?;
-    }
     let (mut new, mut shown) = (Vec::new(), String::new());
     let mut first = None;
     let t = Instant::now();
     let out = engine.generate(prompts, a.max_new_tokens, &stop, sampling, |step| {
-        first.get_or_insert_with(|| t.elapsed().as_secs_f64());
+        // The prompt once the first tokens are chosen: a model that cannot choose them
+        // (non-finite logits) prints nothing.
+        first.get_or_insert_with(|| {
+            if one {
+                print!("{}", a.prompt[0]);
+            }
+            t.elapsed().as_secs_f64()
+        });
         if one && !stop.contains(&step[0]) {
             new.push(step[0]);
             // Print what the whole continuation adds (characters split over tokens once whole).

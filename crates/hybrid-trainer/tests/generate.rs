@@ -480,3 +480,67 @@ fn perplexity_of(model: &str, text: &str, extra: &[&str]) -> f64 {
         .unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
+
+/// A copy of fixture `name` whose f32 tensor `tensor` holds `value` at element `at`.
+fn poisoned(name: &str, tensor: &str, at: usize, value: f32) -> tempfile::TempDir {
+    let src = fixture(name);
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            let mut b = v.data().to_vec();
+            if n == tensor {
+                b[at * 4..at * 4 + 4].copy_from_slice(&value.to_le_bytes());
+            }
+            (n, v.shape().to_vec(), b)
+        })
+        .collect();
+    let views = data.iter().map(|(n, shape, b)| {
+        let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b);
+        (n.clone(), v.unwrap())
+    });
+    let out = safetensors::serialize(views, &None).unwrap();
+    std::fs::write(tmp.path().join("model.safetensors"), out).unwrap();
+    tmp
+}
+
+/// Corrupt weights (a NaN in `q_proj`, one NaN in `lm_head`) make non-finite logits:
+/// `generate` (both engines, greedy and sampled, one prompt or two) fail with
+/// a message naming the cause, and print no text on stdout (nor the prompt's echo).
+#[test]
+fn corrupt_weights_are_refused_and_print_nothing() {
+    for tensor in ["model.layers.0.self_attn.q_proj.weight", "lm_head.weight"] {
+        let tmp = poisoned("llama3", tensor, 0, f32::NAN);
+        let d = tmp.path().display().to_string();
+        let base = ["--device", "cpu", "generate", "--model", &d];
+        let base = base
+            .iter()
+            .chain(&["--max-new-tokens", "8", "--prompt", "hello"]);
+        let engines: [&[&str]; 2] = [&[], &["--engine", "fast", "--dtype", "f32"]];
+        let how: [&[&str]; 3] = [&[], &["--temperature", "0.7"], &["--prompt", "hi"]];
+        for (engine, how) in engines.iter().flat_map(|e| how.iter().map(move |h| (e, h))) {
+            let args: Vec<&str> = base.clone().chain(*engine).chain(*how).copied().collect();
+            let out = Command::new(binary()).args(&args).assert().failure();
+            let o = out.get_output();
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr),
+            );
+            assert!(
+                stderr.contains("non-finite logits") && stderr.contains("step 0"),
+                "{args:?}: {stderr}"
+            );
+            // stdout has the device's lines only: no prompt, no text, no batch rows.
+            assert!(
+                !stdout.contains("hello") && !stdout.contains("[0]"),
+                "{args:?}: printed {stdout:?}"
+            );
+        }
+    }
+}

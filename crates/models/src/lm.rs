@@ -7,12 +7,12 @@ use tensor_ops::{no_grad, Device, Tensor};
 
 use crate::cache::KvCache;
 use crate::config::{Architecture, ModelConfig};
-use crate::error::ModelError;
+use crate::error::{LogitsAt, ModelError};
 use crate::gpt2::Gpt2;
 use crate::layers::Slots;
 use crate::llama::Llama;
 use crate::quant::QuantKind;
-use crate::sample::Sampler;
+use crate::sample::{usable, Sampler};
 use crate::weights::Checkpoint;
 
 enum Family {
@@ -214,14 +214,18 @@ impl CausalLm {
         let mut out = vec![Vec::new(); prompts.len()];
         let mut done = vec![false; prompts.len()];
         let vocab = self.cfg.vocab_size;
-        for _ in 0..max_new {
+        for step in 0..max_new {
             let b = prompts.len();
             let t = input.len() / b;
             let logits = self.forward_padded(&input, b, &pads, &mut cache)?;
             let last = logits.narrow(1, t - 1, 1)?.to_vec()?;
             input.clear();
             for r in 0..b {
-                let tok = sampler.sample(&last[r * vocab..(r + 1) * vocab], &history[r])?;
+                let row = &last[r * vocab..(r + 1) * vocab];
+                if !usable(row) {
+                    return Err(ModelError::NonFiniteLogits(LogitsAt::Step { step, row: r }));
+                }
+                let tok = sampler.sample(row, &history[r])?;
                 input.push(tok);
                 if !done[r] {
                     out[r].push(tok);
@@ -260,10 +264,13 @@ impl CausalLm {
         let mut history = prompt.to_vec();
         let mut out = Vec::with_capacity(max_new);
         let mut input = prompt.to_vec();
-        for _ in 0..max_new {
+        for step in 0..max_new {
             let logits = self.forward(&input, 1, &mut cache)?;
             let t = input.len();
             let last = logits.narrow(1, t - 1, 1)?.to_vec()?;
+            if !usable(&last) {
+                return Err(ModelError::NonFiniteLogits(LogitsAt::Step { step, row: 0 }));
+            }
             let tok = sampler.sample(&last, &history)?;
             on_token(tok);
             out.push(tok);
