@@ -544,3 +544,29 @@ fn corrupt_weights_are_refused_and_print_nothing() {
         }
     }
 }
+
+/// `perplexity` of corrupt weights (one NaN in `lm_head`): a message naming the cause and a
+/// non-zero exit on both engines, never "perplexity NaN".
+#[test]
+fn perplexity_of_corrupt_weights_is_refused() {
+    let tmp = poisoned("llama3", "lm_head.weight", 0, f32::NAN);
+    let d = tmp.path().display().to_string();
+    let text = tmp.path().join("text.txt");
+    std::fs::write(&text, "hello there, general").unwrap();
+    let t = text.display().to_string();
+    let base = ["--device", "cpu", "perplexity", "--model", &d, "--text", &t];
+    for engine in [&[][..], &["--engine", "fast", "--dtype", "f32"]] {
+        let out = Command::new(binary())
+            .args(base.iter().chain(engine))
+            .assert()
+            .failure();
+        let o = out.get_output();
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            stderr.contains("non-finite logits") && stderr.contains("predicting token 1"),
+            "{engine:?}: {stderr}"
+        );
+        assert!(!stdout.contains("perplexity"), "{engine:?}: {stdout}");
+    }
+}

@@ -76,7 +76,8 @@ impl CausalLm {
     }
 
     /// The perplexity of `ids` (`exp` of the mean negative log-likelihood of each token after
-    /// its predecessors), in windows of the model's context, each from an empty cache.
+    /// its predecessors), in windows of the model's context, each from an empty cache. A row of
+    /// non-finite logits is [`ModelError::NonFiniteLogits`] at the position it predicts.
     pub fn perplexity(&self, ids: &[u32]) -> Result<f64, ModelError> {
         if ids.len() < 2 {
             return Err(ModelError::EmptyInput);
@@ -93,6 +94,12 @@ impl CausalLm {
                 .log_softmax()?
                 .to_vec()?;
             for (i, &next) in w[1..].iter().enumerate() {
+                // A NaN in a row of the log-softmax: a NaN or +∞ logit, or none finite (the
+                // rows `usable` refuses; finite logits and −∞ give finite values or −∞).
+                if lp[i * vocab..(i + 1) * vocab].iter().any(|v| v.is_nan()) {
+                    let at = LogitsAt::Position(start + i + 1);
+                    return Err(ModelError::NonFiniteLogits(at));
+                }
                 nll -= lp[i * vocab + next as usize] as f64;
                 n += 1;
             }
