@@ -69,7 +69,7 @@ pub fn run(
     );
     let one = prompts.len() == 1;
     let (mut new, mut shown) = (Vec::new(), String::new());
-    let mut first = None;
+    let (mut first, mut err) = (None, None);
     let t = Instant::now();
     let out = engine.generate(prompts, a.max_new_tokens, &stop, sampling, |step| {
         // The prompt once the first tokens are chosen: a model that cannot choose them
@@ -80,18 +80,25 @@ pub fn run(
             }
             t.elapsed().as_secs_f64()
         });
-        if one && !stop.contains(&step[0]) {
+        if one && err.is_none() && !stop.contains(&step[0]) {
             new.push(step[0]);
             // Print what the whole continuation adds (characters split over tokens once whole).
-            if let Ok(text) = tok.decode(&new, true) {
-                if let Some(more) = text.strip_prefix(shown.as_str()) {
-                    print!("{more}");
-                    let _ = std::io::stdout().flush();
+            match tok.decode(&new, true) {
+                Ok(text) => {
+                    if let Some(more) = text.strip_prefix(shown.as_str()) {
+                        print!("{more}");
+                        let _ = std::io::stdout().flush();
+                    }
+                    shown = text;
                 }
-                shown = text;
+                Err(e) => err = Some(e),
             }
         }
     })?;
+    if let Some(e) = err {
+        println!();
+        return Err(e.into());
+    }
     let secs = t.elapsed().as_secs_f64();
     if one {
         println!();
