@@ -80,6 +80,7 @@ pub fn run(
             }
             t.elapsed().as_secs_f64()
         });
+        // A stop token ends the text without being printed (`generate::printed`).
         if one && err.is_none() && !stop.contains(&step[0]) {
             new.push(step[0]);
             // Print what the whole continuation adds (characters split over tokens once whole).
@@ -104,7 +105,8 @@ pub fn run(
         println!();
     } else {
         for (i, (p, row)) in a.prompt.iter().zip(&out).enumerate() {
-            println!("[{i}] {p}{}", tok.decode(row, true)?);
+            let text = tok.decode(crate::generate::printed(row, &stop), true)?;
+            println!("[{i}] {p}{text}");
         }
     }
     let n: usize = out.iter().map(Vec::len).sum();
