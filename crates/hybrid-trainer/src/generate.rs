@@ -225,6 +225,17 @@ pub fn perplexity(device: Device, a: &PerplexityArgs) -> Result<()> {
     Ok(())
 }
 
+/// The tokens of a generated row that are printed: all but a final stop token. The
+/// end-of-sequence token ends the text without being part of it, on both engines (as
+/// `transformers`' pipelines decode with `skip_special_tokens`, real EOS tokens being special;
+/// a tokenizer that does not mark it special would print its text otherwise).
+pub(crate) fn printed<'a>(row: &'a [u32], stop: &[u32]) -> &'a [u32] {
+    match row.split_last() {
+        Some((last, rest)) if stop.contains(last) => rest,
+        _ => row,
+    }
+}
+
 pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
     let sampler = Sampling {
         temperature: a.temperature,
@@ -267,7 +278,7 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
         let out = model.generate_batch(&refs, a.max_new_tokens, &mut sampler, &stop)?;
         let secs = t.elapsed().as_secs_f64();
         for (i, (p, new)) in a.prompt.iter().zip(&out).enumerate() {
-            println!("[{i}] {p}{}", tok.decode(new, true)?);
+            println!("[{i}] {p}{}", tok.decode(printed(new, &stop), true)?);
         }
         let n: usize = out.iter().map(Vec::len).sum();
         eprintln!(
@@ -279,15 +290,22 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
         return Ok(());
     }
     let (prompt, text) = (&prompts[0], &a.prompt[0]);
-    print!("{text}");
-    std::io::stdout().flush()?;
     let mut new: Vec<u32> = Vec::new();
     let mut shown = String::new();
     let mut first = None;
     let t = Instant::now();
-    let mut err = None;
+    let (mut err, mut n) = (None, 0usize);
     model.generate(prompt, a.max_new_tokens, &mut sampler, &stop, |id| {
-        first.get_or_insert_with(|| t.elapsed().as_secs_f64());
+        // The prompt once a token is chosen: a model that cannot choose one (non-finite
+        // logits) prints nothing.
+        first.get_or_insert_with(|| {
+            print!("{text}");
+            t.elapsed().as_secs_f64()
+        });
+        n += 1;
+        if stop.contains(&id) {
+            return; // the end of the text, not printed (see `printed`)
+        }
         new.push(id);
         // Decode the whole continuation and print what is new: multi-byte characters split
         // over tokens appear once whole.
@@ -307,10 +325,9 @@ pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
     println!();
     let total = t.elapsed().as_secs_f64();
     let ttft = first.unwrap_or(total);
-    let rest = new.len().saturating_sub(1);
+    let rest = n.saturating_sub(1);
     eprintln!(
-        "{} new tokens; first after {:.1} ms (prefill of {} tokens), then {:.1} tokens/s",
-        new.len(),
+        "{n} new tokens; first after {:.1} ms (prefill of {} tokens), then {:.1} tokens/s",
         ttft * 1e3,
         prompt.len(),
         if rest > 0 {

@@ -68,33 +68,45 @@ pub fn run(
         t.elapsed().as_secs_f64()
     );
     let one = prompts.len() == 1;
-    if one {
-        print!("{}", a.prompt[0]);
-        std::io::stdout().flush()?;
-    }
     let (mut new, mut shown) = (Vec::new(), String::new());
-    let mut first = None;
+    let (mut first, mut err) = (None, None);
     let t = Instant::now();
     let out = engine.generate(prompts, a.max_new_tokens, &stop, sampling, |step| {
-        first.get_or_insert_with(|| t.elapsed().as_secs_f64());
-        if one && !stop.contains(&step[0]) {
+        // The prompt once the first tokens are chosen: a model that cannot choose them
+        // (non-finite logits) prints nothing.
+        first.get_or_insert_with(|| {
+            if one {
+                print!("{}", a.prompt[0]);
+            }
+            t.elapsed().as_secs_f64()
+        });
+        // A stop token ends the text without being printed (`generate::printed`).
+        if one && err.is_none() && !stop.contains(&step[0]) {
             new.push(step[0]);
             // Print what the whole continuation adds (characters split over tokens once whole).
-            if let Ok(text) = tok.decode(&new, true) {
-                if let Some(more) = text.strip_prefix(shown.as_str()) {
-                    print!("{more}");
-                    let _ = std::io::stdout().flush();
+            match tok.decode(&new, true) {
+                Ok(text) => {
+                    if let Some(more) = text.strip_prefix(shown.as_str()) {
+                        print!("{more}");
+                        let _ = std::io::stdout().flush();
+                    }
+                    shown = text;
                 }
-                shown = text;
+                Err(e) => err = Some(e),
             }
         }
     })?;
+    if let Some(e) = err {
+        println!();
+        return Err(e.into());
+    }
     let secs = t.elapsed().as_secs_f64();
     if one {
         println!();
     } else {
         for (i, (p, row)) in a.prompt.iter().zip(&out).enumerate() {
-            println!("[{i}] {p}{}", tok.decode(row, true)?);
+            let text = tok.decode(crate::generate::printed(row, &stop), true)?;
+            println!("[{i}] {p}{text}");
         }
     }
     let n: usize = out.iter().map(Vec::len).sum();

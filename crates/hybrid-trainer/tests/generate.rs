@@ -485,3 +485,55 @@ fn perplexity_of(model: &str, text: &str, extra: &[&str]) -> f64 {
         .unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
+
+/// The end-of-sequence token ends the text without being printed, on both engines, streamed
+/// (one prompt) and per row (two): a copy of the mistral fixture whose `eos_token_id` is the
+/// 4th token of transformers' greedy continuation (the fixture's tokenizer does not mark it
+/// special, so `skip_special_tokens` alone would print it; the reference did, the fast engine
+/// did not).
+#[test]
+fn both_engines_end_the_text_at_eos_without_printing_it() {
+    let (src, text, want) = prompt_and_greedy_text("mistral");
+    let src = PathBuf::from(src);
+    let cont: Vec<char> = want.chars().skip(text.chars().count()).collect();
+    let eos_at = (3..cont.len())
+        .find(|&i| !cont[..i].contains(&cont[i]))
+        .unwrap();
+    let eos = if cont[eos_at] == '\n' {
+        95
+    } else {
+        cont[eos_at] as u32 - 32
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    cfg["eos_token_id"] = eos.into();
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    let d = tmp.path().display().to_string();
+    let before: String = cont[..eos_at].iter().collect();
+    let base = [
+        "--device", "cpu", "generate", "--model", &d, "--prompt", &text,
+    ];
+    let base = base.iter().chain(&["--max-new-tokens", "16"]);
+    let fast = ["--engine", "fast", "--dtype", "f32"];
+    let one = format!("{text}{before}\n");
+    let two = format!("[0] {text}{before}\n");
+    for (rows, want) in [(&[][..], &one), (&["--prompt", "hi"][..], &two)] {
+        let (reference, stderr) = cli_ok(base.clone().chain(rows));
+        assert!(reference.contains(want.as_str()), "{reference:?}: {want:?}");
+        let n = format!("{} new tokens", eos_at + 1);
+        assert!(!rows.is_empty() || stderr.contains(&n), "{stderr}");
+        let (got, _) = cli_ok(base.clone().chain(rows).chain(&fast));
+        // Two prompts: row 0's text (the other row has no EOS, the engines are both f32).
+        assert!(
+            got.contains(want.as_str()),
+            "{rows:?}: {got:?} against {reference:?}"
+        );
+        if rows.is_empty() {
+            assert_eq!(got, reference, "one prompt: the engines' texts");
+        }
+    }
+}

@@ -32,6 +32,11 @@ pub enum ModelError {
     },
     #[error("the batch's rows have {0} tokens in all, not a multiple of {1} rows")]
     RaggedBatch(usize, usize),
+    /// A row of logits with a NaN or a +∞, or with no finite value (all −∞): no token to
+    /// choose (greedy or sampled) and no probability to score by. A −∞ among finite logits
+    /// only masks its token.
+    #[error("the model produced non-finite logits (NaN/inf) {0}: its weights may be corrupt")]
+    NonFiniteLogits(LogitsAt),
     #[error("bad sampling setting: {0}")]
     BadSampling(String),
     #[error("bad padding: {0}")]
@@ -40,4 +45,25 @@ pub enum ModelError {
     Unsupported(String),
     #[error("cannot quantize: {0}")]
     Quant(String),
+}
+
+/// Where a row of non-finite logits came from ([`ModelError::NonFiniteLogits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsAt {
+    /// Generation: choosing new token `step` (0: the first after the prompt) of batch row `row`.
+    Step { step: usize, row: usize },
+    /// Scoring a text: predicting its token at `position` (from 1; the first is not predicted).
+    Position(usize),
+    /// A row given to [`crate::Sampler::sample`] directly.
+    Row,
+}
+
+impl std::fmt::Display for LogitsAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LogitsAt::Step { step, row } => write!(f, "at step {step} (row {row})"),
+            LogitsAt::Position(p) => write!(f, "predicting token {p} of the text"),
+            LogitsAt::Row => write!(f, "in the row to sample"),
+        }
+    }
 }

@@ -25,7 +25,7 @@ pub mod weights;
 pub use cache::KvCache;
 pub use config::{Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeScaling};
 pub use engine::{Engine, EngineOptions};
-pub use error::ModelError;
+pub use error::{LogitsAt, ModelError};
 pub use expected::{expected_tensors, ExpectedTensor};
 pub use export::{export_gpt2, export_hf, export_llama, ExportError};
 pub use lm::CausalLm;

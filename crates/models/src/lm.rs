@@ -7,12 +7,12 @@ use tensor_ops::{no_grad, Device, Tensor};
 
 use crate::cache::KvCache;
 use crate::config::{Architecture, ModelConfig};
-use crate::error::ModelError;
+use crate::error::{LogitsAt, ModelError};
 use crate::gpt2::Gpt2;
 use crate::layers::Slots;
 use crate::llama::Llama;
 use crate::quant::QuantKind;
-use crate::sample::Sampler;
+use crate::sample::{usable, Sampler};
 use crate::weights::Checkpoint;
 
 enum Family {
@@ -76,7 +76,8 @@ impl CausalLm {
     }
 
     /// The perplexity of `ids` (`exp` of the mean negative log-likelihood of each token after
-    /// its predecessors), in windows of the model's context, each from an empty cache.
+    /// its predecessors), in windows of the model's context, each from an empty cache. A row of
+    /// non-finite logits is [`ModelError::NonFiniteLogits`] at the position it predicts.
     pub fn perplexity(&self, ids: &[u32]) -> Result<f64, ModelError> {
         if ids.len() < 2 {
             return Err(ModelError::EmptyInput);
@@ -93,6 +94,12 @@ impl CausalLm {
                 .log_softmax()?
                 .to_vec()?;
             for (i, &next) in w[1..].iter().enumerate() {
+                // A NaN in a row of the log-softmax: a NaN or +∞ logit, or none finite (the
+                // rows `usable` refuses; finite logits and −∞ give finite values or −∞).
+                if lp[i * vocab..(i + 1) * vocab].iter().any(|v| v.is_nan()) {
+                    let at = LogitsAt::Position(start + i + 1);
+                    return Err(ModelError::NonFiniteLogits(at));
+                }
                 nll -= lp[i * vocab + next as usize] as f64;
                 n += 1;
             }
@@ -214,14 +221,18 @@ impl CausalLm {
         let mut out = vec![Vec::new(); prompts.len()];
         let mut done = vec![false; prompts.len()];
         let vocab = self.cfg.vocab_size;
-        for _ in 0..max_new {
+        for step in 0..max_new {
             let b = prompts.len();
             let t = input.len() / b;
             let logits = self.forward_padded(&input, b, &pads, &mut cache)?;
             let last = logits.narrow(1, t - 1, 1)?.to_vec()?;
             input.clear();
             for r in 0..b {
-                let tok = sampler.sample(&last[r * vocab..(r + 1) * vocab], &history[r])?;
+                let row = &last[r * vocab..(r + 1) * vocab];
+                if !usable(row) {
+                    return Err(ModelError::NonFiniteLogits(LogitsAt::Step { step, row: r }));
+                }
+                let tok = sampler.sample(row, &history[r])?;
                 input.push(tok);
                 if !done[r] {
                     out[r].push(tok);
@@ -260,10 +271,13 @@ impl CausalLm {
         let mut history = prompt.to_vec();
         let mut out = Vec::with_capacity(max_new);
         let mut input = prompt.to_vec();
-        for _ in 0..max_new {
+        for step in 0..max_new {
             let logits = self.forward(&input, 1, &mut cache)?;
             let t = input.len();
             let last = logits.narrow(1, t - 1, 1)?.to_vec()?;
+            if !usable(&last) {
+                return Err(ModelError::NonFiniteLogits(LogitsAt::Step { step, row: 0 }));
+            }
             let tok = sampler.sample(&last, &history)?;
             on_token(tok);
             out.push(tok);

@@ -5,7 +5,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::error::ModelError;
+use crate::error::{LogitsAt, ModelError};
 
 /// Sampling settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,24 +69,14 @@ impl Sampler {
         })
     }
 
-    /// The next token of `logits` (one row of the vocabulary), after `history`.
+    /// The next token of `logits` (one row of the vocabulary), after `history`. A row with no
+    /// token to choose ([`usable`]) is [`ModelError::NonFiniteLogits`].
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, ModelError> {
         if logits.is_empty() {
             return Err(ModelError::BadSampling("no logits".into()));
         }
-        // −∞ masks a token; NaN and +∞ have no probability to sample by, and a row of −∞
-        // leaves nothing to choose.
-        if let Some(i) = logits
-            .iter()
-            .position(|v| v.is_nan() || *v == f32::INFINITY)
-        {
-            return Err(ModelError::BadSampling(format!(
-                "logit {i} is {}",
-                logits[i]
-            )));
-        }
-        if logits.iter().all(|v| *v == f32::NEG_INFINITY) {
-            return Err(ModelError::BadSampling("every logit is -inf".into()));
+        if !usable(logits) {
+            return Err(ModelError::NonFiniteLogits(LogitsAt::Row));
         }
         let mut l = logits.to_vec();
         if self.s.repetition_penalty != 1.0 {
@@ -140,6 +130,14 @@ impl Sampler {
         }
         Ok(order[keep - 1] as u32)
     }
+}
+
+/// Whether a row of logits has a token to choose: no NaN, no +∞ and a finite value (NaN and
+/// +∞ have no probability to sample by, a row of −∞ leaves nothing; a −∞ among finite logits
+/// masks its token). [`ModelError::NonFiniteLogits`] is the refusal of a row that has not.
+pub fn usable(logits: &[f32]) -> bool {
+    !logits.iter().any(|v| v.is_nan() || *v == f32::INFINITY)
+        && logits.iter().any(|v| *v != f32::NEG_INFINITY)
 }
 
 /// The index of the first maximum.
@@ -263,9 +261,17 @@ mod tests {
         for settings in [Sampling::default(), hot] {
             let mut s = sampler(settings);
             assert!(s.sample(&[], &[]).is_err());
-            assert!(s.sample(&[0.0, f32::NAN], &[]).is_err());
-            assert!(s.sample(&[0.0, f32::INFINITY], &[]).is_err());
-            assert!(s.sample(&[f32::NEG_INFINITY; 3], &[]).is_err());
+            for bad in [
+                &[0.0, f32::NAN][..],
+                &[0.0, f32::INFINITY],
+                &[f32::NEG_INFINITY; 3],
+            ] {
+                let r = s.sample(bad, &[]);
+                assert!(
+                    matches!(r, Err(ModelError::NonFiniteLogits(LogitsAt::Row))),
+                    "{bad:?}: {r:?}"
+                );
+            }
             // −∞ masks a token; ±1e30 are ordinary logits.
             for _ in 0..20 {
                 let t = s.sample(&[f32::NEG_INFINITY, -1e30, 1e30], &[]).unwrap();

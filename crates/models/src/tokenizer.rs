@@ -15,6 +15,12 @@ pub enum TokenizerError {
     Encode(String),
     #[error("cannot decode: {0}")]
     Decode(String),
+    /// An id the tokenizer has no token for (e.g. a padding row of a model whose vocabulary is
+    /// larger than its tokenizer's, as many checkpoints' are): never dropped silently.
+    #[error(
+        "cannot decode token id {id}: the tokenizer has no such token (its vocabulary has {vocab})"
+    )]
+    UnknownId { id: u32, vocab: usize },
 }
 
 /// A loaded `tokenizer.json`.
@@ -64,8 +70,15 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
-    /// Text of `ids`; `skip_special` drops special tokens.
+    /// Text of `ids`; `skip_special` drops special tokens. An id the tokenizer has no token
+    /// for is [`TokenizerError::UnknownId`] (`tokenizers` would leave it out of the text).
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        if let Some(&id) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
+            return Err(TokenizerError::UnknownId {
+                id,
+                vocab: self.vocab_size(),
+            });
+        }
         self.inner
             .decode(ids, skip_special)
             .map_err(|e| TokenizerError::Decode(e.to_string()))

@@ -8,37 +8,23 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, write_f32_checkpoint};
-use models::{Engine, EngineOptions, ModelError, Sampling};
-use safetensors::{Dtype, SafeTensors};
+use hf_fixture::{dir, poisoned_copy};
+use models::{Engine, EngineOptions, LogitsAt, ModelError, Sampling};
 use tensor_ops::{DType, Device};
 
 /// A copy of the llama3 fixture (untied head: the other tokens' logits stay finite) whose
 /// embedding of token `poison` is NaN.
 fn poisoned(poison: u32) -> tempfile::TempDir {
-    let src = dir("llama3");
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let data: Vec<(String, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, v)| {
-            assert_eq!(v.dtype(), Dtype::F32, "{name}");
-            let mut b = v.data().to_vec();
-            if name == "model.embed_tokens.weight" {
-                let row = v.shape()[1] * 4;
-                let at = poison as usize * row;
-                for c in b[at..at + row].chunks_exact_mut(4) {
-                    c.copy_from_slice(&f32::NAN.to_le_bytes());
-                }
-            }
-            (name, v.shape().to_vec(), b)
-        })
-        .collect();
-    write_f32_checkpoint(tmp.path(), &data);
-    tmp
+    let hidden = models::ModelConfig::from_dir(&dir("llama3"))
+        .unwrap()
+        .hidden_size;
+    let at = poison as usize * hidden;
+    poisoned_copy(
+        "llama3",
+        "model.embed_tokens.weight",
+        at..at + hidden,
+        f32::NAN,
+    )
 }
 
 const PROMPTS: [&[u32]; 2] = [&[1, 5, 9, 13, 17], &[1, 7, 11]];
@@ -68,7 +54,10 @@ fn run(dir: &std::path::Path, dev: Device, fail_at: Option<(usize, u32)>) -> Vec
         if let Some((at, poison)) = fail_at.filter(|&(at, _)| at == step) {
             let r = e.decode(&[poison, next[1]], &s);
             assert!(
-                matches!(&r, Err(ModelError::BadSampling(m)) if m.contains("row 0")),
+                matches!(
+                    &r,
+                    Err(ModelError::NonFiniteLogits(LogitsAt::Step { row: 0, .. }))
+                ),
                 "{dev}: a NaN embedding in row 0 must fail the step before {at} there, got {r:?}"
             );
         }

@@ -16,8 +16,8 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, FIXTURES};
-use models::{CausalLm, Engine, EngineOptions, ModelError, QuantKind};
+use hf_fixture::{dir, expected, poisoned_copy, FIXTURES};
+use models::{CausalLm, Engine, EngineOptions, LogitsAt, ModelError, QuantKind};
 use tensor_ops::{DType, Device};
 
 /// A text of `2·ctx + 7` tokens: three windows, the last one short.
@@ -127,4 +127,58 @@ fn engine_perplexity_counts_every_window_and_refuses_what_it_cannot_score() {
         two.perplexity(&ids),
         Err(ModelError::Unsupported(_))
     ));
+}
+
+/// Corrupt weights are a typed error at the first position whose prediction they poison, on
+/// both engines, never a perplexity of NaN: one NaN in `lm_head` (every row: position 1), and
+/// a NaN embedding of a token that first comes in the second window (at `ctx + 3`): a position
+/// of the second window, at the latest `ctx + 4` (the poisoned row's prediction; the reference
+/// refuses from the window's first, `ctx`: its masked attention weighs the NaN value by 0,
+/// which is NaN).
+#[test]
+fn perplexity_refuses_non_finite_logits() {
+    let ctx = CausalLm::load(&dir("llama3"), Device::Cpu)
+        .unwrap()
+        .config()
+        .max_position_embeddings;
+    let (poison, hidden) = (90u32, 64);
+    let clean = expected("llama3").ids;
+    assert!(!clean.contains(&poison));
+    let mut ids: Vec<u32> = clean.iter().copied().cycle().take(ctx + 9).collect();
+    ids[ctx + 3] = poison;
+    let at = poison as usize * hidden;
+    let cases = [
+        (
+            poisoned_copy("llama3", "lm_head.weight", 5..6, f32::NAN),
+            1..=1,
+        ),
+        (
+            poisoned_copy(
+                "llama3",
+                "model.embed_tokens.weight",
+                at..at + hidden,
+                f32::NAN,
+            ),
+            ctx..=ctx + 4,
+        ),
+    ];
+    for (tmp, want) in cases {
+        let refused = |r: &Result<f64, ModelError>| matches!(r, Err(ModelError::NonFiniteLogits(LogitsAt::Position(p))) if want.contains(p));
+        let r = CausalLm::load(tmp.path(), Device::Cpu)
+            .unwrap()
+            .perplexity(&ids);
+        assert!(refused(&r), "reference, {want:?}: {r:?}");
+        for dtype in [DType::F32, DType::BF16] {
+            let opts = EngineOptions {
+                dtype,
+                batch: 1,
+                capacity: ctx,
+                quant: None,
+            };
+            let r = Engine::load(tmp.path(), Device::Cpu, opts)
+                .unwrap()
+                .perplexity(&ids);
+            assert!(refused(&r), "engine {dtype}, {want:?}: {r:?}");
+        }
+    }
 }

@@ -80,3 +80,23 @@ fn bad_tokenizer_file() {
         );
     }
 }
+
+/// An id past the tokenizer's vocabulary (a model's padding rows: its `vocab_size` may exceed
+/// the tokenizer's) is a typed error naming it, not a token silently left out of the text.
+#[test]
+fn decoding_an_unknown_id_is_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let tok = Tokenizer::from_dir(dir.path()).unwrap();
+    for ids in [&[1, 6][..], &[7], &[2, u32::MAX, 3]] {
+        let r = tok.decode(ids, true);
+        let want = *ids.iter().find(|&&i| i >= 6).unwrap();
+        assert!(
+            matches!(r, Err(TokenizerError::UnknownId { id, vocab: 6 }) if id == want),
+            "{ids:?}: {r:?}"
+        );
+        let msg = r.unwrap_err().to_string();
+        assert!(msg.contains(&format!("token id {want}")), "{msg}");
+    }
+    assert_eq!(tok.decode(&[1, 5], true).unwrap(), "the mat");
+}

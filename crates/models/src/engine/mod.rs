@@ -4,8 +4,15 @@
 //! CUDA graph and replayed, with the choice of the next token on the device (the argmax, or
 //! `Tensor::sample_last`: repetition penalty, temperature, top-k, top-p, a seeded Philox
 //! draw): one device-to-host copy (the new tokens) per step. On the CPU the same ops run
-//! eagerly. [`crate::CausalLm`] is the f32 reference it is tested against.
+//! eagerly.
+//!
+//! Non-finite logits: a row whose logits have a NaN or a +∞, or no finite value (all −∞), has
+//! no token to choose, greedy or sampled (the rule of [`crate::Sampler`]: a −∞ among finite
+//! logits masks its token). The argmax is `sample_last` at temperature 0, which returns the
+//! sentinel `vocab` for such a row in the step's one read-back (no extra copy or sync, inside
+//! the captured graph too): the step fails with [`ModelError::NonFiniteLogits`]. [`crate::CausalLm`] is the f32 reference it is tested against.
 
+mod generate;
 mod gpt2;
 mod perplexity;
 mod weights;
@@ -16,7 +23,7 @@ use tensor_ops::graph::{capture, Graph};
 use tensor_ops::{no_grad, CacheView, DType, Device, SampleParams, Tensor};
 
 use crate::config::ModelConfig;
-use crate::error::ModelError;
+use crate::error::{LogitsAt, ModelError};
 use crate::quant::QuantKind;
 use crate::sample::{Sampler, Sampling};
 use crate::weights::Checkpoint;
@@ -39,6 +46,17 @@ pub struct EngineOptions {
 
 /// How a step chooses its token: the argmax, or a draw with these settings.
 type Choice = Option<SampleParams>;
+
+/// The argmax as `sample_last` computes it (temperature 0, no penalty): the first maximum, or
+/// `vocab` for a row with non-finite logits (see the module doc).
+const GREEDY: SampleParams = SampleParams {
+    temperature: 0.0,
+    top_k: 0,
+    top_p: 1.0,
+    penalty: 1.0,
+    seed: 0,
+    offset: 0,
+};
 
 /// The captured decode step: its input ids `[batch, 1]` (and their positions, for learned
 /// positions), its output (the chosen tokens) `[batch]`, and how it chooses them (a graph
@@ -77,10 +95,10 @@ pub struct Engine {
     /// repetition penalty's history), on the device (the sampling op adds its draws) ...
     seen: Tensor,
     /// ... and on the host: the history after the last successful step, written back when a
-    /// step fails or when greedy steps (whose argmax does not mark the device's copy) came
-    /// before a sampled one (`seen_stale`).
+    /// step fails.
     host_seen: Vec<u32>,
-    seen_stale: bool,
+    /// The slot after the prompts (the first new token is step 0 of a generation).
+    prefilled: u32,
     /// Where each row stands, as last written to `start` and `slot`.
     host_start: Vec<u32>,
     host_slot: Vec<u32>,
@@ -127,7 +145,7 @@ impl Engine {
             decode: None,
             seen: Tensor::from_vec(vec![0u32; opts.batch * words], &[opts.batch, words], device)?,
             host_seen: vec![0u32; opts.batch * words],
-            seen_stale: false,
+            prefilled: 0,
             start: Tensor::from_vec(zeros.clone(), &[opts.batch], device)?,
             slot: Tensor::from_vec(zeros.clone(), &[opts.batch], device)?,
             host_start: zeros.clone(),
@@ -296,7 +314,7 @@ impl Engine {
         let pos = learned.then(|| self.positions(&start, t)).transpose()?;
         self.seen.write_from_host(&seen)?;
         self.host_seen = seen;
-        self.seen_stale = false;
+        self.prefilled = t as u32;
         self.start.write_from_host(&start)?;
         self.slot.write_from_host(&vec![0u32; b])?;
         self.host_slot = vec![0; b];
@@ -333,7 +351,9 @@ impl Engine {
     /// step is a CUDA graph (captured at the first call, again when the settings change) and
     /// this is one host-to-device write of the ids and slots (and positions, for learned
     /// positions), one replay and one device-to-host copy of the result. A step that fails (a
-    /// row with no distribution to sample: `ModelError::BadSampling`) leaves the engine as it
+    /// row with no token to choose: [`ModelError::NonFiniteLogits`] when its logits are not
+    /// finite, `ModelError::BadSampling` when the settings overflow finite ones) leaves the
+    /// engine as it
     /// was: the rows stay at their slots and the penalty's history is restored.
     pub fn decode(&mut self, tokens: &[u32], sampling: &Sampling) -> Result<Vec<u32>, ModelError> {
         let choice = choice(sampling)?;
@@ -366,58 +386,82 @@ impl Engine {
             pos.write_from_host(&at)?;
         }
         self.slot.write_from_host(&self.host_slot)?;
-        if choice.is_some() && self.seen_stale {
-            self.seen.write_from_host(&self.host_seen)?;
-            self.seen_stale = false;
-        }
         let next = match &d.graph {
             Some(g) => {
                 g.replay()?;
                 d.next.to_vec_u32().map_err(ModelError::from)
             }
-            None => no_grad(|| self.step(&d.ids, d.pos.as_ref(), choice))
-                .and_then(|t| Ok(t.to_vec_u32()?)),
+            None => self.eager_step(d, choice),
         };
-        match next.and_then(|n| self.checked(n)) {
+        let step = (self.host_slot[0] + 1).saturating_sub(self.prefilled) as usize;
+        let next = next.and_then(|n| match self.refused_row(&n) {
+            None => Ok(n),
+            Some(row) => Err(self.refusal(row, step, choice, || self.eager_step(d, None))),
+        });
+        match next {
             Ok(next) => {
                 // The step is taken: the rows move on and their tokens join the history.
                 self.host_slot.iter_mut().for_each(|s| *s += 1);
-                let words = self.cfg.vocab_size.div_ceil(32);
-                for (r, &tok) in next.iter().enumerate() {
-                    self.host_seen[r * words + tok as usize / 32] |= 1 << (tok % 32);
-                }
-                self.seen_stale |= choice.is_none();
+                self.mark_seen(&next);
                 Ok(next)
             }
             Err(e) => {
                 // Nothing moved: the next step rewrites the slots this one wrote (the rows'
                 // slots are written from the host each step); the history the sampling op
                 // marked for the other rows is restored.
-                if choice.is_some() {
-                    self.seen.write_from_host(&self.host_seen)?;
-                }
+                self.seen.write_from_host(&self.host_seen)?;
                 Err(e)
             }
         }
     }
 
-    /// Refuses a row that had no distribution to sample (`sample_last` gave `vocab`).
-    fn checked(&self, next: Vec<u32>) -> Result<Vec<u32>, ModelError> {
-        match next.iter().position(|&t| t as usize >= self.cfg.vocab_size) {
-            Some(r) => Err(ModelError::BadSampling(format!(
-                "row {r}: the logits have a NaN or an infinity (or overflow the temperature)"
-            ))),
-            None => Ok(next),
+    /// Adds each row's chosen token to the host's copy of the history (the sampling op marked
+    /// the device's).
+    fn mark_seen(&mut self, next: &[u32]) {
+        let words = self.cfg.vocab_size.div_ceil(32);
+        for (r, &tok) in next.iter().enumerate() {
+            self.host_seen[r * words + tok as usize / 32] |= 1 << (tok % 32);
         }
+    }
+
+    /// The decode step run eagerly (no graph) on the inputs `d` holds: each row's next token.
+    fn eager_step(&self, d: &DecodeGraph, choice: Choice) -> Result<Vec<u32>, ModelError> {
+        Ok(no_grad(|| self.step(&d.ids, d.pos.as_ref(), choice))?.to_vec_u32()?)
+    }
+
+    /// The first row that had no token to choose (`sample_last` gave `vocab`), if any.
+    fn refused_row(&self, next: &[u32]) -> Option<usize> {
+        next.iter().position(|&t| t as usize >= self.cfg.vocab_size)
+    }
+
+    /// Why `row` had no token to choose at `step`: its logits are not finite
+    /// ([`ModelError::NonFiniteLogits`]), unless the step sampled (`choice`) and the argmax of
+    /// the same logits (`greedy`, recomputed only on this failure) finds a token in that row:
+    /// then the settings overflowed finite logits ([`ModelError::BadSampling`]).
+    fn refusal(
+        &self,
+        row: usize,
+        step: usize,
+        choice: Choice,
+        greedy: impl FnOnce() -> Result<Vec<u32>, ModelError>,
+    ) -> ModelError {
+        if let Some(p) = choice {
+            if greedy().is_ok_and(|g| self.refused_row(&g[row..=row]).is_none()) {
+                return ModelError::BadSampling(format!(
+                    "temperature {} and repetition penalty {} overflow row {row}'s logits at \
+                     step {step} (finite, but not once scaled)",
+                    p.temperature, p.penalty
+                ));
+            }
+        }
+        ModelError::NonFiniteLogits(LogitsAt::Step { step, row })
     }
 
     /// The token of each row of `logits` `[batch, vocab]`, chosen as `choice` says, with the
     /// draw at each row's `slot` plus `offset`.
     fn choose(&self, logits: &Tensor, choice: Choice, offset: u32) -> Result<Tensor, ModelError> {
-        Ok(match choice {
-            None => logits.argmax_last()?,
-            Some(p) => logits.sample_last(&self.seen, &self.slot, SampleParams { offset, ..p })?,
-        })
+        let p = choice.unwrap_or(GREEDY);
+        Ok(logits.sample_last(&self.seen, &self.slot, SampleParams { offset, ..p })?)
     }
 
     /// The decode step's work: logits of one token per row, and each row's next token `[batch]`.
@@ -468,65 +512,6 @@ impl Engine {
                 choice,
             }),
         }
-    }
-
-    /// Greedy generation: [`Engine::generate`] choosing the argmax.
-    pub fn generate_greedy(
-        &mut self,
-        prompts: &[Vec<u32>],
-        max_new: usize,
-        stop: &[u32],
-        on_step: impl FnMut(&[u32]),
-    ) -> Result<Vec<Vec<u32>>, ModelError> {
-        self.generate(prompts, max_new, stop, &Sampling::default(), on_step)
-    }
-
-    /// Generation: prefill, then up to `max_new` tokens per row chosen as `sampling` says
-    /// ([`Engine::decode`]; a row that produced one of `stop` stops growing, the batch stops
-    /// when every row has). `on_step` sees each step's tokens as they come. Returns each row's
-    /// new tokens.
-    pub fn generate(
-        &mut self,
-        prompts: &[Vec<u32>],
-        max_new: usize,
-        stop: &[u32],
-        sampling: &Sampling,
-        mut on_step: impl FnMut(&[u32]),
-    ) -> Result<Vec<Vec<u32>>, ModelError> {
-        let choice = choice(sampling)?;
-        let b = self.opts.batch;
-        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        if longest + max_new > self.opts.capacity + 1 {
-            return Err(ModelError::ContextFull {
-                have: longest,
-                more: max_new,
-                context: self.opts.capacity,
-            });
-        }
-        let mut out = vec![Vec::with_capacity(max_new); b];
-        if max_new == 0 {
-            return Ok(out);
-        }
-        let logits = self.prefill(prompts, false)?;
-        // The draw after the prompt's last slot, t − 1 (the device slots still read 0).
-        let offset = longest.saturating_sub(1) as u32;
-        let first = no_grad(|| self.choose(&logits, choice, offset))?.to_vec_u32()?;
-        let mut next = self.checked(first)?;
-        let mut done = vec![false; b];
-        for step in 0..max_new {
-            on_step(&next);
-            for (r, &tok) in next.iter().enumerate() {
-                if !done[r] {
-                    out[r].push(tok);
-                    done[r] = stop.contains(&tok);
-                }
-            }
-            if step + 1 == max_new || done.iter().all(|&d| d) {
-                break;
-            }
-            next = self.decode(&next, sampling)?;
-        }
-        Ok(out)
     }
 }
 

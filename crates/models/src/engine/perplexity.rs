@@ -5,14 +5,16 @@
 //! and the sum of the negative log-likelihoods are computed there in f64.
 
 use super::Engine;
-use crate::error::ModelError;
+use crate::error::{LogitsAt, ModelError};
+use crate::sample::usable;
 
 impl Engine {
     /// The perplexity of `ids`: `exp` of the mean negative log-likelihood of each token after
     /// the first, windows of the model's context (`max_position_embeddings`) long, as
     /// [`crate::CausalLm::perplexity`] computes it. The engine must have batch 1 and room for
     /// one window (capacity at least the context, or `ids.len()` when shorter); fewer than two
-    /// tokens are [`ModelError::EmptyInput`]. The caches are overwritten (a later generation
+    /// tokens are [`ModelError::EmptyInput`]; a row of logits with a NaN or a +∞, or no finite
+    /// value, is [`ModelError::NonFiniteLogits`] at the position it predicts. The caches are overwritten (a later generation
     /// starts with its own prefill anyway).
     pub fn perplexity(&mut self, ids: &[u32]) -> Result<f64, ModelError> {
         if ids.len() < 2 {
@@ -44,7 +46,12 @@ impl Engine {
                 .to_dtype(tensor_ops::DType::F32)?
                 .to_vec()?;
             for (i, &next) in w[1..].iter().enumerate() {
-                nll -= log_softmax_at(&logits[i * vocab..(i + 1) * vocab], next as usize);
+                let row = &logits[i * vocab..(i + 1) * vocab];
+                if !usable(row) {
+                    let at = LogitsAt::Position(start + i + 1);
+                    return Err(ModelError::NonFiniteLogits(at));
+                }
+                nll -= log_softmax_at(row, next as usize);
                 n += 1;
             }
             start += w.len() - 1;

@@ -45,6 +45,43 @@ pub fn write_f32_checkpoint(dir: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)
     std::fs::write(dir.join("model.safetensors"), out).unwrap();
 }
 
+/// A copy of fixture `name` (config, tokenizer and f32 weights) whose tensor `tensor` holds
+/// `value` at the elements `at`: a checkpoint with corrupt weights.
+pub fn poisoned_copy(
+    name: &str,
+    tensor: &str,
+    at: std::ops::Range<usize>,
+    value: f32,
+) -> tempfile::TempDir {
+    let src = dir(name);
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            assert_eq!(v.dtype(), Dtype::F32, "{n}");
+            let mut b = v.data().to_vec();
+            if n == tensor {
+                for c in b[at.start * 4..at.end * 4].chunks_exact_mut(4) {
+                    c.copy_from_slice(&value.to_le_bytes());
+                }
+            }
+            (n, v.shape().to_vec(), b)
+        })
+        .collect();
+    assert!(
+        data.iter().any(|(n, ..)| n == tensor),
+        "{name} has no {tensor}"
+    );
+    write_f32_checkpoint(tmp.path(), &data);
+    tmp
+}
+
 /// A fixture's expectations.
 pub struct Expected {
     /// A 12-token prompt.
