@@ -45,8 +45,8 @@ pub struct BenchGenerateArgs {
     pub out: Option<PathBuf>,
 }
 
-fn prompts(path: &PathBuf, key: &str) -> Result<Vec<Vec<u32>>> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+fn prompts(path: &std::path::Path, key: &str) -> Result<Vec<Vec<u32>>> {
+    let bytes = tensor_ops::fsio::read(path, "prompts", tensor_ops::fsio::TENSORS_MAX)?;
     let st = SafeTensors::deserialize(&bytes)?;
     let t = st
         .tensor(key)

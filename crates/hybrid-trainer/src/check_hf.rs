@@ -100,8 +100,10 @@ pub struct CheckHfArgs {
 /// false, not an error).
 #[derive(Debug, Error)]
 pub enum CheckHfError {
-    #[error("reading {path}: {source}")]
-    Io {
+    #[error(transparent)]
+    Io(#[from] tensor_ops::fsio::FileError),
+    #[error("writing {path}: {source}")]
+    Write {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -178,10 +180,7 @@ impl Expected {
     /// `[1, t + n]`, starting with the prompt), and the optional `greedy_margins` (f32 `[n]`)
     /// and `logits_bf16` (f32 `[1, t, V]`).
     pub fn read(path: &Path) -> Result<Self, CheckHfError> {
-        let bytes = std::fs::read(path).map_err(|source| CheckHfError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes = tensor_ops::fsio::read(path, "expectations", tensor_ops::fsio::TENSORS_MAX)?;
         let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(path, e.to_string()))?;
         let (_, header) =
             SafeTensors::read_metadata(&bytes).map_err(|e| bad(path, e.to_string()))?;
@@ -260,7 +259,7 @@ impl Expected {
             .collect::<Result<Vec<_>, _>>()?;
         let meta = (!self.meta.is_empty()).then(|| self.meta.clone().into_iter().collect());
         let bytes = safetensors::serialize(views, &meta).map_err(|e| bad(path, e.to_string()))?;
-        std::fs::write(path, bytes).map_err(|source| CheckHfError::Io {
+        std::fs::write(path, bytes).map_err(|source| CheckHfError::Write {
             path: path.to_path_buf(),
             source,
         })
@@ -557,6 +556,7 @@ pub fn run_checks_of(
     kind: CheckEngine,
     dtype: CheckDtype,
 ) -> Result<(String, Vec<Check>), CheckHfError> {
+    models::check_model_dir(dir)?;
     let e = Expected::read(&dir.join(EXPECTED_FILE))?;
     let name = model_name(dir, &e);
     if !e.meta.is_empty() {

@@ -23,7 +23,9 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use cache::KvCache;
-pub use config::{Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeScaling};
+pub use config::{
+    check_model_dir, Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeScaling,
+};
 pub use engine::{Engine, EngineOptions};
 pub use error::ModelError;
 pub use expected::{expected_tensors, ExpectedTensor};

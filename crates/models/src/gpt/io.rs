@@ -4,6 +4,7 @@
 use super::model::Gpt;
 use std::collections::HashMap;
 use std::path::Path;
+use tensor_ops::fsio;
 use tensor_ops::nn::read_metadata;
 use tensor_ops::{GpuError, Result};
 
@@ -19,8 +20,8 @@ impl Gpt {
     /// Loads a checkpoint written by [`Gpt::save`] (or by the PyTorch parity script) onto
     /// `device`: exactly the model's parameters, each with its shape, f32.
     pub fn load(path: &Path, device: tensor_ops::Device) -> Result<Gpt> {
-        let data = std::fs::read(path)
-            .map_err(|e| GpuError::invalid("Gpt::load", format!("{}: {e}", path.display())))?;
+        let data = fsio::read(path, "checkpoint", fsio::TENSORS_MAX)
+            .map_err(|e| GpuError::invalid("Gpt::load", e.to_string()))?;
         let meta = read_metadata(&data)?;
         let cfg = meta
             .get("config")

@@ -102,9 +102,8 @@ impl ParamStore {
     /// Overwrites the parameters, in place, from the safetensors file at `path` (see
     /// [`ParamStore::load_bytes`]).
     pub fn load(&self, path: &Path) -> Result<()> {
-        let data = std::fs::read(path).map_err(|e| {
-            GpuError::invalid("ParamStore::load", format!("{}: {e}", path.display()))
-        })?;
+        let data = crate::fsio::read(path, "checkpoint", crate::fsio::TENSORS_MAX)
+            .map_err(|e| GpuError::invalid("ParamStore::load", e.to_string()))?;
         self.load_bytes(&data)
     }
 
