@@ -26,7 +26,7 @@ pub use cache::KvCache;
 pub use config::{
     check_model_dir, Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeScaling,
 };
-pub use engine::{Engine, EngineOptions};
+pub use engine::{perplexity_windows, Engine, EngineOptions};
 pub use error::ModelError;
 pub use expected::{expected_tensors, ExpectedTensor};
 pub use export::{export_gpt2, export_hf, export_llama, ExportError};
