@@ -28,7 +28,7 @@ pub use config::{
 };
 pub use engine::{perplexity_windows, Engine, EngineOptions};
 pub use error::ModelError;
-pub use expected::{expected_tensors, ExpectedTensor};
+pub use expected::{expected_iter, expected_tensors, ExpectedTensor};
 pub use export::{export_gpt2, export_hf, export_llama, ExportError};
 pub use lm::CausalLm;
 pub use quant::{QuantKind, Quantized};

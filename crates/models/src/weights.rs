@@ -11,7 +11,7 @@ use tensor_ops::fsio::{self, FileError};
 use thiserror::Error;
 
 use crate::config::{Architecture, ModelConfig, MODEL_DIR};
-use crate::expected::{expected_tensors, is_ignored_buffer};
+use crate::expected::{expected_iter, is_ignored_buffer};
 
 const SINGLE: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
@@ -111,10 +111,13 @@ impl Checkpoint {
         Ok(ckpt)
     }
 
-    /// Every expected tensor present with its shape and a float dtype, and nothing else.
+    /// Every expected tensor present with its shape and a float dtype, and nothing else. The
+    /// config's tensors are listed one layer at a time and the first missing one stops the
+    /// check, so a config claiming far more layers than the file holds fails at once without
+    /// listing (or allocating) the rest.
     pub fn check(&self, cfg: &ModelConfig) -> Result<(), WeightsError> {
-        let expected = expected_tensors(cfg);
-        for e in &expected {
+        let mut wanted = std::collections::HashSet::new();
+        for e in expected_iter(cfg) {
             let info = self
                 .info(&e.name)
                 .ok_or_else(|| WeightsError::MissingTensor(e.name.clone()))?;
@@ -126,9 +129,9 @@ impl Checkpoint {
                     found: info.shape.clone(),
                 });
             }
+            wanted.insert(e.name);
         }
-        let wanted: std::collections::HashSet<_> = expected.iter().map(|e| &e.name).collect();
-        match self.names.keys().find(|n| !wanted.contains(n)) {
+        match self.names.keys().find(|n| !wanted.contains(*n)) {
             Some(extra) => Err(WeightsError::UnexpectedTensor(extra.clone())),
             None => Ok(()),
         }

@@ -6,9 +6,11 @@
 
 mod hf_fixture;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use models::{perplexity_windows, CausalLm, Engine, EngineOptions, ModelError};
+use models::gpt::{Gpt, GptConfig, Variant};
+use models::{perplexity_windows, CausalLm, Engine, EngineOptions, ModelError, WeightsError};
 use tensor_ops::{DType, Device};
 
 /// Runs `f` on a thread; fails the test if it has not returned within 20 s (a hang).
@@ -79,4 +81,94 @@ fn perplexity_with_a_context_of_one_token_is_an_error_in_both_engines() {
     });
     assert!(matches!(fast, ModelError::ContextTooShort { context: 1 }));
     assert!(fast.to_string().contains("max_position_embeddings is 1"));
+}
+
+/// A config claiming far more layers than the checkpoint holds: the first missing layer's
+/// tensor, named at once, through both engines, without listing or allocating the rest.
+#[test]
+fn a_config_claiming_a_billion_layers_fails_fast_naming_the_first_missing_tensor() {
+    let cases = [
+        ("llama3", "num_hidden_layers", "model.layers.2."),
+        ("gpt2", "n_layer", "h.2."),
+    ];
+    for (name, key, first_missing) in cases {
+        for layers in [1_000_000u64, 10_000_000, 1_000_000_000] {
+            let tmp = with_config(name, key, layers.into());
+            let dir = tmp.path().to_path_buf();
+            let (reference, fast) = within(move || {
+                let opts = EngineOptions {
+                    dtype: DType::F32,
+                    batch: 1,
+                    capacity: 8,
+                    quant: None,
+                };
+                (
+                    CausalLm::load(&dir, Device::Cpu).err().unwrap(),
+                    Engine::load(&dir, Device::Cpu, opts).err().unwrap(),
+                )
+            });
+            for e in [reference, fast] {
+                match e {
+                    ModelError::Weights(WeightsError::MissingTensor(t)) => {
+                        assert!(t.starts_with(first_missing), "{name} {layers}: {t}")
+                    }
+                    other => panic!("{name} {layers}: {other}"),
+                }
+            }
+        }
+    }
+}
+
+fn tiny(variant: Variant, bias: bool) -> GptConfig {
+    GptConfig {
+        variant,
+        bias,
+        n_layer: 2,
+        ..GptConfig::tiny(11)
+    }
+}
+
+#[test]
+fn num_params_is_what_the_model_allocates() {
+    for (variant, bias) in [
+        (Variant::Gpt2, false),
+        (Variant::Gpt2, true),
+        (Variant::Llama, false),
+    ] {
+        let cfg = tiny(variant, bias);
+        let model = Gpt::new(cfg, 0, Device::Cpu).unwrap();
+        assert_eq!(cfg.num_params(), Some(model.num_params()), "{cfg:?}");
+    }
+}
+
+/// `export-hf` of a `train-gpt --save` file whose metadata claims 10^9 layers (or a wider
+/// model than its tensors): refused from the header, before a parameter is allocated.
+#[test]
+fn a_saved_gpt_whose_metadata_lies_is_refused_before_allocating() {
+    let cfg = tiny(Variant::Gpt2, false);
+    let model = Gpt::new(cfg, 0, Device::Cpu).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let lies = [
+        (
+            GptConfig {
+                n_layer: 1_000_000_000,
+                ..cfg
+            },
+            "no tensor of layer 2",
+        ),
+        (
+            GptConfig {
+                vocab_size: 1 << 40,
+                ..cfg
+            },
+            "parameter elements",
+        ),
+    ];
+    for (lie, says) in lies {
+        let meta = HashMap::from([("config".into(), serde_json::to_string(&lie).unwrap())]);
+        let path = tmp.path().join("lying.safetensors");
+        std::fs::write(&path, model.store().to_safetensors(&meta).unwrap()).unwrap();
+        let err = within(move || Gpt::load(&path, Device::Cpu).err().unwrap().to_string());
+        assert!(err.contains(says), "{err}");
+    }
 }
