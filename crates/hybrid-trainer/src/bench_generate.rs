@@ -47,7 +47,10 @@ pub struct BenchGenerateArgs {
 
 fn prompts(path: &std::path::Path, key: &str) -> Result<Vec<Vec<u32>>> {
     let bytes = tensor_ops::fsio::read(path, "prompts", tensor_ops::fsio::TENSORS_MAX)?;
-    let st = SafeTensors::deserialize(&bytes)?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+        let why = tensor_ops::nn::describe_safetensors_error(&e);
+        anyhow::anyhow!("{}: {why}", path.display())
+    })?;
     let t = st
         .tensor(key)
         .with_context(|| format!("{key} in {}", path.display()))?;

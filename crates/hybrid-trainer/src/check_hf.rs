@@ -50,6 +50,7 @@ use clap::{Args, ValueEnum};
 use models::{CausalLm, ModelConfig, ModelError, Sampler, Sampling};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
+use tensor_ops::nn::describe_safetensors_error as describe;
 use tensor_ops::{DType, Device};
 use thiserror::Error;
 
@@ -153,7 +154,7 @@ fn read<T, const N: usize>(
     let t = match st.tensor(key) {
         Ok(t) => t,
         Err(safetensors::SafeTensorError::TensorNotFound(_)) => return Ok(None),
-        Err(e) => return Err(bad(path, format!("{key}: {e}"))),
+        Err(e) => return Err(bad(path, format!("{key}: {}", describe(&e)))),
     };
     if t.dtype() != dtype {
         return Err(bad(
@@ -181,9 +182,9 @@ impl Expected {
     /// and `logits_bf16` (f32 `[1, t, V]`).
     pub fn read(path: &Path) -> Result<Self, CheckHfError> {
         let bytes = tensor_ops::fsio::read(path, "expectations", tensor_ops::fsio::TENSORS_MAX)?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(path, e.to_string()))?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(path, describe(&e)))?;
         let (_, header) =
-            SafeTensors::read_metadata(&bytes).map_err(|e| bad(path, e.to_string()))?;
+            SafeTensors::read_metadata(&bytes).map_err(|e| bad(path, describe(&e)))?;
         let meta = header
             .metadata()
             .clone()
@@ -254,11 +255,11 @@ impl Expected {
             .map(|(k, d, s, b)| {
                 TensorView::new(*d, s.clone(), b)
                     .map(|view| (*k, view))
-                    .map_err(|e| bad(path, e.to_string()))
+                    .map_err(|e| bad(path, describe(&e)))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let meta = (!self.meta.is_empty()).then(|| self.meta.clone().into_iter().collect());
-        let bytes = safetensors::serialize(views, &meta).map_err(|e| bad(path, e.to_string()))?;
+        let bytes = safetensors::serialize(views, &meta).map_err(|e| bad(path, describe(&e)))?;
         std::fs::write(path, bytes).map_err(|source| CheckHfError::Write {
             path: path.to_path_buf(),
             source,

@@ -341,7 +341,8 @@ impl Shard {
 /// Parses and validates a safetensors header: every tensor's bytes lie inside the buffer.
 pub(crate) fn parse_header(buf: &[u8]) -> Result<(usize, HashMap<String, TensorInfo>), String> {
     tensor_ops::nn::check_offsets(buf)?;
-    let (n, meta) = SafeTensors::read_metadata(buf).map_err(|e| format!("{e:?}"))?;
+    let (n, meta) = SafeTensors::read_metadata(buf)
+        .map_err(|e| tensor_ops::nn::describe_safetensors_error(&e))?;
     let tensors = meta
         .tensors()
         .into_iter()

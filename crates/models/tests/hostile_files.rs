@@ -135,3 +135,27 @@ fn a_bad_model_directory_is_named() {
         }
     }
 }
+
+/// safetensors' own errors (`MetadataIncompleteBuffer`, `TensorInvalidInfo`) are sentences
+/// naming the file, not bare variant names.
+#[test]
+fn safetensors_errors_are_readable_and_name_the_file() {
+    let header = r#"{"wte.weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}"#;
+    let lying = r#"{"wte.weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}}"#;
+    for (header, data, says) in [
+        (header, 28, "does not fill the file"),
+        (lying, 20, "do not match its data offsets"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.resize(bytes.len() + data, 0);
+        let path = tmp.path().join("model.safetensors");
+        std::fs::write(&path, bytes).unwrap();
+        let msg = Checkpoint::open(tmp.path(), Architecture::Gpt2)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(says), "{msg}");
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+    }
+}

@@ -49,7 +49,8 @@ impl Gpt {
 /// (`transformer.h.{l}.*`), and as many elements in all as the config implies. A config
 /// claiming 10^9 layers is refused here, naming the first missing layer.
 fn check_header(data: &[u8], config: &GptConfig) -> std::result::Result<(), String> {
-    let (_, meta) = SafeTensors::read_metadata(data).map_err(|e| format!("{e:?}"))?;
+    let (_, meta) = SafeTensors::read_metadata(data)
+        .map_err(|e| tensor_ops::nn::describe_safetensors_error(&e))?;
     let tensors = meta.tensors();
     let layers: std::collections::HashSet<usize> = tensors
         .keys()
