@@ -45,9 +45,12 @@ pub struct BenchGenerateArgs {
     pub out: Option<PathBuf>,
 }
 
-fn prompts(path: &PathBuf, key: &str) -> Result<Vec<Vec<u32>>> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let st = SafeTensors::deserialize(&bytes)?;
+fn prompts(path: &std::path::Path, key: &str) -> Result<Vec<Vec<u32>>> {
+    let bytes = tensor_ops::fsio::read(path, "prompts", tensor_ops::fsio::TENSORS_MAX)?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+        let why = tensor_ops::nn::describe_safetensors_error(&e);
+        anyhow::anyhow!("{}: {why}", path.display())
+    })?;
     let t = st
         .tensor(key)
         .with_context(|| format!("{key} in {}", path.display()))?;

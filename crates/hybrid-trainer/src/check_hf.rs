@@ -50,6 +50,7 @@ use clap::{Args, ValueEnum};
 use models::{CausalLm, ModelConfig, ModelError, Sampler, Sampling};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
+use tensor_ops::nn::describe_safetensors_error as describe;
 use tensor_ops::{DType, Device};
 use thiserror::Error;
 
@@ -100,8 +101,10 @@ pub struct CheckHfArgs {
 /// false, not an error).
 #[derive(Debug, Error)]
 pub enum CheckHfError {
-    #[error("reading {path}: {source}")]
-    Io {
+    #[error(transparent)]
+    Io(#[from] tensor_ops::fsio::FileError),
+    #[error("writing {path}: {source}")]
+    Write {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -151,7 +154,7 @@ fn read<T, const N: usize>(
     let t = match st.tensor(key) {
         Ok(t) => t,
         Err(safetensors::SafeTensorError::TensorNotFound(_)) => return Ok(None),
-        Err(e) => return Err(bad(path, format!("{key}: {e}"))),
+        Err(e) => return Err(bad(path, format!("{key}: {}", describe(&e)))),
     };
     if t.dtype() != dtype {
         return Err(bad(
@@ -178,13 +181,10 @@ impl Expected {
     /// `[1, t + n]`, starting with the prompt), and the optional `greedy_margins` (f32 `[n]`)
     /// and `logits_bf16` (f32 `[1, t, V]`).
     pub fn read(path: &Path) -> Result<Self, CheckHfError> {
-        let bytes = std::fs::read(path).map_err(|source| CheckHfError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(path, e.to_string()))?;
+        let bytes = tensor_ops::fsio::read(path, "expectations", tensor_ops::fsio::TENSORS_MAX)?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(path, describe(&e)))?;
         let (_, header) =
-            SafeTensors::read_metadata(&bytes).map_err(|e| bad(path, e.to_string()))?;
+            SafeTensors::read_metadata(&bytes).map_err(|e| bad(path, describe(&e)))?;
         let meta = header
             .metadata()
             .clone()
@@ -255,12 +255,12 @@ impl Expected {
             .map(|(k, d, s, b)| {
                 TensorView::new(*d, s.clone(), b)
                     .map(|view| (*k, view))
-                    .map_err(|e| bad(path, e.to_string()))
+                    .map_err(|e| bad(path, describe(&e)))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let meta = (!self.meta.is_empty()).then(|| self.meta.clone().into_iter().collect());
-        let bytes = safetensors::serialize(views, &meta).map_err(|e| bad(path, e.to_string()))?;
-        std::fs::write(path, bytes).map_err(|source| CheckHfError::Io {
+        let bytes = safetensors::serialize(views, &meta).map_err(|e| bad(path, describe(&e)))?;
+        std::fs::write(path, bytes).map_err(|source| CheckHfError::Write {
             path: path.to_path_buf(),
             source,
         })
@@ -557,6 +557,7 @@ pub fn run_checks_of(
     kind: CheckEngine,
     dtype: CheckDtype,
 ) -> Result<(String, Vec<Check>), CheckHfError> {
+    models::check_model_dir(dir)?;
     let e = Expected::read(&dir.join(EXPECTED_FILE))?;
     let name = model_name(dir, &e);
     if !e.meta.is_empty() {

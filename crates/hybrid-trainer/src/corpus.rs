@@ -43,9 +43,11 @@ pub fn default_corpus() -> Result<String> {
 
 /// Reads `path` as UTF-8, with a clear error naming the file.
 pub fn read_corpus(path: &Path) -> Result<String> {
-    let bytes =
-        std::fs::read(path).with_context(|| format!("reading corpus {}", path.display()))?;
-    String::from_utf8(bytes).with_context(|| format!("corpus {} is not UTF-8", path.display()))
+    Ok(tensor_ops::fsio::read_to_string(
+        path,
+        "corpus",
+        tensor_ops::fsio::TEXT_MAX,
+    )?)
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -163,8 +163,7 @@ pub struct ExportArgs {
 pub fn export(a: &ExportArgs) -> Result<()> {
     let model = models::gpt::Gpt::load(&a.model, Device::Cpu)
         .with_context(|| format!("loading {}", a.model.display()))?;
-    let text = std::fs::read_to_string(&a.data)
-        .with_context(|| format!("reading {}", a.data.display()))?;
+    let text = tensor_ops::fsio::read_to_string(&a.data, "corpus", tensor_ops::fsio::TEXT_MAX)?;
     let ds = models::gpt::Dataset::from_text(&text, 0.9)?;
     models::export_hf(&model, &ds.tokenizer, &a.out)?;
     println!(
@@ -179,8 +178,7 @@ pub fn export(a: &ExportArgs) -> Result<()> {
 
 pub fn perplexity(device: Device, a: &PerplexityArgs) -> Result<()> {
     let tok = Tokenizer::from_dir(&a.model)?;
-    let text = std::fs::read_to_string(&a.text)
-        .with_context(|| format!("reading {}", a.text.display()))?;
+    let text = tensor_ops::fsio::read_to_string(&a.text, "text", tensor_ops::fsio::TEXT_MAX)?;
     let mut ids = tok.encode(&text, false)?;
     if let Some(n) = a.max_tokens {
         ids.truncate(n);

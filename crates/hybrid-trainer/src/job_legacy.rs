@@ -376,8 +376,12 @@ pub fn run(device: Device, a: &JobArgs) -> Result<JobSummary> {
     }
     if let Some(from) = &a.resume {
         trainer.load(&from.join("checkpoint"))?;
-        let s = std::fs::read_to_string(from.join("summary.json"))
-            .context("reading the resumed run's summary.json")?;
+        let s = tensor_ops::fsio::read_to_string(
+            &from.join("summary.json"),
+            "summary",
+            tensor_ops::fsio::JSON_MAX,
+        )
+        .context("reading the resumed run's summary.json")?;
         summary = serde_json::from_str(&s)?;
         say!(
             "resumed {} at step {}",

@@ -120,8 +120,12 @@ pub fn newest(dir: &Path) -> Result<PathBuf> {
     if dir.join(STATE).is_file() {
         return Ok(dir.to_path_buf());
     }
-    let name = std::fs::read_to_string(dir.join(LATEST))
-        .with_context(|| format!("{} holds no checkpoint (no {LATEST} file)", dir.display()))?;
+    let name = tensor_ops::fsio::read_to_string(
+        &dir.join(LATEST),
+        "checkpoint pointer",
+        tensor_ops::fsio::JSON_MAX,
+    )
+    .with_context(|| format!("{} holds no checkpoint (no {LATEST} file)", dir.display()))?;
     let name = name.trim();
     ensure!(
         !name.is_empty() && !name.contains(['/', '\\']) && name != "..",
@@ -142,8 +146,11 @@ pub fn load(
     expect: &TrainState,
 ) -> Result<TrainState> {
     let sub = newest(dir)?;
-    let text = std::fs::read_to_string(sub.join(STATE))
-        .with_context(|| format!("reading {}", sub.join(STATE).display()))?;
+    let text = tensor_ops::fsio::read_to_string(
+        &sub.join(STATE),
+        "training state",
+        tensor_ops::fsio::JSON_MAX,
+    )?;
     let st: TrainState = serde_json::from_str(&text)
         .with_context(|| format!("parsing {}", sub.join(STATE).display()))?;
     for (what, got, want) in [

@@ -103,8 +103,7 @@ fn run_inner(
     );
     // The settings every rank would refuse alike are checked before the job is joined: a rank
     // that fails after it leaves as a crash, and the others would report it lost.
-    let text = std::fs::read_to_string(&a.data)
-        .with_context(|| format!("reading {}", a.data.display()))?;
+    let text = tensor_ops::fsio::read_to_string(&a.data, "corpus", tensor_ops::fsio::TEXT_MAX)?;
     let ds = Dataset::from_text(&text, 0.9)?;
     // Before building the model: a context longer than the corpus would otherwise size the
     // position table (and every batch) from the flag alone.
@@ -238,8 +237,12 @@ fn run_inner(
     if let Some(sub) = &resumed {
         let path = sub.join(DRIVER_FILE);
         if path.exists() {
-            let d: DriverState = serde_json::from_str(&std::fs::read_to_string(&path)?)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let d: DriverState = serde_json::from_str(&tensor_ops::fsio::read_to_string(
+                &path,
+                "driver state",
+                tensor_ops::fsio::JSON_MAX,
+            )?)
+            .with_context(|| format!("reading {}", path.display()))?;
             (curve, train_secs, rate_scale) = (d.curve, d.train_seconds, d.rate_scale);
             (spent.backward, spent.forward) = (d.backward, d.forward);
         } else {

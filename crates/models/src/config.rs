@@ -3,7 +3,17 @@
 use std::path::Path;
 
 use serde_json::{Map, Value};
+use tensor_ops::fsio::{self, FileError};
 use thiserror::Error;
+
+/// What [`fsio`]'s errors call a model directory.
+pub(crate) const MODEL_DIR: &str = "model directory";
+
+/// Checks that `dir` is an existing directory: a missing path, a file or a device given as a
+/// model directory is named as such, not as a file missing inside it.
+pub fn check_model_dir(dir: &Path) -> Result<(), FileError> {
+    fsio::check_dir(dir, MODEL_DIR)
+}
 
 /// The model families this crate knows the weight layout of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,10 +127,11 @@ pub struct ModelConfig {
 /// Why a `config.json` was refused.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
+    /// The model directory or its `config.json` is missing or not what it should be.
+    #[error(transparent)]
     Io {
-        path: String,
-        source: std::io::Error,
+        #[from]
+        source: FileError,
     },
     #[error("malformed config JSON: {0}")]
     Json(#[from] serde_json::Error),
@@ -151,11 +162,8 @@ type Obj = Map<String, Value>;
 impl ModelConfig {
     /// Reads `<dir>/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        fsio::check_dir(dir, MODEL_DIR)?;
+        let text = fsio::read_to_string(&dir.join("config.json"), "config", fsio::JSON_MAX)?;
         Self::from_json_str(&text)
     }
 

@@ -30,6 +30,10 @@ pub enum ModelError {
         more: usize,
         context: usize,
     },
+    #[error(
+        "perplexity needs a context of at least 2 tokens (max_position_embeddings is {context})"
+    )]
+    ContextTooShort { context: usize },
     #[error("the batch's rows have {0} tokens in all, not a multiple of {1} rows")]
     RaggedBatch(usize, usize),
     /// A row of logits with a NaN or a +∞, or with no finite value (all −∞): no token to

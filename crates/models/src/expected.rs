@@ -19,10 +19,24 @@ fn t(name: String, shape: &[usize]) -> ExpectedTensor {
 
 /// Every tensor the config implies, in a stable order.
 pub fn expected_tensors(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
-    match cfg.architecture {
-        Architecture::Gpt2 => gpt2(cfg),
-        Architecture::Llama | Architecture::Qwen2 | Architecture::Mistral => llama_like(cfg),
-    }
+    expected_iter(cfg).collect()
+}
+
+/// [`expected_tensors`], one layer's tensors listed at a time: a config claiming 10^9 layers
+/// costs nothing until the layers are walked, and a check that stops at the first missing
+/// tensor stops there.
+pub fn expected_iter(cfg: &ModelConfig) -> impl Iterator<Item = ExpectedTensor> + '_ {
+    let (head, layer, tail): (_, fn(&ModelConfig, usize, &mut Vec<ExpectedTensor>), _) =
+        match cfg.architecture {
+            Architecture::Gpt2 => (gpt2_head(cfg), gpt2_layer, gpt2_tail(cfg)),
+            _ => (llama_head(cfg), llama_layer, llama_tail(cfg)),
+        };
+    let layers = (0..cfg.num_layers).flat_map(move |l| {
+        let mut out = Vec::new();
+        layer(cfg, l, &mut out);
+        out
+    });
+    head.into_iter().chain(layers).chain(tail)
 }
 
 /// Names a loader may find and skip: non-parameter buffers some exporters saved (GPT-2's causal
@@ -33,13 +47,14 @@ pub fn is_ignored_buffer(name: &str) -> bool {
         || name.ends_with(".rotary_emb.inv_freq")
 }
 
-fn llama_like(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
+fn llama_head(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-    let mut out = vec![t("model.embed_tokens.weight".into(), &[v, h])];
-    for layer in 0..cfg.num_layers {
-        llama_layer(cfg, layer, &mut out);
-    }
-    out.push(t("model.norm.weight".into(), &[h]));
+    vec![t("model.embed_tokens.weight".into(), &[v, h])]
+}
+
+fn llama_tail(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    let mut out = vec![t("model.norm.weight".into(), &[h])];
     if !cfg.tie_word_embeddings {
         out.push(t("lm_head.weight".into(), &[v, h]));
     }
@@ -65,17 +80,17 @@ fn llama_layer(cfg: &ModelConfig, layer: usize, out: &mut Vec<ExpectedTensor>) {
     out.push(t(format!("{p}.post_attention_layernorm.weight"), &[h]));
 }
 
-fn gpt2(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
+fn gpt2_head(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-    let mut out = vec![
+    vec![
         t("wte.weight".into(), &[v, h]),
         t("wpe.weight".into(), &[cfg.max_position_embeddings, h]),
-    ];
-    for layer in 0..cfg.num_layers {
-        gpt2_layer(cfg, layer, &mut out);
-    }
-    out.push(t("ln_f.weight".into(), &[h]));
-    out.push(t("ln_f.bias".into(), &[h]));
+    ]
+}
+
+fn gpt2_tail(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    let mut out = vec![t("ln_f.weight".into(), &[h]), t("ln_f.bias".into(), &[h])];
     if !cfg.tie_word_embeddings {
         out.push(t("lm_head.weight".into(), &[v, h]));
     }

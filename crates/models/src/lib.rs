@@ -23,10 +23,12 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use cache::KvCache;
-pub use config::{Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeScaling};
-pub use engine::{Engine, EngineOptions};
+pub use config::{
+    check_model_dir, Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeScaling,
+};
+pub use engine::{perplexity_windows, Engine, EngineOptions};
 pub use error::{LogitsAt, ModelError};
-pub use expected::{expected_tensors, ExpectedTensor};
+pub use expected::{expected_iter, expected_tensors, ExpectedTensor};
 pub use export::{export_gpt2, export_hf, export_llama, ExportError};
 pub use lm::CausalLm;
 pub use quant::{QuantKind, Quantized};

@@ -86,9 +86,9 @@ impl CausalLm {
         let vocab = self.cfg.vocab_size;
         let (mut nll, mut n) = (0f64, 0usize);
         // Windows overlap by one token, so every token but the first is predicted once.
-        let mut start = 0;
-        while start + 1 < ids.len() {
-            let w = &ids[start..(start + ctx).min(ids.len())];
+        for range in crate::engine::perplexity_windows(ids.len(), ctx)? {
+            let start = range.start;
+            let w = &ids[range];
             let lp = self
                 .forward(w, 1, &mut self.new_cache())?
                 .log_softmax()?
@@ -103,7 +103,6 @@ impl CausalLm {
                 nll -= lp[i * vocab + next as usize] as f64;
                 n += 1;
             }
-            start += w.len() - 1;
         }
         Ok((nll / n as f64).exp())
     }

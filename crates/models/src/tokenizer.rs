@@ -2,13 +2,19 @@
 
 use std::path::{Path, PathBuf};
 
+use tensor_ops::fsio::{self, FileError};
 use thiserror::Error;
+
+use crate::config::MODEL_DIR;
 
 /// Why a tokenizer could not be loaded or used.
 #[derive(Debug, Error)]
 pub enum TokenizerError {
     #[error("tokenizer file {0} is missing")]
     Missing(PathBuf),
+    /// The model directory or the tokenizer file is not what it should be.
+    #[error(transparent)]
+    File(FileError),
     #[error("bad tokenizer file {path}: {reason}")]
     Bad { path: PathBuf, reason: String },
     #[error("cannot encode: {0}")]
@@ -39,15 +45,17 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Loads `<dir>/tokenizer.json`.
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        fsio::check_dir(dir, MODEL_DIR).map_err(TokenizerError::File)?;
         Self::from_file(&dir.join("tokenizer.json"))
     }
 
     /// Loads a `tokenizer.json` file.
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
-        if !path.is_file() {
-            return Err(TokenizerError::Missing(path.to_path_buf()));
-        }
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::Bad {
+        let bytes = fsio::read(path, "tokenizer", fsio::JSON_MAX).map_err(|e| match e {
+            FileError::Missing { path, .. } => TokenizerError::Missing(path),
+            e => TokenizerError::File(e),
+        })?;
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError::Bad {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;

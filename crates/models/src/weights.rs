@@ -2,16 +2,16 @@
 //! tensors the config implies before any of them is read.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use safetensors::tensor::TensorInfo;
 use safetensors::{Dtype, SafeTensors};
+use tensor_ops::fsio::{self, FileError};
 use thiserror::Error;
 
-use crate::config::{Architecture, ModelConfig};
-use crate::expected::{expected_tensors, is_ignored_buffer};
+use crate::config::{Architecture, ModelConfig, MODEL_DIR};
+use crate::expected::{expected_iter, is_ignored_buffer};
 
 const SINGLE: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
@@ -24,6 +24,9 @@ pub enum WeightsError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The model directory or a weights file is not what it should be.
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("no {SINGLE} or {INDEX} in {0}")]
     NoWeights(PathBuf),
     #[error("bad shard index {path}: {reason}")]
@@ -108,10 +111,13 @@ impl Checkpoint {
         Ok(ckpt)
     }
 
-    /// Every expected tensor present with its shape and a float dtype, and nothing else.
+    /// Every expected tensor present with its shape and a float dtype, and nothing else. The
+    /// config's tensors are listed one layer at a time and the first missing one stops the
+    /// check, so a config claiming far more layers than the file holds fails at once without
+    /// listing (or allocating) the rest.
     pub fn check(&self, cfg: &ModelConfig) -> Result<(), WeightsError> {
-        let expected = expected_tensors(cfg);
-        for e in &expected {
+        let mut wanted = std::collections::HashSet::new();
+        for e in expected_iter(cfg) {
             let info = self
                 .info(&e.name)
                 .ok_or_else(|| WeightsError::MissingTensor(e.name.clone()))?;
@@ -123,9 +129,9 @@ impl Checkpoint {
                     found: info.shape.clone(),
                 });
             }
+            wanted.insert(e.name);
         }
-        let wanted: std::collections::HashSet<_> = expected.iter().map(|e| &e.name).collect();
-        match self.names.keys().find(|n| !wanted.contains(n)) {
+        match self.names.keys().find(|n| !wanted.contains(*n)) {
             Some(extra) => Err(WeightsError::UnexpectedTensor(extra.clone())),
             None => Ok(()),
         }
@@ -251,16 +257,18 @@ struct ShardList {
 }
 
 /// `model.safetensors`, else the distinct shards of `model.safetensors.index.json`.
+/// A directory or a FIFO in place of a file is a [`WeightsError::File`], not "missing".
 fn shard_paths(dir: &Path) -> Result<ShardList, WeightsError> {
+    fsio::check_dir(dir, MODEL_DIR)?;
     let single = dir.join(SINGLE);
-    if single.is_file() {
+    if exists(&single, "weights file")? {
         return Ok(ShardList {
             files: vec![single],
             weight_map: None,
         });
     }
     let index = dir.join(INDEX);
-    if !index.is_file() {
+    if !exists(&index, "shard index")? {
         return Err(WeightsError::NoWeights(dir.to_path_buf()));
     }
     let map = read_index(&index)?;
@@ -268,13 +276,24 @@ fn shard_paths(dir: &Path) -> Result<ShardList, WeightsError> {
     files.sort();
     files.dedup();
     let files = files.into_iter().map(|f| dir.join(f)).collect::<Vec<_>>();
-    if let Some(missing) = files.iter().find(|p| !p.is_file()) {
-        return Err(WeightsError::MissingShard(missing.clone()));
+    for f in &files {
+        if !exists(f, "weights shard")? {
+            return Err(WeightsError::MissingShard(f.clone()));
+        }
     }
     Ok(ShardList {
         files,
         weight_map: Some(map),
     })
+}
+
+/// Whether `path` is a regular file (`false`: it does not exist; anything else is refused).
+fn exists(path: &Path, what: &'static str) -> Result<bool, WeightsError> {
+    match fsio::check_file(path, what) {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_missing() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn read_index(path: &Path) -> Result<BTreeMap<String, String>, WeightsError> {
@@ -286,10 +305,7 @@ fn read_index(path: &Path) -> Result<BTreeMap<String, String>, WeightsError> {
         path: path.to_path_buf(),
         reason,
     };
-    let text = std::fs::read_to_string(path).map_err(|source| WeightsError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = fsio::read_to_string(path, "shard index", fsio::JSON_MAX)?;
     let index: Index = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let plain = |f: &String| !f.is_empty() && !f.contains(['/', '\\']) && f != ".." && f != ".";
     match index.weight_map.values().find(|f| !plain(f)) {
@@ -304,7 +320,7 @@ impl Shard {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
+        let (file, _) = fsio::open(path, "weights file", u64::MAX)?;
         // SAFETY: the map is read-only; like every mmap-based loader we assume the checkpoint
         // is not modified while the process holds it.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
@@ -325,7 +341,8 @@ impl Shard {
 /// Parses and validates a safetensors header: every tensor's bytes lie inside the buffer.
 pub(crate) fn parse_header(buf: &[u8]) -> Result<(usize, HashMap<String, TensorInfo>), String> {
     tensor_ops::nn::check_offsets(buf)?;
-    let (n, meta) = SafeTensors::read_metadata(buf).map_err(|e| format!("{e:?}"))?;
+    let (n, meta) = SafeTensors::read_metadata(buf)
+        .map_err(|e| tensor_ops::nn::describe_safetensors_error(&e))?;
     let tensors = meta
         .tensors()
         .into_iter()

@@ -7,6 +7,7 @@ mod autograd;
 mod backend;
 mod bound;
 pub mod dist;
+pub mod fsio;
 pub mod graph;
 mod interop;
 mod ndarray_io;

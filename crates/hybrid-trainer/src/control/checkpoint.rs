@@ -121,8 +121,11 @@ impl StepSizeHybrid {
         fresh: StepSizeHybrid,
         (ds, model, batch, block, seed): (&Dataset, &Gpt, usize, usize, u64),
     ) -> Result<StepSizeHybrid> {
-        let text = std::fs::read_to_string(dir.join(STATE))
-            .with_context(|| format!("reading {}", dir.join(STATE).display()))?;
+        let text = tensor_ops::fsio::read_to_string(
+            &dir.join(STATE),
+            "control state",
+            tensor_ops::fsio::JSON_MAX,
+        )?;
         let host: HostState = serde_json::from_str(&text)?;
         ensure!(
             host.ctl.cfg == fresh.ctl.cfg,
@@ -154,7 +157,11 @@ impl StepSizeHybrid {
         };
         let world = match host.world_step {
             Some(step) => Some(WorldSnapshot {
-                weights: std::fs::read(dir.join(WORLD))?,
+                weights: tensor_ops::fsio::read(
+                    &dir.join(WORLD),
+                    "world model",
+                    tensor_ops::fsio::TENSORS_MAX,
+                )?,
                 optimizer: AdamWState {
                     m: host_list(&t, "world_m")?,
                     v: host_list(&t, "world_v")?,

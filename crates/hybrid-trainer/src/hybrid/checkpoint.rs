@@ -72,7 +72,8 @@ pub(crate) type HostTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
 
 /// Reads every f32 tensor of a safetensors file.
 pub(crate) fn read_tensors(path: &Path) -> Result<HostTensors, HybridError> {
-    let data = std::fs::read(path).map_err(|e| ck(format!("{}: {e}", path.display())))?;
+    let data =
+        tensor_ops::fsio::read(path, "checkpoint", tensor_ops::fsio::TENSORS_MAX).map_err(ck)?;
     tensor_ops::nn::check_offsets(&data).map_err(|e| ck(format!("{}: {e}", path.display())))?;
     let st = SafeTensors::deserialize(&data).map_err(ck)?;
     let mut out = HashMap::new();
@@ -164,8 +165,12 @@ impl HybridTrainer {
     /// (same model layout, config and device). Everything is read and checked before anything
     /// is written.
     pub fn load(&mut self, dir: &Path) -> Result<(), HybridError> {
-        let json = std::fs::read_to_string(dir.join(STATE))
-            .map_err(|e| ck(format!("{}: {e}", dir.join(STATE).display())))?;
+        let json = tensor_ops::fsio::read_to_string(
+            &dir.join(STATE),
+            "hybrid state",
+            tensor_ops::fsio::JSON_MAX,
+        )
+        .map_err(ck)?;
         let saved: Saved = serde_json::from_str(&json).map_err(ck)?;
         if saved.format != 1 || saved.names != self.names {
             return Err(ck("the checkpoint is of another model layout or format"));
@@ -246,7 +251,12 @@ impl HybridTrainer {
         };
         let world = match (self.acc.model(), saved.world_opt_step) {
             (Some(w), Some(step)) => {
-                let bytes = std::fs::read(dir.join(WORLD)).map_err(ck)?;
+                let bytes = tensor_ops::fsio::read(
+                    &dir.join(WORLD),
+                    "world model",
+                    tensor_ops::fsio::TENSORS_MAX,
+                )
+                .map_err(ck)?;
                 let st = w.optimizer_state()?;
                 Some((
                     bytes,

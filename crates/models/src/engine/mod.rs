@@ -17,6 +17,8 @@ mod gpt2;
 mod perplexity;
 mod weights;
 
+pub use perplexity::perplexity_windows;
+
 use std::path::Path;
 
 use tensor_ops::graph::{capture, Graph};

@@ -4,6 +4,8 @@
 //! The engine's logits (f32 or bf16, on its device) come to the host as f32; the log-softmax
 //! and the sum of the negative log-likelihoods are computed there in f64.
 
+use std::ops::Range;
+
 use super::Engine;
 use crate::error::{LogitsAt, ModelError};
 use crate::sample::usable;
@@ -29,6 +31,7 @@ impl Engine {
         }
         let ctx = self.config().max_position_embeddings;
         let vocab = self.config().vocab_size;
+        perplexity_windows(ids.len(), ctx)?;
         let window = ctx.min(ids.len());
         if window > opts.capacity {
             return Err(ModelError::ContextFull {
@@ -38,9 +41,9 @@ impl Engine {
             });
         }
         let (mut nll, mut n) = (0f64, 0usize);
-        let mut start = 0;
-        while start + 1 < ids.len() {
-            let w = &ids[start..(start + ctx).min(ids.len())];
+        for range in perplexity_windows(ids.len(), ctx)? {
+            let start = range.start;
+            let w = &ids[range];
             let logits = self
                 .prefill(&[w.to_vec()], true)?
                 .to_dtype(tensor_ops::DType::F32)?
@@ -54,10 +57,27 @@ impl Engine {
                 nll -= log_softmax_at(row, next as usize);
                 n += 1;
             }
-            start += w.len() - 1;
         }
         Ok((nll / n as f64).exp())
     }
+}
+
+/// The windows perplexity scores `len` tokens in, for a context of `context` tokens: each at
+/// most `context` long, the next starting at the last token of the one before, so every token
+/// but the first is predicted once. A context under 2 tokens predicts nothing per window (and
+/// would never advance): [`ModelError::ContextTooShort`].
+pub fn perplexity_windows(len: usize, context: usize) -> Result<Vec<Range<usize>>, ModelError> {
+    if context < 2 {
+        return Err(ModelError::ContextTooShort { context });
+    }
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start + 1 < len {
+        let end = start.saturating_add(context).min(len);
+        out.push(start..end);
+        start = end - 1;
+    }
+    Ok(out)
 }
 
 /// `log softmax(row)[at]` in f64: `row[at] − max − ln Σ exp(row − max)`.

@@ -117,6 +117,36 @@ impl GptConfig {
         Ok(())
     }
 
+    /// The number of parameter elements [`Gpt::new`] allocates for this config, computed
+    /// without allocating (`None` when it overflows `usize`): a checkpoint's header is checked
+    /// against it before a model is built.
+    pub fn num_params(&self) -> Option<usize> {
+        // In u128: no product of three usize factors overflows it.
+        let [c, v, h, t, l] = [
+            self.n_embd,
+            self.vocab_size,
+            self.mlp_hidden(),
+            self.block_size,
+            self.n_layer,
+        ]
+        .map(|x| x as u128);
+        let b = |n: u128| {
+            if self.variant == Variant::Gpt2 && self.bias {
+                n
+            } else {
+                0
+            }
+        };
+        let norm = c + b(c);
+        let attn = 3 * c * c + b(3 * c) + c * c + b(c);
+        let (mlp, tables) = match self.variant {
+            Variant::Gpt2 => (2 * c * h + b(h) + b(c), (v + t) * c),
+            Variant::Llama => (3 * c * h, 2 * v * c),
+        };
+        let total = (2 * norm + attn + mlp).checked_mul(l)? + tables + norm;
+        usize::try_from(total).ok()
+    }
+
     /// The MLP's hidden width: 4·n_embd (GPT-2), or 8/3·n_embd rounded up to a multiple of 8
     /// (Llama).
     pub fn mlp_hidden(&self) -> usize {

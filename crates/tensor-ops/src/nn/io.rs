@@ -12,6 +12,34 @@ fn st_err(op: &'static str, e: impl std::fmt::Display) -> GpuError {
     GpuError::invalid(op, format!("safetensors: {e}"))
 }
 
+/// A readable sentence for a `safetensors` error (its own `Display` prints the bare variant
+/// name, e.g. `MetadataIncompleteBuffer`).
+pub fn describe_safetensors_error(e: &safetensors::SafeTensorError) -> String {
+    use safetensors::SafeTensorError as E;
+    match e {
+        E::InvalidHeader => "the header is not valid UTF-8".into(),
+        E::InvalidHeaderStart => "the header does not start with `{`".into(),
+        E::InvalidHeaderDeserialization => "the header is not a valid tensor table".into(),
+        E::HeaderTooLarge => "the header is larger than 100 MB".into(),
+        E::HeaderTooSmall => "the file is shorter than its 8-byte header length".into(),
+        E::InvalidHeaderLength => "the header length exceeds the file".into(),
+        E::TensorNotFound(name) => format!("no tensor `{name}`"),
+        E::TensorInvalidInfo => "a tensor's shape and dtype do not match its data offsets".into(),
+        E::InvalidOffset(name) => {
+            format!("tensor `{name}`'s data does not follow the previous one's")
+        }
+        E::IoError(io) => format!("I/O error: {io}"),
+        E::JsonError(j) => format!("the header is not valid JSON: {j}"),
+        E::InvalidTensorView(dtype, shape, len) => {
+            format!("{len} bytes do not hold a {dtype:?} tensor of shape {shape:?}")
+        }
+        E::MetadataIncompleteBuffer => {
+            "the tensors' data does not fill the file (truncated or padded)".into()
+        }
+        E::ValidationOverflow => "a tensor's size overflows".into(),
+    }
+}
+
 /// Refuses safetensors bytes whose header lies about where its tensors lie, before the
 /// `safetensors` crate parses them: it adds the last data offset to the header length
 /// unchecked, which overflows (a panic in debug builds, a slice past the end in release) on a
@@ -48,13 +76,14 @@ pub fn check_offsets(data: &[u8]) -> std::result::Result<(), String> {
 /// [`SafeTensors::deserialize`] after [`check_offsets`], errors as `op`'s.
 pub(crate) fn parse<'a>(op: &'static str, data: &'a [u8]) -> Result<SafeTensors<'a>> {
     check_offsets(data).map_err(|e| st_err(op, e))?;
-    SafeTensors::deserialize(data).map_err(|e| st_err(op, e))
+    SafeTensors::deserialize(data).map_err(|e| st_err(op, describe_safetensors_error(&e)))
 }
 
 /// The string metadata of safetensors bytes (empty when the file has none).
 pub fn read_metadata(data: &[u8]) -> Result<HashMap<String, String>> {
     check_offsets(data).map_err(|e| st_err("read_metadata", e))?;
-    let (_, meta) = SafeTensors::read_metadata(data).map_err(|e| st_err("read_metadata", e))?;
+    let (_, meta) = SafeTensors::read_metadata(data)
+        .map_err(|e| st_err("read_metadata", describe_safetensors_error(&e)))?;
     Ok(meta.metadata().clone().unwrap_or_default())
 }
 
@@ -76,11 +105,11 @@ impl ParamStore {
             .map(|(n, s, b)| {
                 TensorView::new(Dtype::F32, s.clone(), b)
                     .map(|v| (n.clone(), v))
-                    .map_err(|e| st_err(op, format!("{n}: {e}")))
+                    .map_err(|e| st_err(op, format!("{n}: {}", describe_safetensors_error(&e))))
             })
             .collect::<Result<_>>()?;
         let meta = (!metadata.is_empty()).then(|| metadata.clone());
-        safetensors::serialize(views, &meta).map_err(|e| st_err(op, e))
+        safetensors::serialize(views, &meta).map_err(|e| st_err(op, describe_safetensors_error(&e)))
     }
 
     /// Writes every parameter to `path` (no metadata).
@@ -102,9 +131,8 @@ impl ParamStore {
     /// Overwrites the parameters, in place, from the safetensors file at `path` (see
     /// [`ParamStore::load_bytes`]).
     pub fn load(&self, path: &Path) -> Result<()> {
-        let data = std::fs::read(path).map_err(|e| {
-            GpuError::invalid("ParamStore::load", format!("{}: {e}", path.display()))
-        })?;
+        let data = crate::fsio::read(path, "checkpoint", crate::fsio::TENSORS_MAX)
+            .map_err(|e| GpuError::invalid("ParamStore::load", e.to_string()))?;
         self.load_bytes(&data)
     }
 

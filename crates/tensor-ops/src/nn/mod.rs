@@ -24,7 +24,7 @@ mod store;
 pub use builder::ParamBuilder;
 pub use gru::GruCell;
 pub use init::Init;
-pub use io::{check_offsets, read_metadata};
+pub use io::{check_offsets, describe_safetensors_error, read_metadata};
 pub use layers::{Dropout, Embedding, LayerNorm, Linear, RmsNorm};
 pub use store::{Param, ParamStore, Snapshot};
 

@@ -145,9 +145,8 @@ impl OptimizerState {
 
     /// Reads a file written by [`OptimizerState::save`].
     pub fn load(path: &Path) -> Result<OptimizerState> {
-        let data = std::fs::read(path).map_err(|e| {
-            GpuError::invalid("OptimizerState::load", format!("{}: {e}", path.display()))
-        })?;
+        let data = crate::fsio::read(path, "optimizer state", crate::fsio::TENSORS_MAX)
+            .map_err(|e| GpuError::invalid("OptimizerState::load", e.to_string()))?;
         Self::from_safetensors(&data)
     }
 }

@@ -1,0 +1,108 @@
+//! The CLI tried as a hostile user would (issue 39): bad model directories, FIFOs and devices
+//! in place of files, configs that would hang or exhaust memory. Each must be a clear error,
+//! quickly; every run has a time limit, so a regression fails instead of hanging.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use assert_cmd::Command;
+
+/// The binary: `$HYBRID_TRAINER_BIN` in the GPU bundle (no cargo there), else cargo's.
+fn binary() -> PathBuf {
+    std::env::var_os("HYBRID_TRAINER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/tests/fixtures/hf")
+        .join(name)
+}
+
+/// A copy of fixture `name` (its model files and expectations) in a fresh directory.
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "expected.safetensors",
+    ] {
+        std::fs::copy(fixture(name).join(f), tmp.path().join(f)).unwrap();
+    }
+    tmp
+}
+
+fn mkfifo(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let ok = std::process::Command::new("mkfifo").arg(path).status();
+    assert!(ok.unwrap().success());
+}
+
+/// Runs the CLI on the CPU with `args`, which must fail within 60 s; its stderr.
+fn cli_err(args: &[&str]) -> String {
+    let out = Command::new(binary())
+        .args(["--device", "cpu"])
+        .args(args)
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .failure();
+    let o = out.get_output();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        !err.is_empty(),
+        "{args:?}: no message (killed by the time limit?)"
+    );
+    err
+}
+
+#[test]
+fn a_bad_model_directory_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let f = file.display().to_string();
+    let cases = [
+        (
+            "/nonexistent-model",
+            "model directory /nonexistent-model does not exist",
+        ),
+        (f.as_str(), "is not a directory"),
+        ("/dev/zero", "model directory /dev/zero is not a directory"),
+    ];
+    for (dir, says) in cases {
+        for cmd in [
+            &["generate", "--model", dir, "--prompt", "hi"][..],
+            &["perplexity", "--model", dir, "--text", &f],
+            &["check-hf", "--model", dir],
+        ] {
+            let err = cli_err(cmd);
+            assert!(err.contains(says), "{cmd:?}: {err}");
+            assert!(!err.contains("tokenizer.json"), "{cmd:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn fifos_in_place_of_files_are_refused_not_read() {
+    let tmp = copy_fixture("gpt2");
+    let d = tmp.path().display().to_string();
+    let text = tmp.path().join("text.fifo");
+    mkfifo(&text);
+    let t = text.display().to_string();
+    let err = cli_err(&["perplexity", "--model", &d, "--text", &t]);
+    assert!(
+        err.contains(&format!("text {t} is not a regular file")),
+        "{err}"
+    );
+    mkfifo(&tmp.path().join("expected.safetensors"));
+    let err = cli_err(&["check-hf", "--model", &d]);
+    assert!(
+        err.contains("expected.safetensors is not a regular file"),
+        "{err}"
+    );
+    mkfifo(&tmp.path().join("config.json"));
+    let err = cli_err(&["generate", "--model", &d, "--prompt", "hi"]);
+    assert!(err.contains("config.json is not a regular file"), "{err}");
+}
