@@ -144,6 +144,14 @@ pub enum ConfigError {
     UnsupportedActivation(String),
     #[error("bad rope_scaling: {0}")]
     BadRopeScaling(String),
+    /// A field whose value changes `transformers`' output in a way this crate does not
+    /// implement (reading it and going on would give other numbers).
+    #[error("config field `{field}` = {value} is not supported: {reason}")]
+    UnsupportedField {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
 }
 
 type Obj = Map<String, Value>;
@@ -304,7 +312,31 @@ fn head_dim(
     Ok(hidden / heads)
 }
 
+fn unsupported<T>(
+    field: &'static str,
+    value: &Value,
+    reason: &'static str,
+) -> Result<T, ConfigError> {
+    Err(ConfigError::UnsupportedField {
+        field,
+        value: value.to_string(),
+        reason,
+    })
+}
+
+/// Refuses the Llama family's fields whose other values this crate does not implement:
+/// `hidden_act` other than `"silu"` (the gated MLP's activation).
+fn refuse_llama_variants(obj: &Obj) -> Result<(), ConfigError> {
+    match obj.get("hidden_act") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "silu" => {}
+        Some(v) => return unsupported("hidden_act", v, "only silu (SwiGLU) is implemented"),
+    }
+    Ok(())
+}
+
 fn parse_llama_like(obj: &Obj, architecture: Architecture) -> Result<ModelConfig, ConfigError> {
+    refuse_llama_variants(obj)?;
     let hidden_size = req_usize(obj, "hidden_size")?;
     let num_heads = req_usize(obj, "num_attention_heads")?;
     let qwen = architecture == Architecture::Qwen2;

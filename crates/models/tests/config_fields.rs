@@ -1,0 +1,44 @@
+//! `config.json` fields that change `transformers`' output: each one is implemented (the
+//! sliding window, GPT-2's attention scales) or refused with a typed error naming it.
+
+mod common;
+
+use models::{ConfigError, ModelConfig};
+use serde_json::{json, Value};
+
+fn parse(v: &Value) -> Result<ModelConfig, ConfigError> {
+    ModelConfig::from_json_str(&v.to_string())
+}
+
+fn with(base: &str, pairs: &[(&str, Value)]) -> Value {
+    let mut v: Value = serde_json::from_str(base).unwrap();
+    for (key, value) in pairs {
+        v[*key] = value.clone();
+    }
+    v
+}
+
+/// The field an unsupported-field refusal names, or a panic with the error.
+fn refused_field(r: Result<ModelConfig, ConfigError>) -> (&'static str, String) {
+    match r {
+        Err(ConfigError::UnsupportedField { field, value, .. }) => (field, value),
+        other => panic!("expected an unsupported-field refusal, got {other:?}"),
+    }
+}
+
+const LLAMA_FAMILY: [&str; 3] = [common::LLAMA_GQA, common::QWEN2, common::MISTRAL_FULL];
+
+#[test]
+fn hidden_act_other_than_silu_is_refused() {
+    for base in LLAMA_FAMILY {
+        assert!(parse(&with(base, &[("hidden_act", json!("silu"))])).is_ok());
+        assert!(parse(&with(base, &[("hidden_act", Value::Null)])).is_ok());
+        for act in ["gelu", "relu", "no_such_activation"] {
+            let (field, value) = refused_field(parse(&with(base, &[("hidden_act", json!(act))])));
+            assert_eq!(field, "hidden_act");
+            assert!(value.contains(act), "{value}");
+        }
+        let (field, _) = refused_field(parse(&with(base, &[("hidden_act", json!(3))])));
+        assert_eq!(field, "hidden_act");
+    }
+}
