@@ -325,12 +325,27 @@ fn unsupported<T>(
 }
 
 /// Refuses the Llama family's fields whose other values this crate does not implement:
-/// `hidden_act` other than `"silu"` (the gated MLP's activation).
+/// `hidden_act` other than `"silu"` (the gated MLP's activation), `partial_rotary_factor`
+/// other than 1 (top level or in transformers 5's `rope_parameters`).
 fn refuse_llama_variants(obj: &Obj) -> Result<(), ConfigError> {
     match obj.get("hidden_act") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) if s == "silu" => {}
         Some(v) => return unsupported("hidden_act", v, "only silu (SwiGLU) is implemented"),
+    }
+    let nested = obj.get("rope_parameters").and_then(Value::as_object);
+    for o in std::iter::once(obj).chain(nested) {
+        match o.get("partial_rotary_factor") {
+            None | Some(Value::Null) => {}
+            Some(v) if v.as_f64() == Some(1.0) => {}
+            Some(v) => {
+                return unsupported(
+                    "partial_rotary_factor",
+                    v,
+                    "rotary embeddings over the whole head only",
+                )
+            }
+        }
     }
     Ok(())
 }

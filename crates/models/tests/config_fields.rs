@@ -42,3 +42,18 @@ fn hidden_act_other_than_silu_is_refused() {
         assert_eq!(field, "hidden_act");
     }
 }
+
+#[test]
+fn partial_rotary_factor_other_than_one_is_refused() {
+    for base in LLAMA_FAMILY {
+        assert!(parse(&with(base, &[("partial_rotary_factor", json!(1.0))])).is_ok());
+        let (field, value) =
+            refused_field(parse(&with(base, &[("partial_rotary_factor", json!(0.5))])));
+        assert_eq!((field, value.as_str()), ("partial_rotary_factor", "0.5"));
+        // transformers 5 may nest it in rope_parameters.
+        let nested = json!({"rope_theta": 10000.0, "rope_type": "default",
+            "partial_rotary_factor": 0.25});
+        let (field, _) = refused_field(parse(&with(base, &[("rope_parameters", nested)])));
+        assert_eq!(field, "partial_rotary_factor");
+    }
+}
