@@ -326,7 +326,7 @@ fn unsupported<T>(
 
 /// Refuses the Llama family's fields whose other values this crate does not implement:
 /// `hidden_act` other than `"silu"` (the gated MLP's activation), `partial_rotary_factor`
-/// other than 1 (top level or in transformers 5's `rope_parameters`).
+/// other than 1 (top level or in transformers 5's `rope_parameters`), `mlp_bias: true`.
 fn refuse_llama_variants(obj: &Obj) -> Result<(), ConfigError> {
     match obj.get("hidden_act") {
         None | Some(Value::Null) => {}
@@ -346,6 +346,13 @@ fn refuse_llama_variants(obj: &Obj) -> Result<(), ConfigError> {
                 )
             }
         }
+    }
+    if opt_bool(obj, "mlp_bias", false)? {
+        return unsupported(
+            "mlp_bias",
+            &Value::Bool(true),
+            "MLP projections carry no bias",
+        );
     }
     Ok(())
 }

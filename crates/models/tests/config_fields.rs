@@ -57,3 +57,12 @@ fn partial_rotary_factor_other_than_one_is_refused() {
         assert_eq!(field, "partial_rotary_factor");
     }
 }
+
+#[test]
+fn mlp_bias_is_refused() {
+    for base in LLAMA_FAMILY {
+        assert!(parse(&with(base, &[("mlp_bias", json!(false))])).is_ok());
+        let (field, value) = refused_field(parse(&with(base, &[("mlp_bias", json!(true))])));
+        assert_eq!((field, value.as_str()), ("mlp_bias", "true"));
+    }
+}
