@@ -112,6 +112,12 @@ pub struct ModelConfig {
     pub gpt2_activation: Option<Gpt2Activation>,
     /// The end-of-sequence ids (`eos_token_id`: a number, a list, null or absent).
     pub eos_token_ids: Vec<u32>,
+    /// Whether the attention scores are divided by √head_dim (GPT-2's `scale_attn_weights`;
+    /// always for the Llama family).
+    pub scale_attn_weights: bool,
+    /// Whether layer `l`'s scores are also divided by `l + 1` (GPT-2's
+    /// `scale_attn_by_inverse_layer_idx`; never for the Llama family).
+    pub scale_attn_by_inverse_layer_idx: bool,
 }
 
 /// Why a `config.json` was refused.
@@ -178,6 +184,21 @@ impl ModelConfig {
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// The factor of layer `layer`'s attention scores `q·k` (0-based layer): `1/√head_dim`
+    /// unless GPT-2's `scale_attn_weights` is false, further divided by `layer + 1` under
+    /// GPT-2's `scale_attn_by_inverse_layer_idx`, as `transformers` computes it.
+    pub fn attention_scale(&self, layer: usize) -> f32 {
+        let mut scale = if self.scale_attn_weights {
+            1.0 / (self.head_dim as f32).sqrt()
+        } else {
+            1.0
+        };
+        if self.scale_attn_by_inverse_layer_idx {
+            scale /= (layer + 1) as f32;
+        }
+        scale
     }
 
     /// Query heads per key/value head.
@@ -383,6 +404,8 @@ fn parse_llama_like(obj: &Obj, architecture: Architecture) -> Result<ModelConfig
         torch_dtype: torch_dtype(obj),
         eos_token_ids: eos_token_ids(obj)?,
         gpt2_activation: None,
+        scale_attn_weights: true,
+        scale_attn_by_inverse_layer_idx: false,
     })
 }
 
@@ -407,6 +430,10 @@ fn parse_gpt2(obj: &Obj) -> Result<ModelConfig, ConfigError> {
         torch_dtype: torch_dtype(obj),
         eos_token_ids: eos_token_ids(obj)?,
         gpt2_activation: Some(gpt2_activation(obj)?),
+        scale_attn_weights: opt_bool(obj, "scale_attn_weights", true)?,
+        // `reorder_and_upcast_attn` is accepted and ignored: it only computes the same
+        // scores in f32 under autocast, and every score here is f32 already.
+        scale_attn_by_inverse_layer_idx: opt_bool(obj, "scale_attn_by_inverse_layer_idx", false)?,
     })
 }
 

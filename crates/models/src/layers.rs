@@ -250,14 +250,15 @@ pub(crate) fn heads(x: &Tensor, h: usize) -> Result<Tensor, ModelError> {
 
 /// Attention of the new queries `q` `[b, h, t, d]` (slots `start..start + t`, where `start` is
 /// what `cache` held before) against the cache extended with `k`, `v` `[b, kv, t, d]`, under
-/// `mask` ([`Slots::mask`]); `h` is a multiple of `kv` (grouped-query attention). Returns
-/// `[b, t, h·d]` and leaves `k`, `v` appended to the cache.
+/// `mask` ([`Slots::mask`]), with scores `scale·q·k`; `h` is a multiple of `kv` (grouped-query
+/// attention). Returns `[b, t, h·d]` and leaves `k`, `v` appended to the cache.
 pub(crate) fn cached_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     cache: &mut LayerCache,
     mask: &Tensor,
+    scale: f32,
 ) -> Result<Tensor, ModelError> {
     let (b, h, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let start = cache.len();
@@ -273,9 +274,7 @@ pub(crate) fn cached_attention(
             .reshape(&[b, h, total, d])?)
     };
     let (k, v) = (repeat(&k)?, repeat(&v)?);
-    let scores = q
-        .matmul_t(&k, false, true)?
-        .mul_scalar(1.0 / (d as f32).sqrt())?;
+    let scores = q.matmul_t(&k, false, true)?.mul_scalar(scale)?;
     let probs = scores.add(mask)?.softmax()?;
     Ok(probs
         .matmul(&v)?

@@ -88,12 +88,12 @@ impl Llama {
         let (cos, sin) = rope_tables(&self.freqs, &slots.positions(), (b, t), dev)?;
         let mask = slots.mask(dev)?;
         let mut x = self.embed.embedding(ids)?;
-        for (l, cache) in self.layers.iter().zip(caches) {
+        for (i, (l, cache)) in self.layers.iter().zip(caches).enumerate() {
             let a = x.rms_norm(&l.input_norm, eps)?;
             let q = apply_rope(&heads(&l.q.forward(&a)?, cfg.num_heads)?, &cos, &sin)?;
             let k = apply_rope(&heads(&l.k.forward(&a)?, cfg.num_kv_heads)?, &cos, &sin)?;
             let v = heads(&l.v.forward(&a)?, cfg.num_kv_heads)?;
-            let y = cached_attention(&q, &k, &v, cache, &mask)?;
+            let y = cached_attention(&q, &k, &v, cache, &mask, cfg.attention_scale(i))?;
             x = x.add(&l.o.forward(&y)?)?;
             let m = x.rms_norm(&l.post_norm, eps)?;
             let g = l.gate.forward(&m)?.silu()?.mul(&l.up.forward(&m)?)?;

@@ -66,3 +66,30 @@ fn mlp_bias_is_refused() {
         assert_eq!((field, value.as_str()), ("mlp_bias", "true"));
     }
 }
+
+#[test]
+fn gpt2_attention_scale_fields() {
+    let c = parse(&with(common::GPT2, &[])).unwrap();
+    assert_eq!(c.attention_scale(1), 0.5); // head_dim 4
+    let off = [("scale_attn_weights", json!(false))];
+    assert_eq!(
+        parse(&with(common::GPT2, &off)).unwrap().attention_scale(1),
+        1.0
+    );
+    let inv = [("scale_attn_by_inverse_layer_idx", json!(true))];
+    let c = parse(&with(common::GPT2, &inv)).unwrap();
+    assert_eq!((c.attention_scale(0), c.attention_scale(1)), (0.5, 0.25));
+    let up = [("reorder_and_upcast_attn", json!(true))];
+    assert_eq!(
+        parse(&with(common::GPT2, &up)).unwrap().attention_scale(0),
+        0.5
+    );
+    let bad = [("scale_attn_weights", json!("yes"))];
+    assert!(matches!(
+        parse(&with(common::GPT2, &bad)),
+        Err(ConfigError::BadField {
+            field: "scale_attn_weights",
+            ..
+        })
+    ));
+}
