@@ -75,6 +75,7 @@ fn rope_case(
         kv_heads,
         d,
         cap,
+        window: None,
     };
     let what = format!("{dims:?} qkv/q/cache {dt:?} rope {rope}");
     let qkv = random_vec(rng, dims.qkv_len(), 2.0);
@@ -191,6 +192,7 @@ fn attention_case(
         kv_heads,
         d,
         cap,
+        window: None,
     };
     let what = format!("{dims:?} q/cache {dt:?}");
     let scale = 1.0 / (d as f32).sqrt();
@@ -327,6 +329,7 @@ fn gpu_slot_past_the_cache_writes_nothing() {
         kv_heads: 1,
         d: 4,
         cap: 3,
+        window: None,
     };
     macro_rules! go {
         ($be:expr) => {{

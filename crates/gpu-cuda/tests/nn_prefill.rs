@@ -193,6 +193,7 @@ fn gpu_prefill_attention_matches_cpu() {
             kv_heads,
             d,
             cap,
+            window: None,
         };
         for scale in [0.125f32, -0.3, 0.0, 1.0] {
             let c = random_case(&mut rng, dims, scale);
@@ -227,6 +228,7 @@ fn nan_case(gpu: &CudaBackend, rng: &mut StdRng, d: usize) {
         kv_heads: 2,
         d,
         cap: 200,
+        window: None,
     };
     let mut c = random_case(rng, dims, 0.125);
     c.start = vec![37, 0];
@@ -296,6 +298,7 @@ fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
             kv_heads: 2,
             d,
             cap: 80,
+            window: None,
         };
         let c = random_case(&mut rng, dims, 0.1);
         let got = run(&gpu, &c, dtype);
@@ -334,6 +337,7 @@ fn gpu_prefill_attention_empty_calls_succeed() {
                 kv_heads: 1,
                 d,
                 cap: 8,
+                window: None,
             };
             let cache: Vec<f32> = (0..dims.cache_len()).map(|i| i as f32).collect();
             let (q, k, v) = (
@@ -363,6 +367,7 @@ fn gpu_prefill_attention_refuses_bad_arguments() {
         kv_heads: 1,
         d: 64,
         cap: 8, // shorter than the prompt
+        window: None,
     };
     let z = |n: usize| put(&gpu, &vec![0f32; n], DType::BF16);
     let (q, k, v) = (z(dims.q_len()), z(dims.cache_len()), z(dims.cache_len()));

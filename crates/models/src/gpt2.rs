@@ -76,7 +76,7 @@ impl Gpt2 {
         let eps = self.cfg.norm_eps as f32;
         let (b, t) = (ids.shape()[0], ids.shape()[1]);
         let pos = Tensor::from_vec(slots.positions(), &[b, t], ids.device())?;
-        let mask = slots.mask(ids.device())?;
+        let mask = slots.mask(ids.device(), None)?;
         let mut x = self.wte.embedding(ids)?.add(&self.wpe.embedding(&pos)?)?;
         for (l, (b, cache)) in self.blocks.iter().zip(caches).enumerate() {
             let qkv = b.attn.forward(&b.ln_1.forward(&x, eps)?)?;

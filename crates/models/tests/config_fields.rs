@@ -93,3 +93,93 @@ fn gpt2_attention_scale_fields() {
         })
     ));
 }
+
+fn bad_field(r: Result<ModelConfig, ConfigError>) -> &'static str {
+    match r {
+        Err(ConfigError::BadField { field, .. } | ConfigError::UnsupportedField { field, .. }) => {
+            field
+        }
+        other => panic!("expected a refusal naming a field, got {other:?}"),
+    }
+}
+
+#[test]
+fn sliding_window_layers() {
+    // Mistral: every layer slides when the window is set.
+    let c = parse(&with(common::MISTRAL_FULL, &[("sliding_window", json!(6))])).unwrap();
+    assert_eq!(c.layer_windows, [Some(6)]);
+    assert_eq!(
+        parse(&with(common::MISTRAL_FULL, &[]))
+            .unwrap()
+            .layer_windows,
+        [None]
+    );
+    // Qwen2 (2 layers here): only with use_sliding_window, from max_window_layers on.
+    let two = [
+        ("num_hidden_layers", json!(2)),
+        ("sliding_window", json!(4)),
+    ];
+    let qwen = |extra: &[(&str, Value)]| {
+        let mut f = two.to_vec();
+        f.extend_from_slice(extra);
+        parse(&with(common::QWEN2, &f))
+    };
+    // Qwen2.5 ships use_sliding_window: false with a window: no window.
+    let off = qwen(&[
+        ("use_sliding_window", json!(false)),
+        ("max_window_layers", json!(0)),
+    ]);
+    assert_eq!(off.unwrap().layer_windows, [None, None]);
+    let on = qwen(&[
+        ("use_sliding_window", json!(true)),
+        ("max_window_layers", json!(1)),
+    ]);
+    assert_eq!(on.unwrap().layer_windows, [None, Some(4)]);
+    // layer_types rules.
+    let types = json!(["sliding_attention", "full_attention"]);
+    let ruled = qwen(&[
+        ("use_sliding_window", json!(true)),
+        ("layer_types", types.clone()),
+    ]);
+    assert_eq!(ruled.unwrap().layer_windows, [Some(4), None]);
+    let m = with(
+        common::MISTRAL_FULL,
+        &[
+            ("sliding_window", json!(3)),
+            ("layer_types", json!(["full_attention"])),
+        ],
+    );
+    assert_eq!(parse(&m).unwrap().layer_windows, [None]);
+    // A sliding layer with no window (Qwen2's use_sliding_window false) is refused.
+    assert_eq!(bad_field(qwen(&[("layer_types", types)])), "layer_types");
+}
+
+#[test]
+fn bad_sliding_window_and_layer_types_are_refused() {
+    for w in [json!(0), json!(-4), json!(2.5), json!("4")] {
+        let v = with(common::MISTRAL_FULL, &[("sliding_window", w)]);
+        assert_eq!(bad_field(parse(&v)), "sliding_window");
+    }
+    // Llama has no sliding window in transformers: refused rather than ignored.
+    let v = with(common::LLAMA_GQA, &[("sliding_window", json!(8))]);
+    assert_eq!(bad_field(parse(&v)), "sliding_window");
+    assert!(parse(&with(common::LLAMA_GQA, &[("sliding_window", Value::Null)])).is_ok());
+    let w = ("sliding_window", json!(3));
+    for types in [
+        json!(["full_attention"]),
+        json!(["full_attention", "chunked_attention"]),
+        json!("full_attention"),
+    ] {
+        let v = with(common::LLAMA_GQA, &[("layer_types", types)]);
+        assert_eq!(bad_field(parse(&v)), "layer_types");
+        let v = with(
+            common::MISTRAL_FULL,
+            &[
+                w.clone(),
+                ("num_hidden_layers", json!(2)),
+                ("layer_types", json!(["full_attention"])),
+            ],
+        );
+        assert_eq!(bad_field(parse(&v)), "layer_types");
+    }
+}

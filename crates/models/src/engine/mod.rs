@@ -201,6 +201,7 @@ impl Engine {
                 v,
                 start: &self.start,
                 slot: &self.slot,
+                window: cfg.layer_windows.get(i).copied().flatten(),
             };
             let (sum, a) = x.add_rms_norm(pending.as_ref(), &l.input_norm, eps, dt)?;
             let mut qkv = l.qkv.apply(&a)?;
@@ -234,7 +235,7 @@ impl Engine {
         scale: f32,
     ) -> Result<Tensor, ModelError> {
         Ok(if pass.fresh {
-            q.prefill_attention(view.k, view.v, view.start, scale)?
+            q.prefill_attention(view.k, view.v, view.start, view.window, scale)?
         } else {
             q.cache_attention(view, pass.max_end, scale)?
         })
