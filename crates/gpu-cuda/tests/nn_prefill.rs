@@ -101,7 +101,7 @@ fn row_stats(c: &Case, r: usize, i: usize, h: usize) -> RowStats {
     } = c.dims;
     let qrow = ((r * t + i) * heads + h) * d;
     let base = (r * kv_heads + h / (heads / kv_heads)) * cap;
-    let keys = c.start[r] as usize..i + 1;
+    let keys = c.dims.first_visible(c.start[r] as usize, i)..i + 1;
     let scale = c.scale as f64;
     let (mut s, mut sigma) = (vec![], vec![]);
     for j in keys.clone() {
@@ -202,6 +202,34 @@ fn gpu_prefill_attention_matches_cpu() {
                 &c,
                 &format!("{dims:?} scale {scale} start {:?}", c.start),
             );
+        }
+    }
+}
+
+/// Sliding windows (1, 2, within a tile, a tile, across tiles, the prompt, past the cache) on
+/// the shapes above, heads of width 64 and 128, with the same bound: the window's bound is a
+/// mask like the start's, and key tiles wholly before a query tile's window are skipped.
+#[test]
+fn gpu_prefill_attention_sliding_window_matches_cpu() {
+    const NAME: &str = "gpu_prefill_attention_sliding_window_matches_cpu";
+    let Some(gpu) = backend_or_skip(NAME) else {
+        return;
+    };
+    let (mut rng, _) = rng(NAME);
+    for (&(b, t, heads, kv_heads, cap), d) in SHAPES.iter().flat_map(|s| [(s, 64), (s, 128)]) {
+        for window in [1, 2, 5, 64, 100, t, cap + 7] {
+            let dims = DecodeDims {
+                b,
+                t,
+                heads,
+                kv_heads,
+                d,
+                cap,
+                window: Some(window),
+            };
+            let c = random_case(&mut rng, dims, 0.125);
+            let what = format!("{dims:?} start {:?}", c.start);
+            check_case(&gpu, &c, &what);
         }
     }
 }
