@@ -73,7 +73,9 @@ ROPE_APPEND(rope_append_bbb, bf16, bf16, bf16)
 
 // ---- cache attention ----------------------------------------------------------------------------
 // Pass 1, one block of ATT_THREADS per (query head row, chunk of CHUNK slots): row = (r·t + i)·heads
-// + h in grid.x, the chunk in grid.y. The query at slot s attends to slots [start[r], s] ∩ chunk:
+// + h in grid.x, the chunk in grid.y. The query at slot s attends to slots [lo, s] ∩ chunk, lo =
+// start[r], or max(start[r], s + 1 − window) under a sliding window (window > 0; chunks wholly
+// before lo exit at once, writing the empty partial):
 // scores scale·(q·k) (a warp per slot, lanes over d), m = their max, w = exp(score − m), and the
 // chunk's partial (m, l = Σ w, acc = Σ w·v) goes to the workspace; an empty chunk writes m = −inf,
 // l = 0, acc = 0. Pass 2, one block per row: M = max m, out = Σ acc·e^{m−M} / Σ l·e^{m−M} (0
@@ -81,11 +83,17 @@ ROPE_APPEND(rope_append_bbb, bf16, bf16, bf16)
 #define CHUNK 256
 #define ATT_THREADS 128
 
+// The first slot the query at slot s sees (window 0: no sliding window).
+static __device__ __forceinline__ u32 first_visible(u32 st, u32 s, u32 window) {
+    return window != 0 && s + 1 > window ? max(st, s + 1 - window) : st;
+}
+
 template <typename TQ, typename TC>
 static __device__ void attn_chunk_body(const TQ* __restrict__ q, const TC* __restrict__ kc,
                                        const TC* __restrict__ vc, const u32* __restrict__ start,
                                        const u32* __restrict__ slot, float* __restrict__ part,
-                                       u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale) {
+                                       u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale,
+                                       u32 window) {
     __shared__ float qs[256];
     __shared__ float w[CHUNK];
     __shared__ float acc[ATT_THREADS];
@@ -93,7 +101,7 @@ static __device__ void attn_chunk_body(const TQ* __restrict__ q, const TC* __res
     const u32 row = blockIdx.x, chunk = blockIdx.y, nchunks = gridDim.y;
     const u32 h = row % heads, tok = row / heads, r = tok / t, i = tok % t;
     const u32 s = slot[r] + i;
-    const u32 lo = max(start[r], chunk * CHUNK);
+    const u32 lo = max(first_visible(start[r], s, window), chunk * CHUNK);
     const u32 hi = min(min(s + 1, cap), (chunk + 1) * CHUNK);
     // Partial layout: per (row, chunk), [m, l, acc_0 .. acc_{d-1}].
     float* out = part + ((u64)row * nchunks + chunk) * (d + 2);
@@ -183,8 +191,9 @@ static __device__ void attn_combine_body(const float* __restrict__ part, TO* __r
 #define ATTN_CHUNK(NAME, TQ, TC)                                                                   \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                     \
         NAME(const TQ* q, const TC* kc, const TC* vc, const u32* start, const u32* slot,          \
-             float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale) {               \
-        attn_chunk_body<TQ, TC>(q, kc, vc, start, slot, part, t, heads, kvh, d, cap, scale);     \
+             float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale, u32 window) {   \
+        attn_chunk_body<TQ, TC>(q, kc, vc, start, slot, part, t, heads, kvh, d, cap, scale,      \
+                                window);                                                          \
     }
 ATTN_CHUNK(cache_attn_chunk_ff, float, float)
 ATTN_CHUNK(cache_attn_chunk_fb, float, bf16)
@@ -231,7 +240,8 @@ template <typename TQ, typename TC>
 static __device__ void attn_group_body(const TQ* __restrict__ q, const TC* __restrict__ kc,
                                        const TC* __restrict__ vc, const u32* __restrict__ start,
                                        const u32* __restrict__ slot, float* __restrict__ part,
-                                       u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale) {
+                                       u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale,
+                                       u32 window) {
     __shared__ float qs[G_MAX * 256];
     __shared__ float p[G_MAX][G_CHUNK];
     __shared__ float red[G_THREADS * 8];
@@ -242,7 +252,7 @@ static __device__ void attn_group_body(const TQ* __restrict__ q, const TC* __res
     const u32 G = min(group - g0, (u32)G_MAX);
     const u32 r = tok / t, i = tok % t;
     const u32 s = slot[r] + i;
-    const u32 lo = max(start[r], chunk * G_CHUNK);
+    const u32 lo = max(first_visible(start[r], s, window), chunk * G_CHUNK);
     const u32 hi = min(min(s + 1, cap), (chunk + 1) * G_CHUNK);
     const u32 h0 = kv * group + g0;  // first query head of this block
     const u32 tid = threadIdx.x;
@@ -344,8 +354,9 @@ static __device__ void attn_group_body(const TQ* __restrict__ q, const TC* __res
 #define ATTN_GROUP(NAME, TQ, TC)                                                                   \
     extern "C" __global__ void __launch_bounds__(G_THREADS)                                       \
         NAME(const TQ* q, const TC* kc, const TC* vc, const u32* start, const u32* slot,          \
-             float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale) {               \
-        attn_group_body<TQ, TC>(q, kc, vc, start, slot, part, t, heads, kvh, d, cap, scale);     \
+             float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale, u32 window) {   \
+        attn_group_body<TQ, TC>(q, kc, vc, start, slot, part, t, heads, kvh, d, cap, scale,      \
+                                window);                                                          \
     }
 ATTN_GROUP(cache_attn_group_ff, float, float)
 ATTN_GROUP(cache_attn_group_fb, float, bf16)

@@ -16,8 +16,14 @@
 // select), so a non-finite value there reaches nothing; slots at or past t are zero-filled; the
 // diagonal tile is masked per element with the exact path for non-finite operands of
 // nn_attention_bf16.cu (mma_diag). A row that sees no slot keeps m = -inf, l = 0 and gets 0.
+// Sliding window (window > 0): query i also sees only slots > i - window. Slots before the query
+// tile's first visible one (max(start[r], q0 + 1 - window)) are loaded as zeros and key tiles
+// wholly before it are skipped; inside a tile each row's bound is a select, as for start[r]
+// (a value there that is visible to a later row of the tile enters P·V as 0·v: non-finite
+// values there give NaN, which a model's cache does not hold).
 // Tiles: one block of 4 warps per (row·head, 64-query tile), heaviest first; query tiles wholly
-// before start[r] only write zeros; key tiles from the one holding start[r] to the diagonal.
+// before start[r] only write zeros; key tiles from the one holding the tile's first visible slot
+// to the diagonal.
 // CPU reference: gpu_core::cpu::decode (cache_attention in f64 with slot = 0).
 #include "nn_attention_bf16.cuh"
 
@@ -36,24 +42,26 @@ static __device__ __forceinline__ void tile_range(u32 s, const bf16* __restrict_
 // The online softmax of one key tile for a warp's 16 rows (fwd_tile of nn_attention_bf16.cu): s
 // holds the raw products S and becomes the probabilities P; alpha gets the rescale of the rows'
 // earlier sums (the caller applies it to its accumulators). W = -1 below the diagonal, W = 0..3
-// the diagonal tile of warp W. LO: keys of local index below lo (before the row's start) are
-// masked as well. A row none of whose keys so far were visible keeps m = -inf.
+// the diagonal tile of warp W. LO: keys of local index below lo (before the row's start) or
+// below wq + the row's index in the warp (before its sliding window) are masked as well. A row
+// none of whose keys so far were visible keeps m = -inf.
 template <int W, bool LO>
 static __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&m)[2], float (&l)[2],
-                                                    float (&alpha)[2], int lane, float sl2, int lo) {
+                                                    float (&alpha)[2], int lane, float sl2, int lo,
+                                                    int wq) {
     constexpr bool diag = W >= 0;
     constexpr int jhi = diag ? W : 3;
     const int g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int rl = 16 * jhi + g + 8 * h;
+        const int rl = 16 * jhi + g + 8 * h, lo_h = max(lo, wq + g + 8 * h);
         float mx = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int key = 8 * j + 2 * c + e;
-                const bool masked = (diag && key > rl) || (LO && key < lo);
+                const bool masked = (diag && key > rl) || (LO && key < lo_h);
                 mx = fmaxf(mx, masked ? -INFINITY : s[j][2 * h + e]);
             }
         const float qm = quad_max(mx);
@@ -68,7 +76,7 @@ static __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&m)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int key = 8 * j + 2 * c + e;
-                const bool masked = (diag && key > rl) || (LO && key < lo);
+                const bool masked = (diag && key > rl) || (LO && key < lo_h);
                 const float p = masked ? 0.f : ex2_ftz(fmaf(s[j][2 * h + e], sl2, -mref));
                 ls += p;
                 s[j][2 * h + e] = p;
@@ -107,12 +115,12 @@ static __device__ __forceinline__ void values_tile(float (&o)[8][4], const u32 (
 template <int W, bool LO>
 static __device__ __forceinline__ void prefill_tile(float (&o)[8][4], float (&m)[2], float (&l)[2],
                                                     const u32 (&qf)[4][4], u32 tk, u32 tv, int lane,
-                                                    float sl2, int lo) {
+                                                    float sl2, int lo, int wq) {
     constexpr int jhi = W >= 0 ? W : 3;
     float s[8][4], alpha[2];
     zero(s);
     mma_abt(s, qf, tk, lane, 0, jhi);
-    softmax_tile<W, LO>(s, m, l, alpha, lane, sl2, lo);
+    softmax_tile<W, LO>(s, m, l, alpha, lane, sl2, lo, wq);
     rescale(o, alpha);
     u32 pf[4][4];
     c_to_a(pf, s);
@@ -122,16 +130,16 @@ static __device__ __forceinline__ void prefill_tile(float (&o)[8][4], float (&m)
 template <bool LO>
 static __device__ __forceinline__ void prefill_step(float (&o)[8][4], float (&m)[2], float (&l)[2],
                                                     const u32 (&qf)[4][4], u32 tk, u32 tv, int lane,
-                                                    float sl2, int lo, bool diag, int w) {
+                                                    float sl2, int lo, int wq, bool diag, int w) {
     if (!diag) {
-        prefill_tile<-1, LO>(o, m, l, qf, tk, tv, lane, sl2, lo);
+        prefill_tile<-1, LO>(o, m, l, qf, tk, tv, lane, sl2, lo, wq);
         return;
     }
     switch (w) {  // the diagonal tile, one compiled case a warp
-    case 0: prefill_tile<0, LO>(o, m, l, qf, tk, tv, lane, sl2, lo); break;
-    case 1: prefill_tile<1, LO>(o, m, l, qf, tk, tv, lane, sl2, lo); break;
-    case 2: prefill_tile<2, LO>(o, m, l, qf, tk, tv, lane, sl2, lo); break;
-    default: prefill_tile<3, LO>(o, m, l, qf, tk, tv, lane, sl2, lo); break;
+    case 0: prefill_tile<0, LO>(o, m, l, qf, tk, tv, lane, sl2, lo, wq); break;
+    case 1: prefill_tile<1, LO>(o, m, l, qf, tk, tv, lane, sl2, lo, wq); break;
+    case 2: prefill_tile<2, LO>(o, m, l, qf, tk, tv, lane, sl2, lo, wq); break;
+    default: prefill_tile<3, LO>(o, m, l, qf, tk, tv, lane, sl2, lo, wq); break;
     }
 }
 
@@ -139,7 +147,8 @@ static __device__ __forceinline__ void prefill_step(float (&o)[8][4], float (&m)
 extern "C" __global__ void __launch_bounds__(NT)
     prefill_attn_d64_bf16(const bf16* __restrict__ q, const bf16* __restrict__ kc,
                           const bf16* __restrict__ vc, const u32* __restrict__ start,
-                          bf16* __restrict__ out, u32 t_, u32 heads, u32 kvh, u32 cap, float scale) {
+                          bf16* __restrict__ out, u32 t_, u32 heads, u32 kvh, u32 cap, float scale,
+                          u32 window) {
     __shared__ __align__(128) unsigned char smem[5 * TILE_BYTES];  // Q, K[2], V[2]
     const u32 sQ = smem_addr(smem), sK = sQ + TILE_BYTES, sV = sQ + 3 * TILE_BYTES;
     const int t = (int)t_, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -164,12 +173,15 @@ extern "C" __global__ void __launch_bounds__(NT)
         return;
     }
     const float sl2 = fabsf(scale) * ATB_LOG2E;
-    const int kt0 = st / TR;
+    // The sliding window (0: none) as a width of at most t; klo: the tile's first visible slot
+    // (its first query's). Key tiles wholly before klo are skipped.
+    const int wn = window == 0 || window > t_ ? t : (int)window;
+    const int klo = max(st, q0 + 1 - wn), kt0 = klo / TR;
 
     // Q rows q0 .. q0+63 (rows ldq apart): the training loader with ld = ldq.
     tile_async(sQ, q + qbase, q0, t, ldq);
-    tile_range(sK, kc + cbase, kt0 * TR, st, t);
-    tile_range(sV, vc + cbase, kt0 * TR, st, t);
+    tile_range(sK, kc + cbase, kt0 * TR, klo, t);
+    tile_range(sV, vc + cbase, kt0 * TR, klo, t);
     cp_commit();
 
     u32 qf[4][4];
@@ -178,8 +190,8 @@ extern "C" __global__ void __launch_bounds__(NT)
     for (int kt = kt0; kt <= qt; ++kt) {
         const u32 buf = (u32)((kt - kt0) & 1) * TILE_BYTES;
         if (kt < qt) {
-            tile_range(sK + (TILE_BYTES - buf), kc + cbase, (kt + 1) * TR, st, t);
-            tile_range(sV + (TILE_BYTES - buf), vc + cbase, (kt + 1) * TR, st, t);
+            tile_range(sK + (TILE_BYTES - buf), kc + cbase, (kt + 1) * TR, klo, t);
+            tile_range(sV + (TILE_BYTES - buf), vc + cbase, (kt + 1) * TR, klo, t);
             cp_commit();
             cp_wait<1>();
         } else {
@@ -196,11 +208,13 @@ extern "C" __global__ void __launch_bounds__(NT)
             }
         }
         const u32 tk = sK + buf, tv = sV + buf;
-        const int lo = kt == kt0 ? st - kt0 * TR : 0;
-        if (lo > 0)
-            prefill_step<true>(o, m, l, qf, tk, tv, lane, sl2, lo, kt == qt, w);
+        const int lo = kt == kt0 ? klo - kt0 * TR : 0;
+        // The window's first key of the warp's first row, relative to this key tile.
+        const int wq = q0 + 16 * w + 1 - wn - kt * TR;
+        if (lo > 0 || (window != 0 && wq + 15 > 0))
+            prefill_step<true>(o, m, l, qf, tk, tv, lane, sl2, lo, wq, kt == qt, w);
         else
-            prefill_step<false>(o, m, l, qf, tk, tv, lane, sl2, 0, kt == qt, w);
+            prefill_step<false>(o, m, l, qf, tk, tv, lane, sl2, 0, wq, kt == qt, w);
         __syncthreads();  // before the buffers are refilled
     }
 
@@ -242,13 +256,13 @@ template <int W, bool LO>
 static __device__ __forceinline__ void scores128(u32 (&pf)[4][4], float (&o0)[8][4],
                                                  float (&o1)[8][4], float (&m)[2], float (&l)[2],
                                                  const u32 (&qa)[4][4], const u32 (&qb)[4][4],
-                                                 u32 tk, int lane, float sl2, int lo) {
+                                                 u32 tk, int lane, float sl2, int lo, int wq) {
     constexpr int jhi = W >= 0 ? W : 3;
     float s[8][4], alpha[2];
     zero(s);
     mma_abt(s, qa, tk, lane, 0, jhi);
     mma_abt(s, qb, tk + TILE_BYTES, lane, 0, jhi);
-    softmax_tile<W, LO>(s, m, l, alpha, lane, sl2, lo);
+    softmax_tile<W, LO>(s, m, l, alpha, lane, sl2, lo, wq);
     rescale(o0, alpha);
     rescale(o1, alpha);
     c_to_a(pf, s);
@@ -259,16 +273,16 @@ static __device__ __forceinline__ void scores128_step(u32 (&pf)[4][4], float (&o
                                                       float (&o1)[8][4], float (&m)[2],
                                                       float (&l)[2], const u32 (&qa)[4][4],
                                                       const u32 (&qb)[4][4], u32 tk, int lane,
-                                                      float sl2, int lo, bool diag, int w) {
+                                                      float sl2, int lo, int wq, bool diag, int w) {
     if (!diag) {
-        scores128<-1, LO>(pf, o0, o1, m, l, qa, qb, tk, lane, sl2, lo);
+        scores128<-1, LO>(pf, o0, o1, m, l, qa, qb, tk, lane, sl2, lo, wq);
         return;
     }
     switch (w) {  // the diagonal tile, one compiled case a warp
-    case 0: scores128<0, LO>(pf, o0, o1, m, l, qa, qb, tk, lane, sl2, lo); break;
-    case 1: scores128<1, LO>(pf, o0, o1, m, l, qa, qb, tk, lane, sl2, lo); break;
-    case 2: scores128<2, LO>(pf, o0, o1, m, l, qa, qb, tk, lane, sl2, lo); break;
-    default: scores128<3, LO>(pf, o0, o1, m, l, qa, qb, tk, lane, sl2, lo); break;
+    case 0: scores128<0, LO>(pf, o0, o1, m, l, qa, qb, tk, lane, sl2, lo, wq); break;
+    case 1: scores128<1, LO>(pf, o0, o1, m, l, qa, qb, tk, lane, sl2, lo, wq); break;
+    case 2: scores128<2, LO>(pf, o0, o1, m, l, qa, qb, tk, lane, sl2, lo, wq); break;
+    default: scores128<3, LO>(pf, o0, o1, m, l, qa, qb, tk, lane, sl2, lo, wq); break;
     }
 }
 
@@ -298,7 +312,8 @@ static __device__ __forceinline__ void values128_step(float (&o0)[8][4], float (
 extern "C" __global__ void __launch_bounds__(NT)
     prefill_attn_d128_bf16(const bf16* __restrict__ q, const bf16* __restrict__ kc,
                            const bf16* __restrict__ vc, const u32* __restrict__ start,
-                           bf16* __restrict__ out, u32 t_, u32 heads, u32 kvh, u32 cap, float scale) {
+                           bf16* __restrict__ out, u32 t_, u32 heads, u32 kvh, u32 cap, float scale,
+                          u32 window) {
     __shared__ __align__(128) unsigned char smem[3 * TILE2];  // the ring
     const u32 ring0 = smem_addr(smem);
     const int t = (int)t_, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -323,14 +338,17 @@ extern "C" __global__ void __launch_bounds__(NT)
         return;
     }
     const float sl2 = fabsf(scale) * ATB_LOG2E;
-    const int kt0 = st / TR;
+    // The sliding window (0: none) as a width of at most t; klo: the tile's first visible slot
+    // (its first query's). Key tiles wholly before klo are skipped.
+    const int wn = window == 0 || window > t_ ? t : (int)window;
+    const int klo = max(st, q0 + 1 - wn), kt0 = klo / TR;
     auto ring = [&](int i) { return ring0 + (u32)i * TILE2; };
 
-    tile_range128(ring(0), kc + cbase, kt0 * TR, st, t);  // K(kt0) and Q: group 0
+    tile_range128(ring(0), kc + cbase, kt0 * TR, klo, t);  // K(kt0) and Q: group 0
     tile_async(ring(2), q + qbase, q0, t, ldq);
     tile_async(ring(2) + TILE_BYTES, q + qbase + 64, q0, t, ldq);
     cp_commit();
-    tile_range128(ring(1), vc + cbase, kt0 * TR, st, t);  // V(kt0): group 1
+    tile_range128(ring(1), vc + cbase, kt0 * TR, klo, t);  // V(kt0): group 1
     cp_commit();
     cp_wait<1>();
     __syncthreads();
@@ -355,18 +373,20 @@ extern "C" __global__ void __launch_bounds__(NT)
     for (int kt = kt0; kt <= qt; ++kt) {
         const int bv = bk == 2 ? 0 : bk + 1, bn = bv == 2 ? 0 : bv + 1;
         const bool diag = kt == qt;
-        if (!diag) tile_range128(ring(bn), kc + cbase, (kt + 1) * TR, st, t);
+        if (!diag) tile_range128(ring(bn), kc + cbase, (kt + 1) * TR, klo, t);
         cp_commit();  // (empty on the last tile: the wait counts stay uniform)
         cp_wait<2>();  // K(kt) has landed
         __syncthreads();
         u32 pf[4][4];
-        const int lo = kt == kt0 ? st - kt0 * TR : 0;
-        if (lo > 0)
-            scores128_step<true>(pf, o0, o1, m, l, qa, qb, ring(bk), lane, sl2, lo, diag, w);
+        const int lo = kt == kt0 ? klo - kt0 * TR : 0;
+        // The window's first key of the warp's first row, relative to this key tile.
+        const int wq = q0 + 16 * w + 1 - wn - kt * TR;
+        if (lo > 0 || (window != 0 && wq + 15 > 0))
+            scores128_step<true>(pf, o0, o1, m, l, qa, qb, ring(bk), lane, sl2, lo, wq, diag, w);
         else
-            scores128_step<false>(pf, o0, o1, m, l, qa, qb, ring(bk), lane, sl2, 0, diag, w);
+            scores128_step<false>(pf, o0, o1, m, l, qa, qb, ring(bk), lane, sl2, 0, wq, diag, w);
         __syncthreads();  // K(kt)'s slot is refilled next, with V(kt+1)
-        if (!diag) tile_range128(ring(bk), vc + cbase, (kt + 1) * TR, st, t);
+        if (!diag) tile_range128(ring(bk), vc + cbase, (kt + 1) * TR, klo, t);
         cp_commit();
         cp_wait<2>();  // V(kt) has landed
         __syncthreads();

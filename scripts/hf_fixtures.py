@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Parity fixtures for crates/models: tiny Hugging Face causal LMs with random weights.
 
-usage: python3 scripts/hf_fixtures.py [OUT_DIR]   (default crates/models/tests/fixtures/hf)
+usage: python3 scripts/hf_fixtures.py [OUT_DIR] [--only NAME,NAME]
+       (OUT_DIR default crates/models/tests/fixtures/hf; --only: just those fixtures, the others
+       left as they are, e.g. --only mistral-sw,qwen2-sw)
 
 Each fixture is built from a config (no download), seeded, in float32 with eager attention,
 saved with save_pretrained (config.json + model.safetensors; generation_config.json is
@@ -15,6 +17,9 @@ After init, every norm weight is set to 1 + 0.1*randn and, where the family has 
 q/k/v, every GPT-2 bias), every bias to 0.1*randn, from the fixture's seeded generator, so a
 loader that drops them fails the parity check. `llama3-bf16` is `llama3`'s model rounded to
 bf16 and saved in bf16; its expectations are float32 computation on the bf16-rounded weights.
+`mistral-sw` (sliding_window 5 on every layer) and `qwen2-sw` (use_sliding_window, window 4,
+max_window_layers 1: layer 0 full, layer 1 sliding; transformers writes layer_types) have
+windows shorter than the 12-token prompt and the 28-token greedy sequence.
 """
 import json
 import os
@@ -55,6 +60,11 @@ def configs():
                                  tie_word_embeddings=True), True),
         ("mistral", 4, MistralConfig(**COMMON, num_key_value_heads=1, sliding_window=None,
                                      tie_word_embeddings=False), False),
+        ("mistral-sw", 6, MistralConfig(**COMMON, num_key_value_heads=1, sliding_window=5,
+                                        tie_word_embeddings=False), False),
+        ("qwen2-sw", 7, Qwen2Config(**COMMON, num_key_value_heads=2, rope_theta=1000000.0,
+                                    use_sliding_window=True, sliding_window=4,
+                                    max_window_layers=1, tie_word_embeddings=True), True),
         ("gpt2", 5, GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_inner=48,
                                n_positions=MAX_POS, activation_function="gelu_new",
                                initializer_range=0.1, tie_word_embeddings=True), True),
@@ -138,16 +148,43 @@ def save(model, outdir, name, exp):
     print(f"  config.json:\n{open(os.path.join(d, 'config.json')).read()}")
 
 
+def check_window(outdir, name):
+    """The saved config.json of a windowed fixture holds what crates/models reads."""
+    cfgj = json.load(open(os.path.join(outdir, name, "config.json")))
+    want = {"mistral-sw": (5, None), "qwen2-sw": (4, ["full_attention", "sliding_attention"])}
+    window, types = want[name]
+    assert cfgj.get("sliding_window") == window, f"{name}: sliding_window {cfgj.get('sliding_window')}"
+    if types is not None:
+        assert cfgj.get("layer_types") == types, f"{name}: layer_types {cfgj.get('layer_types')}"
+        assert cfgj.get("use_sliding_window") is True, f"{name}: use_sliding_window"
+
+
 def main():
-    outdir = sys.argv[1] if len(sys.argv) > 1 else "crates/models/tests/fixtures/hf"
+    args = [a for a in sys.argv[1:] if not a.startswith("--only")]
+    only = None
+    for i, a in enumerate(sys.argv[1:], 1):
+        if a == "--only" and i + 1 < len(sys.argv):
+            only = sys.argv[i + 1].split(",")
+            args.remove(sys.argv[i + 1])
+        elif a.startswith("--only="):
+            only = a.split("=", 1)[1].split(",")
+    outdir = args[0] if args else "crates/models/tests/fixtures/hf"
+    known = {c[0] for c in configs()} | {"llama3-bf16"}
+    if only and not set(only) <= known:
+        sys.exit(f"--only: unknown fixture(s) {sorted(set(only) - known)}")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"safetensors {safetensors.__version__}")
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     for name, seed, cfg, biases in configs():
+        wanted = only is None or name in only or (name == "llama3" and "llama3-bf16" in only)
+        if not wanted:
+            continue
         print(f"== {name} (seed {seed})")
         model = build(cfg, seed, biases)
         save(model, outdir, name, expectations(model, seed))
+        if name.endswith("-sw"):
+            check_window(outdir, name)
         if name == "llama3":
             print("== llama3-bf16 (llama3's weights rounded to bf16)")
             # Round the parameters in place and keep the model float32 (buffers such as rope's

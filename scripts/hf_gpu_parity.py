@@ -53,7 +53,7 @@ import safetensors  # noqa: E402
 import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig,  # noqa: E402
+from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig,  # noqa: E402
                           Qwen2Config)
 
 PROMPT_LEN = 32
@@ -86,12 +86,18 @@ def configs(small, init_range):
         qwen.update(vocab_size=1000, hidden_size=224, intermediate_size=1216,
                     num_hidden_layers=2, max_window_layers=2, bos_token_id=1, eos_token_id=2)
         gpt2.update(vocab_size=1000, n_embd=192, n_layer=2, bos_token_id=1, eos_token_id=2)
-    for c in (llama, qwen, gpt2):
+    # A Mistral-shaped model (the Llama 1B's sizes, no rope scaling) with a sliding window of
+    # 64 slots on every layer, shorter than the prompts: both CUDA attention paths windowed.
+    mistral = {k: v for k, v in llama.items()
+               if k not in ("rope_scaling", "attention_bias", "mlp_bias")}
+    mistral.update(rope_theta=10000.0, sliding_window=64, tie_word_embeddings=False)
+    for c in (llama, qwen, gpt2, mistral):
         c["initializer_range"] = init_range
     return [
         ("llama-3.2-1b", 11, LlamaConfig(**llama), False),
         ("qwen2.5-0.5b", 12, Qwen2Config(**qwen), True),
         ("gpt2-124m", 13, GPT2Config(**gpt2), True),
+        ("mistral-sw64", 14, MistralConfig(**mistral), False),
     ]
 
 

@@ -75,6 +75,7 @@ fn rope_case(
         kv_heads,
         d,
         cap,
+        window: None,
     };
     let what = format!("{dims:?} qkv/q/cache {dt:?} rope {rope}");
     let qkv = random_vec(rng, dims.qkv_len(), 2.0);
@@ -182,6 +183,7 @@ fn attention_case(
     rng: &mut StdRng,
     shape: (usize, usize, usize, usize, usize, usize),
     dt: [DType; 2],
+    window: Option<usize>,
 ) {
     let (b, t, heads, kv_heads, d, cap) = shape;
     let dims = DecodeDims {
@@ -191,6 +193,7 @@ fn attention_case(
         kv_heads,
         d,
         cap,
+        window,
     };
     let what = format!("{dims:?} q/cache {dt:?}");
     let scale = 1.0 / (d as f32).sqrt();
@@ -225,7 +228,8 @@ fn attention_case(
             for h in 0..heads {
                 let row = ((r * t + i) * heads + h) * d;
                 let base = (r * kv_heads + h / group) * cap;
-                let window = start[r] as usize..(s + 1).max(start[r] as usize);
+                let first = dims.first_visible(start[r] as usize, s);
+                let window = first..(s + 1).max(first);
                 let (mut big_s, mut vmax) = (0f64, 0f64);
                 for j in window.clone() {
                     let dot: f64 = (0..d)
@@ -264,7 +268,26 @@ fn gpu_cache_attention_matches_cpu() {
     for &shape in SHAPES {
         for q in DTYPES {
             for c in DTYPES {
-                attention_case(&gpu, &mut rng, shape, [q, c]);
+                attention_case(&gpu, &mut rng, shape, [q, c], None);
+            }
+        }
+    }
+}
+
+/// The same with sliding windows (1, 2, shorter than a chunk, a chunk and more, past the
+/// cache): chunks wholly before a query's window write the empty partial, and the bound is
+/// the one above over the window's slots.
+#[test]
+fn gpu_cache_attention_sliding_window_matches_cpu() {
+    const NAME: &str = "gpu_cache_attention_sliding_window_matches_cpu";
+    let Some(gpu) = backend_or_skip(NAME) else {
+        return;
+    };
+    let (mut rng, _) = rng(NAME);
+    for &shape in SHAPES {
+        for window in [1, 2, 37, 64, 300, shape.5 + 5] {
+            for dt in [[DType::F32, DType::F32], [DType::BF16, DType::BF16]] {
+                attention_case(&gpu, &mut rng, shape, dt, Some(window));
             }
         }
     }
@@ -327,6 +350,7 @@ fn gpu_slot_past_the_cache_writes_nothing() {
         kv_heads: 1,
         d: 4,
         cap: 3,
+        window: None,
     };
     macro_rules! go {
         ($be:expr) => {{

@@ -101,7 +101,7 @@ fn row_stats(c: &Case, r: usize, i: usize, h: usize) -> RowStats {
     } = c.dims;
     let qrow = ((r * t + i) * heads + h) * d;
     let base = (r * kv_heads + h / (heads / kv_heads)) * cap;
-    let keys = c.start[r] as usize..i + 1;
+    let keys = c.dims.first_visible(c.start[r] as usize, i)..i + 1;
     let scale = c.scale as f64;
     let (mut s, mut sigma) = (vec![], vec![]);
     for j in keys.clone() {
@@ -193,6 +193,7 @@ fn gpu_prefill_attention_matches_cpu() {
             kv_heads,
             d,
             cap,
+            window: None,
         };
         for scale in [0.125f32, -0.3, 0.0, 1.0] {
             let c = random_case(&mut rng, dims, scale);
@@ -201,6 +202,34 @@ fn gpu_prefill_attention_matches_cpu() {
                 &c,
                 &format!("{dims:?} scale {scale} start {:?}", c.start),
             );
+        }
+    }
+}
+
+/// Sliding windows (1, 2, within a tile, a tile, across tiles, the prompt, past the cache) on
+/// the shapes above, heads of width 64 and 128, with the same bound: the window's bound is a
+/// mask like the start's, and key tiles wholly before a query tile's window are skipped.
+#[test]
+fn gpu_prefill_attention_sliding_window_matches_cpu() {
+    const NAME: &str = "gpu_prefill_attention_sliding_window_matches_cpu";
+    let Some(gpu) = backend_or_skip(NAME) else {
+        return;
+    };
+    let (mut rng, _) = rng(NAME);
+    for (&(b, t, heads, kv_heads, cap), d) in SHAPES.iter().flat_map(|s| [(s, 64), (s, 128)]) {
+        for window in [1, 2, 5, 64, 100, t, cap + 7] {
+            let dims = DecodeDims {
+                b,
+                t,
+                heads,
+                kv_heads,
+                d,
+                cap,
+                window: Some(window),
+            };
+            let c = random_case(&mut rng, dims, 0.125);
+            let what = format!("{dims:?} start {:?}", c.start);
+            check_case(&gpu, &c, &what);
         }
     }
 }
@@ -227,6 +256,7 @@ fn nan_case(gpu: &CudaBackend, rng: &mut StdRng, d: usize) {
         kv_heads: 2,
         d,
         cap: 200,
+        window: None,
     };
     let mut c = random_case(rng, dims, 0.125);
     c.start = vec![37, 0];
@@ -296,6 +326,7 @@ fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
             kv_heads: 2,
             d,
             cap: 80,
+            window: None,
         };
         let c = random_case(&mut rng, dims, 0.1);
         let got = run(&gpu, &c, dtype);
@@ -334,6 +365,7 @@ fn gpu_prefill_attention_empty_calls_succeed() {
                 kv_heads: 1,
                 d,
                 cap: 8,
+                window: None,
             };
             let cache: Vec<f32> = (0..dims.cache_len()).map(|i| i as f32).collect();
             let (q, k, v) = (
@@ -363,6 +395,7 @@ fn gpu_prefill_attention_refuses_bad_arguments() {
         kv_heads: 1,
         d: 64,
         cap: 8, // shorter than the prompt
+        window: None,
     };
     let z = |n: usize| put(&gpu, &vec![0f32; n], DType::BF16);
     let (q, k, v) = (z(dims.q_len()), z(dims.cache_len()), z(dims.cache_len()));

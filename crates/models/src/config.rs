@@ -122,6 +122,17 @@ pub struct ModelConfig {
     pub gpt2_activation: Option<Gpt2Activation>,
     /// The end-of-sequence ids (`eos_token_id`: a number, a list, null or absent).
     pub eos_token_ids: Vec<u32>,
+    /// Whether the attention scores are divided by √head_dim (GPT-2's `scale_attn_weights`;
+    /// always for the Llama family).
+    pub scale_attn_weights: bool,
+    /// Whether layer `l`'s scores are also divided by `l + 1` (GPT-2's
+    /// `scale_attn_by_inverse_layer_idx`; never for the Llama family).
+    pub scale_attn_by_inverse_layer_idx: bool,
+    /// Each layer's sliding window `W` (`None`: full causal attention): a query at position
+    /// `q` sees keys `q − W < k ≤ q`, as `transformers`' `sliding_window_overlay`. From
+    /// `layer_types` when given, else Mistral's `sliding_window` (every layer) or Qwen2's
+    /// (`use_sliding_window`: layers from `max_window_layers` on).
+    pub layer_windows: Vec<Option<usize>>,
 }
 
 /// Why a `config.json` was refused.
@@ -155,6 +166,14 @@ pub enum ConfigError {
     UnsupportedActivation(String),
     #[error("bad rope_scaling: {0}")]
     BadRopeScaling(String),
+    /// A field whose value changes `transformers`' output in a way this crate does not
+    /// implement (reading it and going on would give other numbers).
+    #[error("config field `{field}` = {value} is not supported: {reason}")]
+    UnsupportedField {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
 }
 
 type Obj = Map<String, Value>;
@@ -178,6 +197,21 @@ impl ModelConfig {
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// The factor of layer `layer`'s attention scores `q·k` (0-based layer): `1/√head_dim`
+    /// unless GPT-2's `scale_attn_weights` is false, further divided by `layer + 1` under
+    /// GPT-2's `scale_attn_by_inverse_layer_idx`, as `transformers` computes it.
+    pub fn attention_scale(&self, layer: usize) -> f32 {
+        let mut scale = if self.scale_attn_weights {
+            1.0 / (self.head_dim as f32).sqrt()
+        } else {
+            1.0
+        };
+        if self.scale_attn_by_inverse_layer_idx {
+            scale /= (layer + 1) as f32;
+        }
+        scale
     }
 
     /// Query heads per key/value head.
@@ -312,7 +346,53 @@ fn head_dim(
     Ok(hidden / heads)
 }
 
+fn unsupported<T>(
+    field: &'static str,
+    value: &Value,
+    reason: &'static str,
+) -> Result<T, ConfigError> {
+    Err(ConfigError::UnsupportedField {
+        field,
+        value: value.to_string(),
+        reason,
+    })
+}
+
+/// Refuses the Llama family's fields whose other values this crate does not implement:
+/// `hidden_act` other than `"silu"` (the gated MLP's activation), `partial_rotary_factor`
+/// other than 1 (top level or in transformers 5's `rope_parameters`), `mlp_bias: true`.
+fn refuse_llama_variants(obj: &Obj) -> Result<(), ConfigError> {
+    match obj.get("hidden_act") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "silu" => {}
+        Some(v) => return unsupported("hidden_act", v, "only silu (SwiGLU) is implemented"),
+    }
+    let nested = obj.get("rope_parameters").and_then(Value::as_object);
+    for o in std::iter::once(obj).chain(nested) {
+        match o.get("partial_rotary_factor") {
+            None | Some(Value::Null) => {}
+            Some(v) if v.as_f64() == Some(1.0) => {}
+            Some(v) => {
+                return unsupported(
+                    "partial_rotary_factor",
+                    v,
+                    "rotary embeddings over the whole head only",
+                )
+            }
+        }
+    }
+    if opt_bool(obj, "mlp_bias", false)? {
+        return unsupported(
+            "mlp_bias",
+            &Value::Bool(true),
+            "MLP projections carry no bias",
+        );
+    }
+    Ok(())
+}
+
 fn parse_llama_like(obj: &Obj, architecture: Architecture) -> Result<ModelConfig, ConfigError> {
+    refuse_llama_variants(obj)?;
     let hidden_size = req_usize(obj, "hidden_size")?;
     let num_heads = req_usize(obj, "num_attention_heads")?;
     let qwen = architecture == Architecture::Qwen2;
@@ -337,6 +417,9 @@ fn parse_llama_like(obj: &Obj, architecture: Architecture) -> Result<ModelConfig
         torch_dtype: torch_dtype(obj),
         eos_token_ids: eos_token_ids(obj)?,
         gpt2_activation: None,
+        layer_windows: layer_windows(obj, architecture)?,
+        scale_attn_weights: true,
+        scale_attn_by_inverse_layer_idx: false,
     })
 }
 
@@ -361,7 +444,84 @@ fn parse_gpt2(obj: &Obj) -> Result<ModelConfig, ConfigError> {
         torch_dtype: torch_dtype(obj),
         eos_token_ids: eos_token_ids(obj)?,
         gpt2_activation: Some(gpt2_activation(obj)?),
+        layer_windows: vec![None; req_usize(obj, "n_layer")?],
+        scale_attn_weights: opt_bool(obj, "scale_attn_weights", true)?,
+        // `reorder_and_upcast_attn` is accepted and ignored: it only computes the same
+        // scores in f32 under autocast, and every score here is f32 already.
+        scale_attn_by_inverse_layer_idx: opt_bool(obj, "scale_attn_by_inverse_layer_idx", false)?,
     })
+}
+
+/// The sliding window of every layer (see [`ModelConfig::layer_windows`]).
+fn layer_windows(obj: &Obj, arch: Architecture) -> Result<Vec<Option<usize>>, ConfigError> {
+    let layers = req_usize(obj, "num_hidden_layers")?;
+    let window = match opt_usize(obj, "sliding_window") {
+        Ok(Some(0)) => return bad("sliding_window", "a window of 0 sees no key".into()),
+        Ok(w) => w,
+        Err(_) => {
+            let v = &obj["sliding_window"];
+            return bad("sliding_window", format!("{v} is not a positive integer"));
+        }
+    };
+    let window = match arch {
+        // transformers' Qwen2Config drops the window unless use_sliding_window.
+        Architecture::Qwen2 if !opt_bool(obj, "use_sliding_window", false)? => None,
+        Architecture::Llama => match window {
+            None => None,
+            Some(w) => {
+                let reason = "LlamaForCausalLM has no sliding-window attention";
+                return unsupported("sliding_window", &Value::from(w), reason);
+            }
+        },
+        _ => window,
+    };
+    let sliding: Vec<bool> = match obj.get("layer_types") {
+        None | Some(Value::Null) => match arch {
+            Architecture::Qwen2 => {
+                let first = opt_usize(obj, "max_window_layers")?.unwrap_or(28);
+                (0..layers).map(|i| i >= first).collect()
+            }
+            _ => vec![true; layers],
+        },
+        Some(v) => layer_types(v, layers)?,
+    };
+    sliding
+        .into_iter()
+        .map(|s| match (s, window) {
+            (false, _) => Ok(None),
+            (true, Some(w)) => Ok(Some(w)),
+            (true, None) if obj.contains_key("layer_types") => bad(
+                "layer_types",
+                "a sliding_attention layer with no sliding window (sliding_window null, or \
+                 Qwen2's use_sliding_window false)"
+                    .into(),
+            ),
+            (true, None) => Ok(None),
+        })
+        .collect()
+}
+
+/// `layer_types`: one `"full_attention"` or `"sliding_attention"` per layer; whether each
+/// slides.
+fn layer_types(v: &Value, layers: usize) -> Result<Vec<bool>, ConfigError> {
+    let Some(list) = v.as_array() else {
+        return bad("layer_types", format!("{v} is not a list"));
+    };
+    if list.len() != layers {
+        let reason = format!("{} entries for {layers} layers", list.len());
+        return bad("layer_types", reason);
+    }
+    list.iter()
+        .map(|t| match t.as_str() {
+            Some("full_attention") => Ok(false),
+            Some("sliding_attention") => Ok(true),
+            _ => unsupported(
+                "layer_types",
+                t,
+                "entries must be full_attention or sliding_attention",
+            ),
+        })
+        .collect()
 }
 
 /// `activation_function`, `gelu_new` (transformers' GPT-2 default) when absent or null.

@@ -76,12 +76,13 @@ impl Gpt2 {
         let eps = self.cfg.norm_eps as f32;
         let (b, t) = (ids.shape()[0], ids.shape()[1]);
         let pos = Tensor::from_vec(slots.positions(), &[b, t], ids.device())?;
-        let mask = slots.mask(ids.device())?;
+        let mask = slots.mask(ids.device(), None)?;
         let mut x = self.wte.embedding(ids)?.add(&self.wpe.embedding(&pos)?)?;
-        for (b, cache) in self.blocks.iter().zip(caches) {
+        for (l, (b, cache)) in self.blocks.iter().zip(caches).enumerate() {
             let qkv = b.attn.forward(&b.ln_1.forward(&x, eps)?)?;
             let part = |i: usize| heads(&qkv.narrow(2, i * c, c)?, nh);
-            let y = cached_attention(&part(0)?, &part(1)?, &part(2)?, cache, &mask)?;
+            let scale = self.cfg.attention_scale(l);
+            let y = cached_attention(&part(0)?, &part(1)?, &part(2)?, cache, &mask, scale)?;
             x = x.add(&b.proj.forward(&y)?)?;
             let m = self.activate(&b.fc.forward(&b.ln_2.forward(&x, eps)?)?)?;
             x = x.add(&b.fc_proj.forward(&m)?)?;

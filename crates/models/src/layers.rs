@@ -190,13 +190,15 @@ impl Slots<'_> {
     }
 
     /// The additive mask `[b, 1, t, start + t]`: query slot `i` sees key slot `j` when
-    /// `pad ≤ j ≤ i` (a padding query sees nothing and is never read).
-    pub(crate) fn mask(&self, dev: Device) -> Result<Tensor, ModelError> {
+    /// `pad ≤ j ≤ i` and, under a sliding `window` `W`, `i − W < j` (a padding query sees
+    /// nothing and is never read).
+    pub(crate) fn mask(&self, dev: Device, window: Option<usize>) -> Result<Tensor, ModelError> {
         let total = self.start + self.t;
         let mut m = Vec::with_capacity(self.pads.len() * self.t * total);
         for &pad in self.pads {
             for i in self.start..total {
-                m.extend((0..total).map(|j| if j >= pad && j <= i { 0.0 } else { f32::MIN }));
+                let lo = window.map_or(pad, |w| pad.max((i + 1).saturating_sub(w)));
+                m.extend((0..total).map(|j| if j >= lo && j <= i { 0.0 } else { f32::MIN }));
             }
         }
         Ok(Tensor::from_vec(
@@ -204,6 +206,33 @@ impl Slots<'_> {
             &[self.pads.len(), 1, self.t, total],
             dev,
         )?)
+    }
+}
+
+/// The masks of a pass ([`Slots::mask`]), one per distinct window, made when first asked for.
+pub(crate) struct Masks<'a> {
+    slots: &'a Slots<'a>,
+    dev: Device,
+    made: Vec<(Option<usize>, Tensor)>,
+}
+
+impl<'a> Masks<'a> {
+    pub(crate) fn new(slots: &'a Slots<'a>, dev: Device) -> Self {
+        Masks {
+            slots,
+            dev,
+            made: Vec::new(),
+        }
+    }
+
+    /// The mask of `window`.
+    pub(crate) fn get(&mut self, window: Option<usize>) -> Result<Tensor, ModelError> {
+        if let Some((_, m)) = self.made.iter().find(|(w, _)| *w == window) {
+            return Ok(m.clone());
+        }
+        let m = self.slots.mask(self.dev, window)?;
+        self.made.push((window, m.clone()));
+        Ok(m)
     }
 }
 
@@ -250,14 +279,15 @@ pub(crate) fn heads(x: &Tensor, h: usize) -> Result<Tensor, ModelError> {
 
 /// Attention of the new queries `q` `[b, h, t, d]` (slots `start..start + t`, where `start` is
 /// what `cache` held before) against the cache extended with `k`, `v` `[b, kv, t, d]`, under
-/// `mask` ([`Slots::mask`]); `h` is a multiple of `kv` (grouped-query attention). Returns
-/// `[b, t, h·d]` and leaves `k`, `v` appended to the cache.
+/// `mask` ([`Slots::mask`]), with scores `scale·q·k`; `h` is a multiple of `kv` (grouped-query
+/// attention). Returns `[b, t, h·d]` and leaves `k`, `v` appended to the cache.
 pub(crate) fn cached_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     cache: &mut LayerCache,
     mask: &Tensor,
+    scale: f32,
 ) -> Result<Tensor, ModelError> {
     let (b, h, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let start = cache.len();
@@ -273,9 +303,7 @@ pub(crate) fn cached_attention(
             .reshape(&[b, h, total, d])?)
     };
     let (k, v) = (repeat(&k)?, repeat(&v)?);
-    let scores = q
-        .matmul_t(&k, false, true)?
-        .mul_scalar(1.0 / (d as f32).sqrt())?;
+    let scores = q.matmul_t(&k, false, true)?.mul_scalar(scale)?;
     let probs = scores.add(mask)?.softmax()?;
     Ok(probs
         .matmul(&v)?

@@ -8,7 +8,7 @@ use crate::cache::LayerCache;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::layers::{
-    apply_rope, cached_attention, heads, inv_freq, load, rope_tables, Linear, Slots,
+    apply_rope, cached_attention, heads, inv_freq, load, rope_tables, Linear, Masks, Slots,
 };
 use crate::weights::Checkpoint;
 
@@ -86,14 +86,15 @@ impl Llama {
         let eps = cfg.norm_eps as f32;
         let dev = ids.device();
         let (cos, sin) = rope_tables(&self.freqs, &slots.positions(), (b, t), dev)?;
-        let mask = slots.mask(dev)?;
+        let mut masks = Masks::new(slots, dev);
         let mut x = self.embed.embedding(ids)?;
-        for (l, cache) in self.layers.iter().zip(caches) {
+        for (i, (l, cache)) in self.layers.iter().zip(caches).enumerate() {
             let a = x.rms_norm(&l.input_norm, eps)?;
             let q = apply_rope(&heads(&l.q.forward(&a)?, cfg.num_heads)?, &cos, &sin)?;
             let k = apply_rope(&heads(&l.k.forward(&a)?, cfg.num_kv_heads)?, &cos, &sin)?;
             let v = heads(&l.v.forward(&a)?, cfg.num_kv_heads)?;
-            let y = cached_attention(&q, &k, &v, cache, &mask)?;
+            let mask = masks.get(cfg.layer_windows.get(i).copied().flatten())?;
+            let y = cached_attention(&q, &k, &v, cache, &mask, cfg.attention_scale(i))?;
             x = x.add(&l.o.forward(&y)?)?;
             let m = x.rms_norm(&l.post_norm, eps)?;
             let g = l.gate.forward(&m)?.silu()?.mul(&l.up.forward(&m)?)?;

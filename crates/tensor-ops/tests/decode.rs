@@ -57,6 +57,7 @@ fn prefill_is_rope_then_causal_attention() {
         v: &v,
         start: &start,
         slot: &slot,
+        window: None,
     };
     let x = Tensor::from_vec(qkv.clone(), &[b, t, cols], DEV).unwrap();
     let freqs = Tensor::from_vec(inv, &[d / 2], DEV).unwrap();
@@ -64,7 +65,7 @@ fn prefill_is_rope_then_causal_attention() {
     let scale = 1.0 / (d as f32).sqrt();
     let out = q.cache_attention(view, t, scale).unwrap().to_vec().unwrap();
     // The prefill's own attention (every row at slot 0) is the same function.
-    let pre = q.prefill_attention(&k, &v, &start, scale).unwrap();
+    let pre = q.prefill_attention(&k, &v, &start, None, scale).unwrap();
     assert_eq!(pre.shape(), [b, t, heads * d]);
     assert_eq!(pre.to_vec().unwrap(), out);
     // With left padding too: rows see slots start..=i, a padding query gets zeros.
@@ -73,7 +74,7 @@ fn prefill_is_rope_then_causal_attention() {
         start: &late,
         ..view
     };
-    let pre = q.prefill_attention(&k, &v, &late, scale).unwrap();
+    let pre = q.prefill_attention(&k, &v, &late, None, scale).unwrap();
     let want = q.cache_attention(late_view, t, scale).unwrap();
     assert_eq!(pre.to_vec().unwrap(), want.to_vec().unwrap());
     let pre = pre.to_vec().unwrap();
@@ -129,6 +130,7 @@ fn decoding_token_by_token_gives_the_prefill_rows() {
                 v: &v,
                 start: &start,
                 slot: &slot,
+                window: None,
             };
             let x = Tensor::from_vec(qkv[at * cols..(at + n) * cols].to_vec(), &[1, n, cols], DEV)
                 .unwrap();
@@ -160,6 +162,7 @@ fn decode_ops_refuse_bad_arguments() {
         v: &v,
         start: &start,
         slot: &slot,
+        window: None,
     };
     let freqs = Tensor::from_vec(vec![1.0, 0.5], &[2], DEV).unwrap();
     let x = Tensor::from_vec(vec![1.0; 2 * 12], &[1, 2, 12], DEV).unwrap();
@@ -180,12 +183,14 @@ fn decode_ops_refuse_bad_arguments() {
     assert!(q.cache_attention(view, 4, f32::NAN).is_err());
     // A prefill longer than the cache, a non-finite scale, float positions.
     let long = Tensor::from_vec(vec![1.0; 20], &[1, 5, 1, 4], DEV).unwrap();
-    assert!(long.prefill_attention(&k, &v, &start, 1.0).is_err());
-    assert!(q.prefill_attention(&k, &v, &start, f32::INFINITY).is_err());
+    assert!(long.prefill_attention(&k, &v, &start, None, 1.0).is_err());
+    assert!(q
+        .prefill_attention(&k, &v, &start, None, f32::INFINITY)
+        .is_err());
     let fstart = Tensor::from_vec(vec![0.0], &[1], DEV).unwrap();
-    assert!(q.prefill_attention(&k, &v, &fstart, 1.0).is_err());
+    assert!(q.prefill_attention(&k, &v, &fstart, None, 1.0).is_err());
     assert!(
-        q.prefill_attention(&k, &k, &start, 1.0).is_ok(),
+        q.prefill_attention(&k, &k, &start, None, 1.0).is_ok(),
         "reads only"
     );
     // argmax of rows with no columns, of a scalar.
@@ -205,6 +210,7 @@ fn empty_calls_and_extreme_scores() {
         v: &v,
         start: &start,
         slot: &slot,
+        window: None,
     };
     let freqs = Tensor::from_vec(vec![1.0, 0.5], &[2], DEV).unwrap();
     // No new tokens: empty outputs, the caches untouched.
@@ -212,7 +218,12 @@ fn empty_calls_and_extreme_scores() {
     let q = x.rope_append(&freqs, view, 1, DType::F32).unwrap();
     assert_eq!(q.shape(), &[1, 0, 1, 4]);
     assert_eq!(q.cache_attention(view, 0, 1.0).unwrap().numel(), 0);
-    assert_eq!(q.prefill_attention(&k, &v, &start, 1.0).unwrap().numel(), 0);
+    assert_eq!(
+        q.prefill_attention(&k, &v, &start, None, 1.0)
+            .unwrap()
+            .numel(),
+        0
+    );
     assert!(k.to_vec().unwrap().iter().all(|&e| e == 0.0));
     // Scores of ±1e30 scale: the softmax subtracts the maximum, so the output is the value row
     // of the best slot, finite; a NaN query gives NaN, not a silent number.
@@ -249,7 +260,7 @@ fn empty_calls_and_extreme_scores() {
         let mut qs = vec![0.0f32; 16];
         qs[12] = x0;
         let q = Tensor::from_vec(qs, &[1, 4, 1, 4], DEV).unwrap();
-        q.prefill_attention(&kk, &v, &start, 1.0)
+        q.prefill_attention(&kk, &v, &start, None, 1.0)
             .unwrap()
             .to_vec()
             .unwrap()

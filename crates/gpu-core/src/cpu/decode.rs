@@ -277,7 +277,7 @@ impl DecodeOps for CpuBackend {
 }
 
 /// Causal attention of the queries against the cache (`DecodeOps::cache_attention`, checked),
-/// in f64, with the rows' positions on the host.
+/// in f64, with the rows' positions on the host; a sliding window's hidden slots are not read.
 #[allow(clippy::too_many_arguments)]
 fn attend(
     op: &'static str,
@@ -312,7 +312,7 @@ fn attend(
             let s = slot[r] as usize + i;
             let base = (r * kv_heads + h / group) * cap;
             let qrow = idx * d;
-            let keys = start[r] as usize..s + 1;
+            let keys = dims.first_visible(start[r] as usize, s)..s + 1;
             let scores: Vec<f64> = keys
                 .clone()
                 .map(|j| {

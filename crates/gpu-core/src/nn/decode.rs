@@ -10,8 +10,10 @@
 //! - `slot[r]`: the slot of the first of the `t` new tokens of row `r` (the cache holds `slot[r]`
 //!   slots before this call); the new tokens take slots `slot[r]..slot[r] + t`.
 //!
-//! Query `i` of row `r` sits at slot `slot[r] + i` and attends to the slots
-//! `start[r]..=slot[r] + i` (causal). A slot at or past `cap` is an error on the CPU; CUDA kernels
+//! Query `i` of row `r` sits at slot `s = slot[r] + i` and attends to the slots
+//! `start[r]..=s` (causal), or, under a sliding window `W` ([`DecodeDims::window`]), to the
+//! slots `max(start[r], s + 1 − W)..=s` (the last `W` slots, itself included: `transformers`'
+//! `kv_idx > q_idx − sliding_window`). A slot at or past `cap` is an error on the CPU; CUDA kernels
 //! cannot report one (they run inside graphs), so they skip such writes and attend to nothing
 //! past `cap`: callers check the bounds on the host, as `models::engine` does.
 
@@ -24,6 +26,9 @@ use crate::ops::require_float;
 /// The sizes of a decode call: `b` rows of `t` new tokens, `heads` query heads and
 /// `kv_heads` key/value heads (grouped-query attention: query head `h` reads key/value head
 /// `h / (heads / kv_heads)`) of width `d`, and caches of `cap` slots per row and head.
+/// `window`: the attention ops' sliding window (`Some(W)`, `W >= 1`: a query sees the last `W`
+/// slots up to its own; `None`: every slot from `start`); `rope_append` ignores it. It is a
+/// layer's constant, so a captured graph replays it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeDims {
     pub b: usize,
@@ -32,6 +37,7 @@ pub struct DecodeDims {
     pub kv_heads: usize,
     pub d: usize,
     pub cap: usize,
+    pub window: Option<usize>,
 }
 
 /// The widest head [`DecodeOps`] accepts.
@@ -58,11 +64,29 @@ impl DecodeDims {
         self.b * self.kv_heads * self.cap * self.d
     }
 
+    /// The first slot a query at slot `s` sees, for a row whose first real slot is `start`.
+    pub fn first_visible(&self, start: usize, s: usize) -> usize {
+        match self.window {
+            Some(w) => start.max((s + 1).saturating_sub(w)),
+            None => start,
+        }
+    }
+
+    /// The window as the kernels take it: `W` clamped to `u32::MAX`, 0 for none.
+    pub fn window_u32(&self) -> u32 {
+        self.window
+            .map_or(0, |w| u32::try_from(w).unwrap_or(u32::MAX))
+    }
+
     /// Checks the sizes every backend accepts: `heads` a positive multiple of `kv_heads >= 1`,
-    /// `d` even in `2..=`[`MAX_DECODE_HEAD_DIM`], and every buffer length and index below
-    /// 2^31 (the kernels' 32-bit arithmetic). `b`, `t` or `cap` may be 0 (an empty call).
+    /// `d` even in `2..=`[`MAX_DECODE_HEAD_DIM`], a window of at least 1 slot, and every
+    /// buffer length and index below 2^31 (the kernels' 32-bit arithmetic). `b`, `t` or `cap`
+    /// may be 0 (an empty call).
     pub fn check(&self, op: &'static str) -> Result<()> {
         let bad = |reason: String| Err(GpuError::InvalidShape { op, reason });
+        if self.window == Some(0) {
+            return bad("a sliding window of 0 slots sees nothing".into());
+        }
         if self.kv_heads == 0 || self.heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "{} query heads do not split into groups of {} key/value heads",
@@ -123,7 +147,8 @@ pub trait DecodeOps: Backend {
     ) -> Result<()>;
 
     /// Causal attention of the new queries `q` `[b, t, heads, d]` against the cache: query `i`
-    /// of row `r` (at slot `s = slot[r] + i`) attends to slots `start[r]..=s`, with softmax
+    /// of row `r` (at slot `s = slot[r] + i`) attends to slots `start[r]..=s` (from
+    /// [`DecodeDims::first_visible`] under a sliding window), with softmax
     /// weights of `scale·q·k` (f32), and `out` `[b, t, heads, d]` gets their average of the
     /// values; a query with no slot to attend to (`start[r] > s`) gets zeros. `max_end` is a
     /// bound the caller guarantees on every `slot[r] + t` (at most `cap`; CUDA splits the slots
@@ -144,7 +169,8 @@ pub trait DecodeOps: Backend {
 
     /// [`DecodeOps::cache_attention`] of a fresh prefill: row `r`'s `t` queries are its slots
     /// `0..t` (as if `slot[r] = 0`; the caller wrote this call's keys and values there), so
-    /// query `i` attends to slots `start[r]..=i`, and one before `start[r]` gets zeros. CUDA
+    /// query `i` attends to slots `start[r]..=i` (from `max(start[r], i + 1 − W)` under a
+    /// sliding window `W`), and one before `start[r]` gets zeros. CUDA
     /// runs bf16 queries, caches and output of head width 64 or 128 as a tensor-core flash attention
     /// (the probabilities rounded to bf16 for their product with the values, as the training
     /// attention does); other cases as `cache_attention`.

@@ -177,9 +177,11 @@ impl DecodeOps for CudaBackend {
         ];
         args.extend(dims_args(dims));
         args.push(KernelArg::F32(scale));
+        args.push(KernelArg::U32(dims.window_u32()));
         // SAFETY: cache_attn_{chunk,group}_XY(const TQ* q, const TC* kc, const TC* vc, const
         // u32* start, const u32* slot, float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap,
-        // float scale), 128 threads a block: q holds rows·d of TQ, the caches b·kvh·cap·d of TC
+        // float scale, u32 window), 128 threads a block (the window only narrows the slots a
+        // block reads): q holds rows·d of TQ, the caches b·kvh·cap·d of TC
         // (checked above); the kernels read cache slots below cap only and write
         // part[(row·chunks + chunk)·(d+2) ..+ d+2] for their rows, which part_len covers. The
         // chunk kernel: rows × chunks blocks, d <= 256 fits qs[256]. The group kernel: one
@@ -247,10 +249,12 @@ impl DecodeOps for CudaBackend {
             KernelArg::U32(dims.kv_heads as u32),
             KernelArg::U32(dims.cap as u32),
             KernelArg::F32(scale),
+            KernelArg::U32(dims.window_u32()),
         ];
         let name = format!("prefill_attn_d{}_bf16", dims.d);
         // SAFETY: prefill_attn_dD_bf16(const bf16* q, const bf16* kc, const bf16* vc,
-        // const u32* start, bf16* out, u32 t, u32 heads, u32 kvh, u32 cap, float scale), D =
+        // const u32* start, bf16* out, u32 t, u32 heads, u32 kvh, u32 cap, float scale, u32
+        // window; it only narrows the key tiles read), D =
         // dims.d (64 or 128, checked above), over b·heads·ceil(t/64) blocks of 128 threads (the
         // kernel derives b·heads from the grid and t). q and out hold b·t·heads·D bf16, the
         // caches b·kvh·cap·D bf16 and start b u32 (checked above); the kernel reads cache slots

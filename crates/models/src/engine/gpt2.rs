@@ -180,18 +180,18 @@ impl Engine {
     ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
         let (eps, dt) = (cfg.norm_eps as f32, self.opts.dtype);
-        let scale = 1.0 / (cfg.head_dim as f32).sqrt();
         let mut x = w.wte.embedding(ids)?.add(&w.wpe.embedding(pos)?)?;
-        for (b, (k, v)) in w.blocks.iter().zip(&self.caches) {
+        for (l, (b, (k, v))) in w.blocks.iter().zip(&self.caches).enumerate() {
             let view = CacheView {
                 k,
                 v,
                 start: &self.start,
                 slot: &self.slot,
+                window: cfg.layer_windows.get(l).copied().flatten(),
             };
             let qkv = b.attn.apply(&b.ln_1.apply(&x, eps, dt)?)?;
             let q = qkv.rope_append(&w.no_rotation, view, cfg.num_heads, dt)?;
-            let y = self.attention(&q, view, pass, scale)?;
+            let y = self.attention(&q, view, pass, cfg.attention_scale(l))?;
             x = x.add(&b.attn_proj.apply(&y)?)?;
             let m = w.activate(&b.fc.apply(&b.ln_2.apply(&x, eps, dt)?)?)?;
             x = x.add(&b.mlp_proj.apply(&m.to_dtype(dt)?)?)?;

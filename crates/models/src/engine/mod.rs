@@ -211,17 +211,17 @@ impl Engine {
     ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
         let (eps, dt) = (cfg.norm_eps as f32, self.opts.dtype);
-        let scale = 1.0 / (cfg.head_dim as f32).sqrt();
         let mut x = w.embed.embedding(ids)?;
         // Each block's output waits to be added to the residual stream `x` by the next norm
         // (`add_rms_norm`: the add and the norm in one kernel).
         let mut pending: Option<Tensor> = None;
-        for (l, (k, v)) in w.layers.iter().zip(&self.caches) {
+        for (i, (l, (k, v))) in w.layers.iter().zip(&self.caches).enumerate() {
             let view = CacheView {
                 k,
                 v,
                 start: &self.start,
                 slot: &self.slot,
+                window: cfg.layer_windows.get(i).copied().flatten(),
             };
             let (sum, a) = x.add_rms_norm(pending.as_ref(), &l.input_norm, eps, dt)?;
             let mut qkv = l.qkv.apply(&a)?;
@@ -229,7 +229,7 @@ impl Engine {
                 qkv = qkv.add(b)?;
             }
             let q = qkv.rope_append(&w.inv_freq, view, cfg.num_heads, dt)?;
-            let y = self.attention(&q, view, pass, scale)?;
+            let y = self.attention(&q, view, pass, cfg.attention_scale(i))?;
             let (sum, m) = sum.add_rms_norm(Some(&l.o.apply(&y)?), &l.post_norm, eps, dt)?;
             let g = l.gate_up.apply(&m)?.swiglu_packed()?;
             pending = Some(l.down.apply(&g)?);
@@ -255,7 +255,7 @@ impl Engine {
         scale: f32,
     ) -> Result<Tensor, ModelError> {
         Ok(if pass.fresh {
-            q.prefill_attention(view.k, view.v, view.start, scale)?
+            q.prefill_attention(view.k, view.v, view.start, view.window, scale)?
         } else {
             q.cache_attention(view, pass.max_end, scale)?
         })

@@ -40,6 +40,14 @@ pub const MISTRAL: &str = r#"{
   "rope_theta": 10000.0, "torch_dtype": "bfloat16", "sliding_window": 4096
 }"#;
 
+/// [`MISTRAL`] without a sliding window.
+pub const MISTRAL_FULL: &str = r#"{
+  "architectures": ["MistralForCausalLM"], "vocab_size": 32, "hidden_size": 16,
+  "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 1,
+  "intermediate_size": 32, "rms_norm_eps": 1e-5, "max_position_embeddings": 128,
+  "rope_theta": 10000.0, "torch_dtype": "bfloat16", "sliding_window": null
+}"#;
+
 pub const GPT2: &str = r#"{
   "architectures": ["GPT2LMHeadModel"], "vocab_size": 20, "n_embd": 8, "n_layer": 2,
   "n_head": 2, "n_positions": 16, "layer_norm_epsilon": 1e-5, "torch_dtype": "float32"

@@ -9,14 +9,16 @@ use gpu_core::nn::decode::DecodeDims;
 use gpu_core::nn::DecodeOps;
 use gpu_core::{Backend, DType, GpuError, Result};
 
-/// A layer's key and value caches, `[b, kv_heads, cap, d]` each (f32 or bf16), and where each
-/// batch row stands (`start`, `slot`: u32 `[b]`, see `gpu_core::nn::decode`).
+/// A layer's key and value caches, `[b, kv_heads, cap, d]` each (f32 or bf16), where each
+/// batch row stands (`start`, `slot`: u32 `[b]`, see `gpu_core::nn::decode`), and the layer's
+/// sliding window (`None`: full causal attention; see `DecodeDims::window`).
 #[derive(Debug, Clone, Copy)]
 pub struct CacheView<'a> {
     pub k: &'a Tensor,
     pub v: &'a Tensor,
     pub start: &'a Tensor,
     pub slot: &'a Tensor,
+    pub window: Option<usize>,
 }
 
 impl CacheView<'_> {
@@ -43,6 +45,7 @@ impl CacheView<'_> {
             kv_heads,
             d,
             cap,
+            window: self.window,
         };
         dims.check(op)?;
         Ok(dims)
@@ -140,7 +143,8 @@ impl Tensor {
     }
 
     /// Attention of the queries `self` `[b, t, heads, d]` against `cache` (causal, from each
-    /// row's `start`; `DecodeOps::cache_attention`), with scores `scale·q·k`; returns
+    /// row's `start`, within the cache's window; `DecodeOps::cache_attention`), with scores
+    /// `scale·q·k`; returns
     /// `[b, t, heads·d]` in the queries' dtype. `max_end` bounds every row's `slot + t`.
     pub fn cache_attention(
         &self,
@@ -184,13 +188,15 @@ impl Tensor {
     /// [`Tensor::cache_attention`] of a fresh prefill (`DecodeOps::prefill_attention`): each
     /// row's `t` queries `self` `[b, t, heads, d]` are its slots `0..t` of the caches `k`, `v`
     /// (written there by [`Tensor::rope_append`] at slot 0), so query `i` attends to slots
-    /// `start[r]..=i`. On CUDA, bf16 queries and caches of head width 64 or 128 take a tensor-core
-    /// flash attention. Returns `[b, t, heads·d]` in the queries' dtype.
+    /// `start[r]..=i` (the last `W` of them under a sliding `window` `W`). On CUDA, bf16
+    /// queries and caches of head width 64 or 128 take a tensor-core flash attention. Returns
+    /// `[b, t, heads·d]` in the queries' dtype.
     pub fn prefill_attention(
         &self,
         k: &Tensor,
         v: &Tensor,
         start: &Tensor,
+        window: Option<usize>,
         scale: f32,
     ) -> Result<Tensor> {
         const OP: &str = "prefill_attention";
@@ -200,6 +206,7 @@ impl Tensor {
             v,
             start,
             slot: start,
+            window,
         };
         let dims = cache.query_dims(OP, self)?;
         let (q, kc, vc, st) = (self.read(), k.read(), v.read(), start.read());
