@@ -156,7 +156,10 @@ class NanoGpt(torch.nn.Module):
         for blk in self.h:
             q, k, v = blk.c_attn(blk.ln_1(h)).split(self.c, 2)
             q, k, v = (z.view(b, t, self.n_head, -1).transpose(1, 2) for z in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, self.c)
+            # nanoGPT's attn_dropout: dropout of the attention probabilities in training.
+            drop = self.p if self.training else 0.0
+            a = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+            a = a.transpose(1, 2).reshape(b, t, self.c)
             h = h + F.dropout(blk.c_proj(a), self.p, self.training)
             h = h + F.dropout(blk.proj(F.gelu(blk.fc(blk.ln_2(h)))), self.p, self.training)
         logits = F.linear(self.ln_f(h), self.wte.weight)

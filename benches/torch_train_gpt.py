@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's side of the time-to-validation-loss row: nanoGPT's shakespeare-char recipe with the
 hyperparameters `hybrid-trainer train-gpt` uses by default (6 layers × 6 heads × width 384,
-context 256, batch 64, dropout 0.2, no biases, tied head, nanoGPT's init, AdamW lr 1e-3 betas
+context 256, batch 64, dropout 0.2 (embeddings, attention probabilities, residual branches), no biases, tied head, nanoGPT's init, AdamW lr 1e-3 betas
 (0.9, 0.99) weight decay 0.1 on matrices, warm-up 100, cosine to 1e-4 over the run's iterations
 (nanoGPT's config: 5000 of 5000; `--lr-decay-iters` sets another length), clip 1.0;
 evaluation every 250 iterations on 50 random batches of each split). Training time excludes

@@ -23,8 +23,15 @@
 // Thread tiling: NT threads as TY = NT/16 rows of 16 lanes (tx = tid & 15, ty = tid >> 4). A
 // thread owns rows ty*4 + i (i < 4) of the row-side tile and columns tx + 16*j (j < SC) of a
 // score tile, and output columns h*64 + tx*4 + e (h < D/64, e < 4) of a D-wide accumulator.
+// Attention dropout (the *_drop kernels, DROP = true; dropout_hash.cuh): the forward stores
+// P·f in the P tile (f = 1/(1 − p) where entry (seq, i, j) is kept, else 0) while the row sums
+// l take the undropped P, so lse is the undropped softmax's; the backward uses dP = f·dout·vᵀ
+// in dS = P∘(dP − delta) and P·f as the factor of dout in dv. delta = Σ dout∘out of the dropped
+// out is still Σ_j P_ij dP_ij (Σ_j P_ij f_ij dout_i·v_j = dout_i·out_i). The plain kernels
+// (DROP = false) compile to the code they had before dropout.
 // CPU reference: gpu_core::cpu::attention (f64).
 #include "common.cuh"
+#include "dropout_hash.cuh"
 
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
@@ -276,12 +283,12 @@ static __device__ __forceinline__ void store_rows(float* __restrict__ g, const f
 
 // ---------------------------------------------------------------------------------------------
 // Forward: one block per (sequence, tile of BQ = 4·NT/16 query rows), key tiles of BK rows.
-template <int D, int BK, int NT>
+template <int D, int BK, int NT, bool DROP = false>
 static __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, const float* __restrict__ k,
                                                 const float* __restrict__ v, float* __restrict__ out,
                                                 float* __restrict__ lse, unsigned int n, unsigned int t_,
                                                 unsigned int d_, unsigned int heads, unsigned int ld_in,
-                                                unsigned int ld_out, float scale) {
+                                                unsigned int ld_out, float scale, AttDrop dr = AttDrop{}) {
     constexpr int BQ = NT / 4, SC = BK / 16, OC = D / 16;
     static_assert(BQ % BK == 0 && BK % 16 == 0, "query tiles must be whole key tiles");
     __shared__ __align__(16) float sQ[BQ * Ld<D>::v];
@@ -358,7 +365,11 @@ static __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, con
             for (int j = 0; j < SC; ++j) {
                 const float p = exp2f(s[i][j] - mnew);
                 ls += p;
-                sP[r * Ld<BK>::v + tx + 16 * j] = p;
+                if constexpr (DROP)
+                    sP[r * Ld<BK>::v + tx + 16 * j] =
+                        p * att_drop_factor(dr, seq, q0 + r, k0 + tx + 16 * j, t);
+                else
+                    sP[r * Ld<BK>::v + tx + 16 * j] = p;
             }
             l[i] = l[i] * alpha + ls;
 #pragma unroll
@@ -404,12 +415,13 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 // ---------------------------------------------------------------------------------------------
 // Backward, dq: one block per (sequence, tile of BQ = 4·NT/16 query rows), key tiles of BK rows.
 // Writes delta for its rows first (the dk/dv kernel reads it).
-template <int D, int BK, int NT>
+template <int D, int BK, int NT, bool DROP = false>
 static __device__ __forceinline__ void attn_bwd_dq(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ out, const float* __restrict__ lse, const float* __restrict__ dout,
     float* __restrict__ dq, float* __restrict__ delta, unsigned int n, unsigned int t_,
-    unsigned int d_, unsigned int heads, unsigned int ld_in, unsigned int ld_out, float scale) {
+    unsigned int d_, unsigned int heads, unsigned int ld_in, unsigned int ld_out, float scale,
+    AttDrop dr = AttDrop{}) {
     constexpr int BQ = NT / 4, SC = BK / 16, OC = D / 16;
     static_assert(BQ % BK == 0 && BK % 16 == 0, "query tiles must be whole key tiles");
     __shared__ __align__(16) float sQ[BQ * Ld<D>::v];
@@ -485,7 +497,12 @@ static __device__ __forceinline__ void attn_bwd_dq(
                 // vis ? p·(dp − delta) : 0.)
                 const bool vis = col <= row && row < t;
                 const float p = vis ? exp2f(s[i][j] * sl2 - lse2[i]) : 0.f;
-                sdS[r * Ld<BK>::v + tx + 16 * j] = p * (vis ? dp[i][j] - dlt[i] : 0.f);
+                if constexpr (DROP) {
+                    const float f = att_drop_factor(dr, seq, row, col, t);
+                    sdS[r * Ld<BK>::v + tx + 16 * j] = p * (vis ? dp[i][j] * f - dlt[i] : 0.f);
+                } else {
+                    sdS[r * Ld<BK>::v + tx + 16 * j] = p * (vis ? dp[i][j] - dlt[i] : 0.f);
+                }
             }
         }
         __syncthreads();
@@ -527,12 +544,12 @@ extern "C" __global__ void __launch_bounds__(64, 5)
 // Backward, dk and dv: one block per (sequence, tile of BKR = 4·NT/16 key rows), looping over
 // the query tiles (BQC columns) that reach the tile. Rows of this kernel's tiles are keys and
 // score columns are queries: S^T = K·Q^T, dP^T = V·dO^T.
-template <int D, int BQC, int NT>
+template <int D, int BQC, int NT, bool DROP = false>
 static __device__ __forceinline__ void attn_bwd_dkdv(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ lse, const float* __restrict__ dout, const float* __restrict__ delta,
     float* __restrict__ dk, float* __restrict__ dv, unsigned int n, unsigned int t_, unsigned int d_,
-    unsigned int heads, unsigned int ld_in, unsigned int ld_out, float scale) {
+    unsigned int heads, unsigned int ld_in, unsigned int ld_out, float scale, AttDrop dr = AttDrop{}) {
     constexpr int BKR = NT / 4, SC = BQC / 16, OC = D / 16;
     static_assert(BQC % 16 == 0, "query tiles are whole column groups");
     __shared__ __align__(16) float sK[BKR * Ld<D>::v];
@@ -588,8 +605,14 @@ static __device__ __forceinline__ void attn_bwd_dkdv(
                 const int row = q0 + tx + 16 * j;
                 const bool vis = key <= row && row < t;  // selects: masked dp may be NaN
                 const float p = vis ? exp2f(s[i][j] * sl2 - lse2[j]) : 0.f;
-                sP[r * Ld<BQC>::v + tx + 16 * j] = p;
-                sdS[r * Ld<BQC>::v + tx + 16 * j] = p * (vis ? dp[i][j] - dlt[j] : 0.f);
+                if constexpr (DROP) {
+                    const float f = att_drop_factor(dr, seq, row, key, t);
+                    sP[r * Ld<BQC>::v + tx + 16 * j] = p * f;
+                    sdS[r * Ld<BQC>::v + tx + 16 * j] = p * (vis ? dp[i][j] * f - dlt[j] : 0.f);
+                } else {
+                    sP[r * Ld<BQC>::v + tx + 16 * j] = p;
+                    sdS[r * Ld<BQC>::v + tx + 16 * j] = p * (vis ? dp[i][j] - dlt[j] : 0.f);
+                }
             }
         }
         __syncthreads();
@@ -628,4 +651,65 @@ extern "C" __global__ void __launch_bounds__(64, 5)
                            unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
                      unsigned int ld_out, float scale) {
     attn_bwd_dkdv<128, 16, 64>(q, k, v, lse, dout, delta, dk, dv, n, t, d, heads, ld_in, ld_out, scale);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernels with attention dropout: the arguments of the plain ones, then float p (in (0, 1)),
+// u64 seed and const u64* offset.
+// attn_fwd_d64_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    attn_fwd_d64_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                     float* __restrict__ out, float* __restrict__ lse, unsigned int n, unsigned int t,
+                     unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
+    attn_fwd<64, 32, 256, true>(q, k, v, out, lse, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
+}
+
+// attn_fwd_d128_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
+extern "C" __global__ void __launch_bounds__(128, 3)
+    attn_fwd_d128_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                      float* __restrict__ out, float* __restrict__ lse, unsigned int n, unsigned int t,
+                      unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
+    attn_fwd<128, 16, 128, true>(q, k, v, out, lse, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
+}
+
+// attn_bwd_dq_d64_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
+extern "C" __global__ void __launch_bounds__(128, 4)
+    attn_bwd_dq_d64_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                        const float* __restrict__ out, const float* __restrict__ lse,
+                        const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ delta,
+                        unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
+    attn_bwd_dq<64, 32, 128, true>(q, k, v, out, lse, dout, dq, delta, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
+}
+
+// attn_bwd_dq_d128_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
+extern "C" __global__ void __launch_bounds__(64, 5)
+    attn_bwd_dq_d128_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                         const float* __restrict__ out, const float* __restrict__ lse,
+                         const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ delta,
+                         unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
+    attn_bwd_dq<128, 16, 64, true>(q, k, v, out, lse, dout, dq, delta, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
+}
+
+// attn_bwd_dkdv_d64_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
+extern "C" __global__ void __launch_bounds__(128, 4)
+    attn_bwd_dkdv_d64_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                          const float* __restrict__ lse, const float* __restrict__ dout,
+                          const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
+                          unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
+    attn_bwd_dkdv<64, 32, 128, true>(q, k, v, lse, dout, delta, dk, dv, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
+}
+
+// attn_bwd_dkdv_d128_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
+extern "C" __global__ void __launch_bounds__(64, 5)
+    attn_bwd_dkdv_d128_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                           const float* __restrict__ lse, const float* __restrict__ dout,
+                           const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
+                           unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
+                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
+    attn_bwd_dkdv<128, 16, 64, true>(q, k, v, lse, dout, delta, dk, dv, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
 }

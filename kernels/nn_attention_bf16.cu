@@ -45,15 +45,29 @@
 // No atomics: every output element is written by exactly one thread, deterministically.
 // CPU reference: gpu_core::cpu::attention_bf16 (f64, the same rounding points).
 #include "nn_attention_bf16.cuh"
+#include "dropout_hash.cuh"
+
+// Attention dropout (the *_drop kernels, DROP = true; see nn_attention.cu and
+// dropout_hash.cuh): the forward's P·V operand is bf16(P·f) while l sums the undropped P; the
+// backward's dS = P∘(f·dP − delta) and dv's operand bf16(P·f). Where a tile step needs the
+// mask: the sequence, the rows' and columns' first global index, t.
+struct DropAt {
+    AttDrop dr;
+    u32 seq;
+    int r0, c0, t;
+    __device__ __forceinline__ float at(int r, int c) const {
+        return att_drop_factor(dr, seq, r0 + r, c0 + c, t);
+    }
+};
 
 // One key tile of the forward for a warp's 16 rows: S = Q·Kᵀ, the online softmax update of m, l
 // and o, and o += P·V. W = -1: a tile below the diagonal (every key visible); W = 0..3: the
 // diagonal tile of warp W, whose rows see its 16-key blocks 0 ..= W (the later ones are skipped,
 // the diagonal block masked per element). A compile-time W keeps each case free of branches.
-template <int W>
+template <int W, bool DROP = false>
 static __device__ __forceinline__ void fwd_tile(float (&o)[8][4], float (&m)[2], float (&l)[2],
                                                 const u32 (&qf)[4][4], u32 tk, u32 tv, int lane,
-                                                float sl2) {
+                                                float sl2, const DropAt& da = DropAt{}) {
     constexpr bool diag = W >= 0;
     constexpr int jhi = diag ? W : 3;
     const int g = lane >> 2, c = lane & 3;
@@ -87,7 +101,10 @@ static __device__ __forceinline__ void fwd_tile(float (&o)[8][4], float (&m)[2],
                                     ? 0.f
                                     : ex2_ftz(fmaf(s[j][2 * h + e], sl2, -mnew));
                 ls += p;
-                s[j][2 * h + e] = p;
+                if constexpr (DROP)
+                    s[j][2 * h + e] = p * da.at(g + 8 * h, 8 * j + 2 * c + e);
+                else
+                    s[j][2 * h + e] = p;
             }
         l[h] = l[h] * alpha + ls;
 #pragma unroll
@@ -110,10 +127,10 @@ static __device__ __forceinline__ void fwd_tile(float (&o)[8][4], float (&m)[2],
 
 // ---------------------------------------------------------------------------------------------
 // Forward: one block per (sequence, 64-row query tile); key tiles 0 ..= the diagonal one.
-extern "C" __global__ void __launch_bounds__(NT)
-    attn_fwd_d64_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+template <bool DROP>
+static __device__ __forceinline__ void attn_fwd_d64_bf16_body(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                       bf16* __restrict__ out, float* __restrict__ lse, u32 n, u32 t_, u32 d_, u32 heads,
-                      u32 ld_in, u32 ld_out, float scale) {
+                      u32 ld_in, u32 ld_out, float scale, AttDrop dr) {
     __shared__ __align__(128) unsigned char smem[5 * TILE_BYTES];  // Q, K[2], V[2]
     (void)d_;
     const u32 sQ = smem_addr(smem), sK = sQ + TILE_BYTES, sV = sQ + 3 * TILE_BYTES;
@@ -158,14 +175,15 @@ extern "C" __global__ void __launch_bounds__(NT)
             }
         }
         const u32 tk = sK + buf, tv = sV + buf;
+        const DropAt da{dr, seq, q0 + 16 * w, kt * TR, t};
         if (kt < qt) {
-            fwd_tile<-1>(o, m, l, qf, tk, tv, lane, sl2);
+            fwd_tile<-1, DROP>(o, m, l, qf, tk, tv, lane, sl2, da);
         } else {
             switch (w) {  // the diagonal tile, one compiled case a warp
-            case 0: fwd_tile<0>(o, m, l, qf, tk, tv, lane, sl2); break;
-            case 1: fwd_tile<1>(o, m, l, qf, tk, tv, lane, sl2); break;
-            case 2: fwd_tile<2>(o, m, l, qf, tk, tv, lane, sl2); break;
-            default: fwd_tile<3>(o, m, l, qf, tk, tv, lane, sl2); break;
+            case 0: fwd_tile<0, DROP>(o, m, l, qf, tk, tv, lane, sl2, da); break;
+            case 1: fwd_tile<1, DROP>(o, m, l, qf, tk, tv, lane, sl2, da); break;
+            case 2: fwd_tile<2, DROP>(o, m, l, qf, tk, tv, lane, sl2, da); break;
+            default: fwd_tile<3, DROP>(o, m, l, qf, tk, tv, lane, sl2, da); break;
             }
         }
         __syncthreads();  // before the buffers are refilled
@@ -181,15 +199,29 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
     store_rows(out + obase, o, inv[0], inv[1], sQ, 16 * w, q0, t, (int)ld_out, lane);
 }
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_fwd_d64_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                      bf16* __restrict__ out, float* __restrict__ lse, u32 n, u32 t_, u32 d_, u32 heads,
+                      u32 ld_in, u32 ld_out, float scale) {
+    attn_fwd_d64_bf16_body<false>(q, k, v, out, lse, n, t_, d_, heads, ld_in, ld_out, scale, AttDrop{});
+}
+// attn_fwd_d64_bf16 with attention dropout p > 0 (seed + *offset when offset is non-null).
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_fwd_d64_bf16_drop(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                      bf16* __restrict__ out, float* __restrict__ lse, u32 n, u32 t_, u32 d_, u32 heads,
+                      u32 ld_in, u32 ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
+    attn_fwd_d64_bf16_body<true>(q, k, v, out, lse, n, t_, d_, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
+}
 
 // One key tile of dq for a warp's 16 rows (W as in fwd_tile): P = 2^(S·scale·log2 e − lse·log2 e),
 // dS = P∘(dP − delta) (exact zeros where masked or past the sequence's end), acc += dS·K; the
 // diagonal k16 step on its own, last, as in the order of mma_ax.
-template <int W>
+template <int W, bool DROP = false>
 static __device__ __forceinline__ void dq_tile(float (&acc)[8][4], const u32 (&qf)[4][4],
                                                const u32 (&of)[4][4], u32 tk, u32 tv, int lane,
                                                float sl2, const float (&lse2)[2],
-                                               const float (&dlt)[2], int rows_left) {
+                                               const float (&dlt)[2], int rows_left,
+                                               const DropAt& da = DropAt{}) {
     constexpr bool diag = W >= 0;
     constexpr int jhi = diag ? W : 3;
     const int g = lane >> 2, c = lane & 3;
@@ -205,7 +237,10 @@ static __device__ __forceinline__ void dq_tile(float (&acc)[8][4], const u32 (&q
             const int h = x >> 1, rw = g + 8 * h, cl = 8 * j + 2 * c + (x & 1);
             const bool vis = (!diag || cl <= 16 * jhi + rw) && rw < rows_left;
             const float p = vis ? ex2_ftz(fmaf(s[j][x], sl2, -lse2[h])) : 0.f;
-            s[j][x] = vis ? p * (dp[j][x] - dlt[h]) : 0.f;
+            if constexpr (DROP)
+                s[j][x] = vis ? p * (dp[j][x] * da.at(rw, cl) - dlt[h]) : 0.f;
+            else
+                s[j][x] = vis ? p * (dp[j][x] - dlt[h]) : 0.f;
         }
     u32 dsf[4][4];
     c_to_a(dsf, s);
@@ -216,11 +251,11 @@ static __device__ __forceinline__ void dq_tile(float (&acc)[8][4], const u32 (&q
 // ---------------------------------------------------------------------------------------------
 // Backward, dq: one block per (sequence, 64-row query tile), key tiles 0 ..= the diagonal one.
 // Also writes delta for its rows (computed first, from out and dout in global memory).
-extern "C" __global__ void __launch_bounds__(NT)
-    attn_bwd_dq_d64_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+template <bool DROP>
+static __device__ __forceinline__ void attn_bwd_dq_d64_bf16_body(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                          const bf16* __restrict__ out, const float* __restrict__ lse,
                          const bf16* __restrict__ dout, bf16* __restrict__ dq, float* __restrict__ delta,
-                         u32 n, u32 t_, u32 d_, u32 heads, u32 ld_in, u32 ld_out, float scale) {
+                         u32 n, u32 t_, u32 d_, u32 heads, u32 ld_in, u32 ld_out, float scale, AttDrop dr) {
     __shared__ __align__(128) unsigned char smem[6 * TILE_BYTES];  // Q, dO, K[2], V[2]
     (void)d_;
     const u32 sQ = smem_addr(smem), sdO = sQ + TILE_BYTES, sK = sQ + 2 * TILE_BYTES,
@@ -290,20 +325,36 @@ extern "C" __global__ void __launch_bounds__(NT)
             load_a(of, sdO, 16 * w, lane);
         }
         const u32 tk = sK + buf, tv = sV + buf;
+        const DropAt da{dr, seq, q0 + 16 * w, kt * TR, t};
         const int rows_left = t - q0 - 16 * w;  // rows of the warp inside the sequence: > g + 8h
         if (kt < qt) {
-            dq_tile<-1>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left);
+            dq_tile<-1, DROP>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left, da);
         } else {
             switch (w) {  // the diagonal tile, one compiled case a warp
-            case 0: dq_tile<0>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left); break;
-            case 1: dq_tile<1>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left); break;
-            case 2: dq_tile<2>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left); break;
-            default: dq_tile<3>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left); break;
+            case 0: dq_tile<0, DROP>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left, da); break;
+            case 1: dq_tile<1, DROP>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left, da); break;
+            case 2: dq_tile<2, DROP>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left, da); break;
+            default: dq_tile<3, DROP>(acc, qf, of, tk, tv, lane, sl2, lse2, dlt, rows_left, da); break;
             }
         }
         __syncthreads();
     }
     store_rows(dq + base, acc, scale, scale, sQ, 16 * w, q0, t, li, lane);
+}
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_bwd_dq_d64_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                         const bf16* __restrict__ out, const float* __restrict__ lse,
+                         const bf16* __restrict__ dout, bf16* __restrict__ dq, float* __restrict__ delta,
+                         u32 n, u32 t_, u32 d_, u32 heads, u32 ld_in, u32 ld_out, float scale) {
+    attn_bwd_dq_d64_bf16_body<false>(q, k, v, out, lse, dout, dq, delta, n, t_, d_, heads, ld_in, ld_out, scale, AttDrop{});
+}
+// attn_bwd_dq_d64_bf16 with attention dropout p > 0 (seed + *offset when offset is non-null).
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_bwd_dq_d64_bf16_drop(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                         const bf16* __restrict__ out, const float* __restrict__ lse,
+                         const bf16* __restrict__ dout, bf16* __restrict__ dq, float* __restrict__ delta,
+                         u32 n, u32 t_, u32 d_, u32 heads, u32 ld_in, u32 ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
+    attn_bwd_dq_d64_bf16_body<true>(q, k, v, out, lse, dout, dq, delta, n, t_, d_, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
 }
 
 // One query tile of dk and dv for a warp's 16 key rows (W = -1: a tile after the diagonal, every
@@ -311,11 +362,12 @@ extern "C" __global__ void __launch_bounds__(NT)
 // blocks W ..= 3). ld: the tile's lse (natural log) then delta, TR floats each. Non-finite dO or Q
 // on the warp's diagonal block: that k16 step on its own, first, as in the order of mma_ax (the
 // same bits for every row that does not see the non-finite queries).
-template <int W>
+template <int W, bool DROP = false>
 static __device__ __forceinline__ void dkdv_tile(float (&gk)[8][4], float (&gv)[8][4],
                                                  const u32 (&kf)[4][4], const u32 (&vf)[4][4],
                                                  u32 tq, u32 tdo, const float* ld, int lane,
-                                                 float sl2, int cols_left) {
+                                                 float sl2, int cols_left,
+                                                 const DropAt& da = DropAt{}) {
     constexpr bool diag = W >= 0;
     constexpr int jlo = diag ? W : 0;  // 16-query blocks before the warp's first key are masked
     const int g = lane >> 2, c = lane & 3;
@@ -333,8 +385,15 @@ static __device__ __forceinline__ void dkdv_tile(float (&gk)[8][4], float (&gv)[
             const int kl = g + 8 * (x >> 1), ql = 8 * j + 2 * c + (x & 1);
             const bool vis = (!diag || 16 * jlo + kl <= ql) && ql < cols_left;
             const float p = vis ? ex2_ftz(fmaf(s[j][x], sl2, -ld[ql] * ATB_LOG2E)) : 0.f;
-            s[j][x] = p;
-            dp[j][x] = vis ? p * (dp[j][x] - ld[TR + ql]) : 0.f;
+            if constexpr (DROP) {
+                // Rows are keys, columns queries: the mask's entry (query, key).
+                const float f = da.at(ql, kl);
+                s[j][x] = p * f;
+                dp[j][x] = vis ? p * (dp[j][x] * f - ld[TR + ql]) : 0.f;
+            } else {
+                s[j][x] = p;
+                dp[j][x] = vis ? p * (dp[j][x] - ld[TR + ql]) : 0.f;
+            }
         }
     u32 pf[4][4], dsf[4][4];
     c_to_a(pf, s);
@@ -356,11 +415,11 @@ static __device__ __forceinline__ void dkdv_tile(float (&gk)[8][4], float (&gv)[
 // dv = Pᵀ·dO, dk = scale·dSᵀ·Q. K and V fragments stay in registers. Two blocks per SM (244
 // registers, no spills) ran 1% faster than three (168 registers, 136 bytes spilled) on an H200
 // (B64 H6 T256), once each tile's case was compiled on its own (dkdv_tile).
-extern "C" __global__ void __launch_bounds__(NT, 2)
-    attn_bwd_dkdv_d64_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+template <bool DROP>
+static __device__ __forceinline__ void attn_bwd_dkdv_d64_bf16_body(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                            const float* __restrict__ lse, const bf16* __restrict__ dout,
                            const float* __restrict__ delta, bf16* __restrict__ dk, bf16* __restrict__ dv,
-                           u32 n, u32 t_, u32 d_, u32 heads, u32 ld_in, u32 ld_out, float scale) {
+                           u32 n, u32 t_, u32 d_, u32 heads, u32 ld_in, u32 ld_out, float scale, AttDrop dr) {
     __shared__ __align__(128) unsigned char smem[4 * TILE_BYTES];  // Q[2], dO[2]
     __shared__ __align__(16) float sLD[2][2][TR];                  // [buffer][lse, delta][query]
     (void)d_;
@@ -411,19 +470,35 @@ extern "C" __global__ void __launch_bounds__(NT, 2)
         }
         __syncthreads();
         const float* ld = &sLD[b][0][0];
+        const DropAt da{dr, seq, qt * TR, k0 + 16 * w, t};
         const int cols_left = t - qt * TR;  // queries of the tile inside the sequence: > ql
         if (qt > kt0) {
-            dkdv_tile<-1>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left);
+            dkdv_tile<-1, DROP>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left, da);
         } else {
             switch (w) {  // the diagonal tile, one compiled case a warp
-            case 0: dkdv_tile<0>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left); break;
-            case 1: dkdv_tile<1>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left); break;
-            case 2: dkdv_tile<2>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left); break;
-            default: dkdv_tile<3>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left); break;
+            case 0: dkdv_tile<0, DROP>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left, da); break;
+            case 1: dkdv_tile<1, DROP>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left, da); break;
+            case 2: dkdv_tile<2, DROP>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left, da); break;
+            default: dkdv_tile<3, DROP>(gk, gv, kf, vf, sQ + buf, sdO + buf, ld, lane, sl2, cols_left, da); break;
             }
         }
         __syncthreads();
     }
     store_rows(dk + base, gk, scale, scale, sQ, 16 * w, k0, t, li, lane);
     store_rows(dv + base, gv, 1.f, 1.f, sdO, 16 * w, k0, t, li, lane);
+}
+extern "C" __global__ void __launch_bounds__(NT, 2)
+    attn_bwd_dkdv_d64_bf16(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                           const float* __restrict__ lse, const bf16* __restrict__ dout,
+                           const float* __restrict__ delta, bf16* __restrict__ dk, bf16* __restrict__ dv,
+                           u32 n, u32 t_, u32 d_, u32 heads, u32 ld_in, u32 ld_out, float scale) {
+    attn_bwd_dkdv_d64_bf16_body<false>(q, k, v, lse, dout, delta, dk, dv, n, t_, d_, heads, ld_in, ld_out, scale, AttDrop{});
+}
+// attn_bwd_dkdv_d64_bf16 with attention dropout p > 0 (seed + *offset when offset is non-null).
+extern "C" __global__ void __launch_bounds__(NT, 2)
+    attn_bwd_dkdv_d64_bf16_drop(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                           const float* __restrict__ lse, const bf16* __restrict__ dout,
+                           const float* __restrict__ delta, bf16* __restrict__ dk, bf16* __restrict__ dv,
+                           u32 n, u32 t_, u32 d_, u32 heads, u32 ld_in, u32 ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
+    attn_bwd_dkdv_d64_bf16_body<true>(q, k, v, lse, dout, delta, dk, dv, n, t_, d_, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "nn_elem_io.cuh"
+#include "dropout_hash.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -543,25 +544,7 @@ static __device__ void affine_impl(const T* __restrict__ x, T* __restrict__ out,
     if (t < n) store(out, t, fmaf(mul, load(x, t), add));
 }
 
-// gpu_core::nn::elementwise::dropout_keep, bit for bit. Element i is kept when a 24-bit uniform
-// u_i >= t = ⌈p·2^24⌉. u_i's top 8 bits are byte i mod 8 of SplitMix64(seed, i / 8), so one
-// hash decides eight elements; its low 16 bits, the top 16 of SplitMix64(seed ^ DROPOUT_LOW_KEY,
-// i), are drawn only where that byte ties with t's top byte (one element in 256).
-#define DROPOUT_LOW_KEY 0xD1B54A32D192ED03ull
-
-// SplitMix64 of seed ^ (i·golden): the CPU's gpu_core::nn::elementwise::splitmix.
-static __device__ __forceinline__ u64 splitmix_at(u64 seed, u64 i) {
-    u64 z = seed ^ (i * 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-// The tie of element i: its low 16 bits against t's.
-static __device__ __noinline__ bool dropout_low_keep(u64 seed, u64 i, u32 t) {
-    return (u32)(splitmix_at(seed ^ DROPOUT_LOW_KEY, i) >> 48) >= (t & 0xFFFFu);
-}
-
+// The hash and its tie (dropout_hash.cuh): gpu_core::nn::elementwise::dropout_keep.
 // Keep flags of elements 8·u .. 8·u + 7: byte e of the result is 0xFF when element 8·u + e is
 // kept, else 0 (bytes 0..3 in .x). Byte-wise SIMD compares of the hash against t's top byte.
 static __device__ __forceinline__ uint2 dropout_keep8(u64 seed, u64 u, u32 t) {
@@ -646,9 +629,7 @@ static __device__ void dropout_impl(const T* __restrict__ x, T* __restrict__ out
     for (; u < n8; u += stride) run(u, load8(x, u));
     const u64 i = n8 * 8 + global_tid();
     if (i < n) {
-        const u32 b = (u32)(splitmix_at(seed, i >> 3) >> (8 * (i & 7))) & 0xFFu, tb = t >> 16;
-        const bool keep = b != tb ? b > tb : dropout_low_keep(seed, i, t);
-        store(out, i, keep ? load(x, i) * s : 0.0f);
+        store(out, i, dropout_keep1(seed, i, t) ? load(x, i) * s : 0.0f);
     }
 }
 

@@ -32,6 +32,7 @@ pub use error::{describe_driver_error, is_cooperative_launch_too_large};
 pub use gpu_core::probe::{cuda_device_count, cuda_is_available};
 pub use launch::{KernelArg, LaunchConfig, LaunchPath};
 pub use module::ImageKind;
+pub use nn::attention::DeviceAttnDropout;
 pub use nn::quant::{k_splits, matmul_quant_bound, qgemm_form, QgemmForm, FUSED_GEMM_MAX_ROWS};
 pub use nvrtc::UserKernel;
 pub use pool::{CudaBuffer, PoolStats};

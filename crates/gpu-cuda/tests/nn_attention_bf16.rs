@@ -232,11 +232,11 @@ fn run_gpu(gpu: &CudaBackend, qkv: &[bf16], dout: &[bf16], p: Packed, scale: f32
         nan_bf(p.b * p.t * p.c()),
         gpu.upload(&vec![f32::NAN; p.n() * p.t]).unwrap(),
     );
-    gpu.causal_attention_packed_bf16_fwd(&qkv_b, &mut out, &mut lse, p, scale)
+    gpu.causal_attention_packed_bf16_fwd(&qkv_b, &mut out, &mut lse, p, scale, None)
         .unwrap();
     let dout_b = gpu.upload(dout).unwrap();
     let mut grad = nan_bf(qkv.len());
-    gpu.causal_attention_packed_bf16_bwd(&qkv_b, &out, &lse, &dout_b, &mut grad, p, scale)
+    gpu.causal_attention_packed_bf16_bwd(&qkv_b, &out, &lse, &dout_b, &mut grad, p, scale, None)
         .unwrap();
     Outputs {
         out: gpu.download::<bf16>(&out).unwrap(),
@@ -299,9 +299,10 @@ fn judge(
         b: batches.len(),
         ..p
     };
-    let (out, lse) = causal_attention_packed_bf16_fwd(qkv, p, scale).unwrap();
+    let (out, lse) = causal_attention_packed_bf16_fwd(qkv, p, scale, None).unwrap();
     // The backward reference takes the GPU's forward outputs, as the GPU backward does.
-    let grad = causal_attention_packed_bf16_bwd(qkv, &got.out, &got.lse, dout, p, scale).unwrap();
+    let grad =
+        causal_attention_packed_bf16_bwd(qkv, &got.out, &got.lse, dout, p, scale, None).unwrap();
     let (round, flush) = bounds(qkv, &got.out, &got.lse, dout, p, scale as f64);
     let sum = |a: &[f64], b: &[f64]| -> Vec<f64> {
         match terms {
@@ -428,8 +429,9 @@ fn the_bound_counts_flushed_subnormals_and_still_rejects_a_wrong_term() {
             draw();
         }
         let (qkv, dout) = draw();
-        let (out, lse) = causal_attention_packed_bf16_fwd(&qkv, p, scale).unwrap();
-        let exact = causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, p, scale).unwrap();
+        let (out, lse) = causal_attention_packed_bf16_fwd(&qkv, p, scale, None).unwrap();
+        let exact =
+            causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, p, scale, None).unwrap();
         let flushed = bwd_flushed(&qkv, &out, &lse, &dout, p, scale);
         // Some P_ij (or dS_ij) falls below F: the flushed gradient differs from the reference.
         assert!(exact != flushed, "seed {seed}: nothing flushed, no test");
@@ -609,9 +611,9 @@ fn gpu_bf16_attention_rejects_bad_arguments() {
     let f32b = |len: usize| gpu.allocate(DType::F32, len).unwrap();
     let qkv = bf(p.b * p.t * 3 * c);
     let (mut out, mut lse, mut g) = (bf(p.b * p.t * c), f32b(n * p.t), bf(p.b * p.t * 3 * c));
-    gpu.causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, p, 0.125)
+    gpu.causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, p, 0.125, None)
         .unwrap();
-    gpu.causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &out, &mut g, p, 0.125)
+    gpu.causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &out, &mut g, p, 0.125, None)
         .unwrap();
     // Head dimensions other than 64: a typed error saying so.
     let p32 = Packed { d: 32, ..p };
@@ -621,24 +623,41 @@ fn gpu_bf16_attention_rejects_bad_arguments() {
         &mut lse,
         p32,
         0.125,
+        None,
     );
     assert!(
         matches!(&e, Err(GpuError::InvalidShape { reason, .. }) if reason.contains("d = 64")),
         "{e:?}"
     );
     // Wrong dtypes.
-    let e = gpu.causal_attention_packed_bf16_fwd(&f32b(qkv.len()), &mut out, &mut lse, p, 0.125);
+    let e =
+        gpu.causal_attention_packed_bf16_fwd(&f32b(qkv.len()), &mut out, &mut lse, p, 0.125, None);
     assert!(matches!(e, Err(GpuError::DTypeMismatch { .. })), "{e:?}");
     let mut lse_bf = bf(n * p.t);
-    let e = gpu.causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse_bf, p, 0.125);
+    let e = gpu.causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse_bf, p, 0.125, None);
     assert!(matches!(e, Err(GpuError::DTypeMismatch { .. })), "{e:?}");
-    let e =
-        gpu.causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &out, &mut f32b(g.len()), p, 0.125);
+    let e = gpu.causal_attention_packed_bf16_bwd(
+        &qkv,
+        &out,
+        &lse,
+        &out,
+        &mut f32b(g.len()),
+        p,
+        0.125,
+        None,
+    );
     assert!(matches!(e, Err(GpuError::DTypeMismatch { .. })), "{e:?}");
     // Wrong lengths.
-    let e = gpu.causal_attention_packed_bf16_fwd(&bf(qkv.len() - 1), &mut out, &mut lse, p, 0.125);
+    let e = gpu.causal_attention_packed_bf16_fwd(
+        &bf(qkv.len() - 1),
+        &mut out,
+        &mut lse,
+        p,
+        0.125,
+        None,
+    );
     assert!(matches!(e, Err(GpuError::ShapeMismatch { .. })), "{e:?}");
-    let e = gpu.causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &bf(7), &mut g, p, 0.125);
+    let e = gpu.causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &bf(7), &mut g, p, 0.125, None);
     assert!(matches!(e, Err(GpuError::ShapeMismatch { .. })), "{e:?}");
     // No heads, a non-finite scale, an overflowing shape.
     let e = gpu.causal_attention_packed_bf16_fwd(
@@ -647,23 +666,24 @@ fn gpu_bf16_attention_rejects_bad_arguments() {
         &mut lse,
         Packed { heads: 0, ..p },
         0.125,
+        None,
     );
     assert!(matches!(e, Err(GpuError::InvalidShape { .. })), "{e:?}");
-    let e = gpu.causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, p, f32::INFINITY);
+    let e = gpu.causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, p, f32::INFINITY, None);
     assert!(e.is_err());
     let huge = Packed {
         b: usize::MAX / 2,
         ..p
     };
     assert!(gpu
-        .causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, huge, 0.125)
+        .causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, huge, 0.125, None)
         .is_err());
     // Empty batch or sequence: nothing to do.
     for e in [Packed { b: 0, ..p }, Packed { t: 0, ..p }] {
         let (qkv0, mut o0, mut l0, mut g0) = (bf(0), bf(0), f32b(0), bf(0));
-        gpu.causal_attention_packed_bf16_fwd(&qkv0, &mut o0, &mut l0, e, 0.125)
+        gpu.causal_attention_packed_bf16_fwd(&qkv0, &mut o0, &mut l0, e, 0.125, None)
             .unwrap();
-        gpu.causal_attention_packed_bf16_bwd(&qkv0, &o0, &l0, &o0, &mut g0, e, 0.125)
+        gpu.causal_attention_packed_bf16_bwd(&qkv0, &o0, &l0, &o0, &mut g0, e, 0.125, None)
             .unwrap();
     }
 }

@@ -84,7 +84,7 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
     let qkv_b = up(gpu, &qkv);
     let (mut out, mut lse) = (poisoned(gpu, b * t * c), poisoned(gpu, n * t));
     let p = Packed { b, t, heads: h, d };
-    gpu.causal_attention_packed_fwd(&qkv_b, &mut out, &mut lse, p, scale)
+    gpu.causal_attention_packed_fwd(&qkv_b, &mut out, &mut lse, p, scale, None)
         .unwrap();
     assert_eq!(
         bits(&down(gpu, &out)),
@@ -98,7 +98,7 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
     );
     let mut dqkv = poisoned(gpu, b * t * 3 * c);
     let dout_b = up(gpu, &dout);
-    gpu.causal_attention_packed_bwd(&qkv_b, &out, &lse, &dout_b, &mut dqkv, p, scale)
+    gpu.causal_attention_packed_bwd(&qkv_b, &out, &lse, &dout_b, &mut dqkv, p, scale, None)
         .unwrap();
     let got = down(gpu, &dqkv);
     for (i, want) in [dq, dk, dv].iter().enumerate() {
@@ -143,7 +143,7 @@ fn gpu_packed_attention_rejects_bad_arguments() {
     let mut lse = poisoned(&gpu, b * h * t);
     let mut fwd = |qkv: &gpu_cuda::CudaBuffer, b, t, heads, d, s| {
         let p = Packed { b, t, heads, d };
-        gpu.causal_attention_packed_fwd(qkv, &mut out, &mut lse, p, s)
+        gpu.causal_attention_packed_fwd(qkv, &mut out, &mut lse, p, s, None)
     };
     let short = up(&gpu, &vec![0.5; b * t * 3 * c - 1]);
     let ints = gpu.upload(&vec![0u32; b * t * 3 * c]).unwrap();
@@ -163,12 +163,12 @@ fn gpu_packed_attention_rejects_bad_arguments() {
         "a refused call wrote"
     );
     let p = Packed { b, t, heads: h, d };
-    gpu.causal_attention_packed_fwd(&qkv, &mut out, &mut lse, p, 1.0)
+    gpu.causal_attention_packed_fwd(&qkv, &mut out, &mut lse, p, 1.0, None)
         .unwrap();
     let dout = up(&gpu, &vec![1.0; b * t * c]);
     let mut small = poisoned(&gpu, b * t * c);
     let e = gpu
-        .causal_attention_packed_bwd(&qkv, &out, &lse, &dout, &mut small, p, 1.0)
+        .causal_attention_packed_bwd(&qkv, &out, &lse, &dout, &mut small, p, 1.0, None)
         .unwrap_err();
     assert!(e.to_string().contains("dqkv"), "{e}");
 }

@@ -29,6 +29,8 @@ pub struct TrainArgs {
     pub heads: u32,
     #[arg(long, default_value_t = 384, value_parser = clap::value_parser!(u32).range(2..))]
     pub embd: u32,
+    /// Dropout probability in training, at nanoGPT's sites: the embeddings, the attention
+    /// probabilities and the two residual branches of every block.
     #[arg(long, default_value_t = 0.2)]
     pub dropout: f32,
     /// Peak learning rate.

@@ -1,7 +1,7 @@
 //! Device dispatch: the backend behind each [`Device`], and the transfer counter.
 
 use crate::storage::Storage;
-use gpu_core::nn::attention::Packed;
+use gpu_core::nn::attention::{AttnDropout, Packed};
 use gpu_core::nn::optim::AdamWConfig;
 use gpu_core::nn::NnOps;
 use gpu_core::{CpuBackend, Device, GpuError, Result};
@@ -40,7 +40,8 @@ pub(crate) trait DeviceBackend: NnOps {
         cfg: AdamWConfig,
         schedule: &Self::Buffer,
     ) -> Result<()>;
-    /// The backend's packed causal attention (`causal_attention_packed_fwd`).
+    /// The backend's packed causal attention (`causal_attention_packed_fwd`), with the
+    /// attention dropout `drop`.
     fn attention_packed_fwd(
         &self,
         qkv: &Self::Buffer,
@@ -48,6 +49,7 @@ pub(crate) trait DeviceBackend: NnOps {
         lse: &mut Self::Buffer,
         p: Packed,
         scale: f32,
+        drop: Option<PackedDrop<'_, Self::Buffer>>,
     ) -> Result<()>;
     /// The backend's packed causal attention backward (`causal_attention_packed_bwd`).
     #[allow(clippy::too_many_arguments)]
@@ -60,14 +62,50 @@ pub(crate) trait DeviceBackend: NnOps {
         dqkv: &mut Self::Buffer,
         p: Packed,
         scale: f32,
+        drop: Option<PackedDrop<'_, Self::Buffer>>,
     ) -> Result<()>;
 }
 
-/// Both backends' packed attention entry points, which share one signature. A bf16 `qkv`
-/// takes the bf16 kernels (CUDA: `causal_attention_packed_bf16_*`, tensor cores; CPU: their
-/// reference, `gpu_core::cpu::attention_bf16`).
+/// The attention dropout of a packed attention call, with the device seed offset of a
+/// [`crate::graph::with_dropout_offsets`] scope (entry `index` of `offsets`; CUDA only).
+pub(crate) struct PackedDrop<'a, B> {
+    pub drop: AttnDropout,
+    pub offset: Option<(&'a B, usize)>,
+}
+
+/// The CPU's attention dropout: a device seed offset is an error (as the elementwise dropout's).
+fn cpu_drop(
+    op: &'static str,
+    d: Option<PackedDrop<'_, gpu_core::CpuStorage>>,
+) -> Result<Option<AttnDropout>> {
+    match d {
+        None => Ok(None),
+        Some(PackedDrop {
+            offset: Some(_), ..
+        }) => Err(GpuError::invalid(
+            op,
+            "a device seed offset needs a CUDA tensor",
+        )),
+        Some(PackedDrop { drop, offset: None }) => Ok(Some(drop)),
+    }
+}
+
+/// CUDA's attention dropout.
+fn cuda_drop<'a>(
+    d: Option<PackedDrop<'a, gpu_cuda::CudaBuffer>>,
+) -> Option<gpu_cuda::DeviceAttnDropout<'a>> {
+    d.map(|d| gpu_cuda::DeviceAttnDropout {
+        drop: d.drop,
+        offset: d.offset,
+    })
+}
+
+/// Both backends' packed attention entry points (the same signature but for the dropout's
+/// device form: `$drop` maps it). A bf16 `qkv` takes the bf16 kernels (CUDA:
+/// `causal_attention_packed_bf16_*`, tensor cores; CPU: their reference,
+/// `gpu_core::cpu::attention_bf16`).
 macro_rules! packed_attention {
-    () => {
+    ($drop:expr) => {
         fn attention_packed_fwd(
             &self,
             qkv: &Self::Buffer,
@@ -75,11 +113,13 @@ macro_rules! packed_attention {
             lse: &mut Self::Buffer,
             p: Packed,
             scale: f32,
+            drop: Option<PackedDrop<'_, Self::Buffer>>,
         ) -> Result<()> {
+            let drop = $drop("causal_attention_packed_fwd", drop)?;
             if gpu_core::BufferInfo::dtype(qkv) == gpu_core::DType::BF16 {
-                return self.causal_attention_packed_bf16_fwd(qkv, out, lse, p, scale);
+                return self.causal_attention_packed_bf16_fwd(qkv, out, lse, p, scale, drop);
             }
-            self.causal_attention_packed_fwd(qkv, out, lse, p, scale)
+            self.causal_attention_packed_fwd(qkv, out, lse, p, scale, drop)
         }
         fn attention_packed_bwd(
             &self,
@@ -90,11 +130,14 @@ macro_rules! packed_attention {
             dqkv: &mut Self::Buffer,
             p: Packed,
             scale: f32,
+            drop: Option<PackedDrop<'_, Self::Buffer>>,
         ) -> Result<()> {
+            let drop = $drop("causal_attention_packed_bwd", drop)?;
             if gpu_core::BufferInfo::dtype(qkv) == gpu_core::DType::BF16 {
-                return self.causal_attention_packed_bf16_bwd(qkv, out, lse, dout, dqkv, p, scale);
+                return self
+                    .causal_attention_packed_bf16_bwd(qkv, out, lse, dout, dqkv, p, scale, drop);
             }
-            self.causal_attention_packed_bwd(qkv, out, lse, dout, dqkv, p, scale)
+            self.causal_attention_packed_bwd(qkv, out, lse, dout, dqkv, p, scale, drop)
         }
     };
 }
@@ -121,7 +164,7 @@ impl DeviceBackend for CpuBackend {
     fn wrap(buf: Self::Buffer) -> Storage {
         Storage::Cpu(buf)
     }
-    packed_attention!();
+    packed_attention!(cpu_drop);
     fn adamw_scheduled(
         &self,
         _: &mut [&mut Self::Buffer],
@@ -165,7 +208,7 @@ impl DeviceBackend for CudaBackend {
     fn wrap(buf: Self::Buffer) -> Storage {
         Storage::Cuda(buf)
     }
-    packed_attention!();
+    packed_attention!(|_: &'static str, d| -> Result<_> { Ok(cuda_drop(d)) });
     fn adamw_scheduled(
         &self,
         params: &mut [&mut Self::Buffer],

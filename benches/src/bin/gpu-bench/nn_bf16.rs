@@ -170,7 +170,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     // outlasts its kernels).
     let us = b.time_graph(|_| {
         b.gpu
-            .causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, p, scale)
+            .causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, p, scale, None)
     })?;
     rows.push(row(
         "attn_fwd_bf16",
@@ -183,7 +183,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let mut dqkv = b.gpu.allocate(DType::BF16, p.b * p.t * 3 * p.c())?;
     let us = b.time_graph(|_| {
         b.gpu
-            .causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, &mut dqkv, p, scale)
+            .causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, &mut dqkv, p, scale, None)
     })?;
     rows.push(row(
         "attn_bwd_bf16",

@@ -3,7 +3,7 @@
 
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
-use crate::nn::attention::{check_bwd, check_fwd, AttentionOps};
+use crate::nn::attention::{check_bwd, check_fwd, AttentionOps, AttnDropout};
 use rayon::prelude::*;
 
 impl AttentionOps for CpuBackend {
@@ -37,7 +37,7 @@ impl AttentionOps for CpuBackend {
                 .for_each_init(scratch, |scratch, (b, (out, lse))| {
                     let span = b * seq..(b + 1) * seq;
                     let (q, k, v) = (&q[span.clone()], &k[span.clone()], &v[span]);
-                    fast::attention::fwd_seq(isa, q, k, v, out, lse, (t, d, scale), scratch);
+                    fast::attention::fwd_seq(isa, q, k, v, out, lse, (t, d, scale), scratch, None);
                 });
             return Ok(());
         }
@@ -47,9 +47,8 @@ impl AttentionOps for CpuBackend {
                 &widen(&q[span.clone()]),
                 &widen(&k[span.clone()]),
                 &widen(&v[span]),
-                t,
-                d,
-                scale as f64,
+                (t, d, scale as f64),
+                None,
             );
             narrow(&o, out);
             narrow(&l, lse);
@@ -105,7 +104,7 @@ impl AttentionOps for CpuBackend {
                         &lse[b * t..(b + 1) * t],
                         &dout[s],
                     );
-                    fast::attention::bwd_seq(isa, x, (dq, dk, dv), (t, d, scale), scratch);
+                    fast::attention::bwd_seq(isa, x, (dq, dk, dv), (t, d, scale), scratch, None);
                 });
             return Ok(());
         }
@@ -121,9 +120,8 @@ impl AttentionOps for CpuBackend {
                     lse: &widen(&lse[b * t..(b + 1) * t]),
                     dout: &w(dout),
                 },
-                t,
-                d,
-                scale as f64,
+                (t, d, scale as f64),
+                None,
             );
             narrow(&grads.0, dq);
             narrow(&grads.1, dk);
@@ -170,14 +168,33 @@ fn dots(a: &[f64], rows: &[f64], out: &mut [f64]) {
     }
 }
 
-/// Causal attention of one sequence in f64: returns `(out [t, d], lse [t])`.
+/// The attention dropout of one sequence: `drop`'s mask of sequence `s`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SeqDrop {
+    pub drop: AttnDropout,
+    pub s: usize,
+}
+
+impl SeqDrop {
+    /// The factor of entry `(i, j)` of a sequence of length `t` (`1/(1 − p)` in f32, or 0).
+    pub fn factor(self, i: usize, j: usize, t: usize) -> f64 {
+        self.factor_f32(i, j, t) as f64
+    }
+
+    /// [`SeqDrop::factor`] in f32.
+    pub fn factor_f32(self, i: usize, j: usize, t: usize) -> f32 {
+        self.drop.factor(self.s, i, j, t)
+    }
+}
+
+/// Causal attention of one sequence in f64: returns `(out [t, d], lse [t])`; with `drop`, each
+/// probability times its mask factor before `P·V` (`lse` stays the undropped softmax's).
 pub(crate) fn fwd_seq_f64(
     q: &[f64],
     k: &[f64],
     v: &[f64],
-    t: usize,
-    d: usize,
-    scale: f64,
+    (t, d, scale): (usize, usize, f64),
+    drop: Option<SeqDrop>,
 ) -> (Vec<f64>, Vec<f64>) {
     let (mut out, mut lse) = (vec![0.0; t * d], vec![0.0; t]);
     let row = |i: usize| i * d..(i + 1) * d;
@@ -192,7 +209,10 @@ pub(crate) fn fwd_seq_f64(
         lse[i] = m + sum.ln();
         let o = &mut out[i * d..(i + 1) * d];
         for j in 0..=i {
-            let p = (s[j] - lse[i]).exp();
+            let mut p = (s[j] - lse[i]).exp();
+            if let Some(dr) = drop {
+                p *= dr.factor(i, j, t);
+            }
             for (oc, &vc) in o.iter_mut().zip(&v[row(j)]) {
                 *oc += p * vc;
             }
@@ -212,12 +232,15 @@ pub(crate) struct SeqF64<'a> {
 }
 
 /// Backward of one sequence in f64 (see [`AttentionOps::causal_attention_bwd`] on the CPU):
-/// returns `(dq, dk, dv)`, each `[t, d]`.
+/// returns `(dq, dk, dv)`, each `[t, d]`. With `drop` (factor `f_ij` of [`SeqDrop`]):
+/// `dv_j = Σ_i P_ij f_ij dout_i` and `dS_ij = P_ij (f_ij dout_i·v_j − D_i)`. `D_i` is still
+/// `dout_i·out_i` of the dropped output: `Σ_j P_ij f_ij (dout_i·v_j) = dout_i·Σ_j P_ij f_ij v_j
+/// = dout_i·out_i`, which is the `Σ_j P_ij dP_ij` of the softmax's backward with
+/// `dP_ij = f_ij dout_i·v_j`.
 pub(crate) fn bwd_seq_f64(
     x: &SeqF64<'_>,
-    t: usize,
-    d: usize,
-    scale: f64,
+    (t, d, scale): (usize, usize, f64),
+    drop: Option<SeqDrop>,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let row = |i: usize| i * d..(i + 1) * d;
     let (mut dq, mut dk, mut dv) = (vec![0.0; t * d], vec![0.0; t * d], vec![0.0; t * d]);
@@ -229,7 +252,14 @@ pub(crate) fn bwd_seq_f64(
         dots(doi, &x.v[..(i + 1) * d], &mut dov[..=i]);
         for j in 0..=i {
             let p = (scale * qk[j] - x.lse[i]).exp();
-            let ds = p * (dov[j] - delta);
+            // pd: the dropped probability (the factor of dout in dv); dov[j]·f: dP.
+            let (ds, pd) = match drop {
+                None => (p * (dov[j] - delta), p),
+                Some(dr) => {
+                    let f = dr.factor(i, j, t);
+                    (p * (dov[j] * f - delta), p * f)
+                }
+            };
             // `scale * ds * k` is `(scale * ds) * k`: hoisting the product changes no bit.
             let sds = scale * ds;
             let kj = &x.k[row(j)];
@@ -238,7 +268,7 @@ pub(crate) fn bwd_seq_f64(
             }
             let (dvj, dkj) = (&mut dv[row(j)], &mut dk[row(j)]);
             for c in 0..d {
-                dvj[c] += p * doi[c];
+                dvj[c] += pd * doi[c];
                 dkj[c] += sds * qi[c];
             }
         }
@@ -266,7 +296,7 @@ mod tests {
             };
             let (q, k, v, w) = (r(t * d), r(t * d), r(t * d), r(t * d));
             let scale = 0.7;
-            let (out, lse) = fwd_seq_f64(&q, &k, &v, t, d, scale);
+            let (out, lse) = fwd_seq_f64(&q, &k, &v, (t, d, scale), None);
             let seq = SeqF64 {
                 q: &q,
                 k: &k,
@@ -275,14 +305,17 @@ mod tests {
                 lse: &lse,
                 dout: &w,
             };
-            let (dq, dk, dv) = bwd_seq_f64(&seq, t, d, scale);
+            let (dq, dk, dv) = bwd_seq_f64(&seq, (t, d, scale), None);
             let h = 1e-6;
             for (which, grad) in [(0, &dq), (1, &dk), (2, &dv)] {
                 for e in 0..t * d {
                     let eval = |delta: f64| {
                         let mut xs = [q.clone(), k.clone(), v.clone()];
                         xs[which][e] += delta;
-                        loss(&fwd_seq_f64(&xs[0], &xs[1], &xs[2], t, d, scale).0, &w)
+                        loss(
+                            &fwd_seq_f64(&xs[0], &xs[1], &xs[2], (t, d, scale), None).0,
+                            &w,
+                        )
                     };
                     let fd = (eval(h) - eval(-h)) / (2.0 * h);
                     assert!(
@@ -302,7 +335,7 @@ mod tests {
             [0.5, 0.5, 1.0, -1.0],
             [3.0, 4.0, 5.0, 6.0],
         );
-        let (out, lse) = fwd_seq_f64(&q, &k, &v, 1, 4, 2.0);
+        let (out, lse) = fwd_seq_f64(&q, &k, &v, (1, 4, 2.0), None);
         assert_eq!(out, vec![3.0, 4.0, 5.0, 6.0]);
         assert!((lse[0] - 2.0 * (0.5 + 1.0 + 0.0 - 1.0)).abs() < 1e-15);
     }

@@ -14,6 +14,10 @@
 //!   `dS_ij = P_ij·(dout_i·v_j − Σ_c dout_ic·out_ic)`; `dq_i = bf16(scale·Σ_j bf16(dS_ij)·k_j)`,
 //!   `dk_j = bf16(scale·Σ_i bf16(dS_ij)·q_i)`, `dv_j = bf16(Σ_i bf16(P_ij)·dout_i)`.
 //!
+//! With attention dropout ([`AttnDropout`], factor `f_ij` = `1/(1 − p)` in f32 where kept,
+//! else 0): the forward's operand is `bf16(exp(s_ij − m_i)·f_ij)` (l_i stays undropped); the
+//! backward's `dS_ij = P_ij·(f_ij·dout_i·v_j − delta_i)` and `dv_j = bf16(Σ_i bf16(P_ij·f_ij)·dout_i)`.
+//!
 //! The kernels round P against their running row max rather than the final one and accumulate
 //! in f32, so a P or dS entry may differ from this reference by one bf16 ulp; and they take P
 //! from `ex2.approx.ftz`, which flushes a P below 2^-126 to 0 where this reference keeps the
@@ -22,7 +26,7 @@
 use super::widen::bf16_rne;
 use super::{CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
-use crate::nn::attention::{check_dims, Packed};
+use crate::nn::attention::{check_dims, AttnDropout, Packed};
 use half::bf16;
 
 /// The one head dimension the bf16 attention kernels support.
@@ -114,6 +118,11 @@ fn round(x: f64) -> f64 {
     bf16_rne(x).to_f64()
 }
 
+/// The dropout factor of entry `(i, j)` of sequence `s` (1 without dropout: `x·1` is exact).
+fn factor(drop: Option<AttnDropout>, s: usize, (i, j, t): (usize, usize, usize)) -> f64 {
+    drop.map_or(1.0, |d| d.factor(s, i, j, t) as f64)
+}
+
 /// Forward: `out` `[b, t, c]` (bf16) and `lse` `[b·heads, t]` (f32) from `qkv` `[b, t, 3c]`,
 /// with the kernels' rounding points (see the module docs).
 ///
@@ -123,9 +132,11 @@ pub fn causal_attention_packed_bf16_fwd(
     qkv: &[bf16],
     p: Packed,
     scale: f32,
+    drop: Option<AttnDropout>,
 ) -> Result<(Vec<bf16>, Vec<f32>)> {
     const OP: &str = "causal_attention_packed_bf16_fwd";
     let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
+    let drop = AttnDropout::active(drop, OP)?;
     check_len(OP, "qkv", qkv.len(), e_qkv)?;
     let (t, d) = (p.t, p.d);
     let mut out = vec![bf16::ZERO; e_out];
@@ -145,7 +156,8 @@ pub fn causal_attention_packed_bf16_fwd(
                 for (j, &sj) in s.iter().enumerate() {
                     let e = (sj - m).exp();
                     l += e;
-                    let pr = round(e);
+                    let f = factor(drop, bi * p.heads + h, (i, j, t));
+                    let pr = round(e * f);
                     for (acc, &vx) in oi.iter_mut().zip(&v[j * d..][..d]) {
                         *acc += pr * vx;
                     }
@@ -172,9 +184,11 @@ pub fn causal_attention_packed_bf16_bwd(
     dout: &[bf16],
     p: Packed,
     scale: f32,
+    drop: Option<AttnDropout>,
 ) -> Result<Vec<bf16>> {
     const OP: &str = "causal_attention_packed_bf16_bwd";
     let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
+    let drop = AttnDropout::active(drop, OP)?;
     check_len(OP, "qkv", qkv.len(), e_qkv)?;
     check_len(OP, "out", out.len(), e_out)?;
     check_len(OP, "dout", dout.len(), e_out)?;
@@ -195,8 +209,9 @@ pub fn causal_attention_packed_bf16_bwd(
                 for j in 0..=i {
                     let (kj, vj) = (&k[j * d..][..d], &v[j * d..][..d]);
                     let pij = (scale * dot(qi, kj) - li).exp();
-                    let ds = round(pij * (dot(gi, vj) - delta));
-                    let pr = round(pij);
+                    let f = factor(drop, bi * p.heads + h, (i, j, t));
+                    let ds = round(pij * (dot(gi, vj) * f - delta));
+                    let pr = round(pij * f);
                     for x in 0..d {
                         gq[i * d + x] += ds * kj[x];
                         gk[j * d + x] += ds * qi[x];
@@ -224,11 +239,12 @@ impl CpuBackend {
         lse: &mut CpuStorage,
         p: Packed,
         scale: f32,
+        drop: Option<AttnDropout>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_bf16_fwd";
         let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
         let qkv = bf16_slice(OP, "qkv", qkv, e_qkv)?;
-        let (o, l) = causal_attention_packed_bf16_fwd(qkv, p, scale)?;
+        let (o, l) = causal_attention_packed_bf16_fwd(qkv, p, scale, drop)?;
         match (out, lse) {
             (CpuStorage::BF16(out), CpuStorage::F32(lse))
                 if out.len() == e_out && lse.len() == e_lse =>
@@ -254,6 +270,7 @@ impl CpuBackend {
         dqkv: &mut CpuStorage,
         p: Packed,
         scale: f32,
+        drop: Option<AttnDropout>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_bf16_bwd";
         let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
@@ -271,7 +288,7 @@ impl CpuBackend {
         };
         match dqkv {
             CpuStorage::BF16(g) if g.len() == e_qkv => {
-                let r = causal_attention_packed_bf16_bwd(qkv, out, lse, dout, p, scale)?;
+                let r = causal_attention_packed_bf16_bwd(qkv, out, lse, dout, p, scale, drop)?;
                 g.copy_from_slice(&r);
                 Ok(())
             }
@@ -332,7 +349,7 @@ mod tests {
         let qkv: Vec<bf16> = (0..192)
             .map(|i| bf16::from_f32((i % 7) as f32 * 0.25 - 0.5))
             .collect();
-        let (out, lse) = causal_attention_packed_bf16_fwd(&qkv, p, 0.125).unwrap();
+        let (out, lse) = causal_attention_packed_bf16_fwd(&qkv, p, 0.125, None).unwrap();
         assert_eq!(out, qkv[128..].to_vec());
         let s: f64 = (0..64)
             .map(|x| qkv[x].to_f64() * qkv[64 + x].to_f64())
@@ -343,7 +360,7 @@ mod tests {
         let dout: Vec<bf16> = (0..64)
             .map(|i| bf16::from_f32(i as f32 / 32.0 - 1.0))
             .collect();
-        let g = causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, p, 0.125).unwrap();
+        let g = causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, p, 0.125, None).unwrap();
         assert!(g[..128].iter().all(|x| x.to_f32() == 0.0));
         assert_eq!(g[128..].to_vec(), dout);
     }

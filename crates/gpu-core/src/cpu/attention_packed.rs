@@ -5,10 +5,10 @@
 //! the results are those of the permuted tensors, bit for bit, without the permute passes.
 //! Batches run in parallel (each owns its rows of every output).
 
-use super::attention::{bwd_seq_f64, fwd_seq_f64, SeqF64};
+use super::attention::{bwd_seq_f64, fwd_seq_f64, SeqDrop, SeqF64};
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
-use crate::nn::attention::{check_packed, Packed};
+use crate::nn::attention::{check_packed, AttnDropout, Packed};
 use rayon::prelude::*;
 
 /// Copies head `h` of block `blk` (0 q, 1 k, 2 v) of batch rows `x` (`t` rows of `w·c`) into
@@ -37,7 +37,9 @@ fn widen(x: &[f32]) -> Vec<f64> {
 impl CpuBackend {
     /// Packed causal attention forward: `qkv` `[b, t, 3c]` → `out` `[b, t, c]`, `lse`
     /// `[b·heads, t]`; the same bits as [`AttentionOps::causal_attention_fwd`] on the permuted
-    /// `[b·heads, t, d]` tensors.
+    /// `[b·heads, t, d]` tensors. `drop`: dropout of the attention probabilities
+    /// ([`AttnDropout`]; sequence `b·heads + h` of the mask); `None` or `p = 0` is the plain
+    /// attention, bit for bit.
     ///
     /// [`AttentionOps::causal_attention_fwd`]: crate::nn::AttentionOps::causal_attention_fwd
     pub fn causal_attention_packed_fwd(
@@ -47,8 +49,10 @@ impl CpuBackend {
         lse: &mut CpuStorage,
         p: Packed,
         scale: f32,
+        drop: Option<AttnDropout>,
     ) -> Result<()> {
         let _p = super::profile::scope("causal_attention_fwd");
+        let drop = AttnDropout::active(drop, "causal_attention_packed_fwd")?;
         check_packed(
             "causal_attention_packed_fwd",
             qkv,
@@ -82,13 +86,17 @@ impl CpuBackend {
                     let (q, kv) = qkv_s.split_at(seq);
                     let (k, v) = kv.split_at(seq);
                     let l = &mut lse[h * t..(h + 1) * t];
+                    let sd = drop.map(|drop| SeqDrop {
+                        drop,
+                        s: bi * p.heads + h,
+                    });
                     match fast {
                         Some(isa) => {
-                            fast::attention::fwd_seq(isa, q, k, v, o, l, (t, d, scale), tail)
+                            fast::attention::fwd_seq(isa, q, k, v, o, l, (t, d, scale), tail, sd)
                         }
                         None => {
-                            let (o64, l64) =
-                                fwd_seq_f64(&widen(q), &widen(k), &widen(v), t, d, scale as f64);
+                            let dims = (t, d, scale as f64);
+                            let (o64, l64) = fwd_seq_f64(&widen(q), &widen(k), &widen(v), dims, sd);
                             o.iter_mut().zip(&o64).for_each(|(a, &b)| *a = b as f32);
                             l.iter_mut().zip(&l64).for_each(|(a, &b)| *a = b as f32);
                         }
@@ -102,7 +110,8 @@ impl CpuBackend {
 
     /// The backward of [`CpuBackend::causal_attention_packed_fwd`]: `dqkv` (the layout of
     /// `qkv`) gets dq, dk and dv; the same bits as
-    /// [`AttentionOps::causal_attention_bwd`] on the permuted tensors.
+    /// [`AttentionOps::causal_attention_bwd`] on the permuted tensors; `drop` as the
+    /// forward's (the mask is regenerated from it).
     ///
     /// [`AttentionOps::causal_attention_bwd`]: crate::nn::AttentionOps::causal_attention_bwd
     #[allow(clippy::too_many_arguments)]
@@ -115,9 +124,11 @@ impl CpuBackend {
         dqkv: &mut CpuStorage,
         p: Packed,
         scale: f32,
+        drop: Option<AttnDropout>,
     ) -> Result<()> {
         let _p = super::profile::scope("causal_attention_bwd");
         let op = "causal_attention_packed_bwd";
+        let drop = AttnDropout::active(drop, op)?;
         check_packed(op, qkv, &[out, dout], lse, Some(&*dqkv), p, scale)?;
         let (qkv, out, lse, dout) = (qkv.as_f32()?, out.as_f32()?, lse.as_f32()?, dout.as_f32()?);
         let dqkv = dqkv.as_f32_mut()?;
@@ -147,6 +158,10 @@ impl CpuBackend {
                         let l = &lse[(bi * p.heads + h) * t..][..t];
                         let (dq, dkv) = grads.split_at_mut(seq);
                         let (dk, dv) = dkv.split_at_mut(seq);
+                        let sd = drop.map(|drop| SeqDrop {
+                            drop,
+                            s: bi * p.heads + h,
+                        });
                         match fast {
                             Some(isa) => {
                                 let xin = (s(0), s(1), s(2), s(3), l, s(4));
@@ -156,6 +171,7 @@ impl CpuBackend {
                                     (dq, dk, dv),
                                     (t, d, scale),
                                     tail,
+                                    sd,
                                 )
                             }
                             None => {
@@ -168,7 +184,7 @@ impl CpuBackend {
                                     lse: &widen(l),
                                     dout: &w[4],
                                 };
-                                let gr = bwd_seq_f64(&x64, t, d, scale as f64);
+                                let gr = bwd_seq_f64(&x64, (t, d, scale as f64), sd);
                                 for (dst, src) in
                                     [(&mut *dq, &gr.0), (&mut *dk, &gr.1), (&mut *dv, &gr.2)]
                                 {

@@ -229,3 +229,65 @@ pub fn check_packed<B: BufferInfo>(
     bufs.extend(dqkv.map(|g| ("dqkv", g, e_qkv)));
     check_buffers(op, &bufs)
 }
+
+/// Dropout of the attention probabilities (PyTorch's `scaled_dot_product_attention(dropout_p)`,
+/// nanoGPT's `attn_dropout`): with `P = softmax(scale·QKᵀ + causal mask)` per row, the output
+/// is `(P ∘ M / (1 − p))·V`, where the keep mask `M` over the visible entries `(i, j)`, `j <= i`,
+/// of sequence `s` is [`AttnDropout::keep`]: element `(s·t + i)·t + j` of an `[n, t, t]` array
+/// of the elementwise dropout's counter-based hash
+/// ([`dropout_keep`](crate::nn::elementwise::dropout_keep)), a pure function of
+/// `(seed, s, i, j)` (and `t`), so the backward regenerates it and no tiling changes it. The
+/// saved `lse` stays the undropped softmax's. The factor `1/(1 − p)` is rounded to f32 once, as
+/// the elementwise dropout's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnDropout {
+    /// The drop probability, in `[0, 1)`.
+    pub p: f32,
+    /// The mask's seed.
+    pub seed: u64,
+}
+
+impl AttnDropout {
+    /// The mask's index of entry `(s, i, j)` of sequences of length `t`: `(s·t + i)·t + j`,
+    /// wrapping in u64 (distinct for every entry while `n·t² <= 2^64`).
+    pub fn index(s: usize, i: usize, j: usize, t: usize) -> u64 {
+        let (s, i, j, t) = (s as u64, i as u64, j as u64, t as u64);
+        s.wrapping_mul(t)
+            .wrapping_add(i)
+            .wrapping_mul(t)
+            .wrapping_add(j)
+    }
+
+    /// Whether entry `(s, i, j)` (key `j` of query `i` of sequence `s`, sequences of length
+    /// `t`) is kept.
+    pub fn keep(&self, s: usize, i: usize, j: usize, t: usize) -> bool {
+        crate::nn::elementwise::dropout_keep(self.seed, Self::index(s, i, j, t), self.p)
+    }
+
+    /// `1/(1 − p)` rounded to f32 (the factor of a kept probability).
+    pub fn mul(&self) -> f32 {
+        1.0 / (1.0 - self.p)
+    }
+
+    /// The factor of entry `(s, i, j)`: [`AttnDropout::mul`] where kept, else 0.
+    pub fn factor(&self, s: usize, i: usize, j: usize, t: usize) -> f32 {
+        if self.keep(s, i, j, t) {
+            self.mul()
+        } else {
+            0.0
+        }
+    }
+
+    /// `None` for `None` or `p = 0` (no dropout: the plain kernels), else the dropout after
+    /// checking `p` is in `[0, 1)`.
+    pub fn active(drop: Option<AttnDropout>, op: &'static str) -> Result<Option<AttnDropout>> {
+        match drop {
+            Some(d) if !(0.0..1.0).contains(&d.p) => Err(GpuError::invalid(
+                op,
+                format!("attention dropout p must be in [0, 1), got {}", d.p),
+            )),
+            Some(d) if d.p > 0.0 => Ok(Some(d)),
+            _ => Ok(None),
+        }
+    }
+}

@@ -1,12 +1,71 @@
 //! [`AttentionOps`] on CUDA: the flash-attention kernels of `kernels/nn_attention.cu`.
 //! Forward: one launch. Backward: `attn_bwd_dq_*` (which also writes the per-row
-//! `delta = Σ dout ∘ out` into a pooled scratch buffer) then `attn_bwd_dkdv_*`.
+//! `delta = Σ dout ∘ out` into a pooled scratch buffer) then `attn_bwd_dkdv_*`. With attention
+//! dropout ([`DeviceAttnDropout`], `p > 0`) the `*_drop` twins of each kernel run.
 
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
-use gpu_core::nn::attention::{check_bwd, check_fwd, check_packed, AttentionOps, Packed};
+use gpu_core::nn::attention::{
+    check_bwd, check_fwd, check_packed, AttentionOps, AttnDropout, Packed,
+};
 use gpu_core::{Backend, DType, GpuError, Result};
+
+/// Attention dropout on CUDA ([`AttnDropout`]), with an optional device seed offset: the u64
+/// entry `index` of `offsets` (U32 pairs, low word first) is added to the seed when the kernels
+/// run, so a CUDA graph's replays draw new masks (as `CudaBackend::dropout_offset`). The
+/// reference is `AttnDropout { seed: seed + offsets[index], .. }` on any backend.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceAttnDropout<'a> {
+    pub drop: AttnDropout,
+    pub offset: Option<(&'a CudaBuffer, usize)>,
+}
+
+impl From<AttnDropout> for DeviceAttnDropout<'_> {
+    fn from(drop: AttnDropout) -> Self {
+        DeviceAttnDropout { drop, offset: None }
+    }
+}
+
+impl CudaBackend {
+    /// The `*_drop` kernels' trailing arguments `(float p, u64 seed, const u64* offset)` for an
+    /// active dropout (`p > 0`, checked in `[0, 1)`; the offset's entry checked as
+    /// `dropout_offset`'s), or `None` for the plain kernels (`None` or `p = 0`).
+    pub(crate) fn attn_drop_args(
+        &self,
+        op: &'static str,
+        drop: Option<DeviceAttnDropout<'_>>,
+    ) -> Result<Option<[KernelArg; 3]>> {
+        let Some(dd) = drop else { return Ok(None) };
+        let Some(d) = AttnDropout::active(Some(dd.drop), op)? else {
+            return Ok(None);
+        };
+        let ptr = match dd.offset {
+            Some((offsets, index)) => self.seed_offset_ptr(op, offsets, index)?,
+            None => 0,
+        };
+        Ok(Some([
+            KernelArg::F32(d.p),
+            KernelArg::U64(d.seed),
+            KernelArg::Ptr(ptr),
+        ]))
+    }
+}
+
+/// The kernel to launch: `name`, or its `_drop` twin with the dropout's arguments appended.
+pub(crate) fn with_drop(
+    name: &str,
+    args: &mut Vec<KernelArg>,
+    drop: &Option<[KernelArg; 3]>,
+) -> String {
+    match drop {
+        None => name.to_string(),
+        Some(d) => {
+            args.extend(d.iter().cloned());
+            format!("{name}_drop")
+        }
+    }
+}
 
 /// A kernel and its tile: `rows` rows of the sequence per block, `threads` threads per block.
 struct Tile {
@@ -144,7 +203,7 @@ impl AttentionOps for CudaBackend {
         let ptrs = [q, k, v].map(|b| KernelArg::Ptr(b.device_ptr()));
         // SAFETY: the plain layout over buffers of n·t·d f32 (q, k, v, out) and n·t (lse),
         // checked by check_fwd.
-        unsafe { self.attention_fwd(ptrs, out, lse, n, t, d, Layout::plain(d), scale) }
+        unsafe { self.attention_fwd(ptrs, out, lse, (n, t, d), Layout::plain(d), scale, None) }
     }
 
     fn causal_attention_bwd(
@@ -180,11 +239,10 @@ impl AttentionOps for CudaBackend {
                 lse,
                 dout,
                 grads,
-                n,
-                t,
-                d,
+                (n, t, d),
                 Layout::plain(d),
                 scale,
+                None,
             )
         }
     }
@@ -195,7 +253,9 @@ impl CudaBackend {
     /// its three column blocks (head `h` at columns `h·d..(h+1)·d` of each), as a GPT's
     /// `c_attn` makes it; `out` `[b, t, heads·d]` and `lse` `[b·heads, t]` are written. The
     /// same arithmetic as [`AttentionOps::causal_attention_fwd`] on the permuted
-    /// `[b·heads, t, d]` tensors (the same bits), without the permutes.
+    /// `[b·heads, t, d]` tensors (the same bits), without the permutes. `drop`: dropout of the
+    /// attention probabilities (sequence `b·heads + h` of the mask); `None` or `p = 0` runs the
+    /// plain kernels.
     pub fn causal_attention_packed_fwd(
         &self,
         qkv: &CudaBuffer,
@@ -203,10 +263,12 @@ impl CudaBackend {
         lse: &mut CudaBuffer,
         p: Packed,
         scale: f32,
+        drop: Option<DeviceAttnDropout<'_>>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_fwd";
         check_packed(OP, qkv, &[&*out], lse, None, p, scale)?;
         self.check_owned(OP, &[qkv, &*out, &*lse])?;
+        let drop = self.attn_drop_args(OP, drop)?;
         let (n, t, d, heads, layout) = (p.n(), p.t, p.d, p.heads, packed_layout(p));
         if n == 0 || t == 0 {
             return Ok(());
@@ -219,11 +281,10 @@ impl CudaBackend {
                 packed_ptrs(qkv, heads * d),
                 out,
                 lse,
-                n,
-                t,
-                d,
+                (n, t, d),
                 layout,
                 scale,
+                drop,
             )
         }
     }
@@ -231,7 +292,7 @@ impl CudaBackend {
     /// The backward of [`CudaBackend::causal_attention_packed_fwd`]: `dqkv` (the layout of
     /// `qkv`) gets dq, dk and dv in its three column blocks, from `out`, `lse` and `dout`
     /// `[b, t, heads·d]`. The same bits as [`AttentionOps::causal_attention_bwd`] on the
-    /// permuted tensors.
+    /// permuted tensors; `drop` as the forward's (the kernels regenerate the mask).
     #[allow(clippy::too_many_arguments)]
     pub fn causal_attention_packed_bwd(
         &self,
@@ -242,10 +303,12 @@ impl CudaBackend {
         dqkv: &mut CudaBuffer,
         p: Packed,
         scale: f32,
+        drop: Option<DeviceAttnDropout<'_>>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_bwd";
         check_packed(OP, qkv, &[out, dout], lse, Some(&*dqkv), p, scale)?;
         self.check_owned(OP, &[qkv, out, lse, dout, &*dqkv])?;
+        let drop = self.attn_drop_args(OP, drop)?;
         let (n, t, d, c, layout) = (p.n(), p.t, p.d, p.c(), packed_layout(p));
         if n == 0 || t == 0 {
             return Ok(());
@@ -259,40 +322,41 @@ impl CudaBackend {
                 lse,
                 dout,
                 grads,
-                n,
-                t,
-                d,
+                (n, t, d),
                 layout,
                 scale,
+                drop,
             )
         }
     }
 
     /// # Safety
     /// `qkv` point at q, k, v in `layout` for `n` sequences of `t` rows of `d` floats, `out`
-    /// and `lse` hold them in `layout` and `[n, t]`; all are this backend's, 16-byte aligned.
-    #[allow(clippy::too_many_arguments)]
+    /// and `lse` hold them in `layout` and `[n, t]`; all are this backend's, 16-byte aligned;
+    /// `drop` comes from [`CudaBackend::attn_drop_args`].
     unsafe fn attention_fwd(
         &self,
         qkv: [KernelArg; 3],
         out: &mut CudaBuffer,
         lse: &mut CudaBuffer,
-        n: usize,
-        t: usize,
-        d: usize,
+        (n, t, d): (usize, usize, usize),
         layout: Layout,
         scale: f32,
+        drop: Option<[KernelArg; 3]>,
     ) -> Result<()> {
         let tile = fwd_tile(d);
         let cfg = config("causal_attention_fwd", n, t, &tile)?;
         let mut args = qkv.to_vec();
         args.extend([out.into(), lse.into()]);
         args.extend(dims(n, t, d, layout, scale));
+        let kernel = with_drop(tile.kernel, &mut args, &drop);
         // SAFETY: attn_fwd_d{64,128}_f32(const float* q, k, v, float* out, float* lse, u32 n,
         // u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale) over n·ceil(t/rows)
         // blocks of `threads` threads (the kernel's tile); the pointers cover the layout (this
-        // function's contract); static shared memory only (<= 48 KiB).
-        unsafe { self.launch(tile.kernel, cfg, &args) }
+        // function's contract); static shared memory only (<= 48 KiB). The `_drop` twin takes
+        // (float p, u64 seed, const u64* offset) after them: p in (0, 1) and offset null or an
+        // 8-byte aligned u64 of this backend (attn_drop_args).
+        unsafe { self.launch(&kernel, cfg, &args) }
     }
 
     /// # Safety
@@ -306,11 +370,10 @@ impl CudaBackend {
         lse: &CudaBuffer,
         dout: &CudaBuffer,
         grads: [KernelArg; 3],
-        n: usize,
-        t: usize,
-        d: usize,
+        (n, t, d): (usize, usize, usize),
         layout: Layout,
         scale: f32,
+        drop: Option<[KernelArg; 3]>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_bwd";
         let (dq_tile, dkdv_tile) = bwd_tiles(d);
@@ -323,18 +386,21 @@ impl CudaBackend {
         let mut args = vec![q.clone(), k.clone(), v.clone()];
         args.extend([out.into(), lse.into(), dout.into(), dq, (&mut delta).into()]);
         args.extend(dims(n, t, d, layout, scale));
+        let kernel = with_drop(dq_tile.kernel, &mut args, &drop);
         // SAFETY: attn_bwd_dq_d{64,128}_f32(const float* q, k, v, out, lse, dout, float* dq,
         // float* delta, u32 n, u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale)
         // over n·ceil(t/rows) blocks of `threads` threads; the pointers cover the layout (this
-        // function's contract) and delta holds n·t (allocated above).
-        unsafe { self.launch(dq_tile.kernel, dq_cfg, &args) }?;
+        // function's contract) and delta holds n·t (allocated above). The `_drop` twin's
+        // trailing (float p, u64 seed, const u64* offset) as in attention_fwd.
+        unsafe { self.launch(&kernel, dq_cfg, &args) }?;
         let mut args = vec![q, k, v, lse.into(), dout.into(), (&delta).into(), dk, dv];
         args.extend(dims(n, t, d, layout, scale));
+        let kernel = with_drop(dkdv_tile.kernel, &mut args, &drop);
         // SAFETY: attn_bwd_dkdv_d{64,128}_f32(const float* q, k, v, lse, dout, delta,
         // float* dk, float* dv, u32 n, u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out,
         // float scale); as above; delta was written by the dq kernel queued before this one on
-        // the same stream.
-        unsafe { self.launch(dkdv_tile.kernel, dkdv_cfg, &args) }
+        // the same stream; the `_drop` twin as the dq kernel's.
+        unsafe { self.launch(&kernel, dkdv_cfg, &args) }
     }
 }
 
@@ -351,4 +417,34 @@ fn packed_layout(p: Packed) -> Layout {
 fn packed_ptrs(buf: &CudaBuffer, c: usize) -> [KernelArg; 3] {
     let p = buf.device_ptr();
     [0, 1, 2].map(|i| KernelArg::Ptr(if p == 0 { 0 } else { p + (4 * i * c) as u64 }))
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every attention kernel has its `_drop` twin in the embedded modules.
+    #[test]
+    fn every_attention_kernel_has_a_dropout_twin() {
+        let f32_kernels = [fwd_tile(64), fwd_tile(128)]
+            .into_iter()
+            .chain([64, 128].into_iter().flat_map(|d| {
+                let (a, b) = bwd_tiles(d);
+                [a, b]
+            }))
+            .map(|t| t.kernel);
+        let bf16 = [
+            "attn_fwd_d64_bf16",
+            "attn_bwd_dq_d64_bf16",
+            "attn_bwd_dkdv_d64_bf16",
+        ];
+        for k in f32_kernels.chain(bf16) {
+            for name in [k.to_string(), format!("{k}_drop")] {
+                assert!(
+                    gpu_kernels::module_of(&name).is_some(),
+                    "no embedded module defines {name}"
+                );
+            }
+        }
+    }
+
+    use super::{bwd_tiles, fwd_tile};
 }

@@ -2,8 +2,10 @@
 //! `kernels/nn_attention_bf16.cu` (head dimension 64). Forward: one launch. Backward:
 //! `attn_bwd_dq_d64_bf16` (which also writes the per-row `delta = Σ dout ∘ out` into a pooled
 //! f32 scratch buffer) then `attn_bwd_dkdv_d64_bf16`. The CPU reference, with the same rounding
-//! points, is `gpu_core::cpu::attention_bf16`.
+//! points, is `gpu_core::cpu::attention_bf16`. With attention dropout (`p > 0`) the `*_drop`
+//! twins of the kernels run.
 
+use super::attention::{with_drop, DeviceAttnDropout};
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
@@ -79,6 +81,7 @@ impl CudaBackend {
     /// (natural log) are written. f32 accumulation and softmax; the probabilities are rounded to
     /// bf16 for P·V and the output once (reference: `gpu_core::cpu::attention_bf16`). Head
     /// dimension `d = 64` only (other values are a typed error); any `b`, `t`, `heads >= 1`.
+    /// `drop`: dropout of the attention probabilities, as the f32 kernels'.
     pub fn causal_attention_packed_bf16_fwd(
         &self,
         qkv: &CudaBuffer,
@@ -86,6 +89,7 @@ impl CudaBackend {
         lse: &mut CudaBuffer,
         p: Packed,
         scale: f32,
+        drop: Option<DeviceAttnDropout<'_>>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_bf16_fwd";
         let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
@@ -98,6 +102,7 @@ impl CudaBackend {
             ],
         )?;
         self.check_owned(OP, &[qkv, &*out, &*lse])?;
+        let drop = self.attn_drop_args(OP, drop)?;
         if p.n() == 0 || p.t == 0 {
             return Ok(());
         }
@@ -105,14 +110,17 @@ impl CudaBackend {
         let mut args = packed_ptrs(qkv, p.c()).to_vec();
         args.extend([out.into(), lse.into()]);
         args.extend(dims(p, scale));
+        let kernel = with_drop("attn_fwd_d64_bf16", &mut args, &drop);
         // SAFETY: attn_fwd_d64_bf16(const bf16* q, k, v, bf16* out, float* lse, u32 n, u32 t,
         // u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale) over n·ceil(t/64) blocks of 128
         // threads. q, k, v point at column offsets 0, c, 2c of qkv, which holds b·t rows of
         // 3c = ld_in bf16; out holds b·t rows of c = ld_out bf16 and lse n·t f32 (checked
         // above); d = 64, so every row base the kernel forms is 16-byte aligned (256-byte
         // aligned pool bases, strides multiples of 64 elements); static shared memory only
-        // (40 KiB). out and lse are distinct (&mut) and written only.
-        unsafe { self.launch("attn_fwd_d64_bf16", cfg, &args) }
+        // (40 KiB). out and lse are distinct (&mut) and written only. The `_drop` twin takes
+        // (float p, u64 seed, const u64* offset) after them: p in (0, 1), offset null or an
+        // 8-byte aligned u64 of this backend (attn_drop_args).
+        unsafe { self.launch(&kernel, cfg, &args) }
     }
 
     /// The backward of [`CudaBackend::causal_attention_packed_bf16_fwd`]: `dqkv` (bf16, the
@@ -129,6 +137,7 @@ impl CudaBackend {
         dqkv: &mut CudaBuffer,
         p: Packed,
         scale: f32,
+        drop: Option<DeviceAttnDropout<'_>>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_bf16_bwd";
         let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
@@ -143,6 +152,7 @@ impl CudaBackend {
             ],
         )?;
         self.check_owned(OP, &[qkv, out, lse, dout, &*dqkv])?;
+        let drop = self.attn_drop_args(OP, drop)?;
         let (n, t, c) = (p.n(), p.t, p.c());
         if n == 0 || t == 0 {
             return Ok(());
@@ -155,21 +165,25 @@ impl CudaBackend {
         let mut args = vec![q.clone(), k.clone(), v.clone()];
         args.extend([out.into(), lse.into(), dout.into(), dq, (&mut delta).into()]);
         args.extend(dims(p, scale));
+        let kernel = with_drop("attn_bwd_dq_d64_bf16", &mut args, &drop);
         // SAFETY: attn_bwd_dq_d64_bf16(const bf16* q, k, v, out, const float* lse,
         // const bf16* dout, bf16* dq, float* delta, u32 n, u32 t, u32 d, u32 heads, u32 ld_in,
         // u32 ld_out, float scale) over n·ceil(t/64) blocks of 128 threads. q, k, v and dq point
         // at the column blocks of qkv and dqkv (b·t rows of 3c = ld_in bf16 each), out and dout
         // hold b·t rows of c = ld_out bf16, lse n·t f32 (checked above), delta n·t f32
         // (allocated above); 16-byte aligned rows as in the forward; 48 KiB of static shared
-        // memory. dqkv is distinct from every input (&mut) and written only.
-        unsafe { self.launch("attn_bwd_dq_d64_bf16", cfg, &args) }?;
+        // memory. dqkv is distinct from every input (&mut) and written only. The `_drop` twin's
+        // trailing arguments as the forward's.
+        unsafe { self.launch(&kernel, cfg, &args) }?;
         let mut args = vec![q, k, v, lse.into(), dout.into(), (&delta).into(), dk, dv];
         args.extend(dims(p, scale));
+        let kernel = with_drop("attn_bwd_dkdv_d64_bf16", &mut args, &drop);
         // SAFETY: attn_bwd_dkdv_d64_bf16(const bf16* q, k, v, const float* lse,
         // const bf16* dout, const float* delta, bf16* dk, bf16* dv, u32 n, u32 t, u32 d,
         // u32 heads, u32 ld_in, u32 ld_out, float scale); the same buffers and grid as above;
         // delta was written by the dq kernel queued before this one on the same stream; dk and
-        // dv are the other two column blocks of dqkv (disjoint from dq).
-        unsafe { self.launch("attn_bwd_dkdv_d64_bf16", cfg, &args) }
+        // dv are the other two column blocks of dqkv (disjoint from dq); the `_drop` twin as
+        // above.
+        unsafe { self.launch(&kernel, cfg, &args) }
     }
 }

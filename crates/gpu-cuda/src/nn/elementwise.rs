@@ -523,21 +523,32 @@ impl CudaBackend {
         (offsets, index): (&CudaBuffer, usize),
         out: &mut CudaBuffer,
     ) -> Result<()> {
+        let ptr = self.seed_offset_ptr("dropout_offset", offsets, index)?;
+        self.dropout_impl(x, p, seed, ptr, out)
+    }
+
+    /// The device address of u64 entry `index` of `offsets` (U32 pairs, low word first), after
+    /// checking the dtype, the bounds and that the buffer is this backend's: in bounds and
+    /// 8-byte aligned (256-byte aligned base, 8-byte entries).
+    pub(crate) fn seed_offset_ptr(
+        &self,
+        op: &'static str,
+        offsets: &CudaBuffer,
+        index: usize,
+    ) -> Result<u64> {
         let fits = index
             .checked_add(1)
             .and_then(|k| k.checked_mul(2))
             .is_some_and(|need| need <= offsets.len());
         if offsets.dtype() != DType::U32 || !fits {
             return Err(GpuError::shape(
-                "dropout_offset",
+                op,
                 format!("offsets of U32 pairs (u64s, low word first) with an entry {index}"),
                 format!("{} {}", offsets.len(), offsets.dtype()),
             ));
         }
-        self.check_owned("dropout_offset", &[offsets])?;
-        // In bounds (checked above); 8-byte aligned (256-byte aligned base, 8-byte entries).
-        let ptr = offsets.device_ptr() + 8 * index as u64;
-        self.dropout_impl(x, p, seed, ptr, out)
+        self.check_owned(op, &[offsets])?;
+        Ok(offsets.device_ptr() + 8 * index as u64)
     }
 
     fn dropout_impl(

@@ -1,7 +1,7 @@
 //! The NN operation families of `gpu_core::nn` on CUDA, one file per family, each launching the
 //! kernels of `kernels/nn_<family>.cu`.
 
-mod attention;
+pub(crate) mod attention;
 mod attention_bf16;
 mod decode;
 mod elementwise;

@@ -83,12 +83,14 @@ fn linear(vb: ParamBuilder<'_>, cfg: &GptConfig, i: usize, o: usize, std: f32) -
 }
 
 /// Causal self-attention: one `c_attn` projection to q, k, v, fused attention (RoPE on q and
-/// k for Llama), and the `c_proj` output projection.
+/// k for Llama) with nanoGPT's `attn_dropout` of the attention probabilities
+/// (`scaled_dot_product_attention(dropout_p)`), and the `c_proj` output projection.
 struct Attention {
     c_attn: Linear,
     c_proj: Linear,
     n_head: usize,
     rope: bool,
+    dropout: f32,
 }
 
 impl Attention {
@@ -99,19 +101,27 @@ impl Attention {
             c_proj: linear(vb.pp("c_proj"), cfg, c, c, proj_std)?,
             n_head: cfg.n_head,
             rope: cfg.variant == Variant::Llama,
+            dropout: cfg.dropout,
         })
     }
-}
 
-impl Module for Attention {
-    /// `x` `[b, t, c]`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The fused attention of `qkv` with the probabilities' dropout in `mode`.
+    fn attend(&self, qkv: &Tensor, mode: Mode) -> Result<Tensor> {
+        let (seed, training) = match mode {
+            Mode::Train { seed } => (seed, true),
+            Mode::Eval => (0, false),
+        };
+        qkv.causal_attention_packed_dropout(self.n_head, self.dropout, seed, training)
+    }
+
+    /// `x` `[b, t, c]`; `mode`: the attention dropout site's.
+    fn forward_t(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         let (nh, hd) = (self.n_head, c / self.n_head);
         let qkv = self.c_attn.forward(x)?; // [b, t, 3c]
         if !self.rope {
             // q, k, v read where they lie (no split or permute copies on CUDA).
-            return self.c_proj.forward(&qkv.causal_attention_packed(nh)?);
+            return self.c_proj.forward(&self.attend(&qkv, mode)?);
         }
         // RoPE on q and k (in f32, rounded back to qkv's dtype as PyTorch's autocast rounds
         // them for its attention), packed again beside v: the attention then runs the packed
@@ -127,7 +137,7 @@ impl Module for Attention {
         };
         let v = qkv.narrow(2, 2 * c, c)?;
         let qkv = Tensor::cat(&[&rotated(0)?, &rotated(1)?, &v], 2)?;
-        self.c_proj.forward(&qkv.causal_attention_packed(nh)?)
+        self.c_proj.forward(&self.attend(&qkv, mode)?)
     }
 }
 
@@ -163,7 +173,8 @@ impl Module for Mlp {
     }
 }
 
-/// A pre-norm transformer block: `x + drop(attn(norm1(x)))`, then `x + drop(mlp(norm2(x)))`.
+/// A pre-norm transformer block: `x + drop(attn(norm1(x)))` (with dropout of the attention
+/// probabilities inside `attn`), then `x + drop(mlp(norm2(x)))`.
 pub(crate) struct Block {
     norm1: Norm,
     attn: Attention,
@@ -185,9 +196,12 @@ impl Block {
         })
     }
 
-    /// `x` `[b, t, c]`; the two dropout sites take the next two seeds.
+    /// `x` `[b, t, c]`; the three dropout sites (the attention probabilities, then the two
+    /// residual branches, nanoGPT's order) take the next three seeds.
     pub(crate) fn forward(&self, x: &Tensor, seeds: &mut DropoutSeeds) -> Result<Tensor> {
-        let y = self.attn.forward(&self.norm1.forward(x)?)?;
+        let y = self
+            .attn
+            .forward_t(&self.norm1.forward(x)?, seeds.next_mode())?;
         let x = x.add(&self.drop.forward_t(&y, seeds.next_mode())?)?;
         let y = self.mlp.forward(&self.norm2.forward(&x)?)?;
         x.add(&self.drop.forward_t(&y, seeds.next_mode())?)

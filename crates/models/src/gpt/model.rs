@@ -25,7 +25,8 @@ pub struct GptConfig {
     pub n_layer: usize,
     pub n_head: usize,
     pub n_embd: usize,
-    /// Dropout probability in training (attention output, MLP output, embeddings).
+    /// Dropout probability in training, at nanoGPT's sites: the embeddings, the attention
+    /// probabilities, the attention and MLP outputs.
     pub dropout: f32,
     /// Biases in linear layers and LayerNorms (GPT-2 variant only).
     pub bias: bool,
@@ -299,9 +300,10 @@ impl Gpt {
         }
     }
 
-    /// The dropout sites of a forward pass: the embeddings' and two a block.
+    /// The dropout sites of a forward pass: the embeddings' and three a block (the attention
+    /// probabilities and the two residual branches).
     pub(crate) fn dropout_sites(&self) -> usize {
-        1 + 2 * self.blocks.len()
+        1 + 3 * self.blocks.len()
     }
 
     /// Mean cross-entropy of the next-token predictions for `x` against `y` (both `[b, t]`).
@@ -366,5 +368,23 @@ impl Gpt {
             }
             Ok(out)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The embeddings' site and three a block (the attention probabilities, the two residual
+    /// branches): what a captured step's seed offsets must cover.
+    #[test]
+    fn dropout_sites_count_the_attention_probabilities() {
+        let cfg = GptConfig {
+            n_layer: 3,
+            dropout: 0.1,
+            ..GptConfig::tiny(11)
+        };
+        let model = Gpt::new(cfg, 1, Device::Cpu).unwrap();
+        assert_eq!(model.dropout_sites(), 1 + 3 * 3);
     }
 }

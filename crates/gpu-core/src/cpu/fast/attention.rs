@@ -12,6 +12,7 @@
 
 use super::math::exp;
 use super::multiversion;
+use crate::cpu::attention::SeqDrop;
 use std::ops::Range;
 
 /// `dst[c·t + j] = src[j·d + c]`: a `[t, d]` matrix transposed to `[d, t]`.
@@ -192,12 +193,19 @@ fn fwd_rows<const N: usize>(
     lse: &mut [f32],
     (t, d, scale): (usize, usize, f32),
     s: &mut [f32],
+    drop: Option<SeqDrop>,
 ) {
     row_dots::<N>(&q[i0 * d..], kt, (t, d), padded(i0 + N - 1, t), s);
     let mut inv = [0.0f32; N];
     for (r, inv_r) in inv.iter_mut().enumerate() {
         let i = i0 + r;
         (*inv_r, lse[i]) = softmax_row(&mut s[r * t..=r * t + i], scale);
+        // Dropout after the softmax's sum: P·V takes the masked, rescaled probabilities.
+        if let Some(dr) = drop {
+            for (j, sj) in s[r * t..=r * t + i].iter_mut().enumerate() {
+                *sj *= dr.factor_f32(i, j, t);
+            }
+        }
     }
     let s = &*s;
     let pv = Terms {
@@ -215,7 +223,8 @@ fn fwd_rows<const N: usize>(
 }
 
 /// Forward of one sequence: `q`, `k`, `v`, `out` are `[t, d]`, `lse` is `[t]`; `scratch` holds
-/// at least [`fwd_scratch`] floats.
+/// at least [`fwd_scratch`] floats; `drop`: the attention dropout (the formulas of the f64
+/// reference `cpu::attention::fwd_seq_f64`).
 #[inline(always)]
 fn fwd_body(
     q: &[f32],
@@ -225,17 +234,18 @@ fn fwd_body(
     lse: &mut [f32],
     dims: (usize, usize, f32),
     scratch: &mut [f32],
+    drop: Option<SeqDrop>,
 ) {
     let (t, d, _) = dims;
     let (kt, s) = scratch.split_at_mut(t * d);
     transpose(k, kt, t, d);
     let mut i0 = 0;
     while i0 + R <= t {
-        fwd_rows::<R>(i0, q, kt, v, out, lse, dims, s);
+        fwd_rows::<R>(i0, q, kt, v, out, lse, dims, s, drop);
         i0 += R;
     }
     for i in i0..t {
-        fwd_rows::<1>(i, q, kt, v, out, lse, dims, s);
+        fwd_rows::<1>(i, q, kt, v, out, lse, dims, s, drop);
     }
 }
 
@@ -249,6 +259,7 @@ fn bwd_rows<const N: usize>(
     dq: &mut [f32],
     (t, d, scale): (usize, usize, f32),
     (pm, dsm): (&mut [f32], &mut [f32]),
+    drop: Option<SeqDrop>,
 ) {
     let (q, k, _, out, lse, dout) = x;
     let w = padded(i0 + N - 1, t);
@@ -258,10 +269,23 @@ fn bwd_rows<const N: usize>(
         let row = i * d..(i + 1) * d;
         let delta = super::rows::sum2(&dout[row.clone()], &out[row], |a, b| a * b);
         let (p, ds) = (&mut pm[i * t..=i * t + i], &mut dsm[i * t..=i * t + i]);
-        for (pj, dsj) in p.iter_mut().zip(ds.iter_mut()) {
-            *pj = exp(scale * *pj - lse[i]);
-            // dS·scale, the factor of both dq and dk.
-            *dsj = scale * (*pj * (*dsj - delta));
+        match drop {
+            None => {
+                for (pj, dsj) in p.iter_mut().zip(ds.iter_mut()) {
+                    *pj = exp(scale * *pj - lse[i]);
+                    // dS·scale, the factor of both dq and dk.
+                    *dsj = scale * (*pj * (*dsj - delta));
+                }
+            }
+            // dP = f·dout_i·v_j; pm keeps the dropped P·f, the factor of dout in dv.
+            Some(dr) => {
+                for (j, (pj, dsj)) in p.iter_mut().zip(ds.iter_mut()).enumerate() {
+                    let f = dr.factor_f32(i, j, t);
+                    *pj = exp(scale * *pj - lse[i]);
+                    *dsj = scale * (*pj * (*dsj * f - delta));
+                    *pj *= f;
+                }
+            }
         }
     }
     let dsm = &*dsm;
@@ -304,6 +328,7 @@ fn bwd_body(
     grads: (&mut [f32], &mut [f32], &mut [f32]),
     dims: (usize, usize, f32),
     scratch: &mut [f32],
+    drop: Option<SeqDrop>,
 ) {
     let (q, k, v, _, _, dout) = x;
     let (dq, dk, dv) = grads;
@@ -316,11 +341,11 @@ fn bwd_body(
     transpose(v, vt, t, d);
     let mut i0 = 0;
     while i0 + R <= t {
-        bwd_rows::<R>(i0, x, (kt, vt), dq, dims, (pm, dsm));
+        bwd_rows::<R>(i0, x, (kt, vt), dq, dims, (pm, dsm), drop);
         i0 += R;
     }
     for i in i0..t {
-        bwd_rows::<1>(i, x, (kt, vt), dq, dims, (pm, dsm));
+        bwd_rows::<1>(i, x, (kt, vt), dq, dims, (pm, dsm), drop);
     }
     let (pm, dsm) = (&*pm, &*dsm);
     let mut j0 = 0;
@@ -343,6 +368,7 @@ multiversion!(
         lse: &mut [f32],
         dims: (usize, usize, f32),
         scratch: &mut [f32],
+        drop: Option<SeqDrop>,
     ) => fwd_body
 );
 
@@ -353,5 +379,6 @@ multiversion!(
         grads: (&mut [f32], &mut [f32], &mut [f32]),
         dims: (usize, usize, f32),
         scratch: &mut [f32],
+        drop: Option<SeqDrop>,
     ) => bwd_body
 );

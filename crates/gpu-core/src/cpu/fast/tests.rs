@@ -11,6 +11,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 
 mod attention;
+mod attention_dropout;
 mod cross_entropy;
 mod linear;
 mod sgemm;
