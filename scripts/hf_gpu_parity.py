@@ -4,7 +4,7 @@
 usage: python3 scripts/hf_gpu_parity.py OUT_ROOT [--device cuda|cpu] [--small] [--only NAME]
                                         [--seed S] [--init-range R]
 
-For each of three configurations with the real hyper-parameters of Llama-3.2-1B, Qwen2.5-0.5B
+For each of four configurations with the real hyper-parameters of Llama-3.2-1B, Qwen2.5-0.5B
 and GPT-2 124M (written inline below; nothing is downloaded), builds a randomly initialised
 model with `transformers` (`AutoModelForCausalLM.from_config`, eager attention, float32,
 seeded, initialised on the CPU so that the weights do not depend on --device), saves it with
@@ -87,17 +87,18 @@ def configs(small, init_range):
                     num_hidden_layers=2, max_window_layers=2, bos_token_id=1, eos_token_id=2)
         gpt2.update(vocab_size=1000, n_embd=192, n_layer=2, bos_token_id=1, eos_token_id=2)
     # A Mistral-shaped model (the Llama 1B's sizes, no rope scaling) with a sliding window of
-    # 64 slots on every layer, shorter than the prompts: both CUDA attention paths windowed.
+    # 16 slots on every layer, shorter than the 32-token prompt: both CUDA attention paths
+    # (prefill and decode) windowed.
     mistral = {k: v for k, v in llama.items()
                if k not in ("rope_scaling", "attention_bias", "mlp_bias")}
-    mistral.update(rope_theta=10000.0, sliding_window=64, tie_word_embeddings=False)
+    mistral.update(rope_theta=10000.0, sliding_window=16, tie_word_embeddings=False)
     for c in (llama, qwen, gpt2, mistral):
         c["initializer_range"] = init_range
     return [
         ("llama-3.2-1b", 11, LlamaConfig(**llama), False),
         ("qwen2.5-0.5b", 12, Qwen2Config(**qwen), True),
         ("gpt2-124m", 13, GPT2Config(**gpt2), True),
-        ("mistral-sw64", 14, MistralConfig(**mistral), False),
+        ("mistral-sw16", 14, MistralConfig(**mistral), False),
     ]
 
 

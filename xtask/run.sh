@@ -11,7 +11,7 @@
 # --parity runs the PyTorch parity checks of the GPT (scripts/torch_parity.py; fp32, and bf16
 # against PyTorch's autocast) and of the GRU cell (scripts/torch_gru_parity.py).
 # --hf-parity builds random models with the real configs of Llama-3.2-1B, Qwen2.5-0.5B and
-# GPT-2 124M in transformers (hf_gpu_parity.py, on cuda, into $HF_PARITY_DIR or a temporary
+# GPT-2 124M, and a Mistral of the 1B's sizes with a 16-slot sliding window, in transformers (hf_gpu_parity.py, on cuda, into $HF_PARITY_DIR or a temporary
 # folder removed afterwards; ~8 GB) and checks each with `hybrid-trainer check-hf --device
 # cuda`: the prompt's logits within the stated f32 bound and the same 64 greedy tokens. Logs and
 # the PASS/FAIL lines (hf-parity-summary.txt) go to $OUT_DIR; $HF_PARITY_ARGS is passed to the
@@ -154,7 +154,7 @@ if [ "$hf_parity" = 1 ]; then
   python3 hf_gpu_parity.py "$hf_dir" --device cuda ${HF_PARITY_ARGS:-} 2>&1 | tee "$OUT_DIR/hf-parity-expected.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "!! hf_gpu_parity.py failed"; status=1; }
   : > "$OUT_DIR/hf-parity-summary.txt"
-  for m in llama-3.2-1b qwen2.5-0.5b gpt2-124m; do
+  for m in llama-3.2-1b qwen2.5-0.5b gpt2-124m mistral-sw16; do
     echo "== check-hf $m"
     if [ -f "$hf_dir/$m/expected.safetensors" ]; then
       # The reference engine (f32) and the fast engine (f32, bf16) on every model.
