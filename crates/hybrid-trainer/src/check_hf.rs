@@ -585,7 +585,8 @@ pub fn run_checks_of(
 
 /// `hybrid-trainer check-hf`: runs the checks; an error when any failed.
 pub fn run(device: Device, a: &CheckHfArgs) -> anyhow::Result<()> {
-    let (name, checks) = run_checks_of(&a.model, device, a.engine, a.dtype)?;
+    let (name, checks) = run_checks_of(&a.model, device, a.engine, a.dtype)
+        .map_err(|e| crate::nonfinite::name_the_cause(&a.model, e.into()))?;
     let failed = checks.iter().filter(|c| !c.pass).count();
     anyhow::ensure!(
         failed == 0,

@@ -176,7 +176,13 @@ pub fn export(a: &ExportArgs) -> Result<()> {
     Ok(())
 }
 
+/// `hybrid-trainer perplexity`; non-finite logits name their cause in the weights
+/// ([`crate::nonfinite`]).
 pub fn perplexity(device: Device, a: &PerplexityArgs) -> Result<()> {
+    score(device, a).map_err(|e| crate::nonfinite::name_the_cause(&a.model, e))
+}
+
+fn score(device: Device, a: &PerplexityArgs) -> Result<()> {
     let tok = Tokenizer::from_dir(&a.model)?;
     let text = tensor_ops::fsio::read_to_string(&a.text, "text", tensor_ops::fsio::TEXT_MAX)?;
     let mut ids = tok.encode(&text, false)?;
@@ -234,7 +240,13 @@ pub(crate) fn printed<'a>(row: &'a [u32], stop: &[u32]) -> &'a [u32] {
     }
 }
 
+/// `hybrid-trainer generate`; non-finite logits name their cause in the weights
+/// ([`crate::nonfinite`]).
 pub fn run(device: Device, a: &GenerateArgs) -> Result<()> {
+    generate(device, a).map_err(|e| crate::nonfinite::name_the_cause(&a.model, e))
+}
+
+fn generate(device: Device, a: &GenerateArgs) -> Result<()> {
     let sampler = Sampling {
         temperature: a.temperature,
         top_k: a.top_k,

@@ -19,6 +19,7 @@ pub mod hybrid;
 pub mod job;
 pub mod job_legacy;
 pub mod launch;
+pub mod nonfinite;
 pub mod parity;
 pub mod parity_gru;
 pub mod report;

@@ -2,6 +2,7 @@
 //! corrupt weights (non-finite logits) and generated ids the tokenizer lacks, on copies of the
 //! committed tiny checkpoints of `crates/models/tests/fixtures/hf`.
 
+use std::ops::Range;
 use std::path::PathBuf;
 
 use assert_cmd::Command;
@@ -44,11 +45,12 @@ fn ids(st: &SafeTensors, key: &str) -> Vec<u32> {
         .collect()
 }
 
-/// A copy of fixture `name` whose f32 tensor `tensor` holds `value` at element `at`.
-fn poisoned(name: &str, tensor: &str, at: usize, value: f32) -> tempfile::TempDir {
+/// A copy of fixture `name` (config, tokenizer, expectations) whose f32 tensor `tensor` holds
+/// `value` at the elements `at`.
+fn poisoned(name: &str, tensor: &str, at: Range<usize>, value: f32) -> tempfile::TempDir {
     let src = fixture(name);
     let tmp = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json"] {
+    for f in ["config.json", "tokenizer.json", "expected.safetensors"] {
         std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
     }
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
@@ -59,7 +61,9 @@ fn poisoned(name: &str, tensor: &str, at: usize, value: f32) -> tempfile::TempDi
         .map(|(n, v)| {
             let mut b = v.data().to_vec();
             if n == tensor {
-                b[at * 4..at * 4 + 4].copy_from_slice(&value.to_le_bytes());
+                for c in b[at.start * 4..at.end * 4].chunks_exact_mut(4) {
+                    c.copy_from_slice(&value.to_le_bytes());
+                }
             }
             (n, v.shape().to_vec(), b)
         })
@@ -79,7 +83,7 @@ fn poisoned(name: &str, tensor: &str, at: usize, value: f32) -> tempfile::TempDi
 #[test]
 fn corrupt_weights_are_refused_and_print_nothing() {
     for tensor in ["model.layers.0.self_attn.q_proj.weight", "lm_head.weight"] {
-        let tmp = poisoned("llama3", tensor, 0, f32::NAN);
+        let tmp = poisoned("llama3", tensor, 0..1, f32::NAN);
         let d = tmp.path().display().to_string();
         let base = ["--device", "cpu", "generate", "--model", &d];
         let base = base
@@ -108,11 +112,113 @@ fn corrupt_weights_are_refused_and_print_nothing() {
     }
 }
 
+/// The fixture's prompt (`expected.safetensors`) as text.
+fn prompt_of(name: &str) -> String {
+    let bytes = std::fs::read(fixture(name).join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    ids(&st, "input_ids").into_iter().map(char_of).collect()
+}
+
+/// The commands on a poisoned copy of llama3, each failing: `generate` (its prompt) on both
+/// engines, greedy and sampled, `perplexity` (of its prompt) on both, `check-hf`. Each's
+/// args and stderr; none printed the prompt or a perplexity on stdout.
+fn refusals(dir: &std::path::Path) -> Vec<(Vec<String>, String)> {
+    let (d, prompt) = (dir.display().to_string(), prompt_of("llama3"));
+    let text = dir.join("text.txt");
+    std::fs::write(&text, &prompt).unwrap();
+    let t = text.display().to_string();
+    let gen = [
+        "generate",
+        "--model",
+        &d,
+        "--prompt",
+        &prompt,
+        "--max-new-tokens",
+        "8",
+    ];
+    let ppl = ["perplexity", "--model", &d, "--text", &t];
+    let (fast, sampled) = (
+        ["--engine", "fast", "--dtype", "f32"],
+        ["--temperature", "0.8"],
+    );
+    let runs: [Vec<&str>; 7] = [
+        gen.to_vec(),
+        [&gen[..], &sampled].concat(),
+        [&gen[..], &fast].concat(),
+        [&gen[..], &fast, &sampled].concat(),
+        ppl.to_vec(),
+        [&ppl[..], &fast].concat(),
+        vec!["check-hf", "--model", &d],
+    ];
+    let run = |run: &Vec<&str>| {
+        let args: Vec<String> = ["--device", "cpu"]
+            .iter()
+            .chain(run)
+            .map(|s| s.to_string())
+            .collect();
+        let out = Command::new(binary()).args(&args).assert().failure();
+        let o = out.get_output();
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let printed = stdout.contains(&prompt) || stdout.contains("perplexity");
+        assert!(!printed, "{args:?}: printed {stdout:?}");
+        (args, String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    runs.iter().map(run).collect()
+}
+
+/// The error names the poisoned tensor and its count (a NaN in `q_proj`, a +inf in the
+/// embedding row of the prompt's first token, one NaN in `lm_head`) on every command.
+#[test]
+fn the_poisoned_tensor_is_named() {
+    let first = prompt_of("llama3").chars().next().unwrap();
+    let row = (u32::from(first) - 32) as usize * 64; // its row (hidden size 64)
+    let cases = [
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            0,
+            f32::NAN,
+            "1 NaN",
+        ),
+        ("model.embed_tokens.weight", row, f32::INFINITY, "1 +inf"),
+        ("lm_head.weight", 0, f32::NAN, "1 NaN"),
+    ];
+    for (tensor, at, value, count) in cases {
+        let tmp = poisoned("llama3", tensor, at..at + 1, value);
+        let named = format!("non-finite weight: tensor `{tensor}` holds {count}");
+        for (args, stderr) in refusals(tmp.path()) {
+            assert!(
+                stderr.contains("non-finite logits") && stderr.contains(&named),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+}
+
+/// Finite weights that overflow (1e38 across a row of `q_proj`): non-finite logits whose error
+/// names no tensor and says the weights are finite.
+#[test]
+fn overflowing_finite_weights_name_no_tensor() {
+    let tmp = poisoned(
+        "llama3",
+        "model.layers.0.self_attn.q_proj.weight",
+        0..64,
+        1e38,
+    );
+    for (args, stderr) in refusals(tmp.path()) {
+        assert!(
+            stderr.contains("non-finite logits")
+                && stderr.contains("every weight is finite: the activations overflowed")
+                && !stderr.contains("tensor `"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 /// `perplexity` of corrupt weights (one NaN in `lm_head`): a message naming the cause and a
 /// non-zero exit on both engines, never "perplexity NaN".
 #[test]
 fn perplexity_of_corrupt_weights_is_refused() {
-    let tmp = poisoned("llama3", "lm_head.weight", 0, f32::NAN);
+    let tmp = poisoned("llama3", "lm_head.weight", 0..1, f32::NAN);
     let d = tmp.path().display().to_string();
     let text = tmp.path().join("text.txt");
     std::fs::write(&text, "hello there, general").unwrap();

@@ -13,6 +13,9 @@ use thiserror::Error;
 use crate::config::{Architecture, ModelConfig, MODEL_DIR};
 use crate::expected::{expected_iter, is_ignored_buffer};
 
+mod scan;
+pub use scan::{first_non_finite, NonFiniteTensor};
+
 const SINGLE: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
 
