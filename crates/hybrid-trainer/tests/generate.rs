@@ -254,7 +254,7 @@ fn perplexity_and_quantized_runs_from_the_cli() {
         "--text",
         "/nonexistent/t.txt",
     ]);
-    assert!(err.contains("reading /nonexistent/t.txt"), "{err}");
+    assert!(err.contains("/nonexistent/t.txt does not exist"), "{err}");
 }
 
 #[test]
