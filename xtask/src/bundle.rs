@@ -180,14 +180,15 @@ pub fn build() -> Result<PathBuf> {
     }
     let size = dir_size(&dir)?;
     // Every test binary embeds the kernels, so the folder outgrows what a device call carries;
-    // the xz archive is what travels. One thread and -9 make one stream with a 64 MiB window
-    // that spans the repeats across binaries (~14 MB against ~60 MB for -T0 -6, whose blocks
-    // each start a fresh window), at ~2 minutes of one core.
+    // the xz archive is what travels. One thread makes one stream, and a 1 GiB window spans the
+    // repeats across many binaries (99 binaries, ~2 GB: 28 MB against 41.8 MB with -9's 64 MiB
+    // window, which no longer fit beside the 33 MB working tree under the device's 64 MiB); it
+    // needs ~11 GB of memory and ~6-10 minutes of one core, and 1 GiB to unpack.
     let archive = root.join("target/gpu-bundle.tar.xz");
     let status = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "tar cf - -C '{}' gpu-bundle | xz -T1 -9 > '{}'",
+            "tar cf - -C '{}' gpu-bundle | xz -T1 -9 --lzma2=preset=9,dict=1024MiB > '{}'",
             root.join("target").display(),
             archive.display()
         ))
