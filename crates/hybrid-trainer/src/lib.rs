@@ -23,6 +23,7 @@ pub mod nonfinite;
 pub mod parity;
 pub mod parity_gru;
 pub mod report;
+pub mod tensor_file;
 pub mod train_args;
 pub mod train_ckpt;
 pub mod train_curve;

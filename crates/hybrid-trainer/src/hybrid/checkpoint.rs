@@ -6,9 +6,9 @@
 use super::run::{Counters, Good, HostState, HybridTrainer, Span};
 use super::updates::Basis;
 use super::HybridError;
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+pub use crate::tensor_file::MODEL_FILE;
+use crate::tensor_file::{read_tensors, write_tensors, HostTensors, TensorFileError};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::path::Path;
 use tensor_ops::optim::AdamWState;
 use tensor_ops::Tensor;
@@ -16,8 +16,6 @@ use tensor_ops::Tensor;
 const TENSORS: &str = "trainer.safetensors";
 const WORLD: &str = "world_model.safetensors";
 const STATE: &str = "trainer.json";
-/// The model's weights alone, under their parameter names (loadable by `ParamStore::load`).
-pub const MODEL_FILE: &str = "model.safetensors";
 
 fn ck(e: impl std::fmt::Display) -> HybridError {
     HybridError::Checkpoint(e.to_string())
@@ -41,54 +39,13 @@ struct Saved {
     world_opt_step: Option<u32>,
 }
 
-/// Writes `(name, tensor)` pairs as safetensors (one host copy each).
-pub(crate) fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HybridError> {
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .iter()
-        .map(|(n, t)| {
-            let v = t.to_vec()?;
-            Ok((
-                n.clone(),
-                t.shape().to_vec(),
-                v.iter().flat_map(|f| f.to_le_bytes()).collect(),
-            ))
-        })
-        .collect::<Result<_, HybridError>>()?;
-    let views: Vec<(String, TensorView<'_>)> = bytes
-        .iter()
-        .map(|(n, s, b)| {
-            Ok((
-                n.clone(),
-                TensorView::new(Dtype::F32, s.clone(), b).map_err(ck)?,
-            ))
-        })
-        .collect::<Result<_, HybridError>>()?;
-    let out = safetensors::serialize(views, &None).map_err(ck)?;
-    std::fs::write(path, out).map_err(|e| ck(format!("{}: {e}", path.display())))
-}
-
-/// Host tensors by name: (shape, values).
-pub(crate) type HostTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
-
-/// Reads every f32 tensor of a safetensors file.
-pub(crate) fn read_tensors(path: &Path) -> Result<HostTensors, HybridError> {
-    let data =
-        tensor_ops::fsio::read(path, "checkpoint", tensor_ops::fsio::TENSORS_MAX).map_err(ck)?;
-    tensor_ops::nn::check_offsets(&data).map_err(|e| ck(format!("{}: {e}", path.display())))?;
-    let st = SafeTensors::deserialize(&data).map_err(ck)?;
-    let mut out = HashMap::new();
-    for (name, view) in st.tensors() {
-        if view.dtype() != Dtype::F32 {
-            return Err(ck(format!("{name}: {:?}, expected F32", view.dtype())));
+impl From<TensorFileError> for HybridError {
+    fn from(e: TensorFileError) -> Self {
+        match e {
+            TensorFileError::File(s) => HybridError::Checkpoint(s),
+            TensorFileError::Tensor(t) => HybridError::Tensor(t),
         }
-        let vals = view
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        out.insert(name, (view.shape().to_vec(), vals));
     }
-    Ok(out)
 }
 
 impl HybridTrainer {
