@@ -3,9 +3,9 @@
 //! device or data-parallel over several GPUs, one process each (`hybrid-trainer launch`, or any
 //! launcher that sets the `torch.distributed` environment: docs/multi-gpu.md).
 //!
-//! One loop ([`train`]) for every `--mode`: set-up ([`setup`]), then each iteration the mode's
+//! One loop (`train`) for every `--mode`: set-up (`setup`), then each iteration the mode's
 //! hook before the step, a checkpoint and an evaluation at their intervals, the step, the hook
-//! after it and a log line ([`steps`]); the hybrid and the LR range test are hooks ([`hook`]).
+//! after it and a log line (`steps`); the hybrid and the LR range test are hooks (`hook`).
 
 use crate::control::cli::TrainMode;
 use crate::control::world::ScalePredictor;
