@@ -4,9 +4,6 @@
 //! AdamW, `src/control/`), at the same given learning rate and seed, on the embedded
 //! tinyshakespeare or `--data FILE`; then a report that puts the two side by side
 //! ([`crate::report::compare`]: `report.md`, `report.json`, `report.png` under `--out`).
-//!
-//! The old per-step hybrid (predicted parameter updates) is `predict-updates`
-//! ([`crate::job_legacy`]).
 
 use crate::control::cli::TrainMode;
 use crate::corpus;
@@ -53,8 +50,8 @@ pub struct JobArgs {
     pub quiet: bool,
 }
 
-/// The small GPT both jobs train by default (4 layers × 4 heads × width 128, context 64, batch
-/// 12, no dropout) and its given rate: the flags the main job and `predict-updates` share.
+/// The small GPT the main job trains by default (4 layers × 4 heads × width 128, context 64,
+/// batch 12, no dropout) and its given rate.
 #[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
 pub struct SmallGpt {
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..))]
@@ -191,8 +188,8 @@ fn check(a: &JobArgs) -> Result<()> {
     let dist = tensor_ops::dist::DistEnv::from_env()?;
     ensure!(
         dist.is_none_or(|e| e.world_size == 1),
-        "the main job runs on one device (the hybrid is single-device); train-gpt and \
-         predict-updates run data-parallel"
+        "the main job runs on one device (the hybrid is single-device); train-gpt \
+         --mode adamw runs data-parallel"
     );
     Ok(())
 }

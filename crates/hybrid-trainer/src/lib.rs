@@ -1,8 +1,7 @@
-//! `hybrid-trainer`: the top layer of the workspace: the hybrid trainer (the step-size
-//! controller of [`control`], and the older per-step update predictor of [`hybrid`]), the main
-//! job ([`job`], what the CLI runs by default: the hybrid against AdamW; the old one is
-//! [`job_legacy`]) and experiment ([`experiment`]), with reports, the embedded corpus, the GPU
-//! demo and parity dumps.
+//! `hybrid-trainer`: the top layer of the workspace: the training driver ([`train_gpt`]), the
+//! hybrid trainer (the step-size controller of [`control`]), the main job ([`job`], what the
+//! CLI runs by default: the hybrid against AdamW) and experiment ([`experiment`]), with
+//! reports, the embedded corpus, the GPU demo and parity dumps.
 
 pub mod bench_generate;
 pub mod check_hf;
@@ -15,14 +14,13 @@ pub mod dist_selftest;
 pub mod experiment;
 pub mod generate;
 pub mod generate_fast;
-pub mod hybrid;
 pub mod job;
-pub mod job_legacy;
 pub mod launch;
 pub mod nonfinite;
 pub mod parity;
 pub mod parity_gru;
 pub mod report;
+pub mod tensor_file;
 pub mod train_args;
 pub mod train_ckpt;
 pub mod train_curve;

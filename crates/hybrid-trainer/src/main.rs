@@ -33,9 +33,6 @@ struct Cli {
 enum Cmd {
     /// The main job (the default): AdamW and the hybrid side by side; see the top-level flags.
     Run(hybrid_trainer::job::JobArgs),
-    /// The old main job, for comparison: the per-step hybrid that predicts parameter updates
-    /// (or a control), with checkpoints and resume.
-    PredictUpdates(hybrid_trainer::job_legacy::JobArgs),
     /// The hybrid against AdamW, its learning-rate sweep, an LR range test and the ablations
     /// on the protocol's workloads (docs/results.md).
     Experiment(hybrid_trainer::experiment::ExperimentArgs),
@@ -232,9 +229,6 @@ fn main() -> Result<()> {
         match cmd {
             Cmd::Run(args) => {
                 hybrid_trainer::job::run(device, &args)?;
-            }
-            Cmd::PredictUpdates(args) => {
-                hybrid_trainer::job_legacy::run(device, &args)?;
             }
             Cmd::Experiment(args) => {
                 hybrid_trainer::experiment::run(&device.to_string(), &args)?;

@@ -13,7 +13,7 @@
 //! device's), so with `--dropout > 0` a resume on another number of GPUs draws other masks for
 //! the rows that move to another rank.
 
-use crate::hybrid::checkpoint::{read_tensors, MODEL_FILE};
+use crate::tensor_file::{read_tensors, TensorFileError, MODEL_FILE};
 use anyhow::{bail, ensure, Context, Result};
 use models::gpt::Gpt;
 use serde::{Deserialize, Serialize};
@@ -43,7 +43,7 @@ pub struct TrainState {
     pub ranks: usize,
 }
 
-fn ck(e: crate::hybrid::HybridError) -> anyhow::Error {
+fn ck(e: TensorFileError) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
@@ -229,7 +229,7 @@ fn legacy_adamw(sub: &Path, model: &Gpt, step: u32) -> Result<OptimizerState> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hybrid::checkpoint::write_tensors;
+    use crate::tensor_file::write_tensors;
     use models::gpt::{GptConfig, Variant};
     use tensor_ops::optim::{AdamW, AdamWParams, ProdigyParams, ScheduleFreeParams};
     use tensor_ops::Device;

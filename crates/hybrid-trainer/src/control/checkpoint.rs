@@ -8,7 +8,7 @@ use super::hybrid::{ControlCosts, StepSizeHybrid};
 use super::probe::{SegmentStart, Weights};
 use super::world::{Gate, WorldSnapshot, FEATURES};
 use super::Controller;
-use crate::hybrid::checkpoint::{read_tensors, write_tensors};
+use crate::tensor_file::{read_tensors, write_tensors, HostTensors};
 use anyhow::{ensure, Context, Result};
 use models::gpt::{Dataset, Gpt};
 use serde::{Deserialize, Serialize};
@@ -50,11 +50,7 @@ fn named(prefix: &str, w: &Weights) -> Vec<(String, Tensor)> {
 }
 
 /// Reads `prefix.0 ..` back as tensors shaped like the model's parameters, on its device.
-fn unnamed(
-    host: &crate::hybrid::checkpoint::HostTensors,
-    prefix: &str,
-    model: &Gpt,
-) -> Result<Weights> {
+fn unnamed(host: &HostTensors, prefix: &str, model: &Gpt) -> Result<Weights> {
     let mut out = Vec::new();
     for (i, (name, p, _)) in model.parameters().into_iter().enumerate() {
         let key = format!("{prefix}.{i}");
@@ -72,7 +68,7 @@ fn unnamed(
 }
 
 /// The tensors `prefix.0`, `prefix.1`, … on the CPU (the world model's device), in order.
-fn host_list(host: &crate::hybrid::checkpoint::HostTensors, prefix: &str) -> Result<Vec<Tensor>> {
+fn host_list(host: &HostTensors, prefix: &str) -> Result<Vec<Tensor>> {
     let mut out = Vec::new();
     while let Some((shape, vals)) = host.get(&format!("{prefix}.{}", out.len())) {
         out.push(Tensor::from_vec(
