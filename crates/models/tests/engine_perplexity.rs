@@ -62,9 +62,6 @@ fn engine(name: &str, dtype: DType, capacity: usize, quant: Option<QuantKind>) -
 #[test]
 fn engine_perplexity_matches_the_reference() {
     for name in FIXTURES {
-        if !hf_fixture::present(name) {
-            continue;
-        }
         for quant in [None, Some(QuantKind::Int8), Some(QuantKind::Int4)] {
             let mut reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
             if let Some(kind) = quant {

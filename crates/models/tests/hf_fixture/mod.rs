@@ -29,25 +29,6 @@ pub fn root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf"))
 }
 
-/// The fixtures generated on a machine with torch after the others
-/// (`scripts/hf_fixtures.py --only mistral-sw,qwen2-sw`): skipped, with a printed reason,
-/// until their directories are committed.
-const PENDING: [&str; 2] = ["mistral-sw", "qwen2-sw"];
-
-/// Whether fixture `name` is there to test; prints why not when it is a pending one not yet
-/// generated.
-pub fn present(name: &str) -> bool {
-    let there = dir(name).join("expected.safetensors").is_file();
-    if !there && PENDING.contains(&name) {
-        eprintln!(
-            "skipping fixture {name}: not generated yet (run scripts/hf_fixtures.py --only \
-             mistral-sw,qwen2-sw on a machine with torch and commit the directories)"
-        );
-        return false;
-    }
-    true
-}
-
 /// The fixture directory `name`.
 pub fn dir(name: &str) -> PathBuf {
     root().join(name)
