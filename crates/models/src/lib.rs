@@ -24,7 +24,8 @@ pub mod weights;
 
 pub use cache::KvCache;
 pub use config::{
-    check_model_dir, Architecture, ConfigError, Gpt2Activation, ModelConfig, RopeScaling,
+    check_model_dir, Architecture, ConfigError, Gpt2Activation, LayerWindows, ModelConfig,
+    RopeScaling,
 };
 pub use engine::{perplexity_windows, Engine, EngineOptions};
 pub use error::{LogitsAt, ModelError};

@@ -93,7 +93,7 @@ impl Llama {
             let q = apply_rope(&heads(&l.q.forward(&a)?, cfg.num_heads)?, &cos, &sin)?;
             let k = apply_rope(&heads(&l.k.forward(&a)?, cfg.num_kv_heads)?, &cos, &sin)?;
             let v = heads(&l.v.forward(&a)?, cfg.num_kv_heads)?;
-            let mask = masks.get(cfg.layer_windows.get(i).copied().flatten())?;
+            let mask = masks.get(cfg.layer_windows.get(i))?;
             let y = cached_attention(&q, &k, &v, cache, &mask, cfg.attention_scale(i))?;
             x = x.add(&l.o.forward(&y)?)?;
             let m = x.rms_norm(&l.post_norm, eps)?;

@@ -103,15 +103,18 @@ fn bad_field(r: Result<ModelConfig, ConfigError>) -> &'static str {
     }
 }
 
+/// Every layer's window of `c`.
+fn windows(c: &ModelConfig) -> Vec<Option<usize>> {
+    c.layer_windows.first(c.num_layers)
+}
+
 #[test]
 fn sliding_window_layers() {
     // Mistral: every layer slides when the window is set.
     let c = parse(&with(common::MISTRAL_FULL, &[("sliding_window", json!(6))])).unwrap();
-    assert_eq!(c.layer_windows, [Some(6)]);
+    assert_eq!(windows(&c), [Some(6)]);
     assert_eq!(
-        parse(&with(common::MISTRAL_FULL, &[]))
-            .unwrap()
-            .layer_windows,
+        windows(&parse(&with(common::MISTRAL_FULL, &[])).unwrap()),
         [None]
     );
     // Qwen2 (2 layers here): only with use_sliding_window, from max_window_layers on.
@@ -129,19 +132,19 @@ fn sliding_window_layers() {
         ("use_sliding_window", json!(false)),
         ("max_window_layers", json!(0)),
     ]);
-    assert_eq!(off.unwrap().layer_windows, [None, None]);
+    assert_eq!(windows(&off.unwrap()), [None, None]);
     let on = qwen(&[
         ("use_sliding_window", json!(true)),
         ("max_window_layers", json!(1)),
     ]);
-    assert_eq!(on.unwrap().layer_windows, [None, Some(4)]);
+    assert_eq!(windows(&on.unwrap()), [None, Some(4)]);
     // layer_types rules.
     let types = json!(["sliding_attention", "full_attention"]);
     let ruled = qwen(&[
         ("use_sliding_window", json!(true)),
         ("layer_types", types.clone()),
     ]);
-    assert_eq!(ruled.unwrap().layer_windows, [Some(4), None]);
+    assert_eq!(windows(&ruled.unwrap()), [Some(4), None]);
     let m = with(
         common::MISTRAL_FULL,
         &[
@@ -149,7 +152,7 @@ fn sliding_window_layers() {
             ("layer_types", json!(["full_attention"])),
         ],
     );
-    assert_eq!(parse(&m).unwrap().layer_windows, [None]);
+    assert_eq!(windows(&parse(&m).unwrap()), [None]);
     // A sliding layer with no window (Qwen2's use_sliding_window false) is refused.
     assert_eq!(bad_field(qwen(&[("layer_types", types)])), "layer_types");
 }
@@ -182,4 +185,19 @@ fn bad_sliding_window_and_layer_types_are_refused() {
         );
         assert_eq!(bad_field(parse(&v)), "layer_types");
     }
+}
+
+/// Parsing stores the windows by rule, not per layer: a config claiming 2^50 layers (whose
+/// tensors the loader then finds missing) allocates nothing for them here. A per-layer list
+/// would ask for 2^54 bytes and abort.
+#[test]
+fn a_huge_layer_count_allocates_no_window_list() {
+    let layers = 1usize << 50;
+    let fields = [
+        ("num_hidden_layers", json!(layers)),
+        ("sliding_window", json!(4)),
+    ];
+    let c = parse(&with(common::MISTRAL_FULL, &fields)).unwrap();
+    assert_eq!(c.layer_windows.get(layers - 1), Some(4));
+    assert_eq!(c.layer_windows.get(0), Some(4));
 }

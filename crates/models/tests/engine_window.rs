@@ -100,7 +100,11 @@ fn engines_agree(name: &str, dir: &std::path::Path) {
 fn mistral_sliding_window_engines_agree() {
     let tmp = variant("mistral", &[("sliding_window", json!(5))]);
     let cfg = models::ModelConfig::from_dir(tmp.path()).unwrap();
-    assert!(cfg.layer_windows.iter().all(|w| *w == Some(5)));
+    assert!(cfg
+        .layer_windows
+        .first(cfg.num_layers)
+        .iter()
+        .all(|w| *w == Some(5)));
     engines_agree("mistral", tmp.path());
 }
 
@@ -117,6 +121,6 @@ fn qwen2_sliding_layers_engines_agree() {
     ];
     let tmp = variant("qwen2", &fields);
     let cfg = models::ModelConfig::from_dir(tmp.path()).unwrap();
-    assert_eq!(cfg.layer_windows, [None, Some(4)]);
+    assert_eq!(cfg.layer_windows.first(cfg.num_layers), [None, Some(4)]);
     engines_agree("qwen2", tmp.path());
 }

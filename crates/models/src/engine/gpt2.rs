@@ -187,7 +187,7 @@ impl Engine {
                 v,
                 start: &self.start,
                 slot: &self.slot,
-                window: cfg.layer_windows.get(l).copied().flatten(),
+                window: cfg.layer_windows.get(l),
             };
             let qkv = b.attn.apply(&b.ln_1.apply(&x, eps, dt)?)?;
             let q = qkv.rope_append(&w.no_rotation, view, cfg.num_heads, dt)?;

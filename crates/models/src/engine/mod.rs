@@ -221,7 +221,7 @@ impl Engine {
                 v,
                 start: &self.start,
                 slot: &self.slot,
-                window: cfg.layer_windows.get(i).copied().flatten(),
+                window: cfg.layer_windows.get(i),
             };
             let (sum, a) = x.add_rms_norm(pending.as_ref(), &l.input_norm, eps, dt)?;
             let mut qkv = l.qkv.apply(&a)?;

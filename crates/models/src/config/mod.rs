@@ -3,8 +3,11 @@
 use std::path::Path;
 
 use serde_json::{Map, Value};
+
+mod window;
 use tensor_ops::fsio::{self, FileError};
 use thiserror::Error;
+pub use window::LayerWindows;
 
 /// What [`fsio`]'s errors call a model directory.
 pub(crate) const MODEL_DIR: &str = "model directory";
@@ -128,11 +131,8 @@ pub struct ModelConfig {
     /// Whether layer `l`'s scores are also divided by `l + 1` (GPT-2's
     /// `scale_attn_by_inverse_layer_idx`; never for the Llama family).
     pub scale_attn_by_inverse_layer_idx: bool,
-    /// Each layer's sliding window `W` (`None`: full causal attention): a query at position
-    /// `q` sees keys `q − W < k ≤ q`, as `transformers`' `sliding_window_overlay`. From
-    /// `layer_types` when given, else Mistral's `sliding_window` (every layer) or Qwen2's
-    /// (`use_sliding_window`: layers from `max_window_layers` on).
-    pub layer_windows: Vec<Option<usize>>,
+    /// Which layers attend through a sliding window, and how wide ([`LayerWindows::get`]).
+    pub layer_windows: LayerWindows,
 }
 
 /// Why a `config.json` was refused.
@@ -176,7 +176,7 @@ pub enum ConfigError {
     },
 }
 
-type Obj = Map<String, Value>;
+pub(crate) type Obj = Map<String, Value>;
 
 impl ModelConfig {
     /// Reads `<dir>/config.json`.
@@ -254,7 +254,7 @@ impl ModelConfig {
     }
 }
 
-fn bad<T>(field: &'static str, reason: String) -> Result<T, ConfigError> {
+pub(crate) fn bad<T>(field: &'static str, reason: String) -> Result<T, ConfigError> {
     Err(ConfigError::BadField { field, reason })
 }
 
@@ -272,7 +272,7 @@ fn architecture_name(obj: &Obj) -> Result<&str, ConfigError> {
     }
 }
 
-fn opt_usize(obj: &Obj, key: &'static str) -> Result<Option<usize>, ConfigError> {
+pub(crate) fn opt_usize(obj: &Obj, key: &'static str) -> Result<Option<usize>, ConfigError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
@@ -282,7 +282,7 @@ fn opt_usize(obj: &Obj, key: &'static str) -> Result<Option<usize>, ConfigError>
     }
 }
 
-fn req_usize(obj: &Obj, key: &'static str) -> Result<usize, ConfigError> {
+pub(crate) fn req_usize(obj: &Obj, key: &'static str) -> Result<usize, ConfigError> {
     opt_usize(obj, key)?.ok_or(ConfigError::MissingField(key))
 }
 
@@ -296,7 +296,7 @@ fn opt_f64(obj: &Obj, key: &'static str) -> Result<Option<f64>, ConfigError> {
     }
 }
 
-fn opt_bool(obj: &Obj, key: &'static str, default: bool) -> Result<bool, ConfigError> {
+pub(crate) fn opt_bool(obj: &Obj, key: &'static str, default: bool) -> Result<bool, ConfigError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
@@ -346,7 +346,7 @@ fn head_dim(
     Ok(hidden / heads)
 }
 
-fn unsupported<T>(
+pub(crate) fn unsupported<T>(
     field: &'static str,
     value: &Value,
     reason: &'static str,
@@ -417,7 +417,7 @@ fn parse_llama_like(obj: &Obj, architecture: Architecture) -> Result<ModelConfig
         torch_dtype: torch_dtype(obj),
         eos_token_ids: eos_token_ids(obj)?,
         gpt2_activation: None,
-        layer_windows: layer_windows(obj, architecture)?,
+        layer_windows: window::parse(obj, architecture)?,
         scale_attn_weights: true,
         scale_attn_by_inverse_layer_idx: false,
     })
@@ -444,84 +444,12 @@ fn parse_gpt2(obj: &Obj) -> Result<ModelConfig, ConfigError> {
         torch_dtype: torch_dtype(obj),
         eos_token_ids: eos_token_ids(obj)?,
         gpt2_activation: Some(gpt2_activation(obj)?),
-        layer_windows: vec![None; req_usize(obj, "n_layer")?],
+        layer_windows: LayerWindows::None,
         scale_attn_weights: opt_bool(obj, "scale_attn_weights", true)?,
         // `reorder_and_upcast_attn` is accepted and ignored: it only computes the same
         // scores in f32 under autocast, and every score here is f32 already.
         scale_attn_by_inverse_layer_idx: opt_bool(obj, "scale_attn_by_inverse_layer_idx", false)?,
     })
-}
-
-/// The sliding window of every layer (see [`ModelConfig::layer_windows`]).
-fn layer_windows(obj: &Obj, arch: Architecture) -> Result<Vec<Option<usize>>, ConfigError> {
-    let layers = req_usize(obj, "num_hidden_layers")?;
-    let window = match opt_usize(obj, "sliding_window") {
-        Ok(Some(0)) => return bad("sliding_window", "a window of 0 sees no key".into()),
-        Ok(w) => w,
-        Err(_) => {
-            let v = &obj["sliding_window"];
-            return bad("sliding_window", format!("{v} is not a positive integer"));
-        }
-    };
-    let window = match arch {
-        // transformers' Qwen2Config drops the window unless use_sliding_window.
-        Architecture::Qwen2 if !opt_bool(obj, "use_sliding_window", false)? => None,
-        Architecture::Llama => match window {
-            None => None,
-            Some(w) => {
-                let reason = "LlamaForCausalLM has no sliding-window attention";
-                return unsupported("sliding_window", &Value::from(w), reason);
-            }
-        },
-        _ => window,
-    };
-    let sliding: Vec<bool> = match obj.get("layer_types") {
-        None | Some(Value::Null) => match arch {
-            Architecture::Qwen2 => {
-                let first = opt_usize(obj, "max_window_layers")?.unwrap_or(28);
-                (0..layers).map(|i| i >= first).collect()
-            }
-            _ => vec![true; layers],
-        },
-        Some(v) => layer_types(v, layers)?,
-    };
-    sliding
-        .into_iter()
-        .map(|s| match (s, window) {
-            (false, _) => Ok(None),
-            (true, Some(w)) => Ok(Some(w)),
-            (true, None) if obj.contains_key("layer_types") => bad(
-                "layer_types",
-                "a sliding_attention layer with no sliding window (sliding_window null, or \
-                 Qwen2's use_sliding_window false)"
-                    .into(),
-            ),
-            (true, None) => Ok(None),
-        })
-        .collect()
-}
-
-/// `layer_types`: one `"full_attention"` or `"sliding_attention"` per layer; whether each
-/// slides.
-fn layer_types(v: &Value, layers: usize) -> Result<Vec<bool>, ConfigError> {
-    let Some(list) = v.as_array() else {
-        return bad("layer_types", format!("{v} is not a list"));
-    };
-    if list.len() != layers {
-        let reason = format!("{} entries for {layers} layers", list.len());
-        return bad("layer_types", reason);
-    }
-    list.iter()
-        .map(|t| match t.as_str() {
-            Some("full_attention") => Ok(false),
-            Some("sliding_attention") => Ok(true),
-            _ => unsupported(
-                "layer_types",
-                t,
-                "entries must be full_attention or sliding_attention",
-            ),
-        })
-        .collect()
 }
 
 /// `activation_function`, `gelu_new` (transformers' GPT-2 default) when absent or null.
