@@ -105,10 +105,16 @@ pub struct TrainArgs {
     /// The optimizer (the hybrid wraps any of them).
     #[arg(long, value_enum, default_value_t = OptimizerKind::Adamw)]
     pub optimizer: OptimizerKind,
-    /// The rate's shape after the warm-up: cosine (decay to --min-lr at the end) or constant
-    /// (Schedule-Free AdamW's).
+    /// The rate's shape after the warm-up: cosine (decay to --min-lr at --lr-decay-iters, then
+    /// flat: a cosine to 50% of the run is `--lr-decay-iters` = iters/2), constant
+    /// (Schedule-Free AdamW's) or wsd (warm-up, stable at --lr, then a linear decay to
+    /// --min-lr over the last --decay-fraction of the run).
     #[arg(long, value_enum, default_value_t = Schedule::Cosine)]
     pub schedule: Schedule,
+    /// With `--schedule wsd`: the fraction of the run, at its end, over which the rate decays
+    /// linearly to --min-lr.
+    #[arg(long, default_value_t = 0.2)]
+    pub decay_fraction: f32,
     #[command(flatten)]
     pub control: ControlArgs,
     /// Which splits an evaluation measures.
@@ -151,6 +157,8 @@ impl TrainArgs {
 pub enum Schedule {
     Cosine,
     Constant,
+    /// Warm-up, stable, decay (linear, over the last `--decay-fraction` of the run).
+    Wsd,
 }
 
 /// nanoGPT's schedule: linear warm-up, cosine decay to `min_lr`, then flat (or flat at `lr`
@@ -159,8 +167,10 @@ pub fn learning_rate(a: &TrainArgs, it: u32) -> f32 {
     if it < a.warmup {
         return a.lr * (it as f32 + 1.0) / (a.warmup as f32 + 1.0);
     }
-    if a.schedule == Schedule::Constant {
-        return a.lr;
+    match a.schedule {
+        Schedule::Constant => return a.lr,
+        Schedule::Wsd => return wsd_rate(a, it),
+        Schedule::Cosine => {}
     }
     let decay_iters = a.decay_iters();
     if it > decay_iters {
@@ -168,4 +178,16 @@ pub fn learning_rate(a: &TrainArgs, it: u32) -> f32 {
     }
     let ratio = (it - a.warmup) as f32 / (decay_iters - a.warmup).max(1) as f32;
     a.min_lr + 0.5 * (1.0 + (std::f32::consts::PI * ratio).cos()) * (a.lr - a.min_lr)
+}
+
+/// The stable phase at `lr` until `iters · (1 − decay_fraction)` (rounded, never before the
+/// warm-up's end), then a linear decay reaching `min_lr` at the last iteration.
+fn wsd_rate(a: &TrainArgs, it: u32) -> f32 {
+    let f = a.decay_fraction.clamp(0.0, 1.0) as f64;
+    let start = ((a.iters as f64 * (1.0 - f)).round() as u32).max(a.warmup);
+    if it <= start || a.iters <= start {
+        return a.lr;
+    }
+    let t = ((it - start) as f32 / (a.iters - start) as f32).min(1.0);
+    a.min_lr + (a.lr - a.min_lr) * (1.0 - t)
 }

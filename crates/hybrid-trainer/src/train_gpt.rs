@@ -266,6 +266,47 @@ mod tests {
         assert_eq!(a.decay_iters(), 2000);
     }
 
+    /// The tuner's schedules (issue 41) at their key steps: cosine to 50% and 75% of a
+    /// 2000-step run (`--lr-decay-iters`: half-way at the middle of the decay, `min_lr` at its
+    /// end and flat after it), and warm-up–stable–decay (`lr` until step 1600, linear to
+    /// `min_lr` at 2000).
+    #[test]
+    fn cosine_to_a_fraction_and_wsd_give_their_rates_at_key_steps() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["t", "--data", "c.txt", "--iters", "2000", "--warmup", "100"];
+            argv.extend_from_slice(&["--lr", "1e-3", "--min-lr", "1e-4"]);
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).unwrap().args
+        };
+        let close = |x: f32, y: f32| (x - y).abs() <= 1e-5 * y;
+        for (decay, mid) in [(1000, 550), (1500, 800), (2000, 1050)] {
+            let a = parse(&["--lr-decay-iters", &decay.to_string()]);
+            assert!(close(learning_rate(&a, 100), 1e-3), "{decay}");
+            assert!(close(learning_rate(&a, mid), 5.5e-4), "{decay}: middle");
+            assert!(close(learning_rate(&a, decay), 1e-4), "{decay}: end");
+            if decay < 2000 {
+                assert_eq!(learning_rate(&a, 1999), a.min_lr, "{decay}: flat after it");
+            }
+            assert!(
+                learning_rate(&a, decay - 1) > 1e-4,
+                "{decay}: still decaying"
+            );
+        }
+        let a = parse(&["--schedule", "wsd"]);
+        assert!(close(learning_rate(&a, 50), 1e-3 * 51.0 / 101.0), "warm-up");
+        for (it, want) in [(100, 1e-3), (1000, 1e-3), (1600, 1e-3), (1800, 5.5e-4)] {
+            assert!(
+                close(learning_rate(&a, it), want),
+                "{it}: {}",
+                learning_rate(&a, it)
+            );
+        }
+        assert!(close(learning_rate(&a, 2000), 1e-4));
+        assert!(learning_rate(&a, 1601) < 1e-3);
+        let a = parse(&["--schedule", "wsd", "--decay-fraction", "0.5"]);
+        assert!(close(learning_rate(&a, 1000), 1e-3) && learning_rate(&a, 1001) < 1e-3);
+    }
+
     /// `--warmup 4294967295` overflowed `warmup + 1` (a panic in a debug build).
     #[test]
     fn learning_rate_with_the_largest_warmup_does_not_overflow() {

@@ -132,7 +132,7 @@ fn a_truthful_world_model_is_trusted_and_saves_probes() {
         .collect();
     let a = args_for(600, &["--mode", "hybrid"]).unwrap();
     let (_, told) = run_with_predictor(Device::Cpu, &a, Box::new(Scripted { scaled })).unwrap();
-    let (tc, pc) = (told.costs.unwrap(), plain.costs.unwrap());
+    let (tc, pc) = (told.costs.clone().unwrap(), plain.costs.clone().unwrap());
     assert!(tc.predicted > 0, "the gate never opened");
     assert!(tc.probe_forwards < pc.probe_forwards);
     let (m1, m2) = (
@@ -140,6 +140,71 @@ fn a_truthful_world_model_is_trusted_and_saves_probes() {
         plain.decisions.last().unwrap().multiplier,
     );
     assert!((m1 / m2 - 1.0).abs() < 0.02, "{m1} vs {m2}");
+    for run in [&told, &plain] {
+        probe_forwards_per_decision(run);
+    }
+}
+
+/// Every decision's probe-batch forwards, counted where they ran (2 probe batches): a
+/// measured line search 6 (the end weights, the average's end, the extrapolation: 3
+/// measurements), a predicted one 4 (no extrapolation), the first adapting decision 2 more
+/// (the average's start), a held-out rise checked on the training probes 4 more; and the
+/// decisions' counts add up to the run's (with the 2 of the first measurement).
+fn probe_forwards_per_decision(c: &RunCurve) {
+    let mut first = true;
+    let (mut measured, mut predicted) = (0, 0);
+    for d in c.decisions.iter().filter(|d| d.scale.is_some()) {
+        let want = if d.measured { 6 } else { 4 } + if first { 2 } else { 0 };
+        let want = want + if d.overfit { 4 } else { 0 };
+        assert_eq!(d.probe_forwards, want, "{d:?}");
+        (measured, predicted) = (measured + d.measured as u32, predicted + !d.measured as u32);
+        first = false;
+    }
+    assert!(measured > 0);
+    let sum: u64 = c.decisions.iter().map(|d| d.probe_forwards).sum();
+    assert_eq!(sum + 2, c.costs.as_ref().unwrap().probe_forwards);
+    let costs = c.costs.as_ref().unwrap();
+    assert_eq!((costs.measured, costs.predicted), (measured, predicted));
+}
+
+/// A run that overfits (a 2-layer GPT on 6 000 characters, 10 000 parameters a hundred
+/// training tokens): the hybrid's held-out probe loss turns and rises while the training
+/// loss keeps falling; the rises are recorded as overfitting, not rolled back into an error.
+#[test]
+fn an_overfitting_run_shows_the_held_out_loss_rising_under_a_falling_training_loss() {
+    let dir = std::env::temp_dir().join(format!("hybrid-overfit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("tiny.txt");
+    let text = hybrid_trainer::corpus::default_corpus().unwrap();
+    std::fs::write(&data, &text[..2000]).unwrap();
+    let argv = format!(
+        "t --layers 2 --heads 2 --embd 64 --block 32 --batch 8 --warmup 20 --iters 400 \
+         --eval-interval 50 --eval-iters 4 --sample 0 --log-interval 1000 --eval-fixed \
+         --seed 7 --lr 1e-2 --min-lr 1e-3 --dropout 0 --mode hybrid --adapt-until 1 --data {}",
+        data.display()
+    );
+    let a = Cli::try_parse_from(argv.split_whitespace()).unwrap().args;
+    let (_, c) = run_with_curve(Device::Cpu, &a).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let probe: Vec<(u32, f32)> = c.decisions.iter().map(|d| (d.step, d.probe_loss)).collect();
+    let (min_at, min) = probe
+        .iter()
+        .copied()
+        .min_by(|x, y| x.1.total_cmp(&y.1))
+        .unwrap();
+    let (end_at, end) = *probe.last().unwrap();
+    assert!(
+        end > min * 1.05 && end_at > min_at,
+        "held-out probe losses {probe:?}"
+    );
+    let train_at = |it: u32| c.evals.iter().find(|e| e.iter >= it).unwrap().train;
+    let (t0, t1) = (train_at(min_at), c.evals.last().unwrap().train);
+    assert!(
+        t1 < t0,
+        "training loss {t0} at step {min_at}, {t1} at the end"
+    );
+    assert!(c.decisions.iter().any(|d| d.overfit), "{:?}", c.decisions);
+    assert!(c.costs.as_ref().unwrap().overfit_checks > 0);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use gpu_core::nn::optim_adaptive::lerp_f64;
 use gpu_core::Device;
-use hybrid_trainer::control::probe::{ProbeSet, Weights};
+use hybrid_trainer::control::probe::{ProbeDraw, ProbeSet, ProbeSplit, Weights};
 use models::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::Precision;
 
@@ -28,6 +28,17 @@ fn model(ds: &Dataset, seed: u64, dev: Device) -> Gpt {
     Gpt::new(cfg, seed, dev).unwrap()
 }
 
+/// Two batches of 4 × 32 training tokens from seed 9.
+fn draw() -> ProbeDraw {
+    ProbeDraw {
+        split: ProbeSplit::Train,
+        n: 2,
+        batch: 4,
+        block: 32,
+        seed: 9,
+    }
+}
+
 fn bits(w: &Weights) -> Vec<Vec<u32>> {
     w.tensors()
         .iter()
@@ -41,7 +52,7 @@ fn points_along_a_line_are_measured_and_the_weights_restored() {
     let m = model(&ds, 3, Device::Cpu);
     let start = Weights::of(&model(&ds, 4, Device::Cpu)).unwrap();
     let end = Weights::of(&model(&ds, 5, Device::Cpu)).unwrap();
-    let probes = ProbeSet::new(&ds, (2, 4, 32), 9, &m, true).unwrap();
+    let probes = ProbeSet::new(&ds, draw(), &m, true).unwrap();
     assert!(!probes.graphed(), "no graphs on the CPU");
     let before = Weights::of(&m).unwrap();
     let got = probes
@@ -88,6 +99,8 @@ fn points_along_a_line_are_measured_and_the_weights_restored() {
         assert_eq!(got[i].to_bits(), want.to_bits(), "point {i} (s = {s})");
     }
     assert!(got[0] != got[1], "the points are different weights");
+    // Three points and three checks, two batches each, counted where they ran.
+    assert_eq!(probes.forwards_run(), 12);
 }
 
 #[test]
@@ -103,8 +116,8 @@ fn gpu_graphed_probes_give_the_eager_bits() {
         m.set_precision(precision).unwrap();
         let start = Weights::of(&model(&ds, seed ^ 1, dev)).unwrap();
         let end = Weights::of(&model(&ds, seed ^ 2, dev)).unwrap();
-        let graphed = ProbeSet::new(&ds, (2, 4, 32), 9, &m, true).unwrap();
-        let eager = ProbeSet::new(&ds, (2, 4, 32), 9, &m, false).unwrap();
+        let graphed = ProbeSet::new(&ds, draw(), &m, true).unwrap();
+        let eager = ProbeSet::new(&ds, draw(), &m, false).unwrap();
         assert!(graphed.graphed() && !eager.graphed());
         let before = Weights::of(&m).unwrap();
         let points = [
@@ -137,7 +150,7 @@ fn a_point_that_fails_halfway_leaves_the_weights_as_they_were() {
     // One tensor short, as the end of the second point (s = 1 writes the end, s = 2 lerps
     // towards it): refused when that point is written, after the first point was measured.
     let short = Weights::from_tensors(good.tensors()[1..].to_vec());
-    let probes = ProbeSet::new(&ds, (2, 4, 32), 9, &m, false).unwrap();
+    let probes = ProbeSet::new(&ds, draw(), &m, false).unwrap();
     let before = bits(&Weights::of(&m).unwrap());
     for s in [1.0, 2.0] {
         let e = probes.losses_along(&m, &[(&good, None, 0.5), (&good, Some(&short), s)]);

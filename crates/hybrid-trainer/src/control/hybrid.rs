@@ -3,10 +3,10 @@
 //! start the next segment.
 
 use super::checkpoint::HostState;
-use super::probe::{ProbeSet, SegmentStart, WeightAverage, Weights};
+use super::probe::{ProbeDraw, ProbeSet, ProbeSplit, SegmentStart, WeightAverage, Weights};
 use super::world::{DecisionState, Gate, ScalePredictor, StepSizeModel, WorldSnapshot, FEATURES};
 use super::{best_scale, ControlConfig, Controller, Decision};
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
 use models::gpt::{Dataset, Gpt};
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
@@ -17,6 +17,7 @@ use tensor_ops::optim::Optimizer;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ControlCosts {
+    /// Probe-batch forward passes, counted where they ran.
     pub probe_forwards: u64,
     pub probe_seconds: f64,
     pub world_seconds: f64,
@@ -24,6 +25,8 @@ pub struct ControlCosts {
     pub average_seconds: f64,
     pub measured: u32,
     pub predicted: u32,
+    /// Finite rises of the held-out probe loss checked on the training probes.
+    pub overfit_checks: u32,
 }
 
 /// Where the run is, for a decision.
@@ -39,6 +42,9 @@ pub struct At {
 pub struct StepSizeHybrid {
     pub ctl: Controller,
     probes: ProbeSet,
+    /// Probe batches of the training split, when `probes` are held-out ones: a rise of the
+    /// held-out loss is overfitting when the training loss fell.
+    train_check: Option<ProbeSet>,
     start: SegmentStart,
     average: Option<WeightAverage>,
     world: Option<Box<dyn ScalePredictor>>,
@@ -49,6 +55,52 @@ pub struct StepSizeHybrid {
     last_measured: bool,
     mean_log_scale: Option<f32>,
     pub costs: ControlCosts,
+}
+
+/// The probes of the line search (held-out batches when `cfg.probe_holdout` > 0, which the
+/// driver then carved from `ds`), and the training-split batches that tell overfitting from
+/// divergence beside held-out ones.
+fn probe_sets(
+    cfg: &ControlConfig,
+    ds: &Dataset,
+    shape: &ProbeShape,
+    model: &Gpt,
+) -> Result<(ProbeSet, Option<ProbeSet>)> {
+    let draw = |split, seed| ProbeDraw {
+        split,
+        n: cfg.probe_batches as usize,
+        batch: shape.batch,
+        block: shape.block,
+        seed,
+    };
+    if cfg.probe_holdout == 0.0 {
+        let probes = ProbeSet::new(
+            ds,
+            draw(ProbeSplit::Train, shape.seed),
+            model,
+            shape.graphed,
+        )?;
+        return Ok((probes, None));
+    }
+    ensure!(
+        !ds.holdout.is_empty(),
+        "held-out probes ({} of the training split) need the slice carved from the data",
+        cfg.probe_holdout
+    );
+    let held = ProbeSet::new(
+        ds,
+        draw(ProbeSplit::HeldOut, shape.seed),
+        model,
+        shape.graphed,
+    )?;
+    let train_seed = shape.seed ^ 0x7EA1;
+    let check = ProbeSet::new(
+        ds,
+        draw(ProbeSplit::Train, train_seed),
+        model,
+        shape.graphed,
+    )?;
+    Ok((held, Some(check)))
 }
 
 /// The sizes of the probe batches.
@@ -86,17 +138,11 @@ impl StepSizeHybrid {
     ) -> Result<StepSizeHybrid> {
         let gate = Gate::new(cfg.trust, cfg.world_min_examples, cfg.max_predicted_run);
         let ctl = Controller::new(cfg)?;
-        let probes = ProbeSet::new(
-            ds,
-            (ctl.cfg.probe_batches as usize, shape.batch, shape.block),
-            shape.seed,
-            model,
-            shape.graphed,
-        )?;
+        let (probes, train_check) = probe_sets(&ctl.cfg, ds, &shape, model)?;
         let t = Instant::now();
         let f0 = probes.loss(model)?;
         let mut costs = ControlCosts {
-            probe_forwards: probes.forwards(),
+            probe_forwards: probes.forwards_run(),
             probe_seconds: t.elapsed().as_secs_f64(),
             ..ControlCosts::default()
         };
@@ -111,6 +157,7 @@ impl StepSizeHybrid {
         Ok(StepSizeHybrid {
             ctl,
             probes,
+            train_check,
             start,
             average,
             world,
@@ -139,9 +186,46 @@ impl StepSizeHybrid {
         at.step > self.start.step && at.step - self.start.step >= self.segment_len(at)
     }
 
+    /// Probe-batch forward passes run so far by this controller's probe sets (a resumed
+    /// run's count starts again at zero; [`ControlCosts::probe_forwards`] goes on).
+    fn forwards_run(&self) -> u64 {
+        self.probes.forwards_run() + self.train_check.as_ref().map_or(0, ProbeSet::forwards_run)
+    }
+
     /// The decision at a segment's end. Returns the step to continue from when it rolled
-    /// back (the weights, optimizer state and `rng` are then the segment start's).
+    /// back (the weights, optimizer state and `rng` are then the segment start's). The probe
+    /// forwards it ran are counted in the costs and in its record.
     pub fn decide(
+        &mut self,
+        at: &At,
+        model: &Gpt,
+        opt: &mut dyn Optimizer,
+        rng: &mut StdRng,
+    ) -> Result<Option<u32>> {
+        let before = self.forwards_run();
+        let out = self.decide_uncounted(at, model, opt, rng);
+        let ran = self.forwards_run() - before;
+        self.costs.probe_forwards += ran;
+        if let (Ok(_), Some(d)) = (&out, self.ctl.history.last_mut()) {
+            d.probe_forwards = ran;
+        }
+        out
+    }
+
+    /// Whether the training probes' loss fell from the segment's start to the weights now.
+    fn training_loss_fell(&mut self, model: &Gpt) -> Result<bool> {
+        let Some(check) = &self.train_check else {
+            return Ok(false);
+        };
+        let t = Instant::now();
+        let w0 = &self.start.weights;
+        let l = check.losses_along(model, &[(w0, Some(w0), 1.0), (w0, None, 1.0)])?;
+        self.costs.probe_seconds += t.elapsed().as_secs_f64();
+        self.costs.overfit_checks += 1;
+        Ok(l[1] < l[0])
+    }
+
+    fn decide_uncounted(
         &mut self,
         at: &At,
         model: &Gpt,
@@ -150,10 +234,11 @@ impl StepSizeHybrid {
     ) -> Result<Option<u32>> {
         let t = Instant::now();
         let f1 = self.probes.loss(model)?;
-        self.costs.probe_forwards += self.probes.forwards();
         self.costs.probe_seconds += t.elapsed().as_secs_f64();
         let f0 = self.start.loss;
-        if self.ctl.must_roll_back(f0, f1) {
+        let risen = self.ctl.must_roll_back(f0, f1);
+        let overfit = risen && f1.is_finite() && self.training_loss_fell(model)?;
+        if risen && !overfit {
             if self.ctl.at_floor() {
                 bail!(
                     "training diverged at step {}: probe loss {f1} after {f0}, with the \
@@ -177,6 +262,9 @@ impl StepSizeHybrid {
             }
         };
         self.ctl.apply(at.step, decision, f1);
+        if let Some(d) = self.ctl.history.last_mut() {
+            d.overfit = overfit;
+        }
         self.prev_change = change;
         let t = Instant::now();
         let avg_loss = self.start.avg_end_loss.take();
@@ -219,7 +307,6 @@ impl StepSizeHybrid {
             None => {
                 let fe = match e {
                     Some(e) => {
-                        self.costs.probe_forwards += self.probes.forwards();
                         let at = [(&self.start.weights, None, e)];
                         self.probes.losses_along(model, &at)?[0]
                     }
@@ -239,7 +326,6 @@ impl StepSizeHybrid {
                 if let Some(e) = e {
                     points.push((a0, Some(&avg.avg), e));
                 }
-                self.costs.probe_forwards += self.probes.forwards() * points.len() as u64;
                 let mut losses = self.probes.losses_along(model, &points)?.into_iter();
                 let mut next = || losses.next().expect("one loss per point");
                 let fa0 = match self.start.avg_loss {
@@ -320,13 +406,14 @@ impl StepSizeHybrid {
         let c = &self.costs;
         format!(
             "hybrid: final lr multiplier {:.3}, {} decisions ({} measured, {} predicted by the \
-             world model), {} rollbacks; probes {} forward passes in {:.2} s, world model {:.2} s, \
+             world model), {} rollbacks, {} segments overfitting; probes {} forward passes in {:.2} s, world model {:.2} s, \
              weight average {:.2} s, snapshots {:.2} s",
             self.ctl.multiplier(),
             self.ctl.history.len(),
             c.measured,
             c.predicted,
             self.ctl.rollbacks,
+            self.ctl.history.iter().filter(|d| d.overfit).count(),
             c.probe_forwards,
             c.probe_seconds,
             c.world_seconds,

@@ -1,6 +1,7 @@
 //! Step-size control: the hybrid trainer's decisions. The optimizer runs at the user's
 //! learning rate times a multiplier `c`; every `segment` steps a segment line search measures,
-//! on fixed probe batches of the training split, the loss at the segment's start (`s = 0`), at
+//! on fixed probe batches of a held-out slice of the training split (`probe_holdout`; never
+//! the validation split), the loss at the segment's start (`s = 0`), at
 //! its end (`s = 1`) and past it along the segment's displacement (`s = extrapolate`), fits a
 //! parabola and moves `c` toward the best scale `s*` of the displacement. The world model
 //! ([`world::StepSizeModel`]) predicts `s*` from the run's state so that the extra probe is
@@ -23,7 +24,11 @@
 //! A segment whose end loss is not finite, or above its start by more than `rollback_tolerance`
 //! (relative), is rolled back: weights, optimizer state and data position return to the
 //! segment's start and `c` is divided by `max_change`. Rollbacks are counted; the backward
-//! passes they wasted count in every figure.
+//! passes they wasted count in every figure. With held-out probes a finite rise is first
+//! checked on probe batches of the training split: when the training loss fell over the
+//! segment, the rise is overfitting, not divergence, and is recorded instead of rolled back
+//! (a smaller step cannot undo it; the line search, also on held-out batches, then lowers the
+//! multiplier).
 
 pub mod checkpoint;
 pub mod cli;
@@ -81,6 +86,10 @@ pub struct ControlConfig {
     /// `average_every` steps) instead of the raw iterates: `Some(β)`.
     pub average: Option<f32>,
     pub average_every: u32,
+    /// Fraction of the training split, at its end, held out of training batches for the
+    /// probes (0: the probes are batches of the training split itself, as before issue 41).
+    #[serde(default)]
+    pub probe_holdout: f32,
 }
 
 impl Default for ControlConfig {
@@ -103,6 +112,7 @@ impl Default for ControlConfig {
             max_predicted_run: 2,
             average: Some(0.3),
             average_every: 4,
+            probe_holdout: 0.05,
         }
     }
 }
@@ -170,6 +180,9 @@ impl ControlConfig {
         if !(self.trust.is_finite() && self.trust >= 0.0) {
             return bad("trust", "must be finite and >= 0");
         }
+        if !(0.0..0.5).contains(&self.probe_holdout) {
+            return bad("probe_holdout", "must be in [0, 0.5)");
+        }
         Ok(())
     }
 }
@@ -222,6 +235,13 @@ pub struct DecisionRecord {
     /// The probe loss at the segment's end (`null` in JSON when not finite).
     #[serde(with = "crate::report::finite::f32_or_null")]
     pub probe_loss: f32,
+    /// Probe-batch forward passes this decision ran (counted where they ran).
+    #[serde(default)]
+    pub probe_forwards: u64,
+    /// The held-out probe loss rose past the rollback tolerance while the training probes'
+    /// loss fell: overfitting, recorded instead of rolled back.
+    #[serde(default)]
+    pub overfit: bool,
 }
 
 /// The multiplier and the decisions so far (host state only).
@@ -303,6 +323,8 @@ impl Controller {
             measured,
             rollback,
             probe_loss: f1,
+            probe_forwards: 0,
+            overfit: false,
         });
     }
 

@@ -1,35 +1,57 @@
 //! The measurements of the segment line search on a GPT: the loss on fixed probe batches of the
-//! training split (never the validation split), at the current weights or at a point along the
-//! segment's displacement; and what a rollback returns to.
+//! held-out slice of the training split (or of the training split itself; never the validation
+//! split), at the current weights or at a point along the segment's displacement; and what a
+//! rollback returns to.
 
 use anyhow::{Context, Result};
 use models::gpt::{Dataset, Gpt, GraphedLoss};
 use rand::rngs::StdRng;
+use std::cell::Cell;
 use tensor_ops::optim::{lerp_tensors, Optimizer, OptimizerState};
 use tensor_ops::{Device, Tensor};
 
-/// Fixed batches of the training split, drawn once from their own seed. On CUDA their loss is
-/// measured by replaying one captured graph ([`GraphedLoss`]): one launch and one host read.
+/// Where probe batches are drawn from (never the validation split).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeSplit {
+    /// The training split, the tokens training batches are drawn from.
+    Train,
+    /// The held-out slice carved from the training split's end ([`Dataset::hold_out`]).
+    HeldOut,
+}
+
+/// Which probe batches to draw: `n` batches of `batch` × `block` tokens from `split`, from
+/// their own `seed`.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeDraw {
+    pub split: ProbeSplit,
+    pub n: usize,
+    pub batch: usize,
+    pub block: usize,
+    pub seed: u64,
+}
+
+/// Fixed batches drawn once from their own seed. On CUDA their loss is measured by replaying
+/// one captured graph ([`GraphedLoss`]): one launch and one host read.
 pub struct ProbeSet {
     batches: Vec<(Tensor, Tensor)>,
     graphed: Option<GraphedLoss>,
+    /// Batch forward passes run so far (counted where they run, not where they are planned).
+    run: Cell<u64>,
 }
 
 impl ProbeSet {
-    /// `n` batches of `batch` × `block` tokens from the training split, on the model's device;
-    /// with `graphed` on a CUDA model, their measurement is captured as a graph now.
-    pub fn new(
-        ds: &Dataset,
-        (n, batch, block): (usize, usize, usize),
-        seed: u64,
-        model: &Gpt,
-        graphed: bool,
-    ) -> Result<ProbeSet> {
-        let mut rng = Dataset::rng(seed ^ 0x9E37_79B9_7F4A_7C15);
-        let batches: Vec<_> = (0..n)
-            .map(|_| ds.batch(false, batch, block, &mut rng, model.device()))
+    /// The batches of `draw` on the model's device; with `graphed` on a CUDA model, their
+    /// measurement is captured as a graph now.
+    pub fn new(ds: &Dataset, draw: ProbeDraw, model: &Gpt, graphed: bool) -> Result<ProbeSet> {
+        let mut rng = Dataset::rng(draw.seed ^ 0x9E37_79B9_7F4A_7C15);
+        let (batch, block, dev) = (draw.batch, draw.block, model.device());
+        let batches: Vec<_> = (0..draw.n)
+            .map(|_| match draw.split {
+                ProbeSplit::Train => ds.batch(false, batch, block, &mut rng, dev),
+                ProbeSplit::HeldOut => ds.holdout_batch(batch, block, &mut rng, dev),
+            })
             .collect::<tensor_ops::Result<_>>()
-            .context("drawing the probe batches")?;
+            .with_context(|| format!("drawing the probe batches ({:?})", draw.split))?;
         let graphed = match model.device() {
             Device::Cuda(_) if graphed => Some(
                 GraphedLoss::capture(model, &batches)
@@ -37,12 +59,21 @@ impl ProbeSet {
             ),
             _ => None,
         };
-        Ok(ProbeSet { batches, graphed })
+        Ok(ProbeSet {
+            batches,
+            graphed,
+            run: Cell::new(0),
+        })
     }
 
     /// Forward passes one measurement costs.
     pub fn forwards(&self) -> u64 {
         self.batches.len() as u64
+    }
+
+    /// Batch forward passes this set has run so far, successful or not.
+    pub fn forwards_run(&self) -> u64 {
+        self.run.get()
     }
 
     /// Whether a measurement replays a captured graph.
@@ -53,6 +84,7 @@ impl ProbeSet {
     /// The mean loss of the model's current weights over the probe batches (no dropout, no
     /// gradients). One host read.
     pub fn loss(&self, model: &Gpt) -> Result<f32> {
+        self.run.set(self.run.get() + self.forwards());
         Ok(match &self.graphed {
             Some(g) => g.loss(model)?,
             None => GraphedLoss::eager(model, &self.batches)?,

@@ -123,6 +123,20 @@ fn every_bad_setting_is_named() {
                 ..ok.clone()
             },
         ),
+        (
+            "probe_holdout",
+            ControlConfig {
+                probe_holdout: 0.5,
+                ..ok.clone()
+            },
+        ),
+        (
+            "probe_holdout",
+            ControlConfig {
+                probe_holdout: f32::NAN,
+                ..ok.clone()
+            },
+        ),
     ];
     for (field, cfg) in cases {
         assert_eq!(cfg.validate().unwrap_err().field, field);

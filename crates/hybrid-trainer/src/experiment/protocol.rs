@@ -77,6 +77,34 @@ pub enum Arm {
     HybridStartAtOne,
     /// Ablation: the hybrid settling where the line search answers 1 (the greedy optimum).
     HybridAimOne,
+    /// Issue 41's schedule sweep: AdamW at the 5 rates with the cosine ending at 75% and 50%
+    /// of the run (then flat at the minimum), and warm-up–stable–decay (linear decay over the
+    /// last 20%). With the 5 cosine-to-100% arms above, the best of these 20 is the schedule
+    /// oracle.
+    AdamwThirdCos75,
+    AdamwHalfCos75,
+    AdamwCos75,
+    AdamwDoubleCos75,
+    AdamwTripleCos75,
+    AdamwThirdCos50,
+    AdamwHalfCos50,
+    AdamwCos50,
+    AdamwDoubleCos50,
+    AdamwTripleCos50,
+    AdamwThirdWsd,
+    AdamwHalfWsd,
+    AdamwWsd,
+    AdamwDoubleWsd,
+    AdamwTripleWsd,
+}
+
+/// The schedule of an arm of AdamW's sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepSchedule {
+    /// Cosine to `min_lr` at this percentage of the run, then flat.
+    Cosine(u32),
+    /// Warm-up, stable, linear decay over the last 20% of the run.
+    Wsd,
 }
 
 impl Arm {
@@ -97,7 +125,52 @@ impl Arm {
             Arm::HybridNoWarmupDecisions => "hybrid, no warm-up decisions",
             Arm::HybridStartAtOne => "hybrid, starting at multiplier 1",
             Arm::HybridAimOne => "hybrid, aiming at s* = 1",
+            Arm::AdamwThirdCos75 => "adamw-x1/3, cosine to 75%",
+            Arm::AdamwHalfCos75 => "adamw-x1/2, cosine to 75%",
+            Arm::AdamwCos75 => "adamw, cosine to 75%",
+            Arm::AdamwDoubleCos75 => "adamw-x2, cosine to 75%",
+            Arm::AdamwTripleCos75 => "adamw-x3, cosine to 75%",
+            Arm::AdamwThirdCos50 => "adamw-x1/3, cosine to 50%",
+            Arm::AdamwHalfCos50 => "adamw-x1/2, cosine to 50%",
+            Arm::AdamwCos50 => "adamw, cosine to 50%",
+            Arm::AdamwDoubleCos50 => "adamw-x2, cosine to 50%",
+            Arm::AdamwTripleCos50 => "adamw-x3, cosine to 50%",
+            Arm::AdamwThirdWsd => "adamw-x1/3, WSD",
+            Arm::AdamwHalfWsd => "adamw-x1/2, WSD",
+            Arm::AdamwWsd => "adamw, WSD",
+            Arm::AdamwDoubleWsd => "adamw-x2, WSD",
+            Arm::AdamwTripleWsd => "adamw-x3, WSD",
         }
+    }
+
+    /// An arm of AdamW's rate × schedule sweep: its factor on the given rate and its
+    /// schedule (`None`: not a sweep arm).
+    pub fn sweep_point(self) -> Option<(f32, SweepSchedule)> {
+        use SweepSchedule::{Cosine, Wsd};
+        let (third, half) = (1.0 / 3.0, 0.5);
+        Some(match self {
+            Arm::AdamwThird => (third, Cosine(100)),
+            Arm::AdamwHalf => (half, Cosine(100)),
+            Arm::Adamw => (1.0, Cosine(100)),
+            Arm::AdamwDouble => (2.0, Cosine(100)),
+            Arm::AdamwTriple => (3.0, Cosine(100)),
+            Arm::AdamwThirdCos75 => (third, Cosine(75)),
+            Arm::AdamwHalfCos75 => (half, Cosine(75)),
+            Arm::AdamwCos75 => (1.0, Cosine(75)),
+            Arm::AdamwDoubleCos75 => (2.0, Cosine(75)),
+            Arm::AdamwTripleCos75 => (3.0, Cosine(75)),
+            Arm::AdamwThirdCos50 => (third, Cosine(50)),
+            Arm::AdamwHalfCos50 => (half, Cosine(50)),
+            Arm::AdamwCos50 => (1.0, Cosine(50)),
+            Arm::AdamwDoubleCos50 => (2.0, Cosine(50)),
+            Arm::AdamwTripleCos50 => (3.0, Cosine(50)),
+            Arm::AdamwThirdWsd => (third, Wsd),
+            Arm::AdamwHalfWsd => (half, Wsd),
+            Arm::AdamwWsd => (1.0, Wsd),
+            Arm::AdamwDoubleWsd => (2.0, Wsd),
+            Arm::AdamwTripleWsd => (3.0, Wsd),
+            _ => return None,
+        })
     }
 
     /// A file-name-safe key.
@@ -107,19 +180,38 @@ impl Arm {
 
     /// The factor on the given rate (AdamW's sweep).
     pub fn lr_factor(self) -> f32 {
-        match self {
-            Arm::AdamwThird => 1.0 / 3.0,
-            Arm::AdamwHalf => 0.5,
-            Arm::AdamwDouble => 2.0,
-            Arm::AdamwTriple => 3.0,
-            _ => 1.0,
-        }
+        self.sweep_point().map_or(1.0, |p| p.0)
     }
 
     /// Whether the arm ignores the given rate (its runs are the same on W1, W2 and W3).
     pub fn lr_free(self) -> bool {
         matches!(self, Arm::RangeTest | Arm::ScheduleFree | Arm::Prodigy)
     }
+
+    /// The twenty runs of AdamW's rate × schedule sweep (issue 41): the schedule oracle is
+    /// their best.
+    pub const SCHEDULE_SWEEP: [Arm; 20] = [
+        Arm::AdamwThird,
+        Arm::AdamwHalf,
+        Arm::Adamw,
+        Arm::AdamwDouble,
+        Arm::AdamwTriple,
+        Arm::AdamwThirdCos75,
+        Arm::AdamwHalfCos75,
+        Arm::AdamwCos75,
+        Arm::AdamwDoubleCos75,
+        Arm::AdamwTripleCos75,
+        Arm::AdamwThirdCos50,
+        Arm::AdamwHalfCos50,
+        Arm::AdamwCos50,
+        Arm::AdamwDoubleCos50,
+        Arm::AdamwTripleCos50,
+        Arm::AdamwThirdWsd,
+        Arm::AdamwHalfWsd,
+        Arm::AdamwWsd,
+        Arm::AdamwDoubleWsd,
+        Arm::AdamwTripleWsd,
+    ];
 
     /// The five runs of AdamW's sweep.
     pub const SWEEP: [Arm; 5] = [
@@ -160,6 +252,14 @@ impl Workload {
             Workload::W2 => 3e-4,
             Workload::W3 => 1e-2,
             Workload::W4 => 6e-4,
+        }
+    }
+
+    /// The run's iterations (every arm's).
+    pub fn iters(self) -> u32 {
+        match self {
+            Workload::W5 => 600,
+            _ => 2000,
         }
     }
 
@@ -230,6 +330,14 @@ impl Workload {
             Arm::HybridAimOne => v.extend(f("--aim 1")),
             _ => {}
         }
+        match arm.sweep_point() {
+            Some((_, SweepSchedule::Cosine(pct))) if pct < 100 => {
+                let decay = self.iters() * pct / 100;
+                v.extend(["--lr-decay-iters".to_string(), decay.to_string()]);
+            }
+            Some((_, SweepSchedule::Wsd)) => v.extend(f("--schedule wsd --decay-fraction 0.2")),
+            _ => {}
+        }
         v
     }
 }
@@ -270,6 +378,22 @@ mod tests {
                 assert!((parsed.min_lr - want / 10.0).abs() <= 1e-6 * want);
                 assert_eq!(flag(&args, "--seed"), Some("3"));
                 assert!(parsed.eval_fixed);
+                let a = &parsed;
+                assert_eq!(a.iters, w.iters(), "{w:?}");
+                let lr = |it| crate::train_args::learning_rate(a, it);
+                match arm.sweep_point() {
+                    Some((_, SweepSchedule::Cosine(pct))) => {
+                        assert_eq!(a.decay_iters(), w.iters() * pct / 100, "{w:?} {arm:?}");
+                        let flat = a.decay_iters() < a.iters;
+                        assert_eq!(lr(a.iters - 1) == a.min_lr, flat, "{w:?} {arm:?}");
+                    }
+                    Some((_, SweepSchedule::Wsd)) => {
+                        let stable = w.iters() * 4 / 5;
+                        assert_eq!(lr(stable), a.lr, "{w:?} {arm:?}");
+                        assert!(lr(stable + 1) < a.lr && lr(a.iters) == a.min_lr);
+                    }
+                    None => {}
+                }
             }
         }
     }
@@ -286,6 +410,12 @@ mod tests {
             );
         }
         assert_eq!(Workload::W3.model_workload(), Workload::W1);
+        // The schedule sweep is the 5 rates × 4 schedules, each once.
+        let points: std::collections::BTreeSet<String> = Arm::SCHEDULE_SWEEP
+            .iter()
+            .map(|a| format!("{:?}", a.sweep_point().unwrap()))
+            .collect();
+        assert_eq!(points.len(), 20);
         assert_eq!(Workload::W4.model_workload(), Workload::W4);
     }
 }

@@ -90,6 +90,8 @@ fn the_report_files_are_written_and_the_json_reads_back() {
             measured: true,
             rollback: false,
             probe_loss: 2.9,
+            probe_forwards: 6,
+            overfit: false,
         },
         DecisionRecord {
             step: 20,
@@ -98,6 +100,8 @@ fn the_report_files_are_written_and_the_json_reads_back() {
             measured: false,
             rollback: true,
             probe_loss: f32::NAN,
+            probe_forwards: 2,
+            overfit: false,
         },
     ];
     h.rollbacks = 1;

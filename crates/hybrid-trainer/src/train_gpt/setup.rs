@@ -28,8 +28,13 @@ pub(super) fn prepare(a: &TrainArgs) -> Result<(Dataset, GptConfig)> {
         a.lr > 0.0 && a.min_lr >= 0.0 && a.decay_iters() >= a.warmup,
         "bad learning-rate schedule (--lr, --min-lr, or --lr-decay-iters below --warmup)"
     );
+    ensure!(
+        (0.0..=1.0).contains(&a.decay_fraction),
+        "--decay-fraction {} must be in [0, 1]",
+        a.decay_fraction
+    );
     let text = tensor_ops::fsio::read_to_string(&a.data, "corpus", tensor_ops::fsio::TEXT_MAX)?;
-    let ds = Dataset::from_text(&text, 0.9)?;
+    let mut ds = Dataset::from_text(&text, 0.9)?;
     // Before building the model: a context longer than the corpus would otherwise size the
     // position table (and every batch) from the flag alone.
     ds.check_block(a.block as usize).with_context(|| {
@@ -39,6 +44,12 @@ pub(super) fn prepare(a: &TrainArgs) -> Result<(Dataset, GptConfig)> {
             a.data.display()
         )
     })?;
+    let holdout = a.control.probe_holdout;
+    if a.mode == TrainMode::Hybrid && holdout > 0.0 {
+        ensure!(holdout < 0.5, "--probe-holdout {holdout} must be below 0.5");
+        ds.hold_out(holdout as f64, a.block as usize)
+            .context("carving the held-out slice for the hybrid's probes (--probe-holdout)")?;
+    }
     let cfg = GptConfig {
         variant: a.variant,
         vocab_size: ds.tokenizer.vocab_size(),
@@ -76,10 +87,14 @@ impl<'a> Trainer<'a> {
         );
         say!(
             main,
-            "data: {} train / {} val tokens, vocab {}",
+            "data: {} train / {} val tokens, vocab {}{}",
             ds.train.len(),
             ds.val.len(),
-            cfg.vocab_size
+            cfg.vocab_size,
+            match ds.holdout.len() {
+                0 => String::new(),
+                n => format!(", {n} held out for the probes (the training split's end)"),
+            }
         );
         let mut opt = RunOptimizer::new(a.optimizer, &model, a.weight_decay, a.grad_clip)?;
         let (batch, block) = (a.batch as usize, a.block as usize);

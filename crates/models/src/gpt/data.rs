@@ -53,11 +53,16 @@ impl CharTokenizer {
     }
 }
 
-/// A tokenised corpus split into train (first 90%) and validation (last 10%).
+/// A tokenised corpus split into train (first 90%) and validation (last 10%); optionally the
+/// last part of the training split held out of training ([`Dataset::hold_out`]).
 pub struct Dataset {
     pub tokenizer: CharTokenizer,
     pub train: Vec<u32>,
     pub val: Vec<u32>,
+    /// Tokens carved from the end of the training split, never in a training batch (empty
+    /// unless [`Dataset::hold_out`] carved them): what probes of generalisation are drawn
+    /// from without touching the validation split.
+    pub holdout: Vec<u32>,
 }
 
 impl Dataset {
@@ -76,7 +81,60 @@ impl Dataset {
             tokenizer,
             train: ids[..n].to_vec(),
             val: ids[n..].to_vec(),
+            holdout: Vec::new(),
         })
+    }
+
+    /// Moves the last `fraction` of the training split (rounded down, in tokens) into
+    /// [`Dataset::holdout`]: training batches are then drawn from the tokens before it, the
+    /// validation split is untouched. Both parts must still fit a window of `block` tokens.
+    /// Carving twice is an error.
+    pub fn hold_out(&mut self, fraction: f64, block: usize) -> Result<()> {
+        if !(fraction > 0.0 && fraction < 1.0) {
+            return Err(GpuError::invalid(
+                "Dataset::hold_out",
+                format!("the held-out fraction {fraction} must be in (0, 1)"),
+            ));
+        }
+        if !self.holdout.is_empty() {
+            return Err(GpuError::invalid(
+                "Dataset::hold_out",
+                "a held-out slice was already carved",
+            ));
+        }
+        let n = (self.train.len() as f64 * fraction) as usize;
+        let cut = self.train.len() - n;
+        let holdout = self.train.split_off(cut);
+        let fits = |len: usize| block.checked_add(1).is_some_and(|b| len > b);
+        if !(fits(holdout.len()) && fits(self.train.len())) {
+            let train = std::mem::take(&mut self.train);
+            self.train = [train, holdout].concat();
+            return Err(GpuError::invalid(
+                "Dataset::hold_out",
+                format!(
+                    "holding out {fraction} of {} training tokens leaves {n} held out and {cut} \
+                     to train on; each needs more than {block} + 1",
+                    cut + n
+                ),
+            ));
+        }
+        self.holdout = holdout;
+        Ok(())
+    }
+
+    /// [`Dataset::batch`] from the held-out slice.
+    pub fn holdout_batch(
+        &self,
+        batch: usize,
+        block: usize,
+        rng: &mut rand::rngs::StdRng,
+        device: Device,
+    ) -> Result<(Tensor, Tensor)> {
+        let (x, y) = windows(&self.holdout, "held-out", (batch, block), rng)?;
+        Ok((
+            Tensor::from_vec(x, &[batch, block], device)?,
+            Tensor::from_vec(y, &[batch, block], device)?,
+        ))
     }
 
     /// Checks that windows of `block` tokens (and their targets, one token further) fit in both
@@ -136,21 +194,12 @@ impl Dataset {
         rng: &mut rand::rngs::StdRng,
     ) -> Result<(Vec<u32>, Vec<u32>)> {
         self.check_split(val, block)?;
-        let data = if val { &self.val } else { &self.train };
-        let n = batch
-            .checked_mul(block)
-            .ok_or_else(|| GpuError::InvalidShape {
-                op: "Dataset::batch",
-                reason: format!("{batch} x {block} tokens overflow usize"),
-            })?;
-        let mut x = gpu_core::cpu::try_vec_with_capacity(n)?;
-        let mut y = gpu_core::cpu::try_vec_with_capacity(n)?;
-        for _ in 0..batch {
-            let i = rng.random_range(0..data.len() - block);
-            x.extend_from_slice(&data[i..i + block]);
-            y.extend_from_slice(&data[i + 1..i + block + 1]);
-        }
-        Ok((x, y))
+        let (name, data) = if val {
+            ("validation", &self.val)
+        } else {
+            ("training", &self.train)
+        };
+        windows(data, name, (batch, block), rng)
     }
 
     /// Draws from `rng` what `n` calls of [`Dataset::batch_ids`] would, without the tokens:
@@ -187,6 +236,38 @@ impl Dataset {
     }
 }
 
+/// `batch` random windows of `block` tokens of `data` and their next-token targets, row-major.
+fn windows(
+    data: &[u32],
+    name: &str,
+    (batch, block): (usize, usize),
+    rng: &mut rand::rngs::StdRng,
+) -> Result<(Vec<u32>, Vec<u32>)> {
+    if block.checked_add(1).is_none_or(|b| data.len() <= b) {
+        return Err(GpuError::invalid(
+            "Dataset",
+            format!(
+                "a context of {block} tokens does not fit in the {name} tokens ({})",
+                data.len()
+            ),
+        ));
+    }
+    let n = batch
+        .checked_mul(block)
+        .ok_or_else(|| GpuError::InvalidShape {
+            op: "Dataset::batch",
+            reason: format!("{batch} x {block} tokens overflow usize"),
+        })?;
+    let mut x = gpu_core::cpu::try_vec_with_capacity(n)?;
+    let mut y = gpu_core::cpu::try_vec_with_capacity(n)?;
+    for _ in 0..batch {
+        let i = rng.random_range(0..data.len() - block);
+        x.extend_from_slice(&data[i..i + block]);
+        y.extend_from_slice(&data[i + 1..i + block + 1]);
+    }
+    Ok((x, y))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +302,42 @@ mod tests {
             }
         }
         assert!(ds.batch(true, 1, 64, &mut rng, Device::Cpu).is_err());
+    }
+
+    /// The held-out slice is the end of the training split: training batches, held-out
+    /// batches and the validation split never share a token position. Each part gets its own
+    /// letters, so a token's letter says where it came from.
+    #[test]
+    fn the_held_out_slice_overlaps_neither_training_batches_nor_validation() {
+        let text = format!(
+            "{}ab{}ij{}",
+            "abcdefgh".repeat(101),
+            "ijklmnop".repeat(11),
+            "qrstuvwxyz".repeat(10)
+        );
+        let mut ds = Dataset::from_text(&text, 0.9).unwrap();
+        ds.hold_out(0.1, 8).unwrap();
+        assert_eq!(
+            (ds.train.len(), ds.holdout.len(), ds.val.len()),
+            (810, 90, 100)
+        );
+        assert!(ds.hold_out(0.1, 8).is_err(), "carved twice");
+        let letters = |ids: &[u32]| ds.tokenizer.decode(ids).unwrap();
+        let mut rng = Dataset::rng(5);
+        for _ in 0..200 {
+            let (x, y) = ds.batch_ids(false, 4, 8, &mut rng).unwrap();
+            let t = letters(&[x, y].concat());
+            assert!(t.chars().all(|c| ('a'..='h').contains(&c)), "{t}");
+            let (x, y) = ds.holdout_batch(4, 8, &mut rng, Device::Cpu).unwrap();
+            let ids = [x.to_vec_u32().unwrap(), y.to_vec_u32().unwrap()].concat();
+            let t = letters(&ids);
+            assert!(t.chars().all(|c| ('i'..='p').contains(&c)), "{t}");
+        }
+        // A slice (or a rest) too short for a window is refused and nothing moves.
+        let mut ds = Dataset::from_text(&text, 0.9).unwrap();
+        assert!(ds.hold_out(0.001, 8).is_err());
+        assert!(ds.hold_out(0.0, 8).is_err() && ds.hold_out(1.0, 8).is_err());
+        assert_eq!((ds.train.len(), ds.holdout.len()), (900, 0));
     }
 
     /// A block of usize::MAX overflowed `block + 1`, and `batch · block` was multiplied
