@@ -32,8 +32,8 @@ pub enum GpuError {
         dtype: DType,
         backend: &'static str,
     },
-    /// A device string could not be parsed (`cpu`, `cuda`, `cuda:N`, `auto`).
-    #[error("invalid device '{0}': expected cpu, cuda, cuda:N or auto")]
+    /// A device string could not be parsed (`cpu`, `cuda`, `cuda:N`, `wgpu`, `wgpu:N`, `auto`).
+    #[error("invalid device '{0}': expected cpu, cuda, cuda:N, wgpu, wgpu:N or auto")]
     InvalidDevice(String),
     /// A buffer was handed to a backend instance other than the one that allocated it.
     #[error("{op}: {detail}")]
@@ -41,6 +41,29 @@ pub enum GpuError {
     /// CUDA is not usable on this machine (no driver library, no GPU, driver init failed).
     #[error("CUDA is not available: {0}")]
     CudaUnavailable(String),
+    /// wgpu is not usable here (no adapter, no Vulkan/Metal/DX12 driver, or not linked).
+    #[error("wgpu is not available: {0}")]
+    WgpuUnavailable(String),
+    /// The device was lost (driver reset, removed GPU, destroyed device); it cannot be reused.
+    #[error("the device was lost: {0}")]
+    DeviceLost(String),
+    /// The device lacks a feature or limit the op needs (a buffer larger than the adapter's
+    /// `max_storage_buffer_binding_size`, `shader-f16`, ...).
+    #[error("{op}: not supported by this device: {reason}")]
+    Unsupported { op: &'static str, reason: String },
+    /// A layer reached a device whose backend does not have this op yet.
+    #[error("device {device}: {op} is not implemented on the {backend} backend yet")]
+    NotImplemented {
+        device: crate::device::Device,
+        op: &'static str,
+        backend: &'static str,
+    },
+    /// Waiting for the device exceeded its bound (the device may be hung).
+    #[error("{op}: the device did not finish within {waited_ms} ms")]
+    Timeout { op: &'static str, waited_ms: u64 },
+    /// Any other wgpu call that failed (validation, internal error, buffer mapping).
+    #[error("{call} failed: {detail}")]
+    Wgpu { call: &'static str, detail: String },
     /// A CUDA ordinal beyond the devices present.
     #[error("CUDA device {ordinal} does not exist ({count} device(s) present)")]
     InvalidOrdinal { ordinal: usize, count: usize },
@@ -98,6 +121,15 @@ impl GpuError {
         Self::InvalidArgument {
             op,
             reason: reason.to_string(),
+        }
+    }
+
+    /// [`GpuError::NotImplemented`] for a device whose backend lacks `op`.
+    pub fn not_implemented(device: crate::device::Device, op: &'static str) -> Self {
+        Self::NotImplemented {
+            device,
+            op,
+            backend: device.backend_name(),
         }
     }
 

@@ -81,6 +81,53 @@ pub fn cuda_is_available() -> bool {
     matches!(cuda_device_count(), Ok(n) if n > 0)
 }
 
+/// One wgpu adapter as a registered [`WgpuProbe`] reports it (in the backend's enumeration
+/// order, so index `n` is `Device::Wgpu(n)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterSummary {
+    /// The adapter's name (`llvmpipe (LLVM 15.0.6, 256 bits)`, `NVIDIA H200`).
+    pub name: String,
+    /// The graphics API and driver (`Vulkan, llvmpipe, Mesa 22.3.6`).
+    pub driver: String,
+    /// True for a software rasteriser (lavapipe, WARP): [`crate::Device::auto`] never picks one.
+    pub software: bool,
+}
+
+/// Lists the wgpu adapters present, or says why there are none. It must not panic or hang.
+pub type WgpuProbe = fn() -> std::result::Result<Vec<AdapterSummary>, String>;
+
+static WGPU_PROBE: OnceLock<WgpuProbe> = OnceLock::new();
+
+/// Registers the wgpu adapter probe (done by `gpu_wgpu::register_device_probe`).
+///
+/// The HAL does not depend on any backend crate, so it cannot look for wgpu adapters itself:
+/// the layer that links the wgpu backend, and can run on it, registers this hook, and from then
+/// on [`crate::Device::auto`] considers wgpu devices. Returns false when a probe was already
+/// registered (the first one stays).
+pub fn register_wgpu_probe(probe: WgpuProbe) -> bool {
+    WGPU_PROBE.set(probe).is_ok()
+}
+
+/// The wgpu adapters present, or [`GpuError::WgpuUnavailable`] when none is, or when no probe
+/// is registered (the program does not link a layer that runs on wgpu).
+pub fn wgpu_adapters() -> Result<Vec<AdapterSummary>> {
+    let probe = WGPU_PROBE.get().ok_or_else(|| {
+        GpuError::WgpuUnavailable(
+            "this program does not link a layer that runs on the wgpu backend".into(),
+        )
+    })?;
+    let adapters = probe().map_err(GpuError::WgpuUnavailable)?;
+    if adapters.is_empty() {
+        return Err(GpuError::WgpuUnavailable("no wgpu adapter found".into()));
+    }
+    Ok(adapters)
+}
+
+/// True when a wgpu probe has been registered.
+pub fn wgpu_probe_registered() -> bool {
+    WGPU_PROBE.get().is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

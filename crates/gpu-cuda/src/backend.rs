@@ -174,13 +174,13 @@ impl CudaBackend {
         Ok(backend)
     }
 
-    /// Opens the CUDA device named by `device`; errors for [`Device::Cpu`].
+    /// Opens the CUDA device named by `device`; errors for the CPU and wgpu devices.
     pub fn for_device(device: Device) -> Result<Self> {
         match device {
             Device::Cuda(i) => Self::new(i),
-            Device::Cpu => Err(GpuError::invalid(
+            Device::Cpu | Device::Wgpu(_) => Err(GpuError::invalid(
                 "CudaBackend",
-                "the CPU is not a CUDA device",
+                format!("{device} is not a CUDA device"),
             )),
         }
     }

@@ -37,6 +37,9 @@ pub fn run(device: Device, n: usize) -> Result<DemoReport> {
             );
             run_on(&gpu, device, n)
         }
+        Device::Wgpu(_) => {
+            Err(gpu_core::GpuError::not_implemented(device, "the matmul demo").into())
+        }
     }
 }
 

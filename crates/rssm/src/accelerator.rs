@@ -12,6 +12,7 @@ use crate::model::{Prediction, Rssm};
 use crate::reference::{to_matrix, HostRssm};
 use crate::svd::{check_rank, randomized_svd, SvdOptions};
 use crate::svd_cuda::{randomized_svd_cuda, SvdMethod};
+use gpu_core::GpuError;
 use ndarray::{ArrayViewMut2, Ix2, Ix3};
 use std::sync::{Arc, Mutex};
 use tensor_ops::nn::Mode;
@@ -69,7 +70,8 @@ impl std::fmt::Debug for GpuAccelerator {
 /// The engine a device uses by default.
 fn default_engine(device: Device) -> Engine {
     match device {
-        Device::Cpu => Engine::Fast,
+        // wgpu: the tensors refuse the device before any engine runs.
+        Device::Cpu | Device::Wgpu(_) => Engine::Fast,
         Device::Cuda(_) => Engine::Fused,
     }
 }
@@ -440,6 +442,7 @@ impl GpuAccelerator {
                 let (a, bits) = host_input(ENTRY, "residual", residual, self.device)?;
                 crate::fast::randomized_svd_f32(&a, bits, m, n, rank, opts)
             }
+            Device::Wgpu(_) => Err(GpuError::not_implemented(self.device, ENTRY).into()),
             Device::Cpu => {
                 check_input(ENTRY, "residual", residual, self.device)?;
                 let a = host_array::<Ix2>(ENTRY, residual)?;
@@ -475,6 +478,7 @@ impl GpuAccelerator {
         }
         match self.device {
             Device::Cuda(_) => crate::correct_cuda::apply_cuda(weights, correction),
+            Device::Wgpu(_) => Err(GpuError::not_implemented(self.device, ENTRY).into()),
             Device::Cpu => {
                 let mut out = Ok(());
                 weights.with_host_slice_mut(|w| {

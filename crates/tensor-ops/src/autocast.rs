@@ -51,6 +51,7 @@ impl Precision {
                 "precision",
                 "tf32 needs a CUDA device; the CPU computes f32 matmuls in f32",
             )),
+            Device::Wgpu(_) => Err(GpuError::not_implemented(device, "precision settings")),
         }
     }
 }

@@ -259,6 +259,10 @@ macro_rules! on_device {
                 let $b = &backend;
                 $body
             }
+            // The tensor layer has no wgpu storage yet (gpu-wgpu has the primitives only).
+            d @ gpu_core::Device::Wgpu(_) => {
+                return Err(gpu_core::GpuError::not_implemented(d, "tensor storage").into())
+            }
         }
     };
 }

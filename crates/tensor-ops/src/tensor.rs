@@ -306,6 +306,9 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
+        if device.is_wgpu() {
+            return Err(GpuError::not_implemented(device, "Tensor::to"));
+        }
         device.check_present()?;
         // Via the host: CUDA→CPU, then CPU→CUDA (a CPU source is uploaded without a copy).
         let storage = {
@@ -318,6 +321,9 @@ impl Tensor {
                 }
                 // Not reached (same device returns above); a fallible copy all the same.
                 (Storage::Cpu(c), Device::Cpu) => Storage::Cpu(c.try_clone()?),
+                (_, d @ Device::Wgpu(_)) => {
+                    return Err(GpuError::not_implemented(d, "Tensor::to"));
+                }
                 (Storage::Cuda(b), _) => {
                     let Device::Cuda(from) = self.device() else {
                         return Err(GpuError::invalid("to", "CUDA storage on a CPU tensor"));
@@ -329,6 +335,9 @@ impl Tensor {
                         Device::Cuda(i) => {
                             count_h2d(gpu_core::BufferInfo::size_in_bytes(&host));
                             Storage::Cuda(upload(&cuda_backend(i)?, &host)?)
+                        }
+                        d @ Device::Wgpu(_) => {
+                            return Err(GpuError::not_implemented(d, "Tensor::to"));
                         }
                     }
                 }

@@ -506,7 +506,7 @@ impl Engine {
                     choice,
                 })
             }
-            Device::Cpu => Ok(DecodeGraph {
+            Device::Cpu | Device::Wgpu(_) => Ok(DecodeGraph {
                 graph: None,
                 next: Tensor::from_vec(vec![0u32; b], &[b], self.device)?,
                 ids,

@@ -292,5 +292,6 @@ fn dropout_storage(
             "dropout",
             "a device seed offset needs a CUDA tensor",
         )),
+        (Some(_), d @ Device::Wgpu(_)) => Err(GpuError::not_implemented(d, "dropout")),
     }
 }

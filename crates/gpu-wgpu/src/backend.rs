@@ -1,0 +1,614 @@
+//! [`WgpuBackend`]: device, queue, buffer pool, pipeline cache and the `Backend` impl.
+
+use crate::error::WgpuError;
+use crate::probe;
+use gpu_core::backend::{check_transfer, Backend, BufferInfo, DeviceType};
+use gpu_core::{DType, Device, Element, GpuError, Result};
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Environment variable bounding every wait on the device, in milliseconds (default 60000).
+pub const POLL_TIMEOUT_ENV: &str = "HYBRID_WGPU_TIMEOUT_MS";
+
+/// Smallest buffer the pool hands out, in bytes (a zero-length buffer still binds 16 bytes).
+const MIN_CLASS: u64 = 16;
+/// Bytes of freed buffers the pool keeps for reuse; beyond it, freed buffers are destroyed.
+const POOL_CAP: u64 = 512 << 20;
+
+/// What the backend knows about its adapter.
+#[derive(Debug, Clone)]
+pub struct WgpuInfo {
+    /// Index among the enumerated adapters (`Device::Wgpu(index)`).
+    pub index: usize,
+    /// The adapter's name and driver as wgpu reports them.
+    pub adapter: wgpu::AdapterInfo,
+    /// The device's limits (the adapter's, all requested).
+    pub limits: wgpu::Limits,
+}
+
+/// Freed buffers by size class (a power of two of bytes, or the exact size near the limit).
+#[derive(Default)]
+struct Pool {
+    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    cached_bytes: u64,
+}
+
+pub(crate) struct Inner {
+    pub info: WgpuInfo,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pool: Mutex<Pool>,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    lost: Arc<Mutex<Option<String>>>,
+    uncaptured: Arc<Mutex<Option<String>>>,
+    timeout: Duration,
+}
+
+/// A wgpu device and queue with a buffer pool and a pipeline cache. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct WgpuBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for WgpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuBackend({})", self.device_name())
+    }
+}
+
+/// A storage buffer of `len` elements of `dtype`; returned to its backend's pool on drop.
+pub struct WgpuBuffer {
+    buf: Option<wgpu::Buffer>,
+    class: u64,
+    dtype: DType,
+    len: usize,
+    owner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for WgpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuBuffer({} x {})", self.len, self.dtype)
+    }
+}
+
+impl WgpuBuffer {
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
+        self.buf.as_ref().expect("buffer present until drop")
+    }
+
+    /// Bytes the elements occupy, padded to whole 32-bit words.
+    pub fn padded_bytes(&self) -> u64 {
+        padded_bytes(self.dtype, self.len)
+    }
+
+    pub(crate) fn same_owner(&self, b: &WgpuBackend) -> bool {
+        Arc::ptr_eq(&self.owner, &b.inner)
+    }
+}
+
+impl BufferInfo for WgpuBuffer {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+impl Drop for WgpuBuffer {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            let mut pool = self.owner.pool.lock().unwrap_or_else(|p| p.into_inner());
+            if pool.cached_bytes + self.class <= POOL_CAP {
+                pool.cached_bytes += self.class;
+                pool.free.entry(self.class).or_default().push(buf);
+            } else {
+                buf.destroy();
+            }
+        }
+    }
+}
+
+/// The byte views below need `T` to be exactly its dtype's size (an outside `Element` impl
+/// could be a padded type).
+fn check_element_size<T: Element>(op: &'static str) -> Result<()> {
+    if std::mem::size_of::<T>() == T::DTYPE.size_in_bytes() {
+        Ok(())
+    } else {
+        Err(GpuError::invalid(
+            op,
+            "element type is not its dtype's size",
+        ))
+    }
+}
+
+pub(crate) fn padded_bytes(dtype: DType, len: usize) -> u64 {
+    ((len * dtype.size_in_bytes()) as u64).div_ceil(4) * 4
+}
+
+fn shared_backends() -> &'static Mutex<HashMap<usize, WgpuBackend>> {
+    static MAP: OnceLock<Mutex<HashMap<usize, WgpuBackend>>> = OnceLock::new();
+    MAP.get_or_init(Default::default)
+}
+
+impl WgpuBackend {
+    /// Opens adapter `index` (in enumeration order) with all of its limits and no optional
+    /// features. No adapter is a [`GpuError::WgpuUnavailable`], never a panic.
+    pub fn new(index: usize) -> Result<Self> {
+        Ok(Self::open(index)?)
+    }
+
+    /// The process-wide backend of adapter `index`, opened on first use.
+    pub fn shared(index: usize) -> Result<Self> {
+        let mut map = shared_backends().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = map.get(&index) {
+            if b.check_lost().is_ok() {
+                return Ok(b.clone());
+            }
+        }
+        let b = Self::new(index)?;
+        map.insert(index, b.clone());
+        Ok(b)
+    }
+
+    fn open(index: usize) -> std::result::Result<Self, WgpuError> {
+        let found = probe::discovered()?;
+        let adapter = found.adapters.get(index).ok_or_else(|| {
+            WgpuError::NoAdapter(format!(
+                "adapter {index} does not exist ({} adapter(s) present)",
+                found.adapters.len()
+            ))
+        })?;
+        let limits = adapter.limits();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("hybrid-trainer"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            ..Default::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|e| WgpuError::RequestDevice(e.to_string()))?;
+        let lost = Arc::new(Mutex::new(None));
+        let l = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            *l.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(format!("wgpu device lost ({reason:?}): {msg}"));
+        });
+        // wgpu's default handler panics; errors outside an error scope are kept and reported
+        // by the next call instead.
+        let uncaptured = Arc::new(Mutex::new(None));
+        let u = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut slot = u.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                *slot = Some(e.to_string());
+            }
+        }));
+        let timeout = std::env::var(POLL_TIMEOUT_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(Duration::from_secs(60), Duration::from_millis);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                info: WgpuInfo {
+                    index,
+                    adapter: adapter.get_info(),
+                    limits: device.limits(),
+                },
+                device,
+                queue,
+                pool: Mutex::new(Pool::default()),
+                pipelines: Mutex::new(HashMap::new()),
+                lost,
+                uncaptured,
+                timeout,
+            }),
+        })
+    }
+
+    /// The adapter and its limits.
+    pub fn info(&self) -> &WgpuInfo {
+        &self.inner.info
+    }
+
+    /// The wgpu device (for kernels outside this crate).
+    pub fn wgpu_device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+
+    /// The bound on every wait (see [`POLL_TIMEOUT_ENV`]).
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// Errors once the device is lost, or with the first error wgpu raised outside a scope.
+    pub fn check_lost(&self) -> Result<()> {
+        if let Some(m) = self
+            .inner
+            .lost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Err(WgpuError::DeviceLost(m).into());
+        }
+        if let Some(m) = self
+            .inner
+            .uncaptured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            return Err(WgpuError::Call {
+                call: "wgpu",
+                detail: m,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Releases every cached buffer of the pool.
+    pub fn trim_pool(&self) {
+        let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, bufs) in pool.free.drain() {
+            for b in bufs {
+                b.destroy();
+            }
+        }
+        pool.cached_bytes = 0;
+    }
+
+    /// Bytes of freed buffers the pool holds for reuse.
+    pub fn pooled_bytes(&self) -> u64 {
+        self.inner
+            .pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .cached_bytes
+    }
+
+    /// Number of distinct pipelines compiled so far.
+    pub fn pipeline_count(&self) -> usize {
+        self.inner
+            .pipelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// The largest buffer one binding may hold, in bytes.
+    pub fn max_binding_bytes(&self) -> u64 {
+        let l = &self.inner.info.limits;
+        l.max_storage_buffer_binding_size.min(l.max_buffer_size)
+    }
+
+    fn size_class(&self, bytes: u64) -> u64 {
+        let pow2 = bytes.max(MIN_CLASS).next_power_of_two();
+        if pow2 <= self.max_binding_bytes() {
+            pow2
+        } else {
+            bytes.max(MIN_CLASS)
+        }
+    }
+
+    /// Runs `f` inside an error scope of `filter`; a captured error comes back typed.
+    pub(crate) fn scoped<R>(
+        &self,
+        filter: wgpu::ErrorFilter,
+        call: &'static str,
+        f: impl FnOnce() -> R,
+    ) -> Result<R> {
+        let scope = self.inner.device.push_error_scope(filter);
+        let r = f();
+        match pollster::block_on(scope.pop()) {
+            None => Ok(r),
+            Some(wgpu::Error::OutOfMemory { .. }) => {
+                Err(WgpuError::OutOfMemory { requested: 0 }.into())
+            }
+            Some(e) => Err(WgpuError::Call {
+                call,
+                detail: e.to_string(),
+            }
+            .into()),
+        }
+    }
+
+    fn create_storage(&self, class: u64) -> Result<wgpu::Buffer> {
+        let make = || {
+            self.scoped(wgpu::ErrorFilter::OutOfMemory, "create_buffer", || {
+                self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size: class,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })
+        };
+        match make() {
+            Ok(b) => Ok(b),
+            Err(GpuError::OutOfMemory { .. }) => {
+                // Release the pool's cache and try once more.
+                self.trim_pool();
+                make().map_err(|e| match e {
+                    GpuError::OutOfMemory { .. } => WgpuError::OutOfMemory {
+                        requested: class as usize,
+                    }
+                    .into(),
+                    e => e,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The pipeline of `entry` in the WGSL `source` cached under `key`, compiled on first use.
+    pub(crate) fn pipeline(
+        &self,
+        key: &str,
+        source: impl FnOnce() -> String,
+        entry: &str,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let full_key = format!("{key}::{entry}");
+        let mut cache = self
+            .inner
+            .pipelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = cache.get(&full_key) {
+            return Ok(p.clone());
+        }
+        let src = source();
+        let pipeline = self.scoped(
+            wgpu::ErrorFilter::Validation,
+            "create_compute_pipeline",
+            || {
+                let module = self
+                    .inner
+                    .device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(key),
+                        source: wgpu::ShaderSource::Wgsl(src.into()),
+                    });
+                self.inner
+                    .device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(key),
+                        layout: None,
+                        module: &module,
+                        entry_point: Some(entry),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    })
+            },
+        )?;
+        let p = Arc::new(pipeline);
+        cache.insert(full_key, p.clone());
+        Ok(p)
+    }
+
+    /// Waits for the queue's work up to `submission`, bounded by [`Self::timeout`].
+    pub(crate) fn wait(
+        &self,
+        op: &'static str,
+        submission: Option<wgpu::SubmissionIndex>,
+    ) -> Result<()> {
+        let r = self.inner.device.poll(wgpu::PollType::Wait {
+            submission_index: submission,
+            timeout: Some(self.inner.timeout),
+        });
+        match r {
+            Ok(_) => self.check_lost(),
+            Err(wgpu::PollError::Timeout) => Err(WgpuError::Timeout {
+                op,
+                waited_ms: self.inner.timeout.as_millis() as u64,
+            }
+            .into()),
+            Err(e) => {
+                self.check_lost()?;
+                Err(WgpuError::Call {
+                    call: "poll",
+                    detail: e.to_string(),
+                }
+                .into())
+            }
+        }
+    }
+
+    pub(crate) fn check_owner(&self, op: &'static str, b: &WgpuBuffer) -> Result<()> {
+        if b.same_owner(self) {
+            Ok(())
+        } else {
+            Err(GpuError::ForeignBuffer {
+                op,
+                detail: "the buffer belongs to another wgpu device".into(),
+            })
+        }
+    }
+
+    /// Reads a buffer's padded bytes back to the host (map a staging buffer, bounded wait).
+    pub(crate) fn read_bytes(&self, src: &WgpuBuffer) -> Result<Vec<u8>> {
+        let size = src.padded_bytes();
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("staging"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self
+            .inner
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        enc.copy_buffer_to_buffer(src.raw(), 0, &staging, 0, size);
+        let sub = self.inner.queue.submit([enc.finish()]);
+        let slice = staging.slice(..);
+        let (tx, rx) = mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        let start = Instant::now();
+        self.wait("copy_from_device", Some(sub))?;
+        // The callback runs inside poll; a short grace period covers a late one.
+        let left = self.inner.timeout.saturating_sub(start.elapsed());
+        loop {
+            match rx.try_recv() {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => {
+                    self.check_lost()?;
+                    return Err(WgpuError::Call {
+                        call: "map_async",
+                        detail: e.to_string(),
+                    }
+                    .into());
+                }
+                Err(_) if start.elapsed() > left + Duration::from_millis(1) => {
+                    return Err(WgpuError::Timeout {
+                        op: "copy_from_device",
+                        waited_ms: start.elapsed().as_millis() as u64,
+                    }
+                    .into())
+                }
+                Err(_) => {
+                    let _ = self.inner.device.poll(wgpu::PollType::Poll);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        let bytes = slice
+            .get_mapped_range()
+            .map_err(|e| WgpuError::Call {
+                call: "get_mapped_range",
+                detail: e.to_string(),
+            })?
+            .to_vec();
+        staging.unmap();
+        staging.destroy();
+        Ok(bytes)
+    }
+}
+
+impl Backend for WgpuBackend {
+    type Buffer = WgpuBuffer;
+
+    fn device(&self) -> Device {
+        Device::Wgpu(self.inner.info.index)
+    }
+
+    fn device_name(&self) -> String {
+        let a = &self.inner.info.adapter;
+        format!(
+            "{} ({:?}, {} {})",
+            a.name, a.backend, a.driver, a.driver_info
+        )
+    }
+
+    fn device_type(&self) -> DeviceType {
+        DeviceType::Gpu
+    }
+
+    /// wgpu has no query for free device memory: this is the largest single buffer the device
+    /// accepts (`min(max_buffer_size, max_storage_buffer_binding_size)`), an upper bound.
+    fn memory_available(&self) -> Result<usize> {
+        self.check_lost()?;
+        Ok(self.max_binding_bytes() as usize)
+    }
+
+    fn allocate(&self, dtype: DType, len: usize) -> Result<WgpuBuffer> {
+        self.check_lost()?;
+        let bytes = (len as u64)
+            .checked_mul(dtype.size_in_bytes() as u64)
+            .ok_or_else(|| GpuError::InvalidShape {
+                op: "allocate",
+                reason: format!("{len} elements of {dtype} overflow"),
+            })?
+            .div_ceil(4)
+            * 4;
+        if bytes > self.max_binding_bytes() {
+            return Err(WgpuError::Unsupported {
+                op: "allocate",
+                reason: format!(
+                    "{bytes} bytes exceed the adapter's largest storage binding ({} bytes, \
+                     max_storage_buffer_binding_size / max_buffer_size)",
+                    self.max_binding_bytes()
+                ),
+            }
+            .into());
+        }
+        let class = self.size_class(bytes);
+        let reused = {
+            let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
+            let b = pool.free.get_mut(&class).and_then(Vec::pop);
+            if b.is_some() {
+                pool.cached_bytes -= class;
+            }
+            b
+        };
+        let buf = match reused {
+            Some(b) => b,
+            None => self.create_storage(class)?,
+        };
+        Ok(WgpuBuffer {
+            buf: Some(buf),
+            class,
+            dtype,
+            len,
+            owner: self.inner.clone(),
+        })
+    }
+
+    fn copy_to_device<T: Element>(&self, src: &[T], dst: &mut WgpuBuffer) -> Result<()> {
+        check_transfer::<T>("copy_to_device", src.len(), dst)?;
+        check_element_size::<T>("copy_to_device")?;
+        self.check_owner("copy_to_device", dst)?;
+        self.check_lost()?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `T` is exactly its dtype's size (checked above): f32, f16, bf16 or u32 data, so
+        // its bytes may be viewed as u8 for the slice's lifetime.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src))
+        };
+        if bytes.len() % 4 == 0 {
+            self.inner.queue.write_buffer(dst.raw(), 0, bytes);
+        } else {
+            let mut padded = bytes.to_vec();
+            padded.resize(bytes.len().div_ceil(4) * 4, 0);
+            self.inner.queue.write_buffer(dst.raw(), 0, &padded);
+        }
+        Ok(())
+    }
+
+    fn copy_from_device<T: Element>(&self, src: &WgpuBuffer, dst: &mut [T]) -> Result<()> {
+        check_transfer::<T>("copy_from_device", dst.len(), src)?;
+        check_element_size::<T>("copy_from_device")?;
+        self.check_owner("copy_from_device", src)?;
+        self.check_lost()?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let bytes = self.read_bytes(src)?;
+        let n = std::mem::size_of_val(dst);
+        // SAFETY: as in copy_to_device; every bit pattern is a valid value of these types, and
+        // `bytes` holds at least `n` bytes (the padded size).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.as_mut_ptr().cast::<u8>(), n);
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.check_lost()?;
+        // An empty submission orders the wait after everything queued so far.
+        let sub = self.inner.queue.submit([]);
+        self.wait("synchronize", Some(sub))
+    }
+}

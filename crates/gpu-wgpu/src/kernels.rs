@@ -1,0 +1,797 @@
+//! WGSL kernels for the first primitives, as inherent methods of [`WgpuBackend`] (to be wired
+//! to the HAL's primitive trait when it lands). All run on f32 data except the casts and the
+//! u32 ids; every launch is validated on the host first, so a bad argument is a typed error.
+
+use crate::backend::{WgpuBackend, WgpuBuffer};
+use gpu_core::backend::{Backend, BufferInfo};
+use gpu_core::ops::MatmulSpec;
+use gpu_core::{DType, GpuError, Result};
+use wgpu::util::DeviceExt;
+
+/// Threads per workgroup of the one-dimensional kernels.
+const WG: u32 = 256;
+/// Tile edge of the matmul.
+const TILE: u32 = 16;
+
+/// The parameter block every kernel binds at 0; `gx` is the grid's x extent (for 2-D grids).
+const HEADER: &str = r#"
+struct Params { p0: u32, p1: u32, p2: u32, p3: u32, p4: u32, p5: u32, p6: u32, gx: u32 }
+@group(0) @binding(0) var<uniform> P: Params;
+fn linear(wid: vec3<u32>, lid: vec3<u32>) -> u32 { return (wid.y * P.gx + wid.x) * 256u + lid.x; }
+fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn nan_max(a: f32, b: f32) -> f32 { return select(max(a, b), a + b, is_nan(a) || is_nan(b)); }
+fn nan_min(a: f32, b: f32) -> f32 { return select(min(a, b), a + b, is_nan(a) || is_nan(b)); }
+"#;
+
+/// Elementwise maps `out = f(x)` on f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Log,
+    Tanh,
+    Relu,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`; 0 at −inf.
+    GeluTanh,
+    /// `x·sigmoid(x)`; 0 at −inf.
+    Silu,
+    Sqrt,
+    Rsqrt,
+}
+
+impl UnaryOp {
+    /// Every unary op.
+    pub const ALL: [UnaryOp; 9] = [
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Tanh,
+        UnaryOp::Relu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Relu => "relu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+        }
+    }
+
+    fn expr(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "-x",
+            UnaryOp::Exp => "exp(x)",
+            UnaryOp::Log => "log(x)",
+            UnaryOp::Tanh => "tanh_(x)",
+            UnaryOp::Relu => "select(x, 0.0, x < 0.0)",
+            UnaryOp::GeluTanh => {
+                "select(0.5 * x * (1.0 + tanh_(0.7978845608028654 * (x + 0.044715 * x * x * x))), \
+                 0.0, x < -3.0e38)"
+            }
+            UnaryOp::Silu => "select(x / (1.0 + exp(-x)), 0.0, x < -88.0)",
+            UnaryOp::Sqrt => "sqrt(x)",
+            UnaryOp::Rsqrt => "inverseSqrt(x)",
+        }
+    }
+}
+
+/// Elementwise binary ops `out = a ∘ b`; max and min propagate NaN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+    Min,
+}
+
+impl BinaryOp {
+    /// Every binary op.
+    pub const ALL: [BinaryOp; 6] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+        }
+    }
+
+    fn expr(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "x + y",
+            BinaryOp::Sub => "x - y",
+            BinaryOp::Mul => "x * y",
+            BinaryOp::Div => "x / y",
+            BinaryOp::Max => "nan_max(x, y)",
+            BinaryOp::Min => "nan_min(x, y)",
+        }
+    }
+}
+
+/// Reductions over the last axis of `[rows, cols]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RowReduce {
+    /// Sum; 0 for an empty row.
+    Sum,
+    /// Maximum, NaN-propagating; −inf for an empty row.
+    Max,
+}
+
+const FILL: &str = r#"
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = linear(wid, lid);
+    if (i < P.p0) { out[i] = P.p1; }
+}
+"#;
+
+const CAST_F32_BF16: &str = r#"
+@group(0) @binding(1) var<storage, read> x: array<u32>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+// Round to nearest even; NaN stays NaN (quiet bit set), overflow goes to inf (half's rule).
+fn to_bf16(b: u32) -> u32 {
+    if ((b & 0x7fffffffu) > 0x7f800000u) { return ((b >> 16u) | 0x40u) & 0xffffu; }
+    let r = 0x8000u;
+    if ((b & r) != 0u && (b & (3u * r - 1u)) != 0u) { return ((b >> 16u) + 1u) & 0xffffu; }
+    return b >> 16u;
+}
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let w = linear(wid, lid);
+    let n = P.p0;
+    if (w >= (n + 1u) / 2u) { return; }
+    let lo = to_bf16(x[2u * w]);
+    var hi = 0u;
+    if (2u * w + 1u < n) { hi = to_bf16(x[2u * w + 1u]); }
+    out[w] = lo | (hi << 16u);
+}
+"#;
+
+const CAST_BF16_F32: &str = r#"
+@group(0) @binding(1) var<storage, read> x: array<u32>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = linear(wid, lid);
+    if (i >= P.p0) { return; }
+    out[i] = ((x[i / 2u] >> (16u * (i % 2u))) & 0xffffu) << 16u;
+}
+"#;
+
+const UNARY: &str = r#"
+@group(0) @binding(1) var<storage, read> xs: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+// tanh that saturates for large |x| (some drivers' builtin gives NaN there).
+fn tanh_(x: f32) -> f32 {
+    let a = abs(x);
+    if (a > 1.0) {
+        let e = exp(-2.0 * a);
+        return sign(x) * (1.0 - e) / (1.0 + e);
+    }
+    return tanh(x);
+}
+fn f(x: f32) -> f32 { return EXPR; }
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = linear(wid, lid);
+    if (i < P.p0) { out[i] = f(xs[i]); }
+}
+"#;
+
+const BINARY: &str = r#"
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+fn f(x: f32, y: f32) -> f32 { return EXPR; }
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = linear(wid, lid);
+    if (i < P.p0) { out[i] = f(a[i], b[i % P.p1]); }
+}
+"#;
+
+const REDUCE: &str = r#"
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+var<workgroup> s: array<f32, 256>;
+fn op(a: f32, b: f32) -> f32 { return OP; }
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row = wid.y * P.gx + wid.x;
+    let rows = P.p0;
+    let cols = P.p1;
+    var acc = INIT;
+    if (row < rows) {
+        for (var c = lid.x; c < cols; c += 256u) { acc = op(acc, x[row * cols + c]); }
+    }
+    s[lid.x] = acc;
+    workgroupBarrier();
+    for (var h = 128u; h > 0u; h >>= 1u) {
+        if (lid.x < h) { s[lid.x] = op(s[lid.x], s[lid.x + h]); }
+        workgroupBarrier();
+    }
+    if (lid.x == 0u && row < rows) { out[row] = s[0]; }
+}
+"#;
+
+const MATMUL: &str = r#"
+@group(0) @binding(1) var<storage, read> A: array<f32>;
+@group(0) @binding(2) var<storage, read> B: array<f32>;
+@group(0) @binding(3) var<storage, read_write> C: array<f32>;
+var<workgroup> As: array<array<f32, 16>, 16>;
+var<workgroup> Bs: array<array<f32, 16>, 16>;
+// C[b] = op(A[b]) · op(B[b]); op(A) is m×k (A stored k×m when p3 = 1), op(B) is k×n (B stored
+// n×k when p4 = 1). One thread per element of C, 16×16 tiles staged in workgroup memory.
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let m = P.p0;
+    let n = P.p1;
+    let k = P.p2;
+    let row = wid.y * 16u + lid.y;
+    let col = wid.x * 16u + lid.x;
+    let a0 = wid.z * m * k;
+    let b0 = wid.z * k * n;
+    var acc = 0.0;
+    let tiles = (k + 15u) / 16u;
+    for (var t = 0u; t < tiles; t++) {
+        let ak = t * 16u + lid.x;
+        var av = 0.0;
+        if (row < m && ak < k) {
+            if (P.p3 != 0u) { av = A[a0 + ak * m + row]; } else { av = A[a0 + row * k + ak]; }
+        }
+        As[lid.y][lid.x] = av;
+        let bk = t * 16u + lid.y;
+        var bv = 0.0;
+        if (bk < k && col < n) {
+            if (P.p4 != 0u) { bv = B[b0 + col * k + bk]; } else { bv = B[b0 + bk * n + col]; }
+        }
+        Bs[lid.y][lid.x] = bv;
+        workgroupBarrier();
+        for (var i = 0u; i < 16u; i++) { acc = fma(As[lid.y][i], Bs[i][lid.x], acc); }
+        workgroupBarrier();
+    }
+    if (row < m && col < n) { C[wid.z * m * n + row * n + col] = acc; }
+}
+"#;
+
+const GATHER: &str = r#"
+@group(0) @binding(1) var<storage, read> ids: array<u32>;
+@group(0) @binding(2) var<storage, read> table: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> status: array<atomic<u32>>;
+// out[r, c] = table[ids[r], c]; an id >= vocab gives a NaN row and is recorded in status.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = linear(wid, lid);
+    if (i >= P.p0) { return; }
+    let d = P.p1;
+    let id = ids[i / d];
+    if (id >= P.p2) {
+        out[i] = bitcast<f32>(0x7fc00000u);
+        atomicMax(&status[0], 1u);
+        atomicMax(&status[1], id);
+        return;
+    }
+    out[i] = table[id * d + i % d];
+}
+"#;
+
+const SCATTER_ADD: &str = r#"
+@group(0) @binding(1) var<storage, read> ids: array<u32>;
+@group(0) @binding(2) var<storage, read> src: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<atomic<u32>>;
+@group(0) @binding(4) var<storage, read_write> status: array<atomic<u32>>;
+// dst[ids[r], c] += src[r, c], as a compare-and-swap loop on the f32 bits (WGSL has no float
+// atomics): the order of the adds to one element is unspecified.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = linear(wid, lid);
+    if (i >= P.p0) { return; }
+    let d = P.p1;
+    let id = ids[i / d];
+    if (id >= P.p2) {
+        atomicMax(&status[0], 1u);
+        atomicMax(&status[1], id);
+        return;
+    }
+    let v = src[i];
+    let j = id * d + i % d;
+    var old = atomicLoad(&dst[j]);
+    loop {
+        let r = atomicCompareExchangeWeak(&dst[j], old, bitcast<u32>(bitcast<f32>(old) + v));
+        if (r.exchanged) { break; }
+        old = r.old_value;
+    }
+}
+"#;
+
+fn src(body: &str) -> String {
+    format!("{HEADER}{body}")
+}
+
+fn require(op: &'static str, b: &WgpuBuffer, dtype: DType) -> Result<()> {
+    if b.dtype() == dtype {
+        Ok(())
+    } else {
+        Err(GpuError::DTypeMismatch {
+            op,
+            expected: dtype,
+            got: b.dtype(),
+        })
+    }
+}
+
+fn to_u32(op: &'static str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| GpuError::InvalidShape {
+        op,
+        reason: format!("{v} does not fit the kernels' 32-bit indices"),
+    })
+}
+
+impl WgpuBackend {
+    /// A 2-D grid of workgroups covering `groups` (x at most the device's limit).
+    fn grid(&self, op: &'static str, groups: u32) -> Result<(u32, u32)> {
+        let max = self
+            .info()
+            .limits
+            .max_compute_workgroups_per_dimension
+            .max(1);
+        let x = groups.min(max);
+        let y = groups.div_ceil(x.max(1));
+        if y > max {
+            return Err(GpuError::Unsupported {
+                op,
+                reason: format!("{groups} workgroups exceed the device's grid"),
+            });
+        }
+        Ok((x, y))
+    }
+
+    /// Binds `params` at 0 and `buffers` at 1.., dispatches `groups`, and submits.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        op: &'static str,
+        key: &str,
+        source: impl FnOnce() -> String,
+        mut params: [u32; 8],
+        gx: u32,
+        groups: (u32, u32, u32),
+        buffers: &[&wgpu::Buffer],
+    ) -> Result<()> {
+        self.check_lost()?;
+        if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
+            return Ok(());
+        }
+        params[7] = gx;
+        let pipeline = self.pipeline(key, source, "main")?;
+        let dev = &self.inner.device;
+        self.scoped(wgpu::ErrorFilter::Validation, op, || {
+            let ubuf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: bytemuck::cast_slice(&params),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: ubuf.as_entire_binding(),
+            }];
+            for (i, b) in buffers.iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: b.as_entire_binding(),
+                });
+            }
+            let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bind, &[]);
+                pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+            }
+            self.inner.queue.submit([enc.finish()]);
+        })
+    }
+
+    /// A one-dimensional launch over `threads` threads.
+    fn launch_1d(
+        &self,
+        op: &'static str,
+        key: &str,
+        source: impl FnOnce() -> String,
+        params: [u32; 8],
+        threads: usize,
+        buffers: &[&wgpu::Buffer],
+    ) -> Result<()> {
+        let groups = to_u32(op, threads)?.div_ceil(WG);
+        let (x, y) = self.grid(op, groups)?;
+        self.launch(op, key, source, params, x, (x, y, 1), buffers)
+    }
+
+    fn check_out(&self, op: &'static str, bufs: &[&WgpuBuffer]) -> Result<()> {
+        for b in bufs {
+            self.check_owner(op, b)?;
+        }
+        Ok(())
+    }
+
+    /// Sets every element to `value` (u32 gets `value as u32`; f16 and bf16 round to nearest).
+    pub fn fill(&self, buf: &mut WgpuBuffer, value: f32) -> Result<()> {
+        self.check_out("fill", &[buf])?;
+        let pattern = match buf.dtype() {
+            DType::F32 => value.to_bits(),
+            DType::U32 => value as u32,
+            DType::BF16 => {
+                let h = half::bf16::from_f32(value).to_bits() as u32;
+                h | (h << 16)
+            }
+            DType::F16 => {
+                let h = half::f16::from_f32(value).to_bits() as u32;
+                h | (h << 16)
+            }
+        };
+        let words = (buf.padded_bytes() / 4) as usize;
+        let p = [to_u32("fill", words)?, pattern, 0, 0, 0, 0, 0, 0];
+        self.launch_1d("fill", "fill", || src(FILL), p, words, &[buf.raw()])
+    }
+
+    /// `out = x` in `out`'s dtype: f32→bf16 rounds to nearest even (NaN stays NaN, overflow
+    /// gives ±inf), bf16→f32 is exact, the same dtype copies.
+    pub fn cast(&self, x: &WgpuBuffer, out: &mut WgpuBuffer) -> Result<()> {
+        self.check_out("cast", &[x, out])?;
+        if x.len() != out.len() {
+            return Err(GpuError::shape("cast", x.len(), out.len()));
+        }
+        let n = to_u32("cast", x.len())?;
+        let p = [n, 0, 0, 0, 0, 0, 0, 0];
+        match (x.dtype(), out.dtype()) {
+            (a, b) if a == b => {
+                let size = x.padded_bytes();
+                if size > 0 {
+                    let mut enc = self
+                        .inner
+                        .device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+                    enc.copy_buffer_to_buffer(x.raw(), 0, out.raw(), 0, size);
+                    self.inner.queue.submit([enc.finish()]);
+                }
+                Ok(())
+            }
+            (DType::F32, DType::BF16) => self.launch_1d(
+                "cast",
+                "cast_f32_bf16",
+                || src(CAST_F32_BF16),
+                p,
+                x.len().div_ceil(2),
+                &[x.raw(), out.raw()],
+            ),
+            (DType::BF16, DType::F32) => self.launch_1d(
+                "cast",
+                "cast_bf16_f32",
+                || src(CAST_BF16_F32),
+                p,
+                x.len(),
+                &[x.raw(), out.raw()],
+            ),
+            (a, _) => Err(GpuError::UnsupportedDType {
+                op: "cast",
+                dtype: a,
+                backend: "wgpu (f32<->bf16 only so far)",
+            }),
+        }
+    }
+
+    /// `out = op(x)` on f32.
+    pub fn unary(&self, op: UnaryOp, x: &WgpuBuffer, out: &mut WgpuBuffer) -> Result<()> {
+        self.check_out("unary", &[x, out])?;
+        require("unary", x, DType::F32)?;
+        require("unary", out, DType::F32)?;
+        if x.len() != out.len() {
+            return Err(GpuError::shape("unary", x.len(), out.len()));
+        }
+        let p = [to_u32("unary", x.len())?, 0, 0, 0, 0, 0, 0, 0];
+        self.launch_1d(
+            "unary",
+            &format!("unary_{}", op.name()),
+            || src(&UNARY.replace("EXPR", op.expr())),
+            p,
+            x.len(),
+            &[x.raw(), out.raw()],
+        )
+    }
+
+    /// `out = a ∘ b` on f32: `b` has `a`'s length, or is broadcast along the last axis (`a` is
+    /// `[rows, b.len()]`).
+    pub fn binary(
+        &self,
+        op: BinaryOp,
+        a: &WgpuBuffer,
+        b: &WgpuBuffer,
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        self.check_out("binary", &[a, b, out])?;
+        for x in [a, b, &*out] {
+            require("binary", x, DType::F32)?;
+        }
+        if a.len() != out.len() {
+            return Err(GpuError::shape("binary", a.len(), out.len()));
+        }
+        if !a.is_empty() && (b.is_empty() || !a.len().is_multiple_of(b.len())) {
+            return Err(GpuError::shape(
+                "binary",
+                format!("{} elements or a last axis dividing it", a.len()),
+                b.len(),
+            ));
+        }
+        let p = [
+            to_u32("binary", a.len())?,
+            to_u32("binary", b.len().max(1))?,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        self.launch_1d(
+            "binary",
+            &format!("binary_{}", op.name()),
+            || src(&BINARY.replace("EXPR", op.expr())),
+            p,
+            a.len(),
+            &[a.raw(), b.raw(), out.raw()],
+        )
+    }
+
+    /// Reduces each `cols`-wide row of `x` (`[rows, cols]`) into `out` (`[rows]`).
+    pub fn reduce_rows(
+        &self,
+        op: RowReduce,
+        x: &WgpuBuffer,
+        cols: usize,
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        self.check_out("reduce_rows", &[x, out])?;
+        require("reduce_rows", x, DType::F32)?;
+        require("reduce_rows", out, DType::F32)?;
+        let rows = out.len();
+        if rows.checked_mul(cols) != Some(x.len()) {
+            return Err(GpuError::shape(
+                "reduce_rows",
+                format!("{rows} rows x {cols} columns"),
+                x.len(),
+            ));
+        }
+        let (key, body) = match op {
+            RowReduce::Sum => (
+                "reduce_sum",
+                REDUCE.replace("OP", "a + b").replace("INIT", "0.0"),
+            ),
+            RowReduce::Max => (
+                "reduce_max",
+                REDUCE
+                    .replace("OP", "nan_max(a, b)")
+                    .replace("INIT", "bitcast<f32>(0xff800000u)"),
+            ),
+        };
+        let p = [
+            to_u32("reduce_rows", rows)?,
+            to_u32("reduce_rows", cols)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        let (gx, gy) = self.grid("reduce_rows", to_u32("reduce_rows", rows)?)?;
+        self.launch(
+            "reduce_rows",
+            key,
+            || src(&body),
+            p,
+            gx,
+            (gx, gy, 1),
+            &[x.raw(), out.raw()],
+        )
+    }
+
+    /// `c = op(a)·op(b)` per batch in f32, row-major, per [`MatmulSpec`] (as the CPU backend's
+    /// `MatmulOps::matmul`); `c` is overwritten.
+    pub fn matmul(
+        &self,
+        spec: MatmulSpec,
+        a: &WgpuBuffer,
+        b: &WgpuBuffer,
+        c: &mut WgpuBuffer,
+    ) -> Result<()> {
+        self.check_out("matmul", &[a, b, c])?;
+        for x in [a, b, &*c] {
+            require("matmul", x, DType::F32)?;
+        }
+        spec.validate(a, b, c)?;
+        let MatmulSpec { batch, m, n, k, .. } = spec;
+        if c.is_empty() {
+            return Ok(());
+        }
+        if k == 0 {
+            return self.fill(c, 0.0);
+        }
+        let max = self.info().limits.max_compute_workgroups_per_dimension;
+        let (gx, gy) = (
+            to_u32("matmul", n)?.div_ceil(TILE),
+            to_u32("matmul", m)?.div_ceil(TILE),
+        );
+        let gz = to_u32("matmul", batch)?;
+        if gx > max || gy > max || gz > max {
+            return Err(GpuError::Unsupported {
+                op: "matmul",
+                reason: format!("grid {gx}x{gy}x{gz} exceeds the device's {max} per dimension"),
+            });
+        }
+        let p = [
+            to_u32("matmul", m)?,
+            to_u32("matmul", n)?,
+            to_u32("matmul", k)?,
+            spec.trans_a as u32,
+            spec.trans_b as u32,
+            0,
+            0,
+            0,
+        ];
+        self.launch(
+            "matmul",
+            "matmul_f32",
+            || src(MATMUL),
+            p,
+            gx,
+            (gx, gy, gz),
+            &[a.raw(), b.raw(), c.raw()],
+        )
+    }
+
+    /// A zeroed two-word status buffer for the index-checking kernels.
+    fn status(&self) -> Result<WgpuBuffer> {
+        let mut s = self.allocate(DType::U32, 2)?;
+        self.copy_to_device(&[0u32, 0], &mut s)?;
+        Ok(s)
+    }
+
+    fn check_status(&self, op: &'static str, status: &WgpuBuffer, bound: usize) -> Result<()> {
+        let s: Vec<u32> = self.download(status)?;
+        if s[0] != 0 {
+            return Err(GpuError::IndexOutOfRange {
+                op,
+                what: "ids",
+                value: s[1],
+                bound,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_rows_args(
+        &self,
+        op: &'static str,
+        ids: &WgpuBuffer,
+        rows_buf: &WgpuBuffer,
+        table: &WgpuBuffer,
+        dim: usize,
+    ) -> Result<usize> {
+        require(op, ids, DType::U32)?;
+        require(op, rows_buf, DType::F32)?;
+        require(op, table, DType::F32)?;
+        if dim == 0 {
+            return Err(GpuError::InvalidShape {
+                op,
+                reason: "rows must have at least one column".into(),
+            });
+        }
+        if ids.len().checked_mul(dim) != Some(rows_buf.len()) {
+            return Err(GpuError::shape(op, ids.len() * dim, rows_buf.len()));
+        }
+        if !table.len().is_multiple_of(dim) {
+            return Err(GpuError::shape(
+                op,
+                format!("a multiple of {dim} elements"),
+                table.len(),
+            ));
+        }
+        Ok(table.len() / dim)
+    }
+
+    /// `out[r] = table[ids[r]]` (embedding lookup) for a `[vocab, dim]` table; an id `>= vocab`
+    /// is [`GpuError::IndexOutOfRange`] (checked by reading a status word back: this waits).
+    pub fn gather_rows(
+        &self,
+        ids: &WgpuBuffer,
+        table: &WgpuBuffer,
+        dim: usize,
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        self.check_out("gather_rows", &[ids, table, out])?;
+        let vocab = self.check_rows_args("gather_rows", ids, out, table, dim)?;
+        let status = self.status()?;
+        let p = [
+            to_u32("gather_rows", out.len())?,
+            to_u32("gather_rows", dim)?,
+            to_u32("gather_rows", vocab)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        self.launch_1d(
+            "gather_rows",
+            "gather_rows",
+            || src(GATHER),
+            p,
+            out.len(),
+            &[ids.raw(), table.raw(), out.raw(), status.raw()],
+        )?;
+        self.check_status("gather_rows", &status, vocab)
+    }
+
+    /// `dst[ids[r]] += src[r]` for a `[vocab, dim]` `dst` (embedding backward when `dst` starts
+    /// at zero). Adds to one row run in an unspecified order. An id `>= vocab` is
+    /// [`GpuError::IndexOutOfRange`] (its row is skipped; checked by a read-back: this waits).
+    pub fn scatter_add_rows(
+        &self,
+        ids: &WgpuBuffer,
+        src_rows: &WgpuBuffer,
+        dim: usize,
+        dst: &mut WgpuBuffer,
+    ) -> Result<()> {
+        self.check_out("scatter_add_rows", &[ids, src_rows, dst])?;
+        let vocab = self.check_rows_args("scatter_add_rows", ids, src_rows, dst, dim)?;
+        let status = self.status()?;
+        let p = [
+            to_u32("scatter_add_rows", src_rows.len())?,
+            to_u32("scatter_add_rows", dim)?,
+            to_u32("scatter_add_rows", vocab)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        self.launch_1d(
+            "scatter_add_rows",
+            "scatter_add_rows",
+            || src(SCATTER_ADD),
+            p,
+            src_rows.len(),
+            &[ids.raw(), src_rows.raw(), dst.raw(), status.raw()],
+        )?;
+        self.check_status("scatter_add_rows", &status, vocab)
+    }
+}

@@ -1,0 +1,18 @@
+//! The wgpu backend of hybrid-trainer: one API for Vulkan, Metal and DX12 GPUs (seed E's primary).
+//! It implements `gpu_core::Backend` (buffers, transfers, a pool, cached pipelines, typed errors)
+//! and runs a first set of primitives as WGSL kernels ([`WgpuBackend`]'s inherent methods).
+//!
+//! Storage: every buffer is a wgpu storage buffer. f32 and u32 hold one element per 32-bit word;
+//! f16 and bf16 hold their raw 2-byte values, two per word (element `2w` in the low half of word
+//! `w`, little-endian, as in host memory), the buffer padded to a whole word.
+
+mod backend;
+mod error;
+mod kernels;
+mod probe;
+pub mod testing;
+
+pub use backend::{WgpuBackend, WgpuBuffer, WgpuInfo, POLL_TIMEOUT_ENV};
+pub use error::WgpuError;
+pub use kernels::{BinaryOp, RowReduce, UnaryOp};
+pub use probe::{adapters, register_device_probe};

@@ -1,0 +1,636 @@
+//! Parity of the wgpu primitives against the CPU reference (gpu-core's CPU backend where it has
+//! the op, else an f64 host reference), on fresh random inputs (the seed is printed; replay with
+//! `HYBRID_TEST_SEED`) and hostile ones. Without an adapter each test prints `SKIP` and returns
+//! (fails with `HYBRID_REQUIRE_WGPU=1`).
+
+use gpu_core::nn::elementwise::ElementwiseOps;
+use gpu_core::nn::rows::RowOps;
+use gpu_core::nn::Activation;
+use gpu_core::ops::{MatmulOps, MatmulSpec};
+use gpu_core::{Backend, CpuBackend, DType, Device, GpuError};
+use gpu_wgpu::testing::backend_or_skip;
+use gpu_wgpu::{BinaryOp, RowReduce, UnaryOp, WgpuBackend};
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+fn rng(test: &str) -> StdRng {
+    let seed = match std::env::var("HYBRID_TEST_SEED") {
+        Ok(s) => s.trim().parse().expect("HYBRID_TEST_SEED is a u64"),
+        Err(_) => {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+                ^ (test.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        }
+    };
+    eprintln!("{test}: seed {seed} (replay with HYBRID_TEST_SEED={seed})");
+    StdRng::seed_from_u64(seed)
+}
+
+fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| r.random_range(-1.0f32..1.0) * scale)
+        .collect()
+}
+
+const HOSTILE: [f32; 10] = [
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    0.0,
+    -0.0,
+    1e30,
+    -1e30,
+    f32::MAX,
+    f32::MIN_POSITIVE,
+    1e-40,
+];
+
+/// Equal as values: both NaN, the same infinity, or within `tol` (±0 equal).
+fn close(got: f32, want: f64, tol: f64) -> bool {
+    if want.is_nan() {
+        return got.is_nan();
+    }
+    if want.is_infinite() || got.is_infinite() {
+        return got as f64 == want
+            || (!want.is_infinite() && want.abs() > f32::MAX as f64 * 0.999_999);
+    }
+    ((got as f64) - want).abs() <= tol
+}
+
+/// Sizes that are empty, single, and not multiples of the workgroup (256) or the tile (16).
+const SIZES: [usize; 6] = [0, 1, 3, 255, 257, 4099];
+
+#[test]
+fn adapter_is_reported_and_device_parses() {
+    let Some(b) = backend_or_skip("adapter_is_reported_and_device_parses") else {
+        return;
+    };
+    let info = b.info();
+    eprintln!(
+        "adapter: {} | {:?} | driver {} {} | type {:?}",
+        info.adapter.name,
+        info.adapter.backend,
+        info.adapter.driver,
+        info.adapter.driver_info,
+        info.adapter.device_type
+    );
+    assert_eq!(b.device(), Device::Wgpu(0));
+    assert!(b.memory_available().unwrap() > 0);
+    gpu_wgpu::register_device_probe();
+    Device::Wgpu(0).check_present().unwrap();
+    let n = gpu_wgpu::adapters().unwrap().len();
+    assert!(matches!(
+        Device::Wgpu(n).check_present(),
+        Err(GpuError::WgpuUnavailable(_))
+    ));
+    assert!(matches!(
+        WgpuBackend::new(n),
+        Err(GpuError::WgpuUnavailable(_))
+    ));
+}
+
+#[test]
+fn round_trip_every_dtype_and_pool_reuse() {
+    let Some(b) = backend_or_skip("round_trip_every_dtype_and_pool_reuse") else {
+        return;
+    };
+    let mut r = rng("round_trip");
+    for n in SIZES {
+        let f: Vec<f32> = randn(&mut r, n, 100.0);
+        assert_eq!(b.download::<f32>(&b.upload(&f).unwrap()).unwrap(), f);
+        let u: Vec<u32> = (0..n).map(|_| r.random()).collect();
+        assert_eq!(b.download::<u32>(&b.upload(&u).unwrap()).unwrap(), u);
+        let h: Vec<bf16> = f.iter().map(|&x| bf16::from_f32(x)).collect();
+        assert_eq!(b.download::<bf16>(&b.upload(&h).unwrap()).unwrap(), h);
+        let g: Vec<half::f16> = f.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let back = b.download::<half::f16>(&b.upload(&g).unwrap()).unwrap();
+        assert!(back.iter().zip(&g).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+    // Dtype and length are checked.
+    let buf = b.upload(&[1.0f32, 2.0]).unwrap();
+    assert!(matches!(
+        b.download::<u32>(&buf),
+        Err(GpuError::DTypeMismatch { .. })
+    ));
+    let mut three = [0f32; 3];
+    assert!(b.copy_from_device(&buf, &mut three).is_err());
+    // A freed buffer goes to the pool and the next allocation of its class takes it back.
+    let own = WgpuBackend::new(0).unwrap();
+    let x = own.allocate(DType::F32, 1000).unwrap();
+    drop(x);
+    let pooled = own.pooled_bytes();
+    assert_eq!(pooled, 4096);
+    let _y = own.allocate(DType::F32, 900).unwrap();
+    assert_eq!(own.pooled_bytes(), 0);
+    // Beyond the largest binding: Unsupported, not a panic or a wgpu validation error.
+    let too_big = own.max_binding_bytes() as usize / 4 + 1;
+    assert!(matches!(
+        own.allocate(DType::F32, too_big),
+        Err(GpuError::Unsupported { .. })
+    ));
+    // A buffer of another device is refused.
+    let mut out = own.allocate(DType::F32, 2).unwrap();
+    assert!(matches!(
+        b.unary(UnaryOp::Neg, &buf, &mut out),
+        Err(GpuError::ForeignBuffer { .. })
+    ));
+    b.synchronize().unwrap();
+}
+
+#[test]
+fn fill_every_dtype() {
+    let Some(b) = backend_or_skip("fill_every_dtype") else {
+        return;
+    };
+    for n in SIZES {
+        for v in [1.5f32, -0.0, f32::NAN, f32::INFINITY, 3.0e38] {
+            let mut x = b.allocate(DType::F32, n).unwrap();
+            b.fill(&mut x, v).unwrap();
+            let got: Vec<f32> = b.download(&x).unwrap();
+            assert!(got.iter().all(|g| g.to_bits() == v.to_bits()), "f32 {v}");
+            let mut h = b.allocate(DType::BF16, n).unwrap();
+            b.fill(&mut h, v).unwrap();
+            let got: Vec<bf16> = b.download(&h).unwrap();
+            assert!(got
+                .iter()
+                .all(|g| g.to_bits() == bf16::from_f32(v).to_bits()));
+        }
+        let mut u = b.allocate(DType::U32, n).unwrap();
+        b.fill(&mut u, 7.0).unwrap();
+        assert!(b.download::<u32>(&u).unwrap().iter().all(|&g| g == 7));
+        // Same as the CPU backend's fill.
+        let mut c = CpuBackend.allocate(DType::U32, n).unwrap();
+        CpuBackend.fill(&mut c, 7.0).unwrap();
+        assert_eq!(
+            CpuBackend.download::<u32>(&c).unwrap(),
+            b.download::<u32>(&u).unwrap()
+        );
+    }
+}
+
+#[test]
+fn cast_f32_bf16_bitwise() {
+    let Some(b) = backend_or_skip("cast_f32_bf16_bitwise") else {
+        return;
+    };
+    let mut r = rng("cast_f32_bf16_bitwise");
+    for n in SIZES {
+        let mut x: Vec<f32> = (0..n).map(|_| f32::from_bits(r.random())).collect();
+        for (i, h) in HOSTILE.iter().enumerate().take(n) {
+            x[i] = *h;
+        }
+        // Ties: exactly half-way values, both rounding directions.
+        for (i, t) in [0x3f80_8000u32, 0x3f81_8000, 0x7f7f_ffff, 0xffc0_0001]
+            .iter()
+            .enumerate()
+        {
+            if i + HOSTILE.len() < n {
+                x[i + HOSTILE.len()] = f32::from_bits(*t);
+            }
+        }
+        let xd = b.upload(&x).unwrap();
+        let mut hd = b.allocate(DType::BF16, n).unwrap();
+        b.cast(&xd, &mut hd).unwrap();
+        let got: Vec<bf16> = b.download(&hd).unwrap();
+        // The CPU backend's cast is the reference (half's round to nearest even).
+        let xc = CpuBackend.upload(&x).unwrap();
+        let mut hc = CpuBackend.allocate(DType::BF16, n).unwrap();
+        CpuBackend.cast(&xc, &mut hc).unwrap();
+        let want: Vec<bf16> = CpuBackend.download(&hc).unwrap();
+        for i in 0..n {
+            assert_eq!(
+                got[i].to_bits(),
+                want[i].to_bits(),
+                "f32->bf16 of {:#x}",
+                x[i].to_bits()
+            );
+        }
+        let mut back = b.allocate(DType::F32, n).unwrap();
+        b.cast(&hd, &mut back).unwrap();
+        let back: Vec<f32> = b.download(&back).unwrap();
+        for i in 0..n {
+            assert_eq!(back[i].to_bits(), want[i].to_f32().to_bits());
+        }
+    }
+}
+
+/// f64 reference of each unary op (gpu-core's `Activation::eval` where it has the op).
+fn unary_ref(op: UnaryOp, x: f64) -> f64 {
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Exp => Activation::Exp.eval(x),
+        UnaryOp::Log => Activation::Log.eval(x),
+        UnaryOp::Tanh => Activation::Tanh.eval(x),
+        UnaryOp::Relu => Activation::Relu.eval(x),
+        UnaryOp::GeluTanh if x == f64::NEG_INFINITY => 0.0,
+        UnaryOp::GeluTanh => {
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+        }
+        UnaryOp::Silu => Activation::Silu.eval(x),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+    }
+}
+
+#[test]
+fn unary_parity() {
+    let Some(b) = backend_or_skip("unary_parity") else {
+        return;
+    };
+    let mut r = rng("unary_parity");
+    for op in UnaryOp::ALL {
+        for n in SIZES {
+            let mut x = randn(&mut r, n, 8.0);
+            if matches!(op, UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt) {
+                x.iter_mut().for_each(|v| *v = v.abs() + 1e-3);
+            }
+            for (i, h) in HOSTILE.iter().enumerate().take(n) {
+                x[i] = *h;
+            }
+            let xd = b.upload(&x).unwrap();
+            let mut out = b.allocate(DType::F32, n).unwrap();
+            b.fill(&mut out, f32::NAN).unwrap();
+            b.unary(op, &xd, &mut out).unwrap();
+            let got: Vec<f32> = b.download(&out).unwrap();
+            for i in 0..n {
+                let want = unary_ref(op, x[i] as f64);
+                // Bound: exact for neg/relu; else 2^-17 relative plus 2^-20 absolute (Vulkan's
+                // exp/log are 3 ulp + 2|x| ulp; the tanh form loses a few ulp near 1).
+                let tol = match op {
+                    UnaryOp::Neg | UnaryOp::Relu => 0.0,
+                    _ => want.abs() * 128.0 * U + 16.0 * U,
+                };
+                // Values past f32's range (exp of large x) must be +inf.
+                let want = if want.abs() > f32::MAX as f64 {
+                    want.signum() * f64::INFINITY
+                } else {
+                    want
+                };
+                // WGSL leaves subnormal inputs to the device (flushing is allowed; lavapipe's
+                // log(1e-40) is -88.02, ln 2^-127): they are not compared for the math ops.
+                let flushed = x[i].is_subnormal() && !matches!(op, UnaryOp::Neg | UnaryOp::Relu);
+                assert!(
+                    close(got[i], want, tol) || flushed,
+                    "{op:?}({}) = {} want {want} (tol {tol})",
+                    x[i],
+                    got[i]
+                );
+            }
+        }
+    }
+    // Pipelines are compiled once: a second round compiles nothing.
+    let before = b.pipeline_count();
+    let x = b.upload(&[1.0f32, 2.0]).unwrap();
+    let mut o = b.allocate(DType::F32, 2).unwrap();
+    for op in UnaryOp::ALL {
+        b.unary(op, &x, &mut o).unwrap();
+    }
+    assert_eq!(b.pipeline_count(), before);
+}
+
+fn binary_ref(op: BinaryOp, x: f32, y: f32) -> f64 {
+    let (x, y) = (x as f64, y as f64);
+    match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Max if x.is_nan() || y.is_nan() => f64::NAN,
+        BinaryOp::Min if x.is_nan() || y.is_nan() => f64::NAN,
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+    }
+}
+
+#[test]
+fn binary_parity_equal_and_last_axis_broadcast() {
+    let Some(b) = backend_or_skip("binary_parity_equal_and_last_axis_broadcast") else {
+        return;
+    };
+    let mut r = rng("binary_parity");
+    for op in BinaryOp::ALL {
+        for (rows, cols) in [(0, 3), (1, 1), (3, 1), (7, 37), (17, 257), (2, 1000)] {
+            let n = rows * cols;
+            let mut a = randn(&mut r, n, 10.0);
+            for (i, h) in HOSTILE.iter().enumerate().take(n) {
+                a[i] = *h;
+            }
+            for bcast in [false, true] {
+                let mut bv = randn(&mut r, if bcast { cols } else { n }, 10.0);
+                if let Some(v) = bv.last_mut() {
+                    *v = f32::NAN;
+                }
+                if bv.len() > 1 {
+                    bv[0] = f32::INFINITY;
+                }
+                let (ad, bd) = (b.upload(&a).unwrap(), b.upload(&bv).unwrap());
+                let mut out = b.allocate(DType::F32, n).unwrap();
+                b.binary(op, &ad, &bd, &mut out).unwrap();
+                let got: Vec<f32> = b.download(&out).unwrap();
+                for i in 0..n {
+                    let y = bv[i % bv.len()];
+                    let want = binary_ref(op, a[i], y);
+                    // One rounding of the exact result: |err| <= 2^-24·|want|.
+                    let want_f = want as f32;
+                    assert!(
+                        close(got[i], want_f as f64, want.abs() * U)
+                            || got[i].to_bits() == want_f.to_bits(),
+                        "{op:?}({}, {y}) = {} want {want}",
+                        a[i],
+                        got[i]
+                    );
+                }
+                // The CPU backend agrees where it has the op (add/sub/mul/div, no NaN inputs).
+                if let (Some(kind), false) = (
+                    match op {
+                        BinaryOp::Add => Some(gpu_core::nn::elementwise::BinaryKind::Add),
+                        BinaryOp::Sub => Some(gpu_core::nn::elementwise::BinaryKind::Sub),
+                        BinaryOp::Mul => Some(gpu_core::nn::elementwise::BinaryKind::Mul),
+                        BinaryOp::Div => Some(gpu_core::nn::elementwise::BinaryKind::Div),
+                        _ => None,
+                    },
+                    n == 0,
+                ) {
+                    let (ac, bc) = (
+                        CpuBackend.upload(&a).unwrap(),
+                        CpuBackend.upload(&bv).unwrap(),
+                    );
+                    let mut oc = CpuBackend.allocate(DType::F32, n).unwrap();
+                    let bshape = if bcast { vec![cols] } else { vec![rows, cols] };
+                    CpuBackend
+                        .broadcast_binary(kind, &ac, &[rows, cols], &bc, &bshape, &mut oc)
+                        .unwrap();
+                    let want: Vec<f32> = CpuBackend.download(&oc).unwrap();
+                    for i in 0..n {
+                        assert!(
+                            got[i].to_bits() == want[i].to_bits()
+                                || (got[i].is_nan() && want[i].is_nan()),
+                            "{op:?} vs CPU at {i}: {} vs {}",
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let a = b.upload(&[1.0f32; 6]).unwrap();
+    let bad = b.upload(&[1.0f32; 4]).unwrap();
+    let mut o = b.allocate(DType::F32, 6).unwrap();
+    assert!(matches!(
+        b.binary(BinaryOp::Add, &a, &bad, &mut o),
+        Err(GpuError::ShapeMismatch { .. })
+    ));
+}
+
+#[test]
+fn reduce_rows_parity() {
+    let Some(b) = backend_or_skip("reduce_rows_parity") else {
+        return;
+    };
+    let mut r = rng("reduce_rows_parity");
+    for (rows, cols) in [
+        (0, 5),
+        (3, 0),
+        (1, 1),
+        (5, 3),
+        (7, 255),
+        (3, 257),
+        (2, 5000),
+        (300, 17),
+    ] {
+        let n = rows * cols;
+        let mut x = randn(&mut r, n, 100.0);
+        if rows >= 3 && cols >= 2 {
+            x[cols] = f32::NAN; // row 1
+            x[2 * cols] = f32::INFINITY; // row 2
+        }
+        let xd = b.upload(&x).unwrap();
+        for op in [RowReduce::Sum, RowReduce::Max] {
+            let mut out = b.allocate(DType::F32, rows).unwrap();
+            b.reduce_rows(op, &xd, cols, &mut out).unwrap();
+            let got: Vec<f32> = b.download(&out).unwrap();
+            for row in 0..rows {
+                let xs = &x[row * cols..(row + 1) * cols];
+                let (want, tol) = match op {
+                    // Bound: cols·2^-24·Σ|x| (f32 accumulation in any order).
+                    RowReduce::Sum => (
+                        xs.iter().map(|&v| v as f64).sum::<f64>(),
+                        cols as f64 * U * xs.iter().map(|&v| (v as f64).abs()).sum::<f64>(),
+                    ),
+                    RowReduce::Max => (
+                        xs.iter().fold(f64::NEG_INFINITY, |m, &v| {
+                            if m.is_nan() || v.is_nan() {
+                                f64::NAN
+                            } else {
+                                m.max(v as f64)
+                            }
+                        }),
+                        0.0,
+                    ),
+                };
+                assert!(
+                    close(got[row], want, tol),
+                    "{op:?} {rows}x{cols} row {row}: {} want {want}",
+                    got[row]
+                );
+            }
+            // The CPU backend's reduce_axis agrees (rows without NaN/inf, non-empty).
+            if cols > 0 && rows > 0 {
+                let kind = match op {
+                    RowReduce::Sum => gpu_core::nn::elementwise::ReduceKind::Sum,
+                    RowReduce::Max => gpu_core::nn::elementwise::ReduceKind::Max,
+                };
+                let xc = CpuBackend.upload(&x).unwrap();
+                let mut oc = CpuBackend.allocate(DType::F32, rows).unwrap();
+                CpuBackend
+                    .reduce_axis(kind, &xc, rows, cols, 1, &mut oc)
+                    .unwrap();
+                let want: Vec<f32> = CpuBackend.download(&oc).unwrap();
+                for row in (0..rows).filter(|&r| !(rows >= 3 && cols >= 2 && (r == 1 || r == 2))) {
+                    let abs: f64 = x[row * cols..(row + 1) * cols]
+                        .iter()
+                        .map(|v| v.abs() as f64)
+                        .sum();
+                    assert!(((got[row] - want[row]) as f64).abs() <= 2.0 * cols as f64 * U * abs);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_parity_with_transposes() {
+    let Some(b) = backend_or_skip("matmul_parity_with_transposes") else {
+        return;
+    };
+    let mut r = rng("matmul_parity_with_transposes");
+    let shapes = [
+        (1, 1, 1, 1),
+        (1, 0, 3, 4),
+        (1, 3, 4, 0),
+        (1, 17, 33, 15),
+        (2, 31, 7, 65),
+        (1, 64, 48, 129),
+        (3, 5, 1, 300),
+    ];
+    for (batch, m, n, k) in shapes {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let spec = MatmulSpec {
+                batch,
+                m,
+                n,
+                k,
+                trans_a: ta,
+                trans_b: tb,
+            };
+            let a = randn(&mut r, batch * m * k, 4.0);
+            let bm = randn(&mut r, batch * k * n, 4.0);
+            let (ad, bd) = (b.upload(&a).unwrap(), b.upload(&bm).unwrap());
+            let mut cd = b.allocate(DType::F32, batch * m * n).unwrap();
+            b.fill(&mut cd, f32::NAN).unwrap();
+            b.matmul(spec, &ad, &bd, &mut cd).unwrap();
+            let got: Vec<f32> = b.download(&cd).unwrap();
+            let (ac, bc) = (
+                CpuBackend.upload(&a).unwrap(),
+                CpuBackend.upload(&bm).unwrap(),
+            );
+            let mut cc = CpuBackend.allocate(DType::F32, batch * m * n).unwrap();
+            CpuBackend.matmul(spec, &ac, &bc, &mut cc).unwrap();
+            let want: Vec<f32> = CpuBackend.download(&cc).unwrap();
+            for z in 0..batch {
+                for i in 0..m {
+                    for j in 0..n {
+                        let at = |p: usize| {
+                            if ta {
+                                a[z * m * k + p * m + i]
+                            } else {
+                                a[z * m * k + i * k + p]
+                            }
+                        };
+                        let bt = |p: usize| {
+                            if tb {
+                                bm[z * k * n + j * k + p]
+                            } else {
+                                bm[z * k * n + p * n + j]
+                            }
+                        };
+                        let exact: f64 = (0..k).map(|p| at(p) as f64 * bt(p) as f64).sum();
+                        let abs: f64 = (0..k).map(|p| (at(p) as f64 * bt(p) as f64).abs()).sum();
+                        // Bound: (k+1)·2^-24·Σ|a||b| against the exact product, twice that
+                        // against the CPU backend's (its own error counts too).
+                        let tol = (k as f64 + 1.0) * U * abs;
+                        let g = got[z * m * n + i * n + j];
+                        assert!(
+                            ((g as f64) - exact).abs() <= tol,
+                            "{spec:?} ({i},{j}): {g} want {exact}"
+                        );
+                        let w = want[z * m * n + i * n + j];
+                        assert!(((g - w) as f64).abs() <= 2.0 * tol);
+                    }
+                }
+            }
+        }
+    }
+    // NaN and inf propagate; huge values overflow to inf, not NaN.
+    let a = b.upload(&[f32::NAN, 1.0, 1.0, 1.0, 1e30, 1e30]).unwrap(); // 3x2
+    let bm = b.upload(&[1.0f32, 1.0, 1.0, 1e30]).unwrap(); // 2x2
+    let mut c = b.allocate(DType::F32, 6).unwrap();
+    b.matmul(MatmulSpec::new(3, 2, 2), &a, &bm, &mut c).unwrap();
+    let got: Vec<f32> = b.download(&c).unwrap();
+    assert!(got[0].is_nan() && got[1].is_nan());
+    assert_eq!(got[2], 2.0);
+    assert_eq!(got[3], 1e30 + 1.0);
+    assert_eq!(got[4], 2e30);
+    assert_eq!(got[5], f32::INFINITY);
+    // Mismatched lengths are a shape error.
+    assert!(b.matmul(MatmulSpec::new(3, 3, 2), &a, &bm, &mut c).is_err());
+}
+
+#[test]
+fn gather_and_scatter_add_rows_parity() {
+    let Some(b) = backend_or_skip("gather_and_scatter_add_rows_parity") else {
+        return;
+    };
+    let mut r = rng("gather_and_scatter_add_rows_parity");
+    for (vocab, dim, n) in [
+        (1, 1, 1),
+        (5, 3, 0),
+        (7, 13, 40),
+        (100, 257, 33),
+        (3, 64, 500),
+    ] {
+        let table = randn(&mut r, vocab * dim, 3.0);
+        let ids: Vec<u32> = (0..n).map(|_| r.random_range(0..vocab as u32)).collect();
+        let (td, idd) = (b.upload(&table).unwrap(), b.upload(&ids).unwrap());
+        let mut out = b.allocate(DType::F32, n * dim).unwrap();
+        b.gather_rows(&idd, &td, dim, &mut out).unwrap();
+        let got: Vec<f32> = b.download(&out).unwrap();
+        let (tc, ic) = (
+            CpuBackend.upload(&table).unwrap(),
+            CpuBackend.upload(&ids).unwrap(),
+        );
+        let mut oc = CpuBackend.allocate(DType::F32, n * dim).unwrap();
+        CpuBackend.embedding_fwd(&ic, &tc, &mut oc, dim).unwrap();
+        assert_eq!(
+            got,
+            CpuBackend.download::<f32>(&oc).unwrap(),
+            "gather is exact"
+        );
+
+        let src = randn(&mut r, n * dim, 3.0);
+        let sd = b.upload(&src).unwrap();
+        let mut dt = b.allocate(DType::F32, vocab * dim).unwrap();
+        b.fill(&mut dt, 0.0).unwrap();
+        b.scatter_add_rows(&idd, &sd, dim, &mut dt).unwrap();
+        let got: Vec<f32> = b.download(&dt).unwrap();
+        let scd = CpuBackend.upload(&src).unwrap();
+        let mut dc = CpuBackend.allocate(DType::F32, vocab * dim).unwrap();
+        CpuBackend.embedding_bwd(&ic, &scd, &mut dc, dim).unwrap();
+        let want: Vec<f32> = CpuBackend.download(&dc).unwrap();
+        for v in 0..vocab {
+            let dup = ids.iter().filter(|&&i| i as usize == v).count() as f64;
+            for c in 0..dim {
+                let abs: f64 = ids
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &i)| i as usize == v)
+                    .map(|(row, _)| src[row * dim + c].abs() as f64)
+                    .sum();
+                // Bound: 2·dup·2^-24·Σ|src| (both sides sum in their own order).
+                let (g, w) = (got[v * dim + c], want[v * dim + c]);
+                assert!(
+                    ((g - w) as f64).abs() <= 2.0 * dup * U * abs,
+                    "({v},{c}): {g} vs {w}"
+                );
+            }
+        }
+    }
+    // An out-of-range id is a typed error on both.
+    let table = b.upload(&[1.0f32; 6]).unwrap();
+    let ids = b.upload(&[0u32, 7, 1]).unwrap();
+    let mut out = b.allocate(DType::F32, 6).unwrap();
+    let e = b.gather_rows(&ids, &table, 2, &mut out).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GpuError::IndexOutOfRange {
+                value: 7,
+                bound: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let mut dt = b.allocate(DType::F32, 6).unwrap();
+    let src = b.upload(&[1.0f32; 6]).unwrap();
+    assert!(matches!(
+        b.scatter_add_rows(&ids, &src, 2, &mut dt),
+        Err(GpuError::IndexOutOfRange { value: 7, .. })
+    ));
+}
