@@ -17,6 +17,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod host;
 pub mod optim;
+pub mod packed;
 pub mod rows;
 
 use crate::backend::{Backend, BufferInfo};
