@@ -2,7 +2,8 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpu_core::cpu::{with_mode, CpuMode};
-use gpu_core::nn::{Activation, AttentionOps, BinaryKind, ElementwiseOps, RowOps};
+use gpu_core::nn::Primitives;
+use gpu_core::nn::{Activation, AttentionOps, BinaryKind, RowOps};
 use gpu_core::{Backend, CpuBackend, DType, MatmulOps, MatmulSpec};
 
 fn data(n: usize) -> Vec<f32> {

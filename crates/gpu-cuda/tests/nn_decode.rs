@@ -9,6 +9,7 @@ mod common;
 
 use common::*;
 use gpu_core::nn::decode::{DecodeDims, DecodeOps};
+use gpu_core::nn::Primitives;
 use gpu_core::{Backend, CpuBackend, DType};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::CudaBackend;

@@ -22,6 +22,7 @@ use common::*;
 use gpu_core::nn::elementwise::{
     broadcast_shape, Activation, BinaryKind, ElementwiseOps, ReduceKind,
 };
+use gpu_core::nn::Primitives;
 use gpu_core::Backend;
 use gpu_cuda::testing::backend_or_skip;
 use rand::{rngs::StdRng, Rng, SeedableRng};

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, RowOps};
+use gpu_core::nn::{Activation, BinaryKind, Primitives, RowOps};
 use gpu_core::{Backend, BufferInfo, DType, GpuError, MatmulOps, MatmulSpec};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{CudaBackend, GpuTimer, ImageKind, KernelArg, LaunchConfig, LaunchPath};

@@ -227,3 +227,39 @@ fn gpu_training_and_prediction_match_the_cpu() {
         assert!(e < 1e-5, "{what}: {e:e}");
     }
 }
+
+/// The world model on `gpu_core::testing::PrimitivesOnly` (the CPU's primitives, every other
+/// op from its default body) against the CPU backend: the bounds of the GPU comparison above
+/// (the same f32-against-f64 reassociation), and the predictions of one set of weights within
+/// 1e-5 relative.
+#[test]
+fn training_and_prediction_on_primitives_only_match_the_cpu() {
+    let system = System::new(SYSTEM_SEED);
+    let mut cpu_model = Rssm::new(small_config(MODEL_SEED), Device::Cpu).unwrap();
+    let mut test_model = Rssm::new(small_config(MODEL_SEED), Device::Cpu).unwrap();
+    let mut r = StdRng::seed_from_u64(DATA_SEED);
+    for step in 0..3 {
+        let x = system.batch(&mut r, 8, 6);
+        let lc = cpu_model
+            .train_step(&SequenceBatch::new(x.clone()), LR)
+            .unwrap();
+        let lt =
+            tensor_ops::with_primitives_only(|| test_model.train_step(&SequenceBatch::new(x), LR))
+                .unwrap();
+        let rel = (lc.total - lt.total).abs() / lc.total;
+        eprintln!(
+            "step {step}: CPU {:.6}, primitives-only {:.6}, rel {rel:e}",
+            lc.total, lt.total
+        );
+        assert!(
+            rel < if step == 0 { 1e-4 } else { 1e-2 },
+            "step {step}: {rel:e}"
+        );
+    }
+    let ctx = system.batch(&mut r, 4, 5);
+    let pc = cpu_model.predict(&ctx, 6).unwrap();
+    let pt = tensor_ops::with_primitives_only(|| cpu_model.predict(&ctx, 6)).unwrap();
+    let e = common::rel_err(&pt.members.to_vec().unwrap(), &pc.members.to_vec().unwrap());
+    eprintln!("prediction members: primitives-only vs CPU rel err {e:e}");
+    assert!(e < 1e-5, "members: {e:e}");
+}

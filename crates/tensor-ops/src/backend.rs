@@ -2,12 +2,13 @@
 
 use crate::storage::Storage;
 use gpu_core::nn::attention::{AttnDropout, Packed};
+use gpu_core::nn::defaults::packed;
 use gpu_core::nn::optim::AdamWConfig;
 use gpu_core::nn::NnOps;
+use gpu_core::testing::PrimitivesOnly;
 use gpu_core::{CpuBackend, Device, GpuError, Result};
 use gpu_cuda::CudaBackend;
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 /// A backend that tensors can run on: every op family, and how its buffers
@@ -224,6 +225,70 @@ impl DeviceBackend for CudaBackend {
     }
 }
 
+impl DeviceBackend for PrimitivesOnly {
+    fn alloc_output(&self, len: usize) -> Result<Self::Buffer> {
+        gpu_core::CpuBackend.alloc_output(len)
+    }
+    fn get(s: &Storage) -> Result<&Self::Buffer> {
+        <gpu_core::CpuBackend as DeviceBackend>::get(s)
+    }
+    fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
+        <gpu_core::CpuBackend as DeviceBackend>::get_mut(s)
+    }
+    fn wrap(buf: Self::Buffer) -> Storage {
+        Storage::Cpu(buf)
+    }
+    fn attention_packed_fwd(
+        &self,
+        qkv: &Self::Buffer,
+        out: &mut Self::Buffer,
+        lse: &mut Self::Buffer,
+        p: Packed,
+        scale: f32,
+        drop: Option<PackedDrop<'_, Self::Buffer>>,
+    ) -> Result<()> {
+        let drop = cpu_drop("causal_attention_packed_fwd", drop)?;
+        packed::forward(self, qkv, (out, lse), p, (scale, drop))
+    }
+    fn attention_packed_bwd(
+        &self,
+        qkv: &Self::Buffer,
+        out: &Self::Buffer,
+        lse: &Self::Buffer,
+        dout: &Self::Buffer,
+        dqkv: &mut Self::Buffer,
+        p: Packed,
+        scale: f32,
+        drop: Option<PackedDrop<'_, Self::Buffer>>,
+    ) -> Result<()> {
+        let drop = cpu_drop("causal_attention_packed_bwd", drop)?;
+        let saved = packed::PackedSaved { out, lse, dout };
+        packed::backward(self, qkv, saved, dqkv, p, (scale, drop))
+    }
+    fn adamw_scheduled(
+        &self,
+        params: &mut [&mut Self::Buffer],
+        grads: &[&Self::Buffer],
+        m: &mut [&mut Self::Buffer],
+        v: &mut [&mut Self::Buffer],
+        weight_decay: &[f32],
+        grad_scale: Option<&Self::Buffer>,
+        cfg: AdamWConfig,
+        schedule: &Self::Buffer,
+    ) -> Result<()> {
+        gpu_core::CpuBackend.adamw_scheduled(
+            params,
+            grads,
+            m,
+            v,
+            weight_decay,
+            grad_scale,
+            cfg,
+            schedule,
+        )
+    }
+}
+
 fn mismatch(want: Device, _b: &gpu_cuda::CudaBuffer) -> GpuError {
     GpuError::invalid(
         "storage",
@@ -231,32 +296,73 @@ fn mismatch(want: Device, _b: &gpu_cuda::CudaBuffer) -> GpuError {
     )
 }
 
-/// The shared backend of CUDA device `ordinal`, opened on first use.
+/// Device ordinals whose backends are cached without a lock ([`cuda_backend_ref`]).
+const CACHED_ORDINALS: usize = 64;
+
+/// The shared backend of CUDA device `ordinal`, opened on first use (a clone of
+/// [`cuda_backend_ref`]'s: cheap, it shares everything).
 pub fn cuda_backend(ordinal: usize) -> Result<CudaBackend> {
-    static BACKENDS: OnceLock<Mutex<HashMap<usize, CudaBackend>>> = OnceLock::new();
-    let mut map = BACKENDS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(b) = map.get(&ordinal) {
-        return Ok(b.clone());
+    cuda_backend_ref(ordinal).cloned()
+}
+
+/// The shared backend of CUDA device `ordinal`: after the first call per ordinal a lock-free
+/// read of a `OnceLock` (the first call opens it under a lock, so it is opened once).
+/// Ordinals from 64 on are an error.
+pub(crate) fn cuda_backend_ref(ordinal: usize) -> Result<&'static CudaBackend> {
+    static SLOTS: [OnceLock<CudaBackend>; CACHED_ORDINALS] =
+        [const { OnceLock::new() }; CACHED_ORDINALS];
+    static OPENING: Mutex<()> = Mutex::new(());
+    let slot = SLOTS.get(ordinal).ok_or_else(|| {
+        GpuError::invalid(
+            "cuda_backend",
+            format!("device ordinal {ordinal} is not below {CACHED_ORDINALS}"),
+        )
+    })?;
+    if let Some(b) = slot.get() {
+        return Ok(b);
+    }
+    let _open = OPENING.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(b) = slot.get() {
+        return Ok(b);
     }
     let b = CudaBackend::new(ordinal)?;
-    map.insert(ordinal, b.clone());
-    Ok(b)
+    Ok(slot.get_or_init(|| b))
+}
+
+thread_local! {
+    /// Whether this thread's CPU tensors run on [`PrimitivesOnly`] ([`with_primitives_only`]).
+    static PRIMITIVES_ONLY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's CPU tensor ops dispatched to
+/// [`gpu_core::testing::PrimitivesOnly`] (the CPU's primitives, every other op from its
+/// default body) instead of the CPU backend: the test of a backend that joins op by op.
+pub fn with_primitives_only<R>(f: impl FnOnce() -> R) -> R {
+    let before = PRIMITIVES_ONLY.with(|p| p.replace(true));
+    let out = f();
+    PRIMITIVES_ONLY.with(|p| p.set(before));
+    out
+}
+
+/// Whether [`with_primitives_only`] is active on this thread.
+pub(crate) fn primitives_only() -> bool {
+    PRIMITIVES_ONLY.with(|p| p.get())
 }
 
 /// Runs `$body` with `$b` bound to the backend of `$device` (generic over [`DeviceBackend`]).
 macro_rules! on_device {
     ($device:expr, |$b:ident| $body:expr) => {
         match $device {
+            gpu_core::Device::Cpu if $crate::backend::primitives_only() => {
+                let $b = &gpu_core::testing::PrimitivesOnly;
+                $body
+            }
             gpu_core::Device::Cpu => {
                 let $b = &gpu_core::CpuBackend;
                 $body
             }
             gpu_core::Device::Cuda(i) => {
-                let backend = $crate::backend::cuda_backend(i)?;
-                let $b = &backend;
+                let $b = $crate::backend::cuda_backend_ref(i)?;
                 $body
             }
             // The tensor layer has no wgpu storage yet (gpu-wgpu has the primitives only).

@@ -20,7 +20,7 @@ mod tensor;
 
 pub use autocast::{autocast, Precision};
 pub use autograd::{no_grad, Gradients};
-pub use backend::{cuda_backend, transfer_stats, TransferStats};
+pub use backend::{cuda_backend, transfer_stats, with_primitives_only, TransferStats};
 pub use gpu_core::{DType, Device, GpuError, Result};
 /// The `ndarray` version [`Tensor::from_ndarray`] and [`Tensor::to_ndarray`] speak.
 pub use ndarray;

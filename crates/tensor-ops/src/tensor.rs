@@ -142,7 +142,7 @@ impl Tensor {
         let numel = Shape::from(shape).checked_numel()?;
         let storage = crate::backend::on_device!(device, |b| {
             let mut buf = b.allocate(dtype, numel)?;
-            gpu_core::nn::ElementwiseOps::fill(b, &mut buf, value)?;
+            gpu_core::nn::Primitives::fill(b, &mut buf, value)?;
             crate::ops::wrap(b, buf)
         });
         Ok(Tensor::from_storage(storage, shape.to_vec(), device))

@@ -4,7 +4,7 @@
 
 use crate::Row;
 use anyhow::Result;
-use gpu_core::nn::ElementwiseOps;
+use gpu_core::nn::Primitives;
 use gpu_core::{Backend, DType, Device};
 use std::time::Instant;
 use tensor_ops::Tensor;

@@ -12,7 +12,7 @@ mod rssm;
 use anyhow::{bail, Context, Result};
 use benches::{median, Row};
 use clap::Parser;
-use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, RowOps};
+use gpu_core::nn::{Activation, BinaryKind, Primitives, RowOps};
 use gpu_core::{Backend, DType, MatmulOps, MatmulSpec};
 use gpu_cuda::{CudaBackend, CudaBuffer, GpuTimer};
 use rand::Rng;

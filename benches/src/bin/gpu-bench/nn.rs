@@ -5,7 +5,7 @@
 use crate::{row, Bench, COLS, ROWS};
 use anyhow::Result;
 use benches::Row;
-use gpu_core::nn::{Activation, AdamWConfig, AttentionOps, ElementwiseOps, OptimOps, RowOps};
+use gpu_core::nn::{Activation, AdamWConfig, AttentionOps, OptimOps, Primitives, RowOps};
 use gpu_cuda::CudaBuffer;
 use models::gpt::{Dataset, Gpt, GptConfig};
 use std::time::Instant;

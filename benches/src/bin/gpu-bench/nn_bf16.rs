@@ -9,6 +9,7 @@ use crate::{row, Bench};
 use anyhow::Result;
 use benches::Row;
 use gpu_core::nn::attention::Packed;
+use gpu_core::nn::Primitives;
 use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, ReduceKind};
 use gpu_core::{Backend, BufferInfo, DType};
 use gpu_cuda::CudaBuffer;

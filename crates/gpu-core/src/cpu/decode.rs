@@ -208,26 +208,6 @@ impl DecodeOps for CpuBackend {
         )
     }
 
-    fn argmax_rows(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
-        const OP: &str = "argmax_rows";
-        check_argmax(x, out, cols)?;
-        let x = Floats::of(OP, x)?;
-        let CpuStorage::U32(out) = out else {
-            return Err(unsupported(OP, out));
-        };
-        for (r, o) in out.iter_mut().enumerate() {
-            let mut best = r * cols;
-            for i in r * cols + 1..(r + 1) * cols {
-                let (v, b) = (x.get(i), x.get(best));
-                if !b.is_nan() && (v > b || v.is_nan()) {
-                    best = i;
-                }
-            }
-            *o = (best - r * cols) as u32;
-        }
-        Ok(())
-    }
-
     fn add_rms_norm(
         &self,
         x: &CpuStorage,
@@ -271,6 +251,33 @@ impl DecodeOps for CpuBackend {
                 let (g, u) = (gu.get(r * 2 * i + j), gu.get(r * 2 * i + i + j));
                 out.set(r * i + j, Activation::Silu.eval(g) * u);
             }
+        }
+        Ok(())
+    }
+}
+
+impl CpuBackend {
+    pub(crate) fn argmax_rows_impl(
+        &self,
+        x: &CpuStorage,
+        out: &mut CpuStorage,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "argmax_rows";
+        check_argmax(x, out, cols)?;
+        let x = Floats::of(OP, x)?;
+        let CpuStorage::U32(out) = out else {
+            return Err(unsupported(OP, out));
+        };
+        for (r, o) in out.iter_mut().enumerate() {
+            let mut best = r * cols;
+            for i in r * cols + 1..(r + 1) * cols {
+                let (v, b) = (x.get(i), x.get(best));
+                if !b.is_nan() && (v > b || v.is_nan()) {
+                    best = i;
+                }
+            }
+            *o = (best - r * cols) as u32;
         }
         Ok(())
     }

@@ -8,7 +8,8 @@ use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::elementwise::{
     check_broadcast, check_cast, check_copy_blocks, check_dropout, check_max_axis_bwd,
-    check_permute, check_reduce, dropout_keep8, Activation, BinaryKind, ElementwiseOps, ReduceKind,
+    check_permute, check_reduce, dropout_keep8, Activation, BinaryKind, ElementwiseOps, Primitives,
+    ReduceKind,
 };
 use crate::ops::check_float_elementwise;
 
@@ -43,7 +44,7 @@ fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
     strides
 }
 
-impl ElementwiseOps for CpuBackend {
+impl Primitives for CpuBackend {
     fn fill(&self, buf: &mut CpuStorage, value: f32) -> Result<()> {
         let _p = super::profile::scope("fill");
         match buf {
@@ -172,22 +173,6 @@ impl ElementwiseOps for CpuBackend {
         Ok(())
     }
 
-    /// Computed as one fused multiply-add per element, as the kernel does.
-    fn affine(&self, x: &CpuStorage, mul: f32, add: f32, out: &mut CpuStorage) -> Result<()> {
-        let _p = super::profile::scope("affine");
-        check_float_elementwise("affine", &[x], out)?;
-        if is_bf16(out) {
-            return via_f32(&[x], out, false, |i, o| self.affine(i[0], mul, add, o));
-        }
-        let x = x.as_f32()?;
-        for_chunks(out.as_f32_mut()?, |off, o| {
-            for (o, &v) in o.iter_mut().zip(&x[off..]) {
-                *o = mul.mul_add(v, add);
-            }
-        });
-        Ok(())
-    }
-
     fn reduce_axis(
         &self,
         op: ReduceKind,
@@ -236,40 +221,6 @@ impl ElementwiseOps for CpuBackend {
             }
             for (d, &a) in out[o * inner..(o + 1) * inner].iter_mut().zip(&acc) {
                 *d = (a / div) as f32;
-            }
-        }
-        Ok(())
-    }
-
-    fn max_axis_bwd(
-        &self,
-        x: &CpuStorage,
-        y: &CpuStorage,
-        dy: &CpuStorage,
-        outer: usize,
-        n: usize,
-        inner: usize,
-        dx: &mut CpuStorage,
-    ) -> Result<()> {
-        let _p = super::profile::scope("max_axis_bwd");
-        check_max_axis_bwd(x, y, dy, outer, n, inner, dx)?;
-        if is_bf16(dx) {
-            return via_f32(&[x, y, dy], dx, false, |i, o| {
-                self.max_axis_bwd(i[0], i[1], i[2], outer, n, inner, o)
-            });
-        }
-        let (x, y, dy, dx) = (x.as_f32()?, y.as_f32()?, dy.as_f32()?, dx.as_f32_mut()?);
-        let mut found = vec![false; inner];
-        for o in 0..outer {
-            found.fill(false);
-            let (ym, gm) = (&y[o * inner..][..inner], &dy[o * inner..][..inner]);
-            for i in 0..n {
-                let base = (o * n + i) * inner;
-                for j in 0..inner {
-                    let first = !found[j] && is_max(x[base + j], ym[j]);
-                    found[j] |= first;
-                    dx[base + j] = if first { gm[j] } else { 0.0 };
-                }
             }
         }
         Ok(())
@@ -367,6 +318,81 @@ impl ElementwiseOps for CpuBackend {
         let _p = super::profile::scope("cast");
         check_cast(x, out)?;
         widen::cast(x, out)
+    }
+    fn argmax_rows(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
+        self.argmax_rows_impl(x, out, cols)
+    }
+
+    fn gather_rows(
+        &self,
+        ids: &CpuStorage,
+        table: &CpuStorage,
+        out: &mut CpuStorage,
+        dim: usize,
+    ) -> Result<()> {
+        crate::nn::RowOps::embedding_fwd(self, ids, table, out, dim)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        ids: &CpuStorage,
+        src: &CpuStorage,
+        dst: &mut CpuStorage,
+        dim: usize,
+    ) -> Result<()> {
+        crate::nn::RowOps::embedding_bwd(self, ids, src, dst, dim)
+    }
+}
+
+impl ElementwiseOps for CpuBackend {
+    /// Computed as one fused multiply-add per element, as the kernel does.
+    fn affine(&self, x: &CpuStorage, mul: f32, add: f32, out: &mut CpuStorage) -> Result<()> {
+        let _p = super::profile::scope("affine");
+        check_float_elementwise("affine", &[x], out)?;
+        if is_bf16(out) {
+            return via_f32(&[x], out, false, |i, o| self.affine(i[0], mul, add, o));
+        }
+        let x = x.as_f32()?;
+        for_chunks(out.as_f32_mut()?, |off, o| {
+            for (o, &v) in o.iter_mut().zip(&x[off..]) {
+                *o = mul.mul_add(v, add);
+            }
+        });
+        Ok(())
+    }
+
+    fn max_axis_bwd(
+        &self,
+        x: &CpuStorage,
+        y: &CpuStorage,
+        dy: &CpuStorage,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        dx: &mut CpuStorage,
+    ) -> Result<()> {
+        let _p = super::profile::scope("max_axis_bwd");
+        check_max_axis_bwd(x, y, dy, outer, n, inner, dx)?;
+        if is_bf16(dx) {
+            return via_f32(&[x, y, dy], dx, false, |i, o| {
+                self.max_axis_bwd(i[0], i[1], i[2], outer, n, inner, o)
+            });
+        }
+        let (x, y, dy, dx) = (x.as_f32()?, y.as_f32()?, dy.as_f32()?, dx.as_f32_mut()?);
+        let mut found = vec![false; inner];
+        for o in 0..outer {
+            found.fill(false);
+            let (ym, gm) = (&y[o * inner..][..inner], &dy[o * inner..][..inner]);
+            for i in 0..n {
+                let base = (o * n + i) * inner;
+                for j in 0..inner {
+                    let first = !found[j] && is_max(x[base + j], ym[j]);
+                    found[j] |= first;
+                    dx[base + j] = if first { gm[j] } else { 0.0 };
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::nn::{Activation, BinaryKind, ElementwiseOps, RowOps};
+use crate::nn::{Activation, BinaryKind, Primitives, RowOps};
 use approx::assert_relative_eq;
 
 #[test]

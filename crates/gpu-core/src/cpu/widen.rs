@@ -73,7 +73,7 @@ pub(crate) fn is_bf16(out: &CpuStorage) -> bool {
     out.dtype() == DType::BF16
 }
 
-/// [`crate::nn::ElementwiseOps::cast`] after its checks.
+/// [`crate::nn::Primitives::cast`] after its checks.
 pub(crate) fn cast(x: &CpuStorage, out: &mut CpuStorage) -> Result<()> {
     match (x, &mut *out) {
         (CpuStorage::F32(x), _) => narrow_into(x, out),

@@ -1,7 +1,9 @@
 //! Fused causal self-attention.
 
-use crate::backend::{Backend, BufferInfo};
+use crate::backend::BufferInfo;
 use crate::error::{GpuError, Result};
+use crate::nn::defaults::attention as A;
+use crate::nn::primitives::Primitives;
 use crate::ops::require_f32;
 
 /// Causal scaled-dot-product attention over `n` = batch·heads independent sequences.
@@ -13,7 +15,7 @@ use crate::ops::require_f32;
 /// Every backend accepts the same arguments (see [`check_dims`]): any `n` and `t` (zero gives an
 /// empty call), a head dimension `d` that is a multiple of 4 in `4..=128` ([`MAX_HEAD_DIM`]), and
 /// a finite `scale`.
-pub trait AttentionOps: Backend {
+pub trait AttentionOps: Primitives {
     /// Forward pass: writes `out` (`[n, t, d]`) and `lse` (`[n, t]`, natural log).
     fn causal_attention_fwd(
         &self,
@@ -26,7 +28,11 @@ pub trait AttentionOps: Backend {
         t: usize,
         d: usize,
         scale: f32,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        check_fwd(q, k, v, out, lse, n, t, d, scale)?;
+        let dims = A::Dims { n, t, d, scale };
+        A::forward(self, A::Qkv { q, k, v }, (out, lse), dims)
+    }
 
     /// Gradients of q, k and v, given the forward's `out` and `lse` and the output gradient.
     fn causal_attention_bwd(
@@ -44,7 +50,12 @@ pub trait AttentionOps: Backend {
         t: usize,
         d: usize,
         scale: f32,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        check_bwd(q, k, v, out, lse, dout, dq, dk, dv, n, t, d, scale)?;
+        let dims = A::Dims { n, t, d, scale };
+        let saved = A::Saved { out, lse, dout };
+        A::backward(self, A::Qkv { q, k, v }, saved, (dq, dk, dv), dims)
+    }
 }
 
 /// The largest head dimension `d` the attention ops accept.

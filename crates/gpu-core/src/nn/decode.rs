@@ -17,9 +17,11 @@
 //! cannot report one (they run inside graphs), so they skip such writes and attend to nothing
 //! past `cap`: callers check the bounds on the host, as `models::engine` does.
 
-use crate::backend::{Backend, BufferInfo};
+use crate::backend::BufferInfo;
 use crate::dtype::DType;
 use crate::error::{GpuError, Result};
+use crate::nn::defaults::{self, host as H};
+use crate::nn::primitives::Primitives;
 use crate::nn::rows::{check_len, require_dtype, require_u32};
 use crate::ops::require_float;
 
@@ -124,7 +126,7 @@ impl DecodeDims {
 
 /// The decode family. Float buffers are f32 or bf16 (arithmetic in f32, one rounding where a
 /// value is stored); positions and token ids are u32.
-pub trait DecodeOps: Backend {
+pub trait DecodeOps: Primitives {
     /// From the fused projection `qkv` `[b, t, (heads + 2·kv_heads)·d]` (column blocks q, k, v;
     /// head `h` at columns `h·d..` of its block): rotates q and k by the rotate-half rotary
     /// embedding at each token's position `p = slot[r] + i − start[r]` (0 for a padding slot
@@ -144,7 +146,15 @@ pub trait DecodeOps: Backend {
         k_cache: &mut Self::Buffer,
         v_cache: &mut Self::Buffer,
         dims: DecodeDims,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let h = H::downs(self, &[qkv, inv_freq, start, slot])?;
+        let mut o = H::downs(self, &[q_out, k_cache, v_cache])?;
+        let [q, k, v] = &mut o[..] else {
+            unreachable!()
+        };
+        crate::CpuBackend.rope_append(&h[0], &h[1], &h[2], &h[3], q, k, v, dims)?;
+        H::ups(self, &o, &mut [q_out, k_cache, v_cache])
+    }
 
     /// Causal attention of the new queries `q` `[b, t, heads, d]` against the cache: query `i`
     /// of row `r` (at slot `s = slot[r] + i`) attends to slots `start[r]..=s` (from
@@ -165,7 +175,14 @@ pub trait DecodeOps: Backend {
         dims: DecodeDims,
         max_end: usize,
         scale: f32,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let h = H::downs(self, &[q, k_cache, v_cache, start, slot])?;
+        let mut o = H::down(self, out)?;
+        crate::CpuBackend.cache_attention(
+            &h[0], &h[1], &h[2], &h[3], &h[4], &mut o, dims, max_end, scale,
+        )?;
+        H::up(self, &o, out)
+    }
 
     /// [`DecodeOps::cache_attention`] of a fresh prefill: row `r`'s `t` queries are its slots
     /// `0..t` (as if `slot[r] = 0`; the caller wrote this call's keys and values there), so
@@ -184,11 +201,12 @@ pub trait DecodeOps: Backend {
         out: &mut Self::Buffer,
         dims: DecodeDims,
         scale: f32,
-    ) -> Result<()>;
-
-    /// `out[r]` = the index of the largest element of row `r` of `x` `[rows, cols]` (the first
-    /// one on ties; NaN counts as larger than any number, as `torch.argmax`). `cols >= 1`.
-    fn argmax_rows(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()>;
+    ) -> Result<()> {
+        let h = H::downs(self, &[q, k_cache, v_cache, start])?;
+        let mut o = H::down(self, out)?;
+        crate::CpuBackend.prefill_attention(&h[0], &h[1], &h[2], &h[3], &mut o, dims, scale)?;
+        H::up(self, &o, out)
+    }
 
     /// The residual add and the RMSNorm after it, fused (vLLM's `fused_add_rms_norm`): with
     /// `x` f32 `[rows, cols]` and `y` (f32 or bf16, same length; `None`: nothing to add),
@@ -205,11 +223,15 @@ pub trait DecodeOps: Backend {
         normed: &mut Self::Buffer,
         cols: usize,
         eps: f32,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        defaults::rows::add_rms_norm(self, (x, y, w), (sum, normed), cols, eps)
+    }
 
     /// SwiGLU of a packed gate/up projection: `out[r, j] = silu(gu[r, j]) · gu[r, i + j]` for
     /// `gu` `[rows, 2i]` and `out` `[rows, i]` (f32 or bf16 each; f32 arithmetic, one rounding).
-    fn swiglu_packed(&self, gu: &Self::Buffer, out: &mut Self::Buffer, i: usize) -> Result<()>;
+    fn swiglu_packed(&self, gu: &Self::Buffer, out: &mut Self::Buffer, i: usize) -> Result<()> {
+        defaults::rows::swiglu_packed(self, gu, out, i)
+    }
 }
 
 /// The checks of the row positions and the cache pair that both cache ops share.
@@ -349,7 +371,7 @@ pub fn check_prefill_attention<B: BufferInfo>(
     )
 }
 
-/// Checks the arguments of [`DecodeOps::argmax_rows`]; returns the number of rows.
+/// Checks the arguments of [`Primitives::argmax_rows`](crate::nn::Primitives::argmax_rows); returns the number of rows.
 pub fn check_argmax<B: BufferInfo>(x: &B, out: &B, cols: usize) -> Result<usize> {
     const OP: &str = "argmax_rows";
     require_float(OP, x.dtype())?;

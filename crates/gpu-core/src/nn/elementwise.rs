@@ -1,9 +1,9 @@
 //! Elementwise, broadcasting, reduction and data-movement operations.
 
 pub use super::activation::Activation;
-use crate::backend::Backend;
 use crate::dtype::DType;
 use crate::error::{GpuError, Result};
+pub use crate::nn::primitives::Primitives;
 use crate::ops::{check_float_elementwise, require_float, same_dtype, BufferInfoDyn};
 
 /// Binary operations with NumPy broadcasting.
@@ -27,55 +27,11 @@ pub enum ReduceKind {
 ///
 /// Shapes are row-major dims. "Axis layout" `(outer, n, inner)` means the tensor is viewed as
 /// `[outer, n, inner]` and the operation runs along the middle axis.
-pub trait ElementwiseOps: Backend {
-    /// Sets every element of `buf` (any dtype; u32 gets `value as u32`) to `value`; used to
-    /// initialise tensors and to poison outputs before a launch in the tests.
-    fn fill(&self, buf: &mut Self::Buffer, value: f32) -> Result<()>;
-
-    /// `out = a ∘ b` with NumPy broadcasting: `a_shape` and `b_shape` are right-aligned, each
-    /// dim equal or 1 (missing dims count as 1). `out` has the broadcast shape's element count.
-    fn broadcast_binary(
-        &self,
-        op: BinaryKind,
-        a: &Self::Buffer,
-        a_shape: &[usize],
-        b: &Self::Buffer,
-        b_shape: &[usize],
-        out: &mut Self::Buffer,
-    ) -> Result<()>;
-
-    /// `out = f(x)`.
-    fn activation_fwd(
-        &self,
-        op: Activation,
-        x: &Self::Buffer,
-        out: &mut Self::Buffer,
-    ) -> Result<()>;
-
-    /// `dx = f'(x) · dy`, given the input `x` and the forward output `y = f(x)`.
-    fn activation_bwd(
-        &self,
-        op: Activation,
-        x: &Self::Buffer,
-        y: &Self::Buffer,
-        dy: &Self::Buffer,
-        dx: &mut Self::Buffer,
-    ) -> Result<()>;
-
+pub trait ElementwiseOps: Primitives {
     /// `out = mul·x + add` (the scalar ops).
-    fn affine(&self, x: &Self::Buffer, mul: f32, add: f32, out: &mut Self::Buffer) -> Result<()>;
-
-    /// Reduces `[outer, n, inner]` over `n` into `out` of `[outer, inner]`. `n` may be 0 only for
-    /// Sum (gives 0); Mean and Max over an empty axis are an error.
-    fn reduce_axis(
-        &self,
-        op: ReduceKind,
-        x: &Self::Buffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
-        out: &mut Self::Buffer,
-    ) -> Result<()>;
+    fn affine(&self, x: &Self::Buffer, mul: f32, add: f32, out: &mut Self::Buffer) -> Result<()> {
+        crate::nn::defaults::elementwise::affine(self, x, mul, add, out)
+    }
 
     /// Backward of Max over an axis: `dx[o, i, j] = dy[o, j]` where `x[o, i, j]` is the first
     /// maximum along `i` (as PyTorch's `max(dim)` picks one index), else 0. `y` is the forward
@@ -89,42 +45,9 @@ pub trait ElementwiseOps: Backend {
         n: usize,
         inner: usize,
         dx: &mut Self::Buffer,
-    ) -> Result<()>;
-
-    /// Block copy: for `o in 0..outer`, copies `len` elements from
-    /// `src[src_offset + o·src_stride ..]` to `dst[dst_offset + o·dst_stride ..]`; the rest of
-    /// `dst` is left as it was. Slicing and concatenation along any axis reduce to this.
-    fn copy_blocks(
-        &self,
-        src: &Self::Buffer,
-        src_offset: usize,
-        src_stride: usize,
-        dst: &mut Self::Buffer,
-        dst_offset: usize,
-        dst_stride: usize,
-        outer: usize,
-        len: usize,
-    ) -> Result<()>;
-
-    /// `out = x.permute(perm)` materialised: `shape` is x's shape (at most 6 dims), `perm` a
-    /// permutation of `0..shape.len()`; out has shape `[shape[perm[0]], ...]`.
-    fn permute(
-        &self,
-        x: &Self::Buffer,
-        shape: &[usize],
-        perm: &[usize],
-        out: &mut Self::Buffer,
-    ) -> Result<()>;
-
-    /// Inverted dropout: `out[i] = keep(seed, i) ? x[i]·s : 0` with `s = 1/(1 − p)` rounded to
-    /// f32 once (PyTorch's scale), where `keep` is a
-    /// counter-based hash of `(seed, i)` that is identical on every backend, so the same call on
-    /// `dy` is the backward. `p` in `[0, 1)`.
-    fn dropout(&self, x: &Self::Buffer, p: f32, seed: u64, out: &mut Self::Buffer) -> Result<()>;
-
-    /// `out = x` converted to `out`'s dtype: f32 to bf16 rounds to nearest even (NaN stays NaN,
-    /// overflow goes to ±inf), bf16 to f32 is exact, the same dtype copies.
-    fn cast(&self, x: &Self::Buffer, out: &mut Self::Buffer) -> Result<()>;
+    ) -> Result<()> {
+        crate::nn::defaults::elementwise::max_axis_bwd(self, x, y, dy, [outer, n, inner], dx)
+    }
 }
 
 /// The shape two shapes broadcast to, or `None` when they are incompatible.
@@ -233,7 +156,7 @@ impl BinaryKind {
     }
 }
 
-/// The most dims [`ElementwiseOps::broadcast_binary`] and [`ElementwiseOps::permute`] accept.
+/// The most dims [`Primitives::broadcast_binary`] and [`Primitives::permute`] accept.
 pub const MAX_DIMS: usize = 6;
 
 /// The element count of `shape`, or [`GpuError::InvalidShape`] when it is too large (see
@@ -267,7 +190,7 @@ fn check_rank(op: &'static str, shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// Checks the arguments of [`ElementwiseOps::broadcast_binary`] (buffers of one float dtype, f32 or bf16, at most
+/// Checks the arguments of [`Primitives::broadcast_binary`] (buffers of one float dtype, f32 or bf16, at most
 /// [`MAX_DIMS`] dims, compatible shapes, lengths equal to the shapes' element counts); returns
 /// the broadcast shape.
 pub fn check_broadcast(
@@ -302,7 +225,7 @@ fn axis_sizes(op: &'static str, outer: usize, n: usize, inner: usize) -> Result<
     Ok((full, checked_numel(op, &[outer, inner])?))
 }
 
-/// Checks the arguments of [`ElementwiseOps::reduce_axis`]: f32 or bf16 buffers of one dtype, `x` of
+/// Checks the arguments of [`Primitives::reduce_axis`]: f32 or bf16 buffers of one dtype, `x` of
 /// `outer·n·inner` and `out` of `outer·inner` elements, and `n > 0` for Mean and Max.
 pub fn check_reduce(
     op: ReduceKind,
@@ -357,7 +280,7 @@ pub fn check_max_axis_bwd(
     check_len(OP, "dy", dy, reduced)
 }
 
-/// Checks the arguments of [`ElementwiseOps::copy_blocks`]: buffers of one float dtype, every block inside its
+/// Checks the arguments of [`Primitives::copy_blocks`]: buffers of one float dtype, every block inside its
 /// buffer (no overflow), and destination blocks that do not overlap (`dst_stride >= len` when
 /// `outer > 1`), so the result does not depend on the order of the copies.
 #[allow(clippy::too_many_arguments)]
@@ -409,7 +332,7 @@ pub fn check_copy_blocks(
     Ok(())
 }
 
-/// Checks the arguments of [`ElementwiseOps::permute`]: buffers of one float dtype, at most [`MAX_DIMS`] dims,
+/// Checks the arguments of [`Primitives::permute`]: buffers of one float dtype, at most [`MAX_DIMS`] dims,
 /// `perm` a permutation of `0..shape.len()`, both lengths equal to the element count; returns
 /// the output shape.
 pub fn check_permute(
@@ -440,7 +363,7 @@ pub fn check_permute(
     Ok(perm.iter().map(|&p| shape[p]).collect())
 }
 
-/// Checks the arguments of [`ElementwiseOps::dropout`]: f32 or bf16 buffers of one dtype and
+/// Checks the arguments of [`Primitives::dropout`]: f32 or bf16 buffers of one dtype and
 /// length, `p` in `[0, 1)`.
 pub fn check_dropout(x: &dyn BufferInfoDyn, p: f32, out: &dyn BufferInfoDyn) -> Result<()> {
     check_float_elementwise("dropout", &[x], out)?;
@@ -453,7 +376,7 @@ pub fn check_dropout(x: &dyn BufferInfoDyn, p: f32, out: &dyn BufferInfoDyn) -> 
     Ok(())
 }
 
-/// Checks the arguments of [`ElementwiseOps::cast`]: f32 or bf16 buffers of one length; returns
+/// Checks the arguments of [`Primitives::cast`]: f32 or bf16 buffers of one length; returns
 /// the (input, output) dtypes.
 pub fn check_cast(x: &dyn BufferInfoDyn, out: &dyn BufferInfoDyn) -> Result<(DType, DType)> {
     const OP: &str = "cast";

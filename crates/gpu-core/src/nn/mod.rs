@@ -25,9 +25,11 @@
 pub mod activation;
 pub mod attention;
 pub mod decode;
+pub mod defaults;
 pub mod elementwise;
 pub mod optim;
 pub mod optim_adaptive;
+pub mod primitives;
 pub mod quant;
 pub mod rows;
 pub mod sample;
@@ -37,6 +39,7 @@ pub use attention::AttentionOps;
 pub use decode::{DecodeDims, DecodeOps};
 pub use elementwise::{BinaryKind, ElementwiseOps, ReduceKind};
 pub use optim::{AdamWConfig, OptimOps};
+pub use primitives::Primitives;
 pub use quant::{QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
 pub use rows::RowOps;
 pub use sample::{SampleOps, SampleParams};
@@ -45,11 +48,20 @@ pub use crate::ops::MatmulOps;
 
 /// Every op family together: what `tensor-ops` needs from a backend.
 pub trait NnOps:
-    ElementwiseOps + RowOps + AttentionOps + DecodeOps + QuantOps + SampleOps + OptimOps + MatmulOps
+    Primitives
+    + ElementwiseOps
+    + RowOps
+    + AttentionOps
+    + DecodeOps
+    + QuantOps
+    + SampleOps
+    + OptimOps
+    + MatmulOps
 {
 }
 impl<B> NnOps for B where
-    B: ElementwiseOps
+    B: Primitives
+        + ElementwiseOps
         + RowOps
         + AttentionOps
         + DecodeOps

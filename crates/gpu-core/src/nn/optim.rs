@@ -1,7 +1,9 @@
 //! Optimiser steps over many parameters at once.
 
-use crate::backend::{Backend, BufferInfo};
+use crate::backend::BufferInfo;
 use crate::error::{GpuError, Result};
+use crate::nn::defaults::{self, host as H};
+use crate::nn::primitives::Primitives;
 use crate::ops::require_f32;
 
 pub use super::optim_adaptive::{
@@ -26,7 +28,7 @@ pub struct AdamWConfig {
 }
 
 /// Multi-tensor optimiser operations.
-pub trait OptimOps: Backend {
+pub trait OptimOps: Primitives {
     /// Global-norm clipping coefficient, computed on the device: writes
     /// `out[0] = sqrt(Σ over all grads of g²)` and `out[1] = min(1, max_norm / (out[0] + 1e-6))`.
     /// `out` holds 2 f32. No host transfer on CUDA. The sum of squares is accumulated in f64
@@ -37,7 +39,13 @@ pub trait OptimOps: Backend {
         grads: &[&Self::Buffer],
         max_norm: f32,
         out: &mut Self::Buffer,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let h = H::downs(self, grads)?;
+        let mut o = H::down(self, out)?;
+        let refs: Vec<_> = h.iter().collect();
+        crate::CpuBackend.clip_coefficient(&refs, max_norm, &mut o)?;
+        H::up(self, &o, out)
+    }
 
     /// One fused AdamW step over every parameter: with `g = grads[i] · grad_scale[1]` when
     /// `grad_scale` is given (the [`OptimOps::clip_coefficient`] output; else `g = grads[i]`):
@@ -57,7 +65,9 @@ pub trait OptimOps: Backend {
         weight_decay: &[f32],
         grad_scale: Option<&Self::Buffer>,
         cfg: AdamWConfig,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        defaults::optim::adamw(self, params, grads, m, v, weight_decay, grad_scale, cfg)
+    }
 
     /// One fused Schedule-Free AdamW step (`schedulefree.AdamWScheduleFree.step`) over every
     /// parameter `y = params[i]`, with `[lr, ckp1, y_lr, bc2] = scalars` and
@@ -77,7 +87,31 @@ pub trait OptimOps: Backend {
         grad_scale: Option<&Self::Buffer>,
         cfg: ScheduleFreeConfig,
         scalars: StepScalars<'_, Self::Buffer>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let (mut hp, hg, mut hz, mut hv) = (
+            H::downs_mut(self, params)?,
+            H::downs(self, grads)?,
+            H::downs_mut(self, z)?,
+            H::downs_mut(self, v)?,
+        );
+        let hs = H::down_opt(self, grad_scale)?;
+        let mut held = None;
+        let sc = H::scalars(self, scalars, &mut held)?;
+        let g: Vec<_> = hg.iter().collect();
+        crate::CpuBackend.schedule_free_step(
+            &mut H::refs_mut(&mut hp),
+            &g,
+            &mut H::refs_mut(&mut hz),
+            &mut H::refs_mut(&mut hv),
+            weight_decay,
+            hs.as_ref(),
+            cfg,
+            sc,
+        )?;
+        H::ups(self, &hp, params)?;
+        H::ups(self, &hz, z)?;
+        H::ups(self, &hv, v)
+    }
 
     /// `params[i] = lerp(params[i], ends[i], weight)` per element (`torch.lerp`): Schedule-Free
     /// AdamW's switch between the point `y` where gradients are taken and the average `x`
@@ -87,7 +121,9 @@ pub trait OptimOps: Backend {
         params: &mut [&mut Self::Buffer],
         ends: &[&Self::Buffer],
         weight: f32,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        defaults::optim::lerp(self, params, ends, weight)
+    }
 
     /// One Prodigy step (`prodigyopt.Prodigy.step`, `slice_p = 1`) over every parameter, with
     /// its f64 scalars read and updated in `scalars` (an f32 buffer of
@@ -114,7 +150,46 @@ pub trait OptimOps: Backend {
         cfg: ProdigyConfig,
         lr: StepScalars<'_, Self::Buffer>,
         scalars: &mut Self::Buffer,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let (mut hp, hg, h0) = (
+            H::downs_mut(self, params)?,
+            H::downs(self, grads)?,
+            H::downs(self, p0)?,
+        );
+        let (mut hs, mut hm, mut hv) = (
+            H::downs_mut(self, s)?,
+            H::downs_mut(self, m)?,
+            H::downs_mut(self, v)?,
+        );
+        let (gs, mut sc) = (H::down_opt(self, grad_scale)?, H::down(self, scalars)?);
+        let mut held = None;
+        let lr = H::scalars(self, lr, &mut held)?;
+        let (g, p0h): (Vec<_>, Vec<_>) = (hg.iter().collect(), h0.iter().collect());
+        let lists = (
+            &mut H::refs_mut(&mut hp),
+            &mut H::refs_mut(&mut hs),
+            &mut H::refs_mut(&mut hm),
+            &mut H::refs_mut(&mut hv),
+        );
+        crate::CpuBackend.prodigy_step(
+            lists.0,
+            &g,
+            &p0h,
+            lists.1,
+            lists.2,
+            lists.3,
+            weight_decay,
+            gs.as_ref(),
+            cfg,
+            lr,
+            &mut sc,
+        )?;
+        H::ups(self, &hp, params)?;
+        H::ups(self, &hs, s)?;
+        H::ups(self, &hm, m)?;
+        H::ups(self, &hv, v)?;
+        H::up(self, &sc, scalars)
+    }
 }
 
 /// Checks the arguments of [`OptimOps::clip_coefficient`] (every backend calls this).

@@ -17,9 +17,11 @@
 //! `k % 8 == 0` (`data` is `[n, k/8]` u32). `scales` is f32 `[n]` (int8) or `[n, ⌈k/128⌉]`
 //! (int4); `mins` f32 `[n, ⌈k/128⌉]` (int4) or empty (int8).
 
-use crate::backend::{Backend, BufferInfo};
+use crate::backend::BufferInfo;
 use crate::dtype::DType;
 use crate::error::{GpuError, Result};
+use crate::nn::defaults::{self, host as H};
+use crate::nn::primitives::Primitives;
 use crate::nn::rows::{check_len, require_dtype, require_u32};
 use crate::ops::require_float;
 
@@ -120,7 +122,7 @@ impl QuantSpec {
 
 /// The quantized-weight family. `data`, `scales` and `mins` are laid out as the module docs
 /// say; float buffers are f32 or bf16, computed in f32 or wider and rounded once where stored.
-pub trait QuantOps: Backend {
+pub trait QuantOps: Primitives {
     /// `out[i, j] = Σ_t x[i, t]·deq(W)[j, t]` for `x` `[m, k]` (f32 or bf16) and `out` `[m, n]`
     /// (f32 or bf16, overwritten). The CPU sums the exact products in f64 (its fast mode in f32
     /// SIMD lanes, the weight kept packed: `cpu/fast/linear.rs`); CUDA sums in f32
@@ -136,7 +138,19 @@ pub trait QuantOps: Backend {
         mins: &Self::Buffer,
         out: &mut Self::Buffer,
         spec: QuantSpec,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        spec.check("matmul_quant")?;
+        let mut w = self.allocate(crate::DType::F32, spec.n * spec.k)?;
+        self.dequantize(data, scales, mins, &mut w, QuantSpec { m: 0, ..spec })?;
+        let mm = crate::MatmulSpec {
+            trans_b: true,
+            ..crate::MatmulSpec::new(spec.m, spec.n, spec.k)
+        };
+        let xf = defaults::widen(self, x)?;
+        let mut o = self.allocate(crate::DType::F32, spec.m * spec.n)?;
+        self.matmul(mm, &xf, &w, &mut o)?;
+        self.cast(&o, out)
+    }
 
     /// Writes `deq(W)` `[n, k]` into `out` (f32, or bf16 rounded once to nearest even) with
     /// the values of the module docs; `spec.m` is not read.
@@ -147,7 +161,12 @@ pub trait QuantOps: Backend {
         mins: &Self::Buffer,
         out: &mut Self::Buffer,
         spec: QuantSpec,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let h = H::downs(self, &[data, scales, mins])?;
+        let mut o = H::down(self, out)?;
+        crate::CpuBackend.dequantize(&h[0], &h[1], &h[2], &mut o, spec)?;
+        H::up(self, &o, out)
+    }
 }
 
 /// Checks the packed weight of `spec` (every backend calls this through the two checks below).

@@ -1,17 +1,22 @@
 //! Row-wise operations over `cols`-wide rows: softmax family, cross-entropy, normalisations,
 //! RoPE and embeddings. Per-row statistics saved by a forward pass are `rows` long.
 
-use crate::backend::{Backend, BufferInfo};
+use crate::backend::BufferInfo;
 use crate::dtype::DType;
 use crate::error::{GpuError, Result};
+use crate::nn::defaults::rows as D;
+use crate::nn::primitives::Primitives;
 use crate::ops::{check_elementwise, check_rows, require_f32, BufferInfoDyn};
 
 /// Row-wise operations (the forward softmax and LayerNorm without saved statistics live in
 /// [`crate::nn::ElementwiseOps`]).
-pub trait RowOps: Backend {
+pub trait RowOps: Primitives {
     /// Softmax backward: `dx = y ∘ (dy − Σ_row(dy ∘ y))`, `y` the forward output.
     /// `out = softmax(x)` over each `cols`-wide row (a row of all −inf gives NaN, as in PyTorch).
-    fn softmax_fwd(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()>;
+    fn softmax_fwd(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()> {
+        let rows = check_rows("softmax_fwd", x, out, cols)?;
+        D::softmax(self, x, out, [rows, cols])
+    }
 
     fn softmax_bwd(
         &self,
@@ -19,10 +24,16 @@ pub trait RowOps: Backend {
         dy: &Self::Buffer,
         dx: &mut Self::Buffer,
         cols: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let rows = check_rows_bwd("softmax_bwd", y, dy, dx, cols)?;
+        D::softmax_bwd(self, (y, dy), dx, [rows, cols])
+    }
 
     /// `out = x − logsumexp_row(x)`.
-    fn log_softmax_fwd(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()>;
+    fn log_softmax_fwd(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()> {
+        let rows = check_rows("log_softmax_fwd", x, out, cols)?;
+        D::log_softmax(self, x, out, [rows, cols])
+    }
 
     /// Log-softmax backward: `dx = dy − exp(y) · Σ_row(dy)`, `y` the forward output.
     fn log_softmax_bwd(
@@ -31,7 +42,10 @@ pub trait RowOps: Backend {
         dy: &Self::Buffer,
         dx: &mut Self::Buffer,
         cols: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let rows = check_rows_bwd("log_softmax_bwd", y, dy, dx, cols)?;
+        D::log_softmax_bwd(self, (y, dy), dx, [rows, cols])
+    }
 
     /// Fused softmax + cross-entropy: `loss[r] = logsumexp(logits[r]) − logits[r, targets[r]]`.
     /// `targets` is u32 with `rows` entries, each `< cols` (else an error on the CPU; the CUDA
@@ -42,7 +56,10 @@ pub trait RowOps: Backend {
         targets: &Self::Buffer,
         loss: &mut Self::Buffer,
         cols: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let rows = check_cross_entropy("cross_entropy_fwd", logits, targets, loss, None, cols)?;
+        D::cross_entropy(self, (logits, targets), loss, [rows, cols])
+    }
 
     /// Cross-entropy backward: `dlogits[r] = (softmax(logits[r]) − onehot(targets[r])) · dloss[r]`.
     fn cross_entropy_bwd(
@@ -52,7 +69,17 @@ pub trait RowOps: Backend {
         dloss: &Self::Buffer,
         dlogits: &mut Self::Buffer,
         cols: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let rows = check_cross_entropy(
+            "cross_entropy_bwd",
+            logits,
+            targets,
+            dloss,
+            Some(dlogits),
+            cols,
+        )?;
+        D::cross_entropy_bwd(self, (logits, targets, dloss), dlogits, [rows, cols])
+    }
 
     /// LayerNorm forward with saved statistics: `y = (x − mean)·rstd·w + b`, biased variance,
     /// `rstd = 1/sqrt(var + eps)`; `mean` and `rstd` have one entry per row.
@@ -66,7 +93,24 @@ pub trait RowOps: Backend {
         rstd: &mut Self::Buffer,
         cols: usize,
         eps: f32,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        check_eps("layernorm_fwd", eps)?;
+        let rows = check_norm(
+            "layernorm_fwd",
+            x,
+            y,
+            &[("w", w), ("b", b)],
+            &[("mean", mean), ("rstd", rstd)],
+            cols,
+        )?;
+        D::layernorm(
+            self,
+            D::NormIn { x, w, rows, cols },
+            b,
+            (y, mean, rstd),
+            eps,
+        )
+    }
 
     /// LayerNorm backward: writes `dx` (`rows·cols`), `dw` and `db` (`cols`, summed over rows).
     fn layernorm_bwd(
@@ -80,7 +124,28 @@ pub trait RowOps: Backend {
         dw: &mut Self::Buffer,
         db: &mut Self::Buffer,
         cols: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let rows = check_norm(
+            "layernorm_bwd",
+            x,
+            dx,
+            &[("w", w), ("dw", dw), ("db", db)],
+            &[("mean", mean), ("rstd", rstd)],
+            cols,
+        )?;
+        check_elementwise("layernorm_bwd", &[dy], dx)?;
+        let stats = D::NormStats {
+            mean: Some(mean),
+            rstd,
+            dy,
+        };
+        D::norm_bwd(
+            self,
+            D::NormIn { x, w, rows, cols },
+            stats,
+            (dx, dw, Some(db)),
+        )
+    }
 
     /// RMSNorm forward: `y = x·rstd·w`, `rstd = 1/sqrt(mean(x²) + eps)` saved per row.
     fn rmsnorm_fwd(
@@ -91,7 +156,11 @@ pub trait RowOps: Backend {
         rstd: &mut Self::Buffer,
         cols: usize,
         eps: f32,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        check_eps("rmsnorm_fwd", eps)?;
+        let rows = check_norm("rmsnorm_fwd", x, y, &[("w", w)], &[("rstd", rstd)], cols)?;
+        D::rmsnorm(self, D::NormIn { x, w, rows, cols }, (y, rstd), eps)
+    }
 
     /// RMSNorm backward: writes `dx` and `dw` (summed over rows).
     fn rmsnorm_bwd(
@@ -103,7 +172,23 @@ pub trait RowOps: Backend {
         dx: &mut Self::Buffer,
         dw: &mut Self::Buffer,
         cols: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let rows = check_norm(
+            "rmsnorm_bwd",
+            x,
+            dx,
+            &[("w", w), ("dw", dw)],
+            &[("rstd", rstd)],
+            cols,
+        )?;
+        check_elementwise("rmsnorm_bwd", &[dy], dx)?;
+        let stats = D::NormStats {
+            mean: None,
+            rstd,
+            dy,
+        };
+        D::norm_bwd(self, D::NormIn { x, w, rows, cols }, stats, (dx, dw, None))
+    }
 
     /// Rotary position embedding on `x` of shape `[n, t, d]` (`n` = batch·heads, `d` even),
     /// rotate-half convention (Llama/GPT-NeoX): for `i < d/2`, with `θ = pos · base^(−2i/d)`,
@@ -119,7 +204,10 @@ pub trait RowOps: Backend {
         d: usize,
         base: f32,
         inverse: bool,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        check_rope(x, out, n, t, d, base)?;
+        D::rope(self, x, out, [n, t, d], (base, inverse))
+    }
 
     /// `out[r] = table[ids[r]]` for a `[vocab, dim]` table and u32 `ids`; an id `>= vocab` is an
     /// error on the CPU and a NaN row on CUDA.
@@ -129,7 +217,9 @@ pub trait RowOps: Backend {
         table: &Self::Buffer,
         out: &mut Self::Buffer,
         dim: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.gather_rows(ids, table, out, dim)
+    }
 
     /// Embedding backward: `dtable` (`[vocab, dim]`) is overwritten with zeros, then
     /// `dtable[ids[r]] += dout[r]` for every row (atomic adds on CUDA).
@@ -139,7 +229,9 @@ pub trait RowOps: Backend {
         dout: &Self::Buffer,
         dtable: &mut Self::Buffer,
         dim: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.scatter_add_rows(ids, dout, dtable, dim)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

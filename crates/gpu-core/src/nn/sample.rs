@@ -11,8 +11,10 @@
 //!   `(counter[r] + offset, r, 0, 0)`, and picks the kept token whose cumulative interval (in
 //!   index order) holds `⌊R·Z/2^64⌋`, `R` the draw's first 64 bits and `Z` the kept weight.
 
-use crate::backend::{Backend, BufferInfo};
+use crate::backend::BufferInfo;
 use crate::error::{GpuError, Result};
+use crate::nn::defaults::host as H;
+use crate::nn::primitives::Primitives;
 use crate::nn::rows::{check_len, require_u32};
 use crate::ops::require_float;
 
@@ -101,7 +103,7 @@ impl SampleParams {
 }
 
 /// Token sampling.
-pub trait SampleOps: Backend {
+pub trait SampleOps: Primitives {
     /// For each row `r` of `logits` `[rows, vocab]` (f32 or bf16), writes a token id to
     /// `out[r]` (u32) and marks it in `seen` (u32 `[rows, ⌈vocab/32⌉]`, bit `i % 32` of word
     /// `i / 32`: the tokens the row has produced or was prompted with). Row by row:
@@ -127,7 +129,13 @@ pub trait SampleOps: Backend {
         out: &mut Self::Buffer,
         vocab: usize,
         params: SampleParams,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let h = H::downs(self, &[logits, counter])?;
+        let (mut s, mut o) = (H::down(self, seen)?, H::down(self, out)?);
+        crate::CpuBackend.sample_rows(&h[0], &mut s, &h[1], &mut o, vocab, params)?;
+        H::up(self, &s, seen)?;
+        H::up(self, &o, out)
+    }
 }
 
 /// Words of a row of the `seen` bitmask.

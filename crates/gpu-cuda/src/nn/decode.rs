@@ -265,25 +265,6 @@ impl DecodeOps for CudaBackend {
         unsafe { self.launch(&name, cfg, &args) }
     }
 
-    fn argmax_rows(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
-        const OP: &str = "argmax_rows";
-        let rows = check_argmax(x, out, cols)?;
-        self.check_owned(OP, &[x, out])?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (grid(OP, rows)?, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let args = [x.into(), (&*out).into(), KernelArg::U32(cols as u32)];
-        let name = format!("argmax_rows_{}", tag(x.dtype()));
-        // SAFETY: argmax_rows_X(const T* x, u32* out, u32 cols), one block of 1024 threads per
-        // row: x holds rows·cols elements and out rows u32 (check_argmax; cols < 2^31).
-        unsafe { self.launch(&name, cfg, &args) }
-    }
-
     fn add_rms_norm(
         &self,
         x: &CudaBuffer,
@@ -353,6 +334,32 @@ impl DecodeOps for CudaBackend {
         // SAFETY: swiglu_packed_IO(const TI* gu, TO* out, u32 rows, u32 i), grid-stride over
         // rows·i < 2^31 (check_swiglu_packed): gu holds rows·2i elements of TI, out rows·i of
         // TO; out is a distinct &mut buffer.
+        unsafe { self.launch(&name, cfg, &args) }
+    }
+}
+
+impl CudaBackend {
+    pub(crate) fn argmax_rows_impl(
+        &self,
+        x: &CudaBuffer,
+        out: &mut CudaBuffer,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "argmax_rows";
+        let rows = check_argmax(x, out, cols)?;
+        self.check_owned(OP, &[x, out])?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, rows)?, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [x.into(), (&*out).into(), KernelArg::U32(cols as u32)];
+        let name = format!("argmax_rows_{}", tag(x.dtype()));
+        // SAFETY: argmax_rows_X(const T* x, u32* out, u32 cols), one block of 1024 threads per
+        // row: x holds rows·cols elements and out rows u32 (check_argmax; cols < 2^31).
         unsafe { self.launch(&name, cfg, &args) }
     }
 }

@@ -10,7 +10,7 @@ use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::elementwise::{
     check_broadcast, check_cast, check_copy_blocks, check_dropout, check_permute, Activation,
-    BinaryKind, ElementwiseOps, ReduceKind,
+    BinaryKind, ElementwiseOps, Primitives, ReduceKind,
 };
 use gpu_core::nn::Direction;
 use gpu_core::ops::check_float_elementwise;
@@ -170,7 +170,7 @@ impl CudaBackend {
     }
 }
 
-impl ElementwiseOps for CudaBackend {
+impl Primitives for CudaBackend {
     fn fill(&self, buf: &mut CudaBuffer, value: f32) -> Result<()> {
         // The same bit patterns as the CPU's fill: a driver memset of the element's bits.
         match buf.dtype() {
@@ -291,25 +291,6 @@ impl ElementwiseOps for CudaBackend {
         unsafe { self.launch(&kernel, grid, &args) }
     }
 
-    fn affine(&self, x: &CudaBuffer, mul: f32, add: f32, out: &mut CudaBuffer) -> Result<()> {
-        let dt = check_float_elementwise("affine", &[x], out)?;
-        let n = out.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let args = [
-            x.into(),
-            out.into(),
-            u64_arg(n),
-            KernelArg::F32(mul),
-            KernelArg::F32(add),
-        ];
-        // SAFETY: affine_{T}(const T* x, T* out, u64 n, float mul, float add), T f32 or bf16;
-        // both hold n elements, 256-byte aligned.
-        let kernel = format!("affine_{dt}");
-        unsafe { self.launch(&kernel, self.unary_grid(n, dt, BLOCKS_PER_SM), &args) }
-    }
-
     fn reduce_axis(
         &self,
         op: ReduceKind,
@@ -320,19 +301,6 @@ impl ElementwiseOps for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         self.reduce_axis_impl(op, x, outer, n, inner, out)
-    }
-
-    fn max_axis_bwd(
-        &self,
-        x: &CudaBuffer,
-        y: &CudaBuffer,
-        dy: &CudaBuffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
-        dx: &mut CudaBuffer,
-    ) -> Result<()> {
-        self.max_axis_bwd_impl(x, y, dy, outer, n, inner, dx)
     }
 
     fn copy_blocks(
@@ -507,10 +475,67 @@ impl ElementwiseOps for CudaBackend {
         // 256-byte aligned.
         unsafe { self.launch(kernel, self.unary_grid(n, x.dtype(), BLOCKS_PER_SM), &args) }
     }
+    fn argmax_rows(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
+        self.argmax_rows_impl(x, out, cols)
+    }
+
+    fn gather_rows(
+        &self,
+        ids: &CudaBuffer,
+        table: &CudaBuffer,
+        out: &mut CudaBuffer,
+        dim: usize,
+    ) -> Result<()> {
+        gpu_core::nn::RowOps::embedding_fwd(self, ids, table, out, dim)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        ids: &CudaBuffer,
+        src: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        dim: usize,
+    ) -> Result<()> {
+        gpu_core::nn::RowOps::embedding_bwd(self, ids, src, dst, dim)
+    }
+}
+
+impl ElementwiseOps for CudaBackend {
+    fn affine(&self, x: &CudaBuffer, mul: f32, add: f32, out: &mut CudaBuffer) -> Result<()> {
+        let dt = check_float_elementwise("affine", &[x], out)?;
+        let n = out.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            x.into(),
+            out.into(),
+            u64_arg(n),
+            KernelArg::F32(mul),
+            KernelArg::F32(add),
+        ];
+        // SAFETY: affine_{T}(const T* x, T* out, u64 n, float mul, float add), T f32 or bf16;
+        // both hold n elements, 256-byte aligned.
+        let kernel = format!("affine_{dt}");
+        unsafe { self.launch(&kernel, self.unary_grid(n, dt, BLOCKS_PER_SM), &args) }
+    }
+
+    fn max_axis_bwd(
+        &self,
+        x: &CudaBuffer,
+        y: &CudaBuffer,
+        dy: &CudaBuffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        dx: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.max_axis_bwd_impl(x, y, dy, outer, n, inner, dx)
+    }
 }
 
 impl CudaBackend {
-    /// [`ElementwiseOps::dropout`] with the seed `seed + offsets[index]` (wrapping), where
+    /// [`Primitives::dropout`] with the seed `seed + offsets[index]` (wrapping), where
     /// `offsets` holds u64s as pairs of U32 (low word first) and `offsets[index]` is read on the
     /// device when the kernel runs. A CUDA graph that records this call draws new masks on each
     /// replay from the values written into `offsets` before it. The reference is

@@ -60,7 +60,7 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::quant::{check_dequantize, check_matmul_quant, QuantFormat, QuantOps, QuantSpec};
-use gpu_core::nn::ElementwiseOps;
+use gpu_core::nn::Primitives;
 use gpu_core::{Backend, BufferInfo, DType, MatmulOps, MatmulSpec, Result};
 
 /// Warps per block and weight rows per warp of the fused kernel (`QWARPS`, `QNR`).

@@ -4,7 +4,7 @@
 use crate::backend::on_device;
 use crate::ops::{buf, buf_mut};
 use crate::tensor::{require_f32, same_device, Tensor};
-use gpu_core::nn::ElementwiseOps;
+use gpu_core::nn::Primitives;
 use gpu_core::{Backend, DType, GpuError, Result};
 use std::sync::Arc;
 

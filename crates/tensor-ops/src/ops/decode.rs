@@ -7,6 +7,7 @@ use crate::ops::{buf, buf_mut};
 use crate::tensor::{same_device, Tensor};
 use gpu_core::nn::decode::DecodeDims;
 use gpu_core::nn::DecodeOps;
+use gpu_core::nn::Primitives;
 use gpu_core::{Backend, DType, GpuError, Result};
 
 /// A layer's key and value caches, `[b, kv_heads, cap, d]` each (f32 or bf16), where each

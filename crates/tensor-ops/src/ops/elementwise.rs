@@ -4,6 +4,7 @@ use super::{checked_numel, compute};
 use crate::ops::buf;
 use crate::tensor::{same_device, same_float, Tensor};
 use gpu_core::nn::elementwise::broadcast_shape;
+use gpu_core::nn::Primitives;
 use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, Saved};
 use gpu_core::{Backend, BufferInfo, DType, Device, GpuError, Result};
 

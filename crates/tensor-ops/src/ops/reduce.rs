@@ -2,6 +2,7 @@
 
 use super::{axis, buf, checked_numel, compute, numel};
 use crate::tensor::{same_float, Tensor};
+use gpu_core::nn::Primitives;
 use gpu_core::nn::{BinaryKind, ElementwiseOps, ReduceKind};
 use gpu_core::{GpuError, Result};
 

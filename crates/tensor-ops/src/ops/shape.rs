@@ -4,7 +4,7 @@ use super::{axis, buf, checked_numel, compute, numel};
 use crate::autograd::{grad_enabled, Node};
 use crate::bound::U32Bound;
 use crate::tensor::{same_device, Tensor};
-use gpu_core::nn::ElementwiseOps;
+use gpu_core::nn::Primitives;
 use gpu_core::{GpuError, Result};
 
 impl Tensor {

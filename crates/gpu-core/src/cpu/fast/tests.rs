@@ -5,7 +5,7 @@
 
 use super::{math, optim, rows, with_mode, CpuMode, Isa};
 use crate::cpu::{CpuBackend, CpuStorage};
-use crate::nn::{Activation, AdamWConfig, ElementwiseOps, OptimOps, RowOps};
+use crate::nn::{Activation, AdamWConfig, OptimOps, Primitives, RowOps};
 use crate::Backend;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};

@@ -102,7 +102,7 @@ impl CudaBackend {
         unsafe { self.launch_clustered(&kernel, cfg, &args, plan::CLUSTER_SPLITS as u32) }
     }
 
-    /// [`ElementwiseOps::reduce_axis`].
+    /// [`Primitives::reduce_axis`].
     pub(super) fn reduce_axis_impl(
         &self,
         op: ReduceKind,

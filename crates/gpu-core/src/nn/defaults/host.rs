@@ -1,0 +1,72 @@
+//! Host fallbacks: the operands copied to the host, the CPU reference run on them, the
+//! results copied back (bit-exact against the CPU backend). The defaults of the ops that are
+//! not yet composed from primitives use these.
+
+use crate::backend::{Backend, BufferInfo};
+use crate::cpu::CpuStorage;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::nn::optim::StepScalars;
+
+/// A host copy of `x`.
+pub fn down<B: Backend + ?Sized>(b: &B, x: &B::Buffer) -> Result<CpuStorage> {
+    Ok(match x.dtype() {
+        DType::F32 => CpuStorage::F32(b.download(x)?),
+        DType::F16 => CpuStorage::F16(b.download(x)?),
+        DType::BF16 => CpuStorage::BF16(b.download(x)?),
+        DType::U32 => CpuStorage::U32(b.download(x)?),
+    })
+}
+
+/// Host copies of every buffer of `xs`.
+pub fn downs<B: Backend + ?Sized>(b: &B, xs: &[&B::Buffer]) -> Result<Vec<CpuStorage>> {
+    xs.iter().map(|x| down(b, x)).collect()
+}
+
+/// Host copies of every buffer of `xs` (mutable lists).
+pub fn downs_mut<B: Backend + ?Sized>(b: &B, xs: &[&mut B::Buffer]) -> Result<Vec<CpuStorage>> {
+    xs.iter().map(|x| down(b, x)).collect()
+}
+
+/// Copies `h` back into `dst` (same dtype and length).
+pub fn up<B: Backend + ?Sized>(b: &B, h: &CpuStorage, dst: &mut B::Buffer) -> Result<()> {
+    match h {
+        CpuStorage::F32(v) => b.copy_to_device(v, dst),
+        CpuStorage::F16(v) => b.copy_to_device(v, dst),
+        CpuStorage::BF16(v) => b.copy_to_device(v, dst),
+        CpuStorage::U32(v) => b.copy_to_device(v, dst),
+    }
+}
+
+/// Copies each of `hs` back into the matching buffer of `dst`.
+pub fn ups<B: Backend + ?Sized>(
+    b: &B,
+    hs: &[CpuStorage],
+    dst: &mut [&mut B::Buffer],
+) -> Result<()> {
+    hs.iter()
+        .zip(dst.iter_mut())
+        .try_for_each(|(h, d)| up(b, h, d))
+}
+
+/// Mutable references to each of `v`, the form the list ops take.
+pub fn refs_mut(v: &mut [CpuStorage]) -> Vec<&mut CpuStorage> {
+    v.iter_mut().collect()
+}
+
+/// A host copy of an optional buffer.
+pub fn down_opt<B: Backend + ?Sized>(b: &B, x: Option<&B::Buffer>) -> Result<Option<CpuStorage>> {
+    x.map(|x| down(b, x)).transpose()
+}
+
+/// The host form of step scalars: host values stay, a device buffer is copied into `held`.
+pub fn scalars<'a, B: Backend + ?Sized>(
+    b: &B,
+    s: StepScalars<'a, B::Buffer>,
+    held: &'a mut Option<CpuStorage>,
+) -> Result<StepScalars<'a, CpuStorage>> {
+    Ok(match s {
+        StepScalars::Host(v) => StepScalars::Host(v),
+        StepScalars::Device(x) => StepScalars::Device(held.insert(down(b, x)?)),
+    })
+}

@@ -1,0 +1,274 @@
+//! Every defaulted op of [`PrimitivesOnly`] (the CPU's primitives, nothing else) against the
+//! CPU backend's own op on random inputs.
+//!
+//! Bounds: ops whose defaults only move data or pick elements (max backward, gathers,
+//! embeddings, the host fallbacks) are exact. The rest run in f32 where the CPU accumulates in
+//! f64 and rounds once; each output must be within `rtol·scale` of the CPU's, `scale` the
+//! largest magnitude of that output, with `rtol` = 1e-5 for the row ops and AdamW (a few f32
+//! roundings per element, `exp(−ln(v)/2)` for `1/sqrt` within `(1 + |ln v|/2)·2^-22`) and
+//! 1e-4 for attention (sums of `t` products).
+
+use gpu_core::nn::{
+    AdamWConfig, AttentionOps, DecodeOps, ElementwiseOps, OptimOps, Primitives, RowOps,
+};
+use gpu_core::testing::PrimitivesOnly;
+use gpu_core::{Backend, BufferInfo, CpuBackend, CpuStorage};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+const P: PrimitivesOnly = PrimitivesOnly;
+const C: CpuBackend = CpuBackend;
+
+fn rng(name: &str) -> StdRng {
+    let seed = rand::random::<u64>();
+    println!("{name}: seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+fn rand_vec(r: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-2.0f32..2.0)).collect()
+}
+
+fn f32s(x: &[f32]) -> CpuStorage {
+    CpuStorage::F32(x.to_vec())
+}
+
+fn zeros(n: usize) -> CpuStorage {
+    CpuStorage::F32(vec![f32::NAN; n])
+}
+
+fn close(what: &str, got: &CpuStorage, want: &CpuStorage, rtol: f32) {
+    let (g, w) = (got.as_f32().unwrap(), want.as_f32().unwrap());
+    assert_eq!(g.len(), w.len(), "{what}: lengths");
+    let scale = w.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in g.iter().zip(w).enumerate() {
+        assert!(
+            (a - b).abs() <= rtol * scale || a.to_bits() == b.to_bits(),
+            "{what}[{i}]: {a} vs {b} (scale {scale})"
+        );
+    }
+}
+
+#[test]
+fn elementwise_defaults_match_the_cpu() {
+    let mut r = rng("elementwise");
+    let (outer, n, inner) = (3, 7, 5);
+    let mut x = rand_vec(&mut r, outer * n * inner);
+    x[4] = f32::NAN;
+    let x = f32s(&x);
+    let (mut a, mut b) = (zeros(x.len()), zeros(x.len()));
+    P.affine(&x, 1.5, -0.25, &mut a).unwrap();
+    C.affine(&x, 1.5, -0.25, &mut b).unwrap();
+    close("affine", &a, &b, 2e-7);
+    let (mut y, dy) = (zeros(outer * inner), f32s(&rand_vec(&mut r, outer * inner)));
+    C.reduce_axis(gpu_core::nn::ReduceKind::Max, &x, outer, n, inner, &mut y)
+        .unwrap();
+    P.max_axis_bwd(&x, &y, &dy, outer, n, inner, &mut a)
+        .unwrap();
+    C.max_axis_bwd(&x, &y, &dy, outer, n, inner, &mut b)
+        .unwrap();
+    close("max_axis_bwd", &a, &b, 0.0);
+}
+
+#[test]
+fn row_defaults_match_the_cpu() {
+    let mut r = rng("rows");
+    let (rows, cols) = (6, 11);
+    let x = f32s(&rand_vec(&mut r, rows * cols));
+    let dy = f32s(&rand_vec(&mut r, rows * cols));
+    let (mut a, mut b) = (zeros(rows * cols), zeros(rows * cols));
+    P.softmax_fwd(&x, &mut a, cols).unwrap();
+    C.softmax_fwd(&x, &mut b, cols).unwrap();
+    close("softmax_fwd", &a, &b, 1e-5);
+    let y = b.clone();
+    P.softmax_bwd(&y, &dy, &mut a, cols).unwrap();
+    C.softmax_bwd(&y, &dy, &mut b, cols).unwrap();
+    close("softmax_bwd", &a, &b, 1e-5);
+    P.log_softmax_fwd(&x, &mut a, cols).unwrap();
+    C.log_softmax_fwd(&x, &mut b, cols).unwrap();
+    close("log_softmax_fwd", &a, &b, 1e-5);
+    let y = b.clone();
+    P.log_softmax_bwd(&y, &dy, &mut a, cols).unwrap();
+    C.log_softmax_bwd(&y, &dy, &mut b, cols).unwrap();
+    close("log_softmax_bwd", &a, &b, 1e-5);
+    let t = CpuStorage::U32((0..rows).map(|_| r.random_range(0..cols as u32)).collect());
+    let (mut la, mut lb) = (zeros(rows), zeros(rows));
+    P.cross_entropy_fwd(&x, &t, &mut la, cols).unwrap();
+    C.cross_entropy_fwd(&x, &t, &mut lb, cols).unwrap();
+    close("cross_entropy_fwd", &la, &lb, 1e-5);
+    let dl = f32s(&rand_vec(&mut r, rows));
+    P.cross_entropy_bwd(&x, &t, &dl, &mut a, cols).unwrap();
+    C.cross_entropy_bwd(&x, &t, &dl, &mut b, cols).unwrap();
+    close("cross_entropy_bwd", &a, &b, 1e-5);
+    let bad = CpuStorage::U32(vec![cols as u32; rows]);
+    assert!(P.cross_entropy_fwd(&x, &bad, &mut la, cols).is_err());
+}
+
+#[test]
+fn norm_and_rope_defaults_match_the_cpu() {
+    let mut r = rng("norms");
+    let (rows, cols) = (5, 16);
+    let x = f32s(&rand_vec(&mut r, rows * cols));
+    let dy = f32s(&rand_vec(&mut r, rows * cols));
+    let (w, bias) = (f32s(&rand_vec(&mut r, cols)), f32s(&rand_vec(&mut r, cols)));
+    let n = rows * cols;
+    let (mut ya, mut ma, mut ra) = (zeros(n), zeros(rows), zeros(rows));
+    let (mut yb, mut mb, mut rb) = (zeros(n), zeros(rows), zeros(rows));
+    P.layernorm_fwd(&x, &w, &bias, &mut ya, &mut ma, &mut ra, cols, 1e-5)
+        .unwrap();
+    C.layernorm_fwd(&x, &w, &bias, &mut yb, &mut mb, &mut rb, cols, 1e-5)
+        .unwrap();
+    close("layernorm y", &ya, &yb, 1e-5);
+    close("layernorm rstd", &ra, &rb, 1e-5);
+    let (mut da, mut dwa, mut dba) = (zeros(n), zeros(cols), zeros(cols));
+    let (mut db, mut dwb, mut dbb) = (zeros(n), zeros(cols), zeros(cols));
+    P.layernorm_bwd(&x, &w, &mb, &rb, &dy, &mut da, &mut dwa, &mut dba, cols)
+        .unwrap();
+    C.layernorm_bwd(&x, &w, &mb, &rb, &dy, &mut db, &mut dwb, &mut dbb, cols)
+        .unwrap();
+    close("layernorm dx", &da, &db, 1e-5);
+    close("layernorm dw", &dwa, &dwb, 1e-5);
+    close("layernorm db", &dba, &dbb, 1e-5);
+    P.rmsnorm_fwd(&x, &w, &mut ya, &mut ra, cols, 1e-6).unwrap();
+    C.rmsnorm_fwd(&x, &w, &mut yb, &mut rb, cols, 1e-6).unwrap();
+    close("rmsnorm y", &ya, &yb, 1e-5);
+    P.rmsnorm_bwd(&x, &w, &rb, &dy, &mut da, &mut dwa, cols)
+        .unwrap();
+    C.rmsnorm_bwd(&x, &w, &rb, &dy, &mut db, &mut dwb, cols)
+        .unwrap();
+    close("rmsnorm dx", &da, &db, 1e-5);
+    close("rmsnorm dw", &dwa, &dwb, 1e-5);
+    for inverse in [false, true] {
+        P.rope(&x, &mut ya, 1, rows, cols, 10000.0, inverse)
+            .unwrap();
+        C.rope(&x, &mut yb, 1, rows, cols, 10000.0, inverse)
+            .unwrap();
+        close("rope", &ya, &yb, 1e-6);
+    }
+}
+
+#[test]
+fn attention_defaults_match_the_cpu() {
+    let mut r = rng("attention");
+    let (n, t, d) = (3, 9, 8);
+    let scale = 1.0 / (d as f32).sqrt();
+    let [q, k, v, dout] = [0; 4].map(|_| f32s(&rand_vec(&mut r, n * t * d)));
+    let (mut oa, mut la, mut ob, mut lb) = (
+        zeros(n * t * d),
+        zeros(n * t),
+        zeros(n * t * d),
+        zeros(n * t),
+    );
+    P.causal_attention_fwd(&q, &k, &v, &mut oa, &mut la, n, t, d, scale)
+        .unwrap();
+    C.causal_attention_fwd(&q, &k, &v, &mut ob, &mut lb, n, t, d, scale)
+        .unwrap();
+    close("attention out", &oa, &ob, 1e-4);
+    close("attention lse", &la, &lb, 1e-5);
+    let g = || [0; 3].map(|_| zeros(n * t * d));
+    let ([mut qa, mut ka, mut va], [mut qb, mut kb, mut vb]) = (g(), g());
+    P.causal_attention_bwd(
+        &q, &k, &v, &ob, &lb, &dout, &mut qa, &mut ka, &mut va, n, t, d, scale,
+    )
+    .unwrap();
+    C.causal_attention_bwd(
+        &q, &k, &v, &ob, &lb, &dout, &mut qb, &mut kb, &mut vb, n, t, d, scale,
+    )
+    .unwrap();
+    close("attention dq", &qa, &qb, 1e-4);
+    close("attention dk", &ka, &kb, 1e-4);
+    close("attention dv", &va, &vb, 1e-4);
+}
+
+#[test]
+fn decode_and_optimiser_defaults_match_the_cpu() {
+    let mut r = rng("decode-optim");
+    let (rows, i) = (4, 6);
+    let gu = f32s(&rand_vec(&mut r, rows * 2 * i));
+    let (mut a, mut b) = (zeros(rows * i), zeros(rows * i));
+    P.swiglu_packed(&gu, &mut a, i).unwrap();
+    C.swiglu_packed(&gu, &mut b, i).unwrap();
+    close("swiglu_packed", &a, &b, 1e-6);
+    let (x, y, w) = (
+        f32s(&rand_vec(&mut r, rows * i)),
+        f32s(&rand_vec(&mut r, rows * i)),
+        f32s(&rand_vec(&mut r, i)),
+    );
+    let (mut sa, mut na, mut sb, mut nb) = (
+        zeros(rows * i),
+        zeros(rows * i),
+        zeros(rows * i),
+        zeros(rows * i),
+    );
+    P.add_rms_norm(&x, Some(&y), &w, &mut sa, &mut na, i, 1e-6)
+        .unwrap();
+    C.add_rms_norm(&x, Some(&y), &w, &mut sb, &mut nb, i, 1e-6)
+        .unwrap();
+    close("add_rms_norm sum", &sa, &sb, 0.0);
+    close("add_rms_norm normed", &na, &nb, 1e-5);
+    let (mut ia, mut ib) = (
+        CpuStorage::U32(vec![9; rows]),
+        CpuStorage::U32(vec![9; rows]),
+    );
+    P.argmax_rows(&x, &mut ia, i).unwrap();
+    C.argmax_rows(&x, &mut ib, i).unwrap();
+    assert_eq!(ia, ib);
+    let len = 37;
+    let init = |r: &mut StdRng| f32s(&rand_vec(r, len));
+    let (p0, g0) = (init(&mut r), init(&mut r));
+    let v0 = f32s(
+        &rand_vec(&mut r, len)
+            .iter()
+            .map(|v| v.abs())
+            .collect::<Vec<_>>(),
+    );
+    let m0 = init(&mut r);
+    let cfg = AdamWConfig {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        step: 3,
+    };
+    let scale = f32s(&[2.0, 0.5]);
+    let run = |be: &dyn Fn(&mut CpuStorage, &mut CpuStorage, &mut CpuStorage)| {
+        let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
+        be(&mut p, &mut m, &mut v);
+        (p, m, v)
+    };
+    let (pa, ma, va) = run(&|p, m, v| {
+        P.adamw_step(
+            &mut [p],
+            &[&g0],
+            &mut [m],
+            &mut [v],
+            &[0.1],
+            Some(&scale),
+            cfg,
+        )
+        .unwrap()
+    });
+    let (pb, mb, vb) = run(&|p, m, v| {
+        C.adamw_step(
+            &mut [p],
+            &[&g0],
+            &mut [m],
+            &mut [v],
+            &[0.1],
+            Some(&scale),
+            cfg,
+        )
+        .unwrap()
+    });
+    close("adamw p", &pa, &pb, 1e-6);
+    close("adamw m", &ma, &mb, 1e-6);
+    close("adamw v", &va, &vb, 1e-6);
+    let (mut la, mut lb) = (p0.clone(), p0.clone());
+    P.lerp_params(&mut [&mut la], &[&g0], 0.3).unwrap();
+    C.lerp_params(&mut [&mut lb], &[&g0], 0.3).unwrap();
+    close("lerp", &la, &lb, 1e-6);
+    let (mut ca, mut cb) = (zeros(2), zeros(2));
+    P.clip_coefficient(&[&g0, &p0], 1.0, &mut ca).unwrap();
+    C.clip_coefficient(&[&g0, &p0], 1.0, &mut cb).unwrap();
+    close("clip", &ca, &cb, 0.0);
+    let _ = P.synchronize();
+}

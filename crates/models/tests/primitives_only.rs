@@ -1,0 +1,84 @@
+//! The GPT's training step on `gpu_core::testing::PrimitivesOnly` (the CPU's primitives, every
+//! other op from its default body, `tensor_ops::with_primitives_only`) against the CPU
+//! backend: the same model, batches and AdamW steps give losses within 1e-4 relative (f32
+//! defaults against the CPU's f64 accumulation: a few ulps per op) and parameters within
+//! `1e-4·scale + 1e-2·steps·lr` (Adam normalises each gradient entry, so an entry whose
+//! gradient is small moves by `lr` times its relative error: 1% of a step allowed). One exception: the key bias
+//! (`c_attn.bias` columns `n_embd..2·n_embd`) has an analytically zero gradient (the softmax
+//! is invariant to it), so both backends step it by Adam-normalised rounding noise of either
+//! sign; it is only required to stay within `steps·lr` of zero on both.
+
+use models::gpt::{Dataset, Gpt, GptConfig, Variant};
+use tensor_ops::optim::AdamWParams;
+use tensor_ops::{with_primitives_only, Device};
+
+/// Losses of three AdamW steps and the parameters after them.
+fn train(variant: Variant) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
+    let text = "the quick brown fox jumps over the lazy dog. ".repeat(40);
+    let ds = Dataset::from_text(&text, 0.9).unwrap();
+    let cfg = GptConfig {
+        variant,
+        vocab_size: ds.tokenizer.vocab_size(),
+        block_size: 16,
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+        dropout: 0.0,
+        bias: true,
+    };
+    let model = Gpt::new(cfg, 7, Device::Cpu).unwrap();
+    let mut opt = model
+        .store()
+        .adamw(AdamWParams {
+            max_grad_norm: Some(1.0),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut rng = Dataset::rng(3);
+    let mut losses = Vec::new();
+    for _ in 0..3 {
+        let (x, y) = ds.batch(false, 4, 16, &mut rng, Device::Cpu).unwrap();
+        let loss = model.loss(&x, &y, None).unwrap();
+        losses.push(loss.item().unwrap());
+        let g = loss.backward().unwrap();
+        opt.step(&g, 3e-3).unwrap();
+    }
+    let params = model
+        .parameters()
+        .into_iter()
+        .map(|(n, t, _)| (n, t.to_vec().unwrap()))
+        .collect();
+    (losses, params)
+}
+
+#[test]
+fn gpt_training_steps_on_primitives_only_match_the_cpu() {
+    for variant in [Variant::Gpt2, Variant::Llama] {
+        let (want_loss, want) = train(variant);
+        let (got_loss, got) = with_primitives_only(|| train(variant));
+        for (a, b) in got_loss.iter().zip(&want_loss) {
+            assert!(
+                (a - b).abs() <= 1e-4 * b.abs(),
+                "{variant:?} loss {a} vs {b}"
+            );
+        }
+        assert_eq!(got.len(), want.len());
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            let scale = w.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                if name.ends_with("c_attn.bias") && (32..64).contains(&i) {
+                    assert!(
+                        a.abs() <= 3.0 * 3e-3 && b.abs() <= 3.0 * 3e-3,
+                        "{name}: {a}, {b}"
+                    );
+                    continue;
+                }
+                assert!(
+                    (a - b).abs() <= 1e-4 * scale + 1e-2 * 3.0 * 3e-3,
+                    "{variant:?} {name}: {a} vs {b}"
+                );
+            }
+        }
+        println!("{variant:?}: losses {got_loss:?} (cpu {want_loss:?})");
+    }
+}
