@@ -3,9 +3,9 @@
 //! `HYBRID_TEST_SEED`) and hostile ones. Without an adapter each test prints `SKIP` and returns
 //! (fails with `HYBRID_REQUIRE_WGPU=1`).
 
-use gpu_core::nn::elementwise::ElementwiseOps;
 use gpu_core::nn::rows::RowOps;
 use gpu_core::nn::Activation;
+use gpu_core::nn::Primitives;
 use gpu_core::ops::{MatmulOps, MatmulSpec};
 use gpu_core::{Backend, CpuBackend, DType, Device, GpuError};
 use gpu_wgpu::testing::backend_or_skip;
