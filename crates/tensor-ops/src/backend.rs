@@ -307,17 +307,19 @@ pub fn cuda_backend(ordinal: usize) -> Result<CudaBackend> {
 
 /// The shared backend of CUDA device `ordinal`: after the first call per ordinal a lock-free
 /// read of a `OnceLock` (the first call opens it under a lock, so it is opened once).
-/// Ordinals from 64 on are an error.
+/// An ordinal from 64 on gets the error opening it gives (no driver, no such device), or, on a
+/// machine with that many GPUs, an error saying only the first 64 are served.
 pub(crate) fn cuda_backend_ref(ordinal: usize) -> Result<&'static CudaBackend> {
     static SLOTS: [OnceLock<CudaBackend>; CACHED_ORDINALS] =
         [const { OnceLock::new() }; CACHED_ORDINALS];
     static OPENING: Mutex<()> = Mutex::new(());
-    let slot = SLOTS.get(ordinal).ok_or_else(|| {
-        GpuError::invalid(
+    let Some(slot) = SLOTS.get(ordinal) else {
+        CudaBackend::new(ordinal)?;
+        return Err(GpuError::invalid(
             "cuda_backend",
             format!("device ordinal {ordinal} is not below {CACHED_ORDINALS}"),
-        )
-    })?;
+        ));
+    };
     if let Some(b) = slot.get() {
         return Ok(b);
     }
