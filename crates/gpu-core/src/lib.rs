@@ -2,13 +2,16 @@
 //! Devices and device selection, dtypes, shapes, the one error enum, the [`Backend`] and the
 //! op-family traits ([`nn`], [`MatmulOps`]), and the CPU backend that is always present and is the reference.
 //!
-//! A backend joins op by op: it implements [`Backend`] (buffers, host copies), [`MatmulOps`]
-//! and [`nn::Primitives`] (fill, cast, block copy, permute, broadcast binary ops, the
-//! activation map and its derivative, axis reductions, row argmax, row gather and
-//! scatter-add, dropout); every method of the op families in [`nn`] has a default body built
-//! from those (`nn/defaults`), which a backend overrides where it is faster (the CPU and CUDA
-//! backends override all of them). [`testing::PrimitivesOnly`] is such a backend with nothing
-//! but the primitives.
+//! A backend joins op by op: it implements [`Backend`] (8 required methods: buffers, host
+//! copies, synchronize), [`MatmulOps::matmul`] and the 12 [`nn::Primitives`] (fill, cast,
+//! block copy, permute, broadcast binary ops, the activation map and its derivative, axis
+//! reductions, row argmax, row gather and scatter-add, dropout); every method of the op
+//! families in [`nn`] — the fused rows, attention (packed, with dropout), decoding, quantized
+//! matmuls, sampling, the optimisers (scheduled AdamW included), the dropout with a device seed
+//! offset — has a default body built from those (`nn/defaults`), which a backend overrides
+//! where it is faster (the CPU and CUDA backends override nearly all of them; see the table in
+//! [`nn`]). [`testing::PrimitivesOnly`] is such a backend with nothing but the primitives
+//! (119 lines of impls); the GPT's training step, the world model and greedy decoding run on it.
 
 pub mod backend;
 pub mod cpu;

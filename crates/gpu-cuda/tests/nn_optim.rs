@@ -9,6 +9,7 @@
 mod common;
 
 use common::*;
+use gpu_core::nn::optim::AdamWBuffers;
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::{AdamWConfig, OptimOps};
 use gpu_core::{Backend, DType, GpuError};
@@ -402,17 +403,15 @@ fn gpu_scheduled_adamw_gives_the_eager_steps_bits() {
             step: 7,
             ..cfg
         };
-        gpu.adamw_step_scheduled(
-            &mut pr,
-            &gr,
-            &mut mr,
-            &mut vr,
-            &wd,
-            sc.as_ref(),
-            other,
-            &sched,
-        )
-        .unwrap();
+        let bufs = AdamWBuffers {
+            params: &mut pr,
+            grads: &gr,
+            m: &mut mr,
+            v: &mut vr,
+            weight_decay: &wd,
+            grad_scale: sc.as_ref(),
+        };
+        gpu.adamw_step_scheduled(bufs, other, &sched).unwrap();
         for i in 0..lens.len() {
             let what = format!("step {} tensor {i}", cfg.step);
             assert_eq!(bits(&down(&gpu, &p[i])), bits(&want.p[i]), "{what} p");
@@ -428,18 +427,15 @@ fn gpu_scheduled_adamw_gives_the_eager_steps_bits() {
         up(&gpu, &[0.0f32; 4]),
     );
     for bad in [up(&gpu, &[0.1f32, 1.0]), gpu.upload(&[1u32, 2, 3]).unwrap()] {
-        let e = gpu
-            .adamw_step_scheduled(
-                &mut [&mut p],
-                &[&gb],
-                &mut [&mut m],
-                &mut [&mut v],
-                &[0.0],
-                None,
-                CFG,
-                &bad,
-            )
-            .unwrap_err();
+        let bufs = AdamWBuffers {
+            params: &mut [&mut p],
+            grads: &[&gb],
+            m: &mut [&mut m],
+            v: &mut [&mut v],
+            weight_decay: &[0.0],
+            grad_scale: None,
+        };
+        let e = gpu.adamw_step_scheduled(bufs, CFG, &bad).unwrap_err();
         assert!(e.to_string().contains("schedule of 3 f32"), "{e}");
     }
     assert_eq!(down(&gpu, &p), vec![1.0; 4]);

@@ -7,13 +7,18 @@
 //! (`c_attn.bias` columns `n_embd..2·n_embd`) has an analytically zero gradient (the softmax
 //! is invariant to it), so both backends step it by Adam-normalised rounding noise of either
 //! sign; it is only required to stay within `steps·lr` of zero on both.
+//!
+//! With dropout on (p = 0.2 at every site: the embedding, the attention probabilities through
+//! the packed attention's default, the residual branches; a fixed dropout seed per step) the
+//! masks are the CPU's bit for bit (the same counter-based hash: `gpu-core`'s
+//! `tests/side_doors.rs` checks the attention mask entry by entry), so the same bounds hold.
 
 use models::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::optim::AdamWParams;
 use tensor_ops::{with_primitives_only, Device};
 
 /// Losses of three AdamW steps and the parameters after them.
-fn train(variant: Variant) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
+fn train(variant: Variant, dropout: f32) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
     let text = "the quick brown fox jumps over the lazy dog. ".repeat(40);
     let ds = Dataset::from_text(&text, 0.9).unwrap();
     let cfg = GptConfig {
@@ -23,7 +28,7 @@ fn train(variant: Variant) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
         n_layer: 2,
         n_head: 2,
         n_embd: 32,
-        dropout: 0.0,
+        dropout,
         bias: true,
     };
     let model = Gpt::new(cfg, 7, Device::Cpu).unwrap();
@@ -36,9 +41,10 @@ fn train(variant: Variant) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
         .unwrap();
     let mut rng = Dataset::rng(3);
     let mut losses = Vec::new();
-    for _ in 0..3 {
+    for step in 0..3u64 {
         let (x, y) = ds.batch(false, 4, 16, &mut rng, Device::Cpu).unwrap();
-        let loss = model.loss(&x, &y, None).unwrap();
+        let seed = (dropout > 0.0).then_some(1000 + step);
+        let loss = model.loss(&x, &y, seed).unwrap();
         losses.push(loss.item().unwrap());
         let g = loss.backward().unwrap();
         opt.step(&g, 3e-3).unwrap();
@@ -53,9 +59,18 @@ fn train(variant: Variant) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
 
 #[test]
 fn gpt_training_steps_on_primitives_only_match_the_cpu() {
+    check(0.0);
+}
+
+#[test]
+fn gpt_training_steps_with_dropout_on_primitives_only_match_the_cpu() {
+    check(0.2);
+}
+
+fn check(dropout: f32) {
     for variant in [Variant::Gpt2, Variant::Llama] {
-        let (want_loss, want) = train(variant);
-        let (got_loss, got) = with_primitives_only(|| train(variant));
+        let (want_loss, want) = train(variant, dropout);
+        let (got_loss, got) = with_primitives_only(|| train(variant, dropout));
         for (a, b) in got_loss.iter().zip(&want_loss) {
             assert!(
                 (a - b).abs() <= 1e-4 * b.abs(),
@@ -79,6 +94,6 @@ fn gpt_training_steps_on_primitives_only_match_the_cpu() {
                 );
             }
         }
-        println!("{variant:?}: losses {got_loss:?} (cpu {want_loss:?})");
+        println!("{variant:?}, dropout {dropout}: losses {got_loss:?} (cpu {want_loss:?})");
     }
 }

@@ -1,9 +1,6 @@
 //! Device dispatch: the backend behind each [`Device`], and the transfer counter.
 
 use crate::storage::Storage;
-use gpu_core::nn::attention::{AttnDropout, Packed};
-use gpu_core::nn::defaults::packed;
-use gpu_core::nn::optim::AdamWConfig;
 use gpu_core::nn::NnOps;
 use gpu_core::testing::PrimitivesOnly;
 use gpu_core::{CpuBackend, Device, GpuError, Result};
@@ -27,120 +24,6 @@ pub(crate) trait DeviceBackend: NnOps {
     fn get(s: &Storage) -> Result<&Self::Buffer>;
     fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer>;
     fn wrap(buf: Self::Buffer) -> Storage;
-    /// AdamW with its learning rate and bias corrections read on the device from `schedule`
-    /// (`CudaBackend::adamw_step_scheduled`); CUDA only.
-    #[allow(clippy::too_many_arguments)]
-    fn adamw_scheduled(
-        &self,
-        params: &mut [&mut Self::Buffer],
-        grads: &[&Self::Buffer],
-        m: &mut [&mut Self::Buffer],
-        v: &mut [&mut Self::Buffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&Self::Buffer>,
-        cfg: AdamWConfig,
-        schedule: &Self::Buffer,
-    ) -> Result<()>;
-    /// The backend's packed causal attention (`causal_attention_packed_fwd`), with the
-    /// attention dropout `drop`.
-    fn attention_packed_fwd(
-        &self,
-        qkv: &Self::Buffer,
-        out: &mut Self::Buffer,
-        lse: &mut Self::Buffer,
-        p: Packed,
-        scale: f32,
-        drop: Option<PackedDrop<'_, Self::Buffer>>,
-    ) -> Result<()>;
-    /// The backend's packed causal attention backward (`causal_attention_packed_bwd`).
-    #[allow(clippy::too_many_arguments)]
-    fn attention_packed_bwd(
-        &self,
-        qkv: &Self::Buffer,
-        out: &Self::Buffer,
-        lse: &Self::Buffer,
-        dout: &Self::Buffer,
-        dqkv: &mut Self::Buffer,
-        p: Packed,
-        scale: f32,
-        drop: Option<PackedDrop<'_, Self::Buffer>>,
-    ) -> Result<()>;
-}
-
-/// The attention dropout of a packed attention call, with the device seed offset of a
-/// [`crate::graph::with_dropout_offsets`] scope (entry `index` of `offsets`; CUDA only).
-pub(crate) struct PackedDrop<'a, B> {
-    pub drop: AttnDropout,
-    pub offset: Option<(&'a B, usize)>,
-}
-
-/// The CPU's attention dropout: a device seed offset is an error (as the elementwise dropout's).
-fn cpu_drop(
-    op: &'static str,
-    d: Option<PackedDrop<'_, gpu_core::CpuStorage>>,
-) -> Result<Option<AttnDropout>> {
-    match d {
-        None => Ok(None),
-        Some(PackedDrop {
-            offset: Some(_), ..
-        }) => Err(GpuError::invalid(
-            op,
-            "a device seed offset needs a CUDA tensor",
-        )),
-        Some(PackedDrop { drop, offset: None }) => Ok(Some(drop)),
-    }
-}
-
-/// CUDA's attention dropout.
-fn cuda_drop<'a>(
-    d: Option<PackedDrop<'a, gpu_cuda::CudaBuffer>>,
-) -> Option<gpu_cuda::DeviceAttnDropout<'a>> {
-    d.map(|d| gpu_cuda::DeviceAttnDropout {
-        drop: d.drop,
-        offset: d.offset,
-    })
-}
-
-/// Both backends' packed attention entry points (the same signature but for the dropout's
-/// device form: `$drop` maps it). A bf16 `qkv` takes the bf16 kernels (CUDA:
-/// `causal_attention_packed_bf16_*`, tensor cores; CPU: their reference,
-/// `gpu_core::cpu::attention_bf16`).
-macro_rules! packed_attention {
-    ($drop:expr) => {
-        fn attention_packed_fwd(
-            &self,
-            qkv: &Self::Buffer,
-            out: &mut Self::Buffer,
-            lse: &mut Self::Buffer,
-            p: Packed,
-            scale: f32,
-            drop: Option<PackedDrop<'_, Self::Buffer>>,
-        ) -> Result<()> {
-            let drop = $drop("causal_attention_packed_fwd", drop)?;
-            if gpu_core::BufferInfo::dtype(qkv) == gpu_core::DType::BF16 {
-                return self.causal_attention_packed_bf16_fwd(qkv, out, lse, p, scale, drop);
-            }
-            self.causal_attention_packed_fwd(qkv, out, lse, p, scale, drop)
-        }
-        fn attention_packed_bwd(
-            &self,
-            qkv: &Self::Buffer,
-            out: &Self::Buffer,
-            lse: &Self::Buffer,
-            dout: &Self::Buffer,
-            dqkv: &mut Self::Buffer,
-            p: Packed,
-            scale: f32,
-            drop: Option<PackedDrop<'_, Self::Buffer>>,
-        ) -> Result<()> {
-            let drop = $drop("causal_attention_packed_bwd", drop)?;
-            if gpu_core::BufferInfo::dtype(qkv) == gpu_core::DType::BF16 {
-                return self
-                    .causal_attention_packed_bf16_bwd(qkv, out, lse, dout, dqkv, p, scale, drop);
-            }
-            self.causal_attention_packed_bwd(qkv, out, lse, dout, dqkv, p, scale, drop)
-        }
-    };
 }
 
 impl DeviceBackend for CpuBackend {
@@ -164,23 +47,6 @@ impl DeviceBackend for CpuBackend {
     }
     fn wrap(buf: Self::Buffer) -> Storage {
         Storage::Cpu(buf)
-    }
-    packed_attention!(cpu_drop);
-    fn adamw_scheduled(
-        &self,
-        _: &mut [&mut Self::Buffer],
-        _: &[&Self::Buffer],
-        _: &mut [&mut Self::Buffer],
-        _: &mut [&mut Self::Buffer],
-        _: &[f32],
-        _: Option<&Self::Buffer>,
-        _: AdamWConfig,
-        _: &Self::Buffer,
-    ) -> Result<()> {
-        Err(GpuError::invalid(
-            "AdamW::step_scheduled",
-            "a device schedule is for CUDA (graph replays); the CPU steps with AdamW::step",
-        ))
     }
 }
 
@@ -209,20 +75,6 @@ impl DeviceBackend for CudaBackend {
     fn wrap(buf: Self::Buffer) -> Storage {
         Storage::Cuda(buf)
     }
-    packed_attention!(|_: &'static str, d| -> Result<_> { Ok(cuda_drop(d)) });
-    fn adamw_scheduled(
-        &self,
-        params: &mut [&mut Self::Buffer],
-        grads: &[&Self::Buffer],
-        m: &mut [&mut Self::Buffer],
-        v: &mut [&mut Self::Buffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&Self::Buffer>,
-        cfg: AdamWConfig,
-        schedule: &Self::Buffer,
-    ) -> Result<()> {
-        self.adamw_step_scheduled(params, grads, m, v, weight_decay, grad_scale, cfg, schedule)
-    }
 }
 
 impl DeviceBackend for PrimitivesOnly {
@@ -237,55 +89,6 @@ impl DeviceBackend for PrimitivesOnly {
     }
     fn wrap(buf: Self::Buffer) -> Storage {
         Storage::Cpu(buf)
-    }
-    fn attention_packed_fwd(
-        &self,
-        qkv: &Self::Buffer,
-        out: &mut Self::Buffer,
-        lse: &mut Self::Buffer,
-        p: Packed,
-        scale: f32,
-        drop: Option<PackedDrop<'_, Self::Buffer>>,
-    ) -> Result<()> {
-        let drop = cpu_drop("causal_attention_packed_fwd", drop)?;
-        packed::forward(self, qkv, (out, lse), p, (scale, drop))
-    }
-    fn attention_packed_bwd(
-        &self,
-        qkv: &Self::Buffer,
-        out: &Self::Buffer,
-        lse: &Self::Buffer,
-        dout: &Self::Buffer,
-        dqkv: &mut Self::Buffer,
-        p: Packed,
-        scale: f32,
-        drop: Option<PackedDrop<'_, Self::Buffer>>,
-    ) -> Result<()> {
-        let drop = cpu_drop("causal_attention_packed_bwd", drop)?;
-        let saved = packed::PackedSaved { out, lse, dout };
-        packed::backward(self, qkv, saved, dqkv, p, (scale, drop))
-    }
-    fn adamw_scheduled(
-        &self,
-        params: &mut [&mut Self::Buffer],
-        grads: &[&Self::Buffer],
-        m: &mut [&mut Self::Buffer],
-        v: &mut [&mut Self::Buffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&Self::Buffer>,
-        cfg: AdamWConfig,
-        schedule: &Self::Buffer,
-    ) -> Result<()> {
-        gpu_core::CpuBackend.adamw_scheduled(
-            params,
-            grads,
-            m,
-            v,
-            weight_decay,
-            grad_scale,
-            cfg,
-            schedule,
-        )
     }
 }
 

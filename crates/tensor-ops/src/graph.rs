@@ -5,7 +5,7 @@
 //! next live on the device and are written before each replay:
 //! - inputs: tensors made before the capture and overwritten with [`Tensor::write_from_host`];
 //! - dropout masks: the k-th dropout op run under [`with_dropout_offsets`] adds the k-th u64 of
-//!   that tensor to its seed on the device (`CudaBackend::dropout_offset`);
+//!   that tensor to its seed on the device (`ElementwiseOps::dropout_offset`, CUDA's override);
 //! - AdamW's learning rate and bias corrections: [`crate::optim::AdamW::step_scheduled`].
 //!
 //! Memory allocated inside the capture stays reserved for the graph (`gpu_cuda::pool`), so the

@@ -2,8 +2,12 @@
 //! dot product and sum accumulated in f64; the f32 results are rounded once at the end.
 
 use super::{fast, CpuBackend, CpuStorage};
+use crate::backend::BufferInfo;
+use crate::dtype::DType;
 use crate::error::Result;
-use crate::nn::attention::{check_bwd, check_fwd, AttentionOps, AttnDropout};
+use crate::nn::attention::{
+    check_bwd, check_fwd, resolve_drop, AttentionOps, AttnDropout, PackedCall, PackedSaved,
+};
 use rayon::prelude::*;
 
 impl AttentionOps for CpuBackend {
@@ -128,6 +132,38 @@ impl AttentionOps for CpuBackend {
             narrow(&grads.2, dv);
         });
         Ok(())
+    }
+
+    /// The packed kernels' reference: f32 (`attention_packed.rs`) or bf16 (`attention_bf16.rs`)
+    /// by `qkv`'s dtype; a device seed offset is read from its buffer.
+    fn attention_packed_fwd(
+        &self,
+        qkv: &CpuStorage,
+        (out, lse): (&mut CpuStorage, &mut CpuStorage),
+        call: PackedCall<'_, CpuStorage>,
+    ) -> Result<()> {
+        let drop = resolve_drop(self, "causal_attention_packed_fwd", call.drop)?;
+        let (p, scale) = (call.dims, call.scale);
+        if qkv.dtype() == DType::BF16 {
+            return self.causal_attention_packed_bf16_fwd(qkv, out, lse, p, scale, drop);
+        }
+        self.causal_attention_packed_fwd(qkv, out, lse, p, scale, drop)
+    }
+
+    fn attention_packed_bwd(
+        &self,
+        qkv: &CpuStorage,
+        s: PackedSaved<'_, CpuStorage>,
+        dqkv: &mut CpuStorage,
+        call: PackedCall<'_, CpuStorage>,
+    ) -> Result<()> {
+        let drop = resolve_drop(self, "causal_attention_packed_bwd", call.drop)?;
+        let (p, scale, (out, lse, dout)) = (call.dims, call.scale, (s.out, s.lse, s.dout));
+        if qkv.dtype() == DType::BF16 {
+            return self
+                .causal_attention_packed_bf16_bwd(qkv, out, lse, dout, dqkv, p, scale, drop);
+        }
+        self.causal_attention_packed_bwd(qkv, out, lse, dout, dqkv, p, scale, drop)
     }
 }
 

@@ -3,6 +3,7 @@
 use crate::backend::BufferInfo;
 use crate::error::{GpuError, Result};
 use crate::nn::defaults::attention as A;
+use crate::nn::defaults::packed as P;
 use crate::nn::primitives::Primitives;
 use crate::ops::require_f32;
 
@@ -30,7 +31,7 @@ pub trait AttentionOps: Primitives {
         scale: f32,
     ) -> Result<()> {
         check_fwd(q, k, v, out, lse, n, t, d, scale)?;
-        let dims = A::Dims { n, t, d, scale };
+        let dims = A::Dims::plain(n, t, d, scale);
         A::forward(self, A::Qkv { q, k, v }, (out, lse), dims)
     }
 
@@ -52,10 +53,107 @@ pub trait AttentionOps: Primitives {
         scale: f32,
     ) -> Result<()> {
         check_bwd(q, k, v, out, lse, dout, dq, dk, dv, n, t, d, scale)?;
-        let dims = A::Dims { n, t, d, scale };
+        let dims = A::Dims::plain(n, t, d, scale);
         let saved = A::Saved { out, lse, dout };
         A::backward(self, A::Qkv { q, k, v }, saved, (dq, dk, dv), dims)
     }
+
+    /// Causal attention over a fused projection ([`Packed`]: `qkv` `[b, t, 3c]`, `out`
+    /// `[b, t, c]`, `lse` `[b·heads, t]` f32), with the attention dropout of `call.drop`
+    /// (sequence `b·heads + h` of the [`AttnDropout`] mask). `qkv` and `out` are both f32 or
+    /// both bf16. The same function as splitting, permuting to `[b·heads, t, d]`,
+    /// [`AttentionOps::causal_attention_fwd`] and permuting back. The default does exactly
+    /// that (the dropout as the [`Primitives::dropout`] of the `[n, t, t]` probabilities, whose
+    /// flat index is the mask's: the CPU reference's mask bit for bit; a device seed offset read
+    /// on the host); the CPU and CUDA backends override it with their packed kernels.
+    fn attention_packed_fwd(
+        &self,
+        qkv: &Self::Buffer,
+        (out, lse): (&mut Self::Buffer, &mut Self::Buffer),
+        call: PackedCall<'_, Self::Buffer>,
+    ) -> Result<()> {
+        P::forward(self, qkv, (out, lse), call)
+    }
+
+    /// The backward of [`AttentionOps::attention_packed_fwd`]: `dqkv` (`qkv`'s layout and
+    /// dtype) from the forward's `out`, `lse` and the output gradient; `call` as the forward's
+    /// (the mask is regenerated).
+    fn attention_packed_bwd(
+        &self,
+        qkv: &Self::Buffer,
+        saved: PackedSaved<'_, Self::Buffer>,
+        dqkv: &mut Self::Buffer,
+        call: PackedCall<'_, Self::Buffer>,
+    ) -> Result<()> {
+        P::backward(self, qkv, saved, dqkv, call)
+    }
+}
+
+/// The sizes, scale and dropout of a packed attention call
+/// ([`AttentionOps::attention_packed_fwd`]).
+#[derive(Debug)]
+pub struct PackedCall<'a, Buf> {
+    pub dims: Packed,
+    pub scale: f32,
+    pub drop: Option<PackedDrop<'a, Buf>>,
+}
+
+impl<Buf> Clone for PackedCall<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for PackedCall<'_, Buf> {}
+
+/// The packed backward's saved tensors: the forward's `out` and `lse`, and the output gradient.
+pub struct PackedSaved<'a, Buf> {
+    pub out: &'a Buf,
+    pub lse: &'a Buf,
+    pub dout: &'a Buf,
+}
+
+/// Attention dropout with an optional device seed offset: the u64 entry `index` of `offsets`
+/// (a U32 buffer of pairs, low word first) is added (wrapping) to the seed when the op runs, so
+/// a CUDA graph's replays draw new masks (`tensor_ops::graph::with_dropout_offsets`). The
+/// reference is `AttnDropout { seed: seed + offsets[index], .. }` on any backend; CUDA reads
+/// the entry on the device, the defaults and the CPU on the host.
+#[derive(Debug)]
+pub struct PackedDrop<'a, Buf> {
+    pub drop: AttnDropout,
+    pub offset: Option<(&'a Buf, usize)>,
+}
+
+impl<Buf> Clone for PackedDrop<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for PackedDrop<'_, Buf> {}
+
+impl<Buf> From<AttnDropout> for PackedDrop<'_, Buf> {
+    fn from(drop: AttnDropout) -> Self {
+        PackedDrop { drop, offset: None }
+    }
+}
+
+/// `drop` with its device seed offset (if any) read on the host and added to the seed: the
+/// plain [`AttnDropout`] a host implementation runs.
+pub fn resolve_drop<B: crate::backend::Backend + ?Sized>(
+    b: &B,
+    op: &'static str,
+    drop: Option<PackedDrop<'_, B::Buffer>>,
+) -> Result<Option<AttnDropout>> {
+    let Some(PackedDrop { drop, offset }) = drop else {
+        return Ok(None);
+    };
+    let Some((offsets, index)) = offset else {
+        return Ok(Some(drop));
+    };
+    let off = crate::nn::elementwise::seed_offset(b, op, offsets, index)?;
+    Ok(Some(AttnDropout {
+        seed: drop.seed.wrapping_add(off),
+        ..drop
+    }))
 }
 
 /// The largest head dimension `d` the attention ops accept.

@@ -48,6 +48,49 @@ pub trait ElementwiseOps: Primitives {
     ) -> Result<()> {
         crate::nn::defaults::elementwise::max_axis_bwd(self, x, y, dy, [outer, n, inner], dx)
     }
+
+    /// [`Primitives::dropout`] with the seed completed when the op runs: `seed` plus (wrapping)
+    /// the u64 entry `index` of `offsets` (a U32 buffer of pairs, low word first), so a CUDA
+    /// graph that records this call draws new masks on each replay from the values written
+    /// into `offsets` before it (`tensor_ops::graph::with_dropout_offsets`). The same as
+    /// `dropout(x, p, seed + offsets[index])`. The default reads the entry on the host
+    /// ([`seed_offset`]: it synchronises, so it cannot be captured in a graph); CUDA overrides
+    /// it with its kernel reading the entry on the device.
+    fn dropout_offset(
+        &self,
+        x: &Self::Buffer,
+        p: f32,
+        seed: u64,
+        (offsets, index): (&Self::Buffer, usize),
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        let off = seed_offset(self, "dropout_offset", offsets, index)?;
+        self.dropout(x, p, seed.wrapping_add(off), out)
+    }
+}
+
+/// The u64 entry `index` of `offsets` (U32 pairs, low word first), read on the host; a
+/// shape error (`op`'s) when `offsets` is not U32 or has no entry `index`.
+pub fn seed_offset<B: crate::backend::Backend + ?Sized>(
+    b: &B,
+    op: &'static str,
+    offsets: &B::Buffer,
+    index: usize,
+) -> Result<u64> {
+    use crate::backend::BufferInfo;
+    let fits = index
+        .checked_add(1)
+        .and_then(|k| k.checked_mul(2))
+        .is_some_and(|need| need <= offsets.len());
+    if offsets.dtype() != DType::U32 || !fits {
+        return Err(GpuError::shape(
+            op,
+            format!("offsets of U32 pairs (u64s, low word first) with an entry {index}"),
+            format!("{} {}", offsets.len(), offsets.dtype()),
+        ));
+    }
+    let words = b.download::<u32>(offsets)?;
+    Ok(words[2 * index] as u64 | (words[2 * index + 1] as u64) << 32)
 }
 
 /// The shape two shapes broadcast to, or `None` when they are incompatible.

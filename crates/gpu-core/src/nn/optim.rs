@@ -69,6 +69,23 @@ pub trait OptimOps: Primitives {
         defaults::optim::adamw(self, params, grads, m, v, weight_decay, grad_scale, cfg)
     }
 
+    /// [`OptimOps::adamw_step`] with the step's learning rate and bias corrections read when
+    /// the op runs from `schedule` = `[lr, step_size, bc2_sqrt]` (3 f32, [`adamw_schedule`]);
+    /// `cfg.lr` and `cfg.step` are only validated. On CUDA the kernel reads it on the device,
+    /// so a graph that records this call runs a new step on each replay from the values
+    /// written before it; with the schedule of `cfg` it gives `adamw_step(…, cfg)`'s bits there.
+    /// The default reads the schedule on the host and runs the composed AdamW with its
+    /// scalars (the CPU's too: within a few ulps of `adamw_step` per value).
+    fn adamw_step_scheduled(
+        &self,
+        bufs: AdamWBuffers<'_, '_, Self::Buffer>,
+        cfg: AdamWConfig,
+        schedule: &Self::Buffer,
+    ) -> Result<()> {
+        let s = read_schedule(self, schedule)?;
+        defaults::optim::adamw_with(self, bufs, cfg, s)
+    }
+
     /// One fused Schedule-Free AdamW step (`schedulefree.AdamWScheduleFree.step`) over every
     /// parameter `y = params[i]`, with `[lr, ckp1, y_lr, bc2] = scalars` and
     /// `g = grads[i] · grad_scale[1]` (or `grads[i]`): `v = β2·v + (1−β2)·g²`,
@@ -290,6 +307,33 @@ pub fn check_adamw<B: BufferInfo>(
         ));
     }
     Ok(())
+}
+
+/// The buffers of an AdamW step ([`OptimOps::adamw_step_scheduled`]): one entry per
+/// parameter in each list, as [`OptimOps::adamw_step`]'s arguments of the same names.
+pub struct AdamWBuffers<'s, 'b, Buf> {
+    pub params: &'s mut [&'b mut Buf],
+    pub grads: &'s [&'b Buf],
+    pub m: &'s mut [&'b mut Buf],
+    pub v: &'s mut [&'b mut Buf],
+    pub weight_decay: &'s [f32],
+    pub grad_scale: Option<&'b Buf>,
+}
+
+/// Checks a device schedule (3 f32: [`adamw_schedule`]) and reads it on the host.
+pub fn read_schedule<B: crate::backend::Backend + ?Sized>(
+    b: &B,
+    schedule: &B::Buffer,
+) -> Result<[f32; 3]> {
+    if schedule.dtype() != crate::dtype::DType::F32 || schedule.len() != 3 {
+        return Err(GpuError::shape(
+            "adamw_step_scheduled",
+            "a schedule of 3 f32 ([lr, step_size, bc2_sqrt])",
+            format!("{} {}", schedule.len(), schedule.dtype()),
+        ));
+    }
+    let s = b.download::<f32>(schedule)?;
+    Ok([s[0], s[1], s[2]])
 }
 
 /// The per-step scalars of the update, computed in f64 as PyTorch does with Python floats:

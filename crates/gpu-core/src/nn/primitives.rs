@@ -6,7 +6,8 @@
 //! [`SampleOps`](super::SampleOps), [`OptimOps`](super::OptimOps)) is a trait method with a
 //! default body built from these (`nn/defaults/`), which a backend overrides where it has
 //! something faster: a new backend joins op by op. The CPU and CUDA backends override every
-//! family method.
+//! family method but the seed-offset dropout and the scheduled AdamW on the CPU (which run
+//! their defaults there).
 //!
 //! The set: buffers and host copies ([`Backend`]), matmul ([`MatmulOps`]), and
 //! - fill, cast, block copy, permute (data movement);

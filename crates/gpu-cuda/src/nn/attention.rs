@@ -7,25 +7,15 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::attention::{
-    check_bwd, check_fwd, check_packed, AttentionOps, AttnDropout, Packed,
+    check_bwd, check_fwd, check_packed, AttentionOps, AttnDropout, Packed, PackedCall, PackedDrop,
+    PackedSaved,
 };
-use gpu_core::{Backend, DType, GpuError, Result};
+use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
-/// Attention dropout on CUDA ([`AttnDropout`]), with an optional device seed offset: the u64
-/// entry `index` of `offsets` (U32 pairs, low word first) is added to the seed when the kernels
-/// run, so a CUDA graph's replays draw new masks (as `CudaBackend::dropout_offset`). The
-/// reference is `AttnDropout { seed: seed + offsets[index], .. }` on any backend.
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceAttnDropout<'a> {
-    pub drop: AttnDropout,
-    pub offset: Option<(&'a CudaBuffer, usize)>,
-}
-
-impl From<AttnDropout> for DeviceAttnDropout<'_> {
-    fn from(drop: AttnDropout) -> Self {
-        DeviceAttnDropout { drop, offset: None }
-    }
-}
+/// Attention dropout on CUDA ([`AttnDropout`]), with an optional device seed offset read by
+/// the kernels ([`PackedDrop`]: the u64 entry `index` of `offsets` is added to the seed when
+/// they run, so a CUDA graph's replays draw new masks, as `ElementwiseOps::dropout_offset`).
+pub type DeviceAttnDropout<'a> = PackedDrop<'a, CudaBuffer>;
 
 impl CudaBackend {
     /// The `*_drop` kernels' trailing arguments `(float p, u64 seed, const u64* offset)` for an
@@ -245,6 +235,36 @@ impl AttentionOps for CudaBackend {
                 None,
             )
         }
+    }
+
+    /// The packed kernels: f32, or for a bf16 `qkv` the tensor-core bf16 ones.
+    fn attention_packed_fwd(
+        &self,
+        qkv: &CudaBuffer,
+        (out, lse): (&mut CudaBuffer, &mut CudaBuffer),
+        call: PackedCall<'_, CudaBuffer>,
+    ) -> Result<()> {
+        let (p, scale, drop) = (call.dims, call.scale, call.drop);
+        if qkv.dtype() == DType::BF16 {
+            return self.causal_attention_packed_bf16_fwd(qkv, out, lse, p, scale, drop);
+        }
+        self.causal_attention_packed_fwd(qkv, out, lse, p, scale, drop)
+    }
+
+    fn attention_packed_bwd(
+        &self,
+        qkv: &CudaBuffer,
+        s: PackedSaved<'_, CudaBuffer>,
+        dqkv: &mut CudaBuffer,
+        call: PackedCall<'_, CudaBuffer>,
+    ) -> Result<()> {
+        let (p, scale, drop, (out, lse, dout)) =
+            (call.dims, call.scale, call.drop, (s.out, s.lse, s.dout));
+        if qkv.dtype() == DType::BF16 {
+            return self
+                .causal_attention_packed_bf16_bwd(qkv, out, lse, dout, dqkv, p, scale, drop);
+        }
+        self.causal_attention_packed_bwd(qkv, out, lse, dout, dqkv, p, scale, drop)
     }
 }
 

@@ -532,15 +532,10 @@ impl ElementwiseOps for CudaBackend {
     ) -> Result<()> {
         self.max_axis_bwd_impl(x, y, dy, outer, n, inner, dx)
     }
-}
 
-impl CudaBackend {
-    /// [`Primitives::dropout`] with the seed `seed + offsets[index]` (wrapping), where
-    /// `offsets` holds u64s as pairs of U32 (low word first) and `offsets[index]` is read on the
-    /// device when the kernel runs. A CUDA graph that records this call draws new masks on each
-    /// replay from the values written into `offsets` before it. The reference is
-    /// `dropout(x, p, seed.wrapping_add(offsets[index]))` on any backend.
-    pub fn dropout_offset(
+    /// The kernel of [`Primitives::dropout`], with `offsets[index]` read on the device when it
+    /// runs (a graph's replays draw new masks from the values written before them).
+    fn dropout_offset(
         &self,
         x: &CudaBuffer,
         p: f32,
@@ -551,7 +546,9 @@ impl CudaBackend {
         let ptr = self.seed_offset_ptr("dropout_offset", offsets, index)?;
         self.dropout_impl(x, p, seed, ptr, out)
     }
+}
 
+impl CudaBackend {
     /// The device address of u64 entry `index` of `offsets` (U32 pairs, low word first), after
     /// checking the dtype, the bounds and that the buffer is this backend's: in bounds and
     /// 8-byte aligned (256-byte aligned base, 8-byte entries).

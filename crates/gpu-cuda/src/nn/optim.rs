@@ -10,7 +10,7 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::optim::{
-    adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps, ProdigyConfig,
+    adamw_scalars, check_adamw, check_clip, AdamWBuffers, AdamWConfig, OptimOps, ProdigyConfig,
     ScheduleFreeConfig, StepScalars,
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
@@ -119,6 +119,33 @@ pub(super) fn blocks_config(blocks: u32) -> LaunchConfig {
 }
 
 impl OptimOps for CudaBackend {
+    /// The AdamW kernel reading `[lr, step_size, bc2_sqrt]` from `schedule` on the device.
+    fn adamw_step_scheduled(
+        &self,
+        bufs: AdamWBuffers<'_, '_, CudaBuffer>,
+        cfg: AdamWConfig,
+        schedule: &CudaBuffer,
+    ) -> Result<()> {
+        if schedule.dtype() != DType::F32 || schedule.len() != 3 {
+            return Err(GpuError::shape(
+                "adamw_step_scheduled",
+                "a schedule of 3 f32 ([lr, step_size, bc2_sqrt])",
+                format!("{} {}", schedule.len(), schedule.dtype()),
+            ));
+        }
+        self.check_owned("adamw_step_scheduled", &[schedule])?;
+        let AdamWBuffers {
+            params,
+            grads,
+            m,
+            v,
+            weight_decay,
+            grad_scale,
+        } = bufs;
+        let s = Some(schedule);
+        self.adamw_impl(params, grads, m, v, weight_decay, grad_scale, cfg, s)
+    }
+
     fn clip_coefficient(
         &self,
         grads: &[&CudaBuffer],
@@ -228,36 +255,6 @@ impl OptimOps for CudaBackend {
 }
 
 impl CudaBackend {
-    /// [`OptimOps::adamw_step`] with the step's learning rate and bias corrections read on the
-    /// device when the kernel runs, from `schedule` = `[lr, step_size, bc2_sqrt]` (3 f32,
-    /// [`gpu_core::nn::optim::adamw_schedule`]); `cfg.lr` and `cfg.step` are only validated.
-    /// A CUDA graph that records this call runs a new step on each replay from the values
-    /// written into `schedule` before it; with the schedule of `cfg` it gives the same bits as
-    /// `adamw_step(…, cfg)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn adamw_step_scheduled(
-        &self,
-        params: &mut [&mut CudaBuffer],
-        grads: &[&CudaBuffer],
-        m: &mut [&mut CudaBuffer],
-        v: &mut [&mut CudaBuffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&CudaBuffer>,
-        cfg: AdamWConfig,
-        schedule: &CudaBuffer,
-    ) -> Result<()> {
-        if schedule.dtype() != DType::F32 || schedule.len() != 3 {
-            return Err(GpuError::shape(
-                "adamw_step_scheduled",
-                "a schedule of 3 f32 ([lr, step_size, bc2_sqrt])",
-                format!("{} {}", schedule.len(), schedule.dtype()),
-            ));
-        }
-        self.check_owned("adamw_step_scheduled", &[schedule])?;
-        let s = Some(schedule);
-        self.adamw_impl(params, grads, m, v, weight_decay, grad_scale, cfg, s)
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn adamw_impl(
         &self,

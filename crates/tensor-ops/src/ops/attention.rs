@@ -1,11 +1,12 @@
 //! Causal self-attention straight from a fused q/k/v projection (a GPT's `c_attn` output), with
 //! no split, permute or concatenation copies.
 
-use crate::backend::{on_device, DeviceBackend, PackedDrop};
+use crate::backend::{on_device, DeviceBackend};
 use crate::ops::buf;
 use crate::tensor::{require_f32, Tensor};
 use gpu_core::cpu::attention_bf16::HEAD_DIM_BF16;
-use gpu_core::nn::attention::{AttnDropout, Packed};
+use gpu_core::nn::attention::{AttnDropout, Packed, PackedCall, PackedDrop, PackedSaved};
+use gpu_core::nn::AttentionOps;
 use gpu_core::{GpuError, Result};
 
 impl Tensor {
@@ -119,7 +120,12 @@ fn packed(qkv: &Tensor, p: Packed, drop: DropArg) -> Result<Tensor> {
             let mut out = be.alloc_output_as(dtype, b * t * c)?;
             let mut lse = be.alloc_output(p.n() * t)?;
             let d = backend_drop(be, &drop, og.as_deref())?;
-            be.attention_packed_fwd(buf(be, &g)?, &mut out, &mut lse, p, scale, d)?;
+            let call = PackedCall {
+                dims: p,
+                scale,
+                drop: d,
+            };
+            be.attention_packed_fwd(buf(be, &g)?, (&mut out, &mut lse), call)?;
             (crate::ops::wrap(be, out), crate::ops::wrap(be, lse))
         })
     };
@@ -139,7 +145,17 @@ fn packed(qkv: &Tensor, p: Packed, drop: DropArg) -> Result<Tensor> {
                 let mut dqkv = be.alloc_output_as(dtype, b * t * 3 * c)?;
                 let (q, o, l, d) = (buf(be, &gq)?, buf(be, &go)?, buf(be, &gl)?, buf(be, &gg)?);
                 let dr = backend_drop(be, &drop, og.as_deref())?;
-                be.attention_packed_bwd(q, o, l, d, &mut dqkv, p, scale, dr)?;
+                let call = PackedCall {
+                    dims: p,
+                    scale,
+                    drop: dr,
+                };
+                let saved = PackedSaved {
+                    out: o,
+                    lse: l,
+                    dout: d,
+                };
+                be.attention_packed_bwd(q, saved, &mut dqkv, call)?;
                 crate::ops::wrap(be, dqkv)
             });
             Ok(vec![Some(Tensor::from_storage(

@@ -6,7 +6,7 @@ use crate::tensor::{same_device, same_float, Tensor};
 use gpu_core::nn::elementwise::broadcast_shape;
 use gpu_core::nn::Primitives;
 use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, Saved};
-use gpu_core::{Backend, BufferInfo, DType, Device, GpuError, Result};
+use gpu_core::{DType, Device, GpuError, Result};
 
 fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<Tensor> {
     let dev = same_device(name, &[a, b])?;
@@ -278,16 +278,15 @@ fn dropout_storage(
             seed,
             &mut out
         ))),
-        (Some((o, k)), Device::Cuda(i)) => {
-            let gpu = crate::backend::cuda_backend(i)?;
+        (Some((o, k)), Device::Cuda(_)) => {
             let og = o.read();
-            let (crate::storage::Storage::Cuda(xb), crate::storage::Storage::Cuda(ob)) = (x, &*og)
-            else {
-                return Err(GpuError::invalid("dropout", "storage and device disagree"));
-            };
-            let mut out = gpu.allocate(xb.dtype(), n)?;
-            gpu.dropout_offset(xb, p, seed, (ob, *k), &mut out)?;
-            Ok(crate::storage::Storage::Cuda(out))
+            Ok(compute!(dev, x.dtype(), n, |be, out| be.dropout_offset(
+                buf(be, x)?,
+                p,
+                seed,
+                (buf(be, &og)?, *k),
+                &mut out
+            )))
         }
         (Some(_), Device::Cpu) => Err(GpuError::invalid(
             "dropout",

@@ -368,7 +368,17 @@ fn adamw_impl<B: DeviceBackend>(
     let c = clip.map(B::get).transpose()?;
     match schedule {
         None => be.adamw_step(&mut p, &g, &mut mm, &mut vv, decays, c, cfg),
-        Some(s) => be.adamw_scheduled(&mut p, &g, &mut mm, &mut vv, decays, c, cfg, B::get(s)?),
+        Some(s) => {
+            let bufs = gpu_core::nn::optim::AdamWBuffers {
+                params: &mut p,
+                grads: &g,
+                m: &mut mm,
+                v: &mut vv,
+                weight_decay: decays,
+                grad_scale: c,
+            };
+            be.adamw_step_scheduled(bufs, cfg, B::get(s)?)
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use super::{f32_buf, map, scalar, zip, zip_same, zip_scalar};
 use crate::backend::BufferInfo;
 use crate::error::Result;
 use crate::nn::elementwise::{Activation, BinaryKind as K};
-use crate::nn::optim::{adamw_scalars, check_adamw, AdamWConfig};
+use crate::nn::optim::{adamw_schedule, check_adamw, AdamWBuffers, AdamWConfig};
 use crate::nn::primitives::Primitives;
 
 /// `sqrt(v)` as `exp(ln(v)/2)` (0 stays 0).
@@ -42,8 +42,38 @@ pub fn adamw<B: Primitives + ?Sized>(
     grad_scale: Option<&B::Buffer>,
     cfg: AdamWConfig,
 ) -> Result<()> {
+    // Reborrowed so that every list's entries share one lifetime.
+    let mut p: Vec<&mut B::Buffer> = params.iter_mut().map(|r| &mut **r).collect();
+    let mut mm: Vec<&mut B::Buffer> = m.iter_mut().map(|r| &mut **r).collect();
+    let mut vv: Vec<&mut B::Buffer> = v.iter_mut().map(|r| &mut **r).collect();
+    let bufs = AdamWBuffers {
+        params: &mut p,
+        grads,
+        m: &mut mm,
+        v: &mut vv,
+        weight_decay,
+        grad_scale,
+    };
+    adamw_with(b, bufs, cfg, adamw_schedule(cfg))
+}
+
+/// AdamW with the scalars `[lr, step_size, bc2_sqrt]` of a schedule ([`adamw_schedule`]; `cfg`
+/// only validated, its betas and eps used), parameter by parameter.
+pub fn adamw_with<B: Primitives + ?Sized>(
+    b: &B,
+    bufs: AdamWBuffers<'_, '_, B::Buffer>,
+    cfg: AdamWConfig,
+    [lr, step_size, bc2_sqrt]: [f32; 3],
+) -> Result<()> {
+    let AdamWBuffers {
+        params,
+        grads,
+        m,
+        v,
+        weight_decay,
+        grad_scale,
+    } = bufs;
     check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
-    let (step_size, bc2_sqrt) = adamw_scalars(cfg);
     let coef = match grad_scale {
         Some(s) => {
             let mut c = f32_buf(b, 1)?;
@@ -60,15 +90,10 @@ pub fn adamw<B: Primitives + ?Sized>(
         let mi = axpby(b, (cfg.beta1, m[i]), (1.0 - cfg.beta1, &g))?;
         let g2 = zip_same(b, K::Mul, &g, &g)?;
         let vi = axpby(b, (cfg.beta2, v[i]), (1.0 - cfg.beta2, &g2))?;
-        let denom = zip_scalar(b, K::Mul, &sqrt(b, &vi)?, (1.0 / bc2_sqrt) as f32)?;
+        let denom = zip_scalar(b, K::Div, &sqrt(b, &vi)?, bc2_sqrt)?;
         let denom = zip_scalar(b, K::Add, &denom, cfg.eps)?;
-        let upd = zip_scalar(
-            b,
-            K::Mul,
-            &zip_same(b, K::Div, &mi, &denom)?,
-            step_size as f32,
-        )?;
-        let decay = (1.0 - cfg.lr as f64 * weight_decay[i] as f64) as f32;
+        let upd = zip_scalar(b, K::Mul, &zip_same(b, K::Div, &mi, &denom)?, step_size)?;
+        let decay = (1.0 - lr as f64 * weight_decay[i] as f64) as f32;
         let p = zip_same(b, K::Sub, &zip_scalar(b, K::Mul, params[i], decay)?, &upd)?;
         b.cast(&p, params[i])?;
         b.cast(&mi, m[i])?;

@@ -1,26 +1,25 @@
 //! The packed causal attention (`qkv` `[b, t, 3c]`, [`Packed`]) from the unpacked
-//! [`AttentionOps`] by permutes: the default of a backend without a packed kernel (the
-//! attention dropout is not composed yet: `p > 0` is an error here).
+//! attention defaults by permutes: the default of a backend without a packed kernel
+//! ([`AttentionOps::attention_packed_fwd`]). The attention dropout is the unpacked default's
+//! (the [`Primitives::dropout`] of the `[b·heads, t, t]` probabilities: sequence
+//! `b·heads + h` after the permute, the mask of [`AttnDropout`]); a device seed offset is read
+//! on the host ([`resolve_drop`]). A bf16 `qkv` is widened to f32 (exact), the output rounded
+//! to bf16 once.
 
-use super::f32_buf;
+use super::attention::{self as A, Dims};
+use super::{f32_buf, widen};
 use crate::backend::BufferInfo;
-use crate::error::{GpuError, Result};
-use crate::nn::attention::{check_packed, AttnDropout, Packed};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::nn::attention::{
+    check_packed, resolve_drop, AttnDropout, Packed, PackedCall, PackedSaved,
+};
+use crate::nn::primitives::Primitives;
 use crate::nn::AttentionOps;
-
-/// Refuses an active attention dropout (see the module docs).
-fn no_dropout(op: &'static str, drop: Option<AttnDropout>) -> Result<()> {
-    match AttnDropout::active(drop, op)? {
-        None => Ok(()),
-        Some(_) => Err(GpuError::invalid(
-            op,
-            "the default packed attention has no attention dropout; the backend must override it",
-        )),
-    }
-}
+use crate::ops::same_dtype;
 
 /// `[b, t, 3, heads, d]` → three `[b, heads, t, d]` buffers (q, k, v).
-fn unpack<B: AttentionOps + ?Sized>(b: &B, qkv: &B::Buffer, p: Packed) -> Result<[B::Buffer; 3]> {
+fn unpack<B: Primitives + ?Sized>(b: &B, qkv: &B::Buffer, p: Packed) -> Result<[B::Buffer; 3]> {
     let len = p.b * p.t * p.c();
     let mut all = f32_buf(b, 3 * len)?;
     b.permute(
@@ -37,55 +36,106 @@ fn unpack<B: AttentionOps + ?Sized>(b: &B, qkv: &B::Buffer, p: Packed) -> Result
     Ok([part(0)?, part(1)?, part(2)?])
 }
 
-/// Forward: unpack, [`AttentionOps::causal_attention_fwd`], `[b, heads, t, d]` → `[b, t, c]`.
+/// `[b, t, heads, d]` → `[b, heads, t, d]` in a new f32 buffer.
+fn heads_first<B: Primitives + ?Sized>(b: &B, x: &B::Buffer, p: Packed) -> Result<B::Buffer> {
+    let mut o = f32_buf(b, x.len())?;
+    b.permute(x, &[p.b, p.t, p.heads, p.d], &[0, 2, 1, 3], &mut o)?;
+    Ok(o)
+}
+
+/// The unpacked defaults' dims of a packed call with the dropout `drop`.
+fn dims(p: Packed, scale: f32, drop: Option<AttnDropout>) -> Dims {
+    Dims {
+        drop,
+        ..Dims::plain(p.n(), p.t, p.d, scale)
+    }
+}
+
+/// The call's active dropout with its seed offset applied (`op`'s errors).
+fn dropout<B: AttentionOps + ?Sized>(
+    b: &B,
+    op: &'static str,
+    call: PackedCall<'_, B::Buffer>,
+) -> Result<Option<AttnDropout>> {
+    AttnDropout::active(resolve_drop(b, op, call.drop)?, op)
+}
+
+/// Forward (see the module docs).
 pub fn forward<B: AttentionOps + ?Sized>(
     b: &B,
     qkv: &B::Buffer,
     (out, lse): (&mut B::Buffer, &mut B::Buffer),
-    p: Packed,
-    (scale, drop): (f32, Option<AttnDropout>),
+    call: PackedCall<'_, B::Buffer>,
 ) -> Result<()> {
     const OP: &str = "causal_attention_packed_fwd";
+    if qkv.dtype() == DType::BF16 {
+        same_dtype(OP, DType::BF16, out.dtype())?;
+        let mut o = f32_buf(b, out.len())?;
+        forward(b, &widen(b, qkv)?, (&mut o, lse), call)?;
+        return b.cast(&o, out);
+    }
+    let (p, scale) = (call.dims, call.scale);
     check_packed(OP, qkv, &[&*out], lse, None, p, scale)?;
-    no_dropout(OP, drop)?;
+    let drop = dropout(b, OP, call)?;
     let [q, k, v] = unpack(b, qkv, p)?;
     let mut o = f32_buf(b, out.len())?;
-    b.causal_attention_fwd(&q, &k, &v, &mut o, lse, p.n(), p.t, p.d, scale)?;
+    A::forward(
+        b,
+        A::Qkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        (&mut o, lse),
+        dims(p, scale, drop),
+    )?;
     b.permute(&o, &[p.b, p.heads, p.t, p.d], &[0, 2, 1, 3], out)
-}
-
-/// The backward's saved tensors: the forward's `out`, `lse`, and the output gradient.
-pub struct PackedSaved<'a, B: AttentionOps + ?Sized> {
-    pub out: &'a B::Buffer,
-    pub lse: &'a B::Buffer,
-    pub dout: &'a B::Buffer,
 }
 
 /// Backward: the unpacked backward, its three gradients stacked and permuted into `dqkv`.
 pub fn backward<B: AttentionOps + ?Sized>(
     b: &B,
     qkv: &B::Buffer,
-    s: PackedSaved<'_, B>,
+    s: PackedSaved<'_, B::Buffer>,
     dqkv: &mut B::Buffer,
-    p: Packed,
-    (scale, drop): (f32, Option<AttnDropout>),
+    call: PackedCall<'_, B::Buffer>,
 ) -> Result<()> {
     const OP: &str = "causal_attention_packed_bwd";
+    if qkv.dtype() == DType::BF16 {
+        same_dtype(OP, DType::BF16, dqkv.dtype())?;
+        let (out, dout) = (widen(b, s.out)?, widen(b, s.dout)?);
+        let wide = PackedSaved {
+            out: &out,
+            lse: s.lse,
+            dout: &dout,
+        };
+        let mut g = f32_buf(b, dqkv.len())?;
+        backward(b, &widen(b, qkv)?, wide, &mut g, call)?;
+        return b.cast(&g, dqkv);
+    }
+    let (p, scale) = (call.dims, call.scale);
     check_packed(OP, qkv, &[s.out, s.dout], s.lse, Some(&*dqkv), p, scale)?;
-    no_dropout(OP, drop)?;
+    let drop = dropout(b, OP, call)?;
     let [q, k, v] = unpack(b, qkv, p)?;
-    let heads_first = |x: &B::Buffer| -> Result<B::Buffer> {
-        let mut o = f32_buf(b, x.len())?;
-        b.permute(x, &[p.b, p.t, p.heads, p.d], &[0, 2, 1, 3], &mut o)?;
-        Ok(o)
-    };
-    let (out, dout) = (heads_first(s.out)?, heads_first(s.dout)?);
+    let (out, dout) = (heads_first(b, s.out, p)?, heads_first(b, s.dout, p)?);
     let len = out.len();
     let (mut dq, mut dk, mut dv) = (f32_buf(b, len)?, f32_buf(b, len)?, f32_buf(b, len)?);
-    let grads = (&mut dq, &mut dk, &mut dv);
-    let (n, t, d) = (p.n(), p.t, p.d);
-    b.causal_attention_bwd(
-        &q, &k, &v, &out, s.lse, &dout, grads.0, grads.1, grads.2, n, t, d, scale,
+    let saved = A::Saved {
+        out: &out,
+        lse: s.lse,
+        dout: &dout,
+    };
+    let x = A::Qkv {
+        q: &q,
+        k: &k,
+        v: &v,
+    };
+    A::backward(
+        b,
+        x,
+        saved,
+        (&mut dq, &mut dk, &mut dv),
+        dims(p, scale, drop),
     )?;
     let mut all = f32_buf(b, 3 * len)?;
     for (i, g) in [&dq, &dk, &dv].into_iter().enumerate() {
