@@ -9,6 +9,8 @@
 mod backend;
 mod error;
 mod kernels;
+mod prim_kernels;
+mod prims;
 mod probe;
 pub mod testing;
 
