@@ -1,9 +1,11 @@
-//! WGSL kernels for the first primitives, as inherent methods of [`WgpuBackend`] (to be wired
-//! to the HAL's primitive trait when it lands). All run on f32 data except the casts and the
-//! u32 ids; every launch is validated on the host first, so a bad argument is a typed error.
+//! The launch machinery (grids, bind groups, the parameter block) and the first WGSL kernels:
+//! fill, casts, unary maps, last-axis binary ops, row reductions and the f32 matmul. The public
+//! unary/binary/reduce_rows stay inherent methods; fill, cast and matmul back the
+//! `Primitives`/`MatmulOps` impls in prims.rs. Every launch is validated on the host first, so
+//! a bad argument is a typed error. WGSL sources live in `src/shaders/`.
 
 use crate::backend::{WgpuBackend, WgpuBuffer};
-use gpu_core::backend::{Backend, BufferInfo};
+use gpu_core::backend::BufferInfo;
 use gpu_core::ops::MatmulSpec;
 use gpu_core::{DType, GpuError, Result};
 use wgpu::util::DeviceExt;
@@ -152,10 +154,6 @@ const BINARY: &str = include_str!("shaders/binary.wgsl");
 const REDUCE: &str = include_str!("shaders/reduce_rows.wgsl");
 
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
-
-const GATHER: &str = include_str!("shaders/gather_rows.wgsl");
-
-const SCATTER_ADD: &str = include_str!("shaders/scatter_add_rows.wgsl");
 
 pub(crate) fn src(body: &str) -> String {
     format!("{HEADER}{body}")
@@ -505,122 +503,5 @@ impl WgpuBackend {
             (gx, gy, gz),
             &[a.raw(), b.raw(), c.raw()],
         )
-    }
-
-    /// A zeroed two-word status buffer for the index-checking kernels.
-    fn status(&self) -> Result<WgpuBuffer> {
-        let mut s = self.allocate(DType::U32, 2)?;
-        self.copy_to_device(&[0u32, 0], &mut s)?;
-        Ok(s)
-    }
-
-    fn check_status(&self, op: &'static str, status: &WgpuBuffer, bound: usize) -> Result<()> {
-        let s: Vec<u32> = self.download(status)?;
-        if s[0] != 0 {
-            return Err(GpuError::IndexOutOfRange {
-                op,
-                what: "ids",
-                value: s[1],
-                bound,
-            });
-        }
-        Ok(())
-    }
-
-    fn check_rows_args(
-        &self,
-        op: &'static str,
-        ids: &WgpuBuffer,
-        rows_buf: &WgpuBuffer,
-        table: &WgpuBuffer,
-        dim: usize,
-    ) -> Result<usize> {
-        require(op, ids, DType::U32)?;
-        require(op, rows_buf, DType::F32)?;
-        require(op, table, DType::F32)?;
-        if dim == 0 {
-            return Err(GpuError::InvalidShape {
-                op,
-                reason: "rows must have at least one column".into(),
-            });
-        }
-        if ids.len().checked_mul(dim) != Some(rows_buf.len()) {
-            return Err(GpuError::shape(op, ids.len() * dim, rows_buf.len()));
-        }
-        if !table.len().is_multiple_of(dim) {
-            return Err(GpuError::shape(
-                op,
-                format!("a multiple of {dim} elements"),
-                table.len(),
-            ));
-        }
-        Ok(table.len() / dim)
-    }
-
-    /// `out[r] = table[ids[r]]` (embedding lookup) for a `[vocab, dim]` table; an id `>= vocab`
-    /// is [`GpuError::IndexOutOfRange`] (checked by reading a status word back: this waits).
-    pub(crate) fn gather_f32(
-        &self,
-        ids: &WgpuBuffer,
-        table: &WgpuBuffer,
-        dim: usize,
-        out: &mut WgpuBuffer,
-    ) -> Result<()> {
-        self.check_out("gather_rows", &[ids, table, out])?;
-        let vocab = self.check_rows_args("gather_rows", ids, out, table, dim)?;
-        let status = self.status()?;
-        let p = [
-            to_u32("gather_rows", out.len())?,
-            to_u32("gather_rows", dim)?,
-            to_u32("gather_rows", vocab)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
-        self.launch_1d(
-            "gather_rows",
-            "gather_rows",
-            || src(GATHER),
-            p,
-            out.len(),
-            &[ids.raw(), table.raw(), out.raw(), status.raw()],
-        )?;
-        self.check_status("gather_rows", &status, vocab)
-    }
-
-    /// `dst[ids[r]] += src[r]` for a `[vocab, dim]` `dst` (embedding backward when `dst` starts
-    /// at zero). Adds to one row run in an unspecified order. An id `>= vocab` is
-    /// [`GpuError::IndexOutOfRange`] (its row is skipped; checked by a read-back: this waits).
-    pub(crate) fn scatter_add_f32(
-        &self,
-        ids: &WgpuBuffer,
-        src_rows: &WgpuBuffer,
-        dim: usize,
-        dst: &mut WgpuBuffer,
-    ) -> Result<()> {
-        self.check_out("scatter_add_rows", &[ids, src_rows, dst])?;
-        let vocab = self.check_rows_args("scatter_add_rows", ids, src_rows, dst, dim)?;
-        let status = self.status()?;
-        let p = [
-            to_u32("scatter_add_rows", src_rows.len())?,
-            to_u32("scatter_add_rows", dim)?,
-            to_u32("scatter_add_rows", vocab)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
-        self.launch_1d(
-            "scatter_add_rows",
-            "scatter_add_rows",
-            || src(SCATTER_ADD),
-            p,
-            src_rows.len(),
-            &[ids.raw(), src_rows.raw(), dst.raw(), status.raw()],
-        )?;
-        self.check_status("scatter_add_rows", &status, vocab)
     }
 }

@@ -5,10 +5,10 @@
 //! the rest through `prims.rs`'s widen-compute-round path.
 
 use crate::backend::{WgpuBackend, WgpuBuffer};
-use crate::kernels::{src, to_u32};
-use gpu_core::backend::BufferInfo;
+use crate::kernels::{require, src, to_u32};
+use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::{Activation, BinaryKind, ReduceKind};
-use gpu_core::{DType, Result};
+use gpu_core::{DType, GpuError, Result};
 use wgpu::util::DeviceExt;
 
 const COPY_F32: &str = include_str!("shaders/copy_blocks_f32.wgsl");
@@ -21,6 +21,8 @@ const ACT_BWD: &str = include_str!("shaders/act_bwd.wgsl");
 const REDUCE_AXIS: &str = include_str!("shaders/reduce_axis.wgsl");
 const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 const DROPOUT: &str = include_str!("shaders/dropout.wgsl");
+const GATHER: &str = include_str!("shaders/gather_rows.wgsl");
+const SCATTER_ADD: &str = include_str!("shaders/scatter_add_rows.wgsl");
 
 /// The f32 forward formula of each activation (a WGSL expression of `x`, from `ACT_LIB`).
 /// Exhaustive: a new [`Activation`] does not compile until it has one.
@@ -320,5 +322,122 @@ impl WgpuBackend {
             x.len(),
             &bufs,
         )
+    }
+
+    /// A zeroed two-word status buffer for the index-checking kernels.
+    fn status(&self) -> Result<WgpuBuffer> {
+        let mut s = self.allocate(DType::U32, 2)?;
+        self.copy_to_device(&[0u32, 0], &mut s)?;
+        Ok(s)
+    }
+
+    fn check_status(&self, op: &'static str, status: &WgpuBuffer, bound: usize) -> Result<()> {
+        let s: Vec<u32> = self.download(status)?;
+        if s[0] != 0 {
+            return Err(GpuError::IndexOutOfRange {
+                op,
+                what: "ids",
+                value: s[1],
+                bound,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_rows_args(
+        &self,
+        op: &'static str,
+        ids: &WgpuBuffer,
+        rows_buf: &WgpuBuffer,
+        table: &WgpuBuffer,
+        dim: usize,
+    ) -> Result<usize> {
+        require(op, ids, DType::U32)?;
+        require(op, rows_buf, DType::F32)?;
+        require(op, table, DType::F32)?;
+        if dim == 0 {
+            return Err(GpuError::InvalidShape {
+                op,
+                reason: "rows must have at least one column".into(),
+            });
+        }
+        if ids.len().checked_mul(dim) != Some(rows_buf.len()) {
+            return Err(GpuError::shape(op, ids.len() * dim, rows_buf.len()));
+        }
+        if !table.len().is_multiple_of(dim) {
+            return Err(GpuError::shape(
+                op,
+                format!("a multiple of {dim} elements"),
+                table.len(),
+            ));
+        }
+        Ok(table.len() / dim)
+    }
+
+    /// `out[r] = table[ids[r]]` (embedding lookup) for a `[vocab, dim]` table; an id `>= vocab`
+    /// is [`GpuError::IndexOutOfRange`] (checked by reading a status word back: this waits).
+    pub(crate) fn gather_f32(
+        &self,
+        ids: &WgpuBuffer,
+        table: &WgpuBuffer,
+        dim: usize,
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        self.check_out("gather_rows", &[ids, table, out])?;
+        let vocab = self.check_rows_args("gather_rows", ids, out, table, dim)?;
+        let status = self.status()?;
+        let p = [
+            to_u32("gather_rows", out.len())?,
+            to_u32("gather_rows", dim)?,
+            to_u32("gather_rows", vocab)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        self.launch_1d(
+            "gather_rows",
+            "gather_rows",
+            || src(GATHER),
+            p,
+            out.len(),
+            &[ids.raw(), table.raw(), out.raw(), status.raw()],
+        )?;
+        self.check_status("gather_rows", &status, vocab)
+    }
+
+    /// `dst[ids[r]] += src[r]` for a `[vocab, dim]` `dst` (embedding backward when `dst` starts
+    /// at zero). Adds to one row run in an unspecified order. An id `>= vocab` is
+    /// [`GpuError::IndexOutOfRange`] (its row is skipped; checked by a read-back: this waits).
+    pub(crate) fn scatter_add_f32(
+        &self,
+        ids: &WgpuBuffer,
+        src_rows: &WgpuBuffer,
+        dim: usize,
+        dst: &mut WgpuBuffer,
+    ) -> Result<()> {
+        self.check_out("scatter_add_rows", &[ids, src_rows, dst])?;
+        let vocab = self.check_rows_args("scatter_add_rows", ids, src_rows, dst, dim)?;
+        let status = self.status()?;
+        let p = [
+            to_u32("scatter_add_rows", src_rows.len())?,
+            to_u32("scatter_add_rows", dim)?,
+            to_u32("scatter_add_rows", vocab)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        self.launch_1d(
+            "scatter_add_rows",
+            "scatter_add_rows",
+            || src(SCATTER_ADD),
+            p,
+            src_rows.len(),
+            &[ids.raw(), src_rows.raw(), dst.raw(), status.raw()],
+        )?;
+        self.check_status("scatter_add_rows", &status, vocab)
     }
 }
