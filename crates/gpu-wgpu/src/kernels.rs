@@ -1,9 +1,11 @@
-//! WGSL kernels for the first primitives, as inherent methods of [`WgpuBackend`] (to be wired
-//! to the HAL's primitive trait when it lands). All run on f32 data except the casts and the
-//! u32 ids; every launch is validated on the host first, so a bad argument is a typed error.
+//! The launch machinery (grids, bind groups, the parameter block) and the first WGSL kernels:
+//! fill, casts, unary maps, last-axis binary ops, row reductions and the f32 matmul. The public
+//! unary/binary/reduce_rows stay inherent methods; fill, cast and matmul back the
+//! `Primitives`/`MatmulOps` impls in prims.rs. Every launch is validated on the host first, so
+//! a bad argument is a typed error. WGSL sources live in `src/shaders/`.
 
 use crate::backend::{WgpuBackend, WgpuBuffer};
-use gpu_core::backend::{Backend, BufferInfo};
+use gpu_core::backend::BufferInfo;
 use gpu_core::ops::MatmulSpec;
 use gpu_core::{DType, GpuError, Result};
 use wgpu::util::DeviceExt;
@@ -139,200 +141,25 @@ pub enum RowReduce {
     Max,
 }
 
-const FILL: &str = r#"
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i < P.p0) { out[i] = P.p1; }
-}
-"#;
+const FILL: &str = include_str!("shaders/fill.wgsl");
 
-const CAST_F32_BF16: &str = r#"
-@group(0) @binding(1) var<storage, read> x: array<u32>;
-@group(0) @binding(2) var<storage, read_write> out: array<u32>;
-// Round to nearest even; NaN stays NaN (quiet bit set), overflow goes to inf (half's rule).
-fn to_bf16(b: u32) -> u32 {
-    if ((b & 0x7fffffffu) > 0x7f800000u) { return ((b >> 16u) | 0x40u) & 0xffffu; }
-    let r = 0x8000u;
-    if ((b & r) != 0u && (b & (3u * r - 1u)) != 0u) { return ((b >> 16u) + 1u) & 0xffffu; }
-    return b >> 16u;
-}
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let w = linear(wid, lid);
-    let n = P.p0;
-    if (w >= (n + 1u) / 2u) { return; }
-    let lo = to_bf16(x[2u * w]);
-    var hi = 0u;
-    if (2u * w + 1u < n) { hi = to_bf16(x[2u * w + 1u]); }
-    out[w] = lo | (hi << 16u);
-}
-"#;
+const CAST_F32_BF16: &str = include_str!("shaders/cast_f32_bf16.wgsl");
 
-const CAST_BF16_F32: &str = r#"
-@group(0) @binding(1) var<storage, read> x: array<u32>;
-@group(0) @binding(2) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i >= P.p0) { return; }
-    out[i] = ((x[i / 2u] >> (16u * (i % 2u))) & 0xffffu) << 16u;
-}
-"#;
+const CAST_BF16_F32: &str = include_str!("shaders/cast_bf16_f32.wgsl");
 
-const UNARY: &str = r#"
-@group(0) @binding(1) var<storage, read> xs: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
-// tanh that saturates for large |x| (some drivers' builtin gives NaN there).
-fn tanh_(x: f32) -> f32 {
-    let a = abs(x);
-    if (a > 1.0) {
-        let e = exp(-2.0 * a);
-        return sign(x) * (1.0 - e) / (1.0 + e);
-    }
-    return tanh(x);
-}
-fn f(x: f32) -> f32 { return EXPR; }
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i < P.p0) { out[i] = f(xs[i]); }
-}
-"#;
+const UNARY: &str = include_str!("shaders/unary.wgsl");
 
-const BINARY: &str = r#"
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
-fn f(x: f32, y: f32) -> f32 { return EXPR; }
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i < P.p0) { out[i] = f(a[i], b[i % P.p1]); }
-}
-"#;
+const BINARY: &str = include_str!("shaders/binary.wgsl");
 
-const REDUCE: &str = r#"
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
-var<workgroup> s: array<f32, 256>;
-fn op(a: f32, b: f32) -> f32 { return OP; }
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    let rows = P.p0;
-    let cols = P.p1;
-    var acc = INIT;
-    if (row < rows) {
-        for (var c = lid.x; c < cols; c += 256u) { acc = op(acc, x[row * cols + c]); }
-    }
-    s[lid.x] = acc;
-    workgroupBarrier();
-    for (var h = 128u; h > 0u; h >>= 1u) {
-        if (lid.x < h) { s[lid.x] = op(s[lid.x], s[lid.x + h]); }
-        workgroupBarrier();
-    }
-    if (lid.x == 0u && row < rows) { out[row] = s[0]; }
-}
-"#;
+const REDUCE: &str = include_str!("shaders/reduce_rows.wgsl");
 
-const MATMUL: &str = r#"
-@group(0) @binding(1) var<storage, read> A: array<f32>;
-@group(0) @binding(2) var<storage, read> B: array<f32>;
-@group(0) @binding(3) var<storage, read_write> C: array<f32>;
-var<workgroup> As: array<array<f32, 16>, 16>;
-var<workgroup> Bs: array<array<f32, 16>, 16>;
-// C[b] = op(A[b]) · op(B[b]); op(A) is m×k (A stored k×m when p3 = 1), op(B) is k×n (B stored
-// n×k when p4 = 1). One thread per element of C, 16×16 tiles staged in workgroup memory.
-@compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let m = P.p0;
-    let n = P.p1;
-    let k = P.p2;
-    let row = wid.y * 16u + lid.y;
-    let col = wid.x * 16u + lid.x;
-    let a0 = wid.z * m * k;
-    let b0 = wid.z * k * n;
-    var acc = 0.0;
-    let tiles = (k + 15u) / 16u;
-    for (var t = 0u; t < tiles; t++) {
-        let ak = t * 16u + lid.x;
-        var av = 0.0;
-        if (row < m && ak < k) {
-            if (P.p3 != 0u) { av = A[a0 + ak * m + row]; } else { av = A[a0 + row * k + ak]; }
-        }
-        As[lid.y][lid.x] = av;
-        let bk = t * 16u + lid.y;
-        var bv = 0.0;
-        if (bk < k && col < n) {
-            if (P.p4 != 0u) { bv = B[b0 + col * k + bk]; } else { bv = B[b0 + bk * n + col]; }
-        }
-        Bs[lid.y][lid.x] = bv;
-        workgroupBarrier();
-        for (var i = 0u; i < 16u; i++) { acc = fma(As[lid.y][i], Bs[i][lid.x], acc); }
-        workgroupBarrier();
-    }
-    if (row < m && col < n) { C[wid.z * m * n + row * n + col] = acc; }
-}
-"#;
+const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 
-const GATHER: &str = r#"
-@group(0) @binding(1) var<storage, read> ids: array<u32>;
-@group(0) @binding(2) var<storage, read> table: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<storage, read_write> status: array<atomic<u32>>;
-// out[r, c] = table[ids[r], c]; an id >= vocab gives a NaN row and is recorded in status.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i >= P.p0) { return; }
-    let d = P.p1;
-    let id = ids[i / d];
-    if (id >= P.p2) {
-        out[i] = bitcast<f32>(0x7fc00000u);
-        atomicMax(&status[0], 1u);
-        atomicMax(&status[1], id);
-        return;
-    }
-    out[i] = table[id * d + i % d];
-}
-"#;
-
-const SCATTER_ADD: &str = r#"
-@group(0) @binding(1) var<storage, read> ids: array<u32>;
-@group(0) @binding(2) var<storage, read> src: array<f32>;
-@group(0) @binding(3) var<storage, read_write> dst: array<atomic<u32>>;
-@group(0) @binding(4) var<storage, read_write> status: array<atomic<u32>>;
-// dst[ids[r], c] += src[r, c], as a compare-and-swap loop on the f32 bits (WGSL has no float
-// atomics): the order of the adds to one element is unspecified.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i >= P.p0) { return; }
-    let d = P.p1;
-    let id = ids[i / d];
-    if (id >= P.p2) {
-        atomicMax(&status[0], 1u);
-        atomicMax(&status[1], id);
-        return;
-    }
-    let v = src[i];
-    let j = id * d + i % d;
-    var old = atomicLoad(&dst[j]);
-    loop {
-        let r = atomicCompareExchangeWeak(&dst[j], old, bitcast<u32>(bitcast<f32>(old) + v));
-        if (r.exchanged) { break; }
-        old = r.old_value;
-    }
-}
-"#;
-
-fn src(body: &str) -> String {
+pub(crate) fn src(body: &str) -> String {
     format!("{HEADER}{body}")
 }
 
-fn require(op: &'static str, b: &WgpuBuffer, dtype: DType) -> Result<()> {
+pub(crate) fn require(op: &'static str, b: &WgpuBuffer, dtype: DType) -> Result<()> {
     if b.dtype() == dtype {
         Ok(())
     } else {
@@ -344,7 +171,7 @@ fn require(op: &'static str, b: &WgpuBuffer, dtype: DType) -> Result<()> {
     }
 }
 
-fn to_u32(op: &'static str, v: usize) -> Result<u32> {
+pub(crate) fn to_u32(op: &'static str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| GpuError::InvalidShape {
         op,
         reason: format!("{v} does not fit the kernels' 32-bit indices"),
@@ -353,7 +180,7 @@ fn to_u32(op: &'static str, v: usize) -> Result<u32> {
 
 impl WgpuBackend {
     /// A 2-D grid of workgroups covering `groups` (x at most the device's limit).
-    fn grid(&self, op: &'static str, groups: u32) -> Result<(u32, u32)> {
+    pub(crate) fn grid(&self, op: &'static str, groups: u32) -> Result<(u32, u32)> {
         let max = self
             .info()
             .limits
@@ -372,7 +199,7 @@ impl WgpuBackend {
 
     /// Binds `params` at 0 and `buffers` at 1.., dispatches `groups`, and submits.
     #[allow(clippy::too_many_arguments)]
-    fn launch(
+    pub(crate) fn launch(
         &self,
         op: &'static str,
         key: &str,
@@ -422,7 +249,7 @@ impl WgpuBackend {
     }
 
     /// A one-dimensional launch over `threads` threads.
-    fn launch_1d(
+    pub(crate) fn launch_1d(
         &self,
         op: &'static str,
         key: &str,
@@ -436,7 +263,7 @@ impl WgpuBackend {
         self.launch(op, key, source, params, x, (x, y, 1), buffers)
     }
 
-    fn check_out(&self, op: &'static str, bufs: &[&WgpuBuffer]) -> Result<()> {
+    pub(crate) fn check_out(&self, op: &'static str, bufs: &[&WgpuBuffer]) -> Result<()> {
         for b in bufs {
             self.check_owner(op, b)?;
         }
@@ -444,7 +271,7 @@ impl WgpuBackend {
     }
 
     /// Sets every element to `value` (u32 gets `value as u32`; f16 and bf16 round to nearest).
-    pub fn fill(&self, buf: &mut WgpuBuffer, value: f32) -> Result<()> {
+    pub(crate) fn fill_raw(&self, buf: &mut WgpuBuffer, value: f32) -> Result<()> {
         self.check_out("fill", &[buf])?;
         let pattern = match buf.dtype() {
             DType::F32 => value.to_bits(),
@@ -465,7 +292,7 @@ impl WgpuBackend {
 
     /// `out = x` in `out`'s dtype: f32→bf16 rounds to nearest even (NaN stays NaN, overflow
     /// gives ±inf), bf16→f32 is exact, the same dtype copies.
-    pub fn cast(&self, x: &WgpuBuffer, out: &mut WgpuBuffer) -> Result<()> {
+    pub(crate) fn cast_raw(&self, x: &WgpuBuffer, out: &mut WgpuBuffer) -> Result<()> {
         self.check_out("cast", &[x, out])?;
         if x.len() != out.len() {
             return Err(GpuError::shape("cast", x.len(), out.len()));
@@ -626,7 +453,7 @@ impl WgpuBackend {
 
     /// `c = op(a)·op(b)` per batch in f32, row-major, per [`MatmulSpec`] (as the CPU backend's
     /// `MatmulOps::matmul`); `c` is overwritten.
-    pub fn matmul(
+    pub(crate) fn matmul_f32(
         &self,
         spec: MatmulSpec,
         a: &WgpuBuffer,
@@ -643,7 +470,7 @@ impl WgpuBackend {
             return Ok(());
         }
         if k == 0 {
-            return self.fill(c, 0.0);
+            return self.fill_raw(c, 0.0);
         }
         let max = self.info().limits.max_compute_workgroups_per_dimension;
         let (gx, gy) = (
@@ -676,122 +503,5 @@ impl WgpuBackend {
             (gx, gy, gz),
             &[a.raw(), b.raw(), c.raw()],
         )
-    }
-
-    /// A zeroed two-word status buffer for the index-checking kernels.
-    fn status(&self) -> Result<WgpuBuffer> {
-        let mut s = self.allocate(DType::U32, 2)?;
-        self.copy_to_device(&[0u32, 0], &mut s)?;
-        Ok(s)
-    }
-
-    fn check_status(&self, op: &'static str, status: &WgpuBuffer, bound: usize) -> Result<()> {
-        let s: Vec<u32> = self.download(status)?;
-        if s[0] != 0 {
-            return Err(GpuError::IndexOutOfRange {
-                op,
-                what: "ids",
-                value: s[1],
-                bound,
-            });
-        }
-        Ok(())
-    }
-
-    fn check_rows_args(
-        &self,
-        op: &'static str,
-        ids: &WgpuBuffer,
-        rows_buf: &WgpuBuffer,
-        table: &WgpuBuffer,
-        dim: usize,
-    ) -> Result<usize> {
-        require(op, ids, DType::U32)?;
-        require(op, rows_buf, DType::F32)?;
-        require(op, table, DType::F32)?;
-        if dim == 0 {
-            return Err(GpuError::InvalidShape {
-                op,
-                reason: "rows must have at least one column".into(),
-            });
-        }
-        if ids.len().checked_mul(dim) != Some(rows_buf.len()) {
-            return Err(GpuError::shape(op, ids.len() * dim, rows_buf.len()));
-        }
-        if !table.len().is_multiple_of(dim) {
-            return Err(GpuError::shape(
-                op,
-                format!("a multiple of {dim} elements"),
-                table.len(),
-            ));
-        }
-        Ok(table.len() / dim)
-    }
-
-    /// `out[r] = table[ids[r]]` (embedding lookup) for a `[vocab, dim]` table; an id `>= vocab`
-    /// is [`GpuError::IndexOutOfRange`] (checked by reading a status word back: this waits).
-    pub fn gather_rows(
-        &self,
-        ids: &WgpuBuffer,
-        table: &WgpuBuffer,
-        dim: usize,
-        out: &mut WgpuBuffer,
-    ) -> Result<()> {
-        self.check_out("gather_rows", &[ids, table, out])?;
-        let vocab = self.check_rows_args("gather_rows", ids, out, table, dim)?;
-        let status = self.status()?;
-        let p = [
-            to_u32("gather_rows", out.len())?,
-            to_u32("gather_rows", dim)?,
-            to_u32("gather_rows", vocab)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
-        self.launch_1d(
-            "gather_rows",
-            "gather_rows",
-            || src(GATHER),
-            p,
-            out.len(),
-            &[ids.raw(), table.raw(), out.raw(), status.raw()],
-        )?;
-        self.check_status("gather_rows", &status, vocab)
-    }
-
-    /// `dst[ids[r]] += src[r]` for a `[vocab, dim]` `dst` (embedding backward when `dst` starts
-    /// at zero). Adds to one row run in an unspecified order. An id `>= vocab` is
-    /// [`GpuError::IndexOutOfRange`] (its row is skipped; checked by a read-back: this waits).
-    pub fn scatter_add_rows(
-        &self,
-        ids: &WgpuBuffer,
-        src_rows: &WgpuBuffer,
-        dim: usize,
-        dst: &mut WgpuBuffer,
-    ) -> Result<()> {
-        self.check_out("scatter_add_rows", &[ids, src_rows, dst])?;
-        let vocab = self.check_rows_args("scatter_add_rows", ids, src_rows, dst, dim)?;
-        let status = self.status()?;
-        let p = [
-            to_u32("scatter_add_rows", src_rows.len())?,
-            to_u32("scatter_add_rows", dim)?,
-            to_u32("scatter_add_rows", vocab)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
-        self.launch_1d(
-            "scatter_add_rows",
-            "scatter_add_rows",
-            || src(SCATTER_ADD),
-            p,
-            src_rows.len(),
-            &[ids.raw(), src_rows.raw(), dst.raw(), status.raw()],
-        )?;
-        self.check_status("scatter_add_rows", &status, vocab)
     }
 }

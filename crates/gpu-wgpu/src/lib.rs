@@ -1,6 +1,7 @@
 //! The wgpu backend of hybrid-trainer: one API for Vulkan, Metal and DX12 GPUs (seed E's primary).
-//! It implements `gpu_core::Backend` (buffers, transfers, a pool, cached pipelines, typed errors)
-//! and runs a first set of primitives as WGSL kernels ([`WgpuBackend`]'s inherent methods).
+//! It implements `gpu_core::Backend` (buffers, transfers, a pool, cached pipelines, typed errors),
+//! implements `gpu_core::nn::Primitives` and `MatmulOps` with WGSL kernels (`src/shaders/`), and so
+//! every other op family of `gpu_core::nn` through its default body (see docs/wgpu.md).
 //!
 //! Storage: every buffer is a wgpu storage buffer. f32 and u32 hold one element per 32-bit word;
 //! f16 and bf16 hold their raw 2-byte values, two per word (element `2w` in the low half of word
@@ -9,6 +10,8 @@
 mod backend;
 mod error;
 mod kernels;
+mod prim_kernels;
+mod prims;
 mod probe;
 pub mod testing;
 

@@ -569,7 +569,7 @@ fn gather_and_scatter_add_rows_parity() {
         let ids: Vec<u32> = (0..n).map(|_| r.random_range(0..vocab as u32)).collect();
         let (td, idd) = (b.upload(&table).unwrap(), b.upload(&ids).unwrap());
         let mut out = b.allocate(DType::F32, n * dim).unwrap();
-        b.gather_rows(&idd, &td, dim, &mut out).unwrap();
+        b.gather_rows(&idd, &td, &mut out, dim).unwrap();
         let got: Vec<f32> = b.download(&out).unwrap();
         let (tc, ic) = (
             CpuBackend.upload(&table).unwrap(),
@@ -587,7 +587,7 @@ fn gather_and_scatter_add_rows_parity() {
         let sd = b.upload(&src).unwrap();
         let mut dt = b.allocate(DType::F32, vocab * dim).unwrap();
         b.fill(&mut dt, 0.0).unwrap();
-        b.scatter_add_rows(&idd, &sd, dim, &mut dt).unwrap();
+        b.scatter_add_rows(&idd, &sd, &mut dt, dim).unwrap();
         let got: Vec<f32> = b.download(&dt).unwrap();
         let scd = CpuBackend.upload(&src).unwrap();
         let mut dc = CpuBackend.allocate(DType::F32, vocab * dim).unwrap();
@@ -615,7 +615,7 @@ fn gather_and_scatter_add_rows_parity() {
     let table = b.upload(&[1.0f32; 6]).unwrap();
     let ids = b.upload(&[0u32, 7, 1]).unwrap();
     let mut out = b.allocate(DType::F32, 6).unwrap();
-    let e = b.gather_rows(&ids, &table, 2, &mut out).unwrap_err();
+    let e = b.gather_rows(&ids, &table, &mut out, 2).unwrap_err();
     assert!(
         matches!(
             e,
@@ -630,7 +630,7 @@ fn gather_and_scatter_add_rows_parity() {
     let mut dt = b.allocate(DType::F32, 6).unwrap();
     let src = b.upload(&[1.0f32; 6]).unwrap();
     assert!(matches!(
-        b.scatter_add_rows(&ids, &src, 2, &mut dt),
+        b.scatter_add_rows(&ids, &src, &mut dt, 2),
         Err(GpuError::IndexOutOfRange { value: 7, .. })
     ));
 }

@@ -1,0 +1,443 @@
+//! Launchers of the WGSL kernels behind [`gpu_core::nn::Primitives`] that kernels.rs lacks:
+//! block copies, permutes, broadcast binary ops, activations, reductions over an axis, row
+//! argmax and dropout. Each takes buffers already checked by gpu-core's `check_*` (dtype,
+//! lengths, shapes) and runs on f32 data (copy_blocks also on bf16's raw bits); bf16 reaches
+//! the rest through `prims.rs`'s widen-compute-round path.
+
+use crate::backend::{WgpuBackend, WgpuBuffer};
+use crate::kernels::{require, src, to_u32};
+use gpu_core::backend::{Backend, BufferInfo};
+use gpu_core::nn::{Activation, BinaryKind, ReduceKind};
+use gpu_core::{DType, GpuError, Result};
+use wgpu::util::DeviceExt;
+
+const COPY_F32: &str = include_str!("shaders/copy_blocks_f32.wgsl");
+const COPY_BF16: &str = include_str!("shaders/copy_blocks_bf16.wgsl");
+const PERMUTE: &str = include_str!("shaders/permute.wgsl");
+const BROADCAST: &str = include_str!("shaders/broadcast.wgsl");
+const ACT_LIB: &str = include_str!("shaders/activation.wgsl");
+const ACT_FWD: &str = include_str!("shaders/act_fwd.wgsl");
+const ACT_BWD: &str = include_str!("shaders/act_bwd.wgsl");
+const REDUCE_AXIS: &str = include_str!("shaders/reduce_axis.wgsl");
+const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
+const DROPOUT: &str = include_str!("shaders/dropout.wgsl");
+const GATHER: &str = include_str!("shaders/gather_rows.wgsl");
+const SCATTER_ADD: &str = include_str!("shaders/scatter_add_rows.wgsl");
+
+/// The f32 forward formula of each activation (a WGSL expression of `x`, from `ACT_LIB`).
+/// Exhaustive: a new [`Activation`] does not compile until it has one.
+fn fwd_expr(op: Activation) -> &'static str {
+    match op {
+        Activation::Relu => "select(x, 0.0, x < 0.0)",
+        Activation::Gelu => "select(x * ncdf(x), 0.0, is_ninf(x))",
+        Activation::Silu => "select(x * sigm(x), 0.0, is_ninf(x))",
+        Activation::Sigmoid => "sigm(x)",
+        Activation::Tanh => "tanh_(x)",
+        Activation::Exp => "exp_(x)",
+        Activation::Log => "log_(x)",
+    }
+}
+
+/// The f32 backward formula (of `x`, `y = f(x)` and `dy`), as `Activation::backward`.
+fn bwd_expr(op: Activation) -> &'static str {
+    match op {
+        Activation::Relu => "select(0.0, dy, x > 0.0)",
+        Activation::Gelu => "(ncdf(x) + times_tail(x, npdf(x))) * dy",
+        Activation::Silu => "silu_d(x) * dy",
+        Activation::Sigmoid => "y * (1.0 - y) * dy",
+        Activation::Tanh => "(1.0 - y * y) * dy",
+        Activation::Exp => "y * dy",
+        Activation::Log => "dy / x",
+    }
+}
+
+fn binary_expr(op: BinaryKind) -> &'static str {
+    match op {
+        BinaryKind::Add => "x + y",
+        BinaryKind::Sub => "x - y",
+        BinaryKind::Mul => "x * y",
+        BinaryKind::Div => "x / y",
+    }
+}
+
+/// Row-major strides of `shape`.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        s[k] = s[k + 1] * shape[k + 1];
+    }
+    s
+}
+
+/// The geometry of a [`WgpuBackend::copy_blocks_raw`] call, as in `Primitives::copy_blocks`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Blocks {
+    pub src_offset: usize,
+    pub src_stride: usize,
+    pub dst_offset: usize,
+    pub dst_stride: usize,
+    pub outer: usize,
+    pub len: usize,
+}
+
+impl WgpuBackend {
+    /// A read-only storage buffer holding `words` (the kernels' shape and stride tables).
+    fn meta(&self, op: &'static str, words: &[usize]) -> Result<wgpu::Buffer> {
+        let mut w = words
+            .iter()
+            .map(|&v| to_u32(op, v))
+            .collect::<Result<Vec<u32>>>()?;
+        w.push(0); // never empty
+        Ok(self
+            .inner
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("meta"),
+                contents: bytemuck::cast_slice(&w),
+                usage: wgpu::BufferUsages::STORAGE,
+            }))
+    }
+
+    /// Copies the blocks of `g` (checked) moving raw bits: f32 one word per element, bf16 one
+    /// half-word (atomic and/or, so neighbours in a shared word are kept).
+    pub(crate) fn copy_blocks_raw(
+        &self,
+        src_buf: &WgpuBuffer,
+        dst: &mut WgpuBuffer,
+        g: Blocks,
+    ) -> Result<()> {
+        const OP: &str = "copy_blocks";
+        let n = g.outer * g.len; // <= dst.len(), checked
+                                 // A single block never uses its strides (they may exceed u32).
+        let (ss, ds) = if g.outer > 1 {
+            (g.src_stride, g.dst_stride)
+        } else {
+            (0, 0)
+        };
+        let mut p = [0u32; 8];
+        for (slot, v) in p
+            .iter_mut()
+            .zip([n, g.len, g.src_offset, ss, g.dst_offset, ds])
+        {
+            *slot = to_u32(OP, v)?;
+        }
+        let (key, body) = match dst.dtype() {
+            DType::BF16 => ("copy_blocks_bf16", COPY_BF16),
+            _ => ("copy_blocks_f32", COPY_F32),
+        };
+        self.launch_1d(OP, key, || src(body), p, n, &[src_buf.raw(), dst.raw()])
+    }
+
+    /// `out = x.permute(perm)` on 32-bit elements (`shape`, `perm` checked).
+    pub(crate) fn permute_f32(
+        &self,
+        x: &WgpuBuffer,
+        shape: &[usize],
+        perm: &[usize],
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        let st = strides(shape);
+        let mut m = vec![shape.len()];
+        m.extend(perm.iter().map(|&p| shape[p]));
+        m.extend(perm.iter().map(|&p| st[p]));
+        let meta = self.meta("permute", &m)?;
+        let p = [to_u32("permute", out.len())?, 0, 0, 0, 0, 0, 0, 0];
+        let bufs = [&meta, x.raw(), out.raw()];
+        self.launch_1d("permute", "permute", || src(PERMUTE), p, out.len(), &bufs)
+    }
+
+    /// `out = a ∘ b` broadcast to `shape` (checked; f32).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn broadcast_f32(
+        &self,
+        op: BinaryKind,
+        a: &WgpuBuffer,
+        a_shape: &[usize],
+        b: &WgpuBuffer,
+        b_shape: &[usize],
+        shape: &[usize],
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        // Each input's strides right-aligned in `shape`, 0 along its broadcast (size-1) axes.
+        let aligned = |s: &[usize]| -> Vec<usize> {
+            let pad = shape.len() - s.len();
+            let st = strides(s);
+            (0..shape.len())
+                .map(|k| {
+                    if k < pad || s[k - pad] == 1 {
+                        0
+                    } else {
+                        st[k - pad]
+                    }
+                })
+                .collect()
+        };
+        let mut m = vec![shape.len()];
+        m.extend_from_slice(shape);
+        m.extend(aligned(a_shape));
+        m.extend(aligned(b_shape));
+        let meta = self.meta("broadcast_binary", &m)?;
+        let p = [to_u32("broadcast_binary", out.len())?, 0, 0, 0, 0, 0, 0, 0];
+        self.launch_1d(
+            "broadcast_binary",
+            &format!("broadcast_{}", op.name()),
+            || src(&BROADCAST.replace("EXPR", binary_expr(op))),
+            p,
+            out.len(),
+            &[&meta, a.raw(), b.raw(), out.raw()],
+        )
+    }
+
+    /// `out = f(x)` on f32 (lengths checked).
+    pub(crate) fn act_fwd_f32(
+        &self,
+        op: Activation,
+        x: &WgpuBuffer,
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        let p = [to_u32("activation_fwd", x.len())?, 0, 0, 0, 0, 0, 0, 0];
+        self.launch_1d(
+            "activation_fwd",
+            &format!("act_fwd_{}", op.name()),
+            || {
+                src(&format!(
+                    "{ACT_LIB}{}",
+                    ACT_FWD.replace("EXPR", fwd_expr(op))
+                ))
+            },
+            p,
+            x.len(),
+            &[x.raw(), out.raw()],
+        )
+    }
+
+    /// `dx = f'(x)·dy` on f32 (lengths checked).
+    pub(crate) fn act_bwd_f32(
+        &self,
+        op: Activation,
+        [x, y, dy]: [&WgpuBuffer; 3],
+        dx: &mut WgpuBuffer,
+    ) -> Result<()> {
+        let p = [to_u32("activation_bwd", x.len())?, 0, 0, 0, 0, 0, 0, 0];
+        self.launch_1d(
+            "activation_bwd",
+            &format!("act_bwd_{}", op.name()),
+            || {
+                src(&format!(
+                    "{ACT_LIB}{}",
+                    ACT_BWD.replace("EXPR", bwd_expr(op))
+                ))
+            },
+            p,
+            x.len(),
+            &[x.raw(), y.raw(), dy.raw(), dx.raw()],
+        )
+    }
+
+    /// Reduces `[outer, n, inner]` over `n` on f32 (checked): one workgroup per output.
+    pub(crate) fn reduce_axis_f32(
+        &self,
+        op: ReduceKind,
+        x: &WgpuBuffer,
+        [outer, n, inner]: [usize; 3],
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        const OP: &str = "reduce_axis";
+        let outputs = to_u32(OP, outer * inner)?;
+        let kind = match op {
+            ReduceKind::Sum => 0,
+            ReduceKind::Mean => 1,
+            ReduceKind::Max => 2,
+        };
+        let p = [
+            outputs,
+            to_u32(OP, n)?,
+            to_u32(OP, inner.max(1))?,
+            kind,
+            0,
+            0,
+            0,
+            0,
+        ];
+        let (gx, gy) = self.grid(OP, outputs)?;
+        let bufs = [x.raw(), out.raw()];
+        self.launch(OP, OP, || src(REDUCE_AXIS), p, gx, (gx, gy, 1), &bufs)
+    }
+
+    /// Row argmax of f32 `x` `[rows, cols]` into u32 `out` (checked).
+    pub(crate) fn argmax_f32(
+        &self,
+        x: &WgpuBuffer,
+        out: &mut WgpuBuffer,
+        cols: usize,
+    ) -> Result<()> {
+        let p = [
+            to_u32("argmax_rows", out.len())?,
+            to_u32("argmax_rows", cols)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        let bufs = [x.raw(), out.raw()];
+        self.launch_1d(
+            "argmax_rows",
+            "argmax_rows",
+            || src(ARGMAX),
+            p,
+            out.len(),
+            &bufs,
+        )
+    }
+
+    /// Inverted dropout on f32 (checked), the keep mask of `gpu_core`'s `dropout_keep`.
+    pub(crate) fn dropout_f32(
+        &self,
+        x: &WgpuBuffer,
+        p: f32,
+        seed: u64,
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        // As the CPU: t = ⌈p·2^24⌉ (exact in f32), the scale 1/(1 − p) rounded once.
+        let t = (p * (1u32 << 24) as f32).ceil() as u32;
+        let s = 1.0f32 / (1.0f32 - p);
+        let params = [
+            to_u32("dropout", x.len())?,
+            seed as u32,
+            (seed >> 32) as u32,
+            t,
+            s.to_bits(),
+            0,
+            0,
+            0,
+        ];
+        let bufs = [x.raw(), out.raw()];
+        self.launch_1d(
+            "dropout",
+            "dropout",
+            || src(DROPOUT),
+            params,
+            x.len(),
+            &bufs,
+        )
+    }
+
+    /// A zeroed two-word status buffer for the index-checking kernels.
+    fn status(&self) -> Result<WgpuBuffer> {
+        let mut s = self.allocate(DType::U32, 2)?;
+        self.copy_to_device(&[0u32, 0], &mut s)?;
+        Ok(s)
+    }
+
+    fn check_status(&self, op: &'static str, status: &WgpuBuffer, bound: usize) -> Result<()> {
+        let s: Vec<u32> = self.download(status)?;
+        if s[0] != 0 {
+            return Err(GpuError::IndexOutOfRange {
+                op,
+                what: "ids",
+                value: s[1],
+                bound,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_rows_args(
+        &self,
+        op: &'static str,
+        ids: &WgpuBuffer,
+        rows_buf: &WgpuBuffer,
+        table: &WgpuBuffer,
+        dim: usize,
+    ) -> Result<usize> {
+        require(op, ids, DType::U32)?;
+        require(op, rows_buf, DType::F32)?;
+        require(op, table, DType::F32)?;
+        if dim == 0 {
+            return Err(GpuError::InvalidShape {
+                op,
+                reason: "rows must have at least one column".into(),
+            });
+        }
+        if ids.len().checked_mul(dim) != Some(rows_buf.len()) {
+            return Err(GpuError::shape(op, ids.len() * dim, rows_buf.len()));
+        }
+        if !table.len().is_multiple_of(dim) {
+            return Err(GpuError::shape(
+                op,
+                format!("a multiple of {dim} elements"),
+                table.len(),
+            ));
+        }
+        Ok(table.len() / dim)
+    }
+
+    /// `out[r] = table[ids[r]]` (embedding lookup) for a `[vocab, dim]` table; an id `>= vocab`
+    /// is [`GpuError::IndexOutOfRange`] (checked by reading a status word back: this waits).
+    pub(crate) fn gather_f32(
+        &self,
+        ids: &WgpuBuffer,
+        table: &WgpuBuffer,
+        dim: usize,
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        self.check_out("gather_rows", &[ids, table, out])?;
+        let vocab = self.check_rows_args("gather_rows", ids, out, table, dim)?;
+        let status = self.status()?;
+        let p = [
+            to_u32("gather_rows", out.len())?,
+            to_u32("gather_rows", dim)?,
+            to_u32("gather_rows", vocab)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        self.launch_1d(
+            "gather_rows",
+            "gather_rows",
+            || src(GATHER),
+            p,
+            out.len(),
+            &[ids.raw(), table.raw(), out.raw(), status.raw()],
+        )?;
+        self.check_status("gather_rows", &status, vocab)
+    }
+
+    /// `dst[ids[r]] += src[r]` for a `[vocab, dim]` `dst` (embedding backward when `dst` starts
+    /// at zero). Adds to one row run in an unspecified order. An id `>= vocab` is
+    /// [`GpuError::IndexOutOfRange`] (its row is skipped; checked by a read-back: this waits).
+    pub(crate) fn scatter_add_f32(
+        &self,
+        ids: &WgpuBuffer,
+        src_rows: &WgpuBuffer,
+        dim: usize,
+        dst: &mut WgpuBuffer,
+    ) -> Result<()> {
+        self.check_out("scatter_add_rows", &[ids, src_rows, dst])?;
+        let vocab = self.check_rows_args("scatter_add_rows", ids, src_rows, dst, dim)?;
+        let status = self.status()?;
+        let p = [
+            to_u32("scatter_add_rows", src_rows.len())?,
+            to_u32("scatter_add_rows", dim)?,
+            to_u32("scatter_add_rows", vocab)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        self.launch_1d(
+            "scatter_add_rows",
+            "scatter_add_rows",
+            || src(SCATTER_ADD),
+            p,
+            src_rows.len(),
+            &[ids.raw(), src_rows.raw(), dst.raw(), status.raw()],
+        )?;
+        self.check_status("scatter_add_rows", &status, vocab)
+    }
+}

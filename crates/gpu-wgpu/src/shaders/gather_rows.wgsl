@@ -1,0 +1,19 @@
+@group(0) @binding(1) var<storage, read> ids: array<u32>;
+@group(0) @binding(2) var<storage, read> table: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> status: array<atomic<u32>>;
+// out[r, c] = table[ids[r], c]; an id >= vocab gives a NaN row and is recorded in status.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = linear(wid, lid);
+    if (i >= P.p0) { return; }
+    let d = P.p1;
+    let id = ids[i / d];
+    if (id >= P.p2) {
+        out[i] = bitcast<f32>(0x7fc00000u);
+        atomicMax(&status[0], 1u);
+        atomicMax(&status[1], id);
+        return;
+    }
+    out[i] = table[id * d + i % d];
+}

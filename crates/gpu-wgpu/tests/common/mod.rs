@@ -1,0 +1,65 @@
+//! Helpers shared by the wgpu test files: seeded randomness (the seed is printed; replay with
+//! `HYBRID_TEST_SEED`), hostile values and value comparison.
+#![allow(dead_code)]
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// 2^-24, f32's unit roundoff.
+pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+pub fn rng(test: &str) -> StdRng {
+    let seed = match std::env::var("HYBRID_TEST_SEED") {
+        Ok(s) => s.trim().parse().expect("HYBRID_TEST_SEED is a u64"),
+        Err(_) => rand::random(),
+    };
+    eprintln!("{test}: seed {seed} (replay with HYBRID_TEST_SEED={seed})");
+    StdRng::seed_from_u64(seed)
+}
+
+pub fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| r.random_range(-1.0f32..1.0) * scale)
+        .collect()
+}
+
+pub const HOSTILE: [f32; 10] = [
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    0.0,
+    -0.0,
+    1e30,
+    -1e30,
+    f32::MAX,
+    f32::MIN_POSITIVE,
+    1e-40,
+];
+
+/// Sizes that are empty, single, and not multiples of the workgroup (256).
+pub const SIZES: [usize; 6] = [0, 1, 3, 255, 257, 4099];
+
+/// `x` with the hostile values written over its first elements.
+pub fn with_hostile(mut x: Vec<f32>) -> Vec<f32> {
+    for (v, h) in x.iter_mut().zip(HOSTILE) {
+        *v = h;
+    }
+    x
+}
+
+/// Equal as values: both NaN, the same infinity, or within `tol` (±0 equal).
+pub fn close(got: f32, want: f64, tol: f64) -> bool {
+    if want.is_nan() {
+        return got.is_nan();
+    }
+    if want.is_infinite() || got.is_infinite() {
+        return got as f64 == want
+            || (!want.is_infinite() && want.abs() > f32::MAX as f64 * 0.999_999);
+    }
+    ((got as f64) - want).abs() <= tol
+}
+
+/// Same bits, or both NaN.
+pub fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
