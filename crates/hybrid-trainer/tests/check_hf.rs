@@ -4,7 +4,9 @@
 //! a greedy token), a differing token at a recorded near tie is accepted, a bf16 engine is
 //! judged against `transformers`' bf16 deviation, and `--dtype bf16` on the reference engine is a clear error.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 
 use assert_cmd::Command;
 use hybrid_trainer::check_hf::{
@@ -14,18 +16,9 @@ use hybrid_trainer::check_hf::{
 use models::ModelConfig;
 use tensor_ops::Device;
 
-const FIXTURES: [&str; 4] = ["llama3", "llama-tied", "qwen2", "gpt2"];
+use common::{binary, fixture};
 
-/// Fixture `name`: under `$HYBRID_HF_FIXTURES` where set (the GPU bundle carries them), else
-/// in `crates/models`.
-fn fixture(name: &str) -> PathBuf {
-    std::env::var_os("HYBRID_HF_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/hf")
-        })
-        .join(name)
-}
+const FIXTURES: [&str; 4] = ["llama3", "llama-tied", "qwen2", "gpt2"];
 
 /// A copy of fixture `name`'s model (config and weights) in a temporary directory, with
 /// `edit` applied to its expectations.
@@ -249,11 +242,4 @@ fn the_command_prints_pass_and_fail_lines_and_its_exit_status() {
         err.contains("bf16 needs the fast engine (--engine fast)"),
         "{err}"
     );
-}
-
-/// The binary: `$HYBRID_TRAINER_BIN` in the GPU bundle (no cargo there), else cargo's.
-fn binary() -> std::path::PathBuf {
-    std::env::var_os("HYBRID_TRAINER_BIN")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
 }

@@ -3,63 +3,12 @@
 //! greedy text equal to `transformers`' greedy tokens, streamed to stdout; bad settings and
 //! directories are clear errors.
 
+mod common;
+
 use std::path::PathBuf;
 
-use assert_cmd::Command;
+use common::{char_of, cli_err, cli_ok, fixture, ids};
 use safetensors::SafeTensors;
-
-/// Fixture `name`: under `$HYBRID_HF_FIXTURES` where set (the GPU bundle carries them), else
-/// in `crates/models`.
-fn fixture(name: &str) -> PathBuf {
-    std::env::var_os("HYBRID_HF_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/hf")
-        })
-        .join(name)
-}
-
-/// Runs the CLI with `args`; `(stdout, stderr)` of a success (panics on failure).
-fn cli_ok<I, S>(args: I) -> (String, String)
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<std::ffi::OsStr>,
-{
-    let out = Command::new(binary()).args(args).assert().success();
-    let o = out.get_output();
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-/// Runs the CLI with `args`, which must fail; its stderr.
-fn cli_err<I, S>(args: I) -> String
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<std::ffi::OsStr>,
-{
-    let out = Command::new(binary()).args(args).assert().failure();
-    String::from_utf8_lossy(&out.get_output().stderr).into_owned()
-}
-
-/// The fixtures' character of each id (printable ASCII, then the newline).
-fn char_of(id: u32) -> char {
-    if id < 95 {
-        char::from(32 + id as u8)
-    } else {
-        '\n'
-    }
-}
-
-fn ids(st: &SafeTensors, key: &str) -> Vec<u32> {
-    st.tensor(key)
-        .unwrap()
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-        .collect()
-}
 
 /// Fixture `name`'s directory, its prompt as text and the prompt with transformers' 16 greedy
 /// tokens after it, as text.
@@ -362,13 +311,6 @@ fn several_prompts_decode_as_one_batch_with_each_rows_own_text() {
         let want = format!("[{i}] {}", single(p));
         assert!(stdout.contains(&want), "row {i}: {stdout:?} lacks {want:?}");
     }
-}
-
-/// The binary: `$HYBRID_TRAINER_BIN` in the GPU bundle (no cargo there), else cargo's.
-fn binary() -> std::path::PathBuf {
-    std::env::var_os("HYBRID_TRAINER_BIN")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
 }
 
 /// A Llama-variant GPT trained here, exported (`export-hf` picks `LlamaForCausalLM`) and

@@ -2,48 +2,13 @@
 //! corrupt weights (non-finite logits) and generated ids the tokenizer lacks, on copies of the
 //! committed tiny checkpoints of `crates/models/tests/fixtures/hf`.
 
+mod common;
+
 use std::ops::Range;
-use std::path::PathBuf;
 
 use assert_cmd::Command;
+use common::{binary, char_of, cli_err, fixture, ids};
 use safetensors::SafeTensors;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../models/tests/fixtures/hf")
-        .join(name)
-}
-
-/// The binary: `$HYBRID_TRAINER_BIN` in the GPU bundle (no cargo there), else cargo's.
-fn binary() -> PathBuf {
-    std::env::var_os("HYBRID_TRAINER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
-}
-
-/// Runs the CLI with `args`, which must fail; its stderr.
-fn cli_err(args: &[&str]) -> String {
-    let out = Command::new(binary()).args(args).assert().failure();
-    String::from_utf8_lossy(&out.get_output().stderr).into_owned()
-}
-
-/// The fixtures' character of each id (printable ASCII, then the newline).
-fn char_of(id: u32) -> char {
-    if id < 95 {
-        char::from(32 + id as u8)
-    } else {
-        '\n'
-    }
-}
-
-fn ids(st: &SafeTensors, key: &str) -> Vec<u32> {
-    st.tensor(key)
-        .unwrap()
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-        .collect()
-}
 
 /// A copy of fixture `name` (config, tokenizer, expectations) whose f32 tensor `tensor` holds
 /// `value` at the elements `at`.

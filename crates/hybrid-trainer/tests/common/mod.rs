@@ -1,0 +1,71 @@
+//! What the command-line tests share: the committed tiny Hugging Face fixtures and the binary,
+//! both found where the GPU bundle puts them when it runs there (no source tree, no cargo), and
+//! the runners and decoders of the fixtures' character tokenizer.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+
+use assert_cmd::Command;
+use safetensors::SafeTensors;
+
+/// Fixture `name`: under `$HYBRID_HF_FIXTURES` where set (the GPU bundle carries them), else
+/// in `crates/models`.
+pub fn fixture(name: &str) -> PathBuf {
+    std::env::var_os("HYBRID_HF_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/hf")
+        })
+        .join(name)
+}
+
+/// The binary: `$HYBRID_TRAINER_BIN` in the GPU bundle (no cargo there), else cargo's.
+pub fn binary() -> PathBuf {
+    std::env::var_os("HYBRID_TRAINER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
+}
+
+/// Runs the CLI with `args`; `(stdout, stderr)` of a success (panics on failure).
+pub fn cli_ok<I, S>(args: I) -> (String, String)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let out = Command::new(binary()).args(args).assert().success();
+    let o = out.get_output();
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Runs the CLI with `args`, which must fail; its stderr.
+pub fn cli_err<I, S>(args: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let out = Command::new(binary()).args(args).assert().failure();
+    String::from_utf8_lossy(&out.get_output().stderr).into_owned()
+}
+
+/// The fixtures' character of each id (printable ASCII, then the newline).
+pub fn char_of(id: u32) -> char {
+    if id < 95 {
+        char::from(32 + id as u8)
+    } else {
+        '\n'
+    }
+}
+
+/// The i64 token ids stored under `key` in an expectations file, as u32.
+pub fn ids(st: &SafeTensors, key: &str) -> Vec<u32> {
+    st.tensor(key)
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect()
+}
