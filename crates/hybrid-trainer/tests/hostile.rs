@@ -2,23 +2,13 @@
 //! in place of files, configs that would hang or exhaust memory. Each must be a clear error,
 //! quickly; every run has a time limit, so a regression fails instead of hanging.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::time::Duration;
 
 use assert_cmd::Command;
-
-/// The binary: `$HYBRID_TRAINER_BIN` in the GPU bundle (no cargo there), else cargo's.
-fn binary() -> PathBuf {
-    std::env::var_os("HYBRID_TRAINER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_hybrid-trainer")))
-}
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../models/tests/fixtures/hf")
-        .join(name)
-}
+use common::{binary, fixture};
 
 /// A copy of fixture `name` (its model files and expectations) in a fresh directory.
 fn copy_fixture(name: &str) -> tempfile::TempDir {
