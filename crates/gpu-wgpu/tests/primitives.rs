@@ -3,6 +3,9 @@
 //! `HYBRID_TEST_SEED`) and hostile ones. Without an adapter each test prints `SKIP` and returns
 //! (fails with `HYBRID_REQUIRE_WGPU=1`).
 
+mod common;
+
+use common::{close, randn, rng, HOSTILE, SIZES, U};
 use gpu_core::nn::rows::RowOps;
 use gpu_core::nn::Activation;
 use gpu_core::nn::Primitives;
@@ -11,58 +14,7 @@ use gpu_core::{Backend, CpuBackend, DType, Device, GpuError};
 use gpu_wgpu::testing::backend_or_skip;
 use gpu_wgpu::{BinaryOp, RowReduce, UnaryOp, WgpuBackend};
 use half::bf16;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-const U: f64 = 1.0 / (1u64 << 24) as f64;
-
-fn rng(test: &str) -> StdRng {
-    let seed = match std::env::var("HYBRID_TEST_SEED") {
-        Ok(s) => s.trim().parse().expect("HYBRID_TEST_SEED is a u64"),
-        Err(_) => {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-                ^ (test.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        }
-    };
-    eprintln!("{test}: seed {seed} (replay with HYBRID_TEST_SEED={seed})");
-    StdRng::seed_from_u64(seed)
-}
-
-fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| r.random_range(-1.0f32..1.0) * scale)
-        .collect()
-}
-
-const HOSTILE: [f32; 10] = [
-    f32::NAN,
-    f32::INFINITY,
-    f32::NEG_INFINITY,
-    0.0,
-    -0.0,
-    1e30,
-    -1e30,
-    f32::MAX,
-    f32::MIN_POSITIVE,
-    1e-40,
-];
-
-/// Equal as values: both NaN, the same infinity, or within `tol` (±0 equal).
-fn close(got: f32, want: f64, tol: f64) -> bool {
-    if want.is_nan() {
-        return got.is_nan();
-    }
-    if want.is_infinite() || got.is_infinite() {
-        return got as f64 == want
-            || (!want.is_infinite() && want.abs() > f32::MAX as f64 * 0.999_999);
-    }
-    ((got as f64) - want).abs() <= tol
-}
-
-/// Sizes that are empty, single, and not multiples of the workgroup (256) or the tile (16).
-const SIZES: [usize; 6] = [0, 1, 3, 255, 257, 4099];
+use rand::Rng;
 
 #[test]
 fn adapter_is_reported_and_device_parses() {
