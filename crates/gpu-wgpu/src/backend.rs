@@ -1,8 +1,9 @@
 //! [`WgpuBackend`]: device, queue, buffer pool, pipeline cache and the `Backend` impl.
 
+use crate::buffer::{Pool, WgpuBuffer, MIN_CLASS};
 use crate::error::WgpuError;
 use crate::probe;
-use gpu_core::backend::{check_transfer, Backend, BufferInfo, DeviceType};
+use gpu_core::backend::{check_transfer, Backend, DeviceType};
 use gpu_core::{DType, Device, Element, GpuError, Result};
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -11,11 +12,6 @@ use std::time::{Duration, Instant};
 
 /// Environment variable bounding every wait on the device, in milliseconds (default 60000).
 pub const POLL_TIMEOUT_ENV: &str = "HYBRID_WGPU_TIMEOUT_MS";
-
-/// Smallest buffer the pool hands out, in bytes (a zero-length buffer still binds 16 bytes).
-const MIN_CLASS: u64 = 16;
-/// Bytes of freed buffers the pool keeps for reuse; beyond it, freed buffers are destroyed.
-const POOL_CAP: u64 = 512 << 20;
 
 /// What the backend knows about its adapter.
 #[derive(Debug, Clone)]
@@ -28,18 +24,11 @@ pub struct WgpuInfo {
     pub limits: wgpu::Limits,
 }
 
-/// Freed buffers by size class (a power of two of bytes, or the exact size near the limit).
-#[derive(Default)]
-struct Pool {
-    free: HashMap<u64, Vec<wgpu::Buffer>>,
-    cached_bytes: u64,
-}
-
 pub(crate) struct Inner {
     pub info: WgpuInfo,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
-    pool: Mutex<Pool>,
+    pub(crate) pool: Mutex<Pool>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<String>>>,
@@ -58,59 +47,6 @@ impl std::fmt::Debug for WgpuBackend {
     }
 }
 
-/// A storage buffer of `len` elements of `dtype`; returned to its backend's pool on drop.
-pub struct WgpuBuffer {
-    buf: Option<wgpu::Buffer>,
-    class: u64,
-    dtype: DType,
-    len: usize,
-    owner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for WgpuBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "WgpuBuffer({} x {})", self.len, self.dtype)
-    }
-}
-
-impl WgpuBuffer {
-    pub(crate) fn raw(&self) -> &wgpu::Buffer {
-        self.buf.as_ref().expect("buffer present until drop")
-    }
-
-    /// Bytes the elements occupy, padded to whole 32-bit words.
-    pub fn padded_bytes(&self) -> u64 {
-        padded_bytes(self.dtype, self.len)
-    }
-
-    pub(crate) fn same_owner(&self, b: &WgpuBackend) -> bool {
-        Arc::ptr_eq(&self.owner, &b.inner)
-    }
-}
-
-impl BufferInfo for WgpuBuffer {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-}
-
-impl Drop for WgpuBuffer {
-    fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
-            let mut pool = self.owner.pool.lock().unwrap_or_else(|p| p.into_inner());
-            if pool.cached_bytes + self.class <= POOL_CAP {
-                pool.cached_bytes += self.class;
-                pool.free.entry(self.class).or_default().push(buf);
-            } else {
-                buf.destroy();
-            }
-        }
-    }
-}
-
 /// The byte views below need `T` to be exactly its dtype's size (an outside `Element` impl
 /// could be a padded type).
 fn check_element_size<T: Element>(op: &'static str) -> Result<()> {
@@ -122,10 +58,6 @@ fn check_element_size<T: Element>(op: &'static str) -> Result<()> {
             "element type is not its dtype's size",
         ))
     }
-}
-
-pub(crate) fn padded_bytes(dtype: DType, len: usize) -> u64 {
-    ((len * dtype.size_in_bytes()) as u64).div_ceil(4) * 4
 }
 
 fn shared_backends() -> &'static Mutex<HashMap<usize, WgpuBackend>> {

@@ -4,7 +4,8 @@
 //! `Primitives`/`MatmulOps` impls in prims.rs. Every launch is validated on the host first, so
 //! a bad argument is a typed error. WGSL sources live in `src/shaders/`.
 
-use crate::backend::{WgpuBackend, WgpuBuffer};
+use crate::backend::WgpuBackend;
+use crate::buffer::WgpuBuffer;
 use gpu_core::backend::BufferInfo;
 use gpu_core::ops::MatmulSpec;
 use gpu_core::{DType, GpuError, Result};

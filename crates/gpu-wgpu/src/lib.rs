@@ -8,6 +8,7 @@
 //! `w`, little-endian, as in host memory), the buffer padded to a whole word.
 
 mod backend;
+mod buffer;
 mod error;
 mod kernels;
 mod prim_kernels;
@@ -15,7 +16,8 @@ mod prims;
 mod probe;
 pub mod testing;
 
-pub use backend::{WgpuBackend, WgpuBuffer, WgpuInfo, POLL_TIMEOUT_ENV};
+pub use backend::{WgpuBackend, WgpuInfo, POLL_TIMEOUT_ENV};
+pub use buffer::WgpuBuffer;
 pub use error::WgpuError;
 pub use kernels::{BinaryOp, RowReduce, UnaryOp};
 pub use probe::{adapters, register_device_probe};

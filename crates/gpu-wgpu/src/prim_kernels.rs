@@ -4,7 +4,8 @@
 //! lengths, shapes) and runs on f32 data (copy_blocks also on bf16's raw bits); bf16 reaches
 //! the rest through `prims.rs`'s widen-compute-round path.
 
-use crate::backend::{WgpuBackend, WgpuBuffer};
+use crate::backend::WgpuBackend;
+use crate::buffer::WgpuBuffer;
 use crate::kernels::{require, src, to_u32};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::{Activation, BinaryKind, ReduceKind};

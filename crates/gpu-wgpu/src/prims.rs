@@ -7,7 +7,8 @@
 //! once (the existing two-elements-per-thread cast, so no word is shared between threads), as
 //! the CPU's `via_f32`. `copy_blocks` moves bf16's raw bits instead.
 
-use crate::backend::{WgpuBackend, WgpuBuffer};
+use crate::backend::WgpuBackend;
+use crate::buffer::WgpuBuffer;
 use crate::prim_kernels::Blocks;
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::decode::check_argmax;

@@ -1,0 +1,77 @@
+//! [`WgpuBuffer`]: a storage buffer of one dtype, and the pool of freed buffers by size class
+//! that it returns to on drop.
+
+use crate::backend::{Inner, WgpuBackend};
+use gpu_core::backend::BufferInfo;
+use gpu_core::DType;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Smallest buffer the pool hands out, in bytes (a zero-length buffer still binds 16 bytes).
+pub(crate) const MIN_CLASS: u64 = 16;
+/// Bytes of freed buffers the pool keeps for reuse; beyond it, freed buffers are destroyed.
+pub(crate) const POOL_CAP: u64 = 512 << 20;
+
+/// Freed buffers by size class (a power of two of bytes, or the exact size near the limit).
+#[derive(Default)]
+pub(crate) struct Pool {
+    pub(crate) free: HashMap<u64, Vec<wgpu::Buffer>>,
+    pub(crate) cached_bytes: u64,
+}
+
+/// A storage buffer of `len` elements of `dtype`; returned to its backend's pool on drop.
+pub struct WgpuBuffer {
+    pub(crate) buf: Option<wgpu::Buffer>,
+    pub(crate) class: u64,
+    pub(crate) dtype: DType,
+    pub(crate) len: usize,
+    pub(crate) owner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for WgpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuBuffer({} x {})", self.len, self.dtype)
+    }
+}
+
+impl WgpuBuffer {
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
+        self.buf.as_ref().expect("buffer present until drop")
+    }
+
+    /// Bytes the elements occupy, padded to whole 32-bit words.
+    pub fn padded_bytes(&self) -> u64 {
+        padded_bytes(self.dtype, self.len)
+    }
+
+    pub(crate) fn same_owner(&self, b: &WgpuBackend) -> bool {
+        Arc::ptr_eq(&self.owner, &b.inner)
+    }
+}
+
+impl BufferInfo for WgpuBuffer {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+impl Drop for WgpuBuffer {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            let mut pool = self.owner.pool.lock().unwrap_or_else(|p| p.into_inner());
+            if pool.cached_bytes + self.class <= POOL_CAP {
+                pool.cached_bytes += self.class;
+                pool.free.entry(self.class).or_default().push(buf);
+            } else {
+                buf.destroy();
+            }
+        }
+    }
+}
+
+pub(crate) fn padded_bytes(dtype: DType, len: usize) -> u64 {
+    ((len * dtype.size_in_bytes()) as u64).div_ceil(4) * 4
+}
