@@ -121,7 +121,10 @@ impl StepSizeHybrid {
         (model, opt, rng, step): (&Gpt, &dyn Optimizer, &StdRng, u32),
     ) -> Result<StepSizeHybrid> {
         let world: Option<Box<dyn ScalePredictor>> = if cfg.world_model {
-            Some(Box::new(StepSizeModel::new(shape.seed ^ 0x57E9)?))
+            Some(Box::new(StepSizeModel::new(
+                shape.seed ^ 0x57E9,
+                model.device(),
+            )?))
         } else {
             None
         };

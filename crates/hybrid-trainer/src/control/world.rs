@@ -6,11 +6,14 @@
 //! uncertainty. The [`Gate`] trusts it only while its measured error and that spread are small,
 //! and never for more than a few decisions in a row.
 //!
-//! It runs on the host CPU whatever the training device: a sequence of a few dozen decisions
-//! of 8 numbers needs no GPU, and the GPU's queue stays free for training. It trains on a
-//! thread of its own while the next segment runs.
+//! It runs through [`GpuAccelerator`], the trainer's door to the device work, on the device
+//! that trains: `predict_batch` is the fused rollout on CUDA (the HAL's world family) and the
+//! fast f32 engine on the CPU. On the CPU it trains on a thread of its own while the next
+//! segment runs; on a GPU it trains on the caller's thread at the decision (a few dozen small
+//! launches), so that nothing else is queued on the device while a training step of the model
+//! being trained is captured into a CUDA graph.
 
-use rssm::{Rssm, RssmConfig, SequenceBatch};
+use rssm::{GpuAccelerator, Rssm, RssmConfig, SequenceBatch};
 use tensor_ops::{Device, Tensor};
 
 /// Features of one decision.
@@ -90,21 +93,24 @@ pub struct WorldSnapshot {
     pub optimizer: tensor_ops::optim::AdamWState,
 }
 
-/// The RSSM predictor: small (5 members, GRU 32), on the CPU. It learns on a thread of its
-/// own, started after a decision and joined at the next one, so its training overlaps the
-/// segment's steps instead of stopping them; the result does not depend on the timing.
+/// The RSSM predictor: small (5 members, GRU 32), through a [`GpuAccelerator`] on the training
+/// device. On the CPU it learns on a thread of its own, started after a decision and joined at
+/// the next one, so its training overlaps the segment's steps instead of stopping them; the
+/// result does not depend on the timing.
 pub struct StepSizeModel {
-    /// The model, when no training is under way.
-    rssm: Option<Rssm>,
-    /// The training under way: it gives the model back.
-    training: Option<std::thread::JoinHandle<anyhow::Result<Rssm>>>,
+    /// The accelerator holding the model, when no training is under way.
+    acc: Option<GpuAccelerator>,
+    /// The training under way (CPU only): it gives the accelerator back.
+    training: Option<std::thread::JoinHandle<anyhow::Result<GpuAccelerator>>>,
+    device: Device,
     /// BPTT steps after each decision.
     train_steps: u32,
     lr: f32,
 }
 
 impl StepSizeModel {
-    pub fn new(seed: u64) -> anyhow::Result<StepSizeModel> {
+    /// The predictor on `device` (the training device).
+    pub fn new(seed: u64, device: Device) -> anyhow::Result<StepSizeModel> {
         let cfg = RssmConfig {
             feature_dim: FEATURES,
             output_dim: FEATURES,
@@ -117,27 +123,39 @@ impl StepSizeModel {
             ..RssmConfig::default()
         };
         Ok(StepSizeModel {
-            rssm: Some(Rssm::new(cfg, Device::Cpu)?),
+            acc: Some(GpuAccelerator::with_model(Rssm::new(cfg, device)?)),
             training: None,
+            device,
             train_steps: 4,
             lr: 3e-3,
         })
     }
 
-    /// The model, after the training under way (if any) has finished.
-    fn model(&mut self) -> anyhow::Result<&mut Rssm> {
+    /// The accelerator, after the training under way (if any) has finished.
+    fn accelerator(&mut self) -> anyhow::Result<&mut GpuAccelerator> {
         if let Some(t) = self.training.take() {
-            let rssm = t
+            let acc = t
                 .join()
                 .map_err(|_| anyhow::anyhow!("the world model's training thread panicked"))??;
-            self.rssm = Some(rssm);
+            self.acc = Some(acc);
         }
-        self.rssm
+        self.acc
             .as_mut()
             .ok_or_else(|| anyhow::anyhow!("the world model was lost by a failed training"))
     }
 
-    fn windows(states: &[[f32; FEATURES]], len: usize) -> anyhow::Result<Option<Tensor>> {
+    /// The model, after the training under way (if any) has finished.
+    fn model(&mut self) -> anyhow::Result<&mut Rssm> {
+        self.accelerator()?
+            .model_mut()
+            .ok_or_else(|| anyhow::anyhow!("the world model's accelerator holds no model"))
+    }
+
+    fn windows(
+        states: &[[f32; FEATURES]],
+        len: usize,
+        device: Device,
+    ) -> anyhow::Result<Option<Tensor>> {
         if states.len() < len {
             return Ok(None);
         }
@@ -145,12 +163,22 @@ impl StepSizeModel {
         let data: Vec<f32> = (0..n)
             .flat_map(|i| states[i..i + len].iter().flatten().copied())
             .collect();
-        Ok(Some(Tensor::from_vec(
-            data,
-            &[n, len, FEATURES],
-            Device::Cpu,
-        )?))
+        Ok(Some(Tensor::from_vec(data, &[n, len, FEATURES], device)?))
     }
+}
+
+fn train(
+    acc: &mut GpuAccelerator,
+    batch: &SequenceBatch,
+    (steps, lr): (u32, f32),
+) -> anyhow::Result<()> {
+    let model = acc
+        .model_mut()
+        .ok_or_else(|| anyhow::anyhow!("the world model's accelerator holds no model"))?;
+    for _ in 0..steps {
+        model.train_step(batch, lr)?;
+    }
+    Ok(())
 }
 
 impl Drop for StepSizeModel {
@@ -163,15 +191,15 @@ impl Drop for StepSizeModel {
 
 impl ScalePredictor for StepSizeModel {
     fn predict(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<Option<(f32, f32)>> {
-        let rssm = self.model()?;
-        if !rssm.is_trained() || states.len() < CONTEXT {
+        let device = self.device;
+        if !self.model()?.is_trained() || states.len() < CONTEXT {
             return Ok(None);
         }
         let ctx = &states[states.len() - CONTEXT..];
-        let Some(x) = Self::windows(ctx, CONTEXT)? else {
+        let Some(x) = Self::windows(ctx, CONTEXT, device)? else {
             return Ok(None);
         };
-        let p = rssm.predict(&x, 1)?;
+        let p = self.accelerator()?.predict_batch(&x, 1)?;
         // members [M, 1, 1, F]: the scale column of each member.
         let members = p.members.to_vec()?;
         let m = members.len() / FEATURES;
@@ -196,21 +224,23 @@ impl ScalePredictor for StepSizeModel {
         Ok(())
     }
 
-    /// Starts the training on its own thread and returns at once.
+    /// Trains the model on every decision so far: on the CPU on its own thread (returns at
+    /// once), on a GPU here.
     fn learn(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<()> {
         // Windows one longer than the context: the last step of each is a prediction target.
-        let Some(x) = Self::windows(states, CONTEXT + 1)? else {
+        let Some(x) = Self::windows(states, CONTEXT + 1, self.device)? else {
             return Ok(());
         };
-        self.model()?;
-        let mut rssm = self.rssm.take().expect("model() put it back");
-        let (steps, lr) = (self.train_steps, self.lr);
+        let batch = SequenceBatch::new(x);
+        let settings = (self.train_steps, self.lr);
+        if self.device != Device::Cpu {
+            return train(self.accelerator()?, &batch, settings);
+        }
+        self.accelerator()?;
+        let mut acc = self.acc.take().expect("accelerator() put it back");
         self.training = Some(std::thread::spawn(move || {
-            let batch = SequenceBatch::new(x);
-            for _ in 0..steps {
-                rssm.train_step(&batch, lr)?;
-            }
-            Ok(rssm)
+            train(&mut acc, &batch, settings)?;
+            Ok(acc)
         }));
         Ok(())
     }
