@@ -408,6 +408,7 @@ mod quant;
 mod rows;
 mod sample;
 mod widen;
+pub mod world;
 
 #[cfg(test)]
 mod tests;

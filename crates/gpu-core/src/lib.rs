@@ -18,6 +18,7 @@ pub mod cpu;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod linalg;
 pub mod nn;
 pub mod ops;
 pub mod probe;

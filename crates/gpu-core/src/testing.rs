@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::nn::elementwise::{Activation, BinaryKind, ReduceKind};
 use crate::nn::{
     AttentionOps, DecodeOps, ElementwiseOps, OptimOps, Primitives, QuantOps, RowOps, SampleOps,
+    WorldOps,
 };
 use crate::ops::{MatmulOps, MatmulSpec};
 
@@ -146,3 +147,4 @@ impl DecodeOps for PrimitivesOnly {}
 impl QuantOps for PrimitivesOnly {}
 impl SampleOps for PrimitivesOnly {}
 impl OptimOps for PrimitivesOnly {}
+impl WorldOps for PrimitivesOnly {}

@@ -225,3 +225,4 @@ impl DecodeOps for WgpuBackend {}
 impl QuantOps for WgpuBackend {}
 impl SampleOps for WgpuBackend {}
 impl OptimOps for WgpuBackend {}
+impl gpu_core::nn::WorldOps for WgpuBackend {}

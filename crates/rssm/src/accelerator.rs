@@ -1,8 +1,9 @@
 //! [`GpuAccelerator`]: the trainer's single door to the device work. Four entry points, each
-//! dispatched by the accelerator's device: on the CPU the fast f32 engine ([`crate::fast`], the
+//! dispatched by the accelerator's engine: on the CPU the fast f32 engine ([`crate::fast`], the
 //! default) or the exact f64 `nalgebra` reference ([`crate::reference`], [`crate::svd`],
-//! [`crate::correct`]); on CUDA the fused rollout kernel, the tensor-ops ops, and
-//! cuBLAS/cuSOLVER on the tensors' buffers for the SVD and the in-place correction.
+//! [`crate::correct`]); on any device the HAL's world family (`gpu_core::nn::WorldOps`) through
+//! tensor-ops: CUDA's fused rollout, correction and cuBLAS/cuSOLVER SVD, or the family's default
+//! compositions on any other backend.
 
 use crate::correct::{apply_tiled, apply_tiled_exact, TILE};
 use crate::error::{AcceleratorError, RssmError};
@@ -11,11 +12,12 @@ use crate::lowrank::LowRank;
 use crate::model::{Prediction, Rssm};
 use crate::reference::{to_matrix, HostRssm};
 use crate::svd::{check_rank, randomized_svd, SvdOptions};
-use crate::svd_cuda::{randomized_svd_cuda, SvdMethod};
-use gpu_core::GpuError;
+use gpu_core::nn::LowRankOutcome;
+use gpu_core::nn::{SvdMethod, SvdSpec};
 use ndarray::{ArrayViewMut2, Ix2, Ix3};
 use std::sync::{Arc, Mutex};
 use tensor_ops::nn::Mode;
+use tensor_ops::ops::world::SvdResult;
 use tensor_ops::{DType, Device, Tensor};
 
 /// How the model's entry points (`encode_state`, `predict_batch`) compute.
@@ -31,20 +33,23 @@ pub enum Engine {
     /// The model's own tensor-ops forward on its device (on the CPU, the path the reference
     /// is checked against; on CUDA, the path the fused kernel is checked against).
     Tensor,
-    /// CUDA: `predict_batch` as one fused, cooperative kernel launch
-    /// ([`gpu_cuda::rollout`]); `encode_state` as [`Engine::Tensor`]. The CUDA default.
+    /// The HAL's world family on the accelerator's device (`gpu_core::nn::WorldOps`):
+    /// `predict_batch` as one rollout op (on CUDA one fused, cooperative kernel launch,
+    /// `kernels/rssm_rollout.cu`; elsewhere the family's default composition of primitives),
+    /// `apply_corrections` as the checked low-rank op; `encode_state` as [`Engine::Tensor`].
+    /// The default on every device but the CPU.
     Fused,
 }
 
 /// The trainer's single door to the device work: state encoding, ensemble rollouts, residual
 /// compression and low-rank weight corrections, each on the accelerator's device.
 ///
-/// | entry point | CPU | CUDA |
+/// | entry point | CPU host engines ([`Engine::Fast`], [`Engine::Reference`]) | [`Engine::Fused`] on any device: `WorldOps` (CUDA's override) |
 /// |---|---|---|
 /// | [`encode_state`](Self::encode_state) | fast f32 engine (or the f64 reference) | the encoder's tensor-ops forward |
-/// | [`predict_batch`](Self::predict_batch) | fast f32 engine (or the f64 reference) | one fused cooperative kernel ([`Engine::Fused`]) |
-/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f32 passes, f64 QR; or all f64) | randomized SVD (cuBLAS, Cholesky QR, Jacobi; replayed as a CUDA graph) or `cusolverDnXgesvdr` |
-/// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | one fused check-then-write kernel (rank <= 64), else one in-place cuBLAS GEMM |
+/// | [`predict_batch`](Self::predict_batch) | fast f32 engine (or the f64 reference) | `rssm_rollout` (one fused cooperative kernel) |
+/// | [`compress_residuals`](Self::compress_residuals) | randomized SVD (f32 passes, f64 QR; or all f64) | `randomized_svd` (cuBLAS, Cholesky QR, Jacobi; replayed as a CUDA graph; or `cusolverDnXgesvdr`) |
+/// | [`apply_corrections`](Self::apply_corrections) | tiled, in place | `low_rank_add` (one fused check-then-write kernel for rank <= 64) |
 pub struct GpuAccelerator {
     device: Device,
     model: Option<Rssm>,
@@ -69,10 +74,11 @@ impl std::fmt::Debug for GpuAccelerator {
 
 /// The engine a device uses by default.
 fn default_engine(device: Device) -> Engine {
-    match device {
-        // wgpu: the tensors refuse the device before any engine runs.
-        Device::Cpu | Device::Wgpu(_) => Engine::Fast,
-        Device::Cuda(_) => Engine::Fused,
+    // The host engines where the data lives on the host; the device's ops everywhere else.
+    if device == Device::Cpu {
+        Engine::Fast
+    } else {
+        Engine::Fused
     }
 }
 
@@ -131,7 +137,7 @@ fn host_input(
     check_device(entry, what, device, t.device())?;
     check_f32(entry, what, t)?;
     let v = t.to_vec()?;
-    let bits = crate::fast::max_abs_bits_par(&v);
+    let bits = crate::fast::max_abs_bits(&v);
     if bits >= 0x7f80_0000 {
         return Err(AcceleratorError::NonFinite { entry, what });
     }
@@ -149,6 +155,35 @@ fn host_array<D: ndarray::Dimension>(
             entry,
             reason: e.to_string(),
         })
+}
+
+/// `compress_residuals` through the HAL's `WorldOps::randomized_svd` on the residual's device.
+fn device_svd(
+    residual: &Tensor,
+    (m, n, rank): (usize, usize, usize),
+    opts: &SvdOptions,
+) -> Result<LowRank, AcceleratorError> {
+    const ENTRY: &str = "compress_residuals";
+    let spec = SvdSpec {
+        m,
+        n,
+        rank,
+        oversample: opts.oversample,
+        power_iters: opts.power_iters,
+        seed: opts.seed,
+        method: opts.method,
+    };
+    match tensor_ops::ops::world::randomized_svd(residual, &spec)? {
+        SvdResult::Factors { u, s, v } => Ok(LowRank::trusted(u, s, v)),
+        SvdResult::NonFiniteInput => Err(AcceleratorError::NonFinite {
+            entry: ENTRY,
+            what: "residual",
+        }),
+        SvdResult::NonFiniteScale => Err(AcceleratorError::NonFinite {
+            entry: ENTRY,
+            what: "the singular values (the residual's scale overflows f32)",
+        }),
+    }
 }
 
 impl GpuAccelerator {
@@ -181,12 +216,11 @@ impl GpuAccelerator {
 
     /// Chooses the engine of `encode_state` and `predict_batch` (and, on the CPU, of
     /// `compress_residuals` and `apply_corrections`). [`Engine::Reference`] and [`Engine::Fast`]
-    /// are CPU paths and [`Engine::Fused`] a CUDA one: on another device they are an error.
+    /// are host paths: on another device than the CPU they are an error.
     pub fn with_engine(mut self, engine: Engine) -> Result<GpuAccelerator, AcceleratorError> {
         let fits = match engine {
             Engine::Reference | Engine::Fast => self.device == Device::Cpu,
-            Engine::Fused => self.device != Device::Cpu,
-            Engine::Tensor => true,
+            Engine::Fused | Engine::Tensor => true,
         };
         if !fits {
             return Err(AcceleratorError::InvalidArgument {
@@ -268,7 +302,7 @@ impl GpuAccelerator {
                 return Ok(p.clone());
             }
         }
-        let p = crate::rollout_cuda::pack(model)?;
+        let p = crate::rollout::pack(model)?;
         *cache = Some((model.version(), p.clone()));
         Ok(p)
     }
@@ -371,7 +405,7 @@ impl GpuAccelerator {
             }
             Engine::Fused => {
                 let packed = self.packed_model(model)?;
-                Ok(crate::rollout_cuda::predict_fused(
+                Ok(crate::rollout::predict_packed(
                     model, &packed, context, steps,
                 )?)
             }
@@ -391,9 +425,10 @@ impl GpuAccelerator {
     /// The rank-`rank` truncated SVD of `residual` f32 `[m, n]` by randomized SVD, as f32
     /// factors on the accelerator's device. CPU: the fast engine's f32 passes with an f64 QR and
     /// small SVD ([`crate::fast`], the default), or [`randomized_svd`] all in f64
-    /// ([`Engine::Reference`]). CUDA:
-    /// `opts.method` — the same algorithm on cuBLAS and cuSOLVER (the sketch drawn on the
-    /// device, the `(k + p)²` core's SVD in f64 on the host), or `cusolverDnXgesvdr`.
+    /// ([`Engine::Reference`]). [`Engine::Fused`] and [`Engine::Tensor`]: the HAL's
+    /// `WorldOps::randomized_svd` on the residual's device (on CUDA by `opts.method`: the same
+    /// algorithm on cuBLAS and cuSOLVER, or `cusolverDnXgesvdr`; elsewhere the default
+    /// composition). [`SvdMethod::Gram`]: tensor ops on any device.
     ///
     /// Errors: a rank of 0 or above `min(m, n)` ([`AcceleratorError::Rank`]), a residual that
     /// is not 2-D or is empty, NaN or Inf, another device, bad options (too many power
@@ -423,31 +458,30 @@ impl GpuAccelerator {
             check_f32(ENTRY, "residual", residual)?;
             return crate::svd_gram::gram_svd(residual, rank);
         }
-        match self.device {
-            // The CUDA path checks finiteness in the reduction that gives its scale.
-            Device::Cuda(_) => {
-                check_device(ENTRY, "residual", self.device, residual.device())?;
-                check_f32(ENTRY, "residual", residual)?;
-                randomized_svd_cuda(residual, rank, opts)
-            }
-            Device::Cpu if opts.method == SvdMethod::CusolverGesvdr => {
-                Err(AcceleratorError::InvalidArgument {
-                    entry: ENTRY,
-                    reason: "cusolverDnXgesvdr runs on CUDA only; the CPU runs the Halko \
-                             algorithm (SvdMethod::Halko)"
-                        .into(),
-                })
-            }
-            Device::Cpu if self.engine == Engine::Fast => {
+        let host = matches!(self.engine, Engine::Fast | Engine::Reference);
+        if host && opts.method == SvdMethod::CusolverGesvdr {
+            return Err(AcceleratorError::InvalidArgument {
+                entry: ENTRY,
+                reason: "cusolverDnXgesvdr runs on CUDA only; the CPU runs the Halko \
+                         algorithm (SvdMethod::Halko)"
+                    .into(),
+            });
+        }
+        match self.engine {
+            Engine::Fast => {
                 let (a, bits) = host_input(ENTRY, "residual", residual, self.device)?;
                 crate::fast::randomized_svd_f32(&a, bits, m, n, rank, opts)
             }
-            Device::Wgpu(_) => Err(GpuError::not_implemented(self.device, ENTRY).into()),
-            Device::Cpu => {
+            Engine::Reference => {
                 check_input(ENTRY, "residual", residual, self.device)?;
                 let a = host_array::<Ix2>(ENTRY, residual)?;
                 let svd = randomized_svd(&to_matrix(a.view()), rank, opts)?;
                 LowRank::from_svd(&svd)
+            }
+            Engine::Tensor | Engine::Fused => {
+                check_device(ENTRY, "residual", self.device, residual.device())?;
+                check_f32(ENTRY, "residual", residual)?;
+                device_svd(residual, (m, n, rank), opts)
             }
         }
     }
@@ -476,10 +510,8 @@ impl GpuAccelerator {
                 got: weights.shape().to_vec(),
             });
         }
-        match self.device {
-            Device::Cuda(_) => crate::correct_cuda::apply_cuda(weights, correction),
-            Device::Wgpu(_) => Err(GpuError::not_implemented(self.device, ENTRY).into()),
-            Device::Cpu => {
+        match self.engine {
+            Engine::Reference | Engine::Fast => {
                 let mut out = Ok(());
                 weights.with_host_slice_mut(|w| {
                     out = match ArrayViewMut2::from_shape((m, n), w) {
@@ -495,6 +527,15 @@ impl GpuAccelerator {
                     Ok(())
                 })?;
                 out
+            }
+            Engine::Tensor | Engine::Fused => {
+                let (u, s, v) = (correction.u(), correction.s(), correction.v());
+                let what = match weights.low_rank_add_(u, s, v)? {
+                    LowRankOutcome::Written => return Ok(()),
+                    LowRankOutcome::NonFiniteWeights => "the weights",
+                    LowRankOutcome::NonFiniteSum => "the corrected weights (the sum overflows f32)",
+                };
+                Err(AcceleratorError::NonFinite { entry: ENTRY, what })
             }
         }
     }

@@ -97,17 +97,9 @@ fn check(w: &ArrayViewMut2<'_, f32>, c: &LowRank, tile: usize) -> Result<bool, A
 }
 
 /// The largest `|wᵢⱼ|` as bits (`>= 0x7f80_0000` when `w` holds NaN or Inf): one read of
-/// `w`, in two halves on two threads when `w` is one block of memory of 64 Ki values or more.
+/// `w` (in two halves on two threads when `w` is one block of memory of 64 Ki values or more).
 fn max_abs_bits(w: &ArrayViewMut2<'_, f32>) -> u32 {
     match w.as_slice_memory_order() {
-        Some(x) if x.len() >= 1 << 16 && rayon::current_num_threads() > 1 => {
-            let (a, b) = x.split_at(x.len() / 2);
-            let (a, b) = rayon::join(
-                || crate::fast::max_abs_bits(a),
-                || crate::fast::max_abs_bits(b),
-            );
-            a.max(b)
-        }
         Some(x) => crate::fast::max_abs_bits(x),
         None => w.rows().into_iter().fold(0, |a, r| match r.as_slice() {
             Some(x) => a.max(crate::fast::max_abs_bits(x)),

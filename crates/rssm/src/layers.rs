@@ -196,22 +196,16 @@ pub(crate) fn check_device(what: &'static str, t: &Tensor, device: Device) -> Re
     Ok(())
 }
 
-/// The largest magnitude in `t`, or `None` when `t` holds NaN or Inf, and one synchronisation.
-/// An f32 CUDA tensor takes one pass over its buffer (`gpu_cuda::amax`); elsewhere `max(x)` and
-/// `max(−x)` on the tensor's device (the max reduction propagates NaN, and an infinity is its
-/// own maximum).
+/// The largest magnitude in `t`, or `None` when `t` holds NaN or Inf: one scan on its device
+/// (`WorldOps::max_abs`: CUDA's one-pass kernel, the CPU's vectorised loop, the default's two
+/// max reductions elsewhere) and one value read. A bf16 tensor is widened first.
 pub(crate) fn max_abs_if_finite(t: &Tensor) -> tensor_ops::Result<Option<f32>> {
-    if matches!(t.device(), Device::Cuda(_)) && t.dtype() == DType::F32 {
-        let n = t.numel();
-        let bits = t.with_cuda_buffer(|gpu, x| gpu.max_abs_bits(x, n))?;
-        return Ok((bits < gpu_cuda::amax::INF_BITS).then(|| f32::from_bits(bits)));
-    }
-    no_grad(|| {
-        let flat = t.reshape(&[t.numel()])?;
-        let parts = [flat.max(0, true)?, flat.neg()?.max(0, true)?];
-        let v = Tensor::cat(&[&parts[0], &parts[1]], 0)?.to_vec()?;
-        Ok((v[0].is_finite() && v[1].is_finite()).then(|| v[0].max(v[1])))
-    })
+    let m = if t.dtype() == DType::F32 {
+        t.max_abs()?
+    } else {
+        no_grad(|| t.to_dtype(DType::F32))?.max_abs()?
+    };
+    Ok(m.is_finite().then_some(m))
 }
 
 /// Errors when `t` holds NaN or Inf (or is not f32). On the device: `Σ 0·x` is NaN exactly when

@@ -45,43 +45,41 @@
 //!
 //! [`GpuAccelerator`] lives here because it needs the RSSM (`encode_state`, `predict_batch`)
 //! and tensor-ops, and the trainer, its only user, sits above: `tensor-ops ← rssm ←
-//! hybrid-trainer` stays strictly downward. Each entry point dispatches by device:
+//! hybrid-trainer` stays strictly downward. Each entry point dispatches by engine:
 //!
-//! | entry point | CPU: [`Engine::Fast`] (default) / [`Engine::Reference`] (f64) | CUDA |
+//! | entry point | CPU: [`Engine::Fast`] (default) / [`Engine::Reference`] (f64) | any device: [`Engine::Fused`] (the default off the CPU) |
 //! |---|---|---|
 //! | `encode_state` | [`fast::FastRssm`] / [`reference::HostRssm::encode`] | the encoder's tensor-ops forward |
-//! | `predict_batch` | [`fast::FastRssm`] / [`reference::HostRssm::predict`] | one fused, cooperative kernel launch (`kernels/rssm_rollout.cu`; [`Engine::Fused`]), or [`Rssm::predict`] ([`Engine::Tensor`]) |
-//! | `compress_residuals` | [`fast`]'s f32 randomized SVD / [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | the same algorithm on cuBLAS with Cholesky QR2 and a Jacobi small SVD on the device (Householder QR and the host SVD as fallbacks), or `cusolverDnXgesvdr` ([`SvdMethod`]) |
-//! | `apply_corrections` | [`correct::apply_tiled`] (f32 GEMM) / its exact f64 path, in place | one cuBLAS GEMM with `beta = 1`, in place |
+//! | `predict_batch` | [`fast::FastRssm`] / [`reference::HostRssm::predict`] | the HAL's `WorldOps::rssm_rollout`: on CUDA one fused, cooperative kernel launch (`kernels/rssm_rollout.cu`), elsewhere the family's default composition of primitives; or [`Rssm::predict`] ([`Engine::Tensor`]) |
+//! | `compress_residuals` | [`fast`]'s f32 randomized SVD / [`svd::randomized_svd`] (exact: [`svd::exact_svd`]) | the HAL's `WorldOps::randomized_svd`: on CUDA the same algorithm on cuBLAS with Cholesky QR2 and a Jacobi small SVD on the device (Householder QR and the host SVD as fallbacks; replayed as a CUDA graph), or `cusolverDnXgesvdr` ([`SvdMethod`]); elsewhere the default composition (products on the device, QRs and the small SVD on the host) |
+//! | `apply_corrections` | [`correct::apply_tiled`] (f32 GEMM) / its exact f64 path, in place | the HAL's `WorldOps::low_rank_add`, checked then written in place: on CUDA one fused kernel (rank <= 64), elsewhere the default composition |
 //!
-//! The CUDA SVD and correction work on the tensors' buffers through `gpu_cuda::linalg`
-//! (rssm depends on gpu-cuda directly, still downward). Bad input (wrong widths, ranks, NaN or Inf,
+//! The world family (`gpu_core::nn::WorldOps`) is the device's: no code here touches a device
+//! buffer or matches on the device to run it. [`SvdMethod::Gram`] is composed of tensor ops
+//! here, on any device. Bad input (wrong widths, ranks, NaN or Inf,
 //! mismatched devices, no model, an untrained ensemble) is a typed error ([`RssmError`],
 //! [`AcceleratorError`]).
 
 mod accelerator;
 mod config;
 pub mod correct;
-mod correct_cuda;
 mod error;
 pub mod fast;
 mod layers;
 mod lowrank;
 mod model;
 pub mod reference;
-mod rollout_cuda;
+mod rollout;
 pub mod svd;
-mod svd_cuda;
 pub mod svd_gram;
-mod svd_graph;
 mod train;
 
 pub use accelerator::{Engine, GpuAccelerator};
 pub use config::RssmConfig;
 pub use error::{AcceleratorError, Result, RssmError};
+pub use gpu_core::nn::SvdMethod;
 pub use lowrank::{HostLowRank, LowRank};
 pub use model::{MemberState, Prediction, Rssm};
-pub use rollout_cuda::rollout_dims;
+pub use rollout::rollout_dims;
 pub use svd::SvdOptions;
-pub use svd_cuda::SvdMethod;
 pub use train::{LossBreakdown, SequenceBatch};

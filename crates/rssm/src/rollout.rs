@@ -1,17 +1,18 @@
-//! The CUDA path of `predict_batch`: the ensemble rollout as one fused, cooperative kernel
-//! (`gpu_cuda::rollout`, `kernels/rssm_rollout.cu`) over the members' weights packed into one
-//! device buffer, after the encoder's tensor-ops forward. Same result as [`Rssm::predict`]
-//! (the f64 reference is `HostRssm::predict`); no host round trip inside the rollout. A model
-//! the kernel cannot hold on the device (shared memory, co-resident blocks), or whose
-//! cooperative grid the driver refuses, falls back to [`Rssm::predict`].
+//! The device path of `predict_batch`: the ensemble rollout as one op of the HAL's world
+//! family (`gpu_core::nn::WorldOps::rssm_rollout`) over the members' weights packed into one
+//! device tensor, after the encoder's tensor-ops forward. On CUDA the op is one fused,
+//! cooperative kernel launch (`kernels/rssm_rollout.cu`); a model it cannot hold, and every
+//! other backend, runs the family's default composition of primitives. Same result as
+//! [`Rssm::predict`] (the f64 reference is `HostRssm::predict`); no host round trip inside
+//! the rollout.
 
 use crate::config::RssmConfig;
 use crate::error::{Result, RssmError};
 use crate::layers::Head;
 use crate::model::{Prediction, Rssm};
-use gpu_cuda::rollout::RolloutDims;
+use gpu_core::nn::RolloutDims;
 use tensor_ops::nn::Mode;
-use tensor_ops::{no_grad, Device, Tensor};
+use tensor_ops::{no_grad, Tensor};
 
 /// Every member's weights, flattened in the kernel's order
 /// ([`RolloutDims::member_layout`]), as one device tensor.
@@ -95,56 +96,22 @@ pub fn rollout_dims(cfg: &RssmConfig, batch: usize, context: usize, steps: usize
     }
 }
 
-/// [`Rssm::predict`] on CUDA through the fused kernel, with `packed` from [`pack`] of the
-/// model's current weights; `context` `[B, T, F]` was checked by the caller (shape, width,
-/// device, finite) and `steps > 0`.
-pub(crate) fn predict_fused(
+/// [`Rssm::predict`] through the world family's rollout op on the model's device, with
+/// `packed` from [`pack`] of the model's current weights; `context` `[B, T, F]` was checked by
+/// the caller (shape, width, device, finite) and `steps > 0`.
+pub(crate) fn predict_packed(
     model: &Rssm,
     packed: &Tensor,
     context: &Tensor,
     steps: usize,
 ) -> Result<Prediction> {
-    let Device::Cuda(dev) = model.device() else {
-        return Err(RssmError::InvalidArgument {
-            what: "predict_batch",
-            reason: format!(
-                "the fused rollout runs on CUDA, the model is on {}",
-                model.device()
-            ),
-        });
-    };
     let (b, t) = (context.shape()[0], context.shape()[1]);
     let d = dims(model, b, t, steps);
-    // A model too large for the kernel's shared memory or grid on this device takes the
-    // tensor-ops path (same result, more launches).
-    if !tensor_ops::cuda_backend(dev)?.rssm_rollout_fits(&d) {
-        return model.predict(context, steps);
-    }
     let embeds = no_grad(|| model.encode(context, Mode::Eval))?;
-    let (m, o) = (d.members, d.out);
-    let fused = embeds.with_cuda_buffer(|gpu, e| {
-        packed.with_cuda_buffer(|_, w| {
-            use gpu_core::Backend;
-            let mut out = gpu.allocate(tensor_ops::DType::F32, m * b * steps * o)?;
-            let mut mean = gpu.allocate(tensor_ops::DType::F32, b * steps * o)?;
-            let mut dis = gpu.allocate(tensor_ops::DType::F32, b * steps)?;
-            gpu.rssm_rollout(&d, w, e, &mut out, &mut mean, &mut dis)?;
-            Ok((out, mean, dis))
-        })
-    });
-    let (out, mean, dis) = match fused {
-        Ok(v) => v,
-        // The driver refused every cooperative grid of the kernel although its occupancy
-        // queries admitted them (`gpu_cuda::rollout`): nothing ran and the outputs were this
-        // call's own, so the tensor-ops path gives the result instead.
-        Err(e) if gpu_cuda::is_cooperative_launch_too_large(&e) => {
-            return model.predict(context, steps)
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let r = tensor_ops::ops::world::rssm_rollout(&d, packed, &embeds)?;
     Ok(Prediction {
-        members: Tensor::from_cuda_buffer(out, &[m, b, steps, o], dev)?,
-        mean: Tensor::from_cuda_buffer(mean, &[b, steps, o], dev)?,
-        disagreement: Tensor::from_cuda_buffer(dis, &[b, steps], dev)?,
+        members: r.members,
+        mean: r.mean,
+        disagreement: r.disagreement,
     })
 }

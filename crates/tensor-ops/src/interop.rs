@@ -12,7 +12,7 @@ fn not_on(op: &'static str, t: &Tensor, want: &str) -> GpuError {
     GpuError::invalid(op, format!("the tensor is on {}, not {want}", t.device()))
 }
 
-fn busy(op: &'static str) -> GpuError {
+pub(crate) fn busy(op: &'static str) -> GpuError {
     GpuError::invalid(
         op,
         "the tensor's storage is in use by another access (the same tensor, or a view of it, \
@@ -104,7 +104,7 @@ impl Tensor {
         ))
     }
 
-    fn check_writable(&self, op: &'static str) -> Result<()> {
+    pub(crate) fn check_writable(&self, op: &'static str) -> Result<()> {
         require_f32(op, self)?;
         if self.0.node.is_some() {
             return Err(GpuError::invalid(

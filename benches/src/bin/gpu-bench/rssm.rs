@@ -108,7 +108,7 @@ pub(crate) fn measure(reps: usize, only_svd: bool) -> Result<Vec<Row>> {
             let us = time(reps, || {
                 w.with_cuda_buffer(|g, wb| {
                     e.with_cuda_buffer(|_, eb| {
-                        g.rssm_rollout(&dims, wb, eb, &mut out, &mut mean, &mut dis)
+                        g.rssm_rollout_fused(&dims, wb, eb, &mut out, &mut mean, &mut dis)
                     })
                 })?;
                 Ok(())

@@ -12,11 +12,11 @@
 //! **What a second backend must implement**: [`Backend`](crate::Backend)'s 8 required methods
 //! (buffers, host copies, synchronize), [`MatmulOps::matmul`] and the 12 primitives, then one
 //! empty `impl` per family. [`crate::testing::PrimitivesOnly`] is exactly that: 27 lines of
-//! `Backend`, 11 of `MatmulOps`, 74 of `Primitives` and 7 empty family impls (119 lines, each
+//! `Backend`, 11 of `MatmulOps`, 74 of `Primitives` and 8 empty family impls (120 lines, each
 //! method a call into the CPU backend); the GPT's training step (with and without dropout),
 //! the world model and greedy decoding of the Hugging Face fixtures run on it and match the
 //! CPU backend (`gpu-core/tests/{primitives_only,side_doors}.rs`, `models/tests/primitives_only*.rs`,
-//! `rssm/tests/world_model.rs`).
+//! `rssm/tests/{world_model,device_engine}.rs`).
 //!
 //! Where each family lives (the same stem everywhere); every method listed defaults, and the
 //! defaults are of two kinds (`nn/defaults/mod.rs`): device compositions of the primitives, and
@@ -32,6 +32,7 @@
 //! | weight-only int8/int4 matmul and dequantization | all (host) | `nn/quant.rs` | `cpu/quant.rs` | `gpu-cuda/src/nn/quant.rs` | `kernels/nn_gemv_q.cu` (+ cuBLAS for prefill) | `gpu-cuda/tests/nn_quant.rs` |
 //! | token sampling: repetition penalty, temperature, top-k, top-p, Philox draw | all (host) | `nn/sample.rs` | `cpu/sample.rs` | `gpu-cuda/src/nn/sample.rs` | `kernels/nn_sample.cu` | `gpu-cuda/tests/nn_sample.rs` |
 //! | AdamW (eager and scheduled), Schedule-Free AdamW, Prodigy, gradient clipping, lerp | AdamW, `adamw_step_scheduled` (the schedule read on the host), lerp (composed); clipping, Schedule-Free, Prodigy (host) | `nn/optim.rs`, `nn/optim_adaptive.rs` | `cpu/optim.rs`, `cpu/optim_adaptive.rs` | `gpu-cuda/src/nn/optim.rs` | `kernels/nn_optim.cu` | `gpu-cuda/tests/nn_optim.rs` |
+//! | the world model: max magnitude, checked low-rank correction, ensemble rollout over packed weights | all (composed: two max reductions; a scaled product added in a temporary, checked, then copied; GRU, heads and decoder step by step) | `nn/world.rs` | the defaults on the CPU's primitives (`cpu/world.rs`: a vectorised max); f64 reference `rssm::reference` | `gpu-cuda/src/nn/world.rs` | `kernels/linalg_amax.cu`, `rssm_correct.cu`, `rssm_rollout*.cu` | `rssm/tests/device_engine.rs`, `gpu_rollout.rs`, `gpu_lowrank.rs` |
 //! | matmul | required | `ops.rs` ([`MatmulOps`]) | `cpu.rs` (`sgemm_rows`) | `gpu-cuda/src/ops.rs`, `blas.rs` | cuBLAS | `gpu-cuda/tests/matmul.rs` |
 //!
 //! The defaults that read a device value on the host (index buffers, seed offsets, schedules,
@@ -55,6 +56,7 @@ pub mod primitives;
 pub mod quant;
 pub mod rows;
 pub mod sample;
+pub mod world;
 
 pub use activation::{Activation, Direction, Saved};
 pub use attention::AttentionOps;
@@ -65,6 +67,10 @@ pub use primitives::Primitives;
 pub use quant::{QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
 pub use rows::RowOps;
 pub use sample::{SampleOps, SampleParams};
+pub use world::{
+    LowRankFactors, LowRankOutcome, RolloutCall, RolloutDims, SvdMethod, SvdOut, SvdOutcome,
+    SvdSpec, WorldOps,
+};
 
 pub use crate::ops::MatmulOps;
 
@@ -78,6 +84,7 @@ pub trait NnOps:
     + QuantOps
     + SampleOps
     + OptimOps
+    + WorldOps
     + MatmulOps
 {
 }
@@ -90,6 +97,7 @@ impl<B> NnOps for B where
         + QuantOps
         + SampleOps
         + OptimOps
+        + WorldOps
         + MatmulOps
 {
 }

@@ -10,6 +10,9 @@ mod optim_adaptive;
 pub(crate) mod quant;
 mod rows;
 mod sample;
+mod world;
+mod world_svd;
+mod world_svd_graph;
 
 #[cfg(test)]
 mod tests {

@@ -1,4 +1,4 @@
-//! The fast path of [`crate::SvdMethod::Halko`] on CUDA (Cholesky QR2 and the small Jacobi SVD
+//! The fast path of `SvdMethod::Halko` on CUDA (Cholesky QR2 and the small Jacobi SVD
 //! on the device, sketch width `l <= 64`) as one replayed CUDA graph.
 //!
 //! The path queues ~50 small operations (GEMMs of a few µs, one-block kernels); issued one by
@@ -10,14 +10,13 @@
 //! graph), replays the graph and reads the one flag word back. At most [`PLANS`] plans are kept
 //! (oldest dropped first); a plan holds `m·n + 8·max(m, n)·l` floats.
 
-use crate::error::AcceleratorError;
-use crate::svd::SvdOptions;
-use gpu_core::BufferInfo;
-use gpu_cuda::cholqr::{gram_chunk, CholQrWork, CHOLQR_BREAKDOWN};
-use gpu_cuda::graph::CapturedGraph;
-use gpu_cuda::{CudaBackend, CudaBuffer};
+use crate::backend::CudaBackend;
+use crate::cholqr::{gram_chunk, CholQrWork, CHOLQR_BREAKDOWN};
+use crate::graph::CapturedGraph;
+use crate::pool::CudaBuffer;
+use gpu_core::nn::SvdSpec;
+use gpu_core::{BufferInfo, DType, GpuError};
 use std::sync::Mutex;
-use tensor_ops::{DType, GpuError};
 
 /// The most plans kept.
 pub(crate) const PLANS: usize = 4;
@@ -105,7 +104,7 @@ impl Plan {
     }
 
     /// The device part of the call on the plan's buffers (`x` and `omega` already filled):
-    /// see `svd_cuda::halko` for the algorithm and the layout. Queue only.
+    /// see `world_svd::halko` for the algorithm and the layout. Queue only.
     fn queue(&mut self, gpu: &CudaBackend, q: usize, inv_scale: f32) -> Result<(), GpuError> {
         let Key { m, n, k, l, .. } = self.key;
         let (r, c) = (n, m);
@@ -151,7 +150,7 @@ impl Plan {
         gpu.cholqr2_cm((c, l), (z, c), work)?;
         let parts = gpu.gemm_tn_parts_cm(c, (l, l), (z, c), (bt, c), gram_chunk(c), rr)?;
         gpu.jacobi_svd_cm((l, k), (rr, parts), inv_scale, ur, s, vr, work.flag_mut())?;
-        crate::svd_cuda::factors_into(gpu, (m, n, k, l), (ur, vr), (z, y), (u, v))
+        super::world_svd::factors_into(gpu, (m, n, k, l), (ur, vr), (z, y), (u, v))
     }
 }
 
@@ -164,9 +163,9 @@ pub(crate) fn halko_fast(
     x: &CudaBuffer,
     (m, n, k, l): (usize, usize, usize, usize),
     scale: f32,
-    opts: &SvdOptions,
+    opts: &SvdSpec,
     eager: bool,
-) -> Result<Fast, AcceleratorError> {
+) -> Result<Fast, GpuError> {
     let key = Key {
         backend: gpu.id(),
         m,

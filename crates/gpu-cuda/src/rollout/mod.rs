@@ -71,70 +71,16 @@ const PLANS_KEPT: usize = 64;
 /// the oldest dropped).
 static REFUSED: Mutex<Vec<(SizeKey, RolloutPath)>> = Mutex::new(Vec::new());
 
-/// Sizes of a rollout: `members` ensemble members, `batch` rows, `context` observed steps,
-/// `steps` imagined steps; widths hidden `H`, latent `S`, embedding `E`, head `P`, output `D`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RolloutDims {
-    pub members: usize,
-    pub batch: usize,
-    pub context: usize,
-    pub steps: usize,
-    pub hidden: usize,
-    pub latent: usize,
-    pub embed: usize,
-    pub head: usize,
-    pub out: usize,
-    /// LayerNorm epsilon of the heads.
-    pub eps: f32,
+pub use gpu_core::nn::RolloutDims;
+
+/// The kernels' own sizes of a rollout (blocks per member, shared memory).
+pub(crate) trait KernelSizes {
+    fn blocks_per_member(&self) -> usize;
+    fn smem_bytes(&self) -> usize;
+    fn cluster_smem_bytes(&self) -> usize;
 }
 
-impl RolloutDims {
-    /// The lengths, in order, of one member's packed tensors: GRU `W_ih [3H, S]`, `W_hh [3H, H]`,
-    /// `b_ih`, `b_hh`; then the prior, posterior and decoder heads, each `fc.W [P, in]`, `fc.b`,
-    /// `norm.γ`, `norm.β`, `out.W [o, P]`, `out.b` with `in` = H, H + E, H + S and `o` = 2S,
-    /// 2S, D.
-    pub fn member_layout(&self) -> Vec<usize> {
-        let (h, s, e, p, d) = (self.hidden, self.latent, self.embed, self.head, self.out);
-        let head = |input: usize, o: usize| [p * input, p, p, p, o * p, o];
-        let mut v = vec![3 * h * s, 3 * h * h, 3 * h, 3 * h];
-        v.extend(head(h, 2 * s));
-        v.extend(head(h + e, 2 * s));
-        v.extend(head(h + s, d));
-        v
-    }
-
-    /// Floats of one member's packed weights.
-    pub fn member_len(&self) -> usize {
-        self.member_layout().iter().sum()
-    }
-
-    fn check(&self) -> Result<()> {
-        let all = [
-            self.members,
-            self.batch,
-            self.context,
-            self.steps,
-            self.hidden,
-            self.latent,
-            self.embed,
-            self.head,
-            self.out,
-        ];
-        if all.iter().any(|&v| v == 0 || v > u32::MAX as usize / 4) {
-            return Err(GpuError::invalid(
-                "rssm_rollout",
-                format!("every size must be in 1..2^30, got {self:?}"),
-            ));
-        }
-        if !(self.eps.is_finite() && self.eps > 0.0) {
-            return Err(GpuError::invalid(
-                "rssm_rollout",
-                "eps must be finite and > 0",
-            ));
-        }
-        Ok(())
-    }
-
+impl KernelSizes for RolloutDims {
     /// Blocks per member: `max(⌈H/16⌉, ⌈P/16⌉)` (the kernel's `BPM`).
     fn blocks_per_member(&self) -> usize {
         self.hidden.div_ceil(UNITS).max(self.head.div_ceil(UNITS))
@@ -262,7 +208,7 @@ impl CudaBackend {
         Ok(self.rollout_plan(d, path)?.path)
     }
 
-    /// Whether this device can run the fused rollout of `d` (see [`CudaBackend::rssm_rollout`]).
+    /// Whether this device can run the fused rollout of `d` (see [`CudaBackend::rssm_rollout_fused`]).
     pub fn rssm_rollout_fits(&self, d: &RolloutDims) -> bool {
         self.rollout_plan(d, RolloutPath::Auto).is_ok()
     }
@@ -276,7 +222,7 @@ impl CudaBackend {
     /// (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`, nothing run), the next path is taken and the
     /// refused one is not planned again at these sizes; when none is left the driver's error is
     /// returned ([`crate::is_cooperative_launch_too_large`] tells it), the outputs untouched.
-    pub fn rssm_rollout(
+    pub fn rssm_rollout_fused(
         &self,
         d: &RolloutDims,
         weights: &CudaBuffer,
@@ -289,7 +235,7 @@ impl CudaBackend {
         self.rssm_rollout_with(d, weights, embeds, bufs, RolloutPath::Auto)
     }
 
-    /// [`CudaBackend::rssm_rollout`] along `path`; `outputs` are `out`, `mean` and
+    /// [`CudaBackend::rssm_rollout_fused`] along `path`; `outputs` are `out`, `mean` and
     /// `disagreement`. A path other than `Auto` is not replaced by another: its refusal by the
     /// driver is the error.
     pub fn rssm_rollout_with(

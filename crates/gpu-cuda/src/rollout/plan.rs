@@ -3,7 +3,8 @@
 //! function that the unit tests feed with hostile numbers.
 
 use super::{
-    RolloutDims, RolloutPath, CLUSTER_KERNEL, KERNEL, MAX_CLUSTER, ROWS, SMEM_ATTR_MAX, THREADS,
+    KernelSizes, RolloutDims, RolloutPath, CLUSTER_KERNEL, KERNEL, MAX_CLUSTER, ROWS,
+    SMEM_ATTR_MAX, THREADS,
 };
 use crate::backend::CudaBackend;
 use crate::module::ImageKind;

@@ -15,7 +15,7 @@
 //!   only a `W` with neither stride 1 goes through a copy of [`MR`] rows at a time;
 //! - the packing and the rows are split in two halves on two threads.
 //!
-//! Elsewhere (or with `RSSM_SIMD` capping the level) the engine's generic GEMM
+//! Elsewhere (or with `HYBRID_SIMD` capping the level) the engine's generic GEMM
 //! ([`super::gemm::nn_f32`], `Epi::Acc`) does the same sum.
 
 use super::gemm::{nn_f32, Epi, Packed, Region};

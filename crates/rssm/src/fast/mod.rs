@@ -19,32 +19,9 @@ pub(crate) use correct::add_low_rank;
 pub use rssm::FastRssm;
 pub(crate) use svd::randomized_svd_f32;
 
-simd::simd_fn! {
-    /// The largest `|x|` as bits (`f32::to_bits` of a non-negative value orders like the
-    /// value; Inf and NaN sort above every finite value), 0 for no value.
-    pub(crate) fn max_abs_bits(x: &[f32]) -> u32 {
-        avx512: max_abs_bits_impl(x),
-        avx2: max_abs_bits_impl(x),
-        base: max_abs_bits_impl(x),
-    }
-}
-
-// A plain unsigned-max reduction, which the compiler vectorizes (one load, one `and`, one
-// `max` per register of values; a 16-lane accumulator array here compiled to gathers).
-#[inline(always)]
-fn max_abs_bits_impl(x: &[f32]) -> u32 {
-    x.iter().fold(0, |a, v| a.max(v.to_bits() & 0x7fff_ffff))
-}
-
-/// [`max_abs_bits`] with the two halves of a long slice on two threads.
-pub(crate) fn max_abs_bits_par(x: &[f32]) -> u32 {
-    if x.len() < 1 << 16 {
-        return max_abs_bits(x);
-    }
-    let (a, b) = x.split_at(x.len() / 2);
-    let (a, b) = rayon::join(|| max_abs_bits(a), || max_abs_bits(b));
-    a.max(b)
-}
+/// The largest `|x|` as bits (0 for no value; above `+inf`'s bits when some value is NaN): the
+/// CPU backend's vectorised scan (`gpu_core::cpu::world`), two threads on a long slice.
+pub(crate) use gpu_core::cpu::world::max_abs_bits;
 
 /// Large f32 buffers kept between calls (the residual packed by the randomized SVD), so that
 /// a call does not fault a few MiB of fresh pages in each time: at most two, of at most 32 MiB.

@@ -1,89 +1,16 @@
-//! Runtime CPU-feature dispatch and the element-wise kernels of the fast engine.
-//!
-//! Every hot loop is written once as plain Rust over fixed-size arrays and compiled three
-//! times by [`simd_fn!`]: for AVX-512 (`avx512f`, `avx512vl`, `avx2`, `fma`), for AVX2 + FMA,
-//! and for the baseline target (SSE2, no FMA). The level is detected once per process
-//! ([`level`]); the build never assumes a CPU (`target-cpu=native` is not used). The
-//! environment variable `RSSM_SIMD` (`avx2` or `base`) caps the level, to test the fallbacks.
+//! The element-wise kernels of the fast engine and their element types. Every hot loop is
+//! written once as plain Rust over fixed-size arrays and compiled per instruction-set level by
+//! gpu-core's [`simd_fn!`], the workspace's one run-time dispatch (`gpu_core::cpu::fast::Isa`:
+//! AVX-512, AVX2 + FMA, the baseline; `HYBRID_SIMD=avx2|scalar` caps the level to test the
+//! fallbacks). The build never assumes a CPU (`target-cpu=native` is not used).
 
-use std::sync::OnceLock;
+pub(crate) use gpu_core::cpu::fast::Isa as Level;
+pub(crate) use gpu_core::simd_fn;
 
-/// The instruction-set level the kernels run at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Level {
-    Avx512,
-    Avx2,
-    Base,
-}
-
-/// The best level this CPU supports (capped by `RSSM_SIMD`), detected once.
+/// The level the kernels run at on this host.
 pub(crate) fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(detect)
+    Level::best()
 }
-
-fn detect() -> Level {
-    let cap = match std::env::var("RSSM_SIMD").as_deref() {
-        Ok("base") => Level::Base,
-        Ok("avx2") => Level::Avx2,
-        _ => Level::Avx512,
-    };
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx2 = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma");
-        let avx512 = avx2
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512vl");
-        if cap == Level::Avx512 && avx512 {
-            return Level::Avx512;
-        }
-        if cap != Level::Base && avx2 {
-            return Level::Avx2;
-        }
-    }
-    let _ = cap;
-    Level::Base
-}
-
-/// Defines a function whose body is compiled once per [`Level`] and chosen at run time. The
-/// bodies are expressions over the arguments, usually a call of an `#[inline(always)]`
-/// generic with the level's tile sizes, which is then compiled with the level's features.
-macro_rules! simd_fn {
-    (
-        $(#[$meta:meta])*
-        $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? {
-            avx512: $avx512:expr,
-            avx2: $avx2:expr,
-            base: $base:expr $(,)?
-        }
-    ) => {
-        $(#[$meta])*
-        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-                fn avx512($($arg: $ty),*) $(-> $ret)? {
-                    $avx512
-                }
-                #[target_feature(enable = "avx2,fma")]
-                fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $avx2
-                }
-                match $crate::fast::simd::level() {
-                    // SAFETY: `level()` returns Avx512 only after `is_x86_feature_detected!`
-                    // found avx512f, avx512vl, avx2 and fma on this CPU.
-                    $crate::fast::simd::Level::Avx512 => return unsafe { avx512($($arg),*) },
-                    // SAFETY: `level()` returns Avx2 only after avx2 and fma were detected.
-                    $crate::fast::simd::Level::Avx2 => return unsafe { avx2($($arg),*) },
-                    $crate::fast::simd::Level::Base => {}
-                }
-            }
-            $base
-        }
-    };
-}
-pub(crate) use simd_fn;
 
 /// The element types of the kernels: `f32` and `f64`.
 pub(crate) trait Real:

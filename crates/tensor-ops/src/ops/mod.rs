@@ -10,6 +10,7 @@ pub mod quant;
 pub mod reduce;
 pub mod sample;
 pub mod shape;
+pub mod world;
 
 use crate::backend::DeviceBackend;
 use crate::storage::Storage;

@@ -119,11 +119,17 @@ pub fn isa_name() -> &'static str {
     }
 }
 
-/// An instruction-set level that the fast kernels are compiled for. Crate-private: the only
-/// values handed to kernels come from [`Isa::available`] / [`Isa::best`], which is what makes
-/// the `unsafe` calls of [`multiversion`] sound.
+/// The environment variable that caps the instruction-set level of every SIMD kernel in the
+/// workspace (`avx2` or `scalar`), to test the fallbacks on a host that has more.
+pub const SIMD_CAP_ENV: &str = "HYBRID_SIMD";
+
+/// An instruction-set level that the SIMD kernels are compiled for. Public for [`simd_fn!`]'s
+/// expansion in other crates (the workspace's one run-time dispatch); the values handed to
+/// kernels come only from [`Isa::available`] / [`Isa::best`], which is what makes the `unsafe`
+/// calls of `multiversion!` and [`simd_fn!`] sound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Isa {
+#[repr(u8)]
+pub enum Isa {
     /// The architecture's baseline (SSE2 on x86-64): the fallback.
     Scalar,
     /// AVX2 + FMA.
@@ -133,10 +139,21 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The best level this host supports (detected once).
+    /// The best level this host supports (detected once), capped by [`SIMD_CAP_ENV`].
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| *Isa::available().last().expect("Scalar is always available"))
+        *BEST.get_or_init(|| {
+            let cap = match std::env::var(SIMD_CAP_ENV).as_deref() {
+                Ok("scalar") | Ok("base") => Isa::Scalar,
+                Ok("avx2") => Isa::Avx2,
+                _ => Isa::Avx512,
+            };
+            let rank = |i: Isa| i as u8;
+            Isa::available()
+                .into_iter()
+                .rfind(|&i| rank(i) <= rank(cap))
+                .unwrap_or(Isa::Scalar)
+        })
     }
 
     /// Every level this host can run, lowest first.
@@ -187,3 +204,44 @@ macro_rules! multiversion {
     };
 }
 pub(crate) use multiversion;
+
+/// Defines a function whose body is compiled once per [`Isa`] level and chosen at run time by
+/// [`Isa::best`]: the workspace's one SIMD dispatch (the CPU backend's kernels take it through
+/// `multiversion!`, the world model's fast engine through this). Each level names its own
+/// expression, usually a call of an `#[inline(always)]` generic with that level's tile sizes,
+/// which is then compiled with the level's target features.
+#[macro_export]
+macro_rules! simd_fn {
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? {
+            avx512: $avx512:expr,
+            avx2: $avx2:expr,
+            base: $base:expr $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $avx512
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $avx2
+                }
+                match $crate::cpu::fast::Isa::best() {
+                    // SAFETY: `Isa::best` returns Avx512 only after `is_x86_feature_detected!`
+                    // found avx512f, avx512vl, avx2 and fma on this CPU.
+                    $crate::cpu::fast::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: `Isa::best` returns Avx2 only after avx2 and fma were detected.
+                    $crate::cpu::fast::Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::cpu::fast::Isa::Scalar => {}
+                }
+            }
+            $base
+        }
+    };
+}

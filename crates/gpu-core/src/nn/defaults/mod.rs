@@ -19,6 +19,8 @@ pub mod host;
 pub mod optim;
 pub mod packed;
 pub mod rows;
+pub mod world;
+pub mod world_svd;
 
 use crate::backend::{Backend, BufferInfo};
 use crate::dtype::DType;
