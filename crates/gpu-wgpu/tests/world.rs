@@ -156,29 +156,30 @@ fn the_correction_and_max_abs_defaults_match_the_cpu() {
     let (og, g) = correction(&w, &w0, (&u, &s, &v));
     assert_eq!((oc, og), (LowRankOutcome::Written, LowRankOutcome::Written));
     close("low_rank_add", &g, &c, 1e-6);
-    // Poisoned weights, and a sum that overflows: nothing written, bit for bit.
-    for (at, value, want) in [
-        (3, f32::NAN, LowRankOutcome::NonFiniteWeights),
-        (3, f32::INFINITY, LowRankOutcome::NonFiniteWeights),
-        (3, f32::MAX, LowRankOutcome::NonFiniteSum),
+    // Poisoned weights, and a sum that overflows (every entry of the product is 5·1e38):
+    // nothing written, bit for bit.
+    let (ones_u, big, ones_v) = (vec![1.0f32; m * k], vec![1e38f32; k], vec![1.0f32; n * k]);
+    for (value, overflow, want) in [
+        (f32::NAN, false, LowRankOutcome::NonFiniteWeights),
+        (f32::INFINITY, false, LowRankOutcome::NonFiniteWeights),
+        (1.0, true, LowRankOutcome::NonFiniteSum),
     ] {
         let mut bad = w0.clone();
-        bad[at] = value;
-        let big: Vec<f32> = s.iter().map(|x| x.abs() * 1e38 + 1e38).collect();
-        let factors = if value == f32::MAX {
-            (&u[..], &big[..], &v[..])
+        bad[3] = value;
+        let factors = if overflow {
+            (&ones_u[..], &big[..], &ones_v[..])
         } else {
             (&u[..], &s[..], &v[..])
         };
+        let (oc, c_after) = correction(&CpuBackend, &bad, factors);
         let (o, after) = correction(&w, &bad, factors);
-        assert_eq!(o, want, "{value}");
-        assert!(
-            after
-                .iter()
-                .zip(&bad)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{value}: written"
-        );
+        assert_eq!((oc, o), (want, want), "{value}");
+        for x in [&after, &c_after] {
+            assert!(
+                x.iter().zip(&bad).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{value}: written"
+            );
+        }
     }
     for xs in [
         vec![],
