@@ -145,6 +145,27 @@ fn a_truthful_world_model_is_trusted_and_saves_probes() {
     }
 }
 
+/// The trivial predictors (issue 41's controls for the world model) run the same controller and
+/// gate: every decision's probes are counted as with the world model, the gate scores them, and
+/// the run finishes with finite losses. (Whether they are trusted depends on the run: a
+/// trivial predictor's error on these 600 steps is what the experiment measures.)
+#[test]
+fn the_trivial_predictors_run_behind_the_same_gate() {
+    for predictor in ["last", "power-law"] {
+        let a = args_for(600, &["--mode", "hybrid", "--predictor", predictor]).unwrap();
+        let (_, c) = run_with_curve(Device::Cpu, &a).unwrap();
+        assert!(all_finite(&c), "{predictor}");
+        let costs = c.costs.as_ref().unwrap();
+        assert!(costs.measured >= 6, "{predictor}: {costs:?}");
+        probe_forwards_per_decision(&c);
+        eprintln!(
+            "--predictor {predictor}: {} measured, {} predicted",
+            costs.measured, costs.predicted
+        );
+    }
+    assert!(args(&["--mode", "hybrid", "--predictor", "oracle"]).is_err());
+}
+
 /// Every decision's probe-batch forwards, counted where they ran (2 probe batches): a
 /// measured line search 6 (the end weights, the average's end, the extrapolation: 3
 /// measurements), a predicted one 4 (no extrapolation), the first adapting decision 2 more

@@ -51,6 +51,12 @@ pub struct ControlArgs {
     /// Hybrid ablation: measure every decision, no world model.
     #[arg(long)]
     pub no_world_model: bool,
+    /// Hybrid: what predicts the line search's answer for the gate: the RSSM world model, or
+    /// a trivial control (`last`: the last measured s* again; `power-law`: a power law of the
+    /// run's progress fit to the measured s*).
+    #[arg(long, value_enum, default_value = "rssm")]
+    #[serde(default)]
+    pub predictor: super::trivial::Predictor,
     /// Hybrid ablation: no rollback on a risen probe loss (a non-finite one still rolls back).
     #[arg(long)]
     pub no_rollback: bool,
@@ -82,6 +88,7 @@ impl ControlArgs {
             aim: self.aim,
             initial_multiplier: self.initial_multiplier,
             world_model: !self.no_world_model,
+            predictor: self.predictor,
             rollback_tolerance: if self.no_rollback {
                 None
             } else {

@@ -120,13 +120,15 @@ impl StepSizeHybrid {
         shape: ProbeShape,
         (model, opt, rng, step): (&Gpt, &dyn Optimizer, &StdRng, u32),
     ) -> Result<StepSizeHybrid> {
-        let world: Option<Box<dyn ScalePredictor>> = if cfg.world_model {
-            Some(Box::new(StepSizeModel::new(
+        use super::trivial::{LastMeasured, PowerLaw, Predictor};
+        let world: Option<Box<dyn ScalePredictor>> = match (cfg.world_model, cfg.predictor) {
+            (false, _) => None,
+            (true, Predictor::Rssm) => Some(Box::new(StepSizeModel::new(
                 shape.seed ^ 0x57E9,
                 model.device(),
-            )?))
-        } else {
-            None
+            )?)),
+            (true, Predictor::Last) => Some(Box::new(LastMeasured)),
+            (true, Predictor::PowerLaw) => Some(Box::new(PowerLaw)),
         };
         Self::with_predictor(cfg, ds, shape, (model, opt, rng, step), world)
     }

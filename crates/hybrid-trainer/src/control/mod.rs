@@ -34,6 +34,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod hybrid;
 pub mod probe;
+pub mod trivial;
 pub mod world;
 
 use serde::{Deserialize, Serialize};
@@ -74,6 +75,9 @@ pub struct ControlConfig {
     pub rollback_tolerance: Option<f32>,
     /// Let the world model predict `s*` and skip the extra probe while it is trusted.
     pub world_model: bool,
+    /// What predicts `s*` when `world_model` is on: the RSSM, or a trivial control.
+    #[serde(default)]
+    pub predictor: trivial::Predictor,
     /// Trust bound: the running mean of the world model's absolute error on `ln s*`, and the
     /// ensemble's standard deviation about it, must both be below this.
     pub trust: f32,
@@ -107,6 +111,7 @@ impl Default for ControlConfig {
             initial_multiplier: 0.5,
             rollback_tolerance: Some(0.02),
             world_model: true,
+            predictor: trivial::Predictor::Rssm,
             trust: 0.15,
             world_min_examples: 6,
             max_predicted_run: 2,
