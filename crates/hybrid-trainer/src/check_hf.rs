@@ -3,10 +3,9 @@
 //! at real model sizes, or the committed tiny fixtures of `crates/models/tests/fixtures/hf`):
 //! the prompt's logits within a stated bound, and the same greedy tokens. Issue 30, item 6.
 //!
-//! The engine under test is anything that implements [`LogitsEngine`]: today the f32
-//! reference engine ([`CausalLm`]); `--dtype bf16` is reserved for the fast engine and is
-//! refused with [`CheckHfError::Bf16Unavailable`] until it exists ([`engine`] is the one place
-//! to add it).
+//! The engine under test is anything that implements `models`' [`LogitsEngine`]: the f32
+//! reference engine ([`CausalLm`]) or the fast engine ([`FastLogits`], f32 or bf16; the
+//! reference in bf16 is refused with [`CheckHfError::Bf16Unavailable`]).
 //!
 //! # The f32 bound
 //!
@@ -47,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use models::{CausalLm, ModelConfig, ModelError, Sampler, Sampling};
+use models::{CausalLm, FastLogits, LogitsEngine, ModelConfig, ModelError};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use tensor_ops::nn::describe_safetensors_error as describe;
@@ -272,32 +271,6 @@ impl Expected {
     }
 }
 
-/// The engine under test: logits of a prompt and greedy tokens after it.
-pub trait LogitsEngine {
-    /// What the engine is, for the report ("f32 reference on cuda:0").
-    fn describe(&self) -> String;
-    /// The logits `[ids.len(), vocab]` (row-major) of `ids` as one row from an empty cache.
-    fn prompt_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, CheckHfError>;
-    /// `n` greedy tokens after `ids` (no stop token).
-    fn greedy(&mut self, ids: &[u32], n: usize) -> Result<Vec<u32>, CheckHfError>;
-}
-
-impl LogitsEngine for CausalLm {
-    fn describe(&self) -> String {
-        format!("f32 reference engine on {}", self.device())
-    }
-
-    fn prompt_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, CheckHfError> {
-        let logits = self.forward(ids, 1, &mut self.new_cache())?;
-        Ok(logits.to_vec().map_err(ModelError::from)?)
-    }
-
-    fn greedy(&mut self, ids: &[u32], n: usize) -> Result<Vec<u32>, CheckHfError> {
-        let mut sampler = Sampler::new(Sampling::default())?;
-        Ok(self.generate(ids, n, &mut sampler, &[], |_| {})?)
-    }
-}
-
 /// The engine of `kind` and `dtype` for the model in `dir` on `device` (bf16: the fast
 /// engine only).
 pub fn engine(
@@ -309,12 +282,12 @@ pub fn engine(
     match (kind, dtype) {
         (CheckEngine::Reference, CheckDtype::F32) => Ok(Box::new(CausalLm::load(dir, device)?)),
         (CheckEngine::Reference, CheckDtype::Bf16) => Err(CheckHfError::Bf16Unavailable),
-        (CheckEngine::Fast, CheckDtype::F32) => Ok(Box::new(
-            crate::check_hf_fast::FastEngine::load(dir, device, DType::F32)?,
-        )),
-        (CheckEngine::Fast, CheckDtype::Bf16) => Ok(Box::new(
-            crate::check_hf_fast::FastEngine::load(dir, device, DType::BF16)?,
-        )),
+        (CheckEngine::Fast, CheckDtype::F32) => {
+            Ok(Box::new(FastLogits::load(dir, device, DType::F32)?))
+        }
+        (CheckEngine::Fast, CheckDtype::Bf16) => {
+            Ok(Box::new(FastLogits::load(dir, device, DType::BF16)?))
+        }
     }
 }
 

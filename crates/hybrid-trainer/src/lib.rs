@@ -5,7 +5,6 @@
 
 pub mod bench_generate;
 pub mod check_hf;
-pub mod check_hf_fast;
 pub mod control;
 pub mod corpus;
 pub mod demo;

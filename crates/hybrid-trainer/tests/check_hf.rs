@@ -11,9 +11,9 @@ use std::path::Path;
 use assert_cmd::Command;
 use hybrid_trainer::check_hf::{
     check, f32_bound, run_checks, run_checks_of, CheckDtype, CheckEngine, CheckHfError, Expected,
-    LogitsEngine, EXPECTED_FILE,
+    EXPECTED_FILE,
 };
-use models::ModelConfig;
+use models::{LogitsEngine, ModelConfig, ModelError};
 use tensor_ops::Device;
 
 use common::{binary, fixture};
@@ -143,10 +143,10 @@ impl LogitsEngine for Shifted {
     fn describe(&self) -> String {
         "shifted".into()
     }
-    fn prompt_logits(&mut self, _: &[u32]) -> Result<Vec<f32>, CheckHfError> {
+    fn prompt_logits(&mut self, _: &[u32]) -> Result<Vec<f32>, ModelError> {
         Ok(self.logits.iter().map(|v| v + self.shift).collect())
     }
-    fn greedy(&mut self, _: &[u32], _: usize) -> Result<Vec<u32>, CheckHfError> {
+    fn greedy(&mut self, _: &[u32], _: usize) -> Result<Vec<u32>, ModelError> {
         unreachable!("bf16 checks logits only")
     }
 }
