@@ -1,0 +1,108 @@
+//! The [`ElementwiseOps`] methods of CUDA beyond the primitives (affine, the max backward,
+//! the dropout's device seed offset) and the dropout launch they share with `Primitives`.
+
+use super::*;
+
+impl ElementwiseOps for CudaBackend {
+    fn affine(&self, x: &CudaBuffer, mul: f32, add: f32, out: &mut CudaBuffer) -> Result<()> {
+        let dt = check_float_elementwise("affine", &[x], out)?;
+        let n = out.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            x.into(),
+            out.into(),
+            u64_arg(n),
+            KernelArg::F32(mul),
+            KernelArg::F32(add),
+        ];
+        // SAFETY: affine_{T}(const T* x, T* out, u64 n, float mul, float add), T f32 or bf16;
+        // both hold n elements, 256-byte aligned.
+        let kernel = format!("affine_{dt}");
+        unsafe { self.launch(&kernel, self.unary_grid(n, dt, BLOCKS_PER_SM), &args) }
+    }
+
+    fn max_axis_bwd(
+        &self,
+        x: &CudaBuffer,
+        y: &CudaBuffer,
+        dy: &CudaBuffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        dx: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.max_axis_bwd_impl(x, y, dy, outer, n, inner, dx)
+    }
+
+    /// The kernel of [`Primitives::dropout`], with `offsets[index]` read on the device when it
+    /// runs (a graph's replays draw new masks from the values written before them).
+    fn dropout_offset(
+        &self,
+        x: &CudaBuffer,
+        p: f32,
+        seed: u64,
+        (offsets, index): (&CudaBuffer, usize),
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        let ptr = self.seed_offset_ptr("dropout_offset", offsets, index)?;
+        self.dropout_impl(x, p, seed, ptr, out)
+    }
+}
+
+impl CudaBackend {
+    /// The device address of u64 entry `index` of `offsets` (U32 pairs, low word first), after
+    /// checking the dtype, the bounds and that the buffer is this backend's: in bounds and
+    /// 8-byte aligned (256-byte aligned base, 8-byte entries).
+    pub(crate) fn seed_offset_ptr(
+        &self,
+        op: &'static str,
+        offsets: &CudaBuffer,
+        index: usize,
+    ) -> Result<u64> {
+        let fits = index
+            .checked_add(1)
+            .and_then(|k| k.checked_mul(2))
+            .is_some_and(|need| need <= offsets.len());
+        if offsets.dtype() != DType::U32 || !fits {
+            return Err(GpuError::shape(
+                op,
+                format!("offsets of U32 pairs (u64s, low word first) with an entry {index}"),
+                format!("{} {}", offsets.len(), offsets.dtype()),
+            ));
+        }
+        self.check_owned(op, &[offsets])?;
+        Ok(offsets.device_ptr() + 8 * index as u64)
+    }
+
+    pub(super) fn dropout_impl(
+        &self,
+        x: &CudaBuffer,
+        p: f32,
+        seed: u64,
+        offset_ptr: u64,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        check_dropout(x, p, out)?;
+        let n = out.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            x.into(),
+            out.into(),
+            u64_arg(n),
+            KernelArg::F32(p),
+            KernelArg::U64(seed),
+            KernelArg::Ptr(offset_ptr),
+        ];
+        let kernel = format!("dropout_{}", out.dtype());
+        let grid = self.unary_grid(n, out.dtype(), BLOCKS_PER_SM);
+        // SAFETY: dropout_{T}(const T* x, T* out, u64 n, float p, u64 seed, const u64* offset),
+        // T f32 or bf16 (check_dropout: one dtype); both hold n elements, 256-byte aligned;
+        // offset_ptr is 0 (null) or an 8-byte aligned u64 inside a buffer of this backend
+        // (`dropout_offset`).
+        unsafe { self.launch(&kernel, grid, &args) }
+    }
+}
