@@ -3,19 +3,14 @@
 //! CLI runs by default: the hybrid against AdamW) and experiment ([`experiment`]), with
 //! reports, the embedded corpus, the GPU demo and parity dumps.
 
-pub mod bench_generate;
-pub mod check_hf;
 pub mod control;
 pub mod corpus;
 pub mod demo;
 pub mod dist_bench;
 pub mod dist_selftest;
 pub mod experiment;
-pub mod generate;
-pub mod generate_fast;
 pub mod job;
 pub mod launch;
-pub mod nonfinite;
 pub mod parity;
 pub mod parity_gru;
 pub mod report;

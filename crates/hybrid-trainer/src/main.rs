@@ -44,19 +44,19 @@ enum Cmd {
     },
     /// Generate text from a Hugging Face model directory (Llama 2/3, Qwen2, Mistral, GPT-2)
     /// with a KV cache, streamed as it is sampled.
-    Generate(hybrid_trainer::generate::GenerateArgs),
+    Generate(inference::generate::GenerateArgs),
     /// The perplexity of a Hugging Face model directory's model on a text file.
-    Perplexity(hybrid_trainer::generate::PerplexityArgs),
+    Perplexity(inference::generate::PerplexityArgs),
     /// Write a `train-gpt --save` GPT as a Hugging Face directory (GPT-2, or LlamaForCausalLM
     /// for the Llama variant) that `generate`, `perplexity` and `transformers` load.
-    ExportHf(hybrid_trainer::generate::ExportArgs),
+    ExportHf(inference::generate::ExportArgs),
     /// Check a Hugging Face model directory against the logits and greedy tokens that
     /// transformers wrote beside it (expected.safetensors, scripts/hf_gpu_parity.py): one
     /// PASS/FAIL line per check, a non-zero exit on any failure.
-    CheckHf(hybrid_trainer::check_hf::CheckHfArgs),
+    CheckHf(inference::check_hf::CheckHfArgs),
     /// Time the fast engine (prefill, first token, greedy decode at batch 1 and 16) on the
     /// prompts benches/hf_generate_peer.py --save wrote beside the model.
-    BenchGenerate(hybrid_trainer::bench_generate::BenchGenerateArgs),
+    BenchGenerate(inference::bench_generate::BenchGenerateArgs),
     /// Train the GPT of tensor-ops on a text file (nanoGPT's shakespeare-char setup by default).
     TrainGpt(hybrid_trainer::train_gpt::TrainArgs),
     /// Write a small model's weights, inputs, outputs and gradients for a PyTorch replay:
@@ -252,19 +252,19 @@ fn main() -> Result<()> {
                 hybrid_trainer::train_gpt::run(device, &args)?;
             }
             Cmd::Generate(args) => {
-                hybrid_trainer::generate::run(device, &args)?;
+                inference::generate::run(device, &args)?;
             }
             Cmd::Perplexity(args) => {
-                hybrid_trainer::generate::perplexity(device, &args)?;
+                inference::generate::perplexity(device, &args)?;
             }
             Cmd::ExportHf(args) => {
-                hybrid_trainer::generate::export(&args)?;
+                inference::generate::export(&args)?;
             }
             Cmd::CheckHf(args) => {
-                hybrid_trainer::check_hf::run(device, &args)?;
+                inference::check_hf::run(device, &args)?;
             }
             Cmd::BenchGenerate(args) => {
-                hybrid_trainer::bench_generate::run(device, &args)?;
+                inference::bench_generate::run(device, &args)?;
             }
             Cmd::AllreduceBench(args) => {
                 hybrid_trainer::dist_bench::run(device, &args)?;

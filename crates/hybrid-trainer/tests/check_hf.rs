@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 
 use assert_cmd::Command;
-use hybrid_trainer::check_hf::{
+use inference::check_hf::{
     check, f32_bound, run_checks, run_checks_of, CheckDtype, CheckEngine, CheckHfError, Expected,
     EXPECTED_FILE,
 };
