@@ -13,7 +13,7 @@
 mod common;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use rssm::{AcceleratorError, Engine, GpuAccelerator, LowRank, Rssm, RssmConfig, SequenceBatch};
+use rssm::{AcceleratorError, Engine, GpuAccelerator, LowRank, RssmConfig};
 use tensor_ops::ndarray::{Array1, Array2};
 use tensor_ops::{Device, Tensor};
 
@@ -23,19 +23,7 @@ fn rng(test: &str) -> StdRng {
     StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test))
 }
 
-fn uniform(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| r.random_range(-scale..scale)).collect()
-}
-
-/// A trained model of `cfg` (the same for the same seed).
-fn model(cfg: RssmConfig, seed: u64) -> Rssm {
-    let mut m = Rssm::new(cfg, CPU).unwrap();
-    let f = cfg.feature_dim;
-    let mut r = StdRng::seed_from_u64(seed);
-    let x = Tensor::from_vec(uniform(&mut r, 2 * 3 * f, 1.0), &[2, 3, f], CPU).unwrap();
-    m.train_step(&SequenceBatch::new(x), 1e-3).unwrap();
-    m
-}
+use common::{trained_model as model, uniform};
 
 fn odd_config(seed: u64) -> RssmConfig {
     RssmConfig {

@@ -14,27 +14,14 @@ mod common;
 use common::rel_err;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rssm::fast::FastRssm;
-use rssm::{Engine, GpuAccelerator, Rssm, RssmConfig, RssmError, SequenceBatch};
+use rssm::{Engine, GpuAccelerator, Rssm, RssmConfig, RssmError};
 use tensor_ops::ndarray::{Array2, Array3};
 use tensor_ops::{Device, Tensor};
 
 const CPU: Device = Device::Cpu;
 const BOUND: f64 = 1e-5;
 
-fn uniform(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| r.random_range(-scale..scale)).collect()
-}
-
-/// A model of `cfg` (seeded), trained one step on a random batch drawn from `seed` so that it
-/// may predict: the same model for the same arguments.
-fn model(cfg: RssmConfig, seed: u64) -> Rssm {
-    let mut m = Rssm::new(cfg, CPU).unwrap();
-    let f = cfg.feature_dim;
-    let mut r = StdRng::seed_from_u64(seed);
-    let x = Tensor::from_vec(uniform(&mut r, 2 * 3 * f, 1.0), &[2, 3, f], CPU).unwrap();
-    m.train_step(&SequenceBatch::new(x), 1e-3).unwrap();
-    m
-}
+use common::{trained_model as model, uniform};
 
 /// The default (fast) and the reference engine on two copies of one model.
 fn engines(cfg: RssmConfig, seed: u64) -> (GpuAccelerator, GpuAccelerator) {

@@ -16,8 +16,8 @@ use crate::cholqr::CHOLQR_MAX_COLS;
 use crate::linalg::SolverInfo;
 use crate::pool::CudaBuffer;
 use crate::small_svd::SMALL_SVD_MAX;
-use gpu_core::nn::{ElementwiseOps, SvdMethod, SvdOut, SvdOutcome, SvdSpec, WorldOps};
-use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
+use gpu_core::nn::{SvdMethod, SvdOut, SvdOutcome, SvdSpec};
+use gpu_core::{Backend, DType, GpuError, Result};
 use nalgebra::DMatrix;
 
 const ENTRY: &str = "randomized_svd";
@@ -32,17 +32,6 @@ fn alloc(gpu: &CudaBackend, len: usize) -> Result<CudaBuffer> {
     gpu.allocate(DType::F32, len)
 }
 
-/// The power of two that brings a largest magnitude `max` into `[2^-30, 2^30]` (1 inside):
-/// f32 products, norms and Householder vectors of the iteration then neither overflow nor
-/// underflow.
-fn power_of_two_scale(max: f32) -> f32 {
-    if max == 0.0 || (2f32.powi(-30)..=2f32.powi(30)).contains(&max) {
-        1.0
-    } else {
-        2f32.powi(-(max.log2().floor() as i32))
-    }
-}
-
 impl CudaBackend {
     /// `WorldOps::randomized_svd` on CUDA (see the module docs). NaN or Inf is found by the
     /// scan that gives the scale (one synchronisation).
@@ -53,20 +42,10 @@ impl CudaBackend {
         mut out: SvdOut<'_, CudaBuffer>,
     ) -> Result<SvdOutcome> {
         spec.check(a, &out)?;
-        let max = self.max_abs(a)?;
-        if !max.is_finite() {
+        let Some((scale, scaled)) = gpu_core::nn::defaults::world_svd::scale_input(self, a)? else {
             return Ok(SvdOutcome::NonFiniteInput);
-        }
-        let scale = power_of_two_scale(max);
-        let scaled;
-        let x = if scale == 1.0 {
-            a
-        } else {
-            let mut t = alloc(self, a.len())?;
-            self.affine(a, scale, 0.0, &mut t)?;
-            scaled = t;
-            &scaled
         };
+        let x = scaled.as_ref().unwrap_or(a);
         let (m, n, k) = (spec.m, spec.n, spec.rank);
         let mut target = Target {
             out: &mut out,

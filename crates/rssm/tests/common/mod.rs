@@ -170,3 +170,22 @@ pub fn assert_predictions_close(
         assert!(e < bound, "{label}: {what}: {e:e}");
     }
 }
+
+/// `n` values uniform in `[-scale, scale)`.
+pub fn uniform(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    use rand::Rng;
+    (0..n).map(|_| r.random_range(-scale..scale)).collect()
+}
+
+/// A CPU model of `cfg` (seeded), trained one step on a random `[2, 3, F]` batch drawn from
+/// `seed` so that it may predict: the same model for the same arguments.
+pub fn trained_model(cfg: RssmConfig, seed: u64) -> rssm::Rssm {
+    use rand::SeedableRng;
+    let cpu = tensor_ops::Device::Cpu;
+    let mut m = rssm::Rssm::new(cfg, cpu).unwrap();
+    let f = cfg.feature_dim;
+    let mut r = StdRng::seed_from_u64(seed);
+    let x = tensor_ops::Tensor::from_vec(uniform(&mut r, 2 * 3 * f, 1.0), &[2, 3, f], cpu).unwrap();
+    m.train_step(&rssm::SequenceBatch::new(x), 1e-3).unwrap();
+    m
+}

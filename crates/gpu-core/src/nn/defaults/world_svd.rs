@@ -14,7 +14,7 @@ use super::{f32_buf, zip_scalar};
 use crate::error::{GpuError, Result};
 use crate::nn::elementwise::BinaryKind as K;
 use crate::nn::primitives::Primitives;
-use crate::nn::world::{SvdMethod, SvdOut, SvdOutcome, SvdSpec};
+use crate::nn::world::{SvdMethod, SvdOut, SvdOutcome, SvdSpec, WorldOps};
 use crate::ops::MatmulSpec;
 use nalgebra::DMatrix;
 use rand::SeedableRng;
@@ -65,8 +65,25 @@ fn power_of_two_scale(max: f32) -> f32 {
     }
 }
 
+/// The matrix's scan and exact scaling (see the module docs), for every backend's SVD: `None`
+/// when `a` holds NaN or an infinity, else the scale and, unless it is 1, the scaled copy.
+pub fn scale_input<B: WorldOps + ?Sized>(
+    b: &B,
+    a: &B::Buffer,
+) -> Result<Option<(f32, Option<B::Buffer>)>> {
+    let max = b.max_abs(a)?;
+    if !max.is_finite() {
+        return Ok(None);
+    }
+    let scale = power_of_two_scale(max);
+    let scaled = (scale != 1.0)
+        .then(|| zip_scalar(b, K::Mul, a, scale))
+        .transpose()?;
+    Ok(Some((scale, scaled)))
+}
+
 /// See the module docs.
-pub fn randomized_svd<B: Primitives + ?Sized>(
+pub fn randomized_svd<B: WorldOps + ?Sized>(
     b: &B,
     a: &B::Buffer,
     spec: &SvdSpec,
@@ -80,18 +97,10 @@ pub fn randomized_svd<B: Primitives + ?Sized>(
              (SvdMethod::Halko)",
         ));
     }
-    let max = super::world::max_abs(b, a)?;
-    if !max.is_finite() {
+    let Some((scale, scaled)) = scale_input(b, a)? else {
         return Ok(SvdOutcome::NonFiniteInput);
-    }
-    let scale = power_of_two_scale(max);
-    let scaled;
-    let x = if scale == 1.0 {
-        a
-    } else {
-        scaled = zip_scalar(b, K::Mul, a, scale)?;
-        &scaled
     };
+    let x = scaled.as_ref().unwrap_or(a);
     let (m, n, k, l) = (spec.m, spec.n, spec.rank, spec.sketch());
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
     let omega: Vec<f32> = (0..n * l)
