@@ -239,6 +239,7 @@ mod tests {
                     train: f32::NAN,
                     val: v,
                     lr: 1e-3,
+                    ema_val: f32::NAN,
                 })
                 .collect(),
             peak_lr: 1e-3,
