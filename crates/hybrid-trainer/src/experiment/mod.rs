@@ -161,10 +161,14 @@ fn plan(a: &ExperimentArgs, arms: &[Arm]) -> Result<Vec<Job>> {
         for &seed in &a.seeds {
             for &arm in arms.iter().filter(|&&arm| w.runs(arm)) {
                 let path = curve_path(&a.out, w, arm, seed);
-                if path.exists() || todo.iter().any(|t| t.path == path) {
+                if todo.iter().any(|t| t.path == path) {
                     continue;
                 }
                 let args = w.args(arm, seed, given)?;
+                if path.exists() {
+                    same_rate(&path, w.lr(arm, given)?)?;
+                    continue;
+                }
                 let data = match (w.corpus(), &kjv) {
                     (Corpus::Kjv, Some(p)) => p.clone(),
                     (Corpus::Kjv, None) => anyhow::bail!("{w:?} needs --kjv"),
@@ -185,6 +189,25 @@ fn plan(a: &ExperimentArgs, arms: &[Arm]) -> Result<Vec<Job>> {
         }
     }
     Ok(todo)
+}
+
+/// A curve already there must have run at the rate the protocol gives its arm now (W7's is
+/// given when the experiment runs: a curve of another rate would be counted as this one's).
+/// An unreadable curve is left to the report, which skips it.
+fn same_rate(path: &Path, lr: f32) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let Ok(c) = serde_json::from_str::<RunCurve>(&text) else {
+        return Ok(());
+    };
+    anyhow::ensure!(
+        c.given_lr == lr,
+        "{} ran at --lr {:e}, the protocol gives this run {lr:e}: move it away to run it again",
+        path.display(),
+        c.given_lr
+    );
+    Ok(())
 }
 
 /// `--data`, or the embedded tinyshakespeare written into `--out`.
@@ -354,5 +377,19 @@ mod tests {
             w7.args
         );
         assert_eq!(w7.data, out.join("tinyshakespeare.txt"));
+        // A curve there is not run again, unless it ran at another rate: refused.
+        let curve = |lr: f32| {
+            let c = RunCurve {
+                given_lr: lr,
+                ..RunCurve::default()
+            };
+            std::fs::create_dir_all(out.join("w7")).unwrap();
+            std::fs::write(&w7.path, serde_json::to_string(&c).unwrap()).unwrap();
+        };
+        curve(2e-3);
+        assert_eq!(planned(&a).unwrap().len(), jobs.len() - 1);
+        curve(1e-3);
+        let err = planned(&a).unwrap_err();
+        assert!(format!("{err:#}").contains("ran at --lr 1e-3"), "{err:#}");
     }
 }
