@@ -23,6 +23,8 @@ pub enum Verdict {
     Missed,
     /// Nothing to judge it on (its runs have not run), or not built.
     NoData,
+    /// Part (iii): every control that ran is beaten, but not every control ran.
+    Incomplete,
 }
 
 impl Verdict {
@@ -31,6 +33,7 @@ impl Verdict {
             Verdict::Met => "met",
             Verdict::Missed => "missed",
             Verdict::NoData => "no runs",
+            Verdict::Incomplete => "not every control ran",
         }
     }
 
@@ -229,10 +232,9 @@ pub fn rate_free(all: &[(Workload, Runs)]) -> Part {
         ));
     }
     // Every control must be beaten: one without runs leaves the part unjudged.
-    let verdict = if vs.contains(&Verdict::NoData) && !vs.contains(&Verdict::Missed) {
-        Verdict::NoData
-    } else {
-        Verdict::all(&vs)
+    let verdict = match Verdict::all(&vs) {
+        Verdict::Met if vs.contains(&Verdict::NoData) => Verdict::Incomplete,
+        v => v,
     };
     Part {
         name: "(iii) fewer mean passes over the workloads than each rate-free control at its \

@@ -135,8 +135,8 @@ fn each_workload_meets_its_own_oracle() {
 /// Part (iii) on W1 and W2 (H41 at 80/3 passes on W1, 20 on W2; mean 70/3): Schedule-Free's
 /// best rate (×3, 10 passes) beats it; Prodigy (only ×1/3, never reaching: budget 60) does
 /// not; the range test has no runs. Missed. Without Schedule-Free's ×3 (its ×1 at 30 passes)
-/// every control that ran is beaten, but the range test's absence leaves the part unjudged;
-/// with a range test at 40 passes, met.
+/// every control that ran is beaten, but the range test's absence leaves the part incomplete;
+/// with a range test at 40 passes, met. With no control run at all: no runs.
 #[test]
 fn rate_free_controls_at_their_best_rate() {
     let never = curve(&[3.0, 2.0, 1.5, 1.2, 1.15, 1.12, 1.11], 1.0);
@@ -168,7 +168,7 @@ fn rate_free_controls_at_their_best_rate() {
         "LR range test: no runs; Schedule-Free AdamW: H41 23 vs 10 passes over [W1, W2]*; \
          Prodigy: H41 23 vs 60 passes over [W1, W2]*"
     );
-    assert_eq!(rate_free(&all(false, false)).verdict, Verdict::NoData);
+    assert_eq!(rate_free(&all(false, false)).verdict, Verdict::Incomplete);
     let p = rate_free(&all(false, true));
     assert_eq!(p.verdict, Verdict::Met, "{p:?}");
     assert!(
