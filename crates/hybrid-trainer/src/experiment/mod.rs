@@ -29,7 +29,10 @@ pub struct ExperimentArgs {
     /// Arms to run (comma-separated; default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub arms: Vec<Arm>,
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    /// Seeds to run (comma-separated; default: the protocol's, 1–5 for AdamW at the given
+    /// rate and the hybrid, 1–3 for every other arm). The report reads these seeds of every
+    /// arm (default: 1–5, whatever ran).
+    #[arg(long, value_delimiter = ',')]
     pub seeds: Vec<u64>,
     /// The corpus (default: the embedded tinyshakespeare, written into --out).
     #[arg(long)]
@@ -158,8 +161,10 @@ fn plan(a: &ExperimentArgs, arms: &[Arm]) -> Result<Vec<Job>> {
     let mut shakespeare = None;
     let mut todo: Vec<Job> = Vec::new();
     for &w in &a.workloads {
-        for &seed in &a.seeds {
-            for &arm in arms.iter().filter(|&&arm| w.runs(arm)) {
+        for seed in seeds(a) {
+            // Without --seeds, each arm its protocol's seeds.
+            let asked = |arm: Arm| !a.seeds.is_empty() || seed <= arm.protocol_seeds();
+            for &arm in arms.iter().filter(|&&arm| w.runs(arm) && asked(arm)) {
                 let path = curve_path(&a.out, w, arm, seed);
                 if todo.iter().any(|t| t.path == path) {
                     continue;
@@ -189,6 +194,15 @@ fn plan(a: &ExperimentArgs, arms: &[Arm]) -> Result<Vec<Job>> {
         }
     }
     Ok(todo)
+}
+
+/// The seeds asked for, else 1–5 (the protocol's largest set).
+fn seeds(a: &ExperimentArgs) -> Vec<u64> {
+    if a.seeds.is_empty() {
+        (1..=5).collect()
+    } else {
+        a.seeds.clone()
+    }
 }
 
 /// A curve already there must have run at the rate the protocol gives its arm now (W7's is
@@ -293,7 +307,7 @@ fn report(a: &ExperimentArgs, arms: &[Arm]) -> String {
     let mut md = String::new();
     let mut all = Vec::new();
     for &w in &a.workloads {
-        let runs = load(&a.out, w, arms, &a.seeds);
+        let runs = load(&a.out, w, arms, &seeds(a));
         md.push_str(&analysis::table(w, &runs));
         md.push('\n');
         all.push((w, runs));
@@ -346,6 +360,30 @@ mod tests {
         assert!(format!("{err:#}").contains("--w7-lr"), "{err:#}");
         let free = parse(out, &["--workloads", "w7", "--arms", "prodigy,range-test"]);
         assert_eq!(planned(&free).unwrap().len(), 2 * 3);
+        // Without --seeds, the protocol's: 5 for AdamW and H41, 3 for the others.
+        let default = parse(
+            out,
+            &["--workloads", "w1", "--arms", "adamw,hybrid,prodigy"],
+        );
+        let jobs = planned(&default).unwrap();
+        let count = |arm| jobs.iter().filter(|j| j.arm == arm).count();
+        assert_eq!(
+            (count(Arm::Adamw), count(Arm::Hybrid), count(Arm::Prodigy)),
+            (5, 5, 3)
+        );
+        let some = parse(
+            out,
+            &[
+                "--workloads",
+                "w1",
+                "--arms",
+                "adamw,prodigy",
+                "--seeds",
+                "4,9",
+            ],
+        );
+        let seeds: Vec<u64> = planned(&some).unwrap().iter().map(|j| j.seed).collect();
+        assert_eq!(seeds, [4, 4, 9, 9]);
         let err = planned(&parse(out, &["--workloads", "w6"])).unwrap_err();
         assert!(format!("{err:#}").contains("--kjv"), "{err:#}");
         let fake = out.join("kjv.txt");

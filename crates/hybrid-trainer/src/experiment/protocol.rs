@@ -223,6 +223,15 @@ impl Arm {
         }
     }
 
+    /// The protocol's seeds of the arm: 1 to this (5 for AdamW at the given rate and H41, 3
+    /// for every other arm).
+    pub fn protocol_seeds(self) -> u64 {
+        match self {
+            Arm::Adamw | Arm::Hybrid => 5,
+            _ => 3,
+        }
+    }
+
     /// A rate-free control's optimizer and its factor on the optimizer's default rate.
     pub fn rate_free_point(self) -> Option<(RateFree, f32)> {
         Some(match self {
