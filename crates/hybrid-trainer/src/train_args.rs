@@ -123,6 +123,13 @@ pub struct TrainArgs {
     /// Evaluate on the same batches every time (else fresh ones each evaluation).
     #[arg(long)]
     pub eval_fixed: bool,
+    /// Keep an exponential moving average of the weights on the training device (decay D per
+    /// step, warmed up as TensorFlow's `min(D, (1 + t)/(10 + t))`) and evaluate it too at every
+    /// evaluation (`ema_val` in the curve); training is unchanged. Off by default; for
+    /// `--mode adamw` and `range-test`, not with Schedule-Free AdamW (evaluated at its own
+    /// average already). A checkpoint keeps the average.
+    #[arg(long, value_parser = parse_ema_decay)]
+    pub ema_decay: Option<f32>,
     /// Write the run's evaluations, counters and the controller's decisions here (JSON).
     #[arg(long)]
     pub curve: Option<PathBuf>,
@@ -133,6 +140,16 @@ pub struct TrainArgs {
 
 pub fn parse_precision(s: &str) -> Result<Precision, String> {
     s.parse().map_err(|e: tensor_ops::GpuError| e.to_string())
+}
+
+/// A decay strictly between 0 and 1.
+pub fn parse_ema_decay(s: &str) -> Result<f32, String> {
+    let d: f32 = s.parse().map_err(|e| format!("'{s}': {e}"))?;
+    if d > 0.0 && d < 1.0 {
+        Ok(d)
+    } else {
+        Err(format!("'{s}': the decay must be in (0, 1)"))
+    }
 }
 
 pub fn parse_variant(s: &str) -> Result<Variant, String> {

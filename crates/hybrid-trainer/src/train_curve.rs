@@ -25,6 +25,33 @@ pub struct EvalPoint {
     pub val: f32,
     /// The learning rate the last step ran at.
     pub lr: f32,
+    /// The validation loss of the moving average of the weights (`--ema-decay`), on the same
+    /// batches as `val`; NaN (absent from the JSON) when the run keeps none.
+    #[serde(
+        default = "no_loss",
+        skip_serializing_if = "is_nan",
+        with = "crate::report::finite::f32_or_null"
+    )]
+    pub ema_val: f32,
+}
+
+fn no_loss() -> f32 {
+    f32::NAN
+}
+
+fn is_nan(x: &f32) -> bool {
+    x.is_nan()
+}
+
+/// The moving average of the weights a run kept (`--ema-decay`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct EmaRecord {
+    pub decay: f32,
+    /// Updates (one after every step).
+    pub updates: u64,
+    /// Host seconds of the updates (the launches' on CUDA); inside `seconds` of the evaluations
+    /// (the run did them), its evaluations not.
+    pub seconds: f64,
 }
 
 /// Everything `--curve` writes.
@@ -50,6 +77,9 @@ pub struct RunCurve {
     pub eval_seconds: f64,
     /// Why training stopped early (a non-finite loss), when it did.
     pub diverged: Option<String>,
+    /// The moving average of the weights, when the run kept one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema: Option<EmaRecord>,
 }
 
 /// What a `train-gpt` checkpoint keeps of the driver (`driver.json`), so that a resumed run's
@@ -89,15 +119,39 @@ mod tests {
                 train,
                 val,
                 lr: 1e-3,
+                ema_val: val,
             };
             let back: EvalPoint =
                 serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
-            for (a, b) in [(train, back.train), (val, back.val)] {
+            for (a, b) in [(train, back.train), (val, back.val), (val, back.ema_val)] {
                 assert!(
                     if a.is_finite() { a == b } else { b.is_nan() },
                     "{a} -> {b}"
                 );
             }
         }
+    }
+
+    /// A run without `--ema-decay` writes no `ema_val` (its curves are as before), and a curve
+    /// written before the field existed reads it as NaN.
+    #[test]
+    fn ema_val_is_absent_without_an_average() {
+        let p = EvalPoint {
+            iter: 1,
+            backward: 2,
+            forward: 3,
+            seconds: 0.5,
+            train: 1.0,
+            val: 1.5,
+            lr: 1e-3,
+            ema_val: f32::NAN,
+        };
+        let text = serde_json::to_string(&p).unwrap();
+        assert!(!text.contains("ema_val"), "{text}");
+        let back: EvalPoint = serde_json::from_str(&text).unwrap();
+        assert!(back.ema_val.is_nan() && back.val == 1.5);
+        let with = EvalPoint { ema_val: 1.25, ..p };
+        let text = serde_json::to_string(&with).unwrap();
+        assert!(text.contains("\"ema_val\":1.25"), "{text}");
     }
 }

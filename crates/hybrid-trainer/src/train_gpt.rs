@@ -31,6 +31,7 @@ macro_rules! say {
     };
 }
 
+pub mod ema;
 mod hook;
 mod setup;
 mod steps;
@@ -111,7 +112,11 @@ struct Trainer<'a> {
     pg: &'a ProcessGroup,
     ds: Dataset,
     model: Gpt,
+    /// The parameters' names and tensors, in the model's order.
+    names: Vec<String>,
     params: Vec<Tensor>,
+    /// The moving average of the weights (`--ema-decay`).
+    ema: Option<ema::Ema>,
     opt: RunOptimizer,
     stepper: Stepper<'a>,
     /// The data stream: every rank draws the same global batches.

@@ -1,8 +1,12 @@
 //! The experiment's figures from the runs' curves: the target (the median best validation loss
-//! of AdamW at the given rate over the seeds), what each run spent to first reach it, paired
-//! differences against AdamW at the given rate, the oracle (the best run of AdamW's sweep), and
-//! the markdown tables.
+//! of AdamW at the given rate over the seeds), what each run spent to first reach it (a run
+//! that never did: flagged, at its whole budget), paired savings and ratios against AdamW at the
+//! given rate (the ratios with a bootstrap interval: [`super::bootstrap`]), the oracles (rate:
+//! the best of AdamW's 5 cosine-to-100% arms; schedule: the best of its 20 rate × schedule
+//! arms), AdamW evaluated on the moving average of its weights as a row of its own, and the
+//! markdown tables.
 
+use super::bootstrap;
 use super::protocol::{Arm, Workload};
 use crate::train_curve::RunCurve;
 use std::collections::BTreeMap;
@@ -103,15 +107,98 @@ pub fn mean_backward(runs: &BTreeMap<u64, RunCurve>, target: f32) -> Option<(f64
     })
 }
 
-/// The oracle: the arm of AdamW's sweep with the fewest mean backward passes to the target.
-pub fn oracle(runs: &Runs, target: f32) -> Option<(Arm, f64, bool)> {
-    Arm::SWEEP
+/// Per arm: the mean cost to the target over its seeds, a censored run at its whole budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeanCost {
+    pub backward: f64,
+    pub seconds: f64,
+    /// A run of it never reached the target.
+    pub censored: bool,
+    pub seeds: usize,
+}
+
+pub fn mean_cost(runs: &BTreeMap<u64, RunCurve>, target: f32) -> Option<MeanCost> {
+    let c: Vec<Cost> = runs.values().filter_map(|c| cost(c, target)).collect();
+    let m = |f: &dyn Fn(&Reach) -> f64| mean(&c.iter().map(|c| f(&c.reach)).collect::<Vec<_>>());
+    (!c.is_empty()).then(|| MeanCost {
+        backward: m(&|r| r.backward as f64),
+        seconds: m(&|r| r.seconds),
+        censored: c.iter().any(|c| c.censored),
+        seeds: c.len(),
+    })
+}
+
+/// The best of a set of arms by mean backward passes (each mean over its own seeds), and how
+/// many of the set ran.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Oracle {
+    pub arm: Arm,
+    pub cost: MeanCost,
+    pub ran: usize,
+    pub of: usize,
+}
+
+fn best_of(runs: &Runs, arms: &[Arm], target: f32) -> Option<Oracle> {
+    let ran: Vec<(Arm, MeanCost)> = arms
         .iter()
-        .filter_map(|a| {
-            let (m, cens) = mean_backward(runs.get(a)?, target)?;
-            Some((*a, m, cens))
+        .filter_map(|a| Some((*a, mean_cost(runs.get(a)?, target)?)))
+        .collect();
+    let n = ran.len();
+    // The first of equal means (the sweep's order) on a tie.
+    let (arm, cost) = ran
+        .into_iter()
+        .reduce(|x, y| if y.1.backward < x.1.backward { y } else { x })?;
+    Some(Oracle {
+        arm,
+        cost,
+        ran: n,
+        of: arms.len(),
+    })
+}
+
+/// The rate oracle: the best of AdamW's 5 cosine-to-100% arms (`Arm::SWEEP`).
+pub fn oracle(runs: &Runs, target: f32) -> Option<(Arm, f64, bool)> {
+    rate_oracle(runs, target).map(|o| (o.arm, o.cost.backward, o.cost.censored))
+}
+
+pub fn rate_oracle(runs: &Runs, target: f32) -> Option<Oracle> {
+    best_of(runs, &Arm::SWEEP, target)
+}
+
+/// The schedule oracle: the best of AdamW's 20 rate × schedule arms (`Arm::SCHEDULE_SWEEP`).
+pub fn schedule_oracle(runs: &Runs, target: f32) -> Option<Oracle> {
+    best_of(runs, &Arm::SCHEDULE_SWEEP, target)
+}
+
+/// AdamW at the given rate evaluated on the moving average of its weights: its runs with
+/// `val` replaced by `ema_val` (the runs that kept an average; `None` when none did).
+pub fn ema_runs(runs: &Runs) -> Option<BTreeMap<u64, RunCurve>> {
+    let out: BTreeMap<u64, RunCurve> = (runs.get(&Arm::Adamw)?.iter())
+        .filter(|(_, c)| c.ema.is_some())
+        .map(|(seed, c)| {
+            let mut c = c.clone();
+            for e in &mut c.evals {
+                e.val = e.ema_val;
+            }
+            (*seed, c)
         })
-        .min_by(|x, y| x.1.total_cmp(&y.1))
+        .collect();
+    (!out.is_empty()).then_some(out)
+}
+
+/// `Oracle: arm (N backward passes, mean; k of n arms ran)`.
+fn oracle_line(name: &str, o: Option<Oracle>) -> String {
+    match o {
+        None => format!("{name}: none of its arms has run."),
+        Some(o) => format!(
+            "{name}: {} ({} backward passes, {} s, mean; {} of its {} arms ran).",
+            o.arm.name(),
+            mark(o.cost.backward, o.cost.censored, 0),
+            mark(o.cost.seconds, o.cost.censored, 2),
+            o.ran,
+            o.of
+        ),
+    }
 }
 
 /// A figure, marked `≥` when a censored run went into it.
@@ -151,8 +238,10 @@ fn paired(
 /// The markdown table of one workload.
 pub fn table(w: Workload, runs: &Runs) -> String {
     let mut s = String::new();
-    let given = w.given_lr();
-    let _ = writeln!(s, "### {w:?} (given peak rate {given:e})\n");
+    // The rate the runs were given (W7's is fixed when it runs).
+    let given = (runs.get(&Arm::Adamw).and_then(|r| r.values().next()))
+        .map_or_else(|| "not run".to_string(), |c| format!("{:e}", c.given_lr));
+    let _ = writeln!(s, "### {w:?} (given peak rate {given})\n");
     let Some(target) = target(runs) else {
         let _ = writeln!(s, "AdamW at the given rate has not run: no target.\n");
         return s;
@@ -163,19 +252,26 @@ pub fn table(w: Workload, runs: &Runs) -> String {
         "Target: val {target:.4} (median best of AdamW at the given rate over {} seeds).",
         base.len()
     );
-    if let Some((arm, b, cens)) = oracle(runs, target) {
-        let _ = writeln!(
-            s,
-            "Oracle: {} ({} backward passes, mean).",
-            arm.name(),
-            mark(b, cens, 0)
-        );
-    }
     let _ = writeln!(
         s,
-        "\n| arm | peak lr | seeds reached | backward passes (per seed) | mean | saved vs AdamW (paired) | forward passes (mean) | seconds (mean) | saved vs AdamW (paired) | best val | final val |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "{}",
+        oracle_line("Rate oracle", rate_oracle(runs, target))
     );
-    for (arm, seeds) in runs {
+    let _ = writeln!(
+        s,
+        "{}",
+        oracle_line("Schedule oracle", schedule_oracle(runs, target))
+    );
+    let _ = writeln!(
+        s,
+        "\n| arm | peak lr | seeds reached | backward passes (per seed) | mean | saved vs AdamW (paired) | ÷ AdamW (paired, 95% CI) | forward passes (mean) | seconds (mean) | saved vs AdamW (paired) | ÷ AdamW (paired, 95% CI) | best val | final val |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let ema = ema_runs(runs);
+    let rows = (runs
+        .iter()
+        .map(|(arm, seeds)| (arm.name().to_string(), seeds)))
+    .chain(ema.iter().map(|e| ("adamw on its EMA".to_string(), e)));
+    for (name, seeds) in rows {
         let costs: Vec<Cost> = seeds.values().filter_map(|c| cost(c, target)).collect();
         let per_seed = costs
             .iter()
@@ -198,17 +294,21 @@ pub fn table(w: Workload, runs: &Runs) -> String {
             .values()
             .map(|c| c.evals.last().map_or(f64::NAN, |e| e.val as f64))
             .collect();
+        let ratio = |f: &dyn Fn(&Reach) -> f64| {
+            bootstrap::paired(seeds, &base, target, f).map_or_else(|| "—".into(), |p| p.show())
+        };
         let _ = writeln!(
             s,
-            "| {} | {peak:.2e} | {}/{} | {per_seed} | {} | {} | {} | {} | {} | {:.4} | {:.4} |",
-            arm.name(),
+            "| {name} | {peak:.2e} | {}/{} | {per_seed} | {} | {} | {} | {} | {} | {} | {} | {:.4} | {:.4} |",
             costs.iter().filter(|c| !c.censored).count(),
             seeds.len(),
             mark(m(&|r| r.backward as f64), cens, 0),
             paired(seeds, &base, target, &|r| r.backward as f64),
+            ratio(&|r| r.backward as f64),
             mark(m(&|r| r.forward as f64), cens, 0),
             mark(m(&|r| r.seconds), cens, 2),
             paired(seeds, &base, target, &|r| r.seconds),
+            ratio(&|r| r.seconds),
             mean(&bests),
             mean(&finals),
         );
@@ -216,7 +316,13 @@ pub fn table(w: Workload, runs: &Runs) -> String {
     let _ = writeln!(
         s,
         "\nA run that never reached the target counts as its whole budget (`never`, and `≥` on \
-         the means it enters); a paired saving marked `*` includes such a run and is a bound."
+         the means it enters); a paired saving or ratio marked `*` includes such a run and is a \
+         bound. Ratios: per seed, the arm's cost over AdamW's of the same seed, their mean and \
+         its 95% bootstrap interval ({} resamples of the seeds, percentile, seed {}). \
+         `adamw on its EMA`: AdamW at the given rate evaluated on the moving average of its \
+         weights in the same runs (its best and final val are the average's).",
+        bootstrap::RESAMPLES,
+        bootstrap::SEED
     );
     s
 }
@@ -239,6 +345,7 @@ mod tests {
                     train: f32::NAN,
                     val: v,
                     lr: 1e-3,
+                    ema_val: f32::NAN,
                 })
                 .collect(),
             peak_lr: 1e-3,
@@ -308,5 +415,83 @@ mod tests {
         let runs = Runs::new();
         assert_eq!(target(&runs), None);
         assert!(table(Workload::W2, &runs).contains("no target"));
+    }
+
+    /// The schedule oracle is the best of the 20 rate × schedule arms, the rate oracle of the
+    /// 5 cosine-to-100% arms only; on a tie the sweep's first arm; the count of arms that ran
+    /// is kept (a missing arm is not a zero).
+    #[test]
+    fn schedule_and_rate_oracles_with_a_tie_and_missing_arms() {
+        let at = |k: usize| {
+            let mut v = vec![3.0; k];
+            v.push(1.0);
+            curve(&v)
+        };
+        let mut runs = Runs::new();
+        runs.insert(Arm::Adamw, BTreeMap::from([(1, at(4)), (2, at(4))]));
+        // ×1/2 and ×2: 50 passes each (a tie), ×2 at cosine to 50%: 25.
+        runs.insert(Arm::AdamwHalf, BTreeMap::from([(1, at(2)), (2, at(2))]));
+        runs.insert(Arm::AdamwDouble, BTreeMap::from([(1, at(1)), (2, at(3))]));
+        runs.insert(Arm::AdamwDoubleCos50, BTreeMap::from([(1, at(1))]));
+        let t = target(&runs).unwrap();
+        assert_eq!(t, 1.0);
+        let r = rate_oracle(&runs, t).unwrap();
+        assert_eq!(
+            (r.arm, r.cost.backward, r.ran, r.of),
+            (Arm::AdamwHalf, 50.0, 3, 5)
+        );
+        assert_eq!(oracle(&runs, t), Some((Arm::AdamwHalf, 50.0, false)));
+        let s = schedule_oracle(&runs, t).unwrap();
+        assert_eq!(
+            (s.arm, s.cost.backward, s.ran, s.of),
+            (Arm::AdamwDoubleCos50, 25.0, 4, 20)
+        );
+        let md = table(Workload::W1, &runs);
+        assert!(
+            md.contains("Schedule oracle: adamw-x2, cosine to 50% (25 backward passes, 1.00 s, mean; 4 of its 20 arms ran)."),
+            "{md}"
+        );
+        assert!(md.contains("Rate oracle: adamw-x1/2 (50 backward"), "{md}");
+        assert_eq!(schedule_oracle(&Runs::new(), t), None);
+    }
+
+    /// AdamW's runs that kept an average give a row of their own, costed by `ema_val` against
+    /// the target of AdamW's own `val` (1.5 here): seed 1's average reaches it at 25 passes
+    /// (AdamW at 50: ratio 0.5), seed 2's never (budget 75; AdamW at 75: ratio 1): mean 0.75.
+    #[test]
+    fn adamw_on_its_ema_is_a_row_of_its_own() {
+        let with_ema = |vals: &[f32], ema: &[f32]| {
+            let mut c = curve(vals);
+            for (e, &v) in c.evals.iter_mut().zip(ema) {
+                e.ema_val = v;
+            }
+            c.ema = Some(crate::train_curve::EmaRecord {
+                decay: 0.99,
+                updates: 75,
+                seconds: 0.0,
+            });
+            c
+        };
+        let mut runs = Runs::new();
+        runs.insert(
+            Arm::Adamw,
+            BTreeMap::from([
+                (1, with_ema(&[3.0, 2.0, 1.5, 1.5], &[3.0, 1.5, 1.2, 1.1])),
+                (2, with_ema(&[3.0, 2.0, 1.6, 1.5], &[3.0, 2.5, 2.0, 1.9])),
+            ]),
+        );
+        let ema = ema_runs(&runs).unwrap();
+        assert_eq!(best_val(&ema[&1]), 1.1);
+        let md = table(Workload::W1, &runs);
+        let row = md
+            .lines()
+            .find(|l| l.starts_with("| adamw on its EMA |"))
+            .unwrap_or_else(|| panic!("{md}"));
+        assert!(row.contains("| 1/2 | 25 / never | ≥50 |"), "{row}");
+        assert!(row.contains("| 0.75 [0.50, 1.00]* |"), "{row}");
+        // Runs without an average: no row.
+        let plain = Runs::from([(Arm::Adamw, BTreeMap::from([(1, curve(&[3.0, 1.0]))]))]);
+        assert!(ema_runs(&plain).is_none());
+        assert!(!table(Workload::W1, &plain).contains("EMA |"));
     }
 }

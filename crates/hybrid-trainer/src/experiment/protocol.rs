@@ -1,8 +1,44 @@
 //! The experiment's protocol, fixed before it runs: the workloads, the arms, and the
-//! `train-gpt` flags of each run.
+//! `train-gpt` flags of each run (issue 41's: `docs/protocol-41.md`).
 
 use crate::control::cli::TrainMode;
 use serde::{Deserialize, Serialize};
+
+/// What a run of the protocol cannot be built without.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProtocolError {
+    /// W7's given rate is W1's sweep best, not known before W1's sweep has run.
+    #[error(
+        "W7's given rate is W1's sweep best (the cosine-to-100% rate with the fewest mean \
+         backward passes to W1's target), fixed and written into docs/protocol-41.md's history \
+         before W7 runs: give it with --w7-lr"
+    )]
+    W7RateNotFixed,
+    #[error("--w7-lr {0}: a rate must be positive and finite")]
+    BadRate(f32),
+    /// The arm is not one of the workload's (W8 runs AdamW, H41 and the rate sweep only).
+    #[error("{0:?} does not run the arm {1}")]
+    NotAnArmOf(Workload, &'static str),
+}
+
+/// What the protocol leaves to be given when the experiment runs: W7's rate.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Given {
+    /// W7's given peak rate (W1's sweep best), once fixed.
+    pub w7_lr: Option<f32>,
+}
+
+/// The text a workload trains on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Corpus {
+    /// tinyshakespeare (embedded; `--data` replaces it).
+    Shakespeare,
+    /// The King James Bible of `scripts/corpus-kjv.sh` (`--kjv`), checked by its sha256.
+    Kjv,
+}
+
+/// The sha256 of W6's corpus (`docs/protocol-41.md`).
+pub const KJV_SHA256: &str = "b5c4940bcfeee072c0935b5200d0f9d88a00a0199cb0961d16133458fcdfae5d";
 
 /// A workload: a model, its data and schedule, and the learning rate a user would have typed.
 #[derive(
@@ -30,6 +66,13 @@ pub enum Workload {
     W4,
     /// The main job's 4 × 128 model on the CPU at its defaults (600 steps, rate 1e-3).
     W5,
+    /// W1's model and schedule on the King James Bible (`--kjv`), given rate 1e-3.
+    W6,
+    /// W1 at a given rate equal to W1's sweep best (`--w7-lr`, fixed before W7 runs).
+    W7,
+    /// 12 layers × 12 heads × 768, context 256, batch 32, dropout 0.1, 1000 steps, on W6's
+    /// corpus, given rate 6e-4; AdamW, H41 and AdamW's 5-rate sweep only.
+    W8,
 }
 
 /// One run's configuration.
@@ -96,6 +139,39 @@ pub enum Arm {
     AdamwWsd,
     AdamwDoubleWsd,
     AdamwTripleWsd,
+    /// Schedule-Free AdamW at 1/3 and 3 × its default rate (with `ScheduleFree`, its 3 rates).
+    ScheduleFreeThird,
+    ScheduleFreeTriple,
+    /// Prodigy at 1/3 and 3 × its default rate (with `Prodigy`, its 3 rates).
+    ProdigyThird,
+    ProdigyTriple,
+}
+
+/// A rate-free optimizer of the controls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateFree {
+    ScheduleFree,
+    Prodigy,
+}
+
+impl RateFree {
+    /// Its package's default rate: `schedulefree`'s 0.0025, `prodigyopt`'s 1.0.
+    pub fn default_lr(self) -> f32 {
+        match self {
+            RateFree::ScheduleFree => 0.0025,
+            RateFree::Prodigy => 1.0,
+        }
+    }
+
+    /// Its `train-gpt` flags besides the rate.
+    fn flags(self) -> &'static str {
+        match self {
+            RateFree::ScheduleFree => {
+                "--optimizer schedule-free --schedule constant --weight-decay 0"
+            }
+            RateFree::Prodigy => "--optimizer prodigy --weight-decay 0",
+        }
+    }
 }
 
 /// The schedule of an arm of AdamW's sweep.
@@ -140,8 +216,52 @@ impl Arm {
             Arm::AdamwWsd => "adamw, WSD",
             Arm::AdamwDoubleWsd => "adamw-x2, WSD",
             Arm::AdamwTripleWsd => "adamw-x3, WSD",
+            Arm::ScheduleFreeThird => "schedule-free AdamW x1/3",
+            Arm::ScheduleFreeTriple => "schedule-free AdamW x3",
+            Arm::ProdigyThird => "Prodigy x1/3",
+            Arm::ProdigyTriple => "Prodigy x3",
         }
     }
+
+    /// The protocol's seeds of the arm: 1 to this (5 for AdamW at the given rate and H41, 3
+    /// for every other arm).
+    pub fn protocol_seeds(self) -> u64 {
+        match self {
+            Arm::Adamw | Arm::Hybrid => 5,
+            _ => 3,
+        }
+    }
+
+    /// A rate-free control's optimizer and its factor on the optimizer's default rate.
+    pub fn rate_free_point(self) -> Option<(RateFree, f32)> {
+        Some(match self {
+            Arm::ScheduleFreeThird => (RateFree::ScheduleFree, 1.0 / 3.0),
+            Arm::ScheduleFree => (RateFree::ScheduleFree, 1.0),
+            Arm::ScheduleFreeTriple => (RateFree::ScheduleFree, 3.0),
+            Arm::ProdigyThird => (RateFree::Prodigy, 1.0 / 3.0),
+            Arm::Prodigy => (RateFree::Prodigy, 1.0),
+            Arm::ProdigyTriple => (RateFree::Prodigy, 3.0),
+            _ => return None,
+        })
+    }
+
+    /// The rate-free controls of the bar's part (iii), each with its arms (its rates; the
+    /// range test has none: it picks its own).
+    pub const RATE_FREE_CONTROLS: [(&'static str, &'static [Arm]); 3] = [
+        ("LR range test", &[Arm::RangeTest]),
+        (
+            "Schedule-Free AdamW",
+            &[
+                Arm::ScheduleFreeThird,
+                Arm::ScheduleFree,
+                Arm::ScheduleFreeTriple,
+            ],
+        ),
+        (
+            "Prodigy",
+            &[Arm::ProdigyThird, Arm::Prodigy, Arm::ProdigyTriple],
+        ),
+    ];
 
     /// An arm of AdamW's rate × schedule sweep: its factor on the given rate and its
     /// schedule (`None`: not a sweep arm).
@@ -183,9 +303,9 @@ impl Arm {
         self.sweep_point().map_or(1.0, |p| p.0)
     }
 
-    /// Whether the arm ignores the given rate (its runs are the same on W1, W2 and W3).
+    /// Whether the arm ignores the given rate (its runs are the same on W1, W2, W3 and W7).
     pub fn lr_free(self) -> bool {
-        matches!(self, Arm::RangeTest | Arm::ScheduleFree | Arm::Prodigy)
+        self == Arm::RangeTest || self.rate_free_point().is_some()
     }
 
     /// The twenty runs of AdamW's rate × schedule sweep (issue 41): the schedule oracle is
@@ -238,29 +358,58 @@ impl Arm {
 }
 
 impl Workload {
-    /// The workload whose runs an lr-free arm shares (W2 and W3 are W1 at other rates).
+    /// The workload whose runs an lr-free arm shares (W2, W3 and W7 are W1 at other rates).
     pub fn model_workload(self) -> Workload {
         match self {
-            Workload::W2 | Workload::W3 => Workload::W1,
+            Workload::W2 | Workload::W3 | Workload::W7 => Workload::W1,
             w => w,
         }
     }
 
-    pub fn given_lr(self) -> f32 {
-        match self {
-            Workload::W1 | Workload::W5 => 1e-3,
+    /// The given peak rate; W7's is `given.w7_lr` (refused until it is fixed).
+    pub fn given_lr(self, given: Given) -> Result<f32, ProtocolError> {
+        Ok(match self {
+            Workload::W1 | Workload::W5 | Workload::W6 => 1e-3,
             Workload::W2 => 3e-4,
             Workload::W3 => 1e-2,
-            Workload::W4 => 6e-4,
-        }
+            Workload::W4 | Workload::W8 => 6e-4,
+            Workload::W7 => match given.w7_lr {
+                None => return Err(ProtocolError::W7RateNotFixed),
+                Some(lr) if !(lr.is_finite() && lr > 0.0) => {
+                    return Err(ProtocolError::BadRate(lr))
+                }
+                Some(lr) => lr,
+            },
+        })
     }
 
     /// The run's iterations (every arm's).
     pub fn iters(self) -> u32 {
         match self {
             Workload::W5 => 600,
+            Workload::W8 => 1000,
             _ => 2000,
         }
+    }
+
+    /// The text it trains on.
+    pub fn corpus(self) -> Corpus {
+        match self {
+            Workload::W6 | Workload::W8 => Corpus::Kjv,
+            _ => Corpus::Shakespeare,
+        }
+    }
+
+    /// Whether the protocol runs `arm` on it: W8 runs AdamW at the given rate, H41 and
+    /// AdamW's 5-rate cosine sweep; the others every arm.
+    pub fn runs(self, arm: Arm) -> bool {
+        self != Workload::W8 || arm == Arm::Hybrid || Arm::SWEEP.contains(&arm)
+    }
+
+    /// The decay of the moving average of AdamW-at-the-given-rate's weights (W1–W7): an
+    /// average over about 1/(1 − D) = 5% of the run's steps (`docs/protocol-41.md`).
+    pub fn ema_decay(self) -> Option<f32> {
+        (self != Workload::W8).then(|| 1.0 - 20.0 / self.iters() as f32)
     }
 
     /// Whether it runs on the CPU whatever device the experiment has.
@@ -272,7 +421,7 @@ impl Workload {
     fn model_flags(self) -> Vec<String> {
         let f = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
         match self {
-            Workload::W1 | Workload::W2 | Workload::W3 => f(
+            Workload::W1 | Workload::W2 | Workload::W3 | Workload::W6 | Workload::W7 => f(
                 "--layers 6 --heads 6 --embd 384 --block 256 --batch 64 --dropout 0.2 \
                  --iters 2000 --warmup 100 --precision bf16 --eval-interval 25 --eval-iters 20",
             ),
@@ -285,19 +434,30 @@ impl Workload {
                 "--layers 4 --heads 4 --embd 128 --block 64 --batch 12 --dropout 0 --iters 600 \
                  --warmup 50 --precision fp32 --eval-interval 25 --eval-iters 10",
             ),
+            Workload::W8 => f(
+                "--layers 12 --heads 12 --embd 768 --block 256 --batch 32 --dropout 0.1 \
+                 --iters 1000 --warmup 100 --precision bf16 --eval-interval 25 --eval-iters 20",
+            ),
         }
     }
 
+    /// The rate `--lr` of `arm`'s runs.
+    pub fn lr(self, arm: Arm, given: Given) -> Result<f32, ProtocolError> {
+        Ok(match arm.rate_free_point() {
+            Some((opt, factor)) => opt.default_lr() * factor,
+            // The range test ignores the given rate (its pick replaces it): W1's, so that W2's,
+            // W3's and W7's runs are W1's.
+            None if arm == Arm::RangeTest => self.model_workload().given_lr(given)?,
+            None => self.given_lr(given)? * arm.lr_factor(),
+        })
+    }
+
     /// The `train-gpt` arguments of one run (without `--data`, `--device` and `--curve`).
-    pub fn args(self, arm: Arm, seed: u64) -> Vec<String> {
-        let lr = match arm {
-            Arm::ScheduleFree => 0.0025,
-            Arm::Prodigy => 1.0,
-            // The range test ignores the given rate (its pick replaces it): W1's, so that W2's
-            // and W3's runs are W1's.
-            Arm::RangeTest => self.model_workload().given_lr(),
-            _ => self.given_lr() * arm.lr_factor(),
-        };
+    pub fn args(self, arm: Arm, seed: u64, given: Given) -> Result<Vec<String>, ProtocolError> {
+        if !self.runs(arm) {
+            return Err(ProtocolError::NotAnArmOf(self, arm.name()));
+        }
+        let lr = self.lr(arm, given)?;
         let mut v = self.model_flags();
         v.extend([
             "--lr".to_string(),
@@ -317,11 +477,15 @@ impl Workload {
             "500".into(),
         ]);
         let f = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        if let Some((opt, _)) = arm.rate_free_point() {
+            v.extend(f(opt.flags()));
+        }
         match arm {
-            Arm::ScheduleFree => v.extend(f(
-                "--optimizer schedule-free --schedule constant --weight-decay 0",
-            )),
-            Arm::Prodigy => v.extend(f("--optimizer prodigy --weight-decay 0")),
+            Arm::Adamw => {
+                if let Some(d) = self.ema_decay() {
+                    v.extend(["--ema-decay".to_string(), d.to_string()]);
+                }
+            }
             Arm::HybridNoWorldModel => v.push("--no-world-model".into()),
             Arm::HybridNoAverage => v.push("--no-average".into()),
             Arm::HybridNoRollback => v.push("--no-rollback".into()),
@@ -338,84 +502,10 @@ impl Workload {
             Some((_, SweepSchedule::Wsd)) => v.extend(f("--schedule wsd --decay-fraction 0.2")),
             _ => {}
         }
-        v
+        Ok(v)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-        let i = args.iter().position(|a| a == name)?;
-        args.get(i + 1).map(String::as_str)
-    }
-
-    /// Every arm's run parses as `train-gpt` flags, at the rate the protocol gives it.
-    #[test]
-    fn every_run_is_a_valid_train_gpt_command_at_its_rate() {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            args: crate::train_args::TrainArgs,
-        }
-        use clap::{Parser, ValueEnum};
-        for &w in Workload::value_variants() {
-            for &arm in Arm::value_variants() {
-                let args = w.args(arm, 3);
-                let mut argv = vec!["t".to_string(), "--data".into(), "x.txt".into()];
-                argv.extend(args.iter().cloned());
-                let parsed = Cli::try_parse_from(&argv)
-                    .unwrap_or_else(|e| panic!("{w:?} {arm:?}: {e}"))
-                    .args;
-                let want = match arm {
-                    Arm::ScheduleFree => 0.0025,
-                    Arm::Prodigy => 1.0,
-                    Arm::RangeTest => w.model_workload().given_lr(),
-                    _ => w.given_lr() * arm.lr_factor(),
-                };
-                assert!((parsed.lr - want).abs() <= 1e-6 * want, "{w:?} {arm:?}");
-                assert!((parsed.min_lr - want / 10.0).abs() <= 1e-6 * want);
-                assert_eq!(flag(&args, "--seed"), Some("3"));
-                assert!(parsed.eval_fixed);
-                let a = &parsed;
-                assert_eq!(a.iters, w.iters(), "{w:?}");
-                let lr = |it| crate::train_args::learning_rate(a, it);
-                match arm.sweep_point() {
-                    Some((_, SweepSchedule::Cosine(pct))) => {
-                        assert_eq!(a.decay_iters(), w.iters() * pct / 100, "{w:?} {arm:?}");
-                        let flat = a.decay_iters() < a.iters;
-                        assert_eq!(lr(a.iters - 1) == a.min_lr, flat, "{w:?} {arm:?}");
-                    }
-                    Some((_, SweepSchedule::Wsd)) => {
-                        let stable = w.iters() * 4 / 5;
-                        assert_eq!(lr(stable), a.lr, "{w:?} {arm:?}");
-                        assert!(lr(stable + 1) < a.lr && lr(a.iters) == a.min_lr);
-                    }
-                    None => {}
-                }
-            }
-        }
-    }
-
-    /// The rate-free arms of W2 and W3 are W1's runs; nothing else is shared.
-    #[test]
-    fn only_rate_free_arms_share_runs() {
-        use clap::ValueEnum;
-        for &arm in Arm::value_variants() {
-            assert_eq!(
-                Workload::W2.args(arm, 1) == Workload::W1.args(arm, 1),
-                arm.lr_free(),
-                "{arm:?}"
-            );
-        }
-        assert_eq!(Workload::W3.model_workload(), Workload::W1);
-        // The schedule sweep is the 5 rates × 4 schedules, each once.
-        let points: std::collections::BTreeSet<String> = Arm::SCHEDULE_SWEEP
-            .iter()
-            .map(|a| format!("{:?}", a.sweep_point().unwrap()))
-            .collect();
-        assert_eq!(points.len(), 20);
-        assert_eq!(Workload::W4.model_workload(), Workload::W4);
-    }
-}
+#[path = "protocol_tests.rs"]
+mod tests;

@@ -20,6 +20,7 @@ fn curve(mode: &str, vals: &[f32], probes: u64) -> RunCurve {
                 train: f32::NAN,
                 val,
                 lr: 1e-3,
+                ema_val: f32::NAN,
             }
         })
         .collect();

@@ -2,12 +2,13 @@
 //! optimizer, the training step (a captured CUDA graph on a GPU) and a resume from a checkpoint
 //! (the weights, the optimizer, the data stream and the driver's counters).
 
+use super::ema::Ema;
 use super::{Progress, Trainer};
 use crate::control::cli::TrainMode;
 use crate::train_args::TrainArgs;
 use crate::train_ckpt::{self, TrainState};
 use crate::train_curve::{DriverState, RunCurve, DRIVER_FILE};
-use crate::train_step::{RunOptimizer, Stepper};
+use crate::train_step::{OptimizerKind, RunOptimizer, Stepper};
 use anyhow::{ensure, Context, Result};
 use gpu_core::Device;
 use models::gpt::{Dataset, Gpt, GptConfig, GraphedStep};
@@ -33,6 +34,17 @@ pub(super) fn prepare(a: &TrainArgs) -> Result<(Dataset, GptConfig)> {
         "--decay-fraction {} must be in [0, 1]",
         a.decay_fraction
     );
+    if a.ema_decay.is_some() {
+        ensure!(
+            a.mode != TrainMode::Hybrid,
+            "--ema-decay is for --mode adamw and range-test: the hybrid's rollbacks would leave \
+             steps in the average that the run undid"
+        );
+        ensure!(
+            a.optimizer != OptimizerKind::ScheduleFree,
+            "--ema-decay: Schedule-Free AdamW is evaluated at its own average of the weights"
+        );
+    }
     let text = tensor_ops::fsio::read_to_string(&a.data, "corpus", tensor_ops::fsio::TEXT_MAX)?;
     let mut ds = Dataset::from_text(&text, 0.9)?;
     // Before building the model: a context longer than the corpus would otherwise size the
@@ -77,8 +89,10 @@ impl<'a> Trainer<'a> {
         let precision = if a.tf32 { Precision::Tf32 } else { a.precision };
         let mut model = Gpt::new(cfg, a.seed, device)?;
         model.set_precision(precision)?;
-        let params: Vec<Tensor> = model.parameters().into_iter().map(|p| p.1).collect();
+        let (names, params): (Vec<String>, Vec<Tensor>) =
+            model.parameters().into_iter().map(|p| (p.0, p.1)).unzip();
         pg.broadcast(&params.iter().collect::<Vec<_>>(), 0)?;
+        let ema = a.ema_decay.map(|d| Ema::new(&params, d)).transpose()?;
         say!(
             main,
             "model: {:?}, {} parameters, on {device}, {precision}",
@@ -116,7 +130,9 @@ impl<'a> Trainer<'a> {
             rng: Dataset::rng(a.seed),
             ds,
             model,
+            names,
             params,
+            ema,
             opt,
             batch,
             block,
@@ -162,7 +178,9 @@ impl<'a> Trainer<'a> {
             let (batch, block) = (self.batch, self.block);
             (self.ds).skip_batches(false, batch, block, st.iter as usize, &mut self.rng)?;
             start = st.iter;
-            resumed = Some(train_ckpt::newest(dir)?);
+            let sub = train_ckpt::newest(dir)?;
+            self.ema = Ema::load(&sub, a.ema_decay, (&self.names, &self.params))?;
+            resumed = Some(sub);
             say!(
                 self.main,
                 "resumed from {} at iteration {start} (written by {} rank(s), now {})",

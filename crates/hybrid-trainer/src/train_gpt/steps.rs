@@ -5,7 +5,7 @@ use super::hook::Hook;
 use super::{Progress, TrainSummary, Trainer};
 use crate::train_args::learning_rate;
 use crate::train_ckpt;
-use crate::train_curve::{DriverState, EvalPoint, RunCurve, DRIVER_FILE};
+use crate::train_curve::{DriverState, EmaRecord, EvalPoint, RunCurve, DRIVER_FILE};
 use crate::train_step::{batch_context, evaluate, poison_first_weight};
 use anyhow::{Context, Result};
 use std::ops::ControlFlow;
@@ -27,6 +27,9 @@ impl Trainer<'_> {
             .with_context(|| batch_context(a))?;
         let (x, y) = (&x[self.rows.clone()], &y[self.rows.clone()]);
         let loss = (self.stepper).step(&self.model, self.opt.get(), (x, y), drop_seed, p.lr)?;
+        if let Some(ema) = &mut self.ema {
+            ema.update(&self.params)?;
+        }
         p.spent.backward += 1;
         p.spent.forward += 1;
         if a.inject_nan_at == Some(it) && !p.injected {
@@ -94,6 +97,9 @@ impl Trainer<'_> {
         };
         let mut extra = |tmp: &Path| -> Result<()> {
             std::fs::write(tmp.join(DRIVER_FILE), serde_json::to_string(&driver)?)?;
+            if let Some(ema) = &self.ema {
+                ema.save(tmp, &self.names)?;
+            }
             hook.save(tmp)
         };
         let sub = train_ckpt::save_with(dir, &self.model, self.opt.get_ref(), &st, &mut extra)
@@ -157,6 +163,15 @@ impl Trainer<'_> {
         let evaluated = evaluate(&self.model, &self.ds, a, eval_seed);
         self.opt.get().train_params()?;
         let (tr, va) = evaluated?;
+        // The moving average on the same batches (the weights go back bit for bit).
+        let ema_val = match &self.ema {
+            Some(ema) => {
+                let (model, ds) = (&self.model, &self.ds);
+                ema.swapped_in(&self.params, || evaluate(model, ds, a, eval_seed))?
+                    .1
+            }
+            None => f32::NAN,
+        };
         p.curve.eval_seconds += t.elapsed().as_secs_f64();
         (p.last_train, p.last_val) = (tr, va);
         if va < p.best {
@@ -170,15 +185,21 @@ impl Trainer<'_> {
             train: tr,
             val: va,
             lr: p.lr,
+            ema_val,
         });
         let train = if tr.is_nan() {
             String::new()
         } else {
             format!("train {tr:.4}, ")
         };
+        let ema = if self.ema.is_some() {
+            format!(", EMA val {ema_val:.4}")
+        } else {
+            String::new()
+        };
         say!(
             self.main,
-            "eval iter {it}: {train}val {va:.4} (after {:.1} s of training, {} backward passes)",
+            "eval iter {it}: {train}val {va:.4}{ema} (after {:.1} s of training, {} backward passes)",
             p.train_secs,
             p.spent.backward
         );
@@ -197,6 +218,15 @@ impl Trainer<'_> {
         p.curve.total_seconds = p.t_run.elapsed().as_secs_f64();
         hook.finish(&mut p.curve, self.main);
         p.curve.diverged = p.diverged.clone();
+        p.curve.ema = self
+            .ema
+            .as_ref()
+            .zip(a.ema_decay)
+            .map(|(e, decay)| EmaRecord {
+                decay,
+                updates: e.updates(),
+                seconds: e.seconds,
+            });
         if let (Some(path), true) = (&a.curve, self.main) {
             std::fs::write(path, serde_json::to_string_pretty(&p.curve)?)
                 .with_context(|| format!("writing {}", path.display()))?;
