@@ -120,6 +120,12 @@ pub enum Arm {
     HybridStartAtOne,
     /// Ablation: the hybrid settling where the line search answers 1 (the greedy optimum).
     HybridAimOne,
+    /// Control for the world model (bar part iv): the same hybrid with `--predictor last`, the
+    /// last measured `s*` again.
+    HybridLastValue,
+    /// Control for the world model (bar part iv): the same hybrid with `--predictor
+    /// power-law`, a power law of the run's progress fit to the measured `s*`.
+    HybridPowerLaw,
     /// Issue 41's schedule sweep: AdamW at the 5 rates with the cosine ending at 75% and 50%
     /// of the run (then flat at the minimum), and warm-up–stable–decay (linear decay over the
     /// last 20%). With the 5 cosine-to-100% arms above, the best of these 20 is the schedule
@@ -201,6 +207,8 @@ impl Arm {
             Arm::HybridNoWarmupDecisions => "hybrid, no warm-up decisions",
             Arm::HybridStartAtOne => "hybrid, starting at multiplier 1",
             Arm::HybridAimOne => "hybrid, aiming at s* = 1",
+            Arm::HybridLastValue => "hybrid, predictor: last measured s*",
+            Arm::HybridPowerLaw => "hybrid, predictor: power law of progress",
             Arm::AdamwThirdCos75 => "adamw-x1/3, cosine to 75%",
             Arm::AdamwHalfCos75 => "adamw-x1/2, cosine to 75%",
             Arm::AdamwCos75 => "adamw, cosine to 75%",
@@ -244,6 +252,10 @@ impl Arm {
             _ => return None,
         })
     }
+
+    /// The world model's controls of the bar's part (iv): the same controller and gate with a
+    /// trivial predictor of `s*`.
+    pub const TRIVIAL_PREDICTORS: [Arm; 2] = [Arm::HybridLastValue, Arm::HybridPowerLaw];
 
     /// The rate-free controls of the bar's part (iii), each with its arms (its rates; the
     /// range test has none: it picks its own).
@@ -351,7 +363,9 @@ impl Arm {
             | Arm::HybridNoRollback
             | Arm::HybridNoWarmupDecisions
             | Arm::HybridStartAtOne
-            | Arm::HybridAimOne => TrainMode::Hybrid,
+            | Arm::HybridAimOne
+            | Arm::HybridLastValue
+            | Arm::HybridPowerLaw => TrainMode::Hybrid,
             _ => TrainMode::Adamw,
         }
     }
@@ -492,6 +506,8 @@ impl Workload {
             Arm::HybridNoWarmupDecisions => v.push("--no-warmup-decisions".into()),
             Arm::HybridStartAtOne => v.extend(f("--initial-multiplier 1")),
             Arm::HybridAimOne => v.extend(f("--aim 1")),
+            Arm::HybridLastValue => v.extend(f("--predictor last")),
+            Arm::HybridPowerLaw => v.extend(f("--predictor power-law")),
             _ => {}
         }
         match arm.sweep_point() {

@@ -80,9 +80,9 @@ fn every_run_is_a_valid_train_gpt_command_at_its_rate() {
             assert_eq!(a.ema_decay.is_some(), ema, "{w:?} {arm:?}");
         }
     }
-    // 7 workloads × 34 arms, and W8's 6.
-    assert_eq!(Arm::value_variants().len(), 34);
-    assert_eq!(runs, 7 * 34 + 6);
+    // 7 workloads × 36 arms, and W8's 6.
+    assert_eq!(Arm::value_variants().len(), 36);
+    assert_eq!(runs, 7 * 36 + 6);
 }
 
 use crate::train_step::OptimizerKind;
