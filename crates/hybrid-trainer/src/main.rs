@@ -16,7 +16,7 @@ use gpu_core::Device;
 struct Cli {
     /// The main job's flags (used when no subcommand is given; `run` takes the same).
     #[command(flatten)]
-    job: hybrid_trainer::job::JobArgs,
+    job: trainer::job::JobArgs,
     /// Device: auto (GPU when present, else CPU), cpu, cuda or cuda:N. Overrides $HYBRID_DEVICE.
     #[arg(long, global = true, default_value = "auto", value_parser = parse_device)]
     device: DeviceChoice,
@@ -32,10 +32,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// The main job (the default): AdamW and the hybrid side by side; see the top-level flags.
-    Run(hybrid_trainer::job::JobArgs),
+    Run(trainer::job::JobArgs),
     /// The hybrid against AdamW, its learning-rate sweep, an LR range test and the ablations
     /// on the protocol's workloads (docs/results.md).
-    Experiment(hybrid_trainer::experiment::ExperimentArgs),
+    Experiment(trainer::experiment::ExperimentArgs),
     /// Device info, memory round trip, 2×2 and N×N matmul checked against references, GFLOP/s.
     Demo {
         /// Matrix size of the timed product.
@@ -58,7 +58,7 @@ enum Cmd {
     /// prompts benches/hf_generate_peer.py --save wrote beside the model.
     BenchGenerate(inference::bench_generate::BenchGenerateArgs),
     /// Train the GPT of tensor-ops on a text file (nanoGPT's shakespeare-char setup by default).
-    TrainGpt(hybrid_trainer::train_gpt::TrainArgs),
+    TrainGpt(trainer::train_gpt::TrainArgs),
     /// Write a small model's weights, inputs, outputs and gradients for a PyTorch replay:
     /// the GPT for scripts/torch_parity.py, the GRU cell for scripts/torch_gru_parity.py.
     ParityDump {
@@ -68,11 +68,11 @@ enum Cmd {
         #[arg(long, default_value = "gpt", value_parser = ["gpt", "gru"])]
         model: String,
         /// The GPT's variant: gpt2 or llama.
-        #[arg(long, default_value = "gpt2", value_parser = hybrid_trainer::train_gpt::parse_variant)]
+        #[arg(long, default_value = "gpt2", value_parser = trainer::train_gpt::parse_variant)]
         variant: models::gpt::Variant,
         /// The GPT's arithmetic: fp32 or bf16 (mixed precision; the script then compares
         /// against PyTorch's autocast).
-        #[arg(long, default_value = "fp32", value_parser = hybrid_trainer::train_gpt::parse_precision)]
+        #[arg(long, default_value = "fp32", value_parser = trainer::train_gpt::parse_precision)]
         precision: tensor_ops::Precision,
     },
     /// Start one process per GPU for data-parallel training, like torchrun:
@@ -228,10 +228,10 @@ fn main() -> Result<()> {
     let run = move || -> Result<()> {
         match cmd {
             Cmd::Run(args) => {
-                hybrid_trainer::job::run(device, &args)?;
+                trainer::job::run(device, &args)?;
             }
             Cmd::Experiment(args) => {
-                hybrid_trainer::experiment::run(&device.to_string(), &args)?;
+                trainer::experiment::run(&device.to_string(), &args)?;
             }
             Cmd::Demo { size } => {
                 hybrid_trainer::demo::run(device, size as usize)?;
@@ -249,7 +249,7 @@ fn main() -> Result<()> {
                 }
             }
             Cmd::TrainGpt(args) => {
-                hybrid_trainer::train_gpt::run(device, &args)?;
+                trainer::train_gpt::run(device, &args)?;
             }
             Cmd::Generate(args) => {
                 inference::generate::run(device, &args)?;

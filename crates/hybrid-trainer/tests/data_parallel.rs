@@ -31,7 +31,7 @@ fn binary() -> PathBuf {
 fn corpus() -> PathBuf {
     let path = std::env::temp_dir().join(format!("dp-corpus-{}.txt", std::process::id()));
     if !path.exists() {
-        let text = hybrid_trainer::corpus::default_corpus().expect("embedded corpus");
+        let text = trainer::corpus::default_corpus().expect("embedded corpus");
         std::fs::write(&path, text).expect("writing the corpus");
     }
     path

@@ -4,11 +4,11 @@
 
 use clap::Parser;
 use gpu_core::Device;
-use hybrid_trainer::tensor_file::{read_tensors, HostTensors};
-use hybrid_trainer::train_args::TrainArgs;
-use hybrid_trainer::train_curve::RunCurve;
-use hybrid_trainer::train_gpt::run_with_curve;
 use std::path::{Path, PathBuf};
+use trainer::tensor_file::{read_tensors, HostTensors};
+use trainer::train_args::TrainArgs;
+use trainer::train_curve::RunCurve;
+use trainer::train_gpt::run_with_curve;
 
 #[derive(Parser)]
 struct Cli {
@@ -23,7 +23,7 @@ fn corpus() -> PathBuf {
         let dir = std::env::temp_dir().join(format!("hybrid-ema-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("corpus.txt");
-        std::fs::write(&p, hybrid_trainer::corpus::default_corpus().unwrap()).unwrap();
+        std::fs::write(&p, trainer::corpus::default_corpus().unwrap()).unwrap();
         p
     })
     .clone()

@@ -5,12 +5,12 @@
 
 use gpu_core::nn::optim_adaptive::lerp_f64;
 use gpu_core::Device;
-use hybrid_trainer::control::probe::{ProbeDraw, ProbeSet, ProbeSplit, Weights};
 use models::gpt::{Dataset, Gpt, GptConfig, Variant};
 use tensor_ops::Precision;
+use trainer::control::probe::{ProbeDraw, ProbeSet, ProbeSplit, Weights};
 
 fn dataset() -> Dataset {
-    let text = hybrid_trainer::corpus::default_corpus().unwrap();
+    let text = trainer::corpus::default_corpus().unwrap();
     Dataset::from_text(&text[..20_000], 0.9).unwrap()
 }
 

@@ -4,11 +4,11 @@
 
 use clap::Parser;
 use gpu_core::Device;
-use hybrid_trainer::control::world::{ScalePredictor, FEATURES};
-use hybrid_trainer::train_args::TrainArgs;
-use hybrid_trainer::train_curve::RunCurve;
-use hybrid_trainer::train_gpt::{run_with_curve, run_with_predictor};
 use std::path::PathBuf;
+use trainer::control::world::{ScalePredictor, FEATURES};
+use trainer::train_args::TrainArgs;
+use trainer::train_curve::RunCurve;
+use trainer::train_gpt::{run_with_curve, run_with_predictor};
 
 #[derive(Parser)]
 struct Cli {
@@ -23,7 +23,7 @@ fn corpus() -> PathBuf {
         let dir = std::env::temp_dir().join(format!("hybrid-control-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("corpus.txt");
-        std::fs::write(&p, hybrid_trainer::corpus::default_corpus().unwrap()).unwrap();
+        std::fs::write(&p, trainer::corpus::default_corpus().unwrap()).unwrap();
         p
     })
     .clone()
@@ -196,7 +196,7 @@ fn an_overfitting_run_shows_the_held_out_loss_rising_under_a_falling_training_lo
     let dir = std::env::temp_dir().join(format!("hybrid-overfit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let data = dir.join("tiny.txt");
-    let text = hybrid_trainer::corpus::default_corpus().unwrap();
+    let text = trainer::corpus::default_corpus().unwrap();
     std::fs::write(&data, &text[..2000]).unwrap();
     let argv = format!(
         "t --layers 2 --heads 2 --embd 64 --block 32 --batch 8 --warmup 20 --iters 400 \
