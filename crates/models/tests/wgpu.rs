@@ -1,0 +1,207 @@
+//! The GPT's training step and greedy decoding of the committed Hugging Face fixtures on wgpu
+//! (`Device::Wgpu(0)`: on CI, Mesa's lavapipe) against the CPU backend.
+//!
+//! Training: the same model (both variants), batches and AdamW steps (gradient clipping on,
+//! dropout 0.2 at every site with a fixed seed per step: the masks are the CPU's bit for bit,
+//! the same counter hash) give the first step's gradients within 1e-4 norm-wise relative,
+//! losses within 1e-4 relative and parameters after three steps within
+//! `1e-4·scale + 1e-2·steps·lr` (as `primitives_only.rs`: wgpu sums in f32 where the CPU sums in
+//! f64, and Adam normalises each gradient entry, so an entry with a small gradient moves by
+//! `lr` times its relative error; 1% of a step allowed). The key bias (`c_attn.bias` columns
+//! `n_embd..2·n_embd`) has an analytically zero gradient, so both backends step it by
+//! Adam-normalised rounding noise of either sign: it is only required to stay within
+//! `steps·lr` of zero on both.
+//!
+//! Decoding: the reference `CausalLm` (prompt logits, then greedy tokens through its KV cache)
+//! and the fast `Engine` (f32: prefill, then greedy decode steps) give the CPU's greedy tokens
+//! exactly (which are also `transformers`' greedy tokens, `expected.safetensors`), and prompt
+//! logits within `REL · max|logit|` of the CPU's.
+//!
+//! Every test skips with `SKIP <test>: no wgpu adapter (<reason>)` where there is none, and
+//! fails instead with `HYBRID_REQUIRE_WGPU=1`.
+
+mod hf_fixture;
+
+use hf_fixture::{dir, expected, max_err};
+use models::gpt::{Dataset, Gpt, GptConfig, Variant};
+use models::{CausalLm, Engine, EngineOptions, Sampler, Sampling};
+use tensor_ops::optim::AdamWParams;
+use tensor_ops::{DType, Device};
+
+/// `Device::Wgpu` of adapter 0, or `None` after printing why the test is skipped.
+fn wgpu(test: &str) -> Option<Device> {
+    gpu_wgpu::testing::backend_or_skip(test).map(|b| Device::Wgpu(b.info().index))
+}
+
+/// AdamW steps taken, and their learning rate.
+const STEPS: usize = 3;
+const LR: f32 = 3e-3;
+
+/// The first step's gradients, the losses of [`STEPS`] AdamW steps and the parameters after
+/// them, each parameter by name.
+struct Trained {
+    losses: Vec<f32>,
+    grads: Vec<Vec<f32>>,
+    params: Vec<(String, Vec<f32>)>,
+}
+
+fn train(variant: Variant, dev: Device) -> Trained {
+    let text = "the quick brown fox jumps over the lazy dog. ".repeat(40);
+    let ds = Dataset::from_text(&text, 0.9).unwrap();
+    let cfg = GptConfig {
+        variant,
+        vocab_size: ds.tokenizer.vocab_size(),
+        block_size: 16,
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+        dropout: 0.2,
+        bias: true,
+    };
+    let model = Gpt::new(cfg, 7, dev).unwrap();
+    let mut opt = model
+        .store()
+        .adamw(AdamWParams {
+            max_grad_norm: Some(1.0),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut rng = Dataset::rng(3);
+    let (mut losses, mut grads) = (Vec::new(), Vec::new());
+    for step in 0..STEPS as u64 {
+        let (x, y) = ds.batch(false, 4, 16, &mut rng, dev).unwrap();
+        assert_eq!(x.device(), dev);
+        let loss = model.loss(&x, &y, Some(1000 + step)).unwrap();
+        losses.push(loss.item().unwrap());
+        let g = loss.backward().unwrap();
+        if step == 0 {
+            for (_, p, _) in model.parameters() {
+                grads.push(g.get(&p).unwrap().to_vec().unwrap());
+            }
+        }
+        opt.step(&g, LR).unwrap();
+    }
+    let params = model
+        .parameters()
+        .into_iter()
+        .map(|(n, t, _)| {
+            assert_eq!(t.device(), dev, "{n}");
+            (n, t.to_vec().unwrap())
+        })
+        .collect();
+    Trained {
+        losses,
+        grads,
+        params,
+    }
+}
+
+#[test]
+fn wgpu_gpt_training_steps_match_the_cpu() {
+    const T: &str = "wgpu_gpt_training_steps_match_the_cpu";
+    let Some(dev) = wgpu(T) else { return };
+    for variant in [Variant::Gpt2, Variant::Llama] {
+        let want = train(variant, Device::Cpu);
+        let got = train(variant, dev);
+        println!(
+            "{variant:?}: losses {:?} on {dev} (cpu {:?})",
+            got.losses, want.losses
+        );
+        for (a, b) in got.losses.iter().zip(&want.losses) {
+            assert!(
+                (a - b).abs() <= 1e-4 * b.abs(),
+                "{variant:?} loss {a} vs {b}"
+            );
+        }
+        assert!(got.losses.iter().all(|l| l.is_finite()));
+        assert_eq!(got.params.len(), want.params.len());
+        for (i, (g, w)) in got.grads.iter().zip(&want.grads).enumerate() {
+            let e = gpu_cuda::testing::rel_err(g, w);
+            let name = &want.params[i].0;
+            // The key bias's gradient is rounding noise around zero on both (module docs).
+            if !name.ends_with("c_attn.bias") {
+                assert!(e < 1e-4, "{variant:?} {name}: first gradient rel err {e:e}");
+            }
+        }
+        let steps = STEPS as f32;
+        for ((name, g), (_, w)) in got.params.iter().zip(&want.params) {
+            let scale = w.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                if name.ends_with("c_attn.bias") && (32..64).contains(&i) {
+                    let lim = steps * LR;
+                    assert!(a.abs() <= lim && b.abs() <= lim, "{name}: {a}, {b}");
+                    continue;
+                }
+                assert!(
+                    (a - b).abs() <= 1e-4 * scale + 1e-2 * steps * LR,
+                    "{variant:?} {name}[{i}]: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+/// Greedy tokens compared.
+const NEW: usize = 12;
+
+/// The prompt logits' bound relative to `max|logit|`: the defaults' f32 chains against the
+/// CPU's f64 sums, a few ulps per op over a few layers of width ≤ 64 (measured on lavapipe:
+/// printed by the test).
+const REL: f32 = 1e-5;
+
+/// Fixtures decoded: each Llama variant (tied embeddings, q/k/v biases, sliding windows) and
+/// GPT-2.
+const NAMES: [&str; 5] = ["llama3", "llama-tied", "qwen2", "mistral-sw", "gpt2"];
+
+/// The reference's prompt logits and greedy tokens on `dev`.
+fn reference(name: &str, ids: &[u32], dev: Device) -> (Vec<f32>, Vec<u32>) {
+    let m = CausalLm::load(&dir(name), dev).unwrap();
+    let logits = m.forward(ids, 1, &mut m.new_cache()).unwrap();
+    assert_eq!(logits.device(), dev);
+    let mut greedy = Sampler::new(Sampling::default()).unwrap();
+    let toks = m.generate(ids, NEW, &mut greedy, &[], |_| {}).unwrap();
+    (logits.to_vec().unwrap(), toks)
+}
+
+/// The fast engine's (f32) prompt logits and greedy tokens on `dev`.
+fn engine(name: &str, ids: &[u32], dev: Device) -> (Vec<f32>, Vec<u32>) {
+    let opts = EngineOptions {
+        dtype: DType::F32,
+        batch: 1,
+        capacity: 40,
+        quant: None,
+    };
+    let mut e = Engine::load(&dir(name), dev, opts).unwrap();
+    let prompt = [ids.to_vec()];
+    let logits = e.prefill(&prompt, true).unwrap();
+    assert_eq!(logits.device(), dev);
+    let logits = logits.to_vec().unwrap();
+    let toks = e.generate_greedy(&prompt, NEW, &[], |_| {}).unwrap();
+    (logits, toks[0].clone())
+}
+
+type Run = fn(&str, &[u32], Device) -> (Vec<f32>, Vec<u32>);
+
+#[test]
+fn wgpu_greedy_decoding_of_hf_fixtures_matches_the_cpu() {
+    const T: &str = "wgpu_greedy_decoding_of_hf_fixtures_matches_the_cpu";
+    let Some(dev) = wgpu(T) else { return };
+    let runs: [(&str, Run); 2] = [("CausalLm", reference), ("Engine", engine)];
+    for name in NAMES {
+        let exp = expected(name);
+        let (ids, hf) = (&exp.ids, &exp.greedy[exp.ids.len()..][..NEW]);
+        for (what, run) in runs {
+            let what = format!("{name} {what} f32, {dev} vs CPU");
+            let (want, want_toks) = run(name, ids, Device::Cpu);
+            let (got, toks) = run(name, ids, dev);
+            let err = max_err(&what, &got, &want, REL);
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            eprintln!(
+                "{what}: prompt logits max |diff| {err:e} ({:e} of max|logit|), tokens {toks:?}",
+                err / scale
+            );
+            assert_eq!(toks, want_toks, "{what}: greedy tokens");
+            assert_eq!(toks, hf, "{what}: transformers' greedy tokens");
+        }
+    }
+}
