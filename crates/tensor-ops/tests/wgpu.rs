@@ -298,6 +298,32 @@ fn wgpu_matmul_rows_and_losses_match_the_cpu() {
     );
 }
 
+/// `Linear` under bf16 autocast (bf16 operands, f32 accumulation, a bf16 result; f32 master
+/// weights whose gradients come back f32 through the casts) against the CPU's reference of the
+/// same roundings. Bound: 2⁻⁷ norm-wise relative, two bf16 ulps (both round the same products,
+/// summed in different orders, so an output may land on the neighbouring bf16 value; the
+/// backward's matmuls round again).
+#[test]
+fn wgpu_bf16_autocast_linear_matches_the_cpu() {
+    const T: &str = "wgpu_bf16_autocast_linear_matches_the_cpu";
+    let Some(dev) = wgpu(T) else { return };
+    let mut r = StdRng::seed_from_u64(test_seed(T));
+    let (n, din, dout) = (
+        r.random_range(1..20),
+        r.random_range(1..40),
+        r.random_range(1..30),
+    );
+    eprintln!("{T}: [n, in, out] = [{n}, {din}, {dout}]");
+    let mut x = |s: &[usize]| (uniform(&mut r, s.iter().product(), -1.5, 1.5), s.to_vec());
+    let inputs = [x(&[n, din]), x(&[dout, din]), x(&[dout])];
+    let bf16 = tensor_ops::Precision::Bf16;
+    compare("bf16 linear", dev, &inputs, 1.0 / 128.0, &|v| {
+        let y = tensor_ops::autocast(bf16, || v[0].linear(&v[1], Some(&v[2])))?;
+        assert_eq!(y.dtype(), tensor_ops::DType::BF16);
+        y.to_dtype(tensor_ops::DType::F32)
+    });
+}
+
 /// A two-layer MLP (`Linear`, GELU, `LayerNorm`, `Linear`, cross-entropy) on `dev`, built from
 /// `seed` (inits are drawn on the host: the same values on every device).
 struct Mlp {
@@ -329,51 +355,117 @@ impl Mlp {
     }
 }
 
-/// Losses of three AdamW steps (clipped at norm 1: the clip is exercised) and, per parameter,
-/// the first step's gradient and the final values.
-type Trained = (Vec<f32>, Vec<(String, Vec<f32>, Vec<f32>)>);
+/// One parameter after training: name, first step's gradient, initial and final values.
+struct ParamRun {
+    name: String,
+    grad: Vec<f32>,
+    init: Vec<f32>,
+    fin: Vec<f32>,
+}
 
-fn train_mlp(dev: Device, seed: u64, x: &[f32], y: &[u32], dims: [usize; 4]) -> Trained {
-    let [n, din, hidden, classes] = dims;
-    let m = Mlp::new(dev, seed, [din, hidden, classes]);
-    let mut opt = m
-        .store
-        .adamw(tensor_ops::optim::AdamWParams {
-            weight_decay: 0.1,
-            max_grad_norm: Some(1.0),
-            ..Default::default()
-        })
-        .unwrap();
-    let xt = Tensor::from_vec(x.to_vec(), &[n, din], dev).unwrap();
-    let yt = Tensor::from_vec(y.to_vec(), &[n], dev).unwrap();
-    let (mut losses, mut first_grads) = (Vec::new(), Vec::new());
-    for step in 0..3 {
+/// An optimizer over a store (global-norm clipping at 1 in each, so the clip runs too) and
+/// the learning rate it steps with.
+type Make = fn(&tensor_ops::nn::ParamStore) -> Box<dyn tensor_ops::optim::Optimizer>;
+
+fn optimizers() -> [(&'static str, Make, f32); 3] {
+    use tensor_ops::optim::{AdamWParams, ProdigyParams, ScheduleFreeParams};
+    [
+        (
+            "AdamW",
+            |s| {
+                let hp = AdamWParams {
+                    weight_decay: 0.1,
+                    max_grad_norm: Some(1.0),
+                    ..Default::default()
+                };
+                Box::new(s.adamw(hp).unwrap())
+            },
+            1e-2,
+        ),
+        (
+            "Schedule-Free AdamW",
+            |s| {
+                let hp = ScheduleFreeParams {
+                    weight_decay: 0.1,
+                    warmup_steps: 2,
+                    max_grad_norm: Some(1.0),
+                    ..Default::default()
+                };
+                Box::new(s.schedule_free_adamw(hp).unwrap())
+            },
+            1e-2,
+        ),
+        (
+            "Prodigy",
+            |s| {
+                let hp = ProdigyParams {
+                    weight_decay: 0.1,
+                    max_grad_norm: Some(1.0),
+                    ..Default::default()
+                };
+                Box::new(s.prodigy(hp).unwrap())
+            },
+            1.0,
+        ),
+    ]
+}
+
+/// The losses of [`STEPS`] steps of `make`'s optimizer on the MLP, and every parameter.
+fn train_mlp(dev: Device, data: &MlpData, (make, lr): (Make, f32)) -> (Vec<f32>, Vec<ParamRun>) {
+    let [n, din, hidden, classes] = data.dims;
+    let m = Mlp::new(dev, data.seed, [din, hidden, classes]);
+    let params = m.store.params();
+    let init: Vec<Vec<f32>> = params
+        .iter()
+        .map(|p| p.tensor().to_vec().unwrap())
+        .collect();
+    let mut opt = make(&m.store);
+    let xt = Tensor::from_vec(data.x.clone(), &[n, din], dev).unwrap();
+    let yt = Tensor::from_vec(data.y.clone(), &[n], dev).unwrap();
+    let (mut losses, mut grads) = (Vec::new(), Vec::new());
+    for step in 0..STEPS {
         let loss = m.loss(&xt, &yt).unwrap();
         losses.push(loss.item().unwrap());
         let g = loss.backward().unwrap();
         if step == 0 {
-            for p in m.store.params() {
-                first_grads.push(g.get(p.tensor()).unwrap().to_vec().unwrap());
+            for p in &params {
+                grads.push(g.get(p.tensor()).unwrap().to_vec().unwrap());
             }
         }
-        opt.step(&g, 1e-2).unwrap();
+        opt.step(&g, lr).unwrap();
     }
-    let params = m.store.params();
-    let out = params
+    let runs = params
         .iter()
-        .zip(first_grads)
-        .map(|(p, g)| (p.name().to_string(), g, p.tensor().to_vec().unwrap()))
+        .zip(grads.into_iter().zip(init))
+        .map(|(p, (grad, init))| ParamRun {
+            name: p.name().to_string(),
+            grad,
+            init,
+            fin: p.tensor().to_vec().unwrap(),
+        })
         .collect();
-    (losses, out)
+    (losses, runs)
+}
+
+/// Steps taken by each optimizer.
+const STEPS: usize = 3;
+
+/// The MLP's seed, dims `[n, in, hidden, classes]`, inputs and targets.
+struct MlpData {
+    seed: u64,
+    dims: [usize; 4],
+    x: Vec<f32>,
+    y: Vec<u32>,
 }
 
 /// Bounds: losses and first gradients within 1e-5 norm-wise relative (f32 against the CPU's
-/// f64 sums); parameters after three AdamW steps within `1e-5·scale + 1e-2·3·lr` per element
-/// (Adam normalises each gradient entry, so an entry with a tiny gradient moves by `lr` times
-/// its relative error: 1% of a step allowed, as `models`' primitives-only GPT test).
+/// f64 sums); parameters after three steps within `1e-5·scale + 1e-2·max|Δ|` per element,
+/// `max|Δ|` the largest distance any element of that parameter moved on the CPU (Adam-type
+/// optimizers normalise each gradient entry, so an entry with a tiny gradient moves by a full
+/// step times its relative error: 1% of a step allowed, as `models`' primitives-only GPT test).
 #[test]
-fn wgpu_mlp_backward_and_adamw_steps_match_the_cpu() {
-    const T: &str = "wgpu_mlp_backward_and_adamw_steps_match_the_cpu";
+fn wgpu_mlp_backward_and_optimizer_steps_match_the_cpu() {
+    const T: &str = "wgpu_mlp_backward_and_optimizer_steps_match_the_cpu";
     let Some(dev) = wgpu(T) else { return };
     let seed = test_seed(T);
     let mut r = StdRng::seed_from_u64(seed);
@@ -385,25 +477,34 @@ fn wgpu_mlp_backward_and_adamw_steps_match_the_cpu() {
     ];
     eprintln!("{T}: [n, in, hidden, classes] = {dims:?}");
     let x = uniform(&mut r, dims[0] * dims[1], -2.0, 2.0);
-    let y: Vec<u32> = (0..dims[0])
+    let y = (0..dims[0])
         .map(|_| r.random_range(0..dims[3] as u32))
         .collect();
-    let (lc, pc) = train_mlp(Device::Cpu, seed, &x, &y, dims);
-    let (lg, pg) = train_mlp(dev, seed, &x, &y, dims);
-    eprintln!("{T}: losses {lg:?} (cpu {lc:?})");
-    let e = rel_err(&lg, &lc);
-    assert!(e < 1e-5, "losses {lg:?} vs {lc:?}: rel err {e:e}");
-    assert!(lg[2] < lg[0], "the loss falls: {lg:?}");
-    assert_eq!(pg.len(), 6);
-    for ((name, gg, vg), (_, gc, vc)) in pg.iter().zip(&pc) {
-        let e = rel_err(gg, gc);
-        assert!(e < 1e-5, "{name}: first gradient rel err {e:e}");
-        let scale = vc.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-        for (i, (a, b)) in vg.iter().zip(vc).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-5 * scale + 1e-2 * 3.0 * 1e-2,
-                "{name}[{i}] after 3 AdamW steps: {a} vs {b}"
-            );
+    let data = MlpData { seed, dims, x, y };
+    for (opt, make, lr) in optimizers() {
+        let (lc, pc) = train_mlp(Device::Cpu, &data, (make, lr));
+        let (lg, pg) = train_mlp(dev, &data, (make, lr));
+        eprintln!("{T}: {opt}: losses {lg:?} (cpu {lc:?})");
+        let e = rel_err(&lg, &lc);
+        assert!(e < 1e-5, "{opt}: losses {lg:?} vs {lc:?}: rel err {e:e}");
+        assert_eq!(pg.len(), 6);
+        for (g, c) in pg.iter().zip(&pc) {
+            let name = &c.name;
+            let e = rel_err(&g.grad, &c.grad);
+            assert!(e < 1e-5, "{opt} {name}: first gradient rel err {e:e}");
+            let scale = c.fin.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+            let moved = c
+                .fin
+                .iter()
+                .zip(&c.init)
+                .fold(0f32, |m, (f, i)| m.max((f - i).abs()));
+            assert!(moved > 0.0, "{opt} {name}: the CPU's steps moved it");
+            for (i, (a, b)) in g.fin.iter().zip(&c.fin).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * scale + 1e-2 * moved,
+                    "{opt} {name}[{i}] after {STEPS} steps: {a} vs {b}"
+                );
+            }
         }
     }
 }
