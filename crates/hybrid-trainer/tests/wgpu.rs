@@ -1,0 +1,205 @@
+//! The CLI on wgpu (`--device wgpu`; on CI, Mesa's lavapipe): a short `train-gpt` run of a tiny
+//! model gives the CPU's losses, `generate` prints `transformers`' greedy text for committed
+//! Hugging Face fixtures, and the matmul demo checks itself against the CPU. Each test
+//! skips with `SKIP <test>: no wgpu adapter (<reason>)` where there is none, and fails instead
+//! with `HYBRID_REQUIRE_WGPU=1`.
+
+mod common;
+
+use common::{char_of, cli_err, cli_ok, fixture, ids};
+use safetensors::SafeTensors;
+
+/// Whether a wgpu adapter exists (else the skip is reported).
+fn has_wgpu(test: &str) -> bool {
+    gpu_wgpu::testing::backend_or_skip(test).is_some()
+}
+
+/// A small corpus in a fresh temp file (removed on drop).
+struct Corpus(std::path::PathBuf);
+
+impl Corpus {
+    fn new(test: &str) -> Corpus {
+        let path =
+            std::env::temp_dir().join(format!("hybrid-trainer-{test}-{}.txt", std::process::id()));
+        std::fs::write(
+            &path,
+            "the quick brown fox jumps over the lazy dog. ".repeat(40),
+        )
+        .unwrap();
+        Corpus(path)
+    }
+}
+
+impl Drop for Corpus {
+    fn drop(&mut self) {
+        std::fs::remove_file(&self.0).ok();
+    }
+}
+
+/// `iter N: loss X` of `train-gpt`'s output, in order.
+fn logged_losses(out: &str) -> Vec<(u32, f32)> {
+    out.lines()
+        .filter_map(|l| {
+            let (it, rest) = l.strip_prefix("iter ")?.split_once(": loss ")?;
+            Some((it.parse().ok()?, rest.split(',').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A number field of the `summary {json}` line.
+fn summary_field(out: &str, key: &str) -> f64 {
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("summary "))
+        .unwrap_or_else(|| panic!("no summary line in {out}"));
+    let json: serde_json::Value = serde_json::from_str(line).unwrap();
+    json[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("summary has no number {key}: {line}"))
+}
+
+/// `train-gpt --device wgpu` trains a one-layer GPT for 6 steps (dropout on, the default AdamW
+/// with clipping, two evaluations) and gives the CPU's run: each logged loss within 2e-4 (they
+/// are printed to 4 decimals; the runs agree to ~1e-6 relative, `models`' `tests/wgpu.rs`) and
+/// the final train and validation losses within 1e-4 relative, with the same sampled text.
+#[test]
+fn train_gpt_on_wgpu_matches_the_cpu() {
+    const T: &str = "train_gpt_on_wgpu_matches_the_cpu";
+    if !has_wgpu(T) {
+        return;
+    }
+    let corpus = Corpus::new("wgpu-train");
+    let data = corpus.0.to_str().unwrap();
+    let run = |device: &str| {
+        let (out, _) = cli_ok([
+            "--device",
+            device,
+            "train-gpt",
+            "--data",
+            data,
+            "--block",
+            "16",
+            "--layers",
+            "1",
+            "--heads",
+            "2",
+            "--embd",
+            "16",
+            "--batch",
+            "4",
+            "--iters",
+            "6",
+            "--warmup",
+            "2",
+            "--dropout",
+            "0.1",
+            "--log-interval",
+            "1",
+            "--eval-interval",
+            "3",
+            "--eval-iters",
+            "2",
+            "--sample",
+            "24",
+        ]);
+        out
+    };
+    let (cpu, gpu) = (run("cpu"), run("wgpu"));
+    println!("{gpu}");
+    assert!(gpu.contains("on wgpu:0"), "{gpu}");
+    assert!(gpu.contains("\"device\":\"wgpu:0\""), "{gpu}");
+    let (lc, lg) = (logged_losses(&cpu), logged_losses(&gpu));
+    assert_eq!(
+        lg.iter().map(|l| l.0).collect::<Vec<_>>(),
+        (0..6).collect::<Vec<_>>()
+    );
+    for ((it, a), (_, b)) in lg.iter().zip(&lc) {
+        assert!(
+            a.is_finite() && (a - b).abs() <= 2e-4,
+            "iteration {it}: wgpu {a}, cpu {b}"
+        );
+    }
+    for key in ["final_train_loss", "final_val_loss"] {
+        let (a, b) = (summary_field(&gpu, key), summary_field(&cpu, key));
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "{key}: wgpu {a}, cpu {b}");
+    }
+    let sample = |s: &str| {
+        let l: Vec<&str> = s.lines().collect();
+        let i = l
+            .iter()
+            .position(|x| *x == "--- sample ---")
+            .expect("a sample");
+        l[i + 1].to_string()
+    };
+    // Temperature 0.8, top-k 20, the same seed: the same draws, so the same text (a token could
+    // differ only where a draw fell within the logits' ~1e-6 difference of a boundary).
+    assert_eq!(sample(&gpu), sample(&cpu), "the sampled text");
+}
+
+/// The matmul demo on wgpu: round trip, the 2×2 product, and the product against f64 dot
+/// products and against the CPU backend (it fails itself past 1e-5). An adapter index that
+/// does not exist is a clean error naming wgpu.
+#[test]
+fn demo_runs_on_wgpu_and_checks_itself_against_the_cpu() {
+    const T: &str = "demo_runs_on_wgpu_and_checks_itself_against_the_cpu";
+    if !has_wgpu(T) {
+        return;
+    }
+    let (out, _) = cli_ok(["--device", "wgpu", "demo", "--size", "64"]);
+    assert!(out.contains("device: wgpu:0"), "{out}");
+    assert!(
+        out.contains("2x2 matmul") && out.contains("vs CPU"),
+        "{out}"
+    );
+    let err = cli_err(["--device", "wgpu:63", "demo", "--size", "8"]);
+    assert!(
+        err.contains("adapter 63 does not exist") && !err.contains("panicked"),
+        "{err}"
+    );
+}
+
+/// `generate --device wgpu` with the reference engine and the fast one (f32) prints the
+/// 16 greedy tokens `transformers` computed for the fixture (`expected.safetensors`).
+#[test]
+fn generate_on_wgpu_prints_transformers_greedy_text() {
+    const T: &str = "generate_on_wgpu_prints_transformers_greedy_text";
+    if !has_wgpu(T) {
+        return;
+    }
+    for name in ["llama3", "gpt2"] {
+        let dir = fixture(name);
+        let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (prompt, greedy) = (ids(&st, "input_ids"), ids(&st, "greedy"));
+        let text: String = prompt.iter().map(|&i| char_of(i)).collect();
+        let want: String = greedy.iter().map(|&i| char_of(i)).collect();
+        let d = dir.display().to_string();
+        let base = [
+            "--device",
+            "wgpu",
+            "generate",
+            "--model",
+            &d,
+            "--prompt",
+            &text,
+            "--max-new-tokens",
+            "16",
+            "--ignore-eos",
+        ];
+        for engine in [&[][..], &["--engine", "fast", "--dtype", "f32"][..]] {
+            let (stdout, stderr) = cli_ok(base.iter().chain(engine));
+            assert!(
+                stdout.ends_with(&format!("{want}\n")),
+                "{name} {engine:?}: {stdout:?} does not end with {want:?}"
+            );
+            assert!(
+                stderr.contains("16 new tokens"),
+                "{name} {engine:?}: {stderr}"
+            );
+            assert!(
+                stdout.starts_with("device wgpu:0 (--device)"),
+                "{name} {engine:?}: {stdout}"
+            );
+        }
+    }
+}
