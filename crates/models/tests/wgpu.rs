@@ -17,6 +17,12 @@
 //! exactly (which are also `transformers`' greedy tokens, `expected.safetensors`), and prompt
 //! logits within `REL · max|logit|` of the CPU's.
 //!
+//! The engine's other storages (bf16 weights and activations, int8/int4 projections under f32
+//! or bf16) on wgpu against the exact reference `CausalLm` on the CPU (quantized as the engine
+//! is), with the bounds `engine.rs` derives for any f32 summation order: logits within
+//! `rel · max|logit|`, `rel = 3e-4` with f32 activations and `0.07` with bf16 ones; with f32
+//! activations the greedy tokens are the reference's.
+//!
 //! Every test skips with `SKIP <test>: no wgpu adapter (<reason>)` where there is none, and
 //! fails instead with `HYBRID_REQUIRE_WGPU=1`.
 
@@ -24,7 +30,7 @@ mod hf_fixture;
 
 use hf_fixture::{dir, expected, max_err};
 use models::gpt::{Dataset, Gpt, GptConfig, Variant};
-use models::{CausalLm, Engine, EngineOptions, Sampler, Sampling};
+use models::{CausalLm, Engine, EngineOptions, QuantKind, Sampler, Sampling};
 use tensor_ops::optim::AdamWParams;
 use tensor_ops::{DType, Device};
 
@@ -202,6 +208,66 @@ fn wgpu_greedy_decoding_of_hf_fixtures_matches_the_cpu() {
             );
             assert_eq!(toks, want_toks, "{what}: greedy tokens");
             assert_eq!(toks, hf, "{what}: transformers' greedy tokens");
+        }
+    }
+}
+
+/// The engine's storages beyond dense f32: bf16, and int8/int4 under f32 or bf16.
+const STORAGES: [(DType, Option<QuantKind>); 5] = [
+    (DType::BF16, None),
+    (DType::F32, Some(QuantKind::Int8)),
+    (DType::BF16, Some(QuantKind::Int8)),
+    (DType::F32, Some(QuantKind::Int4)),
+    (DType::BF16, Some(QuantKind::Int4)),
+];
+
+/// The engines' bound against the exact logits, relative to `max|logit|` (module docs).
+fn rel(dtype: DType) -> f32 {
+    if dtype == DType::F32 {
+        3e-4
+    } else {
+        0.07
+    }
+}
+
+#[test]
+fn wgpu_engine_storages_match_the_reference() {
+    const T: &str = "wgpu_engine_storages_match_the_reference";
+    let Some(dev) = wgpu(T) else { return };
+    for name in ["llama3", "qwen2"] {
+        let exp = expected(name);
+        for (dtype, quant) in STORAGES {
+            let what = format!("{name} {dtype} {quant:?} engine on {dev} vs the reference");
+            let (want, want_toks) = {
+                let mut m = CausalLm::load(&dir(name), Device::Cpu).unwrap();
+                if let Some(kind) = quant {
+                    m.quantize(kind).unwrap();
+                }
+                let logits = m.forward(&exp.ids, 1, &mut m.new_cache()).unwrap();
+                let mut greedy = Sampler::new(Sampling::default()).unwrap();
+                let toks = m.generate(&exp.ids, NEW, &mut greedy, &[], |_| {}).unwrap();
+                (logits.to_vec().unwrap(), toks)
+            };
+            let opts = EngineOptions {
+                dtype,
+                batch: 1,
+                capacity: 40,
+                quant,
+            };
+            let mut e = Engine::load(&dir(name), dev, opts).unwrap();
+            let prompt = [exp.ids.clone()];
+            let logits = e.prefill(&prompt, true).unwrap();
+            assert_eq!(logits.device(), dev);
+            let got = logits.to_dtype(DType::F32).unwrap().to_vec().unwrap();
+            let toks = e.generate_greedy(&prompt, NEW, &[], |_| {}).unwrap();
+            let err = max_err(&what, &got, &want, rel(dtype));
+            eprintln!(
+                "{what}: prompt logits max |diff| {err:e}, tokens {:?}",
+                toks[0]
+            );
+            if dtype == DType::F32 {
+                assert_eq!(toks[0], want_toks, "{what}: greedy tokens");
+            }
         }
     }
 }
