@@ -151,6 +151,17 @@ fn demo_runs_on_wgpu_and_checks_itself_against_the_cpu() {
         out.contains("2x2 matmul") && out.contains("vs CPU"),
         "{out}"
     );
+    // HYBRID_DEVICE names it as well as --device does.
+    let out = assert_cmd::Command::new(common::binary())
+        .env("HYBRID_DEVICE", "wgpu:0")
+        .args(["demo", "--size", "16"])
+        .assert()
+        .success();
+    let out = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(
+        out.contains("device wgpu:0 (HYBRID_DEVICE=wgpu:0)"),
+        "{out}"
+    );
     let err = cli_err(["--device", "wgpu:63", "demo", "--size", "8"]);
     assert!(
         err.contains("adapter 63 does not exist") && !err.contains("panicked"),

@@ -113,6 +113,11 @@ fn wgpu_transfers_keep_every_dtype_and_count_copies() {
     assert_eq!(after.host_to_device_bytes - before.host_to_device_bytes, 40);
     assert_eq!(after.device_to_host - before.device_to_host, 1);
     assert_eq!(after.device_to_host_bytes - before.device_to_host_bytes, 4);
+    // An in-place write from the host reaches every view of the storage.
+    let view = t.reshape(&[2, 5]).unwrap();
+    let fresh: Vec<f32> = (0..10).map(|i| i as f32 - 4.5).collect();
+    t.write_from_host(&fresh).unwrap();
+    assert_eq!(view.to_vec().unwrap(), fresh);
     // Mixing devices is a typed error naming both.
     let c = Tensor::ones(&[10], Device::Cpu).unwrap();
     let e = t.add(&c).unwrap_err();
