@@ -58,6 +58,73 @@ fn summary_field(out: &str, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("summary has no number {key}: {line}"))
 }
 
+/// `train-gpt` on `device` with a one-layer GPT for 6 steps (and `extra` flags); its stdout.
+fn train_gpt(device: &str, data: &str, extra: &[&str]) -> String {
+    let args = [
+        "--device",
+        device,
+        "train-gpt",
+        "--data",
+        data,
+        "--block",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--embd",
+        "16",
+        "--batch",
+        "4",
+        "--iters",
+        "6",
+        "--warmup",
+        "2",
+        "--dropout",
+        "0.1",
+        "--log-interval",
+        "1",
+        "--eval-interval",
+        "3",
+        "--eval-iters",
+        "2",
+        "--sample",
+        "24",
+    ];
+    cli_ok(args.iter().chain(extra)).0
+}
+
+/// `train-gpt --device wgpu --precision bf16` gives the CPU's bf16 run within bf16's bounds
+/// (`models`' `tests/wgpu.rs` derives them): each logged and final loss within 2⁻⁸ relative.
+#[test]
+fn train_gpt_bf16_on_wgpu_matches_the_cpu() {
+    const T: &str = "train_gpt_bf16_on_wgpu_matches_the_cpu";
+    if !has_wgpu(T) {
+        return;
+    }
+    let corpus = Corpus::new("wgpu-train-bf16");
+    let data = corpus.0.to_str().unwrap();
+    let bf16 = ["--precision", "bf16"];
+    let (cpu, gpu) = (
+        train_gpt("cpu", data, &bf16),
+        train_gpt("wgpu", data, &bf16),
+    );
+    assert!(gpu.contains("on wgpu:0, bf16"), "{gpu}");
+    let (lc, lg) = (logged_losses(&cpu), logged_losses(&gpu));
+    assert_eq!(lg.len(), 6, "{gpu}");
+    let close = |a: f64, b: f64| a.is_finite() && (a - b).abs() <= b.abs() / 256.0;
+    for ((it, a), (_, b)) in lg.iter().zip(&lc) {
+        assert!(
+            close(*a as f64, *b as f64),
+            "iteration {it}: wgpu {a}, cpu {b}"
+        );
+    }
+    for key in ["final_train_loss", "final_val_loss"] {
+        let (a, b) = (summary_field(&gpu, key), summary_field(&cpu, key));
+        assert!(close(a, b), "{key}: wgpu {a}, cpu {b}");
+    }
+}
+
 /// `train-gpt --device wgpu` trains a one-layer GPT for 6 steps (dropout on, the default AdamW
 /// with clipping, two evaluations) and gives the CPU's run: each logged loss within 2e-4 (they
 /// are printed to 4 decimals; the runs agree to ~1e-6 relative, `models`' `tests/wgpu.rs`) and
@@ -70,41 +137,7 @@ fn train_gpt_on_wgpu_matches_the_cpu() {
     }
     let corpus = Corpus::new("wgpu-train");
     let data = corpus.0.to_str().unwrap();
-    let run = |device: &str| {
-        let (out, _) = cli_ok([
-            "--device",
-            device,
-            "train-gpt",
-            "--data",
-            data,
-            "--block",
-            "16",
-            "--layers",
-            "1",
-            "--heads",
-            "2",
-            "--embd",
-            "16",
-            "--batch",
-            "4",
-            "--iters",
-            "6",
-            "--warmup",
-            "2",
-            "--dropout",
-            "0.1",
-            "--log-interval",
-            "1",
-            "--eval-interval",
-            "3",
-            "--eval-iters",
-            "2",
-            "--sample",
-            "24",
-        ]);
-        out
-    };
-    let (cpu, gpu) = (run("cpu"), run("wgpu"));
+    let (cpu, gpu) = (train_gpt("cpu", data, &[]), train_gpt("wgpu", data, &[]));
     println!("{gpu}");
     assert!(gpu.contains("on wgpu:0"), "{gpu}");
     assert!(gpu.contains("\"device\":\"wgpu:0\""), "{gpu}");

@@ -304,8 +304,8 @@ fn wgpu_matmul_rows_and_losses_match_the_cpu() {
 }
 
 /// `Linear` under bf16 autocast (bf16 operands, f32 accumulation, a bf16 result; f32 master
-/// weights whose gradients come back f32 through the casts) against the CPU's reference of the
-/// same roundings. Bound: 2⁻⁷ norm-wise relative, two bf16 ulps (both round the same products,
+/// weights whose gradients come back f32 through the casts), then a scalar `affine` of the bf16
+/// result, against the CPU's reference of the same roundings. Bound: 2⁻⁷ norm-wise relative, two bf16 ulps (both round the same products,
 /// summed in different orders, so an output may land on the neighbouring bf16 value; the
 /// backward's matmuls round again).
 #[test]
@@ -324,6 +324,9 @@ fn wgpu_bf16_autocast_linear_matches_the_cpu() {
     let bf16 = tensor_ops::Precision::Bf16;
     compare("bf16 linear", dev, &inputs, 1.0 / 128.0, &|v| {
         let y = tensor_ops::autocast(bf16, || v[0].linear(&v[1], Some(&v[2])))?;
+        assert_eq!(y.dtype(), tensor_ops::DType::BF16);
+        // A scalar op on the bf16 result stays bf16 (gpu-core's default `affine` widens it).
+        let y = y.affine(1.5, -0.25)?;
         assert_eq!(y.dtype(), tensor_ops::DType::BF16);
         y.to_dtype(tensor_ops::DType::F32)
     });
