@@ -125,10 +125,11 @@ fn train_gpt_bf16_on_wgpu_matches_the_cpu() {
     }
 }
 
-/// `train-gpt --device wgpu` trains a one-layer GPT for 6 steps (dropout on, the default AdamW
-/// with clipping, two evaluations) and gives the CPU's run: each logged loss within 2e-4 (they
-/// are printed to 4 decimals; the runs agree to ~1e-6 relative, `models`' `tests/wgpu.rs`) and
-/// the final train and validation losses within 1e-4 relative, with the same sampled text.
+/// `train-gpt --device wgpu` trains a one-layer GPT for 6 steps (dropout on, clipping, two
+/// evaluations) with each optimizer (AdamW, Schedule-Free AdamW, Prodigy) and gives the CPU's
+/// run: each logged loss within 2e-4 (they are printed to 4 decimals; the runs agree to ~1e-6
+/// relative, `models`' `tests/wgpu.rs`) and the final train and validation losses within 1e-4
+/// relative, with the same sampled text.
 #[test]
 fn train_gpt_on_wgpu_matches_the_cpu() {
     const T: &str = "train_gpt_on_wgpu_matches_the_cpu";
@@ -137,11 +138,22 @@ fn train_gpt_on_wgpu_matches_the_cpu() {
     }
     let corpus = Corpus::new("wgpu-train");
     let data = corpus.0.to_str().unwrap();
-    let (cpu, gpu) = (train_gpt("cpu", data, &[]), train_gpt("wgpu", data, &[]));
-    println!("{gpu}");
-    assert!(gpu.contains("on wgpu:0"), "{gpu}");
-    assert!(gpu.contains("\"device\":\"wgpu:0\""), "{gpu}");
-    let (lc, lg) = (logged_losses(&cpu), logged_losses(&gpu));
+    for optimizer in ["adamw", "schedule-free", "prodigy"] {
+        let extra = ["--optimizer", optimizer];
+        let (cpu, gpu) = (
+            train_gpt("cpu", data, &extra),
+            train_gpt("wgpu", data, &extra),
+        );
+        println!("{optimizer}:\n{gpu}");
+        assert!(gpu.contains("on wgpu:0"), "{gpu}");
+        assert!(gpu.contains("\"device\":\"wgpu:0\""), "{gpu}");
+        compare_runs(optimizer, &cpu, &gpu);
+    }
+}
+
+/// The checks of [`train_gpt_on_wgpu_matches_the_cpu`] on one pair of runs.
+fn compare_runs(optimizer: &str, cpu: &str, gpu: &str) {
+    let (lc, lg) = (logged_losses(cpu), logged_losses(gpu));
     assert_eq!(
         lg.iter().map(|l| l.0).collect::<Vec<_>>(),
         (0..6).collect::<Vec<_>>()
@@ -149,12 +161,15 @@ fn train_gpt_on_wgpu_matches_the_cpu() {
     for ((it, a), (_, b)) in lg.iter().zip(&lc) {
         assert!(
             a.is_finite() && (a - b).abs() <= 2e-4,
-            "iteration {it}: wgpu {a}, cpu {b}"
+            "{optimizer} iteration {it}: wgpu {a}, cpu {b}"
         );
     }
     for key in ["final_train_loss", "final_val_loss"] {
-        let (a, b) = (summary_field(&gpu, key), summary_field(&cpu, key));
-        assert!((a - b).abs() <= 1e-4 * b.abs(), "{key}: wgpu {a}, cpu {b}");
+        let (a, b) = (summary_field(gpu, key), summary_field(cpu, key));
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "{optimizer} {key}: wgpu {a}, cpu {b}"
+        );
     }
     let sample = |s: &str| {
         let l: Vec<&str> = s.lines().collect();
@@ -166,7 +181,7 @@ fn train_gpt_on_wgpu_matches_the_cpu() {
     };
     // Temperature 0.8, top-k 20, the same seed: the same draws, so the same text (a token could
     // differ only where a draw fell within the logits' ~1e-6 difference of a boundary).
-    assert_eq!(sample(&gpu), sample(&cpu), "the sampled text");
+    assert_eq!(sample(gpu), sample(cpu), "{optimizer}: the sampled text");
 }
 
 /// The matmul demo on wgpu: round trip, the 2×2 product, and the product against f64 dot
