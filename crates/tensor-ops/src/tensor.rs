@@ -315,29 +315,10 @@ impl Tensor {
         }
         let storage = {
             let src = self.read();
-            // A device source comes to the host first (a CPU source is used where it is).
-            let fetched = match &*src {
-                Storage::Cpu(_) => None,
-                other => Some(download_storage(self.device(), other)?),
-            };
-            let host = match (&fetched, &*src) {
-                (Some(h), _) => h,
-                (None, Storage::Cpu(c)) => c,
-                (None, other) => return Err(GpuError::invalid("to", other.kind())),
-            };
-            match device {
-                Device::Cpu => match fetched {
-                    Some(h) => Storage::Cpu(h),
-                    None => Storage::Cpu(src.clone_cpu()?),
-                },
-                Device::Cuda(i) => {
-                    count_h2d(gpu_core::BufferInfo::size_in_bytes(host));
-                    Storage::Cuda(upload(&cuda_backend(i)?, host)?)
-                }
-                Device::Wgpu(i) => {
-                    count_h2d(gpu_core::BufferInfo::size_in_bytes(host));
-                    Storage::Wgpu(upload(crate::backend::wgpu_backend_ref(i)?, host)?)
-                }
+            match (&*src, device) {
+                (Storage::Cpu(c), d) => upload_storage(d, c)?,
+                (other, Device::Cpu) => Storage::Cpu(download_storage(self.device(), other)?),
+                (other, d) => upload_storage(d, &download_storage(self.device(), other)?)?,
             }
         };
         let src = self.device();
@@ -413,6 +394,23 @@ fn download_storage(device: Device, s: &Storage) -> Result<CpuStorage> {
             format!("{} on a {d} tensor", other.kind()),
         )),
     }
+}
+
+/// Host elements `c` placed on `device`: one host-to-device copy, counted (a copy in host
+/// memory for the CPU, not counted).
+fn upload_storage(device: Device, c: &CpuStorage) -> Result<Storage> {
+    let bytes = gpu_core::BufferInfo::size_in_bytes(c);
+    Ok(match device {
+        Device::Cpu => Storage::Cpu(c.try_clone()?),
+        Device::Cuda(i) => {
+            count_h2d(bytes);
+            Storage::Cuda(upload(&cuda_backend(i)?, c)?)
+        }
+        Device::Wgpu(i) => {
+            count_h2d(bytes);
+            Storage::Wgpu(upload(crate::backend::wgpu_backend_ref(i)?, c)?)
+        }
+    })
 }
 
 fn download<B: Backend>(gpu: &B, b: &B::Buffer) -> Result<CpuStorage> {
