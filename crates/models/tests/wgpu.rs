@@ -239,6 +239,64 @@ fn check_movement(
     println!("{variant:?} {precision}: movements within {worst:e} norm-wise");
 }
 
+/// A training step on wgpu moves only the batch in and the loss out through the tensor layer
+/// (`transfer_stats`: the same budget as on CUDA, `gpu.rs`), after a warm-up step. gpu-core's
+/// host fallbacks inside ops (clipping's norm, for one) copy below the tensor layer and are
+/// not counted here.
+#[test]
+fn wgpu_training_step_moves_only_the_batch_and_the_loss() {
+    const T: &str = "wgpu_training_step_moves_only_the_batch_and_the_loss";
+    let Some(dev) = wgpu(T) else { return };
+    let text = "It was the best of times, it was the worst of times. ".repeat(20);
+    let ds = Dataset::from_text(&text, 0.9).unwrap();
+    let cfg = GptConfig {
+        variant: Variant::Gpt2,
+        vocab_size: ds.tokenizer.vocab_size(),
+        block_size: 16,
+        n_layer: 1,
+        n_head: 2,
+        n_embd: 16,
+        dropout: 0.1,
+        bias: true,
+    };
+    let model = Gpt::new(cfg, 1, dev).unwrap();
+    let mut opt = model
+        .store()
+        .adamw(AdamWParams {
+            max_grad_norm: Some(1.0),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut rng = Dataset::rng(2);
+    let mut step = |i: u64| -> f32 {
+        let (x, y) = ds.batch(false, 4, 16, &mut rng, dev).unwrap();
+        let loss = model.loss(&x, &y, Some(i)).unwrap();
+        let g = loss.backward().unwrap();
+        opt.step(&g, 1e-3).unwrap();
+        loss.item().unwrap()
+    };
+    step(0);
+    let before = tensor_ops::transfer_stats();
+    let loss = step(1);
+    let after = tensor_ops::transfer_stats();
+    assert!(loss.is_finite());
+    assert_eq!(
+        after.host_to_device - before.host_to_device,
+        2,
+        "only x and y go in"
+    );
+    assert_eq!(
+        after.host_to_device_bytes - before.host_to_device_bytes,
+        2 * 4 * 16 * 4
+    );
+    assert_eq!(
+        after.device_to_host - before.device_to_host,
+        1,
+        "only the loss comes out"
+    );
+    assert_eq!(after.device_to_host_bytes - before.device_to_host_bytes, 4);
+}
+
 /// Greedy tokens compared.
 const NEW: usize = 12;
 
