@@ -262,3 +262,51 @@ fn generate_on_wgpu_prints_transformers_greedy_text() {
         }
     }
 }
+
+/// `train-gpt --checkpoint` on wgpu, then `--resume` from its iteration-3 checkpoint on wgpu,
+/// continues the run bit for bit (the same logged losses at iterations 3–5, the same final
+/// evaluation in full); resumed on the CPU, the same checkpoint gives the wgpu run's losses
+/// within the cross-device bounds of `train_gpt_on_wgpu_matches_the_cpu`.
+#[test]
+fn train_gpt_checkpoints_on_wgpu_resume_on_wgpu_and_the_cpu() {
+    const T: &str = "train_gpt_checkpoints_on_wgpu_resume_on_wgpu_and_the_cpu";
+    if !has_wgpu(T) {
+        return;
+    }
+    let corpus = Corpus::new("wgpu-ckpt");
+    let data = corpus.0.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("train-gpt-wgpu-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ck = dir.to_str().unwrap();
+    let full = train_gpt(
+        "wgpu",
+        data,
+        &["--checkpoint", ck, "--checkpoint-interval", "3"],
+    );
+    let mid = dir.join("iter-0000003");
+    let mid = mid.to_str().unwrap();
+    let resumed = train_gpt("wgpu", data, &["--resume", mid]);
+    let on_cpu = train_gpt("cpu", data, &["--resume", mid]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(resumed.contains("resumed from"), "{resumed}");
+    let (a, b) = (logged_losses(&full), logged_losses(&resumed));
+    assert_eq!(b.iter().map(|l| l.0).collect::<Vec<_>>(), vec![3, 4, 5]);
+    assert_eq!(b[..], a[3..], "the resumed wgpu run's losses");
+    for key in ["final_train_loss", "final_val_loss"] {
+        let (x, y) = (summary_field(&resumed, key), summary_field(&full, key));
+        assert_eq!(x.to_bits(), y.to_bits(), "{key}: resumed {x}, full {y}");
+    }
+    let c = logged_losses(&on_cpu);
+    assert_eq!(c.len(), 3, "{on_cpu}");
+    for ((it, x), (_, y)) in c.iter().zip(&a[3..]) {
+        assert!((x - y).abs() <= 2e-4, "iteration {it}: cpu {x}, wgpu {y}");
+    }
+    let (x, y) = (
+        summary_field(&on_cpu, "final_val_loss"),
+        summary_field(&full, "final_val_loss"),
+    );
+    assert!(
+        (x - y).abs() <= 1e-4 * y.abs(),
+        "final_val_loss: cpu {x}, wgpu {y}"
+    );
+}
