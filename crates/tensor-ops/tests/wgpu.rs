@@ -125,6 +125,14 @@ fn wgpu_transfers_keep_every_dtype_and_count_copies() {
         matches!(e, tensor_ops::GpuError::DeviceMismatch { .. }),
         "{e}"
     );
+    // An adapter that does not exist is a typed error, from creation and from `to`.
+    let absent = Device::Wgpu(63);
+    for e in [
+        Tensor::zeros(&[2], absent).unwrap_err(),
+        c.to(absent).unwrap_err(),
+    ] {
+        assert!(matches!(e, tensor_ops::GpuError::WgpuUnavailable(_)), "{e}");
+    }
     // Gradients flow back through `to` to the source device.
     let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3], Device::Cpu)
         .unwrap()
