@@ -422,3 +422,39 @@ fn wgpu_engine_storages_match_the_reference() {
         }
     }
 }
+
+/// Batched decoding on wgpu: the f32 `Engine` with two prompts of different lengths (left
+/// padding masked) gives the CPU engine's last-token logits of each row within
+/// `REL · max|logit|` and its greedy tokens row by row.
+#[test]
+fn wgpu_batched_engine_matches_the_cpu() {
+    const T: &str = "wgpu_batched_engine_matches_the_cpu";
+    let Some(dev) = wgpu(T) else { return };
+    let prompts = [
+        (0..9).map(|i| (i * 7 + 3) % 96).collect::<Vec<u32>>(),
+        (0..4).map(|i| (i * 11 + 1) % 96).collect(),
+    ];
+    for name in ["llama3", "gpt2"] {
+        let run = |d: Device| {
+            let opts = EngineOptions {
+                dtype: DType::F32,
+                batch: 2,
+                capacity: 32,
+                quant: None,
+            };
+            let mut e = Engine::load(&dir(name), d, opts).unwrap();
+            let logits = e.prefill(&prompts, false).unwrap();
+            assert_eq!(logits.device(), d);
+            let logits = logits.to_vec().unwrap();
+            let toks = e.generate_greedy(&prompts, NEW, &[], |_| {}).unwrap();
+            (logits, toks)
+        };
+        let (want, want_toks) = run(Device::Cpu);
+        let (got, toks) = run(dev);
+        let what = format!("{name} batched f32 Engine, {dev} vs CPU");
+        let err = max_err(&what, &got, &want, REL);
+        eprintln!("{what}: last-token logits max |diff| {err:e}, tokens {toks:?}");
+        assert_eq!(toks.len(), 2);
+        assert_eq!(toks, want_toks, "{what}: greedy tokens of each row");
+    }
+}
