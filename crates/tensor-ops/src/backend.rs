@@ -167,7 +167,8 @@ pub fn wgpu_backend(index: usize) -> Result<WgpuBackend> {
 /// [`cuda_backend_ref`]: a lock-free read of a `OnceLock` after the first call per index, which
 /// opens it under a lock. No adapter, or no adapter `index`, is
 /// [`GpuError::WgpuUnavailable`]; an index from 64 on gets the error opening it gives, or one
-/// saying only the first 64 are served.
+/// saying only the first 64 are served. A device lost later stays cached (its tensors' buffers
+/// belong to it): every op on it then reports `DeviceLost`.
 pub(crate) fn wgpu_backend_ref(index: usize) -> Result<&'static WgpuBackend> {
     static SLOTS: [OnceLock<WgpuBackend>; CACHED_ORDINALS] =
         [const { OnceLock::new() }; CACHED_ORDINALS];
