@@ -59,6 +59,32 @@ fn elementwise_defaults_match_the_cpu() {
     P.affine(&x, 1.5, -0.25, &mut a).unwrap();
     C.affine(&x, 1.5, -0.25, &mut b).unwrap();
     close("affine", &a, &b, 2e-7);
+    // bf16 in and out: computed in f32 and rounded once, as the CPU; the f32 results differ by
+    // at most half an ulp (two roundings against a fused one), so the bf16 ones are equal
+    // unless that f32 result lies within it of a bf16 rounding midpoint: one bf16 ulp at most.
+    let xb = CpuStorage::BF16(
+        x.as_f32()
+            .unwrap()
+            .iter()
+            .map(|&v| half::bf16::from_f32(v))
+            .collect(),
+    );
+    let (mut ab, mut bb) = (
+        CpuStorage::BF16(vec![half::bf16::NAN; x.len()]),
+        CpuStorage::BF16(vec![half::bf16::NAN; x.len()]),
+    );
+    P.affine(&xb, 1.5, -0.25, &mut ab).unwrap();
+    C.affine(&xb, 1.5, -0.25, &mut bb).unwrap();
+    let (CpuStorage::BF16(ab), CpuStorage::BF16(bb)) = (ab, bb) else {
+        panic!("bf16 affine: the outputs changed dtype");
+    };
+    for (i, (p, c)) in ab.iter().zip(&bb).enumerate() {
+        let (p, c) = (p.to_f32(), c.to_f32());
+        assert!(
+            (p - c).abs() <= c.abs() / 128.0 || p.to_bits() == c.to_bits(),
+            "bf16 affine[{i}]: {p} vs {c}"
+        );
+    }
     let (mut y, dy) = (zeros(outer * inner), f32s(&rand_vec(&mut r, outer * inner)));
     C.reduce_axis(gpu_core::nn::ReduceKind::Max, &x, outer, n, inner, &mut y)
         .unwrap();

@@ -88,8 +88,9 @@ pub(crate) fn summarize(info: &wgpu::AdapterInfo) -> AdapterSummary {
 /// Registers [`adapters`] as `gpu_core`'s wgpu probe, so `Device::auto` and
 /// `Device::check_present` see wgpu adapters. Returns false when a probe was registered before.
 ///
-/// Call it from the layer that can run on wgpu (the tensor layer, once it has wgpu storage):
-/// until then `Device::auto` must not pick a device the layers above would refuse.
+/// Call it from a program whose work runs on wgpu (`tensor_ops::register_wgpu_probe` re-exports
+/// it; `hybrid-trainer` calls it when `--device` or `HYBRID_DEVICE` names a wgpu device, so
+/// `Device::auto` does not pick a device that a command such as the world model's would refuse).
 pub fn register_device_probe() -> bool {
     gpu_core::probe::register_wgpu_probe(|| adapters().map_err(|e| e.to_string()))
 }

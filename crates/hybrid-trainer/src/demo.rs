@@ -37,8 +37,15 @@ pub fn run(device: Device, n: usize) -> Result<DemoReport> {
             );
             run_on(&gpu, device, n)
         }
-        Device::Wgpu(_) => {
-            Err(gpu_core::GpuError::not_implemented(device, "the matmul demo").into())
+        Device::Wgpu(i) => {
+            // The tensors' shared backend of this adapter.
+            let gpu = tensor_ops::wgpu_backend(i)?;
+            println!(
+                "wgpu adapter {i}: {} ({:?})",
+                gpu.info().adapter.name,
+                gpu.info().adapter.device_type
+            );
+            run_on(&gpu, device, n)
         }
     }
 }
@@ -106,7 +113,7 @@ fn run_on<B: MatmulOps>(b: &B, device: Device, n: usize) -> Result<DemoReport> {
         worst < 1e-5,
         "{n}x{n} matmul: relative error {worst:e} against f64"
     );
-    let vs_cpu = if device.is_cuda() {
+    let vs_cpu = if device != Device::Cpu {
         let cpu = CpuBackend;
         let mut cc = cpu.allocate(DType::F32, n * n)?;
         cpu.matmul(spec, &cpu.upload(&a)?, &cpu.upload(&bm)?, &mut cc)?;

@@ -121,6 +121,11 @@ fn cpu_mode(flag: Option<CpuMode>, default: CpuMode) -> Result<CpuMode> {
 /// of LOCAL_RANK ($HYBRID_DEVICE is then not consulted, except that `cpu` is refused as
 /// `--device cpu` is), and only rank 0 says which device it took.
 fn select_device(choice: DeviceChoice) -> Result<Device> {
+    if names_wgpu(choice) {
+        // Only a wgpu device named by the user makes gpu-core see wgpu adapters: `auto` keeps
+        // CUDA, else the CPU, since not every command runs on wgpu yet.
+        tensor_ops::register_wgpu_probe();
+    }
     let dist = tensor_ops::dist::DistEnv::from_env()?.filter(|e| e.world_size > 1);
     let Some(env) = dist else {
         return Ok(match choice {
@@ -184,6 +189,17 @@ fn select_device(choice: DeviceChoice) -> Result<Device> {
         );
     }
     Ok(device)
+}
+
+/// Whether `choice` (or, for `auto`, `$HYBRID_DEVICE`) names a wgpu device.
+fn names_wgpu(choice: DeviceChoice) -> bool {
+    match choice {
+        DeviceChoice::Fixed(d) => d.is_wgpu(),
+        DeviceChoice::Auto => std::env::var(gpu_core::DEVICE_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<Device>().ok())
+            .is_some_and(Device::is_wgpu),
+    }
 }
 
 fn main() -> Result<()> {

@@ -37,7 +37,9 @@ impl Precision {
     /// CUDA, on for tf32 and off for fp32 (a setting of the device's backend, shared by every
     /// user of that device); bf16 leaves it as it is (its matmuls are bf16). On the CPU, bf16
     /// runs the reference of the bf16 kernels (f32 arithmetic, the same roundings; slow) and
-    /// tf32 is an error: the CPU has no TF32 arithmetic.
+    /// tf32 is an error: the CPU has no TF32 arithmetic. On wgpu as on the CPU: fp32 and bf16
+    /// (bf16 matmuls widen to f32 and round their outputs once) need no setting; tf32 is an
+    /// error (WGSL has no TF32 arithmetic).
     pub fn apply(self, device: Device) -> Result<()> {
         match device {
             Device::Cuda(i) => {
@@ -51,7 +53,11 @@ impl Precision {
                 "precision",
                 "tf32 needs a CUDA device; the CPU computes f32 matmuls in f32",
             )),
-            Device::Wgpu(_) => Err(GpuError::not_implemented(device, "precision settings")),
+            Device::Wgpu(_) if self != Precision::Tf32 => Ok(()),
+            Device::Wgpu(_) => Err(GpuError::invalid(
+                "precision",
+                format!("tf32 needs a CUDA device; {device} computes f32 matmuls in f32"),
+            )),
         }
     }
 }
@@ -123,5 +129,9 @@ mod tests {
         assert!(Precision::Tf32.apply(Device::Cpu).is_err());
         assert!(Precision::Bf16.apply(Device::Cpu).is_ok());
         assert!(Precision::Fp32.apply(Device::Cpu).is_ok());
+        // On wgpu as on the CPU (no adapter needed: nothing is set on the device).
+        assert!(Precision::Tf32.apply(Device::Wgpu(0)).is_err());
+        assert!(Precision::Bf16.apply(Device::Wgpu(0)).is_ok());
+        assert!(Precision::Fp32.apply(Device::Wgpu(0)).is_ok());
     }
 }

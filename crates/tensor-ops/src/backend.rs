@@ -5,6 +5,7 @@ use gpu_core::nn::NnOps;
 use gpu_core::testing::PrimitivesOnly;
 use gpu_core::{CpuBackend, Device, GpuError, Result};
 use gpu_cuda::CudaBackend;
+use gpu_wgpu::WgpuBackend;
 use std::cell::Cell;
 use std::sync::{Mutex, OnceLock};
 
@@ -36,13 +37,13 @@ impl DeviceBackend for CpuBackend {
     fn get(s: &Storage) -> Result<&Self::Buffer> {
         match s {
             Storage::Cpu(b) => Ok(b),
-            Storage::Cuda(b) => Err(mismatch(Device::Cpu, b)),
+            other => Err(mismatch(Device::Cpu, other)),
         }
     }
     fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
         match s {
             Storage::Cpu(b) => Ok(b),
-            Storage::Cuda(b) => Err(mismatch(Device::Cpu, b)),
+            other => Err(mismatch(Device::Cpu, other)),
         }
     }
     fn wrap(buf: Self::Buffer) -> Storage {
@@ -57,23 +58,38 @@ impl DeviceBackend for CudaBackend {
     fn get(s: &Storage) -> Result<&Self::Buffer> {
         match s {
             Storage::Cuda(b) => Ok(b),
-            Storage::Cpu(_) => Err(GpuError::invalid(
-                "storage",
-                "expected a CUDA buffer, found a CPU one",
-            )),
+            other => Err(mismatch_kind("a CUDA buffer", other)),
         }
     }
     fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
         match s {
             Storage::Cuda(b) => Ok(b),
-            Storage::Cpu(_) => Err(GpuError::invalid(
-                "storage",
-                "expected a CUDA buffer, found a CPU one",
-            )),
+            other => Err(mismatch_kind("a CUDA buffer", other)),
         }
     }
     fn wrap(buf: Self::Buffer) -> Storage {
         Storage::Cuda(buf)
+    }
+}
+
+impl DeviceBackend for WgpuBackend {
+    fn alloc_output(&self, len: usize) -> Result<Self::Buffer> {
+        gpu_core::Backend::allocate(self, gpu_core::DType::F32, len)
+    }
+    fn get(s: &Storage) -> Result<&Self::Buffer> {
+        match s {
+            Storage::Wgpu(b) => Ok(b),
+            other => Err(mismatch_kind("a wgpu buffer", other)),
+        }
+    }
+    fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
+        match s {
+            Storage::Wgpu(b) => Ok(b),
+            other => Err(mismatch_kind("a wgpu buffer", other)),
+        }
+    }
+    fn wrap(buf: Self::Buffer) -> Storage {
+        Storage::Wgpu(buf)
     }
 }
 
@@ -92,10 +108,17 @@ impl DeviceBackend for PrimitivesOnly {
     }
 }
 
-fn mismatch(want: Device, _b: &gpu_cuda::CudaBuffer) -> GpuError {
+fn mismatch(want: Device, found: &Storage) -> GpuError {
     GpuError::invalid(
         "storage",
-        format!("expected a {want} buffer, found a CUDA one"),
+        format!("expected a {want} buffer, found {}", found.kind()),
+    )
+}
+
+fn mismatch_kind(want: &str, found: &Storage) -> GpuError {
+    GpuError::invalid(
+        "storage",
+        format!("expected {want}, found {}", found.kind()),
     )
 }
 
@@ -134,6 +157,49 @@ pub(crate) fn cuda_backend_ref(ordinal: usize) -> Result<&'static CudaBackend> {
     Ok(slot.get_or_init(|| b))
 }
 
+/// The shared backend of wgpu adapter `index`, opened on first use (a clone of
+/// [`wgpu_backend_ref`]'s: cheap, it shares everything).
+pub fn wgpu_backend(index: usize) -> Result<WgpuBackend> {
+    wgpu_backend_ref(index).cloned()
+}
+
+/// The shared backend of wgpu adapter `index` (`Device::Wgpu(index)`), as
+/// [`cuda_backend_ref`]: a lock-free read of a `OnceLock` after the first call per index, which
+/// opens it under a lock. No adapter, or no adapter `index`, is
+/// [`GpuError::WgpuUnavailable`]; an index from 64 on gets the error opening it gives, or one
+/// saying only the first 64 are served. A device lost later stays cached (its tensors' buffers
+/// belong to it): every op on it then reports `DeviceLost`.
+pub(crate) fn wgpu_backend_ref(index: usize) -> Result<&'static WgpuBackend> {
+    static SLOTS: [OnceLock<WgpuBackend>; CACHED_ORDINALS] =
+        [const { OnceLock::new() }; CACHED_ORDINALS];
+    static OPENING: Mutex<()> = Mutex::new(());
+    let Some(slot) = SLOTS.get(index) else {
+        WgpuBackend::shared(index)?;
+        return Err(GpuError::invalid(
+            "wgpu_backend",
+            format!("adapter index {index} is not below {CACHED_ORDINALS}"),
+        ));
+    };
+    if let Some(b) = slot.get() {
+        return Ok(b);
+    }
+    let _open = OPENING.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(b) = slot.get() {
+        return Ok(b);
+    }
+    // The process-wide backend of gpu-wgpu, so tensors and direct users share one device.
+    let b = WgpuBackend::shared(index)?;
+    Ok(slot.get_or_init(|| b))
+}
+
+/// Registers gpu-wgpu's adapter probe with gpu-core, so [`Device::check_present`] (and
+/// [`Device::auto`], which then prefers a hardware wgpu adapter to the CPU) see wgpu adapters.
+/// A program calls it when the work it picks a device for runs on wgpu. Returns false when a
+/// probe was registered before.
+pub fn register_wgpu_probe() -> bool {
+    gpu_wgpu::register_device_probe()
+}
+
 thread_local! {
     /// Whether this thread's CPU tensors run on [`PrimitivesOnly`] ([`with_primitives_only`]).
     static PRIMITIVES_ONLY: Cell<bool> = const { Cell::new(false) };
@@ -170,9 +236,9 @@ macro_rules! on_device {
                 let $b = $crate::backend::cuda_backend_ref(i)?;
                 $body
             }
-            // The tensor layer has no wgpu storage yet (gpu-wgpu has the primitives only).
-            d @ gpu_core::Device::Wgpu(_) => {
-                return Err(gpu_core::GpuError::not_implemented(d, "tensor storage").into())
+            gpu_core::Device::Wgpu(i) => {
+                let $b = $crate::backend::wgpu_backend_ref(i)?;
+                $body
             }
         }
     };

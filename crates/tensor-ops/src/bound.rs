@@ -120,11 +120,11 @@ impl Tensor {
         }
     }
 
-    /// The largest value, read from the storage (one device-to-host copy on CUDA).
+    /// The largest value, read from the storage (one device-to-host copy on a GPU).
     fn read_u32_max(&self) -> Result<Option<u32>> {
         let on_host = match &*self.read() {
             Storage::Cpu(c) => Some(c.as_u32()?.iter().max().copied()),
-            Storage::Cuda(_) => None,
+            Storage::Cuda(_) | Storage::Wgpu(_) => None,
         };
         match on_host {
             Some(m) => Ok(m),

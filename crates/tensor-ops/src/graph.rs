@@ -158,6 +158,9 @@ impl Tensor {
         match (&mut *st, self.device()) {
             (Storage::Cpu(b), Device::Cpu) => gpu_core::CpuBackend.copy_to_device(data, b),
             (Storage::Cuda(b), Device::Cuda(i)) => cuda_backend(i)?.copy_to_device(data, b),
+            (Storage::Wgpu(b), Device::Wgpu(i)) => {
+                crate::backend::wgpu_backend_ref(i)?.copy_to_device(data, b)
+            }
             _ => Err(GpuError::invalid(OP, "storage and device disagree")),
         }
     }

@@ -37,7 +37,7 @@ impl Tensor {
         let guard = self.0.storage.try_read().map_err(|_| busy(OP))?;
         match &*guard {
             Storage::Cuda(b) => f(&gpu, b),
-            Storage::Cpu(_) => Err(not_on(OP, self, "a CUDA device")),
+            _ => Err(not_on(OP, self, "a CUDA device")),
         }
     }
 
@@ -57,7 +57,7 @@ impl Tensor {
         let mut guard = self.0.storage.try_write().map_err(|_| busy(OP))?;
         match &mut *guard {
             Storage::Cuda(b) => f(&gpu, b),
-            Storage::Cpu(_) => Err(not_on(OP, self, "a CUDA device")),
+            _ => Err(not_on(OP, self, "a CUDA device")),
         }
     }
 
@@ -72,7 +72,7 @@ impl Tensor {
         let mut guard = self.0.storage.try_write().map_err(|_| busy(OP))?;
         match &mut *guard {
             Storage::Cpu(c) => f(c.as_f32_mut()?),
-            Storage::Cuda(_) => Err(not_on(OP, self, "the CPU")),
+            _ => Err(not_on(OP, self, "the CPU")),
         }
     }
 

@@ -1,5 +1,5 @@
 //! `tensor-ops`: device-aware tensors and reverse-mode autograd for hybrid-trainer.
-//! Every op runs where its inputs live (CPU reference or CUDA), moving data only through an
+//! Every op runs where its inputs live (CPU reference, CUDA or wgpu), moving data only through an
 //! explicit `to(device)`; a transfer counter makes hidden copies testable.
 
 pub mod autocast;
@@ -20,7 +20,10 @@ mod tensor;
 
 pub use autocast::{autocast, Precision};
 pub use autograd::{no_grad, Gradients};
-pub use backend::{cuda_backend, transfer_stats, with_primitives_only, TransferStats};
+pub use backend::{
+    cuda_backend, register_wgpu_probe, transfer_stats, wgpu_backend, with_primitives_only,
+    TransferStats,
+};
 pub use gpu_core::{DType, Device, GpuError, Result};
 /// The `ndarray` version [`Tensor::from_ndarray`] and [`Tensor::to_ndarray`] speak.
 pub use ndarray;

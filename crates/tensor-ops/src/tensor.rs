@@ -301,46 +301,24 @@ impl Tensor {
     }
 
     /// Copies to `device` (explicit, and counted by [`crate::transfer_stats`]); the copy is part
-    /// of the graph, so gradients flow back to the source device.
+    /// of the graph, so gradients flow back to the source device. Between two devices the copy
+    /// goes through the host (device to host, then host to device; a CPU source is uploaded
+    /// without a host copy).
     pub fn to(&self, device: Device) -> Result<Tensor> {
         if device == self.device() {
             return Ok(self.clone());
         }
-        if device.is_wgpu() {
-            return Err(GpuError::not_implemented(device, "Tensor::to"));
+        // A wgpu device is checked by opening it (`WgpuUnavailable` when it is absent): the
+        // HAL's presence check needs a registered probe.
+        if !device.is_wgpu() {
+            device.check_present()?;
         }
-        device.check_present()?;
-        // Via the host: CUDA→CPU, then CPU→CUDA (a CPU source is uploaded without a copy).
         let storage = {
             let src = self.read();
             match (&*src, device) {
-                (Storage::Cpu(c), Device::Cuda(i)) => {
-                    let gpu = cuda_backend(i)?;
-                    count_h2d(gpu_core::BufferInfo::size_in_bytes(c));
-                    Storage::Cuda(upload(&gpu, c)?)
-                }
-                // Not reached (same device returns above); a fallible copy all the same.
-                (Storage::Cpu(c), Device::Cpu) => Storage::Cpu(c.try_clone()?),
-                (_, d @ Device::Wgpu(_)) => {
-                    return Err(GpuError::not_implemented(d, "Tensor::to"));
-                }
-                (Storage::Cuda(b), _) => {
-                    let Device::Cuda(from) = self.device() else {
-                        return Err(GpuError::invalid("to", "CUDA storage on a CPU tensor"));
-                    };
-                    count_d2h(gpu_core::BufferInfo::size_in_bytes(b));
-                    let host = download(&cuda_backend(from)?, b)?;
-                    match device {
-                        Device::Cpu => Storage::Cpu(host),
-                        Device::Cuda(i) => {
-                            count_h2d(gpu_core::BufferInfo::size_in_bytes(&host));
-                            Storage::Cuda(upload(&cuda_backend(i)?, &host)?)
-                        }
-                        d @ Device::Wgpu(_) => {
-                            return Err(GpuError::not_implemented(d, "Tensor::to"));
-                        }
-                    }
-                }
+                (Storage::Cpu(c), d) => upload_storage(d, c)?,
+                (other, Device::Cpu) => Storage::Cpu(download_storage(self.device(), other)?),
+                (other, d) => upload_storage(d, &download_storage(self.device(), other)?)?,
             }
         };
         let src = self.device();
@@ -395,12 +373,47 @@ impl Storage {
     fn clone_cpu(&self) -> Result<CpuStorage> {
         match self {
             Storage::Cpu(c) => c.try_clone(),
-            Storage::Cuda(_) => Err(GpuError::invalid("storage", "expected host memory")),
+            other => Err(GpuError::invalid(
+                "storage",
+                format!("expected host memory, found {}", other.kind()),
+            )),
         }
     }
 }
 
-fn download(gpu: &gpu_cuda::CudaBackend, b: &gpu_cuda::CudaBuffer) -> Result<CpuStorage> {
+/// The elements of device storage `s` (on `device`) in host memory: one device-to-host copy,
+/// counted.
+fn download_storage(device: Device, s: &Storage) -> Result<CpuStorage> {
+    count_d2h(s.len() * s.dtype().size_in_bytes());
+    match (s, device) {
+        (Storage::Cuda(b), Device::Cuda(i)) => download(&cuda_backend(i)?, b),
+        (Storage::Wgpu(b), Device::Wgpu(i)) => download(crate::backend::wgpu_backend_ref(i)?, b),
+        (Storage::Cpu(c), Device::Cpu) => c.try_clone(),
+        (other, d) => Err(GpuError::invalid(
+            "to",
+            format!("{} on a {d} tensor", other.kind()),
+        )),
+    }
+}
+
+/// Host elements `c` placed on `device`: one host-to-device copy, counted (a copy in host
+/// memory for the CPU, not counted).
+fn upload_storage(device: Device, c: &CpuStorage) -> Result<Storage> {
+    let bytes = gpu_core::BufferInfo::size_in_bytes(c);
+    Ok(match device {
+        Device::Cpu => Storage::Cpu(c.try_clone()?),
+        Device::Cuda(i) => {
+            count_h2d(bytes);
+            Storage::Cuda(upload(&cuda_backend(i)?, c)?)
+        }
+        Device::Wgpu(i) => {
+            count_h2d(bytes);
+            Storage::Wgpu(upload(crate::backend::wgpu_backend_ref(i)?, c)?)
+        }
+    })
+}
+
+fn download<B: Backend>(gpu: &B, b: &B::Buffer) -> Result<CpuStorage> {
     Ok(match gpu_core::BufferInfo::dtype(b) {
         DType::F32 => CpuStorage::F32(gpu.download(b)?),
         DType::F16 => CpuStorage::F16(gpu.download(b)?),
@@ -409,7 +422,7 @@ fn download(gpu: &gpu_cuda::CudaBackend, b: &gpu_cuda::CudaBuffer) -> Result<Cpu
     })
 }
 
-fn upload(gpu: &gpu_cuda::CudaBackend, c: &CpuStorage) -> Result<gpu_cuda::CudaBuffer> {
+fn upload<B: Backend>(gpu: &B, c: &CpuStorage) -> Result<B::Buffer> {
     match c {
         CpuStorage::F32(v) => gpu.upload(v),
         CpuStorage::F16(v) => gpu.upload(v),

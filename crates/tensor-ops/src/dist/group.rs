@@ -459,7 +459,7 @@ pub(super) fn cuda_bufs<'g>(
         .iter_mut()
         .map(|g| match &mut **g {
             Storage::Cuda(b) => Ok(b),
-            Storage::Cpu(_) => Err(not_cuda("all_reduce")),
+            _ => Err(not_cuda("all_reduce")),
         })
         .collect()
 }

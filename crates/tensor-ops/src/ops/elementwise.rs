@@ -292,6 +292,11 @@ fn dropout_storage(
             "dropout",
             "a device seed offset needs a CUDA tensor",
         )),
-        (Some(_), d @ Device::Wgpu(_)) => Err(GpuError::not_implemented(d, "dropout")),
+        // Device seed offsets serve CUDA graphs (`graph::with_dropout_offsets`), which take CUDA
+        // offsets only.
+        (Some(_), d @ Device::Wgpu(_)) => Err(GpuError::not_implemented(
+            d,
+            "dropout with device seed offsets (CUDA graphs)",
+        )),
     }
 }

@@ -8,7 +8,9 @@ use crate::nn::primitives::Primitives;
 use crate::ops::check_float_elementwise;
 
 /// `out = mul·x + add` as two broadcast ops (two roundings where the CPU fuses one: within
-/// `ulp(mul·x)/2` of the fused result).
+/// `ulp(mul·x)/2` of the fused result). A bf16 `x` is widened first and the f32 result rounded
+/// once into `out`, as the CPU's `via_f32` (the scalars are f32 buffers, and a broadcast op
+/// takes one dtype: multiplying the bf16 `x` by them directly was a dtype error).
 pub fn affine<B: Primitives + ?Sized>(
     b: &B,
     x: &B::Buffer,
@@ -19,17 +21,12 @@ pub fn affine<B: Primitives + ?Sized>(
     check_float_elementwise("affine", &[x], out)?;
     let n = [x.len()];
     let (m, a) = (scalar(b, mul)?, scalar(b, add)?);
-    let mut prod = b.allocate(x.dtype(), x.len())?;
-    b.broadcast_binary(BinaryKind::Mul, x, &n, &m, &[1], &mut prod)?;
     if out.dtype() == crate::DType::F32 {
+        let prod = zip(b, BinaryKind::Mul, (x, &n), (&m, &[1]))?;
         return b.broadcast_binary(BinaryKind::Add, &prod, &n, &a, &[1], out);
     }
-    let wide = zip(
-        b,
-        BinaryKind::Add,
-        (&super::widen(b, &prod)?, &n),
-        (&a, &[1]),
-    )?;
+    let prod = zip(b, BinaryKind::Mul, (&super::widen(b, x)?, &n), (&m, &[1]))?;
+    let wide = zip(b, BinaryKind::Add, (&prod, &n), (&a, &[1]))?;
     b.cast(&wide, out)
 }
 
