@@ -121,9 +121,11 @@ fn cpu_mode(flag: Option<CpuMode>, default: CpuMode) -> Result<CpuMode> {
 /// of LOCAL_RANK ($HYBRID_DEVICE is then not consulted, except that `cpu` is refused as
 /// `--device cpu` is), and only rank 0 says which device it took.
 fn select_device(choice: DeviceChoice) -> Result<Device> {
-    if names_wgpu(choice) {
-        // Only a wgpu device named by the user makes gpu-core see wgpu adapters: `auto` keeps
-        // CUDA, else the CPU, since not every command runs on wgpu yet.
+    if names_wgpu(choice) || matches!(choice, DeviceChoice::Auto) {
+        // gpu-core sees wgpu adapters: a named one is checked to exist, and `auto` takes CUDA,
+        // else the first hardware adapter (never a software rasteriser such as lavapipe), else
+        // the CPU. Every command but the multi-GPU launcher runs on wgpu (the world model
+        // through the HAL's defaults); the launcher's NCCL refuses it with a typed error.
         tensor_ops::register_wgpu_probe();
     }
     let dist = tensor_ops::dist::DistEnv::from_env()?.filter(|e| e.world_size > 1);
