@@ -42,6 +42,37 @@ pub fn gpt_adamw(model: &models::gpt::Gpt) -> tensor_ops::Result<tensor_ops::opt
     })
 }
 
+/// Median microseconds of a full eager training step (forward, backward, clip, AdamW,
+/// `loss.item()`) of nanoGPT's shakespeare-char GPT at `batch × block` on `dev`, on random
+/// batches from `text`, after 3 untimed steps; and the model's parameter count. The CUDA
+/// bench sets TF32 around it; wgpu and the CPU run it as it is.
+pub fn gpt_train_step_us(
+    dev: tensor_ops::Device,
+    text: &str,
+    (batch, block, steps): (usize, usize, usize),
+) -> anyhow::Result<(f64, usize)> {
+    use models::gpt::{Dataset, Gpt, GptConfig};
+    let ds = Dataset::from_text(text, 0.9)?;
+    let mut cfg = GptConfig::shakespeare_char(ds.tokenizer.vocab_size());
+    cfg.block_size = cfg.block_size.max(block);
+    let model = Gpt::new(cfg, 1, dev)?;
+    let mut opt = gpt_adamw(&model)?;
+    let mut rng = Dataset::rng(1);
+    let mut times = Vec::new();
+    for i in 0..steps + 3 {
+        let t0 = std::time::Instant::now();
+        let (x, y) = ds.batch(false, batch, block, &mut rng, dev)?;
+        let loss = model.loss(&x, &y, Some(i as u64))?;
+        let g = loss.backward()?;
+        opt.step(&g, 1e-3)?;
+        loss.item()?;
+        if i >= 3 {
+            times.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok((median(&times), model.num_params()))
+}
+
 /// Median of a sample (sorted copy); NaN for an empty one.
 pub fn median(xs: &[f64]) -> f64 {
     if xs.is_empty() {

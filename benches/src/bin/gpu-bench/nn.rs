@@ -206,30 +206,14 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
 pub fn train_step(gpu_ordinal: usize, text: &str, steps: usize, tf32: bool) -> Result<Row> {
     let dev = Device::Cuda(gpu_ordinal);
     tensor_ops::cuda_backend(gpu_ordinal)?.set_tf32(tf32);
-    let ds = Dataset::from_text(text, 0.9)?;
-    let cfg = GptConfig::shakespeare_char(ds.tokenizer.vocab_size());
-    let model = Gpt::new(cfg, 1, dev)?;
-    let mut opt = benches::gpt_adamw(&model)?;
-    let mut rng = Dataset::rng(1);
-    let mut times = Vec::new();
-    for i in 0..steps + 3 {
-        let t0 = Instant::now();
-        let (x, y) = ds.batch(false, 64, 256, &mut rng, dev)?;
-        let loss = model.loss(&x, &y, Some(i as u64))?;
-        let g = loss.backward()?;
-        opt.step(&g, 1e-3)?;
-        loss.item()?;
-        if i >= 3 {
-            times.push(t0.elapsed().as_secs_f64() * 1e6);
-        }
-    }
+    let measured = benches::gpt_train_step_us(dev, text, (64, 256, steps));
     tensor_ops::cuda_backend(gpu_ordinal)?.set_tf32(false);
-    let us = benches::median(&times);
+    let (us, params) = measured?;
     let tokens = 64.0 * 256.0;
     let id = if tf32 { "gpt_step_tf32" } else { "gpt_step" };
     let what = format!(
         "GPT train step, shakespeare-char config ({:.1}M params, batch 64×256){}: {:.0}K tok/s",
-        model.num_params() as f64 / 1e6,
+        params as f64 / 1e6,
         if tf32 { ", TF32 matmuls" } else { ", fp32" },
         tokens / (us * 1e-6) / 1e3
     );

@@ -1,0 +1,205 @@
+//! `wgpu-bench`: the wgpu backend against its own ceiling (issue 42, item 4): a device copy's
+//! bandwidth (what wgpu itself reaches), the memory-bound primitives and a row op as a share of
+//! it, the f32 GEMM at 4096³, and the GPT's fp32 training step. Each row is the median over
+//! `--reps` samples of `--burst` calls queued back to back, timed on the host around the burst
+//! and a `synchronize` (wgpu has no portable device timer here), after warm-up. `--small`
+//! shrinks every size for a software adapter (lavapipe in CI). Writes markdown.
+//!
+//! The CUDA rows to compare with come from `gpu-bench` in the same device call; the batch-1
+//! decode of a Llama-3.2-1B shape is `hybrid-trainer bench-generate --device wgpu` beside
+//! `--device cuda` on the same model directory.
+
+use anyhow::{Context, Result};
+use benches::{median, Row};
+use clap::Parser;
+use gpu_core::nn::{Activation, BinaryKind, Primitives, RowOps};
+use gpu_core::{Backend, DType, MatmulOps, MatmulSpec};
+use gpu_wgpu::WgpuBackend;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(about = "Benchmark the wgpu backend against its own copy bandwidth")]
+struct Args {
+    /// Markdown report to write.
+    #[arg(long, default_value = "wgpu-bench.md")]
+    out: PathBuf,
+    /// The wgpu adapter (index in wgpu's enumeration).
+    #[arg(long, default_value_t = 0)]
+    adapter: usize,
+    /// Timed samples per row (after warm-up).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Calls queued back to back in each timed sample.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    burst: u32,
+    /// Sizes for a software adapter: 256 × 256 rows, a 256³ GEMM, a GPT step of batch 4 × 32.
+    #[arg(long)]
+    small: bool,
+    /// Text for the GPT training-step row (tinyshakespeare); the row is skipped without it.
+    #[arg(long)]
+    gpt_text: Option<PathBuf>,
+}
+
+struct Bench {
+    gpu: WgpuBackend,
+    reps: usize,
+    burst: usize,
+}
+
+impl Bench {
+    /// Median microseconds of one call of `f`.
+    fn time(&self, mut f: impl FnMut() -> gpu_core::Result<()>) -> Result<f64> {
+        for _ in 0..2 {
+            f()?;
+        }
+        self.gpu.synchronize()?;
+        let mut samples = Vec::with_capacity(self.reps);
+        for _ in 0..self.reps {
+            let t0 = Instant::now();
+            for _ in 0..self.burst {
+                f()?;
+            }
+            self.gpu.synchronize()?;
+            samples.push(t0.elapsed().as_secs_f64() * 1e6 / self.burst as f64);
+        }
+        Ok(median(&samples))
+    }
+
+    fn buf(&self, n: usize, v: f32) -> Result<gpu_wgpu::WgpuBuffer> {
+        let mut b = self.gpu.allocate(DType::F32, n)?;
+        self.gpu.fill(&mut b, v)?;
+        Ok(b)
+    }
+}
+
+fn row(id: &str, what: String, us: f64, bytes: Option<f64>, flops: Option<f64>) -> Row {
+    println!("{id:>12}: {us:12.1} us  {what}");
+    Row {
+        id: id.into(),
+        what,
+        median_us: us,
+        bytes,
+        flops,
+    }
+}
+
+/// The ceiling and the memory-bound rows on `[rows, cols]` f32.
+fn memory_rows(b: &Bench, (rows, cols): (usize, usize)) -> Result<Vec<Row>> {
+    let n = rows * cols;
+    let (x, y) = (b.buf(n, 0.5)?, b.buf(n, 0.25)?);
+    let mut out = b.buf(n, 0.0)?;
+    let f = 4.0 * n as f64;
+    let shape = [rows, cols];
+    let copy = b.time(|| b.gpu.cast(&x, &mut out))?;
+    let add = b.time(|| {
+        b.gpu
+            .broadcast_binary(BinaryKind::Add, &x, &shape, &y, &shape, &mut out)
+    })?;
+    let gelu = b.time(|| b.gpu.activation_fwd(Activation::Gelu, &x, &mut out))?;
+    let softmax = b.time(|| b.gpu.softmax_fwd(&x, &mut out, cols))?;
+    let size = format!("{rows}×{cols} f32");
+    Ok(vec![
+        row(
+            "copy",
+            format!("device copy (the cast kernel, f32 to f32), {size}"),
+            copy,
+            Some(2.0 * f),
+            None,
+        ),
+        row("add", format!("add, {size}"), add, Some(3.0 * f), None),
+        row(
+            "gelu",
+            format!("GELU forward, {size}"),
+            gelu,
+            Some(2.0 * f),
+            None,
+        ),
+        row(
+            "softmax",
+            format!("softmax over rows, {size}"),
+            softmax,
+            Some(2.0 * f),
+            None,
+        ),
+    ])
+}
+
+fn gemm_row(b: &Bench, n: usize) -> Result<Row> {
+    let (x, y) = (b.buf(n * n, 0.01)?, b.buf(n * n, 0.02)?);
+    let mut out = b.buf(n * n, 0.0)?;
+    let us = b.time(|| b.gpu.matmul(MatmulSpec::new(n, n, n), &x, &y, &mut out))?;
+    let flops = 2.0 * (n as f64).powi(3);
+    Ok(row(
+        "sgemm",
+        format!("f32 GEMM {n}³"),
+        us,
+        None,
+        Some(flops),
+    ))
+}
+
+fn report(rows: &[Row], name: &str) -> String {
+    let copy = rows.iter().find(|r| r.id == "copy").and_then(Row::gbps);
+    let mut s = format!(
+        "# wgpu-bench on {name}\n\nMedian of timed bursts after warm-up, host clock around each \
+         burst and a synchronize. Memory-bound rows as a share of the copy's bandwidth on the \
+         same adapter.\n\n| op | µs | rate | % of the copy |\n|---|---:|---:|---:|\n"
+    );
+    for r in rows {
+        let rate = match (r.gbps(), r.tflops()) {
+            (Some(g), _) => format!("{g:.1} GB/s"),
+            (_, Some(t)) => format!("{:.1} GFLOP/s", t * 1e3),
+            _ => String::new(),
+        };
+        let share = match (r.gbps(), copy) {
+            (Some(g), Some(c)) if r.id != "copy" => format!("{:.0}%", 100.0 * g / c),
+            _ => String::new(),
+        };
+        s += &format!("| {} | {:.1} | {rate} | {share} |\n", r.what, r.median_us);
+    }
+    s
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    gpu_wgpu::register_device_probe();
+    let gpu = WgpuBackend::shared(a.adapter).context("opening the wgpu adapter")?;
+    let name = gpu.device_name();
+    println!("adapter {}: {name}", a.adapter);
+    let b = Bench {
+        gpu,
+        reps: a.reps,
+        burst: a.burst as usize,
+    };
+    let (shape, n, step) = if a.small {
+        ((256, 256), 256, (4, 32, 3))
+    } else {
+        ((8192, 4096), 4096, (64, 256, 10))
+    };
+    let mut rows = memory_rows(&b, shape)?;
+    rows.push(gemm_row(&b, n)?);
+    if let Some(path) = &a.gpt_text {
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+        let dev = tensor_ops::Device::Wgpu(a.adapter);
+        let (us, params) = benches::gpt_train_step_us(dev, &text, step)?;
+        let tokens = (step.0 * step.1) as f64;
+        rows.push(row(
+            "gpt_step",
+            format!(
+                "GPT train step, shakespeare-char config ({:.1}M params, batch {}×{}), fp32, eager: {:.1}K tok/s",
+                params as f64 / 1e6,
+                step.0,
+                step.1,
+                tokens / (us * 1e-6) / 1e3
+            ),
+            us,
+            None,
+            None,
+        ));
+    }
+    std::fs::write(&a.out, report(&rows, &name))
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    println!("wrote {}", a.out.display());
+    Ok(())
+}
