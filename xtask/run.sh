@@ -7,7 +7,11 @@
 # Runs every test binary, counts the GPU tests (named gpu_*): ran, passed, failed, skipped.
 # Exits non-zero if any test failed, or if any GPU test skipped while a GPU is present.
 # Where compute-sanitizer exists, runs the kernel tests under memcheck and racecheck.
-# --bench also runs gpu-bench (with the PyTorch peer) and writes out/benchmarks.md.
+# --bench also runs gpu-bench (with the PyTorch peer) and writes out/benchmarks.md, and, where a
+# Vulkan loader is present, wgpu-bench on the same GPU (out/wgpu-bench.md).
+# wgpu: where a Vulkan loader is present (carry libvulkan1 and unpack it first: the device
+# README), the wgpu tests must run on the GPU's Vulkan driver (HYBRID_REQUIRE_WGPU=1); without
+# one they skip and are counted apart.
 # --parity runs the PyTorch parity checks of the GPT (scripts/torch_parity.py; fp32, and bf16
 # against PyTorch's autocast) and of the GRU cell (scripts/torch_gru_parity.py).
 # --hf-parity builds random models with the real configs of Llama-3.2-1B, Qwen2.5-0.5B and
@@ -45,6 +49,19 @@ export HYBRID_TRAINER_BIN="$PWD/bin/hybrid-trainer"
 # The tests' fixtures travel in the bundle: the binaries' compiled-in source paths are absent here.
 export HYBRID_HF_FIXTURES="$PWD/fixtures/hf"
 export NCCL_NVLS_ENABLE=0
+
+export HYBRID_WGPU_SKIP_LOG="$OUT_DIR/wgpu-skips.log"
+: > "$HYBRID_WGPU_SKIP_LOG"
+vulkan=0
+if ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1'; then
+  vulkan=1
+  icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  if [ -f "$icd" ]; then export VK_DRIVER_FILES="${VK_DRIVER_FILES:-$icd}"; fi
+  export HYBRID_REQUIRE_WGPU=1
+  echo "Vulkan loader present: the wgpu tests must run"
+else
+  echo "no Vulkan loader: the wgpu tests will skip (counted in $HYBRID_WGPU_SKIP_LOG)"
+fi
 
 gpu=0
 if nvidia-smi -L > "$OUT_DIR/gpus.txt" 2>&1 && grep -q GPU "$OUT_DIR/gpus.txt"; then
@@ -99,7 +116,9 @@ m_failed=$(results multigpu_ FAILED)
 m_skipped=$(sort -u "$HYBRID_MULTI_GPU_SKIP_LOG" | grep -c . )
 m_passed=$(( $(results multigpu_ ok) - m_skipped ))
 echo "multi-GPU tests: ran $m_ran, passed $m_passed, failed $m_failed, skipped $m_skipped (GPUs here: ${HYBRID_REQUIRE_GPUS:-0})"
-echo "all tests: $all_passed ok, $all_failed failed (skips included in ok: $((skipped + m_skipped)))"
+w_skipped=$(sort -u "$HYBRID_WGPU_SKIP_LOG" | grep -c . )
+echo "wgpu tests skipped (no adapter): $w_skipped (Vulkan loader here: $vulkan)"
+echo "all tests: $all_passed ok, $all_failed failed (skips included in ok: $((skipped + m_skipped + w_skipped)))"
 if [ "$tests" = 1 ] && [ "$gpu" = 1 ] && [ "$skipped" -gt 0 ]; then
   echo "!! GPU present but $skipped GPU test(s) skipped"; status=1
 fi
@@ -179,6 +198,9 @@ gpt_text=()
 if [ "$bench" = 1 ]; then
   echo "== bench"
   bin/gpu-bench --out "$OUT_DIR/benchmarks.md" --torch-script torch_peer.py "${gpt_text[@]}" 2>&1 | tee "$OUT_DIR/bench.log" || status=1
+  if [ "$vulkan" = 1 ]; then
+    bin/wgpu-bench --out "$OUT_DIR/wgpu-bench.md" "${gpt_text[@]}" 2>&1 | tee "$OUT_DIR/wgpu-bench.log" || status=1
+  fi
 fi
 if [ "$train" != 0 ]; then
   echo "== train-gpt ($train iterations)"

@@ -128,6 +128,8 @@ pub fn build() -> Result<PathBuf> {
         "benches",
         "--bin",
         "gpu-bench",
+        "--bin",
+        "wgpu-bench",
         "-p",
         "hybrid-trainer",
         "--bin",
