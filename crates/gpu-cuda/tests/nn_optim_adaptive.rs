@@ -15,6 +15,7 @@
 mod common;
 
 use common::*;
+use gpu_core::nn::optim::{ProdigyBuffers, ScheduleFreeBuffers};
 use gpu_core::nn::optim::{
     ProdigyConfig, ProdigyScalars, ScheduleFreeConfig, StepScalars, PRODIGY_SCHEDULE_LEN,
     SF_SCHEDULE_LEN,
@@ -111,8 +112,19 @@ fn sf_step<B: OptimOps>(
     let mut zr: Vec<_> = z.iter_mut().collect();
     let mut vr: Vec<_> = v.iter_mut().collect();
     let gr: Vec<_> = gb.iter().collect();
-    b.schedule_free_step(&mut yr, &gr, &mut zr, &mut vr, wd, sc.as_ref(), SF, scalars)
-        .unwrap();
+    b.schedule_free_step(
+        ScheduleFreeBuffers {
+            params: &mut yr,
+            grads: &gr,
+            z: &mut zr,
+            v: &mut vr,
+            weight_decay: wd,
+            grad_scale: sc.as_ref(),
+        },
+        SF,
+        scalars,
+    )
+    .unwrap();
     Sf {
         y: dl(b, &y),
         z: dl(b, &z),
@@ -254,14 +266,16 @@ fn pd_step<B: OptimOps>(
     let mut vr: Vec<_> = v.iter_mut().collect();
     let (gr, p0r): (Vec<_>, Vec<_>) = (gb.iter().collect(), p0.iter().collect());
     b.prodigy_step(
-        &mut pr,
-        &gr,
-        &p0r,
-        &mut sr,
-        &mut mr,
-        &mut vr,
-        wd,
-        sb.as_ref(),
+        ProdigyBuffers {
+            params: &mut pr,
+            grads: &gr,
+            p0: &p0r,
+            s: &mut sr,
+            m: &mut mr,
+            v: &mut vr,
+            weight_decay: wd,
+            grad_scale: sb.as_ref(),
+        },
         cfg,
         lr_s,
         &mut sc,
@@ -428,12 +442,14 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
     let mut sf =
         |g: &B::Buffer, wd: &[f32], cfg: ScheduleFreeConfig, s: StepScalars<'_, B::Buffer>| {
             b.schedule_free_step(
-                &mut [&mut y],
-                &[g],
-                &mut [&mut z],
-                &mut [&mut v],
-                wd,
-                None,
+                ScheduleFreeBuffers {
+                    params: &mut [&mut y],
+                    grads: &[g],
+                    z: &mut [&mut z],
+                    v: &mut [&mut v],
+                    weight_decay: wd,
+                    grad_scale: None,
+                },
                 cfg,
                 s,
             )
@@ -483,14 +499,16 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
     let mut pd =
         |sc: &mut B::Buffer, cfg: ProdigyConfig, lr: StepScalars<'_, B::Buffer>, p0: &B::Buffer| {
             b.prodigy_step(
-                &mut [&mut y],
-                &[&g],
-                &[p0],
-                &mut [&mut s],
-                &mut [&mut m],
-                &mut [&mut v],
-                &[0.0],
-                None,
+                ProdigyBuffers {
+                    params: &mut [&mut y],
+                    grads: &[&g],
+                    p0: &[p0],
+                    s: &mut [&mut s],
+                    m: &mut [&mut m],
+                    v: &mut [&mut v],
+                    weight_decay: &[0.0],
+                    grad_scale: None,
+                },
                 cfg,
                 lr,
                 sc,
@@ -540,14 +558,16 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
     // Empty lists: nothing to update (Σ|s| = 0), the scalars keep d.
     let mut sc0 = up(b, &ProdigyScalars::initial(1e-6).to_words());
     b.prodigy_step(
-        &mut [],
-        &[],
-        &[],
-        &mut [],
-        &mut [],
-        &mut [],
-        &[],
-        None,
+        ProdigyBuffers {
+            params: &mut [],
+            grads: &[],
+            p0: &[],
+            s: &mut [],
+            m: &mut [],
+            v: &mut [],
+            weight_decay: &[],
+            grad_scale: None,
+        },
         PRODIGY,
         StepScalars::Host(&lr),
         &mut sc0,

@@ -8,7 +8,7 @@ use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{require, src, to_u32};
 use gpu_core::backend::{Backend, BufferInfo};
-use gpu_core::nn::{Activation, BinaryKind, ReduceKind};
+use gpu_core::nn::{Activation, BinaryKind, BlockCopy, ReduceKind};
 use gpu_core::{DType, GpuError, Result};
 use wgpu::util::DeviceExt;
 
@@ -70,17 +70,6 @@ fn strides(shape: &[usize]) -> Vec<usize> {
     s
 }
 
-/// The geometry of a [`WgpuBackend::copy_blocks_raw`] call, as in `Primitives::copy_blocks`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Blocks {
-    pub src_offset: usize,
-    pub src_stride: usize,
-    pub dst_offset: usize,
-    pub dst_stride: usize,
-    pub outer: usize,
-    pub len: usize,
-}
-
 impl WgpuBackend {
     /// A read-only storage buffer holding `words` (the kernels' shape and stride tables).
     fn meta(&self, op: &'static str, words: &[usize]) -> Result<wgpu::Buffer> {
@@ -105,7 +94,7 @@ impl WgpuBackend {
         &self,
         src_buf: &WgpuBuffer,
         dst: &mut WgpuBuffer,
-        g: Blocks,
+        g: BlockCopy,
     ) -> Result<()> {
         const OP: &str = "copy_blocks";
         let n = g.outer * g.len; // <= dst.len(), checked

@@ -5,6 +5,9 @@
 use crate::{row, Bench, COLS, ROWS};
 use anyhow::Result;
 use benches::Row;
+use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
+use gpu_core::nn::optim::AdamWBuffers;
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::{Activation, AdamWConfig, AttentionOps, OptimOps, Primitives, RowOps};
 use gpu_cuda::CudaBuffer;
 use models::gpt::{Dataset, Gpt, GptConfig};
@@ -44,12 +47,8 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let (mut mean, mut rstd) = (b.out(ROWS)?, b.out(ROWS)?);
     let us = b.time(|i| {
         b.gpu.layernorm_fwd(
-            &xs[i % 2],
-            &w,
-            &bias,
-            &mut o,
-            &mut mean,
-            &mut rstd,
+            (&xs[i % 2], &w, &bias),
+            (&mut o, &mut mean, &mut rstd),
             cols,
             1e-5,
         )
@@ -61,19 +60,23 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(2.0 * nb),
         None,
     ));
-    b.gpu
-        .layernorm_fwd(&xs[0], &w, &bias, &mut y, &mut mean, &mut rstd, cols, 1e-5)?;
+    b.gpu.layernorm_fwd(
+        (&xs[0], &w, &bias),
+        (&mut y, &mut mean, &mut rstd),
+        cols,
+        1e-5,
+    )?;
     let (mut dw, mut db) = (b.out(cols)?, b.out(cols)?);
     let us = b.time(|i| {
         b.gpu.layernorm_bwd(
-            &xs[0],
-            &w,
-            &mean,
-            &rstd,
-            &dys[i % 2],
-            &mut o,
-            &mut dw,
-            &mut db,
+            LayerNormBwdIn {
+                x: &xs[0],
+                w: &w,
+                mean: &mean,
+                rstd: &rstd,
+                dy: &dys[i % 2],
+            },
+            (&mut o, &mut dw, &mut db),
             cols,
         )
     })?;
@@ -98,8 +101,16 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     b.gpu
         .rmsnorm_fwd(&xs[0], &w, &mut y, &mut rstd, cols, 1e-5)?;
     let us = b.time(|i| {
-        b.gpu
-            .rmsnorm_bwd(&xs[0], &w, &rstd, &dys[i % 2], &mut o, &mut dw, cols)
+        b.gpu.rmsnorm_bwd(
+            RmsNormBwdIn {
+                x: &xs[0],
+                w: &w,
+                rstd: &rstd,
+                dy: &dys[i % 2],
+            },
+            (&mut o, &mut dw),
+            cols,
+        )
     })?;
     rows.push(row(
         "rmsnorm_bwd",
@@ -119,8 +130,15 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let scale = 1.0 / (d as f32).sqrt();
     let fwd_flops = 4.0 * nh as f64 * (t * t) as f64 * d as f64 / 2.0;
     let us = b.time(|_| {
-        b.gpu
-            .causal_attention_fwd(&q, &k, &v, &mut out, &mut lse, nh, t, d, scale)
+        b.gpu.causal_attention_fwd(
+            AttnQkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
+            (&mut out, &mut lse),
+            AttnDims { n: nh, t, d, scale },
+        )
     })?;
     rows.push(row(
         "attn_fwd",
@@ -133,7 +151,18 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let (mut dq, mut dk, mut dv) = (b.out(len)?, b.out(len)?, b.out(len)?);
     let us = b.time(|_| {
         b.gpu.causal_attention_bwd(
-            &q, &k, &v, &out, &lse, &dout, &mut dq, &mut dk, &mut dv, nh, t, d, scale,
+            AttnQkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
+            PackedSaved {
+                out: &out,
+                lse: &lse,
+                dout: &dout,
+            },
+            (&mut dq, &mut dk, &mut dv),
+            AttnDims { n: nh, t, d, scale },
         )
     })?;
     rows.push(row(
@@ -183,8 +212,17 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
             eps: 1e-8,
             step,
         };
-        b.gpu
-            .adamw_step(&mut pr, &gr, &mut mr, &mut vr, &wd, None, cfg)
+        b.gpu.adamw_step(
+            AdamWBuffers {
+                params: &mut pr,
+                grads: &gr,
+                m: &mut mr,
+                v: &mut vr,
+                weight_decay: &wd,
+                grad_scale: None,
+            },
+            cfg,
+        )
     })?;
     // Reads p, g, m, v and writes p, m, v: 7 × 4 bytes per parameter.
     rows.push(row(

@@ -7,8 +7,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::attention::{
-    check_bwd, check_fwd, check_packed, AttentionOps, AttnDropout, Packed, PackedCall, PackedDrop,
-    PackedSaved,
+    check_bwd, check_fwd, check_packed, AttentionOps, AttnDims, AttnDropout, AttnQkv, Packed,
+    PackedCall, PackedDrop, PackedSaved,
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
@@ -174,18 +174,13 @@ fn bwd_tiles(d: usize) -> (Tile, Tile) {
 impl AttentionOps for CudaBackend {
     fn causal_attention_fwd(
         &self,
-        q: &CudaBuffer,
-        k: &CudaBuffer,
-        v: &CudaBuffer,
-        out: &mut CudaBuffer,
-        lse: &mut CudaBuffer,
-        n: usize,
-        t: usize,
-        d: usize,
-        scale: f32,
+        x: AttnQkv<'_, CudaBuffer>,
+        (out, lse): (&mut CudaBuffer, &mut CudaBuffer),
+        dims: AttnDims,
     ) -> Result<()> {
         const OP: &str = "causal_attention_fwd";
-        check_fwd(q, k, v, out, lse, n, t, d, scale)?;
+        check_fwd(x, out, lse, dims)?;
+        let (AttnQkv { q, k, v }, AttnDims { n, t, d, scale }) = (x, dims);
         if n == 0 || t == 0 {
             return Ok(());
         }
@@ -198,22 +193,15 @@ impl AttentionOps for CudaBackend {
 
     fn causal_attention_bwd(
         &self,
-        q: &CudaBuffer,
-        k: &CudaBuffer,
-        v: &CudaBuffer,
-        out: &CudaBuffer,
-        lse: &CudaBuffer,
-        dout: &CudaBuffer,
-        dq: &mut CudaBuffer,
-        dk: &mut CudaBuffer,
-        dv: &mut CudaBuffer,
-        n: usize,
-        t: usize,
-        d: usize,
-        scale: f32,
+        x: AttnQkv<'_, CudaBuffer>,
+        saved: PackedSaved<'_, CudaBuffer>,
+        (dq, dk, dv): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
+        dims: AttnDims,
     ) -> Result<()> {
         const OP: &str = "causal_attention_bwd";
-        check_bwd(q, k, v, out, lse, dout, dq, dk, dv, n, t, d, scale)?;
+        check_bwd(x, saved, [&*dq, &*dk, &*dv], dims)?;
+        let (AttnQkv { q, k, v }, AttnDims { n, t, d, scale }) = (x, dims);
+        let PackedSaved { out, lse, dout } = saved;
         if n == 0 || t == 0 {
             return Ok(());
         }

@@ -8,6 +8,7 @@ use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
+use gpu_core::nn::optim::AdamWBuffers;
 use gpu_core::nn::AdamWConfig;
 use gpu_core::{DType, GpuError, Result};
 
@@ -367,9 +368,19 @@ fn adamw_impl<B: DeviceBackend>(
     let mut vv: Vec<&mut B::Buffer> = v.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
     let c = clip.map(B::get).transpose()?;
     match schedule {
-        None => be.adamw_step(&mut p, &g, &mut mm, &mut vv, decays, c, cfg),
+        None => be.adamw_step(
+            AdamWBuffers {
+                params: &mut p,
+                grads: &g,
+                m: &mut mm,
+                v: &mut vv,
+                weight_decay: decays,
+                grad_scale: c,
+            },
+            cfg,
+        ),
         Some(s) => {
-            let bufs = gpu_core::nn::optim::AdamWBuffers {
+            let bufs = AdamWBuffers {
                 params: &mut p,
                 grads: &g,
                 m: &mut mm,

@@ -154,15 +154,10 @@ impl CudaBackend {
     }
 
     /// [`ElementwiseOps::max_axis_bwd`].
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn max_axis_bwd_impl(
         &self,
-        x: &CudaBuffer,
-        y: &CudaBuffer,
-        dy: &CudaBuffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        (x, y, dy): (&CudaBuffer, &CudaBuffer, &CudaBuffer),
+        [outer, n, inner]: [usize; 3],
         dx: &mut CudaBuffer,
     ) -> Result<()> {
         check_max_axis_bwd(x, y, dy, outer, n, inner, dx)?;

@@ -14,11 +14,8 @@ impl CudaBackend {
         &self,
         x: &CudaBuffer,
         out: &mut CudaBuffer,
-        n: usize,
-        t: usize,
-        d: usize,
-        base: f32,
-        inverse: bool,
+        [n, t, d]: [usize; 3],
+        (base, inverse): (f32, bool),
     ) -> Result<()> {
         const OP: &str = "rope";
         check_rope(x, out, n, t, d, base)?;
