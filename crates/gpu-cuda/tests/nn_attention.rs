@@ -171,7 +171,7 @@ fn check<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, p: &Problem, r: &Re
     // Gradients cancel (dS = P∘(dP − D); nearly one-hot softmaxes make dq tiny against its
     // terms): each is bounded by the size of its cancelling terms (`testing::cancel`).
     let got = bwd(b, p, &r.out, &r.lse);
-    let terms = cancel::attention(&p.q, &p.k, &p.v, &p.dout, p.n, p.t, p.d, p.scale as f64);
+    let terms = cancel::attention((&p.q, &p.k, &p.v, &p.dout), [p.n, p.t, p.d], p.scale as f64);
     for (name, ((g, w), t)) in ["dq", "dk", "dv"]
         .iter()
         .zip(got.iter().zip(&r.grads).zip(&terms))

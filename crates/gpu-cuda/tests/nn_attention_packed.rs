@@ -118,8 +118,19 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
     );
     let mut dqkv = poisoned(gpu, b * t * 3 * c);
     let dout_b = up(gpu, &dout);
-    gpu.causal_attention_packed_bwd(&qkv_b, &out, &lse, &dout_b, &mut dqkv, p, scale, None)
-        .unwrap();
+    gpu.causal_attention_packed_bwd(
+        &qkv_b,
+        PackedSaved {
+            out: &out,
+            lse: &lse,
+            dout: &dout_b,
+        },
+        &mut dqkv,
+        p,
+        scale,
+        None,
+    )
+    .unwrap();
     let got = down(gpu, &dqkv);
     for (i, want) in [dq, dk, dv].iter().enumerate() {
         assert_eq!(
@@ -188,7 +199,18 @@ fn gpu_packed_attention_rejects_bad_arguments() {
     let dout = up(&gpu, &vec![1.0; b * t * c]);
     let mut small = poisoned(&gpu, b * t * c);
     let e = gpu
-        .causal_attention_packed_bwd(&qkv, &out, &lse, &dout, &mut small, p, 1.0, None)
+        .causal_attention_packed_bwd(
+            &qkv,
+            PackedSaved {
+                out: &out,
+                lse: &lse,
+                dout: &dout,
+            },
+            &mut small,
+            p,
+            1.0,
+            None,
+        )
         .unwrap_err();
     assert!(e.to_string().contains("dqkv"), "{e}");
 }

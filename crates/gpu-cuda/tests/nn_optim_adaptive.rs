@@ -238,17 +238,13 @@ struct Pd {
     sc: ProdigyScalars,
 }
 
-/// One Prodigy step on `b`.
-#[allow(clippy::too_many_arguments)]
+/// One Prodigy step on `b` from state `st`, with the gradients `g`, weight decays `wd` and clip
+/// `scale`, the config `cfg`, and the learning rate `lr` read from `src`.
 fn pd_step<B: OptimOps>(
     b: &B,
     st: &Pd,
-    g: &[Vec<f32>],
-    wd: &[f32],
-    scale: Option<[f32; 2]>,
-    cfg: ProdigyConfig,
-    lr: f32,
-    src: Src,
+    (g, wd, scale): (&[Vec<f32>], &[f32], Option<[f32; 2]>),
+    (cfg, lr, src): (ProdigyConfig, f32, Src),
 ) -> Pd {
     let (mut p, p0, gb) = (upl(b, &st.p), upl(b, &st.p0), upl(b, g));
     let (mut s, mut m, mut v) = (upl(b, &st.s), upl(b, &st.m), upl(b, &st.v));
@@ -346,8 +342,8 @@ fn prodigy_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng
         (no_m, None, 1.0),
     ] {
         let what = format!("{dev} decouple {} beta1 {}", cfg.decouple, cfg.beta1);
-        let want = pd_step(&CPU, &st, &g, &wd, scale, cfg, lr, Src::Host);
-        let got = pd_step(b, &st, &g, &wd, scale, cfg, lr, Src::Host);
+        let want = pd_step(&CPU, &st, (&g, &wd, scale), (cfg, lr, Src::Host));
+        let got = pd_step(b, &st, (&g, &wd, scale), (cfg, lr, Src::Host));
         assert_eq!(want.sc.apply, 1.0, "{what}: the step updates");
         let (w, gs) = (want.sc, got.sc);
         assert_scalar(&format!("{what} d"), gs.d, w.d, w.d.abs());
@@ -393,7 +389,7 @@ fn prodigy_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng
             });
         }
         // The device learning rate gives the eager step's bits.
-        let sched = pd_step(b, &st, &g, &wd, scale, cfg, lr, Src::Device);
+        let sched = pd_step(b, &st, (&g, &wd, scale), (cfg, lr, Src::Device));
         assert_eq!(sched.sc, got.sc, "{what} scheduled scalars");
         for i in 0..lens.len() {
             for (n, x, y) in [
@@ -407,7 +403,7 @@ fn prodigy_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng
         }
     }
     // lr 0 is a no-op (the package skips everything); so is a step whose Σ|s| is 0.
-    let still = pd_step(b, &st, &g, &wd, None, PRODIGY, 0.0, Src::Host);
+    let still = pd_step(b, &st, (&g, &wd, None), (PRODIGY, 0.0, Src::Host));
     assert_eq!(
         (still.p.clone(), still.sc.apply),
         (st.p.clone(), 0.0),
@@ -419,7 +415,7 @@ fn prodigy_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng
         ..st.clone()
     };
     let zg: Vec<Vec<f32>> = lens.iter().map(|&n| vec![0.0; n]).collect();
-    let none = pd_step(b, &zero, &zg, &wd, None, PRODIGY, 1.0, Src::Host);
+    let none = pd_step(b, &zero, (&zg, &wd, None), (PRODIGY, 1.0, Src::Host));
     assert_eq!(
         (none.p, none.sc.k),
         (zero.p, zero.sc.k),

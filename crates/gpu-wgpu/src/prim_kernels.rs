@@ -136,15 +136,12 @@ impl WgpuBackend {
         self.launch_1d("permute", "permute", || src(PERMUTE), p, out.len(), &bufs)
     }
 
-    /// `out = a ∘ b` broadcast to `shape` (checked; f32).
-    #[allow(clippy::too_many_arguments)]
+    /// `out = a ∘ b` broadcast to `shape` (checked; f32), each input with its shape.
     pub(crate) fn broadcast_f32(
         &self,
         op: BinaryKind,
-        a: &WgpuBuffer,
-        a_shape: &[usize],
-        b: &WgpuBuffer,
-        b_shape: &[usize],
+        (a, a_shape): (&WgpuBuffer, &[usize]),
+        (b, b_shape): (&WgpuBuffer, &[usize]),
         shape: &[usize],
         out: &mut WgpuBuffer,
     ) -> Result<()> {
@@ -251,7 +248,7 @@ impl WgpuBackend {
         ];
         let (gx, gy) = self.grid(OP, outputs)?;
         let bufs = [x.raw(), out.raw()];
-        self.launch(OP, OP, || src(REDUCE_AXIS), p, gx, (gx, gy, 1), &bufs)
+        self.launch(OP, (OP, || src(REDUCE_AXIS)), p, (gx, (gx, gy, 1)), &bufs)
     }
 
     /// Row argmax of f32 `x` `[rows, cols]` into u32 `out` (checked).

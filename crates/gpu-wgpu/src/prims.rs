@@ -109,10 +109,10 @@ impl Primitives for WgpuBackend {
         let shape = check_broadcast(a, a_shape, b, b_shape, out)?;
         if out.dtype() == DType::BF16 {
             return self.via_f32(&[a, b], out, |i, o| {
-                self.broadcast_f32(op, i[0], a_shape, i[1], b_shape, &shape, o)
+                self.broadcast_f32(op, (i[0], a_shape), (i[1], b_shape), &shape, o)
             });
         }
-        self.broadcast_f32(op, a, a_shape, b, b_shape, &shape, out)
+        self.broadcast_f32(op, (a, a_shape), (b, b_shape), &shape, out)
     }
 
     fn activation_fwd(&self, op: Activation, x: &Buf, out: &mut Buf) -> Result<()> {

@@ -103,7 +103,6 @@ fn rows<B: NnOps>(b: &B, x: &[f32], dy: &[f32], t: &[u32], dl: &[f32], cols: usi
     res
 }
 
-#[allow(clippy::too_many_arguments)]
 fn norms<B: NnOps>(b: &B, x: &[f32], dy: &[f32], w: &[f32], bias: &[f32], cols: usize) -> Outs {
     let (n, rows) = (x.len(), x.len() / cols);
     let (xb, dyb, wb) = (up(b, x), up(b, dy), up(b, w));

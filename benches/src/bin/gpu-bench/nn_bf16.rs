@@ -9,6 +9,7 @@ use crate::{row, Bench};
 use anyhow::Result;
 use benches::Row;
 use gpu_core::nn::attention::Packed;
+use gpu_core::nn::attention::PackedSaved;
 use gpu_core::nn::Primitives;
 use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, ReduceKind};
 use gpu_core::{Backend, BufferInfo, DType};
@@ -183,8 +184,18 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let dout = bf16(&b.random(p.b * p.t * p.c())?)?;
     let mut dqkv = b.gpu.allocate(DType::BF16, p.b * p.t * 3 * p.c())?;
     let us = b.time_graph(|_| {
-        b.gpu
-            .causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, &mut dqkv, p, scale, None)
+        b.gpu.causal_attention_packed_bf16_bwd(
+            &qkv,
+            PackedSaved {
+                out: &out,
+                lse: &lse,
+                dout: &dout,
+            },
+            &mut dqkv,
+            p,
+            scale,
+            None,
+        )
     })?;
     rows.push(row(
         "attn_bwd_bf16",

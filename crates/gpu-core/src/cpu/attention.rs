@@ -37,7 +37,14 @@ impl AttentionOps for CpuBackend {
                 .for_each_init(scratch, |scratch, (b, (out, lse))| {
                     let span = b * seq..(b + 1) * seq;
                     let (q, k, v) = (&q[span.clone()], &k[span.clone()], &v[span]);
-                    fast::attention::fwd_seq(isa, q, k, v, out, lse, (t, d, scale), scratch, None);
+                    fast::attention::fwd_seq(
+                        isa,
+                        (q, k, v),
+                        (out, lse),
+                        (t, d, scale),
+                        scratch,
+                        None,
+                    );
                 });
             return Ok(());
         }
@@ -147,12 +154,11 @@ impl AttentionOps for CpuBackend {
         call: PackedCall<'_, CpuStorage>,
     ) -> Result<()> {
         let drop = resolve_drop(self, "causal_attention_packed_bwd", call.drop)?;
-        let (p, scale, (out, lse, dout)) = (call.dims, call.scale, (s.out, s.lse, s.dout));
+        let (p, scale) = (call.dims, call.scale);
         if qkv.dtype() == DType::BF16 {
-            return self
-                .causal_attention_packed_bf16_bwd(qkv, out, lse, dout, dqkv, p, scale, drop);
+            return self.causal_attention_packed_bf16_bwd(qkv, s, dqkv, p, scale, drop);
         }
-        self.causal_attention_packed_bwd(qkv, out, lse, dout, dqkv, p, scale, drop)
+        self.causal_attention_packed_bwd(qkv, s, dqkv, p, scale, drop)
     }
 }
 

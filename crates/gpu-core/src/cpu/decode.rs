@@ -269,7 +269,6 @@ impl CpuBackend {
 
 /// Causal attention of the queries against the cache (`DecodeOps::cache_attention`, checked),
 /// in f64, with the rows' positions on the host; a sliding window's hidden slots are not read.
-/// `kv` is `(q, k_cache, v_cache)`, `rows` `(start, slot)`.
 fn attend(
     op: &'static str,
     (q, k_cache, v_cache): (&CpuStorage, &CpuStorage, &CpuStorage),

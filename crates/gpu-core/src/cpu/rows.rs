@@ -193,7 +193,7 @@ impl RowOps for CpuBackend {
             let chunks = y.as_f32_mut()?.par_chunks_mut(per * cols).zip(stats);
             chunks.enumerate().for_each(|(c, (yc, (m, r)))| {
                 let xc = &x[c * per * cols..][..yc.len()];
-                fast::rows::layernorm_fwd(isa, xc, w, b, yc, (m, r), cols, eps);
+                fast::rows::layernorm_fwd(isa, (xc, w, b), yc, (m, r), cols, eps);
             });
             return Ok(());
         }

@@ -266,8 +266,8 @@ pub fn check_fwd<B: BufferInfo>(x: AttnQkv<'_, B>, out: &B, lse: &B, dims: AttnD
     )
 }
 
-/// Checks the arguments of [`AttentionOps::causal_attention_bwd`] (every backend calls this);
-/// `grads` are `dq`, `dk`, `dv`.
+/// Checks the arguments of [`AttentionOps::causal_attention_bwd`] (every backend calls this),
+/// with the gradients `[dq, dk, dv]`.
 pub fn check_bwd<B: BufferInfo>(
     x: AttnQkv<'_, B>,
     saved: PackedSaved<'_, B>,

@@ -322,8 +322,8 @@ fn check_rows_and_cache<B: BufferInfo>(
     check_len(op, "v_cache", v_cache, dims.cache_len())
 }
 
-/// Checks the arguments of [`DecodeOps::rope_append`] (every backend calls this); `outs` are
-/// `q_out`, `k_cache`, `v_cache`.
+/// Checks the arguments of [`DecodeOps::rope_append`] (every backend calls this), with
+/// the outputs `[q_out, k_cache, v_cache]`.
 pub fn check_rope_append<B: BufferInfo>(
     x: RopeAppendIn<'_, B>,
     [q_out, k_cache, v_cache]: [&B; 3],

@@ -189,7 +189,7 @@ pub trait RowOps: Primitives {
     /// rotate-half convention (Llama/GPT-NeoX): for `i < d/2`, with `θ = pos · base^(−2i/d)`,
     /// `pos = t_index`: `out[i] = x[i]·cos θ − x[i + d/2]·sin θ`,
     /// `out[i + d/2] = x[i + d/2]·cos θ + x[i]·sin θ`. `inverse` rotates by `−θ`, which is the
-    /// backward. `dims` is `[n, t, d]`, `angle` `(base, inverse)`.
+    /// backward.
     fn rope(
         &self,
         x: &Self::Buffer,

@@ -329,10 +329,7 @@ impl AdamW {
             let sg = schedule.map(|s| s.read());
             on_device!(dev, |be| adamw_impl(
                 be,
-                &mut pg,
-                &gg,
-                &mut mg,
-                &mut vg,
+                (&mut pg, &gg, &mut mg, &mut vg),
                 &self.decays,
                 (cg.as_deref(), sg.as_deref()),
                 cfg
@@ -348,13 +345,18 @@ impl AdamW {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The locked lists of an AdamW step: `(params, grads, m, v)`.
+type Locked<'a, 'g> = (
+    &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
+    &'a [std::sync::RwLockReadGuard<'g, Storage>],
+    &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
+    &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
+);
+
+/// One AdamW step on `be` over the locked `(params, grads, m, v)`.
 fn adamw_impl<B: DeviceBackend>(
     be: &B,
-    params: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
-    grads: &[std::sync::RwLockReadGuard<'_, Storage>],
-    m: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
-    v: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
+    (params, grads, m, v): Locked<'_, '_>,
     decays: &[f32],
     (clip, schedule): (Option<&Storage>, Option<&Storage>),
     cfg: AdamWConfig,

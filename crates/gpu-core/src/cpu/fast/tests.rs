@@ -338,7 +338,7 @@ fn layernorm_levels_agree_bit_for_bit() {
     let dy = normal(&mut rng, r * c, 0.0, 1.0);
     at_every_level("layernorm", |isa| {
         let (mut y, mut m, mut s) = (vec![0.0; r * c], vec![0.0; r], vec![0.0; r]);
-        rows::layernorm_fwd(isa, &x, &w, &w, &mut y, (&mut m, &mut s), c, 1e-5);
+        rows::layernorm_fwd(isa, (&x, &w, &w), &mut y, (&mut m, &mut s), c, 1e-5);
         let mut dx = vec![0.0; r * c];
         rows::layernorm_dx(isa, &x, &w, (&m, &s), &dy, &mut dx, c);
         let (mut dw, mut db) = (vec![0.0; 24], vec![0.0; 24]);

@@ -193,7 +193,14 @@ fn run_seq(c: &Case, isa: Isa) -> [Vec<f32>; 5] {
     let mut scratch = vec![0.0; len];
     let dims = (t, d, c.scale);
     let (q, k, v) = (&c.q[..t * d], &c.k[..t * d], &c.v[..t * d]);
-    attention::fwd_seq(isa, q, k, v, &mut out, &mut lse, dims, &mut scratch, None);
+    attention::fwd_seq(
+        isa,
+        (q, k, v),
+        (&mut out, &mut lse),
+        dims,
+        &mut scratch,
+        None,
+    );
     let (mut dq, mut dk, mut dv) = (vec![0.0; t * d], vec![0.0; t * d], vec![0.0; t * d]);
     let x = (q, k, v, &out[..], &lse[..], &c.dout[..t * d]);
     attention::bwd_seq(
