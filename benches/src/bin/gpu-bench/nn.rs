@@ -43,12 +43,30 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(3.0 * nb),
         None,
     ));
+    norms(b, &mut rows, (&xs, &dys), (&mut o, &mut y))?;
+    drop((xs, dys, o, y));
+    attention(b, &mut rows)?;
+    adamw(b, &mut rows)?;
+    Ok(rows)
+}
+
+/// The LayerNorm and RMSNorm rows, on the inputs `xs` and output gradients `dys` (two of each,
+/// alternated between runs) with the scratch outputs `o` and `y`.
+fn norms(
+    b: &Bench,
+    rows: &mut Vec<Row>,
+    (xs, dys): (&[CudaBuffer; 2], &[CudaBuffer; 2]),
+    (o, y): (&mut CudaBuffer, &mut CudaBuffer),
+) -> Result<()> {
+    let (n, cols) = (ROWS * COLS, COLS);
+    let nb = (n * 4) as f64;
+    let size = format!("{ROWS}×{COLS} f32");
     let (w, bias) = (b.random(cols)?, b.random(cols)?);
     let (mut mean, mut rstd) = (b.out(ROWS)?, b.out(ROWS)?);
     let us = b.time(|i| {
         b.gpu.layernorm_fwd(
             (&xs[i % 2], &w, &bias),
-            (&mut o, &mut mean, &mut rstd),
+            (&mut *o, &mut mean, &mut rstd),
             cols,
             1e-5,
         )
@@ -62,7 +80,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     ));
     b.gpu.layernorm_fwd(
         (&xs[0], &w, &bias),
-        (&mut y, &mut mean, &mut rstd),
+        (&mut *y, &mut mean, &mut rstd),
         cols,
         1e-5,
     )?;
@@ -76,7 +94,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
                 rstd: &rstd,
                 dy: &dys[i % 2],
             },
-            (&mut o, &mut dw, &mut db),
+            (&mut *o, &mut dw, &mut db),
             cols,
         )
     })?;
@@ -89,7 +107,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     ));
     let us = b.time(|i| {
         b.gpu
-            .rmsnorm_fwd(&xs[i % 2], &w, &mut o, &mut rstd, cols, 1e-5)
+            .rmsnorm_fwd(&xs[i % 2], &w, &mut *o, &mut rstd, cols, 1e-5)
     })?;
     rows.push(row(
         "rmsnorm_fwd",
@@ -99,7 +117,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         None,
     ));
     b.gpu
-        .rmsnorm_fwd(&xs[0], &w, &mut y, &mut rstd, cols, 1e-5)?;
+        .rmsnorm_fwd(&xs[0], &w, &mut *y, &mut rstd, cols, 1e-5)?;
     let us = b.time(|i| {
         b.gpu.rmsnorm_bwd(
             RmsNormBwdIn {
@@ -108,7 +126,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
                 rstd: &rstd,
                 dy: &dys[i % 2],
             },
-            (&mut o, &mut dw),
+            (&mut *o, &mut dw),
             cols,
         )
     })?;
@@ -119,8 +137,11 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(3.0 * nb),
         None,
     ));
-    drop((xs, dys, o, y));
+    Ok(())
+}
 
+/// The causal attention rows.
+fn attention(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     // Causal attention, B64 H6 T256 D64: FLOPs counted as PyTorch's causal half, 4·n·t²·d/2.
     let (nh, t, d) = (64 * 6, 256, 64);
     let len = nh * t * d;
@@ -172,7 +193,11 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         None,
         Some(2.5 * fwd_flops),
     ));
+    Ok(())
+}
 
+/// The AdamW row.
+fn adamw(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     // AdamW over nanoGPT shakespeare-char's parameter shapes (10.7M).
     let model = Gpt::new(GptConfig::shakespeare_char(65), 1, Device::Cpu)?;
     let shapes: Vec<usize> = model
@@ -236,7 +261,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(7.0 * 4.0 * total as f64),
         None,
     ));
-    Ok(rows)
+    Ok(())
 }
 
 /// Median milliseconds of a full training step (forward, backward, clip, AdamW, loss.item())
