@@ -440,17 +440,7 @@ impl CudaBackend {
         info: &mut SolverInfo,
     ) -> Result<()> {
         const OP: &str = "gesvdr_cm";
-        let min = m.min(n);
-        if k == 0 || k.checked_add(p).is_none_or(|l| l > min) {
-            return Err(GpuError::invalid(
-                OP,
-                format!("needs 1 <= k and k + p <= min(m, n) = {min}, got k {k}, p {p}"),
-            ));
-        }
-        check_mat(OP, "A", a, m, n, m)?;
-        check_mat(OP, "S", s, min, 1, min)?;
-        check_mat(OP, "U", u, m, m, m)?;
-        check_mat(OP, "V", v, n, n, n)?;
+        check_gesvdr((m, n), (k, p), a, [s, u, v])?;
         self.check_owned(OP, &[a, s, u, v, &info.buf])?;
         let guard = self.solver()?;
         let h = guard.cu();
@@ -539,4 +529,26 @@ impl CudaBackend {
         out?;
         destroyed.map_err(|e| GpuError::cuda("cusolverDnDestroyParams", e))
     }
+}
+
+/// Checks the arguments of [`CudaBackend::gesvdr_cm`]: `1 <= k`, `k + p <= min(m, n)`, and `A`,
+/// `S`, `U`, `V` of their sizes.
+fn check_gesvdr(
+    (m, n): (usize, usize),
+    (k, p): (usize, usize),
+    a: &CudaBuffer,
+    [s, u, v]: [&CudaBuffer; 3],
+) -> Result<()> {
+    const OP: &str = "gesvdr_cm";
+    let min = m.min(n);
+    if k == 0 || k.checked_add(p).is_none_or(|l| l > min) {
+        return Err(GpuError::invalid(
+            OP,
+            format!("needs 1 <= k and k + p <= min(m, n) = {min}, got k {k}, p {p}"),
+        ));
+    }
+    check_mat(OP, "A", a, m, n, m)?;
+    check_mat(OP, "S", s, min, 1, min)?;
+    check_mat(OP, "U", u, m, m, m)?;
+    check_mat(OP, "V", v, n, n, n)
 }
