@@ -2,6 +2,8 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpu_core::cpu::{with_mode, CpuMode};
+use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
+use gpu_core::nn::rows::LayerNormBwdIn;
 use gpu_core::nn::Primitives;
 use gpu_core::nn::{Activation, AttentionOps, BinaryKind, RowOps};
 use gpu_core::{Backend, CpuBackend, DType, MatmulOps, MatmulSpec};
@@ -53,7 +55,7 @@ fn rows(c: &mut Criterion) {
     });
     g.bench_function("layernorm", |b| {
         b.iter(|| {
-            cpu.layernorm_fwd(&x, &gm, &bt, &mut o, &mut mean, &mut rstd, cols, 1e-5)
+            cpu.layernorm_fwd((&x, &gm, &bt), (&mut o, &mut mean, &mut rstd), cols, 1e-5)
                 .unwrap()
         })
     });
@@ -116,14 +118,24 @@ fn gpt_ops(c: &mut Criterion) {
         g.bench_function(format!("layernorm_fwd_768x128/{m}"), |b| {
             b.iter(|| {
                 with_mode(mode, || {
-                    cpu.layernorm_fwd(&x, &w, &w, &mut o, &mut mean, &mut rstd, cols, 1e-5)
+                    cpu.layernorm_fwd((&x, &w, &w), (&mut o, &mut mean, &mut rstd), cols, 1e-5)
                 })
             })
         });
         g.bench_function(format!("layernorm_bwd_768x128/{m}"), |b| {
             b.iter(|| {
                 with_mode(mode, || {
-                    cpu.layernorm_bwd(&x, &w, &mean, &rstd, &dy, &mut dx, &mut dw, &mut db, cols)
+                    cpu.layernorm_bwd(
+                        LayerNormBwdIn {
+                            x: &x,
+                            w: &w,
+                            mean: &mean,
+                            rstd: &rstd,
+                            dy: &dy,
+                        },
+                        (&mut dx, &mut dw, &mut db),
+                        cols,
+                    )
                 })
             })
         });
@@ -131,7 +143,15 @@ fn gpt_ops(c: &mut Criterion) {
         g.bench_function(format!("attention_fwd_48x64x32/{m}"), |b| {
             b.iter(|| {
                 with_mode(mode, || {
-                    cpu.causal_attention_fwd(&q, &k, &v, &mut ao, &mut lse, n, t, d, scale)
+                    cpu.causal_attention_fwd(
+                        AttnQkv {
+                            q: &q,
+                            k: &k,
+                            v: &v,
+                        },
+                        (&mut ao, &mut lse),
+                        AttnDims { n, t, d, scale },
+                    )
                 })
             })
         });
@@ -139,7 +159,18 @@ fn gpt_ops(c: &mut Criterion) {
             b.iter(|| {
                 with_mode(mode, || {
                     cpu.causal_attention_bwd(
-                        &q, &k, &v, &ao, &lse, &dout, &mut dq, &mut dk, &mut dv, n, t, d, scale,
+                        AttnQkv {
+                            q: &q,
+                            k: &k,
+                            v: &v,
+                        },
+                        PackedSaved {
+                            out: &ao,
+                            lse: &lse,
+                            dout: &dout,
+                        },
+                        (&mut dq, &mut dk, &mut dv),
+                        AttnDims { n, t, d, scale },
                     )
                 })
             })

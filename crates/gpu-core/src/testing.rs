@@ -10,8 +10,8 @@ use crate::dtype::{DType, Element};
 use crate::error::Result;
 use crate::nn::elementwise::{Activation, BinaryKind, ReduceKind};
 use crate::nn::{
-    AttentionOps, DecodeOps, ElementwiseOps, OptimOps, Primitives, QuantOps, RowOps, SampleOps,
-    WorldOps,
+    AttentionOps, BlockCopy, DecodeOps, ElementwiseOps, OptimOps, Primitives, QuantOps, RowOps,
+    SampleOps, WorldOps,
 };
 use crate::ops::{MatmulOps, MatmulSpec};
 
@@ -71,21 +71,8 @@ impl Primitives for PrimitivesOnly {
     fn cast(&self, x: &Buf, out: &mut Buf) -> Result<()> {
         CPU.cast(x, out)
     }
-    #[allow(clippy::too_many_arguments)]
-    fn copy_blocks(
-        &self,
-        src: &Buf,
-        src_offset: usize,
-        src_stride: usize,
-        dst: &mut Buf,
-        dst_offset: usize,
-        dst_stride: usize,
-        outer: usize,
-        len: usize,
-    ) -> Result<()> {
-        CPU.copy_blocks(
-            src, src_offset, src_stride, dst, dst_offset, dst_stride, outer, len,
-        )
+    fn copy_blocks(&self, src: &Buf, dst: &mut Buf, copy: BlockCopy) -> Result<()> {
+        CPU.copy_blocks(src, dst, copy)
     }
     fn permute(&self, x: &Buf, shape: &[usize], perm: &[usize], out: &mut Buf) -> Result<()> {
         CPU.permute(x, shape, perm, out)

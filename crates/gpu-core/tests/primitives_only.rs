@@ -8,6 +8,9 @@
 //! roundings per element, `exp(−ln(v)/2)` for `1/sqrt` within `(1 + |ln v|/2)·2^-22`) and
 //! 1e-4 for attention (sums of `t` products).
 
+use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
+use gpu_core::nn::optim::AdamWBuffers;
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::{
     AdamWConfig, AttentionOps, DecodeOps, ElementwiseOps, OptimOps, Primitives, RowOps,
 };
@@ -88,9 +91,9 @@ fn elementwise_defaults_match_the_cpu() {
     let (mut y, dy) = (zeros(outer * inner), f32s(&rand_vec(&mut r, outer * inner)));
     C.reduce_axis(gpu_core::nn::ReduceKind::Max, &x, outer, n, inner, &mut y)
         .unwrap();
-    P.max_axis_bwd(&x, &y, &dy, outer, n, inner, &mut a)
+    P.max_axis_bwd((&x, &y, &dy), [outer, n, inner], &mut a)
         .unwrap();
-    C.max_axis_bwd(&x, &y, &dy, outer, n, inner, &mut b)
+    C.max_axis_bwd((&x, &y, &dy), [outer, n, inner], &mut b)
         .unwrap();
     close("max_axis_bwd", &a, &b, 0.0);
 }
@@ -139,34 +142,72 @@ fn norm_and_rope_defaults_match_the_cpu() {
     let n = rows * cols;
     let (mut ya, mut ma, mut ra) = (zeros(n), zeros(rows), zeros(rows));
     let (mut yb, mut mb, mut rb) = (zeros(n), zeros(rows), zeros(rows));
-    P.layernorm_fwd(&x, &w, &bias, &mut ya, &mut ma, &mut ra, cols, 1e-5)
+    P.layernorm_fwd((&x, &w, &bias), (&mut ya, &mut ma, &mut ra), cols, 1e-5)
         .unwrap();
-    C.layernorm_fwd(&x, &w, &bias, &mut yb, &mut mb, &mut rb, cols, 1e-5)
+    C.layernorm_fwd((&x, &w, &bias), (&mut yb, &mut mb, &mut rb), cols, 1e-5)
         .unwrap();
     close("layernorm y", &ya, &yb, 1e-5);
     close("layernorm rstd", &ra, &rb, 1e-5);
     let (mut da, mut dwa, mut dba) = (zeros(n), zeros(cols), zeros(cols));
     let (mut db, mut dwb, mut dbb) = (zeros(n), zeros(cols), zeros(cols));
-    P.layernorm_bwd(&x, &w, &mb, &rb, &dy, &mut da, &mut dwa, &mut dba, cols)
-        .unwrap();
-    C.layernorm_bwd(&x, &w, &mb, &rb, &dy, &mut db, &mut dwb, &mut dbb, cols)
-        .unwrap();
+    P.layernorm_bwd(
+        LayerNormBwdIn {
+            x: &x,
+            w: &w,
+            mean: &mb,
+            rstd: &rb,
+            dy: &dy,
+        },
+        (&mut da, &mut dwa, &mut dba),
+        cols,
+    )
+    .unwrap();
+    C.layernorm_bwd(
+        LayerNormBwdIn {
+            x: &x,
+            w: &w,
+            mean: &mb,
+            rstd: &rb,
+            dy: &dy,
+        },
+        (&mut db, &mut dwb, &mut dbb),
+        cols,
+    )
+    .unwrap();
     close("layernorm dx", &da, &db, 1e-5);
     close("layernorm dw", &dwa, &dwb, 1e-5);
     close("layernorm db", &dba, &dbb, 1e-5);
     P.rmsnorm_fwd(&x, &w, &mut ya, &mut ra, cols, 1e-6).unwrap();
     C.rmsnorm_fwd(&x, &w, &mut yb, &mut rb, cols, 1e-6).unwrap();
     close("rmsnorm y", &ya, &yb, 1e-5);
-    P.rmsnorm_bwd(&x, &w, &rb, &dy, &mut da, &mut dwa, cols)
-        .unwrap();
-    C.rmsnorm_bwd(&x, &w, &rb, &dy, &mut db, &mut dwb, cols)
-        .unwrap();
+    P.rmsnorm_bwd(
+        RmsNormBwdIn {
+            x: &x,
+            w: &w,
+            rstd: &rb,
+            dy: &dy,
+        },
+        (&mut da, &mut dwa),
+        cols,
+    )
+    .unwrap();
+    C.rmsnorm_bwd(
+        RmsNormBwdIn {
+            x: &x,
+            w: &w,
+            rstd: &rb,
+            dy: &dy,
+        },
+        (&mut db, &mut dwb),
+        cols,
+    )
+    .unwrap();
     close("rmsnorm dx", &da, &db, 1e-5);
     close("rmsnorm dw", &dwa, &dwb, 1e-5);
     for inverse in [false, true] {
-        P.rope(&x, &mut ya, 1, rows, cols, 10000.0, inverse)
+        P.rope(&x, &mut ya, [1, rows, cols], (10000.0, inverse))
             .unwrap();
-        C.rope(&x, &mut yb, 1, rows, cols, 10000.0, inverse)
+        C.rope(&x, &mut yb, [1, rows, cols], (10000.0, inverse))
             .unwrap();
         close("rope", &ya, &yb, 1e-6);
     }
@@ -184,20 +225,58 @@ fn attention_defaults_match_the_cpu() {
         zeros(n * t * d),
         zeros(n * t),
     );
-    P.causal_attention_fwd(&q, &k, &v, &mut oa, &mut la, n, t, d, scale)
-        .unwrap();
-    C.causal_attention_fwd(&q, &k, &v, &mut ob, &mut lb, n, t, d, scale)
-        .unwrap();
+    P.causal_attention_fwd(
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        (&mut oa, &mut la),
+        AttnDims { n, t, d, scale },
+    )
+    .unwrap();
+    C.causal_attention_fwd(
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        (&mut ob, &mut lb),
+        AttnDims { n, t, d, scale },
+    )
+    .unwrap();
     close("attention out", &oa, &ob, 1e-4);
     close("attention lse", &la, &lb, 1e-5);
     let g = || [0; 3].map(|_| zeros(n * t * d));
     let ([mut qa, mut ka, mut va], [mut qb, mut kb, mut vb]) = (g(), g());
     P.causal_attention_bwd(
-        &q, &k, &v, &ob, &lb, &dout, &mut qa, &mut ka, &mut va, n, t, d, scale,
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        PackedSaved {
+            out: &ob,
+            lse: &lb,
+            dout: &dout,
+        },
+        (&mut qa, &mut ka, &mut va),
+        AttnDims { n, t, d, scale },
     )
     .unwrap();
     C.causal_attention_bwd(
-        &q, &k, &v, &ob, &lb, &dout, &mut qb, &mut kb, &mut vb, n, t, d, scale,
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        PackedSaved {
+            out: &ob,
+            lse: &lb,
+            dout: &dout,
+        },
+        (&mut qb, &mut kb, &mut vb),
+        AttnDims { n, t, d, scale },
     )
     .unwrap();
     close("attention dq", &qa, &qb, 1e-4);
@@ -225,9 +304,9 @@ fn decode_and_optimiser_defaults_match_the_cpu() {
         zeros(rows * i),
         zeros(rows * i),
     );
-    P.add_rms_norm(&x, Some(&y), &w, &mut sa, &mut na, i, 1e-6)
+    P.add_rms_norm((&x, Some(&y), &w), (&mut sa, &mut na), i, 1e-6)
         .unwrap();
-    C.add_rms_norm(&x, Some(&y), &w, &mut sb, &mut nb, i, 1e-6)
+    C.add_rms_norm((&x, Some(&y), &w), (&mut sb, &mut nb), i, 1e-6)
         .unwrap();
     close("add_rms_norm sum", &sa, &sb, 0.0);
     close("add_rms_norm normed", &na, &nb, 1e-5);
@@ -263,24 +342,28 @@ fn decode_and_optimiser_defaults_match_the_cpu() {
     };
     let (pa, ma, va) = run(&|p, m, v| {
         P.adamw_step(
-            &mut [p],
-            &[&g0],
-            &mut [m],
-            &mut [v],
-            &[0.1],
-            Some(&scale),
+            AdamWBuffers {
+                params: &mut [p],
+                grads: &[&g0],
+                m: &mut [m],
+                v: &mut [v],
+                weight_decay: &[0.1],
+                grad_scale: Some(&scale),
+            },
             cfg,
         )
         .unwrap()
     });
     let (pb, mb, vb) = run(&|p, m, v| {
         C.adamw_step(
-            &mut [p],
-            &[&g0],
-            &mut [m],
-            &mut [v],
-            &[0.1],
-            Some(&scale),
+            AdamWBuffers {
+                params: &mut [p],
+                grads: &[&g0],
+                m: &mut [m],
+                v: &mut [v],
+                weight_decay: &[0.1],
+                grad_scale: Some(&scale),
+            },
             cfg,
         )
         .unwrap()

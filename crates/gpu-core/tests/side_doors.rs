@@ -236,8 +236,18 @@ fn scheduled_adamw_default_matches_adamw_step() {
     };
     let want = run(&|b| {
         let (p, g, m, v) = (b.params, b.grads, b.m, b.v);
-        C.adamw_step(p, g, m, v, b.weight_decay, b.grad_scale, cfg)
-            .unwrap()
+        C.adamw_step(
+            AdamWBuffers {
+                params: p,
+                grads: g,
+                m,
+                v,
+                weight_decay: b.weight_decay,
+                grad_scale: b.grad_scale,
+            },
+            cfg,
+        )
+        .unwrap()
     });
     let on_p = run(&|b| P.adamw_step_scheduled(b, other, &sched).unwrap());
     let on_c = run(&|b| C.adamw_step_scheduled(b, other, &sched).unwrap());

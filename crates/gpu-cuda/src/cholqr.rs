@@ -197,10 +197,9 @@ impl CudaBackend {
         self.gemm_cm(
             (false, false),
             (rows, cols, cols),
-            1.0,
+            (1.0, 0.0),
             (y, ldy),
             (rinv, cols),
-            0.0,
             (out, ldo),
         )
     }

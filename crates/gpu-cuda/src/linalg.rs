@@ -148,15 +148,13 @@ impl CudaBackend {
     /// `C = alpha·op(A)·op(B) + beta·C` on column-major matrices: `op(A)` is `m × k`, `op(B)`
     /// `k × n`, `C` `m × n`. With `beta = 1` it updates `C` in place, one output tile at a time
     /// inside cuBLAS. Full f32 (never TF32).
-    #[allow(clippy::too_many_arguments)]
     pub fn gemm_cm(
         &self,
         (ta, tb): (bool, bool),
         (m, n, k): (usize, usize, usize),
-        alpha: f32,
+        (alpha, beta): (f32, f32),
         (a, lda): (&CudaBuffer, usize),
         (b, ldb): (&CudaBuffer, usize),
-        beta: f32,
         (c, ldc): (&mut CudaBuffer, usize),
     ) -> Result<()> {
         const OP: &str = "gemm_cm";
@@ -200,7 +198,6 @@ impl CudaBackend {
     /// count, `⌈rows / chunk⌉`. One strided-batched GEMM (and one more for a remainder)
     /// instead of one GEMM whose few output tiles would each run the whole length alone: the
     /// sum is left to the consumer (`chol_rinv_f32` and `jacobi_svd_f32` add them in f64).
-    #[allow(clippy::too_many_arguments)]
     pub fn gemm_tn_parts_cm(
         &self,
         rows: usize,
@@ -434,29 +431,16 @@ impl CudaBackend {
     /// iterations: fills `s` (`min(m, n)` values, the first `k` descending), `u` (`m × m`, the
     /// first `k` columns the left singular vectors, `ld = m`) and `v` (`n × n`, likewise,
     /// `ld = n`). Returns after queuing; `info` records the call's status.
-    #[allow(clippy::too_many_arguments)]
     pub fn gesvdr_cm(
         &self,
         (m, n): (usize, usize),
         a: &mut CudaBuffer,
         (k, p, iters): (usize, usize, usize),
-        s: &mut CudaBuffer,
-        u: &mut CudaBuffer,
-        v: &mut CudaBuffer,
+        (s, u, v): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
         info: &mut SolverInfo,
     ) -> Result<()> {
         const OP: &str = "gesvdr_cm";
-        let min = m.min(n);
-        if k == 0 || k.checked_add(p).is_none_or(|l| l > min) {
-            return Err(GpuError::invalid(
-                OP,
-                format!("needs 1 <= k and k + p <= min(m, n) = {min}, got k {k}, p {p}"),
-            ));
-        }
-        check_mat(OP, "A", a, m, n, m)?;
-        check_mat(OP, "S", s, min, 1, min)?;
-        check_mat(OP, "U", u, m, m, m)?;
-        check_mat(OP, "V", v, n, n, n)?;
+        check_gesvdr((m, n), (k, p), a, [s, u, v])?;
         self.check_owned(OP, &[a, s, u, v, &info.buf])?;
         let guard = self.solver()?;
         let h = guard.cu();
@@ -545,4 +529,26 @@ impl CudaBackend {
         out?;
         destroyed.map_err(|e| GpuError::cuda("cusolverDnDestroyParams", e))
     }
+}
+
+/// Checks the arguments of [`CudaBackend::gesvdr_cm`]: `1 <= k`, `k + p <= min(m, n)`, and `A`,
+/// `S`, `U`, `V` of their sizes.
+fn check_gesvdr(
+    (m, n): (usize, usize),
+    (k, p): (usize, usize),
+    a: &CudaBuffer,
+    [s, u, v]: [&CudaBuffer; 3],
+) -> Result<()> {
+    const OP: &str = "gesvdr_cm";
+    let min = m.min(n);
+    if k == 0 || k.checked_add(p).is_none_or(|l| l > min) {
+        return Err(GpuError::invalid(
+            OP,
+            format!("needs 1 <= k and k + p <= min(m, n) = {min}, got k {k}, p {p}"),
+        ));
+    }
+    check_mat(OP, "A", a, m, n, m)?;
+    check_mat(OP, "S", s, min, 1, min)?;
+    check_mat(OP, "U", u, m, m, m)?;
+    check_mat(OP, "V", v, n, n, n)
 }

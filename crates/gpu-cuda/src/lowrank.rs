@@ -25,7 +25,6 @@ impl CudaBackend {
     /// `1 <= k <= 64`. Clears the u32 `flag[0]`, then checks and (when the check passed)
     /// writes; queued only. The caller reads `flag` afterwards: 0, or the
     /// [`LOWRANK_NONFINITE_W`] / [`LOWRANK_NONFINITE_SUM`] bits, in which case `W` is unchanged.
-    #[allow(clippy::too_many_arguments)]
     pub fn lowrank_add(
         &self,
         (m, n, k): (usize, usize, usize),

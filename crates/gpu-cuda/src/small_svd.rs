@@ -29,15 +29,12 @@ impl CudaBackend {
     /// (column-major `l × k`, the leading left and right singular vectors) and `s` (`k` values,
     /// descending, times `inv_scale`), and ORs failure bits into the u32 `flag[0]` (see the
     /// module docs). Queued only.
-    #[allow(clippy::too_many_arguments)]
     pub fn jacobi_svd_cm(
         &self,
         (l, k): (usize, usize),
         (r, nparts): (&CudaBuffer, usize),
         inv_scale: f32,
-        u: &mut CudaBuffer,
-        s: &mut CudaBuffer,
-        v: &mut CudaBuffer,
+        (u, s, v): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
         flag: &mut CudaBuffer,
     ) -> Result<()> {
         const OP: &str = "jacobi_svd_cm";

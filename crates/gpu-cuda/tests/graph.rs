@@ -23,7 +23,14 @@ fn queue(
 ) -> gpu_core::Result<()> {
     let (a, b, c) = bufs;
     gpu.copy_buffer(a, b)?;
-    gpu.gemm_cm((false, false), (n, n, n), 1.0, (b, n), (b, n), 0.0, (c, n))
+    gpu.gemm_cm(
+        (false, false),
+        (n, n, n),
+        (1.0, 0.0),
+        (b, n),
+        (b, n),
+        (c, n),
+    )
 }
 
 #[test]

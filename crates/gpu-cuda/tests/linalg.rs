@@ -76,10 +76,9 @@ fn gpu_gemm_cm_matches_the_host_product_for_every_transpose_and_beta() {
         gpu.gemm_cm(
             (ta, tb),
             (m, n, k),
-            alpha,
+            (alpha, beta),
             (&da, lda),
             (&db, ldb),
-            beta,
             (&mut dc, ldc),
         )
         .unwrap();
@@ -178,10 +177,9 @@ fn gpu_transpose_scale_and_orthonormalize_are_right() {
         .gemm_cm(
             (false, false),
             (4, 4, 4),
-            1.0,
+            (1.0, 0.0),
             (&small, 4),
             (&small, 4),
-            0.0,
             (&mut out, 4)
         )
         .is_err());
@@ -189,10 +187,9 @@ fn gpu_transpose_scale_and_orthonormalize_are_right() {
         .gemm_cm(
             (false, false),
             (2, 2, 2),
-            1.0,
+            (1.0, 0.0),
             (&small, 1),
             (&small, 2),
-            0.0,
             (&mut out, 2)
         )
         .is_err());

@@ -10,6 +10,7 @@
 mod common;
 
 use common::*;
+use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
 use gpu_core::nn::AttentionOps;
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::{DType, GpuError};
@@ -59,8 +60,21 @@ fn fwd<B: AttentionOps + ElementwiseOps>(b: &B, p: &Problem) -> (Vec<f32>, Vec<f
     let mut out = poisoned(b, p.q.len());
     let mut lse = poisoned(b, p.n * p.t);
     let (q, k, v) = (up(b, &p.q), up(b, &p.k), up(b, &p.v));
-    b.causal_attention_fwd(&q, &k, &v, &mut out, &mut lse, p.n, p.t, p.d, p.scale)
-        .unwrap();
+    b.causal_attention_fwd(
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        (&mut out, &mut lse),
+        AttnDims {
+            n: p.n,
+            t: p.t,
+            d: p.d,
+            scale: p.scale,
+        },
+    )
+    .unwrap();
     (down(b, &out), down(b, &lse))
 }
 
@@ -76,7 +90,23 @@ fn bwd<B: AttentionOps + ElementwiseOps>(
     let (q, k, v) = (up(b, &p.q), up(b, &p.k), up(b, &p.v));
     let (o, l, g) = (up(b, out), up(b, lse), up(b, &p.dout));
     b.causal_attention_bwd(
-        &q, &k, &v, &o, &l, &g, &mut dq, &mut dk, &mut dv, p.n, p.t, p.d, p.scale,
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        PackedSaved {
+            out: &o,
+            lse: &l,
+            dout: &g,
+        },
+        (&mut dq, &mut dk, &mut dv),
+        AttnDims {
+            n: p.n,
+            t: p.t,
+            d: p.d,
+            scale: p.scale,
+        },
     )
     .unwrap();
     [down(b, &dq), down(b, &dk), down(b, &dv)]
@@ -141,7 +171,7 @@ fn check<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, p: &Problem, r: &Re
     // Gradients cancel (dS = P∘(dP − D); nearly one-hot softmaxes make dq tiny against its
     // terms): each is bounded by the size of its cancelling terms (`testing::cancel`).
     let got = bwd(b, p, &r.out, &r.lse);
-    let terms = cancel::attention(&p.q, &p.k, &p.v, &p.dout, p.n, p.t, p.d, p.scale as f64);
+    let terms = cancel::attention((&p.q, &p.k, &p.v, &p.dout), [p.n, p.t, p.d], p.scale as f64);
     for (name, ((g, w), t)) in ["dq", "dk", "dv"]
         .iter()
         .zip(got.iter().zip(&r.grads).zip(&terms))
@@ -345,7 +375,11 @@ fn errors_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str) {
     let (q, k, v) = (f(48), f(48), f(48));
     let (mut out, mut lse) = (f(48), f(6));
     let fwd = |q: &B::Buffer, out: &mut B::Buffer, lse: &mut B::Buffer, d: usize, scale: f32| {
-        b.causal_attention_fwd(q, &k, &v, out, lse, n, t, d, scale)
+        b.causal_attention_fwd(
+            AttnQkv { q, k: &k, v: &v },
+            (out, lse),
+            AttnDims { n, t, d, scale },
+        )
     };
     assert!(fwd(&q, &mut out, &mut lse, d, 0.5).is_ok(), "{dev}");
     for bad_d in [0, 6, 132] {
@@ -372,7 +406,20 @@ fn errors_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str) {
         matches!(r, Err(GpuError::UnsupportedDType { .. })),
         "{dev}: {r:?}"
     );
-    let r = b.causal_attention_fwd(&q, &k, &v, &mut out, &mut lse, usize::MAX, 2, 8, 0.5);
+    let r = b.causal_attention_fwd(
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        (&mut out, &mut lse),
+        AttnDims {
+            n: usize::MAX,
+            t: 2,
+            d: 8,
+            scale: 0.5,
+        },
+    );
     assert!(
         matches!(r, Err(GpuError::InvalidShape { .. })),
         "{dev}: {r:?}"
@@ -381,33 +428,69 @@ fn errors_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str) {
     let (o, l, g) = (f(48), f(6), f(48));
     let (mut dq, mut dk, mut dv, mut short) = (f(48), f(48), f(48), f(47));
     let r = b.causal_attention_bwd(
-        &q, &k, &v, &o, &l, &g, &mut dq, &mut short, &mut dv, n, t, d, 0.5,
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        PackedSaved {
+            out: &o,
+            lse: &l,
+            dout: &g,
+        },
+        (&mut dq, &mut short, &mut dv),
+        AttnDims {
+            n,
+            t,
+            d,
+            scale: 0.5,
+        },
     );
     assert!(
         matches!(r, Err(GpuError::ShapeMismatch { .. })),
         "{dev}: {r:?}"
     );
     let r = b.causal_attention_bwd(
-        &q, &k, &v, &o, &l, &g, &mut dq, &mut dk, &mut dv, n, t, 4, 0.5,
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        PackedSaved {
+            out: &o,
+            lse: &l,
+            dout: &g,
+        },
+        (&mut dq, &mut dk, &mut dv),
+        AttnDims {
+            n,
+            t,
+            d: 4,
+            scale: 0.5,
+        },
     );
     assert!(
         matches!(r, Err(GpuError::ShapeMismatch { .. })),
         "{dev}: {r:?}"
     );
     let r = b.causal_attention_bwd(
-        &q,
-        &k,
-        &v,
-        &o,
-        &l,
-        &g,
-        &mut dq,
-        &mut dk,
-        &mut dv,
-        n,
-        t,
-        d,
-        f32::INFINITY,
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        PackedSaved {
+            out: &o,
+            lse: &l,
+            dout: &g,
+        },
+        (&mut dq, &mut dk, &mut dv),
+        AttnDims {
+            n,
+            t,
+            d,
+            scale: f32::INFINITY,
+        },
     );
     assert!(
         matches!(r, Err(GpuError::InvalidArgument { .. })),
@@ -415,8 +498,21 @@ fn errors_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str) {
     );
     // Empty problems are fine and touch nothing.
     let (e, mut eo, mut el) = (f(0), f(0), f(0));
-    b.causal_attention_fwd(&e, &e, &e, &mut eo, &mut el, 0, 5, 8, 0.5)
-        .unwrap();
+    b.causal_attention_fwd(
+        AttnQkv {
+            q: &e,
+            k: &e,
+            v: &e,
+        },
+        (&mut eo, &mut el),
+        AttnDims {
+            n: 0,
+            t: 5,
+            d: 8,
+            scale: 0.5,
+        },
+    )
+    .unwrap();
 }
 
 #[test]

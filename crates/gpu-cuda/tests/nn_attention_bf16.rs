@@ -60,6 +60,7 @@ use gpu_core::cpu::attention_bf16::{
     causal_attention_packed_bf16_bwd, causal_attention_packed_bf16_fwd,
 };
 use gpu_core::nn::attention::Packed;
+use gpu_core::nn::attention::PackedSaved;
 use gpu_core::{Backend, BufferInfo, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::CudaBackend;
@@ -236,8 +237,19 @@ fn run_gpu(gpu: &CudaBackend, qkv: &[bf16], dout: &[bf16], p: Packed, scale: f32
         .unwrap();
     let dout_b = gpu.upload(dout).unwrap();
     let mut grad = nan_bf(qkv.len());
-    gpu.causal_attention_packed_bf16_bwd(&qkv_b, &out, &lse, &dout_b, &mut grad, p, scale, None)
-        .unwrap();
+    gpu.causal_attention_packed_bf16_bwd(
+        &qkv_b,
+        PackedSaved {
+            out: &out,
+            lse: &lse,
+            dout: &dout_b,
+        },
+        &mut grad,
+        p,
+        scale,
+        None,
+    )
+    .unwrap();
     Outputs {
         out: gpu.download::<bf16>(&out).unwrap(),
         lse: gpu.download::<f32>(&lse).unwrap(),
@@ -248,19 +260,15 @@ fn run_gpu(gpu: &CudaBackend, qkv: &[bf16], dout: &[bf16], p: Packed, scale: f32
 /// GPU against the reference within the bounds over batches `batches` (each batch is
 /// independent, so a slice of the batch is an exact smaller call), skipping sequence `skip_seq`
 /// (`b·heads + h` within the slice); panics on the first element out of bounds.
-#[allow(clippy::too_many_arguments)]
 fn compare(
     what: &str,
-    qkv: &[bf16],
-    dout: &[bf16],
+    (qkv, dout): (&[bf16], &[bf16]),
     got: &Outputs,
-    p: Packed,
-    scale: f32,
-    batches: std::ops::Range<usize>,
-    skip_seq: Option<usize>,
+    (p, scale): (Packed, f32),
+    (batches, skip_seq): (std::ops::Range<usize>, Option<usize>),
 ) {
     let all = Terms::WithFlush;
-    if let Err(e) = judge(what, qkv, dout, got, p, scale, batches, skip_seq, all) {
+    if let Err(e) = judge(what, (qkv, dout), got, (p, scale), (batches, skip_seq), all) {
         panic!("{e}");
     }
 }
@@ -274,17 +282,14 @@ enum Terms {
     RoundingOnly,
 }
 
-/// [`compare`]'s verdict: `Err` names the first element out of bounds.
-#[allow(clippy::too_many_arguments)]
+/// [`compare`]'s verdict (its arguments and `terms`): `Err` names the first element out of
+/// bounds.
 fn judge(
     what: &str,
-    qkv: &[bf16],
-    dout: &[bf16],
+    (qkv, dout): (&[bf16], &[bf16]),
     got: &Outputs,
-    p: Packed,
-    scale: f32,
-    batches: std::ops::Range<usize>,
-    skip_seq: Option<usize>,
+    (p, scale): (Packed, f32),
+    (batches, skip_seq): (std::ops::Range<usize>, Option<usize>),
     terms: Terms,
 ) -> Result<(), String> {
     let (rows, c, nt) = (batches.start * p.t..batches.end * p.t, p.c(), p.heads * p.t);
@@ -441,8 +446,9 @@ fn the_bound_counts_flushed_subnormals_and_still_rejects_a_wrong_term() {
             grad: grad.to_vec(),
         };
         let what = format!("seed {seed}");
-        let verdict =
-            |got: &Outputs, terms| judge(&what, &qkv, &dout, got, p, scale, 0..p.b, None, terms);
+        let verdict = |got: &Outputs, terms| {
+            judge(&what, (&qkv, &dout), got, (p, scale), (0..p.b, None), terms)
+        };
         // The rounding bounds alone reject the flushed gradient (the H200 failure, on the CPU);
         // the flush terms admit it.
         let got = outputs(&out, &lse, &flushed);
@@ -508,7 +514,7 @@ fn gpu_bf16_attention_matches_its_reference_within_the_rounding_bound() {
         };
         for (lo, hi) in checked.into_iter().filter(|(lo, hi)| lo < hi) {
             let batches = lo..hi;
-            compare(&what, &qkv, &dout, &got, p, scale, batches, None);
+            compare(&what, (&qkv, &dout), &got, (p, scale), (batches, None));
         }
     }
 }
@@ -534,13 +540,10 @@ fn gpu_bf16_attention_takes_any_finite_scale() {
         let got = run_gpu(&gpu, &qkv, &dout, p, scale);
         compare(
             &format!("scale {scale}"),
-            &qkv,
-            &dout,
+            (&qkv, &dout),
             &got,
-            p,
-            scale,
-            0..p.b,
-            None,
+            (p, scale),
+            (0..p.b, None),
         );
     }
 }
@@ -584,13 +587,10 @@ fn gpu_bf16_attention_keeps_nan_and_inf_in_their_sequence() {
         .all(|(i, x)| head1(i, 3) || x.is_finite()));
     compare(
         "non-finite sequence 1",
-        &qkv,
-        &dout,
+        (&qkv, &dout),
         &got,
-        p,
-        0.125,
-        0..2,
-        Some(1),
+        (p, 0.125),
+        (0..2, Some(1)),
     );
 }
 
@@ -613,8 +613,19 @@ fn gpu_bf16_attention_rejects_bad_arguments() {
     let (mut out, mut lse, mut g) = (bf(p.b * p.t * c), f32b(n * p.t), bf(p.b * p.t * 3 * c));
     gpu.causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, p, 0.125, None)
         .unwrap();
-    gpu.causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &out, &mut g, p, 0.125, None)
-        .unwrap();
+    gpu.causal_attention_packed_bf16_bwd(
+        &qkv,
+        PackedSaved {
+            out: &out,
+            lse: &lse,
+            dout: &out,
+        },
+        &mut g,
+        p,
+        0.125,
+        None,
+    )
+    .unwrap();
     // Head dimensions other than 64: a typed error saying so.
     let p32 = Packed { d: 32, ..p };
     let e = gpu.causal_attention_packed_bf16_fwd(
@@ -638,9 +649,11 @@ fn gpu_bf16_attention_rejects_bad_arguments() {
     assert!(matches!(e, Err(GpuError::DTypeMismatch { .. })), "{e:?}");
     let e = gpu.causal_attention_packed_bf16_bwd(
         &qkv,
-        &out,
-        &lse,
-        &out,
+        PackedSaved {
+            out: &out,
+            lse: &lse,
+            dout: &out,
+        },
         &mut f32b(g.len()),
         p,
         0.125,
@@ -657,7 +670,18 @@ fn gpu_bf16_attention_rejects_bad_arguments() {
         None,
     );
     assert!(matches!(e, Err(GpuError::ShapeMismatch { .. })), "{e:?}");
-    let e = gpu.causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &bf(7), &mut g, p, 0.125, None);
+    let e = gpu.causal_attention_packed_bf16_bwd(
+        &qkv,
+        PackedSaved {
+            out: &out,
+            lse: &lse,
+            dout: &bf(7),
+        },
+        &mut g,
+        p,
+        0.125,
+        None,
+    );
     assert!(matches!(e, Err(GpuError::ShapeMismatch { .. })), "{e:?}");
     // No heads, a non-finite scale, an overflowing shape.
     let e = gpu.causal_attention_packed_bf16_fwd(
@@ -683,7 +707,18 @@ fn gpu_bf16_attention_rejects_bad_arguments() {
         let (qkv0, mut o0, mut l0, mut g0) = (bf(0), bf(0), f32b(0), bf(0));
         gpu.causal_attention_packed_bf16_fwd(&qkv0, &mut o0, &mut l0, e, 0.125, None)
             .unwrap();
-        gpu.causal_attention_packed_bf16_bwd(&qkv0, &o0, &l0, &o0, &mut g0, e, 0.125, None)
-            .unwrap();
+        gpu.causal_attention_packed_bf16_bwd(
+            &qkv0,
+            PackedSaved {
+                out: &o0,
+                lse: &l0,
+                dout: &o0,
+            },
+            &mut g0,
+            e,
+            0.125,
+            None,
+        )
+        .unwrap();
     }
 }

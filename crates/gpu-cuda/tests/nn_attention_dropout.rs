@@ -9,6 +9,7 @@ mod common;
 
 use common::*;
 use gpu_core::cpu::fast::{with_mode, CpuMode};
+use gpu_core::nn::attention::PackedSaved;
 use gpu_core::nn::attention::{AttnDropout, Packed};
 use gpu_core::{Backend, CpuBackend, DType};
 use gpu_cuda::testing::backend_or_skip;
@@ -30,13 +31,35 @@ fn run_cpu(qkv: &[f32], dout: &[f32], p: Packed, dtype: DType, drop: Option<Attn
         if dtype == DType::BF16 {
             cpu.causal_attention_packed_bf16_fwd(&x, &mut out, &mut lse, p, scale, drop)
                 .unwrap();
-            cpu.causal_attention_packed_bf16_bwd(&x, &out, &lse, &g, &mut dq, p, scale, drop)
-                .unwrap();
+            cpu.causal_attention_packed_bf16_bwd(
+                &x,
+                PackedSaved {
+                    out: &out,
+                    lse: &lse,
+                    dout: &g,
+                },
+                &mut dq,
+                p,
+                scale,
+                drop,
+            )
+            .unwrap();
         } else {
             cpu.causal_attention_packed_fwd(&x, &mut out, &mut lse, p, scale, drop)
                 .unwrap();
-            cpu.causal_attention_packed_bwd(&x, &out, &lse, &g, &mut dq, p, scale, drop)
-                .unwrap();
+            cpu.causal_attention_packed_bwd(
+                &x,
+                PackedSaved {
+                    out: &out,
+                    lse: &lse,
+                    dout: &g,
+                },
+                &mut dq,
+                p,
+                scale,
+                drop,
+            )
+            .unwrap();
         }
         [get(&cpu, &out), get(&cpu, &lse), get(&cpu, &dq)]
     })
@@ -57,13 +80,35 @@ fn run_gpu(
     if dtype == DType::BF16 {
         gpu.causal_attention_packed_bf16_fwd(&x, &mut out, &mut lse, p, scale, drop)
             .unwrap();
-        gpu.causal_attention_packed_bf16_bwd(&x, &out, &lse, &g, &mut dq, p, scale, drop)
-            .unwrap();
+        gpu.causal_attention_packed_bf16_bwd(
+            &x,
+            PackedSaved {
+                out: &out,
+                lse: &lse,
+                dout: &g,
+            },
+            &mut dq,
+            p,
+            scale,
+            drop,
+        )
+        .unwrap();
     } else {
         gpu.causal_attention_packed_fwd(&x, &mut out, &mut lse, p, scale, drop)
             .unwrap();
-        gpu.causal_attention_packed_bwd(&x, &out, &lse, &g, &mut dq, p, scale, drop)
-            .unwrap();
+        gpu.causal_attention_packed_bwd(
+            &x,
+            PackedSaved {
+                out: &out,
+                lse: &lse,
+                dout: &g,
+            },
+            &mut dq,
+            p,
+            scale,
+            drop,
+        )
+        .unwrap();
     }
     [get(gpu, &out), get(gpu, &lse), get(gpu, &dq)]
 }

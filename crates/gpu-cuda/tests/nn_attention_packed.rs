@@ -10,6 +10,7 @@ mod common;
 
 use common::*;
 use gpu_core::nn::attention::Packed;
+use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
 use gpu_core::nn::AttentionOps;
 use gpu_core::Backend;
 use gpu_cuda::testing::backend_or_skip;
@@ -68,8 +69,16 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
         up(gpu, &split(&qkv, dims, 3, 2)),
     );
     let (mut out_p, mut lse_p) = (poisoned(gpu, n * t * d), poisoned(gpu, n * t));
-    gpu.causal_attention_fwd(&q, &k, &v, &mut out_p, &mut lse_p, n, t, d, scale)
-        .unwrap();
+    gpu.causal_attention_fwd(
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        (&mut out_p, &mut lse_p),
+        AttnDims { n, t, d, scale },
+    )
+    .unwrap();
     let dout_p = up(gpu, &split(&dout, dims, 1, 0));
     let (mut dq, mut dk, mut dv) = (
         poisoned(gpu, n * t * d),
@@ -77,7 +86,18 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
         poisoned(gpu, n * t * d),
     );
     gpu.causal_attention_bwd(
-        &q, &k, &v, &out_p, &lse_p, &dout_p, &mut dq, &mut dk, &mut dv, n, t, d, scale,
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        PackedSaved {
+            out: &out_p,
+            lse: &lse_p,
+            dout: &dout_p,
+        },
+        (&mut dq, &mut dk, &mut dv),
+        AttnDims { n, t, d, scale },
     )
     .unwrap();
     // Packed.
@@ -98,8 +118,19 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
     );
     let mut dqkv = poisoned(gpu, b * t * 3 * c);
     let dout_b = up(gpu, &dout);
-    gpu.causal_attention_packed_bwd(&qkv_b, &out, &lse, &dout_b, &mut dqkv, p, scale, None)
-        .unwrap();
+    gpu.causal_attention_packed_bwd(
+        &qkv_b,
+        PackedSaved {
+            out: &out,
+            lse: &lse,
+            dout: &dout_b,
+        },
+        &mut dqkv,
+        p,
+        scale,
+        None,
+    )
+    .unwrap();
     let got = down(gpu, &dqkv);
     for (i, want) in [dq, dk, dv].iter().enumerate() {
         assert_eq!(
@@ -168,7 +199,18 @@ fn gpu_packed_attention_rejects_bad_arguments() {
     let dout = up(&gpu, &vec![1.0; b * t * c]);
     let mut small = poisoned(&gpu, b * t * c);
     let e = gpu
-        .causal_attention_packed_bwd(&qkv, &out, &lse, &dout, &mut small, p, 1.0, None)
+        .causal_attention_packed_bwd(
+            &qkv,
+            PackedSaved {
+                out: &out,
+                lse: &lse,
+                dout: &dout,
+            },
+            &mut small,
+            p,
+            1.0,
+            None,
+        )
         .unwrap_err();
     assert!(e.to_string().contains("dqkv"), "{e}");
 }

@@ -8,6 +8,7 @@
 mod common;
 
 use common::*;
+use gpu_core::nn::decode::{CacheAttnIn, RopeAppendIn};
 use gpu_core::nn::decode::{DecodeDims, DecodeOps};
 use gpu_core::nn::Primitives;
 use gpu_core::{Backend, CpuBackend, DType};
@@ -96,8 +97,17 @@ fn rope_case(
                 let (st, sl) = (be.upload(&start).unwrap(), be.upload(&slot).unwrap());
                 let mut q = put(be, &vec![f32::NAN; dims.q_len()], dt[1]);
                 let (mut kc, mut vc) = (put(be, &kc0, dt[2]), put(be, &vc0, dt[2]));
-                be.rope_append(&x, &f, &st, &sl, &mut q, &mut kc, &mut vc, dims)
-                    .unwrap();
+                be.rope_append(
+                    RopeAppendIn {
+                        qkv: &x,
+                        inv_freq: &f,
+                        start: &st,
+                        slot: &sl,
+                    },
+                    (&mut q, &mut kc, &mut vc),
+                    dims,
+                )
+                .unwrap();
                 [get(be, &q), get(be, &kc), get(be, &vc)]
             }};
         }
@@ -209,8 +219,20 @@ fn attention_case(
             let (qb, kb, vb) = (put(be, &q, dt[0]), put(be, &kc, dt[1]), put(be, &vc, dt[1]));
             let (st, sl) = (be.upload(&start).unwrap(), be.upload(&slot).unwrap());
             let mut out = put(be, &vec![f32::NAN; dims.q_len()], dt[0]);
-            be.cache_attention(&qb, &kb, &vb, &st, &sl, &mut out, dims, max_end, scale)
-                .unwrap();
+            be.cache_attention(
+                CacheAttnIn {
+                    q: &qb,
+                    k_cache: &kb,
+                    v_cache: &vb,
+                    start: &st,
+                    slot: &sl,
+                },
+                &mut out,
+                dims,
+                max_end,
+                scale,
+            )
+            .unwrap();
             get(be, &out)
         }};
     }
@@ -362,7 +384,16 @@ fn gpu_slot_past_the_cache_writes_nothing() {
             let mut q = be.upload(&vec![0f32; dims.q_len()]).unwrap();
             let mut kc = be.upload(&vec![7f32; dims.cache_len()]).unwrap();
             let mut vc = be.upload(&vec![7f32; dims.cache_len()]).unwrap();
-            let r = be.rope_append(&x, &f, &st, &sl, &mut q, &mut kc, &mut vc, dims);
+            let r = be.rope_append(
+                RopeAppendIn {
+                    qkv: &x,
+                    inv_freq: &f,
+                    start: &st,
+                    slot: &sl,
+                },
+                (&mut q, &mut kc, &mut vc),
+                dims,
+            );
             (
                 r,
                 be.download::<f32>(&kc).unwrap(),

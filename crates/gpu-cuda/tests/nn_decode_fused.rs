@@ -53,8 +53,13 @@ fn gpu_add_rms_norm_matches_cpu() {
                         let yb = y_dtype.map(|d| put(be, &y, d));
                         let mut sum = be.upload(&vec![f32::NAN; rows * cols]).unwrap();
                         let mut normed = put(be, &vec![f32::NAN; rows * cols], out);
-                        be.add_rms_norm(&xb, yb.as_ref(), &wb, &mut sum, &mut normed, cols, 1e-5)
-                            .unwrap();
+                        be.add_rms_norm(
+                            (&xb, yb.as_ref(), &wb),
+                            (&mut sum, &mut normed),
+                            cols,
+                            1e-5,
+                        )
+                        .unwrap();
                         (be.download::<f32>(&sum).unwrap(), get(be, &normed))
                     }};
                 }
@@ -112,13 +117,13 @@ fn gpu_fused_ops_refuse_bad_buffers() {
     let mut n = gpu.upload(&[0f32; 6]).unwrap();
     let short = gpu.upload(&[1f32; 5]).unwrap();
     assert!(gpu
-        .add_rms_norm(&x, Some(&short), &w, &mut sum, &mut n, 3, 1e-5)
+        .add_rms_norm((&x, Some(&short), &w), (&mut sum, &mut n), 3, 1e-5)
         .is_err());
     assert!(gpu
-        .add_rms_norm(&x, None, &w, &mut sum, &mut n, 4, 1e-5)
+        .add_rms_norm((&x, None, &w), (&mut sum, &mut n), 4, 1e-5)
         .is_err());
     assert!(gpu
-        .add_rms_norm(&x, None, &w, &mut sum, &mut n, 3, f32::NAN)
+        .add_rms_norm((&x, None, &w), (&mut sum, &mut n), 3, f32::NAN)
         .is_err());
     let mut out = gpu.upload(&[0f32; 2]).unwrap();
     assert!(gpu.swiglu_packed(&x, &mut out, 2).is_err());

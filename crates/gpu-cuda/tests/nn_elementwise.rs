@@ -78,8 +78,12 @@ fn max_bwd<B: Dev>(
 ) -> Vec<f32> {
     let (outer, n, inner) = shape;
     let mut o = poisoned(b, x.len());
-    b.max_axis_bwd(&up(b, x), &up(b, y), &up(b, dy), outer, n, inner, &mut o)
-        .unwrap();
+    b.max_axis_bwd(
+        (&up(b, x), &up(b, y), &up(b, dy)),
+        [outer, n, inner],
+        &mut o,
+    )
+    .unwrap();
     down(b, &o)
 }
 

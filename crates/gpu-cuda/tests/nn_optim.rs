@@ -50,8 +50,18 @@ fn adamw<B: OptimOps + ElementwiseOps>(
     let mut mr: Vec<&mut B::Buffer> = m.iter_mut().collect();
     let mut vr: Vec<&mut B::Buffer> = v.iter_mut().collect();
     let gr: Vec<&B::Buffer> = g.iter().collect();
-    b.adamw_step(&mut pr, &gr, &mut mr, &mut vr, wd, scale.as_ref(), cfg)
-        .unwrap();
+    b.adamw_step(
+        AdamWBuffers {
+            params: &mut pr,
+            grads: &gr,
+            m: &mut mr,
+            v: &mut vr,
+            weight_decay: wd,
+            grad_scale: scale.as_ref(),
+        },
+        cfg,
+    )
+    .unwrap();
     let dl = |xs: &[B::Buffer]| xs.iter().map(|x| down(b, x)).collect();
     State {
         p: dl(&p),
@@ -239,12 +249,14 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
                    cfg: AdamWConfig| {
         let gs = [&g, g2];
         b.adamw_step(
-            &mut [&mut p, p2],
-            &gs[..ngrads],
-            &mut [&mut m, &mut m2],
-            &mut [&mut v, v2],
-            wd,
-            scale,
+            AdamWBuffers {
+                params: &mut [&mut p, p2],
+                grads: &gs[..ngrads],
+                m: &mut [&mut m, &mut m2],
+                v: &mut [&mut v, v2],
+                weight_decay: wd,
+                grad_scale: scale,
+            },
             cfg,
         )
     };
@@ -298,8 +310,18 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
         assert!(invalid(r), "{dev} {bad:?}");
     }
     // Empty lists are a no-op.
-    b.adamw_step(&mut [], &[], &mut [], &mut [], &[], None, CFG)
-        .unwrap();
+    b.adamw_step(
+        AdamWBuffers {
+            params: &mut [],
+            grads: &[],
+            m: &mut [],
+            v: &mut [],
+            weight_decay: &[],
+            grad_scale: None,
+        },
+        CFG,
+    )
+    .unwrap();
 
     let mut out = f(2);
     let r = b.clip_coefficient(&[&g], 0.0, &mut out);

@@ -15,6 +15,7 @@
 mod common;
 
 use common::*;
+use gpu_core::nn::optim::{ProdigyBuffers, ScheduleFreeBuffers};
 use gpu_core::nn::optim::{
     ProdigyConfig, ProdigyScalars, ScheduleFreeConfig, StepScalars, PRODIGY_SCHEDULE_LEN,
     SF_SCHEDULE_LEN,
@@ -111,8 +112,19 @@ fn sf_step<B: OptimOps>(
     let mut zr: Vec<_> = z.iter_mut().collect();
     let mut vr: Vec<_> = v.iter_mut().collect();
     let gr: Vec<_> = gb.iter().collect();
-    b.schedule_free_step(&mut yr, &gr, &mut zr, &mut vr, wd, sc.as_ref(), SF, scalars)
-        .unwrap();
+    b.schedule_free_step(
+        ScheduleFreeBuffers {
+            params: &mut yr,
+            grads: &gr,
+            z: &mut zr,
+            v: &mut vr,
+            weight_decay: wd,
+            grad_scale: sc.as_ref(),
+        },
+        SF,
+        scalars,
+    )
+    .unwrap();
     Sf {
         y: dl(b, &y),
         z: dl(b, &z),
@@ -226,17 +238,13 @@ struct Pd {
     sc: ProdigyScalars,
 }
 
-/// One Prodigy step on `b`.
-#[allow(clippy::too_many_arguments)]
+/// One Prodigy step on `b` from state `st`, with the gradients `g`, weight decays `wd` and clip
+/// `scale`, the config `cfg`, and the learning rate `lr` read from `src`.
 fn pd_step<B: OptimOps>(
     b: &B,
     st: &Pd,
-    g: &[Vec<f32>],
-    wd: &[f32],
-    scale: Option<[f32; 2]>,
-    cfg: ProdigyConfig,
-    lr: f32,
-    src: Src,
+    (g, wd, scale): (&[Vec<f32>], &[f32], Option<[f32; 2]>),
+    (cfg, lr, src): (ProdigyConfig, f32, Src),
 ) -> Pd {
     let (mut p, p0, gb) = (upl(b, &st.p), upl(b, &st.p0), upl(b, g));
     let (mut s, mut m, mut v) = (upl(b, &st.s), upl(b, &st.m), upl(b, &st.v));
@@ -254,14 +262,16 @@ fn pd_step<B: OptimOps>(
     let mut vr: Vec<_> = v.iter_mut().collect();
     let (gr, p0r): (Vec<_>, Vec<_>) = (gb.iter().collect(), p0.iter().collect());
     b.prodigy_step(
-        &mut pr,
-        &gr,
-        &p0r,
-        &mut sr,
-        &mut mr,
-        &mut vr,
-        wd,
-        sb.as_ref(),
+        ProdigyBuffers {
+            params: &mut pr,
+            grads: &gr,
+            p0: &p0r,
+            s: &mut sr,
+            m: &mut mr,
+            v: &mut vr,
+            weight_decay: wd,
+            grad_scale: sb.as_ref(),
+        },
         cfg,
         lr_s,
         &mut sc,
@@ -332,8 +342,8 @@ fn prodigy_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng
         (no_m, None, 1.0),
     ] {
         let what = format!("{dev} decouple {} beta1 {}", cfg.decouple, cfg.beta1);
-        let want = pd_step(&CPU, &st, &g, &wd, scale, cfg, lr, Src::Host);
-        let got = pd_step(b, &st, &g, &wd, scale, cfg, lr, Src::Host);
+        let want = pd_step(&CPU, &st, (&g, &wd, scale), (cfg, lr, Src::Host));
+        let got = pd_step(b, &st, (&g, &wd, scale), (cfg, lr, Src::Host));
         assert_eq!(want.sc.apply, 1.0, "{what}: the step updates");
         let (w, gs) = (want.sc, got.sc);
         assert_scalar(&format!("{what} d"), gs.d, w.d, w.d.abs());
@@ -379,7 +389,7 @@ fn prodigy_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng
             });
         }
         // The device learning rate gives the eager step's bits.
-        let sched = pd_step(b, &st, &g, &wd, scale, cfg, lr, Src::Device);
+        let sched = pd_step(b, &st, (&g, &wd, scale), (cfg, lr, Src::Device));
         assert_eq!(sched.sc, got.sc, "{what} scheduled scalars");
         for i in 0..lens.len() {
             for (n, x, y) in [
@@ -393,7 +403,7 @@ fn prodigy_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng
         }
     }
     // lr 0 is a no-op (the package skips everything); so is a step whose Σ|s| is 0.
-    let still = pd_step(b, &st, &g, &wd, None, PRODIGY, 0.0, Src::Host);
+    let still = pd_step(b, &st, (&g, &wd, None), (PRODIGY, 0.0, Src::Host));
     assert_eq!(
         (still.p.clone(), still.sc.apply),
         (st.p.clone(), 0.0),
@@ -405,7 +415,7 @@ fn prodigy_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng
         ..st.clone()
     };
     let zg: Vec<Vec<f32>> = lens.iter().map(|&n| vec![0.0; n]).collect();
-    let none = pd_step(b, &zero, &zg, &wd, None, PRODIGY, 1.0, Src::Host);
+    let none = pd_step(b, &zero, (&zg, &wd, None), (PRODIGY, 1.0, Src::Host));
     assert_eq!(
         (none.p, none.sc.k),
         (zero.p, zero.sc.k),
@@ -428,12 +438,14 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
     let mut sf =
         |g: &B::Buffer, wd: &[f32], cfg: ScheduleFreeConfig, s: StepScalars<'_, B::Buffer>| {
             b.schedule_free_step(
-                &mut [&mut y],
-                &[g],
-                &mut [&mut z],
-                &mut [&mut v],
-                wd,
-                None,
+                ScheduleFreeBuffers {
+                    params: &mut [&mut y],
+                    grads: &[g],
+                    z: &mut [&mut z],
+                    v: &mut [&mut v],
+                    weight_decay: wd,
+                    grad_scale: None,
+                },
                 cfg,
                 s,
             )
@@ -483,14 +495,16 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
     let mut pd =
         |sc: &mut B::Buffer, cfg: ProdigyConfig, lr: StepScalars<'_, B::Buffer>, p0: &B::Buffer| {
             b.prodigy_step(
-                &mut [&mut y],
-                &[&g],
-                &[p0],
-                &mut [&mut s],
-                &mut [&mut m],
-                &mut [&mut v],
-                &[0.0],
-                None,
+                ProdigyBuffers {
+                    params: &mut [&mut y],
+                    grads: &[&g],
+                    p0: &[p0],
+                    s: &mut [&mut s],
+                    m: &mut [&mut m],
+                    v: &mut [&mut v],
+                    weight_decay: &[0.0],
+                    grad_scale: None,
+                },
                 cfg,
                 lr,
                 sc,
@@ -540,14 +554,16 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
     // Empty lists: nothing to update (Σ|s| = 0), the scalars keep d.
     let mut sc0 = up(b, &ProdigyScalars::initial(1e-6).to_words());
     b.prodigy_step(
-        &mut [],
-        &[],
-        &[],
-        &mut [],
-        &mut [],
-        &mut [],
-        &[],
-        None,
+        ProdigyBuffers {
+            params: &mut [],
+            grads: &[],
+            p0: &[],
+            s: &mut [],
+            m: &mut [],
+            v: &mut [],
+            weight_decay: &[],
+            grad_scale: None,
+        },
         PRODIGY,
         StepScalars::Host(&lr),
         &mut sc0,

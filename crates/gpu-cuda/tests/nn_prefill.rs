@@ -22,6 +22,7 @@
 mod common;
 
 use common::*;
+use gpu_core::nn::decode::{CacheAttnIn, PrefillIn};
 use gpu_core::nn::decode::{DecodeDims, DecodeOps};
 use gpu_core::{Backend, DType};
 use gpu_cuda::testing::backend_or_skip;
@@ -75,8 +76,18 @@ fn run<B: Backend + DecodeOps>(be: &B, c: &Case, dtype: DType) -> Vec<f32> {
     );
     let st = be.upload(&c.start).unwrap();
     let mut out = put(be, &vec![f32::NAN; c.dims.q_len()], dtype);
-    be.prefill_attention(&q, &k, &v, &st, &mut out, c.dims, c.scale)
-        .unwrap();
+    be.prefill_attention(
+        PrefillIn {
+            q: &q,
+            k_cache: &k,
+            v_cache: &v,
+            start: &st,
+        },
+        &mut out,
+        c.dims,
+        c.scale,
+    )
+    .unwrap();
     get(be, &out)
 }
 
@@ -338,8 +349,20 @@ fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
         let st = gpu.upload(&c.start).unwrap();
         let sl = gpu.upload(&[0u32; 2]).unwrap();
         let mut out = put(&gpu, &vec![f32::NAN; dims.q_len()], dtype);
-        gpu.cache_attention(&q, &k, &v, &st, &sl, &mut out, dims, 70, 0.1)
-            .unwrap();
+        gpu.cache_attention(
+            CacheAttnIn {
+                q: &q,
+                k_cache: &k,
+                v_cache: &v,
+                start: &st,
+                slot: &sl,
+            },
+            &mut out,
+            dims,
+            70,
+            0.1,
+        )
+        .unwrap();
         let want = get(&gpu, &out);
         let same = got
             .iter()
@@ -375,8 +398,18 @@ fn gpu_prefill_attention_empty_calls_succeed() {
             );
             let st = gpu.upload(&vec![0u32; b]).unwrap();
             let mut out = put(&gpu, &[], DType::BF16);
-            gpu.prefill_attention(&q, &k, &v, &st, &mut out, dims, 0.5)
-                .unwrap_or_else(|e| panic!("d {d} b {b} t {t}: {e}"));
+            gpu.prefill_attention(
+                PrefillIn {
+                    q: &q,
+                    k_cache: &k,
+                    v_cache: &v,
+                    start: &st,
+                },
+                &mut out,
+                dims,
+                0.5,
+            )
+            .unwrap_or_else(|e| panic!("d {d} b {b} t {t}: {e}"));
             assert_eq!(get(&gpu, &k), bf(cache.clone()), "d {d} b {b} t {t}");
         }
     }
@@ -402,16 +435,46 @@ fn gpu_prefill_attention_refuses_bad_arguments() {
     let st = gpu.upload(&[0u32]).unwrap();
     let mut out = put(&gpu, &vec![7f32; dims.q_len()], DType::BF16);
     assert!(gpu
-        .prefill_attention(&q, &k, &v, &st, &mut out, dims, 1.0)
+        .prefill_attention(
+            PrefillIn {
+                q: &q,
+                k_cache: &k,
+                v_cache: &v,
+                start: &st
+            },
+            &mut out,
+            dims,
+            1.0
+        )
         .is_err());
     let ok = DecodeDims { cap: 10, ..dims };
     let (k, v) = (z(ok.cache_len()), z(ok.cache_len()));
     assert!(gpu
-        .prefill_attention(&q, &k, &v, &st, &mut out, ok, f32::NAN)
+        .prefill_attention(
+            PrefillIn {
+                q: &q,
+                k_cache: &k,
+                v_cache: &v,
+                start: &st
+            },
+            &mut out,
+            ok,
+            f32::NAN
+        )
         .is_err());
     let f = gpu.upload(&[0f32]).unwrap();
     assert!(gpu
-        .prefill_attention(&q, &k, &v, &f, &mut out, ok, 1.0)
+        .prefill_attention(
+            PrefillIn {
+                q: &q,
+                k_cache: &k,
+                v_cache: &v,
+                start: &f
+            },
+            &mut out,
+            ok,
+            1.0
+        )
         .is_err());
     assert!(get(&gpu, &out).iter().all(|&x| x == 7.0));
 }

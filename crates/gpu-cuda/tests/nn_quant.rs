@@ -107,7 +107,7 @@ fn gpu_matmul(
     let [d, s, mn] = w.upload(gpu);
     let xb = put(gpu, x, dt[0]);
     let mut out = put(gpu, &vec![f32::NAN; m * spec.n], dt[1]);
-    gpu.matmul_quant_with(form, &xb, &d, &s, &mn, &mut out, spec)
+    gpu.matmul_quant_with(form, &xb, (&d, &s, &mn), &mut out, spec)
         .unwrap();
     get(gpu, &out)
 }

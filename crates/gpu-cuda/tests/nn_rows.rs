@@ -17,6 +17,7 @@ mod nn_rows_emu;
 mod nn_rows_util;
 
 use common::*;
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::{Backend, DeviceType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use nn_rows_util::*;
@@ -378,27 +379,19 @@ fn errors_body<B: Rows>(b: &B, dev: &str, _rng: &mut StdRng) {
     // Norms: parameter, statistic and gradient lengths; eps.
     let (mut m2, mut r2) = (f(2), f(2));
     assert!(shape(b.layernorm_fwd(
-        &f(6),
-        &f(2),
-        &f(3),
-        &mut o6,
-        &mut m2,
-        &mut r2,
+        (&f(6), &f(2), &f(3)),
+        (&mut o6, &mut m2, &mut r2),
         3,
         1e-5
     )));
     assert!(shape(b.layernorm_fwd(
-        &f(6),
-        &f(3),
-        &f(3),
-        &mut o6,
-        &mut f(3),
-        &mut r2,
+        (&f(6), &f(3), &f(3)),
+        (&mut o6, &mut f(3), &mut r2),
         3,
         1e-5
     )));
     for eps in [0.0, -1.0, f32::NAN, f32::INFINITY] {
-        let r = b.layernorm_fwd(&f(6), &f(3), &f(3), &mut o6, &mut m2, &mut r2, 3, eps);
+        let r = b.layernorm_fwd((&f(6), &f(3), &f(3)), (&mut o6, &mut m2, &mut r2), 3, eps);
         assert!(invalid(r), "{dev} eps {eps}");
         assert!(invalid(b.rmsnorm_fwd(
             &f(6),
@@ -411,59 +404,65 @@ fn errors_body<B: Rows>(b: &B, dev: &str, _rng: &mut StdRng) {
     }
     let (mut dw, mut db) = (f(3), f(3));
     let r = b.layernorm_bwd(
-        &f(6),
-        &f(3),
-        &f(2),
-        &f(2),
-        &f(6),
-        &mut o6,
-        &mut f(2),
-        &mut db,
+        LayerNormBwdIn {
+            x: &f(6),
+            w: &f(3),
+            mean: &f(2),
+            rstd: &f(2),
+            dy: &f(6),
+        },
+        (&mut o6, &mut f(2), &mut db),
         3,
     );
     assert!(shape(r), "{dev}");
     let r = b.layernorm_bwd(
-        &f(6),
-        &f(3),
-        &f(2),
-        &f(2),
-        &f(5),
-        &mut o6,
-        &mut dw,
-        &mut db,
+        LayerNormBwdIn {
+            x: &f(6),
+            w: &f(3),
+            mean: &f(2),
+            rstd: &f(2),
+            dy: &f(5),
+        },
+        (&mut o6, &mut dw, &mut db),
         3,
     );
     assert!(shape(r), "{dev}");
     assert!(
-        shape(b.rmsnorm_bwd(&f(6), &f(3), &f(3), &f(6), &mut o6, &mut dw, 3)),
+        shape(b.rmsnorm_bwd(
+            RmsNormBwdIn {
+                x: &f(6),
+                w: &f(3),
+                rstd: &f(3),
+                dy: &f(6)
+            },
+            (&mut o6, &mut dw),
+            3
+        )),
         "{dev}"
     );
     // RoPE: even, non-zero head dim; positive base; lengths; overflow.
     let mut o12 = f(12);
     assert!(
-        invalid_shape(b.rope(&f(12), &mut o12, 2, 2, 3, 1e4, false)),
+        invalid_shape(b.rope(&f(12), &mut o12, [2, 2, 3], (1e4, false))),
         "{dev}"
     );
     assert!(
-        invalid_shape(b.rope(&f(0), &mut f(0), 2, 2, 0, 1e4, false)),
+        invalid_shape(b.rope(&f(0), &mut f(0), [2, 2, 0], (1e4, false))),
         "{dev}"
     );
     assert!(
-        invalid(b.rope(&f(12), &mut o12, 1, 3, 4, 0.0, false)),
+        invalid(b.rope(&f(12), &mut o12, [1, 3, 4], (0.0, false))),
         "{dev}"
     );
     assert!(
-        shape(b.rope(&f(12), &mut o12, 1, 2, 4, 1e4, false)),
+        shape(b.rope(&f(12), &mut o12, [1, 2, 4], (1e4, false))),
         "{dev}"
     );
     assert!(invalid_shape(b.rope(
         &f(12),
         &mut o12,
-        1 << 31,
-        1 << 31,
-        4,
-        1e4,
-        true
+        [1 << 31, 1 << 31, 4],
+        (1e4, true)
     )));
     // Embeddings: u32 ids, non-zero dim, a whole table, activations of rows·dim.
     assert!(dtype(b.embedding_fwd(&f(2), &f(6), &mut f(6), 3)), "{dev}");
@@ -495,14 +494,14 @@ fn errors_body<B: Rows>(b: &B, dev: &str, _rng: &mut StdRng) {
     let mut dw0 = poisoned(b, 3);
     let mut db0 = poisoned(b, 3);
     b.layernorm_bwd(
-        &f(0),
-        &f(3),
-        &f(0),
-        &f(0),
-        &f(0),
-        &mut f(0),
-        &mut dw0,
-        &mut db0,
+        LayerNormBwdIn {
+            x: &f(0),
+            w: &f(3),
+            mean: &f(0),
+            rstd: &f(0),
+            dy: &f(0),
+        },
+        (&mut f(0), &mut dw0, &mut db0),
         3,
     )
     .unwrap();

@@ -322,7 +322,7 @@ fn gpu_shape_errors_match_the_cpu() {
     let g = up(&gpu, &[1.0; 3]);
     let (mut mean, mut rstd) = (poisoned(&gpu, 2), poisoned(&gpu, 2));
     assert!(gpu
-        .layernorm_fwd(&a, &g, &g, &mut o, &mut mean, &mut rstd, 3, -1.0)
+        .layernorm_fwd((&a, &g, &g), (&mut o, &mut mean, &mut rstd), 3, -1.0)
         .is_err());
     assert!(gpu
         .matmul(MatmulSpec::new(2, 3, 2), &a, &a, &mut o)

@@ -31,9 +31,7 @@ fn svd_gpu(
         (l, k),
         (&dr, parts),
         inv_scale,
-        &mut u,
-        &mut s,
-        &mut v,
+        (&mut u, &mut s, &mut v),
         &mut flag,
     )
     .unwrap();
@@ -174,12 +172,18 @@ fn gpu_jacobi_svd_flags_what_it_cannot_finish() {
     let mut flag = gpu.upload(&[0u32]).unwrap();
     for (l, k) in [(65, 1), (4, 0), (4, 5)] {
         assert!(gpu
-            .jacobi_svd_cm((l, k), (&buf, 1), 1.0, &mut o, &mut s, &mut o2, &mut flag)
+            .jacobi_svd_cm((l, k), (&buf, 1), 1.0, (&mut o, &mut s, &mut o2), &mut flag)
             .is_err());
     }
     let short = gpu.allocate(DType::F32, 3).unwrap();
     assert!(gpu
-        .jacobi_svd_cm((4, 2), (&short, 1), 1.0, &mut o, &mut s, &mut o2, &mut flag)
+        .jacobi_svd_cm(
+            (4, 2),
+            (&short, 1),
+            1.0,
+            (&mut o, &mut s, &mut o2),
+            &mut flag
+        )
         .is_err());
     let mut f32_flag = gpu.allocate(DType::F32, 1).unwrap();
     assert!(gpu
@@ -187,9 +191,7 @@ fn gpu_jacobi_svd_flags_what_it_cannot_finish() {
             (4, 2),
             (&buf, 1),
             1.0,
-            &mut o,
-            &mut s,
-            &mut o2,
+            (&mut o, &mut s, &mut o2),
             &mut f32_flag
         )
         .is_err());

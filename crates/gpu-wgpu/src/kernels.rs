@@ -198,16 +198,15 @@ impl WgpuBackend {
         Ok((x, y))
     }
 
-    /// Binds `params` at 0 and `buffers` at 1.., dispatches `groups`, and submits.
-    #[allow(clippy::too_many_arguments)]
+    /// Binds `params` at 0 (with `gx`, the grid's row width in workgroups, as its last word)
+    /// and `buffers` at 1.., dispatches `groups`, and submits; `(key, source)` are the pipeline's
+    /// cache key and its WGSL source.
     pub(crate) fn launch(
         &self,
         op: &'static str,
-        key: &str,
-        source: impl FnOnce() -> String,
+        (key, source): (&str, impl FnOnce() -> String),
         mut params: [u32; 8],
-        gx: u32,
-        groups: (u32, u32, u32),
+        (gx, groups): (u32, (u32, u32, u32)),
         buffers: &[&wgpu::Buffer],
     ) -> Result<()> {
         self.check_lost()?;
@@ -261,7 +260,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         let groups = to_u32(op, threads)?.div_ceil(WG);
         let (x, y) = self.grid(op, groups)?;
-        self.launch(op, key, source, params, x, (x, y, 1), buffers)
+        self.launch(op, (key, source), params, (x, (x, y, 1)), buffers)
     }
 
     pub(crate) fn check_out(&self, op: &'static str, bufs: &[&WgpuBuffer]) -> Result<()> {
@@ -443,11 +442,9 @@ impl WgpuBackend {
         let (gx, gy) = self.grid("reduce_rows", to_u32("reduce_rows", rows)?)?;
         self.launch(
             "reduce_rows",
-            key,
-            || src(&body),
+            (key, || src(&body)),
             p,
-            gx,
-            (gx, gy, 1),
+            (gx, (gx, gy, 1)),
             &[x.raw(), out.raw()],
         )
     }
@@ -497,11 +494,9 @@ impl WgpuBackend {
         ];
         self.launch(
             "matmul",
-            "matmul_f32",
-            || src(MATMUL),
+            ("matmul_f32", || src(MATMUL)),
             p,
-            gx,
-            (gx, gy, gz),
+            (gx, (gx, gy, gz)),
             &[a.raw(), b.raw(), c.raw()],
         )
     }

@@ -8,7 +8,7 @@ use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{require, src, to_u32};
 use gpu_core::backend::{Backend, BufferInfo};
-use gpu_core::nn::{Activation, BinaryKind, ReduceKind};
+use gpu_core::nn::{Activation, BinaryKind, BlockCopy, ReduceKind};
 use gpu_core::{DType, GpuError, Result};
 use wgpu::util::DeviceExt;
 
@@ -70,17 +70,6 @@ fn strides(shape: &[usize]) -> Vec<usize> {
     s
 }
 
-/// The geometry of a [`WgpuBackend::copy_blocks_raw`] call, as in `Primitives::copy_blocks`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Blocks {
-    pub src_offset: usize,
-    pub src_stride: usize,
-    pub dst_offset: usize,
-    pub dst_stride: usize,
-    pub outer: usize,
-    pub len: usize,
-}
-
 impl WgpuBackend {
     /// A read-only storage buffer holding `words` (the kernels' shape and stride tables).
     fn meta(&self, op: &'static str, words: &[usize]) -> Result<wgpu::Buffer> {
@@ -105,7 +94,7 @@ impl WgpuBackend {
         &self,
         src_buf: &WgpuBuffer,
         dst: &mut WgpuBuffer,
-        g: Blocks,
+        g: BlockCopy,
     ) -> Result<()> {
         const OP: &str = "copy_blocks";
         let n = g.outer * g.len; // <= dst.len(), checked
@@ -147,15 +136,12 @@ impl WgpuBackend {
         self.launch_1d("permute", "permute", || src(PERMUTE), p, out.len(), &bufs)
     }
 
-    /// `out = a ∘ b` broadcast to `shape` (checked; f32).
-    #[allow(clippy::too_many_arguments)]
+    /// `out = a ∘ b` broadcast to `shape` (checked; f32), each input with its shape.
     pub(crate) fn broadcast_f32(
         &self,
         op: BinaryKind,
-        a: &WgpuBuffer,
-        a_shape: &[usize],
-        b: &WgpuBuffer,
-        b_shape: &[usize],
+        (a, a_shape): (&WgpuBuffer, &[usize]),
+        (b, b_shape): (&WgpuBuffer, &[usize]),
         shape: &[usize],
         out: &mut WgpuBuffer,
     ) -> Result<()> {
@@ -262,7 +248,7 @@ impl WgpuBackend {
         ];
         let (gx, gy) = self.grid(OP, outputs)?;
         let bufs = [x.raw(), out.raw()];
-        self.launch(OP, OP, || src(REDUCE_AXIS), p, gx, (gx, gy, 1), &bufs)
+        self.launch(OP, (OP, || src(REDUCE_AXIS)), p, (gx, (gx, gy, 1)), &bufs)
     }
 
     /// Row argmax of f32 `x` `[rows, cols]` into u32 `out` (checked).

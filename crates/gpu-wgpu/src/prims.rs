@@ -9,7 +9,6 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::prim_kernels::Blocks;
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::decode::check_argmax;
 use gpu_core::nn::elementwise::{
@@ -17,8 +16,8 @@ use gpu_core::nn::elementwise::{
 };
 use gpu_core::nn::rows::check_embedding;
 use gpu_core::nn::{
-    Activation, AttentionOps, BinaryKind, DecodeOps, ElementwiseOps, OptimOps, Primitives,
-    QuantOps, ReduceKind, RowOps, SampleOps,
+    Activation, AttentionOps, BinaryKind, BlockCopy, DecodeOps, ElementwiseOps, OptimOps,
+    Primitives, QuantOps, ReduceKind, RowOps, SampleOps,
 };
 use gpu_core::ops::{check_float_elementwise, MatmulOps, MatmulSpec};
 use gpu_core::{DType, Result};
@@ -82,31 +81,10 @@ impl Primitives for WgpuBackend {
         self.cast_raw(x, out)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn copy_blocks(
-        &self,
-        src: &Buf,
-        src_offset: usize,
-        src_stride: usize,
-        dst: &mut Buf,
-        dst_offset: usize,
-        dst_stride: usize,
-        outer: usize,
-        len: usize,
-    ) -> Result<()> {
+    fn copy_blocks(&self, src: &Buf, dst: &mut Buf, copy: BlockCopy) -> Result<()> {
         self.check_out("copy_blocks", &[src, dst])?;
-        check_copy_blocks(
-            src, src_offset, src_stride, dst, dst_offset, dst_stride, outer, len,
-        )?;
-        let g = Blocks {
-            src_offset,
-            src_stride,
-            dst_offset,
-            dst_stride,
-            outer,
-            len,
-        };
-        self.copy_blocks_raw(src, dst, g)
+        check_copy_blocks(src, dst, copy)?;
+        self.copy_blocks_raw(src, dst, copy)
     }
 
     fn permute(&self, x: &Buf, shape: &[usize], perm: &[usize], out: &mut Buf) -> Result<()> {
@@ -131,10 +109,10 @@ impl Primitives for WgpuBackend {
         let shape = check_broadcast(a, a_shape, b, b_shape, out)?;
         if out.dtype() == DType::BF16 {
             return self.via_f32(&[a, b], out, |i, o| {
-                self.broadcast_f32(op, i[0], a_shape, i[1], b_shape, &shape, o)
+                self.broadcast_f32(op, (i[0], a_shape), (i[1], b_shape), &shape, o)
             });
         }
-        self.broadcast_f32(op, a, a_shape, b, b_shape, &shape, out)
+        self.broadcast_f32(op, (a, a_shape), (b, b_shape), &shape, out)
     }
 
     fn activation_fwd(&self, op: Activation, x: &Buf, out: &mut Buf) -> Result<()> {

@@ -13,6 +13,9 @@
 mod common;
 
 use common::rng;
+use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
+use gpu_core::nn::optim::AdamWBuffers;
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::{AdamWConfig, NnOps, ReduceKind};
 use gpu_core::{Backend, CpuBackend, DType};
 use gpu_wgpu::testing::backend_or_skip;
@@ -65,7 +68,7 @@ fn elementwise<B: NnOps>(b: &B, x: &[f32], dy: &[f32]) -> Outs {
     b.reduce_axis(ReduceKind::Max, &xb, outer, n, inner, &mut y)
         .unwrap();
     let mut dx = out(b, x.len());
-    b.max_axis_bwd(&xb, &y, &up(b, dy), outer, n, inner, &mut dx)
+    b.max_axis_bwd((&xb, &y, &up(b, dy)), [outer, n, inner], &mut dx)
         .unwrap();
     vec![
         ("affine", 2e-7, get(b, &a)),
@@ -100,18 +103,13 @@ fn rows<B: NnOps>(b: &B, x: &[f32], dy: &[f32], t: &[u32], dl: &[f32], cols: usi
     res
 }
 
-#[allow(clippy::too_many_arguments)]
 fn norms<B: NnOps>(b: &B, x: &[f32], dy: &[f32], w: &[f32], bias: &[f32], cols: usize) -> Outs {
     let (n, rows) = (x.len(), x.len() / cols);
     let (xb, dyb, wb) = (up(b, x), up(b, dy), up(b, w));
     let (mut y, mut mean, mut rstd) = (out(b, n), out(b, rows), out(b, rows));
     b.layernorm_fwd(
-        &xb,
-        &wb,
-        &up(b, bias),
-        &mut y,
-        &mut mean,
-        &mut rstd,
+        (&xb, &wb, &up(b, bias)),
+        (&mut y, &mut mean, &mut rstd),
         cols,
         1e-5,
     )
@@ -122,7 +120,15 @@ fn norms<B: NnOps>(b: &B, x: &[f32], dy: &[f32], w: &[f32], bias: &[f32], cols: 
     ];
     let (mut dx, mut dw, mut db) = (out(b, n), out(b, cols), out(b, cols));
     b.layernorm_bwd(
-        &xb, &wb, &mean, &rstd, &dyb, &mut dx, &mut dw, &mut db, cols,
+        LayerNormBwdIn {
+            x: &xb,
+            w: &wb,
+            mean: &mean,
+            rstd: &rstd,
+            dy: &dyb,
+        },
+        (&mut dx, &mut dw, &mut db),
+        cols,
     )
     .unwrap();
     res.push(("layernorm dx", 1e-5, get(b, &dx)));
@@ -131,12 +137,21 @@ fn norms<B: NnOps>(b: &B, x: &[f32], dy: &[f32], w: &[f32], bias: &[f32], cols: 
     b.rmsnorm_fwd(&xb, &wb, &mut y, &mut rstd, cols, 1e-6)
         .unwrap();
     res.push(("rmsnorm y", 1e-5, get(b, &y)));
-    b.rmsnorm_bwd(&xb, &wb, &rstd, &dyb, &mut dx, &mut dw, cols)
-        .unwrap();
+    b.rmsnorm_bwd(
+        RmsNormBwdIn {
+            x: &xb,
+            w: &wb,
+            rstd: &rstd,
+            dy: &dyb,
+        },
+        (&mut dx, &mut dw),
+        cols,
+    )
+    .unwrap();
     res.push(("rmsnorm dx", 1e-5, get(b, &dx)));
     res.push(("rmsnorm dw", 1e-5, get(b, &dw)));
     for (inverse, name) in [(false, "rope"), (true, "rope inverse")] {
-        b.rope(&xb, &mut y, 1, rows, cols, 10000.0, inverse)
+        b.rope(&xb, &mut y, [1, rows, cols], (10000.0, inverse))
             .unwrap();
         res.push((name, 1e-6, get(b, &y)));
     }
@@ -147,11 +162,30 @@ fn attention<B: NnOps>(b: &B, qkvd: &[Vec<f32>], [n, t, d]: [usize; 3]) -> Outs 
     let scale = 1.0 / (d as f32).sqrt();
     let [q, k, v, dout] = [0, 1, 2, 3].map(|i| up(b, &qkvd[i]));
     let (mut o, mut lse) = (out(b, n * t * d), out(b, n * t));
-    b.causal_attention_fwd(&q, &k, &v, &mut o, &mut lse, n, t, d, scale)
-        .unwrap();
+    b.causal_attention_fwd(
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        (&mut o, &mut lse),
+        AttnDims { n, t, d, scale },
+    )
+    .unwrap();
     let [mut dq, mut dk, mut dv] = [0; 3].map(|_| out(b, n * t * d));
     b.causal_attention_bwd(
-        &q, &k, &v, &o, &lse, &dout, &mut dq, &mut dk, &mut dv, n, t, d, scale,
+        AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        PackedSaved {
+            out: &o,
+            lse: &lse,
+            dout: &dout,
+        },
+        (&mut dq, &mut dk, &mut dv),
+        AttnDims { n, t, d, scale },
     )
     .unwrap();
     vec![
@@ -168,7 +202,7 @@ fn decode<B: NnOps>(b: &B, v: &[Vec<f32>], rows: usize, i: usize) -> Outs {
     b.swiglu_packed(&up(b, &v[0]), &mut a, i).unwrap();
     let (x, y, w) = (up(b, &v[1]), up(b, &v[2]), up(b, &v[3][..i]));
     let (mut s, mut nrm) = (out(b, rows * i), out(b, rows * i));
-    b.add_rms_norm(&x, Some(&y), &w, &mut s, &mut nrm, i, 1e-6)
+    b.add_rms_norm((&x, Some(&y), &w), (&mut s, &mut nrm), i, 1e-6)
         .unwrap();
     let mut ids = b.upload(&vec![9u32; rows]).unwrap();
     b.argmax_rows(&x, &mut ids, i).unwrap();
@@ -192,12 +226,14 @@ fn optim<B: NnOps>(b: &B, v: &[Vec<f32>]) -> Outs {
     };
     let scale = up(b, &[2.0, 0.5]);
     b.adamw_step(
-        &mut [&mut p],
-        &[&g],
-        &mut [&mut m],
-        &mut [&mut var],
-        &[0.1],
-        Some(&scale),
+        AdamWBuffers {
+            params: &mut [&mut p],
+            grads: &[&g],
+            m: &mut [&mut m],
+            v: &mut [&mut var],
+            weight_decay: &[0.1],
+            grad_scale: Some(&scale),
+        },
         cfg,
     )
     .unwrap();

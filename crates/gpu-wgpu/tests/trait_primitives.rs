@@ -7,6 +7,7 @@ mod common;
 
 use common::{close, randn, rng, same, with_hostile, SIZES, U};
 use gpu_core::nn::elementwise::BinaryKind;
+use gpu_core::nn::BlockCopy;
 use gpu_core::nn::{Activation, Primitives};
 use gpu_core::{Backend, CpuBackend, DType, GpuError};
 use gpu_wgpu::testing::backend_or_skip;
@@ -60,8 +61,19 @@ fn copy_blocks_moves_exact_bits_and_keeps_the_rest() {
         let f = |v: &[u32]| v.iter().map(|&u| f32::from_bits(u)).collect::<Vec<_>>();
         let s = b.upload(&f(&src)).unwrap();
         let mut d = b.upload(&f(&dst)).unwrap();
-        b.copy_blocks(&s, so, ss, &mut d, d_o, ds, outer, len)
-            .unwrap();
+        b.copy_blocks(
+            &s,
+            &mut d,
+            BlockCopy {
+                src_offset: so,
+                src_stride: ss,
+                dst_offset: d_o,
+                dst_stride: ds,
+                outer,
+                len,
+            },
+        )
+        .unwrap();
         let got: Vec<f32> = b.download(&d).unwrap();
         let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, want, "f32 {outer}x{len}");
@@ -73,8 +85,19 @@ fn copy_blocks_moves_exact_bits_and_keeps_the_rest() {
         };
         let s = b.upload(&h(&src)).unwrap();
         let mut d = b.upload(&h(&dst)).unwrap();
-        b.copy_blocks(&s, so, ss, &mut d, d_o, ds, outer, len)
-            .unwrap();
+        b.copy_blocks(
+            &s,
+            &mut d,
+            BlockCopy {
+                src_offset: so,
+                src_stride: ss,
+                dst_offset: d_o,
+                dst_stride: ds,
+                outer,
+                len,
+            },
+        )
+        .unwrap();
         let got: Vec<bf16> = b.download(&d).unwrap();
         let got: Vec<u16> = got.iter().map(|v| v.to_bits()).collect();
         let want16: Vec<u16> = want.iter().map(|&u| u as u16).collect();
@@ -84,10 +107,34 @@ fn copy_blocks_moves_exact_bits_and_keeps_the_rest() {
     let s = b.upload(&[0f32; 10]).unwrap();
     let mut d = b.upload(&[0f32; 10]).unwrap();
     assert!(matches!(
-        b.copy_blocks(&s, 0, 2, &mut d, 0, 1, 3, 2),
+        b.copy_blocks(
+            &s,
+            &mut d,
+            BlockCopy {
+                src_offset: 0,
+                src_stride: 2,
+                dst_offset: 0,
+                dst_stride: 1,
+                outer: 3,
+                len: 2
+            }
+        ),
         Err(GpuError::InvalidArgument { .. })
     ));
-    assert!(b.copy_blocks(&s, 0, 5, &mut d, 5, 5, 2, 5).is_err());
+    assert!(b
+        .copy_blocks(
+            &s,
+            &mut d,
+            BlockCopy {
+                src_offset: 0,
+                src_stride: 5,
+                dst_offset: 5,
+                dst_stride: 5,
+                outer: 2,
+                len: 5
+            }
+        )
+        .is_err());
 }
 
 /// A random shape of `rank` dims in 1..=max (0 with `empty`).

@@ -20,20 +20,15 @@ struct Case {
     cap: usize,
 }
 
-/// The naive attention of query `(r, i, h)` at slot `s`: the visible slots listed, softmax in
-/// f64.
-#[allow(clippy::too_many_arguments)]
+/// The naive attention of query `(r, i, h)` at slot `s` (row `r` starting at slot `st`): the
+/// visible slots listed, softmax in f64; `qrow` is the query's row of `q`, `kvh` its key/value
+/// head, `w` the window.
 fn naive(
     c: &Case,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    st: usize,
-    s: usize,
-    qrow: usize,
-    kvh: usize,
-    w: Option<usize>,
-    scale: f64,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (st, s): (usize, usize),
+    (qrow, kvh): (usize, usize),
+    (w, scale): (Option<usize>, f64),
 ) -> Vec<f64> {
     let visible: Vec<usize> = (0..=s)
         .filter(|&j| j >= st && w.is_none_or(|w| s - j < w))
@@ -110,15 +105,10 @@ fn check(c: &Case, seed: u64, slot0: usize, window: Option<usize>) {
                 let s = slot0 + i;
                 let want = naive(
                     c,
-                    &q,
-                    &k,
-                    &v,
-                    row_start as usize,
-                    s,
-                    qrow,
-                    kvh,
-                    window,
-                    scale as f64,
+                    (&q, &k, &v),
+                    (row_start as usize, s),
+                    (qrow, kvh),
+                    (window, scale as f64),
                 );
                 for (e, w) in want.iter().enumerate() {
                     let g = got[qrow * c.d + e] as f64;

@@ -258,16 +258,13 @@ fn dropout_is_the_identity_in_eval_and_a_seeded_mask_in_training() {
     assert_eq!(e.to_vec().unwrap(), t.to_vec().unwrap());
 }
 
-/// PyTorch's `nn.GRUCell` equations on the host in f64.
+/// PyTorch's `nn.GRUCell` equations on the host in f64: input and state `(x, h)`, weights
+/// `(wi, wh)`, biases `(bi, bh)`, sizes `(inp, hid)`.
 fn gru_reference(
-    x: &[f32],
-    h: &[f32],
-    wi: &[f32],
-    wh: &[f32],
-    bi: &[f32],
-    bh: &[f32],
-    inp: usize,
-    hid: usize,
+    (x, h): (&[f32], &[f32]),
+    (wi, wh): (&[f32], &[f32]),
+    (bi, bh): (&[f32], &[f32]),
+    (inp, hid): (usize, usize),
 ) -> Vec<f64> {
     let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
     let batch = h.len() / hid;
@@ -325,7 +322,12 @@ fn gru_cell_follows_the_pytorch_equations() {
     );
     let x = uniform(&mut r, batch * inp, -2.0, 2.0);
     let h = uniform(&mut r, batch * hid, -1.0, 1.0);
-    let want = gru_reference(&x, &h, &vals[0], &vals[1], &vals[2], &vals[3], inp, hid);
+    let want = gru_reference(
+        (&x, &h),
+        (&vals[0], &vals[1]),
+        (&vals[2], &vals[3]),
+        (inp, hid),
+    );
     let got = cell
         .forward(&tensor(&x, &[batch, inp]), &tensor(&h, &[batch, hid]))
         .unwrap();
@@ -352,7 +354,7 @@ fn gru_cell_follows_the_pytorch_equations() {
         nb.weight_ih().to_vec().unwrap(),
         nb.weight_hh().to_vec().unwrap(),
     );
-    let want = gru_reference(&x, &h, &wi, &wh, &zeros, &zeros, inp, hid);
+    let want = gru_reference((&x, &h), (&wi, &wh), (&zeros, &zeros), (inp, hid));
     let got = nb
         .forward(&tensor(&x, &[batch, inp]), &tensor(&h, &[batch, hid]))
         .unwrap();

@@ -275,7 +275,7 @@ fn wgpu_matmul_rows_and_losses_match_the_cpu() {
         dev,
         &[q.clone(), k.clone(), v.clone()],
         t,
-        &cancel::attention(&q.0, &k.0, &v.0, &dout, a * 2, b, d, scale),
+        &cancel::attention((&q.0, &k.0, &v.0, &dout), [a * 2, b, d], scale),
         &|v| Tensor::causal_attention(&v[0], &v[1], &v[2]),
     );
     let logits = x(&[a * b, c]);

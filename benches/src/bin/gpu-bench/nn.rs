@@ -5,6 +5,9 @@
 use crate::{row, Bench, COLS, ROWS};
 use anyhow::Result;
 use benches::Row;
+use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
+use gpu_core::nn::optim::AdamWBuffers;
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::{Activation, AdamWConfig, AttentionOps, OptimOps, Primitives, RowOps};
 use gpu_cuda::CudaBuffer;
 use models::gpt::{Dataset, Gpt, GptConfig};
@@ -40,16 +43,30 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(3.0 * nb),
         None,
     ));
+    norms(b, &mut rows, (&xs, &dys), (&mut o, &mut y))?;
+    drop((xs, dys, o, y));
+    attention(b, &mut rows)?;
+    adamw(b, &mut rows)?;
+    Ok(rows)
+}
+
+/// The LayerNorm and RMSNorm rows, on the inputs `xs` and output gradients `dys` (two of each,
+/// alternated between runs) with the scratch outputs `o` and `y`.
+fn norms(
+    b: &Bench,
+    rows: &mut Vec<Row>,
+    (xs, dys): (&[CudaBuffer; 2], &[CudaBuffer; 2]),
+    (o, y): (&mut CudaBuffer, &mut CudaBuffer),
+) -> Result<()> {
+    let (n, cols) = (ROWS * COLS, COLS);
+    let nb = (n * 4) as f64;
+    let size = format!("{ROWS}×{COLS} f32");
     let (w, bias) = (b.random(cols)?, b.random(cols)?);
     let (mut mean, mut rstd) = (b.out(ROWS)?, b.out(ROWS)?);
     let us = b.time(|i| {
         b.gpu.layernorm_fwd(
-            &xs[i % 2],
-            &w,
-            &bias,
-            &mut o,
-            &mut mean,
-            &mut rstd,
+            (&xs[i % 2], &w, &bias),
+            (&mut *o, &mut mean, &mut rstd),
             cols,
             1e-5,
         )
@@ -61,19 +78,23 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(2.0 * nb),
         None,
     ));
-    b.gpu
-        .layernorm_fwd(&xs[0], &w, &bias, &mut y, &mut mean, &mut rstd, cols, 1e-5)?;
+    b.gpu.layernorm_fwd(
+        (&xs[0], &w, &bias),
+        (&mut *y, &mut mean, &mut rstd),
+        cols,
+        1e-5,
+    )?;
     let (mut dw, mut db) = (b.out(cols)?, b.out(cols)?);
     let us = b.time(|i| {
         b.gpu.layernorm_bwd(
-            &xs[0],
-            &w,
-            &mean,
-            &rstd,
-            &dys[i % 2],
-            &mut o,
-            &mut dw,
-            &mut db,
+            LayerNormBwdIn {
+                x: &xs[0],
+                w: &w,
+                mean: &mean,
+                rstd: &rstd,
+                dy: &dys[i % 2],
+            },
+            (&mut *o, &mut dw, &mut db),
             cols,
         )
     })?;
@@ -86,7 +107,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     ));
     let us = b.time(|i| {
         b.gpu
-            .rmsnorm_fwd(&xs[i % 2], &w, &mut o, &mut rstd, cols, 1e-5)
+            .rmsnorm_fwd(&xs[i % 2], &w, &mut *o, &mut rstd, cols, 1e-5)
     })?;
     rows.push(row(
         "rmsnorm_fwd",
@@ -96,10 +117,18 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         None,
     ));
     b.gpu
-        .rmsnorm_fwd(&xs[0], &w, &mut y, &mut rstd, cols, 1e-5)?;
+        .rmsnorm_fwd(&xs[0], &w, &mut *y, &mut rstd, cols, 1e-5)?;
     let us = b.time(|i| {
-        b.gpu
-            .rmsnorm_bwd(&xs[0], &w, &rstd, &dys[i % 2], &mut o, &mut dw, cols)
+        b.gpu.rmsnorm_bwd(
+            RmsNormBwdIn {
+                x: &xs[0],
+                w: &w,
+                rstd: &rstd,
+                dy: &dys[i % 2],
+            },
+            (&mut *o, &mut dw),
+            cols,
+        )
     })?;
     rows.push(row(
         "rmsnorm_bwd",
@@ -108,8 +137,11 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(3.0 * nb),
         None,
     ));
-    drop((xs, dys, o, y));
+    Ok(())
+}
 
+/// The causal attention rows.
+fn attention(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     // Causal attention, B64 H6 T256 D64: FLOPs counted as PyTorch's causal half, 4·n·t²·d/2.
     let (nh, t, d) = (64 * 6, 256, 64);
     let len = nh * t * d;
@@ -119,8 +151,15 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let scale = 1.0 / (d as f32).sqrt();
     let fwd_flops = 4.0 * nh as f64 * (t * t) as f64 * d as f64 / 2.0;
     let us = b.time(|_| {
-        b.gpu
-            .causal_attention_fwd(&q, &k, &v, &mut out, &mut lse, nh, t, d, scale)
+        b.gpu.causal_attention_fwd(
+            AttnQkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
+            (&mut out, &mut lse),
+            AttnDims { n: nh, t, d, scale },
+        )
     })?;
     rows.push(row(
         "attn_fwd",
@@ -133,7 +172,18 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let (mut dq, mut dk, mut dv) = (b.out(len)?, b.out(len)?, b.out(len)?);
     let us = b.time(|_| {
         b.gpu.causal_attention_bwd(
-            &q, &k, &v, &out, &lse, &dout, &mut dq, &mut dk, &mut dv, nh, t, d, scale,
+            AttnQkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
+            PackedSaved {
+                out: &out,
+                lse: &lse,
+                dout: &dout,
+            },
+            (&mut dq, &mut dk, &mut dv),
+            AttnDims { n: nh, t, d, scale },
         )
     })?;
     rows.push(row(
@@ -143,7 +193,11 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         None,
         Some(2.5 * fwd_flops),
     ));
+    Ok(())
+}
 
+/// The AdamW row.
+fn adamw(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     // AdamW over nanoGPT shakespeare-char's parameter shapes (10.7M).
     let model = Gpt::new(GptConfig::shakespeare_char(65), 1, Device::Cpu)?;
     let shapes: Vec<usize> = model
@@ -183,8 +237,17 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
             eps: 1e-8,
             step,
         };
-        b.gpu
-            .adamw_step(&mut pr, &gr, &mut mr, &mut vr, &wd, None, cfg)
+        b.gpu.adamw_step(
+            AdamWBuffers {
+                params: &mut pr,
+                grads: &gr,
+                m: &mut mr,
+                v: &mut vr,
+                weight_decay: &wd,
+                grad_scale: None,
+            },
+            cfg,
+        )
     })?;
     // Reads p, g, m, v and writes p, m, v: 7 × 4 bytes per parameter.
     rows.push(row(
@@ -198,7 +261,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(7.0 * 4.0 * total as f64),
         None,
     ));
-    Ok(rows)
+    Ok(())
 }
 
 /// Median milliseconds of a full training step (forward, backward, clip, AdamW, loss.item())

@@ -8,7 +8,7 @@
 use crate::{row, Bench};
 use anyhow::Result;
 use benches::Row;
-use gpu_core::nn::attention::Packed;
+use gpu_core::nn::attention::{Packed, PackedSaved};
 use gpu_core::nn::Primitives;
 use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, ReduceKind};
 use gpu_core::{Backend, BufferInfo, DType};
@@ -22,11 +22,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     let n = ROWS * COLS;
     let (h, f) = (2.0 * n as f64, 4.0 * n as f64);
     let size = format!("{ROWS}×{COLS}");
-    let bf16 = |src: &CudaBuffer| -> Result<CudaBuffer> {
-        let mut out = b.gpu.allocate(DType::BF16, src.len())?;
-        b.gpu.cast(src, &mut out)?;
-        Ok(out)
-    };
+    let bf16 = |src: &CudaBuffer| to_bf16(b, src);
     let xf = [b.random(n)?, b.random(n)?];
     let xs = [bf16(&xf[0])?, bf16(&xf[1])?];
     let dys = [bf16(&b.random(n)?)?, bf16(&b.random(n)?)?];
@@ -104,10 +100,35 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(2.0 * h),
         None,
     ));
-    let bias = bf16(&b.random(COLS)?)?;
+    reductions(b, &mut rows, &xs, &mut o)?;
+    drop((xf, xs, dys, o, of));
+    attention(b, &mut rows)?;
+    Ok(rows)
+}
+
+/// `src` cast to a new bf16 buffer.
+fn to_bf16(b: &Bench, src: &CudaBuffer) -> Result<CudaBuffer> {
+    let mut out = b.gpu.allocate(DType::BF16, src.len())?;
+    b.gpu.cast(src, &mut out)?;
+    Ok(out)
+}
+
+/// The bias add, row and column sums and permute rows, on the bf16 inputs `xs` (alternated
+/// between runs) with the scratch output `o`.
+fn reductions(
+    b: &Bench,
+    rows: &mut Vec<Row>,
+    xs: &[CudaBuffer; 2],
+    o: &mut CudaBuffer,
+) -> Result<()> {
+    let n = ROWS * COLS;
+    let h = 2.0 * n as f64;
+    let size = format!("{ROWS}×{COLS}");
+    let shape = [ROWS, COLS];
+    let bias = to_bf16(b, &b.random(COLS)?)?;
     let us = b.time(|i| {
         b.gpu
-            .broadcast_binary(BinaryKind::Add, &xs[i % 2], &shape, &bias, &[COLS], &mut o)
+            .broadcast_binary(BinaryKind::Add, &xs[i % 2], &shape, &bias, &[COLS], o)
     })?;
     rows.push(row(
         "bias_add_bf16",
@@ -141,7 +162,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         None,
     ));
     let pshape = [n / (256 * 4 * 64), 256, 4, 64];
-    let us = b.time(|i| b.gpu.permute(&xs[i % 2], &pshape, &[0, 2, 1, 3], &mut o))?;
+    let us = b.time(|i| b.gpu.permute(&xs[i % 2], &pshape, &[0, 2, 1, 3], o))?;
     rows.push(row(
         "permute_bf16",
         format!(
@@ -152,8 +173,11 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         Some(2.0 * h),
         None,
     ));
-    drop((xf, xs, dys, o, of, bias, sr, sc));
+    Ok(())
+}
 
+/// The tensor-core causal attention rows.
+fn attention(b: &Bench, rows: &mut Vec<Row>) -> Result<()> {
     // bf16 causal attention straight from a GPT's fused projection, B64 H6 T256 D64 (the
     // shakespeare-char GPT's): FLOPs counted as PyTorch's causal half, 4·n·t²·d/2.
     let p = Packed {
@@ -162,7 +186,7 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         heads: 6,
         d: 64,
     };
-    let qkv = bf16(&b.random(p.b * p.t * 3 * p.c())?)?;
+    let qkv = to_bf16(b, &b.random(p.b * p.t * 3 * p.c())?)?;
     let mut out = b.gpu.allocate(DType::BF16, p.b * p.t * p.c())?;
     let mut lse = b.out(p.n() * p.t)?;
     let scale = 1.0 / (p.d as f32).sqrt();
@@ -180,11 +204,21 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         None,
         Some(fwd_flops),
     ));
-    let dout = bf16(&b.random(p.b * p.t * p.c())?)?;
+    let dout = to_bf16(b, &b.random(p.b * p.t * p.c())?)?;
     let mut dqkv = b.gpu.allocate(DType::BF16, p.b * p.t * 3 * p.c())?;
     let us = b.time_graph(|_| {
-        b.gpu
-            .causal_attention_packed_bf16_bwd(&qkv, &out, &lse, &dout, &mut dqkv, p, scale, None)
+        b.gpu.causal_attention_packed_bf16_bwd(
+            &qkv,
+            PackedSaved {
+                out: &out,
+                lse: &lse,
+                dout: &dout,
+            },
+            &mut dqkv,
+            p,
+            scale,
+            None,
+        )
     })?;
     rows.push(row(
         "attn_bwd_bf16",
@@ -193,5 +227,5 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
         None,
         Some(2.5 * fwd_flops),
     ));
-    Ok(rows)
+    Ok(())
 }

@@ -6,25 +6,21 @@ use crate::backend::BufferInfo;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::nn::attention::{
-    check_bwd, check_fwd, resolve_drop, AttentionOps, AttnDropout, PackedCall, PackedSaved,
+    check_bwd, check_fwd, resolve_drop, AttentionOps, AttnDims, AttnDropout, AttnQkv, PackedCall,
+    PackedSaved,
 };
 use rayon::prelude::*;
 
 impl AttentionOps for CpuBackend {
     fn causal_attention_fwd(
         &self,
-        q: &CpuStorage,
-        k: &CpuStorage,
-        v: &CpuStorage,
-        out: &mut CpuStorage,
-        lse: &mut CpuStorage,
-        n: usize,
-        t: usize,
-        d: usize,
-        scale: f32,
+        x: AttnQkv<'_, CpuStorage>,
+        (out, lse): (&mut CpuStorage, &mut CpuStorage),
+        dims: AttnDims,
     ) -> Result<()> {
         let _p = super::profile::scope("causal_attention_fwd");
-        check_fwd(q, k, v, out, lse, n, t, d, scale)?;
+        check_fwd(x, out, lse, dims)?;
+        let (AttnQkv { q, k, v }, AttnDims { n, t, d, scale }) = (x, dims);
         let (q, k, v) = (q.as_f32()?, k.as_f32()?, v.as_f32()?);
         let (out, lse) = (out.as_f32_mut()?, lse.as_f32_mut()?);
         if n == 0 || t == 0 || d == 0 {
@@ -41,7 +37,14 @@ impl AttentionOps for CpuBackend {
                 .for_each_init(scratch, |scratch, (b, (out, lse))| {
                     let span = b * seq..(b + 1) * seq;
                     let (q, k, v) = (&q[span.clone()], &k[span.clone()], &v[span]);
-                    fast::attention::fwd_seq(isa, q, k, v, out, lse, (t, d, scale), scratch, None);
+                    fast::attention::fwd_seq(
+                        isa,
+                        (q, k, v),
+                        (out, lse),
+                        (t, d, scale),
+                        scratch,
+                        None,
+                    );
                 });
             return Ok(());
         }
@@ -66,22 +69,15 @@ impl AttentionOps for CpuBackend {
     /// `dk_j = scale Σ_i dS_ij q_i`.
     fn causal_attention_bwd(
         &self,
-        q: &CpuStorage,
-        k: &CpuStorage,
-        v: &CpuStorage,
-        out: &CpuStorage,
-        lse: &CpuStorage,
-        dout: &CpuStorage,
-        dq: &mut CpuStorage,
-        dk: &mut CpuStorage,
-        dv: &mut CpuStorage,
-        n: usize,
-        t: usize,
-        d: usize,
-        scale: f32,
+        x: AttnQkv<'_, CpuStorage>,
+        saved: PackedSaved<'_, CpuStorage>,
+        (dq, dk, dv): (&mut CpuStorage, &mut CpuStorage, &mut CpuStorage),
+        dims: AttnDims,
     ) -> Result<()> {
         let _p = super::profile::scope("causal_attention_bwd");
-        check_bwd(q, k, v, out, lse, dout, dq, dk, dv, n, t, d, scale)?;
+        check_bwd(x, saved, [&*dq, &*dk, &*dv], dims)?;
+        let (AttnQkv { q, k, v }, AttnDims { n, t, d, scale }) = (x, dims);
+        let PackedSaved { out, lse, dout } = saved;
         let (q, k, v) = (q.as_f32()?, k.as_f32()?, v.as_f32()?);
         let (out, lse, dout) = (out.as_f32()?, lse.as_f32()?, dout.as_f32()?);
         let (dq, dk, dv) = (dq.as_f32_mut()?, dk.as_f32_mut()?, dv.as_f32_mut()?);
@@ -158,12 +154,11 @@ impl AttentionOps for CpuBackend {
         call: PackedCall<'_, CpuStorage>,
     ) -> Result<()> {
         let drop = resolve_drop(self, "causal_attention_packed_bwd", call.drop)?;
-        let (p, scale, (out, lse, dout)) = (call.dims, call.scale, (s.out, s.lse, s.dout));
+        let (p, scale) = (call.dims, call.scale);
         if qkv.dtype() == DType::BF16 {
-            return self
-                .causal_attention_packed_bf16_bwd(qkv, out, lse, dout, dqkv, p, scale, drop);
+            return self.causal_attention_packed_bf16_bwd(qkv, s, dqkv, p, scale, drop);
         }
-        self.causal_attention_packed_bwd(qkv, out, lse, dout, dqkv, p, scale, drop)
+        self.causal_attention_packed_bwd(qkv, s, dqkv, p, scale, drop)
     }
 }
 

@@ -26,7 +26,7 @@
 use super::widen::bf16_rne;
 use super::{CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
-use crate::nn::attention::{check_dims, AttnDropout, Packed};
+use crate::nn::attention::{check_dims, AttnDropout, Packed, PackedSaved};
 use half::bf16;
 
 /// The one head dimension the bf16 attention kernels support.
@@ -260,18 +260,16 @@ impl CpuBackend {
         }
     }
     /// [`causal_attention_packed_bf16_bwd`] on backend buffers: `dqkv` bf16 of `qkv`'s length.
-    #[allow(clippy::too_many_arguments)]
     pub fn causal_attention_packed_bf16_bwd(
         &self,
         qkv: &CpuStorage,
-        out: &CpuStorage,
-        lse: &CpuStorage,
-        dout: &CpuStorage,
+        saved: PackedSaved<'_, CpuStorage>,
         dqkv: &mut CpuStorage,
         p: Packed,
         scale: f32,
         drop: Option<AttnDropout>,
     ) -> Result<()> {
+        let PackedSaved { out, lse, dout } = saved;
         const OP: &str = "causal_attention_packed_bf16_bwd";
         let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
         let qkv = bf16_slice(OP, "qkv", qkv, e_qkv)?;

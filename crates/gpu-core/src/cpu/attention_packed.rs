@@ -8,7 +8,7 @@
 use super::attention::{bwd_seq_f64, fwd_seq_f64, SeqDrop, SeqF64};
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
-use crate::nn::attention::{check_packed, AttnDropout, Packed};
+use crate::nn::attention::{check_packed, AttnDropout, Packed, PackedSaved};
 use rayon::prelude::*;
 
 /// Copies head `h` of block `blk` (0 q, 1 k, 2 v) of batch rows `x` (`t` rows of `w·c`) into
@@ -91,9 +91,14 @@ impl CpuBackend {
                         s: bi * p.heads + h,
                     });
                     match fast {
-                        Some(isa) => {
-                            fast::attention::fwd_seq(isa, q, k, v, o, l, (t, d, scale), tail, sd)
-                        }
+                        Some(isa) => fast::attention::fwd_seq(
+                            isa,
+                            (q, k, v),
+                            (o, l),
+                            (t, d, scale),
+                            tail,
+                            sd,
+                        ),
                         None => {
                             let dims = (t, d, scale as f64);
                             let (o64, l64) = fwd_seq_f64(&widen(q), &widen(k), &widen(v), dims, sd);
@@ -114,18 +119,16 @@ impl CpuBackend {
     /// forward's (the mask is regenerated from it).
     ///
     /// [`AttentionOps::causal_attention_bwd`]: crate::nn::AttentionOps::causal_attention_bwd
-    #[allow(clippy::too_many_arguments)]
     pub fn causal_attention_packed_bwd(
         &self,
         qkv: &CpuStorage,
-        out: &CpuStorage,
-        lse: &CpuStorage,
-        dout: &CpuStorage,
+        saved: PackedSaved<'_, CpuStorage>,
         dqkv: &mut CpuStorage,
         p: Packed,
         scale: f32,
         drop: Option<AttnDropout>,
     ) -> Result<()> {
+        let PackedSaved { out, lse, dout } = saved;
         let _p = super::profile::scope("causal_attention_bwd");
         let op = "causal_attention_packed_bwd";
         let drop = AttnDropout::active(drop, op)?;

@@ -7,7 +7,8 @@ use super::CpuStorage;
 use crate::error::{GpuError, Result};
 use crate::nn::decode::{
     check_add_rms_norm, check_argmax, check_cache_attention, check_prefill_attention,
-    check_rope_append, check_swiglu_packed, DecodeDims, DecodeOps,
+    check_rope_append, check_swiglu_packed, CacheAttnIn, DecodeDims, DecodeOps, PrefillIn,
+    RopeAppendIn,
 };
 use crate::nn::Activation;
 use crate::CpuBackend;
@@ -87,17 +88,18 @@ fn check_slots(op: &'static str, slot: &[u32], dims: DecodeDims) -> Result<()> {
 impl DecodeOps for CpuBackend {
     fn rope_append(
         &self,
-        qkv: &CpuStorage,
-        inv_freq: &CpuStorage,
-        start: &CpuStorage,
-        slot: &CpuStorage,
-        q_out: &mut CpuStorage,
-        k_cache: &mut CpuStorage,
-        v_cache: &mut CpuStorage,
+        x: RopeAppendIn<'_, CpuStorage>,
+        (q_out, k_cache, v_cache): (&mut CpuStorage, &mut CpuStorage, &mut CpuStorage),
         dims: DecodeDims,
     ) -> Result<()> {
         const OP: &str = "rope_append";
-        check_rope_append(qkv, inv_freq, start, slot, q_out, k_cache, v_cache, dims)?;
+        check_rope_append(x, [&*q_out, &*k_cache, &*v_cache], dims)?;
+        let RopeAppendIn {
+            qkv,
+            inv_freq,
+            start,
+            slot,
+        } = x;
         let (start, slot, freq) = (start.as_u32()?, slot.as_u32()?, inv_freq.as_f32()?);
         check_slots(OP, slot, dims)?;
         let qkv = Floats::of(OP, qkv)?;
@@ -160,61 +162,43 @@ impl DecodeOps for CpuBackend {
 
     fn cache_attention(
         &self,
-        q: &CpuStorage,
-        k_cache: &CpuStorage,
-        v_cache: &CpuStorage,
-        start: &CpuStorage,
-        slot: &CpuStorage,
+        x: CacheAttnIn<'_, CpuStorage>,
         out: &mut CpuStorage,
         dims: DecodeDims,
         max_end: usize,
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "cache_attention";
-        check_cache_attention(q, k_cache, v_cache, start, slot, out, dims, max_end, scale)?;
-        let (start, slot) = (start.as_u32()?, slot.as_u32()?);
+        check_cache_attention(x, out, dims, max_end, scale)?;
+        let (start, slot) = (x.start.as_u32()?, x.slot.as_u32()?);
         if let Some(&s) = slot.iter().find(|&&s| s as usize + dims.t > max_end) {
             return Err(GpuError::invalid(
                 OP,
                 format!("slot {s} + {} new tokens is past max_end {max_end}", dims.t),
             ));
         }
-        attend(OP, q, k_cache, v_cache, start, slot, out, dims, scale)
+        let kv = (x.q, x.k_cache, x.v_cache);
+        attend(OP, kv, (start, slot), out, dims, scale)
     }
 
     fn prefill_attention(
         &self,
-        q: &CpuStorage,
-        k_cache: &CpuStorage,
-        v_cache: &CpuStorage,
-        start: &CpuStorage,
+        x: PrefillIn<'_, CpuStorage>,
         out: &mut CpuStorage,
         dims: DecodeDims,
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "prefill_attention";
-        check_prefill_attention(q, k_cache, v_cache, start, out, dims, scale)?;
+        check_prefill_attention(x, out, dims, scale)?;
         let slot = vec![0u32; dims.b];
-        attend(
-            OP,
-            q,
-            k_cache,
-            v_cache,
-            start.as_u32()?,
-            &slot,
-            out,
-            dims,
-            scale,
-        )
+        let kv = (x.q, x.k_cache, x.v_cache);
+        attend(OP, kv, (x.start.as_u32()?, &slot), out, dims, scale)
     }
 
     fn add_rms_norm(
         &self,
-        x: &CpuStorage,
-        y: Option<&CpuStorage>,
-        w: &CpuStorage,
-        sum: &mut CpuStorage,
-        normed: &mut CpuStorage,
+        (x, y, w): (&CpuStorage, Option<&CpuStorage>, &CpuStorage),
+        (sum, normed): (&mut CpuStorage, &mut CpuStorage),
         cols: usize,
         eps: f32,
     ) -> Result<()> {
@@ -285,14 +269,10 @@ impl CpuBackend {
 
 /// Causal attention of the queries against the cache (`DecodeOps::cache_attention`, checked),
 /// in f64, with the rows' positions on the host; a sliding window's hidden slots are not read.
-#[allow(clippy::too_many_arguments)]
 fn attend(
     op: &'static str,
-    q: &CpuStorage,
-    k_cache: &CpuStorage,
-    v_cache: &CpuStorage,
-    start: &[u32],
-    slot: &[u32],
+    (q, k_cache, v_cache): (&CpuStorage, &CpuStorage, &CpuStorage),
+    (start, slot): (&[u32], &[u32]),
     out: &mut CpuStorage,
     dims: DecodeDims,
     scale: f32,

@@ -11,6 +11,7 @@ use crate::nn::elementwise::{
     check_permute, check_reduce, dropout_keep8, Activation, BinaryKind, ElementwiseOps, Primitives,
     ReduceKind,
 };
+use crate::nn::BlockCopy;
 use crate::ops::check_float_elementwise;
 
 /// Combines two values of a Max reduction: NaN propagates, +0 counts above −0 (IEEE 754-2019
@@ -226,31 +227,23 @@ impl Primitives for CpuBackend {
         Ok(())
     }
 
-    fn copy_blocks(
-        &self,
-        src: &CpuStorage,
-        src_offset: usize,
-        src_stride: usize,
-        dst: &mut CpuStorage,
-        dst_offset: usize,
-        dst_stride: usize,
-        outer: usize,
-        len: usize,
-    ) -> Result<()> {
+    fn copy_blocks(&self, src: &CpuStorage, dst: &mut CpuStorage, copy: BlockCopy) -> Result<()> {
         let _p = super::profile::scope("copy_blocks");
-        check_copy_blocks(
-            src, src_offset, src_stride, dst, dst_offset, dst_stride, outer, len,
-        )?;
+        check_copy_blocks(src, dst, copy)?;
+        let BlockCopy {
+            src_offset,
+            src_stride,
+            dst_offset,
+            dst_stride,
+            outer,
+            len,
+        } = copy;
         if len == 0 {
             return Ok(());
         }
         if is_bf16(dst) {
             // Exact both ways: the copy moves the same bits.
-            return via_f32(&[src], dst, true, |i, o| {
-                self.copy_blocks(
-                    i[0], src_offset, src_stride, o, dst_offset, dst_stride, outer, len,
-                )
-            });
+            return via_f32(&[src], dst, true, |i, o| self.copy_blocks(i[0], o, copy));
         }
         let (src, dst) = (src.as_f32()?, dst.as_f32_mut()?);
         for o in 0..outer {
@@ -363,19 +356,15 @@ impl ElementwiseOps for CpuBackend {
 
     fn max_axis_bwd(
         &self,
-        x: &CpuStorage,
-        y: &CpuStorage,
-        dy: &CpuStorage,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        (x, y, dy): (&CpuStorage, &CpuStorage, &CpuStorage),
+        [outer, n, inner]: [usize; 3],
         dx: &mut CpuStorage,
     ) -> Result<()> {
         let _p = super::profile::scope("max_axis_bwd");
         check_max_axis_bwd(x, y, dy, outer, n, inner, dx)?;
         if is_bf16(dx) {
             return via_f32(&[x, y, dy], dx, false, |i, o| {
-                self.max_axis_bwd(i[0], i[1], i[2], outer, n, inner, o)
+                self.max_axis_bwd((i[0], i[1], i[2]), [outer, n, inner], o)
             });
         }
         let (x, y, dy, dx) = (x.as_f32()?, y.as_f32()?, dy.as_f32()?, dx.as_f32_mut()?);

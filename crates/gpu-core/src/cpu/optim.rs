@@ -7,8 +7,8 @@ use super::par::GRAIN;
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::optim::{
-    adamw_scalars, check_adamw, check_clip, AdamWConfig, OptimOps, ProdigyConfig,
-    ScheduleFreeConfig, StepScalars,
+    adamw_scalars, check_adamw, check_clip, AdamWBuffers, AdamWConfig, OptimOps, ProdigyBuffers,
+    ProdigyConfig, ScheduleFreeBuffers, ScheduleFreeConfig, StepScalars,
 };
 use rayon::prelude::*;
 
@@ -51,17 +51,16 @@ impl OptimOps for CpuBackend {
         Ok(())
     }
 
-    fn adamw_step(
-        &self,
-        params: &mut [&mut CpuStorage],
-        grads: &[&CpuStorage],
-        m: &mut [&mut CpuStorage],
-        v: &mut [&mut CpuStorage],
-        weight_decay: &[f32],
-        grad_scale: Option<&CpuStorage>,
-        cfg: AdamWConfig,
-    ) -> Result<()> {
+    fn adamw_step(&self, bufs: AdamWBuffers<'_, '_, CpuStorage>, cfg: AdamWConfig) -> Result<()> {
         let _p = super::profile::scope("adamw_step");
+        let AdamWBuffers {
+            params,
+            grads,
+            m,
+            v,
+            weight_decay,
+            grad_scale,
+        } = bufs;
         check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
         let coef = match grad_scale {
             Some(s) => s.as_f32()?[1] as f64,
@@ -124,17 +123,12 @@ impl OptimOps for CpuBackend {
 
     fn schedule_free_step(
         &self,
-        params: &mut [&mut CpuStorage],
-        grads: &[&CpuStorage],
-        z: &mut [&mut CpuStorage],
-        v: &mut [&mut CpuStorage],
-        weight_decay: &[f32],
-        grad_scale: Option<&CpuStorage>,
+        bufs: ScheduleFreeBuffers<'_, '_, CpuStorage>,
         cfg: ScheduleFreeConfig,
         scalars: StepScalars<'_, CpuStorage>,
     ) -> Result<()> {
         let _p = super::profile::scope("schedule_free_step");
-        adaptive::schedule_free_step(params, grads, z, v, weight_decay, grad_scale, cfg, scalars)
+        adaptive::schedule_free_step(bufs, cfg, scalars)
     }
 
     fn lerp_params(
@@ -148,31 +142,12 @@ impl OptimOps for CpuBackend {
 
     fn prodigy_step(
         &self,
-        params: &mut [&mut CpuStorage],
-        grads: &[&CpuStorage],
-        p0: &[&CpuStorage],
-        s: &mut [&mut CpuStorage],
-        m: &mut [&mut CpuStorage],
-        v: &mut [&mut CpuStorage],
-        weight_decay: &[f32],
-        grad_scale: Option<&CpuStorage>,
+        bufs: ProdigyBuffers<'_, '_, CpuStorage>,
         cfg: ProdigyConfig,
         lr: StepScalars<'_, CpuStorage>,
         scalars: &mut CpuStorage,
     ) -> Result<()> {
         let _p = super::profile::scope("prodigy_step");
-        adaptive::prodigy_step(
-            params,
-            grads,
-            p0,
-            s,
-            m,
-            v,
-            weight_decay,
-            grad_scale,
-            cfg,
-            lr,
-            scalars,
-        )
+        adaptive::prodigy_step(bufs, cfg, lr, scalars)
     }
 }

@@ -8,8 +8,8 @@ use super::CpuStorage;
 use crate::error::Result;
 use crate::nn::optim_adaptive::{
     check_lerp_weight, check_lists, check_prodigy_scalars, check_schedule_free, lerp_f64,
-    ProdigyConfig, ProdigyScalars, ScheduleFreeConfig, StepScalars, PRODIGY_SCHEDULE_LEN,
-    SF_SCHEDULE_LEN,
+    ProdigyBuffers, ProdigyConfig, ProdigyScalars, ScheduleFreeBuffers, ScheduleFreeConfig,
+    StepScalars, PRODIGY_SCHEDULE_LEN, SF_SCHEDULE_LEN,
 };
 
 /// The values of a step's scalars (a device schedule is a host buffer here).
@@ -34,18 +34,20 @@ fn shared<'a>(xs: &'a [&mut CpuStorage]) -> Vec<&'a CpuStorage> {
 }
 
 /// [`crate::nn::OptimOps::schedule_free_step`] on the CPU.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn schedule_free_step(
-    params: &mut [&mut CpuStorage],
-    grads: &[&CpuStorage],
-    z: &mut [&mut CpuStorage],
-    v: &mut [&mut CpuStorage],
-    weight_decay: &[f32],
-    grad_scale: Option<&CpuStorage>,
+    bufs: ScheduleFreeBuffers<'_, '_, CpuStorage>,
     cfg: ScheduleFreeConfig,
     scalars: StepScalars<'_, CpuStorage>,
 ) -> Result<()> {
     const OP: &str = "schedule_free_step";
+    let ScheduleFreeBuffers {
+        params,
+        grads,
+        z,
+        v,
+        weight_decay,
+        grad_scale,
+    } = bufs;
     let lists = [
         ("grads", grads),
         ("z", &shared(z)[..]),
@@ -180,21 +182,23 @@ fn prodigy_grad(cfg: &ProdigyConfig, g: f32, coef: f64, wd: f64, p: f64) -> f64 
 }
 
 /// [`crate::nn::OptimOps::prodigy_step`] on the CPU.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn prodigy_step(
-    params: &mut [&mut CpuStorage],
-    grads: &[&CpuStorage],
-    p0: &[&CpuStorage],
-    s: &mut [&mut CpuStorage],
-    m: &mut [&mut CpuStorage],
-    v: &mut [&mut CpuStorage],
-    weight_decay: &[f32],
-    grad_scale: Option<&CpuStorage>,
+    bufs: ProdigyBuffers<'_, '_, CpuStorage>,
     cfg: ProdigyConfig,
     lr: StepScalars<'_, CpuStorage>,
     scalars: &mut CpuStorage,
 ) -> Result<()> {
     const OP: &str = "prodigy_step";
+    let ProdigyBuffers {
+        params,
+        grads,
+        p0,
+        s,
+        m,
+        v,
+        weight_decay,
+        grad_scale,
+    } = bufs;
     let (ss, ms, vs) = (shared(s), shared(m), shared(v));
     let lists = [
         ("grads", grads),
@@ -231,19 +235,18 @@ pub(super) fn prodigy_step(
     }
     let next = prodigy_finish(&cfg, &sc, lr, dot, den);
     if next.apply != 0.0 {
-        prodigy_update(params, grads, m, v, weight_decay, coef, &cfg, &next)?;
+        let read = (grads, &m[..], &v[..]);
+        prodigy_update(params, read, weight_decay, coef, &cfg, &next)?;
     }
     scalars.as_f32_mut()?.copy_from_slice(&next.to_words());
     Ok(())
 }
 
-/// Prodigy's parameter update with the step's new scalars (`next.d`, `next.dlr`).
-#[allow(clippy::too_many_arguments)]
+/// Prodigy's parameter update with the step's new scalars (`next.d`, `next.dlr`), reading
+/// `(grads, m, v)`.
 fn prodigy_update(
     params: &mut [&mut CpuStorage],
-    grads: &[&CpuStorage],
-    m: &mut [&mut CpuStorage],
-    v: &mut [&mut CpuStorage],
+    (grads, m, v): (&[&CpuStorage], &[&mut CpuStorage], &[&mut CpuStorage]),
     weight_decay: &[f32],
     coef: f64,
     cfg: &ProdigyConfig,

@@ -5,7 +5,8 @@ use super::par::{column_sums, for_rows, min_rows};
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
 use crate::nn::rows::{
-    check_cross_entropy, check_embedding, check_eps, check_norm, check_rope, check_rows_bwd, RowOps,
+    check_cross_entropy, check_embedding, check_eps, check_norm, check_rope, check_rows_bwd,
+    LayerNormBwdIn, RmsNormBwdIn, RowOps,
 };
 use crate::ops::check_rows;
 use rayon::prelude::*;
@@ -168,12 +169,8 @@ impl RowOps for CpuBackend {
 
     fn layernorm_fwd(
         &self,
-        x: &CpuStorage,
-        w: &CpuStorage,
-        b: &CpuStorage,
-        y: &mut CpuStorage,
-        mean: &mut CpuStorage,
-        rstd: &mut CpuStorage,
+        (x, w, b): (&CpuStorage, &CpuStorage, &CpuStorage),
+        (y, mean, rstd): (&mut CpuStorage, &mut CpuStorage, &mut CpuStorage),
         cols: usize,
         eps: f32,
     ) -> Result<()> {
@@ -196,7 +193,7 @@ impl RowOps for CpuBackend {
             let chunks = y.as_f32_mut()?.par_chunks_mut(per * cols).zip(stats);
             chunks.enumerate().for_each(|(c, (yc, (m, r)))| {
                 let xc = &x[c * per * cols..][..yc.len()];
-                fast::rows::layernorm_fwd(isa, xc, w, b, yc, (m, r), cols, eps);
+                fast::rows::layernorm_fwd(isa, (xc, w, b), yc, (m, r), cols, eps);
             });
             return Ok(());
         }
@@ -220,16 +217,17 @@ impl RowOps for CpuBackend {
 
     fn layernorm_bwd(
         &self,
-        x: &CpuStorage,
-        w: &CpuStorage,
-        mean: &CpuStorage,
-        rstd: &CpuStorage,
-        dy: &CpuStorage,
-        dx: &mut CpuStorage,
-        dw: &mut CpuStorage,
-        db: &mut CpuStorage,
+        input: LayerNormBwdIn<'_, CpuStorage>,
+        (dx, dw, db): (&mut CpuStorage, &mut CpuStorage, &mut CpuStorage),
         cols: usize,
     ) -> Result<()> {
+        let LayerNormBwdIn {
+            x,
+            w,
+            mean,
+            rstd,
+            dy,
+        } = input;
         let _p = super::profile::scope("layernorm_bwd");
         const OP: &str = "layernorm_bwd";
         let params = [("w", w as _), ("dw", &*dw as _), ("db", &*db as _)];
@@ -312,14 +310,11 @@ impl RowOps for CpuBackend {
 
     fn rmsnorm_bwd(
         &self,
-        x: &CpuStorage,
-        w: &CpuStorage,
-        rstd: &CpuStorage,
-        dy: &CpuStorage,
-        dx: &mut CpuStorage,
-        dw: &mut CpuStorage,
+        input: RmsNormBwdIn<'_, CpuStorage>,
+        (dx, dw): (&mut CpuStorage, &mut CpuStorage),
         cols: usize,
     ) -> Result<()> {
+        let RmsNormBwdIn { x, w, rstd, dy } = input;
         let _p = super::profile::scope("rmsnorm_bwd");
         const OP: &str = "rmsnorm_bwd";
         let params = [("w", w as _), ("dw", &*dw as _)];
@@ -350,11 +345,8 @@ impl RowOps for CpuBackend {
         &self,
         x: &CpuStorage,
         out: &mut CpuStorage,
-        n: usize,
-        t: usize,
-        d: usize,
-        base: f32,
-        inverse: bool,
+        [n, t, d]: [usize; 3],
+        (base, inverse): (f32, bool),
     ) -> Result<()> {
         let _p = super::profile::scope("rope");
         check_rope(x, out, n, t, d, base)?;

@@ -97,7 +97,7 @@ fn softmax_and_layernorm_rows() {
         cpu.allocate(DType::F32, 2).unwrap(),
         cpu.allocate(DType::F32, 2).unwrap(),
     );
-    cpu.layernorm_fwd(&x, &g, &b, &mut o, &mut mean, &mut rstd, 3, 1e-5)
+    cpu.layernorm_fwd((&x, &g, &b), (&mut o, &mut mean, &mut rstd), 3, 1e-5)
         .unwrap();
     let o = o.as_f32().unwrap();
     assert_relative_eq!(o[0], -1.224_736_8, max_relative = 1e-5);
@@ -105,10 +105,10 @@ fn softmax_and_layernorm_rows() {
     assert_relative_eq!(o[2], 2.224_736_8, max_relative = 1e-5);
     let mut o2 = cpu.allocate(DType::F32, 6).unwrap();
     assert!(cpu
-        .layernorm_fwd(&x, &g, &b, &mut o2, &mut mean, &mut rstd, 3, f32::NAN)
+        .layernorm_fwd((&x, &g, &b), (&mut o2, &mut mean, &mut rstd), 3, f32::NAN)
         .is_err());
     assert!(cpu
-        .layernorm_fwd(&x, &g, &b, &mut o2, &mut mean, &mut rstd, 2, 1e-5)
+        .layernorm_fwd((&x, &g, &b), (&mut o2, &mut mean, &mut rstd), 2, 1e-5)
         .is_err());
 }
 

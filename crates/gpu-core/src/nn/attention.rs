@@ -20,41 +20,32 @@ pub trait AttentionOps: Primitives {
     /// Forward pass: writes `out` (`[n, t, d]`) and `lse` (`[n, t]`, natural log).
     fn causal_attention_fwd(
         &self,
-        q: &Self::Buffer,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
-        out: &mut Self::Buffer,
-        lse: &mut Self::Buffer,
-        n: usize,
-        t: usize,
-        d: usize,
-        scale: f32,
+        x: AttnQkv<'_, Self::Buffer>,
+        (out, lse): (&mut Self::Buffer, &mut Self::Buffer),
+        dims: AttnDims,
     ) -> Result<()> {
-        check_fwd(q, k, v, out, lse, n, t, d, scale)?;
+        check_fwd(x, out, lse, dims)?;
+        let AttnDims { n, t, d, scale } = dims;
         let dims = A::Dims::plain(n, t, d, scale);
+        let AttnQkv { q, k, v } = x;
         A::forward(self, A::Qkv { q, k, v }, (out, lse), dims)
     }
 
-    /// Gradients of q, k and v, given the forward's `out` and `lse` and the output gradient.
+    /// Gradients of q, k and v (`dq`, `dk`, `dv`, `[n, t, d]` each), given the forward's `out`
+    /// and `lse` and the output gradient.
     fn causal_attention_bwd(
         &self,
-        q: &Self::Buffer,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
-        out: &Self::Buffer,
-        lse: &Self::Buffer,
-        dout: &Self::Buffer,
-        dq: &mut Self::Buffer,
-        dk: &mut Self::Buffer,
-        dv: &mut Self::Buffer,
-        n: usize,
-        t: usize,
-        d: usize,
-        scale: f32,
+        x: AttnQkv<'_, Self::Buffer>,
+        saved: PackedSaved<'_, Self::Buffer>,
+        (dq, dk, dv): (&mut Self::Buffer, &mut Self::Buffer, &mut Self::Buffer),
+        dims: AttnDims,
     ) -> Result<()> {
-        check_bwd(q, k, v, out, lse, dout, dq, dk, dv, n, t, d, scale)?;
+        check_bwd(x, saved, [&*dq, &*dk, &*dv], dims)?;
+        let AttnDims { n, t, d, scale } = dims;
         let dims = A::Dims::plain(n, t, d, scale);
+        let PackedSaved { out, lse, dout } = saved;
         let saved = A::Saved { out, lse, dout };
+        let AttnQkv { q, k, v } = x;
         A::backward(self, A::Qkv { q, k, v }, saved, (dq, dk, dv), dims)
     }
 
@@ -105,11 +96,53 @@ impl<Buf> Clone for PackedCall<'_, Buf> {
 }
 impl<Buf> Copy for PackedCall<'_, Buf> {}
 
-/// The packed backward's saved tensors: the forward's `out` and `lse`, and the output gradient.
+/// The saved tensors of an attention backward (packed or not): the forward's `out` and `lse`,
+/// and the output gradient.
 pub struct PackedSaved<'a, Buf> {
+    /// The forward's output.
     pub out: &'a Buf,
+    /// The forward's log-sum-exp of each query's scores.
     pub lse: &'a Buf,
+    /// The gradient of `out`.
     pub dout: &'a Buf,
+}
+
+impl<Buf> Clone for PackedSaved<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for PackedSaved<'_, Buf> {}
+
+/// The inputs of [`AttentionOps::causal_attention_fwd`] and `_bwd`.
+#[derive(Debug)]
+pub struct AttnQkv<'a, Buf> {
+    /// Queries, `[n, t, d]`.
+    pub q: &'a Buf,
+    /// Keys, `[n, t, d]`.
+    pub k: &'a Buf,
+    /// Values, `[n, t, d]`.
+    pub v: &'a Buf,
+}
+
+impl<Buf> Clone for AttnQkv<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for AttnQkv<'_, Buf> {}
+
+/// The sizes and scale of [`AttentionOps::causal_attention_fwd`] and `_bwd`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnDims {
+    /// Independent sequences (batch·heads).
+    pub n: usize,
+    /// Tokens per sequence.
+    pub t: usize,
+    /// Head width.
+    pub d: usize,
+    /// The scores' scale, usually `1/sqrt(d)`.
+    pub scale: f32,
 }
 
 /// Attention dropout with an optional device seed offset: the u64 entry `index` of `offsets`
@@ -216,60 +249,44 @@ fn check_scale(op: &'static str, scale: f32) -> Result<()> {
 }
 
 /// Checks the arguments of [`AttentionOps::causal_attention_fwd`] (every backend calls this).
-pub fn check_fwd<B: BufferInfo>(
-    q: &B,
-    k: &B,
-    v: &B,
-    out: &B,
-    lse: &B,
-    n: usize,
-    t: usize,
-    d: usize,
-    scale: f32,
-) -> Result<()> {
+pub fn check_fwd<B: BufferInfo>(x: AttnQkv<'_, B>, out: &B, lse: &B, dims: AttnDims) -> Result<()> {
     const OP: &str = "causal_attention_fwd";
+    let AttnDims { n, t, d, scale } = dims;
     let (e, r) = check_dims(OP, n, t, d)?;
     check_scale(OP, scale)?;
     check_buffers(
         OP,
         &[
-            ("q", q, e),
-            ("k", k, e),
-            ("v", v, e),
+            ("q", x.q, e),
+            ("k", x.k, e),
+            ("v", x.v, e),
             ("out", out, e),
             ("lse", lse, r),
         ],
     )
 }
 
-/// Checks the arguments of [`AttentionOps::causal_attention_bwd`] (every backend calls this).
+/// Checks the arguments of [`AttentionOps::causal_attention_bwd`] (every backend calls this),
+/// with the gradients `[dq, dk, dv]`.
 pub fn check_bwd<B: BufferInfo>(
-    q: &B,
-    k: &B,
-    v: &B,
-    out: &B,
-    lse: &B,
-    dout: &B,
-    dq: &B,
-    dk: &B,
-    dv: &B,
-    n: usize,
-    t: usize,
-    d: usize,
-    scale: f32,
+    x: AttnQkv<'_, B>,
+    saved: PackedSaved<'_, B>,
+    [dq, dk, dv]: [&B; 3],
+    dims: AttnDims,
 ) -> Result<()> {
     const OP: &str = "causal_attention_bwd";
+    let AttnDims { n, t, d, scale } = dims;
     let (e, r) = check_dims(OP, n, t, d)?;
     check_scale(OP, scale)?;
     check_buffers(
         OP,
         &[
-            ("q", q, e),
-            ("k", k, e),
-            ("v", v, e),
-            ("out", out, e),
-            ("lse", lse, r),
-            ("dout", dout, e),
+            ("q", x.q, e),
+            ("k", x.k, e),
+            ("v", x.v, e),
+            ("out", saved.out, e),
+            ("lse", saved.lse, r),
+            ("dout", saved.dout, e),
             ("dq", dq, e),
             ("dk", dk, e),
             ("dv", dv, e),

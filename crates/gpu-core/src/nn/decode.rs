@@ -124,6 +124,60 @@ impl DecodeDims {
     }
 }
 
+/// The inputs of [`DecodeOps::rope_append`].
+#[derive(Debug)]
+pub struct RopeAppendIn<'a, Buf> {
+    /// The fused projection `[b, t, (heads + 2·kv_heads)·d]` (f32 or bf16).
+    pub qkv: &'a Buf,
+    /// The rotary frequencies `[d/2]` f32 (empty: no rotation).
+    pub inv_freq: &'a Buf,
+    /// Each row's first real slot, `[b]` u32.
+    pub start: &'a Buf,
+    /// Each row's first new slot, `[b]` u32.
+    pub slot: &'a Buf,
+}
+
+/// The inputs of [`DecodeOps::cache_attention`].
+#[derive(Debug)]
+pub struct CacheAttnIn<'a, Buf> {
+    /// The new queries `[b, t, heads, d]`.
+    pub q: &'a Buf,
+    /// The key cache `[b, kv_heads, cap, d]`.
+    pub k_cache: &'a Buf,
+    /// The value cache `[b, kv_heads, cap, d]`.
+    pub v_cache: &'a Buf,
+    /// Each row's first real slot, `[b]` u32.
+    pub start: &'a Buf,
+    /// Each row's first new slot, `[b]` u32.
+    pub slot: &'a Buf,
+}
+
+/// The inputs of [`DecodeOps::prefill_attention`]: those of [`CacheAttnIn`] but `slot`
+/// (a prefill's new tokens start at slot 0).
+#[derive(Debug)]
+pub struct PrefillIn<'a, Buf> {
+    /// The new queries `[b, t, heads, d]`.
+    pub q: &'a Buf,
+    /// The key cache `[b, kv_heads, cap, d]`.
+    pub k_cache: &'a Buf,
+    /// The value cache `[b, kv_heads, cap, d]`.
+    pub v_cache: &'a Buf,
+    /// Each row's first real slot, `[b]` u32.
+    pub start: &'a Buf,
+}
+
+macro_rules! copy_refs {
+    ($($t:ident),*) => {$(
+        impl<Buf> Clone for $t<'_, Buf> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+        impl<Buf> Copy for $t<'_, Buf> {}
+    )*};
+}
+copy_refs!(RopeAppendIn, CacheAttnIn, PrefillIn);
+
 /// The decode family. Float buffers are f32 or bf16 (arithmetic in f32, one rounding where a
 /// value is stored); positions and token ids are u32.
 pub trait DecodeOps: Primitives {
@@ -135,24 +189,27 @@ pub trait DecodeOps: Primitives {
     /// x_j sin θ_j`; writes the rotated queries to `q_out` `[b, t, heads, d]` and the rotated
     /// keys and the values to slots `slot[r] + i` of `k_cache` and `v_cache`. An empty
     /// `inv_freq` means no rotation (learned positions, GPT-2).
-    #[allow(clippy::too_many_arguments)]
     fn rope_append(
         &self,
-        qkv: &Self::Buffer,
-        inv_freq: &Self::Buffer,
-        start: &Self::Buffer,
-        slot: &Self::Buffer,
-        q_out: &mut Self::Buffer,
-        k_cache: &mut Self::Buffer,
-        v_cache: &mut Self::Buffer,
+        x: RopeAppendIn<'_, Self::Buffer>,
+        (q_out, k_cache, v_cache): (&mut Self::Buffer, &mut Self::Buffer, &mut Self::Buffer),
         dims: DecodeDims,
     ) -> Result<()> {
-        let h = H::downs(self, &[qkv, inv_freq, start, slot])?;
+        let h = H::downs(self, &[x.qkv, x.inv_freq, x.start, x.slot])?;
         let mut o = H::downs(self, &[q_out, k_cache, v_cache])?;
         let [q, k, v] = &mut o[..] else {
             unreachable!()
         };
-        crate::CpuBackend.rope_append(&h[0], &h[1], &h[2], &h[3], q, k, v, dims)?;
+        let [qkv, inv_freq, start, slot] = &h[..] else {
+            unreachable!()
+        };
+        let x = RopeAppendIn {
+            qkv,
+            inv_freq,
+            start,
+            slot,
+        };
+        crate::CpuBackend.rope_append(x, (q, k, v), dims)?;
         H::ups(self, &o, &mut [q_out, k_cache, v_cache])
     }
 
@@ -163,24 +220,27 @@ pub trait DecodeOps: Primitives {
     /// values; a query with no slot to attend to (`start[r] > s`) gets zeros. `max_end` is a
     /// bound the caller guarantees on every `slot[r] + t` (at most `cap`; CUDA splits the slots
     /// into chunks up to it).
-    #[allow(clippy::too_many_arguments)]
     fn cache_attention(
         &self,
-        q: &Self::Buffer,
-        k_cache: &Self::Buffer,
-        v_cache: &Self::Buffer,
-        start: &Self::Buffer,
-        slot: &Self::Buffer,
+        x: CacheAttnIn<'_, Self::Buffer>,
         out: &mut Self::Buffer,
         dims: DecodeDims,
         max_end: usize,
         scale: f32,
     ) -> Result<()> {
-        let h = H::downs(self, &[q, k_cache, v_cache, start, slot])?;
+        let h = H::downs(self, &[x.q, x.k_cache, x.v_cache, x.start, x.slot])?;
         let mut o = H::down(self, out)?;
-        crate::CpuBackend.cache_attention(
-            &h[0], &h[1], &h[2], &h[3], &h[4], &mut o, dims, max_end, scale,
-        )?;
+        let [q, k_cache, v_cache, start, slot] = &h[..] else {
+            unreachable!()
+        };
+        let x = CacheAttnIn {
+            q,
+            k_cache,
+            v_cache,
+            start,
+            slot,
+        };
+        crate::CpuBackend.cache_attention(x, &mut o, dims, max_end, scale)?;
         H::up(self, &o, out)
     }
 
@@ -191,20 +251,25 @@ pub trait DecodeOps: Primitives {
     /// runs bf16 queries, caches and output of head width 64 or 128 as a tensor-core flash attention
     /// (the probabilities rounded to bf16 for their product with the values, as the training
     /// attention does); other cases as `cache_attention`.
-    #[allow(clippy::too_many_arguments)]
     fn prefill_attention(
         &self,
-        q: &Self::Buffer,
-        k_cache: &Self::Buffer,
-        v_cache: &Self::Buffer,
-        start: &Self::Buffer,
+        x: PrefillIn<'_, Self::Buffer>,
         out: &mut Self::Buffer,
         dims: DecodeDims,
         scale: f32,
     ) -> Result<()> {
-        let h = H::downs(self, &[q, k_cache, v_cache, start])?;
+        let h = H::downs(self, &[x.q, x.k_cache, x.v_cache, x.start])?;
         let mut o = H::down(self, out)?;
-        crate::CpuBackend.prefill_attention(&h[0], &h[1], &h[2], &h[3], &mut o, dims, scale)?;
+        let [q, k_cache, v_cache, start] = &h[..] else {
+            unreachable!()
+        };
+        let x = PrefillIn {
+            q,
+            k_cache,
+            v_cache,
+            start,
+        };
+        crate::CpuBackend.prefill_attention(x, &mut o, dims, scale)?;
         H::up(self, &o, out)
     }
 
@@ -213,14 +278,11 @@ pub trait DecodeOps: Primitives {
     /// `sum = x + y` (f32) and `normed = sum · (mean(sum²) + eps)^(-1/2) · w` (`w` f32
     /// `[cols]`; `normed` f32 or bf16, rounded once), as `transformers`' Llama norm on an f32
     /// residual stream.
-    #[allow(clippy::too_many_arguments)]
+    /// `x`, `y`, `w` are the inputs, `sum`, `normed` the outputs.
     fn add_rms_norm(
         &self,
-        x: &Self::Buffer,
-        y: Option<&Self::Buffer>,
-        w: &Self::Buffer,
-        sum: &mut Self::Buffer,
-        normed: &mut Self::Buffer,
+        (x, y, w): (&Self::Buffer, Option<&Self::Buffer>, &Self::Buffer),
+        (sum, normed): (&mut Self::Buffer, &mut Self::Buffer),
         cols: usize,
         eps: f32,
     ) -> Result<()> {
@@ -260,19 +322,20 @@ fn check_rows_and_cache<B: BufferInfo>(
     check_len(op, "v_cache", v_cache, dims.cache_len())
 }
 
-/// Checks the arguments of [`DecodeOps::rope_append`] (every backend calls this).
-#[allow(clippy::too_many_arguments)]
+/// Checks the arguments of [`DecodeOps::rope_append`] (every backend calls this), with
+/// the outputs `[q_out, k_cache, v_cache]`.
 pub fn check_rope_append<B: BufferInfo>(
-    qkv: &B,
-    inv_freq: &B,
-    start: &B,
-    slot: &B,
-    q_out: &B,
-    k_cache: &B,
-    v_cache: &B,
+    x: RopeAppendIn<'_, B>,
+    [q_out, k_cache, v_cache]: [&B; 3],
     dims: DecodeDims,
 ) -> Result<()> {
     const OP: &str = "rope_append";
+    let RopeAppendIn {
+        qkv,
+        inv_freq,
+        start,
+        slot,
+    } = x;
     check_rows_and_cache(OP, start, slot, k_cache, v_cache, dims)?;
     require_float(OP, qkv.dtype())?;
     require_float(OP, q_out.dtype())?;
@@ -286,45 +349,31 @@ pub fn check_rope_append<B: BufferInfo>(
 }
 
 /// Checks the arguments of [`DecodeOps::cache_attention`] (every backend calls this).
-#[allow(clippy::too_many_arguments)]
 pub fn check_cache_attention<B: BufferInfo>(
-    q: &B,
-    k_cache: &B,
-    v_cache: &B,
-    start: &B,
-    slot: &B,
+    x: CacheAttnIn<'_, B>,
     out: &B,
     dims: DecodeDims,
     max_end: usize,
     scale: f32,
 ) -> Result<()> {
-    check_attention(
-        "cache_attention",
+    check_attention("cache_attention", x, out, dims, max_end, scale)
+}
+
+fn check_attention<B: BufferInfo>(
+    op: &'static str,
+    x: CacheAttnIn<'_, B>,
+    out: &B,
+    dims: DecodeDims,
+    max_end: usize,
+    scale: f32,
+) -> Result<()> {
+    let CacheAttnIn {
         q,
         k_cache,
         v_cache,
         start,
         slot,
-        out,
-        dims,
-        max_end,
-        scale,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn check_attention<B: BufferInfo>(
-    op: &'static str,
-    q: &B,
-    k_cache: &B,
-    v_cache: &B,
-    start: &B,
-    slot: &B,
-    out: &B,
-    dims: DecodeDims,
-    max_end: usize,
-    scale: f32,
-) -> Result<()> {
+    } = x;
     check_rows_and_cache(op, start, slot, k_cache, v_cache, dims)?;
     require_float(op, q.dtype())?;
     require_float(op, out.dtype())?;
@@ -347,28 +396,20 @@ fn check_attention<B: BufferInfo>(
 
 /// Checks the arguments of [`DecodeOps::prefill_attention`] (every backend calls this): those
 /// of `cache_attention` with `start` for both position vectors and `max_end = t`.
-#[allow(clippy::too_many_arguments)]
 pub fn check_prefill_attention<B: BufferInfo>(
-    q: &B,
-    k_cache: &B,
-    v_cache: &B,
-    start: &B,
+    x: PrefillIn<'_, B>,
     out: &B,
     dims: DecodeDims,
     scale: f32,
 ) -> Result<()> {
-    check_attention(
-        "prefill_attention",
-        q,
-        k_cache,
-        v_cache,
-        start,
-        start,
-        out,
-        dims,
-        dims.t,
-        scale,
-    )
+    let x = CacheAttnIn {
+        q: x.q,
+        k_cache: x.k_cache,
+        v_cache: x.v_cache,
+        start: x.start,
+        slot: x.start,
+    };
+    check_attention("prefill_attention", x, out, dims, dims.t, scale)
 }
 
 /// Checks the arguments of [`Primitives::argmax_rows`](crate::nn::Primitives::argmax_rows); returns the number of rows.

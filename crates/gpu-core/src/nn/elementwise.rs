@@ -35,18 +35,14 @@ pub trait ElementwiseOps: Primitives {
 
     /// Backward of Max over an axis: `dx[o, i, j] = dy[o, j]` where `x[o, i, j]` is the first
     /// maximum along `i` (as PyTorch's `max(dim)` picks one index), else 0. `y` is the forward
-    /// output `[outer, inner]`.
+    /// output `[outer, inner]`; `dims` the axis layout `[outer, n, inner]`.
     fn max_axis_bwd(
         &self,
-        x: &Self::Buffer,
-        y: &Self::Buffer,
-        dy: &Self::Buffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        (x, y, dy): (&Self::Buffer, &Self::Buffer, &Self::Buffer),
+        dims: [usize; 3],
         dx: &mut Self::Buffer,
     ) -> Result<()> {
-        crate::nn::defaults::elementwise::max_axis_bwd(self, x, y, dy, [outer, n, inner], dx)
+        crate::nn::defaults::elementwise::max_axis_bwd(self, (x, y, dy), dims, dx)
     }
 
     /// [`Primitives::dropout`] with the seed completed when the op runs: `seed` plus (wrapping)
@@ -326,18 +322,20 @@ pub fn check_max_axis_bwd(
 /// Checks the arguments of [`Primitives::copy_blocks`]: buffers of one float dtype, every block inside its
 /// buffer (no overflow), and destination blocks that do not overlap (`dst_stride >= len` when
 /// `outer > 1`), so the result does not depend on the order of the copies.
-#[allow(clippy::too_many_arguments)]
 pub fn check_copy_blocks(
     src: &dyn BufferInfoDyn,
-    src_offset: usize,
-    src_stride: usize,
     dst: &dyn BufferInfoDyn,
-    dst_offset: usize,
-    dst_stride: usize,
-    outer: usize,
-    len: usize,
+    copy: crate::nn::primitives::BlockCopy,
 ) -> Result<()> {
     const OP: &str = "copy_blocks";
+    let crate::nn::primitives::BlockCopy {
+        src_offset,
+        src_stride,
+        dst_offset,
+        dst_stride,
+        outer,
+        len,
+    } = copy;
     require_float(OP, dst.dtype_dyn())?;
     require_float(OP, src.dtype_dyn())?;
     same_dtype(OP, dst.dtype_dyn(), src.dtype_dyn())?;

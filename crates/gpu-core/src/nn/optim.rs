@@ -7,8 +7,8 @@ use crate::nn::primitives::Primitives;
 use crate::ops::require_f32;
 
 pub use super::optim_adaptive::{
-    ProdigyConfig, ProdigyScalars, ScheduleFreeConfig, StepScalars, PRODIGY_SCHEDULE_LEN,
-    SF_SCHEDULE_LEN,
+    ProdigyBuffers, ProdigyConfig, ProdigyScalars, ScheduleFreeBuffers, ScheduleFreeConfig,
+    StepScalars, PRODIGY_SCHEDULE_LEN, SF_SCHEDULE_LEN,
 };
 
 /// AdamW hyper-parameters for one step (PyTorch's `torch.optim.AdamW` semantics: decoupled
@@ -55,18 +55,9 @@ pub trait OptimOps: Primitives {
     /// As in `torch.optim.AdamW`: the decay is `p *= 1 − lr·wd[i]` before the Adam update, and
     /// the update is `p −= (lr/bc1) · m / (sqrt(v)/sqrt(bc2) + eps)` with `bc = 1 − β^step`.
     /// All lists have one entry per parameter and each `grads[i]`, `m[i]`, `v[i]` has the length
-    /// of `params[i]`; see [`check_adamw`] for the accepted values.
-    fn adamw_step(
-        &self,
-        params: &mut [&mut Self::Buffer],
-        grads: &[&Self::Buffer],
-        m: &mut [&mut Self::Buffer],
-        v: &mut [&mut Self::Buffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&Self::Buffer>,
-        cfg: AdamWConfig,
-    ) -> Result<()> {
-        defaults::optim::adamw(self, params, grads, m, v, weight_decay, grad_scale, cfg)
+    /// of `params[i]` ([`AdamWBuffers`]); see [`check_adamw`] for the accepted values.
+    fn adamw_step(&self, bufs: AdamWBuffers<'_, '_, Self::Buffer>, cfg: AdamWConfig) -> Result<()> {
+        defaults::optim::adamw(self, bufs, cfg)
     }
 
     /// [`OptimOps::adamw_step`] with the step's learning rate and bias corrections read when
@@ -93,18 +84,20 @@ pub trait OptimOps: Primitives {
     /// (`lerp` as `torch.lerp`). `z` and `v` have one buffer per parameter of its length.
     /// On CUDA one kernel launch (per 64 tensors), reading `scalars` on the device when
     /// [`StepScalars::Device`]; the CPU reads a device schedule from its buffer.
-    #[allow(clippy::too_many_arguments)]
     fn schedule_free_step(
         &self,
-        params: &mut [&mut Self::Buffer],
-        grads: &[&Self::Buffer],
-        z: &mut [&mut Self::Buffer],
-        v: &mut [&mut Self::Buffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&Self::Buffer>,
+        bufs: ScheduleFreeBuffers<'_, '_, Self::Buffer>,
         cfg: ScheduleFreeConfig,
         scalars: StepScalars<'_, Self::Buffer>,
     ) -> Result<()> {
+        let ScheduleFreeBuffers {
+            params,
+            grads,
+            z,
+            v,
+            weight_decay,
+            grad_scale,
+        } = bufs;
         let (mut hp, hg, mut hz, mut hv) = (
             H::downs_mut(self, params)?,
             H::downs(self, grads)?,
@@ -115,16 +108,15 @@ pub trait OptimOps: Primitives {
         let mut held = None;
         let sc = H::scalars(self, scalars, &mut held)?;
         let g: Vec<_> = hg.iter().collect();
-        crate::CpuBackend.schedule_free_step(
-            &mut H::refs_mut(&mut hp),
-            &g,
-            &mut H::refs_mut(&mut hz),
-            &mut H::refs_mut(&mut hv),
+        let bufs = ScheduleFreeBuffers {
+            params: &mut H::refs_mut(&mut hp),
+            grads: &g,
+            z: &mut H::refs_mut(&mut hz),
+            v: &mut H::refs_mut(&mut hv),
             weight_decay,
-            hs.as_ref(),
-            cfg,
-            sc,
-        )?;
+            grad_scale: hs.as_ref(),
+        };
+        crate::CpuBackend.schedule_free_step(bufs, cfg, sc)?;
         H::ups(self, &hp, params)?;
         H::ups(self, &hz, z)?;
         H::ups(self, &hv, v)
@@ -153,21 +145,23 @@ pub trait OptimOps: Primitives {
     /// `p −= wd[i]·dlr·p` (decoupled), `p −= dlr·m/(sqrt(v) + d·eps)` with the new `d`
     /// (with `β1 = 0`: `p −= dlr·d·g/(sqrt(v) + d·eps)`). The sums are accumulated in f64 on
     /// the device; no host transfer on CUDA, so the step can be captured in a CUDA graph.
-    #[allow(clippy::too_many_arguments)]
     fn prodigy_step(
         &self,
-        params: &mut [&mut Self::Buffer],
-        grads: &[&Self::Buffer],
-        p0: &[&Self::Buffer],
-        s: &mut [&mut Self::Buffer],
-        m: &mut [&mut Self::Buffer],
-        v: &mut [&mut Self::Buffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&Self::Buffer>,
+        bufs: ProdigyBuffers<'_, '_, Self::Buffer>,
         cfg: ProdigyConfig,
         lr: StepScalars<'_, Self::Buffer>,
         scalars: &mut Self::Buffer,
     ) -> Result<()> {
+        let ProdigyBuffers {
+            params,
+            grads,
+            p0,
+            s,
+            m,
+            v,
+            weight_decay,
+            grad_scale,
+        } = bufs;
         let (mut hp, hg, h0) = (
             H::downs_mut(self, params)?,
             H::downs(self, grads)?,
@@ -188,19 +182,17 @@ pub trait OptimOps: Primitives {
             &mut H::refs_mut(&mut hm),
             &mut H::refs_mut(&mut hv),
         );
-        crate::CpuBackend.prodigy_step(
-            lists.0,
-            &g,
-            &p0h,
-            lists.1,
-            lists.2,
-            lists.3,
+        let bufs = ProdigyBuffers {
+            params: lists.0,
+            grads: &g,
+            p0: &p0h,
+            s: lists.1,
+            m: lists.2,
+            v: lists.3,
             weight_decay,
-            gs.as_ref(),
-            cfg,
-            lr,
-            &mut sc,
-        )?;
+            grad_scale: gs.as_ref(),
+        };
+        crate::CpuBackend.prodigy_step(bufs, cfg, lr, &mut sc)?;
         H::ups(self, &hp, params)?;
         H::ups(self, &hs, s)?;
         H::ups(self, &hm, m)?;
@@ -309,14 +301,20 @@ pub fn check_adamw<B: BufferInfo>(
     Ok(())
 }
 
-/// The buffers of an AdamW step ([`OptimOps::adamw_step_scheduled`]): one entry per
-/// parameter in each list, as [`OptimOps::adamw_step`]'s arguments of the same names.
+/// The buffers of an AdamW step ([`OptimOps::adamw_step`], [`OptimOps::adamw_step_scheduled`]):
+/// one entry per parameter in each list.
 pub struct AdamWBuffers<'s, 'b, Buf> {
+    /// The parameters, updated in place.
     pub params: &'s mut [&'b mut Buf],
+    /// The gradients, one per parameter.
     pub grads: &'s [&'b Buf],
+    /// The first moments, updated in place.
     pub m: &'s mut [&'b mut Buf],
+    /// The second moments, updated in place.
     pub v: &'s mut [&'b mut Buf],
+    /// Each parameter's weight decay.
     pub weight_decay: &'s [f32],
+    /// The clip coefficient's buffer (`[norm, coef]`), if the gradients are scaled.
     pub grad_scale: Option<&'b Buf>,
 }
 

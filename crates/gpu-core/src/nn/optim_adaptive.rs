@@ -241,6 +241,48 @@ fn check_list<B: BufferInfo>(
     Ok(())
 }
 
+/// The buffers of a Schedule-Free step ([`OptimOps::schedule_free_step`]): one entry per
+/// parameter in each list.
+///
+/// [`OptimOps::schedule_free_step`]: crate::nn::OptimOps::schedule_free_step
+pub struct ScheduleFreeBuffers<'s, 'b, Buf> {
+    /// The points `y` where the gradients are taken, updated in place.
+    pub params: &'s mut [&'b mut Buf],
+    /// The gradients, one per parameter.
+    pub grads: &'s [&'b Buf],
+    /// The base sequences `z`, updated in place.
+    pub z: &'s mut [&'b mut Buf],
+    /// The second moments, updated in place.
+    pub v: &'s mut [&'b mut Buf],
+    /// Each parameter's weight decay.
+    pub weight_decay: &'s [f32],
+    /// The clip coefficient's buffer (`[norm, coef]`), if the gradients are scaled.
+    pub grad_scale: Option<&'b Buf>,
+}
+
+/// The buffers of a Prodigy step ([`OptimOps::prodigy_step`]): one entry per parameter in
+/// each list.
+///
+/// [`OptimOps::prodigy_step`]: crate::nn::OptimOps::prodigy_step
+pub struct ProdigyBuffers<'s, 'b, Buf> {
+    /// The parameters, updated in place.
+    pub params: &'s mut [&'b mut Buf],
+    /// The gradients, one per parameter.
+    pub grads: &'s [&'b Buf],
+    /// The parameters' initial values.
+    pub p0: &'s [&'b Buf],
+    /// Prodigy's `s` accumulators, updated in place.
+    pub s: &'s mut [&'b mut Buf],
+    /// The first moments, updated in place.
+    pub m: &'s mut [&'b mut Buf],
+    /// The second moments, updated in place.
+    pub v: &'s mut [&'b mut Buf],
+    /// Each parameter's weight decay.
+    pub weight_decay: &'s [f32],
+    /// The clip coefficient's buffer (`[norm, coef]`), if the gradients are scaled.
+    pub grad_scale: Option<&'b Buf>,
+}
+
 /// Checks the parameters, the per-parameter lists (`(name, buffers)`), the weight decays
 /// (finite, `>= 0`, one per parameter) and the clip output (2 f32) of a multi-tensor step.
 pub fn check_lists<B: BufferInfo>(

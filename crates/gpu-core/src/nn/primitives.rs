@@ -22,6 +22,24 @@ use crate::error::Result;
 use crate::nn::elementwise::{Activation, BinaryKind, ReduceKind};
 use crate::ops::MatmulOps;
 
+/// The blocks of a [`Primitives::copy_blocks`]: `outer` blocks of `len` elements, block `o`
+/// read at `src_offset + o·src_stride` and written at `dst_offset + o·dst_stride`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCopy {
+    /// Where the first block starts in the source.
+    pub src_offset: usize,
+    /// The distance between the starts of consecutive source blocks.
+    pub src_stride: usize,
+    /// Where the first block starts in the destination.
+    pub dst_offset: usize,
+    /// The distance between the starts of consecutive destination blocks.
+    pub dst_stride: usize,
+    /// The number of blocks.
+    pub outer: usize,
+    /// The elements of each block.
+    pub len: usize,
+}
+
 /// The primitive ops (see the module docs). Shapes are row-major dims; "axis layout"
 /// `(outer, n, inner)` means the tensor is viewed as `[outer, n, inner]` and the operation
 /// runs along the middle axis.
@@ -78,13 +96,8 @@ pub trait Primitives: Backend + MatmulOps {
     fn copy_blocks(
         &self,
         src: &Self::Buffer,
-        src_offset: usize,
-        src_stride: usize,
         dst: &mut Self::Buffer,
-        dst_offset: usize,
-        dst_stride: usize,
-        outer: usize,
-        len: usize,
+        copy: BlockCopy,
     ) -> Result<()>;
 
     /// `out = x.permute(perm)` materialised: `shape` is x's shape (at most 6 dims), `perm` a

@@ -83,14 +83,11 @@ pub trait RowOps: Primitives {
 
     /// LayerNorm forward with saved statistics: `y = (x − mean)·rstd·w + b`, biased variance,
     /// `rstd = 1/sqrt(var + eps)`; `mean` and `rstd` have one entry per row.
+    /// `x`, `w`, `b` are the inputs; `y`, `mean`, `rstd` the outputs.
     fn layernorm_fwd(
         &self,
-        x: &Self::Buffer,
-        w: &Self::Buffer,
-        b: &Self::Buffer,
-        y: &mut Self::Buffer,
-        mean: &mut Self::Buffer,
-        rstd: &mut Self::Buffer,
+        (x, w, b): (&Self::Buffer, &Self::Buffer, &Self::Buffer),
+        (y, mean, rstd): (&mut Self::Buffer, &mut Self::Buffer, &mut Self::Buffer),
         cols: usize,
         eps: f32,
     ) -> Result<()> {
@@ -115,16 +112,17 @@ pub trait RowOps: Primitives {
     /// LayerNorm backward: writes `dx` (`rows·cols`), `dw` and `db` (`cols`, summed over rows).
     fn layernorm_bwd(
         &self,
-        x: &Self::Buffer,
-        w: &Self::Buffer,
-        mean: &Self::Buffer,
-        rstd: &Self::Buffer,
-        dy: &Self::Buffer,
-        dx: &mut Self::Buffer,
-        dw: &mut Self::Buffer,
-        db: &mut Self::Buffer,
+        input: LayerNormBwdIn<'_, Self::Buffer>,
+        (dx, dw, db): (&mut Self::Buffer, &mut Self::Buffer, &mut Self::Buffer),
         cols: usize,
     ) -> Result<()> {
+        let LayerNormBwdIn {
+            x,
+            w,
+            mean,
+            rstd,
+            dy,
+        } = input;
         let rows = check_norm(
             "layernorm_bwd",
             x,
@@ -165,14 +163,11 @@ pub trait RowOps: Primitives {
     /// RMSNorm backward: writes `dx` and `dw` (summed over rows).
     fn rmsnorm_bwd(
         &self,
-        x: &Self::Buffer,
-        w: &Self::Buffer,
-        rstd: &Self::Buffer,
-        dy: &Self::Buffer,
-        dx: &mut Self::Buffer,
-        dw: &mut Self::Buffer,
+        input: RmsNormBwdIn<'_, Self::Buffer>,
+        (dx, dw): (&mut Self::Buffer, &mut Self::Buffer),
         cols: usize,
     ) -> Result<()> {
+        let RmsNormBwdIn { x, w, rstd, dy } = input;
         let rows = check_norm(
             "rmsnorm_bwd",
             x,
@@ -199,11 +194,8 @@ pub trait RowOps: Primitives {
         &self,
         x: &Self::Buffer,
         out: &mut Self::Buffer,
-        n: usize,
-        t: usize,
-        d: usize,
-        base: f32,
-        inverse: bool,
+        [n, t, d]: [usize; 3],
+        (base, inverse): (f32, bool),
     ) -> Result<()> {
         check_rope(x, out, n, t, d, base)?;
         D::rope(self, x, out, [n, t, d], (base, inverse))
@@ -233,6 +225,47 @@ pub trait RowOps: Primitives {
         self.scatter_add_rows(ids, dout, dtable, dim)
     }
 }
+
+/// The inputs of [`RowOps::layernorm_bwd`].
+#[derive(Debug)]
+pub struct LayerNormBwdIn<'a, Buf> {
+    /// The forward's input, `[rows, cols]`.
+    pub x: &'a Buf,
+    /// The weight, `[cols]`.
+    pub w: &'a Buf,
+    /// The forward's saved mean of each row, `[rows]`.
+    pub mean: &'a Buf,
+    /// The forward's saved `1/sqrt(var + eps)` of each row, `[rows]`.
+    pub rstd: &'a Buf,
+    /// The gradient of the output, `[rows, cols]`.
+    pub dy: &'a Buf,
+}
+
+/// The inputs of [`RowOps::rmsnorm_bwd`].
+#[derive(Debug)]
+pub struct RmsNormBwdIn<'a, Buf> {
+    /// The forward's input, `[rows, cols]`.
+    pub x: &'a Buf,
+    /// The weight, `[cols]`.
+    pub w: &'a Buf,
+    /// The forward's saved `1/sqrt(mean(x²) + eps)` of each row, `[rows]`.
+    pub rstd: &'a Buf,
+    /// The gradient of the output, `[rows, cols]`.
+    pub dy: &'a Buf,
+}
+
+impl<Buf> Clone for LayerNormBwdIn<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for LayerNormBwdIn<'_, Buf> {}
+impl<Buf> Clone for RmsNormBwdIn<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for RmsNormBwdIn<'_, Buf> {}
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks shared by every backend, so the CPU reference and the CUDA kernels reject

@@ -7,8 +7,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::attention::{
-    check_bwd, check_fwd, check_packed, AttentionOps, AttnDropout, Packed, PackedCall, PackedDrop,
-    PackedSaved,
+    check_bwd, check_fwd, check_packed, AttentionOps, AttnDims, AttnDropout, AttnQkv, Packed,
+    PackedCall, PackedDrop, PackedSaved,
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
@@ -110,10 +110,33 @@ impl Layout {
     }
 }
 
+/// The sizes, layout and scale of an attention launch: `n` sequences of `t` rows of `d`
+/// floats.
+#[derive(Clone, Copy)]
+struct Geom {
+    /// Sequences (batch·heads).
+    n: usize,
+    /// Rows per sequence.
+    t: usize,
+    /// Head width.
+    d: usize,
+    /// Where each sequence lives.
+    layout: Layout,
+    /// The scores' scale.
+    scale: f32,
+}
+
 /// `n`, `t`, `d`, the layout and `scale` as kernel arguments (n < 2^31 once `config` accepted
 /// the grid; t <= 2^30 and d <= 128 by the shared checks; the layout's strides < 2^31 by the
 /// packed checks).
-fn dims(n: usize, t: usize, d: usize, l: Layout, scale: f32) -> [KernelArg; 7] {
+fn dims(g: Geom) -> [KernelArg; 7] {
+    let Geom {
+        n,
+        t,
+        d,
+        layout: l,
+        scale,
+    } = g;
     [
         KernelArg::U32(n as u32),
         KernelArg::U32(t as u32),
@@ -174,67 +197,56 @@ fn bwd_tiles(d: usize) -> (Tile, Tile) {
 impl AttentionOps for CudaBackend {
     fn causal_attention_fwd(
         &self,
-        q: &CudaBuffer,
-        k: &CudaBuffer,
-        v: &CudaBuffer,
-        out: &mut CudaBuffer,
-        lse: &mut CudaBuffer,
-        n: usize,
-        t: usize,
-        d: usize,
-        scale: f32,
+        x: AttnQkv<'_, CudaBuffer>,
+        (out, lse): (&mut CudaBuffer, &mut CudaBuffer),
+        dims: AttnDims,
     ) -> Result<()> {
         const OP: &str = "causal_attention_fwd";
-        check_fwd(q, k, v, out, lse, n, t, d, scale)?;
+        check_fwd(x, out, lse, dims)?;
+        let (AttnQkv { q, k, v }, AttnDims { n, t, d, scale }) = (x, dims);
         if n == 0 || t == 0 {
             return Ok(());
         }
         self.check_owned(OP, &[q, k, v])?;
         let ptrs = [q, k, v].map(|b| KernelArg::Ptr(b.device_ptr()));
+        let g = Geom {
+            n,
+            t,
+            d,
+            layout: Layout::plain(d),
+            scale,
+        };
         // SAFETY: the plain layout over buffers of n·t·d f32 (q, k, v, out) and n·t (lse),
         // checked by check_fwd.
-        unsafe { self.attention_fwd(ptrs, out, lse, (n, t, d), Layout::plain(d), scale, None) }
+        unsafe { self.attention_fwd(ptrs, (out, lse), g, None) }
     }
 
     fn causal_attention_bwd(
         &self,
-        q: &CudaBuffer,
-        k: &CudaBuffer,
-        v: &CudaBuffer,
-        out: &CudaBuffer,
-        lse: &CudaBuffer,
-        dout: &CudaBuffer,
-        dq: &mut CudaBuffer,
-        dk: &mut CudaBuffer,
-        dv: &mut CudaBuffer,
-        n: usize,
-        t: usize,
-        d: usize,
-        scale: f32,
+        x: AttnQkv<'_, CudaBuffer>,
+        saved: PackedSaved<'_, CudaBuffer>,
+        (dq, dk, dv): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
+        dims: AttnDims,
     ) -> Result<()> {
         const OP: &str = "causal_attention_bwd";
-        check_bwd(q, k, v, out, lse, dout, dq, dk, dv, n, t, d, scale)?;
+        check_bwd(x, saved, [&*dq, &*dk, &*dv], dims)?;
+        let (AttnQkv { q, k, v }, AttnDims { n, t, d, scale }) = (x, dims);
         if n == 0 || t == 0 {
             return Ok(());
         }
         self.check_owned(OP, &[q, k, v, &*dq, &*dk, &*dv])?;
         let ptrs = [q, k, v].map(|b| KernelArg::Ptr(b.device_ptr()));
         let grads = [dq, dk, dv].map(|b| KernelArg::Ptr(b.device_ptr()));
+        let g = Geom {
+            n,
+            t,
+            d,
+            layout: Layout::plain(d),
+            scale,
+        };
         // SAFETY: the plain layout over buffers of n·t·d f32 (q, k, v, out, dout, dq, dk, dv)
         // and n·t (lse), checked by check_bwd; dq, dk, dv are distinct (&mut) and written only.
-        unsafe {
-            self.attention_bwd(
-                ptrs,
-                out,
-                lse,
-                dout,
-                grads,
-                (n, t, d),
-                Layout::plain(d),
-                scale,
-                None,
-            )
-        }
+        unsafe { self.attention_bwd(ptrs, saved, grads, g, None) }
     }
 
     /// The packed kernels: f32, or for a bf16 `qkv` the tensor-core bf16 ones.
@@ -258,13 +270,11 @@ impl AttentionOps for CudaBackend {
         dqkv: &mut CudaBuffer,
         call: PackedCall<'_, CudaBuffer>,
     ) -> Result<()> {
-        let (p, scale, drop, (out, lse, dout)) =
-            (call.dims, call.scale, call.drop, (s.out, s.lse, s.dout));
+        let (p, scale, drop) = (call.dims, call.scale, call.drop);
         if qkv.dtype() == DType::BF16 {
-            return self
-                .causal_attention_packed_bf16_bwd(qkv, out, lse, dout, dqkv, p, scale, drop);
+            return self.causal_attention_packed_bf16_bwd(qkv, s, dqkv, p, scale, drop);
         }
-        self.causal_attention_packed_bwd(qkv, out, lse, dout, dqkv, p, scale, drop)
+        self.causal_attention_packed_bwd(qkv, s, dqkv, p, scale, drop)
     }
 }
 
@@ -293,39 +303,34 @@ impl CudaBackend {
         if n == 0 || t == 0 {
             return Ok(());
         }
+        let g = Geom {
+            n,
+            t,
+            d,
+            layout,
+            scale,
+        };
         // SAFETY: q, k, v at column offsets 0, c, 2c of qkv (b·t rows of 3c = ld_in floats);
         // out holds b·t rows of c = ld_out floats and lse n·t (check_packed); all pointers are
         // 16-byte aligned (256-byte aligned base, c and d multiples of 4).
-        unsafe {
-            self.attention_fwd(
-                packed_ptrs(qkv, heads * d),
-                out,
-                lse,
-                (n, t, d),
-                layout,
-                scale,
-                drop,
-            )
-        }
+        unsafe { self.attention_fwd(packed_ptrs(qkv, heads * d), (out, lse), g, drop) }
     }
 
     /// The backward of [`CudaBackend::causal_attention_packed_fwd`]: `dqkv` (the layout of
     /// `qkv`) gets dq, dk and dv in its three column blocks, from `out`, `lse` and `dout`
     /// `[b, t, heads·d]`. The same bits as [`AttentionOps::causal_attention_bwd`] on the
     /// permuted tensors; `drop` as the forward's (the kernels regenerate the mask).
-    #[allow(clippy::too_many_arguments)]
     pub fn causal_attention_packed_bwd(
         &self,
         qkv: &CudaBuffer,
-        out: &CudaBuffer,
-        lse: &CudaBuffer,
-        dout: &CudaBuffer,
+        saved: PackedSaved<'_, CudaBuffer>,
         dqkv: &mut CudaBuffer,
         p: Packed,
         scale: f32,
         drop: Option<DeviceAttnDropout<'_>>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_bwd";
+        let PackedSaved { out, lse, dout } = saved;
         check_packed(OP, qkv, &[out, dout], lse, Some(&*dqkv), p, scale)?;
         self.check_owned(OP, &[qkv, out, lse, dout, &*dqkv])?;
         let drop = self.attn_drop_args(OP, drop)?;
@@ -334,41 +339,34 @@ impl CudaBackend {
             return Ok(());
         }
         let grads = packed_ptrs(dqkv, c);
+        let g = Geom {
+            n,
+            t,
+            d,
+            layout,
+            scale,
+        };
         // SAFETY: as the forward; dqkv has qkv's layout and is distinct (&mut), written only.
-        unsafe {
-            self.attention_bwd(
-                packed_ptrs(qkv, c),
-                out,
-                lse,
-                dout,
-                grads,
-                (n, t, d),
-                layout,
-                scale,
-                drop,
-            )
-        }
+        unsafe { self.attention_bwd(packed_ptrs(qkv, c), saved, grads, g, drop) }
     }
 
     /// # Safety
-    /// `qkv` point at q, k, v in `layout` for `n` sequences of `t` rows of `d` floats, `out`
-    /// and `lse` hold them in `layout` and `[n, t]`; all are this backend's, 16-byte aligned;
-    /// `drop` comes from [`CudaBackend::attn_drop_args`].
+    /// `qkv` point at q, k, v in `g.layout` for `g.n` sequences of `g.t` rows of `g.d` floats,
+    /// `out` and `lse` hold them in `g.layout` and `[n, t]`; all are this backend's, 16-byte
+    /// aligned; `drop` comes from [`CudaBackend::attn_drop_args`].
     unsafe fn attention_fwd(
         &self,
         qkv: [KernelArg; 3],
-        out: &mut CudaBuffer,
-        lse: &mut CudaBuffer,
-        (n, t, d): (usize, usize, usize),
-        layout: Layout,
-        scale: f32,
+        (out, lse): (&mut CudaBuffer, &mut CudaBuffer),
+        g: Geom,
         drop: Option<[KernelArg; 3]>,
     ) -> Result<()> {
+        let Geom { n, t, d, .. } = g;
         let tile = fwd_tile(d);
         let cfg = config("causal_attention_fwd", n, t, &tile)?;
         let mut args = qkv.to_vec();
         args.extend([out.into(), lse.into()]);
-        args.extend(dims(n, t, d, layout, scale));
+        args.extend(dims(g));
         let kernel = with_drop(tile.kernel, &mut args, &drop);
         // SAFETY: attn_fwd_d{64,128}_f32(const float* q, k, v, float* out, float* lse, u32 n,
         // u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale) over n·ceil(t/rows)
@@ -382,20 +380,16 @@ impl CudaBackend {
     /// # Safety
     /// As [`CudaBackend::attention_fwd`], with `dout` in `out`'s layout and `grads` (dq, dk,
     /// dv) in q's, not overlapping any input.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn attention_bwd(
         &self,
         qkv: [KernelArg; 3],
-        out: &CudaBuffer,
-        lse: &CudaBuffer,
-        dout: &CudaBuffer,
+        saved: PackedSaved<'_, CudaBuffer>,
         grads: [KernelArg; 3],
-        (n, t, d): (usize, usize, usize),
-        layout: Layout,
-        scale: f32,
+        g: Geom,
         drop: Option<[KernelArg; 3]>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_bwd";
+        let (Geom { n, t, d, .. }, PackedSaved { out, lse, dout }) = (g, saved);
         let (dq_tile, dkdv_tile) = bwd_tiles(d);
         let dq_cfg = config(OP, n, t, &dq_tile)?;
         let dkdv_cfg = config(OP, n, t, &dkdv_tile)?;
@@ -405,7 +399,7 @@ impl CudaBackend {
         let [dq, dk, dv] = grads;
         let mut args = vec![q.clone(), k.clone(), v.clone()];
         args.extend([out.into(), lse.into(), dout.into(), dq, (&mut delta).into()]);
-        args.extend(dims(n, t, d, layout, scale));
+        args.extend(dims(g));
         let kernel = with_drop(dq_tile.kernel, &mut args, &drop);
         // SAFETY: attn_bwd_dq_d{64,128}_f32(const float* q, k, v, out, lse, dout, float* dq,
         // float* delta, u32 n, u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale)
@@ -414,7 +408,7 @@ impl CudaBackend {
         // trailing (float p, u64 seed, const u64* offset) as in attention_fwd.
         unsafe { self.launch(&kernel, dq_cfg, &args) }?;
         let mut args = vec![q, k, v, lse.into(), dout.into(), (&delta).into(), dk, dv];
-        args.extend(dims(n, t, d, layout, scale));
+        args.extend(dims(g));
         let kernel = with_drop(dkdv_tile.kernel, &mut args, &drop);
         // SAFETY: attn_bwd_dkdv_d{64,128}_f32(const float* q, k, v, lse, dout, delta,
         // float* dk, float* dv, u32 n, u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out,

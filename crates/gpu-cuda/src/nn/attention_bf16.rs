@@ -10,7 +10,7 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::cpu::attention_bf16::packed_bf16_lens;
-use gpu_core::nn::attention::Packed;
+use gpu_core::nn::attention::{Packed, PackedSaved};
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
 /// Rows of a tile (queries or keys) per block, and threads per block, of every kernel here.
@@ -127,19 +127,17 @@ impl CudaBackend {
     /// layout of `qkv`) gets dq, dk and dv in its three column blocks, from `out`, `lse` and
     /// `dout` bf16 `[b, t, heads·d]`. f32 accumulation; P and dS are rounded to bf16 as operands
     /// of the tensor-core products, each gradient once at its store.
-    #[allow(clippy::too_many_arguments)]
     pub fn causal_attention_packed_bf16_bwd(
         &self,
         qkv: &CudaBuffer,
-        out: &CudaBuffer,
-        lse: &CudaBuffer,
-        dout: &CudaBuffer,
+        saved: PackedSaved<'_, CudaBuffer>,
         dqkv: &mut CudaBuffer,
         p: Packed,
         scale: f32,
         drop: Option<DeviceAttnDropout<'_>>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_bf16_bwd";
+        let PackedSaved { out, lse, dout } = saved;
         let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
         check_bufs(
             OP,

@@ -9,7 +9,8 @@ use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::decode::{
     check_add_rms_norm, check_argmax, check_cache_attention, check_prefill_attention,
-    check_rope_append, check_swiglu_packed, DecodeDims, DecodeOps,
+    check_rope_append, check_swiglu_packed, CacheAttnIn, DecodeDims, DecodeOps, PrefillIn,
+    RopeAppendIn,
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
@@ -59,17 +60,18 @@ fn dims_args(dims: DecodeDims) -> [KernelArg; 5] {
 impl DecodeOps for CudaBackend {
     fn rope_append(
         &self,
-        qkv: &CudaBuffer,
-        inv_freq: &CudaBuffer,
-        start: &CudaBuffer,
-        slot: &CudaBuffer,
-        q_out: &mut CudaBuffer,
-        k_cache: &mut CudaBuffer,
-        v_cache: &mut CudaBuffer,
+        x: RopeAppendIn<'_, CudaBuffer>,
+        (q_out, k_cache, v_cache): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
         dims: DecodeDims,
     ) -> Result<()> {
         const OP: &str = "rope_append";
-        check_rope_append(qkv, inv_freq, start, slot, q_out, k_cache, v_cache, dims)?;
+        check_rope_append(x, [&*q_out, &*k_cache, &*v_cache], dims)?;
+        let RopeAppendIn {
+            qkv,
+            inv_freq,
+            start,
+            slot,
+        } = x;
         self.check_owned(OP, &[qkv, inv_freq, start, slot, q_out, k_cache, v_cache])?;
         if dims.b == 0 || dims.t == 0 {
             return Ok(());
@@ -113,18 +115,21 @@ impl DecodeOps for CudaBackend {
 
     fn cache_attention(
         &self,
-        q: &CudaBuffer,
-        k_cache: &CudaBuffer,
-        v_cache: &CudaBuffer,
-        start: &CudaBuffer,
-        slot: &CudaBuffer,
+        x: CacheAttnIn<'_, CudaBuffer>,
         out: &mut CudaBuffer,
         dims: DecodeDims,
         max_end: usize,
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "cache_attention";
-        check_cache_attention(q, k_cache, v_cache, start, slot, out, dims, max_end, scale)?;
+        check_cache_attention(x, out, dims, max_end, scale)?;
+        let CacheAttnIn {
+            q,
+            k_cache,
+            v_cache,
+            start,
+            slot,
+        } = x;
         self.check_owned(OP, &[q, k_cache, v_cache, start, slot, out])?;
         let rows = dims.b * dims.t * dims.heads;
         if rows == 0 {
@@ -210,24 +215,33 @@ impl DecodeOps for CudaBackend {
 
     fn prefill_attention(
         &self,
-        q: &CudaBuffer,
-        k_cache: &CudaBuffer,
-        v_cache: &CudaBuffer,
-        start: &CudaBuffer,
+        x: PrefillIn<'_, CudaBuffer>,
         out: &mut CudaBuffer,
         dims: DecodeDims,
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "prefill_attention";
-        check_prefill_attention(q, k_cache, v_cache, start, out, dims, scale)?;
+        check_prefill_attention(x, out, dims, scale)?;
+        let PrefillIn {
+            q,
+            k_cache,
+            v_cache,
+            start,
+        } = x;
         self.check_owned(OP, &[q, k_cache, v_cache, start, out])?;
         let bf16 = [q.dtype(), k_cache.dtype(), out.dtype()] == [DType::BF16; 3];
         if !bf16 || !PREFILL_D.contains(&dims.d) {
             // Slots 0..t: the cache attention with every row at slot 0.
             let mut slot = self.allocate(DType::U32, dims.b)?;
             self.memset32(&mut slot, 0)?;
-            return self
-                .cache_attention(q, k_cache, v_cache, start, &slot, out, dims, dims.t, scale);
+            let x = CacheAttnIn {
+                q,
+                k_cache,
+                v_cache,
+                start,
+                slot: &slot,
+            };
+            return self.cache_attention(x, out, dims, dims.t, scale);
         }
         if dims.b * dims.t * dims.heads == 0 {
             return Ok(());
@@ -267,11 +281,8 @@ impl DecodeOps for CudaBackend {
 
     fn add_rms_norm(
         &self,
-        x: &CudaBuffer,
-        y: Option<&CudaBuffer>,
-        w: &CudaBuffer,
-        sum: &mut CudaBuffer,
-        normed: &mut CudaBuffer,
+        (x, y, w): (&CudaBuffer, Option<&CudaBuffer>, &CudaBuffer),
+        (sum, normed): (&mut CudaBuffer, &mut CudaBuffer),
         cols: usize,
         eps: f32,
     ) -> Result<()> {

@@ -13,7 +13,7 @@ use gpu_core::nn::elementwise::{
     check_broadcast, check_cast, check_copy_blocks, check_dropout, check_permute, Activation,
     BinaryKind, ElementwiseOps, Primitives, ReduceKind,
 };
-use gpu_core::nn::Direction;
+use gpu_core::nn::{BlockCopy, Direction};
 use gpu_core::ops::check_float_elementwise;
 use gpu_core::{BufferInfo, DType, GpuError, Result};
 use plan::BinaryPath;
@@ -304,20 +304,16 @@ impl Primitives for CudaBackend {
         self.reduce_axis_impl(op, x, outer, n, inner, out)
     }
 
-    fn copy_blocks(
-        &self,
-        src: &CudaBuffer,
-        src_offset: usize,
-        src_stride: usize,
-        dst: &mut CudaBuffer,
-        dst_offset: usize,
-        dst_stride: usize,
-        outer: usize,
-        len: usize,
-    ) -> Result<()> {
-        check_copy_blocks(
-            src, src_offset, src_stride, dst, dst_offset, dst_stride, outer, len,
-        )?;
+    fn copy_blocks(&self, src: &CudaBuffer, dst: &mut CudaBuffer, copy: BlockCopy) -> Result<()> {
+        check_copy_blocks(src, dst, copy)?;
+        let BlockCopy {
+            src_offset,
+            src_stride,
+            dst_offset,
+            dst_stride,
+            outer,
+            len,
+        } = copy;
         if outer == 0 || len == 0 {
             return Ok(());
         }

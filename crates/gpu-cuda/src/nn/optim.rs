@@ -10,8 +10,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::optim::{
-    adamw_scalars, check_adamw, check_clip, AdamWBuffers, AdamWConfig, OptimOps, ProdigyConfig,
-    ScheduleFreeConfig, StepScalars,
+    adamw_scalars, check_adamw, check_clip, AdamWBuffers, AdamWConfig, OptimOps, ProdigyBuffers,
+    ProdigyConfig, ScheduleFreeBuffers, ScheduleFreeConfig, StepScalars,
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
@@ -134,16 +134,7 @@ impl OptimOps for CudaBackend {
             ));
         }
         self.check_owned("adamw_step_scheduled", &[schedule])?;
-        let AdamWBuffers {
-            params,
-            grads,
-            m,
-            v,
-            weight_decay,
-            grad_scale,
-        } = bufs;
-        let s = Some(schedule);
-        self.adamw_impl(params, grads, m, v, weight_decay, grad_scale, cfg, s)
+        self.adamw_impl(bufs, cfg, Some(schedule))
     }
 
     fn clip_coefficient(
@@ -188,31 +179,17 @@ impl OptimOps for CudaBackend {
         unsafe { self.launch("clip_finalize_f32", blocks_config(1), &args) }
     }
 
-    fn adamw_step(
-        &self,
-        params: &mut [&mut CudaBuffer],
-        grads: &[&CudaBuffer],
-        m: &mut [&mut CudaBuffer],
-        v: &mut [&mut CudaBuffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&CudaBuffer>,
-        cfg: AdamWConfig,
-    ) -> Result<()> {
-        self.adamw_impl(params, grads, m, v, weight_decay, grad_scale, cfg, None)
+    fn adamw_step(&self, bufs: AdamWBuffers<'_, '_, CudaBuffer>, cfg: AdamWConfig) -> Result<()> {
+        self.adamw_impl(bufs, cfg, None)
     }
 
     fn schedule_free_step(
         &self,
-        params: &mut [&mut CudaBuffer],
-        grads: &[&CudaBuffer],
-        z: &mut [&mut CudaBuffer],
-        v: &mut [&mut CudaBuffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&CudaBuffer>,
+        bufs: ScheduleFreeBuffers<'_, '_, CudaBuffer>,
         cfg: ScheduleFreeConfig,
         scalars: StepScalars<'_, CudaBuffer>,
     ) -> Result<()> {
-        self.schedule_free_impl(params, grads, z, v, weight_decay, grad_scale, cfg, scalars)
+        self.schedule_free_impl(bufs, cfg, scalars)
     }
 
     fn lerp_params(
@@ -226,47 +203,30 @@ impl OptimOps for CudaBackend {
 
     fn prodigy_step(
         &self,
-        params: &mut [&mut CudaBuffer],
-        grads: &[&CudaBuffer],
-        p0: &[&CudaBuffer],
-        s: &mut [&mut CudaBuffer],
-        m: &mut [&mut CudaBuffer],
-        v: &mut [&mut CudaBuffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&CudaBuffer>,
+        bufs: ProdigyBuffers<'_, '_, CudaBuffer>,
         cfg: ProdigyConfig,
         lr: StepScalars<'_, CudaBuffer>,
         scalars: &mut CudaBuffer,
     ) -> Result<()> {
-        self.prodigy_impl(
-            params,
-            grads,
-            p0,
-            s,
-            m,
-            v,
-            weight_decay,
-            grad_scale,
-            cfg,
-            lr,
-            scalars,
-        )
+        self.prodigy_impl(bufs, cfg, lr, scalars)
     }
 }
 
 impl CudaBackend {
-    #[allow(clippy::too_many_arguments)]
     fn adamw_impl(
         &self,
-        params: &mut [&mut CudaBuffer],
-        grads: &[&CudaBuffer],
-        m: &mut [&mut CudaBuffer],
-        v: &mut [&mut CudaBuffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&CudaBuffer>,
+        bufs: AdamWBuffers<'_, '_, CudaBuffer>,
         cfg: AdamWConfig,
         schedule: Option<&CudaBuffer>,
     ) -> Result<()> {
+        let AdamWBuffers {
+            params,
+            grads,
+            m,
+            v,
+            weight_decay,
+            grad_scale,
+        } = bufs;
         check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
         for i in 0..params.len() {
             self.check_owned("adamw_step", &[&*params[i], grads[i], &*m[i], &*v[i]])?;

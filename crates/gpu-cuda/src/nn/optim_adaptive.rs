@@ -11,8 +11,9 @@ use crate::backend::CudaBackend;
 use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
 use gpu_core::nn::optim_adaptive::{
-    check_lerp_weight, check_lists, check_prodigy_scalars, check_schedule_free, ProdigyConfig,
-    ScheduleFreeConfig, StepScalars, PRODIGY_SCHEDULE_LEN, SF_SCHEDULE_LEN,
+    check_lerp_weight, check_lists, check_prodigy_scalars, check_schedule_free, ProdigyBuffers,
+    ProdigyConfig, ScheduleFreeBuffers, ScheduleFreeConfig, StepScalars, PRODIGY_SCHEDULE_LEN,
+    SF_SCHEDULE_LEN,
 };
 use gpu_core::{Backend, BufferInfo, DType, Result};
 
@@ -128,19 +129,21 @@ fn shared<'a>(xs: &'a [&mut CudaBuffer]) -> Vec<&'a CudaBuffer> {
 
 impl CudaBackend {
     /// [`gpu_core::nn::OptimOps::schedule_free_step`] on CUDA.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn schedule_free_impl(
         &self,
-        params: &mut [&mut CudaBuffer],
-        grads: &[&CudaBuffer],
-        z: &mut [&mut CudaBuffer],
-        v: &mut [&mut CudaBuffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&CudaBuffer>,
+        bufs: ScheduleFreeBuffers<'_, '_, CudaBuffer>,
         cfg: ScheduleFreeConfig,
         scalars: StepScalars<'_, CudaBuffer>,
     ) -> Result<()> {
         const OP: &str = "schedule_free_step";
+        let ScheduleFreeBuffers {
+            params,
+            grads,
+            z,
+            v,
+            weight_decay,
+            grad_scale,
+        } = bufs;
         let (ps, zs, vs) = (shared(params), shared(z), shared(v));
         let lists = [("grads", grads), ("z", &zs[..]), ("v", &vs[..])];
         check_lists(OP, &ps, &lists, weight_decay, grad_scale)?;
@@ -208,22 +211,24 @@ impl CudaBackend {
     }
 
     /// [`gpu_core::nn::OptimOps::prodigy_step`] on CUDA: three launches, no host transfer.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn prodigy_impl(
         &self,
-        params: &mut [&mut CudaBuffer],
-        grads: &[&CudaBuffer],
-        p0: &[&CudaBuffer],
-        s: &mut [&mut CudaBuffer],
-        m: &mut [&mut CudaBuffer],
-        v: &mut [&mut CudaBuffer],
-        weight_decay: &[f32],
-        grad_scale: Option<&CudaBuffer>,
+        bufs: ProdigyBuffers<'_, '_, CudaBuffer>,
         cfg: ProdigyConfig,
         lr: StepScalars<'_, CudaBuffer>,
         scalars: &mut CudaBuffer,
     ) -> Result<()> {
         const OP: &str = "prodigy_step";
+        let ProdigyBuffers {
+            params,
+            grads,
+            p0,
+            s,
+            m,
+            v,
+            weight_decay,
+            grad_scale,
+        } = bufs;
         let (ps, ss, ms, vs) = (shared(params), shared(s), shared(m), shared(v));
         let lists = [
             ("grads", grads),

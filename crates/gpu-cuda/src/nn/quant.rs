@@ -143,7 +143,7 @@ impl QuantOps for CudaBackend {
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {
-        self.matmul_quant_with(qgemm_form(), x, data, scales, mins, out, spec)
+        self.matmul_quant_with(qgemm_form(), x, (data, scales, mins), out, spec)
     }
 
     fn dequantize(
@@ -188,14 +188,12 @@ impl CudaBackend {
     /// [`QuantOps::matmul_quant`] with the prefill form given rather than read from
     /// `HYBRID_QGEMM` (`form` matters for bf16 x of more than 4 rows only), so that both forms
     /// run in one process.
-    #[allow(clippy::too_many_arguments)]
+    /// `(data, scales, mins)` is the quantized matrix.
     pub fn matmul_quant_with(
         &self,
         form: QgemmForm,
         x: &CudaBuffer,
-        data: &CudaBuffer,
-        scales: &CudaBuffer,
-        mins: &CudaBuffer,
+        (data, scales, mins): (&CudaBuffer, &CudaBuffer, &CudaBuffer),
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {

@@ -9,7 +9,9 @@
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
-use gpu_core::nn::rows::{check_cross_entropy, check_eps, check_norm, check_rows_bwd};
+use gpu_core::nn::rows::{
+    check_cross_entropy, check_eps, check_norm, check_rows_bwd, LayerNormBwdIn, RmsNormBwdIn,
+};
 use gpu_core::nn::RowOps;
 use gpu_core::ops::check_rows;
 use gpu_core::{Backend, DType, GpuError, Result};
@@ -284,12 +286,8 @@ impl RowOps for CudaBackend {
 
     fn layernorm_fwd(
         &self,
-        x: &CudaBuffer,
-        w: &CudaBuffer,
-        b: &CudaBuffer,
-        y: &mut CudaBuffer,
-        mean: &mut CudaBuffer,
-        rstd: &mut CudaBuffer,
+        (x, w, b): (&CudaBuffer, &CudaBuffer, &CudaBuffer),
+        (y, mean, rstd): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
         cols: usize,
         eps: f32,
     ) -> Result<()> {
@@ -328,16 +326,17 @@ impl RowOps for CudaBackend {
 
     fn layernorm_bwd(
         &self,
-        x: &CudaBuffer,
-        w: &CudaBuffer,
-        mean: &CudaBuffer,
-        rstd: &CudaBuffer,
-        dy: &CudaBuffer,
-        dx: &mut CudaBuffer,
-        dw: &mut CudaBuffer,
-        db: &mut CudaBuffer,
+        input: LayerNormBwdIn<'_, CudaBuffer>,
+        (dx, dw, db): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
         cols: usize,
     ) -> Result<()> {
+        let LayerNormBwdIn {
+            x,
+            w,
+            mean,
+            rstd,
+            dy,
+        } = input;
         const OP: &str = "layernorm_bwd";
         let params = [("w", w as _), ("dw", &*dw as _), ("db", &*db as _)];
         let rows = check_norm(OP, x, dx, &params, &[("mean", mean), ("rstd", rstd)], cols)?;
@@ -406,14 +405,11 @@ impl RowOps for CudaBackend {
 
     fn rmsnorm_bwd(
         &self,
-        x: &CudaBuffer,
-        w: &CudaBuffer,
-        rstd: &CudaBuffer,
-        dy: &CudaBuffer,
-        dx: &mut CudaBuffer,
-        dw: &mut CudaBuffer,
+        input: RmsNormBwdIn<'_, CudaBuffer>,
+        (dx, dw): (&mut CudaBuffer, &mut CudaBuffer),
         cols: usize,
     ) -> Result<()> {
+        let RmsNormBwdIn { x, w, rstd, dy } = input;
         const OP: &str = "rmsnorm_bwd";
         let params = [("w", w as _), ("dw", &*dw as _)];
         let rows = check_norm(OP, x, dx, &params, &[("rstd", rstd)], cols)?;
@@ -449,13 +445,10 @@ impl RowOps for CudaBackend {
         &self,
         x: &CudaBuffer,
         out: &mut CudaBuffer,
-        n: usize,
-        t: usize,
-        d: usize,
-        base: f32,
-        inverse: bool,
+        dims: [usize; 3],
+        angle: (f32, bool),
     ) -> Result<()> {
-        self.rope_impl(x, out, n, t, d, base, inverse)
+        self.rope_impl(x, out, dims, angle)
     }
 
     fn embedding_fwd(

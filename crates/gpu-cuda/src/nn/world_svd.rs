@@ -99,10 +99,17 @@ fn householder_part(
     let mut z = alloc(gpu, c * l)?;
     // The two products of the iteration: Y = X·Z (r × l) and Z = Xᵀ·Y (c × l).
     let x_times = |z: &CudaBuffer, y: &mut CudaBuffer| {
-        gpu.gemm_cm((false, false), (r, l, c), 1.0, (x, r), (z, c), 0.0, (y, r))
+        gpu.gemm_cm(
+            (false, false),
+            (r, l, c),
+            (1.0, 0.0),
+            (x, r),
+            (z, c),
+            (y, r),
+        )
     };
     let xt_times = |y: &CudaBuffer, z: &mut CudaBuffer| {
-        gpu.gemm_cm((true, false), (c, l, r), 1.0, (x, r), (y, r), 0.0, (z, c))
+        gpu.gemm_cm((true, false), (c, l, r), (1.0, 0.0), (x, r), (y, r), (z, c))
     };
     x_times(&omega, &mut y)?;
     ortho((r, l), &mut y)?;
@@ -194,8 +201,8 @@ pub(crate) fn factors_into(
 ) -> Result<()> {
     let (r, c) = (n, m);
     let tt = (true, true);
-    gpu.gemm_cm(tt, (k, c, l), 1.0, (ur, l), (q2, c), 0.0, (u_out, k))?;
-    gpu.gemm_cm(tt, (k, r, l), 1.0, (vr, l), (y, r), 0.0, (v_out, k))
+    gpu.gemm_cm(tt, (k, c, l), (1.0, 0.0), (ur, l), (q2, c), (u_out, k))?;
+    gpu.gemm_cm(tt, (k, r, l), (1.0, 0.0), (vr, l), (y, r), (v_out, k))
 }
 
 /// `cusolverDnXgesvdr` on a copy of `x` (it destroys its input).
@@ -215,7 +222,13 @@ fn gesvdr(
     let mut ux = alloc(gpu, r * r)?;
     let mut vx = alloc(gpu, c * c)?;
     let iters = (k, p, spec.power_iters);
-    gpu.gesvdr_cm((r, c), &mut xc, iters, &mut s, &mut ux, &mut vx, &mut info)?;
+    gpu.gesvdr_cm(
+        (r, c),
+        &mut xc,
+        iters,
+        (&mut s, &mut ux, &mut vx),
+        &mut info,
+    )?;
     info.check(gpu, ENTRY)?;
     // U = Vₓ's first k columns (c × k), V = Uₓ's (r × k), written transposed.
     gpu.transpose_cm((c, k), (&vx, c), (&mut *t.out.u, k))?;

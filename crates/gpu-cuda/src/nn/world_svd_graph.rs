@@ -127,10 +127,17 @@ impl Plan {
         } = self;
         work.clear_flag(gpu)?;
         let x_times = |z: &CudaBuffer, y: &mut CudaBuffer| {
-            gpu.gemm_cm((false, false), (r, l, c), 1.0, (x, r), (z, c), 0.0, (y, r))
+            gpu.gemm_cm(
+                (false, false),
+                (r, l, c),
+                (1.0, 0.0),
+                (x, r),
+                (z, c),
+                (y, r),
+            )
         };
         let xt_times = |y: &CudaBuffer, z: &mut CudaBuffer| {
-            gpu.gemm_cm((true, false), (c, l, r), 1.0, (x, r), (y, r), 0.0, (z, c))
+            gpu.gemm_cm((true, false), (c, l, r), (1.0, 0.0), (x, r), (y, r), (z, c))
         };
         // The intermediate bases need the right span and a good condition number, not
         // orthonormality: one pass of Cholesky QR each (into `y1`, `z1`). A sketch too
@@ -149,7 +156,7 @@ impl Plan {
         gpu.copy_buffer(bt, z)?;
         gpu.cholqr2_cm((c, l), (z, c), work)?;
         let parts = gpu.gemm_tn_parts_cm(c, (l, l), (z, c), (bt, c), gram_chunk(c), rr)?;
-        gpu.jacobi_svd_cm((l, k), (rr, parts), inv_scale, ur, s, vr, work.flag_mut())?;
+        gpu.jacobi_svd_cm((l, k), (rr, parts), inv_scale, (ur, s, vr), work.flag_mut())?;
         super::world_svd::factors_into(gpu, (m, n, k, l), (ur, vr), (z, y), (u, v))
     }
 }

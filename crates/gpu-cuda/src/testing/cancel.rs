@@ -29,15 +29,9 @@ pub fn check(what: &str, gpu: &[f32], cpu: &[f32], terms: &[f64]) {
 /// by P_ij·(Σ|dout_i∘v_j| + Σ|dout_i∘out_i|)·(1 + |scale·s_ij| + |lse_i|) (the last factor is
 /// P's own error from exp(scale·s − lse)), and dq_i = scale·Σ_j dS_ij k_j,
 /// dk_j = scale·Σ_i dS_ij q_i, dv_j = Σ_i P_ij dout_i.
-#[allow(clippy::too_many_arguments)]
 pub fn attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    dout: &[f32],
-    n: usize,
-    t: usize,
-    d: usize,
+    (q, k, v, dout): (&[f32], &[f32], &[f32], &[f32]),
+    [n, t, d]: [usize; 3],
     scale: f64,
 ) -> [Vec<f64>; 3] {
     let at = |x: &[f32], s: usize, i: usize, c: usize| x[(s * t + i) * d + c] as f64;

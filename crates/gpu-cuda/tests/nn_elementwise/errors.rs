@@ -1,6 +1,7 @@
 //! Bad inputs give the same typed errors on every backend, before any launch.
 
 use super::*;
+use gpu_core::nn::BlockCopy;
 use gpu_core::{DType, GpuError};
 
 macro_rules! assert_err {
@@ -124,49 +125,115 @@ fn errors_body<B: Dev>(b: &B, dev: &str, _rng: &mut StdRng) {
     );
     assert_err!(
         dev,
-        b.max_axis_bwd(&empty, &o6, &o6, 2, 0, 3, &mut f(0)),
+        b.max_axis_bwd((&empty, &o6, &o6), [2, 0, 3], &mut f(0)),
         GpuError::InvalidShape { .. }
     );
     assert_err!(
         dev,
-        b.max_axis_bwd(&x6, &x3, &o2, 3, 2, 1, &mut o6),
+        b.max_axis_bwd((&x6, &x3, &o2), [3, 2, 1], &mut o6),
         GpuError::ShapeMismatch { .. }
     );
     assert_err!(
         dev,
-        b.max_axis_bwd(&x6, &x3, &x3, 3, 2, 1, &mut o3),
+        b.max_axis_bwd((&x6, &x3, &x3), [3, 2, 1], &mut o3),
         GpuError::ShapeMismatch { .. }
     );
 
     // copy_blocks
     assert_err!(
         dev,
-        b.copy_blocks(&x6, 4, 0, &mut o6, 0, 0, 1, 3),
+        b.copy_blocks(
+            &x6,
+            &mut o6,
+            BlockCopy {
+                src_offset: 4,
+                src_stride: 0,
+                dst_offset: 0,
+                dst_stride: 0,
+                outer: 1,
+                len: 3
+            }
+        ),
         GpuError::ShapeMismatch { .. }
     );
     assert_err!(
         dev,
-        b.copy_blocks(&x6, 0, 2, &mut o3, 0, 2, 2, 2),
+        b.copy_blocks(
+            &x6,
+            &mut o3,
+            BlockCopy {
+                src_offset: 0,
+                src_stride: 2,
+                dst_offset: 0,
+                dst_stride: 2,
+                outer: 2,
+                len: 2
+            }
+        ),
         GpuError::ShapeMismatch { .. }
     );
     assert_err!(
         dev,
-        b.copy_blocks(&x6, 0, 3, &mut o6, 0, 2, 2, 3),
+        b.copy_blocks(
+            &x6,
+            &mut o6,
+            BlockCopy {
+                src_offset: 0,
+                src_stride: 3,
+                dst_offset: 0,
+                dst_stride: 2,
+                outer: 2,
+                len: 3
+            }
+        ),
         GpuError::InvalidArgument { .. }
     );
     assert_err!(
         dev,
-        b.copy_blocks(&x6, usize::MAX, 0, &mut o6, 0, 0, 1, 3),
+        b.copy_blocks(
+            &x6,
+            &mut o6,
+            BlockCopy {
+                src_offset: usize::MAX,
+                src_stride: 0,
+                dst_offset: 0,
+                dst_stride: 0,
+                outer: 1,
+                len: 3
+            }
+        ),
         GpuError::ShapeMismatch { .. }
     );
     assert_err!(
         dev,
-        b.copy_blocks(&x6, 0, usize::MAX, &mut o6, 0, 3, 2, 3),
+        b.copy_blocks(
+            &x6,
+            &mut o6,
+            BlockCopy {
+                src_offset: 0,
+                src_stride: usize::MAX,
+                dst_offset: 0,
+                dst_stride: 3,
+                outer: 2,
+                len: 3
+            }
+        ),
         GpuError::ShapeMismatch { .. }
     );
     assert_err!(
         dev,
-        b.copy_blocks(&u6, 0, 0, &mut o6, 0, 0, 1, 3),
+        b.copy_blocks(
+            &u6,
+            &mut o6,
+            BlockCopy {
+                src_offset: 0,
+                src_stride: 0,
+                dst_offset: 0,
+                dst_stride: 0,
+                outer: 1,
+                len: 3
+            }
+        ),
         GpuError::UnsupportedDType { .. }
     );
 

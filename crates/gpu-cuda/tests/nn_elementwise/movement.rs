@@ -1,6 +1,7 @@
 //! Data movement: permutes (fixed cases and random shapes), block copies, dropout.
 
 use super::*;
+use gpu_core::nn::BlockCopy;
 
 /// `(shape, perm)`: the attention permutes [B,T,H,D] <-> [B,H,T,D] with float4 and odd D,
 /// moves of the last axis (tiled, with 0 to 2 batch axes, or per element when an axis is
@@ -98,8 +99,19 @@ type Blocks = (usize, usize, usize, usize, usize, usize);
 fn copy_blocks<B: Dev>(b: &B, src: &[f32], dst: &[f32], k: Blocks) -> Vec<f32> {
     let (so, ss, dof, ds, outer, len) = k;
     let mut d = up(b, dst);
-    b.copy_blocks(&up(b, src), so, ss, &mut d, dof, ds, outer, len)
-        .unwrap();
+    b.copy_blocks(
+        &up(b, src),
+        &mut d,
+        BlockCopy {
+            src_offset: so,
+            src_stride: ss,
+            dst_offset: dof,
+            dst_stride: ds,
+            outer,
+            len,
+        },
+    )
+    .unwrap();
     down(b, &d)
 }
 

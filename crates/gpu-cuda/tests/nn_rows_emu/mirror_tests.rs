@@ -152,7 +152,8 @@ fn norm_mirror(rng: &mut StdRng, x: &[f32], cols: usize, what: &str, note: &mut 
     let (rdx, rdw) = rms_bwd(&CPU, x, &w, &rr, &dy, cols);
     for sms in [132, 8, 1] {
         let cd = col_depth(rows, cols, Some(sms));
-        let (gdx, gdw, gdb) = mirror::layernorm_bwd(x, &w, &mean, &rstd, &dy, cols, sms, Bug::None);
+        let (gdx, gdw, gdb) =
+            mirror::layernorm_bwd((x, &w), (&mean, &rstd), &dy, cols, sms, Bug::None);
         let bd = layernorm_bwd_bounds(x, &w, &mean, &rstd, &dy, cols, cd);
         note("layernorm dx", &gdx, &dx, &bd.dx, what);
         note("layernorm dw", &gdw, &dw, &bd.dw, what);
@@ -310,13 +311,13 @@ fn wrong_kernels_fail_the_bounds() {
         let (rdx, rdw) = rms_bwd(&CPU, &x, &w, &rr, &dy, cols);
         let rbd = rmsnorm_bwd_bounds(&x, &w, &rr, &dy, cols, cd);
         for bug in [Bug::DropTerm, Bug::FlipSign, Bug::NextRow] {
-            let (gdx, ..) = mirror::layernorm_bwd(&x, &w, &mean, &rstd, &dy, cols, sms, bug);
+            let (gdx, ..) = mirror::layernorm_bwd((&x, &w), (&mean, &rstd), &dy, cols, sms, bug);
             rejects("layernorm dx", bug, &gdx, &dx, &bd.dx, &what);
             let (gdx, _) = mirror::rmsnorm_bwd(&x, &w, &rr, &dy, cols, sms, bug);
             rejects("rmsnorm dx", bug, &gdx, &rdx, &rbd.dx, &what);
         }
         let bug = Bug::OffByOne;
-        let (_, gdw, gdb) = mirror::layernorm_bwd(&x, &w, &mean, &rstd, &dy, cols, sms, bug);
+        let (_, gdw, gdb) = mirror::layernorm_bwd((&x, &w), (&mean, &rstd), &dy, cols, sms, bug);
         rejects("layernorm dw", bug, &gdw, &dw, &bd.dw, &what);
         rejects("layernorm db", bug, &gdb, &db, &bd.db, &what);
         let (_, gdw) = mirror::rmsnorm_bwd(&x, &w, &rr, &dy, cols, sms, bug);

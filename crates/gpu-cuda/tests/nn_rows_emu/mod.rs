@@ -400,13 +400,11 @@ fn sum_rows(rows: usize, bug: Bug) -> usize {
     }
 }
 
-/// LayerNorm backward: `(dx, dw, db)` on a GPU of `sms` multiprocessors.
-#[allow(clippy::too_many_arguments)]
+/// LayerNorm backward: `(dx, dw, db)` on a GPU of `sms` multiprocessors, from the input and
+/// weight `(x, w)` and the saved `(mean, rstd)`.
 pub fn layernorm_bwd(
-    x: &[f32],
-    w: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
+    (x, w): (&[f32], &[f32]),
+    (mean, rstd): (&[f32], &[f32]),
     dy: &[f32],
     cols: usize,
     sms: usize,
@@ -478,7 +476,6 @@ pub fn rmsnorm_fwd(x: &[f32], w: &[f32], cols: usize, eps: f32, bug: Bug) -> (Ve
 }
 
 /// RMSNorm backward: `(dx, dw)` on a GPU of `sms` multiprocessors.
-#[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_bwd(
     x: &[f32],
     w: &[f32],

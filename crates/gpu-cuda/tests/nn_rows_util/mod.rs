@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use crate::common::{down, poisoned, random_vec, up, CPU};
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::RowOps;
 use gpu_core::Backend;
@@ -71,7 +72,7 @@ pub fn ln_fwd<B: Rows>(
     let rows = x.len() / cols;
     let (mut y, mut m, mut r) = (poisoned(b, x.len()), poisoned(b, rows), poisoned(b, rows));
     let (xb, wb, bb) = (up(b, x), up(b, w), up(b, bias));
-    b.layernorm_fwd(&xb, &wb, &bb, &mut y, &mut m, &mut r, cols, eps)
+    b.layernorm_fwd((&xb, &wb, &bb), (&mut y, &mut m, &mut r), cols, eps)
         .unwrap();
     (down(b, &y), down(b, &m), down(b, &r))
 }
@@ -89,7 +90,15 @@ pub fn ln_bwd<B: Rows>(
     let (mut dx, mut dw, mut db) = (poisoned(b, x.len()), poisoned(b, cols), poisoned(b, cols));
     let ins = [up(b, x), up(b, w), up(b, mean), up(b, rstd), up(b, dy)];
     b.layernorm_bwd(
-        &ins[0], &ins[1], &ins[2], &ins[3], &ins[4], &mut dx, &mut dw, &mut db, cols,
+        LayerNormBwdIn {
+            x: &ins[0],
+            w: &ins[1],
+            mean: &ins[2],
+            rstd: &ins[3],
+            dy: &ins[4],
+        },
+        (&mut dx, &mut dw, &mut db),
+        cols,
     )
     .unwrap();
     (down(b, &dx), down(b, &dw), down(b, &db))
@@ -120,8 +129,17 @@ pub fn rms_bwd<B: Rows>(
 ) -> (Vec<f32>, Vec<f32>) {
     let (mut dx, mut dw) = (poisoned(b, x.len()), poisoned(b, cols));
     let ins = [up(b, x), up(b, w), up(b, rstd), up(b, dy)];
-    b.rmsnorm_bwd(&ins[0], &ins[1], &ins[2], &ins[3], &mut dx, &mut dw, cols)
-        .unwrap();
+    b.rmsnorm_bwd(
+        RmsNormBwdIn {
+            x: &ins[0],
+            w: &ins[1],
+            rstd: &ins[2],
+            dy: &ins[3],
+        },
+        (&mut dx, &mut dw),
+        cols,
+    )
+    .unwrap();
     (down(b, &dx), down(b, &dw))
 }
 
@@ -135,7 +153,8 @@ pub fn rope<B: Rows>(
     inverse: bool,
 ) -> Vec<f32> {
     let mut o = poisoned(b, x.len());
-    b.rope(&up(b, x), &mut o, n, t, d, base, inverse).unwrap();
+    b.rope(&up(b, x), &mut o, [n, t, d], (base, inverse))
+        .unwrap();
     down(b, &o)
 }
 

@@ -195,19 +195,14 @@ fn nn_tile<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
     acc
 }
 
-/// One `MR`-row tile of `nn` (rows `r0..r0 + mr` of `out`) against one panel, `xp` holding
-/// the tile's rows of `X`, `ks` apart.
+/// One `MR`-row tile of `nn` (rows `r0..r0 + mr` of `out`, rows `ldo` apart) against one
+/// panel `p` of `w`, `xp` holding the tile's rows of `X`, `ks` apart.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn nn_panel<T: Real, const MR: usize, const NR: usize, const FMA: bool>(
-    xp: &[T],
-    ks: usize,
-    r0: usize,
-    mr: usize,
-    w: &Packed<T>,
-    p: &Panel,
-    out: &mut [T],
-    ldo: usize,
+    (xp, ks): (&[T], usize),
+    (r0, mr): (usize, usize),
+    (w, p): (&Packed<T>, &Panel),
+    (out, ldo): (&mut [T], usize),
     epi: Epi,
 ) {
     let data = &w.data[p.off..p.off + p.k.len() * NR];
@@ -263,7 +258,6 @@ fn store<T: Real, const NR: usize>(dst: &mut [T], src: &[T; NR], epi: Epi) {
 /// to back); for few rows, each panel against every tile (each panel read once). A partial
 /// last tile repeats its last row and drops the extra results.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn nn_impl<T: Lanes, const W2: usize, const W1: usize, const MR: usize, const FMA: bool>(
     x: &[T],
     ldx: usize,
@@ -277,40 +271,36 @@ fn nn_impl<T: Lanes, const W2: usize, const W1: usize, const MR: usize, const FM
         // Few rows (a rollout's block, `Qᵀ·A`): each panel once, from cache for every tile.
         for p in &w.panels {
             for r0 in (0..rows).step_by(MR) {
-                nn_run::<T, W2, W1, MR, FMA>(x, ldx, rows, r0, w, p, out, ldo, epi);
+                nn_run::<T, W2, W1, MR, FMA>((x, ldx), (rows, r0), (w, p), (out, ldo), epi);
             }
         }
     } else {
         // Many rows: each row of `X` and `out` walked once.
         for r0 in (0..rows).step_by(MR) {
             for p in &w.panels {
-                nn_run::<T, W2, W1, MR, FMA>(x, ldx, rows, r0, w, p, out, ldo, epi);
+                nn_run::<T, W2, W1, MR, FMA>((x, ldx), (rows, r0), (w, p), (out, ldo), epi);
             }
         }
     }
 }
 
-/// The tile of rows `r0..` against panel `p`, at the panel's width. (A function, not a
-/// closure: everything under [`simd_fn!`] must be `#[inline(always)]` to get its features.)
+/// The tile of rows `r0..` (of `rows`) against panel `p` of `w`, at the panel's width. (A
+/// function, not a closure: everything under [`simd_fn!`] must be `#[inline(always)]` to get
+/// its features.)
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn nn_run<T: Lanes, const W2: usize, const W1: usize, const MR: usize, const FMA: bool>(
-    x: &[T],
-    ldx: usize,
-    rows: usize,
-    r0: usize,
-    w: &Packed<T>,
-    p: &Panel,
-    out: &mut [T],
-    ldo: usize,
+    (x, ldx): (&[T], usize),
+    (rows, r0): (usize, usize),
+    (w, p): (&Packed<T>, &Panel),
+    (out, ldo): (&mut [T], usize),
     epi: Epi,
 ) {
     let mr = MR.min(rows - r0);
     let tile = &x[r0 * ldx..];
     if p.width == W2 {
-        nn_panel::<T, MR, W2, FMA>(tile, ldx, r0, mr, w, p, out, ldo, epi);
+        nn_panel::<T, MR, W2, FMA>((tile, ldx), (r0, mr), (w, p), (out, ldo), epi);
     } else {
-        nn_panel::<T, MR, W1, FMA>(tile, ldx, r0, mr, w, p, out, ldo, epi);
+        nn_panel::<T, MR, W1, FMA>((tile, ldx), (r0, mr), (w, p), (out, ldo), epi);
     }
 }
 

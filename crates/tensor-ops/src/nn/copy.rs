@@ -4,6 +4,7 @@
 use crate::backend::on_device;
 use crate::ops::{buf, buf_mut};
 use crate::tensor::{require_f32, same_device, Tensor};
+use gpu_core::nn::BlockCopy;
 use gpu_core::nn::Primitives;
 use gpu_core::{Backend, DType, GpuError, Result};
 use std::sync::Arc;
@@ -17,7 +18,18 @@ pub(crate) fn deep_copy(src: &Tensor) -> Result<Tensor> {
     let st = on_device!(dev, |be| {
         let mut out = be.allocate(DType::F32, n)?;
         if n > 0 {
-            be.copy_blocks(buf(be, &g)?, 0, n, &mut out, 0, n, 1, n)?;
+            be.copy_blocks(
+                buf(be, &g)?,
+                &mut out,
+                BlockCopy {
+                    src_offset: 0,
+                    src_stride: n,
+                    dst_offset: 0,
+                    dst_stride: n,
+                    outer: 1,
+                    len: n,
+                },
+            )?;
         }
         crate::ops::wrap(be, out)
     });
@@ -48,13 +60,15 @@ pub(crate) fn copy_into(op: &'static str, dst: &Tensor, src: &Tensor) -> Result<
     let (g, mut d) = (src.read(), dst.write());
     on_device!(dev, |be| be.copy_blocks(
         buf(be, &g)?,
-        0,
-        n,
         buf_mut(be, &mut d)?,
-        0,
-        n,
-        1,
-        n
+        BlockCopy {
+            src_offset: 0,
+            src_stride: n,
+            dst_offset: 0,
+            dst_stride: n,
+            outer: 1,
+            len: n
+        }
     )?);
     Ok(())
 }

@@ -6,6 +6,7 @@ use crate::backend::on_device;
 use crate::ops::{buf, buf_mut};
 use crate::tensor::{same_device, Tensor};
 use gpu_core::nn::decode::DecodeDims;
+use gpu_core::nn::decode::{CacheAttnIn, PrefillIn, RopeAppendIn};
 use gpu_core::nn::DecodeOps;
 use gpu_core::nn::Primitives;
 use gpu_core::{Backend, DType, GpuError, Result};
@@ -129,13 +130,13 @@ impl Tensor {
         let q = on_device!(dev, |be| {
             let mut q = be.allocate(q_dtype, dims.q_len())?;
             be.rope_append(
-                buf(be, &x)?,
-                buf(be, &f)?,
-                buf(be, &st)?,
-                buf(be, &sl)?,
-                &mut q,
-                buf_mut(be, &mut kc)?,
-                buf_mut(be, &mut vc)?,
+                RopeAppendIn {
+                    qkv: buf(be, &x)?,
+                    inv_freq: buf(be, &f)?,
+                    start: buf(be, &st)?,
+                    slot: buf(be, &sl)?,
+                },
+                (&mut q, buf_mut(be, &mut kc)?, buf_mut(be, &mut vc)?),
                 dims,
             )?;
             crate::ops::wrap(be, q)
@@ -167,11 +168,13 @@ impl Tensor {
         let out = on_device!(dev, |be| {
             let mut out = be.allocate(dtype, dims.q_len())?;
             be.cache_attention(
-                buf(be, &q)?,
-                buf(be, &kc)?,
-                buf(be, &vc)?,
-                buf(be, &st)?,
-                buf(be, &sl)?,
+                CacheAttnIn {
+                    q: buf(be, &q)?,
+                    k_cache: buf(be, &kc)?,
+                    v_cache: buf(be, &vc)?,
+                    start: buf(be, &st)?,
+                    slot: buf(be, &sl)?,
+                },
                 &mut out,
                 dims,
                 max_end,
@@ -215,10 +218,12 @@ impl Tensor {
         let out = on_device!(dev, |be| {
             let mut out = be.allocate(dtype, dims.q_len())?;
             be.prefill_attention(
-                buf(be, &q)?,
-                buf(be, &kc)?,
-                buf(be, &vc)?,
-                buf(be, &st)?,
+                PrefillIn {
+                    q: buf(be, &q)?,
+                    k_cache: buf(be, &kc)?,
+                    v_cache: buf(be, &vc)?,
+                    start: buf(be, &st)?,
+                },
                 &mut out,
                 dims,
                 scale,
@@ -287,11 +292,8 @@ impl Tensor {
                 None => None,
             };
             be.add_rms_norm(
-                buf(be, &x)?,
-                yb,
-                buf(be, &gw)?,
-                &mut sum,
-                &mut normed,
+                (buf(be, &x)?, yb, buf(be, &gw)?),
+                (&mut sum, &mut normed),
                 cols,
                 eps,
             )?;

@@ -5,6 +5,8 @@ use super::{buf, checked_numel, compute, numel};
 use crate::backend::on_device;
 use crate::backend::DeviceBackend;
 use crate::tensor::{require_f32, same_device, Tensor};
+use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::{AttentionOps, RowOps};
 use gpu_core::{DType, GpuError, Result};
 
@@ -145,12 +147,8 @@ impl Tensor {
             let mut mean = be.alloc_output(rows)?;
             let mut rstd = be.alloc_output(rows)?;
             be.layernorm_fwd(
-                buf(be, &gx)?,
-                buf(be, &gw)?,
-                buf(be, &gb)?,
-                &mut y,
-                &mut mean,
-                &mut rstd,
+                (buf(be, &gx)?, buf(be, &gw)?, buf(be, &gb)?),
+                (&mut y, &mut mean, &mut rstd),
                 cols,
                 eps,
             )?;
@@ -177,14 +175,14 @@ impl Tensor {
                     let mut dw = be.alloc_output(cols)?;
                     let mut db = be.alloc_output(cols)?;
                     be.layernorm_bwd(
-                        buf(be, &gx)?,
-                        buf(be, &gw)?,
-                        buf(be, &gm)?,
-                        buf(be, &gr)?,
-                        buf(be, &gg)?,
-                        &mut dx,
-                        &mut dw,
-                        &mut db,
+                        LayerNormBwdIn {
+                            x: buf(be, &gx)?,
+                            w: buf(be, &gw)?,
+                            mean: buf(be, &gm)?,
+                            rstd: buf(be, &gr)?,
+                            dy: buf(be, &gg)?,
+                        },
+                        (&mut dx, &mut dw, &mut db),
                         cols,
                     )?;
                     (
@@ -234,12 +232,13 @@ impl Tensor {
                     let mut dx = be.alloc_output(x.numel())?;
                     let mut dw = be.alloc_output(cols)?;
                     be.rmsnorm_bwd(
-                        buf(be, &gx)?,
-                        buf(be, &gw)?,
-                        buf(be, &gr)?,
-                        buf(be, &gg)?,
-                        &mut dx,
-                        &mut dw,
+                        RmsNormBwdIn {
+                            x: buf(be, &gx)?,
+                            w: buf(be, &gw)?,
+                            rstd: buf(be, &gr)?,
+                            dy: buf(be, &gg)?,
+                        },
+                        (&mut dx, &mut dw),
                         cols,
                     )?;
                     (crate::ops::wrap(be, dx), crate::ops::wrap(be, dw))
@@ -272,11 +271,8 @@ impl Tensor {
         let st = compute!(dev, self.numel(), |be, out| be.rope(
             buf(be, &g)?,
             &mut out,
-            n,
-            t,
-            d,
-            base,
-            false
+            [n, t, d],
+            (base, false)
         ));
         drop(g);
         Ok(Tensor::from_op(
@@ -290,11 +286,8 @@ impl Tensor {
                 let st = compute!(dev, g.numel(), |be, out| be.rope(
                     buf(be, &gg)?,
                     &mut out,
-                    n,
-                    t,
-                    d,
-                    base,
-                    true
+                    [n, t, d],
+                    (base, true)
                 ));
                 Ok(vec![Some(Tensor::from_storage(st, s.clone(), dev))])
             },
@@ -375,15 +368,13 @@ impl Tensor {
             let mut out = be.alloc_output(n * t * d)?;
             let mut lse = be.alloc_output(n * t)?;
             be.causal_attention_fwd(
-                buf(be, &gq)?,
-                buf(be, &gk)?,
-                buf(be, &gv)?,
-                &mut out,
-                &mut lse,
-                n,
-                t,
-                d,
-                scale,
+                AttnQkv {
+                    q: buf(be, &gq)?,
+                    k: buf(be, &gk)?,
+                    v: buf(be, &gv)?,
+                },
+                (&mut out, &mut lse),
+                AttnDims { n, t, d, scale },
             )?;
             (crate::ops::wrap(be, out), crate::ops::wrap(be, lse))
         });
@@ -410,19 +401,18 @@ impl Tensor {
                     let mut dk = be.alloc_output(n * t * d)?;
                     let mut dv = be.alloc_output(n * t * d)?;
                     be.causal_attention_bwd(
-                        buf(be, &gq)?,
-                        buf(be, &gk)?,
-                        buf(be, &gv)?,
-                        buf(be, &go)?,
-                        buf(be, &gl)?,
-                        buf(be, &gg)?,
-                        &mut dq,
-                        &mut dk,
-                        &mut dv,
-                        n,
-                        t,
-                        d,
-                        scale,
+                        AttnQkv {
+                            q: buf(be, &gq)?,
+                            k: buf(be, &gk)?,
+                            v: buf(be, &gv)?,
+                        },
+                        PackedSaved {
+                            out: buf(be, &go)?,
+                            lse: buf(be, &gl)?,
+                            dout: buf(be, &gg)?,
+                        },
+                        (&mut dq, &mut dk, &mut dv),
+                        AttnDims { n, t, d, scale },
                     )?;
                     (
                         crate::ops::wrap(be, dq),

@@ -51,12 +51,8 @@ impl Tensor {
                     ReduceKind::Max => {
                         let (gx, gy, gg) = (x.read(), y.read(), g.read());
                         let st = compute!(dev, dtype, x.numel(), |be, dx| be.max_axis_bwd(
-                            buf(be, &gx)?,
-                            buf(be, &gy)?,
-                            buf(be, &gg)?,
-                            outer,
-                            n,
-                            inner,
+                            (buf(be, &gx)?, buf(be, &gy)?, buf(be, &gg)?),
+                            [outer, n, inner],
                             &mut dx
                         ));
                         Tensor::from_storage(st, x.shape().to_vec(), dev)

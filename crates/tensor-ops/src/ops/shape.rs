@@ -4,6 +4,7 @@ use super::{axis, buf, checked_numel, compute, numel};
 use crate::autograd::{grad_enabled, Node};
 use crate::bound::U32Bound;
 use crate::tensor::{same_device, Tensor};
+use gpu_core::nn::BlockCopy;
 use gpu_core::nn::Primitives;
 use gpu_core::{GpuError, Result};
 
@@ -109,13 +110,15 @@ impl Tensor {
             };
             be.copy_blocks(
                 buf(be, &g)?,
-                start * inner,
-                dims[a] * inner,
                 &mut out,
-                0,
-                len * inner,
-                outer,
-                len * inner,
+                BlockCopy {
+                    src_offset: start * inner,
+                    src_stride: dims[a] * inner,
+                    dst_offset: 0,
+                    dst_stride: len * inner,
+                    outer,
+                    len: len * inner,
+                },
             )?;
             crate::ops::wrap(be, out)
         });
@@ -132,13 +135,15 @@ impl Tensor {
                     let (gg, mut gd) = (g.read(), dx.write());
                     crate::backend::on_device!(dev, |be| be.copy_blocks(
                         buf(be, &gg)?,
-                        0,
-                        len * inner,
                         crate::ops::buf_mut(be, &mut gd)?,
-                        start * inner,
-                        dims[a] * inner,
-                        outer,
-                        len * inner
+                        BlockCopy {
+                            src_offset: 0,
+                            src_stride: len * inner,
+                            dst_offset: start * inner,
+                            dst_stride: dims[a] * inner,
+                            outer,
+                            len: len * inner
+                        }
                     )?);
                 }
                 Ok(vec![Some(dx)])
@@ -189,13 +194,15 @@ impl Tensor {
                 let g = t.read();
                 be.copy_blocks(
                     buf(be, &g)?,
-                    0,
-                    k * inner,
                     &mut out,
-                    off * inner,
-                    total * inner,
-                    outer,
-                    k * inner,
+                    BlockCopy {
+                        src_offset: 0,
+                        src_stride: k * inner,
+                        dst_offset: off * inner,
+                        dst_stride: total * inner,
+                        outer,
+                        len: k * inner,
+                    },
                 )?;
                 off += k;
             }

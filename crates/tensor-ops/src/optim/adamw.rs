@@ -8,6 +8,7 @@ use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
+use gpu_core::nn::optim::AdamWBuffers;
 use gpu_core::nn::AdamWConfig;
 use gpu_core::{DType, GpuError, Result};
 
@@ -328,10 +329,7 @@ impl AdamW {
             let sg = schedule.map(|s| s.read());
             on_device!(dev, |be| adamw_impl(
                 be,
-                &mut pg,
-                &gg,
-                &mut mg,
-                &mut vg,
+                (&mut pg, &gg, &mut mg, &mut vg),
                 &self.decays,
                 (cg.as_deref(), sg.as_deref()),
                 cfg
@@ -347,13 +345,18 @@ impl AdamW {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The locked lists of an AdamW step: `(params, grads, m, v)`.
+type Locked<'a, 'g> = (
+    &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
+    &'a [std::sync::RwLockReadGuard<'g, Storage>],
+    &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
+    &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
+);
+
+/// One AdamW step on `be` over the locked `(params, grads, m, v)`.
 fn adamw_impl<B: DeviceBackend>(
     be: &B,
-    params: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
-    grads: &[std::sync::RwLockReadGuard<'_, Storage>],
-    m: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
-    v: &mut [std::sync::RwLockWriteGuard<'_, Storage>],
+    (params, grads, m, v): Locked<'_, '_>,
     decays: &[f32],
     (clip, schedule): (Option<&Storage>, Option<&Storage>),
     cfg: AdamWConfig,
@@ -367,9 +370,19 @@ fn adamw_impl<B: DeviceBackend>(
     let mut vv: Vec<&mut B::Buffer> = v.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
     let c = clip.map(B::get).transpose()?;
     match schedule {
-        None => be.adamw_step(&mut p, &g, &mut mm, &mut vv, decays, c, cfg),
+        None => be.adamw_step(
+            AdamWBuffers {
+                params: &mut p,
+                grads: &g,
+                m: &mut mm,
+                v: &mut vv,
+                weight_decay: decays,
+                grad_scale: c,
+            },
+            cfg,
+        ),
         Some(s) => {
-            let bufs = gpu_core::nn::optim::AdamWBuffers {
+            let bufs = AdamWBuffers {
                 params: &mut p,
                 grads: &g,
                 m: &mut mm,

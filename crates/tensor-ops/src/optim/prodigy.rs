@@ -14,6 +14,7 @@ use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
+use gpu_core::nn::optim::ProdigyBuffers;
 use gpu_core::nn::optim::{ProdigyConfig, ProdigyScalars, StepScalars, PRODIGY_SCHEDULE_LEN};
 use gpu_core::{GpuError, Result};
 use std::sync::{RwLockReadGuard, RwLockWriteGuard};
@@ -240,7 +241,19 @@ fn prodigy_impl<B: DeviceBackend>(
     };
     let sc = B::get_mut(t.scalars)?;
     be.prodigy_step(
-        &mut p, &g, &p0, &mut s, &mut m, &mut v, decays, c, cfg, lr, sc,
+        ProdigyBuffers {
+            params: &mut p,
+            grads: &g,
+            p0: &p0,
+            s: &mut s,
+            m: &mut m,
+            v: &mut v,
+            weight_decay: decays,
+            grad_scale: c,
+        },
+        cfg,
+        lr,
+        sc,
     )
 }
 

@@ -14,6 +14,7 @@ use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
+use gpu_core::nn::optim::ScheduleFreeBuffers;
 use gpu_core::nn::optim::{ScheduleFreeConfig, StepScalars, SF_SCHEDULE_LEN};
 use gpu_core::{GpuError, Result};
 
@@ -266,7 +267,18 @@ fn sf_impl<B: DeviceBackend>(
         Some(s) => StepScalars::Device(B::get(s)?),
         None => StepScalars::Host(host),
     };
-    be.schedule_free_step(&mut p, &g, &mut z, &mut v, decays, c, cfg, scalars)
+    be.schedule_free_step(
+        ScheduleFreeBuffers {
+            params: &mut p,
+            grads: &g,
+            z: &mut z,
+            v: &mut v,
+            weight_decay: decays,
+            grad_scale: c,
+        },
+        cfg,
+        scalars,
+    )
 }
 
 fn lerp_impl<B: DeviceBackend>(

@@ -1,5 +1,6 @@
 use super::*;
 use crate::nn::elementwise::dropout_keep;
+use crate::nn::BlockCopy;
 use crate::{Backend, DType, GpuError};
 
 fn run_binary(op: BinaryKind, a: &[f32], sa: &[usize], b: &[f32], sb: &[usize]) -> Vec<f32> {
@@ -147,7 +148,7 @@ fn reductions_and_max_backward() {
     assert!(y.as_f32().unwrap()[1].is_nan());
     let dy = cpu.upload(&[10.0f32, 20.0]).unwrap();
     let mut dx = cpu.allocate(DType::F32, 6).unwrap();
-    cpu.max_axis_bwd(&x, &y, &dy, 1, 3, 2, &mut dx).unwrap();
+    cpu.max_axis_bwd((&x, &y, &dy), [1, 3, 2], &mut dx).unwrap();
     // The first of the tied maxima (row 1) and the NaN (row 2) get the gradient.
     assert_eq!(dx.as_f32().unwrap(), &[0.0, 0.0, 10.0, 0.0, 0.0, 20.0]);
 
@@ -178,17 +179,51 @@ fn data_movement() {
     assert_eq!(out.as_f32().unwrap(), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
 
     let mut dst = cpu.upload(&[9.0f32; 8]).unwrap();
-    cpu.copy_blocks(&x, 1, 3, &mut dst, 0, 4, 2, 2).unwrap();
+    cpu.copy_blocks(
+        &x,
+        &mut dst,
+        BlockCopy {
+            src_offset: 1,
+            src_stride: 3,
+            dst_offset: 0,
+            dst_stride: 4,
+            outer: 2,
+            len: 2,
+        },
+    )
+    .unwrap();
     assert_eq!(
         dst.as_f32().unwrap(),
         &[1.0, 2.0, 9.0, 9.0, 4.0, 5.0, 9.0, 9.0]
     );
     assert!(matches!(
-        cpu.copy_blocks(&x, 0, 3, &mut dst, 0, 1, 2, 2),
+        cpu.copy_blocks(
+            &x,
+            &mut dst,
+            BlockCopy {
+                src_offset: 0,
+                src_stride: 3,
+                dst_offset: 0,
+                dst_stride: 1,
+                outer: 2,
+                len: 2
+            }
+        ),
         Err(GpuError::InvalidArgument { .. })
     ));
     assert!(matches!(
-        cpu.copy_blocks(&x, 4, 3, &mut dst, 0, 4, 2, 2),
+        cpu.copy_blocks(
+            &x,
+            &mut dst,
+            BlockCopy {
+                src_offset: 4,
+                src_stride: 3,
+                dst_offset: 0,
+                dst_stride: 4,
+                outer: 2,
+                len: 2
+            }
+        ),
         Err(GpuError::ShapeMismatch { .. })
     ));
 }

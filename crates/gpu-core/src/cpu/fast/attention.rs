@@ -181,16 +181,12 @@ fn softmax_row(s: &mut [f32], scale: f32) -> (f32, f32) {
     (1.0 / sum, max + sum.ln())
 }
 
-/// The forward of the `N` rows from `i0` (see [`fwd_body`]).
+/// The forward of the `N` rows from `i0` (see [`fwd_body`]); `kt` is `k` transposed.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn fwd_rows<const N: usize>(
     i0: usize,
-    q: &[f32],
-    kt: &[f32],
-    v: &[f32],
-    out: &mut [f32],
-    lse: &mut [f32],
+    (q, kt, v): (&[f32], &[f32], &[f32]),
+    (out, lse): (&mut [f32], &mut [f32]),
     (t, d, scale): (usize, usize, f32),
     s: &mut [f32],
     drop: Option<SeqDrop>,
@@ -222,16 +218,13 @@ fn fwd_rows<const N: usize>(
     }
 }
 
-/// Forward of one sequence: `q`, `k`, `v`, `out` are `[t, d]`, `lse` is `[t]`; `scratch` holds
-/// at least [`fwd_scratch`] floats; `drop`: the attention dropout (the formulas of the f64
-/// reference `cpu::attention::fwd_seq_f64`).
+/// Forward of one sequence: `qkv` holds `q`, `k`, `v` and `outs` `out` (`[t, d]` each) and
+/// `lse` (`[t]`); `scratch` holds at least [`fwd_scratch`] floats; `drop`: the attention
+/// dropout (the formulas of the f64 reference `cpu::attention::fwd_seq_f64`).
 #[inline(always)]
 fn fwd_body(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &mut [f32],
-    lse: &mut [f32],
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (out, lse): (&mut [f32], &mut [f32]),
     dims: (usize, usize, f32),
     scratch: &mut [f32],
     drop: Option<SeqDrop>,
@@ -241,11 +234,11 @@ fn fwd_body(
     transpose(k, kt, t, d);
     let mut i0 = 0;
     while i0 + R <= t {
-        fwd_rows::<R>(i0, q, kt, v, out, lse, dims, s, drop);
+        fwd_rows::<R>(i0, (q, kt, v), (&mut *out, &mut *lse), dims, s, drop);
         i0 += R;
     }
     for i in i0..t {
-        fwd_rows::<1>(i, q, kt, v, out, lse, dims, s, drop);
+        fwd_rows::<1>(i, (q, kt, v), (&mut *out, &mut *lse), dims, s, drop);
     }
 }
 
@@ -361,11 +354,8 @@ fn bwd_body(
 multiversion!(
     /// Causal attention forward of one sequence (see [`fwd_body`]).
     pub(crate) fn fwd_seq(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        out: &mut [f32],
-        lse: &mut [f32],
+        qkv: (&[f32], &[f32], &[f32]),
+        outs: (&mut [f32], &mut [f32]),
         dims: (usize, usize, f32),
         scratch: &mut [f32],
         drop: Option<SeqDrop>,

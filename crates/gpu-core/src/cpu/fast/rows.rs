@@ -28,12 +28,10 @@ pub(crate) fn sum2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
 }
 
 /// LayerNorm forward of whole rows: `x`, `y` hold the same number of `cols`-wide rows, `mean`
-/// and `rstd` one value per row.
+/// and `rstd` one value per row; `w` and `b` the weight and bias.
 #[inline(always)]
 fn layernorm_fwd_body(
-    x: &[f32],
-    w: &[f32],
-    b: &[f32],
+    (x, w, b): (&[f32], &[f32], &[f32]),
     y: &mut [f32],
     stats: (&mut [f32], &mut [f32]),
     cols: usize,
@@ -141,9 +139,7 @@ fn layernorm_dwdb_body(
 multiversion!(
     /// LayerNorm forward of whole rows (see [`layernorm_fwd_body`]).
     pub(crate) fn layernorm_fwd(
-        x: &[f32],
-        w: &[f32],
-        b: &[f32],
+        xwb: (&[f32], &[f32], &[f32]),
         y: &mut [f32],
         stats: (&mut [f32], &mut [f32]),
         cols: usize,

@@ -201,7 +201,7 @@ pub(crate) fn sgemm(
                         let ap = &mut ap[..mb.div_ceil(MR) * MR * kb];
                         pack_a(isa, ap, &a, r0..r0 + mb, ks.clone());
                         let cb = &mut cr[ic * n..(ic + mb) * n];
-                        block(isa, kb, ap, bp, cb, n, jc..jc + nb, pc > 0);
+                        block(isa, kb, (ap, bp), (cb, n), jc..jc + nb, pc > 0);
                     }
                 });
         }
@@ -211,15 +211,12 @@ pub(crate) fn sgemm(
 }
 
 /// One `mb × nb` block of C (`c`: `mb` whole rows of `ldc`) from packed A (`mb` rows) and packed
-/// B (columns `cols` of C).
-#[allow(clippy::too_many_arguments)]
+/// B (columns `cols` of C): `(ap, bp)` the packed panels, `(c, ldc)` the block and its stride.
 fn block(
     isa: Avx2Fma,
     kb: usize,
-    ap: &[f32],
-    bp: &[f32],
-    c: &mut [f32],
-    ldc: usize,
+    (ap, bp): (&[f32], &[f32]),
+    (c, ldc): (&mut [f32], usize),
     cols: std::ops::Range<usize>,
     load: bool,
 ) {
@@ -237,7 +234,7 @@ fn block(
             let next = if i0 + MR < mb { at + MR * ldc } else { j0 + NR };
             let next = base.wrapping_add(next);
             if mr == MR && nr == NR {
-                tile(isa, kb, apanel, bpanel, &mut c[at..], ldc, load, next);
+                tile(isa, kb, (apanel, bpanel), (&mut c[at..], ldc), load, next);
                 continue;
             }
             // An edge tile: through the scratch tile, only its real part read and written.
@@ -246,7 +243,7 @@ fn block(
                     scratch[r * NR..r * NR + nr].copy_from_slice(&c[at + r * ldc..][..nr]);
                 }
             }
-            tile(isa, kb, apanel, bpanel, &mut scratch, NR, load, next);
+            tile(isa, kb, (apanel, bpanel), (&mut scratch, NR), load, next);
             for r in 0..mr {
                 c[at + r * ldc..][..nr].copy_from_slice(&scratch[r * NR..r * NR + nr]);
             }

@@ -5,6 +5,8 @@
 
 use super::{math, optim, rows, with_mode, CpuMode, Isa};
 use crate::cpu::{CpuBackend, CpuStorage};
+use crate::nn::optim::AdamWBuffers;
+use crate::nn::rows::LayerNormBwdIn;
 use crate::nn::{Activation, AdamWConfig, OptimOps, Primitives, RowOps};
 use crate::Backend;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -247,11 +249,19 @@ fn layernorm_matches_the_exact_reference() {
             with_mode(mode, || {
                 let z = |len| cpu.allocate(crate::DType::F32, len).unwrap();
                 let (mut y, mut mean, mut rstd) = (z(n), z(rows_n), z(rows_n));
-                cpu.layernorm_fwd(&xs, &ws, &bs, &mut y, &mut mean, &mut rstd, cols, 1e-5)
+                cpu.layernorm_fwd((&xs, &ws, &bs), (&mut y, &mut mean, &mut rstd), cols, 1e-5)
                     .unwrap();
                 let (mut dx, mut dw, mut db) = (z(n), z(cols), z(cols));
                 cpu.layernorm_bwd(
-                    &xs, &ws, &mean, &rstd, &dys, &mut dx, &mut dw, &mut db, cols,
+                    LayerNormBwdIn {
+                        x: &xs,
+                        w: &ws,
+                        mean: &mean,
+                        rstd: &rstd,
+                        dy: &dys,
+                    },
+                    (&mut dx, &mut dw, &mut db),
+                    cols,
                 )
                 .unwrap();
                 let v = |s: &CpuStorage| s.as_f32().unwrap().to_vec();
@@ -328,7 +338,7 @@ fn layernorm_levels_agree_bit_for_bit() {
     let dy = normal(&mut rng, r * c, 0.0, 1.0);
     at_every_level("layernorm", |isa| {
         let (mut y, mut m, mut s) = (vec![0.0; r * c], vec![0.0; r], vec![0.0; r]);
-        rows::layernorm_fwd(isa, &x, &w, &w, &mut y, (&mut m, &mut s), c, 1e-5);
+        rows::layernorm_fwd(isa, (&x, &w, &w), &mut y, (&mut m, &mut s), c, 1e-5);
         let mut dx = vec![0.0; r * c];
         rows::layernorm_dx(isa, &x, &w, (&m, &s), &dy, &mut dx, c);
         let (mut dw, mut db) = (vec![0.0; 24], vec![0.0; 24]);
@@ -368,12 +378,14 @@ fn adamw_and_clip_match_the_exact_reference() {
             cpu.clip_coefficient(&[&finite, &finite], 1.0, &mut clip)
                 .unwrap();
             cpu.adamw_step(
-                &mut [&mut p],
-                &[&gs],
-                &mut [&mut m],
-                &mut [&mut v],
-                &[0.1],
-                Some(&clip),
+                AdamWBuffers {
+                    params: &mut [&mut p],
+                    grads: &[&gs],
+                    m: &mut [&mut m],
+                    v: &mut [&mut v],
+                    weight_decay: &[0.1],
+                    grad_scale: Some(&clip),
+                },
                 cfg,
             )
             .unwrap();

@@ -33,12 +33,9 @@ pub fn affine<B: Primitives + ?Sized>(
 /// Max backward: the axis moved last (`permute`), the first maximum of each row
 /// (`argmax_rows`, whose NaN rule is the Max reduction's), then `dy` scattered to it
 /// (`scatter_add_rows` with one-element rows). Exact.
-#[allow(clippy::too_many_arguments)]
 pub fn max_axis_bwd<B: Primitives + ?Sized>(
     b: &B,
-    x: &B::Buffer,
-    y: &B::Buffer,
-    dy: &B::Buffer,
+    (x, y, dy): (&B::Buffer, &B::Buffer, &B::Buffer),
     [outer, n, inner]: [usize; 3],
     dx: &mut B::Buffer,
 ) -> Result<()> {

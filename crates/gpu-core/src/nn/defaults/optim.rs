@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::nn::elementwise::{Activation, BinaryKind as K};
 use crate::nn::optim::{adamw_schedule, check_adamw, AdamWBuffers, AdamWConfig};
 use crate::nn::primitives::Primitives;
+use crate::nn::BlockCopy;
 
 /// `sqrt(v)` as `exp(ln(v)/2)` (0 stays 0).
 fn sqrt<B: Primitives + ?Sized>(b: &B, v: &B::Buffer) -> Result<B::Buffer> {
@@ -31,29 +32,11 @@ fn axpby<B: Primitives + ?Sized>(
 
 /// AdamW (see [`OptimOps::adamw_step`](crate::nn::OptimOps::adamw_step)), parameter by
 /// parameter; the clip coefficient `grad_scale[1]` is picked with a block copy.
-#[allow(clippy::too_many_arguments)]
 pub fn adamw<B: Primitives + ?Sized>(
     b: &B,
-    params: &mut [&mut B::Buffer],
-    grads: &[&B::Buffer],
-    m: &mut [&mut B::Buffer],
-    v: &mut [&mut B::Buffer],
-    weight_decay: &[f32],
-    grad_scale: Option<&B::Buffer>,
+    bufs: AdamWBuffers<'_, '_, B::Buffer>,
     cfg: AdamWConfig,
 ) -> Result<()> {
-    // Reborrowed so that every list's entries share one lifetime.
-    let mut p: Vec<&mut B::Buffer> = params.iter_mut().map(|r| &mut **r).collect();
-    let mut mm: Vec<&mut B::Buffer> = m.iter_mut().map(|r| &mut **r).collect();
-    let mut vv: Vec<&mut B::Buffer> = v.iter_mut().map(|r| &mut **r).collect();
-    let bufs = AdamWBuffers {
-        params: &mut p,
-        grads,
-        m: &mut mm,
-        v: &mut vv,
-        weight_decay,
-        grad_scale,
-    };
     adamw_with(b, bufs, cfg, adamw_schedule(cfg))
 }
 
@@ -77,7 +60,18 @@ pub fn adamw_with<B: Primitives + ?Sized>(
     let coef = match grad_scale {
         Some(s) => {
             let mut c = f32_buf(b, 1)?;
-            b.copy_blocks(s, 1, 1, &mut c, 0, 1, 1, 1)?;
+            b.copy_blocks(
+                s,
+                &mut c,
+                BlockCopy {
+                    src_offset: 1,
+                    src_stride: 1,
+                    dst_offset: 0,
+                    dst_stride: 1,
+                    outer: 1,
+                    len: 1,
+                },
+            )?;
             Some(c)
         }
         None => None,

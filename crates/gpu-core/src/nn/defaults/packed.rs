@@ -16,6 +16,7 @@ use crate::nn::attention::{
 };
 use crate::nn::primitives::Primitives;
 use crate::nn::AttentionOps;
+use crate::nn::BlockCopy;
 use crate::ops::same_dtype;
 
 /// `[b, t, 3, heads, d]` → three `[b, heads, t, d]` buffers (q, k, v).
@@ -30,7 +31,18 @@ fn unpack<B: Primitives + ?Sized>(b: &B, qkv: &B::Buffer, p: Packed) -> Result<[
     )?;
     let part = |i: usize| -> Result<B::Buffer> {
         let mut o = f32_buf(b, len)?;
-        b.copy_blocks(&all, i * len, len, &mut o, 0, len, 1, len)?;
+        b.copy_blocks(
+            &all,
+            &mut o,
+            BlockCopy {
+                src_offset: i * len,
+                src_stride: len,
+                dst_offset: 0,
+                dst_stride: len,
+                outer: 1,
+                len,
+            },
+        )?;
         Ok(o)
     };
     Ok([part(0)?, part(1)?, part(2)?])
@@ -139,7 +151,18 @@ pub fn backward<B: AttentionOps + ?Sized>(
     )?;
     let mut all = f32_buf(b, 3 * len)?;
     for (i, g) in [&dq, &dk, &dv].into_iter().enumerate() {
-        b.copy_blocks(g, 0, len, &mut all, i * len, len, 1, len)?;
+        b.copy_blocks(
+            g,
+            &mut all,
+            BlockCopy {
+                src_offset: 0,
+                src_stride: len,
+                dst_offset: i * len,
+                dst_stride: len,
+                outer: 1,
+                len,
+            },
+        )?;
     }
     b.permute(&all, &[3, p.b, p.heads, p.t, p.d], &[1, 3, 0, 2, 4], dqkv)
 }

@@ -8,6 +8,7 @@ use crate::backend::BufferInfo;
 use crate::error::Result;
 use crate::nn::elementwise::{Activation, BinaryKind as K, ReduceKind as R};
 use crate::nn::primitives::Primitives;
+use crate::nn::BlockCopy;
 
 /// `logsumexp` of each `cols`-wide row, `max + ln Σ exp(x − max)`: `[rows]`.
 pub fn lse_rows<B: Primitives + ?Sized>(
@@ -257,7 +258,18 @@ pub fn rope<B: Primitives + ?Sized>(
     let rows = n * t;
     let half = |off: usize| -> Result<B::Buffer> {
         let mut o = f32_buf(b, rows * h)?;
-        b.copy_blocks(x, off, d, &mut o, 0, h, rows, h)?;
+        b.copy_blocks(
+            x,
+            &mut o,
+            BlockCopy {
+                src_offset: off,
+                src_stride: d,
+                dst_offset: 0,
+                dst_stride: h,
+                outer: rows,
+                len: h,
+            },
+        )?;
         Ok(o)
     };
     let (x1, x2) = (half(0)?, half(h)?);
@@ -268,8 +280,30 @@ pub fn rope<B: Primitives + ?Sized>(
         zip(b, c, (&ac, &sh), (&bs, &sh))
     };
     let (o1, o2) = (rot(&x1, K::Sub, &x2)?, rot(&x2, K::Add, &x1)?);
-    b.copy_blocks(&o1, 0, h, out, 0, d, rows, h)?;
-    b.copy_blocks(&o2, 0, h, out, h, d, rows, h)
+    b.copy_blocks(
+        &o1,
+        out,
+        BlockCopy {
+            src_offset: 0,
+            src_stride: h,
+            dst_offset: 0,
+            dst_stride: d,
+            outer: rows,
+            len: h,
+        },
+    )?;
+    b.copy_blocks(
+        &o2,
+        out,
+        BlockCopy {
+            src_offset: 0,
+            src_stride: h,
+            dst_offset: h,
+            dst_stride: d,
+            outer: rows,
+            len: h,
+        },
+    )
 }
 
 /// The fused residual add and RMSNorm of decoding: `sum = x + y` (f32), `normed` its
@@ -317,7 +351,18 @@ pub fn swiglu_packed<B: Primitives + ?Sized>(
     let gu = super::widen(b, gu)?;
     let half = |off: usize| -> Result<B::Buffer> {
         let mut o = f32_buf(b, rows * i)?;
-        b.copy_blocks(&gu, off, 2 * i, &mut o, 0, i, rows, i)?;
+        b.copy_blocks(
+            &gu,
+            &mut o,
+            BlockCopy {
+                src_offset: off,
+                src_stride: 2 * i,
+                dst_offset: 0,
+                dst_stride: i,
+                outer: rows,
+                len: i,
+            },
+        )?;
         Ok(o)
     };
     let gate = map(b, Activation::Silu, &half(0)?)?;

@@ -16,6 +16,7 @@ use crate::nn::elementwise::{Activation, BinaryKind as K, ReduceKind as R};
 use crate::nn::primitives::Primitives;
 use crate::nn::rows::RowOps;
 use crate::nn::world::{LowRankFactors, LowRankOutcome, RolloutCall, RolloutDims};
+use crate::nn::BlockCopy;
 use crate::ops::MatmulSpec;
 
 /// The largest `|x|` as `max(max x, max −x)` (NaN-propagating maxima), read on the host.
@@ -33,8 +34,30 @@ pub fn max_abs<B: Primitives + ?Sized>(b: &B, x: &B::Buffer) -> Result<f32> {
     // `[x; −x]`, both maxima in one reduction and one read.
     let neg = zip_scalar(b, K::Mul, x, -1.0)?;
     let mut both = f32_buf(b, 2 * n)?;
-    b.copy_blocks(x, 0, n, &mut both, 0, n, 1, n)?;
-    b.copy_blocks(&neg, 0, n, &mut both, n, n, 1, n)?;
+    b.copy_blocks(
+        x,
+        &mut both,
+        BlockCopy {
+            src_offset: 0,
+            src_stride: n,
+            dst_offset: 0,
+            dst_stride: n,
+            outer: 1,
+            len: n,
+        },
+    )?;
+    b.copy_blocks(
+        &neg,
+        &mut both,
+        BlockCopy {
+            src_offset: 0,
+            src_stride: n,
+            dst_offset: n,
+            dst_stride: n,
+            outer: 1,
+            len: n,
+        },
+    )?;
     let v = b.download::<f32>(&super::reduce(b, R::Max, &both, [2, n, 1])?)?;
     Ok(if v[0].is_nan() || v[1].is_nan() {
         f32::NAN
@@ -93,7 +116,18 @@ fn columns<B: Primitives + ?Sized>(
     (from, cols): (usize, usize),
 ) -> Result<B::Buffer> {
     let mut out = f32_buf(b, rows * cols)?;
-    b.copy_blocks(x, from, width, &mut out, 0, cols, rows, cols)?;
+    b.copy_blocks(
+        x,
+        &mut out,
+        BlockCopy {
+            src_offset: from,
+            src_stride: width,
+            dst_offset: 0,
+            dst_stride: cols,
+            outer: rows,
+            len: cols,
+        },
+    )?;
     Ok(out)
 }
 
@@ -105,8 +139,30 @@ fn hcat<B: Primitives + ?Sized>(
     rows: usize,
 ) -> Result<B::Buffer> {
     let mut out = f32_buf(b, rows * (a + c))?;
-    b.copy_blocks(x, 0, a, &mut out, 0, a + c, rows, a)?;
-    b.copy_blocks(y, 0, c, &mut out, a, a + c, rows, c)?;
+    b.copy_blocks(
+        x,
+        &mut out,
+        BlockCopy {
+            src_offset: 0,
+            src_stride: a,
+            dst_offset: 0,
+            dst_stride: a + c,
+            outer: rows,
+            len: a,
+        },
+    )?;
+    b.copy_blocks(
+        y,
+        &mut out,
+        BlockCopy {
+            src_offset: 0,
+            src_stride: c,
+            dst_offset: a,
+            dst_stride: a + c,
+            outer: rows,
+            len: c,
+        },
+    )?;
     Ok(out)
 }
 
@@ -127,7 +183,18 @@ impl<B: Primitives + RowOps + ?Sized> Member<B> {
         let mut parts = Vec::new();
         for len in d.member_layout() {
             let mut t = f32_buf(b, len)?;
-            b.copy_blocks(weights, at, len, &mut t, 0, len, 1, len)?;
+            b.copy_blocks(
+                weights,
+                &mut t,
+                BlockCopy {
+                    src_offset: at,
+                    src_stride: len,
+                    dst_offset: 0,
+                    dst_stride: len,
+                    outer: 1,
+                    len,
+                },
+            )?;
             parts.push(t);
             at += len;
         }
@@ -185,7 +252,7 @@ impl<B: Primitives + RowOps + ?Sized> Member<B> {
         let y = linear(b, x, (fw, fb), [rows, input, p])?;
         let mut normed = f32_buf(b, rows * p)?;
         let (mut mean, mut rstd) = (f32_buf(b, rows)?, f32_buf(b, rows)?);
-        b.layernorm_fwd(&y, g, beta, &mut normed, &mut mean, &mut rstd, p, d.eps)?;
+        b.layernorm_fwd((&y, g, beta), (&mut normed, &mut mean, &mut rstd), p, d.eps)?;
         let act = map(b, Activation::Relu, &normed)?;
         linear(b, &act, (ow, ob), [rows, p, o])
     }
@@ -203,7 +270,18 @@ pub fn rssm_rollout<B: Primitives + RowOps + ?Sized>(
     let embeds: Vec<B::Buffer> = (0..t)
         .map(|i| {
             let mut x = f32_buf(b, rows * e)?;
-            b.copy_blocks(c.embeds, i * e, t * e, &mut x, 0, e, rows, e)?;
+            b.copy_blocks(
+                c.embeds,
+                &mut x,
+                BlockCopy {
+                    src_offset: i * e,
+                    src_stride: t * e,
+                    dst_offset: 0,
+                    dst_stride: e,
+                    outer: rows,
+                    len: e,
+                },
+            )?;
             Ok(x)
         })
         .collect::<Result<_>>()?;
@@ -223,7 +301,18 @@ pub fn rssm_rollout<B: Primitives + RowOps + ?Sized>(
             z = mean_of(&m.head(b, d, 0, &h)?)?;
             let y = m.head(b, d, 2, &hcat(b, (&h, d.hidden), (&z, s), rows)?)?;
             let at = (k * rows * d.steps + n) * d.out;
-            b.copy_blocks(&y, 0, d.out, c.out, at, d.steps * d.out, rows, d.out)?;
+            b.copy_blocks(
+                &y,
+                c.out,
+                BlockCopy {
+                    src_offset: 0,
+                    src_stride: d.out,
+                    dst_offset: at,
+                    dst_stride: d.steps * d.out,
+                    outer: rows,
+                    len: d.out,
+                },
+            )?;
         }
     }
     let cells = rows * d.steps * d.out;

@@ -25,15 +25,11 @@ impl ElementwiseOps for CudaBackend {
 
     fn max_axis_bwd(
         &self,
-        x: &CudaBuffer,
-        y: &CudaBuffer,
-        dy: &CudaBuffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        xs: (&CudaBuffer, &CudaBuffer, &CudaBuffer),
+        dims: [usize; 3],
         dx: &mut CudaBuffer,
     ) -> Result<()> {
-        self.max_axis_bwd_impl(x, y, dy, outer, n, inner, dx)
+        self.max_axis_bwd_impl(xs, dims, dx)
     }
 
     /// The kernel of [`Primitives::dropout`], with `offsets[index]` read on the device when it

@@ -37,15 +37,11 @@ fn reduce_types(from: DType, to: DType) -> String {
 
 impl CudaBackend {
     /// Launches one reduction pass over `[outer, n, inner]` (all non-zero) as planned by `p`.
-    #[allow(clippy::too_many_arguments)]
     fn reduce_pass(
         &self,
         kind: &str,
-        x: &CudaBuffer,
-        out: &mut CudaBuffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        (x, out): (&CudaBuffer, &mut CudaBuffer),
+        [outer, n, inner]: [usize; 3],
         p: &ReducePlan,
         divisor: f32,
     ) -> Result<()> {
@@ -71,15 +67,13 @@ impl CudaBackend {
         // 16-byte load is aligned (pool buffers are 256-byte aligned).
         unsafe { self.launch(&kernel, cfg, &args) }
     }
-    /// A split column reduction in one clustered launch (`reduce_cluster_colsv_*`).
-    #[allow(clippy::too_many_arguments)]
+    /// A split column reduction in one clustered launch (`reduce_cluster_colsv_*`) over
+    /// `[n, inner]` blocks.
     fn reduce_cluster(
         &self,
         kind: &str,
-        x: &CudaBuffer,
-        out: &mut CudaBuffer,
-        n: usize,
-        inner: usize,
+        (x, out): (&CudaBuffer, &mut CudaBuffer),
+        [n, inner]: [usize; 2],
         c: &plan::ClusterPlan,
         divisor: f32,
     ) -> Result<()> {
@@ -138,31 +132,26 @@ impl CudaBackend {
             true,
         );
         if p.splits == 1 {
-            return self.reduce_pass(kind, x, out, outer, n, inner, &p, divisor);
+            return self.reduce_pass(kind, (x, out), [outer, n, inner], &p, divisor);
         }
         let elem = x.dtype().size_in_bytes();
         let clusters = self.has_cluster_code();
         if let Some(c) = plan::cluster_plan(&p, outer, n, inner, elem, self.sms(), clusters) {
-            return self.reduce_cluster(kind, x, out, n, inner, &c, divisor);
+            return self.reduce_cluster(kind, (x, out), [n, inner], &c, divisor);
         }
         // Partials [outer, splits, inner] in f32 (whatever x's dtype), then a second pass over
         // the splits that rounds once into out.
         let mut part = self.allocate(DType::F32, outer * p.splits * inner)?;
-        self.reduce_pass(kind, x, &mut part, outer, n, inner, &p, 1.0)?;
+        self.reduce_pass(kind, (x, &mut part), [outer, n, inner], &p, 1.0)?;
         let p2 = plan::reduce_plan(outer, p.splits, inner, 4, self.sms(), false, true);
-        self.reduce_pass(kind, &part, out, outer, p.splits, inner, &p2, divisor)
+        self.reduce_pass(kind, (&part, out), [outer, p.splits, inner], &p2, divisor)
     }
 
     /// [`ElementwiseOps::max_axis_bwd`].
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn max_axis_bwd_impl(
         &self,
-        x: &CudaBuffer,
-        y: &CudaBuffer,
-        dy: &CudaBuffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        (x, y, dy): (&CudaBuffer, &CudaBuffer, &CudaBuffer),
+        [outer, n, inner]: [usize; 3],
         dx: &mut CudaBuffer,
     ) -> Result<()> {
         check_max_axis_bwd(x, y, dy, outer, n, inner, dx)?;

@@ -14,11 +14,8 @@ impl CudaBackend {
         &self,
         x: &CudaBuffer,
         out: &mut CudaBuffer,
-        n: usize,
-        t: usize,
-        d: usize,
-        base: f32,
-        inverse: bool,
+        [n, t, d]: [usize; 3],
+        (base, inverse): (f32, bool),
     ) -> Result<()> {
         const OP: &str = "rope";
         check_rope(x, out, n, t, d, base)?;
@@ -90,7 +87,8 @@ impl CudaBackend {
             return self.memset32(dtable, 0);
         }
         if let Some((tile, tiles)) = embedding_tile(rows, vocab, dim) {
-            return self.embedding_bwd_tiled(ids, dout, dtable, rows, dim, vocab, tile, tiles);
+            let sizes = [rows, dim, vocab];
+            return self.embedding_bwd_tiled((ids, dout), dtable, sizes, (tile, tiles));
         }
         self.memset32(dtable, 0)?;
         let (cfg, args) = embedding_launch(
@@ -131,18 +129,14 @@ const EMBED_PARTS_MAX: usize = 16 << 20;
 
 impl CudaBackend {
     /// The tiled scatter-add in a fixed order (`embedding_bwd_part_f32`, then
-    /// `embedding_bwd_sum_f32`): the same bits on every run. `dtable` is overwritten.
-    #[allow(clippy::too_many_arguments)]
+    /// `embedding_bwd_sum_f32`): the same bits on every run. `dtable` is overwritten. `sizes`
+    /// are `[rows, dim, vocab]`, `tiling` `(tile, tiles)`.
     fn embedding_bwd_tiled(
         &self,
-        ids: &CudaBuffer,
-        dout: &CudaBuffer,
+        (ids, dout): (&CudaBuffer, &CudaBuffer),
         dtable: &mut CudaBuffer,
-        rows: usize,
-        dim: usize,
-        vocab: usize,
-        tile: usize,
-        tiles: usize,
+        [rows, dim, vocab]: [usize; 3],
+        (tile, tiles): (usize, usize),
     ) -> Result<()> {
         const OP: &str = "embedding_bwd";
         // About two blocks per SM; at least vocab rows per chunk (so writing a chunk's

@@ -38,14 +38,12 @@ impl Avx2Fma {
 /// one chain of fused multiply-adds in step order (the value loaded is the chain so far: an f32
 /// stored and reloaded unchanged, so splitting the reduction into blocks changes no bit).
 /// `next` (rows `ldc` apart) is prefetched meanwhile: the tile that the caller does next.
-#[allow(clippy::too_many_arguments)]
+/// `(a, b)` are the packed panels of A and B.
 pub(crate) fn tile(
     isa: Avx2Fma,
     kb: usize,
-    a: &[f32],
-    b: &[f32],
-    c: &mut [f32],
-    ldc: usize,
+    (a, b): (&[f32], &[f32]),
+    (c, ldc): (&mut [f32], usize),
     load: bool,
     next: *const f32,
 ) {

@@ -3,6 +3,7 @@
 use super::{at_every_level, check, normal, seed, U};
 use crate::cpu::fast::{attention, with_mode, CpuMode, Isa};
 use crate::cpu::{CpuBackend, CpuStorage};
+use crate::nn::attention::{AttnDims, AttnQkv, PackedSaved};
 use crate::nn::AttentionOps;
 use crate::Backend;
 use rand::{rngs::StdRng, SeedableRng};
@@ -27,11 +28,40 @@ fn run(c: &Case, mode: CpuMode) -> [Vec<f32>; 5] {
         let (q, k, v, dout) = (up(&c.q), up(&c.k), up(&c.v), up(&c.dout));
         let len = c.n * c.t * c.d;
         let (mut out, mut lse) = (z(len), z(c.n * c.t));
-        cpu.causal_attention_fwd(&q, &k, &v, &mut out, &mut lse, c.n, c.t, c.d, c.scale)
-            .unwrap();
+        cpu.causal_attention_fwd(
+            AttnQkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
+            (&mut out, &mut lse),
+            AttnDims {
+                n: c.n,
+                t: c.t,
+                d: c.d,
+                scale: c.scale,
+            },
+        )
+        .unwrap();
         let (mut dq, mut dk, mut dv) = (z(len), z(len), z(len));
         cpu.causal_attention_bwd(
-            &q, &k, &v, &out, &lse, &dout, &mut dq, &mut dk, &mut dv, c.n, c.t, c.d, c.scale,
+            AttnQkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
+            PackedSaved {
+                out: &out,
+                lse: &lse,
+                dout: &dout,
+            },
+            (&mut dq, &mut dk, &mut dv),
+            AttnDims {
+                n: c.n,
+                t: c.t,
+                d: c.d,
+                scale: c.scale,
+            },
         )
         .unwrap();
         let o = |s: &CpuStorage| s.as_f32().unwrap().to_vec();
@@ -163,7 +193,14 @@ fn run_seq(c: &Case, isa: Isa) -> [Vec<f32>; 5] {
     let mut scratch = vec![0.0; len];
     let dims = (t, d, c.scale);
     let (q, k, v) = (&c.q[..t * d], &c.k[..t * d], &c.v[..t * d]);
-    attention::fwd_seq(isa, q, k, v, &mut out, &mut lse, dims, &mut scratch, None);
+    attention::fwd_seq(
+        isa,
+        (q, k, v),
+        (&mut out, &mut lse),
+        dims,
+        &mut scratch,
+        None,
+    );
     let (mut dq, mut dk, mut dv) = (vec![0.0; t * d], vec![0.0; t * d], vec![0.0; t * d]);
     let x = (q, k, v, &out[..], &lse[..], &c.dout[..t * d]);
     attention::bwd_seq(

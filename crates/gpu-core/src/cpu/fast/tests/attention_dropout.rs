@@ -9,7 +9,7 @@ use crate::cpu::attention_bf16::{
 };
 use crate::cpu::fast::{with_mode, CpuMode};
 use crate::cpu::{CpuBackend, CpuStorage};
-use crate::nn::attention::{AttnDropout, Packed};
+use crate::nn::attention::{AttnDropout, Packed, PackedSaved};
 use crate::Backend;
 use half::bf16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -173,8 +173,19 @@ impl Case {
             cpu.causal_attention_packed_fwd(&qkv, &mut out, &mut lse, p, self.scale, drop)
                 .unwrap();
             let mut g = z(self.qkv.len());
-            cpu.causal_attention_packed_bwd(&qkv, &out, &lse, &dout, &mut g, p, self.scale, drop)
-                .unwrap();
+            cpu.causal_attention_packed_bwd(
+                &qkv,
+                PackedSaved {
+                    out: &out,
+                    lse: &lse,
+                    dout: &dout,
+                },
+                &mut g,
+                p,
+                self.scale,
+                drop,
+            )
+            .unwrap();
             let o = |s: &CpuStorage| s.as_f32().unwrap().to_vec();
             [o(&out), o(&g), o(&lse)]
         })
