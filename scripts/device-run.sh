@@ -5,6 +5,13 @@
 # whose names contain the filter (racecheck over a whole attention binary takes too long).
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0
+# The Vulkan loader, where the call carries `.gl` (the device README: `apt-get download
+# libvulkan1` into .gl here, then `carry: [".gl", ...]`): the wgpu tests then run on NVIDIA's
+# Vulkan driver instead of skipping.
+if [ -d .gl ] && ls .gl/*.deb >/dev/null 2>&1; then
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 tar xJf target/gpu-bundle.tar.xz -C /tmp && cd /tmp/gpu-bundle || exit 1
