@@ -12,7 +12,7 @@
 //! **What a second backend must implement**: [`Backend`](crate::Backend)'s 8 required methods
 //! (buffers, host copies, synchronize), [`MatmulOps::matmul`] and the 12 primitives, then one
 //! empty `impl` per family. [`crate::testing::PrimitivesOnly`] is exactly that: 27 lines of
-//! `Backend`, 11 of `MatmulOps`, 74 of `Primitives` and 8 empty family impls (120 lines, each
+//! `Backend`, 12 of `MatmulOps`, 61 of `Primitives` and 8 empty family impls (113 lines, each
 //! method a call into the CPU backend); the GPT's training step (with and without dropout),
 //! the world model and greedy decoding of the Hugging Face fixtures run on it and match the
 //! CPU backend (`gpu-core/tests/{primitives_only,side_doors}.rs`, `models/tests/primitives_only*.rs`,
