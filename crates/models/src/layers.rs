@@ -1,6 +1,9 @@
-//! The pieces the model families share, composed from `tensor_ops` ops (so they run on the CPU
-//! and on CUDA alike): weights read from a checkpoint, linear layers in PyTorch's or GPT-2's
-//! layout, rotary tables, the tanh GELU, and causal attention of new queries against a KV cache.
+//! The pieces the architectures' reference forwards (`crate::arch::*::reference`) share,
+//! composed from `tensor_ops` ops (so they run on the CPU and on CUDA alike): weights read from
+//! a checkpoint, linear layers in PyTorch's or GPT-2's layout, rotary tables, the tanh GELU, and
+//! causal attention of new queries against a KV cache. The fast forwards take the loading, the
+//! LayerNorm, the rotary frequencies, the GELU and the transpose from here too; their own shared
+//! pieces are `crate::arch::fast`.
 
 use tensor_ops::{Device, Tensor};
 

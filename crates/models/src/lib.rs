@@ -1,11 +1,20 @@
 //! Hugging Face causal LMs for inference (issue 30): `config.json` parsed into a typed
 //! [`ModelConfig`], safetensors weights memory-mapped and checked against it, `tokenizer.json`,
-//! and the Llama family and GPT-2 run with a KV cache on `tensor_ops` (CPU or CUDA, f32); the
-//! project's own GPT exported as a GPT-2 or Llama model directory ([`export_hf`]). The
+//! and the Llama family and GPT-2 run with a KV cache on `tensor_ops` (CPU or CUDA); the
+//! project's own GPT exported as a GPT-2 or Llama model directory ([`export_hf`]).
+//!
+//! Each architecture is one folder of [`arch`] (`arch/llama/`, `arch/gpt2/`) holding its f32
+//! reference forward and its fast forward with its weights; the building blocks they share are
+//! `layers` (the reference's) and [`arch::fast`] (the fast forwards'). Two runners sit on
+//! them: [`CausalLm`] (`lm.rs`, the f32 reference, through the crate's `ReferenceModel`
+//! trait) and the fast [`Engine`] (`engine/`: cache, slots, CUDA graphs, sampler), generic over
+//! [`DecoderModel`] (a `Box<dyn DecoderModel>`); the one `match` on the architecture is
+//! `arch`'s loaders. The
 //! project's GPT itself is [`gpt`]: the trainable model (GPT-2 or Llama style) on `tensor_ops`'
 //! module layer, its char-level tokenizer and data loading, and its CUDA-graph training step
 //! and loss.
 
+pub mod arch;
 pub mod cache;
 pub mod config;
 pub mod engine;
@@ -13,9 +22,7 @@ pub mod error;
 pub mod expected;
 pub mod export;
 pub mod gpt;
-mod gpt2;
 mod layers;
-mod llama;
 pub mod lm;
 pub mod logits;
 pub mod quant;
@@ -23,6 +30,7 @@ pub mod sample;
 pub mod tokenizer;
 pub mod weights;
 
+pub use arch::DecoderModel;
 pub use cache::KvCache;
 pub use config::{
     check_model_dir, Architecture, ConfigError, Gpt2Activation, LayerWindows, ModelConfig,

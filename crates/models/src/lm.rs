@@ -1,29 +1,25 @@
 //! A causal language model loaded from a Hugging Face model directory, run with a KV cache:
-//! [`CausalLm::forward`] for logits, [`CausalLm::generate`] for tokens.
+//! [`CausalLm::forward`] for logits, [`CausalLm::generate`] for tokens. The f32 reference the
+//! fast [`crate::Engine`] is tested against: each architecture's reference forward
+//! (`crate::arch::*::reference`) behind the crate's `ReferenceModel` trait, chosen once at load.
 
 use std::path::Path;
 
 use tensor_ops::{no_grad, Device, Tensor};
 
+use crate::arch::{load_reference, ReferenceModel};
 use crate::cache::KvCache;
-use crate::config::{Architecture, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{LogitsAt, ModelError};
-use crate::gpt2::Gpt2;
 use crate::layers::Slots;
-use crate::llama::Llama;
 use crate::quant::QuantKind;
 use crate::sample::{usable, Sampler};
 use crate::weights::Checkpoint;
 
-enum Family {
-    Llama(Llama),
-    Gpt2(Gpt2),
-}
-
 /// A loaded model: its config and weights (f32) on one device.
 pub struct CausalLm {
     cfg: ModelConfig,
-    family: Family,
+    model: Box<dyn ReferenceModel>,
     device: Device,
 }
 
@@ -42,15 +38,8 @@ impl CausalLm {
         ck: &Checkpoint,
         device: Device,
     ) -> Result<Self, ModelError> {
-        let family = match cfg.architecture {
-            Architecture::Gpt2 => Family::Gpt2(Gpt2::load(&cfg, ck, device)?),
-            _ => Family::Llama(Llama::load(&cfg, ck, device)?),
-        };
-        Ok(CausalLm {
-            cfg,
-            family,
-            device,
-        })
+        let model = load_reference(&cfg, ck, device)?;
+        Ok(CausalLm { cfg, model, device })
     }
 
     /// Rounds every layer's projection weights (not the embeddings or the head) to `kind`
@@ -59,10 +48,7 @@ impl CausalLm {
     /// quantized projections take. All or nothing: a weight that cannot be quantized (not
     /// finite) leaves the model as it was.
     pub fn quantize(&mut self, kind: QuantKind) -> Result<usize, ModelError> {
-        let mut linears = match &mut self.family {
-            Family::Llama(m) => m.linears_mut(),
-            Family::Gpt2(m) => m.linears_mut(),
-        };
+        let mut linears = self.model.linears_mut();
         let new = linears
             .iter()
             .map(|l| l.quantized(kind))
@@ -178,10 +164,7 @@ impl CausalLm {
         let slots = Slots { start, t, pads };
         // The layers extend a copy of the cache (shared tensors), kept only on success.
         let mut work = cache.layers.clone();
-        let logits = no_grad(|| match &self.family {
-            Family::Llama(m) => m.forward(&x, &slots, &mut work),
-            Family::Gpt2(m) => m.forward(&x, &slots, &mut work),
-        })?;
+        let logits = no_grad(|| self.model.forward(&x, &slots, &mut work))?;
         cache.layers = work;
         cache.pads = pads.to_vec();
         Ok(logits)

@@ -1,35 +1,36 @@
-//! The fast inference engine for the Llama family and GPT-2 (`gpt2.rs`): weights in bf16 (or
-//! f32) with fused q/k/v (and gate/up) projections, a preallocated key/value cache per layer,
-//! prefill of left-padded prompts in one pass, and decoding whose step is captured once as a
-//! CUDA graph and replayed, with the choice of the next token on the device (the argmax, or
-//! `Tensor::sample_last`: repetition penalty, temperature, top-k, top-p, a seeded Philox
-//! draw): one device-to-host copy (the new tokens) per step. On the CPU the same ops run
-//! eagerly.
+//! The fast inference engine, generic over the model: any [`DecoderModel`] (the Llama family's
+//! and GPT-2's fast forwards, `crate::arch`, with weights in bf16 or f32 and fused q/k/v and
+//! gate/up projections), held as a `Box<dyn DecoderModel>` and called through the trait (the
+//! engine never looks at the architecture). The engine owns what is not the model's: a
+//! preallocated key/value cache per layer, each row's slots, prefill of left-padded prompts in
+//! one pass, and decoding whose step is captured once as a CUDA graph and replayed, with the
+//! choice of the next token on the device (the argmax, or `Tensor::sample_last`: repetition
+//! penalty, temperature, top-k, top-p, a seeded Philox draw): one device-to-host copy (the new
+//! tokens) per step. On the CPU the same ops run eagerly.
 //!
 //! Non-finite logits: a row whose logits have a NaN or a +∞, or no finite value (all −∞), has
 //! no token to choose, greedy or sampled (the rule of [`crate::Sampler`]: a −∞ among finite
 //! logits masks its token). The argmax is `sample_last` at temperature 0, which returns the
 //! sentinel `vocab` for such a row in the step's one read-back (no extra copy or sync, inside
-//! the captured graph too): the step fails with [`ModelError::NonFiniteLogits`]. [`crate::CausalLm`] is the f32 reference it is tested against.
+//! the captured graph too): the step fails with [`ModelError::NonFiniteLogits`].
+//! [`crate::CausalLm`] is the f32 reference it is tested against.
 
 mod generate;
-mod gpt2;
 mod perplexity;
-mod weights;
 
 pub use perplexity::perplexity_windows;
 
 use std::path::Path;
 
 use tensor_ops::graph::{capture, Graph};
-use tensor_ops::{no_grad, CacheView, DType, Device, SampleParams, Tensor};
+use tensor_ops::{no_grad, DType, Device, SampleParams, Tensor};
 
+use crate::arch::{load_decoder, DecoderModel, FastPass, KvSlots};
 use crate::config::ModelConfig;
 use crate::error::{LogitsAt, ModelError};
 use crate::quant::QuantKind;
 use crate::sample::{Sampler, Sampling};
 use crate::weights::Checkpoint;
-use weights::{LlamaWeights, Weights};
 
 /// The engine's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,21 +72,12 @@ struct DecodeGraph {
     choice: Choice,
 }
 
-/// What a pass over new tokens is: every row's `slot + t` is at most `max_end`; `last_only`:
-/// logits of the last position only; `fresh`: a prefill, every row at slot 0.
-#[derive(Debug, Clone, Copy)]
-struct Pass {
-    max_end: usize,
-    last_only: bool,
-    fresh: bool,
-}
-
-/// A Llama-family or GPT-2 model ready to generate (see the module doc).
+/// A model ready to generate (see the module doc).
 pub struct Engine {
     // Declared first, so the graph is dropped before the buffers it reads.
     decode: Option<DecodeGraph>,
     cfg: ModelConfig,
-    w: Weights,
+    model: Box<dyn DecoderModel>,
     opts: EngineOptions,
     device: Device,
     /// Per layer, the key and value caches `[batch, kv_heads, capacity, head_dim]`.
@@ -114,26 +106,36 @@ impl Engine {
         Self::from_checkpoint(cfg, &ck, device, opts)
     }
 
-    /// Builds the engine of `cfg` from an opened checkpoint.
+    /// Builds the engine of `cfg` from an opened checkpoint: the model of its architecture
+    /// (`crate::arch::load_decoder`), then [`Engine::from_model`]. Options are checked before
+    /// any weight is read.
     pub fn from_checkpoint(
         cfg: ModelConfig,
         ck: &Checkpoint,
         device: Device,
         opts: EngineOptions,
     ) -> Result<Self, ModelError> {
-        if !matches!(opts.dtype, DType::BF16 | DType::F32) {
+        check_options(&cfg, opts)?;
+        let model = no_grad(|| load_decoder(&cfg, ck, device, opts.dtype, opts.quant))?;
+        Self::from_model(model, device, opts)
+    }
+
+    /// The engine of a loaded `model` (on `device`, in `opts.dtype`; its `opts.quant` is what
+    /// it was loaded with): the caches and slots for `opts.batch` rows of `opts.capacity`.
+    pub fn from_model(
+        model: Box<dyn DecoderModel>,
+        device: Device,
+        opts: EngineOptions,
+    ) -> Result<Self, ModelError> {
+        let cfg = model.config().clone();
+        check_options(&cfg, opts)?;
+        if model.dtype() != opts.dtype {
             return Err(ModelError::Unsupported(format!(
-                "engine dtype {} (bf16 or f32)",
+                "a model in {} for an engine in {}",
+                model.dtype(),
                 opts.dtype
             )));
         }
-        if opts.batch == 0 || opts.capacity == 0 || opts.capacity > cfg.max_position_embeddings {
-            return Err(ModelError::Unsupported(format!(
-                "batch {} and capacity {} (both >= 1, capacity <= the context of {})",
-                opts.batch, opts.capacity, cfg.max_position_embeddings
-            )));
-        }
-        let w = no_grad(|| Weights::load(&cfg, ck, device, opts.dtype, opts.quant))?;
         let shape = [opts.batch, cfg.num_kv_heads, opts.capacity, cfg.head_dim];
         let caches = (0..cfg.num_layers)
             .map(|_| {
@@ -153,7 +155,7 @@ impl Engine {
             host_start: zeros.clone(),
             host_slot: zeros,
             cfg,
-            w,
+            model,
             opts,
             device,
             caches,
@@ -170,16 +172,12 @@ impl Engine {
 
     /// Bytes of weights one decode step reads (the bandwidth limit's numerator).
     pub fn weight_bytes_per_step(&self) -> usize {
-        self.w.bytes_per_step()
+        self.model.bytes_per_step()
     }
 
     /// Logits of `ids` `[b, t]` (u32) after what the caches hold (each row at its `slot`),
-    /// written into the caches: `[b, t, vocab]`, or `[b, 1, vocab]` of the last position when
-    /// `last_only`. Every row's `slot + t` must be at most `max_end`. `pos` (u32 `[b, t]`, each
-    /// token's slot minus its row's start, 0 on padding) is what a model with learned positions
-    /// reads ([`Weights::learned_positions`]); the others ignore it. `fresh`: a prefill, every
-    /// row at slot 0 (its attention is `Tensor::prefill_attention`, on tensor cores for bf16
-    /// heads of width 64 or 128).
+    /// written into the caches: the model's forward of the pass ([`FastPass`] says what
+    /// `pos`, `max_end`, `last_only` and `fresh` are).
     fn forward(
         &self,
         ids: &Tensor,
@@ -188,76 +186,17 @@ impl Engine {
         last_only: bool,
         fresh: bool,
     ) -> Result<Tensor, ModelError> {
-        let pass = Pass {
+        self.model.forward(&FastPass {
+            ids,
+            pos,
+            kv: KvSlots {
+                layers: &self.caches,
+                start: &self.start,
+                slot: &self.slot,
+            },
             max_end,
             last_only,
             fresh,
-        };
-        match (&self.w, pos) {
-            (Weights::Llama(w), _) => self.forward_llama(w, ids, pass),
-            (Weights::Gpt2(w), Some(pos)) => self.forward_gpt2(w, ids, pos, pass),
-            (Weights::Gpt2(_), None) => Err(ModelError::Unsupported(
-                "a GPT-2 pass without the tokens' positions".into(),
-            )),
-        }
-    }
-
-    /// The Llama family's pass (see [`Engine::forward`]).
-    fn forward_llama(
-        &self,
-        w: &LlamaWeights,
-        ids: &Tensor,
-        pass: Pass,
-    ) -> Result<Tensor, ModelError> {
-        let cfg = &self.cfg;
-        let (eps, dt) = (cfg.norm_eps as f32, self.opts.dtype);
-        let mut x = w.embed.embedding(ids)?;
-        // Each block's output waits to be added to the residual stream `x` by the next norm
-        // (`add_rms_norm`: the add and the norm in one kernel).
-        let mut pending: Option<Tensor> = None;
-        for (i, (l, (k, v))) in w.layers.iter().zip(&self.caches).enumerate() {
-            let view = CacheView {
-                k,
-                v,
-                start: &self.start,
-                slot: &self.slot,
-                window: cfg.layer_windows.get(i),
-            };
-            let (sum, a) = x.add_rms_norm(pending.as_ref(), &l.input_norm, eps, dt)?;
-            let mut qkv = l.qkv.apply(&a)?;
-            if let Some(b) = &l.qkv_bias {
-                qkv = qkv.add(b)?;
-            }
-            let q = qkv.rope_append(&w.inv_freq, view, cfg.num_heads, dt)?;
-            let y = self.attention(&q, view, pass, cfg.attention_scale(i))?;
-            let (sum, m) = sum.add_rms_norm(Some(&l.o.apply(&y)?), &l.post_norm, eps, dt)?;
-            let g = l.gate_up.apply(&m)?.swiglu_packed()?;
-            pending = Some(l.down.apply(&g)?);
-            x = sum;
-        }
-        let t = ids.shape()[1];
-        if pass.last_only && t > 1 {
-            x = x.narrow(1, t - 1, 1)?;
-            pending = pending.map(|p| p.narrow(1, t - 1, 1)).transpose()?;
-        }
-        let (_, h) = x.add_rms_norm(pending.as_ref(), &w.norm, eps, dt)?;
-        Ok(h.matmul_t(&w.head, false, true)?)
-    }
-
-    /// The attention of a layer's queries `q` `[b, t, heads, d]` against its cache: a fresh
-    /// prefill's (`Tensor::prefill_attention`, tensor cores for bf16 heads of width 64 or 128) or the
-    /// cache attention from each row's slot.
-    fn attention(
-        &self,
-        q: &Tensor,
-        view: CacheView<'_>,
-        pass: Pass,
-        scale: f32,
-    ) -> Result<Tensor, ModelError> {
-        Ok(if pass.fresh {
-            q.prefill_attention(view.k, view.v, view.start, view.window, scale)?
-        } else {
-            q.cache_attention(view, pass.max_end, scale)?
         })
     }
 
@@ -312,7 +251,7 @@ impl Engine {
                 seen[r * words + id as usize / 32] |= 1 << (id % 32);
             }
         }
-        let learned = self.w.learned_positions();
+        let learned = self.model.learned_positions();
         let pos = learned.then(|| self.positions(&start, t)).transpose()?;
         self.seen.write_from_host(&seen)?;
         self.host_seen = seen;
@@ -489,7 +428,7 @@ impl Engine {
         // the capacity, and a position is at most its slot.
         let last = self.opts.capacity as u32 - 1;
         let pos = self
-            .w
+            .model
             .learned_positions()
             .then(|| Tensor::from_vec(vec![last; b], &[b, 1], self.device))
             .transpose()?;
@@ -515,6 +454,24 @@ impl Engine {
             }),
         }
     }
+}
+
+/// Refuses a dtype other than bf16 and f32, an empty batch or cache, and a cache longer than
+/// the context of `cfg`.
+fn check_options(cfg: &ModelConfig, opts: EngineOptions) -> Result<(), ModelError> {
+    if !matches!(opts.dtype, DType::BF16 | DType::F32) {
+        return Err(ModelError::Unsupported(format!(
+            "engine dtype {} (bf16 or f32)",
+            opts.dtype
+        )));
+    }
+    if opts.batch == 0 || opts.capacity == 0 || opts.capacity > cfg.max_position_embeddings {
+        return Err(ModelError::Unsupported(format!(
+            "batch {} and capacity {} (both >= 1, capacity <= the context of {})",
+            opts.batch, opts.capacity, cfg.max_position_embeddings
+        )));
+    }
+    Ok(())
 }
 
 /// How `sampling` chooses (checked as the reference's sampler checks it): the argmax at

@@ -1,131 +1,48 @@
-//! The engine's weights: a Llama-family checkpoint with each layer's q/k/v projections fused
-//! into one matrix and gate/up into another (one GEMM each), or a GPT-2 one (`super::gpt2`),
-//! stored in the engine's dtype (bf16 or f32), or quantized to int8/int4 at load
-//! (`models::quant`, from the f32 values; the head and the embedding stay in the engine's dtype
-//! and f32); norms stay f32.
+//! The Llama family in the fast engine: each layer's q/k/v projections fused into one matrix
+//! (with Qwen2's biases) and gate/up into another (one GEMM each), stored in the engine's dtype
+//! (bf16 or f32), or quantized to int8/int4 at load (`models::quant`, from the f32 values; the
+//! head and the embedding stay in the engine's dtype and f32); norms stay f32. The forward
+//! fuses each residual add with the next RMSNorm, and rotates q and k while it appends k and v
+//! to the cache (`rope_append`).
 
-use tensor_ops::{DType, Device, QuantWeight, Tensor};
+use tensor_ops::{DType, Device, Tensor};
 
-use super::gpt2::Gpt2Weights;
-use crate::config::{Architecture, ModelConfig};
+use crate::arch::fast::{bytes, FastPass, Proj};
+use crate::arch::DecoderModel;
+use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::layers::{inv_freq, load};
-use crate::quant::{QuantKind, Quantized};
+use crate::quant::QuantKind;
 use crate::weights::Checkpoint;
 
-/// A projection's weight `[out, in]`: dense in the engine's dtype, or quantized.
-pub(crate) enum Proj {
-    Dense(Tensor),
-    Quant(QuantWeight),
-}
-
-impl Proj {
-    /// The projection of `m`, an f32 matrix `[out, in]` on the host: in `dtype` on `dev`, or
-    /// quantized to `quant` from its f32 values.
-    pub(crate) fn from_host(
-        m: &Tensor,
-        dev: Device,
-        dtype: DType,
-        quant: Option<QuantKind>,
-    ) -> Result<Proj, ModelError> {
-        let &[rows, cols] = m.shape() else {
-            return Err(ModelError::Unsupported(format!(
-                "a projection of shape {:?} (not a matrix)",
-                m.shape()
-            )));
-        };
-        Ok(match quant {
-            None => Proj::Dense(m.to(dev)?.to_dtype(dtype)?),
-            Some(kind) => {
-                let q = Quantized::new(kind, &m.to_vec()?, rows, cols)?;
-                Proj::Quant(q.to_device(dev)?)
-            }
-        })
-    }
-
-    /// `x · Wᵀ` in x's dtype.
-    pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(match self {
-            Proj::Dense(w) => x.matmul_t(w, false, true)?,
-            Proj::Quant(q) => x.matmul_quant(q)?,
-        })
-    }
-
-    /// Bytes a product reads of it.
-    pub(crate) fn bytes(&self) -> usize {
-        let b = |t: &Tensor| t.numel() * t.dtype().size_in_bytes();
-        match self {
-            Proj::Dense(w) => b(w),
-            Proj::Quant(q) => q.parts().iter().map(|t| b(t)).sum(),
-        }
-    }
-}
-
-pub(crate) struct LayerWeights {
-    pub input_norm: Tensor,
+struct LayerWeights {
+    input_norm: Tensor,
     /// `[(heads + 2·kv_heads)·d, hidden]`.
-    pub qkv: Proj,
+    qkv: Proj,
     /// `[(heads + 2·kv_heads)·d]` (Qwen2), in the engine's dtype.
-    pub qkv_bias: Option<Tensor>,
-    pub o: Proj,
-    pub post_norm: Tensor,
+    qkv_bias: Option<Tensor>,
+    o: Proj,
+    post_norm: Tensor,
     /// `[2·intermediate, hidden]`: gate rows, then up rows.
-    pub gate_up: Proj,
-    pub down: Proj,
+    gate_up: Proj,
+    down: Proj,
 }
 
-/// The weights of the engine's model, by family.
-pub(crate) enum Weights {
-    Llama(LlamaWeights),
-    Gpt2(Gpt2Weights),
-}
-
-impl Weights {
-    pub(crate) fn load(
-        cfg: &ModelConfig,
-        ck: &Checkpoint,
-        dev: Device,
-        dtype: DType,
-        quant: Option<QuantKind>,
-    ) -> Result<Self, ModelError> {
-        Ok(match cfg.architecture {
-            Architecture::Gpt2 => Weights::Gpt2(Gpt2Weights::load(cfg, ck, dev, dtype, quant)?),
-            _ => Weights::Llama(LlamaWeights::load(cfg, ck, dev, dtype, quant)?),
-        })
-    }
-
-    /// Whether tokens carry learned positions (a pass needs each token's position).
-    pub(crate) fn learned_positions(&self) -> bool {
-        matches!(self, Weights::Gpt2(_))
-    }
-
-    /// Bytes of the weights one decode step reads: every matrix once (the head too, tied or
-    /// not); the embeddings' one row per token are left out.
-    pub(crate) fn bytes_per_step(&self) -> usize {
-        match self {
-            Weights::Llama(w) => w.bytes_per_step(),
-            Weights::Gpt2(w) => w.bytes_per_step(),
-        }
-    }
-}
-
-/// Bytes of a tensor's elements.
-pub(crate) fn bytes(t: &Tensor) -> usize {
-    t.numel() * t.dtype().size_in_bytes()
-}
-
-pub(crate) struct LlamaWeights {
+/// A Llama-family model (Llama 2 and 3, Qwen2, Mistral) as the fast engine runs it.
+pub struct LlamaFast {
+    cfg: ModelConfig,
+    dtype: DType,
     /// f32 `[vocab, hidden]` (the embedding lookup reads f32 tables; one row per token).
-    pub embed: Tensor,
-    pub layers: Vec<LayerWeights>,
-    pub norm: Tensor,
+    embed: Tensor,
+    layers: Vec<LayerWeights>,
+    norm: Tensor,
     /// The head `[vocab, hidden]`: the embedding itself when tied.
-    pub head: Tensor,
+    head: Tensor,
     /// f32 `[d/2]`, Llama 3's scaling applied.
-    pub inv_freq: Tensor,
+    inv_freq: Tensor,
 }
 
-impl LlamaWeights {
+impl DecoderModel for LlamaFast {
     fn load(
         cfg: &ModelConfig,
         ck: &Checkpoint,
@@ -191,13 +108,57 @@ impl LlamaWeights {
             w("lm_head.weight")?
         };
         let freqs = inv_freq(cfg, cfg.rope_theta.unwrap_or(10_000.0));
-        Ok(LlamaWeights {
+        Ok(LlamaFast {
+            cfg: cfg.clone(),
+            dtype,
             embed,
             layers,
             norm: f32_of("model.norm.weight")?,
             head,
             inv_freq: Tensor::from_vec(freqs.clone(), &[freqs.len()], dev)?,
         })
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn learned_positions(&self) -> bool {
+        false
+    }
+
+    fn forward(&self, pass: &FastPass<'_>) -> Result<Tensor, ModelError> {
+        let cfg = &self.cfg;
+        let (eps, dt) = (cfg.norm_eps as f32, self.dtype);
+        let mut x = self.embed.embedding(pass.ids)?;
+        // Each block's output waits to be added to the residual stream `x` by the next norm
+        // (`add_rms_norm`: the add and the norm in one kernel).
+        let mut pending: Option<Tensor> = None;
+        for (i, (l, kv)) in self.layers.iter().zip(pass.kv.layers).enumerate() {
+            let view = pass.kv.view(kv, cfg.layer_windows.get(i));
+            let (sum, a) = x.add_rms_norm(pending.as_ref(), &l.input_norm, eps, dt)?;
+            let mut qkv = l.qkv.apply(&a)?;
+            if let Some(b) = &l.qkv_bias {
+                qkv = qkv.add(b)?;
+            }
+            let q = qkv.rope_append(&self.inv_freq, view, cfg.num_heads, dt)?;
+            let y = pass.attention(&q, view, cfg.attention_scale(i))?;
+            let (sum, m) = sum.add_rms_norm(Some(&l.o.apply(&y)?), &l.post_norm, eps, dt)?;
+            let g = l.gate_up.apply(&m)?.swiglu_packed()?;
+            pending = Some(l.down.apply(&g)?);
+            x = sum;
+        }
+        let t = pass.ids.shape()[1];
+        if pass.last_only && t > 1 {
+            x = x.narrow(1, t - 1, 1)?;
+            pending = pending.map(|p| p.narrow(1, t - 1, 1)).transpose()?;
+        }
+        let (_, h) = x.add_rms_norm(pending.as_ref(), &self.norm, eps, dt)?;
+        Ok(h.matmul_t(&self.head, false, true)?)
     }
 
     fn bytes_per_step(&self) -> usize {

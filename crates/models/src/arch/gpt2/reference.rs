@@ -1,9 +1,12 @@
-//! GPT-2: learned positions, pre-LayerNorm blocks, Conv1D (`[in, out]`) projections, the tanh
-//! GELU (or the exact one when `activation_function` is `"gelu"`), and the head tied to the token embedding unless the checkpoint holds `lm_head`.
-//! Weights in `transformers`' names (with or without `transformer.`); arithmetic in f32.
+//! GPT-2's reference forward, what [`crate::CausalLm`] runs: learned positions, pre-LayerNorm
+//! blocks, Conv1D (`[in, out]`) projections, the tanh GELU (or the exact one when
+//! `activation_function` is `"gelu"`), and the head tied to the token embedding unless the
+//! checkpoint holds `lm_head`. Weights in `transformers`' names (with or without
+//! `transformer.`); arithmetic in f32.
 
 use tensor_ops::{Device, Tensor};
 
+use crate::arch::ReferenceModel;
 use crate::cache::LayerCache;
 use crate::config::{Gpt2Activation, ModelConfig};
 use crate::error::ModelError;
@@ -19,7 +22,8 @@ struct Block {
     fc_proj: Linear,
 }
 
-pub(crate) struct Gpt2 {
+/// GPT-2 as the f32 reference runs it.
+pub(crate) struct Gpt2Reference {
     cfg: ModelConfig,
     wte: Tensor,
     wpe: Tensor,
@@ -29,7 +33,7 @@ pub(crate) struct Gpt2 {
     activation: Gpt2Activation,
 }
 
-impl Gpt2 {
+impl Gpt2Reference {
     pub(crate) fn load(
         cfg: &ModelConfig,
         ck: &Checkpoint,
@@ -54,7 +58,7 @@ impl Gpt2 {
         } else {
             Linear::tied(wte.clone())
         };
-        Ok(Gpt2 {
+        Ok(Gpt2Reference {
             cfg: cfg.clone(),
             wte,
             wpe: load(ck, "wpe.weight", dev)?,
@@ -65,8 +69,18 @@ impl Gpt2 {
         })
     }
 
+    /// The MLP's activation: the tanh GELU, or `tensor_ops`' exact (erf) GELU.
+    fn activate(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        match self.activation {
+            Gpt2Activation::GeluTanh => gelu_tanh(x),
+            Gpt2Activation::GeluErf => Ok(x.gelu()?),
+        }
+    }
+}
+
+impl ReferenceModel for Gpt2Reference {
     /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` in `slots`.
-    pub(crate) fn forward(
+    fn forward(
         &self,
         ids: &Tensor,
         slots: &Slots<'_>,
@@ -91,18 +105,10 @@ impl Gpt2 {
     }
 
     /// The projections of every block (not the embeddings or the head).
-    pub(crate) fn linears_mut(&mut self) -> Vec<&mut Linear> {
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
         self.blocks
             .iter_mut()
             .flat_map(|b| [&mut b.attn, &mut b.proj, &mut b.fc, &mut b.fc_proj])
             .collect()
-    }
-
-    /// The MLP's activation: the tanh GELU, or `tensor_ops`' exact (erf) GELU.
-    fn activate(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        match self.activation {
-            Gpt2Activation::GeluTanh => gelu_tanh(x),
-            Gpt2Activation::GeluErf => Ok(x.gelu()?),
-        }
     }
 }

@@ -1,9 +1,11 @@
-//! The Llama family (Llama 2 and 3, Qwen2, Mistral): RMSNorm, rotary positions (with Llama 3's
-//! frequency scaling), grouped-query attention with optional q/k/v biases, a SwiGLU MLP, and a
-//! tied or separate head. Weights in `transformers`' names; arithmetic in f32.
+//! The Llama family's reference forward, what [`crate::CausalLm`] runs: RMSNorm, rotary
+//! positions (with Llama 3's frequency scaling) from host-made tables, grouped-query attention
+//! with optional q/k/v biases against a growing cache, a SwiGLU MLP, and a tied or separate
+//! head. Weights in `transformers`' names; arithmetic in f32.
 
 use tensor_ops::{Device, Tensor};
 
+use crate::arch::ReferenceModel;
 use crate::cache::LayerCache;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -24,7 +26,8 @@ struct Layer {
     down: Linear,
 }
 
-pub(crate) struct Llama {
+/// A Llama-family model as the f32 reference runs it.
+pub(crate) struct LlamaReference {
     cfg: ModelConfig,
     embed: Tensor,
     layers: Vec<Layer>,
@@ -33,7 +36,7 @@ pub(crate) struct Llama {
     freqs: Vec<f32>,
 }
 
-impl Llama {
+impl LlamaReference {
     pub(crate) fn load(
         cfg: &ModelConfig,
         ck: &Checkpoint,
@@ -63,7 +66,7 @@ impl Llama {
         } else {
             Linear::torch(ck, "lm_head", false, dev)?
         };
-        Ok(Llama {
+        Ok(LlamaReference {
             cfg: cfg.clone(),
             embed,
             layers,
@@ -72,10 +75,12 @@ impl Llama {
             freqs: inv_freq(cfg, cfg.rope_theta.unwrap_or(10_000.0)),
         })
     }
+}
 
+impl ReferenceModel for LlamaReference {
     /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` (u32) in `slots`, with `caches` (one
     /// per layer, holding `slots.start` slots) extended.
-    pub(crate) fn forward(
+    fn forward(
         &self,
         ids: &Tensor,
         slots: &Slots<'_>,
@@ -104,7 +109,7 @@ impl Llama {
     }
 
     /// The projections of every layer (not the embedding or the head).
-    pub(crate) fn linears_mut(&mut self) -> Vec<&mut Linear> {
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
         self.layers
             .iter_mut()
             .flat_map(|l| {

@@ -1,18 +1,19 @@
 //! GPT-2 in the fast engine: learned positions (`wpe`, each token's position given with its
 //! id), pre-LayerNorm blocks with biases on every projection, the MLP's GELU (tanh or exact,
-//! from the config) and the head tied to `wte` unless the checkpoint holds `lm_head`, as
-//! [`crate::CausalLm`] runs it. The projections are the checkpoint's Conv1D `[in, out]` weights
-//! transposed at load to `[out, in]` (c_attn's q, k, v column blocks become the fused q/k/v rows
-//! the cache ops read), then stored as the Llama family's are ([`Proj`]: the engine's dtype, or
-//! int8/int4). The cache write is `rope_append` without rotation (an empty `inv_freq`: cos 1,
-//! sin 0, an exact copy), the attention the Llama family's (`prefill_attention` in a prefill,
-//! `cache_attention` in decode): the same cache, prefill and decode. LayerNorms, biases, the GELU and the residual stream are f32; a
-//! projection's input is rounded once to the engine's dtype.
+//! from the config) and the head tied to `wte` unless the checkpoint holds `lm_head`, as the
+//! reference (`super::reference`) runs it. The projections are the checkpoint's Conv1D
+//! `[in, out]` weights transposed at load to `[out, in]` (c_attn's q, k, v column blocks become
+//! the fused q/k/v rows the cache ops read), then stored as the Llama family's are ([`Proj`]:
+//! the engine's dtype, or int8/int4). The cache write is `rope_append` without rotation (an
+//! empty `inv_freq`: cos 1, sin 0, an exact copy), the attention the Llama family's
+//! (`prefill_attention` in a prefill, `cache_attention` in decode): the same cache, prefill and
+//! decode. LayerNorms, biases, the GELU and the residual stream are f32; a projection's input
+//! is rounded once to the engine's dtype.
 
-use tensor_ops::{CacheView, DType, Device, Tensor};
+use tensor_ops::{DType, Device, Tensor};
 
-use super::weights::{bytes, Proj};
-use super::{Engine, Pass};
+use crate::arch::fast::{bytes, FastPass, Proj};
+use crate::arch::DecoderModel;
 use crate::config::{Gpt2Activation, ModelConfig};
 use crate::error::ModelError;
 use crate::layers::{gelu_tanh, load, transpose, LayerNorm};
@@ -91,7 +92,10 @@ struct Block {
     mlp_proj: Affine,
 }
 
-pub(crate) struct Gpt2Weights {
+/// GPT-2 as the fast engine runs it.
+pub struct Gpt2Fast {
+    cfg: ModelConfig,
+    dtype: DType,
     /// f32 `[vocab, hidden]` and `[context, hidden]` (the embedding lookups read f32 tables).
     wte: Tensor,
     wpe: Tensor,
@@ -104,8 +108,8 @@ pub(crate) struct Gpt2Weights {
     no_rotation: Tensor,
 }
 
-impl Gpt2Weights {
-    pub(crate) fn load(
+impl DecoderModel for Gpt2Fast {
+    fn load(
         cfg: &ModelConfig,
         ck: &Checkpoint,
         dev: Device,
@@ -131,7 +135,9 @@ impl Gpt2Weights {
             Some(_) => load(ck, "lm_head.weight", dev)?.to_dtype(dtype)?,
             None => wte.to_dtype(dtype)?,
         };
-        Ok(Gpt2Weights {
+        Ok(Gpt2Fast {
+            cfg: cfg.clone(),
+            dtype,
             wpe: load(ck, "wpe.weight", dev)?,
             wte,
             blocks,
@@ -142,8 +148,50 @@ impl Gpt2Weights {
         })
     }
 
-    /// Bytes of the weights one decode step reads (see `Weights::bytes_per_step`).
-    pub(crate) fn bytes_per_step(&self) -> usize {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn learned_positions(&self) -> bool {
+        true
+    }
+
+    /// Tokens `pass.ids` at positions `pass.pos` (u32, both `[b, t]`; a pass without positions
+    /// is refused).
+    fn forward(&self, pass: &FastPass<'_>) -> Result<Tensor, ModelError> {
+        let Some(pos) = pass.pos else {
+            return Err(ModelError::Unsupported(
+                "a GPT-2 pass without the tokens' positions".into(),
+            ));
+        };
+        let cfg = &self.cfg;
+        let (eps, dt) = (cfg.norm_eps as f32, self.dtype);
+        let mut x = self
+            .wte
+            .embedding(pass.ids)?
+            .add(&self.wpe.embedding(pos)?)?;
+        for (l, (b, kv)) in self.blocks.iter().zip(pass.kv.layers).enumerate() {
+            let view = pass.kv.view(kv, cfg.layer_windows.get(l));
+            let qkv = b.attn.apply(&b.ln_1.apply(&x, eps, dt)?)?;
+            let q = qkv.rope_append(&self.no_rotation, view, cfg.num_heads, dt)?;
+            let y = pass.attention(&q, view, cfg.attention_scale(l))?;
+            x = x.add(&b.attn_proj.apply(&y)?)?;
+            let m = self.activate(&b.fc.apply(&b.ln_2.apply(&x, eps, dt)?)?)?;
+            x = x.add(&b.mlp_proj.apply(&m.to_dtype(dt)?)?)?;
+        }
+        let t = pass.ids.shape()[1];
+        if pass.last_only && t > 1 {
+            x = x.narrow(1, t - 1, 1)?;
+        }
+        let h = self.ln_f.apply(&x, eps, dt)?;
+        Ok(h.matmul_t(&self.head, false, true)?)
+    }
+
+    fn bytes_per_step(&self) -> usize {
         let blocks: usize = self
             .blocks
             .iter()
@@ -158,49 +206,14 @@ impl Gpt2Weights {
             .sum();
         blocks + self.ln_f.bytes() + bytes(&self.head)
     }
+}
 
+impl Gpt2Fast {
     /// The MLP's activation of the f32 `x`, in f32.
     fn activate(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         match self.activation {
             Gpt2Activation::GeluTanh => gelu_tanh(x),
             Gpt2Activation::GeluErf => Ok(x.gelu()?),
         }
-    }
-}
-
-impl Engine {
-    /// GPT-2's pass (see `Engine::forward`): tokens `ids` at positions `pos` (u32, both
-    /// `[b, t]`).
-    pub(super) fn forward_gpt2(
-        &self,
-        w: &Gpt2Weights,
-        ids: &Tensor,
-        pos: &Tensor,
-        pass: Pass,
-    ) -> Result<Tensor, ModelError> {
-        let cfg = &self.cfg;
-        let (eps, dt) = (cfg.norm_eps as f32, self.opts.dtype);
-        let mut x = w.wte.embedding(ids)?.add(&w.wpe.embedding(pos)?)?;
-        for (l, (b, (k, v))) in w.blocks.iter().zip(&self.caches).enumerate() {
-            let view = CacheView {
-                k,
-                v,
-                start: &self.start,
-                slot: &self.slot,
-                window: cfg.layer_windows.get(l),
-            };
-            let qkv = b.attn.apply(&b.ln_1.apply(&x, eps, dt)?)?;
-            let q = qkv.rope_append(&w.no_rotation, view, cfg.num_heads, dt)?;
-            let y = self.attention(&q, view, pass, cfg.attention_scale(l))?;
-            x = x.add(&b.attn_proj.apply(&y)?)?;
-            let m = w.activate(&b.fc.apply(&b.ln_2.apply(&x, eps, dt)?)?)?;
-            x = x.add(&b.mlp_proj.apply(&m.to_dtype(dt)?)?)?;
-        }
-        let t = ids.shape()[1];
-        if pass.last_only && t > 1 {
-            x = x.narrow(1, t - 1, 1)?;
-        }
-        let h = w.ln_f.apply(&x, eps, dt)?;
-        Ok(h.matmul_t(&w.head, false, true)?)
     }
 }

@@ -1,0 +1,110 @@
+//! The Hugging Face architectures, one folder each ([`llama`]: Llama 2 and 3, Qwen2, Mistral;
+//! [`gpt2`]: GPT-2), each holding both of its forwards: the f32 reference that
+//! [`crate::CausalLm`] runs (`reference.rs`, on the shared blocks of `crate::layers`) and the
+//! fast forward with its weights that the [`crate::Engine`] runs (`fast.rs`, on the shared
+//! pieces of [`fast`]).
+//!
+//! Dispatch is by trait, never by a `match` in a forward pass or an engine step:
+//! - [`DecoderModel`] is the fast model: loaded from a config and a checkpoint, it runs a batch
+//!   of new positions into the engine's key/value cache and returns their logits; it says the
+//!   bytes one decode step reads and whether tokens carry learned positions. The engine (cache,
+//!   slots, CUDA graphs, sampler) holds a `Box<dyn DecoderModel>` and knows no architecture.
+//! - `ReferenceModel` (crate-internal: its cache and slots are the reference's own types) is
+//!   the reference forward; [`crate::CausalLm`] holds a `Box<dyn ReferenceModel>`.
+//!
+//! The one `match` on [`Architecture`] for each is here: [`load_decoder`] and
+//! `load_reference`, exhaustive, so a new architecture fails to build until it has both.
+
+pub mod fast;
+pub mod gpt2;
+pub mod llama;
+
+use tensor_ops::{DType, Device, Tensor};
+
+use crate::cache::LayerCache;
+use crate::config::{Architecture, ModelConfig};
+use crate::error::ModelError;
+use crate::layers::{Linear, Slots};
+use crate::quant::QuantKind;
+use crate::weights::Checkpoint;
+
+pub use fast::{FastPass, KvSlots};
+pub use gpt2::Gpt2Fast;
+pub use llama::LlamaFast;
+
+/// A decoder-only model as the fast engine runs it (see the module doc).
+pub trait DecoderModel: Send + Sync {
+    /// The model of `cfg` from `ck` onto `device`: the projections in `dtype` (bf16 or f32), or
+    /// quantized to `quant` from their f32 values; norms f32.
+    fn load(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        device: Device,
+        dtype: DType,
+        quant: Option<QuantKind>,
+    ) -> Result<Self, ModelError>
+    where
+        Self: Sized;
+
+    /// The config it was loaded from.
+    fn config(&self) -> &ModelConfig;
+
+    /// The dtype of its projections and activations (the cache's dtype).
+    fn dtype(&self) -> DType;
+
+    /// The logits of the pass's tokens, written into its cache ([`FastPass`]): `[b, t, vocab]`,
+    /// or `[b, 1, vocab]` of the last position when `pass.last_only`.
+    fn forward(&self, pass: &FastPass<'_>) -> Result<Tensor, ModelError>;
+
+    /// Bytes of the weights one decode step reads: every matrix once (the head too, tied or
+    /// not); the embeddings' one row per token are left out.
+    fn bytes_per_step(&self) -> usize;
+
+    /// Whether tokens carry learned positions (a pass then needs [`FastPass::pos`]).
+    fn learned_positions(&self) -> bool;
+}
+
+/// The fast model of `cfg`'s architecture (see [`DecoderModel::load`]).
+pub fn load_decoder(
+    cfg: &ModelConfig,
+    ck: &Checkpoint,
+    device: Device,
+    dtype: DType,
+    quant: Option<QuantKind>,
+) -> Result<Box<dyn DecoderModel>, ModelError> {
+    Ok(match cfg.architecture {
+        Architecture::Gpt2 => Box::new(Gpt2Fast::load(cfg, ck, device, dtype, quant)?),
+        Architecture::Llama | Architecture::Qwen2 | Architecture::Mistral => {
+            Box::new(LlamaFast::load(cfg, ck, device, dtype, quant)?)
+        }
+    })
+}
+
+/// A decoder-only model as the f32 reference runs it.
+pub(crate) trait ReferenceModel: Send + Sync {
+    /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` (u32) in `slots`, with `caches` (one
+    /// per layer, holding `slots.start` slots) extended.
+    fn forward(
+        &self,
+        ids: &Tensor,
+        slots: &Slots<'_>,
+        caches: &mut [LayerCache],
+    ) -> Result<Tensor, ModelError>;
+
+    /// The projections of every layer (not the embeddings or the head).
+    fn linears_mut(&mut self) -> Vec<&mut Linear>;
+}
+
+/// The reference model of `cfg`'s architecture, f32 on `device`.
+pub(crate) fn load_reference(
+    cfg: &ModelConfig,
+    ck: &Checkpoint,
+    device: Device,
+) -> Result<Box<dyn ReferenceModel>, ModelError> {
+    Ok(match cfg.architecture {
+        Architecture::Gpt2 => Box::new(gpt2::Gpt2Reference::load(cfg, ck, device)?),
+        Architecture::Llama | Architecture::Qwen2 | Architecture::Mistral => {
+            Box::new(llama::LlamaReference::load(cfg, ck, device)?)
+        }
+    })
+}
