@@ -125,7 +125,7 @@ static __device__ void attn_chunk_body(const TQ* __restrict__ q, const TC* __res
     }
     __syncthreads();
     float m = -INFINITY;
-    for (u32 j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, w[j]);
+    for (u32 j = threadIdx.x; j < n; j += blockDim.x) m = nan_max(m, w[j]);
     m = block_max(m, scratch);
     float l = 0.0f;
     for (u32 j = threadIdx.x; j < n; j += blockDim.x) {
@@ -171,13 +171,14 @@ static __device__ void attn_combine_body(const float* __restrict__ part, TO* __r
     const u32 row = blockIdx.x;
     const float* p = part + (u64)row * nchunks * (d + 2);
     float m = -INFINITY;
-    for (u32 c = 0; c < nchunks; ++c) m = fmaxf(m, p[c * (d + 2)]);
+    for (u32 c = 0; c < nchunks; ++c) m = nan_max(m, p[c * (d + 2)]);
     float l = 0.0f;
     if (m != -INFINITY)
         for (u32 c = 0; c < nchunks; ++c) l += p[c * (d + 2) + 1] * expf(p[c * (d + 2)] - m);
     for (u32 e = threadIdx.x; e < d; e += blockDim.x) {
         float a = 0.0f;
-        if (l > 0.0f) {
+        // l == 0: no visible slot (zeros); a NaN l (a NaN score or value) stays NaN.
+        if (l != 0.0f) {
             for (u32 c = 0; c < nchunks; ++c) {
                 const float mc = p[c * (d + 2)];
                 if (mc != -INFINITY) a += p[c * (d + 2) + 2 + e] * expf(mc - m);
@@ -300,7 +301,7 @@ static __device__ void attn_group_body(const TQ* __restrict__ q, const TC* __res
     {
         const u32 lane = tid & 31, warp = tid >> 5;
         for (u32 g = warp; g < G; g += G_THREADS / 32) {
-            float m = fmaxf(p[g][lane], p[g][lane + 32]);
+            float m = nan_max(p[g][lane], p[g][lane + 32]);
             m = warp_max(m);
             const float a = lane < n ? expf(p[g][lane] - m) : 0.0f;
             const float b = lane + 32 < n ? expf(p[g][lane + 32] - m) : 0.0f;

@@ -11,6 +11,11 @@ export NCCL_NVLS_ENABLE=0
 if [ -d .gl ] && ls .gl/*.deb >/dev/null 2>&1; then
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
+  # NVIDIA's ICD and EGL vendor files, which the loader does not find by itself there.
+  icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+  [ -f "$icd" ] && export VK_DRIVER_FILES="${VK_DRIVER_FILES:-$icd}"
+  [ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES="${__EGL_VENDOR_LIBRARY_FILENAMES:-$egl}"
 fi
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
