@@ -138,6 +138,21 @@ pub fn build() -> Result<PathBuf> {
     for (_, target, exe) in bins {
         copy_stripped(&exe, &dir.join("bin").join(target))?;
     }
+    copy_support_files(&root, &dir)?;
+    let size = dir_size(&dir)?;
+    let (archive, packed) = pack(&root)?;
+    println!(
+        "{n_tests} test binaries; folder {:.1} MiB, archive {} {:.1} MiB (unpack with tar xJf)",
+        size as f64 / (1 << 20) as f64,
+        archive.display(),
+        packed as f64 / (1 << 20) as f64
+    );
+    Ok(dir)
+}
+
+/// Copies what the binaries need beside them into the bundle `dir`: the kernels, the PyTorch
+/// peers, the scripts, `run.sh`, the tests' fixtures and (where found) the corpus.
+fn copy_support_files(root: &Path, dir: &Path) -> Result<()> {
     for e in fs::read_dir(root.join("crates/gpu-kernels/kernels"))? {
         let p = e?.path();
         fs::copy(&p, dir.join("kernels").join(p.file_name().unwrap()))?;
@@ -180,7 +195,11 @@ pub fn build() -> Result<PathBuf> {
             corpus.display()
         );
     }
-    let size = dir_size(&dir)?;
+    Ok(())
+}
+
+/// Packs `target/gpu-bundle` into `target/gpu-bundle.tar.xz`: the archive's path and size.
+fn pack(root: &Path) -> Result<(PathBuf, u64)> {
     // Every test binary embeds the kernels, so the folder outgrows what a device call carries;
     // the xz archive is what travels. One thread makes one stream, and a 1 GiB window spans the
     // repeats across many binaries (99 binaries, ~2 GB: 28 MB against 41.8 MB with -9's 64 MiB
@@ -205,11 +224,5 @@ pub fn build() -> Result<PathBuf> {
         packed < MAX_BYTES,
         "bundle archive is {packed} bytes, over the 64 MiB limit"
     );
-    println!(
-        "{n_tests} test binaries; folder {:.1} MiB, archive {} {:.1} MiB (unpack with tar xJf)",
-        size as f64 / (1 << 20) as f64,
-        archive.display(),
-        packed as f64 / (1 << 20) as f64
-    );
-    Ok(dir)
+    Ok((archive, packed))
 }

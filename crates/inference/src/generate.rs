@@ -282,10 +282,35 @@ fn generate(device: Device, a: &GenerateArgs) -> Result<()> {
         "the prompt's {longest} tokens and --max-new-tokens {} exceed the model's context of {context}",
         a.max_new_tokens
     );
+    let run = Run {
+        model: &model,
+        tok: &tok,
+        a,
+        stop: &stop,
+    };
     if prompts.len() > 1 {
+        run.batch(&prompts, &mut sampler)
+    } else {
+        run.stream(&prompts[0], &a.prompt[0], &mut sampler)
+    }
+}
+
+/// One reference-engine generation: the model, its tokenizer, the command's arguments and the
+/// tokens that end a row.
+struct Run<'a> {
+    model: &'a CausalLm,
+    tok: &'a Tokenizer,
+    a: &'a GenerateArgs,
+    stop: &'a [u32],
+}
+
+impl Run<'_> {
+    /// Several prompts as one batch, each row printed when all are done.
+    fn batch(&self, prompts: &[Vec<u32>], sampler: &mut Sampler) -> Result<()> {
+        let (model, tok, a, stop) = (self.model, self.tok, self.a, self.stop);
         let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
         let t = Instant::now();
-        let out = model.generate_batch(&refs, a.max_new_tokens, &mut sampler, &stop)?;
+        let out = model.generate_batch(&refs, a.max_new_tokens, sampler, stop)?;
         let secs = t.elapsed().as_secs_f64();
         for (i, (p, new)) in a.prompt.iter().zip(&out).enumerate() {
             println!("[{i}] {p}{}", tok.decode(printed(new, &stop), true)?);
@@ -297,54 +322,58 @@ fn generate(device: Device, a: &GenerateArgs) -> Result<()> {
             secs * 1e3,
             n as f64 / secs
         );
-        return Ok(());
+        Ok(())
     }
-    let (prompt, text) = (&prompts[0], &a.prompt[0]);
-    let mut new: Vec<u32> = Vec::new();
-    let mut shown = String::new();
-    let mut first = None;
-    let t = Instant::now();
-    let (mut err, mut n) = (None, 0usize);
-    model.generate(prompt, a.max_new_tokens, &mut sampler, &stop, |id| {
-        // The prompt once a token is chosen: a model that cannot choose one (non-finite
-        // logits) prints nothing.
-        first.get_or_insert_with(|| {
-            print!("{text}");
-            t.elapsed().as_secs_f64()
-        });
-        n += 1;
-        if stop.contains(&id) {
-            return; // the end of the text, not printed (see `printed`)
-        }
-        new.push(id);
-        // Decode the whole continuation and print what is new: multi-byte characters split
-        // over tokens appear once whole.
-        match tok.decode(&new, true) {
-            Ok(text) if text.starts_with(&shown) => {
-                print!("{}", &text[shown.len()..]);
-                let _ = std::io::stdout().flush();
-                shown = text;
+
+    /// One prompt, its continuation printed as it is sampled.
+    fn stream(&self, prompt: &[u32], text: &str, sampler: &mut Sampler) -> Result<()> {
+        let (model, tok, a, stop) = (self.model, self.tok, self.a, self.stop);
+        let mut new: Vec<u32> = Vec::new();
+        let mut shown = String::new();
+        let mut first = None;
+        let t = Instant::now();
+        let (mut err, mut n) = (None, 0usize);
+        model.generate(prompt, a.max_new_tokens, sampler, stop, |id| {
+            // The prompt once a token is chosen: a model that cannot choose one (non-finite
+            // logits) prints nothing.
+            first.get_or_insert_with(|| {
+                print!("{text}");
+                t.elapsed().as_secs_f64()
+            });
+            n += 1;
+            if stop.contains(&id) {
+                return; // the end of the text, not printed (see `printed`)
             }
-            Ok(text) => shown = text,
-            Err(e) => err = Some(e),
+            new.push(id);
+            // Decode the whole continuation and print what is new: multi-byte characters split
+            // over tokens appear once whole.
+            match tok.decode(&new, true) {
+                Ok(text) if text.starts_with(&shown) => {
+                    print!("{}", &text[shown.len()..]);
+                    let _ = std::io::stdout().flush();
+                    shown = text;
+                }
+                Ok(text) => shown = text,
+                Err(e) => err = Some(e),
+            }
+        })?;
+        if let Some(e) = err {
+            return Err(e.into());
         }
-    })?;
-    if let Some(e) = err {
-        return Err(e.into());
+        println!();
+        let total = t.elapsed().as_secs_f64();
+        let ttft = first.unwrap_or(total);
+        let rest = n.saturating_sub(1);
+        eprintln!(
+            "{n} new tokens; first after {:.1} ms (prefill of {} tokens), then {:.1} tokens/s",
+            ttft * 1e3,
+            prompt.len(),
+            if rest > 0 {
+                rest as f64 / (total - ttft)
+            } else {
+                0.0
+            }
+        );
+        Ok(())
     }
-    println!();
-    let total = t.elapsed().as_secs_f64();
-    let ttft = first.unwrap_or(total);
-    let rest = n.saturating_sub(1);
-    eprintln!(
-        "{n} new tokens; first after {:.1} ms (prefill of {} tokens), then {:.1} tokens/s",
-        ttft * 1e3,
-        prompt.len(),
-        if rest > 0 {
-            rest as f64 / (total - ttft)
-        } else {
-            0.0
-        }
-    );
-    Ok(())
 }
