@@ -20,7 +20,8 @@ fi
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 tar xJf target/gpu-bundle.tar.xz -C /tmp && cd /tmp/gpu-bundle || exit 1
-OUT_DIR="$OUT/run" ./run.sh "$@"
+# RUN_TIMEOUT (seconds) bounds run.sh, so that the logs come back even when it is cut off.
+OUT_DIR="$OUT/run" timeout "${RUN_TIMEOUT:-100000}" ./run.sh "$@"
 status=$?
 san=/usr/local/cuda/bin/compute-sanitizer
 for entry in ${SAN_TESTS:-}; do

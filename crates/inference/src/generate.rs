@@ -313,7 +313,7 @@ impl Run<'_> {
         let out = model.generate_batch(&refs, a.max_new_tokens, sampler, stop)?;
         let secs = t.elapsed().as_secs_f64();
         for (i, (p, new)) in a.prompt.iter().zip(&out).enumerate() {
-            println!("[{i}] {p}{}", tok.decode(printed(new, &stop), true)?);
+            println!("[{i}] {p}{}", tok.decode(printed(new, stop), true)?);
         }
         let n: usize = out.iter().map(Vec::len).sum();
         eprintln!(
