@@ -13,8 +13,8 @@ use wgpu::util::DeviceExt;
 
 /// Threads per workgroup of the one-dimensional kernels.
 const WG: u32 = 256;
-/// Tile edge of the matmul.
-const TILE: u32 = 16;
+/// Edge of the tile of C that one matmul workgroup computes.
+const TILE: u32 = 64;
 
 /// The parameter block every kernel binds at 0; `gx` is the grid's x extent (for 2-D grids).
 const HEADER: &str = r#"

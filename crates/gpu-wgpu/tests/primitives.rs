@@ -430,6 +430,9 @@ fn matmul_parity_with_transposes() {
         (2, 31, 7, 65),
         (1, 64, 48, 129),
         (3, 5, 1, 300),
+        // Several 64×64 tiles in both directions, ragged edges, and an exact tile.
+        (2, 130, 70, 33),
+        (1, 64, 64, 16),
     ];
     for (batch, m, n, k) in shapes {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {

@@ -1,37 +1,83 @@
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> C: array<f32>;
-var<workgroup> As: array<array<f32, 16>, 16>;
-var<workgroup> Bs: array<array<f32, 16>, 16>;
+// K-slices of the workgroup's 64 rows of op(A) and 64 columns of op(B): As[kk][r], Bs[kk][c].
+var<workgroup> As: array<array<f32, 64>, 16>;
+var<workgroup> Bs: array<array<f32, 64>, 16>;
+
 // C[b] = op(A[b]) · op(B[b]); op(A) is m×k (A stored k×m when p3 = 1), op(B) is k×n (B stored
-// n×k when p4 = 1). One thread per element of C, 16×16 tiles staged in workgroup memory.
+// n×k when p4 = 1). A workgroup of 16×16 threads computes a 64×64 tile of C: thread (x, y)
+// holds rows y + 16i and columns x + 16j (i, j < 4) in registers, so that each value read
+// from workgroup memory feeds four products and the stores of a row are contiguous. K goes in
+// slices of 16, staged with loads that run along each matrix's contiguous axis. Every output
+// sums its k products in order, one fma each.
 @compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
     let m = P.p0;
     let n = P.p1;
     let k = P.p2;
-    let row = wid.y * 16u + lid.y;
-    let col = wid.x * 16u + lid.x;
+    let r0 = wid.y * 64u;
+    let c0 = wid.x * 64u;
     let a0 = wid.z * m * k;
     let b0 = wid.z * k * n;
-    var acc = 0.0;
-    let tiles = (k + 15u) / 16u;
-    for (var t = 0u; t < tiles; t++) {
-        let ak = t * 16u + lid.x;
-        var av = 0.0;
-        if (row < m && ak < k) {
-            if (P.p3 != 0u) { av = A[a0 + ak * m + row]; } else { av = A[a0 + row * k + ak]; }
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    let slices = (k + 15u) / 16u;
+    for (var t = 0u; t < slices; t++) {
+        let k0 = t * 16u;
+        for (var e = 0u; e < 4u; e++) {
+            let idx = li + e * 256u;
+            // A's slice: 64 rows × 16 k, read along k (A row-major) or along the rows (A^T).
+            var r = idx / 16u;
+            var ak = idx % 16u;
+            if (P.p3 != 0u) { ak = idx / 64u; r = idx % 64u; }
+            var av = 0.0;
+            if (r0 + r < m && k0 + ak < k) {
+                if (P.p3 != 0u) { av = A[a0 + (k0 + ak) * m + r0 + r]; }
+                else { av = A[a0 + (r0 + r) * k + k0 + ak]; }
+            }
+            As[ak][r] = av;
+            // B's slice: 16 k × 64 columns, read along the columns (B row-major) or k (B^T).
+            var bk = idx / 64u;
+            var c = idx % 64u;
+            if (P.p4 != 0u) { c = idx / 16u; bk = idx % 16u; }
+            var bv = 0.0;
+            if (k0 + bk < k && c0 + c < n) {
+                if (P.p4 != 0u) { bv = B[b0 + (c0 + c) * k + k0 + bk]; }
+                else { bv = B[b0 + (k0 + bk) * n + c0 + c]; }
+            }
+            Bs[bk][c] = bv;
         }
-        As[lid.y][lid.x] = av;
-        let bk = t * 16u + lid.y;
-        var bv = 0.0;
-        if (bk < k && col < n) {
-            if (P.p4 != 0u) { bv = B[b0 + col * k + bk]; } else { bv = B[b0 + bk * n + col]; }
-        }
-        Bs[lid.y][lid.x] = bv;
         workgroupBarrier();
-        for (var i = 0u; i < 16u; i++) { acc = fma(As[lid.y][i], Bs[i][lid.x], acc); }
+        let kn = min(16u, k - k0);
+        for (var kk = 0u; kk < kn; kk++) {
+            let a = vec4<f32>(As[kk][lid.y], As[kk][lid.y + 16u], As[kk][lid.y + 32u],
+                              As[kk][lid.y + 48u]);
+            let b = vec4<f32>(Bs[kk][lid.x], Bs[kk][lid.x + 16u], Bs[kk][lid.x + 32u],
+                              Bs[kk][lid.x + 48u]);
+            acc0 = fma(vec4<f32>(a.x), b, acc0);
+            acc1 = fma(vec4<f32>(a.y), b, acc1);
+            acc2 = fma(vec4<f32>(a.z), b, acc2);
+            acc3 = fma(vec4<f32>(a.w), b, acc3);
+        }
         workgroupBarrier();
     }
-    if (row < m && col < n) { C[wid.z * m * n + row * n + col] = acc; }
+    let c_base = wid.z * m * n;
+    store_row(c_base, r0 + lid.y, c0 + lid.x, m, n, acc0);
+    store_row(c_base, r0 + lid.y + 16u, c0 + lid.x, m, n, acc1);
+    store_row(c_base, r0 + lid.y + 32u, c0 + lid.x, m, n, acc2);
+    store_row(c_base, r0 + lid.y + 48u, c0 + lid.x, m, n, acc3);
+}
+
+// Columns col, col + 16, col + 32, col + 48 of row `row`, where they lie inside m × n.
+fn store_row(base: u32, row: u32, col: u32, m: u32, n: u32, v: vec4<f32>) {
+    if (row >= m) { return; }
+    let o = base + row * n;
+    if (col < n) { C[o + col] = v.x; }
+    if (col + 16u < n) { C[o + col + 16u] = v.y; }
+    if (col + 32u < n) { C[o + col + 32u] = v.z; }
+    if (col + 48u < n) { C[o + col + 48u] = v.w; }
 }
