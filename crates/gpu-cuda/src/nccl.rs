@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 
 mod library;
 
-use library::{check, describe, nccl_type};
 pub use library::{available, unique_id, version, ReduceOp, ID_BYTES};
+use library::{check, describe, nccl_type};
 
 /// The communicator, shared with the [`AbortHandle`]s: `None` once aborted or destroyed. The
 /// lock is held for the length of each (enqueue-only) NCCL call, so an abort never frees a
