@@ -30,9 +30,23 @@ pub(crate) struct Inner {
     pub queue: wgpu::Queue,
     pub(crate) pool: Mutex<Pool>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    /// Work recorded since the last submission ([`WgpuBackend::record`]).
+    pending: Mutex<Pending>,
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<String>>>,
     timeout: Duration,
+}
+
+/// Launches recorded into one command encoder before it is submitted: a submission costs
+/// host time (tens of µs on a hardware driver), so a chain of small ops is submitted in
+/// batches; reads, writes from the host, `synchronize` and the pool's release submit first.
+const BATCH: usize = 32;
+
+/// The command encoder that launches are recorded into, and how many it holds.
+#[derive(Default)]
+pub(crate) struct Pending {
+    enc: Option<wgpu::CommandEncoder>,
+    recorded: usize,
 }
 
 /// A wgpu device and queue with a buffer pool and a pipeline cache. Cheap to clone (shared).
@@ -45,6 +59,12 @@ impl std::fmt::Debug for WgpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "WgpuBackend({})", self.device_name())
     }
+}
+
+/// Submits `p`'s encoder, if it holds any work.
+fn submit(queue: &wgpu::Queue, p: &mut Pending) -> Option<wgpu::SubmissionIndex> {
+    p.recorded = 0;
+    p.enc.take().map(|enc| queue.submit([enc.finish()]))
 }
 
 /// The byte views below need `T` to be exactly its dtype's size (an outside `Element` impl
@@ -134,6 +154,7 @@ impl WgpuBackend {
                 queue,
                 pool: Mutex::new(Pool::default()),
                 pipelines: Mutex::new(HashMap::new()),
+                pending: Mutex::new(Pending::default()),
                 lost,
                 uncaptured,
                 timeout,
@@ -183,8 +204,31 @@ impl WgpuBackend {
         Ok(())
     }
 
+    /// Records `f`'s commands into the pending encoder; every [`BATCH`] records it is
+    /// submitted. Commands run in the order recorded, and after everything submitted before.
+    pub(crate) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let dev = &self.inner.device;
+        f(p.enc.get_or_insert_with(|| {
+            dev.create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
+        }));
+        p.recorded += 1;
+        if p.recorded >= BATCH {
+            submit(&self.inner.queue, &mut p);
+        }
+    }
+
+    /// Submits the recorded work, if any: its submission's index.
+    pub(crate) fn flush(&self) -> Option<wgpu::SubmissionIndex> {
+        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        submit(&self.inner.queue, &mut p)
+    }
+
     /// Releases every cached buffer of the pool.
     pub fn trim_pool(&self) {
+        // Recorded work may use the cached buffers: it is submitted before they are destroyed
+        // (a submitted use keeps a destroyed buffer alive; an unsubmitted one would fail).
+        self.flush();
         let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
         for (_, bufs) in pool.free.drain() {
             for b in bufs {
@@ -375,19 +419,15 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut enc = self
-            .inner
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-        enc.copy_buffer_to_buffer(src.raw(), 0, &staging, 0, size);
-        let sub = self.inner.queue.submit([enc.finish()]);
+        self.record(|enc| enc.copy_buffer_to_buffer(src.raw(), 0, &staging, 0, size));
+        let sub = self.flush();
         let slice = staging.slice(..);
         let (tx, rx) = mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
         let start = Instant::now();
-        self.wait("copy_from_device", Some(sub))?;
+        self.wait("copy_from_device", sub)?;
         // The callback runs inside poll; a short grace period covers a late one.
         let left = self.inner.timeout.saturating_sub(start.elapsed());
         loop {
@@ -509,6 +549,9 @@ impl Backend for WgpuBackend {
         let bytes = unsafe {
             std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src))
         };
+        // A write from the host runs before the next submission: the work recorded so far
+        // (which may read or write `dst`) goes first.
+        self.flush();
         if bytes.len() % 4 == 0 {
             self.inner.queue.write_buffer(dst.raw(), 0, bytes);
         } else {
@@ -539,8 +582,8 @@ impl Backend for WgpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.check_lost()?;
-        // An empty submission orders the wait after everything queued so far.
-        let sub = self.inner.queue.submit([]);
+        // The recorded work, or an empty submission, orders the wait after everything so far.
+        let sub = self.flush().unwrap_or_else(|| self.inner.queue.submit([]));
         self.wait("synchronize", Some(sub))
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 /// Smallest buffer the pool hands out, in bytes (a zero-length buffer still binds 16 bytes).
 pub(crate) const MIN_CLASS: u64 = 16;
-/// Bytes of freed buffers the pool keeps for reuse; beyond it, freed buffers are destroyed.
+/// Bytes of freed buffers the pool keeps for reuse; beyond it, freed buffers are released.
 pub(crate) const POOL_CAP: u64 = 512 << 20;
 
 /// Freed buffers by size class (a power of two of bytes, or the exact size near the limit).
@@ -66,7 +66,9 @@ impl Drop for WgpuBuffer {
                 pool.cached_bytes += self.class;
                 pool.free.entry(self.class).or_default().push(buf);
             } else {
-                buf.destroy();
+                // Dropped, not destroyed: recorded work not yet submitted may still use it
+                // (wgpu frees it once nothing does).
+                drop(buf);
             }
         }
     }

@@ -199,7 +199,8 @@ impl WgpuBackend {
     }
 
     /// Binds `params` at 0 (with `gx`, the grid's row width in workgroups, as its last word)
-    /// and `buffers` at 1.., dispatches `groups`, and submits; `(key, source)` are the pipeline's
+    /// and `buffers` at 1.., and records the dispatch of `groups` ([`WgpuBackend::record`]);
+    /// `(key, source)` are the pipeline's
     /// cache key and its WGSL source.
     pub(crate) fn launch(
         &self,
@@ -237,14 +238,12 @@ impl WgpuBackend {
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             });
-            let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            {
+            self.record(|enc| {
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
                 pass.set_pipeline(&pipeline);
                 pass.set_bind_group(0, &bind, &[]);
                 pass.dispatch_workgroups(groups.0, groups.1, groups.2);
-            }
-            self.inner.queue.submit([enc.finish()]);
+            });
         })
     }
 
@@ -303,12 +302,7 @@ impl WgpuBackend {
             (a, b) if a == b => {
                 let size = x.padded_bytes();
                 if size > 0 {
-                    let mut enc = self
-                        .inner
-                        .device
-                        .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-                    enc.copy_buffer_to_buffer(x.raw(), 0, out.raw(), 0, size);
-                    self.inner.queue.submit([enc.finish()]);
+                    self.record(|enc| enc.copy_buffer_to_buffer(x.raw(), 0, out.raw(), 0, size));
                 }
                 Ok(())
             }
