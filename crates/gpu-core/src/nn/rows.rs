@@ -11,13 +11,13 @@ use crate::ops::{check_elementwise, check_rows, require_f32, BufferInfoDyn};
 /// Row-wise operations (the forward softmax and LayerNorm without saved statistics live in
 /// [`crate::nn::ElementwiseOps`]).
 pub trait RowOps: Primitives {
-    /// Softmax backward: `dx = y ∘ (dy − Σ_row(dy ∘ y))`, `y` the forward output.
     /// `out = softmax(x)` over each `cols`-wide row (a row of all −inf gives NaN, as in PyTorch).
     fn softmax_fwd(&self, x: &Self::Buffer, out: &mut Self::Buffer, cols: usize) -> Result<()> {
         let rows = check_rows("softmax_fwd", x, out, cols)?;
         D::softmax(self, x, out, [rows, cols])
     }
 
+    /// Softmax backward: `dx = y ∘ (dy − Σ_row(dy ∘ y))`, `y` the forward output.
     fn softmax_bwd(
         &self,
         y: &Self::Buffer,
