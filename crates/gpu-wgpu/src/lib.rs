@@ -11,6 +11,7 @@ mod backend;
 mod buffer;
 mod error;
 mod kernels;
+mod optim;
 mod prim_kernels;
 mod prims;
 mod probe;

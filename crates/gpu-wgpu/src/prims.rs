@@ -16,8 +16,8 @@ use gpu_core::nn::elementwise::{
 };
 use gpu_core::nn::rows::check_embedding;
 use gpu_core::nn::{
-    Activation, AttentionOps, BinaryKind, BlockCopy, DecodeOps, ElementwiseOps, OptimOps,
-    Primitives, QuantOps, ReduceKind, RowOps, SampleOps,
+    Activation, AttentionOps, BinaryKind, BlockCopy, DecodeOps, ElementwiseOps, Primitives,
+    QuantOps, ReduceKind, RowOps, SampleOps,
 };
 use gpu_core::ops::{check_float_elementwise, MatmulOps, MatmulSpec};
 use gpu_core::{DType, Result};
@@ -195,12 +195,12 @@ impl Primitives for WgpuBackend {
     }
 }
 
-// Every other family from gpu-core's defaults (`nn/defaults`), built on the primitives above.
+// Every other family from gpu-core's defaults (`nn/defaults`), built on the primitives above
+// (OptimOps: optim.rs, AdamW fused).
 impl ElementwiseOps for WgpuBackend {}
 impl RowOps for WgpuBackend {}
 impl AttentionOps for WgpuBackend {}
 impl DecodeOps for WgpuBackend {}
 impl QuantOps for WgpuBackend {}
 impl SampleOps for WgpuBackend {}
-impl OptimOps for WgpuBackend {}
 impl gpu_core::nn::WorldOps for WgpuBackend {}
