@@ -19,7 +19,11 @@ const BROADCAST: &str = include_str!("shaders/broadcast.wgsl");
 const ACT_LIB: &str = include_str!("shaders/activation.wgsl");
 const ACT_FWD: &str = include_str!("shaders/act_fwd.wgsl");
 const ACT_BWD: &str = include_str!("shaders/act_bwd.wgsl");
+const REDUCE_COMB: &str = include_str!("shaders/reduce_comb.wgsl");
 const REDUCE_AXIS: &str = include_str!("shaders/reduce_axis.wgsl");
+const REDUCE_AXIS_THREAD: &str = include_str!("shaders/reduce_axis_thread.wgsl");
+/// Longest reduction that one thread does alone (longer ones share a workgroup).
+const THREAD_REDUCE_MAX: usize = 256;
 const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 const DROPOUT: &str = include_str!("shaders/dropout.wgsl");
 const GATHER: &str = include_str!("shaders/gather_rows.wgsl");
@@ -221,7 +225,8 @@ impl WgpuBackend {
         )
     }
 
-    /// Reduces `[outer, n, inner]` over `n` on f32 (checked): one workgroup per output.
+    /// Reduces `[outer, n, inner]` over `n` on f32 (checked): one thread per output for
+    /// reductions of up to [`THREAD_REDUCE_MAX`] elements, else one workgroup per output.
     pub(crate) fn reduce_axis_f32(
         &self,
         op: ReduceKind,
@@ -246,9 +251,14 @@ impl WgpuBackend {
             0,
             0,
         ];
-        let (gx, gy) = self.grid(OP, outputs)?;
         let bufs = [x.raw(), out.raw()];
-        self.launch(OP, (OP, || src(REDUCE_AXIS)), p, (gx, (gx, gy, 1)), &bufs)
+        if n <= THREAD_REDUCE_MAX {
+            let body = || src(&format!("{REDUCE_COMB}{REDUCE_AXIS_THREAD}"));
+            return self.launch_1d(OP, "reduce_axis_thread", body, p, outer * inner, &bufs);
+        }
+        let (gx, gy) = self.grid(OP, outputs)?;
+        let body = || src(&format!("{REDUCE_COMB}{REDUCE_AXIS}"));
+        self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)
     }
 
     /// Row argmax of f32 `x` `[rows, cols]` into u32 `out` (checked).

@@ -39,6 +39,8 @@ fn reduce_axis_matches_the_cpu() {
         (3, 257, 1),
         (2, 5, 300),
         (1, 4099, 1),
+        // The longest reduction one thread does alone (256), with many outputs.
+        (3, 256, 70),
         (2, 2, 2),
     ];
     for (outer, n, inner) in shapes {
