@@ -15,6 +15,7 @@ mod optim;
 mod prim_kernels;
 mod prims;
 mod probe;
+mod rows;
 pub mod testing;
 
 pub use backend::{WgpuBackend, WgpuInfo, POLL_TIMEOUT_ENV};

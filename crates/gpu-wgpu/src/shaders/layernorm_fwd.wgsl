@@ -1,0 +1,48 @@
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read_write> mean: array<f32>;
+@group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
+var<workgroup> s: array<f32, 64>;
+
+// The sum of `v` over the workgroup's 64 threads (a tree in workgroup memory); every thread
+// gets it.
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    s[lid] = v;
+    workgroupBarrier();
+    for (var h = 32u; h > 0u; h >>= 1u) {
+        if (lid < h) { s[lid] = s[lid] + s[lid + h]; }
+        workgroupBarrier();
+    }
+    let r = s[0];
+    workgroupBarrier();
+    return r;
+}
+
+// LayerNorm forward of one row a workgroup of 64 threads: mean, then the biased variance of
+// x − mean (two passes, f32), rstd = 1/sqrt(var + eps), y = (x − mean)·rstd·w + b.
+// p0 = rows, p1 = cols, p2 = eps's f32 bits.
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row = wid.y * P.gx + wid.x;
+    if (row >= P.p0) { return; }
+    let cols = P.p1;
+    let base = row * cols;
+    var acc = 0.0;
+    for (var c = lid.x; c < cols; c += 64u) { acc += x[base + c]; }
+    let mu = wg_sum(acc, lid.x) / f32(cols);
+    var sq = 0.0;
+    for (var c = lid.x; c < cols; c += 64u) {
+        let d = x[base + c] - mu;
+        sq += d * d;
+    }
+    let rs = 1.0 / sqrt(wg_sum(sq, lid.x) / f32(cols) + bitcast<f32>(P.p2));
+    for (var c = lid.x; c < cols; c += 64u) {
+        y[base + c] = (x[base + c] - mu) * rs * w[c] + b[c];
+    }
+    if (lid.x == 0u) {
+        mean[row] = mu;
+        rstd[row] = rs;
+    }
+}

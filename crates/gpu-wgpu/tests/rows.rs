@@ -1,0 +1,87 @@
+//! The fused LayerNorm forward against the CPU reference (f64 statistics, one rounding), on
+//! fresh random rows (the seed is printed; replay with `HYBRID_TEST_SEED`) of widths around
+//! the kernel's 64 threads, and hostile rows: a NaN (its row NaN, the others untouched), a
+//! constant row (variance 0: rstd = 1/sqrt(eps), y = b) and a huge value (an |x − mean| past
+//! ~1.8e19 squares to inf in f32: rstd 0, as in the default's f32 chain). Without an adapter
+//! it prints `SKIP` and returns (fails with `HYBRID_REQUIRE_WGPU=1`).
+
+mod common;
+
+use common::{close, randn, rng, U};
+use gpu_core::nn::RowOps;
+use gpu_core::{CpuBackend, DType};
+use gpu_wgpu::testing::backend_or_skip;
+
+/// `(y, mean, rstd)` of LayerNorm on `b`.
+fn layernorm<B: RowOps>(b: &B, x: &[f32], w: &[f32], bias: &[f32]) -> [Vec<f32>; 3] {
+    let (cols, rows) = (w.len(), x.len() / w.len());
+    let mut y = b.allocate(DType::F32, x.len()).unwrap();
+    let mut mean = b.allocate(DType::F32, rows).unwrap();
+    let mut rstd = b.allocate(DType::F32, rows).unwrap();
+    let (xb, wb, bb) = (
+        b.upload(x).unwrap(),
+        b.upload(w).unwrap(),
+        b.upload(bias).unwrap(),
+    );
+    b.layernorm_fwd((&xb, &wb, &bb), (&mut y, &mut mean, &mut rstd), cols, 1e-5)
+        .unwrap();
+    [&y, &mean, &rstd].map(|t| b.download::<f32>(t).unwrap())
+}
+
+#[test]
+fn fused_layernorm_matches_the_cpu() {
+    let Some(g) = backend_or_skip("fused_layernorm_matches_the_cpu") else {
+        return;
+    };
+    let mut r = rng("fused_layernorm_matches_the_cpu");
+    for (rows, cols) in [
+        (1, 1),
+        (3, 63),
+        (2, 64),
+        (4, 65),
+        (2, 384),
+        (3, 1000),
+        (300, 40),
+    ] {
+        let mut x = randn(&mut r, rows * cols, 3.0);
+        let (w, bias) = (randn(&mut r, cols, 2.0), randn(&mut r, cols, 1.0));
+        if rows >= 3 {
+            x[0] = f32::NAN; // row 0
+            x[cols..2 * cols].fill(0.75); // row 1: variance 0
+            x[2 * cols] = 1e15; // row 2: one huge value (its square still an f32)
+        }
+        let got = layernorm(&g, &x, &w, &bias);
+        let want = layernorm(&CpuBackend, &x, &w, &bias);
+        for row in 0..rows {
+            let xr = &x[row * cols..][..cols];
+            let amax = xr.iter().fold(0.0f64, |a, &v| a.max((v as f64).abs()));
+            let rs = want[2][row] as f64;
+            // Bound: the f32 sums of the mean and the variance (n·2^-24 of their terms), carried
+            // through rstd into x̂ (|x − mean| ≤ 2·max|x|), plus a few roundings of y.
+            let k = 4.0 * (cols as f64 + 8.0) * U;
+            assert!(
+                close(got[1][row], want[1][row] as f64, k * amax),
+                "{rows}x{cols} mean[{row}]: {} against {}",
+                got[1][row],
+                want[1][row]
+            );
+            assert!(
+                close(got[2][row], rs, k * rs),
+                "{rows}x{cols} rstd[{row}]: {} against {rs}",
+                got[2][row]
+            );
+            for c in 0..cols {
+                let tol = k * (2.0 * amax * rs * (w[c] as f64).abs() + (bias[c] as f64).abs());
+                let (a, e) = (got[0][row * cols + c], want[0][row * cols + c]);
+                assert!(
+                    close(a, e as f64, tol),
+                    "{rows}x{cols} y[{row}, {c}]: {a} against {e}"
+                );
+            }
+        }
+        if rows >= 3 {
+            assert!(got[0][..cols].iter().all(|v| v.is_nan()), "the NaN row");
+            assert_eq!(&got[0][cols..2 * cols], &bias[..], "the constant row is b");
+        }
+    }
+}
