@@ -8,6 +8,7 @@
 mod common;
 
 use common::{close, randn, rng, U};
+use gpu_core::nn::rows::LayerNormBwdIn;
 use gpu_core::nn::RowOps;
 use gpu_core::{CpuBackend, DType};
 use gpu_wgpu::testing::backend_or_skip;
@@ -82,6 +83,86 @@ fn fused_layernorm_matches_the_cpu() {
         if rows >= 3 {
             assert!(got[0][..cols].iter().all(|v| v.is_nan()), "the NaN row");
             assert_eq!(&got[0][cols..2 * cols], &bias[..], "the constant row is b");
+        }
+    }
+}
+
+/// `(dx, dw, db)` of LayerNorm's backward on `b` from the saved `mean` and `rstd`.
+fn layernorm_bwd<B: RowOps>(b: &B, [x, w, mean, rstd, dy]: [&[f32]; 5]) -> [Vec<f32>; 3] {
+    let cols = w.len();
+    let up = |v: &[f32]| b.upload(v).unwrap();
+    let (xb, wb, mb, rb, dyb) = (up(x), up(w), up(mean), up(rstd), up(dy));
+    let mut dx = b.allocate(DType::F32, x.len()).unwrap();
+    let mut dw = b.allocate(DType::F32, cols).unwrap();
+    let mut db = b.allocate(DType::F32, cols).unwrap();
+    let input = LayerNormBwdIn {
+        x: &xb,
+        w: &wb,
+        mean: &mb,
+        rstd: &rb,
+        dy: &dyb,
+    };
+    b.layernorm_bwd(input, (&mut dx, &mut dw, &mut db), cols)
+        .unwrap();
+    [&dx, &dw, &db].map(|t| b.download::<f32>(t).unwrap())
+}
+
+#[test]
+fn fused_layernorm_backward_matches_the_cpu() {
+    let Some(g) = backend_or_skip("fused_layernorm_backward_matches_the_cpu") else {
+        return;
+    };
+    let mut r = rng("fused_layernorm_backward_matches_the_cpu");
+    for (rows, cols) in [
+        (1, 1),
+        (3, 63),
+        (2, 64),
+        (4, 65),
+        (2, 384),
+        (3, 1000),
+        (300, 40),
+    ] {
+        let x = randn(&mut r, rows * cols, 3.0);
+        let dy = randn(&mut r, rows * cols, 1.0);
+        let (w, bias) = (randn(&mut r, cols, 2.0), randn(&mut r, cols, 1.0));
+        let [_, mean, rstd] = layernorm(&CpuBackend, &x, &w, &bias);
+        let args = [&x[..], &w, &mean, &rstd, &dy];
+        let got = layernorm_bwd(&g, args);
+        let want = layernorm_bwd(&CpuBackend, args);
+        // Bound: f32 sums of n terms (n·2^-24 of the sum of their magnitudes, four times over
+        // for the products and the two row means), against the CPU's f64.
+        let k = |n: usize| 4.0 * (n as f64 + 8.0) * U;
+        let xhat = |i: usize| ((x[i] - mean[i / cols]) * rstd[i / cols]) as f64;
+        for row in 0..rows {
+            let rs = rstd[row] as f64;
+            let gmax = (0..cols).fold(0.0f64, |a, c| {
+                a.max((dy[row * cols + c] as f64 * w[c] as f64).abs())
+            });
+            let xmax = (0..cols).fold(0.0f64, |a, c| a.max(xhat(row * cols + c).abs()));
+            let tol = k(cols) * rs * gmax * (2.0 + 2.0 * xmax * xmax);
+            for c in 0..cols {
+                let i = row * cols + c;
+                assert!(
+                    close(got[0][i], want[0][i] as f64, tol),
+                    "{rows}x{cols} dx[{row}, {c}]: {} against {}",
+                    got[0][i],
+                    want[0][i]
+                );
+            }
+        }
+        for c in 0..cols {
+            let sw: f64 = (0..rows)
+                .map(|r| (dy[r * cols + c] as f64 * xhat(r * cols + c)).abs())
+                .sum();
+            let sb: f64 = (0..rows).map(|r| (dy[r * cols + c] as f64).abs()).sum();
+            assert!(
+                close(got[1][c], want[1][c] as f64, k(rows) * sw),
+                "{rows}x{cols} dw[{c}]"
+            );
+            assert!(
+                close(got[2][c], want[2][c] as f64, k(rows) * sb),
+                "{rows}x{cols} db[{c}]"
+            );
         }
     }
 }

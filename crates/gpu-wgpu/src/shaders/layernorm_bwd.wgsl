@@ -1,0 +1,51 @@
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read> mean: array<f32>;
+@group(0) @binding(4) var<storage, read> rstd: array<f32>;
+@group(0) @binding(5) var<storage, read> dy: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dyx: array<f32>;
+var<workgroup> s: array<f32, 64>;
+
+// The sum of `v` over the workgroup's 64 threads (a tree in workgroup memory); every thread
+// gets it.
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    s[lid] = v;
+    workgroupBarrier();
+    for (var h = 32u; h > 0u; h >>= 1u) {
+        if (lid < h) { s[lid] = s[lid] + s[lid + h]; }
+        workgroupBarrier();
+    }
+    let r = s[0];
+    workgroupBarrier();
+    return r;
+}
+
+// LayerNorm backward of one row a workgroup of 64 threads, with x̂ = (x − mean)·rstd and
+// g = dy·w: dx = rstd·(g − mean_row(g) − x̂·mean_row(g·x̂)); dyx = dy·x̂ (summed over the rows
+// for dw afterwards). p0 = rows, p1 = cols.
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row = wid.y * P.gx + wid.x;
+    if (row >= P.p0) { return; }
+    let cols = P.p1;
+    let base = row * cols;
+    let mu = mean[row];
+    let rs = rstd[row];
+    var sg = 0.0;
+    var sgx = 0.0;
+    for (var c = lid.x; c < cols; c += 64u) {
+        let xh = (x[base + c] - mu) * rs;
+        let g = dy[base + c] * w[c];
+        sg += g;
+        sgx += g * xh;
+        dyx[base + c] = dy[base + c] * xh;
+    }
+    let n = f32(cols);
+    let mg = wg_sum(sg, lid.x) / n;
+    let mgx = wg_sum(sgx, lid.x) / n;
+    for (var c = lid.x; c < cols; c += 64u) {
+        let xh = (x[base + c] - mu) * rs;
+        dx[base + c] = rs * (dy[base + c] * w[c] - mg - xh * mgx);
+    }
+}
