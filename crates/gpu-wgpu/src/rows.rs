@@ -15,6 +15,7 @@ use gpu_core::{DType, Result};
 
 const LAYERNORM_FWD: &str = include_str!("shaders/layernorm_fwd.wgsl");
 const LAYERNORM_BWD: &str = include_str!("shaders/layernorm_bwd.wgsl");
+const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
 
 type Buf = WgpuBuffer;
 
@@ -54,7 +55,7 @@ impl RowOps for WgpuBackend {
         ];
         let (gx, gy) = self.grid(OP, to_u32(OP, rows)?)?;
         let bufs = [x.raw(), w.raw(), b.raw(), y.raw(), mean.raw(), rstd.raw()];
-        let body = || src(LAYERNORM_FWD);
+        let body = || src(&format!("{WG_SUM64}{LAYERNORM_FWD}"));
         self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)
     }
 
@@ -105,7 +106,8 @@ impl RowOps for WgpuBackend {
             dx.raw(),
             dyx.raw(),
         ];
-        self.launch(OP, (OP, || src(LAYERNORM_BWD)), p, (gx, (gx, gy, 1)), &bufs)?;
+        let body = || src(&format!("{WG_SUM64}{LAYERNORM_BWD}"));
+        self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)?;
         self.reduce_axis(ReduceKind::Sum, &dyx, 1, rows, cols, dw)?;
         self.reduce_axis(ReduceKind::Sum, dy, 1, rows, cols, db)?;
         Ok(())

@@ -5,22 +5,6 @@
 @group(0) @binding(5) var<storage, read> dy: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dx: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dyx: array<f32>;
-var<workgroup> s: array<f32, 64>;
-
-// The sum of `v` over the workgroup's 64 threads (a tree in workgroup memory); every thread
-// gets it.
-fn wg_sum(v: f32, lid: u32) -> f32 {
-    s[lid] = v;
-    workgroupBarrier();
-    for (var h = 32u; h > 0u; h >>= 1u) {
-        if (lid < h) { s[lid] = s[lid] + s[lid + h]; }
-        workgroupBarrier();
-    }
-    let r = s[0];
-    workgroupBarrier();
-    return r;
-}
-
 // LayerNorm backward of one row a workgroup of 64 threads, with x̂ = (x − mean)·rstd and
 // g = dy·w: dx = rstd·(g − mean_row(g) − x̂·mean_row(g·x̂)); dyx = dy·x̂ (summed over the rows
 // for dw afterwards). p0 = rows, p1 = cols.

@@ -4,22 +4,6 @@
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<storage, read_write> mean: array<f32>;
 @group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
-var<workgroup> s: array<f32, 64>;
-
-// The sum of `v` over the workgroup's 64 threads (a tree in workgroup memory); every thread
-// gets it.
-fn wg_sum(v: f32, lid: u32) -> f32 {
-    s[lid] = v;
-    workgroupBarrier();
-    for (var h = 32u; h > 0u; h >>= 1u) {
-        if (lid < h) { s[lid] = s[lid] + s[lid + h]; }
-        workgroupBarrier();
-    }
-    let r = s[0];
-    workgroupBarrier();
-    return r;
-}
-
 // LayerNorm forward of one row a workgroup of 64 threads: mean, then the biased variance of
 // x − mean (two passes, f32), rstd = 1/sqrt(var + eps), y = (x − mean)·rstd·w + b.
 // p0 = rows, p1 = cols, p2 = eps's f32 bits.
