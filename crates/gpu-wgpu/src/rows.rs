@@ -1,14 +1,16 @@
 //! [`RowOps`] for [`WgpuBackend`]: LayerNorm's forward as one fused kernel (the default
-//! composes ~8 launches and 4 temporaries) and its backward as one row kernel and two column
-//! reductions (the default: ~14 launches), the other row ops from gpu-core's defaults. f32
-//! sums in a tree against the CPU's f64: within the defaults' bounds.
+//! composes ~8 launches and 4 temporaries), its backward as one row kernel and two column
+//! reductions (the default: ~14 launches), and cross-entropy's forward and backward as one
+//! kernel each (the targets still read back and checked on the host first, for the default's
+//! typed error); the other row ops from gpu-core's defaults. f32 sums in a tree against the
+//! CPU's f64: within the defaults' bounds.
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{src, to_u32};
 use gpu_core::backend::{Backend, BufferInfo};
-use gpu_core::nn::defaults::rows as defaults;
-use gpu_core::nn::rows::{check_eps, check_norm, LayerNormBwdIn};
+use gpu_core::nn::defaults;
+use gpu_core::nn::rows::{check_cross_entropy, check_eps, check_norm, LayerNormBwdIn};
 use gpu_core::nn::{Primitives, ReduceKind, RowOps};
 use gpu_core::ops::check_elementwise;
 use gpu_core::{DType, Result};
@@ -16,6 +18,32 @@ use gpu_core::{DType, Result};
 const LAYERNORM_FWD: &str = include_str!("shaders/layernorm_fwd.wgsl");
 const LAYERNORM_BWD: &str = include_str!("shaders/layernorm_bwd.wgsl");
 const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
+const ROW_LSE64: &str = include_str!("shaders/row_lse64.wgsl");
+const CE_FWD: &str = include_str!("shaders/ce_fwd.wgsl");
+const CE_BWD: &str = include_str!("shaders/ce_bwd.wgsl");
+
+impl WgpuBackend {
+    /// Reads `targets` on the host and checks each is below `cols` (the default's typed error:
+    /// this waits for the device).
+    fn check_targets(&self, op: &'static str, targets: &Buf, cols: usize) -> Result<()> {
+        let t: Vec<u32> = self.download(targets)?;
+        defaults::flat_row_ids(op, &t, cols).map(|_| ())
+    }
+
+    /// Launches one of the row-per-workgroup kernels (64 threads) over `rows` rows of `cols`.
+    fn launch_rows(
+        &self,
+        op: &'static str,
+        body: &'static str,
+        [rows, cols]: [usize; 2],
+        bufs: &[&wgpu::Buffer],
+    ) -> Result<()> {
+        let p = [to_u32(op, rows)?, to_u32(op, cols)?, 0, 0, 0, 0, 0, 0];
+        let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
+        let src = || src(&format!("{WG_SUM64}{ROW_LSE64}{body}"));
+        self.launch(op, (op, src), p, (gx, (gx, gy, 1)), bufs)
+    }
+}
 
 type Buf = WgpuBuffer;
 
@@ -40,8 +68,8 @@ impl RowOps for WgpuBackend {
         )?;
         self.check_out(OP, &[x, w, b, y, mean, rstd])?;
         if x.dtype() != DType::F32 {
-            let n = defaults::NormIn { x, w, rows, cols };
-            return defaults::layernorm(self, n, b, (y, mean, rstd), eps);
+            let n = defaults::rows::NormIn { x, w, rows, cols };
+            return defaults::rows::layernorm(self, n, b, (y, mean, rstd), eps);
         }
         let p = [
             to_u32(OP, rows)?,
@@ -86,13 +114,13 @@ impl RowOps for WgpuBackend {
         check_elementwise(OP, &[dy], dx)?;
         self.check_out(OP, &[x, w, mean, rstd, dy, dx, dw, db])?;
         if x.dtype() != DType::F32 {
-            let n = defaults::NormIn { x, w, rows, cols };
-            let stats = defaults::NormStats {
+            let n = defaults::rows::NormIn { x, w, rows, cols };
+            let stats = defaults::rows::NormStats {
                 mean: Some(mean),
                 rstd,
                 dy,
             };
-            return defaults::norm_bwd(self, n, stats, (dx, dw, Some(db)));
+            return defaults::rows::norm_bwd(self, n, stats, (dx, dw, Some(db)));
         }
         let dyx = self.allocate(DType::F32, rows * cols)?;
         let p = [to_u32(OP, rows)?, to_u32(OP, cols)?, 0, 0, 0, 0, 0, 0];
@@ -111,5 +139,45 @@ impl RowOps for WgpuBackend {
         self.reduce_axis(ReduceKind::Sum, &dyx, 1, rows, cols, dw)?;
         self.reduce_axis(ReduceKind::Sum, dy, 1, rows, cols, db)?;
         Ok(())
+    }
+
+    /// For f32: the targets checked on the host, then one workgroup of 64 threads a row.
+    fn cross_entropy_fwd(
+        &self,
+        logits: &Buf,
+        targets: &Buf,
+        loss: &mut Buf,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy_fwd";
+        let rows = check_cross_entropy(OP, logits, targets, loss, None, cols)?;
+        self.check_out(OP, &[logits, targets, loss])?;
+        if logits.dtype() != DType::F32 {
+            return defaults::rows::cross_entropy(self, (logits, targets), loss, [rows, cols]);
+        }
+        self.check_targets(OP, targets, cols)?;
+        let bufs = [logits.raw(), targets.raw(), loss.raw()];
+        self.launch_rows(OP, CE_FWD, [rows, cols], &bufs)
+    }
+
+    /// For f32: the targets checked on the host, then one workgroup of 64 threads a row.
+    fn cross_entropy_bwd(
+        &self,
+        logits: &Buf,
+        targets: &Buf,
+        dloss: &Buf,
+        dlogits: &mut Buf,
+        cols: usize,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy_bwd";
+        let rows = check_cross_entropy(OP, logits, targets, dloss, Some(dlogits), cols)?;
+        self.check_out(OP, &[logits, targets, dloss, dlogits])?;
+        if logits.dtype() != DType::F32 {
+            let ins = (logits, targets, dloss);
+            return defaults::rows::cross_entropy_bwd(self, ins, dlogits, [rows, cols]);
+        }
+        self.check_targets(OP, targets, cols)?;
+        let bufs = [logits.raw(), targets.raw(), dloss.raw(), dlogits.raw()];
+        self.launch_rows(OP, CE_BWD, [rows, cols], &bufs)
     }
 }

@@ -166,3 +166,98 @@ fn fused_layernorm_backward_matches_the_cpu() {
         }
     }
 }
+
+/// Cross-entropy's loss and gradient on `b`; `None` where the call is refused.
+fn cross_entropy<B: RowOps>(b: &B, x: &[f32], t: &[u32], dl: &[f32]) -> Option<[Vec<f32>; 2]> {
+    let (rows, cols) = (t.len(), x.len() / t.len());
+    let (xb, tb, db) = (
+        b.upload(x).unwrap(),
+        b.upload(t).unwrap(),
+        b.upload(dl).unwrap(),
+    );
+    let mut loss = b.upload(&vec![7.0f32; rows]).unwrap();
+    let mut d = b.upload(&vec![7.0f32; x.len()]).unwrap();
+    let fwd = b.cross_entropy_fwd(&xb, &tb, &mut loss, cols);
+    let bwd = b.cross_entropy_bwd(&xb, &tb, &db, &mut d, cols);
+    let got = [&loss, &d].map(|t| b.download::<f32>(t).unwrap());
+    if fwd.is_err() || bwd.is_err() {
+        assert!(fwd.is_err() && bwd.is_err(), "{fwd:?} {bwd:?}");
+        // A refused call writes nothing.
+        assert!(got.iter().all(|v| v.iter().all(|&e| e == 7.0)));
+        return None;
+    }
+    Some(got)
+}
+
+/// The fused cross-entropy (forward and backward) against the CPU, with hostile rows (NaN,
+/// +inf: NaN loss and gradient as on the CPU; huge finite logits) and an out-of-range target
+/// (refused by both passes, nothing written).
+#[test]
+fn fused_cross_entropy_matches_the_cpu() {
+    let Some(g) = backend_or_skip("fused_cross_entropy_matches_the_cpu") else {
+        return;
+    };
+    let mut r = rng("fused_cross_entropy_matches_the_cpu");
+    for (rows, cols) in [
+        (1, 1),
+        (3, 63),
+        (2, 64),
+        (4, 65),
+        (2, 384),
+        (3, 1000),
+        (300, 40),
+    ] {
+        let mut x = randn(&mut r, rows * cols, 4.0);
+        let t: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 3) % cols) as u32).collect();
+        let dl = randn(&mut r, rows, 1.0);
+        if rows >= 3 {
+            x[1] = f32::NAN; // row 0
+            x[cols + 2] = f32::INFINITY; // row 1
+            x[2 * cols..3 * cols].iter_mut().for_each(|v| *v *= 1e29); // row 2: huge
+        }
+        let got = cross_entropy(&g, &x, &t, &dl).unwrap();
+        let want = cross_entropy(&CpuBackend, &x, &t, &dl).unwrap();
+        // Bound: the f32 sum of cols exponentials (each within 3 + 2|x − max| ulp, |x − max|
+        // at most 8 here) and a log: (4·(cols + 8) + 64)·2^-24 relative, of the loss's terms
+        // and of each probability.
+        let k = (4.0 * (cols as f64 + 8.0) + 64.0) * U;
+        for row in 0..rows {
+            if rows >= 3 && row < 2 {
+                assert!(got[0][row].is_nan() && want[0][row].is_nan(), "row {row}");
+                assert!(got[1][row * cols..][..cols].iter().all(|v| v.is_nan()));
+                continue;
+            }
+            let xt = x[row * cols + t[row] as usize] as f64;
+            let lse = want[0][row] as f64 + xt;
+            let tol = k * (1.0 + lse.abs() + xt.abs());
+            assert!(
+                close(got[0][row], want[0][row] as f64, tol),
+                "{rows}x{cols} loss[{row}]: {} against {}",
+                got[0][row],
+                want[0][row]
+            );
+            for c in 0..cols {
+                let i = row * cols + c;
+                let onehot = if c == t[row] as usize { 1.0 } else { 0.0 };
+                let p = if dl[row] == 0.0 {
+                    1.0
+                } else {
+                    want[1][i] as f64 / dl[row] as f64 + onehot
+                };
+                let tol = k * (p.abs() + onehot + 1e-30) * (dl[row] as f64).abs();
+                assert!(
+                    close(got[1][i], want[1][i] as f64, tol),
+                    "{rows}x{cols} dlogits[{row}, {c}]: {} against {} (tol {tol}, p {p}, dl {})",
+                    got[1][i],
+                    want[1][i],
+                    dl[row]
+                );
+            }
+        }
+        // A target equal to cols is refused by both passes, on both backends.
+        let mut bad = t.clone();
+        bad[rows - 1] = cols as u32;
+        assert!(cross_entropy(&g, &x, &bad, &dl).is_none());
+        assert!(cross_entropy(&CpuBackend, &x, &bad, &dl).is_none());
+    }
+}

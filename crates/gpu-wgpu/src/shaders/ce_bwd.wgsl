@@ -1,0 +1,23 @@
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read> targets: array<u32>;
+@group(0) @binding(3) var<storage, read> dloss: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dlogits: array<f32>;
+
+// Cross-entropy backward of one row a workgroup of 64 threads:
+// dlogits = (exp(x − max)/Σ − onehot(t))·dloss[row] (NaN for a row whose max is not finite).
+// p0 = rows, p1 = cols.
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row = wid.y * P.gx + wid.x;
+    if (row >= P.p0) { return; }
+    let cols = P.p1;
+    let base = row * cols;
+    let st = row_stats(base, cols, lid.x);
+    let t = targets[row];
+    let dl = dloss[row];
+    for (var c = lid.x; c < cols; c += 64u) {
+        let p = exp(logits[base + c] - st.x) / st.y;
+        let d = (p - select(0.0, 1.0, c == t)) * dl;
+        dlogits[base + c] = select(d, st.x, is_nan(st.x));
+    }
+}
