@@ -13,6 +13,17 @@ use gpu_core::nn::RowOps;
 use gpu_core::{CpuBackend, DType};
 use gpu_wgpu::testing::backend_or_skip;
 
+/// (rows, cols): widths around the kernels' 64 threads a row, long rows, many short rows.
+const SHAPES: [(usize, usize); 7] = [
+    (1, 1),
+    (3, 63),
+    (2, 64),
+    (4, 65),
+    (2, 384),
+    (3, 1000),
+    (300, 40),
+];
+
 /// `(y, mean, rstd)` of LayerNorm on `b`.
 fn layernorm<B: RowOps>(b: &B, x: &[f32], w: &[f32], bias: &[f32]) -> [Vec<f32>; 3] {
     let (cols, rows) = (w.len(), x.len() / w.len());
@@ -35,15 +46,7 @@ fn fused_layernorm_matches_the_cpu() {
         return;
     };
     let mut r = rng("fused_layernorm_matches_the_cpu");
-    for (rows, cols) in [
-        (1, 1),
-        (3, 63),
-        (2, 64),
-        (4, 65),
-        (2, 384),
-        (3, 1000),
-        (300, 40),
-    ] {
+    for (rows, cols) in SHAPES {
         let mut x = randn(&mut r, rows * cols, 3.0);
         let (w, bias) = (randn(&mut r, cols, 2.0), randn(&mut r, cols, 1.0));
         if rows >= 3 {
@@ -113,15 +116,7 @@ fn fused_layernorm_backward_matches_the_cpu() {
         return;
     };
     let mut r = rng("fused_layernorm_backward_matches_the_cpu");
-    for (rows, cols) in [
-        (1, 1),
-        (3, 63),
-        (2, 64),
-        (4, 65),
-        (2, 384),
-        (3, 1000),
-        (300, 40),
-    ] {
+    for (rows, cols) in SHAPES {
         let x = randn(&mut r, rows * cols, 3.0);
         let dy = randn(&mut r, rows * cols, 1.0);
         let (w, bias) = (randn(&mut r, cols, 2.0), randn(&mut r, cols, 1.0));
@@ -198,15 +193,7 @@ fn fused_cross_entropy_matches_the_cpu() {
         return;
     };
     let mut r = rng("fused_cross_entropy_matches_the_cpu");
-    for (rows, cols) in [
-        (1, 1),
-        (3, 63),
-        (2, 64),
-        (4, 65),
-        (2, 384),
-        (3, 1000),
-        (300, 40),
-    ] {
+    for (rows, cols) in SHAPES {
         let mut x = randn(&mut r, rows * cols, 4.0);
         let t: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 3) % cols) as u32).collect();
         let dl = randn(&mut r, rows, 1.0);
