@@ -2,6 +2,9 @@
 //! the CPU backend) and nothing else, so every other op runs its default body from
 //! `nn/defaults`. It proves a backend can join op by op: the tests run the op families, and
 //! `tensor-ops` runs models, on it and compare with the CPU backend.
+//!
+//! [`test_seed`]: the seed of a randomised test, fixed per test by default (so CI never turns
+//! red at random), printed, and replayed or drawn fresh through `HYBRID_TEST_SEED`.
 
 use crate::backend::{Backend, DeviceType};
 use crate::cpu::{CpuBackend, CpuStorage};
@@ -135,3 +138,69 @@ impl QuantOps for PrimitivesOnly {}
 impl SampleOps for PrimitivesOnly {}
 impl OptimOps for PrimitivesOnly {}
 impl WorldOps for PrimitivesOnly {}
+
+/// The environment variable that sets a randomised test's seed: a number replays it, `fresh`
+/// draws a new one.
+pub const SEED_ENV: &str = "HYBRID_TEST_SEED";
+
+/// The seed of the randomised test `test`: by default a fixed one derived from its name (the
+/// same in every run, so a failure is a property of the code, not of the draw); with
+/// `HYBRID_TEST_SEED=N` the seed N (to replay a printed seed), with `HYBRID_TEST_SEED=fresh` a
+/// new one each run (to search for failures). Printed either way (the harness shows it when the
+/// test fails). An unparsable value fails the test rather than silently using another seed.
+pub fn test_seed(test: &str) -> u64 {
+    let seed = seed_from(test, std::env::var(SEED_ENV).ok());
+    eprintln!("{test}: seed {seed} (replay with {SEED_ENV}={seed})");
+    seed
+}
+
+/// The seed that `value` (the environment variable's value) names for `test`.
+pub fn seed_from(test: &str, value: Option<String>) -> u64 {
+    match value.as_deref().map(str::trim) {
+        None => name_seed(test),
+        Some("fresh") => fresh_seed(),
+        Some(s) => s
+            .parse()
+            .unwrap_or_else(|_| panic!("{test}: {SEED_ENV}={s:?} is neither a u64 nor `fresh`")),
+    }
+}
+
+/// FNV-1a of the test's name: fixed across runs, platforms and Rust versions.
+fn name_seed(test: &str) -> u64 {
+    test.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// A seed from the standard library's per-process random hasher keys and the clock.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    h.finish()
+}
+
+#[cfg(test)]
+mod seed_tests {
+    use super::*;
+
+    #[test]
+    fn a_given_seed_is_replayed_the_default_is_fixed_and_fresh_seeds_differ() {
+        assert_eq!(seed_from("t", Some(" 730 ".into())), 730);
+        assert_eq!(seed_from("t", None), seed_from("t", None));
+        assert_ne!(seed_from("t", None), seed_from("u", None));
+        let fresh: std::collections::HashSet<u64> = (0..8)
+            .map(|_| seed_from("t", Some("fresh".into())))
+            .collect();
+        assert!(fresh.len() > 1, "fresh seeds repeat: {fresh:?}");
+    }
+
+    #[test]
+    #[should_panic(expected = "is neither a u64 nor `fresh`")]
+    fn an_unparsable_seed_fails_the_test() {
+        seed_from("t", Some("abc".into()));
+    }
+}

@@ -6,18 +6,17 @@
 //! fails the test instead: the GPU bundle sets it so a skip can never pass for a pass.
 //!
 //! [`devices`] lists the devices a test that runs everywhere should cover (the CPU, then CUDA
-//! device 0 where present), and [`test_seed`] gives a randomised test a seed it prints, which
-//! `HYBRID_TEST_SEED` replays.
+//! device 0 where present), and [`test_seed`] gives a randomised test a seed, fixed per test
+//! and printed, which `HYBRID_TEST_SEED` replays (or `fresh` redraws).
 
 pub mod cancel;
 
 use crate::CudaBackend;
 use gpu_core::Device;
-use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
 
-/// The environment variable that replays a randomised test's seed.
-pub const SEED_ENV: &str = "HYBRID_TEST_SEED";
+/// The environment variable that sets a randomised test's seed.
+pub use gpu_core::testing::SEED_ENV;
 
 /// Whether `HYBRID_REQUIRE_GPU=1` (set by the GPU bundle).
 fn gpu_required() -> bool {
@@ -62,34 +61,10 @@ pub fn devices(test: &str) -> Vec<Device> {
     }
 }
 
-/// The seed of a randomised test: the value of `HYBRID_TEST_SEED` when set (to replay a
-/// failure), else a fresh one. Printed either way (the harness shows it when the test fails).
-/// An unparsable `HYBRID_TEST_SEED` fails the test rather than silently drawing a new seed.
+/// The seed of a randomised test ([`gpu_core::testing::test_seed`]: fixed per test, printed;
+/// `HYBRID_TEST_SEED` replays a number or draws `fresh`).
 pub fn test_seed(test: &str) -> u64 {
-    let seed = seed_or_fresh(test, std::env::var(SEED_ENV).ok());
-    eprintln!("{test}: seed {seed} (replay with {SEED_ENV}={seed})");
-    seed
-}
-
-/// The seed named by `value` (the environment variable's value), else a fresh one.
-fn seed_or_fresh(test: &str, value: Option<String>) -> u64 {
-    match value {
-        Some(s) => s
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{test}: {SEED_ENV}={s:?} is not a u64")),
-        None => fresh_seed(),
-    }
-}
-
-/// A seed from the standard library's per-process random hasher keys and the clock.
-fn fresh_seed() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    h.write_u128(nanos);
-    h.finish()
+    gpu_core::testing::test_seed(test)
 }
 
 /// The number of CUDA devices when there are at least `n`, or `None` after reporting the skip
@@ -155,24 +130,5 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
         num.sqrt()
     } else {
         (num / den).sqrt()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_given_seed_is_replayed_and_fresh_seeds_differ() {
-        assert_eq!(seed_or_fresh("t", Some(" 730 ".into())), 730);
-        let fresh: std::collections::HashSet<u64> =
-            (0..8).map(|_| seed_or_fresh("t", None)).collect();
-        assert!(fresh.len() > 1, "fresh seeds repeat: {fresh:?}");
-    }
-
-    #[test]
-    #[should_panic(expected = "is not a u64")]
-    fn an_unparsable_seed_fails_the_test() {
-        seed_or_fresh("t", Some("abc".into()));
     }
 }

@@ -1,5 +1,5 @@
-//! Helpers shared by the wgpu test files: seeded randomness (the seed is printed; replay with
-//! `HYBRID_TEST_SEED`), hostile values and value comparison.
+//! Helpers shared by the wgpu test files: seeded randomness (fixed per test, printed; replay
+//! with `HYBRID_TEST_SEED`, or `HYBRID_TEST_SEED=fresh`), hostile values and value comparison.
 #![allow(dead_code)]
 
 use rand::rngs::StdRng;
@@ -9,12 +9,7 @@ use rand::{Rng, SeedableRng};
 pub const U: f64 = 1.0 / (1u64 << 24) as f64;
 
 pub fn rng(test: &str) -> StdRng {
-    let seed = match std::env::var("HYBRID_TEST_SEED") {
-        Ok(s) => s.trim().parse().expect("HYBRID_TEST_SEED is a u64"),
-        Err(_) => rand::random(),
-    };
-    eprintln!("{test}: seed {seed} (replay with HYBRID_TEST_SEED={seed})");
-    StdRng::seed_from_u64(seed)
+    StdRng::seed_from_u64(gpu_core::testing::test_seed(test))
 }
 
 pub fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {

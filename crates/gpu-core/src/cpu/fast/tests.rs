@@ -20,19 +20,9 @@ mod sgemm;
 
 pub(super) const U: f64 = 1.0 / (1u64 << 24) as f64;
 
-/// The seed of a randomised test: `HYBRID_TEST_SEED` when set, else fresh; printed.
+/// The seed of a randomised test ([`crate::testing::test_seed`]: fixed per test, printed).
 pub(super) fn seed(test: &str) -> u64 {
-    let seed = match std::env::var("HYBRID_TEST_SEED") {
-        Ok(s) => s.trim().parse().expect("HYBRID_TEST_SEED is not a u64"),
-        Err(_) => {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_nanos()));
-            h.finish()
-        }
-    };
-    eprintln!("{test}: seed {seed} (replay with HYBRID_TEST_SEED={seed})");
-    seed
+    crate::testing::test_seed(test)
 }
 
 pub(super) fn normal(rng: &mut StdRng, n: usize, mean: f64, std: f64) -> Vec<f32> {
