@@ -1,5 +1,5 @@
 //! `cargo xtask bench`: builds and runs `gpu-bench` on this machine's GPU, which writes
-//! `docs/benchmarks.md` (with the PyTorch peer when `python3 -c "import torch"` works, and the
+//! `target/benchmarks.md` (with the PyTorch peer when `python3 -c "import torch"` works, and the
 //! GPT training-step rows when the tinyshakespeare corpus is found).
 
 use anyhow::{ensure, Result};
@@ -19,7 +19,7 @@ pub fn run(torch: bool) -> Result<()> {
         ])
         .args([
             "--out",
-            "docs/benchmarks.md",
+            "target/benchmarks.md",
             "--torch-script",
             "benches/torch_peer.py",
         ]);

@@ -27,7 +27,7 @@ enum Cmd {
     },
     /// Build the release GPU test and bench binaries into target/gpu-bundle with a run.sh.
     GpuBundle,
-    /// Run the GPU benchmarks on this machine (needs a GPU) and write docs/benchmarks.md.
+    /// Run the GPU benchmarks on this machine (needs a GPU) and write target/benchmarks.md (its rows go into docs/benchmarks.md by hand).
     Bench {
         /// Skip the PyTorch comparison (by default it runs when `python3 -c "import torch"` works).
         #[arg(long)]

@@ -24,7 +24,7 @@ use std::process::Command;
 #[command(about = "Benchmark the CUDA kernels against the GPU's ceilings and PyTorch")]
 struct Args {
     /// Markdown report to write.
-    #[arg(long, default_value = "docs/benchmarks.md")]
+    #[arg(long, default_value = "target/benchmarks.md")]
     out: PathBuf,
     /// The PyTorch peer script (benches/torch_peer.py).
     #[arg(long, default_value = "benches/torch_peer.py")]
