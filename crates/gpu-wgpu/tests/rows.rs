@@ -13,8 +13,12 @@ use gpu_core::nn::RowOps;
 use gpu_core::{CpuBackend, DType};
 use gpu_wgpu::testing::backend_or_skip;
 
-/// (rows, cols): widths around the kernels' 64 threads a row, long rows, many short rows.
-const SHAPES: [(usize, usize); 7] = [
+/// (rows, cols): widths around the kernels' 64 threads a row, long rows, many short rows; no
+/// rows at all; more rows than one grid dimension holds (65,535 workgroups); one huge row.
+const SHAPES: [(usize, usize); 10] = [
+    (0, 5),
+    (70_000, 3),
+    (1, 300_000),
     (1, 1),
     (3, 63),
     (2, 64),
@@ -163,8 +167,13 @@ fn fused_layernorm_backward_matches_the_cpu() {
 }
 
 /// Cross-entropy's loss and gradient on `b`; `None` where the call is refused.
-fn cross_entropy<B: RowOps>(b: &B, x: &[f32], t: &[u32], dl: &[f32]) -> Option<[Vec<f32>; 2]> {
-    let (rows, cols) = (t.len(), x.len() / t.len());
+fn cross_entropy<B: RowOps>(
+    b: &B,
+    (x, cols): (&[f32], usize),
+    t: &[u32],
+    dl: &[f32],
+) -> Option<[Vec<f32>; 2]> {
+    let rows = t.len();
     let (xb, tb, db) = (
         b.upload(x).unwrap(),
         b.upload(t).unwrap(),
@@ -185,8 +194,9 @@ fn cross_entropy<B: RowOps>(b: &B, x: &[f32], t: &[u32], dl: &[f32]) -> Option<[
 }
 
 /// The fused cross-entropy (forward and backward) against the CPU, with hostile rows (NaN,
-/// +inf: NaN loss and gradient as on the CPU; huge finite logits) and an out-of-range target
-/// (refused by both passes, nothing written).
+/// +inf: NaN loss and gradient as on the CPU; huge finite logits; −inf at the target: loss
+/// +inf, the gradient finite) and an out-of-range target (refused by both passes, nothing
+/// written).
 #[test]
 fn fused_cross_entropy_matches_the_cpu() {
     let Some(g) = backend_or_skip("fused_cross_entropy_matches_the_cpu") else {
@@ -202,8 +212,14 @@ fn fused_cross_entropy_matches_the_cpu() {
             x[cols + 2] = f32::INFINITY; // row 1
             x[2 * cols..3 * cols].iter_mut().for_each(|v| *v *= 1e29); // row 2: huge
         }
-        let got = cross_entropy(&g, &x, &t, &dl).unwrap();
-        let want = cross_entropy(&CpuBackend, &x, &t, &dl).unwrap();
+        if rows >= 4 {
+            x[3 * cols + t[3] as usize] = f32::NEG_INFINITY; // row 3: the target impossible
+        }
+        let got = cross_entropy(&g, (&x, cols), &t, &dl).unwrap();
+        let want = cross_entropy(&CpuBackend, (&x, cols), &t, &dl).unwrap();
+        if rows >= 4 {
+            assert_eq!((got[0][3], want[0][3]), (f32::INFINITY, f32::INFINITY));
+        }
         // Bound: the f32 sum of cols exponentials (each within 3 + 2|x − max| ulp, |x − max|
         // at most 8 here) and a log: (4·(cols + 8) + 64)·2^-24 relative, of the loss's terms
         // and of each probability.
@@ -242,9 +258,11 @@ fn fused_cross_entropy_matches_the_cpu() {
             }
         }
         // A target equal to cols is refused by both passes, on both backends.
-        let mut bad = t.clone();
-        bad[rows - 1] = cols as u32;
-        assert!(cross_entropy(&g, &x, &bad, &dl).is_none());
-        assert!(cross_entropy(&CpuBackend, &x, &bad, &dl).is_none());
+        if rows > 0 {
+            let mut bad = t.clone();
+            bad[rows - 1] = cols as u32;
+            assert!(cross_entropy(&g, (&x, cols), &bad, &dl).is_none());
+            assert!(cross_entropy(&CpuBackend, (&x, cols), &bad, &dl).is_none());
+        }
     }
 }
