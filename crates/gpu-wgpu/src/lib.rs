@@ -7,6 +7,7 @@
 //! f16 and bf16 hold their raw 2-byte values, two per word (element `2w` in the low half of word
 //! `w`, little-endian, as in host memory), the buffer padded to a whole word.
 
+mod attention;
 mod backend;
 mod buffer;
 mod error;

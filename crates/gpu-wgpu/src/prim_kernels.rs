@@ -26,6 +26,7 @@ const REDUCE_AXIS_THREAD: &str = include_str!("shaders/reduce_axis_thread.wgsl")
 const THREAD_REDUCE_MAX: usize = 256;
 const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 const DROPOUT: &str = include_str!("shaders/dropout.wgsl");
+const DROP_HASH: &str = include_str!("shaders/dropout_hash.wgsl");
 const GATHER: &str = include_str!("shaders/gather_rows.wgsl");
 const SCATTER_ADD: &str = include_str!("shaders/scatter_add_rows.wgsl");
 
@@ -314,7 +315,7 @@ impl WgpuBackend {
         self.launch_1d(
             "dropout",
             "dropout",
-            || src(DROPOUT),
+            || src(&format!("{DROP_HASH}{DROPOUT}")),
             params,
             x.len(),
             &bufs,

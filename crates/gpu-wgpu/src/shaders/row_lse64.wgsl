@@ -1,16 +1,3 @@
-// The max of `v` over the workgroup's 64 threads, NaN if any is NaN; every thread gets it.
-fn wg_max(v: f32, lid: u32) -> f32 {
-    s[lid] = v;
-    workgroupBarrier();
-    for (var h = 32u; h > 0u; h >>= 1u) {
-        if (lid < h) { s[lid] = nan_max(s[lid], s[lid + h]); }
-        workgroupBarrier();
-    }
-    let r = s[0];
-    workgroupBarrier();
-    return r;
-}
-
 fn not_finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u; }
 
 // (max, Σ exp(x − max)) of the `cols` logits at `base`, or (NaN, NaN) when the max is not

@@ -72,18 +72,55 @@ fn dropout<B: AttentionOps + ?Sized>(
     AttnDropout::active(resolve_drop(b, op, call.drop)?, op)
 }
 
+/// The unpacked attention forward that a packed call runs on (f32, `[n, t, d]`, with the
+/// call's dropout): [`A::forward`], or a backend's fused one with the same meaning.
+pub type Forward<B> = fn(
+    &B,
+    A::Qkv<'_, B>,
+    (
+        &mut <B as crate::Backend>::Buffer,
+        &mut <B as crate::Backend>::Buffer,
+    ),
+    Dims,
+) -> Result<()>;
+
+/// The unpacked attention backward that a packed call runs on: [`A::backward`] or a
+/// backend's.
+pub type Backward<B> = fn(
+    &B,
+    A::Qkv<'_, B>,
+    A::Saved<'_, B>,
+    (
+        &mut <B as crate::Backend>::Buffer,
+        &mut <B as crate::Backend>::Buffer,
+        &mut <B as crate::Backend>::Buffer,
+    ),
+    Dims,
+) -> Result<()>;
+
 /// Forward (see the module docs).
 pub fn forward<B: AttentionOps + ?Sized>(
     b: &B,
     qkv: &B::Buffer,
+    outs: (&mut B::Buffer, &mut B::Buffer),
+    call: PackedCall<'_, B::Buffer>,
+) -> Result<()> {
+    forward_with(b, qkv, outs, call, A::forward::<B>)
+}
+
+/// [`forward`] on the unpacked forward `core`.
+pub fn forward_with<B: AttentionOps + ?Sized>(
+    b: &B,
+    qkv: &B::Buffer,
     (out, lse): (&mut B::Buffer, &mut B::Buffer),
     call: PackedCall<'_, B::Buffer>,
+    core: Forward<B>,
 ) -> Result<()> {
     const OP: &str = "causal_attention_packed_fwd";
     if qkv.dtype() == DType::BF16 {
         same_dtype(OP, DType::BF16, out.dtype())?;
         let mut o = f32_buf(b, out.len())?;
-        forward(b, &widen(b, qkv)?, (&mut o, lse), call)?;
+        forward_with(b, &widen(b, qkv)?, (&mut o, lse), call, core)?;
         return b.cast(&o, out);
     }
     let (p, scale) = (call.dims, call.scale);
@@ -91,7 +128,7 @@ pub fn forward<B: AttentionOps + ?Sized>(
     let drop = dropout(b, OP, call)?;
     let [q, k, v] = unpack(b, qkv, p)?;
     let mut o = f32_buf(b, out.len())?;
-    A::forward(
+    core(
         b,
         A::Qkv {
             q: &q,
@@ -112,6 +149,18 @@ pub fn backward<B: AttentionOps + ?Sized>(
     dqkv: &mut B::Buffer,
     call: PackedCall<'_, B::Buffer>,
 ) -> Result<()> {
+    backward_with(b, qkv, s, dqkv, call, A::backward::<B>)
+}
+
+/// [`backward`] on the unpacked backward `core`.
+pub fn backward_with<B: AttentionOps + ?Sized>(
+    b: &B,
+    qkv: &B::Buffer,
+    s: PackedSaved<'_, B::Buffer>,
+    dqkv: &mut B::Buffer,
+    call: PackedCall<'_, B::Buffer>,
+    core: Backward<B>,
+) -> Result<()> {
     const OP: &str = "causal_attention_packed_bwd";
     if qkv.dtype() == DType::BF16 {
         same_dtype(OP, DType::BF16, dqkv.dtype())?;
@@ -122,7 +171,7 @@ pub fn backward<B: AttentionOps + ?Sized>(
             dout: &dout,
         };
         let mut g = f32_buf(b, dqkv.len())?;
-        backward(b, &widen(b, qkv)?, wide, &mut g, call)?;
+        backward_with(b, &widen(b, qkv)?, wide, &mut g, call, core)?;
         return b.cast(&g, dqkv);
     }
     let (p, scale) = (call.dims, call.scale);
@@ -142,7 +191,7 @@ pub fn backward<B: AttentionOps + ?Sized>(
         k: &k,
         v: &v,
     };
-    A::backward(
+    core(
         b,
         x,
         saved,
