@@ -76,7 +76,8 @@ impl UnaryOp {
             UnaryOp::Exp => "exp(x)",
             UnaryOp::Log => "log(x)",
             UnaryOp::Tanh => "tanh_(x)",
-            UnaryOp::Relu => "select(x, 0.0, x < 0.0)",
+            // NaN stays NaN: NVIDIA's Vulkan compiler turns the plain select into a max, which drops it.
+            UnaryOp::Relu => "select(select(x, 0.0, x < 0.0), x, is_nan(x))",
             UnaryOp::GeluTanh => {
                 "select(0.5 * x * (1.0 + tanh_(0.7978845608028654 * (x + 0.044715 * x * x * x))), \
                  0.0, x < -3.0e38)"

@@ -34,7 +34,8 @@ const SCATTER_ADD: &str = include_str!("shaders/scatter_add_rows.wgsl");
 /// Exhaustive: a new [`Activation`] does not compile until it has one.
 fn fwd_expr(op: Activation) -> &'static str {
     match op {
-        Activation::Relu => "select(x, 0.0, x < 0.0)",
+        // NaN stays NaN (NVIDIA's compiler turns the plain select into a max, which drops it).
+        Activation::Relu => "select(select(x, 0.0, x < 0.0), x, is_nan(x))",
         Activation::Gelu => "select(x * ncdf(x), 0.0, is_ninf(x))",
         Activation::Silu => "select(x * sigm(x), 0.0, is_ninf(x))",
         Activation::Sigmoid => "sigm(x)",

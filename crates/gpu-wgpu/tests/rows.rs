@@ -89,7 +89,9 @@ fn fused_layernorm_matches_the_cpu() {
         }
         if rows >= 3 {
             assert!(got[0][..cols].iter().all(|v| v.is_nan()), "the NaN row");
-            assert_eq!(&got[0][cols..2 * cols], &bias[..], "the constant row is b");
+            // The constant row is b within the bound above, not exactly: WGSL's division may
+            // be 2.5 ulp off (NVIDIA's is), so its mean may miss 0.75 by an ulp, and that
+            // difference, times rstd = 1/sqrt(eps), reaches y.
         }
     }
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{close, randn, rng, same, with_hostile, SIZES, U};
+use common::{close, flushed, randn, rng, same, with_hostile, SIZES, U};
 use gpu_core::nn::elementwise::{dropout_keep, ReduceKind};
 use gpu_core::nn::{Activation, Primitives};
 use gpu_core::ops::{MatmulOps, MatmulSpec};
@@ -225,10 +225,17 @@ fn dropout_masks_are_bit_identical_to_the_cpu_hash() {
                     wide(&C.download(&oc).unwrap()),
                 ),
             };
-            assert!(
-                g.iter().zip(&w).all(|(a, c)| same(*a, *c)),
-                "{dtype} n {n} seed {seed}"
-            );
+            // Bit for bit, but for subnormal values, which WGSL lets the device flush.
+            let xs = match dtype {
+                DType::F32 => x.clone(),
+                _ => wide(&bf(&x)),
+            };
+            for (i, (a, c)) in g.iter().zip(&w).enumerate() {
+                assert!(
+                    same(*a, *c) || flushed(&[xs[i]], *a, *c),
+                    "{dtype} n {n} seed {seed} [{i}]: {a} against {c}"
+                );
+            }
         }
     }
     assert!(b.dropout(&ones, 1.0, 0, &mut out).is_err());

@@ -54,6 +54,26 @@ pub fn close(got: f32, want: f64, tol: f64) -> bool {
     ((got as f64) - want).abs() <= tol
 }
 
+/// WGSL lets a device flush subnormal values to zero (NVIDIA's Vulkan driver does in plain
+/// arithmetic, lavapipe in some math functions): where one of `inputs` is subnormal the result
+/// is not compared, and a subnormal `want` may come back as ±0.
+pub fn flushed(inputs: &[f32], got: f32, want: f32) -> bool {
+    inputs.iter().any(|x| x.is_subnormal()) || (want.is_subnormal() && got == 0.0)
+}
+
+/// `x` with subnormal values flushed to zero (their sign kept), as such a device reads them.
+pub fn ftz(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| {
+            if v.is_subnormal() {
+                0.0f32.copysign(v)
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
 /// Same bits, or both NaN.
 pub fn same(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
