@@ -1,6 +1,7 @@
 //! [`RowOps`] for [`WgpuBackend`]: LayerNorm's forward as one fused kernel (the default
 //! composes ~8 launches and 4 temporaries), its backward as one row kernel and two column
-//! reductions (the default: ~14 launches), and cross-entropy's forward and backward as one
+//! reductions (the default: ~14 launches), softmax's forward and backward one row kernel each
+//! (the default: 5 and 4 launches), and cross-entropy's forward and backward as one
 //! kernel each (the targets still read back and checked on the host first, for the default's
 //! typed error); the other row ops from gpu-core's defaults. f32 sums in a tree against the
 //! CPU's f64: within the defaults' bounds.
@@ -10,9 +11,11 @@ use crate::buffer::WgpuBuffer;
 use crate::kernels::{src, to_u32};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::defaults;
-use gpu_core::nn::rows::{check_cross_entropy, check_eps, check_norm, LayerNormBwdIn};
+use gpu_core::nn::rows::{
+    check_cross_entropy, check_eps, check_norm, check_rows_bwd, LayerNormBwdIn,
+};
 use gpu_core::nn::{Primitives, ReduceKind, RowOps};
-use gpu_core::ops::check_elementwise;
+use gpu_core::ops::{check_elementwise, check_rows};
 use gpu_core::{DType, Result};
 
 const LAYERNORM_FWD: &str = include_str!("shaders/layernorm_fwd.wgsl");
@@ -21,6 +24,8 @@ const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
 const ROW_LSE64: &str = include_str!("shaders/row_lse64.wgsl");
 const CE_FWD: &str = include_str!("shaders/ce_fwd.wgsl");
 const CE_BWD: &str = include_str!("shaders/ce_bwd.wgsl");
+const SOFTMAX_FWD: &str = include_str!("shaders/softmax_fwd.wgsl");
+const SOFTMAX_BWD: &str = include_str!("shaders/softmax_bwd.wgsl");
 
 impl WgpuBackend {
     /// Reads `targets` on the host and checks each is below `cols` (the default's typed error:
@@ -30,17 +35,19 @@ impl WgpuBackend {
         defaults::flat_row_ids(op, &t, cols).map(|_| ())
     }
 
-    /// Launches one of the row-per-workgroup kernels (64 threads) over `rows` rows of `cols`.
+    /// Launches one of the row-per-workgroup kernels (64 threads) over `rows` rows of `cols`:
+    /// `body` after the shared workgroup sums and `lib` (`ROW_LSE64` for the kernels that read
+    /// a row's max and Σ exp from a `logits` binding, else "").
     fn launch_rows(
         &self,
         op: &'static str,
-        body: &'static str,
+        (lib, body): (&'static str, &'static str),
         [rows, cols]: [usize; 2],
         bufs: &[&wgpu::Buffer],
     ) -> Result<()> {
         let p = [to_u32(op, rows)?, to_u32(op, cols)?, 0, 0, 0, 0, 0, 0];
         let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
-        let src = || src(&format!("{WG_SUM64}{ROW_LSE64}{body}"));
+        let src = || src(&format!("{WG_SUM64}{lib}{body}"));
         self.launch(op, (op, src), p, (gx, (gx, gy, 1)), bufs)
     }
 }
@@ -48,6 +55,30 @@ impl WgpuBackend {
 type Buf = WgpuBuffer;
 
 impl RowOps for WgpuBackend {
+    /// One workgroup of 64 threads a row for f32 (other dtypes: the default).
+    fn softmax_fwd(&self, x: &Buf, out: &mut Buf, cols: usize) -> Result<()> {
+        const OP: &str = "softmax_fwd";
+        let rows = check_rows(OP, x, out, cols)?;
+        self.check_out(OP, &[x, out])?;
+        if x.dtype() != DType::F32 {
+            return defaults::rows::softmax(self, x, out, [rows, cols]);
+        }
+        let bufs = [x.raw(), out.raw()];
+        self.launch_rows(OP, (ROW_LSE64, SOFTMAX_FWD), [rows, cols], &bufs)
+    }
+
+    /// One workgroup of 64 threads a row for f32 (other dtypes: the default).
+    fn softmax_bwd(&self, y: &Buf, dy: &Buf, dx: &mut Buf, cols: usize) -> Result<()> {
+        const OP: &str = "softmax_bwd";
+        let rows = check_rows_bwd(OP, y, dy, dx, cols)?;
+        self.check_out(OP, &[y, dy, dx])?;
+        if y.dtype() != DType::F32 {
+            return defaults::rows::softmax_bwd(self, (y, dy), dx, [rows, cols]);
+        }
+        let bufs = [y.raw(), dy.raw(), dx.raw()];
+        self.launch_rows(OP, ("", SOFTMAX_BWD), [rows, cols], &bufs)
+    }
+
     /// One workgroup of 64 threads a row for f32 (other dtypes: the default).
     fn layernorm_fwd(
         &self,
@@ -157,7 +188,7 @@ impl RowOps for WgpuBackend {
         }
         self.check_targets(OP, targets, cols)?;
         let bufs = [logits.raw(), targets.raw(), loss.raw()];
-        self.launch_rows(OP, CE_FWD, [rows, cols], &bufs)
+        self.launch_rows(OP, (ROW_LSE64, CE_FWD), [rows, cols], &bufs)
     }
 
     /// For f32: the targets checked on the host, then one workgroup of 64 threads a row.
@@ -178,6 +209,6 @@ impl RowOps for WgpuBackend {
         }
         self.check_targets(OP, targets, cols)?;
         let bufs = [logits.raw(), targets.raw(), dloss.raw(), dlogits.raw()];
-        self.launch_rows(OP, CE_BWD, [rows, cols], &bufs)
+        self.launch_rows(OP, (ROW_LSE64, CE_BWD), [rows, cols], &bufs)
     }
 }

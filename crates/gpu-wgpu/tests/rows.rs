@@ -268,3 +268,68 @@ fn fused_cross_entropy_matches_the_cpu() {
         }
     }
 }
+
+/// Softmax forward and backward on `b`: `(y, dx)`.
+fn softmax<B: RowOps>(b: &B, (x, dy): (&[f32], &[f32]), cols: usize) -> [Vec<f32>; 2] {
+    let (xb, dyb) = (b.upload(x).unwrap(), b.upload(dy).unwrap());
+    let mut y = b.allocate(DType::F32, x.len()).unwrap();
+    b.softmax_fwd(&xb, &mut y, cols).unwrap();
+    let mut dx = b.allocate(DType::F32, x.len()).unwrap();
+    b.softmax_bwd(&y, &dyb, &mut dx, cols).unwrap();
+    [&y, &dx].map(|t| b.download::<f32>(t).unwrap())
+}
+
+/// The fused softmax (forward, and backward from the forward's output) against the CPU, with
+/// hostile rows: a NaN, a +inf, a row of −inf (each row NaN, as the CPU's), −inf entries
+/// (probability 0) and huge finite logits.
+#[test]
+fn fused_softmax_matches_the_cpu() {
+    let Some(g) = backend_or_skip("fused_softmax_matches_the_cpu") else {
+        return;
+    };
+    let mut r = rng("fused_softmax_matches_the_cpu");
+    for (rows, cols) in SHAPES {
+        let mut x = randn(&mut r, rows * cols, 4.0);
+        let dy = randn(&mut r, rows * cols, 1.0);
+        let poisoned = if rows >= 5 { 3 } else { 0 };
+        if rows >= 5 {
+            x[0] = f32::NAN; // row 0
+            x[cols] = f32::INFINITY; // row 1
+            x[2 * cols..3 * cols].fill(f32::NEG_INFINITY); // row 2
+            x[3 * cols] = f32::NEG_INFINITY; // row 3: one impossible entry
+            x[4 * cols..5 * cols].iter_mut().for_each(|v| *v *= 1e29); // row 4: huge
+        }
+        let got = softmax(&g, (&x, &dy), cols);
+        let want = softmax(&CpuBackend, (&x, &dy), cols);
+        // Bound: as cross-entropy's, (4·(cols + 8) + 64)·2^-24 relative of each probability;
+        // the backward's row sum Σ dy·y adds that of Σ|dy·y| to each |y|·(|dy| + Σ|dy·y|).
+        let k = (4.0 * (cols as f64 + 8.0) + 64.0) * U;
+        for row in 0..rows {
+            let span = row * cols..(row + 1) * cols;
+            if row < poisoned {
+                assert!(got[0][span.clone()].iter().all(|v| v.is_nan()), "row {row}");
+                assert!(want[0][span].iter().all(|v| v.is_nan()), "row {row} (CPU)");
+                continue;
+            }
+            let sum: f64 = span
+                .clone()
+                .map(|i| (dy[i] as f64 * want[0][i] as f64).abs())
+                .sum();
+            for i in span {
+                let p = want[0][i] as f64;
+                assert!(
+                    close(got[0][i], p, k * p.abs()),
+                    "{rows}x{cols} y[{i}]: {} against {p}",
+                    got[0][i]
+                );
+                let tol = 2.0 * k * p.abs() * ((dy[i] as f64).abs() + sum);
+                assert!(
+                    close(got[1][i], want[1][i] as f64, tol),
+                    "{rows}x{cols} dx[{i}]: {} against {}",
+                    got[1][i],
+                    want[1][i]
+                );
+            }
+        }
+    }
+}
