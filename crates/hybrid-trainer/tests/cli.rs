@@ -1,15 +1,13 @@
 //! The CLI as a user runs it.
 
+mod common;
+
 use assert_cmd::Command;
+use common::{cli_err, cli_ok, Corpus};
 
 #[test]
 fn demo_runs_on_the_cpu_by_request() {
-    let out = Command::cargo_bin("hybrid-trainer")
-        .unwrap()
-        .args(["--device", "cpu", "demo", "--size", "96"])
-        .assert()
-        .success();
-    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    let (text, _) = cli_ok(["--device", "cpu", "demo", "--size", "96"]);
     assert!(
         text.contains("2x2 matmul") && text.contains("GFLOP/s"),
         "{text}"
@@ -30,12 +28,7 @@ fn bad_cli_values_are_clear_errors() {
             "unused.safetensors",
         ],
     ] {
-        let out = Command::cargo_bin("hybrid-trainer")
-            .unwrap()
-            .args(&args)
-            .assert()
-            .failure();
-        let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        let err = cli_err(&args);
         assert!(err.contains("error"), "{args:?}: {err}");
     }
 }
@@ -50,28 +43,6 @@ fn bad_device_env_is_a_clear_error() {
         .failure();
     let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
     assert!(err.contains("cuda") || err.contains("CUDA"), "{err}");
-}
-
-/// A small corpus in a fresh temp file (removed on drop).
-struct Corpus(std::path::PathBuf);
-
-impl Corpus {
-    fn new(test: &str) -> Corpus {
-        let path =
-            std::env::temp_dir().join(format!("hybrid-trainer-{test}-{}.txt", std::process::id()));
-        std::fs::write(
-            &path,
-            "the quick brown fox jumps over the lazy dog. ".repeat(40),
-        )
-        .unwrap();
-        Corpus(path)
-    }
-}
-
-impl Drop for Corpus {
-    fn drop(&mut self) {
-        std::fs::remove_file(&self.0).ok();
-    }
 }
 
 /// Runs `train-gpt` on the CPU with a tiny model and `extra` flags; expects a clean failure
@@ -170,15 +141,10 @@ fn main_job_args<'a>(corpus: &'a str, out: &'a str) -> Vec<&'a str> {
 fn no_subcommand_runs_the_main_job() {
     let corpus = Corpus::new("main-job");
     let out = std::env::temp_dir().join(format!("hybrid-job-main-{}", std::process::id()));
-    let o = Command::cargo_bin("hybrid-trainer")
-        .unwrap()
-        .args(main_job_args(
-            corpus.0.to_str().unwrap(),
-            out.to_str().unwrap(),
-        ))
-        .assert()
-        .success();
-    let text = String::from_utf8_lossy(&o.get_output().stdout).into_owned();
+    let (text, _) = cli_ok(main_job_args(
+        corpus.0.to_str().unwrap(),
+        out.to_str().unwrap(),
+    ));
     assert!(
         text.contains("expected time")
             && text.contains("== adamw ==")
@@ -301,16 +267,7 @@ fn resumes_bit_for_bit(optimizer: &str) {
         "--optimizer",
         optimizer,
     ];
-    let run = |extra: &[&str]| {
-        let out = Command::cargo_bin("hybrid-trainer")
-            .unwrap()
-            .args(base)
-            .args(["--batch", "4"])
-            .args(extra)
-            .assert()
-            .success();
-        String::from_utf8_lossy(&out.get_output().stdout).into_owned()
-    };
+    let run = |extra: &[&str]| cli_ok(base.iter().chain(&["--batch", "4"]).chain(extra)).0;
     let full = run(&["--checkpoint", ck, "--checkpoint-interval", "10"]);
     assert!(full.contains("checkpoint"), "{full}");
     let mid = dir.join("iter-0000010");
@@ -334,13 +291,7 @@ fn resumes_bit_for_bit(optimizer: &str) {
     };
     assert_eq!(summary(&full), summary(&resumed));
     // The newest checkpoint (iteration 20) of a run with another global batch: refused.
-    let out = Command::cargo_bin("hybrid-trainer")
-        .unwrap()
-        .args(base)
-        .args(["--batch", "8", "--resume", ck])
-        .assert()
-        .failure();
-    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    let err = cli_err(base.iter().chain(&["--batch", "8", "--resume", ck]));
     assert!(err.contains("--batch (global) 4"), "{err}");
     // The same checkpoint into another optimizer: refused by name.
     let other = if optimizer == "adamw" {
@@ -351,13 +302,7 @@ fn resumes_bit_for_bit(optimizer: &str) {
     let mut args: Vec<&str> = base.to_vec();
     let at = args.len() - 1;
     args[at] = other;
-    let out = Command::cargo_bin("hybrid-trainer")
-        .unwrap()
-        .args(&args)
-        .args(["--batch", "4", "--resume", ck])
-        .assert()
-        .failure();
-    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    let err = cli_err(args.iter().chain(&["--batch", "4", "--resume", ck]));
     assert!(
         err.contains("this run's optimizer is"),
         "{optimizer}: {err}"

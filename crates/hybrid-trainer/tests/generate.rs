@@ -7,37 +7,72 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{char_of, cli_err, cli_ok, fixture, ids};
-use safetensors::SafeTensors;
+use common::{cli_err, cli_ok, fixture, generate_args, prompt_and_greedy_text};
 
-/// Fixture `name`'s directory, its prompt as text and the prompt with transformers' 16 greedy
-/// tokens after it, as text.
-fn prompt_and_greedy_text(name: &str) -> (String, String, String) {
-    let dir = fixture(name);
-    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let (prompt, greedy) = (ids(&st, "input_ids"), ids(&st, "greedy"));
-    let text: String = prompt.iter().map(|&i| char_of(i)).collect();
-    let want: String = greedy.iter().map(|&i| char_of(i)).collect();
-    (dir.display().to_string(), text, want)
+/// A fresh temp directory holding `text.txt` (a line of Hamlet, 40 times); the directory and
+/// the paths of `text.txt`, of `model` and of `hf` in it.
+fn hamlet_dir(model: &str) -> (tempfile::TempDir, String, String, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = |f: &str| tmp.path().join(f).display().to_string();
+    let (data, saved, hf) = (path("text.txt"), path(model), path("hf"));
+    std::fs::write(
+        &data,
+        "To be, or not to be, that is the question:\n".repeat(40),
+    )
+    .unwrap();
+    (tmp, data, saved, hf)
+}
+
+/// Trains a 2-layer GPT on the CPU on `data` for `iters` steps (evaluated once, at the end;
+/// `extra` flags such as `--variant`) and saves it to `saved`.
+fn train_tiny_gpt(data: &str, saved: &str, iters: &str, extra: &[&str]) {
+    let args = [
+        "--device",
+        "cpu",
+        "train-gpt",
+        "--data",
+        data,
+        "--layers",
+        "2",
+        "--heads",
+        "2",
+        "--embd",
+        "32",
+        "--block",
+        "32",
+        "--batch",
+        "4",
+        "--iters",
+        iters,
+        "--warmup",
+        "5",
+        "--lr",
+        "3e-3",
+        "--dropout",
+        "0",
+        "--eval-interval",
+        iters,
+        "--eval-iters",
+        "2",
+        "--sample",
+        "0",
+        "--save",
+        saved,
+    ];
+    cli_ok(args.iter().chain(extra));
+}
+
+/// `export-hf` of the model saved at `saved` (its tokenizer from `data`) into `hf`.
+fn export_hf_args<'a>(saved: &'a str, data: &'a str, hf: &'a str) -> [&'a str; 7] {
+    ["export-hf", "--model", saved, "--data", data, "--out", hf]
 }
 
 #[test]
 fn greedy_generation_prints_transformers_tokens() {
     for name in ["llama3", "qwen2", "gpt2"] {
         let (d, text, want) = prompt_and_greedy_text(name);
-        let (stdout, stderr) = cli_ok([
-            "--device",
-            "cpu",
-            "generate",
-            "--model",
-            &d,
-            "--prompt",
-            &text,
-            "--max-new-tokens",
-            "16",
-            "--ignore-eos",
-        ]);
+        let base = generate_args("cpu", &d, &text, "16");
+        let (stdout, stderr) = cli_ok(base.iter().chain(&["--ignore-eos"]));
         assert!(
             stdout.ends_with(&format!("{want}\n")),
             "{name}: {stdout:?} does not end with {want:?}"
@@ -53,22 +88,9 @@ fn greedy_generation_prints_transformers_tokens() {
 fn the_fast_engine_prints_transformers_tokens() {
     for name in ["llama3", "qwen2", "gpt2"] {
         let (d, text, want) = prompt_and_greedy_text(name);
-        let args = [
-            "--device",
-            "cpu",
-            "generate",
-            "--model",
-            &d,
-            "--prompt",
-            &text,
-            "--max-new-tokens",
-            "16",
-            "--ignore-eos",
-            "--engine",
-            "fast",
-            "--dtype",
-            "f32",
-        ];
+        let base = generate_args("cpu", &d, &text, "16");
+        let fast = ["--ignore-eos", "--engine", "fast", "--dtype", "f32"];
+        let args: Vec<&str> = base.iter().chain(&fast).copied().collect();
         let sample_k1 = ["--temperature", "0.7", "--top-k", "1"];
         for extra in [&[][..], &sample_k1[..]] {
             let (stdout, stderr) = cli_ok(args.iter().chain(extra));
@@ -95,22 +117,13 @@ fn the_fast_engine_prints_transformers_tokens() {
         ("gpt2", "int4"),
     ] {
         let d = fixture(name).display().to_string();
-        let base = [
-            "--device",
-            "cpu",
-            "generate",
-            "--model",
-            &d,
-            "--prompt",
-            "hello",
-            "--max-new-tokens",
-            "12",
-            "--ignore-eos",
-            "--quant",
-            q,
-        ];
+        let base: Vec<&str> = generate_args("cpu", &d, "hello", "12")
+            .iter()
+            .chain(&["--ignore-eos", "--quant", q])
+            .copied()
+            .collect();
         let fast = ["--engine", "fast", "--dtype", "f32"];
-        let want = cli_ok(base).0;
+        let want = cli_ok(&base).0;
         assert_eq!(
             cli_ok(base.iter().chain(&fast)).0,
             want,
@@ -160,15 +173,8 @@ fn perplexity_and_quantized_runs_from_the_cli() {
     )
     .unwrap();
     let t = text.display().to_string();
-    let base = ["--device", "cpu", "perplexity", "--model", &d, "--text", &t];
-    let ppl = |extra: &[&str]| -> f64 {
-        let (stdout, _) = cli_ok(base.iter().chain(extra));
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with("perplexity "))
-            .unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    };
+    let base = perplexity_args(&d, &t);
+    let ppl = |extra: &[&str]| perplexity_of(&d, &t, extra);
     let (full, int8, int4) = (
         ppl(&[]),
         ppl(&["--quant", "int8"]),
@@ -177,103 +183,30 @@ fn perplexity_and_quantized_runs_from_the_cli() {
     // Random weights: about the vocabulary's 96, and the formats move it.
     assert!(full > 10.0 && full.is_finite(), "{full}");
     assert!(int8 != full && int4 != full, "{full} {int8} {int4}");
-    cli_ok([
-        "--device",
-        "cpu",
-        "generate",
-        "--model",
-        &d,
-        "--prompt",
-        "To be",
-        "--max-new-tokens",
-        "4",
-        "--quant",
-        "int4",
-    ]);
+    cli_ok(
+        generate_args("cpu", &d, "To be", "4")
+            .iter()
+            .chain(&["--quant", "int4"]),
+    );
     for bad in [["--quant", "int9"], ["--max-tokens", "x"]] {
         let err = cli_err(base.iter().chain(&bad));
         assert!(err.contains("invalid value"), "{bad:?}: {err}");
     }
-    let err = cli_err([
-        "--device",
-        "cpu",
-        "perplexity",
-        "--model",
-        &d,
-        "--text",
-        "/nonexistent/t.txt",
-    ]);
+    let err = cli_err(perplexity_args(&d, "/nonexistent/t.txt"));
     assert!(err.contains("/nonexistent/t.txt does not exist"), "{err}");
 }
 
 #[test]
 fn a_trained_gpt_exports_and_generates() {
-    let tmp = tempfile::tempdir().unwrap();
-    let path = |f: &str| tmp.path().join(f).display().to_string();
-    let (data, saved, hf) = (path("text.txt"), path("gpt.safetensors"), path("hf"));
-    std::fs::write(
-        &data,
-        "To be, or not to be, that is the question:\n".repeat(40),
-    )
-    .unwrap();
-    cli_ok([
-        "--device",
-        "cpu",
-        "train-gpt",
-        "--data",
-        &data,
-        "--layers",
-        "2",
-        "--heads",
-        "2",
-        "--embd",
-        "32",
-        "--block",
-        "32",
-        "--batch",
-        "4",
-        "--iters",
-        "60",
-        "--warmup",
-        "5",
-        "--lr",
-        "3e-3",
-        "--dropout",
-        "0",
-        "--eval-interval",
-        "60",
-        "--eval-iters",
-        "2",
-        "--sample",
-        "0",
-        "--save",
-        &saved,
-    ]);
-    let export = [
-        "export-hf",
-        "--model",
-        &saved,
-        "--data",
-        &data,
-        "--out",
-        &hf,
-    ];
+    let (tmp, data, saved, hf) = hamlet_dir("gpt.safetensors");
+    train_tiny_gpt(&data, &saved, "60", &[]);
+    let export = export_hf_args(&saved, &data, &hf);
     let (out, _) = cli_ok(export);
     assert!(out.contains("wrote"), "{out}");
     for f in ["config.json", "model.safetensors", "tokenizer.json"] {
         assert!(tmp.path().join("hf").join(f).is_file(), "{f}");
     }
-    let (_, err) = cli_ok([
-        "--device",
-        "cpu",
-        "generate",
-        "--model",
-        &hf,
-        "--prompt",
-        "To be, or not to",
-        "--max-new-tokens",
-        "8",
-    ]);
+    let (_, err) = cli_ok(generate_args("cpu", &hf, "To be, or not to", "8"));
     assert!(err.contains("8 new tokens"), "{err}");
     // Exporting again into the now non-empty directory is refused.
     let err = cli_err(export);
@@ -326,59 +259,9 @@ fn several_prompts_decode_as_one_batch_with_each_rows_own_text() {
 /// same text) scores the same through both engines, within the same bound.
 #[test]
 fn a_trained_llama_variant_exports_and_the_fast_engine_scores_it() {
-    let tmp = tempfile::tempdir().unwrap();
-    let path = |f: &str| tmp.path().join(f).display().to_string();
-    let (data, saved, hf) = (path("text.txt"), path("llama.safetensors"), path("hf"));
-    std::fs::write(
-        &data,
-        "To be, or not to be, that is the question:\n".repeat(40),
-    )
-    .unwrap();
-    let train = [
-        "--device",
-        "cpu",
-        "train-gpt",
-        "--variant",
-        "llama",
-        "--data",
-        &data,
-        "--layers",
-        "2",
-        "--heads",
-        "2",
-        "--embd",
-        "32",
-        "--block",
-        "32",
-        "--batch",
-        "4",
-        "--iters",
-        "40",
-        "--warmup",
-        "5",
-        "--lr",
-        "3e-3",
-        "--dropout",
-        "0",
-        "--eval-interval",
-        "40",
-        "--eval-iters",
-        "2",
-        "--sample",
-        "0",
-        "--save",
-        &saved,
-    ];
-    cli_ok(train);
-    let (out, _) = cli_ok([
-        "export-hf",
-        "--model",
-        &saved,
-        "--data",
-        &data,
-        "--out",
-        &hf,
-    ]);
+    let (tmp, data, saved, hf) = hamlet_dir("llama.safetensors");
+    train_tiny_gpt(&data, &saved, "40", &["--variant", "llama"]);
+    let (out, _) = cli_ok(export_hf_args(&saved, &data, &hf));
     assert!(out.contains("Llama variant"), "{out}");
     let config = std::fs::read_to_string(tmp.path().join("hf/config.json")).unwrap();
     assert!(config.contains("LlamaForCausalLM"), "{config}");
@@ -408,10 +291,9 @@ fn a_trained_llama_variant_exports_and_the_fast_engine_scores_it() {
     );
 }
 
-/// The perplexity `hybrid-trainer perplexity` prints for `model` on `text` (on the CPU), with
-/// `extra` flags.
-fn perplexity_of(model: &str, text: &str, extra: &[&str]) -> f64 {
-    let args = [
+/// `perplexity` of `model` on `text` on the CPU.
+fn perplexity_args<'a>(model: &'a str, text: &'a str) -> [&'a str; 7] {
+    [
         "--device",
         "cpu",
         "perplexity",
@@ -419,8 +301,13 @@ fn perplexity_of(model: &str, text: &str, extra: &[&str]) -> f64 {
         model,
         "--text",
         text,
-    ];
-    let (stdout, _) = cli_ok(args.iter().chain(extra));
+    ]
+}
+
+/// The perplexity `hybrid-trainer perplexity` prints for `model` on `text` (on the CPU), with
+/// `extra` flags.
+fn perplexity_of(model: &str, text: &str, extra: &[&str]) -> f64 {
+    let (stdout, _) = cli_ok(perplexity_args(model, text).iter().chain(extra));
     let line = stdout
         .lines()
         .find(|l| l.starts_with("perplexity "))
@@ -456,10 +343,8 @@ fn both_engines_end_the_text_at_eos_without_printing_it() {
     std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
     let d = tmp.path().display().to_string();
     let before: String = cont[..eos_at].iter().collect();
-    let base = [
-        "--device", "cpu", "generate", "--model", &d, "--prompt", &text,
-    ];
-    let base = base.iter().chain(&["--max-new-tokens", "16"]);
+    let base = generate_args("cpu", &d, &text, "16");
+    let base = base.iter();
     let fast = ["--engine", "fast", "--dtype", "f32"];
     let one = format!("{text}{before}\n");
     let two = format!("[0] {text}{before}\n");

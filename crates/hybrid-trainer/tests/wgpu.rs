@@ -6,34 +6,11 @@
 
 mod common;
 
-use common::{char_of, cli_err, cli_ok, fixture, ids};
-use safetensors::SafeTensors;
+use common::{cli_err, cli_ok, generate_args, prompt_and_greedy_text, Corpus};
 
 /// Whether a wgpu adapter exists (else the skip is reported).
 fn has_wgpu(test: &str) -> bool {
     gpu_wgpu::testing::backend_or_skip(test).is_some()
-}
-
-/// A small corpus in a fresh temp file (removed on drop).
-struct Corpus(std::path::PathBuf);
-
-impl Corpus {
-    fn new(test: &str) -> Corpus {
-        let path =
-            std::env::temp_dir().join(format!("hybrid-trainer-{test}-{}.txt", std::process::id()));
-        std::fs::write(
-            &path,
-            "the quick brown fox jumps over the lazy dog. ".repeat(40),
-        )
-        .unwrap();
-        Corpus(path)
-    }
-}
-
-impl Drop for Corpus {
-    fn drop(&mut self) {
-        std::fs::remove_file(&self.0).ok();
-    }
 }
 
 /// `iter N: loss X` of `train-gpt`'s output, in order.
@@ -226,27 +203,10 @@ fn generate_on_wgpu_prints_transformers_greedy_text() {
         return;
     }
     for name in ["llama3", "gpt2"] {
-        let dir = fixture(name);
-        let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let (prompt, greedy) = (ids(&st, "input_ids"), ids(&st, "greedy"));
-        let text: String = prompt.iter().map(|&i| char_of(i)).collect();
-        let want: String = greedy.iter().map(|&i| char_of(i)).collect();
-        let d = dir.display().to_string();
-        let base = [
-            "--device",
-            "wgpu",
-            "generate",
-            "--model",
-            &d,
-            "--prompt",
-            &text,
-            "--max-new-tokens",
-            "16",
-            "--ignore-eos",
-        ];
+        let (d, text, want) = prompt_and_greedy_text(name);
+        let base = generate_args("wgpu", &d, &text, "16");
         for engine in [&[][..], &["--engine", "fast", "--dtype", "f32"][..]] {
-            let (stdout, stderr) = cli_ok(base.iter().chain(engine));
+            let (stdout, stderr) = cli_ok(base.iter().chain(&["--ignore-eos"]).chain(engine));
             assert!(
                 stdout.ends_with(&format!("{want}\n")),
                 "{name} {engine:?}: {stdout:?} does not end with {want:?}"

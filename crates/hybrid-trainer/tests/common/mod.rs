@@ -69,3 +69,58 @@ pub fn ids(st: &SafeTensors, key: &str) -> Vec<u32> {
         .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
         .collect()
 }
+
+/// Fixture `name`'s directory, its prompt as text and the prompt with transformers' 16 greedy
+/// tokens after it, as text.
+pub fn prompt_and_greedy_text(name: &str) -> (String, String, String) {
+    let dir = fixture(name);
+    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (prompt, greedy) = (ids(&st, "input_ids"), ids(&st, "greedy"));
+    let text: String = prompt.iter().map(|&i| char_of(i)).collect();
+    let want: String = greedy.iter().map(|&i| char_of(i)).collect();
+    (dir.display().to_string(), text, want)
+}
+
+/// `generate`'s leading flags: on `device`, `model`'s continuation of `prompt` by at most
+/// `max_new` tokens.
+pub fn generate_args<'a>(
+    device: &'a str,
+    model: &'a str,
+    prompt: &'a str,
+    max_new: &'a str,
+) -> [&'a str; 9] {
+    [
+        "--device",
+        device,
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        max_new,
+    ]
+}
+
+/// A small corpus in a fresh temp file (removed on drop).
+pub struct Corpus(pub PathBuf);
+
+impl Corpus {
+    pub fn new(test: &str) -> Corpus {
+        let path =
+            std::env::temp_dir().join(format!("hybrid-trainer-{test}-{}.txt", std::process::id()));
+        std::fs::write(
+            &path,
+            "the quick brown fox jumps over the lazy dog. ".repeat(40),
+        )
+        .unwrap();
+        Corpus(path)
+    }
+}
+
+impl Drop for Corpus {
+    fn drop(&mut self) {
+        std::fs::remove_file(&self.0).ok();
+    }
+}
