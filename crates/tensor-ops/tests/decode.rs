@@ -16,6 +16,33 @@ fn u32s(v: &[u32]) -> Tensor {
     Tensor::from_vec(v.to_vec(), &[v.len()], DEV).unwrap()
 }
 
+/// An f32 tensor of `shape` holding `v`.
+fn f32s(v: Vec<f32>, shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v, shape, DEV).unwrap()
+}
+
+/// The cache view of `k` and `v` with rows from `start` and new tokens at `slot`, no window.
+fn cache_view<'a>(
+    k: &'a Tensor,
+    v: &'a Tensor,
+    start: &'a Tensor,
+    slot: &'a Tensor,
+) -> CacheView<'a> {
+    CacheView {
+        k,
+        v,
+        start,
+        slot,
+        window: None,
+    }
+}
+
+/// Row `best` of the 4×4 value cache holding 0..16: what attention returns when it sees only
+/// that slot.
+fn value_row(best: usize) -> Vec<f32> {
+    (0..4).map(|e| (best * 4 + e) as f32).collect()
+}
+
 /// `[b, t, heads, d]` (or a `[b, t, cols]` block of it) to `[b·heads, t, d]`.
 fn to_heads(
     x: &[f32],
@@ -52,15 +79,9 @@ fn prefill_is_rope_then_causal_attention() {
     let k = Tensor::zeros(&[b, heads, cap, d], DEV).unwrap();
     let v = Tensor::zeros(&[b, heads, cap, d], DEV).unwrap();
     let (start, slot) = (u32s(&[0, 0]), u32s(&[0, 0]));
-    let view = CacheView {
-        k: &k,
-        v: &v,
-        start: &start,
-        slot: &slot,
-        window: None,
-    };
-    let x = Tensor::from_vec(qkv.clone(), &[b, t, cols], DEV).unwrap();
-    let freqs = Tensor::from_vec(inv, &[d / 2], DEV).unwrap();
+    let view = cache_view(&k, &v, &start, &slot);
+    let x = f32s(qkv.clone(), &[b, t, cols]);
+    let freqs = f32s(inv, &[d / 2]);
     let q = x.rope_append(&freqs, view, heads, DType::F32).unwrap();
     let scale = 1.0 / (d as f32).sqrt();
     let out = q.cache_attention(view, t, scale).unwrap().to_vec().unwrap();
@@ -115,7 +136,7 @@ fn decoding_token_by_token_gives_the_prefill_rows() {
     let (t, heads, kvh, d, cap) = (6, 4, 2, 8, 8);
     let cols = (heads + 2 * kvh) * d;
     let qkv = rand_vec(&mut rng, t * cols);
-    let freqs = Tensor::from_vec(vec![1.0, 0.1, 0.01, 0.001], &[4], DEV).unwrap();
+    let freqs = f32s(vec![1.0, 0.1, 0.01, 0.001], &[4]);
     let scale = 0.3;
     let run = |chunks: &[usize]| -> Vec<f32> {
         let k = Tensor::zeros(&[1, kvh, cap, d], DEV).unwrap();
@@ -125,15 +146,8 @@ fn decoding_token_by_token_gives_the_prefill_rows() {
         let mut at = 0;
         for &n in chunks {
             let slot = u32s(&[at as u32]);
-            let view = CacheView {
-                k: &k,
-                v: &v,
-                start: &start,
-                slot: &slot,
-                window: None,
-            };
-            let x = Tensor::from_vec(qkv[at * cols..(at + n) * cols].to_vec(), &[1, n, cols], DEV)
-                .unwrap();
+            let view = cache_view(&k, &v, &start, &slot);
+            let x = f32s(qkv[at * cols..(at + n) * cols].to_vec(), &[1, n, cols]);
             let q = x.rope_append(&freqs, view, heads, DType::F32).unwrap();
             out.extend(
                 q.cache_attention(view, cap, scale)
@@ -157,37 +171,31 @@ fn decode_ops_refuse_bad_arguments() {
     let k = Tensor::zeros(&[1, 1, 4, 4], DEV).unwrap();
     let v = Tensor::zeros(&[1, 1, 4, 4], DEV).unwrap();
     let (start, slot) = (u32s(&[0]), u32s(&[3]));
-    let view = CacheView {
-        k: &k,
-        v: &v,
-        start: &start,
-        slot: &slot,
-        window: None,
-    };
-    let freqs = Tensor::from_vec(vec![1.0, 0.5], &[2], DEV).unwrap();
-    let x = Tensor::from_vec(vec![1.0; 2 * 12], &[1, 2, 12], DEV).unwrap();
+    let view = cache_view(&k, &v, &start, &slot);
+    let freqs = f32s(vec![1.0, 0.5], &[2]);
+    let x = f32s(vec![1.0; 2 * 12], &[1, 2, 12]);
     // Two tokens from slot 3 do not fit 4 slots: refused, the cache untouched.
     assert!(x.rope_append(&freqs, view, 1, DType::F32).is_err());
     assert!(k.to_vec().unwrap().iter().all(|&e| e == 0.0));
     // The same buffer as key and value cache, a head count that does not group.
     let same = CacheView { v: &k, ..view };
     assert!(x.rope_append(&freqs, same, 1, DType::F32).is_err());
-    let y = Tensor::from_vec(vec![1.0; 16], &[1, 1, 16], DEV).unwrap();
+    let y = f32s(vec![1.0; 16], &[1, 1, 16]);
     assert!(
         y.rope_append(&freqs, view, 3, DType::F32).is_err(),
         "16 columns are not (3 + 2·1)·4"
     );
     // max_end past the cache, a non-finite scale.
-    let q = Tensor::from_vec(vec![1.0; 4], &[1, 1, 1, 4], DEV).unwrap();
+    let q = f32s(vec![1.0; 4], &[1, 1, 1, 4]);
     assert!(q.cache_attention(view, 5, 1.0).is_err());
     assert!(q.cache_attention(view, 4, f32::NAN).is_err());
     // A prefill longer than the cache, a non-finite scale, float positions.
-    let long = Tensor::from_vec(vec![1.0; 20], &[1, 5, 1, 4], DEV).unwrap();
+    let long = f32s(vec![1.0; 20], &[1, 5, 1, 4]);
     assert!(long.prefill_attention(&k, &v, &start, None, 1.0).is_err());
     assert!(q
         .prefill_attention(&k, &v, &start, None, f32::INFINITY)
         .is_err());
-    let fstart = Tensor::from_vec(vec![0.0], &[1], DEV).unwrap();
+    let fstart = f32s(vec![0.0], &[1]);
     assert!(q.prefill_attention(&k, &v, &fstart, None, 1.0).is_err());
     assert!(
         q.prefill_attention(&k, &k, &start, None, 1.0).is_ok(),
@@ -196,23 +204,17 @@ fn decode_ops_refuse_bad_arguments() {
     // argmax of rows with no columns, of a scalar.
     let e = Tensor::zeros(&[2, 0], DEV).unwrap();
     assert!(e.argmax_last().is_err());
-    let a = Tensor::from_vec(vec![1.0, f32::NAN, 3.0, 3.0, 2.0, 3.0], &[2, 3], DEV).unwrap();
+    let a = f32s(vec![1.0, f32::NAN, 3.0, 3.0, 2.0, 3.0], &[2, 3]);
     assert_eq!(a.argmax_last().unwrap().to_vec_u32().unwrap(), vec![1, 0]);
 }
 
 #[test]
 fn empty_calls_and_extreme_scores() {
     let k = Tensor::zeros(&[1, 1, 4, 4], DEV).unwrap();
-    let v = Tensor::from_vec((0..16).map(|i| i as f32).collect(), &[1, 1, 4, 4], DEV).unwrap();
+    let v = f32s((0..16).map(|i| i as f32).collect(), &[1, 1, 4, 4]);
     let (start, slot) = (u32s(&[0]), u32s(&[0]));
-    let view = CacheView {
-        k: &k,
-        v: &v,
-        start: &start,
-        slot: &slot,
-        window: None,
-    };
-    let freqs = Tensor::from_vec(vec![1.0, 0.5], &[2], DEV).unwrap();
+    let view = cache_view(&k, &v, &start, &slot);
+    let freqs = f32s(vec![1.0, 0.5], &[2]);
     // No new tokens: empty outputs, the caches untouched.
     let x = Tensor::zeros(&[1, 0, 12], DEV).unwrap();
     let q = x.rope_append(&freqs, view, 1, DType::F32).unwrap();
@@ -246,12 +248,11 @@ fn empty_calls_and_extreme_scores() {
         ..view
     };
     for (x0, best) in [(1e30f32, 0usize), (-1e30, 1)] {
-        let q = Tensor::from_vec(vec![x0, 0.0, 0.0, 0.0], &[1, 1, 1, 4], DEV).unwrap();
+        let q = f32s(vec![x0, 0.0, 0.0, 0.0], &[1, 1, 1, 4]);
         let out = q.cache_attention(big, 4, 1.0).unwrap().to_vec().unwrap();
-        let want: Vec<f32> = (0..4).map(|e| (best * 4 + e) as f32).collect();
-        assert_eq!(out, want, "q[0] = {x0}");
+        assert_eq!(out, value_row(best), "q[0] = {x0}");
     }
-    let q = Tensor::from_vec(vec![f32::NAN, 0.0, 0.0, 0.0], &[1, 1, 1, 4], DEV).unwrap();
+    let q = f32s(vec![f32::NAN, 0.0, 0.0, 0.0], &[1, 1, 1, 4]);
     let out = q.cache_attention(big, 4, 1.0).unwrap().to_vec().unwrap();
     assert!(out.iter().all(|o| o.is_nan()), "{out:?}");
     // The prefill's attention at the same extremes: 4 queries at slots 0..4, query 3 sees all
@@ -259,7 +260,7 @@ fn empty_calls_and_extreme_scores() {
     let prefill = |x0: f32| -> Vec<f32> {
         let mut qs = vec![0.0f32; 16];
         qs[12] = x0;
-        let q = Tensor::from_vec(qs, &[1, 4, 1, 4], DEV).unwrap();
+        let q = f32s(qs, &[1, 4, 1, 4]);
         q.prefill_attention(&kk, &v, &start, None, 1.0)
             .unwrap()
             .to_vec()
@@ -267,8 +268,7 @@ fn empty_calls_and_extreme_scores() {
     };
     for (x0, best) in [(1e30f32, 0usize), (-1e30, 1)] {
         let out = prefill(x0);
-        let want: Vec<f32> = (0..4).map(|e| (best * 4 + e) as f32).collect();
-        assert_eq!(out[12..], want, "q[3][0] = {x0}");
+        assert_eq!(out[12..], value_row(best), "q[3][0] = {x0}");
         assert!(out.iter().all(|o| o.is_finite()));
     }
     let out = prefill(f32::NAN);
@@ -282,7 +282,7 @@ fn empty_calls_and_extreme_scores() {
 fn fused_decode_ops_are_the_unfused_ones() {
     let mut rng = StdRng::seed_from_u64(17);
     let (rows, cols) = (3, 48);
-    let t = |v: Vec<f32>, s: &[usize]| Tensor::from_vec(v, s, DEV).unwrap();
+    let t = f32s;
     let x = t(rand_vec(&mut rng, rows * cols), &[1, rows, cols]);
     let y = t(rand_vec(&mut rng, rows * cols), &[1, rows, cols]);
     let w = t(rand_vec(&mut rng, cols), &[cols]);

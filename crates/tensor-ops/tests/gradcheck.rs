@@ -14,10 +14,14 @@ use tensor_ops::{no_grad, Device, Result, Tensor};
 
 const CPU: Device = Device::Cpu;
 
+#[derive(Clone)]
 struct Input {
     data: Vec<f32>,
     shape: Vec<usize>,
 }
+
+/// An op under check, of its inputs.
+type Op = fn(&[Tensor]) -> Result<Tensor>;
 
 /// How many steps h an input of a non-smooth op keeps from the op's kinks.
 const KINK_MARGIN: f32 = 4.0;
@@ -137,59 +141,18 @@ fn arithmetic_with_broadcasting() {
         (vec![3], vec![2, 3]),
     ] {
         let a = || rand_input(&mut StdRng::seed_from_u64(1), &sa, -2.0, 2.0);
-        let b = rand_input(&mut r, &sb, 0.5, 2.0); // away from 0 for div
-        check(
-            "add",
-            vec![
-                a(),
-                Input {
-                    data: b.data.clone(),
-                    shape: sb.clone(),
-                },
-            ],
-            1e-2,
-            1e-3,
-            |t| t[0].add(&t[1]),
-        );
-        check(
-            "sub",
-            vec![
-                a(),
-                Input {
-                    data: b.data.clone(),
-                    shape: sb.clone(),
-                },
-            ],
-            1e-2,
-            1e-3,
-            |t| t[0].sub(&t[1]),
-        );
-        check(
-            "mul",
-            vec![
-                a(),
-                Input {
-                    data: b.data.clone(),
-                    shape: sb.clone(),
-                },
-            ],
-            1e-2,
-            1e-3,
-            |t| t[0].mul(&t[1]),
-        );
-        check(
-            "div",
-            vec![
-                a(),
-                Input {
-                    data: b.data.clone(),
-                    shape: sb.clone(),
-                },
-            ],
-            1e-3,
-            2e-3,
-            |t| t[0].div(&t[1]),
-        );
+        // Away from 0 for div.
+        let b = rand_input(&mut r, &sb, 0.5, 2.0);
+        // (name, step h, tolerance, op)
+        let ops: [(&str, f32, f64, Op); 4] = [
+            ("add", 1e-2, 1e-3, |t| t[0].add(&t[1])),
+            ("sub", 1e-2, 1e-3, |t| t[0].sub(&t[1])),
+            ("mul", 1e-2, 1e-3, |t| t[0].mul(&t[1])),
+            ("div", 1e-3, 2e-3, |t| t[0].div(&t[1])),
+        ];
+        for (name, h, tol, op) in ops {
+            check(name, vec![a(), b.clone()], h, tol, op);
+        }
     }
     check(
         "affine",
@@ -256,41 +219,11 @@ fn reductions_and_shapes_from(mut r: StdRng) {
     // Sum, mean and the shape ops are smooth; max is not where two entries of a slice tie.
     let x = without_near_ties(&mut r, &[2, 3, 4], -2.0, 2.0, 1e-3);
     for ax in [0isize, 1, -1] {
-        check(
-            "sum",
-            vec![Input {
-                data: x.data.clone(),
-                shape: x.shape.clone(),
-            }],
-            1e-2,
-            1e-3,
-            |t| t[0].sum(ax, false),
-        );
-        check(
-            "mean",
-            vec![Input {
-                data: x.data.clone(),
-                shape: x.shape.clone(),
-            }],
-            1e-2,
-            1e-3,
-            |t| t[0].mean(ax, true),
-        );
-        check(
-            "max",
-            vec![Input {
-                data: x.data.clone(),
-                shape: x.shape.clone(),
-            }],
-            1e-3,
-            1e-3,
-            |t| t[0].max(ax, false),
-        );
+        check("sum", vec![x.clone()], 1e-2, 1e-3, |t| t[0].sum(ax, false));
+        check("mean", vec![x.clone()], 1e-2, 1e-3, |t| t[0].mean(ax, true));
+        check("max", vec![x.clone()], 1e-3, 1e-3, |t| t[0].max(ax, false));
     }
-    let inp = || Input {
-        data: x.data.clone(),
-        shape: x.shape.clone(),
-    };
+    let inp = || x.clone();
     check("reshape", vec![inp()], 1e-2, 1e-3, |t| {
         t[0].reshape(&[6, 4])
     });
