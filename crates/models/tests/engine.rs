@@ -32,13 +32,80 @@ fn quantized(
     batch: usize,
     quant: Option<QuantKind>,
 ) -> Engine {
+    load(&dir(name), dev, dtype, batch, quant)
+}
+
+/// The engine of the model in `dir` with a 40-token cache.
+fn load(
+    dir: &std::path::Path,
+    dev: Device,
+    dtype: DType,
+    batch: usize,
+    quant: Option<QuantKind>,
+) -> Engine {
     let opts = EngineOptions {
         dtype,
         batch,
         capacity: 40,
         quant,
     };
-    Engine::load(&dir(name), dev, opts).unwrap()
+    Engine::load(dir, dev, opts).unwrap()
+}
+
+/// The engine's logits (as f32) of every position of the one prompt `ids`.
+fn prompt_logits(e: &mut Engine, ids: &[u32]) -> Vec<f32> {
+    let logits = e.prefill(&[ids.to_vec()], true).unwrap();
+    logits.to_dtype(DType::F32).unwrap().to_vec().unwrap()
+}
+
+/// The engine's `new` greedy tokens after the one prompt `ids`.
+fn engine_greedy(e: &mut Engine, ids: &[u32], new: usize) -> Vec<u32> {
+    let mut toks = e
+        .generate_greedy(&[ids.to_vec()], new, &[], |_| {})
+        .unwrap();
+    toks.remove(0)
+}
+
+/// The reference's logits of every position of `ids`.
+fn forward_logits(m: &CausalLm, ids: &[u32]) -> Vec<f32> {
+    m.forward(ids, 1, &mut m.new_cache())
+        .unwrap()
+        .to_vec()
+        .unwrap()
+}
+
+/// The reference's `new` greedy tokens after `ids`.
+fn reference_greedy(m: &CausalLm, ids: &[u32], new: usize) -> Vec<u32> {
+    let mut greedy = Sampler::new(Sampling::default()).unwrap();
+    m.generate(ids, new, &mut greedy, &[], |_| {}).unwrap()
+}
+
+/// The engine `make(dtype)` on `dev`, in f32 and in bf16, gives `want` (the reference's logits
+/// of `ids`) within that dtype's bound, and in f32 the reference's `new` greedy tokens.
+fn matches_reference_in_both_dtypes(
+    label: &str,
+    dev: Device,
+    make: impl Fn(DType) -> Engine,
+    reference: &CausalLm,
+    ids: &[u32],
+    want: &[f32],
+    new: usize,
+) {
+    for (dtype, rel) in [(DType::F32, 3e-4), (DType::BF16, 0.07)] {
+        let what = format!("{label} {dtype} on {dev}");
+        let mut e = make(dtype);
+        let got = prompt_logits(&mut e, ids);
+        let err = max_err(&what, &got, want, rel);
+        eprintln!("{what}: prompt logits max |diff| {err:e}");
+        if dtype == DType::F32 {
+            let gen = reference_greedy(reference, ids, new);
+            assert_eq!(
+                engine_greedy(&mut e, ids, new),
+                gen,
+                "{what}: greedy tokens"
+            );
+        }
+    }
 }
 
 /// Prompt logits and 16 greedy tokens of every fixture, f32 and bf16, on `dev`.
@@ -48,17 +115,13 @@ fn matches_transformers(dev: Device) {
         for (dtype, rel) in [(DType::F32, 3e-4), (DType::BF16, 0.07)] {
             let what = format!("{name} {dtype} on {dev}");
             let mut e = engine(name, dev, dtype, 1);
-            let logits = e.prefill(std::slice::from_ref(&exp.ids), true).unwrap();
-            let got = logits.to_dtype(DType::F32).unwrap().to_vec().unwrap();
+            let got = prompt_logits(&mut e, &exp.ids);
             let err = max_err(&what, &got, &exp.logits, rel);
             eprintln!("{what}: prompt logits max |diff| {err:e}");
             if dtype == DType::F32 {
                 let new = exp.greedy.len() - exp.ids.len();
-                let toks = e
-                    .generate_greedy(std::slice::from_ref(&exp.ids), new, &[], |_| {})
-                    .unwrap();
                 assert_eq!(
-                    toks[0],
+                    engine_greedy(&mut e, &exp.ids, new),
                     exp.greedy[exp.ids.len()..],
                     "{what}: greedy tokens"
                 );
@@ -77,28 +140,16 @@ fn quantized_matches_the_reference(dev: Device) {
         for kind in [QuantKind::Int8, QuantKind::Int4] {
             let mut reference = CausalLm::load(&dir(name), Device::Cpu).unwrap();
             reference.quantize(kind).unwrap();
-            let want = reference
-                .forward(&exp.ids, 1, &mut reference.new_cache())
-                .unwrap()
-                .to_vec()
-                .unwrap();
-            for (dtype, rel) in [(DType::F32, 3e-4), (DType::BF16, 0.07)] {
-                let what = format!("{name} {kind:?} {dtype} on {dev}");
-                let mut e = quantized(name, dev, dtype, 1, Some(kind));
-                let logits = e.prefill(std::slice::from_ref(&exp.ids), true).unwrap();
-                let got = logits.to_dtype(DType::F32).unwrap().to_vec().unwrap();
-                max_err(&what, &got, &want, rel);
-                if dtype == DType::F32 {
-                    let toks = e
-                        .generate_greedy(std::slice::from_ref(&exp.ids), 10, &[], |_| {})
-                        .unwrap();
-                    let mut greedy = Sampler::new(Sampling::default()).unwrap();
-                    let gen = reference
-                        .generate(&exp.ids, 10, &mut greedy, &[], |_| {})
-                        .unwrap();
-                    assert_eq!(toks[0], gen, "{what}: greedy tokens");
-                }
-            }
+            let want = forward_logits(&reference, &exp.ids);
+            matches_reference_in_both_dtypes(
+                &format!("{name} {kind:?}"),
+                dev,
+                |dtype| quantized(name, dev, dtype, 1, Some(kind)),
+                &reference,
+                &exp.ids,
+                &want,
+                10,
+            );
         }
     }
 }
@@ -131,11 +182,7 @@ fn batch_rows_match_the_reference(dev: Device) {
         let new = 10;
         let toks = e.generate_greedy(&prompts, new, &[], |_| {}).unwrap();
         for (r, p) in prompts.iter().enumerate() {
-            let want = reference
-                .forward(p, 1, &mut reference.new_cache())
-                .unwrap()
-                .to_vec()
-                .unwrap();
+            let want = forward_logits(&reference, p);
             let want_last = &want[(p.len() - 1) * vocab..];
             max_err(
                 &format!("{name} row {r} on {dev}"),
@@ -143,10 +190,7 @@ fn batch_rows_match_the_reference(dev: Device) {
                 want_last,
                 3e-4,
             );
-            let mut greedy = models::Sampler::new(models::Sampling::default()).unwrap();
-            let gen = reference
-                .generate(p, new, &mut greedy, &[], |_| {})
-                .unwrap();
+            let gen = reference_greedy(&reference, p, new);
             assert_eq!(toks[r], gen, "{name} row {r} on {dev}: greedy tokens");
         }
     }
@@ -269,11 +313,7 @@ fn gpt2_variant(activation: &str) -> tempfile::TempDir {
 /// The reference's logits of `ids` for the model in `dir`.
 fn reference_logits(dir: &std::path::Path, ids: &[u32]) -> (CausalLm, Vec<f32>) {
     let m = CausalLm::load(dir, Device::Cpu).unwrap();
-    let l = m
-        .forward(ids, 1, &mut m.new_cache())
-        .unwrap()
-        .to_vec()
-        .unwrap();
+    let l = forward_logits(&m, ids);
     (m, l)
 }
 
@@ -302,30 +342,15 @@ fn gpt2_variant_matches_the_reference(dev: Device) {
             "{what} is within the bound of the variant"
         );
     }
-    for (dtype, rel) in [(DType::F32, 3e-4), (DType::BF16, 0.07)] {
-        let what = format!("gpt2 erf untied {dtype} on {dev}");
-        let opts = EngineOptions {
-            dtype,
-            batch: 1,
-            capacity: 40,
-            quant: None,
-        };
-        let mut e = Engine::load(tmp.path(), dev, opts).unwrap();
-        let logits = e.prefill(std::slice::from_ref(&exp.ids), true).unwrap();
-        let got = logits.to_dtype(DType::F32).unwrap().to_vec().unwrap();
-        let err = max_err(&what, &got, &want, rel);
-        eprintln!("{what}: prompt logits max |diff| {err:e}");
-        if dtype == DType::F32 {
-            let toks = e
-                .generate_greedy(std::slice::from_ref(&exp.ids), 12, &[], |_| {})
-                .unwrap();
-            let mut greedy = Sampler::new(Sampling::default()).unwrap();
-            let gen = reference
-                .generate(&exp.ids, 12, &mut greedy, &[], |_| {})
-                .unwrap();
-            assert_eq!(toks[0], gen, "{what}: greedy tokens");
-        }
-    }
+    matches_reference_in_both_dtypes(
+        "gpt2 erf untied",
+        dev,
+        |dtype| load(tmp.path(), dev, dtype, 1, None),
+        &reference,
+        &exp.ids,
+        &want,
+        12,
+    );
 }
 
 #[test]
@@ -377,30 +402,24 @@ fn engine_refuses_bad_input_and_changes_nothing() {
     e.prefill(&[vec![5; 40]], false).unwrap();
     assert!(e.decode_greedy(&[1]).is_err());
     assert!(e.decode_greedy(&[96]).is_err(), "id outside the vocabulary");
-    let opts = EngineOptions {
-        dtype: DType::F32,
-        batch: 1,
-        capacity: 65,
-        quant: None,
-    };
-    assert!(
-        Engine::load(&dir("llama3"), Device::Cpu, opts).is_err(),
-        "a cache longer than the context"
-    );
-    let opts = EngineOptions {
-        dtype: DType::F32,
-        batch: 1,
-        capacity: 65,
-        quant: None,
-    };
-    assert!(
-        Engine::load(&dir("gpt2"), Device::Cpu, opts).is_err(),
-        "a GPT-2 cache longer than its learned positions"
-    );
-    for (dtype, batch, capacity, what) in [
-        (DType::U32, 1, 8, "a u32 engine"),
-        (DType::F32, 0, 8, "batch 0"),
-        (DType::F32, 1, 0, "capacity 0"),
+    for (name, dtype, batch, capacity, what) in [
+        (
+            "llama3",
+            DType::F32,
+            1,
+            65,
+            "a cache longer than the context",
+        ),
+        (
+            "gpt2",
+            DType::F32,
+            1,
+            65,
+            "a GPT-2 cache longer than its learned positions",
+        ),
+        ("llama3", DType::U32, 1, 8, "a u32 engine"),
+        ("llama3", DType::F32, 0, 8, "batch 0"),
+        ("llama3", DType::F32, 1, 0, "capacity 0"),
     ] {
         let opts = EngineOptions {
             dtype,
@@ -409,7 +428,7 @@ fn engine_refuses_bad_input_and_changes_nothing() {
             quant: None,
         };
         assert!(
-            Engine::load(&dir("llama3"), Device::Cpu, opts).is_err(),
+            Engine::load(&dir(name), Device::Cpu, opts).is_err(),
             "{what}"
         );
     }
