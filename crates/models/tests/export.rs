@@ -135,6 +135,26 @@ fn margin(row: &[f32]) -> f32 {
     sorted[0] - sorted[1]
 }
 
+/// The project model's `new` greedy tokens after `prompt` (its argmax over its full-context
+/// forward each step, `v` logits a position) and the smallest top-2 margin of those steps.
+fn project_greedy(gpt: &Gpt, prompt: &[u32], new: usize, v: usize) -> (Vec<u32>, f32) {
+    let mut ctx = prompt.to_vec();
+    let mut min_margin = f32::INFINITY;
+    for _ in 0..new {
+        let logits = gpt_logits(gpt, &ctx);
+        let last = &logits[(ctx.len() - 1) * v..];
+        min_margin = min_margin.min(margin(last));
+        ctx.push(argmax(last));
+    }
+    (ctx[prompt.len()..].to_vec(), min_margin)
+}
+
+/// The loaded model's `new` greedy tokens after `prompt`.
+fn causal_greedy(lm: &CausalLm, prompt: &[u32], new: usize) -> Vec<u32> {
+    let mut sampler = Sampler::new(Sampling::default()).unwrap();
+    lm.generate(prompt, new, &mut sampler, &[], |_| {}).unwrap()
+}
+
 fn exported_matches_project_model(bias: bool) {
     let case = if bias { "bias" } else { "nobias" };
     let (gpt, ds) = model(bias);
@@ -157,30 +177,15 @@ fn exported_matches_project_model(bias: bool) {
         .unwrap()
         .to_vec()
         .unwrap();
-    assert_eq!(got.len(), want.len());
     let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
     let tol = 2e-4 * scale;
-    let err = got
-        .iter()
-        .zip(&want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let err = max_abs_diff(&got, &want);
     eprintln!("{case}: max |logit| {scale:.4}, max |diff| {err:.3e}, bound {tol:.3e}");
     assert!(err <= tol, "{case}: logits differ by {err} > {tol}");
 
     // Greedy decoding: the project model's argmax over its full-context forward each step.
-    let mut ctx = prompt.clone();
-    let mut min_margin = f32::INFINITY;
-    for _ in 0..NEW_TOKENS {
-        let logits = gpt_logits(&gpt, &ctx);
-        let last = &logits[(ctx.len() - 1) * v..];
-        min_margin = min_margin.min(margin(last));
-        ctx.push(argmax(last));
-    }
-    let ours = ctx[prompt.len()..].to_vec();
-    let mut sampler = Sampler::new(Sampling::default()).unwrap();
-    let exported = lm
-        .generate(&prompt, NEW_TOKENS, &mut sampler, &[], |_| {})
-        .unwrap();
+    let (ours, min_margin) = project_greedy(&gpt, &prompt, NEW_TOKENS, v);
+    let exported = causal_greedy(&lm, &prompt, NEW_TOKENS);
     eprintln!("{case}: greedy {exported:?}, smallest top-2 margin {min_margin:.3e}");
     assert_eq!(exported, ours, "{case}: greedy tokens");
     // The comparison is decisive: no step is a near tie within the logits' tolerance.
@@ -476,19 +481,8 @@ fn exported_llama_variant_matches_the_project_model() {
         // full-context forward each step, against both loaders.
         let prompt = ds.tokenizer.encode(PROMPT).unwrap();
         let new = gc.block_size - prompt.len();
-        let mut ctx = prompt.clone();
-        let mut min_margin = f32::INFINITY;
-        for _ in 0..new {
-            let logits = gpt_logits(&gpt, &ctx);
-            let last = &logits[(ctx.len() - 1) * v..];
-            min_margin = min_margin.min(margin(last));
-            ctx.push(argmax(last));
-        }
-        let ours = ctx[prompt.len()..].to_vec();
-        let mut sampler = Sampler::new(Sampling::default()).unwrap();
-        let exported = lm
-            .generate(&prompt, new, &mut sampler, &[], |_| {})
-            .unwrap();
+        let (ours, min_margin) = project_greedy(&gpt, &prompt, new, v);
+        let exported = causal_greedy(&lm, &prompt, new);
         assert_eq!(exported, ours, "{case}: CausalLm greedy tokens");
         let fast = engine
             .generate_greedy(std::slice::from_ref(&prompt), new, &[], |_| {})
