@@ -7,28 +7,16 @@
 mod hf_fixture;
 
 use std::collections::HashMap;
-use std::time::Duration;
+
+use hf_fixture::{copy_fixture, within};
 
 use models::gpt::{Gpt, GptConfig, Variant};
 use models::{perplexity_windows, CausalLm, Engine, EngineOptions, ModelError, WeightsError};
 use tensor_ops::{DType, Device};
 
-/// Runs `f` on a thread; fails the test if it has not returned within 20 s (a hang).
-fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("the call hung (no answer within 20 s)")
-}
-
 /// A copy of fixture `name` whose `config.json` has `key` set to `value`.
 fn with_config(name: &str, key: &str, value: serde_json::Value) -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    for f in ["model.safetensors", "tokenizer.json"] {
-        std::fs::copy(hf_fixture::dir(name).join(f), tmp.path().join(f)).unwrap();
-    }
+    let tmp = copy_fixture(name);
     let text = std::fs::read_to_string(hf_fixture::dir(name).join("config.json")).unwrap();
     let mut cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
     cfg[key] = value;

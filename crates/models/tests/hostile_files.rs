@@ -7,7 +7,8 @@
 mod hf_fixture;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+
+use hf_fixture::{copy_fixture, within};
 
 use models::{
     Architecture, CausalLm, Checkpoint, ConfigError, ModelConfig, ModelError, Tokenizer,
@@ -15,25 +16,6 @@ use models::{
 };
 use tensor_ops::fsio::FileError;
 use tensor_ops::Device;
-
-/// Runs `f` on a thread; fails the test if it has not returned within 20 s (a hang).
-fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("the call hung (no answer within 20 s)")
-}
-
-/// A copy of fixture `name` in a fresh temporary directory.
-fn copy_fixture(name: &str) -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
-        std::fs::copy(hf_fixture::dir(name).join(f), tmp.path().join(f)).unwrap();
-    }
-    tmp
-}
 
 /// The hostile things to put in place of a file: a FIFO, a symlink to `/dev/zero`, a directory.
 const HOSTILE: [&str; 3] = ["fifo", "dev-zero", "directory"];

@@ -141,3 +141,22 @@ pub fn max_err(what: &str, got: &[f32], want: &[f32], rel: f32) -> f32 {
     );
     err
 }
+
+/// Runs `f` on a thread; fails the test if it has not returned within 20 s (a hang).
+pub fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the call hung (no answer within 20 s)")
+}
+
+/// A copy of fixture `name` in a fresh temporary directory.
+pub fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(dir(name).join(f), tmp.path().join(f)).unwrap();
+    }
+    tmp
+}
