@@ -15,7 +15,10 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, expected, max_err, write_f32_checkpoint, FIXTURES};
+use hf_fixture::{
+    dir, engine_greedy, expected, forward_logits, max_err, reference_greedy, write_f32_checkpoint,
+    FIXTURES,
+};
 use models::{CausalLm, Engine, EngineOptions, ModelError, QuantKind, Sampler, Sampling};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
@@ -56,28 +59,6 @@ fn load(
 fn prompt_logits(e: &mut Engine, ids: &[u32]) -> Vec<f32> {
     let logits = e.prefill(&[ids.to_vec()], true).unwrap();
     logits.to_dtype(DType::F32).unwrap().to_vec().unwrap()
-}
-
-/// The engine's `new` greedy tokens after the one prompt `ids`.
-fn engine_greedy(e: &mut Engine, ids: &[u32], new: usize) -> Vec<u32> {
-    let mut toks = e
-        .generate_greedy(&[ids.to_vec()], new, &[], |_| {})
-        .unwrap();
-    toks.remove(0)
-}
-
-/// The reference's logits of every position of `ids`.
-fn forward_logits(m: &CausalLm, ids: &[u32]) -> Vec<f32> {
-    m.forward(ids, 1, &mut m.new_cache())
-        .unwrap()
-        .to_vec()
-        .unwrap()
-}
-
-/// The reference's `new` greedy tokens after `ids`.
-fn reference_greedy(m: &CausalLm, ids: &[u32], new: usize) -> Vec<u32> {
-    let mut greedy = Sampler::new(Sampling::default()).unwrap();
-    m.generate(ids, new, &mut greedy, &[], |_| {}).unwrap()
 }
 
 /// The engine `make(dtype)` on `dev`, in f32 and in bf16, gives `want` (the reference's logits

@@ -11,8 +11,8 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, expected, max_err};
-use models::{CausalLm, Engine, EngineOptions, Sampler, Sampling};
+use hf_fixture::{dir, engine_greedy, expected, forward_logits, max_err, reference_greedy};
+use models::{CausalLm, Engine, EngineOptions};
 use serde_json::{json, Value};
 use tensor_ops::{DType, Device};
 
@@ -41,11 +41,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 fn engines_agree(name: &str, dir: &std::path::Path) {
     let exp = expected(name);
     let reference = CausalLm::load(dir, Device::Cpu).unwrap();
-    let want = reference
-        .forward(&exp.ids, 1, &mut reference.new_cache())
-        .unwrap()
-        .to_vec()
-        .unwrap();
+    let want = forward_logits(&reference, &exp.ids);
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let full = max_abs_diff(&want, &exp.logits);
     eprintln!("{name} windowed: {full:e} from the full-attention logits (scale {scale})");
@@ -61,14 +57,12 @@ fn engines_agree(name: &str, dir: &std::path::Path) {
     let err = max_err(name, &got.to_vec().unwrap(), &want, 3e-4);
     eprintln!("{name} windowed: engine prompt logits max |diff| {err:e}");
     let new = 16;
-    let mut sampler = Sampler::new(Sampling::default()).unwrap();
-    let want_toks = reference
-        .generate(&exp.ids, new, &mut sampler, &[], |_| {})
-        .unwrap();
-    let toks = e
-        .generate_greedy(std::slice::from_ref(&exp.ids), new, &[], |_| {})
-        .unwrap();
-    assert_eq!(toks[0], want_toks, "{name}: greedy tokens");
+    let want_toks = reference_greedy(&reference, &exp.ids, new);
+    assert_eq!(
+        engine_greedy(&mut e, &exp.ids, new),
+        want_toks,
+        "{name}: greedy tokens"
+    );
     // A batch: the second row left-padded by 3 slots.
     let prompts = vec![exp.ids.clone(), exp.ids[3..].to_vec()];
     let mut e = Engine::load(dir, Device::Cpu, opts(2)).unwrap();
@@ -76,11 +70,7 @@ fn engines_agree(name: &str, dir: &std::path::Path) {
     let vocab = e.config().vocab_size;
     let toks = e.generate_greedy(&prompts, new, &[], |_| {}).unwrap();
     for (r, p) in prompts.iter().enumerate() {
-        let want = reference
-            .forward(p, 1, &mut reference.new_cache())
-            .unwrap()
-            .to_vec()
-            .unwrap();
+        let want = forward_logits(&reference, p);
         let what = format!("{name} batch row {r}");
         max_err(
             &what,
@@ -88,10 +78,7 @@ fn engines_agree(name: &str, dir: &std::path::Path) {
             &want[(p.len() - 1) * vocab..],
             3e-4,
         );
-        let mut sampler = Sampler::new(Sampling::default()).unwrap();
-        let want_toks = reference
-            .generate(p, new, &mut sampler, &[], |_| {})
-            .unwrap();
+        let want_toks = reference_greedy(&reference, p, new);
         assert_eq!(toks[r], want_toks, "{what}: greedy tokens");
     }
 }

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use models::{CausalLm, Engine, Sampler, Sampling};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -159,4 +160,26 @@ pub fn copy_fixture(name: &str) -> tempfile::TempDir {
         std::fs::copy(dir(name).join(f), tmp.path().join(f)).unwrap();
     }
     tmp
+}
+
+/// The engine's `new` greedy tokens after the one prompt `ids`.
+pub fn engine_greedy(e: &mut Engine, ids: &[u32], new: usize) -> Vec<u32> {
+    let mut toks = e
+        .generate_greedy(&[ids.to_vec()], new, &[], |_| {})
+        .unwrap();
+    toks.remove(0)
+}
+
+/// The reference's logits of every position of `ids`.
+pub fn forward_logits(m: &CausalLm, ids: &[u32]) -> Vec<f32> {
+    m.forward(ids, 1, &mut m.new_cache())
+        .unwrap()
+        .to_vec()
+        .unwrap()
+}
+
+/// The reference's `new` greedy tokens after `ids`.
+pub fn reference_greedy(m: &CausalLm, ids: &[u32], new: usize) -> Vec<u32> {
+    let mut greedy = Sampler::new(Sampling::default()).unwrap();
+    m.generate(ids, new, &mut greedy, &[], |_| {}).unwrap()
 }
