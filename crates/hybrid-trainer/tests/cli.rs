@@ -3,7 +3,7 @@
 mod common;
 
 use assert_cmd::Command;
-use common::{cli_err, cli_ok, Corpus};
+use common::{cli_err, cli_ok, loss_lines, Corpus};
 
 #[test]
 fn demo_runs_on_the_cpu_by_request() {
@@ -212,11 +212,9 @@ fn the_main_job_refuses_bad_flags_cleanly() {
 
 /// `iter N: loss X` lines of `train-gpt`'s output, by iteration.
 fn logged_losses(out: &str) -> std::collections::BTreeMap<u32, String> {
-    out.lines()
-        .filter_map(|l| {
-            let (it, rest) = l.strip_prefix("iter ")?.split_once(": loss ")?;
-            Some((it.parse().ok()?, rest.split(',').next()?.to_string()))
-        })
+    loss_lines(out)
+        .into_iter()
+        .map(|(it, loss)| (it, loss.to_string()))
         .collect()
 }
 

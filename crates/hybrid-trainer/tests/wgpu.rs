@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{cli_err, cli_ok, generate_args, prompt_and_greedy_text, Corpus};
+use common::{cli_err, cli_ok, generate_args, loss_lines, prompt_and_greedy_text, Corpus};
 
 /// Whether a wgpu adapter exists (else the skip is reported).
 fn has_wgpu(test: &str) -> bool {
@@ -15,11 +15,9 @@ fn has_wgpu(test: &str) -> bool {
 
 /// `iter N: loss X` of `train-gpt`'s output, in order.
 fn logged_losses(out: &str) -> Vec<(u32, f32)> {
-    out.lines()
-        .filter_map(|l| {
-            let (it, rest) = l.strip_prefix("iter ")?.split_once(": loss ")?;
-            Some((it.parse().ok()?, rest.split(',').next()?.parse().ok()?))
-        })
+    loss_lines(out)
+        .into_iter()
+        .filter_map(|(it, loss)| Some((it, loss.parse().ok()?)))
         .collect()
 }
 

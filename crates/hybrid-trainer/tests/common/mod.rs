@@ -124,3 +124,13 @@ impl Drop for Corpus {
         std::fs::remove_file(&self.0).ok();
     }
 }
+
+/// The `iter N: loss X` lines of `train-gpt`'s output, in order: `(N, X as printed)`.
+pub fn loss_lines(out: &str) -> Vec<(u32, &str)> {
+    out.lines()
+        .filter_map(|l| {
+            let (it, rest) = l.strip_prefix("iter ")?.split_once(": loss ")?;
+            Some((it.parse().ok()?, rest.split(',').next()?))
+        })
+        .collect()
+}
