@@ -13,15 +13,10 @@
 use gpu_core::cpu::{with_mode, CpuMode};
 use gpu_cuda::testing::test_seed;
 use models::gpt::{Dataset, Gpt, GptConfig};
-use tensor_ops::Device;
+use tensor_ops::{Device, Tensor};
 
 /// `(loss, gradients in parameter order)` of one batch in `mode`.
-fn loss_and_grads(
-    model: &Gpt,
-    x: &tensor_ops::Tensor,
-    y: &tensor_ops::Tensor,
-    mode: CpuMode,
-) -> (f32, Vec<Vec<f32>>) {
+fn loss_and_grads(model: &Gpt, x: &Tensor, y: &Tensor, mode: CpuMode) -> (f32, Vec<Vec<f32>>) {
     with_mode(mode, || {
         let loss = model.loss(x, y, None).unwrap();
         let g = loss.backward().unwrap();
@@ -34,18 +29,32 @@ fn loss_and_grads(
     })
 }
 
-#[test]
-fn fast_mode_matches_the_exact_gpt_loss_and_gradients() {
-    let seed = test_seed("fast_mode_matches_the_exact_gpt_loss_and_gradients");
-    let text: String = (0..4000)
-        .map(|i| (b'a' + ((i * 7 + i / 13) % 23) as u8) as char)
+/// A tiny GPT from `seed`, `n_embd` wide with a context of `block`, on a synthetic corpus of
+/// 4000 letters (letter `(i·mul + i/div) mod m` at `i`), and one training batch of `rows` rows
+/// drawn from `seed`.
+fn model_and_batch(
+    seed: u64,
+    (mul, div, m): (usize, usize, usize),
+    n_embd: usize,
+    block: usize,
+    rows: usize,
+) -> (Gpt, Tensor, Tensor) {
+    let text: String = (0..4000usize)
+        .map(|i| (b'a' + ((i * mul + i / div) % m) as u8) as char)
         .collect();
     let ds = Dataset::from_text(&text, 0.9).unwrap();
     let mut cfg = GptConfig::tiny(ds.tokenizer.vocab_size());
-    (cfg.n_embd, cfg.block_size) = (32, 16);
+    (cfg.n_embd, cfg.block_size) = (n_embd, block);
     let model = Gpt::new(cfg, seed, Device::Cpu).unwrap();
     let mut rng = Dataset::rng(seed);
-    let (x, y) = ds.batch(false, 3, 16, &mut rng, Device::Cpu).unwrap();
+    let (x, y) = ds.batch(false, rows, block, &mut rng, Device::Cpu).unwrap();
+    (model, x, y)
+}
+
+#[test]
+fn fast_mode_matches_the_exact_gpt_loss_and_gradients() {
+    let seed = test_seed("fast_mode_matches_the_exact_gpt_loss_and_gradients");
+    let (model, x, y) = model_and_batch(seed, (7, 13, 23), 32, 16, 3);
     let (lf, gf) = loss_and_grads(&model, &x, &y, CpuMode::Fast);
     let (le, ge) = loss_and_grads(&model, &x, &y, CpuMode::Exact);
     assert!(lf.is_finite() && le.is_finite());
@@ -78,15 +87,7 @@ fn fast_mode_matches_the_exact_gpt_loss_and_gradients() {
 #[test]
 fn gpt_step_on_the_pool_is_bit_identical() {
     let seed = test_seed("gpt_step_on_the_pool_is_bit_identical");
-    let text: String = (0..4000)
-        .map(|i| (b'a' + ((i * 5 + i / 11) % 21) as u8) as char)
-        .collect();
-    let ds = Dataset::from_text(&text, 0.9).unwrap();
-    let mut cfg = GptConfig::tiny(ds.tokenizer.vocab_size());
-    (cfg.n_embd, cfg.block_size) = (64, 32);
-    let model = Gpt::new(cfg, seed, Device::Cpu).unwrap();
-    let mut rng = Dataset::rng(seed);
-    let (x, y) = ds.batch(false, 12, 32, &mut rng, Device::Cpu).unwrap();
+    let (model, x, y) = model_and_batch(seed, (5, 11, 21), 64, 32, 12);
     for mode in [CpuMode::Fast, CpuMode::Exact] {
         let (l0, g0) = loss_and_grads(&model, &x, &y, mode);
         let (l1, g1) = gpu_core::cpu::on_pool(|| loss_and_grads(&model, &x, &y, mode));
