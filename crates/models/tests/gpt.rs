@@ -3,9 +3,11 @@
 //! kernels cannot run are refused when the model is built (moved from tensor-ops' `tensor.rs`,
 //! `backward_with.rs` and `hostile/api.rs` with the GPT).
 
+mod tiny_gpt;
+
 use models::gpt::{Dataset, Gpt, GptConfig, Variant};
-use tensor_ops::optim::AdamWParams;
 use tensor_ops::{Device, GpuError, Tensor};
+use tiny_gpt::{clipped_adamw, tiny_config};
 
 fn corpus() -> String {
     let path = std::env::var("TINYSHAKESPEARE")
@@ -22,24 +24,9 @@ fn tiny_gpt_learns_on_the_cpu_and_checkpoints_round_trip() {
     let text = &text[..text.len().min(200_000)];
     let ds = Dataset::from_text(text, 0.9).unwrap();
     for variant in [Variant::Gpt2, Variant::Llama] {
-        let cfg = GptConfig {
-            variant,
-            vocab_size: ds.tokenizer.vocab_size(),
-            block_size: 16,
-            n_layer: 2,
-            n_head: 2,
-            n_embd: 32,
-            dropout: 0.0,
-            bias: true,
-        };
+        let cfg = tiny_config(variant, ds.tokenizer.vocab_size(), 2, 32, 0.0);
         let model = Gpt::new(cfg, 7, Device::Cpu).unwrap();
-        let mut opt = model
-            .store()
-            .adamw(AdamWParams {
-                max_grad_norm: Some(1.0),
-                ..Default::default()
-            })
-            .unwrap();
+        let mut opt = clipped_adamw(&model);
         let mut rng = Dataset::rng(3);
         let mut first = None;
         let mut last = 0.0;

@@ -13,32 +13,19 @@
 //! masks are the CPU's bit for bit (the same counter-based hash: `gpu-core`'s
 //! `tests/side_doors.rs` checks the attention mask entry by entry), so the same bounds hold.
 
-use models::gpt::{Dataset, Gpt, GptConfig, Variant};
-use tensor_ops::optim::AdamWParams;
+mod tiny_gpt;
+
+use models::gpt::{Dataset, Gpt, Variant};
 use tensor_ops::{with_primitives_only, Device};
+use tiny_gpt::{clipped_adamw, tiny_config};
 
 /// Losses of three AdamW steps and the parameters after them.
 fn train(variant: Variant, dropout: f32) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
     let text = "the quick brown fox jumps over the lazy dog. ".repeat(40);
     let ds = Dataset::from_text(&text, 0.9).unwrap();
-    let cfg = GptConfig {
-        variant,
-        vocab_size: ds.tokenizer.vocab_size(),
-        block_size: 16,
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 32,
-        dropout,
-        bias: true,
-    };
+    let cfg = tiny_config(variant, ds.tokenizer.vocab_size(), 2, 32, dropout);
     let model = Gpt::new(cfg, 7, Device::Cpu).unwrap();
-    let mut opt = model
-        .store()
-        .adamw(AdamWParams {
-            max_grad_norm: Some(1.0),
-            ..Default::default()
-        })
-        .unwrap();
+    let mut opt = clipped_adamw(&model);
     let mut rng = Dataset::rng(3);
     let mut losses = Vec::new();
     for step in 0..3u64 {

@@ -30,12 +30,13 @@
 //! fails instead with `HYBRID_REQUIRE_WGPU=1`.
 
 mod hf_fixture;
+mod tiny_gpt;
 
 use hf_fixture::{dir, expected, max_err};
-use models::gpt::{Dataset, Gpt, GptConfig, Variant};
+use models::gpt::{Dataset, Gpt, Variant};
 use models::{CausalLm, Engine, EngineOptions, QuantKind, Sampler, Sampling};
-use tensor_ops::optim::AdamWParams;
 use tensor_ops::{DType, Device, Precision};
+use tiny_gpt::{clipped_adamw, tiny_config};
 
 /// `Device::Wgpu` of adapter 0, or `None` after printing why the test is skipped.
 fn wgpu(test: &str) -> Option<Device> {
@@ -58,25 +59,10 @@ struct Trained {
 fn train(variant: Variant, precision: Precision, dev: Device) -> Trained {
     let text = "the quick brown fox jumps over the lazy dog. ".repeat(40);
     let ds = Dataset::from_text(&text, 0.9).unwrap();
-    let cfg = GptConfig {
-        variant,
-        vocab_size: ds.tokenizer.vocab_size(),
-        block_size: 16,
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 32,
-        dropout: 0.2,
-        bias: true,
-    };
+    let cfg = tiny_config(variant, ds.tokenizer.vocab_size(), 2, 32, 0.2);
     let mut model = Gpt::new(cfg, 7, dev).unwrap();
     model.set_precision(precision).unwrap();
-    let mut opt = model
-        .store()
-        .adamw(AdamWParams {
-            max_grad_norm: Some(1.0),
-            ..Default::default()
-        })
-        .unwrap();
+    let mut opt = clipped_adamw(&model);
     let init = model
         .parameters()
         .iter()
@@ -249,24 +235,9 @@ fn wgpu_training_step_moves_only_the_batch_and_the_loss() {
     let Some(dev) = wgpu(T) else { return };
     let text = "It was the best of times, it was the worst of times. ".repeat(20);
     let ds = Dataset::from_text(&text, 0.9).unwrap();
-    let cfg = GptConfig {
-        variant: Variant::Gpt2,
-        vocab_size: ds.tokenizer.vocab_size(),
-        block_size: 16,
-        n_layer: 1,
-        n_head: 2,
-        n_embd: 16,
-        dropout: 0.1,
-        bias: true,
-    };
+    let cfg = tiny_config(Variant::Gpt2, ds.tokenizer.vocab_size(), 1, 16, 0.1);
     let model = Gpt::new(cfg, 1, dev).unwrap();
-    let mut opt = model
-        .store()
-        .adamw(AdamWParams {
-            max_grad_norm: Some(1.0),
-            ..Default::default()
-        })
-        .unwrap();
+    let mut opt = clipped_adamw(&model);
     let mut rng = Dataset::rng(2);
     let mut step = |i: u64| -> f32 {
         let (x, y) = ds.batch(false, 4, 16, &mut rng, dev).unwrap();
