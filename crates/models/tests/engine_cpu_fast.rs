@@ -19,8 +19,8 @@ mod hf_fixture;
 
 use gpu_core::cpu::{with_mode, CpuMode};
 use gpu_cuda::testing::gpu_device_or_skip;
-use hf_fixture::{dir, expected, max_err};
-use models::{CausalLm, Engine, EngineOptions, QuantKind, Sampler, Sampling};
+use hf_fixture::{dir, expected, max_err, reference_logits_and_greedy};
+use models::{CausalLm, Engine, EngineOptions, QuantKind};
 use tensor_ops::{DType, Device};
 
 /// Every weight storage the engine has: dense f32 or bf16, and int8/int4 under either.
@@ -71,10 +71,7 @@ fn reference(name: &str, ids: &[u32], quant: Option<QuantKind>) -> (Vec<f32>, Ve
         if let Some(kind) = quant {
             m.quantize(kind).unwrap();
         }
-        let logits = m.forward(ids, 1, &mut m.new_cache()).unwrap();
-        let mut greedy = Sampler::new(Sampling::default()).unwrap();
-        let toks = m.generate(ids, NEW, &mut greedy, &[], |_| {}).unwrap();
-        (logits.to_vec().unwrap(), toks)
+        reference_logits_and_greedy(&m, ids, NEW)
     })
 }
 

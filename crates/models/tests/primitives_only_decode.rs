@@ -13,8 +13,8 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, expected, max_err};
-use models::{CausalLm, Engine, EngineOptions, Sampler, Sampling};
+use hf_fixture::{dir, expected, max_err, reference_logits_and_greedy};
+use models::{CausalLm, Engine, EngineOptions};
 use tensor_ops::{with_primitives_only, DType, Device};
 
 /// Greedy tokens compared.
@@ -30,10 +30,7 @@ const NAMES: [&str; 5] = ["llama3", "llama-tied", "qwen2", "mistral-sw", "gpt2"]
 /// The reference's prompt logits and greedy tokens.
 fn reference(name: &str, ids: &[u32]) -> (Vec<f32>, Vec<u32>) {
     let m = CausalLm::load(&dir(name), Device::Cpu).unwrap();
-    let logits = m.forward(ids, 1, &mut m.new_cache()).unwrap();
-    let mut greedy = Sampler::new(Sampling::default()).unwrap();
-    let toks = m.generate(ids, NEW, &mut greedy, &[], |_| {}).unwrap();
-    (logits.to_vec().unwrap(), toks)
+    reference_logits_and_greedy(&m, ids, NEW)
 }
 
 /// The fast engine's (f32) prompt logits and greedy tokens.

@@ -32,7 +32,7 @@
 mod hf_fixture;
 mod tiny_gpt;
 
-use hf_fixture::{dir, expected, max_err};
+use hf_fixture::{dir, expected, max_err, reference_logits_and_greedy};
 use models::gpt::{Dataset, Gpt, Variant};
 use models::{CausalLm, Engine, EngineOptions, QuantKind, Sampler, Sampling};
 use tensor_ops::{DType, Device, Precision};
@@ -366,10 +366,7 @@ fn wgpu_engine_storages_match_the_reference() {
             if let Some(kind) = quant {
                 m.quantize(kind).unwrap();
             }
-            let logits = m.forward(&exp.ids, 1, &mut m.new_cache()).unwrap();
-            let mut greedy = Sampler::new(Sampling::default()).unwrap();
-            let toks = m.generate(&exp.ids, NEW, &mut greedy, &[], |_| {}).unwrap();
-            (logits.to_vec().unwrap(), toks)
+            reference_logits_and_greedy(&m, &exp.ids, NEW)
         };
         let opts = EngineOptions {
             dtype,

@@ -183,3 +183,8 @@ pub fn reference_greedy(m: &CausalLm, ids: &[u32], new: usize) -> Vec<u32> {
     let mut greedy = Sampler::new(Sampling::default()).unwrap();
     m.generate(ids, new, &mut greedy, &[], |_| {}).unwrap()
 }
+
+/// The reference's logits of every position of `ids` and its `new` greedy tokens after them.
+pub fn reference_logits_and_greedy(m: &CausalLm, ids: &[u32], new: usize) -> (Vec<f32>, Vec<u32>) {
+    (forward_logits(m, ids), reference_greedy(m, ids, new))
+}
