@@ -2,7 +2,10 @@
 //! rate is cut, a world model that lies is never trusted (the run is then the run without
 //! one), a truthful one is, and the typed flags refuse typos.
 
+mod common;
+
 use clap::Parser;
+use common::{corpus, parse_args, Cli};
 use gpu_core::Device;
 use std::path::PathBuf;
 use trainer::control::world::{ScalePredictor, FEATURES};
@@ -10,42 +13,24 @@ use trainer::train_args::TrainArgs;
 use trainer::train_curve::RunCurve;
 use trainer::train_gpt::{run_with_curve, run_with_predictor};
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: TrainArgs,
-}
-
-/// The embedded corpus, written once per test process.
-fn corpus() -> PathBuf {
-    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("hybrid-control-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("corpus.txt");
-        std::fs::write(&p, trainer::corpus::default_corpus().unwrap()).unwrap();
-        p
-    })
-    .clone()
-}
-
 /// A tiny GPT's run: 2 layers × 64, 200 steps, the hybrid deciding every 25.
 fn args(extra: &[&str]) -> Result<TrainArgs, clap::Error> {
     args_for(200, extra)
 }
 
 fn args_for(iters: u32, extra: &[&str]) -> Result<TrainArgs, clap::Error> {
-    let data = corpus();
-    let mut argv: Vec<String> = "t --layers 2 --heads 2 --embd 64 --block 32 --batch 8 \
-         --warmup 20 --eval-interval 50 --eval-iters 4 --sample 0 \
-         --log-interval 1000 --eval-splits val --eval-fixed --seed 7 --data"
-        .split_whitespace()
-        .map(String::from)
+    let iters = iters.to_string();
+    let extra: Vec<&str> = ["--iters", &iters]
+        .into_iter()
+        .chain(extra.iter().copied())
         .collect();
-    argv.push(data.display().to_string());
-    argv.extend(["--iters".to_string(), iters.to_string()]);
-    argv.extend(extra.iter().map(|s| s.to_string()));
-    Cli::try_parse_from(argv).map(|c| c.args)
+    parse_args(
+        "control",
+        "--layers 2 --heads 2 --embd 64 --block 32 --batch 8 \
+         --warmup 20 --eval-interval 50 --eval-iters 4 --sample 0 \
+         --log-interval 1000 --eval-splits val --eval-fixed --seed 7",
+        &extra,
+    )
 }
 
 fn run(extra: &[&str]) -> anyhow::Result<RunCurve> {
@@ -432,8 +417,11 @@ fn a_damaged_hybrid_checkpoint_is_refused() {
             from.to_str().unwrap(),
         ];
         flags.extend_from_slice(extra);
-        let mut argv: Vec<String> =
-            vec!["t".into(), "--data".into(), corpus().display().to_string()];
+        let mut argv: Vec<String> = vec![
+            "t".into(),
+            "--data".into(),
+            corpus("control").display().to_string(),
+        ];
         argv.extend("--layers 2 --heads 2 --embd 64 --block 32 --batch 8 --warmup 20 --eval-interval 50 --eval-iters 4 --sample 0 --log-interval 1000 --eval-splits val --eval-fixed --seed 7".split_whitespace().map(String::from));
         argv.extend(flags.iter().map(|s| s.to_string()));
         let args = Cli::try_parse_from(argv).unwrap().args;

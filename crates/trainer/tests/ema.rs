@@ -2,44 +2,25 @@
 //! the run went through, keeping and evaluating it changes nothing in training, a resume goes
 //! on with it, and the flag's misuses are refused.
 
-use clap::Parser;
+mod common;
+
+use common::parse_args;
 use gpu_core::Device;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use trainer::tensor_file::{read_tensors, HostTensors};
 use trainer::train_args::TrainArgs;
 use trainer::train_curve::RunCurve;
 use trainer::train_gpt::run_with_curve;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: TrainArgs,
-}
-
-/// The embedded corpus, written once per test process.
-fn corpus() -> PathBuf {
-    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("hybrid-ema-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("corpus.txt");
-        std::fs::write(&p, trainer::corpus::default_corpus().unwrap()).unwrap();
-        p
-    })
-    .clone()
-}
-
 /// A 1-layer GPT × 32 at a high rate (each step moves the weights visibly), dropout on.
 fn args(extra: &[&str]) -> Result<TrainArgs, clap::Error> {
-    let mut argv: Vec<String> = "t --layers 1 --heads 2 --embd 32 --block 16 --batch 4 \
+    parse_args(
+        "ema",
+        "--layers 1 --heads 2 --embd 32 --block 16 --batch 4 \
          --warmup 2 --lr 1e-2 --min-lr 1e-3 --dropout 0.1 --eval-iters 2 --sample 0 \
-         --log-interval 1000 --eval-splits val --eval-fixed --seed 11 --data"
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    argv.push(corpus().display().to_string());
-    argv.extend(extra.iter().map(|s| s.to_string()));
-    Cli::try_parse_from(argv).map(|c| c.args)
+         --log-interval 1000 --eval-splits val --eval-fixed --seed 11",
+        extra,
+    )
 }
 
 fn run(extra: &[&str]) -> anyhow::Result<RunCurve> {
