@@ -286,10 +286,13 @@ fn binary_parity_equal_and_last_axis_broadcast() {
                 for i in 0..n {
                     let y = bv[i % bv.len()];
                     let want = binary_ref(op, a[i], y);
-                    // One rounding of the exact result: |err| <= 2^-24·|want|.
+                    // One rounding of the exact result: |err| <= 2^-24·|want|; WGSL's division
+                    // may be 2.5 ulp off (NVIDIA's Vulkan driver's is: f32::MAX / 5.89 came
+                    // 1.3 ulp off): 5·2^-24·|want|.
                     let want_f = want as f32;
+                    let ulps = if op == BinaryOp::Div { 5.0 } else { 1.0 };
                     assert!(
-                        close(got[i], want_f as f64, want.abs() * U)
+                        close(got[i], want_f as f64, ulps * want.abs() * U)
                             || got[i].to_bits() == want_f.to_bits()
                             || flushed(&[a[i], y], got[i], want_f),
                         "{op:?}({}, {y}) = {} want {want}",
@@ -320,9 +323,12 @@ fn binary_parity_equal_and_last_axis_broadcast() {
                     let want: Vec<f32> = CpuBackend.download(&oc).unwrap();
                     for i in 0..n {
                         let y = bv[i % bv.len()];
+                        let div = op == BinaryOp::Div
+                            && close(got[i], want[i] as f64, 6.0 * U * want[i].abs() as f64);
                         assert!(
                             got[i].to_bits() == want[i].to_bits()
                                 || (got[i].is_nan() && want[i].is_nan())
+                                || div
                                 || flushed(&[a[i], y], got[i], want[i]),
                             "{op:?} vs CPU at {i}: {} vs {}",
                             got[i],
