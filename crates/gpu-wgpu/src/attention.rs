@@ -81,6 +81,13 @@ impl WgpuBackend {
     }
 }
 
+/// `a·bᵀ` of `[n, t, d]` pairs into a new `[n, t, t]` buffer.
+fn times_t(g: &WgpuBackend, (a, b): (&Buf, &Buf), s: Dims) -> Result<Buf> {
+    let mut c = g.allocate(DType::F32, s.n * s.t * s.t)?;
+    mm(g, (a, false), (b, true), &mut c, [s.n, s.t, s.t, s.d])?;
+    Ok(c)
+}
+
 /// The forward: `lse` of the masked scores, `out = dropout(P)·v`. Arguments checked by the
 /// caller (f32, `[n, t, d]`).
 pub(crate) fn forward(
@@ -89,20 +96,18 @@ pub(crate) fn forward(
     (out, lse): (&mut Buf, &mut Buf),
     s: Dims,
 ) -> Result<()> {
-    let (n, t, d) = (s.n, s.t, s.d);
-    if n * t == 0 {
+    if s.n * s.t == 0 {
         return Ok(());
     }
-    let mut sc = g.allocate(DType::F32, n * t * t)?;
-    mm(g, (x.q, false), (x.k, true), &mut sc, [n, t, t, d])?;
+    let sc = times_t(g, (x.q, x.k), s)?;
     g.attn_rows("causal_attention_fwd", ATTN_FWD, s, &[sc.raw(), lse.raw()])?;
-    mm(g, (&sc, false), (x.v, false), out, [n, t, d, t])
+    mm(g, (&sc, false), (x.v, false), out, [s.n, s.t, s.d, s.t])
 }
 
 /// The backward: P recomputed from q·kᵀ and `lse`; `dv = P'ᵀ·dout`, `dS = scale·P∘(dP' −
 /// Σ_j P∘dP')` with `dP' = dropout(dout·vᵀ)`, `dq = dS·k`, `dk = dSᵀ·q`. The row term is
 /// `Σ_c dout∘out` of the forward's output (equal when `out` is that forward's), computed from
-/// the row itself, so `g.out` is not read.
+/// the row itself, so `saved.out` is not read.
 pub(crate) fn backward(
     g: &WgpuBackend,
     x: Qkv<'_, WgpuBackend>,
@@ -114,10 +119,8 @@ pub(crate) fn backward(
     if n * t == 0 {
         return Ok(());
     }
-    let mut sc = g.allocate(DType::F32, n * t * t)?;
-    let mut dp = g.allocate(DType::F32, n * t * t)?;
-    mm(g, (x.q, false), (x.k, true), &mut sc, [n, t, t, d])?;
-    mm(g, (saved.dout, false), (x.v, true), &mut dp, [n, t, t, d])?;
+    let sc = times_t(g, (x.q, x.k), s)?;
+    let dp = times_t(g, (saved.dout, x.v), s)?;
     let bufs = [sc.raw(), dp.raw(), saved.lse.raw()];
     g.attn_rows("causal_attention_bwd", ATTN_BWD, s, &bufs)?;
     mm(g, (&sc, true), (saved.dout, false), dv, [n, t, d, t])?;
