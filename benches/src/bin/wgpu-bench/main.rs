@@ -92,14 +92,7 @@ fn memory_rows(b: &Bench, (rows, cols): (usize, usize)) -> Result<Vec<Row>> {
     let f = 4.0 * n as f64;
     let shape = [rows, cols];
     let copy = b.time(|| b.gpu.cast(&x, &mut out))?;
-    let one_block = gpu_core::nn::BlockCopy {
-        src_offset: 0,
-        src_stride: n,
-        dst_offset: 0,
-        dst_stride: n,
-        outer: 1,
-        len: n,
-    };
+    let one_block = gpu_core::nn::BlockCopy::run(0, 0, n);
     let copy_kernel = b.time(|| b.gpu.copy_blocks(&x, &mut out, one_block))?;
     let add = b.time(|| {
         b.gpu

@@ -40,6 +40,20 @@ pub struct BlockCopy {
     pub len: usize,
 }
 
+impl BlockCopy {
+    /// One contiguous run of `len` elements from `src_offset` to `dst_offset`.
+    pub fn run(src_offset: usize, dst_offset: usize, len: usize) -> BlockCopy {
+        BlockCopy {
+            src_offset,
+            src_stride: len,
+            dst_offset,
+            dst_stride: len,
+            outer: 1,
+            len,
+        }
+    }
+}
+
 /// The primitive ops (see the module docs). Shapes are row-major dims; "axis layout"
 /// `(outer, n, inner)` means the tensor is viewed as `[outer, n, inner]` and the operation
 /// runs along the middle axis.

@@ -18,18 +18,7 @@ pub(crate) fn deep_copy(src: &Tensor) -> Result<Tensor> {
     let st = on_device!(dev, |be| {
         let mut out = be.allocate(DType::F32, n)?;
         if n > 0 {
-            be.copy_blocks(
-                buf(be, &g)?,
-                &mut out,
-                BlockCopy {
-                    src_offset: 0,
-                    src_stride: n,
-                    dst_offset: 0,
-                    dst_stride: n,
-                    outer: 1,
-                    len: n,
-                },
-            )?;
+            be.copy_blocks(buf(be, &g)?, &mut out, BlockCopy::run(0, 0, n))?;
         }
         crate::ops::wrap(be, out)
     });
@@ -61,14 +50,7 @@ pub(crate) fn copy_into(op: &'static str, dst: &Tensor, src: &Tensor) -> Result<
     on_device!(dev, |be| be.copy_blocks(
         buf(be, &g)?,
         buf_mut(be, &mut d)?,
-        BlockCopy {
-            src_offset: 0,
-            src_stride: n,
-            dst_offset: 0,
-            dst_stride: n,
-            outer: 1,
-            len: n
-        }
+        BlockCopy::run(0, 0, n)
     )?);
     Ok(())
 }

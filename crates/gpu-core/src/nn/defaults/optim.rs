@@ -60,18 +60,7 @@ pub fn adamw_with<B: Primitives + ?Sized>(
     let coef = match grad_scale {
         Some(s) => {
             let mut c = f32_buf(b, 1)?;
-            b.copy_blocks(
-                s,
-                &mut c,
-                BlockCopy {
-                    src_offset: 1,
-                    src_stride: 1,
-                    dst_offset: 0,
-                    dst_stride: 1,
-                    outer: 1,
-                    len: 1,
-                },
-            )?;
+            b.copy_blocks(s, &mut c, BlockCopy::run(1, 0, 1))?;
             Some(c)
         }
         None => None,

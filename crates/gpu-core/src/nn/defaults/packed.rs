@@ -31,18 +31,7 @@ fn unpack<B: Primitives + ?Sized>(b: &B, qkv: &B::Buffer, p: Packed) -> Result<[
     )?;
     let part = |i: usize| -> Result<B::Buffer> {
         let mut o = f32_buf(b, len)?;
-        b.copy_blocks(
-            &all,
-            &mut o,
-            BlockCopy {
-                src_offset: i * len,
-                src_stride: len,
-                dst_offset: 0,
-                dst_stride: len,
-                outer: 1,
-                len,
-            },
-        )?;
+        b.copy_blocks(&all, &mut o, BlockCopy::run(i * len, 0, len))?;
         Ok(o)
     };
     Ok([part(0)?, part(1)?, part(2)?])
@@ -200,18 +189,7 @@ pub fn backward_with<B: AttentionOps + ?Sized>(
     )?;
     let mut all = f32_buf(b, 3 * len)?;
     for (i, g) in [&dq, &dk, &dv].into_iter().enumerate() {
-        b.copy_blocks(
-            g,
-            &mut all,
-            BlockCopy {
-                src_offset: 0,
-                src_stride: len,
-                dst_offset: i * len,
-                dst_stride: len,
-                outer: 1,
-                len,
-            },
-        )?;
+        b.copy_blocks(g, &mut all, BlockCopy::run(0, i * len, len))?;
     }
     b.permute(&all, &[3, p.b, p.heads, p.t, p.d], &[1, 3, 0, 2, 4], dqkv)
 }

@@ -34,30 +34,8 @@ pub fn max_abs<B: Primitives + ?Sized>(b: &B, x: &B::Buffer) -> Result<f32> {
     // `[x; −x]`, both maxima in one reduction and one read.
     let neg = zip_scalar(b, K::Mul, x, -1.0)?;
     let mut both = f32_buf(b, 2 * n)?;
-    b.copy_blocks(
-        x,
-        &mut both,
-        BlockCopy {
-            src_offset: 0,
-            src_stride: n,
-            dst_offset: 0,
-            dst_stride: n,
-            outer: 1,
-            len: n,
-        },
-    )?;
-    b.copy_blocks(
-        &neg,
-        &mut both,
-        BlockCopy {
-            src_offset: 0,
-            src_stride: n,
-            dst_offset: n,
-            dst_stride: n,
-            outer: 1,
-            len: n,
-        },
-    )?;
+    b.copy_blocks(x, &mut both, BlockCopy::run(0, 0, n))?;
+    b.copy_blocks(&neg, &mut both, BlockCopy::run(0, n, n))?;
     let v = b.download::<f32>(&super::reduce(b, R::Max, &both, [2, n, 1])?)?;
     Ok(if v[0].is_nan() || v[1].is_nan() {
         f32::NAN
@@ -183,18 +161,7 @@ impl<B: Primitives + RowOps + ?Sized> Member<B> {
         let mut parts = Vec::new();
         for len in d.member_layout() {
             let mut t = f32_buf(b, len)?;
-            b.copy_blocks(
-                weights,
-                &mut t,
-                BlockCopy {
-                    src_offset: at,
-                    src_stride: len,
-                    dst_offset: 0,
-                    dst_stride: len,
-                    outer: 1,
-                    len,
-                },
-            )?;
+            b.copy_blocks(weights, &mut t, BlockCopy::run(at, 0, len))?;
             parts.push(t);
             at += len;
         }
