@@ -3,6 +3,7 @@
 use crate::buffer::{Pool, WgpuBuffer, MIN_CLASS};
 use crate::error::WgpuError;
 use crate::probe;
+use crate::profile::{KernelTime, Profiler};
 use gpu_core::backend::{check_transfer, Backend, DeviceType};
 use gpu_core::{DType, Device, Element, GpuError, Result};
 use std::collections::HashMap;
@@ -47,6 +48,8 @@ const BATCH: usize = 32;
 pub(crate) struct Pending {
     enc: Option<wgpu::CommandEncoder>,
     recorded: usize,
+    /// The per-kernel profile, while profiling is on ([`WgpuBackend::set_profiling`]).
+    prof: Option<Profiler>,
 }
 
 /// A wgpu device and queue with a buffer pool and a pipeline cache. Cheap to clone (shared).
@@ -61,10 +64,19 @@ impl std::fmt::Debug for WgpuBackend {
     }
 }
 
-/// Submits `p`'s encoder, if it holds any work.
-fn submit(queue: &wgpu::Queue, p: &mut Pending) -> Option<wgpu::SubmissionIndex> {
-    p.recorded = 0;
-    p.enc.take().map(|enc| queue.submit([enc.finish()]))
+impl Inner {
+    /// Submits `p`'s encoder, if it holds any work (and, while profiling, waits for it and
+    /// reads its timestamps).
+    fn submit(&self, p: &mut Pending) -> Option<wgpu::SubmissionIndex> {
+        p.recorded = 0;
+        let mut enc = p.enc.take()?;
+        let queries = p.prof.as_ref().and_then(|pr| pr.resolve(&mut enc));
+        let sub = self.queue.submit([enc.finish()]);
+        if let (Some(pr), Some(n)) = (p.prof.as_mut(), queries) {
+            pr.collect(&self.device, (sub.clone(), n), self.timeout);
+        }
+        Some(sub)
+    }
 }
 
 /// The byte views below need `T` to be exactly its dtype's size (an outside `Element` impl
@@ -116,7 +128,8 @@ impl WgpuBackend {
         let limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("hybrid-trainer"),
-            required_features: wgpu::Features::empty(),
+            // Timestamps only serve the opt-in profile ([`WgpuBackend::set_profiling`]).
+            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
             required_limits: limits.clone(),
             memory_hints: wgpu::MemoryHints::Performance,
             ..Default::default()
@@ -214,14 +227,72 @@ impl WgpuBackend {
         }));
         p.recorded += 1;
         if p.recorded >= BATCH {
-            submit(&self.inner.queue, &mut p);
+            self.inner.submit(&mut p);
+        }
+    }
+
+    /// Records one compute pass (timed under `label` while profiling), as [`Self::record`].
+    pub(crate) fn record_pass(
+        &self,
+        label: impl FnOnce() -> String,
+        f: impl FnOnce(&mut wgpu::ComputePass<'_>),
+    ) {
+        let mut guard = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let p = &mut *guard;
+        let dev = &self.inner.device;
+        let enc = p.enc.get_or_insert_with(|| {
+            dev.create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
+        });
+        let timestamp_writes = p.prof.as_mut().and_then(|pr| pr.next(label));
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes,
+        });
+        f(&mut pass);
+        drop(pass);
+        p.recorded += 1;
+        if p.recorded >= BATCH {
+            self.inner.submit(p);
         }
     }
 
     /// Submits the recorded work, if any: its submission's index.
     pub(crate) fn flush(&self) -> Option<wgpu::SubmissionIndex> {
         let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        submit(&self.inner.queue, &mut p)
+        self.inner.submit(&mut p)
+    }
+
+    /// Turns the per-kernel GPU profile on (from zero) or off. While on, each submission
+    /// waits for the GPU, so wall-clock times are not representative; the kernels' are.
+    /// An adapter without timestamp queries is [`WgpuError::Unsupported`].
+    pub fn set_profiling(&self, on: bool) -> Result<()> {
+        if on
+            && !self
+                .inner
+                .device
+                .features()
+                .contains(wgpu::Features::TIMESTAMP_QUERY)
+        {
+            return Err(WgpuError::Unsupported {
+                op: "set_profiling",
+                reason: "the adapter has no timestamp queries".into(),
+            }
+            .into());
+        }
+        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        self.inner.submit(&mut p);
+        p.prof = on.then(|| Profiler::new(&self.inner.device, &self.inner.queue));
+        Ok(())
+    }
+
+    /// The profile so far, most GPU time first (empty while profiling is off), and how many
+    /// submissions' timestamps could not be read back.
+    pub fn profile(&self) -> (Vec<KernelTime>, u64) {
+        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        self.inner.submit(&mut p);
+        p.prof
+            .as_ref()
+            .map_or((Vec::new(), 0), |pr| (pr.report(), pr.lost_batches))
     }
 
     /// Releases every cached buffer of the pool.

@@ -1,20 +1,17 @@
 //! The launch machinery (grids, bind groups, the parameter block) and the first WGSL kernels:
-//! fill, casts, unary maps, last-axis binary ops, row reductions and the f32 matmul. The public
-//! unary/binary/reduce_rows stay inherent methods; fill, cast and matmul back the
-//! `Primitives`/`MatmulOps` impls in prims.rs. Every launch is validated on the host first, so
+//! fill, casts, unary maps, last-axis binary ops and row reductions (the f32 matmul is in
+//! matmul.rs). The public unary/binary/reduce_rows stay inherent methods; fill and cast back
+//! the `Primitives` impl in prims.rs. Every launch is validated on the host first, so
 //! a bad argument is a typed error. WGSL sources live in `src/shaders/`.
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use gpu_core::backend::BufferInfo;
-use gpu_core::ops::MatmulSpec;
 use gpu_core::{DType, GpuError, Result};
 use wgpu::util::DeviceExt;
 
 /// Threads per workgroup of the one-dimensional kernels.
 const WG: u32 = 256;
-/// Edge of the tile of C that one matmul workgroup computes.
-const TILE: u32 = 64;
 
 /// The parameter block every kernel binds at 0; `gx` is the grid's x extent (for 2-D grids).
 const HEADER: &str = r#"
@@ -155,8 +152,6 @@ const BINARY: &str = include_str!("shaders/binary.wgsl");
 
 const REDUCE: &str = include_str!("shaders/reduce_rows.wgsl");
 
-const MATMUL: &str = include_str!("shaders/matmul.wgsl");
-
 pub(crate) fn src(body: &str) -> String {
     format!("{HEADER}{body}")
 }
@@ -239,8 +234,19 @@ impl WgpuBackend {
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             });
-            self.record(|enc| {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            let label = || match key {
+                "matmul_f32" | "matmul_f32_128" => format!(
+                    "{key} {}x{}x{}{}{} z {}",
+                    params[0],
+                    params[1],
+                    params[2],
+                    if params[3] != 0 { " Aᵀ" } else { "" },
+                    if params[4] != 0 { " Bᵀ" } else { "" },
+                    groups.2
+                ),
+                _ => key.to_string(),
+            };
+            self.record_pass(label, |pass| {
                 pass.set_pipeline(&pipeline);
                 pass.set_bind_group(0, &bind, &[]);
                 pass.dispatch_workgroups(groups.0, groups.1, groups.2);
@@ -441,58 +447,6 @@ impl WgpuBackend {
             p,
             (gx, (gx, gy, 1)),
             &[x.raw(), out.raw()],
-        )
-    }
-
-    /// `c = op(a)·op(b)` per batch in f32, row-major, per [`MatmulSpec`] (as the CPU backend's
-    /// `MatmulOps::matmul`); `c` is overwritten.
-    pub(crate) fn matmul_f32(
-        &self,
-        spec: MatmulSpec,
-        a: &WgpuBuffer,
-        b: &WgpuBuffer,
-        c: &mut WgpuBuffer,
-    ) -> Result<()> {
-        self.check_out("matmul", &[a, b, c])?;
-        for x in [a, b, &*c] {
-            require("matmul", x, DType::F32)?;
-        }
-        spec.validate(a, b, c)?;
-        let MatmulSpec { batch, m, n, k, .. } = spec;
-        if c.is_empty() {
-            return Ok(());
-        }
-        if k == 0 {
-            return self.fill_raw(c, 0.0);
-        }
-        let max = self.info().limits.max_compute_workgroups_per_dimension;
-        let (gx, gy) = (
-            to_u32("matmul", n)?.div_ceil(TILE),
-            to_u32("matmul", m)?.div_ceil(TILE),
-        );
-        let gz = to_u32("matmul", batch)?;
-        if gx > max || gy > max || gz > max {
-            return Err(GpuError::Unsupported {
-                op: "matmul",
-                reason: format!("grid {gx}x{gy}x{gz} exceeds the device's {max} per dimension"),
-            });
-        }
-        let p = [
-            to_u32("matmul", m)?,
-            to_u32("matmul", n)?,
-            to_u32("matmul", k)?,
-            spec.trans_a as u32,
-            spec.trans_b as u32,
-            0,
-            0,
-            0,
-        ];
-        self.launch(
-            "matmul",
-            ("matmul_f32", || src(MATMUL)),
-            p,
-            (gx, (gx, gy, gz)),
-            &[a.raw(), b.raw(), c.raw()],
         )
     }
 }

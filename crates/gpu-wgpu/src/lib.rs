@@ -12,10 +12,12 @@ mod backend;
 mod buffer;
 mod error;
 mod kernels;
+mod matmul;
 mod optim;
 mod prim_kernels;
 mod prims;
 mod probe;
+mod profile;
 mod rows;
 pub mod testing;
 
@@ -24,3 +26,4 @@ pub use buffer::WgpuBuffer;
 pub use error::WgpuError;
 pub use kernels::{BinaryOp, RowReduce, UnaryOp};
 pub use probe::{adapters, register_device_probe};
+pub use profile::KernelTime;

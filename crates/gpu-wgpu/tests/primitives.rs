@@ -441,6 +441,11 @@ fn matmul_parity_with_transposes() {
         // Several 64×64 tiles in both directions, ragged edges, and an exact tile.
         (2, 130, 70, 33),
         (1, 64, 64, 16),
+        // The 128×128-tile kernel: ragged in both directions, then split over k (2 splits of
+        // 352, the last one short); the 64×64 one split in 3.
+        (2, 129, 257, 40),
+        (1, 150, 136, 700),
+        (1, 70, 20, 900),
     ];
     for (batch, m, n, k) in shapes {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -633,4 +638,50 @@ fn recorded_launches_keep_program_order() {
     }
     let got: Vec<f32> = b.download(&a).unwrap();
     assert_eq!(got, x);
+}
+
+#[test]
+fn profile_counts_each_kernel_launch_and_leaves_results_alone() {
+    if backend_or_skip("profile_counts_each_kernel_launch").is_none() {
+        return;
+    }
+    // A device of its own: the profile's waits would slow the other tests' shared one.
+    let b = WgpuBackend::new(0).unwrap();
+    if !b
+        .wgpu_device()
+        .features()
+        .contains(wgpu::Features::TIMESTAMP_QUERY)
+    {
+        let e = b.set_profiling(true).unwrap_err();
+        assert!(matches!(e, GpuError::Unsupported { .. }), "{e}");
+        eprintln!("SKIP profile part: no timestamp queries on this adapter ({e})");
+        return;
+    }
+    b.set_profiling(true).unwrap();
+    let mut r = rng("profile");
+    let x = randn(&mut r, 4099, 2.0);
+    let xb = b.upload(&x).unwrap();
+    let mut y = b.allocate(DType::F32, x.len()).unwrap();
+    for _ in 0..3 {
+        b.unary(UnaryOp::Exp, &xb, &mut y).unwrap();
+    }
+    // More launches than one submission holds, so the totals span several batches.
+    let mut z = b.allocate(DType::F32, x.len()).unwrap();
+    for _ in 0..70 {
+        b.binary(BinaryOp::Add, &xb, &xb, &mut z).unwrap();
+    }
+    let got = b.download::<f32>(&z).unwrap();
+    let (prof, lost) = b.profile();
+    assert_eq!(lost, 0);
+    let count = |key: &str| prof.iter().find(|k| k.key == key).map(|k| k.launches);
+    assert_eq!(count("unary_exp"), Some(3), "{prof:?}");
+    assert_eq!(count("binary_add"), Some(70), "{prof:?}");
+    assert!(prof.iter().all(|k| k.gpu_ns.is_finite() && k.gpu_ns >= 0.0));
+    assert!(prof.windows(2).all(|w| w[0].gpu_ns >= w[1].gpu_ns));
+    for (g, v) in got.iter().zip(&x) {
+        assert_eq!(*g, v + v);
+    }
+    b.set_profiling(false).unwrap();
+    b.unary(UnaryOp::Exp, &xb, &mut y).unwrap();
+    assert!(b.profile().0.is_empty());
 }

@@ -39,6 +39,11 @@ struct Args {
     /// Text for the GPT training-step row (tinyshakespeare); the row is skipped without it.
     #[arg(long)]
     gpt_text: Option<PathBuf>,
+    /// After the GPT row, time its kernels with GPU timestamps (a separate, slower pass) and
+    /// append a per-kernel table: where the step's GPU time goes, and how much of the step the
+    /// GPU is busy at all.
+    #[arg(long, requires = "gpt_text")]
+    profile: bool,
 }
 
 struct Bench {
@@ -176,6 +181,44 @@ fn report(rows: &[Row], name: &str) -> String {
     s
 }
 
+/// The GPT step's kernels by GPU time (timestamps around every launch), per step, against
+/// the step's unprofiled median `step_us`.
+fn profile_gpt(
+    gpu: &WgpuBackend,
+    dev: tensor_ops::Device,
+    text: &str,
+    ((batch, block, _), step_us): ((usize, usize, usize), f64),
+) -> Result<String> {
+    let steps = 2;
+    gpu.set_profiling(true)?;
+    // `steps` timed steps after 3 warm-ups: the profile covers all 5.
+    let run = benches::gpt_train_step_us(dev, text, (batch, block, steps));
+    let (prof, lost) = gpu.profile();
+    gpu.set_profiling(false)?;
+    run?;
+    let per = (steps + 3) as f64;
+    let busy: f64 = prof.iter().map(|k| k.gpu_ns).sum::<f64>() / per / 1e3;
+    let launches: u64 = prof.iter().map(|k| k.launches).sum();
+    let mut s = format!(
+        "\n## Where the GPT step's GPU time goes\n\nGPU timestamps around each of {:.0} launches \
+         per step ({lost} batches unread): the kernels are busy {busy:.1} µs of the step's \
+         {step_us:.1} µs ({:.0}%); the rest is the host and the gaps between launches.\n\n\
+         | kernel | launches/step | µs/step | % of busy |\n|---|---:|---:|---:|\n",
+        launches as f64 / per,
+        100.0 * busy / step_us
+    );
+    for k in prof.iter().take(25) {
+        let us = k.gpu_ns / per / 1e3;
+        s += &format!(
+            "| {} | {:.1} | {us:.1} | {:.1}% |\n",
+            k.key,
+            k.launches as f64 / per,
+            100.0 * us / busy
+        );
+    }
+    Ok(s)
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     gpu_wgpu::register_device_probe();
@@ -213,8 +256,13 @@ fn main() -> Result<()> {
             None,
         ));
     }
-    std::fs::write(&a.out, report(&rows, &name))
-        .with_context(|| format!("writing {}", a.out.display()))?;
+    let mut md = report(&rows, &name);
+    if let (true, Some(path), Some(step_us)) = (a.profile, &a.gpt_text, rows.last()) {
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+        let dev = tensor_ops::Device::Wgpu(a.adapter);
+        md += &profile_gpt(&b.gpu, dev, &text, (step, step_us.median_us))?;
+    }
+    std::fs::write(&a.out, md).with_context(|| format!("writing {}", a.out.display()))?;
     println!("wrote {}", a.out.display());
     Ok(())
 }

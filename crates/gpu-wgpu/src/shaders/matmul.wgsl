@@ -5,7 +5,8 @@
 var<workgroup> As: array<array<f32, 64>, 16>;
 var<workgroup> Bs: array<array<f32, 64>, 16>;
 
-// C[b] = op(A[b]) · op(B[b]); op(A) is m×k (A stored k×m when p3 = 1), op(B) is k×n (B stored
+// C[z] = op(A[b]) · op(B[b]) over k in [s·p5, min(k, (s+1)·p5)), for workgroup z = b·p6 + s
+// (as matmul128.wgsl); op(A) is m×k (A stored k×m when p3 = 1), op(B) is k×n (B stored
 // n×k when p4 = 1). A workgroup of 16×16 threads computes a 64×64 tile of C: thread (x, y)
 // holds rows y + 16i and columns x + 16j (i, j < 4) in registers, so that each value read
 // from workgroup memory feeds four products and the stores of a row are contiguous. K goes in
@@ -19,15 +20,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let k = P.p2;
     let r0 = wid.y * 64u;
     let c0 = wid.x * 64u;
-    let a0 = wid.z * m * k;
-    let b0 = wid.z * k * n;
+    let bz = wid.z / P.p6;
+    let kbeg = (wid.z % P.p6) * P.p5;
+    let kend = min(k, kbeg + P.p5);
+    let a0 = bz * m * k;
+    let b0 = bz * k * n;
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    let slices = (k + 15u) / 16u;
+    let slices = (kend - min(kbeg, kend) + 15u) / 16u;
     for (var t = 0u; t < slices; t++) {
-        let k0 = t * 16u;
+        let k0 = kbeg + t * 16u;
         for (var e = 0u; e < 4u; e++) {
             let idx = li + e * 256u;
             // A's slice: 64 rows × 16 k, read along k (A row-major) or along the rows (A^T).
@@ -35,7 +39,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             var ak = idx % 16u;
             if (P.p3 != 0u) { ak = idx / 64u; r = idx % 64u; }
             var av = 0.0;
-            if (r0 + r < m && k0 + ak < k) {
+            if (r0 + r < m && k0 + ak < kend) {
                 if (P.p3 != 0u) { av = A[a0 + (k0 + ak) * m + r0 + r]; }
                 else { av = A[a0 + (r0 + r) * k + k0 + ak]; }
             }
@@ -45,14 +49,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             var c = idx % 64u;
             if (P.p4 != 0u) { c = idx / 16u; bk = idx % 16u; }
             var bv = 0.0;
-            if (k0 + bk < k && c0 + c < n) {
+            if (k0 + bk < kend && c0 + c < n) {
                 if (P.p4 != 0u) { bv = B[b0 + (c0 + c) * k + k0 + bk]; }
                 else { bv = B[b0 + (k0 + bk) * n + c0 + c]; }
             }
             Bs[bk][c] = bv;
         }
         workgroupBarrier();
-        let kn = min(16u, k - k0);
+        let kn = min(16u, kend - k0);
         for (var kk = 0u; kk < kn; kk++) {
             let a = vec4<f32>(As[kk][lid.y], As[kk][lid.y + 16u], As[kk][lid.y + 32u],
                               As[kk][lid.y + 48u]);

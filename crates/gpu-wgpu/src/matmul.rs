@@ -1,0 +1,194 @@
+//! The f32 matmul behind `MatmulOps` (prims.rs): a 128×128-tile kernel (8×8 outputs a thread,
+//! the next k-slice fetched while this one multiplies) where both sides of C span a tile, the
+//! 64×64-tile kernel for smaller ones, and a split over k where C has too few tiles to fill
+//! the GPU (a weight gradient: C small, k the batch's tokens): each split sums its k-range
+//! into a scratch slice, `matmul_sum` adds the slices in order.
+
+use crate::backend::WgpuBackend;
+use crate::buffer::WgpuBuffer;
+use crate::kernels::{require, src, to_u32};
+use gpu_core::backend::{Backend, BufferInfo};
+use gpu_core::ops::MatmulSpec;
+use gpu_core::{DType, GpuError, Result};
+
+const MATMUL64: &str = include_str!("shaders/matmul.wgsl");
+const MATMUL128: &str = include_str!("shaders/matmul128.wgsl");
+const SUM: &str = include_str!("shaders/matmul_sum.wgsl");
+
+/// Workgroups a launch should have for the GPU to be busy (a few per compute unit of a large
+/// GPU); fewer tiles than this split k.
+const BUSY: usize = 512;
+/// The shortest k-range a split gets: a shorter one costs more in scratch traffic than it
+/// gains in parallelism.
+const MIN_SPLIT_K: usize = 256;
+
+/// How one matmul is launched: the tile edge and the number of k-splits (1: no scratch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub tile: usize,
+    pub splits: usize,
+    /// k-range of one split, a multiple of 16 (the kernels' slice depth) unless it is all of k.
+    pub chunk: usize,
+}
+
+/// The launch plan of `spec` (k > 0, C not empty), with at most `max_scratch` f32 elements of
+/// scratch for the split sums.
+pub(crate) fn plan(spec: &MatmulSpec, max_scratch: usize) -> Plan {
+    let MatmulSpec { batch, m, n, k, .. } = *spec;
+    let tile = if m >= 128 && n >= 128 { 128 } else { 64 };
+    let tiles = batch * m.div_ceil(tile) * n.div_ceil(tile);
+    let out = batch * m * n;
+    let mut splits = BUSY
+        .div_ceil(tiles)
+        .min(k / MIN_SPLIT_K)
+        .min(max_scratch / out.max(1))
+        .max(1);
+    if splits == 1 {
+        return Plan {
+            tile,
+            splits,
+            chunk: k,
+        };
+    }
+    let chunk = k.div_ceil(splits).div_ceil(16) * 16;
+    splits = k.div_ceil(chunk);
+    Plan {
+        tile,
+        splits,
+        chunk,
+    }
+}
+
+impl WgpuBackend {
+    /// `c = op(a)·op(b)` per batch in f32, row-major, per [`MatmulSpec`] (as the CPU backend's
+    /// `MatmulOps::matmul`); `c` is overwritten. Each output sums its products in order within
+    /// a split, and the splits in order.
+    pub(crate) fn matmul_f32(
+        &self,
+        spec: MatmulSpec,
+        a: &WgpuBuffer,
+        b: &WgpuBuffer,
+        c: &mut WgpuBuffer,
+    ) -> Result<()> {
+        self.check_out("matmul", &[a, b, c])?;
+        for x in [a, b, &*c] {
+            require("matmul", x, DType::F32)?;
+        }
+        spec.validate(a, b, c)?;
+        if c.is_empty() {
+            return Ok(());
+        }
+        if spec.k == 0 {
+            return self.fill_raw(c, 0.0);
+        }
+        let max_scratch = (self.max_binding_bytes() / 4) as usize;
+        let p = plan(&spec, max_scratch);
+        if p.splits == 1 {
+            return self.matmul_launch(spec, p, (a, b), c);
+        }
+        let mut scratch = self.allocate(DType::F32, p.splits * c.len())?;
+        self.matmul_launch(spec, p, (a, b), &mut scratch)?;
+        let mn = spec.m * spec.n;
+        let params = [
+            to_u32("matmul", c.len())?,
+            to_u32("matmul", mn)?,
+            to_u32("matmul", p.splits)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        self.launch_1d(
+            "matmul",
+            "matmul_sum",
+            || src(SUM),
+            params,
+            c.len(),
+            &[scratch.raw(), c.raw()],
+        )
+    }
+
+    /// One launch of plan `p`'s kernel: `out` is C (one split) or the splits' scratch.
+    fn matmul_launch(
+        &self,
+        spec: MatmulSpec,
+        p: Plan,
+        (a, b): (&WgpuBuffer, &WgpuBuffer),
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        let max = self.info().limits.max_compute_workgroups_per_dimension;
+        let tile = p.tile as u32;
+        let (gx, gy) = (
+            to_u32("matmul", spec.n)?.div_ceil(tile),
+            to_u32("matmul", spec.m)?.div_ceil(tile),
+        );
+        let gz = to_u32("matmul", spec.batch * p.splits)?;
+        if gx > max || gy > max || gz > max {
+            return Err(GpuError::Unsupported {
+                op: "matmul",
+                reason: format!("grid {gx}x{gy}x{gz} exceeds the device's {max} per dimension"),
+            });
+        }
+        let params = [
+            to_u32("matmul", spec.m)?,
+            to_u32("matmul", spec.n)?,
+            to_u32("matmul", spec.k)?,
+            spec.trans_a as u32,
+            spec.trans_b as u32,
+            to_u32("matmul", p.chunk)?,
+            to_u32("matmul", p.splits)?,
+            0,
+        ];
+        let (key, body) = match p.tile {
+            128 => ("matmul_f32_128", MATMUL128),
+            _ => ("matmul_f32", MATMUL64),
+        };
+        self.launch(
+            "matmul",
+            (key, || src(body)),
+            params,
+            (gx, (gx, gy, gz)),
+            &[a.raw(), b.raw(), out.raw()],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(batch: usize, m: usize, n: usize, k: usize) -> MatmulSpec {
+        MatmulSpec {
+            batch,
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+        }
+    }
+
+    #[test]
+    fn plans_split_k_only_where_c_has_few_tiles_and_k_is_long() {
+        // The GPT's forward: many tiles, no split.
+        assert_eq!(
+            plan(&spec(1, 16384, 1152, 384), usize::MAX),
+            Plan {
+                tile: 128,
+                splits: 1,
+                chunk: 384
+            }
+        );
+        // Its weight gradient: 3×9 tiles over k = 16384 → 19 splits of 864.
+        let p = plan(&spec(1, 384, 1152, 16384), usize::MAX);
+        assert_eq!((p.tile, p.splits, p.chunk), (128, 19, 864));
+        assert!(p.chunk * p.splits >= 16384 && p.chunk * (p.splits - 1) < 16384);
+        // A narrow C takes the 64 tile; a short k never splits.
+        assert_eq!(plan(&spec(1, 65, 384, 16384), usize::MAX).tile, 64);
+        assert_eq!(plan(&spec(1, 64, 64, 500), usize::MAX).splits, 1);
+        // Scratch is bounded: no room, no split.
+        assert_eq!(plan(&spec(1, 384, 1152, 16384), 384 * 1152).splits, 1);
+        assert_eq!(plan(&spec(24, 32, 32, 64), usize::MAX).splits, 1);
+    }
+}

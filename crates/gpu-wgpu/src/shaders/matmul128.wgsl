@@ -1,0 +1,136 @@
+@group(0) @binding(1) var<storage, read> A: array<f32>;
+@group(0) @binding(2) var<storage, read> B: array<f32>;
+@group(0) @binding(3) var<storage, read_write> C: array<f32>;
+// K-slices, 8 deep, of the workgroup's 128 rows of op(A) and 128 columns of op(B), four
+// values a vec4: value (kk, r) at [kk * 33 + r / 4][r % 4] (each slice padded by one vec4, so
+// that the staging stores of a warp fall in distinct banks).
+var<workgroup> As: array<vec4<f32>, 264>;
+var<workgroup> Bs: array<vec4<f32>, 264>;
+
+// C[z] = op(A[b]) · op(B[b]) over k in [s·p5, min(k, (s+1)·p5)), for workgroup z = b·p6 + s
+// (p6 splits of k; with one split C is the output, else the partial sums that matmul_sum
+// adds). op(A) is m×k (A stored k×m when p3 = 1), op(B) is k×n (B stored n×k when p4 = 1).
+// A workgroup of 16×16 threads computes a 128×128 tile: thread (x, y) holds rows 4y..4y+3 and
+// 64+4y..64+4y+3, columns 4x..4x+3 and 64+4x..64+4x+3, in 16 vec4 registers, so that each
+// vec4 read from workgroup memory feeds 16 products. The next slice is fetched into registers
+// while this one is multiplied. Every output sums its products in order, one fma each.
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let m = P.p0;
+    let n = P.p1;
+    let k = P.p2;
+    let b = wid.z / P.p6;
+    let kbeg = (wid.z % P.p6) * P.p5;
+    let kend = min(k, kbeg + P.p5);
+    let r0 = wid.y * 128u;
+    let c0 = wid.x * 128u;
+    let a0 = b * m * k;
+    let b0 = b * k * n;
+    var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0);
+    var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0);
+    var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0);
+    var c30 = vec4<f32>(0.0); var c31 = vec4<f32>(0.0);
+    var c40 = vec4<f32>(0.0); var c41 = vec4<f32>(0.0);
+    var c50 = vec4<f32>(0.0); var c51 = vec4<f32>(0.0);
+    var c60 = vec4<f32>(0.0); var c61 = vec4<f32>(0.0);
+    var c70 = vec4<f32>(0.0); var c71 = vec4<f32>(0.0);
+    var ra: array<f32, 4>;
+    var rb: array<f32, 4>;
+    let slices = (kend - min(kbeg, kend) + 7u) / 8u;
+    if (slices > 0u) {
+        for (var e = 0u; e < 4u; e++) {
+            ra[e] = fetch_a(li + e * 256u, a0, r0, kbeg, kend);
+            rb[e] = fetch_b(li + e * 256u, b0, c0, kbeg, kend);
+        }
+        for (var e = 0u; e < 4u; e++) { stage(li + e * 256u, ra[e], rb[e]); }
+    }
+    workgroupBarrier();
+    for (var t = 0u; t < slices; t++) {
+        let more = t + 1u < slices;
+        if (more) {
+            let k0 = kbeg + (t + 1u) * 8u;
+            for (var e = 0u; e < 4u; e++) {
+                ra[e] = fetch_a(li + e * 256u, a0, r0, k0, kend);
+                rb[e] = fetch_b(li + e * 256u, b0, c0, k0, kend);
+            }
+        }
+        for (var kk = 0u; kk < 8u; kk++) {
+            let a = As[kk * 33u + lid.y];
+            let a2 = As[kk * 33u + 16u + lid.y];
+            let x = Bs[kk * 33u + lid.x];
+            let y = Bs[kk * 33u + 16u + lid.x];
+            c00 = fma(vec4<f32>(a.x), x, c00); c01 = fma(vec4<f32>(a.x), y, c01);
+            c10 = fma(vec4<f32>(a.y), x, c10); c11 = fma(vec4<f32>(a.y), y, c11);
+            c20 = fma(vec4<f32>(a.z), x, c20); c21 = fma(vec4<f32>(a.z), y, c21);
+            c30 = fma(vec4<f32>(a.w), x, c30); c31 = fma(vec4<f32>(a.w), y, c31);
+            c40 = fma(vec4<f32>(a2.x), x, c40); c41 = fma(vec4<f32>(a2.x), y, c41);
+            c50 = fma(vec4<f32>(a2.y), x, c50); c51 = fma(vec4<f32>(a2.y), y, c51);
+            c60 = fma(vec4<f32>(a2.z), x, c60); c61 = fma(vec4<f32>(a2.z), y, c61);
+            c70 = fma(vec4<f32>(a2.w), x, c70); c71 = fma(vec4<f32>(a2.w), y, c71);
+        }
+        workgroupBarrier();
+        if (more) {
+            for (var e = 0u; e < 4u; e++) { stage(li + e * 256u, ra[e], rb[e]); }
+        }
+        workgroupBarrier();
+    }
+    let base = wid.z * m * n;
+    let ra0 = r0 + 4u * lid.y;
+    let rb0 = r0 + 64u + 4u * lid.y;
+    let ca = c0 + 4u * lid.x;
+    let cb = c0 + 64u + 4u * lid.x;
+    store4(base, ra0, ca, c00); store4(base, ra0, cb, c01);
+    store4(base, ra0 + 1u, ca, c10); store4(base, ra0 + 1u, cb, c11);
+    store4(base, ra0 + 2u, ca, c20); store4(base, ra0 + 2u, cb, c21);
+    store4(base, ra0 + 3u, ca, c30); store4(base, ra0 + 3u, cb, c31);
+    store4(base, rb0, ca, c40); store4(base, rb0, cb, c41);
+    store4(base, rb0 + 1u, ca, c50); store4(base, rb0 + 1u, cb, c51);
+    store4(base, rb0 + 2u, ca, c60); store4(base, rb0 + 2u, cb, c61);
+    store4(base, rb0 + 3u, ca, c70); store4(base, rb0 + 3u, cb, c71);
+}
+
+// Staging element idx (< 1024) of a slice starting at k0: op(A)'s (row, kk), read along A's
+// contiguous axis (k when A is row-major, the rows when it is stored transposed); 0 outside.
+fn fetch_a(idx: u32, a0: u32, r0: u32, k0: u32, kend: u32) -> f32 {
+    var r = idx / 8u;
+    var kk = idx % 8u;
+    if (P.p3 != 0u) { r = idx % 128u; kk = idx / 128u; }
+    if (r0 + r >= P.p0 || k0 + kk >= kend) { return 0.0; }
+    if (P.p3 != 0u) { return A[a0 + (k0 + kk) * P.p0 + r0 + r]; }
+    return A[a0 + (r0 + r) * P.p2 + k0 + kk];
+}
+
+// As fetch_a for op(B)'s (kk, column): along the columns (B row-major) or k (B stored n×k).
+fn fetch_b(idx: u32, b0: u32, c0: u32, k0: u32, kend: u32) -> f32 {
+    var c = idx % 128u;
+    var kk = idx / 128u;
+    if (P.p4 != 0u) { c = idx / 8u; kk = idx % 8u; }
+    if (k0 + kk >= kend || c0 + c >= P.p1) { return 0.0; }
+    if (P.p4 != 0u) { return B[b0 + (c0 + c) * P.p2 + k0 + kk]; }
+    return B[b0 + (k0 + kk) * P.p1 + c0 + c];
+}
+
+// Writes staging element idx's two values (the same mapping as fetch_a / fetch_b).
+fn stage(idx: u32, av: f32, bv: f32) {
+    var r = idx / 8u;
+    var ak = idx % 8u;
+    if (P.p3 != 0u) { r = idx % 128u; ak = idx / 128u; }
+    As[ak * 33u + r / 4u][r % 4u] = av;
+    var c = idx % 128u;
+    var bk = idx / 128u;
+    if (P.p4 != 0u) { c = idx / 8u; bk = idx % 8u; }
+    Bs[bk * 33u + c / 4u][c % 4u] = bv;
+}
+
+// Columns col..col+3 of row `row` of C[base], where they lie inside m × n.
+fn store4(base: u32, row: u32, col: u32, v: vec4<f32>) {
+    let m = P.p0;
+    let n = P.p1;
+    if (row >= m) { return; }
+    let o = base + row * n + col;
+    if (col < n) { C[o] = v.x; }
+    if (col + 1u < n) { C[o + 1u] = v.y; }
+    if (col + 2u < n) { C[o + 2u] = v.z; }
+    if (col + 3u < n) { C[o + 3u] = v.w; }
+}
