@@ -31,6 +31,8 @@ pub(crate) struct Inner {
     pub queue: wgpu::Queue,
     pub(crate) pool: Mutex<Pool>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    /// The parameter ring: a uniform buffer of `BATCH` slots (see [`Pending::staged`]).
+    params: wgpu::Buffer,
     /// Work recorded since the last submission ([`WgpuBackend::record`]).
     pending: Mutex<Pending>,
     lost: Arc<Mutex<Option<String>>>,
@@ -43,6 +45,28 @@ pub(crate) struct Inner {
 /// batches; reads, writes from the host, `synchronize` and the pool's release submit first.
 const BATCH: usize = 32;
 
+/// Bytes of one kernel's parameter block (eight u32, the kernels' `Params`).
+pub(crate) const PARAMS_BYTES: u64 = 32;
+/// Bytes between parameter blocks in the ring (WebGPU's largest uniform offset alignment).
+const PARAMS_SLOT: usize = 256;
+
+/// Whether a kernel keeps wgpu's runtime checks (an index clamped into its array, a counter
+/// that ends any loop after 2^64 iterations), which cost instructions in a hot inner loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Checks {
+    On,
+    /// Only for a kernel that tests every index itself and whose loops are bounded by its
+    /// parameters (the matmuls: every load and store is guarded by `< m`, `< n`, `< kend`).
+    Off,
+}
+
+/// One launch's profile label (made only while profiling), parameter block and start time.
+pub(crate) struct Launch<'a, L> {
+    pub label: L,
+    pub params: &'a [u32; 8],
+    pub started: Instant,
+}
+
 /// The command encoder that launches are recorded into, and how many it holds.
 #[derive(Default)]
 pub(crate) struct Pending {
@@ -50,6 +74,9 @@ pub(crate) struct Pending {
     recorded: usize,
     /// The per-kernel profile, while profiling is on ([`WgpuBackend::set_profiling`]).
     prof: Option<Profiler>,
+    /// The parameter blocks of the launches recorded so far, one per `PARAMS_SLOT` bytes:
+    /// written to `Inner::params` just before the submission that reads them.
+    staged: Vec<u8>,
 }
 
 /// A wgpu device and queue with a buffer pool and a pipeline cache. Cheap to clone (shared).
@@ -70,8 +97,18 @@ impl Inner {
     fn submit(&self, p: &mut Pending) -> Option<wgpu::SubmissionIndex> {
         p.recorded = 0;
         let mut enc = p.enc.take()?;
+        if !p.staged.is_empty() {
+            // Queue order: this write lands after every earlier submission has read the ring
+            // and before this one does.
+            self.queue.write_buffer(&self.params, 0, &p.staged);
+            p.staged.clear();
+        }
         let queries = p.prof.as_ref().and_then(|pr| pr.resolve(&mut enc));
+        let started = Instant::now();
         let sub = self.queue.submit([enc.finish()]);
+        if let Some(pr) = p.prof.as_mut() {
+            pr.add_host("(queue.submit)", started);
+        }
         if let (Some(pr), Some(n)) = (p.prof.as_mut(), queries) {
             pr.collect(&self.device, (sub.clone(), n), self.timeout);
         }
@@ -156,6 +193,12 @@ impl WgpuBackend {
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map_or(Duration::from_secs(60), Duration::from_millis);
+        let params = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params"),
+            size: (BATCH * PARAMS_SLOT) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 info: WgpuInfo {
@@ -167,6 +210,7 @@ impl WgpuBackend {
                 queue,
                 pool: Mutex::new(Pool::default()),
                 pipelines: Mutex::new(HashMap::new()),
+                params,
                 pending: Mutex::new(Pending::default()),
                 lost,
                 uncaptured,
@@ -231,24 +275,37 @@ impl WgpuBackend {
         }
     }
 
-    /// Records one compute pass (timed under `label` while profiling), as [`Self::record`].
-    pub(crate) fn record_pass(
+    /// Records one kernel launch, as [`Self::record`]: its parameter block goes to the next
+    /// slot of the parameter ring (written to the device once, at submission), `bind` makes
+    /// its bind group from the ring and the slot's offset, `f` records the pass (timed under
+    /// `label` while profiling, the host time since `started` too).
+    pub(crate) fn record_launch<L: FnOnce() -> String>(
         &self,
-        label: impl FnOnce() -> String,
-        f: impl FnOnce(&mut wgpu::ComputePass<'_>),
+        launch: Launch<'_, L>,
+        bind: impl FnOnce(&wgpu::Buffer, u64) -> wgpu::BindGroup,
+        f: impl FnOnce(&mut wgpu::ComputePass<'_>, &wgpu::BindGroup),
     ) {
         let mut guard = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
         let p = &mut *guard;
+        // At most BATCH records between submissions, so the ring never overflows.
+        let offset = (p.staged.len() / PARAMS_SLOT) as u64 * PARAMS_SLOT as u64;
+        p.staged
+            .extend_from_slice(bytemuck::cast_slice(launch.params));
+        p.staged.resize(offset as usize + PARAMS_SLOT, 0);
+        let group = bind(&self.inner.params, offset);
         let dev = &self.inner.device;
         let enc = p.enc.get_or_insert_with(|| {
             dev.create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
         });
-        let timestamp_writes = p.prof.as_mut().and_then(|pr| pr.next(label));
+        let timestamp_writes = p
+            .prof
+            .as_mut()
+            .and_then(|pr| pr.next(launch.label, launch.started));
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: None,
             timestamp_writes,
         });
-        f(&mut pass);
+        f(&mut pass, &group);
         drop(pass);
         p.recorded += 1;
         if p.recorded >= BATCH {
@@ -351,7 +408,10 @@ impl WgpuBackend {
     ) -> Result<R> {
         let scope = self.inner.device.push_error_scope(filter);
         let r = f();
-        match pollster::block_on(scope.pop()) {
+        let started = Instant::now();
+        let popped = pollster::block_on(scope.pop());
+        self.note_host("(error scope)", started);
+        match popped {
             None => Ok(r),
             Some(wgpu::Error::OutOfMemory { .. }) => {
                 Err(WgpuError::OutOfMemory { requested: 0 }.into())
@@ -364,7 +424,22 @@ impl WgpuBackend {
         }
     }
 
+    /// While profiling, adds the host time since `since` under `key` (see [`Profiler::add_host`]).
+    fn note_host(&self, key: &str, since: Instant) {
+        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pr) = p.prof.as_mut() {
+            pr.add_host(key, since);
+        }
+    }
+
     fn create_storage(&self, class: u64) -> Result<wgpu::Buffer> {
+        let started = Instant::now();
+        let made = self.create_storage_inner(class);
+        self.note_host("(new device buffer)", started);
+        made
+    }
+
+    fn create_storage_inner(&self, class: u64) -> Result<wgpu::Buffer> {
         let make = || {
             self.scoped(wgpu::ErrorFilter::OutOfMemory, "create_buffer", || {
                 self.inner.device.create_buffer(&wgpu::BufferDescriptor {
@@ -394,12 +469,13 @@ impl WgpuBackend {
         }
     }
 
-    /// The pipeline of `entry` in the WGSL `source` cached under `key`, compiled on first use.
+    /// The pipeline of `entry` in the WGSL `source` cached under `key`, compiled on first use
+    /// with wgpu's runtime checks (`Checks::On`) or without them (see [`Checks::Off`]).
     pub(crate) fn pipeline(
         &self,
         key: &str,
         source: impl FnOnce() -> String,
-        entry: &str,
+        (entry, checks): (&str, Checks),
     ) -> Result<Arc<wgpu::ComputePipeline>> {
         let full_key = format!("{key}::{entry}");
         let mut cache = self
@@ -415,13 +491,23 @@ impl WgpuBackend {
             wgpu::ErrorFilter::Validation,
             "create_compute_pipeline",
             || {
-                let module = self
-                    .inner
-                    .device
-                    .create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(key),
-                        source: wgpu::ShaderSource::Wgsl(src.into()),
-                    });
+                let desc = wgpu::ShaderModuleDescriptor {
+                    label: Some(key),
+                    source: wgpu::ShaderSource::Wgsl(src.into()),
+                };
+                let module = match checks {
+                    Checks::On => self.inner.device.create_shader_module(desc),
+                    // SAFETY: `Checks::Off` is only passed for kernels that test every index
+                    // against its buffer's bounds themselves and whose loops have bounds from
+                    // the parameter block (see Checks::Off), launched with buffers whose
+                    // element counts fit their u32 index arithmetic (checked by the caller).
+                    Checks::Off => unsafe {
+                        self.inner.device.create_shader_module_trusted(
+                            desc,
+                            wgpu::ShaderRuntimeChecks::unchecked(),
+                        )
+                    },
+                };
                 self.inner
                     .device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -445,10 +531,18 @@ impl WgpuBackend {
         op: &'static str,
         submission: Option<wgpu::SubmissionIndex>,
     ) -> Result<()> {
+        let started = Instant::now();
         let r = self.inner.device.poll(wgpu::PollType::Wait {
             submission_index: submission,
             timeout: Some(self.inner.timeout),
         });
+        self.note_host(
+            match op {
+                "synchronize" => "(wait: synchronize)",
+                _ => "(wait: read back)",
+            },
+            started,
+        );
         match r {
             Ok(_) => self.check_lost(),
             Err(wgpu::PollError::Timeout) => Err(WgpuError::Timeout {

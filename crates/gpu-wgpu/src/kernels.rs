@@ -4,11 +4,10 @@
 //! the `Primitives` impl in prims.rs. Every launch is validated on the host first, so
 //! a bad argument is a typed error. WGSL sources live in `src/shaders/`.
 
-use crate::backend::WgpuBackend;
+use crate::backend::{Checks, Launch, WgpuBackend, PARAMS_BYTES};
 use crate::buffer::WgpuBuffer;
 use gpu_core::backend::BufferInfo;
 use gpu_core::{DType, GpuError, Result};
-use wgpu::util::DeviceExt;
 
 /// Threads per workgroup of the one-dimensional kernels.
 const WG: u32 = 256;
@@ -201,7 +200,19 @@ impl WgpuBackend {
     pub(crate) fn launch(
         &self,
         op: &'static str,
-        (key, source): (&str, impl FnOnce() -> String),
+        kernel: (&str, impl FnOnce() -> String),
+        params: [u32; 8],
+        grid: (u32, (u32, u32, u32)),
+        buffers: &[&wgpu::Buffer],
+    ) -> Result<()> {
+        self.launch_with(op, (kernel, Checks::On), params, grid, buffers)
+    }
+
+    /// [`Self::launch`] of a kernel compiled with or without wgpu's runtime checks.
+    pub(crate) fn launch_with(
+        &self,
+        op: &'static str,
+        ((key, source), checks): ((&str, impl FnOnce() -> String), Checks),
         mut params: [u32; 8],
         (gx, groups): (u32, (u32, u32, u32)),
         buffers: &[&wgpu::Buffer],
@@ -211,46 +222,57 @@ impl WgpuBackend {
             return Ok(());
         }
         params[7] = gx;
-        let pipeline = self.pipeline(key, source, "main")?;
+        let started = std::time::Instant::now();
+        let pipeline = self.pipeline(key, source, ("main", checks))?;
         let dev = &self.inner.device;
+        let layout = pipeline.get_bind_group_layout(0);
+        let label = || match key {
+            "matmul_f32" | "matmul_f32_128" => format!(
+                "{key} {}x{}x{}{}{} z {}",
+                params[0],
+                params[1],
+                params[2],
+                if params[3] != 0 { " Aᵀ" } else { "" },
+                if params[4] != 0 { " Bᵀ" } else { "" },
+                groups.2
+            ),
+            _ => key.to_string(),
+        };
         self.scoped(wgpu::ErrorFilter::Validation, op, || {
-            let ubuf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: bytemuck::cast_slice(&params),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
-            let mut entries = vec![wgpu::BindGroupEntry {
-                binding: 0,
-                resource: ubuf.as_entire_binding(),
-            }];
-            for (i, b) in buffers.iter().enumerate() {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: i as u32 + 1,
-                    resource: b.as_entire_binding(),
-                });
-            }
-            let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
-            let label = || match key {
-                "matmul_f32" | "matmul_f32_128" => format!(
-                    "{key} {}x{}x{}{}{} z {}",
-                    params[0],
-                    params[1],
-                    params[2],
-                    if params[3] != 0 { " Aᵀ" } else { "" },
-                    if params[4] != 0 { " Bᵀ" } else { "" },
-                    groups.2
-                ),
-                _ => key.to_string(),
+            let bind = |ring: &wgpu::Buffer, offset: u64| {
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: ring,
+                        offset,
+                        size: wgpu::BufferSize::new(PARAMS_BYTES),
+                    }),
+                }];
+                for (i, b) in buffers.iter().enumerate() {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: i as u32 + 1,
+                        resource: b.as_entire_binding(),
+                    });
+                }
+                dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout: &layout,
+                    entries: &entries,
+                })
             };
-            self.record_pass(label, |pass| {
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &bind, &[]);
-                pass.dispatch_workgroups(groups.0, groups.1, groups.2);
-            });
+            self.record_launch(
+                Launch {
+                    label,
+                    params: &params,
+                    started,
+                },
+                bind,
+                |pass, group| {
+                    pass.set_pipeline(&pipeline);
+                    pass.set_bind_group(0, group, &[]);
+                    pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+                },
+            );
         })
     }
 

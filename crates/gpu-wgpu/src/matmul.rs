@@ -4,7 +4,7 @@
 //! the GPU (a weight gradient: C small, k the batch's tokens): each split sums its k-range
 //! into a scratch slice, `matmul_sum` adds the slices in order.
 
-use crate::backend::WgpuBackend;
+use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{require, src, to_u32};
 use gpu_core::backend::{Backend, BufferInfo};
@@ -144,9 +144,14 @@ impl WgpuBackend {
             128 => ("matmul_f32_128", MATMUL128),
             _ => ("matmul_f32", MATMUL64),
         };
-        self.launch(
+        // The kernels run without wgpu's checks (Checks::Off): each guards its own indices,
+        // which fit u32 when every buffer's element count does.
+        for x in [a, b, &*out] {
+            to_u32("matmul", x.len())?;
+        }
+        self.launch_with(
             "matmul",
-            (key, || src(body)),
+            ((key, || src(body)), Checks::Off),
             params,
             (gx, (gx, gy, gz)),
             &[a.raw(), b.raw(), out.raw()],

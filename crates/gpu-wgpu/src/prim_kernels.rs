@@ -29,6 +29,7 @@ const DROPOUT: &str = include_str!("shaders/dropout.wgsl");
 const DROP_HASH: &str = include_str!("shaders/dropout_hash.wgsl");
 const GATHER: &str = include_str!("shaders/gather_rows.wgsl");
 const SCATTER_ADD: &str = include_str!("shaders/scatter_add_rows.wgsl");
+const SCATTER_ADD_SCAN: &str = include_str!("shaders/scatter_add_scan.wgsl");
 
 /// The f32 forward formula of each activation (a WGSL expression of `x`, from `ACT_LIB`).
 /// Exhaustive: a new [`Activation`] does not compile until it has one.
@@ -407,8 +408,11 @@ impl WgpuBackend {
     }
 
     /// `dst[ids[r]] += src[r]` for a `[vocab, dim]` `dst` (embedding backward when `dst` starts
-    /// at zero). Adds to one row run in an unspecified order. An id `>= vocab` is
-    /// [`GpuError::IndexOutOfRange`] (its row is skipped; checked by a read-back: this waits).
+    /// at zero). With many rows to each id (a small vocabulary: `rows >= 8·vocab` and
+    /// `rows·vocab <= 2^24`) each output adds its rows in row order (deterministic); otherwise
+    /// the adds to one row run in an unspecified order (compare-and-swap, little contention
+    /// there). An id `>= vocab` is [`GpuError::IndexOutOfRange`] (its row is skipped; checked
+    /// by a read-back: this waits).
     pub(crate) fn scatter_add_f32(
         &self,
         ids: &WgpuBuffer,
@@ -429,12 +433,22 @@ impl WgpuBackend {
             0,
             0,
         ];
+        let rows = ids.len();
+        let scan = vocab > 0 && rows >= 8 * vocab && rows.saturating_mul(vocab) <= 1 << 24;
+        let (key, body, threads) = match scan {
+            true => ("scatter_add_scan", SCATTER_ADD_SCAN, dst.len()),
+            false => ("scatter_add_rows", SCATTER_ADD, src_rows.len()),
+        };
+        let mut p = p;
+        if scan {
+            p[0] = to_u32("scatter_add_rows", rows)?; // the scan counts rows, not elements
+        }
         self.launch_1d(
             "scatter_add_rows",
-            "scatter_add_rows",
-            || src(SCATTER_ADD),
+            key,
+            || src(body),
             p,
-            src_rows.len(),
+            threads,
             &[ids.raw(), src_rows.raw(), dst.raw(), status.raw()],
         )?;
         self.check_status("scatter_add_rows", &status, vocab)

@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Passes one submission holds at most ([`crate::backend`]'s batch), so two queries each.
 pub(crate) const PASSES: u32 = 64;
 
-/// GPU time of one kernel (pipeline cache key) over the profiled launches.
+/// GPU and host time of one kernel (pipeline cache key) over the profiled launches; a key in
+/// parentheses is host work outside the kernels (no GPU time).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KernelTime {
     /// The pipeline's cache key (one per kernel and variant); a matmul's also names its shape.
@@ -18,6 +19,9 @@ pub struct KernelTime {
     pub launches: u64,
     /// Their GPU time in total, in nanoseconds (end minus start of each pass).
     pub gpu_ns: f64,
+    /// The host time of their launches in total, in nanoseconds (checks, pipeline lookup,
+    /// bind group and recording; not the submission).
+    pub host_ns: f64,
 }
 
 /// The query set, the buffers its results travel through, and the totals so far.
@@ -62,14 +66,18 @@ impl Profiler {
 
     /// The timestamp writes of the next pass, whose kernel `label` names; `None` once the set
     /// is full (that pass goes untimed and uncounted: the batch submits before the set fills).
+    /// `started` is when the launch began on the host: its host time so far is added too.
     pub(crate) fn next(
         &mut self,
         label: impl FnOnce() -> String,
+        started: Instant,
     ) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
         let i = u32::try_from(self.keys.len())
             .ok()
             .filter(|&i| i < PASSES)?;
-        self.keys.push(label());
+        let key = label();
+        self.entry(&key).host_ns += started.elapsed().as_nanos() as f64;
+        self.keys.push(key);
         Some(wgpu::ComputePassTimestampWrites {
             query_set: &self.set,
             beginning_of_pass_write_index: Some(2 * i),
@@ -121,17 +129,30 @@ impl Profiler {
             }
         };
         self.read.unmap();
+        let period = self.period_ns;
         for (key, t) in keys.into_iter().zip(ticks.chunks_exact(2)) {
-            let e = self
-                .totals
-                .entry(key.clone())
-                .or_insert_with(|| KernelTime {
-                    key,
-                    ..Default::default()
-                });
+            let e = self.entry(&key);
             e.launches += 1;
-            e.gpu_ns += t[1].saturating_sub(t[0]) as f64 * self.period_ns;
+            e.gpu_ns += t[1].saturating_sub(t[0]) as f64 * period;
         }
+    }
+
+    /// Adds host time outside the kernels under a key in parentheses (a submission, a new
+    /// device buffer, a wait); `launches` counts its calls.
+    pub(crate) fn add_host(&mut self, key: &str, since: Instant) {
+        let ns = since.elapsed().as_nanos() as f64;
+        let e = self.entry(key);
+        e.launches += 1;
+        e.host_ns += ns;
+    }
+
+    fn entry(&mut self, key: &str) -> &mut KernelTime {
+        self.totals
+            .entry(key.to_string())
+            .or_insert_with(|| KernelTime {
+                key: key.to_string(),
+                ..Default::default()
+            })
     }
 
     /// The totals, most GPU time first.

@@ -221,3 +221,41 @@ fn scheduled_adamw_is_the_same_step_and_bad_arguments_change_nothing() {
     );
     assert!(err.is_err(), "{err:?}");
 }
+
+/// `[norm, coef]` of `b.clip_coefficient` over `grads`.
+fn clip<B: OptimOps>(b: &B, grads: &[Vec<f32>], max: f32) -> [f32; 2] {
+    let g: Vec<B::Buffer> = grads.iter().map(|x| b.upload(x).unwrap()).collect();
+    let mut out = b.allocate(DType::F32, 2).unwrap();
+    b.clip_coefficient(&g.iter().collect::<Vec<_>>(), max, &mut out)
+        .unwrap();
+    let o: Vec<f32> = b.download(&out).unwrap();
+    [o[0], o[1]]
+}
+
+#[test]
+fn clip_coefficient_on_the_device_matches_the_cpu() {
+    let Some(b) = backend_or_skip("clip_coefficient_on_the_device_matches_the_cpu") else {
+        return;
+    };
+    let mut r = rng("clip_coefficient");
+    // Sizes around a sumsq block (16384) and a workgroup, an empty gradient, several lists.
+    let sizes = [0, 1, 255, 16384, 16385, 70_001];
+    let grads: Vec<Vec<f32>> = sizes.iter().map(|&n| randn(&mut r, n, 3.0)).collect();
+    for (list, max) in [(&grads[..], 1.0), (&grads[..1], 1.0), (&grads[2..4], 1e9)] {
+        let got = clip(&b, list, max);
+        let want = clip(&CpuBackend, list, max);
+        // f32 partial sums against the CPU's f64 one: relative error ≤ ~(64 + 8 + 8 + 8)·u
+        // (non-negative terms), bounded here by 200·u; the coefficient's division adds 3 ulps.
+        let rel = |i: usize, k: f64| close(got[i], want[i] as f64, k * U * want[i].abs() as f64);
+        assert!(rel(0, 200.0), "norm {got:?} want {want:?}");
+        assert!(rel(1, 210.0), "coef {got:?} want {want:?}");
+    }
+    // A NaN gradient gives a NaN norm and coefficient; an infinite one an infinite norm and 0.
+    let mut bad = grads.clone();
+    bad[3][7] = f32::NAN;
+    let got = clip(&b, &bad, 1.0);
+    assert!(got[0].is_nan() && got[1].is_nan(), "{got:?}");
+    bad[3][7] = f32::INFINITY;
+    assert_eq!(clip(&b, &bad, 1.0), clip(&CpuBackend, &bad, 1.0));
+    assert_eq!(clip(&b, &bad, 1.0), [f32::INFINITY, 0.0]);
+}

@@ -532,6 +532,9 @@ fn gather_and_scatter_add_rows_parity() {
         (7, 13, 40),
         (100, 257, 33),
         (3, 64, 500),
+        // Many rows an id (the scan kernel, deterministic); rows past its 256-id tile.
+        (65, 384, 2000),
+        (10, 3, 700),
     ] {
         let table = randn(&mut r, vocab * dim, 3.0);
         let ids: Vec<u32> = (0..n).map(|_| r.random_range(0..vocab as u32)).collect();
@@ -600,6 +603,20 @@ fn gather_and_scatter_add_rows_parity() {
     assert!(matches!(
         b.scatter_add_rows(&ids, &src, &mut dt, 2),
         Err(GpuError::IndexOutOfRange { value: 7, .. })
+    ));
+    // The scan kernel reports one too (20 rows to a vocabulary of 2), past its first tile.
+    let mut many = vec![1u32; 300];
+    many[280] = 9;
+    let ids = b.upload(&many).unwrap();
+    let src = b.upload(&vec![1.0f32; 300]).unwrap();
+    let mut dt = b.allocate(DType::F32, 2).unwrap();
+    assert!(matches!(
+        b.scatter_add_rows(&ids, &src, &mut dt, 1),
+        Err(GpuError::IndexOutOfRange {
+            value: 9,
+            bound: 2,
+            ..
+        })
     ));
 }
 

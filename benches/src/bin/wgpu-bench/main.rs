@@ -139,6 +139,36 @@ fn memory_rows(b: &Bench, (rows, cols): (usize, usize)) -> Result<Vec<Row>> {
     ])
 }
 
+/// Host time to queue one small launch (a 256-element add; no wait inside the loop): the
+/// floor under a step of many small ops.
+fn launch_row(b: &Bench) -> Result<Row> {
+    let (x, y) = (b.buf(256, 0.5)?, b.buf(256, 0.25)?);
+    let mut out = b.buf(256, 0.0)?;
+    let shape = [256];
+    let mut add = || {
+        b.gpu
+            .broadcast_binary(BinaryKind::Add, &x, &shape, &y, &shape, &mut out)
+    };
+    let n = 2000;
+    let mut samples = Vec::new();
+    for _ in 0..b.reps.max(3) {
+        b.gpu.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            add()?;
+        }
+        samples.push(t0.elapsed().as_secs_f64() * 1e6 / n as f64);
+    }
+    b.gpu.synchronize()?;
+    Ok(row(
+        "launch",
+        "host time to queue one launch (256-element add, no wait)".into(),
+        median(&samples),
+        None,
+        None,
+    ))
+}
+
 fn gemm_row(b: &Bench, n: usize) -> Result<Row> {
     let (x, y) = (b.buf(n * n, 0.01)?, b.buf(n * n, 0.02)?);
     let mut out = b.buf(n * n, 0.0)?;
@@ -198,22 +228,32 @@ fn profile_gpt(
     run?;
     let per = (steps + 3) as f64;
     let busy: f64 = prof.iter().map(|k| k.gpu_ns).sum::<f64>() / per / 1e3;
-    let launches: u64 = prof.iter().map(|k| k.launches).sum();
+    let kernels = || prof.iter().filter(|k| !k.key.starts_with('('));
+    let launches: u64 = kernels().map(|k| k.launches).sum();
+    let host: f64 = kernels().map(|k| k.host_ns).sum::<f64>() / per / 1e3;
     let mut s = format!(
         "\n## Where the GPT step's GPU time goes\n\nGPU timestamps around each of {:.0} launches \
          per step ({lost} batches unread): the kernels are busy {busy:.1} µs of the step's \
-         {step_us:.1} µs ({:.0}%); the rest is the host and the gaps between launches.\n\n\
-         | kernel | launches/step | µs/step | % of busy |\n|---|---:|---:|---:|\n",
+         {step_us:.1} µs ({:.0}%); the rest is the host and the gaps between launches. The \
+         host spends {host:.1} µs a step in the launches themselves (checks, bind groups, \
+         recording); rows in parentheses are the host's other work, a call each.\n\n\
+         | kernel | launches/step | GPU µs/step | % of busy | host µs/launch |\n\
+         |---|---:|---:|---:|---:|\n",
         launches as f64 / per,
         100.0 * busy / step_us
     );
-    for k in prof.iter().take(25) {
+    for k in prof
+        .iter()
+        .take(30)
+        .chain(prof.iter().skip(30).filter(|k| k.key.starts_with('(')))
+    {
         let us = k.gpu_ns / per / 1e3;
         s += &format!(
-            "| {} | {:.1} | {us:.1} | {:.1}% |\n",
+            "| {} | {:.1} | {us:.1} | {:.1}% | {:.1} |\n",
             k.key,
             k.launches as f64 / per,
-            100.0 * us / busy
+            100.0 * us / busy,
+            k.host_ns / 1e3 / k.launches.max(1) as f64
         );
     }
     Ok(s)
@@ -236,6 +276,7 @@ fn main() -> Result<()> {
         ((8192, 4096), 4096, (64, 256, 10))
     };
     let mut rows = memory_rows(&b, shape)?;
+    rows.push(launch_row(&b)?);
     rows.push(gemm_row(&b, n)?);
     if let Some(path) = &a.gpt_text {
         let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;

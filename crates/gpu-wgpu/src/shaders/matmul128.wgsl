@@ -35,25 +35,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var c50 = vec4<f32>(0.0); var c51 = vec4<f32>(0.0);
     var c60 = vec4<f32>(0.0); var c61 = vec4<f32>(0.0);
     var c70 = vec4<f32>(0.0); var c71 = vec4<f32>(0.0);
-    var ra: array<f32, 4>;
-    var rb: array<f32, 4>;
+    // The next slice's four values of A and of B a thread, in registers (named, not an array,
+    // so that no compiler puts them in memory).
+    var ra0 = 0.0; var ra1 = 0.0; var ra2 = 0.0; var ra3 = 0.0;
+    var rb0 = 0.0; var rb1 = 0.0; var rb2 = 0.0; var rb3 = 0.0;
     let slices = (kend - min(kbeg, kend) + 7u) / 8u;
     if (slices > 0u) {
-        for (var e = 0u; e < 4u; e++) {
-            ra[e] = fetch_a(li + e * 256u, a0, r0, kbeg, kend);
-            rb[e] = fetch_b(li + e * 256u, b0, c0, kbeg, kend);
-        }
-        for (var e = 0u; e < 4u; e++) { stage(li + e * 256u, ra[e], rb[e]); }
+        ra0 = fetch_a(li, a0, r0, kbeg, kend); rb0 = fetch_b(li, b0, c0, kbeg, kend);
+        ra1 = fetch_a(li + 256u, a0, r0, kbeg, kend); rb1 = fetch_b(li + 256u, b0, c0, kbeg, kend);
+        ra2 = fetch_a(li + 512u, a0, r0, kbeg, kend); rb2 = fetch_b(li + 512u, b0, c0, kbeg, kend);
+        ra3 = fetch_a(li + 768u, a0, r0, kbeg, kend); rb3 = fetch_b(li + 768u, b0, c0, kbeg, kend);
+        stage(li, ra0, rb0); stage(li + 256u, ra1, rb1);
+        stage(li + 512u, ra2, rb2); stage(li + 768u, ra3, rb3);
     }
     workgroupBarrier();
     for (var t = 0u; t < slices; t++) {
         let more = t + 1u < slices;
         if (more) {
             let k0 = kbeg + (t + 1u) * 8u;
-            for (var e = 0u; e < 4u; e++) {
-                ra[e] = fetch_a(li + e * 256u, a0, r0, k0, kend);
-                rb[e] = fetch_b(li + e * 256u, b0, c0, k0, kend);
-            }
+            ra0 = fetch_a(li, a0, r0, k0, kend); rb0 = fetch_b(li, b0, c0, k0, kend);
+            ra1 = fetch_a(li + 256u, a0, r0, k0, kend); rb1 = fetch_b(li + 256u, b0, c0, k0, kend);
+            ra2 = fetch_a(li + 512u, a0, r0, k0, kend); rb2 = fetch_b(li + 512u, b0, c0, k0, kend);
+            ra3 = fetch_a(li + 768u, a0, r0, k0, kend); rb3 = fetch_b(li + 768u, b0, c0, k0, kend);
         }
         for (var kk = 0u; kk < 8u; kk++) {
             let a = As[kk * 33u + lid.y];
@@ -71,23 +74,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
         workgroupBarrier();
         if (more) {
-            for (var e = 0u; e < 4u; e++) { stage(li + e * 256u, ra[e], rb[e]); }
+            stage(li, ra0, rb0); stage(li + 256u, ra1, rb1);
+            stage(li + 512u, ra2, rb2); stage(li + 768u, ra3, rb3);
         }
         workgroupBarrier();
     }
     let base = wid.z * m * n;
-    let ra0 = r0 + 4u * lid.y;
-    let rb0 = r0 + 64u + 4u * lid.y;
+    let row_a = r0 + 4u * lid.y;
+    let row_b = r0 + 64u + 4u * lid.y;
     let ca = c0 + 4u * lid.x;
     let cb = c0 + 64u + 4u * lid.x;
-    store4(base, ra0, ca, c00); store4(base, ra0, cb, c01);
-    store4(base, ra0 + 1u, ca, c10); store4(base, ra0 + 1u, cb, c11);
-    store4(base, ra0 + 2u, ca, c20); store4(base, ra0 + 2u, cb, c21);
-    store4(base, ra0 + 3u, ca, c30); store4(base, ra0 + 3u, cb, c31);
-    store4(base, rb0, ca, c40); store4(base, rb0, cb, c41);
-    store4(base, rb0 + 1u, ca, c50); store4(base, rb0 + 1u, cb, c51);
-    store4(base, rb0 + 2u, ca, c60); store4(base, rb0 + 2u, cb, c61);
-    store4(base, rb0 + 3u, ca, c70); store4(base, rb0 + 3u, cb, c71);
+    store4(base, row_a, ca, c00); store4(base, row_a, cb, c01);
+    store4(base, row_a + 1u, ca, c10); store4(base, row_a + 1u, cb, c11);
+    store4(base, row_a + 2u, ca, c20); store4(base, row_a + 2u, cb, c21);
+    store4(base, row_a + 3u, ca, c30); store4(base, row_a + 3u, cb, c31);
+    store4(base, row_b, ca, c40); store4(base, row_b, cb, c41);
+    store4(base, row_b + 1u, ca, c50); store4(base, row_b + 1u, cb, c51);
+    store4(base, row_b + 2u, ca, c60); store4(base, row_b + 2u, cb, c61);
+    store4(base, row_b + 3u, ca, c70); store4(base, row_b + 3u, cb, c71);
 }
 
 // Staging element idx (< 1024) of a slice starting at k0: op(A)'s (row, kk), read along A's
