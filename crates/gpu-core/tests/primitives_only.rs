@@ -39,6 +39,23 @@ fn zeros(n: usize) -> CpuStorage {
     CpuStorage::F32(vec![f32::NAN; n])
 }
 
+/// `$body` with `$b` the primitives-only backend, then with `$b` the CPU backend: the pair of
+/// results (a macro: the two backends are different types, and a closure cannot be generic).
+macro_rules! on_both {
+    (|$b:ident| $body:expr) => {
+        (
+            {
+                let $b = &P;
+                $body
+            },
+            {
+                let $b = &C;
+                $body
+            },
+        )
+    };
+}
+
 fn close(what: &str, got: &CpuStorage, want: &CpuStorage, rtol: f32) {
     let (g, w) = (got.as_f32().unwrap(), want.as_f32().unwrap());
     assert_eq!(g.len(), w.len(), "{what}: lengths");
@@ -148,60 +165,36 @@ fn norm_and_rope_defaults_match_the_cpu() {
         .unwrap();
     close("layernorm y", &ya, &yb, 1e-5);
     close("layernorm rstd", &ra, &rb, 1e-5);
-    let (mut da, mut dwa, mut dba) = (zeros(n), zeros(cols), zeros(cols));
-    let (mut db, mut dwb, mut dbb) = (zeros(n), zeros(cols), zeros(cols));
-    P.layernorm_bwd(
-        LayerNormBwdIn {
+    let ([da, dwa, dba], [db, dwb, dbb]) = on_both!(|be| {
+        let (mut dx, mut dw, mut db) = (zeros(n), zeros(cols), zeros(cols));
+        let input = LayerNormBwdIn {
             x: &x,
             w: &w,
             mean: &mb,
             rstd: &rb,
             dy: &dy,
-        },
-        (&mut da, &mut dwa, &mut dba),
-        cols,
-    )
-    .unwrap();
-    C.layernorm_bwd(
-        LayerNormBwdIn {
-            x: &x,
-            w: &w,
-            mean: &mb,
-            rstd: &rb,
-            dy: &dy,
-        },
-        (&mut db, &mut dwb, &mut dbb),
-        cols,
-    )
-    .unwrap();
+        };
+        be.layernorm_bwd(input, (&mut dx, &mut dw, &mut db), cols)
+            .unwrap();
+        [dx, dw, db]
+    });
     close("layernorm dx", &da, &db, 1e-5);
     close("layernorm dw", &dwa, &dwb, 1e-5);
     close("layernorm db", &dba, &dbb, 1e-5);
     P.rmsnorm_fwd(&x, &w, &mut ya, &mut ra, cols, 1e-6).unwrap();
     C.rmsnorm_fwd(&x, &w, &mut yb, &mut rb, cols, 1e-6).unwrap();
     close("rmsnorm y", &ya, &yb, 1e-5);
-    P.rmsnorm_bwd(
-        RmsNormBwdIn {
+    let ([da, dwa], [db, dwb]) = on_both!(|be| {
+        let (mut dx, mut dw) = (zeros(n), zeros(cols));
+        let input = RmsNormBwdIn {
             x: &x,
             w: &w,
             rstd: &rb,
             dy: &dy,
-        },
-        (&mut da, &mut dwa),
-        cols,
-    )
-    .unwrap();
-    C.rmsnorm_bwd(
-        RmsNormBwdIn {
-            x: &x,
-            w: &w,
-            rstd: &rb,
-            dy: &dy,
-        },
-        (&mut db, &mut dwb),
-        cols,
-    )
-    .unwrap();
+        };
+        be.rmsnorm_bwd(input, (&mut dx, &mut dw), cols).unwrap();
+        [dx, dw]
+    });
     close("rmsnorm dx", &da, &db, 1e-5);
     close("rmsnorm dw", &dwa, &dwb, 1e-5);
     for inverse in [false, true] {
@@ -219,66 +212,31 @@ fn attention_defaults_match_the_cpu() {
     let (n, t, d) = (3, 9, 8);
     let scale = 1.0 / (d as f32).sqrt();
     let [q, k, v, dout] = [0; 4].map(|_| f32s(&rand_vec(&mut r, n * t * d)));
-    let (mut oa, mut la, mut ob, mut lb) = (
-        zeros(n * t * d),
-        zeros(n * t),
-        zeros(n * t * d),
-        zeros(n * t),
-    );
-    P.causal_attention_fwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        (&mut oa, &mut la),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
-    C.causal_attention_fwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        (&mut ob, &mut lb),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
+    let qkv = || AttnQkv {
+        q: &q,
+        k: &k,
+        v: &v,
+    };
+    let dims = AttnDims { n, t, d, scale };
+    let ((oa, la), (ob, lb)) = on_both!(|be| {
+        let (mut o, mut l) = (zeros(n * t * d), zeros(n * t));
+        be.causal_attention_fwd(qkv(), (&mut o, &mut l), dims)
+            .unwrap();
+        (o, l)
+    });
     close("attention out", &oa, &ob, 1e-4);
     close("attention lse", &la, &lb, 1e-5);
-    let g = || [0; 3].map(|_| zeros(n * t * d));
-    let ([mut qa, mut ka, mut va], [mut qb, mut kb, mut vb]) = (g(), g());
-    P.causal_attention_bwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        PackedSaved {
-            out: &ob,
-            lse: &lb,
-            dout: &dout,
-        },
-        (&mut qa, &mut ka, &mut va),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
-    C.causal_attention_bwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        PackedSaved {
-            out: &ob,
-            lse: &lb,
-            dout: &dout,
-        },
-        (&mut qb, &mut kb, &mut vb),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
+    let saved = || PackedSaved {
+        out: &ob,
+        lse: &lb,
+        dout: &dout,
+    };
+    let ([qa, ka, va], [qb, kb, vb]) = on_both!(|be| {
+        let [mut dq, mut dk, mut dv] = [0; 3].map(|_| zeros(n * t * d));
+        be.causal_attention_bwd(qkv(), saved(), (&mut dq, &mut dk, &mut dv), dims)
+            .unwrap();
+        [dq, dk, dv]
+    });
     close("attention dq", &qa, &qb, 1e-4);
     close("attention dk", &ka, &kb, 1e-4);
     close("attention dv", &va, &vb, 1e-4);

@@ -88,17 +88,24 @@ fn predict_batch_matches_the_reference_over_10_steps_at_batch_32() {
     );
 }
 
-#[test]
-fn the_host_copy_follows_training() {
-    let s = seed("the_host_copy_follows_training");
-    let cfg = RssmConfig {
+/// Widths 64 → 16, hidden 16, latent 4, two members, the default seed.
+fn width16() -> RssmConfig {
+    RssmConfig {
         embed_dim: 16,
         hidden_dim: 16,
         latent_dim: 4,
         head_dim: 16,
         ensemble: 2,
-        seed: s,
         ..RssmConfig::default()
+    }
+}
+
+#[test]
+fn the_host_copy_follows_training() {
+    let s = seed("the_host_copy_follows_training");
+    let cfg = RssmConfig {
+        seed: s,
+        ..width16()
     };
     for engine in [Engine::Fast, Engine::Reference] {
         let mut acc = GpuAccelerator::with_model(Rssm::new(cfg, CPU).unwrap())
@@ -296,14 +303,7 @@ fn model_entry_points_reject_bad_input_with_typed_errors() {
         none.predict_batch(&ctx, 2),
         Err(AcceleratorError::NoModel { .. })
     ));
-    let cfg = RssmConfig {
-        embed_dim: 16,
-        hidden_dim: 16,
-        latent_dim: 4,
-        head_dim: 16,
-        ensemble: 2,
-        ..RssmConfig::default()
-    };
+    let cfg = width16();
     for engine in [Engine::Reference, Engine::Fast, Engine::Tensor] {
         let mut acc = GpuAccelerator::with_model(Rssm::new(cfg, CPU).unwrap())
             .with_engine(engine)
@@ -447,45 +447,6 @@ fn gpu_entry_points_match_the_cpu_reference() {
 #[test]
 fn the_reference_model_rejects_bad_input_with_typed_errors() {
     use rssm::reference::HostRssm;
-    use tensor_ops::ndarray::Array3;
-    let cfg = RssmConfig {
-        embed_dim: 8,
-        hidden_dim: 8,
-        latent_dim: 2,
-        head_dim: 8,
-        ensemble: 2,
-        ..RssmConfig::default()
-    };
-    let host = HostRssm::from_model(&Rssm::new(cfg, CPU).unwrap()).unwrap();
-    assert_eq!(
-        host.encode(Array2::zeros((3, 64)).view()).unwrap().dim(),
-        (3, 8)
-    );
-    assert!(matches!(
-        host.encode(Array2::zeros((3, 63)).view()),
-        Err(RssmError::FeatureWidth {
-            expected: 64,
-            got: 63,
-            ..
-        })
-    ));
-    assert!(matches!(
-        host.encode(Array2::zeros((0, 64)).view()),
-        Err(RssmError::Empty { .. })
-    ));
-    let mut x = Array3::<f32>::zeros((2, 3, 64));
-    assert!(host.predict(x.view(), 2).is_ok());
-    assert!(matches!(
-        host.predict(x.view(), 0),
-        Err(RssmError::Empty { .. })
-    ));
-    assert!(matches!(
-        host.predict(Array3::zeros((2, 0, 64)).view(), 2),
-        Err(RssmError::Empty { .. })
-    ));
-    x[(1, 2, 5)] = f32::NAN;
-    assert!(matches!(
-        host.predict(x.view(), 2),
-        Err(RssmError::NonFinite { what: "context" })
-    ));
+    let host = HostRssm::from_model(&Rssm::new(common::tiny_config(), CPU).unwrap()).unwrap();
+    common::assert_host_engine_errors(&host, |p| assert!(p.is_ok()), f32::NAN);
 }

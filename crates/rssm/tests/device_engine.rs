@@ -26,17 +26,7 @@ fn rng(test: &str) -> StdRng {
 use common::{trained_model as model, uniform};
 
 fn odd_config(seed: u64) -> RssmConfig {
-    RssmConfig {
-        feature_dim: 13,
-        embed_dim: 20,
-        hidden_dim: 37,
-        latent_dim: 5,
-        head_dim: 19,
-        output_dim: 13,
-        ensemble: 3,
-        seed,
-        ..RssmConfig::default()
-    }
+    common::odd_config(3, seed)
 }
 
 /// The device engine against the reference on `[b, t, F]` contexts, `steps` ahead.

@@ -14,8 +14,7 @@ mod common;
 use common::rel_err;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rssm::fast::FastRssm;
-use rssm::{Engine, GpuAccelerator, Rssm, RssmConfig, RssmError};
-use tensor_ops::ndarray::{Array2, Array3};
+use rssm::{Engine, GpuAccelerator, Rssm, RssmConfig};
 use tensor_ops::{Device, Tensor};
 
 const CPU: Device = Device::Cpu;
@@ -75,17 +74,7 @@ fn the_fast_engine_matches_the_f64_reference_at_odd_sizes() {
     let mut r = StdRng::seed_from_u64(s);
     // Widths that are not multiples of the SIMD panels (16, 32) and batches that are not
     // multiples of the row tiles, one member above the default.
-    let cfg = RssmConfig {
-        feature_dim: 13,
-        embed_dim: 20,
-        hidden_dim: 37,
-        latent_dim: 5,
-        head_dim: 19,
-        output_dim: 13,
-        ensemble: 6,
-        seed: s,
-        ..RssmConfig::default()
-    };
+    let cfg = common::odd_config(6, s);
     for (b, t, steps) in [(1, 1, 1), (3, 2, 4), (17, 3, 7), (40, 1, 2)] {
         compare(cfg, b, t, steps, &mut r);
     }
@@ -93,48 +82,16 @@ fn the_fast_engine_matches_the_f64_reference_at_odd_sizes() {
 
 #[test]
 fn the_fast_model_rejects_bad_input_with_typed_errors() {
-    let cfg = RssmConfig {
-        embed_dim: 8,
-        hidden_dim: 8,
-        latent_dim: 2,
-        head_dim: 8,
-        ensemble: 2,
-        ..RssmConfig::default()
-    };
-    let fast = FastRssm::from_model(&Rssm::new(cfg, CPU).unwrap()).unwrap();
-    assert_eq!(
-        fast.encode(Array2::zeros((3, 64)).view()).unwrap().dim(),
-        (3, 8)
+    let fast = FastRssm::from_model(&Rssm::new(common::tiny_config(), CPU).unwrap()).unwrap();
+    common::assert_host_engine_errors(
+        &fast,
+        |p| {
+            let (members, mean, dis) = p.unwrap();
+            assert_eq!(
+                (members.dim(), mean.dim(), dis.dim()),
+                ((2, 2, 2, 64), (2, 2, 64), (2, 2))
+            );
+        },
+        f32::INFINITY,
     );
-    assert!(matches!(
-        fast.encode(Array2::zeros((3, 63)).view()),
-        Err(RssmError::FeatureWidth {
-            expected: 64,
-            got: 63,
-            ..
-        })
-    ));
-    assert!(matches!(
-        fast.encode(Array2::zeros((0, 64)).view()),
-        Err(RssmError::Empty { .. })
-    ));
-    let mut x = Array3::<f32>::zeros((2, 3, 64));
-    let (members, mean, dis) = fast.predict(x.view(), 2).unwrap();
-    assert_eq!(
-        (members.dim(), mean.dim(), dis.dim()),
-        ((2, 2, 2, 64), (2, 2, 64), (2, 2))
-    );
-    assert!(matches!(
-        fast.predict(x.view(), 0),
-        Err(RssmError::Empty { .. })
-    ));
-    assert!(matches!(
-        fast.predict(Array3::zeros((2, 0, 64)).view(), 2),
-        Err(RssmError::Empty { .. })
-    ));
-    x[(1, 2, 5)] = f32::INFINITY;
-    assert!(matches!(
-        fast.predict(x.view(), 2),
-        Err(RssmError::NonFinite { what: "context" })
-    ));
 }

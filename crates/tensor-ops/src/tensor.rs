@@ -57,6 +57,16 @@ impl std::fmt::Debug for Tensor {
 
 impl Tensor {
     pub(crate) fn from_storage(storage: Storage, shape: Vec<usize>, device: Device) -> Tensor {
+        Tensor::with_node(storage, shape, device, None)
+    }
+
+    /// A fresh tensor over `storage`, requiring a gradient exactly when it has a `node`.
+    fn with_node(
+        storage: Storage,
+        shape: Vec<usize>,
+        device: Device,
+        node: Option<Node>,
+    ) -> Tensor {
         let dtype = storage.dtype();
         Tensor(Arc::new(Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -64,8 +74,8 @@ impl Tensor {
             device,
             dtype,
             storage: Arc::new(RwLock::new(storage)),
-            requires_grad: false,
-            node: None,
+            requires_grad: node.is_some(),
+            node,
             u32_bound: U32Bound::Unknown,
         }))
     }
@@ -80,21 +90,12 @@ impl Tensor {
         backward: impl Fn(&Tensor, &Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
     ) -> Tensor {
         let needs = grad_enabled() && inputs.iter().any(|t| t.requires_grad());
-        let dtype = storage.dtype();
-        Tensor(Arc::new(Inner {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            shape,
-            device,
-            dtype,
-            storage: Arc::new(RwLock::new(storage)),
-            requires_grad: needs,
-            node: needs.then(|| Node {
-                name,
-                inputs: inputs.iter().map(|t| (*t).clone()).collect(),
-                backward: Box::new(backward),
-            }),
-            u32_bound: U32Bound::Unknown,
-        }))
+        let node = needs.then(|| Node {
+            name,
+            inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+            backward: Box::new(backward),
+        });
+        Tensor::with_node(storage, shape, device, node)
     }
 
     /// A tensor viewing the same storage with another shape (same element count).

@@ -26,14 +26,7 @@ fn free_port() -> u16 {
 }
 
 fn env(rank: usize, world: usize, port: u16) -> DistEnv {
-    DistEnv {
-        rank,
-        world_size: world,
-        local_rank: rank,
-        local_world_size: world,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-    }
+    DistEnv::on_localhost(rank, world, port)
 }
 
 fn id() -> [u8; ID_BYTES] {

@@ -129,21 +129,13 @@ fn gpu_every_op_matches_the_cpu_on_proptest_shapes() {
             compare("div", dev, &[x(&[b, c], 1), pos(&[b, 1], 2)], t, &|v| {
                 v[0].div(&v[1])
             });
-            for op in ["relu", "gelu", "silu", "sigmoid", "tanh", "exp", "log"] {
+            for op in devcmp::UNARY {
                 let inp = if op == "log" {
                     pos(&[a, b, c], 3)
                 } else {
                     x(&[a, b, c], 3)
                 };
-                compare(op, dev, &[inp], t, &|v| match op {
-                    "relu" => v[0].relu(),
-                    "gelu" => v[0].gelu(),
-                    "silu" => v[0].silu(),
-                    "sigmoid" => v[0].sigmoid(),
-                    "tanh" => v[0].tanh(),
-                    "exp" => v[0].exp(),
-                    _ => v[0].log(),
-                });
+                compare(op, dev, &[inp], t, &|v| devcmp::unary(op, &v[0]));
             }
             for ax in [0isize, 1, 2] {
                 compare("sum", dev, &[x(&[a, b, c], 4)], 1e-5, &|v| {

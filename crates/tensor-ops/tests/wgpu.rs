@@ -183,17 +183,9 @@ fn wgpu_elementwise_and_reductions_match_the_cpu() {
         v[0].mul(&v[1])
     });
     compare("div", dev, &[xbc2, pos.clone()], t, &|v| v[0].div(&v[1]));
-    for op in ["relu", "gelu", "silu", "sigmoid", "tanh", "exp", "log"] {
+    for op in devcmp::UNARY {
         let inp = if op == "log" { pos.clone() } else { x3.clone() };
-        compare(op, dev, &[inp], t, &|v| match op {
-            "relu" => v[0].relu(),
-            "gelu" => v[0].gelu(),
-            "silu" => v[0].silu(),
-            "sigmoid" => v[0].sigmoid(),
-            "tanh" => v[0].tanh(),
-            "exp" => v[0].exp(),
-            _ => v[0].log(),
-        });
+        compare(op, dev, &[inp], t, &|v| devcmp::unary(op, &v[0]));
     }
     for ax in [0isize, 1, 2] {
         compare("sum", dev, std::slice::from_ref(&x3), t, &|v| {

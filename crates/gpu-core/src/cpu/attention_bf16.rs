@@ -26,7 +26,7 @@
 use super::widen::bf16_rne;
 use super::{CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
-use crate::nn::attention::{check_dims, AttnDropout, Packed, PackedSaved};
+use crate::nn::attention::{check_dims, packed_lens, AttnDropout, Packed, PackedSaved};
 use half::bf16;
 
 /// The one head dimension the bf16 attention kernels support.
@@ -59,19 +59,7 @@ pub fn packed_bf16_lens(op: &'static str, p: Packed, scale: f32) -> Result<(usiz
             format!("scale must be finite, got {scale}"),
         ));
     }
-    let big = || GpuError::InvalidShape {
-        op,
-        reason: format!("{p:?} is too large"),
-    };
-    let c = p.heads.checked_mul(p.d).ok_or_else(big)?;
-    let ld = c.checked_mul(3).filter(|&l| l < 1 << 31).ok_or_else(big)?;
-    let n =
-        p.b.checked_mul(p.heads)
-            .filter(|&n| n < 1 << 31)
-            .ok_or_else(big)?;
-    let rows = p.b.checked_mul(p.t).ok_or_else(big)?;
-    let e_qkv = rows.checked_mul(ld).ok_or_else(big)?;
-    Ok((e_qkv, rows * c, n * p.t))
+    packed_lens(op, p)
 }
 
 fn check_len(op: &'static str, what: &str, len: usize, want: usize) -> Result<()> {

@@ -68,32 +68,7 @@ impl OptimOps for CpuBackend {
         };
         let (step_size, bc2_sqrt) = adamw_scalars(cfg);
         let (b1, b2, eps) = (cfg.beta1 as f64, cfg.beta2 as f64, cfg.eps as f64);
-        if fast::fast() {
-            let isa = fast::Isa::best();
-            for i in 0..params.len() {
-                let s = fast::optim::AdamWScalars {
-                    coef: coef as f32,
-                    beta1: cfg.beta1,
-                    beta2: cfg.beta2,
-                    eps: cfg.eps,
-                    decay: (1.0 - cfg.lr as f64 * weight_decay[i] as f64) as f32,
-                    step_size: step_size as f32,
-                    bc2_sqrt: bc2_sqrt as f32,
-                };
-                let g = grads[i].as_f32()?;
-                let (p, mi, vi) = (
-                    params[i].as_f32_mut()?,
-                    m[i].as_f32_mut()?,
-                    v[i].as_f32_mut()?,
-                );
-                let chunks = p.par_chunks_mut(GRAIN).zip(mi.par_chunks_mut(GRAIN));
-                let chunks = chunks
-                    .zip(vi.par_chunks_mut(GRAIN))
-                    .zip(g.par_chunks(GRAIN));
-                chunks.for_each(|(((p, m), v), g)| fast::optim::adamw(isa, p, m, v, g, s));
-            }
-            return Ok(());
-        }
+        let fast = fast::fast().then(fast::Isa::best);
         for i in 0..params.len() {
             let decay = 1.0 - cfg.lr as f64 * weight_decay[i] as f64;
             let g = grads[i].as_f32()?;
@@ -106,6 +81,19 @@ impl OptimOps for CpuBackend {
             let chunks = chunks
                 .zip(vi.par_chunks_mut(GRAIN))
                 .zip(g.par_chunks(GRAIN));
+            if let Some(isa) = fast {
+                let s = fast::optim::AdamWScalars {
+                    coef: coef as f32,
+                    beta1: cfg.beta1,
+                    beta2: cfg.beta2,
+                    eps: cfg.eps,
+                    decay: decay as f32,
+                    step_size: step_size as f32,
+                    bc2_sqrt: bc2_sqrt as f32,
+                };
+                chunks.for_each(|(((p, m), v), g)| fast::optim::adamw(isa, p, m, v, g, s));
+                continue;
+            }
             chunks.for_each(|(((p, mi), vi), g)| {
                 for e in 0..p.len() {
                     let g = g[e] as f64 * coef;

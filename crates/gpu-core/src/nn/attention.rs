@@ -332,16 +332,27 @@ pub fn check_packed<B: BufferInfo>(
 ) -> Result<()> {
     check_dims(op, p.b.saturating_mul(p.heads), p.t, p.d)?;
     check_scale(op, scale)?;
-    let big = || GpuError::InvalidShape {
-        op,
-        reason: format!("{p:?} is too large"),
-    };
     if p.heads == 0 {
         return Err(GpuError::InvalidShape {
             op,
             reason: "at least one head".into(),
         });
     }
+    let (e_qkv, e_out, e_lse) = packed_lens(op, p)?;
+    let mut bufs = vec![("qkv", qkv, e_qkv), ("lse", lse, e_lse)];
+    bufs.extend(outs.iter().map(|&o| ("out", o, e_out)));
+    bufs.extend(dqkv.map(|g| ("dqkv", g, e_qkv)));
+    check_buffers(op, &bufs)
+}
+
+/// The lengths of a packed call's buffers, `(qkv, out, lse)` = `(b·t·3c, b·t·c, b·heads·t)`,
+/// with every size and row stride below 2^31 (the CUDA kernels' 32-bit arithmetic), else an
+/// [`GpuError::InvalidShape`] naming `p`.
+pub(crate) fn packed_lens(op: &'static str, p: Packed) -> Result<(usize, usize, usize)> {
+    let big = || GpuError::InvalidShape {
+        op,
+        reason: format!("{p:?} is too large"),
+    };
     let c = p.heads.checked_mul(p.d).ok_or_else(big)?;
     let ld = c.checked_mul(3).filter(|&l| l < 1 << 31).ok_or_else(big)?;
     let n =
@@ -350,10 +361,7 @@ pub fn check_packed<B: BufferInfo>(
             .ok_or_else(big)?;
     let rows = p.b.checked_mul(p.t).ok_or_else(big)?;
     let e_qkv = rows.checked_mul(ld).ok_or_else(big)?;
-    let mut bufs = vec![("qkv", qkv, e_qkv), ("lse", lse, n * p.t)];
-    bufs.extend(outs.iter().map(|&o| ("out", o, rows * c)));
-    bufs.extend(dqkv.map(|g| ("dqkv", g, e_qkv)));
-    check_buffers(op, &bufs)
+    Ok((e_qkv, rows * c, n * p.t))
 }
 
 /// Dropout of the attention probabilities (PyTorch's `scaled_dot_product_attention(dropout_p)`,

@@ -189,3 +189,117 @@ pub fn trained_model(cfg: RssmConfig, seed: u64) -> rssm::Rssm {
     m.train_step(&rssm::SequenceBatch::new(x), 1e-3).unwrap();
     m
 }
+
+/// Widths that are not multiples of the SIMD panels (16, 32): features 13, embedding 20,
+/// hidden 37, latent 5, head 19, with `ensemble` members.
+pub fn odd_config(ensemble: usize, seed: u64) -> RssmConfig {
+    RssmConfig {
+        feature_dim: 13,
+        embed_dim: 20,
+        hidden_dim: 37,
+        latent_dim: 5,
+        head_dim: 19,
+        output_dim: 13,
+        ensemble,
+        seed,
+        ..RssmConfig::default()
+    }
+}
+
+/// The tiny configuration (widths 64 → 8, latent 2, two members) that the typed-error tests of
+/// the host engines build their CPU model from.
+pub fn tiny_config() -> RssmConfig {
+    RssmConfig {
+        embed_dim: 8,
+        hidden_dim: 8,
+        latent_dim: 2,
+        head_dim: 8,
+        ensemble: 2,
+        ..RssmConfig::default()
+    }
+}
+
+/// What a host engine's `predict` returns: members, mean and disagreement.
+pub type HostPrediction = (
+    tensor_ops::ndarray::Array4<f32>,
+    tensor_ops::ndarray::Array3<f32>,
+    tensor_ops::ndarray::Array2<f32>,
+);
+
+/// The host engines' (the f64 reference's and the fast engine's) encode and predict.
+pub trait HostEngine {
+    fn encode(
+        &self,
+        x: tensor_ops::ndarray::ArrayView2<'_, f32>,
+    ) -> rssm::Result<tensor_ops::ndarray::Array2<f32>>;
+    fn predict(
+        &self,
+        x: tensor_ops::ndarray::ArrayView3<'_, f32>,
+        steps: usize,
+    ) -> rssm::Result<HostPrediction>;
+}
+
+macro_rules! host_engine {
+    ($t:ty) => {
+        impl HostEngine for $t {
+            fn encode(
+                &self,
+                x: tensor_ops::ndarray::ArrayView2<'_, f32>,
+            ) -> rssm::Result<tensor_ops::ndarray::Array2<f32>> {
+                <$t>::encode(self, x)
+            }
+            fn predict(
+                &self,
+                x: tensor_ops::ndarray::ArrayView3<'_, f32>,
+                steps: usize,
+            ) -> rssm::Result<HostPrediction> {
+                <$t>::predict(self, x, steps)
+            }
+        }
+    };
+}
+host_engine!(rssm::reference::HostRssm);
+host_engine!(rssm::fast::FastRssm);
+
+/// The typed errors of a host engine built from [`tiny_config`]: `encode` of 3 rows gives 3×8
+/// and rejects another width and no row; `predict` of a `[2, 3, 64]` context is checked by
+/// `check_ok`, and `steps = 0`, an empty context and a context holding `bad` are rejected.
+pub fn assert_host_engine_errors(
+    engine: &impl HostEngine,
+    check_ok: impl FnOnce(rssm::Result<HostPrediction>),
+    bad: f32,
+) {
+    use rssm::RssmError;
+    use tensor_ops::ndarray::{Array2, Array3};
+    assert_eq!(
+        engine.encode(Array2::zeros((3, 64)).view()).unwrap().dim(),
+        (3, 8)
+    );
+    assert!(matches!(
+        engine.encode(Array2::zeros((3, 63)).view()),
+        Err(RssmError::FeatureWidth {
+            expected: 64,
+            got: 63,
+            ..
+        })
+    ));
+    assert!(matches!(
+        engine.encode(Array2::zeros((0, 64)).view()),
+        Err(RssmError::Empty { .. })
+    ));
+    let mut x = Array3::<f32>::zeros((2, 3, 64));
+    check_ok(engine.predict(x.view(), 2));
+    assert!(matches!(
+        engine.predict(x.view(), 0),
+        Err(RssmError::Empty { .. })
+    ));
+    assert!(matches!(
+        engine.predict(Array3::zeros((2, 0, 64)).view(), 2),
+        Err(RssmError::Empty { .. })
+    ));
+    x[(1, 2, 5)] = bad;
+    assert!(matches!(
+        engine.predict(x.view(), 2),
+        Err(RssmError::NonFinite { what: "context" })
+    ));
+}

@@ -216,6 +216,22 @@ fn parse_addr(value: &str) -> Result<String, DistError> {
     Ok(inner.to_string())
 }
 
+impl DistEnv {
+    /// A single-node environment: rank `rank` of `world` processes, all on this host (the
+    /// local ranks are the ranks), rank 0 listening at `127.0.0.1:port` (what the tests
+    /// connect with).
+    pub fn on_localhost(rank: usize, world: usize, port: u16) -> DistEnv {
+        DistEnv {
+            rank,
+            world_size: world,
+            local_rank: rank,
+            local_world_size: world,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

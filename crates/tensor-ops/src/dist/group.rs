@@ -509,14 +509,7 @@ mod tests {
     /// Several ranks need CUDA devices and NCCL: typed errors, before any connection is tried.
     #[test]
     fn several_ranks_need_cuda_and_nccl() {
-        let env = DistEnv {
-            rank: 0,
-            world_size: 2,
-            local_rank: 0,
-            local_world_size: 2,
-            master_addr: "127.0.0.1".into(),
-            master_port: 1,
-        };
+        let env = DistEnv::on_localhost(0, 2, 1);
         let t = Duration::from_millis(200);
         let e = ProcessGroup::init(&env, Device::Cpu, t).unwrap_err();
         assert!(

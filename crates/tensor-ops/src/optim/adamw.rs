@@ -369,29 +369,17 @@ fn adamw_impl<B: DeviceBackend>(
     let mut mm: Vec<&mut B::Buffer> = m.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
     let mut vv: Vec<&mut B::Buffer> = v.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
     let c = clip.map(B::get).transpose()?;
+    let bufs = AdamWBuffers {
+        params: &mut p,
+        grads: &g,
+        m: &mut mm,
+        v: &mut vv,
+        weight_decay: decays,
+        grad_scale: c,
+    };
     match schedule {
-        None => be.adamw_step(
-            AdamWBuffers {
-                params: &mut p,
-                grads: &g,
-                m: &mut mm,
-                v: &mut vv,
-                weight_decay: decays,
-                grad_scale: c,
-            },
-            cfg,
-        ),
-        Some(s) => {
-            let bufs = AdamWBuffers {
-                params: &mut p,
-                grads: &g,
-                m: &mut mm,
-                v: &mut vv,
-                weight_decay: decays,
-                grad_scale: c,
-            };
-            be.adamw_step_scheduled(bufs, cfg, B::get(s)?)
-        }
+        None => be.adamw_step(bufs, cfg),
+        Some(s) => be.adamw_step_scheduled(bufs, cfg, B::get(s)?),
     }
 }
 

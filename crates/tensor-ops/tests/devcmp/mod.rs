@@ -61,3 +61,19 @@ pub fn compare_forward(
     assert!(e < tol, "{name}: forward rel err {e:e}");
     (gg, gc)
 }
+
+/// The unary ops the device tests compare (`log` wants positive inputs).
+pub const UNARY: [&str; 7] = ["relu", "gelu", "silu", "sigmoid", "tanh", "exp", "log"];
+
+/// Unary op `op` of [`UNARY`] on `x`.
+pub fn unary(op: &str, x: &Tensor) -> Result<Tensor> {
+    match op {
+        "relu" => x.relu(),
+        "gelu" => x.gelu(),
+        "silu" => x.silu(),
+        "sigmoid" => x.sigmoid(),
+        "tanh" => x.tanh(),
+        "exp" => x.exp(),
+        _ => x.log(),
+    }
+}

@@ -5,14 +5,7 @@ use super::*;
 use std::sync::mpsc;
 
 fn rank0(port: u16) -> std::thread::JoinHandle<Result<Rendezvous, DistError>> {
-    let env = DistEnv {
-        rank: 0,
-        world_size: 2,
-        local_rank: 0,
-        local_world_size: 2,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-    };
+    let env = DistEnv::on_localhost(0, 2, port);
     std::thread::spawn(move || Rendezvous::connect(&env, Duration::from_secs(5)))
 }
 
@@ -91,14 +84,7 @@ fn a_connection_that_closes_before_its_hello_is_ignored() {
     let (s, h, port) = fake_peer_of_rank0();
     drop(s);
     // The real rank 1 then joins as usual.
-    let env1 = DistEnv {
-        rank: 1,
-        world_size: 2,
-        local_rank: 1,
-        local_world_size: 2,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-    };
+    let env1 = DistEnv::on_localhost(1, 2, port);
     let mut rv1 = Rendezvous::connect(&env1, Duration::from_secs(5)).unwrap();
     let mut rv0 = h.join().unwrap().unwrap();
     let t = Duration::from_secs(5);

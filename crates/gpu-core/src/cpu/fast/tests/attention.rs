@@ -28,42 +28,27 @@ fn run(c: &Case, mode: CpuMode) -> [Vec<f32>; 5] {
         let (q, k, v, dout) = (up(&c.q), up(&c.k), up(&c.v), up(&c.dout));
         let len = c.n * c.t * c.d;
         let (mut out, mut lse) = (z(len), z(c.n * c.t));
-        cpu.causal_attention_fwd(
-            AttnQkv {
-                q: &q,
-                k: &k,
-                v: &v,
-            },
-            (&mut out, &mut lse),
-            AttnDims {
-                n: c.n,
-                t: c.t,
-                d: c.d,
-                scale: c.scale,
-            },
-        )
-        .unwrap();
+        let qkv = || AttnQkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        };
+        let dims = AttnDims {
+            n: c.n,
+            t: c.t,
+            d: c.d,
+            scale: c.scale,
+        };
+        cpu.causal_attention_fwd(qkv(), (&mut out, &mut lse), dims)
+            .unwrap();
         let (mut dq, mut dk, mut dv) = (z(len), z(len), z(len));
-        cpu.causal_attention_bwd(
-            AttnQkv {
-                q: &q,
-                k: &k,
-                v: &v,
-            },
-            PackedSaved {
-                out: &out,
-                lse: &lse,
-                dout: &dout,
-            },
-            (&mut dq, &mut dk, &mut dv),
-            AttnDims {
-                n: c.n,
-                t: c.t,
-                d: c.d,
-                scale: c.scale,
-            },
-        )
-        .unwrap();
+        let saved = PackedSaved {
+            out: &out,
+            lse: &lse,
+            dout: &dout,
+        };
+        cpu.causal_attention_bwd(qkv(), saved, (&mut dq, &mut dk, &mut dv), dims)
+            .unwrap();
         let o = |s: &CpuStorage| s.as_f32().unwrap().to_vec();
         [o(&out), o(&lse), o(&dq), o(&dk), o(&dv)]
     })
