@@ -208,7 +208,7 @@ impl WgpuBackend {
                 },
                 device,
                 queue,
-                pool: Mutex::new(Pool::default()),
+                pool: Mutex::new(Pool::new(adapter.get_info().device_type)),
                 pipelines: Mutex::new(HashMap::new()),
                 params,
                 pending: Mutex::new(Pending::default()),

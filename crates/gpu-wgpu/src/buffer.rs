@@ -9,14 +9,37 @@ use std::sync::Arc;
 
 /// Smallest buffer the pool hands out, in bytes (a zero-length buffer still binds 16 bytes).
 pub(crate) const MIN_CLASS: u64 = 16;
-/// Bytes of freed buffers the pool keeps for reuse; beyond it, freed buffers are released.
-pub(crate) const POOL_CAP: u64 = 512 << 20;
+/// Environment variable: MiB of freed buffers the pool keeps for reuse (default: 8192 on a
+/// discrete GPU, 1024 elsewhere).
+pub const POOL_ENV: &str = "HYBRID_WGPU_POOL_MB";
 
-/// Freed buffers by size class (a power of two of bytes, or the exact size near the limit).
-#[derive(Default)]
+/// Freed buffers by size class (a power of two of bytes, or the exact size near the limit),
+/// at most `cap` bytes of them; beyond it, freed buffers are released. A training step's
+/// temporaries come back every step: a cap below them makes every step create (and wgpu
+/// zero) new buffers, ~0.4 ms of host time each on an H100's Vulkan driver. A failed
+/// allocation empties the pool and tries again, so a large cap does not starve the device.
 pub(crate) struct Pool {
     pub(crate) free: HashMap<u64, Vec<wgpu::Buffer>>,
     pub(crate) cached_bytes: u64,
+    pub(crate) cap: u64,
+}
+
+impl Pool {
+    pub(crate) fn new(device_type: wgpu::DeviceType) -> Pool {
+        let default_mb = match device_type {
+            wgpu::DeviceType::DiscreteGpu => 8192,
+            _ => 1024,
+        };
+        let mb = std::env::var(POOL_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(default_mb);
+        Pool {
+            free: HashMap::new(),
+            cached_bytes: 0,
+            cap: mb.saturating_mul(1 << 20),
+        }
+    }
 }
 
 /// A storage buffer of `len` elements of `dtype`; returned to its backend's pool on drop.
@@ -62,7 +85,7 @@ impl Drop for WgpuBuffer {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
             let mut pool = self.owner.pool.lock().unwrap_or_else(|p| p.into_inner());
-            if pool.cached_bytes + self.class <= POOL_CAP {
+            if pool.cached_bytes + self.class <= pool.cap {
                 pool.cached_bytes += self.class;
                 pool.free.entry(self.class).or_default().push(buf);
             } else {

@@ -22,7 +22,7 @@ mod rows;
 pub mod testing;
 
 pub use backend::{WgpuBackend, WgpuInfo, POLL_TIMEOUT_ENV};
-pub use buffer::WgpuBuffer;
+pub use buffer::{WgpuBuffer, POOL_ENV};
 pub use error::WgpuError;
 pub use kernels::{BinaryOp, RowReduce, UnaryOp};
 pub use probe::{adapters, register_device_probe};
