@@ -62,28 +62,39 @@ pub fn poisoned_copy(
     for f in ["config.json", "tokenizer.json"] {
         std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
     }
+    let names = rewrite_checkpoint(&src, tmp.path(), |n, v| {
+        assert_eq!(v.dtype(), Dtype::F32, "{n}");
+        let mut b = v.data().to_vec();
+        if n == tensor {
+            for c in b[at.start * 4..at.end * 4].chunks_exact_mut(4) {
+                c.copy_from_slice(&value.to_le_bytes());
+            }
+        }
+        b
+    });
+    assert!(names.iter().any(|n| n == tensor), "{name} has no {tensor}");
+    tmp
+}
+
+/// Writes `src/model.safetensors` again as `dir/model.safetensors` in f32, each tensor's bytes
+/// those `f` makes of it (given its name and view); returns the tensors' names.
+pub fn rewrite_checkpoint(
+    src: &Path,
+    dir: &Path,
+    f: impl Fn(&str, &TensorView<'_>) -> Vec<u8>,
+) -> Vec<String> {
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let data: Vec<(String, Vec<usize>, Vec<u8>)> = st
         .tensors()
         .into_iter()
         .map(|(n, v)| {
-            assert_eq!(v.dtype(), Dtype::F32, "{n}");
-            let mut b = v.data().to_vec();
-            if n == tensor {
-                for c in b[at.start * 4..at.end * 4].chunks_exact_mut(4) {
-                    c.copy_from_slice(&value.to_le_bytes());
-                }
-            }
+            let b = f(&n, &v);
             (n, v.shape().to_vec(), b)
         })
         .collect();
-    assert!(
-        data.iter().any(|(n, ..)| n == tensor),
-        "{name} has no {tensor}"
-    );
-    write_f32_checkpoint(tmp.path(), &data);
-    tmp
+    write_f32_checkpoint(dir, &data);
+    data.into_iter().map(|(n, ..)| n).collect()
 }
 
 /// A fixture's expectations.
