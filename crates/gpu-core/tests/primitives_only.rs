@@ -8,8 +8,10 @@
 //! roundings per element, `exp(−ln(v)/2)` for `1/sqrt` within `(1 + |ln v|/2)·2^-22`) and
 //! 1e-4 for attention (sums of `t` products).
 
+mod common;
+
+use common::adamw_on_copies;
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
-use gpu_core::nn::optim::AdamWBuffers;
 use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::{
     AdamWConfig, AttentionOps, DecodeOps, ElementwiseOps, OptimOps, Primitives, RowOps,
@@ -115,27 +117,52 @@ fn elementwise_defaults_match_the_cpu() {
     close("max_axis_bwd", &a, &b, 0.0);
 }
 
+/// `softmax_fwd` (`log_softmax_fwd` when `log`) of `x` on `be`.
+fn softmax_fwd<B: RowOps<Buffer = CpuStorage>>(
+    be: &B,
+    log: bool,
+    x: &CpuStorage,
+    cols: usize,
+) -> CpuStorage {
+    let mut out = zeros(x.len());
+    if log {
+        be.log_softmax_fwd(x, &mut out, cols).unwrap();
+    } else {
+        be.softmax_fwd(x, &mut out, cols).unwrap();
+    }
+    out
+}
+
+/// `softmax_bwd` (`log_softmax_bwd` when `log`) of the forward output `y` and `dy` on `be`.
+fn softmax_bwd<B: RowOps<Buffer = CpuStorage>>(
+    be: &B,
+    log: bool,
+    (y, dy): (&CpuStorage, &CpuStorage),
+    cols: usize,
+) -> CpuStorage {
+    let mut dx = zeros(y.len());
+    if log {
+        be.log_softmax_bwd(y, dy, &mut dx, cols).unwrap();
+    } else {
+        be.softmax_bwd(y, dy, &mut dx, cols).unwrap();
+    }
+    dx
+}
+
 #[test]
 fn row_defaults_match_the_cpu() {
     let mut r = rng("rows");
     let (rows, cols) = (6, 11);
-    let x = f32s(&rand_vec(&mut r, rows * cols));
-    let dy = f32s(&rand_vec(&mut r, rows * cols));
+    let [x, dy] = [0; 2].map(|_| f32s(&rand_vec(&mut r, rows * cols)));
+    // softmax, then log-softmax: the forward, then the backward of the CPU's forward output.
+    for log in [false, true] {
+        let prefix = if log { "log_" } else { "" };
+        let (a, y) = on_both!(|be| softmax_fwd(be, log, &x, cols));
+        close(&format!("{prefix}softmax_fwd"), &a, &y, 1e-5);
+        let (a, b) = on_both!(|be| softmax_bwd(be, log, (&y, &dy), cols));
+        close(&format!("{prefix}softmax_bwd"), &a, &b, 1e-5);
+    }
     let (mut a, mut b) = (zeros(rows * cols), zeros(rows * cols));
-    P.softmax_fwd(&x, &mut a, cols).unwrap();
-    C.softmax_fwd(&x, &mut b, cols).unwrap();
-    close("softmax_fwd", &a, &b, 1e-5);
-    let y = b.clone();
-    P.softmax_bwd(&y, &dy, &mut a, cols).unwrap();
-    C.softmax_bwd(&y, &dy, &mut b, cols).unwrap();
-    close("softmax_bwd", &a, &b, 1e-5);
-    P.log_softmax_fwd(&x, &mut a, cols).unwrap();
-    C.log_softmax_fwd(&x, &mut b, cols).unwrap();
-    close("log_softmax_fwd", &a, &b, 1e-5);
-    let y = b.clone();
-    P.log_softmax_bwd(&y, &dy, &mut a, cols).unwrap();
-    C.log_softmax_bwd(&y, &dy, &mut b, cols).unwrap();
-    close("log_softmax_bwd", &a, &b, 1e-5);
     let t = CpuStorage::U32((0..rows).map(|_| r.random_range(0..cols as u32)).collect());
     let (mut la, mut lb) = (zeros(rows), zeros(rows));
     P.cross_entropy_fwd(&x, &t, &mut la, cols).unwrap();
@@ -153,8 +180,7 @@ fn row_defaults_match_the_cpu() {
 fn norm_and_rope_defaults_match_the_cpu() {
     let mut r = rng("norms");
     let (rows, cols) = (5, 16);
-    let x = f32s(&rand_vec(&mut r, rows * cols));
-    let dy = f32s(&rand_vec(&mut r, rows * cols));
+    let [x, dy] = [0; 2].map(|_| f32s(&rand_vec(&mut r, rows * cols)));
     let (w, bias) = (f32s(&rand_vec(&mut r, cols)), f32s(&rand_vec(&mut r, cols)));
     let n = rows * cols;
     let (mut ya, mut ma, mut ra) = (zeros(n), zeros(rows), zeros(rows));
@@ -293,39 +319,9 @@ fn decode_and_optimiser_defaults_match_the_cpu() {
         step: 3,
     };
     let scale = f32s(&[2.0, 0.5]);
-    let run = |be: &dyn Fn(&mut CpuStorage, &mut CpuStorage, &mut CpuStorage)| {
-        let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
-        be(&mut p, &mut m, &mut v);
-        (p, m, v)
-    };
-    let (pa, ma, va) = run(&|p, m, v| {
-        P.adamw_step(
-            AdamWBuffers {
-                params: &mut [p],
-                grads: &[&g0],
-                m: &mut [m],
-                v: &mut [v],
-                weight_decay: &[0.1],
-                grad_scale: Some(&scale),
-            },
-            cfg,
-        )
-        .unwrap()
-    });
-    let (pb, mb, vb) = run(&|p, m, v| {
-        C.adamw_step(
-            AdamWBuffers {
-                params: &mut [p],
-                grads: &[&g0],
-                m: &mut [m],
-                v: &mut [v],
-                weight_decay: &[0.1],
-                grad_scale: Some(&scale),
-            },
-            cfg,
-        )
-        .unwrap()
-    });
+    let state = (&p0, &m0, &v0, &g0);
+    let [pa, ma, va] = adamw_on_copies(state, &scale, |b| P.adamw_step(b, cfg).unwrap());
+    let [pb, mb, vb] = adamw_on_copies(state, &scale, |b| C.adamw_step(b, cfg).unwrap());
     close("adamw p", &pa, &pb, 1e-6);
     close("adamw m", &ma, &mb, 1e-6);
     close("adamw v", &va, &vb, 1e-6);

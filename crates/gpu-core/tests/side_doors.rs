@@ -10,6 +10,9 @@
 //! a seed offset read on the host gives the same bits as the plain call with the summed seed;
 //! the scheduled AdamW within `1e-6·scale` of `adamw_step` (a few f32 roundings).
 
+mod common;
+
+use common::adamw_on_copies;
 use gpu_core::nn::attention::{AttnDropout, Packed, PackedCall, PackedDrop, PackedSaved};
 use gpu_core::nn::optim::{adamw_schedule, AdamWBuffers};
 use gpu_core::nn::{AdamWConfig, AttentionOps, ElementwiseOps, OptimOps, Primitives};
@@ -218,37 +221,14 @@ fn scheduled_adamw_default_matches_adamw_step() {
     let sched = CpuStorage::F32(adamw_schedule(cfg).to_vec());
     let clip = CpuStorage::F32(vec![2.0, 0.5]);
     let run = |be: &dyn Fn(AdamWBuffers<'_, '_, CpuStorage>)| {
-        let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
-        be(AdamWBuffers {
-            params: &mut [&mut p],
-            grads: &[&g0],
-            m: &mut [&mut m],
-            v: &mut [&mut v],
-            weight_decay: &[0.1],
-            grad_scale: Some(&clip),
-        });
-        [p, m, v]
+        adamw_on_copies((&p0, &m0, &v0, &g0), &clip, be)
     };
     let other = AdamWConfig {
         lr: 0.0,
         step: 9,
         ..cfg
     };
-    let want = run(&|b| {
-        let (p, g, m, v) = (b.params, b.grads, b.m, b.v);
-        C.adamw_step(
-            AdamWBuffers {
-                params: p,
-                grads: g,
-                m,
-                v,
-                weight_decay: b.weight_decay,
-                grad_scale: b.grad_scale,
-            },
-            cfg,
-        )
-        .unwrap()
-    });
+    let want = run(&|b| C.adamw_step(b, cfg).unwrap());
     let on_p = run(&|b| P.adamw_step_scheduled(b, other, &sched).unwrap());
     let on_c = run(&|b| C.adamw_step_scheduled(b, other, &sched).unwrap());
     for (i, name) in ["p", "m", "v"].into_iter().enumerate() {

@@ -20,48 +20,44 @@ use rand::Rng;
 /// `dtype`) on backend `b` through `fwd`/`bwd`.
 type Outs = [Vec<f32>; 3];
 
+/// [`run_cpu`]'s and [`run_gpu`]'s calls on backend `$b` of type `$B` (a macro: the packed
+/// attention methods are each backend's own, with its own dropout type; no trait covers them):
+/// the `_bf16` kernels for bf16, the f32 ones otherwise, forward then backward.
+macro_rules! run_packed {
+    ($B:ty, $b:expr, ($qkv:expr, $dout:expr), $p:expr, $dtype:expr, $drop:expr) => {{
+        let (b, qkv, dout, p, dtype, drop): (&$B, &[f32], &[f32], Packed, DType, _) =
+            ($b, $qkv, $dout, $p, $dtype, $drop);
+        let scale = 1.0 / (p.d as f32).sqrt();
+        let (x, g) = (put(b, qkv, dtype), put(b, dout, dtype));
+        let mut out = b.allocate(dtype, p.b * p.t * p.c()).unwrap();
+        let mut lse = b.allocate(DType::F32, p.n() * p.t).unwrap();
+        let mut dq = b.allocate(dtype, qkv.len()).unwrap();
+        let bf16 = dtype == DType::BF16;
+        let fwd = if bf16 {
+            <$B>::causal_attention_packed_bf16_fwd
+        } else {
+            <$B>::causal_attention_packed_fwd
+        };
+        let bwd = if bf16 {
+            <$B>::causal_attention_packed_bf16_bwd
+        } else {
+            <$B>::causal_attention_packed_bwd
+        };
+        fwd(b, &x, &mut out, &mut lse, p, scale, drop).unwrap();
+        let saved = PackedSaved {
+            out: &out,
+            lse: &lse,
+            dout: &g,
+        };
+        bwd(b, &x, saved, &mut dq, p, scale, drop).unwrap();
+        [get(b, &out), get(b, &lse), get(b, &dq)]
+    }};
+}
+
 fn run_cpu(qkv: &[f32], dout: &[f32], p: Packed, dtype: DType, drop: Option<AttnDropout>) -> Outs {
     let cpu = CpuBackend;
-    let scale = 1.0 / (p.d as f32).sqrt();
     with_mode(CpuMode::Exact, || {
-        let (x, g) = (put(&cpu, qkv, dtype), put(&cpu, dout, dtype));
-        let mut out = cpu.allocate(dtype, p.b * p.t * p.c()).unwrap();
-        let mut lse = cpu.allocate(DType::F32, p.n() * p.t).unwrap();
-        let mut dq = cpu.allocate(dtype, qkv.len()).unwrap();
-        if dtype == DType::BF16 {
-            cpu.causal_attention_packed_bf16_fwd(&x, &mut out, &mut lse, p, scale, drop)
-                .unwrap();
-            cpu.causal_attention_packed_bf16_bwd(
-                &x,
-                PackedSaved {
-                    out: &out,
-                    lse: &lse,
-                    dout: &g,
-                },
-                &mut dq,
-                p,
-                scale,
-                drop,
-            )
-            .unwrap();
-        } else {
-            cpu.causal_attention_packed_fwd(&x, &mut out, &mut lse, p, scale, drop)
-                .unwrap();
-            cpu.causal_attention_packed_bwd(
-                &x,
-                PackedSaved {
-                    out: &out,
-                    lse: &lse,
-                    dout: &g,
-                },
-                &mut dq,
-                p,
-                scale,
-                drop,
-            )
-            .unwrap();
-        }
-        [get(&cpu, &out), get(&cpu, &lse), get(&cpu, &dq)]
+        run_packed!(CpuBackend, &cpu, (qkv, dout), p, dtype, drop)
     })
 }
 
@@ -72,45 +68,7 @@ fn run_gpu(
     dtype: DType,
     drop: Option<DeviceAttnDropout<'_>>,
 ) -> Outs {
-    let scale = 1.0 / (p.d as f32).sqrt();
-    let (x, g) = (put(gpu, qkv, dtype), put(gpu, dout, dtype));
-    let mut out = gpu.allocate(dtype, p.b * p.t * p.c()).unwrap();
-    let mut lse = gpu.allocate(DType::F32, p.n() * p.t).unwrap();
-    let mut dq = gpu.allocate(dtype, qkv.len()).unwrap();
-    if dtype == DType::BF16 {
-        gpu.causal_attention_packed_bf16_fwd(&x, &mut out, &mut lse, p, scale, drop)
-            .unwrap();
-        gpu.causal_attention_packed_bf16_bwd(
-            &x,
-            PackedSaved {
-                out: &out,
-                lse: &lse,
-                dout: &g,
-            },
-            &mut dq,
-            p,
-            scale,
-            drop,
-        )
-        .unwrap();
-    } else {
-        gpu.causal_attention_packed_fwd(&x, &mut out, &mut lse, p, scale, drop)
-            .unwrap();
-        gpu.causal_attention_packed_bwd(
-            &x,
-            PackedSaved {
-                out: &out,
-                lse: &lse,
-                dout: &g,
-            },
-            &mut dq,
-            p,
-            scale,
-            drop,
-        )
-        .unwrap();
-    }
-    [get(gpu, &out), get(gpu, &lse), get(gpu, &dq)]
+    run_packed!(CudaBackend, gpu, (qkv, dout), p, dtype, drop)
 }
 
 fn rms(x: &[f32]) -> f64 {
@@ -127,22 +85,19 @@ fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
 
-/// f32 kernels with dropout against the CPU reference, within the f32 attention tests' bound
-/// (rtol 1e-4 against `|want| + rms(want)`: the kernels' f32 sums of at most `t + d` terms of
-/// unit-size values, `(t + d)·2^-24 < 2e-5`, plus exp2f's 2 ulp, with a 5x margin). A wrong
-/// mask entry moves an element by a whole probability, far outside it.
-#[test]
-fn gpu_f32_attention_dropout_matches_the_cpu_reference() {
-    let test = "gpu_f32_attention_dropout_matches_the_cpu_reference";
+/// The kernels with dropout in `dtype` against [`run_cpu`] on each case `(b, t, heads, d, p)`:
+/// every output [`near`] the reference within `rtol`.
+fn dropout_matches_the_cpu(
+    test: &str,
+    dtype: DType,
+    cases: &[(usize, usize, usize, usize, f32)],
+    rtol: f64,
+) {
     let Some(gpu) = backend_or_skip(test) else {
         return;
     };
     let (mut r, seed) = rng(test);
-    for (b, t, heads, d, pd) in [
-        (2, 37, 3, 16, 0.2f32),
-        (1, 70, 2, 96, 0.1),
-        (2, 130, 2, 64, 0.5),
-    ] {
+    for &(b, t, heads, d, pd) in cases {
         let p = Packed { b, t, heads, d };
         let qkv = random_vec(&mut r, b * t * 3 * p.c(), 1.5);
         let dout = random_vec(&mut r, b * t * p.c(), 1.0);
@@ -150,13 +105,31 @@ fn gpu_f32_attention_dropout_matches_the_cpu_reference() {
             p: pd,
             seed: r.random(),
         };
-        let what = format!("f32 {p:?} {drop:?} (test seed {seed})");
-        let want = run_cpu(&qkv, &dout, p, DType::F32, Some(drop));
-        let got = run_gpu(&gpu, (&qkv, &dout), p, DType::F32, Some(drop.into()));
+        let what = format!("{dtype} {p:?} {drop:?} (test seed {seed})");
+        let want = run_cpu(&qkv, &dout, p, dtype, Some(drop));
+        let got = run_gpu(&gpu, (&qkv, &dout), p, dtype, Some(drop.into()));
         for (k, name) in ["out", "lse", "dqkv"].iter().enumerate() {
-            near(&format!("{what} {name}"), &got[k], &want[k], 1e-4);
+            near(&format!("{what} {name}"), &got[k], &want[k], rtol);
         }
     }
+}
+
+/// f32 kernels with dropout against the CPU reference, within the f32 attention tests' bound
+/// (rtol 1e-4 against `|want| + rms(want)`: the kernels' f32 sums of at most `t + d` terms of
+/// unit-size values, `(t + d)·2^-24 < 2e-5`, plus exp2f's 2 ulp, with a 5x margin). A wrong
+/// mask entry moves an element by a whole probability, far outside it.
+#[test]
+fn gpu_f32_attention_dropout_matches_the_cpu_reference() {
+    dropout_matches_the_cpu(
+        "gpu_f32_attention_dropout_matches_the_cpu_reference",
+        DType::F32,
+        &[
+            (2, 37, 3, 16, 0.2f32),
+            (1, 70, 2, 96, 0.1),
+            (2, 130, 2, 64, 0.5),
+        ],
+        1e-4,
+    );
 }
 
 /// bf16 tensor-core kernels with dropout against the bf16 CPU reference (the same rounding
@@ -167,26 +140,12 @@ fn gpu_f32_attention_dropout_matches_the_cpu_reference() {
 /// holds the plain kernels to a per-element form of the same terms).
 #[test]
 fn gpu_bf16_attention_dropout_matches_its_reference() {
-    let test = "gpu_bf16_attention_dropout_matches_its_reference";
-    let Some(gpu) = backend_or_skip(test) else {
-        return;
-    };
-    let (mut r, seed) = rng(test);
-    for (b, t, heads, pd) in [(2, 77, 2, 0.2f32), (1, 200, 3, 0.6)] {
-        let p = Packed { b, t, heads, d: 64 };
-        let qkv = random_vec(&mut r, b * t * 3 * p.c(), 1.5);
-        let dout = random_vec(&mut r, b * t * p.c(), 1.0);
-        let drop = AttnDropout {
-            p: pd,
-            seed: r.random(),
-        };
-        let what = format!("bf16 {p:?} {drop:?} (test seed {seed})");
-        let want = run_cpu(&qkv, &dout, p, DType::BF16, Some(drop));
-        let got = run_gpu(&gpu, (&qkv, &dout), p, DType::BF16, Some(drop.into()));
-        for (k, name) in ["out", "lse", "dqkv"].iter().enumerate() {
-            near(&format!("{what} {name}"), &got[k], &want[k], 1.0 / 64.0);
-        }
-    }
+    dropout_matches_the_cpu(
+        "gpu_bf16_attention_dropout_matches_its_reference",
+        DType::BF16,
+        &[(2, 77, 2, 64, 0.2f32), (1, 200, 3, 64, 0.6)],
+        1.0 / 64.0,
+    );
 }
 
 /// `p = 0` runs the plain kernels (the bits of no dropout), f32 and bf16; a device seed offset

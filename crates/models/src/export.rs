@@ -251,15 +251,20 @@ fn is_conv1d_weight(name: &str) -> bool {
         .any(|p| name.starts_with("h.") && name.ends_with(&format!(".{p}.weight")))
 }
 
+/// The model's parameters by name.
+fn params_by_name(model: &Gpt) -> HashMap<String, Tensor> {
+    model
+        .parameters()
+        .into_iter()
+        .map(|(name, t, _)| (name, t))
+        .collect()
+}
+
 /// Every tensor `hf` implies, under its `transformer.`-prefixed name, as f32 little-endian
 /// bytes from the model's parameter of the same name (transposed for Conv1D weights; zeros for
 /// a bias the model has none of). Every parameter must be used exactly once.
 fn gpt2_tensors(model: &Gpt, hf: &ModelConfig) -> Result<Vec<Named>, ModelError> {
-    let params: HashMap<String, Tensor> = model
-        .parameters()
-        .into_iter()
-        .map(|(name, t, _)| (name, t))
-        .collect();
+    let params = params_by_name(model);
     let mut used = HashSet::new();
     let mut out = Vec::new();
     for e in expected_tensors(hf) {
@@ -366,11 +371,7 @@ fn llama_source(hf_name: &str) -> Option<(String, Option<usize>)> {
 /// parameter [`llama_source`] names (a third of `c_attn`'s rows for q, k, v). Every parameter
 /// must be used, and every tensor found.
 fn llama_tensors(model: &Gpt, hf: &ModelConfig) -> Result<Vec<Named>, ModelError> {
-    let params: HashMap<String, Tensor> = model
-        .parameters()
-        .into_iter()
-        .map(|(name, t, _)| (name, t))
-        .collect();
+    let params = params_by_name(model);
     let mut used = HashSet::new();
     let mut out = Vec::new();
     for e in expected_tensors(hf) {

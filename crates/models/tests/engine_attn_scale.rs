@@ -11,9 +11,8 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, expected, max_err, write_f32_checkpoint};
+use hf_fixture::{dir, expected, max_err, rewrite_checkpoint};
 use models::{CausalLm, Engine, EngineOptions};
-use safetensors::SafeTensors;
 use tensor_ops::{DType, Device};
 
 /// A copy of the gpt2 fixture with `config` fields set and each layer's query projection
@@ -28,36 +27,27 @@ fn gpt2_copy(fields: &[(&str, bool)], q_factor: &dyn Fn(usize) -> f32) -> tempfi
     }
     let n_embd = cfg["n_embd"].as_u64().unwrap() as usize;
     std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let data: Vec<(String, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, v)| {
-            // transformer.h.{l}.attn.c_attn.{weight [n_embd, 3 n_embd], bias [3 n_embd]}
-            let layer = name
-                .strip_prefix("transformer.h.")
-                .and_then(|r| r.split('.').next())
-                .and_then(|l| l.parse::<usize>().ok());
-            let k = match layer {
-                Some(l) if name.contains("attn.c_attn.") => q_factor(l),
-                _ => 1.0,
-            };
-            let cols = *v.shape().last().unwrap();
-            let bytes = v
-                .data()
-                .chunks_exact(4)
-                .enumerate()
-                .flat_map(|(i, c)| {
-                    let x = f32::from_le_bytes(c.try_into().unwrap());
-                    let f = if i % cols < n_embd { k } else { 1.0 };
-                    (f * x).to_le_bytes()
-                })
-                .collect();
-            (name, v.shape().to_vec(), bytes)
-        })
-        .collect();
-    write_f32_checkpoint(tmp.path(), &data);
+    rewrite_checkpoint(&src, tmp.path(), |name, v| {
+        // transformer.h.{l}.attn.c_attn.{weight [n_embd, 3 n_embd], bias [3 n_embd]}
+        let layer = name
+            .strip_prefix("transformer.h.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|l| l.parse::<usize>().ok());
+        let k = match layer {
+            Some(l) if name.contains("attn.c_attn.") => q_factor(l),
+            _ => 1.0,
+        };
+        let cols = *v.shape().last().unwrap();
+        v.data()
+            .chunks_exact(4)
+            .enumerate()
+            .flat_map(|(i, c)| {
+                let x = f32::from_le_bytes(c.try_into().unwrap());
+                let f = if i % cols < n_embd { k } else { 1.0 };
+                (f * x).to_le_bytes()
+            })
+            .collect()
+    });
     tmp
 }
 

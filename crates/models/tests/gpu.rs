@@ -3,10 +3,12 @@
 //! from tensor-ops' `gpu.rs` with the GPT). Tests named `gpu_*` skip with a printed reason
 //! where no GPU exists.
 
+mod tiny_gpt;
+
 use gpu_cuda::testing::{gpu_device_or_skip as gpu, rel_err};
 use models::gpt::{Dataset, Gpt, GptConfig, Variant};
-use tensor_ops::optim::AdamWParams;
-use tensor_ops::{transfer_stats, Device};
+use tensor_ops::Device;
+use tiny_gpt::{assert_step_moves_only_the_batch_and_the_loss, clipped_adamw};
 
 fn small_cfg(variant: Variant, vocab: usize) -> GptConfig {
     GptConfig {
@@ -65,39 +67,6 @@ fn gpu_training_step_moves_only_the_batch_and_the_loss() {
     let text = "It was the best of times, it was the worst of times. ".repeat(100);
     let ds = Dataset::from_text(&text, 0.9).unwrap();
     let model = Gpt::new(small_cfg(Variant::Gpt2, ds.tokenizer.vocab_size()), 1, dev).unwrap();
-    let mut opt = model
-        .store()
-        .adamw(AdamWParams {
-            max_grad_norm: Some(1.0),
-            ..Default::default()
-        })
-        .unwrap();
-    let mut rng = Dataset::rng(2);
-    let mut step = |i: u64| -> f32 {
-        let (x, y) = ds.batch(false, 4, 32, &mut rng, dev).unwrap();
-        let loss = model.loss(&x, &y, Some(i)).unwrap();
-        let g = loss.backward().unwrap();
-        opt.step(&g, 1e-3).unwrap();
-        loss.item().unwrap()
-    };
-    step(0); // warm-up: module loads, cuBLAS handle, pool blocks
-    let before = transfer_stats();
-    let loss = step(1);
-    let after = transfer_stats();
-    assert!(loss.is_finite());
-    assert_eq!(
-        after.host_to_device - before.host_to_device,
-        2,
-        "only x and y go in"
-    );
-    assert_eq!(
-        after.host_to_device_bytes - before.host_to_device_bytes,
-        2 * 4 * 32 * 4
-    );
-    assert_eq!(
-        after.device_to_host - before.device_to_host,
-        1,
-        "only the loss comes out"
-    );
-    assert_eq!(after.device_to_host_bytes - before.device_to_host_bytes, 4);
+    let mut opt = clipped_adamw(&model);
+    assert_step_moves_only_the_batch_and_the_loss(&model, &mut opt, &ds, 32);
 }

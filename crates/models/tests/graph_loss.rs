@@ -7,7 +7,7 @@
 mod graph_common;
 
 use gpu_cuda::testing::gpu_device_or_skip as gpu;
-use graph_common::{config, TEXT};
+use graph_common::{config, cpu_model, gpu_setup, TEXT};
 use models::gpt::{Dataset, Gpt, GraphedLoss, Variant};
 use tensor_ops::optim::lerp_tensors;
 use tensor_ops::{Device, Precision, Tensor};
@@ -22,12 +22,9 @@ fn batches(ds: &Dataset, n: usize, seed: u64, dev: Device) -> Vec<(Tensor, Tenso
 #[test]
 fn gpu_graphed_loss_gives_the_eager_bits_and_sees_changed_weights() {
     let test = "gpu_graphed_loss_gives_the_eager_bits_and_sees_changed_weights";
-    let Some(dev) = gpu(test) else {
+    let Some((dev, seed, ds, vocab)) = gpu_setup(test) else {
         return;
     };
-    let seed = gpu_cuda::testing::test_seed(test);
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
-    let vocab = ds.tokenizer.vocab_size();
     for variant in [Variant::Gpt2, Variant::Llama] {
         for (precision, width) in [(Precision::Fp32, 32), (Precision::Bf16, 128)] {
             let what = format!("{variant:?} {precision} (seed {seed})");
@@ -83,13 +80,7 @@ fn gpu_graphed_loss_refuses_bad_batches() {
 
 #[test]
 fn graphed_loss_is_refused_on_the_cpu_and_eager_measures_there() {
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
-    let model = Gpt::new(
-        config(Variant::Llama, ds.tokenizer.vocab_size(), 32),
-        1,
-        Device::Cpu,
-    )
-    .unwrap();
+    let (ds, model) = cpu_model(Variant::Llama);
     let b = batches(&ds, 2, 5, Device::Cpu);
     let e = GraphedLoss::capture(&model, &b).unwrap_err();
     assert!(e.to_string().contains("CUDA"), "{e}");

@@ -8,7 +8,9 @@
 mod graph_common;
 
 use gpu_cuda::testing::gpu_device_or_skip as gpu;
-use graph_common::{at_most_twice, bits, config, TEXT};
+use graph_common::{
+    assert_same_parameters, at_most_twice, bits, config, cpu_model, gpu_setup, step_twins, TEXT,
+};
 use models::gpt::{Dataset, Gpt, GraphedStep, Variant};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tensor_ops::graph::capture;
@@ -29,13 +31,10 @@ fn hp() -> AdamWParams {
 #[test]
 fn gpu_graphed_gpt_steps_give_the_eager_steps_bits() {
     let test = "gpu_graphed_gpt_steps_give_the_eager_steps_bits";
-    let Some(dev) = gpu(test) else {
+    let Some((dev, seed, _, vocab)) = gpu_setup(test) else {
         return;
     };
-    let seed = gpu_cuda::testing::test_seed(test);
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
     let (batch, block) = (3, 16);
-    let vocab = ds.tokenizer.vocab_size();
     assert!(
         2 * vocab >= batch * block,
         "the corpus has too few distinct characters"
@@ -68,32 +67,17 @@ fn gpu_graphed_gpt_steps_give_the_eager_steps_bits() {
             let (x, y) = at_most_twice(&mut r, vocab, batch * block);
             let lr = 1e-3 * (1.0 + it as f32) * r.random_range(0.5f32..2.0);
             let drop_seed: u64 = r.random();
-            let xt = Tensor::from_vec(x.clone(), &[batch, block], dev).unwrap();
-            let yt = Tensor::from_vec(y.clone(), &[batch, block], dev).unwrap();
-            let loss = eager.loss(&xt, &yt, Some(drop_seed)).unwrap();
-            let grads = loss.backward().unwrap();
-            opt_e.step(&grads, lr).unwrap();
-            step.step(&mut opt_g, &x, &y, drop_seed, lr).unwrap();
-            let what = format!("{variant:?} {precision} step {it} (seed {seed})");
-            assert_eq!(
-                loss.item().unwrap().to_bits(),
-                step.loss().item().unwrap().to_bits(),
-                "{what}: loss"
-            );
-            assert_eq!(
-                opt_e.last_grad_norm().unwrap().map(f32::to_bits),
-                opt_g.last_grad_norm().unwrap().map(f32::to_bits),
-                "{what}: gradient norm"
+            step_twins(
+                (&eager, &mut opt_e),
+                (&step, &mut opt_g),
+                (&x, &y, [batch, block]),
+                (drop_seed, lr),
+                &format!("{variant:?} {precision} step {it} (seed {seed})"),
             );
         }
         assert_eq!(opt_e.steps(), opt_g.steps());
-        for ((name, a, _), (_, b, _)) in eager.parameters().iter().zip(&graphed.parameters()) {
-            assert_eq!(
-                bits(a),
-                bits(b),
-                "{variant:?} {precision} {name} after 5 steps (seed {seed})"
-            );
-        }
+        let label = format!("{variant:?} {precision}");
+        assert_same_parameters(&eager, &graphed, &label, seed);
         // The moments too (the next step depends on them).
         let (me, ve) = opt_e.moments();
         let (mg, vg) = opt_g.moments();
@@ -173,13 +157,7 @@ fn gpu_bad_graphed_steps_are_typed_errors_that_change_nothing() {
 /// (the graph and device-offset refusals themselves are tensor-ops' `graph_step.rs`).
 #[test]
 fn graphed_steps_are_refused_on_the_cpu() {
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
-    let model = Gpt::new(
-        config(Variant::Gpt2, ds.tokenizer.vocab_size(), 32),
-        1,
-        Device::Cpu,
-    )
-    .unwrap();
+    let (ds, model) = cpu_model(Variant::Gpt2);
     let mut opt: AdamW = model.store().adamw(hp()).unwrap();
     let e = GraphedStep::capture(&model, &mut opt, 2, 8).unwrap_err();
     assert!(e.to_string().contains("CUDA"), "{e}");
@@ -198,13 +176,7 @@ fn graphed_steps_are_refused_on_the_cpu() {
 /// `step` refuses.
 #[test]
 fn the_next_schedule_is_the_eager_steps_scalars() {
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
-    let model = Gpt::new(
-        config(Variant::Gpt2, ds.tokenizer.vocab_size(), 32),
-        1,
-        Device::Cpu,
-    )
-    .unwrap();
+    let (_, model) = cpu_model(Variant::Gpt2);
     let mut opt = model.store().adamw(hp()).unwrap();
     let s1 = opt.next_schedule(2e-3).unwrap();
     let cfg = gpu_core::nn::AdamWConfig {

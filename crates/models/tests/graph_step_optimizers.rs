@@ -5,12 +5,10 @@
 
 mod graph_common;
 
-use gpu_cuda::testing::gpu_device_or_skip as gpu;
-use graph_common::{at_most_twice, bits, TEXT};
-use models::gpt::{Dataset, Gpt, GptConfig, GraphedStep, Variant};
+use graph_common::{assert_same_parameters, at_most_twice, bits, config, gpu_setup, step_twins};
+use models::gpt::{Gpt, GraphedStep, Variant};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tensor_ops::optim::{Optimizer, ProdigyParams, ScheduleFreeParams};
-use tensor_ops::Tensor;
 
 fn optimiser(which: &str, model: &Gpt) -> Box<dyn Optimizer> {
     let store = model.store();
@@ -40,23 +38,11 @@ fn optimiser(which: &str, model: &Gpt) -> Box<dyn Optimizer> {
 #[test]
 fn gpu_graphed_steps_with_schedule_free_and_prodigy_give_the_eager_bits() {
     let test = "gpu_graphed_steps_with_schedule_free_and_prodigy_give_the_eager_bits";
-    let Some(dev) = gpu(test) else {
+    let Some((dev, seed, _, vocab)) = gpu_setup(test) else {
         return;
     };
-    let seed = gpu_cuda::testing::test_seed(test);
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
+    let cfg = config(Variant::Gpt2, vocab, 32);
     let (batch, block) = (3, 16);
-    let vocab = ds.tokenizer.vocab_size();
-    let cfg = GptConfig {
-        variant: Variant::Gpt2,
-        vocab_size: vocab,
-        block_size: 16,
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 32,
-        dropout: 0.2,
-        bias: false,
-    };
     for which in ["schedule_free", "prodigy"] {
         let eager = Gpt::new(cfg, seed, dev).unwrap();
         let graphed = Gpt::new(cfg, seed, dev).unwrap();
@@ -72,31 +58,16 @@ fn gpu_graphed_steps_with_schedule_free_and_prodigy_give_the_eager_bits() {
                 1e-3 * (1.0 + it as f32)
             };
             let drop_seed: u64 = r.random();
-            let xt = Tensor::from_vec(x.clone(), &[batch, block], dev).unwrap();
-            let yt = Tensor::from_vec(y.clone(), &[batch, block], dev).unwrap();
-            let loss = eager.loss(&xt, &yt, Some(drop_seed)).unwrap();
-            opt_e.step(&loss.backward().unwrap(), lr).unwrap();
-            step.step(&mut *opt_g, &x, &y, drop_seed, lr).unwrap();
-            let what = format!("{which} step {it} (seed {seed})");
-            assert_eq!(
-                loss.item().unwrap().to_bits(),
-                step.loss().item().unwrap().to_bits(),
-                "{what}: loss"
-            );
-            assert_eq!(
-                opt_e.last_grad_norm().unwrap().map(f32::to_bits),
-                opt_g.last_grad_norm().unwrap().map(f32::to_bits),
-                "{what}: gradient norm"
+            step_twins(
+                (&eager, &mut *opt_e),
+                (&step, &mut *opt_g),
+                (&x, &y, [batch, block]),
+                (drop_seed, lr),
+                &format!("{which} step {it} (seed {seed})"),
             );
         }
         assert_eq!(opt_e.steps(), opt_g.steps());
-        for ((name, a, _), (_, b, _)) in eager.parameters().iter().zip(&graphed.parameters()) {
-            assert_eq!(
-                bits(a),
-                bits(b),
-                "{which} {name} after 5 steps (seed {seed})"
-            );
-        }
+        assert_same_parameters(&eager, &graphed, which, seed);
         let (se, sg) = (opt_e.state().unwrap(), opt_g.state().unwrap());
         for ((n, a), (_, b)) in se.tensors.iter().zip(&sg.tensors) {
             assert_eq!(bits(a), bits(b), "{which} state {n}");

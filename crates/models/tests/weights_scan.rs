@@ -2,35 +2,22 @@
 //! (the cause of non-finite logits, named after the fact), in f32, bf16 and f16 files, one file
 //! or shards.
 
+mod common;
 mod hf_fixture;
 
 use std::path::Path;
 
+use common::encode;
 use hf_fixture::{dir, poisoned_copy, FIXTURES};
 use models::weights::{first_non_finite, NonFiniteTensor};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
-/// `values` stored as `dtype` (little-endian).
-fn encode(dtype: Dtype, values: &[f32]) -> Vec<u8> {
-    match dtype {
-        Dtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        Dtype::BF16 => values
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect(),
-        _ => values
-            .iter()
-            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-            .collect(),
-    }
-}
-
 /// Writes `tensors` (name, dtype, values; 1-D) as the safetensors file `path`.
 fn write(path: &Path, tensors: &[(&str, Dtype, Vec<f32>)]) {
     let data: Vec<_> = tensors
         .iter()
-        .map(|(n, d, v)| (*n, *d, v.len(), encode(*d, v)))
+        .map(|(n, d, v)| (*n, *d, v.len(), encode(v, *d)))
         .collect();
     let views = data
         .iter()

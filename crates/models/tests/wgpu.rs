@@ -32,11 +32,14 @@
 mod hf_fixture;
 mod tiny_gpt;
 
-use hf_fixture::{dir, expected, max_err, reference_logits_and_greedy};
+use hf_fixture::{
+    assert_decoding_matches_the_cpu, dir, expected, max_err, reference_logits_and_greedy,
+    DECODE_NEW, DECODE_REL,
+};
 use models::gpt::{Dataset, Gpt, Variant};
-use models::{CausalLm, Engine, EngineOptions, QuantKind, Sampler, Sampling};
+use models::{CausalLm, Engine, EngineOptions, QuantKind};
 use tensor_ops::{DType, Device, Precision};
-use tiny_gpt::{clipped_adamw, tiny_config};
+use tiny_gpt::{assert_step_moves_only_the_batch_and_the_loss, clipped_adamw, tiny_config};
 
 /// `Device::Wgpu` of adapter 0, or `None` after printing why the test is skipped.
 fn wgpu(test: &str) -> Option<Device> {
@@ -238,99 +241,22 @@ fn wgpu_training_step_moves_only_the_batch_and_the_loss() {
     let cfg = tiny_config(Variant::Gpt2, ds.tokenizer.vocab_size(), 1, 16, 0.1);
     let model = Gpt::new(cfg, 1, dev).unwrap();
     let mut opt = clipped_adamw(&model);
-    let mut rng = Dataset::rng(2);
-    let mut step = |i: u64| -> f32 {
-        let (x, y) = ds.batch(false, 4, 16, &mut rng, dev).unwrap();
-        let loss = model.loss(&x, &y, Some(i)).unwrap();
-        let g = loss.backward().unwrap();
-        opt.step(&g, 1e-3).unwrap();
-        loss.item().unwrap()
-    };
-    step(0);
-    let before = tensor_ops::transfer_stats();
-    let loss = step(1);
-    let after = tensor_ops::transfer_stats();
-    assert!(loss.is_finite());
-    assert_eq!(
-        after.host_to_device - before.host_to_device,
-        2,
-        "only x and y go in"
-    );
-    assert_eq!(
-        after.host_to_device_bytes - before.host_to_device_bytes,
-        2 * 4 * 16 * 4
-    );
-    assert_eq!(
-        after.device_to_host - before.device_to_host,
-        1,
-        "only the loss comes out"
-    );
-    assert_eq!(after.device_to_host_bytes - before.device_to_host_bytes, 4);
+    assert_step_moves_only_the_batch_and_the_loss(&model, &mut opt, &ds, 16);
 }
 
 /// Greedy tokens compared.
-const NEW: usize = 12;
+const NEW: usize = DECODE_NEW;
 
 /// The prompt logits' bound relative to `max|logit|`: the defaults' f32 chains against the
 /// CPU's f64 sums, a few ulps per op over a few layers of width ≤ 64 (measured on lavapipe:
 /// printed by the test).
-const REL: f32 = 1e-5;
-
-/// Fixtures decoded: each Llama variant (tied embeddings, q/k/v biases, sliding windows) and
-/// GPT-2.
-const NAMES: [&str; 5] = ["llama3", "llama-tied", "qwen2", "mistral-sw", "gpt2"];
-
-/// The reference's prompt logits and greedy tokens on `dev`.
-fn reference(name: &str, ids: &[u32], dev: Device) -> (Vec<f32>, Vec<u32>) {
-    let m = CausalLm::load(&dir(name), dev).unwrap();
-    let logits = m.forward(ids, 1, &mut m.new_cache()).unwrap();
-    assert_eq!(logits.device(), dev);
-    let mut greedy = Sampler::new(Sampling::default()).unwrap();
-    let toks = m.generate(ids, NEW, &mut greedy, &[], |_| {}).unwrap();
-    (logits.to_vec().unwrap(), toks)
-}
-
-/// The fast engine's (f32) prompt logits and greedy tokens on `dev`.
-fn engine(name: &str, ids: &[u32], dev: Device) -> (Vec<f32>, Vec<u32>) {
-    let opts = EngineOptions {
-        dtype: DType::F32,
-        batch: 1,
-        capacity: 40,
-        quant: None,
-    };
-    let mut e = Engine::load(&dir(name), dev, opts).unwrap();
-    let prompt = [ids.to_vec()];
-    let logits = e.prefill(&prompt, true).unwrap();
-    assert_eq!(logits.device(), dev);
-    let logits = logits.to_vec().unwrap();
-    let toks = e.generate_greedy(&prompt, NEW, &[], |_| {}).unwrap();
-    (logits, toks[0].clone())
-}
-
-type Run = fn(&str, &[u32], Device) -> (Vec<f32>, Vec<u32>);
+const REL: f32 = DECODE_REL;
 
 #[test]
 fn wgpu_greedy_decoding_of_hf_fixtures_matches_the_cpu() {
     const T: &str = "wgpu_greedy_decoding_of_hf_fixtures_matches_the_cpu";
     let Some(dev) = wgpu(T) else { return };
-    let runs: [(&str, Run); 2] = [("CausalLm", reference), ("Engine", engine)];
-    for name in NAMES {
-        let exp = expected(name);
-        let (ids, hf) = (&exp.ids, &exp.greedy[exp.ids.len()..][..NEW]);
-        for (what, run) in runs {
-            let what = format!("{name} {what} f32, {dev} vs CPU");
-            let (want, want_toks) = run(name, ids, Device::Cpu);
-            let (got, toks) = run(name, ids, dev);
-            let err = max_err(&what, &got, &want, REL);
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            eprintln!(
-                "{what}: prompt logits max |diff| {err:e} ({:e} of max|logit|), tokens {toks:?}",
-                err / scale
-            );
-            assert_eq!(toks, want_toks, "{what}: greedy tokens");
-            assert_eq!(toks, hf, "{what}: transformers' greedy tokens");
-        }
-    }
+    assert_decoding_matches_the_cpu(&dev.to_string(), |run, name, ids| run(name, ids, dev));
 }
 
 /// The engine's storages beyond dense f32: bf16, and int8/int4 under f32 or bf16.

@@ -104,6 +104,29 @@ pub struct Spent {
 }
 
 #[cfg(test)]
+impl RunCurve {
+    /// A hand-made run for tests: evaluations `vals` every 10 steps (10 backward and forward
+    /// passes), `secs` seconds apart, at rate 1e-3, without training or EMA losses.
+    pub(crate) fn every_ten_passes(vals: &[f32], secs: f64) -> RunCurve {
+        RunCurve {
+            evals: (vals.iter().enumerate())
+                .map(|(i, &val)| EvalPoint {
+                    iter: 10 * i as u32,
+                    backward: 10 * i as u64,
+                    forward: 10 * i as u64,
+                    seconds: secs * i as f64,
+                    train: f32::NAN,
+                    val,
+                    lr: 1e-3,
+                    ema_val: f32::NAN,
+                })
+                .collect(),
+            ..RunCurve::default()
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -307,14 +307,52 @@ pub(crate) fn bwd_seq_f64(
     (dq, dk, dv)
 }
 
+/// Draws `q`, `k`, `v` and `w` (`[t, d]`, uniform in [-1, 1)) and checks the f64 backward with
+/// the mask `drop` against central differences of the f64 forward with the same mask, for every
+/// input element (`L = Σ out ∘ w`, so `dout = w`): within `1e-7 + 1e-6·|fd|`.
+#[cfg(test)]
+pub(crate) fn assert_bwd_f64_matches_finite_differences(
+    rng: &mut rand::rngs::StdRng,
+    dims: (usize, usize, f64),
+    drop: Option<SeqDrop>,
+) {
+    use rand::Rng;
+    let (t, d, _) = dims;
+    let mut r =
+        |len: usize| -> Vec<f64> { (0..len).map(|_| rng.random_range(-1.0..1.0)).collect() };
+    let (q, k, v, w) = (r(t * d), r(t * d), r(t * d), r(t * d));
+    let (out, lse) = fwd_seq_f64(&q, &k, &v, dims, drop);
+    let seq = SeqF64 {
+        q: &q,
+        k: &k,
+        v: &v,
+        out: &out,
+        lse: &lse,
+        dout: &w,
+    };
+    let (dq, dk, dv) = bwd_seq_f64(&seq, dims, drop);
+    let h = 1e-6;
+    for (which, grad) in [(0, &dq), (1, &dk), (2, &dv)] {
+        for e in 0..t * d {
+            let eval = |delta: f64| {
+                let mut xs = [q.clone(), k.clone(), v.clone()];
+                xs[which][e] += delta;
+                dot(&fwd_seq_f64(&xs[0], &xs[1], &xs[2], dims, drop).0, &w)
+            };
+            let fd = (eval(h) - eval(-h)) / (2.0 * h);
+            assert!(
+                (fd - grad[e]).abs() <= 1e-7 + 1e-6 * fd.abs(),
+                "t={t} d={d} input {which} elem {e}: fd {fd}, analytic {}",
+                grad[e]
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{rngs::StdRng, Rng, SeedableRng};
-
-    fn loss(o: &[f64], w: &[f64]) -> f64 {
-        dot(o, w)
-    }
+    use rand::{rngs::StdRng, SeedableRng};
 
     /// The f64 backward against central differences of the f64 forward, for every input element
     /// (`L = Σ out ∘ w`, so `dout = w`); h = 1e-6 leaves truncation and rounding near 1e-9.
@@ -322,40 +360,7 @@ mod tests {
     fn backward_matches_finite_differences_in_f64() {
         let mut rng = StdRng::seed_from_u64(7);
         for (t, d) in [(1, 4), (5, 4), (9, 8)] {
-            let mut r = |len: usize| -> Vec<f64> {
-                (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
-            };
-            let (q, k, v, w) = (r(t * d), r(t * d), r(t * d), r(t * d));
-            let scale = 0.7;
-            let (out, lse) = fwd_seq_f64(&q, &k, &v, (t, d, scale), None);
-            let seq = SeqF64 {
-                q: &q,
-                k: &k,
-                v: &v,
-                out: &out,
-                lse: &lse,
-                dout: &w,
-            };
-            let (dq, dk, dv) = bwd_seq_f64(&seq, (t, d, scale), None);
-            let h = 1e-6;
-            for (which, grad) in [(0, &dq), (1, &dk), (2, &dv)] {
-                for e in 0..t * d {
-                    let eval = |delta: f64| {
-                        let mut xs = [q.clone(), k.clone(), v.clone()];
-                        xs[which][e] += delta;
-                        loss(
-                            &fwd_seq_f64(&xs[0], &xs[1], &xs[2], (t, d, scale), None).0,
-                            &w,
-                        )
-                    };
-                    let fd = (eval(h) - eval(-h)) / (2.0 * h);
-                    assert!(
-                        (fd - grad[e]).abs() <= 1e-7 + 1e-6 * fd.abs(),
-                        "t={t} d={d} input {which} elem {e}: fd {fd}, analytic {}",
-                        grad[e]
-                    );
-                }
-            }
+            assert_bwd_f64_matches_finite_differences(&mut rng, (t, d, 0.7), None);
         }
     }
 

@@ -153,6 +153,19 @@ pub struct LowRankFactors<'a, B> {
     pub v: &'a B,
 }
 
+/// Errors (naming the buffer) unless each `(what, len, dtype, want)` is f32 of `want` elements.
+fn check_f32_lens(op: &'static str, need: [(&str, usize, crate::DType, usize); 4]) -> Result<()> {
+    for (what, got, dtype, want) in need {
+        if got != want || dtype != crate::DType::F32 {
+            return Err(GpuError::invalid(
+                op,
+                format!("{what} needs {want} f32, got {got} {dtype}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl<B: BufferInfo> LowRankFactors<'_, B> {
     /// Errors unless `k >= 1`, every buffer is f32 of its shape's length and `w` holds `m·n`.
     pub fn check(&self, w: &B) -> Result<()> {
@@ -170,15 +183,7 @@ impl<B: BufferInfo> LowRankFactors<'_, B> {
             ("S", self.s.len(), self.s.dtype(), self.k),
             ("V", self.v.len(), self.v.dtype(), len(self.n, self.k)?),
         ];
-        for (what, got, dtype, want) in need {
-            if got != want || dtype != crate::DType::F32 {
-                return Err(GpuError::invalid(
-                    OP,
-                    format!("{what} needs {want} f32, got {got} {dtype}"),
-                ));
-            }
-        }
-        Ok(())
+        check_f32_lens(OP, need)
     }
 }
 
@@ -292,15 +297,7 @@ impl SvdSpec {
             ("S", out.s.len(), out.s.dtype(), k),
             ("V", out.v.len(), out.v.dtype(), n * k),
         ];
-        for (what, got, dtype, want) in need {
-            if got != want || dtype != crate::DType::F32 {
-                return Err(GpuError::invalid(
-                    OP,
-                    format!("{what} needs {want} f32, got {got} {dtype}"),
-                ));
-            }
-        }
-        Ok(())
+        check_f32_lens(OP, need)
     }
 }
 

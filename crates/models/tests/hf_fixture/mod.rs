@@ -5,9 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
-use models::{CausalLm, Engine, Sampler, Sampling};
+use models::{CausalLm, Engine, EngineOptions, Sampler, Sampling};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
+use tensor_ops::{DType, Device};
 
 /// Every fixture: the Llama family (with sliding windows: `mistral-sw`, `qwen2-sw`) and GPT-2.
 pub const FIXTURES: [&str; 8] = [
@@ -61,28 +62,39 @@ pub fn poisoned_copy(
     for f in ["config.json", "tokenizer.json"] {
         std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
     }
+    let names = rewrite_checkpoint(&src, tmp.path(), |n, v| {
+        assert_eq!(v.dtype(), Dtype::F32, "{n}");
+        let mut b = v.data().to_vec();
+        if n == tensor {
+            for c in b[at.start * 4..at.end * 4].chunks_exact_mut(4) {
+                c.copy_from_slice(&value.to_le_bytes());
+            }
+        }
+        b
+    });
+    assert!(names.iter().any(|n| n == tensor), "{name} has no {tensor}");
+    tmp
+}
+
+/// Writes `src/model.safetensors` again as `dir/model.safetensors` in f32, each tensor's bytes
+/// those `f` makes of it (given its name and view); returns the tensors' names.
+pub fn rewrite_checkpoint(
+    src: &Path,
+    dir: &Path,
+    f: impl Fn(&str, &TensorView<'_>) -> Vec<u8>,
+) -> Vec<String> {
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let data: Vec<(String, Vec<usize>, Vec<u8>)> = st
         .tensors()
         .into_iter()
         .map(|(n, v)| {
-            assert_eq!(v.dtype(), Dtype::F32, "{n}");
-            let mut b = v.data().to_vec();
-            if n == tensor {
-                for c in b[at.start * 4..at.end * 4].chunks_exact_mut(4) {
-                    c.copy_from_slice(&value.to_le_bytes());
-                }
-            }
+            let b = f(&n, &v);
             (n, v.shape().to_vec(), b)
         })
         .collect();
-    assert!(
-        data.iter().any(|(n, ..)| n == tensor),
-        "{name} has no {tensor}"
-    );
-    write_f32_checkpoint(tmp.path(), &data);
-    tmp
+    write_f32_checkpoint(dir, &data);
+    data.into_iter().map(|(n, ..)| n).collect()
 }
 
 /// A fixture's expectations.
@@ -187,4 +199,74 @@ pub fn reference_greedy(m: &CausalLm, ids: &[u32], new: usize) -> Vec<u32> {
 /// The reference's logits of every position of `ids` and its `new` greedy tokens after them.
 pub fn reference_logits_and_greedy(m: &CausalLm, ids: &[u32], new: usize) -> (Vec<f32>, Vec<u32>) {
     (forward_logits(m, ids), reference_greedy(m, ids, new))
+}
+
+/// Greedy tokens the f32 decoding comparisons against the CPU check.
+pub const DECODE_NEW: usize = 12;
+
+/// Their prompt logits' bound relative to `max|logit|` (each caller's module docs say why).
+pub const DECODE_REL: f32 = 1e-5;
+
+/// The fixtures they decode: each Llama variant (tied embeddings, q/k/v biases, sliding
+/// windows) and GPT-2.
+pub const DECODE_NAMES: [&str; 5] = ["llama3", "llama-tied", "qwen2", "mistral-sw", "gpt2"];
+
+/// A decoder's prompt logits and greedy tokens.
+pub type Decoded = (Vec<f32>, Vec<u32>);
+
+/// A decoder run on fixture `name`, prompt `ids`, on a device.
+pub type DecodeRun = fn(&str, &[u32], Device) -> Decoded;
+
+/// The reference's prompt logits (computed on `dev`) and greedy tokens on `dev`.
+pub fn decode_reference(name: &str, ids: &[u32], dev: Device) -> Decoded {
+    let m = CausalLm::load(&dir(name), dev).unwrap();
+    let logits = m.forward(ids, 1, &mut m.new_cache()).unwrap();
+    assert_eq!(logits.device(), dev);
+    let toks = reference_greedy(&m, ids, DECODE_NEW);
+    (logits.to_vec().unwrap(), toks)
+}
+
+/// The fast engine's (f32) prompt logits (computed on `dev`) and greedy tokens on `dev`.
+pub fn decode_engine(name: &str, ids: &[u32], dev: Device) -> Decoded {
+    let opts = EngineOptions {
+        dtype: DType::F32,
+        batch: 1,
+        capacity: 40,
+        quant: None,
+    };
+    let mut e = Engine::load(&dir(name), dev, opts).unwrap();
+    let prompt = [ids.to_vec()];
+    let logits = e.prefill(&prompt, true).unwrap();
+    assert_eq!(logits.device(), dev);
+    let logits = logits.to_vec().unwrap();
+    let toks = e.generate_greedy(&prompt, DECODE_NEW, &[], |_| {}).unwrap();
+    (logits, toks[0].clone())
+}
+
+/// Each fixture of [`DECODE_NAMES`] decoded by the reference and by the engine on the CPU and
+/// through `got` (the run on the backend under test, `label` in the messages): the greedy
+/// tokens must be the CPU's and `transformers`' exactly, the prompt logits within
+/// `DECODE_REL · max|logit|` of the CPU's (printed).
+pub fn assert_decoding_matches_the_cpu(
+    label: &str,
+    got: impl Fn(DecodeRun, &str, &[u32]) -> Decoded,
+) {
+    let runs: [(&str, DecodeRun); 2] = [("CausalLm", decode_reference), ("Engine", decode_engine)];
+    for name in DECODE_NAMES {
+        let exp = expected(name);
+        let (ids, hf) = (&exp.ids, &exp.greedy[exp.ids.len()..][..DECODE_NEW]);
+        for (what, run) in runs {
+            let what = format!("{name} {what} f32, {label} vs CPU");
+            let (want, want_toks) = run(name, ids, Device::Cpu);
+            let (got, toks) = got(run, name, ids);
+            let err = max_err(&what, &got, &want, DECODE_REL);
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            eprintln!(
+                "{what}: prompt logits max |diff| {err:e} ({:e} of max|logit|), tokens {toks:?}",
+                err / scale
+            );
+            assert_eq!(toks, want_toks, "{what}: greedy tokens");
+            assert_eq!(toks, hf, "{what}: transformers' greedy tokens");
+        }
+    }
 }

@@ -16,9 +16,9 @@
 //! - the packing and the rows are split in two halves on two threads.
 //!
 //! Elsewhere (or with `HYBRID_SIMD` capping the level) the engine's generic GEMM
-//! ([`super::gemm::nn_f32`], `Epi::Acc`) does the same sum.
+//! ([`super::gemm::nn`], `Epi::Acc`) does the same sum.
 
-use super::gemm::{nn_f32, Epi, Packed, Region};
+use super::gemm::{nn, Epi, Packed, Region};
 use super::simd::{level, Level};
 use crate::lowrank::HostLowRank;
 use ndarray::{Array2, ArrayViewMut2, Axis};
@@ -246,7 +246,7 @@ mod generic {
     fn rows(mut w: ArrayViewMut2<'_, f32>, x: &[f32], wt: &Packed<f32>) {
         let (m, n, k) = (w.nrows(), w.ncols(), wt.k());
         if let Some(out) = w.as_slice_mut() {
-            nn_f32(x, k, m, wt, out, n, Epi::Acc);
+            nn(x, k, m, wt, out, n, Epi::Acc);
             return;
         }
         let mut buf = Array2::<f32>::zeros((ROWS.min(m), n));
@@ -254,7 +254,7 @@ mod generic {
             let mut tmp = buf.slice_mut(ndarray::s![..block.nrows(), ..]);
             tmp.assign(&block);
             let out = tmp.as_slice_mut().expect("a standard-layout buffer");
-            nn_f32(&x[b * ROWS * k..], k, block.nrows(), wt, out, n, Epi::Acc);
+            nn(&x[b * ROWS * k..], k, block.nrows(), wt, out, n, Epi::Acc);
             block.assign(&tmp);
         }
     }

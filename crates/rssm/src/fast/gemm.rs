@@ -57,13 +57,20 @@ pub(crate) struct Packed<T> {
 /// Lanes of one vector register of the widest level: 16 for f32, 8 for f64.
 pub(crate) trait Lanes: Real {
     const V: usize;
+    /// This type's product, unchecked ([`nn_f32_raw`], [`nn_f64_raw`]; see [`nn`]).
+    const NN_RAW: Nn<Self>;
 }
 impl Lanes for f32 {
     const V: usize = 16;
+    const NN_RAW: Nn<f32> = nn_f32_raw;
 }
 impl Lanes for f64 {
     const V: usize = 8;
+    const NN_RAW: Nn<f64> = nn_f64_raw;
 }
+
+/// A product `out = epi(X·W)`: `(x, ldx, rows, w, out, ldo, epi)` as [`nn`] takes them.
+pub(crate) type Nn<T> = fn(&[T], usize, usize, &Packed<T>, &mut [T], usize, Epi);
 
 impl<T: Lanes> Packed<T> {
     /// Packs `W[p][j] = w(p, j)` (`k × n`, `n` = the regions' columns summed) with `bias(j)`;
@@ -334,41 +341,25 @@ simd_fn! {
     }
 }
 
-/// `out = epi(X·W)` in f32 (see [`Epi`]); `X` is `rows × w.k()` (`ldx` apart), `out` is
-/// `rows × w.n()` (`ldo` apart). Panics when the slices are too short (a caller's bug).
-pub(crate) fn nn_f32(
-    x: &[f32],
+/// `out = epi(X·W)` in f32 or f64 (see [`Epi`]); `X` is `rows × w.k()` (`ldx` apart), `out`
+/// is `rows × w.n()` (`ldo` apart). Panics when the slices are too short (a caller's bug).
+pub(crate) fn nn<T: Lanes>(
+    x: &[T],
     ldx: usize,
     rows: usize,
-    w: &Packed<f32>,
-    out: &mut [f32],
+    w: &Packed<T>,
+    out: &mut [T],
     ldo: usize,
     epi: Epi,
 ) {
     check_nn(x, ldx, rows, w.k, out, ldo, w.n);
-    nn_f32_raw(x, ldx, rows, w, out, ldo, epi)
-}
-
-/// The f64 twin of [`nn_f32`].
-pub(crate) fn nn_f64(
-    x: &[f64],
-    ldx: usize,
-    rows: usize,
-    w: &Packed<f64>,
-    out: &mut [f64],
-    ldo: usize,
-    epi: Epi,
-) {
-    check_nn(x, ldx, rows, w.k, out, ldo, w.n);
-    nn_f64_raw(x, ldx, rows, w, out, ldo, epi)
+    (T::NN_RAW)(x, ldx, rows, w, out, ldo, epi)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{rngs::StdRng, Rng, SeedableRng};
-
-    type Nn<T> = fn(&[T], usize, usize, &Packed<T>, &mut [T], usize, Epi);
 
     fn rand(r: &mut StdRng, n: usize) -> Vec<f64> {
         (0..n).map(|_| r.random_range(-1.0..1.0)).collect()
@@ -428,7 +419,7 @@ mod tests {
                     nn_impl::<f64, 16, 8, 8, true>,
                     nn_impl::<f64, 16, 8, 3, true>,
                     nn_impl::<f64, 16, 8, 1, false>,
-                    nn_f64,
+                    nn::<f64>,
                 ];
                 for run in runs64 {
                     let mut out = base.clone();
@@ -448,7 +439,7 @@ mod tests {
                     nn_impl::<f32, 32, 16, 8, true>,
                     nn_impl::<f32, 32, 16, 3, true>,
                     nn_impl::<f32, 32, 16, 1, false>,
-                    nn_f32,
+                    nn::<f32>,
                 ];
                 for run in runs32 {
                     let mut out: Vec<f32> = base.iter().map(|&v| v as f32).collect();

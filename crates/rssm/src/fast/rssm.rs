@@ -17,7 +17,7 @@
 //! - the rollout is split into (member, block of rows) units run in parallel (rayon), each
 //!   with its buffers allocated once for all its steps.
 
-use super::gemm::{nn_f32, Epi, Packed, Region};
+use super::gemm::{nn, Epi, Packed, Region};
 use super::simd::{self, simd_fn, Real};
 use crate::config::RssmConfig;
 use crate::error::{Result, RssmError};
@@ -95,13 +95,13 @@ impl FastHead {
 
     /// `relu(norm(fc(x)))` into `hid` (`rows × head`) for `x` rows `ldx` apart.
     fn hidden(&self, x: &[f32], ldx: usize, rows: usize, hid: &mut [f32]) {
-        nn_f32(x, ldx, rows, &self.fc, hid, self.fc.n(), Epi::Bias);
+        nn(x, ldx, rows, &self.fc, hid, self.fc.n(), Epi::Bias);
         layer_norm_relu(hid, rows, &self.norm.w, &self.norm.b, self.norm.eps);
     }
 
     /// `out(hid)` into `out` (rows `ldo` apart).
     fn output(&self, hid: &[f32], rows: usize, out: &mut [f32], ldo: usize) {
-        nn_f32(hid, self.fc.n(), rows, &self.out, out, ldo, Epi::Bias);
+        nn(hid, self.fc.n(), rows, &self.out, out, ldo, Epi::Bias);
     }
 }
 
@@ -295,7 +295,7 @@ impl FastRssm {
     fn encode_rows(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let e = self.cfg.embed_dim;
         let mut out = vec![0.0f32; rows * e];
-        nn_f32(
+        nn(
             x,
             self.cfg.feature_dim,
             rows,
@@ -345,7 +345,7 @@ impl FastRssm {
         let mut gates = vec![0.0f32; rows * 4 * h];
         let mut hid = vec![0.0f32; rows * c.head_dim];
         let gru = |zhe: &mut [f32], gates: &mut [f32]| {
-            nn_f32(zhe, ld, rows, &m.gru, gates, 4 * h, Epi::Bias);
+            nn(zhe, ld, rows, &m.gru, gates, 4 * h, Epi::Bias);
             gru_update(gates, rows, zhe, ld, s, h);
         };
         for t in 0..t_len {

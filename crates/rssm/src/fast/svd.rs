@@ -21,7 +21,7 @@
 //! `O(γ_n)·‖A‖`: for the tests' matrices (n <= 300) a few 1e-6 of `‖A‖` at worst, ~1e-7 in
 //! practice (printed by tests/svd.rs).
 
-use super::gemm::{nn_f32, nn_f64, Epi, Packed, Region};
+use super::gemm::{nn, Epi, Lanes, Packed, Region};
 use crate::error::AcceleratorError;
 use crate::lowrank::LowRank;
 use crate::svd::{check_rank, full_svd, truncate, SvdOptions};
@@ -43,32 +43,17 @@ const SPLIT: usize = 256;
 
 /// `out = x·W` (`x` row-major `rows × W.k()`, `ldx` apart, `out` `rows × W.n()`), rows split
 /// over two threads.
-fn par_nn_f32(x: &[f32], ldx: usize, rows: usize, w: &Packed<f32>, out: &mut [f32]) {
+fn par_nn<T: Lanes + Send + Sync>(x: &[T], ldx: usize, rows: usize, w: &Packed<T>, out: &mut [T]) {
     let n = w.n();
     if rows < SPLIT {
-        return nn_f32(x, ldx, rows, w, out, n, Epi::Bias);
+        return nn(x, ldx, rows, w, out, n, Epi::Bias);
     }
     let mid = rows / 2;
     let (xa, xb) = x.split_at(mid * ldx);
     let (oa, ob) = out.split_at_mut(mid * n);
     rayon::join(
-        || nn_f32(xa, ldx, mid, w, oa, n, Epi::Bias),
-        || nn_f32(xb, ldx, rows - mid, w, ob, n, Epi::Bias),
-    );
-}
-
-/// The f64 twin of [`par_nn_f32`].
-fn par_nn_f64(x: &[f64], rows: usize, w: &Packed<f64>, out: &mut [f64]) {
-    let (k, n) = (w.k(), w.n());
-    if rows < SPLIT {
-        return nn_f64(x, k, rows, w, out, n, Epi::Bias);
-    }
-    let mid = rows / 2;
-    let (xa, xb) = x.split_at(mid * k);
-    let (oa, ob) = out.split_at_mut(mid * n);
-    rayon::join(
-        || nn_f64(xa, k, mid, w, oa, n, Epi::Bias),
-        || nn_f64(xb, k, rows - mid, w, ob, n, Epi::Bias),
+        || nn(xa, ldx, mid, w, oa, n, Epi::Bias),
+        || nn(xb, ldx, rows - mid, w, ob, n, Epi::Bias),
     );
 }
 
@@ -122,7 +107,7 @@ impl PackedT {
         let block = |w: &Packed<f32>, z: &mut [f64]| {
             let cols = w.n();
             let mut bt = vec![0.0f32; l * cols];
-            nn_f32(&qt, ld, l, w, &mut bt, cols, Epi::Bias);
+            nn(&qt, ld, l, w, &mut bt, cols, Epi::Bias);
             for (j, row) in z.chunks_mut(l).enumerate() {
                 for (r, v) in row.iter_mut().enumerate() {
                     *v = f64::from(bt[r * cols + j]);
@@ -154,7 +139,7 @@ fn gram(y: &[f64], rows: usize, l: usize) -> Vec<f64> {
         }
         let w = Packed::dense(rows, l, y, l);
         let mut g = vec![0.0f64; l * l];
-        nn_f64(&yt, ld, l, &w, &mut g, l, Epi::Bias);
+        nn(&yt, ld, l, &w, &mut g, l, Epi::Bias);
         g
     };
     if rows < SPLIT {
@@ -228,7 +213,7 @@ fn chol_qr(y: &[f64], rows: usize, l: usize) -> Option<Qr> {
         .collect();
     let w = Packed::new(l, &regions, |p, j| inv[p * l + j], |_| 0.0);
     let mut q = vec![0.0f64; rows * l];
-    par_nn_f64(y, rows, &w, &mut q);
+    par_nn(y, w.k(), rows, &w, &mut q);
     Some(Qr { q, r })
 }
 
@@ -318,7 +303,7 @@ pub(crate) fn randomized_svd_f32(
     // `A·W` (`m × l`, f64) for `W` (`n × l`).
     let a_w = |w: &[f32]| {
         let mut y = vec![0.0f32; m * l];
-        par_nn_f32(a, n, m, &Packed::dense(n, l, w, l), &mut y);
+        par_nn(a, n, m, &Packed::dense(n, l, w, l), &mut y);
         y.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>()
     };
     let to32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
@@ -347,7 +332,7 @@ pub(crate) fn randomized_svd_f32(
             |_| 0.0,
         );
         let mut out = vec![0.0f64; rows * rank];
-        par_nn_f64(basis, rows, &w, &mut out);
+        par_nn(basis, w.k(), rows, &w, &mut out);
         Array2::from_shape_fn((rows, rank), |(i, j)| out[i * rank + j] as f32)
     };
     let u = lift(&q.q, m, small.u());

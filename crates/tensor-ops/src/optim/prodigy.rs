@@ -158,6 +158,16 @@ impl Prodigy {
         Ok(self.scalars()?.d)
     }
 
+    /// The per-parameter state lists with their name prefixes in the state.
+    fn state_lists(&self) -> [(&'static str, &[Tensor]); 4] {
+        [
+            ("p0", &self.p0),
+            ("s", &self.s),
+            ("m", &self.m),
+            ("v", &self.v),
+        ]
+    }
+
     fn next_step(&self, op: &'static str) -> Result<u32> {
         self.step
             .checked_add(1)
@@ -310,12 +320,7 @@ impl Optimizer for Prodigy {
     /// words); scalar `step`.
     fn state(&self) -> Result<OptimizerState> {
         let mut tensors = Vec::new();
-        for (prefix, ts) in [
-            ("p0", &self.p0),
-            ("s", &self.s),
-            ("m", &self.m),
-            ("v", &self.v),
-        ] {
+        for (prefix, ts) in self.state_lists() {
             tensors.extend(copy_named(&named(prefix, ts))?);
         }
         tensors.push(("scalars".into(), self.scalars.deep_copy()?));
@@ -329,12 +334,7 @@ impl Optimizer for Prodigy {
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         const OP: &str = "Prodigy::load_state";
         let mut mine = Vec::new();
-        for (prefix, ts) in [
-            ("p0", &self.p0),
-            ("s", &self.s),
-            ("m", &self.m),
-            ("v", &self.v),
-        ] {
+        for (prefix, ts) in self.state_lists() {
             mine.extend(named(prefix, ts));
         }
         mine.push(("scalars".into(), &self.scalars));

@@ -66,40 +66,27 @@ fn probe_sets(
     shape: &ProbeShape,
     model: &Gpt,
 ) -> Result<(ProbeSet, Option<ProbeSet>)> {
-    let draw = |split, seed| ProbeDraw {
-        split,
-        n: cfg.probe_batches as usize,
-        batch: shape.batch,
-        block: shape.block,
-        seed,
+    let probes = |split, seed| {
+        let draw = ProbeDraw {
+            split,
+            n: cfg.probe_batches as usize,
+            batch: shape.batch,
+            block: shape.block,
+            seed,
+        };
+        ProbeSet::new(ds, draw, model, shape.graphed)
     };
     if cfg.probe_holdout == 0.0 {
-        let probes = ProbeSet::new(
-            ds,
-            draw(ProbeSplit::Train, shape.seed),
-            model,
-            shape.graphed,
-        )?;
-        return Ok((probes, None));
+        return Ok((probes(ProbeSplit::Train, shape.seed)?, None));
     }
     ensure!(
         !ds.holdout.is_empty(),
         "held-out probes ({} of the training split) need the slice carved from the data",
         cfg.probe_holdout
     );
-    let held = ProbeSet::new(
-        ds,
-        draw(ProbeSplit::HeldOut, shape.seed),
-        model,
-        shape.graphed,
-    )?;
+    let held = probes(ProbeSplit::HeldOut, shape.seed)?;
     let train_seed = shape.seed ^ 0x7EA1;
-    let check = ProbeSet::new(
-        ds,
-        draw(ProbeSplit::Train, train_seed),
-        model,
-        shape.graphed,
-    )?;
+    let check = probes(ProbeSplit::Train, train_seed)?;
     Ok((held, Some(check)))
 }
 

@@ -3,25 +3,11 @@
 
 use super::*;
 use crate::control::hybrid::ControlCosts;
-use crate::train_curve::{EvalPoint, RunCurve};
+use crate::train_curve::RunCurve;
 use std::collections::BTreeMap;
 
 fn curve(vals: &[f32], secs: f64) -> RunCurve {
-    RunCurve {
-        evals: (vals.iter().enumerate())
-            .map(|(i, &val)| EvalPoint {
-                iter: 10 * i as u32,
-                backward: 10 * i as u64,
-                forward: 10 * i as u64,
-                seconds: secs * i as f64,
-                train: f32::NAN,
-                val,
-                lr: 1e-3,
-                ema_val: f32::NAN,
-            })
-            .collect(),
-        ..RunCurve::default()
-    }
+    RunCurve::every_ten_passes(vals, secs)
 }
 
 /// A run reaching val 1.0 (below every target here) at `passes` backward passes (a multiple

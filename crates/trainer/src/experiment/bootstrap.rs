@@ -98,25 +98,10 @@ impl Paired {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train_curve::EvalPoint;
 
     /// A run whose evaluations `vals` come every 10 backward passes and 2 seconds.
     fn curve(vals: &[f32]) -> RunCurve {
-        RunCurve {
-            evals: (vals.iter().enumerate())
-                .map(|(i, &val)| EvalPoint {
-                    iter: 10 * i as u32,
-                    backward: 10 * i as u64,
-                    forward: 10 * i as u64,
-                    seconds: 2.0 * i as f64,
-                    train: f32::NAN,
-                    val,
-                    lr: 1e-3,
-                    ema_val: f32::NAN,
-                })
-                .collect(),
-            ..RunCurve::default()
-        }
+        RunCurve::every_ten_passes(vals, 2.0)
     }
 
     /// Equal ratios: a point interval. One value: itself. [1, 3]: the resampled means are 1,

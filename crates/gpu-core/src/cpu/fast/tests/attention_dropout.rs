@@ -3,7 +3,7 @@
 //! applies the regenerated mask explicitly, its gradients, and `p = 0` against no dropout.
 
 use super::{check, normal, seed, U};
-use crate::cpu::attention::{bwd_seq_f64, fwd_seq_f64, SeqDrop, SeqF64};
+use crate::cpu::attention::{assert_bwd_f64_matches_finite_differences, SeqDrop};
 use crate::cpu::attention_bf16::{
     causal_attention_packed_bf16_bwd, causal_attention_packed_bf16_fwd,
 };
@@ -304,40 +304,10 @@ fn zero_dropout_is_no_dropout_bit_for_bit() {
 fn dropout_backward_matches_finite_differences_in_f64() {
     let mut rng = StdRng::seed_from_u64(seed("dropout_backward_matches_finite_differences_in_f64"));
     for (t, d, p) in [(6, 4, 0.4f32), (9, 8, 0.25)] {
-        let mut r =
-            |len: usize| -> Vec<f64> { (0..len).map(|_| rng.random_range(-1.0..1.0)).collect() };
-        let (q, k, v, w) = (r(t * d), r(t * d), r(t * d), r(t * d));
         let sd = Some(SeqDrop {
             drop: AttnDropout { p, seed: 99 },
             s: 3,
         });
-        let dims = (t, d, 0.7);
-        let (out, lse) = fwd_seq_f64(&q, &k, &v, dims, sd);
-        let x = SeqF64 {
-            q: &q,
-            k: &k,
-            v: &v,
-            out: &out,
-            lse: &lse,
-            dout: &w,
-        };
-        let (dq, dk, dv) = bwd_seq_f64(&x, dims, sd);
-        let loss = |o: &[f64]| o.iter().zip(&w).map(|(a, b)| a * b).sum::<f64>();
-        let h = 1e-6;
-        for (which, grad) in [(0, &dq), (1, &dk), (2, &dv)] {
-            for e in 0..t * d {
-                let eval = |delta: f64| {
-                    let mut xs = [q.clone(), k.clone(), v.clone()];
-                    xs[which][e] += delta;
-                    loss(&fwd_seq_f64(&xs[0], &xs[1], &xs[2], dims, sd).0)
-                };
-                let fd = (eval(h) - eval(-h)) / (2.0 * h);
-                assert!(
-                    (fd - grad[e]).abs() <= 1e-7 + 1e-6 * fd.abs(),
-                    "t={t} d={d} input {which} elem {e}: fd {fd}, analytic {}",
-                    grad[e]
-                );
-            }
-        }
+        assert_bwd_f64_matches_finite_differences(&mut rng, (t, d, 0.7), sd);
     }
 }

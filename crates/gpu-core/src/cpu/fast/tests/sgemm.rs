@@ -10,6 +10,23 @@ use crate::cpu::{sgemm_with, with_mode, CpuBackend, CpuMode, SgemmPath};
 use crate::{Backend, MatmulOps, MatmulSpec};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+/// A `rows × cols` operand stored row-major, or transposed (its transpose stored row-major).
+fn view(data: &[f32], transposed: bool, rows: usize, cols: usize) -> View<'_> {
+    if transposed {
+        View {
+            data,
+            rs: 1,
+            cs: rows,
+        }
+    } else {
+        View {
+            data,
+            rs: cols,
+            cs: 1,
+        }
+    }
+}
+
 /// One product's operands as stored (A `m × k` or, transposed, `k × m`; B likewise).
 struct Case {
     m: usize,
@@ -54,33 +71,7 @@ impl Case {
 
     fn views(&self) -> (View<'_>, View<'_>) {
         let (m, n, k) = (self.m, self.n, self.k);
-        let va = if self.ta {
-            View {
-                data: &self.a,
-                rs: 1,
-                cs: m,
-            }
-        } else {
-            View {
-                data: &self.a,
-                rs: k,
-                cs: 1,
-            }
-        };
-        let vb = if self.tb {
-            View {
-                data: &self.b,
-                rs: 1,
-                cs: k,
-            }
-        } else {
-            View {
-                data: &self.b,
-                rs: n,
-                cs: 1,
-            }
-        };
-        (va, vb)
+        (view(&self.a, self.ta, m, k), view(&self.b, self.tb, k, n))
     }
 
     /// The own kernel with `bl` on a pool of `threads`; C starts poisoned.
