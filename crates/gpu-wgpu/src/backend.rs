@@ -3,7 +3,7 @@
 use crate::buffer::{Pool, WgpuBuffer, MIN_CLASS};
 use crate::error::WgpuError;
 use crate::probe;
-use crate::profile::{KernelTime, Profiler};
+use crate::record::{Pending, BATCH, PARAMS_SLOT};
 use gpu_core::backend::{check_transfer, Backend, DeviceType};
 use gpu_core::{DType, Device, Element, GpuError, Result};
 use std::collections::HashMap;
@@ -32,23 +32,13 @@ pub(crate) struct Inner {
     pub(crate) pool: Mutex<Pool>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     /// The parameter ring: a uniform buffer of `BATCH` slots (see [`Pending::staged`]).
-    params: wgpu::Buffer,
+    pub(crate) params: wgpu::Buffer,
     /// Work recorded since the last submission ([`WgpuBackend::record`]).
-    pending: Mutex<Pending>,
+    pub(crate) pending: Mutex<Pending>,
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<String>>>,
-    timeout: Duration,
+    pub(crate) timeout: Duration,
 }
-
-/// Launches recorded into one command encoder before it is submitted: a submission costs
-/// host time (tens of µs on a hardware driver), so a chain of small ops is submitted in
-/// batches; reads, writes from the host, `synchronize` and the pool's release submit first.
-const BATCH: usize = 32;
-
-/// Bytes of one kernel's parameter block (eight u32, the kernels' `Params`).
-pub(crate) const PARAMS_BYTES: u64 = 32;
-/// Bytes between parameter blocks in the ring (WebGPU's largest uniform offset alignment).
-const PARAMS_SLOT: usize = 256;
 
 /// Whether a kernel keeps wgpu's runtime checks (an index clamped into its array, a counter
 /// that ends any loop after 2^64 iterations), which cost instructions in a hot inner loop.
@@ -60,25 +50,6 @@ pub(crate) enum Checks {
     Off,
 }
 
-/// One launch's profile label (made only while profiling), parameter block and start time.
-pub(crate) struct Launch<'a, L> {
-    pub label: L,
-    pub params: &'a [u32; 8],
-    pub started: Instant,
-}
-
-/// The command encoder that launches are recorded into, and how many it holds.
-#[derive(Default)]
-pub(crate) struct Pending {
-    enc: Option<wgpu::CommandEncoder>,
-    recorded: usize,
-    /// The per-kernel profile, while profiling is on ([`WgpuBackend::set_profiling`]).
-    prof: Option<Profiler>,
-    /// The parameter blocks of the launches recorded so far, one per `PARAMS_SLOT` bytes:
-    /// written to `Inner::params` just before the submission that reads them.
-    staged: Vec<u8>,
-}
-
 /// A wgpu device and queue with a buffer pool and a pipeline cache. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct WgpuBackend {
@@ -88,31 +59,6 @@ pub struct WgpuBackend {
 impl std::fmt::Debug for WgpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "WgpuBackend({})", self.device_name())
-    }
-}
-
-impl Inner {
-    /// Submits `p`'s encoder, if it holds any work (and, while profiling, waits for it and
-    /// reads its timestamps).
-    fn submit(&self, p: &mut Pending) -> Option<wgpu::SubmissionIndex> {
-        p.recorded = 0;
-        let mut enc = p.enc.take()?;
-        if !p.staged.is_empty() {
-            // Queue order: this write lands after every earlier submission has read the ring
-            // and before this one does.
-            self.queue.write_buffer(&self.params, 0, &p.staged);
-            p.staged.clear();
-        }
-        let queries = p.prof.as_ref().and_then(|pr| pr.resolve(&mut enc));
-        let started = Instant::now();
-        let sub = self.queue.submit([enc.finish()]);
-        if let Some(pr) = p.prof.as_mut() {
-            pr.add_host("(queue.submit)", started);
-        }
-        if let (Some(pr), Some(n)) = (p.prof.as_mut(), queries) {
-            pr.collect(&self.device, (sub.clone(), n), self.timeout);
-        }
-        Some(sub)
     }
 }
 
@@ -261,97 +207,6 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// Records `f`'s commands into the pending encoder; every [`BATCH`] records it is
-    /// submitted. Commands run in the order recorded, and after everything submitted before.
-    pub(crate) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
-        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let dev = &self.inner.device;
-        f(p.enc.get_or_insert_with(|| {
-            dev.create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
-        }));
-        p.recorded += 1;
-        if p.recorded >= BATCH {
-            self.inner.submit(&mut p);
-        }
-    }
-
-    /// Records one kernel launch, as [`Self::record`]: its parameter block goes to the next
-    /// slot of the parameter ring (written to the device once, at submission), `bind` makes
-    /// its bind group from the ring and the slot's offset, `f` records the pass (timed under
-    /// `label` while profiling, the host time since `started` too).
-    pub(crate) fn record_launch<L: FnOnce() -> String>(
-        &self,
-        launch: Launch<'_, L>,
-        bind: impl FnOnce(&wgpu::Buffer, u64) -> wgpu::BindGroup,
-        f: impl FnOnce(&mut wgpu::ComputePass<'_>, &wgpu::BindGroup),
-    ) {
-        let mut guard = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let p = &mut *guard;
-        // At most BATCH records between submissions, so the ring never overflows.
-        let offset = (p.staged.len() / PARAMS_SLOT) as u64 * PARAMS_SLOT as u64;
-        p.staged
-            .extend_from_slice(bytemuck::cast_slice(launch.params));
-        p.staged.resize(offset as usize + PARAMS_SLOT, 0);
-        let group = bind(&self.inner.params, offset);
-        let dev = &self.inner.device;
-        let enc = p.enc.get_or_insert_with(|| {
-            dev.create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
-        });
-        let timestamp_writes = p
-            .prof
-            .as_mut()
-            .and_then(|pr| pr.next(launch.label, launch.started));
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: None,
-            timestamp_writes,
-        });
-        f(&mut pass, &group);
-        drop(pass);
-        p.recorded += 1;
-        if p.recorded >= BATCH {
-            self.inner.submit(p);
-        }
-    }
-
-    /// Submits the recorded work, if any: its submission's index.
-    pub(crate) fn flush(&self) -> Option<wgpu::SubmissionIndex> {
-        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        self.inner.submit(&mut p)
-    }
-
-    /// Turns the per-kernel GPU profile on (from zero) or off. While on, each submission
-    /// waits for the GPU, so wall-clock times are not representative; the kernels' are.
-    /// An adapter without timestamp queries is [`WgpuError::Unsupported`].
-    pub fn set_profiling(&self, on: bool) -> Result<()> {
-        if on
-            && !self
-                .inner
-                .device
-                .features()
-                .contains(wgpu::Features::TIMESTAMP_QUERY)
-        {
-            return Err(WgpuError::Unsupported {
-                op: "set_profiling",
-                reason: "the adapter has no timestamp queries".into(),
-            }
-            .into());
-        }
-        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        self.inner.submit(&mut p);
-        p.prof = on.then(|| Profiler::new(&self.inner.device, &self.inner.queue));
-        Ok(())
-    }
-
-    /// The profile so far, most GPU time first (empty while profiling is off), and how many
-    /// submissions' timestamps could not be read back.
-    pub fn profile(&self) -> (Vec<KernelTime>, u64) {
-        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        self.inner.submit(&mut p);
-        p.prof
-            .as_ref()
-            .map_or((Vec::new(), 0), |pr| (pr.report(), pr.lost_batches))
-    }
-
     /// Releases every cached buffer of the pool.
     pub fn trim_pool(&self) {
         // Recorded work may use the cached buffers: it is submitted before they are destroyed
@@ -408,10 +263,7 @@ impl WgpuBackend {
     ) -> Result<R> {
         let scope = self.inner.device.push_error_scope(filter);
         let r = f();
-        let started = Instant::now();
-        let popped = pollster::block_on(scope.pop());
-        self.note_host("(error scope)", started);
-        match popped {
+        match pollster::block_on(scope.pop()) {
             None => Ok(r),
             Some(wgpu::Error::OutOfMemory { .. }) => {
                 Err(WgpuError::OutOfMemory { requested: 0 }.into())
@@ -421,14 +273,6 @@ impl WgpuBackend {
                 detail: e.to_string(),
             }
             .into()),
-        }
-    }
-
-    /// While profiling, adds the host time since `since` under `key` (see [`Profiler::add_host`]).
-    fn note_host(&self, key: &str, since: Instant) {
-        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(pr) = p.prof.as_mut() {
-            pr.add_host(key, since);
         }
     }
 

@@ -4,8 +4,9 @@
 //! the `Primitives` impl in prims.rs. Every launch is validated on the host first, so
 //! a bad argument is a typed error. WGSL sources live in `src/shaders/`.
 
-use crate::backend::{Checks, Launch, WgpuBackend, PARAMS_BYTES};
+use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
+use crate::record::{Launch, PARAMS_BYTES};
 use gpu_core::backend::BufferInfo;
 use gpu_core::{DType, GpuError, Result};
 

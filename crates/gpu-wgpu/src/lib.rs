@@ -18,6 +18,7 @@ mod prim_kernels;
 mod prims;
 mod probe;
 mod profile;
+mod record;
 mod rows;
 pub mod testing;
 

@@ -79,7 +79,9 @@ impl OptimOps for WgpuBackend {
     /// On the device, no read-back: per gradient, partial sums of squares of 16384 elements
     /// (f32, 64 in order a thread, then a tree), then one workgroup adds the partials and
     /// writes `[norm, coef]`. Against the CPU's f64 sum the relative error of the norm is at
-    /// most about (64 + 8 + parts/256 + 8)·2^-24 (non-negative terms), a few 1e-6.
+    /// most about (64 + 8 + parts/256 + 8)·2^-24 (non-negative terms), a few 1e-6. The sum is
+    /// f32: past ~3.4e38 (an element beyond ~1.8e19) the norm is inf and the coefficient 0,
+    /// where the CPU's f64 sum gives a finite norm and a coefficient near 0.
     fn clip_coefficient(
         &self,
         grads: &[&WgpuBuffer],
