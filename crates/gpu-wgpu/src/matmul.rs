@@ -1,6 +1,7 @@
 //! The f32 matmul behind `MatmulOps` (prims.rs): a 128×128-tile kernel (8×8 outputs a thread,
 //! the next k-slice fetched while this one multiplies) where both sides of C span a tile, the
-//! 64×64-tile kernel for smaller ones, and a split over k where C has too few tiles to fill
+//! 64×64-tile kernel for smaller ones, each in a vec4 form (every access four values) where
+//! the operands' rows are aligned to four, and a split over k where C has too few tiles to fill
 //! the GPU (a weight gradient: C small, k the batch's tokens): each split sums its k-range
 //! into a scratch slice, `matmul_sum` adds the slices in order.
 
@@ -13,6 +14,8 @@ use gpu_core::{DType, GpuError, Result};
 
 const MATMUL64: &str = include_str!("shaders/matmul.wgsl");
 const MATMUL128: &str = include_str!("shaders/matmul128.wgsl");
+const MATMUL128V: &str = include_str!("shaders/matmul128v.wgsl");
+const MATMUL64V: &str = include_str!("shaders/matmul64v.wgsl");
 const SUM: &str = include_str!("shaders/matmul_sum.wgsl");
 
 /// Workgroups a launch should have for the GPU to be busy (a few per compute unit of a large
@@ -57,6 +60,16 @@ pub(crate) fn plan(spec: &MatmulSpec, max_scratch: usize) -> Plan {
         splits,
         chunk,
     }
+}
+
+/// Whether the vec4 kernels (`matmul128v.wgsl`, `matmul64v.wgsl`) can run `spec` under plan `p`: C's rows,
+/// and each operand's rows along its contiguous axis, start on a vec4, and each split's
+/// k-range is whole 16-deep slices.
+fn vec4_aligned(spec: &MatmulSpec, p: Plan) -> bool {
+    let a_run = if spec.trans_a { spec.m } else { spec.k };
+    let b_run = if spec.trans_b { spec.k } else { spec.n };
+    [spec.n, a_run, b_run].iter().all(|x| x.is_multiple_of(4))
+        && (p.splits == 1 || p.chunk.is_multiple_of(16))
 }
 
 impl WgpuBackend {
@@ -140,9 +153,11 @@ impl WgpuBackend {
             to_u32("matmul", p.splits)?,
             0,
         ];
-        let (key, body) = match p.tile {
-            128 => ("matmul_f32_128", MATMUL128),
-            _ => ("matmul_f32", MATMUL64),
+        let (key, body) = match (p.tile, vec4_aligned(&spec, p)) {
+            (128, true) => ("matmul_f32_128v", MATMUL128V),
+            (128, false) => ("matmul_f32_128", MATMUL128),
+            (_, true) => ("matmul_f32_64v", MATMUL64V),
+            (_, false) => ("matmul_f32", MATMUL64),
         };
         // The kernels run without wgpu's checks (Checks::Off): each guards its own indices,
         // which fit u32 when every buffer's element count does.

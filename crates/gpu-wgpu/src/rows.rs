@@ -26,6 +26,19 @@ const CE_FWD: &str = include_str!("shaders/ce_fwd.wgsl");
 const CE_BWD: &str = include_str!("shaders/ce_bwd.wgsl");
 const SOFTMAX_FWD: &str = include_str!("shaders/softmax_fwd.wgsl");
 const SOFTMAX_BWD: &str = include_str!("shaders/softmax_bwd.wgsl");
+const ROW_REG: &str = include_str!("shaders/row_reg.wgsl");
+const SOFTMAX_FWD_REG: &str = include_str!("shaders/softmax_fwd_reg.wgsl");
+const SOFTMAX_BWD_REG: &str = include_str!("shaders/softmax_bwd_reg.wgsl");
+
+/// The workgroup size of a row kernel that holds its row in registers (16 values a thread),
+/// or `None` where the row is longer than 16·256.
+fn reg_workgroup(cols: usize) -> Option<u32> {
+    match cols {
+        0..=512 => Some(64),
+        513..=4096 => Some(256),
+        _ => None,
+    }
+}
 
 impl WgpuBackend {
     /// Reads `targets` on the host and checks each is below `cols` (the default's typed error:
@@ -50,12 +63,29 @@ impl WgpuBackend {
         let src = || src(&format!("{WG_SUM64}{lib}{body}"));
         self.launch(op, (op, src), p, (gx, (gx, gy, 1)), bufs)
     }
+
+    /// Launches `body`, a row kernel holding its row in registers (`row_reg.wgsl`), with `wg`
+    /// threads a workgroup (from [`reg_workgroup`]).
+    fn launch_rows_reg(
+        &self,
+        op: &'static str,
+        (body, wg): (&'static str, u32),
+        [rows, cols]: [usize; 2],
+        bufs: &[&wgpu::Buffer],
+    ) -> Result<()> {
+        let p = [to_u32(op, rows)?, to_u32(op, cols)?, 0, 0, 0, 0, 0, 0];
+        let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
+        let key = format!("{op}_reg{wg}");
+        let src = || src(&format!("{ROW_REG}{body}").replace("WG_SIZE", &wg.to_string()));
+        self.launch(op, (&key, src), p, (gx, (gx, gy, 1)), bufs)
+    }
 }
 
 type Buf = WgpuBuffer;
 
 impl RowOps for WgpuBackend {
-    /// One workgroup of 64 threads a row for f32 (other dtypes: the default).
+    /// One workgroup a row for f32, the row held in registers up to 4096 columns (other
+    /// dtypes: the default).
     fn softmax_fwd(&self, x: &Buf, out: &mut Buf, cols: usize) -> Result<()> {
         const OP: &str = "softmax_fwd";
         let rows = check_rows(OP, x, out, cols)?;
@@ -64,10 +94,14 @@ impl RowOps for WgpuBackend {
             return defaults::rows::softmax(self, x, out, [rows, cols]);
         }
         let bufs = [x.raw(), out.raw()];
+        if let Some(wg) = reg_workgroup(cols) {
+            return self.launch_rows_reg(OP, (SOFTMAX_FWD_REG, wg), [rows, cols], &bufs);
+        }
         self.launch_rows(OP, (ROW_LSE64, SOFTMAX_FWD), [rows, cols], &bufs)
     }
 
-    /// One workgroup of 64 threads a row for f32 (other dtypes: the default).
+    /// One workgroup a row for f32, the rows of y and dy held in registers up to 4096 columns
+    /// (other dtypes: the default).
     fn softmax_bwd(&self, y: &Buf, dy: &Buf, dx: &mut Buf, cols: usize) -> Result<()> {
         const OP: &str = "softmax_bwd";
         let rows = check_rows_bwd(OP, y, dy, dx, cols)?;
@@ -76,6 +110,9 @@ impl RowOps for WgpuBackend {
             return defaults::rows::softmax_bwd(self, (y, dy), dx, [rows, cols]);
         }
         let bufs = [y.raw(), dy.raw(), dx.raw()];
+        if let Some(wg) = reg_workgroup(cols) {
+            return self.launch_rows_reg(OP, (SOFTMAX_BWD_REG, wg), [rows, cols], &bufs);
+        }
         self.launch_rows(OP, ("", SOFTMAX_BWD), [rows, cols], &bufs)
     }
 

@@ -446,6 +446,16 @@ fn matmul_parity_with_transposes() {
         (2, 129, 257, 40),
         (1, 150, 136, 700),
         (1, 70, 20, 900),
+        // The 128×128 vec4 kernel (matmul128v): every side a multiple of 4, ragged tiles; split over
+        // k in 4 (chunks of 256); m not a multiple of 4 (vec4 only where A is not stored
+        // transposed); k not a multiple of 4 (vec4 only for op(A) stored k×m and B row-major).
+        (2, 132, 260, 44),
+        (1, 136, 128, 1024),
+        (1, 130, 132, 40),
+        (1, 132, 128, 37),
+        // The 64×64 vec4 kernel (matmul64v): small batched, ragged, split over k.
+        (3, 8, 12, 20),
+        (2, 68, 44, 300),
     ];
     for (batch, m, n, k) in shapes {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {

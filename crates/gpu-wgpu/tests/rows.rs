@@ -288,7 +288,10 @@ fn fused_softmax_matches_the_cpu() {
         return;
     };
     let mut r = rng("fused_softmax_matches_the_cpu");
-    for (rows, cols) in SHAPES {
+    // Beside SHAPES, the register-held kernels' edges: a full row of 64 threads (512), the
+    // first of 256 threads (513), a full one (4096) and the first streamed past it (4097).
+    let edges = [(5, 512), (5, 513), (6, 4096), (5, 4097)];
+    for (rows, cols) in SHAPES.into_iter().chain(edges) {
         let mut x = randn(&mut r, rows * cols, 4.0);
         let dy = randn(&mut r, rows * cols, 1.0);
         let poisoned = if rows >= 5 { 3 } else { 0 };

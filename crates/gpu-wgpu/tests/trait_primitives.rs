@@ -150,10 +150,27 @@ fn permute_matches_the_cpu_every_rank() {
     let mut r = rng("permute");
     let mut shapes: Vec<Vec<usize>> = (0..=6).map(|k| shape(&mut r, k, 5)).collect();
     shapes.extend([vec![3, 0, 2], vec![1, 1], vec![17, 257], vec![3, 1000, 2]]);
-    for sh in shapes {
+    let mut cases: Vec<(Vec<usize>, Vec<usize>)> = shapes
+        .into_iter()
+        .map(|sh| {
+            let mut perm: Vec<usize> = (0..sh.len()).collect();
+            perm.shuffle(&mut r);
+            (sh, perm)
+        })
+        .collect();
+    // The last axis kept and a multiple of 4 (moved as vec4s): the attention's head split and
+    // merge, an identity, rank 1, an empty one.
+    cases.extend([
+        (vec![2, 3, 4, 8], vec![0, 2, 1, 3]),
+        (vec![2, 4, 3, 8], vec![0, 2, 1, 3]),
+        (vec![3, 2, 12], vec![1, 0, 2]),
+        (vec![5, 4], vec![0, 1]),
+        (vec![4], vec![0]),
+        (vec![0, 4], vec![1, 0]),
+        (vec![2, 0, 4], vec![1, 0, 2]),
+    ]);
+    for (sh, perm) in cases {
         let n: usize = sh.iter().product();
-        let mut perm: Vec<usize> = (0..sh.len()).collect();
-        perm.shuffle(&mut r);
         let x = with_hostile(randn(&mut r, n, 10.0));
         let mut oc = C.allocate(DType::F32, n).unwrap();
         C.permute(&C.upload(&x).unwrap(), &sh, &perm, &mut oc)

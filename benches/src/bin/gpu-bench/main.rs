@@ -63,6 +63,10 @@ struct Args {
     /// Only the copy ceiling and the memory-bound bf16 rows (and PyTorch's).
     #[arg(long)]
     only_bf16: bool,
+    /// Only the ceilings (the copy, cuBLAS's fp32 and TF32 GEMMs; with `--only-gpt`, beside
+    /// the GPT rows): the CUDA rows that `wgpu-bench` compares with in the same device call.
+    #[arg(long)]
+    only_ceilings: bool,
 }
 
 pub(crate) const ROWS: usize = 8192;
@@ -154,11 +158,9 @@ fn copy_ceiling(b: &Bench) -> Result<Row> {
     ))
 }
 
-fn measure(b: &Bench) -> Result<Vec<Row>> {
+/// The ceilings: the copy and large fp32 (and TF32) cuBLAS GEMMs.
+fn ceilings(b: &Bench) -> Result<Vec<Row>> {
     let mut rows = vec![copy_ceiling(b)?];
-    let n = ROWS * COLS;
-    let nb = (n * 4) as f64;
-    // The other ceilings: large SGEMMs.
     for (id, size, tf32) in [
         ("sgemm_1024", 1024, false),
         ("sgemm_4096", 4096, false),
@@ -180,6 +182,13 @@ fn measure(b: &Bench) -> Result<Vec<Row>> {
         ));
     }
     b.gpu.set_tf32(false);
+    Ok(rows)
+}
+
+fn measure(b: &Bench) -> Result<Vec<Row>> {
+    let mut rows = ceilings(b)?;
+    let n = ROWS * COLS;
+    let nb = (n * 4) as f64;
     // bf16 GEMMs on tensor cores (f32 accumulation, bf16 out): 4096³ and the shakespeare-char
     // GPT's forward shapes (batch 64 × context 256 rows, width 384).
     for (id, m, n, k, what) in [
@@ -410,12 +419,14 @@ fn main() -> Result<()> {
     if args.only_bf16 {
         rows.push(copy_ceiling(&bench)?);
         rows.extend(nn_bf16::measure(&bench)?);
+    } else if args.only_ceilings {
+        rows.extend(ceilings(&bench)?);
     } else if !args.only_rssm && !args.only_svd && !args.only_gpt {
         rows.extend(measure(&bench)?);
         rows.extend(nn::measure(&bench)?);
         rows.extend(nn_bf16::measure(&bench)?);
     }
-    if !args.only_gpt && !args.only_bf16 {
+    if !args.only_gpt && !args.only_bf16 && !args.only_ceilings {
         rows.extend(rssm::measure(args.reps, args.only_svd)?);
     }
     if let Some(path) = &args.gpt_text {

@@ -1,0 +1,145 @@
+@group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> C: array<vec4<f32>>;
+// K-slices, 16 deep, of the workgroup's 128 rows of op(A) and 128 columns of op(B), four
+// values a vec4: value (kk, r) at [kk * 32 + r / 4][r % 4] (16 KiB in all: WebGPU's minimum
+// workgroup storage).
+var<workgroup> As: array<vec4<f32>, 512>;
+var<workgroup> Bs: array<vec4<f32>, 512>;
+
+// matmul128.wgsl's product (the same tile, split over k and thread layout, each output summing
+// its products in order, one fma each) with every global access a vec4 and slices twice as
+// deep (half the barriers). For the aligned case only, which the host checks: n, op(A)'s
+// contiguous extent (k, or m where A is stored k×m) and op(B)'s (n, or k where B is stored n×k)
+// multiples of 4, and the split's k-range p5 a multiple of 16 unless it is all of k.
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let m = P.p0;
+    let n = P.p1;
+    let k = P.p2;
+    let b = wid.z / P.p6;
+    let kbeg = (wid.z % P.p6) * P.p5;
+    let kend = min(k, kbeg + P.p5);
+    let r0 = wid.y * 128u;
+    let c0 = wid.x * 128u;
+    let a0 = b * m * k;
+    let b0 = b * k * n;
+    var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0);
+    var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0);
+    var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0);
+    var c30 = vec4<f32>(0.0); var c31 = vec4<f32>(0.0);
+    var c40 = vec4<f32>(0.0); var c41 = vec4<f32>(0.0);
+    var c50 = vec4<f32>(0.0); var c51 = vec4<f32>(0.0);
+    var c60 = vec4<f32>(0.0); var c61 = vec4<f32>(0.0);
+    var c70 = vec4<f32>(0.0); var c71 = vec4<f32>(0.0);
+    // The next slice's two vec4s of A and of B a thread, in registers.
+    var pa0 = vec4<f32>(0.0); var pa1 = vec4<f32>(0.0);
+    var pb0 = vec4<f32>(0.0); var pb1 = vec4<f32>(0.0);
+    let slices = (kend - min(kbeg, kend) + 15u) / 16u;
+    if (slices > 0u) {
+        pa0 = fetch_a(li, a0, r0, kbeg, kend); pa1 = fetch_a(li + 256u, a0, r0, kbeg, kend);
+        pb0 = fetch_b(li, b0, c0, kbeg, kend); pb1 = fetch_b(li + 256u, b0, c0, kbeg, kend);
+        stage_a(li, pa0); stage_a(li + 256u, pa1);
+        stage_b(li, pb0); stage_b(li + 256u, pb1);
+    }
+    workgroupBarrier();
+    for (var t = 0u; t < slices; t++) {
+        let more = t + 1u < slices;
+        if (more) {
+            let k0 = kbeg + (t + 1u) * 16u;
+            pa0 = fetch_a(li, a0, r0, k0, kend); pa1 = fetch_a(li + 256u, a0, r0, k0, kend);
+            pb0 = fetch_b(li, b0, c0, k0, kend); pb1 = fetch_b(li + 256u, b0, c0, k0, kend);
+        }
+        for (var kk = 0u; kk < 16u; kk++) {
+            let a = As[kk * 32u + lid.y];
+            let a2 = As[kk * 32u + 16u + lid.y];
+            let x = Bs[kk * 32u + lid.x];
+            let y = Bs[kk * 32u + 16u + lid.x];
+            c00 = fma(vec4<f32>(a.x), x, c00); c01 = fma(vec4<f32>(a.x), y, c01);
+            c10 = fma(vec4<f32>(a.y), x, c10); c11 = fma(vec4<f32>(a.y), y, c11);
+            c20 = fma(vec4<f32>(a.z), x, c20); c21 = fma(vec4<f32>(a.z), y, c21);
+            c30 = fma(vec4<f32>(a.w), x, c30); c31 = fma(vec4<f32>(a.w), y, c31);
+            c40 = fma(vec4<f32>(a2.x), x, c40); c41 = fma(vec4<f32>(a2.x), y, c41);
+            c50 = fma(vec4<f32>(a2.y), x, c50); c51 = fma(vec4<f32>(a2.y), y, c51);
+            c60 = fma(vec4<f32>(a2.z), x, c60); c61 = fma(vec4<f32>(a2.z), y, c61);
+            c70 = fma(vec4<f32>(a2.w), x, c70); c71 = fma(vec4<f32>(a2.w), y, c71);
+        }
+        workgroupBarrier();
+        if (more) {
+            stage_a(li, pa0); stage_a(li + 256u, pa1);
+            stage_b(li, pb0); stage_b(li + 256u, pb1);
+        }
+        workgroupBarrier();
+    }
+    let base = wid.z * m * n;
+    let row_a = r0 + 4u * lid.y;
+    let row_b = r0 + 64u + 4u * lid.y;
+    let ca = c0 + 4u * lid.x;
+    let cb = c0 + 64u + 4u * lid.x;
+    store4(base, row_a, ca, c00); store4(base, row_a, cb, c01);
+    store4(base, row_a + 1u, ca, c10); store4(base, row_a + 1u, cb, c11);
+    store4(base, row_a + 2u, ca, c20); store4(base, row_a + 2u, cb, c21);
+    store4(base, row_a + 3u, ca, c30); store4(base, row_a + 3u, cb, c31);
+    store4(base, row_b, ca, c40); store4(base, row_b, cb, c41);
+    store4(base, row_b + 1u, ca, c50); store4(base, row_b + 1u, cb, c51);
+    store4(base, row_b + 2u, ca, c60); store4(base, row_b + 2u, cb, c61);
+    store4(base, row_b + 3u, ca, c70); store4(base, row_b + 3u, cb, c71);
+}
+
+// vec4 q (< 512) of op(A)'s slice at k0, read along A's contiguous axis: A row-major (p3 = 0):
+// row q / 4, k0 + 4(q % 4) .. + 3; A stored k×m (p3 = 1): k0 + q / 32, rows 4(q % 32) .. + 3.
+// Zero outside (the alignment makes a vec4 all inside or all outside).
+fn fetch_a(q: u32, a0: u32, r0: u32, k0: u32, kend: u32) -> vec4<f32> {
+    if (P.p3 != 0u) {
+        let kk = q / 32u;
+        let r = 4u * (q % 32u);
+        if (k0 + kk >= kend || r0 + r >= P.p0) { return vec4<f32>(0.0); }
+        return A[(a0 + (k0 + kk) * P.p0 + r0 + r) / 4u];
+    }
+    let r = q / 4u;
+    let kk = 4u * (q % 4u);
+    if (r0 + r >= P.p0 || k0 + kk >= kend) { return vec4<f32>(0.0); }
+    return A[(a0 + (r0 + r) * P.p2 + k0 + kk) / 4u];
+}
+
+// As fetch_a for op(B): B row-major (p4 = 0): k0 + q / 32, columns 4(q % 32) .. + 3; B stored
+// n×k (p4 = 1): column q / 4, k0 + 4(q % 4) .. + 3.
+fn fetch_b(q: u32, b0: u32, c0: u32, k0: u32, kend: u32) -> vec4<f32> {
+    if (P.p4 != 0u) {
+        let c = q / 4u;
+        let kk = 4u * (q % 4u);
+        if (c0 + c >= P.p1 || k0 + kk >= kend) { return vec4<f32>(0.0); }
+        return B[(b0 + (c0 + c) * P.p2 + k0 + kk) / 4u];
+    }
+    let kk = q / 32u;
+    let c = 4u * (q % 32u);
+    if (k0 + kk >= kend || c0 + c >= P.p1) { return vec4<f32>(0.0); }
+    return B[(b0 + (k0 + kk) * P.p1 + c0 + c) / 4u];
+}
+
+// Writes fetch_a's vec4 q into the slice: whole where A runs along the rows, else four values
+// down k (a transpose).
+fn stage_a(q: u32, v: vec4<f32>) {
+    if (P.p3 != 0u) { As[q] = v; return; }
+    let r = q / 4u;
+    let i = 4u * (q % 4u) * 32u + r / 4u;
+    let j = r % 4u;
+    As[i][j] = v.x; As[i + 32u][j] = v.y; As[i + 64u][j] = v.z; As[i + 96u][j] = v.w;
+}
+
+// As stage_a for fetch_b's vec4 q.
+fn stage_b(q: u32, v: vec4<f32>) {
+    if (P.p4 == 0u) { Bs[q] = v; return; }
+    let c = q / 4u;
+    let i = 4u * (q % 4u) * 32u + c / 4u;
+    let j = c % 4u;
+    Bs[i][j] = v.x; Bs[i + 32u][j] = v.y; Bs[i + 64u][j] = v.z; Bs[i + 96u][j] = v.w;
+}
+
+// Columns col..col+3 of row `row` of C[base], where they lie inside m × n (n a multiple of 4:
+// all four or none).
+fn store4(base: u32, row: u32, col: u32, v: vec4<f32>) {
+    if (row >= P.p0 || col >= P.p1) { return; }
+    C[(base + row * P.p1 + col) / 4u] = v;
+}
