@@ -10,6 +10,7 @@
 mod attention;
 mod backend;
 mod buffer;
+mod decode;
 mod error;
 mod kernels;
 mod matmul;

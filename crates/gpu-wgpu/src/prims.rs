@@ -16,8 +16,7 @@ use gpu_core::nn::elementwise::{
 };
 use gpu_core::nn::rows::check_embedding;
 use gpu_core::nn::{
-    Activation, BinaryKind, BlockCopy, DecodeOps, ElementwiseOps, Primitives, QuantOps, ReduceKind,
-    SampleOps,
+    Activation, BinaryKind, BlockCopy, ElementwiseOps, Primitives, QuantOps, ReduceKind, SampleOps,
 };
 use gpu_core::ops::{check_float_elementwise, MatmulOps, MatmulSpec};
 use gpu_core::{DType, Result};
@@ -198,7 +197,6 @@ impl Primitives for WgpuBackend {
 // Every other family from gpu-core's defaults (`nn/defaults`), built on the primitives above
 // (OptimOps: optim.rs, AdamW fused; RowOps: rows.rs, LayerNorm's forward fused).
 impl ElementwiseOps for WgpuBackend {}
-impl DecodeOps for WgpuBackend {}
 impl QuantOps for WgpuBackend {}
 impl SampleOps for WgpuBackend {}
 impl gpu_core::nn::WorldOps for WgpuBackend {}

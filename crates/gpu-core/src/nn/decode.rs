@@ -20,7 +20,7 @@
 use crate::backend::BufferInfo;
 use crate::dtype::DType;
 use crate::error::{GpuError, Result};
-use crate::nn::defaults::{self, host as H};
+use crate::nn::defaults;
 use crate::nn::primitives::Primitives;
 use crate::nn::rows::{check_len, require_dtype, require_u32};
 use crate::ops::require_float;
@@ -195,22 +195,7 @@ pub trait DecodeOps: Primitives {
         (q_out, k_cache, v_cache): (&mut Self::Buffer, &mut Self::Buffer, &mut Self::Buffer),
         dims: DecodeDims,
     ) -> Result<()> {
-        let h = H::downs(self, &[x.qkv, x.inv_freq, x.start, x.slot])?;
-        let mut o = H::downs(self, &[q_out, k_cache, v_cache])?;
-        let [q, k, v] = &mut o[..] else {
-            unreachable!()
-        };
-        let [qkv, inv_freq, start, slot] = &h[..] else {
-            unreachable!()
-        };
-        let x = RopeAppendIn {
-            qkv,
-            inv_freq,
-            start,
-            slot,
-        };
-        crate::CpuBackend.rope_append(x, (q, k, v), dims)?;
-        H::ups(self, &o, &mut [q_out, k_cache, v_cache])
+        defaults::decode::rope_append(self, x, (q_out, k_cache, v_cache), dims)
     }
 
     /// Causal attention of the new queries `q` `[b, t, heads, d]` against the cache: query `i`
@@ -228,20 +213,7 @@ pub trait DecodeOps: Primitives {
         max_end: usize,
         scale: f32,
     ) -> Result<()> {
-        let h = H::downs(self, &[x.q, x.k_cache, x.v_cache, x.start, x.slot])?;
-        let mut o = H::down(self, out)?;
-        let [q, k_cache, v_cache, start, slot] = &h[..] else {
-            unreachable!()
-        };
-        let x = CacheAttnIn {
-            q,
-            k_cache,
-            v_cache,
-            start,
-            slot,
-        };
-        crate::CpuBackend.cache_attention(x, &mut o, dims, max_end, scale)?;
-        H::up(self, &o, out)
+        defaults::decode::cache_attention(self, x, out, dims, max_end, scale)
     }
 
     /// [`DecodeOps::cache_attention`] of a fresh prefill: row `r`'s `t` queries are its slots
@@ -258,19 +230,7 @@ pub trait DecodeOps: Primitives {
         dims: DecodeDims,
         scale: f32,
     ) -> Result<()> {
-        let h = H::downs(self, &[x.q, x.k_cache, x.v_cache, x.start])?;
-        let mut o = H::down(self, out)?;
-        let [q, k_cache, v_cache, start] = &h[..] else {
-            unreachable!()
-        };
-        let x = PrefillIn {
-            q,
-            k_cache,
-            v_cache,
-            start,
-        };
-        crate::CpuBackend.prefill_attention(x, &mut o, dims, scale)?;
-        H::up(self, &o, out)
+        defaults::decode::prefill_attention(self, x, out, dims, scale)
     }
 
     /// The residual add and the RMSNorm after it, fused (vLLM's `fused_add_rms_norm`): with

@@ -14,6 +14,7 @@
 //!   backend that needs these fast overrides them.
 
 pub mod attention;
+pub mod decode;
 pub mod elementwise;
 pub mod host;
 pub mod optim;
