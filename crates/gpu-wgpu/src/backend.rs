@@ -4,6 +4,7 @@ use crate::buffer::{Pool, WgpuBuffer, MIN_CLASS};
 use crate::error::WgpuError;
 use crate::probe;
 use crate::record::{Pending, BATCH, PARAMS_SLOT};
+use crate::status::StatusRing;
 use gpu_core::backend::{check_transfer, Backend, DeviceType};
 use gpu_core::{DType, Device, Element, GpuError, Result};
 use std::collections::HashMap;
@@ -38,6 +39,8 @@ pub(crate) struct Inner {
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<String>>>,
     pub(crate) timeout: Duration,
+    /// The deferred index checks ([`crate::status`]).
+    pub(crate) status: Mutex<StatusRing>,
 }
 
 /// Whether a kernel keeps wgpu's runtime checks (an index clamped into its array, a counter
@@ -145,6 +148,7 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let status = StatusRing::new(&device);
         Ok(Self {
             inner: Arc::new(Inner {
                 info: WgpuInfo {
@@ -161,6 +165,7 @@ impl WgpuBackend {
                 lost,
                 uncaptured,
                 timeout,
+                status: Mutex::new(status),
             }),
         })
     }
@@ -418,7 +423,11 @@ impl WgpuBackend {
 
     /// Reads a buffer's padded bytes back to the host (map a staging buffer, bounded wait).
     pub(crate) fn read_bytes(&self, src: &WgpuBuffer) -> Result<Vec<u8>> {
-        let size = src.padded_bytes();
+        self.read_raw(src.raw(), src.padded_bytes())
+    }
+
+    /// Reads the first `size` bytes of a device buffer back to the host.
+    pub(crate) fn read_raw(&self, src: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
         if size == 0 {
             return Ok(Vec::new());
         }
@@ -428,7 +437,7 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.record(|enc| enc.copy_buffer_to_buffer(src.raw(), 0, &staging, 0, size));
+        self.record(|enc| enc.copy_buffer_to_buffer(src, 0, &staging, 0, size));
         let sub = self.flush();
         let slice = staging.slice(..);
         let (tx, rx) = mpsc::channel();
@@ -580,6 +589,7 @@ impl Backend for WgpuBackend {
             return Ok(());
         }
         let bytes = self.read_bytes(src)?;
+        self.take_deferred()?;
         let n = std::mem::size_of_val(dst);
         // SAFETY: as in copy_to_device; every bit pattern is a valid value of these types, and
         // `bytes` holds at least `n` bytes (the padded size).
@@ -593,6 +603,7 @@ impl Backend for WgpuBackend {
         self.check_lost()?;
         // The recorded work, or an empty submission, orders the wait after everything so far.
         let sub = self.flush().unwrap_or_else(|| self.inner.queue.submit([]));
-        self.wait("synchronize", Some(sub))
+        self.wait("synchronize", Some(sub))?;
+        self.take_deferred()
     }
 }

@@ -21,6 +21,7 @@ mod probe;
 mod profile;
 mod record;
 mod rows;
+mod status;
 pub mod testing;
 
 pub use backend::{WgpuBackend, WgpuInfo, POLL_TIMEOUT_ENV};

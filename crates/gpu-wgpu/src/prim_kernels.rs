@@ -7,7 +7,7 @@
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{require, src, to_u32};
-use gpu_core::backend::{Backend, BufferInfo};
+use gpu_core::backend::BufferInfo;
 use gpu_core::nn::{Activation, BinaryKind, BlockCopy, ReduceKind};
 use gpu_core::{DType, GpuError, Result};
 use wgpu::util::DeviceExt;
@@ -341,26 +341,6 @@ impl WgpuBackend {
         )
     }
 
-    /// A zeroed two-word status buffer for the index-checking kernels.
-    fn status(&self) -> Result<WgpuBuffer> {
-        let mut s = self.allocate(DType::U32, 2)?;
-        self.copy_to_device(&[0u32, 0], &mut s)?;
-        Ok(s)
-    }
-
-    fn check_status(&self, op: &'static str, status: &WgpuBuffer, bound: usize) -> Result<()> {
-        let s: Vec<u32> = self.download(status)?;
-        if s[0] != 0 {
-            return Err(GpuError::IndexOutOfRange {
-                op,
-                what: "ids",
-                value: s[1],
-                bound,
-            });
-        }
-        Ok(())
-    }
-
     fn check_rows_args(
         &self,
         op: &'static str,
@@ -392,7 +372,8 @@ impl WgpuBackend {
     }
 
     /// `out[r] = table[ids[r]]` (embedding lookup) for a `[vocab, dim]` table; an id `>= vocab`
-    /// is [`GpuError::IndexOutOfRange`] (checked by reading a status word back: this waits).
+    /// gives a NaN row and [`GpuError::IndexOutOfRange`] from the next call that waits for the
+    /// device (`crate::status`: nothing waits here).
     pub(crate) fn gather_f32(
         &self,
         ids: &WgpuBuffer,
@@ -402,12 +383,12 @@ impl WgpuBackend {
     ) -> Result<()> {
         self.check_out("gather_rows", &[ids, table, out])?;
         let vocab = self.check_rows_args("gather_rows", ids, out, table, dim)?;
-        let status = self.status()?;
+        let (slot, status) = self.status_slot("gather_rows", "ids", vocab)?;
         let p = [
             to_u32("gather_rows", out.len())?,
             to_u32("gather_rows", dim)?,
             to_u32("gather_rows", vocab)?,
-            0,
+            slot,
             0,
             0,
             0,
@@ -419,17 +400,16 @@ impl WgpuBackend {
             || src(GATHER),
             p,
             out.len(),
-            &[ids.raw(), table.raw(), out.raw(), status.raw()],
-        )?;
-        self.check_status("gather_rows", &status, vocab)
+            &[ids.raw(), table.raw(), out.raw(), &status],
+        )
     }
 
     /// `dst[ids[r]] += src[r]` for a `[vocab, dim]` `dst` (embedding backward when `dst` starts
     /// at zero). With many rows to each id (a small vocabulary: `rows >= 8·vocab` and
     /// `rows·vocab <= 2^24`) each output adds its rows in row order (deterministic); otherwise
     /// the adds to one row run in an unspecified order (compare-and-swap, little contention
-    /// there). An id `>= vocab` is [`GpuError::IndexOutOfRange`] (its row is skipped; checked
-    /// by a read-back: this waits).
+    /// there). An id `>= vocab` skips its row and is [`GpuError::IndexOutOfRange`] from the
+    /// next call that waits for the device (`crate::status`).
     pub(crate) fn scatter_add_f32(
         &self,
         ids: &WgpuBuffer,
@@ -439,12 +419,12 @@ impl WgpuBackend {
     ) -> Result<()> {
         self.check_out("scatter_add_rows", &[ids, src_rows, dst])?;
         let vocab = self.check_rows_args("scatter_add_rows", ids, src_rows, dst, dim)?;
-        let status = self.status()?;
+        let (slot, status) = self.status_slot("scatter_add_rows", "ids", vocab)?;
         let p = [
             to_u32("scatter_add_rows", src_rows.len())?,
             to_u32("scatter_add_rows", dim)?,
             to_u32("scatter_add_rows", vocab)?,
-            0,
+            slot,
             0,
             0,
             0,
@@ -466,8 +446,7 @@ impl WgpuBackend {
             || src(body),
             p,
             threads,
-            &[ids.raw(), src_rows.raw(), dst.raw(), status.raw()],
-        )?;
-        self.check_status("scatter_add_rows", &status, vocab)
+            &[ids.raw(), src_rows.raw(), dst.raw(), &status],
+        )
     }
 }

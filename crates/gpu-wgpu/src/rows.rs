@@ -2,8 +2,8 @@
 //! composes ~8 launches and 4 temporaries), its backward as one row kernel and two column
 //! reductions (the default: ~14 launches), softmax's forward and backward one row kernel each
 //! (the default: 5 and 4 launches), and cross-entropy's forward and backward as one
-//! kernel each (the targets still read back and checked on the host first, for the default's
-//! typed error); the other row ops from gpu-core's defaults. f32 sums in a tree against the
+//! kernel each (a bad target checked on the device, reported by the next wait: no read-back);
+//! the other row ops from gpu-core's defaults. f32 sums in a tree against the
 //! CPU's f64: within the defaults' bounds.
 
 use crate::backend::WgpuBackend;
@@ -41,24 +41,27 @@ fn reg_workgroup(cols: usize) -> Option<u32> {
 }
 
 impl WgpuBackend {
-    /// Reads `targets` on the host and checks each is below `cols` (the default's typed error:
-    /// this waits for the device).
-    fn check_targets(&self, op: &'static str, targets: &Buf, cols: usize) -> Result<()> {
-        let t: Vec<u32> = self.download(targets)?;
-        defaults::flat_row_ids(op, &t, cols).map(|_| ())
-    }
-
     /// Launches one of the row-per-workgroup kernels (64 threads) over `rows` rows of `cols`:
     /// `body` after the shared workgroup sums and `lib` (`ROW_LSE64` for the kernels that read
-    /// a row's max and Σ exp from a `logits` binding, else "").
+    /// a row's max and Σ exp from a `logits` binding, else ""); `p2` is the third parameter
+    /// (cross-entropy's status slot).
     fn launch_rows(
         &self,
         op: &'static str,
         (lib, body): (&'static str, &'static str),
-        [rows, cols]: [usize; 2],
+        [rows, cols, p2]: [usize; 3],
         bufs: &[&wgpu::Buffer],
     ) -> Result<()> {
-        let p = [to_u32(op, rows)?, to_u32(op, cols)?, 0, 0, 0, 0, 0, 0];
+        let p = [
+            to_u32(op, rows)?,
+            to_u32(op, cols)?,
+            to_u32(op, p2)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
         let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
         let src = || src(&format!("{WG_SUM64}{lib}{body}"));
         self.launch(op, (op, src), p, (gx, (gx, gy, 1)), bufs)
@@ -97,7 +100,7 @@ impl RowOps for WgpuBackend {
         if let Some(wg) = reg_workgroup(cols) {
             return self.launch_rows_reg(OP, (SOFTMAX_FWD_REG, wg), [rows, cols], &bufs);
         }
-        self.launch_rows(OP, (ROW_LSE64, SOFTMAX_FWD), [rows, cols], &bufs)
+        self.launch_rows(OP, (ROW_LSE64, SOFTMAX_FWD), [rows, cols, 0], &bufs)
     }
 
     /// One workgroup a row for f32, the rows of y and dy held in registers up to 4096 columns
@@ -113,7 +116,7 @@ impl RowOps for WgpuBackend {
         if let Some(wg) = reg_workgroup(cols) {
             return self.launch_rows_reg(OP, (SOFTMAX_BWD_REG, wg), [rows, cols], &bufs);
         }
-        self.launch_rows(OP, ("", SOFTMAX_BWD), [rows, cols], &bufs)
+        self.launch_rows(OP, ("", SOFTMAX_BWD), [rows, cols, 0], &bufs)
     }
 
     /// One workgroup of 64 threads a row for f32 (other dtypes: the default).
@@ -209,7 +212,8 @@ impl RowOps for WgpuBackend {
         Ok(())
     }
 
-    /// For f32: the targets checked on the host, then one workgroup of 64 threads a row.
+    /// For f32: one workgroup of 64 threads a row; a target `>= cols` makes its row NaN and
+    /// is reported by the next call that waits for the device (`crate::status`).
     fn cross_entropy_fwd(
         &self,
         logits: &Buf,
@@ -223,12 +227,14 @@ impl RowOps for WgpuBackend {
         if logits.dtype() != DType::F32 {
             return defaults::rows::cross_entropy(self, (logits, targets), loss, [rows, cols]);
         }
-        self.check_targets(OP, targets, cols)?;
-        let bufs = [logits.raw(), targets.raw(), loss.raw()];
-        self.launch_rows(OP, (ROW_LSE64, CE_FWD), [rows, cols], &bufs)
+        let (slot, status) = self.status_slot(OP, "targets", cols)?;
+        let bufs = [logits.raw(), targets.raw(), loss.raw(), &status];
+        let shape = [rows, cols, slot as usize];
+        self.launch_rows(OP, (ROW_LSE64, CE_FWD), shape, &bufs)
     }
 
-    /// For f32: the targets checked on the host, then one workgroup of 64 threads a row.
+    /// For f32: one workgroup of 64 threads a row; a target `>= cols` makes its row NaN and
+    /// is reported by the next call that waits for the device (`crate::status`).
     fn cross_entropy_bwd(
         &self,
         logits: &Buf,
@@ -244,8 +250,15 @@ impl RowOps for WgpuBackend {
             let ins = (logits, targets, dloss);
             return defaults::rows::cross_entropy_bwd(self, ins, dlogits, [rows, cols]);
         }
-        self.check_targets(OP, targets, cols)?;
-        let bufs = [logits.raw(), targets.raw(), dloss.raw(), dlogits.raw()];
-        self.launch_rows(OP, (ROW_LSE64, CE_BWD), [rows, cols], &bufs)
+        let (slot, status) = self.status_slot(OP, "targets", cols)?;
+        let bufs = [
+            logits.raw(),
+            targets.raw(),
+            dloss.raw(),
+            dlogits.raw(),
+            &status,
+        ];
+        let shape = [rows, cols, slot as usize];
+        self.launch_rows(OP, (ROW_LSE64, CE_BWD), shape, &bufs)
     }
 }

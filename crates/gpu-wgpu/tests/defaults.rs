@@ -99,7 +99,8 @@ fn rows<B: NnOps>(b: &B, x: &[f32], dy: &[f32], t: &[u32], dl: &[f32], cols: usi
     res.push(("cross_entropy_fwd", 1e-5, get(b, &l)));
     res.push(("cross_entropy_bwd", 1e-5, get(b, &d)));
     let bad = b.upload(&vec![cols as u32; rows]).unwrap();
-    assert!(b.cross_entropy_fwd(&xb, &bad, &mut l, cols).is_err());
+    // Refused by the call (CPU), or reported by the next wait (wgpu checks on the device).
+    assert!(b.cross_entropy_fwd(&xb, &bad, &mut l, cols).is_err() || b.synchronize().is_err());
     res
 }
 

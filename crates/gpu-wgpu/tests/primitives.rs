@@ -592,15 +592,18 @@ fn gather_and_scatter_add_rows_parity() {
             }
         }
     }
-    // An out-of-range id is a typed error on both.
+    // An out-of-range id is a typed error on both: on wgpu from the next call that waits
+    // (the row NaN, nothing waits for the check), once; the first bad launch is the one named.
     let table = b.upload(&[1.0f32; 6]).unwrap();
     let ids = b.upload(&[0u32, 7, 1]).unwrap();
     let mut out = b.allocate(DType::F32, 6).unwrap();
-    let e = b.gather_rows(&ids, &table, &mut out, 2).unwrap_err();
+    b.gather_rows(&ids, &table, &mut out, 2).unwrap();
+    let e = b.download::<f32>(&out).unwrap_err();
     assert!(
         matches!(
             e,
             GpuError::IndexOutOfRange {
+                op: "gather_rows",
                 value: 7,
                 bound: 3,
                 ..
@@ -608,26 +611,49 @@ fn gather_and_scatter_add_rows_parity() {
         ),
         "{e}"
     );
+    let got: Vec<f32> = b.download(&out).unwrap();
+    assert!(got[2..4].iter().all(|v| v.is_nan()) && got[..2] == [1.0, 1.0]);
     let mut dt = b.allocate(DType::F32, 6).unwrap();
     let src = b.upload(&[1.0f32; 6]).unwrap();
+    b.scatter_add_rows(&ids, &src, &mut dt, 2).unwrap();
+    b.gather_rows(&ids, &table, &mut out, 2).unwrap();
     assert!(matches!(
-        b.scatter_add_rows(&ids, &src, &mut dt, 2),
-        Err(GpuError::IndexOutOfRange { value: 7, .. })
+        b.synchronize(),
+        Err(GpuError::IndexOutOfRange {
+            op: "scatter_add_rows",
+            value: 7,
+            ..
+        })
     ));
+    b.synchronize().unwrap();
     // The scan kernel reports one too (20 rows to a vocabulary of 2), past its first tile.
     let mut many = vec![1u32; 300];
     many[280] = 9;
     let ids = b.upload(&many).unwrap();
     let src = b.upload(&vec![1.0f32; 300]).unwrap();
     let mut dt = b.allocate(DType::F32, 2).unwrap();
+    b.scatter_add_rows(&ids, &src, &mut dt, 1).unwrap();
     assert!(matches!(
-        b.scatter_add_rows(&ids, &src, &mut dt, 1),
+        b.synchronize(),
         Err(GpuError::IndexOutOfRange {
             value: 9,
             bound: 2,
             ..
         })
     ));
+    // More checked launches than the ring holds (256) between two waits: the full ring is
+    // read on the way (a good launch) and the bad one after it is still reported.
+    let ok = b.upload(&[0u32, 1, 2]).unwrap();
+    for _ in 0..300 {
+        b.gather_rows(&ok, &table, &mut out, 2).unwrap();
+    }
+    let bad = b.upload(&[5u32, 0, 0]).unwrap();
+    b.gather_rows(&bad, &table, &mut out, 2).unwrap();
+    assert!(matches!(
+        b.synchronize(),
+        Err(GpuError::IndexOutOfRange { value: 5, .. })
+    ));
+    b.synchronize().unwrap();
 }
 
 /// Launches are recorded and submitted in batches: a host write, a drop that frees a buffer

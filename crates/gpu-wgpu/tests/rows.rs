@@ -185,14 +185,35 @@ fn cross_entropy<B: RowOps>(
     let mut d = b.upload(&vec![7.0f32; x.len()]).unwrap();
     let fwd = b.cross_entropy_fwd(&xb, &tb, &mut loss, cols);
     let bwd = b.cross_entropy_bwd(&xb, &tb, &db, &mut d, cols);
-    let got = [&loss, &d].map(|t| b.download::<f32>(t).unwrap());
     if fwd.is_err() || bwd.is_err() {
+        // The CPU refuses the call: it writes nothing.
         assert!(fwd.is_err() && bwd.is_err(), "{fwd:?} {bwd:?}");
-        // A refused call writes nothing.
+        let got = [&loss, &d].map(|t| b.download::<f32>(t).unwrap());
         assert!(got.iter().all(|v| v.iter().all(|&e| e == 7.0)));
         return None;
     }
-    Some(got)
+    // wgpu checks on the device: the next wait reports the first bad launch (the forward),
+    // and each bad target's row is NaN in both outputs.
+    if let Err(e) = b.synchronize() {
+        assert!(
+            matches!(
+                e,
+                gpu_core::GpuError::IndexOutOfRange {
+                    op: "cross_entropy_fwd",
+                    what: "targets",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let got = [&loss, &d].map(|t| b.download::<f32>(t).unwrap());
+        for (r, _) in t.iter().enumerate().filter(|(_, &v)| v as usize >= cols) {
+            assert!(got[0][r].is_nan());
+            assert!(got[1][r * cols..(r + 1) * cols].iter().all(|v| v.is_nan()));
+        }
+        return None;
+    }
+    Some([&loss, &d].map(|t| b.download::<f32>(t).unwrap()))
 }
 
 /// The fused cross-entropy (forward and backward) against the CPU, with hostile rows (NaN,

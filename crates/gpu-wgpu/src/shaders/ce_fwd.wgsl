@@ -1,9 +1,11 @@
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read> targets: array<u32>;
 @group(0) @binding(3) var<storage, read_write> loss: array<f32>;
+@group(0) @binding(4) var<storage, read_write> status: array<atomic<u32>>;
 
 // Cross-entropy of one row a workgroup of 64 threads: loss = max + ln Σ exp(x − max) − x[t]
-// (targets checked on the host first). p0 = rows, p1 = cols.
+// (a NaN loss for a target >= cols, recorded in status slot p2: crate::status). p0 = rows,
+// p1 = cols.
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = wid.y * P.gx + wid.x;
@@ -11,7 +13,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let base = row * P.p1;
     let st = row_stats(base, P.p1, lid.x);
     if (lid.x == 0u) {
-        let l = st.x + log(st.y) - logits[base + targets[row]];
+        let t = targets[row];
+        if (t >= P.p1) {
+            loss[row] = bitcast<f32>(0x7fc00000u);
+            atomicMax(&status[2u * P.p2], 1u);
+            atomicMax(&status[2u * P.p2 + 1u], t);
+            return;
+        }
+        let l = st.x + log(st.y) - logits[base + t];
         loss[row] = select(l, st.x, is_nan(st.x));
     }
 }

@@ -11,8 +11,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let id = ids[i / d];
     if (id >= P.p2) {
         out[i] = bitcast<f32>(0x7fc00000u);
-        atomicMax(&status[0], 1u);
-        atomicMax(&status[1], id);
+        atomicMax(&status[2u * P.p3], 1u);
+        atomicMax(&status[2u * P.p3 + 1u], id);
         return;
     }
     out[i] = table[id * d + i % d];

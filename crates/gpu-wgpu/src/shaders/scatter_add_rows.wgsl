@@ -11,8 +11,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let d = P.p1;
     let id = ids[i / d];
     if (id >= P.p2) {
-        atomicMax(&status[0], 1u);
-        atomicMax(&status[1], id);
+        atomicMax(&status[2u * P.p3], 1u);
+        atomicMax(&status[2u * P.p3 + 1u], id);
         return;
     }
     let v = src[i];

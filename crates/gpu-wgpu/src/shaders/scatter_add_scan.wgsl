@@ -26,8 +26,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             let id = tile[t];
             if (live && id == v) { acc += src[(r0 + t) * d + c]; }
             if (j == 0u && id >= P.p2) {
-                atomicMax(&status[0], 1u);
-                atomicMax(&status[1], id);
+                atomicMax(&status[2u * P.p3], 1u);
+                atomicMax(&status[2u * P.p3 + 1u], id);
             }
         }
         workgroupBarrier();
