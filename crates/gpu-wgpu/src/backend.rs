@@ -67,7 +67,7 @@ impl std::fmt::Debug for WgpuBackend {
 
 /// The byte views below need `T` to be exactly its dtype's size (an outside `Element` impl
 /// could be a padded type).
-fn check_element_size<T: Element>(op: &'static str) -> Result<()> {
+pub(crate) fn check_element_size<T: Element>(op: &'static str) -> Result<()> {
     if std::mem::size_of::<T>() == T::DTYPE.size_in_bytes() {
         Ok(())
     } else {

@@ -383,25 +383,23 @@ impl WgpuBackend {
     ) -> Result<()> {
         self.check_out("gather_rows", &[ids, table, out])?;
         let vocab = self.check_rows_args("gather_rows", ids, out, table, dim)?;
-        let (slot, status) = self.status_slot("gather_rows", "ids", vocab)?;
         let p = [
             to_u32("gather_rows", out.len())?,
             to_u32("gather_rows", dim)?,
             to_u32("gather_rows", vocab)?,
-            slot,
-            0,
-            0,
-            0,
-            0,
         ];
-        self.launch_1d(
-            "gather_rows",
-            "gather_rows",
-            || src(GATHER),
-            p,
-            out.len(),
-            &[ids.raw(), table.raw(), out.raw(), &status],
-        )
+        self.with_status_slot(("gather_rows", "ids", vocab), |slot, status| {
+            let bufs = [ids.raw(), table.raw(), out.raw(), status];
+            let p = [p[0], p[1], p[2], slot, 0, 0, 0, 0];
+            self.launch_1d(
+                "gather_rows",
+                "gather_rows",
+                || src(GATHER),
+                p,
+                out.len(),
+                &bufs,
+            )
+        })
     }
 
     /// `dst[ids[r]] += src[r]` for a `[vocab, dim]` `dst` (embedding backward when `dst` starts
@@ -419,34 +417,23 @@ impl WgpuBackend {
     ) -> Result<()> {
         self.check_out("scatter_add_rows", &[ids, src_rows, dst])?;
         let vocab = self.check_rows_args("scatter_add_rows", ids, src_rows, dst, dim)?;
-        let (slot, status) = self.status_slot("scatter_add_rows", "ids", vocab)?;
-        let p = [
-            to_u32("scatter_add_rows", src_rows.len())?,
-            to_u32("scatter_add_rows", dim)?,
-            to_u32("scatter_add_rows", vocab)?,
-            slot,
-            0,
-            0,
-            0,
-            0,
-        ];
         let rows = ids.len();
         let scan = vocab > 0 && rows >= 8 * vocab && rows.saturating_mul(vocab) <= 1 << 24;
         let (key, body, threads) = match scan {
             true => ("scatter_add_scan", SCATTER_ADD_SCAN, dst.len()),
             false => ("scatter_add_rows", SCATTER_ADD, src_rows.len()),
         };
-        let mut p = p;
-        if scan {
-            p[0] = to_u32("scatter_add_rows", rows)?; // the scan counts rows, not elements
-        }
-        self.launch_1d(
-            "scatter_add_rows",
-            key,
-            || src(body),
-            p,
-            threads,
-            &[ids.raw(), src_rows.raw(), dst.raw(), &status],
-        )
+        // The scan counts rows, the other kernel elements.
+        let count = if scan { rows } else { src_rows.len() };
+        let p = [
+            to_u32("scatter_add_rows", count)?,
+            to_u32("scatter_add_rows", dim)?,
+            to_u32("scatter_add_rows", vocab)?,
+        ];
+        self.with_status_slot(("scatter_add_rows", "ids", vocab), |slot, status| {
+            let bufs = [ids.raw(), src_rows.raw(), dst.raw(), status];
+            let p = [p[0], p[1], p[2], slot, 0, 0, 0, 0];
+            self.launch_1d("scatter_add_rows", key, || src(body), p, threads, &bufs)
+        })
     }
 }

@@ -227,10 +227,11 @@ impl RowOps for WgpuBackend {
         if logits.dtype() != DType::F32 {
             return defaults::rows::cross_entropy(self, (logits, targets), loss, [rows, cols]);
         }
-        let (slot, status) = self.status_slot(OP, "targets", cols)?;
-        let bufs = [logits.raw(), targets.raw(), loss.raw(), &status];
-        let shape = [rows, cols, slot as usize];
-        self.launch_rows(OP, (ROW_LSE64, CE_FWD), shape, &bufs)
+        self.with_status_slot((OP, "targets", cols), |slot, status| {
+            let bufs = [logits.raw(), targets.raw(), loss.raw(), status];
+            let shape = [rows, cols, slot as usize];
+            self.launch_rows(OP, (ROW_LSE64, CE_FWD), shape, &bufs)
+        })
     }
 
     /// For f32: one workgroup of 64 threads a row; a target `>= cols` makes its row NaN and
@@ -250,15 +251,16 @@ impl RowOps for WgpuBackend {
             let ins = (logits, targets, dloss);
             return defaults::rows::cross_entropy_bwd(self, ins, dlogits, [rows, cols]);
         }
-        let (slot, status) = self.status_slot(OP, "targets", cols)?;
-        let bufs = [
-            logits.raw(),
-            targets.raw(),
-            dloss.raw(),
-            dlogits.raw(),
-            &status,
-        ];
-        let shape = [rows, cols, slot as usize];
-        self.launch_rows(OP, (ROW_LSE64, CE_BWD), shape, &bufs)
+        self.with_status_slot((OP, "targets", cols), |slot, status| {
+            let bufs = [
+                logits.raw(),
+                targets.raw(),
+                dloss.raw(),
+                dlogits.raw(),
+                status,
+            ];
+            let shape = [rows, cols, slot as usize];
+            self.launch_rows(OP, (ROW_LSE64, CE_BWD), shape, &bufs)
+        })
     }
 }

@@ -5,10 +5,13 @@
 //! `synchronize`) reads the slots used since the last check, clears them, and reports the
 //! first bad one in program order as [`GpuError::IndexOutOfRange`] naming its op. Nothing else
 //! waits: a full ring (`RING` checked launches without a wait) is read by a `synchronize`.
+//! A backend shared by threads reports each bad launch to the thread that queued it (at that
+//! thread's next wait), never to another.
 
 use crate::backend::WgpuBackend;
 use gpu_core::backend::Backend;
 use gpu_core::{GpuError, Result};
+use std::thread::ThreadId;
 
 /// Slots in the ring, two u32 words each: (bad, the largest bad value).
 pub(crate) const RING: usize = 256;
@@ -18,6 +21,7 @@ struct Deferred {
     op: &'static str,
     what: &'static str,
     bound: usize,
+    thread: ThreadId,
 }
 
 /// The ring's device buffer (zero where no launch has recorded anything) and the launches
@@ -25,6 +29,8 @@ struct Deferred {
 pub(crate) struct StatusRing {
     buf: wgpu::Buffer,
     pending: Vec<Deferred>,
+    /// Errors read for other threads than the reader's, kept for their next wait.
+    found: Vec<(ThreadId, GpuError)>,
 }
 
 impl StatusRing {
@@ -40,27 +46,38 @@ impl StatusRing {
                 mapped_at_creation: false,
             }),
             pending: Vec::with_capacity(RING),
+            found: Vec::new(),
         }
     }
 }
 
 impl WgpuBackend {
-    /// A slot of the status ring for one launch of `op`, whose `what` must stay below
-    /// `bound`: the slot's index (a kernel parameter) and the ring to bind. A full ring is
-    /// checked first (the one wait).
-    pub(crate) fn status_slot(
+    /// Runs `launch` with a slot of the status ring for one launch of `op`, whose `what` must
+    /// stay below `bound`: the slot's index (a kernel parameter) and the ring to bind. The
+    /// ring stays locked until the launch is recorded, so that no check reads the slot before
+    /// its launch is queued. A full ring is checked first (the one wait).
+    pub(crate) fn with_status_slot(
         &self,
-        op: &'static str,
-        what: &'static str,
-        bound: usize,
-    ) -> Result<(u32, wgpu::Buffer)> {
-        let full = self.ring().pending.len() >= RING;
-        if full {
-            self.synchronize()?;
-        }
+        (op, what, bound): (&'static str, &'static str, usize),
+        launch: impl FnOnce(u32, &wgpu::Buffer) -> Result<()>,
+    ) -> Result<()> {
         let mut ring = self.ring();
-        ring.pending.push(Deferred { op, what, bound });
-        Ok(((ring.pending.len() - 1) as u32, ring.buf.clone()))
+        while ring.pending.len() >= RING {
+            drop(ring);
+            self.synchronize()?;
+            ring = self.ring();
+        }
+        let thread = std::thread::current().id();
+        let slot = ring.pending.len() as u32;
+        let buf = ring.buf.clone();
+        launch(slot, &buf)?;
+        ring.pending.push(Deferred {
+            op,
+            what,
+            bound,
+            thread,
+        });
+        Ok(())
     }
 
     fn ring(&self) -> std::sync::MutexGuard<'_, StatusRing> {
@@ -68,26 +85,37 @@ impl WgpuBackend {
     }
 
     /// Reads and clears the slots of the launches since the last check (after a wait: they
-    /// have run); the first bad one, in program order, is the error.
+    /// have run); the error is this thread's first bad launch in program order (its later
+    /// ones are dropped with it: one error a wait).
     pub(crate) fn take_deferred(&self) -> Result<()> {
+        let me = std::thread::current().id();
         // Held throughout, so that no launch takes a slot between the read and the clear.
         let mut ring = self.ring();
-        if ring.pending.is_empty() {
-            return Ok(());
+        if !ring.pending.is_empty() {
+            let bytes = (ring.pending.len() * 8) as u64;
+            let words = self.read_raw(&ring.buf, bytes)?;
+            let buf = ring.buf.clone();
+            self.record(|enc| enc.clear_buffer(&buf, 0, Some(bytes)));
+            let word = |i: usize| u32::from_le_bytes(words[4 * i..][..4].try_into().expect("4"));
+            for (i, d) in std::mem::take(&mut ring.pending).into_iter().enumerate() {
+                if word(2 * i) != 0 {
+                    let e = GpuError::IndexOutOfRange {
+                        op: d.op,
+                        what: d.what,
+                        value: word(2 * i + 1),
+                        bound: d.bound,
+                    };
+                    ring.found.push((d.thread, e));
+                }
+            }
         }
-        let bytes = (ring.pending.len() * 8) as u64;
-        let words = self.read_raw(&ring.buf, bytes)?;
-        let buf = ring.buf.clone();
-        self.record(|enc| enc.clear_buffer(&buf, 0, Some(bytes)));
-        let pending = std::mem::take(&mut ring.pending);
-        let word = |i: usize| u32::from_le_bytes(words[4 * i..4 * i + 4].try_into().expect("4"));
-        match pending.iter().enumerate().find(|(i, _)| word(2 * i) != 0) {
-            Some((i, d)) => Err(GpuError::IndexOutOfRange {
-                op: d.op,
-                what: d.what,
-                value: word(2 * i + 1),
-                bound: d.bound,
-            }),
+        // The first is reported; this thread's later ones go with it (one error a wait).
+        match ring.found.iter().position(|(t, _)| *t == me) {
+            Some(i) => {
+                let e = ring.found.remove(i).1;
+                ring.found.retain(|(t, _)| *t != me);
+                Err(e)
+            }
             None => Ok(()),
         }
     }
