@@ -228,7 +228,7 @@ impl WgpuBackend {
         let dev = &self.inner.device;
         let layout = pipeline.get_bind_group_layout(0);
         let label = || match key {
-            "matmul_f32" | "matmul_f32_128" => format!(
+            "matmul_f32" | "matmul_f32_128" | "matmul_f32_64v" | "matmul_f32_128v" => format!(
                 "{key} {}x{}x{}{}{} z {}",
                 params[0],
                 params[1],
