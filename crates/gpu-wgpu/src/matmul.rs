@@ -16,6 +16,7 @@ const MATMUL64: &str = include_str!("shaders/matmul.wgsl");
 const MATMUL128: &str = include_str!("shaders/matmul128.wgsl");
 const MATMUL128V: &str = include_str!("shaders/matmul128v.wgsl");
 const MATMUL64V: &str = include_str!("shaders/matmul64v.wgsl");
+const VEC4_IO: &str = include_str!("shaders/matmul_vec4_io.wgsl");
 const SUM: &str = include_str!("shaders/matmul_sum.wgsl");
 
 /// Workgroups a launch should have for the GPU to be busy (a few per compute unit of a large
@@ -153,11 +154,16 @@ impl WgpuBackend {
             to_u32("matmul", p.splits)?,
             0,
         ];
-        let (key, body) = match (p.tile, vec4_aligned(&spec, p)) {
-            (128, true) => ("matmul_f32_128v", MATMUL128V),
-            (128, false) => ("matmul_f32_128", MATMUL128),
-            (_, true) => ("matmul_f32_64v", MATMUL64V),
-            (_, false) => ("matmul_f32", MATMUL64),
+        // The vec4 kernels take their loads and stores from VEC4_IO, for TQ vec4s a side.
+        let (key, body, tq) = match (p.tile, vec4_aligned(&spec, p)) {
+            (128, true) => ("matmul_f32_128v", MATMUL128V, Some(32)),
+            (128, false) => ("matmul_f32_128", MATMUL128, None),
+            (_, true) => ("matmul_f32_64v", MATMUL64V, Some(16)),
+            (_, false) => ("matmul_f32", MATMUL64, None),
+        };
+        let source = || match tq {
+            Some(tq) => src(&format!("const TQ: u32 = {tq}u;\n{VEC4_IO}{body}")),
+            None => src(body),
         };
         // The kernels run without wgpu's checks (Checks::Off): each guards its own indices,
         // which fit u32 when every buffer's element count does.
@@ -166,7 +172,7 @@ impl WgpuBackend {
         }
         self.launch_with(
             "matmul",
-            ((key, || src(body)), Checks::Off),
+            ((key, source), Checks::Off),
             params,
             (gx, (gx, gy, gz)),
             &[a.raw(), b.raw(), out.raw()],

@@ -1,9 +1,5 @@
-@group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> C: array<vec4<f32>>;
-// K-slices, 16 deep, of the workgroup's 128 rows of op(A) and 128 columns of op(B), four
-// values a vec4: value (kk, r) at [kk * 32 + r / 4][r % 4] (16 KiB in all: WebGPU's minimum
-// workgroup storage).
+// K-slices, 16 deep, of the workgroup's 128 rows of op(A) and 128 columns of op(B), staged
+// by matmul_vec4_io.wgsl (TQ = 32; 16 KiB in all: WebGPU's minimum workgroup storage).
 var<workgroup> As: array<vec4<f32>, 512>;
 var<workgroup> Bs: array<vec4<f32>, 512>;
 
@@ -85,61 +81,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     store4(base, row_b + 1u, ca, c50); store4(base, row_b + 1u, cb, c51);
     store4(base, row_b + 2u, ca, c60); store4(base, row_b + 2u, cb, c61);
     store4(base, row_b + 3u, ca, c70); store4(base, row_b + 3u, cb, c71);
-}
-
-// vec4 q (< 512) of op(A)'s slice at k0, read along A's contiguous axis: A row-major (p3 = 0):
-// row q / 4, k0 + 4(q % 4) .. + 3; A stored k×m (p3 = 1): k0 + q / 32, rows 4(q % 32) .. + 3.
-// Zero outside (the alignment makes a vec4 all inside or all outside).
-fn fetch_a(q: u32, a0: u32, r0: u32, k0: u32, kend: u32) -> vec4<f32> {
-    if (P.p3 != 0u) {
-        let kk = q / 32u;
-        let r = 4u * (q % 32u);
-        if (k0 + kk >= kend || r0 + r >= P.p0) { return vec4<f32>(0.0); }
-        return A[(a0 + (k0 + kk) * P.p0 + r0 + r) / 4u];
-    }
-    let r = q / 4u;
-    let kk = 4u * (q % 4u);
-    if (r0 + r >= P.p0 || k0 + kk >= kend) { return vec4<f32>(0.0); }
-    return A[(a0 + (r0 + r) * P.p2 + k0 + kk) / 4u];
-}
-
-// As fetch_a for op(B): B row-major (p4 = 0): k0 + q / 32, columns 4(q % 32) .. + 3; B stored
-// n×k (p4 = 1): column q / 4, k0 + 4(q % 4) .. + 3.
-fn fetch_b(q: u32, b0: u32, c0: u32, k0: u32, kend: u32) -> vec4<f32> {
-    if (P.p4 != 0u) {
-        let c = q / 4u;
-        let kk = 4u * (q % 4u);
-        if (c0 + c >= P.p1 || k0 + kk >= kend) { return vec4<f32>(0.0); }
-        return B[(b0 + (c0 + c) * P.p2 + k0 + kk) / 4u];
-    }
-    let kk = q / 32u;
-    let c = 4u * (q % 32u);
-    if (k0 + kk >= kend || c0 + c >= P.p1) { return vec4<f32>(0.0); }
-    return B[(b0 + (k0 + kk) * P.p1 + c0 + c) / 4u];
-}
-
-// Writes fetch_a's vec4 q into the slice: whole where A runs along the rows, else four values
-// down k (a transpose).
-fn stage_a(q: u32, v: vec4<f32>) {
-    if (P.p3 != 0u) { As[q] = v; return; }
-    let r = q / 4u;
-    let i = 4u * (q % 4u) * 32u + r / 4u;
-    let j = r % 4u;
-    As[i][j] = v.x; As[i + 32u][j] = v.y; As[i + 64u][j] = v.z; As[i + 96u][j] = v.w;
-}
-
-// As stage_a for fetch_b's vec4 q.
-fn stage_b(q: u32, v: vec4<f32>) {
-    if (P.p4 == 0u) { Bs[q] = v; return; }
-    let c = q / 4u;
-    let i = 4u * (q % 4u) * 32u + c / 4u;
-    let j = c % 4u;
-    Bs[i][j] = v.x; Bs[i + 32u][j] = v.y; Bs[i + 64u][j] = v.z; Bs[i + 96u][j] = v.w;
-}
-
-// Columns col..col+3 of row `row` of C[base], where they lie inside m × n (n a multiple of 4:
-// all four or none).
-fn store4(base: u32, row: u32, col: u32, v: vec4<f32>) {
-    if (row >= P.p0 || col >= P.p1) { return; }
-    C[(base + row * P.p1 + col) / 4u] = v;
 }
