@@ -8,7 +8,6 @@ use crate::status::StatusRing;
 use gpu_core::backend::{check_transfer, Backend, DeviceType};
 use gpu_core::{DType, Device, Element, GpuError, Result};
 use std::collections::HashMap;
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -419,69 +418,6 @@ impl WgpuBackend {
                 detail: "the buffer belongs to another wgpu device".into(),
             })
         }
-    }
-
-    /// Reads a buffer's padded bytes back to the host (map a staging buffer, bounded wait).
-    pub(crate) fn read_bytes(&self, src: &WgpuBuffer) -> Result<Vec<u8>> {
-        self.read_raw(src.raw(), src.padded_bytes())
-    }
-
-    /// Reads the first `size` bytes of a device buffer back to the host.
-    pub(crate) fn read_raw(&self, src: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
-        if size == 0 {
-            return Ok(Vec::new());
-        }
-        let staging = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("staging"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        self.record(|enc| enc.copy_buffer_to_buffer(src, 0, &staging, 0, size));
-        let sub = self.flush();
-        let slice = staging.slice(..);
-        let (tx, rx) = mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        let start = Instant::now();
-        self.wait("copy_from_device", sub)?;
-        // The callback runs inside poll; a short grace period covers a late one.
-        let left = self.inner.timeout.saturating_sub(start.elapsed());
-        loop {
-            match rx.try_recv() {
-                Ok(Ok(())) => break,
-                Ok(Err(e)) => {
-                    self.check_lost()?;
-                    return Err(WgpuError::Call {
-                        call: "map_async",
-                        detail: e.to_string(),
-                    }
-                    .into());
-                }
-                Err(_) if start.elapsed() > left + Duration::from_millis(1) => {
-                    return Err(WgpuError::Timeout {
-                        op: "copy_from_device",
-                        waited_ms: start.elapsed().as_millis() as u64,
-                    }
-                    .into())
-                }
-                Err(_) => {
-                    let _ = self.inner.device.poll(wgpu::PollType::Poll);
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
-        let bytes = slice
-            .get_mapped_range()
-            .map_err(|e| WgpuError::Call {
-                call: "get_mapped_range",
-                detail: e.to_string(),
-            })?
-            .to_vec();
-        staging.unmap();
-        staging.destroy();
-        Ok(bytes)
     }
 }
 
