@@ -21,12 +21,18 @@
 # the PASS/FAIL lines (hf-parity-summary.txt) go to $OUT_DIR; $HF_PARITY_ARGS is passed to the
 # script (e.g. --small for a quick smoke run).
 # --train N trains the shakespeare-char GPT for N iterations on data/tinyshakespeare.txt.
+# --wgpu-bench measures issue 42's item 4 in one call (with a Vulkan loader): wgpu-bench with
+# its profile, gpu-bench's cuBLAS ceilings and CUDA GPT steps (--only-ceilings --only-gpt), the
+# burn peer (bin/burn-peer, where the bundle has it), and batch-1 decode of a random
+# Llama-3.2-1B (hf_generate_peer.py --save) by the fast engine in f32 on CUDA and on wgpu
+# (bench-generate); outputs in $OUT_DIR/wgpu-*.
 set -u -o pipefail
 cd "$(dirname "$0")"
-bench=0; sanitize=1; tests=1; parity=0; hf_parity=0; train=0
+bench=0; sanitize=1; tests=1; parity=0; hf_parity=0; train=0; wgpu_bench=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) bench=1 ;;
+    --wgpu-bench) wgpu_bench=1 ;;
     --no-sanitizer) sanitize=0 ;;
     --no-tests) tests=0; sanitize=0 ;;
     --sanitize-only) tests=0; sanitize=1 ;;
@@ -201,6 +207,20 @@ if [ "$bench" = 1 ]; then
   if [ "$vulkan" = 1 ]; then
     bin/wgpu-bench --out "$OUT_DIR/wgpu-bench.md" "${gpt_text[@]}" 2>&1 | tee "$OUT_DIR/wgpu-bench.log" || status=1
   fi
+fi
+if [ "$wgpu_bench" = 1 ]; then
+  echo "== wgpu bench (issue 42, item 4)"
+  bin/wgpu-bench --reps 5 --burst 3 --profile --out "$OUT_DIR/wgpu-bench.md" "${gpt_text[@]}" 2>&1 | tee "$OUT_DIR/wgpu-bench.log" || status=1
+  bin/gpu-bench --only-ceilings --only-gpt --no-torch "${gpt_text[@]}" --out "$OUT_DIR/wgpu-cuda-rows.md" 2>&1 | tee "$OUT_DIR/wgpu-cuda-rows.log" || status=1
+  if [ -x bin/burn-peer ]; then
+    bin/burn-peer 2>&1 | tee "$OUT_DIR/wgpu-burn.log" || status=1
+  fi
+  hf="$(mktemp -d)"
+  python3 hf_generate_peer.py --models 1b --save "$hf" --no-static --new-tokens 8 --repeats 1 > "$OUT_DIR/wgpu-hf.log" 2>&1 || status=1
+  for dev in cuda wgpu; do
+    bin/hybrid-trainer --device "$dev" bench-generate --model "$hf/llama-3.2-1b" --prompts "$hf/prompts.safetensors" --dtype f32 --new-tokens 32 --repeats 2 --out "$OUT_DIR/wgpu-decode-$dev.json" 2>&1 | tee "$OUT_DIR/wgpu-decode-$dev.log" || status=1
+  done
+  rm -rf "$hf"
 fi
 if [ "$train" != 0 ]; then
   echo "== train-gpt ($train iterations)"

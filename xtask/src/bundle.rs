@@ -138,6 +138,13 @@ pub fn build() -> Result<PathBuf> {
     for (_, target, exe) in bins {
         copy_stripped(&exe, &dir.join("bin").join(target))?;
     }
+    // burn's peer of wgpu-bench, where it was built (its own workspace: benches/burn-peer).
+    let burn = root.join("benches/burn-peer/target/release/burn-peer");
+    if burn.exists() {
+        copy_stripped(&burn, &dir.join("bin/burn-peer"))?;
+    } else {
+        println!("note: {} not built; the bundle has no burn peer", burn.display());
+    }
     copy_support_files(&root, &dir)?;
     let size = dir_size(&dir)?;
     let (archive, packed) = pack(&root)?;
