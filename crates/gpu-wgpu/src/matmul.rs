@@ -3,7 +3,8 @@
 //! 64×64-tile kernel for smaller ones, each in a vec4 form (every access four values) where
 //! the operands' rows are aligned to four, and a split over k where C has too few tiles to fill
 //! the GPU (a weight gradient: C small, k the batch's tokens): each split sums its k-range
-//! into a scratch slice, `matmul_sum` adds the slices in order.
+//! into a scratch slice, `matmul_sum` adds the slices in order. A product of at most four rows
+//! by a transposed B (decode's projections) takes a matrix–vector kernel instead.
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
@@ -18,6 +19,10 @@ const MATMUL128V: &str = include_str!("shaders/matmul128v.wgsl");
 const MATMUL64V: &str = include_str!("shaders/matmul64v.wgsl");
 const VEC4_IO: &str = include_str!("shaders/matmul_vec4_io.wgsl");
 const SUM: &str = include_str!("shaders/matmul_sum.wgsl");
+const GEMV: &str = include_str!("shaders/gemv.wgsl");
+
+/// The most rows of A the matrix–vector kernel takes.
+const GEMV_ROWS: usize = 4;
 
 /// Workgroups a launch should have for the GPU to be busy (a few per compute unit of a large
 /// GPU); fewer tiles than this split k.
@@ -95,6 +100,14 @@ impl WgpuBackend {
         if spec.k == 0 {
             return self.fill_raw(c, 0.0);
         }
+        if spec.batch == 1
+            && spec.m <= GEMV_ROWS
+            && spec.trans_b
+            && !spec.trans_a
+            && spec.k.is_multiple_of(4)
+        {
+            return self.gemv(spec, (a, b), c);
+        }
         let max_scratch = (self.max_binding_bytes() / 4) as usize;
         let p = plan(&spec, max_scratch);
         if p.splits == 1 {
@@ -120,6 +133,39 @@ impl WgpuBackend {
             params,
             c.len(),
             &[scratch.raw(), c.raw()],
+        )
+    }
+
+    /// `c = a · bᵀ` for at most [`GEMV_ROWS`] rows of `a` (checked; k a multiple of 4): the
+    /// matrix–vector kernel, 8 columns a workgroup.
+    fn gemv(
+        &self,
+        spec: MatmulSpec,
+        (a, b): (&WgpuBuffer, &WgpuBuffer),
+        c: &mut WgpuBuffer,
+    ) -> Result<()> {
+        let op = "matmul";
+        for x in [a, b, &*c] {
+            to_u32(op, x.len())?;
+        }
+        let p = [
+            to_u32(op, spec.m)?,
+            to_u32(op, spec.n)?,
+            to_u32(op, spec.k)?,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        let (gx, gy) = self.grid(op, to_u32(op, spec.n.div_ceil(8))?)?;
+        let bufs = [a.raw(), b.raw(), c.raw()];
+        self.launch_with(
+            op,
+            (("gemv", || src(GEMV)), Checks::Off),
+            p,
+            (gx, (gx, gy, 1)),
+            &bufs,
         )
     }
 

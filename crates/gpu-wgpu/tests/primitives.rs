@@ -456,6 +456,12 @@ fn matmul_parity_with_transposes() {
         // The 64×64 vec4 kernel (matmul64v): small batched, ragged, split over k.
         (3, 8, 12, 20),
         (2, 68, 44, 300),
+        // The matrix–vector kernel (1 to 4 rows, B transposed, k a multiple of 4): ragged
+        // column blocks of 8, k one vec4 and many.
+        (1, 1, 300, 64),
+        (1, 4, 9, 1028),
+        (1, 2, 1, 8),
+        (1, 3, 33, 4),
     ];
     for (batch, m, n, k) in shapes {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
