@@ -17,12 +17,12 @@
 //! - the rollout is split into (member, block of rows) units run in parallel (rayon), each
 //!   with its buffers allocated once for all its steps.
 
-use super::gemm::{nn, Epi, Packed, Region};
 use super::simd::{self, simd_fn, Real};
 use crate::config::RssmConfig;
 use crate::error::{Result, RssmError};
 use crate::layers::{Encoder, Head, Member};
 use crate::model::Rssm;
+use gpu_core::cpu::fast::packed::{nn, Epi, Packed, Region};
 use ndarray::{Array2, Array3, Array4, ArrayView2, ArrayView3};
 use rayon::prelude::*;
 use tensor_ops::nn::{LayerNorm, Linear};

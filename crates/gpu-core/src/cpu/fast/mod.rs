@@ -37,6 +37,8 @@ pub(crate) mod attention;
 pub(crate) mod linear;
 pub(crate) mod math;
 pub(crate) mod optim;
+/// The packed-panel GEMM (f32 and f64) of the world model's fast engine.
+pub mod packed;
 pub(crate) mod rows;
 pub(crate) mod sgemm;
 pub(crate) mod softmax;
