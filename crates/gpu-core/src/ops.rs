@@ -60,15 +60,23 @@ impl MatmulSpec {
             len(self.m, self.n)?,
         );
         for (name, want, got) in [("A", ea, a.len()), ("B", eb, b.len()), ("C", ec, c.len())] {
-            if want != got {
-                return Err(GpuError::shape(
-                    "matmul",
-                    format!("{name} of {want} elements"),
-                    got,
-                ));
-            }
+            check_count("matmul", name, got, want)?;
         }
         Ok(())
+    }
+}
+
+/// A shape error (`op`'s, "`what` of `want` elements") unless `got == want`: the length check
+/// of every buffer argument.
+pub fn check_count(op: &'static str, what: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(GpuError::shape(
+            op,
+            format!("{what} of {want} elements"),
+            got,
+        ))
     }
 }
 

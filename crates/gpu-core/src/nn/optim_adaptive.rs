@@ -191,6 +191,21 @@ fn bad(op: &'static str, what: &str, v: f32, want: &str) -> GpuError {
 }
 
 impl ProdigyConfig {
+    /// The package's defaults (`beta3 = sqrt(beta2)` rounded to f32, decoupled weight decay,
+    /// no bias correction, no safeguard warm-up).
+    pub const DEFAULT: ProdigyConfig = ProdigyConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        beta3: 0.999_499_9,
+        eps: 1e-8,
+        d0: 1e-6,
+        d_coef: 1.0,
+        growth_rate: f32::INFINITY,
+        decouple: true,
+        use_bias_correction: false,
+        safeguard_warmup: false,
+    };
+
     /// Checks the values documented on each field.
     pub fn validate(&self, op: &'static str) -> Result<()> {
         for (what, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {

@@ -288,15 +288,7 @@ pub fn require_dtype(op: &'static str, expected: DType, got: DType) -> Result<()
 
 /// Errors unless `buf` holds exactly `want` elements (`name` names it in the error).
 pub fn check_len(op: &'static str, name: &str, buf: &impl BufferInfo, want: usize) -> Result<()> {
-    if buf.len() == want {
-        Ok(())
-    } else {
-        Err(GpuError::shape(
-            op,
-            format!("{name} of {want} elements"),
-            buf.len(),
-        ))
-    }
+    crate::ops::check_count(op, name, buf.len(), want)
 }
 
 /// Errors unless `buf` is f32 with exactly `want` elements (`what` names it in the error).
@@ -307,14 +299,7 @@ pub fn require_f32_len(
     want: usize,
 ) -> Result<()> {
     require_f32(op, buf.dtype_dyn())?;
-    if buf.len_dyn() != want {
-        return Err(GpuError::shape(
-            op,
-            format!("{what} of {want} elements"),
-            buf.len_dyn(),
-        ));
-    }
-    Ok(())
+    crate::ops::check_count(op, what, buf.len_dyn(), want)
 }
 
 /// Checks `eps` of a normalisation: finite and `> 0`.

@@ -15,7 +15,7 @@ use gpu_core::nn::elementwise::{
 };
 use gpu_core::nn::{BlockCopy, Direction};
 use gpu_core::ops::check_float_elementwise;
-use gpu_core::{BufferInfo, DType, GpuError, Result};
+use gpu_core::{BufferInfo, DType, Result};
 use plan::BinaryPath;
 #[cfg(test)]
 use {
