@@ -66,6 +66,25 @@ impl MatmulSpec {
     }
 }
 
+/// [`require_f32`] and the length check of entry `i` of the buffer list `name` (the error
+/// names it `name[i]`).
+pub fn require_f32_entry<T: BufferInfo + ?Sized>(
+    op: &'static str,
+    (name, i): (&str, usize),
+    b: &T,
+    want: usize,
+) -> Result<()> {
+    require_f32(op, b.dtype())?;
+    if b.len() != want {
+        return Err(GpuError::shape(
+            op,
+            format!("{name}[{i}] of {want} elements"),
+            b.len(),
+        ));
+    }
+    Ok(())
+}
+
 /// A shape error (`op`'s, "`what` of `want` elements") unless `got == want`: the length check
 /// of every buffer argument.
 pub fn check_count(op: &'static str, what: &str, got: usize, want: usize) -> Result<()> {
@@ -190,14 +209,24 @@ pub fn check_rows(
             reason: "rows must have at least one column".into(),
         });
     }
-    if !x.len_dyn().is_multiple_of(cols) {
-        return Err(GpuError::shape(
-            op,
-            format!("a multiple of {cols} elements"),
-            x.len_dyn(),
-        ));
+    whole_rows(op, x.len_dyn(), cols, || {
+        format!("a multiple of {cols} elements")
+    })
+}
+
+/// `len / width` (`width > 0`), or a shape error (`op`'s, expecting `want()`) when `len` is not
+/// a multiple of `width`: the row count of every row-wise op.
+pub fn whole_rows(
+    op: &'static str,
+    len: usize,
+    width: usize,
+    want: impl FnOnce() -> String,
+) -> Result<usize> {
+    if len.is_multiple_of(width) {
+        Ok(len / width)
+    } else {
+        Err(GpuError::shape(op, want(), len))
     }
-    Ok(x.len_dyn() / cols)
 }
 
 /// Object-safe view of [`BufferInfo`], so checks can take buffers of any backend.

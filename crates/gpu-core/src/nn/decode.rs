@@ -423,14 +423,7 @@ pub fn check_argmax<B: BufferInfo>(x: &B, out: &B, cols: usize) -> Result<usize>
             format!("a row must have 1..2^31 columns, got {cols}"),
         ));
     }
-    if !x.len().is_multiple_of(cols) {
-        return Err(GpuError::shape(
-            OP,
-            format!("rows of {cols} columns"),
-            x.len(),
-        ));
-    }
-    let rows = x.len() / cols;
+    let rows = crate::ops::whole_rows(OP, x.len(), cols, || format!("rows of {cols} columns"))?;
     check_len(OP, "out", out, rows)?;
     Ok(rows)
 }

@@ -429,13 +429,9 @@ pub fn check_embedding(
             reason: "embeddings must have at least one dimension".into(),
         });
     }
-    if !table.len_dyn().is_multiple_of(dim) {
-        return Err(GpuError::shape(
-            op,
-            format!("a [vocab, {dim}] table"),
-            table.len_dyn(),
-        ));
-    }
+    let vocab = crate::ops::whole_rows(op, table.len_dyn(), dim, || {
+        format!("a [vocab, {dim}] table")
+    })?;
     let rows = ids.len_dyn();
     let len = rows
         .checked_mul(dim)
@@ -444,5 +440,5 @@ pub fn check_embedding(
             reason: format!("{rows} rows of {dim} overflow usize"),
         })?;
     require_f32_len(op, "activations", acts, len)?;
-    Ok((rows, table.len_dyn() / dim))
+    Ok((rows, vocab))
 }
