@@ -118,6 +118,22 @@ pub(crate) fn check_input(
     Ok(())
 }
 
+/// [`check_input`] for a rollout's `context`, then an error for `steps == 0`.
+pub(crate) fn check_rollout(
+    shape: &[usize],
+    width: usize,
+    finite: bool,
+    steps: usize,
+) -> Result<()> {
+    check_input("context", shape, width, finite)?;
+    if steps == 0 {
+        return Err(RssmError::Empty {
+            what: "the rollout (steps = 0)",
+        });
+    }
+    Ok(())
+}
+
 fn relu(x: DMatrix<f64>) -> DMatrix<f64> {
     x.map(|v| v.max(0.0))
 }
@@ -263,12 +279,7 @@ impl HostRssm {
         steps: usize,
     ) -> Result<(Array4<f32>, Array3<f32>, Array2<f32>)> {
         let finite = context.iter().all(|v| v.is_finite());
-        check_input("context", context.shape(), self.cfg.feature_dim, finite)?;
-        if steps == 0 {
-            return Err(RssmError::Empty {
-                what: "the rollout (steps = 0)",
-            });
-        }
+        check_rollout(context.shape(), self.cfg.feature_dim, finite, steps)?;
         let (b, t, _) = context.dim();
         let (m, d) = (self.members.len(), self.cfg.output_dim);
         let embeds: Vec<DMatrix<f64>> = (0..t)

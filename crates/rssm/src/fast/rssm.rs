@@ -22,7 +22,7 @@ use crate::config::RssmConfig;
 use crate::error::{Result, RssmError};
 use crate::layers::{Encoder, Head, Member};
 use crate::model::Rssm;
-use crate::reference::check_input;
+use crate::reference::{check_input, check_rollout};
 use gpu_core::cpu::fast::packed::{nn, Epi, Packed, Region};
 use ndarray::{Array2, Array3, Array4, ArrayView2, ArrayView3};
 use rayon::prelude::*;
@@ -359,12 +359,7 @@ impl FastRssm {
     ) -> Result<(Array4<f32>, Array3<f32>, Array2<f32>)> {
         let x: Vec<f32> = context.iter().copied().collect();
         let finite = x.iter().all(|v| v.is_finite());
-        check_input("context", context.shape(), self.cfg.feature_dim, finite)?;
-        if steps == 0 {
-            return Err(RssmError::Empty {
-                what: "the rollout (steps = 0)",
-            });
-        }
+        check_rollout(context.shape(), self.cfg.feature_dim, finite, steps)?;
         let (b, t, _) = context.dim();
         let (m, d) = (self.members.len(), self.cfg.output_dim);
         let (members, mean, disagreement) = self.predict_checked(&x, b, t, steps);
