@@ -66,6 +66,19 @@ impl MatmulSpec {
     }
 }
 
+/// An invalid-argument error (`op`'s: "`what` must be finite and >= 0, got `v`") unless `v` is
+/// finite and `>= 0`: learning rates, weight decays, standard deviations, epsilons.
+pub fn require_nonneg(op: &'static str, what: impl std::fmt::Display, v: f32) -> Result<()> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(GpuError::invalid(
+            op,
+            format!("{what} must be finite and >= 0, got {v}"),
+        ))
+    }
+}
+
 /// [`require_f32`] and the length check of entry `i` of the buffer list `name` (the error
 /// names it `name[i]`).
 pub fn require_f32_entry<T: BufferInfo + ?Sized>(

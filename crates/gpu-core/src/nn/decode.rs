@@ -450,12 +450,7 @@ pub fn check_add_rms_norm<B: BufferInfo>(
             x.len(),
         ));
     }
-    if !(eps.is_finite() && eps >= 0.0) {
-        return Err(GpuError::invalid(
-            OP,
-            format!("eps must be finite and >= 0, got {eps}"),
-        ));
-    }
+    crate::ops::require_nonneg(OP, "eps", eps)?;
     if let Some(y) = y {
         require_float(OP, y.dtype())?;
         check_len(OP, "y", y, x.len())?;

@@ -222,14 +222,7 @@ pub fn check_clip<B: BufferInfo>(grads: &[&B], max_norm: f32, out: &B) -> Result
 
 /// An invalid-argument error unless parameter `i`'s weight decay `wd` is finite and `>= 0`.
 pub(crate) fn check_weight_decay(op: &'static str, i: usize, wd: f32) -> Result<()> {
-    if wd.is_finite() && wd >= 0.0 {
-        Ok(())
-    } else {
-        Err(GpuError::invalid(
-            op,
-            format!("weight_decay[{i}] must be finite and >= 0, got {wd}"),
-        ))
-    }
+    crate::ops::require_nonneg(op, format_args!("weight_decay[{i}]"), wd)
 }
 
 /// Errors unless the clip coefficient's buffer, when given, is f32 `[norm, coef]`.
