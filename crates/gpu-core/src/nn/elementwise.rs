@@ -331,29 +331,25 @@ pub fn check_copy_blocks(
     copy: crate::nn::primitives::BlockCopy,
 ) -> Result<()> {
     const OP: &str = "copy_blocks";
-    let crate::nn::primitives::BlockCopy {
-        src_offset,
-        src_stride,
-        dst_offset,
-        dst_stride,
-        outer,
-        len,
-    } = copy;
+    let (outer, len) = (copy.outer, copy.len);
     require_float(OP, dst.dtype_dyn())?;
     require_float(OP, src.dtype_dyn())?;
     same_dtype(OP, dst.dtype_dyn(), src.dtype_dyn())?;
     if outer == 0 || len == 0 {
         return Ok(());
     }
-    if outer > 1 && dst_stride < len {
+    if outer > 1 && copy.dst_stride < len {
         return Err(GpuError::invalid(
             OP,
-            format!("destination blocks of {len} overlap (stride {dst_stride})"),
+            format!(
+                "destination blocks of {len} overlap (stride {})",
+                copy.dst_stride
+            ),
         ));
     }
     for (name, buf, offset, stride) in [
-        ("src", src, src_offset, src_stride),
-        ("dst", dst, dst_offset, dst_stride),
+        ("src", src, copy.src_offset, copy.src_stride),
+        ("dst", dst, copy.dst_offset, copy.dst_stride),
     ] {
         let end = (outer - 1)
             .checked_mul(stride)

@@ -241,6 +241,20 @@ pub struct LayerNormBwdIn<'a, Buf> {
     pub dy: &'a Buf,
 }
 
+impl<Buf: BufferInfo> LayerNormBwdIn<'_, Buf> {
+    /// Checks the inputs with the outputs `dx`, `dw`, `db` (the backends' kernels): `x`, `dy`
+    /// and `dx` f32 `rows·cols`, `w`, `dw`, `db` f32 `cols`, `mean` and `rstd` f32 `rows`;
+    /// returns the number of rows.
+    pub fn check(&self, (dx, dw, db): (&Buf, &Buf, &Buf), cols: usize) -> Result<usize> {
+        const OP: &str = "layernorm_bwd";
+        let params = [("w", self.w as _), ("dw", dw as _), ("db", db as _)];
+        let stats = [("mean", self.mean as _), ("rstd", self.rstd as _)];
+        let rows = check_norm(OP, self.x, dx, &params, &stats, cols)?;
+        check_rows_bwd(OP, self.x, self.dy, dx, cols)?;
+        Ok(rows)
+    }
+}
+
 /// The inputs of [`RowOps::rmsnorm_bwd`].
 #[derive(Debug)]
 pub struct RmsNormBwdIn<'a, Buf> {
