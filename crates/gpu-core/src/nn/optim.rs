@@ -316,6 +316,14 @@ pub struct AdamWBuffers<'s, 'b, Buf> {
     pub grad_scale: Option<&'b Buf>,
 }
 
+impl<B: BufferInfo> AdamWBuffers<'_, '_, B> {
+    /// [`check_adamw`] of these buffers with `cfg`.
+    pub fn check(&self, cfg: AdamWConfig) -> Result<()> {
+        let (p, m, v) = (&*self.params, &*self.m, &*self.v);
+        check_adamw(p, self.grads, m, v, self.weight_decay, self.grad_scale, cfg)
+    }
+}
+
 /// Checks a device schedule (3 f32: [`adamw_schedule`]) and reads it on the host.
 pub fn read_schedule<B: crate::backend::Backend + ?Sized>(
     b: &B,
