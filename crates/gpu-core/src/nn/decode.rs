@@ -330,13 +330,8 @@ pub fn check_rope_append<B: BufferInfo>(
     dims: DecodeDims,
 ) -> Result<()> {
     const OP: &str = "rope_append";
-    let RopeAppendIn {
-        qkv,
-        inv_freq,
-        start,
-        slot,
-    } = x;
-    check_rows_and_cache(OP, start, slot, k_cache, v_cache, dims)?;
+    let (qkv, inv_freq) = (x.qkv, x.inv_freq);
+    check_rows_and_cache(OP, x.start, x.slot, k_cache, v_cache, dims)?;
     require_float(OP, qkv.dtype())?;
     require_float(OP, q_out.dtype())?;
     check_len(OP, "qkv", qkv, dims.qkv_len())?;
