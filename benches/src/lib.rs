@@ -20,6 +20,23 @@ pub struct Row {
 }
 
 impl Row {
+    /// A row of `median_us` microseconds, with its bytes or FLOPs.
+    pub fn new(
+        id: &str,
+        what: String,
+        median_us: f64,
+        bytes: Option<f64>,
+        flops: Option<f64>,
+    ) -> Row {
+        Row {
+            id: id.into(),
+            what,
+            median_us,
+            bytes,
+            flops,
+        }
+    }
+
     /// Achieved GB/s, when the row counts bytes.
     pub fn gbps(&self) -> Option<f64> {
         self.bytes.map(|b| b / (self.median_us * 1e-6) / 1e9)

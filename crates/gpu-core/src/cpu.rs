@@ -365,31 +365,55 @@ fn crate_sgemm(spec: MatmulSpec, a: &[f32], b: &[f32], c: &mut [f32]) {
         let cb = &mut c[bi * m * n..(bi + 1) * m * n];
         // SAFETY: the slices hold exactly m·k, k·n and m·n elements (checked by
         // `MatmulSpec::validate`), the strides above address only those elements, and `cb`
-        // does not overlap `ab` or `bb` (a `&mut` slice). gemm computes
-        // dst = alpha·dst + beta·lhs·rhs; with read_dst false, dst is only written.
+        // does not overlap `ab` or `bb` (a `&mut` slice).
         unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                cb.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                ab.as_ptr(),
-                csa,
-                rsa,
-                bb.as_ptr(),
-                csb,
-                rsb,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(0),
-            );
+            gemm_crate(
+                (m, n, k),
+                (cb.as_mut_ptr(), n as isize),
+                (ab.as_ptr(), csa, rsa),
+                (bb.as_ptr(), csb, rsb),
+            )
         }
+    }
+}
+
+/// `dst = lhs·rhs` (`m × k` by `k × n`) through the `gemm` crate on the rayon pool, `dst`
+/// overwritten (never read): every use of the crate's SGEMM. Each operand is a pointer with
+/// its (column, row) element strides; `dst`'s rows are `ldd` apart, its columns contiguous.
+///
+/// # Safety
+/// The strides must address only elements inside each operand for the given sizes, and `dst`
+/// must be writable there and overlap neither `lhs` nor `rhs`.
+pub(crate) unsafe fn gemm_crate(
+    (m, n, k): (usize, usize, usize),
+    (dst, ldd): (*mut f32, isize),
+    (lhs, cs_l, rs_l): (*const f32, isize, isize),
+    (rhs, cs_r, rs_r): (*const f32, isize, isize),
+) {
+    // SAFETY: this function's contract. gemm computes dst = alpha·dst + beta·lhs·rhs; with
+    // read_dst false, dst is only written.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            ldd,
+            false,
+            lhs,
+            cs_l,
+            rs_l,
+            rhs,
+            cs_r,
+            rs_r,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        );
     }
 }
 

@@ -59,25 +59,21 @@ impl Element for f32 {
     }
 }
 
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
+/// The half-precision floats, converted by `half`.
+macro_rules! half_element {
+    ($($t:ident => $d:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_f32(self) -> f32 {
+                $t::to_f32(self)
+            }
+            fn from_f32(v: f32) -> Self {
+                $t::from_f32(v)
+            }
+        }
+    )*};
 }
-
-impl Element for bf16 {
-    const DTYPE: DType = DType::BF16;
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    fn from_f32(v: f32) -> Self {
-        bf16::from_f32(v)
-    }
-}
+half_element!(f16 => F16, bf16 => BF16);
 
 impl Element for u32 {
     const DTYPE: DType = DType::U32;

@@ -60,15 +60,55 @@ impl MatmulSpec {
             len(self.m, self.n)?,
         );
         for (name, want, got) in [("A", ea, a.len()), ("B", eb, b.len()), ("C", ec, c.len())] {
-            if want != got {
-                return Err(GpuError::shape(
-                    "matmul",
-                    format!("{name} of {want} elements"),
-                    got,
-                ));
-            }
+            check_count("matmul", name, got, want)?;
         }
         Ok(())
+    }
+}
+
+/// An invalid-argument error (`op`'s: "`what` must be finite and >= 0, got `v`") unless `v` is
+/// finite and `>= 0`: learning rates, weight decays, standard deviations, epsilons.
+pub fn require_nonneg(op: &'static str, what: impl std::fmt::Display, v: f32) -> Result<()> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(GpuError::invalid(
+            op,
+            format!("{what} must be finite and >= 0, got {v}"),
+        ))
+    }
+}
+
+/// [`require_f32`] and the length check of entry `i` of the buffer list `name` (the error
+/// names it `name[i]`).
+pub fn require_f32_entry<T: BufferInfo + ?Sized>(
+    op: &'static str,
+    (name, i): (&str, usize),
+    b: &T,
+    want: usize,
+) -> Result<()> {
+    require_f32(op, b.dtype())?;
+    if b.len() != want {
+        return Err(GpuError::shape(
+            op,
+            format!("{name}[{i}] of {want} elements"),
+            b.len(),
+        ));
+    }
+    Ok(())
+}
+
+/// A shape error (`op`'s, "`what` of `want` elements") unless `got == want`: the length check
+/// of every buffer argument.
+pub fn check_count(op: &'static str, what: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(GpuError::shape(
+            op,
+            format!("{what} of {want} elements"),
+            got,
+        ))
     }
 }
 
@@ -182,14 +222,24 @@ pub fn check_rows(
             reason: "rows must have at least one column".into(),
         });
     }
-    if !x.len_dyn().is_multiple_of(cols) {
-        return Err(GpuError::shape(
-            op,
-            format!("a multiple of {cols} elements"),
-            x.len_dyn(),
-        ));
+    whole_rows(op, x.len_dyn(), cols, || {
+        format!("a multiple of {cols} elements")
+    })
+}
+
+/// `len / width` (`width > 0`), or a shape error (`op`'s, expecting `want()`) when `len` is not
+/// a multiple of `width`: the row count of every row-wise op.
+pub fn whole_rows(
+    op: &'static str,
+    len: usize,
+    width: usize,
+    want: impl FnOnce() -> String,
+) -> Result<usize> {
+    if len.is_multiple_of(width) {
+        Ok(len / width)
+    } else {
+        Err(GpuError::shape(op, want(), len))
     }
-    Ok(x.len_dyn() / cols)
 }
 
 /// Object-safe view of [`BufferInfo`], so checks can take buffers of any backend.

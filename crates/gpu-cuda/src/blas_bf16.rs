@@ -61,13 +61,7 @@ impl CudaBackend {
         };
         let [ea, eb, ec] = lengths(&s)?;
         for (name, want, got) in [("A", ea, a.len()), ("B", eb, b.len()), ("C", ec, c.len())] {
-            if want != got {
-                return Err(GpuError::shape(
-                    OP,
-                    format!("{name} of {want} elements"),
-                    got,
-                ));
-            }
+            gpu_core::ops::check_count(OP, name, got, want)?;
         }
         self.check_owned(OP, &[a, b, c])?;
         if s.batch == 0 || s.m == 0 || s.n == 0 {

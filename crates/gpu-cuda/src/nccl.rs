@@ -253,12 +253,7 @@ impl NcclComm {
             .push(flat);
         let _pass = self.backend.pass();
         self.backend.bind()?;
-        self.fork
-            .record(self.backend.stream())
-            .map_err(drv("cuEventRecord"))?;
-        self.side
-            .wait(&self.fork)
-            .map_err(drv("cuStreamWaitEvent"))?;
+        self.fork_side()?;
         let side = self.side.cu_stream();
         let copy = |into_flat: bool| -> Result<()> {
             let mut at = flat_ptr;
@@ -338,6 +333,14 @@ impl NcclComm {
         self.all_reduce_on(bufs, op, false)
     }
 
+    /// Orders the communication stream after the device stream's work so far (the fork event).
+    fn fork_side(&self) -> Result<()> {
+        self.fork
+            .record(self.backend.stream())
+            .map_err(drv("cuEventRecord"))?;
+        self.side.wait(&self.fork).map_err(drv("cuStreamWaitEvent"))
+    }
+
     /// The all-reduce on the device's stream, or (`side`) on the communication stream after
     /// the device stream's work so far.
     fn all_reduce_on(&self, bufs: &mut [&mut CudaBuffer], op: ReduceOp, side: bool) -> Result<()> {
@@ -346,12 +349,7 @@ impl NcclComm {
         let _pass = self.backend.pass();
         self.backend.bind()?;
         let stream = if side {
-            self.fork
-                .record(self.backend.stream())
-                .map_err(drv("cuEventRecord"))?;
-            self.side
-                .wait(&self.fork)
-                .map_err(drv("cuStreamWaitEvent"))?;
+            self.fork_side()?;
             self.side.cu_stream() as sys::cudaStream_t
         } else {
             self.stream()

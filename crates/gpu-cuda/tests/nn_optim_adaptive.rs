@@ -30,18 +30,7 @@ const SF: ScheduleFreeConfig = ScheduleFreeConfig {
     eps: 1e-8,
 };
 
-const PRODIGY: ProdigyConfig = ProdigyConfig {
-    beta1: 0.9,
-    beta2: 0.999,
-    beta3: 0.999_499_9,
-    eps: 1e-8,
-    d0: 1e-6,
-    d_coef: 1.0,
-    growth_rate: f32::INFINITY,
-    decouple: true,
-    use_bias_correction: false,
-    safeguard_warmup: false,
-};
+const PRODIGY: ProdigyConfig = ProdigyConfig::DEFAULT;
 
 /// Awkward lengths (one empty) and small tensors: 69 non-empty tensors.
 fn lengths(rng: &mut StdRng) -> Vec<usize> {

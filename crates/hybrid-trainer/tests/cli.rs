@@ -236,20 +236,8 @@ fn resumes_bit_for_bit(optimizer: &str) {
     let _ = std::fs::remove_dir_all(&dir);
     let data = corpus.0.to_str().unwrap();
     let ck = dir.to_str().unwrap();
-    let base = [
-        "--device",
-        "cpu",
-        "train-gpt",
-        "--data",
-        data,
-        "--block",
-        "16",
-        "--layers",
-        "1",
-        "--heads",
-        "2",
-        "--embd",
-        "16",
+    let mut base = common::tiny_gpt("cpu", data);
+    base.extend([
         "--iters",
         "20",
         "--warmup",
@@ -264,7 +252,7 @@ fn resumes_bit_for_bit(optimizer: &str) {
         "0",
         "--optimizer",
         optimizer,
-    ];
+    ]);
     let run = |extra: &[&str]| cli_ok(base.iter().chain(&["--batch", "4"]).chain(extra)).0;
     let full = run(&["--checkpoint", ck, "--checkpoint-interval", "10"]);
     assert!(full.contains("checkpoint"), "{full}");

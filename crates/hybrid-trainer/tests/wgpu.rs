@@ -35,20 +35,8 @@ fn summary_field(out: &str, key: &str) -> f64 {
 
 /// `train-gpt` on `device` with a one-layer GPT for 6 steps (and `extra` flags); its stdout.
 fn train_gpt(device: &str, data: &str, extra: &[&str]) -> String {
-    let args = [
-        "--device",
-        device,
-        "train-gpt",
-        "--data",
-        data,
-        "--block",
-        "16",
-        "--layers",
-        "1",
-        "--heads",
-        "2",
-        "--embd",
-        "16",
+    let mut args = common::tiny_gpt(device, data);
+    args.extend([
         "--batch",
         "4",
         "--iters",
@@ -65,7 +53,7 @@ fn train_gpt(device: &str, data: &str, extra: &[&str]) -> String {
         "2",
         "--sample",
         "24",
-    ];
+    ]);
     cli_ok(args.iter().chain(extra)).0
 }
 

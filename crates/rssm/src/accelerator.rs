@@ -269,42 +269,18 @@ impl GpuAccelerator {
 
     /// The host copy of the model's current weights (copied again only after they change).
     fn host_model(&self, model: &Rssm) -> Result<Arc<HostRssm>, AcceleratorError> {
-        let mut cache = self.host.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((v, h)) = cache.as_ref() {
-            if *v == model.version() {
-                return Ok(h.clone());
-            }
-        }
-        let h = Arc::new(HostRssm::from_model(model)?);
-        *cache = Some((model.version(), h.clone()));
-        Ok(h)
+        cached(&self.host, model, |m| HostRssm::from_model(m).map(Arc::new))
     }
 
     /// The fast engine's packed copy of the model's current weights (likewise cached).
     fn fast_model(&self, model: &Rssm) -> Result<Arc<FastRssm>, AcceleratorError> {
-        let mut cache = self.fast.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((v, h)) = cache.as_ref() {
-            if *v == model.version() {
-                return Ok(h.clone());
-            }
-        }
-        let h = Arc::new(FastRssm::from_model(model)?);
-        *cache = Some((model.version(), h.clone()));
-        Ok(h)
+        cached(&self.fast, model, |m| FastRssm::from_model(m).map(Arc::new))
     }
 
     /// The fused kernel's packed copy of the model's current weights (packed again only after
     /// they change).
     fn packed_model(&self, model: &Rssm) -> Result<Tensor, AcceleratorError> {
-        let mut cache = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((v, p)) = cache.as_ref() {
-            if *v == model.version() {
-                return Ok(p.clone());
-            }
-        }
-        let p = crate::rollout::pack(model)?;
-        *cache = Some((model.version(), p.clone()));
-        Ok(p)
+        cached(&self.packed, model, crate::rollout::pack)
     }
 
     /// The encoder in evaluation mode on a batch of feature vectors: `features` f32 `[B, F]`
@@ -553,6 +529,27 @@ impl GpuAccelerator {
         }
         apply_tiled(weights, correction, TILE)
     }
+}
+
+/// What `build` makes of `model`, kept in `slot` with the model's version and made again only
+/// when the weights changed since: the accelerator's host, fast and packed copies.
+fn cached<T: Clone, E>(
+    slot: &Mutex<Option<(u64, T)>>,
+    model: &Rssm,
+    build: impl FnOnce(&Rssm) -> Result<T, E>,
+) -> Result<T, AcceleratorError>
+where
+    AcceleratorError: From<E>,
+{
+    let mut cache = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((v, t)) = cache.as_ref() {
+        if *v == model.version() {
+            return Ok(t.clone());
+        }
+    }
+    let t = build(model)?;
+    *cache = Some((model.version(), t.clone()));
+    Ok(t)
 }
 
 #[cfg(test)]

@@ -93,6 +93,47 @@ impl HostNorm {
     }
 }
 
+/// Errors unless the rows (the last of `shape`) are `width` wide, there is a row and every value
+/// is `finite`, in that order: the input checks of this engine and the fast one.
+pub(crate) fn check_input(
+    what: &'static str,
+    shape: &[usize],
+    width: usize,
+    finite: bool,
+) -> Result<()> {
+    let got = shape.last().copied().unwrap_or(0);
+    if got != width {
+        return Err(RssmError::FeatureWidth {
+            what,
+            expected: width,
+            got,
+        });
+    }
+    if shape.contains(&0) {
+        return Err(RssmError::Empty { what });
+    }
+    if !finite {
+        return Err(RssmError::NonFinite { what });
+    }
+    Ok(())
+}
+
+/// [`check_input`] for a rollout's `context`, then an error for `steps == 0`.
+pub(crate) fn check_rollout(
+    shape: &[usize],
+    width: usize,
+    finite: bool,
+    steps: usize,
+) -> Result<()> {
+    check_input("context", shape, width, finite)?;
+    if steps == 0 {
+        return Err(RssmError::Empty {
+            what: "the rollout (steps = 0)",
+        });
+    }
+    Ok(())
+}
+
 fn relu(x: DMatrix<f64>) -> DMatrix<f64> {
     x.map(|v| v.max(0.0))
 }
@@ -219,36 +260,11 @@ impl HostRssm {
         raw.columns(0, self.cfg.latent_dim).into_owned()
     }
 
-    /// Errors unless every value is finite, the rows are `width` wide and there is a row.
-    fn check(
-        &self,
-        what: &'static str,
-        values: &[usize],
-        width: usize,
-        finite: bool,
-    ) -> Result<()> {
-        let got = values.last().copied().unwrap_or(0);
-        if got != width {
-            return Err(RssmError::FeatureWidth {
-                what,
-                expected: width,
-                got,
-            });
-        }
-        if values.contains(&0) {
-            return Err(RssmError::Empty { what });
-        }
-        if !finite {
-            return Err(RssmError::NonFinite { what });
-        }
-        Ok(())
-    }
-
     /// The encoder in evaluation mode: `relu(norm(x·Wᵀ + b))` for `features` `[B, F]`.
     /// Errors: another width, no row, NaN or Inf.
     pub fn encode(&self, features: ArrayView2<'_, f32>) -> Result<Array2<f32>> {
         let finite = features.iter().all(|v| v.is_finite());
-        self.check("features", features.shape(), self.cfg.feature_dim, finite)?;
+        check_input("features", features.shape(), self.cfg.feature_dim, finite)?;
         Ok(from_matrix(&self.encode_rows(&to_matrix(features))))
     }
 
@@ -263,12 +279,7 @@ impl HostRssm {
         steps: usize,
     ) -> Result<(Array4<f32>, Array3<f32>, Array2<f32>)> {
         let finite = context.iter().all(|v| v.is_finite());
-        self.check("context", context.shape(), self.cfg.feature_dim, finite)?;
-        if steps == 0 {
-            return Err(RssmError::Empty {
-                what: "the rollout (steps = 0)",
-            });
-        }
+        check_rollout(context.shape(), self.cfg.feature_dim, finite, steps)?;
         let (b, t, _) = context.dim();
         let (m, d) = (self.members.len(), self.cfg.output_dim);
         let embeds: Vec<DMatrix<f64>> = (0..t)

@@ -99,14 +99,7 @@ pub fn autocast_dtype() -> Option<DType> {
 /// Runs `f` with `precision`'s autocast on this thread (nested calls: the innermost wins; the
 /// previous setting comes back when `f` returns or panics).
 pub fn autocast<R>(precision: Precision, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<DType>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            AUTOCAST.with(|a| a.set(self.0));
-        }
-    }
-    let _restore = Restore(AUTOCAST.with(|a| a.replace(precision.autocast_dtype())));
-    f()
+    gpu_core::cpu::fast::with_local(&AUTOCAST, precision.autocast_dtype(), f)
 }
 
 #[cfg(test)]

@@ -163,12 +163,7 @@ impl Tensor {
     /// device), then placed on `device`. `std` must be finite and `>= 0` (a negative one was
     /// accepted and silently flipped the samples' signs).
     pub fn randn(shape: &[usize], std: f32, seed: u64, device: Device) -> Result<Tensor> {
-        if !(std.is_finite() && std >= 0.0) {
-            return Err(GpuError::invalid(
-                "randn",
-                format!("the standard deviation must be finite and >= 0, got {std}"),
-            ));
-        }
+        gpu_core::ops::require_nonneg("randn", "the standard deviation", std)?;
         let numel = Shape::from(shape).checked_numel()?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let normal = rand_distr::Normal::new(0.0f32, std)

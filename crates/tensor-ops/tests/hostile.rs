@@ -3,6 +3,18 @@
 //! [`gpu_cuda::testing::devices`] (the CPU, then CUDA where present) and expects the same
 //! result, or the same typed error, on each.
 
+/// Defines `fn $name(what, r)`: panics (naming `what`) unless `r` failed with `GpuError::$variant`.
+macro_rules! expect_error {
+    ($name:ident, $variant:ident) => {
+        fn $name<T: std::fmt::Debug>(what: &str, r: tensor_ops::Result<T>) {
+            match r {
+                Err(GpuError::$variant { .. }) => {}
+                other => panic!("{what}: expected {}, got {other:?}", stringify!($variant)),
+            }
+        }
+    };
+}
+
 #[path = "hostile/api.rs"]
 mod api;
 #[path = "hostile/ids.rs"]

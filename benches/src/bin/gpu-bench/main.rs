@@ -134,13 +134,7 @@ impl Bench {
 
 pub(crate) fn row(id: &str, what: String, us: f64, bytes: Option<f64>, flops: Option<f64>) -> Row {
     println!("{id:>12}: {us:10.1} us  {what}");
-    Row {
-        id: id.into(),
-        what,
-        median_us: us,
-        bytes,
-        flops,
-    }
+    Row::new(id, what, us, bytes, flops)
 }
 
 /// The bandwidth ceiling: a 1 GiB device-to-device copy (read + write counted).

@@ -80,13 +80,7 @@ impl Bench {
 
 fn row(id: &str, what: String, us: f64, bytes: Option<f64>, flops: Option<f64>) -> Row {
     println!("{id:>12}: {us:12.1} us  {what}");
-    Row {
-        id: id.into(),
-        what,
-        median_us: us,
-        bytes,
-        flops,
-    }
+    Row::new(id, what, us, bytes, flops)
 }
 
 /// The ceiling and the memory-bound rows on `[rows, cols]` f32.

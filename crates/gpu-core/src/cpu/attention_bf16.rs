@@ -27,6 +27,7 @@ use super::widen::bf16_rne;
 use super::{CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
 use crate::nn::attention::{check_dims, packed_lens, AttnDropout, Packed, PackedSaved};
+use crate::ops::check_count as check_len;
 use half::bf16;
 
 /// The one head dimension the bf16 attention kernels support.
@@ -60,18 +61,6 @@ pub fn packed_bf16_lens(op: &'static str, p: Packed, scale: f32) -> Result<(usiz
         ));
     }
     packed_lens(op, p)
-}
-
-fn check_len(op: &'static str, what: &str, len: usize, want: usize) -> Result<()> {
-    if len == want {
-        Ok(())
-    } else {
-        Err(GpuError::shape(
-            op,
-            format!("{what} of {want} elements"),
-            len,
-        ))
-    }
 }
 
 /// Head `h` of block `blk` of batch `bi` of a `[b, t, w·c]` buffer, widened to f64 `[t, d]`.

@@ -94,15 +94,9 @@ impl DecodeOps for CpuBackend {
     ) -> Result<()> {
         const OP: &str = "rope_append";
         check_rope_append(x, [&*q_out, &*k_cache, &*v_cache], dims)?;
-        let RopeAppendIn {
-            qkv,
-            inv_freq,
-            start,
-            slot,
-        } = x;
-        let (start, slot, freq) = (start.as_u32()?, slot.as_u32()?, inv_freq.as_f32()?);
+        let (start, slot, freq) = (x.start.as_u32()?, x.slot.as_u32()?, x.inv_freq.as_f32()?);
         check_slots(OP, slot, dims)?;
-        let qkv = Floats::of(OP, qkv)?;
+        let qkv = Floats::of(OP, x.qkv)?;
         let (mut q_out, mut kc, mut vc) = (
             FloatsMut::of(OP, q_out)?,
             FloatsMut::of(OP, k_cache)?,

@@ -230,14 +230,7 @@ impl Primitives for CpuBackend {
     fn copy_blocks(&self, src: &CpuStorage, dst: &mut CpuStorage, copy: BlockCopy) -> Result<()> {
         let _p = super::profile::scope("copy_blocks");
         check_copy_blocks(src, dst, copy)?;
-        let BlockCopy {
-            src_offset,
-            src_stride,
-            dst_offset,
-            dst_stride,
-            outer,
-            len,
-        } = copy;
+        let len = copy.len;
         if len == 0 {
             return Ok(());
         }
@@ -246,9 +239,9 @@ impl Primitives for CpuBackend {
             return via_f32(&[src], dst, true, |i, o| self.copy_blocks(i[0], o, copy));
         }
         let (src, dst) = (src.as_f32()?, dst.as_f32_mut()?);
-        for o in 0..outer {
-            let s = src_offset + o * src_stride;
-            let d = dst_offset + o * dst_stride;
+        for o in 0..copy.outer {
+            let s = copy.src_offset + o * copy.src_stride;
+            let d = copy.dst_offset + o * copy.dst_stride;
             dst[d..d + len].copy_from_slice(&src[s..s + len]);
         }
         Ok(())

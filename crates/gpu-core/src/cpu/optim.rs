@@ -7,8 +7,8 @@ use super::par::GRAIN;
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::optim::{
-    adamw_scalars, check_adamw, check_clip, AdamWBuffers, AdamWConfig, OptimOps, ProdigyBuffers,
-    ProdigyConfig, ScheduleFreeBuffers, ScheduleFreeConfig, StepScalars,
+    adamw_scalars, check_clip, AdamWBuffers, AdamWConfig, OptimOps, ProdigyBuffers, ProdigyConfig,
+    ScheduleFreeBuffers, ScheduleFreeConfig, StepScalars,
 };
 use rayon::prelude::*;
 
@@ -53,16 +53,10 @@ impl OptimOps for CpuBackend {
 
     fn adamw_step(&self, bufs: AdamWBuffers<'_, '_, CpuStorage>, cfg: AdamWConfig) -> Result<()> {
         let _p = super::profile::scope("adamw_step");
-        let AdamWBuffers {
-            params,
-            grads,
-            m,
-            v,
-            weight_decay,
-            grad_scale,
-        } = bufs;
-        check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
-        let coef = match grad_scale {
+        bufs.check(cfg)?;
+        let (params, grads, m, v) = (bufs.params, bufs.grads, bufs.m, bufs.v);
+        let weight_decay = bufs.weight_decay;
+        let coef = match bufs.grad_scale {
             Some(s) => s.as_f32()?[1] as f64,
             None => 1.0,
         };

@@ -221,20 +221,10 @@ impl RowOps for CpuBackend {
         (dx, dw, db): (&mut CpuStorage, &mut CpuStorage, &mut CpuStorage),
         cols: usize,
     ) -> Result<()> {
-        let LayerNormBwdIn {
-            x,
-            w,
-            mean,
-            rstd,
-            dy,
-        } = input;
         let _p = super::profile::scope("layernorm_bwd");
-        const OP: &str = "layernorm_bwd";
-        let params = [("w", w as _), ("dw", &*dw as _), ("db", &*db as _)];
-        check_norm(OP, x, dx, &params, &[("mean", mean), ("rstd", rstd)], cols)?;
-        check_rows_bwd(OP, x, dy, dx, cols)?;
-        let (x, w, dy) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?);
-        let (mean, rstd) = (mean.as_f32()?, rstd.as_f32()?);
+        input.check((dx, dw, db), cols)?;
+        let (x, w, dy) = (input.x.as_f32()?, input.w.as_f32()?, input.dy.as_f32()?);
+        let (mean, rstd) = (input.mean.as_f32()?, input.rstd.as_f32()?);
         if fast::fast() {
             let (isa, per) = (fast::Isa::best(), min_rows(cols));
             let chunks = dx.as_f32_mut()?.par_chunks_mut(per * cols).enumerate();

@@ -243,17 +243,20 @@ fn matmul_matches_f64_on_odd_shapes_and_transposes() {
     }
 }
 
+/// `((i·mul) % modulus) / scale − offset` for `i < len`: a deterministic test matrix.
+fn pattern(len: usize, (mul, modulus): (usize, usize), (scale, offset): (f32, f32)) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * mul) % modulus) as f32 / scale - offset)
+        .collect()
+}
+
 /// The product is the same, bit for bit, on 1, 2 and 5 threads (training runs resume bit-exactly
 /// on a machine with another core count).
 #[test]
 fn matmul_results_do_not_depend_on_the_thread_count() {
     let (m, n, k) = (300, 260, 1100);
-    let a: Vec<f32> = (0..m * k)
-        .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
-        .collect();
-    let b: Vec<f32> = (0..k * n)
-        .map(|i| ((i * 104729) % 997) as f32 / 250.0 - 2.0)
-        .collect();
+    let a = pattern(m * k, (7919, 1000), (250.0, 2.0));
+    let b = pattern(k * n, (104729, 997), (250.0, 2.0));
     let run = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -275,12 +278,8 @@ fn matmul_results_do_not_depend_on_the_thread_count() {
 fn matmul_non_finite_inputs_reach_only_their_row_or_column() {
     let cpu = CpuBackend;
     let (m, n, k) = (37, 41, 70);
-    let a: Vec<f32> = (0..m * k)
-        .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
-        .collect();
-    let b: Vec<f32> = (0..k * n)
-        .map(|i| ((i * 13) % 11) as f32 / 4.0 - 1.0)
-        .collect();
+    let a = pattern(m * k, (31, 17), (8.0, 1.0));
+    let b = pattern(k * n, (13, 11), (4.0, 1.0));
     let run = |a: &[f32], b: &[f32]| {
         let mut c = cpu.upload(&vec![-7.5f32; m * n]).unwrap();
         let (ab, bb) = (cpu.upload(a).unwrap(), cpu.upload(b).unwrap());

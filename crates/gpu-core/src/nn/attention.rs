@@ -226,13 +226,7 @@ pub fn check_dims(op: &'static str, n: usize, t: usize, d: usize) -> Result<(usi
 fn check_buffers<B: BufferInfo>(op: &'static str, bufs: &[(&str, &B, usize)]) -> Result<()> {
     for &(name, buf, want) in bufs {
         require_f32(op, buf.dtype())?;
-        if buf.len() != want {
-            return Err(GpuError::shape(
-                op,
-                format!("{name} of {want} elements"),
-                buf.len(),
-            ));
-        }
+        crate::ops::check_count(op, name, buf.len(), want)?;
     }
     Ok(())
 }

@@ -290,13 +290,8 @@ pub fn check_rope_append<B: BufferInfo>(
     dims: DecodeDims,
 ) -> Result<()> {
     const OP: &str = "rope_append";
-    let RopeAppendIn {
-        qkv,
-        inv_freq,
-        start,
-        slot,
-    } = x;
-    check_rows_and_cache(OP, start, slot, k_cache, v_cache, dims)?;
+    let (qkv, inv_freq) = (x.qkv, x.inv_freq);
+    check_rows_and_cache(OP, x.start, x.slot, k_cache, v_cache, dims)?;
     require_float(OP, qkv.dtype())?;
     require_float(OP, q_out.dtype())?;
     check_len(OP, "qkv", qkv, dims.qkv_len())?;
@@ -383,14 +378,7 @@ pub fn check_argmax<B: BufferInfo>(x: &B, out: &B, cols: usize) -> Result<usize>
             format!("a row must have 1..2^31 columns, got {cols}"),
         ));
     }
-    if !x.len().is_multiple_of(cols) {
-        return Err(GpuError::shape(
-            OP,
-            format!("rows of {cols} columns"),
-            x.len(),
-        ));
-    }
-    let rows = x.len() / cols;
+    let rows = crate::ops::whole_rows(OP, x.len(), cols, || format!("rows of {cols} columns"))?;
     check_len(OP, "out", out, rows)?;
     Ok(rows)
 }
@@ -417,12 +405,7 @@ pub fn check_add_rms_norm<B: BufferInfo>(
             x.len(),
         ));
     }
-    if !(eps.is_finite() && eps >= 0.0) {
-        return Err(GpuError::invalid(
-            OP,
-            format!("eps must be finite and >= 0, got {eps}"),
-        ));
-    }
+    crate::ops::require_nonneg(OP, "eps", eps)?;
     if let Some(y) = y {
         require_float(OP, y.dtype())?;
         check_len(OP, "y", y, x.len())?;

@@ -73,7 +73,19 @@ pub fn seed_offset<B: crate::backend::Backend + ?Sized>(
     offsets: &B::Buffer,
     index: usize,
 ) -> Result<u64> {
-    use crate::backend::BufferInfo;
+    check_seed_offset(op, offsets, index)?;
+    let words = b.download::<u32>(offsets)?;
+    Ok(words[2 * index] as u64 | (words[2 * index + 1] as u64) << 32)
+}
+
+/// A shape error (`op`'s) unless `offsets` is U32 and holds the u64 entry `index` (U32 pairs,
+/// low word first): the check of [`seed_offset`], which backends that read the entry on the
+/// device share.
+pub fn check_seed_offset<T: crate::backend::BufferInfo + ?Sized>(
+    op: &'static str,
+    offsets: &T,
+    index: usize,
+) -> Result<()> {
     let fits = index
         .checked_add(1)
         .and_then(|k| k.checked_mul(2))
@@ -85,8 +97,7 @@ pub fn seed_offset<B: crate::backend::Backend + ?Sized>(
             format!("{} {}", offsets.len(), offsets.dtype()),
         ));
     }
-    let words = b.download::<u32>(offsets)?;
-    Ok(words[2 * index] as u64 | (words[2 * index + 1] as u64) << 32)
+    Ok(())
 }
 
 /// The shape two shapes broadcast to, or `None` when they are incompatible.
@@ -208,15 +219,7 @@ pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
 }
 
 fn check_len(op: &'static str, name: &str, buf: &dyn BufferInfoDyn, want: usize) -> Result<()> {
-    if buf.len_dyn() == want {
-        Ok(())
-    } else {
-        Err(GpuError::shape(
-            op,
-            format!("{name} of {want} elements"),
-            buf.len_dyn(),
-        ))
-    }
+    crate::ops::check_count(op, name, buf.len_dyn(), want)
 }
 
 fn check_rank(op: &'static str, shape: &[usize]) -> Result<()> {
@@ -328,29 +331,25 @@ pub fn check_copy_blocks(
     copy: crate::nn::primitives::BlockCopy,
 ) -> Result<()> {
     const OP: &str = "copy_blocks";
-    let crate::nn::primitives::BlockCopy {
-        src_offset,
-        src_stride,
-        dst_offset,
-        dst_stride,
-        outer,
-        len,
-    } = copy;
+    let (outer, len) = (copy.outer, copy.len);
     require_float(OP, dst.dtype_dyn())?;
     require_float(OP, src.dtype_dyn())?;
     same_dtype(OP, dst.dtype_dyn(), src.dtype_dyn())?;
     if outer == 0 || len == 0 {
         return Ok(());
     }
-    if outer > 1 && dst_stride < len {
+    if outer > 1 && copy.dst_stride < len {
         return Err(GpuError::invalid(
             OP,
-            format!("destination blocks of {len} overlap (stride {dst_stride})"),
+            format!(
+                "destination blocks of {len} overlap (stride {})",
+                copy.dst_stride
+            ),
         ));
     }
     for (name, buf, offset, stride) in [
-        ("src", src, src_offset, src_stride),
-        ("dst", dst, dst_offset, dst_stride),
+        ("src", src, copy.src_offset, copy.src_stride),
+        ("dst", dst, copy.dst_offset, copy.dst_stride),
     ] {
         let end = (outer - 1)
             .checked_mul(stride)

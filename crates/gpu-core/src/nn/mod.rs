@@ -74,30 +74,24 @@ pub use world::{
 
 pub use crate::ops::MatmulOps;
 
-/// Every op family together: what `tensor-ops` needs from a backend.
-pub trait NnOps:
-    Primitives
-    + ElementwiseOps
-    + RowOps
-    + AttentionOps
-    + DecodeOps
-    + QuantOps
-    + SampleOps
-    + OptimOps
-    + WorldOps
-    + MatmulOps
-{
+/// Defines [`NnOps`] as the sum of the op families, implemented for every backend that has
+/// them all (one list for both).
+macro_rules! all_families {
+    ($($family:ident),+) => {
+        /// Every op family together: what `tensor-ops` needs from a backend.
+        pub trait NnOps: $($family +)+ {}
+        impl<B: $($family +)+> NnOps for B {}
+    };
 }
-impl<B> NnOps for B where
-    B: Primitives
-        + ElementwiseOps
-        + RowOps
-        + AttentionOps
-        + DecodeOps
-        + QuantOps
-        + SampleOps
-        + OptimOps
-        + WorldOps
-        + MatmulOps
-{
-}
+all_families!(
+    Primitives,
+    ElementwiseOps,
+    RowOps,
+    AttentionOps,
+    DecodeOps,
+    QuantOps,
+    SampleOps,
+    OptimOps,
+    WorldOps,
+    MatmulOps
+);

@@ -220,6 +220,22 @@ pub fn check_clip<B: BufferInfo>(grads: &[&B], max_norm: f32, out: &B) -> Result
     Ok(())
 }
 
+/// An invalid-argument error unless parameter `i`'s weight decay `wd` is finite and `>= 0`.
+pub(crate) fn check_weight_decay(op: &'static str, i: usize, wd: f32) -> Result<()> {
+    crate::ops::require_nonneg(op, format_args!("weight_decay[{i}]"), wd)
+}
+
+/// Errors unless the clip coefficient's buffer, when given, is f32 `[norm, coef]`.
+pub(crate) fn check_grad_scale<B: BufferInfo>(op: &'static str, s: Option<&B>) -> Result<()> {
+    if let Some(s) = s {
+        require_f32(op, s.dtype())?;
+        if s.len() != 2 {
+            return Err(GpuError::shape(op, "grad_scale of 2 elements", s.len()));
+        }
+    }
+    Ok(())
+}
+
 /// Checks the arguments of [`OptimOps::adamw_step`] (every backend calls this): lists of equal
 /// length, f32 buffers, `grads[i]`, `m[i]`, `v[i]` as long as `params[i]`, `weight_decay[i]`
 /// finite and `>= 0`, `grad_scale` of 2 f32, `lr` and `eps` finite and `>= 0`, betas in
@@ -253,29 +269,11 @@ pub fn check_adamw<B: BufferInfo>(
         let want = params[i].len();
         require_f32(OP, params[i].dtype())?;
         for (name, b) in [("grads", grads[i]), ("m", &*m[i]), ("v", &*v[i])] {
-            require_f32(OP, b.dtype())?;
-            if b.len() != want {
-                return Err(GpuError::shape(
-                    OP,
-                    format!("{name}[{i}] of {want} elements"),
-                    b.len(),
-                ));
-            }
+            crate::ops::require_f32_entry(OP, (name, i), b, want)?;
         }
-        let wd = weight_decay[i];
-        if !(wd.is_finite() && wd >= 0.0) {
-            return Err(GpuError::invalid(
-                OP,
-                format!("weight_decay[{i}] must be finite and >= 0, got {wd}"),
-            ));
-        }
+        check_weight_decay(OP, i, weight_decay[i])?;
     }
-    if let Some(s) = grad_scale {
-        require_f32(OP, s.dtype())?;
-        if s.len() != 2 {
-            return Err(GpuError::shape(OP, "grad_scale of 2 elements", s.len()));
-        }
-    }
+    check_grad_scale(OP, grad_scale)?;
     let AdamWConfig {
         lr,
         beta1,
@@ -316,6 +314,14 @@ pub struct AdamWBuffers<'s, 'b, Buf> {
     pub weight_decay: &'s [f32],
     /// The clip coefficient's buffer (`[norm, coef]`), if the gradients are scaled.
     pub grad_scale: Option<&'b Buf>,
+}
+
+impl<B: BufferInfo> AdamWBuffers<'_, '_, B> {
+    /// [`check_adamw`] of these buffers with `cfg`.
+    pub fn check(&self, cfg: AdamWConfig) -> Result<()> {
+        let (p, m, v) = (&*self.params, &*self.m, &*self.v);
+        check_adamw(p, self.grads, m, v, self.weight_decay, self.grad_scale, cfg)
+    }
 }
 
 /// Checks a device schedule (3 f32: [`adamw_schedule`]) and reads it on the host.

@@ -191,6 +191,21 @@ fn bad(op: &'static str, what: &str, v: f32, want: &str) -> GpuError {
 }
 
 impl ProdigyConfig {
+    /// The package's defaults (`beta3 = sqrt(beta2)` rounded to f32, decoupled weight decay,
+    /// no bias correction, no safeguard warm-up).
+    pub const DEFAULT: ProdigyConfig = ProdigyConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        beta3: 0.999_499_9,
+        eps: 1e-8,
+        d0: 1e-6,
+        d_coef: 1.0,
+        growth_rate: f32::INFINITY,
+        decouple: true,
+        use_bias_correction: false,
+        safeguard_warmup: false,
+    };
+
     /// Checks the values documented on each field.
     pub fn validate(&self, op: &'static str) -> Result<()> {
         for (what, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
@@ -229,14 +244,7 @@ fn check_list<B: BufferInfo>(
         ));
     }
     for (i, (b, &want)) in bufs.iter().zip(lens).enumerate() {
-        require_f32(op, b.dtype())?;
-        if b.len() != want {
-            return Err(GpuError::shape(
-                op,
-                format!("{name}[{i}] of {want} elements"),
-                b.len(),
-            ));
-        }
+        crate::ops::require_f32_entry(op, (name, i), *b, want)?;
     }
     Ok(())
 }
@@ -309,22 +317,10 @@ pub fn check_lists<B: BufferInfo>(
             weight_decay.len(),
         ));
     }
-    if let Some((i, wd)) = weight_decay
-        .iter()
-        .enumerate()
-        .find(|(_, w)| !(w.is_finite() && **w >= 0.0))
-    {
-        return Err(GpuError::invalid(
-            op,
-            format!("weight_decay[{i}] must be finite and >= 0, got {wd}"),
-        ));
+    for (i, &wd) in weight_decay.iter().enumerate() {
+        super::optim::check_weight_decay(op, i, wd)?;
     }
-    if let Some(s) = grad_scale {
-        require_f32(op, s.dtype())?;
-        if s.len() != 2 {
-            return Err(GpuError::shape(op, "grad_scale of 2 elements", s.len()));
-        }
-    }
+    super::optim::check_grad_scale(op, grad_scale)?;
     Ok(())
 }
 

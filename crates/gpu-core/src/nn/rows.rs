@@ -241,6 +241,20 @@ pub struct LayerNormBwdIn<'a, Buf> {
     pub dy: &'a Buf,
 }
 
+impl<Buf: BufferInfo> LayerNormBwdIn<'_, Buf> {
+    /// Checks the inputs with the outputs `dx`, `dw`, `db` (the backends' kernels): `x`, `dy`
+    /// and `dx` f32 `rows·cols`, `w`, `dw`, `db` f32 `cols`, `mean` and `rstd` f32 `rows`;
+    /// returns the number of rows.
+    pub fn check(&self, (dx, dw, db): (&Buf, &Buf, &Buf), cols: usize) -> Result<usize> {
+        const OP: &str = "layernorm_bwd";
+        let params = [("w", self.w as _), ("dw", dw as _), ("db", db as _)];
+        let stats = [("mean", self.mean as _), ("rstd", self.rstd as _)];
+        let rows = check_norm(OP, self.x, dx, &params, &stats, cols)?;
+        check_rows_bwd(OP, self.x, self.dy, dx, cols)?;
+        Ok(rows)
+    }
+}
+
 /// The inputs of [`RowOps::rmsnorm_bwd`].
 #[derive(Debug)]
 pub struct RmsNormBwdIn<'a, Buf> {
@@ -288,15 +302,7 @@ pub fn require_dtype(op: &'static str, expected: DType, got: DType) -> Result<()
 
 /// Errors unless `buf` holds exactly `want` elements (`name` names it in the error).
 pub fn check_len(op: &'static str, name: &str, buf: &impl BufferInfo, want: usize) -> Result<()> {
-    if buf.len() == want {
-        Ok(())
-    } else {
-        Err(GpuError::shape(
-            op,
-            format!("{name} of {want} elements"),
-            buf.len(),
-        ))
-    }
+    crate::ops::check_count(op, name, buf.len(), want)
 }
 
 /// Errors unless `buf` is f32 with exactly `want` elements (`what` names it in the error).
@@ -307,14 +313,7 @@ pub fn require_f32_len(
     want: usize,
 ) -> Result<()> {
     require_f32(op, buf.dtype_dyn())?;
-    if buf.len_dyn() != want {
-        return Err(GpuError::shape(
-            op,
-            format!("{what} of {want} elements"),
-            buf.len_dyn(),
-        ));
-    }
-    Ok(())
+    crate::ops::check_count(op, what, buf.len_dyn(), want)
 }
 
 /// Checks `eps` of a normalisation: finite and `> 0`.
@@ -444,13 +443,9 @@ pub fn check_embedding(
             reason: "embeddings must have at least one dimension".into(),
         });
     }
-    if !table.len_dyn().is_multiple_of(dim) {
-        return Err(GpuError::shape(
-            op,
-            format!("a [vocab, {dim}] table"),
-            table.len_dyn(),
-        ));
-    }
+    let vocab = crate::ops::whole_rows(op, table.len_dyn(), dim, || {
+        format!("a [vocab, {dim}] table")
+    })?;
     let rows = ids.len_dyn();
     let len = rows
         .checked_mul(dim)
@@ -459,5 +454,5 @@ pub fn check_embedding(
             reason: format!("{rows} rows of {dim} overflow usize"),
         })?;
     require_f32_len(op, "activations", acts, len)?;
-    Ok((rows, table.len_dyn() / dim))
+    Ok((rows, vocab))
 }

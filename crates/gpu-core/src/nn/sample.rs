@@ -165,14 +165,9 @@ pub fn check_sample<B: BufferInfo>(
             format!("a row must have 1..={MAX_VOCAB} logits, got {vocab}"),
         ));
     }
-    if !logits.len().is_multiple_of(vocab) {
-        return Err(GpuError::shape(
-            OP,
-            format!("rows of {vocab} logits"),
-            logits.len(),
-        ));
-    }
-    let rows = logits.len() / vocab;
+    let rows = crate::ops::whole_rows(OP, logits.len(), vocab, || {
+        format!("rows of {vocab} logits")
+    })?;
     check_len(OP, "seen", seen, rows * seen_words(vocab))?;
     check_len(OP, "counter", counter, rows)?;
     check_len(OP, "out", out, rows)?;

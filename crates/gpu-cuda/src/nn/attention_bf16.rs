@@ -43,13 +43,7 @@ fn check_bufs(op: &'static str, bufs: &[(&str, &CudaBuffer, DType, usize)]) -> R
                 got: buf.dtype(),
             });
         }
-        if buf.len() != want {
-            return Err(GpuError::shape(
-                op,
-                format!("{name} of {want} elements"),
-                buf.len(),
-            ));
-        }
+        gpu_core::ops::check_count(op, name, buf.len(), want)?;
     }
     Ok(())
 }

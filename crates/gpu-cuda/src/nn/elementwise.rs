@@ -15,7 +15,7 @@ use gpu_core::nn::elementwise::{
 };
 use gpu_core::nn::{BlockCopy, Direction};
 use gpu_core::ops::check_float_elementwise;
-use gpu_core::{BufferInfo, DType, GpuError, Result};
+use gpu_core::{BufferInfo, DType, Result};
 use plan::BinaryPath;
 #[cfg(test)]
 use {
@@ -306,14 +306,8 @@ impl Primitives for CudaBackend {
 
     fn copy_blocks(&self, src: &CudaBuffer, dst: &mut CudaBuffer, copy: BlockCopy) -> Result<()> {
         check_copy_blocks(src, dst, copy)?;
-        let BlockCopy {
-            src_offset,
-            src_stride,
-            dst_offset,
-            dst_stride,
-            outer,
-            len,
-        } = copy;
+        let (src_offset, dst_offset, outer, len) =
+            (copy.src_offset, copy.dst_offset, copy.outer, copy.len);
         if outer == 0 || len == 0 {
             return Ok(());
         }
@@ -321,7 +315,7 @@ impl Primitives for CudaBackend {
         let (ss, ds) = if outer == 1 {
             (0, 0)
         } else {
-            (src_stride, dst_stride)
+            (copy.src_stride, copy.dst_stride)
         };
         let vec = [src_offset, ss, dst_offset, ds, len]
             .iter()

@@ -10,8 +10,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::optim::{
-    adamw_scalars, check_adamw, check_clip, AdamWBuffers, AdamWConfig, OptimOps, ProdigyBuffers,
-    ProdigyConfig, ScheduleFreeBuffers, ScheduleFreeConfig, StepScalars,
+    adamw_scalars, check_clip, AdamWBuffers, AdamWConfig, OptimOps, ProdigyBuffers, ProdigyConfig,
+    ScheduleFreeBuffers, ScheduleFreeConfig, StepScalars,
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
@@ -219,15 +219,9 @@ impl CudaBackend {
         cfg: AdamWConfig,
         schedule: Option<&CudaBuffer>,
     ) -> Result<()> {
-        let AdamWBuffers {
-            params,
-            grads,
-            m,
-            v,
-            weight_decay,
-            grad_scale,
-        } = bufs;
-        check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
+        bufs.check(cfg)?;
+        let (params, grads, m, v) = (bufs.params, bufs.grads, bufs.m, bufs.v);
+        let (weight_decay, grad_scale) = (bufs.weight_decay, bufs.grad_scale);
         for i in 0..params.len() {
             self.check_owned("adamw_step", &[&*params[i], grads[i], &*m[i], &*v[i]])?;
         }

@@ -371,16 +371,9 @@ mod tests {
     #[test]
     fn prodigy_args_are_32_bytes_with_flags_last() {
         let cfg = ProdigyConfig {
-            beta1: 0.9,
-            beta2: 0.999,
             beta3: 0.5,
-            eps: 1e-8,
-            d0: 1e-6,
-            d_coef: 1.0,
-            growth_rate: f32::INFINITY,
-            decouple: true,
-            use_bias_correction: false,
             safeguard_warmup: true,
+            ..ProdigyConfig::DEFAULT
         };
         let b = prodigy_args(&cfg);
         assert_eq!(b.len(), 32);

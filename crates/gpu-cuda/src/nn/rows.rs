@@ -330,6 +330,8 @@ impl RowOps for CudaBackend {
         (dx, dw, db): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
         cols: usize,
     ) -> Result<()> {
+        const OP: &str = "layernorm_bwd";
+        let rows = input.check((dx, dw, db), cols)?;
         let LayerNormBwdIn {
             x,
             w,
@@ -337,10 +339,6 @@ impl RowOps for CudaBackend {
             rstd,
             dy,
         } = input;
-        const OP: &str = "layernorm_bwd";
-        let params = [("w", w as _), ("dw", &*dw as _), ("db", &*db as _)];
-        let rows = check_norm(OP, x, dx, &params, &[("mean", mean), ("rstd", rstd)], cols)?;
-        check_rows_bwd(OP, x, dy, dx, cols)?;
         if rows == 0 {
             // Sums over no rows.
             self.memset32(dw, 0)?;

@@ -98,19 +98,8 @@ fn householder_part(
     let mut y = alloc(gpu, r * l)?;
     let mut z = alloc(gpu, c * l)?;
     // The two products of the iteration: Y = X·Z (r × l) and Z = Xᵀ·Y (c × l).
-    let x_times = |z: &CudaBuffer, y: &mut CudaBuffer| {
-        gpu.gemm_cm(
-            (false, false),
-            (r, l, c),
-            (1.0, 0.0),
-            (x, r),
-            (z, c),
-            (y, r),
-        )
-    };
-    let xt_times = |y: &CudaBuffer, z: &mut CudaBuffer| {
-        gpu.gemm_cm((true, false), (c, l, r), (1.0, 0.0), (x, r), (y, r), (z, c))
-    };
+    let x_times = |z: &CudaBuffer, y: &mut CudaBuffer| times_x(gpu, (x, r, c, l), false, z, y);
+    let xt_times = |y: &CudaBuffer, z: &mut CudaBuffer| times_x(gpu, (x, r, c, l), true, y, z);
     x_times(&omega, &mut y)?;
     ortho((r, l), &mut y)?;
     for _ in 0..spec.power_iters {
@@ -187,6 +176,27 @@ fn halko(
     factors_into(gpu, (m, n, k, l), (&ur, &vr), (&q2, &y), outs)?;
     gpu.copy_to_device(&s, t.out.s)?;
     Ok(Some(SvdOutcome::Done))
+}
+
+/// The two products of a power iteration over `X` (column-major `r × c`, `r` apart) with `l`
+/// columns, queued: `dst = X·src` (`r × l` from `c × l`), or `dst = Xᵀ·src` (`c × l` from
+/// `r × l`) when `t`.
+pub(crate) fn times_x(
+    gpu: &CudaBackend,
+    (x, r, c, l): (&CudaBuffer, usize, usize, usize),
+    t: bool,
+    src: &CudaBuffer,
+    dst: &mut CudaBuffer,
+) -> Result<()> {
+    let (rows, inner) = if t { (c, r) } else { (r, c) };
+    gpu.gemm_cm(
+        (t, false),
+        (rows, l, inner),
+        (1.0, 0.0),
+        (x, r),
+        (src, inner),
+        (dst, rows),
+    )
 }
 
 /// Row-major `U` `[m, k]` (column-major `Uᵀ`, `k × m` = `Ũₖᵀ·Q₂ᵀ`) and `V` `[n, k]` (`Ṽₖᵀ·Yᵀ`)

@@ -126,19 +126,9 @@ impl Plan {
             ..
         } = self;
         work.clear_flag(gpu)?;
-        let x_times = |z: &CudaBuffer, y: &mut CudaBuffer| {
-            gpu.gemm_cm(
-                (false, false),
-                (r, l, c),
-                (1.0, 0.0),
-                (x, r),
-                (z, c),
-                (y, r),
-            )
-        };
-        let xt_times = |y: &CudaBuffer, z: &mut CudaBuffer| {
-            gpu.gemm_cm((true, false), (c, l, r), (1.0, 0.0), (x, r), (y, r), (z, c))
-        };
+        let times_x = super::world_svd::times_x;
+        let x_times = |z: &CudaBuffer, y: &mut CudaBuffer| times_x(gpu, (x, r, c, l), false, z, y);
+        let xt_times = |y: &CudaBuffer, z: &mut CudaBuffer| times_x(gpu, (x, r, c, l), true, y, z);
         // The intermediate bases need the right span and a good condition number, not
         // orthonormality: one pass of Cholesky QR each (into `y1`, `z1`). A sketch too
         // ill-conditioned for that is caught by the final basis' Cholesky QR2, whose check

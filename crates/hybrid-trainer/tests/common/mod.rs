@@ -106,6 +106,26 @@ pub fn generate_args<'a>(
 /// A small corpus in a fresh temp file (removed on drop).
 pub struct Corpus(pub PathBuf);
 
+/// `--device device train-gpt --data data` with the one-layer GPT of the training tests
+/// (block 16, 2 heads, 16 wide); the caller adds the run's flags.
+pub fn tiny_gpt<'a>(device: &'a str, data: &'a str) -> Vec<&'a str> {
+    vec![
+        "--device",
+        device,
+        "train-gpt",
+        "--data",
+        data,
+        "--block",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--embd",
+        "16",
+    ]
+}
+
 impl Corpus {
     pub fn new(test: &str) -> Corpus {
         let path =

@@ -81,6 +81,31 @@ pub fn load_decoder(
 }
 
 /// A decoder-only model as the f32 reference runs it.
+/// `layer(prefix)` for each of the model's layers, `prefix` its checkpoint name (`{stem}.{i}`).
+pub(crate) fn load_layers<T>(
+    cfg: &ModelConfig,
+    stem: &str,
+    layer: impl Fn(&str) -> Result<T, ModelError>,
+) -> Result<Vec<T>, ModelError> {
+    (0..cfg.num_layers)
+        .map(|i| layer(&format!("{stem}.{i}")))
+        .collect()
+}
+
+/// The output head: the embedding when `tied`, else the checkpoint's `lm_head`.
+pub(crate) fn lm_head(
+    ck: &Checkpoint,
+    embed: &Tensor,
+    tied: bool,
+    dev: Device,
+) -> Result<Linear, ModelError> {
+    if tied {
+        Ok(Linear::tied(embed.clone()))
+    } else {
+        Linear::torch(ck, "lm_head", false, dev)
+    }
+}
+
 pub(crate) trait ReferenceModel: Send + Sync {
     /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` (u32) in `slots`, with `caches` (one
     /// per layer, holding `slots.start` slots) extended.

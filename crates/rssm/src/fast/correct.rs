@@ -16,11 +16,11 @@
 //! - the packing and the rows are split in two halves on two threads.
 //!
 //! Elsewhere (or with `HYBRID_SIMD` capping the level) the engine's generic GEMM
-//! ([`super::gemm::nn`], `Epi::Acc`) does the same sum.
+//! ([`gpu_core::cpu::fast::packed::nn`], `Epi::Acc`) does the same sum.
 
-use super::gemm::{nn, Epi, Packed, Region};
 use super::simd::{level, Level};
 use crate::lowrank::HostLowRank;
+use gpu_core::cpu::fast::packed::{nn, Epi, Packed, Region};
 use ndarray::{Array2, ArrayViewMut2, Axis};
 
 /// Rows of `W` per tile.

@@ -1,5 +1,6 @@
-//! The fast CPU engine: f32 storage, register-tiled GEMMs compiled for AVX-512, AVX2 + FMA or
-//! the baseline and chosen at run time (module `simd`), weights packed once, fused epilogues,
+//! The fast CPU engine: f32 storage, gpu-core's packed-panel GEMM
+//! ([`gpu_core::cpu::fast::packed`], compiled for AVX-512, AVX2 + FMA or the baseline and chosen
+//! at run time by gpu-core's one SIMD dispatch), weights packed once, fused epilogues,
 //! buffers reused across steps, and two threads where the work splits. The f64 `nalgebra`
 //! code ([`crate::reference`], [`crate::svd::randomized_svd`]) stays the exact reference the
 //! tests compare it with.
@@ -10,7 +11,6 @@
 //!   matrix, f64 CholeskyQR2 and small SVD.
 
 mod correct;
-mod gemm;
 mod rssm;
 pub(crate) mod simd;
 mod svd;

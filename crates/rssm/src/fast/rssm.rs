@@ -17,12 +17,13 @@
 //! - the rollout is split into (member, block of rows) units run in parallel (rayon), each
 //!   with its buffers allocated once for all its steps.
 
-use super::gemm::{nn, Epi, Packed, Region};
 use super::simd::{self, simd_fn, Real};
 use crate::config::RssmConfig;
 use crate::error::{Result, RssmError};
 use crate::layers::{Encoder, Head, Member};
 use crate::model::Rssm;
+use crate::reference::{check_input, check_rollout};
+use gpu_core::cpu::fast::packed::{nn, Epi, Packed, Region};
 use ndarray::{Array2, Array3, Array4, ArrayView2, ArrayView3};
 use rayon::prelude::*;
 use tensor_ops::nn::{LayerNorm, Linear};
@@ -271,26 +272,6 @@ impl FastRssm {
         })
     }
 
-    /// Errors unless the rows are `width` wide, there is a row and every value is finite (the
-    /// reference's checks, in its order).
-    fn check(what: &'static str, shape: &[usize], width: usize, finite: bool) -> Result<()> {
-        let got = shape.last().copied().unwrap_or(0);
-        if got != width {
-            return Err(RssmError::FeatureWidth {
-                what,
-                expected: width,
-                got,
-            });
-        }
-        if shape.contains(&0) {
-            return Err(RssmError::Empty { what });
-        }
-        if !finite {
-            return Err(RssmError::NonFinite { what });
-        }
-        Ok(())
-    }
-
     /// The encoder on `rows` feature rows: `[rows, E]`.
     fn encode_rows(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let e = self.cfg.embed_dim;
@@ -314,7 +295,7 @@ impl FastRssm {
     pub fn encode(&self, features: ArrayView2<'_, f32>) -> Result<Array2<f32>> {
         let x: Vec<f32> = features.iter().copied().collect();
         let finite = x.iter().all(|v| v.is_finite());
-        Self::check("features", features.shape(), self.cfg.feature_dim, finite)?;
+        check_input("features", features.shape(), self.cfg.feature_dim, finite)?;
         let rows = features.nrows();
         let y = self.encode_rows(&x, rows);
         Array2::from_shape_vec((rows, self.cfg.embed_dim), y).map_err(shape_err)
@@ -378,12 +359,7 @@ impl FastRssm {
     ) -> Result<(Array4<f32>, Array3<f32>, Array2<f32>)> {
         let x: Vec<f32> = context.iter().copied().collect();
         let finite = x.iter().all(|v| v.is_finite());
-        Self::check("context", context.shape(), self.cfg.feature_dim, finite)?;
-        if steps == 0 {
-            return Err(RssmError::Empty {
-                what: "the rollout (steps = 0)",
-            });
-        }
+        check_rollout(context.shape(), self.cfg.feature_dim, finite, steps)?;
         let (b, t, _) = context.dim();
         let (m, d) = (self.members.len(), self.cfg.output_dim);
         let (members, mean, disagreement) = self.predict_checked(&x, b, t, steps);

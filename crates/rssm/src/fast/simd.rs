@@ -4,53 +4,13 @@
 //! AVX-512, AVX2 + FMA, the baseline; `HYBRID_SIMD=avx2|scalar` caps the level to test the
 //! fallbacks). The build never assumes a CPU (`target-cpu=native` is not used).
 
+pub(crate) use gpu_core::cpu::fast::packed::Real;
 pub(crate) use gpu_core::cpu::fast::Isa as Level;
 pub(crate) use gpu_core::simd_fn;
 
 /// The level the kernels run at on this host.
 pub(crate) fn level() -> Level {
     Level::best()
-}
-
-/// The element types of the kernels: `f32` and `f64`.
-pub(crate) trait Real:
-    Copy
-    + Default
-    + Send
-    + Sync
-    + PartialEq
-    + std::fmt::Debug
-    + std::ops::Add<Output = Self>
-    + std::ops::Mul<Output = Self>
-    + 'static
-{
-    /// `a·b + c`: fused where the level has FMA (`FMA`), else a product and a sum.
-    fn madd<const FMA: bool>(a: Self, b: Self, c: Self) -> Self;
-    const ZERO: Self;
-}
-
-impl Real for f32 {
-    #[inline(always)]
-    fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-        if FMA {
-            a.mul_add(b, c)
-        } else {
-            a * b + c
-        }
-    }
-    const ZERO: f32 = 0.0;
-}
-
-impl Real for f64 {
-    #[inline(always)]
-    fn madd<const FMA: bool>(a: f64, b: f64, c: f64) -> f64 {
-        if FMA {
-            a.mul_add(b, c)
-        } else {
-            a * b + c
-        }
-    }
-    const ZERO: f64 = 0.0;
 }
 
 /// `e^x` in f32 without branches (so that loops over it vectorize): `x = n·ln 2 + r` with

@@ -21,10 +21,10 @@
 //! `O(γ_n)·‖A‖`: for the tests' matrices (n <= 300) a few 1e-6 of `‖A‖` at worst, ~1e-7 in
 //! practice (printed by tests/svd.rs).
 
-use super::gemm::{nn, Epi, Lanes, Packed, Region};
 use crate::error::AcceleratorError;
 use crate::lowrank::LowRank;
 use crate::svd::{check_rank, full_svd, truncate, SvdOptions};
+use gpu_core::cpu::fast::packed::{nn, Epi, Lanes, Packed, Region};
 use nalgebra::DMatrix;
 use ndarray::{Array1, Array2};
 use rand::SeedableRng;

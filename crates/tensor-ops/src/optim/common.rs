@@ -16,14 +16,7 @@ pub(crate) fn storage_ptr(t: &Tensor) -> usize {
 
 /// Checks a step's learning rate: finite and `>= 0`.
 pub(crate) fn check_lr(op: &'static str, lr: f32) -> Result<()> {
-    if lr.is_finite() && lr >= 0.0 {
-        Ok(())
-    } else {
-        Err(GpuError::invalid(
-            op,
-            format!("the learning rate must be finite and >= 0, got {lr}"),
-        ))
-    }
+    gpu_core::ops::require_nonneg(op, "the learning rate", lr)
 }
 
 /// Checks an optimiser's parameters: one device, f32 leaves with `requires_grad_`, no two

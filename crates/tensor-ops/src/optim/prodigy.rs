@@ -91,13 +91,7 @@ impl ProdigyParams {
     pub fn validate(&self) -> Result<()> {
         const OP: &str = "Prodigy";
         self.config().validate(OP)?;
-        let wd = self.weight_decay;
-        if !(wd.is_finite() && wd >= 0.0) {
-            return Err(GpuError::invalid(
-                OP,
-                format!("weight_decay must be finite and >= 0, got {wd}"),
-            ));
-        }
+        gpu_core::ops::require_nonneg(OP, "weight_decay", self.weight_decay)?;
         match self.max_grad_norm {
             Some(max) if !(max.is_finite() && max > 0.0) => Err(GpuError::invalid(
                 OP,

@@ -5,12 +5,7 @@
 use super::devices;
 use tensor_ops::{no_grad, GpuError, Tensor};
 
-fn invalid<T: std::fmt::Debug>(what: &str, r: tensor_ops::Result<T>) {
-    match r {
-        Err(GpuError::InvalidArgument { .. }) => {}
-        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
-    }
-}
+expect_error!(invalid, InvalidArgument);
 
 /// `requires_grad_()` on the result of an op made it a new leaf and silently cut the graph
 /// behind it (the real parameter got no gradient): now an error; `detach()` says it on purpose.

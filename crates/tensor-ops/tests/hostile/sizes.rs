@@ -6,12 +6,7 @@ use tensor_ops::{Device, GpuError, Tensor};
 
 const BIG: usize = (1 << 63) + 1;
 
-fn is_invalid_shape<T: std::fmt::Debug>(what: &str, r: tensor_ops::Result<T>) {
-    match r {
-        Err(GpuError::InvalidShape { .. }) => {}
-        other => panic!("{what}: expected InvalidShape, got {other:?}"),
-    }
-}
+expect_error!(is_invalid_shape, InvalidShape);
 
 /// Every size product is checked: a reshape of 2 elements to `[2^63 + 1, 2]` was accepted (the
 /// product wraps to 2), and cat, expand, broadcasting, matmul and embedding multiplied or added
@@ -109,12 +104,7 @@ fn matmul_with_empty_inner_or_outer_dims_forward_and_backward_on_every_device() 
     }
 }
 
-fn is_out_of_memory<T: std::fmt::Debug>(what: &str, r: tensor_ops::Result<T>) {
-    match r {
-        Err(GpuError::OutOfMemory { .. }) => {}
-        other => panic!("{what}: expected OutOfMemory, got {other:?}"),
-    }
-}
+expect_error!(is_out_of_memory, OutOfMemory);
 
 /// `Tensor::zeros(&[(1 << 61) + 1])` panicked in the CUDA pool ("attempt to divide by zero"
 /// while rounding 2^63 + 4 bytes): a typed out-of-memory error on every device.

@@ -74,6 +74,17 @@ pub struct Cost {
     pub censored: bool,
 }
 
+/// The costs `(arm's, baseline's)` of reaching `target`, for every seed both have run, in seed
+/// order.
+pub fn seed_costs<'a>(
+    arm: &'a BTreeMap<u64, RunCurve>,
+    base: &'a BTreeMap<u64, RunCurve>,
+    target: f32,
+) -> impl Iterator<Item = (Cost, Cost)> + 'a {
+    arm.iter()
+        .filter_map(move |(seed, c)| Some((cost(c, target)?, cost(base.get(seed)?, target)?)))
+}
+
 pub fn cost(c: &RunCurve, target: f32) -> Option<Cost> {
     match reach(c, target) {
         Some(r) => Some(Cost {
@@ -216,13 +227,7 @@ fn paired(
 ) -> String {
     let mut d = Vec::new();
     let mut cens = false;
-    for (seed, c) in seeds {
-        let (Some(a), Some(b)) = (
-            cost(c, target),
-            base.get(seed).and_then(|b| cost(b, target)),
-        ) else {
-            continue;
-        };
+    for (a, b) in seed_costs(seeds, base, target) {
         if a.censored && b.censored {
             continue;
         }

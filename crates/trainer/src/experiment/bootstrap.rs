@@ -4,7 +4,7 @@
 //! resamples of the seeds with replacement, percentile, from a fixed seed ([`SEED`], printed
 //! with every table).
 
-use super::analysis::{cost, Reach};
+use super::analysis::{seed_costs, Reach};
 use crate::train_curve::RunCurve;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -58,13 +58,7 @@ pub fn paired(
 ) -> Option<Paired> {
     let mut ratios = Vec::new();
     let mut censored = false;
-    for (seed, c) in arm {
-        let (Some(a), Some(b)) = (
-            cost(c, target),
-            base.get(seed).and_then(|b| cost(b, target)),
-        ) else {
-            continue;
-        };
+    for (a, b) in seed_costs(arm, base, target) {
         let d = f(&b.reach);
         if d <= 0.0 {
             continue;

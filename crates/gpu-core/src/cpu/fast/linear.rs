@@ -315,29 +315,14 @@ fn blocked(isa: Isa, x: &[f32], w: Weight<'_>, m: usize, y: &mut [f32]) -> Resul
         // `rows·k` read at `r·k + t` (the rhs's element (t, r): row stride 1, column stride k);
         // the destination (i, r) is written at `dst[i·n + r]`, i < m, r < rows ≤ n − j0, so
         // below `(m−1)·n + n − j0 ≤ dst.len() = m·n − j0`. `dst` is a `&mut` slice, disjoint
-        // from both inputs. With read_dst false, gemm writes dst = 1·(lhs·rhs) only.
+        // from both inputs.
         unsafe {
-            gemm::gemm(
-                m,
-                rows,
-                k,
-                dst.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                x.as_ptr(),
-                1,
-                k as isize,
-                block.as_ptr(),
-                k as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(0),
-            );
+            crate::cpu::gemm_crate(
+                (m, rows, k),
+                (dst.as_mut_ptr(), n as isize),
+                (x.as_ptr(), 1, k as isize),
+                (block.as_ptr(), k as isize, 1),
+            )
         }
     }
     Ok(())

@@ -37,6 +37,8 @@ pub(crate) mod attention;
 pub(crate) mod linear;
 pub(crate) mod math;
 pub(crate) mod optim;
+/// The packed-panel GEMM (f32 and f64) of the world model's fast engine.
+pub mod packed;
 pub(crate) mod rows;
 pub(crate) mod sgemm;
 pub(crate) mod softmax;
@@ -96,13 +98,24 @@ pub(crate) fn mode_override() -> Option<CpuMode> {
 
 /// Runs `f` with `mode` in force on this thread (restored afterwards, also on a panic).
 pub fn with_mode<R>(mode: CpuMode, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<CpuMode>);
-    impl Drop for Restore {
+    with_local(&OVERRIDE, Some(mode), f)
+}
+
+/// Runs `f` with the thread-local `key` set to `value` on this thread, the previous value
+/// restored afterwards (also on a panic): the scoped settings ([`with_mode`], `tensor-ops`'
+/// autocast).
+pub fn with_local<T: Copy + 'static, R>(
+    key: &'static std::thread::LocalKey<Cell<T>>,
+    value: T,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore<T: Copy + 'static>(&'static std::thread::LocalKey<Cell<T>>, T);
+    impl<T: Copy + 'static> Drop for Restore<T> {
         fn drop(&mut self) {
-            OVERRIDE.with(|o| o.set(self.0));
+            self.0.with(|c| c.set(self.1));
         }
     }
-    let _r = Restore(OVERRIDE.with(|o| o.replace(Some(mode))));
+    let _r = Restore(key, key.with(|c| c.replace(value)));
     f()
 }
 

@@ -6,7 +6,7 @@ use super::{f32_buf, map, scalar, zip, zip_same, zip_scalar};
 use crate::backend::BufferInfo;
 use crate::error::Result;
 use crate::nn::elementwise::{Activation, BinaryKind as K};
-use crate::nn::optim::{adamw_schedule, check_adamw, AdamWBuffers, AdamWConfig};
+use crate::nn::optim::{adamw_schedule, AdamWBuffers, AdamWConfig};
 use crate::nn::primitives::Primitives;
 use crate::nn::BlockCopy;
 
@@ -48,16 +48,10 @@ pub fn adamw_with<B: Primitives + ?Sized>(
     cfg: AdamWConfig,
     [lr, step_size, bc2_sqrt]: [f32; 3],
 ) -> Result<()> {
-    let AdamWBuffers {
-        params,
-        grads,
-        m,
-        v,
-        weight_decay,
-        grad_scale,
-    } = bufs;
-    check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
-    let coef = match grad_scale {
+    bufs.check(cfg)?;
+    let (params, grads, m, v) = (bufs.params, bufs.grads, bufs.m, bufs.v);
+    let weight_decay = bufs.weight_decay;
+    let coef = match bufs.grad_scale {
         Some(s) => {
             let mut c = f32_buf(b, 1)?;
             b.copy_blocks(s, &mut c, BlockCopy::run(1, 0, 1))?;

@@ -57,17 +57,7 @@ impl CudaBackend {
         offsets: &CudaBuffer,
         index: usize,
     ) -> Result<u64> {
-        let fits = index
-            .checked_add(1)
-            .and_then(|k| k.checked_mul(2))
-            .is_some_and(|need| need <= offsets.len());
-        if offsets.dtype() != DType::U32 || !fits {
-            return Err(GpuError::shape(
-                op,
-                format!("offsets of U32 pairs (u64s, low word first) with an entry {index}"),
-                format!("{} {}", offsets.len(), offsets.dtype()),
-            ));
-        }
+        gpu_core::nn::elementwise::check_seed_offset(op, offsets, index)?;
         self.check_owned(op, &[offsets])?;
         Ok(offsets.device_ptr() + 8 * index as u64)
     }

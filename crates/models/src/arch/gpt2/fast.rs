@@ -117,19 +117,16 @@ impl DecoderModel for Gpt2Fast {
         quant: Option<QuantKind>,
     ) -> Result<Self, ModelError> {
         let affine = |name: &str| Affine::load(ck, name, dev, dtype, quant);
-        let blocks = (0..cfg.num_layers)
-            .map(|i| {
-                let p = format!("h.{i}");
-                Ok(Block {
-                    ln_1: Norm::load(ck, &format!("{p}.ln_1"), dev)?,
-                    attn: affine(&format!("{p}.attn.c_attn"))?,
-                    attn_proj: affine(&format!("{p}.attn.c_proj"))?,
-                    ln_2: Norm::load(ck, &format!("{p}.ln_2"), dev)?,
-                    fc: affine(&format!("{p}.mlp.c_fc"))?,
-                    mlp_proj: affine(&format!("{p}.mlp.c_proj"))?,
-                })
+        let blocks = crate::arch::load_layers(cfg, "h", |p| {
+            Ok(Block {
+                ln_1: Norm::load(ck, &format!("{p}.ln_1"), dev)?,
+                attn: affine(&format!("{p}.attn.c_attn"))?,
+                attn_proj: affine(&format!("{p}.attn.c_proj"))?,
+                ln_2: Norm::load(ck, &format!("{p}.ln_2"), dev)?,
+                fc: affine(&format!("{p}.mlp.c_fc"))?,
+                mlp_proj: affine(&format!("{p}.mlp.c_proj"))?,
             })
-            .collect::<Result<Vec<_>, ModelError>>()?;
+        })?;
         let wte = load(ck, "wte.weight", dev)?;
         let head = match ck.info("lm_head.weight") {
             Some(_) => load(ck, "lm_head.weight", dev)?.to_dtype(dtype)?,

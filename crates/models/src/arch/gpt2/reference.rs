@@ -6,7 +6,7 @@
 
 use tensor_ops::{Device, Tensor};
 
-use crate::arch::ReferenceModel;
+use crate::arch::{lm_head, load_layers, ReferenceModel};
 use crate::cache::LayerCache;
 use crate::config::{Gpt2Activation, ModelConfig};
 use crate::error::ModelError;
@@ -39,25 +39,18 @@ impl Gpt2Reference {
         ck: &Checkpoint,
         dev: Device,
     ) -> Result<Self, ModelError> {
-        let blocks = (0..cfg.num_layers)
-            .map(|i| {
-                let p = format!("h.{i}");
-                Ok(Block {
-                    ln_1: LayerNorm::load(ck, &format!("{p}.ln_1"), dev)?,
-                    attn: Linear::conv1d(ck, &format!("{p}.attn.c_attn"), dev)?,
-                    proj: Linear::conv1d(ck, &format!("{p}.attn.c_proj"), dev)?,
-                    ln_2: LayerNorm::load(ck, &format!("{p}.ln_2"), dev)?,
-                    fc: Linear::conv1d(ck, &format!("{p}.mlp.c_fc"), dev)?,
-                    fc_proj: Linear::conv1d(ck, &format!("{p}.mlp.c_proj"), dev)?,
-                })
+        let blocks = load_layers(cfg, "h", |p| {
+            Ok(Block {
+                ln_1: LayerNorm::load(ck, &format!("{p}.ln_1"), dev)?,
+                attn: Linear::conv1d(ck, &format!("{p}.attn.c_attn"), dev)?,
+                proj: Linear::conv1d(ck, &format!("{p}.attn.c_proj"), dev)?,
+                ln_2: LayerNorm::load(ck, &format!("{p}.ln_2"), dev)?,
+                fc: Linear::conv1d(ck, &format!("{p}.mlp.c_fc"), dev)?,
+                fc_proj: Linear::conv1d(ck, &format!("{p}.mlp.c_proj"), dev)?,
             })
-            .collect::<Result<Vec<_>, ModelError>>()?;
+        })?;
         let wte = load(ck, "wte.weight", dev)?;
-        let head = if ck.info("lm_head.weight").is_some() {
-            Linear::torch(ck, "lm_head", false, dev)?
-        } else {
-            Linear::tied(wte.clone())
-        };
+        let head = lm_head(ck, &wte, ck.info("lm_head.weight").is_none(), dev)?;
         Ok(Gpt2Reference {
             cfg: cfg.clone(),
             wte,

@@ -69,38 +69,35 @@ impl DecoderModel for LlamaFast {
             let refs: Vec<&Tensor> = parts.iter().collect();
             Proj::from_host(&Tensor::cat(&refs, 0)?, dev, dtype, Some(kind))
         };
-        let layers = (0..cfg.num_layers)
-            .map(|i| {
-                let p = format!("model.layers.{i}");
-                let a = format!("{p}.self_attn");
-                let qkv_bias = if cfg.attention_bias {
-                    let (bq, bk, bv) = (
-                        w(&format!("{a}.q_proj.bias"))?,
-                        w(&format!("{a}.k_proj.bias"))?,
-                        w(&format!("{a}.v_proj.bias"))?,
-                    );
-                    Some(Tensor::cat(&[&bq, &bk, &bv], 0)?)
-                } else {
-                    None
-                };
-                let names = |parts: &[&str]| -> Vec<String> {
-                    parts.iter().map(|n| format!("{p}.{n}.weight")).collect()
-                };
-                Ok(LayerWeights {
-                    input_norm: f32_of(&format!("{p}.input_layernorm.weight"))?,
-                    qkv: proj(&names(&[
-                        "self_attn.q_proj",
-                        "self_attn.k_proj",
-                        "self_attn.v_proj",
-                    ]))?,
-                    qkv_bias,
-                    o: proj(&names(&["self_attn.o_proj"]))?,
-                    post_norm: f32_of(&format!("{p}.post_attention_layernorm.weight"))?,
-                    gate_up: proj(&names(&["mlp.gate_proj", "mlp.up_proj"]))?,
-                    down: proj(&names(&["mlp.down_proj"]))?,
-                })
+        let layers = crate::arch::load_layers(cfg, "model.layers", |p| {
+            let a = format!("{p}.self_attn");
+            let qkv_bias = if cfg.attention_bias {
+                let (bq, bk, bv) = (
+                    w(&format!("{a}.q_proj.bias"))?,
+                    w(&format!("{a}.k_proj.bias"))?,
+                    w(&format!("{a}.v_proj.bias"))?,
+                );
+                Some(Tensor::cat(&[&bq, &bk, &bv], 0)?)
+            } else {
+                None
+            };
+            let names = |parts: &[&str]| -> Vec<String> {
+                parts.iter().map(|n| format!("{p}.{n}.weight")).collect()
+            };
+            Ok(LayerWeights {
+                input_norm: f32_of(&format!("{p}.input_layernorm.weight"))?,
+                qkv: proj(&names(&[
+                    "self_attn.q_proj",
+                    "self_attn.k_proj",
+                    "self_attn.v_proj",
+                ]))?,
+                qkv_bias,
+                o: proj(&names(&["self_attn.o_proj"]))?,
+                post_norm: f32_of(&format!("{p}.post_attention_layernorm.weight"))?,
+                gate_up: proj(&names(&["mlp.gate_proj", "mlp.up_proj"]))?,
+                down: proj(&names(&["mlp.down_proj"]))?,
             })
-            .collect::<Result<Vec<_>, ModelError>>()?;
+        })?;
         let embed = f32_of("model.embed_tokens.weight")?;
         let head = if cfg.tie_word_embeddings {
             embed.to_dtype(dtype)?

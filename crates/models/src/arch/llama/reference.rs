@@ -5,7 +5,7 @@
 
 use tensor_ops::{Device, Tensor};
 
-use crate::arch::ReferenceModel;
+use crate::arch::{lm_head, load_layers, ReferenceModel};
 use crate::cache::LayerCache;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -42,30 +42,22 @@ impl LlamaReference {
         ck: &Checkpoint,
         dev: Device,
     ) -> Result<Self, ModelError> {
-        let layers = (0..cfg.num_layers)
-            .map(|i| {
-                let p = format!("model.layers.{i}");
-                let lin =
-                    |name: &str, bias: bool| Linear::torch(ck, &format!("{p}.{name}"), bias, dev);
-                Ok(Layer {
-                    input_norm: load(ck, &format!("{p}.input_layernorm.weight"), dev)?,
-                    q: lin("self_attn.q_proj", cfg.attention_bias)?,
-                    k: lin("self_attn.k_proj", cfg.attention_bias)?,
-                    v: lin("self_attn.v_proj", cfg.attention_bias)?,
-                    o: lin("self_attn.o_proj", false)?,
-                    post_norm: load(ck, &format!("{p}.post_attention_layernorm.weight"), dev)?,
-                    gate: lin("mlp.gate_proj", false)?,
-                    up: lin("mlp.up_proj", false)?,
-                    down: lin("mlp.down_proj", false)?,
-                })
+        let layers = load_layers(cfg, "model.layers", |p| {
+            let lin = |name: &str, bias: bool| Linear::torch(ck, &format!("{p}.{name}"), bias, dev);
+            Ok(Layer {
+                input_norm: load(ck, &format!("{p}.input_layernorm.weight"), dev)?,
+                q: lin("self_attn.q_proj", cfg.attention_bias)?,
+                k: lin("self_attn.k_proj", cfg.attention_bias)?,
+                v: lin("self_attn.v_proj", cfg.attention_bias)?,
+                o: lin("self_attn.o_proj", false)?,
+                post_norm: load(ck, &format!("{p}.post_attention_layernorm.weight"), dev)?,
+                gate: lin("mlp.gate_proj", false)?,
+                up: lin("mlp.up_proj", false)?,
+                down: lin("mlp.down_proj", false)?,
             })
-            .collect::<Result<Vec<_>, ModelError>>()?;
+        })?;
         let embed = load(ck, "model.embed_tokens.weight", dev)?;
-        let head = if cfg.tie_word_embeddings {
-            Linear::tied(embed.clone())
-        } else {
-            Linear::torch(ck, "lm_head", false, dev)?
-        };
+        let head = lm_head(ck, &embed, cfg.tie_word_embeddings, dev)?;
         Ok(LlamaReference {
             cfg: cfg.clone(),
             embed,

@@ -1,5 +1,6 @@
-//! The fast engine's GEMMs, in f32 (and f64 for the QR of the SVD), written as register-tiled
-//! loops over fixed-size arrays that the compiler vectorizes for each [`Level`]:
+//! The workspace's packed-panel GEMM, in f32 and f64 (the world model's fast engine: its GRU
+//! cells, corrections and the QR of its SVD), written as register-tiled loops over fixed-size
+//! arrays that the compiler vectorizes for each [`Isa`](super::Isa) level through [`simd_fn!`]:
 //!
 //! - [`Packed`]: a right-hand matrix `W` (`k × n`) packed once into column panels of `2V` (or
 //!   `V` for a narrow last panel) lanes, `V` = 16 (f32) or 8 (f64), each with its own range of
@@ -10,12 +11,47 @@
 //!
 //! Accumulation is in the element type (f32 sums of up to a few thousand terms here).
 
-use super::simd::{simd_fn, Real};
+use crate::simd_fn;
 use std::ops::Range;
+
+/// The element types of the kernels: `f32` and `f64`.
+pub trait Real:
+    Copy
+    + Default
+    + Send
+    + Sync
+    + PartialEq
+    + std::fmt::Debug
+    + std::ops::Add<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + 'static
+{
+    /// `a·b + c`: fused where the level has FMA (`FMA`), else a product and a sum.
+    fn madd<const FMA: bool>(a: Self, b: Self, c: Self) -> Self;
+    /// Zero.
+    const ZERO: Self;
+}
+
+macro_rules! real {
+    ($($t:ty),*) => {$(
+        impl Real for $t {
+            #[inline(always)]
+            fn madd<const FMA: bool>(a: $t, b: $t, c: $t) -> $t {
+                if FMA {
+                    a.mul_add(b, c)
+                } else {
+                    a * b + c
+                }
+            }
+            const ZERO: $t = 0.0;
+        }
+    )*};
+}
+real!(f32, f64);
 
 /// How `nn` combines the product with what is there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Epi {
+pub enum Epi {
     /// `out = X·W + bias`.
     Bias,
     /// `out += X·W` (bias ignored; the product is summed, then added to `out`).
@@ -39,14 +75,16 @@ struct Panel {
 
 /// A block of output columns of a [`Packed`] matrix that reads rows `k` of `W`.
 #[derive(Debug, Clone)]
-pub(crate) struct Region {
-    pub(crate) cols: usize,
-    pub(crate) k: Range<usize>,
+pub struct Region {
+    /// The block's output columns.
+    pub cols: usize,
+    /// The rows of `W` the block reads.
+    pub k: Range<usize>,
 }
 
 /// A right-hand matrix packed into column panels (see the module doc).
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Packed<T> {
+pub struct Packed<T> {
     k: usize,
     n: usize,
     panels: Vec<Panel>,
@@ -55,7 +93,7 @@ pub(crate) struct Packed<T> {
 }
 
 /// Lanes of one vector register of the widest level: 16 for f32, 8 for f64.
-pub(crate) trait Lanes: Real {
+pub trait Lanes: Real {
     const V: usize;
     /// This type's product, unchecked ([`nn_f32_raw`], [`nn_f64_raw`]; see [`nn`]).
     const NN_RAW: Nn<Self>;
@@ -70,12 +108,12 @@ impl Lanes for f64 {
 }
 
 /// A product `out = epi(X·W)`: `(x, ldx, rows, w, out, ldo, epi)` as [`nn`] takes them.
-pub(crate) type Nn<T> = fn(&[T], usize, usize, &Packed<T>, &mut [T], usize, Epi);
+pub type Nn<T> = fn(&[T], usize, usize, &Packed<T>, &mut [T], usize, Epi);
 
 impl<T: Lanes> Packed<T> {
     /// Packs `W[p][j] = w(p, j)` (`k × n`, `n` = the regions' columns summed) with `bias(j)`;
     /// each region's columns read only its rows `k` (outside, `W` is taken as zero).
-    pub(crate) fn new(
+    pub fn new(
         k: usize,
         regions: &[Region],
         w: impl Fn(usize, usize) -> T,
@@ -118,12 +156,12 @@ impl<T: Lanes> Packed<T> {
 
     /// A dense `k × n` matrix (row-major, `ld` apart) without bias (the panels copied row
     /// segment by row segment).
-    pub(crate) fn dense(k: usize, n: usize, w: &[T], ld: usize) -> Packed<T> {
+    pub fn dense(k: usize, n: usize, w: &[T], ld: usize) -> Packed<T> {
         Packed::dense_in(k, n, w, ld, Vec::new())
     }
 
     /// [`Packed::dense`] into `data`'s allocation (recycled: see [`Packed::into_data`]).
-    pub(crate) fn dense_in(k: usize, n: usize, w: &[T], ld: usize, mut data: Vec<T>) -> Packed<T> {
+    pub fn dense_in(k: usize, n: usize, w: &[T], ld: usize, mut data: Vec<T>) -> Packed<T> {
         let v = T::V;
         let mut panels = Vec::new();
         data.clear();
@@ -163,17 +201,17 @@ impl<T: Lanes> Packed<T> {
     }
 
     /// The packed values' allocation, to recycle.
-    pub(crate) fn into_data(self) -> Vec<T> {
+    pub fn into_data(self) -> Vec<T> {
         self.data
     }
 
     /// The rows of `W` (the width of `X`).
-    pub(crate) fn k(&self) -> usize {
+    pub fn k(&self) -> usize {
         self.k
     }
 
     /// The output columns.
-    pub(crate) fn n(&self) -> usize {
+    pub fn n(&self) -> usize {
         self.n
     }
 }
@@ -323,27 +361,33 @@ fn check_nn<T>(x: &[T], ldx: usize, rows: usize, k: usize, out: &[T], ldo: usize
     );
 }
 
-simd_fn! {
-    /// `out[i·ldo + j] = epi(Σ_p x[i·ldx + p]·W[p][j])` for `rows` rows, f32.
-    fn nn_f32_raw(x: &[f32], ldx: usize, rows: usize, w: &Packed<f32>, out: &mut [f32], ldo: usize, epi: Epi) {
-        avx512: nn_impl::<f32, 32, 16, 8, true>(x, ldx, rows, w, out, ldo, epi),
-        avx2: nn_impl::<f32, 32, 16, 3, true>(x, ldx, rows, w, out, ldo, epi),
-        base: nn_impl::<f32, 32, 16, 1, false>(x, ldx, rows, w, out, ldo, epi),
-    }
+/// Defines the product of one element type at every level: `$w2`/`$w1` the panel widths (`2V`,
+/// `V`), 8 rows a tile with AVX-512, 3 with AVX2, 1 on the baseline.
+macro_rules! nn_raw {
+    ($(#[$doc:meta])* $name:ident, $t:ty, $w2:literal, $w1:literal) => {
+        simd_fn! {
+            $(#[$doc])*
+            fn $name(x: &[$t], ldx: usize, rows: usize, w: &Packed<$t>, out: &mut [$t], ldo: usize, epi: Epi) {
+                avx512: nn_impl::<$t, $w2, $w1, 8, true>(x, ldx, rows, w, out, ldo, epi),
+                avx2: nn_impl::<$t, $w2, $w1, 3, true>(x, ldx, rows, w, out, ldo, epi),
+                base: nn_impl::<$t, $w2, $w1, 1, false>(x, ldx, rows, w, out, ldo, epi),
+            }
+        }
+    };
 }
 
-simd_fn! {
+nn_raw!(
+    /// `out[i·ldo + j] = epi(Σ_p x[i·ldx + p]·W[p][j])` for `rows` rows, f32.
+    nn_f32_raw, f32, 32, 16
+);
+nn_raw!(
     /// The f64 twin of [`nn_f32_raw`].
-    fn nn_f64_raw(x: &[f64], ldx: usize, rows: usize, w: &Packed<f64>, out: &mut [f64], ldo: usize, epi: Epi) {
-        avx512: nn_impl::<f64, 16, 8, 8, true>(x, ldx, rows, w, out, ldo, epi),
-        avx2: nn_impl::<f64, 16, 8, 3, true>(x, ldx, rows, w, out, ldo, epi),
-        base: nn_impl::<f64, 16, 8, 1, false>(x, ldx, rows, w, out, ldo, epi),
-    }
-}
+    nn_f64_raw, f64, 16, 8
+);
 
 /// `out = epi(X·W)` in f32 or f64 (see [`Epi`]); `X` is `rows × w.k()` (`ldx` apart), `out`
 /// is `rows × w.n()` (`ldo` apart). Panics when the slices are too short (a caller's bug).
-pub(crate) fn nn<T: Lanes>(
+pub fn nn<T: Lanes>(
     x: &[T],
     ldx: usize,
     rows: usize,
@@ -360,6 +404,17 @@ pub(crate) fn nn<T: Lanes>(
 mod tests {
     use super::*;
     use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// Each level's tiles (8, 3 and 1 rows, as `nn_raw!` instantiates them) and the checked
+    /// entry point, for panels `W2` and `W1` lanes wide.
+    fn every_level<T: Lanes, const W2: usize, const W1: usize>() -> [Nn<T>; 4] {
+        [
+            nn_impl::<T, W2, W1, 8, true>,
+            nn_impl::<T, W2, W1, 3, true>,
+            nn_impl::<T, W2, W1, 1, false>,
+            nn::<T>,
+        ]
+    }
 
     fn rand(r: &mut StdRng, n: usize) -> Vec<f64> {
         (0..n).map(|_| r.random_range(-1.0..1.0)).collect()
@@ -415,13 +470,7 @@ mod tests {
             let w32 = Packed::<f32>::new(k, &regions, |p, j| w_of(p, j) as f32, |j| bv[j] as f32);
             let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
             for epi in [Epi::Bias, Epi::Acc] {
-                let runs64: [Nn<f64>; 4] = [
-                    nn_impl::<f64, 16, 8, 8, true>,
-                    nn_impl::<f64, 16, 8, 3, true>,
-                    nn_impl::<f64, 16, 8, 1, false>,
-                    nn::<f64>,
-                ];
-                for run in runs64 {
+                for run in every_level::<f64, 16, 8>() {
                     let mut out = base.clone();
                     run(&x, ldx, rows, &w64, &mut out, ldo, epi);
                     for i in 0..rows {
@@ -435,13 +484,7 @@ mod tests {
                         );
                     }
                 }
-                let runs32: [Nn<f32>; 4] = [
-                    nn_impl::<f32, 32, 16, 8, true>,
-                    nn_impl::<f32, 32, 16, 3, true>,
-                    nn_impl::<f32, 32, 16, 1, false>,
-                    nn::<f32>,
-                ];
-                for run in runs32 {
+                for run in every_level::<f32, 32, 16>() {
                     let mut out: Vec<f32> = base.iter().map(|&v| v as f32).collect();
                     run(&x32, ldx, rows, &w32, &mut out, ldo, epi);
                     for i in 0..rows {
