@@ -143,7 +143,10 @@ pub fn build() -> Result<PathBuf> {
     if burn.exists() {
         copy_stripped(&burn, &dir.join("bin/burn-peer"))?;
     } else {
-        println!("note: {} not built; the bundle has no burn peer", burn.display());
+        println!(
+            "note: {} not built; the bundle has no burn peer",
+            burn.display()
+        );
     }
     copy_support_files(&root, &dir)?;
     let size = dir_size(&dir)?;
