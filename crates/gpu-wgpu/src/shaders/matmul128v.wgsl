@@ -11,16 +11,7 @@ var<workgroup> Bs: array<vec4<f32>, 512>;
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let m = P.p0;
-    let n = P.p1;
-    let k = P.p2;
-    let b = wid.z / P.p6;
-    let kbeg = (wid.z % P.p6) * P.p5;
-    let kend = min(k, kbeg + P.p5);
-    let r0 = wid.y * 128u;
-    let c0 = wid.x * 128u;
-    let a0 = b * m * k;
-    let b0 = b * k * n;
+    let tl = tile_of(wid);
     var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0);
     var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0);
     var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0);
@@ -32,10 +23,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     // The next slice's two vec4s of A and of B a thread, in registers.
     var pa0 = vec4<f32>(0.0); var pa1 = vec4<f32>(0.0);
     var pb0 = vec4<f32>(0.0); var pb1 = vec4<f32>(0.0);
-    let slices = (kend - min(kbeg, kend) + 15u) / 16u;
+    let slices = tl.slices;
     if (slices > 0u) {
-        pa0 = fetch_a(li, a0, r0, kbeg, kend); pa1 = fetch_a(li + 256u, a0, r0, kbeg, kend);
-        pb0 = fetch_b(li, b0, c0, kbeg, kend); pb1 = fetch_b(li + 256u, b0, c0, kbeg, kend);
+        pa0 = fetch_a(li, tl.a0, tl.r0, tl.kbeg, tl.kend);
+        pa1 = fetch_a(li + 256u, tl.a0, tl.r0, tl.kbeg, tl.kend);
+        pb0 = fetch_b(li, tl.b0, tl.c0, tl.kbeg, tl.kend);
+        pb1 = fetch_b(li + 256u, tl.b0, tl.c0, tl.kbeg, tl.kend);
         stage_a(li, pa0); stage_a(li + 256u, pa1);
         stage_b(li, pb0); stage_b(li + 256u, pb1);
     }
@@ -43,9 +36,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var t = 0u; t < slices; t++) {
         let more = t + 1u < slices;
         if (more) {
-            let k0 = kbeg + (t + 1u) * 16u;
-            pa0 = fetch_a(li, a0, r0, k0, kend); pa1 = fetch_a(li + 256u, a0, r0, k0, kend);
-            pb0 = fetch_b(li, b0, c0, k0, kend); pb1 = fetch_b(li + 256u, b0, c0, k0, kend);
+            let k0 = tl.kbeg + (t + 1u) * 16u;
+            pa0 = fetch_a(li, tl.a0, tl.r0, k0, tl.kend);
+            pa1 = fetch_a(li + 256u, tl.a0, tl.r0, k0, tl.kend);
+            pb0 = fetch_b(li, tl.b0, tl.c0, k0, tl.kend);
+            pb1 = fetch_b(li + 256u, tl.b0, tl.c0, k0, tl.kend);
         }
         for (var kk = 0u; kk < 16u; kk++) {
             let a = As[kk * 32u + lid.y];
@@ -68,11 +63,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
         workgroupBarrier();
     }
-    let base = wid.z * m * n;
-    let row_a = r0 + 4u * lid.y;
-    let row_b = r0 + 64u + 4u * lid.y;
-    let ca = c0 + 4u * lid.x;
-    let cb = c0 + 64u + 4u * lid.x;
+    let base = wid.z * P.p0 * P.p1;
+    let row_a = tl.r0 + 4u * lid.y;
+    let row_b = tl.r0 + 64u + 4u * lid.y;
+    let ca = tl.c0 + 4u * lid.x;
+    let cb = tl.c0 + 64u + 4u * lid.x;
     store4(base, row_a, ca, c00); store4(base, row_a, cb, c01);
     store4(base, row_a + 1u, ca, c10); store4(base, row_a + 1u, cb, c11);
     store4(base, row_a + 2u, ca, c20); store4(base, row_a + 2u, cb, c21);

@@ -11,26 +11,17 @@ var<workgroup> Bs: array<vec4<f32>, 256>;
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let m = P.p0;
-    let n = P.p1;
-    let k = P.p2;
-    let b = wid.z / P.p6;
-    let kbeg = (wid.z % P.p6) * P.p5;
-    let kend = min(k, kbeg + P.p5);
-    let r0 = wid.y * 64u;
-    let c0 = wid.x * 64u;
-    let a0 = b * m * k;
-    let b0 = b * k * n;
+    let tl = tile_of(wid);
     var c0v = vec4<f32>(0.0);
     var c1v = vec4<f32>(0.0);
     var c2v = vec4<f32>(0.0);
     var c3v = vec4<f32>(0.0);
     var pa = vec4<f32>(0.0);
     var pb = vec4<f32>(0.0);
-    let slices = (kend - min(kbeg, kend) + 15u) / 16u;
+    let slices = tl.slices;
     if (slices > 0u) {
-        pa = fetch_a(li, a0, r0, kbeg, kend);
-        pb = fetch_b(li, b0, c0, kbeg, kend);
+        pa = fetch_a(li, tl.a0, tl.r0, tl.kbeg, tl.kend);
+        pb = fetch_b(li, tl.b0, tl.c0, tl.kbeg, tl.kend);
         stage_a(li, pa);
         stage_b(li, pb);
     }
@@ -38,9 +29,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var t = 0u; t < slices; t++) {
         let more = t + 1u < slices;
         if (more) {
-            let k0 = kbeg + (t + 1u) * 16u;
-            pa = fetch_a(li, a0, r0, k0, kend);
-            pb = fetch_b(li, b0, c0, k0, kend);
+            let k0 = tl.kbeg + (t + 1u) * 16u;
+            pa = fetch_a(li, tl.a0, tl.r0, k0, tl.kend);
+            pb = fetch_b(li, tl.b0, tl.c0, k0, tl.kend);
         }
         for (var kk = 0u; kk < 16u; kk++) {
             let a = As[kk * 16u + lid.y];
@@ -57,9 +48,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
         workgroupBarrier();
     }
-    let base = wid.z * m * n;
-    let row = r0 + 4u * lid.y;
-    let col = c0 + 4u * lid.x;
+    let base = wid.z * P.p0 * P.p1;
+    let row = tl.r0 + 4u * lid.y;
+    let col = tl.c0 + 4u * lid.x;
     store4(base, row, col, c0v);
     store4(base, row + 1u, col, c1v);
     store4(base, row + 2u, col, c2v);

@@ -5,6 +5,20 @@
 @group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> C: array<vec4<f32>>;
 
+// Where workgroup `wid` works: its output tile's first row r0 and column c0 (a tile 4·TQ a
+// side), its k-range kbeg..kend (split s of p6, p5 long), the offsets a0 and b0 of its batch's
+// A and B, and the number of 16-deep slices.
+struct Tile { r0: u32, c0: u32, kbeg: u32, kend: u32, a0: u32, b0: u32, slices: u32 }
+
+fn tile_of(wid: vec3<u32>) -> Tile {
+    let b = wid.z / P.p6;
+    let kbeg = (wid.z % P.p6) * P.p5;
+    let kend = min(P.p2, kbeg + P.p5);
+    let slices = (kend - min(kbeg, kend) + 15u) / 16u;
+    let edge = 4u * TQ;
+    return Tile(wid.y * edge, wid.x * edge, kbeg, kend, b * P.p0 * P.p2, b * P.p2 * P.p1, slices);
+}
+
 // vec4 q (< 4·TQ·4) of op(A)'s slice at k0, read along A's contiguous axis: A row-major
 // (p3 = 0): row q / 4, k0 + 4(q % 4) .. + 3; A stored k×m (p3 = 1): k0 + q / TQ, rows
 // 4(q % TQ) .. + 3. Zero outside (the alignment makes a vec4 all inside or all outside).
