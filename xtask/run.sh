@@ -23,7 +23,7 @@
 # --train N trains the shakespeare-char GPT for N iterations on data/tinyshakespeare.txt.
 # --wgpu-bench measures issue 42's item 4 in one call (with a Vulkan loader): wgpu-bench with
 # its profile, gpu-bench's cuBLAS ceilings and CUDA GPT steps (--only-ceilings --only-gpt), the
-# burn peer (bin/burn-peer, where the bundle has it), and batch-1 decode of a random
+# burn peer (bin/burn-peer, where the bundle has it: BUNDLE_BURN_PEER=1 cargo xtask gpu-bundle), and batch-1 decode of a random
 # Llama-3.2-1B (hf_generate_peer.py --save) by the fast engine in f32 on CUDA and on wgpu
 # (bench-generate); outputs in $OUT_DIR/wgpu-*.
 set -u -o pipefail

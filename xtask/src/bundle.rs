@@ -138,15 +138,17 @@ pub fn build() -> Result<PathBuf> {
     for (_, target, exe) in bins {
         copy_stripped(&exe, &dir.join("bin").join(target))?;
     }
-    // burn's peer of wgpu-bench, where it was built (its own workspace: benches/burn-peer).
+    // burn's peer of wgpu-bench (its own workspace: benches/burn-peer), with
+    // BUNDLE_BURN_PEER=1 only: ~6.7 MiB more in the archive, which is near the device's carry
+    // limit already.
     let burn = root.join("benches/burn-peer/target/release/burn-peer");
-    if burn.exists() {
-        copy_stripped(&burn, &dir.join("bin/burn-peer"))?;
-    } else {
-        println!(
-            "note: {} not built; the bundle has no burn peer",
+    if std::env::var_os("BUNDLE_BURN_PEER").is_some() {
+        ensure!(
+            burn.exists(),
+            "BUNDLE_BURN_PEER: build {} first",
             burn.display()
         );
+        copy_stripped(&burn, &dir.join("bin/burn-peer"))?;
     }
     copy_support_files(&root, &dir)?;
     let size = dir_size(&dir)?;
