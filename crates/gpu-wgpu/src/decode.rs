@@ -1,7 +1,7 @@
-//! [`DecodeOps`] for [`WgpuBackend`]: the rotary embedding with its cache writes and the
-//! attention of new queries against the cache (decode and prefill) as f32 kernels; bf16 goes
-//! through gpu-core's defaults (the CPU reference, via the host), and so do the other decode
-//! ops (composed from primitives). As CUDA's kernels, and unlike the CPU, these cannot refuse
+//! [`DecodeOps`] for [`WgpuBackend`]: the rotary embedding with its cache writes, the
+//! attention of new queries against the cache (decode and prefill), the residual add with its
+//! RMSNorm and the packed SwiGLU as f32 kernels; bf16 goes through gpu-core's defaults (the
+//! attention's through the host, the others composed from primitives). As CUDA's kernels, and unlike the CPU, these cannot refuse
 //! a slot past the cache (that would take a read-back): they skip such writes and attend to
 //! nothing past the cache; callers check the slots on the host, as `models::engine` does.
 
@@ -10,8 +10,8 @@ use crate::buffer::WgpuBuffer;
 use crate::kernels::{src, to_u32};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::decode::{
-    check_cache_attention, check_prefill_attention, check_rope_append, CacheAttnIn, DecodeDims,
-    DecodeOps, PrefillIn, RopeAppendIn,
+    check_add_rms_norm, check_cache_attention, check_prefill_attention, check_rope_append,
+    check_swiglu_packed, CacheAttnIn, DecodeDims, DecodeOps, PrefillIn, RopeAppendIn,
 };
 use gpu_core::nn::defaults;
 use gpu_core::{DType, Result};
@@ -19,6 +19,9 @@ use gpu_core::{DType, Result};
 const ROPE_APPEND: &str = include_str!("shaders/rope_append.wgsl");
 const CACHE_ATTN: &str = include_str!("shaders/cache_attn.wgsl");
 const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
+const ADD_RMS_NORM: &str = include_str!("shaders/add_rms_norm.wgsl");
+const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
+const ACT_LIB: &str = include_str!("shaders/activation.wgsl");
 
 type Buf = WgpuBuffer;
 
@@ -158,5 +161,55 @@ impl DecodeOps for WgpuBackend {
             slot: x.start,
         };
         self.cache_attn_f32(OP, (x, true), out, dims, scale)
+    }
+
+    /// f32: one row kernel (the default: an add, a cast and RMSNorm's chain).
+    fn add_rms_norm(
+        &self,
+        (x, y, w): (&Buf, Option<&Buf>, &Buf),
+        (sum, normed): (&mut Buf, &mut Buf),
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "add_rms_norm";
+        let rows = check_add_rms_norm(x, y, w, sum, normed, cols, eps)?;
+        self.check_out(OP, &[x, y.unwrap_or(x), w, sum, normed])?;
+        if !all_f32(&[y.unwrap_or(x), normed]) {
+            return defaults::rows::add_rms_norm(self, (x, y, w), (sum, normed), cols, eps);
+        }
+        let has_y = u32::from(y.is_some());
+        let p = [
+            to_u32(OP, rows)?,
+            to_u32(OP, cols)?,
+            has_y,
+            eps.to_bits(),
+            0,
+            0,
+            0,
+            0,
+        ];
+        let (gx, gy) = self.grid(OP, to_u32(OP, rows)?)?;
+        let bufs = [
+            x.raw(),
+            y.unwrap_or(x).raw(),
+            w.raw(),
+            sum.raw(),
+            normed.raw(),
+        ];
+        let body = || src(&format!("{WG_SUM64}{ADD_RMS_NORM}"));
+        self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)
+    }
+
+    /// f32: one elementwise kernel (the default: two block copies, the activation, a product).
+    fn swiglu_packed(&self, gu: &Buf, out: &mut Buf, i: usize) -> Result<()> {
+        const OP: &str = "swiglu_packed";
+        check_swiglu_packed(gu, out, i)?;
+        self.check_out(OP, &[gu, out])?;
+        if !all_f32(&[gu, out]) {
+            return defaults::rows::swiglu_packed(self, gu, out, i);
+        }
+        let p = [to_u32(OP, out.len())?, to_u32(OP, i)?, 0, 0, 0, 0, 0, 0];
+        let body = || src(&format!("{ACT_LIB}{SWIGLU}"));
+        self.launch_1d(OP, OP, body, p, out.len(), &[gu.raw(), out.raw()])
     }
 }

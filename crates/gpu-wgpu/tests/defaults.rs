@@ -205,6 +205,10 @@ fn decode<B: NnOps>(b: &B, v: &[Vec<f32>], rows: usize, i: usize) -> Outs {
     let (mut s, mut nrm) = (out(b, rows * i), out(b, rows * i));
     b.add_rms_norm((&x, Some(&y), &w), (&mut s, &mut nrm), i, 1e-6)
         .unwrap();
+    // Without the residual: the sum is x itself.
+    let (mut s0, mut n0) = (out(b, rows * i), out(b, rows * i));
+    b.add_rms_norm((&x, None, &w), (&mut s0, &mut n0), i, 1e-6)
+        .unwrap();
     let mut ids = b.upload(&vec![9u32; rows]).unwrap();
     b.argmax_rows(&x, &mut ids, i).unwrap();
     let ids: Vec<u32> = b.download(&ids).unwrap();
@@ -212,6 +216,8 @@ fn decode<B: NnOps>(b: &B, v: &[Vec<f32>], rows: usize, i: usize) -> Outs {
         ("swiglu_packed", 1e-6, get(b, &a)),
         ("add_rms_norm sum", 0.0, get(b, &s)),
         ("add_rms_norm normed", 1e-5, get(b, &nrm)),
+        ("add_rms_norm sum, no y", 0.0, get(b, &s0)),
+        ("add_rms_norm normed, no y", 1e-5, get(b, &n0)),
         ("argmax_rows", 0.0, ids.iter().map(|&v| v as f32).collect()),
     ]
 }
@@ -324,15 +330,17 @@ fn decode_and_optimiser_defaults_match_the_cpu() {
         return;
     };
     let mut r = rng("decode_optim_defaults");
-    let (rows, i) = (4, 6);
-    let mut v = vecs(&mut r, rows * 2 * i, 4);
-    v[1].truncate(rows * i);
-    v[2].truncate(rows * i);
-    check(
-        "decode",
-        decode(&CpuBackend, &v, rows, i),
-        decode(&w, &v, rows, i),
-    );
+    // A row narrower than a workgroup of 64, and one that loops over it.
+    for (rows, i) in [(4, 6), (3, 300)] {
+        let mut v = vecs(&mut r, rows * 2 * i, 4);
+        v[1].truncate(rows * i);
+        v[2].truncate(rows * i);
+        check(
+            "decode",
+            decode(&CpuBackend, &v, rows, i),
+            decode(&w, &v, rows, i),
+        );
+    }
     let mut o = vecs(&mut r, 37, 4);
     o[3].iter_mut().for_each(|x| *x = x.abs());
     check("optim", optim(&CpuBackend, &o), optim(&w, &o));

@@ -1,0 +1,27 @@
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> y: array<f32>;
+@group(0) @binding(3) var<storage, read> w: array<f32>;
+@group(0) @binding(4) var<storage, read_write> sum: array<f32>;
+@group(0) @binding(5) var<storage, read_write> normed: array<f32>;
+
+// DecodeOps::add_rms_norm in f32, one row a workgroup of 64 threads: sum = x + y (y when p2 is
+// 1; else `x` is bound for it and not read), normed = sum·(mean(sum²) + eps)^(-1/2)·w. Each
+// thread reads back only the sums it wrote. p0 = rows, p1 = cols, p2 = has y, p3 = eps's bits.
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row = wid.y * P.gx + wid.x;
+    if (row >= P.p0) { return; }
+    let base = row * P.p1;
+    var ss = 0.0;
+    for (var c = lid.x; c < P.p1; c += 64u) {
+        var v = x[base + c];
+        if (P.p2 != 0u) { v = v + y[base + c]; }
+        sum[base + c] = v;
+        ss = fma(v, v, ss);
+    }
+    let ms = wg_sum(ss, lid.x) / f32(P.p1);
+    let rstd = 1.0 / sqrt(ms + bitcast<f32>(P.p3));
+    for (var c = lid.x; c < P.p1; c += 64u) {
+        normed[base + c] = sum[base + c] * rstd * w[c];
+    }
+}
