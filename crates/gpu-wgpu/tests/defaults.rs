@@ -4,7 +4,8 @@
 //! backends; outputs are compared element by element.
 //!
 //! Bounds: ops whose defaults only move or pick elements (max backward, argmax, the sums of
-//! add_rms_norm, clip's host fallback) are exact. The rest run in f32 where the CPU accumulates
+//! add_rms_norm) are exact; the clipping coefficient, computed on the device, within its own
+//! stated bound. The rest run in f32 where the CPU accumulates
 //! in f64 and rounds once; each output must be within `rtol·scale` of the CPU's, `scale` the
 //! largest magnitude of that output, with `rtol` = 1e-5 for the row ops and 1e-6 for AdamW and
 //! lerp (a few f32 roundings per element) and 1e-4 for attention (sums of `t` products), as
@@ -255,7 +256,10 @@ fn optim<B: NnOps>(b: &B, v: &[Vec<f32>]) -> Outs {
     let mut c = out(b, 2);
     b.clip_coefficient(&[&g, &up(b, &v[0])], 1.0, &mut c)
         .unwrap();
-    res.push(("clip", 0.0, get(b, &c)));
+    // The coefficient on the device: an f32 tree sum of the 74 squares, a sqrt and a division
+    // (each within 2.5 ulp by WGSL): ≤ (74/2 + 6)·2^-24 relative ≈ 2.6e-6; NVIDIA's driver
+    // is 1 ulp off the CPU's here.
+    res.push(("clip", 3e-6, get(b, &c)));
     b.synchronize().unwrap();
     res
 }

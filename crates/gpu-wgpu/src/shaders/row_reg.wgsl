@@ -1,7 +1,6 @@
 // Shared by the row kernels that hold a row in registers: a workgroup of WG threads takes one
 // row of at most 16·WG values, thread t its columns t, t + WG, … (coalesced), each read once.
 const WG: u32 = WG_SIZEu;
-const PER: u32 = 16u;
 var<workgroup> s: array<f32, WG_SIZE>;
 var<workgroup> s32: array<f32, 32>;
 
