@@ -205,6 +205,22 @@ fn cache_and_prefill_attention_match_the_cpu() {
                     c.dims
                 );
             }
+            // A NaN in the first query makes its head's output NaN on both backends, and only
+            // that head's.
+            let mut qn = q.clone();
+            qn[0] = f32::NAN;
+            let gn = attend(&g, &c, [&qn, &k, &v], prefill, scale);
+            let wn = attend(&CpuBackend, &c, [&qn, &k, &v], prefill, scale);
+            let d = c.dims.d;
+            assert!(gn[..d]
+                .iter()
+                .zip(&wn[..d])
+                .all(|(a, b)| a.is_nan() == b.is_nan()));
+            assert!(
+                gn[d..] == got[d..],
+                "{:?}: a NaN reached another head",
+                c.dims
+            );
             // A query that sees nothing (row 1 of the first case, left-padded past it) gets 0.
             if !prefill && c.start.get(1) == Some(&22) {
                 let row = c.dims.t * c.dims.heads * c.dims.d;

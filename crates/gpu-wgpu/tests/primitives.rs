@@ -534,6 +534,51 @@ fn matmul_parity_with_transposes() {
     assert_eq!(got[5], f32::INFINITY);
     // Mismatched lengths are a shape error.
     assert!(b.matmul(MatmulSpec::new(3, 3, 2), &a, &bm, &mut c).is_err());
+    // The same hostile values through the vec4 tiles and the matrix–vector kernel: a NaN in
+    // row 0 of A, 1e30 across row 1 (its products overflow to inf where B holds 1e30), an inf
+    // in B's first entry; NaN, ±inf and finite outputs where the CPU has them, finite ones
+    // within the parity bound above.
+    let mut r = rng("matmul_hostile_vec4");
+    for (m, n, k, tb) in [(130, 132, 8, false), (6, 8, 4, false), (2, 9, 8, true)] {
+        let spec = MatmulSpec {
+            batch: 1,
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: tb,
+        };
+        let mut av = randn(&mut r, m * k, 1.0);
+        let mut bv = randn(&mut r, k * n, 1.0);
+        av[0] = f32::NAN;
+        av[k..2 * k].fill(1e30);
+        bv[0] = f32::INFINITY;
+        bv[k * n - 1] = 1e30;
+        let mut c = b.allocate(DType::F32, m * n).unwrap();
+        let (ad, bd) = (b.upload(&av).unwrap(), b.upload(&bv).unwrap());
+        b.matmul(spec, &ad, &bd, &mut c).unwrap();
+        let got: Vec<f32> = b.download(&c).unwrap();
+        let mut cc = CpuBackend.allocate(DType::F32, m * n).unwrap();
+        let (ac, bc) = (
+            CpuBackend.upload(&av).unwrap(),
+            CpuBackend.upload(&bv).unwrap(),
+        );
+        CpuBackend.matmul(spec, &ac, &bc, &mut cc).unwrap();
+        let want: Vec<f32> = CpuBackend.download(&cc).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (row, col) = (i / n, i % n);
+            let bt = |p: usize| if tb { bv[col * k + p] } else { bv[p * n + col] };
+            let abs: f64 = (0..k)
+                .map(|p| (av[row * k + p] as f64 * bt(p) as f64).abs())
+                .sum();
+            // Bound: each side within (k+1)·2^-24·Σ|a||b| of the exact product.
+            let tol = 2.0 * (k as f64 + 1.0) * U * abs;
+            assert!(
+                common::same(*g, *w) || ((g - w) as f64).abs() <= tol,
+                "{spec:?} [{i}]: {g} against the CPU's {w}"
+            );
+        }
+    }
 }
 
 #[test]
