@@ -218,7 +218,7 @@ if [ "$wgpu_bench" = 1 ]; then
   hf="$(mktemp -d)"
   python3 hf_generate_peer.py --models 1b --save "$hf" --no-static --new-tokens 8 --repeats 1 > "$OUT_DIR/wgpu-hf.log" 2>&1 || status=1
   for dev in cuda wgpu; do
-    bin/hybrid-trainer --device "$dev" bench-generate --model "$hf/llama-3.2-1b" --prompts "$hf/prompts.safetensors" --dtype f32 --new-tokens 32 --repeats 2 --out "$OUT_DIR/wgpu-decode-$dev.json" 2>&1 | tee "$OUT_DIR/wgpu-decode-$dev.log" || status=1
+    bin/hybrid-trainer --device "$dev" bench-generate --model "$hf/llama-3.2-1b" --prompts "$hf/prompts.safetensors" --dtype f32 --new-tokens 32 --repeats 2 --profile-steps 8 --out "$OUT_DIR/wgpu-decode-$dev.json" 2>&1 | tee "$OUT_DIR/wgpu-decode-$dev.log" || status=1
   done
   rm -rf "$hf"
 fi

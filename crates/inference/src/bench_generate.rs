@@ -43,6 +43,11 @@ pub struct BenchGenerateArgs {
     /// Writes the figures as JSON here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// On a wgpu device, also profiles this many greedy decode steps at batch 1 after a
+    /// 512-token prefill (each kernel's GPU time, the host's waits and submissions: see
+    /// `WgpuBackend::set_profiling`) and adds the table to the figures as `decode_profile`.
+    #[arg(long, default_value_t = 0)]
+    pub profile_steps: usize,
 }
 
 fn prompts(path: &std::path::Path, key: &str) -> Result<Vec<Vec<u32>>> {
@@ -190,10 +195,76 @@ pub fn run(device: Device, a: &BenchGenerateArgs) -> Result<()> {
             ((batch * (n - 1)) as f64 / ds).into(),
         );
     }
+    if let (Device::Wgpu(index), n @ 1..) = (device, a.profile_steps) {
+        let mut e = engine(a, device, 1, 512 + n + 1)?;
+        fig.insert(
+            "decode_profile".into(),
+            profile_decode(&mut e, &p512, n, index)?,
+        );
+    }
     let json = serde_json::Value::Object(fig);
     println!("{}", serde_json::to_string_pretty(&json)?);
     if let Some(out) = &a.out {
         std::fs::write(out, serde_json::to_string_pretty(&json)?)?;
     }
     Ok(())
+}
+
+/// The per-kernel profile of a prefill of `p` and of `steps` greedy decode steps after it on
+/// wgpu adapter `index` (each with the unprofiled wall time of the same work).
+fn profile_decode(
+    e: &mut Engine,
+    p: &[Vec<u32>],
+    steps: usize,
+    index: usize,
+) -> Result<serde_json::Value> {
+    let gpu = tensor_ops::wgpu_backend(index)?;
+    let (wall, _) = decode_time(e, p, steps + 1, 1, &Sampling::default())?;
+    let t = Instant::now();
+    prefill(e, p)?;
+    let prefill_wall = t.elapsed().as_secs_f64();
+    gpu.set_profiling(true)?;
+    let mut next = prefill(e, p)?;
+    let pre = gpu.profile();
+    gpu.set_profiling(false)?;
+    gpu.set_profiling(true)?;
+    for _ in 0..steps {
+        next = e.decode(&next, &Sampling::default())?;
+    }
+    let dec = gpu.profile();
+    gpu.set_profiling(false)?;
+    Ok(serde_json::json!({
+        "prefill": profile_table(pre, 1, prefill_wall),
+        "decode": profile_table(dec, steps, wall / steps as f64),
+    }))
+}
+
+/// A profile as JSON: per kernel (or host key in parentheses) the launches, GPU and host
+/// microseconds per repetition (of `reps`), most GPU time first; their GPU total, the
+/// unprofiled wall time of one repetition (`wall_s`) and the submissions whose timestamps
+/// were lost.
+fn profile_table(
+    (prof, lost): (Vec<tensor_ops::KernelTime>, u64),
+    reps: usize,
+    wall_s: f64,
+) -> serde_json::Value {
+    let per = |x: f64| x / reps as f64 / 1e3;
+    let rows: Vec<serde_json::Value> = prof
+        .iter()
+        .map(|k| {
+            serde_json::json!({
+                "key": k.key,
+                "launches": k.launches as f64 / reps as f64,
+                "gpu_us": per(k.gpu_ns),
+                "host_us": per(k.host_ns),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "reps": reps,
+        "unprofiled_wall_us": wall_s * 1e6,
+        "gpu_us": prof.iter().map(|k| per(k.gpu_ns)).sum::<f64>(),
+        "lost_batches": lost,
+        "kernels": rows,
+    })
 }

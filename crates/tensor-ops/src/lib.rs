@@ -25,6 +25,7 @@ pub use backend::{
     TransferStats,
 };
 pub use gpu_core::{DType, Device, GpuError, Result};
+pub use gpu_wgpu::KernelTime;
 /// The `ndarray` version [`Tensor::from_ndarray`] and [`Tensor::to_ndarray`] speak.
 pub use ndarray;
 pub use ops::decode::CacheView;
