@@ -14,10 +14,13 @@ use gpu_core::nn::decode::{
     check_swiglu_packed, CacheAttnIn, DecodeDims, DecodeOps, PrefillIn, RopeAppendIn,
 };
 use gpu_core::nn::defaults;
-use gpu_core::{DType, Result};
+use gpu_core::{Backend, DType, Result};
 
 const ROPE_APPEND: &str = include_str!("shaders/rope_append.wgsl");
 const CACHE_ATTN: &str = include_str!("shaders/cache_attn.wgsl");
+const CACHE_SPAN: &str = include_str!("shaders/cache_span.wgsl");
+const CACHE_COMBINE: &str = include_str!("shaders/cache_combine.wgsl");
+const PREFILL_ATTN: &str = include_str!("shaders/prefill_attn.wgsl");
 const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
 const ADD_RMS_NORM: &str = include_str!("shaders/add_rms_norm.wgsl");
 const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
@@ -29,55 +32,126 @@ fn all_f32(bufs: &[&Buf]) -> bool {
     bufs.iter().all(|b| b.dtype() == DType::F32)
 }
 
-/// `d + 512·kv_heads + 2^31·prefill`, one parameter word of `cache_attn.wgsl`; more than
-/// 2^22 key/value heads is refused.
-fn packed_heads(op: &'static str, dims: DecodeDims, prefill: bool) -> Result<u32> {
-    if dims.kv_heads >= 1 << 22 {
+/// Workgroups a decode attention aims for (queries × splits): enough to fill a large GPU.
+const SPLIT_GROUPS: usize = 1024;
+
+/// `d + 512·kv_heads + 2^26·lg`, a parameter word of `cache_attn.wgsl`; 2^17 key/value heads
+/// or more are refused.
+fn packed_heads(op: &'static str, dims: DecodeDims, lg: u32) -> Result<u32> {
+    if dims.kv_heads >= 1 << 17 {
         return Err(gpu_core::GpuError::Unsupported {
             op,
-            reason: format!("{} key/value heads (at most 2^22 here)", dims.kv_heads),
+            reason: format!("{} key/value heads (at most 2^17 - 1 here)", dims.kv_heads),
         });
     }
-    Ok((dims.d + 512 * dims.kv_heads) as u32 | (u32::from(prefill) << 31))
+    Ok((dims.d + 512 * dims.kv_heads) as u32 | lg << 26)
+}
+
+/// How `cache_attn.wgsl` splits the slots below `max_end` for `rows` queries: `(lg, splits)`,
+/// splits of `64·2^lg` slots, about [`SPLIT_GROUPS`] workgroups in all (one split where the
+/// queries alone are that many).
+fn split_slots(rows: usize, max_end: usize) -> (u32, usize) {
+    let chunks = max_end.div_ceil(64).max(1);
+    let want = SPLIT_GROUPS.div_ceil(rows).clamp(1, chunks);
+    let lg = chunks.div_ceil(want).next_power_of_two().trailing_zeros();
+    (lg, chunks.div_ceil(1 << lg))
+}
+
+/// Slots a chunk of `prefill_attn.wgsl` stages for head width `d`: keys and values of
+/// `C·d ≤ 2048` floats each (16 KiB of workgroup memory in all, WebGPU's least).
+fn prefill_chunk(d: usize) -> usize {
+    (2048 / d).clamp(1, 64)
 }
 
 impl WgpuBackend {
-    /// One launch of `cache_attn.wgsl` (checked): a workgroup a query head; a prefill's
-    /// queries take slots `0..t` (its `slot` binding is not read).
+    /// `cache_attn.wgsl` over splits of the slots, then `cache_combine.wgsl` (checked).
     fn cache_attn_f32(
         &self,
-        op: &'static str,
-        (x, prefill): (CacheAttnIn<'_, Buf>, bool),
+        x: CacheAttnIn<'_, Buf>,
         out: &mut Buf,
-        dims: DecodeDims,
+        (dims, max_end): (DecodeDims, usize),
         scale: f32,
     ) -> Result<()> {
+        const OP: &str = "cache_attention";
         let rows = dims.b * dims.t * dims.heads;
         if rows == 0 {
             return Ok(());
         }
-        let p = [
-            to_u32(op, rows)?,
-            to_u32(op, dims.t)?,
-            to_u32(op, dims.heads)?,
-            // d ≤ 256 (checked); the flag in bit 31.
-            packed_heads(op, dims, prefill)?,
-            to_u32(op, dims.cap)?,
+        let (lg, splits) = split_slots(rows, max_end);
+        let mut p = [
+            to_u32(OP, rows)?,
+            to_u32(OP, dims.t)?,
+            to_u32(OP, dims.heads)?,
+            packed_heads(OP, dims, lg)?,
+            to_u32(OP, dims.cap)?,
             dims.window_u32(),
             scale.to_bits(),
             0,
         ];
-        let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
+        let part = self.allocate(DType::F32, splits * rows * (dims.d + 2))?;
+        let (gx, gy) = self.grid(OP, to_u32(OP, rows)?)?;
+        let z = to_u32(OP, splits)?;
+        if z > self.info().limits.max_compute_workgroups_per_dimension {
+            return Err(gpu_core::GpuError::Unsupported {
+                op: OP,
+                reason: format!("{splits} splits of the slots exceed the device's grid"),
+            });
+        }
         let bufs = [
             x.q.raw(),
             x.k_cache.raw(),
             x.v_cache.raw(),
             x.start.raw(),
             x.slot.raw(),
+            part.raw(),
+        ];
+        let body = || src(&format!("{WG_SUM64}{CACHE_SPAN}{CACHE_ATTN}"));
+        self.launch(OP, ("cache_attn", body), p, (gx, (gx, gy, z)), &bufs)?;
+        p[3] = dims.d as u32 | lg << 26;
+        let bufs = [x.start.raw(), x.slot.raw(), part.raw(), out.raw()];
+        let body = || src(&format!("{CACHE_SPAN}{CACHE_COMBINE}"));
+        self.launch(OP, ("cache_combine", body), p, (gx, (gx, gy, 1)), &bufs)
+    }
+
+    /// `prefill_attn.wgsl` (checked): a workgroup 64 queries of a (row, head).
+    fn prefill_attn_f32(
+        &self,
+        x: PrefillIn<'_, Buf>,
+        out: &mut Buf,
+        dims: DecodeDims,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "prefill_attention";
+        let groups = dims.b * dims.heads * dims.t.div_ceil(64);
+        if groups == 0 {
+            return Ok(());
+        }
+        let p = [
+            to_u32(OP, groups)?,
+            to_u32(OP, dims.t)?,
+            to_u32(OP, dims.heads)?,
+            to_u32(OP, dims.kv_heads)?,
+            to_u32(OP, dims.cap)?,
+            dims.window_u32(),
+            scale.to_bits(),
+            0,
+        ];
+        let (d, c) = (dims.d, prefill_chunk(dims.d));
+        let (gx, gy) = self.grid(OP, to_u32(OP, groups)?)?;
+        let bufs = [
+            x.q.raw(),
+            x.k_cache.raw(),
+            x.v_cache.raw(),
+            x.start.raw(),
             out.raw(),
         ];
-        let body = || src(&format!("{WG_SUM64}{CACHE_ATTN}"));
-        self.launch(op, ("cache_attn", body), p, (gx, (gx, gy, 1)), &bufs)
+        let key = format!("prefill_attn d{d}");
+        let body = || {
+            src(&format!(
+                "const D: u32 = {d}u;\nconst C: u32 = {c}u;\n{PREFILL_ATTN}"
+            ))
+        };
+        self.launch(OP, (&key, body), p, (gx, (gx, gy, 1)), &bufs)
     }
 }
 
@@ -121,7 +195,7 @@ impl DecodeOps for WgpuBackend {
         self.launch_1d(OP, OP, || src(ROPE_APPEND), p, threads, &bufs)
     }
 
-    /// f32: one kernel, a workgroup a query head (bf16: the default).
+    /// f32: the slots split over workgroups, then the splits combined (bf16: the default).
     fn cache_attention(
         &self,
         x: CacheAttnIn<'_, Buf>,
@@ -136,10 +210,10 @@ impl DecodeOps for WgpuBackend {
         if !all_f32(&[x.q, x.k_cache, out]) {
             return defaults::decode::cache_attention(self, x, out, dims, max_end, scale);
         }
-        self.cache_attn_f32(OP, (x, false), out, dims, scale)
+        self.cache_attn_f32(x, out, (dims, max_end), scale)
     }
 
-    /// f32: `cache_attention`'s kernel, the queries at slots `0..t` (bf16: the default).
+    /// f32: flash-style, a workgroup 64 queries at slots `0..t` (bf16: the default).
     fn prefill_attention(
         &self,
         x: PrefillIn<'_, Buf>,
@@ -153,14 +227,7 @@ impl DecodeOps for WgpuBackend {
         if !all_f32(&[x.q, x.k_cache, out]) {
             return defaults::decode::prefill_attention(self, x, out, dims, scale);
         }
-        let x = CacheAttnIn {
-            q: x.q,
-            k_cache: x.k_cache,
-            v_cache: x.v_cache,
-            start: x.start,
-            slot: x.start,
-        };
-        self.cache_attn_f32(OP, (x, true), out, dims, scale)
+        self.prefill_attn_f32(x, out, dims, scale)
     }
 
     /// f32: one row kernel (the default: an add, a cast and RMSNorm's chain).

@@ -61,7 +61,23 @@ fn cases() -> Vec<Case> {
             start: vec![0, 1, 4],
             slot: vec![5, 9, 3],
         },
-        // A position past 131,000: angles of ~10^5 radians.
+        // Prefill tiles of 64 queries (three, the last partial), a row left-padded into the
+        // second tile; decode over splits of the slots.
+        Case {
+            dims: dims(2, 150, (4, 2, 64), 200),
+            start: vec![0, 70],
+            slot: vec![0, 40],
+        },
+        // A window that starts inside a tile; a head width that is not a multiple of 4.
+        Case {
+            dims: DecodeDims {
+                window: Some(37),
+                ..dims(1, 130, (2, 2, 6), 140)
+            },
+            start: vec![5],
+            slot: vec![3],
+        },
+        // A position past 131,000: angles of ~10^5 radians (decode: 256 splits of 512 slots).
         Case {
             dims: dims(1, 2, (2, 1, 64), 131_080),
             start: vec![0],

@@ -3,54 +3,64 @@
 @group(0) @binding(3) var<storage, read> v_cache: array<f32>;
 @group(0) @binding(4) var<storage, read> start: array<u32>;
 @group(0) @binding(5) var<storage, read> slot: array<u32>;
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> part: array<f32>;
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> span: vec2<u32>;
 
-// DecodeOps::cache_attention in f32, a workgroup of 64 threads a query head (row idx of
-// [b, t, heads]): the visible slots (first..=last, from start, slot and the window, none past
-// the cache) in chunks of 64, a thread a slot's score scale·q·k, an online softmax across the
-// chunks (running max and sum, earlier sums rescaled), the values' weighted sum a thread per
-// output column (d ≤ 256: four a thread). No visible slot: zeros. p0 = rows, p1 = t,
-// p2 = heads, p3 = d + 512·kv_heads + 2^31·prefill, p4 = cap, p5 = window (0: none),
-// p6 = scale's bits. A prefill's queries take slots 0..t (its `slot` binding is not read).
+// DecodeOps::cache_attention in f32, split over the slots (flash-decoding): workgroup
+// (query idx of [b, t, heads], split z) takes the visible slots in [z·S, (z + 1)·S),
+// S = 64·2^lg, in chunks of 64: a thread a slot's score scale·q·k, an online softmax across
+// the chunks (running max and sum, earlier sums rescaled), the values' weighted sum a thread
+// per output column (d ≤ 256: four a thread). It writes its unnormalised sum, max and
+// weight to `part` [z, idx, d + 2] for cache_combine; a split with no visible slot writes
+// nothing (cache_combine reads only the splits that overlap the visible slots).
+// p0 = rows, p1 = t, p2 = heads, p3 = d + 512·kv_heads + 2^26·lg, p4 = cap,
+// p5 = window (0: none), p6 = scale's bits.
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
     let idx = wid.y * P.gx + wid.x;
     if (idx >= P.p0) { return; }
     let lid = lid3.x;
-    let t = P.p1;
     let heads = P.p2;
     let d = P.p3 & 511u;
-    let kvh = (P.p3 >> 9u) & 0x3fffffu;
-    let cap = P.p4;
+    let kvh = (P.p3 >> 9u) & 0x1ffffu;
+    let lg = P.p3 >> 26u;
     let scale = bitcast<f32>(P.p6);
-    let r = idx / (t * heads);
+    let r = idx / (P.p1 * heads);
     let h = idx % heads;
-    let base = (r * kvh + h / (heads / kvh)) * cap;
+    let base = (r * kvh + h / (heads / kvh)) * P.p4;
     if (lid == 0u) {
-        let s = select(slot[r], 0u, (P.p3 >> 31u) != 0u) + (idx / heads) % t;
-        var first = start[r];
-        if (P.p5 != 0u && s + 1u > P.p5) { first = max(first, s + 1u - P.p5); }
-        // An empty span (first > last) where nothing is visible.
-        span = vec2<u32>(first, min(s + 1u, cap));
+        let v = visible(idx);
+        let lo = wid.z << (6u + lg);
+        // The split's part of the visible slots (empty: first >= last).
+        span = vec2<u32>(max(v.x, lo), min(v.y, lo + (64u << lg)));
     }
-    for (var e = lid; e < d; e += 64u) { qs[e] = q[idx * d + e]; }
     let se = workgroupUniformLoad(&span);
+    if (se.x >= se.y) { return; }
+    for (var e = lid; e < d; e += 64u) { qs[e] = q[idx * d + e]; }
+    workgroupBarrier();
     let ninf = bitcast<f32>(0xff800000u);
     var m = ninf;
     var l = 0.0;
     var acc = vec4<f32>(0.0);
+    let d4 = d & ~3u;
     for (var c0 = se.x; c0 < se.y; c0 += 64u) {
         let j = c0 + lid;
         let live = j < se.y;
         var sc = ninf;
         if (live) {
-            var dot = 0.0;
+            // Four independent sums (then paired): the loads of a row overlap.
+            var a = vec4<f32>(0.0);
             let kr = (base + j) * d;
-            for (var e = 0u; e < d; e++) { dot = fma(qs[e], k_cache[kr + e], dot); }
-            sc = dot * scale;
+            for (var e = 0u; e < d4; e += 4u) {
+                a.x = fma(qs[e], k_cache[kr + e], a.x);
+                a.y = fma(qs[e + 1u], k_cache[kr + e + 1u], a.y);
+                a.z = fma(qs[e + 2u], k_cache[kr + e + 2u], a.z);
+                a.w = fma(qs[e + 3u], k_cache[kr + e + 3u], a.w);
+            }
+            for (var e = d4; e < d; e++) { a.x = fma(qs[e], k_cache[kr + e], a.x); }
+            sc = ((a.x + a.y) + (a.z + a.w)) * scale;
         }
         let nm = nan_max(m, wg_max(sc, lid));
         let p = select(0.0, exp(sc - nm), live);
@@ -70,10 +80,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         m = nm;
         workgroupBarrier();
     }
-    let o = idx * d + lid;
-    let inv = select(1.0 / l, 0.0, l == 0.0);
-    if (lid < d) { out[o] = acc.x * inv; }
-    if (lid + 64u < d) { out[o + 64u] = acc.y * inv; }
-    if (lid + 128u < d) { out[o + 128u] = acc.z * inv; }
-    if (lid + 192u < d) { out[o + 192u] = acc.w * inv; }
+    let o = (wid.z * P.p0 + idx) * (d + 2u);
+    if (lid < d) { part[o + lid] = acc.x; }
+    if (lid + 64u < d) { part[o + lid + 64u] = acc.y; }
+    if (lid + 128u < d) { part[o + lid + 128u] = acc.z; }
+    if (lid + 192u < d) { part[o + lid + 192u] = acc.w; }
+    if (lid == 0u) {
+        part[o + d] = m;
+        part[o + d + 1u] = l;
+    }
 }
