@@ -525,7 +525,6 @@ impl Backend for WgpuBackend {
             return Ok(());
         }
         let bytes = self.read_bytes(src)?;
-        self.take_deferred()?;
         let n = std::mem::size_of_val(dst);
         // SAFETY: as in copy_to_device; every bit pattern is a valid value of these types, and
         // `bytes` holds at least `n` bytes (the padded size).

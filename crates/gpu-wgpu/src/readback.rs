@@ -1,7 +1,8 @@
 //! Asynchronous read-back: [`WgpuBackend::read_async`] queues a buffer's copy to the host and
 //! returns at once with a [`ReadBack`]; the host goes on queueing work while the device
 //! catches up, and takes the values when [`ReadBack::is_ready`] says so or [`ReadBack::wait`]
-//! blocks for them. (`Backend::download` is the same read, waited for at once: `read_bytes`.)
+//! blocks for them. (`Backend::download` is the same read, waited for at once, with the index checks read in
+//! the same copy: `read_bytes`.)
 
 use crate::backend::{check_element_size, WgpuBackend};
 use crate::buffer::WgpuBuffer;
@@ -23,23 +24,41 @@ pub struct ReadBack<T: Element> {
 }
 
 impl WgpuBackend {
-    /// Reads a buffer's padded bytes back to the host (map a staging buffer, bounded wait).
+    /// Reads a buffer's padded bytes back to the host (map a staging buffer, bounded wait),
+    /// with the index checks of the work queued before it read in the same copy and
+    /// reported (`take_deferred`'s, without its second wait).
     pub(crate) fn read_bytes(&self, src: &WgpuBuffer) -> Result<Vec<u8>> {
-        self.read_raw(src.raw(), src.padded_bytes())
+        self.read_checked(src.raw(), src.padded_bytes())
     }
 
-    /// Reads the first `size` bytes of a device buffer back to the host.
-    pub(crate) fn read_raw(&self, src: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
-        if size == 0 {
+    /// Reads `size` bytes of `src` and, behind them in one staging buffer, the first `extra`
+    /// bytes of `tail`'s buffer, which are then cleared on the device (one submission and
+    /// one wait for both).
+    pub(crate) fn read_with(
+        &self,
+        src: &wgpu::Buffer,
+        size: u64,
+        tail: Option<(&wgpu::Buffer, u64)>,
+    ) -> Result<Vec<u8>> {
+        let extra = tail.map_or(0, |(_, n)| n);
+        if size + extra == 0 {
             return Ok(Vec::new());
         }
         let staging = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("staging"),
-            size,
+            size: size + extra,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.record(|enc| enc.copy_buffer_to_buffer(src, 0, &staging, 0, size));
+        self.record(|enc| {
+            if size > 0 {
+                enc.copy_buffer_to_buffer(src, 0, &staging, 0, size);
+            }
+            if let Some((t, n)) = tail.filter(|&(_, n)| n > 0) {
+                enc.copy_buffer_to_buffer(t, 0, &staging, size, n);
+                enc.clear_buffer(t, 0, Some(n));
+            }
+        });
         let sub = self.flush();
         let slice = staging.slice(..);
         let (tx, rx) = mpsc::channel();

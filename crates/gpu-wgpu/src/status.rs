@@ -88,25 +88,31 @@ impl WgpuBackend {
     /// have run); the error is this thread's first bad launch in program order (its later
     /// ones are dropped with it: one error a wait).
     pub(crate) fn take_deferred(&self) -> Result<()> {
+        let ring = self.ring().buf.clone();
+        self.read_checked(&ring, 0).map(drop)
+    }
+
+    /// The first `size` bytes of `src`, read with the slots of the launches since the last
+    /// check in the same copy (then cleared); reports this thread's first bad launch as
+    /// [`Self::take_deferred`] does.
+    pub(crate) fn read_checked(&self, src: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
         let me = std::thread::current().id();
         // Held throughout, so that no launch takes a slot between the read and the clear.
         let mut ring = self.ring();
-        if !ring.pending.is_empty() {
-            let bytes = (ring.pending.len() * 8) as u64;
-            let words = self.read_raw(&ring.buf, bytes)?;
-            let buf = ring.buf.clone();
-            self.record(|enc| enc.clear_buffer(&buf, 0, Some(bytes)));
-            let word = |i: usize| u32::from_le_bytes(words[4 * i..][..4].try_into().expect("4"));
-            for (i, d) in std::mem::take(&mut ring.pending).into_iter().enumerate() {
-                if word(2 * i) != 0 {
-                    let e = GpuError::IndexOutOfRange {
-                        op: d.op,
-                        what: d.what,
-                        value: word(2 * i + 1),
-                        bound: d.bound,
-                    };
-                    ring.found.push((d.thread, e));
-                }
+        let extra = (ring.pending.len() * 8) as u64;
+        let tail = ring.buf.clone();
+        let mut bytes = self.read_with(src, size, Some((&tail, extra)))?;
+        let words = bytes.split_off(size as usize);
+        let word = |i: usize| u32::from_le_bytes(words[4 * i..][..4].try_into().expect("4"));
+        for (i, d) in std::mem::take(&mut ring.pending).into_iter().enumerate() {
+            if word(2 * i) != 0 {
+                let e = GpuError::IndexOutOfRange {
+                    op: d.op,
+                    what: d.what,
+                    value: word(2 * i + 1),
+                    bound: d.bound,
+                };
+                ring.found.push((d.thread, e));
             }
         }
         // The first is reported; this thread's later ones go with it (one error a wait).
@@ -116,7 +122,7 @@ impl WgpuBackend {
                 ring.found.retain(|(t, _)| *t != me);
                 Err(e)
             }
-            None => Ok(()),
+            None => Ok(bytes),
         }
     }
 }
