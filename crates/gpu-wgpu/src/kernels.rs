@@ -6,7 +6,7 @@
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
-use crate::record::{Launch, PARAMS_BYTES};
+use crate::record::Launch;
 use gpu_core::backend::BufferInfo;
 use gpu_core::{DType, GpuError, Result};
 
@@ -218,11 +218,24 @@ impl WgpuBackend {
         (gx, groups): (u32, (u32, u32, u32)),
         buffers: &[&wgpu::Buffer],
     ) -> Result<()> {
+        params[7] = gx;
+        self.launch_block(op, ((key, source), checks), &params, groups, buffers)
+    }
+
+    /// [`Self::launch_with`] of a parameter block of any length up to the ring's slot (a
+    /// kernel whose `Params` is wider than eight words; the caller fills in its `gx`).
+    pub(crate) fn launch_block(
+        &self,
+        op: &'static str,
+        ((key, source), checks): ((&str, impl FnOnce() -> String), Checks),
+        params: &[u32],
+        groups: (u32, u32, u32),
+        buffers: &[&wgpu::Buffer],
+    ) -> Result<()> {
         self.check_lost()?;
         if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
             return Ok(());
         }
-        params[7] = gx;
         let started = std::time::Instant::now();
         let pipeline = self.pipeline(key, source, ("main", checks))?;
         let dev = &self.inner.device;
@@ -246,7 +259,7 @@ impl WgpuBackend {
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer: ring,
                         offset,
-                        size: wgpu::BufferSize::new(PARAMS_BYTES),
+                        size: wgpu::BufferSize::new(4 * params.len() as u64),
                     }),
                 }];
                 for (i, b) in buffers.iter().enumerate() {
@@ -264,7 +277,7 @@ impl WgpuBackend {
             self.record_launch(
                 Launch {
                     label,
-                    params: &params,
+                    params,
                     started,
                 },
                 bind,

@@ -22,6 +22,7 @@ mod profile;
 mod readback;
 mod record;
 mod rows;
+mod sample;
 mod status;
 pub mod testing;
 

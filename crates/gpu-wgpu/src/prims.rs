@@ -16,7 +16,7 @@ use gpu_core::nn::elementwise::{
 };
 use gpu_core::nn::rows::check_embedding;
 use gpu_core::nn::{
-    Activation, BinaryKind, BlockCopy, ElementwiseOps, Primitives, QuantOps, ReduceKind, SampleOps,
+    Activation, BinaryKind, BlockCopy, ElementwiseOps, Primitives, QuantOps, ReduceKind,
 };
 use gpu_core::ops::{check_float_elementwise, MatmulOps, MatmulSpec};
 use gpu_core::{DType, Result};
@@ -198,5 +198,4 @@ impl Primitives for WgpuBackend {
 // (OptimOps: optim.rs, AdamW fused; RowOps: rows.rs, LayerNorm's forward fused).
 impl ElementwiseOps for WgpuBackend {}
 impl QuantOps for WgpuBackend {}
-impl SampleOps for WgpuBackend {}
 impl gpu_core::nn::WorldOps for WgpuBackend {}

@@ -13,15 +13,14 @@ use std::time::Instant;
 /// batches; reads, writes from the host, `synchronize` and the pool's release submit first.
 pub(crate) const BATCH: usize = 32;
 
-/// Bytes of one kernel's parameter block (eight u32, the kernels' `Params`).
-pub(crate) const PARAMS_BYTES: u64 = 32;
 /// Bytes between parameter blocks in the ring (WebGPU's largest uniform offset alignment).
 pub(crate) const PARAMS_SLOT: usize = 256;
 
 /// One launch's profile label (made only while profiling), parameter block and start time.
 pub(crate) struct Launch<'a, L> {
     pub label: L,
-    pub params: &'a [u32; 8],
+    /// At most `PARAMS_SLOT` bytes (the kernels' `Params`: eight u32 for most).
+    pub params: &'a [u32],
     pub started: Instant,
 }
 
@@ -103,6 +102,10 @@ impl WgpuBackend {
         let p = &mut *guard;
         // At most BATCH records between submissions, so the ring never overflows.
         let offset = (p.staged.len() / PARAMS_SLOT) as u64 * PARAMS_SLOT as u64;
+        assert!(
+            4 * launch.params.len() <= PARAMS_SLOT,
+            "a parameter block past its slot"
+        );
         p.staged
             .extend_from_slice(bytemuck::cast_slice(launch.params));
         p.staged.resize(offset as usize + PARAMS_SLOT, 0);

@@ -5,6 +5,7 @@
 //! named by `HYBRID_WGPU_SKIP_LOG`. With `HYBRID_REQUIRE_WGPU=1` (set by CI, where lavapipe is
 //! installed) a missing adapter fails the test instead, so a skip never passes for a pass.
 
+pub use crate::sample::{sample_probe, SampleProbe};
 use crate::WgpuBackend;
 use std::io::Write;
 
