@@ -29,7 +29,7 @@
 //! pairs), θ, eps or q/k/v or gate/up order moves the logits by O(1) of their scale.
 use std::path::{Path, PathBuf};
 
-use models::gpt::{Dataset, Gpt, GptConfig, Variant};
+use models::gpt::{CharTokenizer, Dataset, Gpt, GptConfig, Variant};
 use models::{export_gpt2, export_hf, export_llama, CausalLm, ExportError, Gpt2Activation};
 use models::{Architecture, Engine, EngineOptions, ModelError, Sampler, Sampling};
 use models::{Tokenizer, TokenizerError};
@@ -241,6 +241,13 @@ fn exported_with_biases_matches_the_project_model() {
     exported_matches_project_model(true);
 }
 
+/// A fresh temporary directory and the export target `out` inside it (not created).
+fn scratch_target() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("out");
+    (tmp, dir)
+}
+
 /// The entries of `dir`, sorted.
 fn listing(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -254,8 +261,7 @@ fn listing(dir: &Path) -> Vec<String> {
 #[test]
 fn a_non_empty_target_is_refused_and_left_untouched() {
     let (gpt, ds) = model(false);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("out");
+    let (tmp, dir) = scratch_target();
     std::fs::create_dir(&dir).unwrap();
     std::fs::write(dir.join("config.json"), "mine").unwrap();
     match export_gpt2(&gpt, &ds.tokenizer, &dir) {
@@ -282,8 +288,7 @@ fn a_non_empty_target_is_refused_and_left_untouched() {
 #[test]
 fn an_empty_existing_target_is_filled() {
     let (gpt, ds) = model(true);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("out");
+    let (tmp, dir) = scratch_target();
     std::fs::create_dir(&dir).unwrap();
     export_gpt2(&gpt, &ds.tokenizer, &dir).unwrap();
     let want = [
@@ -300,31 +305,25 @@ fn an_empty_existing_target_is_filled() {
 fn the_other_variant_a_foreign_tokenizer_and_a_missing_parent_are_refused() {
     let ds = Dataset::from_text(TEXT, 0.9).unwrap();
     let vocab = ds.tokenizer.vocab_size();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("out");
+    let (tmp, dir) = scratch_target();
 
     let llama = Gpt::new(config(vocab, false, Variant::Llama), 1, Device::Cpu).unwrap();
-    let r = export_gpt2(&llama, &ds.tokenizer, &dir);
-    assert!(
-        matches!(
-            r,
-            Err(ModelError::Export(ExportError::UnsupportedVariant(
-                Variant::Llama
-            )))
-        ),
-        "{r:?}"
-    );
     let gpt2 = Gpt::new(config(vocab, false, Variant::Gpt2), 1, Device::Cpu).unwrap();
-    let r = export_llama(&gpt2, &ds.tokenizer, &dir);
-    assert!(
-        matches!(
-            r,
-            Err(ModelError::Export(ExportError::UnsupportedVariant(
-                Variant::Gpt2
-            )))
-        ),
-        "{r:?}"
-    );
+    type Export = fn(&Gpt, &CharTokenizer, &Path) -> Result<(), ModelError>;
+    let crossed: [(&Gpt, Export, Variant); 2] = [
+        (&llama, export_gpt2, Variant::Llama),
+        (&gpt2, export_llama, Variant::Gpt2),
+    ];
+    for (model, export, variant) in crossed {
+        let r = export(model, &ds.tokenizer, &dir);
+        assert!(
+            matches!(
+                r,
+                Err(ModelError::Export(ExportError::UnsupportedVariant(v))) if v == variant
+            ),
+            "{r:?}"
+        );
+    }
     let r = export_llama(&llama, &other_tokenizer(), &dir);
     assert!(
         matches!(
@@ -358,8 +357,7 @@ fn the_other_variant_a_foreign_tokenizer_and_a_missing_parent_are_refused() {
 #[test]
 fn the_configured_activation_is_applied() {
     let (gpt, ds) = model(true);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("out");
+    let (_tmp, dir) = scratch_target();
     export_gpt2(&gpt, &ds.tokenizer, &dir).unwrap();
     let prompt = ds.tokenizer.encode(PROMPT).unwrap();
     let want = gpt_logits(&gpt, &prompt);
@@ -382,7 +380,7 @@ fn the_configured_activation_is_applied() {
     assert!(erf < 1e-5 && tanh > 1e-4, "erf {erf}, tanh {tanh}");
 }
 
-fn other_tokenizer() -> models::gpt::CharTokenizer {
+fn other_tokenizer() -> CharTokenizer {
     Dataset::from_text("abc abc abc abc abc", 0.9)
         .unwrap()
         .tokenizer
@@ -518,8 +516,7 @@ fn exported_llama_variant_matches_the_project_model() {
 #[test]
 fn every_llama_convention_matters() {
     let (gpt, ds) = llama_model(LLAMA_SHAPES[0]);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("out");
+    let (_tmp, dir) = scratch_target();
     export_llama(&gpt, &ds.tokenizer, &dir).unwrap();
     let ids = ds.tokenizer.encode(&TEXT[..gpt.config.block_size]).unwrap();
     let want = gpt_logits(&gpt, &ids);

@@ -7,7 +7,6 @@ mod hf_fixture;
 
 use hf_fixture::dir;
 use models::{CausalLm, ModelError, QuantKind};
-use safetensors::SafeTensors;
 use tensor_ops::Device;
 
 fn expected(name: &str) -> (Vec<u32>, Vec<f32>) {
@@ -67,14 +66,7 @@ fn perplexity_over_several_windows_predicts_every_token_once() {
     assert!(p.is_finite() && p > 1.0, "{p}");
     // The first window alone is a different mean: the windows are all counted.
     assert_ne!(p, m.perplexity(&ids[..ctx]).unwrap());
-    assert!(matches!(
-        m.perplexity(&ids[..1]),
-        Err(ModelError::EmptyInput)
-    ));
-    assert!(matches!(
-        m.perplexity(&[0, 200]),
-        Err(ModelError::TokenOutOfVocab { .. })
-    ));
+    hf_fixture::assert_perplexity_refusals(&ids, |ids| m.perplexity(ids));
 }
 
 #[test]
@@ -105,32 +97,8 @@ fn quantizing_moves_the_logits_int4_further_than_int8() {
 #[test]
 fn a_weight_that_cannot_be_quantized_leaves_the_model_as_it_was() {
     // llama3 with one NaN in the second layer's down projection.
-    let tmp = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json"] {
-        std::fs::copy(dir("llama3").join(f), tmp.path().join(f)).unwrap();
-    }
-    let bytes = std::fs::read(dir("llama3").join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
     let poisoned = "model.layers.1.mlp.down_proj.weight";
-    let tensors: Vec<(String, Vec<u8>, Vec<usize>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, v)| {
-            let mut data = v.data().to_vec();
-            if name == poisoned {
-                data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
-            }
-            (name, data, v.shape().to_vec())
-        })
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .map(|(n, d, s)| {
-            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d);
-            (n.clone(), v.unwrap())
-        })
-        .collect();
-    safetensors::serialize_to_file(views, &None, &tmp.path().join("model.safetensors")).unwrap();
+    let tmp = hf_fixture::poisoned_copy("llama3", poisoned, 0..1, f32::NAN);
     let (ids, _) = expected("llama3");
     let mut m = CausalLm::load(tmp.path(), Device::Cpu).unwrap();
     let before = logits(&m, &ids[..4]);

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{serialize, tensors_for, value, write_config, write_sharded, write_single, Raw};
-use models::{Checkpoint, WeightsError};
+use models::{Checkpoint, ModelConfig, WeightsError};
 use safetensors::Dtype;
 
 fn open(dir: &std::path::Path) -> Result<Checkpoint, WeightsError> {
@@ -11,11 +11,17 @@ fn open(dir: &std::path::Path) -> Result<Checkpoint, WeightsError> {
     Checkpoint::open_checked(dir, &cfg)
 }
 
+/// A fresh directory with config `json` and its one weights file in `dtype`, opened.
+fn open_single(json: &str, dtype: Dtype) -> (tempfile::TempDir, ModelConfig, Checkpoint) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_single(dir.path(), json, dtype);
+    let ckpt = open(dir.path()).unwrap();
+    (dir, cfg, ckpt)
+}
+
 #[test]
 fn tiny_llama_gqa_validates_and_reads_bf16() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = write_single(dir.path(), common::LLAMA_GQA, Dtype::BF16);
-    let ckpt = open(dir.path()).unwrap();
+    let (_dir, cfg, ckpt) = open_single(common::LLAMA_GQA, Dtype::BF16);
     assert_eq!(ckpt.names().count(), 1 + 2 * 9 + 2);
     let k = ckpt.info("model.layers.1.self_attn.k_proj.weight").unwrap();
     assert_eq!(
@@ -30,9 +36,7 @@ fn tiny_llama_gqa_validates_and_reads_bf16() {
 
 #[test]
 fn tiny_qwen2_with_biases_tied_f16() {
-    let dir = tempfile::tempdir().unwrap();
-    write_single(dir.path(), common::QWEN2, Dtype::F16);
-    let ckpt = open(dir.path()).unwrap();
+    let (_dir, _, ckpt) = open_single(common::QWEN2, Dtype::F16);
     assert_eq!(
         ckpt.info("model.layers.0.self_attn.q_proj.bias")
             .unwrap()
@@ -54,16 +58,13 @@ fn tiny_qwen2_with_biases_tied_f16() {
 
 #[test]
 fn tiny_mistral_validates() {
-    let dir = tempfile::tempdir().unwrap();
-    write_single(dir.path(), common::MISTRAL, Dtype::F32);
-    assert!(open(dir.path()).unwrap().info("lm_head.weight").is_some());
+    let (_dir, _, ckpt) = open_single(common::MISTRAL, Dtype::F32);
+    assert!(ckpt.info("lm_head.weight").is_some());
 }
 
 #[test]
 fn tiny_gpt2_conv1d_layout() {
-    let dir = tempfile::tempdir().unwrap();
-    write_single(dir.path(), common::GPT2, Dtype::F32);
-    let ckpt = open(dir.path()).unwrap();
+    let (_dir, _, ckpt) = open_single(common::GPT2, Dtype::F32);
     assert_eq!(
         ckpt.info("h.1.attn.c_attn.weight").unwrap().shape,
         vec![8, 24]
@@ -248,9 +249,7 @@ fn truncated_file_is_corrupt() {
 
 #[test]
 fn reading_an_unknown_tensor_is_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    write_single(dir.path(), common::GPT2, Dtype::F32);
-    let ckpt = open(dir.path()).unwrap();
+    let (_dir, _, ckpt) = open_single(common::GPT2, Dtype::F32);
     assert!(matches!(
         ckpt.tensor_f32("nope"),
         Err(WeightsError::MissingTensor(_))

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use models::{CausalLm, Engine, EngineOptions, Sampler, Sampling};
+use models::{CausalLm, Engine, EngineOptions, ModelError, Sampler, Sampling};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use tensor_ops::{DType, Device};
@@ -95,6 +95,19 @@ pub fn rewrite_checkpoint(
         .collect();
     write_f32_checkpoint(dir, &data);
     data.into_iter().map(|(n, ..)| n).collect()
+}
+
+/// Asserts that `perplexity` (a reference model's or an engine's) refuses the first token of
+/// `ids` alone (nothing to predict) and a text with an id (200) past the fixtures' vocabulary.
+pub fn assert_perplexity_refusals(
+    ids: &[u32],
+    mut perplexity: impl FnMut(&[u32]) -> Result<f64, ModelError>,
+) {
+    assert!(matches!(perplexity(&ids[..1]), Err(ModelError::EmptyInput)));
+    assert!(matches!(
+        perplexity(&[0, 200]),
+        Err(ModelError::TokenOutOfVocab { .. })
+    ));
 }
 
 /// A fixture's expectations.
