@@ -3,21 +3,25 @@
 //! test prints why it skips without a GPU; with one it must run.
 
 mod common;
-use common::with_spectrum;
+use common::{gpu, uniform, with_spectrum};
 use nalgebra::{DMatrix, DVector};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand::{rngs::StdRng, Rng};
 use rssm::svd::exact_svd;
 use rssm::{AcceleratorError, GpuAccelerator, LowRank, SvdMethod, SvdOptions};
 use tensor_ops::ndarray::{Array1, Array2};
 use tensor_ops::{Device, Tensor};
 
+/// The rank-one `5 × 4` correction `u·s·vᵀ` with `u` and `s` all `x` and `v` all ones (so
+/// every entry is `x²`), on `d`.
+fn rank_one_5x4(x: f32, d: Device) -> LowRank {
+    let u = Array2::from_elem((5, 1), x);
+    let s = Array1::from_elem(1, x);
+    let v = Array2::from_elem((4, 1), 1.0);
+    LowRank::new(u, s, v).unwrap().to(d).unwrap()
+}
+
 /// f32 unit roundoff.
 const U: f64 = f32::EPSILON as f64 / 2.0;
-
-fn gpu(test: &str) -> Option<(Device, StdRng)> {
-    let d = gpu_cuda::testing::gpu_device_or_skip(test)?;
-    Some((d, StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test))))
-}
 
 fn tensor(a: &DMatrix<f64>, d: Device) -> Tensor {
     let x = Array2::from_shape_fn(a.shape(), |(i, j)| a[(i, j)] as f32);
@@ -275,10 +279,6 @@ fn gpu_svd_rejects_bad_input_with_typed_errors() {
     assert!(matches!(e, AcceleratorError::InvalidArgument { .. }), "{e}");
 }
 
-fn uniform(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| r.random_range(-scale..scale)).collect()
-}
-
 #[test]
 fn gpu_apply_corrections_matches_the_dense_product_in_place() {
     let Some((d, mut r)) = gpu("gpu_apply_corrections_matches_the_dense_product_in_place") else {
@@ -383,26 +383,12 @@ fn gpu_apply_corrections_refuses_bad_input_and_leaves_the_weights() {
     );
     assert!(same(&w, &v));
     // A sum that overflows f32: refused, nothing written; a large but finite one is written.
-    let huge = LowRank::new(
-        Array2::from_elem((5, 1), 1e30),
-        Array1::from_elem(1, 1e30),
-        Array2::from_elem((4, 1), 1.0),
-    )
-    .unwrap()
-    .to(d)
-    .unwrap();
+    let huge = rank_one_5x4(1e30, d);
     let w = Tensor::ones(&[5, 4], d).unwrap();
     let e = acc.apply_corrections(&w, &huge).unwrap_err();
     assert!(matches!(e, AcceleratorError::NonFinite { .. }), "{e}");
     assert!(same(&w, &[1.0; 20]));
-    let big = LowRank::new(
-        Array2::from_elem((5, 1), 1e19),
-        Array1::from_elem(1, 1e19),
-        Array2::from_elem((4, 1), 1.0),
-    )
-    .unwrap()
-    .to(d)
-    .unwrap();
+    let big = rank_one_5x4(1e19, d);
     acc.apply_corrections(&w, &big).unwrap();
     assert!(w
         .to_vec()

@@ -4,13 +4,10 @@
 //! partial tile (rows beyond 32 and not a multiple of 4, hidden widths not a multiple of 8).
 
 mod common;
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use common::uniform;
+use rand::{rngs::StdRng, SeedableRng};
 use rssm::{Engine, GpuAccelerator, Rssm, RssmConfig, SequenceBatch};
 use tensor_ops::{Device, Tensor};
-
-fn uniform(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| r.random_range(-scale..scale)).collect()
-}
 
 fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
     gpu_cuda::testing::rel_err(&a.to_vec().unwrap(), &b.to_vec().unwrap())
@@ -104,11 +101,11 @@ fn gpu_fused_rollout_matches_the_f64_reference_and_tensor_ops() {
 
 #[test]
 fn gpu_fused_rollout_follows_weight_updates_and_rejects_bad_input() {
-    let test = "gpu_fused_rollout_follows_weight_updates_and_rejects_bad_input";
-    let Some(gpu) = gpu_cuda::testing::gpu_device_or_skip(test) else {
+    let Some((gpu, mut r)) =
+        common::gpu("gpu_fused_rollout_follows_weight_updates_and_rejects_bad_input")
+    else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test));
     let cfg = RssmConfig::default();
     let mut acc = GpuAccelerator::with_model(model(cfg, &mut r).to_device(gpu).unwrap());
     let ctx = Tensor::from_vec(uniform(&mut r, 8 * 2 * 64, 1.0), &[8, 2, 64], gpu).unwrap();
@@ -149,11 +146,11 @@ fn gpu_fused_rollout_follows_weight_updates_and_rejects_bad_input() {
 
 #[test]
 fn gpu_a_model_too_large_for_the_fused_kernel_takes_the_default_composition() {
-    let test = "gpu_a_model_too_large_for_the_fused_kernel_takes_the_default_composition";
-    let Some(gpu) = gpu_cuda::testing::gpu_device_or_skip(test) else {
+    let Some((gpu, mut r)) =
+        common::gpu("gpu_a_model_too_large_for_the_fused_kernel_takes_the_default_composition")
+    else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test));
     // Hidden 1024: the GRU slice and staged rows need more shared memory than a block may have.
     let cfg = RssmConfig {
         hidden_dim: 1024,

@@ -171,6 +171,13 @@ pub fn assert_predictions_close(
     }
 }
 
+/// A GPU device for test `test` and a generator seeded from its name (`test_seed`), or `None`
+/// where there is no GPU (the test then skips, saying why).
+pub fn gpu(test: &str) -> Option<(Device, StdRng)> {
+    let d = gpu_cuda::testing::gpu_device_or_skip(test)?;
+    Some((d, StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test))))
+}
+
 /// `n` values uniform in `[-scale, scale)`.
 pub fn uniform(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     use rand::Rng;
