@@ -263,6 +263,13 @@ mod tests {
         }
     }
 
+    /// An empty `train-ckpt-<tag>-<pid>` under the temporary directory (not created).
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("train-ckpt-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
     fn values(m: &Gpt) -> Vec<Vec<f32>> {
         m.parameters()
             .iter()
@@ -275,8 +282,7 @@ mod tests {
     /// leaves the model and the optimiser as they were.
     #[test]
     fn a_bad_checkpoint_changes_nothing() {
-        let dir = std::env::temp_dir().join(format!("train-ckpt-unit-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = scratch("unit");
         let (a, mut opt_a) = model(1);
         let x = Tensor::from_vec(vec![1u32, 2, 3, 4], &[1, 4], Device::Cpu).unwrap();
         let y = Tensor::from_vec(vec![2u32, 3, 4, 5], &[1, 4], Device::Cpu).unwrap();
@@ -347,8 +353,7 @@ mod tests {
     /// directory) replaces the old one whole, with no scratch files left.
     #[test]
     fn diverged_models_are_refused_and_rewrites_are_whole() {
-        let dir = std::env::temp_dir().join(format!("train-ckpt-nan-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = scratch("nan");
         let (a, opt_a) = model(1);
         let state = state_of(&a, 5, 0, 1);
         save(&dir, &a, &opt_a, &state).unwrap();
@@ -384,8 +389,7 @@ mod tests {
     /// `optim.safetensors`, no `optimizer.safetensors`) loads into AdamW, moments and step.
     #[test]
     fn an_earlier_builds_adamw_checkpoint_still_loads() {
-        let dir = std::env::temp_dir().join(format!("train-ckpt-legacy-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = scratch("legacy");
         let (a, opt_a) = model(1);
         let state = state_of(&a, 4, 2, 1);
         let sub = save(&dir, &a, &opt_a, &state).unwrap();
@@ -439,9 +443,7 @@ mod tests {
     #[test]
     fn every_optimizer_round_trips_and_kinds_do_not_mix() {
         for kind in ["schedule_free_adamw", "prodigy"] {
-            let dir =
-                std::env::temp_dir().join(format!("train-ckpt-{kind}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
+            let dir = scratch(kind);
             let (a, mut opt_a) = other(1, kind);
             assert_eq!(opt_a.name(), kind);
             let x =

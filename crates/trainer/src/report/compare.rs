@@ -325,10 +325,14 @@ fn costs(md: &mut String, h: &RunCurve) {
     let own = c.probe_seconds + c.world_seconds + c.snapshot_seconds + c.average_seconds;
     md.push_str("## The hybrid's own costs\n\n| cost | value |\n|---|---:|\n");
     let _ = writeln!(md, "| probe forward passes | {} |", c.probe_forwards);
-    let _ = writeln!(md, "| probe seconds | {:.2} |", c.probe_seconds);
-    let _ = writeln!(md, "| world-model seconds | {:.2} |", c.world_seconds);
-    let _ = writeln!(md, "| snapshot seconds | {:.2} |", c.snapshot_seconds);
-    let _ = writeln!(md, "| weight-average seconds | {:.2} |", c.average_seconds);
+    for (what, secs) in [
+        ("probe", c.probe_seconds),
+        ("world-model", c.world_seconds),
+        ("snapshot", c.snapshot_seconds),
+        ("weight-average", c.average_seconds),
+    ] {
+        let _ = writeln!(md, "| {what} seconds | {secs:.2} |");
+    }
     let _ = writeln!(
         md,
         "| all of these, share of its training seconds | {:.2} s ({:.1}%) |",
