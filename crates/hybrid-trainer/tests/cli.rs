@@ -77,16 +77,24 @@ fn train_gpt_fails_cleanly(corpus: &Corpus, extra: &[&str]) -> String {
     err
 }
 
+/// [`train_gpt_fails_cleanly`] on a fresh corpus named `corpus`, with an error that says all
+/// of `says`.
+fn train_gpt_refuses(corpus: &str, extra: &[&str], says: &[&str]) {
+    let err = train_gpt_fails_cleanly(&Corpus::new(corpus), extra);
+    for s in says {
+        assert!(err.contains(s), "{s:?} not in: {err}");
+    }
+}
+
 /// `--batch 4294967295 --block 4294967295` aborted the process ("memory allocation of
 /// 6597069765120 bytes failed", exit 134) building a position table for a context far longer
 /// than the corpus: the context is now checked against the splits first.
 #[test]
 fn train_gpt_rejects_a_block_longer_than_the_corpus() {
-    let corpus = Corpus::new("long-block");
-    let err = train_gpt_fails_cleanly(&corpus, &["--batch", "4294967295", "--block", "4294967295"]);
-    assert!(
-        err.contains("--block 4294967295") && err.contains("split of"),
-        "{err}"
+    train_gpt_refuses(
+        "long-block",
+        &["--batch", "4294967295", "--block", "4294967295"],
+        &["--block 4294967295", "split of"],
     );
 }
 
@@ -94,11 +102,10 @@ fn train_gpt_rejects_a_block_longer_than_the_corpus() {
 /// a typed out-of-memory error naming the flags, not an overflow panic or an abort.
 #[test]
 fn train_gpt_reports_a_batch_too_large_to_hold_as_an_error() {
-    let corpus = Corpus::new("huge-batch");
-    let err = train_gpt_fails_cleanly(&corpus, &["--batch", "4294967295", "--block", "64"]);
-    assert!(
-        err.contains("--batch 4294967295 x --block 64") && err.contains("out of"),
-        "{err}"
+    train_gpt_refuses(
+        "huge-batch",
+        &["--batch", "4294967295", "--block", "64"],
+        &["--batch 4294967295 x --block 64", "out of"],
     );
 }
 
