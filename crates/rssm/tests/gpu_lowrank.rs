@@ -5,7 +5,6 @@
 mod common;
 use common::{gpu, uniform, with_spectrum};
 use nalgebra::{DMatrix, DVector};
-use rand::{rngs::StdRng, Rng};
 use rssm::svd::exact_svd;
 use rssm::{AcceleratorError, GpuAccelerator, LowRank, SvdMethod, SvdOptions};
 use tensor_ops::ndarray::{Array1, Array2};
