@@ -58,9 +58,10 @@ fn split_slots(rows: usize, max_end: usize) -> (u32, usize) {
 }
 
 /// Slots a chunk of `prefill_attn.wgsl` stages for head width `d`: keys and values of
-/// `C·d ≤ 2048` floats each (16 KiB of workgroup memory in all, WebGPU's least).
+/// `C·d ≤ 2047` floats each, so that they and the kernel's 8-byte span fit in 16 KiB of
+/// workgroup memory (WebGPU's least).
 fn prefill_chunk(d: usize) -> usize {
-    (2048 / d).clamp(1, 64)
+    (2047 / d).clamp(1, 64)
 }
 
 impl WgpuBackend {
@@ -278,5 +279,53 @@ impl DecodeOps for WgpuBackend {
         let p = [to_u32(OP, out.len())?, to_u32(OP, i)?, 0, 0, 0, 0, 0, 0];
         let body = || src(&format!("{ACT_LIB}{SWIGLU}"));
         self.launch_1d(OP, OP, body, p, out.len(), &[gu.raw(), out.raw()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{prefill_chunk, split_slots, SPLIT_GROUPS};
+
+    /// The prefill's staged keys and values and its span fit WebGPU's least workgroup memory
+    /// (16 KiB) for every head width the op accepts.
+    #[test]
+    fn prefill_chunks_fit_16_kib() {
+        for d in 1..=gpu_core::nn::decode::MAX_DECODE_HEAD_DIM {
+            let c = prefill_chunk(d);
+            assert!((1..=64).contains(&c), "d {d}: chunk {c}");
+            assert!(
+                2 * c * d * 4 + 8 <= 16384,
+                "d {d}: chunk {c} overflows 16 KiB"
+            );
+        }
+    }
+
+    /// The splits cover every slot below `max_end`, none of them empty of slots, and the
+    /// workgroups stay near the target unless the queries alone exceed it.
+    #[test]
+    fn splits_cover_the_slots() {
+        for rows in [1, 3, 32, 512, 1024, 5000] {
+            for max_end in [1, 63, 64, 65, 513, 2080, 131_080, 1 << 22] {
+                let (lg, splits) = split_slots(rows, max_end);
+                let span = 64usize << lg;
+                assert!(splits * span >= max_end, "{rows} rows, end {max_end}");
+                assert!(
+                    (splits - 1) * span < max_end,
+                    "{rows} rows, end {max_end}: empty split"
+                );
+                assert!(
+                    splits <= 65_535,
+                    "{rows} rows, end {max_end}: {splits} splits"
+                );
+                if rows < SPLIT_GROUPS {
+                    assert!(
+                        rows * splits <= 2 * SPLIT_GROUPS,
+                        "{rows} rows, end {max_end}"
+                    );
+                } else {
+                    assert_eq!(splits, 1, "{rows} rows, end {max_end}");
+                }
+            }
+        }
     }
 }

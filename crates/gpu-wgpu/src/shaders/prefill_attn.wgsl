@@ -3,7 +3,8 @@
 @group(0) @binding(3) var<storage, read> v_cache: array<f32>;
 @group(0) @binding(4) var<storage, read> start: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
-// D (the head's width) and C (slots a chunk, C·D ≤ 2048) are written in by the host.
+// D (the head's width) and C (slots a chunk, C·D ≤ 2047: with `span`, 16 KiB at most) are
+// written in by the host.
 var<workgroup> ks: array<f32, C * D>;
 var<workgroup> vs: array<f32, C * D>;
 var<workgroup> span: vec2<u32>;
