@@ -11,6 +11,8 @@ use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::sample::{check_sample, SampleOps, SampleParams};
 use gpu_core::{DType, Result};
 
+/// Its `mul_wide` (an exact 64-bit product) serves the sampler's u64 arithmetic too.
+const DROP_HASH: &str = include_str!("shaders/dropout_hash.wgsl");
 const SAMPLE_MATH: &str = include_str!("shaders/sample_math.wgsl");
 const SAMPLE: &str = include_str!("shaders/sample.wgsl");
 const SAMPLE_PROBE: &str = include_str!("shaders/sample_probe.wgsl");
@@ -52,7 +54,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         let (gx, gy) = self.grid(op, groups)?;
         block[WORDS - 1] = gx;
-        let body = || format!("{SAMPLE_MATH}{source}");
+        let body = || format!("{DROP_HASH}{SAMPLE_MATH}{source}");
         self.launch_block(op, ((key, body), Checks::On), &block, (gx, gy, 1), buffers)
     }
 }

@@ -1,5 +1,6 @@
 // gpu_core::nn::elementwise::dropout_keep's counter hash: its 64-bit SplitMix64 arithmetic on
-// (lo, hi) u32 pairs (shared by dropout.wgsl and the attention kernels).
+// (lo, hi) u32 pairs (shared by dropout.wgsl and the attention kernels; its mul_wide also by
+// the sampler's sample_math.wgsl).
 // The full 64-bit product of two u32, as (lo, hi).
 fn mul_wide(a: u32, b: u32) -> vec2<u32> {
     let a0 = a & 0xffffu;

@@ -68,20 +68,7 @@ fn bitlen64(a: vec2<u32>) -> u32 {
     return 32u - countLeadingZeros(a.x);
 }
 
-// The 64-bit product of two u32.
-fn mul_wide(a: u32, b: u32) -> vec2<u32> {
-    let a0 = a & 0xffffu;
-    let a1 = a >> 16u;
-    let b0 = b & 0xffffu;
-    let b1 = b >> 16u;
-    let p00 = a0 * b0;
-    let p01 = a0 * b1;
-    let p10 = a1 * b0;
-    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
-    let lo = (p00 & 0xffffu) | (mid << 16u);
-    let hi = a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u);
-    return vec2<u32>(lo, hi);
-}
+// mul_wide (the 64-bit product of two u32) comes from dropout_hash.wgsl, prepended by the host.
 
 // draw_target: the high 64 bits of the 128-bit product r·k.
 fn draw_target(r: vec2<u32>, k: vec2<u32>) -> vec2<u32> {
