@@ -32,8 +32,8 @@ impl WgpuBackend {
     }
 
     /// Reads `size` bytes of `src` and, behind them in one staging buffer, the first `extra`
-    /// bytes of `tail`'s buffer, which are then cleared on the device (one submission and
-    /// one wait for both).
+    /// bytes of `tail`'s buffer (one submission and one wait for both). Nothing is changed on
+    /// the device: a caller that consumes the tail clears it once the read has succeeded.
     pub(crate) fn read_with(
         &self,
         src: &wgpu::Buffer,
@@ -56,7 +56,6 @@ impl WgpuBackend {
             }
             if let Some((t, n)) = tail.filter(|&(_, n)| n > 0) {
                 enc.copy_buffer_to_buffer(t, 0, &staging, size, n);
-                enc.clear_buffer(t, 0, Some(n));
             }
         });
         let sub = self.flush();

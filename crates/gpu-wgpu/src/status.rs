@@ -93,7 +93,8 @@ impl WgpuBackend {
     }
 
     /// The first `size` bytes of `src`, read with the slots of the launches since the last
-    /// check in the same copy (then cleared); reports this thread's first bad launch as
+    /// check in the same copy (cleared after a successful read; a failed one keeps them all
+    /// pending); reports this thread's first bad launch as
     /// [`Self::take_deferred`] does.
     pub(crate) fn read_checked(&self, src: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
         let me = std::thread::current().id();
@@ -102,6 +103,12 @@ impl WgpuBackend {
         let extra = (ring.pending.len() * 8) as u64;
         let tail = ring.buf.clone();
         let mut bytes = self.read_with(src, size, Some((&tail, extra)))?;
+        // Cleared only now: a read that failed (a timeout, a failed map) leaves the slots and
+        // their launches pending, for the next wait to report. Recorded before any later
+        // launch can take a slot (the ring is still locked).
+        if extra > 0 {
+            self.record(|enc| enc.clear_buffer(&tail, 0, Some(extra)));
+        }
         let words = bytes.split_off(size as usize);
         let word = |i: usize| u32::from_le_bytes(words[4 * i..][..4].try_into().expect("4"));
         for (i, d) in std::mem::take(&mut ring.pending).into_iter().enumerate() {
