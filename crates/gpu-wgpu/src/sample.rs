@@ -107,6 +107,9 @@ pub enum SampleProbe {
     /// `[a bits, b bits, c bits, _]` → `[a.mul_add(b, c) bits, 0]` in integers (finite a, b,
     /// a normal c and a normal or zero result: the weight's polynomial).
     SoftFma = 6,
+    /// As `Mul`, from the product a device that flushes subnormals (inputs and result) to
+    /// zero would give: the kernel's fix-up of such a product, testable on any device.
+    MulFlushed = 7,
 }
 
 /// Evaluates `probe` on the device for each item of `items`; one `[lo, hi]` an item.

@@ -140,9 +140,15 @@ fn soft_mul(ab: u32, bb: u32) -> f32 {
     return bitcast<f32>(sign | ((u32(low + 149) << 23u) + q));
 }
 
-// a·b in f32 as the CPU rounds it, subnormals included, for a finite `b`.
+// a·b in f32 as the CPU rounds it, subnormals included (also ±inf times a subnormal), for a
+// finite `b`.
 fn mul_rn(a: f32, b: f32) -> f32 {
-    let q = opaque(a * b);
+    return mul_fix(opaque(a * b), a, b);
+}
+
+// The CPU's a·b from q, the device's product, which may have flushed a subnormal input or
+// result to zero (WGSL allows it): q where no subnormal is involved, else the integer path.
+fn mul_fix(q: f32, a: f32, b: f32) -> f32 {
     let ab = bitcast<u32>(a);
     let bb = bitcast<u32>(b);
     let ea = (ab >> 23u) & 0xffu;
@@ -150,7 +156,13 @@ fn mul_rn(a: f32, b: f32) -> f32 {
     let eq = (bitcast<u32>(q) >> 23u) & 0xffu;
     let nz = (ab & 0x7fffffffu) != 0u && (bb & 0x7fffffffu) != 0u;
     let tiny = nz && (ea == 0u || eb == 0u || eq == 0u);
-    if (!tiny || ea == 255u) { return q; }
+    if (ea == 255u) {
+        // ±inf times a nonzero b is ±inf; a device that flushes a subnormal b to 0 would give
+        // inf·0 = NaN (found on NVIDIA's Vulkan driver). NaN stays NaN.
+        if ((ab & 0x7fffffu) == 0u && nz) { return bitcast<f32>(((ab ^ bb) & 0x80000000u) | 0x7f800000u); }
+        return q;
+    }
+    if (!tiny) { return q; }
     return soft_mul(ab, bb);
 }
 
