@@ -264,7 +264,7 @@ impl DecodeOps for WgpuBackend {
             sum.raw(),
             normed.raw(),
         ];
-        let body = || src(&format!("{WG_SUM64}{ADD_RMS_NORM}"));
+        let body = || src(ADD_RMS_NORM);
         self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)
     }
 

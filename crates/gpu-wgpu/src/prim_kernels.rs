@@ -25,6 +25,7 @@ const REDUCE_AXIS_THREAD: &str = include_str!("shaders/reduce_axis_thread.wgsl")
 /// Longest reduction that one thread does alone (longer ones share a workgroup).
 const THREAD_REDUCE_MAX: usize = 256;
 const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
+const ARGMAX_WG: &str = include_str!("shaders/argmax_wg.wgsl");
 const DROPOUT: &str = include_str!("shaders/dropout.wgsl");
 const DROP_HASH: &str = include_str!("shaders/dropout_hash.wgsl");
 const GATHER: &str = include_str!("shaders/gather_rows.wgsl");
@@ -299,6 +300,22 @@ impl WgpuBackend {
             0,
         ];
         let bufs = [x.raw(), out.raw()];
+        if cols > 256 {
+            // A workgroup a row (a thread a row scanned a vocabulary of 128256 logits alone:
+            // 11.9 ms of a 1B model's prefill on an H100).
+            if out.is_empty() {
+                return Ok(());
+            }
+            let (gx, gy) = self.grid("argmax_rows", to_u32("argmax_rows", out.len())?)?;
+            let body = || src(ARGMAX_WG);
+            return self.launch(
+                "argmax_rows",
+                ("argmax_rows_wg", body),
+                p,
+                (gx, (gx, gy, 1)),
+                &bufs,
+            );
+        }
         self.launch_1d(
             "argmax_rows",
             "argmax_rows",

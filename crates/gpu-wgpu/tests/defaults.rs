@@ -335,7 +335,7 @@ fn decode_and_optimiser_defaults_match_the_cpu() {
     };
     let mut r = rng("decode_optim_defaults");
     // A row narrower than a workgroup of 64, and one that loops over it.
-    for (rows, i) in [(4, 6), (3, 300)] {
+    for (rows, i) in [(4, 6), (3, 300), (2, 2048), (1, 4099)] {
         let mut v = vecs(&mut r, rows * 2 * i, 4);
         v[1].truncate(rows * i);
         v[2].truncate(rows * i);

@@ -133,7 +133,17 @@ fn argmax_rows_is_the_first_max_with_nan_largest() {
         return;
     };
     let mut r = rng("argmax_rows");
-    for (rows, cols) in [(0, 3), (1, 1), (5, 7), (300, 3), (3, 257), (2, 4099)] {
+    for (rows, cols) in [
+        (0, 3),
+        (0, 300),
+        (1, 1),
+        (5, 7),
+        (300, 3),
+        (3, 257),
+        (2, 4099),
+        (6, 1000),
+        (5, 128256),
+    ] {
         let mut x = randn(&mut r, rows * cols, 3.0);
         // Small integers: ties between the maxima of a row.
         x.iter_mut().step_by(2).for_each(|v| *v = v.round());
