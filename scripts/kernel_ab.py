@@ -4,10 +4,7 @@
 # and 128; CUDA-event medians of ROUNDS rounds of 20 (10) launches. The bf16 attention forward
 # and backward (lists 8 and 9) time replayed CUDA graphs of 10 calls, SDPA's too.
 import ctypes, sys, os, torch, statistics as st
-torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
-cu = ctypes.CDLL("libcuda.so.1")
-def ck(r, what):
-    if r != 0: raise RuntimeError(f"{what}: CUresult {r}")
+from ab_cuda import ck, cu, timeit
 D = os.environ.get("AB_CUBINS", "target/ab/cubin") + "/"
 mods = {}
 def fn(var, f, name):
@@ -29,13 +26,6 @@ def launch(h, grid, block, smem, args):
     arr = (ctypes.c_void_p * len(cargs))(*[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p) for c in cargs])
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     ck(cu.cuLaunchKernel(h, grid, 1, 1, block[0], block[1], 1, smem, stream, arr, None), "launch")
-def timeit(f, n=20):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(n): f()
-    e.record(); torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1e3 / n
-
 def time_rounds(fs, rounds, n=20, per=1):
     # `rounds` passes over the functions `fs` (name → f, timed in turn so drift hits all alike):
     # name → the µs of each pass's timeit(f, n), divided by `per` (the calls one f makes).
