@@ -72,13 +72,15 @@ def configs():
 
 
 def build(cfg, seed, biases):
+    """The seeded random model (on the CPU, float32, eager attention), norms and biases
+    perturbed (`hf_gpu_parity.py` builds its models with this too)."""
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
     g = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            is_norm = "norm" in name or ".ln_" in name or name.startswith("ln_") or ".ln_f" in name
+            is_norm = "norm" in name or ".ln_" in name or name.startswith("ln_")
             if is_norm and name.endswith(".weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias") and (biases or is_norm):
@@ -128,14 +130,20 @@ def char_tokenizer(path):
     assert ids == [chars.index(c) for c in "Hello, world!\n"], ids
 
 
-def save(model, outdir, name, exp):
-    d = os.path.join(outdir, name)
+def save_model(model, d):
+    """`model` alone in directory `d` (replaced): its safetensors and config, no
+    generation_config.json."""
     if os.path.isdir(d):
         shutil.rmtree(d)
     model.save_pretrained(d, safe_serialization=True)
     gen = os.path.join(d, "generation_config.json")
     if os.path.exists(gen):
         os.remove(gen)
+
+
+def save(model, outdir, name, exp):
+    d = os.path.join(outdir, name)
+    save_model(model, d)
     safetensors.torch.save_file(exp, os.path.join(d, "expected.safetensors"))
     char_tokenizer(os.path.join(d, "tokenizer.json"))
     with safetensors.safe_open(os.path.join(d, "model.safetensors"), "pt") as f:

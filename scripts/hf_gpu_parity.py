@@ -42,7 +42,6 @@ run the whole pipeline on a CPU in seconds. TF32 is disabled: both sides compute
 """
 import argparse
 import os
-import shutil
 import sys
 import time
 
@@ -53,8 +52,9 @@ import safetensors  # noqa: E402
 import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig,  # noqa: E402
-                          Qwen2Config)
+from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config  # noqa: E402
+
+from hf_fixtures import build, save_model  # noqa: E402
 
 PROMPT_LEN = 32
 NEW_TOKENS = 64
@@ -102,23 +102,6 @@ def configs(small, init_range):
     ]
 
 
-def build(cfg, seed, biases):
-    """The seeded random model (on the CPU, float32, eager attention), norms and biases
-    perturbed."""
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
-    g = torch.Generator().manual_seed(seed + 100)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            is_norm = "norm" in name or ".ln_" in name or name.startswith("ln_")
-            if is_norm and name.endswith(".weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif name.endswith(".bias") and (biases or is_norm):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    return model
-
-
 def expectations(model, seed, vocab, device):
     """The prompt, its f32 logits, the greedy tokens and their margins (float32 model on
     `device`). Returns (tensors, self-check passed)."""
@@ -163,15 +146,6 @@ def bf16_logits(model, ids, device):
         return model(ids.to(device)).logits.float().cpu().contiguous()
 
 
-def save(model, d):
-    if os.path.isdir(d):
-        shutil.rmtree(d)
-    model.save_pretrained(d, safe_serialization=True)
-    gen = os.path.join(d, "generation_config.json")
-    if os.path.exists(gen):
-        os.remove(gen)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out_root")
@@ -205,7 +179,7 @@ def main():
         n = sum(p.numel() for p in model.parameters())
         print(f"  {n / 1e6:.1f}M parameters, built in {time.time() - t:.1f} s")
         d = os.path.join(a.out_root, name)
-        save(model, d)
+        save_model(model, d)
         model = model.to(a.device)
         exp, ok = expectations(model, seed, cfg.vocab_size, a.device)
         all_ok &= ok

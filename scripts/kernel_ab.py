@@ -4,10 +4,7 @@
 # and 128; CUDA-event medians of ROUNDS rounds of 20 (10) launches. The bf16 attention forward
 # and backward (lists 8 and 9) time replayed CUDA graphs of 10 calls, SDPA's too.
 import ctypes, sys, os, torch, statistics as st
-torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
-cu = ctypes.CDLL("libcuda.so.1")
-def ck(r, what):
-    if r != 0: raise RuntimeError(f"{what}: CUresult {r}")
+from ab_cuda import ck, cu, timeit
 D = os.environ.get("AB_CUBINS", "target/ab/cubin") + "/"
 mods = {}
 def fn(var, f, name):
@@ -29,12 +26,22 @@ def launch(h, grid, block, smem, args):
     arr = (ctypes.c_void_p * len(cargs))(*[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p) for c in cargs])
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     ck(cu.cuLaunchKernel(h, grid, 1, 1, block[0], block[1], 1, smem, stream, arr, None), "launch")
-def timeit(f, n=20):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(n): f()
-    e.record(); torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1e3 / n
+def time_rounds(fs, rounds, n=20, per=1):
+    # `rounds` passes over the functions `fs` (name → f, timed in turn so drift hits all alike):
+    # name → the µs of each pass's timeit(f, n), divided by `per` (the calls one f makes).
+    t = {k: [] for k in fs}
+    for _ in range(rounds):
+        for k, f in fs.items(): t[k].append(timeit(f, n) / per)
+    return t
+
+def print_vs(names, vars, t, line):
+    # For each name and variant the line `line(name, v, median, times)`, then the median's ratio
+    # to the first variant's.
+    for name in names:
+        base = st.median(t[f"{name}:{vars[0]}"])
+        for v in vars:
+            xs = t[f"{name}:{v}"]; m = st.median(xs)
+            print(f"{line(name, v, m, xs)}  vs {vars[0]} {m/base:.4f}")
 
 def ln_bench(vars, rounds):
     R, C = 8192, 4096
@@ -53,10 +60,7 @@ def ln_bench(vars, rounds):
         fs[v](); torch.cuda.synchronize(); outs[v] = (y, mu, rs)
     ref = outs[vars[0]]
     for v in vars: print(f"ln {v}: max|dy| vs {vars[0]} {(outs[v][0]-ref[0]).abs().max().item():.3g}")
-    t = {v: [] for v in vars}
-    for _ in range(rounds):
-        for v in vars: t[v].append(timeit(fs[v]))
-    return t
+    return time_rounds({v: fs[v] for v in vars}, rounds)
 
 def att_bench(vars, rounds, d=64):
     n, T = 64 * 6, 256
@@ -98,10 +102,7 @@ def att_bench(vars, rounds, d=64):
     for v in vars:
         e = max(((a - r).norm() / r.norm()).item() for a, r in zip(outs[v], (qq.grad, kk.grad, vv.grad)))
         print(f"att {v}: max norm-wise rel err vs torch {e:.3g}")
-    t = {v: [] for v in fs}
-    for _ in range(rounds):
-        for v in fs: t[v].append(timeit(fs[v], 10))
-    return t
+    return time_rounds(fs, rounds, n=10)
 
 def ew_bench(vars, rounds):
     # Streaming elementwise kernels over 8192×4096 f32 (the benchmark rows' size), launched as
@@ -133,14 +134,8 @@ def ew_bench(vars, rounds):
         for v in vars:
             e = (res[(op, v)] - res[(op, vars[0])]).abs().max().item()
             print(f"ew {op} {v}: max|diff| vs {vars[0]} {e:.3g}")
-    t = {k: [] for k in fs}
-    for _ in range(rounds):
-        for k, f in fs.items(): t[k].append(timeit(f))
-    for op in ops:
-        base = st.median(t[f"{op}:{vars[0]}"])
-        for v in vars:
-            xs = t[f"{op}:{v}"]; m = st.median(xs)
-            print(f"ew {op:8s} {v:16s} median {m:7.1f} us  min {min(xs):7.1f}  vs {vars[0]} {m/base:.4f}")
+    t = time_rounds(fs, rounds)
+    print_vs(ops, vars, t, lambda op, v, m, xs: f"ew {op:8s} {v:16s} median {m:7.1f} us  min {min(xs):7.1f}")
 
 def bf16_bench(vars, rounds):
     # The unary bf16 streams at 8192×4096 (the benchmark rows' size): copy (PyTorch's copy_, the
@@ -197,17 +192,14 @@ def bf16_bench(vars, rounds):
             if v == "torch" or vars[0] == "torch": continue
             e = (res[(op, v)].float() - res[(op, vars[0])].float()).abs().max().item()
             print(f"bf16 {op} {v}: max|diff| vs {vars[0]} {e:.3g}")
-    t = {k: [] for k in fs}
-    for _ in range(rounds):
-        for k, f in fs.items(): t[k].append(timeit(f))
+    t = time_rounds(fs, rounds)
     cm = st.median(t["copy:torch"])
     print(f"bf16 copy     torch            median {cm:7.1f} us  {4 * n / cm / 1e3:7.1f} GB/s")
-    for op, (kn, bpe, *_r) in ops.items():
-        base = st.median(t[f"{op}:{vars[0]}"])
-        for v in vars:
-            xs = t[f"{op}:{v}"]; m = st.median(xs)
-            print(f"bf16 {op:8s} {v:16s} median {m:7.1f} us  {bpe * n / m / 1e3:7.1f} GB/s  "
-                  f"{bpe * n / m / (4 * n / cm) * 100:5.1f}% of copy  vs {vars[0]} {m/base:.4f}")
+    def line(op, v, m, xs):
+        bpe = ops[op][1]
+        return (f"bf16 {op:8s} {v:16s} median {m:7.1f} us  {bpe * n / m / 1e3:7.1f} GB/s  "
+                f"{bpe * n / m / (4 * n / cm) * 100:5.1f}% of copy")
+    print_vs(ops, vars, t, line)
 
 def rows_bench(vars, rounds):
     # The other row kernels at 8192×4096, launched as the backend does (a block of 256 threads
@@ -236,14 +228,8 @@ def rows_bench(vars, rounds):
         for v in vars:
             e = max((a - b).abs().max().item() for a, b in zip(res[(name, v)], res[(name, vars[0])]))
             print(f"rows {name} {v}: max|diff| vs {vars[0]} {e:.3g}")
-    t = {k: [] for k in fs}
-    for _ in range(rounds):
-        for k, f in fs.items(): t[k].append(timeit(f))
-    for name in kern:
-        base = st.median(t[f"{name}:{vars[0]}"])
-        for v in vars:
-            xs = t[f"{name}:{v}"]; m = st.median(xs)
-            print(f"rows {name:14s} {v:10s} median {m:7.1f} us  min {min(xs):7.1f}  vs {vars[0]} {m/base:.4f}")
+    t = time_rounds(fs, rounds)
+    print_vs(kern, vars, t, lambda name, v, m, xs: f"rows {name:14s} {v:10s} median {m:7.1f} us  min {min(xs):7.1f}")
 
 def mem_bench(vars, rounds):
     # bf16 data movement at 8192×8192 (128 MiB a tensor), two inputs alternating: the permute
@@ -314,9 +300,7 @@ def mem_bench(vars, rounds):
             cnt[0] = 1; r = f(); torch.cuda.synchronize()
             e = ((r.float() - want_s).abs() / (xs[0].view(R, C).float().abs().sum(0) * 2**-7 + 1e-6)).max().item()
             print(f"mem sum0 {v}: max |diff| / (2^-7·Σ|x|) {e:.3g} (splits {sp}, chunk {chunk}, grid {grid_x})")
-    t = {k: [] for k in fs}
-    for _ in range(rounds):
-        for k, f in fs.items(): t[k].append(timeit(f))
+    t = time_rounds(fs, rounds)
     cm = st.median(t["copy:torch"])
     print(f"mem copy torch median {cm:7.1f} us  {4 * n / cm / 1e3:7.1f} GB/s")
     for k, xsv in t.items():
@@ -361,10 +345,7 @@ def abf_bench(vars, rounds):
         with torch.cuda.graph(gr):
             for _ in range(10): f()
         gs[k] = lambda gr=gr: gr.replay()
-    t = {k: [] for k in fs}
-    for _ in range(rounds):
-        for k, f in gs.items(): t[k].append(timeit(f, 5) / 10)
-    return t
+    return time_rounds(gs, rounds, n=5, per=10)
 
 def abb_bench(vars, rounds):
     # bf16 causal attention backward (dq + delta, then dk/dv) on the fused projection, B64 H6
@@ -412,9 +393,7 @@ def abb_bench(vars, rounds):
         same = torch.equal(r, res[v0])
         e = ((r.float() - res[v0].float()).norm() / res[v0].float().norm()).item()
         print(f"attn bf16 bwd {v}: NaN {torch.isnan(r.float()).any().item()}; bit-identical to {v0}: {same}; rel diff {e:.3g}")
-    t = {k: [] for k in fs}
-    for _ in range(rounds):
-        for k, f in fs.items(): t[k].append(timeit(f, 5) / 10)
+    t = time_rounds(fs, rounds, n=5, per=10)
     for k, xs in t.items(): print(f"attn bwd {k:28s} median {st.median(xs):8.1f} us  min {min(xs):8.1f}")
     return t
 

@@ -6,10 +6,7 @@
 # runs BUILD's rssm_rollout_cluster_f32 (distributed shared memory) in clusters; every launch
 # is cooperative, as the backend's. Outputs are compared with the first build's; CUDA-event medians of ROUNDS rounds.
 import ctypes, os, sys, statistics as st, torch
-torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
-cu = ctypes.CDLL("libcuda.so.1")
-def ck(r, what):
-    if r != 0: raise RuntimeError(f"{what}: CUresult {r}")
+from ab_cuda import ck, cu, timeit
 D_ = os.environ.get("AB_CUBINS", "target/ab/cubin") + "/"
 M, B, T, N, H, S, E, P, D = 5, 32, 1, 10, 256, 32, 128, 128, 64
 eps = 1e-5
@@ -72,13 +69,6 @@ def make(name):
         ck(cu.cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"launch {name}")
     return run, (out, mean, dis), (m, f, params, vals, attrs, cfg)
 
-def timeit(f, n=10):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(n): f()
-    e.record(); torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1e3 / n
-
 rounds = int(sys.argv[1]); names = sys.argv[2].split(",")
 print(torch.cuda.get_device_name(), f"grid {grid}, smem {smem} B")
 runs, outs, keep = {}, {}, []
@@ -91,7 +81,7 @@ for nm in names:
 for _ in range(2):
     t = {nm: [] for nm in names}
     for _ in range(rounds):
-        for nm in names: t[nm].append(timeit(runs[nm]))
+        for nm in names: t[nm].append(timeit(runs[nm], 10))
     b = st.median(t[names[0]])
     for nm in names:
         m = st.median(t[nm]); print(f"rollout {nm:24s} median {m:8.1f} us  min {min(t[nm]):8.1f}  vs {names[0]} {m / b:.3f}")

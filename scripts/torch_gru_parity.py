@@ -15,12 +15,13 @@ Exit status 0 when every tensor passes, 1 when one fails, 2 when the file is not
 No network; needs torch and safetensors.
 Usage: torch_gru_parity.py DUMP.safetensors [--device cuda|cpu]
 """
-import argparse
 import json
 import sys
 
 import torch
 from safetensors import safe_open
+
+from torch_parity import parse_args
 
 ATOL_OF_MAX = 1e-5
 RTOL = 1e-4
@@ -80,12 +81,7 @@ def measure(val, ref):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dump")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    args = parse_args()
     try:
         cfg, t = load(args.dump)
         keys = ["out.h", "out.loss"] + [f"grad.{n}" for n in param_names(cfg)] + ["grad.x", "grad.h0"]

@@ -121,13 +121,20 @@ def compare_bf16(cfg, t, device):
     return ok
 
 
-def main():
+def parse_args():
+    """The command line of a parity script (the dump, --device); turns TF32 off, so that both
+    sides compute in f32 (`torch_gru_parity.py` reads its command line with this too)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("dump")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    return args
+
+
+def main():
+    args = parse_args()
     cfg, t = load(args.dump, args.device)
     with safe_open(args.dump, framework="pt") as f:
         precision = f.metadata().get("precision", "fp32")

@@ -32,11 +32,11 @@ fn run(
 
 #[test]
 fn gpu_lowrank_add_matches_its_reference_within_the_summation_bound() {
-    let test = "gpu_lowrank_add_matches_its_reference_within_the_summation_bound";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) =
+        gpu_and_rng("gpu_lowrank_add_matches_its_reference_within_the_summation_bound")
+    else {
         return;
     };
-    let (mut r, _) = rng(test);
     // Tile edges (64), ranks 1 and 64, one row, one column.
     for (m, n, k) in [
         (64, 64, 64),
@@ -73,11 +73,10 @@ fn gpu_lowrank_add_matches_its_reference_within_the_summation_bound() {
 
 #[test]
 fn gpu_lowrank_add_leaves_w_untouched_when_any_entry_fails() {
-    let test = "gpu_lowrank_add_leaves_w_untouched_when_any_entry_fails";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng("gpu_lowrank_add_leaves_w_untouched_when_any_entry_fails")
+    else {
         return;
     };
-    let (mut r, _) = rng(test);
     let (m, n, k) = (100, 90, 4);
     let w0 = random_vec(&mut r, m * n, 1.0);
     let u0 = random_vec(&mut r, m * k, 1.0);

@@ -13,7 +13,7 @@ use common::*;
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
 use gpu_core::nn::AttentionOps;
 use gpu_core::nn::ElementwiseOps;
-use gpu_core::{DType, GpuError};
+use gpu_core::DType;
 use gpu_cuda::testing::{backend_or_skip, cancel};
 use gpu_cuda::{CudaBackend, ImageKind, LaunchPath};
 use proptest::prelude::*;
@@ -47,6 +47,11 @@ impl Problem {
         }
     }
 
+    fn dims(&self) -> AttnDims {
+        let (n, t, d, scale) = (self.n, self.t, self.d, self.scale);
+        AttnDims { n, t, d, scale }
+    }
+
     fn what(&self) -> String {
         format!(
             "n={} t={} d={} scale={}",
@@ -55,26 +60,18 @@ impl Problem {
     }
 }
 
+/// The inputs of an attention call.
+fn qkv<'a, Buf>(q: &'a Buf, k: &'a Buf, v: &'a Buf) -> AttnQkv<'a, Buf> {
+    AttnQkv { q, k, v }
+}
+
 /// `(out, lse)` from backend `b`, outputs poisoned before the call.
 fn fwd<B: AttentionOps + ElementwiseOps>(b: &B, p: &Problem) -> (Vec<f32>, Vec<f32>) {
     let mut out = poisoned(b, p.q.len());
     let mut lse = poisoned(b, p.n * p.t);
     let (q, k, v) = (up(b, &p.q), up(b, &p.k), up(b, &p.v));
-    b.causal_attention_fwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        (&mut out, &mut lse),
-        AttnDims {
-            n: p.n,
-            t: p.t,
-            d: p.d,
-            scale: p.scale,
-        },
-    )
-    .unwrap();
+    b.causal_attention_fwd(qkv(&q, &k, &v), (&mut out, &mut lse), p.dims())
+        .unwrap();
     (down(b, &out), down(b, &lse))
 }
 
@@ -89,26 +86,14 @@ fn bwd<B: AttentionOps + ElementwiseOps>(
     let (mut dq, mut dk, mut dv) = (poisoned(b, len), poisoned(b, len), poisoned(b, len));
     let (q, k, v) = (up(b, &p.q), up(b, &p.k), up(b, &p.v));
     let (o, l, g) = (up(b, out), up(b, lse), up(b, &p.dout));
-    b.causal_attention_bwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        PackedSaved {
-            out: &o,
-            lse: &l,
-            dout: &g,
-        },
-        (&mut dq, &mut dk, &mut dv),
-        AttnDims {
-            n: p.n,
-            t: p.t,
-            d: p.d,
-            scale: p.scale,
-        },
-    )
-    .unwrap();
+    let saved = PackedSaved {
+        out: &o,
+        lse: &l,
+        dout: &g,
+    };
+    let grads = (&mut dq, &mut dk, &mut dv);
+    b.causal_attention_bwd(qkv(&q, &k, &v), saved, grads, p.dims())
+        .unwrap();
     [down(b, &dq), down(b, &dk), down(b, &dv)]
 }
 
@@ -361,158 +346,46 @@ fn causal_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut Std
 
 #[test]
 fn gpu_attention_is_causal() {
-    let test = "gpu_attention_is_causal";
-    let (mut rng, _) = rng(test);
-    causal_body(&CPU, "cpu", &mut rng);
-    each_variant(&backend_or_skip(test), |g, dev| {
-        causal_body(g, dev, &mut rng)
-    });
+    on_every_device!("gpu_attention_is_causal", causal_body);
 }
 
+// One case a line: rustfmt would spread each over five.
+#[rustfmt::skip]
 fn errors_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str) {
     let f = |len: usize| b.allocate(DType::F32, len).unwrap();
     let (n, t, d) = (2, 3, 8);
     let (q, k, v) = (f(48), f(48), f(48));
     let (mut out, mut lse) = (f(48), f(6));
-    let fwd = |q: &B::Buffer, out: &mut B::Buffer, lse: &mut B::Buffer, d: usize, scale: f32| {
-        b.causal_attention_fwd(
-            AttnQkv { q, k: &k, v: &v },
-            (out, lse),
-            AttnDims { n, t, d, scale },
-        )
+    let dims = |d, scale| AttnDims { n, t, d, scale };
+    let fwd = |q: &B::Buffer, out: &mut B::Buffer, lse: &mut B::Buffer, dims: AttnDims| {
+        b.causal_attention_fwd(qkv(q, &k, &v), (out, lse), dims)
     };
-    assert!(fwd(&q, &mut out, &mut lse, d, 0.5).is_ok(), "{dev}");
+    assert!(fwd(&q, &mut out, &mut lse, dims(d, 0.5)).is_ok(), "{dev}");
     for bad_d in [0, 6, 132] {
-        let r = fwd(&q, &mut out, &mut lse, bad_d, 0.5);
-        assert!(
-            matches!(r, Err(GpuError::InvalidShape { .. })),
-            "{dev} d={bad_d}: {r:?}"
-        );
+        let what = format!("{dev} d={bad_d}");
+        assert_err!(what, InvalidShape, fwd(&q, &mut out, &mut lse, dims(bad_d, 0.5)));
     }
-    let r = fwd(&q, &mut out, &mut lse, d, f32::NAN);
-    assert!(
-        matches!(r, Err(GpuError::InvalidArgument { .. })),
-        "{dev}: {r:?}"
-    );
+    assert_err!(dev, InvalidArgument, fwd(&q, &mut out, &mut lse, dims(d, f32::NAN)));
     let mut short_lse = f(5);
-    let r = fwd(&q, &mut out, &mut short_lse, d, 0.5);
-    assert!(
-        matches!(r, Err(GpuError::ShapeMismatch { .. })),
-        "{dev}: {r:?}"
-    );
+    assert_err!(dev, ShapeMismatch, fwd(&q, &mut out, &mut short_lse, dims(d, 0.5)));
     let q_u32 = b.allocate(DType::U32, 48).unwrap();
-    let r = fwd(&q_u32, &mut out, &mut lse, d, 0.5);
-    assert!(
-        matches!(r, Err(GpuError::UnsupportedDType { .. })),
-        "{dev}: {r:?}"
-    );
-    let r = b.causal_attention_fwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        (&mut out, &mut lse),
-        AttnDims {
-            n: usize::MAX,
-            t: 2,
-            d: 8,
-            scale: 0.5,
-        },
-    );
-    assert!(
-        matches!(r, Err(GpuError::InvalidShape { .. })),
-        "{dev}: {r:?}"
-    );
+    assert_err!(dev, UnsupportedDType, fwd(&q_u32, &mut out, &mut lse, dims(d, 0.5)));
+    let huge = AttnDims { n: usize::MAX, t: 2, d: 8, scale: 0.5 };
+    assert_err!(dev, InvalidShape, fwd(&q, &mut out, &mut lse, huge));
 
     let (o, l, g) = (f(48), f(6), f(48));
     let (mut dq, mut dk, mut dv, mut short) = (f(48), f(48), f(48), f(47));
-    let r = b.causal_attention_bwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        PackedSaved {
-            out: &o,
-            lse: &l,
-            dout: &g,
-        },
-        (&mut dq, &mut short, &mut dv),
-        AttnDims {
-            n,
-            t,
-            d,
-            scale: 0.5,
-        },
-    );
-    assert!(
-        matches!(r, Err(GpuError::ShapeMismatch { .. })),
-        "{dev}: {r:?}"
-    );
-    let r = b.causal_attention_bwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        PackedSaved {
-            out: &o,
-            lse: &l,
-            dout: &g,
-        },
-        (&mut dq, &mut dk, &mut dv),
-        AttnDims {
-            n,
-            t,
-            d: 4,
-            scale: 0.5,
-        },
-    );
-    assert!(
-        matches!(r, Err(GpuError::ShapeMismatch { .. })),
-        "{dev}: {r:?}"
-    );
-    let r = b.causal_attention_bwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        PackedSaved {
-            out: &o,
-            lse: &l,
-            dout: &g,
-        },
-        (&mut dq, &mut dk, &mut dv),
-        AttnDims {
-            n,
-            t,
-            d,
-            scale: f32::INFINITY,
-        },
-    );
-    assert!(
-        matches!(r, Err(GpuError::InvalidArgument { .. })),
-        "{dev}: {r:?}"
-    );
+    let bwd = |grads: (&mut B::Buffer, &mut B::Buffer, &mut B::Buffer), dims: AttnDims| {
+        let saved = PackedSaved { out: &o, lse: &l, dout: &g };
+        b.causal_attention_bwd(qkv(&q, &k, &v), saved, grads, dims)
+    };
+    assert_err!(dev, ShapeMismatch, bwd((&mut dq, &mut short, &mut dv), dims(d, 0.5)));
+    assert_err!(dev, ShapeMismatch, bwd((&mut dq, &mut dk, &mut dv), dims(4, 0.5)));
+    assert_err!(dev, InvalidArgument, bwd((&mut dq, &mut dk, &mut dv), dims(d, f32::INFINITY)));
     // Empty problems are fine and touch nothing.
     let (e, mut eo, mut el) = (f(0), f(0), f(0));
-    b.causal_attention_fwd(
-        AttnQkv {
-            q: &e,
-            k: &e,
-            v: &e,
-        },
-        (&mut eo, &mut el),
-        AttnDims {
-            n: 0,
-            t: 5,
-            d: 8,
-            scale: 0.5,
-        },
-    )
-    .unwrap();
+    let empty = AttnDims { n: 0, t: 5, d: 8, scale: 0.5 };
+    b.causal_attention_fwd(qkv(&e, &e, &e), (&mut eo, &mut el), empty).unwrap();
 }
 
 #[test]
@@ -548,16 +421,18 @@ fn masked_nan_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut
         let same = |a: &[f32], b: &[f32], w: usize, r: std::ops::Range<usize>| {
             seq_rows(a, n, t, w, r.clone()) == seq_rows(b, n, t, w, r)
         };
+        // NaN in row `m` of every sequence of a `[n, t, d]` input.
+        let nan_row = |x: &mut Vec<f32>, m: usize| {
+            for s in 0..n {
+                x[(s * t + m) * d..][..d].fill(f32::NAN);
+            }
+        };
 
         // A NaN in k and v at key m (the last, and one inside a tile): rows before m unchanged.
         for m in [t - 1, t / 2] {
             let mut late = clone(&p);
-            for s in 0..n {
-                for c in 0..d {
-                    late.k[(s * t + m) * d + c] = f32::NAN;
-                    late.v[(s * t + m) * d + c] = f32::NAN;
-                }
-            }
+            nan_row(&mut late.k, m);
+            nan_row(&mut late.v, m);
             let (o2, l2) = fwd(b, &late);
             let [dq2, _, _] = bwd(b, &late, &o2, &l2);
             let early = 0..m;
@@ -579,12 +454,8 @@ fn masked_nan_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut
         // other rows, and dk, dv of the keys after m, unchanged.
         for m in [0, t / 2] {
             let mut first = clone(&p);
-            for s in 0..n {
-                for c in 0..d {
-                    first.q[(s * t + m) * d + c] = f32::NAN;
-                    first.dout[(s * t + m) * d + c] = f32::NAN;
-                }
-            }
+            nan_row(&mut first.q, m);
+            nan_row(&mut first.dout, m);
             let (o3, l3) = fwd(b, &first);
             let g3 = bwd(b, &first, &o3, &l3);
             let later = m + 1..t;
@@ -606,10 +477,5 @@ fn masked_nan_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut
 
 #[test]
 fn gpu_attention_masked_nan_never_leaks() {
-    let test = "gpu_attention_masked_nan_never_leaks";
-    let (mut rng, _) = rng(test);
-    masked_nan_body(&CPU, "cpu", &mut rng);
-    each_variant(&backend_or_skip(test), |g, dev| {
-        masked_nan_body(g, dev, &mut rng)
-    });
+    on_every_device!("gpu_attention_masked_nan_never_leaks", masked_nan_body);
 }

@@ -55,7 +55,7 @@
 
 mod common;
 
-use common::rng;
+use common::gpu_and_rng;
 use gpu_core::cpu::attention_bf16::{
     causal_attention_packed_bf16_bwd, causal_attention_packed_bf16_fwd,
 };
@@ -63,7 +63,7 @@ use gpu_core::nn::attention::Packed;
 use gpu_core::nn::attention::PackedSaved;
 use gpu_core::{Backend, BufferInfo, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
-use gpu_cuda::CudaBackend;
+use gpu_cuda::{CudaBackend, CudaBuffer};
 use half::bf16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -486,11 +486,11 @@ fn the_bound_counts_flushed_subnormals_and_still_rejects_a_wrong_term() {
 
 #[test]
 fn gpu_bf16_attention_matches_its_reference_within_the_rounding_bound() {
-    let test = "gpu_bf16_attention_matches_its_reference_within_the_rounding_bound";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) =
+        gpu_and_rng("gpu_bf16_attention_matches_its_reference_within_the_rounding_bound")
+    else {
         return;
     };
-    let (mut r, _) = rng(test);
     // The GPT's shape, ragged lengths around the 64-row tile, one row, one head.
     for (b, t, heads) in [
         (4, 256, 6),
@@ -523,11 +523,9 @@ fn gpu_bf16_attention_matches_its_reference_within_the_rounding_bound() {
 fn gpu_bf16_attention_takes_any_finite_scale() {
     // The forward scales scores inside each exponent by |scale| and flips Q's sign for a
     // negative one: negative, zero and tiny scales against the reference.
-    let test = "gpu_bf16_attention_takes_any_finite_scale";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng("gpu_bf16_attention_takes_any_finite_scale") else {
         return;
     };
-    let (mut r, _) = rng(test);
     let p = Packed {
         b: 2,
         t: 140,
@@ -550,11 +548,10 @@ fn gpu_bf16_attention_takes_any_finite_scale() {
 
 #[test]
 fn gpu_bf16_attention_keeps_nan_and_inf_in_their_sequence() {
-    let test = "gpu_bf16_attention_keeps_nan_and_inf_in_their_sequence";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng("gpu_bf16_attention_keeps_nan_and_inf_in_their_sequence")
+    else {
         return;
     };
-    let (mut r, _) = rng(test);
     let p = Packed {
         b: 2,
         t: 50,
@@ -596,8 +593,7 @@ fn gpu_bf16_attention_keeps_nan_and_inf_in_their_sequence() {
 
 #[test]
 fn gpu_bf16_attention_rejects_bad_arguments() {
-    let test = "gpu_bf16_attention_rejects_bad_arguments";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some(gpu) = backend_or_skip("gpu_bf16_attention_rejects_bad_arguments") else {
         return;
     };
     let p = Packed {
@@ -609,89 +605,46 @@ fn gpu_bf16_attention_rejects_bad_arguments() {
     let (n, c) = (p.n(), p.c());
     let bf = |len: usize| gpu.allocate(DType::BF16, len).unwrap();
     let f32b = |len: usize| gpu.allocate(DType::F32, len).unwrap();
+    // The two calls at scale 0.125, without dropout; `saved` is `[out, lse, dout]`.
+    let fwd = |qkv: &CudaBuffer, out: &mut CudaBuffer, lse: &mut CudaBuffer, p: Packed| {
+        gpu.causal_attention_packed_bf16_fwd(qkv, out, lse, p, 0.125, None)
+    };
+    let bwd = |qkv: &CudaBuffer, saved: [&CudaBuffer; 3], g: &mut CudaBuffer, p: Packed| {
+        let [out, lse, dout] = saved;
+        let saved = PackedSaved { out, lse, dout };
+        gpu.causal_attention_packed_bf16_bwd(qkv, saved, g, p, 0.125, None)
+    };
     let qkv = bf(p.b * p.t * 3 * c);
     let (mut out, mut lse, mut g) = (bf(p.b * p.t * c), f32b(n * p.t), bf(p.b * p.t * 3 * c));
-    gpu.causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, p, 0.125, None)
-        .unwrap();
-    gpu.causal_attention_packed_bf16_bwd(
-        &qkv,
-        PackedSaved {
-            out: &out,
-            lse: &lse,
-            dout: &out,
-        },
-        &mut g,
-        p,
-        0.125,
-        None,
-    )
-    .unwrap();
+    fwd(&qkv, &mut out, &mut lse, p).unwrap();
+    bwd(&qkv, [&out, &lse, &out], &mut g, p).unwrap();
     // Head dimensions other than 64: a typed error saying so.
     let p32 = Packed { d: 32, ..p };
-    let e = gpu.causal_attention_packed_bf16_fwd(
+    let e = fwd(
         &bf(p.b * p.t * 3 * 64),
         &mut bf(p.b * p.t * 64),
         &mut lse,
         p32,
-        0.125,
-        None,
     );
     assert!(
         matches!(&e, Err(GpuError::InvalidShape { reason, .. }) if reason.contains("d = 64")),
         "{e:?}"
     );
     // Wrong dtypes.
-    let e =
-        gpu.causal_attention_packed_bf16_fwd(&f32b(qkv.len()), &mut out, &mut lse, p, 0.125, None);
+    let e = fwd(&f32b(qkv.len()), &mut out, &mut lse, p);
     assert!(matches!(e, Err(GpuError::DTypeMismatch { .. })), "{e:?}");
     let mut lse_bf = bf(n * p.t);
-    let e = gpu.causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse_bf, p, 0.125, None);
+    let e = fwd(&qkv, &mut out, &mut lse_bf, p);
     assert!(matches!(e, Err(GpuError::DTypeMismatch { .. })), "{e:?}");
-    let e = gpu.causal_attention_packed_bf16_bwd(
-        &qkv,
-        PackedSaved {
-            out: &out,
-            lse: &lse,
-            dout: &out,
-        },
-        &mut f32b(g.len()),
-        p,
-        0.125,
-        None,
-    );
+    let e = bwd(&qkv, [&out, &lse, &out], &mut f32b(g.len()), p);
     assert!(matches!(e, Err(GpuError::DTypeMismatch { .. })), "{e:?}");
     // Wrong lengths.
-    let e = gpu.causal_attention_packed_bf16_fwd(
-        &bf(qkv.len() - 1),
-        &mut out,
-        &mut lse,
-        p,
-        0.125,
-        None,
-    );
+    let e = fwd(&bf(qkv.len() - 1), &mut out, &mut lse, p);
     assert!(matches!(e, Err(GpuError::ShapeMismatch { .. })), "{e:?}");
-    let e = gpu.causal_attention_packed_bf16_bwd(
-        &qkv,
-        PackedSaved {
-            out: &out,
-            lse: &lse,
-            dout: &bf(7),
-        },
-        &mut g,
-        p,
-        0.125,
-        None,
-    );
+    let e = bwd(&qkv, [&out, &lse, &bf(7)], &mut g, p);
     assert!(matches!(e, Err(GpuError::ShapeMismatch { .. })), "{e:?}");
     // No heads, a non-finite scale, an overflowing shape.
-    let e = gpu.causal_attention_packed_bf16_fwd(
-        &qkv,
-        &mut out,
-        &mut lse,
-        Packed { heads: 0, ..p },
-        0.125,
-        None,
-    );
+    let e = fwd(&qkv, &mut out, &mut lse, Packed { heads: 0, ..p });
     assert!(matches!(e, Err(GpuError::InvalidShape { .. })), "{e:?}");
     let e = gpu.causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, p, f32::INFINITY, None);
     assert!(e.is_err());
@@ -699,26 +652,11 @@ fn gpu_bf16_attention_rejects_bad_arguments() {
         b: usize::MAX / 2,
         ..p
     };
-    assert!(gpu
-        .causal_attention_packed_bf16_fwd(&qkv, &mut out, &mut lse, huge, 0.125, None)
-        .is_err());
+    assert!(fwd(&qkv, &mut out, &mut lse, huge).is_err());
     // Empty batch or sequence: nothing to do.
     for e in [Packed { b: 0, ..p }, Packed { t: 0, ..p }] {
         let (qkv0, mut o0, mut l0, mut g0) = (bf(0), bf(0), f32b(0), bf(0));
-        gpu.causal_attention_packed_bf16_fwd(&qkv0, &mut o0, &mut l0, e, 0.125, None)
-            .unwrap();
-        gpu.causal_attention_packed_bf16_bwd(
-            &qkv0,
-            PackedSaved {
-                out: &o0,
-                lse: &l0,
-                dout: &o0,
-            },
-            &mut g0,
-            e,
-            0.125,
-            None,
-        )
-        .unwrap();
+        fwd(&qkv0, &mut o0, &mut l0, e).unwrap();
+        bwd(&qkv0, [&o0, &l0, &o0], &mut g0, e).unwrap();
     }
 }

@@ -143,11 +143,11 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
 
 #[test]
 fn gpu_packed_attention_is_the_plain_kernels_on_permuted_tensors() {
-    let test = "gpu_packed_attention_is_the_plain_kernels_on_permuted_tensors";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) =
+        gpu_and_rng("gpu_packed_attention_is_the_plain_kernels_on_permuted_tensors")
+    else {
         return;
     };
-    let (mut r, _) = rng(test);
     // The GPT's shape (6 heads of 64), the 128-wide kernel, ragged lengths, one head, d = 4.
     for dims in [
         (2, 256, 6, 64),

@@ -29,6 +29,22 @@ fn stored(x: &[f32], dtype: DType) -> Vec<f32> {
     }
 }
 
+/// The inputs of a rope-append: the fused projection, the frequencies and each row's first
+/// real and first new slot.
+fn rope_in<'a, Buf>(
+    qkv: &'a Buf,
+    inv_freq: &'a Buf,
+    start: &'a Buf,
+    slot: &'a Buf,
+) -> RopeAppendIn<'a, Buf> {
+    RopeAppendIn {
+        qkv,
+        inv_freq,
+        start,
+        slot,
+    }
+}
+
 const DTYPES: [DType; 2] = [DType::F32, DType::BF16];
 
 /// Random row positions: `slot[r] + t <= cap`; `start[r]` anywhere up to `slot[r] + t + 2`,
@@ -97,17 +113,8 @@ fn rope_case(
                 let (st, sl) = (be.upload(&start).unwrap(), be.upload(&slot).unwrap());
                 let mut q = put(be, &vec![f32::NAN; dims.q_len()], dt[1]);
                 let (mut kc, mut vc) = (put(be, &kc0, dt[2]), put(be, &vc0, dt[2]));
-                be.rope_append(
-                    RopeAppendIn {
-                        qkv: &x,
-                        inv_freq: &f,
-                        start: &st,
-                        slot: &sl,
-                    },
-                    (&mut q, &mut kc, &mut vc),
-                    dims,
-                )
-                .unwrap();
+                be.rope_append(rope_in(&x, &f, &st, &sl), (&mut q, &mut kc, &mut vc), dims)
+                    .unwrap();
                 [get(be, &q), get(be, &kc), get(be, &vc)]
             }};
         }
@@ -173,10 +180,9 @@ fn rope_case(
 
 #[test]
 fn gpu_rope_append_matches_cpu() {
-    let Some(gpu) = backend_or_skip("gpu_rope_append_matches_cpu") else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_rope_append_matches_cpu") else {
         return;
     };
-    let (mut rng, _) = rng("gpu_rope_append_matches_cpu");
     for &shape in SHAPES {
         for a in DTYPES {
             for q in DTYPES {
@@ -284,10 +290,9 @@ fn attention_case(
 
 #[test]
 fn gpu_cache_attention_matches_cpu() {
-    let Some(gpu) = backend_or_skip("gpu_cache_attention_matches_cpu") else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_cache_attention_matches_cpu") else {
         return;
     };
-    let (mut rng, _) = rng("gpu_cache_attention_matches_cpu");
     for &shape in SHAPES {
         for q in DTYPES {
             for c in DTYPES {
@@ -303,10 +308,9 @@ fn gpu_cache_attention_matches_cpu() {
 #[test]
 fn gpu_cache_attention_sliding_window_matches_cpu() {
     const NAME: &str = "gpu_cache_attention_sliding_window_matches_cpu";
-    let Some(gpu) = backend_or_skip(NAME) else {
+    let Some((gpu, mut rng)) = gpu_and_rng(NAME) else {
         return;
     };
-    let (mut rng, _) = rng(NAME);
     for &shape in SHAPES {
         for window in [1, 2, 37, 64, 300, shape.5 + 5] {
             for dt in [[DType::F32, DType::F32], [DType::BF16, DType::BF16]] {
@@ -318,10 +322,9 @@ fn gpu_cache_attention_sliding_window_matches_cpu() {
 
 #[test]
 fn gpu_argmax_rows_matches_cpu() {
-    let Some(gpu) = backend_or_skip("gpu_argmax_rows_matches_cpu") else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_argmax_rows_matches_cpu") else {
         return;
     };
-    let (mut rng, _) = rng("gpu_argmax_rows_matches_cpu");
     for &cols in &[1usize, 31, 1024, 1025, 128_256] {
         for dtype in DTYPES {
             let rows = 5;
@@ -384,16 +387,7 @@ fn gpu_slot_past_the_cache_writes_nothing() {
             let mut q = be.upload(&vec![0f32; dims.q_len()]).unwrap();
             let mut kc = be.upload(&vec![7f32; dims.cache_len()]).unwrap();
             let mut vc = be.upload(&vec![7f32; dims.cache_len()]).unwrap();
-            let r = be.rope_append(
-                RopeAppendIn {
-                    qkv: &x,
-                    inv_freq: &f,
-                    start: &st,
-                    slot: &sl,
-                },
-                (&mut q, &mut kc, &mut vc),
-                dims,
-            );
+            let r = be.rope_append(rope_in(&x, &f, &st, &sl), (&mut q, &mut kc, &mut vc), dims);
             (
                 r,
                 be.download::<f32>(&kc).unwrap(),

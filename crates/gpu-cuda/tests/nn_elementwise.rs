@@ -662,11 +662,11 @@ fn gpu_grid_stride_loops_cover_large_inputs() {
 /// index past its end or a buffer of another dtype is a typed error.
 #[test]
 fn gpu_dropout_with_a_device_offset_is_dropout_with_the_summed_seed() {
-    let test = "gpu_dropout_with_a_device_offset_is_dropout_with_the_summed_seed";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) =
+        gpu_and_rng("gpu_dropout_with_a_device_offset_is_dropout_with_the_summed_seed")
+    else {
         return;
     };
-    let (mut r, _) = rng(test);
     let n = 4099; // a scalar tail after the float4 body
     let x = random_vec(&mut r, n, 3.0);
     let xb = up(&gpu, &x);

@@ -392,11 +392,9 @@ fn gpu_by_value_struct_arguments() {
 /// and without a clip coefficient, steps 1 and 1000.
 #[test]
 fn gpu_scheduled_adamw_gives_the_eager_steps_bits() {
-    let test = "gpu_scheduled_adamw_gives_the_eager_steps_bits";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng("gpu_scheduled_adamw_gives_the_eager_steps_bits") else {
         return;
     };
-    let (mut r, _) = rng(test);
     let lens = lengths(&mut r);
     let (s0, g, wd) = random_state(&mut r, &lens);
     for (cfg, scale) in [

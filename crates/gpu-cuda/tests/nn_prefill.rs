@@ -35,6 +35,21 @@ const U_BF16: f64 = 1.0 / 256.0;
 const EPS: f64 = 1.0 / 65536.0;
 const F: f64 = 1.1754943508222875e-38; // 2^-126
 
+/// The inputs of a prefill: queries, the caches and each row's first real slot.
+fn prefill_in<'a, Buf>(
+    q: &'a Buf,
+    k_cache: &'a Buf,
+    v_cache: &'a Buf,
+    start: &'a Buf,
+) -> PrefillIn<'a, Buf> {
+    PrefillIn {
+        q,
+        k_cache,
+        v_cache,
+        start,
+    }
+}
+
 fn bf(x: Vec<f32>) -> Vec<f32> {
     x.into_iter().map(|v| bf16::from_f32(v).to_f32()).collect()
 }
@@ -76,18 +91,8 @@ fn run<B: Backend + DecodeOps>(be: &B, c: &Case, dtype: DType) -> Vec<f32> {
     );
     let st = be.upload(&c.start).unwrap();
     let mut out = put(be, &vec![f32::NAN; c.dims.q_len()], dtype);
-    be.prefill_attention(
-        PrefillIn {
-            q: &q,
-            k_cache: &k,
-            v_cache: &v,
-            start: &st,
-        },
-        &mut out,
-        c.dims,
-        c.scale,
-    )
-    .unwrap();
+    be.prefill_attention(prefill_in(&q, &k, &v, &st), &mut out, c.dims, c.scale)
+        .unwrap();
     get(be, &out)
 }
 
@@ -192,10 +197,9 @@ const SHAPES: &[(usize, usize, usize, usize, usize)] = &[
 
 #[test]
 fn gpu_prefill_attention_matches_cpu() {
-    let Some(gpu) = backend_or_skip("gpu_prefill_attention_matches_cpu") else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_prefill_attention_matches_cpu") else {
         return;
     };
-    let (mut rng, _) = rng("gpu_prefill_attention_matches_cpu");
     for (&(b, t, heads, kv_heads, cap), d) in SHAPES.iter().flat_map(|s| [(s, 64), (s, 128)]) {
         let dims = DecodeDims {
             b,
@@ -223,10 +227,9 @@ fn gpu_prefill_attention_matches_cpu() {
 #[test]
 fn gpu_prefill_attention_sliding_window_matches_cpu() {
     const NAME: &str = "gpu_prefill_attention_sliding_window_matches_cpu";
-    let Some(gpu) = backend_or_skip(NAME) else {
+    let Some((gpu, mut rng)) = gpu_and_rng(NAME) else {
         return;
     };
-    let (mut rng, _) = rng(NAME);
     for (&(b, t, heads, kv_heads, cap), d) in SHAPES.iter().flat_map(|s| [(s, 64), (s, 128)]) {
         for window in [1, 2, 5, 64, 100, t, cap + 7] {
             let dims = DecodeDims {
@@ -250,10 +253,10 @@ fn gpu_prefill_attention_sliding_window_matches_cpu() {
 /// of width 64 and 128; at 128 the infinity sits in the second half of the row).
 #[test]
 fn gpu_prefill_attention_keeps_nan_where_it_belongs() {
-    let Some(gpu) = backend_or_skip("gpu_prefill_attention_keeps_nan_where_it_belongs") else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_prefill_attention_keeps_nan_where_it_belongs")
+    else {
         return;
     };
-    let (mut rng, _) = rng("gpu_prefill_attention_keeps_nan_where_it_belongs");
     for d in [64, 128] {
         nan_case(&gpu, &mut rng, d);
     }
@@ -319,11 +322,11 @@ fn nan_case(gpu: &CudaBackend, rng: &mut StdRng, d: usize) {
 /// Other head widths and dtypes run the cache attention with every slot 0: the same bits.
 #[test]
 fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
-    let Some(gpu) = backend_or_skip("gpu_prefill_attention_falls_back_to_the_cache_attention")
+    let Some((gpu, mut rng)) =
+        gpu_and_rng("gpu_prefill_attention_falls_back_to_the_cache_attention")
     else {
         return;
     };
-    let (mut rng, _) = rng("gpu_prefill_attention_falls_back_to_the_cache_attention");
     for (d, dtype) in [
         (96, DType::BF16),
         (64, DType::F32),
@@ -398,18 +401,8 @@ fn gpu_prefill_attention_empty_calls_succeed() {
             );
             let st = gpu.upload(&vec![0u32; b]).unwrap();
             let mut out = put(&gpu, &[], DType::BF16);
-            gpu.prefill_attention(
-                PrefillIn {
-                    q: &q,
-                    k_cache: &k,
-                    v_cache: &v,
-                    start: &st,
-                },
-                &mut out,
-                dims,
-                0.5,
-            )
-            .unwrap_or_else(|e| panic!("d {d} b {b} t {t}: {e}"));
+            gpu.prefill_attention(prefill_in(&q, &k, &v, &st), &mut out, dims, 0.5)
+                .unwrap_or_else(|e| panic!("d {d} b {b} t {t}: {e}"));
             assert_eq!(get(&gpu, &k), bf(cache.clone()), "d {d} b {b} t {t}");
         }
     }
@@ -435,46 +428,16 @@ fn gpu_prefill_attention_refuses_bad_arguments() {
     let st = gpu.upload(&[0u32]).unwrap();
     let mut out = put(&gpu, &vec![7f32; dims.q_len()], DType::BF16);
     assert!(gpu
-        .prefill_attention(
-            PrefillIn {
-                q: &q,
-                k_cache: &k,
-                v_cache: &v,
-                start: &st
-            },
-            &mut out,
-            dims,
-            1.0
-        )
+        .prefill_attention(prefill_in(&q, &k, &v, &st), &mut out, dims, 1.0)
         .is_err());
     let ok = DecodeDims { cap: 10, ..dims };
     let (k, v) = (z(ok.cache_len()), z(ok.cache_len()));
     assert!(gpu
-        .prefill_attention(
-            PrefillIn {
-                q: &q,
-                k_cache: &k,
-                v_cache: &v,
-                start: &st
-            },
-            &mut out,
-            ok,
-            f32::NAN
-        )
+        .prefill_attention(prefill_in(&q, &k, &v, &st), &mut out, ok, f32::NAN)
         .is_err());
     let f = gpu.upload(&[0f32]).unwrap();
     assert!(gpu
-        .prefill_attention(
-            PrefillIn {
-                q: &q,
-                k_cache: &k,
-                v_cache: &v,
-                start: &f
-            },
-            &mut out,
-            ok,
-            1.0
-        )
+        .prefill_attention(prefill_in(&q, &k, &v, &f), &mut out, ok, 1.0)
         .is_err());
     assert!(get(&gpu, &out).iter().all(|&x| x == 7.0));
 }

@@ -167,20 +167,33 @@ fn check_case(
     }
 }
 
-fn matmul_case(gpu: &CudaBackend, rng: &mut StdRng, spec: QuantSpec, dt: [DType; 2]) {
+/// A random weight of `spec` (scales up to 0.1) and a random x of `spec.m` rows (in ±2).
+fn random_problem(rng: &mut StdRng, spec: QuantSpec) -> (HostWeight, Vec<f32>) {
     let w = HostWeight::random(rng, spec, 0.1);
     let x = random_vec(rng, spec.m * spec.k, 2.0);
+    (w, x)
+}
+
+fn matmul_case(gpu: &CudaBackend, rng: &mut StdRng, spec: QuantSpec, dt: [DType; 2]) {
+    let (w, x) = random_problem(rng, spec);
     check_case(gpu, None, &w, &x, dt, spec.m);
+}
+
+/// [`check_case`] of bf16 `x` in both prefill forms, out f32 and bf16.
+fn check_prefill_forms(gpu: &CudaBackend, w: &HostWeight, x: &[f32], m: usize) {
+    for od in [DType::F32, DType::BF16] {
+        for form in FORMS {
+            check_case(gpu, Some(form), w, x, [DType::BF16, od], m);
+        }
+    }
 }
 
 #[test]
 fn gpu_matmul_quant_matches_cpu() {
-    let test = "gpu_matmul_quant_matches_cpu";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_matmul_quant_matches_cpu") else {
         return;
     };
-    let (mut rng, _) = rng(test);
-    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+    for format in FORMATS {
         for &(n, k) in SHAPES {
             for m in [1, 2, 3, 4, 7, 16, 17, 40] {
                 for xd in [DType::F32, DType::BF16] {
@@ -208,28 +221,23 @@ const GEMM_MN: &[(usize, usize)] = &[
 ];
 const GEMM_K: &[usize] = &[8, 64, 68, 128, 136, 520];
 const FORMS: [QgemmForm; 2] = [QgemmForm::Fused, QgemmForm::Dequant];
+const FORMATS: [QuantFormat; 2] = [QuantFormat::Int8, QuantFormat::Int4];
 
 #[test]
 fn gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges() {
-    let test = "gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut rng)) =
+        gpu_and_rng("gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges")
+    else {
         return;
     };
-    let (mut rng, _) = rng(test);
-    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+    for format in FORMATS {
         for &(m, n) in GEMM_MN {
             for &k in GEMM_K {
                 if !k.is_multiple_of(format.values_per_word()) {
                     continue;
                 }
-                let spec = QuantSpec { m, n, k, format };
-                let w = HostWeight::random(&mut rng, spec, 0.1);
-                let x = random_vec(&mut rng, m * k, 2.0);
-                for od in [DType::F32, DType::BF16] {
-                    for form in FORMS {
-                        check_case(&gpu, Some(form), &w, &x, [DType::BF16, od], m);
-                    }
-                }
+                let (w, x) = random_problem(&mut rng, QuantSpec { m, n, k, format });
+                check_prefill_forms(&gpu, &w, &x, m);
             }
         }
     }
@@ -240,16 +248,13 @@ fn gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges() {
 /// bound, in both prefill forms.
 #[test]
 fn gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row() {
-    let test = "gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row")
+    else {
         return;
     };
-    let (mut rng, _) = rng(test);
     let (m, n, k) = (65, 129, 136);
-    for format in [QuantFormat::Int8, QuantFormat::Int4] {
-        let spec = QuantSpec { m, n, k, format };
-        let w = HostWeight::random(&mut rng, spec, 0.1);
-        let mut x = random_vec(&mut rng, m * k, 2.0);
+    for format in FORMATS {
+        let (w, mut x) = random_problem(&mut rng, QuantSpec { m, n, k, format });
         for (i, c, v) in [
             (3, 5, f32::NAN),
             (9, 130, f32::INFINITY),
@@ -278,16 +283,12 @@ fn gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row() {
 /// bound (relative to `T`, which grows with x), in both prefill forms.
 #[test]
 fn gpu_matmul_quant_prefill_huge_x_within_bound() {
-    let test = "gpu_matmul_quant_prefill_huge_x_within_bound";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_matmul_quant_prefill_huge_x_within_bound") else {
         return;
     };
-    let (mut rng, _) = rng(test);
     let (m, n, k) = (17, 129, 520);
-    for format in [QuantFormat::Int8, QuantFormat::Int4] {
-        let spec = QuantSpec { m, n, k, format };
-        let w = HostWeight::random(&mut rng, spec, 0.1);
-        let mut x = random_vec(&mut rng, m * k, 2.0);
+    for format in FORMATS {
+        let (w, mut x) = random_problem(&mut rng, QuantSpec { m, n, k, format });
         for v in &mut x[..k] {
             *v *= 1e30;
         }
@@ -295,11 +296,7 @@ fn gpu_matmul_quant_prefill_huge_x_within_bound() {
             let c = rng.random_range(0..k);
             x[i * k + c] = if i % 2 == 0 { 1e30 } else { -1e30 };
         }
-        for od in [DType::F32, DType::BF16] {
-            for form in FORMS {
-                check_case(&gpu, Some(form), &w, &x, [DType::BF16, od], m);
-            }
-        }
+        check_prefill_forms(&gpu, &w, &x, m);
     }
 }
 
@@ -307,16 +304,13 @@ fn gpu_matmul_quant_prefill_huge_x_within_bound() {
 /// the reference, so they differ by at most twice that.
 #[test]
 fn gpu_matmul_quant_fused_and_dequant_forms_agree() {
-    let test = "gpu_matmul_quant_fused_and_dequant_forms_agree";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_matmul_quant_fused_and_dequant_forms_agree") else {
         return;
     };
-    let (mut rng, _) = rng(test);
-    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+    for format in FORMATS {
         for (m, n, k) in [(64, 256, 512), (130, 300, 520), (17, 1000, 2048)] {
             let spec = QuantSpec { m, n, k, format };
-            let w = HostWeight::random(&mut rng, spec, 0.1);
-            let x = random_vec(&mut rng, m * k, 2.0);
+            let (w, x) = random_problem(&mut rng, spec);
             let dt = [DType::BF16, DType::F32];
             let fused = gpu_matmul(&gpu, Some(QgemmForm::Fused), &w, &x, dt, m);
             let deq = gpu_matmul(&gpu, Some(QgemmForm::Dequant), &w, &x, dt, m);
@@ -337,12 +331,10 @@ fn gpu_matmul_quant_fused_and_dequant_forms_agree() {
 /// on both): the kernel rounds `q·s` and `+ m` as the CPU does, bf16 once from that f32.
 #[test]
 fn gpu_dequantize_matches_cpu_exactly() {
-    let test = "gpu_dequantize_matches_cpu_exactly";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_dequantize_matches_cpu_exactly") else {
         return;
     };
-    let (mut rng, _) = rng(test);
-    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+    for format in FORMATS {
         for &(n, k) in SHAPES {
             let spec = QuantSpec::weight(format, n, k);
             let mut w = HostWeight::random(&mut rng, spec, 1.0);
@@ -375,7 +367,7 @@ fn gpu_quant_empty_calls_and_k_zero() {
     let Some(gpu) = backend_or_skip("gpu_quant_empty_calls_and_k_zero") else {
         return;
     };
-    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+    for format in FORMATS {
         for (m, n, k) in [(0, 5, 8), (3, 0, 8), (0, 0, 0), (2, 3, 0), (9, 3, 0)] {
             let spec = QuantSpec { m, n, k, format };
             let w = HostWeight {
@@ -491,11 +483,9 @@ fn gpu_quant_wrong_dtypes_lengths_and_formats_are_typed_errors() {
 /// scratch, then cuBLAS) with the values the buffers hold at replay time.
 #[test]
 fn gpu_quant_launches_are_captured_by_a_graph() {
-    let test = "gpu_quant_launches_are_captured_by_a_graph";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_quant_launches_are_captured_by_a_graph") else {
         return;
     };
-    let (mut rng, _) = rng(test);
     for m in [1, 16] {
         let spec = QuantSpec {
             m,

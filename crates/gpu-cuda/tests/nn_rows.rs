@@ -284,10 +284,9 @@ fn gpu_embedding_matches_cpu() {
 /// norm backward's determinism: two runs give bit-identical dw and db.
 #[test]
 fn gpu_rows_large_shapes() {
-    let Some(gpu) = backend_or_skip("gpu_rows_large_shapes") else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_rows_large_shapes") else {
         return;
     };
-    let (mut rng, _) = rng("gpu_rows_large_shapes");
     softmax_case(&gpu, "cuda", &mut rng, 8192, 4096);
     for (rows, cols) in [(8192, 4096), (16_384, 384)] {
         norm_case(&gpu, "cuda", &mut rng, rows, cols);

@@ -78,10 +78,9 @@ fn params(rng: &mut StdRng, vocab: usize) -> SampleParams {
 
 #[test]
 fn gpu_sample_rows_matches_cpu_bit_for_bit() {
-    let Some(gpu) = backend_or_skip("gpu_sample_rows_matches_cpu_bit_for_bit") else {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_sample_rows_matches_cpu_bit_for_bit") else {
         return;
     };
-    let (mut rng, _) = rng("gpu_sample_rows_matches_cpu_bit_for_bit");
     let mut cases = 0;
     for &vocab in &[1usize, 3, 33, 1000, 1025, 32_000, 128_256, 151_936] {
         for case in 0..6 {

@@ -3,7 +3,7 @@
 use crate::storage::Storage;
 use gpu_core::nn::NnOps;
 use gpu_core::testing::PrimitivesOnly;
-use gpu_core::{CpuBackend, Device, GpuError, Result};
+use gpu_core::{CpuBackend, GpuError, Result};
 use gpu_cuda::CudaBackend;
 use gpu_wgpu::WgpuBackend;
 use std::cell::Cell;
@@ -27,6 +27,28 @@ pub(crate) trait DeviceBackend: NnOps {
     fn wrap(buf: Self::Buffer) -> Storage;
 }
 
+/// `get`, `get_mut` and `wrap` of a backend whose buffers sit in `Storage::$variant` (`$what`
+/// names them in a mismatch error).
+macro_rules! storage_access {
+    ($variant:ident, $what:literal) => {
+        fn get(s: &Storage) -> Result<&Self::Buffer> {
+            match s {
+                Storage::$variant(b) => Ok(b),
+                other => Err(mismatch($what, other)),
+            }
+        }
+        fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
+            match s {
+                Storage::$variant(b) => Ok(b),
+                other => Err(mismatch($what, other)),
+            }
+        }
+        fn wrap(buf: Self::Buffer) -> Storage {
+            Storage::$variant(buf)
+        }
+    };
+}
+
 impl DeviceBackend for CpuBackend {
     fn alloc_output(&self, len: usize) -> Result<Self::Buffer> {
         match crate::pool::take(len) {
@@ -34,88 +56,31 @@ impl DeviceBackend for CpuBackend {
             None => gpu_core::Backend::allocate(self, gpu_core::DType::F32, len),
         }
     }
-    fn get(s: &Storage) -> Result<&Self::Buffer> {
-        match s {
-            Storage::Cpu(b) => Ok(b),
-            other => Err(mismatch(Device::Cpu, other)),
-        }
-    }
-    fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
-        match s {
-            Storage::Cpu(b) => Ok(b),
-            other => Err(mismatch(Device::Cpu, other)),
-        }
-    }
-    fn wrap(buf: Self::Buffer) -> Storage {
-        Storage::Cpu(buf)
-    }
+    storage_access!(Cpu, "a cpu buffer");
 }
 
 impl DeviceBackend for CudaBackend {
     fn alloc_output(&self, len: usize) -> Result<Self::Buffer> {
         gpu_core::Backend::allocate(self, gpu_core::DType::F32, len)
     }
-    fn get(s: &Storage) -> Result<&Self::Buffer> {
-        match s {
-            Storage::Cuda(b) => Ok(b),
-            other => Err(mismatch_kind("a CUDA buffer", other)),
-        }
-    }
-    fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
-        match s {
-            Storage::Cuda(b) => Ok(b),
-            other => Err(mismatch_kind("a CUDA buffer", other)),
-        }
-    }
-    fn wrap(buf: Self::Buffer) -> Storage {
-        Storage::Cuda(buf)
-    }
+    storage_access!(Cuda, "a CUDA buffer");
 }
 
 impl DeviceBackend for WgpuBackend {
     fn alloc_output(&self, len: usize) -> Result<Self::Buffer> {
         gpu_core::Backend::allocate(self, gpu_core::DType::F32, len)
     }
-    fn get(s: &Storage) -> Result<&Self::Buffer> {
-        match s {
-            Storage::Wgpu(b) => Ok(b),
-            other => Err(mismatch_kind("a wgpu buffer", other)),
-        }
-    }
-    fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
-        match s {
-            Storage::Wgpu(b) => Ok(b),
-            other => Err(mismatch_kind("a wgpu buffer", other)),
-        }
-    }
-    fn wrap(buf: Self::Buffer) -> Storage {
-        Storage::Wgpu(buf)
-    }
+    storage_access!(Wgpu, "a wgpu buffer");
 }
 
 impl DeviceBackend for PrimitivesOnly {
     fn alloc_output(&self, len: usize) -> Result<Self::Buffer> {
         gpu_core::CpuBackend.alloc_output(len)
     }
-    fn get(s: &Storage) -> Result<&Self::Buffer> {
-        <gpu_core::CpuBackend as DeviceBackend>::get(s)
-    }
-    fn get_mut(s: &mut Storage) -> Result<&mut Self::Buffer> {
-        <gpu_core::CpuBackend as DeviceBackend>::get_mut(s)
-    }
-    fn wrap(buf: Self::Buffer) -> Storage {
-        Storage::Cpu(buf)
-    }
+    storage_access!(Cpu, "a cpu buffer");
 }
 
-fn mismatch(want: Device, found: &Storage) -> GpuError {
-    GpuError::invalid(
-        "storage",
-        format!("expected a {want} buffer, found {}", found.kind()),
-    )
-}
-
-fn mismatch_kind(want: &str, found: &Storage) -> GpuError {
+fn mismatch(want: &str, found: &Storage) -> GpuError {
     GpuError::invalid(
         "storage",
         format!("expected {want}, found {}", found.kind()),
@@ -139,21 +104,36 @@ pub(crate) fn cuda_backend_ref(ordinal: usize) -> Result<&'static CudaBackend> {
     static SLOTS: [OnceLock<CudaBackend>; CACHED_ORDINALS] =
         [const { OnceLock::new() }; CACHED_ORDINALS];
     static OPENING: Mutex<()> = Mutex::new(());
-    let Some(slot) = SLOTS.get(ordinal) else {
-        CudaBackend::new(ordinal)?;
+    let what = ("cuda_backend", "device ordinal");
+    cached(&SLOTS, &OPENING, ordinal, what, CudaBackend::new)
+}
+
+/// Backend `index` of `slots`: a lock-free read after the first call per index, which opens it
+/// (`open`) under `opening`, so it is opened once. An index past the slots gets the error
+/// `open` gives, or one from `op` saying only the first [`CACHED_ORDINALS`] are served
+/// (`noun` names the index).
+fn cached<B>(
+    slots: &'static [OnceLock<B>; CACHED_ORDINALS],
+    opening: &Mutex<()>,
+    index: usize,
+    (op, noun): (&'static str, &str),
+    open: impl Fn(usize) -> Result<B>,
+) -> Result<&'static B> {
+    let Some(slot) = slots.get(index) else {
+        open(index)?;
         return Err(GpuError::invalid(
-            "cuda_backend",
-            format!("device ordinal {ordinal} is not below {CACHED_ORDINALS}"),
+            op,
+            format!("{noun} {index} is not below {CACHED_ORDINALS}"),
         ));
     };
     if let Some(b) = slot.get() {
         return Ok(b);
     }
-    let _open = OPENING.lock().unwrap_or_else(|p| p.into_inner());
+    let _open = opening.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(b) = slot.get() {
         return Ok(b);
     }
-    let b = CudaBackend::new(ordinal)?;
+    let b = open(index)?;
     Ok(slot.get_or_init(|| b))
 }
 
@@ -173,23 +153,9 @@ pub(crate) fn wgpu_backend_ref(index: usize) -> Result<&'static WgpuBackend> {
     static SLOTS: [OnceLock<WgpuBackend>; CACHED_ORDINALS] =
         [const { OnceLock::new() }; CACHED_ORDINALS];
     static OPENING: Mutex<()> = Mutex::new(());
-    let Some(slot) = SLOTS.get(index) else {
-        WgpuBackend::shared(index)?;
-        return Err(GpuError::invalid(
-            "wgpu_backend",
-            format!("adapter index {index} is not below {CACHED_ORDINALS}"),
-        ));
-    };
-    if let Some(b) = slot.get() {
-        return Ok(b);
-    }
-    let _open = OPENING.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(b) = slot.get() {
-        return Ok(b);
-    }
     // The process-wide backend of gpu-wgpu, so tensors and direct users share one device.
-    let b = WgpuBackend::shared(index)?;
-    Ok(slot.get_or_init(|| b))
+    let what = ("wgpu_backend", "adapter index");
+    cached(&SLOTS, &OPENING, index, what, WgpuBackend::shared)
 }
 
 /// Registers gpu-wgpu's adapter probe with gpu-core, so [`Device::check_present`] (and
@@ -263,20 +229,25 @@ pub fn transfer_stats() -> TransferStats {
     TRANSFERS.with(|t| t.get())
 }
 
-pub(crate) fn count_h2d(bytes: usize) {
+/// Applies `add` to this thread's counts.
+fn count(add: impl FnOnce(&mut TransferStats)) {
     TRANSFERS.with(|t| {
         let mut s = t.get();
-        s.host_to_device += 1;
-        s.host_to_device_bytes += bytes as u64;
+        add(&mut s);
         t.set(s);
     });
 }
 
+pub(crate) fn count_h2d(bytes: usize) {
+    count(|s| {
+        s.host_to_device += 1;
+        s.host_to_device_bytes += bytes as u64;
+    });
+}
+
 pub(crate) fn count_d2h(bytes: usize) {
-    TRANSFERS.with(|t| {
-        let mut s = t.get();
+    count(|s| {
         s.device_to_host += 1;
         s.device_to_host_bytes += bytes as u64;
-        t.set(s);
     });
 }

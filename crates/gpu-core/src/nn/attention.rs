@@ -88,13 +88,7 @@ pub struct PackedCall<'a, Buf> {
     pub scale: f32,
     pub drop: Option<PackedDrop<'a, Buf>>,
 }
-
-impl<Buf> Clone for PackedCall<'_, Buf> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<Buf> Copy for PackedCall<'_, Buf> {}
+copy_refs!(PackedCall);
 
 /// The saved tensors of an attention backward (packed or not): the forward's `out` and `lse`,
 /// and the output gradient.
@@ -106,13 +100,7 @@ pub struct PackedSaved<'a, Buf> {
     /// The gradient of `out`.
     pub dout: &'a Buf,
 }
-
-impl<Buf> Clone for PackedSaved<'_, Buf> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<Buf> Copy for PackedSaved<'_, Buf> {}
+copy_refs!(PackedSaved);
 
 /// The inputs of [`AttentionOps::causal_attention_fwd`] and `_bwd`.
 #[derive(Debug)]
@@ -124,13 +112,7 @@ pub struct AttnQkv<'a, Buf> {
     /// Values, `[n, t, d]`.
     pub v: &'a Buf,
 }
-
-impl<Buf> Clone for AttnQkv<'_, Buf> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<Buf> Copy for AttnQkv<'_, Buf> {}
+copy_refs!(AttnQkv);
 
 /// The sizes and scale of [`AttentionOps::causal_attention_fwd`] and `_bwd`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -155,13 +137,7 @@ pub struct PackedDrop<'a, Buf> {
     pub drop: AttnDropout,
     pub offset: Option<(&'a Buf, usize)>,
 }
-
-impl<Buf> Clone for PackedDrop<'_, Buf> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<Buf> Copy for PackedDrop<'_, Buf> {}
+copy_refs!(PackedDrop);
 
 impl<Buf> From<AttnDropout> for PackedDrop<'_, Buf> {
     fn from(drop: AttnDropout) -> Self {
@@ -245,19 +221,22 @@ fn check_scale(op: &'static str, scale: f32) -> Result<()> {
 /// Checks the arguments of [`AttentionOps::causal_attention_fwd`] (every backend calls this).
 pub fn check_fwd<B: BufferInfo>(x: AttnQkv<'_, B>, out: &B, lse: &B, dims: AttnDims) -> Result<()> {
     const OP: &str = "causal_attention_fwd";
+    let (e, r) = check_qkv(OP, x, dims)?;
+    check_buffers(OP, &[("out", out, e), ("lse", lse, r)])
+}
+
+/// Checks the sizes, the scale and `q`, `k`, `v` (in that order) of a causal attention call;
+/// returns the element count of a `[n, t, d]` buffer and the row count `n·t`.
+fn check_qkv<B: BufferInfo>(
+    op: &'static str,
+    x: AttnQkv<'_, B>,
+    dims: AttnDims,
+) -> Result<(usize, usize)> {
     let AttnDims { n, t, d, scale } = dims;
-    let (e, r) = check_dims(OP, n, t, d)?;
-    check_scale(OP, scale)?;
-    check_buffers(
-        OP,
-        &[
-            ("q", x.q, e),
-            ("k", x.k, e),
-            ("v", x.v, e),
-            ("out", out, e),
-            ("lse", lse, r),
-        ],
-    )
+    let (e, r) = check_dims(op, n, t, d)?;
+    check_scale(op, scale)?;
+    check_buffers(op, &[("q", x.q, e), ("k", x.k, e), ("v", x.v, e)])?;
+    Ok((e, r))
 }
 
 /// Checks the arguments of [`AttentionOps::causal_attention_bwd`] (every backend calls this),
@@ -269,15 +248,10 @@ pub fn check_bwd<B: BufferInfo>(
     dims: AttnDims,
 ) -> Result<()> {
     const OP: &str = "causal_attention_bwd";
-    let AttnDims { n, t, d, scale } = dims;
-    let (e, r) = check_dims(OP, n, t, d)?;
-    check_scale(OP, scale)?;
+    let (e, r) = check_qkv(OP, x, dims)?;
     check_buffers(
         OP,
         &[
-            ("q", x.q, e),
-            ("k", x.k, e),
-            ("v", x.v, e),
             ("out", saved.out, e),
             ("lse", saved.lse, r),
             ("dout", saved.dout, e),

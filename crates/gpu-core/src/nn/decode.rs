@@ -166,16 +166,6 @@ pub struct PrefillIn<'a, Buf> {
     pub start: &'a Buf,
 }
 
-macro_rules! copy_refs {
-    ($($t:ident),*) => {$(
-        impl<Buf> Clone for $t<'_, Buf> {
-            fn clone(&self) -> Self {
-                *self
-            }
-        }
-        impl<Buf> Copy for $t<'_, Buf> {}
-    )*};
-}
 copy_refs!(RopeAppendIn, CacheAttnIn, PrefillIn);
 
 /// The decode family. Float buffers are f32 or bf16 (arithmetic in f32, one rounding where a

@@ -45,6 +45,19 @@
 //! checks its buffers' dtypes and lengths and returns a typed error on a mismatch; outputs are
 //! fully overwritten (never accumulated into) unless the doc says otherwise.
 
+/// `Clone` and `Copy` for argument structs `$t<'_, Buf>` that hold only references and
+/// plain values: `derive` would ask `Buf: Copy`, which a device buffer is not.
+macro_rules! copy_refs {
+    ($($t:ident),*) => {$(
+        impl<Buf> Clone for $t<'_, Buf> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+        impl<Buf> Copy for $t<'_, Buf> {}
+    )*};
+}
+
 pub mod activation;
 pub mod attention;
 pub mod decode;

@@ -268,18 +268,7 @@ pub struct RmsNormBwdIn<'a, Buf> {
     pub dy: &'a Buf,
 }
 
-impl<Buf> Clone for LayerNormBwdIn<'_, Buf> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<Buf> Copy for LayerNormBwdIn<'_, Buf> {}
-impl<Buf> Clone for RmsNormBwdIn<'_, Buf> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<Buf> Copy for RmsNormBwdIn<'_, Buf> {}
+copy_refs!(LayerNormBwdIn, RmsNormBwdIn);
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks shared by every backend, so the CPU reference and the CUDA kernels reject

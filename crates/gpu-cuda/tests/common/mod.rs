@@ -14,6 +14,13 @@ pub fn rng(test: &str) -> (StdRng, u64) {
     (StdRng::seed_from_u64(seed), seed)
 }
 
+/// The CUDA backend and a seeded rng for test `test` (as [`rng`]), or `None` without a GPU
+/// (the test then returns: it skips).
+pub fn gpu_and_rng(test: &str) -> Option<(gpu_cuda::CudaBackend, StdRng)> {
+    let gpu = gpu_cuda::testing::backend_or_skip(test)?;
+    Some((gpu, rng(test).0))
+}
+
 /// A proptest configuration of `cases` cases whose generator is seeded by [`rng`]'s printed
 /// seed, so `HYBRID_TEST_SEED` replays the cases; a failure also prints the shrunk input.
 pub fn proptest_config(test: &str, cases: u32) -> proptest::test_runner::Config {
@@ -106,6 +113,22 @@ pub fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
             .collect(),
         _ => b.download::<f32>(x).expect("download"),
     }
+}
+
+/// `assert_err!(what, Kind, call)`: `call` must give `Err(GpuError::Kind { .. })`; `what`
+/// (anything `Display`) and the call's text name the case in the failure.
+#[macro_export]
+macro_rules! assert_err {
+    ($what:expr, $kind:ident, $call:expr) => {{
+        let r = $call;
+        assert!(
+            matches!(r, Err(gpu_core::GpuError::$kind { .. })),
+            "{}: {} gave {:?}",
+            $what,
+            stringify!($call),
+            r.err()
+        );
+    }};
 }
 
 /// The CPU reference backend.

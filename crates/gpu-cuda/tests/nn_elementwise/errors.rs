@@ -2,21 +2,10 @@
 
 use super::*;
 use gpu_core::nn::BlockCopy;
-use gpu_core::{DType, GpuError};
+use gpu_core::DType;
 
-macro_rules! assert_err {
-    ($dev:expr, $call:expr, $pat:pat) => {{
-        let r = $call;
-        assert!(
-            matches!(r, Err($pat)),
-            "{}: {} gave {:?}",
-            $dev,
-            stringify!($call),
-            r.err()
-        );
-    }};
-}
-
+// One case a line: rustfmt would spread each over five.
+#[rustfmt::skip]
 fn errors_body<B: Dev>(b: &B, dev: &str, _rng: &mut StdRng) {
     use Activation::{Gelu, Silu};
     use BinaryKind::Add;
@@ -28,265 +17,58 @@ fn errors_body<B: Dev>(b: &B, dev: &str, _rng: &mut StdRng) {
 
     // broadcast_binary
     let rank8 = [1, 1, 1, 1, 1, 1, 2, 3];
-    assert_err!(
-        dev,
-        b.broadcast_binary(Add, &x6, &[2, 3], &x6, &[3, 2], &mut o6),
-        GpuError::InvalidShape { .. }
-    );
-    assert_err!(
-        dev,
-        b.broadcast_binary(Add, &x6, &rank8, &x3, &[3], &mut o6),
-        GpuError::InvalidShape { .. }
-    );
-    assert_err!(
-        dev,
-        b.broadcast_binary(Add, &x6, &[2, 3], &x6, &[3], &mut o6),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.broadcast_binary(Add, &x6, &[2, 3], &x3, &[3], &mut o3),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.broadcast_binary(Add, &u6, &[2, 3], &x3, &[3], &mut o6),
-        GpuError::UnsupportedDType { .. }
-    );
-    assert_err!(
-        dev,
-        b.broadcast_binary(Add, &x6, &[2, 3], &x3, &[3], &mut ou),
-        GpuError::UnsupportedDType { .. }
-    );
-    assert_err!(
-        dev,
-        b.broadcast_binary(Add, &x6, &[usize::MAX, 2], &x3, &[2], &mut o6),
-        GpuError::InvalidShape { .. }
-    );
+    assert_err!(dev, InvalidShape, b.broadcast_binary(Add, &x6, &[2, 3], &x6, &[3, 2], &mut o6));
+    assert_err!(dev, InvalidShape, b.broadcast_binary(Add, &x6, &rank8, &x3, &[3], &mut o6));
+    assert_err!(dev, ShapeMismatch, b.broadcast_binary(Add, &x6, &[2, 3], &x6, &[3], &mut o6));
+    assert_err!(dev, ShapeMismatch, b.broadcast_binary(Add, &x6, &[2, 3], &x3, &[3], &mut o3));
+    assert_err!(dev, UnsupportedDType, b.broadcast_binary(Add, &u6, &[2, 3], &x3, &[3], &mut o6));
+    assert_err!(dev, UnsupportedDType, b.broadcast_binary(Add, &x6, &[2, 3], &x3, &[3], &mut ou));
+    assert_err!(dev, InvalidShape, b.broadcast_binary(Add, &x6, &[usize::MAX, 2], &x3, &[2], &mut o6));
 
     // activations and affine
-    assert_err!(
-        dev,
-        b.activation_fwd(Gelu, &x6, &mut o3),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.activation_fwd(Gelu, &u6, &mut o6),
-        GpuError::UnsupportedDType { .. }
-    );
-    assert_err!(
-        dev,
-        b.activation_bwd(Silu, &x6, &x6, &x3, &mut o6),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.activation_bwd(Silu, &x6, &u6, &x6, &mut o6),
-        GpuError::UnsupportedDType { .. }
-    );
-    assert_err!(
-        dev,
-        b.affine(&x6, 2.0, 1.0, &mut o3),
-        GpuError::ShapeMismatch { .. }
-    );
+    assert_err!(dev, ShapeMismatch, b.activation_fwd(Gelu, &x6, &mut o3));
+    assert_err!(dev, UnsupportedDType, b.activation_fwd(Gelu, &u6, &mut o6));
+    assert_err!(dev, ShapeMismatch, b.activation_bwd(Silu, &x6, &x6, &x3, &mut o6));
+    assert_err!(dev, UnsupportedDType, b.activation_bwd(Silu, &x6, &u6, &x6, &mut o6));
+    assert_err!(dev, ShapeMismatch, b.affine(&x6, 2.0, 1.0, &mut o3));
 
     // reduce_axis and max_axis_bwd
     let empty = f(0);
-    assert_err!(
-        dev,
-        b.reduce_axis(Mean, &empty, 2, 0, 3, &mut o6),
-        GpuError::InvalidShape { .. }
-    );
-    assert_err!(
-        dev,
-        b.reduce_axis(Max, &empty, 2, 0, 3, &mut o6),
-        GpuError::InvalidShape { .. }
-    );
-    assert_err!(
-        dev,
-        b.reduce_axis(Sum, &x6, 2, 2, 3, &mut o6),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.reduce_axis(Sum, &x6, 2, 3, 1, &mut o3),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.reduce_axis(Sum, &x6, usize::MAX, 2, 1, &mut o2),
-        GpuError::InvalidShape { .. }
-    );
-    assert_err!(
-        dev,
-        b.reduce_axis(Sum, &u6, 2, 3, 1, &mut o2),
-        GpuError::UnsupportedDType { .. }
-    );
-    assert_err!(
-        dev,
-        b.max_axis_bwd((&empty, &o6, &o6), [2, 0, 3], &mut f(0)),
-        GpuError::InvalidShape { .. }
-    );
-    assert_err!(
-        dev,
-        b.max_axis_bwd((&x6, &x3, &o2), [3, 2, 1], &mut o6),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.max_axis_bwd((&x6, &x3, &x3), [3, 2, 1], &mut o3),
-        GpuError::ShapeMismatch { .. }
-    );
+    assert_err!(dev, InvalidShape, b.reduce_axis(Mean, &empty, 2, 0, 3, &mut o6));
+    assert_err!(dev, InvalidShape, b.reduce_axis(Max, &empty, 2, 0, 3, &mut o6));
+    assert_err!(dev, ShapeMismatch, b.reduce_axis(Sum, &x6, 2, 2, 3, &mut o6));
+    assert_err!(dev, ShapeMismatch, b.reduce_axis(Sum, &x6, 2, 3, 1, &mut o3));
+    assert_err!(dev, InvalidShape, b.reduce_axis(Sum, &x6, usize::MAX, 2, 1, &mut o2));
+    assert_err!(dev, UnsupportedDType, b.reduce_axis(Sum, &u6, 2, 3, 1, &mut o2));
+    assert_err!(dev, InvalidShape, b.max_axis_bwd((&empty, &o6, &o6), [2, 0, 3], &mut f(0)));
+    assert_err!(dev, ShapeMismatch, b.max_axis_bwd((&x6, &x3, &o2), [3, 2, 1], &mut o6));
+    assert_err!(dev, ShapeMismatch, b.max_axis_bwd((&x6, &x3, &x3), [3, 2, 1], &mut o3));
 
     // copy_blocks
-    assert_err!(
-        dev,
-        b.copy_blocks(
-            &x6,
-            &mut o6,
-            BlockCopy {
-                src_offset: 4,
-                src_stride: 0,
-                dst_offset: 0,
-                dst_stride: 0,
-                outer: 1,
-                len: 3
-            }
-        ),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.copy_blocks(
-            &x6,
-            &mut o3,
-            BlockCopy {
-                src_offset: 0,
-                src_stride: 2,
-                dst_offset: 0,
-                dst_stride: 2,
-                outer: 2,
-                len: 2
-            }
-        ),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.copy_blocks(
-            &x6,
-            &mut o6,
-            BlockCopy {
-                src_offset: 0,
-                src_stride: 3,
-                dst_offset: 0,
-                dst_stride: 2,
-                outer: 2,
-                len: 3
-            }
-        ),
-        GpuError::InvalidArgument { .. }
-    );
-    assert_err!(
-        dev,
-        b.copy_blocks(
-            &x6,
-            &mut o6,
-            BlockCopy {
-                src_offset: usize::MAX,
-                src_stride: 0,
-                dst_offset: 0,
-                dst_stride: 0,
-                outer: 1,
-                len: 3
-            }
-        ),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.copy_blocks(
-            &x6,
-            &mut o6,
-            BlockCopy {
-                src_offset: 0,
-                src_stride: usize::MAX,
-                dst_offset: 0,
-                dst_stride: 3,
-                outer: 2,
-                len: 3
-            }
-        ),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.copy_blocks(
-            &u6,
-            &mut o6,
-            BlockCopy {
-                src_offset: 0,
-                src_stride: 0,
-                dst_offset: 0,
-                dst_stride: 0,
-                outer: 1,
-                len: 3
-            }
-        ),
-        GpuError::UnsupportedDType { .. }
-    );
+    let blocks = |src_offset, src_stride, dst_offset, dst_stride, outer, len| BlockCopy {
+        src_offset, src_stride, dst_offset, dst_stride, outer, len,
+    };
+    assert_err!(dev, ShapeMismatch, b.copy_blocks(&x6, &mut o6, blocks(4, 0, 0, 0, 1, 3)));
+    assert_err!(dev, ShapeMismatch, b.copy_blocks(&x6, &mut o3, blocks(0, 2, 0, 2, 2, 2)));
+    assert_err!(dev, InvalidArgument, b.copy_blocks(&x6, &mut o6, blocks(0, 3, 0, 2, 2, 3)));
+    assert_err!(dev, ShapeMismatch, b.copy_blocks(&x6, &mut o6, blocks(usize::MAX, 0, 0, 0, 1, 3)));
+    assert_err!(dev, ShapeMismatch, b.copy_blocks(&x6, &mut o6, blocks(0, usize::MAX, 0, 3, 2, 3)));
+    assert_err!(dev, UnsupportedDType, b.copy_blocks(&u6, &mut o6, blocks(0, 0, 0, 0, 1, 3)));
 
     // permute
-    assert_err!(
-        dev,
-        b.permute(&x6, &[2, 3], &[0, 0], &mut o6),
-        GpuError::InvalidArgument { .. }
-    );
-    assert_err!(
-        dev,
-        b.permute(&x6, &[2, 3], &[0], &mut o6),
-        GpuError::InvalidArgument { .. }
-    );
-    assert_err!(
-        dev,
-        b.permute(&x6, &[2, 3], &[1, 2], &mut o6),
-        GpuError::InvalidArgument { .. }
-    );
-    assert_err!(
-        dev,
-        b.permute(&x6, &[1, 1, 1, 1, 1, 2, 3], &[0, 1, 2, 3, 4, 5, 6], &mut o6),
-        GpuError::InvalidShape { .. }
-    );
-    assert_err!(
-        dev,
-        b.permute(&x6, &[2, 3], &[1, 0], &mut o3),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.permute(&u6, &[2, 3], &[1, 0], &mut o6),
-        GpuError::UnsupportedDType { .. }
-    );
+    assert_err!(dev, InvalidArgument, b.permute(&x6, &[2, 3], &[0, 0], &mut o6));
+    assert_err!(dev, InvalidArgument, b.permute(&x6, &[2, 3], &[0], &mut o6));
+    assert_err!(dev, InvalidArgument, b.permute(&x6, &[2, 3], &[1, 2], &mut o6));
+    assert_err!(dev, InvalidShape, b.permute(&x6, &[1, 1, 1, 1, 1, 2, 3], &[0, 1, 2, 3, 4, 5, 6], &mut o6));
+    assert_err!(dev, ShapeMismatch, b.permute(&x6, &[2, 3], &[1, 0], &mut o3));
+    assert_err!(dev, UnsupportedDType, b.permute(&u6, &[2, 3], &[1, 0], &mut o6));
 
     // dropout
     for p in [1.0, -0.1, 2.0, f32::NAN, f32::INFINITY] {
-        assert_err!(
-            dev,
-            b.dropout(&x6, p, 7, &mut o6),
-            GpuError::InvalidArgument { .. }
-        );
+        assert_err!(dev, InvalidArgument, b.dropout(&x6, p, 7, &mut o6));
     }
-    assert_err!(
-        dev,
-        b.dropout(&x6, 0.5, 7, &mut o3),
-        GpuError::ShapeMismatch { .. }
-    );
-    assert_err!(
-        dev,
-        b.dropout(&u6, 0.5, 7, &mut o6),
-        GpuError::UnsupportedDType { .. }
-    );
+    assert_err!(dev, ShapeMismatch, b.dropout(&x6, 0.5, 7, &mut o3));
+    assert_err!(dev, UnsupportedDType, b.dropout(&u6, 0.5, 7, &mut o6));
 }
 
 #[test]

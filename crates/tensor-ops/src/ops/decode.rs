@@ -154,39 +154,7 @@ impl Tensor {
         max_end: usize,
         scale: f32,
     ) -> Result<Tensor> {
-        const OP: &str = "cache_attention";
-        let dev = same_device(OP, &[self, cache.k, cache.v, cache.start, cache.slot])?;
-        let dims = cache.query_dims(OP, self)?;
-        let (q, kc, vc, st, sl) = (
-            self.read(),
-            cache.k.read(),
-            cache.v.read(),
-            cache.start.read(),
-            cache.slot.read(),
-        );
-        let dtype = self.dtype();
-        let out = on_device!(dev, |be| {
-            let mut out = be.allocate(dtype, dims.q_len())?;
-            be.cache_attention(
-                CacheAttnIn {
-                    q: buf(be, &q)?,
-                    k_cache: buf(be, &kc)?,
-                    v_cache: buf(be, &vc)?,
-                    start: buf(be, &st)?,
-                    slot: buf(be, &sl)?,
-                },
-                &mut out,
-                dims,
-                max_end,
-                scale,
-            )?;
-            crate::ops::wrap(be, out)
-        });
-        Ok(Tensor::from_storage(
-            out,
-            vec![dims.b, dims.t, dims.heads * dims.d],
-            dev,
-        ))
+        self.attend_cache("cache_attention", cache, Some(max_end), scale)
     }
 
     /// [`Tensor::cache_attention`] of a fresh prefill (`DecodeOps::prefill_attention`): each
@@ -203,8 +171,6 @@ impl Tensor {
         window: Option<usize>,
         scale: f32,
     ) -> Result<Tensor> {
-        const OP: &str = "prefill_attention";
-        let dev = same_device(OP, &[self, k, v, start])?;
         let cache = CacheView {
             k,
             v,
@@ -212,22 +178,54 @@ impl Tensor {
             slot: start,
             window,
         };
-        let dims = cache.query_dims(OP, self)?;
-        let (q, kc, vc, st) = (self.read(), k.read(), v.read(), start.read());
+        self.attend_cache("prefill_attention", cache, None, scale)
+    }
+
+    /// The body of both cache attentions: with `max_end`, [`Tensor::cache_attention`] from
+    /// `cache.slot`; without, [`Tensor::prefill_attention`] (slots from 0, `cache.slot` unread).
+    fn attend_cache(
+        &self,
+        op: &'static str,
+        cache: CacheView<'_>,
+        max_end: Option<usize>,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let dev = same_device(op, &[self, cache.k, cache.v, cache.start, cache.slot])?;
+        let dims = cache.query_dims(op, self)?;
+        let (q, kc, vc, st) = (
+            self.read(),
+            cache.k.read(),
+            cache.v.read(),
+            cache.start.read(),
+        );
+        let sl = max_end.map(|_| cache.slot.read());
         let dtype = self.dtype();
         let out = on_device!(dev, |be| {
             let mut out = be.allocate(dtype, dims.q_len())?;
-            be.prefill_attention(
-                PrefillIn {
-                    q: buf(be, &q)?,
-                    k_cache: buf(be, &kc)?,
-                    v_cache: buf(be, &vc)?,
-                    start: buf(be, &st)?,
-                },
-                &mut out,
-                dims,
-                scale,
-            )?;
+            let (q, k_cache, v_cache) = (buf(be, &q)?, buf(be, &kc)?, buf(be, &vc)?);
+            let start = buf(be, &st)?;
+            match (max_end, &sl) {
+                (Some(max_end), Some(sl)) => {
+                    let slot = buf(be, sl)?;
+                    let input = CacheAttnIn {
+                        q,
+                        k_cache,
+                        v_cache,
+                        start,
+                        slot,
+                    };
+                    be.cache_attention(input, &mut out, dims, max_end, scale)?;
+                }
+                _ => {
+                    let input = PrefillIn {
+                        q,
+                        k_cache,
+                        v_cache,
+                        start,
+                    };
+                    be.prefill_attention(input, &mut out, dims, scale)?;
+                }
+            }
             crate::ops::wrap(be, out)
         });
         Ok(Tensor::from_storage(

@@ -6,6 +6,8 @@
 //! trust bound.
 
 use super::world::{ScalePredictor, FEATURES, SCALE};
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
 
 /// The feature that says whether the previous decision's `s*` was measured.
 const MEASURED: usize = SCALE + 1;
@@ -13,17 +15,7 @@ const MEASURED: usize = SCALE + 1;
 const PROGRESS: usize = 0;
 
 /// Which predictor of `s*` the hybrid's gate may trust (`--predictor`).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Predictor {
     /// The RSSM ensemble (`world::StepSizeModel`), its spread the ensemble's.

@@ -2,6 +2,7 @@
 //! `train-gpt` flags of each run (issue 41's: `docs/protocol-41.md`).
 
 use crate::control::cli::TrainMode;
+use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 /// What a run of the protocol cannot be built without.
@@ -42,17 +43,7 @@ pub const KJV_SHA256: &str = "b5c4940bcfeee072c0935b5200d0f9d88a00a0199cb0961d16
 
 /// A workload: a model, its data and schedule, and the learning rate a user would have typed.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    Serialize,
-    Deserialize,
-    Hash,
-    PartialOrd,
-    Ord,
+    Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize, Hash, PartialOrd, Ord,
 )]
 pub enum Workload {
     /// nanoGPT's shakespeare-char model (6 × 384, context 256, batch 64, dropout 0.2), 2000
@@ -77,17 +68,7 @@ pub enum Workload {
 
 /// One run's configuration.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    Serialize,
-    Deserialize,
-    Hash,
-    PartialOrd,
-    Ord,
+    Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize, Hash, PartialOrd, Ord,
 )]
 pub enum Arm {
     /// AdamW at the given rate.
