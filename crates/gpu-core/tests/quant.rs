@@ -64,9 +64,24 @@ fn seed(test: &str) -> StdRng {
     StdRng::seed_from_u64(seed)
 }
 
-/// A random packed weight: any bytes, scales in ±2, int4 minimums in ±2.
+/// A random f16 value: finite, in ±2, one in 8 subnormal (any sign).
+fn random_half(r: &mut StdRng) -> half::f16 {
+    if r.random_range(0..8) == 0 {
+        half::f16::from_bits(r.random_range(1u16..0x0400) | (r.random::<u16>() & 0x8000))
+    } else {
+        half::f16::from_f32(r.random_range(-2.0..2.0))
+    }
+}
+
+/// A random packed weight: any bytes (f16: finite halves, [`random_half`]), scales in ±2,
+/// int4 minimums in ±2.
 fn random_weight(r: &mut StdRng, spec: QuantSpec) -> W {
-    let bytes: Vec<u8> = (0..spec.data_len() * 4).map(|_| r.random()).collect();
+    let bytes: Vec<u8> = match spec.format {
+        QuantFormat::F16 => (0..spec.data_len() * 2)
+            .flat_map(|_| random_half(r).to_le_bytes())
+            .collect(),
+        _ => (0..spec.data_len() * 4).map(|_| r.random()).collect(),
+    };
     let scales: Vec<f32> = (0..spec.scales_len())
         .map(|_| r.random_range(-2.0..2.0))
         .collect();
@@ -95,6 +110,35 @@ fn int8_and_int4_by_hand() {
     let x = CpuStorage::BF16(vec![bf16::ONE; 8]);
     let out = matmul(&x, &w4, QuantSpec { m: 1, ..spec }, DType::BF16).unwrap();
     assert_eq!(out, [0.25]);
+}
+
+#[test]
+fn f16_by_hand() {
+    // 1 row of 4: 1.0, -2.5, 65504 (f16's largest) and 2⁻²⁴ (its smallest subnormal), widened
+    // exactly; element 2i in the low half of word i.
+    let halves = [0x3c00u16, 0xc100, 0x7bff, 0x0001];
+    let bytes: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let w = weight(&bytes, &[], &[]);
+    let spec = QuantSpec::weight(QuantFormat::F16, 1, 4);
+    let tiny = 2f32.powi(-24);
+    assert_eq!(
+        dequantize(&w, spec, DType::F32).unwrap(),
+        [1.0, -2.5, 65504.0, tiny]
+    );
+    let x = CpuStorage::F32(vec![2.0, 2.0, 1.0, 2f32.powi(24)]);
+    let out = matmul(&x, &w, QuantSpec { m: 1, ..spec }, DType::F32).unwrap();
+    assert_eq!(out, [2.0 - 5.0 + 65504.0 + 1.0]);
+    // f16's infinity and NaN propagate: inf·1 = inf; NaN·1, 0·inf and NaN·0 are NaN.
+    let bytes: Vec<u8> = [0x7c00u16, 0x3c00, 0x7e00, 0x3c00]
+        .iter()
+        .flat_map(|h| h.to_le_bytes())
+        .collect();
+    let w = weight(&bytes, &[], &[]);
+    let spec = QuantSpec::weight(QuantFormat::F16, 2, 2);
+    let x = CpuStorage::F32(vec![1.0, 1.0, 0.0, 1.0]);
+    let out = matmul(&x, &w, QuantSpec { m: 2, ..spec }, DType::F32).unwrap();
+    assert_eq!(out[0], f32::INFINITY);
+    assert!(out[1..].iter().all(|v| v.is_nan()), "{out:?}");
 }
 
 #[test]
@@ -133,7 +177,7 @@ fn random_cases_match_dequantize_then_matmul() {
         (4, 9, 256),
         (5, 2, 1032),
     ] {
-        for format in [QuantFormat::Int8, QuantFormat::Int4] {
+        for format in [QuantFormat::Int8, QuantFormat::Int4, QuantFormat::F16] {
             let spec = QuantSpec { m, n, k, format };
             let w = random_weight(&mut r, spec);
             let xs: Vec<f32> = (0..m * k).map(|_| r.random_range(-3.0..3.0)).collect();
@@ -211,7 +255,7 @@ fn hostile_values_propagate_as_ieee_says() {
 
 #[test]
 fn empty_calls_and_k_zero() {
-    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+    for format in [QuantFormat::Int8, QuantFormat::Int4, QuantFormat::F16] {
         for (m, n, k) in [(0, 3, 8), (2, 0, 8), (0, 0, 0)] {
             let spec = QuantSpec { m, n, k, format };
             let w = random_weight(&mut StdRng::seed_from_u64(1), spec);
@@ -299,8 +343,21 @@ fn wrong_dtypes_lengths_and_formats_are_typed_errors() {
         err_of(&x, &ok, int8, DType::F32),
         GpuError::ShapeMismatch { .. }
     ));
-    // k not a multiple of 4 (int8) or 8 (int4); sizes past 2^31.
-    for (format, k) in [(QuantFormat::Int8, 6), (QuantFormat::Int4, 12)] {
+    // The int4 buffers under the f16 format: data of n·k/2 words and no scales expected.
+    let f16 = QuantSpec {
+        format: QuantFormat::F16,
+        ..spec
+    };
+    assert!(matches!(
+        err_of(&x, &ok, f16, DType::F32),
+        GpuError::ShapeMismatch { .. }
+    ));
+    // k not a multiple of 4 (int8), 8 (int4) or 2 (f16); sizes past 2^31.
+    for (format, k) in [
+        (QuantFormat::Int8, 6),
+        (QuantFormat::Int4, 12),
+        (QuantFormat::F16, 7),
+    ] {
         let s = QuantSpec { format, k, ..spec };
         assert!(matches!(
             err_of(&x, &ok, s, DType::F32),

@@ -29,7 +29,15 @@ struct HostWeight {
 
 impl HostWeight {
     fn random(rng: &mut StdRng, spec: QuantSpec, scale: f32) -> Self {
-        let bytes = (0..spec.data_len() * 4).map(|_| rng.random()).collect();
+        let bytes = match spec.format {
+            // Finite halves within ±8·scale.
+            QuantFormat::F16 => (0..spec.data_len() * 2)
+                .flat_map(|_| {
+                    half::f16::from_f32(rng.random_range(-8.0 * scale..8.0 * scale)).to_le_bytes()
+                })
+                .collect(),
+            _ => (0..spec.data_len() * 4).map(|_| rng.random()).collect(),
+        };
         let scales = (0..spec.scales_len())
             .map(|_| rng.random_range(0.0..scale))
             .collect();
@@ -72,6 +80,12 @@ impl HostWeight {
                 let q = if t.is_multiple_of(2) { b & 15 } else { b >> 4 };
                 let g = j * k.div_ceil(QUANT_GROUP) + t / QUANT_GROUP;
                 q as f64 * self.scales[g].abs() as f64 + self.mins[g].abs() as f64
+            }
+            QuantFormat::F16 => {
+                let b = 2 * (j * k + t);
+                half::f16::from_le_bytes([self.bytes[b], self.bytes[b + 1]])
+                    .to_f64()
+                    .abs()
             }
         }
     }
@@ -204,6 +218,34 @@ fn gpu_matmul_quant_matches_cpu() {
                 }
             }
         }
+    }
+}
+
+/// f16 weights have no CUDA kernel: the HAL's default (dequantized through the host, exact;
+/// then cuBLAS) at decode and prefill sizes, within `matmul_quant_bound`'s f32 bound.
+#[test]
+fn gpu_f16_weights_take_the_default_and_match_cpu() {
+    let Some((gpu, mut rng)) = gpu_and_rng("gpu_f16_weights_take_the_default_and_match_cpu") else {
+        return;
+    };
+    for &(n, k) in SHAPES {
+        for m in [1, 4, 17] {
+            for xd in [DType::F32, DType::BF16] {
+                let spec = QuantSpec {
+                    m,
+                    n,
+                    k,
+                    format: QuantFormat::F16,
+                };
+                matmul_case(&gpu, &mut rng, spec, [xd, DType::F32]);
+            }
+        }
+        let w = HostWeight::random(&mut rng, QuantSpec::weight(QuantFormat::F16, n, k), 1.0);
+        let (g, c) = (
+            dequant(&gpu, &w, DType::F32),
+            dequant(&CpuBackend, &w, DType::F32),
+        );
+        assert!(g.iter().zip(&c).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }
 

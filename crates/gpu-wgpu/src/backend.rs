@@ -83,8 +83,8 @@ fn shared_backends() -> &'static Mutex<HashMap<usize, WgpuBackend>> {
 }
 
 impl WgpuBackend {
-    /// Opens adapter `index` (in enumeration order) with all of its limits and no optional
-    /// features. No adapter is a [`GpuError::WgpuUnavailable`], never a panic.
+    /// Opens adapter `index` (in enumeration order) with all of its limits and, of the
+    /// optional features, timestamps and `shader-f16` where it offers them. No adapter is a [`GpuError::WgpuUnavailable`], never a panic.
     pub fn new(index: usize) -> Result<Self> {
         Ok(Self::open(index)?)
     }
@@ -113,8 +113,10 @@ impl WgpuBackend {
         let limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("hybrid-trainer"),
-            // Timestamps only serve the opt-in profile ([`WgpuBackend::set_profiling`]).
-            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
+            // Timestamps only serve the opt-in profile ([`WgpuBackend::set_profiling`]);
+            // `shader-f16` the f16 weights' native loads (quant.rs).
+            required_features: adapter.features()
+                & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16),
             required_limits: limits.clone(),
             memory_hints: wgpu::MemoryHints::Performance,
             ..Default::default()

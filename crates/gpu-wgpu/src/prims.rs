@@ -15,9 +15,7 @@ use gpu_core::nn::elementwise::{
     check_broadcast, check_cast, check_copy_blocks, check_dropout, check_permute, check_reduce,
 };
 use gpu_core::nn::rows::check_embedding;
-use gpu_core::nn::{
-    Activation, BinaryKind, BlockCopy, ElementwiseOps, Primitives, QuantOps, ReduceKind,
-};
+use gpu_core::nn::{Activation, BinaryKind, BlockCopy, ElementwiseOps, Primitives, ReduceKind};
 use gpu_core::ops::{check_float_elementwise, MatmulOps, MatmulSpec};
 use gpu_core::{DType, Result};
 
@@ -25,7 +23,7 @@ type Buf = WgpuBuffer;
 
 impl WgpuBackend {
     /// An f32 copy of `x` (bf16 widened exactly; f32 copied).
-    fn widened(&self, x: &Buf) -> Result<Buf> {
+    pub(crate) fn widened(&self, x: &Buf) -> Result<Buf> {
         let mut w = self.allocate(DType::F32, x.len())?;
         self.cast_raw(x, &mut w)?;
         Ok(w)
@@ -195,7 +193,7 @@ impl Primitives for WgpuBackend {
 }
 
 // Every other family from gpu-core's defaults (`nn/defaults`), built on the primitives above
-// (OptimOps: optim.rs, AdamW fused; RowOps: rows.rs, LayerNorm's forward fused).
+// (OptimOps: optim.rs, AdamW fused; RowOps: rows.rs, LayerNorm's forward fused; QuantOps:
+// quant.rs, f16 weights).
 impl ElementwiseOps for WgpuBackend {}
-impl QuantOps for WgpuBackend {}
 impl gpu_core::nn::WorldOps for WgpuBackend {}

@@ -11,13 +11,14 @@ use gpu_core::Device;
 #[command(
     name = "hybrid-trainer",
     version,
-    about = "Hybrid predictive trainer on NVIDIA GPUs with an exact CPU fallback"
+    about = "Hybrid predictive trainer on GPUs (CUDA, or wgpu: Vulkan, Metal, DX12) with an exact CPU fallback"
 )]
 struct Cli {
     /// The main job's flags (used when no subcommand is given; `run` takes the same).
     #[command(flatten)]
     job: trainer::job::JobArgs,
-    /// Device: auto (GPU when present, else CPU), cpu, cuda or cuda:N. Overrides $HYBRID_DEVICE.
+    /// Device: auto (CUDA, else a wgpu adapter, else the CPU), cpu, cuda[:N] or wgpu[:N].
+    /// Overrides $HYBRID_DEVICE.
     #[arg(long, global = true, default_value = "auto", value_parser = parse_device)]
     device: DeviceChoice,
     /// How the CPU computes (docs/cpu-speed.md): fast (f32 SIMD kernels, the default for

@@ -75,6 +75,9 @@ pub enum Quant {
     Int8,
     /// Groups of 128 inputs, a scale and an offset each.
     Int4,
+    /// IEEE half precision (half the bytes of f32, no scales); wgpu and the CPU (on CUDA
+    /// use `--dtype bf16`).
+    F16,
 }
 
 impl From<Quant> for QuantKind {
@@ -82,6 +85,7 @@ impl From<Quant> for QuantKind {
         match q {
             Quant::Int8 => QuantKind::Int8,
             Quant::Int4 => QuantKind::Int4,
+            Quant::F16 => QuantKind::F16,
         }
     }
 }

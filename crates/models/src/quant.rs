@@ -7,10 +7,14 @@
 //!   `q = clamp(round((w − m)/s), 0, 15)`, `w ≈ q·s + m`; two values a byte, low nibble first.
 //!   (A zero point `z = round(−min/s)` clamped to 0..=15 cannot reach a group that does not
 //!   straddle 0; the offset can.)
+//! - **f16**, IEEE half precision rounded to nearest even, no scales: `w ≈ f16(w)`, two values
+//!   a u32 word (the first in the low half). Weights beyond f16's range (|w| ≥ 65520, which
+//!   round to infinity) are a typed error.
 //!
 //! Error bound of one element ([`Quantized::bound`]): half a step, `s/2`, plus the f32
 //! roundings of the division and the product (and, for int4, of `w − m` and `+ m`). No value is
-//! clamped beyond its grid: int8's `|w/s| ≤ 127`, int4's `(w − m)/s ∈ [0, 15]`.
+//! clamped beyond its grid: int8's `|w/s| ≤ 127`, int4's `(w − m)/s ∈ [0, 15]`. f16: half an
+//! ulp, `|w|·2⁻¹¹` for normal values, `2⁻²⁵` below `2⁻¹⁴`.
 
 use rayon::prelude::*;
 
@@ -23,6 +27,7 @@ use tensor_ops::{Device, QuantWeight, Tensor};
 pub enum QuantKind {
     Int8,
     Int4,
+    F16,
 }
 
 /// Inputs a group of int4 shares its scale and zero point with (the kernels' `QUANT_GROUP`).
@@ -34,6 +39,7 @@ impl QuantKind {
         match self {
             QuantKind::Int8 => QuantFormat::Int8,
             QuantKind::Int4 => QuantFormat::Int4,
+            QuantKind::F16 => QuantFormat::F16,
         }
     }
 }
@@ -44,11 +50,12 @@ pub struct Quantized {
     pub kind: QuantKind,
     pub rows: usize,
     pub cols: usize,
-    /// int8: `rows·cols` bytes (two's complement); int4: `rows·⌈cols/2⌉` bytes.
+    /// int8: `rows·cols` bytes (two's complement); int4: `rows·⌈cols/2⌉` bytes; f16:
+    /// `2·rows·cols` bytes (each value's bits, little-endian).
     pub data: Vec<u8>,
-    /// int8: one per row; int4: one per group (`rows·⌈cols/128⌉`).
+    /// int8: one per row; int4: one per group (`rows·⌈cols/128⌉`); f16: empty.
     pub scales: Vec<f32>,
-    /// int4: the offset (minimum) of each group; empty for int8.
+    /// int4: the offset (minimum) of each group; empty for int8 and f16.
     pub mins: Vec<f32>,
 }
 
@@ -73,9 +80,18 @@ impl Quantized {
             // max − min would overflow.
             return Err(ModelError::Quant("int4 needs |w| <= f32::MAX / 2".into()));
         }
+        if kind == QuantKind::F16 {
+            if let Some(i) = w.iter().position(|&v| half::f16::from_f32(v).is_infinite()) {
+                return Err(ModelError::Quant(format!(
+                    "weight {i} is {}, beyond f16's range (|w| < 65520)",
+                    w[i]
+                )));
+            }
+        }
         let f = match kind {
             QuantKind::Int8 => int8,
             QuantKind::Int4 => int4,
+            QuantKind::F16 => f16_weight,
         };
         // Rows are independent: blocks of them quantize on all cores, then concatenate.
         let per_task = (1usize << 16).div_ceil(cols.max(1));
@@ -127,6 +143,10 @@ impl Quantized {
                 let g = r * groups(self.cols) + c / INT4_GROUP;
                 q as f32 * self.scales[g] + self.mins[g]
             }
+            QuantKind::F16 => {
+                let b = 2 * (r * self.cols + c);
+                half::f16::from_le_bytes([self.data[b], self.data[b + 1]]).to_f32()
+            }
         }
     }
 
@@ -145,6 +165,11 @@ impl Quantized {
                 let mag = m.abs().max((m + 15.0 * s).abs());
                 0.5 * s * (1.0 + 64.0 * e) + 2.0 * e * mag
             }
+            // Half an ulp of f16 at |w| (normal), or of its subnormal spacing 2⁻²⁴.
+            QuantKind::F16 => {
+                let w = self.value(r, c).abs();
+                (w * 2f32.powi(-11)).max(2f32.powi(-25))
+            }
         }
     }
 
@@ -154,8 +179,9 @@ impl Quantized {
     }
 
     /// The bytes as the kernels' u32 words, little-endian (byte `b` of a row at byte `b % 4`
-    /// of word `b / 4`), `rows × cols/4` (int8) or `rows × cols/8` (int4). Every row must
-    /// start on a word: `cols` a multiple of 4 (int8) or 8 (int4), else a typed error.
+    /// of word `b / 4`), `rows × cols/4` (int8), `rows × cols/8` (int4) or `rows × cols/2`
+    /// (f16). Every row must start on a word: `cols` a multiple of 4 (int8), 8 (int4) or 2
+    /// (f16), else a typed error.
     pub fn packed_words(&self) -> Result<Vec<u32>, ModelError> {
         let per_word = self.kind.format().values_per_word();
         if !self.cols.is_multiple_of(per_word) {
@@ -164,7 +190,7 @@ impl Quantized {
                 self.kind, self.cols
             )));
         }
-        // A row is cols (int8) or cols/2 (int4) bytes, a multiple of 4: the rows' bytes in
+        // A row is cols (int8), cols/2 (int4) or 2·cols (f16) bytes, a multiple of 4: the rows' bytes in
         // order are the words in order.
         Ok(self
             .data
@@ -185,6 +211,10 @@ impl Quantized {
                 Tensor::from_vec(self.scales.clone(), &[n], device)?,
                 Tensor::from_vec(Vec::<f32>::new(), &[0], device)?,
             ),
+            QuantKind::F16 => (
+                Tensor::from_vec(Vec::<f32>::new(), &[0], device)?,
+                Tensor::from_vec(Vec::<f32>::new(), &[0], device)?,
+            ),
             QuantKind::Int4 => {
                 let g = groups(k);
                 (
@@ -194,6 +224,22 @@ impl Quantized {
             }
         };
         Ok(QuantWeight::new(data, scales, mins, format, n, k)?)
+    }
+}
+
+/// f16 rounded to nearest even (`half`'s conversion), each value's bits little-endian.
+fn f16_weight(w: &[f32], rows: usize, cols: usize) -> Quantized {
+    let data = w[..rows * cols]
+        .iter()
+        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+        .collect();
+    Quantized {
+        kind: QuantKind::F16,
+        rows,
+        cols,
+        data,
+        scales: Vec::new(),
+        mins: Vec::new(),
     }
 }
 
@@ -298,6 +344,15 @@ mod tests {
                 .collect();
             check(QuantKind::Int8, &w, rows, cols);
             check(QuantKind::Int4, &w, rows, cols);
+            // f16 where every weight is in its range, else a typed error.
+            if w.iter().all(|v| v.abs() < 65504.0) {
+                check(QuantKind::F16, &w, rows, cols);
+            } else {
+                prop_assert!(matches!(
+                    Quantized::new(QuantKind::F16, &w, rows, cols),
+                    Err(ModelError::Quant(_))
+                ));
+            }
         }
     }
 
@@ -305,9 +360,9 @@ mod tests {
     fn constant_zero_and_one_sided_groups_are_exact_or_bounded() {
         for w in [vec![0.0; 256], vec![0.25; 256], vec![-3.0; 130]] {
             let n = w.len();
-            for kind in [QuantKind::Int8, QuantKind::Int4] {
+            for kind in [QuantKind::Int8, QuantKind::Int4, QuantKind::F16] {
                 let q = Quantized::new(kind, &w, 1, n).unwrap();
-                if kind == QuantKind::Int4 {
+                if kind != QuantKind::Int8 {
                     assert_eq!(q.dequantize(), w, "a constant group is exact");
                 }
                 check(kind, &w, 1, n);
@@ -328,6 +383,35 @@ mod tests {
         let q8 = Quantized::new(QuantKind::Int8, &w, 3, 257).unwrap();
         assert_eq!(q8.data.len(), 3 * 257);
         assert!(q4.bytes() < q8.bytes());
+        let h = Quantized::new(QuantKind::F16, &w, 3, 257).unwrap();
+        assert_eq!(h.data.len(), 2 * 3 * 257);
+        assert!(h.scales.is_empty() && h.mins.is_empty());
+        assert_eq!(h.bytes(), 2 * q8.bytes() - 4 * 3 * 2);
+    }
+
+    #[test]
+    fn f16_rounds_to_nearest_even_and_refuses_its_overflow() {
+        // 1 + 2⁻¹¹ is halfway between 1 and 1 + 2⁻¹⁰: even (1); 65504 is the largest half;
+        // 65519.99 rounds down to it, 65520 to infinity (refused); 2⁻²⁵ ties to 0 (even),
+        // 3·2⁻²⁶ to 2⁻²⁴.
+        let w = [
+            1.0 + 2f32.powi(-11),
+            65504.0,
+            65519.99,
+            2f32.powi(-25),
+            3.0 * 2f32.powi(-26),
+            -0.0,
+        ];
+        let q = Quantized::new(QuantKind::F16, &w, 1, 6).unwrap();
+        let want = [1.0, 65504.0, 65504.0, 0.0, 2f32.powi(-24), -0.0];
+        assert_eq!(q.dequantize(), want);
+        for bad in [65520.0, -1e30] {
+            let e = Quantized::new(QuantKind::F16, &[0.0, bad], 1, 2).unwrap_err();
+            assert!(
+                matches!(e, ModelError::Quant(ref m) if m.contains("weight 1")),
+                "{e}"
+            );
+        }
     }
 
     /// The kernels' CPU reference reads the packed words as this module reads its bytes: the
@@ -346,7 +430,7 @@ mod tests {
             let w: Vec<f32> = (0..rows * cols)
                 .map(|_| r.random_range(-1.0f32..1.0) + [0.0, 3.0][r.random_range(0..2)])
                 .collect();
-            for kind in [QuantKind::Int8, QuantKind::Int4] {
+            for kind in [QuantKind::Int8, QuantKind::Int4, QuantKind::F16] {
                 let q = Quantized::new(kind, &w, rows, cols).unwrap();
                 let gw = q.to_device(Device::Cpu).unwrap();
                 let got = gw

@@ -23,14 +23,17 @@ use hf_fixture::{dir, expected, max_err, reference_logits_and_greedy};
 use models::{CausalLm, Engine, EngineOptions, QuantKind};
 use tensor_ops::{DType, Device};
 
-/// Every weight storage the engine has: dense f32 or bf16, and int8/int4 under either.
-const CASES: [(DType, Option<QuantKind>); 6] = [
+/// Every weight storage the engine has: dense f32 or bf16, and int8/int4/f16 under either
+/// (f16 only on the CPU: the engine refuses it on CUDA).
+const CASES: [(DType, Option<QuantKind>); 8] = [
     (DType::F32, None),
     (DType::BF16, None),
     (DType::F32, Some(QuantKind::Int8)),
     (DType::BF16, Some(QuantKind::Int8)),
     (DType::F32, Some(QuantKind::Int4)),
     (DType::BF16, Some(QuantKind::Int4)),
+    (DType::F32, Some(QuantKind::F16)),
+    (DType::BF16, Some(QuantKind::F16)),
 ];
 
 /// Greedy tokens compared.
@@ -125,6 +128,17 @@ fn gpu_engine_on_the_cpu_matches_cuda() {
     for name in ["llama3", "qwen2"] {
         let exp = expected(name);
         for (dtype, quant) in CASES {
+            if quant == Some(QuantKind::F16) {
+                let opts = EngineOptions {
+                    dtype,
+                    batch: 1,
+                    capacity: 40,
+                    quant,
+                };
+                let e = Engine::load(&dir(name), dev, opts).map(|_| ()).unwrap_err();
+                assert!(matches!(e, models::ModelError::Unsupported(_)), "{e}");
+                continue;
+            }
             let what = format!("{name} {dtype} {quant:?}, CPU (fast mode) vs CUDA");
             let (cpu, cpu_toks) = with_mode(CpuMode::Fast, || {
                 run(&mut engine(name, Device::Cpu, dtype, quant), &exp.ids)

@@ -70,13 +70,13 @@ fn perplexity_over_several_windows_predicts_every_token_once() {
 }
 
 #[test]
-fn quantizing_moves_the_logits_int4_further_than_int8() {
+fn quantizing_moves_the_logits_int4_further_than_int8_and_int8_than_f16() {
     for name in ["llama3", "mistral", "gpt2"] {
         let (ids, _) = expected(name);
         let full = CausalLm::load(&dir(name), Device::Cpu).unwrap();
         let base = logits(&full, &ids);
         let mut diffs = Vec::new();
-        for kind in [QuantKind::Int8, QuantKind::Int4] {
+        for kind in [QuantKind::Int8, QuantKind::Int4, QuantKind::F16] {
             let mut m = CausalLm::load(&dir(name), Device::Cpu).unwrap();
             let bytes = m.quantize(kind).unwrap();
             assert!(bytes > 0);
@@ -91,6 +91,13 @@ fn quantizing_moves_the_logits_int4_further_than_int8() {
             diffs[1].0
         );
         assert!(diffs[1].1 < diffs[0].1, "{name}: int4 is smaller");
+        assert!(
+            diffs[2].0 < diffs[0].0,
+            "{name}: f16 moved the logits by {} and int8 by {}",
+            diffs[2].0,
+            diffs[0].0
+        );
+        assert!(diffs[0].1 < diffs[2].1, "{name}: int8 is smaller than f16");
     }
 }
 
@@ -102,7 +109,7 @@ fn a_weight_that_cannot_be_quantized_leaves_the_model_as_it_was() {
     let (ids, _) = expected("llama3");
     let mut m = CausalLm::load(tmp.path(), Device::Cpu).unwrap();
     let before = logits(&m, &ids[..4]);
-    for kind in [QuantKind::Int8, QuantKind::Int4] {
+    for kind in [QuantKind::Int8, QuantKind::Int4, QuantKind::F16] {
         let e = m.quantize(kind).unwrap_err();
         assert!(matches!(e, ModelError::Quant(_)), "{e}");
         let after = logits(&m, &ids[..4]);

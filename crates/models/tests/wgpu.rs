@@ -259,13 +259,15 @@ fn wgpu_greedy_decoding_of_hf_fixtures_matches_the_cpu() {
     assert_decoding_matches_the_cpu(&dev.to_string(), |run, name, ids| run(name, ids, dev));
 }
 
-/// The engine's storages beyond dense f32: bf16, and int8/int4 under f32 or bf16.
-const STORAGES: [(DType, Option<QuantKind>); 5] = [
+/// The engine's storages beyond dense f32: bf16, and int8/int4/f16 under f32 or bf16.
+const STORAGES: [(DType, Option<QuantKind>); 7] = [
     (DType::BF16, None),
     (DType::F32, Some(QuantKind::Int8)),
     (DType::BF16, Some(QuantKind::Int8)),
     (DType::F32, Some(QuantKind::Int4)),
     (DType::BF16, Some(QuantKind::Int4)),
+    (DType::F32, Some(QuantKind::F16)),
+    (DType::BF16, Some(QuantKind::F16)),
 ];
 
 /// The engines' bound against the exact logits, relative to `max|logit|` (module docs).

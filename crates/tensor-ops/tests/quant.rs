@@ -21,7 +21,14 @@ fn seed(test: &str) -> rand::rngs::StdRng {
 /// A random `n × k` weight in `format` on the CPU.
 fn weight(r: &mut impl Rng, format: QuantFormat, n: usize, k: usize) -> QuantWeight {
     let spec = QuantSpec::weight(format, n, k);
-    let words: Vec<u32> = (0..spec.data_len()).map(|_| r.random()).collect();
+    let half = |r: &mut _| half::f16::from_f32(Rng::random_range(r, -1.0..1.0)).to_bits() as u32;
+    let words: Vec<u32> = (0..spec.data_len())
+        .map(|_| match format {
+            // Finite halves (random bits would hold infinities and NaNs).
+            QuantFormat::F16 => half(r) | half(r) << 16,
+            _ => r.random(),
+        })
+        .collect();
     let scales: Vec<f32> = (0..spec.scales_len())
         .map(|_| r.random_range(0.0..0.1))
         .collect();
@@ -32,6 +39,7 @@ fn weight(r: &mut impl Rng, format: QuantFormat, n: usize, k: usize) -> QuantWei
     let (ss, ms) = match format {
         QuantFormat::Int8 => (vec![n], vec![0]),
         QuantFormat::Int4 => (vec![n, g], vec![n, g]),
+        QuantFormat::F16 => (vec![0], vec![0]),
     };
     QuantWeight::new(
         Tensor::from_vec(words, &[n, spec.words_per_row()], Device::Cpu).unwrap(),
@@ -49,7 +57,7 @@ fn weight(r: &mut impl Rng, format: QuantFormat, n: usize, k: usize) -> QuantWei
 #[test]
 fn matmul_quant_equals_matmul_by_the_dequantized_weight() {
     let mut r = seed("matmul_quant_equals_matmul_by_the_dequantized_weight");
-    for format in [QuantFormat::Int8, QuantFormat::Int4] {
+    for format in [QuantFormat::Int8, QuantFormat::Int4, QuantFormat::F16] {
         for (lead, n, k) in [(vec![1], 5, 8), (vec![2, 3], 7, 200), (vec![9], 4, 2048)] {
             let w = weight(&mut r, format, n, k);
             let deq = w.dequantize(DType::F32).unwrap();

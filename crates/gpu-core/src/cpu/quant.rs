@@ -1,6 +1,6 @@
 //! The quantized-weight family on the CPU: the reference of `kernels/nn_gemv_q.cu`. A weight
 //! row is dequantized to f32 exactly as `models::quant::Quantized::value` does (`q·s`, or
-//! `q·s` then `+ m`, each rounded in f32, no fused multiply-add); `matmul_quant` sums the exact
+//! `q·s` then `+ m`, each rounded in f32, no fused multiply-add; f16 widened exactly); `matmul_quant` sums the exact
 //! products `x·w` (f32 × f32 is exact in f64) in f64 and rounds once where it stores (bf16 to
 //! nearest even by [`bf16_rne`]).
 //!
@@ -82,6 +82,9 @@ fn dequantize_row(
                 })
                 .collect()
         }
+        QuantFormat::F16 => (0..spec.k)
+            .map(|c| half::f16::from_bits((words[c / 2] >> (16 * (c % 2))) as u16).to_f32())
+            .collect(),
     }
 }
 

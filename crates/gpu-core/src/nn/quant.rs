@@ -5,17 +5,20 @@
 //!   complement byte;
 //! - [`QuantFormat::Int4`]: groups of [`QUANT_GROUP`] consecutive inputs of a row (the last group
 //!   of a row may be shorter), asymmetric with a scale and a minimum (llama.cpp's Q4_1),
-//!   `w = q·s + m` with `q` in `0..=15`, two values a byte, low nibble first.
+//!   `w = q·s + m` with `q` in `0..=15`, two values a byte, low nibble first;
+//! - [`QuantFormat::F16`]: IEEE half precision, two values a u32 word (element `2i` in the low
+//!   half), no scales and no minimums: `w` is the f16 value widened to f32 (exact).
 //!
 //! The dequantized value is the f32 expression of `models::quant::Quantized::value`, rounded
 //! as written: `q·s` once for int8, `q·s` then `+ m` (two roundings, no fused multiply-add)
-//! for int4. Every backend's [`QuantOps::dequantize`] gives exactly these values.
+//! for int4, none for f16. Every backend's [`QuantOps::dequantize`] gives exactly these values.
 //!
 //! There is no byte dtype: the packed bytes of a row travel in a **u32** buffer, little-endian
 //! (byte `b` of a row is byte `b % 4` of word `b / 4`, counting from the least significant).
 //! Every row starts on a word: int8 needs `k % 4 == 0` (`data` is `[n, k/4]` u32), int4
-//! `k % 8 == 0` (`data` is `[n, k/8]` u32). `scales` is f32 `[n]` (int8) or `[n, ⌈k/128⌉]`
-//! (int4); `mins` f32 `[n, ⌈k/128⌉]` (int4) or empty (int8).
+//! `k % 8 == 0` (`data` is `[n, k/8]` u32), f16 `k % 2 == 0` (`data` is `[n, k/2]` u32).
+//! `scales` is f32 `[n]` (int8), `[n, ⌈k/128⌉]` (int4) or empty (f16); `mins` f32
+//! `[n, ⌈k/128⌉]` (int4) or empty (int8, f16).
 
 use crate::backend::BufferInfo;
 use crate::dtype::DType;
@@ -30,25 +33,28 @@ use crate::ops::require_float;
 pub enum QuantFormat {
     Int8,
     Int4,
+    F16,
 }
 
 /// Inputs of a row that share an int4 scale and minimum.
 pub const QUANT_GROUP: usize = 128;
 
 impl QuantFormat {
-    /// Inputs one u32 word of a row holds: 4 (int8) or 8 (int4).
+    /// Inputs one u32 word of a row holds: 4 (int8), 8 (int4) or 2 (f16).
     pub fn values_per_word(self) -> usize {
         match self {
             QuantFormat::Int8 => 4,
             QuantFormat::Int4 => 8,
+            QuantFormat::F16 => 2,
         }
     }
 
-    /// Scales (and, for int4, minimums) per row of `k` inputs: 1 or `⌈k/128⌉`.
+    /// Scales (and, for int4, minimums) per row of `k` inputs: 1, `⌈k/128⌉` or 0 (f16).
     pub fn groups_per_row(self, k: usize) -> usize {
         match self {
             QuantFormat::Int8 => 1,
             QuantFormat::Int4 => k.div_ceil(QUANT_GROUP),
+            QuantFormat::F16 => 0,
         }
     }
 }
@@ -69,7 +75,7 @@ impl QuantSpec {
         Self { m: 0, n, k, format }
     }
 
-    /// u32 words of one packed row: `k/4` or `k/8`.
+    /// u32 words of one packed row: `k/4`, `k/8` or `k/2`.
     pub fn words_per_row(&self) -> usize {
         self.k / self.format.values_per_word()
     }
@@ -79,20 +85,20 @@ impl QuantSpec {
         self.n * self.words_per_row()
     }
 
-    /// Elements of `scales`: `n` (int8) or `n·⌈k/128⌉` (int4).
+    /// Elements of `scales`: `n` (int8), `n·⌈k/128⌉` (int4) or 0 (f16).
     pub fn scales_len(&self) -> usize {
         self.n * self.format.groups_per_row(self.k)
     }
 
-    /// Elements of `mins`: 0 (int8) or `n·⌈k/128⌉` (int4).
+    /// Elements of `mins`: `n·⌈k/128⌉` (int4) or 0 (int8, f16).
     pub fn mins_len(&self) -> usize {
         match self.format {
-            QuantFormat::Int8 => 0,
+            QuantFormat::Int8 | QuantFormat::F16 => 0,
             QuantFormat::Int4 => self.scales_len(),
         }
     }
 
-    /// Checks what every backend accepts: `k` a multiple of 4 (int8) or 8 (int4), and `m·k`,
+    /// Checks what every backend accepts: `k` a multiple of 4 (int8), 8 (int4) or 2 (f16), and `m·k`,
     /// `m·n` and `n·k` below 2^31 (the kernels' 32-bit indices). `m`, `n` or `k` may be 0.
     pub fn check(&self, op: &'static str) -> Result<()> {
         let per = self.format.values_per_word();
@@ -139,17 +145,7 @@ pub trait QuantOps: Primitives {
         out: &mut Self::Buffer,
         spec: QuantSpec,
     ) -> Result<()> {
-        spec.check("matmul_quant")?;
-        let mut w = self.allocate(crate::DType::F32, spec.n * spec.k)?;
-        self.dequantize(data, scales, mins, &mut w, QuantSpec { m: 0, ..spec })?;
-        let mm = crate::MatmulSpec {
-            trans_b: true,
-            ..crate::MatmulSpec::new(spec.m, spec.n, spec.k)
-        };
-        let xf = defaults::widen(self, x)?;
-        let mut o = self.allocate(crate::DType::F32, spec.m * spec.n)?;
-        self.matmul(mm, &xf, &w, &mut o)?;
-        self.cast(&o, out)
+        default_matmul_quant(self, x, [data, scales, mins], out, spec)
     }
 
     /// Writes `deq(W)` `[n, k]` into `out` (f32, or bf16 rounded once to nearest even) with
@@ -162,11 +158,44 @@ pub trait QuantOps: Primitives {
         out: &mut Self::Buffer,
         spec: QuantSpec,
     ) -> Result<()> {
-        let h = H::downs(self, &[data, scales, mins])?;
-        let mut o = H::down(self, out)?;
-        crate::CpuBackend.dequantize(&h[0], &h[1], &h[2], &mut o, spec)?;
-        H::up(self, &o, out)
+        default_dequantize(self, [data, scales, mins], out, spec)
     }
+}
+
+/// [`QuantOps::matmul_quant`]'s default, for an override to fall back on (a format without a
+/// kernel of its own): the weight dequantized to f32 by `dequantize`, x widened, one f32
+/// matmul, the result cast to `out`'s dtype.
+pub fn default_matmul_quant<B: QuantOps + ?Sized>(
+    b: &B,
+    x: &B::Buffer,
+    [data, scales, mins]: [&B::Buffer; 3],
+    out: &mut B::Buffer,
+    spec: QuantSpec,
+) -> Result<()> {
+    spec.check("matmul_quant")?;
+    let mut w = b.allocate(crate::DType::F32, spec.n * spec.k)?;
+    b.dequantize(data, scales, mins, &mut w, QuantSpec { m: 0, ..spec })?;
+    let mm = crate::MatmulSpec {
+        trans_b: true,
+        ..crate::MatmulSpec::new(spec.m, spec.n, spec.k)
+    };
+    let xf = defaults::widen(b, x)?;
+    let mut o = b.allocate(crate::DType::F32, spec.m * spec.n)?;
+    b.matmul(mm, &xf, &w, &mut o)?;
+    b.cast(&o, out)
+}
+
+/// [`QuantOps::dequantize`]'s default: the CPU's reference on host copies (one round trip).
+pub fn default_dequantize<B: Primitives + ?Sized>(
+    b: &B,
+    [data, scales, mins]: [&B::Buffer; 3],
+    out: &mut B::Buffer,
+    spec: QuantSpec,
+) -> Result<()> {
+    let h = H::downs(b, &[data, scales, mins])?;
+    let mut o = H::down(b, out)?;
+    crate::CpuBackend.dequantize(&h[0], &h[1], &h[2], &mut o, spec)?;
+    H::up(b, &o, out)
 }
 
 /// Checks the packed weight of `spec` (every backend calls this through the two checks below).

@@ -26,7 +26,11 @@
 //!   `HYBRID_QGEMM=auto|fused|dequant` ([`qgemm_form`], read once a process) forces a form for a
 //!   comparison; [`CudaBackend::matmul_quant_with`] takes it as an argument.
 //!
-//! Nothing here synchronizes the host or allocates outside the pool, so a CUDA graph captures
+//! - f16 weights (`QuantFormat::F16`, the wgpu backend's half-width format) take the HAL's
+//!   defaults: correct, but dequantized through the host on every call, so not capturable in a
+//!   graph (the engine refuses f16 on CUDA; its half-width type here is bf16).
+//!
+//! Apart from f16, nothing here synchronizes the host or allocates outside the pool, so a CUDA graph captures
 //! these launches (the scratch of prefill comes from the pool, as the decode ops' partials do).
 //!
 //! # Error against the CPU reference
@@ -59,7 +63,10 @@
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
-use gpu_core::nn::quant::{check_dequantize, check_matmul_quant, QuantFormat, QuantOps, QuantSpec};
+use gpu_core::nn::quant::{
+    check_dequantize, check_matmul_quant, default_dequantize, default_matmul_quant, QuantFormat,
+    QuantOps, QuantSpec,
+};
 use gpu_core::nn::Primitives;
 use gpu_core::{Backend, BufferInfo, DType, MatmulOps, MatmulSpec, Result};
 
@@ -86,10 +93,12 @@ fn tag(dtype: DType) -> char {
     }
 }
 
+/// The kernels' bit width (f16 has no kernel here: it never reaches a launch).
 fn bits(format: QuantFormat) -> u32 {
     match format {
         QuantFormat::Int8 => 8,
         QuantFormat::Int4 => 4,
+        QuantFormat::F16 => 16,
     }
 }
 
@@ -157,6 +166,10 @@ impl QuantOps for CudaBackend {
         const OP: &str = "dequantize";
         check_dequantize(data, scales, mins, out, spec)?;
         self.check_owned(OP, &[data, scales, mins, out])?;
+        if spec.format == QuantFormat::F16 {
+            // No f16 kernel on CUDA (bf16 is its half-width type): the HAL's default.
+            return default_dequantize(self, [data, scales, mins], out, spec);
+        }
         let words = spec.data_len();
         if words == 0 {
             return Ok(());
@@ -202,6 +215,10 @@ impl CudaBackend {
         self.check_owned(OP, &[x, data, scales, mins, out])?;
         if spec.m == 0 || spec.n == 0 {
             return Ok(());
+        }
+        if spec.format == QuantFormat::F16 {
+            // The HAL's default: dequantize (above: through the host) and one cuBLAS SGEMM.
+            return default_matmul_quant(self, x, [data, scales, mins], out, spec);
         }
         if spec.k == 0 {
             return match out.dtype() {
@@ -406,9 +423,12 @@ pub fn fused_rows(spec: &QuantSpec) -> Option<usize> {
 /// The error bound of [`QuantOps::matmul_quant`] on CUDA against the CPU reference stored in
 /// f32, for `spec` with x in `x_dtype`, given `T = Σ_t |x_t|·(|q_t·s| + |m|)` (module docs);
 /// where the output is bf16, add `2^-8·(|ref| + bound)`.
+/// f16 weights take the default at every `m` (f32 SGEMM on widened x): the f32 bound.
 pub fn matmul_quant_bound(spec: &QuantSpec, x_dtype: DType, t: f64) -> f64 {
     let (u, k) = (1.0 / (1u64 << 24) as f64, spec.k as f64);
-    if fused_rows(spec).is_some() {
+    if spec.format == QuantFormat::F16 {
+        1.01 * (1.0 / 1024.0 + (2.0 * k + 4.0) * u) * t
+    } else if fused_rows(spec).is_some() {
         1.02 * (k + 11.0) * u * t
     } else if x_dtype == DType::BF16 {
         1.01 * (1.0 / 256.0 + (2.0 * k + 4.0) * u) * t

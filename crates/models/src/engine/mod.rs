@@ -115,7 +115,7 @@ impl Engine {
         device: Device,
         opts: EngineOptions,
     ) -> Result<Self, ModelError> {
-        check_options(&cfg, opts)?;
+        check_options(&cfg, device, opts)?;
         let model = no_grad(|| load_decoder(&cfg, ck, device, opts.dtype, opts.quant))?;
         Self::from_model(model, device, opts)
     }
@@ -128,7 +128,7 @@ impl Engine {
         opts: EngineOptions,
     ) -> Result<Self, ModelError> {
         let cfg = model.config().clone();
-        check_options(&cfg, opts)?;
+        check_options(&cfg, device, opts)?;
         if model.dtype() != opts.dtype {
             return Err(ModelError::Unsupported(format!(
                 "a model in {} for an engine in {}",
@@ -456,9 +456,15 @@ impl Engine {
     }
 }
 
-/// Refuses a dtype other than bf16 and f32, an empty batch or cache, and a cache longer than
-/// the context of `cfg`.
-fn check_options(cfg: &ModelConfig, opts: EngineOptions) -> Result<(), ModelError> {
+/// Refuses a dtype other than bf16 and f32, an empty batch or cache, a cache longer than the
+/// context of `cfg`, and f16 weights on CUDA (no kernel there: the HAL's default goes through
+/// the host, which a decode graph cannot capture; CUDA's half-width type is bf16).
+fn check_options(cfg: &ModelConfig, device: Device, opts: EngineOptions) -> Result<(), ModelError> {
+    if opts.quant == Some(QuantKind::F16) && matches!(device, Device::Cuda(_)) {
+        return Err(ModelError::Unsupported(
+            "f16 weights on CUDA (use --dtype bf16 there; f16 runs on wgpu and the CPU)".into(),
+        ));
+    }
     if !matches!(opts.dtype, DType::BF16 | DType::F32) {
         return Err(ModelError::Unsupported(format!(
             "engine dtype {} (bf16 or f32)",

@@ -46,6 +46,7 @@ impl QuantWeight {
                 match format {
                     QuantFormat::Int8 => vec![n],
                     QuantFormat::Int4 => vec![n, groups],
+                    QuantFormat::F16 => vec![0],
                 },
             ),
             (
@@ -53,7 +54,7 @@ impl QuantWeight {
                 &mins,
                 DType::F32,
                 match format {
-                    QuantFormat::Int8 => vec![0],
+                    QuantFormat::Int8 | QuantFormat::F16 => vec![0],
                     QuantFormat::Int4 => vec![n, groups],
                 },
             ),

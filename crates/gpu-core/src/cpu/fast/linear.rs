@@ -1,6 +1,6 @@
 //! The fast mode's products by a compact weight: `y[m, n] = x[m, k] · W[n, k]ᵀ` where `W` is
-//! stored as **bf16**, or quantized (**int8** per output row, **int4** Q4_1 in groups of 128:
-//! the packed u32 layout of `nn::quant`). The inference engine's projections on the CPU.
+//! stored as **bf16**, as **f16** pairs, or quantized (**int8** per output row, **int4** Q4_1
+//! in groups of 128: the packed u32 layout of `nn::quant`). The inference engine's projections on the CPU.
 //!
 //! **The weight stays compact.** It is never widened whole: the kernels widen stretches of its
 //! rows into f32 scratch that stays in cache, and the values they widen to are exactly the
@@ -87,6 +87,7 @@ impl Weight<'_> {
                         let g = r * spec.format.groups_per_row(spec.k) + c0 / QUANT_GROUP;
                         widen_int4(isa, words, &scales[g..], &mins[g..], out)
                     }
+                    QuantFormat::F16 => widen_f16(isa, words, out),
                 }
             }
         }
@@ -123,6 +124,18 @@ fn widen_int4_body(words: &[u32], scales: &[f32], mins: &[f32], out: &mut [f32])
     }
 }
 
+#[inline(always)]
+fn widen_f16_body(words: &[u32], out: &mut [f32]) {
+    for (o, &w) in out.chunks_exact_mut(2).zip(words) {
+        o[0] = half::f16::from_bits(w as u16).to_f32();
+        o[1] = half::f16::from_bits((w >> 16) as u16).to_f32();
+    }
+}
+
+multiversion! {
+    /// f16 pairs (element `2i` in the low half of word `i`) → f32 (exact).
+    fn widen_f16(words: &[u32], out: &mut [f32]) => widen_f16_body
+}
 multiversion! {
     /// bf16 → f32 (exact).
     fn widen_bf16(w: &[bf16], out: &mut [f32]) => widen_bf16_body

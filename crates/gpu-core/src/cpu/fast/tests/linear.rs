@@ -126,7 +126,17 @@ fn quant_weight(
     k: usize,
 ) -> ([CpuStorage; 3], Vec<f32>) {
     let spec = QuantSpec::weight(format, n, k);
-    let data: Vec<u32> = (0..spec.data_len()).map(|_| rng.random()).collect();
+    let data: Vec<u32> = match format {
+        // Finite f16 pairs (random bits would include infinities and NaNs).
+        QuantFormat::F16 => normal(rng, 2 * spec.data_len(), -1.0, 1.0)
+            .chunks_exact(2)
+            .map(|p| {
+                let h = |v: f32| half::f16::from_f32(v).to_bits() as u32;
+                h(p[0]) | h(p[1]) << 16
+            })
+            .collect(),
+        _ => (0..spec.data_len()).map(|_| rng.random()).collect(),
+    };
     let scales: Vec<f32> = (0..spec.scales_len())
         .map(|_| rng.random_range(0.001..0.05))
         .collect();
@@ -169,11 +179,13 @@ fn quant_product(
 #[test]
 fn quantized_products_are_within_the_f32_sum_bound() {
     let mut rng = StdRng::seed_from_u64(seed("quantized_products"));
-    for format in [QuantFormat::Int8, QuantFormat::Int4] {
-        // int8 rows are multiples of 4 inputs, int4 of 8: none of these of 16, 128 or KC.
+    for format in [QuantFormat::Int8, QuantFormat::Int4, QuantFormat::F16] {
+        // int8 rows are multiples of 4 inputs, int4 of 8, f16 of 2: none of these of 16, 128
+        // or KC.
         let ks = match format {
             QuantFormat::Int8 => [0, 4, 132, 1004, KC + 20],
             QuantFormat::Int4 => [0, 8, 136, 392, KC + 136],
+            QuantFormat::F16 => [0, 2, 130, 1002, KC + 18],
         };
         for &m in &MS {
             for (c, &k) in ks.iter().enumerate() {

@@ -1,0 +1,233 @@
+//! [`QuantOps`] on wgpu. f16 weights ([`QuantFormat::F16`], the engine's `--quant f16`) run on
+//! the device: a matrix–vector kernel for decode's few rows (the weight read once, at half the
+//! bytes of f32) and a dequantize kernel that the default's dequantize-then-matmul uses for
+//! more rows. Products are summed in f32, as the CPU reference sums them.
+//!
+//! How the kernels read a half ([`F16Loads`]): where the adapter offers `shader-f16`, the
+//! matrix–vector kernel (`gemv_f16.wgsl`) loads `vec4<f16>` and converts in hardware
+//! (`f16_load_native.wgsl`); elsewhere it decodes each half with integer operations
+//! (`f16_load_decode.wgsl` on `half.wgsl`), exactly the reference's value on every device (a
+//! subnormal half is a normal f32, so nothing flushes).
+//! The dequantize kernel always decodes (its values are compared bit for bit).
+//! `HYBRID_WGPU_F16=native|decode` (read once a process) forces one for a comparison.
+//!
+//! int8 and int4 take gpu-core's defaults (dequantized on the host: correct, not fast).
+
+use crate::backend::{Checks, WgpuBackend};
+use crate::buffer::WgpuBuffer;
+use crate::kernels::{src, to_u32};
+use gpu_core::backend::{Backend, BufferInfo};
+use gpu_core::nn::quant::{
+    check_dequantize, check_matmul_quant, default_dequantize, default_matmul_quant, QuantFormat,
+    QuantOps, QuantSpec,
+};
+use gpu_core::{DType, Result};
+
+const HALF: &str = include_str!("shaders/half.wgsl");
+const GEMV_F16: &str = include_str!("shaders/gemv_f16.wgsl");
+const LOAD_DECODE: &str = include_str!("shaders/f16_load_decode.wgsl");
+const LOAD_NATIVE: &str = include_str!("shaders/f16_load_native.wgsl");
+const DEQUANT_F16: &str = include_str!("shaders/dequant_f16.wgsl");
+
+/// The most rows of x the f16 matrix–vector kernel takes.
+const GEMV_ROWS: usize = 4;
+
+type Buf = WgpuBuffer;
+
+/// How the f16 matrix–vector kernel reads a half (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum F16Loads {
+    /// `shader-f16`'s `vec4<f16>` loads, converted in hardware (a subnormal may flush).
+    Native,
+    /// Integer decoding: the exact value on every adapter.
+    Decode,
+}
+
+/// `HYBRID_WGPU_F16` (read once a process): `Some` of `native` or `decode`, else `None`.
+fn forced_loads() -> Option<F16Loads> {
+    static FORCED: std::sync::OnceLock<Option<F16Loads>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| match std::env::var("HYBRID_WGPU_F16").as_deref() {
+        Ok("native") => Some(F16Loads::Native),
+        Ok("decode") => Some(F16Loads::Decode),
+        _ => None,
+    })
+}
+
+fn with_half(body: &str) -> String {
+    src(&format!("{HALF}{body}"))
+}
+
+impl QuantOps for WgpuBackend {
+    /// f16 with at most 4 rows and `k % 8 == 0`: the f16 matrix–vector kernel (bf16 x widened
+    /// first, a bf16 out rounded once after); any other f16 call: the default on the device's
+    /// dequantize. Each output's error against the reference: the f32 sum's `γ_k·Σ|x·w|`.
+    fn matmul_quant(
+        &self,
+        x: &Buf,
+        data: &Buf,
+        scales: &Buf,
+        mins: &Buf,
+        out: &mut Buf,
+        spec: QuantSpec,
+    ) -> Result<()> {
+        check_matmul_quant(x, data, scales, mins, out, spec)?;
+        self.check_out("matmul_quant", &[x, data, scales, mins, out])?;
+        if spec.format != QuantFormat::F16 || spec.m == 0 || spec.n == 0 {
+            return default_matmul_quant(self, x, [data, scales, mins], out, spec);
+        }
+        if spec.k == 0 {
+            return self.fill_raw(out, 0.0);
+        }
+        if spec.m > GEMV_ROWS || !spec.k.is_multiple_of(8) {
+            return default_matmul_quant(self, x, [data, scales, mins], out, spec);
+        }
+        let wide;
+        let xf = if x.dtype() == DType::F32 {
+            x
+        } else {
+            wide = self.widened(x)?;
+            &wide
+        };
+        let loads = self.f16_loads();
+        if out.dtype() == DType::F32 {
+            return self.gemv_f16(loads, xf, data, out, spec);
+        }
+        let mut o = self.allocate(DType::F32, out.len())?;
+        self.gemv_f16(loads, xf, data, &mut o, spec)?;
+        self.cast_raw(&o, out)
+    }
+
+    /// f16: the dequantize kernel (into f32 scratch first where `out` is bf16, then rounded
+    /// once); int8 and int4: the default.
+    fn dequantize(
+        &self,
+        data: &Buf,
+        scales: &Buf,
+        mins: &Buf,
+        out: &mut Buf,
+        spec: QuantSpec,
+    ) -> Result<()> {
+        check_dequantize(data, scales, mins, out, spec)?;
+        self.check_out("dequantize", &[data, scales, mins, out])?;
+        if spec.format != QuantFormat::F16 {
+            return default_dequantize(self, [data, scales, mins], out, spec);
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        if out.dtype() == DType::F32 {
+            return self.dequant_f16(data, out);
+        }
+        let mut o = self.allocate(DType::F32, out.len())?;
+        self.dequant_f16(data, &mut o)?;
+        self.cast_raw(&o, out)
+    }
+}
+
+impl WgpuBackend {
+    /// Whether the device was opened with `shader-f16` (the adapter offers it).
+    pub fn has_shader_f16(&self) -> bool {
+        self.inner
+            .device
+            .features()
+            .contains(wgpu::Features::SHADER_F16)
+    }
+
+    /// The loads `matmul_quant` uses: `HYBRID_WGPU_F16`'s where it names one the device
+    /// has, else `Native` with `shader-f16` and `Decode` without.
+    pub fn f16_loads(&self) -> F16Loads {
+        match forced_loads() {
+            Some(F16Loads::Decode) => F16Loads::Decode,
+            _ if self.has_shader_f16() => F16Loads::Native,
+            _ => F16Loads::Decode,
+        }
+    }
+
+    /// `x · deq(w)ᵀ` by the f16 matrix–vector kernel with `loads` (a comparison of the two;
+    /// `matmul_quant` picks by [`Self::f16_loads`]): x and `out` f32 `[m, k]` and `[m, n]`
+    /// with m ≤ 4 and k a multiple of 8, w f16 words `[n, k/2]`; `Native` without
+    /// `shader-f16` is [`gpu_core::GpuError::Unsupported`].
+    pub fn matmul_f16_with(
+        &self,
+        loads: F16Loads,
+        x: &Buf,
+        w: &Buf,
+        out: &mut Buf,
+        spec: QuantSpec,
+    ) -> Result<()> {
+        let op = "matmul_quant";
+        let none = self.allocate(DType::F32, 0)?;
+        check_matmul_quant(x, w, &none, &none, out, spec)?;
+        self.check_out(op, &[x, w, out])?;
+        let fits = spec.format == QuantFormat::F16
+            && spec.m <= GEMV_ROWS
+            && spec.k.is_multiple_of(8)
+            && x.dtype() == DType::F32
+            && out.dtype() == DType::F32;
+        if !fits || (loads == F16Loads::Native && !self.has_shader_f16()) {
+            return Err(gpu_core::GpuError::Unsupported {
+                op,
+                reason: format!(
+                    "{loads:?} f16 loads for {spec:?} ({}, {})",
+                    x.dtype(),
+                    out.dtype()
+                ),
+            });
+        }
+        if spec.m == 0 || spec.n == 0 {
+            return Ok(());
+        }
+        if spec.k == 0 {
+            return self.fill_raw(out, 0.0);
+        }
+        self.gemv_f16(loads, x, w, out, spec)
+    }
+
+    /// `c = x · deq(w)ᵀ`, x f32 `[m, k]` (m ≤ 4, k a multiple of 8), w f16 `[n, k/2]` words,
+    /// c f32 `[m, n]` (all checked; `Native` only with `shader-f16`).
+    fn gemv_f16(
+        &self,
+        loads: F16Loads,
+        x: &Buf,
+        w: &Buf,
+        c: &mut Buf,
+        spec: QuantSpec,
+    ) -> Result<()> {
+        let op = "matmul_quant";
+        let mut p = [0u32; 8];
+        p[..3].copy_from_slice(&[
+            to_u32(op, spec.m)?,
+            to_u32(op, spec.n)?,
+            to_u32(op, spec.k)?,
+        ]);
+        let (gx, gy) = self.grid(op, to_u32(op, spec.n.div_ceil(8))?)?;
+        let native = || format!("enable f16;\n{}", src(&format!("{LOAD_NATIVE}{GEMV_F16}")));
+        let decode = || with_half(&format!("{LOAD_DECODE}{GEMV_F16}"));
+        let (key, source): (&str, fn() -> String) = match loads {
+            F16Loads::Native => ("gemv_f16_native", native),
+            F16Loads::Decode => ("gemv_f16", decode),
+        };
+        self.launch_with(
+            op,
+            ((key, source), Checks::Off),
+            p,
+            (gx, (gx, gy, 1)),
+            &[x.raw(), w.raw(), c.raw()],
+        )
+    }
+
+    /// `out` (f32, two values a word of `w`) = the halves of `w` widened.
+    fn dequant_f16(&self, w: &Buf, out: &mut Buf) -> Result<()> {
+        let op = "dequantize";
+        let mut p = [0u32; 8];
+        p[0] = to_u32(op, w.len())?;
+        self.launch_1d(
+            op,
+            "dequant_f16",
+            || with_half(DEQUANT_F16),
+            p,
+            w.len(),
+            &[w.raw(), out.raw()],
+        )
+    }
+}
