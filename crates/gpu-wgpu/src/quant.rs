@@ -1,6 +1,6 @@
 //! [`QuantOps`] on wgpu. f16 weights ([`QuantFormat::F16`], the engine's `--quant f16`) run on
-//! the device: a matrix–vector kernel for decode's few rows (the weight read once, at half the
-//! bytes of f32) and a dequantize kernel that the default's dequantize-then-matmul uses for
+//! the device: a matrix–vector kernel for decode's few rows (up to 16; the weight read once, at
+//! half the bytes of f32) and a dequantize kernel that the default's dequantize-then-matmul uses for
 //! more rows. Products are summed in f32, as the CPU reference sums them.
 //!
 //! How the kernels read a half ([`F16Loads`]): where the adapter offers `shader-f16`, the
@@ -29,8 +29,9 @@ const LOAD_DECODE: &str = include_str!("shaders/f16_load_decode.wgsl");
 const LOAD_NATIVE: &str = include_str!("shaders/f16_load_native.wgsl");
 const DEQUANT_F16: &str = include_str!("shaders/dequant_f16.wgsl");
 
-/// The most rows of x the f16 matrix–vector kernel takes.
-const GEMV_ROWS: usize = 4;
+/// The most rows of x the f16 matrix–vector kernel takes (decode up to batch 16): it reads the
+/// weight once for all of them.
+const GEMV_ROWS: usize = 16;
 
 type Buf = WgpuBuffer;
 
@@ -58,7 +59,7 @@ fn with_half(body: &str) -> String {
 }
 
 impl QuantOps for WgpuBackend {
-    /// f16 with at most 4 rows and `k % 8 == 0`: the f16 matrix–vector kernel (bf16 x widened
+    /// f16 with at most 16 rows and `k % 8 == 0`: the f16 matrix–vector kernel (bf16 x widened
     /// first, a bf16 out rounded once after); any other f16 call: the default on the device's
     /// dequantize. Each output's error against the reference: the f32 sum's `γ_k·Σ|x·w|`.
     fn matmul_quant(
@@ -145,8 +146,8 @@ impl WgpuBackend {
 
     /// `x · deq(w)ᵀ` by the f16 matrix–vector kernel with `loads` (a comparison of the two;
     /// `matmul_quant` picks by [`Self::f16_loads`]): x and `out` f32 `[m, k]` and `[m, n]`
-    /// with m ≤ 4 and k a multiple of 8, w f16 words `[n, k/2]`; `Native` without
-    /// `shader-f16` is [`gpu_core::GpuError::Unsupported`].
+    /// with m ≤ 16 and k a multiple of 8, w f16 words `[n, k/2]`; `Native` without
+    /// `shader-f16` is [`gpu_core::GpuError::Unsupported`] (as is m > 16).
     pub fn matmul_f16_with(
         &self,
         loads: F16Loads,
@@ -183,7 +184,7 @@ impl WgpuBackend {
         self.gemv_f16(loads, x, w, out, spec)
     }
 
-    /// `c = x · deq(w)ᵀ`, x f32 `[m, k]` (m ≤ 4, k a multiple of 8), w f16 `[n, k/2]` words,
+    /// `c = x · deq(w)ᵀ`, x f32 `[m, k]` (m ≤ 16, k a multiple of 8), w f16 `[n, k/2]` words,
     /// c f32 `[m, n]` (all checked; `Native` only with `shader-f16`).
     fn gemv_f16(
         &self,

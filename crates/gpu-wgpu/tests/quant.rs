@@ -2,7 +2,7 @@
 //! (the seed is printed; replay with `HYBRID_TEST_SEED`), one in eight subnormal: `dequantize`
 //! gives the reference's bits for every one of the 65,536 halves (subnormals, infinities and
 //! NaNs included) into f32 and bf16; `matmul_quant` at decode's rows (the matrix–vector kernel,
-//! k a multiple of 8) and past them (dequantize, then the f32 matmul), x and out in f32 and
+//! up to 16 rows, k a multiple of 8) and past them (dequantize, then the f32 matmul), x and out in f32 and
 //! bf16, within `γ_k·Σ|x·w|` of the exact sum (plus a bf16 rounding where out is bf16, and 2⁻¹²⁶
 //! a product where the device flushes subnormal products); the matrix–vector kernel with both
 //! loads (`shader-f16`'s where the adapter has it: its hardware conversion may also flush a
@@ -156,7 +156,7 @@ fn f16_products_match_the_cpu_within_the_f32_sum_bound() {
     let Some(g) = backend_or_skip(T) else { return };
     let mut r = rng(T);
     for (n, k) in SHAPES {
-        for m in [1, 2, 3, 4, 5, 17] {
+        for m in [1, 2, 3, 4, 5, 8, 13, 16, 17] {
             let spec = QuantSpec {
                 m,
                 n,
@@ -195,7 +195,8 @@ fn f16_products_match_the_cpu_within_the_f32_sum_bound() {
 }
 
 /// Both loads of the f16 matrix–vector kernel (`Native` where the adapter offers `shader-f16`)
-/// against the exact sums, m = 1..4; a subnormal half's product may be flushed by `Native`.
+/// against the exact sums, m from 1 to 16; a subnormal half's product may be flushed by
+/// `Native`.
 #[test]
 fn f16_gemv_loads_match_the_cpu() {
     const T: &str = "f16_gemv_loads_match_the_cpu";
@@ -208,7 +209,7 @@ fn f16_gemv_loads_match_the_cpu() {
         eprintln!("{T}: the adapter has no shader-f16: Native not run");
     }
     for (n, k) in [(1, 8), (37, 72), (130, 200), (64, 2048)] {
-        for m in 1..=4 {
+        for m in [1, 2, 3, 4, 5, 7, 8, 12, 13, 16] {
             let spec = QuantSpec {
                 m,
                 n,
@@ -244,14 +245,17 @@ fn f16_gemv_loads_match_the_cpu() {
     }
     // Shapes the kernel does not take are typed errors, not launches.
     let spec = QuantSpec {
-        m: 5,
+        m: 17,
         n: 2,
         k: 8,
         format: QuantFormat::F16,
     };
     let w = random_weight(&mut r, spec);
-    let (xb, d) = (g.upload(&[0.5f32; 40]).unwrap(), g.upload(&w.0).unwrap());
-    let mut out = g.allocate(DType::F32, 10).unwrap();
+    let (xb, d) = (
+        g.upload(&[0.5f32; 17 * 8]).unwrap(),
+        g.upload(&w.0).unwrap(),
+    );
+    let mut out = g.allocate(DType::F32, 17 * 2).unwrap();
     let e = g.matmul_f16_with(F16Loads::Decode, &xb, &d, &mut out, spec);
     assert!(matches!(e, Err(GpuError::Unsupported { .. })), "{e:?}");
 }
