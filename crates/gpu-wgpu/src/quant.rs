@@ -90,12 +90,7 @@ impl QuantOps for WgpuBackend {
             &wide
         };
         let loads = self.f16_loads();
-        if out.dtype() == DType::F32 {
-            return self.gemv_f16(loads, xf, data, out, spec);
-        }
-        let mut o = self.allocate(DType::F32, out.len())?;
-        self.gemv_f16(loads, xf, data, &mut o, spec)?;
-        self.cast_raw(&o, out)
+        self.through_f32(out, |o| self.gemv_f16(loads, xf, data, o, spec))
     }
 
     /// f16: the dequantize kernel (into f32 scratch first where `out` is bf16, then rounded
@@ -116,16 +111,22 @@ impl QuantOps for WgpuBackend {
         if out.is_empty() {
             return Ok(());
         }
-        if out.dtype() == DType::F32 {
-            return self.dequant_f16(data, out);
-        }
-        let mut o = self.allocate(DType::F32, out.len())?;
-        self.dequant_f16(data, &mut o)?;
-        self.cast_raw(&o, out)
+        self.through_f32(out, |o| self.dequant_f16(data, o))
     }
 }
 
 impl WgpuBackend {
+    /// Runs `f` on `out` where it is f32, else on an f32 scratch that is then rounded into
+    /// `out` once.
+    fn through_f32(&self, out: &mut Buf, f: impl FnOnce(&mut Buf) -> Result<()>) -> Result<()> {
+        if out.dtype() == DType::F32 {
+            return f(out);
+        }
+        let mut o = self.allocate(DType::F32, out.len())?;
+        f(&mut o)?;
+        self.cast_raw(&o, out)
+    }
+
     /// Whether the device was opened with `shader-f16` (the adapter offers it).
     pub fn has_shader_f16(&self) -> bool {
         self.inner
