@@ -203,11 +203,21 @@ impl WgpuBackend {
             to_u32(op, spec.k)?,
         ]);
         let (gx, gy) = self.grid(op, to_u32(op, spec.n.div_ceil(8))?)?;
-        let native = || format!("enable f16;\n{}", src(&format!("{LOAD_NATIVE}{GEMV_F16}")));
-        let decode = || with_half(&format!("{LOAD_DECODE}{GEMV_F16}"));
-        let (key, source): (&str, fn() -> String) = match loads {
-            F16Loads::Native => ("gemv_f16_native", native),
-            F16Loads::Decode => ("gemv_f16", decode),
+        let rows = if spec.m <= 4 { 4 } else { GEMV_ROWS };
+        let key = match (loads, rows) {
+            (F16Loads::Native, 4) => "gemv_f16_native_r4",
+            (F16Loads::Native, _) => "gemv_f16_native_r16",
+            (F16Loads::Decode, 4) => "gemv_f16_r4",
+            (F16Loads::Decode, _) => "gemv_f16_r16",
+        };
+        let source = move || {
+            let body = format!("const ROWS: u32 = {rows}u;\n{GEMV_F16}");
+            match loads {
+                F16Loads::Native => {
+                    format!("enable f16;\n{}", src(&format!("{LOAD_NATIVE}{body}")))
+                }
+                F16Loads::Decode => with_half(&format!("{LOAD_DECODE}{body}")),
+            }
         };
         self.launch_with(
             op,

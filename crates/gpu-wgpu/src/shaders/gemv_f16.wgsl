@@ -7,7 +7,9 @@ var<workgroup> red: array<vec4<f32>, 256>;
 // (8 columns a workgroup, 32 threads a column, a tree over the 32), each thread 16 bytes of
 // B's row at a time (8 halves, read by a loader ahead of this file: f16_load_decode.wgsl or
 // f16_load_native.wgsl, which declares B) against two vec4s of each row of A. B is read once,
-// at half the bytes of f32, whatever m is. p0 = m, p1 = n, p2 = k.
+// at half the bytes of f32, whatever m is. p0 = m, p1 = n, p2 = k. `ROWS` (4 or 16, a constant
+// ahead of this file) is the most rows a pipeline takes: the 4-row one compiles to one
+// accumulator, not four (fewer registers for batch-1 decode).
 
 // Row r's two vec4s at 8-block i against the block's weights.
 fn row_dot(r: u32, k4: u32, i: u32, w: mat2x4<f32>) -> f32 {
@@ -66,9 +68,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         for (var i = lane; i < k8; i += 32u) {
             let w = weights8(brow + i);
             acc0 += rows4(0u, m, k4, i, w);
-            if (m > 4u) { acc1 += rows4(1u, m, k4, i, w); }
-            if (m > 8u) { acc2 += rows4(2u, m, k4, i, w); }
-            if (m > 12u) { acc3 += rows4(3u, m, k4, i, w); }
+            if (ROWS > 4u && m > 4u) { acc1 += rows4(1u, m, k4, i, w); }
+            if (ROWS > 8u && m > 8u) { acc2 += rows4(2u, m, k4, i, w); }
+            if (ROWS > 12u && m > 12u) { acc3 += rows4(3u, m, k4, i, w); }
         }
     }
     // Every thread takes part in every tree (barriers in uniform control flow).
@@ -76,13 +78,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var s1 = vec4<f32>(0.0);
     var s2 = vec4<f32>(0.0);
     var s3 = vec4<f32>(0.0);
-    if (m > 4u) { s1 = tree(lid, lane, acc1); }
-    if (m > 8u) { s2 = tree(lid, lane, acc2); }
-    if (m > 12u) { s3 = tree(lid, lane, acc3); }
+    if (ROWS > 4u && m > 4u) { s1 = tree(lid, lane, acc1); }
+    if (ROWS > 8u && m > 8u) { s2 = tree(lid, lane, acc2); }
+    if (ROWS > 12u && m > 12u) { s3 = tree(lid, lane, acc3); }
     if (lane == 0u && col < n) {
         store4(0u, m, n, col, s0);
-        if (m > 4u) { store4(1u, m, n, col, s1); }
-        if (m > 8u) { store4(2u, m, n, col, s2); }
-        if (m > 12u) { store4(3u, m, n, col, s3); }
+        if (ROWS > 4u && m > 4u) { store4(1u, m, n, col, s1); }
+        if (ROWS > 8u && m > 8u) { store4(2u, m, n, col, s2); }
+        if (ROWS > 12u && m > 12u) { store4(3u, m, n, col, s3); }
     }
 }
