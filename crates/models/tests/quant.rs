@@ -120,3 +120,37 @@ fn a_weight_that_cannot_be_quantized_leaves_the_model_as_it_was() {
         assert!(same, "{kind:?}: a refused quantization changed the model");
     }
 }
+
+/// A weight past f16's range (finite, so int8 and int4 take it) is refused by f16 alone, by the
+/// engine too, and the model is left as it was.
+#[test]
+fn a_weight_beyond_f16_is_refused_by_f16_alone() {
+    let poisoned = "model.layers.0.self_attn.o_proj.weight";
+    let tmp = hf_fixture::poisoned_copy("llama3", poisoned, 3..4, 1e6);
+    let (ids, _) = expected("llama3");
+    let mut m = CausalLm::load(tmp.path(), Device::Cpu).unwrap();
+    let before = logits(&m, &ids[..4]);
+    let e = m.quantize(QuantKind::F16).unwrap_err();
+    assert!(
+        matches!(e, ModelError::Quant(ref s) if s.contains("f16")),
+        "{e}"
+    );
+    let after = logits(&m, &ids[..4]);
+    assert!(before
+        .iter()
+        .zip(&after)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    let opts = models::EngineOptions {
+        dtype: tensor_ops::DType::F32,
+        batch: 1,
+        capacity: 16,
+        quant: Some(QuantKind::F16),
+    };
+    let e = models::Engine::load(tmp.path(), Device::Cpu, opts)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, ModelError::Quant(_)), "{e}");
+    for kind in [QuantKind::Int8, QuantKind::Int4] {
+        m.quantize(kind).unwrap();
+    }
+}
