@@ -146,7 +146,7 @@ fn exact(x: &[f32], w: &[f32], spec: QuantSpec) -> (Vec<f64>, Vec<f64>) {
     (sums, mags)
 }
 
-/// (n, k): k a multiple of 8 (the matrix–vector kernel up to 4 rows), and 6 and 202 (not: the
+/// (n, k): k a multiple of 8 (the matrix–vector kernel up to 16 rows), and 6 and 202 (not: the
 /// dequantize path at every m); one column, a ragged last workgroup, long rows.
 const SHAPES: [(usize, usize); 6] = [(1, 8), (37, 72), (130, 200), (9, 6), (64, 2048), (5, 202)];
 
