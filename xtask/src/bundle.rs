@@ -238,3 +238,48 @@ fn pack(root: &Path) -> Result<(PathBuf, u64)> {
     );
     Ok((archive, packed))
 }
+
+#[cfg(test)]
+mod tests {
+    /// `run.sh`'s result counter (its `results` function, run by bash on a log) over the lines
+    /// a test binary really prints, interleaved stderr included.
+    fn count(log: &str, name: &str, result: &str) -> usize {
+        let script =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/run.sh")).unwrap();
+        let func = script
+            .lines()
+            .find(|l| l.starts_with("results()"))
+            .expect("run.sh defines results()");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tests.log"), log).unwrap();
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("{func}\nresults '{name}' '{result}'"))
+            .env("OUT_DIR", dir.path())
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn run_sh_counts_results_wherever_they_stand() {
+        let log = "\
+running 6 tests
+test gpu_a ... ok
+test multigpu_b ... okSKIP multigpu_c: needs 2 CUDA devices, this machine has 1
+SKIP multigpu_d: needs 2 CUDA devices: test multigpu_c ... ok
+test mod::gpu_e ... FAILED
+test plain - should panic ... ok
+test skipped_one ... ignored
+test result: FAILED. 4 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out
+";
+        assert_eq!(count(log, "", "ok"), 4);
+        assert_eq!(count(log, "", "FAILED"), 1);
+        assert_eq!(count(log, "gpu_", "(ok|FAILED)"), 2);
+        assert_eq!(count(log, "multigpu_", "ok"), 2);
+    }
+}
