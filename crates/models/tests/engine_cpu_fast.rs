@@ -19,22 +19,15 @@ mod hf_fixture;
 
 use gpu_core::cpu::{with_mode, CpuMode};
 use gpu_cuda::testing::gpu_device_or_skip;
-use hf_fixture::{dir, expected, max_err, reference_logits_and_greedy};
+use hf_fixture::{dir, expected, max_err, reference_logits_and_greedy, STORAGES};
 use models::{CausalLm, Engine, EngineOptions, QuantKind};
 use tensor_ops::{DType, Device};
 
-/// Every weight storage the engine has: dense f32 or bf16, and int8/int4/f16 under either
-/// (f16 only on the CPU: the engine refuses it on CUDA).
-const CASES: [(DType, Option<QuantKind>); 8] = [
-    (DType::F32, None),
-    (DType::BF16, None),
-    (DType::F32, Some(QuantKind::Int8)),
-    (DType::BF16, Some(QuantKind::Int8)),
-    (DType::F32, Some(QuantKind::Int4)),
-    (DType::BF16, Some(QuantKind::Int4)),
-    (DType::F32, Some(QuantKind::F16)),
-    (DType::BF16, Some(QuantKind::F16)),
-];
+/// Every weight storage the engine has: dense f32, and `STORAGES` (f16 only on the CPU: the
+/// engine refuses it on CUDA).
+fn cases() -> impl Iterator<Item = (DType, Option<QuantKind>)> {
+    std::iter::once((DType::F32, None)).chain(STORAGES)
+}
 
 /// Greedy tokens compared.
 const NEW: usize = 12;
@@ -82,7 +75,7 @@ fn reference(name: &str, ids: &[u32], quant: Option<QuantKind>) -> (Vec<f32>, Ve
 fn engine_in_the_fast_cpu_mode_matches_the_reference() {
     for name in ["llama3", "qwen2"] {
         let exp = expected(name);
-        for (dtype, quant) in CASES {
+        for (dtype, quant) in cases() {
             let what = format!("{name} {dtype} {quant:?}, fast CPU mode");
             let (want, want_toks) = reference(name, &exp.ids, quant);
             let (got, toks) = with_mode(CpuMode::Fast, || {
@@ -127,7 +120,7 @@ fn gpu_engine_on_the_cpu_matches_cuda() {
     };
     for name in ["llama3", "qwen2"] {
         let exp = expected(name);
-        for (dtype, quant) in CASES {
+        for (dtype, quant) in cases() {
             if quant == Some(QuantKind::F16) {
                 let opts = EngineOptions {
                     dtype,

@@ -34,10 +34,10 @@ mod tiny_gpt;
 
 use hf_fixture::{
     assert_decoding_matches_the_cpu, dir, expected, max_err, reference_logits_and_greedy,
-    DECODE_NEW, DECODE_REL,
+    DECODE_NEW, DECODE_REL, STORAGES,
 };
 use models::gpt::{Dataset, Gpt, Variant};
-use models::{CausalLm, Engine, EngineOptions, QuantKind};
+use models::{CausalLm, Engine, EngineOptions};
 use tensor_ops::{DType, Device, Precision};
 use tiny_gpt::{assert_step_moves_only_the_batch_and_the_loss, clipped_adamw, tiny_config};
 
@@ -258,17 +258,6 @@ fn wgpu_greedy_decoding_of_hf_fixtures_matches_the_cpu() {
     let Some(dev) = wgpu(T) else { return };
     assert_decoding_matches_the_cpu(&dev.to_string(), |run, name, ids| run(name, ids, dev));
 }
-
-/// The engine's storages beyond dense f32: bf16, and int8/int4/f16 under f32 or bf16.
-const STORAGES: [(DType, Option<QuantKind>); 7] = [
-    (DType::BF16, None),
-    (DType::F32, Some(QuantKind::Int8)),
-    (DType::BF16, Some(QuantKind::Int8)),
-    (DType::F32, Some(QuantKind::Int4)),
-    (DType::BF16, Some(QuantKind::Int4)),
-    (DType::F32, Some(QuantKind::F16)),
-    (DType::BF16, Some(QuantKind::F16)),
-];
 
 /// The engines' bound against the exact logits, relative to `max|logit|` (module docs).
 fn rel(dtype: DType) -> f32 {

@@ -5,12 +5,23 @@
 
 use std::path::{Path, PathBuf};
 
-use models::{CausalLm, Engine, EngineOptions, ModelError, Sampler, Sampling};
+use models::{CausalLm, Engine, EngineOptions, ModelError, QuantKind, Sampler, Sampling};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use tensor_ops::{DType, Device};
 
 /// Every fixture: the Llama family (with sliding windows: `mistral-sw`, `qwen2-sw`) and GPT-2.
+/// The engine's weight storages beyond dense f32: bf16, and int8/int4/f16 under f32 or bf16.
+pub const STORAGES: [(DType, Option<QuantKind>); 7] = [
+    (DType::BF16, None),
+    (DType::F32, Some(QuantKind::Int8)),
+    (DType::BF16, Some(QuantKind::Int8)),
+    (DType::F32, Some(QuantKind::Int4)),
+    (DType::BF16, Some(QuantKind::Int4)),
+    (DType::F32, Some(QuantKind::F16)),
+    (DType::BF16, Some(QuantKind::F16)),
+];
+
 pub const FIXTURES: [&str; 8] = [
     "llama3",
     "llama3-bf16",
