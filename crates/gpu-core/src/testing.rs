@@ -3,6 +3,8 @@
 //! `nn/defaults`. It proves a backend can join op by op: the tests run the op families, and
 //! `tensor-ops` runs models, on it and compare with the CPU backend.
 //!
+//! [`exact_xwt`]: the f64 reference of `x·wᵀ` with each output's `Σ|x·w|`, for bounds.
+//!
 //! [`test_seed`]: the seed of a randomised test, fixed per test by default (so CI never turns
 //! red at random), printed, and replayed or drawn fresh through `HYBRID_TEST_SEED`.
 
@@ -138,6 +140,22 @@ impl QuantOps for PrimitivesOnly {}
 impl SampleOps for PrimitivesOnly {}
 impl OptimOps for PrimitivesOnly {}
 impl WorldOps for PrimitivesOnly {}
+
+/// The exact `x·wᵀ` of `x` `[m, k]` and `w` `[n, k]` (f64: f32 products are exact) and each
+/// output's `Σ|x·w|` (what an f32 sum's error bound `γ_k·Σ|x·w|` scales).
+pub fn exact_xwt(x: &[f32], w: &[f32], (m, n, k): (usize, usize, usize)) -> (Vec<f64>, Vec<f64>) {
+    let (mut sums, mut mags) = (vec![0.0; m * n], vec![0.0; m * n]);
+    for i in 0..m {
+        for j in 0..n {
+            for t in 0..k {
+                let p = x[i * k + t] as f64 * w[j * k + t] as f64;
+                sums[i * n + j] += p;
+                mags[i * n + j] += p.abs();
+            }
+        }
+    }
+    (sums, mags)
+}
 
 /// The environment variable that sets a randomised test's seed: a number replays it, `fresh`
 /// draws a new one.

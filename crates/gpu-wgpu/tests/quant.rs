@@ -129,21 +129,9 @@ fn every_half_dequantizes_to_the_cpu_bits() {
     }
 }
 
-/// `Σ|x·w|` of every output and the exact sums (f64; the reference's products are exact).
+/// The exact sums and `Σ|x·w|` of every output (gpu-core's f64 reference).
 fn exact(x: &[f32], w: &[f32], spec: QuantSpec) -> (Vec<f64>, Vec<f64>) {
-    let QuantSpec { m, n, k, .. } = spec;
-    let mut sums = vec![0.0; m * n];
-    let mut mags = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            for t in 0..k {
-                let p = x[i * k + t] as f64 * w[j * k + t] as f64;
-                sums[i * n + j] += p;
-                mags[i * n + j] += p.abs();
-            }
-        }
-    }
-    (sums, mags)
+    gpu_core::testing::exact_xwt(x, w, (spec.m, spec.n, spec.k))
 }
 
 /// (n, k): k a multiple of 8 (the matrix–vector kernel up to 16 rows), and 6 and 202 (not: the

@@ -489,16 +489,9 @@ fn bf16_autocast_linear_is_within_its_rounding_bound() {
     let w: Vec<f32> = (0..o * i).map(|_| r.random_range(-0.3f32..0.3)).collect();
     let b: Vec<f32> = (0..o).map(|_| r.random_range(-1.0f32..1.0)).collect();
     // Exact references in f64: y = x·wᵀ + b, S = |x|·|w|ᵀ, and dW = column sums of x.
-    let (mut y, mut s) = (vec![0.0f64; rows * o], vec![0.0f64; rows * o]);
-    for p in 0..rows {
-        for q in 0..o {
-            for t in 0..i {
-                let v = x[p * i + t] as f64 * w[q * i + t] as f64;
-                y[p * o + q] += v;
-                s[p * o + q] += v.abs();
-            }
-            y[p * o + q] += b[q] as f64;
-        }
+    let (mut y, s) = gpu_core::testing::exact_xwt(&x, &w, (rows, o, i));
+    for (idx, y) in y.iter_mut().enumerate() {
+        *y += b[idx % o] as f64;
     }
     for dev in devices(test) {
         let xt = Tensor::from_vec(x.clone(), &[rows, i], dev).unwrap();

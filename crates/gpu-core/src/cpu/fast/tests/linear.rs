@@ -25,17 +25,7 @@ const MS: [usize; 5] = [0, 1, 5, DIRECT_MAX_M, DIRECT_MAX_M + 3];
 
 /// The exact `x·wᵀ` (f64) and `Σ|x·w|` per output, from the weight's f32 values.
 fn exact(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
-    let (mut e, mut mag) = (vec![0.0; m * n], vec![0.0; m * n]);
-    for i in 0..m {
-        for j in 0..n {
-            for t in 0..k {
-                let p = x[i * k + t] as f64 * w[j * k + t] as f64;
-                e[i * n + j] += p;
-                mag[i * n + j] += p.abs();
-            }
-        }
-    }
-    (e, mag)
+    crate::testing::exact_xwt(x, w, (m, n, k))
 }
 
 /// Checks an f32 or bf16 output against the exact sums with the module's bound.
