@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{rng, same, U};
+use common::{close, rng, same, U};
 use gpu_core::nn::quant::{QuantFormat, QuantOps, QuantSpec};
 use gpu_core::{Backend, BufferInfo, CpuBackend, DType, GpuError};
 use gpu_wgpu::testing::backend_or_skip;
@@ -253,6 +253,44 @@ fn gemv_with(g: &WgpuBackend, loads: F16Loads, w: &Host, x: &[f32], spec: QuantS
     let mut out = g.upload(&vec![f32::NAN; spec.m * spec.n]).unwrap();
     g.matmul_f16_with(loads, &xb, &d, &mut out, spec).unwrap();
     g.download::<f32>(&out).unwrap()
+}
+
+/// Hostile activations: a NaN, ±inf and ±1e30 in x (rows of their own) give, at decode's rows
+/// and past them, NaN where the CPU gives NaN, the CPU's infinity where it is infinite, and
+/// elsewhere the f32 sum's bound; the other rows are untouched by them.
+#[test]
+fn f16_hostile_activations_match_the_cpu() {
+    const T: &str = "f16_hostile_activations_match_the_cpu";
+    let Some(g) = backend_or_skip(T) else { return };
+    let mut r = rng(T);
+    for m in [4, 6] {
+        let spec = QuantSpec {
+            m,
+            n: 37,
+            k: 72,
+            format: QuantFormat::F16,
+        };
+        let w = random_weight(&mut r, spec);
+        let mut x: Vec<f32> = (0..m * 72).map(|_| r.random_range(-3.0..3.0)).collect();
+        for (row, v) in [f32::NAN, f32::INFINITY, -1e30, 1e30]
+            .into_iter()
+            .enumerate()
+        {
+            x[row * 72 + 5] = v;
+        }
+        let wf = dequant(&CpuBackend, &w, DType::F32, QuantSpec { m: 0, ..spec });
+        let (want, mag) = exact(&x, &wf, spec);
+        let got = matmul(&g, &w, &x, [DType::F32; 2], spec);
+        let gk = 72.0 * U / (1.0 - 72.0 * U);
+        for (i, &o) in got.iter().enumerate() {
+            let tol = gk * mag[i] + 72.0 * f32::MIN_POSITIVE as f64;
+            let e = want[i];
+            assert!(
+                close(o, e, tol),
+                "m {m} [{i}]: {o} vs the exact {e} (±{tol:e})"
+            );
+        }
+    }
 }
 
 /// Infinite and NaN halves reach the outputs as IEEE says (the kernel decodes them itself).
