@@ -8,8 +8,9 @@ evaluation every 250 iterations on 50 random batches of each split). Training ti
 the evaluations (synchronised at their boundaries), as `train-gpt` reports it.
 
 Usage: torch_train_gpt.py TEXT [--precision bf16|tf32|fp32] [--iters N] [--compile] [--seed S]
-                          [--lr-decay-iters N]
-Prints one line per evaluation and the first iteration whose validation loss is <= 1.50.
+                          [--lr PEAK] [--lr-decay-iters N]
+Prints one line per evaluation, the first iteration whose validation loss is <= 1.50 and the
+best validation loss.
 """
 import argparse
 import math
@@ -32,6 +33,8 @@ def main():
     ap.add_argument("--eval-iters", type=int, default=50)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--lr", type=float, default=1e-3,
+                    help="peak rate; the cosine ends at a tenth of it (train-gpt's --lr, --min-lr)")
     ap.add_argument("--lr-decay-iters", type=int, default=None,
                     help="cosine decay length (default: --iters, at least the warm-up; as train-gpt)")
     a = ap.parse_args()
@@ -64,17 +67,17 @@ def main():
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-3, betas=(0.9, 0.99), fused=True)
+        lr=a.lr, betas=(0.9, 0.99), fused=True)
     m = torch.compile(model) if a.compile else model
     ctx = torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16")
 
     def lr_at(it):
         if it < 100:
-            return 1e-3 * (it + 1) / 101
+            return a.lr * (it + 1) / 101
         if it > decay_iters:
-            return 1e-4
+            return a.lr / 10
         r = (it - 100) / max(decay_iters - 100, 1)
-        return 1e-4 + 0.5 * (1.0 + math.cos(math.pi * r)) * (1e-3 - 1e-4)
+        return a.lr / 10 + 0.5 * (1.0 + math.cos(math.pi * r)) * (a.lr - a.lr / 10)
 
     @torch.no_grad()
     def evaluate():
@@ -90,7 +93,7 @@ def main():
         m.train()
         return out
 
-    train_s, reached = 0.0, None
+    train_s, reached, best = 0.0, None, (math.inf, 0)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for it in range(a.iters + 1):
@@ -100,6 +103,8 @@ def main():
             ev = evaluate()
             print(f"iter {it}: train {ev['train']:.4f} val {ev['val']:.4f} "
                   f"({train_s:.1f} s of training)", flush=True)
+            if ev["val"] < best[0]:
+                best = (ev["val"], it)
             if reached is None and ev["val"] <= 1.50:
                 reached = (it, train_s)
             if it == a.iters:
@@ -118,7 +123,8 @@ def main():
     tokens = a.iters * batch * block
     print(f"{a.precision}{' compiled' if a.compile else ''}: {tokens / train_s / 1e3:.0f}K tokens/s; "
           + (f"val <= 1.50 first at iter {reached[0]} after {reached[1]:.1f} s of training"
-             if reached else "val never <= 1.50"))
+             if reached else "val never <= 1.50")
+          + f"; best val {best[0]:.4f} at iter {best[1]}")
 
 
 if __name__ == "__main__":
