@@ -4,6 +4,12 @@ use rand::{Rng, SeedableRng};
 use tensor_ops::Tensor;
 use tensor_ops::{Device, GpuError, Result};
 
+/// The most pieces [`Dataset::hold_out`] spreads the held-out tokens over.
+pub const HOLDOUT_PIECES: usize = 20;
+/// The fewest windows (`block + 1` tokens) one held-out piece holds: fewer pieces rather than
+/// pieces so short that most probe windows would straddle two of them.
+pub const HOLDOUT_PIECE_WINDOWS: usize = 16;
+
 /// Maps each distinct character of a text to an id (sorted by code point, as nanoGPT).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CharTokenizer {
@@ -53,13 +59,13 @@ impl CharTokenizer {
     }
 }
 
-/// A tokenised corpus split into train (first 90%) and validation (last 10%); optionally the
-/// last part of the training split held out of training ([`Dataset::hold_out`]).
+/// A tokenised corpus split into train (first 90%) and validation (last 10%); optionally a
+/// part of the training split held out of training ([`Dataset::hold_out`]).
 pub struct Dataset {
     pub tokenizer: CharTokenizer,
     pub train: Vec<u32>,
     pub val: Vec<u32>,
-    /// Tokens carved from the end of the training split, never in a training batch (empty
+    /// Tokens carved from the training split (pieces spread over it), never in a training batch (empty
     /// unless [`Dataset::hold_out`] carved them): what probes of generalisation are drawn
     /// from without touching the validation split.
     pub holdout: Vec<u32>,
@@ -85,10 +91,16 @@ impl Dataset {
         })
     }
 
-    /// Moves the last `fraction` of the training split (rounded down, in tokens) into
-    /// [`Dataset::holdout`]: training batches are then drawn from the tokens before it, the
-    /// validation split is untouched. Both parts must still fit a window of `block` tokens.
-    /// Carving twice is an error.
+    /// Moves `fraction` of the training split (rounded down, in tokens) into
+    /// [`Dataset::holdout`], in pieces spread over the whole split: the split is cut into
+    /// `p` equal stretches and each gives up its last `1/p` of the held-out tokens, `p` as
+    /// many as [`HOLDOUT_PIECES`] allows with every piece at least [`HOLDOUT_PIECE_WINDOWS`]
+    /// windows long (one piece, the split's end, when the slice is shorter). Training batches
+    /// are then drawn from the rest (the stretches joined in order), the validation split is
+    /// untouched. Spread, not one slice at the end: a corpus of concatenated works (tinyshakespeare
+    /// ends with the play its validation split continues) would otherwise lose to the
+    /// held-out slice the one part of the text the validation split shares. Both parts must
+    /// still fit a window of `block` tokens; carving twice is an error; a refusal moves nothing.
     pub fn hold_out(&mut self, fraction: f64, block: usize) -> Result<()> {
         if !(fraction > 0.0 && fraction < 1.0) {
             return Err(GpuError::invalid(
@@ -102,22 +114,34 @@ impl Dataset {
                 "a held-out slice was already carved",
             ));
         }
-        let n = (self.train.len() as f64 * fraction) as usize;
-        let cut = self.train.len() - n;
-        let holdout = self.train.split_off(cut);
-        let fits = |len: usize| block.checked_add(1).is_some_and(|b| len > b);
-        if !(fits(holdout.len()) && fits(self.train.len())) {
-            let train = std::mem::take(&mut self.train);
-            self.train = [train, holdout].concat();
+        let len = self.train.len();
+        let n = (len as f64 * fraction) as usize;
+        let window = block.checked_add(1);
+        let fits = |len: usize| window.is_some_and(|w| len > w);
+        if !(fits(n) && fits(len - n)) {
             return Err(GpuError::invalid(
                 "Dataset::hold_out",
                 format!(
-                    "holding out {fraction} of {} training tokens leaves {n} held out and {cut} \
+                    "holding out {fraction} of {len} training tokens leaves {n} held out and {} \
                      to train on; each needs more than {block} + 1",
-                    cut + n
+                    len - n
                 ),
             ));
         }
+        let piece_min = window.map_or(usize::MAX, |w| w.saturating_mul(HOLDOUT_PIECE_WINDOWS));
+        let pieces = (n / piece_min).clamp(1, HOLDOUT_PIECES);
+        let mut train = gpu_core::cpu::try_vec_with_capacity(len - n)?;
+        let mut holdout = gpu_core::cpu::try_vec_with_capacity(n)?;
+        for i in 0..pieces {
+            // Stretch i is [len·i/p, len·(i+1)/p); its held-out piece the last n·(i+1)/p −
+            // n·i/p tokens of it (n < len, so a piece never exceeds its stretch).
+            let at = |k: usize, total: usize| (total as u128 * k as u128 / pieces as u128) as usize;
+            let (start, end) = (at(i, len), at(i + 1, len));
+            let cut = end - (at(i + 1, n) - at(i, n));
+            train.extend_from_slice(&self.train[start..cut]);
+            holdout.extend_from_slice(&self.train[cut..end]);
+        }
+        self.train = train;
         self.holdout = holdout;
         Ok(())
     }
@@ -304,7 +328,7 @@ mod tests {
         assert!(ds.batch(true, 1, 64, &mut rng, Device::Cpu).is_err());
     }
 
-    /// The held-out slice is the end of the training split: training batches, held-out
+    /// A held-out slice shorter than one piece is the end of the training split: training batches, held-out
     /// batches and the validation split never share a token position. Each part gets its own
     /// letters, so a token's letter says where it came from.
     #[test]
@@ -338,6 +362,47 @@ mod tests {
         assert!(ds.hold_out(0.001, 8).is_err());
         assert!(ds.hold_out(0.0, 8).is_err() && ds.hold_out(1.0, 8).is_err());
         assert_eq!((ds.train.len(), ds.holdout.len()), (900, 0));
+    }
+
+    /// The held-out tokens are pieces spread over the whole training split, each the end of
+    /// one of `p` equal stretches, and training keeps the rest in order: every token is in
+    /// exactly one part. Issue 41's W1 held out the split's last 5% in one slice, the start
+    /// of the play the validation split continues, and the hybrid trained without it.
+    #[test]
+    fn the_held_out_pieces_are_spread_over_the_whole_training_split() {
+        // (training tokens, fraction, block, pieces): W1's numbers, and a slice long enough
+        // for the most pieces.
+        for (len, fraction, block, pieces) in [
+            (1_003_854, 0.05, 256, 12),
+            (100_000, 0.05, 8, HOLDOUT_PIECES),
+        ] {
+            let mut ds = Dataset::from_text("ab", 0.5).unwrap();
+            ds.train = (0..len as u32).collect();
+            ds.hold_out(fraction, block).unwrap();
+            let n = (len as f64 * fraction) as usize;
+            assert_eq!((ds.holdout.len(), ds.train.len()), (n, len - n));
+            // Both parts ascending and disjoint: together they are the split, in order.
+            let mut all = [ds.train.clone(), ds.holdout.clone()].concat();
+            assert!(ds.train.windows(2).all(|w| w[0] < w[1]));
+            assert!(ds.holdout.windows(2).all(|w| w[0] < w[1]));
+            all.sort_unstable();
+            assert!(all.iter().enumerate().all(|(i, &t)| t as usize == i));
+            // Runs of consecutive held-out tokens: one a stretch, each ending at its stretch's end.
+            let ends: Vec<usize> = (0..ds.holdout.len())
+                .filter(|&i| ds.holdout.get(i + 1) != Some(&(ds.holdout[i] + 1)))
+                .map(|i| ds.holdout[i] as usize + 1)
+                .collect();
+            let want: Vec<usize> = (1..=pieces).map(|i| len * i / pieces).collect();
+            assert_eq!(ends, want, "{len} tokens, {pieces} pieces");
+            // Every tenth of the split gives tokens to both parts.
+            for d in 0..10 {
+                let tenth = |t: &u32| (*t as usize) * 10 / len == d;
+                assert!(
+                    ds.holdout.iter().any(tenth) && ds.train.iter().any(tenth),
+                    "tenth {d}"
+                );
+            }
+        }
     }
 
     /// A block of usize::MAX overflowed `block + 1`, and `batch · block` was multiplied

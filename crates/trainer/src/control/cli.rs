@@ -69,9 +69,9 @@ pub struct ControlArgs {
     /// Hybrid: the line search's probe point past the segment's end (× its displacement).
     #[arg(long, default_value_t = 2.0)]
     pub extrapolate: f32,
-    /// Hybrid: the fraction of the training split, at its end, held out of training for the
-    /// probes (the hybrid then trains on the rest; the validation split is untouched). 0: the
-    /// probes are batches of the training split, as before issue 41.
+    /// Hybrid: the fraction of the training split held out of training for the probes, in up
+    /// to 20 pieces spread over the split (the hybrid then trains on the rest; the validation
+    /// split is untouched). 0: the probes are batches of the training split, as before issue 41.
     #[arg(long, default_value_t = 0.05)]
     #[serde(default)]
     pub probe_holdout: f32,

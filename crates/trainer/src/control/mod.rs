@@ -90,8 +90,8 @@ pub struct ControlConfig {
     /// `average_every` steps) instead of the raw iterates: `Some(β)`.
     pub average: Option<f32>,
     pub average_every: u32,
-    /// Fraction of the training split, at its end, held out of training batches for the
-    /// probes (0: the probes are batches of the training split itself, as before issue 41).
+    /// Fraction of the training split, in pieces spread over it ([`models::gpt::Dataset::hold_out`]),
+    /// held out of training batches for the probes (0: the probes are batches of the training split itself, as before issue 41).
     #[serde(default)]
     pub probe_holdout: f32,
 }

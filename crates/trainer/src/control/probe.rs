@@ -15,7 +15,8 @@ use tensor_ops::{Device, Tensor};
 pub enum ProbeSplit {
     /// The training split, the tokens training batches are drawn from.
     Train,
-    /// The held-out slice carved from the training split's end ([`Dataset::hold_out`]).
+    /// The held-out tokens carved from the training split ([`Dataset::hold_out`]: pieces
+    /// spread over it).
     HeldOut,
 }
 

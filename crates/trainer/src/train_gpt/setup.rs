@@ -107,7 +107,8 @@ impl<'a> Trainer<'a> {
             cfg.vocab_size,
             match ds.holdout.len() {
                 0 => String::new(),
-                n => format!(", {n} held out for the probes (the training split's end)"),
+                n =>
+                    format!(", {n} held out for the probes (pieces spread over the training split)"),
             }
         );
         let mut opt = RunOptimizer::new(a.optimizer, &model, a.weight_decay, a.grad_clip)?;
