@@ -224,6 +224,18 @@ thread_local! {
     static TRANSFERS: Cell<TransferStats> = Cell::new(TransferStats::default());
 }
 
+/// Waits until the work queued on `device` so far is done (the CPU runs every op at once:
+/// nothing to wait for). What a host timer needs before it starts, so that it does not count
+/// the work queued before it.
+pub fn synchronize(device: gpu_core::Device) -> Result<()> {
+    use gpu_core::{Backend, Device};
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(i) => cuda_backend_ref(i)?.synchronize(),
+        Device::Wgpu(i) => wgpu_backend_ref(i)?.synchronize(),
+    }
+}
+
 /// Transfers counted on this thread so far (tests take differences).
 pub fn transfer_stats() -> TransferStats {
     TRANSFERS.with(|t| t.get())

@@ -21,8 +21,8 @@ mod tensor;
 pub use autocast::{autocast, Precision};
 pub use autograd::{no_grad, Gradients};
 pub use backend::{
-    cuda_backend, register_wgpu_probe, transfer_stats, wgpu_backend, with_primitives_only,
-    TransferStats,
+    cuda_backend, register_wgpu_probe, synchronize, transfer_stats, wgpu_backend,
+    with_primitives_only, TransferStats,
 };
 pub use gpu_core::{DType, Device, GpuError, Result};
 pub use gpu_wgpu::KernelTime;

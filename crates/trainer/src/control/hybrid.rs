@@ -131,6 +131,8 @@ impl StepSizeHybrid {
         let gate = Gate::new(cfg.trust, cfg.world_min_examples, cfg.max_predicted_run);
         let ctl = Controller::new(cfg)?;
         let (probes, train_check) = probe_sets(&ctl.cfg, ds, &shape, model)?;
+        // The probes' timers count the probes, not the training steps queued before them.
+        tensor_ops::synchronize(model.device())?;
         let t = Instant::now();
         let f0 = probes.loss(model)?;
         let mut costs = ControlCosts {
@@ -224,6 +226,9 @@ impl StepSizeHybrid {
         opt: &mut dyn Optimizer,
         rng: &mut StdRng,
     ) -> Result<Option<u32>> {
+        // The training steps queued so far finish first: the probes' timer counts the probes
+        // (their wait for those steps is training time, in the driver's seconds).
+        tensor_ops::synchronize(model.device())?;
         let t = Instant::now();
         let f1 = self.probes.loss(model)?;
         self.costs.probe_seconds += t.elapsed().as_secs_f64();
