@@ -8,12 +8,12 @@
 //!
 //! It runs through [`GpuAccelerator`], the trainer's door to the device work, on the device
 //! that trains: `predict_batch` is the fused rollout on CUDA (the HAL's world family) and the
-//! fast f32 engine on the CPU. It trains on a thread of its own while the next segment runs,
-//! on every device: on a GPU its training is a few thousand small launches (~65 ms of host
-//! time a decision on an H100 for W1's run), which on the caller's thread stopped the training
-//! for as long. Its launches join the training's on the device's stream; the CUDA backend
-//! holds other threads' work while a graph is captured (`gpu-cuda/tests/graph.rs`), and
-//! `train-gpt` captures its graphs before the first decision.
+//! fast f32 engine on the CPU. On the CPU it trains on a thread of its own while the next
+//! segment runs; on a GPU it trains on the caller's thread at the decision (a few dozen small
+//! launches), so that nothing else is queued on the device while a training step of the model
+//! being trained is captured into a CUDA graph. On W1 (H100) that training costs ~65 ms of host
+//! time a decision, ~3.2 s of a 19 s run; a thread of its own did not hide it (19.0 s: its
+//! read-backs wait behind the queued training steps), so it stays on the caller's thread.
 
 use rssm::{GpuAccelerator, Rssm, RssmConfig, SequenceBatch};
 use tensor_ops::{Device, Tensor};
@@ -96,13 +96,13 @@ pub struct WorldSnapshot {
 }
 
 /// The RSSM predictor: small (5 members, GRU 32), through a [`GpuAccelerator`] on the training
-/// device. It learns on a thread of its own, started after a decision and joined at the next
-/// one, so its training overlaps the segment's steps instead of stopping them; the result does
-/// not depend on the timing.
+/// device. On the CPU it learns on a thread of its own, started after a decision and joined at
+/// the next one, so its training overlaps the segment's steps instead of stopping them; the
+/// result does not depend on the timing.
 pub struct StepSizeModel {
     /// The accelerator holding the model, when no training is under way.
     acc: Option<GpuAccelerator>,
-    /// The training under way: it gives the accelerator back.
+    /// The training under way (CPU only): it gives the accelerator back.
     training: Option<std::thread::JoinHandle<anyhow::Result<GpuAccelerator>>>,
     device: Device,
     /// BPTT steps after each decision.
@@ -226,7 +226,8 @@ impl ScalePredictor for StepSizeModel {
         Ok(())
     }
 
-    /// Trains the model on every decision so far on its own thread (returns at once).
+    /// Trains the model on every decision so far: on the CPU on its own thread (returns at
+    /// once), on a GPU here.
     fn learn(&mut self, states: &[[f32; FEATURES]]) -> anyhow::Result<()> {
         // Windows one longer than the context: the last step of each is a prediction target.
         let Some(x) = Self::windows(states, CONTEXT + 1, self.device)? else {
@@ -234,6 +235,9 @@ impl ScalePredictor for StepSizeModel {
         };
         let batch = SequenceBatch::new(x);
         let settings = (self.train_steps, self.lr);
+        if self.device != Device::Cpu {
+            return train(self.accelerator()?, &batch, settings);
+        }
         self.accelerator()?;
         let mut acc = self.acc.take().expect("accelerator() put it back");
         self.training = Some(std::thread::spawn(move || {
