@@ -5,6 +5,9 @@
 //!
 //! [`exact_xwt`]: the f64 reference of `x·wᵀ` with each output's `Σ|x·w|`, for bounds.
 //!
+//! [`mask_revealing_qkv`] and [`assert_output_is_the_mask`]: an attention input whose output
+//! is its dropout mask, and the check of that output against [`AttnDropout::keep`].
+//!
 //! [`test_seed`]: the seed of a randomised test, fixed per test by default (so CI never turns
 //! red at random), printed, and replayed or drawn fresh through `HYBRID_TEST_SEED`.
 
@@ -13,6 +16,7 @@ use crate::cpu::{CpuBackend, CpuStorage};
 use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
+use crate::nn::attention::{AttnDropout, Packed};
 use crate::nn::elementwise::{Activation, BinaryKind, ReduceKind};
 use crate::nn::{
     AttentionOps, BlockCopy, DecodeOps, ElementwiseOps, OptimOps, Primitives, QuantOps, RowOps,
@@ -155,6 +159,41 @@ pub fn exact_xwt(x: &[f32], w: &[f32], (m, n, k): (usize, usize, usize)) -> (Vec
         }
     }
     (sums, mags)
+}
+
+/// A packed attention input `[b·t, 3·c]` (f32) whose forward output is its causal dropout
+/// mask: `q = k = 0`, so query `i` weighs keys `0..=i` alike, and `v` of every head holds key
+/// `j`'s one-hot `e_j` (`p.d ≥ p.t`), so output `(bi, i, h, j)` is nonzero exactly where key
+/// `j` is visible to query `i` and kept. [`assert_output_is_the_mask`] checks such an output.
+pub fn mask_revealing_qkv(p: Packed) -> Vec<f32> {
+    let (c, ld) = (p.c(), 3 * p.c());
+    let mut qkv = vec![0.0f32; p.b * p.t * ld];
+    for row in 0..p.b * p.t {
+        for h in 0..p.heads {
+            qkv[row * ld + 2 * c + h * p.d + row % p.t] = 1.0;
+        }
+    }
+    qkv
+}
+
+/// Asserts that `out`, the packed forward's output `[b·t, c]` of [`mask_revealing_qkv`] under
+/// dropout `drop`, is nonzero exactly at the causal entries `drop` keeps (`what` names the
+/// backend in a failure); returns how many entries it kept.
+pub fn assert_output_is_the_mask(what: &str, out: &[f32], p: Packed, drop: AttnDropout) -> usize {
+    let mut kept = 0;
+    for bi in 0..p.b {
+        for i in 0..p.t {
+            for h in 0..p.heads {
+                for j in 0..p.t {
+                    let v = out[(bi * p.t + i) * p.c() + h * p.d + j];
+                    let keep = drop.keep(bi * p.heads + h, i, j, p.t);
+                    assert_eq!(v != 0.0, j <= i && keep, "{what} ({bi}, {i}, {h}, {j})");
+                    kept += (v != 0.0) as usize;
+                }
+            }
+        }
+    }
+    kept
 }
 
 /// The environment variable that sets a randomised test's seed: a number replays it, `fresh`
