@@ -1,10 +1,11 @@
 //! Helpers shared by the wgpu test files: seeded randomness (fixed per test, printed; replay
-//! with `HYBRID_TEST_SEED`, or `HYBRID_TEST_SEED=fresh`), f32 buffers to and from a backend,
+//! with `HYBRID_TEST_SEED`, or `HYBRID_TEST_SEED=fresh`), f32 buffers to a backend and f32 values from one,
 //! hostile values and value comparison.
 #![allow(dead_code)]
 
 use gpu_core::nn::Primitives;
-use gpu_core::{Backend, DType};
+use gpu_core::{Backend, BufferInfo, DType};
+use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -27,9 +28,17 @@ pub fn out<B: Primitives>(b: &B, n: usize) -> B::Buffer {
     x
 }
 
-/// `x` (f32) downloaded from `b`.
+/// `x` downloaded from `b` as f32 values (a bf16 buffer widened, exactly).
 pub fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
-    b.download(x).unwrap()
+    match x.dtype() {
+        DType::BF16 => b
+            .download::<bf16>(x)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f32())
+            .collect(),
+        _ => b.download::<f32>(x).unwrap(),
+    }
 }
 
 pub fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
