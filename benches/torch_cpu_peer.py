@@ -13,19 +13,8 @@ Usage: python3 benches/torch_cpu_peer.py [--reps N] [--gpt-text FILE] [--threads
 """
 import argparse
 import json
-import statistics
-import time
 
-
-def median_us(fn, reps, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+from host_timing import median_us
 
 
 def main():

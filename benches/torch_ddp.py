@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from torch_peer import NanoGpt
+from torch_peer import NanoGpt, backward_and_step
 
 
 def setup():
@@ -51,10 +51,7 @@ def gpt(a):
         y = torch.stack([data[j + 1:j + a.block + 1] for j in ix]).to(dev, non_blocking=True)
         with ctx:
             loss = ddp(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        backward_and_step(model, opt, loss)
         return loss
 
     for _ in range(10):

@@ -194,11 +194,17 @@ def gpt_step_queued(model, opt, data, block, batch, dev, gen=None):
     x = torch.stack([data[j:j + block] for j in ix]).to(dev)
     y = torch.stack([data[j + 1:j + block + 1] for j in ix]).to(dev)
     loss = model(x, y)
+    backward_and_step(model, opt, loss)
+    return loss
+
+
+def backward_and_step(model, opt, loss):
+    """The peers' update after a forward that gave `loss`: gradients zeroed (set to None),
+    backward, `model`'s gradients clipped to a global norm of 1.0, one step of `opt`."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-    return loss
 
 
 def gpt_rows(add, path, dev):

@@ -18,24 +18,18 @@ Usage: python benches/torch_rssm_cpu.py [--reps N]
 """
 import argparse
 import json
-import statistics
-import time
 
 import torch
 from torch import nn
 
+from host_timing import median_us
+
 B, F, E, H, S, HD, D, M, STEPS = 32, 64, 128, 256, 32, 128, 64, 5, 10
 
 
-def time_us(fn, reps, warmup=5):
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
+def time_us(fn, reps):
+    """`median_us` after 5 warm-up calls."""
+    return median_us(fn, reps, warmup=5)
 
 
 def head(i, o):

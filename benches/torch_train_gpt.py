@@ -21,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peer import NanoGpt  # noqa: E402
+from torch_peer import NanoGpt, backward_and_step  # noqa: E402
 
 
 def main():
@@ -116,10 +116,7 @@ def main():
         x, y = get_batch("train")
         with ctx:
             loss = m(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        backward_and_step(model, opt, loss)
     tokens = a.iters * batch * block
     print(f"{a.precision}{' compiled' if a.compile else ''}: {tokens / train_s / 1e3:.0f}K tokens/s; "
           + (f"val <= 1.50 first at iter {reached[0]} after {reached[1]:.1f} s of training"

@@ -5,6 +5,12 @@
 //!
 //! [`exact_xwt`]: the f64 reference of `x·wᵀ` with each output's `Σ|x·w|`, for bounds.
 //!
+//! [`mask_revealing_qkv`] and [`assert_output_is_the_mask`]: an attention input whose output
+//! is its dropout mask, and the check of that output against [`AttnDropout::keep`].
+//!
+//! [`PLAIN_SAMPLING`] and [`check_sample_rows_refusals`]: neutral sampling settings, and the
+//! argument checks of `sample_rows` every backend makes.
+//!
 //! [`test_seed`]: the seed of a randomised test, fixed per test by default (so CI never turns
 //! red at random), printed, and replayed or drawn fresh through `HYBRID_TEST_SEED`.
 
@@ -13,10 +19,11 @@ use crate::cpu::{CpuBackend, CpuStorage};
 use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
+use crate::nn::attention::{AttnDropout, Packed};
 use crate::nn::elementwise::{Activation, BinaryKind, ReduceKind};
 use crate::nn::{
     AttentionOps, BlockCopy, DecodeOps, ElementwiseOps, OptimOps, Primitives, QuantOps, RowOps,
-    SampleOps, WorldOps,
+    SampleOps, SampleParams, WorldOps,
 };
 use crate::ops::{MatmulOps, MatmulSpec};
 
@@ -155,6 +162,98 @@ pub fn exact_xwt(x: &[f32], w: &[f32], (m, n, k): (usize, usize, usize)) -> (Vec
         }
     }
     (sums, mags)
+}
+
+/// A packed attention input `[b·t, 3·c]` (f32) whose forward output is its causal dropout
+/// mask: `q = k = 0`, so query `i` weighs keys `0..=i` alike, and `v` of every head holds key
+/// `j`'s one-hot `e_j` (`p.d ≥ p.t`), so output `(bi, i, h, j)` is nonzero exactly where key
+/// `j` is visible to query `i` and kept. [`assert_output_is_the_mask`] checks such an output.
+pub fn mask_revealing_qkv(p: Packed) -> Vec<f32> {
+    let (c, ld) = (p.c(), 3 * p.c());
+    let mut qkv = vec![0.0f32; p.b * p.t * ld];
+    for row in 0..p.b * p.t {
+        for h in 0..p.heads {
+            qkv[row * ld + 2 * c + h * p.d + row % p.t] = 1.0;
+        }
+    }
+    qkv
+}
+
+/// Asserts that `out`, the packed forward's output `[b·t, c]` of [`mask_revealing_qkv`] under
+/// dropout `drop`, is nonzero exactly at the causal entries `drop` keeps (`what` names the
+/// backend in a failure); returns how many entries it kept.
+pub fn assert_output_is_the_mask(what: &str, out: &[f32], p: Packed, drop: AttnDropout) -> usize {
+    let mut kept = 0;
+    for bi in 0..p.b {
+        for i in 0..p.t {
+            for h in 0..p.heads {
+                for j in 0..p.t {
+                    let v = out[(bi * p.t + i) * p.c() + h * p.d + j];
+                    let keep = drop.keep(bi * p.heads + h, i, j, p.t);
+                    assert_eq!(v != 0.0, j <= i && keep, "{what} ({bi}, {i}, {h}, {j})");
+                    kept += (v != 0.0) as usize;
+                }
+            }
+        }
+    }
+    kept
+}
+
+/// Sampling settings that change nothing: temperature 1, no top-k or top-p cut, no
+/// repetition penalty, seed and offset 0 (the base the sampling tests vary one field of).
+pub const PLAIN_SAMPLING: SampleParams = SampleParams {
+    temperature: 1.0,
+    top_k: 0,
+    top_p: 1.0,
+    penalty: 1.0,
+    seed: 0,
+    offset: 0,
+};
+
+/// Checks [`SampleOps::sample_rows`]' refusals on `b`, which every backend makes alike: a
+/// `seen` mask too short, a float output, a `vocab` that does not divide the logits or is 0,
+/// u32 logits and bad settings (`top_p` 0, a negative temperature, a zero penalty) are errors
+/// that write neither the tokens nor `seen`; an empty batch is fine, and a good call then
+/// writes a token below `vocab` for both rows.
+pub fn check_sample_rows_refusals<B: SampleOps>(b: &B) {
+    let base = PLAIN_SAMPLING;
+    let l = b.upload(&[0.0f32; 6]).unwrap();
+    let lu = b.upload(&[0u32; 6]).unwrap();
+    let c = b.upload(&[0u32; 2]).unwrap();
+    let mut s = b.upload(&[0u32; 2]).unwrap();
+    let mut o = b.upload(&[9u32; 2]).unwrap();
+    let mut short = b.upload(&[0u32; 1]).unwrap();
+    let mut f = b.upload(&[0.0f32; 2]).unwrap();
+    assert!(b.sample_rows(&l, &mut short, &c, &mut o, 3, base).is_err());
+    assert!(b.sample_rows(&l, &mut s, &c, &mut f, 3, base).is_err());
+    assert!(b.sample_rows(&l, &mut s, &c, &mut o, 4, base).is_err());
+    assert!(b.sample_rows(&l, &mut s, &c, &mut o, 0, base).is_err());
+    assert!(b.sample_rows(&c, &mut s, &c, &mut o, 1, base).is_err());
+    assert!(b.sample_rows(&lu, &mut s, &c, &mut o, 3, base).is_err());
+    for bad in [
+        SampleParams { top_p: 0.0, ..base },
+        SampleParams {
+            temperature: -1.0,
+            ..base
+        },
+        SampleParams {
+            penalty: 0.0,
+            ..base
+        },
+    ] {
+        assert!(b.sample_rows(&l, &mut s, &c, &mut o, 3, bad).is_err());
+    }
+    assert_eq!(b.download::<u32>(&o).unwrap(), [9, 9]);
+    assert_eq!(b.download::<u32>(&s).unwrap(), [0, 0]);
+    let e = b.upload::<f32>(&[]).unwrap();
+    let (mut es, ec, mut eo) = (
+        b.upload::<u32>(&[]).unwrap(),
+        b.upload::<u32>(&[]).unwrap(),
+        b.upload::<u32>(&[]).unwrap(),
+    );
+    b.sample_rows(&e, &mut es, &ec, &mut eo, 5, base).unwrap();
+    b.sample_rows(&l, &mut s, &c, &mut o, 3, base).unwrap();
+    assert!(b.download::<u32>(&o).unwrap().iter().all(|&t| t < 3));
 }
 
 /// The environment variable that sets a randomised test's seed: a number replays it, `fresh`

@@ -334,24 +334,18 @@ fn wrong_dtypes_lengths_and_formats_are_typed_errors() {
         err_of(&short_x, &ok, spec, DType::F32),
         GpuError::ShapeMismatch { .. }
     ));
-    // The int4 buffers under the int8 format: data of n·k/4 words and no mins expected.
-    let int8 = QuantSpec {
-        format: QuantFormat::Int8,
-        ..spec
-    };
-    assert!(matches!(
-        err_of(&x, &ok, int8, DType::F32),
-        GpuError::ShapeMismatch { .. }
-    ));
-    // The int4 buffers under the f16 format: data of n·k/2 words and no scales expected.
-    let f16 = QuantSpec {
-        format: QuantFormat::F16,
-        ..spec
-    };
-    assert!(matches!(
-        err_of(&x, &ok, f16, DType::F32),
-        GpuError::ShapeMismatch { .. }
-    ));
+    // The int4 buffers under the int8 format (data of n·k/4 words and no mins expected) and
+    // under the f16 format (data of n·k/2 words and no scales expected).
+    for format in [QuantFormat::Int8, QuantFormat::F16] {
+        let spec = QuantSpec { format, ..spec };
+        assert!(
+            matches!(
+                err_of(&x, &ok, spec, DType::F32),
+                GpuError::ShapeMismatch { .. }
+            ),
+            "{format:?}"
+        );
+    }
     // k not a multiple of 4 (int8), 8 (int4) or 2 (f16); sizes past 2^31.
     for (format, k) in [
         (QuantFormat::Int8, 6),

@@ -16,7 +16,7 @@ use common::adamw_on_copies;
 use gpu_core::nn::attention::{AttnDropout, Packed, PackedCall, PackedDrop, PackedSaved};
 use gpu_core::nn::optim::{adamw_schedule, AdamWBuffers};
 use gpu_core::nn::{AdamWConfig, AttentionOps, ElementwiseOps, OptimOps, Primitives};
-use gpu_core::testing::PrimitivesOnly;
+use gpu_core::testing::{assert_output_is_the_mask, mask_revealing_qkv, PrimitivesOnly};
 use gpu_core::{Backend, BufferInfo, CpuBackend, CpuStorage, DType};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -119,34 +119,13 @@ fn the_default_attention_dropout_mask_is_the_cpus_bit_for_bit() {
         heads: 2,
         d: 8,
     };
-    let (c, ld) = (p.c(), 3 * p.c());
-    let mut qkv = vec![0.0f32; p.b * p.t * ld];
-    for row in 0..p.b * p.t {
-        for h in 0..p.heads {
-            qkv[row * ld + 2 * c + h * p.d + row % p.t] = 1.0;
-        }
-    }
-    let qkv = CpuStorage::F32(qkv);
+    let qkv = CpuStorage::F32(mask_revealing_qkv(p));
     let drop = AttnDropout { p: 0.2, seed };
     for (name, be) in [("default", &P as &dyn Fwd), ("cpu", &C as &dyn Fwd)] {
         let out = be.fwd(&qkv, call(p, Some(drop.into())));
-        let mut kept = 0;
-        for (bi, i, h, j) in entries(p) {
-            let v = out[(bi * p.t + i) * c + h * p.d + j];
-            let keep = drop.keep(bi * p.heads + h, i, j, p.t);
-            assert_eq!(v != 0.0, j <= i && keep, "{name} ({bi}, {i}, {h}, {j})");
-            kept += (v != 0.0) as usize;
-        }
+        let kept = assert_output_is_the_mask(name, &out, p, drop);
         println!("{name}: {kept} kept");
     }
-}
-
-/// Every `(batch, query, head, key)` of `p`.
-fn entries(p: Packed) -> impl Iterator<Item = (usize, usize, usize, usize)> {
-    let t = p.t;
-    (0..p.b).flat_map(move |bi| {
-        (0..t).flat_map(move |i| (0..p.heads).flat_map(move |h| (0..t).map(move |j| (bi, i, h, j))))
-    })
 }
 
 /// The packed forward's output of either backend (object-safe for the loop).

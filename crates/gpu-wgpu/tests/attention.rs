@@ -12,6 +12,7 @@ use common::{randn, rng, U};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::attention::{AttnDropout, Packed, PackedCall, PackedDrop, PackedSaved};
 use gpu_core::nn::AttentionOps;
+use gpu_core::testing::{assert_output_is_the_mask, mask_revealing_qkv};
 use gpu_core::{CpuBackend, DType};
 use gpu_wgpu::testing::backend_or_skip;
 
@@ -183,32 +184,14 @@ fn the_attention_dropout_mask_is_the_cpus_bit_for_bit() {
         heads: 2,
         d: 128,
     };
-    let (c, ld) = (p.c(), 3 * p.c());
-    let mut qkv = vec![0.0f32; p.b * p.t * ld];
-    for row in 0..p.b * p.t {
-        for h in 0..p.heads {
-            qkv[row * ld + 2 * c + h * p.d + row % p.t] = 1.0;
-        }
-    }
-    let dout = vec![0.0f32; p.b * p.t * c];
+    let qkv = mask_revealing_qkv(p);
+    let dout = vec![0.0f32; p.b * p.t * p.c()];
     let drop = AttnDropout {
         p: 0.3,
         seed: gpu_core::testing::test_seed(name),
     };
     let [out, _, _] = packed(&g, (&qkv, &dout), DType::F32, (p, Some(drop)));
-    let mut kept = 0;
-    for bi in 0..p.b {
-        for i in 0..p.t {
-            for h in 0..p.heads {
-                for j in 0..p.t {
-                    let v = out[(bi * p.t + i) * c + h * p.d + j];
-                    let keep = drop.keep(bi * p.heads + h, i, j, p.t);
-                    assert_eq!(v != 0.0, j <= i && keep, "({bi}, {i}, {h}, {j})");
-                    kept += (v != 0.0) as usize;
-                }
-            }
-        }
-    }
+    let kept = assert_output_is_the_mask("wgpu", &out, p, drop);
     println!("{kept} kept");
 }
 

@@ -13,33 +13,18 @@
 
 mod common;
 
-use common::rng;
+use common::{get, out, rng, up};
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
 use gpu_core::nn::optim::AdamWBuffers;
 use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::{AdamWConfig, NnOps, ReduceKind};
-use gpu_core::{Backend, CpuBackend, DType};
+use gpu_core::CpuBackend;
 use gpu_wgpu::testing::backend_or_skip;
 use rand::rngs::StdRng;
 use rand::Rng;
 
 /// Named outputs of one case with their relative bound.
 type Outs = Vec<(&'static str, f32, Vec<f32>)>;
-
-fn up<B: Backend>(b: &B, x: &[f32]) -> B::Buffer {
-    b.upload(x).unwrap()
-}
-
-/// A poisoned (NaN) f32 output of `n` elements.
-fn out<B: NnOps>(b: &B, n: usize) -> B::Buffer {
-    let mut x = b.allocate(DType::F32, n).unwrap();
-    b.fill(&mut x, f32::NAN).unwrap();
-    x
-}
-
-fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
-    b.download(x).unwrap()
-}
 
 fn vecs(r: &mut StdRng, n: usize, k: usize) -> Vec<Vec<f32>> {
     (0..k).map(|_| common::randn(r, n, 2.0)).collect()

@@ -12,9 +12,9 @@
 
 mod common;
 
-use common::{close, rng, same, U};
+use common::{close, get, rng, same, U};
 use gpu_core::nn::quant::{QuantFormat, QuantOps, QuantSpec};
-use gpu_core::{Backend, BufferInfo, CpuBackend, DType, GpuError};
+use gpu_core::{Backend, CpuBackend, DType, GpuError};
 use gpu_wgpu::testing::backend_or_skip;
 use gpu_wgpu::{F16Loads, WgpuBackend};
 use half::{bf16, f16};
@@ -74,18 +74,6 @@ fn put<B: Backend>(b: &B, x: &[f32], dtype: DType) -> B::Buffer {
             .upload(&x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())
             .unwrap(),
         _ => b.upload(x).unwrap(),
-    }
-}
-
-fn get<B: Backend>(b: &B, buf: &B::Buffer) -> Vec<f32> {
-    match buf.dtype() {
-        DType::BF16 => b
-            .download::<bf16>(buf)
-            .unwrap()
-            .iter()
-            .map(|v| v.to_f32())
-            .collect(),
-        _ => b.download::<f32>(buf).unwrap(),
     }
 }
 

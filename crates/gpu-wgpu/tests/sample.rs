@@ -13,21 +13,14 @@ mod common;
 use common::rng;
 use gpu_core::nn::sample::{draw, draw_target, seen_words, top_p_cut, weight, SampleParams};
 use gpu_core::nn::SampleOps;
-use gpu_core::{Backend, CpuBackend};
+use gpu_core::CpuBackend;
 use gpu_wgpu::testing::backend_or_skip;
 use gpu_wgpu::WgpuBackend;
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-const BASE: SampleParams = SampleParams {
-    temperature: 1.0,
-    top_k: 0,
-    top_p: 1.0,
-    penalty: 1.0,
-    seed: 0,
-    offset: 0,
-};
+const BASE: SampleParams = gpu_core::testing::PLAIN_SAMPLING;
 
 /// One batch: `[rows, vocab]` logits, the `seen` mask and the counters.
 struct Batch {
@@ -286,43 +279,7 @@ fn bad_arguments_are_refused_as_on_the_cpu() {
     let Some(g) = backend_or_skip("bad_arguments_are_refused_as_on_the_cpu") else {
         return;
     };
-    let l = g.upload(&[0.0f32; 6]).unwrap();
-    let lu = g.upload(&[0u32; 6]).unwrap();
-    let c = g.upload(&[0u32; 2]).unwrap();
-    let mut s = g.upload(&[0u32; 2]).unwrap();
-    let mut o = g.upload(&[9u32; 2]).unwrap();
-    let mut short = g.upload(&[0u32; 1]).unwrap();
-    let mut f = g.upload(&[0.0f32; 2]).unwrap();
-    assert!(g.sample_rows(&l, &mut short, &c, &mut o, 3, BASE).is_err());
-    assert!(g.sample_rows(&l, &mut s, &c, &mut f, 3, BASE).is_err());
-    assert!(g.sample_rows(&l, &mut s, &c, &mut o, 4, BASE).is_err());
-    assert!(g.sample_rows(&l, &mut s, &c, &mut o, 0, BASE).is_err());
-    assert!(g.sample_rows(&lu, &mut s, &c, &mut o, 3, BASE).is_err());
-    for bad in [
-        SampleParams { top_p: 0.0, ..BASE },
-        SampleParams {
-            temperature: -1.0,
-            ..BASE
-        },
-        SampleParams {
-            penalty: 0.0,
-            ..BASE
-        },
-    ] {
-        assert!(g.sample_rows(&l, &mut s, &c, &mut o, 3, bad).is_err());
-    }
-    assert_eq!(g.download::<u32>(&o).unwrap(), [9, 9]);
-    assert_eq!(g.download::<u32>(&s).unwrap(), [0, 0]);
-    // An empty batch is fine; a good call then writes both rows.
-    let e = g.upload::<f32>(&[]).unwrap();
-    let (mut es, ec, mut eo) = (
-        g.upload::<u32>(&[]).unwrap(),
-        g.upload::<u32>(&[]).unwrap(),
-        g.upload::<u32>(&[]).unwrap(),
-    );
-    g.sample_rows(&e, &mut es, &ec, &mut eo, 5, BASE).unwrap();
-    g.sample_rows(&l, &mut s, &c, &mut o, 3, BASE).unwrap();
-    assert!(g.download::<u32>(&o).unwrap().iter().all(|&t| t < 3));
+    gpu_core::testing::check_sample_rows_refusals(&g);
 }
 
 /// The adjacent f32 `(t, u)` in `[lo, hi]` (negative) with `f(weight(t))` true and

@@ -9,8 +9,9 @@ use common::{close, flushed, ftz, randn, rng, same, with_hostile, SIZES, U};
 use gpu_core::nn::elementwise::BinaryKind;
 use gpu_core::nn::BlockCopy;
 use gpu_core::nn::{Activation, Primitives};
-use gpu_core::{Backend, CpuBackend, DType, GpuError};
+use gpu_core::{Backend, CpuBackend, DType, Element, GpuError};
 use gpu_wgpu::testing::backend_or_skip;
+use gpu_wgpu::WgpuBackend;
 use half::bf16;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -57,24 +58,17 @@ fn copy_blocks_moves_exact_bits_and_keeps_the_rest() {
             let (s, d) = (so + o * ss, d_o + o * ds);
             want[d..d + len].copy_from_slice(&src[s..s + len]);
         }
+        let copy = BlockCopy {
+            src_offset: so,
+            src_stride: ss,
+            dst_offset: d_o,
+            dst_stride: ds,
+            outer,
+            len,
+        };
         // f32 (random bit patterns, NaNs included): exact bits.
         let f = |v: &[u32]| v.iter().map(|&u| f32::from_bits(u)).collect::<Vec<_>>();
-        let s = b.upload(&f(&src)).unwrap();
-        let mut d = b.upload(&f(&dst)).unwrap();
-        b.copy_blocks(
-            &s,
-            &mut d,
-            BlockCopy {
-                src_offset: so,
-                src_stride: ss,
-                dst_offset: d_o,
-                dst_stride: ds,
-                outer,
-                len,
-            },
-        )
-        .unwrap();
-        let got: Vec<f32> = b.download(&d).unwrap();
+        let got = copied(&b, &f(&src), &f(&dst), copy);
         let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, want, "f32 {outer}x{len}");
         // bf16 (random 16-bit patterns): exact bits, neighbours in shared words kept.
@@ -83,22 +77,7 @@ fn copy_blocks_moves_exact_bits_and_keeps_the_rest() {
                 .map(|&u| bf16::from_bits(u as u16))
                 .collect::<Vec<_>>()
         };
-        let s = b.upload(&h(&src)).unwrap();
-        let mut d = b.upload(&h(&dst)).unwrap();
-        b.copy_blocks(
-            &s,
-            &mut d,
-            BlockCopy {
-                src_offset: so,
-                src_stride: ss,
-                dst_offset: d_o,
-                dst_stride: ds,
-                outer,
-                len,
-            },
-        )
-        .unwrap();
-        let got: Vec<bf16> = b.download(&d).unwrap();
+        let got = copied(&b, &h(&src), &h(&dst), copy);
         let got: Vec<u16> = got.iter().map(|v| v.to_bits()).collect();
         let want16: Vec<u16> = want.iter().map(|&u| u as u16).collect();
         assert_eq!(got, want16, "bf16 {outer}x{len}");
@@ -244,19 +223,10 @@ fn broadcast_binary_matches_the_cpu() {
         let mut bv = randn(&mut r, nb, 10.0);
         bv.iter_mut().step_by(3).for_each(|v| *v = 0.0);
         for op in BinaryKind::ALL {
-            let mut oc = C.allocate(DType::F32, n).unwrap();
-            let (ac, bc) = (C.upload(&a).unwrap(), C.upload(&bv).unwrap());
-            C.broadcast_binary(op, &ac, &sa, &bc, &sb, &mut oc).unwrap();
-            let want: Vec<f32> = C.download(&oc).unwrap();
+            let want = broadcast(&C, op, (&a, &sa), (&bv, &sb), n);
             // The same on the inputs a flushing device reads (subnormals as zero).
-            let (af, bff) = (C.upload(&ftz(&a)).unwrap(), C.upload(&ftz(&bv)).unwrap());
-            C.broadcast_binary(op, &af, &sa, &bff, &sb, &mut oc)
-                .unwrap();
-            let want_ftz: Vec<f32> = C.download(&oc).unwrap();
-            let mut o = b.allocate(DType::F32, n).unwrap();
-            let (ad, bd) = (b.upload(&a).unwrap(), b.upload(&bv).unwrap());
-            b.broadcast_binary(op, &ad, &sa, &bd, &sb, &mut o).unwrap();
-            let got: Vec<f32> = b.download(&o).unwrap();
+            let want_ftz = broadcast(&C, op, (&ftz(&a), &sa), (&ftz(&bv), &sb), n);
+            let got = broadcast(&b, op, (&a, &sa), (&bv, &sb), n);
             for i in 0..n {
                 let ok = |w: f32| binary_ok(op, got[i], w) || flushed(&[], got[i], w);
                 assert!(
@@ -268,34 +238,11 @@ fn broadcast_binary_matches_the_cpu() {
             }
             // bf16: the CPU's f32 result rounded once (1 bf16 ulp more for Div).
             let (ah, bh) = (bf(&a), bf(&bv));
-            let mut oc = C.allocate(DType::BF16, n).unwrap();
-            C.broadcast_binary(
-                op,
-                &C.upload(&ah).unwrap(),
-                &sa,
-                &C.upload(&bh).unwrap(),
-                &sb,
-                &mut oc,
-            )
-            .unwrap();
-            let want: Vec<bf16> = C.download(&oc).unwrap();
+            let want = broadcast(&C, op, (&ah, &sa), (&bh, &sb), n);
             // The same on flushed inputs (a bf16 subnormal widens to an f32 subnormal).
             let (af, bff) = (bf(&ftz(&a)), bf(&ftz(&bv)));
-            let (af, bff) = (C.upload(&af).unwrap(), C.upload(&bff).unwrap());
-            C.broadcast_binary(op, &af, &sa, &bff, &sb, &mut oc)
-                .unwrap();
-            let want_ftz: Vec<bf16> = C.download(&oc).unwrap();
-            let mut o = b.allocate(DType::BF16, n).unwrap();
-            b.broadcast_binary(
-                op,
-                &b.upload(&ah).unwrap(),
-                &sa,
-                &b.upload(&bh).unwrap(),
-                &sb,
-                &mut o,
-            )
-            .unwrap();
-            let got: Vec<bf16> = b.download(&o).unwrap();
+            let want_ftz = broadcast(&C, op, (&af, &sa), (&bff, &sb), n);
+            let got = broadcast(&b, op, (&ah, &sa), (&bh, &sb), n);
             for i in 0..n {
                 let g = got[i].to_f32();
                 let ok = |w: f32| {
@@ -407,4 +354,27 @@ fn activations_match_their_definitions() {
             }
         }
     }
+}
+
+/// `dst` after `b.copy_blocks` of `src` into it with `copy`, through the device.
+fn copied<T: Element>(b: &WgpuBackend, src: &[T], dst: &[T], copy: BlockCopy) -> Vec<T> {
+    let s = b.upload(src).unwrap();
+    let mut d = b.upload(dst).unwrap();
+    b.copy_blocks(&s, &mut d, copy).unwrap();
+    b.download(&d).unwrap()
+}
+
+/// `op(x, y)` of `x` (shape `sx`) and `y` (shape `sy`) broadcast to `n` elements, computed in
+/// `T` on backend `be`.
+fn broadcast<B: Primitives, T: Element>(
+    be: &B,
+    op: BinaryKind,
+    (x, sx): (&[T], &[usize]),
+    (y, sy): (&[T], &[usize]),
+    n: usize,
+) -> Vec<T> {
+    let mut o = be.allocate(T::DTYPE, n).unwrap();
+    let (xd, yd) = (be.upload(x).unwrap(), be.upload(y).unwrap());
+    be.broadcast_binary(op, &xd, sx, &yd, sy, &mut o).unwrap();
+    be.download(&o).unwrap()
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{close, flushed, randn, rng, same, with_hostile, SIZES, U};
+use common::{close, flushed, get, randn, rng, same, with_hostile, SIZES, U};
 use gpu_core::nn::elementwise::{dropout_keep, ReduceKind};
 use gpu_core::nn::{Activation, Primitives};
 use gpu_core::ops::{MatmulOps, MatmulSpec};
@@ -225,16 +225,7 @@ fn dropout_masks_are_bit_identical_to_the_cpu_hash() {
             let (mut o, mut oc) = (b.allocate(dtype, n).unwrap(), C.allocate(dtype, n).unwrap());
             b.dropout(&xd, 0.3, seed, &mut o).unwrap();
             C.dropout(&xc, 0.3, seed, &mut oc).unwrap();
-            let (g, w) = match dtype {
-                DType::F32 => (
-                    b.download::<f32>(&o).unwrap(),
-                    C.download::<f32>(&oc).unwrap(),
-                ),
-                _ => (
-                    wide(&b.download(&o).unwrap()),
-                    wide(&C.download(&oc).unwrap()),
-                ),
-            };
+            let (g, w) = (get(&b, &o), get(&C, &oc));
             // Bit for bit, but for subnormal values, which WGSL lets the device flush.
             let xs = match dtype {
                 DType::F32 => x.clone(),
@@ -284,16 +275,7 @@ fn bf16_matmul_accumulates_in_f32_and_rounds_once() {
                 b.matmul(spec, &ad, &bd, &mut c).unwrap();
                 let mut cc = C.allocate(dtype, batch * m * n).unwrap();
                 C.matmul(spec, &ac, &bc, &mut cc).unwrap();
-                let (g, w) = match dtype {
-                    DType::F32 => (
-                        b.download::<f32>(&c).unwrap(),
-                        C.download::<f32>(&cc).unwrap(),
-                    ),
-                    _ => (
-                        wide(&b.download(&c).unwrap()),
-                        wide(&C.download(&cc).unwrap()),
-                    ),
-                };
+                let (g, w) = (get(&b, &c), get(&C, &cc));
                 // Bound: 2(k+1)·2^-24·Σ|a||b| (both sides' f32 accumulation), plus one bf16
                 // ulp of the result when it is rounded to bf16.
                 for (x, y) in g.iter().zip(&w) {

@@ -15,27 +15,13 @@
 
 mod common;
 
-use common::rng;
+use common::{get, out, rng, up};
 use gpu_core::nn::{
     LowRankFactors, LowRankOutcome, RolloutCall, RolloutDims, SvdMethod, SvdOut, SvdOutcome,
     SvdSpec, WorldOps,
 };
-use gpu_core::{Backend, CpuBackend, DType};
+use gpu_core::CpuBackend;
 use gpu_wgpu::testing::backend_or_skip;
-
-fn up<B: Backend>(b: &B, x: &[f32]) -> B::Buffer {
-    b.upload(x).unwrap()
-}
-
-fn out<B: WorldOps>(b: &B, n: usize) -> B::Buffer {
-    let mut x = b.allocate(DType::F32, n).unwrap();
-    b.fill(&mut x, f32::NAN).unwrap();
-    x
-}
-
-fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
-    b.download(x).unwrap()
-}
 
 fn close(test: &str, got: &[f32], want: &[f32], rtol: f32) {
     assert_eq!(got.len(), want.len(), "{test}: lengths");

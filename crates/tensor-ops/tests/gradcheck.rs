@@ -9,16 +9,17 @@
 //! cannot change under a step). Dropout is linear in its input for a fixed seed (the mask does
 //! not depend on the values), so it has no kink.
 
+mod devcmp;
+mod finite_diff;
+
+use finite_diff::gradcheck;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use tensor_ops::{no_grad, Device, Result, Tensor};
+use tensor_ops::{Device, Result, Tensor};
 
 const CPU: Device = Device::Cpu;
 
-#[derive(Clone)]
-struct Input {
-    data: Vec<f32>,
-    shape: Vec<usize>,
-}
+/// An input's values and shape.
+type Input = (Vec<f32>, Vec<usize>);
 
 /// An op under check, of its inputs.
 type Op = fn(&[Tensor]) -> Result<Tensor>;
@@ -46,10 +47,7 @@ fn rand_input_where(
             data.push(v);
         }
     }
-    Input {
-        data,
-        shape: shape.to_vec(),
-    }
+    (data, shape.to_vec())
 }
 
 /// Inputs for ReLU under steps of `h`: none within [`KINK_MARGIN`]·h of the kink at 0.
@@ -63,67 +61,6 @@ fn without_near_ties(rng: &mut StdRng, shape: &[usize], lo: f32, hi: f32, h: f32
     rand_input_where(rng, shape, lo, hi, |v, prev| {
         prev.iter().all(|p| (p - v).abs() > KINK_MARGIN * h)
     })
-}
-
-/// Checks d⟨f(x), R⟩/dx for every input element against central differences with step `h`.
-fn check(
-    name: &str,
-    inputs: Vec<Input>,
-    h: f32,
-    tol: f64,
-    f: impl Fn(&[Tensor]) -> Result<Tensor>,
-) {
-    let mut rng = StdRng::seed_from_u64(0xC0FFEE);
-    let leaves: Vec<Tensor> = inputs
-        .iter()
-        .map(|i| {
-            Tensor::from_vec(i.data.clone(), &i.shape, CPU)
-                .unwrap()
-                .requires_grad_()
-                .unwrap()
-        })
-        .collect();
-    let out = f(&leaves).unwrap();
-    let r: Vec<f32> = (0..out.numel())
-        .map(|_| rng.random_range(-1.0..1.0))
-        .collect();
-    let rt = Tensor::from_vec(r.clone(), out.shape(), CPU).unwrap();
-    let loss = out.mul(&rt).unwrap().sum_all().unwrap();
-    let grads = loss.backward().unwrap();
-    let objective = |vals: &[Vec<f32>]| -> f64 {
-        no_grad(|| {
-            let ts: Vec<Tensor> = vals
-                .iter()
-                .zip(&inputs)
-                .map(|(v, i)| Tensor::from_vec(v.clone(), &i.shape, CPU).unwrap())
-                .collect();
-            let o = f(&ts).unwrap().to_vec().unwrap();
-            o.iter().zip(&r).map(|(a, b)| *a as f64 * *b as f64).sum()
-        })
-    };
-    for (ii, input) in inputs.iter().enumerate() {
-        let g = grads
-            .get(&leaves[ii])
-            .unwrap_or_else(|| panic!("{name}: no gradient for input {ii}"))
-            .to_vec()
-            .unwrap();
-        let mut vals: Vec<Vec<f32>> = inputs.iter().map(|i| i.data.clone()).collect();
-        for j in 0..input.data.len() {
-            let x0 = vals[ii][j];
-            vals[ii][j] = x0 + h;
-            let up = objective(&vals);
-            vals[ii][j] = x0 - h;
-            let down = objective(&vals);
-            vals[ii][j] = x0;
-            let fd = (up - down) / (2.0 * h as f64);
-            let diff = (g[j] as f64 - fd).abs();
-            assert!(
-                diff <= tol * fd.abs().max(1.0),
-                "{name}: d/dx{ii}[{j}] analytic {} vs numeric {fd} (diff {diff:e})",
-                g[j]
-            );
-        }
-    }
 }
 
 /// The test's generator, from a printed seed (`HYBRID_TEST_SEED` replays it).
@@ -151,12 +88,12 @@ fn arithmetic_with_broadcasting() {
             ("div", 1e-3, 2e-3, |t| t[0].div(&t[1])),
         ];
         for (name, h, tol, op) in ops {
-            check(name, vec![a(), b.clone()], h, tol, op);
+            gradcheck(name, &[a(), b.clone()], h, tol, op);
         }
     }
-    check(
+    gradcheck(
         "affine",
-        vec![rand_input(&mut r, &[5], -1.0, 1.0)],
+        &[rand_input(&mut r, &[5], -1.0, 1.0)],
         1e-2,
         1e-3,
         |t| t[0].affine(-1.5, 0.25),
@@ -179,26 +116,26 @@ fn activations_gradcheck_stays_off_the_relu_kink_on_a_seed_that_hit_it() {
 fn activations_from(mut r: StdRng) {
     let x = |r: &mut StdRng| rand_input(r, &[3, 7], -3.0, 3.0);
     let h = 1e-3;
-    check(
+    gradcheck(
         "relu",
-        vec![off_relu_kink(&mut r, &[3, 7], -3.0, 3.0, h)],
+        &[off_relu_kink(&mut r, &[3, 7], -3.0, 3.0, h)],
         h,
         1e-2,
         |t| t[0].relu(),
     );
-    check("gelu", vec![x(&mut r)], 1e-2, 1e-3, |t| t[0].gelu());
-    check("silu", vec![x(&mut r)], 1e-2, 1e-3, |t| t[0].silu());
-    check("sigmoid", vec![x(&mut r)], 1e-2, 1e-3, |t| t[0].sigmoid());
-    check("tanh", vec![x(&mut r)], 1e-2, 1e-3, |t| t[0].tanh());
-    check("exp", vec![x(&mut r)], 1e-3, 1e-3, |t| t[0].exp());
-    check(
+    gradcheck("gelu", &[x(&mut r)], 1e-2, 1e-3, |t| t[0].gelu());
+    gradcheck("silu", &[x(&mut r)], 1e-2, 1e-3, |t| t[0].silu());
+    gradcheck("sigmoid", &[x(&mut r)], 1e-2, 1e-3, |t| t[0].sigmoid());
+    gradcheck("tanh", &[x(&mut r)], 1e-2, 1e-3, |t| t[0].tanh());
+    gradcheck("exp", &[x(&mut r)], 1e-3, 1e-3, |t| t[0].exp());
+    gradcheck(
         "log",
-        vec![rand_input(&mut r, &[3, 7], 0.5, 3.0)],
+        &[rand_input(&mut r, &[3, 7], 0.5, 3.0)],
         1e-3,
         1e-3,
         |t| t[0].log(),
     );
-    check("swiglu", vec![x(&mut r), x(&mut r)], 1e-2, 1e-3, |t| {
+    gradcheck("swiglu", &[x(&mut r), x(&mut r)], 1e-2, 1e-3, |t| {
         t[0].swiglu(&t[1])
     });
 }
@@ -219,30 +156,32 @@ fn reductions_and_shapes_from(mut r: StdRng) {
     // Sum, mean and the shape ops are smooth; max is not where two entries of a slice tie.
     let x = without_near_ties(&mut r, &[2, 3, 4], -2.0, 2.0, 1e-3);
     for ax in [0isize, 1, -1] {
-        check("sum", vec![x.clone()], 1e-2, 1e-3, |t| t[0].sum(ax, false));
-        check("mean", vec![x.clone()], 1e-2, 1e-3, |t| t[0].mean(ax, true));
-        check("max", vec![x.clone()], 1e-3, 1e-3, |t| t[0].max(ax, false));
+        gradcheck("sum", std::slice::from_ref(&x), 1e-2, 1e-3, |t| {
+            t[0].sum(ax, false)
+        });
+        gradcheck("mean", std::slice::from_ref(&x), 1e-2, 1e-3, |t| {
+            t[0].mean(ax, true)
+        });
+        gradcheck("max", std::slice::from_ref(&x), 1e-3, 1e-3, |t| {
+            t[0].max(ax, false)
+        });
     }
     let inp = || x.clone();
-    check("reshape", vec![inp()], 1e-2, 1e-3, |t| {
-        t[0].reshape(&[6, 4])
-    });
-    check("transpose", vec![inp()], 1e-2, 1e-3, |t| {
-        t[0].transpose(0, 2)
-    });
-    check("permute", vec![inp()], 1e-2, 1e-3, |t| {
+    gradcheck("reshape", &[inp()], 1e-2, 1e-3, |t| t[0].reshape(&[6, 4]));
+    gradcheck("transpose", &[inp()], 1e-2, 1e-3, |t| t[0].transpose(0, 2));
+    gradcheck("permute", &[inp()], 1e-2, 1e-3, |t| {
         t[0].permute(&[1, 2, 0])
     });
-    check("narrow", vec![inp()], 1e-2, 1e-3, |t| t[0].narrow(2, 1, 2));
-    check(
+    gradcheck("narrow", &[inp()], 1e-2, 1e-3, |t| t[0].narrow(2, 1, 2));
+    gradcheck(
         "expand",
-        vec![rand_input(&mut r, &[3, 1], -1.0, 1.0)],
+        &[rand_input(&mut r, &[3, 1], -1.0, 1.0)],
         1e-2,
         1e-3,
         |t| t[0].expand(&[2, 3, 4]),
     );
     let y = rand_input(&mut r, &[2, 5, 4], -2.0, 2.0);
-    check("cat", vec![inp(), y], 1e-2, 1e-3, |t| {
+    gradcheck("cat", &[inp(), y], 1e-2, 1e-3, |t| {
         Tensor::cat(&[&t[0], &t[1]], 1)
     });
 }
@@ -253,7 +192,7 @@ fn matmul_variants() {
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         let a = rand_input(&mut r, if ta { &[2, 4, 3] } else { &[2, 3, 4] }, -1.0, 1.0);
         let b = rand_input(&mut r, if tb { &[2, 5, 4] } else { &[2, 4, 5] }, -1.0, 1.0);
-        check("batched matmul", vec![a, b], 1e-2, 1e-3, move |t| {
+        gradcheck("batched matmul", &[a, b], 1e-2, 1e-3, move |t| {
             t[0].matmul_t(&t[1], ta, tb)
         });
     }
@@ -261,37 +200,35 @@ fn matmul_variants() {
     let x = rand_input(&mut r, &[2, 3, 4], -1.0, 1.0);
     let w = rand_input(&mut r, &[5, 4], -1.0, 1.0);
     let b = rand_input(&mut r, &[5], -1.0, 1.0);
-    check("linear", vec![x, w, b], 1e-2, 1e-3, |t| {
+    gradcheck("linear", &[x, w, b], 1e-2, 1e-3, |t| {
         t[0].linear(&t[1], Some(&t[2]))
     });
     let x = rand_input(&mut r, &[2, 3, 4], -1.0, 1.0);
     let w = rand_input(&mut r, &[4, 6], -1.0, 1.0);
-    check("matmul shared", vec![x, w], 1e-2, 1e-3, |t| {
-        t[0].matmul(&t[1])
-    });
+    gradcheck("matmul shared", &[x, w], 1e-2, 1e-3, |t| t[0].matmul(&t[1]));
 }
 
 #[test]
 fn nn_ops() {
     let mut r = rng("nn_ops");
-    check(
+    gradcheck(
         "softmax",
-        vec![rand_input(&mut r, &[3, 6], -2.0, 2.0)],
+        &[rand_input(&mut r, &[3, 6], -2.0, 2.0)],
         1e-2,
         1e-3,
         |t| t[0].softmax(),
     );
-    check(
+    gradcheck(
         "log_softmax",
-        vec![rand_input(&mut r, &[3, 6], -2.0, 2.0)],
+        &[rand_input(&mut r, &[3, 6], -2.0, 2.0)],
         1e-2,
         1e-3,
         |t| t[0].log_softmax(),
     );
     let targets = Tensor::from_vec(vec![0u32, 5, 2, 3], &[4], CPU).unwrap();
-    check(
+    gradcheck(
         "cross_entropy",
-        vec![rand_input(&mut r, &[4, 6], -2.0, 2.0)],
+        &[rand_input(&mut r, &[4, 6], -2.0, 2.0)],
         1e-2,
         1e-3,
         move |t| t[0].cross_entropy(&targets),
@@ -299,40 +236,40 @@ fn nn_ops() {
     let x = rand_input(&mut r, &[3, 8], -2.0, 2.0);
     let w = rand_input(&mut r, &[8], 0.5, 1.5);
     let b = rand_input(&mut r, &[8], -0.5, 0.5);
-    check("layer_norm", vec![x, w, b], 1e-2, 2e-3, |t| {
+    gradcheck("layer_norm", &[x, w, b], 1e-2, 2e-3, |t| {
         t[0].layer_norm(&t[1], &t[2], 1e-5)
     });
     let x = rand_input(&mut r, &[3, 8], -2.0, 2.0);
     let w = rand_input(&mut r, &[8], 0.5, 1.5);
-    check("rms_norm", vec![x, w], 1e-2, 2e-3, |t| {
+    gradcheck("rms_norm", &[x, w], 1e-2, 2e-3, |t| {
         t[0].rms_norm(&t[1], 1e-5)
     });
-    check(
+    gradcheck(
         "rope",
-        vec![rand_input(&mut r, &[2, 2, 5, 6], -1.0, 1.0)],
+        &[rand_input(&mut r, &[2, 2, 5, 6], -1.0, 1.0)],
         1e-2,
         1e-3,
         |t| t[0].rope(10_000.0),
     );
     let ids = Tensor::from_vec(vec![1u32, 3, 1, 0, 4], &[5], CPU).unwrap();
-    check(
+    gradcheck(
         "embedding",
-        vec![rand_input(&mut r, &[6, 3], -1.0, 1.0)],
+        &[rand_input(&mut r, &[6, 3], -1.0, 1.0)],
         1e-2,
         1e-3,
         move |t| t[0].embedding(&ids),
     );
     let qkv = |r: &mut StdRng| rand_input(r, &[1, 2, 5, 4], -1.0, 1.0);
-    check(
+    gradcheck(
         "causal_attention",
-        vec![qkv(&mut r), qkv(&mut r), qkv(&mut r)],
+        &[qkv(&mut r), qkv(&mut r), qkv(&mut r)],
         1e-2,
         2e-3,
         |t| Tensor::causal_attention(&t[0], &t[1], &t[2]),
     );
-    check(
+    gradcheck(
         "dropout",
-        vec![rand_input(&mut r, &[4, 9], -1.0, 1.0)],
+        &[rand_input(&mut r, &[4, 9], -1.0, 1.0)],
         1e-2,
         1e-3,
         |t| t[0].dropout(0.3, 77, true),

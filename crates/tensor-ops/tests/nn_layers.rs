@@ -4,12 +4,16 @@
 //!
 //! Random inputs come from a seed each test prints (`HYBRID_TEST_SEED` replays it).
 
+mod devcmp;
+mod finite_diff;
+
+use finite_diff::gradcheck;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tensor_ops::nn::{
     Dropout, Embedding, GruCell, Init, LayerNorm, Linear, Mode, Module, ModuleT, ParamStore,
     RmsNorm,
 };
-use tensor_ops::{no_grad, Device, GpuError, Result, Tensor};
+use tensor_ops::{Device, GpuError, Tensor};
 
 const CPU: Device = Device::Cpu;
 
@@ -32,63 +36,6 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
             (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
             "{what}[{i}]: got {g}, want {w}"
         );
-    }
-}
-
-/// Checks d⟨f(x), R⟩/dx of every input against central differences (step `h`) in f64.
-fn gradcheck(
-    name: &str,
-    inputs: &[(Vec<f32>, Vec<usize>)],
-    h: f32,
-    tol: f64,
-    f: impl Fn(&[Tensor]) -> Result<Tensor>,
-) {
-    let mut r = StdRng::seed_from_u64(0xC0FFEE);
-    let leaves: Vec<Tensor> = inputs
-        .iter()
-        .map(|(v, s)| tensor(v, s).requires_grad_().unwrap())
-        .collect();
-    let out = f(&leaves).unwrap();
-    let w = uniform(&mut r, out.numel(), -1.0, 1.0);
-    let loss = out
-        .mul(&tensor(&w, out.shape()))
-        .unwrap()
-        .sum_all()
-        .unwrap();
-    let grads = loss.backward().unwrap();
-    let objective = |vals: &[Vec<f32>]| -> f64 {
-        no_grad(|| {
-            let ts: Vec<Tensor> = vals
-                .iter()
-                .zip(inputs)
-                .map(|(v, (_, s))| tensor(v, s))
-                .collect();
-            let o = f(&ts).unwrap().to_vec().unwrap();
-            o.iter().zip(&w).map(|(a, b)| *a as f64 * *b as f64).sum()
-        })
-    };
-    let mut vals: Vec<Vec<f32>> = inputs.iter().map(|(v, _)| v.clone()).collect();
-    for (i, leaf) in leaves.iter().enumerate() {
-        let g = grads
-            .get(leaf)
-            .unwrap_or_else(|| panic!("{name}: no gradient for input {i}"))
-            .to_vec()
-            .unwrap();
-        for j in 0..vals[i].len() {
-            let x0 = vals[i][j];
-            vals[i][j] = x0 + h;
-            let up = objective(&vals);
-            vals[i][j] = x0 - h;
-            let down = objective(&vals);
-            vals[i][j] = x0;
-            let fd = (up - down) / (2.0 * h as f64);
-            let diff = (g[j] as f64 - fd).abs();
-            assert!(
-                diff <= tol * fd.abs().max(1.0),
-                "{name}: d/dinput{i}[{j}] analytic {} vs numeric {fd}",
-                g[j]
-            );
-        }
     }
 }
 

@@ -5,10 +5,11 @@
 //! host memory; AdamW's scheduled path is CUDA-only), Schedule-Free AdamW's eval/train swap,
 //! and the `ParamStore` builders.
 
+mod optim_hp;
+
 use tensor_ops::nn::ParamStore;
 use tensor_ops::optim::{
-    AdamW, AdamWParams, Optimizer, OptimizerState, Prodigy, ProdigyParams, ScheduleFreeAdamW,
-    ScheduleFreeParams,
+    AdamW, Optimizer, OptimizerState, Prodigy, ProdigyParams, ScheduleFreeAdamW, ScheduleFreeParams,
 };
 use tensor_ops::{Device, Gradients, Tensor};
 
@@ -62,29 +63,13 @@ type Make = fn(Vec<(Tensor, bool)>) -> Box<dyn Optimizer>;
 fn makers() -> Vec<(&'static str, Make)> {
     vec![
         ("adamw", |p| {
-            let hp = AdamWParams {
-                weight_decay: 0.1,
-                max_grad_norm: Some(1.0),
-                ..Default::default()
-            };
-            Box::new(AdamW::new(p, hp).unwrap())
+            Box::new(AdamW::new(p, optim_hp::adamw()).unwrap())
         }),
         ("schedule_free_adamw", |p| {
-            let hp = ScheduleFreeParams {
-                weight_decay: 0.1,
-                warmup_steps: 2,
-                max_grad_norm: Some(1.0),
-                ..Default::default()
-            };
-            Box::new(ScheduleFreeAdamW::new(p, hp).unwrap())
+            Box::new(ScheduleFreeAdamW::new(p, optim_hp::schedule_free()).unwrap())
         }),
         ("prodigy", |p| {
-            let hp = ProdigyParams {
-                weight_decay: 0.1,
-                max_grad_norm: Some(1.0),
-                ..Default::default()
-            };
-            Box::new(Prodigy::new(p, hp).unwrap())
+            Box::new(Prodigy::new(p, optim_hp::prodigy()).unwrap())
         }),
     ]
 }

@@ -14,6 +14,7 @@
 //! fails instead with `HYBRID_REQUIRE_WGPU=1`.
 
 mod devcmp;
+mod optim_hp;
 
 use devcmp::loss_weights;
 use gpu_cuda::testing::{cancel, rel_err, test_seed};
@@ -377,43 +378,20 @@ struct ParamRun {
 type Make = fn(&tensor_ops::nn::ParamStore) -> Box<dyn tensor_ops::optim::Optimizer>;
 
 fn optimizers() -> [(&'static str, Make, f32); 3] {
-    use tensor_ops::optim::{AdamWParams, ProdigyParams, ScheduleFreeParams};
     [
         (
             "AdamW",
-            |s| {
-                let hp = AdamWParams {
-                    weight_decay: 0.1,
-                    max_grad_norm: Some(1.0),
-                    ..Default::default()
-                };
-                Box::new(s.adamw(hp).unwrap())
-            },
+            |s| Box::new(s.adamw(optim_hp::adamw()).unwrap()),
             1e-2,
         ),
         (
             "Schedule-Free AdamW",
-            |s| {
-                let hp = ScheduleFreeParams {
-                    weight_decay: 0.1,
-                    warmup_steps: 2,
-                    max_grad_norm: Some(1.0),
-                    ..Default::default()
-                };
-                Box::new(s.schedule_free_adamw(hp).unwrap())
-            },
+            |s| Box::new(s.schedule_free_adamw(optim_hp::schedule_free()).unwrap()),
             1e-2,
         ),
         (
             "Prodigy",
-            |s| {
-                let hp = ProdigyParams {
-                    weight_decay: 0.1,
-                    max_grad_norm: Some(1.0),
-                    ..Default::default()
-                };
-                Box::new(s.prodigy(hp).unwrap())
-            },
+            |s| Box::new(s.prodigy(optim_hp::prodigy()).unwrap()),
             1.0,
         ),
     ]

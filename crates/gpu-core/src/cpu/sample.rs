@@ -350,29 +350,6 @@ mod tests {
 
     #[test]
     fn bad_buffers_are_typed_errors_and_change_nothing() {
-        let cpu = CpuBackend;
-        let l = cpu.upload(&[0.0f32; 6]).unwrap();
-        let c = cpu.upload(&[0u32; 2]).unwrap();
-        let mut s = cpu.upload(&[0u32; 2]).unwrap();
-        let mut o = cpu.upload(&[9u32; 2]).unwrap();
-        let mut short = cpu.upload(&[0u32; 1]).unwrap();
-        let mut f = cpu.upload(&[0.0f32; 2]).unwrap();
-        assert!(cpu.sample_rows(&l, &mut short, &c, &mut o, 3, P).is_err());
-        assert!(cpu.sample_rows(&l, &mut s, &c, &mut f, 3, P).is_err());
-        assert!(cpu.sample_rows(&l, &mut s, &c, &mut o, 4, P).is_err());
-        assert!(cpu.sample_rows(&l, &mut s, &c, &mut o, 0, P).is_err());
-        assert!(cpu.sample_rows(&c, &mut s, &c, &mut o, 1, P).is_err());
-        let bad = SampleParams { top_p: 0.0, ..P };
-        assert!(cpu.sample_rows(&l, &mut s, &c, &mut o, 3, bad).is_err());
-        assert_eq!(cpu.download::<u32>(&o).unwrap(), [9, 9]);
-        assert_eq!(cpu.download::<u32>(&s).unwrap(), [0, 0]);
-        // An empty batch is fine.
-        let e = cpu.upload::<f32>(&[]).unwrap();
-        let (mut es, ec, mut eo) = (
-            cpu.upload::<u32>(&[]).unwrap(),
-            cpu.upload::<u32>(&[]).unwrap(),
-            cpu.upload::<u32>(&[]).unwrap(),
-        );
-        cpu.sample_rows(&e, &mut es, &ec, &mut eo, 5, P).unwrap();
+        crate::testing::check_sample_rows_refusals(&CpuBackend);
     }
 }

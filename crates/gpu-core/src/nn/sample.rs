@@ -333,14 +333,7 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused() {
-        let ok = SampleParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            penalty: 1.0,
-            seed: 0,
-            offset: 0,
-        };
+        let ok = crate::testing::PLAIN_SAMPLING;
         assert!(ok.check().is_ok());
         for p in [
             SampleParams {

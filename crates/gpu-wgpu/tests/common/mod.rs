@@ -1,7 +1,11 @@
 //! Helpers shared by the wgpu test files: seeded randomness (fixed per test, printed; replay
-//! with `HYBRID_TEST_SEED`, or `HYBRID_TEST_SEED=fresh`), hostile values and value comparison.
+//! with `HYBRID_TEST_SEED`, or `HYBRID_TEST_SEED=fresh`), f32 buffers to a backend and f32 values from one,
+//! hostile values and value comparison.
 #![allow(dead_code)]
 
+use gpu_core::nn::Primitives;
+use gpu_core::{Backend, BufferInfo, DType};
+use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -10,6 +14,31 @@ pub const U: f64 = 1.0 / (1u64 << 24) as f64;
 
 pub fn rng(test: &str) -> StdRng {
     StdRng::seed_from_u64(gpu_core::testing::test_seed(test))
+}
+
+/// `x` uploaded to `b`.
+pub fn up<B: Backend>(b: &B, x: &[f32]) -> B::Buffer {
+    b.upload(x).unwrap()
+}
+
+/// A poisoned (NaN) f32 output of `n` elements on `b`.
+pub fn out<B: Primitives>(b: &B, n: usize) -> B::Buffer {
+    let mut x = b.allocate(DType::F32, n).unwrap();
+    b.fill(&mut x, f32::NAN).unwrap();
+    x
+}
+
+/// `x` downloaded from `b` as f32 values (a bf16 buffer widened, exactly).
+pub fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
+    match x.dtype() {
+        DType::BF16 => b
+            .download::<bf16>(x)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f32())
+            .collect(),
+        _ => b.download::<f32>(x).unwrap(),
+    }
 }
 
 pub fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {

@@ -15,14 +15,9 @@ pub fn loss_weights(n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// `f`'s output and the gradient of ⟨f(x), R⟩ for each leaf (`None` where no gradient flows) on
-/// device `d`.
-pub fn run_on(
-    d: Device,
-    inputs: &[(Vec<f32>, Vec<usize>)],
-    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
-) -> (Vec<f32>, Grads) {
-    let leaves: Vec<Tensor> = inputs
+/// The inputs (`(values, shape)`) as leaves on device `d` that require gradients.
+pub fn leaves(d: Device, inputs: &[(Vec<f32>, Vec<usize>)]) -> Vec<Tensor> {
+    inputs
         .iter()
         .map(|(v, s)| {
             Tensor::from_vec(v.clone(), s, d)
@@ -30,7 +25,17 @@ pub fn run_on(
                 .requires_grad_()
                 .unwrap()
         })
-        .collect();
+        .collect()
+}
+
+/// `f`'s output and the gradient of ⟨f(x), R⟩ for each leaf (`None` where no gradient flows) on
+/// device `d`.
+pub fn run_on(
+    d: Device,
+    inputs: &[(Vec<f32>, Vec<usize>)],
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) -> (Vec<f32>, Grads) {
+    let leaves = leaves(d, inputs);
     let out = f(&leaves).unwrap();
     let r = loss_weights(out.numel());
     let loss = out
