@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call of issue 41's experiment with a slim carry: the stripped, xz-compressed
+# `hybrid-trainer` binary alone (11 MB against the 60 MB bundle, so the source tree travels
+# beside it within the device tool's 64 MiB). Make the binary here:
+#   cargo build --release -p hybrid-trainer && mkdir -p target/expcall &&
+#   strip -o /tmp/ht target/release/hybrid-trainer && xz -6 -c /tmp/ht > target/expcall/hybrid-trainer.xz
+# and carry target/expcall and the curves so far (EXP, default target/exp: a run whose curve
+# exists is not run again). On the GPU machine, from the repository root:
+#   [EXP=DIR] [WORKLOADS=w1] [EXTRA="--w7-lr R | --kjv FILE"] \
+#     bash scripts/experiment-call.sh SECONDS TORCH(0|1) ARMS [ARMS...]
+# runs, with TORCH=1, PyTorch's AdamW at 1× and 3× on W1 (seed 1, the peer with attention
+# dropout), then each comma list of arms in turn until SECONDS have passed, and packs the
+# curves and logs into $OUT/exp.tgz and the card's name into $OUT/gpu.txt.
+set -u
+export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+secs=$1; torch=$2; shift 2
+exp=${EXP:-target/exp}
+start=$(date +%s)
+B=/tmp/hybrid-trainer
+xz -dc target/expcall/hybrid-trainer.xz > $B && chmod +x $B || exit 1
+mkdir -p "$exp" "$OUT"
+data=/tmp/tinyshakespeare.txt
+gunzip -c crates/trainer/data/tinyshakespeare.txt.gz > $data
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; sha256sum $B; } > "$OUT/gpu.txt"
+if [ "$torch" = 1 ]; then
+  for lr in 1e-3 3e-3; do
+    python3 benches/torch_train_gpt.py $data --precision bf16 --seed 1 --iters 2000 \
+      --eval-interval 25 --eval-iters 20 --lr $lr > "$OUT/torch-w1-lr$lr-seed1.log" 2>&1
+    echo "torch lr $lr rc=$? at $(( $(date +%s) - start )) s" >> "$OUT/gpu.txt"
+  done
+fi
+for arms in "$@"; do
+  left=$(( secs - ($(date +%s) - start) ))
+  [ $left -gt 20 ] || break
+  timeout $left $B --device cuda experiment --workloads "${WORKLOADS:-w1}" --arms "$arms" \
+    --out "$exp" --data $data ${EXTRA:-} >> "$OUT/exp.log" 2>&1
+  echo "experiment $arms rc=$? at $(( $(date +%s) - start )) s" >> "$OUT/gpu.txt"
+done
+tar czf "$OUT/exp.tgz" -C "$(dirname "$exp")" "$(basename "$exp")"
