@@ -187,3 +187,21 @@ fn w6_to_w8_follow_the_protocol() {
     assert!((Workload::W5.ema_decay().unwrap() - (1.0 - 1.0 / 30.0)).abs() < 1e-6);
     assert_eq!(Workload::W8.ema_decay(), None);
 }
+
+/// W7's rate, fixed from W1's completed rate sweep (`docs/protocol-41.md`), is W1's given rate:
+/// then every arm of W7 runs `train-gpt` with W1's arguments, seed for seed, so W7 is W1 and
+/// is not run again.
+#[test]
+fn w7_at_its_fixed_rate_runs_what_w1_runs() {
+    let fixed = Given { w7_lr: Some(1e-3) };
+    assert_eq!(Workload::W1.given_lr(fixed).unwrap(), 1e-3);
+    for &arm in Arm::value_variants() {
+        for seed in 1..=5 {
+            assert_eq!(
+                Workload::W7.args(arm, seed, fixed).unwrap(),
+                Workload::W1.args(arm, seed, fixed).unwrap(),
+                "{arm:?} seed {seed}"
+            );
+        }
+    }
+}
