@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call of issue 41's experiment with a slim carry: the stripped, xz-compressed
-# `hybrid-trainer` binary alone (11 MB against the 60 MB bundle, so the source tree travels
-# beside it within the device tool's 64 MiB). Make the binary here:
+# One device call of `hybrid-trainer experiment` on one GPU, with a slim carry: the stripped,
+# xz-compressed `hybrid-trainer` binary alone (11 MB against the 60 MB bundle, so the source
+# tree travels beside it within the device tool's 64 MiB); without it, the carried bundle's
+# binary (target/gpu-bundle.tar.xz). Make the slim binary here:
 #   cargo build --release -p hybrid-trainer && mkdir -p target/expcall &&
 #   strip -o /tmp/ht target/release/hybrid-trainer && xz -6 -c /tmp/ht > target/expcall/hybrid-trainer.xz
 # and carry target/expcall and the curves so far (EXP, default target/exp: a run whose curve
@@ -17,7 +18,12 @@ secs=$1; torch=$2; shift 2
 exp=${EXP:-target/exp}
 start=$(date +%s)
 B=/tmp/hybrid-trainer
-xz -dc target/expcall/hybrid-trainer.xz > $B && chmod +x $B || exit 1
+if [ -f target/expcall/hybrid-trainer.xz ]; then
+  xz -dc target/expcall/hybrid-trainer.xz > $B && chmod +x $B || exit 1
+else
+  [ -d /tmp/gpu-bundle ] || tar xJf target/gpu-bundle.tar.xz -C /tmp || exit 1
+  B=/tmp/gpu-bundle/bin/hybrid-trainer
+fi
 mkdir -p "$exp" "$OUT"
 data=/tmp/tinyshakespeare.txt
 gunzip -c crates/trainer/data/tinyshakespeare.txt.gz > $data

@@ -263,3 +263,19 @@ pub(crate) fn count_d2h(bytes: usize) {
         s.device_to_host_bytes += bytes as u64;
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use gpu_core::Device;
+
+    /// The CPU has nothing queued; a CUDA device that cannot open (no driver here, or an
+    /// ordinal past the machine's) is a typed error, not a panic.
+    #[test]
+    fn synchronize_waits_or_says_why_not() {
+        super::synchronize(Device::Cpu).unwrap();
+        match super::synchronize(Device::Cuda(4096)) {
+            Err(e) => assert!(!e.to_string().is_empty()),
+            Ok(()) => panic!("CUDA device 4096 synchronised"),
+        }
+    }
+}

@@ -361,6 +361,11 @@ mod tests {
         let mut ds = Dataset::from_text(&text, 0.9).unwrap();
         assert!(ds.hold_out(0.001, 8).is_err());
         assert!(ds.hold_out(0.0, 8).is_err() && ds.hold_out(1.0, 8).is_err());
+        for bad in [f64::NAN, f64::INFINITY, -f64::INFINITY, 1e30, -1e30] {
+            assert!(ds.hold_out(bad, 8).is_err(), "{bad}");
+        }
+        // A block whose window overflows, or that no part can hold, is refused.
+        assert!(ds.hold_out(0.1, usize::MAX).is_err() && ds.hold_out(0.5, 500).is_err());
         assert_eq!((ds.train.len(), ds.holdout.len()), (900, 0));
     }
 
