@@ -138,8 +138,38 @@ static __device__ __forceinline__ void mma_abt_n(float (&acc)[4][SC], const floa
     }
 }
 
-// acc[i][h*4+e] += Σ_{jbeg <= j < jend} P[ty*4+i][j] · X[j][h*64 + tx*4 + e]: P a W-wide score
-// tile, X a padded D-wide tile with at least W rows. jbeg and jend are warp-uniform multiples of 4.
+// acc[i][h*4+e] += P[ty*4+i][j] · X[j][h*64 + tx*4 + e] over the 4 columns jj <= j < jj + 4: P a
+// W-wide score tile, X a padded D-wide tile with at least W rows. MASKED: only where
+// lo <= j − (ty*4+i) <= hi (see mma_px_causal).
+template <int D, int W, bool MASKED = false>
+static __device__ __forceinline__ void px_quad(float (&acc)[4][D / 16], const float* P, const float* X,
+                                               int ty, int tx, int jj, int lo = 0, int hi = 0) {
+    float4 p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = *reinterpret_cast<const float4*>(P + (ty * 4 + i) * Ld<W>::v + jj);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int j = jj + e;
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h) {
+            const float4 x = *reinterpret_cast<const float4*>(X + j * Ld<D>::v + h * 64 + tx * 4);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (MASKED) {
+                    const int dj = j - (ty * 4 + i);
+                    if (dj < lo || dj > hi) continue;
+                }
+                const float pi = e == 0 ? p[i].x : e == 1 ? p[i].y : e == 2 ? p[i].z : p[i].w;
+                acc[i][h * 4 + 0] = fmaf(pi, x.x, acc[i][h * 4 + 0]);
+                acc[i][h * 4 + 1] = fmaf(pi, x.y, acc[i][h * 4 + 1]);
+                acc[i][h * 4 + 2] = fmaf(pi, x.z, acc[i][h * 4 + 2]);
+                acc[i][h * 4 + 3] = fmaf(pi, x.w, acc[i][h * 4 + 3]);
+            }
+        }
+    }
+}
+
+// px_quad over the column groups jbeg <= j < jend (warp-uniform multiples of 4).
 template <int D, int W>
 static __device__ __forceinline__ void mma_px(float (&acc)[4][D / 16], const float* P, const float* X,
                                               int ty, int tx, int jbeg, int jend) {
@@ -147,25 +177,7 @@ static __device__ __forceinline__ void mma_px(float (&acc)[4][D / 16], const flo
     for (int jj = 0; jj < W; jj += 4) {
         if (jj < jbeg) continue;
         if (jj >= jend) break;
-        float4 p[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = *reinterpret_cast<const float4*>(P + (ty * 4 + i) * Ld<W>::v + jj);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int j = jj + e;
-#pragma unroll
-            for (int h = 0; h < D / 64; ++h) {
-                const float4 x = *reinterpret_cast<const float4*>(X + j * Ld<D>::v + h * 64 + tx * 4);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float pi = e == 0 ? p[i].x : e == 1 ? p[i].y : e == 2 ? p[i].z : p[i].w;
-                    acc[i][h * 4 + 0] = fmaf(pi, x.x, acc[i][h * 4 + 0]);
-                    acc[i][h * 4 + 1] = fmaf(pi, x.y, acc[i][h * 4 + 1]);
-                    acc[i][h * 4 + 2] = fmaf(pi, x.z, acc[i][h * 4 + 2]);
-                    acc[i][h * 4 + 3] = fmaf(pi, x.w, acc[i][h * 4 + 3]);
-                }
-            }
-        }
+        px_quad<D, W>(acc, P, X, ty, tx, jj);
     }
 }
 
@@ -184,27 +196,7 @@ static __device__ __forceinline__ void mma_px_causal(float (&acc)[4][D / 16], co
     for (int u = 0; u < 2; ++u) {
         const int jj = jbeg + 4 * u;
         if (jj >= jend) break;
-        float4 p[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = *reinterpret_cast<const float4*>(P + (ty * 4 + i) * Ld<W>::v + jj);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int j = jj + e;
-#pragma unroll
-            for (int h = 0; h < D / 64; ++h) {
-                const float4 x = *reinterpret_cast<const float4*>(X + j * Ld<D>::v + h * 64 + tx * 4);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int dj = j - (ty * 4 + i);
-                    if (dj < lo || dj > hi) continue;
-                    const float pi = e == 0 ? p[i].x : e == 1 ? p[i].y : e == 2 ? p[i].z : p[i].w;
-                    acc[i][h * 4 + 0] = fmaf(pi, x.x, acc[i][h * 4 + 0]);
-                    acc[i][h * 4 + 1] = fmaf(pi, x.y, acc[i][h * 4 + 1]);
-                    acc[i][h * 4 + 2] = fmaf(pi, x.z, acc[i][h * 4 + 2]);
-                    acc[i][h * 4 + 3] = fmaf(pi, x.w, acc[i][h * 4 + 3]);
-                }
-            }
-        }
+        px_quad<D, W, true>(acc, P, X, ty, tx, jj, lo, hi);
     }
 }
 
@@ -394,23 +386,30 @@ static __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, con
     store_rows<D>(out + obase, o, inv, q0, t, d, lo, ty, tx);
 }
 
-// q, k, v, out: [n, t, d]; lse: [n, t]; grid n·ceil(t/64) blocks of 256 threads; d <= 64.
-extern "C" __global__ void __launch_bounds__(256, 2)
-    attn_fwd_d64_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                     float* __restrict__ out, float* __restrict__ lse, unsigned int n, unsigned int t,
-                     unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale) {
-    attn_fwd<64, 32, 256>(q, k, v, out, lse, n, t, d, heads, ld_in, ld_out, scale);
-}
+// Each entry point below comes in two: NAME, and NAME_drop with attention dropout (the same
+// arguments, then float p in (0, 1), u64 seed and const u64* offset: seed + *offset when offset
+// is non-null).
+// PARAMS declares the arguments, ARGS names them for KERNEL<template arguments...>.
+#define ATT_DROP_PARAMS float p, u64 seed, const u64* __restrict__ offset
+#define ATT_ENTRIES(NAME, NT, MIN_BLOCKS, PARAMS, KERNEL, ARGS, ...)                               \
+    extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) NAME(PARAMS) {                      \
+        KERNEL<__VA_ARGS__>(ARGS);                                                                 \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)                                   \
+        NAME##_drop(PARAMS, ATT_DROP_PARAMS) {                                                     \
+        KERNEL<__VA_ARGS__, true>(ARGS, att_drop(p, seed, offset));                                \
+    }
 
+#define ATT_FWD_PARAMS                                                                               \
+    const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,          \
+        float *__restrict__ out, float *__restrict__ lse, unsigned int n, unsigned int t,           \
+        unsigned int d, unsigned int heads, unsigned int ld_in, unsigned int ld_out, float scale
+#define ATT_FWD_ARGS q, k, v, out, lse, n, t, d, heads, ld_in, ld_out, scale
+
+// q, k, v, out: [n, t, d]; lse: [n, t]; grid n·ceil(t/64) blocks of 256 threads; d <= 64.
+ATT_ENTRIES(attn_fwd_d64_f32, 256, 2, ATT_FWD_PARAMS, attn_fwd, ATT_FWD_ARGS, 64, 32, 256)
 // As attn_fwd_d64_f32 for 64 < d <= 128: grid n·ceil(t/32) blocks of 128 threads.
-extern "C" __global__ void __launch_bounds__(128, 3)
-    attn_fwd_d128_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                      float* __restrict__ out, float* __restrict__ lse, unsigned int n, unsigned int t,
-                      unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale) {
-    attn_fwd<128, 16, 128>(q, k, v, out, lse, n, t, d, heads, ld_in, ld_out, scale);
-}
+ATT_ENTRIES(attn_fwd_d128_f32, 128, 3, ATT_FWD_PARAMS, attn_fwd, ATT_FWD_ARGS, 128, 16, 128)
 
 // ---------------------------------------------------------------------------------------------
 // Backward, dq: one block per (sequence, tile of BQ = 4·NT/16 query rows), key tiles of BK rows.
@@ -517,28 +516,21 @@ static __device__ __forceinline__ void attn_bwd_dq(
     store_rows<D>(dq + base, acc, mul, q0, t, d, li, ty, tx);
 }
 
+#define ATT_DQ_PARAMS                                                                                \
+    const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,          \
+        const float *__restrict__ out, const float *__restrict__ lse,                               \
+        const float *__restrict__ dout, float *__restrict__ dq, float *__restrict__ delta,           \
+        unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,     \
+        unsigned int ld_out, float scale
+#define ATT_DQ_ARGS q, k, v, out, lse, dout, dq, delta, n, t, d, heads, ld_in, ld_out, scale
+
 // q, k, v, out, dout, dq: [n, t, d]; lse, delta: [n, t]; grid n·ceil(t/32) blocks of 128
 // threads; d <= 64. delta is written, not read.
-extern "C" __global__ void __launch_bounds__(128, 4)
-    attn_bwd_dq_d64_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                        const float* __restrict__ out, const float* __restrict__ lse,
-                        const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ delta,
-                        unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale) {
-    attn_bwd_dq<64, 32, 128>(q, k, v, out, lse, dout, dq, delta, n, t, d, heads, ld_in, ld_out, scale);
-}
-
+ATT_ENTRIES(attn_bwd_dq_d64_f32, 128, 4, ATT_DQ_PARAMS, attn_bwd_dq, ATT_DQ_ARGS, 64, 32, 128)
 // As attn_bwd_dq_d64_f32 for 64 < d <= 128: grid n·ceil(t/16) blocks of 64 threads. Five
 // blocks per SM (at most 204 registers; it takes 168 and spills 16 bytes) beat four at 255
 // registers by 7% on an H200: the kernel is latency-bound at so few warps.
-extern "C" __global__ void __launch_bounds__(64, 5)
-    attn_bwd_dq_d128_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                         const float* __restrict__ out, const float* __restrict__ lse,
-                         const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ delta,
-                         unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale) {
-    attn_bwd_dq<128, 16, 64>(q, k, v, out, lse, dout, dq, delta, n, t, d, heads, ld_in, ld_out, scale);
-}
+ATT_ENTRIES(attn_bwd_dq_d128_f32, 64, 5, ATT_DQ_PARAMS, attn_bwd_dq, ATT_DQ_ARGS, 128, 16, 64)
 
 // ---------------------------------------------------------------------------------------------
 // Backward, dk and dv: one block per (sequence, tile of BKR = 4·NT/16 key rows), looping over
@@ -631,85 +623,17 @@ static __device__ __forceinline__ void attn_bwd_dkdv(
     store_rows<D>(dv + base, gv, one, k0, t, d, li, ty, tx);
 }
 
+#define ATT_DKDV_PARAMS                                                                              \
+    const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,          \
+        const float *__restrict__ lse, const float *__restrict__ dout,                              \
+        const float *__restrict__ delta, float *__restrict__ dk, float *__restrict__ dv,             \
+        unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,     \
+        unsigned int ld_out, float scale
+#define ATT_DKDV_ARGS q, k, v, lse, dout, delta, dk, dv, n, t, d, heads, ld_in, ld_out, scale
+
 // q, k, v, dout, dk, dv: [n, t, d]; lse, delta: [n, t] (delta from attn_bwd_dq_d64_f32); grid
 // n·ceil(t/32) blocks of 128 threads; d <= 64.
-extern "C" __global__ void __launch_bounds__(128, 4)
-    attn_bwd_dkdv_d64_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                          const float* __restrict__ lse, const float* __restrict__ dout,
-                          const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
-                          unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale) {
-    attn_bwd_dkdv<64, 32, 128>(q, k, v, lse, dout, delta, dk, dv, n, t, d, heads, ld_in, ld_out, scale);
-}
-
+ATT_ENTRIES(attn_bwd_dkdv_d64_f32, 128, 4, ATT_DKDV_PARAMS, attn_bwd_dkdv, ATT_DKDV_ARGS, 64, 32, 128)
 // As attn_bwd_dkdv_d64_f32 for 64 < d <= 128: grid n·ceil(t/16) blocks of 64 threads; five
 // blocks per SM, as the dq kernel (7% faster than four on an H200).
-extern "C" __global__ void __launch_bounds__(64, 5)
-    attn_bwd_dkdv_d128_f32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                           const float* __restrict__ lse, const float* __restrict__ dout,
-                           const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
-                           unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale) {
-    attn_bwd_dkdv<128, 16, 64>(q, k, v, lse, dout, delta, dk, dv, n, t, d, heads, ld_in, ld_out, scale);
-}
-
-// ---------------------------------------------------------------------------------------------
-// The kernels with attention dropout: the arguments of the plain ones, then float p (in (0, 1)),
-// u64 seed and const u64* offset.
-// attn_fwd_d64_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
-extern "C" __global__ void __launch_bounds__(256, 2)
-    attn_fwd_d64_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                     float* __restrict__ out, float* __restrict__ lse, unsigned int n, unsigned int t,
-                     unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
-    attn_fwd<64, 32, 256, true>(q, k, v, out, lse, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
-}
-
-// attn_fwd_d128_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
-extern "C" __global__ void __launch_bounds__(128, 3)
-    attn_fwd_d128_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                      float* __restrict__ out, float* __restrict__ lse, unsigned int n, unsigned int t,
-                      unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
-    attn_fwd<128, 16, 128, true>(q, k, v, out, lse, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
-}
-
-// attn_bwd_dq_d64_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
-extern "C" __global__ void __launch_bounds__(128, 4)
-    attn_bwd_dq_d64_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                        const float* __restrict__ out, const float* __restrict__ lse,
-                        const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ delta,
-                        unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
-    attn_bwd_dq<64, 32, 128, true>(q, k, v, out, lse, dout, dq, delta, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
-}
-
-// attn_bwd_dq_d128_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
-extern "C" __global__ void __launch_bounds__(64, 5)
-    attn_bwd_dq_d128_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                         const float* __restrict__ out, const float* __restrict__ lse,
-                         const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ delta,
-                         unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
-    attn_bwd_dq<128, 16, 64, true>(q, k, v, out, lse, dout, dq, delta, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
-}
-
-// attn_bwd_dkdv_d64_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
-extern "C" __global__ void __launch_bounds__(128, 4)
-    attn_bwd_dkdv_d64_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                          const float* __restrict__ lse, const float* __restrict__ dout,
-                          const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
-                          unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
-    attn_bwd_dkdv<64, 32, 128, true>(q, k, v, lse, dout, delta, dk, dv, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
-}
-
-// attn_bwd_dkdv_d128_f32 with attention dropout p > 0 (seed + *offset when offset is non-null).
-extern "C" __global__ void __launch_bounds__(64, 5)
-    attn_bwd_dkdv_d128_f32_drop(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                           const float* __restrict__ lse, const float* __restrict__ dout,
-                           const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
-                           unsigned int n, unsigned int t, unsigned int d, unsigned int heads, unsigned int ld_in,
-                     unsigned int ld_out, float scale, float p, u64 seed, const u64* __restrict__ offset) {
-    attn_bwd_dkdv<128, 16, 64, true>(q, k, v, lse, dout, delta, dk, dv, n, t, d, heads, ld_in, ld_out, scale, att_drop(p, seed, offset));
-}
+ATT_ENTRIES(attn_bwd_dkdv_d128_f32, 64, 5, ATT_DKDV_PARAMS, attn_bwd_dkdv, ATT_DKDV_ARGS, 128, 16, 64)

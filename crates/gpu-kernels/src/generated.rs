@@ -35,9 +35,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_attention",
         ptx: include_str!("../kernels/nn_attention.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
-        source_sha256: "e87c1f1d55ea8846f647d1c210bf2368a8dc954940e62098bb9ec4ae2cb6944e",
-        ptx_sha256: "a9d828e19e895f4c6f7c452a60de54f48993a8a7a4fdf0b85d1f3d57e99e325c",
-        fatbin_sha256: "224dce4f41d9c1f60cc365c310ad7316f074ee438148b769a727d31e113e080c",
+        source_sha256: "7a3f1d5090ed935f207775fd336754cd8e2be3657725f0f7120e26536e3249ad",
+        ptx_sha256: "1ed8270ff954cf649503efdc1630505ffa14775209df504daa5c3e737dbea2c7",
+        fatbin_sha256: "32578449d621c1dfd42920e3301ec41fbe2d74d87fa8b3d6588747e9d054328f",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d128_f32_drop", "attn_bwd_dkdv_d64_f32", "attn_bwd_dkdv_d64_f32_drop", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d128_f32_drop", "attn_bwd_dq_d64_f32", "attn_bwd_dq_d64_f32_drop", "attn_fwd_d128_f32", "attn_fwd_d128_f32_drop", "attn_fwd_d64_f32", "attn_fwd_d64_f32_drop"],
     },
     KernelModule {
