@@ -8,7 +8,7 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, to_u32};
+use crate::kernels::{row_src, to_u32};
 use gpu_core::backend::Backend;
 use gpu_core::nn::attention::{check_bwd, check_fwd, AttnDims, AttnQkv, PackedCall, PackedSaved};
 use gpu_core::nn::defaults::attention::{Dims, Qkv, Saved};
@@ -76,7 +76,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         let p = params(op, s)?;
         let (gx, gy) = self.grid(op, p[0])?;
-        let src = || src(&format!("{WG_SUM64}{DROP_HASH}{ATTN_ROW}{body}"));
+        let src = || row_src(64, &format!("{WG_SUM64}{DROP_HASH}{ATTN_ROW}{body}"));
         self.launch(op, (op, src), p, (gx, (gx, gy, 1)), bufs)
     }
 }

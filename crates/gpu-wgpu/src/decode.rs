@@ -7,7 +7,7 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, to_u32};
+use crate::kernels::{row_src, src, to_u32};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::decode::{
     check_add_rms_norm, check_cache_attention, check_prefill_attention, check_rope_append,
@@ -110,7 +110,7 @@ impl WgpuBackend {
         self.launch(OP, ("cache_attn", body), p, (gx, (gx, gy, z)), &bufs)?;
         p[3] = dims.d as u32 | lg << 26;
         let bufs = [x.start.raw(), x.slot.raw(), part.raw(), out.raw()];
-        let body = || src(&format!("{CACHE_SPAN}{CACHE_COMBINE}"));
+        let body = || row_src(64, &format!("{CACHE_SPAN}{CACHE_COMBINE}"));
         self.launch(OP, ("cache_combine", body), p, (gx, (gx, gy, 1)), &bufs)
     }
 
@@ -148,9 +148,10 @@ impl WgpuBackend {
         ];
         let key = format!("prefill_attn d{d}");
         let body = || {
-            src(&format!(
-                "const D: u32 = {d}u;\nconst C: u32 = {c}u;\n{PREFILL_ATTN}"
-            ))
+            row_src(
+                64,
+                &format!("const D: u32 = {d}u;\nconst C: u32 = {c}u;\n{PREFILL_ATTN}"),
+            )
         };
         self.launch(OP, (&key, body), p, (gx, (gx, gy, 1)), &bufs)
     }
@@ -264,7 +265,7 @@ impl DecodeOps for WgpuBackend {
             sum.raw(),
             normed.raw(),
         ];
-        let body = || src(ADD_RMS_NORM);
+        let body = || row_src(256, ADD_RMS_NORM);
         self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)
     }
 

@@ -156,6 +156,24 @@ pub(crate) fn src(body: &str) -> String {
     format!("{HEADER}{body}")
 }
 
+/// The entry point of a kernel run one row a workgroup: a workgroup past the last row
+/// (`P.p0`) returns at once, the others call the body's `row_main(row, lid)`.
+const ROW_ENTRY: &str = r#"
+@compute @workgroup_size(THREADS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row = wid.y * P.gx + wid.x;
+    if (row >= P.p0) { return; }
+    row_main(row, lid.x);
+}
+"#;
+
+/// [`src`] of a one-row-a-workgroup kernel, `body` defining `fn row_main(row: u32, lid: u32)`
+/// for workgroups of `threads`.
+pub(crate) fn row_src(threads: u32, body: &str) -> String {
+    let entry = ROW_ENTRY.replace("THREADS", &threads.to_string());
+    format!("{HEADER}{body}{entry}")
+}
+
 pub(crate) fn require(op: &'static str, b: &WgpuBuffer, dtype: DType) -> Result<()> {
     if b.dtype() == dtype {
         Ok(())

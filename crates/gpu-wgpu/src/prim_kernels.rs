@@ -6,7 +6,7 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{require, src, to_u32};
+use crate::kernels::{require, row_src, src, to_u32};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::{Activation, BinaryKind, BlockCopy, ReduceKind};
 use gpu_core::{DType, GpuError, Result};
@@ -307,7 +307,7 @@ impl WgpuBackend {
                 return Ok(());
             }
             let (gx, gy) = self.grid("argmax_rows", to_u32("argmax_rows", out.len())?)?;
-            let body = || src(ARGMAX_WG);
+            let body = || row_src(256, ARGMAX_WG);
             return self.launch(
                 "argmax_rows",
                 ("argmax_rows_wg", body),

@@ -8,7 +8,7 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, to_u32};
+use crate::kernels::{row_src, to_u32};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::defaults;
 use gpu_core::nn::rows::{
@@ -63,7 +63,7 @@ impl WgpuBackend {
             0,
         ];
         let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
-        let src = || src(&format!("{WG_SUM64}{lib}{body}"));
+        let src = || row_src(64, &format!("{WG_SUM64}{lib}{body}"));
         self.launch(op, (op, src), p, (gx, (gx, gy, 1)), bufs)
     }
 
@@ -79,7 +79,12 @@ impl WgpuBackend {
         let p = [to_u32(op, rows)?, to_u32(op, cols)?, 0, 0, 0, 0, 0, 0];
         let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
         let key = format!("{op}_reg{wg}");
-        let src = || src(&format!("{ROW_REG}{body}").replace("WG_SIZE", &wg.to_string()));
+        let src = || {
+            row_src(
+                wg,
+                &format!("{ROW_REG}{body}").replace("WG_SIZE", &wg.to_string()),
+            )
+        };
         self.launch(op, (&key, src), p, (gx, (gx, gy, 1)), bufs)
     }
 }
@@ -154,7 +159,7 @@ impl RowOps for WgpuBackend {
         ];
         let (gx, gy) = self.grid(OP, to_u32(OP, rows)?)?;
         let bufs = [x.raw(), w.raw(), b.raw(), y.raw(), mean.raw(), rstd.raw()];
-        let body = || src(&format!("{WG_SUM64}{LAYERNORM_FWD}"));
+        let body = || row_src(64, &format!("{WG_SUM64}{LAYERNORM_FWD}"));
         self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)
     }
 
@@ -205,7 +210,7 @@ impl RowOps for WgpuBackend {
             dx.raw(),
             dyx.raw(),
         ];
-        let body = || src(&format!("{WG_SUM64}{LAYERNORM_BWD}"));
+        let body = || row_src(64, &format!("{WG_SUM64}{LAYERNORM_BWD}"));
         self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)?;
         self.reduce_axis(ReduceKind::Sum, &dyx, 1, rows, cols, dw)?;
         self.reduce_axis(ReduceKind::Sum, dy, 1, rows, cols, db)?;
