@@ -7,7 +7,7 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{row_src, src, to_u32};
+use crate::kernels::{row_src, src, thread_src, to_u32};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::decode::{
     check_add_rms_norm, check_cache_attention, check_prefill_attention, check_rope_append,
@@ -194,7 +194,7 @@ impl DecodeOps for WgpuBackend {
             k_cache.raw(),
             v_cache.raw(),
         ];
-        self.launch_1d(OP, OP, || src(ROPE_APPEND), p, threads, &bufs)
+        self.launch_1d(OP, OP, || thread_src(ROPE_APPEND), p, threads, &bufs)
     }
 
     /// f32: the slots split over workgroups, then the splits combined (bf16: the default).
@@ -278,7 +278,7 @@ impl DecodeOps for WgpuBackend {
             return defaults::rows::swiglu_packed(self, gu, out, i);
         }
         let p = [to_u32(OP, out.len())?, to_u32(OP, i)?, 0, 0, 0, 0, 0, 0];
-        let body = || src(&format!("{ACT_LIB}{SWIGLU}"));
+        let body = || thread_src(&format!("{ACT_LIB}{SWIGLU}"));
         self.launch_1d(OP, OP, body, p, out.len(), &[gu.raw(), out.raw()])
     }
 }

@@ -174,6 +174,22 @@ pub(crate) fn row_src(threads: u32, body: &str) -> String {
     format!("{HEADER}{body}{entry}")
 }
 
+/// The entry point of a kernel run one thread an item, in workgroups of 256: a thread past
+/// the last item (`P.p0`) returns at once, the others call the body's `thread_main(i)`.
+const THREAD_ENTRY: &str = r#"
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = linear(wid, lid);
+    if (i >= P.p0) { return; }
+    thread_main(i);
+}
+"#;
+
+/// [`src`] of a one-thread-an-item kernel, `body` defining `fn thread_main(i: u32)`.
+pub(crate) fn thread_src(body: &str) -> String {
+    format!("{HEADER}{body}{THREAD_ENTRY}")
+}
+
 pub(crate) fn require(op: &'static str, b: &WgpuBuffer, dtype: DType) -> Result<()> {
     if b.dtype() == dtype {
         Ok(())
@@ -347,7 +363,7 @@ impl WgpuBackend {
         };
         let words = (buf.padded_bytes() / 4) as usize;
         let p = [to_u32("fill", words)?, pattern, 0, 0, 0, 0, 0, 0];
-        self.launch_1d("fill", "fill", || src(FILL), p, words, &[buf.raw()])
+        self.launch_1d("fill", "fill", || thread_src(FILL), p, words, &[buf.raw()])
     }
 
     /// `out = x` in `out`'s dtype: f32→bf16 rounds to nearest even (NaN stays NaN, overflow
@@ -378,7 +394,7 @@ impl WgpuBackend {
             (DType::BF16, DType::F32) => self.launch_1d(
                 "cast",
                 "cast_bf16_f32",
-                || src(CAST_BF16_F32),
+                || thread_src(CAST_BF16_F32),
                 p,
                 x.len(),
                 &[x.raw(), out.raw()],
@@ -403,7 +419,7 @@ impl WgpuBackend {
         self.launch_1d(
             "unary",
             &format!("unary_{}", op.name()),
-            || src(&UNARY.replace("EXPR", op.expr())),
+            || thread_src(&UNARY.replace("EXPR", op.expr())),
             p,
             x.len(),
             &[x.raw(), out.raw()],
@@ -446,7 +462,7 @@ impl WgpuBackend {
         self.launch_1d(
             "binary",
             &format!("binary_{}", op.name()),
-            || src(&BINARY.replace("EXPR", op.expr())),
+            || thread_src(&BINARY.replace("EXPR", op.expr())),
             p,
             a.len(),
             &[a.raw(), b.raw(), out.raw()],

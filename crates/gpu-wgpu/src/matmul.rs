@@ -8,7 +8,7 @@
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{require, src, to_u32};
+use crate::kernels::{require, src, thread_src, to_u32};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::ops::MatmulSpec;
 use gpu_core::{DType, GpuError, Result};
@@ -129,7 +129,7 @@ impl WgpuBackend {
         self.launch_1d(
             "matmul",
             "matmul_sum",
-            || src(SUM),
+            || thread_src(SUM),
             params,
             c.len(),
             &[scratch.raw(), c.raw()],

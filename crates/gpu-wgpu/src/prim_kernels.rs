@@ -6,7 +6,7 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{require, row_src, src, to_u32};
+use crate::kernels::{require, row_src, src, thread_src, to_u32};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::{Activation, BinaryKind, BlockCopy, ReduceKind};
 use gpu_core::{DType, GpuError, Result};
@@ -123,7 +123,14 @@ impl WgpuBackend {
             DType::BF16 => ("copy_blocks_bf16", COPY_BF16),
             _ => ("copy_blocks_f32", COPY_F32),
         };
-        self.launch_1d(OP, key, || src(body), p, n, &[src_buf.raw(), dst.raw()])
+        self.launch_1d(
+            OP,
+            key,
+            || thread_src(body),
+            p,
+            n,
+            &[src_buf.raw(), dst.raw()],
+        )
     }
 
     /// `out = x.permute(perm)` on 32-bit elements (`shape`, `perm` checked).
@@ -154,11 +161,11 @@ impl WgpuBackend {
         if vec4 {
             let body = || {
                 let v = PERMUTE.replace("x: array<u32>;", "x: array<vec4<u32>>;");
-                src(&v.replace("out: array<u32>;", "out: array<vec4<u32>>;"))
+                thread_src(&v.replace("out: array<u32>;", "out: array<vec4<u32>>;"))
             };
             return self.launch_1d("permute", "permute4", body, p, n, &bufs);
         }
-        self.launch_1d("permute", "permute", || src(PERMUTE), p, n, &bufs)
+        self.launch_1d("permute", "permute", || thread_src(PERMUTE), p, n, &bufs)
     }
 
     /// `out = a ∘ b` broadcast to `shape` (checked; f32), each input with its shape.
@@ -193,7 +200,7 @@ impl WgpuBackend {
         self.launch_1d(
             "broadcast_binary",
             &format!("broadcast_{}", op.name()),
-            || src(&BROADCAST.replace("EXPR", binary_expr(op))),
+            || thread_src(&BROADCAST.replace("EXPR", binary_expr(op))),
             p,
             out.len(),
             &[&meta, a.raw(), b.raw(), out.raw()],
@@ -212,7 +219,7 @@ impl WgpuBackend {
             "activation_fwd",
             &format!("act_fwd_{}", op.name()),
             || {
-                src(&format!(
+                thread_src(&format!(
                     "{ACT_LIB}{}",
                     ACT_FWD.replace("EXPR", fwd_expr(op))
                 ))
@@ -235,7 +242,7 @@ impl WgpuBackend {
             "activation_bwd",
             &format!("act_bwd_{}", op.name()),
             || {
-                src(&format!(
+                thread_src(&format!(
                     "{ACT_LIB}{}",
                     ACT_BWD.replace("EXPR", bwd_expr(op))
                 ))
@@ -274,7 +281,7 @@ impl WgpuBackend {
         ];
         let bufs = [x.raw(), out.raw()];
         if n <= THREAD_REDUCE_MAX {
-            let body = || src(&format!("{REDUCE_COMB}{REDUCE_AXIS_THREAD}"));
+            let body = || thread_src(&format!("{REDUCE_COMB}{REDUCE_AXIS_THREAD}"));
             return self.launch_1d(OP, "reduce_axis_thread", body, p, outer * inner, &bufs);
         }
         let (gx, gy) = self.grid(OP, outputs)?;
@@ -319,7 +326,7 @@ impl WgpuBackend {
         self.launch_1d(
             "argmax_rows",
             "argmax_rows",
-            || src(ARGMAX),
+            || thread_src(ARGMAX),
             p,
             out.len(),
             &bufs,
@@ -351,7 +358,7 @@ impl WgpuBackend {
         self.launch_1d(
             "dropout",
             "dropout",
-            || src(&format!("{DROP_HASH}{DROPOUT}")),
+            || thread_src(&format!("{DROP_HASH}{DROPOUT}")),
             params,
             x.len(),
             &bufs,
@@ -411,7 +418,7 @@ impl WgpuBackend {
             self.launch_1d(
                 "gather_rows",
                 "gather_rows",
-                || src(GATHER),
+                || thread_src(GATHER),
                 p,
                 out.len(),
                 &bufs,
@@ -436,9 +443,13 @@ impl WgpuBackend {
         let vocab = self.check_rows_args("scatter_add_rows", ids, src_rows, dst, dim)?;
         let rows = ids.len();
         let scan = vocab > 0 && rows >= 8 * vocab && rows.saturating_mul(vocab) <= 1 << 24;
-        let (key, body, threads) = match scan {
-            true => ("scatter_add_scan", SCATTER_ADD_SCAN, dst.len()),
-            false => ("scatter_add_rows", SCATTER_ADD, src_rows.len()),
+        let (key, threads) = match scan {
+            true => ("scatter_add_scan", dst.len()),
+            false => ("scatter_add_rows", src_rows.len()),
+        };
+        let body = move || match scan {
+            true => src(SCATTER_ADD_SCAN),
+            false => thread_src(SCATTER_ADD),
         };
         // The scan counts rows, the other kernel elements.
         let count = if scan { rows } else { src_rows.len() };
@@ -450,7 +461,7 @@ impl WgpuBackend {
         self.with_status_slot(("scatter_add_rows", "ids", vocab), |slot, status| {
             let bufs = [ids.raw(), src_rows.raw(), dst.raw(), status];
             let p = [p[0], p[1], p[2], slot, 0, 0, 0, 0];
-            self.launch_1d("scatter_add_rows", key, || src(body), p, threads, &bufs)
+            self.launch_1d("scatter_add_rows", key, body, p, threads, &bufs)
         })
     }
 }

@@ -15,7 +15,7 @@
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, to_u32};
+use crate::kernels::{src, thread_src, to_u32};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::quant::{
     check_dequantize, check_matmul_quant, default_dequantize, default_matmul_quant, QuantFormat,
@@ -236,7 +236,7 @@ impl WgpuBackend {
         self.launch_1d(
             op,
             "dequant_f16",
-            || with_half(DEQUANT_F16),
+            || thread_src(&format!("{HALF}{DEQUANT_F16}")),
             p,
             w.len(),
             &[w.raw(), out.raw()],

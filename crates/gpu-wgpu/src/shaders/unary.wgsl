@@ -10,8 +10,6 @@ fn tanh_(x: f32) -> f32 {
     return tanh(x);
 }
 fn f(x: f32) -> f32 { return EXPR; }
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i < P.p0) { out[i] = f(xs[i]); }
+fn thread_main(i: u32) {
+    out[i] = f(xs[i]);
 }
