@@ -9,18 +9,13 @@
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{row_src, to_u32};
+use crate::shaders::{ATTN_BWD, ATTN_FWD, ATTN_ROW, DROP_HASH, WG_SUM64};
 use gpu_core::backend::Backend;
 use gpu_core::nn::attention::{check_bwd, check_fwd, AttnDims, AttnQkv, PackedCall, PackedSaved};
 use gpu_core::nn::defaults::attention::{Dims, Qkv, Saved};
 use gpu_core::nn::defaults::packed;
 use gpu_core::nn::AttentionOps;
 use gpu_core::{DType, MatmulOps, MatmulSpec, Result};
-
-const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
-const DROP_HASH: &str = include_str!("shaders/dropout_hash.wgsl");
-const ATTN_ROW: &str = include_str!("shaders/attn_row.wgsl");
-const ATTN_FWD: &str = include_str!("shaders/attn_fwd.wgsl");
-const ATTN_BWD: &str = include_str!("shaders/attn_bwd.wgsl");
 
 type Buf = WgpuBuffer;
 

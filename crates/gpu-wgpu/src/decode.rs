@@ -8,6 +8,10 @@
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{row_src, src, thread_src, to_u32};
+use crate::shaders::{
+    ACTIVATION, ADD_RMS_NORM, CACHE_ATTN, CACHE_COMBINE, CACHE_SPAN, PREFILL_ATTN, ROPE_APPEND,
+    SWIGLU, WG_SUM64,
+};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::decode::{
     check_add_rms_norm, check_cache_attention, check_prefill_attention, check_rope_append,
@@ -15,16 +19,6 @@ use gpu_core::nn::decode::{
 };
 use gpu_core::nn::defaults;
 use gpu_core::{Backend, DType, Result};
-
-const ROPE_APPEND: &str = include_str!("shaders/rope_append.wgsl");
-const CACHE_ATTN: &str = include_str!("shaders/cache_attn.wgsl");
-const CACHE_SPAN: &str = include_str!("shaders/cache_span.wgsl");
-const CACHE_COMBINE: &str = include_str!("shaders/cache_combine.wgsl");
-const PREFILL_ATTN: &str = include_str!("shaders/prefill_attn.wgsl");
-const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
-const ADD_RMS_NORM: &str = include_str!("shaders/add_rms_norm.wgsl");
-const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
-const ACT_LIB: &str = include_str!("shaders/activation.wgsl");
 
 type Buf = WgpuBuffer;
 
@@ -278,7 +272,7 @@ impl DecodeOps for WgpuBackend {
             return defaults::rows::swiglu_packed(self, gu, out, i);
         }
         let p = [to_u32(OP, out.len())?, to_u32(OP, i)?, 0, 0, 0, 0, 0, 0];
-        let body = || thread_src(&format!("{ACT_LIB}{SWIGLU}"));
+        let body = || thread_src(&format!("{ACTIVATION}{SWIGLU}"));
         self.launch_1d(OP, OP, body, p, out.len(), &[gu.raw(), out.raw()])
     }
 }

@@ -7,6 +7,7 @@
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
 use crate::record::Launch;
+use crate::shaders::{BINARY, CAST_BF16_F32, CAST_F32_BF16, FILL, REDUCE_ROWS, UNARY};
 use gpu_core::backend::BufferInfo;
 use gpu_core::{DType, GpuError, Result};
 
@@ -139,18 +140,6 @@ pub enum RowReduce {
     /// Maximum, NaN-propagating; −inf for an empty row.
     Max,
 }
-
-const FILL: &str = include_str!("shaders/fill.wgsl");
-
-const CAST_F32_BF16: &str = include_str!("shaders/cast_f32_bf16.wgsl");
-
-const CAST_BF16_F32: &str = include_str!("shaders/cast_bf16_f32.wgsl");
-
-const UNARY: &str = include_str!("shaders/unary.wgsl");
-
-const BINARY: &str = include_str!("shaders/binary.wgsl");
-
-const REDUCE: &str = include_str!("shaders/reduce_rows.wgsl");
 
 pub(crate) fn src(body: &str) -> String {
     format!("{HEADER}{body}")
@@ -491,11 +480,11 @@ impl WgpuBackend {
         let (key, body) = match op {
             RowReduce::Sum => (
                 "reduce_sum",
-                REDUCE.replace("OP", "a + b").replace("INIT", "0.0"),
+                REDUCE_ROWS.replace("OP", "a + b").replace("INIT", "0.0"),
             ),
             RowReduce::Max => (
                 "reduce_max",
-                REDUCE
+                REDUCE_ROWS
                     .replace("OP", "nan_max(a, b)")
                     .replace("INIT", "bitcast<f32>(0xff800000u)"),
             ),

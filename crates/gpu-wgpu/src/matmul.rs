@@ -9,17 +9,12 @@
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{require, src, thread_src, to_u32};
+use crate::shaders::{
+    GEMV, MATMUL128, MATMUL128V, MATMUL64, MATMUL64V, MATMUL_SUM, MATMUL_VEC4_IO,
+};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::ops::MatmulSpec;
 use gpu_core::{DType, GpuError, Result};
-
-const MATMUL64: &str = include_str!("shaders/matmul.wgsl");
-const MATMUL128: &str = include_str!("shaders/matmul128.wgsl");
-const MATMUL128V: &str = include_str!("shaders/matmul128v.wgsl");
-const MATMUL64V: &str = include_str!("shaders/matmul64v.wgsl");
-const VEC4_IO: &str = include_str!("shaders/matmul_vec4_io.wgsl");
-const SUM: &str = include_str!("shaders/matmul_sum.wgsl");
-const GEMV: &str = include_str!("shaders/gemv.wgsl");
 
 /// The most rows of A the matrix–vector kernel takes.
 const GEMV_ROWS: usize = 4;
@@ -129,7 +124,7 @@ impl WgpuBackend {
         self.launch_1d(
             "matmul",
             "matmul_sum",
-            || thread_src(SUM),
+            || thread_src(MATMUL_SUM),
             params,
             c.len(),
             &[scratch.raw(), c.raw()],
@@ -200,7 +195,7 @@ impl WgpuBackend {
             to_u32("matmul", p.splits)?,
             0,
         ];
-        // The vec4 kernels take their loads and stores from VEC4_IO, for TQ vec4s a side.
+        // The vec4 kernels take their loads and stores from MATMUL_VEC4_IO, for TQ vec4s a side.
         let (key, body, tq) = match (p.tile, vec4_aligned(&spec, p)) {
             (128, true) => ("matmul_f32_128v", MATMUL128V, Some(32)),
             (128, false) => ("matmul_f32_128", MATMUL128, None),
@@ -208,7 +203,7 @@ impl WgpuBackend {
             (_, false) => ("matmul_f32", MATMUL64, None),
         };
         let source = || match tq {
-            Some(tq) => src(&format!("const TQ: u32 = {tq}u;\n{VEC4_IO}{body}")),
+            Some(tq) => src(&format!("const TQ: u32 = {tq}u;\n{MATMUL_VEC4_IO}{body}")),
             None => src(body),
         };
         // The kernels run without wgpu's checks (Checks::Off): each guards its own indices,

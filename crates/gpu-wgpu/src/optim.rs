@@ -6,14 +6,12 @@
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{src, thread_src, to_u32};
+use crate::shaders::{ADAMW, CLIP_FINAL, SUMSQ};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::optim::{adamw_schedule, check_adamw, check_clip, read_schedule, AdamWBuffers};
 use gpu_core::nn::{AdamWConfig, OptimOps};
 use gpu_core::{DType, Result};
 
-const ADAMW: &str = include_str!("shaders/adamw.wgsl");
-const SUMSQ: &str = include_str!("shaders/sumsq.wgsl");
-const CLIP_FINAL: &str = include_str!("shaders/clip_final.wgsl");
 /// Elements one `sumsq` workgroup sums (256 threads × 64).
 const SUMSQ_BLOCK: usize = 16384;
 

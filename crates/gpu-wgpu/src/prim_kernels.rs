@@ -7,32 +7,20 @@
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{require, row_src, src, thread_src, to_u32};
+use crate::shaders::{
+    ACTIVATION, ACT_BWD, ACT_FWD, ARGMAX, ARGMAX_WG, BROADCAST, COPY_BLOCKS_BF16, COPY_BLOCKS_F32,
+    DROPOUT, DROP_HASH, GATHER_ROWS, PERMUTE, REDUCE_AXIS, REDUCE_AXIS_THREAD, REDUCE_COMB,
+    SCATTER_ADD_ROWS, SCATTER_ADD_SCAN,
+};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::{Activation, BinaryKind, BlockCopy, ReduceKind};
 use gpu_core::{DType, GpuError, Result};
 use wgpu::util::DeviceExt;
 
-const COPY_F32: &str = include_str!("shaders/copy_blocks_f32.wgsl");
-const COPY_BF16: &str = include_str!("shaders/copy_blocks_bf16.wgsl");
-const PERMUTE: &str = include_str!("shaders/permute.wgsl");
-const BROADCAST: &str = include_str!("shaders/broadcast.wgsl");
-const ACT_LIB: &str = include_str!("shaders/activation.wgsl");
-const ACT_FWD: &str = include_str!("shaders/act_fwd.wgsl");
-const ACT_BWD: &str = include_str!("shaders/act_bwd.wgsl");
-const REDUCE_COMB: &str = include_str!("shaders/reduce_comb.wgsl");
-const REDUCE_AXIS: &str = include_str!("shaders/reduce_axis.wgsl");
-const REDUCE_AXIS_THREAD: &str = include_str!("shaders/reduce_axis_thread.wgsl");
 /// Longest reduction that one thread does alone (longer ones share a workgroup).
 const THREAD_REDUCE_MAX: usize = 256;
-const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
-const ARGMAX_WG: &str = include_str!("shaders/argmax_wg.wgsl");
-const DROPOUT: &str = include_str!("shaders/dropout.wgsl");
-const DROP_HASH: &str = include_str!("shaders/dropout_hash.wgsl");
-const GATHER: &str = include_str!("shaders/gather_rows.wgsl");
-const SCATTER_ADD: &str = include_str!("shaders/scatter_add_rows.wgsl");
-const SCATTER_ADD_SCAN: &str = include_str!("shaders/scatter_add_scan.wgsl");
 
-/// The f32 forward formula of each activation (a WGSL expression of `x`, from `ACT_LIB`).
+/// The f32 forward formula of each activation (a WGSL expression of `x`, from `ACTIVATION`).
 /// Exhaustive: a new [`Activation`] does not compile until it has one.
 fn fwd_expr(op: Activation) -> &'static str {
     match op {
@@ -120,8 +108,8 @@ impl WgpuBackend {
             *slot = to_u32(OP, v)?;
         }
         let (key, body) = match dst.dtype() {
-            DType::BF16 => ("copy_blocks_bf16", COPY_BF16),
-            _ => ("copy_blocks_f32", COPY_F32),
+            DType::BF16 => ("copy_blocks_bf16", COPY_BLOCKS_BF16),
+            _ => ("copy_blocks_f32", COPY_BLOCKS_F32),
         };
         self.launch_1d(
             OP,
@@ -220,7 +208,7 @@ impl WgpuBackend {
             &format!("act_fwd_{}", op.name()),
             || {
                 thread_src(&format!(
-                    "{ACT_LIB}{}",
+                    "{ACTIVATION}{}",
                     ACT_FWD.replace("EXPR", fwd_expr(op))
                 ))
             },
@@ -243,7 +231,7 @@ impl WgpuBackend {
             &format!("act_bwd_{}", op.name()),
             || {
                 thread_src(&format!(
-                    "{ACT_LIB}{}",
+                    "{ACTIVATION}{}",
                     ACT_BWD.replace("EXPR", bwd_expr(op))
                 ))
             },
@@ -418,7 +406,7 @@ impl WgpuBackend {
             self.launch_1d(
                 "gather_rows",
                 "gather_rows",
-                || thread_src(GATHER),
+                || thread_src(GATHER_ROWS),
                 p,
                 out.len(),
                 &bufs,
@@ -449,7 +437,7 @@ impl WgpuBackend {
         };
         let body = move || match scan {
             true => src(SCATTER_ADD_SCAN),
-            false => thread_src(SCATTER_ADD),
+            false => thread_src(SCATTER_ADD_ROWS),
         };
         // The scan counts rows, the other kernel elements.
         let count = if scan { rows } else { src_rows.len() };

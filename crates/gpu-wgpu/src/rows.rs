@@ -9,6 +9,10 @@
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{row_src, to_u32};
+use crate::shaders::{
+    CE_BWD, CE_FWD, LAYERNORM_BWD, LAYERNORM_FWD, ROW_LSE64, ROW_REG, SOFTMAX_BWD, SOFTMAX_BWD_REG,
+    SOFTMAX_FWD, SOFTMAX_FWD_REG, WG_SUM64,
+};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::defaults;
 use gpu_core::nn::rows::{
@@ -17,18 +21,6 @@ use gpu_core::nn::rows::{
 use gpu_core::nn::{Primitives, ReduceKind, RowOps};
 use gpu_core::ops::{check_elementwise, check_rows};
 use gpu_core::{DType, Result};
-
-const LAYERNORM_FWD: &str = include_str!("shaders/layernorm_fwd.wgsl");
-const LAYERNORM_BWD: &str = include_str!("shaders/layernorm_bwd.wgsl");
-const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
-const ROW_LSE64: &str = include_str!("shaders/row_lse64.wgsl");
-const CE_FWD: &str = include_str!("shaders/ce_fwd.wgsl");
-const CE_BWD: &str = include_str!("shaders/ce_bwd.wgsl");
-const SOFTMAX_FWD: &str = include_str!("shaders/softmax_fwd.wgsl");
-const SOFTMAX_BWD: &str = include_str!("shaders/softmax_bwd.wgsl");
-const ROW_REG: &str = include_str!("shaders/row_reg.wgsl");
-const SOFTMAX_FWD_REG: &str = include_str!("shaders/softmax_fwd_reg.wgsl");
-const SOFTMAX_BWD_REG: &str = include_str!("shaders/softmax_bwd_reg.wgsl");
 
 /// The workgroup size of a row kernel that holds its row in registers (16 values a thread),
 /// or `None` where the row is longer than 16·256.

@@ -1,0 +1,67 @@
+//! Every WGSL source of the crate (`src/shaders/`), one constant each; `kernels::src` and its
+//! kin put the shared header and entry points around them.
+
+pub(crate) const ACT_BWD: &str = include_str!("shaders/act_bwd.wgsl");
+pub(crate) const ACT_FWD: &str = include_str!("shaders/act_fwd.wgsl");
+pub(crate) const ACTIVATION: &str = include_str!("shaders/activation.wgsl");
+pub(crate) const ADAMW: &str = include_str!("shaders/adamw.wgsl");
+pub(crate) const ADD_RMS_NORM: &str = include_str!("shaders/add_rms_norm.wgsl");
+pub(crate) const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
+pub(crate) const ARGMAX_WG: &str = include_str!("shaders/argmax_wg.wgsl");
+pub(crate) const ATTN_BWD: &str = include_str!("shaders/attn_bwd.wgsl");
+pub(crate) const ATTN_FWD: &str = include_str!("shaders/attn_fwd.wgsl");
+pub(crate) const ATTN_ROW: &str = include_str!("shaders/attn_row.wgsl");
+pub(crate) const BINARY: &str = include_str!("shaders/binary.wgsl");
+pub(crate) const BROADCAST: &str = include_str!("shaders/broadcast.wgsl");
+pub(crate) const CACHE_ATTN: &str = include_str!("shaders/cache_attn.wgsl");
+pub(crate) const CACHE_COMBINE: &str = include_str!("shaders/cache_combine.wgsl");
+pub(crate) const CACHE_SPAN: &str = include_str!("shaders/cache_span.wgsl");
+pub(crate) const CAST_BF16_F32: &str = include_str!("shaders/cast_bf16_f32.wgsl");
+pub(crate) const CAST_F32_BF16: &str = include_str!("shaders/cast_f32_bf16.wgsl");
+pub(crate) const CE_BWD: &str = include_str!("shaders/ce_bwd.wgsl");
+pub(crate) const CE_FWD: &str = include_str!("shaders/ce_fwd.wgsl");
+pub(crate) const CLIP_FINAL: &str = include_str!("shaders/clip_final.wgsl");
+pub(crate) const COPY_BLOCKS_BF16: &str = include_str!("shaders/copy_blocks_bf16.wgsl");
+pub(crate) const COPY_BLOCKS_F32: &str = include_str!("shaders/copy_blocks_f32.wgsl");
+pub(crate) const DEQUANT_F16: &str = include_str!("shaders/dequant_f16.wgsl");
+pub(crate) const DROPOUT: &str = include_str!("shaders/dropout.wgsl");
+/// The dropout hash; its `mul_wide` (an exact 64-bit product) serves the sampler's u64
+/// arithmetic too.
+pub(crate) const DROP_HASH: &str = include_str!("shaders/dropout_hash.wgsl");
+pub(crate) const LOAD_DECODE: &str = include_str!("shaders/f16_load_decode.wgsl");
+pub(crate) const LOAD_NATIVE: &str = include_str!("shaders/f16_load_native.wgsl");
+pub(crate) const FILL: &str = include_str!("shaders/fill.wgsl");
+pub(crate) const GATHER_ROWS: &str = include_str!("shaders/gather_rows.wgsl");
+pub(crate) const GEMV: &str = include_str!("shaders/gemv.wgsl");
+pub(crate) const GEMV_F16: &str = include_str!("shaders/gemv_f16.wgsl");
+pub(crate) const HALF: &str = include_str!("shaders/half.wgsl");
+pub(crate) const LAYERNORM_BWD: &str = include_str!("shaders/layernorm_bwd.wgsl");
+pub(crate) const LAYERNORM_FWD: &str = include_str!("shaders/layernorm_fwd.wgsl");
+pub(crate) const MATMUL64: &str = include_str!("shaders/matmul.wgsl");
+pub(crate) const MATMUL128: &str = include_str!("shaders/matmul128.wgsl");
+pub(crate) const MATMUL128V: &str = include_str!("shaders/matmul128v.wgsl");
+pub(crate) const MATMUL64V: &str = include_str!("shaders/matmul64v.wgsl");
+pub(crate) const MATMUL_SUM: &str = include_str!("shaders/matmul_sum.wgsl");
+pub(crate) const MATMUL_VEC4_IO: &str = include_str!("shaders/matmul_vec4_io.wgsl");
+pub(crate) const PERMUTE: &str = include_str!("shaders/permute.wgsl");
+pub(crate) const PREFILL_ATTN: &str = include_str!("shaders/prefill_attn.wgsl");
+pub(crate) const REDUCE_AXIS: &str = include_str!("shaders/reduce_axis.wgsl");
+pub(crate) const REDUCE_AXIS_THREAD: &str = include_str!("shaders/reduce_axis_thread.wgsl");
+pub(crate) const REDUCE_COMB: &str = include_str!("shaders/reduce_comb.wgsl");
+pub(crate) const REDUCE_ROWS: &str = include_str!("shaders/reduce_rows.wgsl");
+pub(crate) const ROPE_APPEND: &str = include_str!("shaders/rope_append.wgsl");
+pub(crate) const ROW_LSE64: &str = include_str!("shaders/row_lse64.wgsl");
+pub(crate) const ROW_REG: &str = include_str!("shaders/row_reg.wgsl");
+pub(crate) const SAMPLE: &str = include_str!("shaders/sample.wgsl");
+pub(crate) const SAMPLE_MATH: &str = include_str!("shaders/sample_math.wgsl");
+pub(crate) const SAMPLE_PROBE: &str = include_str!("shaders/sample_probe.wgsl");
+pub(crate) const SCATTER_ADD_ROWS: &str = include_str!("shaders/scatter_add_rows.wgsl");
+pub(crate) const SCATTER_ADD_SCAN: &str = include_str!("shaders/scatter_add_scan.wgsl");
+pub(crate) const SOFTMAX_BWD: &str = include_str!("shaders/softmax_bwd.wgsl");
+pub(crate) const SOFTMAX_BWD_REG: &str = include_str!("shaders/softmax_bwd_reg.wgsl");
+pub(crate) const SOFTMAX_FWD: &str = include_str!("shaders/softmax_fwd.wgsl");
+pub(crate) const SOFTMAX_FWD_REG: &str = include_str!("shaders/softmax_fwd_reg.wgsl");
+pub(crate) const SUMSQ: &str = include_str!("shaders/sumsq.wgsl");
+pub(crate) const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
+pub(crate) const UNARY: &str = include_str!("shaders/unary.wgsl");
+pub(crate) const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
