@@ -7,7 +7,7 @@
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
 use crate::record::Launch;
-use crate::shaders::{BINARY, CAST_BF16_F32, CAST_F32_BF16, FILL, REDUCE_ROWS, UNARY};
+use crate::shaders::{ACTIVATION, BINARY, CAST_BF16_F32, CAST_F32_BF16, FILL, REDUCE_ROWS, UNARY};
 use gpu_core::backend::BufferInfo;
 use gpu_core::{DType, GpuError, Result};
 
@@ -408,7 +408,7 @@ impl WgpuBackend {
         self.launch_1d(
             "unary",
             &format!("unary_{}", op.name()),
-            || thread_src(&UNARY.replace("EXPR", op.expr())),
+            || thread_src(&format!("{ACTIVATION}{}", UNARY.replace("EXPR", op.expr()))),
             p,
             x.len(),
             &[x.raw(), out.raw()],

@@ -202,20 +202,7 @@ impl WgpuBackend {
         x: &WgpuBuffer,
         out: &mut WgpuBuffer,
     ) -> Result<()> {
-        let p = [to_u32("activation_fwd", x.len())?, 0, 0, 0, 0, 0, 0, 0];
-        self.launch_1d(
-            "activation_fwd",
-            &format!("act_fwd_{}", op.name()),
-            || {
-                thread_src(&format!(
-                    "{ACTIVATION}{}",
-                    ACT_FWD.replace("EXPR", fwd_expr(op))
-                ))
-            },
-            p,
-            x.len(),
-            &[x.raw(), out.raw()],
-        )
+        self.launch_act(op, false, x.len(), &[x.raw(), out.raw()])
     }
 
     /// `dx = f'(x)·dy` on f32 (lengths checked).
@@ -225,20 +212,26 @@ impl WgpuBackend {
         [x, y, dy]: [&WgpuBuffer; 3],
         dx: &mut WgpuBuffer,
     ) -> Result<()> {
-        let p = [to_u32("activation_bwd", x.len())?, 0, 0, 0, 0, 0, 0, 0];
-        self.launch_1d(
-            "activation_bwd",
-            &format!("act_bwd_{}", op.name()),
-            || {
-                thread_src(&format!(
-                    "{ACTIVATION}{}",
-                    ACT_BWD.replace("EXPR", bwd_expr(op))
-                ))
-            },
-            p,
-            x.len(),
-            &[x.raw(), y.raw(), dy.raw(), dx.raw()],
-        )
+        self.launch_act(op, true, x.len(), &[x.raw(), y.raw(), dy.raw(), dx.raw()])
+    }
+
+    /// Launches `op`'s forward (`act_fwd.wgsl`) or `backward` (`act_bwd.wgsl`) kernel over `n`
+    /// elements, a thread each, with the activation library.
+    fn launch_act(
+        &self,
+        op: Activation,
+        backward: bool,
+        n: usize,
+        bufs: &[&wgpu::Buffer],
+    ) -> Result<()> {
+        let (name, key, kernel, expr) = match backward {
+            false => ("activation_fwd", "act_fwd", ACT_FWD, fwd_expr(op)),
+            true => ("activation_bwd", "act_bwd", ACT_BWD, bwd_expr(op)),
+        };
+        let p = [to_u32(name, n)?, 0, 0, 0, 0, 0, 0, 0];
+        let body = kernel.replace("EXPR", expr);
+        let source = || thread_src(&format!("{ACTIVATION}{body}"));
+        self.launch_1d(name, &format!("{key}_{}", op.name()), source, p, n, bufs)
     }
 
     /// Reduces `[outer, n, inner]` over `n` on f32 (checked): one thread per output for
