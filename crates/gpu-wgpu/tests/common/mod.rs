@@ -50,6 +50,11 @@ pub fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
     }
 }
 
+/// `x` rounded to bf16 (to nearest, ties to even).
+pub fn bf(x: &[f32]) -> Vec<bf16> {
+    x.iter().map(|&v| bf16::from_f32(v)).collect()
+}
+
 pub fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n)
         .map(|_| r.random_range(-1.0f32..1.0) * scale)
