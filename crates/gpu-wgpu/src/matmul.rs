@@ -10,7 +10,7 @@ use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{require, src, thread_src, to_u32};
 use crate::shaders::{
-    GEMV, MATMUL128, MATMUL128V, MATMUL64, MATMUL64V, MATMUL_SUM, MATMUL_VEC4_IO,
+    GEMV, MATMUL128, MATMUL128V, MATMUL64, MATMUL64V, MATMUL_SUM, MATMUL_TILE, MATMUL_VEC4_IO,
 };
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::ops::MatmulSpec;
@@ -195,16 +195,18 @@ impl WgpuBackend {
             to_u32("matmul", p.splits)?,
             0,
         ];
-        // The vec4 kernels take their loads and stores from MATMUL_VEC4_IO, for TQ vec4s a side.
-        let (key, body, tq) = match (p.tile, vec4_aligned(&spec, p)) {
-            (128, true) => ("matmul_f32_128v", MATMUL128V, Some(32)),
-            (128, false) => ("matmul_f32_128", MATMUL128, None),
-            (_, true) => ("matmul_f32_64v", MATMUL64V, Some(16)),
-            (_, false) => ("matmul_f32", MATMUL64, None),
+        // Every kernel places its tile (EDGE a side, k-slices DEPTH deep) with MATMUL_TILE; the
+        // vec4 kernels take their loads and stores from MATMUL_VEC4_IO.
+        let (key, body, depth, vec4) = match (p.tile, vec4_aligned(&spec, p)) {
+            (128, true) => ("matmul_f32_128v", MATMUL128V, 16, true),
+            (128, false) => ("matmul_f32_128", MATMUL128, 8, false),
+            (_, true) => ("matmul_f32_64v", MATMUL64V, 16, true),
+            (_, false) => ("matmul_f32", MATMUL64, 16, false),
         };
-        let source = || match tq {
-            Some(tq) => src(&format!("const TQ: u32 = {tq}u;\n{MATMUL_VEC4_IO}{body}")),
-            None => src(body),
+        let source = || {
+            let io = if vec4 { MATMUL_VEC4_IO } else { "" };
+            let consts = format!("const EDGE: u32 = {tile}u;\nconst DEPTH: u32 = {depth}u;\n");
+            src(&format!("{consts}{MATMUL_TILE}{io}{body}"))
         };
         // The kernels run without wgpu's checks (Checks::Off): each guards its own indices,
         // which fit u32 when every buffer's element count does.

@@ -42,6 +42,7 @@ pub(crate) const MATMUL128: &str = include_str!("shaders/matmul128.wgsl");
 pub(crate) const MATMUL128V: &str = include_str!("shaders/matmul128v.wgsl");
 pub(crate) const MATMUL64V: &str = include_str!("shaders/matmul64v.wgsl");
 pub(crate) const MATMUL_SUM: &str = include_str!("shaders/matmul_sum.wgsl");
+pub(crate) const MATMUL_TILE: &str = include_str!("shaders/matmul_tile.wgsl");
 pub(crate) const MATMUL_VEC4_IO: &str = include_str!("shaders/matmul_vec4_io.wgsl");
 pub(crate) const PERMUTE: &str = include_str!("shaders/permute.wgsl");
 pub(crate) const PREFILL_ATTN: &str = include_str!("shaders/prefill_attn.wgsl");

@@ -17,16 +17,7 @@ var<workgroup> Bs: array<vec4<f32>, 264>;
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let m = P.p0;
-    let n = P.p1;
-    let k = P.p2;
-    let b = wid.z / P.p6;
-    let kbeg = (wid.z % P.p6) * P.p5;
-    let kend = min(k, kbeg + P.p5);
-    let r0 = wid.y * 128u;
-    let c0 = wid.x * 128u;
-    let a0 = b * m * k;
-    let b0 = b * k * n;
+    let tl = tile_of(wid);
     var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0);
     var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0);
     var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0);
@@ -39,12 +30,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     // so that no compiler puts them in memory).
     var ra0 = 0.0; var ra1 = 0.0; var ra2 = 0.0; var ra3 = 0.0;
     var rb0 = 0.0; var rb1 = 0.0; var rb2 = 0.0; var rb3 = 0.0;
-    let slices = (kend - min(kbeg, kend) + 7u) / 8u;
+    let slices = tl.slices;
     if (slices > 0u) {
-        ra0 = fetch_a(li, a0, r0, kbeg, kend); rb0 = fetch_b(li, b0, c0, kbeg, kend);
-        ra1 = fetch_a(li + 256u, a0, r0, kbeg, kend); rb1 = fetch_b(li + 256u, b0, c0, kbeg, kend);
-        ra2 = fetch_a(li + 512u, a0, r0, kbeg, kend); rb2 = fetch_b(li + 512u, b0, c0, kbeg, kend);
-        ra3 = fetch_a(li + 768u, a0, r0, kbeg, kend); rb3 = fetch_b(li + 768u, b0, c0, kbeg, kend);
+        ra0 = fetch_a(li, tl, tl.kbeg); rb0 = fetch_b(li, tl, tl.kbeg);
+        ra1 = fetch_a(li + 256u, tl, tl.kbeg); rb1 = fetch_b(li + 256u, tl, tl.kbeg);
+        ra2 = fetch_a(li + 512u, tl, tl.kbeg); rb2 = fetch_b(li + 512u, tl, tl.kbeg);
+        ra3 = fetch_a(li + 768u, tl, tl.kbeg); rb3 = fetch_b(li + 768u, tl, tl.kbeg);
         stage(li, ra0, rb0); stage(li + 256u, ra1, rb1);
         stage(li + 512u, ra2, rb2); stage(li + 768u, ra3, rb3);
     }
@@ -52,11 +43,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var t = 0u; t < slices; t++) {
         let more = t + 1u < slices;
         if (more) {
-            let k0 = kbeg + (t + 1u) * 8u;
-            ra0 = fetch_a(li, a0, r0, k0, kend); rb0 = fetch_b(li, b0, c0, k0, kend);
-            ra1 = fetch_a(li + 256u, a0, r0, k0, kend); rb1 = fetch_b(li + 256u, b0, c0, k0, kend);
-            ra2 = fetch_a(li + 512u, a0, r0, k0, kend); rb2 = fetch_b(li + 512u, b0, c0, k0, kend);
-            ra3 = fetch_a(li + 768u, a0, r0, k0, kend); rb3 = fetch_b(li + 768u, b0, c0, k0, kend);
+            let k0 = tl.kbeg + (t + 1u) * 8u;
+            ra0 = fetch_a(li, tl, k0); rb0 = fetch_b(li, tl, k0);
+            ra1 = fetch_a(li + 256u, tl, k0); rb1 = fetch_b(li + 256u, tl, k0);
+            ra2 = fetch_a(li + 512u, tl, k0); rb2 = fetch_b(li + 512u, tl, k0);
+            ra3 = fetch_a(li + 768u, tl, k0); rb3 = fetch_b(li + 768u, tl, k0);
         }
         for (var kk = 0u; kk < 8u; kk++) {
             let a = As[kk * 33u + lid.y];
@@ -79,11 +70,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
         workgroupBarrier();
     }
-    let base = wid.z * m * n;
-    let row_a = r0 + 4u * lid.y;
-    let row_b = r0 + 64u + 4u * lid.y;
-    let ca = c0 + 4u * lid.x;
-    let cb = c0 + 64u + 4u * lid.x;
+    let base = wid.z * P.p0 * P.p1;
+    let row_a = tl.r0 + 4u * lid.y;
+    let row_b = tl.r0 + 64u + 4u * lid.y;
+    let ca = tl.c0 + 4u * lid.x;
+    let cb = tl.c0 + 64u + 4u * lid.x;
     store4(base, row_a, ca, c00); store4(base, row_a, cb, c01);
     store4(base, row_a + 1u, ca, c10); store4(base, row_a + 1u, cb, c11);
     store4(base, row_a + 2u, ca, c20); store4(base, row_a + 2u, cb, c21);
@@ -96,23 +87,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 // Staging element idx (< 1024) of a slice starting at k0: op(A)'s (row, kk), read along A's
 // contiguous axis (k when A is row-major, the rows when it is stored transposed); 0 outside.
-fn fetch_a(idx: u32, a0: u32, r0: u32, k0: u32, kend: u32) -> f32 {
+fn fetch_a(idx: u32, tl: Tile, k0: u32) -> f32 {
     var r = idx / 8u;
     var kk = idx % 8u;
     if (P.p3 != 0u) { r = idx % 128u; kk = idx / 128u; }
-    if (r0 + r >= P.p0 || k0 + kk >= kend) { return 0.0; }
-    if (P.p3 != 0u) { return A[a0 + (k0 + kk) * P.p0 + r0 + r]; }
-    return A[a0 + (r0 + r) * P.p2 + k0 + kk];
+    if (tl.r0 + r >= P.p0 || k0 + kk >= tl.kend) { return 0.0; }
+    if (P.p3 != 0u) { return A[tl.a0 + (k0 + kk) * P.p0 + tl.r0 + r]; }
+    return A[tl.a0 + (tl.r0 + r) * P.p2 + k0 + kk];
 }
 
 // As fetch_a for op(B)'s (kk, column): along the columns (B row-major) or k (B stored n×k).
-fn fetch_b(idx: u32, b0: u32, c0: u32, k0: u32, kend: u32) -> f32 {
+fn fetch_b(idx: u32, tl: Tile, k0: u32) -> f32 {
     var c = idx % 128u;
     var kk = idx / 128u;
     if (P.p4 != 0u) { c = idx / 8u; kk = idx % 8u; }
-    if (k0 + kk >= kend || c0 + c >= P.p1) { return 0.0; }
-    if (P.p4 != 0u) { return B[b0 + (c0 + c) * P.p2 + k0 + kk]; }
-    return B[b0 + (k0 + kk) * P.p1 + c0 + c];
+    if (k0 + kk >= tl.kend || tl.c0 + c >= P.p1) { return 0.0; }
+    if (P.p4 != 0u) { return B[tl.b0 + (tl.c0 + c) * P.p2 + k0 + kk]; }
+    return B[tl.b0 + (k0 + kk) * P.p1 + tl.c0 + c];
 }
 
 // Writes staging element idx's two values (the same mapping as fetch_a / fetch_b).

@@ -25,10 +25,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var pb0 = vec4<f32>(0.0); var pb1 = vec4<f32>(0.0);
     let slices = tl.slices;
     if (slices > 0u) {
-        pa0 = fetch_a(li, tl.a0, tl.r0, tl.kbeg, tl.kend);
-        pa1 = fetch_a(li + 256u, tl.a0, tl.r0, tl.kbeg, tl.kend);
-        pb0 = fetch_b(li, tl.b0, tl.c0, tl.kbeg, tl.kend);
-        pb1 = fetch_b(li + 256u, tl.b0, tl.c0, tl.kbeg, tl.kend);
+        pa0 = fetch_a(li, tl, tl.kbeg);
+        pa1 = fetch_a(li + 256u, tl, tl.kbeg);
+        pb0 = fetch_b(li, tl, tl.kbeg);
+        pb1 = fetch_b(li + 256u, tl, tl.kbeg);
         stage_a(li, pa0); stage_a(li + 256u, pa1);
         stage_b(li, pb0); stage_b(li + 256u, pb1);
     }
@@ -37,10 +37,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let more = t + 1u < slices;
         if (more) {
             let k0 = tl.kbeg + (t + 1u) * 16u;
-            pa0 = fetch_a(li, tl.a0, tl.r0, k0, tl.kend);
-            pa1 = fetch_a(li + 256u, tl.a0, tl.r0, k0, tl.kend);
-            pb0 = fetch_b(li, tl.b0, tl.c0, k0, tl.kend);
-            pb1 = fetch_b(li + 256u, tl.b0, tl.c0, k0, tl.kend);
+            pa0 = fetch_a(li, tl, k0);
+            pa1 = fetch_a(li + 256u, tl, k0);
+            pb0 = fetch_b(li, tl, k0);
+            pb1 = fetch_b(li + 256u, tl, k0);
         }
         for (var kk = 0u; kk < 16u; kk++) {
             let a = As[kk * 32u + lid.y];
