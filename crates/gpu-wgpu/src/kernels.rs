@@ -335,6 +335,12 @@ impl WgpuBackend {
         Ok(())
     }
 
+    /// [`Self::check_out`], then every buffer f32.
+    pub(crate) fn check_f32(&self, op: &'static str, bufs: &[&WgpuBuffer]) -> Result<()> {
+        self.check_out(op, bufs)?;
+        bufs.iter().try_for_each(|b| require(op, b, DType::F32))
+    }
+
     /// Sets every element to `value` (u32 gets `value as u32`; f16 and bf16 round to nearest).
     pub(crate) fn fill_raw(&self, buf: &mut WgpuBuffer, value: f32) -> Result<()> {
         self.check_out("fill", &[buf])?;
@@ -398,9 +404,7 @@ impl WgpuBackend {
 
     /// `out = op(x)` on f32.
     pub fn unary(&self, op: UnaryOp, x: &WgpuBuffer, out: &mut WgpuBuffer) -> Result<()> {
-        self.check_out("unary", &[x, out])?;
-        require("unary", x, DType::F32)?;
-        require("unary", out, DType::F32)?;
+        self.check_f32("unary", &[x, out])?;
         if x.len() != out.len() {
             return Err(GpuError::shape("unary", x.len(), out.len()));
         }
@@ -424,10 +428,7 @@ impl WgpuBackend {
         b: &WgpuBuffer,
         out: &mut WgpuBuffer,
     ) -> Result<()> {
-        self.check_out("binary", &[a, b, out])?;
-        for x in [a, b, &*out] {
-            require("binary", x, DType::F32)?;
-        }
+        self.check_f32("binary", &[a, b, out])?;
         if a.len() != out.len() {
             return Err(GpuError::shape("binary", a.len(), out.len()));
         }
@@ -466,9 +467,7 @@ impl WgpuBackend {
         cols: usize,
         out: &mut WgpuBuffer,
     ) -> Result<()> {
-        self.check_out("reduce_rows", &[x, out])?;
-        require("reduce_rows", x, DType::F32)?;
-        require("reduce_rows", out, DType::F32)?;
+        self.check_f32("reduce_rows", &[x, out])?;
         let rows = out.len();
         if rows.checked_mul(cols) != Some(x.len()) {
             return Err(GpuError::shape(

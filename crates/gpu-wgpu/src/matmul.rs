@@ -8,7 +8,7 @@
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{require, src, thread_src, to_u32};
+use crate::kernels::{src, thread_src, to_u32};
 use crate::shaders::{
     GEMV, MATMUL128, MATMUL128V, MATMUL64, MATMUL64V, MATMUL_SUM, MATMUL_TILE, MATMUL_VEC4_IO,
 };
@@ -84,10 +84,7 @@ impl WgpuBackend {
         b: &WgpuBuffer,
         c: &mut WgpuBuffer,
     ) -> Result<()> {
-        self.check_out("matmul", &[a, b, c])?;
-        for x in [a, b, &*c] {
-            require("matmul", x, DType::F32)?;
-        }
+        self.check_f32("matmul", &[a, b, c])?;
         spec.validate(a, b, c)?;
         if c.is_empty() {
             return Ok(());
