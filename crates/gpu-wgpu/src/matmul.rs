@@ -10,7 +10,8 @@ use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
 use crate::kernels::{src, thread_src, to_u32};
 use crate::shaders::{
-    GEMV, MATMUL128, MATMUL128V, MATMUL64, MATMUL64V, MATMUL_SUM, MATMUL_TILE, MATMUL_VEC4_IO,
+    GEMV, MATMUL128, MATMUL128V, MATMUL128_SCALAR, MATMUL64, MATMUL64V, MATMUL_SUM, MATMUL_TILE,
+    MATMUL_VEC4_IO,
 };
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::ops::MatmulSpec;
@@ -193,17 +194,21 @@ impl WgpuBackend {
             0,
         ];
         // Every kernel places its tile (EDGE a side, k-slices DEPTH deep) with MATMUL_TILE; the
-        // vec4 kernels take their loads and stores from MATMUL_VEC4_IO.
-        let (key, body, depth, vec4) = match (p.tile, vec4_aligned(&spec, p)) {
-            (128, true) => ("matmul_f32_128v", MATMUL128V, 16, true),
-            (128, false) => ("matmul_f32_128", MATMUL128, 8, false),
-            (_, true) => ("matmul_f32_64v", MATMUL64V, 16, true),
-            (_, false) => ("matmul_f32", MATMUL64, 16, false),
+        // vec4 kernels take their loads and stores from MATMUL_VEC4_IO, and the two 128×128
+        // kernels share MATMUL128, each with its own staging.
+        let (key, parts, depth): (_, &[&str], u32) = match (p.tile, vec4_aligned(&spec, p)) {
+            (128, true) => (
+                "matmul_f32_128v",
+                &[MATMUL_VEC4_IO, MATMUL128V, MATMUL128],
+                16,
+            ),
+            (128, false) => ("matmul_f32_128", &[MATMUL128_SCALAR, MATMUL128], 8),
+            (_, true) => ("matmul_f32_64v", &[MATMUL_VEC4_IO, MATMUL64V], 16),
+            (_, false) => ("matmul_f32", &[MATMUL64], 16),
         };
         let source = || {
-            let io = if vec4 { MATMUL_VEC4_IO } else { "" };
             let consts = format!("const EDGE: u32 = {tile}u;\nconst DEPTH: u32 = {depth}u;\n");
-            src(&format!("{consts}{MATMUL_TILE}{io}{body}"))
+            src(&format!("{consts}{MATMUL_TILE}{}", parts.concat()))
         };
         // The kernels run without wgpu's checks (Checks::Off): each guards its own indices,
         // which fit u32 when every buffer's element count does.

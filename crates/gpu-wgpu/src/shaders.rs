@@ -39,6 +39,7 @@ pub(crate) const LAYERNORM_BWD: &str = include_str!("shaders/layernorm_bwd.wgsl"
 pub(crate) const LAYERNORM_FWD: &str = include_str!("shaders/layernorm_fwd.wgsl");
 pub(crate) const MATMUL64: &str = include_str!("shaders/matmul.wgsl");
 pub(crate) const MATMUL128: &str = include_str!("shaders/matmul128.wgsl");
+pub(crate) const MATMUL128_SCALAR: &str = include_str!("shaders/matmul128_scalar.wgsl");
 pub(crate) const MATMUL128V: &str = include_str!("shaders/matmul128v.wgsl");
 pub(crate) const MATMUL64V: &str = include_str!("shaders/matmul64v.wgsl");
 pub(crate) const MATMUL_SUM: &str = include_str!("shaders/matmul_sum.wgsl");
