@@ -2,7 +2,9 @@
 //! fill, casts, unary maps, last-axis binary ops and row reductions (the f32 matmul is in
 //! matmul.rs). The public unary/binary/reduce_rows stay inherent methods; fill and cast back
 //! the `Primitives` impl in prims.rs. Every launch is validated on the host first, so
-//! a bad argument is a typed error. WGSL sources live in `src/shaders/`.
+//! a bad argument is a typed error. WGSL sources live in `src/shaders/` (named in shaders.rs);
+//! `src` puts the shared header before one, `row_src` and `thread_src` also the shared entry
+//! point of a one-row-a-workgroup or a one-thread-an-item kernel after it.
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
