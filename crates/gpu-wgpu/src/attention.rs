@@ -8,19 +8,14 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, to_u32};
+use crate::kernels::{row_src, to_u32};
+use crate::shaders::{ATTN_BWD, ATTN_FWD, ATTN_ROW, DROP_HASH, WG_SUM64};
 use gpu_core::backend::Backend;
 use gpu_core::nn::attention::{check_bwd, check_fwd, AttnDims, AttnQkv, PackedCall, PackedSaved};
 use gpu_core::nn::defaults::attention::{Dims, Qkv, Saved};
 use gpu_core::nn::defaults::packed;
 use gpu_core::nn::AttentionOps;
 use gpu_core::{DType, MatmulOps, MatmulSpec, Result};
-
-const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
-const DROP_HASH: &str = include_str!("shaders/dropout_hash.wgsl");
-const ATTN_ROW: &str = include_str!("shaders/attn_row.wgsl");
-const ATTN_FWD: &str = include_str!("shaders/attn_fwd.wgsl");
-const ATTN_BWD: &str = include_str!("shaders/attn_bwd.wgsl");
 
 type Buf = WgpuBuffer;
 
@@ -76,7 +71,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         let p = params(op, s)?;
         let (gx, gy) = self.grid(op, p[0])?;
-        let src = || src(&format!("{WG_SUM64}{DROP_HASH}{ATTN_ROW}{body}"));
+        let src = || row_src(64, &format!("{WG_SUM64}{DROP_HASH}{ATTN_ROW}{body}"));
         self.launch(op, (op, src), p, (gx, (gx, gy, 1)), bufs)
     }
 }

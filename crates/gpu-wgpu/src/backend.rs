@@ -8,7 +8,7 @@ use crate::status::StatusRing;
 use gpu_core::backend::{check_transfer, Backend, DeviceType};
 use gpu_core::{DType, Device, Element, GpuError, Result};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Environment variable bounding every wait on the device, in milliseconds (default 60000).
@@ -82,6 +82,11 @@ fn shared_backends() -> &'static Mutex<HashMap<usize, WgpuBackend>> {
     MAP.get_or_init(Default::default)
 }
 
+/// The guard of `m`, taken even where a panicking thread poisoned it (every lock here is).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl WgpuBackend {
     /// Opens adapter `index` (in enumeration order) with all of its limits and, of the
     /// optional features, timestamps and `shader-f16` where it offers them. No adapter is a [`GpuError::WgpuUnavailable`], never a panic.
@@ -91,7 +96,7 @@ impl WgpuBackend {
 
     /// The process-wide backend of adapter `index`, opened on first use.
     pub fn shared(index: usize) -> Result<Self> {
-        let mut map = shared_backends().lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(shared_backends());
         if let Some(b) = map.get(&index) {
             if b.check_lost().is_ok() {
                 return Ok(b.clone());
@@ -126,15 +131,14 @@ impl WgpuBackend {
         let lost = Arc::new(Mutex::new(None));
         let l = lost.clone();
         device.set_device_lost_callback(move |reason, msg| {
-            *l.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(format!("wgpu device lost ({reason:?}): {msg}"));
+            *lock(&l) = Some(format!("wgpu device lost ({reason:?}): {msg}"));
         });
         // wgpu's default handler panics; errors outside an error scope are kept and reported
         // by the next call instead.
         let uncaptured = Arc::new(Mutex::new(None));
         let u = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            let mut slot = u.lock().unwrap_or_else(|p| p.into_inner());
+            let mut slot = lock(&u);
             if slot.is_none() {
                 *slot = Some(e.to_string());
             }
@@ -188,22 +192,10 @@ impl WgpuBackend {
 
     /// Errors once the device is lost, or with the first error wgpu raised outside a scope.
     pub fn check_lost(&self) -> Result<()> {
-        if let Some(m) = self
-            .inner
-            .lost
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
+        if let Some(m) = lock(&self.inner.lost).clone() {
             return Err(WgpuError::DeviceLost(m).into());
         }
-        if let Some(m) = self
-            .inner
-            .uncaptured
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(m) = lock(&self.inner.uncaptured).take() {
             return Err(WgpuError::Call {
                 call: "wgpu",
                 detail: m,
@@ -218,7 +210,7 @@ impl WgpuBackend {
         // Recorded work may use the cached buffers: it is submitted before they are destroyed
         // (a submitted use keeps a destroyed buffer alive; an unsubmitted one would fail).
         self.flush();
-        let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = lock(&self.inner.pool);
         for (_, bufs) in pool.free.drain() {
             for b in bufs {
                 b.destroy();
@@ -229,20 +221,12 @@ impl WgpuBackend {
 
     /// Bytes of freed buffers the pool holds for reuse.
     pub fn pooled_bytes(&self) -> u64 {
-        self.inner
-            .pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .cached_bytes
+        lock(&self.inner.pool).cached_bytes
     }
 
     /// Number of distinct pipelines compiled so far.
     pub fn pipeline_count(&self) -> usize {
-        self.inner
-            .pipelines
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        lock(&self.inner.pipelines).len()
     }
 
     /// The largest buffer one binding may hold, in bytes.
@@ -328,11 +312,7 @@ impl WgpuBackend {
         (entry, checks): (&str, Checks),
     ) -> Result<Arc<wgpu::ComputePipeline>> {
         let full_key = format!("{key}::{entry}");
-        let mut cache = self
-            .inner
-            .pipelines
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut cache = lock(&self.inner.pipelines);
         if let Some(p) = cache.get(&full_key) {
             return Ok(p.clone());
         }
@@ -411,6 +391,15 @@ impl WgpuBackend {
         }
     }
 
+    /// The checks of a copy of `len` host elements of `T` to or from `buf`: the lengths and
+    /// dtype, `T`'s size, `buf`'s owner, and the device not lost.
+    fn check_copy<T: Element>(&self, op: &'static str, len: usize, buf: &WgpuBuffer) -> Result<()> {
+        check_transfer::<T>(op, len, buf)?;
+        check_element_size::<T>(op)?;
+        self.check_owner(op, buf)?;
+        self.check_lost()
+    }
+
     pub(crate) fn check_owner(&self, op: &'static str, b: &WgpuBuffer) -> Result<()> {
         if b.same_owner(self) {
             Ok(())
@@ -472,7 +461,7 @@ impl Backend for WgpuBackend {
         }
         let class = self.size_class(bytes);
         let reused = {
-            let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pool = lock(&self.inner.pool);
             let b = pool.free.get_mut(&class).and_then(Vec::pop);
             if b.is_some() {
                 pool.cached_bytes -= class;
@@ -493,10 +482,7 @@ impl Backend for WgpuBackend {
     }
 
     fn copy_to_device<T: Element>(&self, src: &[T], dst: &mut WgpuBuffer) -> Result<()> {
-        check_transfer::<T>("copy_to_device", src.len(), dst)?;
-        check_element_size::<T>("copy_to_device")?;
-        self.check_owner("copy_to_device", dst)?;
-        self.check_lost()?;
+        self.check_copy::<T>("copy_to_device", src.len(), dst)?;
         if src.is_empty() {
             return Ok(());
         }
@@ -519,10 +505,7 @@ impl Backend for WgpuBackend {
     }
 
     fn copy_from_device<T: Element>(&self, src: &WgpuBuffer, dst: &mut [T]) -> Result<()> {
-        check_transfer::<T>("copy_from_device", dst.len(), src)?;
-        check_element_size::<T>("copy_from_device")?;
-        self.check_owner("copy_from_device", src)?;
-        self.check_lost()?;
+        self.check_copy::<T>("copy_from_device", dst.len(), src)?;
         if dst.is_empty() {
             return Ok(());
         }

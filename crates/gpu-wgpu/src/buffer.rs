@@ -1,7 +1,7 @@
 //! [`WgpuBuffer`]: a storage buffer of one dtype, and the pool of freed buffers by size class
 //! that it returns to on drop.
 
-use crate::backend::{Inner, WgpuBackend};
+use crate::backend::{lock, Inner, WgpuBackend};
 use gpu_core::backend::BufferInfo;
 use gpu_core::DType;
 use std::collections::HashMap;
@@ -84,7 +84,7 @@ impl BufferInfo for WgpuBuffer {
 impl Drop for WgpuBuffer {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
-            let mut pool = self.owner.pool.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pool = lock(&self.owner.pool);
             if pool.cached_bytes + self.class <= pool.cap {
                 pool.cached_bytes += self.class;
                 pool.free.entry(self.class).or_default().push(buf);

@@ -7,7 +7,11 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, to_u32};
+use crate::kernels::{row_src, src, thread_src, to_u32};
+use crate::shaders::{
+    ACTIVATION, ADD_RMS_NORM, CACHE_ATTN, CACHE_COMBINE, CACHE_SPAN, PREFILL_ATTN, ROPE_APPEND,
+    SWIGLU, WG_SUM64,
+};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::decode::{
     check_add_rms_norm, check_cache_attention, check_prefill_attention, check_rope_append,
@@ -15,16 +19,6 @@ use gpu_core::nn::decode::{
 };
 use gpu_core::nn::defaults;
 use gpu_core::{Backend, DType, Result};
-
-const ROPE_APPEND: &str = include_str!("shaders/rope_append.wgsl");
-const CACHE_ATTN: &str = include_str!("shaders/cache_attn.wgsl");
-const CACHE_SPAN: &str = include_str!("shaders/cache_span.wgsl");
-const CACHE_COMBINE: &str = include_str!("shaders/cache_combine.wgsl");
-const PREFILL_ATTN: &str = include_str!("shaders/prefill_attn.wgsl");
-const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
-const ADD_RMS_NORM: &str = include_str!("shaders/add_rms_norm.wgsl");
-const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
-const ACT_LIB: &str = include_str!("shaders/activation.wgsl");
 
 type Buf = WgpuBuffer;
 
@@ -110,7 +104,7 @@ impl WgpuBackend {
         self.launch(OP, ("cache_attn", body), p, (gx, (gx, gy, z)), &bufs)?;
         p[3] = dims.d as u32 | lg << 26;
         let bufs = [x.start.raw(), x.slot.raw(), part.raw(), out.raw()];
-        let body = || src(&format!("{CACHE_SPAN}{CACHE_COMBINE}"));
+        let body = || row_src(64, &format!("{CACHE_SPAN}{CACHE_COMBINE}"));
         self.launch(OP, ("cache_combine", body), p, (gx, (gx, gy, 1)), &bufs)
     }
 
@@ -148,9 +142,10 @@ impl WgpuBackend {
         ];
         let key = format!("prefill_attn d{d}");
         let body = || {
-            src(&format!(
-                "const D: u32 = {d}u;\nconst C: u32 = {c}u;\n{PREFILL_ATTN}"
-            ))
+            row_src(
+                64,
+                &format!("const D: u32 = {d}u;\nconst C: u32 = {c}u;\n{PREFILL_ATTN}"),
+            )
         };
         self.launch(OP, (&key, body), p, (gx, (gx, gy, 1)), &bufs)
     }
@@ -193,7 +188,7 @@ impl DecodeOps for WgpuBackend {
             k_cache.raw(),
             v_cache.raw(),
         ];
-        self.launch_1d(OP, OP, || src(ROPE_APPEND), p, threads, &bufs)
+        self.launch_1d(OP, OP, || thread_src(ROPE_APPEND), p, threads, &bufs)
     }
 
     /// f32: the slots split over workgroups, then the splits combined (bf16: the default).
@@ -264,7 +259,7 @@ impl DecodeOps for WgpuBackend {
             sum.raw(),
             normed.raw(),
         ];
-        let body = || src(ADD_RMS_NORM);
+        let body = || row_src(256, ADD_RMS_NORM);
         self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)
     }
 
@@ -277,7 +272,7 @@ impl DecodeOps for WgpuBackend {
             return defaults::rows::swiglu_packed(self, gu, out, i);
         }
         let p = [to_u32(OP, out.len())?, to_u32(OP, i)?, 0, 0, 0, 0, 0, 0];
-        let body = || src(&format!("{ACT_LIB}{SWIGLU}"));
+        let body = || thread_src(&format!("{ACTIVATION}{SWIGLU}"));
         self.launch_1d(OP, OP, body, p, out.len(), &[gu.raw(), out.raw()])
     }
 }

@@ -2,11 +2,14 @@
 //! fill, casts, unary maps, last-axis binary ops and row reductions (the f32 matmul is in
 //! matmul.rs). The public unary/binary/reduce_rows stay inherent methods; fill and cast back
 //! the `Primitives` impl in prims.rs. Every launch is validated on the host first, so
-//! a bad argument is a typed error. WGSL sources live in `src/shaders/`.
+//! a bad argument is a typed error. WGSL sources live in `src/shaders/` (named in shaders.rs);
+//! `src` puts the shared header before one, `row_src` and `thread_src` also the shared entry
+//! point of a one-row-a-workgroup or a one-thread-an-item kernel after it.
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
 use crate::record::Launch;
+use crate::shaders::{ACTIVATION, BINARY, CAST_BF16_F32, CAST_F32_BF16, FILL, REDUCE_ROWS, UNARY};
 use gpu_core::backend::BufferInfo;
 use gpu_core::{DType, GpuError, Result};
 
@@ -140,20 +143,42 @@ pub enum RowReduce {
     Max,
 }
 
-const FILL: &str = include_str!("shaders/fill.wgsl");
-
-const CAST_F32_BF16: &str = include_str!("shaders/cast_f32_bf16.wgsl");
-
-const CAST_BF16_F32: &str = include_str!("shaders/cast_bf16_f32.wgsl");
-
-const UNARY: &str = include_str!("shaders/unary.wgsl");
-
-const BINARY: &str = include_str!("shaders/binary.wgsl");
-
-const REDUCE: &str = include_str!("shaders/reduce_rows.wgsl");
-
 pub(crate) fn src(body: &str) -> String {
     format!("{HEADER}{body}")
+}
+
+/// The entry point of a kernel run one row a workgroup: a workgroup past the last row
+/// (`P.p0`) returns at once, the others call the body's `row_main(row, lid)`.
+const ROW_ENTRY: &str = r#"
+@compute @workgroup_size(THREADS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row = wid.y * P.gx + wid.x;
+    if (row >= P.p0) { return; }
+    row_main(row, lid.x);
+}
+"#;
+
+/// [`src`] of a one-row-a-workgroup kernel, `body` defining `fn row_main(row: u32, lid: u32)`
+/// for workgroups of `threads`.
+pub(crate) fn row_src(threads: u32, body: &str) -> String {
+    let entry = ROW_ENTRY.replace("THREADS", &threads.to_string());
+    format!("{HEADER}{body}{entry}")
+}
+
+/// The entry point of a kernel run one thread an item, in workgroups of 256: a thread past
+/// the last item (`P.p0`) returns at once, the others call the body's `thread_main(i)`.
+const THREAD_ENTRY: &str = r#"
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = linear(wid, lid);
+    if (i >= P.p0) { return; }
+    thread_main(i);
+}
+"#;
+
+/// [`src`] of a one-thread-an-item kernel, `body` defining `fn thread_main(i: u32)`.
+pub(crate) fn thread_src(body: &str) -> String {
+    format!("{HEADER}{body}{THREAD_ENTRY}")
 }
 
 pub(crate) fn require(op: &'static str, b: &WgpuBuffer, dtype: DType) -> Result<()> {
@@ -312,6 +337,12 @@ impl WgpuBackend {
         Ok(())
     }
 
+    /// [`Self::check_out`], then every buffer f32.
+    pub(crate) fn check_f32(&self, op: &'static str, bufs: &[&WgpuBuffer]) -> Result<()> {
+        self.check_out(op, bufs)?;
+        bufs.iter().try_for_each(|b| require(op, b, DType::F32))
+    }
+
     /// Sets every element to `value` (u32 gets `value as u32`; f16 and bf16 round to nearest).
     pub(crate) fn fill_raw(&self, buf: &mut WgpuBuffer, value: f32) -> Result<()> {
         self.check_out("fill", &[buf])?;
@@ -329,7 +360,7 @@ impl WgpuBackend {
         };
         let words = (buf.padded_bytes() / 4) as usize;
         let p = [to_u32("fill", words)?, pattern, 0, 0, 0, 0, 0, 0];
-        self.launch_1d("fill", "fill", || src(FILL), p, words, &[buf.raw()])
+        self.launch_1d("fill", "fill", || thread_src(FILL), p, words, &[buf.raw()])
     }
 
     /// `out = x` in `out`'s dtype: f32→bf16 rounds to nearest even (NaN stays NaN, overflow
@@ -360,7 +391,7 @@ impl WgpuBackend {
             (DType::BF16, DType::F32) => self.launch_1d(
                 "cast",
                 "cast_bf16_f32",
-                || src(CAST_BF16_F32),
+                || thread_src(CAST_BF16_F32),
                 p,
                 x.len(),
                 &[x.raw(), out.raw()],
@@ -375,9 +406,7 @@ impl WgpuBackend {
 
     /// `out = op(x)` on f32.
     pub fn unary(&self, op: UnaryOp, x: &WgpuBuffer, out: &mut WgpuBuffer) -> Result<()> {
-        self.check_out("unary", &[x, out])?;
-        require("unary", x, DType::F32)?;
-        require("unary", out, DType::F32)?;
+        self.check_f32("unary", &[x, out])?;
         if x.len() != out.len() {
             return Err(GpuError::shape("unary", x.len(), out.len()));
         }
@@ -385,7 +414,7 @@ impl WgpuBackend {
         self.launch_1d(
             "unary",
             &format!("unary_{}", op.name()),
-            || src(&UNARY.replace("EXPR", op.expr())),
+            || thread_src(&format!("{ACTIVATION}{}", UNARY.replace("EXPR", op.expr()))),
             p,
             x.len(),
             &[x.raw(), out.raw()],
@@ -401,10 +430,7 @@ impl WgpuBackend {
         b: &WgpuBuffer,
         out: &mut WgpuBuffer,
     ) -> Result<()> {
-        self.check_out("binary", &[a, b, out])?;
-        for x in [a, b, &*out] {
-            require("binary", x, DType::F32)?;
-        }
+        self.check_f32("binary", &[a, b, out])?;
         if a.len() != out.len() {
             return Err(GpuError::shape("binary", a.len(), out.len()));
         }
@@ -428,7 +454,7 @@ impl WgpuBackend {
         self.launch_1d(
             "binary",
             &format!("binary_{}", op.name()),
-            || src(&BINARY.replace("EXPR", op.expr())),
+            || thread_src(&BINARY.replace("EXPR", op.expr())),
             p,
             a.len(),
             &[a.raw(), b.raw(), out.raw()],
@@ -443,9 +469,7 @@ impl WgpuBackend {
         cols: usize,
         out: &mut WgpuBuffer,
     ) -> Result<()> {
-        self.check_out("reduce_rows", &[x, out])?;
-        require("reduce_rows", x, DType::F32)?;
-        require("reduce_rows", out, DType::F32)?;
+        self.check_f32("reduce_rows", &[x, out])?;
         let rows = out.len();
         if rows.checked_mul(cols) != Some(x.len()) {
             return Err(GpuError::shape(
@@ -457,11 +481,11 @@ impl WgpuBackend {
         let (key, body) = match op {
             RowReduce::Sum => (
                 "reduce_sum",
-                REDUCE.replace("OP", "a + b").replace("INIT", "0.0"),
+                REDUCE_ROWS.replace("OP", "a + b").replace("INIT", "0.0"),
             ),
             RowReduce::Max => (
                 "reduce_max",
-                REDUCE
+                REDUCE_ROWS
                     .replace("OP", "nan_max(a, b)")
                     .replace("INIT", "bitcast<f32>(0xff800000u)"),
             ),

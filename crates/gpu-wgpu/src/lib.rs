@@ -24,6 +24,7 @@ mod readback;
 mod record;
 mod rows;
 mod sample;
+mod shaders;
 mod status;
 pub mod testing;
 

@@ -8,18 +8,14 @@
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{require, src, to_u32};
+use crate::kernels::{src, thread_src, to_u32};
+use crate::shaders::{
+    GEMV, MATMUL128, MATMUL128V, MATMUL128_SCALAR, MATMUL64, MATMUL64V, MATMUL_SUM, MATMUL_TILE,
+    MATMUL_VEC4_IO,
+};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::ops::MatmulSpec;
 use gpu_core::{DType, GpuError, Result};
-
-const MATMUL64: &str = include_str!("shaders/matmul.wgsl");
-const MATMUL128: &str = include_str!("shaders/matmul128.wgsl");
-const MATMUL128V: &str = include_str!("shaders/matmul128v.wgsl");
-const MATMUL64V: &str = include_str!("shaders/matmul64v.wgsl");
-const VEC4_IO: &str = include_str!("shaders/matmul_vec4_io.wgsl");
-const SUM: &str = include_str!("shaders/matmul_sum.wgsl");
-const GEMV: &str = include_str!("shaders/gemv.wgsl");
 
 /// The most rows of A the matrix–vector kernel takes.
 const GEMV_ROWS: usize = 4;
@@ -89,10 +85,7 @@ impl WgpuBackend {
         b: &WgpuBuffer,
         c: &mut WgpuBuffer,
     ) -> Result<()> {
-        self.check_out("matmul", &[a, b, c])?;
-        for x in [a, b, &*c] {
-            require("matmul", x, DType::F32)?;
-        }
+        self.check_f32("matmul", &[a, b, c])?;
         spec.validate(a, b, c)?;
         if c.is_empty() {
             return Ok(());
@@ -129,7 +122,7 @@ impl WgpuBackend {
         self.launch_1d(
             "matmul",
             "matmul_sum",
-            || src(SUM),
+            || thread_src(MATMUL_SUM),
             params,
             c.len(),
             &[scratch.raw(), c.raw()],
@@ -200,16 +193,22 @@ impl WgpuBackend {
             to_u32("matmul", p.splits)?,
             0,
         ];
-        // The vec4 kernels take their loads and stores from VEC4_IO, for TQ vec4s a side.
-        let (key, body, tq) = match (p.tile, vec4_aligned(&spec, p)) {
-            (128, true) => ("matmul_f32_128v", MATMUL128V, Some(32)),
-            (128, false) => ("matmul_f32_128", MATMUL128, None),
-            (_, true) => ("matmul_f32_64v", MATMUL64V, Some(16)),
-            (_, false) => ("matmul_f32", MATMUL64, None),
+        // Every kernel places its tile (EDGE a side, k-slices DEPTH deep) with MATMUL_TILE; the
+        // vec4 kernels take their loads and stores from MATMUL_VEC4_IO, and the two 128×128
+        // kernels share MATMUL128, each with its own staging.
+        let (key, parts, depth): (_, &[&str], u32) = match (p.tile, vec4_aligned(&spec, p)) {
+            (128, true) => (
+                "matmul_f32_128v",
+                &[MATMUL_VEC4_IO, MATMUL128V, MATMUL128],
+                16,
+            ),
+            (128, false) => ("matmul_f32_128", &[MATMUL128_SCALAR, MATMUL128], 8),
+            (_, true) => ("matmul_f32_64v", &[MATMUL_VEC4_IO, MATMUL64V], 16),
+            (_, false) => ("matmul_f32", &[MATMUL64], 16),
         };
-        let source = || match tq {
-            Some(tq) => src(&format!("const TQ: u32 = {tq}u;\n{VEC4_IO}{body}")),
-            None => src(body),
+        let source = || {
+            let consts = format!("const EDGE: u32 = {tile}u;\nconst DEPTH: u32 = {depth}u;\n");
+            src(&format!("{consts}{MATMUL_TILE}{}", parts.concat()))
         };
         // The kernels run without wgpu's checks (Checks::Off): each guards its own indices,
         // which fit u32 when every buffer's element count does.

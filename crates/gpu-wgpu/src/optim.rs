@@ -5,15 +5,13 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, to_u32};
+use crate::kernels::{src, thread_src, to_u32};
+use crate::shaders::{ADAMW, CLIP_FINAL, SUMSQ};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::optim::{adamw_schedule, check_adamw, check_clip, read_schedule, AdamWBuffers};
 use gpu_core::nn::{AdamWConfig, OptimOps};
 use gpu_core::{DType, Result};
 
-const ADAMW: &str = include_str!("shaders/adamw.wgsl");
-const SUMSQ: &str = include_str!("shaders/sumsq.wgsl");
-const CLIP_FINAL: &str = include_str!("shaders/clip_final.wgsl");
 /// Elements one `sumsq` workgroup sums (256 threads × 64).
 const SUMSQ_BLOCK: usize = 16384;
 
@@ -51,7 +49,7 @@ impl WgpuBackend {
             ),
             None => ("adamw", "", "1.0"),
         };
-        let body = || src(&ADAMW.replace("SCALE_BINDING", scale).replace("COEF", coef));
+        let body = || thread_src(&ADAMW.replace("SCALE_BINDING", scale).replace("COEF", coef));
         for i in 0..params.len() {
             let n = params[i].len();
             let decay = (1.0 - lr as f64 * weight_decay[i] as f64) as f32;

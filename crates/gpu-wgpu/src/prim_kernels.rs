@@ -6,33 +6,21 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{require, src, to_u32};
+use crate::kernels::{require, row_src, src, thread_src, to_u32};
+use crate::shaders::{
+    ACTIVATION, ACT_BWD, ACT_FWD, ARGMAX, ARGMAX_WG, BROADCAST, COPY_BLOCKS_BF16, COPY_BLOCKS_F32,
+    DROPOUT, DROP_HASH, GATHER_ROWS, PERMUTE, REDUCE_AXIS, REDUCE_AXIS_THREAD, REDUCE_COMB,
+    SCATTER_ADD_ROWS, SCATTER_ADD_SCAN,
+};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::{Activation, BinaryKind, BlockCopy, ReduceKind};
 use gpu_core::{DType, GpuError, Result};
 use wgpu::util::DeviceExt;
 
-const COPY_F32: &str = include_str!("shaders/copy_blocks_f32.wgsl");
-const COPY_BF16: &str = include_str!("shaders/copy_blocks_bf16.wgsl");
-const PERMUTE: &str = include_str!("shaders/permute.wgsl");
-const BROADCAST: &str = include_str!("shaders/broadcast.wgsl");
-const ACT_LIB: &str = include_str!("shaders/activation.wgsl");
-const ACT_FWD: &str = include_str!("shaders/act_fwd.wgsl");
-const ACT_BWD: &str = include_str!("shaders/act_bwd.wgsl");
-const REDUCE_COMB: &str = include_str!("shaders/reduce_comb.wgsl");
-const REDUCE_AXIS: &str = include_str!("shaders/reduce_axis.wgsl");
-const REDUCE_AXIS_THREAD: &str = include_str!("shaders/reduce_axis_thread.wgsl");
 /// Longest reduction that one thread does alone (longer ones share a workgroup).
 const THREAD_REDUCE_MAX: usize = 256;
-const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
-const ARGMAX_WG: &str = include_str!("shaders/argmax_wg.wgsl");
-const DROPOUT: &str = include_str!("shaders/dropout.wgsl");
-const DROP_HASH: &str = include_str!("shaders/dropout_hash.wgsl");
-const GATHER: &str = include_str!("shaders/gather_rows.wgsl");
-const SCATTER_ADD: &str = include_str!("shaders/scatter_add_rows.wgsl");
-const SCATTER_ADD_SCAN: &str = include_str!("shaders/scatter_add_scan.wgsl");
 
-/// The f32 forward formula of each activation (a WGSL expression of `x`, from `ACT_LIB`).
+/// The f32 forward formula of each activation (a WGSL expression of `x`, from `ACTIVATION`).
 /// Exhaustive: a new [`Activation`] does not compile until it has one.
 fn fwd_expr(op: Activation) -> &'static str {
     match op {
@@ -120,10 +108,17 @@ impl WgpuBackend {
             *slot = to_u32(OP, v)?;
         }
         let (key, body) = match dst.dtype() {
-            DType::BF16 => ("copy_blocks_bf16", COPY_BF16),
-            _ => ("copy_blocks_f32", COPY_F32),
+            DType::BF16 => ("copy_blocks_bf16", COPY_BLOCKS_BF16),
+            _ => ("copy_blocks_f32", COPY_BLOCKS_F32),
         };
-        self.launch_1d(OP, key, || src(body), p, n, &[src_buf.raw(), dst.raw()])
+        self.launch_1d(
+            OP,
+            key,
+            || thread_src(body),
+            p,
+            n,
+            &[src_buf.raw(), dst.raw()],
+        )
     }
 
     /// `out = x.permute(perm)` on 32-bit elements (`shape`, `perm` checked).
@@ -154,11 +149,11 @@ impl WgpuBackend {
         if vec4 {
             let body = || {
                 let v = PERMUTE.replace("x: array<u32>;", "x: array<vec4<u32>>;");
-                src(&v.replace("out: array<u32>;", "out: array<vec4<u32>>;"))
+                thread_src(&v.replace("out: array<u32>;", "out: array<vec4<u32>>;"))
             };
             return self.launch_1d("permute", "permute4", body, p, n, &bufs);
         }
-        self.launch_1d("permute", "permute", || src(PERMUTE), p, n, &bufs)
+        self.launch_1d("permute", "permute", || thread_src(PERMUTE), p, n, &bufs)
     }
 
     /// `out = a ∘ b` broadcast to `shape` (checked; f32), each input with its shape.
@@ -193,7 +188,7 @@ impl WgpuBackend {
         self.launch_1d(
             "broadcast_binary",
             &format!("broadcast_{}", op.name()),
-            || src(&BROADCAST.replace("EXPR", binary_expr(op))),
+            || thread_src(&BROADCAST.replace("EXPR", binary_expr(op))),
             p,
             out.len(),
             &[&meta, a.raw(), b.raw(), out.raw()],
@@ -207,20 +202,7 @@ impl WgpuBackend {
         x: &WgpuBuffer,
         out: &mut WgpuBuffer,
     ) -> Result<()> {
-        let p = [to_u32("activation_fwd", x.len())?, 0, 0, 0, 0, 0, 0, 0];
-        self.launch_1d(
-            "activation_fwd",
-            &format!("act_fwd_{}", op.name()),
-            || {
-                src(&format!(
-                    "{ACT_LIB}{}",
-                    ACT_FWD.replace("EXPR", fwd_expr(op))
-                ))
-            },
-            p,
-            x.len(),
-            &[x.raw(), out.raw()],
-        )
+        self.launch_act(op, false, x.len(), &[x.raw(), out.raw()])
     }
 
     /// `dx = f'(x)·dy` on f32 (lengths checked).
@@ -230,20 +212,26 @@ impl WgpuBackend {
         [x, y, dy]: [&WgpuBuffer; 3],
         dx: &mut WgpuBuffer,
     ) -> Result<()> {
-        let p = [to_u32("activation_bwd", x.len())?, 0, 0, 0, 0, 0, 0, 0];
-        self.launch_1d(
-            "activation_bwd",
-            &format!("act_bwd_{}", op.name()),
-            || {
-                src(&format!(
-                    "{ACT_LIB}{}",
-                    ACT_BWD.replace("EXPR", bwd_expr(op))
-                ))
-            },
-            p,
-            x.len(),
-            &[x.raw(), y.raw(), dy.raw(), dx.raw()],
-        )
+        self.launch_act(op, true, x.len(), &[x.raw(), y.raw(), dy.raw(), dx.raw()])
+    }
+
+    /// Launches `op`'s forward (`act_fwd.wgsl`) or `backward` (`act_bwd.wgsl`) kernel over `n`
+    /// elements, a thread each, with the activation library.
+    fn launch_act(
+        &self,
+        op: Activation,
+        backward: bool,
+        n: usize,
+        bufs: &[&wgpu::Buffer],
+    ) -> Result<()> {
+        let (name, key, kernel, expr) = match backward {
+            false => ("activation_fwd", "act_fwd", ACT_FWD, fwd_expr(op)),
+            true => ("activation_bwd", "act_bwd", ACT_BWD, bwd_expr(op)),
+        };
+        let p = [to_u32(name, n)?, 0, 0, 0, 0, 0, 0, 0];
+        let body = kernel.replace("EXPR", expr);
+        let source = || thread_src(&format!("{ACTIVATION}{body}"));
+        self.launch_1d(name, &format!("{key}_{}", op.name()), source, p, n, bufs)
     }
 
     /// Reduces `[outer, n, inner]` over `n` on f32 (checked): one thread per output for
@@ -274,7 +262,7 @@ impl WgpuBackend {
         ];
         let bufs = [x.raw(), out.raw()];
         if n <= THREAD_REDUCE_MAX {
-            let body = || src(&format!("{REDUCE_COMB}{REDUCE_AXIS_THREAD}"));
+            let body = || thread_src(&format!("{REDUCE_COMB}{REDUCE_AXIS_THREAD}"));
             return self.launch_1d(OP, "reduce_axis_thread", body, p, outer * inner, &bufs);
         }
         let (gx, gy) = self.grid(OP, outputs)?;
@@ -307,7 +295,7 @@ impl WgpuBackend {
                 return Ok(());
             }
             let (gx, gy) = self.grid("argmax_rows", to_u32("argmax_rows", out.len())?)?;
-            let body = || src(ARGMAX_WG);
+            let body = || row_src(256, ARGMAX_WG);
             return self.launch(
                 "argmax_rows",
                 ("argmax_rows_wg", body),
@@ -319,7 +307,7 @@ impl WgpuBackend {
         self.launch_1d(
             "argmax_rows",
             "argmax_rows",
-            || src(ARGMAX),
+            || thread_src(ARGMAX),
             p,
             out.len(),
             &bufs,
@@ -351,7 +339,7 @@ impl WgpuBackend {
         self.launch_1d(
             "dropout",
             "dropout",
-            || src(&format!("{DROP_HASH}{DROPOUT}")),
+            || thread_src(&format!("{DROP_HASH}{DROPOUT}")),
             params,
             x.len(),
             &bufs,
@@ -411,7 +399,7 @@ impl WgpuBackend {
             self.launch_1d(
                 "gather_rows",
                 "gather_rows",
-                || src(GATHER),
+                || thread_src(GATHER_ROWS),
                 p,
                 out.len(),
                 &bufs,
@@ -436,9 +424,13 @@ impl WgpuBackend {
         let vocab = self.check_rows_args("scatter_add_rows", ids, src_rows, dst, dim)?;
         let rows = ids.len();
         let scan = vocab > 0 && rows >= 8 * vocab && rows.saturating_mul(vocab) <= 1 << 24;
-        let (key, body, threads) = match scan {
-            true => ("scatter_add_scan", SCATTER_ADD_SCAN, dst.len()),
-            false => ("scatter_add_rows", SCATTER_ADD, src_rows.len()),
+        let (key, threads) = match scan {
+            true => ("scatter_add_scan", dst.len()),
+            false => ("scatter_add_rows", src_rows.len()),
+        };
+        let body = move || match scan {
+            true => src(SCATTER_ADD_SCAN),
+            false => thread_src(SCATTER_ADD_ROWS),
         };
         // The scan counts rows, the other kernel elements.
         let count = if scan { rows } else { src_rows.len() };
@@ -450,7 +442,7 @@ impl WgpuBackend {
         self.with_status_slot(("scatter_add_rows", "ids", vocab), |slot, status| {
             let bufs = [ids.raw(), src_rows.raw(), dst.raw(), status];
             let p = [p[0], p[1], p[2], slot, 0, 0, 0, 0];
-            self.launch_1d("scatter_add_rows", key, || src(body), p, threads, &bufs)
+            self.launch_1d("scatter_add_rows", key, body, p, threads, &bufs)
         })
     }
 }

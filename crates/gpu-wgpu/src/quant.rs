@@ -15,19 +15,14 @@
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, to_u32};
+use crate::kernels::{src, thread_src, to_u32};
+use crate::shaders::{DEQUANT_F16, GEMV_F16, HALF, LOAD_DECODE, LOAD_NATIVE};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::quant::{
     check_dequantize, check_matmul_quant, default_dequantize, default_matmul_quant, QuantFormat,
     QuantOps, QuantSpec,
 };
 use gpu_core::{DType, Result};
-
-const HALF: &str = include_str!("shaders/half.wgsl");
-const GEMV_F16: &str = include_str!("shaders/gemv_f16.wgsl");
-const LOAD_DECODE: &str = include_str!("shaders/f16_load_decode.wgsl");
-const LOAD_NATIVE: &str = include_str!("shaders/f16_load_native.wgsl");
-const DEQUANT_F16: &str = include_str!("shaders/dequant_f16.wgsl");
 
 /// The most rows of x the f16 matrix–vector kernel takes (decode up to batch 16): it reads the
 /// weight once for all of them.
@@ -236,7 +231,7 @@ impl WgpuBackend {
         self.launch_1d(
             op,
             "dequant_f16",
-            || with_half(DEQUANT_F16),
+            || thread_src(&format!("{HALF}{DEQUANT_F16}")),
             p,
             w.len(),
             &[w.raw(), out.raw()],

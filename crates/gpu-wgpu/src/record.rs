@@ -2,7 +2,7 @@
 //! into one uniform ring, and the encoder is submitted every [`BATCH`] records or when the
 //! host reads, writes or waits; while profiling, each submission's timestamps are read back.
 
-use crate::backend::{Inner, WgpuBackend};
+use crate::backend::{lock, Inner, WgpuBackend};
 use crate::error::WgpuError;
 use crate::profile::{KernelTime, Profiler};
 use gpu_core::Result;
@@ -83,7 +83,7 @@ impl WgpuBackend {
     /// Records `f`'s commands into the pending encoder; every [`BATCH`] records it is
     /// submitted. Commands run in the order recorded, and after everything submitted before.
     pub(crate) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
-        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = lock(&self.inner.pending);
         f(self.inner.encoder(&mut p));
         self.inner.count_record(&mut p);
     }
@@ -98,7 +98,7 @@ impl WgpuBackend {
         bind: impl FnOnce(&wgpu::Buffer, u64) -> wgpu::BindGroup,
         f: impl FnOnce(&mut wgpu::ComputePass<'_>, &wgpu::BindGroup),
     ) {
-        let mut guard = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&self.inner.pending);
         let p = &mut *guard;
         // At most BATCH records between submissions, so the ring never overflows.
         let offset = (p.staged.len() / PARAMS_SLOT) as u64 * PARAMS_SLOT as u64;
@@ -126,7 +126,7 @@ impl WgpuBackend {
 
     /// Submits the recorded work, if any: its submission's index.
     pub(crate) fn flush(&self) -> Option<wgpu::SubmissionIndex> {
-        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = lock(&self.inner.pending);
         self.inner.submit(&mut p)
     }
 
@@ -147,7 +147,7 @@ impl WgpuBackend {
             }
             .into());
         }
-        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = lock(&self.inner.pending);
         self.inner.submit(&mut p);
         p.prof = on.then(|| Profiler::new(&self.inner.device, &self.inner.queue));
         Ok(())
@@ -156,7 +156,7 @@ impl WgpuBackend {
     /// The profile so far, most GPU time first (empty while profiling is off), and how many
     /// submissions' timestamps could not be read back.
     pub fn profile(&self) -> (Vec<KernelTime>, u64) {
-        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = lock(&self.inner.pending);
         self.inner.submit(&mut p);
         p.prof
             .as_ref()
@@ -165,7 +165,7 @@ impl WgpuBackend {
 
     /// While profiling, adds the host time since `since` under `key` (see [`Profiler::add_host`]).
     pub(crate) fn note_host(&self, key: &str, since: Instant) {
-        let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = lock(&self.inner.pending);
         if let Some(pr) = p.prof.as_mut() {
             pr.add_host(key, since);
         }

@@ -8,7 +8,11 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, to_u32};
+use crate::kernels::{row_src, to_u32};
+use crate::shaders::{
+    CE_BWD, CE_FWD, LAYERNORM_BWD, LAYERNORM_FWD, ROW_LSE64, ROW_REG, SOFTMAX_BWD, SOFTMAX_BWD_REG,
+    SOFTMAX_FWD, SOFTMAX_FWD_REG, WG_SUM64,
+};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::defaults;
 use gpu_core::nn::rows::{
@@ -17,18 +21,6 @@ use gpu_core::nn::rows::{
 use gpu_core::nn::{Primitives, ReduceKind, RowOps};
 use gpu_core::ops::{check_elementwise, check_rows};
 use gpu_core::{DType, Result};
-
-const LAYERNORM_FWD: &str = include_str!("shaders/layernorm_fwd.wgsl");
-const LAYERNORM_BWD: &str = include_str!("shaders/layernorm_bwd.wgsl");
-const WG_SUM64: &str = include_str!("shaders/wg_sum64.wgsl");
-const ROW_LSE64: &str = include_str!("shaders/row_lse64.wgsl");
-const CE_FWD: &str = include_str!("shaders/ce_fwd.wgsl");
-const CE_BWD: &str = include_str!("shaders/ce_bwd.wgsl");
-const SOFTMAX_FWD: &str = include_str!("shaders/softmax_fwd.wgsl");
-const SOFTMAX_BWD: &str = include_str!("shaders/softmax_bwd.wgsl");
-const ROW_REG: &str = include_str!("shaders/row_reg.wgsl");
-const SOFTMAX_FWD_REG: &str = include_str!("shaders/softmax_fwd_reg.wgsl");
-const SOFTMAX_BWD_REG: &str = include_str!("shaders/softmax_bwd_reg.wgsl");
 
 /// The workgroup size of a row kernel that holds its row in registers (16 values a thread),
 /// or `None` where the row is longer than 16·256.
@@ -63,7 +55,7 @@ impl WgpuBackend {
             0,
         ];
         let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
-        let src = || src(&format!("{WG_SUM64}{lib}{body}"));
+        let src = || row_src(64, &format!("{WG_SUM64}{lib}{body}"));
         self.launch(op, (op, src), p, (gx, (gx, gy, 1)), bufs)
     }
 
@@ -79,7 +71,12 @@ impl WgpuBackend {
         let p = [to_u32(op, rows)?, to_u32(op, cols)?, 0, 0, 0, 0, 0, 0];
         let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
         let key = format!("{op}_reg{wg}");
-        let src = || src(&format!("{ROW_REG}{body}").replace("WG_SIZE", &wg.to_string()));
+        let src = || {
+            row_src(
+                wg,
+                &format!("{ROW_REG}{body}").replace("WG_SIZE", &wg.to_string()),
+            )
+        };
         self.launch(op, (&key, src), p, (gx, (gx, gy, 1)), bufs)
     }
 }
@@ -154,7 +151,7 @@ impl RowOps for WgpuBackend {
         ];
         let (gx, gy) = self.grid(OP, to_u32(OP, rows)?)?;
         let bufs = [x.raw(), w.raw(), b.raw(), y.raw(), mean.raw(), rstd.raw()];
-        let body = || src(&format!("{WG_SUM64}{LAYERNORM_FWD}"));
+        let body = || row_src(64, &format!("{WG_SUM64}{LAYERNORM_FWD}"));
         self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)
     }
 
@@ -205,7 +202,7 @@ impl RowOps for WgpuBackend {
             dx.raw(),
             dyx.raw(),
         ];
-        let body = || src(&format!("{WG_SUM64}{LAYERNORM_BWD}"));
+        let body = || row_src(64, &format!("{WG_SUM64}{LAYERNORM_BWD}"));
         self.launch(OP, (OP, body), p, (gx, (gx, gy, 1)), &bufs)?;
         self.reduce_axis(ReduceKind::Sum, &dyx, 1, rows, cols, dw)?;
         self.reduce_axis(ReduceKind::Sum, dy, 1, rows, cols, db)?;

@@ -7,15 +7,10 @@
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
 use crate::kernels::to_u32;
+use crate::shaders::{DROP_HASH, SAMPLE, SAMPLE_MATH, SAMPLE_PROBE};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::sample::{check_sample, SampleOps, SampleParams};
 use gpu_core::{DType, Result};
-
-/// Its `mul_wide` (an exact 64-bit product) serves the sampler's u64 arithmetic too.
-const DROP_HASH: &str = include_str!("shaders/dropout_hash.wgsl");
-const SAMPLE_MATH: &str = include_str!("shaders/sample_math.wgsl");
-const SAMPLE: &str = include_str!("shaders/sample.wgsl");
-const SAMPLE_PROBE: &str = include_str!("shaders/sample_probe.wgsl");
 
 /// Words of the kernels' parameter block (`Params` in `sample_math.wgsl`); `gx` is the last.
 const WORDS: usize = 16;

@@ -8,7 +8,7 @@
 //! A backend shared by threads reports each bad launch to the thread that queued it (at that
 //! thread's next wait), never to another.
 
-use crate::backend::WgpuBackend;
+use crate::backend::{lock, WgpuBackend};
 use gpu_core::backend::Backend;
 use gpu_core::{GpuError, Result};
 use std::thread::ThreadId;
@@ -81,7 +81,7 @@ impl WgpuBackend {
     }
 
     fn ring(&self) -> std::sync::MutexGuard<'_, StatusRing> {
-        self.inner.status.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner.status)
     }
 
     /// Reads and clears the slots of the launches since the last check (after a wait: they

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{randn, rng, U};
+use common::{backend_and_rng, randn, U};
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::attention::{AttnDropout, Packed, PackedCall, PackedDrop, PackedSaved};
 use gpu_core::nn::AttentionOps;
@@ -130,10 +130,9 @@ const SHAPES: [Packed; 7] = [
 #[test]
 fn fused_packed_attention_matches_the_cpu() {
     let name = "fused_packed_attention_matches_the_cpu";
-    let Some(g) = backend_or_skip(name) else {
+    let Some((g, mut r)) = backend_and_rng(name) else {
         return;
     };
-    let mut r = rng(name);
     for p in SHAPES {
         let qkv = randn(&mut r, p.b * p.t * 3 * p.c(), 2.0);
         let dout = randn(&mut r, p.b * p.t * p.c(), 1.0);
@@ -200,10 +199,9 @@ fn the_attention_dropout_mask_is_the_cpus_bit_for_bit() {
 #[test]
 fn poisoned_keys_past_the_diagonal_change_nothing() {
     let name = "poisoned_keys_past_the_diagonal_change_nothing";
-    let Some(g) = backend_or_skip(name) else {
+    let Some((g, mut r)) = backend_and_rng(name) else {
         return;
     };
-    let mut r = rng(name);
     let p = Packed {
         b: 1,
         t: 9,

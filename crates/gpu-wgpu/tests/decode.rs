@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{randn, rng, U};
+use common::{backend_and_rng, randn, rng, U};
 use gpu_core::nn::decode::{CacheAttnIn, DecodeDims, DecodeOps, PrefillIn, RopeAppendIn};
 use gpu_core::{Backend, BufferInfo, CpuBackend, DType};
 use gpu_wgpu::testing::backend_or_skip;
@@ -154,10 +154,9 @@ fn attend<B: DecodeOps + Backend>(
 
 #[test]
 fn rope_append_matches_the_cpu() {
-    let Some(g) = backend_or_skip("rope_append_matches_the_cpu") else {
+    let Some((g, mut r)) = backend_and_rng("rope_append_matches_the_cpu") else {
         return;
     };
-    let mut r = rng("rope_append_matches_the_cpu");
     for c in cases() {
         let qkv = randn(&mut r, c.dims.qkv_len(), 2.0);
         let caches = randn(&mut r, c.dims.cache_len(), 1.0);
@@ -196,10 +195,9 @@ fn score_bound(c: &Case, q: &[f32], k: &[f32], scale: f32) -> f64 {
 
 #[test]
 fn cache_and_prefill_attention_match_the_cpu() {
-    let Some(g) = backend_or_skip("cache_and_prefill_attention_match_the_cpu") else {
+    let Some((g, mut r)) = backend_and_rng("cache_and_prefill_attention_match_the_cpu") else {
         return;
     };
-    let mut r = rng("cache_and_prefill_attention_match_the_cpu");
     for c in cases() {
         let q = randn(&mut r, c.dims.q_len(), 2.0);
         let k = randn(&mut r, c.dims.cache_len(), 2.0);

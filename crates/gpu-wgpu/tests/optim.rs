@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{close, randn, rng, with_hostile, SIZES, U};
+use common::{backend_and_rng, close, randn, rng, with_hostile, SIZES, U};
 use gpu_core::nn::optim::{adamw_schedule, AdamWBuffers};
 use gpu_core::nn::{AdamWConfig, OptimOps};
 use gpu_core::{Backend, CpuBackend, DType};
@@ -70,10 +70,9 @@ fn bounds(s: &State, j: usize, wd: f32, coef: f32, cfg: AdamWConfig) -> [f64; 3]
 
 #[test]
 fn fused_adamw_matches_the_cpu() {
-    let Some(w) = backend_or_skip("fused_adamw_matches_the_cpu") else {
+    let Some((w, mut r)) = backend_and_rng("fused_adamw_matches_the_cpu") else {
         return;
     };
-    let mut r = rng("fused_adamw_matches_the_cpu");
     for (step_no, scale, wd) in [
         (1, None, 0.0f32),
         (3, Some([2.0f32, 0.5]), 0.1),
@@ -134,10 +133,9 @@ fn fused_adamw_matches_the_cpu() {
 
 #[test]
 fn scheduled_adamw_is_the_same_step_and_bad_arguments_change_nothing() {
-    let Some(w) = backend_or_skip("scheduled_adamw_is_the_same_step") else {
+    let Some((w, mut r)) = backend_and_rng("scheduled_adamw_is_the_same_step") else {
         return;
     };
-    let mut r = rng("scheduled_adamw_is_the_same_step");
     let cfg = AdamWConfig {
         lr: 1e-2,
         beta1: 0.9,

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{close, flushed, randn, rng, HOSTILE, SIZES, U};
+use common::{backend_and_rng, close, flushed, randn, rng, HOSTILE, SIZES, U};
 use gpu_core::nn::rows::RowOps;
 use gpu_core::nn::Activation;
 use gpu_core::nn::Primitives;
@@ -126,10 +126,9 @@ fn fill_every_dtype() {
 
 #[test]
 fn cast_f32_bf16_bitwise() {
-    let Some(b) = backend_or_skip("cast_f32_bf16_bitwise") else {
+    let Some((b, mut r)) = backend_and_rng("cast_f32_bf16_bitwise") else {
         return;
     };
-    let mut r = rng("cast_f32_bf16_bitwise");
     for n in SIZES {
         let mut x: Vec<f32> = (0..n).map(|_| f32::from_bits(r.random())).collect();
         for (i, h) in HOSTILE.iter().enumerate().take(n) {
@@ -191,10 +190,9 @@ fn unary_ref(op: UnaryOp, x: f64) -> f64 {
 
 #[test]
 fn unary_parity() {
-    let Some(b) = backend_or_skip("unary_parity") else {
+    let Some((b, mut r)) = backend_and_rng("unary_parity") else {
         return;
     };
-    let mut r = rng("unary_parity");
     for op in UnaryOp::ALL {
         for n in SIZES {
             let mut x = randn(&mut r, n, 8.0);
@@ -359,10 +357,9 @@ fn binary_parity_equal_and_last_axis_broadcast() {
 
 #[test]
 fn reduce_rows_parity() {
-    let Some(b) = backend_or_skip("reduce_rows_parity") else {
+    let Some((b, mut r)) = backend_and_rng("reduce_rows_parity") else {
         return;
     };
-    let mut r = rng("reduce_rows_parity");
     for (rows, cols) in [
         (0, 5),
         (3, 0),
@@ -435,10 +432,9 @@ fn reduce_rows_parity() {
 
 #[test]
 fn matmul_parity_with_transposes() {
-    let Some(b) = backend_or_skip("matmul_parity_with_transposes") else {
+    let Some((b, mut r)) = backend_and_rng("matmul_parity_with_transposes") else {
         return;
     };
-    let mut r = rng("matmul_parity_with_transposes");
     let shapes = [
         (1, 1, 1, 1),
         (1, 0, 3, 4),
@@ -592,10 +588,9 @@ fn matmul_parity_with_transposes() {
 
 #[test]
 fn gather_and_scatter_add_rows_parity() {
-    let Some(b) = backend_or_skip("gather_and_scatter_add_rows_parity") else {
+    let Some((b, mut r)) = backend_and_rng("gather_and_scatter_add_rows_parity") else {
         return;
     };
-    let mut r = rng("gather_and_scatter_add_rows_parity");
     for (vocab, dim, n) in [
         (1, 1, 1),
         (5, 3, 0),

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{close, get, rng, same, U};
+use common::{backend_and_rng, close, get, same, U};
 use gpu_core::nn::quant::{QuantFormat, QuantOps, QuantSpec};
 use gpu_core::{Backend, CpuBackend, DType, GpuError};
 use gpu_wgpu::testing::backend_or_skip;
@@ -129,8 +129,9 @@ const SHAPES: [(usize, usize); 6] = [(1, 8), (37, 72), (130, 200), (9, 6), (64, 
 #[test]
 fn f16_products_match_the_cpu_within_the_f32_sum_bound() {
     const T: &str = "f16_products_match_the_cpu_within_the_f32_sum_bound";
-    let Some(g) = backend_or_skip(T) else { return };
-    let mut r = rng(T);
+    let Some((g, mut r)) = backend_and_rng(T) else {
+        return;
+    };
     for (n, k) in SHAPES {
         for m in [1, 2, 3, 4, 5, 8, 13, 16, 17] {
             let spec = QuantSpec {
@@ -176,8 +177,9 @@ fn f16_products_match_the_cpu_within_the_f32_sum_bound() {
 #[test]
 fn f16_gemv_loads_match_the_cpu() {
     const T: &str = "f16_gemv_loads_match_the_cpu";
-    let Some(g) = backend_or_skip(T) else { return };
-    let mut r = rng(T);
+    let Some((g, mut r)) = backend_and_rng(T) else {
+        return;
+    };
     let mut loads = vec![F16Loads::Decode];
     if g.has_shader_f16() {
         loads.push(F16Loads::Native);
@@ -249,8 +251,9 @@ fn gemv_with(g: &WgpuBackend, loads: F16Loads, w: &Host, x: &[f32], spec: QuantS
 #[test]
 fn f16_hostile_activations_match_the_cpu() {
     const T: &str = "f16_hostile_activations_match_the_cpu";
-    let Some(g) = backend_or_skip(T) else { return };
-    let mut r = rng(T);
+    let Some((g, mut r)) = backend_and_rng(T) else {
+        return;
+    };
     for m in [4, 6] {
         let spec = QuantSpec {
             m,
@@ -354,8 +357,9 @@ fn try_matmul<B: QuantOps>(b: &B, w: &Host, x: &[f32], spec: QuantSpec) -> Resul
 #[test]
 fn int8_and_int4_defaults_match_the_cpu() {
     const T: &str = "int8_and_int4_defaults_match_the_cpu";
-    let Some(g) = backend_or_skip(T) else { return };
-    let mut r = rng(T);
+    let Some((g, mut r)) = backend_and_rng(T) else {
+        return;
+    };
     for format in [QuantFormat::Int8, QuantFormat::Int4] {
         let spec = QuantSpec {
             m: 3,

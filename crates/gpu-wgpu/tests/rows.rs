@@ -7,11 +7,10 @@
 
 mod common;
 
-use common::{close, randn, rng, U};
+use common::{backend_and_rng, close, randn, U};
 use gpu_core::nn::rows::LayerNormBwdIn;
 use gpu_core::nn::RowOps;
 use gpu_core::{CpuBackend, DType};
-use gpu_wgpu::testing::backend_or_skip;
 
 /// (rows, cols): widths around the kernels' 64 threads a row, long rows, many short rows; no
 /// rows at all; more rows than one grid dimension holds (65,535 workgroups); one huge row.
@@ -46,10 +45,9 @@ fn layernorm<B: RowOps>(b: &B, x: &[f32], w: &[f32], bias: &[f32]) -> [Vec<f32>;
 
 #[test]
 fn fused_layernorm_matches_the_cpu() {
-    let Some(g) = backend_or_skip("fused_layernorm_matches_the_cpu") else {
+    let Some((g, mut r)) = backend_and_rng("fused_layernorm_matches_the_cpu") else {
         return;
     };
-    let mut r = rng("fused_layernorm_matches_the_cpu");
     for (rows, cols) in SHAPES {
         let mut x = randn(&mut r, rows * cols, 3.0);
         let (w, bias) = (randn(&mut r, cols, 2.0), randn(&mut r, cols, 1.0));
@@ -118,10 +116,9 @@ fn layernorm_bwd<B: RowOps>(b: &B, [x, w, mean, rstd, dy]: [&[f32]; 5]) -> [Vec<
 
 #[test]
 fn fused_layernorm_backward_matches_the_cpu() {
-    let Some(g) = backend_or_skip("fused_layernorm_backward_matches_the_cpu") else {
+    let Some((g, mut r)) = backend_and_rng("fused_layernorm_backward_matches_the_cpu") else {
         return;
     };
-    let mut r = rng("fused_layernorm_backward_matches_the_cpu");
     for (rows, cols) in SHAPES {
         let x = randn(&mut r, rows * cols, 3.0);
         let dy = randn(&mut r, rows * cols, 1.0);
@@ -222,10 +219,9 @@ fn cross_entropy<B: RowOps>(
 /// written).
 #[test]
 fn fused_cross_entropy_matches_the_cpu() {
-    let Some(g) = backend_or_skip("fused_cross_entropy_matches_the_cpu") else {
+    let Some((g, mut r)) = backend_and_rng("fused_cross_entropy_matches_the_cpu") else {
         return;
     };
-    let mut r = rng("fused_cross_entropy_matches_the_cpu");
     for (rows, cols) in SHAPES {
         let mut x = randn(&mut r, rows * cols, 4.0);
         let t: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 3) % cols) as u32).collect();
@@ -305,10 +301,9 @@ fn softmax<B: RowOps>(b: &B, (x, dy): (&[f32], &[f32]), cols: usize) -> [Vec<f32
 /// (probability 0) and huge finite logits.
 #[test]
 fn fused_softmax_matches_the_cpu() {
-    let Some(g) = backend_or_skip("fused_softmax_matches_the_cpu") else {
+    let Some((g, mut r)) = backend_and_rng("fused_softmax_matches_the_cpu") else {
         return;
     };
-    let mut r = rng("fused_softmax_matches_the_cpu");
     // Beside SHAPES, the register-held kernels' edges: a full row of 64 threads (512), the
     // first of 256 threads (513), a full one (4096) and the first streamed past it (4097).
     let edges = [(5, 512), (5, 513), (6, 4096), (5, 4097)];

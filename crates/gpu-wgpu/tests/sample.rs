@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::rng;
+use common::backend_and_rng;
 use gpu_core::nn::sample::{draw, draw_target, seen_words, top_p_cut, weight, SampleParams};
 use gpu_core::nn::SampleOps;
 use gpu_core::CpuBackend;
@@ -144,10 +144,9 @@ fn settings(r: &mut StdRng, vocab: usize) -> Vec<SampleParams> {
 
 #[test]
 fn random_rows_match_the_cpu_token_for_token() {
-    let Some(g) = backend_or_skip("random_rows_match_the_cpu_token_for_token") else {
+    let Some((g, mut r)) = backend_and_rng("random_rows_match_the_cpu_token_for_token") else {
         return;
     };
-    let mut r = rng("random_rows_match_the_cpu_token_for_token");
     for (vocab, rows) in [(1, 3), (31, 16), (32, 5), (33, 11), (1000, 7)] {
         for scale in [3.0, 12.0] {
             let x = random_batch(&mut r, rows, vocab, scale);
@@ -164,10 +163,9 @@ fn random_rows_match_the_cpu_token_for_token() {
 
 #[test]
 fn large_vocabularies_match_the_cpu() {
-    let Some(g) = backend_or_skip("large_vocabularies_match_the_cpu") else {
+    let Some((g, mut r)) = backend_and_rng("large_vocabularies_match_the_cpu") else {
         return;
     };
-    let mut r = rng("large_vocabularies_match_the_cpu");
     for (vocab, rows) in [(50257, 2), (128256, 1)] {
         let x = random_batch(&mut r, rows, vocab, 8.0);
         let all = settings(&mut r, vocab);
@@ -219,10 +217,9 @@ const KINDS: usize = 13;
 
 #[test]
 fn hostile_rows_match_the_cpu() {
-    let Some(g) = backend_or_skip("hostile_rows_match_the_cpu") else {
+    let Some((g, mut r)) = backend_and_rng("hostile_rows_match_the_cpu") else {
         return;
     };
-    let mut r = rng("hostile_rows_match_the_cpu");
     let t = |temperature: f32| SampleParams {
         temperature,
         ..BASE

@@ -7,9 +7,9 @@
 
 mod common;
 
-use common::rng;
+use common::backend_and_rng;
 use gpu_core::nn::sample::{draw, draw_target, top_p_cut, weight};
-use gpu_wgpu::testing::{backend_or_skip, sample_probe, SampleProbe};
+use gpu_wgpu::testing::{sample_probe, SampleProbe};
 use gpu_wgpu::WgpuBackend;
 use rand::Rng;
 
@@ -45,10 +45,9 @@ fn split(v: u64) -> [u32; 2] {
 
 #[test]
 fn weight_is_the_cpus_bit_for_bit() {
-    let Some(g) = backend_or_skip("weight_is_the_cpus_bit_for_bit") else {
+    let Some((g, mut r)) = backend_and_rng("weight_is_the_cpus_bit_for_bit") else {
         return;
     };
-    let mut r = rng("weight_is_the_cpus_bit_for_bit");
     let mut x: Vec<f32> = vec![
         0.0,
         -0.0,
@@ -84,10 +83,9 @@ fn weight_is_the_cpus_bit_for_bit() {
 
 #[test]
 fn top_p_cut_is_the_f64_product_bit_for_bit() {
-    let Some(g) = backend_or_skip("top_p_cut_is_the_f64_product_bit_for_bit") else {
+    let Some((g, mut r)) = backend_and_rng("top_p_cut_is_the_f64_product_bit_for_bit") else {
         return;
     };
-    let mut r = rng("top_p_cut_is_the_f64_product_bit_for_bit");
     let mut p: Vec<f32> = vec![
         1e-6,
         0.5,
@@ -153,10 +151,9 @@ fn top_p_cut_is_the_f64_product_bit_for_bit() {
 
 #[test]
 fn draw_and_draw_target_are_the_cpus() {
-    let Some(g) = backend_or_skip("draw_and_draw_target_are_the_cpus") else {
+    let Some((g, mut r)) = backend_and_rng("draw_and_draw_target_are_the_cpus") else {
         return;
     };
-    let mut r = rng("draw_and_draw_target_are_the_cpus");
     let edges = [
         0u64,
         1,
@@ -186,10 +183,9 @@ fn draw_and_draw_target_are_the_cpus() {
 
 #[test]
 fn products_keep_subnormals() {
-    let Some(g) = backend_or_skip("products_keep_subnormals") else {
+    let Some((g, mut r)) = backend_and_rng("products_keep_subnormals") else {
         return;
     };
-    let mut r = rng("products_keep_subnormals");
     let mut items = Vec::new();
     let special = [
         0.0f32,
@@ -247,10 +243,9 @@ fn products_keep_subnormals() {
 
 #[test]
 fn soft_fma_rounds_once() {
-    let Some(g) = backend_or_skip("soft_fma_rounds_once") else {
+    let Some((g, mut r)) = backend_and_rng("soft_fma_rounds_once") else {
         return;
     };
-    let mut r = rng("soft_fma_rounds_once");
     let mut items = Vec::new();
     let mut push = |a: f32, b: f32, c: f32| {
         let v = a.mul_add(b, c);

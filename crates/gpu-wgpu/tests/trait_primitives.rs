@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{close, flushed, ftz, randn, rng, same, with_hostile, SIZES, U};
+use common::{bf, close, flushed, ftz, randn, rng, same, with_hostile, SIZES, U};
 use gpu_core::nn::elementwise::BinaryKind;
 use gpu_core::nn::BlockCopy;
 use gpu_core::nn::{Activation, Primitives};
@@ -17,10 +17,6 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 
 const C: CpuBackend = CpuBackend;
-
-fn bf(x: &[f32]) -> Vec<bf16> {
-    x.iter().map(|&v| bf16::from_f32(v)).collect()
-}
 
 #[test]
 fn copy_blocks_moves_exact_bits_and_keeps_the_rest() {

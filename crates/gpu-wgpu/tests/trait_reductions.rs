@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{close, flushed, get, randn, rng, same, with_hostile, SIZES, U};
+use common::{bf, close, flushed, get, randn, rng, same, with_hostile, SIZES, U};
 use gpu_core::nn::elementwise::{dropout_keep, ReduceKind};
 use gpu_core::nn::{Activation, Primitives};
 use gpu_core::ops::{MatmulOps, MatmulSpec};
@@ -16,10 +16,6 @@ use half::bf16;
 use rand::Rng;
 
 const C: CpuBackend = CpuBackend;
-
-fn bf(x: &[f32]) -> Vec<bf16> {
-    x.iter().map(|&v| bf16::from_f32(v)).collect()
-}
 
 fn wide(x: &[bf16]) -> Vec<f32> {
     x.iter().map(|v| v.to_f32()).collect()

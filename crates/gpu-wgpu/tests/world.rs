@@ -15,13 +15,12 @@
 
 mod common;
 
-use common::{get, out, rng, up};
+use common::{backend_and_rng, get, out, up};
 use gpu_core::nn::{
     LowRankFactors, LowRankOutcome, RolloutCall, RolloutDims, SvdMethod, SvdOut, SvdOutcome,
     SvdSpec, WorldOps,
 };
 use gpu_core::CpuBackend;
-use gpu_wgpu::testing::backend_or_skip;
 
 fn close(test: &str, got: &[f32], want: &[f32], rtol: f32) {
     assert_eq!(got.len(), want.len(), "{test}: lengths");
@@ -73,10 +72,9 @@ fn rollout<B: WorldOps>(b: &B, weights: &[f32], embeds: &[f32]) -> [Vec<f32>; 3]
 
 #[test]
 fn the_rollout_default_matches_the_cpu() {
-    let Some(w) = backend_or_skip("the_rollout_default_matches_the_cpu") else {
+    let Some((w, mut r)) = backend_and_rng("the_rollout_default_matches_the_cpu") else {
         return;
     };
-    let mut r = rng("the_rollout_default_matches_the_cpu");
     let d = DIMS;
     let weights = common::randn(&mut r, d.members * d.member_len(), 0.3);
     let embeds = common::randn(&mut r, d.batch * d.context * d.embed, 1.0);
@@ -129,10 +127,10 @@ fn correction<B: WorldOps>(
 
 #[test]
 fn the_correction_and_max_abs_defaults_match_the_cpu() {
-    let Some(w) = backend_or_skip("the_correction_and_max_abs_defaults_match_the_cpu") else {
+    let Some((w, mut r)) = backend_and_rng("the_correction_and_max_abs_defaults_match_the_cpu")
+    else {
         return;
     };
-    let mut r = rng("the_correction_and_max_abs_defaults_match_the_cpu");
     let (m, n, k) = (9, 7, 5);
     let w0 = common::randn(&mut r, m * n, 2.0);
     let u = common::randn(&mut r, m * k, 1.0);
@@ -218,10 +216,9 @@ fn svd<B: WorldOps>(b: &B, a: &[f32], spec: &SvdSpec) -> (SvdOutcome, Vec<f32>, 
 
 #[test]
 fn the_svd_default_matches_the_cpu() {
-    let Some(w) = backend_or_skip("the_svd_default_matches_the_cpu") else {
+    let Some((w, mut r)) = backend_and_rng("the_svd_default_matches_the_cpu") else {
         return;
     };
-    let mut r = rng("the_svd_default_matches_the_cpu");
     let (m, n, k) = (40, 24, 4);
     // A decaying spectrum: rank-k part plus small noise.
     let a: Vec<f32> = {

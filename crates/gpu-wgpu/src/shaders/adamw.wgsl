@@ -6,10 +6,7 @@ SCALE_BINDING
 // One AdamW step of one parameter, one element a thread: p0 = length, p1..p6 = the f32 bits of
 // beta1, beta2, eps, step_size (lr / bc1), sqrt(bc2) and the decay 1 − lr·wd. The gradient is
 // scaled by COEF (the clip coefficient grad_scale[1], or 1).
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i >= P.p0) { return; }
+fn thread_main(i: u32) {
     let b1 = bitcast<f32>(P.p1);
     let b2 = bitcast<f32>(P.p2);
     let eps = bitcast<f32>(P.p3);

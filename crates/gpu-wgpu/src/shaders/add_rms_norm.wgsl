@@ -10,11 +10,7 @@ var<workgroup> red: array<f32, 256>;
 // (y when p2 is 1; else `x` is bound for it and not read), normed =
 // sum·(mean(sum²) + eps)^(-1/2)·w. Each thread reads back only the sums it wrote.
 // p0 = rows, p1 = cols, p2 = has y, p3 = eps's bits.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
-    let lid = lid3.x;
+fn row_main(row: u32, lid: u32) {
     let base = row * P.p1;
     var ss = 0.0;
     for (var c = lid; c < P.p1; c += 256u) {

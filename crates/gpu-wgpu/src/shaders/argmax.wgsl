@@ -2,10 +2,7 @@
 // number (the first NaN wins), as torch.argmax. One thread per row. p0 = rows, p1 = cols.
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let r = linear(wid, lid);
-    if (r >= P.p0) { return; }
+fn thread_main(r: u32) {
     let base = r * P.p1;
     var best = 0u;
     var b = x[base];

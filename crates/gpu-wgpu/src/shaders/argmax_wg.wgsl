@@ -15,11 +15,7 @@ fn better(v: f32, i: u32, u: f32, j: u32) -> bool {
     return i < j;
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
-    let r = wid.y * P.gx + wid.x;
-    if (r >= P.p0) { return; }
-    let lid = lid3.x;
+fn row_main(r: u32, lid: u32) {
     let base = r * P.p1;
     var best = 0xffffffffu;
     var b = bitcast<f32>(0xff800000u);

@@ -11,19 +11,16 @@ fn dropped(x: f32, idx: u32) -> f32 {
     if (P.p4 == 0u) { return x; }
     return select(0.0, x * bitcast<f32>(P.p5), keep(idx, vec2<u32>(P.p2, P.p3), P.p4));
 }
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
+fn row_main(row: u32, lid: u32) {
     let l = lse[row];
     let base = row * P.p1;
     let i = row % P.p1;
     var acc = 0.0;
-    for (var j = lid.x; j < P.p1; j += 64u) {
+    for (var j = lid; j < P.p1; j += 64u) {
         acc += exp(score(base, i, j) - l) * dropped(dp[base + j], base + j);
     }
-    let di = wg_sum(acc, lid.x);
-    for (var j = lid.x; j < P.p1; j += 64u) {
+    let di = wg_sum(acc, lid);
+    for (var j = lid; j < P.p1; j += 64u) {
         let p = exp(score(base, i, j) - l);
         dp[base + j] = p * (dropped(dp[base + j], base + j) - di) * bitcast<f32>(P.p6);
         sc[base + j] = dropped(p, base + j);

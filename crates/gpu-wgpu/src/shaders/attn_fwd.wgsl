@@ -7,15 +7,12 @@
 // max + ln Σ exp(x − max) (NaN where the max is not finite, as the default's f32 chain).
 // p0 = rows (n·t), p1 = t, p2/p3 = the dropout seed lo/hi, p4 = ⌈p·2^24⌉ (0: no dropout),
 // p5 = the bits of 1/(1 − p), p6 = the bits of scale. Index (s·t + i)·t + j is the mask's.
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
-    let l = row_lse(row, lid.x);
-    if (lid.x == 0u) { lse[row] = l; }
+fn row_main(row: u32, lid: u32) {
+    let l = row_lse(row, lid);
+    if (lid == 0u) { lse[row] = l; }
     let base = row * P.p1;
     let i = row % P.p1;
-    for (var j = lid.x; j < P.p1; j += 64u) {
+    for (var j = lid; j < P.p1; j += 64u) {
         var p = exp(score(base, i, j) - l);
         if (P.p4 != 0u) {
             p = select(0.0, p * bitcast<f32>(P.p5), keep(base + j, vec2<u32>(P.p2, P.p3), P.p4));

@@ -7,11 +7,7 @@
 // overlap its visible slots (cache_attn's `part`, in split order, rescaled to the running max
 // as cache_attn's chunks are), a thread per output column (four a thread); no visible slot:
 // zeros. p0 = rows, p1 = t, p2 = heads, p3 = d + 2^26·lg, p4 = cap, p5 = window.
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
-    let idx = wid.y * P.gx + wid.x;
-    if (idx >= P.p0) { return; }
-    let lid = lid3.x;
+fn row_main(idx: u32, lid: u32) {
     let d = P.p3 & 511u;
     let lg = P.p3 >> 26u;
     let v = visible(idx);

@@ -8,21 +8,18 @@
 // dlogits = (exp(x − max)/Σ − onehot(t))·dloss[row] (NaN for a row whose max is not finite).
 // A target >= cols makes the row NaN and is recorded in status slot p2 (crate::status).
 // p0 = rows, p1 = cols.
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
+fn row_main(row: u32, lid: u32) {
     let cols = P.p1;
     let base = row * cols;
-    let st = row_stats(base, cols, lid.x);
+    let st = row_stats(base, cols, lid);
     let t = targets[row];
     let bad = t >= cols;
-    if (bad && lid.x == 0u) {
+    if (bad && lid == 0u) {
         atomicMax(&status[2u * P.p2], 1u);
         atomicMax(&status[2u * P.p2 + 1u], t);
     }
     let dl = select(dloss[row], bitcast<f32>(0x7fc00000u), bad);
-    for (var c = lid.x; c < cols; c += 64u) {
+    for (var c = lid; c < cols; c += 64u) {
         let p = exp(logits[base + c] - st.x) / st.y;
         let d = (p - select(0.0, 1.0, c == t)) * dl;
         dlogits[base + c] = select(d, st.x, is_nan(st.x));

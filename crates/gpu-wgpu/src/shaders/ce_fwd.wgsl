@@ -6,13 +6,10 @@
 // Cross-entropy of one row a workgroup of 64 threads: loss = max + ln Σ exp(x − max) − x[t]
 // (a NaN loss for a target >= cols, recorded in status slot p2: crate::status). p0 = rows,
 // p1 = cols.
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
+fn row_main(row: u32, lid: u32) {
     let base = row * P.p1;
-    let st = row_stats(base, P.p1, lid.x);
-    if (lid.x == 0u) {
+    let st = row_stats(base, P.p1, lid);
+    if (lid == 0u) {
         let t = targets[row];
         if (t >= P.p1) {
             loss[row] = bitcast<f32>(0x7fc00000u);

@@ -3,10 +3,7 @@
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read_write> status: array<atomic<u32>>;
 // out[r, c] = table[ids[r], c]; an id >= vocab gives a NaN row and is recorded in status.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i >= P.p0) { return; }
+fn thread_main(i: u32) {
     let d = P.p1;
     let id = ids[i / d];
     if (id >= P.p2) {

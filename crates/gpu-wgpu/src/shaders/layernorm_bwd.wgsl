@@ -8,17 +8,14 @@
 // LayerNorm backward of one row a workgroup of 64 threads, with x̂ = (x − mean)·rstd and
 // g = dy·w: dx = rstd·(g − mean_row(g) − x̂·mean_row(g·x̂)); dyx = dy·x̂ (summed over the rows
 // for dw afterwards). p0 = rows, p1 = cols.
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
+fn row_main(row: u32, lid: u32) {
     let cols = P.p1;
     let base = row * cols;
     let mu = mean[row];
     let rs = rstd[row];
     var sg = 0.0;
     var sgx = 0.0;
-    for (var c = lid.x; c < cols; c += 64u) {
+    for (var c = lid; c < cols; c += 64u) {
         let xh = (x[base + c] - mu) * rs;
         let g = dy[base + c] * w[c];
         sg += g;
@@ -26,9 +23,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         dyx[base + c] = dy[base + c] * xh;
     }
     let n = f32(cols);
-    let mg = wg_sum(sg, lid.x) / n;
-    let mgx = wg_sum(sgx, lid.x) / n;
-    for (var c = lid.x; c < cols; c += 64u) {
+    let mg = wg_sum(sg, lid) / n;
+    let mgx = wg_sum(sgx, lid) / n;
+    for (var c = lid; c < cols; c += 64u) {
         let xh = (x[base + c] - mu) * rs;
         dx[base + c] = rs * (dy[base + c] * w[c] - mg - xh * mgx);
     }

@@ -7,25 +7,22 @@
 // LayerNorm forward of one row a workgroup of 64 threads: mean, then the biased variance of
 // x − mean (two passes, f32), rstd = 1/sqrt(var + eps), y = (x − mean)·rstd·w + b.
 // p0 = rows, p1 = cols, p2 = eps's f32 bits.
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
+fn row_main(row: u32, lid: u32) {
     let cols = P.p1;
     let base = row * cols;
     var acc = 0.0;
-    for (var c = lid.x; c < cols; c += 64u) { acc += x[base + c]; }
-    let mu = wg_sum(acc, lid.x) / f32(cols);
+    for (var c = lid; c < cols; c += 64u) { acc += x[base + c]; }
+    let mu = wg_sum(acc, lid) / f32(cols);
     var sq = 0.0;
-    for (var c = lid.x; c < cols; c += 64u) {
+    for (var c = lid; c < cols; c += 64u) {
         let d = x[base + c] - mu;
         sq += d * d;
     }
-    let rs = 1.0 / sqrt(wg_sum(sq, lid.x) / f32(cols) + bitcast<f32>(P.p2));
-    for (var c = lid.x; c < cols; c += 64u) {
+    let rs = 1.0 / sqrt(wg_sum(sq, lid) / f32(cols) + bitcast<f32>(P.p2));
+    for (var c = lid; c < cols; c += 64u) {
         y[base + c] = (x[base + c] - mu) * rs * w[c] + b[c];
     }
-    if (lid.x == 0u) {
+    if (lid == 0u) {
         mean[row] = mu;
         rstd[row] = rs;
     }

@@ -18,20 +18,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let m = P.p0;
     let n = P.p1;
     let k = P.p2;
-    let r0 = wid.y * 64u;
-    let c0 = wid.x * 64u;
-    let bz = wid.z / P.p6;
-    let kbeg = (wid.z % P.p6) * P.p5;
-    let kend = min(k, kbeg + P.p5);
-    let a0 = bz * m * k;
-    let b0 = bz * k * n;
+    let tl = tile_of(wid);
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    let slices = (kend - min(kbeg, kend) + 15u) / 16u;
+    let slices = tl.slices;
     for (var t = 0u; t < slices; t++) {
-        let k0 = kbeg + t * 16u;
+        let k0 = tl.kbeg + t * 16u;
         for (var e = 0u; e < 4u; e++) {
             let idx = li + e * 256u;
             // A's slice: 64 rows × 16 k, read along k (A row-major) or along the rows (A^T).
@@ -39,9 +33,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             var ak = idx % 16u;
             if (P.p3 != 0u) { ak = idx / 64u; r = idx % 64u; }
             var av = 0.0;
-            if (r0 + r < m && k0 + ak < kend) {
-                if (P.p3 != 0u) { av = A[a0 + (k0 + ak) * m + r0 + r]; }
-                else { av = A[a0 + (r0 + r) * k + k0 + ak]; }
+            if (tl.r0 + r < m && k0 + ak < tl.kend) {
+                if (P.p3 != 0u) { av = A[tl.a0 + (k0 + ak) * m + tl.r0 + r]; }
+                else { av = A[tl.a0 + (tl.r0 + r) * k + k0 + ak]; }
             }
             As[ak][r] = av;
             // B's slice: 16 k × 64 columns, read along the columns (B row-major) or k (B^T).
@@ -49,14 +43,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             var c = idx % 64u;
             if (P.p4 != 0u) { c = idx / 16u; bk = idx % 16u; }
             var bv = 0.0;
-            if (k0 + bk < kend && c0 + c < n) {
-                if (P.p4 != 0u) { bv = B[b0 + (c0 + c) * k + k0 + bk]; }
-                else { bv = B[b0 + (k0 + bk) * n + c0 + c]; }
+            if (k0 + bk < tl.kend && tl.c0 + c < n) {
+                if (P.p4 != 0u) { bv = B[tl.b0 + (tl.c0 + c) * k + k0 + bk]; }
+                else { bv = B[tl.b0 + (k0 + bk) * n + tl.c0 + c]; }
             }
             Bs[bk][c] = bv;
         }
         workgroupBarrier();
-        let kn = min(16u, kend - k0);
+        let kn = min(16u, tl.kend - k0);
         for (var kk = 0u; kk < kn; kk++) {
             let a = vec4<f32>(As[kk][lid.y], As[kk][lid.y + 16u], As[kk][lid.y + 32u],
                               As[kk][lid.y + 48u]);
@@ -70,10 +64,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
     }
     let c_base = wid.z * m * n;
-    store_row(c_base, r0 + lid.y, c0 + lid.x, m, n, acc0);
-    store_row(c_base, r0 + lid.y + 16u, c0 + lid.x, m, n, acc1);
-    store_row(c_base, r0 + lid.y + 32u, c0 + lid.x, m, n, acc2);
-    store_row(c_base, r0 + lid.y + 48u, c0 + lid.x, m, n, acc3);
+    store_row(c_base, tl.r0 + lid.y, tl.c0 + lid.x, m, n, acc0);
+    store_row(c_base, tl.r0 + lid.y + 16u, tl.c0 + lid.x, m, n, acc1);
+    store_row(c_base, tl.r0 + lid.y + 32u, tl.c0 + lid.x, m, n, acc2);
+    store_row(c_base, tl.r0 + lid.y + 48u, tl.c0 + lid.x, m, n, acc3);
 }
 
 // Columns col, col + 16, col + 32, col + 48 of row `row`, where they lie inside m × n.

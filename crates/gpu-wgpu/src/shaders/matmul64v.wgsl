@@ -20,8 +20,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var pb = vec4<f32>(0.0);
     let slices = tl.slices;
     if (slices > 0u) {
-        pa = fetch_a(li, tl.a0, tl.r0, tl.kbeg, tl.kend);
-        pb = fetch_b(li, tl.b0, tl.c0, tl.kbeg, tl.kend);
+        pa = fetch_a(li, tl, tl.kbeg);
+        pb = fetch_b(li, tl, tl.kbeg);
         stage_a(li, pa);
         stage_b(li, pb);
     }
@@ -30,8 +30,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let more = t + 1u < slices;
         if (more) {
             let k0 = tl.kbeg + (t + 1u) * 16u;
-            pa = fetch_a(li, tl.a0, tl.r0, k0, tl.kend);
-            pb = fetch_b(li, tl.b0, tl.c0, k0, tl.kend);
+            pa = fetch_a(li, tl, k0);
+            pb = fetch_b(li, tl, k0);
         }
         for (var kk = 0u; kk < 16u; kk++) {
             let a = As[kk * 16u + lid.y];

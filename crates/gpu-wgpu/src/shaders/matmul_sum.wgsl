@@ -3,10 +3,7 @@
 
 // The split-k matmul's last step: C[b·mn + j] = Σ_s W[(b·S + s)·mn + j], s in order, for
 // p0 = batch·mn outputs, p1 = mn, p2 = S.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i >= P.p0) { return; }
+fn thread_main(i: u32) {
     let b = i / P.p1;
     let j = i % P.p1;
     var s = 0.0;

@@ -3,10 +3,7 @@
 @group(0) @binding(1) var<storage, read> M: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i >= P.p0) { return; }
+fn thread_main(i: u32) {
     let rank = M[0];
     var rem = i;
     var s = 0u;

@@ -17,11 +17,7 @@ var<workgroup> span: vec2<u32>;
 // and adds the weighted values. Query i (slot i) sees [max(start, i + 1 − window), i + 1)
 // within the cache; none: zeros. p0 = workgroups, p1 = t, p2 = heads, p3 = kv_heads,
 // p4 = cap, p5 = window (0: none), p6 = scale's bits.
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
-    let g = wid.y * P.gx + wid.x;
-    if (g >= P.p0) { return; }
-    let lid = lid3.x;
+fn row_main(g: u32, lid: u32) {
     let t = P.p1;
     let heads = P.p2;
     let tiles = (t + 63u) / 64u;

@@ -2,10 +2,7 @@
 // max) in order k = 0..n-1 (for short reductions: many outputs, each too short to share a
 // workgroup's threads; neighbouring threads read neighbouring j, so reads coalesce when
 // inner > 1).
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let g = linear(wid, lid);
-    if (g >= P.p0) { return; }
+fn thread_main(g: u32) {
     let base = (g / P.p2) * P.p1 * P.p2 + g % P.p2;
     var acc = select(0.0, bitcast<f32>(0xff800000u), P.p3 == 2u);
     for (var k = 0u; k < P.p1; k++) { acc = comb(acc, x[base + k * P.p2]); }

@@ -55,10 +55,7 @@ fn sincos(angle: f32) -> vec2<f32> {
 // (kv_heads·d). A write at a slot past the cache is skipped (the host checks the slots, as
 // for CUDA). p0 = threads, p1 = t, p2 = heads, p3 = kv_heads, p4 = d, p5 = cap, p6 = 1 to
 // rotate (0: inv_freq empty, no rotation).
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let g = linear(wid, lid);
-    if (g >= P.p0) { return; }
+fn thread_main(g: u32) {
     let t = P.p1; let heads = P.p2; let kvh = P.p3; let d = P.p4; let cap = P.p5;
     let half = d / 2u;
     let per = (heads + kvh) * half + kvh * d;

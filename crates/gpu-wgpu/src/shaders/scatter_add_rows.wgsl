@@ -4,10 +4,7 @@
 @group(0) @binding(4) var<storage, read_write> status: array<atomic<u32>>;
 // dst[ids[r], c] += src[r, c], as a compare-and-swap loop on the f32 bits (WGSL has no float
 // atomics): the order of the adds to one element is unspecified.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = linear(wid, lid);
-    if (i >= P.p0) { return; }
+fn thread_main(i: u32) {
     let d = P.p1;
     let id = ids[i / d];
     if (id >= P.p2) {

@@ -4,15 +4,12 @@
 
 // Softmax backward of one row a workgroup of 64 threads: dx = y∘(dy − Σ_row dy∘y).
 // p0 = rows, p1 = cols.
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
+fn row_main(row: u32, lid: u32) {
     let base = row * P.p1;
     var acc = 0.0;
-    for (var c = lid.x; c < P.p1; c += 64u) { acc += dy[base + c] * y[base + c]; }
-    let dot = wg_sum(acc, lid.x);
-    for (var c = lid.x; c < P.p1; c += 64u) {
+    for (var c = lid; c < P.p1; c += 64u) { acc += dy[base + c] * y[base + c]; }
+    let dot = wg_sum(acc, lid);
+    for (var c = lid; c < P.p1; c += 64u) {
         dx[base + c] = y[base + c] * (dy[base + c] - dot);
     }
 }

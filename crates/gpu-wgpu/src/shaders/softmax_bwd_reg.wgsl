@@ -15,12 +15,9 @@ fn load4(base: u32, c: u32, of_dy: bool) -> vec4<f32> {
 // softmax_bwd.wgsl's row (dx = y∘(dy − Σ_row dy∘y)) with y and dy held in registers (thread
 // t's 16 columns t + i·WG in named vec4s): each read once instead of twice. p0 = rows,
 // p1 = cols (≤ 16·WG).
-@compute @workgroup_size(WG_SIZE)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
+fn row_main(row: u32, lid: u32) {
     let base = row * P.p1;
-    let t = lid.x;
+    let t = lid;
     let y0 = load4(base, t, false);
     let y1 = load4(base, t + 4u * WG, false);
     let y2 = load4(base, t + 8u * WG, false);

@@ -4,13 +4,10 @@
 // Softmax of one row a workgroup of 64 threads: exp(x − max) / Σ exp(x − max), the whole row
 // NaN where the max is not finite (a NaN or +inf, or a row of −inf), as the default's chain.
 // p0 = rows, p1 = cols.
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
+fn row_main(row: u32, lid: u32) {
     let base = row * P.p1;
-    let st = row_stats(base, P.p1, lid.x);
-    for (var c = lid.x; c < P.p1; c += 64u) {
+    let st = row_stats(base, P.p1, lid);
+    for (var c = lid; c < P.p1; c += 64u) {
         out[base + c] = select(exp(logits[base + c] - st.x) / st.y, st.x, is_nan(st.x));
     }
 }

@@ -25,12 +25,9 @@ fn max4(v: vec4<f32>) -> f32 { return nan_max(nan_max(v.x, v.y), nan_max(v.z, v.
 // not finite) with the row held in registers: thread t's 16 columns t + i·WG in four named
 // vec4s (an indexed array could be put in memory), one read of the logits instead of three.
 // p0 = rows, p1 = cols (≤ 16·WG).
-@compute @workgroup_size(WG_SIZE)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * P.gx + wid.x;
-    if (row >= P.p0) { return; }
+fn row_main(row: u32, lid: u32) {
     let base = row * P.p1;
-    let t = lid.x;
+    let t = lid;
     var a = load4(base, t);
     var b = load4(base, t + 4u * WG);
     var c = load4(base, t + 8u * WG);

@@ -3,10 +3,7 @@
 
 // DecodeOps::swiglu_packed in f32: out[r, j] = silu(gu[r, j])·gu[r, i + j], silu as the
 // activation kernel's (x·sigmoid(x), 0 at −inf). p0 = rows·i, p1 = i.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let e = linear(wid, lid);
-    if (e >= P.p0) { return; }
+fn thread_main(e: u32) {
     let i = P.p1;
     let g = gu[2u * i * (e / i) + e % i];
     let u = gu[2u * i * (e / i) + i + e % i];

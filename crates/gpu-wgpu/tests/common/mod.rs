@@ -1,10 +1,12 @@
-//! Helpers shared by the wgpu test files: seeded randomness (fixed per test, printed; replay
-//! with `HYBRID_TEST_SEED`, or `HYBRID_TEST_SEED=fresh`), f32 buffers to a backend and f32 values from one,
-//! hostile values and value comparison.
+//! Helpers shared by the wgpu test files: the backend and seeded randomness (fixed per test,
+//! printed; replay with `HYBRID_TEST_SEED`, or `HYBRID_TEST_SEED=fresh`), f32 buffers to a
+//! backend and f32 values from one, hostile values and value comparison.
 #![allow(dead_code)]
 
 use gpu_core::nn::Primitives;
 use gpu_core::{Backend, BufferInfo, DType};
+use gpu_wgpu::testing::backend_or_skip;
+use gpu_wgpu::WgpuBackend;
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -14,6 +16,13 @@ pub const U: f64 = 1.0 / (1u64 << 24) as f64;
 
 pub fn rng(test: &str) -> StdRng {
     StdRng::seed_from_u64(gpu_core::testing::test_seed(test))
+}
+
+/// The shared wgpu backend and the randomness seeded for `test`, or `None` once the skip is
+/// reported (`gpu_wgpu::testing::backend_or_skip`).
+pub fn backend_and_rng(test: &str) -> Option<(WgpuBackend, StdRng)> {
+    let b = backend_or_skip(test)?;
+    Some((b, rng(test)))
 }
 
 /// `x` uploaded to `b`.
@@ -39,6 +48,11 @@ pub fn get<B: Backend>(b: &B, x: &B::Buffer) -> Vec<f32> {
             .collect(),
         _ => b.download::<f32>(x).unwrap(),
     }
+}
+
+/// `x` rounded to bf16 (to nearest, ties to even).
+pub fn bf(x: &[f32]) -> Vec<bf16> {
+    x.iter().map(|&v| bf16::from_f32(v)).collect()
 }
 
 pub fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
