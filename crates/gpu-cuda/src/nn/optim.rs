@@ -25,12 +25,9 @@ pub(super) const MT_THREADS: u32 = 256;
 /// aligned, and small enough for the kernel's 32-bit lengths and block counts.
 pub(super) const PIECE: usize = 1 << 30;
 
-/// Byte offsets of the fields of `struct MultiTensor` (static_assert'ed in the kernel).
+/// Byte offsets of the fields of `struct MultiTensor` (static_assert'ed in the kernel): the
+/// pointer rows p, g, m, v of [`MT_MAX`] u64 each from byte 0, then the rest.
 mod layout {
-    pub const P: usize = 0;
-    pub const G: usize = 512;
-    pub const M: usize = 1024;
-    pub const V: usize = 1536;
     pub const N: usize = 2048;
     pub const DECAY: usize = 2304;
     pub const BLOCK_START: usize = 2560;
@@ -38,18 +35,18 @@ mod layout {
     pub const SIZE: usize = 2824;
 }
 
-/// One tensor (or piece of one): device addresses of p, g, m, v (0 where unused), its length
-/// and its AdamW decay factor `1 − lr·wd`.
+/// One tensor (or piece of one): the device addresses of its `K` buffers (p, g, m, v for
+/// `MultiTensor`; 0 where unused), its length and its AdamW decay factor `1 − lr·wd`.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Entry {
-    pub(super) ptrs: [u64; 4],
+pub(super) struct Entry<const K: usize = 4> {
+    pub(super) ptrs: [u64; K],
     pub(super) len: usize,
     pub(super) decay: f32,
 }
 
-impl Entry {
+impl<const K: usize> Entry<K> {
     /// The entry split into pieces of at most [`PIECE`] elements (none when empty).
-    fn pieces(self) -> impl Iterator<Item = Entry> {
+    fn pieces(self) -> impl Iterator<Item = Entry<K>> {
         (0..self.len).step_by(PIECE).map(move |off| Entry {
             ptrs: self
                 .ptrs
@@ -60,54 +57,70 @@ impl Entry {
     }
 }
 
-/// One launch's `MultiTensor` bytes and its block count.
+/// One launch's multi-tensor struct bytes and its block count.
 pub(super) struct Chunk {
     pub(super) bytes: Vec<u8>,
     pub(super) blocks: u32,
 }
 
-pub(super) fn put(bytes: &mut [u8], at: usize, v: &[u8]) {
+/// Where a multi-tensor struct keeps its fields: from byte 0 a row of `max` u64 pointers per
+/// buffer of an entry (buffer k of tensor i at `8·(k·max + i)`), then the byte offsets of the
+/// u32 lengths, the f32 decays, the `max + 1` u32 block starts and the u32 count; `size` bytes.
+pub(super) struct Layout {
+    pub(super) max: usize,
+    pub(super) n: usize,
+    pub(super) decay: usize,
+    pub(super) block_start: usize,
+    pub(super) count: usize,
+    pub(super) size: usize,
+}
+
+/// `struct MultiTensor`: [`MT_MAX`] tensors of four buffers.
+const MULTI_TENSOR: Layout = Layout {
+    max: MT_MAX,
+    n: layout::N,
+    decay: layout::DECAY,
+    block_start: layout::BLOCK_START,
+    count: layout::COUNT,
+    size: layout::SIZE,
+};
+
+fn put(bytes: &mut [u8], at: usize, v: &[u8]) {
     bytes[at..at + v.len()].copy_from_slice(v);
 }
 
-/// Packs the entries into launches of up to [`MT_MAX`] tensors each.
-pub(super) fn chunks(entries: impl IntoIterator<Item = Entry>) -> Vec<Chunk> {
-    let pieces: Vec<Entry> = entries.into_iter().flat_map(Entry::pieces).collect();
+/// Packs the entries into launches of up to `at.max` tensors each, laid out as `at` says.
+pub(super) fn pack<const K: usize>(
+    at: &Layout,
+    entries: impl IntoIterator<Item = Entry<K>>,
+) -> Vec<Chunk> {
+    let pieces: Vec<Entry<K>> = entries.into_iter().flat_map(Entry::pieces).collect();
     pieces
-        .chunks(MT_MAX)
+        .chunks(at.max)
         .map(|group| {
-            let mut bytes = vec![0u8; layout::SIZE];
+            let mut bytes = vec![0u8; at.size];
             let mut blocks = 0u32;
             for (i, e) in group.iter().enumerate() {
-                for (field, ptr) in [layout::P, layout::G, layout::M, layout::V]
-                    .into_iter()
-                    .zip(e.ptrs)
-                {
-                    put(&mut bytes, field + 8 * i, &ptr.to_le_bytes());
+                for (k, ptr) in e.ptrs.iter().enumerate() {
+                    put(&mut bytes, 8 * (k * at.max + i), &ptr.to_le_bytes());
                 }
-                put(&mut bytes, layout::N + 4 * i, &(e.len as u32).to_le_bytes());
-                put(&mut bytes, layout::DECAY + 4 * i, &e.decay.to_le_bytes());
-                put(
-                    &mut bytes,
-                    layout::BLOCK_START + 4 * i,
-                    &blocks.to_le_bytes(),
-                );
-                // At most 64 pieces of 2^18 blocks: far below 2^31.
+                put(&mut bytes, at.n + 4 * i, &(e.len as u32).to_le_bytes());
+                put(&mut bytes, at.decay + 4 * i, &e.decay.to_le_bytes());
+                put(&mut bytes, at.block_start + 4 * i, &blocks.to_le_bytes());
+                // At most 64 (MT_MAX) pieces of 2^18 blocks: far below 2^31.
                 blocks += e.len.div_ceil(MT_CHUNK) as u32;
             }
-            put(
-                &mut bytes,
-                layout::BLOCK_START + 4 * group.len(),
-                &blocks.to_le_bytes(),
-            );
-            put(
-                &mut bytes,
-                layout::COUNT,
-                &(group.len() as u32).to_le_bytes(),
-            );
+            let end = at.block_start + 4 * group.len();
+            put(&mut bytes, end, &blocks.to_le_bytes());
+            put(&mut bytes, at.count, &(group.len() as u32).to_le_bytes());
             Chunk { bytes, blocks }
         })
         .collect()
+}
+
+/// Packs the entries into `MultiTensor` launches of up to [`MT_MAX`] tensors each.
+pub(super) fn chunks(entries: impl IntoIterator<Item = Entry>) -> Vec<Chunk> {
+    pack(&MULTI_TENSOR, entries)
 }
 
 pub(super) fn blocks_config(blocks: u32) -> LaunchConfig {

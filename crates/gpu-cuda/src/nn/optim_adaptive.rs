@@ -6,7 +6,7 @@
 //! block that sums them and updates the f64 scalars on the device, the parameter update. No
 //! host transfer, so a CUDA graph can record it.
 
-use super::optim::{blocks_config, chunks, put, Entry, MT_CHUNK, PIECE};
+use super::optim::{blocks_config, chunks, pack, Chunk, Entry, Layout};
 use crate::backend::CudaBackend;
 use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
@@ -20,9 +20,9 @@ use gpu_core::{Backend, BufferInfo, DType, Result};
 /// Tensors per Prodigy launch (`MT6_MAX` in the kernel).
 const MT6_MAX: usize = 48;
 
-/// Byte offsets of `struct MultiTensor6` (static_assert'ed in the kernel).
+/// Byte offsets of `struct MultiTensor6` (static_assert'ed in the kernel): six pointer rows
+/// (p, g, p0, s, m, v) of [`MT6_MAX`] u64 each from byte 0, then the rest.
 mod layout6 {
-    pub const PTR: usize = 0;
     pub const N: usize = 2304;
     pub const DECAY: usize = 2496;
     pub const BLOCK_START: usize = 2688;
@@ -30,68 +30,22 @@ mod layout6 {
     pub const SIZE: usize = 2888;
 }
 
+/// `struct MultiTensor6`: [`MT6_MAX`] tensors of six buffers.
+const MULTI_TENSOR6: Layout = Layout {
+    max: MT6_MAX,
+    n: layout6::N,
+    decay: layout6::DECAY,
+    block_start: layout6::BLOCK_START,
+    count: layout6::COUNT,
+    size: layout6::SIZE,
+};
+
 /// One Prodigy tensor (or piece): addresses of p, g, p0, s, m, v, its length, its weight decay.
-#[derive(Debug, Clone, Copy)]
-struct Entry6 {
-    ptrs: [u64; 6],
-    len: usize,
-    decay: f32,
-}
+type Entry6 = Entry<6>;
 
-impl Entry6 {
-    /// The entry split into pieces of at most [`PIECE`] elements (none when empty).
-    fn pieces(self) -> impl Iterator<Item = Entry6> {
-        (0..self.len).step_by(PIECE).map(move |off| Entry6 {
-            ptrs: self.ptrs.map(|p| p + 4 * off as u64),
-            len: PIECE.min(self.len - off),
-            decay: self.decay,
-        })
-    }
-}
-
-/// One launch's `MultiTensor6` bytes and its block count.
-struct Chunk6 {
-    bytes: Vec<u8>,
-    blocks: u32,
-}
-
-/// Packs the entries into launches of up to [`MT6_MAX`] tensors each.
-fn chunks6(entries: impl IntoIterator<Item = Entry6>) -> Vec<Chunk6> {
-    let pieces: Vec<Entry6> = entries.into_iter().flat_map(Entry6::pieces).collect();
-    pieces
-        .chunks(MT6_MAX)
-        .map(|group| {
-            let mut bytes = vec![0u8; layout6::SIZE];
-            let mut blocks = 0u32;
-            for (i, e) in group.iter().enumerate() {
-                for (k, ptr) in e.ptrs.iter().enumerate() {
-                    let at = layout6::PTR + 8 * (k * MT6_MAX + i);
-                    put(&mut bytes, at, &ptr.to_le_bytes());
-                }
-                put(
-                    &mut bytes,
-                    layout6::N + 4 * i,
-                    &(e.len as u32).to_le_bytes(),
-                );
-                put(&mut bytes, layout6::DECAY + 4 * i, &e.decay.to_le_bytes());
-                put(
-                    &mut bytes,
-                    layout6::BLOCK_START + 4 * i,
-                    &blocks.to_le_bytes(),
-                );
-                // At most 48 pieces of 2^18 blocks: far below 2^31.
-                blocks += e.len.div_ceil(MT_CHUNK) as u32;
-            }
-            let end = layout6::BLOCK_START + 4 * group.len();
-            put(&mut bytes, end, &blocks.to_le_bytes());
-            put(
-                &mut bytes,
-                layout6::COUNT,
-                &(group.len() as u32).to_le_bytes(),
-            );
-            Chunk6 { bytes, blocks }
-        })
-        .collect()
+/// Packs the entries into `MultiTensor6` launches of up to [`MT6_MAX`] tensors each.
+fn chunks6(entries: impl IntoIterator<Item = Entry6>) -> Vec<Chunk> {
+    pack(&MULTI_TENSOR6, entries)
 }
 
 /// `struct ProdigyArgs` (32 bytes): the hyper-parameters and the flags
@@ -282,7 +236,7 @@ impl CudaBackend {
     /// Prodigy's first two passes: moments and per-block sums, then the scalars' update.
     fn prodigy_accumulate(
         &self,
-        chunks: &[Chunk6],
+        chunks: &[Chunk],
         run: &ProdigyRun,
         scalars: &mut CudaBuffer,
     ) -> Result<()> {
