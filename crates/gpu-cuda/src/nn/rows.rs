@@ -164,6 +164,51 @@ impl CudaBackend {
         // out holds cols f32 (checked), and out1 is only used when grid.y == 2.
         unsafe { self.launch("norm_colsum_f32", cfg, &args) }
     }
+
+    /// The forward of softmax or log-softmax, `(op, kernel)` naming which: `kernel(const
+    /// float* x, float* out, u32 cols, u32 rows, u32 cached)`, a group of threads a row.
+    fn softmax_like_fwd(
+        &self,
+        (op, kernel): (&'static str, &str),
+        x: &CudaBuffer,
+        out: &mut CudaBuffer,
+        cols: usize,
+    ) -> Result<()> {
+        let rows = check_rows(op, x, out, cols)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(op, rows, cols, 1)?;
+        let args = [&[x.into(), out.into()], &g.args(true)[..]].concat();
+        // SAFETY: kernel is softmax_fwd_f32 or log_softmax_fwd_f32 (the callers), both
+        // (const float* x, float* out, u32 cols, u32 rows, u32 cached): x and out hold
+        // rows·cols f32 (checked); cols floats of shared memory per group when cached.
+        unsafe { self.launch(kernel, g.cfg, &args) }
+    }
+
+    /// The backward of softmax or log-softmax from the forward's output `y`, `(op, kernel)`
+    /// naming which: `kernel(const float* y, const float* dy, float* dx, u32 cols, u32 rows,
+    /// u32 cached)`, a group of threads a row.
+    fn softmax_like_bwd(
+        &self,
+        (op, kernel): (&'static str, &str),
+        y: &CudaBuffer,
+        dy: &CudaBuffer,
+        dx: &mut CudaBuffer,
+        cols: usize,
+    ) -> Result<()> {
+        let rows = check_rows_bwd(op, y, dy, dx, cols)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(op, rows, cols, 2)?;
+        let args = [&[y.into(), dy.into(), dx.into()], &g.args(true)[..]].concat();
+        // SAFETY: kernel is softmax_bwd_f32 or log_softmax_bwd_f32 (the callers), both
+        // (const float* y, const float* dy, float* dx, u32 cols, u32 rows, u32 cached): all
+        // three hold rows·cols f32 (checked); the grid covers `rows` groups and gives each
+        // 2·cols floats of shared memory when cached.
+        unsafe { self.launch(kernel, g.cfg, &args) }
+    }
 }
 
 impl RowOps for CudaBackend {
@@ -174,44 +219,15 @@ impl RowOps for CudaBackend {
         dx: &mut CudaBuffer,
         cols: usize,
     ) -> Result<()> {
-        const OP: &str = "softmax_bwd";
-        let rows = check_rows_bwd(OP, y, dy, dx, cols)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let g = Self::row_grid(OP, rows, cols, 2)?;
-        let args = [&[y.into(), dy.into(), dx.into()], &g.args(true)[..]].concat();
-        // SAFETY: softmax_bwd_f32(const float* y, const float* dy, float* dx, u32 cols, u32 rows,
-        // u32 cached): all three hold rows·cols f32 (checked); the grid covers `rows` groups and
-        // gives each 2·cols floats of shared memory when cached.
-        unsafe { self.launch("softmax_bwd_f32", g.cfg, &args) }
+        self.softmax_like_bwd(("softmax_bwd", "softmax_bwd_f32"), y, dy, dx, cols)
     }
 
     fn softmax_fwd(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
-        const OP: &str = "softmax_fwd";
-        let rows = check_rows(OP, x, out, cols)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let g = Self::row_grid(OP, rows, cols, 1)?;
-        let args = [&[x.into(), out.into()], &g.args(true)[..]].concat();
-        // SAFETY: softmax_fwd_f32(const float* x, float* out, u32 cols, u32 rows, u32 cached):
-        // both hold rows·cols f32 (checked); cols floats of shared memory per group when cached.
-        unsafe { self.launch("softmax_fwd_f32", g.cfg, &args) }
+        self.softmax_like_fwd(("softmax_fwd", "softmax_fwd_f32"), x, out, cols)
     }
 
     fn log_softmax_fwd(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
-        const OP: &str = "log_softmax_fwd";
-        let rows = check_rows(OP, x, out, cols)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let g = Self::row_grid(OP, rows, cols, 1)?;
-        let args = [&[x.into(), out.into()], &g.args(true)[..]].concat();
-        // SAFETY: log_softmax_fwd_f32(const float* x, float* out, u32 cols, u32 rows, u32
-        // cached): both hold rows·cols f32 (checked); cols floats of shared memory per group
-        // when cached.
-        unsafe { self.launch("log_softmax_fwd_f32", g.cfg, &args) }
+        self.softmax_like_fwd(("log_softmax_fwd", "log_softmax_fwd_f32"), x, out, cols)
     }
 
     fn log_softmax_bwd(
@@ -221,17 +237,7 @@ impl RowOps for CudaBackend {
         dx: &mut CudaBuffer,
         cols: usize,
     ) -> Result<()> {
-        const OP: &str = "log_softmax_bwd";
-        let rows = check_rows_bwd(OP, y, dy, dx, cols)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let g = Self::row_grid(OP, rows, cols, 2)?;
-        let args = [&[y.into(), dy.into(), dx.into()], &g.args(true)[..]].concat();
-        // SAFETY: log_softmax_bwd_f32(const float* y, const float* dy, float* dx, u32 cols, u32
-        // rows, u32 cached): all hold rows·cols f32 (checked); 2·cols floats of shared memory
-        // per group when cached.
-        unsafe { self.launch("log_softmax_bwd_f32", g.cfg, &args) }
+        self.softmax_like_bwd(("log_softmax_bwd", "log_softmax_bwd_f32"), y, dy, dx, cols)
     }
 
     fn cross_entropy_fwd(
