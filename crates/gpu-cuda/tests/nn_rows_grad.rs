@@ -86,36 +86,36 @@ fn spread_rows(rng: &mut StdRng, rows: usize, cols: usize) -> Vec<f32> {
     x
 }
 
-#[test]
-fn softmax_bwd_matches_finite_differences() {
-    let (mut rng, _) = rng("softmax_bwd_matches_finite_differences");
+/// A CPU forward and its backward from the forward's output (softmax's or log-softmax's).
+type RowFwd = fn(&CpuBackend, &[f32], usize) -> Vec<f32>;
+type RowBwd = fn(&CpuBackend, &[f32], &[f32], usize) -> Vec<f32>;
+
+/// `bwd` against finite differences of `Σ r ∘ fwd(x)` on every shape, inputs seeded by `test`.
+fn check_softmax_like_bwd(test: &str, what: &str, fwd: RowFwd, bwd: RowBwd) {
+    let (mut rng, _) = rng(test);
     let c = &CpuBackend;
     for &(rows, cols) in SHAPES {
         let (x, r) = (
             random_vec(&mut rng, rows * cols, 3.0),
             random_vec(&mut rng, rows * cols, 1.0),
         );
-        let y = softmax(c, &x, cols);
-        let an = softmax_bwd(c, &y, &r, cols);
-        let fd = fd_grad(&x, |x| dot(&softmax(c, x, cols), &r));
-        assert_grad(&format!("softmax {rows}x{cols}"), &an, &fd);
+        let y = fwd(c, &x, cols);
+        let an = bwd(c, &y, &r, cols);
+        let fd = fd_grad(&x, |x| dot(&fwd(c, x, cols), &r));
+        assert_grad(&format!("{what} {rows}x{cols}"), &an, &fd);
     }
 }
 
 #[test]
+fn softmax_bwd_matches_finite_differences() {
+    let test = "softmax_bwd_matches_finite_differences";
+    check_softmax_like_bwd(test, "softmax", softmax, softmax_bwd);
+}
+
+#[test]
 fn log_softmax_bwd_matches_finite_differences() {
-    let (mut rng, _) = rng("log_softmax_bwd_matches_finite_differences");
-    let c = &CpuBackend;
-    for &(rows, cols) in SHAPES {
-        let (x, r) = (
-            random_vec(&mut rng, rows * cols, 3.0),
-            random_vec(&mut rng, rows * cols, 1.0),
-        );
-        let y = log_softmax(c, &x, cols);
-        let an = log_softmax_bwd(c, &y, &r, cols);
-        let fd = fd_grad(&x, |x| dot(&log_softmax(c, x, cols), &r));
-        assert_grad(&format!("log_softmax {rows}x{cols}"), &an, &fd);
-    }
+    let test = "log_softmax_bwd_matches_finite_differences";
+    check_softmax_like_bwd(test, "log_softmax", log_softmax, log_softmax_bwd);
 }
 
 #[test]
