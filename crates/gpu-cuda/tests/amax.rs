@@ -4,10 +4,12 @@
 //! places; its typed errors. The reference's own test runs everywhere; the GPU test prints why
 //! it skips without a GPU.
 
+mod common;
+
+use common::gpu_and_rng;
 use gpu_core::{Backend, DType};
 use gpu_cuda::amax::{max_abs_bits_reference, INF_BITS};
-use gpu_cuda::testing::{backend_or_skip, test_seed};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand::Rng;
 
 #[test]
 fn max_abs_bits_reference_orders_magnitudes_and_flags_nan() {
@@ -30,10 +32,9 @@ fn max_abs_bits_reference_orders_magnitudes_and_flags_nan() {
 #[test]
 fn gpu_max_abs_bits_matches_its_reference() {
     let test = "gpu_max_abs_bits_matches_its_reference";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     let hostile = [
         f32::NAN,
         -f32::NAN,

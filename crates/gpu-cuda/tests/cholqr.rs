@@ -3,9 +3,12 @@
 //! conditioning, on fresh random inputs (seed printed; `HYBRID_TEST_SEED` replays). The
 //! reference's own test runs everywhere; the GPU tests print why they skip without a GPU.
 
+mod common;
+
+use common::gpu_and_rng;
 use gpu_core::{Backend, DType};
 use gpu_cuda::cholqr::{chol_rinv_reference, CholQrWork};
-use gpu_cuda::testing::{backend_or_skip, test_seed};
+use gpu_cuda::testing::test_seed;
 use gpu_cuda::CudaBackend;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -168,10 +171,9 @@ fn close_to_reference(what: &str, got: &[f32], want: &[f32], y: &[f32], l: usize
 #[test]
 fn gpu_chol_rinv_matches_its_reference() {
     let test = "gpu_chol_rinv_matches_its_reference";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     for (rows, l, kappa) in [
         (10, 1, 1.0),
         (90, 7, 10.0),
@@ -245,10 +247,9 @@ fn gpu_chol_rinv_matches_its_reference() {
 #[test]
 fn gpu_cholqr2_orthonormalises_and_keeps_the_span() {
     let test = "gpu_cholqr2_orthonormalises_and_keeps_the_span";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     // Yamamoto et al. (2015, Theorem 3.3): when 8κ²(rows·l·u + l(l+1)·u) <= 1 the first pass
     // leaves Q within 1/2 of orthonormal and Cholesky QR2 cannot break down; beyond that it
     // may (flagged: the caller falls back to Householder) or may not, and then must still
@@ -351,10 +352,9 @@ fn kappa2(y: &[f32], rows: usize, l: usize) -> f64 {
 #[test]
 fn gpu_cholqr1_keeps_the_span_within_its_orthogonality_bound() {
     let test = "gpu_cholqr1_keeps_the_span_within_its_orthogonality_bound";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     // κ small enough for the theorem's range at these sizes (8·κ²·rows·l·u <= 1 needs
     // κ <= ~5 at 1024 × 64).
     for (rows, l, kappa) in [

@@ -2,11 +2,14 @@
 //! the device normal stream, column-major GEMM with transposes and `beta`, transposes,
 //! row scaling, Householder orthonormalisation, and the shape checks.
 
+mod common;
+
+use common::gpu_and_rng;
 use gpu_core::nn::elementwise::randn_at;
 use gpu_core::{Backend, DType};
 use gpu_cuda::linalg::SolverInfo;
 use gpu_cuda::testing::{backend_or_skip, test_seed};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand::Rng;
 
 const U: f64 = f32::EPSILON as f64 / 2.0;
 
@@ -47,10 +50,9 @@ fn at(v: &[f32], ld: usize, i: usize, j: usize) -> f64 {
 #[test]
 fn gpu_gemm_cm_matches_the_host_product_for_every_transpose_and_beta() {
     let test = "gpu_gemm_cm_matches_the_host_product_for_every_transpose_and_beta";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     for _ in 0..12 {
         let (m, n, k) = (
             r.random_range(1..70),
@@ -123,10 +125,9 @@ fn gpu_gemm_cm_matches_the_host_product_for_every_transpose_and_beta() {
 #[test]
 fn gpu_transpose_scale_and_orthonormalize_are_right() {
     let test = "gpu_transpose_scale_and_orthonormalize_are_right";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     let (rows, cols) = (300, 24);
     let a: Vec<f32> = (0..rows * cols)
         .map(|_| r.random_range(-1.0f32..1.0))
@@ -206,10 +207,9 @@ fn gpu_transpose_scale_and_orthonormalize_are_right() {
 #[test]
 fn gpu_gemm_tn_parts_sum_to_the_product() {
     let test = "gpu_gemm_tn_parts_sum_to_the_product";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     // Exact multiples of the chunk, a remainder, and fewer rows than one chunk; the randomized
     // SVD's widths (32, 33, 64) and wider.
     for (rows, m, n, chunk) in [

@@ -13,11 +13,13 @@
 //! is relative to their magnitudes), plus `|g|·2^-149` for gelu' rounded into f32's subnormals
 //! before the product. NaN must give NaN, ±inf the reference's value exactly.
 
+mod common;
+
+use common::gpu_and_rng;
 use gpu_core::nn::elementwise::{Activation, ElementwiseOps};
 use gpu_core::{Backend, CpuBackend};
-use gpu_cuda::testing::{backend_or_skip, test_seed};
 use half::bf16;
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand::{rngs::StdRng, Rng};
 
 /// Every bf16 bit pattern, as bf16.
 fn every_bf16() -> Vec<bf16> {
@@ -107,11 +109,10 @@ fn check_backward(what: &str, x: &[bf16], g: &[bf16], got: &[bf16], want: &[bf16
 #[test]
 fn gpu_bf16_gelu_matches_the_reference_on_every_bf16_input() {
     let test = "gpu_bf16_gelu_matches_the_reference_on_every_bf16_input";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
     let cpu = CpuBackend;
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     let x = every_bf16();
     let n = x.len();
     let gelu = Activation::Gelu;
@@ -144,11 +145,10 @@ fn gpu_bf16_gelu_matches_the_reference_on_every_bf16_input() {
 #[test]
 fn gpu_bf16_streams_match_the_reference_across_steps_and_tails() {
     let test = "gpu_bf16_streams_match_the_reference_across_steps_and_tails";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
     let cpu = CpuBackend;
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     let n = 2 * gpu.info().multiprocessors as usize * 32 * 256 * 8 + 13;
     let specials = [
         f32::NAN,

@@ -3,12 +3,14 @@
 //! `HYBRID_TEST_SEED` replays), its failure flags, and its typed errors. Prints why it skips
 //! without a GPU.
 
+mod common;
+
+use common::gpu_and_rng;
 use gpu_core::{Backend, DType};
 use gpu_cuda::small_svd::{JACOBI_DEGENERATE, JACOBI_OVERFLOW};
-use gpu_cuda::testing::{backend_or_skip, test_seed};
 use gpu_cuda::CudaBackend;
 use nalgebra::DMatrix;
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand::{rngs::StdRng, Rng};
 
 const U: f64 = f32::EPSILON as f64 / 2.0;
 
@@ -65,10 +67,9 @@ fn with_cond(r: &mut StdRng, l: usize, kappa: f64) -> Vec<f32> {
 #[test]
 fn gpu_jacobi_svd_matches_the_exact_svd() {
     let test = "gpu_jacobi_svd_matches_the_exact_svd";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     for (l, kappa) in [
         (1, 1.0),
         (2, 3.0),
@@ -138,10 +139,9 @@ fn gpu_jacobi_svd_matches_the_exact_svd() {
 #[test]
 fn gpu_jacobi_svd_flags_what_it_cannot_finish() {
     let test = "gpu_jacobi_svd_flags_what_it_cannot_finish";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r)) = gpu_and_rng(test) else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(test_seed(test));
     // Rank 5 of 12: all 12 asked for is flagged (zero singular values), the first 5 are not.
     let l = 12;
     let mut a = with_cond(&mut r, l, 10.0);
