@@ -12,7 +12,6 @@ use gpu_core::cpu::fast::{with_mode, CpuMode};
 use gpu_core::nn::attention::PackedSaved;
 use gpu_core::nn::attention::{AttnDropout, Packed};
 use gpu_core::{Backend, CpuBackend, DType};
-use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{CudaBackend, DeviceAttnDropout};
 use rand::Rng;
 
@@ -93,10 +92,9 @@ fn dropout_matches_the_cpu(
     cases: &[(usize, usize, usize, usize, f32)],
     rtol: f64,
 ) {
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r, seed)) = gpu_rng_and_seed(test) else {
         return;
     };
-    let (mut r, seed) = rng(test);
     for &(b, t, heads, d, pd) in cases {
         let p = Packed { b, t, heads, d };
         let qkv = random_vec(&mut r, b * t * 3 * p.c(), 1.5);
@@ -153,10 +151,9 @@ fn gpu_bf16_attention_dropout_matches_its_reference() {
 #[test]
 fn gpu_zero_dropout_is_plain_and_offsets_add_to_the_seed() {
     let test = "gpu_zero_dropout_is_plain_and_offsets_add_to_the_seed";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r, seed)) = gpu_rng_and_seed(test) else {
         return;
     };
-    let (mut r, seed) = rng(test);
     let p = Packed {
         b: 2,
         t: 70,

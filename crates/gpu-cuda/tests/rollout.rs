@@ -8,9 +8,8 @@
 
 mod common;
 
-use common::{down, random_vec, rng, up};
+use common::{down, gpu_rng_and_seed, random_vec, up};
 use gpu_cuda::rollout::{RolloutDims, RolloutPath};
-use gpu_cuda::testing::backend_or_skip;
 
 fn rel(a: &[f32], b: &[f32]) -> f64 {
     let d: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
@@ -21,10 +20,9 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
 #[test]
 fn gpu_rollout_paths_agree() {
     let test = "gpu_rollout_paths_agree";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r, seed)) = gpu_rng_and_seed(test) else {
         return;
     };
-    let (mut r, seed) = rng(test);
     let sm90 = gpu.has_cluster_code();
     // (members, batch, context, steps, hidden, latent, embed, head, out): the default model
     // (16 blocks a member: a non-portable cluster size), odd sizes (3 blocks a member, scalar
@@ -114,10 +112,9 @@ fn gpu_a_plan_stays_launchable_after_other_sizes_plan() {
     // block as resident and refused the cooperative grid (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
     // seen in rssm's gpu_rollout tests, whose tests plan sizes concurrently on one backend).
     let test = "gpu_a_plan_stays_launchable_after_other_sizes_plan";
-    let Some(gpu) = backend_or_skip(test) else {
+    let Some((gpu, mut r, seed)) = gpu_rng_and_seed(test) else {
         return;
     };
-    let (mut r, seed) = rng(test);
     let dims = |members, batch, hidden, head| RolloutDims {
         members,
         batch,

@@ -17,8 +17,14 @@ pub fn rng(test: &str) -> (StdRng, u64) {
 /// The CUDA backend and a seeded rng for test `test` (as [`rng`]), or `None` without a GPU
 /// (the test then returns: it skips).
 pub fn gpu_and_rng(test: &str) -> Option<(gpu_cuda::CudaBackend, StdRng)> {
+    gpu_rng_and_seed(test).map(|(gpu, rng, _)| (gpu, rng))
+}
+
+/// As [`gpu_and_rng`], with the rng's seed too (for a test that also seeds a kernel with it).
+pub fn gpu_rng_and_seed(test: &str) -> Option<(gpu_cuda::CudaBackend, StdRng, u64)> {
     let gpu = gpu_cuda::testing::backend_or_skip(test)?;
-    Some((gpu, rng(test).0))
+    let (rng, seed) = rng(test);
+    Some((gpu, rng, seed))
 }
 
 /// A proptest configuration of `cases` cases whose generator is seeded by [`rng`]'s printed
