@@ -80,6 +80,16 @@ enum Src {
     Device,
 }
 
+impl Src {
+    /// The step's scalars: the `host` values, or the buffer `dev` holding the same values.
+    fn pick<'a, B>(self, host: &'a [f32], dev: &'a B) -> StepScalars<'a, B> {
+        match self {
+            Src::Host => StepScalars::Host(host),
+            Src::Device => StepScalars::Device(dev),
+        }
+    }
+}
+
 /// One Schedule-Free step on `b`.
 fn sf_step<B: OptimOps>(
     b: &B,
@@ -93,10 +103,7 @@ fn sf_step<B: OptimOps>(
     let (mut y, mut z, mut v, gb) = (upl(b, &s.y), upl(b, &s.z), upl(b, &s.v), upl(b, g));
     let sc = scale.map(|c| up(b, &c));
     let dev_sched = up(b, &sched);
-    let scalars = match src {
-        Src::Host => StepScalars::Host(&sched),
-        Src::Device => StepScalars::Device(&dev_sched),
-    };
+    let scalars = src.pick(&sched, &dev_sched);
     let mut yr: Vec<_> = y.iter_mut().collect();
     let mut zr: Vec<_> = z.iter_mut().collect();
     let mut vr: Vec<_> = v.iter_mut().collect();
@@ -241,10 +248,7 @@ fn pd_step<B: OptimOps>(
     let sb = scale.map(|c| up(b, &c));
     let lr_buf = up(b, &[lr]);
     let lr_arg = [lr];
-    let lr_s = match src {
-        Src::Host => StepScalars::Host(&lr_arg),
-        Src::Device => StepScalars::Device(&lr_buf),
-    };
+    let lr_s = src.pick(&lr_arg, &lr_buf);
     let mut pr: Vec<_> = p.iter_mut().collect();
     let mut sr: Vec<_> = s.iter_mut().collect();
     let mut mr: Vec<_> = m.iter_mut().collect();
