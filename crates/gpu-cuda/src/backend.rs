@@ -33,6 +33,9 @@ pub struct DeviceInfo {
     pub driver_version: i32,
 }
 
+/// A library handle made on first use, or why it could not be.
+type HandleCell<H> = OnceLock<std::result::Result<Mutex<H>, String>>;
+
 struct Inner {
     /// This instance's id, recorded in every buffer its pool hands out.
     id: u64,
@@ -41,8 +44,8 @@ struct Inner {
     info: DeviceInfo,
     modules: ModuleCache,
     pool: MemoryPool,
-    blas: OnceLock<std::result::Result<Mutex<CudaBlas>, String>>,
-    solver: OnceLock<std::result::Result<Mutex<DnHandle>, String>>,
+    blas: HandleCell<CudaBlas>,
+    solver: HandleCell<DnHandle>,
     tf32: AtomicBool,
     path: AtomicU8,
     image: AtomicU8,
@@ -292,38 +295,41 @@ impl CudaBackend {
 
     /// The cuSOLVER dense handle on this backend's stream, created on first use.
     pub(crate) fn solver(&self) -> Result<Locked<'_, DnHandle>> {
-        let pass = self.pass();
-        let solver = self.inner.solver.get_or_init(|| {
-            // SAFETY: only probes whether the library can be opened.
-            if !unsafe { cudarc::cusolver::sys::is_culib_present() } {
-                return Err("the cuSOLVER library (libcusolver.so) was not found".to_string());
-            }
-            DnHandle::new(self.inner.stream.clone())
-                .map(Mutex::new)
-                .map_err(|e| format!("cusolverDnCreate failed: {e:?}"))
-        });
-        match solver {
-            Ok(m) => Ok(Locked::new(
-                pass,
-                m.lock().unwrap_or_else(|p| p.into_inner()),
-            )),
-            Err(e) => Err(GpuError::CudaUnavailable(e.clone())),
-        }
+        // SAFETY: only probes whether the library can be opened.
+        let present = || unsafe { cudarc::cusolver::sys::is_culib_present() };
+        self.handle(
+            &self.inner.solver,
+            ("cuSOLVER", "libcusolver.so", present),
+            |s| DnHandle::new(s).map_err(|e| format!("cusolverDnCreate failed: {e:?}")),
+        )
     }
 
     /// The cuBLAS handle, created on first use.
     pub(crate) fn blas(&self) -> Result<Locked<'_, CudaBlas>> {
+        // SAFETY: only probes whether the library can be opened.
+        let present = || unsafe { cudarc::cublas::sys::is_culib_present() };
+        self.handle(&self.inner.blas, ("cuBLAS", "libcublas.so", present), |s| {
+            CudaBlas::new(s).map_err(|e| format!("cublasCreate failed: {e:?}"))
+        })
+    }
+
+    /// The library handle kept in `cell`, locked: made on first use by `create` on this
+    /// backend's stream once `present()` says the library `name` (file `file`) can be opened;
+    /// `CudaUnavailable` with the reason, then and on every later call, when it cannot be.
+    fn handle<'a, H>(
+        &'a self,
+        cell: &'a HandleCell<H>,
+        (name, file, present): (&str, &str, impl FnOnce() -> bool),
+        create: impl FnOnce(Arc<CudaStream>) -> std::result::Result<H, String>,
+    ) -> Result<Locked<'a, H>> {
         let pass = self.pass();
-        let blas = self.inner.blas.get_or_init(|| {
-            // SAFETY: only probes whether the library can be opened.
-            if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-                return Err("the cuBLAS library (libcublas.so) was not found".to_string());
+        let handle = cell.get_or_init(|| {
+            if !present() {
+                return Err(format!("the {name} library ({file}) was not found"));
             }
-            CudaBlas::new(self.inner.stream.clone())
-                .map(Mutex::new)
-                .map_err(|e| format!("cublasCreate failed: {e:?}"))
+            create(self.inner.stream.clone()).map(Mutex::new)
         });
-        match blas {
+        match handle {
             Ok(m) => Ok(Locked::new(
                 pass,
                 m.lock().unwrap_or_else(|p| p.into_inner()),
