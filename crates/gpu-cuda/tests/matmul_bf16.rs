@@ -9,17 +9,10 @@ use common::*;
 use gpu_core::{Backend, DType, MatmulSpec};
 use gpu_cuda::blas_bf16::{matmul_bf16_reference, matmul_bf16_terms};
 use half::bf16;
-use rand::Rng;
 
 /// f32 unit roundoff; bf16's is 2^-8.
 const U32: f64 = f32::EPSILON as f64 / 2.0;
 const U16: f64 = 1.0 / 256.0;
-
-fn bf16s(r: &mut rand::rngs::StdRng, n: usize) -> Vec<bf16> {
-    (0..n)
-        .map(|_| bf16::from_f32(r.random_range(-2.0f32..2.0)))
-        .collect()
-}
 
 /// Σ_t |a_it·b_tj| for entry (p, i, j).
 fn magnitude(s: &MatmulSpec, a: &[bf16], b: &[bf16], at: (usize, usize, usize)) -> f64 {
@@ -80,8 +73,8 @@ fn gpu_bf16_skinny_matmul_matches_its_reference_within_the_accumulation_bound() 
 /// One product on fresh random bf16 operands against the reference, every output type.
 fn case(gpu: &gpu_cuda::CudaBackend, r: &mut rand::rngs::StdRng, s: MatmulSpec) {
     let MatmulSpec { batch, m, n, k, .. } = s;
-    let a = bf16s(r, batch * m * k);
-    let b = bf16s(r, batch * k * n);
+    let a = bf16s(r, batch * m * k, 2.0);
+    let b = bf16s(r, batch * k * n, 2.0);
     let want = matmul_bf16_reference(s, &a, &b);
     let (da, db) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
     for out in [DType::F32, DType::BF16] {
@@ -129,9 +122,9 @@ fn gpu_bf16_matmul_edges_and_errors() {
     };
     // NaN in row 0 of A reaches row 0 of C only.
     let s = MatmulSpec::new(4, 5, 6);
-    let mut a = bf16s(&mut r, 24);
+    let mut a = bf16s(&mut r, 24, 2.0);
     a[2] = bf16::NAN;
-    let b = bf16s(&mut r, 30);
+    let b = bf16s(&mut r, 30, 2.0);
     let (da, db) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
     let mut dc = gpu.allocate(DType::F32, 20).unwrap();
     gpu.matmul_bf16(s, &da, &db, &mut dc).unwrap();

@@ -55,7 +55,7 @@
 
 mod common;
 
-use common::gpu_and_rng;
+use common::{bf16s, gpu_and_rng};
 use gpu_core::cpu::attention_bf16::{
     causal_attention_packed_bf16_bwd, causal_attention_packed_bf16_fwd,
 };
@@ -65,16 +65,10 @@ use gpu_core::{Backend, BufferInfo, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{CudaBackend, CudaBuffer};
 use half::bf16;
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand::{rngs::StdRng, SeedableRng};
 
 const U: f64 = 1.0 / 256.0;
 const EPS: f64 = 1.0 / 65536.0;
-
-fn bf16s(r: &mut StdRng, n: usize, scale: f32) -> Vec<bf16> {
-    (0..n)
-        .map(|_| bf16::from_f32(r.random_range(-scale..scale)))
-        .collect()
-}
 
 /// Head `h` of block `blk` of batch `bi` of a `[b, t, w·c]` buffer as f64 `[t, d]`.
 fn gather(x: &[bf16], p: Packed, w: usize, blk: usize, bi: usize, h: usize) -> Vec<f64> {

@@ -80,10 +80,6 @@ fn near(what: &str, got: &[f32], want: &[f32], rtol: f64) {
     assert_close(what, got, want, rtol, rtol * rms(want).max(1e-2));
 }
 
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
-}
-
 /// The kernels with dropout in `dtype` against [`run_cpu`] on each case `(b, t, heads, d, p)`:
 /// every output [`near`] the reference within `rtol`.
 fn dropout_matches_the_cpu(

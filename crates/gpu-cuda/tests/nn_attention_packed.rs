@@ -16,10 +16,6 @@ use gpu_core::Backend;
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::CudaBackend;
 
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
-}
-
 /// Block `which` (0 q, 1 k, 2 v) of a `[b, t, w·c]` buffer (`w` blocks) as `[b·h, t, d]`.
 fn split(
     x: &[f32],

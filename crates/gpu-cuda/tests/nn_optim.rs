@@ -460,7 +460,3 @@ fn gpu_scheduled_adamw_gives_the_eager_steps_bits() {
     }
     assert_eq!(down(&gpu, &p), vec![1.0; 4]);
 }
-
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
-}

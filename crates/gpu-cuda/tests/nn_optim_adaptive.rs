@@ -574,7 +574,3 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
 fn gpu_adaptive_optimisers_reject_bad_arguments() {
     on_every_device!("gpu_adaptive_optimisers_reject_bad_arguments", errors_body);
 }
-
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
-}

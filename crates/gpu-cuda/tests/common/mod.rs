@@ -75,6 +75,18 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64)
     }
 }
 
+/// `n` bf16 values: uniform in [-scale, scale) as f32, then rounded.
+pub fn bf16s(rng: &mut StdRng, n: usize, scale: f32) -> Vec<half::bf16> {
+    (0..n)
+        .map(|_| half::bf16::from_f32(rng.random_range(-scale..scale)))
+        .collect()
+}
+
+/// The bits of every f32, for comparisons that must be exact (NaN equal to NaN).
+pub fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
 /// Uploads `data` to backend `b`.
 pub fn up<B: Backend>(b: &B, data: &[f32]) -> B::Buffer {
     b.upload(data).expect("upload")
