@@ -146,14 +146,6 @@ fn cpu_clip_coefficient_hand_values() {
     assert!(nan[0].is_nan() && nan[1].is_nan());
 }
 
-/// Awkward lengths (one empty), then small non-empty tensors: 69 non-empty tensors, so two
-/// launches of up to 64.
-fn lengths(rng: &mut StdRng) -> Vec<usize> {
-    let mut v = vec![0, 1, 3, 1023, 100_003, 4096, 4097, 8191];
-    v.extend((0..62).map(|_| rng.random_range(1..3000)));
-    v
-}
-
 fn random_state(rng: &mut StdRng, lens: &[usize]) -> (State, Vec<Vec<f32>>, Vec<f32>) {
     let s = State {
         p: lens.iter().map(|&n| random_vec(rng, n, 1.0)).collect(),
@@ -205,7 +197,7 @@ fn assert_state(what: &str, got: &State, want: &State, before: &State, g: &[Vec<
 }
 
 fn optim_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng) {
-    let lens = lengths(rng);
+    let lens = multi_tensor_lengths(rng);
     let (s0, g1, wd) = random_state(rng, &lens);
     // Clip coefficient over all gradients, a coefficient below 1 and one clamped to 1.
     for max_norm in [1.0f32, 1e6] {
@@ -395,7 +387,7 @@ fn gpu_scheduled_adamw_gives_the_eager_steps_bits() {
     let Some((gpu, mut r)) = gpu_and_rng("gpu_scheduled_adamw_gives_the_eager_steps_bits") else {
         return;
     };
-    let lens = lengths(&mut r);
+    let lens = multi_tensor_lengths(&mut r);
     let (s0, g, wd) = random_state(&mut r, &lens);
     for (cfg, scale) in [
         (CFG, Some([3.5f32, 0.25])),

@@ -32,13 +32,6 @@ const SF: ScheduleFreeConfig = ScheduleFreeConfig {
 
 const PRODIGY: ProdigyConfig = ProdigyConfig::DEFAULT;
 
-/// Awkward lengths (one empty) and small tensors: 69 non-empty tensors.
-fn lengths(rng: &mut StdRng) -> Vec<usize> {
-    let mut v = vec![0, 1, 3, 1023, 100_003, 4096, 4097, 8191];
-    v.extend((0..62).map(|_| rng.random_range(1..3000)));
-    v
-}
-
 fn random_lists(rng: &mut StdRng, lens: &[usize], scale: f32, shift: f32) -> Vec<Vec<f32>> {
     lens.iter()
         .map(|&n| {
@@ -142,7 +135,7 @@ fn assert_terms(what: &str, got: &[f32], want: &[f32], terms: impl Fn(usize) -> 
 }
 
 fn schedule_free_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng) {
-    let lens = lengths(rng);
+    let lens = multi_tensor_lengths(rng);
     let s0 = Sf {
         y: random_lists(rng, &lens, 1.0, 0.0),
         z: random_lists(rng, &lens, 1.0, 0.0),
@@ -314,7 +307,7 @@ fn assert_scalar(what: &str, got: f64, want: f64, terms: f64) {
 }
 
 fn prodigy_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng) {
-    let lens = lengths(rng);
+    let lens = multi_tensor_lengths(rng);
     let st = random_prodigy(rng, &lens);
     let g = random_lists(rng, &lens, 1.0, 0.0);
     let wd = random_wd(rng, &lens);

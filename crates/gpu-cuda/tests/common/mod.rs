@@ -75,6 +75,14 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64)
     }
 }
 
+/// Tensor lengths for the optimisers' multi-tensor launches: awkward ones (one empty), then 62
+/// small random ones: 69 non-empty tensors, so two launches of up to 64 (or of 48).
+pub fn multi_tensor_lengths(rng: &mut StdRng) -> Vec<usize> {
+    let mut v = vec![0, 1, 3, 1023, 100_003, 4096, 4097, 8191];
+    v.extend((0..62).map(|_| rng.random_range(1..3000)));
+    v
+}
+
 /// `n` bf16 values: uniform in [-scale, scale) as f32, then rounded.
 pub fn bf16s(rng: &mut StdRng, n: usize, scale: f32) -> Vec<half::bf16> {
     (0..n)
