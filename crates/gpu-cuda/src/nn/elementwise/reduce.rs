@@ -122,19 +122,11 @@ impl CudaBackend {
             ReduceKind::Mean => ("sum", n as f32),
             ReduceKind::Max => ("max", 1.0),
         };
-        let p = plan::reduce_plan(
-            outer,
-            n,
-            inner,
-            x.dtype().size_in_bytes(),
-            self.sms(),
-            true,
-            true,
-        );
+        let elem = x.dtype().size_in_bytes();
+        let p = plan::reduce_plan(outer, n, inner, elem, self.sms(), true, true);
         if p.splits == 1 {
             return self.reduce_pass(kind, (x, out), [outer, n, inner], &p, divisor);
         }
-        let elem = x.dtype().size_in_bytes();
         let clusters = self.has_cluster_code();
         if let Some(c) = plan::cluster_plan(&p, outer, n, inner, elem, self.sms(), clusters) {
             return self.reduce_cluster(kind, (x, out), [n, inner], &c, divisor);
