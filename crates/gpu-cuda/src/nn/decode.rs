@@ -36,6 +36,8 @@ fn tag(dtype: DType) -> char {
     }
 }
 
+/// `blocks` as a grid's x extent, or `InvalidShape` past the driver's limit 2^31-1 (shared by
+/// the decode, quant, rows and embedding launches).
 pub(super) fn grid(op: &'static str, blocks: usize) -> Result<u32> {
     u32::try_from(blocks)
         .ok()

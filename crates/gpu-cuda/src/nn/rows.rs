@@ -6,6 +6,7 @@
 //! `nn_rows.cu`). Arguments are checked by the same `gpu_core::nn::rows::check_*` functions as on
 //! the CPU; bad u32 targets or ids, which only the CPU checks, give NaN on CUDA (see each kernel).
 
+use super::decode::grid;
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
@@ -54,16 +55,6 @@ fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
     })
 }
 
-fn to_grid(op: &'static str, blocks: usize) -> Result<u32> {
-    u32::try_from(blocks)
-        .ok()
-        .filter(|&b| b <= i32::MAX as u32)
-        .ok_or_else(|| GpuError::InvalidShape {
-            op,
-            reason: format!("{blocks} blocks exceed the grid limit"),
-        })
-}
-
 impl CudaBackend {
     /// Geometry of a row kernel: groups per block, threads per group, and whether `arrays` rows
     /// of `cols` f32 per group fit in [`CACHE_BYTES`] of shared memory.
@@ -88,7 +79,7 @@ impl CudaBackend {
     /// One group per row (non-persistent kernels).
     fn row_grid(op: &'static str, rows: usize, cols: usize, arrays: usize) -> Result<RowGrid> {
         let (groups, threads, smem) = Self::row_shape(cols, arrays);
-        let blocks = to_grid(op, rows.div_ceil(groups))?;
+        let blocks = grid(op, rows.div_ceil(groups))?;
         Ok(RowGrid {
             cfg: LaunchConfig {
                 grid_dim: (blocks, 1, 1),
@@ -126,7 +117,7 @@ impl CudaBackend {
         let blocks = rows.div_ceil(groups).min(sms * per_sm);
         Ok(RowGrid {
             cfg: LaunchConfig {
-                grid_dim: (to_grid(op, blocks)?, 1, 1),
+                grid_dim: (grid(op, blocks)?, 1, 1),
                 block_dim: (threads, groups as u32, 1),
                 shared_mem_bytes: smem,
             },

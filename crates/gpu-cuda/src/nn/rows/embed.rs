@@ -1,6 +1,6 @@
 //! RoPE and embeddings on CUDA (`kernels/nn_embed.cu`), for [`RowOps`](gpu_core::nn::RowOps).
 
-use super::{to_grid, to_u32};
+use super::{grid, to_u32};
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
@@ -25,7 +25,7 @@ impl CudaBackend {
         let h = d / 2;
         let v = if h.is_multiple_of(4) { 4 } else { 1 };
         let threads = 256usize;
-        let bx = to_grid(OP, (t * (h / v)).div_ceil(threads))?;
+        let bx = grid(OP, (t * (h / v)).div_ceil(threads))?;
         // Enough blocks to fill the GPU; each thread reuses its angles n / grid.y times.
         let target = self.info().multiprocessors.max(1) as usize * 8;
         let by = target.div_ceil(bx as usize).clamp(1, n.min(65_535)) as u32;
@@ -154,7 +154,7 @@ impl CudaBackend {
         let mut parts = self.allocate(DType::F32, chunks * table)?;
         let threads = tile.div_ceil(32) * 32;
         let cfg = LaunchConfig {
-            grid_dim: (to_grid(OP, tiles)?, chunks as u32, 1),
+            grid_dim: (grid(OP, tiles)?, chunks as u32, 1),
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: (vocab * tile * 4) as u32,
         };
@@ -196,7 +196,7 @@ fn embedding_launch(
     bufs: [KernelArg; 3],
 ) -> Result<(LaunchConfig, Vec<KernelArg>)> {
     let cfg = LaunchConfig {
-        grid_dim: (to_grid(op, rows.div_ceil(8))?, 1, 1),
+        grid_dim: (grid(op, rows.div_ceil(8))?, 1, 1),
         block_dim: (32, 8, 1),
         shared_mem_bytes: 0,
     };
