@@ -73,18 +73,24 @@ fn pick(d: usize, narrow: Tile, wide: Tile) -> Tile {
     }
 }
 
-/// One block per (sequence, tile of `tile.rows` rows).
-fn config(op: &'static str, n: usize, t: usize, tile: &Tile) -> Result<LaunchConfig> {
+/// One block of `threads` threads per (sequence, tile of `rows` rows); the f32 kernels' and
+/// the bf16 ones' (`attention_bf16`).
+pub(super) fn config(
+    op: &'static str,
+    n: usize,
+    t: usize,
+    (rows, threads): (usize, u32),
+) -> Result<LaunchConfig> {
     let blocks = n
-        .checked_mul(t.div_ceil(tile.rows))
+        .checked_mul(t.div_ceil(rows))
         .filter(|&b| b <= i32::MAX as usize)
         .ok_or_else(|| GpuError::InvalidShape {
             op,
-            reason: format!("n·ceil(t/{}) blocks exceed 2^31-1", tile.rows),
+            reason: format!("n·ceil(t/{rows}) blocks exceed 2^31-1"),
         })?;
     Ok(LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
-        block_dim: (tile.threads, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     })
 }
@@ -363,7 +369,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let Geom { n, t, d, .. } = g;
         let tile = fwd_tile(d);
-        let cfg = config("causal_attention_fwd", n, t, &tile)?;
+        let cfg = config("causal_attention_fwd", n, t, (tile.rows, tile.threads))?;
         let mut args = qkv.to_vec();
         args.extend([out.into(), lse.into()]);
         args.extend(dims(g));
@@ -391,8 +397,8 @@ impl CudaBackend {
         const OP: &str = "causal_attention_bwd";
         let (Geom { n, t, d, .. }, PackedSaved { out, lse, dout }) = (g, saved);
         let (dq_tile, dkdv_tile) = bwd_tiles(d);
-        let dq_cfg = config(OP, n, t, &dq_tile)?;
-        let dkdv_cfg = config(OP, n, t, &dkdv_tile)?;
+        let dq_cfg = config(OP, n, t, (dq_tile.rows, dq_tile.threads))?;
+        let dkdv_cfg = config(OP, n, t, (dkdv_tile.rows, dkdv_tile.threads))?;
         // Returned to the pool on drop; later work reusing it is queued behind both kernels.
         let mut delta = self.allocate(DType::F32, n * t)?;
         let [q, k, v] = qkv;

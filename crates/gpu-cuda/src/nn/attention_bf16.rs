@@ -5,9 +5,9 @@
 //! points, is `gpu_core::cpu::attention_bf16`. With attention dropout (`p > 0`) the `*_drop`
 //! twins of the kernels run.
 
-use super::attention::{with_drop, DeviceAttnDropout};
+use super::attention::{config, with_drop, DeviceAttnDropout};
 use crate::backend::CudaBackend;
-use crate::launch::{KernelArg, LaunchConfig};
+use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
 use gpu_core::cpu::attention_bf16::packed_bf16_lens;
 use gpu_core::nn::attention::{Packed, PackedSaved};
@@ -16,22 +16,6 @@ use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 /// Rows of a tile (queries or keys) per block, and threads per block, of every kernel here.
 const ROWS: usize = 64;
 const THREADS: u32 = 128;
-
-/// One block per (sequence, tile of [`ROWS`] rows).
-fn config(op: &'static str, n: usize, t: usize) -> Result<LaunchConfig> {
-    let blocks = n
-        .checked_mul(t.div_ceil(ROWS))
-        .filter(|&b| b <= i32::MAX as usize)
-        .ok_or_else(|| GpuError::InvalidShape {
-            op,
-            reason: format!("n·ceil(t/{ROWS}) blocks exceed 2^31-1"),
-        })?;
-    Ok(LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    })
-}
 
 /// Checks the dtype and length of each `(name, buffer, dtype, elements)`.
 fn check_bufs(op: &'static str, bufs: &[(&str, &CudaBuffer, DType, usize)]) -> Result<()> {
@@ -100,7 +84,7 @@ impl CudaBackend {
         if p.n() == 0 || p.t == 0 {
             return Ok(());
         }
-        let cfg = config(OP, p.n(), p.t)?;
+        let cfg = config(OP, p.n(), p.t, (ROWS, THREADS))?;
         let mut args = packed_ptrs(qkv, p.c()).to_vec();
         args.extend([out.into(), lse.into()]);
         args.extend(dims(p, scale));
@@ -149,7 +133,7 @@ impl CudaBackend {
         if n == 0 || t == 0 {
             return Ok(());
         }
-        let cfg = config(OP, n, t)?;
+        let cfg = config(OP, n, t, (ROWS, THREADS))?;
         // Returned to the pool on drop; later work reusing it is queued behind both kernels.
         let mut delta = self.allocate(DType::F32, n * t)?;
         let [q, k, v] = packed_ptrs(qkv, c);
