@@ -27,8 +27,8 @@ const PREFILL_D: [usize; 2] = [64, 128];
 const PREFILL_ROWS: usize = 64;
 const PREFILL_THREADS: u32 = 128;
 
-/// `f` for f32 storage, `b` for bf16 (the kernels' name suffixes).
-fn tag(dtype: DType) -> char {
+/// `f` for f32 storage, `b` for bf16 (the kernels' name suffixes, here and in `quant`).
+pub(super) fn tag(dtype: DType) -> char {
     if dtype == DType::BF16 {
         'b'
     } else {

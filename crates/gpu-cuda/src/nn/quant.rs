@@ -60,6 +60,7 @@
 //! `__fadd_rn`: never contracted into an fma, which would round once and differ from the CPU
 //! and from `models::quant`), and bf16 once from that f32.
 
+use super::decode::tag;
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
@@ -83,15 +84,6 @@ const GEMM_THREADS: usize = 128;
 /// Threads per block and the most blocks of the dequantize kernel (a grid-stride loop).
 const DEQ_THREADS: usize = 256;
 const DEQ_MAX_BLOCKS: usize = 1 << 16;
-
-/// `f` for f32, `b` for bf16 (the kernels' name suffixes).
-fn tag(dtype: DType) -> char {
-    if dtype == DType::BF16 {
-        'b'
-    } else {
-        'f'
-    }
-}
 
 /// The kernels' bit width (f16 has no kernel here: it never reaches a launch).
 fn bits(format: QuantFormat) -> u32 {
