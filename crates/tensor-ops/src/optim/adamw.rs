@@ -5,7 +5,7 @@ use super::common::{
     bufs, bufs_mut, check_lr as check_lr_in, check_max_grad_norm, check_schedule, checked_params,
     clip, clip_norm, copies, gather_grads, storage_ptr, zeros_like,
 };
-use super::state::{assign_all, checked_state, copy_named, count_scalar, named};
+use super::state::{copy_named, load_counted, named};
 use super::{Optimizer, OptimizerState};
 use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
@@ -231,6 +231,11 @@ impl AdamW {
         self.m.first().map_or(0, storage_ptr)
     }
 
+    /// The state lists with their name prefixes in the state.
+    fn state_lists(&self) -> [(&'static str, &[Tensor]); 2] {
+        [("m", &self.m), ("v", &self.v)]
+    }
+
     fn next_step(&self) -> Result<u32> {
         self.step
             .checked_add(1)
@@ -367,23 +372,16 @@ impl Optimizer for AdamW {
 
     /// Tensors `m.i`, `v.i`; scalar `step`.
     fn state(&self) -> Result<OptimizerState> {
-        let mut tensors = copy_named(&named("m", &self.m))?;
-        tensors.extend(copy_named(&named("v", &self.v))?);
         Ok(OptimizerState {
             optimizer: "adamw".into(),
-            tensors,
+            tensors: copy_named(&named(&self.state_lists()))?,
             scalars: vec![("step".into(), self.step as f64)],
         })
     }
 
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         const OP: &str = "AdamW::load_state";
-        let mut mine = named("m", &self.m);
-        mine.extend(named("v", &self.v));
-        let (fresh, sc) = checked_state(OP, "adamw", &mine, &["step"], state)?;
-        let step = count_scalar(OP, "step", sc[0])?;
-        assign_all(&mine, &fresh)?;
-        self.step = step;
+        self.step = load_counted(OP, "adamw", &named(&self.state_lists()), state)?;
         self.last_clip = None;
         Ok(())
     }

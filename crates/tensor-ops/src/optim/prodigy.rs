@@ -8,7 +8,7 @@ use super::common::{
     bufs, bufs_mut, check_lr, check_max_grad_norm, check_step, checked_params, clip_norm, copies,
     read_all, step_scalars, storage_ptr, write_all, zeros_like, CheckedStep,
 };
-use super::state::{assign_all, checked_state, copy_named, count_scalar, named};
+use super::state::{copy_named, load_counted, named};
 use super::{Optimizer, OptimizerState};
 use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
@@ -302,10 +302,7 @@ impl Optimizer for Prodigy {
     /// Tensors `p0.i`, `s.i`, `m.i`, `v.i`, `scalars` (the device f64 scalars as 16 f32
     /// words); scalar `step`.
     fn state(&self) -> Result<OptimizerState> {
-        let mut tensors = Vec::new();
-        for (prefix, ts) in self.state_lists() {
-            tensors.extend(copy_named(&named(prefix, ts))?);
-        }
+        let mut tensors = copy_named(&named(&self.state_lists()))?;
         tensors.push(("scalars".into(), self.scalars.deep_copy()?));
         Ok(OptimizerState {
             optimizer: NAME.into(),
@@ -316,15 +313,9 @@ impl Optimizer for Prodigy {
 
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         const OP: &str = "Prodigy::load_state";
-        let mut mine = Vec::new();
-        for (prefix, ts) in self.state_lists() {
-            mine.extend(named(prefix, ts));
-        }
+        let mut mine = named(&self.state_lists());
         mine.push(("scalars".into(), &self.scalars));
-        let (fresh, sc) = checked_state(OP, NAME, &mine, &["step"], state)?;
-        let step = count_scalar(OP, "step", sc[0])?;
-        assign_all(&mine, &fresh)?;
-        self.step = step;
+        self.step = load_counted(OP, NAME, &mine, state)?;
         self.last_clip = None;
         Ok(())
     }

@@ -174,6 +174,11 @@ impl ScheduleFreeAdamW {
         })
     }
 
+    /// The state lists with their name prefixes in the state.
+    fn state_lists(&self) -> [(&'static str, &[Tensor]); 2] {
+        [("z", &self.z), ("v", &self.v)]
+    }
+
     fn commit(&mut self, plan: &Plan) {
         self.k += 1;
         self.lr_max = plan.lr_max;
@@ -333,8 +338,7 @@ impl Optimizer for ScheduleFreeAdamW {
     /// Tensors `z.i`, `v.i`; scalars `k`, `lr_max`, `weight_sum`, `train_mode` (1 or 0). Take
     /// it together with the parameters, in the same mode.
     fn state(&self) -> Result<OptimizerState> {
-        let mut tensors = copy_named(&named("z", &self.z))?;
-        tensors.extend(copy_named(&named("v", &self.v))?);
+        let tensors = copy_named(&named(&self.state_lists()))?;
         let vals = [
             self.k as f64,
             self.lr_max,
@@ -350,8 +354,7 @@ impl Optimizer for ScheduleFreeAdamW {
 
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         const OP: &str = "ScheduleFreeAdamW::load_state";
-        let mut mine = named("z", &self.z);
-        mine.extend(named("v", &self.v));
+        let mine = named(&self.state_lists());
         let (fresh, sc) = checked_state(OP, NAME, &mine, &SCALARS, state)?;
         let k = count_scalar(OP, "k", sc[0])?;
         if !(sc[1].is_finite() && sc[2].is_finite() && sc[2] >= 0.0)
