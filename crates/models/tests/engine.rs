@@ -16,8 +16,8 @@
 mod hf_fixture;
 
 use hf_fixture::{
-    dir, engine_greedy, expected, forward_logits, max_err, reference_greedy, write_f32_checkpoint,
-    FIXTURES,
+    dir, engine_greedy, expected, forward_logits, max_err, on_gpu, reference_greedy,
+    write_f32_checkpoint, FIXTURES,
 };
 use models::{CausalLm, Engine, EngineOptions, ModelError, QuantKind, Sampler, Sampling};
 use safetensors::tensor::TensorView;
@@ -475,55 +475,51 @@ fn engine_failed_step_leaves_no_trace_on_the_cpu() {
 
 #[test]
 fn gpu_engine_failed_step_leaves_no_trace() {
-    let Some(dev) = gpu("gpu_engine_failed_step_leaves_no_trace") else {
-        return;
-    };
-    a_failed_step_leaves_no_trace(dev);
-}
-
-fn gpu(test: &str) -> Option<Device> {
-    gpu_cuda::testing::gpu_device_or_skip(test)
+    on_gpu(
+        "gpu_engine_failed_step_leaves_no_trace",
+        a_failed_step_leaves_no_trace,
+    );
 }
 
 #[test]
 fn gpu_engine_matches_transformers() {
-    let Some(dev) = gpu("gpu_engine_matches_transformers") else {
-        return;
-    };
-    matches_transformers(dev);
+    on_gpu("gpu_engine_matches_transformers", matches_transformers);
 }
 
 #[test]
 fn gpu_engine_batch_rows_match_the_reference() {
-    let Some(dev) = gpu("gpu_engine_batch_rows_match_the_reference") else {
-        return;
-    };
-    batch_rows_match_the_reference(dev);
+    on_gpu(
+        "gpu_engine_batch_rows_match_the_reference",
+        batch_rows_match_the_reference,
+    );
 }
 
 #[test]
 fn gpu_engine_gpt2_variant_matches_the_reference() {
-    let Some(dev) = gpu("gpu_engine_gpt2_variant_matches_the_reference") else {
-        return;
-    };
-    gpt2_variant_matches_the_reference(dev);
+    on_gpu(
+        "gpu_engine_gpt2_variant_matches_the_reference",
+        gpt2_variant_matches_the_reference,
+    );
 }
 
 #[test]
 fn gpu_engine_quantized_matches_the_reference() {
-    let Some(dev) = gpu("gpu_engine_quantized_matches_the_reference") else {
-        return;
-    };
-    quantized_matches_the_reference(dev);
+    on_gpu(
+        "gpu_engine_quantized_matches_the_reference",
+        quantized_matches_the_reference,
+    );
 }
 
 #[test]
 fn gpu_engine_sampling_follows_the_reference() {
-    let Some(dev) = gpu("gpu_engine_sampling_follows_the_reference") else {
-        return;
-    };
-    sampling_follows_the_reference(dev);
-    // A sampled step is graphed too: one device-to-host copy (the tokens) per step.
+    on_gpu("gpu_engine_sampling_follows_the_reference", |dev| {
+        sampling_follows_the_reference(dev);
+        a_sampled_step_copies_only_the_tokens(dev);
+    });
+}
+
+/// A sampled step is graphed too: one device-to-host copy (the tokens) per step.
+fn a_sampled_step_copies_only_the_tokens(dev: Device) {
     let exp = expected("llama3");
     let mut e = engine("llama3", dev, DType::BF16, 1);
     let s = Sampling {
@@ -548,12 +544,11 @@ fn gpu_engine_sampling_follows_the_reference() {
 /// positions are written with its ids (host to device).
 #[test]
 fn gpu_engine_decodes_with_one_copy_per_token() {
-    let Some(dev) = gpu("gpu_engine_decodes_with_one_copy_per_token") else {
-        return;
-    };
-    for name in ["llama3", "gpt2"] {
-        decodes_with_one_copy_per_token(name, dev);
-    }
+    on_gpu("gpu_engine_decodes_with_one_copy_per_token", |dev| {
+        for name in ["llama3", "gpt2"] {
+            decodes_with_one_copy_per_token(name, dev);
+        }
+    });
 }
 
 fn decodes_with_one_copy_per_token(name: &str, dev: Device) {

@@ -8,7 +8,7 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, poisoned_copy};
+use hf_fixture::{dir, on_gpu, poisoned_copy};
 use models::{Engine, EngineOptions, LogitsAt, ModelError, Sampling};
 use tensor_ops::{DType, Device};
 
@@ -104,10 +104,8 @@ fn engine_history_survives_a_step_that_fails_in_one_row_on_the_cpu() {
 
 #[test]
 fn gpu_engine_history_survives_a_step_that_fails_in_one_row() {
-    let Some(dev) = gpu_cuda::testing::gpu_device_or_skip(
+    on_gpu(
         "gpu_engine_history_survives_a_step_that_fails_in_one_row",
-    ) else {
-        return;
-    };
-    history_survives_a_step_that_fails_in_one_row(dev);
+        history_survives_a_step_that_fails_in_one_row,
+    );
 }

@@ -7,7 +7,7 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, expected, poisoned_copy};
+use hf_fixture::{dir, expected, on_gpu, poisoned_copy};
 use models::{
     CausalLm, Engine, EngineOptions, LogitsAt, ModelConfig, ModelError, Sampler, Sampling,
 };
@@ -156,10 +156,8 @@ fn engine_refuses_a_greedy_decode_step_on_the_cpu() {
 
 #[test]
 fn gpu_engine_refuses_non_finite_logits() {
-    let Some(dev) = gpu_cuda::testing::gpu_device_or_skip("gpu_engine_refuses_non_finite_logits")
-    else {
-        return;
-    };
-    fast_refuses_non_finite_logits(dev);
-    fast_refuses_a_greedy_decode_step(dev);
+    on_gpu("gpu_engine_refuses_non_finite_logits", |dev| {
+        fast_refuses_non_finite_logits(dev);
+        fast_refuses_a_greedy_decode_step(dev);
+    });
 }

@@ -6,8 +6,7 @@
 
 mod graph_common;
 
-use gpu_cuda::testing::gpu_device_or_skip as gpu;
-use graph_common::{config, cpu_model, gpu_setup, TEXT};
+use graph_common::{config, cpu_model, gpu_dataset, gpu_setup};
 use models::gpt::{Dataset, Gpt, GraphedLoss, Variant};
 use tensor_ops::optim::lerp_tensors;
 use tensor_ops::{Device, Precision, Tensor};
@@ -58,12 +57,10 @@ fn gpu_graphed_loss_gives_the_eager_bits_and_sees_changed_weights() {
 
 #[test]
 fn gpu_graphed_loss_refuses_bad_batches() {
-    let test = "gpu_graphed_loss_refuses_bad_batches";
-    let Some(dev) = gpu(test) else {
+    let Some((dev, ds, vocab)) = gpu_dataset("gpu_graphed_loss_refuses_bad_batches") else {
         return;
     };
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
-    let model = Gpt::new(config(Variant::Gpt2, ds.tokenizer.vocab_size(), 32), 1, dev).unwrap();
+    let model = Gpt::new(config(Variant::Gpt2, vocab, 32), 1, dev).unwrap();
     let e = GraphedLoss::capture(&model, &[]).unwrap_err();
     assert!(e.to_string().contains("no batches"), "{e}");
     let on_cpu = batches(&ds, 2, 3, Device::Cpu);

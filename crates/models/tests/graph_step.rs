@@ -7,9 +7,9 @@
 
 mod graph_common;
 
-use gpu_cuda::testing::gpu_device_or_skip as gpu;
 use graph_common::{
-    assert_same_parameters, at_most_twice, bits, config, cpu_model, gpu_setup, step_twins, TEXT,
+    assert_same_parameters, at_most_twice, bits, config, cpu_model, gpu_dataset, gpu_setup,
+    step_twins,
 };
 use models::gpt::{Dataset, Gpt, GraphedStep, Variant};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -92,11 +92,9 @@ fn gpu_graphed_gpt_steps_give_the_eager_steps_bits() {
 #[test]
 fn gpu_bad_graphed_steps_are_typed_errors_that_change_nothing() {
     let test = "gpu_bad_graphed_steps_are_typed_errors_that_change_nothing";
-    let Some(dev) = gpu(test) else {
+    let Some((dev, _, vocab)) = gpu_dataset(test) else {
         return;
     };
-    let ds = Dataset::from_text(TEXT, 0.8).unwrap();
-    let vocab = ds.tokenizer.vocab_size();
     let model = Gpt::new(config(Variant::Gpt2, vocab, 32), 7, dev).unwrap();
     let mut opt = model.store().adamw(hp()).unwrap();
     let step = GraphedStep::capture(&model, &mut opt, 2, 8).unwrap();

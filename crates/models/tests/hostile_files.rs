@@ -20,6 +20,16 @@ use tensor_ops::Device;
 /// The hostile things to put in place of a file: a FIFO, a symlink to `/dev/zero`, a directory.
 const HOSTILE: [&str; 3] = ["fifo", "dev-zero", "directory"];
 
+/// A copy of fixture `name` whose `file` is hostile thing `kind`: the copy (alive while it is
+/// held), the file's path and the model directory.
+fn hostile_copy(name: &str, file: &str, kind: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = copy_fixture(name);
+    let path = tmp.path().join(file);
+    replace(&path, kind);
+    let dir = tmp.path().to_path_buf();
+    (tmp, path, dir)
+}
+
 /// Replaces `path` with hostile thing `kind`.
 fn replace(path: &Path, kind: &str) {
     std::fs::remove_file(path).unwrap();
@@ -46,10 +56,7 @@ fn refuses(e: &FileError, path: &Path, kind: &str) -> bool {
 #[test]
 fn a_fifo_dev_zero_or_directory_as_config_json_is_refused() {
     for kind in HOSTILE {
-        let tmp = copy_fixture("llama3");
-        let path = tmp.path().join("config.json");
-        replace(&path, kind);
-        let dir = tmp.path().to_path_buf();
+        let (tmp, path, dir) = hostile_copy("llama3", "config.json", kind);
         match within(move || ModelConfig::from_dir(&dir)) {
             Err(ConfigError::Io { source }) => assert!(refuses(&source, &path, kind), "{source}"),
             other => panic!("{kind}: {other:?}"),
@@ -66,10 +73,7 @@ fn a_fifo_dev_zero_or_directory_as_config_json_is_refused() {
 #[test]
 fn a_fifo_dev_zero_or_directory_as_tokenizer_json_is_refused() {
     for kind in HOSTILE {
-        let tmp = copy_fixture("gpt2");
-        let path = tmp.path().join("tokenizer.json");
-        replace(&path, kind);
-        let dir = tmp.path().to_path_buf();
+        let (_tmp, path, dir) = hostile_copy("gpt2", "tokenizer.json", kind);
         match within(move || Tokenizer::from_dir(&dir)) {
             Err(TokenizerError::File(e)) => assert!(refuses(&e, &path, kind), "{e}"),
             other => panic!("{kind}: {other:?}"),
@@ -80,10 +84,7 @@ fn a_fifo_dev_zero_or_directory_as_tokenizer_json_is_refused() {
 #[test]
 fn a_fifo_dev_zero_or_directory_as_weights_is_refused() {
     for kind in HOSTILE {
-        let tmp = copy_fixture("llama3");
-        let path = tmp.path().join("model.safetensors");
-        replace(&path, kind);
-        let dir = tmp.path().to_path_buf();
+        let (_tmp, path, dir) = hostile_copy("llama3", "model.safetensors", kind);
         match within(move || Checkpoint::open(&dir, Architecture::Llama)) {
             Err(WeightsError::File(e)) => assert!(refuses(&e, &path, kind), "{e}"),
             other => panic!("{kind}: {other:?}"),

@@ -14,9 +14,14 @@ use rssm::{Engine, GpuAccelerator, LowRank, RssmConfig, SequenceBatch};
 use tensor_ops::ndarray::{Array1, Array2};
 use tensor_ops::{Device, Tensor};
 
-fn wgpu_or_skip(test: &str) -> Option<Device> {
+/// Adapter 0 for test `test` and a generator seeded from its name (`test_seed`), as
+/// `common::gpu` gives a CUDA device; `None` where there is no adapter (the test then skips,
+/// saying why).
+fn wgpu(test: &str) -> Option<(Device, StdRng)> {
     gpu_wgpu::register_device_probe();
-    gpu_wgpu::testing::backend_or_skip(test).map(|_| Device::Wgpu(0))
+    gpu_wgpu::testing::backend_or_skip(test)?;
+    let r = StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test));
+    Some((Device::Wgpu(0), r))
 }
 
 fn cfg(seed: u64) -> RssmConfig {
@@ -35,11 +40,9 @@ fn cfg(seed: u64) -> RssmConfig {
 
 #[test]
 fn wgpu_world_model_entry_points_match_the_reference() {
-    let test = "wgpu_world_model_entry_points_match_the_reference";
-    let Some(dev) = wgpu_or_skip(test) else {
+    let Some((dev, mut r)) = wgpu("wgpu_world_model_entry_points_match_the_reference") else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test));
     let c = cfg(r.random());
     let m = trained_model(c, r.random());
     let acc = GpuAccelerator::with_model(m.to_device(dev).unwrap());
@@ -104,11 +107,9 @@ fn wgpu_world_model_entry_points_match_the_reference() {
 
 #[test]
 fn wgpu_world_model_trains_as_on_the_cpu() {
-    let test = "wgpu_world_model_trains_as_on_the_cpu";
-    let Some(dev) = wgpu_or_skip(test) else {
+    let Some((dev, mut r)) = wgpu("wgpu_world_model_trains_as_on_the_cpu") else {
         return;
     };
-    let mut r = StdRng::seed_from_u64(gpu_cuda::testing::test_seed(test));
     let c = cfg(r.random());
     let mut on_cpu = trained_model(c, 7);
     let mut on_wgpu = trained_model(c, 7).to_device(dev).unwrap();

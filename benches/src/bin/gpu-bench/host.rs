@@ -29,6 +29,11 @@ fn per_call(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(benches::median(&rounds))
 }
 
+/// [`per_call`] of a tensor op run under `no_grad`, its result dropped.
+fn per_untracked_call(f: impl Fn() -> tensor_ops::Result<Tensor>) -> Result<f64> {
+    per_call(|| tensor_ops::no_grad(&f).map(drop).map_err(Into::into))
+}
+
 pub fn measure() -> Result<Vec<Row>> {
     let d = Device::Cuda(0);
     let gpu = tensor_ops::cuda_backend(0)?;
@@ -63,11 +68,7 @@ pub fn measure() -> Result<Vec<Row>> {
     add(
         "host_tensor_add_nograd",
         "tensor add of 4 f32, no autograd",
-        per_call(|| {
-            tensor_ops::no_grad(|| x.add(&y))
-                .map(drop)
-                .map_err(Into::into)
-        })?,
+        per_untracked_call(|| x.add(&y))?,
     );
     let w = Tensor::ones(&[4], d)?.requires_grad_()?;
     add(
@@ -79,21 +80,13 @@ pub fn measure() -> Result<Vec<Row>> {
     add(
         "host_tensor_matmul",
         "tensor matmul 8×8, no autograd (cuBLAS)",
-        per_call(|| {
-            tensor_ops::no_grad(|| a.matmul(&a))
-                .map(drop)
-                .map_err(Into::into)
-        })?,
+        per_untracked_call(|| a.matmul(&a))?,
     );
     let ln_w = Tensor::ones(&[8], d)?;
     add(
         "host_tensor_layernorm",
         "tensor layer_norm 8×8, no autograd",
-        per_call(|| {
-            tensor_ops::no_grad(|| a.layer_norm(&ln_w, &ln_w, 1e-5))
-                .map(drop)
-                .map_err(Into::into)
-        })?,
+        per_untracked_call(|| a.layer_norm(&ln_w, &ln_w, 1e-5))?,
     );
     Ok(rows)
 }

@@ -26,14 +26,19 @@ pub fn config(variant: Variant, vocab: usize, width: usize) -> GptConfig {
     }
 }
 
-/// The GPU (`None`, the reason printed, where there is none), the test's seed, the dataset of
-/// [`TEXT`] and its vocabulary size.
-pub fn gpu_setup(test: &str) -> Option<(Device, u64, Dataset, usize)> {
+/// The GPU (`None`, the reason printed, where there is none), the dataset of [`TEXT`] and its
+/// vocabulary size.
+pub fn gpu_dataset(test: &str) -> Option<(Device, Dataset, usize)> {
     let dev = gpu_cuda::testing::gpu_device_or_skip(test)?;
-    let seed = gpu_cuda::testing::test_seed(test);
     let ds = Dataset::from_text(TEXT, 0.8).unwrap();
     let vocab = ds.tokenizer.vocab_size();
-    Some((dev, seed, ds, vocab))
+    Some((dev, ds, vocab))
+}
+
+/// [`gpu_dataset`] with the test's seed: the GPU, the seed, the dataset and its vocabulary size.
+pub fn gpu_setup(test: &str) -> Option<(Device, u64, Dataset, usize)> {
+    let (dev, ds, vocab) = gpu_dataset(test)?;
+    Some((dev, gpu_cuda::testing::test_seed(test), ds, vocab))
 }
 
 /// The dataset of [`TEXT`] and a width-32 model of `variant` on it, seed 1, on the CPU.

@@ -33,6 +33,13 @@ pub const FIXTURES: [&str; 8] = [
     "gpt2",
 ];
 
+/// Runs `check` on the CUDA device, or prints why `test` is skipped there (no GPU).
+pub fn on_gpu(test: &str, check: impl FnOnce(Device)) {
+    if let Some(dev) = gpu_cuda::testing::gpu_device_or_skip(test) {
+        check(dev);
+    }
+}
+
 /// The folder of every fixture: `$HYBRID_HF_FIXTURES` where set (the GPU bundle's `run.sh`
 /// sets it to the copy it carries, since a bundle unpacked on another machine has no source
 /// tree), else this crate's `tests/fixtures/hf`.

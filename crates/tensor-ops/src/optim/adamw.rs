@@ -1,8 +1,11 @@
 //! AdamW over a set of parameters, as one fused multi-tensor step, with optional global-norm
 //! clipping computed on the device.
 
-use super::common::{check_lr as check_lr_in, check_params, clip, clip_norm, storage_ptr};
-use super::state::{assign_all, checked_state, copy_named, count_scalar, named};
+use super::common::{
+    bufs, bufs_mut, check_lr as check_lr_in, check_max_grad_norm, check_schedule, checked_params,
+    clip, clip_norm, copies, gather_grads, storage_ptr, zeros_like,
+};
+use super::state::{copy_named, load_counted, named};
 use super::{Optimizer, OptimizerState};
 use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
@@ -76,12 +79,7 @@ impl AdamWParams {
                 return bad(what, x, "finite and >= 0");
             }
         }
-        match self.max_grad_norm {
-            Some(max) if !(max.is_finite() && max > 0.0) => {
-                bad("max_grad_norm", max, "finite and > 0")
-            }
-            _ => Ok(()),
-        }
+        check_max_grad_norm("AdamW", self.max_grad_norm)
     }
 }
 
@@ -100,22 +98,12 @@ impl AdamW {
     /// storage would be updated twice per step (and its lock taken twice).
     pub fn new(params: Vec<(Tensor, bool)>, hp: AdamWParams) -> Result<AdamW> {
         hp.validate()?;
-        check_params("AdamW", &params)?;
-        let mut m = Vec::new();
-        let mut v = Vec::new();
-        for (p, _) in &params {
-            m.push(Tensor::zeros(p.shape(), p.device())?);
-            v.push(Tensor::zeros(p.shape(), p.device())?);
-        }
-        let decays = params
-            .iter()
-            .map(|(_, d)| if *d { hp.weight_decay } else { 0.0 })
-            .collect();
+        let (params, decays) = checked_params("AdamW", params, hp.weight_decay)?;
         Ok(AdamW {
-            params: params.into_iter().map(|(t, _)| t).collect(),
+            m: zeros_like(&params)?,
+            v: zeros_like(&params)?,
+            params,
             decays,
-            m,
-            v,
             hp,
             step: 0,
             last_clip: None,
@@ -135,10 +123,9 @@ impl AdamW {
 
     /// A copy of the optimiser's state (moments and step count), on the device.
     pub fn state(&self) -> Result<AdamWState> {
-        let copy = |ts: &[Tensor]| ts.iter().map(Tensor::deep_copy).collect::<Result<Vec<_>>>();
         Ok(AdamWState {
-            m: copy(&self.m)?,
-            v: copy(&self.v)?,
+            m: copies(&self.m)?,
+            v: copies(&self.v)?,
             step: self.step,
         })
     }
@@ -244,6 +231,11 @@ impl AdamW {
         self.m.first().map_or(0, storage_ptr)
     }
 
+    /// The state lists with their name prefixes in the state.
+    fn state_lists(&self) -> [(&'static str, &[Tensor]); 2] {
+        [("m", &self.m), ("v", &self.v)]
+    }
+
     fn next_step(&self) -> Result<u32> {
         self.step
             .checked_add(1)
@@ -274,13 +266,7 @@ impl AdamW {
         };
         let dev = first.device();
         if let Some(s) = schedule {
-            if s.device() != dev || s.dtype() != DType::F32 || s.numel() != 3 {
-                return Err(GpuError::shape(
-                    "AdamW::step_scheduled",
-                    format!("an f32 schedule of 3 elements on {dev}"),
-                    format!("{} {:?} on {}", s.dtype(), s.shape(), s.device()),
-                ));
-            }
+            check_schedule("AdamW::step_scheduled", s, 3, dev)?;
             if !matches!(dev, gpu_core::Device::Cuda(_)) {
                 return Err(GpuError::invalid(
                     "AdamW::step_scheduled",
@@ -288,36 +274,8 @@ impl AdamW {
                 ));
             }
         }
-        let written: std::collections::HashSet<usize> = self
-            .params
-            .iter()
-            .chain(&self.m)
-            .chain(&self.v)
-            .map(storage_ptr)
-            .collect();
-        let mut gs = Vec::with_capacity(self.params.len());
-        for p in &self.params {
-            let g = grads.get(p).ok_or_else(|| {
-                GpuError::invalid(
-                    "AdamW",
-                    format!("no gradient for a parameter of shape {:?}", p.shape()),
-                )
-            })?;
-            if g.shape() != p.shape() || g.dtype() != DType::F32 || g.device() != dev {
-                return Err(GpuError::shape(
-                    "AdamW::step",
-                    format!("an f32 gradient of shape {:?} on {dev}", p.shape()),
-                    format!("{} {:?} on {}", g.dtype(), g.shape(), g.device()),
-                ));
-            }
-            if written.contains(&storage_ptr(g)) {
-                return Err(GpuError::invalid(
-                    "AdamW::step",
-                    "a gradient shares storage with a parameter or a moment",
-                ));
-            }
-            gs.push(g.clone());
-        }
+        let written = [&self.m[..], &self.v];
+        let gs = gather_grads("AdamW::step", &self.params, &written, grads, dev)?;
         let cfg = self.config(lr, step);
         let clip = clip(&gs, self.hp.max_grad_norm, dev)?;
         {
@@ -361,13 +319,9 @@ fn adamw_impl<B: DeviceBackend>(
     (clip, schedule): (Option<&Storage>, Option<&Storage>),
     cfg: AdamWConfig,
 ) -> Result<()> {
-    let mut p: Vec<&mut B::Buffer> = params
-        .iter_mut()
-        .map(|g| B::get_mut(g))
-        .collect::<Result<_>>()?;
-    let g: Vec<&B::Buffer> = grads.iter().map(|g| B::get(g)).collect::<Result<_>>()?;
-    let mut mm: Vec<&mut B::Buffer> = m.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
-    let mut vv: Vec<&mut B::Buffer> = v.iter_mut().map(|g| B::get_mut(g)).collect::<Result<_>>()?;
+    let mut p = bufs_mut::<B>(params)?;
+    let g = bufs::<B>(grads)?;
+    let (mut mm, mut vv) = (bufs_mut::<B>(m)?, bufs_mut::<B>(v)?);
     let c = clip.map(B::get).transpose()?;
     let bufs = AdamWBuffers {
         params: &mut p,
@@ -418,23 +372,16 @@ impl Optimizer for AdamW {
 
     /// Tensors `m.i`, `v.i`; scalar `step`.
     fn state(&self) -> Result<OptimizerState> {
-        let mut tensors = copy_named(&named("m", &self.m))?;
-        tensors.extend(copy_named(&named("v", &self.v))?);
         Ok(OptimizerState {
             optimizer: "adamw".into(),
-            tensors,
+            tensors: copy_named(&named(&self.state_lists()))?,
             scalars: vec![("step".into(), self.step as f64)],
         })
     }
 
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         const OP: &str = "AdamW::load_state";
-        let mut mine = named("m", &self.m);
-        mine.extend(named("v", &self.v));
-        let (fresh, sc) = checked_state(OP, "adamw", &mine, &["step"], state)?;
-        let step = count_scalar(OP, "step", sc[0])?;
-        assign_all(&mine, &fresh)?;
-        self.step = step;
+        self.step = load_counted(OP, "adamw", &named(&self.state_lists()), state)?;
         self.last_clip = None;
         Ok(())
     }

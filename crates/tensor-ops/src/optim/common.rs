@@ -1,10 +1,12 @@
 //! What the optimisers share: parameter and gradient checks, the clipping launch, schedule
-//! checks, and the guards that hand a list of tensors' buffers to a backend op.
+//! checks, a step's checks in order ([`check_step`]), and the guards that hand a list of
+//! tensors' buffers (and a step's scalars) to a backend op.
 
 use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
 use crate::storage::Storage;
 use crate::tensor::{same_device, Tensor};
+use gpu_core::nn::optim::StepScalars;
 use gpu_core::{DType, Device, GpuError, Result};
 use std::collections::{HashMap, HashSet};
 use std::sync::{RwLockReadGuard, RwLockWriteGuard};
@@ -17,6 +19,17 @@ pub(crate) fn storage_ptr(t: &Tensor) -> usize {
 /// Checks a step's learning rate: finite and `>= 0`.
 pub(crate) fn check_lr(op: &'static str, lr: f32) -> Result<()> {
     gpu_core::ops::require_nonneg(op, "the learning rate", lr)
+}
+
+/// Checks a clipping threshold: finite and `> 0` when set.
+pub(crate) fn check_max_grad_norm(op: &'static str, max: Option<f32>) -> Result<()> {
+    match max {
+        Some(max) if !(max.is_finite() && max > 0.0) => Err(GpuError::invalid(
+            op,
+            format!("max_grad_norm must be finite and > 0, got {max}"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Checks an optimiser's parameters: one device, f32 leaves with `requires_grad_`, no two
@@ -48,12 +61,18 @@ pub(crate) fn check_params(op: &'static str, params: &[(Tensor, bool)]) -> Resul
     Ok(())
 }
 
-/// Each parameter's weight decay: `wd` where its flag is set, else 0.
-pub(crate) fn decays(params: &[(Tensor, bool)], wd: f32) -> Vec<f32> {
-    params
-        .iter()
-        .map(|(_, d)| if *d { wd } else { 0.0 })
-        .collect()
+/// Checks an optimiser's parameters ([`check_params`]) and splits them into the tensors and
+/// each one's weight decay: `wd` where its flag is set, else 0.
+pub(crate) fn checked_params(
+    op: &'static str,
+    params: Vec<(Tensor, bool)>,
+    wd: f32,
+) -> Result<(Vec<Tensor>, Vec<f32>)> {
+    check_params(op, &params)?;
+    Ok(params
+        .into_iter()
+        .map(|(t, d)| (t, if d { wd } else { 0.0 }))
+        .unzip())
 }
 
 /// Fresh zero tensors shaped as the parameters.
@@ -130,6 +149,55 @@ pub(crate) fn check_schedule(
         ));
     }
     Ok(())
+}
+
+/// A step's inputs once [`check_step`] passed them: the parameters' device, their gradients
+/// and the queued clipping result.
+pub(crate) struct CheckedStep {
+    pub dev: Device,
+    pub grads: Vec<Tensor>,
+    pub clip: Option<Tensor>,
+}
+
+/// Checks a step before anything is written (the device schedule with its length, when
+/// given, then the gradients as [`gather_grads`] does), then queues the clipping at
+/// `max_grad_norm`. `None` when there are no parameters (nothing to do).
+pub(crate) fn check_step(
+    op: &'static str,
+    params: &[Tensor],
+    written: &[&[Tensor]],
+    grads: &Gradients,
+    schedule: Option<(&Tensor, usize)>,
+    max_grad_norm: Option<f32>,
+) -> Result<Option<CheckedStep>> {
+    let Some(first) = params.first() else {
+        return Ok(None);
+    };
+    let dev = first.device();
+    if let Some((s, len)) = schedule {
+        check_schedule(op, s, len, dev)?;
+    }
+    let grads = gather_grads(op, params, written, grads, dev)?;
+    let clip = clip(&grads, max_grad_norm, dev)?;
+    Ok(Some(CheckedStep { dev, grads, clip }))
+}
+
+/// A step's clipping result (when clipped) and scalars, as a backend's buffers.
+pub(crate) type StepExtras<'a, Buf> = (Option<&'a Buf>, StepScalars<'a, Buf>);
+
+/// The backend's view of a step's clipping result and scalars: the device schedule when
+/// given, else the `host` values.
+pub(crate) fn step_scalars<'a, B: DeviceBackend>(
+    clip: Option<&'a Storage>,
+    host: &'a [f32],
+    schedule: Option<&'a Storage>,
+) -> Result<StepExtras<'a, B::Buffer>> {
+    let c = clip.map(B::get).transpose()?;
+    let scalars = match schedule {
+        Some(s) => StepScalars::Device(B::get(s)?),
+        None => StepScalars::Host(host),
+    };
+    Ok((c, scalars))
 }
 
 /// The global-norm clipping result `[norm, coef]` on the device, when `max` is set.

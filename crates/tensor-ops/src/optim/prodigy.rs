@@ -5,17 +5,17 @@
 //! host and can be recorded in a CUDA graph.
 
 use super::common::{
-    bufs, bufs_mut, check_lr, check_params, check_schedule, clip, clip_norm, copies, decays,
-    gather_grads, read_all, storage_ptr, write_all, zeros_like,
+    bufs, bufs_mut, check_lr, check_max_grad_norm, check_step, checked_params, clip_norm, copies,
+    read_all, step_scalars, storage_ptr, write_all, zeros_like, CheckedStep,
 };
-use super::state::{assign_all, checked_state, copy_named, count_scalar, named};
+use super::state::{copy_named, load_counted, named};
 use super::{Optimizer, OptimizerState};
 use crate::autograd::Gradients;
 use crate::backend::{on_device, DeviceBackend};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 use gpu_core::nn::optim::ProdigyBuffers;
-use gpu_core::nn::optim::{ProdigyConfig, ProdigyScalars, StepScalars, PRODIGY_SCHEDULE_LEN};
+use gpu_core::nn::optim::{ProdigyConfig, ProdigyScalars, PRODIGY_SCHEDULE_LEN};
 use gpu_core::{GpuError, Result};
 use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
@@ -92,13 +92,7 @@ impl ProdigyParams {
         const OP: &str = "Prodigy";
         self.config().validate(OP)?;
         gpu_core::ops::require_nonneg(OP, "weight_decay", self.weight_decay)?;
-        match self.max_grad_norm {
-            Some(max) if !(max.is_finite() && max > 0.0) => Err(GpuError::invalid(
-                OP,
-                format!("max_grad_norm must be finite and > 0, got {max}"),
-            )),
-            _ => Ok(()),
-        }
+        check_max_grad_norm(OP, self.max_grad_norm)
     }
 }
 
@@ -123,9 +117,7 @@ impl Prodigy {
     /// `params` with whether each is weight-decayed. Errors as [`super::AdamW::new`] does.
     pub fn new(params: Vec<(Tensor, bool)>, hp: ProdigyParams) -> Result<Self> {
         hp.validate()?;
-        check_params("Prodigy", &params)?;
-        let decays = decays(&params, hp.weight_decay);
-        let params: Vec<Tensor> = params.into_iter().map(|(t, _)| t).collect();
+        let (params, decays) = checked_params("Prodigy", params, hp.weight_decay)?;
         let dev = params.first().map_or(gpu_core::Device::Cpu, |p| p.device());
         let words = ProdigyScalars::initial(hp.d0).to_words();
         Ok(Prodigy {
@@ -177,16 +169,17 @@ impl Prodigy {
         host: &[f32],
         schedule: Option<&Tensor>,
     ) -> Result<()> {
-        let Some(first) = self.params.first() else {
+        let written = [&self.s[..], &self.m, &self.v, &self.p0];
+        let sched = schedule.map(|s| (s, PRODIGY_SCHEDULE_LEN));
+        let max = self.hp.max_grad_norm;
+        let Some(CheckedStep {
+            dev,
+            grads: gs,
+            clip,
+        }) = check_step(op, &self.params, &written, grads, sched, max)?
+        else {
             return Ok(());
         };
-        let dev = first.device();
-        if let Some(s) = schedule {
-            check_schedule(op, s, PRODIGY_SCHEDULE_LEN, dev)?;
-        }
-        let written = [&self.s[..], &self.m, &self.v, &self.p0];
-        let gs = gather_grads(op, &self.params, &written, grads, dev)?;
-        let clip = clip(&gs, self.hp.max_grad_norm, dev)?;
         {
             let mut pg = write_all(&self.params);
             let (mut sg, mut mg, mut vg) =
@@ -238,11 +231,7 @@ fn prodigy_impl<B: DeviceBackend>(
         bufs_mut::<B>(t.m)?,
         bufs_mut::<B>(t.v)?,
     );
-    let c = clip.map(B::get).transpose()?;
-    let lr = match schedule {
-        Some(s) => StepScalars::Device(B::get(s)?),
-        None => StepScalars::Host(host),
-    };
+    let (c, lr) = step_scalars::<B>(clip, host, schedule)?;
     let sc = B::get_mut(t.scalars)?;
     be.prodigy_step(
         ProdigyBuffers {
@@ -313,10 +302,7 @@ impl Optimizer for Prodigy {
     /// Tensors `p0.i`, `s.i`, `m.i`, `v.i`, `scalars` (the device f64 scalars as 16 f32
     /// words); scalar `step`.
     fn state(&self) -> Result<OptimizerState> {
-        let mut tensors = Vec::new();
-        for (prefix, ts) in self.state_lists() {
-            tensors.extend(copy_named(&named(prefix, ts))?);
-        }
+        let mut tensors = copy_named(&named(&self.state_lists()))?;
         tensors.push(("scalars".into(), self.scalars.deep_copy()?));
         Ok(OptimizerState {
             optimizer: NAME.into(),
@@ -327,15 +313,9 @@ impl Optimizer for Prodigy {
 
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         const OP: &str = "Prodigy::load_state";
-        let mut mine = Vec::new();
-        for (prefix, ts) in self.state_lists() {
-            mine.extend(named(prefix, ts));
-        }
+        let mut mine = named(&self.state_lists());
         mine.push(("scalars".into(), &self.scalars));
-        let (fresh, sc) = checked_state(OP, NAME, &mine, &["step"], state)?;
-        let step = count_scalar(OP, "step", sc[0])?;
-        assign_all(&mine, &fresh)?;
-        self.step = step;
+        self.step = load_counted(OP, NAME, &mine, state)?;
         self.last_clip = None;
         Ok(())
     }

@@ -5,8 +5,8 @@
 //! weighted by `ckp1`) is swapped in by [`Optimizer::eval_params`].
 
 use super::common::{
-    bufs, bufs_mut, check_lr, check_params, check_schedule, clip, clip_norm, copies, decays,
-    gather_grads, read_all, storage_ptr, write_all, zeros_like,
+    bufs, bufs_mut, check_lr, check_max_grad_norm, check_step, checked_params, clip_norm, copies,
+    read_all, step_scalars, storage_ptr, write_all, zeros_like, CheckedStep,
 };
 use super::state::{assign_all, checked_state, copy_named, count_scalar, named};
 use super::{Optimizer, OptimizerState};
@@ -15,7 +15,7 @@ use crate::backend::{on_device, DeviceBackend};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 use gpu_core::nn::optim::ScheduleFreeBuffers;
-use gpu_core::nn::optim::{ScheduleFreeConfig, StepScalars, SF_SCHEDULE_LEN};
+use gpu_core::nn::optim::{ScheduleFreeConfig, SF_SCHEDULE_LEN};
 use gpu_core::{GpuError, Result};
 
 /// Schedule-Free AdamW's hyper-parameters (the package's defaults; the learning rate comes
@@ -82,12 +82,7 @@ impl ScheduleFreeParams {
         if !self.r.is_finite() {
             return bad("r", self.r, "finite");
         }
-        match self.max_grad_norm {
-            Some(max) if !(max.is_finite() && max > 0.0) => {
-                bad("max_grad_norm", max, "finite and > 0")
-            }
-            _ => Ok(()),
-        }
+        check_max_grad_norm("ScheduleFreeAdamW", self.max_grad_norm)
     }
 }
 
@@ -119,9 +114,7 @@ impl ScheduleFreeAdamW {
     /// the second moment at 0. Errors as [`super::AdamW::new`] does.
     pub fn new(params: Vec<(Tensor, bool)>, hp: ScheduleFreeParams) -> Result<Self> {
         hp.validate()?;
-        check_params("ScheduleFreeAdamW", &params)?;
-        let decays = decays(&params, hp.weight_decay);
-        let params: Vec<Tensor> = params.into_iter().map(|(t, _)| t).collect();
+        let (params, decays) = checked_params("ScheduleFreeAdamW", params, hp.weight_decay)?;
         Ok(ScheduleFreeAdamW {
             z: copies(&params)?,
             v: zeros_like(&params)?,
@@ -181,6 +174,11 @@ impl ScheduleFreeAdamW {
         })
     }
 
+    /// The state lists with their name prefixes in the state.
+    fn state_lists(&self) -> [(&'static str, &[Tensor]); 2] {
+        [("z", &self.z), ("v", &self.v)]
+    }
+
     fn commit(&mut self, plan: &Plan) {
         self.k += 1;
         self.lr_max = plan.lr_max;
@@ -196,15 +194,17 @@ impl ScheduleFreeAdamW {
         host: &[f32],
         schedule: Option<&Tensor>,
     ) -> Result<()> {
-        let Some(first) = self.params.first() else {
+        let written = [&self.z[..], &self.v];
+        let sched = schedule.map(|s| (s, SF_SCHEDULE_LEN));
+        let max = self.hp.max_grad_norm;
+        let Some(CheckedStep {
+            dev,
+            grads: gs,
+            clip,
+        }) = check_step(op, &self.params, &written, grads, sched, max)?
+        else {
             return Ok(());
         };
-        let dev = first.device();
-        if let Some(s) = schedule {
-            check_schedule(op, s, SF_SCHEDULE_LEN, dev)?;
-        }
-        let gs = gather_grads(op, &self.params, &[&self.z, &self.v], grads, dev)?;
-        let clip = clip(&gs, self.hp.max_grad_norm, dev)?;
         let cfg = ScheduleFreeConfig {
             beta2: self.hp.beta2,
             eps: self.hp.eps,
@@ -262,11 +262,7 @@ fn sf_impl<B: DeviceBackend>(
     let mut p = bufs_mut::<B>(t.p)?;
     let g = bufs::<B>(t.g)?;
     let (mut z, mut v) = (bufs_mut::<B>(t.z)?, bufs_mut::<B>(t.v)?);
-    let c = clip.map(B::get).transpose()?;
-    let scalars = match schedule {
-        Some(s) => StepScalars::Device(B::get(s)?),
-        None => StepScalars::Host(host),
-    };
+    let (c, scalars) = step_scalars::<B>(clip, host, schedule)?;
     be.schedule_free_step(
         ScheduleFreeBuffers {
             params: &mut p,
@@ -342,8 +338,7 @@ impl Optimizer for ScheduleFreeAdamW {
     /// Tensors `z.i`, `v.i`; scalars `k`, `lr_max`, `weight_sum`, `train_mode` (1 or 0). Take
     /// it together with the parameters, in the same mode.
     fn state(&self) -> Result<OptimizerState> {
-        let mut tensors = copy_named(&named("z", &self.z))?;
-        tensors.extend(copy_named(&named("v", &self.v))?);
+        let tensors = copy_named(&named(&self.state_lists()))?;
         let vals = [
             self.k as f64,
             self.lr_max,
@@ -359,8 +354,7 @@ impl Optimizer for ScheduleFreeAdamW {
 
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         const OP: &str = "ScheduleFreeAdamW::load_state";
-        let mut mine = named("z", &self.z);
-        mine.extend(named("v", &self.v));
+        let mine = named(&self.state_lists());
         let (fresh, sc) = checked_state(OP, NAME, &mine, &SCALARS, state)?;
         let k = count_scalar(OP, "k", sc[0])?;
         if !(sc[1].is_finite() && sc[2].is_finite() && sc[2] >= 0.0)

@@ -223,11 +223,30 @@ pub(crate) fn assign_all(mine: &[(String, &Tensor)], fresh: &[Tensor]) -> Result
     Ok(())
 }
 
-/// `(prefix.i, tensor)` for each tensor of a list.
-pub(crate) fn named<'a>(prefix: &str, ts: &'a [Tensor]) -> Vec<(String, &'a Tensor)> {
-    ts.iter()
-        .enumerate()
-        .map(|(i, t)| (format!("{prefix}.{i}"), t))
+/// Restores `state` for an optimiser whose one host scalar is its step count: checks it
+/// against `mine` ([`checked_state`]) and the count ([`count_scalar`]), then writes the
+/// tensors and returns the count.
+pub(crate) fn load_counted(
+    op: &'static str,
+    name: &str,
+    mine: &[(String, &Tensor)],
+    state: &OptimizerState,
+) -> Result<u32> {
+    let (fresh, sc) = checked_state(op, name, mine, &["step"], state)?;
+    let step = count_scalar(op, "step", sc[0])?;
+    assign_all(mine, &fresh)?;
+    Ok(step)
+}
+
+/// `(prefix.i, tensor)` for each tensor of each `(prefix, list)`, in order.
+pub(crate) fn named<'a>(lists: &[(&str, &'a [Tensor])]) -> Vec<(String, &'a Tensor)> {
+    lists
+        .iter()
+        .flat_map(|(prefix, ts)| {
+            ts.iter()
+                .enumerate()
+                .map(move |(i, t)| (format!("{prefix}.{i}"), t))
+        })
         .collect()
 }
 
