@@ -32,3 +32,30 @@ pub use dtype::{DType, Element};
 pub use error::{GpuError, Result};
 pub use ops::{MatmulOps, MatmulSpec};
 pub use shape::Shape;
+
+/// The guard of `m`, taken even where a panicking thread poisoned it: the HAL's locks guard
+/// caches and pools whose state stays valid when a holder panics.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use std::sync::Mutex;
+
+    #[test]
+    fn lock_takes_a_poisoned_mutex_with_its_value() {
+        let m = Mutex::new(7);
+        let poisoned = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut g = m.lock().unwrap();
+                *g = 8;
+                panic!("poison it");
+            })
+            .join()
+            .is_err()
+        });
+        assert!(poisoned && m.is_poisoned());
+        assert_eq!(*super::lock(&m), 8);
+    }
+}

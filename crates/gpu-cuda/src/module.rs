@@ -188,9 +188,7 @@ fn verified(m: &'static KernelModule) -> Result<()> {
     Ok(())
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use gpu_core::lock;
 
 impl ModuleCache {
     /// The cudarc handle of an embedded kernel, loading its module on first use.

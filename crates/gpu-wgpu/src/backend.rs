@@ -8,7 +8,7 @@ use crate::status::StatusRing;
 use gpu_core::backend::{check_transfer, Backend, DeviceType};
 use gpu_core::{DType, Device, Element, GpuError, Result};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Environment variable bounding every wait on the device, in milliseconds (default 60000).
@@ -82,10 +82,8 @@ fn shared_backends() -> &'static Mutex<HashMap<usize, WgpuBackend>> {
     MAP.get_or_init(Default::default)
 }
 
-/// The guard of `m`, taken even where a panicking thread poisoned it (every lock here is).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+/// Every lock here is taken through gpu-core's poison-tolerant [`gpu_core::lock`].
+pub(crate) use gpu_core::lock;
 
 impl WgpuBackend {
     /// Opens adapter `index` (in enumeration order) with all of its limits and, of the
