@@ -137,11 +137,14 @@ pub(crate) fn validate_image(name: &str, image: &[u8]) -> Result<Vec<u8>> {
 /// Loaded modules and kernel handles of one backend, for both launchers.
 #[derive(Default)]
 pub(crate) struct ModuleCache {
-    cudarc: Mutex<HashMap<(&'static str, ImageKind), Arc<CudaModule>>>,
-    cudarc_fns: Mutex<HashMap<(&'static str, ImageKind), CudaFunction>>,
-    raw: Mutex<HashMap<(&'static str, ImageKind), Arc<RawModule>>>,
-    raw_fns: Mutex<HashMap<(&'static str, ImageKind), RawFunction>>,
+    cudarc: Cache<Arc<CudaModule>>,
+    cudarc_fns: Cache<CudaFunction>,
+    raw: Cache<Arc<RawModule>>,
+    raw_fns: Cache<RawFunction>,
 }
+
+/// Loaded modules (by module name) or kernel handles (by kernel name), per image kind.
+type Cache<T> = Mutex<HashMap<(&'static str, ImageKind), T>>;
 
 /// A raw function handle that keeps its module loaded.
 #[derive(Clone)]
@@ -188,6 +191,34 @@ fn verified(m: &'static KernelModule) -> Result<()> {
     Ok(())
 }
 
+/// Kernel `name` of module `module` as image `kind` from the handle cache `fns`, else from
+/// the module in `mods` (loaded by `load` on first use) through `get`; both caches keep what
+/// was made. The module cache stays locked while a module loads.
+fn cached<M: Clone, F: Clone>(
+    (fns, mods): (&Cache<F>, &Cache<M>),
+    (module, name, kind): (&'static str, &'static str, ImageKind),
+    load: impl FnOnce() -> Result<M>,
+    get: impl FnOnce(&M) -> Result<F>,
+) -> Result<F> {
+    if let Some(f) = lock(fns).get(&(name, kind)) {
+        return Ok(f.clone());
+    }
+    let loaded = {
+        let mut mods = lock(mods);
+        match mods.get(&(module, kind)) {
+            Some(loaded) => loaded.clone(),
+            None => {
+                let loaded = load()?;
+                mods.insert((module, kind), loaded.clone());
+                loaded
+            }
+        }
+    };
+    let f = get(&loaded)?;
+    lock(fns).insert((name, kind), f.clone());
+    Ok(f)
+}
+
 use gpu_core::lock;
 
 impl ModuleCache {
@@ -199,34 +230,26 @@ impl ModuleCache {
         kind: ImageKind,
     ) -> Result<CudaFunction> {
         let (m, name) = lookup(kernel)?;
-        if let Some(f) = lock(&self.cudarc_fns).get(&(name, kind)) {
-            return Ok(f.clone());
-        }
-        let module = {
-            let mut mods = lock(&self.cudarc);
-            match mods.get(&(m.name, kind)) {
-                Some(module) => module.clone(),
-                None => {
-                    let ptx = match kind {
-                        ImageKind::Ptx => Ptx::from_src(m.ptx),
-                        ImageKind::Fatbin => Ptx::from_binary(m.fatbin.to_vec()),
-                    };
-                    let module =
-                        ctx.load_module(ptx)
-                            .map_err(|e| GpuError::InvalidKernelImage {
-                                name: m.name.into(),
-                                reason: crate::describe_driver_error(&e),
-                            })?;
-                    mods.insert((m.name, kind), module.clone());
-                    module
-                }
-            }
-        };
-        let f = module
-            .load_function(name)
-            .map_err(drv("cuModuleGetFunction"))?;
-        lock(&self.cudarc_fns).insert((name, kind), f.clone());
-        Ok(f)
+        cached(
+            (&self.cudarc_fns, &self.cudarc),
+            (m.name, name, kind),
+            || {
+                let ptx = match kind {
+                    ImageKind::Ptx => Ptx::from_src(m.ptx),
+                    ImageKind::Fatbin => Ptx::from_binary(m.fatbin.to_vec()),
+                };
+                ctx.load_module(ptx)
+                    .map_err(|e| GpuError::InvalidKernelImage {
+                        name: m.name.into(),
+                        reason: crate::describe_driver_error(&e),
+                    })
+            },
+            |module| {
+                module
+                    .load_function(name)
+                    .map_err(drv("cuModuleGetFunction"))
+            },
+        )
     }
 
     /// The raw driver handle of an embedded kernel, loading its module on first use.
@@ -237,27 +260,18 @@ impl ModuleCache {
         kind: ImageKind,
     ) -> Result<RawFunction> {
         let (m, name) = lookup(kernel)?;
-        if let Some(f) = lock(&self.raw_fns).get(&(name, kind)) {
-            return Ok(f.clone());
-        }
-        let module = {
-            let mut mods = lock(&self.raw);
-            match mods.get(&(m.name, kind)) {
-                Some(module) => module.clone(),
-                None => {
-                    let image = match kind {
-                        ImageKind::Ptx => m.ptx.as_bytes(),
-                        ImageKind::Fatbin => m.fatbin,
-                    };
-                    let module = Arc::new(RawModule::load(ctx, m.name, image)?);
-                    mods.insert((m.name, kind), module.clone());
-                    module
-                }
-            }
-        };
-        let f = RawFunction::new(module.clone(), module.function(name)?);
-        lock(&self.raw_fns).insert((name, kind), f.clone());
-        Ok(f)
+        cached(
+            (&self.raw_fns, &self.raw),
+            (m.name, name, kind),
+            || {
+                let image = match kind {
+                    ImageKind::Ptx => m.ptx.as_bytes(),
+                    ImageKind::Fatbin => m.fatbin,
+                };
+                Ok(Arc::new(RawModule::load(ctx, m.name, image)?))
+            },
+            |module| Ok(RawFunction::new(module.clone(), module.function(name)?)),
+        )
     }
 
     /// Number of modules loaded so far (both launchers).
