@@ -402,39 +402,37 @@ impl CudaBackend {
 
     /// Fills a buffer of 4-byte elements with a bit pattern (`cuMemsetD32Async`).
     pub(crate) fn memset32(&self, buf: &mut CudaBuffer, bits: u32) -> Result<()> {
-        self.check_owned("fill", &[buf])?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let _pass = self.pass();
-        self.bind()?;
-        // SAFETY: the buffer holds `len` 4-byte elements and is live.
-        crate::error::check("cuMemsetD32Async", unsafe {
-            sys::cuMemsetD32Async(
-                buf.device_ptr(),
-                bits,
-                buf.len(),
-                self.inner.stream.cu_stream(),
-            )
+        self.memset(buf, "cuMemsetD32Async", |ptr, len, stream| {
+            // SAFETY: `memset` passes the live buffer's pointer and its `len` 4-byte elements.
+            unsafe { sys::cuMemsetD32Async(ptr, bits, len, stream) }
         })
     }
 
     pub(crate) fn memset16(&self, buf: &mut CudaBuffer, bits: u16) -> Result<()> {
+        self.memset(buf, "cuMemsetD16Async", |ptr, len, stream| {
+            // SAFETY: `memset` passes the live buffer's pointer and its `len` 2-byte elements.
+            unsafe { sys::cuMemsetD16Async(ptr, bits, len, stream) }
+        })
+    }
+
+    /// The fill of `memset32` and `memset16`: for a non-empty buffer of this
+    /// backend, `set(ptr, len, stream)` queues the driver call `call` on this backend's stream.
+    fn memset(
+        &self,
+        buf: &mut CudaBuffer,
+        call: &'static str,
+        set: impl FnOnce(sys::CUdeviceptr, usize, sys::CUstream) -> sys::CUresult,
+    ) -> Result<()> {
         self.check_owned("fill", &[buf])?;
         if buf.is_empty() {
             return Ok(());
         }
         let _pass = self.pass();
         self.bind()?;
-        // SAFETY: the buffer holds `len` 2-byte elements and is live.
-        crate::error::check("cuMemsetD16Async", unsafe {
-            sys::cuMemsetD16Async(
-                buf.device_ptr(),
-                bits,
-                buf.len(),
-                self.inner.stream.cu_stream(),
-            )
-        })
+        check(
+            call,
+            set(buf.device_ptr(), buf.len(), self.inner.stream.cu_stream()),
+        )
     }
 
     pub(crate) fn bind(&self) -> Result<()> {
