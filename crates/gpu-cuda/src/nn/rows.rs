@@ -39,6 +39,27 @@ struct RowGrid {
 }
 
 impl RowGrid {
+    /// `blocks` blocks of `groups` groups of `threads` threads, with `smem` bytes of row caches
+    /// a block (none: uncached).
+    fn new(
+        op: &'static str,
+        blocks: usize,
+        (groups, threads, smem): (usize, u32, u32),
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        Ok(RowGrid {
+            cfg: LaunchConfig {
+                grid_dim: (grid(op, blocks)?, 1, 1),
+                block_dim: (threads, groups as u32, 1),
+                shared_mem_bytes: smem,
+            },
+            cached: (smem > 0) as u32,
+            rows: to_u32(op, "rows", rows)?,
+            cols: to_u32(op, "cols", cols)?,
+        })
+    }
+
     fn args(&self, cached: bool) -> Vec<KernelArg> {
         let mut v = vec![KernelArg::U32(self.cols), KernelArg::U32(self.rows)];
         if cached {
@@ -78,18 +99,8 @@ impl CudaBackend {
 
     /// One group per row (non-persistent kernels).
     fn row_grid(op: &'static str, rows: usize, cols: usize, arrays: usize) -> Result<RowGrid> {
-        let (groups, threads, smem) = Self::row_shape(cols, arrays);
-        let blocks = grid(op, rows.div_ceil(groups))?;
-        Ok(RowGrid {
-            cfg: LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (threads, groups as u32, 1),
-                shared_mem_bytes: smem,
-            },
-            cached: (smem > 0) as u32,
-            rows: to_u32(op, "rows", rows)?,
-            cols: to_u32(op, "cols", cols)?,
-        })
+        let shape = Self::row_shape(cols, arrays);
+        RowGrid::new(op, rows.div_ceil(shape.0), shape, rows, cols)
     }
 
     /// The persistent grid of the norm backward: enough blocks to fill the GPU (about 1024
@@ -115,16 +126,7 @@ impl CudaBackend {
             (1024 / threads as usize).max(1)
         };
         let blocks = rows.div_ceil(groups).min(sms * per_sm);
-        Ok(RowGrid {
-            cfg: LaunchConfig {
-                grid_dim: (grid(op, blocks)?, 1, 1),
-                block_dim: (threads, groups as u32, 1),
-                shared_mem_bytes: smem,
-            },
-            cached: (smem > 0) as u32,
-            rows: to_u32(op, "rows", rows)?,
-            cols: to_u32(op, "cols", cols)?,
-        })
+        RowGrid::new(op, blocks, (groups, threads, smem), rows, cols)
     }
 
     /// Sums `partial`'s `[outs.len()][nparts][cols]` slices over `nparts` into each of `outs`.
@@ -154,6 +156,67 @@ impl CudaBackend {
         // u32 cols): partial holds outs.len()·nparts·cols f32 (allocated so by the caller), each
         // out holds cols f32 (checked), and out1 is only used when grid.y == 2.
         unsafe { self.launch("norm_colsum_f32", cfg, &args) }
+    }
+
+    /// A norm forward on [`CudaBackend::row_grid`] with one cached row per group, after its
+    /// eps check: `kernel(ptrs..., u32 cols, u32 rows, float eps, u32 cached)`.
+    ///
+    /// # Safety
+    /// `kernel` has that signature and `ptrs` hold what it reads and writes for `rows` rows of
+    /// `cols` (the caller's SAFETY comment).
+    unsafe fn norm_fwd(
+        &self,
+        (op, kernel): (&'static str, &str),
+        ptrs: &[KernelArg],
+        (rows, cols): (usize, usize),
+        eps: f32,
+    ) -> Result<()> {
+        check_eps(op, eps)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let g = Self::row_grid(op, rows, cols, 1)?;
+        let tail = [
+            KernelArg::U32(g.cols),
+            KernelArg::U32(g.rows),
+            KernelArg::F32(eps),
+            KernelArg::U32(g.cached),
+        ];
+        let args = [ptrs, &tail[..]].concat();
+        // SAFETY: this function's contract.
+        unsafe { self.launch(kernel, g.cfg, &args) }
+    }
+
+    /// A norm backward on [`CudaBackend::norm_bwd_grid`] with `sums.len()` accumulator rows
+    /// per group: `kernel(ptrs..., float* partial, u32 cols, u32 rows, u32 cached)` writes each
+    /// block's partial sums of the parameter gradients `sums`, which [`CudaBackend::norm_colsum`]
+    /// then adds up into them (zeros for no rows).
+    ///
+    /// # Safety
+    /// `kernel` has that signature and `ptrs` hold what it reads and writes for `rows` rows of
+    /// `cols` (the caller's SAFETY comment); `partial` is allocated here with
+    /// `sums.len()`·gridDim.x·cols f32.
+    unsafe fn norm_bwd(
+        &self,
+        (op, kernel): (&'static str, &str),
+        ptrs: &[KernelArg],
+        sums: &mut [&mut CudaBuffer],
+        (rows, cols): (usize, usize),
+    ) -> Result<()> {
+        if rows == 0 {
+            // Sums over no rows.
+            for sum in sums {
+                self.memset32(sum, 0)?;
+            }
+            return Ok(());
+        }
+        let g = self.norm_bwd_grid(op, rows, cols, sums.len())?;
+        let nparts = g.cfg.grid_dim.0;
+        let partial = self.allocate(DType::F32, sums.len() * nparts as usize * cols)?;
+        let args = [ptrs, &[(&partial).into()], &g.args(true)[..]].concat();
+        // SAFETY: this function's contract.
+        unsafe { self.launch(kernel, g.cfg, &args)? };
+        self.norm_colsum(&partial, sums, nparts, g.cols)
     }
 
     /// The forward of softmax or log-softmax, `(op, kernel)` naming which: `kernel(const
@@ -297,28 +360,19 @@ impl RowOps for CudaBackend {
             &[("mean", &*mean), ("rstd", &*rstd)],
             cols,
         )?;
-        check_eps(OP, eps)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let g = Self::row_grid(OP, rows, cols, 1)?;
-        let args = [
+        let ptrs: [KernelArg; 6] = [
             x.into(),
             w.into(),
             b.into(),
             y.into(),
             mean.into(),
             rstd.into(),
-            KernelArg::U32(g.cols),
-            KernelArg::U32(g.rows),
-            KernelArg::F32(eps),
-            KernelArg::U32(g.cached),
         ];
         // SAFETY: layernorm_fwd_f32(const float* x, const float* w, const float* b, float* y,
         // float* mean, float* rstd, u32 cols, u32 rows, float eps, u32 cached): x and y hold
         // rows·cols f32, w and b cols, mean and rstd rows (checked); cols floats of shared
         // memory per group when cached.
-        unsafe { self.launch("layernorm_fwd_f32", g.cfg, &args) }
+        unsafe { self.norm_fwd((OP, "layernorm_fwd_f32"), &ptrs, (rows, cols), eps) }
     }
 
     fn layernorm_bwd(
@@ -336,34 +390,27 @@ impl RowOps for CudaBackend {
             rstd,
             dy,
         } = input;
-        if rows == 0 {
-            // Sums over no rows.
-            self.memset32(dw, 0)?;
-            return self.memset32(db, 0);
-        }
-        let g = self.norm_bwd_grid(OP, rows, cols, 2)?;
-        let nparts = g.cfg.grid_dim.0;
-        let partial = self.allocate(DType::F32, 2 * nparts as usize * cols)?;
-        let args = [
-            &[
-                x.into(),
-                w.into(),
-                mean.into(),
-                rstd.into(),
-                dy.into(),
-                dx.into(),
-                (&partial).into(),
-            ],
-            &g.args(true)[..],
-        ]
-        .concat();
+        let ptrs: [KernelArg; 6] = [
+            x.into(),
+            w.into(),
+            mean.into(),
+            rstd.into(),
+            dy.into(),
+            dx.into(),
+        ];
         // SAFETY: layernorm_bwd_f32(const float* x, const float* w, const float* mean, const
         // float* rstd, const float* dy, float* dx, float* partial, u32 cols, u32 rows, u32
         // cached): x, dy and dx hold rows·cols f32, w cols, mean and rstd rows (checked);
         // partial holds 2·gridDim.x·cols f32; 2·cols floats of shared memory per group when
         // cached, and uncached only with one group per block (norm_bwd_grid).
-        unsafe { self.launch("layernorm_bwd_f32", g.cfg, &args)? };
-        self.norm_colsum(&partial, &mut [dw, db], nparts, g.cols)
+        unsafe {
+            self.norm_bwd(
+                (OP, "layernorm_bwd_f32"),
+                &ptrs,
+                &mut [dw, db],
+                (rows, cols),
+            )
+        }
     }
 
     fn rmsnorm_fwd(
@@ -377,25 +424,11 @@ impl RowOps for CudaBackend {
     ) -> Result<()> {
         const OP: &str = "rmsnorm_fwd";
         let rows = check_norm(OP, x, y, &[("w", w)], &[("rstd", &*rstd)], cols)?;
-        check_eps(OP, eps)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let g = Self::row_grid(OP, rows, cols, 1)?;
-        let args = [
-            x.into(),
-            w.into(),
-            y.into(),
-            rstd.into(),
-            KernelArg::U32(g.cols),
-            KernelArg::U32(g.rows),
-            KernelArg::F32(eps),
-            KernelArg::U32(g.cached),
-        ];
+        let ptrs: [KernelArg; 4] = [x.into(), w.into(), y.into(), rstd.into()];
         // SAFETY: rmsnorm_fwd_f32(const float* x, const float* w, float* y, float* rstd, u32
         // cols, u32 rows, float eps, u32 cached): x and y hold rows·cols f32, w cols, rstd rows
         // (checked); cols floats of shared memory per group when cached.
-        unsafe { self.launch("rmsnorm_fwd_f32", g.cfg, &args) }
+        unsafe { self.norm_fwd((OP, "rmsnorm_fwd_f32"), &ptrs, (rows, cols), eps) }
     }
 
     fn rmsnorm_bwd(
@@ -409,31 +442,13 @@ impl RowOps for CudaBackend {
         let params = [("w", w as _), ("dw", &*dw as _)];
         let rows = check_norm(OP, x, dx, &params, &[("rstd", rstd)], cols)?;
         check_rows_bwd(OP, x, dy, dx, cols)?;
-        if rows == 0 {
-            return self.memset32(dw, 0);
-        }
-        let g = self.norm_bwd_grid(OP, rows, cols, 1)?;
-        let nparts = g.cfg.grid_dim.0;
-        let partial = self.allocate(DType::F32, nparts as usize * cols)?;
-        let args = [
-            &[
-                x.into(),
-                w.into(),
-                rstd.into(),
-                dy.into(),
-                dx.into(),
-                (&partial).into(),
-            ],
-            &g.args(true)[..],
-        ]
-        .concat();
+        let ptrs: [KernelArg; 5] = [x.into(), w.into(), rstd.into(), dy.into(), dx.into()];
         // SAFETY: rmsnorm_bwd_f32(const float* x, const float* w, const float* rstd, const
         // float* dy, float* dx, float* partial, u32 cols, u32 rows, u32 cached): x, dy and dx
         // hold rows·cols f32, w cols, rstd rows (checked); partial holds gridDim.x·cols f32;
         // cols floats of shared memory per group when cached, uncached only with one group per
         // block.
-        unsafe { self.launch("rmsnorm_bwd_f32", g.cfg, &args)? };
-        self.norm_colsum(&partial, &mut [dw], nparts, g.cols)
+        unsafe { self.norm_bwd((OP, "rmsnorm_bwd_f32"), &ptrs, &mut [dw], (rows, cols)) }
     }
 
     fn rope(
