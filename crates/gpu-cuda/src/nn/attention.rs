@@ -58,10 +58,10 @@ pub(crate) fn with_drop(
 }
 
 /// A kernel and its tile: `rows` rows of the sequence per block, `threads` threads per block.
-struct Tile {
-    kernel: &'static str,
-    rows: usize,
-    threads: u32,
+pub(super) struct Tile {
+    pub(super) kernel: &'static str,
+    pub(super) rows: usize,
+    pub(super) threads: u32,
 }
 
 /// The kernel for head dimension `d` (d <= 64 runs the 64-wide kernels, else the 128-wide).
@@ -119,7 +119,7 @@ impl Layout {
 /// The sizes, layout and scale of an attention launch: `n` sequences of `t` rows of `d`
 /// floats.
 #[derive(Clone, Copy)]
-struct Geom {
+pub(super) struct Geom {
     /// Sequences (batch·heads).
     n: usize,
     /// Rows per sequence.
@@ -305,21 +305,14 @@ impl CudaBackend {
         check_packed(OP, qkv, &[&*out], lse, None, p, scale)?;
         self.check_owned(OP, &[qkv, &*out, &*lse])?;
         let drop = self.attn_drop_args(OP, drop)?;
-        let (n, t, d, heads, layout) = (p.n(), p.t, p.d, p.heads, packed_layout(p));
-        if n == 0 || t == 0 {
+        if p.n() == 0 || p.t == 0 {
             return Ok(());
         }
-        let g = Geom {
-            n,
-            t,
-            d,
-            layout,
-            scale,
-        };
+        let g = packed_geom(p, scale);
         // SAFETY: q, k, v at column offsets 0, c, 2c of qkv (b·t rows of 3c = ld_in floats);
         // out holds b·t rows of c = ld_out floats and lse n·t (check_packed); all pointers are
         // 16-byte aligned (256-byte aligned base, c and d multiples of 4).
-        unsafe { self.attention_fwd(packed_ptrs(qkv, heads * d), (out, lse), g, drop) }
+        unsafe { self.attention_fwd(packed_ptrs(qkv, 4 * p.c()), (out, lse), g, drop) }
     }
 
     /// The backward of [`CudaBackend::causal_attention_packed_fwd`]: `dqkv` (the layout of
@@ -340,52 +333,63 @@ impl CudaBackend {
         check_packed(OP, qkv, &[out, dout], lse, Some(&*dqkv), p, scale)?;
         self.check_owned(OP, &[qkv, out, lse, dout, &*dqkv])?;
         let drop = self.attn_drop_args(OP, drop)?;
-        let (n, t, d, c, layout) = (p.n(), p.t, p.d, p.c(), packed_layout(p));
-        if n == 0 || t == 0 {
+        if p.n() == 0 || p.t == 0 {
             return Ok(());
         }
-        let grads = packed_ptrs(dqkv, c);
-        let g = Geom {
-            n,
-            t,
-            d,
-            layout,
-            scale,
-        };
+        let (grads, g) = (packed_ptrs(dqkv, 4 * p.c()), packed_geom(p, scale));
         // SAFETY: as the forward; dqkv has qkv's layout and is distinct (&mut), written only.
-        unsafe { self.attention_bwd(packed_ptrs(qkv, c), saved, grads, g, drop) }
+        unsafe { self.attention_bwd(packed_ptrs(qkv, 4 * p.c()), saved, grads, g, drop) }
     }
 
+    /// The f32 forward: [`CudaBackend::attention_fwd_launch`] of the kernel for `g.d`.
+    ///
     /// # Safety
-    /// `qkv` point at q, k, v in `g.layout` for `g.n` sequences of `g.t` rows of `g.d` floats,
-    /// `out` and `lse` hold them in `g.layout` and `[n, t]`; all are this backend's, 16-byte
-    /// aligned; `drop` comes from [`CudaBackend::attn_drop_args`].
+    /// As [`CudaBackend::attention_fwd_launch`], for f32 tensors.
     unsafe fn attention_fwd(
         &self,
+        qkv: [KernelArg; 3],
+        outs: (&mut CudaBuffer, &mut CudaBuffer),
+        g: Geom,
+        drop: Option<[KernelArg; 3]>,
+    ) -> Result<()> {
+        let tile = fwd_tile(g.d);
+        // SAFETY: this function's contract.
+        unsafe { self.attention_fwd_launch(("causal_attention_fwd", tile), qkv, outs, g, drop) }
+    }
+
+    /// The forward kernel `tile.kernel` (f32 or bf16 tensors `T`; `op` names the call in a
+    /// grid error).
+    ///
+    /// # Safety
+    /// `qkv` point at q, k, v in `g.layout` for `g.n` sequences of `g.t` rows of `g.d` T,
+    /// `out` and `lse` hold them in `g.layout` and `[n, t]` f32; all are this backend's,
+    /// 16-byte aligned; `drop` comes from [`CudaBackend::attn_drop_args`].
+    pub(super) unsafe fn attention_fwd_launch(
+        &self,
+        (op, tile): (&'static str, Tile),
         qkv: [KernelArg; 3],
         (out, lse): (&mut CudaBuffer, &mut CudaBuffer),
         g: Geom,
         drop: Option<[KernelArg; 3]>,
     ) -> Result<()> {
-        let Geom { n, t, d, .. } = g;
-        let tile = fwd_tile(d);
-        let cfg = config("causal_attention_fwd", n, t, (tile.rows, tile.threads))?;
+        let cfg = config(op, g.n, g.t, (tile.rows, tile.threads))?;
         let mut args = qkv.to_vec();
         args.extend([out.into(), lse.into()]);
         args.extend(dims(g));
         let kernel = with_drop(tile.kernel, &mut args, &drop);
-        // SAFETY: attn_fwd_d{64,128}_f32(const float* q, k, v, float* out, float* lse, u32 n,
-        // u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale) over n·ceil(t/rows)
-        // blocks of `threads` threads (the kernel's tile); the pointers cover the layout (this
-        // function's contract); static shared memory only (<= 48 KiB). The `_drop` twin takes
-        // (float p, u64 seed, const u64* offset) after them: p in (0, 1) and offset null or an
-        // 8-byte aligned u64 of this backend (attn_drop_args).
+        // SAFETY: attn_fwd_d{64,128}_f32 or attn_fwd_d64_bf16 (const T* q, k, v, T* out,
+        // float* lse, u32 n, u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale) over
+        // n·ceil(t/rows) blocks of `threads` threads (the kernel's tile); the pointers cover
+        // the layout (this function's contract); static shared memory only (<= 48 KiB). The
+        // `_drop` twin takes (float p, u64 seed, const u64* offset) after them: p in (0, 1)
+        // and offset null or an 8-byte aligned u64 of this backend (attn_drop_args).
         unsafe { self.launch(&kernel, cfg, &args) }
     }
 
+    /// The f32 backward: [`CudaBackend::attention_bwd_launch`] of the kernels for `g.d`.
+    ///
     /// # Safety
-    /// As [`CudaBackend::attention_fwd`], with `dout` in `out`'s layout and `grads` (dq, dk,
-    /// dv) in q's, not overlapping any input.
+    /// As [`CudaBackend::attention_bwd_launch`], for f32 tensors.
     unsafe fn attention_bwd(
         &self,
         qkv: [KernelArg; 3],
@@ -394,11 +398,31 @@ impl CudaBackend {
         g: Geom,
         drop: Option<[KernelArg; 3]>,
     ) -> Result<()> {
-        const OP: &str = "causal_attention_bwd";
-        let (Geom { n, t, d, .. }, PackedSaved { out, lse, dout }) = (g, saved);
-        let (dq_tile, dkdv_tile) = bwd_tiles(d);
-        let dq_cfg = config(OP, n, t, (dq_tile.rows, dq_tile.threads))?;
-        let dkdv_cfg = config(OP, n, t, (dkdv_tile.rows, dkdv_tile.threads))?;
+        let tiles = bwd_tiles(g.d);
+        // SAFETY: this function's contract.
+        unsafe {
+            self.attention_bwd_launch(("causal_attention_bwd", tiles), qkv, saved, grads, g, drop)
+        }
+    }
+
+    /// The backward kernels `tiles` (dq, then dk and dv; f32 or bf16 tensors `T`; `op` names
+    /// the call in a grid error), through an f32 `delta` of `g.n·g.t` from the pool.
+    ///
+    /// # Safety
+    /// As [`CudaBackend::attention_fwd_launch`], with `dout` in `out`'s layout and `grads`
+    /// (dq, dk, dv) in q's, not overlapping any input.
+    pub(super) unsafe fn attention_bwd_launch(
+        &self,
+        (op, (dq_tile, dkdv_tile)): (&'static str, (Tile, Tile)),
+        qkv: [KernelArg; 3],
+        saved: PackedSaved<'_, CudaBuffer>,
+        grads: [KernelArg; 3],
+        g: Geom,
+        drop: Option<[KernelArg; 3]>,
+    ) -> Result<()> {
+        let (Geom { n, t, .. }, PackedSaved { out, lse, dout }) = (g, saved);
+        let dq_cfg = config(op, n, t, (dq_tile.rows, dq_tile.threads))?;
+        let dkdv_cfg = config(op, n, t, (dkdv_tile.rows, dkdv_tile.threads))?;
         // Returned to the pool on drop; later work reusing it is queued behind both kernels.
         let mut delta = self.allocate(DType::F32, n * t)?;
         let [q, k, v] = qkv;
@@ -407,19 +431,21 @@ impl CudaBackend {
         args.extend([out.into(), lse.into(), dout.into(), dq, (&mut delta).into()]);
         args.extend(dims(g));
         let kernel = with_drop(dq_tile.kernel, &mut args, &drop);
-        // SAFETY: attn_bwd_dq_d{64,128}_f32(const float* q, k, v, out, lse, dout, float* dq,
-        // float* delta, u32 n, u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale)
-        // over n·ceil(t/rows) blocks of `threads` threads; the pointers cover the layout (this
-        // function's contract) and delta holds n·t (allocated above). The `_drop` twin's
-        // trailing (float p, u64 seed, const u64* offset) as in attention_fwd.
+        // SAFETY: attn_bwd_dq_d{64,128}_f32 or attn_bwd_dq_d64_bf16 (const T* q, k, v, out,
+        // const float* lse, const T* dout, T* dq, float* delta, u32 n, u32 t, u32 d, u32 heads,
+        // u32 ld_in, u32 ld_out, float scale) over n·ceil(t/rows) blocks of `threads` threads;
+        // the pointers cover the layout (this function's contract) and delta holds n·t
+        // (allocated above). The `_drop` twin's trailing (float p, u64 seed, const u64* offset)
+        // as in attention_fwd_launch.
         unsafe { self.launch(&kernel, dq_cfg, &args) }?;
         let mut args = vec![q, k, v, lse.into(), dout.into(), (&delta).into(), dk, dv];
         args.extend(dims(g));
         let kernel = with_drop(dkdv_tile.kernel, &mut args, &drop);
-        // SAFETY: attn_bwd_dkdv_d{64,128}_f32(const float* q, k, v, lse, dout, delta,
-        // float* dk, float* dv, u32 n, u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out,
-        // float scale); as above; delta was written by the dq kernel queued before this one on
-        // the same stream; the `_drop` twin as the dq kernel's.
+        // SAFETY: attn_bwd_dkdv_d{64,128}_f32 or attn_bwd_dkdv_d64_bf16 (const T* q, k, v,
+        // const float* lse, const T* dout, const float* delta, T* dk, T* dv, u32 n, u32 t,
+        // u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale); as above; delta was written by
+        // the dq kernel queued before this one on the same stream; the `_drop` twin as the dq
+        // kernel's.
         unsafe { self.launch(&kernel, dkdv_cfg, &args) }
     }
 }
@@ -433,10 +459,28 @@ fn packed_layout(p: Packed) -> Layout {
     }
 }
 
-/// Pointers to the three column blocks (q, k, v or dq, dk, dv) of a `[b, t, 3c]` buffer.
-fn packed_ptrs(buf: &CudaBuffer, c: usize) -> [KernelArg; 3] {
+/// The geometry of a packed call: `n = b·heads` sequences in [`packed_layout`].
+pub(super) fn packed_geom(p: Packed, scale: f32) -> Geom {
+    Geom {
+        n: p.n(),
+        t: p.t,
+        d: p.d,
+        layout: packed_layout(p),
+        scale,
+    }
+}
+
+/// Pointers to the three column blocks (q, k, v or dq, dk, dv) of a `[b, t, 3c]` buffer whose
+/// column blocks are `block_bytes` long (`c` elements).
+pub(super) fn packed_ptrs(buf: &CudaBuffer, block_bytes: usize) -> [KernelArg; 3] {
     let p = buf.device_ptr();
-    [0, 1, 2].map(|i| KernelArg::Ptr(if p == 0 { 0 } else { p + (4 * i * c) as u64 }))
+    [0, 1, 2].map(|i| {
+        KernelArg::Ptr(if p == 0 {
+            0
+        } else {
+            p + (i * block_bytes) as u64
+        })
+    })
 }
 
 #[cfg(test)]

@@ -5,13 +5,12 @@
 //! points, is `gpu_core::cpu::attention_bf16`. With attention dropout (`p > 0`) the `*_drop`
 //! twins of the kernels run.
 
-use super::attention::{config, with_drop, DeviceAttnDropout};
+use super::attention::{packed_geom, packed_ptrs, DeviceAttnDropout, Tile};
 use crate::backend::CudaBackend;
-use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
 use gpu_core::cpu::attention_bf16::packed_bf16_lens;
 use gpu_core::nn::attention::{Packed, PackedSaved};
-use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
+use gpu_core::{BufferInfo, DType, GpuError, Result};
 
 /// Rows of a tile (queries or keys) per block, and threads per block, of every kernel here.
 const ROWS: usize = 64;
@@ -32,24 +31,13 @@ fn check_bufs(op: &'static str, bufs: &[(&str, &CudaBuffer, DType, usize)]) -> R
     Ok(())
 }
 
-/// `n`, `t`, `d`, the packed layout (heads, ld_in = 3c, ld_out = c) and `scale` as kernel
-/// arguments (all below 2^31 by `packed_bf16_lens` and `config`).
-fn dims(p: Packed, scale: f32) -> [KernelArg; 7] {
-    [
-        KernelArg::U32(p.n() as u32),
-        KernelArg::U32(p.t as u32),
-        KernelArg::U32(p.d as u32),
-        KernelArg::U32(p.heads as u32),
-        KernelArg::U32((3 * p.c()) as u32),
-        KernelArg::U32(p.c() as u32),
-        KernelArg::F32(scale),
-    ]
-}
-
-/// Pointers to the three column blocks (q, k, v or dq, dk, dv) of a bf16 `[b, t, 3c]` buffer.
-fn packed_ptrs(buf: &CudaBuffer, c: usize) -> [KernelArg; 3] {
-    let p = buf.device_ptr();
-    [0, 1, 2].map(|i| KernelArg::Ptr(if p == 0 { 0 } else { p + (2 * i * c) as u64 }))
+/// `kernel` on a tile of [`ROWS`] rows and [`THREADS`] threads.
+fn tile(kernel: &'static str) -> Tile {
+    Tile {
+        kernel,
+        rows: ROWS,
+        threads: THREADS,
+    }
 }
 
 impl CudaBackend {
@@ -84,11 +72,8 @@ impl CudaBackend {
         if p.n() == 0 || p.t == 0 {
             return Ok(());
         }
-        let cfg = config(OP, p.n(), p.t, (ROWS, THREADS))?;
-        let mut args = packed_ptrs(qkv, p.c()).to_vec();
-        args.extend([out.into(), lse.into()]);
-        args.extend(dims(p, scale));
-        let kernel = with_drop("attn_fwd_d64_bf16", &mut args, &drop);
+        let (qkv, g) = (packed_ptrs(qkv, 2 * p.c()), packed_geom(p, scale));
+        let fwd = (OP, tile("attn_fwd_d64_bf16"));
         // SAFETY: attn_fwd_d64_bf16(const bf16* q, k, v, bf16* out, float* lse, u32 n, u32 t,
         // u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale) over n·ceil(t/64) blocks of 128
         // threads. q, k, v point at column offsets 0, c, 2c of qkv, which holds b·t rows of
@@ -98,7 +83,7 @@ impl CudaBackend {
         // (40 KiB). out and lse are distinct (&mut) and written only. The `_drop` twin takes
         // (float p, u64 seed, const u64* offset) after them: p in (0, 1), offset null or an
         // 8-byte aligned u64 of this backend (attn_drop_args).
-        unsafe { self.launch(&kernel, cfg, &args) }
+        unsafe { self.attention_fwd_launch(fwd, qkv, (out, lse), g, drop) }
     }
 
     /// The backward of [`CudaBackend::causal_attention_packed_bf16_fwd`]: `dqkv` (bf16, the
@@ -129,37 +114,25 @@ impl CudaBackend {
         )?;
         self.check_owned(OP, &[qkv, out, lse, dout, &*dqkv])?;
         let drop = self.attn_drop_args(OP, drop)?;
-        let (n, t, c) = (p.n(), p.t, p.c());
-        if n == 0 || t == 0 {
+        if p.n() == 0 || p.t == 0 {
             return Ok(());
         }
-        let cfg = config(OP, n, t, (ROWS, THREADS))?;
-        // Returned to the pool on drop; later work reusing it is queued behind both kernels.
-        let mut delta = self.allocate(DType::F32, n * t)?;
-        let [q, k, v] = packed_ptrs(qkv, c);
-        let [dq, dk, dv] = packed_ptrs(dqkv, c);
-        let mut args = vec![q.clone(), k.clone(), v.clone()];
-        args.extend([out.into(), lse.into(), dout.into(), dq, (&mut delta).into()]);
-        args.extend(dims(p, scale));
-        let kernel = with_drop("attn_bwd_dq_d64_bf16", &mut args, &drop);
+        let (qkv, grads) = (packed_ptrs(qkv, 2 * p.c()), packed_ptrs(dqkv, 2 * p.c()));
+        let tiles = (tile("attn_bwd_dq_d64_bf16"), tile("attn_bwd_dkdv_d64_bf16"));
+        let g = packed_geom(p, scale);
         // SAFETY: attn_bwd_dq_d64_bf16(const bf16* q, k, v, out, const float* lse,
         // const bf16* dout, bf16* dq, float* delta, u32 n, u32 t, u32 d, u32 heads, u32 ld_in,
         // u32 ld_out, float scale) over n·ceil(t/64) blocks of 128 threads. q, k, v and dq point
         // at the column blocks of qkv and dqkv (b·t rows of 3c = ld_in bf16 each), out and dout
         // hold b·t rows of c = ld_out bf16, lse n·t f32 (checked above), delta n·t f32
-        // (allocated above); 16-byte aligned rows as in the forward; 48 KiB of static shared
+        // (allocated by attention_bwd_launch); 16-byte aligned rows as in the forward; 48 KiB of static shared
         // memory. dqkv is distinct from every input (&mut) and written only. The `_drop` twin's
-        // trailing arguments as the forward's.
-        unsafe { self.launch(&kernel, cfg, &args) }?;
-        let mut args = vec![q, k, v, lse.into(), dout.into(), (&delta).into(), dk, dv];
-        args.extend(dims(p, scale));
-        let kernel = with_drop("attn_bwd_dkdv_d64_bf16", &mut args, &drop);
-        // SAFETY: attn_bwd_dkdv_d64_bf16(const bf16* q, k, v, const float* lse,
-        // const bf16* dout, const float* delta, bf16* dk, bf16* dv, u32 n, u32 t, u32 d,
-        // u32 heads, u32 ld_in, u32 ld_out, float scale); the same buffers and grid as above;
-        // delta was written by the dq kernel queued before this one on the same stream; dk and
+        // trailing arguments as the forward's. Then attn_bwd_dkdv_d64_bf16(const bf16* q, k,
+        // v, const float* lse, const bf16* dout, const float* delta, bf16* dk, bf16* dv, u32 n,
+        // u32 t, u32 d, u32 heads, u32 ld_in, u32 ld_out, float scale); the same buffers and
+        // grid; delta was written by the dq kernel queued before it on the same stream; dk and
         // dv are the other two column blocks of dqkv (disjoint from dq); the `_drop` twin as
         // above.
-        unsafe { self.launch(&kernel, cfg, &args) }
+        unsafe { self.attention_bwd_launch((OP, tiles), qkv, saved, grads, g, drop) }
     }
 }
