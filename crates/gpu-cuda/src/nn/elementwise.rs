@@ -158,6 +158,28 @@ impl CudaBackend {
         }
     }
 
+    /// A streaming kernel over `n` elements, nothing when `n = 0`: `kernel(ptrs..., u64 n,
+    /// scalars...)` on [`CudaBackend::unary_grid`] for `dtype` (at most `f32_cap` blocks per
+    /// multiprocessor for f32).
+    ///
+    /// # Safety
+    /// `kernel` has that signature and `ptrs` hold what it reads and writes for `n` elements
+    /// (the caller's SAFETY comment).
+    unsafe fn launch_streaming(
+        &self,
+        kernel: &str,
+        (ptrs, n, scalars): (&[KernelArg], usize, &[KernelArg]),
+        (dtype, f32_cap): (DType, usize),
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [ptrs, &[u64_arg(n)], scalars].concat();
+        let grid = self.unary_grid(n, dtype, f32_cap);
+        // SAFETY: this function's contract.
+        unsafe { self.launch(kernel, grid, &args) }
+    }
+
     /// [`CudaBackend::stride_grid`] with at most `per_sm` blocks per multiprocessor.
     pub(crate) fn stride_grid_capped(&self, threads: usize, per_sm: usize) -> LaunchConfig {
         let blocks = threads
@@ -260,15 +282,11 @@ impl Primitives for CudaBackend {
     fn activation_fwd(&self, op: Activation, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
         let dt = check_float_elementwise("activation_fwd", &[x], out)?;
         let n = out.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let args = [x.into(), out.into(), u64_arg(n)];
+        let ptrs: [KernelArg; 2] = [x.into(), out.into()];
         let kernel = op.kernel_for(Direction::Forward, dt);
-        let grid = self.unary_grid(n, dt, activation_cap(op));
         // SAFETY: act_fwd_{op}_{T}(const T* x, T* out, u64 n), T f32 or bf16; both hold n
         // elements, 256-byte aligned for the 4-wide accesses.
-        unsafe { self.launch(&kernel, grid, &args) }
+        unsafe { self.launch_streaming(&kernel, (&ptrs, n, &[]), (dt, activation_cap(op))) }
     }
 
     fn activation_bwd(
@@ -281,15 +299,11 @@ impl Primitives for CudaBackend {
     ) -> Result<()> {
         let dt = check_float_elementwise("activation_bwd", &[x, y, dy], dx)?;
         let n = dx.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let args = [x.into(), y.into(), dy.into(), dx.into(), u64_arg(n)];
+        let ptrs: [KernelArg; 4] = [x.into(), y.into(), dy.into(), dx.into()];
         let kernel = op.kernel_for(Direction::Backward, dt);
-        let grid = self.unary_grid(n, dt, activation_cap(op));
         // SAFETY: act_bwd_{op}_{T}(const T* x, const T* y, const T* dy, T* dx, u64 n), T f32
         // or bf16; all four hold n elements, 256-byte aligned.
-        unsafe { self.launch(&kernel, grid, &args) }
+        unsafe { self.launch_streaming(&kernel, (&ptrs, n, &[]), (dt, activation_cap(op))) }
     }
 
     fn reduce_axis(
@@ -456,15 +470,12 @@ impl Primitives for CudaBackend {
             (DType::BF16, DType::F32) => "cast_bf16_f32",
             _ => return self.copy_buffer(x, out),
         };
-        let n = out.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let args = [x.into(), out.into(), u64_arg(n)];
+        let (n, dt) = (out.len(), x.dtype());
+        let ptrs: [KernelArg; 2] = [x.into(), out.into()];
         // SAFETY: cast_f32_bf16(const float* x, bf16* out, u64 n) and cast_bf16_f32(const bf16*
         // x, float* out, u64 n); x and out hold n elements of the dtypes the match names,
         // 256-byte aligned.
-        unsafe { self.launch(kernel, self.unary_grid(n, x.dtype(), BLOCKS_PER_SM), &args) }
+        unsafe { self.launch_streaming(kernel, (&ptrs, n, &[]), (dt, BLOCKS_PER_SM)) }
     }
     fn argmax_rows(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
         self.argmax_rows_impl(x, out, cols)

@@ -6,21 +6,12 @@ use super::*;
 impl ElementwiseOps for CudaBackend {
     fn affine(&self, x: &CudaBuffer, mul: f32, add: f32, out: &mut CudaBuffer) -> Result<()> {
         let dt = check_float_elementwise("affine", &[x], out)?;
-        let n = out.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let args = [
-            x.into(),
-            out.into(),
-            u64_arg(n),
-            KernelArg::F32(mul),
-            KernelArg::F32(add),
-        ];
+        let (n, kernel) = (out.len(), format!("affine_{dt}"));
+        let ptrs: [KernelArg; 2] = [x.into(), out.into()];
+        let scalars = [KernelArg::F32(mul), KernelArg::F32(add)];
         // SAFETY: affine_{T}(const T* x, T* out, u64 n, float mul, float add), T f32 or bf16;
         // both hold n elements, 256-byte aligned.
-        let kernel = format!("affine_{dt}");
-        unsafe { self.launch(&kernel, self.unary_grid(n, dt, BLOCKS_PER_SM), &args) }
+        unsafe { self.launch_streaming(&kernel, (&ptrs, n, &scalars), (dt, BLOCKS_PER_SM)) }
     }
 
     fn max_axis_bwd(
@@ -71,24 +62,18 @@ impl CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         check_dropout(x, p, out)?;
-        let n = out.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let args = [
-            x.into(),
-            out.into(),
-            u64_arg(n),
+        let (n, dt) = (out.len(), out.dtype());
+        let ptrs: [KernelArg; 2] = [x.into(), out.into()];
+        let scalars = [
             KernelArg::F32(p),
             KernelArg::U64(seed),
             KernelArg::Ptr(offset_ptr),
         ];
-        let kernel = format!("dropout_{}", out.dtype());
-        let grid = self.unary_grid(n, out.dtype(), BLOCKS_PER_SM);
+        let kernel = format!("dropout_{dt}");
         // SAFETY: dropout_{T}(const T* x, T* out, u64 n, float p, u64 seed, const u64* offset),
         // T f32 or bf16 (check_dropout: one dtype); both hold n elements, 256-byte aligned;
         // offset_ptr is 0 (null) or an 8-byte aligned u64 inside a buffer of this backend
         // (`dropout_offset`).
-        unsafe { self.launch(&kernel, grid, &args) }
+        unsafe { self.launch_streaming(&kernel, (&ptrs, n, &scalars), (dt, BLOCKS_PER_SM)) }
     }
 }
