@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use gpu_cuda::testing::rel_err;
+use tensor_ops::nn::GruCell;
 use tensor_ops::{Device, Result, Tensor};
 
 /// One gradient per leaf (`None` where no gradient flows).
@@ -65,6 +66,35 @@ pub fn compare_forward(
     let e = rel_err(&og, &oc);
     assert!(e < tol, "{name}: forward rel err {e:e}");
     (gg, gc)
+}
+
+/// The GRU tests' six leaves for `batch` rows of `inp` inputs and `hid` units: the input
+/// `[batch, inp]`, the state `[batch, hid]`, `w_ih`, `w_hh`, `b_ih`, `b_hh`, in that order, each
+/// drawn by `u(shape, scale)` with the scale of its kind (`x`, `h`, weights `w`, biases `b`).
+pub fn gru_leaves(
+    mut u: impl FnMut(&[usize], f32) -> (Vec<f32>, Vec<usize>),
+    (batch, inp, hid): (usize, usize, usize),
+    (x, h, w, b): (f32, f32, f32, f32),
+) -> Vec<(Vec<f32>, Vec<usize>)> {
+    vec![
+        u(&[batch, inp], x),
+        u(&[batch, hid], h),
+        u(&[3 * hid, inp], w),
+        u(&[3 * hid, hid], w),
+        u(&[3 * hid], b),
+        u(&[3 * hid], b),
+    ]
+}
+
+/// The GRU cell of the GRU tests' leaves `t[2..6]` (`w_ih`, `w_hh`, `b_ih`, `b_hh`; `t[0]` is
+/// the input, `t[1]` the state).
+pub fn gru_cell(t: &[Tensor]) -> Result<GruCell> {
+    GruCell::from_tensors(
+        t[2].clone(),
+        t[3].clone(),
+        Some(t[4].clone()),
+        Some(t[5].clone()),
+    )
 }
 
 /// The unary ops the device tests compare (`log` wants positive inputs).
