@@ -124,12 +124,7 @@ fn gpu_store_init_snapshots_and_checkpoints() {
     let start = bits(&sg);
     let mut opt = sg.adamw(AdamWParams::default()).unwrap();
     let step = |opt: &mut tensor_ops::optim::AdamW| {
-        let loss = sg
-            .params()
-            .iter()
-            .map(|p| p.tensor().mul(p.tensor()).unwrap().sum_all().unwrap())
-            .reduce(|a, b| a.add(&b).unwrap())
-            .unwrap();
+        let loss = devcmp::sum_of_squares(&sg);
         opt.step(&loss.backward().unwrap(), 0.01).unwrap();
     };
     let before = transfer_stats();

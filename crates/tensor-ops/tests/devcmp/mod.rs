@@ -1,9 +1,10 @@
 //! Shared by the GPU test files: run a function on CPU and CUDA leaves built from the same data
-//! and compare outputs; the gradients compared are those of ⟨f(x), R⟩ for a fixed R.
+//! and compare outputs; the gradients compared are those of ⟨f(x), R⟩ for a fixed R. Also what
+//! the module tests on the CPU and on CUDA share: the GRU's leaves and cell, a store's Σ‖p‖².
 #![allow(dead_code)]
 
 use gpu_cuda::testing::rel_err;
-use tensor_ops::nn::GruCell;
+use tensor_ops::nn::{GruCell, ParamStore};
 use tensor_ops::{Device, Result, Tensor};
 
 /// One gradient per leaf (`None` where no gradient flows).
@@ -95,6 +96,17 @@ pub fn gru_cell(t: &[Tensor]) -> Result<GruCell> {
         Some(t[4].clone()),
         Some(t[5].clone()),
     )
+}
+
+/// The loss Σ‖p‖² over `store`'s parameters (a sum of per-parameter sums, in the store's
+/// order): what the snapshot tests step an optimiser with.
+pub fn sum_of_squares(store: &ParamStore) -> Tensor {
+    store
+        .params()
+        .iter()
+        .map(|p| p.tensor().mul(p.tensor()).unwrap().sum_all().unwrap())
+        .reduce(|a, b| a.add(&b).unwrap())
+        .unwrap()
 }
 
 /// The unary ops the device tests compare (`log` wants positive inputs).
