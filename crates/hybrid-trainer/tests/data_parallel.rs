@@ -259,6 +259,22 @@ fn lines(child: &mut Child) -> mpsc::Receiver<String> {
     rx
 }
 
+/// The GPU lock and a free port for a test of two ranks, or `None` where there are fewer than
+/// two GPUs (the skip printed).
+fn two_ranks(test: &str) -> Option<(std::sync::MutexGuard<'static, ()>, String)> {
+    gpus_or_skip(test, 2)?;
+    Some((gpus(), free_port().to_string()))
+}
+
+/// Ranks 0 and 1 running `args` on `port`, each with the receiver of its output lines (both
+/// spawned before either's output is read).
+fn spawn_pair(port: &str, args: &[String]) -> [(Child, mpsc::Receiver<String>); 2] {
+    let mut r0 = spawn_rank(0, port, args);
+    let mut r1 = spawn_rank(1, port, args);
+    let (rx0, rx1) = (lines(&mut r0), lines(&mut r1));
+    [(r0, rx0), (r1, rx1)]
+}
+
 /// Waits for a line containing `what` (collecting everything seen) until `limit`.
 fn wait_for(
     rx: &mpsc::Receiver<String>,
@@ -303,19 +319,14 @@ fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitS
 /// its watchdog fires after `--dist-timeout-secs 10` (bound: 10 s + 10 s for NCCL's abort +
 /// 10 s of slack).
 fn a_lost_rank_stops_the_other(test: &str, freeze: bool) {
-    if gpus_or_skip(test, 2).is_none() {
+    let Some((_gpus, port)) = two_ranks(test) else {
         return;
-    }
-    let _gpus = gpus();
-    let port = free_port().to_string();
+    };
     let ck = std::env::temp_dir().join(format!("dp-ckpt-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&ck);
     let ck_s = ck.display().to_string();
     let args = endless_args(10, &ck_s, 10);
-    let mut r0 = spawn_rank(0, &port, &args);
-    let mut r1 = spawn_rank(1, &port, &args);
-    let rx0 = lines(&mut r0);
-    let _rx1 = lines(&mut r1);
+    let [(mut r0, rx0), (mut r1, _rx1)] = spawn_pair(&port, &args);
     let mut seen = Vec::new();
     let started = wait_for(&rx0, "iter 20:", Duration::from_secs(120), &mut seen);
     if !started {
@@ -406,20 +417,15 @@ fn multigpu_a_hung_rank_stops_the_other() {
 #[test]
 fn multigpu_a_rank_failing_with_an_error_stops_the_other() {
     const TEST: &str = "multigpu_a_rank_failing_with_an_error_stops_the_other";
-    if gpus_or_skip(TEST, 2).is_none() {
+    let Some((_gpus, port)) = two_ranks(TEST) else {
         return;
-    }
-    let _gpus = gpus();
-    let port = free_port().to_string();
+    };
     let ck = std::env::temp_dir().join(format!("dp-ckpt-file-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&ck);
     std::fs::write(&ck, "a file, not a directory").expect("writing the blocking file");
     let ck_s = ck.display().to_string();
     let args = endless_args(120, &ck_s, 30);
-    let mut r0 = spawn_rank(0, &port, &args);
-    let mut r1 = spawn_rank(1, &port, &args);
-    let rx0 = lines(&mut r0);
-    let rx1 = lines(&mut r1);
+    let [(mut r0, rx0), (mut r1, rx1)] = spawn_pair(&port, &args);
     let s0 = exit_within(&mut r0, Duration::from_secs(120));
     let t0 = Instant::now();
     let s1 = exit_within(&mut r1, Duration::from_secs(15));

@@ -2,6 +2,8 @@
 //! corrupt weights (non-finite logits) and generated ids the tokenizer lacks, on copies of the
 //! committed tiny checkpoints of `crates/models/tests/fixtures/hf`.
 
+#[path = "../../models/tests/hf_fixture/checkpoint.rs"]
+mod checkpoint;
 mod common;
 
 use std::ops::Range;
@@ -13,33 +15,8 @@ use safetensors::SafeTensors;
 /// A copy of fixture `name` (config, tokenizer, expectations) whose f32 tensor `tensor` holds
 /// `value` at the elements `at`.
 fn poisoned(name: &str, tensor: &str, at: Range<usize>, value: f32) -> tempfile::TempDir {
-    let src = fixture(name);
-    let tmp = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json", "expected.safetensors"] {
-        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
-    }
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let data: Vec<(String, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| {
-            let mut b = v.data().to_vec();
-            if n == tensor {
-                for c in b[at.start * 4..at.end * 4].chunks_exact_mut(4) {
-                    c.copy_from_slice(&value.to_le_bytes());
-                }
-            }
-            (n, v.shape().to_vec(), b)
-        })
-        .collect();
-    let views = data.iter().map(|(n, shape, b)| {
-        let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b);
-        (n.clone(), v.unwrap())
-    });
-    let out = safetensors::serialize(views, &None).unwrap();
-    std::fs::write(tmp.path().join("model.safetensors"), out).unwrap();
-    tmp
+    let files = ["config.json", "tokenizer.json", "expected.safetensors"];
+    checkpoint::poisoned(&fixture(name), &files, tensor, at, value)
 }
 
 /// Corrupt weights (a NaN in `q_proj`, one NaN in `lm_head`) make non-finite logits:

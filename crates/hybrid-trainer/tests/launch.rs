@@ -2,24 +2,15 @@
 //! launcher, the torch.distributed environment, the TCP rendezvous and the liveness channel
 //! across real processes, without a GPU.
 
+#[path = "../../tensor-ops/tests/ports/mod.rs"]
+mod ports;
+
 use assert_cmd::Command;
-use std::net::TcpListener;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-/// A free port below Linux's ephemeral range, offset per process so that concurrent test
-/// binaries rarely try the same ones.
+/// A free port for the launcher's tests: 10000 to 18999, 16 apart per process.
 fn free_port() -> u16 {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let offset = (std::process::id() % 500) as u16 * 16;
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::SeqCst);
-        let port = 10000 + (offset + n) % 9000;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            println!("port {port}");
-            return port;
-        }
-    }
+    ports::free_port_in(10000, 9000, 16)
 }
 
 /// The variables a surrounding launcher or test run might have set, which no test inherits.

@@ -1,8 +1,9 @@
 //! The TCP rendezvous and liveness channel of `tensor_ops::dist`, with "ranks" as threads on
 //! 127.0.0.1 (no GPU).
 
+mod ports;
+
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -10,19 +11,9 @@ use tensor_ops::dist::{DistEnv, DistError, Liveness, Rendezvous, ID_BYTES};
 
 const T: Duration = Duration::from_secs(5);
 
-/// A port that is free now, below Linux's ephemeral range (so outgoing connections never take
-/// it), with an offset per process so that concurrent test binaries rarely try the same ones.
+/// A free port for this file's tests: 20000 to 31999, 24 apart per process.
 fn free_port() -> u16 {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let offset = (std::process::id() % 500) as u16 * 24;
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::SeqCst);
-        let port = 20000 + (offset + n) % 12000;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            println!("port {port}");
-            return port;
-        }
-    }
+    ports::free_port_in(20000, 12000, 24)
 }
 
 fn env(rank: usize, world: usize, port: u16) -> DistEnv {

@@ -5,7 +5,7 @@
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tensor_ops::nn::{
-    Dropout, Embedding, GruCell, LayerNorm, Linear, Mode, Module, ModuleT, ParamStore, RmsNorm,
+    Dropout, Embedding, LayerNorm, Linear, Mode, Module, ModuleT, ParamStore, RmsNorm,
 };
 use tensor_ops::optim::AdamWParams;
 use tensor_ops::{transfer_stats, Device, Result, Tensor};
@@ -49,21 +49,9 @@ fn gpu_modules_match_the_cpu() {
         )
     };
     let (inp, hid, batch) = (24, 32, 16);
-    let gru: Inputs = vec![
-        u(&[batch, inp], 1.5),
-        u(&[batch, hid], 1.0),
-        u(&[3 * hid, inp], 0.2),
-        u(&[3 * hid, hid], 0.2),
-        u(&[3 * hid], 0.2),
-        u(&[3 * hid], 0.2),
-    ];
+    let gru: Inputs = devcmp::gru_leaves(&mut u, (batch, inp, hid), (1.5, 1.0, 0.2, 0.2));
     compare("gru_cell x3", dev, &gru, 1e-5, &|t| {
-        let cell = GruCell::from_tensors(
-            t[2].clone(),
-            t[3].clone(),
-            Some(t[4].clone()),
-            Some(t[5].clone()),
-        )?;
+        let cell = devcmp::gru_cell(t)?;
         let h1 = cell.forward(&t[0], &t[1])?;
         let h2 = cell.forward(&t[0].tanh()?, &h1)?;
         let h3 = cell.forward(&t[0].mul_scalar(-0.5)?, &h2)?;
@@ -136,12 +124,7 @@ fn gpu_store_init_snapshots_and_checkpoints() {
     let start = bits(&sg);
     let mut opt = sg.adamw(AdamWParams::default()).unwrap();
     let step = |opt: &mut tensor_ops::optim::AdamW| {
-        let loss = sg
-            .params()
-            .iter()
-            .map(|p| p.tensor().mul(p.tensor()).unwrap().sum_all().unwrap())
-            .reduce(|a, b| a.add(&b).unwrap())
-            .unwrap();
+        let loss = devcmp::sum_of_squares(&sg);
         opt.step(&loss.backward().unwrap(), 0.01).unwrap();
     };
     let before = transfer_stats();

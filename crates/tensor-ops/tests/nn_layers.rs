@@ -349,28 +349,16 @@ fn gru_cell_rejects_bad_shapes_with_typed_errors() {
 fn gru_cell_gradients_match_finite_differences() {
     let mut r = rng("gru_cell_gradients_match_finite_differences");
     let (inp, hid, batch) = (3, 4, 2);
-    let mut u = |shape: &[usize], s: f32| {
+    let u = |shape: &[usize], s: f32| {
         (
             uniform(&mut r, shape.iter().product(), -s, s),
             shape.to_vec(),
         )
     };
-    let inputs = vec![
-        u(&[batch, inp], 1.5),
-        u(&[batch, hid], 1.0),
-        u(&[3 * hid, inp], 0.8),
-        u(&[3 * hid, hid], 0.8),
-        u(&[3 * hid], 0.5),
-        u(&[3 * hid], 0.5),
-    ];
+    let inputs = devcmp::gru_leaves(u, (batch, inp, hid), (1.5, 1.0, 0.8, 0.5));
     // Two steps, so the gradient flows through h into the second step and accumulates.
     gradcheck("gru_cell", &inputs, 1e-2, 1e-3, |t| {
-        let cell = GruCell::from_tensors(
-            t[2].clone(),
-            t[3].clone(),
-            Some(t[4].clone()),
-            Some(t[5].clone()),
-        )?;
+        let cell = devcmp::gru_cell(t)?;
         let h1 = cell.forward(&t[0], &t[1])?;
         let h2 = cell.forward(&t[0].mul_scalar(0.5)?, &h1)?;
         Tensor::cat(&[&h1, &h2], 1)

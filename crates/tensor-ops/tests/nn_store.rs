@@ -2,6 +2,8 @@
 //! to AdamW, snapshots restored in place under a live optimiser, and safetensors files checked
 //! name by name. (`gpu_modules.rs` runs the device-side parts on CUDA.)
 
+mod devcmp;
+
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
 use tensor_ops::nn::{read_metadata, Init, Module, ParamStore};
@@ -167,12 +169,7 @@ fn snapshot_restores_in_place_under_a_live_optimizer() {
     model(&store);
     let mut opt = store.adamw(AdamWParams::default()).unwrap();
     let step = |opt: &mut AdamW| {
-        let loss = store
-            .params()
-            .iter()
-            .map(|p| p.tensor().mul(p.tensor()).unwrap().sum_all().unwrap())
-            .reduce(|a, b| a.add(&b).unwrap())
-            .unwrap();
+        let loss = devcmp::sum_of_squares(&store);
         opt.step(&loss.backward().unwrap(), 0.05).unwrap();
     };
     let start = all_bits(&store);

@@ -3,12 +3,16 @@
 //! shared by the parity, batch, quantization and engine tests.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use models::{CausalLm, Engine, EngineOptions, ModelError, QuantKind, Sampler, Sampling};
-use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use tensor_ops::{DType, Device};
+
+mod checkpoint;
+
+#[allow(unused_imports)] // each test file uses some of the fixtures
+pub use checkpoint::{rewrite_checkpoint, write_f32_checkpoint};
 
 /// Every fixture: the Llama family (with sliding windows: `mistral-sw`, `qwen2-sw`) and GPT-2.
 /// The engine's weight storages beyond dense f32: bf16, and int8/int4/f16 under f32 or bf16.
@@ -54,19 +58,6 @@ pub fn dir(name: &str) -> PathBuf {
     root().join(name)
 }
 
-/// Writes `tensors` (name, shape, little-endian f32 bytes) as `dir/model.safetensors`: a
-/// fixture's weights rewritten by a test.
-pub fn write_f32_checkpoint(dir: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) {
-    let views = tensors.iter().map(|(n, shape, b)| {
-        (
-            n.clone(),
-            TensorView::new(Dtype::F32, shape.clone(), b).unwrap(),
-        )
-    });
-    let out = safetensors::serialize(views, &None).unwrap();
-    std::fs::write(dir.join("model.safetensors"), out).unwrap();
-}
-
 /// A copy of fixture `name` (config, tokenizer and f32 weights) whose tensor `tensor` holds
 /// `value` at the elements `at`: a checkpoint with corrupt weights.
 pub fn poisoned_copy(
@@ -75,44 +66,8 @@ pub fn poisoned_copy(
     at: std::ops::Range<usize>,
     value: f32,
 ) -> tempfile::TempDir {
-    let src = dir(name);
-    let tmp = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json"] {
-        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
-    }
-    let names = rewrite_checkpoint(&src, tmp.path(), |n, v| {
-        assert_eq!(v.dtype(), Dtype::F32, "{n}");
-        let mut b = v.data().to_vec();
-        if n == tensor {
-            for c in b[at.start * 4..at.end * 4].chunks_exact_mut(4) {
-                c.copy_from_slice(&value.to_le_bytes());
-            }
-        }
-        b
-    });
-    assert!(names.iter().any(|n| n == tensor), "{name} has no {tensor}");
-    tmp
-}
-
-/// Writes `src/model.safetensors` again as `dir/model.safetensors` in f32, each tensor's bytes
-/// those `f` makes of it (given its name and view); returns the tensors' names.
-pub fn rewrite_checkpoint(
-    src: &Path,
-    dir: &Path,
-    f: impl Fn(&str, &TensorView<'_>) -> Vec<u8>,
-) -> Vec<String> {
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let data: Vec<(String, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| {
-            let b = f(&n, &v);
-            (n, v.shape().to_vec(), b)
-        })
-        .collect();
-    write_f32_checkpoint(dir, &data);
-    data.into_iter().map(|(n, ..)| n).collect()
+    let files = ["config.json", "tokenizer.json"];
+    checkpoint::poisoned(&dir(name), &files, tensor, at, value)
 }
 
 /// Asserts that `perplexity` (a reference model's or an engine's) refuses the first token of

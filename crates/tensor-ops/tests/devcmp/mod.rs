@@ -1,8 +1,10 @@
 //! Shared by the GPU test files: run a function on CPU and CUDA leaves built from the same data
-//! and compare outputs; the gradients compared are those of ⟨f(x), R⟩ for a fixed R.
+//! and compare outputs; the gradients compared are those of ⟨f(x), R⟩ for a fixed R. Also what
+//! the module tests on the CPU and on CUDA share: the GRU's leaves and cell, a store's Σ‖p‖².
 #![allow(dead_code)]
 
 use gpu_cuda::testing::rel_err;
+use tensor_ops::nn::{GruCell, ParamStore};
 use tensor_ops::{Device, Result, Tensor};
 
 /// One gradient per leaf (`None` where no gradient flows).
@@ -65,6 +67,46 @@ pub fn compare_forward(
     let e = rel_err(&og, &oc);
     assert!(e < tol, "{name}: forward rel err {e:e}");
     (gg, gc)
+}
+
+/// The GRU tests' six leaves for `batch` rows of `inp` inputs and `hid` units: the input
+/// `[batch, inp]`, the state `[batch, hid]`, `w_ih`, `w_hh`, `b_ih`, `b_hh`, in that order, each
+/// drawn by `u(shape, scale)` with the scale of its kind (`x`, `h`, weights `w`, biases `b`).
+pub fn gru_leaves(
+    mut u: impl FnMut(&[usize], f32) -> (Vec<f32>, Vec<usize>),
+    (batch, inp, hid): (usize, usize, usize),
+    (x, h, w, b): (f32, f32, f32, f32),
+) -> Vec<(Vec<f32>, Vec<usize>)> {
+    vec![
+        u(&[batch, inp], x),
+        u(&[batch, hid], h),
+        u(&[3 * hid, inp], w),
+        u(&[3 * hid, hid], w),
+        u(&[3 * hid], b),
+        u(&[3 * hid], b),
+    ]
+}
+
+/// The GRU cell of the GRU tests' leaves `t[2..6]` (`w_ih`, `w_hh`, `b_ih`, `b_hh`; `t[0]` is
+/// the input, `t[1]` the state).
+pub fn gru_cell(t: &[Tensor]) -> Result<GruCell> {
+    GruCell::from_tensors(
+        t[2].clone(),
+        t[3].clone(),
+        Some(t[4].clone()),
+        Some(t[5].clone()),
+    )
+}
+
+/// The loss Σ‖p‖² over `store`'s parameters (a sum of per-parameter sums, in the store's
+/// order): what the snapshot tests step an optimiser with.
+pub fn sum_of_squares(store: &ParamStore) -> Tensor {
+    store
+        .params()
+        .iter()
+        .map(|p| p.tensor().mul(p.tensor()).unwrap().sum_all().unwrap())
+        .reduce(|a, b| a.add(&b).unwrap())
+        .unwrap()
 }
 
 /// The unary ops the device tests compare (`log` wants positive inputs).
