@@ -335,12 +335,9 @@ impl RowOps for CpuBackend {
         (dx, dw): (&mut CpuStorage, &mut CpuStorage),
         cols: usize,
     ) -> Result<()> {
-        let RmsNormBwdIn { x, w, rstd, dy } = input;
         let _p = super::profile::scope("rmsnorm_bwd");
-        const OP: &str = "rmsnorm_bwd";
-        let params = [("w", w as _), ("dw", &*dw as _)];
-        check_norm(OP, x, dx, &params, &[("rstd", rstd)], cols)?;
-        check_rows_bwd(OP, x, dy, dx, cols)?;
+        input.check((dx, dw), cols)?;
+        let RmsNormBwdIn { x, w, rstd, dy } = input;
         let (x, w, dy, rstd) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?, rstd.as_f32()?);
         for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
             let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);

@@ -404,11 +404,9 @@ impl RowOps for CudaBackend {
         (dx, dw): (&mut CudaBuffer, &mut CudaBuffer),
         cols: usize,
     ) -> Result<()> {
-        let RmsNormBwdIn { x, w, rstd, dy } = input;
         const OP: &str = "rmsnorm_bwd";
-        let params = [("w", w as _), ("dw", &*dw as _)];
-        let rows = check_norm(OP, x, dx, &params, &[("rstd", rstd)], cols)?;
-        check_rows_bwd(OP, x, dy, dx, cols)?;
+        let rows = input.check((dx, dw), cols)?;
+        let RmsNormBwdIn { x, w, rstd, dy } = input;
         if rows == 0 {
             return self.memset32(dw, 0);
         }
