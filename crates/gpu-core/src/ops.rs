@@ -88,14 +88,7 @@ pub fn require_f32_entry<T: BufferInfo + ?Sized>(
     want: usize,
 ) -> Result<()> {
     require_f32(op, b.dtype())?;
-    if b.len() != want {
-        return Err(GpuError::shape(
-            op,
-            format!("{name}[{i}] of {want} elements"),
-            b.len(),
-        ));
-    }
-    Ok(())
+    check_count(op, &format!("{name}[{i}]"), b.len(), want)
 }
 
 /// A shape error (`op`'s, "`what` of `want` elements") unless `got == want`: the length check

@@ -19,7 +19,7 @@ use gpu_core::nn::rows::{
     check_cross_entropy, check_eps, check_norm, check_rows_bwd, LayerNormBwdIn,
 };
 use gpu_core::nn::{Primitives, ReduceKind, RowOps};
-use gpu_core::ops::{check_elementwise, check_rows};
+use gpu_core::ops::check_rows;
 use gpu_core::{DType, Result};
 
 /// The workgroup size of a row kernel that holds its row in registers (16 values a thread),
@@ -164,6 +164,7 @@ impl RowOps for WgpuBackend {
         cols: usize,
     ) -> Result<()> {
         const OP: &str = "layernorm_bwd";
+        let rows = input.check((dx, dw, db), cols)?;
         let LayerNormBwdIn {
             x,
             w,
@@ -171,15 +172,6 @@ impl RowOps for WgpuBackend {
             rstd,
             dy,
         } = input;
-        let rows = check_norm(
-            OP,
-            x,
-            dx,
-            &[("w", w), ("dw", dw), ("db", db)],
-            &[("mean", mean), ("rstd", rstd)],
-            cols,
-        )?;
-        check_elementwise(OP, &[dy], dx)?;
         self.check_out(OP, &[x, w, mean, rstd, dy, dx, dw, db])?;
         if x.dtype() != DType::F32 {
             let n = defaults::rows::NormIn { x, w, rows, cols };

@@ -162,11 +162,13 @@ impl AttentionOps for CpuBackend {
     }
 }
 
-fn widen(x: &[f32]) -> Vec<f64> {
+/// `x` widened to f64.
+pub(super) fn widen(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64).collect()
 }
 
-fn narrow(x: &[f64], out: &mut [f32]) {
+/// `x` rounded to f32 into `out`.
+pub(super) fn narrow(x: &[f64], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = v as f32;
     }

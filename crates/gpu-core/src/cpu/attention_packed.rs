@@ -5,7 +5,7 @@
 //! the results are those of the permuted tensors, bit for bit, without the permute passes.
 //! Batches run in parallel (each owns its rows of every output).
 
-use super::attention::{bwd_seq_f64, fwd_seq_f64, SeqDrop, SeqF64};
+use super::attention::{bwd_seq_f64, fwd_seq_f64, narrow, widen, SeqDrop, SeqF64};
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
 use crate::nn::attention::{check_packed, AttnDropout, Packed, PackedSaved};
@@ -28,10 +28,6 @@ fn scatter(src: &[f32], p: Packed, w: usize, blk: usize, h: usize, x: &mut [f32]
         let at = i * w * c + blk * c + h * d;
         x[at..at + d].copy_from_slice(row);
     }
-}
-
-fn widen(x: &[f32]) -> Vec<f64> {
-    x.iter().map(|&v| v as f64).collect()
 }
 
 impl CpuBackend {
@@ -102,8 +98,8 @@ impl CpuBackend {
                         None => {
                             let dims = (t, d, scale as f64);
                             let (o64, l64) = fwd_seq_f64(&widen(q), &widen(k), &widen(v), dims, sd);
-                            o.iter_mut().zip(&o64).for_each(|(a, &b)| *a = b as f32);
-                            l.iter_mut().zip(&l64).for_each(|(a, &b)| *a = b as f32);
+                            narrow(&o64, o);
+                            narrow(&l64, l);
                         }
                     }
                     scatter(o, p, 1, 0, h, out);
@@ -191,7 +187,7 @@ impl CpuBackend {
                                 for (dst, src) in
                                     [(&mut *dq, &gr.0), (&mut *dk, &gr.1), (&mut *dv, &gr.2)]
                                 {
-                                    dst.iter_mut().zip(src).for_each(|(a, &b)| *a = b as f32);
+                                    narrow(src, dst);
                                 }
                             }
                         }

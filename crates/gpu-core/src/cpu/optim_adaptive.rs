@@ -7,9 +7,8 @@
 use super::CpuStorage;
 use crate::error::Result;
 use crate::nn::optim_adaptive::{
-    check_lerp_weight, check_lists, check_prodigy_scalars, check_schedule_free, lerp_f64,
-    ProdigyBuffers, ProdigyConfig, ProdigyScalars, ScheduleFreeBuffers, ScheduleFreeConfig,
-    StepScalars, PRODIGY_SCHEDULE_LEN, SF_SCHEDULE_LEN,
+    check_lerp_params, lerp_f64, shared, ProdigyBuffers, ProdigyConfig, ProdigyScalars,
+    ScheduleFreeBuffers, ScheduleFreeConfig, StepScalars,
 };
 
 /// The values of a step's scalars (a device schedule is a host buffer here).
@@ -28,18 +27,13 @@ fn coef_of(grad_scale: Option<&CpuStorage>) -> Result<f64> {
     })
 }
 
-/// Reborrows a list of mutable buffers as shared ones (for the checks).
-fn shared<'a>(xs: &'a [&mut CpuStorage]) -> Vec<&'a CpuStorage> {
-    xs.iter().map(|x| &**x).collect()
-}
-
 /// [`crate::nn::OptimOps::schedule_free_step`] on the CPU.
 pub(super) fn schedule_free_step(
     bufs: ScheduleFreeBuffers<'_, '_, CpuStorage>,
     cfg: ScheduleFreeConfig,
     scalars: StepScalars<'_, CpuStorage>,
 ) -> Result<()> {
-    const OP: &str = "schedule_free_step";
+    bufs.check(cfg, &scalars)?;
     let ScheduleFreeBuffers {
         params,
         grads,
@@ -48,14 +42,6 @@ pub(super) fn schedule_free_step(
         weight_decay,
         grad_scale,
     } = bufs;
-    let lists = [
-        ("grads", grads),
-        ("z", &shared(z)[..]),
-        ("v", &shared(v)[..]),
-    ];
-    check_lists(OP, &shared(params), &lists, weight_decay, grad_scale)?;
-    check_schedule_free(OP, cfg)?;
-    scalars.check(OP, SF_SCHEDULE_LEN)?;
     let coef = coef_of(grad_scale)?;
     let sc: Vec<f64> = scalar_values(&scalars)?.iter().map(|&x| x as f64).collect();
     let (lr, ckp1, y_lr, bc2) = (sc[0], sc[1], sc[2], sc[3]);
@@ -90,10 +76,7 @@ pub(super) fn lerp_params(
     ends: &[&CpuStorage],
     weight: f32,
 ) -> Result<()> {
-    const OP: &str = "lerp_params";
-    let wd = vec![0.0; params.len()];
-    check_lists(OP, &shared(params), &[("ends", ends)], &wd, None)?;
-    check_lerp_weight(OP, weight)?;
+    check_lerp_params(&shared(params), ends, weight)?;
     for (p, end) in params.iter_mut().zip(ends) {
         let end = end.as_f32()?;
         for (x, &e) in p.as_f32_mut()?.iter_mut().zip(end) {
@@ -188,7 +171,7 @@ pub(super) fn prodigy_step(
     lr: StepScalars<'_, CpuStorage>,
     scalars: &mut CpuStorage,
 ) -> Result<()> {
-    const OP: &str = "prodigy_step";
+    bufs.check(cfg, &lr, scalars)?;
     let ProdigyBuffers {
         params,
         grads,
@@ -199,18 +182,6 @@ pub(super) fn prodigy_step(
         weight_decay,
         grad_scale,
     } = bufs;
-    let (ss, ms, vs) = (shared(s), shared(m), shared(v));
-    let lists = [
-        ("grads", grads),
-        ("p0", p0),
-        ("s", &ss[..]),
-        ("m", &ms[..]),
-        ("v", &vs[..]),
-    ];
-    check_lists(OP, &shared(params), &lists, weight_decay, grad_scale)?;
-    cfg.validate(OP)?;
-    lr.check(OP, PRODIGY_SCHEDULE_LEN)?;
-    check_prodigy_scalars(OP, scalars)?;
     let lr = scalar_values(&lr)?[0] as f64;
     let coef = coef_of(grad_scale)?;
     let sc = ProdigyScalars::from_words(scalars.as_f32()?)?;

@@ -34,18 +34,64 @@ fn check_ids(op: &'static str, what: &str, ids: &[u32], bound: usize) -> Result<
     }
 }
 
+/// A softmax-family forward `op`: checked, then `f(x_row, out_row)` on every row in parallel.
+fn map_rows(
+    op: &'static str,
+    x: &CpuStorage,
+    out: &mut CpuStorage,
+    cols: usize,
+    f: impl Fn(&[f32], &mut [f32]) + Sync,
+) -> Result<()> {
+    let _p = super::profile::scope(op);
+    check_rows(op, x, out, cols)?;
+    let x = x.as_f32()?;
+    for_rows(out.as_f32_mut()?, cols, |r, or| {
+        f(&x[r * cols..][..cols], or)
+    });
+    Ok(())
+}
+
+/// A softmax-family backward `op` from the forward output `y` and `dy`: checked, then
+/// `f(y_row, dy_row, dx_row)` on every row in parallel.
+fn map_rows_bwd(
+    op: &'static str,
+    (y, dy): (&CpuStorage, &CpuStorage),
+    dx: &mut CpuStorage,
+    cols: usize,
+    f: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
+) -> Result<()> {
+    let _p = super::profile::scope(op);
+    check_rows_bwd(op, y, dy, dx, cols)?;
+    let (y, dy) = (y.as_f32()?, dy.as_f32()?);
+    for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
+        f(&y[r * cols..][..cols], &dy[r * cols..][..cols], dxr)
+    });
+    Ok(())
+}
+
+/// The checks of an embedding pass ([`check_embedding`] and every id `< vocab`): the ids as a
+/// slice and the table's `vocab`.
+fn embedding_ids<'a>(
+    op: &'static str,
+    ids: &'a CpuStorage,
+    table: &CpuStorage,
+    acts: &CpuStorage,
+    dim: usize,
+) -> Result<(&'a [u32], usize)> {
+    let (_, vocab) = check_embedding(op, ids, table, acts, dim)?;
+    let ids = ids.as_u32()?;
+    check_ids(op, "ids", ids, vocab)?;
+    Ok((ids, vocab))
+}
+
 impl RowOps for CpuBackend {
     fn softmax_fwd(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
-        let _p = super::profile::scope("softmax_fwd");
-        check_rows("softmax_fwd", x, out, cols)?;
-        let x = x.as_f32()?;
-        for_rows(out.as_f32_mut()?, cols, |r, or| {
-            let (max, sum) = max_sumexp(&x[r * cols..][..cols]);
-            for (o, &v) in or.iter_mut().zip(&x[r * cols..][..cols]) {
+        map_rows("softmax_fwd", x, out, cols, |xr, or| {
+            let (max, sum) = max_sumexp(xr);
+            for (o, &v) in or.iter_mut().zip(xr) {
                 *o = ((v as f64 - max).exp() / sum) as f32;
             }
-        });
-        Ok(())
+        })
     }
 
     fn softmax_bwd(
@@ -55,32 +101,22 @@ impl RowOps for CpuBackend {
         dx: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
-        let _p = super::profile::scope("softmax_bwd");
-        check_rows_bwd("softmax_bwd", y, dy, dx, cols)?;
-        let (y, dy) = (y.as_f32()?, dy.as_f32()?);
-        for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
-            let (yr, dyr) = (&y[r * cols..][..cols], &dy[r * cols..][..cols]);
+        map_rows_bwd("softmax_bwd", (y, dy), dx, cols, |yr, dyr, dxr| {
             let dot: f64 = yr.iter().zip(dyr).map(|(&a, &b)| a as f64 * b as f64).sum();
             for ((o, &a), &b) in dxr.iter_mut().zip(yr).zip(dyr) {
                 *o = (a as f64 * (b as f64 - dot)) as f32;
             }
-        });
-        Ok(())
+        })
     }
 
     fn log_softmax_fwd(&self, x: &CpuStorage, out: &mut CpuStorage, cols: usize) -> Result<()> {
-        let _p = super::profile::scope("log_softmax_fwd");
-        check_rows("log_softmax_fwd", x, out, cols)?;
-        let x = x.as_f32()?;
-        for_rows(out.as_f32_mut()?, cols, |r, or| {
-            let xr = &x[r * cols..][..cols];
+        map_rows("log_softmax_fwd", x, out, cols, |xr, or| {
             let (max, sum) = max_sumexp(xr);
             let ln_sum = sum.ln();
             for (o, &v) in or.iter_mut().zip(xr) {
                 *o = ((v as f64 - max) - ln_sum) as f32;
             }
-        });
-        Ok(())
+        })
     }
 
     fn log_softmax_bwd(
@@ -90,17 +126,12 @@ impl RowOps for CpuBackend {
         dx: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
-        let _p = super::profile::scope("log_softmax_bwd");
-        check_rows_bwd("log_softmax_bwd", y, dy, dx, cols)?;
-        let (y, dy) = (y.as_f32()?, dy.as_f32()?);
-        for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
-            let (yr, dyr) = (&y[r * cols..][..cols], &dy[r * cols..][..cols]);
+        map_rows_bwd("log_softmax_bwd", (y, dy), dx, cols, |yr, dyr, dxr| {
             let sum: f64 = dyr.iter().map(|&v| v as f64).sum();
             for ((o, &a), &b) in dxr.iter_mut().zip(yr).zip(dyr) {
                 *o = (b as f64 - (a as f64).exp() * sum) as f32;
             }
-        });
-        Ok(())
+        })
     }
 
     fn cross_entropy_fwd(
@@ -304,12 +335,9 @@ impl RowOps for CpuBackend {
         (dx, dw): (&mut CpuStorage, &mut CpuStorage),
         cols: usize,
     ) -> Result<()> {
-        let RmsNormBwdIn { x, w, rstd, dy } = input;
         let _p = super::profile::scope("rmsnorm_bwd");
-        const OP: &str = "rmsnorm_bwd";
-        let params = [("w", w as _), ("dw", &*dw as _)];
-        check_norm(OP, x, dx, &params, &[("rstd", rstd)], cols)?;
-        check_rows_bwd(OP, x, dy, dx, cols)?;
+        input.check((dx, dw), cols)?;
+        let RmsNormBwdIn { x, w, rstd, dy } = input;
         let (x, w, dy, rstd) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?, rstd.as_f32()?);
         for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
             let (xr, dyr) = (&x[r * cols..][..cols], &dy[r * cols..][..cols]);
@@ -371,10 +399,8 @@ impl RowOps for CpuBackend {
         dim: usize,
     ) -> Result<()> {
         let _p = super::profile::scope("embedding_fwd");
-        const OP: &str = "embedding_fwd";
-        let (_, vocab) = check_embedding(OP, ids, table, out, dim)?;
-        let (ids, table) = (ids.as_u32()?, table.as_f32()?);
-        check_ids(OP, "ids", ids, vocab)?;
+        let (ids, _) = embedding_ids("embedding_fwd", ids, table, out, dim)?;
+        let table = table.as_f32()?;
         for (&id, or) in ids.iter().zip(out.as_f32_mut()?.chunks_exact_mut(dim)) {
             or.copy_from_slice(&table[id as usize * dim..][..dim]);
         }
@@ -389,10 +415,8 @@ impl RowOps for CpuBackend {
         dim: usize,
     ) -> Result<()> {
         let _p = super::profile::scope("embedding_bwd");
-        const OP: &str = "embedding_bwd";
-        let (_, vocab) = check_embedding(OP, ids, dtable, dout, dim)?;
-        let (ids, dout) = (ids.as_u32()?, dout.as_f32()?);
-        check_ids(OP, "ids", ids, vocab)?;
+        let (ids, vocab) = embedding_ids("embedding_bwd", ids, dtable, dout, dim)?;
+        let dout = dout.as_f32()?;
         let mut acc = super::try_zeroed_vec::<f64>(vocab * dim)?;
         for (&id, dr) in ids.iter().zip(dout.chunks_exact(dim)) {
             for (a, &g) in acc[id as usize * dim..][..dim].iter_mut().zip(dr) {

@@ -291,6 +291,48 @@ pub struct ProdigyBuffers<'s, 'b, Buf> {
     pub grad_scale: Option<&'b Buf>,
 }
 
+/// Reborrows a list of mutable buffers as shared ones (for the checks).
+pub fn shared<'a, B>(xs: &'a [&mut B]) -> Vec<&'a B> {
+    xs.iter().map(|x| &**x).collect()
+}
+
+impl<B: BufferInfo> ScheduleFreeBuffers<'_, '_, B> {
+    /// The checks of [`crate::nn::OptimOps::schedule_free_step`] (every backend runs them):
+    /// these lists ([`check_lists`]), `cfg` ([`check_schedule_free`]) and the step's
+    /// [`SF_SCHEDULE_LEN`] scalars.
+    pub fn check(&self, cfg: ScheduleFreeConfig, scalars: &StepScalars<'_, B>) -> Result<()> {
+        const OP: &str = "schedule_free_step";
+        let (z, v) = (shared(self.z), shared(self.v));
+        let lists = [("grads", self.grads), ("z", &z[..]), ("v", &v[..])];
+        let params = shared(self.params);
+        check_lists(OP, &params, &lists, self.weight_decay, self.grad_scale)?;
+        check_schedule_free(OP, cfg)?;
+        scalars.check(OP, SF_SCHEDULE_LEN)
+    }
+}
+
+impl<B: BufferInfo> ProdigyBuffers<'_, '_, B> {
+    /// The checks of [`crate::nn::OptimOps::prodigy_step`] (every backend runs them): these
+    /// lists ([`check_lists`]), `cfg` ([`ProdigyConfig::validate`]), the step's
+    /// [`PRODIGY_SCHEDULE_LEN`] learning rate and the [`ProdigyScalars`] buffer `scalars`.
+    pub fn check(&self, cfg: ProdigyConfig, lr: &StepScalars<'_, B>, scalars: &B) -> Result<()> {
+        const OP: &str = "prodigy_step";
+        let (s, m, v) = (shared(self.s), shared(self.m), shared(self.v));
+        let lists = [
+            ("grads", self.grads),
+            ("p0", self.p0),
+            ("s", &s[..]),
+            ("m", &m[..]),
+            ("v", &v[..]),
+        ];
+        let params = shared(self.params);
+        check_lists(OP, &params, &lists, self.weight_decay, self.grad_scale)?;
+        cfg.validate(OP)?;
+        lr.check(OP, PRODIGY_SCHEDULE_LEN)?;
+        check_prodigy_scalars(OP, scalars)
+    }
+}
+
 /// Checks the parameters, the per-parameter lists (`(name, buffers)`), the weight decays
 /// (finite, `>= 0`, one per parameter) and the clip output (2 f32) of a multi-tensor step.
 pub fn check_lists<B: BufferInfo>(
@@ -355,6 +397,15 @@ pub fn check_lerp_weight(op: &'static str, w: f32) -> Result<()> {
     } else {
         Err(bad(op, "weight", w, "finite"))
     }
+}
+
+/// The checks of [`crate::nn::OptimOps::lerp_params`] (every backend runs them): `ends` one
+/// f32 buffer of each parameter's length ([`check_lists`]), `weight` finite.
+pub fn check_lerp_params<B: BufferInfo>(params: &[&B], ends: &[&B], weight: f32) -> Result<()> {
+    const OP: &str = "lerp_params";
+    let wd = vec![0.0; params.len()];
+    check_lists(OP, params, &[("ends", ends)], &wd, None)?;
+    check_lerp_weight(OP, weight)
 }
 
 /// `torch.lerp(a, b, w)` in f64: `a + w·(b − a)` when `|w| < 0.5`, else `b − (b − a)·(1 − w)`.

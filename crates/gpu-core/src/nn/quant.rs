@@ -192,9 +192,9 @@ pub fn default_dequantize<B: Primitives + ?Sized>(
     out: &mut B::Buffer,
     spec: QuantSpec,
 ) -> Result<()> {
-    let h = H::downs(b, &[data, scales, mins])?;
+    let [data, scales, mins] = &H::downs_n(b, [data, scales, mins])?;
     let mut o = H::down(b, out)?;
-    crate::CpuBackend.dequantize(&h[0], &h[1], &h[2], &mut o, spec)?;
+    crate::CpuBackend.dequantize(data, scales, mins, &mut o, spec)?;
     H::up(b, &o, out)
 }
 

@@ -116,6 +116,7 @@ pub trait RowOps: Primitives {
         (dx, dw, db): (&mut Self::Buffer, &mut Self::Buffer, &mut Self::Buffer),
         cols: usize,
     ) -> Result<()> {
+        let rows = input.check((dx, dw, db), cols)?;
         let LayerNormBwdIn {
             x,
             w,
@@ -123,15 +124,6 @@ pub trait RowOps: Primitives {
             rstd,
             dy,
         } = input;
-        let rows = check_norm(
-            "layernorm_bwd",
-            x,
-            dx,
-            &[("w", w), ("dw", dw), ("db", db)],
-            &[("mean", mean), ("rstd", rstd)],
-            cols,
-        )?;
-        check_elementwise("layernorm_bwd", &[dy], dx)?;
         let stats = D::NormStats {
             mean: Some(mean),
             rstd,
@@ -167,16 +159,8 @@ pub trait RowOps: Primitives {
         (dx, dw): (&mut Self::Buffer, &mut Self::Buffer),
         cols: usize,
     ) -> Result<()> {
+        let rows = input.check((dx, dw), cols)?;
         let RmsNormBwdIn { x, w, rstd, dy } = input;
-        let rows = check_norm(
-            "rmsnorm_bwd",
-            x,
-            dx,
-            &[("w", w), ("dw", dw)],
-            &[("rstd", rstd)],
-            cols,
-        )?;
-        check_elementwise("rmsnorm_bwd", &[dy], dx)?;
         let stats = D::NormStats {
             mean: None,
             rstd,
@@ -266,6 +250,18 @@ pub struct RmsNormBwdIn<'a, Buf> {
     pub rstd: &'a Buf,
     /// The gradient of the output, `[rows, cols]`.
     pub dy: &'a Buf,
+}
+
+impl<Buf: BufferInfo> RmsNormBwdIn<'_, Buf> {
+    /// Checks the inputs with the outputs `dx`, `dw` (every backend): `x`, `dy` and `dx` f32
+    /// `rows·cols`, `w` and `dw` f32 `cols`, `rstd` f32 `rows`; returns the number of rows.
+    pub fn check(&self, (dx, dw): (&Buf, &Buf), cols: usize) -> Result<usize> {
+        const OP: &str = "rmsnorm_bwd";
+        let params = [("w", self.w as _), ("dw", dw as _)];
+        let rows = check_norm(OP, self.x, dx, &params, &[("rstd", self.rstd)], cols)?;
+        check_rows_bwd(OP, self.x, self.dy, dx, cols)?;
+        Ok(rows)
+    }
 }
 
 copy_refs!(LayerNormBwdIn, RmsNormBwdIn);

@@ -130,9 +130,9 @@ pub trait SampleOps: Primitives {
         vocab: usize,
         params: SampleParams,
     ) -> Result<()> {
-        let h = H::downs(self, &[logits, counter])?;
+        let [logits, counter] = &H::downs_n(self, [logits, counter])?;
         let (mut s, mut o) = (H::down(self, seen)?, H::down(self, out)?);
-        crate::CpuBackend.sample_rows(&h[0], &mut s, &h[1], &mut o, vocab, params)?;
+        crate::CpuBackend.sample_rows(logits, &mut s, counter, &mut o, vocab, params)?;
         H::up(self, &s, seen)?;
         H::up(self, &o, out)
     }

@@ -11,9 +11,8 @@ use crate::backend::CudaBackend;
 use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
 use gpu_core::nn::optim_adaptive::{
-    check_lerp_weight, check_lists, check_prodigy_scalars, check_schedule_free, ProdigyBuffers,
-    ProdigyConfig, ScheduleFreeBuffers, ScheduleFreeConfig, StepScalars, PRODIGY_SCHEDULE_LEN,
-    SF_SCHEDULE_LEN,
+    check_lerp_params, shared, ProdigyBuffers, ProdigyConfig, ScheduleFreeBuffers,
+    ScheduleFreeConfig, StepScalars, PRODIGY_SCHEDULE_LEN, SF_SCHEDULE_LEN,
 };
 use gpu_core::{Backend, BufferInfo, DType, Result};
 
@@ -77,10 +76,6 @@ fn scalar_args(s: &StepScalars<'_, CudaBuffer>, len: usize) -> (Vec<f32>, u64) {
     }
 }
 
-fn shared<'a>(xs: &'a [&mut CudaBuffer]) -> Vec<&'a CudaBuffer> {
-    xs.iter().map(|x| &**x).collect()
-}
-
 impl CudaBackend {
     /// [`gpu_core::nn::OptimOps::schedule_free_step`] on CUDA.
     pub(super) fn schedule_free_impl(
@@ -90,6 +85,7 @@ impl CudaBackend {
         scalars: StepScalars<'_, CudaBuffer>,
     ) -> Result<()> {
         const OP: &str = "schedule_free_step";
+        bufs.check(cfg, &scalars)?;
         let ScheduleFreeBuffers {
             params,
             grads,
@@ -99,10 +95,6 @@ impl CudaBackend {
             grad_scale,
         } = bufs;
         let (ps, zs, vs) = (shared(params), shared(z), shared(v));
-        let lists = [("grads", grads), ("z", &zs[..]), ("v", &vs[..])];
-        check_lists(OP, &ps, &lists, weight_decay, grad_scale)?;
-        check_schedule_free(OP, cfg)?;
-        scalars.check(OP, SF_SCHEDULE_LEN)?;
         for list in [&ps[..], grads, &zs[..], &vs[..]] {
             self.check_owned(OP, list)?;
         }
@@ -145,8 +137,7 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "lerp_params";
         let ps = shared(params);
-        check_lists(OP, &ps, &[("ends", ends)], &vec![0.0; ps.len()], None)?;
-        check_lerp_weight(OP, weight)?;
+        check_lerp_params(&ps, ends, weight)?;
         self.check_owned(OP, &ps)?;
         self.check_owned(OP, ends)?;
         let entries = ps.iter().zip(ends).map(|(p, e)| Entry {
@@ -173,6 +164,7 @@ impl CudaBackend {
         scalars: &mut CudaBuffer,
     ) -> Result<()> {
         const OP: &str = "prodigy_step";
+        bufs.check(cfg, &lr, scalars)?;
         let ProdigyBuffers {
             params,
             grads,
@@ -184,17 +176,6 @@ impl CudaBackend {
             grad_scale,
         } = bufs;
         let (ps, ss, ms, vs) = (shared(params), shared(s), shared(m), shared(v));
-        let lists = [
-            ("grads", grads),
-            ("p0", p0),
-            ("s", &ss[..]),
-            ("m", &ms[..]),
-            ("v", &vs[..]),
-        ];
-        check_lists(OP, &ps, &lists, weight_decay, grad_scale)?;
-        cfg.validate(OP)?;
-        lr.check(OP, PRODIGY_SCHEDULE_LEN)?;
-        check_prodigy_scalars(OP, &*scalars)?;
         for list in [&ps[..], grads, p0, &ss[..], &ms[..], &vs[..]] {
             self.check_owned(OP, list)?;
         }

@@ -437,11 +437,9 @@ impl RowOps for CudaBackend {
         (dx, dw): (&mut CudaBuffer, &mut CudaBuffer),
         cols: usize,
     ) -> Result<()> {
-        let RmsNormBwdIn { x, w, rstd, dy } = input;
         const OP: &str = "rmsnorm_bwd";
-        let params = [("w", w as _), ("dw", &*dw as _)];
-        let rows = check_norm(OP, x, dx, &params, &[("rstd", rstd)], cols)?;
-        check_rows_bwd(OP, x, dy, dx, cols)?;
+        let rows = input.check((dx, dw), cols)?;
+        let RmsNormBwdIn { x, w, rstd, dy } = input;
         let ptrs: [KernelArg; 5] = [x.into(), w.into(), rstd.into(), dy.into(), dx.into()];
         // SAFETY: rmsnorm_bwd_f32(const float* x, const float* w, const float* rstd, const
         // float* dy, float* dx, float* partial, u32 cols, u32 rows, u32 cached): x, dy and dx

@@ -13,22 +13,16 @@ pub fn rope_append<B: Primitives + ?Sized>(
     (q_out, k_cache, v_cache): (&mut B::Buffer, &mut B::Buffer, &mut B::Buffer),
     dims: DecodeDims,
 ) -> Result<()> {
-    let h = H::downs(b, &[x.qkv, x.inv_freq, x.start, x.slot])?;
-    let mut o = H::downs(b, &[q_out, k_cache, v_cache])?;
-    let [q, k, v] = &mut o[..] else {
-        unreachable!()
-    };
-    let [qkv, inv_freq, start, slot] = &h[..] else {
-        unreachable!()
-    };
+    let [qkv, inv_freq, start, slot] = &H::downs_n(b, [x.qkv, x.inv_freq, x.start, x.slot])?;
+    let [mut q, mut k, mut v] = H::downs_n(b, [&*q_out, &*k_cache, &*v_cache])?;
     let x = RopeAppendIn {
         qkv,
         inv_freq,
         start,
         slot,
     };
-    crate::CpuBackend.rope_append(x, (q, k, v), dims)?;
-    H::ups(b, &o, &mut [q_out, k_cache, v_cache])
+    crate::CpuBackend.rope_append(x, (&mut q, &mut k, &mut v), dims)?;
+    H::ups(b, &[q, k, v], &mut [q_out, k_cache, v_cache])
 }
 
 /// [`DecodeOps::cache_attention`] through the host.
@@ -40,11 +34,9 @@ pub fn cache_attention<B: Primitives + ?Sized>(
     max_end: usize,
     scale: f32,
 ) -> Result<()> {
-    let h = H::downs(b, &[x.q, x.k_cache, x.v_cache, x.start, x.slot])?;
+    let [q, k_cache, v_cache, start, slot] =
+        &H::downs_n(b, [x.q, x.k_cache, x.v_cache, x.start, x.slot])?;
     let mut o = H::down(b, out)?;
-    let [q, k_cache, v_cache, start, slot] = &h[..] else {
-        unreachable!()
-    };
     let x = CacheAttnIn {
         q,
         k_cache,
@@ -64,11 +56,8 @@ pub fn prefill_attention<B: Primitives + ?Sized>(
     dims: DecodeDims,
     scale: f32,
 ) -> Result<()> {
-    let h = H::downs(b, &[x.q, x.k_cache, x.v_cache, x.start])?;
+    let [q, k_cache, v_cache, start] = &H::downs_n(b, [x.q, x.k_cache, x.v_cache, x.start])?;
     let mut o = H::down(b, out)?;
-    let [q, k_cache, v_cache, start] = &h[..] else {
-        unreachable!()
-    };
     let x = PrefillIn {
         q,
         k_cache,

@@ -23,6 +23,17 @@ pub fn downs<B: Backend + ?Sized>(b: &B, xs: &[&B::Buffer]) -> Result<Vec<CpuSto
     xs.iter().map(|x| down(b, x)).collect()
 }
 
+/// Host copies of a fixed number of buffers, as an array to destructure.
+pub fn downs_n<B: Backend + ?Sized, const N: usize>(
+    b: &B,
+    xs: [&B::Buffer; N],
+) -> Result<[CpuStorage; N]> {
+    let hs = downs(b, &xs)?;
+    Ok(hs
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one host copy per buffer")))
+}
+
 /// Host copies of every buffer of `xs` (mutable lists).
 pub fn downs_mut<B: Backend + ?Sized>(b: &B, xs: &[&mut B::Buffer]) -> Result<Vec<CpuStorage>> {
     xs.iter().map(|x| down(b, x)).collect()

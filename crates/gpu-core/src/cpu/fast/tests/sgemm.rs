@@ -125,12 +125,14 @@ impl Case {
     }
 }
 
-fn isa_or_skip(test: &str) -> Option<Avx2Fma> {
-    let isa = Avx2Fma::detect();
-    if isa.is_none() {
+/// The host's kernel and the test's seeded generator, or `None` (the test skipped) on a host
+/// without AVX2 + FMA.
+fn isa_and_rng(test: &str) -> Option<(Avx2Fma, StdRng)> {
+    let Some(isa) = Avx2Fma::detect() else {
         eprintln!("{test}: skipped, this host has no AVX2 + FMA");
-    }
-    isa
+        return None;
+    };
+    Some((isa, StdRng::seed_from_u64(seed(test))))
 }
 
 /// Small blockings that put many block edges inside small products, and the host's.
@@ -154,10 +156,9 @@ fn blockings() -> Vec<Blocking> {
 /// within the bound, at every blocking and 1, 2 and 3 threads.
 #[test]
 fn own_sgemm_is_the_scalar_fma_chain() {
-    let Some(isa) = isa_or_skip("own_sgemm_is_the_scalar_fma_chain") else {
+    let Some((isa, mut rng)) = isa_and_rng("own_sgemm_is_the_scalar_fma_chain") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(seed("own_sgemm_is_the_scalar_fma_chain"));
     let shapes = [
         (1, 1, 1),
         (7, 13, 5),
@@ -186,10 +187,9 @@ fn own_sgemm_is_the_scalar_fma_chain() {
 #[test]
 fn own_sgemm_large_odd_shape_is_blocking_and_thread_independent() {
     let test = "own_sgemm_large_odd_shape_is_blocking_and_thread_independent";
-    let Some(isa) = isa_or_skip(test) else {
+    let Some((isa, mut rng)) = isa_and_rng(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(seed(test));
     for (ta, tb) in [(false, false), (true, true)] {
         let case = Case::random(&mut rng, (1023, 1025, 1021), ta, tb);
         let two = case.own(isa, Blocking::host(), 2);
@@ -226,10 +226,9 @@ fn own_sgemm_large_odd_shape_is_blocking_and_thread_independent() {
 #[test]
 fn own_sgemm_propagates_hostile_values_as_the_naive_product() {
     let test = "own_sgemm_propagates_hostile_values_as_the_naive_product";
-    let Some(isa) = isa_or_skip(test) else {
+    let Some((isa, mut rng)) = isa_and_rng(test) else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(seed(test));
     let special = [
         f32::NAN,
         f32::INFINITY,
@@ -268,10 +267,9 @@ fn own_sgemm_propagates_hostile_values_as_the_naive_product() {
 #[test]
 fn fast_matmul_batches_and_empty_shapes() {
     let test = "fast_matmul_batches_and_empty_shapes";
-    if isa_or_skip(test).is_none() {
+    let Some((_, mut rng)) = isa_and_rng(test) else {
         return;
-    }
-    let mut rng = StdRng::seed_from_u64(seed(test));
+    };
     let cpu = CpuBackend;
     let big = crate::cpu::fast::sgemm::MIN_NK;
     for &(batch, m, n, k) in &[
