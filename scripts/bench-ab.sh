@@ -10,7 +10,9 @@
 # binaries, as `cargo xtask gpu-bundle` makes them). Needs python3 with torch and transformers
 # (for the model: benches/hf_generate_peer.py --save, random weights, nothing downloaded) and
 # data/tinyshakespeare.txt beside this script or in $TEXT. Env: ROUNDS (default 2), MODEL_DIR
-# (reuse a saved model), SKIP (space-separated parts to skip: gpt rssm decode).
+# (reuse a saved model), SKIP (space-separated parts to skip: gpt rssm decode train). The train
+# part runs the same model on both builds (`train-gpt --dropout 0`, 600 steps, bf16 and TF32,
+# graphed), so that a build whose default model differs is still compared like for like.
 set -u -o pipefail
 [ $# -eq 3 ] || { echo "usage: $0 A_DIR B_DIR OUT_DIR" >&2; exit 2; }
 a=$1 b=$2 out=$3
@@ -44,6 +46,12 @@ for r in $(seq "$rounds"); do
     if [[ $skip != *" rssm "* ]]; then
       run "$side round $r" "$out/rssm-$side.log" "$dir/bin/gpu-bench" --only-rssm --no-torch \
         --out "$out/rssm-$side-$r.md"
+    fi
+    if [[ $skip != *" train "* ]]; then
+      for prec in "--precision bf16" "--tf32"; do
+        run "$side round $r $prec" "$out/train-$side.log" "$dir/bin/hybrid-trainer" --device cuda \
+          train-gpt --data "$text" --dropout 0 --iters 600 --eval-interval 600 $prec
+      done
     fi
     if [[ $skip != *" decode "* ]]; then
       run "$side round $r" "$out/decode-$side.log" "$dir/bin/hybrid-trainer" --device cuda \
