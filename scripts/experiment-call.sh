@@ -26,7 +26,7 @@ else
 fi
 mkdir -p "$exp" "$OUT"
 data=/tmp/tinyshakespeare.txt
-gunzip -c crates/trainer/data/tinyshakespeare.txt.gz > $data
+gunzip -c crates/trainer/data/tinyshakespeare.txt.gz > $data || exit 1
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; sha256sum $B; } > "$OUT/gpu.txt"
 if [ "$torch" = 1 ]; then
   for lr in 1e-3 3e-3; do

@@ -96,3 +96,32 @@ fn fifos_in_place_of_files_are_refused_not_read() {
     let err = cli_err(&["generate", "--model", &d, "--prompt", "hi"]);
     assert!(err.contains("config.json is not a regular file"), "{err}");
 }
+
+#[test]
+fn an_experiment_whose_runs_fail_exits_with_an_error() {
+    // An empty corpus: every `train-gpt` run refuses it. The experiment used to print
+    // "failed" per run and exit 0, so a script calling it went on as if the runs existed.
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("empty.txt");
+    std::fs::write(&data, "").unwrap();
+    let out = tmp.path().join("runs");
+    let (data, out) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let err = cli_err(&[
+        "experiment",
+        "--workloads",
+        "w5",
+        "--arms",
+        "adamw",
+        "--seeds",
+        "1",
+        "--data",
+        data,
+        "--out",
+        out,
+    ]);
+    assert!(err.contains("1 of 1 runs failed"), "{err}");
+    assert!(
+        err.contains("W5 AdamW seed 1") || err.contains("seed 1"),
+        "{err}"
+    );
+}

@@ -100,6 +100,7 @@ pub fn run(device_flag: &str, a: &ExperimentArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let todo = plan(a, &arms)?;
+    let total = todo.len();
     let exe = std::env::current_exe().context("finding this program")?;
     println!(
         "experiment: {} runs to do, {} at a time",
@@ -128,6 +129,13 @@ pub fn run(device_flag: &str, a: &ExperimentArgs) -> Result<()> {
     for f in &failures {
         eprintln!("failed: {f}");
     }
+    // The report above still shows what did finish; the exit status says that not all did.
+    anyhow::ensure!(
+        failures.is_empty(),
+        "{} of {total} runs failed (first: {})",
+        failures.len(),
+        failures[0]
+    );
     Ok(())
 }
 
