@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call: unpack the carried bundle, run it, and keep the logs under $OUT.
+# The tree and the bundle together exceed the tool's 64 MiB: scripts/device-slim.sh out/back.
 #   scripts/device-run.sh [RUN_SH_ARGS...]   (env SAN_TESTS="bin:filter ..." adds sanitizer runs)
 # Each SAN_TESTS entry runs memcheck and racecheck over one test binary, limited to the tests
 # whose names contain the filter (racecheck over a whole attention binary takes too long).

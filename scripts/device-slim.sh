@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The device tool copies the working tree with the carried paths, 64 MiB in all; the tree is
+# ~39 MB (the PTX and fatbins, the issue-41 curves, the HF test fixtures) and the GPU bundle
+# ~60 MB, so a bundle call does not fit. A bundle call needs none of those folders (the
+# binaries embed the kernels; the bundle has its own fixtures), so:
+#   scripts/device-slim.sh out    # move them to $HOLD (default /tmp/device-slim)
+#   ... the device call, carrying target/gpu-bundle.tar.xz ...
+#   scripts/device-slim.sh back   # put them back (mv keeps their times: cargo rebuilds nothing)
+# `git status` shows them deleted in between; `back` refuses to overwrite anything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hold=${HOLD:-/tmp/device-slim}
+dirs=(crates/gpu-kernels/kernels docs/results-curves crates/models/tests/fixtures)
+case "${1:-}" in
+  out)
+    for d in "${dirs[@]}"; do
+      [ -e "$hold/$d" ] && { echo "device-slim: $hold/$d exists (run 'back' first)" >&2; exit 1; }
+    done
+    for d in "${dirs[@]}"; do mkdir -p "$hold/$(dirname "$d")" && mv "$d" "$hold/$d"; done
+    echo "moved ${dirs[*]} to $hold; tracked files left: $(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) bytes" ;;
+  back)
+    for d in "${dirs[@]}"; do
+      [ -e "$d" ] && { echo "device-slim: $d exists here; not overwritten" >&2; exit 1; }
+    done
+    for d in "${dirs[@]}"; do mv "$hold/$d" "$d"; done
+    echo "restored ${dirs[*]}" ;;
+  *) echo "usage: $0 out|back" >&2; exit 2 ;;
+esac
