@@ -12,6 +12,10 @@ use gpu_core::nn::attention::{
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
+/// The op names in the f32 kernels' launch errors.
+const FWD: &str = "causal_attention_fwd";
+const BWD: &str = "causal_attention_bwd";
+
 /// Attention dropout on CUDA ([`AttnDropout`]), with an optional device seed offset read by
 /// the kernels ([`PackedDrop`]: the u64 entry `index` of `offsets` is added to the seed when
 /// they run, so a CUDA graph's replays draw new masks, as `ElementwiseOps::dropout_offset`).
@@ -224,7 +228,7 @@ impl AttentionOps for CudaBackend {
         };
         // SAFETY: the plain layout over buffers of n·t·d f32 (q, k, v, out) and n·t (lse),
         // checked by check_fwd.
-        unsafe { self.attention_fwd(ptrs, (out, lse), g, None) }
+        unsafe { self.attention_fwd_launch((FWD, fwd_tile(g.d)), ptrs, (out, lse), g, None) }
     }
 
     fn causal_attention_bwd(
@@ -252,7 +256,7 @@ impl AttentionOps for CudaBackend {
         };
         // SAFETY: the plain layout over buffers of n·t·d f32 (q, k, v, out, dout, dq, dk, dv)
         // and n·t (lse), checked by check_bwd; dq, dk, dv are distinct (&mut) and written only.
-        unsafe { self.attention_bwd(ptrs, saved, grads, g, None) }
+        unsafe { self.attention_bwd_launch((BWD, bwd_tiles(g.d)), ptrs, saved, grads, g, None) }
     }
 
     /// The packed kernels: f32, or for a bf16 `qkv` the tensor-core bf16 ones.
@@ -312,7 +316,15 @@ impl CudaBackend {
         // SAFETY: q, k, v at column offsets 0, c, 2c of qkv (b·t rows of 3c = ld_in floats);
         // out holds b·t rows of c = ld_out floats and lse n·t (check_packed); all pointers are
         // 16-byte aligned (256-byte aligned base, c and d multiples of 4).
-        unsafe { self.attention_fwd(packed_ptrs(qkv, 4 * p.c()), (out, lse), g, drop) }
+        unsafe {
+            self.attention_fwd_launch(
+                (FWD, fwd_tile(g.d)),
+                packed_ptrs(qkv, 4 * p.c()),
+                (out, lse),
+                g,
+                drop,
+            )
+        }
     }
 
     /// The backward of [`CudaBackend::causal_attention_packed_fwd`]: `dqkv` (the layout of
@@ -338,23 +350,10 @@ impl CudaBackend {
         }
         let (grads, g) = (packed_ptrs(dqkv, 4 * p.c()), packed_geom(p, scale));
         // SAFETY: as the forward; dqkv has qkv's layout and is distinct (&mut), written only.
-        unsafe { self.attention_bwd(packed_ptrs(qkv, 4 * p.c()), saved, grads, g, drop) }
-    }
-
-    /// The f32 forward: [`CudaBackend::attention_fwd_launch`] of the kernel for `g.d`.
-    ///
-    /// # Safety
-    /// As [`CudaBackend::attention_fwd_launch`], for f32 tensors.
-    unsafe fn attention_fwd(
-        &self,
-        qkv: [KernelArg; 3],
-        outs: (&mut CudaBuffer, &mut CudaBuffer),
-        g: Geom,
-        drop: Option<[KernelArg; 3]>,
-    ) -> Result<()> {
-        let tile = fwd_tile(g.d);
-        // SAFETY: this function's contract.
-        unsafe { self.attention_fwd_launch(("causal_attention_fwd", tile), qkv, outs, g, drop) }
+        unsafe {
+            let qkv = packed_ptrs(qkv, 4 * p.c());
+            self.attention_bwd_launch((BWD, bwd_tiles(g.d)), qkv, saved, grads, g, drop)
+        }
     }
 
     /// The forward kernel `tile.kernel` (f32 or bf16 tensors `T`; `op` names the call in a
@@ -384,25 +383,6 @@ impl CudaBackend {
         // `_drop` twin takes (float p, u64 seed, const u64* offset) after them: p in (0, 1)
         // and offset null or an 8-byte aligned u64 of this backend (attn_drop_args).
         unsafe { self.launch(&kernel, cfg, &args) }
-    }
-
-    /// The f32 backward: [`CudaBackend::attention_bwd_launch`] of the kernels for `g.d`.
-    ///
-    /// # Safety
-    /// As [`CudaBackend::attention_bwd_launch`], for f32 tensors.
-    unsafe fn attention_bwd(
-        &self,
-        qkv: [KernelArg; 3],
-        saved: PackedSaved<'_, CudaBuffer>,
-        grads: [KernelArg; 3],
-        g: Geom,
-        drop: Option<[KernelArg; 3]>,
-    ) -> Result<()> {
-        let tiles = bwd_tiles(g.d);
-        // SAFETY: this function's contract.
-        unsafe {
-            self.attention_bwd_launch(("causal_attention_bwd", tiles), qkv, saved, grads, g, drop)
-        }
     }
 
     /// The backward kernels `tiles` (dq, then dk and dv; f32 or bf16 tensors `T`; `op` names
