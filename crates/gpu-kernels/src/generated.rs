@@ -116,9 +116,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_optim",
         ptx: include_str!("../kernels/nn_optim.ptx"),
         fatbin: include_bytes!("../kernels/nn_optim.fatbin"),
-        source_sha256: "7baffd808d50ed5286c9ac88f46ab330fc2e69dc64f345f9e167c3156ce295ad",
-        ptx_sha256: "7a0c5db25e74ea17c52c8efbfcd2f34537c0ddfb7794c4cc7b0584d5c1641b2d",
-        fatbin_sha256: "1e5dbd55f28aa28374654cf23d0a0436d6cf7bd0782a8d768b8a651dc253de3c",
+        source_sha256: "cbebac2d57ea9518df240b259ca0dc4fc8089cc7f2c4770a268344971cf0f2a2",
+        ptx_sha256: "b883ab6ccbc2bee1cd6fc6c682dd547327cafb674dc07851afee9d807d56f6c9",
+        fatbin_sha256: "4bd43b4467ad301a503383fc81cdc33075b3867e194637454f6545a9b1bb6f91",
         kernels: &["adamw_f32", "clip_finalize_f32", "lerp_f32", "prodigy_accum_f32", "prodigy_finalize", "prodigy_update_f32", "sf_adamw_f32", "sumsq_f32"],
     },
     KernelModule {
