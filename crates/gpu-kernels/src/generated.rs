@@ -62,9 +62,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_decode",
         ptx: include_str!("../kernels/nn_decode.ptx"),
         fatbin: include_bytes!("../kernels/nn_decode.fatbin"),
-        source_sha256: "49fd4f3d2bb1ea7a510813da87b0c522eb836a642a06e5fad6a2d679243a6983",
-        ptx_sha256: "b542f8f95728c4137c54fd90bae3acb6f000acc989e31c747b8323376be4066c",
-        fatbin_sha256: "62c4adef7f196ca2f31c06c16cacdb43bceb8c727874a900200543af47a647e0",
+        source_sha256: "c60c2163561fc5169bcccc0944a95599f83c543abefe76688db322811c264a1e",
+        ptx_sha256: "cd98f52c461f30992f5f3b8edd13b77f5ef1fb0764443baaf61b30224aa3f36f",
+        fatbin_sha256: "2c43a98e2ba2c2b7c344a3738b3fafaff57b4b31dfa1f5dcf71018998bf82e96",
         kernels: &["add_rms_norm_bb", "add_rms_norm_bf", "add_rms_norm_fb", "add_rms_norm_ff", "argmax_rows_b", "argmax_rows_f", "cache_attn_chunk_bb", "cache_attn_chunk_bf", "cache_attn_chunk_fb", "cache_attn_chunk_ff", "cache_attn_combine_b", "cache_attn_combine_f", "cache_attn_group_bb", "cache_attn_group_bf", "cache_attn_group_fb", "cache_attn_group_ff", "rope_append_bbb", "rope_append_bbf", "rope_append_bfb", "rope_append_bff", "rope_append_fbb", "rope_append_fbf", "rope_append_ffb", "rope_append_fff", "swiglu_packed_bb", "swiglu_packed_bf", "swiglu_packed_fb", "swiglu_packed_ff"],
     },
     KernelModule {
