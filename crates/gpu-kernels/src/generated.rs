@@ -98,9 +98,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_gemv_bf16",
         ptx: include_str!("../kernels/nn_gemv_bf16.ptx"),
         fatbin: include_bytes!("../kernels/nn_gemv_bf16.fatbin"),
-        source_sha256: "ab7a246f67362da04bbc905b8638dabd70e9a377ad33967e71798ce3139c0b0b",
-        ptx_sha256: "d8f30e9456496795e69c333f4bf62de1afa57aca90ac3581a0b2e44e2b88a751",
-        fatbin_sha256: "7c883558e508f10016eb625c13e27e91adebfdd60494f4d60559623aa001fb95",
+        source_sha256: "e2661d8cd11c778b67020ba98337d70c8189876bd4f9b04451459719aeba317f",
+        ptx_sha256: "012176331d887bd85b5772d38aa4d1cfe2fa75301f1602dabbb693e79696197a",
+        fatbin_sha256: "db732842c772abc7980fde452cf442f26e61d3f44fc28ac4b67ed91fc504749c",
         kernels: &["gemv_bf16_m1_b", "gemv_bf16_m1_f", "gemv_bf16_m2_b", "gemv_bf16_m2_f", "gemv_bf16_m4_b", "gemv_bf16_m4_f", "gemv_bf16_sk4_m1_b", "gemv_bf16_sk4_m1_f", "gemv_bf16_sk4_m2_b", "gemv_bf16_sk4_m2_f", "gemv_bf16_sk4_m4_b", "gemv_bf16_sk4_m4_f", "gemv_bf16_sk8_m1_b", "gemv_bf16_sk8_m1_f", "gemv_bf16_sk8_m2_b", "gemv_bf16_sk8_m2_f", "gemv_bf16_sk8_m4_b", "gemv_bf16_sk8_m4_f"],
     },
     KernelModule {
