@@ -152,9 +152,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_rows",
         ptx: include_str!("../kernels/nn_rows.ptx"),
         fatbin: include_bytes!("../kernels/nn_rows.fatbin"),
-        source_sha256: "b8075c704683ae5e17b8b0be3f681efe26662df0efac4a99e046468eeb33c641",
-        ptx_sha256: "8cbb462285f37f3a456dffca65ba6678548a2a40f767d6fd4eaf6edeb2472b6b",
-        fatbin_sha256: "d08b9133225b0962c0f6458e01519ab98d28221996c1cab75a5120b17bdbc384",
+        source_sha256: "1b946f3dd1ff096ee37505c2399dc28d1fc740d418b19565063f8f3502f529a5",
+        ptx_sha256: "3d25c2397455aa73728ba6bdc8031518c7e68259366b727f2434816bf6f78509",
+        fatbin_sha256: "b0cbc5cb20d4601f328f7ea06596ac1f929b7174da098a08130d1fbeae221812",
         kernels: &["cross_entropy_bwd_f32", "cross_entropy_fwd_f32", "layernorm_bwd_f32", "layernorm_fwd_f32", "log_softmax_bwd_f32", "log_softmax_fwd_f32", "norm_colsum_f32", "rmsnorm_bwd_f32", "rmsnorm_fwd_f32", "softmax_bwd_f32", "softmax_fwd_f32"],
     },
     KernelModule {
