@@ -125,7 +125,7 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_prefill_bf16",
         ptx: include_str!("../kernels/nn_prefill_bf16.ptx"),
         fatbin: include_bytes!("../kernels/nn_prefill_bf16.fatbin"),
-        source_sha256: "60745b762db966d7e47d8d1962d9ca91cf2ca6bc3f6c8a42f80188d99e9c3e7e",
+        source_sha256: "92e130e1d23720e0c23861401fbf3b9dd81d769c3ab0c58a5587bb8dfcb4debc",
         ptx_sha256: "055b18d3fa528103a2be5086f1852346358aaff1c9fc78e4db6b0c23e3157245",
         fatbin_sha256: "1f52151fd398eaa6c88c3f3ac64ded69a523a49a26b5945d890cd0478fbf621b",
         kernels: &["prefill_attn_d128_bf16", "prefill_attn_d64_bf16"],
