@@ -44,9 +44,9 @@ pub static MODULES: &[KernelModule] = &[
         name: "nn_attention_bf16",
         ptx: include_str!("../kernels/nn_attention_bf16.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention_bf16.fatbin"),
-        source_sha256: "056e3a14e17153a4331519da3d5d9686a4a88e1ddc2194ee8e8a1c058d7251bf",
-        ptx_sha256: "987d4a8138b296110c557cbb75a6a7c9735efaeb5f210f53774388f4b4d5af84",
-        fatbin_sha256: "e6cf09d64152c236aa3167650434786c7f451032665a1edafda4dae70b4b16c8",
+        source_sha256: "e33c6d7b88976d27548e749056d28b2b1e9b7180a5fc69fe123c00d3cb5636d6",
+        ptx_sha256: "5ed3284a388ecbdbbdc99047b3f139381d724b17dd5805c0243bce42a610608d",
+        fatbin_sha256: "3814f915ba649a7f2b96a2a3c7b96637c95d2d02e451b574f147694d04716715",
         kernels: &["attn_bwd_dkdv_d64_bf16", "attn_bwd_dkdv_d64_bf16_drop", "attn_bwd_dq_d64_bf16", "attn_bwd_dq_d64_bf16_drop", "attn_fwd_d64_bf16", "attn_fwd_d64_bf16_drop"],
     },
     KernelModule {
