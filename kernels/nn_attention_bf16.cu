@@ -125,6 +125,23 @@ static __device__ __forceinline__ void fwd_tile(float (&o)[8][4], float (&m)[2],
     }
 }
 
+// The double-buffered key/value tiles of the forward and dq loops (key tiles kt = 0 ..= qt; buf:
+// tile kt's buffer offset): starts loading tile kt + 1 into the other buffers when there is one,
+// then waits for tile kt and syncs the block.
+static __device__ __forceinline__ void kv_tile_ready(u32 sK, u32 sV, const bf16* __restrict__ k,
+                                                     const bf16* __restrict__ v, u32 buf, int kt,
+                                                     int qt, int t, int li) {
+    if (kt < qt) {
+        tile_async(sK + (TILE_BYTES - buf), k, (kt + 1) * TR, t, li);
+        tile_async(sV + (TILE_BYTES - buf), v, (kt + 1) * TR, t, li);
+        cp_commit();
+        cp_wait<1>();
+    } else {
+        cp_wait<0>();
+    }
+    __syncthreads();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward: one block per (sequence, 64-row query tile); key tiles 0 ..= the diagonal one.
 template <bool DROP>
@@ -156,15 +173,7 @@ static __device__ __forceinline__ void attn_fwd_d64_bf16_body(const bf16* __rest
     zero(o);
     for (int kt = 0; kt <= qt; ++kt) {
         const u32 buf = (u32)(kt & 1) * TILE_BYTES;
-        if (kt < qt) {
-            tile_async(sK + (TILE_BYTES - buf), k + base, (kt + 1) * TR, t, li);
-            tile_async(sV + (TILE_BYTES - buf), v + base, (kt + 1) * TR, t, li);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
-        __syncthreads();
+        kv_tile_ready(sK, sV, k + base, v + base, buf, kt, qt, t, li);
         if (kt == 0) {
             load_a(qf, sQ, 16 * w, lane);
             if (scale < 0.f) {
@@ -311,15 +320,7 @@ static __device__ __forceinline__ void attn_bwd_dq_d64_bf16_body(const bf16* __r
     zero(acc);
     for (int kt = 0; kt <= qt; ++kt) {
         const u32 buf = (u32)(kt & 1) * TILE_BYTES;
-        if (kt < qt) {
-            tile_async(sK + (TILE_BYTES - buf), k + base, (kt + 1) * TR, t, li);
-            tile_async(sV + (TILE_BYTES - buf), v + base, (kt + 1) * TR, t, li);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
-        __syncthreads();
+        kv_tile_ready(sK, sV, k + base, v + base, buf, kt, qt, t, li);
         if (kt == 0) {
             load_a(qf, sQ, 16 * w, lane);
             load_a(of, sdO, 16 * w, lane);

@@ -38,17 +38,9 @@ BINARY_KERNELS(div, OpDiv, bf16, bf16)
     ACTIVATION_KERNELS(NAME, A, bf16, bf16, ((A) == ACT_GELU ? 6 : 1))
 FOR_EACH_ACTIVATION(ACTIVATION_KERNELS_BF16)
 
-// out = round(fmaf(mul, x, add)).
-extern "C" __global__ void affine_bf16(const bf16* __restrict__ x, bf16* __restrict__ out, u64 n,
-                                       float mul, float add) {
-    affine_impl<bf16>(x, out, n, mul, add);
-}
-
-// The mask of dropout_f32 (same seed, offset and index); kept values round(x·s), s = 1/(1 − p) in f32.
-extern "C" __global__ void dropout_bf16(const bf16* __restrict__ x, bf16* __restrict__ out, u64 n,
-                                        float p, u64 seed, const u64* __restrict__ offset) {
-    dropout_impl<bf16>(x, out, n, p, seed, offset);
-}
+// affine_bf16: out = round(fmaf(mul, x, add)). dropout_bf16: the mask of dropout_f32 (same seed,
+// offset and index); kept values round(x·s), s = 1/(1 − p) in f32.
+AFFINE_DROPOUT_KERNELS(bf16, bf16)
 
 // Block copies and permutes of any 2-byte element, bit for bit: copy_blocks{,4}_b16,
 // permute{,4}_b16 (4: offsets, strides, lengths and dims in units of 4 elements, one uint2) and

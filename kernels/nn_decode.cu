@@ -189,13 +189,15 @@ static __device__ void attn_combine_body(const float* __restrict__ part, TO* __r
     }
 }
 
-#define ATTN_CHUNK(NAME, TQ, TC)                                                                   \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                     \
+// An attention entry point (the chunk and group forms share the signature): BODY<TQ, TC> with
+// THREADS as the launch bound.
+#define ATTN_ENTRY(NAME, THREADS, BODY, TQ, TC)                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                         \
         NAME(const TQ* q, const TC* kc, const TC* vc, const u32* start, const u32* slot,          \
              float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale, u32 window) {   \
-        attn_chunk_body<TQ, TC>(q, kc, vc, start, slot, part, t, heads, kvh, d, cap, scale,      \
-                                window);                                                          \
+        BODY<TQ, TC>(q, kc, vc, start, slot, part, t, heads, kvh, d, cap, scale, window);        \
     }
+#define ATTN_CHUNK(NAME, TQ, TC) ATTN_ENTRY(NAME, ATT_THREADS, attn_chunk_body, TQ, TC)
 ATTN_CHUNK(cache_attn_chunk_ff, float, float)
 ATTN_CHUNK(cache_attn_chunk_fb, float, bf16)
 ATTN_CHUNK(cache_attn_chunk_bf, bf16, float)
@@ -352,13 +354,7 @@ static __device__ void attn_group_body(const TQ* __restrict__ q, const TC* __res
     }
 }
 
-#define ATTN_GROUP(NAME, TQ, TC)                                                                   \
-    extern "C" __global__ void __launch_bounds__(G_THREADS)                                       \
-        NAME(const TQ* q, const TC* kc, const TC* vc, const u32* start, const u32* slot,          \
-             float* part, u32 t, u32 heads, u32 kvh, u32 d, u32 cap, float scale, u32 window) {   \
-        attn_group_body<TQ, TC>(q, kc, vc, start, slot, part, t, heads, kvh, d, cap, scale,      \
-                                window);                                                          \
-    }
+#define ATTN_GROUP(NAME, TQ, TC) ATTN_ENTRY(NAME, G_THREADS, attn_group_body, TQ, TC)
 ATTN_GROUP(cache_attn_group_ff, float, float)
 ATTN_GROUP(cache_attn_group_fb, float, bf16)
 ATTN_GROUP(cache_attn_group_bf, bf16, float)

@@ -15,15 +15,8 @@ BINARY_KERNELS(div, OpDiv, float, f32)
 #define ACTIVATION_KERNELS_F32(NAME, A) ACTIVATION_KERNELS(NAME, A, float, f32, 1)
 FOR_EACH_ACTIVATION(ACTIVATION_KERNELS_F32)
 
-extern "C" __global__ void affine_f32(const float* __restrict__ x, float* __restrict__ out, u64 n,
-                                      float mul, float add) {
-    affine_impl<float>(x, out, n, mul, add);
-}
-
-extern "C" __global__ void dropout_f32(const float* __restrict__ x, float* __restrict__ out, u64 n,
-                                       float p, u64 seed, const u64* __restrict__ offset) {
-    dropout_impl<float>(x, out, n, p, seed, offset);
-}
+// affine_f32, dropout_f32.
+AFFINE_DROPOUT_KERNELS(float, f32)
 
 // Standard normal samples, gpu_core::nn::elementwise::randn_at: Box–Muller on the two halves
 // of SplitMix64(seed ^ (i·golden)): u1 = (top 24 bits + 1)/2^24 in (0, 1], u2 = (low 24

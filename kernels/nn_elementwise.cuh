@@ -72,19 +72,28 @@ static __device__ __forceinline__ u64 stream2(u64 n4, Load load, Run run) {
     }
 }
 
+// out[k] = f(x[k]) for k < n (f4: four elements in a float4, f1: one), in f32 between the loads
+// and the stores: the grid-stride loop over float4 vectors (2-byte inputs through stream2), then
+// the last n % 4 elements. Conversion, activations' forwards and affine.
+template <class TI, class TO, class F4, class F1>
+static __device__ __forceinline__ void map_impl(const TI* __restrict__ x, TO* __restrict__ out,
+                                                u64 n, F4 f4, F1 f1) {
+    const u64 n4 = n / 4, stride = grid_threads();
+    u64 i = global_tid();
+    if constexpr (sizeof(TI) == 2)
+        i = stream2(n4, [&](u64 k) { return load4(x, k); },
+                    [&](u64 k, float4 v) { store4(out, k, f4(v)); });
+    for (; i < n4; i += stride) store4(out, i, f4(load4(x, i)));
+    const u64 t = n4 * 4 + global_tid();
+    if (t < n) store(out, t, f1(load(x, t)));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Conversion: out[k] = x[k], widened exactly or rounded once to nearest even.
 
 template <class TI, class TO>
 static __device__ void convert_impl(const TI* __restrict__ x, TO* __restrict__ out, u64 n) {
-    const u64 n4 = n / 4, stride = grid_threads();
-    u64 i = global_tid();
-    if constexpr (sizeof(TI) == 2)
-        i = stream2(n4, [&](u64 k) { return load4(x, k); },
-                    [&](u64 k, float4 v) { store4(out, k, v); });
-    for (; i < n4; i += stride) store4(out, i, load4(x, i));
-    const u64 t = n4 * 4 + global_tid();
-    if (t < n) store(out, t, load(x, t));
+    map_impl(x, out, n, [](float4 v) { return v; }, [](float v) { return v; });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -465,14 +474,9 @@ static __device__ __forceinline__ float4 act_bwd4(float4 x, float4 y, float4 g) 
 
 template <int A, class T>
 static __device__ void activation_fwd(const T* __restrict__ x, T* __restrict__ out, u64 n) {
-    const u64 n4 = n / 4, stride = grid_threads();
-    u64 i = global_tid();
-    if constexpr (sizeof(T) == 2)
-        i = stream2(n4, [&](u64 k) { return load4(x, k); },
-                    [&](u64 k, float4 v) { store4(out, k, act_fwd4<A, T>(v)); });
-    for (; i < n4; i += stride) store4(out, i, act_fwd4<A, T>(load4(x, i)));
-    const u64 t = n4 * 4 + global_tid();
-    if (t < n) store(out, t, act_fwd_t<A, T>(load(x, t)));
+    map_impl(
+        x, out, n, [](float4 v) { return act_fwd4<A, T>(v); },
+        [](float v) { return act_fwd_t<A, T>(v); });
 }
 
 template <int A, class T>
@@ -530,18 +534,13 @@ static __device__ void activation_bwd(const T* __restrict__ x, const T* __restri
 template <class T>
 static __device__ void affine_impl(const T* __restrict__ x, T* __restrict__ out, u64 n,
                                    float mul, float add) {
-    const u64 n4 = n / 4, stride = grid_threads();
-    auto f = [&](float4 v) {
-        return make_float4(fmaf(mul, v.x, add), fmaf(mul, v.y, add), fmaf(mul, v.z, add),
-                           fmaf(mul, v.w, add));
-    };
-    u64 i = global_tid();
-    if constexpr (sizeof(T) == 2)
-        i = stream2(n4, [&](u64 k) { return load4(x, k); },
-                    [&](u64 k, float4 v) { store4(out, k, f(v)); });
-    for (; i < n4; i += stride) store4(out, i, f(load4(x, i)));
-    const u64 t = n4 * 4 + global_tid();
-    if (t < n) store(out, t, fmaf(mul, load(x, t), add));
+    map_impl(
+        x, out, n,
+        [&](float4 v) {
+            return make_float4(fmaf(mul, v.x, add), fmaf(mul, v.y, add), fmaf(mul, v.z, add),
+                               fmaf(mul, v.w, add));
+        },
+        [&](float v) { return fmaf(mul, v, add); });
 }
 
 // The hash and its tie (dropout_hash.cuh): gpu_core::nn::elementwise::dropout_keep.
@@ -632,6 +631,18 @@ static __device__ void dropout_impl(const T* __restrict__ x, T* __restrict__ out
         store(out, i, dropout_keep1(seed, i, t) ? load(x, i) * s : 0.0f);
     }
 }
+
+// affine_<SUFFIX> and dropout_<SUFFIX> for elements T.
+#define AFFINE_DROPOUT_KERNELS(T, SUFFIX)                                                        \
+    extern "C" __global__ void affine_##SUFFIX(const T* __restrict__ x, T* __restrict__ out,     \
+                                               u64 n, float mul, float add) {                    \
+        affine_impl<T>(x, out, n, mul, add);                                                     \
+    }                                                                                            \
+    extern "C" __global__ void dropout_##SUFFIX(const T* __restrict__ x, T* __restrict__ out,    \
+                                                u64 n, float p, u64 seed,                        \
+                                                const u64* __restrict__ offset) {                \
+        dropout_impl<T>(x, out, n, p, seed, offset);                                             \
+    }
 
 // ---------------------------------------------------------------------------------------------
 // Block copies: dst[dst_off + o·dst_stride + k] = src[src_off + o·src_stride + k], k < len.
@@ -822,30 +833,26 @@ static __device__ __forceinline__ void permute_tile_impl(
     }
 }
 
+// copy_blocks and permute over elements E (an element or a vector of 4), as kernel NAME.
+#define COPY_BLOCKS_KERNEL(NAME, E)                                                              \
+    extern "C" __global__ void NAME(const E* __restrict__ src, E* __restrict__ dst, u64 src_off, \
+                                    u64 src_stride, u64 dst_off, u64 dst_stride, u64 outer,      \
+                                    u64 len) {                                                   \
+        copy_blocks_impl<E>(src, dst, src_off, src_stride, dst_off, dst_stride, outer, len);     \
+    }
+#define PERMUTE_KERNEL(NAME, E)                                                                  \
+    extern "C" __global__ void NAME(const E* __restrict__ x, E* __restrict__ out, u64 n,         \
+                                    u32 rank, u64 d0, u64 d1, u64 d2, u64 d3, u64 d4, u64 d5,    \
+                                    u32 perm) {                                                  \
+        permute_impl<E>(x, out, n, rank, d0, d1, d2, d3, d4, d5, perm);                          \
+    }
+
 // The data-movement kernels for elements T (vector of 4: T4, tile storage S), named _<SUFFIX>.
 #define MOVE_KERNELS(T, T4, S, SUFFIX)                                                           \
-    extern "C" __global__ void copy_blocks_##SUFFIX(const T* __restrict__ src,                   \
-                                                    T* __restrict__ dst, u64 src_off,            \
-                                                    u64 src_stride, u64 dst_off,                 \
-                                                    u64 dst_stride, u64 outer, u64 len) {        \
-        copy_blocks_impl<T>(src, dst, src_off, src_stride, dst_off, dst_stride, outer, len);     \
-    }                                                                                            \
-    extern "C" __global__ void copy_blocks4_##SUFFIX(const T4* __restrict__ src,                 \
-                                                     T4* __restrict__ dst, u64 src_off,          \
-                                                     u64 src_stride, u64 dst_off,                \
-                                                     u64 dst_stride, u64 outer, u64 len) {       \
-        copy_blocks_impl<T4>(src, dst, src_off, src_stride, dst_off, dst_stride, outer, len);    \
-    }                                                                                            \
-    extern "C" __global__ void permute_##SUFFIX(const T* __restrict__ x, T* __restrict__ out,    \
-                                                u64 n, u32 rank, u64 d0, u64 d1, u64 d2,         \
-                                                u64 d3, u64 d4, u64 d5, u32 perm) {              \
-        permute_impl<T>(x, out, n, rank, d0, d1, d2, d3, d4, d5, perm);                          \
-    }                                                                                            \
-    extern "C" __global__ void permute4_##SUFFIX(const T4* __restrict__ x, T4* __restrict__ out, \
-                                                 u64 n, u32 rank, u64 d0, u64 d1, u64 d2,        \
-                                                 u64 d3, u64 d4, u64 d5, u32 perm) {             \
-        permute_impl<T4>(x, out, n, rank, d0, d1, d2, d3, d4, d5, perm);                         \
-    }                                                                                            \
+    COPY_BLOCKS_KERNEL(copy_blocks_##SUFFIX, T)                                                  \
+    COPY_BLOCKS_KERNEL(copy_blocks4_##SUFFIX, T4)                                                \
+    PERMUTE_KERNEL(permute_##SUFFIX, T)                                                          \
+    PERMUTE_KERNEL(permute4_##SUFFIX, T4)                                                        \
     extern "C" __global__ void __launch_bounds__(256) permute_tile_##SUFFIX(                     \
         const T* __restrict__ x, T* __restrict__ out, u64 P, u64 Q, u64 sq, u64 sp, u64 batch,   \
         u64 b0, u64 b1, u64 b2, u64 b3, u64 bi0, u64 bi1, u64 bi2, u64 bi3, u64 bo0, u64 bo1,    \

@@ -59,6 +59,21 @@ static __device__ __forceinline__ void chunk_step(float (&acc)[M][R], const bf16
     }
 }
 
+// acc[i][r] = the partial dot products of x's rows i < m with weight rows j0 + r < n over the
+// chunks c = first, first + stride, ... < k/8 (a thread's share of k in both forms below).
+template <int M, int R>
+static __device__ __forceinline__ void chunk_sum(float (&acc)[M][R], const bf16* __restrict__ x,
+                                                 const bf16* __restrict__ w, u32 m, u32 n, u32 k,
+                                                 u32 j0, u32 first, u32 stride) {
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
+    const u32 chunks = k >> 3;
+#pragma unroll 2
+    for (u32 c = first; c < chunks; c += stride) chunk_step<M, R>(acc, x, w, m, n, k, j0, c);
+}
+
 template <int M, int NR, typename TO>
 static __device__ void gemv_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                  TO* __restrict__ out, u32 m, u32 n, u32 k) {
@@ -66,13 +81,7 @@ static __device__ void gemv_body(const bf16* __restrict__ x, const bf16* __restr
     const u32 j0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * NR;
     if (j0 >= n) return;
     float acc[M][NR];
-#pragma unroll
-    for (int i = 0; i < M; ++i)
-#pragma unroll
-        for (int r = 0; r < NR; ++r) acc[i][r] = 0.0f;
-    const u32 chunks = k >> 3;
-#pragma unroll 2
-    for (u32 c = lane; c < chunks; c += 32) chunk_step<M, NR>(acc, x, w, m, n, k, j0, c);
+    chunk_sum<M, NR>(acc, x, w, m, n, k, j0, lane, 32);
 #pragma unroll
     for (int i = 0; i < M; ++i)
 #pragma unroll
@@ -107,13 +116,7 @@ static __device__ void gemv_sk_body(const bf16* __restrict__ x, const bf16* __re
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const u32 j0 = blockIdx.x * R;
     float acc[M][R];
-#pragma unroll
-    for (int i = 0; i < M; ++i)
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
-    const u32 chunks = k >> 3;
-#pragma unroll 2
-    for (u32 c = tid; c < chunks; c += GEMV_WARPS * 32) chunk_step<M, R>(acc, x, w, m, n, k, j0, c);
+    chunk_sum<M, R>(acc, x, w, m, n, k, j0, tid, GEMV_WARPS * 32);
 #pragma unroll
     for (int i = 0; i < M; ++i)
 #pragma unroll

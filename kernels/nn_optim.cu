@@ -27,8 +27,10 @@ static_assert(offsetof(MultiTensor, g) == 512 && offsetof(MultiTensor, m) == 102
                   offsetof(MultiTensor, count) == 2820 && sizeof(MultiTensor) == 2824,
               "MultiTensor layout changed: update the Rust side");
 
-// The tensor of block b: the last i < count with block_start[i] <= b.
-static __device__ __forceinline__ int mt_tensor(const MultiTensor& a, unsigned int b) {
+// The tensor of block b: the last i < count with block_start[i] <= b (MultiTensor and
+// MultiTensor6 alike).
+template <typename MT>
+static __device__ __forceinline__ int mt_tensor(const MT& a, unsigned int b) {
     int lo = 0, hi = (int)a.count - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
@@ -227,16 +229,6 @@ static_assert(offsetof(MultiTensor6, n) == 2304 && offsetof(MultiTensor6, decay)
                   offsetof(MultiTensor6, count) == 2884 && sizeof(MultiTensor6) == 2888,
               "MultiTensor6 layout changed: update the Rust side");
 
-static __device__ __forceinline__ int mt6_tensor(const MultiTensor6& a, unsigned int b) {
-    int lo = 0, hi = (int)a.count - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (a.block_start[mid] <= b) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 // Prodigy's hyper-parameters (gpu_core::nn::ProdigyConfig; flags: 1 decouple,
 // 2 use_bias_correction, 4 safeguard_warmup). 32 bytes.
 struct ProdigyArgs {
@@ -277,7 +269,7 @@ extern "C" __global__ void __launch_bounds__(MT_THREADS)
     if (lr_ptr != nullptr) lr = lr_ptr[0];
     double dot = 0.0, den = 0.0;
     if (lr > 0.0f) {
-        const int ti = mt6_tensor(a, blockIdx.x);
+        const int ti = mt_tensor(a, blockIdx.x);
         float* __restrict__ p = reinterpret_cast<float*>(a.ptr[0][ti]);
         const float* __restrict__ g = reinterpret_cast<const float*>(a.ptr[1][ti]);
         const float* __restrict__ p0 = reinterpret_cast<const float*>(a.ptr[2][ti]);
@@ -354,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(MT_THREADS)
     prodigy_update_f32(const MultiTensor6 a, const float* __restrict__ grad_scale, const ProdigyArgs c,
                        const double* __restrict__ sc) {
     if (sc[PD_APPLY] == 0.0) return;
-    const int ti = mt6_tensor(a, blockIdx.x);
+    const int ti = mt_tensor(a, blockIdx.x);
     float* __restrict__ p = reinterpret_cast<float*>(a.ptr[0][ti]);
     const float* __restrict__ g = reinterpret_cast<const float*>(a.ptr[1][ti]);
     const float* __restrict__ m = reinterpret_cast<const float*>(a.ptr[4][ti]);

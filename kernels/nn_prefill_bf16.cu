@@ -143,6 +143,38 @@ static __device__ __forceinline__ void prefill_step(float (&o)[8][4], float (&m)
     }
 }
 
+// The setup of both kernels for head width D: the block's query tile qt (queries q0 .. q0+63;
+// heaviest tiles first) of sequence r, query head h and its key/value head kv; q's and out's row
+// stride ldq and the tile's base qbase, the caches' base cbase, st = the row's first real query;
+// sl2 = |scale|·log2(e). A tile whose queries are all padding writes zeros and returns.
+// The sliding window (0: none) as a width wn of at most t; klo: the tile's first visible slot
+// (its first query's). Key tiles wholly before klo are skipped: the loop starts at kt0.
+#define PREFILL_SETUP(D)                                                                           \
+    const int t = (int)t_, lane = threadIdx.x & 31, w = threadIdx.x >> 5;                         \
+    const int nqt = (t + TR - 1) / TR;                                                             \
+    const u32 n = gridDim.x / (u32)nqt; /* b·heads */                                              \
+    const u32 seq = blockIdx.x % n;                                                                \
+    const int qt = nqt - 1 - (int)(blockIdx.x / n);                                                \
+    const int q0 = qt * TR;                                                                        \
+    const u32 r = seq / heads, h = seq % heads, kv = h / (heads / kvh);                            \
+    const int ldq = (int)(heads * (D));                                                            \
+    const size_t qbase = (size_t)r * t * ldq + (size_t)h * (D);                                    \
+    const size_t cbase = ((size_t)r * kvh + kv) * cap * (D);                                       \
+    const int st = (int)min(start[r], t_);                                                         \
+    if (q0 + TR <= st) {                                                                           \
+        constexpr int CL = (D) == 64 ? 3 : 4, C = 1 << CL; /* D/8 = 2^CL 16-byte chunks a row */   \
+        for (int f = threadIdx.x; f < TR * C; f += NT) {                                           \
+            const int row = q0 + (f >> CL);                                                        \
+            if (row < t)                                                                           \
+                *reinterpret_cast<uint4*>(out + qbase + (size_t)row * ldq + (f & (C - 1)) * 8) =   \
+                    make_uint4(0, 0, 0, 0);                                                        \
+        }                                                                                          \
+        return;                                                                                    \
+    }                                                                                              \
+    const float sl2 = fabsf(scale) * ATB_LOG2E;                                                    \
+    const int wn = window == 0 || window > t_ ? t : (int)window;                                   \
+    const int klo = max(st, q0 + 1 - wn), kt0 = klo / TR;
+
 // Grid: b·heads·ceil(t/64) blocks of 128 threads (static shared memory 40 KiB).
 extern "C" __global__ void __launch_bounds__(NT)
     prefill_attn_d64_bf16(const bf16* __restrict__ q, const bf16* __restrict__ kc,
@@ -151,32 +183,7 @@ extern "C" __global__ void __launch_bounds__(NT)
                           u32 window) {
     __shared__ __align__(128) unsigned char smem[5 * TILE_BYTES];  // Q, K[2], V[2]
     const u32 sQ = smem_addr(smem), sK = sQ + TILE_BYTES, sV = sQ + 3 * TILE_BYTES;
-    const int t = (int)t_, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int nqt = (t + TR - 1) / TR;
-    const u32 n = gridDim.x / (u32)nqt;  // b·heads
-    const u32 seq = blockIdx.x % n;
-    const int qt = nqt - 1 - (int)(blockIdx.x / n);  // heaviest query tiles first
-    const int q0 = qt * TR;
-    const u32 r = seq / heads, h = seq % heads, kv = h / (heads / kvh);
-    const int ldq = (int)(heads * 64);
-    const size_t qbase = (size_t)r * t * ldq + (size_t)h * 64;
-    const size_t cbase = ((size_t)r * kvh + kv) * cap * 64;
-    const int st = (int)min(start[r], t_);
-
-    if (q0 + TR <= st) {  // every query of the tile is padding: zeros
-        for (int f = threadIdx.x; f < TR * 8; f += NT) {
-            const int row = q0 + (f >> 3);
-            if (row < t)
-                *reinterpret_cast<uint4*>(out + qbase + (size_t)row * ldq + (f & 7) * 8) =
-                    make_uint4(0, 0, 0, 0);
-        }
-        return;
-    }
-    const float sl2 = fabsf(scale) * ATB_LOG2E;
-    // The sliding window (0: none) as a width of at most t; klo: the tile's first visible slot
-    // (its first query's). Key tiles wholly before klo are skipped.
-    const int wn = window == 0 || window > t_ ? t : (int)window;
-    const int klo = max(st, q0 + 1 - wn), kt0 = klo / TR;
+    PREFILL_SETUP(64)
 
     // Q rows q0 .. q0+63 (rows ldq apart): the training loader with ld = ldq.
     tile_async(sQ, q + qbase, q0, t, ldq);
@@ -316,32 +323,7 @@ extern "C" __global__ void __launch_bounds__(NT)
                           u32 window) {
     __shared__ __align__(128) unsigned char smem[3 * TILE2];  // the ring
     const u32 ring0 = smem_addr(smem);
-    const int t = (int)t_, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int nqt = (t + TR - 1) / TR;
-    const u32 n = gridDim.x / (u32)nqt;  // b·heads
-    const u32 seq = blockIdx.x % n;
-    const int qt = nqt - 1 - (int)(blockIdx.x / n);  // heaviest query tiles first
-    const int q0 = qt * TR;
-    const u32 r = seq / heads, h = seq % heads, kv = h / (heads / kvh);
-    const int ldq = (int)(heads * 128);
-    const size_t qbase = (size_t)r * t * ldq + (size_t)h * 128;
-    const size_t cbase = ((size_t)r * kvh + kv) * cap * 128;
-    const int st = (int)min(start[r], t_);
-
-    if (q0 + TR <= st) {  // every query of the tile is padding: zeros
-        for (int f = threadIdx.x; f < TR * 16; f += NT) {
-            const int row = q0 + (f >> 4);
-            if (row < t)
-                *reinterpret_cast<uint4*>(out + qbase + (size_t)row * ldq + (f & 15) * 8) =
-                    make_uint4(0, 0, 0, 0);
-        }
-        return;
-    }
-    const float sl2 = fabsf(scale) * ATB_LOG2E;
-    // The sliding window (0: none) as a width of at most t; klo: the tile's first visible slot
-    // (its first query's). Key tiles wholly before klo are skipped.
-    const int wn = window == 0 || window > t_ ? t : (int)window;
-    const int klo = max(st, q0 + 1 - wn), kt0 = klo / TR;
+    PREFILL_SETUP(128)
     auto ring = [&](int i) { return ring0 + (u32)i * TILE2; };
 
     tile_range128(ring(0), kc + cbase, kt0 * TR, klo, t);  // K(kt0) and Q: group 0

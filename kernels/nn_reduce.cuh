@@ -101,6 +101,23 @@ static __device__ __forceinline__ void smem_tree(float* sm, float (&acc)[W], u32
     for (int c = 0; c < W; ++c) acc[c] = sm[c * THREADS + t];
 }
 
+// A group's item of the grid-stride loops below (items = outer · tiles, tiles of TX = 2^tx_log2
+// units of W columns): its outer index o and the first column j of this thread's unit (tx);
+// valid when the item exists and j < inner (o = j = 0 otherwise).
+template <int W>
+static __device__ __forceinline__ bool group_item(u64 item, u64 items, u64 tiles, u32 tx_log2,
+                                                  u32 tx, u64 inner, u64& o, u64& j) {
+    o = 0;
+    j = 0;
+    bool valid = false;
+    if (item < items) {
+        o = item / tiles;
+        j = (((item - o * tiles) << tx_log2) + tx) * W;
+        valid = j < inner;
+    }
+    return valid;
+}
+
 // sm is the kernel's shared array of THREADS·W floats (unused when a group fits in a warp).
 template <class Op, int MODE, class TI, class TO>
 static __device__ __forceinline__ void reduce_impl(float* sm, const TI* __restrict__ x,
@@ -117,14 +134,8 @@ static __device__ __forceinline__ void reduce_impl(float* sm, const TI* __restri
     const u64 i0 = s * chunk, i1 = min(n, i0 + chunk);
     const bool in_warp = (TX << ty_log2) <= 32u;
     for (u64 base = (u64)blockIdx.x * G; base < items; base += (u64)gridDim.x * G) {
-        const u64 item = base + g;
-        u64 o = 0, j = 0;
-        bool valid = false;
-        if (item < items) {
-            o = item / tiles;
-            j = (((item - o * tiles) << tx_log2) + tx) * W;
-            valid = j < inner;
-        }
+        u64 o, j;
+        const bool valid = group_item<W>(base + g, items, tiles, tx_log2, tx, inner, o, j);
         float acc[W];
 #pragma unroll
         for (int c = 0; c < W; ++c) acc[c] = Op::init();
@@ -303,14 +314,8 @@ static __device__ __forceinline__ void max_axis_bwd_impl(u64* first, const T* __
     const u64 G = THREADS >> (tx_log2 + ty_log2);
     const u64 tiles = (inner + TX - 1) >> tx_log2, items = outer * tiles;
     for (u64 base = (u64)blockIdx.x * G; base < items; base += (u64)gridDim.x * G) {
-        const u64 item = base + g;
-        u64 o = 0, j = 0;
-        bool valid = false;
-        if (item < items) {
-            o = item / tiles;
-            j = ((item - o * tiles) << tx_log2) + tx;
-            valid = j < inner;
-        }
+        u64 o, j;
+        const bool valid = group_item<1>(base + g, items, tiles, tx_log2, tx, inner, o, j);
         u64 f = n;  // none found
         if (valid) {
             const float m = load(y, o * inner + j);

@@ -125,15 +125,24 @@ static __device__ __forceinline__ float2 grp_lse(float2 v, float2* red) {
 
 #define FOR_CHUNKS(i) for (unsigned i = threadIdx.x; i < cols / V; i += blockDim.x)
 
+// FN<4> (float4 chunks) when cols is a multiple of 4, else FN<1>, with the same arguments.
+#define BY_WIDTH(FN, ...)                         \
+    do {                                          \
+        if ((cols & 3u) == 0) FN<4>(__VA_ARGS__); \
+        else FN<1>(__VA_ARGS__);                  \
+    } while (0)
+
 // ---- softmax backward: dx = y ∘ (dy − Σ dy∘y) -------------------------------------------------
 
-template <int V>
-static __device__ __forceinline__ void softmax_bwd_row(const float* y, const float* dy, float* dx,
-                                                       unsigned cols, bool cached, float* cache,
-                                                       float2* red) {
+// The two passes of a backward row (softmax's and log-softmax's): s = Σ_k term(y_k, dy_k, ·)
+// over the row (y and dy kept in shared memory when cached), then dx_k = out(y_k, dy_k, s).
+template <int V, typename Term, typename Out>
+static __device__ __forceinline__ void bwd_row(const float* y, const float* dy, float* dx,
+                                               unsigned cols, bool cached, float* cache,
+                                               float2* red, Term term, Out out) {
     float* cy = cache;
     float* cd = cache + cols;
-    float dot = 0.0f;
+    float s = 0.0f;
     FOR_CHUNKS(i) {
         const Vf<V> a = ld<V>(y, i), b = ld<V>(dy, i);
         if (cached) {
@@ -141,28 +150,36 @@ static __device__ __forceinline__ void softmax_bwd_row(const float* y, const flo
             st<V>(cd, i, b);
         }
 #pragma unroll
-        for (int k = 0; k < V; ++k) dot = fmaf(a.v[k], b.v[k], dot);
+        for (int k = 0; k < V; ++k) s = term(a.v[k], b.v[k], s);
     }
-    dot = grp_sum(dot, red);
+    s = grp_sum(s, red);
     const float* sy = cached ? cy : y;
     const float* sd = cached ? cd : dy;
     FOR_CHUNKS(i) {
         const Vf<V> a = ld<V>(sy, i), b = ld<V>(sd, i);
         Vf<V> r;
 #pragma unroll
-        for (int k = 0; k < V; ++k) r.v[k] = a.v[k] * (b.v[k] - dot);
+        for (int k = 0; k < V; ++k) r.v[k] = out(a.v[k], b.v[k], s);
         st<V>(dx, i, r);
     }
+}
+
+template <int V>
+static __device__ __forceinline__ void softmax_bwd_row(const float* y, const float* dy, float* dx,
+                                                       unsigned cols, bool cached, float* cache,
+                                                       float2* red) {
+    // dot = Σ dy∘y; dx = y ∘ (dy − dot).
+    bwd_row<V>(
+        y, dy, dx, cols, cached, cache, red,
+        [](float a, float b, float dot) { return fmaf(a, b, dot); },
+        [](float a, float b, float dot) { return a * (b - dot); });
 }
 
 extern "C" __global__ void softmax_bwd_f32(const float* __restrict__ y,
                                            const float* __restrict__ dy, float* __restrict__ dx,
                                            unsigned cols, unsigned rows, unsigned cached) {
     ROW_SETUP(2)
-    if ((cols & 3u) == 0)
-        softmax_bwd_row<4>(y + off, dy + off, dx + off, cols, cached, cache, red);
-    else
-        softmax_bwd_row<1>(y + off, dy + off, dx + off, cols, cached, cache, red);
+    BY_WIDTH(softmax_bwd_row, y + off, dy + off, dx + off, cols, cached, cache, red);
 }
 
 // ---- log-softmax forward: out = (x − max) − log Σ exp(x − max) ---------------------------------
@@ -193,10 +210,7 @@ extern "C" __global__ void log_softmax_fwd_f32(const float* __restrict__ x,
                                                float* __restrict__ out, unsigned cols,
                                                unsigned rows, unsigned cached) {
     ROW_SETUP(1)
-    if ((cols & 3u) == 0)
-        log_softmax_fwd_row<4>(x + off, out + off, cols, cached, cache, red);
-    else
-        log_softmax_fwd_row<1>(x + off, out + off, cols, cached, cache, red);
+    BY_WIDTH(log_softmax_fwd_row, x + off, out + off, cols, cached, cache, red);
 }
 
 // ---- softmax forward: out = exp(x − max) / Σ exp(x − max) --------------------------------------
@@ -234,10 +248,7 @@ static __device__ __forceinline__ void softmax_fwd_row(const float* x, float* ou
 extern "C" __global__ void softmax_fwd_f32(const float* __restrict__ x, float* __restrict__ out,
                                            unsigned cols, unsigned rows, unsigned cached) {
     ROW_SETUP(1)
-    if ((cols & 3u) == 0)
-        softmax_fwd_row<4>(x + off, out + off, cols, cached, cache, red);
-    else
-        softmax_fwd_row<1>(x + off, out + off, cols, cached, cache, red);
+    BY_WIDTH(softmax_fwd_row, x + off, out + off, cols, cached, cache, red);
 }
 
 // ---- log-softmax backward: dx = dy − exp(y) · Σ dy --------------------------------------------
@@ -246,28 +257,10 @@ template <int V>
 static __device__ __forceinline__ void log_softmax_bwd_row(const float* y, const float* dy,
                                                            float* dx, unsigned cols, bool cached,
                                                            float* cache, float2* red) {
-    float* cy = cache;
-    float* cd = cache + cols;
-    float s = 0.0f;
-    FOR_CHUNKS(i) {
-        const Vf<V> a = ld<V>(y, i), b = ld<V>(dy, i);
-        if (cached) {
-            st<V>(cy, i, a);
-            st<V>(cd, i, b);
-        }
-#pragma unroll
-        for (int k = 0; k < V; ++k) s += b.v[k];
-    }
-    s = grp_sum(s, red);
-    const float* sy = cached ? cy : y;
-    const float* sd = cached ? cd : dy;
-    FOR_CHUNKS(i) {
-        const Vf<V> a = ld<V>(sy, i), b = ld<V>(sd, i);
-        Vf<V> r;
-#pragma unroll
-        for (int k = 0; k < V; ++k) r.v[k] = fmaf(-expf(a.v[k]), s, b.v[k]);
-        st<V>(dx, i, r);
-    }
+    // s = Σ dy; dx = dy − exp(y)·s.
+    bwd_row<V>(
+        y, dy, dx, cols, cached, cache, red, [](float, float b, float s) { return s + b; },
+        [](float a, float b, float s) { return fmaf(-expf(a), s, b); });
 }
 
 extern "C" __global__ void log_softmax_bwd_f32(const float* __restrict__ y,
@@ -275,10 +268,7 @@ extern "C" __global__ void log_softmax_bwd_f32(const float* __restrict__ y,
                                                float* __restrict__ dx, unsigned cols,
                                                unsigned rows, unsigned cached) {
     ROW_SETUP(2)
-    if ((cols & 3u) == 0)
-        log_softmax_bwd_row<4>(y + off, dy + off, dx + off, cols, cached, cache, red);
-    else
-        log_softmax_bwd_row<1>(y + off, dy + off, dx + off, cols, cached, cache, red);
+    BY_WIDTH(log_softmax_bwd_row, y + off, dy + off, dx + off, cols, cached, cache, red);
 }
 
 // ---- fused cross-entropy ------------------------------------------------------------------------
@@ -342,10 +332,7 @@ extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logit
     ROW_SETUP(1)
     const unsigned t = targets[row];
     const float g = dloss[row];
-    if ((cols & 3u) == 0)
-        cross_entropy_bwd_row<4>(logits + off, t, g, dlogits + off, cols, cached, cache, red);
-    else
-        cross_entropy_bwd_row<1>(logits + off, t, g, dlogits + off, cols, cached, cache, red);
+    BY_WIDTH(cross_entropy_bwd_row, logits + off, t, g, dlogits + off, cols, cached, cache, red);
 }
 
 // ---- LayerNorm / RMSNorm forward with saved statistics ------------------------------------------
@@ -715,10 +702,7 @@ extern "C" __global__ void layernorm_bwd_f32(const float* __restrict__ x,
     float* sm = reinterpret_cast<float*>(smem4_);
     float* aw = cached ? sm + (size_t)threadIdx.y * 2 * cols : partial + (size_t)blockIdx.x * cols;
     float* ab = cached ? aw + cols : partial + (size_t)(gridDim.x + blockIdx.x) * cols;
-    if ((cols & 3u) == 0)
-        layernorm_bwd_rows<4>(x, w, mean, rstd, dy, dx, aw, ab, cols, rows, red);
-    else
-        layernorm_bwd_rows<1>(x, w, mean, rstd, dy, dx, aw, ab, cols, rows, red);
+    BY_WIDTH(layernorm_bwd_rows, x, w, mean, rstd, dy, dx, aw, ab, cols, rows, red);
     if (cached) acc_flush<2>(sm, partial, cols);
 }
 
@@ -768,10 +752,7 @@ extern "C" __global__ void rmsnorm_bwd_f32(const float* __restrict__ x,
     __shared__ float2 red[32];
     float* sm = reinterpret_cast<float*>(smem4_);
     float* aw = cached ? sm + (size_t)threadIdx.y * cols : partial + (size_t)blockIdx.x * cols;
-    if ((cols & 3u) == 0)
-        rmsnorm_bwd_rows<4>(x, w, rstd, dy, dx, aw, cols, rows, red);
-    else
-        rmsnorm_bwd_rows<1>(x, w, rstd, dy, dx, aw, cols, rows, red);
+    BY_WIDTH(rmsnorm_bwd_rows, x, w, rstd, dy, dx, aw, cols, rows, red);
     if (cached) acc_flush<1>(sm, partial, cols);
 }
 
