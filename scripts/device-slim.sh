@@ -14,13 +14,13 @@ dirs=(crates/gpu-kernels/kernels docs/results-curves crates/models/tests/fixture
 case "${1:-}" in
   out)
     for d in "${dirs[@]}"; do
-      [ -e "$hold/$d" ] && { echo "device-slim: $hold/$d exists (run 'back' first)" >&2; exit 1; }
+      if [ -e "$hold/$d" ]; then echo "device-slim: $hold/$d exists (run 'back' first)" >&2; exit 1; fi
     done
     for d in "${dirs[@]}"; do mkdir -p "$hold/$(dirname "$d")" && mv "$d" "$hold/$d"; done
     echo "moved ${dirs[*]} to $hold; tracked files left: $(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) bytes" ;;
   back)
     for d in "${dirs[@]}"; do
-      [ -e "$d" ] && { echo "device-slim: $d exists here; not overwritten" >&2; exit 1; }
+      if [ -e "$d" ]; then echo "device-slim: $d exists here; not overwritten" >&2; exit 1; fi
     done
     for d in "${dirs[@]}"; do mv "$hold/$d" "$d"; done
     echo "restored ${dirs[*]}" ;;
