@@ -5,7 +5,8 @@
 #   cargo build --release -p benches --bin gpu-bench && cargo build --release -p hybrid-trainer
 #   for b in gpu-bench hybrid-trainer; do strip -o /tmp/$b target/release/$b &&
 #     xz -6 -c /tmp/$b > target/ab/SIDE/bin/$b.xz; done
-# (A: the same in a worktree of the base commit), carry target/ab, and run on the GPU machine
+# (A: the same in a worktree of the base commit), run scripts/device-slim.sh out (the tree and
+# the ~35 MB of binaries exceed 64 MiB otherwise; back afterwards), carry target/ab, and run on the GPU machine
 # from the repository root:  [ROUNDS=2] [SKIP=...] bash scripts/bench-ab-call.sh
 # Outputs: $OUT/ab.tgz (bench-ab's logs and tables) and $OUT/gpu.txt (card, binaries' sums).
 set -u
