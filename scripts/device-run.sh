@@ -4,6 +4,7 @@
 #   scripts/device-run.sh [RUN_SH_ARGS...]   (env SAN_TESTS="bin:filter ..." adds sanitizer runs)
 # Each SAN_TESTS entry runs memcheck and racecheck over one test binary, limited to the tests
 # whose names contain the filter (racecheck over a whole attention binary takes too long).
+# SAN_TOOLS (default "memcheck racecheck") picks the tools.
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0
 # The Vulkan loader, where the call carries `.gl` (the device README: `apt-get download
@@ -27,7 +28,7 @@ status=$?
 san=/usr/local/cuda/bin/compute-sanitizer
 for entry in ${SAN_TESTS:-}; do
   bin=${entry%%:*} filter=${entry#*:}
-  for tool in memcheck racecheck; do
+  for tool in ${SAN_TOOLS:-memcheck racecheck}; do
     timeout "${SAN_TIMEOUT:-150}" "$san" --tool "$tool" --error-exitcode 99 --print-limit 20 \
       "tests/gpu-cuda--$bin" --test-threads=1 "$filter" > "$OUT/san-$tool-$bin.log" 2>&1
     rc=$?
