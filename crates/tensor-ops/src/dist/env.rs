@@ -53,32 +53,19 @@ impl DistEnv {
             Some(v) => parse_index("RANK", &v)?,
             None => return Err(missing("RANK", "WORLD_SIZE is set")),
         };
-        if rank >= world_size {
-            return Err(env_err(
-                "RANK",
-                format!("{rank} is not below WORLD_SIZE={world_size}"),
-            ));
-        }
-        let local_world_size = match get("LOCAL_WORLD_SIZE") {
-            Some(v) => parse_count("LOCAL_WORLD_SIZE", &v)?,
-            None => world_size,
-        };
+        check_below(("RANK", rank), ("WORLD_SIZE", world_size))?;
+        let local_world_size = parse_or(&get, "LOCAL_WORLD_SIZE", parse_count, world_size)?;
         if local_world_size > world_size {
             return Err(env_err(
                 "LOCAL_WORLD_SIZE",
                 format!("{local_world_size} exceeds WORLD_SIZE={world_size}"),
             ));
         }
-        let local_rank = match get("LOCAL_RANK") {
-            Some(v) => parse_index("LOCAL_RANK", &v)?,
-            None => rank,
-        };
-        if local_rank >= local_world_size {
-            return Err(env_err(
-                "LOCAL_RANK",
-                format!("{local_rank} is not below LOCAL_WORLD_SIZE={local_world_size}"),
-            ));
-        }
+        let local_rank = parse_or(&get, "LOCAL_RANK", parse_index, rank)?;
+        check_below(
+            ("LOCAL_RANK", local_rank),
+            ("LOCAL_WORLD_SIZE", local_world_size),
+        )?;
         let master_addr = match get("MASTER_ADDR") {
             Some(v) => parse_addr(&v)?,
             None if world_size == 1 => DEFAULT_MASTER_ADDR.to_string(),
@@ -116,6 +103,30 @@ impl DistEnv {
 
 fn env_err(var: &'static str, reason: String) -> DistError {
     DistError::Env { var, reason }
+}
+
+/// Variable `var` through `parse` (which names it in its errors), or `default` when unset.
+fn parse_or<T>(
+    get: impl Fn(&str) -> Option<String>,
+    var: &'static str,
+    parse: fn(&'static str, &str) -> Result<T, DistError>,
+    default: T,
+) -> Result<T, DistError> {
+    match get(var) {
+        Some(v) => parse(var, &v),
+        None => Ok(default),
+    }
+}
+
+/// An index variable `(var, value)` must be below the count variable `(of, count)`.
+fn check_below(
+    (var, value): (&'static str, usize),
+    (of, count): (&str, usize),
+) -> Result<(), DistError> {
+    if value >= count {
+        return Err(env_err(var, format!("{value} is not below {of}={count}")));
+    }
+    Ok(())
 }
 
 fn missing(var: &'static str, why: &str) -> DistError {

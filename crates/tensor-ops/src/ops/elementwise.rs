@@ -8,6 +8,19 @@ use gpu_core::nn::Primitives;
 use gpu_core::nn::{Activation, BinaryKind, ElementwiseOps, Saved};
 use gpu_core::{DType, Device, GpuError, Result};
 
+/// One `Tensor` method per activation, each `self.activation(Activation::$kind)` (a function
+/// cannot declare methods by name).
+macro_rules! activation_methods {
+    ($($(#[$doc:meta])* $name:ident => $kind:ident,)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(&self) -> Result<Tensor> {
+                self.activation(Activation::$kind)
+            }
+        )*
+    };
+}
+
 fn binary(a: &Tensor, b: &Tensor, op: BinaryKind, name: &'static str) -> Result<Tensor> {
     let dev = same_device(name, &[a, b])?;
     let float = |d: DType| matches!(d, DType::F32 | DType::BF16);
@@ -182,33 +195,21 @@ impl Tensor {
         ))
     }
 
-    /// ReLU.
-    pub fn relu(&self) -> Result<Tensor> {
-        self.activation(Activation::Relu)
-    }
-    /// Exact (erf) GELU.
-    pub fn gelu(&self) -> Result<Tensor> {
-        self.activation(Activation::Gelu)
-    }
-    /// SiLU (swish).
-    pub fn silu(&self) -> Result<Tensor> {
-        self.activation(Activation::Silu)
-    }
-    /// Logistic sigmoid.
-    pub fn sigmoid(&self) -> Result<Tensor> {
-        self.activation(Activation::Sigmoid)
-    }
-    /// tanh.
-    pub fn tanh(&self) -> Result<Tensor> {
-        self.activation(Activation::Tanh)
-    }
-    /// eˣ.
-    pub fn exp(&self) -> Result<Tensor> {
-        self.activation(Activation::Exp)
-    }
-    /// Natural log.
-    pub fn log(&self) -> Result<Tensor> {
-        self.activation(Activation::Log)
+    activation_methods! {
+        /// ReLU.
+        relu => Relu,
+        /// Exact (erf) GELU.
+        gelu => Gelu,
+        /// SiLU (swish).
+        silu => Silu,
+        /// Logistic sigmoid.
+        sigmoid => Sigmoid,
+        /// tanh.
+        tanh => Tanh,
+        /// eˣ.
+        exp => Exp,
+        /// Natural log.
+        log => Log,
     }
 
     /// SwiGLU: `silu(self) ∘ up`.

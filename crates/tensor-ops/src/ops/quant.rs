@@ -16,9 +16,8 @@ pub struct QuantWeight {
     data: Tensor,
     scales: Tensor,
     mins: Tensor,
-    format: QuantFormat,
-    n: usize,
-    k: usize,
+    /// The weight's format and `n × k` ([`QuantSpec::weight`], `m = 0`).
+    spec: QuantSpec,
 }
 
 impl QuantWeight {
@@ -79,25 +78,23 @@ impl QuantWeight {
             data,
             scales,
             mins,
-            format,
-            n,
-            k,
+            spec,
         })
     }
 
     /// The format.
     pub fn format(&self) -> QuantFormat {
-        self.format
+        self.spec.format
     }
 
     /// Output rows `n`.
     pub fn n(&self) -> usize {
-        self.n
+        self.spec.n
     }
 
     /// Inputs a row `k`.
     pub fn k(&self) -> usize {
-        self.k
+        self.spec.k
     }
 
     /// The device the tensors live on.
@@ -112,12 +109,7 @@ impl QuantWeight {
 
     /// The spec of a product by `m` rows.
     fn spec(&self, m: usize) -> QuantSpec {
-        QuantSpec {
-            m,
-            n: self.n,
-            k: self.k,
-            format: self.format,
-        }
+        QuantSpec { m, ..self.spec }
     }
 
     /// `deq(W)` `[n, k]` in `dtype` (f32, or bf16 rounded once), as `QuantOps::dequantize`.
@@ -125,14 +117,14 @@ impl QuantWeight {
         let dev = self.device();
         let (d, s, m) = (self.data.read(), self.scales.read(), self.mins.read());
         let spec = self.spec(0);
-        let st = compute!(dev, dtype, self.n * self.k, |be, out| be.dequantize(
+        let st = compute!(dev, dtype, spec.n * spec.k, |be, out| be.dequantize(
             buf(be, &d)?,
             buf(be, &s)?,
             buf(be, &m)?,
             &mut out,
             spec
         ));
-        Ok(Tensor::from_storage(st, vec![self.n, self.k], dev))
+        Ok(Tensor::from_storage(st, vec![spec.n, spec.k], dev))
     }
 }
 
@@ -146,12 +138,16 @@ impl Tensor {
         let Some((&k, lead)) = self.shape().split_last() else {
             return Err(GpuError::shape(OP, "x of rank >= 1", "a scalar"));
         };
-        if k != w.k {
-            return Err(GpuError::shape(OP, format!("x rows of {} inputs", w.k), k));
+        if k != w.k() {
+            return Err(GpuError::shape(
+                OP,
+                format!("x rows of {} inputs", w.k()),
+                k,
+            ));
         }
         let spec = w.spec(numel(lead));
         let mut shape = lead.to_vec();
-        shape.push(w.n);
+        shape.push(w.n());
         let dtype = self.dtype();
         let (x, d, s, m) = (self.read(), w.data.read(), w.scales.read(), w.mins.read());
         let st = compute!(dev, dtype, spec.m * spec.n, |be, out| be.matmul_quant(
