@@ -455,11 +455,12 @@ impl CudaBackend {
             u.device_ptr() as *mut std::ffi::c_void,
             v.device_ptr() as *mut std::ffi::c_void,
         );
-        let (mut dev_bytes, mut host_bytes) = (0usize, 0usize);
-        let mut run = || -> Result<()> {
-            // SAFETY: a size query on checked shapes (A m×n ld m, S min(m, n), U m×m, V n×n).
-            solver_ok("cusolverDnXgesvdr_bufferSize", unsafe {
-                solver::cusolverDnXgesvdr_bufferSize(
+        // The size query and the call take the same problem description (handle, params,
+        // jobs, sizes, then each matrix with its type and leading dimension) before their own
+        // workspace arguments.
+        macro_rules! gesvdr_call {
+            ($f:path, $($tail:expr),+ $(,)?) => {
+                $f(
                     h,
                     params,
                     jobu,
@@ -481,6 +482,16 @@ impl CudaBackend {
                     pv,
                     n64,
                     r32,
+                    $($tail),+
+                )
+            };
+        }
+        let (mut dev_bytes, mut host_bytes) = (0usize, 0usize);
+        let mut run = || -> Result<()> {
+            // SAFETY: a size query on checked shapes (A m×n ld m, S min(m, n), U m×m, V n×n).
+            solver_ok("cusolverDnXgesvdr_bufferSize", unsafe {
+                gesvdr_call!(
+                    solver::cusolverDnXgesvdr_bufferSize,
                     &mut dev_bytes,
                     &mut host_bytes,
                 )
@@ -491,28 +502,8 @@ impl CudaBackend {
             // SAFETY: the same checked shapes; the workspaces hold the queried sizes and the
             // host one outlives the call (the stream is synchronised before it is dropped).
             solver_ok("cusolverDnXgesvdr", unsafe {
-                solver::cusolverDnXgesvdr(
-                    h,
-                    params,
-                    jobu,
-                    jobv,
-                    m64,
-                    n64,
-                    k64,
-                    p64,
-                    it64,
-                    r32,
-                    pa,
-                    m64,
-                    r32,
-                    ps,
-                    r32,
-                    pu,
-                    m64,
-                    r32,
-                    pv,
-                    n64,
-                    r32,
+                gesvdr_call!(
+                    solver::cusolverDnXgesvdr,
                     dev.device_ptr() as *mut std::ffi::c_void,
                     dev_bytes,
                     host.as_mut_ptr() as *mut std::ffi::c_void,
