@@ -114,9 +114,7 @@ impl CudaBackend {
         crate::gate::Locked<'_, cudarc::cublas::CudaBlas>,
         blas::cublasHandle_t,
     )> {
-        let guard = self.blas()?;
-        let handle = *guard.handle();
-        self.bind()?;
+        let (guard, handle) = self.blas_bound()?;
         // SAFETY: the handle is live and bound to this backend's stream.
         blas_ok("cublasSetMathMode", unsafe {
             blas::cublasSetMathMode(handle, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
@@ -286,9 +284,7 @@ impl CudaBackend {
             return Ok(());
         }
         let (r, cl, lda, ldc) = (int(OP, rows)?, int(OP, cols)?, int(OP, lda)?, int(OP, ldc)?);
-        let guard = self.blas()?;
-        let handle = *guard.handle();
-        self.bind()?;
+        let (_guard, handle) = self.blas_bound()?;
         let (one, zero) = (1.0f32, 0.0f32);
         // SAFETY: shapes checked above; with beta = 0, B is not read (C is passed for it, as
         // cuBLAS allows when beta is zero and the shapes match).
@@ -328,9 +324,7 @@ impl CudaBackend {
             return Ok(());
         }
         let (r, cl, lda, ldc) = (int(OP, rows)?, int(OP, cols)?, int(OP, lda)?, int(OP, ldc)?);
-        let guard = self.blas()?;
-        let handle = *guard.handle();
-        self.bind()?;
+        let (_guard, handle) = self.blas_bound()?;
         // SAFETY: shapes checked above; `x` holds `rows` values read with stride 1.
         blas_ok("cublasSdgmm", unsafe {
             blas::cublasSdgmm(
@@ -370,9 +364,7 @@ impl CudaBackend {
             return Ok(());
         }
         let (r, c, ld) = (int(OP, rows)?, int(OP, cols)?, int(OP, lda)?);
-        let guard = self.solver()?;
-        let h = guard.cu();
-        self.bind()?;
+        let (_guard, h) = self.solver_bound()?;
         let pa = a.device_ptr() as *mut f32;
         let tau = self.allocate(DType::F32, cols)?;
         let ptau = tau.device_ptr() as *mut f32;
@@ -442,9 +434,7 @@ impl CudaBackend {
         const OP: &str = "gesvdr_cm";
         check_gesvdr((m, n), (k, p), a, [s, u, v])?;
         self.check_owned(OP, &[a, s, u, v, &info.buf])?;
-        let guard = self.solver()?;
-        let h = guard.cu();
-        self.bind()?;
+        let (_guard, h) = self.solver_bound()?;
         let params = solver_result::dn_create_params().map_err(|e| GpuError::cuda(OP, e))?;
         let r32 = solver::cudaDataType_t::CUDA_R_32F;
         let (jobu, jobv) = (b'S' as std::os::raw::c_schar, b'S' as std::os::raw::c_schar);
