@@ -313,6 +313,32 @@ impl CudaBackend {
         })
     }
 
+    /// [`CudaBackend::blas`] and its raw handle, with this backend's context bound to the
+    /// thread for the cuBLAS calls that follow; the guard keeps the handle locked while it
+    /// lives.
+    pub(crate) fn blas_bound(
+        &self,
+    ) -> Result<(Locked<'_, CudaBlas>, cudarc::cublas::sys::cublasHandle_t)> {
+        let guard = self.blas()?;
+        let handle = *guard.handle();
+        self.bind()?;
+        Ok((guard, handle))
+    }
+
+    /// [`CudaBackend::solver`] and its raw handle, with the context bound, as
+    /// [`CudaBackend::blas_bound`].
+    pub(crate) fn solver_bound(
+        &self,
+    ) -> Result<(
+        Locked<'_, DnHandle>,
+        cudarc::cusolver::sys::cusolverDnHandle_t,
+    )> {
+        let guard = self.solver()?;
+        let handle = guard.cu();
+        self.bind()?;
+        Ok((guard, handle))
+    }
+
     /// The library handle kept in `cell`, locked: made on first use by `create` on this
     /// backend's stream once `present()` says the library `name` (file `file`) can be opened;
     /// `CudaUnavailable` with the reason, then and on every later call, when it cannot be.

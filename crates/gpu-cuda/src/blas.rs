@@ -59,9 +59,7 @@ impl CudaBackend {
         self.check_owned("matmul", &[a, b, c])?;
         let (op, (lda_row, ldb_row)) = (op_of, row_major_lds(&s, (m, n, k)));
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let blas = self.blas()?;
-        let handle = *blas.handle();
-        self.bind()?;
+        let (_blas, handle) = self.blas_bound()?;
         let mode = if self.tf32() {
             sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
         } else {

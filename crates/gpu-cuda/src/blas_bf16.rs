@@ -81,9 +81,7 @@ impl CudaBackend {
         let (sa, sb, sc) = (stride(s.m * s.k)?, stride(s.k * s.n)?, stride(s.m * s.n)?);
         let (op, (lda_row, ldb_row)) = (op_of, row_major_lds(&s, (m, n, k)));
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let blas = self.blas()?;
-        let handle = *blas.handle();
-        self.bind()?;
+        let (_blas, handle) = self.blas_bound()?;
         // SAFETY: the buffers hold batch·m·k and batch·k·n bf16 and batch·m·n elements of C's
         // type (checked above); the leading dimensions and strides address exactly those; the
         // scalars are f32 as CUBLAS_COMPUTE_32F requires.

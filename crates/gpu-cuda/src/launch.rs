@@ -203,37 +203,33 @@ pub(crate) unsafe fn launch_raw_with(
         // SAFETY: `params` as below; this function's contract.
         return unsafe { launch_ex(stream, func, cfg, &mut params, cooperative, cluster) };
     }
+    // Both entry points take the same grid, block, shared memory, stream and parameters;
+    // `cuLaunchKernel` also takes its `extra` options (none here).
+    macro_rules! grid_launch {
+        ($f:path $(, $extra:expr)?) => {
+            $f(
+                func,
+                g.0,
+                g.1,
+                g.2,
+                b.0,
+                b.1,
+                b.2,
+                cfg.shared_mem_bytes,
+                stream.cu_stream(),
+                params.as_mut_ptr(),
+                $($extra)?
+            )
+        };
+    }
     // SAFETY: `params` points at `values` (or, for `Bytes`, at the byte buffers they own), which
     // outlive the call (the driver copies parameter values at launch); `func` belongs to a loaded
     // module and the parameter list matches the kernel's signature (this function's contract).
     let r = unsafe {
         if cooperative {
-            sys::cuLaunchCooperativeKernel(
-                func,
-                g.0,
-                g.1,
-                g.2,
-                b.0,
-                b.1,
-                b.2,
-                cfg.shared_mem_bytes,
-                stream.cu_stream(),
-                params.as_mut_ptr(),
-            )
+            grid_launch!(sys::cuLaunchCooperativeKernel)
         } else {
-            sys::cuLaunchKernel(
-                func,
-                g.0,
-                g.1,
-                g.2,
-                b.0,
-                b.1,
-                b.2,
-                cfg.shared_mem_bytes,
-                stream.cu_stream(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
+            grid_launch!(sys::cuLaunchKernel, std::ptr::null_mut())
         }
     };
     check("cuLaunchKernel (raw)", r)

@@ -114,9 +114,7 @@ impl CudaBackend {
         crate::gate::Locked<'_, cudarc::cublas::CudaBlas>,
         blas::cublasHandle_t,
     )> {
-        let guard = self.blas()?;
-        let handle = *guard.handle();
-        self.bind()?;
+        let (guard, handle) = self.blas_bound()?;
         // SAFETY: the handle is live and bound to this backend's stream.
         blas_ok("cublasSetMathMode", unsafe {
             blas::cublasSetMathMode(handle, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
@@ -286,9 +284,7 @@ impl CudaBackend {
             return Ok(());
         }
         let (r, cl, lda, ldc) = (int(OP, rows)?, int(OP, cols)?, int(OP, lda)?, int(OP, ldc)?);
-        let guard = self.blas()?;
-        let handle = *guard.handle();
-        self.bind()?;
+        let (_guard, handle) = self.blas_bound()?;
         let (one, zero) = (1.0f32, 0.0f32);
         // SAFETY: shapes checked above; with beta = 0, B is not read (C is passed for it, as
         // cuBLAS allows when beta is zero and the shapes match).
@@ -328,9 +324,7 @@ impl CudaBackend {
             return Ok(());
         }
         let (r, cl, lda, ldc) = (int(OP, rows)?, int(OP, cols)?, int(OP, lda)?, int(OP, ldc)?);
-        let guard = self.blas()?;
-        let handle = *guard.handle();
-        self.bind()?;
+        let (_guard, handle) = self.blas_bound()?;
         // SAFETY: shapes checked above; `x` holds `rows` values read with stride 1.
         blas_ok("cublasSdgmm", unsafe {
             blas::cublasSdgmm(
@@ -370,9 +364,7 @@ impl CudaBackend {
             return Ok(());
         }
         let (r, c, ld) = (int(OP, rows)?, int(OP, cols)?, int(OP, lda)?);
-        let guard = self.solver()?;
-        let h = guard.cu();
-        self.bind()?;
+        let (_guard, h) = self.solver_bound()?;
         let pa = a.device_ptr() as *mut f32;
         let tau = self.allocate(DType::F32, cols)?;
         let ptau = tau.device_ptr() as *mut f32;
@@ -442,9 +434,7 @@ impl CudaBackend {
         const OP: &str = "gesvdr_cm";
         check_gesvdr((m, n), (k, p), a, [s, u, v])?;
         self.check_owned(OP, &[a, s, u, v, &info.buf])?;
-        let guard = self.solver()?;
-        let h = guard.cu();
-        self.bind()?;
+        let (_guard, h) = self.solver_bound()?;
         let params = solver_result::dn_create_params().map_err(|e| GpuError::cuda(OP, e))?;
         let r32 = solver::cudaDataType_t::CUDA_R_32F;
         let (jobu, jobv) = (b'S' as std::os::raw::c_schar, b'S' as std::os::raw::c_schar);
@@ -455,11 +445,12 @@ impl CudaBackend {
             u.device_ptr() as *mut std::ffi::c_void,
             v.device_ptr() as *mut std::ffi::c_void,
         );
-        let (mut dev_bytes, mut host_bytes) = (0usize, 0usize);
-        let mut run = || -> Result<()> {
-            // SAFETY: a size query on checked shapes (A m×n ld m, S min(m, n), U m×m, V n×n).
-            solver_ok("cusolverDnXgesvdr_bufferSize", unsafe {
-                solver::cusolverDnXgesvdr_bufferSize(
+        // The size query and the call take the same problem description (handle, params,
+        // jobs, sizes, then each matrix with its type and leading dimension) before their own
+        // workspace arguments.
+        macro_rules! gesvdr_call {
+            ($f:path, $($tail:expr),+ $(,)?) => {
+                $f(
                     h,
                     params,
                     jobu,
@@ -481,6 +472,16 @@ impl CudaBackend {
                     pv,
                     n64,
                     r32,
+                    $($tail),+
+                )
+            };
+        }
+        let (mut dev_bytes, mut host_bytes) = (0usize, 0usize);
+        let mut run = || -> Result<()> {
+            // SAFETY: a size query on checked shapes (A m×n ld m, S min(m, n), U m×m, V n×n).
+            solver_ok("cusolverDnXgesvdr_bufferSize", unsafe {
+                gesvdr_call!(
+                    solver::cusolverDnXgesvdr_bufferSize,
                     &mut dev_bytes,
                     &mut host_bytes,
                 )
@@ -491,28 +492,8 @@ impl CudaBackend {
             // SAFETY: the same checked shapes; the workspaces hold the queried sizes and the
             // host one outlives the call (the stream is synchronised before it is dropped).
             solver_ok("cusolverDnXgesvdr", unsafe {
-                solver::cusolverDnXgesvdr(
-                    h,
-                    params,
-                    jobu,
-                    jobv,
-                    m64,
-                    n64,
-                    k64,
-                    p64,
-                    it64,
-                    r32,
-                    pa,
-                    m64,
-                    r32,
-                    ps,
-                    r32,
-                    pu,
-                    m64,
-                    r32,
-                    pv,
-                    n64,
-                    r32,
+                gesvdr_call!(
+                    solver::cusolverDnXgesvdr,
                     dev.device_ptr() as *mut std::ffi::c_void,
                     dev_bytes,
                     host.as_mut_ptr() as *mut std::ffi::c_void,

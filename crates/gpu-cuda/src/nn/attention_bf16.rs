@@ -31,6 +31,26 @@ fn check_bufs(op: &'static str, bufs: &[(&str, &CudaBuffer, DType, usize)]) -> R
     Ok(())
 }
 
+/// Checks the tensors a packed bf16 call and its backward share: `qkv` and `out` bf16, `lse`
+/// f32, of the lengths `p` and `scale` give ([`packed_bf16_lens`]); returns the lengths of
+/// `qkv` and `out`.
+fn check_qkv_out_lse(
+    op: &'static str,
+    (p, scale): (Packed, f32),
+    [qkv, out, lse]: [&CudaBuffer; 3],
+) -> Result<(usize, usize)> {
+    let (e_qkv, e_out, e_lse) = packed_bf16_lens(op, p, scale)?;
+    check_bufs(
+        op,
+        &[
+            ("qkv", qkv, DType::BF16, e_qkv),
+            ("out", out, DType::BF16, e_out),
+            ("lse", lse, DType::F32, e_lse),
+        ],
+    )?;
+    Ok((e_qkv, e_out))
+}
+
 /// `kernel` on a tile of [`ROWS`] rows and [`THREADS`] threads.
 fn tile(kernel: &'static str) -> Tile {
     Tile {
@@ -58,15 +78,7 @@ impl CudaBackend {
         drop: Option<DeviceAttnDropout<'_>>,
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_bf16_fwd";
-        let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
-        check_bufs(
-            OP,
-            &[
-                ("qkv", qkv, DType::BF16, e_qkv),
-                ("out", &*out, DType::BF16, e_out),
-                ("lse", &*lse, DType::F32, e_lse),
-            ],
-        )?;
+        check_qkv_out_lse(OP, (p, scale), [qkv, &*out, &*lse])?;
         self.check_owned(OP, &[qkv, &*out, &*lse])?;
         let drop = self.attn_drop_args(OP, drop)?;
         if p.n() == 0 || p.t == 0 {
@@ -101,13 +113,10 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "causal_attention_packed_bf16_bwd";
         let PackedSaved { out, lse, dout } = saved;
-        let (e_qkv, e_out, e_lse) = packed_bf16_lens(OP, p, scale)?;
+        let (e_qkv, e_out) = check_qkv_out_lse(OP, (p, scale), [qkv, out, lse])?;
         check_bufs(
             OP,
             &[
-                ("qkv", qkv, DType::BF16, e_qkv),
-                ("out", out, DType::BF16, e_out),
-                ("lse", lse, DType::F32, e_lse),
                 ("dout", dout, DType::BF16, e_out),
                 ("dqkv", &*dqkv, DType::BF16, e_qkv),
             ],

@@ -123,6 +123,11 @@ pub(super) fn chunks(entries: impl IntoIterator<Item = Entry>) -> Vec<Chunk> {
     pack(&MULTI_TENSOR, entries)
 }
 
+/// The blocks of all the chunks' launches.
+pub(super) fn total_blocks(chunks: &[Chunk]) -> usize {
+    chunks.iter().map(|c| c.blocks as usize).sum()
+}
+
 pub(super) fn blocks_config(blocks: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -163,33 +168,23 @@ impl OptimOps for CudaBackend {
             len: g.len(),
             decay: 0.0,
         }));
-        let total: usize = chunks.iter().map(|c| c.blocks as usize).sum();
         // One f64 partial sum per block (two f32 slots each); back to the pool on drop.
-        let mut partials = self.allocate(DType::F32, 2 * total)?;
-        let mut part0 = 0u32;
-        for c in &chunks {
-            let args = [
-                KernelArg::Bytes(c.bytes.clone()),
-                (&mut partials).into(),
-                KernelArg::U32(part0),
-            ];
-            // SAFETY: sumsq_f32(MultiTensor a, double* partials, u32 part0): `a` is the
-            // 2824-byte struct built by `chunks` (layout asserted in the kernel) naming live
-            // f32 grads of `n[i]` elements, 256-byte aligned; the grid has exactly
-            // block_start[count] blocks, and block b writes partials[part0 + b] < total.
-            unsafe { self.launch("sumsq_f32", blocks_config(c.blocks), &args) }?;
-            part0 += c.blocks;
+        let mut partials = self.allocate(DType::F32, 2 * total_blocks(&chunks))?;
+        // SAFETY: sumsq_f32(MultiTensor a, double* partials, u32 part0): `a` is the 2824-byte
+        // struct built by `chunks` (layout asserted in the kernel) naming live f32 grads of
+        // `n[i]` elements, 256-byte aligned; the grid has exactly block_start[count] blocks, and
+        // block b writes partials[part0 + b] < total. Then clip_finalize_f32(const double*
+        // partials, u32 nparts, float max_norm, float* out), one block: reads `total` f64
+        // written above (same stream), writes out[0..2] (out holds 2 f32, check_clip).
+        unsafe {
+            self.chunk_sums(
+                ("sumsq_f32", "clip_finalize_f32"),
+                &chunks,
+                &mut partials,
+                |c, partials, part0| [KernelArg::Bytes(c.bytes.clone()), partials, part0],
+                |partials, nparts| [partials, nparts, KernelArg::F32(max_norm), out.into()],
+            )
         }
-        let args = [
-            (&partials).into(),
-            KernelArg::U32(total as u32),
-            KernelArg::F32(max_norm),
-            out.into(),
-        ];
-        // SAFETY: clip_finalize_f32(const double* partials, u32 nparts, float max_norm,
-        // float* out), one block: reads `total` f64 written above (same stream), writes out[0..2]
-        // (out holds 2 f32, check_clip).
-        unsafe { self.launch("clip_finalize_f32", blocks_config(1), &args) }
     }
 
     fn adamw_step(&self, bufs: AdamWBuffers<'_, '_, CudaBuffer>, cfg: AdamWConfig) -> Result<()> {
@@ -226,6 +221,37 @@ impl OptimOps for CudaBackend {
 }
 
 impl CudaBackend {
+    /// A two-pass reduction over multi-tensor chunks: `pass` once per chunk, with the
+    /// arguments `pass_args(chunk, partials, part0)` (`part0`: the U32 count of the blocks of
+    /// the chunks before, where the chunk's block 0 writes its partial sums), then `finalize`
+    /// in one block with `finalize_args(partials, nparts)` (`nparts`: the U32 count of all
+    /// blocks, [`total_blocks`]).
+    ///
+    /// # Safety
+    /// The argument lists match the kernels' signatures, and `partials` holds what every
+    /// block of `pass` writes, as for [`CudaBackend::launch`].
+    pub(super) unsafe fn chunk_sums<A: AsRef<[KernelArg]>, F: AsRef<[KernelArg]>>(
+        &self,
+        (pass, finalize): (&str, &str),
+        chunks: &[Chunk],
+        partials: &mut CudaBuffer,
+        mut pass_args: impl FnMut(&Chunk, KernelArg, KernelArg) -> A,
+        finalize_args: impl FnOnce(KernelArg, KernelArg) -> F,
+    ) -> Result<()> {
+        let mut part0 = 0u32;
+        for c in chunks {
+            let args = pass_args(c, (&mut *partials).into(), KernelArg::U32(part0));
+            // SAFETY: this function's contract.
+            unsafe { self.launch(pass, blocks_config(c.blocks), args.as_ref()) }?;
+            part0 += c.blocks;
+        }
+        let total = total_blocks(chunks);
+        let args = finalize_args((&*partials).into(), KernelArg::U32(total as u32));
+        // SAFETY: this function's contract; the partial sums were written above, on the same
+        // stream.
+        unsafe { self.launch(finalize, blocks_config(1), args.as_ref()) }
+    }
+
     fn adamw_impl(
         &self,
         bufs: AdamWBuffers<'_, '_, CudaBuffer>,
@@ -284,10 +310,11 @@ impl CudaBackend {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn u32_at(b: &[u8], at: usize) -> u32 {
+    /// The little-endian u32 at byte `at` of a packed struct.
+    pub(in crate::nn) fn u32_at(b: &[u8], at: usize) -> u32 {
         u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
     }
 

@@ -6,7 +6,7 @@
 //! block that sums them and updates the f64 scalars on the device, the parameter update. No
 //! host transfer, so a CUDA graph can record it.
 
-use super::optim::{blocks_config, chunks, pack, Chunk, Entry, Layout};
+use super::optim::{blocks_config, chunks, pack, total_blocks, Chunk, Entry, Layout};
 use crate::backend::CudaBackend;
 use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
@@ -221,42 +221,49 @@ impl CudaBackend {
         run: &ProdigyRun,
         scalars: &mut CudaBuffer,
     ) -> Result<()> {
-        let total: usize = chunks.iter().map(|c| c.blocks as usize).sum();
+        let total = total_blocks(chunks);
         // Two f64 sums per block (four f32 slots); back to the pool on drop. At least one
         // block's worth so that an empty parameter list still gets a valid pointer.
         let mut partials = self.allocate(DType::F32, 4 * total.max(1))?;
-        let mut part0 = 0u32;
-        for c in chunks {
-            let args = [
-                KernelArg::Bytes(c.bytes.clone()),
-                KernelArg::Ptr(run.scale_ptr),
-                KernelArg::Bytes(run.args.clone()),
-                KernelArg::F32(run.lr),
-                KernelArg::Ptr(run.lr_ptr),
-                (&*scalars).into(),
-                (&mut partials).into(),
-                KernelArg::U32(part0),
-            ];
-            // SAFETY: prodigy_accum_f32(MultiTensor6 a, const float* grad_scale, ProdigyArgs c,
-            // float lr, const float* lr_ptr, const double* sc, double* partials, u32 part0):
-            // `a` names live f32 p, g, p0 and distinct (&mut) s, m, v buffers of `n[i]`
-            // elements (check_lists) of this backend; lr_ptr null or 1 f32; sc 8 f64; block b
-            // writes partials[2(part0 + b)], [+1] < 2·total f64.
-            unsafe { self.launch("prodigy_accum_f32", blocks_config(c.blocks), &args) }?;
-            part0 += c.blocks;
+        // The first pass only reads the scalars (the finalize, below, writes them).
+        let sc = KernelArg::from(&*scalars);
+        // SAFETY: prodigy_accum_f32(MultiTensor6 a, const float* grad_scale, ProdigyArgs c,
+        // float lr, const float* lr_ptr, const double* sc, double* partials, u32 part0):
+        // `a` names live f32 p, g, p0 and distinct (&mut) s, m, v buffers of `n[i]`
+        // elements (check_lists) of this backend; lr_ptr null or 1 f32; sc 8 f64; block b
+        // writes partials[2(part0 + b)], [+1] < 2·total f64. Then prodigy_finalize(const
+        // double* partials, u32 nparts, ProdigyArgs c, float lr, const float* lr_ptr, double*
+        // sc), one block: reads the `total` f64 pairs written above (same stream), reads and
+        // writes the 8 f64 of `scalars` (16 f32 words).
+        unsafe {
+            self.chunk_sums(
+                ("prodigy_accum_f32", "prodigy_finalize"),
+                chunks,
+                &mut partials,
+                |c, partials, part0| {
+                    [
+                        KernelArg::Bytes(c.bytes.clone()),
+                        KernelArg::Ptr(run.scale_ptr),
+                        KernelArg::Bytes(run.args.clone()),
+                        KernelArg::F32(run.lr),
+                        KernelArg::Ptr(run.lr_ptr),
+                        sc.clone(),
+                        partials,
+                        part0,
+                    ]
+                },
+                |partials, nparts| {
+                    [
+                        partials,
+                        nparts,
+                        KernelArg::Bytes(run.args.clone()),
+                        KernelArg::F32(run.lr),
+                        KernelArg::Ptr(run.lr_ptr),
+                        (&mut *scalars).into(),
+                    ]
+                },
+            )
         }
-        let args = [
-            (&partials).into(),
-            KernelArg::U32(total as u32),
-            KernelArg::Bytes(run.args.clone()),
-            KernelArg::F32(run.lr),
-            KernelArg::Ptr(run.lr_ptr),
-            (&mut *scalars).into(),
-        ];
-        // SAFETY: prodigy_finalize(const double* partials, u32 nparts, ProdigyArgs c, float lr,
-        // const float* lr_ptr, double* sc), one block: reads the `total` f64 pairs written
-        // above (same stream), reads and writes the 8 f64 of `scalars` (16 f32 words).
-        unsafe { self.launch("prodigy_finalize", blocks_config(1), &args) }
     }
 }
 
@@ -270,11 +277,8 @@ struct ProdigyRun {
 
 #[cfg(test)]
 mod tests {
+    use super::super::optim::tests::u32_at;
     use super::*;
-
-    fn u32_at(b: &[u8], at: usize) -> u32 {
-        u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
-    }
 
     #[test]
     fn chunks6_pack_48_tensors_per_launch_with_pointer_rows() {

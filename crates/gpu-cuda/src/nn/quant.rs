@@ -85,6 +85,16 @@ const GEMM_THREADS: usize = 128;
 const DEQ_THREADS: usize = 256;
 const DEQ_MAX_BLOCKS: usize = 1 << 16;
 
+/// The grid-stride launch of the dequantize and k-split reduce kernels over `n` items:
+/// [`DEQ_THREADS`] threads a block, at most [`DEQ_MAX_BLOCKS`] blocks.
+fn deq_grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(DEQ_THREADS).min(DEQ_MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (DEQ_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// The kernels' bit width (f16 has no kernel here: it never reaches a launch).
 fn bits(format: QuantFormat) -> u32 {
     match format {
@@ -166,12 +176,7 @@ impl QuantOps for CudaBackend {
         if words == 0 {
             return Ok(());
         }
-        let blocks = words.div_ceil(DEQ_THREADS).min(DEQ_MAX_BLOCKS);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (DEQ_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = deq_grid(words);
         let name = format!("dequant_q{}_{}", bits(spec.format), tag(out.dtype()));
         let mut args = weight_args(data, scales, mins).to_vec();
         args.extend([
@@ -288,11 +293,7 @@ impl CudaBackend {
             return Ok(());
         };
         let mn = spec.m * spec.n;
-        let reduce = LaunchConfig {
-            grid_dim: (mn.div_ceil(DEQ_THREADS).min(DEQ_MAX_BLOCKS) as u32, 1, 1),
-            block_dim: (DEQ_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let reduce = deq_grid(mn);
         let args = [
             (&part).into(),
             (&*out).into(),
