@@ -13,6 +13,9 @@
 //!
 //! [`test_seed`]: the seed of a randomised test, fixed per test by default (so CI never turns
 //! red at random), printed, and replayed or drawn fresh through `HYBRID_TEST_SEED`.
+//!
+//! [`or_skip`] and [`report_skip`]: a device backend's test skips (or, where a runner requires
+//! the device, fails) when the device is missing; the CUDA and wgpu crates' `backend_or_skip`.
 
 use crate::backend::{Backend, DeviceType};
 use crate::cpu::{CpuBackend, CpuStorage};
@@ -279,6 +282,60 @@ pub fn seed_from(test: &str, value: Option<String>) -> u64 {
         Some(s) => s
             .parse()
             .unwrap_or_else(|_| panic!("{test}: {SEED_ENV}={s:?} is neither a u64 nor `fresh`")),
+    }
+}
+
+/// How a test reports its missing device ([`or_skip`]).
+#[derive(Debug)]
+pub struct SkipRule {
+    /// The environment variable whose value `1` turns the skip into a failure.
+    pub require_env: &'static str,
+    /// The environment variable naming the file the skipped test's name is appended to.
+    pub log_env: &'static str,
+    /// The missing device in the failure's message (`{test}: {require_env}=1 but no {absent}`).
+    pub absent: &'static str,
+    /// The skip's reason before the error (`SKIP {test}: {skip} ({error})`).
+    pub skip: &'static str,
+}
+
+/// Whether the environment variable `var` is `1`.
+pub fn env_is_one(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v == "1")
+}
+
+/// The backend `made`, or `None` after reporting the skip ([`report_skip`]); with
+/// `rule.require_env` set to `1`, a missing device panics instead, so a skip never passes for a
+/// pass.
+pub fn or_skip<B, E: std::fmt::Display>(
+    test: &str,
+    made: std::result::Result<B, E>,
+    rule: SkipRule,
+) -> Option<B> {
+    match made {
+        Ok(b) => Some(b),
+        Err(e) => {
+            if env_is_one(rule.require_env) {
+                panic!("{test}: {}=1 but no {}: {e}", rule.require_env, rule.absent);
+            }
+            report_skip(test, &format!("{} ({e})", rule.skip), rule.log_env);
+            None
+        }
+    }
+}
+
+/// Prints `SKIP test: why` to stderr (past the harness's capture) and appends the test's name
+/// to the file named by the environment variable `log`, when it is set.
+pub fn report_skip(test: &str, why: &str, log: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
+    if let Ok(path) = std::env::var(log) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{test}");
+        }
     }
 }
 

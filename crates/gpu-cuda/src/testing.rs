@@ -12,6 +12,7 @@
 pub mod cancel;
 
 use crate::CudaBackend;
+use gpu_core::testing::{env_is_one, or_skip, report_skip, SkipRule};
 use gpu_core::Device;
 use std::io::Write;
 
@@ -20,25 +21,18 @@ pub use gpu_core::testing::SEED_ENV;
 
 /// Whether `HYBRID_REQUIRE_GPU=1` (set by the GPU bundle).
 fn gpu_required() -> bool {
-    std::env::var("HYBRID_REQUIRE_GPU").is_ok_and(|v| v == "1")
+    env_is_one("HYBRID_REQUIRE_GPU")
 }
 
 /// The backend for CUDA device 0, or `None` after reporting the skip.
 pub fn backend_or_skip(test: &str) -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            if gpu_required() {
-                panic!("{test}: HYBRID_REQUIRE_GPU=1 but no GPU: {e}");
-            }
-            report_skip(
-                test,
-                &format!("no CUDA device ({e})"),
-                "HYBRID_GPU_SKIP_LOG",
-            );
-            None
-        }
-    }
+    let rule = SkipRule {
+        require_env: "HYBRID_REQUIRE_GPU",
+        log_env: "HYBRID_GPU_SKIP_LOG",
+        absent: "GPU",
+        skip: "no CUDA device",
+    };
+    or_skip(test, CudaBackend::new(0), rule)
 }
 
 /// The devices a test that must hold everywhere runs on: the CPU, then CUDA device 0 when one
@@ -90,21 +84,6 @@ pub fn gpus_or_skip(test: &str, n: usize) -> Option<usize> {
         "HYBRID_MULTI_GPU_SKIP_LOG",
     );
     None
-}
-
-/// Prints `SKIP test: why` to stderr (past the harness's capture) and appends the test's name
-/// to the file named by the environment variable `log`, when it is set.
-fn report_skip(test: &str, why: &str, log: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
-    if let Ok(path) = std::env::var(log) {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(f, "{test}");
-        }
-    }
 }
 
 /// The CUDA device 0 as a [`Device`], or `None` after reporting the skip (see

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use gpu_core::nn::decode::{CacheAttnIn, RopeAppendIn};
+use gpu_core::nn::decode::{CacheAttnIn, RopeAppendIn, RopeAppendOut};
 use gpu_core::nn::decode::{DecodeDims, DecodeOps};
 use gpu_core::nn::Primitives;
 use gpu_core::{Backend, CpuBackend, DType};
@@ -42,6 +42,19 @@ fn rope_in<'a, Buf>(
         inv_freq,
         start,
         slot,
+    }
+}
+
+/// The outputs of a rope-append: the rotated queries and the two caches.
+fn rope_out<'a, Buf>(
+    q_out: &'a mut Buf,
+    k_cache: &'a mut Buf,
+    v_cache: &'a mut Buf,
+) -> RopeAppendOut<'a, Buf> {
+    RopeAppendOut {
+        q_out,
+        k_cache,
+        v_cache,
     }
 }
 
@@ -113,8 +126,12 @@ fn rope_case(
                 let (st, sl) = (be.upload(&start).unwrap(), be.upload(&slot).unwrap());
                 let mut q = put(be, &vec![f32::NAN; dims.q_len()], dt[1]);
                 let (mut kc, mut vc) = (put(be, &kc0, dt[2]), put(be, &vc0, dt[2]));
-                be.rope_append(rope_in(&x, &f, &st, &sl), (&mut q, &mut kc, &mut vc), dims)
-                    .unwrap();
+                be.rope_append(
+                    rope_in(&x, &f, &st, &sl),
+                    rope_out(&mut q, &mut kc, &mut vc),
+                    dims,
+                )
+                .unwrap();
                 [get(be, &q), get(be, &kc), get(be, &vc)]
             }};
         }
@@ -232,11 +249,11 @@ fn attention_case(
                     v_cache: &vb,
                     start: &st,
                     slot: &sl,
+                    dims,
+                    max_end,
+                    scale,
                 },
                 &mut out,
-                dims,
-                max_end,
-                scale,
             )
             .unwrap();
             get(be, &out)
@@ -387,7 +404,11 @@ fn gpu_slot_past_the_cache_writes_nothing() {
             let mut q = be.upload(&vec![0f32; dims.q_len()]).unwrap();
             let mut kc = be.upload(&vec![7f32; dims.cache_len()]).unwrap();
             let mut vc = be.upload(&vec![7f32; dims.cache_len()]).unwrap();
-            let r = be.rope_append(rope_in(&x, &f, &st, &sl), (&mut q, &mut kc, &mut vc), dims);
+            let r = be.rope_append(
+                rope_in(&x, &f, &st, &sl),
+                rope_out(&mut q, &mut kc, &mut vc),
+                dims,
+            );
             (
                 r,
                 be.download::<f32>(&kc).unwrap(),

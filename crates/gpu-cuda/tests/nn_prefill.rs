@@ -35,18 +35,20 @@ const U_BF16: f64 = 1.0 / 256.0;
 const EPS: f64 = 1.0 / 65536.0;
 const F: f64 = 1.1754943508222875e-38; // 2^-126
 
-/// The inputs of a prefill: queries, the caches and each row's first real slot.
+/// The inputs of a prefill: queries, the caches and each row's first real slot, the sizes and
+/// the scale.
 fn prefill_in<'a, Buf>(
-    q: &'a Buf,
-    k_cache: &'a Buf,
-    v_cache: &'a Buf,
-    start: &'a Buf,
+    [q, k_cache, v_cache, start]: [&'a Buf; 4],
+    dims: DecodeDims,
+    scale: f32,
 ) -> PrefillIn<'a, Buf> {
     PrefillIn {
         q,
         k_cache,
         v_cache,
         start,
+        dims,
+        scale,
     }
 }
 
@@ -91,7 +93,7 @@ fn run<B: Backend + DecodeOps>(be: &B, c: &Case, dtype: DType) -> Vec<f32> {
     );
     let st = be.upload(&c.start).unwrap();
     let mut out = put(be, &vec![f32::NAN; c.dims.q_len()], dtype);
-    be.prefill_attention(prefill_in(&q, &k, &v, &st), &mut out, c.dims, c.scale)
+    be.prefill_attention(prefill_in([&q, &k, &v, &st], c.dims, c.scale), &mut out)
         .unwrap();
     get(be, &out)
 }
@@ -359,11 +361,11 @@ fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
                 v_cache: &v,
                 start: &st,
                 slot: &sl,
+                dims,
+                max_end: 70,
+                scale: 0.1,
             },
             &mut out,
-            dims,
-            70,
-            0.1,
         )
         .unwrap();
         let want = get(&gpu, &out);
@@ -401,7 +403,7 @@ fn gpu_prefill_attention_empty_calls_succeed() {
             );
             let st = gpu.upload(&vec![0u32; b]).unwrap();
             let mut out = put(&gpu, &[], DType::BF16);
-            gpu.prefill_attention(prefill_in(&q, &k, &v, &st), &mut out, dims, 0.5)
+            gpu.prefill_attention(prefill_in([&q, &k, &v, &st], dims, 0.5), &mut out)
                 .unwrap_or_else(|e| panic!("d {d} b {b} t {t}: {e}"));
             assert_eq!(get(&gpu, &k), bf(cache.clone()), "d {d} b {b} t {t}");
         }
@@ -428,16 +430,16 @@ fn gpu_prefill_attention_refuses_bad_arguments() {
     let st = gpu.upload(&[0u32]).unwrap();
     let mut out = put(&gpu, &vec![7f32; dims.q_len()], DType::BF16);
     assert!(gpu
-        .prefill_attention(prefill_in(&q, &k, &v, &st), &mut out, dims, 1.0)
+        .prefill_attention(prefill_in([&q, &k, &v, &st], dims, 1.0), &mut out)
         .is_err());
     let ok = DecodeDims { cap: 10, ..dims };
     let (k, v) = (z(ok.cache_len()), z(ok.cache_len()));
     assert!(gpu
-        .prefill_attention(prefill_in(&q, &k, &v, &st), &mut out, ok, f32::NAN)
+        .prefill_attention(prefill_in([&q, &k, &v, &st], ok, f32::NAN), &mut out)
         .is_err());
     let f = gpu.upload(&[0f32]).unwrap();
     assert!(gpu
-        .prefill_attention(prefill_in(&q, &k, &v, &f), &mut out, ok, 1.0)
+        .prefill_attention(prefill_in([&q, &k, &v, &f], ok, 1.0), &mut out)
         .is_err());
     assert!(get(&gpu, &out).iter().all(|&x| x == 7.0));
 }

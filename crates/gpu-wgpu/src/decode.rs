@@ -16,6 +16,7 @@ use gpu_core::backend::BufferInfo;
 use gpu_core::nn::decode::{
     check_add_rms_norm, check_cache_attention, check_prefill_attention, check_rope_append,
     check_swiglu_packed, CacheAttnIn, DecodeDims, DecodeOps, PrefillIn, RopeAppendIn,
+    RopeAppendOut,
 };
 use gpu_core::nn::defaults;
 use gpu_core::{Backend, DType, Result};
@@ -60,14 +61,9 @@ fn prefill_chunk(d: usize) -> usize {
 
 impl WgpuBackend {
     /// `cache_attn.wgsl` over splits of the slots, then `cache_combine.wgsl` (checked).
-    fn cache_attn_f32(
-        &self,
-        x: CacheAttnIn<'_, Buf>,
-        out: &mut Buf,
-        (dims, max_end): (DecodeDims, usize),
-        scale: f32,
-    ) -> Result<()> {
+    fn cache_attn_f32(&self, x: CacheAttnIn<'_, Buf>, out: &mut Buf) -> Result<()> {
         const OP: &str = "cache_attention";
+        let (dims, max_end, scale) = (x.dims, x.max_end, x.scale);
         let rows = dims.b * dims.t * dims.heads;
         if rows == 0 {
             return Ok(());
@@ -109,14 +105,9 @@ impl WgpuBackend {
     }
 
     /// `prefill_attn.wgsl` (checked): a workgroup 64 queries of a (row, head).
-    fn prefill_attn_f32(
-        &self,
-        x: PrefillIn<'_, Buf>,
-        out: &mut Buf,
-        dims: DecodeDims,
-        scale: f32,
-    ) -> Result<()> {
+    fn prefill_attn_f32(&self, x: PrefillIn<'_, Buf>, out: &mut Buf) -> Result<()> {
         const OP: &str = "prefill_attention";
+        let (dims, scale) = (x.dims, x.scale);
         let groups = dims.b * dims.heads * dims.t.div_ceil(64);
         if groups == 0 {
             return Ok(());
@@ -156,16 +147,17 @@ impl DecodeOps for WgpuBackend {
     fn rope_append(
         &self,
         x: RopeAppendIn<'_, Buf>,
-        (q_out, k_cache, v_cache): (&mut Buf, &mut Buf, &mut Buf),
+        out: RopeAppendOut<'_, Buf>,
         dims: DecodeDims,
     ) -> Result<()> {
         const OP: &str = "rope_append";
-        check_rope_append(x, [&*q_out, &*k_cache, &*v_cache], dims)?;
+        check_rope_append(x, &out, dims)?;
         self.check_out(OP, &[x.qkv, x.inv_freq, x.start, x.slot])?;
-        self.check_out(OP, &[q_out, k_cache, v_cache])?;
-        if !all_f32(&[x.qkv, q_out, k_cache]) {
-            return defaults::decode::rope_append(self, x, (q_out, k_cache, v_cache), dims);
+        self.check_out(OP, &out.refs())?;
+        if !all_f32(&[x.qkv, out.q_out, out.k_cache]) {
+            return defaults::decode::rope_append(self, x, out, dims);
         }
+        let [q_out, k_cache, v_cache] = out.refs();
         let half = dims.d / 2;
         let per = (dims.heads + dims.kv_heads) * half + dims.kv_heads * dims.d;
         let threads = dims.b * dims.t * per;
@@ -192,38 +184,25 @@ impl DecodeOps for WgpuBackend {
     }
 
     /// f32: the slots split over workgroups, then the splits combined (bf16: the default).
-    fn cache_attention(
-        &self,
-        x: CacheAttnIn<'_, Buf>,
-        out: &mut Buf,
-        dims: DecodeDims,
-        max_end: usize,
-        scale: f32,
-    ) -> Result<()> {
+    fn cache_attention(&self, x: CacheAttnIn<'_, Buf>, out: &mut Buf) -> Result<()> {
         const OP: &str = "cache_attention";
-        check_cache_attention(x, out, dims, max_end, scale)?;
+        check_cache_attention(x, out)?;
         self.check_out(OP, &[x.q, x.k_cache, x.v_cache, x.start, x.slot, out])?;
         if !all_f32(&[x.q, x.k_cache, out]) {
-            return defaults::decode::cache_attention(self, x, out, dims, max_end, scale);
+            return defaults::decode::cache_attention(self, x, out);
         }
-        self.cache_attn_f32(x, out, (dims, max_end), scale)
+        self.cache_attn_f32(x, out)
     }
 
     /// f32: flash-style, a workgroup 64 queries at slots `0..t` (bf16: the default).
-    fn prefill_attention(
-        &self,
-        x: PrefillIn<'_, Buf>,
-        out: &mut Buf,
-        dims: DecodeDims,
-        scale: f32,
-    ) -> Result<()> {
+    fn prefill_attention(&self, x: PrefillIn<'_, Buf>, out: &mut Buf) -> Result<()> {
         const OP: &str = "prefill_attention";
-        check_prefill_attention(x, out, dims, scale)?;
+        check_prefill_attention(x, out)?;
         self.check_out(OP, &[x.q, x.k_cache, x.v_cache, x.start, out])?;
         if !all_f32(&[x.q, x.k_cache, out]) {
-            return defaults::decode::prefill_attention(self, x, out, dims, scale);
+            return defaults::decode::prefill_attention(self, x, out);
         }
-        self.prefill_attn_f32(x, out, dims, scale)
+        self.prefill_attn_f32(x, out)
     }
 
     /// f32: one row kernel (the default: an add, a cast and RMSNorm's chain).

@@ -174,13 +174,7 @@ impl RowOps for WgpuBackend {
         } = input;
         self.check_out(OP, &[x, w, mean, rstd, dy, dx, dw, db])?;
         if x.dtype() != DType::F32 {
-            let n = defaults::rows::NormIn { x, w, rows, cols };
-            let stats = defaults::rows::NormStats {
-                mean: Some(mean),
-                rstd,
-                dy,
-            };
-            return defaults::rows::norm_bwd(self, n, stats, (dx, dw, Some(db)));
+            return defaults::rows::layernorm_bwd(self, input, (dx, dw, db), [rows, cols]);
         }
         let dyx = self.allocate(DType::F32, rows * cols)?;
         let p = [to_u32(OP, rows)?, to_u32(OP, cols)?, 0, 0, 0, 0, 0, 0];

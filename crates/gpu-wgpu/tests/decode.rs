@@ -8,7 +8,9 @@
 mod common;
 
 use common::{backend_and_rng, randn, rng, U};
-use gpu_core::nn::decode::{CacheAttnIn, DecodeDims, DecodeOps, PrefillIn, RopeAppendIn};
+use gpu_core::nn::decode::{
+    CacheAttnIn, DecodeDims, DecodeOps, PrefillIn, RopeAppendIn, RopeAppendOut,
+};
 use gpu_core::{Backend, BufferInfo, CpuBackend, DType};
 use gpu_wgpu::testing::backend_or_skip;
 use gpu_wgpu::WgpuBackend;
@@ -112,7 +114,12 @@ fn rope<B: DecodeOps + Backend>(
         start: &start,
         slot: &slot,
     };
-    b.rope_append(x, (&mut q, &mut k, &mut v), c.dims).unwrap();
+    let out = RopeAppendOut {
+        q_out: &mut q,
+        k_cache: &mut k,
+        v_cache: &mut v,
+    };
+    b.rope_append(x, out, c.dims).unwrap();
     [q, k, v].map(|x| b.download(&x).unwrap())
 }
 
@@ -134,20 +141,24 @@ fn attend<B: DecodeOps + Backend>(
             k_cache: &k,
             v_cache: &v,
             start: &start,
+            dims: c.dims,
+            scale,
         };
-        b.prefill_attention(x, &mut out, c.dims, scale).unwrap();
+        b.prefill_attention(x, &mut out).unwrap();
     } else {
+        let end = c.slot.iter().map(|&s| s as usize + c.dims.t).max().unwrap();
+        let max_end = end.min(c.dims.cap);
         let x = CacheAttnIn {
             q: &q,
             k_cache: &k,
             v_cache: &v,
             start: &start,
             slot: &slot,
+            dims: c.dims,
+            max_end,
+            scale,
         };
-        let end = c.slot.iter().map(|&s| s as usize + c.dims.t).max().unwrap();
-        let max_end = end.min(c.dims.cap);
-        b.cache_attention(x, &mut out, c.dims, max_end, scale)
-            .unwrap();
+        b.cache_attention(x, &mut out).unwrap();
     }
     b.download(&out).unwrap()
 }
@@ -284,8 +295,12 @@ fn slots_past_the_cache_are_skipped_and_bf16_takes_the_default() {
         start: &start,
         slot: &slot,
     };
-    g.rope_append(x, (&mut q, &mut kc, &mut vc), ok.dims)
-        .unwrap();
+    let out = RopeAppendOut {
+        q_out: &mut q,
+        k_cache: &mut kc,
+        v_cache: &mut vc,
+    };
+    g.rope_append(x, out, ok.dims).unwrap();
     assert_eq!(q.dtype(), DType::BF16);
     let v16: Vec<half::bf16> = g.download(&vc).unwrap();
     assert_eq!(v16[8..12], bf(&qkv[12..16])[..]);
@@ -311,6 +326,9 @@ fn a_foreign_buffer_is_refused() {
         v_cache: &kv,
         start: &ids,
         slot: &ids,
+        dims: c,
+        max_end: 1,
+        scale: 1.0,
     };
-    assert!(g.cache_attention(x, &mut out, c, 1, 1.0).is_err());
+    assert!(g.cache_attention(x, &mut out).is_err());
 }

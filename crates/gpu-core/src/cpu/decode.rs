@@ -8,7 +8,7 @@ use crate::error::{GpuError, Result};
 use crate::nn::decode::{
     check_add_rms_norm, check_argmax, check_cache_attention, check_prefill_attention,
     check_rope_append, check_swiglu_packed, CacheAttnIn, DecodeDims, DecodeOps, PrefillIn,
-    RopeAppendIn,
+    RopeAppendIn, RopeAppendOut,
 };
 use crate::nn::Activation;
 use crate::CpuBackend;
@@ -89,18 +89,18 @@ impl DecodeOps for CpuBackend {
     fn rope_append(
         &self,
         x: RopeAppendIn<'_, CpuStorage>,
-        (q_out, k_cache, v_cache): (&mut CpuStorage, &mut CpuStorage, &mut CpuStorage),
+        out: RopeAppendOut<'_, CpuStorage>,
         dims: DecodeDims,
     ) -> Result<()> {
         const OP: &str = "rope_append";
-        check_rope_append(x, [&*q_out, &*k_cache, &*v_cache], dims)?;
+        check_rope_append(x, &out, dims)?;
         let (start, slot, freq) = (x.start.as_u32()?, x.slot.as_u32()?, x.inv_freq.as_f32()?);
         check_slots(OP, slot, dims)?;
         let qkv = Floats::of(OP, x.qkv)?;
         let (mut q_out, mut kc, mut vc) = (
-            FloatsMut::of(OP, q_out)?,
-            FloatsMut::of(OP, k_cache)?,
-            FloatsMut::of(OP, v_cache)?,
+            FloatsMut::of(OP, out.q_out)?,
+            FloatsMut::of(OP, out.k_cache)?,
+            FloatsMut::of(OP, out.v_cache)?,
         );
         let DecodeDims {
             t,
@@ -154,16 +154,10 @@ impl DecodeOps for CpuBackend {
         Ok(())
     }
 
-    fn cache_attention(
-        &self,
-        x: CacheAttnIn<'_, CpuStorage>,
-        out: &mut CpuStorage,
-        dims: DecodeDims,
-        max_end: usize,
-        scale: f32,
-    ) -> Result<()> {
+    fn cache_attention(&self, x: CacheAttnIn<'_, CpuStorage>, out: &mut CpuStorage) -> Result<()> {
         const OP: &str = "cache_attention";
-        check_cache_attention(x, out, dims, max_end, scale)?;
+        check_cache_attention(x, out)?;
+        let (dims, max_end) = (x.dims, x.max_end);
         let (start, slot) = (x.start.as_u32()?, x.slot.as_u32()?);
         if let Some(&s) = slot.iter().find(|&&s| s as usize + dims.t > max_end) {
             return Err(GpuError::invalid(
@@ -172,21 +166,15 @@ impl DecodeOps for CpuBackend {
             ));
         }
         let kv = (x.q, x.k_cache, x.v_cache);
-        attend(OP, kv, (start, slot), out, dims, scale)
+        attend(OP, kv, (start, slot), out, dims, x.scale)
     }
 
-    fn prefill_attention(
-        &self,
-        x: PrefillIn<'_, CpuStorage>,
-        out: &mut CpuStorage,
-        dims: DecodeDims,
-        scale: f32,
-    ) -> Result<()> {
+    fn prefill_attention(&self, x: PrefillIn<'_, CpuStorage>, out: &mut CpuStorage) -> Result<()> {
         const OP: &str = "prefill_attention";
-        check_prefill_attention(x, out, dims, scale)?;
-        let slot = vec![0u32; dims.b];
+        check_prefill_attention(x, out)?;
+        let slot = vec![0u32; x.dims.b];
         let kv = (x.q, x.k_cache, x.v_cache);
-        attend(OP, kv, (x.start.as_u32()?, &slot), out, dims, scale)
+        attend(OP, kv, (x.start.as_u32()?, &slot), out, x.dims, x.scale)
     }
 
     fn add_rms_norm(

@@ -150,10 +150,16 @@ pub struct CacheAttnIn<'a, Buf> {
     pub start: &'a Buf,
     /// Each row's first new slot, `[b]` u32.
     pub slot: &'a Buf,
+    /// The sizes.
+    pub dims: DecodeDims,
+    /// A bound the caller guarantees on every `slot[r] + t` (at most `cap`).
+    pub max_end: usize,
+    /// The scores' scale (`scale·q·k`).
+    pub scale: f32,
 }
 
 /// The inputs of [`DecodeOps::prefill_attention`]: those of [`CacheAttnIn`] but `slot`
-/// (a prefill's new tokens start at slot 0).
+/// (a prefill's new tokens start at slot 0) and `max_end` (`t`).
 #[derive(Debug)]
 pub struct PrefillIn<'a, Buf> {
     /// The new queries `[b, t, heads, d]`.
@@ -164,9 +170,31 @@ pub struct PrefillIn<'a, Buf> {
     pub v_cache: &'a Buf,
     /// Each row's first real slot, `[b]` u32.
     pub start: &'a Buf,
+    /// The sizes.
+    pub dims: DecodeDims,
+    /// The scores' scale (`scale·q·k`).
+    pub scale: f32,
 }
 
 copy_refs!(RopeAppendIn, CacheAttnIn, PrefillIn);
+
+/// The outputs of [`DecodeOps::rope_append`]: the rotated queries and the two caches.
+#[derive(Debug)]
+pub struct RopeAppendOut<'a, Buf> {
+    /// The rotated queries `[b, t, heads, d]` (f32 or bf16).
+    pub q_out: &'a mut Buf,
+    /// The key cache `[b, kv_heads, cap, d]`: the rotated keys go to slots `slot[r] + i`.
+    pub k_cache: &'a mut Buf,
+    /// The value cache `[b, kv_heads, cap, d]`: the values go to the same slots.
+    pub v_cache: &'a mut Buf,
+}
+
+impl<Buf> RopeAppendOut<'_, Buf> {
+    /// The outputs, shared, in the order `[q_out, k_cache, v_cache]`.
+    pub fn refs(&self) -> [&Buf; 3] {
+        [&*self.q_out, &*self.k_cache, &*self.v_cache]
+    }
+}
 
 /// The decode family. Float buffers are f32 or bf16 (arithmetic in f32, one rounding where a
 /// value is stored); positions and token ids are u32.
@@ -182,28 +210,25 @@ pub trait DecodeOps: Primitives {
     fn rope_append(
         &self,
         x: RopeAppendIn<'_, Self::Buffer>,
-        (q_out, k_cache, v_cache): (&mut Self::Buffer, &mut Self::Buffer, &mut Self::Buffer),
+        out: RopeAppendOut<'_, Self::Buffer>,
         dims: DecodeDims,
     ) -> Result<()> {
-        defaults::decode::rope_append(self, x, (q_out, k_cache, v_cache), dims)
+        defaults::decode::rope_append(self, x, out, dims)
     }
 
     /// Causal attention of the new queries `q` `[b, t, heads, d]` against the cache: query `i`
     /// of row `r` (at slot `s = slot[r] + i`) attends to slots `start[r]..=s` (from
     /// [`DecodeDims::first_visible`] under a sliding window), with softmax
     /// weights of `scale·q·k` (f32), and `out` `[b, t, heads, d]` gets their average of the
-    /// values; a query with no slot to attend to (`start[r] > s`) gets zeros. `max_end` is a
+    /// values; a query with no slot to attend to (`start[r] > s`) gets zeros. `x.max_end` is a
     /// bound the caller guarantees on every `slot[r] + t` (at most `cap`; CUDA splits the slots
     /// into chunks up to it).
     fn cache_attention(
         &self,
         x: CacheAttnIn<'_, Self::Buffer>,
         out: &mut Self::Buffer,
-        dims: DecodeDims,
-        max_end: usize,
-        scale: f32,
     ) -> Result<()> {
-        defaults::decode::cache_attention(self, x, out, dims, max_end, scale)
+        defaults::decode::cache_attention(self, x, out)
     }
 
     /// [`DecodeOps::cache_attention`] of a fresh prefill: row `r`'s `t` queries are its slots
@@ -217,10 +242,8 @@ pub trait DecodeOps: Primitives {
         &self,
         x: PrefillIn<'_, Self::Buffer>,
         out: &mut Self::Buffer,
-        dims: DecodeDims,
-        scale: f32,
     ) -> Result<()> {
-        defaults::decode::prefill_attention(self, x, out, dims, scale)
+        defaults::decode::prefill_attention(self, x, out)
     }
 
     /// The residual add and the RMSNorm after it, fused (vLLM's `fused_add_rms_norm`): with
@@ -272,15 +295,15 @@ fn check_rows_and_cache<B: BufferInfo>(
     check_len(op, "v_cache", v_cache, dims.cache_len())
 }
 
-/// Checks the arguments of [`DecodeOps::rope_append`] (every backend calls this), with
-/// the outputs `[q_out, k_cache, v_cache]`.
+/// Checks the arguments of [`DecodeOps::rope_append`] (every backend calls this).
 pub fn check_rope_append<B: BufferInfo>(
     x: RopeAppendIn<'_, B>,
-    [q_out, k_cache, v_cache]: [&B; 3],
+    out: &RopeAppendOut<'_, B>,
     dims: DecodeDims,
 ) -> Result<()> {
     const OP: &str = "rope_append";
     let (qkv, inv_freq) = (x.qkv, x.inv_freq);
+    let [q_out, k_cache, v_cache] = out.refs();
     check_rows_and_cache(OP, x.start, x.slot, k_cache, v_cache, dims)?;
     require_float(OP, qkv.dtype())?;
     require_float(OP, q_out.dtype())?;
@@ -294,35 +317,21 @@ pub fn check_rope_append<B: BufferInfo>(
 }
 
 /// Checks the arguments of [`DecodeOps::cache_attention`] (every backend calls this).
-pub fn check_cache_attention<B: BufferInfo>(
-    x: CacheAttnIn<'_, B>,
-    out: &B,
-    dims: DecodeDims,
-    max_end: usize,
-    scale: f32,
-) -> Result<()> {
-    check_attention("cache_attention", x, out, dims, max_end, scale)
+pub fn check_cache_attention<B: BufferInfo>(x: CacheAttnIn<'_, B>, out: &B) -> Result<()> {
+    check_attention("cache_attention", x, out)
 }
 
-fn check_attention<B: BufferInfo>(
-    op: &'static str,
-    x: CacheAttnIn<'_, B>,
-    out: &B,
-    dims: DecodeDims,
-    max_end: usize,
-    scale: f32,
-) -> Result<()> {
+fn check_attention<B: BufferInfo>(op: &'static str, x: CacheAttnIn<'_, B>, out: &B) -> Result<()> {
     let CacheAttnIn {
-        q,
-        k_cache,
-        v_cache,
-        start,
-        slot,
+        dims,
+        max_end,
+        scale,
+        ..
     } = x;
-    check_rows_and_cache(op, start, slot, k_cache, v_cache, dims)?;
-    require_float(op, q.dtype())?;
+    check_rows_and_cache(op, x.start, x.slot, x.k_cache, x.v_cache, dims)?;
+    require_float(op, x.q.dtype())?;
     require_float(op, out.dtype())?;
-    check_len(op, "q", q, dims.q_len())?;
+    check_len(op, "q", x.q, dims.q_len())?;
     check_len(op, "out", out, dims.q_len())?;
     if max_end > dims.cap {
         return Err(GpuError::invalid(
@@ -341,20 +350,26 @@ fn check_attention<B: BufferInfo>(
 
 /// Checks the arguments of [`DecodeOps::prefill_attention`] (every backend calls this): those
 /// of `cache_attention` with `start` for both position vectors and `max_end = t`.
-pub fn check_prefill_attention<B: BufferInfo>(
-    x: PrefillIn<'_, B>,
-    out: &B,
-    dims: DecodeDims,
-    scale: f32,
-) -> Result<()> {
-    let x = CacheAttnIn {
-        q: x.q,
-        k_cache: x.k_cache,
-        v_cache: x.v_cache,
-        start: x.start,
-        slot: x.start,
-    };
-    check_attention("prefill_attention", x, out, dims, dims.t, scale)
+pub fn check_prefill_attention<B: BufferInfo>(x: PrefillIn<'_, B>, out: &B) -> Result<()> {
+    check_attention("prefill_attention", x.as_cache(x.start), out)
+}
+
+impl<'a, Buf> PrefillIn<'a, Buf> {
+    /// The same attention as a [`DecodeOps::cache_attention`] with every row's new tokens at
+    /// `slot` (a `[b]` u32 buffer of zeros for the same result; the checks pass `start`)
+    /// and `max_end = t`.
+    pub fn as_cache(self, slot: &'a Buf) -> CacheAttnIn<'a, Buf> {
+        CacheAttnIn {
+            q: self.q,
+            k_cache: self.k_cache,
+            v_cache: self.v_cache,
+            start: self.start,
+            slot,
+            dims: self.dims,
+            max_end: self.dims.t,
+            scale: self.scale,
+        }
+    }
 }
 
 /// Checks the arguments of [`Primitives::argmax_rows`](crate::nn::Primitives::argmax_rows); returns the number of rows.

@@ -117,24 +117,7 @@ pub trait RowOps: Primitives {
         cols: usize,
     ) -> Result<()> {
         let rows = input.check((dx, dw, db), cols)?;
-        let LayerNormBwdIn {
-            x,
-            w,
-            mean,
-            rstd,
-            dy,
-        } = input;
-        let stats = D::NormStats {
-            mean: Some(mean),
-            rstd,
-            dy,
-        };
-        D::norm_bwd(
-            self,
-            D::NormIn { x, w, rows, cols },
-            stats,
-            (dx, dw, Some(db)),
-        )
+        D::layernorm_bwd(self, input, (dx, dw, db), [rows, cols])
     }
 
     /// RMSNorm forward: `y = x·rstd·w`, `rstd = 1/sqrt(mean(x²) + eps)` saved per row.

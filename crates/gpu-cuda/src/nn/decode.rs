@@ -10,7 +10,7 @@ use crate::pool::CudaBuffer;
 use gpu_core::nn::decode::{
     check_add_rms_norm, check_argmax, check_cache_attention, check_prefill_attention,
     check_rope_append, check_swiglu_packed, CacheAttnIn, DecodeDims, DecodeOps, PrefillIn,
-    RopeAppendIn,
+    RopeAppendIn, RopeAppendOut,
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
@@ -63,17 +63,18 @@ impl DecodeOps for CudaBackend {
     fn rope_append(
         &self,
         x: RopeAppendIn<'_, CudaBuffer>,
-        (q_out, k_cache, v_cache): (&mut CudaBuffer, &mut CudaBuffer, &mut CudaBuffer),
+        out: RopeAppendOut<'_, CudaBuffer>,
         dims: DecodeDims,
     ) -> Result<()> {
         const OP: &str = "rope_append";
-        check_rope_append(x, [&*q_out, &*k_cache, &*v_cache], dims)?;
+        check_rope_append(x, &out, dims)?;
         let RopeAppendIn {
             qkv,
             inv_freq,
             start,
             slot,
         } = x;
+        let [q_out, k_cache, v_cache] = out.refs();
         self.check_owned(OP, &[qkv, inv_freq, start, slot, q_out, k_cache, v_cache])?;
         if dims.b == 0 || dims.t == 0 {
             return Ok(());
@@ -115,23 +116,18 @@ impl DecodeOps for CudaBackend {
         unsafe { self.launch(&name, cfg, &args) }
     }
 
-    fn cache_attention(
-        &self,
-        x: CacheAttnIn<'_, CudaBuffer>,
-        out: &mut CudaBuffer,
-        dims: DecodeDims,
-        max_end: usize,
-        scale: f32,
-    ) -> Result<()> {
+    fn cache_attention(&self, x: CacheAttnIn<'_, CudaBuffer>, out: &mut CudaBuffer) -> Result<()> {
         const OP: &str = "cache_attention";
-        check_cache_attention(x, out, dims, max_end, scale)?;
+        check_cache_attention(x, out)?;
         let CacheAttnIn {
             q,
             k_cache,
             v_cache,
             start,
             slot,
+            ..
         } = x;
+        let (dims, max_end, scale) = (x.dims, x.max_end, x.scale);
         self.check_owned(OP, &[q, k_cache, v_cache, start, slot, out])?;
         let rows = dims.b * dims.t * dims.heads;
         if rows == 0 {
@@ -215,35 +211,24 @@ impl DecodeOps for CudaBackend {
         unsafe { self.launch(&name, combine, &args) }
     }
 
-    fn prefill_attention(
-        &self,
-        x: PrefillIn<'_, CudaBuffer>,
-        out: &mut CudaBuffer,
-        dims: DecodeDims,
-        scale: f32,
-    ) -> Result<()> {
+    fn prefill_attention(&self, x: PrefillIn<'_, CudaBuffer>, out: &mut CudaBuffer) -> Result<()> {
         const OP: &str = "prefill_attention";
-        check_prefill_attention(x, out, dims, scale)?;
+        check_prefill_attention(x, out)?;
         let PrefillIn {
             q,
             k_cache,
             v_cache,
             start,
+            ..
         } = x;
+        let (dims, scale) = (x.dims, x.scale);
         self.check_owned(OP, &[q, k_cache, v_cache, start, out])?;
         let bf16 = [q.dtype(), k_cache.dtype(), out.dtype()] == [DType::BF16; 3];
         if !bf16 || !PREFILL_D.contains(&dims.d) {
             // Slots 0..t: the cache attention with every row at slot 0.
             let mut slot = self.allocate(DType::U32, dims.b)?;
             self.memset32(&mut slot, 0)?;
-            let x = CacheAttnIn {
-                q,
-                k_cache,
-                v_cache,
-                start,
-                slot: &slot,
-            };
-            return self.cache_attention(x, out, dims, dims.t, scale);
+            return self.cache_attention(x.as_cache(&slot), out);
         }
         if dims.b * dims.t * dims.heads == 0 {
             return Ok(());

@@ -6,7 +6,7 @@ use crate::backend::on_device;
 use crate::ops::{buf, buf_mut};
 use crate::tensor::{same_device, Tensor};
 use gpu_core::nn::decode::DecodeDims;
-use gpu_core::nn::decode::{CacheAttnIn, PrefillIn, RopeAppendIn};
+use gpu_core::nn::decode::{CacheAttnIn, PrefillIn, RopeAppendIn, RopeAppendOut};
 use gpu_core::nn::DecodeOps;
 use gpu_core::nn::Primitives;
 use gpu_core::{Backend, DType, GpuError, Result};
@@ -136,7 +136,11 @@ impl Tensor {
                     start: buf(be, &st)?,
                     slot: buf(be, &sl)?,
                 },
-                (&mut q, buf_mut(be, &mut kc)?, buf_mut(be, &mut vc)?),
+                RopeAppendOut {
+                    q_out: &mut q,
+                    k_cache: buf_mut(be, &mut kc)?,
+                    v_cache: buf_mut(be, &mut vc)?,
+                },
                 dims,
             )?;
             crate::ops::wrap(be, q)
@@ -213,8 +217,11 @@ impl Tensor {
                         v_cache,
                         start,
                         slot,
+                        dims,
+                        max_end,
+                        scale,
                     };
-                    be.cache_attention(input, &mut out, dims, max_end, scale)?;
+                    be.cache_attention(input, &mut out)?;
                 }
                 _ => {
                     let input = PrefillIn {
@@ -222,8 +229,10 @@ impl Tensor {
                         k_cache,
                         v_cache,
                         start,
+                        dims,
+                        scale,
                     };
-                    be.prefill_attention(input, &mut out, dims, scale)?;
+                    be.prefill_attention(input, &mut out)?;
                 }
             }
             crate::ops::wrap(be, out)

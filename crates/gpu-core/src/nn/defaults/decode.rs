@@ -2,7 +2,9 @@
 //! a backend without its own kernels (wgpu runs its f32 kernels and these for bf16).
 
 use crate::error::Result;
-use crate::nn::decode::{CacheAttnIn, DecodeDims, DecodeOps, PrefillIn, RopeAppendIn};
+use crate::nn::decode::{
+    CacheAttnIn, DecodeDims, DecodeOps, PrefillIn, RopeAppendIn, RopeAppendOut,
+};
 use crate::nn::defaults::host as H;
 use crate::nn::primitives::Primitives;
 
@@ -10,19 +12,24 @@ use crate::nn::primitives::Primitives;
 pub fn rope_append<B: Primitives + ?Sized>(
     b: &B,
     x: RopeAppendIn<'_, B::Buffer>,
-    (q_out, k_cache, v_cache): (&mut B::Buffer, &mut B::Buffer, &mut B::Buffer),
+    out: RopeAppendOut<'_, B::Buffer>,
     dims: DecodeDims,
 ) -> Result<()> {
     let [qkv, inv_freq, start, slot] = &H::downs_n(b, [x.qkv, x.inv_freq, x.start, x.slot])?;
-    let [mut q, mut k, mut v] = H::downs_n(b, [&*q_out, &*k_cache, &*v_cache])?;
+    let [mut q, mut k, mut v] = H::downs_n(b, out.refs())?;
     let x = RopeAppendIn {
         qkv,
         inv_freq,
         start,
         slot,
     };
-    crate::CpuBackend.rope_append(x, (&mut q, &mut k, &mut v), dims)?;
-    H::ups(b, &[q, k, v], &mut [q_out, k_cache, v_cache])
+    let host = RopeAppendOut {
+        q_out: &mut q,
+        k_cache: &mut k,
+        v_cache: &mut v,
+    };
+    crate::CpuBackend.rope_append(x, host, dims)?;
+    H::ups(b, &[q, k, v], &mut [out.q_out, out.k_cache, out.v_cache])
 }
 
 /// [`DecodeOps::cache_attention`] through the host.
@@ -30,9 +37,6 @@ pub fn cache_attention<B: Primitives + ?Sized>(
     b: &B,
     x: CacheAttnIn<'_, B::Buffer>,
     out: &mut B::Buffer,
-    dims: DecodeDims,
-    max_end: usize,
-    scale: f32,
 ) -> Result<()> {
     let [q, k_cache, v_cache, start, slot] =
         &H::downs_n(b, [x.q, x.k_cache, x.v_cache, x.start, x.slot])?;
@@ -43,8 +47,11 @@ pub fn cache_attention<B: Primitives + ?Sized>(
         v_cache,
         start,
         slot,
+        dims: x.dims,
+        max_end: x.max_end,
+        scale: x.scale,
     };
-    crate::CpuBackend.cache_attention(x, &mut o, dims, max_end, scale)?;
+    crate::CpuBackend.cache_attention(x, &mut o)?;
     H::up(b, &o, out)
 }
 
@@ -53,8 +60,6 @@ pub fn prefill_attention<B: Primitives + ?Sized>(
     b: &B,
     x: PrefillIn<'_, B::Buffer>,
     out: &mut B::Buffer,
-    dims: DecodeDims,
-    scale: f32,
 ) -> Result<()> {
     let [q, k_cache, v_cache, start] = &H::downs_n(b, [x.q, x.k_cache, x.v_cache, x.start])?;
     let mut o = H::down(b, out)?;
@@ -63,7 +68,9 @@ pub fn prefill_attention<B: Primitives + ?Sized>(
         k_cache,
         v_cache,
         start,
+        dims: x.dims,
+        scale: x.scale,
     };
-    crate::CpuBackend.prefill_attention(x, &mut o, dims, scale)?;
+    crate::CpuBackend.prefill_attention(x, &mut o)?;
     H::up(b, &o, out)
 }

@@ -8,6 +8,7 @@ use crate::backend::BufferInfo;
 use crate::error::Result;
 use crate::nn::elementwise::{Activation, BinaryKind as K, ReduceKind as R};
 use crate::nn::primitives::Primitives;
+use crate::nn::rows::LayerNormBwdIn;
 use crate::nn::BlockCopy;
 
 /// `logsumexp` of each `cols`-wide row, `max + ln Σ exp(x − max)`: `[rows]`.
@@ -192,6 +193,23 @@ pub struct NormStats<'a, B: Primitives + ?Sized> {
     pub mean: Option<&'a B::Buffer>,
     pub rstd: &'a B::Buffer,
     pub dy: &'a B::Buffer,
+}
+
+/// [`RowOps::layernorm_bwd`](crate::nn::RowOps::layernorm_bwd) of checked inputs (`rows` of
+/// `cols`): [`norm_bwd`] with the saved mean.
+pub fn layernorm_bwd<B: Primitives + ?Sized>(
+    b: &B,
+    input: LayerNormBwdIn<'_, B::Buffer>,
+    (dx, dw, db): (&mut B::Buffer, &mut B::Buffer, &mut B::Buffer),
+    [rows, cols]: [usize; 2],
+) -> Result<()> {
+    let (x, w) = (input.x, input.w);
+    let stats = NormStats {
+        mean: Some(input.mean),
+        rstd: input.rstd,
+        dy: input.dy,
+    };
+    norm_bwd(b, NormIn { x, w, rows, cols }, stats, (dx, dw, Some(db)))
 }
 
 /// LayerNorm/RMSNorm backward: with `x̂ = (x − mean)·rstd` (no mean for RMSNorm) and
