@@ -56,7 +56,4 @@ fn matmul_body<B: MatmulOps + gpu_core::nn::ElementwiseOps>(b: &B, dev: &str, rn
     }
 }
 
-#[test]
-fn gpu_matmul_matches_cpu() {
-    on_every_device!("gpu_matmul_matches_cpu", matmul_body);
-}
+every_device_test!(gpu_matmul_matches_cpu, matmul_body);

@@ -206,10 +206,7 @@ fn broadcast_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_broadcast_binary_matches_cpu() {
-    on_every_device!("gpu_broadcast_binary_matches_cpu", broadcast_body);
-}
+every_device_test!(gpu_broadcast_binary_matches_cpu, broadcast_body);
 
 /// An independent reference: unravel each output index and re-ravel it into both operands.
 fn naive_broadcast(op: BinaryKind, x: &[f32], xs: &[usize], y: &[f32], ys: &[usize]) -> Vec<f32> {
@@ -326,10 +323,7 @@ fn activations_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_activations_fwd_bwd_match_cpu() {
-    on_every_device!("gpu_activations_fwd_bwd_match_cpu", activations_body);
-}
+every_device_test!(gpu_activations_fwd_bwd_match_cpu, activations_body);
 
 fn affine<B: Dev>(b: &B, x: &[f32], mul: f32, add: f32) -> Vec<f32> {
     let mut o = poisoned(b, x.len());
@@ -356,10 +350,7 @@ fn affine_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_affine_matches_cpu() {
-    on_every_device!("gpu_affine_matches_cpu", affine_body);
-}
+every_device_test!(gpu_affine_matches_cpu, affine_body);
 
 // ---- reductions ------------------------------------------------------------------------------
 
@@ -531,10 +522,7 @@ fn reduce_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_reduce_axis_matches_cpu() {
-    on_every_device!("gpu_reduce_axis_matches_cpu", reduce_body);
-}
+every_device_test!(gpu_reduce_axis_matches_cpu, reduce_body);
 
 fn max_bwd_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     for &shape in REDUCE_CASES.iter().filter(|s| s.1 > 0) {
@@ -561,10 +549,7 @@ fn max_bwd_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_max_axis_bwd_matches_cpu() {
-    on_every_device!("gpu_max_axis_bwd_matches_cpu", max_bwd_body);
-}
+every_device_test!(gpu_max_axis_bwd_matches_cpu, max_bwd_body);
 
 /// ⟨sum_axis(x), y⟩ = ⟨x, broadcast(y)⟩: Sum over an axis is the adjoint of broadcasting along
 /// it (the broadcast made with `broadcast_binary(Add, 0, y)`, which must copy y exactly).
@@ -605,13 +590,7 @@ fn adjoint_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_reduce_sum_is_the_adjoint_of_broadcasting() {
-    on_every_device!(
-        "gpu_reduce_sum_is_the_adjoint_of_broadcasting",
-        adjoint_body
-    );
-}
+every_device_test!(gpu_reduce_sum_is_the_adjoint_of_broadcasting, adjoint_body);
 
 /// Inputs larger than one pass of the capped grids (16 blocks of 256 threads per SM, so 2.2M
 /// elements for the float4 kernels on 132 SMs), so every grid-stride loop takes several turns.
@@ -651,10 +630,7 @@ fn grid_stride_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     assert_bits(&format!("{dev} dropout"), &down(b, &o), &down(&CPU, &want));
 }
 
-#[test]
-fn gpu_grid_stride_loops_cover_large_inputs() {
-    on_every_device!("gpu_grid_stride_loops_cover_large_inputs", grid_stride_body);
-}
+every_device_test!(gpu_grid_stride_loops_cover_large_inputs, grid_stride_body);
 
 /// `dropout_offset` (the seed completed on the device, for CUDA graphs) is `dropout` with the
 /// seed `seed + offsets[index]`, wrapping: bit for bit against the CPU reference, for offsets

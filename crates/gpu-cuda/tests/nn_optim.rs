@@ -222,10 +222,7 @@ fn optim_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng) 
     assert_state(&format!("{dev} step 2"), &got2, &want2, &want1, &g2, 1.0);
 }
 
-#[test]
-fn gpu_optim_matches_cpu() {
-    on_every_device!("gpu_optim_matches_cpu", optim_body);
-}
+every_device_test!(gpu_optim_matches_cpu, optim_body);
 
 fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng) {
     let f = |n: usize| b.allocate(DType::F32, n).unwrap();
@@ -329,10 +326,7 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
     );
 }
 
-#[test]
-fn gpu_optim_rejects_bad_arguments() {
-    on_every_device!("gpu_optim_rejects_bad_arguments", errors_body);
-}
+every_device_test!(gpu_optim_rejects_bad_arguments, errors_body);
 
 const TAKE_STRUCT: &str = r#"
 struct S { float a[3]; int k; double x; };

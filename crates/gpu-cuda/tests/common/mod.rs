@@ -164,7 +164,7 @@ pub const CPU: CpuBackend = CpuBackend;
 /// (when present) under every launcher × image, with one printed, replayable seed.
 #[macro_export]
 macro_rules! on_every_device {
-    ($test:literal, $body:ident) => {{
+    ($test:expr, $body:ident) => {{
         let (mut rng, _) = $crate::common::rng($test);
         $body(&$crate::common::CPU, "cpu", &mut rng);
         if let Some(gpu) = gpu_cuda::testing::backend_or_skip($test) {
@@ -180,4 +180,16 @@ macro_rules! on_every_device {
             }
         }
     }};
+}
+
+/// `every_device_test!(name, body)`: the test `name`, which runs `body` through
+/// [`on_every_device!`] under its own name (the seed's key).
+#[macro_export]
+macro_rules! every_device_test {
+    ($test:ident, $body:ident) => {
+        #[test]
+        fn $test() {
+            $crate::on_every_device!(stringify!($test), $body);
+        }
+    };
 }
