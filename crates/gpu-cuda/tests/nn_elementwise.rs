@@ -42,31 +42,26 @@ fn binary<B: Dev>(
     ys: &[usize],
 ) -> Vec<f32> {
     let n = broadcast_shape(xs, ys).unwrap().iter().product();
-    let mut o = poisoned(b, n);
-    b.broadcast_binary(op, &up(b, x), xs, &up(b, y), ys, &mut o)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [x, y], n, |[x, y], o| {
+        b.broadcast_binary(op, x, xs, y, ys, o)
+    })
 }
 
 fn act_fwd<B: Dev>(b: &B, op: Activation, x: &[f32]) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.activation_fwd(op, &up(b, x), &mut o).unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| b.activation_fwd(op, x, o))
 }
 
 fn act_bwd<B: Dev>(b: &B, op: Activation, x: &[f32], y: &[f32], dy: &[f32]) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.activation_bwd(op, &up(b, x), &up(b, y), &up(b, dy), &mut o)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [x, y, dy], x.len(), |[x, y, dy], o| {
+        b.activation_bwd(op, x, y, dy, o)
+    })
 }
 
 fn reduce<B: Dev>(b: &B, op: ReduceKind, x: &[f32], shape: (usize, usize, usize)) -> Vec<f32> {
     let (outer, n, inner) = shape;
-    let mut o = poisoned(b, outer * inner);
-    b.reduce_axis(op, &up(b, x), outer, n, inner, &mut o)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [x], outer * inner, |[x], o| {
+        b.reduce_axis(op, x, outer, n, inner, o)
+    })
 }
 
 fn max_bwd<B: Dev>(
@@ -77,20 +72,13 @@ fn max_bwd<B: Dev>(
     shape: (usize, usize, usize),
 ) -> Vec<f32> {
     let (outer, n, inner) = shape;
-    let mut o = poisoned(b, x.len());
-    b.max_axis_bwd(
-        (&up(b, x), &up(b, y), &up(b, dy)),
-        [outer, n, inner],
-        &mut o,
-    )
-    .unwrap();
-    down(b, &o)
+    run_op(b, [x, y, dy], x.len(), |[x, y, dy], o| {
+        b.max_axis_bwd((x, y, dy), [outer, n, inner], o)
+    })
 }
 
 fn permute<B: Dev>(b: &B, x: &[f32], shape: &[usize], perm: &[usize]) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.permute(&up(b, x), shape, perm, &mut o).unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| b.permute(x, shape, perm, o))
 }
 
 /// Whether a case of `numel` elements runs on device `dev`. On the CPU a parity body compares
@@ -326,9 +314,7 @@ fn activations_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
 every_device_test!(gpu_activations_fwd_bwd_match_cpu, activations_body);
 
 fn affine<B: Dev>(b: &B, x: &[f32], mul: f32, add: f32) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.affine(&up(b, x), mul, add, &mut o).unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| b.affine(x, mul, add, o))
 }
 
 fn affine_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {

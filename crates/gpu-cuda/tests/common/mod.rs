@@ -107,6 +107,19 @@ pub fn poisoned<B: ElementwiseOps>(b: &B, n: usize) -> B::Buffer {
     out
 }
 
+/// Runs `op(inputs, output)` on backend `b`: `ins` uploaded, the `n`-element f32 output
+/// poisoned (as [`poisoned`]) before the call and downloaded after.
+pub fn run_op<B: ElementwiseOps, const N: usize>(
+    b: &B,
+    ins: [&[f32]; N],
+    n: usize,
+    op: impl FnOnce(&[B::Buffer; N], &mut B::Buffer) -> gpu_core::Result<()>,
+) -> Vec<f32> {
+    let mut o = poisoned(b, n);
+    op(&ins.map(|x| up(b, x)), &mut o).unwrap();
+    down(b, &o)
+}
+
 /// Downloads an f32 buffer.
 pub fn down<B: Backend>(b: &B, buf: &B::Buffer) -> Vec<f32> {
     assert_eq!(buf.dtype(), gpu_core::DType::F32);

@@ -144,9 +144,7 @@ fn copy_blocks_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
 every_device_test!(gpu_copy_blocks_matches_cpu, copy_blocks_body);
 
 fn dropout<B: Dev>(b: &B, x: &[f32], p: f32, seed: u64) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.dropout(&up(b, x), p, seed, &mut o).unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| b.dropout(x, p, seed, o))
 }
 
 fn dropout_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {

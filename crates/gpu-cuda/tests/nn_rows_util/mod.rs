@@ -2,7 +2,7 @@
 //! NaN before the call (so an element a kernel skips fails the comparison) and downloaded after.
 #![allow(dead_code)]
 
-use crate::common::{down, poisoned, random_vec, up, CPU};
+use crate::common::{down, poisoned, random_vec, run_op, up, CPU};
 use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::RowOps;
@@ -19,19 +19,6 @@ impl<B: RowOps + ElementwiseOps + 'static> Rows for B {}
 
 pub fn up_u32<B: Backend>(b: &B, v: &[u32]) -> B::Buffer {
     b.upload(v).expect("upload u32")
-}
-
-/// Runs `op(inputs, output)` on backend `b`: `ins` uploaded, the `n`-element output poisoned
-/// before the call and downloaded after.
-fn run_op<B: Rows, const N: usize>(
-    b: &B,
-    ins: [&[f32]; N],
-    n: usize,
-    op: impl FnOnce(&[B::Buffer; N], &mut B::Buffer) -> gpu_core::Result<()>,
-) -> Vec<f32> {
-    let mut o = poisoned(b, n);
-    op(&ins.map(|x| up(b, x)), &mut o).unwrap();
-    down(b, &o)
 }
 
 pub fn softmax<B: Rows>(b: &B, x: &[f32], cols: usize) -> Vec<f32> {
