@@ -11,6 +11,8 @@
 //! [`PLAIN_SAMPLING`] and [`check_sample_rows_refusals`]: neutral sampling settings, and the
 //! argument checks of `sample_rows` every backend makes.
 //!
+//! [`adamw_one`]: the [`AdamWBuffers`] of a single tensor, handed to an AdamW step.
+//!
 //! [`test_seed`]: the seed of a randomised test, fixed per test by default (so CI never turns
 //! red at random), printed, and replayed or drawn fresh through `HYBRID_TEST_SEED`.
 
@@ -21,6 +23,7 @@ use crate::dtype::{DType, Element};
 use crate::error::Result;
 use crate::nn::attention::{AttnDropout, Packed};
 use crate::nn::elementwise::{Activation, BinaryKind, ReduceKind};
+use crate::nn::optim::AdamWBuffers;
 use crate::nn::{
     AttentionOps, BlockCopy, DecodeOps, ElementwiseOps, OptimOps, Primitives, QuantOps, RowOps,
     SampleOps, SampleParams, WorldOps,
@@ -197,6 +200,29 @@ pub fn assert_output_is_the_mask(what: &str, out: &[f32], p: Packed, drop: AttnD
         }
     }
     kept
+}
+
+/// One tensor's AdamW state: the parameter, its gradient and the two moments `(p, g, m, v)`.
+pub type AdamWTensor<'b, Buf> = (&'b mut Buf, &'b Buf, &'b mut Buf, &'b mut Buf);
+
+/// Calls `step` (an `adamw_step` or `adamw_step_scheduled` call) with the [`AdamWBuffers`] of
+/// the single tensor `t`, its weight decay `weight_decay` and the gradient scale `grad_scale`;
+/// returns what `step` returns.
+pub fn adamw_one<'b, Buf, R>(
+    t: AdamWTensor<'b, Buf>,
+    weight_decay: f32,
+    grad_scale: Option<&'b Buf>,
+    step: impl FnOnce(AdamWBuffers<'_, 'b, Buf>) -> R,
+) -> R {
+    let (p, g, m, v) = t;
+    step(AdamWBuffers {
+        params: &mut [p],
+        grads: &[g],
+        m: &mut [m],
+        v: &mut [v],
+        weight_decay: &[weight_decay],
+        grad_scale,
+    })
 }
 
 /// Sampling settings that change nothing: temperature 1, no top-k or top-p cut, no

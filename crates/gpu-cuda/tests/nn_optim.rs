@@ -12,6 +12,7 @@ use common::*;
 use gpu_core::nn::optim::AdamWBuffers;
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::{AdamWConfig, OptimOps};
+use gpu_core::testing::adamw_one;
 use gpu_core::{Backend, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{KernelArg, LaunchConfig};
@@ -433,15 +434,10 @@ fn gpu_scheduled_adamw_gives_the_eager_steps_bits() {
         up(&gpu, &[0.0f32; 4]),
     );
     for bad in [up(&gpu, &[0.1f32, 1.0]), gpu.upload(&[1u32, 2, 3]).unwrap()] {
-        let bufs = AdamWBuffers {
-            params: &mut [&mut p],
-            grads: &[&gb],
-            m: &mut [&mut m],
-            v: &mut [&mut v],
-            weight_decay: &[0.0],
-            grad_scale: None,
-        };
-        let e = gpu.adamw_step_scheduled(bufs, CFG, &bad).unwrap_err();
+        let e = adamw_one((&mut p, &gb, &mut m, &mut v), 0.0, None, |bufs| {
+            gpu.adamw_step_scheduled(bufs, CFG, &bad)
+        })
+        .unwrap_err();
         assert!(e.to_string().contains("schedule of 3 f32"), "{e}");
     }
     assert_eq!(down(&gpu, &p), vec![1.0; 4]);

@@ -15,9 +15,9 @@ mod common;
 
 use common::{get, out, rng, up};
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
-use gpu_core::nn::optim::AdamWBuffers;
 use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::{AdamWConfig, NnOps, ReduceKind};
+use gpu_core::testing::adamw_one;
 use gpu_core::CpuBackend;
 use gpu_wgpu::testing::backend_or_skip;
 use rand::rngs::StdRng;
@@ -218,17 +218,9 @@ fn optim<B: NnOps>(b: &B, v: &[Vec<f32>]) -> Outs {
         step: 3,
     };
     let scale = up(b, &[2.0, 0.5]);
-    b.adamw_step(
-        AdamWBuffers {
-            params: &mut [&mut p],
-            grads: &[&g],
-            m: &mut [&mut m],
-            v: &mut [&mut var],
-            weight_decay: &[0.1],
-            grad_scale: Some(&scale),
-        },
-        cfg,
-    )
+    adamw_one((&mut p, &g, &mut m, &mut var), 0.1, Some(&scale), |bufs| {
+        b.adamw_step(bufs, cfg)
+    })
     .unwrap();
     let mut res: Outs = vec![
         ("adamw p", 1e-6, get(b, &p)),
