@@ -64,17 +64,14 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
         up(gpu, &split(&qkv, dims, 3, 1)),
         up(gpu, &split(&qkv, dims, 3, 2)),
     );
+    let plain = AttnQkv {
+        q: &q,
+        k: &k,
+        v: &v,
+    };
     let (mut out_p, mut lse_p) = (poisoned(gpu, n * t * d), poisoned(gpu, n * t));
-    gpu.causal_attention_fwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        (&mut out_p, &mut lse_p),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
+    gpu.causal_attention_fwd(plain, (&mut out_p, &mut lse_p), AttnDims { n, t, d, scale })
+        .unwrap();
     let dout_p = up(gpu, &split(&dout, dims, 1, 0));
     let (mut dq, mut dk, mut dv) = (
         poisoned(gpu, n * t * d),
@@ -82,11 +79,7 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
         poisoned(gpu, n * t * d),
     );
     gpu.causal_attention_bwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
+        plain,
         PackedSaved {
             out: &out_p,
             lse: &lse_p,

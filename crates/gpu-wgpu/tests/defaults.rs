@@ -148,24 +148,17 @@ fn norms<B: NnOps>(b: &B, x: &[f32], dy: &[f32], w: &[f32], bias: &[f32], cols: 
 fn attention<B: NnOps>(b: &B, qkvd: &[Vec<f32>], [n, t, d]: [usize; 3]) -> Outs {
     let scale = 1.0 / (d as f32).sqrt();
     let [q, k, v, dout] = [0, 1, 2, 3].map(|i| up(b, &qkvd[i]));
+    let inputs = AttnQkv {
+        q: &q,
+        k: &k,
+        v: &v,
+    };
     let (mut o, mut lse) = (out(b, n * t * d), out(b, n * t));
-    b.causal_attention_fwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        (&mut o, &mut lse),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
+    b.causal_attention_fwd(inputs, (&mut o, &mut lse), AttnDims { n, t, d, scale })
+        .unwrap();
     let [mut dq, mut dk, mut dv] = [0; 3].map(|_| out(b, n * t * d));
     b.causal_attention_bwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
+        inputs,
         PackedSaved {
             out: &o,
             lse: &lse,
