@@ -11,6 +11,8 @@
 //! [`PLAIN_SAMPLING`] and [`check_sample_rows_refusals`]: neutral sampling settings, and the
 //! argument checks of `sample_rows` every backend makes.
 //!
+//! [`every_transpose`]: the four transpose cases of one matmul shape.
+//!
 //! [`adamw_one`]: the [`AdamWBuffers`] of a single tensor, handed to an AdamW step.
 //!
 //! [`test_seed`]: the seed of a randomised test, fixed per test by default (so CI never turns
@@ -200,6 +202,19 @@ pub fn assert_output_is_the_mask(what: &str, out: &[f32], p: Packed, drop: AttnD
         }
     }
     kept
+}
+
+/// The four transpose cases of the `[batch]` product of `m × k` by `k × n`, in the order the
+/// matmul tests walk them: neither operand transposed, `a`, `b`, both.
+pub fn every_transpose((batch, m, n, k): (usize, usize, usize, usize)) -> [MatmulSpec; 4] {
+    [(false, false), (true, false), (false, true), (true, true)].map(|(trans_a, trans_b)| {
+        MatmulSpec {
+            batch,
+            trans_a,
+            trans_b,
+            ..MatmulSpec::new(m, n, k)
+        }
+    })
 }
 
 /// One tensor's AdamW state: the parameter, its gradient and the two moments `(p, g, m, v)`.
