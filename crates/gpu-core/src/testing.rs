@@ -11,6 +11,8 @@
 //! [`PLAIN_SAMPLING`] and [`check_sample_rows_refusals`]: neutral sampling settings, and the
 //! argument checks of `sample_rows` every backend makes.
 //!
+//! [`attention_fwd_bwd`]: causal attention forward, then backward from that forward.
+//!
 //! [`every_transpose`]: the four transpose cases of one matmul shape.
 //!
 //! [`adamw_one`]: the [`AdamWBuffers`] of a single tensor, handed to an AdamW step.
@@ -23,7 +25,7 @@ use crate::cpu::{CpuBackend, CpuStorage};
 use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
-use crate::nn::attention::{AttnDropout, Packed};
+use crate::nn::attention::{AttnDims, AttnDropout, AttnQkv, Packed, PackedSaved};
 use crate::nn::elementwise::{Activation, BinaryKind, ReduceKind};
 use crate::nn::optim::AdamWBuffers;
 use crate::nn::{
@@ -202,6 +204,21 @@ pub fn assert_output_is_the_mask(what: &str, out: &[f32], p: Packed, drop: AttnD
         }
     }
     kept
+}
+
+/// [`AttentionOps::causal_attention_fwd`] of `x` into `(out, lse)`, then
+/// [`AttentionOps::causal_attention_bwd`] of the output gradient `dout` from that forward into
+/// `grads` (`dq`, `dk`, `dv`).
+pub fn attention_fwd_bwd<B: AttentionOps>(
+    b: &B,
+    x: AttnQkv<'_, B::Buffer>,
+    dout: &B::Buffer,
+    (out, lse): (&mut B::Buffer, &mut B::Buffer),
+    grads: (&mut B::Buffer, &mut B::Buffer, &mut B::Buffer),
+    dims: AttnDims,
+) -> Result<()> {
+    b.causal_attention_fwd(x, (&mut *out, &mut *lse), dims)?;
+    b.causal_attention_bwd(x, PackedSaved { out, lse, dout }, grads, dims)
 }
 
 /// The four transpose cases of the `[batch]` product of `m × k` by `k × n`, in the order the

@@ -14,10 +14,10 @@
 mod common;
 
 use common::{get, out, rng, up};
-use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
+use gpu_core::nn::attention::{AttnDims, AttnQkv};
 use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::{AdamWConfig, NnOps, ReduceKind};
-use gpu_core::testing::adamw_one;
+use gpu_core::testing::{adamw_one, attention_fwd_bwd};
 use gpu_core::CpuBackend;
 use gpu_wgpu::testing::backend_or_skip;
 use rand::rngs::StdRng;
@@ -154,16 +154,12 @@ fn attention<B: NnOps>(b: &B, qkvd: &[Vec<f32>], [n, t, d]: [usize; 3]) -> Outs 
         v: &v,
     };
     let (mut o, mut lse) = (out(b, n * t * d), out(b, n * t));
-    b.causal_attention_fwd(inputs, (&mut o, &mut lse), AttnDims { n, t, d, scale })
-        .unwrap();
     let [mut dq, mut dk, mut dv] = [0; 3].map(|_| out(b, n * t * d));
-    b.causal_attention_bwd(
+    attention_fwd_bwd(
+        b,
         inputs,
-        PackedSaved {
-            out: &o,
-            lse: &lse,
-            dout: &dout,
-        },
+        &dout,
+        (&mut o, &mut lse),
         (&mut dq, &mut dk, &mut dv),
         AttnDims { n, t, d, scale },
     )
