@@ -11,6 +11,12 @@
 //! [`PLAIN_SAMPLING`] and [`check_sample_rows_refusals`]: neutral sampling settings, and the
 //! argument checks of `sample_rows` every backend makes.
 //!
+//! [`attention_fwd_bwd`]: causal attention forward, then backward from that forward.
+//!
+//! [`every_transpose`]: the four transpose cases of one matmul shape.
+//!
+//! [`adamw_one`]: the [`AdamWBuffers`] of a single tensor, handed to an AdamW step.
+//!
 //! [`test_seed`]: the seed of a randomised test, fixed per test by default (so CI never turns
 //! red at random), printed, and replayed or drawn fresh through `HYBRID_TEST_SEED`.
 //!
@@ -22,8 +28,9 @@ use crate::cpu::{CpuBackend, CpuStorage};
 use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
-use crate::nn::attention::{AttnDropout, Packed};
+use crate::nn::attention::{AttnDims, AttnDropout, AttnQkv, Packed, PackedSaved};
 use crate::nn::elementwise::{Activation, BinaryKind, ReduceKind};
+use crate::nn::optim::AdamWBuffers;
 use crate::nn::{
     AttentionOps, BlockCopy, DecodeOps, ElementwiseOps, OptimOps, Primitives, QuantOps, RowOps,
     SampleOps, SampleParams, WorldOps,
@@ -200,6 +207,57 @@ pub fn assert_output_is_the_mask(what: &str, out: &[f32], p: Packed, drop: AttnD
         }
     }
     kept
+}
+
+/// [`AttentionOps::causal_attention_fwd`] of `x` into `(out, lse)`, then
+/// [`AttentionOps::causal_attention_bwd`] of the output gradient `dout` from that forward into
+/// `grads` (`dq`, `dk`, `dv`).
+pub fn attention_fwd_bwd<B: AttentionOps>(
+    b: &B,
+    x: AttnQkv<'_, B::Buffer>,
+    dout: &B::Buffer,
+    (out, lse): (&mut B::Buffer, &mut B::Buffer),
+    grads: (&mut B::Buffer, &mut B::Buffer, &mut B::Buffer),
+    dims: AttnDims,
+) -> Result<()> {
+    b.causal_attention_fwd(x, (&mut *out, &mut *lse), dims)?;
+    b.causal_attention_bwd(x, PackedSaved { out, lse, dout }, grads, dims)
+}
+
+/// The four transpose cases of the `[batch]` product of `m × k` by `k × n`, in the order the
+/// matmul tests walk them: neither operand transposed, `a`, `b`, both.
+pub fn every_transpose((batch, m, n, k): (usize, usize, usize, usize)) -> [MatmulSpec; 4] {
+    [(false, false), (true, false), (false, true), (true, true)].map(|(trans_a, trans_b)| {
+        MatmulSpec {
+            batch,
+            trans_a,
+            trans_b,
+            ..MatmulSpec::new(m, n, k)
+        }
+    })
+}
+
+/// One tensor's AdamW state: the parameter, its gradient and the two moments `(p, g, m, v)`.
+pub type AdamWTensor<'b, Buf> = (&'b mut Buf, &'b Buf, &'b mut Buf, &'b mut Buf);
+
+/// Calls `step` (an `adamw_step` or `adamw_step_scheduled` call) with the [`AdamWBuffers`] of
+/// the single tensor `t`, its weight decay `weight_decay` and the gradient scale `grad_scale`;
+/// returns what `step` returns.
+pub fn adamw_one<'b, Buf, R>(
+    t: AdamWTensor<'b, Buf>,
+    weight_decay: f32,
+    grad_scale: Option<&'b Buf>,
+    step: impl FnOnce(AdamWBuffers<'_, 'b, Buf>) -> R,
+) -> R {
+    let (p, g, m, v) = t;
+    step(AdamWBuffers {
+        params: &mut [p],
+        grads: &[g],
+        m: &mut [m],
+        v: &mut [v],
+        weight_decay: &[weight_decay],
+        grad_scale,
+    })
 }
 
 /// Sampling settings that change nothing: temperature 1, no top-k or top-p cut, no

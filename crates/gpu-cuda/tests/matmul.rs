@@ -15,9 +15,9 @@ fn matmul<B: MatmulOps + gpu_core::nn::ElementwiseOps>(
     x: &[f32],
     y: &[f32],
 ) -> Vec<f32> {
-    let mut o = poisoned(b, s.batch * s.m * s.n);
-    b.matmul(s, &up(b, x), &up(b, y), &mut o).unwrap();
-    down(b, &o)
+    run_op(b, [x, y], s.batch * s.m * s.n, |[x, y], o| {
+        b.matmul(s, x, y, o)
+    })
 }
 
 fn matmul_body<B: MatmulOps + gpu_core::nn::ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng) {
@@ -56,7 +56,4 @@ fn matmul_body<B: MatmulOps + gpu_core::nn::ElementwiseOps>(b: &B, dev: &str, rn
     }
 }
 
-#[test]
-fn gpu_matmul_matches_cpu() {
-    on_every_device!("gpu_matmul_matches_cpu", matmul_body);
-}
+every_device_test!(gpu_matmul_matches_cpu, matmul_body);

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use gpu_core::testing::every_transpose;
 use gpu_core::{Backend, DType, MatmulSpec};
 use gpu_cuda::blas_bf16::{matmul_bf16_reference, matmul_bf16_terms};
 use half::bf16;
@@ -32,15 +33,7 @@ fn gpu_bf16_matmul_matches_its_reference_within_the_accumulation_bound() {
         (1, 1, 300, 7),
         (2, 130, 1, 513),
     ] {
-        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-            let s = MatmulSpec {
-                batch,
-                m,
-                n,
-                k,
-                trans_a: ta,
-                trans_b: tb,
-            };
+        for s in every_transpose((batch, m, n, k)) {
             case(&gpu, &mut r, s);
         }
     }

@@ -344,10 +344,7 @@ fn causal_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut Std
     }
 }
 
-#[test]
-fn gpu_attention_is_causal() {
-    on_every_device!("gpu_attention_is_causal", causal_body);
-}
+every_device_test!(gpu_attention_is_causal, causal_body);
 
 // One case a line: rustfmt would spread each over five.
 #[rustfmt::skip]
@@ -475,7 +472,4 @@ fn masked_nan_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut
     }
 }
 
-#[test]
-fn gpu_attention_masked_nan_never_leaks() {
-    on_every_device!("gpu_attention_masked_nan_never_leaks", masked_nan_body);
-}
+every_device_test!(gpu_attention_masked_nan_never_leaks, masked_nan_body);

@@ -318,26 +318,23 @@ fn judge(
     let seq_of_row = |i: usize, w: usize| (i / (t * w * c)) * p.heads + (i % (w * c)) % c / d;
     let is_skipped = |s: usize| skip_seq == Some(s);
     let f32s = |x: &[bf16]| x.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
-    let worst = [
+    // A bf16 output of `w` blocks of `c` columns a row (out 1, dqkv 3).
+    let check_bf16 = |name: &str, (got, want): (&[bf16], &[bf16]), tol, rounded, w| {
         check(
-            &format!("{what}: out"),
-            &f32s(&got.out),
-            &f32s(&out),
-            &to,
-            false,
-            |i| is_skipped(seq_of_row(i, 1)),
-        )?,
+            &format!("{what}: {name}"),
+            &f32s(got),
+            &f32s(want),
+            tol,
+            rounded,
+            |i| is_skipped(seq_of_row(i, w)),
+        )
+    };
+    let worst = [
+        check_bf16("out", (&got.out, &out), &to, false, 1)?,
         check(&format!("{what}: lse"), &got.lse, &lse, &tl, false, |i| {
             is_skipped(i / t)
         })?,
-        check(
-            &format!("{what}: dqkv"),
-            &f32s(&got.grad),
-            &f32s(&grad),
-            &tg,
-            true,
-            |i| is_skipped(seq_of_row(i, 3)),
-        )?,
+        check_bf16("dqkv", (&got.grad, &grad), &tg, true, 3)?,
     ];
     eprintln!(
         "{what}: worst error / bound: out {:.3}, lse {:.3}, dqkv {:.3}",

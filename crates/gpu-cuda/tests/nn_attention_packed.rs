@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use gpu_core::nn::attention::Packed;
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
-use gpu_core::nn::AttentionOps;
+use gpu_core::testing::attention_fwd_bwd;
 use gpu_core::Backend;
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::CudaBackend;
@@ -64,34 +64,23 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
         up(gpu, &split(&qkv, dims, 3, 1)),
         up(gpu, &split(&qkv, dims, 3, 2)),
     );
+    let plain = AttnQkv {
+        q: &q,
+        k: &k,
+        v: &v,
+    };
     let (mut out_p, mut lse_p) = (poisoned(gpu, n * t * d), poisoned(gpu, n * t));
-    gpu.causal_attention_fwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        (&mut out_p, &mut lse_p),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
     let dout_p = up(gpu, &split(&dout, dims, 1, 0));
     let (mut dq, mut dk, mut dv) = (
         poisoned(gpu, n * t * d),
         poisoned(gpu, n * t * d),
         poisoned(gpu, n * t * d),
     );
-    gpu.causal_attention_bwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        PackedSaved {
-            out: &out_p,
-            lse: &lse_p,
-            dout: &dout_p,
-        },
+    attention_fwd_bwd(
+        gpu,
+        plain,
+        &dout_p,
+        (&mut out_p, &mut lse_p),
         (&mut dq, &mut dk, &mut dv),
         AttnDims { n, t, d, scale },
     )

@@ -42,31 +42,26 @@ fn binary<B: Dev>(
     ys: &[usize],
 ) -> Vec<f32> {
     let n = broadcast_shape(xs, ys).unwrap().iter().product();
-    let mut o = poisoned(b, n);
-    b.broadcast_binary(op, &up(b, x), xs, &up(b, y), ys, &mut o)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [x, y], n, |[x, y], o| {
+        b.broadcast_binary(op, x, xs, y, ys, o)
+    })
 }
 
 fn act_fwd<B: Dev>(b: &B, op: Activation, x: &[f32]) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.activation_fwd(op, &up(b, x), &mut o).unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| b.activation_fwd(op, x, o))
 }
 
 fn act_bwd<B: Dev>(b: &B, op: Activation, x: &[f32], y: &[f32], dy: &[f32]) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.activation_bwd(op, &up(b, x), &up(b, y), &up(b, dy), &mut o)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [x, y, dy], x.len(), |[x, y, dy], o| {
+        b.activation_bwd(op, x, y, dy, o)
+    })
 }
 
 fn reduce<B: Dev>(b: &B, op: ReduceKind, x: &[f32], shape: (usize, usize, usize)) -> Vec<f32> {
     let (outer, n, inner) = shape;
-    let mut o = poisoned(b, outer * inner);
-    b.reduce_axis(op, &up(b, x), outer, n, inner, &mut o)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [x], outer * inner, |[x], o| {
+        b.reduce_axis(op, x, outer, n, inner, o)
+    })
 }
 
 fn max_bwd<B: Dev>(
@@ -77,20 +72,13 @@ fn max_bwd<B: Dev>(
     shape: (usize, usize, usize),
 ) -> Vec<f32> {
     let (outer, n, inner) = shape;
-    let mut o = poisoned(b, x.len());
-    b.max_axis_bwd(
-        (&up(b, x), &up(b, y), &up(b, dy)),
-        [outer, n, inner],
-        &mut o,
-    )
-    .unwrap();
-    down(b, &o)
+    run_op(b, [x, y, dy], x.len(), |[x, y, dy], o| {
+        b.max_axis_bwd((x, y, dy), [outer, n, inner], o)
+    })
 }
 
 fn permute<B: Dev>(b: &B, x: &[f32], shape: &[usize], perm: &[usize]) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.permute(&up(b, x), shape, perm, &mut o).unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| b.permute(x, shape, perm, o))
 }
 
 /// Whether a case of `numel` elements runs on device `dev`. On the CPU a parity body compares
@@ -206,10 +194,7 @@ fn broadcast_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_broadcast_binary_matches_cpu() {
-    on_every_device!("gpu_broadcast_binary_matches_cpu", broadcast_body);
-}
+every_device_test!(gpu_broadcast_binary_matches_cpu, broadcast_body);
 
 /// An independent reference: unravel each output index and re-ravel it into both operands.
 fn naive_broadcast(op: BinaryKind, x: &[f32], xs: &[usize], y: &[f32], ys: &[usize]) -> Vec<f32> {
@@ -326,15 +311,10 @@ fn activations_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_activations_fwd_bwd_match_cpu() {
-    on_every_device!("gpu_activations_fwd_bwd_match_cpu", activations_body);
-}
+every_device_test!(gpu_activations_fwd_bwd_match_cpu, activations_body);
 
 fn affine<B: Dev>(b: &B, x: &[f32], mul: f32, add: f32) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.affine(&up(b, x), mul, add, &mut o).unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| b.affine(x, mul, add, o))
 }
 
 fn affine_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
@@ -356,10 +336,7 @@ fn affine_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_affine_matches_cpu() {
-    on_every_device!("gpu_affine_matches_cpu", affine_body);
-}
+every_device_test!(gpu_affine_matches_cpu, affine_body);
 
 // ---- reductions ------------------------------------------------------------------------------
 
@@ -531,10 +508,7 @@ fn reduce_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_reduce_axis_matches_cpu() {
-    on_every_device!("gpu_reduce_axis_matches_cpu", reduce_body);
-}
+every_device_test!(gpu_reduce_axis_matches_cpu, reduce_body);
 
 fn max_bwd_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     for &shape in REDUCE_CASES.iter().filter(|s| s.1 > 0) {
@@ -561,10 +535,7 @@ fn max_bwd_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_max_axis_bwd_matches_cpu() {
-    on_every_device!("gpu_max_axis_bwd_matches_cpu", max_bwd_body);
-}
+every_device_test!(gpu_max_axis_bwd_matches_cpu, max_bwd_body);
 
 /// ⟨sum_axis(x), y⟩ = ⟨x, broadcast(y)⟩: Sum over an axis is the adjoint of broadcasting along
 /// it (the broadcast made with `broadcast_binary(Add, 0, y)`, which must copy y exactly).
@@ -605,13 +576,7 @@ fn adjoint_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_reduce_sum_is_the_adjoint_of_broadcasting() {
-    on_every_device!(
-        "gpu_reduce_sum_is_the_adjoint_of_broadcasting",
-        adjoint_body
-    );
-}
+every_device_test!(gpu_reduce_sum_is_the_adjoint_of_broadcasting, adjoint_body);
 
 /// Inputs larger than one pass of the capped grids (16 blocks of 256 threads per SM, so 2.2M
 /// elements for the float4 kernels on 132 SMs), so every grid-stride loop takes several turns.
@@ -651,10 +616,7 @@ fn grid_stride_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     assert_bits(&format!("{dev} dropout"), &down(b, &o), &down(&CPU, &want));
 }
 
-#[test]
-fn gpu_grid_stride_loops_cover_large_inputs() {
-    on_every_device!("gpu_grid_stride_loops_cover_large_inputs", grid_stride_body);
-}
+every_device_test!(gpu_grid_stride_loops_cover_large_inputs, grid_stride_body);
 
 /// `dropout_offset` (the seed completed on the device, for CUDA graphs) is `dropout` with the
 /// seed `seed + offsets[index]`, wrapping: bit for bit against the CPU reference, for offsets

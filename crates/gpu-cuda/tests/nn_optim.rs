@@ -12,6 +12,7 @@ use common::*;
 use gpu_core::nn::optim::AdamWBuffers;
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::{AdamWConfig, OptimOps};
+use gpu_core::testing::adamw_one;
 use gpu_core::{Backend, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{KernelArg, LaunchConfig};
@@ -222,10 +223,7 @@ fn optim_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng) 
     assert_state(&format!("{dev} step 2"), &got2, &want2, &want1, &g2, 1.0);
 }
 
-#[test]
-fn gpu_optim_matches_cpu() {
-    on_every_device!("gpu_optim_matches_cpu", optim_body);
-}
+every_device_test!(gpu_optim_matches_cpu, optim_body);
 
 fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng) {
     let f = |n: usize| b.allocate(DType::F32, n).unwrap();
@@ -329,10 +327,7 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
     );
 }
 
-#[test]
-fn gpu_optim_rejects_bad_arguments() {
-    on_every_device!("gpu_optim_rejects_bad_arguments", errors_body);
-}
+every_device_test!(gpu_optim_rejects_bad_arguments, errors_body);
 
 const TAKE_STRUCT: &str = r#"
 struct S { float a[3]; int k; double x; };
@@ -439,15 +434,10 @@ fn gpu_scheduled_adamw_gives_the_eager_steps_bits() {
         up(&gpu, &[0.0f32; 4]),
     );
     for bad in [up(&gpu, &[0.1f32, 1.0]), gpu.upload(&[1u32, 2, 3]).unwrap()] {
-        let bufs = AdamWBuffers {
-            params: &mut [&mut p],
-            grads: &[&gb],
-            m: &mut [&mut m],
-            v: &mut [&mut v],
-            weight_decay: &[0.0],
-            grad_scale: None,
-        };
-        let e = gpu.adamw_step_scheduled(bufs, CFG, &bad).unwrap_err();
+        let e = adamw_one((&mut p, &gb, &mut m, &mut v), 0.0, None, |bufs| {
+            gpu.adamw_step_scheduled(bufs, CFG, &bad)
+        })
+        .unwrap_err();
         assert!(e.to_string().contains("schedule of 3 f32"), "{e}");
     }
     assert_eq!(down(&gpu, &p), vec![1.0; 4]);

@@ -211,10 +211,7 @@ fn schedule_free_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut 
     }
 }
 
-#[test]
-fn gpu_schedule_free_matches_cpu() {
-    on_every_device!("gpu_schedule_free_matches_cpu", schedule_free_body);
-}
+every_device_test!(gpu_schedule_free_matches_cpu, schedule_free_body);
 
 /// Prodigy state: p, p0, s, m, v and the scalars.
 #[derive(Clone)]
@@ -409,10 +406,7 @@ fn prodigy_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng
     );
 }
 
-#[test]
-fn gpu_prodigy_matches_cpu() {
-    on_every_device!("gpu_prodigy_matches_cpu", prodigy_body);
-}
+every_device_test!(gpu_prodigy_matches_cpu, prodigy_body);
 
 fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng) {
     let f = |n: usize| b.allocate(DType::F32, n).unwrap();
@@ -563,7 +557,4 @@ fn errors_body<B: OptimOps + ElementwiseOps>(b: &B, dev: &str, _rng: &mut StdRng
     );
 }
 
-#[test]
-fn gpu_adaptive_optimisers_reject_bad_arguments() {
-    on_every_device!("gpu_adaptive_optimisers_reject_bad_arguments", errors_body);
-}
+every_device_test!(gpu_adaptive_optimisers_reject_bad_arguments, errors_body);

@@ -255,30 +255,15 @@ fn embedding_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_softmax_family_matches_cpu() {
-    on_every_device!("gpu_softmax_family_matches_cpu", softmax_family_body);
-}
+every_device_test!(gpu_softmax_family_matches_cpu, softmax_family_body);
 
-#[test]
-fn gpu_cross_entropy_matches_cpu() {
-    on_every_device!("gpu_cross_entropy_matches_cpu", cross_entropy_body);
-}
+every_device_test!(gpu_cross_entropy_matches_cpu, cross_entropy_body);
 
-#[test]
-fn gpu_norms_match_cpu() {
-    on_every_device!("gpu_norms_match_cpu", norm_body);
-}
+every_device_test!(gpu_norms_match_cpu, norm_body);
 
-#[test]
-fn gpu_rope_matches_cpu() {
-    on_every_device!("gpu_rope_matches_cpu", rope_body);
-}
+every_device_test!(gpu_rope_matches_cpu, rope_body);
 
-#[test]
-fn gpu_embedding_matches_cpu() {
-    on_every_device!("gpu_embedding_matches_cpu", embedding_body);
-}
+every_device_test!(gpu_embedding_matches_cpu, embedding_body);
 
 /// The GPT's shapes (softmax and LayerNorm at [8192, 4096], LayerNorm at [16384, 384]), and the
 /// norm backward's determinism: two runs give bit-identical dw and db.
@@ -511,10 +496,7 @@ fn errors_body<B: Rows>(b: &B, dev: &str, _rng: &mut StdRng) {
     assert_eq!(down(b, &dt), [0.0; 6], "{dev}");
 }
 
-#[test]
-fn gpu_rows_reject_bad_arguments() {
-    on_every_device!("gpu_rows_reject_bad_arguments", errors_body);
-}
+every_device_test!(gpu_rows_reject_bad_arguments, errors_body);
 
 /// The embedding backward of a small vocabulary (many rows per id: the tiled path) sums in a
 /// fixed order: the same bits on every call, also after other work reused its scratch memory

@@ -67,18 +67,9 @@ fn huge_rows_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_norms_are_exact_on_constant_rows() {
-    on_every_device!("gpu_norms_are_exact_on_constant_rows", constant_rows_body);
-}
+every_device_test!(gpu_norms_are_exact_on_constant_rows, constant_rows_body);
 
-#[test]
-fn gpu_norms_handle_rows_that_overflow_f32_sums() {
-    on_every_device!(
-        "gpu_norms_handle_rows_that_overflow_f32_sums",
-        huge_rows_body
-    );
-}
+every_device_test!(gpu_norms_handle_rows_that_overflow_f32_sums, huge_rows_body);
 
 /// A NaN or an infinity in a row: LayerNorm's output for that row is all NaN (its mean or
 /// variance is undefined), RMSNorm's is whatever the f64 reference gives (NaN for a NaN row;
@@ -116,10 +107,7 @@ fn non_finite_rows_body<B: Rows>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_norms_of_rows_with_nan_or_inf_are_nan() {
-    on_every_device!(
-        "gpu_norms_of_rows_with_nan_or_inf_are_nan",
-        non_finite_rows_body
-    );
-}
+every_device_test!(
+    gpu_norms_of_rows_with_nan_or_inf_are_nan,
+    non_finite_rows_body
+);

@@ -111,12 +111,8 @@ fn gpu_sample_rows_empty_batch_and_bad_buffers() {
         return;
     };
     let p = SampleParams {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        penalty: 1.0,
         seed: 1,
-        offset: 0,
+        ..gpu_core::testing::PLAIN_SAMPLING
     };
     let e = gpu.upload::<f32>(&[]).unwrap();
     let mut es = gpu.upload::<u32>(&[]).unwrap();

@@ -14,10 +14,10 @@
 mod common;
 
 use common::{get, out, rng, up};
-use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
-use gpu_core::nn::optim::AdamWBuffers;
+use gpu_core::nn::attention::{AttnDims, AttnQkv};
 use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::{AdamWConfig, NnOps, ReduceKind};
+use gpu_core::testing::{adamw_one, attention_fwd_bwd};
 use gpu_core::CpuBackend;
 use gpu_wgpu::testing::backend_or_skip;
 use rand::rngs::StdRng;
@@ -148,29 +148,18 @@ fn norms<B: NnOps>(b: &B, x: &[f32], dy: &[f32], w: &[f32], bias: &[f32], cols: 
 fn attention<B: NnOps>(b: &B, qkvd: &[Vec<f32>], [n, t, d]: [usize; 3]) -> Outs {
     let scale = 1.0 / (d as f32).sqrt();
     let [q, k, v, dout] = [0, 1, 2, 3].map(|i| up(b, &qkvd[i]));
+    let inputs = AttnQkv {
+        q: &q,
+        k: &k,
+        v: &v,
+    };
     let (mut o, mut lse) = (out(b, n * t * d), out(b, n * t));
-    b.causal_attention_fwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        (&mut o, &mut lse),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
     let [mut dq, mut dk, mut dv] = [0; 3].map(|_| out(b, n * t * d));
-    b.causal_attention_bwd(
-        AttnQkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        PackedSaved {
-            out: &o,
-            lse: &lse,
-            dout: &dout,
-        },
+    attention_fwd_bwd(
+        b,
+        inputs,
+        &dout,
+        (&mut o, &mut lse),
         (&mut dq, &mut dk, &mut dv),
         AttnDims { n, t, d, scale },
     )
@@ -218,17 +207,9 @@ fn optim<B: NnOps>(b: &B, v: &[Vec<f32>]) -> Outs {
         step: 3,
     };
     let scale = up(b, &[2.0, 0.5]);
-    b.adamw_step(
-        AdamWBuffers {
-            params: &mut [&mut p],
-            grads: &[&g],
-            m: &mut [&mut m],
-            v: &mut [&mut var],
-            weight_decay: &[0.1],
-            grad_scale: Some(&scale),
-        },
-        cfg,
-    )
+    adamw_one((&mut p, &g, &mut m, &mut var), 0.1, Some(&scale), |bufs| {
+        b.adamw_step(bufs, cfg)
+    })
     .unwrap();
     let mut res: Outs = vec![
         ("adamw p", 1e-6, get(b, &p)),

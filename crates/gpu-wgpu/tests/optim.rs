@@ -11,6 +11,7 @@ mod common;
 use common::{backend_and_rng, close, randn, rng, with_hostile, SIZES, U};
 use gpu_core::nn::optim::{adamw_schedule, AdamWBuffers};
 use gpu_core::nn::{AdamWConfig, OptimOps};
+use gpu_core::testing::adamw_one;
 use gpu_core::{Backend, CpuBackend, DType};
 use gpu_wgpu::testing::backend_or_skip;
 
@@ -148,31 +149,14 @@ fn scheduled_adamw_is_the_same_step_and_bad_arguments_change_nothing() {
     let (mut m, mut v) = (w.upload(&x).unwrap(), w.upload(&vec![0.5f32; 300]).unwrap());
     let (mut p2, mut m2) = (w.upload(&x).unwrap(), w.upload(&x).unwrap());
     let mut v2 = w.upload(&vec![0.5f32; 300]).unwrap();
-    w.adamw_step(
-        AdamWBuffers {
-            params: &mut [&mut p],
-            grads: &[&g],
-            m: &mut [&mut m],
-            v: &mut [&mut v],
-            weight_decay: &[0.1],
-            grad_scale: None,
-        },
-        cfg,
-    )
+    adamw_one((&mut p, &g, &mut m, &mut v), 0.1, None, |bufs| {
+        w.adamw_step(bufs, cfg)
+    })
     .unwrap();
     let schedule = w.upload(&adamw_schedule(cfg)).unwrap();
-    w.adamw_step_scheduled(
-        AdamWBuffers {
-            params: &mut [&mut p2],
-            grads: &[&g],
-            m: &mut [&mut m2],
-            v: &mut [&mut v2],
-            weight_decay: &[0.1],
-            grad_scale: None,
-        },
-        cfg,
-        &schedule,
-    )
+    adamw_one((&mut p2, &g, &mut m2, &mut v2), 0.1, None, |bufs| {
+        w.adamw_step_scheduled(bufs, cfg, &schedule)
+    })
     .unwrap();
     for (a, b) in [(&p, &p2), (&m, &m2), (&v, &v2)] {
         let (a, b): (Vec<f32>, Vec<f32>) = (w.download(a).unwrap(), w.download(b).unwrap());
@@ -206,17 +190,9 @@ fn scheduled_adamw_is_the_same_step_and_bad_arguments_change_nothing() {
     assert_eq!(before, after);
     // A bf16 parameter is a dtype error.
     let mut h = w.allocate(DType::BF16, 300).unwrap();
-    let err = w.adamw_step(
-        AdamWBuffers {
-            params: &mut [&mut h],
-            grads: &[&g],
-            m: &mut [&mut m],
-            v: &mut [&mut v],
-            weight_decay: &[0.0],
-            grad_scale: None,
-        },
-        cfg,
-    );
+    let err = adamw_one((&mut h, &g, &mut m, &mut v), 0.0, None, |bufs| {
+        w.adamw_step(bufs, cfg)
+    });
     assert!(err.is_err(), "{err:?}");
 }
 

@@ -10,6 +10,7 @@ use gpu_core::nn::rows::RowOps;
 use gpu_core::nn::Activation;
 use gpu_core::nn::Primitives;
 use gpu_core::ops::{MatmulOps, MatmulSpec};
+use gpu_core::testing::every_transpose;
 use gpu_core::{Backend, CpuBackend, DType, Device, GpuError};
 use gpu_wgpu::testing::backend_or_skip;
 use gpu_wgpu::{BinaryOp, RowReduce, UnaryOp, WgpuBackend};
@@ -469,15 +470,8 @@ fn matmul_parity_with_transposes() {
         (1, 3, 33, 4),
     ];
     for (batch, m, n, k) in shapes {
-        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-            let spec = MatmulSpec {
-                batch,
-                m,
-                n,
-                k,
-                trans_a: ta,
-                trans_b: tb,
-            };
+        for spec in every_transpose((batch, m, n, k)) {
+            let (ta, tb) = (spec.trans_a, spec.trans_b);
             let a = randn(&mut r, batch * m * k, 4.0);
             let bm = randn(&mut r, batch * k * n, 4.0);
             let (ad, bd) = (b.upload(&a).unwrap(), b.upload(&bm).unwrap());

@@ -140,15 +140,17 @@ fn quantized_matches_the_reference(dev: Device) {
     }
 }
 
-#[test]
-fn engine_quantized_matches_the_reference_on_the_cpu() {
-    quantized_matches_the_reference(Device::Cpu);
-}
+cpu_and_gpu_tests!(
+    quantized_matches_the_reference,
+    engine_quantized_matches_the_reference_on_the_cpu,
+    gpu_engine_quantized_matches_the_reference
+);
 
-#[test]
-fn engine_matches_transformers_on_the_cpu() {
-    matches_transformers(Device::Cpu);
-}
+cpu_and_gpu_tests!(
+    matches_transformers,
+    engine_matches_transformers_on_the_cpu,
+    gpu_engine_matches_transformers
+);
 
 /// A batch of prompts of different lengths (left-padded in the engine) gives each row what
 /// the reference gives it alone: the last-position logits and the greedy continuation (for
@@ -339,20 +341,22 @@ fn gpt2_variant_matches_the_reference(dev: Device) {
     );
 }
 
-#[test]
-fn engine_gpt2_variant_matches_the_reference_on_the_cpu() {
-    gpt2_variant_matches_the_reference(Device::Cpu);
-}
+cpu_and_gpu_tests!(
+    gpt2_variant_matches_the_reference,
+    engine_gpt2_variant_matches_the_reference_on_the_cpu,
+    gpu_engine_gpt2_variant_matches_the_reference
+);
 
 #[test]
 fn engine_sampling_follows_the_reference_on_the_cpu() {
     sampling_follows_the_reference(Device::Cpu);
 }
 
-#[test]
-fn engine_batch_rows_match_the_reference_on_the_cpu() {
-    batch_rows_match_the_reference(Device::Cpu);
-}
+cpu_and_gpu_tests!(
+    batch_rows_match_the_reference,
+    engine_batch_rows_match_the_reference_on_the_cpu,
+    gpu_engine_batch_rows_match_the_reference
+);
 
 #[test]
 fn engine_refuses_bad_input_and_changes_nothing() {
@@ -468,47 +472,11 @@ fn a_failed_step_leaves_no_trace(dev: Device) {
     assert_eq!(run(true), run(false), "{dev}: a failed step left a trace");
 }
 
-#[test]
-fn engine_failed_step_leaves_no_trace_on_the_cpu() {
-    a_failed_step_leaves_no_trace(Device::Cpu);
-}
-
-#[test]
-fn gpu_engine_failed_step_leaves_no_trace() {
-    on_gpu(
-        "gpu_engine_failed_step_leaves_no_trace",
-        a_failed_step_leaves_no_trace,
-    );
-}
-
-#[test]
-fn gpu_engine_matches_transformers() {
-    on_gpu("gpu_engine_matches_transformers", matches_transformers);
-}
-
-#[test]
-fn gpu_engine_batch_rows_match_the_reference() {
-    on_gpu(
-        "gpu_engine_batch_rows_match_the_reference",
-        batch_rows_match_the_reference,
-    );
-}
-
-#[test]
-fn gpu_engine_gpt2_variant_matches_the_reference() {
-    on_gpu(
-        "gpu_engine_gpt2_variant_matches_the_reference",
-        gpt2_variant_matches_the_reference,
-    );
-}
-
-#[test]
-fn gpu_engine_quantized_matches_the_reference() {
-    on_gpu(
-        "gpu_engine_quantized_matches_the_reference",
-        quantized_matches_the_reference,
-    );
-}
+cpu_and_gpu_tests!(
+    a_failed_step_leaves_no_trace,
+    engine_failed_step_leaves_no_trace_on_the_cpu,
+    gpu_engine_failed_step_leaves_no_trace
+);
 
 #[test]
 fn gpu_engine_sampling_follows_the_reference() {

@@ -8,7 +8,7 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, on_gpu, poisoned_copy};
+use hf_fixture::{dir, poisoned_copy};
 use models::{Engine, EngineOptions, LogitsAt, ModelError, Sampling};
 use tensor_ops::{DType, Device};
 
@@ -97,15 +97,8 @@ fn history_survives_a_step_that_fails_in_one_row(dev: Device) {
     }
 }
 
-#[test]
-fn engine_history_survives_a_step_that_fails_in_one_row_on_the_cpu() {
-    history_survives_a_step_that_fails_in_one_row(Device::Cpu);
-}
-
-#[test]
-fn gpu_engine_history_survives_a_step_that_fails_in_one_row() {
-    on_gpu(
-        "gpu_engine_history_survives_a_step_that_fails_in_one_row",
-        history_survives_a_step_that_fails_in_one_row,
-    );
-}
+cpu_and_gpu_tests!(
+    history_survives_a_step_that_fails_in_one_row,
+    engine_history_survives_a_step_that_fails_in_one_row_on_the_cpu,
+    gpu_engine_history_survives_a_step_that_fails_in_one_row
+);

@@ -54,6 +54,17 @@ fn hp(run: &serde_json::Value, key: &str) -> f32 {
     run["hp"][key].as_f64().expect("a hyper-parameter") as f32
 }
 
+/// `[beta1, beta2, eps, weight_decay]` of run `run`: the hyper-parameters every Adam-style
+/// optimiser here takes.
+fn adam_hp(run: &serde_json::Value) -> [f32; 4] {
+    ["beta1", "beta2", "eps", "weight_decay"].map(|key| hp(run, key))
+}
+
+/// The parameters with their weight-decay flags: `w` decays, `b` does not.
+fn decay_flags(ps: &[Tensor]) -> Vec<(Tensor, bool)> {
+    vec![(ps[0].clone(), true), (ps[1].clone(), false)]
+}
+
 /// The initial parameters (leaves with gradients) on the CPU.
 fn params(fx: &serde_json::Value) -> Vec<Tensor> {
     (0..2)
@@ -163,14 +174,15 @@ fn adamw_matches_torch() {
     let fx = fixture();
     let run = &fx["runs"]["adamw"];
     let ps = params(&fx);
+    let [beta1, beta2, eps, weight_decay] = adam_hp(run);
     let hp = AdamWParams {
-        beta1: hp(run, "beta1"),
-        beta2: hp(run, "beta2"),
-        eps: hp(run, "eps"),
-        weight_decay: hp(run, "weight_decay"),
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
         max_grad_norm: None,
     };
-    let mut opt = AdamW::new(vec![(ps[0].clone(), true), (ps[1].clone(), false)], hp).unwrap();
+    let mut opt = AdamW::new(decay_flags(&ps), hp).unwrap();
     let worst = replay("adamw", &mut opt, &ps, &mut no_switch);
     println!("adamw: largest difference from PyTorch {worst:e}");
 }
@@ -180,17 +192,18 @@ fn schedule_free_adamw_matches_the_schedulefree_package() {
     let fx = fixture();
     let run = &fx["runs"]["schedule_free"];
     let ps = params(&fx);
+    let [beta1, beta2, eps, weight_decay] = adam_hp(run);
     let hp = ScheduleFreeParams {
-        beta1: hp(run, "beta1"),
-        beta2: hp(run, "beta2"),
-        eps: hp(run, "eps"),
-        weight_decay: hp(run, "weight_decay"),
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
         warmup_steps: run["hp"]["warmup_steps"].as_u64().unwrap() as u32,
         r: hp(run, "r"),
         weight_lr_power: hp(run, "weight_lr_power"),
         max_grad_norm: None,
     };
-    let flags = vec![(ps[0].clone(), true), (ps[1].clone(), false)];
+    let flags = decay_flags(&ps);
     let mut opt = ScheduleFreeAdamW::new(flags, hp).unwrap();
     let p2 = ps.clone();
     let mut swap = move |o: &mut dyn Optimizer| {
@@ -214,17 +227,18 @@ fn prodigy_case(name: &str) {
     let fx = fixture();
     let run = &fx["runs"][name];
     let ps = params(&fx);
+    let [beta1, beta2, eps, weight_decay] = adam_hp(run);
     let hp = ProdigyParams {
-        beta1: hp(run, "beta1"),
-        beta2: hp(run, "beta2"),
-        eps: hp(run, "eps"),
-        weight_decay: hp(run, "weight_decay"),
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
         d0: hp(run, "d0"),
         decouple: run["hp"]["decouple"].as_bool().unwrap(),
         use_bias_correction: run["hp"]["use_bias_correction"].as_bool().unwrap(),
         ..Default::default()
     };
-    let flags = vec![(ps[0].clone(), true), (ps[1].clone(), false)];
+    let flags = decay_flags(&ps);
     let mut opt = Prodigy::new(flags, hp).unwrap();
     let worst = replay(name, &mut opt, &ps, &mut no_switch);
     let (d, want) = (opt.d().unwrap(), run["d"].as_f64().unwrap());

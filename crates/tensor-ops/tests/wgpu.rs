@@ -19,11 +19,26 @@ mod optim_hp;
 use devcmp::loss_weights;
 use gpu_cuda::testing::{cancel, rel_err, test_seed};
 use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::ops::Range;
 use tensor_ops::{Device, Result, Tensor};
 
 /// `Device::Wgpu` of adapter 0, or `None` after printing why the test is skipped.
 fn wgpu(test: &str) -> Option<Device> {
     gpu_wgpu::testing::backend_or_skip(test).map(|b| Device::Wgpu(b.info().index))
+}
+
+/// The wgpu device, test `test`'s seeded rng and three dimensions drawn from `ranges` (printed
+/// as `[names] = [..]`), or `None` after printing why the test is skipped.
+fn wgpu_rng_dims(
+    test: &str,
+    names: &str,
+    ranges: [Range<usize>; 3],
+) -> Option<(Device, StdRng, [usize; 3])> {
+    let dev = wgpu(test)?;
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let dims = ranges.map(|range| r.random_range(range));
+    eprintln!("{test}: [{names}] = {dims:?}");
+    Some((dev, r, dims))
 }
 
 /// `n` values uniform in `[lo, hi)`.
@@ -155,14 +170,9 @@ fn wgpu_transfers_keep_every_dtype_and_count_copies() {
 #[test]
 fn wgpu_elementwise_and_reductions_match_the_cpu() {
     const T: &str = "wgpu_elementwise_and_reductions_match_the_cpu";
-    let Some(dev) = wgpu(T) else { return };
-    let mut r = StdRng::seed_from_u64(test_seed(T));
-    let (a, b, c) = (
-        r.random_range(1..4),
-        r.random_range(1..20),
-        r.random_range(1..40),
-    );
-    eprintln!("{T}: dims a={a} b={b} c={c}");
+    let Some((dev, mut r, [a, b, c])) = wgpu_rng_dims(T, "a, b, c", [1..4, 1..20, 1..40]) else {
+        return;
+    };
     let mut x = |s: &[usize]| (uniform(&mut r, s.iter().product(), -1.5, 1.5), s.to_vec());
     let (x3, xc, xa1c, xbc, xbc2) = (
         x(&[a, b, c]),
@@ -217,14 +227,9 @@ fn wgpu_elementwise_and_reductions_match_the_cpu() {
 #[test]
 fn wgpu_matmul_rows_and_losses_match_the_cpu() {
     const T: &str = "wgpu_matmul_rows_and_losses_match_the_cpu";
-    let Some(dev) = wgpu(T) else { return };
-    let mut r = StdRng::seed_from_u64(test_seed(T));
-    let (a, b, c) = (
-        r.random_range(1..4),
-        r.random_range(1..24),
-        r.random_range(2..48),
-    );
-    eprintln!("{T}: dims a={a} b={b} c={c}");
+    let Some((dev, mut r, [a, b, c])) = wgpu_rng_dims(T, "a, b, c", [1..4, 1..24, 2..48]) else {
+        return;
+    };
     let mut x = |s: &[usize]| (uniform(&mut r, s.iter().product(), -1.5, 1.5), s.to_vec());
     let t = 1e-5;
     compare("matmul", dev, &[x(&[a, b, c]), x(&[c, b])], t, &|v| {
@@ -313,14 +318,10 @@ fn wgpu_matmul_rows_and_losses_match_the_cpu() {
 #[test]
 fn wgpu_bf16_autocast_linear_matches_the_cpu() {
     const T: &str = "wgpu_bf16_autocast_linear_matches_the_cpu";
-    let Some(dev) = wgpu(T) else { return };
-    let mut r = StdRng::seed_from_u64(test_seed(T));
-    let (n, din, dout) = (
-        r.random_range(1..20),
-        r.random_range(1..40),
-        r.random_range(1..30),
-    );
-    eprintln!("{T}: [n, in, out] = [{n}, {din}, {dout}]");
+    let Some((dev, mut r, [n, din, dout])) = wgpu_rng_dims(T, "n, in, out", [1..20, 1..40, 1..30])
+    else {
+        return;
+    };
     let mut x = |s: &[usize]| (uniform(&mut r, s.iter().product(), -1.5, 1.5), s.to_vec());
     let inputs = [x(&[n, din]), x(&[dout, din]), x(&[dout])];
     let bf16 = tensor_ops::Precision::Bf16;

@@ -210,13 +210,7 @@ fn matmul_matches_f64_on_odd_shapes_and_transposes() {
         (3, 64, 5, 300),
         (1, 129, 95, 257),
     ] {
-        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-            let spec = MatmulSpec {
-                batch,
-                trans_a: ta,
-                trans_b: tb,
-                ..MatmulSpec::new(m, n, k)
-            };
+        for spec in crate::testing::every_transpose((batch, m, n, k)) {
             let a: Vec<f32> = (0..batch * m * k).map(|_| next()).collect();
             let b: Vec<f32> = (0..batch * k * n).map(|_| next()).collect();
             let mut c = cpu.upload(&vec![f32::NAN; batch * m * n]).unwrap();

@@ -1,6 +1,7 @@
 //! What the integration tests of the defaults share.
 
 use gpu_core::nn::optim::AdamWBuffers;
+use gpu_core::testing::adamw_one;
 use gpu_core::CpuStorage;
 
 /// Copies of the parameter and moments `(p0, m0, v0)` after `step` ran on their buffers with
@@ -11,13 +12,6 @@ pub fn adamw_on_copies(
     step: impl FnOnce(AdamWBuffers<'_, '_, CpuStorage>),
 ) -> [CpuStorage; 3] {
     let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
-    step(AdamWBuffers {
-        params: &mut [&mut p],
-        grads: &[g0],
-        m: &mut [&mut m],
-        v: &mut [&mut v],
-        weight_decay: &[0.1],
-        grad_scale: Some(scale),
-    });
+    adamw_one((&mut p, g0, &mut m, &mut v), 0.1, Some(scale), step);
     [p, m, v]
 }

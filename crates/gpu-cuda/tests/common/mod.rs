@@ -107,6 +107,19 @@ pub fn poisoned<B: ElementwiseOps>(b: &B, n: usize) -> B::Buffer {
     out
 }
 
+/// Runs `op(inputs, output)` on backend `b`: `ins` uploaded, the `n`-element f32 output
+/// poisoned (as [`poisoned`]) before the call and downloaded after.
+pub fn run_op<B: ElementwiseOps, const N: usize>(
+    b: &B,
+    ins: [&[f32]; N],
+    n: usize,
+    op: impl FnOnce(&[B::Buffer; N], &mut B::Buffer) -> gpu_core::Result<()>,
+) -> Vec<f32> {
+    let mut o = poisoned(b, n);
+    op(&ins.map(|x| up(b, x)), &mut o).unwrap();
+    down(b, &o)
+}
+
 /// Downloads an f32 buffer.
 pub fn down<B: Backend>(b: &B, buf: &B::Buffer) -> Vec<f32> {
     assert_eq!(buf.dtype(), gpu_core::DType::F32);
@@ -164,7 +177,7 @@ pub const CPU: CpuBackend = CpuBackend;
 /// (when present) under every launcher × image, with one printed, replayable seed.
 #[macro_export]
 macro_rules! on_every_device {
-    ($test:literal, $body:ident) => {{
+    ($test:expr, $body:ident) => {{
         let (mut rng, _) = $crate::common::rng($test);
         $body(&$crate::common::CPU, "cpu", &mut rng);
         if let Some(gpu) = gpu_cuda::testing::backend_or_skip($test) {
@@ -180,4 +193,16 @@ macro_rules! on_every_device {
             }
         }
     }};
+}
+
+/// `every_device_test!(name, body)`: the test `name`, which runs `body` through
+/// [`on_every_device!`] under its own name (the seed's key).
+#[macro_export]
+macro_rules! every_device_test {
+    ($test:ident, $body:ident) => {
+        #[test]
+        fn $test() {
+            $crate::on_every_device!(stringify!($test), $body);
+        }
+    };
 }

@@ -71,7 +71,4 @@ fn errors_body<B: Dev>(b: &B, dev: &str, _rng: &mut StdRng) {
     assert_err!(dev, UnsupportedDType, b.dropout(&u6, 0.5, 7, &mut o6));
 }
 
-#[test]
-fn gpu_bad_inputs_are_typed_errors() {
-    on_every_device!("gpu_bad_inputs_are_typed_errors", errors_body);
-}
+every_device_test!(gpu_bad_inputs_are_typed_errors, errors_body);

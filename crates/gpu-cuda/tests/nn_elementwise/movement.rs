@@ -43,10 +43,7 @@ fn permute_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_permute_matches_cpu() {
-    on_every_device!("gpu_permute_matches_cpu", permute_body);
-}
+every_device_test!(gpu_permute_matches_cpu, permute_body);
 
 #[test]
 fn gpu_permute_random_shapes() {
@@ -144,15 +141,10 @@ fn copy_blocks_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_copy_blocks_matches_cpu() {
-    on_every_device!("gpu_copy_blocks_matches_cpu", copy_blocks_body);
-}
+every_device_test!(gpu_copy_blocks_matches_cpu, copy_blocks_body);
 
 fn dropout<B: Dev>(b: &B, x: &[f32], p: f32, seed: u64) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.dropout(&up(b, x), p, seed, &mut o).unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| b.dropout(x, p, seed, o))
 }
 
 fn dropout_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
@@ -179,7 +171,4 @@ fn dropout_body<B: Dev>(b: &B, dev: &str, rng: &mut StdRng) {
     }
 }
 
-#[test]
-fn gpu_dropout_masks_are_bit_identical() {
-    on_every_device!("gpu_dropout_masks_are_bit_identical", dropout_body);
-}
+every_device_test!(gpu_dropout_masks_are_bit_identical, dropout_body);

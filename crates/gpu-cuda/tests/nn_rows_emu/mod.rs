@@ -165,26 +165,43 @@ pub fn softmax_fwd(x: &[f32], cols: usize, bug: Bug) -> Vec<f32> {
     out
 }
 
-pub fn softmax_bwd(y: &[f32], dy: &[f32], cols: usize, bug: Bug) -> Vec<f32> {
-    let rows = y.len() / cols;
-    let dots: Vec<f32> = (0..rows)
+/// What the two softmax backwards share: per row, the f32 sum of `term` over the row's
+/// indices (without the term of the largest `|key|` under [`Bug::DropTerm`]); then each
+/// element `out(i, s)` with its row's sum `s` (the next row's under [`Bug::NextRow`], negated
+/// under [`Bug::FlipSign`]). Indices are into the whole `[rows, cols]` buffer.
+fn row_sum_bwd(
+    (rows, cols): (usize, usize),
+    bug: Bug,
+    key: impl Fn(usize) -> f64,
+    term: impl Fn(f32, usize) -> f32,
+    out: impl Fn(usize, f32) -> f32,
+) -> Vec<f32> {
+    let sums: Vec<f32> = (0..rows)
         .map(|r| {
-            let (yr, dyr) = (&y[r * cols..][..cols], &dy[r * cols..][..cols]);
+            let at = r * cols;
             let skip = (bug == Bug::DropTerm)
-                .then(|| largest(cols, |i| yr[i] as f64 * dyr[i] as f64))
+                .then(|| largest(cols, |i| key(at + i)))
                 .flatten();
-            reduce(cols, 0.0f32, skip, |d, i| yr[i].mul_add(dyr[i], d), add)
+            reduce(cols, 0.0f32, skip, |s, i| term(s, at + i), add)
         })
         .collect();
-    let mut out = Vec::with_capacity(y.len());
+    let mut res = Vec::with_capacity(rows * cols);
     for r in 0..rows {
-        let dot = dots[stat_row(r, rows, bug)];
-        let dot = if bug == Bug::FlipSign { -dot } else { dot };
-        for i in r * cols..(r + 1) * cols {
-            out.push(y[i] * (dy[i] - dot));
-        }
+        let s = sums[stat_row(r, rows, bug)];
+        let s = if bug == Bug::FlipSign { -s } else { s };
+        res.extend((r * cols..(r + 1) * cols).map(|i| out(i, s)));
     }
-    out
+    res
+}
+
+pub fn softmax_bwd(y: &[f32], dy: &[f32], cols: usize, bug: Bug) -> Vec<f32> {
+    row_sum_bwd(
+        (y.len() / cols, cols),
+        bug,
+        |i| y[i] as f64 * dy[i] as f64,
+        |d, i| y[i].mul_add(dy[i], d),
+        |i, dot| y[i] * (dy[i] - dot),
+    )
 }
 
 pub fn log_softmax_fwd(x: &[f32], cols: usize, bug: Bug) -> Vec<f32> {
@@ -204,25 +221,13 @@ pub fn log_softmax_fwd(x: &[f32], cols: usize, bug: Bug) -> Vec<f32> {
 }
 
 pub fn log_softmax_bwd(ly: &[f32], dy: &[f32], cols: usize, bug: Bug) -> Vec<f32> {
-    let rows = ly.len() / cols;
-    let sums: Vec<f32> = dy
-        .chunks(cols)
-        .map(|dyr| {
-            let skip = (bug == Bug::DropTerm)
-                .then(|| largest(cols, |i| dyr[i] as f64))
-                .flatten();
-            reduce(cols, 0.0f32, skip, |s, i| s + dyr[i], add)
-        })
-        .collect();
-    let mut out = Vec::with_capacity(ly.len());
-    for r in 0..rows {
-        let s = sums[stat_row(r, rows, bug)];
-        let s = if bug == Bug::FlipSign { -s } else { s };
-        for i in r * cols..(r + 1) * cols {
-            out.push((-ly[i].exp()).mul_add(s, dy[i]));
-        }
-    }
-    out
+    row_sum_bwd(
+        (ly.len() / cols, cols),
+        bug,
+        |i| dy[i] as f64,
+        |s, i| s + dy[i],
+        |i, s| (-ly[i].exp()).mul_add(s, dy[i]),
+    )
 }
 
 pub fn cross_entropy_fwd(x: &[f32], t: &[u32], cols: usize, bug: Bug) -> Vec<f32> {

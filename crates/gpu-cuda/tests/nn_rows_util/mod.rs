@@ -2,7 +2,7 @@
 //! NaN before the call (so an element a kernel skips fails the comparison) and downloaded after.
 #![allow(dead_code)]
 
-use crate::common::{down, poisoned, random_vec, up, CPU};
+use crate::common::{down, poisoned, random_vec, run_op, up, CPU};
 use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::RowOps;
@@ -22,42 +22,35 @@ pub fn up_u32<B: Backend>(b: &B, v: &[u32]) -> B::Buffer {
 }
 
 pub fn softmax<B: Rows>(b: &B, x: &[f32], cols: usize) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.softmax_fwd(&up(b, x), &mut o, cols).unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| b.softmax_fwd(x, o, cols))
 }
 
 pub fn softmax_bwd<B: Rows>(b: &B, y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
-    let mut o = poisoned(b, y.len());
-    b.softmax_bwd(&up(b, y), &up(b, dy), &mut o, cols).unwrap();
-    down(b, &o)
+    run_op(b, [y, dy], y.len(), |[y, dy], o| {
+        b.softmax_bwd(y, dy, o, cols)
+    })
 }
 
 pub fn log_softmax<B: Rows>(b: &B, x: &[f32], cols: usize) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.log_softmax_fwd(&up(b, x), &mut o, cols).unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| b.log_softmax_fwd(x, o, cols))
 }
 
 pub fn log_softmax_bwd<B: Rows>(b: &B, y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
-    let mut o = poisoned(b, y.len());
-    b.log_softmax_bwd(&up(b, y), &up(b, dy), &mut o, cols)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [y, dy], y.len(), |[y, dy], o| {
+        b.log_softmax_bwd(y, dy, o, cols)
+    })
 }
 
 pub fn ce_fwd<B: Rows>(b: &B, x: &[f32], t: &[u32], cols: usize) -> Vec<f32> {
-    let mut o = poisoned(b, t.len());
-    b.cross_entropy_fwd(&up(b, x), &up_u32(b, t), &mut o, cols)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [x], t.len(), |[x], o| {
+        b.cross_entropy_fwd(x, &up_u32(b, t), o, cols)
+    })
 }
 
 pub fn ce_bwd<B: Rows>(b: &B, x: &[f32], t: &[u32], dl: &[f32], cols: usize) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.cross_entropy_bwd(&up(b, x), &up_u32(b, t), &up(b, dl), &mut o, cols)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [x, dl], x.len(), |[x, dl], o| {
+        b.cross_entropy_bwd(x, &up_u32(b, t), dl, o, cols)
+    })
 }
 
 /// LayerNorm forward: `(y, mean, rstd)`.
@@ -152,24 +145,21 @@ pub fn rope<B: Rows>(
     base: f32,
     inverse: bool,
 ) -> Vec<f32> {
-    let mut o = poisoned(b, x.len());
-    b.rope(&up(b, x), &mut o, [n, t, d], (base, inverse))
-        .unwrap();
-    down(b, &o)
+    run_op(b, [x], x.len(), |[x], o| {
+        b.rope(x, o, [n, t, d], (base, inverse))
+    })
 }
 
 pub fn emb_fwd<B: Rows>(b: &B, ids: &[u32], table: &[f32], dim: usize) -> Vec<f32> {
-    let mut o = poisoned(b, ids.len() * dim);
-    b.embedding_fwd(&up_u32(b, ids), &up(b, table), &mut o, dim)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [table], ids.len() * dim, |[table], o| {
+        b.embedding_fwd(&up_u32(b, ids), table, o, dim)
+    })
 }
 
 pub fn emb_bwd<B: Rows>(b: &B, ids: &[u32], dout: &[f32], vocab: usize, dim: usize) -> Vec<f32> {
-    let mut o = poisoned(b, vocab * dim);
-    b.embedding_bwd(&up_u32(b, ids), &up(b, dout), &mut o, dim)
-        .unwrap();
-    down(b, &o)
+    run_op(b, [dout], vocab * dim, |[dout], o| {
+        b.embedding_bwd(&up_u32(b, ids), dout, o, dim)
+    })
 }
 
 /// Tolerances of a comparison: elementwise `|got − want| <= rtol·|want| + atol·max|want|`, and

@@ -44,6 +44,23 @@ pub fn on_gpu(test: &str, check: impl FnOnce(Device)) {
     }
 }
 
+/// `cpu_and_gpu_tests!(check, cpu_test, gpu_test)`: the test `cpu_test`, `check` on the CPU,
+/// and the test `gpu_test`, `check` through [`on_gpu`] under its own name.
+#[macro_export]
+macro_rules! cpu_and_gpu_tests {
+    ($check:ident, $cpu:ident, $gpu:ident) => {
+        #[test]
+        fn $cpu() {
+            $check(tensor_ops::Device::Cpu);
+        }
+
+        #[test]
+        fn $gpu() {
+            $crate::hf_fixture::on_gpu(stringify!($gpu), $check);
+        }
+    };
+}
+
 /// The folder of every fixture: `$HYBRID_HF_FIXTURES` where set (the GPU bundle's `run.sh`
 /// sets it to the copy it carries, since a bundle unpacked on another machine has no source
 /// tree), else this crate's `tests/fixtures/hf`.

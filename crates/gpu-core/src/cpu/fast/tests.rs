@@ -5,9 +5,9 @@
 
 use super::{math, optim, rows, with_mode, CpuMode, Isa};
 use crate::cpu::{CpuBackend, CpuStorage};
-use crate::nn::optim::AdamWBuffers;
 use crate::nn::rows::LayerNormBwdIn;
 use crate::nn::{Activation, AdamWConfig, OptimOps, Primitives, RowOps};
+use crate::testing::adamw_one;
 use crate::Backend;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
@@ -367,17 +367,9 @@ fn adamw_and_clip_match_the_exact_reference() {
             let finite = up(&g[10..]);
             cpu.clip_coefficient(&[&finite, &finite], 1.0, &mut clip)
                 .unwrap();
-            cpu.adamw_step(
-                AdamWBuffers {
-                    params: &mut [&mut p],
-                    grads: &[&gs],
-                    m: &mut [&mut m],
-                    v: &mut [&mut v],
-                    weight_decay: &[0.1],
-                    grad_scale: Some(&clip),
-                },
-                cfg,
-            )
+            adamw_one((&mut p, &gs, &mut m, &mut v), 0.1, Some(&clip), |bufs| {
+                cpu.adamw_step(bufs, cfg)
+            })
             .unwrap();
             let o = |s: &CpuStorage| s.as_f32().unwrap().to_vec();
             [o(&p), o(&m), o(&v), o(&clip)]

@@ -3,8 +3,8 @@
 use super::{at_every_level, check, normal, seed, U};
 use crate::cpu::fast::{attention, with_mode, CpuMode, Isa};
 use crate::cpu::{CpuBackend, CpuStorage};
-use crate::nn::attention::{AttnDims, AttnQkv, PackedSaved};
-use crate::nn::AttentionOps;
+use crate::nn::attention::{AttnDims, AttnQkv};
+use crate::testing::attention_fwd_bwd;
 use crate::Backend;
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -28,7 +28,7 @@ fn run(c: &Case, mode: CpuMode) -> [Vec<f32>; 5] {
         let (q, k, v, dout) = (up(&c.q), up(&c.k), up(&c.v), up(&c.dout));
         let len = c.n * c.t * c.d;
         let (mut out, mut lse) = (z(len), z(c.n * c.t));
-        let qkv = || AttnQkv {
+        let x = AttnQkv {
             q: &q,
             k: &k,
             v: &v,
@@ -39,16 +39,9 @@ fn run(c: &Case, mode: CpuMode) -> [Vec<f32>; 5] {
             d: c.d,
             scale: c.scale,
         };
-        cpu.causal_attention_fwd(qkv(), (&mut out, &mut lse), dims)
-            .unwrap();
         let (mut dq, mut dk, mut dv) = (z(len), z(len), z(len));
-        let saved = PackedSaved {
-            out: &out,
-            lse: &lse,
-            dout: &dout,
-        };
-        cpu.causal_attention_bwd(qkv(), saved, (&mut dq, &mut dk, &mut dv), dims)
-            .unwrap();
+        let grads = (&mut dq, &mut dk, &mut dv);
+        attention_fwd_bwd(&cpu, x, &dout, (&mut out, &mut lse), grads, dims).unwrap();
         let o = |s: &CpuStorage| s.as_f32().unwrap().to_vec();
         [o(&out), o(&lse), o(&dq), o(&dk), o(&dv)]
     })
