@@ -15,9 +15,7 @@ use crate::shaders::{
 };
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::defaults;
-use gpu_core::nn::rows::{
-    check_cross_entropy, check_eps, check_norm, check_rows_bwd, LayerNormBwdIn,
-};
+use gpu_core::nn::rows::{check_cross_entropy, check_eps, check_norm, LayerNormBwdIn, RowBwdIn};
 use gpu_core::nn::{Primitives, ReduceKind, RowOps};
 use gpu_core::ops::check_rows;
 use gpu_core::{DType, Result};
@@ -102,12 +100,13 @@ impl RowOps for WgpuBackend {
 
     /// One workgroup a row for f32, the rows of y and dy held in registers up to 4096 columns
     /// (other dtypes: the default).
-    fn softmax_bwd(&self, y: &Buf, dy: &Buf, dx: &mut Buf, cols: usize) -> Result<()> {
+    fn softmax_bwd(&self, input: RowBwdIn<'_, Buf>, dx: &mut Buf, cols: usize) -> Result<()> {
         const OP: &str = "softmax_bwd";
-        let rows = check_rows_bwd(OP, y, dy, dx, cols)?;
+        let rows = input.check(OP, dx, cols)?;
+        let RowBwdIn { y, dy } = input;
         self.check_out(OP, &[y, dy, dx])?;
         if y.dtype() != DType::F32 {
-            return defaults::rows::softmax_bwd(self, (y, dy), dx, [rows, cols]);
+            return defaults::rows::softmax_bwd(self, input, dx, [rows, cols]);
         }
         let bufs = [y.raw(), dy.raw(), dx.raw()];
         if let Some(wg) = reg_workgroup(cols) {

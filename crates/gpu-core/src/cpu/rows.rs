@@ -5,8 +5,8 @@ use super::par::{column_sums, for_rows, min_rows};
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
 use crate::nn::rows::{
-    check_cross_entropy, check_embedding, check_eps, check_norm, check_rope, check_rows_bwd,
-    LayerNormBwdIn, RmsNormBwdIn, RowOps,
+    check_cross_entropy, check_embedding, check_eps, check_norm, check_rope, LayerNormBwdIn,
+    RmsNormBwdIn, RowBwdIn, RowOps,
 };
 use crate::ops::check_rows;
 use rayon::prelude::*;
@@ -55,14 +55,14 @@ fn map_rows(
 /// `f(y_row, dy_row, dx_row)` on every row in parallel.
 fn map_rows_bwd(
     op: &'static str,
-    (y, dy): (&CpuStorage, &CpuStorage),
+    input: RowBwdIn<'_, CpuStorage>,
     dx: &mut CpuStorage,
     cols: usize,
     f: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
 ) -> Result<()> {
     let _p = super::profile::scope(op);
-    check_rows_bwd(op, y, dy, dx, cols)?;
-    let (y, dy) = (y.as_f32()?, dy.as_f32()?);
+    input.check(op, dx, cols)?;
+    let (y, dy) = (input.y.as_f32()?, input.dy.as_f32()?);
     for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
         f(&y[r * cols..][..cols], &dy[r * cols..][..cols], dxr)
     });
@@ -96,12 +96,11 @@ impl RowOps for CpuBackend {
 
     fn softmax_bwd(
         &self,
-        y: &CpuStorage,
-        dy: &CpuStorage,
+        input: RowBwdIn<'_, CpuStorage>,
         dx: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
-        map_rows_bwd("softmax_bwd", (y, dy), dx, cols, |yr, dyr, dxr| {
+        map_rows_bwd("softmax_bwd", input, dx, cols, |yr, dyr, dxr| {
             let dot: f64 = yr.iter().zip(dyr).map(|(&a, &b)| a as f64 * b as f64).sum();
             for ((o, &a), &b) in dxr.iter_mut().zip(yr).zip(dyr) {
                 *o = (a as f64 * (b as f64 - dot)) as f32;
@@ -121,12 +120,11 @@ impl RowOps for CpuBackend {
 
     fn log_softmax_bwd(
         &self,
-        y: &CpuStorage,
-        dy: &CpuStorage,
+        input: RowBwdIn<'_, CpuStorage>,
         dx: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
-        map_rows_bwd("log_softmax_bwd", (y, dy), dx, cols, |yr, dyr, dxr| {
+        map_rows_bwd("log_softmax_bwd", input, dx, cols, |yr, dyr, dxr| {
             let sum: f64 = dyr.iter().map(|&v| v as f64).sum();
             for ((o, &a), &b) in dxr.iter_mut().zip(yr).zip(dyr) {
                 *o = (b as f64 - (a as f64).exp() * sum) as f32;

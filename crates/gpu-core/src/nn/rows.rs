@@ -20,13 +20,12 @@ pub trait RowOps: Primitives {
     /// Softmax backward: `dx = y ∘ (dy − Σ_row(dy ∘ y))`, `y` the forward output.
     fn softmax_bwd(
         &self,
-        y: &Self::Buffer,
-        dy: &Self::Buffer,
+        input: RowBwdIn<'_, Self::Buffer>,
         dx: &mut Self::Buffer,
         cols: usize,
     ) -> Result<()> {
-        let rows = check_rows_bwd("softmax_bwd", y, dy, dx, cols)?;
-        D::softmax_bwd(self, (y, dy), dx, [rows, cols])
+        let rows = input.check("softmax_bwd", dx, cols)?;
+        D::softmax_bwd(self, input, dx, [rows, cols])
     }
 
     /// `out = x − logsumexp_row(x)`.
@@ -38,13 +37,12 @@ pub trait RowOps: Primitives {
     /// Log-softmax backward: `dx = dy − exp(y) · Σ_row(dy)`, `y` the forward output.
     fn log_softmax_bwd(
         &self,
-        y: &Self::Buffer,
-        dy: &Self::Buffer,
+        input: RowBwdIn<'_, Self::Buffer>,
         dx: &mut Self::Buffer,
         cols: usize,
     ) -> Result<()> {
-        let rows = check_rows_bwd("log_softmax_bwd", y, dy, dx, cols)?;
-        D::log_softmax_bwd(self, (y, dy), dx, [rows, cols])
+        let rows = input.check("log_softmax_bwd", dx, cols)?;
+        D::log_softmax_bwd(self, input, dx, [rows, cols])
     }
 
     /// Fused softmax + cross-entropy: `loss[r] = logsumexp(logits[r]) − logits[r, targets[r]]`.
@@ -193,6 +191,24 @@ pub trait RowOps: Primitives {
     }
 }
 
+/// The inputs of a softmax-family backward ([`RowOps::softmax_bwd`],
+/// [`RowOps::log_softmax_bwd`]).
+#[derive(Debug)]
+pub struct RowBwdIn<'a, Buf> {
+    /// The forward's output, `[rows, cols]`.
+    pub y: &'a Buf,
+    /// The gradient of the output, `[rows, cols]`.
+    pub dy: &'a Buf,
+}
+
+impl<Buf: BufferInfo> RowBwdIn<'_, Buf> {
+    /// Checks the inputs with the output `dx` (every backend): `y`, `dy` and `dx` f32 of the
+    /// same length, whole `cols`-wide rows; returns the number of rows.
+    pub fn check(&self, op: &'static str, dx: &Buf, cols: usize) -> Result<usize> {
+        check_rows_bwd(op, self.y, self.dy, dx, cols)
+    }
+}
+
 /// The inputs of [`RowOps::layernorm_bwd`].
 #[derive(Debug)]
 pub struct LayerNormBwdIn<'a, Buf> {
@@ -247,7 +263,7 @@ impl<Buf: BufferInfo> RmsNormBwdIn<'_, Buf> {
     }
 }
 
-copy_refs!(LayerNormBwdIn, RmsNormBwdIn);
+copy_refs!(RowBwdIn, LayerNormBwdIn, RmsNormBwdIn);
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks shared by every backend, so the CPU reference and the CUDA kernels reject

@@ -11,7 +11,7 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::rows::{
-    check_cross_entropy, check_eps, check_norm, check_rows_bwd, LayerNormBwdIn, RmsNormBwdIn,
+    check_cross_entropy, check_eps, check_norm, LayerNormBwdIn, RmsNormBwdIn, RowBwdIn,
 };
 use gpu_core::nn::RowOps;
 use gpu_core::ops::check_rows;
@@ -246,12 +246,12 @@ impl CudaBackend {
     fn softmax_like_bwd(
         &self,
         (op, kernel): (&'static str, &str),
-        y: &CudaBuffer,
-        dy: &CudaBuffer,
+        input: RowBwdIn<'_, CudaBuffer>,
         dx: &mut CudaBuffer,
         cols: usize,
     ) -> Result<()> {
-        let rows = check_rows_bwd(op, y, dy, dx, cols)?;
+        let rows = input.check(op, dx, cols)?;
+        let RowBwdIn { y, dy } = input;
         if rows == 0 {
             return Ok(());
         }
@@ -268,12 +268,11 @@ impl CudaBackend {
 impl RowOps for CudaBackend {
     fn softmax_bwd(
         &self,
-        y: &CudaBuffer,
-        dy: &CudaBuffer,
+        input: RowBwdIn<'_, CudaBuffer>,
         dx: &mut CudaBuffer,
         cols: usize,
     ) -> Result<()> {
-        self.softmax_like_bwd(("softmax_bwd", "softmax_bwd_f32"), y, dy, dx, cols)
+        self.softmax_like_bwd(("softmax_bwd", "softmax_bwd_f32"), input, dx, cols)
     }
 
     fn softmax_fwd(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
@@ -286,12 +285,11 @@ impl RowOps for CudaBackend {
 
     fn log_softmax_bwd(
         &self,
-        y: &CudaBuffer,
-        dy: &CudaBuffer,
+        input: RowBwdIn<'_, CudaBuffer>,
         dx: &mut CudaBuffer,
         cols: usize,
     ) -> Result<()> {
-        self.softmax_like_bwd(("log_softmax_bwd", "log_softmax_bwd_f32"), y, dy, dx, cols)
+        self.softmax_like_bwd(("log_softmax_bwd", "log_softmax_bwd_f32"), input, dx, cols)
     }
 
     fn cross_entropy_fwd(
