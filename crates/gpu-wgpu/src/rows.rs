@@ -15,7 +15,7 @@ use crate::shaders::{
 };
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::defaults;
-use gpu_core::nn::rows::{check_cross_entropy, check_eps, check_norm, LayerNormBwdIn, RowBwdIn};
+use gpu_core::nn::rows::{check_cross_entropy, check_layernorm_fwd, LayerNormBwdIn, RowBwdIn};
 use gpu_core::nn::{Primitives, ReduceKind, RowOps};
 use gpu_core::ops::check_rows;
 use gpu_core::{DType, Result};
@@ -124,15 +124,7 @@ impl RowOps for WgpuBackend {
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "layernorm_fwd";
-        check_eps(OP, eps)?;
-        let rows = check_norm(
-            OP,
-            x,
-            y,
-            &[("w", w), ("b", b)],
-            &[("mean", mean), ("rstd", rstd)],
-            cols,
-        )?;
+        let rows = check_layernorm_fwd((x, w, b), (y, mean, rstd), cols, eps)?;
         self.check_out(OP, &[x, w, b, y, mean, rstd])?;
         if x.dtype() != DType::F32 {
             let n = defaults::rows::NormIn { x, w, rows, cols };

@@ -5,8 +5,8 @@ use super::par::{column_sums, for_rows, min_rows};
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
 use crate::nn::rows::{
-    check_cross_entropy, check_embedding, check_eps, check_norm, check_rope, LayerNormBwdIn,
-    RmsNormBwdIn, RowBwdIn, RowOps,
+    check_cross_entropy, check_embedding, check_layernorm_fwd, check_rmsnorm_fwd, check_rope,
+    LayerNormBwdIn, RmsNormBwdIn, RowBwdIn, RowOps,
 };
 use crate::ops::check_rows;
 use rayon::prelude::*;
@@ -204,16 +204,7 @@ impl RowOps for CpuBackend {
         eps: f32,
     ) -> Result<()> {
         let _p = super::profile::scope("layernorm_fwd");
-        const OP: &str = "layernorm_fwd";
-        check_norm(
-            OP,
-            x,
-            y,
-            &[("w", w), ("b", b)],
-            &[("mean", mean), ("rstd", rstd)],
-            cols,
-        )?;
-        check_eps(OP, eps)?;
+        check_layernorm_fwd((x, w, b), (y, mean, rstd), cols, eps)?;
         let (x, w, b) = (x.as_f32()?, w.as_f32()?, b.as_f32()?);
         let (mean, rstd) = (mean.as_f32_mut()?, rstd.as_f32_mut()?);
         if fast::fast() {
@@ -308,9 +299,7 @@ impl RowOps for CpuBackend {
         eps: f32,
     ) -> Result<()> {
         let _p = super::profile::scope("rmsnorm_fwd");
-        const OP: &str = "rmsnorm_fwd";
-        check_norm(OP, x, y, &[("w", w)], &[("rstd", rstd)], cols)?;
-        check_eps(OP, eps)?;
+        check_rmsnorm_fwd((x, w), (y, rstd), cols, eps)?;
         let (x, w, rstd) = (x.as_f32()?, w.as_f32()?, rstd.as_f32_mut()?);
         let rows = y.as_f32_mut()?.par_chunks_exact_mut(cols).zip(rstd);
         rows.with_min_len(min_rows(cols))

@@ -89,15 +89,7 @@ pub trait RowOps: Primitives {
         cols: usize,
         eps: f32,
     ) -> Result<()> {
-        check_eps("layernorm_fwd", eps)?;
-        let rows = check_norm(
-            "layernorm_fwd",
-            x,
-            y,
-            &[("w", w), ("b", b)],
-            &[("mean", mean), ("rstd", rstd)],
-            cols,
-        )?;
+        let rows = check_layernorm_fwd((x, w, b), (y, mean, rstd), cols, eps)?;
         D::layernorm(
             self,
             D::NormIn { x, w, rows, cols },
@@ -128,8 +120,7 @@ pub trait RowOps: Primitives {
         cols: usize,
         eps: f32,
     ) -> Result<()> {
-        check_eps("rmsnorm_fwd", eps)?;
-        let rows = check_norm("rmsnorm_fwd", x, y, &[("w", w)], &[("rstd", rstd)], cols)?;
+        let rows = check_rmsnorm_fwd((x, w), (y, rstd), cols, eps)?;
         D::rmsnorm(self, D::NormIn { x, w, rows, cols }, (y, rstd), eps)
     }
 
@@ -366,6 +357,37 @@ pub fn check_norm(
     for &(what, s) in stats {
         require_f32_len(op, what, s, rows)?;
     }
+    Ok(rows)
+}
+
+/// Checks [`RowOps::layernorm_fwd`]'s inputs `(x, w, b)` and outputs `(y, mean, rstd)` (every
+/// backend): `x` and `y` f32 `rows·cols`, `w` and `b` f32 `cols`, `mean` and `rstd` f32 `rows`,
+/// then `eps` ([`check_eps`]); returns the number of rows.
+pub fn check_layernorm_fwd<Buf: BufferInfo>(
+    (x, w, b): (&Buf, &Buf, &Buf),
+    (y, mean, rstd): (&Buf, &Buf, &Buf),
+    cols: usize,
+    eps: f32,
+) -> Result<usize> {
+    const OP: &str = "layernorm_fwd";
+    let params = [("w", w as _), ("b", b as _)];
+    let rows = check_norm(OP, x, y, &params, &[("mean", mean), ("rstd", rstd)], cols)?;
+    check_eps(OP, eps)?;
+    Ok(rows)
+}
+
+/// Checks [`RowOps::rmsnorm_fwd`]'s inputs `(x, w)` and outputs `(y, rstd)` (every backend): `x`
+/// and `y` f32 `rows·cols`, `w` f32 `cols`, `rstd` f32 `rows`, then `eps` ([`check_eps`]);
+/// returns the number of rows.
+pub fn check_rmsnorm_fwd<Buf: BufferInfo>(
+    (x, w): (&Buf, &Buf),
+    (y, rstd): (&Buf, &Buf),
+    cols: usize,
+    eps: f32,
+) -> Result<usize> {
+    const OP: &str = "rmsnorm_fwd";
+    let rows = check_norm(OP, x, y, &[("w", w)], &[("rstd", rstd)], cols)?;
+    check_eps(OP, eps)?;
     Ok(rows)
 }
 

@@ -11,7 +11,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::rows::{
-    check_cross_entropy, check_eps, check_norm, LayerNormBwdIn, RmsNormBwdIn, RowBwdIn,
+    check_cross_entropy, check_eps, check_layernorm_fwd, check_rmsnorm_fwd, LayerNormBwdIn,
+    RmsNormBwdIn, RowBwdIn,
 };
 use gpu_core::nn::RowOps;
 use gpu_core::ops::check_rows;
@@ -350,14 +351,7 @@ impl RowOps for CudaBackend {
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "layernorm_fwd";
-        let rows = check_norm(
-            OP,
-            x,
-            y,
-            &[("w", w), ("b", b)],
-            &[("mean", &*mean), ("rstd", &*rstd)],
-            cols,
-        )?;
+        let rows = check_layernorm_fwd((x, w, b), (y, mean, rstd), cols, eps)?;
         let ptrs: [KernelArg; 6] = [
             x.into(),
             w.into(),
@@ -421,7 +415,7 @@ impl RowOps for CudaBackend {
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "rmsnorm_fwd";
-        let rows = check_norm(OP, x, y, &[("w", w)], &[("rstd", &*rstd)], cols)?;
+        let rows = check_rmsnorm_fwd((x, w), (y, rstd), cols, eps)?;
         let ptrs: [KernelArg; 4] = [x.into(), w.into(), y.into(), rstd.into()];
         // SAFETY: rmsnorm_fwd_f32(const float* x, const float* w, float* y, float* rstd, u32
         // cols, u32 rows, float eps, u32 cached): x and y hold rows·cols f32, w cols, rstd rows
