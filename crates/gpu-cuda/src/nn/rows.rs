@@ -451,23 +451,6 @@ impl RowOps for CudaBackend {
         self.rope_impl(x, out, dims, angle)
     }
 
-    fn embedding_fwd(
-        &self,
-        ids: &CudaBuffer,
-        table: &CudaBuffer,
-        out: &mut CudaBuffer,
-        dim: usize,
-    ) -> Result<()> {
-        self.embedding_fwd_impl(ids, table, out, dim)
-    }
-
-    fn embedding_bwd(
-        &self,
-        ids: &CudaBuffer,
-        dout: &CudaBuffer,
-        dtable: &mut CudaBuffer,
-        dim: usize,
-    ) -> Result<()> {
-        self.embedding_bwd_impl(ids, dout, dtable, dim)
-    }
+    // embedding_fwd / embedding_bwd: the trait's defaults, `gather_rows` / `scatter_add_rows`,
+    // which run `embedding_fwd_impl` / `embedding_bwd_impl` (`rows/embed.rs`).
 }

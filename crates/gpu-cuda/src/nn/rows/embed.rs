@@ -50,7 +50,7 @@ impl CudaBackend {
     }
 
     /// [`RowOps::embedding_fwd`](gpu_core::nn::RowOps::embedding_fwd): a warp per row.
-    pub(super) fn embedding_fwd_impl(
+    pub(in crate::nn) fn embedding_fwd_impl(
         &self,
         ids: &CudaBuffer,
         table: &CudaBuffer,
@@ -74,7 +74,7 @@ impl CudaBackend {
     /// (a small vocabulary: a GPT's characters), the tiled sum in a fixed order, the same bits
     /// on every run; else a memset and a warp per row of global atomics, whose order (and so
     /// the last bits of an id's sum over three or more rows) varies from run to run.
-    pub(super) fn embedding_bwd_impl(
+    pub(in crate::nn) fn embedding_bwd_impl(
         &self,
         ids: &CudaBuffer,
         dout: &CudaBuffer,
