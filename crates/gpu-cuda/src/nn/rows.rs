@@ -11,8 +11,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::rows::{
-    check_cross_entropy, check_eps, check_layernorm_fwd, check_rmsnorm_fwd, LayerNormBwdIn,
-    RmsNormBwdIn, RowBwdIn,
+    check_cross_entropy, check_eps, check_layernorm_fwd, check_rmsnorm_fwd, check_rope,
+    LayerNormBwdIn, RmsNormBwdIn, RowBwdIn,
 };
 use gpu_core::nn::RowOps;
 use gpu_core::ops::check_rows;
@@ -441,14 +441,44 @@ impl RowOps for CudaBackend {
         unsafe { self.norm_bwd((OP, "rmsnorm_bwd_f32"), &ptrs, &mut [dw], (rows, cols)) }
     }
 
+    /// `rope_f32`, angles computed once per thread and reused along the `n` axis.
     fn rope(
         &self,
         x: &CudaBuffer,
         out: &mut CudaBuffer,
-        dims: [usize; 3],
-        angle: (f32, bool),
+        [n, t, d]: [usize; 3],
+        (base, inverse): (f32, bool),
     ) -> Result<()> {
-        self.rope_impl(x, out, dims, angle)
+        const OP: &str = "rope";
+        check_rope(x, out, n, t, d, base)?;
+        if n == 0 || t == 0 {
+            return Ok(());
+        }
+        let h = d / 2;
+        let v = if h.is_multiple_of(4) { 4 } else { 1 };
+        let threads = 256usize;
+        let bx = grid(OP, (t * (h / v)).div_ceil(threads))?;
+        // Enough blocks to fill the GPU; each thread reuses its angles n / grid.y times.
+        let target = self.info().multiprocessors.max(1) as usize * 8;
+        let by = target.div_ceil(bx as usize).clamp(1, n.min(65_535)) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (bx, by, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            x.into(),
+            out.into(),
+            KernelArg::U32(n as u32),
+            KernelArg::U32(t as u32),
+            KernelArg::U32(d as u32),
+            KernelArg::F32(base),
+            KernelArg::U32(inverse as u32),
+        ];
+        // SAFETY: rope_f32(const float* x, float* out, u32 n, u32 t, u32 d, float base, u32
+        // inverse): both hold n·t·d f32 (checked, each dim below 2^32); threads past t·d/2/V
+        // return, and grid.y only strides over n.
+        unsafe { self.launch("rope_f32", cfg, &args) }
     }
 
     // embedding_fwd / embedding_bwd: the trait's defaults, `gather_rows` / `scatter_add_rows`,
