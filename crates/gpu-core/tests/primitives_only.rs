@@ -12,7 +12,7 @@ mod common;
 
 use common::adamw_on_copies;
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::nn::{
     AdamWConfig, AttentionOps, DecodeOps, ElementwiseOps, OptimOps, Primitives, RowOps,
 };
@@ -142,9 +142,10 @@ fn softmax_bwd<B: RowOps<Buffer = CpuStorage>>(
 ) -> CpuStorage {
     let mut dx = zeros(y.len());
     if log {
-        be.log_softmax_bwd(y, dy, &mut dx, cols).unwrap();
+        be.log_softmax_bwd(RowBwdIn { y, dy }, &mut dx, cols)
+            .unwrap();
     } else {
-        be.softmax_bwd(y, dy, &mut dx, cols).unwrap();
+        be.softmax_bwd(RowBwdIn { y, dy }, &mut dx, cols).unwrap();
     }
     dx
 }

@@ -17,7 +17,7 @@ mod nn_rows_emu;
 mod nn_rows_util;
 
 use common::*;
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::{Backend, DeviceType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use nn_rows_util::*;
@@ -332,14 +332,20 @@ fn errors_body<B: Rows>(b: &B, dev: &str, _rng: &mut StdRng) {
     };
     let mut o6 = f(6);
     // Row ops: mismatched lengths, zero or non-dividing widths, wrong dtypes.
-    assert!(shape(b.softmax_bwd(&f(6), &f(5), &mut o6, 3)), "{dev}");
+    let (y, dy) = (&f(6), &f(5));
     assert!(
-        invalid_shape(b.softmax_bwd(&f(6), &f(6), &mut o6, 0)),
+        shape(b.softmax_bwd(RowBwdIn { y, dy }, &mut o6, 3)),
+        "{dev}"
+    );
+    let dy = &f(6);
+    assert!(
+        invalid_shape(b.softmax_bwd(RowBwdIn { y, dy }, &mut o6, 0)),
         "{dev}"
     );
     assert!(shape(b.log_softmax_fwd(&f(6), &mut o6, 4)), "{dev}");
+    let y = &u(&[0; 6]);
     assert!(
-        dtype(b.log_softmax_bwd(&u(&[0; 6]), &f(6), &mut o6, 3)),
+        dtype(b.log_softmax_bwd(RowBwdIn { y, dy }, &mut o6, 3)),
         "{dev}"
     );
     // Cross-entropy: targets must be u32, one per row; the per-row loss too.

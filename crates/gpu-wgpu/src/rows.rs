@@ -15,9 +15,7 @@ use crate::shaders::{
 };
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::defaults;
-use gpu_core::nn::rows::{
-    check_cross_entropy, check_eps, check_norm, check_rows_bwd, LayerNormBwdIn,
-};
+use gpu_core::nn::rows::{check_cross_entropy, check_layernorm_fwd, LayerNormBwdIn, RowBwdIn};
 use gpu_core::nn::{Primitives, ReduceKind, RowOps};
 use gpu_core::ops::check_rows;
 use gpu_core::{DType, Result};
@@ -102,12 +100,13 @@ impl RowOps for WgpuBackend {
 
     /// One workgroup a row for f32, the rows of y and dy held in registers up to 4096 columns
     /// (other dtypes: the default).
-    fn softmax_bwd(&self, y: &Buf, dy: &Buf, dx: &mut Buf, cols: usize) -> Result<()> {
+    fn softmax_bwd(&self, input: RowBwdIn<'_, Buf>, dx: &mut Buf, cols: usize) -> Result<()> {
         const OP: &str = "softmax_bwd";
-        let rows = check_rows_bwd(OP, y, dy, dx, cols)?;
+        let rows = input.check(OP, dx, cols)?;
+        let RowBwdIn { y, dy } = input;
         self.check_out(OP, &[y, dy, dx])?;
         if y.dtype() != DType::F32 {
-            return defaults::rows::softmax_bwd(self, (y, dy), dx, [rows, cols]);
+            return defaults::rows::softmax_bwd(self, input, dx, [rows, cols]);
         }
         let bufs = [y.raw(), dy.raw(), dx.raw()];
         if let Some(wg) = reg_workgroup(cols) {
@@ -125,15 +124,7 @@ impl RowOps for WgpuBackend {
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "layernorm_fwd";
-        check_eps(OP, eps)?;
-        let rows = check_norm(
-            OP,
-            x,
-            y,
-            &[("w", w), ("b", b)],
-            &[("mean", mean), ("rstd", rstd)],
-            cols,
-        )?;
+        let rows = check_layernorm_fwd((x, w, b), (y, mean, rstd), cols, eps)?;
         self.check_out(OP, &[x, w, b, y, mean, rstd])?;
         if x.dtype() != DType::F32 {
             let n = defaults::rows::NormIn { x, w, rows, cols };

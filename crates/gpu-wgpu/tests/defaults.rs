@@ -15,7 +15,7 @@ mod common;
 
 use common::{get, out, rng, up};
 use gpu_core::nn::attention::{AttnDims, AttnQkv};
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::nn::{AdamWConfig, NnOps, ReduceKind};
 use gpu_core::testing::{adamw_one, attention_fwd_bwd};
 use gpu_core::CpuBackend;
@@ -70,11 +70,13 @@ fn rows<B: NnOps>(b: &B, x: &[f32], dy: &[f32], t: &[u32], dl: &[f32], cols: usi
     let mut y = out(b, n);
     b.softmax_fwd(&xb, &mut y, cols).unwrap();
     let mut d = out(b, n);
-    b.softmax_bwd(&y, &dyb, &mut d, cols).unwrap();
+    b.softmax_bwd(RowBwdIn { y: &y, dy: &dyb }, &mut d, cols)
+        .unwrap();
     res.push(("softmax_fwd", 1e-5, get(b, &y)));
     res.push(("softmax_bwd", 1e-5, get(b, &d)));
     b.log_softmax_fwd(&xb, &mut y, cols).unwrap();
-    b.log_softmax_bwd(&y, &dyb, &mut d, cols).unwrap();
+    b.log_softmax_bwd(RowBwdIn { y: &y, dy: &dyb }, &mut d, cols)
+        .unwrap();
     res.push(("log_softmax_fwd", 1e-5, get(b, &y)));
     res.push(("log_softmax_bwd", 1e-5, get(b, &d)));
     let tb = b.upload(t).unwrap();

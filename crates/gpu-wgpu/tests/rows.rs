@@ -8,7 +8,7 @@
 mod common;
 
 use common::{backend_and_rng, close, randn, U};
-use gpu_core::nn::rows::LayerNormBwdIn;
+use gpu_core::nn::rows::{LayerNormBwdIn, RowBwdIn};
 use gpu_core::nn::RowOps;
 use gpu_core::{CpuBackend, DType};
 
@@ -292,7 +292,8 @@ fn softmax<B: RowOps>(b: &B, (x, dy): (&[f32], &[f32]), cols: usize) -> [Vec<f32
     let mut y = b.allocate(DType::F32, x.len()).unwrap();
     b.softmax_fwd(&xb, &mut y, cols).unwrap();
     let mut dx = b.allocate(DType::F32, x.len()).unwrap();
-    b.softmax_bwd(&y, &dyb, &mut dx, cols).unwrap();
+    b.softmax_bwd(RowBwdIn { y: &y, dy: &dyb }, &mut dx, cols)
+        .unwrap();
     [&y, &dx].map(|t| b.download::<f32>(t).unwrap())
 }
 

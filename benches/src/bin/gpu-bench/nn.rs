@@ -7,7 +7,7 @@ use anyhow::Result;
 use benches::Row;
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
 use gpu_core::nn::optim::AdamWBuffers;
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::nn::{Activation, AdamWConfig, AttentionOps, OptimOps, Primitives, RowOps};
 use gpu_cuda::CudaBuffer;
 use models::gpt::{Dataset, Gpt, GptConfig};
@@ -35,7 +35,10 @@ pub fn measure(b: &Bench) -> Result<Vec<Row>> {
     // Softmax backward on a real softmax output.
     let mut y = b.out(n)?;
     b.gpu.softmax_fwd(&xs[0], &mut y, cols)?;
-    let us = b.time(|i| b.gpu.softmax_bwd(&y, &dys[i % 2], &mut o, cols))?;
+    let us = b.time(|i| {
+        let (y, dy) = (&y, &dys[i % 2]);
+        b.gpu.softmax_bwd(RowBwdIn { y, dy }, &mut o, cols)
+    })?;
     rows.push(row(
         "softmax_bwd",
         format!("softmax backward {size} (y, dy in; dx out)"),

@@ -5,8 +5,8 @@ use super::par::{column_sums, for_rows, min_rows};
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
 use crate::nn::rows::{
-    check_cross_entropy, check_embedding, check_eps, check_norm, check_rope, check_rows_bwd,
-    LayerNormBwdIn, RmsNormBwdIn, RowOps,
+    check_cross_entropy, check_embedding, check_layernorm_fwd, check_rmsnorm_fwd, check_rope,
+    LayerNormBwdIn, RmsNormBwdIn, RowBwdIn, RowOps,
 };
 use crate::ops::check_rows;
 use rayon::prelude::*;
@@ -55,14 +55,14 @@ fn map_rows(
 /// `f(y_row, dy_row, dx_row)` on every row in parallel.
 fn map_rows_bwd(
     op: &'static str,
-    (y, dy): (&CpuStorage, &CpuStorage),
+    input: RowBwdIn<'_, CpuStorage>,
     dx: &mut CpuStorage,
     cols: usize,
     f: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
 ) -> Result<()> {
     let _p = super::profile::scope(op);
-    check_rows_bwd(op, y, dy, dx, cols)?;
-    let (y, dy) = (y.as_f32()?, dy.as_f32()?);
+    input.check(op, dx, cols)?;
+    let (y, dy) = (input.y.as_f32()?, input.dy.as_f32()?);
     for_rows(dx.as_f32_mut()?, cols, |r, dxr| {
         f(&y[r * cols..][..cols], &dy[r * cols..][..cols], dxr)
     });
@@ -96,12 +96,11 @@ impl RowOps for CpuBackend {
 
     fn softmax_bwd(
         &self,
-        y: &CpuStorage,
-        dy: &CpuStorage,
+        input: RowBwdIn<'_, CpuStorage>,
         dx: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
-        map_rows_bwd("softmax_bwd", (y, dy), dx, cols, |yr, dyr, dxr| {
+        map_rows_bwd("softmax_bwd", input, dx, cols, |yr, dyr, dxr| {
             let dot: f64 = yr.iter().zip(dyr).map(|(&a, &b)| a as f64 * b as f64).sum();
             for ((o, &a), &b) in dxr.iter_mut().zip(yr).zip(dyr) {
                 *o = (a as f64 * (b as f64 - dot)) as f32;
@@ -121,12 +120,11 @@ impl RowOps for CpuBackend {
 
     fn log_softmax_bwd(
         &self,
-        y: &CpuStorage,
-        dy: &CpuStorage,
+        input: RowBwdIn<'_, CpuStorage>,
         dx: &mut CpuStorage,
         cols: usize,
     ) -> Result<()> {
-        map_rows_bwd("log_softmax_bwd", (y, dy), dx, cols, |yr, dyr, dxr| {
+        map_rows_bwd("log_softmax_bwd", input, dx, cols, |yr, dyr, dxr| {
             let sum: f64 = dyr.iter().map(|&v| v as f64).sum();
             for ((o, &a), &b) in dxr.iter_mut().zip(yr).zip(dyr) {
                 *o = (b as f64 - (a as f64).exp() * sum) as f32;
@@ -206,16 +204,7 @@ impl RowOps for CpuBackend {
         eps: f32,
     ) -> Result<()> {
         let _p = super::profile::scope("layernorm_fwd");
-        const OP: &str = "layernorm_fwd";
-        check_norm(
-            OP,
-            x,
-            y,
-            &[("w", w), ("b", b)],
-            &[("mean", mean), ("rstd", rstd)],
-            cols,
-        )?;
-        check_eps(OP, eps)?;
+        check_layernorm_fwd((x, w, b), (y, mean, rstd), cols, eps)?;
         let (x, w, b) = (x.as_f32()?, w.as_f32()?, b.as_f32()?);
         let (mean, rstd) = (mean.as_f32_mut()?, rstd.as_f32_mut()?);
         if fast::fast() {
@@ -310,9 +299,7 @@ impl RowOps for CpuBackend {
         eps: f32,
     ) -> Result<()> {
         let _p = super::profile::scope("rmsnorm_fwd");
-        const OP: &str = "rmsnorm_fwd";
-        check_norm(OP, x, y, &[("w", w)], &[("rstd", rstd)], cols)?;
-        check_eps(OP, eps)?;
+        check_rmsnorm_fwd((x, w), (y, rstd), cols, eps)?;
         let (x, w, rstd) = (x.as_f32()?, w.as_f32()?, rstd.as_f32_mut()?);
         let rows = y.as_f32_mut()?.par_chunks_exact_mut(cols).zip(rstd);
         rows.with_min_len(min_rows(cols))

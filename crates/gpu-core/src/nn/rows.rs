@@ -20,13 +20,12 @@ pub trait RowOps: Primitives {
     /// Softmax backward: `dx = y ∘ (dy − Σ_row(dy ∘ y))`, `y` the forward output.
     fn softmax_bwd(
         &self,
-        y: &Self::Buffer,
-        dy: &Self::Buffer,
+        input: RowBwdIn<'_, Self::Buffer>,
         dx: &mut Self::Buffer,
         cols: usize,
     ) -> Result<()> {
-        let rows = check_rows_bwd("softmax_bwd", y, dy, dx, cols)?;
-        D::softmax_bwd(self, (y, dy), dx, [rows, cols])
+        let rows = input.check("softmax_bwd", dx, cols)?;
+        D::softmax_bwd(self, input, dx, [rows, cols])
     }
 
     /// `out = x − logsumexp_row(x)`.
@@ -38,13 +37,12 @@ pub trait RowOps: Primitives {
     /// Log-softmax backward: `dx = dy − exp(y) · Σ_row(dy)`, `y` the forward output.
     fn log_softmax_bwd(
         &self,
-        y: &Self::Buffer,
-        dy: &Self::Buffer,
+        input: RowBwdIn<'_, Self::Buffer>,
         dx: &mut Self::Buffer,
         cols: usize,
     ) -> Result<()> {
-        let rows = check_rows_bwd("log_softmax_bwd", y, dy, dx, cols)?;
-        D::log_softmax_bwd(self, (y, dy), dx, [rows, cols])
+        let rows = input.check("log_softmax_bwd", dx, cols)?;
+        D::log_softmax_bwd(self, input, dx, [rows, cols])
     }
 
     /// Fused softmax + cross-entropy: `loss[r] = logsumexp(logits[r]) − logits[r, targets[r]]`.
@@ -91,15 +89,7 @@ pub trait RowOps: Primitives {
         cols: usize,
         eps: f32,
     ) -> Result<()> {
-        check_eps("layernorm_fwd", eps)?;
-        let rows = check_norm(
-            "layernorm_fwd",
-            x,
-            y,
-            &[("w", w), ("b", b)],
-            &[("mean", mean), ("rstd", rstd)],
-            cols,
-        )?;
+        let rows = check_layernorm_fwd((x, w, b), (y, mean, rstd), cols, eps)?;
         D::layernorm(
             self,
             D::NormIn { x, w, rows, cols },
@@ -130,8 +120,7 @@ pub trait RowOps: Primitives {
         cols: usize,
         eps: f32,
     ) -> Result<()> {
-        check_eps("rmsnorm_fwd", eps)?;
-        let rows = check_norm("rmsnorm_fwd", x, y, &[("w", w)], &[("rstd", rstd)], cols)?;
+        let rows = check_rmsnorm_fwd((x, w), (y, rstd), cols, eps)?;
         D::rmsnorm(self, D::NormIn { x, w, rows, cols }, (y, rstd), eps)
     }
 
@@ -193,6 +182,24 @@ pub trait RowOps: Primitives {
     }
 }
 
+/// The inputs of a softmax-family backward ([`RowOps::softmax_bwd`],
+/// [`RowOps::log_softmax_bwd`]).
+#[derive(Debug)]
+pub struct RowBwdIn<'a, Buf> {
+    /// The forward's output, `[rows, cols]`.
+    pub y: &'a Buf,
+    /// The gradient of the output, `[rows, cols]`.
+    pub dy: &'a Buf,
+}
+
+impl<Buf: BufferInfo> RowBwdIn<'_, Buf> {
+    /// Checks the inputs with the output `dx` (every backend): `y`, `dy` and `dx` f32 of the
+    /// same length, whole `cols`-wide rows; returns the number of rows.
+    pub fn check(&self, op: &'static str, dx: &Buf, cols: usize) -> Result<usize> {
+        check_rows_bwd(op, self.y, self.dy, dx, cols)
+    }
+}
+
 /// The inputs of [`RowOps::layernorm_bwd`].
 #[derive(Debug)]
 pub struct LayerNormBwdIn<'a, Buf> {
@@ -247,7 +254,7 @@ impl<Buf: BufferInfo> RmsNormBwdIn<'_, Buf> {
     }
 }
 
-copy_refs!(LayerNormBwdIn, RmsNormBwdIn);
+copy_refs!(RowBwdIn, LayerNormBwdIn, RmsNormBwdIn);
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks shared by every backend, so the CPU reference and the CUDA kernels reject
@@ -350,6 +357,37 @@ pub fn check_norm(
     for &(what, s) in stats {
         require_f32_len(op, what, s, rows)?;
     }
+    Ok(rows)
+}
+
+/// Checks [`RowOps::layernorm_fwd`]'s inputs `(x, w, b)` and outputs `(y, mean, rstd)` (every
+/// backend): `x` and `y` f32 `rows·cols`, `w` and `b` f32 `cols`, `mean` and `rstd` f32 `rows`,
+/// then `eps` ([`check_eps`]); returns the number of rows.
+pub fn check_layernorm_fwd<Buf: BufferInfo>(
+    (x, w, b): (&Buf, &Buf, &Buf),
+    (y, mean, rstd): (&Buf, &Buf, &Buf),
+    cols: usize,
+    eps: f32,
+) -> Result<usize> {
+    const OP: &str = "layernorm_fwd";
+    let params = [("w", w as _), ("b", b as _)];
+    let rows = check_norm(OP, x, y, &params, &[("mean", mean), ("rstd", rstd)], cols)?;
+    check_eps(OP, eps)?;
+    Ok(rows)
+}
+
+/// Checks [`RowOps::rmsnorm_fwd`]'s inputs `(x, w)` and outputs `(y, rstd)` (every backend): `x`
+/// and `y` f32 `rows·cols`, `w` f32 `cols`, `rstd` f32 `rows`, then `eps` ([`check_eps`]);
+/// returns the number of rows.
+pub fn check_rmsnorm_fwd<Buf: BufferInfo>(
+    (x, w): (&Buf, &Buf),
+    (y, rstd): (&Buf, &Buf),
+    cols: usize,
+    eps: f32,
+) -> Result<usize> {
+    const OP: &str = "rmsnorm_fwd";
+    let rows = check_norm(OP, x, y, &[("w", w)], &[("rstd", rstd)], cols)?;
+    check_eps(OP, eps)?;
     Ok(rows)
 }
 

@@ -488,7 +488,7 @@ impl Primitives for CudaBackend {
         out: &mut CudaBuffer,
         dim: usize,
     ) -> Result<()> {
-        gpu_core::nn::RowOps::embedding_fwd(self, ids, table, out, dim)
+        self.embedding_fwd_impl(ids, table, out, dim)
     }
 
     fn scatter_add_rows(
@@ -498,7 +498,7 @@ impl Primitives for CudaBackend {
         dst: &mut CudaBuffer,
         dim: usize,
     ) -> Result<()> {
-        gpu_core::nn::RowOps::embedding_bwd(self, ids, src, dst, dim)
+        self.embedding_bwd_impl(ids, src, dst, dim)
     }
 }
 

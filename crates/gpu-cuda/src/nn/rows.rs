@@ -11,7 +11,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::rows::{
-    check_cross_entropy, check_eps, check_norm, check_rows_bwd, LayerNormBwdIn, RmsNormBwdIn,
+    check_cross_entropy, check_eps, check_layernorm_fwd, check_rmsnorm_fwd, check_rope,
+    LayerNormBwdIn, RmsNormBwdIn, RowBwdIn,
 };
 use gpu_core::nn::RowOps;
 use gpu_core::ops::check_rows;
@@ -246,12 +247,12 @@ impl CudaBackend {
     fn softmax_like_bwd(
         &self,
         (op, kernel): (&'static str, &str),
-        y: &CudaBuffer,
-        dy: &CudaBuffer,
+        input: RowBwdIn<'_, CudaBuffer>,
         dx: &mut CudaBuffer,
         cols: usize,
     ) -> Result<()> {
-        let rows = check_rows_bwd(op, y, dy, dx, cols)?;
+        let rows = input.check(op, dx, cols)?;
+        let RowBwdIn { y, dy } = input;
         if rows == 0 {
             return Ok(());
         }
@@ -268,12 +269,11 @@ impl CudaBackend {
 impl RowOps for CudaBackend {
     fn softmax_bwd(
         &self,
-        y: &CudaBuffer,
-        dy: &CudaBuffer,
+        input: RowBwdIn<'_, CudaBuffer>,
         dx: &mut CudaBuffer,
         cols: usize,
     ) -> Result<()> {
-        self.softmax_like_bwd(("softmax_bwd", "softmax_bwd_f32"), y, dy, dx, cols)
+        self.softmax_like_bwd(("softmax_bwd", "softmax_bwd_f32"), input, dx, cols)
     }
 
     fn softmax_fwd(&self, x: &CudaBuffer, out: &mut CudaBuffer, cols: usize) -> Result<()> {
@@ -286,12 +286,11 @@ impl RowOps for CudaBackend {
 
     fn log_softmax_bwd(
         &self,
-        y: &CudaBuffer,
-        dy: &CudaBuffer,
+        input: RowBwdIn<'_, CudaBuffer>,
         dx: &mut CudaBuffer,
         cols: usize,
     ) -> Result<()> {
-        self.softmax_like_bwd(("log_softmax_bwd", "log_softmax_bwd_f32"), y, dy, dx, cols)
+        self.softmax_like_bwd(("log_softmax_bwd", "log_softmax_bwd_f32"), input, dx, cols)
     }
 
     fn cross_entropy_fwd(
@@ -352,14 +351,7 @@ impl RowOps for CudaBackend {
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "layernorm_fwd";
-        let rows = check_norm(
-            OP,
-            x,
-            y,
-            &[("w", w), ("b", b)],
-            &[("mean", &*mean), ("rstd", &*rstd)],
-            cols,
-        )?;
+        let rows = check_layernorm_fwd((x, w, b), (y, mean, rstd), cols, eps)?;
         let ptrs: [KernelArg; 6] = [
             x.into(),
             w.into(),
@@ -423,7 +415,7 @@ impl RowOps for CudaBackend {
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "rmsnorm_fwd";
-        let rows = check_norm(OP, x, y, &[("w", w)], &[("rstd", &*rstd)], cols)?;
+        let rows = check_rmsnorm_fwd((x, w), (y, rstd), cols, eps)?;
         let ptrs: [KernelArg; 4] = [x.into(), w.into(), y.into(), rstd.into()];
         // SAFETY: rmsnorm_fwd_f32(const float* x, const float* w, float* y, float* rstd, u32
         // cols, u32 rows, float eps, u32 cached): x and y hold rows·cols f32, w cols, rstd rows
@@ -449,33 +441,46 @@ impl RowOps for CudaBackend {
         unsafe { self.norm_bwd((OP, "rmsnorm_bwd_f32"), &ptrs, &mut [dw], (rows, cols)) }
     }
 
+    /// `rope_f32`, angles computed once per thread and reused along the `n` axis.
     fn rope(
         &self,
         x: &CudaBuffer,
         out: &mut CudaBuffer,
-        dims: [usize; 3],
-        angle: (f32, bool),
+        [n, t, d]: [usize; 3],
+        (base, inverse): (f32, bool),
     ) -> Result<()> {
-        self.rope_impl(x, out, dims, angle)
+        const OP: &str = "rope";
+        check_rope(x, out, n, t, d, base)?;
+        if n == 0 || t == 0 {
+            return Ok(());
+        }
+        let h = d / 2;
+        let v = if h.is_multiple_of(4) { 4 } else { 1 };
+        let threads = 256usize;
+        let bx = grid(OP, (t * (h / v)).div_ceil(threads))?;
+        // Enough blocks to fill the GPU; each thread reuses its angles n / grid.y times.
+        let target = self.info().multiprocessors.max(1) as usize * 8;
+        let by = target.div_ceil(bx as usize).clamp(1, n.min(65_535)) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (bx, by, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            x.into(),
+            out.into(),
+            KernelArg::U32(n as u32),
+            KernelArg::U32(t as u32),
+            KernelArg::U32(d as u32),
+            KernelArg::F32(base),
+            KernelArg::U32(inverse as u32),
+        ];
+        // SAFETY: rope_f32(const float* x, float* out, u32 n, u32 t, u32 d, float base, u32
+        // inverse): both hold n·t·d f32 (checked, each dim below 2^32); threads past t·d/2/V
+        // return, and grid.y only strides over n.
+        unsafe { self.launch("rope_f32", cfg, &args) }
     }
 
-    fn embedding_fwd(
-        &self,
-        ids: &CudaBuffer,
-        table: &CudaBuffer,
-        out: &mut CudaBuffer,
-        dim: usize,
-    ) -> Result<()> {
-        self.embedding_fwd_impl(ids, table, out, dim)
-    }
-
-    fn embedding_bwd(
-        &self,
-        ids: &CudaBuffer,
-        dout: &CudaBuffer,
-        dtable: &mut CudaBuffer,
-        dim: usize,
-    ) -> Result<()> {
-        self.embedding_bwd_impl(ids, dout, dtable, dim)
-    }
+    // embedding_fwd / embedding_bwd: the trait's defaults, `gather_rows` / `scatter_add_rows`,
+    // which run `embedding_fwd_impl` / `embedding_bwd_impl` (`rows/embed.rs`).
 }

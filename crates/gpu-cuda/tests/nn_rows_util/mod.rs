@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use crate::common::{down, poisoned, random_vec, run_op, up, CPU};
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::RowOps;
 use gpu_core::Backend;
@@ -27,7 +27,7 @@ pub fn softmax<B: Rows>(b: &B, x: &[f32], cols: usize) -> Vec<f32> {
 
 pub fn softmax_bwd<B: Rows>(b: &B, y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
     run_op(b, [y, dy], y.len(), |[y, dy], o| {
-        b.softmax_bwd(y, dy, o, cols)
+        b.softmax_bwd(RowBwdIn { y, dy }, o, cols)
     })
 }
 
@@ -37,7 +37,7 @@ pub fn log_softmax<B: Rows>(b: &B, x: &[f32], cols: usize) -> Vec<f32> {
 
 pub fn log_softmax_bwd<B: Rows>(b: &B, y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
     run_op(b, [y, dy], y.len(), |[y, dy], o| {
-        b.log_softmax_bwd(y, dy, o, cols)
+        b.log_softmax_bwd(RowBwdIn { y, dy }, o, cols)
     })
 }
 

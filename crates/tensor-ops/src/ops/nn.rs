@@ -6,7 +6,7 @@ use crate::backend::on_device;
 use crate::backend::DeviceBackend;
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn};
+use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::nn::{AttentionOps, RowOps};
 use gpu_core::{DType, GpuError, Result};
 
@@ -56,10 +56,13 @@ impl Tensor {
             &[self],
             move |y, g| {
                 let (gy, gg) = (y.read(), g.read());
-                let st = compute!(dev, y.numel(), |be, dx| if log {
-                    be.log_softmax_bwd(buf(be, &gy)?, buf(be, &gg)?, &mut dx, cols)
-                } else {
-                    be.softmax_bwd(buf(be, &gy)?, buf(be, &gg)?, &mut dx, cols)
+                let st = compute!(dev, y.numel(), |be, dx| {
+                    let (y, dy) = (buf(be, &gy)?, buf(be, &gg)?);
+                    if log {
+                        be.log_softmax_bwd(RowBwdIn { y, dy }, &mut dx, cols)
+                    } else {
+                        be.softmax_bwd(RowBwdIn { y, dy }, &mut dx, cols)
+                    }
                 });
                 Ok(vec![Some(Tensor::from_storage(
                     st,

@@ -8,7 +8,7 @@ use crate::backend::BufferInfo;
 use crate::error::Result;
 use crate::nn::elementwise::{Activation, BinaryKind as K, ReduceKind as R};
 use crate::nn::primitives::Primitives;
-use crate::nn::rows::LayerNormBwdIn;
+use crate::nn::rows::{LayerNormBwdIn, RowBwdIn};
 use crate::nn::BlockCopy;
 
 /// `logsumexp` of each `cols`-wide row, `max + ln Σ exp(x − max)`: `[rows]`.
@@ -60,7 +60,7 @@ pub fn log_softmax<B: Primitives + ?Sized>(
 /// `dx = y ∘ (dy − Σ_row(dy ∘ y))`.
 pub fn softmax_bwd<B: Primitives + ?Sized>(
     b: &B,
-    (y, dy): (&B::Buffer, &B::Buffer),
+    RowBwdIn { y, dy }: RowBwdIn<'_, B::Buffer>,
     dx: &mut B::Buffer,
     [rows, cols]: [usize; 2],
 ) -> Result<()> {
@@ -78,7 +78,7 @@ pub fn softmax_bwd<B: Primitives + ?Sized>(
 /// `dx = dy − exp(y) · Σ_row(dy)`.
 pub fn log_softmax_bwd<B: Primitives + ?Sized>(
     b: &B,
-    (y, dy): (&B::Buffer, &B::Buffer),
+    RowBwdIn { y, dy }: RowBwdIn<'_, B::Buffer>,
     dx: &mut B::Buffer,
     [rows, cols]: [usize; 2],
 ) -> Result<()> {

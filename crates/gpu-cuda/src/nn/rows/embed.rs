@@ -1,56 +1,16 @@
-//! RoPE and embeddings on CUDA (`kernels/nn_embed.cu`), for [`RowOps`](gpu_core::nn::RowOps).
+//! Embeddings on CUDA (`kernels/nn_embed.cu`), for [`RowOps`](gpu_core::nn::RowOps); RoPE, the
+//! other kernel of that file, is `RowOps::rope` in `rows.rs`.
 
 use super::{grid, to_u32};
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
-use gpu_core::nn::rows::{check_embedding, check_rope};
+use gpu_core::nn::rows::check_embedding;
 use gpu_core::{Backend, DType, Result};
 
 impl CudaBackend {
-    /// [`RowOps::rope`](gpu_core::nn::RowOps::rope): `rope_f32`, angles computed once per
-    /// thread and reused along the `n` axis.
-    pub(super) fn rope_impl(
-        &self,
-        x: &CudaBuffer,
-        out: &mut CudaBuffer,
-        [n, t, d]: [usize; 3],
-        (base, inverse): (f32, bool),
-    ) -> Result<()> {
-        const OP: &str = "rope";
-        check_rope(x, out, n, t, d, base)?;
-        if n == 0 || t == 0 {
-            return Ok(());
-        }
-        let h = d / 2;
-        let v = if h.is_multiple_of(4) { 4 } else { 1 };
-        let threads = 256usize;
-        let bx = grid(OP, (t * (h / v)).div_ceil(threads))?;
-        // Enough blocks to fill the GPU; each thread reuses its angles n / grid.y times.
-        let target = self.info().multiprocessors.max(1) as usize * 8;
-        let by = target.div_ceil(bx as usize).clamp(1, n.min(65_535)) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (bx, by, 1),
-            block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let args = [
-            x.into(),
-            out.into(),
-            KernelArg::U32(n as u32),
-            KernelArg::U32(t as u32),
-            KernelArg::U32(d as u32),
-            KernelArg::F32(base),
-            KernelArg::U32(inverse as u32),
-        ];
-        // SAFETY: rope_f32(const float* x, float* out, u32 n, u32 t, u32 d, float base, u32
-        // inverse): both hold n·t·d f32 (checked, each dim below 2^32); threads past t·d/2/V
-        // return, and grid.y only strides over n.
-        unsafe { self.launch("rope_f32", cfg, &args) }
-    }
-
     /// [`RowOps::embedding_fwd`](gpu_core::nn::RowOps::embedding_fwd): a warp per row.
-    pub(super) fn embedding_fwd_impl(
+    pub(in crate::nn) fn embedding_fwd_impl(
         &self,
         ids: &CudaBuffer,
         table: &CudaBuffer,
@@ -74,7 +34,7 @@ impl CudaBackend {
     /// (a small vocabulary: a GPT's characters), the tiled sum in a fixed order, the same bits
     /// on every run; else a memset and a warp per row of global atomics, whose order (and so
     /// the last bits of an id's sum over three or more rows) varies from run to run.
-    pub(super) fn embedding_bwd_impl(
+    pub(in crate::nn) fn embedding_bwd_impl(
         &self,
         ids: &CudaBuffer,
         dout: &CudaBuffer,
