@@ -8,7 +8,7 @@ use crate::buffer::WgpuBuffer;
 use crate::kernels::{src, thread_src, to_u32};
 use crate::shaders::{ADAMW, CLIP_FINAL, SUMSQ};
 use gpu_core::backend::{Backend, BufferInfo};
-use gpu_core::nn::optim::{adamw_schedule, check_adamw, check_clip, read_schedule, AdamWBuffers};
+use gpu_core::nn::optim::{adamw_schedule, check_clip, read_schedule, AdamWBuffers};
 use gpu_core::nn::{AdamWConfig, OptimOps};
 use gpu_core::{DType, Result};
 
@@ -25,19 +25,12 @@ impl WgpuBackend {
         [lr, step_size, bc2_sqrt]: [f32; 3],
     ) -> Result<()> {
         const OP: &str = "adamw_step";
-        let AdamWBuffers {
-            params,
-            grads,
-            m,
-            v,
-            weight_decay,
-            grad_scale,
-        } = bufs;
-        check_adamw(params, grads, m, v, weight_decay, grad_scale, cfg)?;
-        for i in 0..params.len() {
-            self.check_out(OP, &[&*params[i], grads[i], &*m[i], &*v[i]])?;
-            to_u32(OP, params[i].len())?;
+        bufs.check(cfg)?;
+        for i in 0..bufs.params.len() {
+            self.check_out(OP, &bufs.row(i))?;
+            to_u32(OP, bufs.params[i].len())?;
         }
+        let (weight_decay, grad_scale) = (bufs.weight_decay, bufs.grad_scale);
         if let Some(s) = grad_scale {
             self.check_out(OP, &[s])?;
         }
@@ -50,9 +43,9 @@ impl WgpuBackend {
             None => ("adamw", "", "1.0"),
         };
         let body = || thread_src(&ADAMW.replace("SCALE_BINDING", scale).replace("COEF", coef));
-        for i in 0..params.len() {
-            let n = params[i].len();
-            let decay = (1.0 - lr as f64 * weight_decay[i] as f64) as f32;
+        for (i, &wd) in weight_decay.iter().enumerate() {
+            let n = bufs.params[i].len();
+            let decay = (1.0 - lr as f64 * wd as f64) as f32;
             let p = [
                 to_u32(OP, n)?,
                 cfg.beta1.to_bits(),
@@ -63,7 +56,7 @@ impl WgpuBackend {
                 decay.to_bits(),
                 0,
             ];
-            let mut raw = vec![params[i].raw(), grads[i].raw(), m[i].raw(), v[i].raw()];
+            let mut raw = bufs.row(i).map(|b| b.raw()).to_vec();
             if let Some(s) = grad_scale {
                 raw.push(s.raw());
             }

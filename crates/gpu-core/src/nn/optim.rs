@@ -322,6 +322,11 @@ impl<B: BufferInfo> AdamWBuffers<'_, '_, B> {
         let (p, m, v) = (&*self.params, &*self.m, &*self.v);
         check_adamw(p, self.grads, m, v, self.weight_decay, self.grad_scale, cfg)
     }
+
+    /// The buffers of parameter `i` in the kernels' order: `[p, g, m, v]`.
+    pub fn row(&self, i: usize) -> [&B; 4] {
+        [&*self.params[i], self.grads[i], &*self.m[i], &*self.v[i]]
+    }
 }
 
 /// Checks a device schedule (3 f32: [`adamw_schedule`]) and reads it on the host.

@@ -309,6 +309,19 @@ impl<B: BufferInfo> ScheduleFreeBuffers<'_, '_, B> {
         check_schedule_free(OP, cfg)?;
         scalars.check(OP, SF_SCHEDULE_LEN)
     }
+
+    /// Every buffer, list by list (`params`, `grads`, `z`, `v`), then `grad_scale` if any:
+    /// what a backend checks for ownership.
+    pub fn buffers(&self) -> Vec<&B> {
+        let (p, z, v) = (shared(self.params), shared(self.z), shared(self.v));
+        let lists = [p, self.grads.to_vec(), z, v].concat();
+        lists.into_iter().chain(self.grad_scale).collect()
+    }
+
+    /// The buffers of parameter `i` in the kernels' order: `[y, g, z, v]`.
+    pub fn row(&self, i: usize) -> [&B; 4] {
+        [&*self.params[i], self.grads[i], &*self.z[i], &*self.v[i]]
+    }
 }
 
 impl<B: BufferInfo> ProdigyBuffers<'_, '_, B> {
@@ -330,6 +343,21 @@ impl<B: BufferInfo> ProdigyBuffers<'_, '_, B> {
         cfg.validate(OP)?;
         lr.check(OP, PRODIGY_SCHEDULE_LEN)?;
         check_prodigy_scalars(OP, scalars)
+    }
+
+    /// Every buffer, list by list (`params`, `grads`, `p0`, `s`, `m`, `v`), then `grad_scale`
+    /// if any: what a backend checks for ownership.
+    pub fn buffers(&self) -> Vec<&B> {
+        let (p, s) = (shared(self.params), shared(self.s));
+        let (m, v) = (shared(self.m), shared(self.v));
+        let lists = [p, self.grads.to_vec(), self.p0.to_vec(), s, m, v].concat();
+        lists.into_iter().chain(self.grad_scale).collect()
+    }
+
+    /// The buffers of parameter `i` in the kernels' order: `[p, g, p0, s, m, v]`.
+    pub fn row(&self, i: usize) -> [&B; 6] {
+        let (s, m, v) = (&*self.s[i], &*self.m[i], &*self.v[i]);
+        [&*self.params[i], self.grads[i], self.p0[i], s, m, v]
     }
 }
 

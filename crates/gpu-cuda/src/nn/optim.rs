@@ -259,21 +259,15 @@ impl CudaBackend {
         schedule: Option<&CudaBuffer>,
     ) -> Result<()> {
         bufs.check(cfg)?;
-        let (params, grads, m, v) = (bufs.params, bufs.grads, bufs.m, bufs.v);
-        let (weight_decay, grad_scale) = (bufs.weight_decay, bufs.grad_scale);
+        let (params, weight_decay, grad_scale) = (&bufs.params, bufs.weight_decay, bufs.grad_scale);
         for i in 0..params.len() {
-            self.check_owned("adamw_step", &[&*params[i], grads[i], &*m[i], &*v[i]])?;
+            self.check_owned("adamw_step", &bufs.row(i))?;
         }
         if let Some(s) = grad_scale {
             self.check_owned("adamw_step", &[s])?;
         }
         let entries = (0..params.len()).map(|i| Entry {
-            ptrs: [
-                params[i].device_ptr(),
-                grads[i].device_ptr(),
-                m[i].device_ptr(),
-                v[i].device_ptr(),
-            ],
+            ptrs: bufs.row(i).map(|b| b.device_ptr()),
             len: params[i].len(),
             decay: match schedule {
                 // The kernel forms 1 − lr·wd from the schedule's lr.

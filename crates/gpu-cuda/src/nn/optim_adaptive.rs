@@ -86,29 +86,17 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "schedule_free_step";
         bufs.check(cfg, &scalars)?;
-        let ScheduleFreeBuffers {
-            params,
-            grads,
-            z,
-            v,
-            weight_decay,
-            grad_scale,
-        } = bufs;
-        let (ps, zs, vs) = (shared(params), shared(z), shared(v));
-        for list in [&ps[..], grads, &zs[..], &vs[..]] {
-            self.check_owned(OP, list)?;
-        }
-        self.check_owned(OP, &grad_scale.into_iter().collect::<Vec<_>>())?;
+        self.check_owned(OP, &bufs.buffers())?;
         if let StepScalars::Device(b) = scalars {
             self.check_owned(OP, &[b])?;
         }
-        let entries = (0..ps.len()).map(|i| Entry {
-            ptrs: [ps[i], grads[i], zs[i], vs[i]].map(|b| b.device_ptr()),
-            len: ps[i].len(),
-            decay: weight_decay[i],
+        let entries = (0..bufs.params.len()).map(|i| Entry {
+            ptrs: bufs.row(i).map(|b| b.device_ptr()),
+            len: bufs.params[i].len(),
+            decay: bufs.weight_decay[i],
         });
         let (vals, sched_ptr) = scalar_args(&scalars, SF_SCHEDULE_LEN);
-        let scale_ptr = grad_scale.map_or(0, |s| s.device_ptr());
+        let scale_ptr = bufs.grad_scale.map_or(0, |s| s.device_ptr());
         for c in chunks(entries) {
             let mut args = vec![
                 KernelArg::Bytes(c.bytes),
@@ -165,35 +153,21 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "prodigy_step";
         bufs.check(cfg, &lr, scalars)?;
-        let ProdigyBuffers {
-            params,
-            grads,
-            p0,
-            s,
-            m,
-            v,
-            weight_decay,
-            grad_scale,
-        } = bufs;
-        let (ps, ss, ms, vs) = (shared(params), shared(s), shared(m), shared(v));
-        for list in [&ps[..], grads, p0, &ss[..], &ms[..], &vs[..]] {
-            self.check_owned(OP, list)?;
-        }
-        self.check_owned(OP, &grad_scale.into_iter().collect::<Vec<_>>())?;
+        self.check_owned(OP, &bufs.buffers())?;
         if let StepScalars::Device(b) = lr {
             self.check_owned(OP, &[b])?;
         }
         self.check_owned(OP, &[&*scalars])?;
-        let entries = (0..ps.len()).map(|i| Entry6 {
-            ptrs: [ps[i], grads[i], p0[i], ss[i], ms[i], vs[i]].map(|b| b.device_ptr()),
-            len: ps[i].len(),
-            decay: weight_decay[i],
+        let entries = (0..bufs.params.len()).map(|i| Entry6 {
+            ptrs: bufs.row(i).map(|b| b.device_ptr()),
+            len: bufs.params[i].len(),
+            decay: bufs.weight_decay[i],
         });
         let chunks = chunks6(entries);
         let (vals, lr_ptr) = scalar_args(&lr, PRODIGY_SCHEDULE_LEN);
         let run = ProdigyRun {
             args: prodigy_args(&cfg),
-            scale_ptr: grad_scale.map_or(0, |s| s.device_ptr()),
+            scale_ptr: bufs.grad_scale.map_or(0, |s| s.device_ptr()),
             lr: vals[0],
             lr_ptr,
         };
