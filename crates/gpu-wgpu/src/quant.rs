@@ -19,8 +19,8 @@ use crate::kernels::{src, thread_src, to_u32};
 use crate::shaders::{DEQUANT_F16, GEMV_F16, HALF, LOAD_DECODE, LOAD_NATIVE};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::quant::{
-    check_dequantize, check_matmul_quant, default_dequantize, default_matmul_quant, QuantBufs,
-    QuantFormat, QuantOps, QuantSpec,
+    check_dequantize, check_matmul_quant, default_dequantize, default_matmul_quant, QuantFormat,
+    QuantOps, QuantSpec,
 };
 use gpu_core::{DType, Result};
 
@@ -60,21 +60,22 @@ impl QuantOps for WgpuBackend {
     fn matmul_quant(
         &self,
         x: &Buf,
-        w: QuantBufs<'_, Buf>,
+        data: &Buf,
+        scales: &Buf,
+        mins: &Buf,
         out: &mut Buf,
         spec: QuantSpec,
     ) -> Result<()> {
-        check_matmul_quant(x, w, out, spec)?;
-        let [data, scales, mins] = w.all();
+        check_matmul_quant(x, data, scales, mins, out, spec)?;
         self.check_out("matmul_quant", &[x, data, scales, mins, out])?;
         if spec.format != QuantFormat::F16 || spec.m == 0 || spec.n == 0 {
-            return default_matmul_quant(self, x, w, out, spec);
+            return default_matmul_quant(self, x, [data, scales, mins], out, spec);
         }
         if spec.k == 0 {
             return self.fill_raw(out, 0.0);
         }
         if spec.m > GEMV_ROWS || !spec.k.is_multiple_of(8) {
-            return default_matmul_quant(self, x, w, out, spec);
+            return default_matmul_quant(self, x, [data, scales, mins], out, spec);
         }
         let wide;
         let xf = if x.dtype() == DType::F32 {
@@ -89,12 +90,18 @@ impl QuantOps for WgpuBackend {
 
     /// f16: the dequantize kernel (into f32 scratch first where `out` is bf16, then rounded
     /// once); int8 and int4: the default.
-    fn dequantize(&self, w: QuantBufs<'_, Buf>, out: &mut Buf, spec: QuantSpec) -> Result<()> {
-        check_dequantize(w, out, spec)?;
-        let [data, scales, mins] = w.all();
+    fn dequantize(
+        &self,
+        data: &Buf,
+        scales: &Buf,
+        mins: &Buf,
+        out: &mut Buf,
+        spec: QuantSpec,
+    ) -> Result<()> {
+        check_dequantize(data, scales, mins, out, spec)?;
         self.check_out("dequantize", &[data, scales, mins, out])?;
         if spec.format != QuantFormat::F16 {
-            return default_dequantize(self, w, out, spec);
+            return default_dequantize(self, [data, scales, mins], out, spec);
         }
         if out.is_empty() {
             return Ok(());
@@ -147,7 +154,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         let op = "matmul_quant";
         let none = self.allocate(DType::F32, 0)?;
-        check_matmul_quant(x, QuantBufs::new(w, &none, &none), out, spec)?;
+        check_matmul_quant(x, w, &none, &none, out, spec)?;
         self.check_out(op, &[x, w, out])?;
         let fits = spec.format == QuantFormat::F16
             && spec.m <= GEMV_ROWS

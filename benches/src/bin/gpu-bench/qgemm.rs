@@ -8,7 +8,7 @@
 
 use crate::Bench;
 use anyhow::Result;
-use gpu_core::nn::quant::{QuantBufs, QuantFormat, QuantSpec};
+use gpu_core::nn::quant::{QuantFormat, QuantSpec};
 use gpu_core::{Backend, DType};
 use gpu_cuda::{CudaBuffer, QgemmForm};
 use rand::Rng;
@@ -44,13 +44,8 @@ fn time_form(b: &Bench, form: QgemmForm, spec: QuantSpec, w: &Weight) -> Result<
     let x = b.gpu.allocate(DType::BF16, spec.m * spec.k)?;
     let mut out = b.gpu.allocate(DType::BF16, spec.m * spec.n)?;
     b.time(|_| {
-        b.gpu.matmul_quant_with(
-            form,
-            &x,
-            QuantBufs::new(&w.data, &w.scales, &w.mins),
-            &mut out,
-            spec,
-        )
+        b.gpu
+            .matmul_quant_with(form, &x, (&w.data, &w.scales, &w.mins), &mut out, spec)
     })
 }
 

@@ -16,7 +16,7 @@ use super::CpuStorage;
 use crate::backend::BufferInfo;
 use crate::error::{GpuError, Result};
 use crate::nn::quant::{
-    check_dequantize, check_matmul_quant, QuantBufs, QuantFormat, QuantOps, QuantSpec, QUANT_GROUP,
+    check_dequantize, check_matmul_quant, QuantFormat, QuantOps, QuantSpec, QUANT_GROUP,
 };
 use crate::CpuBackend;
 use rayon::prelude::*;
@@ -89,21 +89,27 @@ fn dequantize_row(
 }
 
 /// The three weight buffers as slices (after the checks: u32, f32, f32).
-fn weight<'a>(w: QuantBufs<'a, CpuStorage>) -> Result<(&'a [u32], &'a [f32], &'a [f32])> {
-    Ok((w.data.as_u32()?, w.scales.as_f32()?, w.mins.as_f32()?))
+fn weight<'a>(
+    data: &'a CpuStorage,
+    scales: &'a CpuStorage,
+    mins: &'a CpuStorage,
+) -> Result<(&'a [u32], &'a [f32], &'a [f32])> {
+    Ok((data.as_u32()?, scales.as_f32()?, mins.as_f32()?))
 }
 
 impl QuantOps for CpuBackend {
     fn matmul_quant(
         &self,
         x: &CpuStorage,
-        w: QuantBufs<'_, CpuStorage>,
+        data: &CpuStorage,
+        scales: &CpuStorage,
+        mins: &CpuStorage,
         out: &mut CpuStorage,
         spec: QuantSpec,
     ) -> Result<()> {
         const OP: &str = "matmul_quant";
-        check_matmul_quant(x, w, out, spec)?;
-        let (data, scales, mins) = weight(w)?;
+        check_matmul_quant(x, data, scales, mins, out, spec)?;
+        let (data, scales, mins) = weight(data, scales, mins)?;
         if fast::fast() {
             let w = Weight::Quant {
                 spec,
@@ -139,13 +145,15 @@ impl QuantOps for CpuBackend {
 
     fn dequantize(
         &self,
-        w: QuantBufs<'_, CpuStorage>,
+        data: &CpuStorage,
+        scales: &CpuStorage,
+        mins: &CpuStorage,
         out: &mut CpuStorage,
         spec: QuantSpec,
     ) -> Result<()> {
         const OP: &str = "dequantize";
-        check_dequantize(w, out, spec)?;
-        let (data, scales, mins) = weight(w)?;
+        check_dequantize(data, scales, mins, out, spec)?;
+        let (data, scales, mins) = weight(data, scales, mins)?;
         for r in 0..spec.n {
             let row = dequantize_row(&spec, data, scales, mins, r);
             for (c, &v) in row.iter().enumerate() {

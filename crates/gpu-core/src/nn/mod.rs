@@ -77,7 +77,7 @@ pub use decode::{DecodeDims, DecodeOps};
 pub use elementwise::{BinaryKind, ElementwiseOps, ReduceKind};
 pub use optim::{AdamWConfig, OptimOps};
 pub use primitives::{BlockCopy, Primitives};
-pub use quant::{QuantBufs, QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
+pub use quant::{QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
 pub use rows::RowOps;
 pub use sample::{SampleOps, SampleParams};
 pub use world::{

@@ -126,9 +126,8 @@ impl QuantSpec {
     }
 }
 
-/// The quantized-weight family. `data`, `scales` and `mins` ([`QuantBufs`]) are laid out as
-/// the module docs say; float buffers are f32 or bf16, computed in f32 or wider and rounded
-/// once where stored.
+/// The quantized-weight family. `data`, `scales` and `mins` are laid out as the module docs
+/// say; float buffers are f32 or bf16, computed in f32 or wider and rounded once where stored.
 pub trait QuantOps: Primitives {
     /// `out[i, j] = Σ_t x[i, t]·deq(W)[j, t]` for `x` `[m, k]` (f32 or bf16) and `out` `[m, n]`
     /// (f32 or bf16, overwritten). The CPU sums the exact products in f64 (its fast mode in f32
@@ -140,47 +139,26 @@ pub trait QuantOps: Primitives {
     fn matmul_quant(
         &self,
         x: &Self::Buffer,
-        w: QuantBufs<'_, Self::Buffer>,
+        data: &Self::Buffer,
+        scales: &Self::Buffer,
+        mins: &Self::Buffer,
         out: &mut Self::Buffer,
         spec: QuantSpec,
     ) -> Result<()> {
-        default_matmul_quant(self, x, w, out, spec)
+        default_matmul_quant(self, x, [data, scales, mins], out, spec)
     }
 
     /// Writes `deq(W)` `[n, k]` into `out` (f32, or bf16 rounded once to nearest even) with
     /// the values of the module docs; `spec.m` is not read.
     fn dequantize(
         &self,
-        w: QuantBufs<'_, Self::Buffer>,
+        data: &Self::Buffer,
+        scales: &Self::Buffer,
+        mins: &Self::Buffer,
         out: &mut Self::Buffer,
         spec: QuantSpec,
     ) -> Result<()> {
-        default_dequantize(self, w, out, spec)
-    }
-}
-
-/// The three buffers of a quantized weight (layout in the module docs): the packed `data`
-/// (u32 words), the f32 `scales` and the f32 `mins`.
-#[derive(Debug)]
-pub struct QuantBufs<'a, Buf> {
-    /// The packed values, u32 words.
-    pub data: &'a Buf,
-    /// The scales, f32.
-    pub scales: &'a Buf,
-    /// The minimums, f32.
-    pub mins: &'a Buf,
-}
-copy_refs!(QuantBufs);
-
-impl<'a, Buf> QuantBufs<'a, Buf> {
-    /// The weight of these three buffers.
-    pub fn new(data: &'a Buf, scales: &'a Buf, mins: &'a Buf) -> Self {
-        Self { data, scales, mins }
-    }
-
-    /// `[data, scales, mins]`.
-    pub fn all(self) -> [&'a Buf; 3] {
-        [self.data, self.scales, self.mins]
+        default_dequantize(self, [data, scales, mins], out, spec)
     }
 }
 
@@ -190,13 +168,13 @@ impl<'a, Buf> QuantBufs<'a, Buf> {
 pub fn default_matmul_quant<B: QuantOps + ?Sized>(
     b: &B,
     x: &B::Buffer,
-    weight: QuantBufs<'_, B::Buffer>,
+    [data, scales, mins]: [&B::Buffer; 3],
     out: &mut B::Buffer,
     spec: QuantSpec,
 ) -> Result<()> {
     spec.check("matmul_quant")?;
     let mut w = b.allocate(crate::DType::F32, spec.n * spec.k)?;
-    b.dequantize(weight, &mut w, QuantSpec { m: 0, ..spec })?;
+    b.dequantize(data, scales, mins, &mut w, QuantSpec { m: 0, ..spec })?;
     let mm = crate::MatmulSpec {
         trans_b: true,
         ..crate::MatmulSpec::new(spec.m, spec.n, spec.k)
@@ -210,23 +188,24 @@ pub fn default_matmul_quant<B: QuantOps + ?Sized>(
 /// [`QuantOps::dequantize`]'s default: the CPU's reference on host copies (one round trip).
 pub fn default_dequantize<B: Primitives + ?Sized>(
     b: &B,
-    w: QuantBufs<'_, B::Buffer>,
+    [data, scales, mins]: [&B::Buffer; 3],
     out: &mut B::Buffer,
     spec: QuantSpec,
 ) -> Result<()> {
-    let [data, scales, mins] = &H::downs_n(b, w.all())?;
+    let [data, scales, mins] = &H::downs_n(b, [data, scales, mins])?;
     let mut o = H::down(b, out)?;
-    crate::CpuBackend.dequantize(QuantBufs::new(data, scales, mins), &mut o, spec)?;
+    crate::CpuBackend.dequantize(data, scales, mins, &mut o, spec)?;
     H::up(b, &o, out)
 }
 
 /// Checks the packed weight of `spec` (every backend calls this through the two checks below).
 fn check_weight<B: BufferInfo>(
     op: &'static str,
-    w: QuantBufs<'_, B>,
+    data: &B,
+    scales: &B,
+    mins: &B,
     spec: &QuantSpec,
 ) -> Result<()> {
-    let QuantBufs { data, scales, mins } = w;
     spec.check(op)?;
     require_u32(op, data.dtype())?;
     require_dtype(op, DType::F32, scales.dtype())?;
@@ -239,12 +218,14 @@ fn check_weight<B: BufferInfo>(
 /// Checks the arguments of [`QuantOps::matmul_quant`] (every backend calls this).
 pub fn check_matmul_quant<B: BufferInfo>(
     x: &B,
-    w: QuantBufs<'_, B>,
+    data: &B,
+    scales: &B,
+    mins: &B,
     out: &B,
     spec: QuantSpec,
 ) -> Result<()> {
     const OP: &str = "matmul_quant";
-    check_weight(OP, w, &spec)?;
+    check_weight(OP, data, scales, mins, &spec)?;
     require_float(OP, x.dtype())?;
     require_float(OP, out.dtype())?;
     check_len(OP, "x", x, spec.m * spec.k)?;
@@ -253,13 +234,15 @@ pub fn check_matmul_quant<B: BufferInfo>(
 
 /// Checks the arguments of [`QuantOps::dequantize`] (every backend calls this).
 pub fn check_dequantize<B: BufferInfo>(
-    w: QuantBufs<'_, B>,
+    data: &B,
+    scales: &B,
+    mins: &B,
     out: &B,
     spec: QuantSpec,
 ) -> Result<()> {
     const OP: &str = "dequantize";
     let spec = QuantSpec { m: 0, ..spec };
-    check_weight(OP, w, &spec)?;
+    check_weight(OP, data, scales, mins, &spec)?;
     require_float(OP, out.dtype())?;
     check_len(OP, "out", out, spec.n * spec.k)
 }

@@ -65,8 +65,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::quant::{
-    check_dequantize, check_matmul_quant, default_dequantize, default_matmul_quant, QuantBufs,
-    QuantFormat, QuantOps, QuantSpec,
+    check_dequantize, check_matmul_quant, default_dequantize, default_matmul_quant, QuantFormat,
+    QuantOps, QuantSpec,
 };
 use gpu_core::nn::Primitives;
 use gpu_core::{Backend, BufferInfo, DType, MatmulOps, MatmulSpec, Result};
@@ -148,26 +148,29 @@ impl QuantOps for CudaBackend {
     fn matmul_quant(
         &self,
         x: &CudaBuffer,
-        w: QuantBufs<'_, CudaBuffer>,
+        data: &CudaBuffer,
+        scales: &CudaBuffer,
+        mins: &CudaBuffer,
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {
-        self.matmul_quant_with(qgemm_form(), x, w, out, spec)
+        self.matmul_quant_with(qgemm_form(), x, (data, scales, mins), out, spec)
     }
 
     fn dequantize(
         &self,
-        w: QuantBufs<'_, CudaBuffer>,
+        data: &CudaBuffer,
+        scales: &CudaBuffer,
+        mins: &CudaBuffer,
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {
         const OP: &str = "dequantize";
-        check_dequantize(w, out, spec)?;
-        let QuantBufs { data, scales, mins } = w;
+        check_dequantize(data, scales, mins, out, spec)?;
         self.check_owned(OP, &[data, scales, mins, out])?;
         if spec.format == QuantFormat::F16 {
             // No f16 kernel on CUDA (bf16 is its half-width type): the HAL's default.
-            return default_dequantize(self, w, out, spec);
+            return default_dequantize(self, [data, scales, mins], out, spec);
         }
         let words = spec.data_len();
         if words == 0 {
@@ -195,25 +198,24 @@ impl CudaBackend {
     /// [`QuantOps::matmul_quant`] with the prefill form given rather than read from
     /// `HYBRID_QGEMM` (`form` matters for bf16 x of more than 4 rows only), so that both forms
     /// run in one process.
-    /// `w` is the quantized matrix.
+    /// `(data, scales, mins)` is the quantized matrix.
     pub fn matmul_quant_with(
         &self,
         form: QgemmForm,
         x: &CudaBuffer,
-        w: QuantBufs<'_, CudaBuffer>,
+        (data, scales, mins): (&CudaBuffer, &CudaBuffer, &CudaBuffer),
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {
         const OP: &str = "matmul_quant";
-        check_matmul_quant(x, w, out, spec)?;
-        let [data, scales, mins] = w.all();
+        check_matmul_quant(x, data, scales, mins, out, spec)?;
         self.check_owned(OP, &[x, data, scales, mins, out])?;
         if spec.m == 0 || spec.n == 0 {
             return Ok(());
         }
         if spec.format == QuantFormat::F16 {
             // The HAL's default: dequantize (above: through the host) and one cuBLAS SGEMM.
-            return default_matmul_quant(self, x, w, out, spec);
+            return default_matmul_quant(self, x, [data, scales, mins], out, spec);
         }
         if spec.k == 0 {
             return match out.dtype() {
@@ -221,7 +223,7 @@ impl CudaBackend {
                 _ => self.memset16(out, 0),
             };
         }
-        let weight = w.all();
+        let weight = [data, scales, mins];
         match fused_rows(&spec) {
             Some(rows) => self.gemv_quant(x, weight, out, spec, rows),
             None if x.dtype() == DType::BF16 && fused_gemm(form, spec.m) => {
@@ -369,7 +371,7 @@ impl CudaBackend {
             ..MatmulSpec::new(spec.m, spec.n, spec.k)
         };
         let mut w = self.allocate(x.dtype(), spec.n * spec.k)?;
-        self.dequantize(QuantBufs::new(data, scales, mins), &mut w, spec)?;
+        self.dequantize(data, scales, mins, &mut w, spec)?;
         if x.dtype() == DType::BF16 {
             return self.matmul_bf16(mm, x, &w, out);
         }

@@ -5,7 +5,7 @@
 
 use crate::ops::{buf, compute, numel};
 use crate::tensor::{same_device, Tensor};
-use gpu_core::nn::quant::{QuantBufs, QuantFormat, QuantOps, QuantSpec};
+use gpu_core::nn::quant::{QuantFormat, QuantOps, QuantSpec};
 use gpu_core::{DType, Device, GpuError, Result};
 
 /// A quantized `[n, k]` weight on one device: `data` u32 `[n, k/4]` (int8) or `[n, k/8]`
@@ -118,7 +118,9 @@ impl QuantWeight {
         let (d, s, m) = (self.data.read(), self.scales.read(), self.mins.read());
         let spec = self.spec(0);
         let st = compute!(dev, dtype, spec.n * spec.k, |be, out| be.dequantize(
-            QuantBufs::new(buf(be, &d)?, buf(be, &s)?, buf(be, &m)?),
+            buf(be, &d)?,
+            buf(be, &s)?,
+            buf(be, &m)?,
             &mut out,
             spec
         ));
@@ -150,7 +152,9 @@ impl Tensor {
         let (x, d, s, m) = (self.read(), w.data.read(), w.scales.read(), w.mins.read());
         let st = compute!(dev, dtype, spec.m * spec.n, |be, out| be.matmul_quant(
             buf(be, &x)?,
-            QuantBufs::new(buf(be, &d)?, buf(be, &s)?, buf(be, &m)?),
+            buf(be, &d)?,
+            buf(be, &s)?,
+            buf(be, &m)?,
             &mut out,
             spec
         ));

@@ -15,7 +15,7 @@ use crate::backend::BufferInfo;
 use crate::cpu::fast::linear::{matmul_t, Weight, DIRECT_MAX_M, KC};
 use crate::cpu::fast::{with_mode, CpuMode, Isa};
 use crate::cpu::{CpuBackend, CpuStorage};
-use crate::nn::quant::{QuantBufs, QuantFormat, QuantOps, QuantSpec};
+use crate::nn::quant::{QuantFormat, QuantOps, QuantSpec};
 use crate::{MatmulOps, MatmulSpec};
 use half::bf16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -138,9 +138,7 @@ fn quant_weight(
     ];
     let mut w = CpuStorage::F32(vec![0.0; n * k]);
     let [d, s, mn] = &parts;
-    CpuBackend
-        .dequantize(QuantBufs::new(d, s, mn), &mut w, spec)
-        .unwrap();
+    CpuBackend.dequantize(d, s, mn, &mut w, spec).unwrap();
     let CpuStorage::F32(w) = w else {
         unreachable!("an f32 buffer")
     };
@@ -162,7 +160,7 @@ fn quant_product(
         CpuStorage::F32(vec![0.0; len])
     };
     with_mode(mode, || {
-        CpuBackend.matmul_quant(x, QuantBufs::new(d, s, mn), &mut out, spec)
+        CpuBackend.matmul_quant(x, d, s, mn, &mut out, spec)
     })
     .unwrap();
     out
