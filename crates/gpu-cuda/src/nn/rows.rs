@@ -11,8 +11,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::rows::{
-    check_cross_entropy, check_eps, check_layernorm_fwd, check_rmsnorm_fwd, check_rope,
-    LayerNormBwdIn, RmsNormBwdIn, RowBwdIn,
+    check_cross_entropy, check_layernorm_fwd, check_rmsnorm_fwd, check_rope, LayerNormBwdIn,
+    RmsNormBwdIn, RowBwdIn,
 };
 use gpu_core::nn::RowOps;
 use gpu_core::ops::check_rows;
@@ -159,8 +159,9 @@ impl CudaBackend {
         unsafe { self.launch("norm_colsum_f32", cfg, &args) }
     }
 
-    /// A norm forward on [`CudaBackend::row_grid`] with one cached row per group, after its
-    /// eps check: `kernel(ptrs..., u32 cols, u32 rows, float eps, u32 cached)`.
+    /// A norm forward on [`CudaBackend::row_grid`] with one cached row per group:
+    /// `kernel(ptrs..., u32 cols, u32 rows, float eps, u32 cached)`. The caller has checked
+    /// the buffers and `eps` (`check_layernorm_fwd` / `check_rmsnorm_fwd`).
     ///
     /// # Safety
     /// `kernel` has that signature and `ptrs` hold what it reads and writes for `rows` rows of
@@ -172,7 +173,6 @@ impl CudaBackend {
         (rows, cols): (usize, usize),
         eps: f32,
     ) -> Result<()> {
-        check_eps(op, eps)?;
         if rows == 0 {
             return Ok(());
         }
