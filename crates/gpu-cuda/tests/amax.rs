@@ -32,9 +32,7 @@ fn max_abs_bits_reference_orders_magnitudes_and_flags_nan() {
 #[test]
 fn gpu_max_abs_bits_matches_its_reference() {
     let test = "gpu_max_abs_bits_matches_its_reference";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     let hostile = [
         f32::NAN,
         -f32::NAN,

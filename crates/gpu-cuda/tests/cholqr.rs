@@ -171,9 +171,7 @@ fn close_to_reference(what: &str, got: &[f32], want: &[f32], y: &[f32], l: usize
 #[test]
 fn gpu_chol_rinv_matches_its_reference() {
     let test = "gpu_chol_rinv_matches_its_reference";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     for (rows, l, kappa) in [
         (10, 1, 1.0),
         (90, 7, 10.0),
@@ -247,9 +245,7 @@ fn gpu_chol_rinv_matches_its_reference() {
 #[test]
 fn gpu_cholqr2_orthonormalises_and_keeps_the_span() {
     let test = "gpu_cholqr2_orthonormalises_and_keeps_the_span";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     // Yamamoto et al. (2015, Theorem 3.3): when 8κ²(rows·l·u + l(l+1)·u) <= 1 the first pass
     // leaves Q within 1/2 of orthonormal and Cholesky QR2 cannot break down; beyond that it
     // may (flagged: the caller falls back to Householder) or may not, and then must still
@@ -352,9 +348,7 @@ fn kappa2(y: &[f32], rows: usize, l: usize) -> f64 {
 #[test]
 fn gpu_cholqr1_keeps_the_span_within_its_orthogonality_bound() {
     let test = "gpu_cholqr1_keeps_the_span_within_its_orthogonality_bound";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     // κ small enough for the theorem's range at these sizes (8·κ²·rows·l·u <= 1 needs
     // κ <= ~5 at 1024 × 64).
     for (rows, l, kappa) in [

@@ -34,9 +34,7 @@ fn queue(
 
 #[test]
 fn gpu_captured_graphs_replay_what_they_recorded() {
-    let Some((gpu, mut r)) = gpu_and_rng("gpu_captured_graphs_replay_what_they_recorded") else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng("gpu_captured_graphs_replay_what_they_recorded"));
     let n = 48;
     let a = up(&gpu, &random_vec(&mut r, n * n, 1.0));
     let mut b = up(&gpu, &vec![f32::NAN; n * n]);
@@ -64,11 +62,9 @@ fn gpu_captured_graphs_replay_what_they_recorded() {
 
 #[test]
 fn gpu_failed_captures_are_typed_errors_and_leave_the_stream_usable() {
-    let Some((gpu, mut r)) =
-        gpu_and_rng("gpu_failed_captures_are_typed_errors_and_leave_the_stream_usable")
-    else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_failed_captures_are_typed_errors_and_leave_the_stream_usable"
+    ));
     let x = random_vec(&mut r, 1000, 1.0);
     let a = up(&gpu, &x);
     let mut b = up(&gpu, &vec![0.0; 1000]);
@@ -99,9 +95,7 @@ fn gpu_failed_captures_are_typed_errors_and_leave_the_stream_usable() {
 #[test]
 fn gpu_other_threads_work_waits_while_a_graph_is_captured() {
     let test = "gpu_other_threads_work_waits_while_a_graph_is_captured";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     let n = 64;
     let a = up(&gpu, &random_vec(&mut r, n * n, 1.0));
     let mut b = up(&gpu, &vec![0.0; n * n]);
@@ -161,10 +155,9 @@ fn gpu_other_threads_work_waits_while_a_graph_is_captured() {
 /// eager work ran over freshly allocated buffers of every size involved.
 #[test]
 fn gpu_memory_of_a_capture_is_reserved_for_its_graph() {
-    let Some((gpu, mut r)) = gpu_and_rng("gpu_memory_of_a_capture_is_reserved_for_its_graph")
-    else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_memory_of_a_capture_is_reserved_for_its_graph"
+    ));
     let n = 40;
     let a = up(&gpu, &random_vec(&mut r, n * n, 1.0));
     let mut c = up(&gpu, &vec![0.0; n * n]);

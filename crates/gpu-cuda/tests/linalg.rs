@@ -16,9 +16,7 @@ const U: f64 = f32::EPSILON as f64 / 2.0;
 #[test]
 fn gpu_fill_randn_matches_its_reference() {
     let test = "gpu_fill_randn_matches_its_reference";
-    let Some(gpu) = backend_or_skip(test) else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip(test));
     let seed = test_seed(test);
     let n = 100_003;
     let mut buf = gpu.allocate(DType::F32, n).unwrap();
@@ -50,9 +48,7 @@ fn at(v: &[f32], ld: usize, i: usize, j: usize) -> f64 {
 #[test]
 fn gpu_gemm_cm_matches_the_host_product_for_every_transpose_and_beta() {
     let test = "gpu_gemm_cm_matches_the_host_product_for_every_transpose_and_beta";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     for _ in 0..12 {
         let (m, n, k) = (
             r.random_range(1..70),
@@ -125,9 +121,7 @@ fn gpu_gemm_cm_matches_the_host_product_for_every_transpose_and_beta() {
 #[test]
 fn gpu_transpose_scale_and_orthonormalize_are_right() {
     let test = "gpu_transpose_scale_and_orthonormalize_are_right";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     let (rows, cols) = (300, 24);
     let a: Vec<f32> = (0..rows * cols)
         .map(|_| r.random_range(-1.0f32..1.0))
@@ -207,9 +201,7 @@ fn gpu_transpose_scale_and_orthonormalize_are_right() {
 #[test]
 fn gpu_gemm_tn_parts_sum_to_the_product() {
     let test = "gpu_gemm_tn_parts_sum_to_the_product";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     // Exact multiples of the chunk, a remainder, and fewer rows than one chunk; the randomized
     // SVD's widths (32, 33, 64) and wider.
     for (rows, m, n, chunk) in [

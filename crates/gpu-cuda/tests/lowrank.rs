@@ -32,11 +32,9 @@ fn run(
 
 #[test]
 fn gpu_lowrank_add_matches_its_reference_within_the_summation_bound() {
-    let Some((gpu, mut r)) =
-        gpu_and_rng("gpu_lowrank_add_matches_its_reference_within_the_summation_bound")
-    else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_lowrank_add_matches_its_reference_within_the_summation_bound"
+    ));
     // Tile edges (64), ranks 1 and 64, one row, one column.
     for (m, n, k) in [
         (64, 64, 64),
@@ -73,10 +71,9 @@ fn gpu_lowrank_add_matches_its_reference_within_the_summation_bound() {
 
 #[test]
 fn gpu_lowrank_add_leaves_w_untouched_when_any_entry_fails() {
-    let Some((gpu, mut r)) = gpu_and_rng("gpu_lowrank_add_leaves_w_untouched_when_any_entry_fails")
-    else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_lowrank_add_leaves_w_untouched_when_any_entry_fails"
+    ));
     let (m, n, k) = (100, 90, 4);
     let w0 = random_vec(&mut r, m * n, 1.0);
     let u0 = random_vec(&mut r, m * k, 1.0);
@@ -124,9 +121,9 @@ fn gpu_lowrank_add_leaves_w_untouched_when_any_entry_fails() {
 
 #[test]
 fn gpu_lowrank_add_rejects_bad_arguments_before_queueing() {
-    let Some(gpu) = backend_or_skip("gpu_lowrank_add_rejects_bad_arguments_before_queueing") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip(
+        "gpu_lowrank_add_rejects_bad_arguments_before_queueing"
+    ));
     let mut w = gpu.allocate(DType::F32, 12).unwrap();
     let u = gpu.allocate(DType::F32, 3 * 65).unwrap();
     let s = gpu.allocate(DType::F32, 65).unwrap();

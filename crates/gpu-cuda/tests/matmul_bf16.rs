@@ -22,11 +22,9 @@ fn magnitude(s: &MatmulSpec, a: &[bf16], b: &[bf16], at: (usize, usize, usize)) 
 
 #[test]
 fn gpu_bf16_matmul_matches_its_reference_within_the_accumulation_bound() {
-    let Some((gpu, mut r)) =
-        gpu_and_rng("gpu_bf16_matmul_matches_its_reference_within_the_accumulation_bound")
-    else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_bf16_matmul_matches_its_reference_within_the_accumulation_bound"
+    ));
     for (batch, m, n, k) in [
         (1, 64, 48, 96),
         (3, 17, 33, 65),
@@ -43,11 +41,9 @@ fn gpu_bf16_matmul_matches_its_reference_within_the_accumulation_bound() {
 /// decode step multiplies, taken by the kernels of `nn_gemv_bf16.cu` instead of cuBLAS.
 #[test]
 fn gpu_bf16_skinny_matmul_matches_its_reference_within_the_accumulation_bound() {
-    let Some((gpu, mut r)) =
-        gpu_and_rng("gpu_bf16_skinny_matmul_matches_its_reference_within_the_accumulation_bound")
-    else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_bf16_skinny_matmul_matches_its_reference_within_the_accumulation_bound"
+    ));
     for m in [1, 2, 3, 5, 8, 9, 16] {
         for (n, k) in [(1, 8), (37, 72), (1030, 2056), (3, 8192)] {
             let s = MatmulSpec {
@@ -110,9 +106,7 @@ fn case(gpu: &gpu_cuda::CudaBackend, r: &mut rand::rngs::StdRng, s: MatmulSpec) 
 
 #[test]
 fn gpu_bf16_matmul_edges_and_errors() {
-    let Some((gpu, mut r)) = gpu_and_rng("gpu_bf16_matmul_edges_and_errors") else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng("gpu_bf16_matmul_edges_and_errors"));
     // NaN in row 0 of A reaches row 0 of C only.
     let s = MatmulSpec::new(4, 5, 6);
     let mut a = bf16s(&mut r, 24, 2.0);

@@ -300,9 +300,7 @@ fn gpu_attention_handles_peaked_softmax_and_odd_widths() {
 #[test]
 fn gpu_attention_random_shapes() {
     // Random small shapes (proptest, 24 cases, shrinking on failure) on the GPU only.
-    let Some(gpu) = backend_or_skip("gpu_attention_random_shapes") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_attention_random_shapes"));
     let config = proptest_config("gpu_attention_random_shapes", 24);
     let shapes = (1usize..4, 0usize..150, 1usize..33, any::<u64>());
     TestRunner::new(config)

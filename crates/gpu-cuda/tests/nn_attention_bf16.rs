@@ -477,11 +477,9 @@ fn the_bound_counts_flushed_subnormals_and_still_rejects_a_wrong_term() {
 
 #[test]
 fn gpu_bf16_attention_matches_its_reference_within_the_rounding_bound() {
-    let Some((gpu, mut r)) =
-        gpu_and_rng("gpu_bf16_attention_matches_its_reference_within_the_rounding_bound")
-    else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_bf16_attention_matches_its_reference_within_the_rounding_bound"
+    ));
     // The GPT's shape, ragged lengths around the 64-row tile, one row, one head.
     for (b, t, heads) in [
         (4, 256, 6),
@@ -514,9 +512,7 @@ fn gpu_bf16_attention_matches_its_reference_within_the_rounding_bound() {
 fn gpu_bf16_attention_takes_any_finite_scale() {
     // The forward scales scores inside each exponent by |scale| and flips Q's sign for a
     // negative one: negative, zero and tiny scales against the reference.
-    let Some((gpu, mut r)) = gpu_and_rng("gpu_bf16_attention_takes_any_finite_scale") else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng("gpu_bf16_attention_takes_any_finite_scale"));
     let p = Packed {
         b: 2,
         t: 140,
@@ -539,10 +535,9 @@ fn gpu_bf16_attention_takes_any_finite_scale() {
 
 #[test]
 fn gpu_bf16_attention_keeps_nan_and_inf_in_their_sequence() {
-    let Some((gpu, mut r)) = gpu_and_rng("gpu_bf16_attention_keeps_nan_and_inf_in_their_sequence")
-    else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_bf16_attention_keeps_nan_and_inf_in_their_sequence"
+    ));
     let p = Packed {
         b: 2,
         t: 50,
@@ -584,9 +579,7 @@ fn gpu_bf16_attention_keeps_nan_and_inf_in_their_sequence() {
 
 #[test]
 fn gpu_bf16_attention_rejects_bad_arguments() {
-    let Some(gpu) = backend_or_skip("gpu_bf16_attention_rejects_bad_arguments") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_bf16_attention_rejects_bad_arguments"));
     let p = Packed {
         b: 2,
         t: 8,

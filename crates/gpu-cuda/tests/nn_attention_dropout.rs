@@ -88,9 +88,7 @@ fn dropout_matches_the_cpu(
     cases: &[(usize, usize, usize, usize, f32)],
     rtol: f64,
 ) {
-    let Some((gpu, mut r, seed)) = gpu_rng_and_seed(test) else {
-        return;
-    };
+    let (gpu, mut r, seed) = skip_unless!(gpu_rng_and_seed(test));
     for &(b, t, heads, d, pd) in cases {
         let p = Packed { b, t, heads, d };
         let qkv = random_vec(&mut r, b * t * 3 * p.c(), 1.5);
@@ -147,9 +145,7 @@ fn gpu_bf16_attention_dropout_matches_its_reference() {
 #[test]
 fn gpu_zero_dropout_is_plain_and_offsets_add_to_the_seed() {
     let test = "gpu_zero_dropout_is_plain_and_offsets_add_to_the_seed";
-    let Some((gpu, mut r, seed)) = gpu_rng_and_seed(test) else {
-        return;
-    };
+    let (gpu, mut r, seed) = skip_unless!(gpu_rng_and_seed(test));
     let p = Packed {
         b: 2,
         t: 70,

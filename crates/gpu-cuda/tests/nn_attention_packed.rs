@@ -128,11 +128,9 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
 
 #[test]
 fn gpu_packed_attention_is_the_plain_kernels_on_permuted_tensors() {
-    let Some((gpu, mut r)) =
-        gpu_and_rng("gpu_packed_attention_is_the_plain_kernels_on_permuted_tensors")
-    else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_packed_attention_is_the_plain_kernels_on_permuted_tensors"
+    ));
     // The GPT's shape (6 heads of 64), the 128-wide kernel, ragged lengths, one head, d = 4.
     for dims in [
         (2, 256, 6, 64),
@@ -149,9 +147,7 @@ fn gpu_packed_attention_is_the_plain_kernels_on_permuted_tensors() {
 #[test]
 fn gpu_packed_attention_rejects_bad_arguments() {
     let test = "gpu_packed_attention_rejects_bad_arguments";
-    let Some(gpu) = backend_or_skip(test) else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip(test));
     let (b, t, h, d) = (2, 8, 2, 8);
     let c = h * d;
     let qkv = up(&gpu, &vec![0.5; b * t * 3 * c]);

@@ -197,9 +197,7 @@ fn rope_case(
 
 #[test]
 fn gpu_rope_append_matches_cpu() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_rope_append_matches_cpu") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_rope_append_matches_cpu"));
     for &shape in SHAPES {
         for a in DTYPES {
             for q in DTYPES {
@@ -307,9 +305,7 @@ fn attention_case(
 
 #[test]
 fn gpu_cache_attention_matches_cpu() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_cache_attention_matches_cpu") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_cache_attention_matches_cpu"));
     for &shape in SHAPES {
         for q in DTYPES {
             for c in DTYPES {
@@ -339,9 +335,7 @@ fn gpu_cache_attention_sliding_window_matches_cpu() {
 
 #[test]
 fn gpu_argmax_rows_matches_cpu() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_argmax_rows_matches_cpu") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_argmax_rows_matches_cpu"));
     for &cols in &[1usize, 31, 1024, 1025, 128_256] {
         for dtype in DTYPES {
             let rows = 5;
@@ -383,9 +377,7 @@ fn gpu_argmax_rows_matches_cpu() {
 /// (typed error, nothing written); CUDA skips the write and leaves the cache as it was.
 #[test]
 fn gpu_slot_past_the_cache_writes_nothing() {
-    let Some(gpu) = backend_or_skip("gpu_slot_past_the_cache_writes_nothing") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_slot_past_the_cache_writes_nothing"));
     let dims = DecodeDims {
         b: 1,
         t: 2,

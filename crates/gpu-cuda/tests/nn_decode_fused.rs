@@ -36,9 +36,7 @@ fn within(what: &str, got: &[f32], want: &[f32], rel: f64) {
 
 #[test]
 fn gpu_add_rms_norm_matches_cpu() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_add_rms_norm_matches_cpu") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_add_rms_norm_matches_cpu"));
     for &(rows, cols) in &[(1usize, 64usize), (3, 1000), (16, 2048), (2, 4099), (5, 1)] {
         let x = random_vec(&mut rng, rows * cols, 3.0);
         let y = random_vec(&mut rng, rows * cols, 3.0);
@@ -78,9 +76,7 @@ fn gpu_add_rms_norm_matches_cpu() {
 
 #[test]
 fn gpu_swiglu_packed_matches_cpu() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_swiglu_packed_matches_cpu") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_swiglu_packed_matches_cpu"));
     for &(rows, i) in &[(1usize, 8192usize), (16, 1000), (3, 1), (2, 70_001)] {
         let mut gu = random_vec(&mut rng, rows * 2 * i, 12.0);
         gu[0] = -200.0; // silu → −0, the far tail
@@ -106,9 +102,7 @@ fn gpu_swiglu_packed_matches_cpu() {
 
 #[test]
 fn gpu_fused_ops_refuse_bad_buffers() {
-    let Some(gpu) = backend_or_skip("gpu_fused_ops_refuse_bad_buffers") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_fused_ops_refuse_bad_buffers"));
     let x = gpu.upload(&[1f32; 6]).unwrap();
     let w = gpu.upload(&[1f32; 3]).unwrap();
     let mut sum = gpu.upload(&[0f32; 6]).unwrap();

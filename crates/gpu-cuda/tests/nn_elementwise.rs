@@ -624,11 +624,9 @@ every_device_test!(gpu_grid_stride_loops_cover_large_inputs, grid_stride_body);
 /// index past its end or a buffer of another dtype is a typed error.
 #[test]
 fn gpu_dropout_with_a_device_offset_is_dropout_with_the_summed_seed() {
-    let Some((gpu, mut r)) =
-        gpu_and_rng("gpu_dropout_with_a_device_offset_is_dropout_with_the_summed_seed")
-    else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_dropout_with_a_device_offset_is_dropout_with_the_summed_seed"
+    ));
     let n = 4099; // a scalar tail after the float4 body
     let x = random_vec(&mut r, n, 3.0);
     let xb = up(&gpu, &x);

@@ -109,9 +109,7 @@ fn check_backward(what: &str, x: &[bf16], g: &[bf16], got: &[bf16], want: &[bf16
 #[test]
 fn gpu_bf16_gelu_matches_the_reference_on_every_bf16_input() {
     let test = "gpu_bf16_gelu_matches_the_reference_on_every_bf16_input";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     let cpu = CpuBackend;
     let x = every_bf16();
     let n = x.len();
@@ -145,9 +143,7 @@ fn gpu_bf16_gelu_matches_the_reference_on_every_bf16_input() {
 #[test]
 fn gpu_bf16_streams_match_the_reference_across_steps_and_tails() {
     let test = "gpu_bf16_streams_match_the_reference_across_steps_and_tails";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     let cpu = CpuBackend;
     let n = 2 * gpu.info().multiprocessors as usize * 32 * 256 * 8 + 13;
     let specials = [

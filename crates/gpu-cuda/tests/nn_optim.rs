@@ -341,9 +341,7 @@ extern "C" __global__ void take_struct(S s, float* out) {
 fn gpu_by_value_struct_arguments() {
     // KernelArg::Bytes: a 24-byte struct by value through the raw driver launcher; a kernel
     // loaded through cudarc rejects it with a typed error.
-    let Some(gpu) = backend_or_skip("gpu_by_value_struct_arguments") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_by_value_struct_arguments"));
     let compiled = gpu.compile_kernel("take_struct", TAKE_STRUCT).unwrap();
     let raw = gpu
         .load_kernel_image(compiled.ptx().as_bytes(), "take_struct")
@@ -379,9 +377,9 @@ fn gpu_by_value_struct_arguments() {
 /// and without a clip coefficient, steps 1 and 1000.
 #[test]
 fn gpu_scheduled_adamw_gives_the_eager_steps_bits() {
-    let Some((gpu, mut r)) = gpu_and_rng("gpu_scheduled_adamw_gives_the_eager_steps_bits") else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(
+        "gpu_scheduled_adamw_gives_the_eager_steps_bits"
+    ));
     let lens = multi_tensor_lengths(&mut r);
     let (s0, g, wd) = random_state(&mut r, &lens);
     for (cfg, scale) in [

@@ -199,9 +199,7 @@ const SHAPES: &[(usize, usize, usize, usize, usize)] = &[
 
 #[test]
 fn gpu_prefill_attention_matches_cpu() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_prefill_attention_matches_cpu") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_prefill_attention_matches_cpu"));
     for (&(b, t, heads, kv_heads, cap), d) in SHAPES.iter().flat_map(|s| [(s, 64), (s, 128)]) {
         let dims = DecodeDims {
             b,
@@ -255,10 +253,9 @@ fn gpu_prefill_attention_sliding_window_matches_cpu() {
 /// of width 64 and 128; at 128 the infinity sits in the second half of the row).
 #[test]
 fn gpu_prefill_attention_keeps_nan_where_it_belongs() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_prefill_attention_keeps_nan_where_it_belongs")
-    else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng(
+        "gpu_prefill_attention_keeps_nan_where_it_belongs"
+    ));
     for d in [64, 128] {
         nan_case(&gpu, &mut rng, d);
     }
@@ -324,11 +321,9 @@ fn nan_case(gpu: &CudaBackend, rng: &mut StdRng, d: usize) {
 /// Other head widths and dtypes run the cache attention with every slot 0: the same bits.
 #[test]
 fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
-    let Some((gpu, mut rng)) =
-        gpu_and_rng("gpu_prefill_attention_falls_back_to_the_cache_attention")
-    else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng(
+        "gpu_prefill_attention_falls_back_to_the_cache_attention"
+    ));
     for (d, dtype) in [
         (96, DType::BF16),
         (64, DType::F32),
@@ -381,9 +376,7 @@ fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
 /// leaves the caches as they were.
 #[test]
 fn gpu_prefill_attention_empty_calls_succeed() {
-    let Some(gpu) = backend_or_skip("gpu_prefill_attention_empty_calls_succeed") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_prefill_attention_empty_calls_succeed"));
     for d in [64, 128] {
         for (b, t) in [(0, 5), (2, 0)] {
             let dims = DecodeDims {
@@ -413,9 +406,9 @@ fn gpu_prefill_attention_empty_calls_succeed() {
 /// Bad arguments are typed errors and write nothing.
 #[test]
 fn gpu_prefill_attention_refuses_bad_arguments() {
-    let Some(gpu) = backend_or_skip("gpu_prefill_attention_refuses_bad_arguments") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip(
+        "gpu_prefill_attention_refuses_bad_arguments"
+    ));
     let dims = DecodeDims {
         b: 1,
         t: 10,

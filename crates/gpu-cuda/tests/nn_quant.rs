@@ -204,9 +204,7 @@ fn check_prefill_forms(gpu: &CudaBackend, w: &HostWeight, x: &[f32], m: usize) {
 
 #[test]
 fn gpu_matmul_quant_matches_cpu() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_matmul_quant_matches_cpu") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_matmul_quant_matches_cpu"));
     for format in FORMATS {
         for &(n, k) in SHAPES {
             for m in [1, 2, 3, 4, 7, 16, 17, 40] {
@@ -225,9 +223,9 @@ fn gpu_matmul_quant_matches_cpu() {
 /// then cuBLAS) at decode and prefill sizes, within `matmul_quant_bound`'s f32 bound.
 #[test]
 fn gpu_f16_weights_take_the_default_and_match_cpu() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_f16_weights_take_the_default_and_match_cpu") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng(
+        "gpu_f16_weights_take_the_default_and_match_cpu"
+    ));
     for &(n, k) in SHAPES {
         for m in [1, 4, 17] {
             for xd in [DType::F32, DType::BF16] {
@@ -267,11 +265,9 @@ const FORMATS: [QuantFormat; 2] = [QuantFormat::Int8, QuantFormat::Int4];
 
 #[test]
 fn gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges() {
-    let Some((gpu, mut rng)) =
-        gpu_and_rng("gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges")
-    else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng(
+        "gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges"
+    ));
     for format in FORMATS {
         for &(m, n) in GEMM_MN {
             for &k in GEMM_K {
@@ -290,10 +286,9 @@ fn gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges() {
 /// bound, in both prefill forms.
 #[test]
 fn gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row")
-    else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng(
+        "gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row"
+    ));
     let (m, n, k) = (65, 129, 136);
     for format in FORMATS {
         let (w, mut x) = random_problem(&mut rng, QuantSpec { m, n, k, format });
@@ -325,9 +320,7 @@ fn gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row() {
 /// bound (relative to `T`, which grows with x), in both prefill forms.
 #[test]
 fn gpu_matmul_quant_prefill_huge_x_within_bound() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_matmul_quant_prefill_huge_x_within_bound") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_matmul_quant_prefill_huge_x_within_bound"));
     let (m, n, k) = (17, 129, 520);
     for format in FORMATS {
         let (w, mut x) = random_problem(&mut rng, QuantSpec { m, n, k, format });
@@ -346,9 +339,9 @@ fn gpu_matmul_quant_prefill_huge_x_within_bound() {
 /// the reference, so they differ by at most twice that.
 #[test]
 fn gpu_matmul_quant_fused_and_dequant_forms_agree() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_matmul_quant_fused_and_dequant_forms_agree") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng(
+        "gpu_matmul_quant_fused_and_dequant_forms_agree"
+    ));
     for format in FORMATS {
         for (m, n, k) in [(64, 256, 512), (130, 300, 520), (17, 1000, 2048)] {
             let spec = QuantSpec { m, n, k, format };
@@ -373,9 +366,7 @@ fn gpu_matmul_quant_fused_and_dequant_forms_agree() {
 /// on both): the kernel rounds `q·s` and `+ m` as the CPU does, bf16 once from that f32.
 #[test]
 fn gpu_dequantize_matches_cpu_exactly() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_dequantize_matches_cpu_exactly") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_dequantize_matches_cpu_exactly"));
     for format in FORMATS {
         for &(n, k) in SHAPES {
             let spec = QuantSpec::weight(format, n, k);
@@ -406,9 +397,7 @@ fn dequant<B: QuantOps>(b: &B, w: &HostWeight, dtype: DType) -> Vec<f32> {
 
 #[test]
 fn gpu_quant_empty_calls_and_k_zero() {
-    let Some(gpu) = backend_or_skip("gpu_quant_empty_calls_and_k_zero") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_quant_empty_calls_and_k_zero"));
     for format in FORMATS {
         for (m, n, k) in [(0, 5, 8), (3, 0, 8), (0, 0, 0), (2, 3, 0), (9, 3, 0)] {
             let spec = QuantSpec { m, n, k, format };
@@ -430,10 +419,9 @@ fn gpu_quant_empty_calls_and_k_zero() {
 /// Every refusal of the CPU is the same typed error on CUDA.
 #[test]
 fn gpu_quant_wrong_dtypes_lengths_and_formats_are_typed_errors() {
-    let Some(gpu) = backend_or_skip("gpu_quant_wrong_dtypes_lengths_and_formats_are_typed_errors")
-    else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip(
+        "gpu_quant_wrong_dtypes_lengths_and_formats_are_typed_errors"
+    ));
     let spec = QuantSpec {
         m: 2,
         n: 3,
@@ -525,9 +513,7 @@ fn gpu_quant_wrong_dtypes_lengths_and_formats_are_typed_errors() {
 /// scratch, then cuBLAS) with the values the buffers hold at replay time.
 #[test]
 fn gpu_quant_launches_are_captured_by_a_graph() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_quant_launches_are_captured_by_a_graph") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_quant_launches_are_captured_by_a_graph"));
     for m in [1, 16] {
         let spec = QuantSpec {
             m,

@@ -269,9 +269,7 @@ every_device_test!(gpu_embedding_matches_cpu, embedding_body);
 /// norm backward's determinism: two runs give bit-identical dw and db.
 #[test]
 fn gpu_rows_large_shapes() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_rows_large_shapes") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_rows_large_shapes"));
     softmax_case(&gpu, "cuda", &mut rng, 8192, 4096);
     for (rows, cols) in [(8192, 4096), (16_384, 384)] {
         norm_case(&gpu, "cuda", &mut rng, rows, cols);
@@ -300,9 +298,7 @@ fn gpu_rows_large_shapes() {
 fn gpu_rows_random_shapes() {
     use proptest::prelude::*;
     use proptest::test_runner::TestRunner;
-    let Some(gpu) = backend_or_skip("gpu_rows_random_shapes") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_rows_random_shapes"));
     let mut runner = TestRunner::new(proptest_config("gpu_rows_random_shapes", 48));
     let shapes = (0usize..70, 1usize..14_000, any::<u64>());
     runner
@@ -511,9 +507,7 @@ every_device_test!(gpu_rows_reject_bad_arguments, errors_body);
 #[test]
 fn gpu_small_vocabulary_embedding_backward_is_deterministic() {
     let test = "gpu_small_vocabulary_embedding_backward_is_deterministic";
-    let Some(gpu) = gpu_cuda::testing::backend_or_skip(test) else {
-        return;
-    };
+    let gpu = skip_unless!(gpu_cuda::testing::backend_or_skip(test));
     let (mut r, _) = rng(test);
     for (rows, vocab, dim) in [(16384, 65, 384), (5000, 13, 37)] {
         let ids: Vec<u32> = (0..rows).map(|_| r.random_range(0..vocab as u32)).collect();

@@ -78,9 +78,7 @@ fn params(rng: &mut StdRng, vocab: usize) -> SampleParams {
 
 #[test]
 fn gpu_sample_rows_matches_cpu_bit_for_bit() {
-    let Some((gpu, mut rng)) = gpu_and_rng("gpu_sample_rows_matches_cpu_bit_for_bit") else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_sample_rows_matches_cpu_bit_for_bit"));
     let mut cases = 0;
     for &vocab in &[1usize, 3, 33, 1000, 1025, 32_000, 128_256, 151_936] {
         for case in 0..6 {
@@ -107,9 +105,9 @@ fn gpu_sample_rows_matches_cpu_bit_for_bit() {
 
 #[test]
 fn gpu_sample_rows_empty_batch_and_bad_buffers() {
-    let Some(gpu) = backend_or_skip("gpu_sample_rows_empty_batch_and_bad_buffers") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip(
+        "gpu_sample_rows_empty_batch_and_bad_buffers"
+    ));
     let p = SampleParams {
         seed: 1,
         ..gpu_core::testing::PLAIN_SAMPLING

@@ -20,9 +20,7 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
 #[test]
 fn gpu_rollout_paths_agree() {
     let test = "gpu_rollout_paths_agree";
-    let Some((gpu, mut r, seed)) = gpu_rng_and_seed(test) else {
-        return;
-    };
+    let (gpu, mut r, seed) = skip_unless!(gpu_rng_and_seed(test));
     let sm90 = gpu.has_cluster_code();
     // (members, batch, context, steps, hidden, latent, embed, head, out): the default model
     // (16 blocks a member: a non-portable cluster size), odd sizes (3 blocks a member, scalar
@@ -112,9 +110,7 @@ fn gpu_a_plan_stays_launchable_after_other_sizes_plan() {
     // block as resident and refused the cooperative grid (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
     // seen in rssm's gpu_rollout tests, whose tests plan sizes concurrently on one backend).
     let test = "gpu_a_plan_stays_launchable_after_other_sizes_plan";
-    let Some((gpu, mut r, seed)) = gpu_rng_and_seed(test) else {
-        return;
-    };
+    let (gpu, mut r, seed) = skip_unless!(gpu_rng_and_seed(test));
     let dims = |members, batch, hidden, head| RolloutDims {
         members,
         batch,

@@ -29,9 +29,7 @@ fn opening_a_device_never_panics() {
 
 #[test]
 fn gpu_device_info_and_memory_round_trip() {
-    let Some(gpu) = backend_or_skip("gpu_device_info_and_memory_round_trip") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_device_info_and_memory_round_trip"));
     let info = gpu.info();
     assert!(info.multiprocessors > 0 && info.total_memory > 0 && info.compute_capability.0 >= 7);
     assert!(gpu.memory_available().unwrap() > 0);
@@ -57,9 +55,7 @@ fn gpu_device_info_and_memory_round_trip() {
 
 #[test]
 fn gpu_out_of_memory_is_a_typed_error() {
-    let Some(gpu) = backend_or_skip("gpu_out_of_memory_is_a_typed_error") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_out_of_memory_is_a_typed_error"));
     // 64 TiB: more than any GPU has.
     match gpu.allocate(DType::F32, 1 << 44) {
         Err(GpuError::OutOfMemory { requested, free }) => {
@@ -75,9 +71,7 @@ fn gpu_out_of_memory_is_a_typed_error() {
 
 #[test]
 fn gpu_memory_pool_reuses_blocks_and_counts() {
-    let Some(gpu) = backend_or_skip("gpu_memory_pool_reuses_blocks_and_counts") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_memory_pool_reuses_blocks_and_counts"));
     let before = gpu.pool_stats();
     let a = gpu.allocate(DType::F32, 1000).unwrap();
     let s1 = gpu.pool_stats();
@@ -108,9 +102,7 @@ fn gpu_memory_pool_reuses_blocks_and_counts() {
 
 #[test]
 fn gpu_launchers_and_images_agree_bitwise() {
-    let Some(gpu) = backend_or_skip("gpu_launchers_and_images_agree_bitwise") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_launchers_and_images_agree_bitwise"));
     let (mut rng, _) = rng("launchers");
     let x = random_vec(&mut rng, (1 << 16) + 5, 6.0);
     let xs = up(&gpu, &x);
@@ -138,9 +130,9 @@ fn gpu_launchers_and_images_agree_bitwise() {
 
 #[test]
 fn gpu_every_embedded_kernel_loads_on_both_launchers() {
-    let Some(gpu) = backend_or_skip("gpu_every_embedded_kernel_loads_on_both_launchers") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip(
+        "gpu_every_embedded_kernel_loads_on_both_launchers"
+    ));
     // A launch with an impossible grid is refused before the driver, after the kernel resolves;
     // an unknown name is refused with its own error. Both launchers, both images.
     let bad = LaunchConfig {
@@ -175,9 +167,7 @@ extern "C" __global__ void vector_add(const float* a, const float* b, float* c, 
 
 #[test]
 fn gpu_nvrtc_compiles_and_runs_user_kernels() {
-    let Some(gpu) = backend_or_skip("gpu_nvrtc_compiles_and_runs_user_kernels") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_nvrtc_compiles_and_runs_user_kernels"));
     let k = gpu.compile_kernel("vector_add", SEED_B_VECTOR_ADD).unwrap();
     assert!(k.ptx().contains(".entry vector_add"));
     let (mut rng, _) = rng("nvrtc");
@@ -229,9 +219,9 @@ fn gpu_nvrtc_compiles_and_runs_user_kernels() {
 
 #[test]
 fn gpu_corrupt_module_images_are_typed_errors() {
-    let Some(gpu) = backend_or_skip("gpu_corrupt_module_images_are_typed_errors") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip(
+        "gpu_corrupt_module_images_are_typed_errors"
+    ));
     // Bit flips inside a well-framed fatbin are not caught here: the driver trusts the payload
     // (embedded kernels are protected by their sha256 instead, see gpu_kernels::KernelModule).
     let real = gpu_kernels::module("nn_elementwise").unwrap();
@@ -269,9 +259,7 @@ fn gpu_corrupt_module_images_are_typed_errors() {
 
 #[test]
 fn gpu_matmul_1024_fp32_and_tf32() {
-    let Some(gpu) = backend_or_skip("gpu_matmul_1024_fp32_and_tf32") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_matmul_1024_fp32_and_tf32"));
     let (mut rng, _) = rng("matmul 1024");
     let n = 1024;
     let (a, b) = (
@@ -302,9 +290,7 @@ fn gpu_matmul_1024_fp32_and_tf32() {
 
 #[test]
 fn gpu_shape_errors_match_the_cpu() {
-    let Some(gpu) = backend_or_skip("gpu_shape_errors_match_the_cpu") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_shape_errors_match_the_cpu"));
     let (a, b) = (up(&gpu, &[1.0; 6]), up(&gpu, &[1.0; 5]));
     let mut o = poisoned(&gpu, 6);
     assert!(matches!(
@@ -336,9 +322,7 @@ fn gpu_shape_errors_match_the_cpu() {
 
 #[test]
 fn gpu_events_time_device_work() {
-    let Some(gpu) = backend_or_skip("gpu_events_time_device_work") else {
-        return;
-    };
+    let gpu = skip_unless!(backend_or_skip("gpu_events_time_device_work"));
     let x = gpu.allocate(DType::F32, 1 << 24).unwrap();
     let mut y = gpu.allocate(DType::F32, 1 << 24).unwrap();
     let timer = GpuTimer::new(&gpu).unwrap();
@@ -350,9 +334,9 @@ fn gpu_events_time_device_work() {
 
 #[test]
 fn gpu_buffers_of_another_backend_instance_are_rejected() {
-    let Some(a) = backend_or_skip("gpu_buffers_of_another_backend_instance_are_rejected") else {
-        return;
-    };
+    let a = skip_unless!(backend_or_skip(
+        "gpu_buffers_of_another_backend_instance_are_rejected"
+    ));
     // A second instance on the same device: its own context handle, stream and pool.
     let b = gpu_cuda::CudaBackend::new(a.info().ordinal).unwrap();
     assert_ne!(a.id(), b.id());

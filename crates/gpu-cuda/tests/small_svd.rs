@@ -67,9 +67,7 @@ fn with_cond(r: &mut StdRng, l: usize, kappa: f64) -> Vec<f32> {
 #[test]
 fn gpu_jacobi_svd_matches_the_exact_svd() {
     let test = "gpu_jacobi_svd_matches_the_exact_svd";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     for (l, kappa) in [
         (1, 1.0),
         (2, 3.0),
@@ -139,9 +137,7 @@ fn gpu_jacobi_svd_matches_the_exact_svd() {
 #[test]
 fn gpu_jacobi_svd_flags_what_it_cannot_finish() {
     let test = "gpu_jacobi_svd_flags_what_it_cannot_finish";
-    let Some((gpu, mut r)) = gpu_and_rng(test) else {
-        return;
-    };
+    let (gpu, mut r) = skip_unless!(gpu_and_rng(test));
     // Rank 5 of 12: all 12 asked for is flagged (zero singular values), the first 5 are not.
     let l = 12;
     let mut a = with_cond(&mut r, l, 10.0);

@@ -206,3 +206,16 @@ macro_rules! every_device_test {
         }
     };
 }
+
+/// `skip_unless!(gpu_and_rng(test))`: what the `Some` holds, or a return from the test, which
+/// then skips (the helpers that give `None`, [`gpu_and_rng`] and `backend_or_skip`, have
+/// printed why).
+#[macro_export]
+macro_rules! skip_unless {
+    ($found:expr) => {
+        match $found {
+            Some(found) => found,
+            None => return,
+        }
+    };
+}
