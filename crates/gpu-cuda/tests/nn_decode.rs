@@ -8,8 +8,8 @@
 mod common;
 
 use common::*;
+use gpu_core::nn::decode::DecodeOps;
 use gpu_core::nn::decode::{CacheAttnIn, RopeAppendIn, RopeAppendOut};
-use gpu_core::nn::decode::{DecodeDims, DecodeOps};
 use gpu_core::nn::Primitives;
 use gpu_core::{Backend, CpuBackend, DType};
 use gpu_cuda::testing::backend_or_skip;
@@ -99,15 +99,7 @@ fn rope_case(
     rope: bool,
 ) {
     let (b, t, heads, kv_heads, d, cap) = shape;
-    let dims = DecodeDims {
-        b,
-        t,
-        heads,
-        kv_heads,
-        d,
-        cap,
-        window: None,
-    };
+    let dims = decode_dims(shape, None);
     let what = format!("{dims:?} qkv/q/cache {dt:?} rope {rope}");
     let qkv = random_vec(rng, dims.qkv_len(), 2.0);
     let theta = [10_000f64, 500_000.0][rng.random_range(0..2)];
@@ -218,15 +210,7 @@ fn attention_case(
     window: Option<usize>,
 ) {
     let (b, t, heads, kv_heads, d, cap) = shape;
-    let dims = DecodeDims {
-        b,
-        t,
-        heads,
-        kv_heads,
-        d,
-        cap,
-        window,
-    };
+    let dims = decode_dims(shape, window);
     let what = format!("{dims:?} q/cache {dt:?}");
     let scale = 1.0 / (d as f32).sqrt();
     let q = stored(&random_vec(rng, dims.q_len(), 3.0), dt[0]);
@@ -321,9 +305,7 @@ fn gpu_cache_attention_matches_cpu() {
 #[test]
 fn gpu_cache_attention_sliding_window_matches_cpu() {
     const NAME: &str = "gpu_cache_attention_sliding_window_matches_cpu";
-    let Some((gpu, mut rng)) = gpu_and_rng(NAME) else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng(NAME));
     for &shape in SHAPES {
         for window in [1, 2, 37, 64, 300, shape.5 + 5] {
             for dt in [[DType::F32, DType::F32], [DType::BF16, DType::BF16]] {
@@ -378,15 +360,7 @@ fn gpu_argmax_rows_matches_cpu() {
 #[test]
 fn gpu_slot_past_the_cache_writes_nothing() {
     let gpu = skip_unless!(backend_or_skip("gpu_slot_past_the_cache_writes_nothing"));
-    let dims = DecodeDims {
-        b: 1,
-        t: 2,
-        heads: 2,
-        kv_heads: 1,
-        d: 4,
-        cap: 3,
-        window: None,
-    };
+    let dims = decode_dims((1, 2, 2, 1, 4, 3), None);
     macro_rules! go {
         ($be:expr) => {{
             let be = $be;

@@ -201,15 +201,7 @@ const SHAPES: &[(usize, usize, usize, usize, usize)] = &[
 fn gpu_prefill_attention_matches_cpu() {
     let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_prefill_attention_matches_cpu"));
     for (&(b, t, heads, kv_heads, cap), d) in SHAPES.iter().flat_map(|s| [(s, 64), (s, 128)]) {
-        let dims = DecodeDims {
-            b,
-            t,
-            heads,
-            kv_heads,
-            d,
-            cap,
-            window: None,
-        };
+        let dims = decode_dims((b, t, heads, kv_heads, d, cap), None);
         for scale in [0.125f32, -0.3, 0.0, 1.0] {
             let c = random_case(&mut rng, dims, scale);
             check_case(
@@ -227,20 +219,10 @@ fn gpu_prefill_attention_matches_cpu() {
 #[test]
 fn gpu_prefill_attention_sliding_window_matches_cpu() {
     const NAME: &str = "gpu_prefill_attention_sliding_window_matches_cpu";
-    let Some((gpu, mut rng)) = gpu_and_rng(NAME) else {
-        return;
-    };
+    let (gpu, mut rng) = skip_unless!(gpu_and_rng(NAME));
     for (&(b, t, heads, kv_heads, cap), d) in SHAPES.iter().flat_map(|s| [(s, 64), (s, 128)]) {
         for window in [1, 2, 5, 64, 100, t, cap + 7] {
-            let dims = DecodeDims {
-                b,
-                t,
-                heads,
-                kv_heads,
-                d,
-                cap,
-                window: Some(window),
-            };
+            let dims = decode_dims((b, t, heads, kv_heads, d, cap), Some(window));
             let c = random_case(&mut rng, dims, 0.125);
             let what = format!("{dims:?} start {:?}", c.start);
             check_case(&gpu, &c, &what);
@@ -262,15 +244,7 @@ fn gpu_prefill_attention_keeps_nan_where_it_belongs() {
 }
 
 fn nan_case(gpu: &CudaBackend, rng: &mut StdRng, d: usize) {
-    let dims = DecodeDims {
-        b: 2,
-        t: 150,
-        heads: 4,
-        kv_heads: 2,
-        d,
-        cap: 200,
-        window: None,
-    };
+    let dims = decode_dims((2, 150, 4, 2, d, 200), None);
     let mut c = random_case(rng, dims, 0.125);
     c.start = vec![37, 0];
     let slot = |r: usize, g: usize, j: usize| ((r * 2 + g) * dims.cap + j) * d;
@@ -330,15 +304,7 @@ fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
         (128, DType::F32),
         (32, DType::BF16),
     ] {
-        let dims = DecodeDims {
-            b: 2,
-            t: 70,
-            heads: 4,
-            kv_heads: 2,
-            d,
-            cap: 80,
-            window: None,
-        };
+        let dims = decode_dims((2, 70, 4, 2, d, 80), None);
         let c = random_case(&mut rng, dims, 0.1);
         let got = run(&gpu, &c, dtype);
         let (q, k, v) = (
@@ -379,15 +345,7 @@ fn gpu_prefill_attention_empty_calls_succeed() {
     let gpu = skip_unless!(backend_or_skip("gpu_prefill_attention_empty_calls_succeed"));
     for d in [64, 128] {
         for (b, t) in [(0, 5), (2, 0)] {
-            let dims = DecodeDims {
-                b,
-                t,
-                heads: 2,
-                kv_heads: 1,
-                d,
-                cap: 8,
-                window: None,
-            };
+            let dims = decode_dims((b, t, 2, 1, d, 8), None);
             let cache: Vec<f32> = (0..dims.cache_len()).map(|i| i as f32).collect();
             let (q, k, v) = (
                 put(&gpu, &vec![0f32; dims.q_len()], DType::BF16),
@@ -409,15 +367,8 @@ fn gpu_prefill_attention_refuses_bad_arguments() {
     let gpu = skip_unless!(backend_or_skip(
         "gpu_prefill_attention_refuses_bad_arguments"
     ));
-    let dims = DecodeDims {
-        b: 1,
-        t: 10,
-        heads: 2,
-        kv_heads: 1,
-        d: 64,
-        cap: 8, // shorter than the prompt
-        window: None,
-    };
+    // A cache (8) shorter than the prompt (10).
+    let dims = decode_dims((1, 10, 2, 1, 64, 8), None);
     let z = |n: usize| put(&gpu, &vec![0f32; n], DType::BF16);
     let (q, k, v) = (z(dims.q_len()), z(dims.cache_len()), z(dims.cache_len()));
     let st = gpu.upload(&[0u32]).unwrap();

@@ -219,3 +219,20 @@ macro_rules! skip_unless {
         }
     };
 }
+
+/// The dims of a decode or prefill call from `(b, t, heads, kv_heads, d, cap)` (the order of
+/// the decode tests' shape tables) and the attention window.
+pub fn decode_dims(
+    (b, t, heads, kv_heads, d, cap): (usize, usize, usize, usize, usize, usize),
+    window: Option<usize>,
+) -> gpu_core::nn::decode::DecodeDims {
+    gpu_core::nn::decode::DecodeDims {
+        b,
+        t,
+        heads,
+        kv_heads,
+        d,
+        cap,
+        window,
+    }
+}
