@@ -168,26 +168,18 @@ fn gpu_transpose_scale_and_orthonormalize_are_right() {
     // Bad shapes are typed errors, before anything is queued.
     let small = gpu.allocate(DType::F32, 10).unwrap();
     let mut out = gpu.allocate(DType::F32, 10).unwrap();
-    assert!(gpu
-        .gemm_cm(
+    // (size, lda, ldb, ldc): buffers too small for 4 × 4, then a leading dimension below the rows.
+    for (n, lda, ldb, ldc) in [(4, 4, 4, 4), (2, 1, 2, 2)] {
+        let r = gpu.gemm_cm(
             (false, false),
-            (4, 4, 4),
+            (n, n, n),
             (1.0, 0.0),
-            (&small, 4),
-            (&small, 4),
-            (&mut out, 4)
-        )
-        .is_err());
-    assert!(gpu
-        .gemm_cm(
-            (false, false),
-            (2, 2, 2),
-            (1.0, 0.0),
-            (&small, 1),
-            (&small, 2),
-            (&mut out, 2)
-        )
-        .is_err());
+            (&small, lda),
+            (&small, ldb),
+            (&mut out, ldc),
+        );
+        assert!(r.is_err(), "gemm_cm {n}x{n}x{n} ld ({lda}, {ldb}, {ldc})");
+    }
     assert!(gpu
         .orthonormalize_cm((2, 5), (&mut out, 2), &mut info)
         .is_err());

@@ -171,24 +171,14 @@ fn gpu_jacobi_svd_flags_what_it_cannot_finish() {
             .jacobi_svd_cm((l, k), (&buf, 1), 1.0, (&mut o, &mut s, &mut o2), &mut flag)
             .is_err());
     }
+    // A matrix buffer too short, then a flag that is not u32.
     let short = gpu.allocate(DType::F32, 3).unwrap();
-    assert!(gpu
-        .jacobi_svd_cm(
-            (4, 2),
-            (&short, 1),
-            1.0,
-            (&mut o, &mut s, &mut o2),
-            &mut flag
-        )
-        .is_err());
     let mut f32_flag = gpu.allocate(DType::F32, 1).unwrap();
-    assert!(gpu
-        .jacobi_svd_cm(
-            (4, 2),
-            (&buf, 1),
-            1.0,
-            (&mut o, &mut s, &mut o2),
-            &mut f32_flag
-        )
-        .is_err());
+    for (what, a, flag) in [
+        ("short", &short, &mut flag),
+        ("f32 flag", &buf, &mut f32_flag),
+    ] {
+        let r = gpu.jacobi_svd_cm((4, 2), (a, 1), 1.0, (&mut o, &mut s, &mut o2), flag);
+        assert!(r.is_err(), "{what}");
+    }
 }
