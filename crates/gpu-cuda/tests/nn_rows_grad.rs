@@ -38,7 +38,10 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
 }
 
-fn assert_grad(what: &str, analytic: &[f32], fd: &[f64]) {
+/// Asserts the `analytic` gradient of `loss` at `x` matches its central differences
+/// ([`fd_grad`]).
+fn assert_grad(what: &str, analytic: &[f32], x: &[f32], loss: impl Fn(&[f32]) -> f64) {
+    let fd = &fd_grad(x, loss);
     assert_eq!(analytic.len(), fd.len(), "{what}: length");
     let scale = analytic.iter().fold(0.0f64, |m, &a| m.max(a.abs() as f64));
     let (mut num, mut den) = (0.0f64, 0.0f64);
@@ -101,8 +104,9 @@ fn check_softmax_like_bwd(test: &str, what: &str, fwd: RowFwd, bwd: RowBwd) {
         );
         let y = fwd(c, &x, cols);
         let an = bwd(c, &y, &r, cols);
-        let fd = fd_grad(&x, |x| dot(&fwd(c, x, cols), &r));
-        assert_grad(&format!("{what} {rows}x{cols}"), &an, &fd);
+        assert_grad(&format!("{what} {rows}x{cols}"), &an, &x, |x| {
+            dot(&fwd(c, x, cols), &r)
+        });
     }
 }
 
@@ -129,8 +133,9 @@ fn cross_entropy_bwd_matches_finite_differences() {
             random_vec(&mut rng, rows, 2.0),
         );
         let an = ce_bwd(c, &x, &t, &dl, cols);
-        let fd = fd_grad(&x, |x| dot(&ce_fwd(c, x, &t, cols), &dl));
-        assert_grad(&format!("cross_entropy {rows}x{cols}"), &an, &fd);
+        assert_grad(&format!("cross_entropy {rows}x{cols}"), &an, &x, |x| {
+            dot(&ce_fwd(c, x, &t, cols), &dl)
+        });
     }
 }
 
@@ -149,12 +154,15 @@ fn layernorm_bwd_matches_finite_differences() {
         let (_, mean, rstd) = ln_fwd(c, &x, &w, &b, cols, eps);
         let (dx, dw, db) = ln_bwd(c, &x, &w, &mean, &rstd, &r, cols);
         let what = format!("layernorm {rows}x{cols}");
-        let fx = fd_grad(&x, |x| dot(&ln_fwd(c, x, &w, &b, cols, eps).0, &r));
-        assert_grad(&format!("{what} dx"), &dx, &fx);
-        let fw = fd_grad(&w, |w| dot(&ln_fwd(c, &x, w, &b, cols, eps).0, &r));
-        assert_grad(&format!("{what} dw"), &dw, &fw);
-        let fb = fd_grad(&b, |b| dot(&ln_fwd(c, &x, &w, b, cols, eps).0, &r));
-        assert_grad(&format!("{what} db"), &db, &fb);
+        assert_grad(&format!("{what} dx"), &dx, &x, |x| {
+            dot(&ln_fwd(c, x, &w, &b, cols, eps).0, &r)
+        });
+        assert_grad(&format!("{what} dw"), &dw, &w, |w| {
+            dot(&ln_fwd(c, &x, w, &b, cols, eps).0, &r)
+        });
+        assert_grad(&format!("{what} db"), &db, &b, |b| {
+            dot(&ln_fwd(c, &x, &w, b, cols, eps).0, &r)
+        });
     }
 }
 
@@ -176,10 +184,12 @@ fn rmsnorm_bwd_matches_finite_differences() {
         let (_, rstd) = rms_fwd(c, &x, &w, cols, eps);
         let (dx, dw) = rms_bwd(c, &x, &w, &rstd, &r, cols);
         let what = format!("rmsnorm {rows}x{cols}");
-        let fx = fd_grad(&x, |x| dot(&rms_fwd(c, x, &w, cols, eps).0, &r));
-        assert_grad(&format!("{what} dx"), &dx, &fx);
-        let fw = fd_grad(&w, |w| dot(&rms_fwd(c, &x, w, cols, eps).0, &r));
-        assert_grad(&format!("{what} dw"), &dw, &fw);
+        assert_grad(&format!("{what} dx"), &dx, &x, |x| {
+            dot(&rms_fwd(c, x, &w, cols, eps).0, &r)
+        });
+        assert_grad(&format!("{what} dw"), &dw, &w, |w| {
+            dot(&rms_fwd(c, &x, w, cols, eps).0, &r)
+        });
     }
 }
 
