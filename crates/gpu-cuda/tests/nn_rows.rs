@@ -389,30 +389,21 @@ fn errors_body<B: Rows>(b: &B, dev: &str, _rng: &mut StdRng) {
         )));
     }
     let (mut dw, mut db) = (f(3), f(3));
-    let r = b.layernorm_bwd(
-        LayerNormBwdIn {
-            x: &f(6),
-            w: &f(3),
-            mean: &f(2),
-            rstd: &f(2),
-            dy: &f(6),
-        },
-        (&mut o6, &mut f(2), &mut db),
-        3,
-    );
-    assert!(shape(r), "{dev}");
-    let r = b.layernorm_bwd(
-        LayerNormBwdIn {
-            x: &f(6),
-            w: &f(3),
-            mean: &f(2),
-            rstd: &f(2),
-            dy: &f(5),
-        },
-        (&mut o6, &mut dw, &mut db),
-        3,
-    );
-    assert!(shape(r), "{dev}");
+    // A dw shorter than the width, then a dy shorter than x.
+    for (dw_len, dy_len) in [(2, 6), (3, 5)] {
+        let r = b.layernorm_bwd(
+            LayerNormBwdIn {
+                x: &f(6),
+                w: &f(3),
+                mean: &f(2),
+                rstd: &f(2),
+                dy: &f(dy_len),
+            },
+            (&mut o6, &mut f(dw_len), &mut db),
+            3,
+        );
+        assert!(shape(r), "{dev} dw {dw_len} dy {dy_len}");
+    }
     assert!(
         shape(b.rmsnorm_bwd(
             RmsNormBwdIn {
