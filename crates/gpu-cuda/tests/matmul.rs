@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use gpu_core::testing::every_transpose;
 use gpu_core::{MatmulOps, MatmulSpec};
 use rand::rngs::StdRng;
 
@@ -31,15 +32,7 @@ fn matmul_body<B: MatmulOps + gpu_core::nn::ElementwiseOps>(b: &B, dev: &str, rn
         (1, 5, 6, 0),
     ];
     for (batch, m, n, k) in cases {
-        for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
-            let s = MatmulSpec {
-                batch,
-                m,
-                n,
-                k,
-                trans_a,
-                trans_b,
-            };
+        for s in every_transpose((batch, m, n, k)) {
             let (x, y) = (
                 random_vec(rng, batch * m * k, 1.0),
                 random_vec(rng, batch * k * n, 1.0),

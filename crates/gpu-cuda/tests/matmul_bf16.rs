@@ -47,12 +47,8 @@ fn gpu_bf16_skinny_matmul_matches_its_reference_within_the_accumulation_bound() 
     for m in [1, 2, 3, 5, 8, 9, 16] {
         for (n, k) in [(1, 8), (37, 72), (1030, 2056), (3, 8192)] {
             let s = MatmulSpec {
-                batch: 1,
-                m,
-                n,
-                k,
-                trans_a: false,
                 trans_b: true,
+                ..MatmulSpec::new(m, n, k)
             };
             case(&gpu, &mut r, s);
         }
