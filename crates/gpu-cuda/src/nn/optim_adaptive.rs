@@ -6,12 +6,12 @@
 //! ([`CudaBackend::prodigy_accumulate`]), one block that sums them and updates the f64 scalars
 //! on the device, the parameter update. No host transfer, so a CUDA graph can record it.
 
-use super::optim::{blocks_config, pack, total_blocks, Chunk, Entry, Layout};
+use super::optim::{pack, total_blocks, Chunk, Entry, Layout};
 use crate::backend::CudaBackend;
 use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
 use gpu_core::nn::optim_adaptive::{ProdigyConfig, StepScalars};
-use gpu_core::{Backend, BufferInfo, DType, Result};
+use gpu_core::{Backend, DType, Result};
 
 /// Tensors per Prodigy launch (`MT6_MAX` in the kernel).
 const MT6_MAX: usize = 48;
