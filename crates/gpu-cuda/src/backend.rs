@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 mod launches;
+pub use launches::Grouping;
 
 /// Environment variable choosing the launcher: `cudarc` (default) or `raw`.
 pub const LAUNCH_ENV: &str = "HYBRID_CUDA_LAUNCH";

@@ -27,7 +27,7 @@ pub mod small_svd;
 pub mod testing;
 mod timer;
 
-pub use backend::{CudaBackend, DeviceInfo};
+pub use backend::{CudaBackend, DeviceInfo, Grouping};
 pub use error::{describe_driver_error, is_cooperative_launch_too_large};
 pub use gpu_core::probe::{cuda_device_count, cuda_is_available};
 pub use launch::{KernelArg, LaunchConfig, LaunchPath};

@@ -3,6 +3,7 @@
 //! affine and dropout compute exactly what the kernels compute in f32.
 
 use super::par::{for_chunks, Strided};
+use super::rows::embedding_ids;
 use super::widen::{self, is_bf16, via_f32};
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::Result;
@@ -316,7 +317,13 @@ impl Primitives for CpuBackend {
         out: &mut CpuStorage,
         dim: usize,
     ) -> Result<()> {
-        crate::nn::RowOps::embedding_fwd(self, ids, table, out, dim)
+        let _p = super::profile::scope("embedding_fwd");
+        let (ids, _) = embedding_ids("embedding_fwd", ids, table, out, dim)?;
+        let table = table.as_f32()?;
+        for (&id, or) in ids.iter().zip(out.as_f32_mut()?.chunks_exact_mut(dim)) {
+            or.copy_from_slice(&table[id as usize * dim..][..dim]);
+        }
+        Ok(())
     }
 
     fn scatter_add_rows(
@@ -326,7 +333,19 @@ impl Primitives for CpuBackend {
         dst: &mut CpuStorage,
         dim: usize,
     ) -> Result<()> {
-        crate::nn::RowOps::embedding_bwd(self, ids, src, dst, dim)
+        let _p = super::profile::scope("embedding_bwd");
+        let (ids, vocab) = embedding_ids("embedding_bwd", ids, dst, src, dim)?;
+        let src = src.as_f32()?;
+        let mut acc = super::try_zeroed_vec::<f64>(vocab * dim)?;
+        for (&id, dr) in ids.iter().zip(src.chunks_exact(dim)) {
+            for (a, &g) in acc[id as usize * dim..][..dim].iter_mut().zip(dr) {
+                *a += g as f64;
+            }
+        }
+        for (o, a) in dst.as_f32_mut()?.iter_mut().zip(acc) {
+            *o = a as f32;
+        }
+        Ok(())
     }
 }
 

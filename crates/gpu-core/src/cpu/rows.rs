@@ -71,7 +71,7 @@ fn map_rows_bwd(
 
 /// The checks of an embedding pass ([`check_embedding`] and every id `< vocab`): the ids as a
 /// slice and the table's `vocab`.
-fn embedding_ids<'a>(
+pub(super) fn embedding_ids<'a>(
     op: &'static str,
     ids: &'a CpuStorage,
     table: &CpuStorage,
@@ -375,44 +375,6 @@ impl RowOps for CpuBackend {
                 or[i + h] = (b * c + a * s) as f32;
             }
         });
-        Ok(())
-    }
-
-    fn embedding_fwd(
-        &self,
-        ids: &CpuStorage,
-        table: &CpuStorage,
-        out: &mut CpuStorage,
-        dim: usize,
-    ) -> Result<()> {
-        let _p = super::profile::scope("embedding_fwd");
-        let (ids, _) = embedding_ids("embedding_fwd", ids, table, out, dim)?;
-        let table = table.as_f32()?;
-        for (&id, or) in ids.iter().zip(out.as_f32_mut()?.chunks_exact_mut(dim)) {
-            or.copy_from_slice(&table[id as usize * dim..][..dim]);
-        }
-        Ok(())
-    }
-
-    fn embedding_bwd(
-        &self,
-        ids: &CpuStorage,
-        dout: &CpuStorage,
-        dtable: &mut CpuStorage,
-        dim: usize,
-    ) -> Result<()> {
-        let _p = super::profile::scope("embedding_bwd");
-        let (ids, vocab) = embedding_ids("embedding_bwd", ids, dtable, dout, dim)?;
-        let dout = dout.as_f32()?;
-        let mut acc = super::try_zeroed_vec::<f64>(vocab * dim)?;
-        for (&id, dr) in ids.iter().zip(dout.chunks_exact(dim)) {
-            for (a, &g) in acc[id as usize * dim..][..dim].iter_mut().zip(dr) {
-                *a += g as f64;
-            }
-        }
-        for (o, a) in dtable.as_f32_mut()?.iter_mut().zip(acc) {
-            *o = a as f32;
-        }
         Ok(())
     }
 }

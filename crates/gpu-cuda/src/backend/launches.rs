@@ -3,6 +3,21 @@
 
 use super::*;
 
+/// How [`CudaBackend::launch_grouped`] groups a launch's blocks.
+/// The default: neither cooperative nor clustered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Grouping {
+    /// Every block resident at once, as grid-wide barriers need: `cfg.grid_dim.0` must not
+    /// exceed [`CudaBackend::cooperative_grid`] for the same block and shared memory (the
+    /// driver refuses a larger grid with an error). Otherwise the blocks need not all be
+    /// resident at once.
+    pub cooperative: bool,
+    /// Thread-block clusters of this many consecutive blocks along x; 0: no clusters. At most
+    /// 8, the portable size, unless [`CudaBackend::max_clusters`] allowed more for the kernel;
+    /// sm_90 and later (the driver refuses clusters elsewhere, with an error).
+    pub cluster: u32,
+}
+
 impl CudaBackend {
     /// An embedded kernel's raw-driver function, its context bound to this thread and its
     /// dynamic shared memory limit at least `smem` (for the occupancy queries).
@@ -101,77 +116,26 @@ impl CudaBackend {
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<()> {
-        let f = self.checked_raw_function(kernel, &cfg, args)?;
-        let _pass = self.pass();
-        self.bind()?;
-        self.raise_dynamic_smem(f.func, cfg.shared_mem_bytes)?;
-        // SAFETY: this function's contract; `f` is from this instance's cache, still loaded.
-        unsafe { launch::launch_raw(&self.inner.stream, f.func, cfg, args) }
+        // SAFETY: this function's contract (neither cooperative nor clustered).
+        unsafe { self.launch_grouped(kernel, cfg, args, Grouping::default()) }
     }
 
-    /// Launches an embedded kernel cooperatively: every block resident at once, as grid-wide
-    /// barriers need. `cfg.grid_dim.0` must not exceed [`CudaBackend::cooperative_grid`] for
-    /// the same block and shared memory (the driver refuses a larger grid with an error).
+    /// Launches an embedded kernel with its blocks grouped as `group` says: cooperatively
+    /// and/or in thread-block clusters (see [`Grouping`]).
     ///
     /// # Safety
     /// As [`CudaBackend::launch`].
-    pub unsafe fn launch_cooperative(
+    pub unsafe fn launch_grouped(
         &self,
         kernel: &str,
         cfg: LaunchConfig,
         args: &[KernelArg],
+        group: Grouping,
     ) -> Result<()> {
-        // SAFETY: this function's contract.
-        unsafe { self.launch_grouped(kernel, cfg, args, true, 0) }
-    }
-
-    /// As [`CudaBackend::launch_cooperative`], with the blocks grouped into thread-block
-    /// clusters of `cluster` consecutive blocks along x (see [`CudaBackend::max_clusters`]).
-    ///
-    /// # Safety
-    /// As [`CudaBackend::launch`].
-    pub unsafe fn launch_cooperative_clustered(
-        &self,
-        kernel: &str,
-        cfg: LaunchConfig,
-        args: &[KernelArg],
-        cluster: u32,
-    ) -> Result<()> {
-        // SAFETY: this function's contract.
-        unsafe { self.launch_grouped(kernel, cfg, args, true, cluster) }
-    }
-
-    /// Launches an embedded kernel with its blocks grouped into thread-block clusters of
-    /// `cluster` consecutive blocks along x (at most 8, the portable size; sm_90 and later: the
-    /// driver refuses it elsewhere, with an error). Not cooperative: the blocks need not all be
-    /// resident at once.
-    ///
-    /// # Safety
-    /// As [`CudaBackend::launch`].
-    pub unsafe fn launch_clustered(
-        &self,
-        kernel: &str,
-        cfg: LaunchConfig,
-        args: &[KernelArg],
-        cluster: u32,
-    ) -> Result<()> {
-        // SAFETY: this function's contract.
-        unsafe { self.launch_grouped(kernel, cfg, args, false, cluster) }
-    }
-
-    /// The raw-driver launch of an embedded kernel, cooperative or not, in clusters of
-    /// `cluster` blocks along x (0: no clusters).
-    ///
-    /// # Safety
-    /// As [`CudaBackend::launch`].
-    unsafe fn launch_grouped(
-        &self,
-        kernel: &str,
-        cfg: LaunchConfig,
-        args: &[KernelArg],
-        cooperative: bool,
-        cluster: u32,
-    ) -> Result<()> {
+        let Grouping {
+            cooperative,
+            cluster,
+        } = group;
         let f = self.checked_raw_function(kernel, &cfg, args)?;
         let _pass = self.pass();
         // The launch's own dynamic shared memory, whatever an earlier query left set.

@@ -315,7 +315,7 @@ impl Primitives for CudaBackend {
         inner: usize,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        self.reduce_axis_impl(op, x, outer, n, inner, out)
+        self.reduce_axis_impl(op, (x, out), [outer, n, inner])
     }
 
     fn copy_blocks(&self, src: &CudaBuffer, dst: &mut CudaBuffer, copy: BlockCopy) -> Result<()> {

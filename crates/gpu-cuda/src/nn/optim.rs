@@ -4,14 +4,19 @@
 //! ([`KernelArg::Bytes`], so these launches take the raw driver path): up to 64 tensors per
 //! launch with their pointers, lengths and AdamW decay factors, and the prefix sums of their
 //! block counts, from which each block finds its tensor and chunk. Empty tensors are left out;
-//! tensors longer than 2^30 elements are split into pieces.
+//! tensors longer than 2^30 elements are split into pieces. Schedule-Free AdamW and the lerp
+//! use the same struct; Prodigy's `MultiTensor6` and its passes are in `super::optim_adaptive`.
 
+use super::optim_adaptive::{chunks6, prodigy_args, scalar_args, Entry6, ProdigyRun};
 use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::optim::{
     adamw_scalars, check_clip, AdamWBuffers, AdamWConfig, OptimOps, ProdigyBuffers, ProdigyConfig,
     ScheduleFreeBuffers, ScheduleFreeConfig, StepScalars,
+};
+use gpu_core::nn::optim_adaptive::{
+    check_lerp_params, shared, PRODIGY_SCHEDULE_LEN, SF_SCHEDULE_LEN,
 };
 use gpu_core::{Backend, BufferInfo, DType, GpuError, Result};
 
@@ -24,16 +29,6 @@ pub(super) const MT_THREADS: u32 = 256;
 /// Longest piece of a tensor in one entry: a multiple of `MT_CHUNK`, so pieces stay 16-byte
 /// aligned, and small enough for the kernel's 32-bit lengths and block counts.
 pub(super) const PIECE: usize = 1 << 30;
-
-/// Byte offsets of the fields of `struct MultiTensor` (static_assert'ed in the kernel): the
-/// pointer rows p, g, m, v of [`MT_MAX`] u64 each from byte 0, then the rest.
-mod layout {
-    pub const N: usize = 2048;
-    pub const DECAY: usize = 2304;
-    pub const BLOCK_START: usize = 2560;
-    pub const COUNT: usize = 2820;
-    pub const SIZE: usize = 2824;
-}
 
 /// One tensor (or piece of one): the device addresses of its `K` buffers (p, g, m, v for
 /// `MultiTensor`; 0 where unused), its length and its AdamW decay factor `1 − lr·wd`.
@@ -75,15 +70,29 @@ pub(super) struct Layout {
     pub(super) size: usize,
 }
 
-/// `struct MultiTensor`: [`MT_MAX`] tensors of four buffers.
-const MULTI_TENSOR: Layout = Layout {
-    max: MT_MAX,
-    n: layout::N,
-    decay: layout::DECAY,
-    block_start: layout::BLOCK_START,
-    count: layout::COUNT,
-    size: layout::SIZE,
-};
+impl Layout {
+    /// The layout of a struct of `buffers` pointer rows of `max` u64 each from byte 0, then
+    /// `u32 n[max]`, `float decay[max]`, `u32 block_start[max + 1]` and `u32 count`, its size
+    /// rounded up to the pointers' 8-byte alignment (as the kernels declare and
+    /// static_assert them).
+    pub(super) const fn of(buffers: usize, max: usize) -> Layout {
+        let n = 8 * buffers * max;
+        let decay = n + 4 * max;
+        let block_start = decay + 4 * max;
+        let count = block_start + 4 * (max + 1);
+        Layout {
+            max,
+            n,
+            decay,
+            block_start,
+            count,
+            size: (count + 4).next_multiple_of(8),
+        }
+    }
+}
+
+/// `struct MultiTensor`: [`MT_MAX`] tensors of four buffers (p, g, m, v).
+const MULTI_TENSOR: Layout = Layout::of(4, MT_MAX);
 
 fn put(bytes: &mut [u8], at: usize, v: &[u8]) {
     bytes[at..at + v.len()].copy_from_slice(v);
@@ -197,7 +206,36 @@ impl OptimOps for CudaBackend {
         cfg: ScheduleFreeConfig,
         scalars: StepScalars<'_, CudaBuffer>,
     ) -> Result<()> {
-        self.schedule_free_impl(bufs, cfg, scalars)
+        const OP: &str = "schedule_free_step";
+        bufs.check(cfg, &scalars)?;
+        self.check_owned(OP, &bufs.buffers())?;
+        if let StepScalars::Device(b) = scalars {
+            self.check_owned(OP, &[b])?;
+        }
+        let entries = (0..bufs.params.len()).map(|i| Entry {
+            ptrs: bufs.row(i).map(|b| b.device_ptr()),
+            len: bufs.params[i].len(),
+            decay: bufs.weight_decay[i],
+        });
+        let (vals, sched_ptr) = scalar_args(&scalars, SF_SCHEDULE_LEN);
+        let scale_ptr = bufs.grad_scale.map_or(0, |s| s.device_ptr());
+        for c in chunks(entries) {
+            let mut args = vec![
+                KernelArg::Bytes(c.bytes),
+                KernelArg::Ptr(scale_ptr),
+                KernelArg::F32(cfg.beta2),
+                KernelArg::F32(cfg.eps),
+            ];
+            args.extend(vals.iter().map(|&x| KernelArg::F32(x)));
+            args.push(KernelArg::Ptr(sched_ptr));
+            // SAFETY: sf_adamw_f32(MultiTensor a, const float* grad_scale, float beta2, eps, lr,
+            // ckp1, y_lr, bc2, const float* schedule): `a` names live, distinct (&mut) f32 y, z,
+            // v and f32 g buffers of `n[i]` elements each (check_lists), of this backend;
+            // grad_scale is null or 2 f32, schedule null or 4 f32 of this backend (checked
+            // above); the grid has block_start[count] blocks.
+            unsafe { self.launch("sf_adamw_f32", blocks_config(c.blocks), &args) }?;
+        }
+        Ok(())
     }
 
     fn lerp_params(
@@ -206,7 +244,24 @@ impl OptimOps for CudaBackend {
         ends: &[&CudaBuffer],
         weight: f32,
     ) -> Result<()> {
-        self.lerp_params_impl(params, ends, weight)
+        const OP: &str = "lerp_params";
+        let ps = shared(params);
+        check_lerp_params(&ps, ends, weight)?;
+        self.check_owned(OP, &ps)?;
+        self.check_owned(OP, ends)?;
+        let entries = ps.iter().zip(ends).map(|(p, e)| Entry {
+            ptrs: [p.device_ptr(), e.device_ptr(), 0, 0],
+            len: p.len(),
+            decay: 0.0,
+        });
+        for c in chunks(entries) {
+            let args = [KernelArg::Bytes(c.bytes), KernelArg::F32(weight)];
+            // SAFETY: lerp_f32(MultiTensor a, float w): `a` names live f32 parameter buffers
+            // (distinct, &mut) and f32 ends of `n[i]` elements each (check_lists), of this
+            // backend; the grid has block_start[count] blocks.
+            unsafe { self.launch("lerp_f32", blocks_config(c.blocks), &args) }?;
+        }
+        Ok(())
     }
 
     fn prodigy_step(
@@ -216,7 +271,41 @@ impl OptimOps for CudaBackend {
         lr: StepScalars<'_, CudaBuffer>,
         scalars: &mut CudaBuffer,
     ) -> Result<()> {
-        self.prodigy_impl(bufs, cfg, lr, scalars)
+        const OP: &str = "prodigy_step";
+        bufs.check(cfg, &lr, scalars)?;
+        self.check_owned(OP, &bufs.buffers())?;
+        if let StepScalars::Device(b) = lr {
+            self.check_owned(OP, &[b])?;
+        }
+        self.check_owned(OP, &[&*scalars])?;
+        let entries = (0..bufs.params.len()).map(|i| Entry6 {
+            ptrs: bufs.row(i).map(|b| b.device_ptr()),
+            len: bufs.params[i].len(),
+            decay: bufs.weight_decay[i],
+        });
+        let chunks = chunks6(entries);
+        let (vals, lr_ptr) = scalar_args(&lr, PRODIGY_SCHEDULE_LEN);
+        let run = ProdigyRun {
+            args: prodigy_args(&cfg),
+            scale_ptr: bufs.grad_scale.map_or(0, |s| s.device_ptr()),
+            lr: vals[0],
+            lr_ptr,
+        };
+        self.prodigy_accumulate(&chunks, &run, scalars)?;
+        for c in &chunks {
+            let args = [
+                KernelArg::Bytes(c.bytes.clone()),
+                KernelArg::Ptr(run.scale_ptr),
+                KernelArg::Bytes(run.args.clone()),
+                (&*scalars).into(),
+            ];
+            // SAFETY: prodigy_update_f32(MultiTensor6 a, const float* grad_scale, ProdigyArgs c,
+            // const double* sc): `a` names live f32 p (&mut), g, m, v buffers of `n[i]`
+            // elements (check_lists) of this backend; grad_scale null or 2 f32; sc the 8 f64 of
+            // `scalars` (16 f32 words, check_prodigy_scalars); block_start[count] blocks.
+            unsafe { self.launch("prodigy_update_f32", blocks_config(c.blocks), &args) }?;
+        }
+        Ok(())
     }
 }
 
@@ -312,6 +401,16 @@ pub(super) mod tests {
         u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
     }
 
+    /// The offsets `Layout::of` computes are the ones `kernels/nn_optim.cu` static_asserts
+    /// for `MultiTensor` and `MultiTensor6` (n, decay, block_start, count, size).
+    #[test]
+    fn layouts_match_the_kernels_structs() {
+        let fields = |l: &Layout| [l.n, l.decay, l.block_start, l.count, l.size];
+        assert_eq!(fields(&MULTI_TENSOR), [2048, 2304, 2560, 2820, 2824]);
+        let six = Layout::of(6, 48);
+        assert_eq!(fields(&six), [2304, 2496, 2688, 2884, 2888]);
+    }
+
     #[test]
     fn chunks_pack_64_tensors_per_launch_and_skip_empty_ones() {
         let e = |len: usize| Entry {
@@ -324,18 +423,18 @@ pub(super) mod tests {
         let c = chunks(list);
         assert_eq!(c.len(), 2, "73 non-empty tensors take two launches");
         let b = &c[0].bytes;
-        assert_eq!(b.len(), layout::SIZE);
-        assert_eq!(u32_at(b, layout::COUNT), 64);
-        assert_eq!(u32_at(b, layout::N), 1);
-        assert_eq!(u32_at(b, layout::N + 4), 4096);
-        assert_eq!(u32_at(b, layout::N + 8), 4097);
+        assert_eq!(b.len(), MULTI_TENSOR.size);
+        assert_eq!(u32_at(b, MULTI_TENSOR.count), 64);
+        assert_eq!(u32_at(b, MULTI_TENSOR.n), 1);
+        assert_eq!(u32_at(b, MULTI_TENSOR.n + 4), 4096);
+        assert_eq!(u32_at(b, MULTI_TENSOR.n + 8), 4097);
         // Block starts: 0, 1, 2, then 4 (the 4097-element tensor takes two blocks).
         let starts: Vec<u32> = (0..5)
-            .map(|i| u32_at(b, layout::BLOCK_START + 4 * i))
+            .map(|i| u32_at(b, MULTI_TENSOR.block_start + 4 * i))
             .collect();
         assert_eq!(starts, vec![0, 1, 2, 4, 5]);
-        assert_eq!(c[0].blocks, u32_at(b, layout::BLOCK_START + 4 * 64));
-        assert_eq!(u32_at(&c[1].bytes, layout::COUNT), 9);
+        assert_eq!(c[0].blocks, u32_at(b, MULTI_TENSOR.block_start + 4 * 64));
+        assert_eq!(u32_at(&c[1].bytes, MULTI_TENSOR.count), 9);
         assert_eq!(c[1].blocks, 9);
     }
 

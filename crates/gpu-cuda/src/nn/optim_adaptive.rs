@@ -1,55 +1,35 @@
-//! Schedule-Free AdamW, the parameter lerp and Prodigy on CUDA (kernels of
-//! `kernels/nn_optim.cu`). Schedule-Free AdamW and the lerp use AdamW's `MultiTensor` (64
-//! tensors a launch, `super::optim::chunks`); Prodigy's six buffers a tensor take a
-//! `MultiTensor6` of 48 tensors a launch, packed here. Prodigy's step is three launches
-//! (per 48 tensors for the first and last) on the stream: moments and per-block f64 sums, one
-//! block that sums them and updates the f64 scalars on the device, the parameter update. No
-//! host transfer, so a CUDA graph can record it.
+//! Prodigy's pieces on CUDA (kernels of `kernels/nn_optim.cu`): its six buffers a tensor take
+//! a `MultiTensor6` of 48 tensors a launch, packed here, and its hyper-parameters a
+//! `ProdigyArgs`; the step (in the [`gpu_core::nn::OptimOps`] impl of `super::optim`, beside
+//! Schedule-Free AdamW and the lerp, which use AdamW's `MultiTensor`) is three launches (per 48
+//! tensors for the first and last) on the stream: moments and per-block f64 sums
+//! ([`CudaBackend::prodigy_accumulate`]), one block that sums them and updates the f64 scalars
+//! on the device, the parameter update. No host transfer, so a CUDA graph can record it.
 
-use super::optim::{blocks_config, chunks, pack, total_blocks, Chunk, Entry, Layout};
+use super::optim::{pack, total_blocks, Chunk, Entry, Layout};
 use crate::backend::CudaBackend;
 use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
-use gpu_core::nn::optim_adaptive::{
-    check_lerp_params, shared, ProdigyBuffers, ProdigyConfig, ScheduleFreeBuffers,
-    ScheduleFreeConfig, StepScalars, PRODIGY_SCHEDULE_LEN, SF_SCHEDULE_LEN,
-};
-use gpu_core::{Backend, BufferInfo, DType, Result};
+use gpu_core::nn::optim_adaptive::{ProdigyConfig, StepScalars};
+use gpu_core::{Backend, DType, Result};
 
 /// Tensors per Prodigy launch (`MT6_MAX` in the kernel).
 const MT6_MAX: usize = 48;
 
-/// Byte offsets of `struct MultiTensor6` (static_assert'ed in the kernel): six pointer rows
-/// (p, g, p0, s, m, v) of [`MT6_MAX`] u64 each from byte 0, then the rest.
-mod layout6 {
-    pub const N: usize = 2304;
-    pub const DECAY: usize = 2496;
-    pub const BLOCK_START: usize = 2688;
-    pub const COUNT: usize = 2884;
-    pub const SIZE: usize = 2888;
-}
-
-/// `struct MultiTensor6`: [`MT6_MAX`] tensors of six buffers.
-const MULTI_TENSOR6: Layout = Layout {
-    max: MT6_MAX,
-    n: layout6::N,
-    decay: layout6::DECAY,
-    block_start: layout6::BLOCK_START,
-    count: layout6::COUNT,
-    size: layout6::SIZE,
-};
+/// `struct MultiTensor6`: [`MT6_MAX`] tensors of six buffers (p, g, p0, s, m, v).
+const MULTI_TENSOR6: Layout = Layout::of(6, MT6_MAX);
 
 /// One Prodigy tensor (or piece): addresses of p, g, p0, s, m, v, its length, its weight decay.
-type Entry6 = Entry<6>;
+pub(super) type Entry6 = Entry<6>;
 
 /// Packs the entries into `MultiTensor6` launches of up to [`MT6_MAX`] tensors each.
-fn chunks6(entries: impl IntoIterator<Item = Entry6>) -> Vec<Chunk> {
+pub(super) fn chunks6(entries: impl IntoIterator<Item = Entry6>) -> Vec<Chunk> {
     pack(&MULTI_TENSOR6, entries)
 }
 
 /// `struct ProdigyArgs` (32 bytes): the hyper-parameters and the flags
 /// (1 decouple, 2 use_bias_correction, 4 safeguard_warmup).
-fn prodigy_args(cfg: &ProdigyConfig) -> Vec<u8> {
+pub(super) fn prodigy_args(cfg: &ProdigyConfig) -> Vec<u8> {
     let flags = cfg.decouple as u32
         | (cfg.use_bias_correction as u32) << 1
         | (cfg.safeguard_warmup as u32) << 2;
@@ -69,7 +49,7 @@ fn prodigy_args(cfg: &ProdigyConfig) -> Vec<u8> {
 
 /// The value and device pointer arguments of a step's scalars: the values (zeros for a device
 /// schedule, which the kernel reads instead) and the schedule's pointer (0 for host values).
-fn scalar_args(s: &StepScalars<'_, CudaBuffer>, len: usize) -> (Vec<f32>, u64) {
+pub(super) fn scalar_args(s: &StepScalars<'_, CudaBuffer>, len: usize) -> (Vec<f32>, u64) {
     match s {
         StepScalars::Host(v) => (v.to_vec(), 0),
         StepScalars::Device(b) => (vec![0.0; len], b.device_ptr()),
@@ -77,119 +57,8 @@ fn scalar_args(s: &StepScalars<'_, CudaBuffer>, len: usize) -> (Vec<f32>, u64) {
 }
 
 impl CudaBackend {
-    /// [`gpu_core::nn::OptimOps::schedule_free_step`] on CUDA.
-    pub(super) fn schedule_free_impl(
-        &self,
-        bufs: ScheduleFreeBuffers<'_, '_, CudaBuffer>,
-        cfg: ScheduleFreeConfig,
-        scalars: StepScalars<'_, CudaBuffer>,
-    ) -> Result<()> {
-        const OP: &str = "schedule_free_step";
-        bufs.check(cfg, &scalars)?;
-        self.check_owned(OP, &bufs.buffers())?;
-        if let StepScalars::Device(b) = scalars {
-            self.check_owned(OP, &[b])?;
-        }
-        let entries = (0..bufs.params.len()).map(|i| Entry {
-            ptrs: bufs.row(i).map(|b| b.device_ptr()),
-            len: bufs.params[i].len(),
-            decay: bufs.weight_decay[i],
-        });
-        let (vals, sched_ptr) = scalar_args(&scalars, SF_SCHEDULE_LEN);
-        let scale_ptr = bufs.grad_scale.map_or(0, |s| s.device_ptr());
-        for c in chunks(entries) {
-            let mut args = vec![
-                KernelArg::Bytes(c.bytes),
-                KernelArg::Ptr(scale_ptr),
-                KernelArg::F32(cfg.beta2),
-                KernelArg::F32(cfg.eps),
-            ];
-            args.extend(vals.iter().map(|&x| KernelArg::F32(x)));
-            args.push(KernelArg::Ptr(sched_ptr));
-            // SAFETY: sf_adamw_f32(MultiTensor a, const float* grad_scale, float beta2, eps, lr,
-            // ckp1, y_lr, bc2, const float* schedule): `a` names live, distinct (&mut) f32 y, z,
-            // v and f32 g buffers of `n[i]` elements each (check_lists), of this backend;
-            // grad_scale is null or 2 f32, schedule null or 4 f32 of this backend (checked
-            // above); the grid has block_start[count] blocks.
-            unsafe { self.launch("sf_adamw_f32", blocks_config(c.blocks), &args) }?;
-        }
-        Ok(())
-    }
-
-    /// [`gpu_core::nn::OptimOps::lerp_params`] on CUDA.
-    pub(super) fn lerp_params_impl(
-        &self,
-        params: &mut [&mut CudaBuffer],
-        ends: &[&CudaBuffer],
-        weight: f32,
-    ) -> Result<()> {
-        const OP: &str = "lerp_params";
-        let ps = shared(params);
-        check_lerp_params(&ps, ends, weight)?;
-        self.check_owned(OP, &ps)?;
-        self.check_owned(OP, ends)?;
-        let entries = ps.iter().zip(ends).map(|(p, e)| Entry {
-            ptrs: [p.device_ptr(), e.device_ptr(), 0, 0],
-            len: p.len(),
-            decay: 0.0,
-        });
-        for c in chunks(entries) {
-            let args = [KernelArg::Bytes(c.bytes), KernelArg::F32(weight)];
-            // SAFETY: lerp_f32(MultiTensor a, float w): `a` names live f32 parameter buffers
-            // (distinct, &mut) and f32 ends of `n[i]` elements each (check_lists), of this
-            // backend; the grid has block_start[count] blocks.
-            unsafe { self.launch("lerp_f32", blocks_config(c.blocks), &args) }?;
-        }
-        Ok(())
-    }
-
-    /// [`gpu_core::nn::OptimOps::prodigy_step`] on CUDA: three launches, no host transfer.
-    pub(super) fn prodigy_impl(
-        &self,
-        bufs: ProdigyBuffers<'_, '_, CudaBuffer>,
-        cfg: ProdigyConfig,
-        lr: StepScalars<'_, CudaBuffer>,
-        scalars: &mut CudaBuffer,
-    ) -> Result<()> {
-        const OP: &str = "prodigy_step";
-        bufs.check(cfg, &lr, scalars)?;
-        self.check_owned(OP, &bufs.buffers())?;
-        if let StepScalars::Device(b) = lr {
-            self.check_owned(OP, &[b])?;
-        }
-        self.check_owned(OP, &[&*scalars])?;
-        let entries = (0..bufs.params.len()).map(|i| Entry6 {
-            ptrs: bufs.row(i).map(|b| b.device_ptr()),
-            len: bufs.params[i].len(),
-            decay: bufs.weight_decay[i],
-        });
-        let chunks = chunks6(entries);
-        let (vals, lr_ptr) = scalar_args(&lr, PRODIGY_SCHEDULE_LEN);
-        let run = ProdigyRun {
-            args: prodigy_args(&cfg),
-            scale_ptr: bufs.grad_scale.map_or(0, |s| s.device_ptr()),
-            lr: vals[0],
-            lr_ptr,
-        };
-        self.prodigy_accumulate(&chunks, &run, scalars)?;
-        for c in &chunks {
-            let args = [
-                KernelArg::Bytes(c.bytes.clone()),
-                KernelArg::Ptr(run.scale_ptr),
-                KernelArg::Bytes(run.args.clone()),
-                (&*scalars).into(),
-            ];
-            // SAFETY: prodigy_update_f32(MultiTensor6 a, const float* grad_scale, ProdigyArgs c,
-            // const double* sc): `a` names live f32 p (&mut), g, m, v buffers of `n[i]`
-            // elements (check_lists) of this backend; grad_scale null or 2 f32; sc the 8 f64 of
-            // `scalars` (16 f32 words, check_prodigy_scalars); block_start[count] blocks.
-            unsafe { self.launch("prodigy_update_f32", blocks_config(c.blocks), &args) }?;
-        }
-        Ok(())
-    }
-
     /// Prodigy's first two passes: moments and per-block sums, then the scalars' update.
-    fn prodigy_accumulate(
+    pub(super) fn prodigy_accumulate(
         &self,
         chunks: &[Chunk],
         run: &ProdigyRun,
@@ -242,11 +111,15 @@ impl CudaBackend {
 }
 
 /// The launch arguments shared by Prodigy's passes.
-struct ProdigyRun {
-    args: Vec<u8>,
-    scale_ptr: u64,
-    lr: f32,
-    lr_ptr: u64,
+pub(super) struct ProdigyRun {
+    /// The `ProdigyArgs` bytes ([`prodigy_args`]).
+    pub(super) args: Vec<u8>,
+    /// The clip coefficient's device pointer (0: none).
+    pub(super) scale_ptr: u64,
+    /// The learning rate (0 for a device schedule).
+    pub(super) lr: f32,
+    /// The learning rate's device pointer (0 for a host value).
+    pub(super) lr_ptr: u64,
 }
 
 #[cfg(test)]
@@ -266,17 +139,17 @@ mod tests {
         let c = chunks6(list);
         assert_eq!(c.len(), 2, "51 non-empty tensors take two launches");
         let b = &c[0].bytes;
-        assert_eq!(b.len(), layout6::SIZE);
-        assert_eq!(u32_at(b, layout6::COUNT), 48);
-        assert_eq!(u32_at(b, layout6::N), 4097);
+        assert_eq!(b.len(), MULTI_TENSOR6.size);
+        assert_eq!(u32_at(b, MULTI_TENSOR6.count), 48);
+        assert_eq!(u32_at(b, MULTI_TENSOR6.n), 4097);
         // The fourth pointer (s) of tensor 0 sits in row 3.
         let s0 = u64::from_le_bytes(b[8 * 3 * MT6_MAX..8 * 3 * MT6_MAX + 8].try_into().unwrap());
         assert_eq!(s0, 1024 * 2);
-        assert_eq!(u32_at(b, layout6::BLOCK_START + 4), 2);
-        assert_eq!(c[0].blocks, u32_at(b, layout6::BLOCK_START + 4 * 48));
-        assert_eq!(u32_at(&c[1].bytes, layout6::COUNT), 3);
+        assert_eq!(u32_at(b, MULTI_TENSOR6.block_start + 4), 2);
+        assert_eq!(c[0].blocks, u32_at(b, MULTI_TENSOR6.block_start + 4 * 48));
+        assert_eq!(u32_at(&c[1].bytes, MULTI_TENSOR6.count), 3);
         assert_eq!(
-            u32_at(b, layout6::DECAY).to_le_bytes(),
+            u32_at(b, MULTI_TENSOR6.decay).to_le_bytes(),
             0.25f32.to_le_bytes()
         );
     }

@@ -4,7 +4,7 @@
 //! `gpu_core::nn::sample::check_sample` as on the CPU; the settings are kernel arguments (a
 //! captured graph replays them), the draw's position is read from the device (`counter`).
 
-use crate::backend::CudaBackend;
+use crate::backend::{CudaBackend, Grouping};
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::sample::{check_sample, SampleOps, SampleParams};
@@ -73,7 +73,15 @@ impl SampleOps for CudaBackend {
         // writes out[row] and one seen word of its row.
         unsafe {
             if nb > 1 {
-                self.launch_clustered(name, cfg, &args, nb)
+                self.launch_grouped(
+                    name,
+                    cfg,
+                    &args,
+                    Grouping {
+                        cooperative: false,
+                        cluster: nb,
+                    },
+                )
             } else {
                 self.launch(name, cfg, &args)
             }

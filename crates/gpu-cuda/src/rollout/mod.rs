@@ -9,7 +9,7 @@
 //! The packed weight layout is [`RolloutDims::member_layout`]; the CPU reference is
 //! `rssm::reference::HostRssm::predict`.
 
-use crate::backend::CudaBackend;
+use crate::backend::{CudaBackend, Grouping};
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::module::ImageKind;
 use crate::pool::CudaBuffer;
@@ -308,6 +308,12 @@ impl CudaBackend {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: plan.smem,
         };
+        // Every block resident at once (the grid barriers), in clusters of plan.cluster blocks
+        // when that is not 0.
+        let group = Grouping {
+            cooperative: true,
+            cluster: plan.cluster,
+        };
         let mut bar = self.allocate(DType::U32, 2 + 2 * d.members)?;
         self.memset32(&mut bar, 0)?;
         let u = |v: usize| KernelArg::U32(v as u32);
@@ -340,9 +346,7 @@ impl CudaBackend {
             // checked against the dims above, bar holds 2 + 2M zeroed u32; the grid is M·BPM in
             // clusters of BPM blocks (batch <= 32 and BPM <= 16, as the kernel needs), every
             // cluster resident at once (rollout_plan) for the final grid barrier.
-            return unsafe {
-                self.launch_cooperative_clustered(CLUSTER_KERNEL, cfg, &args, plan.cluster)
-            };
+            return unsafe { self.launch_grouped(CLUSTER_KERNEL, cfg, &args, group) };
         }
         let mb = mul(d.members, d.batch)?;
         // h twice, one z per block, two fc outputs; each part rounded up to 4 floats as the
@@ -370,12 +374,7 @@ impl CudaBackend {
         // rounded up to 4, bar 2 + 2M zeroed u32), the grid is M·BPM as the kernel indexes it,
         // and at most the number of co-resident blocks (a cooperative launch); when clustered,
         // clusters of BPM blocks (a divisor of the grid) that the device can hold, and the
-        // kernel's last argument says so.
-        if plan.cluster > 0 {
-            unsafe { self.launch_cooperative_clustered(KERNEL, cfg, &args, plan.cluster) }
-        } else {
-            // SAFETY: as above, without clusters (the kernel's last argument is 0).
-            unsafe { self.launch_cooperative(KERNEL, cfg, &args) }
-        }
+        // kernel's last argument says so (0 without clusters).
+        unsafe { self.launch_grouped(KERNEL, cfg, &args, group) }
     }
 }

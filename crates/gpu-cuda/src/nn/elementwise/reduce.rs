@@ -4,7 +4,7 @@
 
 use super::plan::{self, ReduceLoads, ReducePlan, REDUCE_THREADS};
 use super::u64_arg;
-use crate::backend::CudaBackend;
+use crate::backend::{CudaBackend, Grouping};
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::elementwise::{check_max_axis_bwd, check_reduce, ReduceKind};
@@ -88,23 +88,24 @@ impl CudaBackend {
             KernelArg::U32(c.tx_log2),
             KernelArg::F32(divisor),
         ];
+        let group = Grouping {
+            cooperative: false,
+            cluster: plan::CLUSTER_SPLITS as u32,
+        };
         // SAFETY: reduce_cluster_colsv_{sum,max}_{X}(const X* x, Y* out, u64 n, u64 inner, u64
         // chunk, u32 tx_log2, float divisor) reads x[outer·n·inner] (grid.x / 8 items of outer
         // and column tiles) and writes out[outer·inner] (checked by check_reduce); inner is a
         // multiple of the 16-byte unit (cluster_plan takes Cols plans only), so every load is
         // aligned. grid.x is a multiple of the cluster size 8, the portable limit.
-        unsafe { self.launch_clustered(&kernel, cfg, &args, plan::CLUSTER_SPLITS as u32) }
+        unsafe { self.launch_grouped(&kernel, cfg, &args, group) }
     }
 
     /// [`Primitives::reduce_axis`].
     pub(super) fn reduce_axis_impl(
         &self,
         op: ReduceKind,
-        x: &CudaBuffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
-        out: &mut CudaBuffer,
+        (x, out): (&CudaBuffer, &mut CudaBuffer),
+        [outer, n, inner]: [usize; 3],
     ) -> Result<()> {
         check_reduce(op, x, outer, n, inner, out)?;
         if out.is_empty() {
