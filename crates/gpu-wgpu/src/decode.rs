@@ -7,7 +7,7 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{row_src, src, thread_src, to_u32};
+use crate::kernels::{params, row_src, src, thread_src, to_u32};
 use crate::shaders::{
     ACTIVATION, ADD_RMS_NORM, CACHE_ATTN, CACHE_COMBINE, CACHE_SPAN, PREFILL_ATTN, ROPE_APPEND,
     SWIGLU, WG_SUM64,
@@ -69,16 +69,10 @@ impl WgpuBackend {
             return Ok(());
         }
         let (lg, splits) = split_slots(rows, max_end);
-        let mut p = [
-            to_u32(OP, rows)?,
-            to_u32(OP, dims.t)?,
-            to_u32(OP, dims.heads)?,
-            packed_heads(OP, dims, lg)?,
-            to_u32(OP, dims.cap)?,
-            dims.window_u32(),
-            scale.to_bits(),
-            0,
-        ];
+        let mut p = params(OP, &[rows, dims.t, dims.heads])?;
+        p[3] = packed_heads(OP, dims, lg)?;
+        p[4] = to_u32(OP, dims.cap)?;
+        (p[5], p[6]) = (dims.window_u32(), scale.to_bits());
         let part = self.allocate(DType::F32, splits * rows * (dims.d + 2))?;
         let (gx, gy) = self.grid(OP, to_u32(OP, rows)?)?;
         let z = to_u32(OP, splits)?;
@@ -112,16 +106,8 @@ impl WgpuBackend {
         if groups == 0 {
             return Ok(());
         }
-        let p = [
-            to_u32(OP, groups)?,
-            to_u32(OP, dims.t)?,
-            to_u32(OP, dims.heads)?,
-            to_u32(OP, dims.kv_heads)?,
-            to_u32(OP, dims.cap)?,
-            dims.window_u32(),
-            scale.to_bits(),
-            0,
-        ];
+        let mut p = params(OP, &[groups, dims.t, dims.heads, dims.kv_heads, dims.cap])?;
+        (p[5], p[6]) = (dims.window_u32(), scale.to_bits());
         let (d, c) = (dims.d, prefill_chunk(dims.d));
         let (gx, gy) = self.grid(OP, to_u32(OP, groups)?)?;
         let bufs = [
@@ -161,16 +147,11 @@ impl DecodeOps for WgpuBackend {
         let half = dims.d / 2;
         let per = (dims.heads + dims.kv_heads) * half + dims.kv_heads * dims.d;
         let threads = dims.b * dims.t * per;
-        let p = [
-            to_u32(OP, threads)?,
-            to_u32(OP, dims.t)?,
-            to_u32(OP, dims.heads)?,
-            to_u32(OP, dims.kv_heads)?,
-            to_u32(OP, dims.d)?,
-            to_u32(OP, dims.cap)?,
-            u32::from(!x.inv_freq.is_empty()),
-            0,
-        ];
+        let mut p = params(
+            OP,
+            &[threads, dims.t, dims.heads, dims.kv_heads, dims.d, dims.cap],
+        )?;
+        p[6] = u32::from(!x.inv_freq.is_empty());
         let bufs = [
             x.qkv.raw(),
             x.inv_freq.raw(),
@@ -220,16 +201,8 @@ impl DecodeOps for WgpuBackend {
             return defaults::rows::add_rms_norm(self, (x, y, w), (sum, normed), cols, eps);
         }
         let has_y = u32::from(y.is_some());
-        let p = [
-            to_u32(OP, rows)?,
-            to_u32(OP, cols)?,
-            has_y,
-            eps.to_bits(),
-            0,
-            0,
-            0,
-            0,
-        ];
+        let mut p = params(OP, &[rows, cols])?;
+        (p[2], p[3]) = (has_y, eps.to_bits());
         let (gx, gy) = self.grid(OP, to_u32(OP, rows)?)?;
         let bufs = [
             x.raw(),
@@ -250,7 +223,7 @@ impl DecodeOps for WgpuBackend {
         if !all_f32(&[gu, out]) {
             return defaults::rows::swiglu_packed(self, gu, out, i);
         }
-        let p = [to_u32(OP, out.len())?, to_u32(OP, i)?, 0, 0, 0, 0, 0, 0];
+        let p = params(OP, &[out.len(), i])?;
         let body = || thread_src(&format!("{ACTIVATION}{SWIGLU}"));
         self.launch_1d(OP, OP, body, p, out.len(), &[gu.raw(), out.raw()])
     }

@@ -200,6 +200,17 @@ pub(crate) fn to_u32(op: &'static str, v: usize) -> Result<u32> {
     })
 }
 
+/// The parameter block of a launch: `sizes` (each through [`to_u32`], in order) in its first
+/// words, zero after them (a caller sets its other words itself; the last is the grid's `gx`).
+pub(crate) fn params(op: &'static str, sizes: &[usize]) -> Result<[u32; 8]> {
+    debug_assert!(sizes.len() < 8, "{op}: word 7 is the grid's gx");
+    let mut p = [0u32; 8];
+    for (slot, &v) in p.iter_mut().zip(sizes) {
+        *slot = to_u32(op, v)?;
+    }
+    Ok(p)
+}
+
 impl WgpuBackend {
     /// A 2-D grid of workgroups covering `groups` (x at most the device's limit).
     pub(crate) fn grid(&self, op: &'static str, groups: u32) -> Result<(u32, u32)> {
@@ -359,7 +370,8 @@ impl WgpuBackend {
             }
         };
         let words = (buf.padded_bytes() / 4) as usize;
-        let p = [to_u32("fill", words)?, pattern, 0, 0, 0, 0, 0, 0];
+        let mut p = params("fill", &[words])?;
+        p[1] = pattern;
         self.launch_1d("fill", "fill", || thread_src(FILL), p, words, &[buf.raw()])
     }
 
@@ -370,8 +382,7 @@ impl WgpuBackend {
         if x.len() != out.len() {
             return Err(GpuError::shape("cast", x.len(), out.len()));
         }
-        let n = to_u32("cast", x.len())?;
-        let p = [n, 0, 0, 0, 0, 0, 0, 0];
+        let p = params("cast", &[x.len()])?;
         match (x.dtype(), out.dtype()) {
             (a, b) if a == b => {
                 let size = x.padded_bytes();
@@ -410,7 +421,7 @@ impl WgpuBackend {
         if x.len() != out.len() {
             return Err(GpuError::shape("unary", x.len(), out.len()));
         }
-        let p = [to_u32("unary", x.len())?, 0, 0, 0, 0, 0, 0, 0];
+        let p = params("unary", &[x.len()])?;
         self.launch_1d(
             "unary",
             &format!("unary_{}", op.name()),
@@ -441,16 +452,7 @@ impl WgpuBackend {
                 b.len(),
             ));
         }
-        let p = [
-            to_u32("binary", a.len())?,
-            to_u32("binary", b.len().max(1))?,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let p = params("binary", &[a.len(), b.len().max(1)])?;
         self.launch_1d(
             "binary",
             &format!("binary_{}", op.name()),
@@ -490,16 +492,7 @@ impl WgpuBackend {
                     .replace("INIT", "bitcast<f32>(0xff800000u)"),
             ),
         };
-        let p = [
-            to_u32("reduce_rows", rows)?,
-            to_u32("reduce_rows", cols)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let p = params("reduce_rows", &[rows, cols])?;
         let (gx, gy) = self.grid("reduce_rows", to_u32("reduce_rows", rows)?)?;
         self.launch(
             "reduce_rows",

@@ -8,7 +8,7 @@
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, thread_src, to_u32};
+use crate::kernels::{params, src, thread_src, to_u32};
 use crate::shaders::{
     GEMV, MATMUL128, MATMUL128V, MATMUL128_SCALAR, MATMUL64, MATMUL64V, MATMUL_SUM, MATMUL_TILE,
     MATMUL_VEC4_IO,
@@ -109,16 +109,7 @@ impl WgpuBackend {
         let mut scratch = self.allocate(DType::F32, p.splits * c.len())?;
         self.matmul_launch(spec, p, (a, b), &mut scratch)?;
         let mn = spec.m * spec.n;
-        let params = [
-            to_u32("matmul", c.len())?,
-            to_u32("matmul", mn)?,
-            to_u32("matmul", p.splits)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let params = params("matmul", &[c.len(), mn, p.splits])?;
         self.launch_1d(
             "matmul",
             "matmul_sum",
@@ -141,16 +132,7 @@ impl WgpuBackend {
         for x in [a, b, &*c] {
             to_u32(op, x.len())?;
         }
-        let p = [
-            to_u32(op, spec.m)?,
-            to_u32(op, spec.n)?,
-            to_u32(op, spec.k)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let p = params(op, &[spec.m, spec.n, spec.k])?;
         let (gx, gy) = self.grid(op, to_u32(op, spec.n.div_ceil(8))?)?;
         let bufs = [a.raw(), b.raw(), c.raw()];
         self.launch_with(
@@ -183,16 +165,11 @@ impl WgpuBackend {
                 reason: format!("grid {gx}x{gy}x{gz} exceeds the device's {max} per dimension"),
             });
         }
-        let params = [
-            to_u32("matmul", spec.m)?,
-            to_u32("matmul", spec.n)?,
-            to_u32("matmul", spec.k)?,
-            spec.trans_a as u32,
-            spec.trans_b as u32,
-            to_u32("matmul", p.chunk)?,
-            to_u32("matmul", p.splits)?,
-            0,
-        ];
+        let (ta, tb) = (usize::from(spec.trans_a), usize::from(spec.trans_b));
+        let params = params(
+            "matmul",
+            &[spec.m, spec.n, spec.k, ta, tb, p.chunk, p.splits],
+        )?;
         // Every kernel places its tile (EDGE a side, k-slices DEPTH deep) with MATMUL_TILE; the
         // vec4 kernels take their loads and stores from MATMUL_VEC4_IO, and the two 128×128
         // kernels share MATMUL128, each with its own staging.

@@ -5,7 +5,7 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, thread_src, to_u32};
+use crate::kernels::{params, src, thread_src, to_u32};
 use crate::shaders::{ADAMW, CLIP_FINAL, SUMSQ};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::optim::{adamw_schedule, check_clip, read_schedule, AdamWBuffers};
@@ -46,16 +46,9 @@ impl WgpuBackend {
         for (i, &wd) in weight_decay.iter().enumerate() {
             let n = bufs.params[i].len();
             let decay = (1.0 - lr as f64 * wd as f64) as f32;
-            let p = [
-                to_u32(OP, n)?,
-                cfg.beta1.to_bits(),
-                cfg.beta2.to_bits(),
-                cfg.eps.to_bits(),
-                step_size.to_bits(),
-                bc2_sqrt.to_bits(),
-                decay.to_bits(),
-                0,
-            ];
+            let mut p = params(OP, &[n])?;
+            let coefs = [cfg.beta1, cfg.beta2, cfg.eps, step_size, bc2_sqrt, decay];
+            p[1..7].copy_from_slice(&coefs.map(f32::to_bits));
             let mut raw = bufs.row(i).map(|b| b.raw()).to_vec();
             if let Some(s) = grad_scale {
                 raw.push(s.raw());
@@ -91,7 +84,7 @@ impl OptimOps for WgpuBackend {
         let partials = self.allocate(DType::F32, parts.max(1))?;
         let mut part0 = 0;
         for (g, &n) in grads.iter().zip(&blocks) {
-            let p = [to_u32(OP, g.len())?, to_u32(OP, part0)?, 0, 0, 0, 0, 0, 0];
+            let p = params(OP, &[g.len(), part0])?;
             let (gx, gy) = self.grid(OP, to_u32(OP, n)?)?;
             self.launch(
                 OP,
@@ -102,7 +95,8 @@ impl OptimOps for WgpuBackend {
             )?;
             part0 += n;
         }
-        let p = [to_u32(OP, parts)?, max_norm.to_bits(), 0, 0, 0, 0, 0, 0];
+        let mut p = params(OP, &[parts])?;
+        p[1] = max_norm.to_bits();
         self.launch(
             OP,
             ("clip_final", || src(CLIP_FINAL)),

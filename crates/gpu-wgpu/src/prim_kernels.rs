@@ -6,7 +6,7 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{require, row_src, src, thread_src, to_u32};
+use crate::kernels::{params, row_src, src, thread_src, to_u32};
 use crate::shaders::{
     ACTIVATION, ACT_BWD, ACT_FWD, ARGMAX, ARGMAX_WG, BROADCAST, COPY_BLOCKS_BF16, COPY_BLOCKS_F32,
     DROPOUT, DROP_HASH, GATHER_ROWS, PERMUTE, REDUCE_AXIS, REDUCE_AXIS_THREAD, REDUCE_COMB,
@@ -14,7 +14,7 @@ use crate::shaders::{
 };
 use gpu_core::backend::BufferInfo;
 use gpu_core::nn::{Activation, BinaryKind, BlockCopy, ReduceKind};
-use gpu_core::{DType, GpuError, Result};
+use gpu_core::{DType, Result};
 use wgpu::util::DeviceExt;
 
 /// Longest reduction that one thread does alone (longer ones share a workgroup).
@@ -100,13 +100,7 @@ impl WgpuBackend {
         } else {
             (0, 0)
         };
-        let mut p = [0u32; 8];
-        for (slot, v) in p
-            .iter_mut()
-            .zip([n, g.len, g.src_offset, ss, g.dst_offset, ds])
-        {
-            *slot = to_u32(OP, v)?;
-        }
+        let p = params(OP, &[n, g.len, g.src_offset, ss, g.dst_offset, ds])?;
         let (key, body) = match dst.dtype() {
             DType::BF16 => ("copy_blocks_bf16", COPY_BLOCKS_BF16),
             _ => ("copy_blocks_f32", COPY_BLOCKS_F32),
@@ -144,7 +138,7 @@ impl WgpuBackend {
         m.extend(perm.iter().map(|&p| st[p]));
         let meta = self.meta("permute", &m)?;
         let n = if vec4 { out.len() / 4 } else { out.len() };
-        let p = [to_u32("permute", n)?, 0, 0, 0, 0, 0, 0, 0];
+        let p = params("permute", &[n])?;
         let bufs = [&meta, x.raw(), out.raw()];
         if vec4 {
             let body = || {
@@ -184,7 +178,7 @@ impl WgpuBackend {
         m.extend(aligned(a_shape));
         m.extend(aligned(b_shape));
         let meta = self.meta("broadcast_binary", &m)?;
-        let p = [to_u32("broadcast_binary", out.len())?, 0, 0, 0, 0, 0, 0, 0];
+        let p = params("broadcast_binary", &[out.len()])?;
         self.launch_1d(
             "broadcast_binary",
             &format!("broadcast_{}", op.name()),
@@ -228,7 +222,7 @@ impl WgpuBackend {
             false => ("activation_fwd", "act_fwd", ACT_FWD, fwd_expr(op)),
             true => ("activation_bwd", "act_bwd", ACT_BWD, bwd_expr(op)),
         };
-        let p = [to_u32(name, n)?, 0, 0, 0, 0, 0, 0, 0];
+        let p = params(name, &[n])?;
         let body = kernel.replace("EXPR", expr);
         let source = || thread_src(&format!("{ACTIVATION}{body}"));
         self.launch_1d(name, &format!("{key}_{}", op.name()), source, p, n, bufs)
@@ -244,22 +238,13 @@ impl WgpuBackend {
         out: &mut WgpuBuffer,
     ) -> Result<()> {
         const OP: &str = "reduce_axis";
-        let outputs = to_u32(OP, outer * inner)?;
-        let kind = match op {
+        let mut p = params(OP, &[outer * inner, n, inner.max(1)])?;
+        p[3] = match op {
             ReduceKind::Sum => 0,
             ReduceKind::Mean => 1,
             ReduceKind::Max => 2,
         };
-        let p = [
-            outputs,
-            to_u32(OP, n)?,
-            to_u32(OP, inner.max(1))?,
-            kind,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let outputs = p[0];
         let bufs = [x.raw(), out.raw()];
         if n <= THREAD_REDUCE_MAX {
             let body = || thread_src(&format!("{REDUCE_COMB}{REDUCE_AXIS_THREAD}"));
@@ -277,16 +262,7 @@ impl WgpuBackend {
         out: &mut WgpuBuffer,
         cols: usize,
     ) -> Result<()> {
-        let p = [
-            to_u32("argmax_rows", out.len())?,
-            to_u32("argmax_rows", cols)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let p = params("argmax_rows", &[out.len(), cols])?;
         let bufs = [x.raw(), out.raw()];
         if cols > 256 {
             // A workgroup a row (a thread a row scanned a vocabulary of 128256 logits alone:
@@ -346,82 +322,55 @@ impl WgpuBackend {
         )
     }
 
-    fn check_rows_args(
+    /// Launches a kernel that indexes rows by `ids` (`bufs[0]`) into a table of `vocab` rows:
+    /// `bufs` at 1..=3 and the status ring at 4, the status slot in `p[3]` (an id `>= vocab`
+    /// is reported there: `crate::status`).
+    fn launch_by_ids(
         &self,
-        op: &'static str,
-        ids: &WgpuBuffer,
-        rows_buf: &WgpuBuffer,
-        table: &WgpuBuffer,
-        dim: usize,
-    ) -> Result<usize> {
-        require(op, ids, DType::U32)?;
-        require(op, rows_buf, DType::F32)?;
-        require(op, table, DType::F32)?;
-        if dim == 0 {
-            return Err(GpuError::InvalidShape {
-                op,
-                reason: "rows must have at least one column".into(),
-            });
-        }
-        if ids.len().checked_mul(dim) != Some(rows_buf.len()) {
-            return Err(GpuError::shape(op, ids.len() * dim, rows_buf.len()));
-        }
-        if !table.len().is_multiple_of(dim) {
-            return Err(GpuError::shape(
-                op,
-                format!("a multiple of {dim} elements"),
-                table.len(),
-            ));
-        }
-        Ok(table.len() / dim)
-    }
-
-    /// `out[r] = table[ids[r]]` (embedding lookup) for a `[vocab, dim]` table; an id `>= vocab`
-    /// gives a NaN row and [`GpuError::IndexOutOfRange`] from the next call that waits for the
-    /// device (`crate::status`: nothing waits here).
-    pub(crate) fn gather_f32(
-        &self,
-        ids: &WgpuBuffer,
-        table: &WgpuBuffer,
-        dim: usize,
-        out: &mut WgpuBuffer,
+        (op, key): (&'static str, &str),
+        body: impl FnOnce() -> String,
+        (mut p, threads): ([u32; 8], usize),
+        vocab: usize,
+        bufs: [&wgpu::Buffer; 3],
     ) -> Result<()> {
-        self.check_out("gather_rows", &[ids, table, out])?;
-        let vocab = self.check_rows_args("gather_rows", ids, out, table, dim)?;
-        let p = [
-            to_u32("gather_rows", out.len())?,
-            to_u32("gather_rows", dim)?,
-            to_u32("gather_rows", vocab)?,
-        ];
-        self.with_status_slot(("gather_rows", "ids", vocab), |slot, status| {
-            let bufs = [ids.raw(), table.raw(), out.raw(), status];
-            let p = [p[0], p[1], p[2], slot, 0, 0, 0, 0];
-            self.launch_1d(
-                "gather_rows",
-                "gather_rows",
-                || thread_src(GATHER_ROWS),
-                p,
-                out.len(),
-                &bufs,
-            )
+        self.with_status_slot((op, "ids", vocab), |slot, status| {
+            p[3] = slot;
+            let [ids, a, b] = bufs;
+            self.launch_1d(op, key, body, p, threads, &[ids, a, b, status])
         })
     }
 
+    /// `out[r] = table[ids[r]]` (embedding lookup) for a `[vocab, dim]` table, the arguments
+    /// checked by `check_embedding` (which gives `vocab`); an id `>= vocab` gives a NaN row
+    /// and [`gpu_core::GpuError::IndexOutOfRange`] from the next call that waits for the device
+    /// (`crate::status`: nothing waits here).
+    pub(crate) fn gather_f32(
+        &self,
+        (ids, table): (&WgpuBuffer, &WgpuBuffer),
+        (dim, vocab): (usize, usize),
+        out: &mut WgpuBuffer,
+    ) -> Result<()> {
+        const OP: &str = "gather_rows";
+        let p = params(OP, &[out.len(), dim, vocab])?;
+        let bufs = [ids.raw(), table.raw(), out.raw()];
+        let body = || thread_src(GATHER_ROWS);
+        self.launch_by_ids((OP, OP), body, (p, out.len()), vocab, bufs)
+    }
+
     /// `dst[ids[r]] += src[r]` for a `[vocab, dim]` `dst` (embedding backward when `dst` starts
-    /// at zero). With many rows to each id (a small vocabulary: `rows >= 8·vocab` and
-    /// `rows·vocab <= 2^24`) each output adds its rows in row order (deterministic); otherwise
-    /// the adds to one row run in an unspecified order (compare-and-swap, little contention
-    /// there). An id `>= vocab` skips its row and is [`GpuError::IndexOutOfRange`] from the
-    /// next call that waits for the device (`crate::status`).
+    /// at zero), the arguments checked as in [`Self::gather_f32`]. With many rows to each id
+    /// (a small vocabulary: `rows >= 8·vocab` and `rows·vocab <= 2^24`) each output adds its
+    /// rows in row order (deterministic); otherwise the adds to one row run in an unspecified
+    /// order (compare-and-swap, little contention there). An id `>= vocab` skips its row and
+    /// is [`gpu_core::GpuError::IndexOutOfRange`] from the next call that waits for the device
+    /// (`crate::status`).
     pub(crate) fn scatter_add_f32(
         &self,
-        ids: &WgpuBuffer,
-        src_rows: &WgpuBuffer,
-        dim: usize,
+        (ids, src_rows): (&WgpuBuffer, &WgpuBuffer),
+        (dim, vocab): (usize, usize),
         dst: &mut WgpuBuffer,
     ) -> Result<()> {
-        self.check_out("scatter_add_rows", &[ids, src_rows, dst])?;
-        let vocab = self.check_rows_args("scatter_add_rows", ids, src_rows, dst, dim)?;
+        const OP: &str = "scatter_add_rows";
         let rows = ids.len();
         let scan = vocab > 0 && rows >= 8 * vocab && rows.saturating_mul(vocab) <= 1 << 24;
         let (key, threads) = match scan {
@@ -434,15 +383,8 @@ impl WgpuBackend {
         };
         // The scan counts rows, the other kernel elements.
         let count = if scan { rows } else { src_rows.len() };
-        let p = [
-            to_u32("scatter_add_rows", count)?,
-            to_u32("scatter_add_rows", dim)?,
-            to_u32("scatter_add_rows", vocab)?,
-        ];
-        self.with_status_slot(("scatter_add_rows", "ids", vocab), |slot, status| {
-            let bufs = [ids.raw(), src_rows.raw(), dst.raw(), status];
-            let p = [p[0], p[1], p[2], slot, 0, 0, 0, 0];
-            self.launch_1d("scatter_add_rows", key, body, p, threads, &bufs)
-        })
+        let p = params(OP, &[count, dim, vocab])?;
+        let bufs = [ids.raw(), src_rows.raw(), dst.raw()];
+        self.launch_by_ids((OP, key), body, (p, threads), vocab, bufs)
     }
 }

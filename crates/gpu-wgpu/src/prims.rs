@@ -178,17 +178,17 @@ impl Primitives for WgpuBackend {
     /// An id `>= vocab` is [`gpu_core::GpuError::IndexOutOfRange`] (read back: this waits).
     fn gather_rows(&self, ids: &Buf, table: &Buf, out: &mut Buf, dim: usize) -> Result<()> {
         self.check_out("gather_rows", &[ids, table, out])?;
-        check_embedding("gather_rows", ids, table, out, dim)?;
-        self.gather_f32(ids, table, dim, out)
+        let (_, vocab) = check_embedding("gather_rows", ids, table, out, dim)?;
+        self.gather_f32((ids, table), (dim, vocab), out)
     }
 
     /// `dst` is zeroed, then the rows are added with f32 compare-and-swap adds (the order of
     /// the adds to one element is unspecified). Ids are checked as in `gather_rows`.
     fn scatter_add_rows(&self, ids: &Buf, src: &Buf, dst: &mut Buf, dim: usize) -> Result<()> {
         self.check_out("scatter_add_rows", &[ids, src, dst])?;
-        check_embedding("scatter_add_rows", ids, dst, src, dim)?;
+        let (_, vocab) = check_embedding("scatter_add_rows", ids, dst, src, dim)?;
         self.fill_raw(dst, 0.0)?;
-        self.scatter_add_f32(ids, src, dim, dst)
+        self.scatter_add_f32((ids, src), (dim, vocab), dst)
     }
 }
 

@@ -15,7 +15,7 @@
 
 use crate::backend::{Checks, WgpuBackend};
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{src, thread_src, to_u32};
+use crate::kernels::{params, src, thread_src, to_u32};
 use crate::shaders::{DEQUANT_F16, GEMV_F16, HALF, LOAD_DECODE, LOAD_NATIVE};
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::quant::{
@@ -191,12 +191,7 @@ impl WgpuBackend {
         spec: QuantSpec,
     ) -> Result<()> {
         let op = "matmul_quant";
-        let mut p = [0u32; 8];
-        p[..3].copy_from_slice(&[
-            to_u32(op, spec.m)?,
-            to_u32(op, spec.n)?,
-            to_u32(op, spec.k)?,
-        ]);
+        let p = params(op, &[spec.m, spec.n, spec.k])?;
         let (gx, gy) = self.grid(op, to_u32(op, spec.n.div_ceil(8))?)?;
         let rows = if spec.m <= 4 { 4 } else { GEMV_ROWS };
         let key = match (loads, rows) {
@@ -226,8 +221,7 @@ impl WgpuBackend {
     /// `out` (f32, two values a word of `w`) = the halves of `w` widened.
     fn dequant_f16(&self, w: &Buf, out: &mut Buf) -> Result<()> {
         let op = "dequantize";
-        let mut p = [0u32; 8];
-        p[0] = to_u32(op, w.len())?;
+        let p = params(op, &[w.len()])?;
         self.launch_1d(
             op,
             "dequant_f16",

@@ -8,7 +8,7 @@
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::kernels::{row_src, to_u32};
+use crate::kernels::{params, row_src, to_u32};
 use crate::shaders::{
     CE_BWD, CE_FWD, LAYERNORM_BWD, LAYERNORM_FWD, ROW_LSE64, ROW_REG, SOFTMAX_BWD, SOFTMAX_BWD_REG,
     SOFTMAX_FWD, SOFTMAX_FWD_REG, WG_SUM64,
@@ -42,16 +42,7 @@ impl WgpuBackend {
         [rows, cols, p2]: [usize; 3],
         bufs: &[&wgpu::Buffer],
     ) -> Result<()> {
-        let p = [
-            to_u32(op, rows)?,
-            to_u32(op, cols)?,
-            to_u32(op, p2)?,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let p = params(op, &[rows, cols, p2])?;
         let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
         let src = || row_src(64, &format!("{WG_SUM64}{lib}{body}"));
         self.launch(op, (op, src), p, (gx, (gx, gy, 1)), bufs)
@@ -66,7 +57,7 @@ impl WgpuBackend {
         [rows, cols]: [usize; 2],
         bufs: &[&wgpu::Buffer],
     ) -> Result<()> {
-        let p = [to_u32(op, rows)?, to_u32(op, cols)?, 0, 0, 0, 0, 0, 0];
+        let p = params(op, &[rows, cols])?;
         let (gx, gy) = self.grid(op, to_u32(op, rows)?)?;
         let key = format!("{op}_reg{wg}");
         let src = || {
@@ -130,16 +121,8 @@ impl RowOps for WgpuBackend {
             let n = defaults::rows::NormIn { x, w, rows, cols };
             return defaults::rows::layernorm(self, n, b, (y, mean, rstd), eps);
         }
-        let p = [
-            to_u32(OP, rows)?,
-            to_u32(OP, cols)?,
-            eps.to_bits(),
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let mut p = params(OP, &[rows, cols])?;
+        p[2] = eps.to_bits();
         let (gx, gy) = self.grid(OP, to_u32(OP, rows)?)?;
         let bufs = [x.raw(), w.raw(), b.raw(), y.raw(), mean.raw(), rstd.raw()];
         let body = || row_src(64, &format!("{WG_SUM64}{LAYERNORM_FWD}"));
@@ -168,7 +151,7 @@ impl RowOps for WgpuBackend {
             return defaults::rows::layernorm_bwd(self, input, (dx, dw, db), [rows, cols]);
         }
         let dyx = self.allocate(DType::F32, rows * cols)?;
-        let p = [to_u32(OP, rows)?, to_u32(OP, cols)?, 0, 0, 0, 0, 0, 0];
+        let p = params(OP, &[rows, cols])?;
         let (gx, gy) = self.grid(OP, to_u32(OP, rows)?)?;
         let bufs = [
             x.raw(),

@@ -11,7 +11,7 @@ use common::{backend_and_rng, randn, rng, U};
 use gpu_core::nn::decode::{
     CacheAttnIn, DecodeDims, DecodeOps, PrefillIn, RopeAppendIn, RopeAppendOut,
 };
-use gpu_core::{Backend, BufferInfo, CpuBackend, DType};
+use gpu_core::{Backend, BufferInfo, CpuBackend, DType, Element};
 use gpu_wgpu::testing::backend_or_skip;
 use gpu_wgpu::WgpuBackend;
 
@@ -103,10 +103,21 @@ fn rope<B: DecodeOps + Backend>(
     caches: &[f32],
     freq: &[f32],
 ) -> [Vec<f32>; 3] {
-    let up = |v: &[f32]| b.upload(v).unwrap();
-    let (qkv, freq) = (up(qkv), up(freq));
+    rope_bufs(b, c, (qkv, caches), freq).map(|x| b.download(&x).unwrap())
+}
+
+/// The buffers `(q_out, k_cache, v_cache)` after `rope_append` on `b` in `T`'s dtype (the
+/// frequencies f32), the caches starting as `caches`.
+fn rope_bufs<B: DecodeOps + Backend, T: Element>(
+    b: &B,
+    c: &Case,
+    (qkv, caches): (&[T], &[T]),
+    freq: &[f32],
+) -> [B::Buffer; 3] {
+    let up = |v: &[T]| b.upload(v).unwrap();
+    let (qkv, freq) = (up(qkv), b.upload(freq).unwrap());
     let (start, slot) = (b.upload(&c.start).unwrap(), b.upload(&c.slot).unwrap());
-    let mut q = b.allocate(DType::F32, c.dims.q_len()).unwrap();
+    let mut q = b.allocate(T::DTYPE, c.dims.q_len()).unwrap();
     let (mut k, mut v) = (up(caches), up(caches));
     let x = RopeAppendIn {
         qkv: &qkv,
@@ -120,7 +131,7 @@ fn rope<B: DecodeOps + Backend>(
         v_cache: &mut v,
     };
     b.rope_append(x, out, c.dims).unwrap();
-    [q, k, v].map(|x| b.download(&x).unwrap())
+    [q, k, v]
 }
 
 /// The attention's output on `b` (`prefill`: `prefill_attention`, slots from 0).
@@ -283,24 +294,7 @@ fn slots_past_the_cache_are_skipped_and_bf16_takes_the_default() {
     let bf =
         |x: &[f32]| -> Vec<half::bf16> { x.iter().map(|&v| half::bf16::from_f32(v)).collect() };
     let ok = Case { slot: vec![2], ..c };
-    let qkv16 = g.upload(&bf(&qkv)).unwrap();
-    let freq = g.upload(&inv_freq(4)).unwrap();
-    let (start, slot) = (g.upload(&ok.start).unwrap(), g.upload(&ok.slot).unwrap());
-    let mut q = g.allocate(DType::BF16, ok.dims.q_len()).unwrap();
-    let mut kc = g.upload(&bf(&caches)).unwrap();
-    let mut vc = g.upload(&bf(&caches)).unwrap();
-    let x = RopeAppendIn {
-        qkv: &qkv16,
-        inv_freq: &freq,
-        start: &start,
-        slot: &slot,
-    };
-    let out = RopeAppendOut {
-        q_out: &mut q,
-        k_cache: &mut kc,
-        v_cache: &mut vc,
-    };
-    g.rope_append(x, out, ok.dims).unwrap();
+    let [q, _, vc] = rope_bufs(&g, &ok, (&bf(&qkv), &bf(&caches)), &inv_freq(4));
     assert_eq!(q.dtype(), DType::BF16);
     let v16: Vec<half::bf16> = g.download(&vc).unwrap();
     assert_eq!(v16[8..12], bf(&qkv[12..16])[..]);
