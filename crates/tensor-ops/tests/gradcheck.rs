@@ -23,6 +23,8 @@ type Input = (Vec<f32>, Vec<usize>);
 
 /// An op under check, of its inputs.
 type Op = fn(&[Tensor]) -> Result<Tensor>;
+/// An op of one tensor.
+type UnaryOp = fn(&Tensor) -> Result<Tensor>;
 
 /// How many steps h an input of a non-smooth op keeps from the op's kinks.
 const KINK_MARGIN: f32 = 4.0;
@@ -217,7 +219,7 @@ fn matmul_variants() {
 #[test]
 fn nn_ops() {
     let mut r = rng("nn_ops");
-    let row_ops: [(&str, fn(&Tensor) -> Result<Tensor>); 2] = [
+    let row_ops: [(&str, UnaryOp); 2] = [
         ("softmax", Tensor::softmax),
         ("log_softmax", Tensor::log_softmax),
     ];
