@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use clap::Args;
-use models::{Engine, EngineOptions, ModelConfig, Sampling};
+use models::{Engine, ModelConfig, Sampling};
 use safetensors::SafeTensors;
 use tensor_ops::{no_grad, Device};
 
@@ -90,12 +90,7 @@ fn time(repeats: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 }
 
 fn engine(a: &BenchGenerateArgs, device: Device, batch: usize, capacity: usize) -> Result<Engine> {
-    let opts = EngineOptions {
-        dtype: a.dtype.into(),
-        batch,
-        capacity,
-        quant: a.quant.map(Into::into),
-    };
+    let opts = crate::generate_fast::engine_options(a.dtype, a.quant, batch, capacity);
     Ok(Engine::load(&a.model, device, opts)?)
 }
 

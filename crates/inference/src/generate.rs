@@ -49,16 +49,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub ignore_eos: bool,
     #[command(flatten)]
-    pub quant: QuantArg,
-    /// The engine: the f32 reference (sampling on the host, --quant), or the fast one (Llama
-    /// family and GPT-2; bf16 or f32 weights, a preallocated cache, the decode step as a CUDA
-    /// graph on CUDA with the sampling on the device; a seed gives other draws than the
-    /// reference's).
-    #[arg(long, value_enum, default_value_t = EngineKind::Reference)]
-    pub engine: EngineKind,
-    /// The fast engine's weights and matmuls.
-    #[arg(long, value_enum, default_value_t = crate::generate_fast::EngineDtype::Bf16)]
-    pub dtype: crate::generate_fast::EngineDtype,
+    pub run: EngineArgs,
 }
 
 /// Which engine generates.
@@ -90,13 +81,32 @@ impl From<Quant> for QuantKind {
     }
 }
 
+/// The flags `generate` and `perplexity` share: which engine runs the model, and how its
+/// weights are held.
 #[derive(Args, Debug, Clone)]
-pub struct QuantArg {
+pub struct EngineArgs {
     /// Round the projection weights to this format first. The reference engine computes in
     /// f32 from the dequantized weights (the format's accuracy; neither speed nor memory
     /// change); the fast engine keeps them quantized and dequantizes in its matmul kernels.
     #[arg(long, value_enum)]
     pub quant: Option<Quant>,
+    /// The engine: the f32 reference (generate samples on the host), or the fast one (Llama
+    /// family and GPT-2; bf16 or f32 weights, --quant projections kept quantized, a
+    /// preallocated cache; generate runs the decode step as a CUDA graph on CUDA with the
+    /// sampling on the device, so a seed gives other draws than the reference's). Both score
+    /// windows of the model's context the same way for perplexity.
+    #[arg(long, value_enum, default_value_t = EngineKind::Reference)]
+    pub engine: EngineKind,
+    /// The fast engine's weights and matmuls.
+    #[arg(long, value_enum, default_value_t = crate::generate_fast::EngineDtype::Bf16)]
+    pub dtype: crate::generate_fast::EngineDtype,
+}
+
+impl EngineArgs {
+    /// The fast engine's options for `batch` rows of `capacity` positions.
+    pub fn fast_options(&self, batch: usize, capacity: usize) -> models::EngineOptions {
+        crate::generate_fast::engine_options(self.dtype, self.quant, batch, capacity)
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -111,19 +121,11 @@ pub struct PerplexityArgs {
     #[arg(long)]
     pub max_tokens: Option<usize>,
     #[command(flatten)]
-    pub quant: QuantArg,
-    /// The engine: the f32 reference, or the fast one (Llama family and GPT-2; --dtype
-    /// weights, --quant projections kept quantized). Both score windows of the model's context
-    /// the same way.
-    #[arg(long, value_enum, default_value_t = EngineKind::Reference)]
-    pub engine: EngineKind,
-    /// The fast engine's weights and matmuls.
-    #[arg(long, value_enum, default_value_t = crate::generate_fast::EngineDtype::Bf16)]
-    pub dtype: crate::generate_fast::EngineDtype,
+    pub run: EngineArgs,
 }
 
 /// Loads `dir` on `device`, quantized when asked, and says what it loaded.
-fn load(dir: &Path, device: Device, quant: &QuantArg) -> Result<CausalLm> {
+fn load(dir: &Path, device: Device, quant: Option<Quant>) -> Result<CausalLm> {
     let t = Instant::now();
     let mut model = CausalLm::load(dir, device)
         .with_context(|| format!("loading the model in {}", dir.display()))?;
@@ -139,7 +141,7 @@ fn load(dir: &Path, device: Device, quant: &QuantArg) -> Result<CausalLm> {
         cfg.max_position_embeddings,
         t.elapsed().as_secs_f64(),
     );
-    if let Some(q) = quant.quant {
+    if let Some(q) = quant {
         let bytes = model.quantize(q.into())?;
         eprintln!(
             "projections rounded to {q:?}: {:.2} MiB quantized (computed from the dequantized f32 weights)",
@@ -193,21 +195,17 @@ fn score(device: Device, a: &PerplexityArgs) -> Result<()> {
     if let Some(n) = a.max_tokens {
         ids.truncate(n);
     }
-    let (p, t) = match a.engine {
+    let (p, t) = match a.run.engine {
         EngineKind::Reference => {
-            let model = load(&a.model, device, &a.quant)?;
+            let model = load(&a.model, device, a.run.quant)?;
             let t = Instant::now();
             (model.perplexity(&ids)?, t)
         }
         EngineKind::Fast => {
             let cfg = models::ModelConfig::from_dir(&a.model)?;
-            let opts = models::EngineOptions {
-                dtype: a.dtype.into(),
-                batch: 1,
-                // One window: the context, or the whole text when shorter.
-                capacity: cfg.max_position_embeddings.min(ids.len()).max(1),
-                quant: a.quant.quant.map(Into::into),
-            };
+            // One window: the context, or the whole text when shorter.
+            let capacity = cfg.max_position_embeddings.min(ids.len()).max(1);
+            let opts = a.run.fast_options(1, capacity);
             let t = Instant::now();
             let mut engine = models::Engine::load(&a.model, device, opts)
                 .with_context(|| format!("loading the model in {}", a.model.display()))?;
@@ -266,10 +264,10 @@ fn generate(device: Device, a: &GenerateArgs) -> Result<()> {
         .iter()
         .map(|p| tok.encode(p, !a.no_special_tokens))
         .collect::<Result<Vec<_>, _>>()?;
-    if a.engine == EngineKind::Fast {
+    if a.run.engine == EngineKind::Fast {
         return crate::generate_fast::run(device, a, &tok, &prompts, &settings);
     }
-    let model = load(&a.model, device, &a.quant)?;
+    let model = load(&a.model, device, a.run.quant)?;
     let stop = if a.ignore_eos {
         Vec::new()
     } else {

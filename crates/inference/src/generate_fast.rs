@@ -29,6 +29,22 @@ impl From<EngineDtype> for DType {
     }
 }
 
+/// The fast engine's options: `dtype` weights, `batch` rows of `capacity` positions, the
+/// projections quantized to `quant` when set.
+pub fn engine_options(
+    dtype: EngineDtype,
+    quant: Option<crate::generate::Quant>,
+    batch: usize,
+    capacity: usize,
+) -> EngineOptions {
+    EngineOptions {
+        dtype: dtype.into(),
+        batch,
+        capacity,
+        quant: quant.map(Into::into),
+    }
+}
+
 pub fn run(
     device: Device,
     a: &GenerateArgs,
@@ -50,12 +66,7 @@ pub fn run(
     } else {
         cfg.eos_token_ids.clone()
     };
-    let opts = EngineOptions {
-        dtype: a.dtype.into(),
-        batch: prompts.len(),
-        capacity: capacity.max(1),
-        quant: a.quant.quant.map(Into::into),
-    };
+    let opts = a.run.fast_options(prompts.len(), capacity.max(1));
     let t = Instant::now();
     let mut engine = Engine::load(&a.model, device, opts)?;
     eprintln!(

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use hf_fixture::dir;
-use models::arch::{load_decoder, FastPass};
-use models::{Checkpoint, DecoderModel, Engine, EngineOptions, ModelConfig, ModelError, QuantKind};
+use models::arch::{load_decoder, DecoderSource, FastPass};
+use models::{Checkpoint, DecoderModel, Engine, EngineOptions, ModelConfig, ModelError};
 use tensor_ops::{DType, Device, Tensor};
 
 fn opts(dtype: DType) -> EngineOptions {
@@ -23,10 +23,21 @@ fn opts(dtype: DType) -> EngineOptions {
     }
 }
 
+/// The model of `cfg` from `ck` on the CPU, its projections in `dtype`, not quantized.
+fn on_cpu<'a>(cfg: &'a ModelConfig, ck: &'a Checkpoint, dtype: DType) -> DecoderSource<'a> {
+    DecoderSource {
+        cfg,
+        ck,
+        device: Device::Cpu,
+        dtype,
+        quant: None,
+    }
+}
+
 fn model(name: &str, dtype: DType) -> Box<dyn DecoderModel> {
     let cfg = ModelConfig::from_dir(&dir(name)).unwrap();
     let ck = Checkpoint::open_checked(&dir(name), &cfg).unwrap();
-    load_decoder(&cfg, &ck, Device::Cpu, dtype, None).unwrap()
+    load_decoder(on_cpu(&cfg, &ck, dtype)).unwrap()
 }
 
 /// The prompt's logits and 6 greedy tokens after it.
@@ -60,15 +71,9 @@ struct Counting {
 }
 
 impl DecoderModel for Counting {
-    fn load(
-        cfg: &ModelConfig,
-        ck: &Checkpoint,
-        device: Device,
-        dtype: DType,
-        quant: Option<QuantKind>,
-    ) -> Result<Self, ModelError> {
+    fn load(src: DecoderSource<'_>) -> Result<Self, ModelError> {
         Ok(Counting {
-            inner: load_decoder(cfg, ck, device, dtype, quant)?,
+            inner: load_decoder(src)?,
             passes: Arc::default(),
         })
     }
@@ -100,7 +105,7 @@ fn the_engine_runs_a_model_it_does_not_know() {
     for name in ["llama3", "gpt2"] {
         let cfg = ModelConfig::from_dir(&dir(name)).unwrap();
         let ck = Checkpoint::open_checked(&dir(name), &cfg).unwrap();
-        let m = Counting::load(&cfg, &ck, Device::Cpu, DType::F32, None).unwrap();
+        let m = Counting::load(on_cpu(&cfg, &ck, DType::F32)).unwrap();
         let passes = m.passes.clone();
         let mut e = Engine::from_model(Box::new(m), Device::Cpu, opts(DType::F32)).unwrap();
         let mut plain = Engine::load(&dir(name), Device::Cpu, opts(DType::F32)).unwrap();

@@ -101,40 +101,50 @@ pub fn cuda_backend(ordinal: usize) -> Result<CudaBackend> {
 /// An ordinal from 64 on gets the error opening it gives (no driver, no such device), or, on a
 /// machine with that many GPUs, an error saying only the first 64 are served.
 pub(crate) fn cuda_backend_ref(ordinal: usize) -> Result<&'static CudaBackend> {
-    static SLOTS: [OnceLock<CudaBackend>; CACHED_ORDINALS] =
-        [const { OnceLock::new() }; CACHED_ORDINALS];
-    static OPENING: Mutex<()> = Mutex::new(());
-    let what = ("cuda_backend", "device ordinal");
-    cached(&SLOTS, &OPENING, ordinal, what, CudaBackend::new)
+    static CACHE: Cached<CudaBackend> = Cached::new("cuda_backend", "device ordinal");
+    CACHE.get(ordinal, CudaBackend::new)
 }
 
-/// Backend `index` of `slots`: a lock-free read after the first call per index, which opens it
-/// (`open`) under `opening`, so it is opened once. An index past the slots gets the error
-/// `open` gives, or one from `op` saying only the first [`CACHED_ORDINALS`] are served
-/// (`noun` names the index).
-fn cached<B>(
-    slots: &'static [OnceLock<B>; CACHED_ORDINALS],
-    opening: &Mutex<()>,
-    index: usize,
-    (op, noun): (&'static str, &str),
-    open: impl Fn(usize) -> Result<B>,
-) -> Result<&'static B> {
-    let Some(slot) = slots.get(index) else {
-        open(index)?;
-        return Err(GpuError::invalid(
+/// Backends opened once per index and kept for the process; `op` names the lookup in its
+/// errors and `noun` the index.
+struct Cached<B> {
+    slots: [OnceLock<B>; CACHED_ORDINALS],
+    opening: Mutex<()>,
+    op: &'static str,
+    noun: &'static str,
+}
+
+impl<B> Cached<B> {
+    const fn new(op: &'static str, noun: &'static str) -> Self {
+        Cached {
+            slots: [const { OnceLock::new() }; CACHED_ORDINALS],
+            opening: Mutex::new(()),
             op,
-            format!("{noun} {index} is not below {CACHED_ORDINALS}"),
-        ));
-    };
-    if let Some(b) = slot.get() {
-        return Ok(b);
+            noun,
+        }
     }
-    let _open = opening.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(b) = slot.get() {
-        return Ok(b);
+
+    /// Backend `index`: a lock-free read after the first call per index, which opens it
+    /// (`open`) under a lock, so it is opened once. An index past the slots gets the error
+    /// `open` gives, or one saying only the first [`CACHED_ORDINALS`] are served.
+    fn get(&'static self, index: usize, open: impl Fn(usize) -> Result<B>) -> Result<&'static B> {
+        let Some(slot) = self.slots.get(index) else {
+            open(index)?;
+            return Err(GpuError::invalid(
+                self.op,
+                format!("{} {index} is not below {CACHED_ORDINALS}", self.noun),
+            ));
+        };
+        if let Some(b) = slot.get() {
+            return Ok(b);
+        }
+        let _open = self.opening.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = slot.get() {
+            return Ok(b);
+        }
+        let b = open(index)?;
+        Ok(slot.get_or_init(|| b))
     }
-    let b = open(index)?;
-    Ok(slot.get_or_init(|| b))
 }
 
 /// The shared backend of wgpu adapter `index`, opened on first use (a clone of
@@ -150,12 +160,9 @@ pub fn wgpu_backend(index: usize) -> Result<WgpuBackend> {
 /// saying only the first 64 are served. A device lost later stays cached (its tensors' buffers
 /// belong to it): every op on it then reports `DeviceLost`.
 pub(crate) fn wgpu_backend_ref(index: usize) -> Result<&'static WgpuBackend> {
-    static SLOTS: [OnceLock<WgpuBackend>; CACHED_ORDINALS] =
-        [const { OnceLock::new() }; CACHED_ORDINALS];
-    static OPENING: Mutex<()> = Mutex::new(());
+    static CACHE: Cached<WgpuBackend> = Cached::new("wgpu_backend", "adapter index");
     // The process-wide backend of gpu-wgpu, so tensors and direct users share one device.
-    let what = ("wgpu_backend", "adapter index");
-    cached(&SLOTS, &OPENING, index, what, WgpuBackend::shared)
+    CACHE.get(index, WgpuBackend::shared)
 }
 
 /// Registers gpu-wgpu's adapter probe with gpu-core, so [`Device::check_present`] (and

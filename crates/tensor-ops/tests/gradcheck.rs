@@ -23,6 +23,8 @@ type Input = (Vec<f32>, Vec<usize>);
 
 /// An op under check, of its inputs.
 type Op = fn(&[Tensor]) -> Result<Tensor>;
+/// An op of one tensor.
+type UnaryOp = fn(&Tensor) -> Result<Tensor>;
 
 /// How many steps h an input of a non-smooth op keeps from the op's kinks.
 const KINK_MARGIN: f32 = 4.0;
@@ -100,18 +102,29 @@ fn arithmetic_with_broadcasting() {
     );
 }
 
-#[test]
-fn activations() {
-    activations_from(rng("activations"));
+/// Two tests of `$check`: `$test` on its own seed ([`rng`]), and `$regression` (with its doc) on
+/// `$seed`, a seed that once made the check fail.
+macro_rules! seeded_tests {
+    ($check:ident: $test:ident, $(#[$doc:meta])* $regression:ident = $seed:expr) => {
+        #[test]
+        fn $test() {
+            $check(rng(stringify!($test)));
+        }
+
+        $(#[$doc])*
+        #[test]
+        fn $regression() {
+            $check(StdRng::seed_from_u64($seed));
+        }
+    };
 }
 
-/// Seed 730 once drew a ReLU input 4.5e-4 from 0, within the step h = 1e-3 of the kink: the
-/// one-sided difference it gave failed the check (as in CI's `relu: d/dx0[13] analytic -0.744308
-/// vs numeric -0.42406`). Inputs are now drawn off the kink.
-#[test]
-fn activations_gradcheck_stays_off_the_relu_kink_on_a_seed_that_hit_it() {
-    activations_from(StdRng::seed_from_u64(730));
-}
+seeded_tests!(activations_from: activations,
+    /// Seed 730 once drew a ReLU input 4.5e-4 from 0, within the step h = 1e-3 of the kink: the
+    /// one-sided difference it gave failed the check (as in CI's `relu: d/dx0[13] analytic
+    /// -0.744308 vs numeric -0.42406`). Inputs are now drawn off the kink.
+    activations_gradcheck_stays_off_the_relu_kink_on_a_seed_that_hit_it = 730
+);
 
 fn activations_from(mut r: StdRng) {
     let x = |r: &mut StdRng| rand_input(r, &[3, 7], -3.0, 3.0);
@@ -140,17 +153,12 @@ fn activations_from(mut r: StdRng) {
     });
 }
 
-#[test]
-fn reductions_and_shapes() {
-    reductions_and_shapes_from(rng("reductions_and_shapes"));
-}
-
-/// Seed 39 once drew two entries of one max slice 3.4e-4 apart, within the step h = 1e-3: the
-/// step moved the maximum and the difference quotient was wrong. Max inputs now keep apart.
-#[test]
-fn reductions_gradcheck_avoids_max_ties_on_a_seed_that_hit_one() {
-    reductions_and_shapes_from(StdRng::seed_from_u64(39));
-}
+seeded_tests!(reductions_and_shapes_from: reductions_and_shapes,
+    /// Seed 39 once drew two entries of one max slice 3.4e-4 apart, within the step h = 1e-3:
+    /// the step moved the maximum and the difference quotient was wrong. Max inputs now keep
+    /// apart.
+    reductions_gradcheck_avoids_max_ties_on_a_seed_that_hit_one = 39
+);
 
 fn reductions_and_shapes_from(mut r: StdRng) {
     // Sum, mean and the shape ops are smooth; max is not where two entries of a slice tie.
@@ -211,20 +219,14 @@ fn matmul_variants() {
 #[test]
 fn nn_ops() {
     let mut r = rng("nn_ops");
-    gradcheck(
-        "softmax",
-        &[rand_input(&mut r, &[3, 6], -2.0, 2.0)],
-        1e-2,
-        1e-3,
-        |t| t[0].softmax(),
-    );
-    gradcheck(
-        "log_softmax",
-        &[rand_input(&mut r, &[3, 6], -2.0, 2.0)],
-        1e-2,
-        1e-3,
-        |t| t[0].log_softmax(),
-    );
+    let row_ops: [(&str, UnaryOp); 2] = [
+        ("softmax", Tensor::softmax),
+        ("log_softmax", Tensor::log_softmax),
+    ];
+    for (name, op) in row_ops {
+        let x = rand_input(&mut r, &[3, 6], -2.0, 2.0);
+        gradcheck(name, &[x], 1e-2, 1e-3, |t| op(&t[0]));
+    }
     let targets = Tensor::from_vec(vec![0u32, 5, 2, 3], &[4], CPU).unwrap();
     gradcheck(
         "cross_entropy",

@@ -60,6 +60,22 @@ fn adam_hp(run: &serde_json::Value) -> [f32; 4] {
     ["beta1", "beta2", "eps", "weight_decay"].map(|key| hp(run, key))
 }
 
+/// The Adam-style hyper-parameters `$ty` of run `$run`: [`adam_hp`]'s four, then the given
+/// fields (and `..rest` when given).
+macro_rules! adam_params {
+    ($ty:ident, $run:expr, { $($field:ident: $value:expr),* $(,)? } $(, ..$rest:expr)?) => {{
+        let [beta1, beta2, eps, weight_decay] = adam_hp($run);
+        $ty {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            $($field: $value,)*
+            $(..$rest)?
+        }
+    }};
+}
+
 /// The parameters with their weight-decay flags: `w` decays, `b` does not.
 fn decay_flags(ps: &[Tensor]) -> Vec<(Tensor, bool)> {
     vec![(ps[0].clone(), true), (ps[1].clone(), false)]
@@ -174,14 +190,7 @@ fn adamw_matches_torch() {
     let fx = fixture();
     let run = &fx["runs"]["adamw"];
     let ps = params(&fx);
-    let [beta1, beta2, eps, weight_decay] = adam_hp(run);
-    let hp = AdamWParams {
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
-        max_grad_norm: None,
-    };
+    let hp = adam_params!(AdamWParams, run, { max_grad_norm: None });
     let mut opt = AdamW::new(decay_flags(&ps), hp).unwrap();
     let worst = replay("adamw", &mut opt, &ps, &mut no_switch);
     println!("adamw: largest difference from PyTorch {worst:e}");
@@ -192,17 +201,12 @@ fn schedule_free_adamw_matches_the_schedulefree_package() {
     let fx = fixture();
     let run = &fx["runs"]["schedule_free"];
     let ps = params(&fx);
-    let [beta1, beta2, eps, weight_decay] = adam_hp(run);
-    let hp = ScheduleFreeParams {
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
+    let hp = adam_params!(ScheduleFreeParams, run, {
         warmup_steps: run["hp"]["warmup_steps"].as_u64().unwrap() as u32,
         r: hp(run, "r"),
         weight_lr_power: hp(run, "weight_lr_power"),
         max_grad_norm: None,
-    };
+    });
     let flags = decay_flags(&ps);
     let mut opt = ScheduleFreeAdamW::new(flags, hp).unwrap();
     let p2 = ps.clone();
@@ -227,17 +231,11 @@ fn prodigy_case(name: &str) {
     let fx = fixture();
     let run = &fx["runs"][name];
     let ps = params(&fx);
-    let [beta1, beta2, eps, weight_decay] = adam_hp(run);
-    let hp = ProdigyParams {
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
+    let hp = adam_params!(ProdigyParams, run, {
         d0: hp(run, "d0"),
         decouple: run["hp"]["decouple"].as_bool().unwrap(),
         use_bias_correction: run["hp"]["use_bias_correction"].as_bool().unwrap(),
-        ..Default::default()
-    };
+    }, ..Default::default());
     let flags = decay_flags(&ps);
     let mut opt = Prodigy::new(flags, hp).unwrap();
     let worst = replay(name, &mut opt, &ps, &mut no_switch);

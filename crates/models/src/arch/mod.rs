@@ -32,17 +32,39 @@ pub use fast::{FastPass, KvSlots};
 pub use gpt2::Gpt2Fast;
 pub use llama::LlamaFast;
 
+/// What a fast model is loaded from and how: the model of `cfg` from `ck` onto `device`, the
+/// projections in `dtype` (bf16 or f32), or quantized to `quant` from their f32 values; norms
+/// f32.
+#[derive(Clone, Copy)]
+pub struct DecoderSource<'a> {
+    /// The model's config.
+    pub cfg: &'a ModelConfig,
+    /// Its opened checkpoint.
+    pub ck: &'a Checkpoint,
+    /// Where the weights go.
+    pub device: Device,
+    /// The projections' dtype.
+    pub dtype: DType,
+    /// The projections' quantization, when quantized.
+    pub quant: Option<QuantKind>,
+}
+
+impl DecoderSource<'_> {
+    /// The checkpoint's tensor `name` on the device, as stored (f32).
+    pub(crate) fn f32(&self, name: &str) -> Result<Tensor, ModelError> {
+        crate::layers::load(self.ck, name, self.device)
+    }
+
+    /// The checkpoint's tensor `name` on the device, in the projections' dtype.
+    pub(crate) fn in_dtype(&self, name: &str) -> Result<Tensor, ModelError> {
+        Ok(self.f32(name)?.to_dtype(self.dtype)?)
+    }
+}
+
 /// A decoder-only model as the fast engine runs it (see the module doc).
 pub trait DecoderModel: Send + Sync {
-    /// The model of `cfg` from `ck` onto `device`: the projections in `dtype` (bf16 or f32), or
-    /// quantized to `quant` from their f32 values; norms f32.
-    fn load(
-        cfg: &ModelConfig,
-        ck: &Checkpoint,
-        device: Device,
-        dtype: DType,
-        quant: Option<QuantKind>,
-    ) -> Result<Self, ModelError>
+    /// The model `src` describes (see [`DecoderSource`]).
+    fn load(src: DecoderSource<'_>) -> Result<Self, ModelError>
     where
         Self: Sized;
 
@@ -64,18 +86,12 @@ pub trait DecoderModel: Send + Sync {
     fn learned_positions(&self) -> bool;
 }
 
-/// The fast model of `cfg`'s architecture (see [`DecoderModel::load`]).
-pub fn load_decoder(
-    cfg: &ModelConfig,
-    ck: &Checkpoint,
-    device: Device,
-    dtype: DType,
-    quant: Option<QuantKind>,
-) -> Result<Box<dyn DecoderModel>, ModelError> {
-    Ok(match cfg.architecture {
-        Architecture::Gpt2 => Box::new(Gpt2Fast::load(cfg, ck, device, dtype, quant)?),
+/// The fast model of `src.cfg`'s architecture (see [`DecoderModel::load`]).
+pub fn load_decoder(src: DecoderSource<'_>) -> Result<Box<dyn DecoderModel>, ModelError> {
+    Ok(match src.cfg.architecture {
+        Architecture::Gpt2 => Box::new(Gpt2Fast::load(src)?),
         Architecture::Llama | Architecture::Qwen2 | Architecture::Mistral => {
-            Box::new(LlamaFast::load(cfg, ck, device, dtype, quant)?)
+            Box::new(LlamaFast::load(src)?)
         }
     })
 }

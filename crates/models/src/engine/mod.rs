@@ -25,7 +25,7 @@ use std::path::Path;
 use tensor_ops::graph::{capture, Graph};
 use tensor_ops::{no_grad, DType, Device, SampleParams, Tensor};
 
-use crate::arch::{load_decoder, DecoderModel, FastPass, KvSlots};
+use crate::arch::{load_decoder, DecoderModel, DecoderSource, FastPass, KvSlots};
 use crate::config::ModelConfig;
 use crate::error::{LogitsAt, ModelError};
 use crate::quant::QuantKind;
@@ -116,7 +116,14 @@ impl Engine {
         opts: EngineOptions,
     ) -> Result<Self, ModelError> {
         check_options(&cfg, device, opts)?;
-        let model = no_grad(|| load_decoder(&cfg, ck, device, opts.dtype, opts.quant))?;
+        let src = DecoderSource {
+            cfg: &cfg,
+            ck,
+            device,
+            dtype: opts.dtype,
+            quant: opts.quant,
+        };
+        let model = no_grad(|| load_decoder(src))?;
         Self::from_model(model, device, opts)
     }
 

@@ -2,16 +2,16 @@
 //! clipping computed on the device.
 
 use super::common::{
-    bufs, bufs_mut, check_lr as check_lr_in, check_max_grad_norm, check_schedule, checked_params,
-    clip, clip_norm, copies, gather_grads, storage_ptr, zeros_like,
+    check_lr as check_lr_in, check_max_grad_norm, check_schedule, clip, copies, gather_grads,
+    storage_ptr, zeros_like,
 };
+use super::fused::{lock_and_launch, FusedCore, FusedStep, StepBufs};
 use super::state::{copy_named, load_counted, named};
 use super::{Optimizer, OptimizerState};
 use crate::autograd::Gradients;
-use crate::backend::{on_device, DeviceBackend};
-use crate::storage::Storage;
+use crate::backend::DeviceBackend;
 use crate::tensor::Tensor;
-use gpu_core::nn::optim::AdamWBuffers;
+use gpu_core::nn::optim::{AdamWBuffers, StepScalars};
 use gpu_core::nn::AdamWConfig;
 use gpu_core::{DType, GpuError, Result};
 
@@ -49,14 +49,11 @@ pub struct AdamWState {
 
 /// AdamW state: first and second moments for each parameter.
 pub struct AdamW {
-    params: Vec<Tensor>,
-    decays: Vec<f32>,
+    core: FusedCore,
     m: Vec<Tensor>,
     v: Vec<Tensor>,
     hp: AdamWParams,
     step: u32,
-    /// `[norm, coef]` of the last clipping, on the device.
-    last_clip: Option<Tensor>,
 }
 
 impl AdamWParams {
@@ -98,15 +95,13 @@ impl AdamW {
     /// storage would be updated twice per step (and its lock taken twice).
     pub fn new(params: Vec<(Tensor, bool)>, hp: AdamWParams) -> Result<AdamW> {
         hp.validate()?;
-        let (params, decays) = checked_params("AdamW", params, hp.weight_decay)?;
+        let core = FusedCore::new("AdamW", params, hp.weight_decay)?;
         Ok(AdamW {
-            m: zeros_like(&params)?,
-            v: zeros_like(&params)?,
-            params,
-            decays,
+            m: zeros_like(&core.params)?,
+            v: zeros_like(&core.params)?,
+            core,
             hp,
             step: 0,
-            last_clip: None,
         })
     }
 
@@ -177,7 +172,7 @@ impl AdamW {
             mine.assign(theirs)?;
         }
         self.step = state.step;
-        self.last_clip = None;
+        self.core.last_clip = None;
         Ok(())
     }
 
@@ -261,7 +256,7 @@ impl AdamW {
         step: u32,
         schedule: Option<&Tensor>,
     ) -> Result<()> {
-        let Some(first) = self.params.first() else {
+        let Some(first) = self.core.params.first() else {
             return Ok(());
         };
         let dev = first.device();
@@ -275,65 +270,44 @@ impl AdamW {
             }
         }
         let written = [&self.m[..], &self.v];
-        let gs = gather_grads("AdamW::step", &self.params, &written, grads, dev)?;
-        let cfg = self.config(lr, step);
+        let gs = gather_grads("AdamW::step", &self.core.params, &written, grads, dev)?;
+        let step = AdamWStep {
+            cfg: self.config(lr, step),
+        };
         let clip = clip(&gs, self.hp.max_grad_norm, dev)?;
-        {
-            let mut pg: Vec<_> = self.params.iter().map(|t| t.write()).collect();
-            let mut mg: Vec<_> = self.m.iter().map(|t| t.write()).collect();
-            let mut vg: Vec<_> = self.v.iter().map(|t| t.write()).collect();
-            let gg: Vec<_> = gs.iter().map(|t| t.read()).collect();
-            let cg = clip.as_ref().map(|c| c.read());
-            let sg = schedule.map(|s| s.read());
-            on_device!(dev, |be| adamw_impl(
-                be,
-                (&mut pg, &gg, &mut mg, &mut vg),
-                &self.decays,
-                (cg.as_deref(), sg.as_deref()),
-                cfg
-            )?);
-        }
-        self.last_clip = clip;
+        let lists = (&self.core.params[..], &self.core.decays[..], &gs[..]);
+        lock_and_launch(dev, lists, (written, []), (&clip, &[], schedule), &step)?;
+        self.core.last_clip = clip;
         Ok(())
     }
 
     /// The global gradient norm before clipping at the last step (a device-to-host copy).
     pub fn last_grad_norm(&self) -> Result<Option<f32>> {
-        clip_norm(self.last_clip.as_ref())
+        self.core.last_grad_norm()
     }
 }
 
-/// The locked lists of an AdamW step: `(params, grads, m, v)`.
-type Locked<'a, 'g> = (
-    &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
-    &'a [std::sync::RwLockReadGuard<'g, Storage>],
-    &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
-    &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
-);
-
-/// One AdamW step on `be` over the locked `(params, grads, m, v)`.
-fn adamw_impl<B: DeviceBackend>(
-    be: &B,
-    (params, grads, m, v): Locked<'_, '_>,
-    decays: &[f32],
-    (clip, schedule): (Option<&Storage>, Option<&Storage>),
+/// AdamW's op over the step's buffers: `[m, v]` written; with a device schedule, the
+/// scheduled op.
+struct AdamWStep {
     cfg: AdamWConfig,
-) -> Result<()> {
-    let mut p = bufs_mut::<B>(params)?;
-    let g = bufs::<B>(grads)?;
-    let (mut mm, mut vv) = (bufs_mut::<B>(m)?, bufs_mut::<B>(v)?);
-    let c = clip.map(B::get).transpose()?;
-    let bufs = AdamWBuffers {
-        params: &mut p,
-        grads: &g,
-        m: &mut mm,
-        v: &mut vv,
-        weight_decay: decays,
-        grad_scale: c,
-    };
-    match schedule {
-        None => be.adamw_step(bufs, cfg),
-        Some(s) => be.adamw_step_scheduled(bufs, cfg, B::get(s)?),
+}
+
+impl FusedStep<2, 0> for AdamWStep {
+    fn launch<B: DeviceBackend>(&self, be: &B, b: StepBufs<'_, B, 2, 0>) -> Result<()> {
+        let (mut params, [mut m, mut v]) = (b.params, b.written);
+        let bufs = AdamWBuffers {
+            params: &mut params,
+            grads: &b.grads,
+            m: &mut m,
+            v: &mut v,
+            weight_decay: b.decays,
+            grad_scale: b.clip,
+        };
+        match b.scalars {
+            StepScalars::Host(_) => be.adamw_step(bufs, self.cfg),
+            StepScalars::Device(s) => be.adamw_step_scheduled(bufs, self.cfg, s),
+        }
     }
 }
 
@@ -382,7 +356,7 @@ impl Optimizer for AdamW {
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         const OP: &str = "AdamW::load_state";
         self.step = load_counted(OP, "adamw", &named(&self.state_lists()), state)?;
-        self.last_clip = None;
+        self.core.last_clip = None;
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 
 mod adamw;
 mod common;
+mod fused;
 mod prodigy;
 mod schedule_free;
 mod state;

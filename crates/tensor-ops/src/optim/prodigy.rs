@@ -4,20 +4,16 @@
 //! they and `d` stay on the device ([`ProdigyScalars`], f64), so a step never waits for the
 //! host and can be recorded in a CUDA graph.
 
-use super::common::{
-    bufs, bufs_mut, check_lr, check_max_grad_norm, check_step, checked_params, clip_norm, copies,
-    read_all, step_scalars, storage_ptr, write_all, zeros_like, CheckedStep,
-};
+use super::common::{check_lr, check_max_grad_norm, copies, storage_ptr, zeros_like};
+use super::fused::{FusedCore, FusedStep, StepBufs};
 use super::state::{copy_named, load_counted, named};
 use super::{Optimizer, OptimizerState};
 use crate::autograd::Gradients;
-use crate::backend::{on_device, DeviceBackend};
-use crate::storage::Storage;
+use crate::backend::DeviceBackend;
 use crate::tensor::Tensor;
 use gpu_core::nn::optim::ProdigyBuffers;
 use gpu_core::nn::optim::{ProdigyConfig, ProdigyScalars, PRODIGY_SCHEDULE_LEN};
 use gpu_core::{GpuError, Result};
-use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 /// Prodigy's hyper-parameters (the package's defaults). The step's `lr` multiplies `d`
 /// (1.0 by default, the package's `lr`).
@@ -100,8 +96,7 @@ impl ProdigyParams {
 /// when the optimiser is built (the package takes it at the first step: build it right before
 /// training, after any checkpoint load).
 pub struct Prodigy {
-    params: Vec<Tensor>,
-    decays: Vec<f32>,
+    core: FusedCore,
     p0: Vec<Tensor>,
     s: Vec<Tensor>,
     m: Vec<Tensor>,
@@ -110,27 +105,25 @@ pub struct Prodigy {
     scalars: Tensor,
     hp: ProdigyParams,
     step: u32,
-    last_clip: Option<Tensor>,
 }
 
 impl Prodigy {
     /// `params` with whether each is weight-decayed. Errors as [`super::AdamW::new`] does.
     pub fn new(params: Vec<(Tensor, bool)>, hp: ProdigyParams) -> Result<Self> {
         hp.validate()?;
-        let (params, decays) = checked_params("Prodigy", params, hp.weight_decay)?;
+        let core = FusedCore::new("Prodigy", params, hp.weight_decay)?;
+        let params = &core.params;
         let dev = params.first().map_or(gpu_core::Device::Cpu, |p| p.device());
         let words = ProdigyScalars::initial(hp.d0).to_words();
         Ok(Prodigy {
-            p0: copies(&params)?,
-            s: zeros_like(&params)?,
-            m: zeros_like(&params)?,
-            v: zeros_like(&params)?,
+            p0: copies(params)?,
+            s: zeros_like(params)?,
+            m: zeros_like(params)?,
+            v: zeros_like(params)?,
             scalars: Tensor::from_vec(words, &[2 * ProdigyScalars::COUNT], dev)?,
-            params,
-            decays,
+            core,
             hp,
             step: 0,
-            last_clip: None,
         })
     }
 
@@ -169,85 +162,44 @@ impl Prodigy {
         host: &[f32],
         schedule: Option<&Tensor>,
     ) -> Result<()> {
-        let written = [&self.s[..], &self.m, &self.v, &self.p0];
+        let step = ProdigyStep {
+            cfg: self.hp.config(),
+            scalars: &self.scalars,
+        };
+        let lists = ([&self.s[..], &self.m, &self.v], [&self.p0[..]]);
         let sched = schedule.map(|s| (s, PRODIGY_SCHEDULE_LEN));
         let max = self.hp.max_grad_norm;
-        let Some(CheckedStep {
-            dev,
-            grads: gs,
-            clip,
-        }) = check_step(op, &self.params, &written, grads, sched, max)?
-        else {
-            return Ok(());
-        };
-        {
-            let mut pg = write_all(&self.params);
-            let (mut sg, mut mg, mut vg) =
-                (write_all(&self.s), write_all(&self.m), write_all(&self.v));
-            let (gg, p0g) = (read_all(&gs), read_all(&self.p0));
-            let mut scg = self.scalars.write();
-            let cg = clip.as_ref().map(|c| c.read());
-            let lr_g = schedule.map(|s| s.read());
-            let t = ProdigyGuards {
-                p: &mut pg,
-                g: &gg,
-                p0: &p0g,
-                s: &mut sg,
-                m: &mut mg,
-                v: &mut vg,
-                scalars: &mut scg,
-            };
-            let extra = (cg.as_deref(), host, lr_g.as_deref());
-            let cfg = self.hp.config();
-            on_device!(dev, |be| prodigy_impl(be, t, &self.decays, extra, cfg)?);
-        }
-        self.last_clip = clip;
-        Ok(())
+        self.core.queue(op, lists, grads, (host, sched), max, &step)
     }
 }
 
-/// The guards of one step's tensors.
-struct ProdigyGuards<'a, 'g> {
-    p: &'a mut [RwLockWriteGuard<'g, Storage>],
-    g: &'a [RwLockReadGuard<'g, Storage>],
-    p0: &'a [RwLockReadGuard<'g, Storage>],
-    s: &'a mut [RwLockWriteGuard<'g, Storage>],
-    m: &'a mut [RwLockWriteGuard<'g, Storage>],
-    v: &'a mut [RwLockWriteGuard<'g, Storage>],
-    scalars: &'a mut RwLockWriteGuard<'g, Storage>,
+/// Prodigy's op over the step's buffers: `[s, m, v]` written, `[p0]` read, and the device
+/// scalars, locked here.
+struct ProdigyStep<'a> {
+    cfg: ProdigyConfig,
+    scalars: &'a Tensor,
 }
 
-fn prodigy_impl<B: DeviceBackend>(
-    be: &B,
-    t: ProdigyGuards<'_, '_>,
-    decays: &[f32],
-    (clip, host, schedule): (Option<&Storage>, &[f32], Option<&Storage>),
-    cfg: ProdigyConfig,
-) -> Result<()> {
-    let mut p = bufs_mut::<B>(t.p)?;
-    let (g, p0) = (bufs::<B>(t.g)?, bufs::<B>(t.p0)?);
-    let (mut s, mut m, mut v) = (
-        bufs_mut::<B>(t.s)?,
-        bufs_mut::<B>(t.m)?,
-        bufs_mut::<B>(t.v)?,
-    );
-    let (c, lr) = step_scalars::<B>(clip, host, schedule)?;
-    let sc = B::get_mut(t.scalars)?;
-    be.prodigy_step(
-        ProdigyBuffers {
-            params: &mut p,
-            grads: &g,
-            p0: &p0,
-            s: &mut s,
-            m: &mut m,
-            v: &mut v,
-            weight_decay: decays,
-            grad_scale: c,
-        },
-        cfg,
-        lr,
-        sc,
-    )
+impl FusedStep<3, 1> for ProdigyStep<'_> {
+    fn launch<B: DeviceBackend>(&self, be: &B, b: StepBufs<'_, B, 3, 1>) -> Result<()> {
+        let (mut params, [mut s, mut m, mut v], [p0]) = (b.params, b.written, b.read);
+        let mut sc = self.scalars.write();
+        be.prodigy_step(
+            ProdigyBuffers {
+                params: &mut params,
+                grads: &b.grads,
+                p0: &p0,
+                s: &mut s,
+                m: &mut m,
+                v: &mut v,
+                weight_decay: b.decays,
+                grad_scale: b.clip,
+            },
+            self.cfg,
+            b.scalars,
+            B::get_mut(&mut sc)?,
+        )
+    }
 }
 
 const NAME: &str = "prodigy";
@@ -296,7 +248,7 @@ impl Optimizer for Prodigy {
     }
 
     fn last_grad_norm(&self) -> Result<Option<f32>> {
-        clip_norm(self.last_clip.as_ref())
+        self.core.last_grad_norm()
     }
 
     /// Tensors `p0.i`, `s.i`, `m.i`, `v.i`, `scalars` (the device f64 scalars as 16 f32
@@ -316,7 +268,7 @@ impl Optimizer for Prodigy {
         let mut mine = named(&self.state_lists());
         mine.push(("scalars".into(), &self.scalars));
         self.step = load_counted(OP, NAME, &mine, state)?;
-        self.last_clip = None;
+        self.core.last_clip = None;
         Ok(())
     }
 

@@ -5,9 +5,10 @@
 //! weighted by `ckp1`) is swapped in by [`Optimizer::eval_params`].
 
 use super::common::{
-    bufs, bufs_mut, check_lr, check_max_grad_norm, check_step, checked_params, clip_norm, copies,
-    read_all, step_scalars, storage_ptr, write_all, zeros_like, CheckedStep,
+    bufs, bufs_mut, check_lr, check_max_grad_norm, copies, read_all, storage_ptr, write_all,
+    zeros_like,
 };
+use super::fused::{FusedCore, FusedStep, StepBufs};
 use super::state::{assign_all, checked_state, copy_named, count_scalar, named};
 use super::{Optimizer, OptimizerState};
 use crate::autograd::Gradients;
@@ -89,8 +90,7 @@ impl ScheduleFreeParams {
 /// Schedule-Free AdamW over a list of parameters (see the module doc). It starts in train
 /// mode (the parameters are `y`; the package needs an explicit `train()` first).
 pub struct ScheduleFreeAdamW {
-    params: Vec<Tensor>,
-    decays: Vec<f32>,
+    core: FusedCore,
     z: Vec<Tensor>,
     v: Vec<Tensor>,
     hp: ScheduleFreeParams,
@@ -99,7 +99,6 @@ pub struct ScheduleFreeAdamW {
     lr_max: f64,
     weight_sum: f64,
     train_mode: bool,
-    last_clip: Option<Tensor>,
 }
 
 /// The host scalars after a step, and the step's schedule `[lr, ckp1, y_lr, bc2]`.
@@ -114,18 +113,16 @@ impl ScheduleFreeAdamW {
     /// the second moment at 0. Errors as [`super::AdamW::new`] does.
     pub fn new(params: Vec<(Tensor, bool)>, hp: ScheduleFreeParams) -> Result<Self> {
         hp.validate()?;
-        let (params, decays) = checked_params("ScheduleFreeAdamW", params, hp.weight_decay)?;
+        let core = FusedCore::new("ScheduleFreeAdamW", params, hp.weight_decay)?;
         Ok(ScheduleFreeAdamW {
-            z: copies(&params)?,
-            v: zeros_like(&params)?,
-            params,
-            decays,
+            z: copies(&core.params)?,
+            v: zeros_like(&core.params)?,
+            core,
             hp,
             k: 0,
             lr_max: -1.0,
             weight_sum: 0.0,
             train_mode: true,
-            last_clip: None,
         })
     }
 
@@ -194,87 +191,52 @@ impl ScheduleFreeAdamW {
         host: &[f32],
         schedule: Option<&Tensor>,
     ) -> Result<()> {
-        let written = [&self.z[..], &self.v];
+        let step = SfStep {
+            cfg: ScheduleFreeConfig {
+                beta2: self.hp.beta2,
+                eps: self.hp.eps,
+            },
+        };
+        let lists = ([&self.z[..], &self.v], []);
         let sched = schedule.map(|s| (s, SF_SCHEDULE_LEN));
         let max = self.hp.max_grad_norm;
-        let Some(CheckedStep {
-            dev,
-            grads: gs,
-            clip,
-        }) = check_step(op, &self.params, &written, grads, sched, max)?
-        else {
-            return Ok(());
-        };
-        let cfg = ScheduleFreeConfig {
-            beta2: self.hp.beta2,
-            eps: self.hp.eps,
-        };
-        {
-            let (mut pg, mut zg, mut vg) = (
-                write_all(&self.params),
-                write_all(&self.z),
-                write_all(&self.v),
-            );
-            let gg = read_all(&gs);
-            let cg = clip.as_ref().map(|c| c.read());
-            let sg = schedule.map(|s| s.read());
-            let guards = SfGuards {
-                p: &mut pg,
-                g: &gg,
-                z: &mut zg,
-                v: &mut vg,
-            };
-            let extra = (cg.as_deref(), host, sg.as_deref());
-            on_device!(dev, |be| sf_impl(be, guards, &self.decays, extra, cfg)?);
-        }
-        self.last_clip = clip;
-        Ok(())
+        self.core.queue(op, lists, grads, (host, sched), max, &step)
     }
 
     /// `params = lerp(params, z, w)` on the device.
     fn swap(&mut self, w: f64) -> Result<()> {
-        let Some(first) = self.params.first() else {
+        let Some(first) = self.core.params.first() else {
             return Ok(());
         };
         let dev = first.device();
-        let mut pg = write_all(&self.params);
+        let mut pg = write_all(&self.core.params);
         let zg = read_all(&self.z);
         on_device!(dev, |be| lerp_impl(be, &mut pg, &zg, w as f32)?);
         Ok(())
     }
 }
 
-/// The guards of one step's tensors.
-struct SfGuards<'a, 'g> {
-    p: &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
-    g: &'a [std::sync::RwLockReadGuard<'g, Storage>],
-    z: &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
-    v: &'a mut [std::sync::RwLockWriteGuard<'g, Storage>],
+/// Schedule-Free AdamW's op over the step's buffers: `[z, v]` written.
+struct SfStep {
+    cfg: ScheduleFreeConfig,
 }
 
-fn sf_impl<B: DeviceBackend>(
-    be: &B,
-    t: SfGuards<'_, '_>,
-    decays: &[f32],
-    (clip, host, schedule): (Option<&Storage>, &[f32], Option<&Storage>),
-    cfg: ScheduleFreeConfig,
-) -> Result<()> {
-    let mut p = bufs_mut::<B>(t.p)?;
-    let g = bufs::<B>(t.g)?;
-    let (mut z, mut v) = (bufs_mut::<B>(t.z)?, bufs_mut::<B>(t.v)?);
-    let (c, scalars) = step_scalars::<B>(clip, host, schedule)?;
-    be.schedule_free_step(
-        ScheduleFreeBuffers {
-            params: &mut p,
-            grads: &g,
-            z: &mut z,
-            v: &mut v,
-            weight_decay: decays,
-            grad_scale: c,
-        },
-        cfg,
-        scalars,
-    )
+impl FusedStep<2, 0> for SfStep {
+    fn launch<B: DeviceBackend>(&self, be: &B, b: StepBufs<'_, B, 2, 0>) -> Result<()> {
+        let (mut params, [mut z, mut v]) = (b.params, b.written);
+        be.schedule_free_step(
+            ScheduleFreeBuffers {
+                params: &mut params,
+                grads: &b.grads,
+                z: &mut z,
+                v: &mut v,
+                weight_decay: b.decays,
+                grad_scale: b.clip,
+            },
+            self.cfg,
+            b.scalars,
+        )
+    }
 }
 
 fn lerp_impl<B: DeviceBackend>(
@@ -332,7 +294,7 @@ impl Optimizer for ScheduleFreeAdamW {
     }
 
     fn last_grad_norm(&self) -> Result<Option<f32>> {
-        clip_norm(self.last_clip.as_ref())
+        self.core.last_grad_norm()
     }
 
     /// Tensors `z.i`, `v.i`; scalars `k`, `lr_max`, `weight_sum`, `train_mode` (1 or 0). Take
@@ -371,7 +333,7 @@ impl Optimizer for ScheduleFreeAdamW {
         assign_all(&mine, &fresh)?;
         (self.k, self.lr_max, self.weight_sum) = (k, sc[1], sc[2]);
         self.train_mode = sc[3] == 1.0;
-        self.last_clip = None;
+        self.core.last_clip = None;
         Ok(())
     }
 

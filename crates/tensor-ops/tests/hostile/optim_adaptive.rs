@@ -22,26 +22,29 @@ fn grads(p: &[Tensor], scale: &[f32]) -> Gradients {
 
 type Make = fn(&[Tensor], Option<f32>) -> Box<dyn Optimizer>;
 
+/// A [`Make`] of optimiser `$opt`: every parameter decayed, weight decay 0.1, clipping at
+/// `clip`, the other hyper-parameters `$hp`'s defaults.
+macro_rules! maker {
+    ($opt:ident, $hp:ident) => {
+        |p, clip| {
+            let hp = $hp {
+                weight_decay: 0.1,
+                max_grad_norm: clip,
+                ..Default::default()
+            };
+            let flags = p.iter().map(|t| (t.clone(), true)).collect();
+            Box::new($opt::new(flags, hp).unwrap())
+        }
+    };
+}
+
 fn makers() -> [(&'static str, Make); 2] {
     [
-        ("schedule_free_adamw", |p, clip| {
-            let hp = ScheduleFreeParams {
-                weight_decay: 0.1,
-                max_grad_norm: clip,
-                ..Default::default()
-            };
-            let flags = p.iter().map(|t| (t.clone(), true)).collect();
-            Box::new(ScheduleFreeAdamW::new(flags, hp).unwrap())
-        }),
-        ("prodigy", |p, clip| {
-            let hp = ProdigyParams {
-                weight_decay: 0.1,
-                max_grad_norm: clip,
-                ..Default::default()
-            };
-            let flags = p.iter().map(|t| (t.clone(), true)).collect();
-            Box::new(Prodigy::new(flags, hp).unwrap())
-        }),
+        (
+            "schedule_free_adamw",
+            maker!(ScheduleFreeAdamW, ScheduleFreeParams),
+        ),
+        ("prodigy", maker!(Prodigy, ProdigyParams)),
     ]
 }
 

@@ -13,7 +13,7 @@
 use tensor_ops::{DType, Device, Tensor};
 
 use crate::arch::fast::{bytes, FastPass, Proj};
-use crate::arch::DecoderModel;
+use crate::arch::{DecoderModel, DecoderSource};
 use crate::config::{Gpt2Activation, ModelConfig};
 use crate::error::ModelError;
 use crate::layers::{gelu_tanh, load, transpose, LayerNorm};
@@ -109,14 +109,9 @@ pub struct Gpt2Fast {
 }
 
 impl DecoderModel for Gpt2Fast {
-    fn load(
-        cfg: &ModelConfig,
-        ck: &Checkpoint,
-        dev: Device,
-        dtype: DType,
-        quant: Option<QuantKind>,
-    ) -> Result<Self, ModelError> {
-        let affine = |name: &str| Affine::load(ck, name, dev, dtype, quant);
+    fn load(src: DecoderSource<'_>) -> Result<Self, ModelError> {
+        let (cfg, ck, dev, dtype) = (src.cfg, src.ck, src.device, src.dtype);
+        let affine = |name: &str| Affine::load(ck, name, dev, dtype, src.quant);
         let blocks = crate::arch::load_layers(cfg, "h", |p| {
             Ok(Block {
                 ln_1: Norm::load(ck, &format!("{p}.ln_1"), dev)?,
@@ -127,15 +122,15 @@ impl DecoderModel for Gpt2Fast {
                 mlp_proj: affine(&format!("{p}.mlp.c_proj"))?,
             })
         })?;
-        let wte = load(ck, "wte.weight", dev)?;
+        let wte = src.f32("wte.weight")?;
         let head = match ck.info("lm_head.weight") {
-            Some(_) => load(ck, "lm_head.weight", dev)?.to_dtype(dtype)?,
+            Some(_) => src.in_dtype("lm_head.weight")?,
             None => wte.to_dtype(dtype)?,
         };
         Ok(Gpt2Fast {
             cfg: cfg.clone(),
             dtype,
-            wpe: load(ck, "wpe.weight", dev)?,
+            wpe: src.f32("wpe.weight")?,
             wte,
             blocks,
             ln_f: Norm::load(ck, "ln_f", dev)?,

@@ -8,12 +8,10 @@
 use tensor_ops::{DType, Device, Tensor};
 
 use crate::arch::fast::{bytes, FastPass, Proj};
-use crate::arch::DecoderModel;
+use crate::arch::{DecoderModel, DecoderSource};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::layers::{inv_freq, load};
-use crate::quant::QuantKind;
-use crate::weights::Checkpoint;
 
 struct LayerWeights {
     input_norm: Tensor,
@@ -43,28 +41,21 @@ pub struct LlamaFast {
 }
 
 impl DecoderModel for LlamaFast {
-    fn load(
-        cfg: &ModelConfig,
-        ck: &Checkpoint,
-        dev: Device,
-        dtype: DType,
-        quant: Option<QuantKind>,
-    ) -> Result<Self, ModelError> {
-        let w = |name: &str| -> Result<Tensor, ModelError> {
-            Ok(load(ck, name, dev)?.to_dtype(dtype)?)
-        };
-        let f32_of = |name: &str| load(ck, name, dev);
+    fn load(src: DecoderSource<'_>) -> Result<Self, ModelError> {
+        let (cfg, dev, dtype) = (src.cfg, src.device, src.dtype);
+        let w = |name: &str| src.in_dtype(name);
+        let f32_of = |name: &str| src.f32(name);
         // The tensors of `names` stacked by rows: in the engine's dtype, or quantized from
         // their f32 values on the host.
         let proj = |names: &[String]| -> Result<Proj, ModelError> {
-            let Some(kind) = quant else {
+            let Some(kind) = src.quant else {
                 let parts = names.iter().map(|n| w(n)).collect::<Result<Vec<_>, _>>()?;
                 let refs: Vec<&Tensor> = parts.iter().collect();
                 return Ok(Proj::Dense(Tensor::cat(&refs, 0)?));
             };
             let parts = names
                 .iter()
-                .map(|n| load(ck, n, Device::Cpu))
+                .map(|n| load(src.ck, n, Device::Cpu))
                 .collect::<Result<Vec<_>, _>>()?;
             let refs: Vec<&Tensor> = parts.iter().collect();
             Proj::from_host(&Tensor::cat(&refs, 0)?, dev, dtype, Some(kind))
