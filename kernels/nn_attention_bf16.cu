@@ -125,12 +125,13 @@ static __device__ __forceinline__ void fwd_tile(float (&o)[8][4], float (&m)[2],
     }
 }
 
-// The double-buffered key/value tiles of the forward and dq loops (key tiles kt = 0 ..= qt; buf:
-// tile kt's buffer offset): starts loading tile kt + 1 into the other buffers when there is one,
-// then waits for tile kt and syncs the block.
-static __device__ __forceinline__ void kv_tile_ready(u32 sK, u32 sV, const bf16* __restrict__ k,
-                                                     const bf16* __restrict__ v, u32 buf, int kt,
-                                                     int qt, int t, int li) {
+// The double-buffered key/value tiles of the forward and dq loops (key tiles kt = 0 ..= qt):
+// starts loading tile kt + 1 into the other buffers when there is one, then waits for tile kt and
+// syncs the block. Returns tile kt's buffer offset.
+static __device__ __forceinline__ u32 kv_tile_ready(u32 sK, u32 sV, const bf16* __restrict__ k,
+                                                    const bf16* __restrict__ v, int kt, int qt,
+                                                    int t, int li) {
+    const u32 buf = (u32)(kt & 1) * TILE_BYTES;
     if (kt < qt) {
         tile_async(sK + (TILE_BYTES - buf), k, (kt + 1) * TR, t, li);
         tile_async(sV + (TILE_BYTES - buf), v, (kt + 1) * TR, t, li);
@@ -140,6 +141,7 @@ static __device__ __forceinline__ void kv_tile_ready(u32 sK, u32 sV, const bf16*
         cp_wait<0>();
     }
     __syncthreads();
+    return buf;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -172,16 +174,10 @@ static __device__ __forceinline__ void attn_fwd_d64_bf16_body(const bf16* __rest
     float o[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     zero(o);
     for (int kt = 0; kt <= qt; ++kt) {
-        const u32 buf = (u32)(kt & 1) * TILE_BYTES;
-        kv_tile_ready(sK, sV, k + base, v + base, buf, kt, qt, t, li);
+        const u32 buf = kv_tile_ready(sK, sV, k + base, v + base, kt, qt, t, li);
         if (kt == 0) {
             load_a(qf, sQ, 16 * w, lane);
-            if (scale < 0.f) {
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) qf[kk][i] ^= 0x80008000u;
-            }
+            negate_if(qf, scale);
         }
         const u32 tk = sK + buf, tv = sV + buf;
         const DropAt da{dr, seq, q0 + 16 * w, kt * TR, t};
@@ -319,8 +315,7 @@ static __device__ __forceinline__ void attn_bwd_dq_d64_bf16_body(const bf16* __r
     float acc[8][4];
     zero(acc);
     for (int kt = 0; kt <= qt; ++kt) {
-        const u32 buf = (u32)(kt & 1) * TILE_BYTES;
-        kv_tile_ready(sK, sV, k + base, v + base, buf, kt, qt, t, li);
+        const u32 buf = kv_tile_ready(sK, sV, k + base, v + base, kt, qt, t, li);
         if (kt == 0) {
             load_a(qf, sQ, 16 * w, lane);
             load_a(of, sdO, 16 * w, lane);

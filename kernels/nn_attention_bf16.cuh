@@ -89,6 +89,17 @@ static __device__ __forceinline__ void load_a(u32 (&a)[4][4], u32 s, int row0, i
         ldsm_x4(a[kk], s + swz(row0 + (lane & 7) + (((lane >> 3) & 1) << 3), kk * 2 + (lane >> 4)));
 }
 
+// A negative scale flips the sign of every bf16 of the Q fragments a (exact in bf16, and so in
+// every product and sum), so that the scores can be scaled by |scale| alone.
+static __device__ __forceinline__ void negate_if(u32 (&a)[4][4], float scale) {
+    if (scale < 0.f) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[kk][i] ^= 0x80008000u;
+    }
+}
+
 // acc (16 x 64, n-tiles of 8 columns) += A · Bᵀ, B the 64 rows of tile s (row = output column),
 // over the 16-column blocks jlo ..= jhi only (warp-uniform).
 static __device__ __forceinline__ void mma_abt(float (&acc)[8][4], const u32 (&a)[4][4], u32 s,

@@ -82,6 +82,62 @@ static __device__ __forceinline__ void dot_word(u32 w, const float (&x)[8], floa
     }
 }
 
+// The chunk loop of gemv_q_body and gemv_qs_body: declares acc[M][R] and sums into acc[i][r]
+// x row i times weight row j0 + r over the chunks C0, C0 + STRIDE, ... of the packed rows (R rows
+// a thread, each chunk V words a row; int4 applies each chunk's scale and minimum). A macro, not a
+// function: moved into a shared function, the compiler unrolls the split-k form's loop
+// differently (other machine code than the images measured on the H200), which nn_gemv_bf16.cu's
+// shared chunk_step does not do; expanded in place, both kernels compile to the same code as
+// when each spelled the loop out. Uses the enclosing body's Q, M, V, VPW, VPC, x, data, scales,
+// mins, m, n, k, j0, wpr, chunks and groups.
+#define Q_CHUNK_SUMS(R, C0, STRIDE)                                                                \
+    float acc[M][R];                                                                               \
+    _Pragma("unroll")                                                                              \
+    for (int i = 0; i < M; ++i)                                                                    \
+        _Pragma("unroll")                                                                          \
+        for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;                                              \
+    _Pragma("unroll 2")                                                                            \
+    for (u32 c = C0; c < chunks; c += STRIDE) {                                                    \
+        u32 wq[R][V];                                                                              \
+        float s[R], mn[R];                                                                         \
+        _Pragma("unroll")                                                                          \
+        for (int r = 0; r < R; ++r) {                                                              \
+            const bool live = j0 + r < n;                                                          \
+            if (live)                                                                              \
+                ld_stream(data + (u64)(j0 + r) * wpr + (u64)c * V, wq[r]);                         \
+            else                                                                                   \
+                _Pragma("unroll")                                                                  \
+                for (int p = 0; p < V; ++p) wq[r][p] = 0;                                          \
+            if (Q == 4) {                                                                          \
+                const u64 g = (u64)(j0 + r) * groups + (u64)c * VPC / QGROUP;                      \
+                s[r] = live ? __ldg(scales + g) : 0.0f;                                            \
+                mn[r] = live ? __ldg(mins + g) : 0.0f;                                             \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("unroll")                                                                          \
+        for (int i = 0; i < M; ++i) {                                                              \
+            if (i < (int)m) {                                                                      \
+                float sq[R], sx = 0.0f;                                                            \
+                _Pragma("unroll")                                                                  \
+                for (int r = 0; r < R; ++r) sq[r] = 0.0f;                                          \
+                _Pragma("unroll")                                                                  \
+                for (int p = 0; p < V; ++p) {                                                      \
+                    float xf[VPW];                                                                 \
+                    load_x(x + (u64)i * k + (u64)c * VPC + p * VPW, xf);                           \
+                    if (Q == 4)                                                                    \
+                        _Pragma("unroll")                                                          \
+                        for (int e = 0; e < VPW; ++e) sx += xf[e];                                 \
+                    _Pragma("unroll")                                                              \
+                    for (int r = 0; r < R; ++r) dot_word(wq[r][p], xf, sq[r]);                     \
+                }                                                                                  \
+                _Pragma("unroll")                                                                  \
+                for (int r = 0; r < R; ++r)                                                        \
+                    acc[i][r] = Q == 4 ? fmaf(s[r], sq[r], fmaf(mn[r], sx, acc[i][r]))             \
+                                       : acc[i][r] + sq[r];                                        \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
 // Q: 8 or 4 bits; V: words per load (4 or 1); M: the most rows of x (m <= M).
 template <int Q, int M, int V, typename TX, typename TO>
 static __device__ void gemv_q_body(const TX* __restrict__ x, const u32* __restrict__ data,
@@ -94,52 +150,7 @@ static __device__ void gemv_q_body(const TX* __restrict__ x, const u32* __restri
     const u32 j0 = (blockIdx.x * QWARPS + (threadIdx.x >> 5)) * QNR;
     if (j0 >= n) return;
     const u32 wpr = k / VPW, chunks = wpr / V, groups = (k + QGROUP - 1) / QGROUP;
-    float acc[M][QNR];
-#pragma unroll
-    for (int i = 0; i < M; ++i)
-#pragma unroll
-        for (int r = 0; r < QNR; ++r) acc[i][r] = 0.0f;
-#pragma unroll 2
-    for (u32 c = lane; c < chunks; c += 32) {
-        u32 wq[QNR][V];
-        float s[QNR], mn[QNR];
-#pragma unroll
-        for (int r = 0; r < QNR; ++r) {
-            const bool live = j0 + r < n;
-            if (live)
-                ld_stream(data + (u64)(j0 + r) * wpr + (u64)c * V, wq[r]);
-            else
-#pragma unroll
-                for (int p = 0; p < V; ++p) wq[r][p] = 0;
-            if (Q == 4) {
-                const u64 g = (u64)(j0 + r) * groups + (u64)c * VPC / QGROUP;
-                s[r] = live ? __ldg(scales + g) : 0.0f;
-                mn[r] = live ? __ldg(mins + g) : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-            if (i < (int)m) {
-                float sq[QNR], sx = 0.0f;
-#pragma unroll
-                for (int r = 0; r < QNR; ++r) sq[r] = 0.0f;
-#pragma unroll
-                for (int p = 0; p < V; ++p) {
-                    float xf[VPW];
-                    load_x(x + (u64)i * k + (u64)c * VPC + p * VPW, xf);
-                    if (Q == 4)
-#pragma unroll
-                        for (int e = 0; e < VPW; ++e) sx += xf[e];
-#pragma unroll
-                    for (int r = 0; r < QNR; ++r) dot_word(wq[r][p], xf, sq[r]);
-                }
-#pragma unroll
-                for (int r = 0; r < QNR; ++r)
-                    acc[i][r] = Q == 4 ? fmaf(s[r], sq[r], fmaf(mn[r], sx, acc[i][r]))
-                                       : acc[i][r] + sq[r];
-            }
-        }
-    }
+    Q_CHUNK_SUMS(QNR, lane, 32);
 #pragma unroll
     for (int r = 0; r < QNR; ++r) {
         const bool live = lane == 0 && j0 + r < n;
@@ -152,29 +163,30 @@ static __device__ void gemv_q_body(const TX* __restrict__ x, const u32* __restri
     }
 }
 
-#define GEMV_Q(Q, M, V, TX, X, TO, O)                                                             \
+// The kernels NAME{8,4}_m{M}_v{V}_{x}{o} of a body template: int8 then int4, V = 4 then 1, M = 1,
+// 2, 4, and x, o f32 or bf16 (the GEMV_Q_ALL(NAME, BODY) at the end of each form).
+#define GEMV_Q(NAME, BODY, Q, M, V, TX, X, TO, O)                                                 \
     extern "C" __global__ void __launch_bounds__(QWARPS * 32)                                     \
-        gemv_q##Q##_m##M##_v##V##_##X##O(const TX* x, const u32* data, const float* scales,      \
-                                         const float* mins, TO* out, u32 m, u32 n, u32 k) {      \
-        gemv_q_body<Q, M, V, TX, TO>(x, data, scales, mins, out, m, n, k);                        \
+        NAME##Q##_m##M##_v##V##_##X##O(const TX* x, const u32* data, const float* scales,        \
+                                       const float* mins, TO* out, u32 m, u32 n, u32 k) {        \
+        BODY<Q, M, V, TX, TO>(x, data, scales, mins, out, m, n, k);                               \
     }
-#define GEMV_Q_XO(Q, M, V)                   \
-    GEMV_Q(Q, M, V, float, f, float, f)      \
-    GEMV_Q(Q, M, V, float, f, bf16, b)       \
-    GEMV_Q(Q, M, V, bf16, b, float, f)       \
-    GEMV_Q(Q, M, V, bf16, b, bf16, b)
-#define GEMV_Q_M(Q, V) \
-    GEMV_Q_XO(Q, 1, V) \
-    GEMV_Q_XO(Q, 2, V) \
-    GEMV_Q_XO(Q, 4, V)
-GEMV_Q_M(8, 4)
-GEMV_Q_M(8, 1)
-GEMV_Q_M(4, 4)
-GEMV_Q_M(4, 1)
+#define GEMV_Q_XO(NAME, BODY, Q, M, V)                  \
+    GEMV_Q(NAME, BODY, Q, M, V, float, f, float, f)     \
+    GEMV_Q(NAME, BODY, Q, M, V, float, f, bf16, b)      \
+    GEMV_Q(NAME, BODY, Q, M, V, bf16, b, float, f)      \
+    GEMV_Q(NAME, BODY, Q, M, V, bf16, b, bf16, b)
+#define GEMV_Q_M(NAME, BODY, Q, V)     \
+    GEMV_Q_XO(NAME, BODY, Q, 1, V)     \
+    GEMV_Q_XO(NAME, BODY, Q, 2, V)     \
+    GEMV_Q_XO(NAME, BODY, Q, 4, V)
+#define GEMV_Q_ALL(NAME, BODY)     \
+    GEMV_Q_M(NAME, BODY, 8, 4)     \
+    GEMV_Q_M(NAME, BODY, 8, 1)     \
+    GEMV_Q_M(NAME, BODY, 4, 4)     \
+    GEMV_Q_M(NAME, BODY, 4, 1)
+GEMV_Q_ALL(gemv_q, gemv_q_body)
 
-// Its chunk step repeats gemv_q_body's on purpose: moved into a shared function, the compiler
-// unrolls this form's loop differently (other machine code than the images measured on the
-// H200), which nn_gemv_bf16.cu's shared chunk_step does not do.
 // The split-k form (as in nn_gemv_bf16.cu): a block of QWARPS warps owns QSR weight rows and its
 // threads split a row's chunks (chunk c to thread c mod 128), each reading chunk c of all QSR
 // rows, so that the loads of a long row are in flight at once rather than walked by one warp;
@@ -192,52 +204,7 @@ static __device__ void gemv_qs_body(const TX* __restrict__ x, const u32* __restr
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const u32 j0 = blockIdx.x * QSR;
     const u32 wpr = k / VPW, chunks = wpr / V, groups = (k + QGROUP - 1) / QGROUP;
-    float acc[M][QSR];
-#pragma unroll
-    for (int i = 0; i < M; ++i)
-#pragma unroll
-        for (int r = 0; r < QSR; ++r) acc[i][r] = 0.0f;
-#pragma unroll 2
-    for (u32 c = tid; c < chunks; c += QWARPS * 32) {
-        u32 wq[QSR][V];
-        float s[QSR], mn[QSR];
-#pragma unroll
-        for (int r = 0; r < QSR; ++r) {
-            const bool live = j0 + r < n;
-            if (live)
-                ld_stream(data + (u64)(j0 + r) * wpr + (u64)c * V, wq[r]);
-            else
-#pragma unroll
-                for (int p = 0; p < V; ++p) wq[r][p] = 0;
-            if (Q == 4) {
-                const u64 g = (u64)(j0 + r) * groups + (u64)c * VPC / QGROUP;
-                s[r] = live ? __ldg(scales + g) : 0.0f;
-                mn[r] = live ? __ldg(mins + g) : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-            if (i < (int)m) {
-                float sq[QSR], sx = 0.0f;
-#pragma unroll
-                for (int r = 0; r < QSR; ++r) sq[r] = 0.0f;
-#pragma unroll
-                for (int p = 0; p < V; ++p) {
-                    float xf[VPW];
-                    load_x(x + (u64)i * k + (u64)c * VPC + p * VPW, xf);
-                    if (Q == 4)
-#pragma unroll
-                        for (int e = 0; e < VPW; ++e) sx += xf[e];
-#pragma unroll
-                    for (int r = 0; r < QSR; ++r) dot_word(wq[r][p], xf, sq[r]);
-                }
-#pragma unroll
-                for (int r = 0; r < QSR; ++r)
-                    acc[i][r] = Q == 4 ? fmaf(s[r], sq[r], fmaf(mn[r], sx, acc[i][r]))
-                                       : acc[i][r] + sq[r];
-            }
-        }
-    }
+    Q_CHUNK_SUMS(QSR, tid, QWARPS * 32);
 #pragma unroll
     for (int i = 0; i < M; ++i)
 #pragma unroll
@@ -256,25 +223,7 @@ static __device__ void gemv_qs_body(const TX* __restrict__ x, const u32* __restr
     }
 }
 
-#define GEMV_QS(Q, M, V, TX, X, TO, O)                                                            \
-    extern "C" __global__ void __launch_bounds__(QWARPS * 32)                                     \
-        gemv_qs##Q##_m##M##_v##V##_##X##O(const TX* x, const u32* data, const float* scales,     \
-                                          const float* mins, TO* out, u32 m, u32 n, u32 k) {     \
-        gemv_qs_body<Q, M, V, TX, TO>(x, data, scales, mins, out, m, n, k);                       \
-    }
-#define GEMV_QS_XO(Q, M, V)                  \
-    GEMV_QS(Q, M, V, float, f, float, f)     \
-    GEMV_QS(Q, M, V, float, f, bf16, b)      \
-    GEMV_QS(Q, M, V, bf16, b, float, f)      \
-    GEMV_QS(Q, M, V, bf16, b, bf16, b)
-#define GEMV_QS_M(Q, V) \
-    GEMV_QS_XO(Q, 1, V) \
-    GEMV_QS_XO(Q, 2, V) \
-    GEMV_QS_XO(Q, 4, V)
-GEMV_QS_M(8, 4)
-GEMV_QS_M(8, 1)
-GEMV_QS_M(4, 4)
-GEMV_QS_M(4, 1)
+GEMV_Q_ALL(gemv_qs, gemv_qs_body)
 
 // One thread per word of the packed weight (grid-stride): its 4 or 8 values of deq(W).
 template <int Q, typename TO>

@@ -207,12 +207,7 @@ extern "C" __global__ void __launch_bounds__(NT)
         __syncthreads();
         if (kt == kt0) {
             load_a(qf, sQ, 16 * w, lane);
-            if (scale < 0.f) {
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) qf[kk][i] ^= 0x80008000u;
-            }
+            negate_if(qf, scale);
         }
         const u32 tk = sK + buf, tv = sV + buf;
         const int lo = kt == kt0 ? klo - kt0 * TR : 0;
