@@ -32,8 +32,8 @@ use crate::nn::attention::{AttnDims, AttnDropout, AttnQkv, Packed, PackedSaved};
 use crate::nn::elementwise::{Activation, BinaryKind, ReduceKind};
 use crate::nn::optim::AdamWBuffers;
 use crate::nn::{
-    AttentionOps, BlockCopy, DecodeOps, ElementwiseOps, OptimOps, Primitives, QuantOps, RowOps,
-    SampleOps, SampleParams, WorldOps,
+    AttentionOps, BlockCopy, DecodeOps, ElementwiseOps, IdRows, OptimOps, Primitives, QuantOps,
+    RowOps, SampleOps, SampleParams, WorldOps,
 };
 use crate::ops::{MatmulOps, MatmulSpec};
 
@@ -140,11 +140,11 @@ impl Primitives for PrimitivesOnly {
     fn argmax_rows(&self, x: &Buf, out: &mut Buf, cols: usize) -> Result<()> {
         CPU.argmax_rows(x, out, cols)
     }
-    fn gather_rows(&self, ids: &Buf, table: &Buf, out: &mut Buf, dim: usize) -> Result<()> {
-        CPU.gather_rows(ids, table, out, dim)
+    fn gather_rows(&self, x: IdRows<'_, Buf>, out: &mut Buf) -> Result<()> {
+        CPU.gather_rows(x, out)
     }
-    fn scatter_add_rows(&self, ids: &Buf, src: &Buf, dst: &mut Buf, dim: usize) -> Result<()> {
-        CPU.scatter_add_rows(ids, src, dst, dim)
+    fn scatter_add_rows(&self, x: IdRows<'_, Buf>, dst: &mut Buf) -> Result<()> {
+        CPU.scatter_add_rows(x, dst)
     }
 }
 

@@ -12,7 +12,7 @@ mod common;
 
 use common::adamw_on_copies;
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
+use gpu_core::nn::rows::{LayerNormBwdIn, LogitsIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::nn::{
     AdamWConfig, AttentionOps, DecodeOps, ElementwiseOps, OptimOps, Primitives, RowOps,
 };
@@ -166,15 +166,21 @@ fn row_defaults_match_the_cpu() {
     let (mut a, mut b) = (zeros(rows * cols), zeros(rows * cols));
     let t = CpuStorage::U32((0..rows).map(|_| r.random_range(0..cols as u32)).collect());
     let (mut la, mut lb) = (zeros(rows), zeros(rows));
-    P.cross_entropy_fwd(&x, &t, &mut la, cols).unwrap();
-    C.cross_entropy_fwd(&x, &t, &mut lb, cols).unwrap();
+    P.cross_entropy_fwd(LogitsIn::new(&x, &t, cols), &mut la)
+        .unwrap();
+    C.cross_entropy_fwd(LogitsIn::new(&x, &t, cols), &mut lb)
+        .unwrap();
     close("cross_entropy_fwd", &la, &lb, 1e-5);
     let dl = f32s(&rand_vec(&mut r, rows));
-    P.cross_entropy_bwd(&x, &t, &dl, &mut a, cols).unwrap();
-    C.cross_entropy_bwd(&x, &t, &dl, &mut b, cols).unwrap();
+    P.cross_entropy_bwd(LogitsIn::new(&x, &t, cols), &dl, &mut a)
+        .unwrap();
+    C.cross_entropy_bwd(LogitsIn::new(&x, &t, cols), &dl, &mut b)
+        .unwrap();
     close("cross_entropy_bwd", &a, &b, 1e-5);
     let bad = CpuStorage::U32(vec![cols as u32; rows]);
-    assert!(P.cross_entropy_fwd(&x, &bad, &mut la, cols).is_err());
+    assert!(P
+        .cross_entropy_fwd(LogitsIn::new(&x, &bad, cols), &mut la)
+        .is_err());
 }
 
 #[test]

@@ -17,7 +17,8 @@ mod nn_rows_emu;
 mod nn_rows_util;
 
 use common::*;
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
+use gpu_core::nn::rows::{LayerNormBwdIn, LogitsIn, RmsNormBwdIn, RowBwdIn};
+use gpu_core::nn::IdRows;
 use gpu_core::{Backend, DeviceType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use nn_rows_util::*;
@@ -347,19 +348,19 @@ fn errors_body<B: Rows>(b: &B, dev: &str, _rng: &mut StdRng) {
     // Cross-entropy: targets must be u32, one per row; the per-row loss too.
     let mut l2 = f(2);
     assert!(
-        dtype(b.cross_entropy_fwd(&f(6), &f(2), &mut l2, 3)),
+        dtype(b.cross_entropy_fwd(LogitsIn::new(&f(6), &f(2), 3), &mut l2)),
         "{dev}"
     );
     assert!(
-        shape(b.cross_entropy_fwd(&f(6), &u(&[0, 1, 2]), &mut l2, 3)),
+        shape(b.cross_entropy_fwd(LogitsIn::new(&f(6), &u(&[0, 1, 2]), 3), &mut l2)),
         "{dev}"
     );
     assert!(
-        shape(b.cross_entropy_fwd(&f(6), &u(&[0, 1]), &mut f(3), 3)),
+        shape(b.cross_entropy_fwd(LogitsIn::new(&f(6), &u(&[0, 1]), 3), &mut f(3))),
         "{dev}"
     );
     assert!(
-        shape(b.cross_entropy_bwd(&f(6), &u(&[0, 1]), &f(2), &mut f(5), 3)),
+        shape(b.cross_entropy_bwd(LogitsIn::new(&f(6), &u(&[0, 1]), 3), &f(2), &mut f(5))),
         "{dev}"
     );
     // Norms: parameter, statistic and gradient lengths; eps.
@@ -442,30 +443,40 @@ fn errors_body<B: Rows>(b: &B, dev: &str, _rng: &mut StdRng) {
         (1e4, true)
     )));
     // Embeddings: u32 ids, non-zero dim, a whole table, activations of rows·dim.
-    assert!(dtype(b.embedding_fwd(&f(2), &f(6), &mut f(6), 3)), "{dev}");
     assert!(
-        invalid_shape(b.embedding_fwd(&u(&[0, 1]), &f(6), &mut f(0), 0)),
+        dtype(b.embedding_fwd(IdRows::new(&f(2), &f(6), 3), &mut f(6))),
         "{dev}"
     );
     assert!(
-        shape(b.embedding_fwd(&u(&[0, 1]), &f(7), &mut f(6), 3)),
+        invalid_shape(b.embedding_fwd(IdRows::new(&u(&[0, 1]), &f(6), 0), &mut f(0))),
         "{dev}"
     );
     assert!(
-        shape(b.embedding_bwd(&u(&[0, 1]), &f(5), &mut f(6), 3)),
+        shape(b.embedding_fwd(IdRows::new(&u(&[0, 1]), &f(7), 3), &mut f(6))),
         "{dev}"
     );
     assert!(
-        dtype(b.embedding_bwd(&u(&[0]), &f(3), &mut u(&[0; 6]), 3)),
+        shape(b.embedding_bwd(IdRows::new(&u(&[0, 1]), &f(5), 3), &mut f(6))),
+        "{dev}"
+    );
+    assert!(
+        dtype(b.embedding_bwd(IdRows::new(&u(&[0]), &f(3), 3), &mut u(&[0; 6]))),
         "{dev}"
     );
     if !is_gpu(b) {
         // Only the CPU reads the ids and targets up front; CUDA writes NaN instead.
-        assert!(invalid(b.cross_entropy_fwd(&f(6), &u(&[0, 3]), &mut l2, 3)));
-        let r = b.cross_entropy_bwd(&f(6), &u(&[3, 0]), &f(2), &mut o6, 3);
+        assert!(invalid(b.cross_entropy_fwd(
+            LogitsIn::new(&f(6), &u(&[0, 3]), 3),
+            &mut l2
+        )));
+        let r = b.cross_entropy_bwd(LogitsIn::new(&f(6), &u(&[3, 0]), 3), &f(2), &mut o6);
         assert!(invalid(r));
-        assert!(invalid(b.embedding_fwd(&u(&[0, 2]), &f(6), &mut f(6), 3)));
-        assert!(invalid(b.embedding_bwd(&u(&[2, 0]), &f(6), &mut f(6), 3)));
+        assert!(invalid(
+            b.embedding_fwd(IdRows::new(&u(&[0, 2]), &f(6), 3), &mut f(6))
+        ));
+        assert!(invalid(
+            b.embedding_bwd(IdRows::new(&u(&[2, 0]), &f(6), 3), &mut f(6))
+        ));
     }
     // Zero rows are fine, and the sums over no rows are zero.
     let mut dw0 = poisoned(b, 3);
@@ -485,7 +496,8 @@ fn errors_body<B: Rows>(b: &B, dev: &str, _rng: &mut StdRng) {
     assert_eq!(down(b, &dw0), [0.0; 3], "{dev}");
     assert_eq!(down(b, &db0), [0.0; 3], "{dev}");
     let mut dt = poisoned(b, 6);
-    b.embedding_bwd(&u(&[]), &f(0), &mut dt, 3).unwrap();
+    b.embedding_bwd(IdRows::new(&u(&[]), &f(0), 3), &mut dt)
+        .unwrap();
     assert_eq!(down(b, &dt), [0.0; 6], "{dev}");
 }
 

@@ -15,7 +15,9 @@ use gpu_core::nn::elementwise::{
     check_broadcast, check_cast, check_copy_blocks, check_dropout, check_permute, check_reduce,
 };
 use gpu_core::nn::rows::check_embedding;
-use gpu_core::nn::{Activation, BinaryKind, BlockCopy, ElementwiseOps, Primitives, ReduceKind};
+use gpu_core::nn::{
+    Activation, BinaryKind, BlockCopy, ElementwiseOps, IdRows, Primitives, ReduceKind,
+};
 use gpu_core::ops::{check_float_elementwise, MatmulOps, MatmulSpec};
 use gpu_core::{DType, Result};
 
@@ -176,7 +178,8 @@ impl Primitives for WgpuBackend {
     }
 
     /// An id `>= vocab` is [`gpu_core::GpuError::IndexOutOfRange`] (read back: this waits).
-    fn gather_rows(&self, ids: &Buf, table: &Buf, out: &mut Buf, dim: usize) -> Result<()> {
+    fn gather_rows(&self, x: IdRows<'_, Buf>, out: &mut Buf) -> Result<()> {
+        let (ids, table, dim) = (x.ids, x.rows, x.dim);
         self.check_out("gather_rows", &[ids, table, out])?;
         let (_, vocab) = check_embedding("gather_rows", ids, table, out, dim)?;
         self.gather_f32((ids, table), (dim, vocab), out)
@@ -184,7 +187,8 @@ impl Primitives for WgpuBackend {
 
     /// `dst` is zeroed, then the rows are added with f32 compare-and-swap adds (the order of
     /// the adds to one element is unspecified). Ids are checked as in `gather_rows`.
-    fn scatter_add_rows(&self, ids: &Buf, src: &Buf, dst: &mut Buf, dim: usize) -> Result<()> {
+    fn scatter_add_rows(&self, x: IdRows<'_, Buf>, dst: &mut Buf) -> Result<()> {
+        let (ids, src, dim) = (x.ids, x.rows, x.dim);
         self.check_out("scatter_add_rows", &[ids, src, dst])?;
         let (_, vocab) = check_embedding("scatter_add_rows", ids, dst, src, dim)?;
         self.fill_raw(dst, 0.0)?;

@@ -15,7 +15,7 @@ use crate::shaders::{
 };
 use gpu_core::backend::{Backend, BufferInfo};
 use gpu_core::nn::defaults;
-use gpu_core::nn::rows::{check_cross_entropy, check_layernorm_fwd, LayerNormBwdIn, RowBwdIn};
+use gpu_core::nn::rows::{check_layernorm_fwd, LayerNormBwdIn, LogitsIn, RowBwdIn};
 use gpu_core::nn::{Primitives, ReduceKind, RowOps};
 use gpu_core::ops::check_rows;
 use gpu_core::{DType, Result};
@@ -171,15 +171,10 @@ impl RowOps for WgpuBackend {
 
     /// For f32: one workgroup of 64 threads a row; a target `>= cols` makes its row NaN and
     /// is reported by the next call that waits for the device (`crate::status`).
-    fn cross_entropy_fwd(
-        &self,
-        logits: &Buf,
-        targets: &Buf,
-        loss: &mut Buf,
-        cols: usize,
-    ) -> Result<()> {
+    fn cross_entropy_fwd(&self, x: LogitsIn<'_, Buf>, loss: &mut Buf) -> Result<()> {
         const OP: &str = "cross_entropy_fwd";
-        let rows = check_cross_entropy(OP, logits, targets, loss, None, cols)?;
+        let rows = x.check(OP, loss, None)?;
+        let (logits, targets, cols) = (x.logits, x.targets, x.cols);
         self.check_out(OP, &[logits, targets, loss])?;
         if logits.dtype() != DType::F32 {
             return defaults::rows::cross_entropy(self, (logits, targets), loss, [rows, cols]);
@@ -195,14 +190,13 @@ impl RowOps for WgpuBackend {
     /// is reported by the next call that waits for the device (`crate::status`).
     fn cross_entropy_bwd(
         &self,
-        logits: &Buf,
-        targets: &Buf,
+        x: LogitsIn<'_, Buf>,
         dloss: &Buf,
         dlogits: &mut Buf,
-        cols: usize,
     ) -> Result<()> {
         const OP: &str = "cross_entropy_bwd";
-        let rows = check_cross_entropy(OP, logits, targets, dloss, Some(dlogits), cols)?;
+        let rows = x.check(OP, dloss, Some(dlogits))?;
+        let (logits, targets, cols) = (x.logits, x.targets, x.cols);
         self.check_out(OP, &[logits, targets, dloss, dlogits])?;
         if logits.dtype() != DType::F32 {
             let ins = (logits, targets, dloss);

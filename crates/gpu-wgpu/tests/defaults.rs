@@ -15,7 +15,7 @@ mod common;
 
 use common::{get, out, rng, up};
 use gpu_core::nn::attention::{AttnDims, AttnQkv};
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
+use gpu_core::nn::rows::{LayerNormBwdIn, LogitsIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::nn::{AdamWConfig, NnOps, ReduceKind};
 use gpu_core::testing::{adamw_one, attention_fwd_bwd};
 use gpu_core::CpuBackend;
@@ -81,14 +81,19 @@ fn rows<B: NnOps>(b: &B, x: &[f32], dy: &[f32], t: &[u32], dl: &[f32], cols: usi
     res.push(("log_softmax_bwd", 1e-5, get(b, &d)));
     let tb = b.upload(t).unwrap();
     let mut l = out(b, rows);
-    b.cross_entropy_fwd(&xb, &tb, &mut l, cols).unwrap();
-    b.cross_entropy_bwd(&xb, &tb, &up(b, dl), &mut d, cols)
+    b.cross_entropy_fwd(LogitsIn::new(&xb, &tb, cols), &mut l)
+        .unwrap();
+    b.cross_entropy_bwd(LogitsIn::new(&xb, &tb, cols), &up(b, dl), &mut d)
         .unwrap();
     res.push(("cross_entropy_fwd", 1e-5, get(b, &l)));
     res.push(("cross_entropy_bwd", 1e-5, get(b, &d)));
     let bad = b.upload(&vec![cols as u32; rows]).unwrap();
     // Refused by the call (CPU), or reported by the next wait (wgpu checks on the device).
-    assert!(b.cross_entropy_fwd(&xb, &bad, &mut l, cols).is_err() || b.synchronize().is_err());
+    assert!(
+        b.cross_entropy_fwd(LogitsIn::new(&xb, &bad, cols), &mut l)
+            .is_err()
+            || b.synchronize().is_err()
+    );
     res
 }
 

@@ -7,8 +7,8 @@ mod common;
 
 use common::{backend_and_rng, close, flushed, randn, rng, HOSTILE, SIZES, U};
 use gpu_core::nn::rows::RowOps;
-use gpu_core::nn::Activation;
 use gpu_core::nn::Primitives;
+use gpu_core::nn::{Activation, IdRows};
 use gpu_core::ops::{MatmulOps, MatmulSpec};
 use gpu_core::testing::every_transpose;
 use gpu_core::{Backend, CpuBackend, DType, Device, GpuError};
@@ -599,14 +599,17 @@ fn gather_and_scatter_add_rows_parity() {
         let ids: Vec<u32> = (0..n).map(|_| r.random_range(0..vocab as u32)).collect();
         let (td, idd) = (b.upload(&table).unwrap(), b.upload(&ids).unwrap());
         let mut out = b.allocate(DType::F32, n * dim).unwrap();
-        b.gather_rows(&idd, &td, &mut out, dim).unwrap();
+        b.gather_rows(IdRows::new(&idd, &td, dim), &mut out)
+            .unwrap();
         let got: Vec<f32> = b.download(&out).unwrap();
         let (tc, ic) = (
             CpuBackend.upload(&table).unwrap(),
             CpuBackend.upload(&ids).unwrap(),
         );
         let mut oc = CpuBackend.allocate(DType::F32, n * dim).unwrap();
-        CpuBackend.embedding_fwd(&ic, &tc, &mut oc, dim).unwrap();
+        CpuBackend
+            .embedding_fwd(IdRows::new(&ic, &tc, dim), &mut oc)
+            .unwrap();
         assert_eq!(
             got,
             CpuBackend.download::<f32>(&oc).unwrap(),
@@ -617,11 +620,14 @@ fn gather_and_scatter_add_rows_parity() {
         let sd = b.upload(&src).unwrap();
         let mut dt = b.allocate(DType::F32, vocab * dim).unwrap();
         b.fill(&mut dt, 0.0).unwrap();
-        b.scatter_add_rows(&idd, &sd, &mut dt, dim).unwrap();
+        b.scatter_add_rows(IdRows::new(&idd, &sd, dim), &mut dt)
+            .unwrap();
         let got: Vec<f32> = b.download(&dt).unwrap();
         let scd = CpuBackend.upload(&src).unwrap();
         let mut dc = CpuBackend.allocate(DType::F32, vocab * dim).unwrap();
-        CpuBackend.embedding_bwd(&ic, &scd, &mut dc, dim).unwrap();
+        CpuBackend
+            .embedding_bwd(IdRows::new(&ic, &scd, dim), &mut dc)
+            .unwrap();
         let want: Vec<f32> = CpuBackend.download(&dc).unwrap();
         for v in 0..vocab {
             let dup = ids.iter().filter(|&&i| i as usize == v).count() as f64;
@@ -646,7 +652,8 @@ fn gather_and_scatter_add_rows_parity() {
     let table = b.upload(&[1.0f32; 6]).unwrap();
     let ids = b.upload(&[0u32, 7, 1]).unwrap();
     let mut out = b.allocate(DType::F32, 6).unwrap();
-    b.gather_rows(&ids, &table, &mut out, 2).unwrap();
+    b.gather_rows(IdRows::new(&ids, &table, 2), &mut out)
+        .unwrap();
     let e = b.download::<f32>(&out).unwrap_err();
     assert!(
         matches!(
@@ -664,8 +671,10 @@ fn gather_and_scatter_add_rows_parity() {
     assert!(got[2..4].iter().all(|v| v.is_nan()) && got[..2] == [1.0, 1.0]);
     let mut dt = b.allocate(DType::F32, 6).unwrap();
     let src = b.upload(&[1.0f32; 6]).unwrap();
-    b.scatter_add_rows(&ids, &src, &mut dt, 2).unwrap();
-    b.gather_rows(&ids, &table, &mut out, 2).unwrap();
+    b.scatter_add_rows(IdRows::new(&ids, &src, 2), &mut dt)
+        .unwrap();
+    b.gather_rows(IdRows::new(&ids, &table, 2), &mut out)
+        .unwrap();
     assert!(matches!(
         b.synchronize(),
         Err(GpuError::IndexOutOfRange {
@@ -681,7 +690,8 @@ fn gather_and_scatter_add_rows_parity() {
     let ids = b.upload(&many).unwrap();
     let src = b.upload(&vec![1.0f32; 300]).unwrap();
     let mut dt = b.allocate(DType::F32, 2).unwrap();
-    b.scatter_add_rows(&ids, &src, &mut dt, 1).unwrap();
+    b.scatter_add_rows(IdRows::new(&ids, &src, 1), &mut dt)
+        .unwrap();
     assert!(matches!(
         b.synchronize(),
         Err(GpuError::IndexOutOfRange {
@@ -694,10 +704,12 @@ fn gather_and_scatter_add_rows_parity() {
     // read on the way (a good launch) and the bad one after it is still reported.
     let ok = b.upload(&[0u32, 1, 2]).unwrap();
     for _ in 0..300 {
-        b.gather_rows(&ok, &table, &mut out, 2).unwrap();
+        b.gather_rows(IdRows::new(&ok, &table, 2), &mut out)
+            .unwrap();
     }
     let bad = b.upload(&[5u32, 0, 0]).unwrap();
-    b.gather_rows(&bad, &table, &mut out, 2).unwrap();
+    b.gather_rows(IdRows::new(&bad, &table, 2), &mut out)
+        .unwrap();
     assert!(matches!(
         b.synchronize(),
         Err(GpuError::IndexOutOfRange { value: 5, .. })

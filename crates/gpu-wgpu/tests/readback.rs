@@ -7,7 +7,7 @@
 mod common;
 
 use common::{randn, rng};
-use gpu_core::nn::Primitives;
+use gpu_core::nn::{IdRows, Primitives};
 use gpu_core::{Backend, DType, GpuError};
 use gpu_wgpu::testing::backend_or_skip;
 use half::bf16;
@@ -56,7 +56,8 @@ fn wait_reports_the_index_checks_of_earlier_work() {
     let table = b.upload(&[1.0f32; 4]).unwrap();
     let ids = b.upload(&[3u32]).unwrap();
     let mut out = b.allocate(DType::F32, 2).unwrap();
-    b.gather_rows(&ids, &table, &mut out, 2).unwrap();
+    b.gather_rows(IdRows::new(&ids, &table, 2), &mut out)
+        .unwrap();
     let e = b.read_async::<f32>(&out).unwrap().wait().unwrap_err();
     assert!(
         matches!(
@@ -87,7 +88,8 @@ fn a_bad_id_is_reported_to_the_thread_that_queued_it() {
                 let table = b.upload(&[1.0f32; 4]).unwrap();
                 let ids = b.upload(&[0u32, 5]).unwrap();
                 let mut out = b.allocate(DType::F32, 4).unwrap();
-                b.gather_rows(&ids, &table, &mut out, 2).unwrap();
+                b.gather_rows(IdRows::new(&ids, &table, 2), &mut out)
+                    .unwrap();
                 queued.wait();
                 read.wait();
                 b.synchronize()

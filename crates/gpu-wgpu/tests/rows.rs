@@ -8,7 +8,7 @@
 mod common;
 
 use common::{backend_and_rng, close, randn, U};
-use gpu_core::nn::rows::{LayerNormBwdIn, RowBwdIn};
+use gpu_core::nn::rows::{LayerNormBwdIn, LogitsIn, RowBwdIn};
 use gpu_core::nn::RowOps;
 use gpu_core::{CpuBackend, DType};
 
@@ -180,8 +180,8 @@ fn cross_entropy<B: RowOps>(
     );
     let mut loss = b.upload(&vec![7.0f32; rows]).unwrap();
     let mut d = b.upload(&vec![7.0f32; x.len()]).unwrap();
-    let fwd = b.cross_entropy_fwd(&xb, &tb, &mut loss, cols);
-    let bwd = b.cross_entropy_bwd(&xb, &tb, &db, &mut d, cols);
+    let fwd = b.cross_entropy_fwd(LogitsIn::new(&xb, &tb, cols), &mut loss);
+    let bwd = b.cross_entropy_bwd(LogitsIn::new(&xb, &tb, cols), &db, &mut d);
     if fwd.is_err() || bwd.is_err() {
         // The CPU refuses the call: it writes nothing.
         assert!(fwd.is_err() && bwd.is_err(), "{fwd:?} {bwd:?}");

@@ -3,7 +3,7 @@
 //! of the launches before it stay pending, and the first wait that completes reports them.
 //! Without an adapter it prints `SKIP` and returns (fails with `HYBRID_REQUIRE_WGPU=1`).
 
-use gpu_core::nn::Primitives;
+use gpu_core::nn::{IdRows, Primitives};
 use gpu_core::{Backend, DType, GpuError, MatmulOps, MatmulSpec};
 use gpu_wgpu::testing::wgpu_required;
 use gpu_wgpu::{WgpuBackend, POLL_TIMEOUT_ENV};
@@ -28,7 +28,8 @@ fn a_timed_out_read_keeps_the_index_checks_for_the_next_wait() {
     let table = b.upload(&[1.0f32; 4]).unwrap();
     let ids = b.upload(&[3u32]).unwrap();
     let mut out = b.allocate(DType::F32, 2).unwrap();
-    b.gather_rows(&ids, &table, &mut out, 2).unwrap();
+    b.gather_rows(IdRows::new(&ids, &table, 2), &mut out)
+        .unwrap();
     let (n, reps) = if cpu { (384, 12) } else { (4096, 80) };
     let x = b.upload(&vec![0.5f32; n * n]).unwrap();
     let mut y = b.allocate(DType::F32, n * n).unwrap();

@@ -12,7 +12,7 @@ use crate::nn::elementwise::{
     check_permute, check_reduce, dropout_keep8, Activation, BinaryKind, ElementwiseOps, Primitives,
     ReduceKind,
 };
-use crate::nn::BlockCopy;
+use crate::nn::{BlockCopy, IdRows};
 use crate::ops::check_float_elementwise;
 
 /// Combines two values of a Max reduction: NaN propagates, +0 counts above −0 (IEEE 754-2019
@@ -310,13 +310,8 @@ impl Primitives for CpuBackend {
         self.argmax_rows_impl(x, out, cols)
     }
 
-    fn gather_rows(
-        &self,
-        ids: &CpuStorage,
-        table: &CpuStorage,
-        out: &mut CpuStorage,
-        dim: usize,
-    ) -> Result<()> {
+    fn gather_rows(&self, x: IdRows<'_, CpuStorage>, out: &mut CpuStorage) -> Result<()> {
+        let (ids, table, dim) = (x.ids, x.rows, x.dim);
         let _p = super::profile::scope("embedding_fwd");
         let (ids, _) = embedding_ids("embedding_fwd", ids, table, out, dim)?;
         let table = table.as_f32()?;
@@ -326,13 +321,8 @@ impl Primitives for CpuBackend {
         Ok(())
     }
 
-    fn scatter_add_rows(
-        &self,
-        ids: &CpuStorage,
-        src: &CpuStorage,
-        dst: &mut CpuStorage,
-        dim: usize,
-    ) -> Result<()> {
+    fn scatter_add_rows(&self, x: IdRows<'_, CpuStorage>, dst: &mut CpuStorage) -> Result<()> {
+        let (ids, src, dim) = (x.ids, x.rows, x.dim);
         let _p = super::profile::scope("embedding_bwd");
         let (ids, vocab) = embedding_ids("embedding_bwd", ids, dst, src, dim)?;
         let src = src.as_f32()?;

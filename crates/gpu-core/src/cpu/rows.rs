@@ -5,8 +5,8 @@ use super::par::{column_sums, for_rows, min_rows};
 use super::{fast, CpuBackend, CpuStorage};
 use crate::error::{GpuError, Result};
 use crate::nn::rows::{
-    check_cross_entropy, check_embedding, check_layernorm_fwd, check_rmsnorm_fwd, check_rope,
-    LayerNormBwdIn, RmsNormBwdIn, RowBwdIn, RowOps,
+    check_embedding, check_layernorm_fwd, check_rmsnorm_fwd, check_rope, LayerNormBwdIn, LogitsIn,
+    RmsNormBwdIn, RowBwdIn, RowOps,
 };
 use crate::ops::check_rows;
 use rayon::prelude::*;
@@ -132,17 +132,11 @@ impl RowOps for CpuBackend {
         })
     }
 
-    fn cross_entropy_fwd(
-        &self,
-        logits: &CpuStorage,
-        targets: &CpuStorage,
-        loss: &mut CpuStorage,
-        cols: usize,
-    ) -> Result<()> {
+    fn cross_entropy_fwd(&self, xt: LogitsIn<'_, CpuStorage>, loss: &mut CpuStorage) -> Result<()> {
         let _p = super::profile::scope("cross_entropy_fwd");
         const OP: &str = "cross_entropy_fwd";
-        check_cross_entropy(OP, logits, targets, loss, None, cols)?;
-        let (x, t) = (logits.as_f32()?, targets.as_u32()?);
+        xt.check(OP, loss, None)?;
+        let (x, t, cols) = (xt.logits.as_f32()?, xt.targets.as_u32()?, xt.cols);
         check_ids(OP, "targets", t, cols)?;
         if fast::fast() {
             let (isa, per) = (fast::Isa::best(), min_rows(cols));
@@ -164,16 +158,15 @@ impl RowOps for CpuBackend {
 
     fn cross_entropy_bwd(
         &self,
-        logits: &CpuStorage,
-        targets: &CpuStorage,
+        xt: LogitsIn<'_, CpuStorage>,
         dloss: &CpuStorage,
         dlogits: &mut CpuStorage,
-        cols: usize,
     ) -> Result<()> {
         let _p = super::profile::scope("cross_entropy_bwd");
         const OP: &str = "cross_entropy_bwd";
-        check_cross_entropy(OP, logits, targets, dloss, Some(&*dlogits), cols)?;
-        let (x, t, dl) = (logits.as_f32()?, targets.as_u32()?, dloss.as_f32()?);
+        xt.check(OP, dloss, Some(&*dlogits))?;
+        let (x, t, dl) = (xt.logits.as_f32()?, xt.targets.as_u32()?, dloss.as_f32()?);
+        let cols = xt.cols;
         check_ids(OP, "targets", t, cols)?;
         if fast::fast() {
             let (isa, per) = (fast::Isa::best(), min_rows(cols));

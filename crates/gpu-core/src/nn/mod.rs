@@ -58,6 +58,33 @@ macro_rules! copy_refs {
     )*};
 }
 
+/// An argument struct of references and plain values (`Debug`, and `Clone`/`Copy` by
+/// [`copy_refs`]) with `new`, which takes every field in order: for the structs whose callers
+/// build them in one expression.
+macro_rules! arg_struct {
+    (
+        $(#[$m:meta])*
+        pub struct $t:ident<'a, Buf> {
+            $($(#[$fm:meta])* pub $f:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$m])*
+        #[derive(Debug)]
+        pub struct $t<'a, Buf> {
+            $($(#[$fm])* pub $f: $ty,)*
+        }
+
+        impl<'a, Buf> $t<'a, Buf> {
+            #[doc = concat!("A [`", stringify!($t), "`] of its fields, in their order.")]
+            pub fn new($($f: $ty),*) -> Self {
+                $t { $($f),* }
+            }
+        }
+
+        copy_refs!($t);
+    };
+}
+
 pub mod activation;
 pub mod attention;
 pub mod decode;
@@ -76,7 +103,7 @@ pub use attention::AttentionOps;
 pub use decode::{DecodeDims, DecodeOps};
 pub use elementwise::{BinaryKind, ElementwiseOps, ReduceKind};
 pub use optim::{AdamWConfig, OptimOps};
-pub use primitives::{BlockCopy, Primitives};
+pub use primitives::{BlockCopy, IdRows, Primitives};
 pub use quant::{QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
 pub use rows::RowOps;
 pub use sample::{SampleOps, SampleParams};

@@ -140,21 +140,25 @@ pub trait Primitives: Backend + MatmulOps {
 
     /// Gather of rows: `out[r] = table[ids[r]]` for a `[vocab, dim]` table and u32 `ids`; an
     /// id `>= vocab` is an error on the CPU and a NaN row on CUDA (the embedding forward).
-    fn gather_rows(
-        &self,
-        ids: &Self::Buffer,
-        table: &Self::Buffer,
-        out: &mut Self::Buffer,
-        dim: usize,
-    ) -> Result<()>;
+    /// `x.rows` is the table.
+    fn gather_rows(&self, x: IdRows<'_, Self::Buffer>, out: &mut Self::Buffer) -> Result<()>;
 
     /// Scatter-add of rows: `dst` (`[vocab, dim]`) is overwritten with zeros, then
     /// `dst[ids[r]] += src[r]` for every row (the embedding backward).
-    fn scatter_add_rows(
-        &self,
-        ids: &Self::Buffer,
-        src: &Self::Buffer,
-        dst: &mut Self::Buffer,
-        dim: usize,
-    ) -> Result<()>;
+    /// `x.rows` is `src`.
+    fn scatter_add_rows(&self, x: IdRows<'_, Self::Buffer>, dst: &mut Self::Buffer) -> Result<()>;
+}
+
+arg_struct! {
+    /// The inputs of a gather or scatter-add of `dim`-wide rows ([`Primitives::gather_rows`],
+    /// [`Primitives::scatter_add_rows`], and the embeddings built on them): u32 `ids` and the
+    /// rows they pick from (a `[vocab, dim]` table) or carry (`[ids.len(), dim]`).
+    pub struct IdRows<'a, Buf> {
+        /// The row ids, u32.
+        pub ids: &'a Buf,
+        /// The table gathered from, or the rows scattered.
+        pub rows: &'a Buf,
+        /// The width of a row.
+        pub dim: usize,
+    }
 }

@@ -5,7 +5,7 @@ use crate::backend::BufferInfo;
 use crate::dtype::DType;
 use crate::error::{GpuError, Result};
 use crate::nn::defaults::rows as D;
-use crate::nn::primitives::Primitives;
+use crate::nn::primitives::{IdRows, Primitives};
 use crate::ops::{check_elementwise, check_rows, require_f32, BufferInfoDyn};
 
 /// Row-wise operations (the forward softmax and LayerNorm without saved statistics live in
@@ -50,33 +50,23 @@ pub trait RowOps: Primitives {
     /// kernel writes NaN for that row's loss).
     fn cross_entropy_fwd(
         &self,
-        logits: &Self::Buffer,
-        targets: &Self::Buffer,
+        x: LogitsIn<'_, Self::Buffer>,
         loss: &mut Self::Buffer,
-        cols: usize,
     ) -> Result<()> {
-        let rows = check_cross_entropy("cross_entropy_fwd", logits, targets, loss, None, cols)?;
-        D::cross_entropy(self, (logits, targets), loss, [rows, cols])
+        let rows = x.check("cross_entropy_fwd", loss, None)?;
+        D::cross_entropy(self, (x.logits, x.targets), loss, [rows, x.cols])
     }
 
     /// Cross-entropy backward: `dlogits[r] = (softmax(logits[r]) − onehot(targets[r])) · dloss[r]`.
     fn cross_entropy_bwd(
         &self,
-        logits: &Self::Buffer,
-        targets: &Self::Buffer,
+        x: LogitsIn<'_, Self::Buffer>,
         dloss: &Self::Buffer,
         dlogits: &mut Self::Buffer,
-        cols: usize,
     ) -> Result<()> {
-        let rows = check_cross_entropy(
-            "cross_entropy_bwd",
-            logits,
-            targets,
-            dloss,
-            Some(dlogits),
-            cols,
-        )?;
-        D::cross_entropy_bwd(self, (logits, targets, dloss), dlogits, [rows, cols])
+        let rows = x.check("cross_entropy_bwd", dloss, Some(dlogits))?;
+        let ins = (x.logits, x.targets, dloss);
+        D::cross_entropy_bwd(self, ins, dlogits, [rows, x.cols])
     }
 
     /// LayerNorm forward with saved statistics: `y = (x − mean)·rstd·w + b`, biased variance,
@@ -157,28 +147,16 @@ pub trait RowOps: Primitives {
         D::rope(self, x, out, [n, t, d], (base, inverse))
     }
 
-    /// `out[r] = table[ids[r]]` for a `[vocab, dim]` table and u32 `ids`; an id `>= vocab` is an
-    /// error on the CPU and a NaN row on CUDA.
-    fn embedding_fwd(
-        &self,
-        ids: &Self::Buffer,
-        table: &Self::Buffer,
-        out: &mut Self::Buffer,
-        dim: usize,
-    ) -> Result<()> {
-        self.gather_rows(ids, table, out, dim)
+    /// `out[r] = table[ids[r]]` for a `[vocab, dim]` table (`x.rows`) and u32 `ids`; an id
+    /// `>= vocab` is an error on the CPU and a NaN row on CUDA.
+    fn embedding_fwd(&self, x: IdRows<'_, Self::Buffer>, out: &mut Self::Buffer) -> Result<()> {
+        self.gather_rows(x, out)
     }
 
     /// Embedding backward: `dtable` (`[vocab, dim]`) is overwritten with zeros, then
-    /// `dtable[ids[r]] += dout[r]` for every row (atomic adds on CUDA).
-    fn embedding_bwd(
-        &self,
-        ids: &Self::Buffer,
-        dout: &Self::Buffer,
-        dtable: &mut Self::Buffer,
-        dim: usize,
-    ) -> Result<()> {
-        self.scatter_add_rows(ids, dout, dtable, dim)
+    /// `dtable[ids[r]] += dout[r]` for every row (atomic adds on CUDA); `x.rows` is `dout`.
+    fn embedding_bwd(&self, x: IdRows<'_, Self::Buffer>, dtable: &mut Self::Buffer) -> Result<()> {
+        self.scatter_add_rows(x, dtable)
     }
 }
 
@@ -197,6 +175,28 @@ impl<Buf: BufferInfo> RowBwdIn<'_, Buf> {
     /// same length, whole `cols`-wide rows; returns the number of rows.
     pub fn check(&self, op: &'static str, dx: &Buf, cols: usize) -> Result<usize> {
         check_rows_bwd(op, self.y, self.dy, dx, cols)
+    }
+}
+
+arg_struct! {
+    /// The inputs of a cross-entropy ([`RowOps::cross_entropy_fwd`],
+    /// [`RowOps::cross_entropy_bwd`]): `cols`-wide rows of logits and one u32 class a row.
+    pub struct LogitsIn<'a, Buf> {
+        /// The logits, f32 `[rows, cols]`.
+        pub logits: &'a Buf,
+        /// The class of each row, u32 `[rows]`, each `< cols`.
+        pub targets: &'a Buf,
+        /// The number of classes.
+        pub cols: usize,
+    }
+}
+
+impl<Buf: BufferInfo> LogitsIn<'_, Buf> {
+    /// Checks the inputs with the per-row buffer (the loss, or `dloss`) and, for the backward,
+    /// `dlogits` ([`check_cross_entropy`], every backend); returns the number of rows.
+    pub fn check(&self, op: &'static str, per_row: &Buf, dlogits: Option<&Buf>) -> Result<usize> {
+        let dlogits = dlogits.map(|d| d as &dyn BufferInfoDyn);
+        check_cross_entropy(op, self.logits, self.targets, per_row, dlogits, self.cols)
     }
 }
 

@@ -13,7 +13,7 @@ use gpu_core::nn::elementwise::{
     check_broadcast, check_cast, check_copy_blocks, check_dropout, check_permute, Activation,
     BinaryKind, ElementwiseOps, Primitives, ReduceKind,
 };
-use gpu_core::nn::{BlockCopy, Direction};
+use gpu_core::nn::{BlockCopy, Direction, IdRows};
 use gpu_core::ops::check_float_elementwise;
 use gpu_core::{BufferInfo, DType, Result};
 use plan::BinaryPath;
@@ -481,24 +481,12 @@ impl Primitives for CudaBackend {
         self.argmax_rows_impl(x, out, cols)
     }
 
-    fn gather_rows(
-        &self,
-        ids: &CudaBuffer,
-        table: &CudaBuffer,
-        out: &mut CudaBuffer,
-        dim: usize,
-    ) -> Result<()> {
-        self.embedding_fwd_impl(ids, table, out, dim)
+    fn gather_rows(&self, x: IdRows<'_, CudaBuffer>, out: &mut CudaBuffer) -> Result<()> {
+        self.embedding_fwd_impl(x, out)
     }
 
-    fn scatter_add_rows(
-        &self,
-        ids: &CudaBuffer,
-        src: &CudaBuffer,
-        dst: &mut CudaBuffer,
-        dim: usize,
-    ) -> Result<()> {
-        self.embedding_bwd_impl(ids, src, dst, dim)
+    fn scatter_add_rows(&self, x: IdRows<'_, CudaBuffer>, dst: &mut CudaBuffer) -> Result<()> {
+        self.embedding_bwd_impl(x, dst)
     }
 }
 

@@ -11,8 +11,8 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::rows::{
-    check_cross_entropy, check_layernorm_fwd, check_rmsnorm_fwd, check_rope, LayerNormBwdIn,
-    RmsNormBwdIn, RowBwdIn,
+    check_layernorm_fwd, check_rmsnorm_fwd, check_rope, LayerNormBwdIn, LogitsIn, RmsNormBwdIn,
+    RowBwdIn,
 };
 use gpu_core::nn::RowOps;
 use gpu_core::ops::check_rows;
@@ -293,15 +293,10 @@ impl RowOps for CudaBackend {
         self.softmax_like_bwd(("log_softmax_bwd", "log_softmax_bwd_f32"), input, dx, cols)
     }
 
-    fn cross_entropy_fwd(
-        &self,
-        logits: &CudaBuffer,
-        targets: &CudaBuffer,
-        loss: &mut CudaBuffer,
-        cols: usize,
-    ) -> Result<()> {
+    fn cross_entropy_fwd(&self, x: LogitsIn<'_, CudaBuffer>, loss: &mut CudaBuffer) -> Result<()> {
         const OP: &str = "cross_entropy_fwd";
-        let rows = check_cross_entropy(OP, logits, targets, loss, None, cols)?;
+        let rows = x.check(OP, loss, None)?;
+        let (logits, targets, cols) = (x.logits, x.targets, x.cols);
         if rows == 0 {
             return Ok(());
         }
@@ -319,14 +314,13 @@ impl RowOps for CudaBackend {
 
     fn cross_entropy_bwd(
         &self,
-        logits: &CudaBuffer,
-        targets: &CudaBuffer,
+        x: LogitsIn<'_, CudaBuffer>,
         dloss: &CudaBuffer,
         dlogits: &mut CudaBuffer,
-        cols: usize,
     ) -> Result<()> {
         const OP: &str = "cross_entropy_bwd";
-        let rows = check_cross_entropy(OP, logits, targets, dloss, Some(&*dlogits), cols)?;
+        let rows = x.check(OP, dloss, Some(&*dlogits))?;
+        let (logits, targets, cols) = (x.logits, x.targets, x.cols);
         if rows == 0 {
             return Ok(());
         }

@@ -3,9 +3,9 @@
 #![allow(dead_code)]
 
 use crate::common::{down, poisoned, random_vec, run_op, up, CPU};
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
-use gpu_core::nn::ElementwiseOps;
+use gpu_core::nn::rows::{LayerNormBwdIn, LogitsIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::nn::RowOps;
+use gpu_core::nn::{ElementwiseOps, IdRows};
 use gpu_core::Backend;
 
 mod bounds;
@@ -43,13 +43,13 @@ pub fn log_softmax_bwd<B: Rows>(b: &B, y: &[f32], dy: &[f32], cols: usize) -> Ve
 
 pub fn ce_fwd<B: Rows>(b: &B, x: &[f32], t: &[u32], cols: usize) -> Vec<f32> {
     run_op(b, [x], t.len(), |[x], o| {
-        b.cross_entropy_fwd(x, &up_u32(b, t), o, cols)
+        b.cross_entropy_fwd(LogitsIn::new(x, &up_u32(b, t), cols), o)
     })
 }
 
 pub fn ce_bwd<B: Rows>(b: &B, x: &[f32], t: &[u32], dl: &[f32], cols: usize) -> Vec<f32> {
     run_op(b, [x, dl], x.len(), |[x, dl], o| {
-        b.cross_entropy_bwd(x, &up_u32(b, t), dl, o, cols)
+        b.cross_entropy_bwd(LogitsIn::new(x, &up_u32(b, t), cols), dl, o)
     })
 }
 
@@ -152,13 +152,13 @@ pub fn rope<B: Rows>(
 
 pub fn emb_fwd<B: Rows>(b: &B, ids: &[u32], table: &[f32], dim: usize) -> Vec<f32> {
     run_op(b, [table], ids.len() * dim, |[table], o| {
-        b.embedding_fwd(&up_u32(b, ids), table, o, dim)
+        b.embedding_fwd(IdRows::new(&up_u32(b, ids), table, dim), o)
     })
 }
 
 pub fn emb_bwd<B: Rows>(b: &B, ids: &[u32], dout: &[f32], vocab: usize, dim: usize) -> Vec<f32> {
     run_op(b, [dout], vocab * dim, |[dout], o| {
-        b.embedding_bwd(&up_u32(b, ids), dout, o, dim)
+        b.embedding_bwd(IdRows::new(&up_u32(b, ids), dout, dim), o)
     })
 }
 

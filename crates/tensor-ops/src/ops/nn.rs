@@ -6,8 +6,8 @@ use crate::backend::on_device;
 use crate::backend::DeviceBackend;
 use crate::tensor::{require_f32, same_device, Tensor};
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
-use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
-use gpu_core::nn::{AttentionOps, RowOps};
+use gpu_core::nn::rows::{LayerNormBwdIn, LogitsIn, RmsNormBwdIn, RowBwdIn};
+use gpu_core::nn::{AttentionOps, IdRows, RowOps};
 use gpu_core::{DType, GpuError, Result};
 
 fn last_dim(op: &'static str, t: &Tensor) -> Result<usize> {
@@ -101,10 +101,8 @@ impl Tensor {
         targets.check_u32_below("cross_entropy", "targets", cols)?;
         let (gl, gt) = (self.read(), targets.read());
         let st = compute!(dev, rows, |be, out| be.cross_entropy_fwd(
-            buf(be, &gl)?,
-            buf(be, &gt)?,
-            &mut out,
-            cols
+            LogitsIn::new(buf(be, &gl)?, buf(be, &gt)?, cols),
+            &mut out
         ));
         drop((gl, gt));
         let (logits, tg) = (self.clone(), targets.clone());
@@ -117,11 +115,9 @@ impl Tensor {
             move |_, g| {
                 let (gl, gt, gg) = (logits.read(), tg.read(), g.read());
                 let st = compute!(dev, logits.numel(), |be, dx| be.cross_entropy_bwd(
-                    buf(be, &gl)?,
-                    buf(be, &gt)?,
+                    LogitsIn::new(buf(be, &gl)?, buf(be, &gt)?, cols),
                     buf(be, &gg)?,
-                    &mut dx,
-                    cols
+                    &mut dx
                 ));
                 Ok(vec![Some(Tensor::from_storage(
                     st,
@@ -314,12 +310,8 @@ impl Tensor {
         shape.push(dim);
         let len = checked_numel("embedding", &shape)?;
         let (gt, gi) = (self.read(), ids.read());
-        let st = compute!(dev, len, |be, out| be.embedding_fwd(
-            buf(be, &gi)?,
-            buf(be, &gt)?,
-            &mut out,
-            dim
-        ));
+        let st = compute!(dev, len, |be, out| be
+            .embedding_fwd(IdRows::new(buf(be, &gi)?, buf(be, &gt)?, dim), &mut out));
         drop((gt, gi));
         let (ids_c, table_shape) = (ids.clone(), self.shape().to_vec());
         Ok(Tensor::from_op(
@@ -330,12 +322,8 @@ impl Tensor {
             &[self],
             move |_, g| {
                 let (gi, gg) = (ids_c.read(), g.read());
-                let st = compute!(dev, numel(&table_shape), |be, dt| be.embedding_bwd(
-                    buf(be, &gi)?,
-                    buf(be, &gg)?,
-                    &mut dt,
-                    dim
-                ));
+                let st = compute!(dev, numel(&table_shape), |be, dt| be
+                    .embedding_bwd(IdRows::new(buf(be, &gi)?, buf(be, &gg)?, dim), &mut dt));
                 Ok(vec![Some(Tensor::from_storage(
                     st,
                     table_shape.clone(),

@@ -187,34 +187,47 @@ impl Isa {
 
 /// Defines `pub(crate) fn $name(isa: Isa, args...)` that runs the `#[inline(always)]` body
 /// function `$body` compiled for `isa`: the body is instantiated inside one
-/// `#[target_feature]` function per level, so the compiler vectorizes it for that level.
+/// `#[target_feature]` function per level, so the compiler vectorizes it for that level. The
+/// body is either a path (`=> body_fn`, a function of the same arguments) or a block written in
+/// place, which becomes that `#[inline(always)]` function.
 macro_rules! multiversion {
     ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $body:path) => {
         $(#[$doc])*
         $vis fn $name(isa: $crate::cpu::fast::Isa, $($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-            fn avx512($($arg: $ty),*) {
-                $body($($arg),*)
-            }
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx2,fma")]
-            fn avx2($($arg: $ty),*) {
-                $body($($arg),*)
-            }
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa` is crate-private and its values come only from
-                // `Isa::available` / `Isa::best`, which hand out `Avx512` only where the host
-                // has AVX-512 F + VL, AVX2 and FMA.
-                $crate::cpu::fast::Isa::Avx512 => unsafe { avx512($($arg),*) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above, `Avx2` only where the host has AVX2 and FMA.
-                $crate::cpu::fast::Isa::Avx2 => unsafe { avx2($($arg),*) },
-                _ => $body($($arg),*),
-            }
+            $crate::cpu::fast::multiversion!(@dispatch isa, $body, $($arg: $ty),*)
         }
     };
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$doc])*
+        $vis fn $name(isa: $crate::cpu::fast::Isa, $($arg: $ty),*) {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $body
+            $crate::cpu::fast::multiversion!(@dispatch isa, body, $($arg: $ty),*)
+        }
+    };
+    (@dispatch $isa:ident, $body:path, $($arg:ident: $ty:ty),*) => {{
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+        fn avx512($($arg: $ty),*) {
+            $body($($arg),*)
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2($($arg: $ty),*) {
+            $body($($arg),*)
+        }
+        match $isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa` is crate-private and its values come only from
+            // `Isa::available` / `Isa::best`, which hand out `Avx512` only where the host
+            // has AVX-512 F + VL, AVX2 and FMA.
+            $crate::cpu::fast::Isa::Avx512 => unsafe { avx512($($arg),*) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, `Avx2` only where the host has AVX2 and FMA.
+            $crate::cpu::fast::Isa::Avx2 => unsafe { avx2($($arg),*) },
+            _ => $body($($arg),*),
+        }
+    }};
 }
 pub(crate) use multiversion;
 

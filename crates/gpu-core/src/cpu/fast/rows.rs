@@ -27,128 +27,33 @@ pub(crate) fn sum2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
     s
 }
 
-/// LayerNorm forward of whole rows: `x`, `y` hold the same number of `cols`-wide rows, `mean`
-/// and `rstd` one value per row; `w` and `b` the weight and bias.
-#[inline(always)]
-fn layernorm_fwd_body(
-    (x, w, b): (&[f32], &[f32], &[f32]),
-    y: &mut [f32],
-    stats: (&mut [f32], &mut [f32]),
-    cols: usize,
-    eps: f32,
-) {
-    let n = cols as f32;
-    let rows = x.chunks_exact(cols).zip(y.chunks_exact_mut(cols));
-    for ((xr, yr), (mean, rstd)) in rows.zip(stats.0.iter_mut().zip(stats.1.iter_mut())) {
-        let mu = sum2(xr, xr, |v, _| v) / n;
-        let var = sum2(xr, xr, |v, _| (v - mu) * (v - mu)) / n;
-        let rs = 1.0 / (var + eps).sqrt();
-        for (((o, &v), &wi), &bi) in yr.iter_mut().zip(xr).zip(w).zip(b) {
-            *o = (v - mu) * rs * wi + bi;
-        }
-        (*mean, *rstd) = (mu, rs);
-    }
-}
-
-/// LayerNorm backward of whole rows: `dx` from `x`, `w`, the saved `mean`/`rstd` and `dy`.
-#[inline(always)]
-fn layernorm_dx_body(
-    x: &[f32],
-    w: &[f32],
-    stats: (&[f32], &[f32]),
-    dy: &[f32],
-    dx: &mut [f32],
-    cols: usize,
-) {
-    let n = cols as f32;
-    let w = &w[..cols];
-    let rows = x.chunks_exact(cols).zip(dy.chunks_exact(cols));
-    let rows = rows.zip(dx.chunks_exact_mut(cols));
-    for (((xr, dyr), dxr), (&mu, &rs)) in rows.zip(stats.0.iter().zip(stats.1)) {
-        let sg = sum2(dyr, w, |g, wi| g * wi);
-        // Σ g·x̂ with x̂ = (x − μ)·rs; the products are formed as in the loop below.
-        let mut acc = [0.0f32; LANES];
-        let (xc, gc, wc) = (
-            xr.chunks_exact(LANES),
-            dyr.chunks_exact(LANES),
-            w.chunks_exact(LANES),
-        );
-        let tail = (xc.remainder(), gc.remainder(), wc.remainder());
-        for ((xc, gc), wc) in xc.zip(gc).zip(wc) {
-            for l in 0..LANES {
-                acc[l] += gc[l] * wc[l] * ((xc[l] - mu) * rs);
-            }
-        }
-        let mut sgx = 0.0f32;
-        for a in acc {
-            sgx += a;
-        }
-        for ((&xv, &g), &wi) in tail.0.iter().zip(tail.1).zip(tail.2) {
-            sgx += g * wi * ((xv - mu) * rs);
-        }
-        for (((o, &xv), &g), &wi) in dxr.iter_mut().zip(xr).zip(dyr).zip(w) {
-            let xhat = (xv - mu) * rs;
-            *o = rs * (g * wi - (sg + xhat * sgx) / n);
-        }
-    }
-}
-
-/// `dw[c] = Σ_r dy[r, c0 + c]·x̂[r, c0 + c]` and `db[c] = Σ_r dy[r, c0 + c]` for the columns
-/// `c0..c0 + dw.len()`, each summed over the rows in order.
-#[inline(always)]
-fn layernorm_dwdb_body(
-    x: &[f32],
-    stats: (&[f32], &[f32]),
-    dy: &[f32],
-    grads: (&mut [f32], &mut [f32]),
-    cols: usize,
-    c0: usize,
-) {
-    let (dw, db) = grads;
-    // Columns in groups of `LANES` whose sums stay in registers over all rows, then the rest.
-    let groups = dw.len() / LANES;
-    for gi in 0..groups {
-        let (mut aw, mut ab) = ([0.0f32; LANES], [0.0f32; LANES]);
-        let c = c0 + gi * LANES;
-        let rows = x[c..].chunks(cols).zip(dy[c..].chunks(cols));
-        for ((xr, dyr), (&mu, &rs)) in rows.zip(stats.0.iter().zip(stats.1)) {
-            let (xr, dyr) = (&xr[..LANES], &dyr[..LANES]);
-            for l in 0..LANES {
-                aw[l] += dyr[l] * ((xr[l] - mu) * rs);
-                ab[l] += dyr[l];
-            }
-        }
-        dw[gi * LANES..(gi + 1) * LANES].copy_from_slice(&aw);
-        db[gi * LANES..(gi + 1) * LANES].copy_from_slice(&ab);
-    }
-    let done = groups * LANES;
-    let width = dw.len() - done;
-    let (dw, db) = (&mut dw[done..], &mut db[done..]);
-    dw.fill(0.0);
-    db.fill(0.0);
-    for (r, (&mu, &rs)) in stats.0.iter().zip(stats.1).enumerate() {
-        let xr = &x[r * cols + c0 + done..][..width];
-        let dyr = &dy[r * cols + c0 + done..][..width];
-        for (((w, b), &xv), &g) in dw.iter_mut().zip(db.iter_mut()).zip(xr).zip(dyr) {
-            *w += g * ((xv - mu) * rs);
-            *b += g;
-        }
-    }
-}
-
 multiversion!(
-    /// LayerNorm forward of whole rows (see [`layernorm_fwd_body`]).
+    /// LayerNorm forward of whole rows: `x`, `y` hold the same number of `cols`-wide rows, `mean`
+    /// and `rstd` one value per row; `w` and `b` the weight and bias.
     pub(crate) fn layernorm_fwd(
         xwb: (&[f32], &[f32], &[f32]),
         y: &mut [f32],
         stats: (&mut [f32], &mut [f32]),
         cols: usize,
         eps: f32,
-    ) => layernorm_fwd_body
+    ) {
+        let (x, w, b) = xwb;
+        let n = cols as f32;
+        let rows = x.chunks_exact(cols).zip(y.chunks_exact_mut(cols));
+        for ((xr, yr), (mean, rstd)) in rows.zip(stats.0.iter_mut().zip(stats.1.iter_mut())) {
+            let mu = sum2(xr, xr, |v, _| v) / n;
+            let var = sum2(xr, xr, |v, _| (v - mu) * (v - mu)) / n;
+            let rs = 1.0 / (var + eps).sqrt();
+            for (((o, &v), &wi), &bi) in yr.iter_mut().zip(xr).zip(w).zip(b) {
+                *o = (v - mu) * rs * wi + bi;
+            }
+            (*mean, *rstd) = (mu, rs);
+        }
+    }
 );
 
 multiversion!(
-    /// LayerNorm backward's `dx` of whole rows (see [`layernorm_dx_body`]).
+    /// LayerNorm backward of whole rows: `dx` from `x`, `w`, the saved `mean`/`rstd` and `dy`.
     pub(crate) fn layernorm_dx(
         x: &[f32],
         w: &[f32],
@@ -156,11 +61,44 @@ multiversion!(
         dy: &[f32],
         dx: &mut [f32],
         cols: usize,
-    ) => layernorm_dx_body
+    ) {
+        let n = cols as f32;
+        let w = &w[..cols];
+        let rows = x.chunks_exact(cols).zip(dy.chunks_exact(cols));
+        let rows = rows.zip(dx.chunks_exact_mut(cols));
+        for (((xr, dyr), dxr), (&mu, &rs)) in rows.zip(stats.0.iter().zip(stats.1)) {
+            let sg = sum2(dyr, w, |g, wi| g * wi);
+            // Σ g·x̂ with x̂ = (x − μ)·rs; the products are formed as in the loop below.
+            let mut acc = [0.0f32; LANES];
+            let (xc, gc, wc) = (
+                xr.chunks_exact(LANES),
+                dyr.chunks_exact(LANES),
+                w.chunks_exact(LANES),
+            );
+            let tail = (xc.remainder(), gc.remainder(), wc.remainder());
+            for ((xc, gc), wc) in xc.zip(gc).zip(wc) {
+                for l in 0..LANES {
+                    acc[l] += gc[l] * wc[l] * ((xc[l] - mu) * rs);
+                }
+            }
+            let mut sgx = 0.0f32;
+            for a in acc {
+                sgx += a;
+            }
+            for ((&xv, &g), &wi) in tail.0.iter().zip(tail.1).zip(tail.2) {
+                sgx += g * wi * ((xv - mu) * rs);
+            }
+            for (((o, &xv), &g), &wi) in dxr.iter_mut().zip(xr).zip(dyr).zip(w) {
+                let xhat = (xv - mu) * rs;
+                *o = rs * (g * wi - (sg + xhat * sgx) / n);
+            }
+        }
+    }
 );
 
 multiversion!(
-    /// LayerNorm backward's `dw`, `db` of a block of columns (see [`layernorm_dwdb_body`]).
+    /// `dw[c] = Σ_r dy[r, c0 + c]·x̂[r, c0 + c]` and `db[c] = Σ_r dy[r, c0 + c]` for the columns
+    /// `c0..c0 + dw.len()`, each summed over the rows in order.
     pub(crate) fn layernorm_dwdb(
         x: &[f32],
         stats: (&[f32], &[f32]),
@@ -168,5 +106,36 @@ multiversion!(
         grads: (&mut [f32], &mut [f32]),
         cols: usize,
         c0: usize,
-    ) => layernorm_dwdb_body
+    ) {
+        let (dw, db) = grads;
+        // Columns in groups of `LANES` whose sums stay in registers over all rows, then the rest.
+        let groups = dw.len() / LANES;
+        for gi in 0..groups {
+            let (mut aw, mut ab) = ([0.0f32; LANES], [0.0f32; LANES]);
+            let c = c0 + gi * LANES;
+            let rows = x[c..].chunks(cols).zip(dy[c..].chunks(cols));
+            for ((xr, dyr), (&mu, &rs)) in rows.zip(stats.0.iter().zip(stats.1)) {
+                let (xr, dyr) = (&xr[..LANES], &dyr[..LANES]);
+                for l in 0..LANES {
+                    aw[l] += dyr[l] * ((xr[l] - mu) * rs);
+                    ab[l] += dyr[l];
+                }
+            }
+            dw[gi * LANES..(gi + 1) * LANES].copy_from_slice(&aw);
+            db[gi * LANES..(gi + 1) * LANES].copy_from_slice(&ab);
+        }
+        let done = groups * LANES;
+        let width = dw.len() - done;
+        let (dw, db) = (&mut dw[done..], &mut db[done..]);
+        dw.fill(0.0);
+        db.fill(0.0);
+        for (r, (&mu, &rs)) in stats.0.iter().zip(stats.1).enumerate() {
+            let xr = &x[r * cols + c0 + done..][..width];
+            let dyr = &dy[r * cols + c0 + done..][..width];
+            for (((w, b), &xv), &g) in dw.iter_mut().zip(db.iter_mut()).zip(xr).zip(dyr) {
+                *w += g * ((xv - mu) * rs);
+                *b += g;
+            }
+        }
+    }
 );

@@ -4,7 +4,7 @@ use super::{flat_row_ids, ids_buf, read_u32, scalar, zip};
 use crate::backend::BufferInfo;
 use crate::error::Result;
 use crate::nn::elementwise::{check_max_axis_bwd, BinaryKind};
-use crate::nn::primitives::Primitives;
+use crate::nn::primitives::{IdRows, Primitives};
 use crate::ops::check_float_elementwise;
 
 /// `out = mul·x + add` as two broadcast ops (two roundings where the CPU fuses one: within
@@ -59,9 +59,10 @@ pub fn max_axis_bwd<B: Primitives + ?Sized>(
         .collect();
     let ids = ids_buf(b, &flat)?;
     if dx.dtype() == crate::DType::F32 {
-        return b.scatter_add_rows(&ids, dy, dx, 1);
+        return b.scatter_add_rows(IdRows::new(&ids, dy, 1), dx);
     }
     let mut wide = super::f32_buf(b, dx.len())?;
-    b.scatter_add_rows(&ids, &super::widen(b, dy)?, &mut wide, 1)?;
+    let dy = super::widen(b, dy)?;
+    b.scatter_add_rows(IdRows::new(&ids, &dy, 1), &mut wide)?;
     b.cast(&wide, dx)
 }

@@ -7,7 +7,7 @@ use super::{f32_buf, flat_row_ids, ids_buf, map, read_u32, reduce, rsqrt, zip, z
 use crate::backend::BufferInfo;
 use crate::error::Result;
 use crate::nn::elementwise::{Activation, BinaryKind as K, ReduceKind as R};
-use crate::nn::primitives::Primitives;
+use crate::nn::primitives::{IdRows, Primitives};
 use crate::nn::rows::{LayerNormBwdIn, RowBwdIn};
 use crate::nn::BlockCopy;
 
@@ -112,7 +112,7 @@ pub fn cross_entropy<B: Primitives + ?Sized>(
 ) -> Result<()> {
     let ids = target_ids(b, "cross_entropy_fwd", targets, cols)?;
     let mut picked = f32_buf(b, rows)?;
-    b.gather_rows(&ids, logits, &mut picked, 1)?;
+    b.gather_rows(IdRows::new(&ids, logits, 1), &mut picked)?;
     let lse = lse_rows(b, logits, rows, cols)?;
     b.broadcast_binary(K::Sub, &lse, &[rows], &picked, &[rows], loss)
 }
@@ -128,7 +128,7 @@ pub fn cross_entropy_bwd<B: Primitives + ?Sized>(
     let mut ones = f32_buf(b, rows)?;
     b.fill(&mut ones, 1.0)?;
     let mut onehot = f32_buf(b, rows * cols)?;
-    b.scatter_add_rows(&ids, &ones, &mut onehot, 1)?;
+    b.scatter_add_rows(IdRows::new(&ids, &ones, 1), &mut onehot)?;
     let mut p = f32_buf(b, rows * cols)?;
     softmax(b, logits, &mut p, [rows, cols])?;
     let sh = [rows, cols];

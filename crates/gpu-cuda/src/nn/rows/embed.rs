@@ -6,17 +6,17 @@ use crate::backend::CudaBackend;
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
 use gpu_core::nn::rows::check_embedding;
+use gpu_core::nn::IdRows;
 use gpu_core::{Backend, DType, Result};
 
 impl CudaBackend {
     /// [`RowOps::embedding_fwd`](gpu_core::nn::RowOps::embedding_fwd): a warp per row.
     pub(in crate::nn) fn embedding_fwd_impl(
         &self,
-        ids: &CudaBuffer,
-        table: &CudaBuffer,
+        x: IdRows<'_, CudaBuffer>,
         out: &mut CudaBuffer,
-        dim: usize,
     ) -> Result<()> {
+        let (ids, table, dim) = (x.ids, x.rows, x.dim);
         const OP: &str = "embedding_fwd";
         let (rows, vocab) = check_embedding(OP, ids, table, out, dim)?;
         if rows == 0 {
@@ -36,11 +36,10 @@ impl CudaBackend {
     /// the last bits of an id's sum over three or more rows) varies from run to run.
     pub(in crate::nn) fn embedding_bwd_impl(
         &self,
-        ids: &CudaBuffer,
-        dout: &CudaBuffer,
+        x: IdRows<'_, CudaBuffer>,
         dtable: &mut CudaBuffer,
-        dim: usize,
     ) -> Result<()> {
+        let (ids, dout, dim) = (x.ids, x.rows, x.dim);
         const OP: &str = "embedding_bwd";
         let (rows, vocab) = check_embedding(OP, ids, dtable, dout, dim)?;
         if rows == 0 || vocab == 0 {

@@ -3,6 +3,7 @@
 use super::{at_every_level, check, hostile_mix, normal, seed, U};
 use crate::cpu::fast::{softmax, with_mode, CpuMode};
 use crate::cpu::{CpuBackend, CpuStorage};
+use crate::nn::rows::LogitsIn;
 use crate::nn::RowOps;
 use crate::Backend;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -18,8 +19,9 @@ fn run(x: &[f32], t: &[u32], dl: &[f32], cols: usize, mode: CpuMode) -> [Vec<f32
         );
         let z = |len| cpu.allocate(crate::DType::F32, len).unwrap();
         let (mut loss, mut dx) = (z(t.len()), z(x.len()));
-        cpu.cross_entropy_fwd(&xs, &ts, &mut loss, cols).unwrap();
-        cpu.cross_entropy_bwd(&xs, &ts, &dls, &mut dx, cols)
+        cpu.cross_entropy_fwd(LogitsIn::new(&xs, &ts, cols), &mut loss)
+            .unwrap();
+        cpu.cross_entropy_bwd(LogitsIn::new(&xs, &ts, cols), &dls, &mut dx)
             .unwrap();
         let v = |s: &CpuStorage| s.as_f32().unwrap().to_vec();
         [v(&loss), v(&dx)]
