@@ -31,6 +31,7 @@ use crate::error::Result;
 use crate::nn::attention::{AttnDims, AttnDropout, AttnQkv, Packed, PackedSaved};
 use crate::nn::elementwise::{Activation, BinaryKind, ReduceKind};
 use crate::nn::optim::AdamWBuffers;
+use crate::nn::sample::SampleRows;
 use crate::nn::{
     AttentionOps, BlockCopy, DecodeOps, ElementwiseOps, IdRows, OptimOps, Primitives, QuantOps,
     RowOps, SampleOps, SampleParams, WorldOps,
@@ -271,6 +272,11 @@ pub const PLAIN_SAMPLING: SampleParams = SampleParams {
     offset: 0,
 };
 
+/// Whether `b` refuses the `sample_rows` call of `x` and `p` (returns an error).
+pub fn refuses<B: SampleOps>(b: &B, x: SampleRows<'_, B::Buffer>, p: SampleParams) -> bool {
+    b.sample_rows(x, p).is_err()
+}
+
 /// Checks [`SampleOps::sample_rows`]' refusals on `b`, which every backend makes alike: a
 /// `seen` mask too short, a float output, a `vocab` that does not divide the logits or is 0,
 /// u32 logits and bad settings (`top_p` 0, a negative temperature, a zero penalty) are errors
@@ -285,12 +291,20 @@ pub fn check_sample_rows_refusals<B: SampleOps>(b: &B) {
     let mut o = b.upload(&[9u32; 2]).unwrap();
     let mut short = b.upload(&[0u32; 1]).unwrap();
     let mut f = b.upload(&[0.0f32; 2]).unwrap();
-    assert!(b.sample_rows(&l, &mut short, &c, &mut o, 3, base).is_err());
-    assert!(b.sample_rows(&l, &mut s, &c, &mut f, 3, base).is_err());
-    assert!(b.sample_rows(&l, &mut s, &c, &mut o, 4, base).is_err());
-    assert!(b.sample_rows(&l, &mut s, &c, &mut o, 0, base).is_err());
-    assert!(b.sample_rows(&c, &mut s, &c, &mut o, 1, base).is_err());
-    assert!(b.sample_rows(&lu, &mut s, &c, &mut o, 3, base).is_err());
+    assert!(refuses(
+        b,
+        SampleRows::new(&l, &mut short, &c, &mut o, 3),
+        base
+    ));
+    assert!(refuses(b, SampleRows::new(&l, &mut s, &c, &mut f, 3), base));
+    assert!(refuses(b, SampleRows::new(&l, &mut s, &c, &mut o, 4), base));
+    assert!(refuses(b, SampleRows::new(&l, &mut s, &c, &mut o, 0), base));
+    assert!(refuses(b, SampleRows::new(&c, &mut s, &c, &mut o, 1), base));
+    assert!(refuses(
+        b,
+        SampleRows::new(&lu, &mut s, &c, &mut o, 3),
+        base
+    ));
     for bad in [
         SampleParams { top_p: 0.0, ..base },
         SampleParams {
@@ -302,7 +316,7 @@ pub fn check_sample_rows_refusals<B: SampleOps>(b: &B) {
             ..base
         },
     ] {
-        assert!(b.sample_rows(&l, &mut s, &c, &mut o, 3, bad).is_err());
+        assert!(refuses(b, SampleRows::new(&l, &mut s, &c, &mut o, 3), bad));
     }
     assert_eq!(b.download::<u32>(&o).unwrap(), [9, 9]);
     assert_eq!(b.download::<u32>(&s).unwrap(), [0, 0]);
@@ -312,8 +326,10 @@ pub fn check_sample_rows_refusals<B: SampleOps>(b: &B) {
         b.upload::<u32>(&[]).unwrap(),
         b.upload::<u32>(&[]).unwrap(),
     );
-    b.sample_rows(&e, &mut es, &ec, &mut eo, 5, base).unwrap();
-    b.sample_rows(&l, &mut s, &c, &mut o, 3, base).unwrap();
+    b.sample_rows(SampleRows::new(&e, &mut es, &ec, &mut eo, 5), base)
+        .unwrap();
+    b.sample_rows(SampleRows::new(&l, &mut s, &c, &mut o, 3), base)
+        .unwrap();
     assert!(b.download::<u32>(&o).unwrap().iter().all(|&t| t < 3));
 }
 

@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use gpu_core::nn::decode::DecodeOps;
-use gpu_core::nn::decode::{CacheAttnIn, RopeAppendIn, RopeAppendOut};
+use gpu_core::nn::decode::{CacheAttnIn, DecodeDims, RopeAppendIn, RopeAppendOut};
 use gpu_core::nn::Primitives;
 use gpu_core::{Backend, CpuBackend, DType};
 use gpu_cuda::testing::backend_or_skip;
@@ -29,19 +29,21 @@ fn stored(x: &[f32], dtype: DType) -> Vec<f32> {
     }
 }
 
-/// The inputs of a rope-append: the fused projection, the frequencies and each row's first
-/// real and first new slot.
+/// The inputs of a rope-append: the fused projection, the frequencies, each row's first
+/// real and first new slot, and the sizes.
 fn rope_in<'a, Buf>(
     qkv: &'a Buf,
     inv_freq: &'a Buf,
     start: &'a Buf,
     slot: &'a Buf,
+    dims: DecodeDims,
 ) -> RopeAppendIn<'a, Buf> {
     RopeAppendIn {
         qkv,
         inv_freq,
         start,
         slot,
+        dims,
     }
 }
 
@@ -119,9 +121,8 @@ fn rope_case(
                 let mut q = put(be, &vec![f32::NAN; dims.q_len()], dt[1]);
                 let (mut kc, mut vc) = (put(be, &kc0, dt[2]), put(be, &vc0, dt[2]));
                 be.rope_append(
-                    rope_in(&x, &f, &st, &sl),
+                    rope_in(&x, &f, &st, &sl, dims),
                     rope_out(&mut q, &mut kc, &mut vc),
-                    dims,
                 )
                 .unwrap();
                 [get(be, &q), get(be, &kc), get(be, &vc)]
@@ -371,9 +372,8 @@ fn gpu_slot_past_the_cache_writes_nothing() {
             let mut kc = be.upload(&vec![7f32; dims.cache_len()]).unwrap();
             let mut vc = be.upload(&vec![7f32; dims.cache_len()]).unwrap();
             let r = be.rope_append(
-                rope_in(&x, &f, &st, &sl),
+                rope_in(&x, &f, &st, &sl, dims),
                 rope_out(&mut q, &mut kc, &mut vc),
-                dims,
             );
             (
                 r,

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use gpu_core::nn::sample::{seen_words, SampleOps, SampleParams};
+use gpu_core::nn::sample::{seen_words, SampleOps, SampleParams, SampleRows};
 use gpu_core::{Backend, CpuBackend, DType};
 use gpu_cuda::testing::backend_or_skip;
 use rand::rngs::StdRng;
@@ -34,7 +34,8 @@ fn run<B: SampleOps>(
                 offset: p.offset.wrapping_add(i),
                 ..p
             };
-            be.sample_rows(&l, &mut s, &c, &mut o, vocab, p).unwrap();
+            be.sample_rows(SampleRows::new(&l, &mut s, &c, &mut o, vocab), p)
+                .unwrap();
             be.download::<u32>(&o).unwrap()
         })
         .collect();
@@ -116,18 +117,31 @@ fn gpu_sample_rows_empty_batch_and_bad_buffers() {
     let mut es = gpu.upload::<u32>(&[]).unwrap();
     let ec = gpu.upload::<u32>(&[]).unwrap();
     let mut eo = gpu.upload::<u32>(&[]).unwrap();
-    gpu.sample_rows(&e, &mut es, &ec, &mut eo, 10, p).unwrap();
+    gpu.sample_rows(SampleRows::new(&e, &mut es, &ec, &mut eo, 10), p)
+        .unwrap();
     let l = gpu.upload(&[0.0f32; 6]).unwrap();
     let c = gpu.upload(&[0u32; 2]).unwrap();
     let mut s = gpu.upload(&[0u32; 2]).unwrap();
     let mut o = gpu.upload(&[9u32; 2]).unwrap();
     let mut short = gpu.upload(&[0u32; 1]).unwrap();
-    assert!(gpu.sample_rows(&l, &mut short, &c, &mut o, 3, p).is_err());
-    assert!(gpu.sample_rows(&l, &mut s, &c, &mut o, 4, p).is_err());
+    assert!(gpu_core::testing::refuses(
+        &gpu,
+        SampleRows::new(&l, &mut short, &c, &mut o, 3),
+        p
+    ));
+    assert!(gpu_core::testing::refuses(
+        &gpu,
+        SampleRows::new(&l, &mut s, &c, &mut o, 4),
+        p
+    ));
     let nan = SampleParams {
         temperature: f32::NAN,
         ..p
     };
-    assert!(gpu.sample_rows(&l, &mut s, &c, &mut o, 3, nan).is_err());
+    assert!(gpu_core::testing::refuses(
+        &gpu,
+        SampleRows::new(&l, &mut s, &c, &mut o, 3),
+        nan
+    ));
     assert_eq!(gpu.download::<u32>(&o).unwrap(), [9, 9]);
 }

@@ -130,18 +130,14 @@ impl WgpuBackend {
 
 impl DecodeOps for WgpuBackend {
     /// f32: one kernel, a thread a rotated pair or a copied value (bf16: the default).
-    fn rope_append(
-        &self,
-        x: RopeAppendIn<'_, Buf>,
-        out: RopeAppendOut<'_, Buf>,
-        dims: DecodeDims,
-    ) -> Result<()> {
+    fn rope_append(&self, x: RopeAppendIn<'_, Buf>, out: RopeAppendOut<'_, Buf>) -> Result<()> {
         const OP: &str = "rope_append";
-        check_rope_append(x, &out, dims)?;
+        check_rope_append(x, &out)?;
+        let dims = x.dims;
         self.check_out(OP, &[x.qkv, x.inv_freq, x.start, x.slot])?;
         self.check_out(OP, &out.refs())?;
         if !all_f32(&[x.qkv, out.q_out, out.k_cache]) {
-            return defaults::decode::rope_append(self, x, out, dims);
+            return defaults::decode::rope_append(self, x, out);
         }
         let [q_out, k_cache, v_cache] = out.refs();
         let half = dims.d / 2;

@@ -9,7 +9,7 @@ use crate::buffer::WgpuBuffer;
 use crate::kernels::to_u32;
 use crate::shaders::{DROP_HASH, SAMPLE, SAMPLE_MATH, SAMPLE_PROBE};
 use gpu_core::backend::{Backend, BufferInfo};
-use gpu_core::nn::sample::{check_sample, SampleOps, SampleParams};
+use gpu_core::nn::sample::{check_sample, SampleOps, SampleParams, SampleRows};
 use gpu_core::{DType, Result};
 
 /// Words of the kernels' parameter block (`Params` in `sample_math.wgsl`); `gx` is the last.
@@ -56,17 +56,10 @@ impl WgpuBackend {
 
 impl SampleOps for WgpuBackend {
     /// One launch, a workgroup a row; nothing is read back.
-    fn sample_rows(
-        &self,
-        logits: &WgpuBuffer,
-        seen: &mut WgpuBuffer,
-        counter: &WgpuBuffer,
-        out: &mut WgpuBuffer,
-        vocab: usize,
-        params: SampleParams,
-    ) -> Result<()> {
+    fn sample_rows(&self, x: SampleRows<'_, WgpuBuffer>, params: SampleParams) -> Result<()> {
         const OP: &str = "sample_rows";
-        let rows = check_sample(logits, seen, counter, out, vocab, &params)?;
+        let rows = check_sample(&x, &params)?;
+        let (logits, seen, counter, out, vocab) = (x.logits, x.seen, x.counter, x.out, x.vocab);
         self.check_out(OP, &[logits, &*seen, counter, &*out])?;
         to_u32(OP, logits.len())?;
         to_u32(OP, seen.len())?;

@@ -124,13 +124,14 @@ fn rope_bufs<B: DecodeOps + Backend, T: Element>(
         inv_freq: &freq,
         start: &start,
         slot: &slot,
+        dims: c.dims,
     };
     let out = RopeAppendOut {
         q_out: &mut q,
         k_cache: &mut k,
         v_cache: &mut v,
     };
-    b.rope_append(x, out, c.dims).unwrap();
+    b.rope_append(x, out).unwrap();
     [q, k, v]
 }
 

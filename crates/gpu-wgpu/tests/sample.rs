@@ -11,7 +11,9 @@
 mod common;
 
 use common::backend_and_rng;
-use gpu_core::nn::sample::{draw, draw_target, seen_words, top_p_cut, weight, SampleParams};
+use gpu_core::nn::sample::{
+    draw, draw_target, seen_words, top_p_cut, weight, SampleParams, SampleRows,
+};
 use gpu_core::nn::SampleOps;
 use gpu_core::CpuBackend;
 use gpu_wgpu::testing::backend_or_skip;
@@ -41,8 +43,11 @@ fn sample<B: SampleOps>(b: &B, x: &Batch, as_bf16: bool, p: SampleParams) -> (Ve
     let mut seen = b.upload(&x.seen).unwrap();
     let counter = b.upload(&x.counter).unwrap();
     let mut out = b.upload(&vec![u32::MAX; x.counter.len()]).unwrap();
-    b.sample_rows(&logits, &mut seen, &counter, &mut out, x.vocab, p)
-        .unwrap();
+    b.sample_rows(
+        SampleRows::new(&logits, &mut seen, &counter, &mut out, x.vocab),
+        p,
+    )
+    .unwrap();
     (b.download(&out).unwrap(), b.download(&seen).unwrap())
 }
 

@@ -90,10 +90,10 @@ impl DecodeOps for CpuBackend {
         &self,
         x: RopeAppendIn<'_, CpuStorage>,
         out: RopeAppendOut<'_, CpuStorage>,
-        dims: DecodeDims,
     ) -> Result<()> {
         const OP: &str = "rope_append";
-        check_rope_append(x, &out, dims)?;
+        check_rope_append(x, &out)?;
+        let dims = x.dims;
         let (start, slot, freq) = (x.start.as_u32()?, x.slot.as_u32()?, x.inv_freq.as_f32()?);
         check_slots(OP, slot, dims)?;
         let qkv = Floats::of(OP, x.qkv)?;

@@ -7,29 +7,22 @@ use super::CpuStorage;
 use crate::error::{GpuError, Result};
 use crate::nn::sample::{
     check_sample, draw, draw_target, order_key, seen_words, top_p_cut, weight, SampleOps,
-    SampleParams,
+    SampleParams, SampleRows,
 };
 use crate::CpuBackend;
 
 impl SampleOps for CpuBackend {
-    fn sample_rows(
-        &self,
-        logits: &CpuStorage,
-        seen: &mut CpuStorage,
-        counter: &CpuStorage,
-        out: &mut CpuStorage,
-        vocab: usize,
-        params: SampleParams,
-    ) -> Result<()> {
+    fn sample_rows(&self, x: SampleRows<'_, CpuStorage>, params: SampleParams) -> Result<()> {
         const OP: &str = "sample_rows";
-        check_sample(logits, seen, counter, out, vocab, &params)?;
-        let rows: Vec<f32> = match logits {
+        check_sample(&x, &params)?;
+        let vocab = x.vocab;
+        let rows: Vec<f32> = match x.logits {
             CpuStorage::F32(v) => v.clone(),
             CpuStorage::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             _ => return Err(GpuError::invalid(OP, "logits must be f32 or bf16")),
         };
         let (CpuStorage::U32(seen), CpuStorage::U32(counter), CpuStorage::U32(out)) =
-            (seen, counter, out)
+            (x.seen, x.counter, x.out)
         else {
             return Err(GpuError::invalid(OP, "seen, counter and out must be u32"));
         };
@@ -139,7 +132,8 @@ mod tests {
         let mut s = cpu.upload(&seen).unwrap();
         let c = cpu.upload(n).unwrap();
         let mut o = cpu.allocate(DType::U32, n.len()).unwrap();
-        cpu.sample_rows(&l, &mut s, &c, &mut o, vocab, p).unwrap();
+        cpu.sample_rows(SampleRows::new(&l, &mut s, &c, &mut o, vocab), p)
+            .unwrap();
         (cpu.download(&o).unwrap(), cpu.download(&s).unwrap())
     }
 
@@ -340,7 +334,8 @@ mod tests {
             let mut s = cpu.upload(&[0u32; 10]).unwrap();
             let c = cpu.upload(&[n]).unwrap();
             let mut o = cpu.allocate(DType::U32, 1).unwrap();
-            cpu.sample_rows(&lb, &mut s, &c, &mut o, 300, P).unwrap();
+            cpu.sample_rows(SampleRows::new(&lb, &mut s, &c, &mut o, 300), P)
+                .unwrap();
             assert_eq!(
                 cpu.download::<u32>(&o).unwrap(),
                 run(&w, 300, vec![0; 10], &[n], P).0

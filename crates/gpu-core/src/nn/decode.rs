@@ -135,6 +135,8 @@ pub struct RopeAppendIn<'a, Buf> {
     pub start: &'a Buf,
     /// Each row's first new slot, `[b]` u32.
     pub slot: &'a Buf,
+    /// The sizes.
+    pub dims: DecodeDims,
 }
 
 /// The inputs of [`DecodeOps::cache_attention`].
@@ -211,9 +213,8 @@ pub trait DecodeOps: Primitives {
         &self,
         x: RopeAppendIn<'_, Self::Buffer>,
         out: RopeAppendOut<'_, Self::Buffer>,
-        dims: DecodeDims,
     ) -> Result<()> {
-        defaults::decode::rope_append(self, x, out, dims)
+        defaults::decode::rope_append(self, x, out)
     }
 
     /// Causal attention of the new queries `q` `[b, t, heads, d]` against the cache: query `i`
@@ -299,10 +300,9 @@ fn check_rows_and_cache<B: BufferInfo>(
 pub fn check_rope_append<B: BufferInfo>(
     x: RopeAppendIn<'_, B>,
     out: &RopeAppendOut<'_, B>,
-    dims: DecodeDims,
 ) -> Result<()> {
     const OP: &str = "rope_append";
-    let (qkv, inv_freq) = (x.qkv, x.inv_freq);
+    let (qkv, inv_freq, dims) = (x.qkv, x.inv_freq, x.dims);
     let [q_out, k_cache, v_cache] = out.refs();
     check_rows_and_cache(OP, x.start, x.slot, k_cache, v_cache, dims)?;
     require_float(OP, qkv.dtype())?;

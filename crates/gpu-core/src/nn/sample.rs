@@ -102,6 +102,41 @@ impl SampleParams {
     }
 }
 
+/// The buffers and row width of [`SampleOps::sample_rows`].
+#[derive(Debug)]
+pub struct SampleRows<'a, Buf> {
+    /// The logits `[rows, vocab]` (f32 or bf16).
+    pub logits: &'a Buf,
+    /// Each row's mask of the tokens it has produced or was prompted with (u32
+    /// `[rows, ⌈vocab/32⌉]`), updated.
+    pub seen: &'a mut Buf,
+    /// Each row's draw counter (u32 `[rows]`).
+    pub counter: &'a Buf,
+    /// Each row's token (u32 `[rows]`), written.
+    pub out: &'a mut Buf,
+    /// The logits of a row.
+    pub vocab: usize,
+}
+
+impl<'a, Buf> SampleRows<'a, Buf> {
+    /// The arguments of a call, in the order of the fields.
+    pub fn new(
+        logits: &'a Buf,
+        seen: &'a mut Buf,
+        counter: &'a Buf,
+        out: &'a mut Buf,
+        vocab: usize,
+    ) -> Self {
+        Self {
+            logits,
+            seen,
+            counter,
+            out,
+            vocab,
+        }
+    }
+}
+
 /// Token sampling.
 pub trait SampleOps: Primitives {
     /// For each row `r` of `logits` `[rows, vocab]` (f32 or bf16), writes a token id to
@@ -121,20 +156,13 @@ pub trait SampleOps: Primitives {
     /// 6. with `K = Σ W` over the kept tokens and `R` the first 64 bits of Philox
     ///    ([`draw`]), the token is the kept `i` with `C_i ≤ ⌊R·K/2^64⌋ < C_i + W_i`, `C_i` the
     ///    kept weight before `i` in index order.
-    fn sample_rows(
-        &self,
-        logits: &Self::Buffer,
-        seen: &mut Self::Buffer,
-        counter: &Self::Buffer,
-        out: &mut Self::Buffer,
-        vocab: usize,
-        params: SampleParams,
-    ) -> Result<()> {
-        let [logits, counter] = &H::downs_n(self, [logits, counter])?;
-        let (mut s, mut o) = (H::down(self, seen)?, H::down(self, out)?);
-        crate::CpuBackend.sample_rows(logits, &mut s, counter, &mut o, vocab, params)?;
-        H::up(self, &s, seen)?;
-        H::up(self, &o, out)
+    fn sample_rows(&self, x: SampleRows<'_, Self::Buffer>, params: SampleParams) -> Result<()> {
+        let [logits, counter] = &H::downs_n(self, [x.logits, x.counter])?;
+        let (mut s, mut o) = (H::down(self, x.seen)?, H::down(self, x.out)?);
+        let host = SampleRows::new(logits, &mut s, counter, &mut o, x.vocab);
+        crate::CpuBackend.sample_rows(host, params)?;
+        H::up(self, &s, x.seen)?;
+        H::up(self, &o, x.out)
     }
 }
 
@@ -144,15 +172,9 @@ pub fn seen_words(vocab: usize) -> usize {
 }
 
 /// Checks the arguments of [`SampleOps::sample_rows`]; returns the number of rows.
-pub fn check_sample<B: BufferInfo>(
-    logits: &B,
-    seen: &B,
-    counter: &B,
-    out: &B,
-    vocab: usize,
-    params: &SampleParams,
-) -> Result<usize> {
+pub fn check_sample<B: BufferInfo>(x: &SampleRows<'_, B>, params: &SampleParams) -> Result<usize> {
     const OP: &str = "sample_rows";
+    let (logits, seen, counter, out, vocab) = (x.logits, &*x.seen, x.counter, &*x.out, x.vocab);
     params.check()?;
     require_float(OP, logits.dtype())?;
     for b in [seen, counter, out] {

@@ -64,15 +64,16 @@ impl DecodeOps for CudaBackend {
         &self,
         x: RopeAppendIn<'_, CudaBuffer>,
         out: RopeAppendOut<'_, CudaBuffer>,
-        dims: DecodeDims,
     ) -> Result<()> {
         const OP: &str = "rope_append";
-        check_rope_append(x, &out, dims)?;
+        check_rope_append(x, &out)?;
+        let dims = x.dims;
         let RopeAppendIn {
             qkv,
             inv_freq,
             start,
             slot,
+            ..
         } = x;
         let [q_out, k_cache, v_cache] = out.refs();
         self.check_owned(OP, &[qkv, inv_freq, start, slot, q_out, k_cache, v_cache])?;

@@ -7,7 +7,7 @@
 use crate::backend::{CudaBackend, Grouping};
 use crate::launch::{KernelArg, LaunchConfig};
 use crate::pool::CudaBuffer;
-use gpu_core::nn::sample::{check_sample, SampleOps, SampleParams};
+use gpu_core::nn::sample::{check_sample, SampleOps, SampleParams, SampleRows};
 use gpu_core::{BufferInfo, DType, GpuError, Result};
 
 /// Blocks of a row on sm_90 (the portable cluster size). Measured on an H200 (Llama-3.2-1B
@@ -15,17 +15,10 @@ use gpu_core::{BufferInfo, DType, GpuError, Result};
 const CLUSTER: u32 = 8;
 
 impl SampleOps for CudaBackend {
-    fn sample_rows(
-        &self,
-        logits: &CudaBuffer,
-        seen: &mut CudaBuffer,
-        counter: &CudaBuffer,
-        out: &mut CudaBuffer,
-        vocab: usize,
-        p: SampleParams,
-    ) -> Result<()> {
+    fn sample_rows(&self, x: SampleRows<'_, CudaBuffer>, p: SampleParams) -> Result<()> {
         const OP: &str = "sample_rows";
-        let rows = check_sample(logits, seen, counter, out, vocab, &p)?;
+        let rows = check_sample(&x, &p)?;
+        let (logits, seen, counter, out, vocab) = (x.logits, x.seen, x.counter, x.out, x.vocab);
         self.check_owned(OP, &[logits, seen, counter, out])?;
         if rows == 0 {
             return Ok(());

@@ -135,13 +135,13 @@ impl Tensor {
                     inv_freq: buf(be, &f)?,
                     start: buf(be, &st)?,
                     slot: buf(be, &sl)?,
+                    dims,
                 },
                 RopeAppendOut {
                     q_out: &mut q,
                     k_cache: buf_mut(be, &mut kc)?,
                     v_cache: buf_mut(be, &mut vc)?,
                 },
-                dims,
             )?;
             crate::ops::wrap(be, q)
         });

@@ -4,7 +4,7 @@
 use crate::backend::on_device;
 use crate::ops::{buf, buf_mut};
 use crate::tensor::{same_device, Tensor};
-use gpu_core::nn::sample::seen_words;
+use gpu_core::nn::sample::{seen_words, SampleRows};
 use gpu_core::nn::SampleOps;
 pub use gpu_core::nn::SampleParams;
 use gpu_core::{Backend, DType, GpuError, Result};
@@ -45,14 +45,14 @@ impl Tensor {
         let mut s = seen.write();
         let out = on_device!(dev, |be| {
             let mut out = be.allocate(DType::U32, rows)?;
-            be.sample_rows(
+            let rows = SampleRows::new(
                 buf(be, &x)?,
                 buf_mut(be, &mut s)?,
                 buf(be, &c)?,
                 &mut out,
                 vocab,
-                params,
-            )?;
+            );
+            be.sample_rows(rows, params)?;
             crate::ops::wrap(be, out)
         });
         Ok(Tensor::from_storage(out, lead.to_vec(), dev))

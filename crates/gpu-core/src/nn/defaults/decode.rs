@@ -2,9 +2,7 @@
 //! a backend without its own kernels (wgpu runs its f32 kernels and these for bf16).
 
 use crate::error::Result;
-use crate::nn::decode::{
-    CacheAttnIn, DecodeDims, DecodeOps, PrefillIn, RopeAppendIn, RopeAppendOut,
-};
+use crate::nn::decode::{CacheAttnIn, DecodeOps, PrefillIn, RopeAppendIn, RopeAppendOut};
 use crate::nn::defaults::host as H;
 use crate::nn::primitives::Primitives;
 
@@ -13,7 +11,6 @@ pub fn rope_append<B: Primitives + ?Sized>(
     b: &B,
     x: RopeAppendIn<'_, B::Buffer>,
     out: RopeAppendOut<'_, B::Buffer>,
-    dims: DecodeDims,
 ) -> Result<()> {
     let [qkv, inv_freq, start, slot] = &H::downs_n(b, [x.qkv, x.inv_freq, x.start, x.slot])?;
     let [mut q, mut k, mut v] = H::downs_n(b, out.refs())?;
@@ -22,13 +19,14 @@ pub fn rope_append<B: Primitives + ?Sized>(
         inv_freq,
         start,
         slot,
+        dims: x.dims,
     };
     let host = RopeAppendOut {
         q_out: &mut q,
         k_cache: &mut k,
         v_cache: &mut v,
     };
-    crate::CpuBackend.rope_append(x, host, dims)?;
+    crate::CpuBackend.rope_append(x, host)?;
     H::ups(b, &[q, k, v], &mut [out.q_out, out.k_cache, out.v_cache])
 }
 
