@@ -16,8 +16,8 @@ mod common;
 use common::{get, out, rng, up};
 use gpu_core::nn::attention::{AttnDims, AttnQkv};
 use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
-use gpu_core::nn::{AdamWConfig, NnOps, ReduceKind};
-use gpu_core::testing::{adamw_one, attention_fwd_bwd};
+use gpu_core::nn::{NnOps, ReduceKind};
+use gpu_core::testing::{adamw_config, adamw_one, attention_fwd_bwd};
 use gpu_core::CpuBackend;
 use gpu_wgpu::testing::backend_or_skip;
 use rand::rngs::StdRng;
@@ -201,13 +201,7 @@ fn decode<B: NnOps>(b: &B, v: &[Vec<f32>], rows: usize, i: usize) -> Outs {
 
 fn optim<B: NnOps>(b: &B, v: &[Vec<f32>]) -> Outs {
     let [mut p, g, mut m, mut var] = [0, 1, 2, 3].map(|i| up(b, &v[i]));
-    let cfg = AdamWConfig {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 3,
-    };
+    let cfg = adamw_config(1e-2, 3);
     let scale = up(b, &[2.0, 0.5]);
     adamw_one((&mut p, &g, &mut m, &mut var), 0.1, Some(&scale), |bufs| {
         b.adamw_step(bufs, cfg)
