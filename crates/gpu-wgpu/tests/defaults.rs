@@ -17,7 +17,7 @@ use common::{get, out, rng, up};
 use gpu_core::nn::attention::{AttnDims, AttnQkv};
 use gpu_core::nn::rows::{LayerNormBwdIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::nn::{NnOps, ReduceKind};
-use gpu_core::testing::{adamw_config, adamw_one, attention_fwd_bwd};
+use gpu_core::testing::{adamw_config, adamw_one, attention_outputs};
 use gpu_core::CpuBackend;
 use gpu_wgpu::testing::backend_or_skip;
 use rand::rngs::StdRng;
@@ -155,17 +155,9 @@ fn attention<B: NnOps>(b: &B, qkvd: &[Vec<f32>], [n, t, d]: [usize; 3]) -> Outs 
         k: &k,
         v: &v,
     };
-    let (mut o, mut lse) = (out(b, n * t * d), out(b, n * t));
-    let [mut dq, mut dk, mut dv] = [0; 3].map(|_| out(b, n * t * d));
-    attention_fwd_bwd(
-        b,
-        inputs,
-        &dout,
-        (&mut o, &mut lse),
-        (&mut dq, &mut dk, &mut dv),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
+    let dims = AttnDims { n, t, d, scale };
+    let [o, lse, dq, dk, dv] =
+        attention_outputs(b, inputs, &dout, dims, |len| out(b, len)).unwrap();
     vec![
         ("attention out", 1e-4, get(b, &o)),
         ("attention lse", 1e-5, get(b, &lse)),

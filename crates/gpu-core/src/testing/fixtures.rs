@@ -1,8 +1,11 @@
 //! Fixtures the test suites of several crates share: comparisons and problem data that the CPU
 //! fast kernels', the device backends' and the model crates' tests would otherwise each restate.
 
-use crate::nn::attention::AttnDims;
+use super::attention_fwd_bwd;
+use crate::error::Result;
+use crate::nn::attention::{AttnDims, AttnQkv};
 use crate::nn::optim::AdamWConfig;
+use crate::nn::AttentionOps;
 
 /// Whether `a` and `b` hold the same bits element by element (over the shorter of the two, as
 /// `zip` pairs them): NaN payloads and the sign of zero count.
@@ -62,4 +65,21 @@ pub const fn adamw_config(lr: f32, step: u32) -> AdamWConfig {
         eps: 1e-8,
         step,
     }
+}
+
+/// [`attention_fwd_bwd`] into fresh outputs, each made by `alloc(len)` in the order `out`,
+/// `lse`, `dq`, `dk`, `dv`: returns `[out, lse, dq, dk, dv]`.
+pub fn attention_outputs<B: AttentionOps>(
+    b: &B,
+    x: AttnQkv<'_, B::Buffer>,
+    dout: &B::Buffer,
+    dims: AttnDims,
+    mut alloc: impl FnMut(usize) -> B::Buffer,
+) -> Result<[B::Buffer; 5]> {
+    let len = dims.n * dims.t * dims.d;
+    let (mut out, mut lse) = (alloc(len), alloc(dims.n * dims.t));
+    let (mut dq, mut dk, mut dv) = (alloc(len), alloc(len), alloc(len));
+    let grads = (&mut dq, &mut dk, &mut dv);
+    attention_fwd_bwd(b, x, dout, (&mut out, &mut lse), grads, dims)?;
+    Ok([out, lse, dq, dk, dv])
 }

@@ -4,7 +4,7 @@ use super::{at_every_level, check, normal, seed, U};
 use crate::cpu::fast::{attention, with_mode, CpuMode, Isa};
 use crate::cpu::{CpuBackend, CpuStorage};
 use crate::nn::attention::{AttnDims, AttnQkv};
-use crate::testing::{attention_fwd_bwd, AttnProblem};
+use crate::testing::{attention_outputs, AttnProblem};
 use crate::Backend;
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -15,19 +15,13 @@ fn run(c: &AttnProblem, mode: CpuMode) -> [Vec<f32>; 5] {
         let up = |v: &[f32]| cpu.upload(v).unwrap();
         let z = |len| cpu.allocate(crate::DType::F32, len).unwrap();
         let (q, k, v, dout) = (up(&c.q), up(&c.k), up(&c.v), up(&c.dout));
-        let len = c.dims.n * c.dims.t * c.dims.d;
-        let (mut out, mut lse) = (z(len), z(c.dims.n * c.dims.t));
         let x = AttnQkv {
             q: &q,
             k: &k,
             v: &v,
         };
-        let dims = c.dims;
-        let (mut dq, mut dk, mut dv) = (z(len), z(len), z(len));
-        let grads = (&mut dq, &mut dk, &mut dv);
-        attention_fwd_bwd(&cpu, x, &dout, (&mut out, &mut lse), grads, dims).unwrap();
-        let o = |s: &CpuStorage| s.as_f32().unwrap().to_vec();
-        [o(&out), o(&lse), o(&dq), o(&dk), o(&dv)]
+        let outs = attention_outputs(&cpu, x, &dout, c.dims, z).unwrap();
+        outs.map(|s: CpuStorage| s.as_f32().unwrap().to_vec())
     })
 }
 
