@@ -32,12 +32,8 @@ fn odd_config(seed: u64) -> RssmConfig {
 
 /// The device engine against the reference on `[b, t, F]` contexts, `steps` ahead.
 fn compare_rollouts(cfg: RssmConfig, seed: u64, r: &mut StdRng, label: &str) {
-    let device = GpuAccelerator::with_model(model(cfg, seed))
-        .with_engine(Engine::Fused)
-        .unwrap();
-    let reference = GpuAccelerator::with_model(model(cfg, seed))
-        .with_engine(Engine::Reference)
-        .unwrap();
+    let device = common::on_engine(model(cfg, seed), Engine::Fused);
+    let reference = common::on_engine(model(cfg, seed), Engine::Reference);
     let f = cfg.feature_dim;
     for (b, t, steps) in [(1, 1, 1), (3, 2, 4), (17, 3, 7)] {
         let ctx = Tensor::from_vec(uniform(r, b * t * f, 1.0), &[b, t, f], CPU).unwrap();
