@@ -38,6 +38,9 @@ use crate::nn::{
 };
 use crate::ops::{MatmulOps, MatmulSpec};
 
+pub mod fixtures;
+pub use fixtures::*;
+
 /// The primitives of the CPU backend and the default bodies of everything else (its buffers
 /// are the CPU's).
 #[derive(Debug, Clone, Copy, Default)]

@@ -13,10 +13,8 @@ mod common;
 use common::adamw_on_copies;
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
 use gpu_core::nn::rows::{LayerNormBwdIn, LogitsIn, RmsNormBwdIn, RowBwdIn};
-use gpu_core::nn::{
-    AdamWConfig, AttentionOps, DecodeOps, ElementwiseOps, OptimOps, Primitives, RowOps,
-};
-use gpu_core::testing::PrimitivesOnly;
+use gpu_core::nn::{AttentionOps, DecodeOps, ElementwiseOps, OptimOps, Primitives, RowOps};
+use gpu_core::testing::{adamw_config, PrimitivesOnly};
 use gpu_core::{Backend, BufferInfo, CpuBackend, CpuStorage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -318,13 +316,7 @@ fn decode_and_optimiser_defaults_match_the_cpu() {
             .collect::<Vec<_>>(),
     );
     let m0 = init(&mut r);
-    let cfg = AdamWConfig {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 3,
-    };
+    let cfg = adamw_config(1e-2, 3);
     let scale = f32s(&[2.0, 0.5]);
     let state = (&p0, &m0, &v0, &g0);
     let [pa, ma, va] = adamw_on_copies(state, &scale, |b| P.adamw_step(b, cfg).unwrap());

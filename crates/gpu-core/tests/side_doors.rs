@@ -16,7 +16,9 @@ use common::adamw_on_copies;
 use gpu_core::nn::attention::{AttnDropout, Packed, PackedCall, PackedDrop, PackedSaved};
 use gpu_core::nn::optim::{adamw_schedule, AdamWBuffers};
 use gpu_core::nn::{AdamWConfig, AttentionOps, ElementwiseOps, OptimOps, Primitives};
-use gpu_core::testing::{assert_output_is_the_mask, mask_revealing_qkv, PrimitivesOnly};
+use gpu_core::testing::{
+    adamw_config, assert_output_is_the_mask, mask_revealing_qkv, PrimitivesOnly,
+};
 use gpu_core::{Backend, BufferInfo, CpuBackend, CpuStorage, DType};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -190,13 +192,7 @@ fn scheduled_adamw_default_matches_adamw_step() {
     let init = |r: &mut StdRng| CpuStorage::F32(rand_vec(r, len));
     let (p0, g0, m0) = (init(&mut r), init(&mut r), init(&mut r));
     let v0 = CpuStorage::F32(rand_vec(&mut r, len).iter().map(|v| v.abs()).collect());
-    let cfg = AdamWConfig {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 4,
-    };
+    let cfg = adamw_config(1e-2, 4);
     let sched = CpuStorage::F32(adamw_schedule(cfg).to_vec());
     let clip = CpuStorage::F32(vec![2.0, 0.5]);
     let run = |be: &dyn Fn(AdamWBuffers<'_, '_, CpuStorage>)| {

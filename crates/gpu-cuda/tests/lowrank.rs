@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use gpu_core::testing::same_bits;
 use gpu_core::{Backend, DType};
 use gpu_cuda::lowrank::{lowrank_add_reference, LOWRANK_NONFINITE_SUM, LOWRANK_NONFINITE_W};
 use gpu_cuda::testing::backend_or_skip;
@@ -79,21 +80,20 @@ fn gpu_lowrank_add_leaves_w_untouched_when_any_entry_fails() {
     let u0 = random_vec(&mut r, m * k, 1.0);
     let s0 = random_vec(&mut r, k, 1.0);
     let v0 = random_vec(&mut r, n * k, 1.0);
-    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     // NaN or ±inf in W (one entry in the last tile): bit 1 (and bit 2), nothing written.
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let mut w = w0.clone();
         w[m * n - 1] = bad;
         let (got, flag) = run(&gpu, (m, n, k), &w, &u0, &s0, &v0);
         assert!(flag & LOWRANK_NONFINITE_W != 0, "{bad}: flag {flag}");
-        assert!(same(&got, &w), "{bad}: W changed");
+        assert!(same_bits(&got, &w), "{bad}: W changed");
     }
     // NaN in a factor, or a sum past f32's range in one entry: bit 2, nothing written.
     let mut u = u0.clone();
     u[3] = f32::NAN;
     let (got, flag) = run(&gpu, (m, n, k), &w0, &u, &s0, &v0);
     assert_eq!(flag, LOWRANK_NONFINITE_SUM);
-    assert!(same(&got, &w0));
+    assert!(same_bits(&got, &w0));
     let mut w = w0.clone();
     w[5 * n + 7] = 3.0e38;
     let mut u = u0.clone();
@@ -103,7 +103,7 @@ fn gpu_lowrank_add_leaves_w_untouched_when_any_entry_fails() {
     let s = vec![1.0f32; k];
     let (got, flag) = run(&gpu, (m, n, k), &w, &u, &s, &v);
     assert_eq!(flag, LOWRANK_NONFINITE_SUM, "an overflowing entry");
-    assert!(same(&got, &w));
+    assert!(same_bits(&got, &w));
     // Large but finite everywhere: written, flag clear; the reference agrees.
     u[5 * k..6 * k].fill(1.0e17);
     let (got, flag) = run(&gpu, (m, n, k), &w, &u, &s, &v);

@@ -13,6 +13,7 @@ use common::*;
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
 use gpu_core::nn::AttentionOps;
 use gpu_core::nn::ElementwiseOps;
+use gpu_core::testing::AttnProblem;
 use gpu_core::DType;
 use gpu_cuda::testing::{backend_or_skip, cancel};
 use gpu_cuda::{CudaBackend, ImageKind, LaunchPath};
@@ -20,44 +21,9 @@ use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use rand::{rngs::StdRng, SeedableRng};
 
-/// One problem: inputs of shape [n, t, d] and the output gradient.
-struct Problem {
-    n: usize,
-    t: usize,
-    d: usize,
-    scale: f32,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    dout: Vec<f32>,
-}
-
-impl Problem {
-    fn random(rng: &mut StdRng, n: usize, t: usize, d: usize, amp: f32) -> Self {
-        let len = n * t * d;
-        Self {
-            n,
-            t,
-            d,
-            scale: 1.0 / (d as f32).sqrt(),
-            q: random_vec(rng, len, amp),
-            k: random_vec(rng, len, amp),
-            v: random_vec(rng, len, 1.0),
-            dout: random_vec(rng, len, 1.0),
-        }
-    }
-
-    fn dims(&self) -> AttnDims {
-        let (n, t, d, scale) = (self.n, self.t, self.d, self.scale);
-        AttnDims { n, t, d, scale }
-    }
-
-    fn what(&self) -> String {
-        format!(
-            "n={} t={} d={} scale={}",
-            self.n, self.t, self.d, self.scale
-        )
-    }
+/// A random problem: `q`, `k` uniform in ±`amp`, `v` and `dout` in ±1.
+fn random(rng: &mut StdRng, n: usize, t: usize, d: usize, amp: f32) -> AttnProblem {
+    AttnProblem::draw((n, t, d), amp, |len, amp| random_vec(rng, len, amp))
 }
 
 /// The inputs of an attention call.
@@ -66,11 +32,11 @@ fn qkv<'a, Buf>(q: &'a Buf, k: &'a Buf, v: &'a Buf) -> AttnQkv<'a, Buf> {
 }
 
 /// `(out, lse)` from backend `b`, outputs poisoned before the call.
-fn fwd<B: AttentionOps + ElementwiseOps>(b: &B, p: &Problem) -> (Vec<f32>, Vec<f32>) {
+fn fwd<B: AttentionOps + ElementwiseOps>(b: &B, p: &AttnProblem) -> (Vec<f32>, Vec<f32>) {
     let mut out = poisoned(b, p.q.len());
-    let mut lse = poisoned(b, p.n * p.t);
+    let mut lse = poisoned(b, p.dims.n * p.dims.t);
     let (q, k, v) = (up(b, &p.q), up(b, &p.k), up(b, &p.v));
-    b.causal_attention_fwd(qkv(&q, &k, &v), (&mut out, &mut lse), p.dims())
+    b.causal_attention_fwd(qkv(&q, &k, &v), (&mut out, &mut lse), p.dims)
         .unwrap();
     (down(b, &out), down(b, &lse))
 }
@@ -78,7 +44,7 @@ fn fwd<B: AttentionOps + ElementwiseOps>(b: &B, p: &Problem) -> (Vec<f32>, Vec<f
 /// `(dq, dk, dv)` from backend `b`, given the forward's `out` and `lse`.
 fn bwd<B: AttentionOps + ElementwiseOps>(
     b: &B,
-    p: &Problem,
+    p: &AttnProblem,
     out: &[f32],
     lse: &[f32],
 ) -> [Vec<f32>; 3] {
@@ -92,7 +58,7 @@ fn bwd<B: AttentionOps + ElementwiseOps>(
         dout: &g,
     };
     let grads = (&mut dq, &mut dk, &mut dv);
-    b.causal_attention_bwd(qkv(&q, &k, &v), saved, grads, p.dims())
+    b.causal_attention_bwd(qkv(&q, &k, &v), saved, grads, p.dims)
         .unwrap();
     [down(b, &dq), down(b, &dk), down(b, &dv)]
 }
@@ -131,7 +97,7 @@ struct Reference {
 }
 
 impl Reference {
-    fn of(p: &Problem) -> Self {
+    fn of(p: &AttnProblem) -> Self {
         let (out, lse) = fwd(&CPU, p);
         let grads = bwd(&CPU, p, &out, &lse);
         Self { out, lse, grads }
@@ -140,7 +106,7 @@ impl Reference {
 
 /// Checks backend `b` against the CPU reference on one problem (the backward is given the
 /// reference `out` and `lse`, so its check does not depend on the forward's error).
-fn check<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, p: &Problem, r: &Reference) {
+fn check<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, p: &AttnProblem, r: &Reference) {
     let what = format!("{dev} {}", p.what());
     let (out, lse) = fwd(b, p);
     assert_near(&format!("{what} out"), &out, &r.out, 1e-5, 1e-4);
@@ -156,7 +122,11 @@ fn check<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, p: &Problem, r: &Re
     // Gradients cancel (dS = P∘(dP − D); nearly one-hot softmaxes make dq tiny against its
     // terms): each is bounded by the size of its cancelling terms (`testing::cancel`).
     let got = bwd(b, p, &r.out, &r.lse);
-    let terms = cancel::attention((&p.q, &p.k, &p.v, &p.dout), [p.n, p.t, p.d], p.scale as f64);
+    let terms = cancel::attention(
+        (&p.q, &p.k, &p.v, &p.dout),
+        [p.dims.n, p.dims.t, p.dims.d],
+        p.dims.scale as f64,
+    );
     for (name, ((g, w), t)) in ["dq", "dk", "dv"]
         .iter()
         .zip(got.iter().zip(&r.grads).zip(&terms))
@@ -167,8 +137,8 @@ fn check<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, p: &Problem, r: &Re
 
 /// Checks the GPU (every variant) and, for small problems, the CPU backend itself (which runs
 /// the generic body: poisoning, every element written) against the reference.
-fn check_all(gpu: &Option<CudaBackend>, p: &Problem) {
-    let small = p.t <= 65;
+fn check_all(gpu: &Option<CudaBackend>, p: &AttnProblem) {
+    let small = p.dims.t <= 65;
     if gpu.is_none() && !small {
         return;
     }
@@ -198,10 +168,10 @@ fn cpu_backward_matches_finite_differences() {
     // 1e-4, so the bound is 2e-3 + 1e-2·|analytic|.
     let (mut rng, _) = rng("cpu_backward_matches_finite_differences");
     for (n, t, d) in [(1, 1, 4), (2, 5, 4), (1, 9, 8)] {
-        let p = Problem::random(&mut rng, n, t, d, 1.0);
+        let p = random(&mut rng, n, t, d, 1.0);
         let (out, lse) = fwd(&CPU, &p);
         let grads = bwd(&CPU, &p, &out, &lse);
-        let loss = |p: &Problem| -> f64 {
+        let loss = |p: &AttnProblem| -> f64 {
             let (o, _) = fwd(&CPU, p);
             o.iter()
                 .zip(&p.dout)
@@ -211,7 +181,7 @@ fn cpu_backward_matches_finite_differences() {
         for (which, grad) in grads.iter().enumerate() {
             for e in 0..n * t * d {
                 let shifted = |delta: f32| -> (f64, f64) {
-                    let mut pp = clone(&p);
+                    let mut pp = p.clone();
                     let x = match which {
                         0 => &mut pp.q,
                         1 => &mut pp.k,
@@ -234,24 +204,16 @@ fn cpu_backward_matches_finite_differences() {
     }
 }
 
-fn clone(p: &Problem) -> Problem {
-    Problem {
-        q: p.q.clone(),
-        k: p.k.clone(),
-        v: p.v.clone(),
-        dout: p.dout.clone(),
-        ..*p
-    }
-}
-
 #[test]
 fn cpu_matches_a_hand_computed_example() {
     // t = 2, d = 4, scale 1: row 0 sees key 0 only; row 1 has scores (q1·k0, q1·k1) = (1, 2).
-    let p = Problem {
-        n: 1,
-        t: 2,
-        d: 4,
-        scale: 1.0,
+    let p = AttnProblem {
+        dims: AttnDims {
+            n: 1,
+            t: 2,
+            d: 4,
+            scale: 1.0,
+        },
         q: vec![1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0],
         k: vec![1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0],
         v: vec![1.0, 2.0, 3.0, 4.0, -1.0, 0.0, 1.0, 0.0],
@@ -277,7 +239,7 @@ fn gpu_attention_matches_cpu() {
     for &t in &[0usize, 1, 7, 64, 65, 256, 300] {
         for &d in &[4usize, 16, 64, 128] {
             for &n in &[1usize, 3] {
-                check_all(&gpu, &Problem::random(&mut rng, n, t, d, 1.5));
+                check_all(&gpu, &random(&mut rng, n, t, d, 1.5));
             }
         }
     }
@@ -291,8 +253,8 @@ fn gpu_attention_handles_peaked_softmax_and_odd_widths() {
     let (mut rng, _) = rng(test);
     let gpu = backend_or_skip(test);
     for (n, t, d) in [(2, 97, 12), (1, 130, 68), (2, 33, 124), (1, 200, 60)] {
-        let mut p = Problem::random(&mut rng, n, t, d, 3.0);
-        p.scale = 1.0;
+        let mut p = random(&mut rng, n, t, d, 3.0);
+        p.dims.scale = 1.0;
         check_all(&gpu, &p);
     }
 }
@@ -306,7 +268,7 @@ fn gpu_attention_random_shapes() {
     TestRunner::new(config)
         .run(&shapes, |(n, t, d4, seed)| {
             let mut rng = StdRng::seed_from_u64(seed);
-            let p = Problem::random(&mut rng, n, t, 4 * d4, 1.0);
+            let p = random(&mut rng, n, t, 4 * d4, 1.0);
             check(&gpu, "cuda", &p, &Reference::of(&p));
             Ok(())
         })
@@ -316,9 +278,9 @@ fn gpu_attention_random_shapes() {
 /// Changing k and v at positions > i0 leaves out[..=i0] and lse[..=i0] bit-identical.
 fn causal_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut StdRng) {
     for (n, t, d, i0) in [(2, 70, 16, 33), (1, 130, 64, 63), (1, 40, 128, 0)] {
-        let p = Problem::random(rng, n, t, d, 1.0);
+        let p = random(rng, n, t, d, 1.0);
         let (out, lse) = fwd(b, &p);
-        let mut p2 = clone(&p);
+        let mut p2 = p.clone();
         for s in 0..n {
             for i in i0 + 1..t {
                 for c in 0..d {
@@ -409,7 +371,7 @@ fn masked_nan_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut
         (1, 200, 100),
         (1, 33, 4),
     ] {
-        let p = Problem::random(rng, n, t, d, 1.0);
+        let p = random(rng, n, t, d, 1.0);
         let (out, lse) = fwd(b, &p);
         let grads = bwd(b, &p, &out, &lse);
         let what = format!("{dev} {}", p.what());
@@ -425,7 +387,7 @@ fn masked_nan_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut
 
         // A NaN in k and v at key m (the last, and one inside a tile): rows before m unchanged.
         for m in [t - 1, t / 2] {
-            let mut late = clone(&p);
+            let mut late = p.clone();
             nan_row(&mut late.k, m);
             nan_row(&mut late.v, m);
             let (o2, l2) = fwd(b, &late);
@@ -448,7 +410,7 @@ fn masked_nan_body<B: AttentionOps + ElementwiseOps>(b: &B, dev: &str, rng: &mut
         // A NaN in q and dout at query m (the first, and one inside a tile): out and dq of the
         // other rows, and dk, dv of the keys after m, unchanged.
         for m in [0, t / 2] {
-            let mut first = clone(&p);
+            let mut first = p.clone();
             nan_row(&mut first.q, m);
             nan_row(&mut first.dout, m);
             let (o3, l3) = fwd(b, &first);

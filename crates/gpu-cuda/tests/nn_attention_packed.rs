@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use gpu_core::nn::attention::Packed;
 use gpu_core::nn::attention::{AttnDims, AttnQkv, PackedSaved};
-use gpu_core::testing::attention_fwd_bwd;
+use gpu_core::testing::attention_outputs;
 use gpu_core::Backend;
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::CudaBackend;
@@ -69,22 +69,10 @@ fn case(gpu: &CudaBackend, rng: &mut rand::rngs::StdRng, dims: (usize, usize, us
         k: &k,
         v: &v,
     };
-    let (mut out_p, mut lse_p) = (poisoned(gpu, n * t * d), poisoned(gpu, n * t));
     let dout_p = up(gpu, &split(&dout, dims, 1, 0));
-    let (mut dq, mut dk, mut dv) = (
-        poisoned(gpu, n * t * d),
-        poisoned(gpu, n * t * d),
-        poisoned(gpu, n * t * d),
-    );
-    attention_fwd_bwd(
-        gpu,
-        plain,
-        &dout_p,
-        (&mut out_p, &mut lse_p),
-        (&mut dq, &mut dk, &mut dv),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
+    let attn_dims = AttnDims { n, t, d, scale };
+    let [out_p, lse_p, dq, dk, dv] =
+        attention_outputs(gpu, plain, &dout_p, attn_dims, |len| poisoned(gpu, len)).unwrap();
     // Packed.
     let qkv_b = up(gpu, &qkv);
     let (mut out, mut lse) = (poisoned(gpu, b * t * c), poisoned(gpu, n * t));

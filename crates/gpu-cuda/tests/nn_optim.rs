@@ -12,20 +12,14 @@ use common::*;
 use gpu_core::nn::optim::AdamWBuffers;
 use gpu_core::nn::ElementwiseOps;
 use gpu_core::nn::{AdamWConfig, OptimOps};
-use gpu_core::testing::adamw_one;
+use gpu_core::testing::{adamw_config, adamw_one};
 use gpu_core::{Backend, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{KernelArg, LaunchConfig};
 use rand::rngs::StdRng;
 use rand::Rng;
 
-const CFG: AdamWConfig = AdamWConfig {
-    lr: 0.1,
-    beta1: 0.9,
-    beta2: 0.999,
-    eps: 1e-8,
-    step: 1,
-};
+const CFG: AdamWConfig = adamw_config(0.1, 1);
 
 /// Host copies of one optimiser state.
 #[derive(Clone)]

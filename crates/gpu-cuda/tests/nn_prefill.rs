@@ -24,6 +24,7 @@ mod common;
 use common::*;
 use gpu_core::nn::decode::{CacheAttnIn, PrefillIn};
 use gpu_core::nn::decode::{DecodeDims, DecodeOps};
+use gpu_core::testing::same_bits;
 use gpu_core::{Backend, DType};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::CudaBackend;
@@ -330,11 +331,10 @@ fn gpu_prefill_attention_falls_back_to_the_cache_attention() {
         )
         .unwrap();
         let want = get(&gpu, &out);
-        let same = got
-            .iter()
-            .zip(&want)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "d {d} {dtype:?}: not the cache attention's bits");
+        assert!(
+            same_bits(&got, &want),
+            "d {d} {dtype:?}: not the cache attention's bits"
+        );
     }
 }
 

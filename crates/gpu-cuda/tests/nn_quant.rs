@@ -12,6 +12,7 @@ mod common;
 
 use common::*;
 use gpu_core::nn::quant::{QuantFormat, QuantOps, QuantSpec, QUANT_GROUP};
+use gpu_core::testing::same_bits;
 use gpu_core::{Backend, CpuBackend, DType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use gpu_cuda::{k_splits, matmul_quant_bound, CudaBackend, QgemmForm};
@@ -243,7 +244,7 @@ fn gpu_f16_weights_take_the_default_and_match_cpu() {
             dequant(&gpu, &w, DType::F32),
             dequant(&CpuBackend, &w, DType::F32),
         );
-        assert!(g.iter().zip(&c).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(same_bits(&g, &c));
     }
 }
 

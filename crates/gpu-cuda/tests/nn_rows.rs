@@ -19,6 +19,7 @@ mod nn_rows_util;
 use common::*;
 use gpu_core::nn::rows::{LayerNormBwdIn, LogitsIn, RmsNormBwdIn, RowBwdIn};
 use gpu_core::nn::IdRows;
+use gpu_core::testing::same_bits;
 use gpu_core::{Backend, DeviceType, GpuError};
 use gpu_cuda::testing::backend_or_skip;
 use nn_rows_util::*;
@@ -520,11 +521,10 @@ fn gpu_small_vocabulary_embedding_backward_is_deterministic() {
             // Dirty the pool's blocks in between.
             drop(up(&gpu, &random_vec(&mut r, 4 * rows * dim, 1.0)));
             let again = emb_bwd(&gpu, &ids, &dout, vocab, dim);
-            let same = first
-                .iter()
-                .zip(&again)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{rows}x{dim} of {vocab}: call {k} differs");
+            assert!(
+                same_bits(&first, &again),
+                "{rows}x{dim} of {vocab}: call {k} differs"
+            );
         }
         check(
             &format!("{rows}x{dim} of {vocab}"),

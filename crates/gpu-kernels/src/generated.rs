@@ -18,8 +18,8 @@ pub static MODULES: &[KernelModule] = &[
         ptx: include_str!("../kernels/linalg_cholqr.ptx"),
         fatbin: include_bytes!("../kernels/linalg_cholqr.fatbin"),
         source_sha256: "fcea2fcece75290fad1775ca7e54ccfa4229530fab5d15a312ed78771cf3528a",
-        ptx_sha256: "b06da33cd7ba0b77ab838a3a339e33043aa8c9da94b4495fc420567e0a793947",
-        fatbin_sha256: "88897f0d4cdc88cadde2b275e6c224ac5af8c703add22795626e1cfb707973d8",
+        ptx_sha256: "248aefe3f8d514544d43f49758bfef5007e82bde6adfe3875c678b615bd32ebe",
+        fatbin_sha256: "78384f005ce66a4f7f37c327a40d05a52071690bdcb526ab99d998cab08d31aa",
         kernels: &["chol_rinv_f32"],
     },
     KernelModule {
@@ -36,8 +36,8 @@ pub static MODULES: &[KernelModule] = &[
         ptx: include_str!("../kernels/nn_attention.ptx"),
         fatbin: include_bytes!("../kernels/nn_attention.fatbin"),
         source_sha256: "409b8a320a5458243f6970c25a8b74b3e7414c02b5661650826c7b88e6f541f0",
-        ptx_sha256: "47fde2fef008fd746943729e97da0c8c32cfd855b153871faf87ca512ca1dd7f",
-        fatbin_sha256: "2639615478e4b017dda231a25036a8ed6adac1f46e64e3a2447fcb7cca7c5769",
+        ptx_sha256: "1ed8270ff954cf649503efdc1630505ffa14775209df504daa5c3e737dbea2c7",
+        fatbin_sha256: "32578449d621c1dfd42920e3301ec41fbe2d74d87fa8b3d6588747e9d054328f",
         kernels: &["attn_bwd_dkdv_d128_f32", "attn_bwd_dkdv_d128_f32_drop", "attn_bwd_dkdv_d64_f32", "attn_bwd_dkdv_d64_f32_drop", "attn_bwd_dq_d128_f32", "attn_bwd_dq_d128_f32_drop", "attn_bwd_dq_d64_f32", "attn_bwd_dq_d64_f32_drop", "attn_fwd_d128_f32", "attn_fwd_d128_f32_drop", "attn_fwd_d64_f32", "attn_fwd_d64_f32_drop"],
     },
     KernelModule {
@@ -90,8 +90,8 @@ pub static MODULES: &[KernelModule] = &[
         ptx: include_str!("../kernels/nn_gemm_q.ptx"),
         fatbin: include_bytes!("../kernels/nn_gemm_q.fatbin"),
         source_sha256: "2700708591843be793813f9ce6f14a6c79588f488bf137dbfd0dabfb51c5c8ab",
-        ptx_sha256: "688aac85e931a6e0878dae029e8019815b0619aba9f53c035f28274511cb4997",
-        fatbin_sha256: "ac7fd61e9930880c1a7370b186336208c3fa3a8aa70fa6a98fd64338e0e159fb",
+        ptx_sha256: "a688b65ee16e1ba65f64e74b846a7470752258085e862af830833f8d154fbc52",
+        fatbin_sha256: "79b9264f5a6c8643c247cddd3fb943f64b750ffeda70136a9609314469fcf52f",
         kernels: &["gemm_q4_v1_bb", "gemm_q4_v1_bf", "gemm_q4_v4_bb", "gemm_q4_v4_bf", "gemm_q8_v1_bb", "gemm_q8_v1_bf", "gemm_q8_v4_bb", "gemm_q8_v4_bf", "gemm_q_reduce_b", "gemm_q_reduce_f"],
     },
     KernelModule {
@@ -162,8 +162,8 @@ pub static MODULES: &[KernelModule] = &[
         ptx: include_str!("../kernels/nn_sample.ptx"),
         fatbin: include_bytes!("../kernels/nn_sample.fatbin"),
         source_sha256: "d89efe4d39c89e5b3e5c338dc09d394ac5bc33e13d30ff623f26fad9b7ac239d",
-        ptx_sha256: "9e63a86966f0102b392026a532defb84b333955bd5b09f4a7c286fecdb2cbef0",
-        fatbin_sha256: "10a2b188f7b889db20b7127580a23e71a68bbe9ffb3618d7df683f0b8e2e0eab",
+        ptx_sha256: "4abb67126fe76171e50a7faef3e0d0692b096acf36071f50b10036e815aaa743",
+        fatbin_sha256: "3dc6564ba4be38419627c6426d4693238a1e925ac81b819aa42159d97ef3cc59",
         kernels: &["sample_rows_b", "sample_rows_f"],
     },
     KernelModule {

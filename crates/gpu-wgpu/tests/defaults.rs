@@ -16,8 +16,8 @@ mod common;
 use common::{get, out, rng, up};
 use gpu_core::nn::attention::{AttnDims, AttnQkv};
 use gpu_core::nn::rows::{LayerNormBwdIn, LogitsIn, RmsNormBwdIn, RowBwdIn};
-use gpu_core::nn::{AdamWConfig, NnOps, ReduceKind};
-use gpu_core::testing::{adamw_one, attention_fwd_bwd};
+use gpu_core::nn::{NnOps, ReduceKind};
+use gpu_core::testing::{adamw_config, adamw_one, attention_outputs};
 use gpu_core::CpuBackend;
 use gpu_wgpu::testing::backend_or_skip;
 use rand::rngs::StdRng;
@@ -160,17 +160,9 @@ fn attention<B: NnOps>(b: &B, qkvd: &[Vec<f32>], [n, t, d]: [usize; 3]) -> Outs 
         k: &k,
         v: &v,
     };
-    let (mut o, mut lse) = (out(b, n * t * d), out(b, n * t));
-    let [mut dq, mut dk, mut dv] = [0; 3].map(|_| out(b, n * t * d));
-    attention_fwd_bwd(
-        b,
-        inputs,
-        &dout,
-        (&mut o, &mut lse),
-        (&mut dq, &mut dk, &mut dv),
-        AttnDims { n, t, d, scale },
-    )
-    .unwrap();
+    let dims = AttnDims { n, t, d, scale };
+    let [o, lse, dq, dk, dv] =
+        attention_outputs(b, inputs, &dout, dims, |len| out(b, len)).unwrap();
     vec![
         ("attention out", 1e-4, get(b, &o)),
         ("attention lse", 1e-5, get(b, &lse)),
@@ -206,13 +198,7 @@ fn decode<B: NnOps>(b: &B, v: &[Vec<f32>], rows: usize, i: usize) -> Outs {
 
 fn optim<B: NnOps>(b: &B, v: &[Vec<f32>]) -> Outs {
     let [mut p, g, mut m, mut var] = [0, 1, 2, 3].map(|i| up(b, &v[i]));
-    let cfg = AdamWConfig {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 3,
-    };
+    let cfg = adamw_config(1e-2, 3);
     let scale = up(b, &[2.0, 0.5]);
     adamw_one((&mut p, &g, &mut m, &mut var), 0.1, Some(&scale), |bufs| {
         b.adamw_step(bufs, cfg)

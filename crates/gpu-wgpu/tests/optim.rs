@@ -11,7 +11,7 @@ mod common;
 use common::{backend_and_rng, close, randn, rng, with_hostile, SIZES, U};
 use gpu_core::nn::optim::{adamw_schedule, AdamWBuffers};
 use gpu_core::nn::{AdamWConfig, OptimOps};
-use gpu_core::testing::adamw_one;
+use gpu_core::testing::{adamw_config, adamw_one};
 use gpu_core::{Backend, CpuBackend, DType};
 use gpu_wgpu::testing::backend_or_skip;
 
@@ -137,13 +137,7 @@ fn scheduled_adamw_is_the_same_step_and_bad_arguments_change_nothing() {
     let Some((w, mut r)) = backend_and_rng("scheduled_adamw_is_the_same_step") else {
         return;
     };
-    let cfg = AdamWConfig {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 7,
-    };
+    let cfg = adamw_config(1e-2, 7);
     let x = randn(&mut r, 300, 1.0);
     let (mut p, g) = (w.upload(&x).unwrap(), w.upload(&x).unwrap());
     let (mut m, mut v) = (w.upload(&x).unwrap(), w.upload(&vec![0.5f32; 300]).unwrap());

@@ -20,6 +20,7 @@ use gpu_core::nn::{
     LowRankFactors, LowRankOutcome, RolloutCall, RolloutDims, SvdMethod, SvdOut, SvdOutcome,
     SvdSpec, WorldOps,
 };
+use gpu_core::testing::same_bits;
 use gpu_core::CpuBackend;
 
 fn close(test: &str, got: &[f32], want: &[f32], rtol: f32) {
@@ -159,10 +160,7 @@ fn the_correction_and_max_abs_defaults_match_the_cpu() {
         let (o, after) = correction(&w, &bad, factors);
         assert_eq!((oc, o), (want, want), "{value}");
         for x in [&after, &c_after] {
-            assert!(
-                x.iter().zip(&bad).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{value}: written"
-            );
+            assert!(same_bits(x, &bad), "{value}: written");
         }
     }
     for xs in [

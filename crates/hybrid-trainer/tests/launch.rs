@@ -89,6 +89,11 @@ fn launch(flags: &[&str], fault: Option<&str>) -> (Option<i32>, String, String, 
     (out.status.code(), stdout, stderr, secs)
 }
 
+/// Asserts that the output `text` holds `part`, showing the whole output otherwise.
+fn has(text: &str, part: &str) {
+    assert!(text.contains(part), "{text}");
+}
+
 #[test]
 fn two_processes_meet_and_exit_cleanly() {
     let (code, out, err, _) = launch(&["--nproc", "2"], None);
@@ -100,10 +105,7 @@ fn two_processes_meet_and_exit_cleanly() {
         );
     }
     assert_eq!(out.matches("NCCL_NVLS_ENABLE=0").count(), 2, "{out}");
-    assert!(
-        err.contains("launch: rank 0: exit code 0, rank 1: exit code 0"),
-        "{err}"
-    );
+    has(&err, "launch: rank 0: exit code 0, rank 1: exit code 0");
 }
 
 #[test]
@@ -117,16 +119,13 @@ fn four_processes_with_the_long_flag() {
 fn a_dying_rank_is_noticed_by_the_others_and_its_code_returned() {
     let (code, out, err, secs) = launch(&["--nproc", "3"], Some("exit-rank1"));
     assert_eq!(code, Some(3), "{out}{err}");
-    assert!(out.contains("rank 0: rank 1 was lost"), "{out}");
+    has(&out, "rank 0: rank 1 was lost");
     // Rank 2 hears it from rank 0.
     assert!(
         out.contains("rank 2: rank 1 was lost") && out.contains("(reported by rank 0)"),
         "{out}"
     );
-    assert!(
-        err.contains("launch: rank 1 exited with exit code 3"),
-        "{err}"
-    );
+    has(&err, "launch: rank 1 exited with exit code 3");
     assert!(secs < 10.0, "{secs} s");
 }
 
@@ -134,7 +133,7 @@ fn a_dying_rank_is_noticed_by_the_others_and_its_code_returned() {
 fn losing_rank_0_stops_the_others() {
     let (code, out, err, secs) = launch(&["--nproc", "2"], Some("exit-rank0"));
     assert_eq!(code, Some(3), "{out}{err}");
-    assert!(out.contains("rank 1: rank 0 was lost"), "{out}");
+    has(&out, "rank 1: rank 0 was lost");
     assert!(secs < 10.0, "{secs} s");
 }
 
@@ -145,15 +144,12 @@ fn ranks_that_ignore_a_loss_are_killed_after_the_grace_period() {
         Some("exit-rank1-deaf"),
     );
     assert_eq!(code, Some(3), "{out}{err}");
-    assert!(out.contains("rank 0: rank 1 was lost"), "{out}");
-    assert!(
-        err.contains("rank 0 still runs 1 s after rank 1 failed; killing it"),
-        "{err}"
+    has(&out, "rank 0: rank 1 was lost");
+    has(
+        &err,
+        "rank 0 still runs 1 s after rank 1 failed; killing it",
     );
-    assert!(
-        err.contains("rank 0: killed after the grace period"),
-        "{err}"
-    );
+    has(&err, "rank 0: killed after the grace period");
     assert!(secs < 10.0, "{secs} s");
 }
 
@@ -166,10 +162,7 @@ fn failing_children_give_their_exit_code() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("launch: rank 0: exit code 2, rank 1: exit code 2"),
-        "{err}"
-    );
+    has(&err, "launch: rank 0: exit code 2, rank 1: exit code 2");
 }
 
 #[test]

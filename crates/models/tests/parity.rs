@@ -13,7 +13,7 @@
 
 mod hf_fixture;
 
-use hf_fixture::{dir, expected, FIXTURES};
+use hf_fixture::{dir, expected, Expected, FIXTURES};
 use models::{CausalLm, ModelError, Sampler, Sampling};
 use tensor_ops::Device;
 
@@ -36,11 +36,18 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     );
 }
 
-#[test]
-fn logits_match_transformers() {
+/// Runs `check` on every fixture: its name, the model loaded on the CPU, and what
+/// `transformers` computed for it.
+fn each_fixture(mut check: impl FnMut(&str, &CausalLm, &Expected)) {
     for name in FIXTURES {
         let m = CausalLm::load(&dir(name), Device::Cpu).unwrap();
-        let e = expected(name);
+        check(name, &m, &expected(name));
+    }
+}
+
+#[test]
+fn logits_match_transformers() {
+    each_fixture(|name, m, e| {
         let mut cache = m.new_cache();
         let got = m.forward(&e.ids, 1, &mut cache).unwrap().to_vec().unwrap();
         assert_close(&format!("{name} prompt"), &got, &e.logits);
@@ -52,14 +59,12 @@ fn logits_match_transformers() {
             .to_vec()
             .unwrap();
         assert_close(&format!("{name} batch"), &got, &e.batch_logits);
-    }
+    });
 }
 
 #[test]
 fn decoding_through_the_cache_gives_the_one_pass_logits() {
-    for name in FIXTURES {
-        let m = CausalLm::load(&dir(name), Device::Cpu).unwrap();
-        let e = expected(name);
+    each_fixture(|name, m, e| {
         let vocab = m.config().vocab_size;
         // The first 5 tokens at once, then one at a time.
         let mut cache = m.new_cache();
@@ -73,14 +78,12 @@ fn decoding_through_the_cache_gives_the_one_pass_logits() {
         }
         assert_eq!(rows.len(), e.ids.len() * vocab);
         assert_close(&format!("{name} cached"), &rows, &e.logits);
-    }
+    });
 }
 
 #[test]
 fn greedy_tokens_match_transformers() {
-    for name in FIXTURES {
-        let m = CausalLm::load(&dir(name), Device::Cpu).unwrap();
-        let e = expected(name);
+    each_fixture(|name, m, e| {
         let mut sampler = Sampler::new(Sampling::default()).unwrap();
         let mut streamed = Vec::new();
         let new = m
@@ -88,7 +91,7 @@ fn greedy_tokens_match_transformers() {
             .unwrap();
         assert_eq!(new, streamed, "{name}: streamed tokens");
         assert_eq!(new, e.greedy[e.ids.len()..], "{name}: greedy tokens");
-    }
+    });
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 mod hf_fixture;
 
+use gpu_core::testing::same_bits;
 use hf_fixture::dir;
 use models::{CausalLm, ModelError, QuantKind};
 use tensor_ops::Device;
@@ -69,6 +70,15 @@ fn perplexity_over_several_windows_predicts_every_token_once() {
     hf_fixture::assert_perplexity_refusals(&ids, |ids| m.perplexity(ids));
 }
 
+/// Asserts that quantizing to `a` moved the logits of `name` less than quantizing to `b`
+/// (each a kind's name and its largest logit difference).
+fn moved_less(name: &str, (a, da): (&str, f32), (b, db): (&str, f32)) {
+    assert!(
+        da < db,
+        "{name}: {a} moved the logits by {da} and {b} by {db}"
+    );
+}
+
 #[test]
 fn quantizing_moves_the_logits_int4_further_than_int8_and_int8_than_f16() {
     for name in ["llama3", "mistral", "gpt2"] {
@@ -84,19 +94,9 @@ fn quantizing_moves_the_logits_int4_further_than_int8_and_int8_than_f16() {
             assert!(d > 0.0, "{name} {kind:?}: quantizing changed nothing");
             diffs.push((d, bytes));
         }
-        assert!(
-            diffs[0].0 < diffs[1].0,
-            "{name}: int8 moved the logits by {} and int4 by {}",
-            diffs[0].0,
-            diffs[1].0
-        );
+        moved_less(name, ("int8", diffs[0].0), ("int4", diffs[1].0));
         assert!(diffs[1].1 < diffs[0].1, "{name}: int4 is smaller");
-        assert!(
-            diffs[2].0 < diffs[0].0,
-            "{name}: f16 moved the logits by {} and int8 by {}",
-            diffs[2].0,
-            diffs[0].0
-        );
+        moved_less(name, ("f16", diffs[2].0), ("int8", diffs[0].0));
         assert!(diffs[0].1 < diffs[2].1, "{name}: int8 is smaller than f16");
     }
 }
@@ -113,11 +113,10 @@ fn a_weight_that_cannot_be_quantized_leaves_the_model_as_it_was() {
         let e = m.quantize(kind).unwrap_err();
         assert!(matches!(e, ModelError::Quant(_)), "{e}");
         let after = logits(&m, &ids[..4]);
-        let same = before
-            .iter()
-            .zip(&after)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{kind:?}: a refused quantization changed the model");
+        assert!(
+            same_bits(&before, &after),
+            "{kind:?}: a refused quantization changed the model"
+        );
     }
 }
 
@@ -136,10 +135,7 @@ fn a_weight_beyond_f16_is_refused_by_f16_alone() {
         "{e}"
     );
     let after = logits(&m, &ids[..4]);
-    assert!(before
-        .iter()
-        .zip(&after)
-        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(same_bits(&before, &after));
     let opts = models::EngineOptions {
         dtype: tensor_ops::DType::F32,
         batch: 1,

@@ -33,8 +33,8 @@ mod hf_fixture;
 mod tiny_gpt;
 
 use hf_fixture::{
-    assert_decoding_matches_the_cpu, dir, expected, max_err, reference_logits_and_greedy,
-    DECODE_NEW, DECODE_REL, STORAGES,
+    assert_decoding_matches_the_cpu, dir, expected, f32_engine, max_err,
+    reference_logits_and_greedy, DECODE_NEW, DECODE_REL, STORAGES,
 };
 use models::gpt::{Dataset, Gpt, Variant};
 use models::{CausalLm, Engine, EngineOptions};
@@ -321,13 +321,7 @@ fn wgpu_batched_engine_matches_the_cpu() {
     ];
     for name in ["llama3", "gpt2"] {
         let run = |d: Device| {
-            let opts = EngineOptions {
-                dtype: DType::F32,
-                batch: 2,
-                capacity: 32,
-                quant: None,
-            };
-            let mut e = Engine::load(&dir(name), d, opts).unwrap();
+            let mut e = f32_engine(name, d, 2, 32);
             let logits = e.prefill(&prompts, false).unwrap();
             assert_eq!(logits.device(), d);
             let logits = logits.to_vec().unwrap();

@@ -47,12 +47,8 @@ fn both(seed: u64) -> (GpuAccelerator, GpuAccelerator) {
         Engine::Fast,
         "the CPU default"
     );
-    let reference = GpuAccelerator::with_model(model(seed, CPU))
-        .with_engine(Engine::Reference)
-        .unwrap();
-    let tensor = GpuAccelerator::with_model(model(seed, CPU))
-        .with_engine(Engine::Tensor)
-        .unwrap();
+    let reference = common::on_engine(model(seed, CPU), Engine::Reference);
+    let tensor = common::on_engine(model(seed, CPU), Engine::Tensor);
     (reference, tensor)
 }
 
@@ -108,9 +104,7 @@ fn the_host_copy_follows_training() {
         ..width16()
     };
     for engine in [Engine::Fast, Engine::Reference] {
-        let mut acc = GpuAccelerator::with_model(Rssm::new(cfg, CPU).unwrap())
-            .with_engine(engine)
-            .unwrap();
+        let mut acc = common::on_engine(Rssm::new(cfg, CPU).unwrap(), engine);
         let mut r = StdRng::seed_from_u64(s);
         let x = Tensor::from_vec(uniform(&mut r, 2 * 3 * 64, 1.0), &[2, 3, 64], CPU).unwrap();
         let first = x.narrow(1, 0, 1).unwrap().reshape(&[2, 64]).unwrap();
@@ -305,9 +299,7 @@ fn model_entry_points_reject_bad_input_with_typed_errors() {
     ));
     let cfg = width16();
     for engine in [Engine::Reference, Engine::Fast, Engine::Tensor] {
-        let mut acc = GpuAccelerator::with_model(Rssm::new(cfg, CPU).unwrap())
-            .with_engine(engine)
-            .unwrap();
+        let mut acc = common::on_engine(Rssm::new(cfg, CPU).unwrap(), engine);
         // Untrained: no prediction (encoding is a fixed feature map and works).
         let e = acc.predict_batch(&ctx, 2).unwrap_err();
         assert!(
@@ -396,9 +388,7 @@ fn gpu_entry_points_match_the_cpu_reference() {
     };
     let gpu = Device::Cuda(b.info().ordinal);
     let s = seed("gpu_entry_points_match_the_cpu_reference");
-    let reference = GpuAccelerator::with_model(model(s, CPU))
-        .with_engine(Engine::Reference)
-        .unwrap();
+    let reference = common::on_engine(model(s, CPU), Engine::Reference);
     let on_gpu = GpuAccelerator::with_model(model(s, CPU).to_device(gpu).unwrap());
     assert_eq!(on_gpu.engine(), Engine::Fused, "the CUDA default");
     let mut r = StdRng::seed_from_u64(s ^ 3);

@@ -12,6 +12,7 @@
 
 mod common;
 
+use gpu_core::testing::same_bits;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rssm::{AcceleratorError, Engine, GpuAccelerator, LowRank, RssmConfig};
 use tensor_ops::ndarray::{Array1, Array2};
@@ -31,12 +32,8 @@ fn odd_config(seed: u64) -> RssmConfig {
 
 /// The device engine against the reference on `[b, t, F]` contexts, `steps` ahead.
 fn compare_rollouts(cfg: RssmConfig, seed: u64, r: &mut StdRng, label: &str) {
-    let device = GpuAccelerator::with_model(model(cfg, seed))
-        .with_engine(Engine::Fused)
-        .unwrap();
-    let reference = GpuAccelerator::with_model(model(cfg, seed))
-        .with_engine(Engine::Reference)
-        .unwrap();
+    let device = common::on_engine(model(cfg, seed), Engine::Fused);
+    let reference = common::on_engine(model(cfg, seed), Engine::Reference);
     let f = cfg.feature_dim;
     for (b, t, steps) in [(1, 1, 1), (3, 2, 4), (17, 3, 7)] {
         let ctx = Tensor::from_vec(uniform(r, b * t * f, 1.0), &[b, t, f], CPU).unwrap();
@@ -132,10 +129,7 @@ fn a_refused_device_correction_leaves_the_weights_as_they_were() {
             "{e}"
         );
         let after = w.to_vec().unwrap();
-        assert!(after
-            .iter()
-            .zip(&w0)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(same_bits(&after, &w0));
     }
     // A sum that leaves the f32 range: nothing written.
     let big = Array2::from_elem((4, 2), 1e20f32);

@@ -26,9 +26,7 @@ use common::{trained_model as model, uniform};
 fn engines(cfg: RssmConfig, seed: u64) -> (GpuAccelerator, GpuAccelerator) {
     let fast = GpuAccelerator::with_model(model(cfg, seed));
     assert_eq!(fast.engine(), Engine::Fast);
-    let reference = GpuAccelerator::with_model(model(cfg, seed))
-        .with_engine(Engine::Reference)
-        .unwrap();
+    let reference = common::on_engine(model(cfg, seed), Engine::Reference);
     (fast, reference)
 }
 

@@ -4,6 +4,7 @@
 
 mod common;
 use common::{gpu, uniform, with_spectrum};
+use gpu_core::testing::same_bits;
 use nalgebra::{DMatrix, DVector};
 use rssm::svd::exact_svd;
 use rssm::{AcceleratorError, GpuAccelerator, LowRank, SvdMethod, SvdOptions};
@@ -349,12 +350,7 @@ fn gpu_apply_corrections_refuses_bad_input_and_leaves_the_weights() {
     .unwrap()
     .to(d)
     .unwrap();
-    let same = |w: &Tensor, before: &[f32]| {
-        let now = w.to_vec().unwrap();
-        now.iter()
-            .zip(before)
-            .all(|(a, b)| a.to_bits() == b.to_bits())
-    };
+    let same = |w: &Tensor, before: &[f32]| same_bits(&w.to_vec().unwrap(), before);
     // Shape, device, NaN.
     let w = Tensor::ones(&[5, 3], d).unwrap();
     assert!(matches!(

@@ -78,9 +78,7 @@ fn gpu_fused_rollout_matches_the_f64_reference_and_tensor_ops() {
         let reference = GpuAccelerator::with_model(m.to_device(Device::Cpu).unwrap());
         let fused = GpuAccelerator::with_model(m.to_device(gpu).unwrap());
         assert_eq!(fused.engine(), Engine::Fused);
-        let tensor = GpuAccelerator::with_model(m.to_device(gpu).unwrap())
-            .with_engine(Engine::Tensor)
-            .unwrap();
+        let tensor = common::on_engine(m.to_device(gpu).unwrap(), Engine::Tensor);
         let f = cfg.feature_dim;
         let ctx =
             Tensor::from_vec(uniform(&mut r, b * t * f, 2.0), &[b, t, f], Device::Cpu).unwrap();
@@ -161,9 +159,7 @@ fn gpu_a_model_too_large_for_the_fused_kernel_takes_the_default_composition() {
     let backend = tensor_ops::cuda_backend(0).unwrap();
     assert!(!backend.rssm_rollout_fits(&dims));
     let m = model(cfg, &mut r);
-    let reference = GpuAccelerator::with_model(m.to_device(Device::Cpu).unwrap())
-        .with_engine(Engine::Reference)
-        .unwrap();
+    let reference = common::on_engine(m.to_device(Device::Cpu).unwrap(), Engine::Reference);
     let fused = GpuAccelerator::with_model(m.to_device(gpu).unwrap());
     assert_eq!(fused.engine(), Engine::Fused);
     let ctx = Tensor::from_vec(uniform(&mut r, 3 * 2 * 64, 1.0), &[3, 2, 64], Device::Cpu).unwrap();

@@ -46,9 +46,7 @@ fn wgpu_world_model_entry_points_match_the_reference() {
     let c = cfg(r.random());
     let m = trained_model(c, r.random());
     let acc = GpuAccelerator::with_model(m.to_device(dev).unwrap());
-    let reference = GpuAccelerator::with_model(m)
-        .with_engine(Engine::Reference)
-        .unwrap();
+    let reference = common::on_engine(m, Engine::Reference);
     assert_eq!(acc.engine(), Engine::Fused);
     let (b, t, f) = (3, 2, c.feature_dim);
     let ctx = Tensor::from_vec(uniform(&mut r, b * t * f, 1.0), &[b, t, f], Device::Cpu).unwrap();

@@ -260,6 +260,16 @@ fn the_range_test_counts_its_sweep() {
     assert!(first_after.backward >= c.range_test_steps as u64 + 50);
 }
 
+/// The arguments of a 600-iteration hybrid run with the flags `extra` that checkpoints into
+/// `dir` every 200 iterations.
+fn checkpointed_hybrid(dir: &std::path::Path, extra: &[&str]) -> TrainArgs {
+    let mut flags = vec!["--mode", "hybrid"];
+    flags.extend(extra);
+    let dir = dir.to_str().unwrap();
+    flags.extend(["--checkpoint", dir, "--checkpoint-interval", "200"]);
+    args_for(600, &flags).unwrap()
+}
+
 /// A hybrid run resumed from a checkpoint continues bit for bit: the same evaluations, the
 /// same decisions, and at the end the same controller, gate and world-model weights.
 #[test]
@@ -267,34 +277,9 @@ fn a_resumed_hybrid_run_continues_bit_for_bit() {
     let dir = std::env::temp_dir().join(format!("hybrid-resume-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (da, db) = (dir.join("a"), dir.join("b"));
-    let a = args_for(
-        600,
-        &[
-            "--mode",
-            "hybrid",
-            "--checkpoint",
-            da.to_str().unwrap(),
-            "--checkpoint-interval",
-            "200",
-        ],
-    )
-    .unwrap();
-    let (_, straight) = run_with_curve(Device::Cpu, &a).unwrap();
+    let (_, straight) = run_with_curve(Device::Cpu, &checkpointed_hybrid(&da, &[])).unwrap();
     let from = da.join("iter-0000200");
-    let b = args_for(
-        600,
-        &[
-            "--mode",
-            "hybrid",
-            "--resume",
-            from.to_str().unwrap(),
-            "--checkpoint",
-            db.to_str().unwrap(),
-            "--checkpoint-interval",
-            "200",
-        ],
-    )
-    .unwrap();
+    let b = checkpointed_hybrid(&db, &["--resume", from.to_str().unwrap()]);
     let (_, resumed) = run_with_curve(Device::Cpu, &b).unwrap();
     let vals = |c: &RunCurve| {
         c.evals

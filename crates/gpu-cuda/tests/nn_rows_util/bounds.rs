@@ -234,27 +234,50 @@ pub(super) fn rows_of(n: usize, cols: usize) -> usize {
     n.checked_div(cols).unwrap_or(0)
 }
 
+/// The bounds of an op on the whole rows of `x` (`cols` a row): `row(xr)` gives each element's
+/// first-order bound, returned with the second-order factor and the floor applied.
+fn row_bounds(x: &[f32], cols: usize, mut row: impl FnMut(&[f32]) -> Vec<f64>) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    for xr in x.chunks(cols.max(1)).take(rows_of(x.len(), cols)) {
+        out.extend(row(xr).into_iter().map(|b| SECOND_ORDER * b + FLOOR));
+    }
+    out
+}
+
+/// [`row_bounds`] of an op on the rows of `a` and `b` together (a backward: the forward's
+/// output and the output gradient), `row(ar, br)` giving each element's first-order bound.
+fn row_pair_bounds(
+    a: &[f32],
+    b: &[f32],
+    cols: usize,
+    mut row: impl FnMut(&[f32], &[f32]) -> Vec<f64>,
+) -> Vec<f64> {
+    let mut out = Vec::with_capacity(a.len());
+    for (ar, br) in a.chunks(cols.max(1)).zip(b.chunks(cols.max(1))) {
+        out.extend(row(ar, br).into_iter().map(|b| SECOND_ORDER * b + FLOOR));
+    }
+    out
+}
+
 /// Softmax forward, `y_i = e^(a_i)/S`. The kernel: `m` exact (a max), `Ŝ` with relative error
 /// `ε_S` ([`Lse::eps_two_pass`]), `inv = fl(1/Ŝ)` (+u), `y_i = fl(expf(fl(x_i − m))·inv)`
 /// (`|a_i|·u + 4u` for `a_i < 0`, +u for the product); the reference adds u:
 /// `|ŷ_i − y_i| <= y_i·(u·(|a_i| + 4·[a_i<0] + 3) + ε_S)`.
 pub fn softmax_fwd_bound(x: &[f32], cols: usize) -> Vec<f64> {
     let d = row_depth(cols);
-    let mut out = Vec::with_capacity(x.len());
-    for xr in x.chunks(cols.max(1)).take(rows_of(x.len(), cols)) {
+    row_bounds(x, cols, |xr| {
         let st = Lse::of(xr);
         let eps = st.eps_two_pass(d);
-        for &v in xr {
+        let elem = |&v: &f32| {
             let (a, p) = st.a_p(v);
-            let b = if p > 0.0 {
+            if p > 0.0 {
                 p * (U * (-a + if a < 0.0 { 4.0 } else { 0.0 } + 3.0) + eps)
             } else {
                 0.0
-            };
-            out.push(SECOND_ORDER * b + FLOOR);
-        }
-    }
-    out
+            }
+        };
+        xr.iter().map(elem).collect()
+    })
 }
 
 /// Softmax backward, `dx_i = y_i·(dy_i − dot)`, `dot = Σ_j y_j·dy_j`, from the f32 inputs `y` and
@@ -265,20 +288,17 @@ pub fn softmax_fwd_bound(x: &[f32], cols: usize) -> Vec<f64> {
 /// nothing, and what is left is the `γ_d·P` of the dot product, the size of the cancelling terms.
 pub fn softmax_bwd_bound(y: &[f32], dy: &[f32], cols: usize) -> Vec<f64> {
     let g = gamma(row_depth(cols));
-    let mut out = Vec::with_capacity(y.len());
-    for (yr, dyr) in y.chunks(cols.max(1)).zip(dy.chunks(cols.max(1))) {
+    row_pair_bounds(y, dy, cols, |yr, dyr| {
         let dot: f64 = yr.iter().zip(dyr).map(|(&a, &b)| a as f64 * b as f64).sum();
         let p: f64 = yr
             .iter()
             .zip(dyr)
             .map(|(&a, &b)| (a as f64 * b as f64).abs())
             .sum();
-        for (&a, &b) in yr.iter().zip(dyr) {
-            let bound = (a as f64).abs() * (3.0 * U * (b as f64 - dot).abs() + g * p);
-            out.push(SECOND_ORDER * bound + FLOOR);
-        }
-    }
-    out
+        let elem =
+            |(&a, &b): (&f32, &f32)| (a as f64).abs() * (3.0 * U * (b as f64 - dot).abs() + g * p);
+        yr.iter().zip(dyr).map(elem).collect()
+    })
 }
 
 /// Log-softmax forward, `o_i = a_i − ln S`. The kernel: online `(m, Ŝ)` (`ε_S`,
@@ -287,21 +307,19 @@ pub fn softmax_bwd_bound(y: &[f32], dy: &[f32], cols: usize) -> Vec<f64> {
 /// `|ô_i − o_i| <= u·|a_i| + ε_S + 2u·ln S + 2u·|o_i|`.
 pub fn log_softmax_fwd_bound(x: &[f32], cols: usize) -> Vec<f64> {
     let d = row_depth(cols);
-    let mut out = Vec::with_capacity(x.len());
-    for xr in x.chunks(cols.max(1)).take(rows_of(x.len(), cols)) {
+    row_bounds(x, cols, |xr| {
         let st = Lse::of(xr);
         let (eps, ln_s) = (st.eps_online(d), st.s.ln());
-        for &v in xr {
+        let elem = |&v: &f32| {
             let a = v as f64 - st.m;
-            let b = if a.is_finite() {
+            if a.is_finite() {
                 U * a.abs() + eps + 2.0 * U * ln_s + 2.0 * U * (a - ln_s).abs()
             } else {
                 0.0 // −inf in, −inf out: compared exactly
-            };
-            out.push(SECOND_ORDER * b + FLOOR);
-        }
-    }
-    out
+            }
+        };
+        xr.iter().map(elem).collect()
+    })
 }
 
 /// Log-softmax backward, `dx_i = dy_i − e^(y_i)·s`, `s = Σ_j dy_j`, from the f32 inputs. The
@@ -310,18 +328,16 @@ pub fn log_softmax_fwd_bound(x: &[f32], cols: usize) -> Vec<f64> {
 /// `|dx̂_i − dx_i| <= e^(y_i)·(4u·|s| + γ_d·Σ|dy_j|) + 2u·|dx_i|`.
 pub fn log_softmax_bwd_bound(ly: &[f32], dy: &[f32], cols: usize) -> Vec<f64> {
     let g = gamma(row_depth(cols));
-    let mut out = Vec::with_capacity(ly.len());
-    for (yr, dyr) in ly.chunks(cols.max(1)).zip(dy.chunks(cols.max(1))) {
+    row_pair_bounds(ly, dy, cols, |yr, dyr| {
         let s: f64 = dyr.iter().map(|&v| v as f64).sum();
         let sa: f64 = dyr.iter().map(|&v| (v as f64).abs()).sum();
-        for (&a, &b) in yr.iter().zip(dyr) {
+        let elem = |(&a, &b): (&f32, &f32)| {
             let e = (a as f64).exp();
             let dx = b as f64 - e * s;
-            let bound = e * (4.0 * U * s.abs() + g * sa) + 2.0 * U * dx.abs();
-            out.push(SECOND_ORDER * bound + FLOOR);
-        }
-    }
-    out
+            e * (4.0 * U * s.abs() + g * sa) + 2.0 * U * dx.abs()
+        };
+        yr.iter().zip(dyr).map(elem).collect()
+    })
 }
 
 /// Cross-entropy forward, `loss = (m − x_t) + ln S` (a logsumexp minus the target's logit: a

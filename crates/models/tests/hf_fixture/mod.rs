@@ -229,15 +229,21 @@ pub fn decode_reference(name: &str, ids: &[u32], dev: Device) -> Decoded {
     (logits.to_vec().unwrap(), toks)
 }
 
-/// The fast engine's (f32) prompt logits (computed on `dev`) and greedy tokens on `dev`.
-pub fn decode_engine(name: &str, ids: &[u32], dev: Device) -> Decoded {
+/// The fast engine of fixture `name` on `dev` in f32 (no quantization), for `batch` rows of
+/// `capacity` cache slots.
+pub fn f32_engine(name: &str, dev: Device, batch: usize, capacity: usize) -> Engine {
     let opts = EngineOptions {
         dtype: DType::F32,
-        batch: 1,
-        capacity: 40,
+        batch,
+        capacity,
         quant: None,
     };
-    let mut e = Engine::load(&dir(name), dev, opts).unwrap();
+    Engine::load(&dir(name), dev, opts).unwrap()
+}
+
+/// The fast engine's (f32) prompt logits (computed on `dev`) and greedy tokens on `dev`.
+pub fn decode_engine(name: &str, ids: &[u32], dev: Device) -> Decoded {
+    let mut e = f32_engine(name, dev, 1, 40);
     let prompt = [ids.to_vec()];
     let logits = e.prefill(&prompt, true).unwrap();
     assert_eq!(logits.device(), dev);

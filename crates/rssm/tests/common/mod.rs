@@ -7,6 +7,13 @@ use rand_distr::StandardNormal;
 use rssm::RssmConfig;
 use tensor_ops::{Device, Tensor};
 
+/// An accelerator over `model` that rolls out with `engine`.
+pub fn on_engine(model: rssm::Rssm, engine: rssm::Engine) -> rssm::GpuAccelerator {
+    rssm::GpuAccelerator::with_model(model)
+        .with_engine(engine)
+        .unwrap()
+}
+
 /// A model small enough to train in a debug-build test: the default's structure (five members,
 /// Gaussian latent, LayerNorm, dropout) at widths 64 → 32, hidden 32, latent 8.
 pub fn small_config(seed: u64) -> RssmConfig {

@@ -18,6 +18,16 @@ fn params(dev: Device) -> Vec<Tensor> {
     ]
 }
 
+/// The reason of the `InvalidArgument` that building an optimiser (`built`) must end in;
+/// panics, naming `what`, on any other outcome.
+fn refusal_reason<T>(what: &str, built: Result<T, GpuError>) -> String {
+    match built {
+        Err(GpuError::InvalidArgument { reason, .. }) => reason,
+        Err(e) => panic!("{what}: expected InvalidArgument, got {e:?}"),
+        Ok(_) => panic!("{what}: accepted"),
+    }
+}
+
 /// Gradients of `Σ p0 ∘ scale + Σ p1²`.
 fn grads(p: &[Tensor], scale: &[f32]) -> Gradients {
     let s = Tensor::from_vec(scale.to_vec(), &[4], p[0].device()).unwrap();
@@ -127,11 +137,8 @@ fn adamw_rejects_invalid_hyper_parameters_when_built() {
         },
     ];
     for hp in bad {
-        match AdamW::new(p.iter().map(|t| (t.clone(), true)).collect(), hp) {
-            Err(GpuError::InvalidArgument { .. }) => {}
-            Err(e) => panic!("{hp:?}: expected InvalidArgument, got {e:?}"),
-            Ok(_) => panic!("{hp:?}: accepted"),
-        }
+        let built = AdamW::new(p.iter().map(|t| (t.clone(), true)).collect(), hp);
+        refusal_reason(&format!("{hp:?}"), built);
     }
 }
 
@@ -149,13 +156,9 @@ fn adamw_rejects_parameters_that_share_storage_on_every_device() {
             ("a view", vec![p[1].clone(), p[0].clone(), view]),
         ] {
             let list = list.into_iter().map(|t| (t, true)).collect();
-            match AdamW::new(list, AdamWParams::default()) {
-                Err(GpuError::InvalidArgument { reason, .. }) => {
-                    assert!(reason.contains("share storage"), "{dev} {what}: {reason}")
-                }
-                Err(e) => panic!("{dev} {what}: expected InvalidArgument, got {e:?}"),
-                Ok(_) => panic!("{dev} {what}: accepted"),
-            }
+            let built = AdamW::new(list, AdamWParams::default());
+            let reason = refusal_reason(&format!("{dev} {what}"), built);
+            assert!(reason.contains("share storage"), "{dev} {what}: {reason}")
         }
     }
 }

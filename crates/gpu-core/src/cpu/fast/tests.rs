@@ -7,7 +7,7 @@ use super::{math, optim, rows, with_mode, CpuMode, Isa};
 use crate::cpu::{CpuBackend, CpuStorage};
 use crate::nn::rows::LayerNormBwdIn;
 use crate::nn::{Activation, AdamWConfig, OptimOps, Primitives, RowOps};
-use crate::testing::adamw_one;
+use crate::testing::{adamw_one, same_bits};
 use crate::Backend;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
@@ -38,11 +38,7 @@ pub(super) fn at_every_level(what: &str, f: impl Fn(Isa) -> Vec<f32>) -> Vec<f32
     let base = f(Isa::Scalar);
     for &isa in &levels[1..] {
         let got = f(isa);
-        let same = got.len() == base.len()
-            && got
-                .iter()
-                .zip(&base)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
+        let same = got.len() == base.len() && same_bits(&got, &base);
         assert!(same, "{what}: {isa:?} differs from the scalar fallback");
     }
     base

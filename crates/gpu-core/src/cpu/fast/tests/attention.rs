@@ -4,53 +4,31 @@ use super::{at_every_level, check, normal, seed, U};
 use crate::cpu::fast::{attention, with_mode, CpuMode, Isa};
 use crate::cpu::{CpuBackend, CpuStorage};
 use crate::nn::attention::{AttnDims, AttnQkv};
-use crate::testing::attention_fwd_bwd;
+use crate::testing::{attention_outputs, AttnProblem};
 use crate::Backend;
 use rand::{rngs::StdRng, SeedableRng};
 
-struct Case {
-    n: usize,
-    t: usize,
-    d: usize,
-    scale: f32,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    dout: Vec<f32>,
-}
-
 /// `[out, lse, dq, dk, dv]` of the backend in `mode` (the backward from that mode's forward).
-fn run(c: &Case, mode: CpuMode) -> [Vec<f32>; 5] {
+fn run(c: &AttnProblem, mode: CpuMode) -> [Vec<f32>; 5] {
     let cpu = CpuBackend;
     with_mode(mode, || {
         let up = |v: &[f32]| cpu.upload(v).unwrap();
         let z = |len| cpu.allocate(crate::DType::F32, len).unwrap();
         let (q, k, v, dout) = (up(&c.q), up(&c.k), up(&c.v), up(&c.dout));
-        let len = c.n * c.t * c.d;
-        let (mut out, mut lse) = (z(len), z(c.n * c.t));
         let x = AttnQkv {
             q: &q,
             k: &k,
             v: &v,
         };
-        let dims = AttnDims {
-            n: c.n,
-            t: c.t,
-            d: c.d,
-            scale: c.scale,
-        };
-        let (mut dq, mut dk, mut dv) = (z(len), z(len), z(len));
-        let grads = (&mut dq, &mut dk, &mut dv);
-        attention_fwd_bwd(&cpu, x, &dout, (&mut out, &mut lse), grads, dims).unwrap();
-        let o = |s: &CpuStorage| s.as_f32().unwrap().to_vec();
-        [o(&out), o(&lse), o(&dq), o(&dk), o(&dv)]
+        let outs = attention_outputs(&cpu, x, &dout, c.dims, z).unwrap();
+        outs.map(|s: CpuStorage| s.as_f32().unwrap().to_vec())
     })
 }
 
 /// The magnitudes the bounds are built from, in f64 from the inputs: per row `i` the largest
 /// `|scale|·Σ_c |q_ic k_jc|` (the score's absolute terms), and the probabilities `P_ij`.
-fn magnitudes(c: &Case, b: usize, lse: &[f32]) -> (Vec<f64>, Vec<f64>) {
-    let (t, d) = (c.t, c.d);
+fn magnitudes(c: &AttnProblem, b: usize, lse: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let (t, d) = (c.dims.t, c.dims.d);
     let at = |x: &[f32], i: usize, j: usize| x[(b * t + i) * d + j] as f64;
     let mut smax = vec![0.0f64; t];
     let mut p = vec![0.0f64; t * t];
@@ -61,25 +39,15 @@ fn magnitudes(c: &Case, b: usize, lse: &[f32]) -> (Vec<f64>, Vec<f64>) {
                 s += at(&c.q, i, e) * at(&c.k, j, e);
                 sa += (at(&c.q, i, e) * at(&c.k, j, e)).abs();
             }
-            smax[i] = f64::max(smax[i], c.scale.abs() as f64 * sa);
-            p[i * t + j] = (c.scale as f64 * s - lse[b * t + i] as f64).exp();
+            smax[i] = f64::max(smax[i], c.dims.scale.abs() as f64 * sa);
+            p[i * t + j] = (c.dims.scale as f64 * s - lse[b * t + i] as f64).exp();
         }
     }
     (smax, p)
 }
 
-fn case(rng: &mut StdRng, n: usize, t: usize, d: usize) -> Case {
-    let len = n * t * d;
-    Case {
-        n,
-        t,
-        d,
-        scale: 1.0 / (d as f32).sqrt(),
-        q: normal(rng, len, 0.0, 1.5),
-        k: normal(rng, len, 0.0, 1.5),
-        v: normal(rng, len, 0.0, 1.0),
-        dout: normal(rng, len, 0.0, 1.0),
-    }
+fn case(rng: &mut StdRng, n: usize, t: usize, d: usize) -> AttnProblem {
+    AttnProblem::draw((n, t, d), 1.5, |len, std| normal(rng, len, 0.0, std as f64))
 }
 
 /// Bounds (f64 magnitudes from the exact results): a score is a sum of `d` products, off by
@@ -95,7 +63,7 @@ fn attention_matches_the_exact_reference() {
         let (fast, exact) = (run(&c, CpuMode::Fast), run(&c, CpuMode::Exact));
         let e = |k: usize| -> Vec<f64> { exact[k].iter().map(|&v| v as f64).collect() };
         let what = format!("attention n={n} t={t} d={d}");
-        let sc = c.scale.abs() as f64;
+        let sc = c.dims.scale.abs() as f64;
         let mut bounds: [Vec<f64>; 5] = Default::default();
         for b in 0..n {
             let (smax, p) = magnitudes(&c, b, &exact[1]);
@@ -164,12 +132,12 @@ fn attention_propagates_nan_and_inf_as_the_reference() {
 }
 
 /// One sequence through the per-sequence kernels at `isa`: `[out, lse, dq, dk, dv]`.
-fn run_seq(c: &Case, isa: Isa) -> [Vec<f32>; 5] {
-    let (t, d) = (c.t, c.d);
+fn run_seq(c: &AttnProblem, isa: Isa) -> [Vec<f32>; 5] {
+    let (t, d) = (c.dims.t, c.dims.d);
     let (mut out, mut lse) = (vec![0.0; t * d], vec![0.0; t]);
     let len = attention::fwd_scratch(t, d).max(attention::bwd_scratch(t, d));
     let mut scratch = vec![0.0; len];
-    let dims = (t, d, c.scale);
+    let dims = (t, d, c.dims.scale);
     let (q, k, v) = (&c.q[..t * d], &c.k[..t * d], &c.v[..t * d]);
     attention::fwd_seq(
         isa,
@@ -213,13 +181,15 @@ fn attention_rows_do_not_depend_on_the_blocking() {
     for (t, d) in [(20, 32), (20, 20)] {
         let mut long = case(&mut rng, 1, t, d);
         long.dout[(t - 1) * d] = f32::NAN; // reaches no earlier row of out, lse or dq
-        let short = Case {
-            t: t - 1,
+        let short = AttnProblem {
+            dims: AttnDims {
+                t: t - 1,
+                ..long.dims
+            },
             q: long.q[..(t - 1) * d].to_vec(),
             k: long.k[..(t - 1) * d].to_vec(),
             v: long.v[..(t - 1) * d].to_vec(),
             dout: long.dout[..(t - 1) * d].to_vec(),
-            ..long
         };
         let (a, b) = (run_seq(&long, Isa::best()), run_seq(&short, Isa::best()));
         for (k, name) in [(0, "out"), (1, "lse"), (2, "dq")] {

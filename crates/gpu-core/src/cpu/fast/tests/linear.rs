@@ -16,6 +16,7 @@ use crate::cpu::fast::linear::{matmul_t, Weight, DIRECT_MAX_M, KC};
 use crate::cpu::fast::{with_mode, CpuMode, Isa};
 use crate::cpu::{CpuBackend, CpuStorage};
 use crate::nn::quant::{QuantFormat, QuantOps, QuantSpec};
+use crate::testing::same_bits;
 use crate::{MatmulOps, MatmulSpec};
 use half::bf16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -253,16 +254,18 @@ fn the_direct_kernel_gives_the_same_bits_at_every_level_thread_count_and_m() {
     let mut x = normal(&mut rng, m * k, 0.0, 1.0);
     x[5] = f32::NAN;
     let base = direct(Isa::Scalar, &x, w, m, 1);
-    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
     for isa in Isa::available() {
         for threads in [1, 3] {
             let got = direct(isa, &x, w, m, threads);
-            assert!(same(&got, &base), "{isa:?}, {threads} threads");
+            assert!(same_bits(&got, &base), "{isa:?}, {threads} threads");
         }
         // Each row alone gives its row of the batched product.
         for i in [0, 4, m - 1] {
             let row = direct(isa, &x[i * k..][..k], w, 1, 2);
-            assert!(same(&row, &base[i * n..][..n]), "{isa:?}, row {i} alone");
+            assert!(
+                same_bits(&row, &base[i * n..][..n]),
+                "{isa:?}, row {i} alone"
+            );
         }
     }
     assert!(base[..n].iter().all(|v| v.is_nan()), "NaN in x's row 0");
