@@ -13,6 +13,18 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// The hostile floats the backends' edge-case tests mix into their inputs first: NaN, both
+/// infinities, both zeros and a huge value of each sign (each suite appends its own extras).
+pub const HOSTILE_FLOATS: [f32; 7] = [
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    0.0,
+    -0.0,
+    1e30,
+    -1e30,
+];
+
 /// One causal-attention problem: its sizes and scale, inputs `q`, `k`, `v` of shape
 /// `[n, t, d]`, and the output gradient `dout` of the same shape.
 #[derive(Debug, Clone, PartialEq)]

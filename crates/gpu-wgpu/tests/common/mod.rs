@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use gpu_core::nn::Primitives;
+use gpu_core::testing::fixtures::HOSTILE_FLOATS;
 use gpu_core::{Backend, BufferInfo, DType};
 use gpu_wgpu::testing::backend_or_skip;
 use gpu_wgpu::WgpuBackend;
@@ -61,18 +62,21 @@ pub fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-pub const HOSTILE: [f32; 10] = [
-    f32::NAN,
-    f32::INFINITY,
-    f32::NEG_INFINITY,
-    0.0,
-    -0.0,
-    1e30,
-    -1e30,
-    f32::MAX,
-    f32::MIN_POSITIVE,
-    1e-40,
-];
+pub const HOSTILE: [f32; 10] = {
+    let [nan, inf, neg_inf, zero, neg_zero, huge, neg_huge] = HOSTILE_FLOATS;
+    [
+        nan,
+        inf,
+        neg_inf,
+        zero,
+        neg_zero,
+        huge,
+        neg_huge,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-40,
+    ]
+};
 
 /// Sizes that are empty, single, and not multiples of the workgroup (256).
 pub const SIZES: [usize; 6] = [0, 1, 3, 255, 257, 4099];

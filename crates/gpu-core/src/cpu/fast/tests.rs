@@ -62,21 +62,9 @@ pub(super) fn check(what: &str, got: &[f32], want: &[f64], bound: impl Fn(usize)
 
 /// Random values with the hostile ones mixed in.
 pub(super) fn hostile_mix(rng: &mut StdRng, n: usize, std: f64) -> Vec<f32> {
-    let special = [
-        f32::NAN,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        0.0,
-        -0.0,
-        1e30,
-        -1e30,
-        1e-30,
-        -40.0,
-        40.0,
-        f32::MIN_POSITIVE,
-    ];
     let mut x = normal(rng, n, 0.0, std);
-    x.extend(special);
+    x.extend(crate::testing::fixtures::HOSTILE_FLOATS);
+    x.extend([1e-30, -40.0, 40.0, f32::MIN_POSITIVE]);
     x
 }
 
