@@ -7,7 +7,7 @@ use std::path::Path;
 
 use tensor_ops::{no_grad, Device, Tensor};
 
-use crate::arch::{load_reference, ReferenceModel};
+use crate::arch::{load_reference, RefPass, ReferenceModel};
 use crate::cache::KvCache;
 use crate::config::ModelConfig;
 use crate::error::{LogitsAt, ModelError};
@@ -164,7 +164,12 @@ impl CausalLm {
         let slots = Slots { start, t, pads };
         // The layers extend a copy of the cache (shared tensors), kept only on success.
         let mut work = cache.layers.clone();
-        let logits = no_grad(|| self.model.forward(&x, &slots, &mut work))?;
+        let pass = RefPass {
+            ids: &x,
+            slots: &slots,
+            caches: &mut work,
+        };
+        let logits = no_grad(|| self.model.forward(pass))?;
         cache.layers = work;
         cache.pads = pads.to_vec();
         Ok(logits)

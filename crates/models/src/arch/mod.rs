@@ -122,15 +122,19 @@ pub(crate) fn lm_head(
     }
 }
 
+/// One forward pass of a [`ReferenceModel`]: what it reads and the caches it extends.
+pub(crate) struct RefPass<'a> {
+    /// Token ids, u32 `[b, t]`.
+    pub ids: &'a Tensor,
+    /// Where the tokens stand (after `slots.start` cached ones, each row's padding).
+    pub slots: &'a Slots<'a>,
+    /// One cache per layer, holding `slots.start` slots; the pass extends them.
+    pub caches: &'a mut [LayerCache],
+}
+
 pub(crate) trait ReferenceModel: Send + Sync {
-    /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` (u32) in `slots`, with `caches` (one
-    /// per layer, holding `slots.start` slots) extended.
-    fn forward(
-        &self,
-        ids: &Tensor,
-        slots: &Slots<'_>,
-        caches: &mut [LayerCache],
-    ) -> Result<Tensor, ModelError>;
+    /// Logits `[b, t, vocab]` of `pass.ids` in `pass.slots`, with `pass.caches` extended.
+    fn forward(&self, pass: RefPass<'_>) -> Result<Tensor, ModelError>;
 
     /// The projections of every layer (not the embeddings or the head).
     fn linears_mut(&mut self) -> Vec<&mut Linear>;

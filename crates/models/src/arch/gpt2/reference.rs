@@ -6,11 +6,10 @@
 
 use tensor_ops::{Device, Tensor};
 
-use crate::arch::{lm_head, load_layers, ReferenceModel};
-use crate::cache::LayerCache;
+use crate::arch::{lm_head, load_layers, RefPass, ReferenceModel};
 use crate::config::{Gpt2Activation, ModelConfig};
 use crate::error::ModelError;
-use crate::layers::{cached_attention, gelu_tanh, heads, load, LayerNorm, Linear, Slots};
+use crate::layers::{cached_attention, gelu_tanh, heads, load, LayerNorm, Linear};
 use crate::weights::Checkpoint;
 
 struct Block {
@@ -73,12 +72,8 @@ impl Gpt2Reference {
 
 impl ReferenceModel for Gpt2Reference {
     /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` in `slots`.
-    fn forward(
-        &self,
-        ids: &Tensor,
-        slots: &Slots<'_>,
-        caches: &mut [LayerCache],
-    ) -> Result<Tensor, ModelError> {
+    fn forward(&self, pass: RefPass<'_>) -> Result<Tensor, ModelError> {
+        let RefPass { ids, slots, caches } = pass;
         let (c, nh) = (self.cfg.hidden_size, self.cfg.num_heads);
         let eps = self.cfg.norm_eps as f32;
         let (b, t) = (ids.shape()[0], ids.shape()[1]);

@@ -5,12 +5,11 @@
 
 use tensor_ops::{Device, Tensor};
 
-use crate::arch::{lm_head, load_layers, ReferenceModel};
-use crate::cache::LayerCache;
+use crate::arch::{lm_head, load_layers, RefPass, ReferenceModel};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::layers::{
-    apply_rope, cached_attention, heads, inv_freq, load, rope_tables, Linear, Masks, Slots,
+    apply_rope, cached_attention, heads, inv_freq, load, rope_tables, Linear, Masks,
 };
 use crate::weights::Checkpoint;
 
@@ -70,14 +69,9 @@ impl LlamaReference {
 }
 
 impl ReferenceModel for LlamaReference {
-    /// Logits `[b, t, vocab]` of token ids `ids` `[b, t]` (u32) in `slots`, with `caches` (one
-    /// per layer, holding `slots.start` slots) extended.
-    fn forward(
-        &self,
-        ids: &Tensor,
-        slots: &Slots<'_>,
-        caches: &mut [LayerCache],
-    ) -> Result<Tensor, ModelError> {
+    /// Logits `[b, t, vocab]` of `pass.ids` in `pass.slots`, with `pass.caches` extended.
+    fn forward(&self, pass: RefPass<'_>) -> Result<Tensor, ModelError> {
+        let RefPass { ids, slots, caches } = pass;
         let cfg = &self.cfg;
         let (b, t) = (ids.shape()[0], ids.shape()[1]);
         let eps = cfg.norm_eps as f32;
