@@ -5,6 +5,7 @@ pub(crate) mod attention;
 mod attention_bf16;
 mod decode;
 mod elementwise;
+mod multi_tensor;
 mod optim;
 mod optim_adaptive;
 pub(crate) mod quant;

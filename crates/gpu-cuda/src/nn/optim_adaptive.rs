@@ -6,7 +6,7 @@
 //! ([`CudaBackend::prodigy_accumulate`]), one block that sums them and updates the f64 scalars
 //! on the device, the parameter update. No host transfer, so a CUDA graph can record it.
 
-use super::optim::{pack, total_blocks, Chunk, Entry, Layout};
+use super::multi_tensor::{pack, total_blocks, Chunk, Entry, Layout};
 use crate::backend::CudaBackend;
 use crate::launch::KernelArg;
 use crate::pool::CudaBuffer;
@@ -124,7 +124,7 @@ pub(super) struct ProdigyRun {
 
 #[cfg(test)]
 mod tests {
-    use super::super::optim::tests::u32_at;
+    use super::super::multi_tensor::tests::u32_at;
     use super::*;
 
     #[test]
