@@ -65,7 +65,6 @@ impl FusedCore {
     /// Checks a step as [`check_step`] does (the gradients against the written lists, then the
     /// read ones), then queues the clipping and `step` with the `host` scalars or the device
     /// `schedule`, and keeps the clipping result. Nothing to do without parameters.
-    #[allow(clippy::too_many_arguments)]
     pub fn queue<const W: usize, const R: usize>(
         &mut self,
         op: &'static str,
