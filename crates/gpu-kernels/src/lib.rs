@@ -2,6 +2,22 @@
 //! `cargo xtask build-ptx` turns `kernels/*.cu` into PTX (compute_80, ISA <= 9.0) and fatbins
 //! (sm_80 + sm_90 + PTX); both are committed and embedded here, so building needs no CUDA toolkit.
 
+/// One entry of `generated.rs`: the module's name (which names its PTX and fatbin files in
+/// `kernels/`), the sha256 of its source, PTX and fatbin, and its kernels.
+macro_rules! module {
+    ($name:literal, $source:literal, $ptx:literal, $fatbin:literal, [$($kernel:literal),*]) => {
+        KernelModule {
+            name: $name,
+            ptx: include_str!(concat!("../kernels/", $name, ".ptx")),
+            fatbin: include_bytes!(concat!("../kernels/", $name, ".fatbin")),
+            source_sha256: $source,
+            ptx_sha256: $ptx,
+            fatbin_sha256: $fatbin,
+            kernels: &[$($kernel),*],
+        }
+    };
+}
+
 #[rustfmt::skip]
 mod generated;
 
