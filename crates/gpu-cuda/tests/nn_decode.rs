@@ -91,6 +91,19 @@ const SHAPES: &[(usize, usize, usize, usize, usize, usize)] = &[
     (1, 4, 4, 4, 8, 70),
 ];
 
+/// Every shape of [`SHAPES`] with every choice of `N` storage dtypes from [`DTYPES`], in the
+/// order of nested loops (shape outermost, then the first dtype; the last dtype varies fastest).
+fn shapes_and_dtypes<const N: usize>(
+) -> impl Iterator<Item = ((usize, usize, usize, usize, usize, usize), [DType; N])> {
+    let combos = DTYPES.len().pow(N as u32);
+    SHAPES.iter().flat_map(move |&shape| {
+        (0..combos).map(move |i| {
+            let digit = |k: usize| (i / DTYPES.len().pow((N - 1 - k) as u32)) % DTYPES.len();
+            (shape, std::array::from_fn(|k| DTYPES[digit(k)]))
+        })
+    })
+}
+
 /// `rope_append` on random inputs, on the GPU and the reference; `rope: false` passes an
 /// empty `inv_freq` (no rotation, GPT-2's cache write).
 fn rope_case(
@@ -191,15 +204,9 @@ fn rope_case(
 #[test]
 fn gpu_rope_append_matches_cpu() {
     let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_rope_append_matches_cpu"));
-    for &shape in SHAPES {
-        for a in DTYPES {
-            for q in DTYPES {
-                for c in DTYPES {
-                    rope_case(&gpu, &mut rng, shape, [a, q, c], true);
-                    rope_case(&gpu, &mut rng, shape, [a, q, c], false);
-                }
-            }
-        }
+    for (shape, dt) in shapes_and_dtypes() {
+        rope_case(&gpu, &mut rng, shape, dt, true);
+        rope_case(&gpu, &mut rng, shape, dt, false);
     }
 }
 
@@ -291,12 +298,8 @@ fn attention_case(
 #[test]
 fn gpu_cache_attention_matches_cpu() {
     let (gpu, mut rng) = skip_unless!(gpu_and_rng("gpu_cache_attention_matches_cpu"));
-    for &shape in SHAPES {
-        for q in DTYPES {
-            for c in DTYPES {
-                attention_case(&gpu, &mut rng, shape, [q, c], None);
-            }
-        }
+    for (shape, dt) in shapes_and_dtypes() {
+        attention_case(&gpu, &mut rng, shape, dt, None);
     }
 }
 
