@@ -25,6 +25,8 @@ type Input = (Vec<f32>, Vec<usize>);
 type Op = fn(&[Tensor]) -> Result<Tensor>;
 /// An op of one tensor.
 type UnaryOp = fn(&Tensor) -> Result<Tensor>;
+/// An op of one tensor and fixed u32 indices (cross-entropy's targets, an embedding's ids).
+type IndexedOp = fn(&Tensor, &Tensor) -> Result<Tensor>;
 
 /// How many steps h an input of a non-smooth op keeps from the op's kinks.
 const KINK_MARGIN: f32 = 4.0;
@@ -50,6 +52,25 @@ fn rand_input_where(
         }
     }
     (data, shape.to_vec())
+}
+
+/// Checks `op(x, indices)` on one random input `x` of `shape` with values in `lo..hi`, the
+/// indices fixed (h 1e-2, tolerance 1e-3).
+fn gradcheck_indexed(
+    r: &mut StdRng,
+    name: &str,
+    (shape, lo, hi): (&[usize], f32, f32),
+    indices: &[u32],
+    op: IndexedOp,
+) {
+    let idx = Tensor::from_vec(indices.to_vec(), &[indices.len()], CPU).unwrap();
+    gradcheck(
+        name,
+        &[rand_input(r, shape, lo, hi)],
+        1e-2,
+        1e-3,
+        move |t| op(&t[0], &idx),
+    );
 }
 
 /// Inputs for ReLU under steps of `h`: none within [`KINK_MARGIN`]·h of the kink at 0.
@@ -227,13 +248,14 @@ fn nn_ops() {
         let x = rand_input(&mut r, &[3, 6], -2.0, 2.0);
         gradcheck(name, &[x], 1e-2, 1e-3, |t| op(&t[0]));
     }
-    let targets = Tensor::from_vec(vec![0u32, 5, 2, 3], &[4], CPU).unwrap();
-    gradcheck(
+    let targets = [0, 5, 2, 3];
+    let logits = (&[4, 6][..], -2.0, 2.0);
+    gradcheck_indexed(
+        &mut r,
         "cross_entropy",
-        &[rand_input(&mut r, &[4, 6], -2.0, 2.0)],
-        1e-2,
-        1e-3,
-        move |t| t[0].cross_entropy(&targets),
+        logits,
+        &targets,
+        Tensor::cross_entropy,
     );
     let x = rand_input(&mut r, &[3, 8], -2.0, 2.0);
     let w = rand_input(&mut r, &[8], 0.5, 1.5);
@@ -253,13 +275,13 @@ fn nn_ops() {
         1e-3,
         |t| t[0].rope(10_000.0),
     );
-    let ids = Tensor::from_vec(vec![1u32, 3, 1, 0, 4], &[5], CPU).unwrap();
-    gradcheck(
+    let table = (&[6, 3][..], -1.0, 1.0);
+    gradcheck_indexed(
+        &mut r,
         "embedding",
-        &[rand_input(&mut r, &[6, 3], -1.0, 1.0)],
-        1e-2,
-        1e-3,
-        move |t| t[0].embedding(&ids),
+        table,
+        &[1, 3, 1, 0, 4],
+        Tensor::embedding,
     );
     let qkv = |r: &mut StdRng| rand_input(r, &[1, 2, 5, 4], -1.0, 1.0);
     gradcheck(
