@@ -279,19 +279,13 @@ fn gpu_rows_large_shapes() {
         let dy = random_vec(&mut rng, rows * cols, 1.0);
         let w = random_vec(&mut rng, cols, 1.0);
         let (_, mean, rstd) = ln_fwd(&gpu, &x, &w, &w, cols, 1e-5);
-        let first = ln_bwd(&gpu, &x, &w, &mean, &rstd, &dy, cols);
-        assert_eq!(
-            first,
-            ln_bwd(&gpu, &x, &w, &mean, &rstd, &dy, cols),
-            "{rows}x{cols}"
-        );
+        let ln = NormBwd::layernorm((&x, &w), (&mean, &rstd), &dy, cols);
+        let first = ln_bwd(&gpu, ln);
+        assert_eq!(first, ln_bwd(&gpu, ln), "{rows}x{cols}");
         let (_, rstd) = rms_fwd(&gpu, &x, &w, cols, 1e-5);
-        let first = rms_bwd(&gpu, &x, &w, &rstd, &dy, cols);
-        assert_eq!(
-            first,
-            rms_bwd(&gpu, &x, &w, &rstd, &dy, cols),
-            "{rows}x{cols}"
-        );
+        let rms = NormBwd::rmsnorm((&x, &w), &rstd, &dy, cols);
+        let first = rms_bwd(&gpu, rms);
+        assert_eq!(first, rms_bwd(&gpu, rms), "{rows}x{cols}");
     }
 }
 

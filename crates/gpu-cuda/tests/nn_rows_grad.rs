@@ -152,7 +152,7 @@ fn layernorm_bwd_matches_finite_differences() {
         );
         let r = random_vec(&mut rng, rows * cols, 1.0);
         let (_, mean, rstd) = ln_fwd(c, &x, &w, &b, cols, eps);
-        let (dx, dw, db) = ln_bwd(c, &x, &w, &mean, &rstd, &r, cols);
+        let (dx, dw, db) = ln_bwd(c, NormBwd::layernorm((&x, &w), (&mean, &rstd), &r, cols));
         let what = format!("layernorm {rows}x{cols}");
         assert_grad(&format!("{what} dx"), &dx, &x, |x| {
             dot(&ln_fwd(c, x, &w, &b, cols, eps).0, &r)
@@ -182,7 +182,7 @@ fn rmsnorm_bwd_matches_finite_differences() {
             random_vec(&mut rng, rows * cols, 1.0),
         );
         let (_, rstd) = rms_fwd(c, &x, &w, cols, eps);
-        let (dx, dw) = rms_bwd(c, &x, &w, &rstd, &r, cols);
+        let (dx, dw) = rms_bwd(c, NormBwd::rmsnorm((&x, &w), &rstd, &r, cols));
         let what = format!("rmsnorm {rows}x{cols}");
         assert_grad(&format!("{what} dx"), &dx, &x, |x| {
             dot(&rms_fwd(c, x, &w, cols, eps).0, &r)

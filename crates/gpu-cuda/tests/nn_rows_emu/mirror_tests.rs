@@ -148,18 +148,20 @@ fn norm_mirror(rng: &mut StdRng, x: &[f32], cols: usize, what: &str, note: &mut 
     let bd = rmsnorm_fwd_bounds(x, &w, cols, eps);
     note("rmsnorm y", &gy, &ry, &bd.y, what);
     note("rmsnorm rstd", &gr, &rr, &bd.rstd, what);
-    let (dx, dw, db) = ln_bwd(&CPU, x, &w, &mean, &rstd, &dy, cols);
-    let (rdx, rdw) = rms_bwd(&CPU, x, &w, &rr, &dy, cols);
+    let ln = NormBwd::layernorm((x, &w), (&mean, &rstd), &dy, cols);
+    let rms = NormBwd::rmsnorm((x, &w), &rr, &dy, cols);
+    let (dx, dw, db) = ln_bwd(&CPU, ln);
+    let (rdx, rdw) = rms_bwd(&CPU, rms);
     for sms in [132, 8, 1] {
         let cd = col_depth(rows, cols, Some(sms));
         let (gdx, gdw, gdb) =
             mirror::layernorm_bwd((x, &w), (&mean, &rstd), &dy, cols, sms, Bug::None);
-        let bd = layernorm_bwd_bounds(x, &w, &mean, &rstd, &dy, cols, cd);
+        let bd = layernorm_bwd_bounds(ln, cd);
         note("layernorm dx", &gdx, &dx, &bd.dx, what);
         note("layernorm dw", &gdw, &dw, &bd.dw, what);
         note("layernorm db", &gdb, &db, &bd.db, what);
         let (gdx, gdw) = mirror::rmsnorm_bwd(x, &w, &rr, &dy, cols, sms, Bug::None);
-        let bd = rmsnorm_bwd_bounds(x, &w, &rr, &dy, cols, cd);
+        let bd = rmsnorm_bwd_bounds(rms, cd);
         note("rmsnorm dx", &gdx, &rdx, &bd.dx, what);
         note("rmsnorm dw", &gdw, &rdw, &bd.dw, what);
     }
@@ -306,10 +308,12 @@ fn wrong_kernels_fail_the_bounds() {
 
         let sms = 132;
         let cd = col_depth(rows, cols, Some(sms));
-        let (dx, dw, db) = ln_bwd(&CPU, &x, &w, &mean, &rstd, &dy, cols);
-        let bd = layernorm_bwd_bounds(&x, &w, &mean, &rstd, &dy, cols, cd);
-        let (rdx, rdw) = rms_bwd(&CPU, &x, &w, &rr, &dy, cols);
-        let rbd = rmsnorm_bwd_bounds(&x, &w, &rr, &dy, cols, cd);
+        let ln = NormBwd::layernorm((&x, &w), (&mean, &rstd), &dy, cols);
+        let rms = NormBwd::rmsnorm((&x, &w), &rr, &dy, cols);
+        let (dx, dw, db) = ln_bwd(&CPU, ln);
+        let bd = layernorm_bwd_bounds(ln, cd);
+        let (rdx, rdw) = rms_bwd(&CPU, rms);
+        let rbd = rmsnorm_bwd_bounds(rms, cd);
         for bug in [Bug::DropTerm, Bug::FlipSign, Bug::NextRow] {
             let (gdx, ..) = mirror::layernorm_bwd((&x, &w), (&mean, &rstd), &dy, cols, sms, bug);
             rejects("layernorm dx", bug, &gdx, &dx, &bd.dx, &what);

@@ -2,6 +2,7 @@
 //! forward and backward, one bound per output element; the conventions are [`super::bounds`]'.
 
 use super::bounds::*;
+use super::NormBwd;
 
 /// Exact statistics of a row for the norms: `n`, `μ = Σx/n`, `var = Σ(x − μ)²/n`,
 /// `mean_abs = Σ|x|/n`, `dev0 = Σ|x − x_0|/n` (the f64 path's shifted sum), `ms = Σx²/n`.
@@ -132,15 +133,10 @@ pub struct LnBwdBounds {
 ///   + |x̂_i|·E2 + u·|inner_i|) + u·|dx_i|`, and u·|dx_i| for the reference.
 /// - dw_c = Σ_rows dy·x̂ by fmaf over `D = col_depth` roundings, `x̂` off by 2u:
 ///   `(2u + γ_D)·Σ|dy·x̂| + u·|dw_c|`; db_c = Σ dy: `γ_D·Σ|dy| + u·|db_c|`.
-pub fn layernorm_bwd_bounds(
-    x: &[f32],
-    w: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
-    dy: &[f32],
-    cols: usize,
-    col_depth: usize,
-) -> LnBwdBounds {
+pub fn layernorm_bwd_bounds(input: NormBwd, col_depth: usize) -> LnBwdBounds {
+    let (x, w, mean, rstd, dy, cols) = (
+        input.x, input.w, input.mean, input.rstd, input.dy, input.cols,
+    );
     let g = gamma(row_depth(cols));
     let n = cols as f64;
     let rows = rows_of(x.len(), cols);
@@ -233,14 +229,8 @@ pub struct RmsBwdBounds {
 ///   u·|inner_i|) + u·|dx_i|`, and u·|dx_i| for the reference.
 /// - dw_c = Σ_rows dy·x̂ by fmaf over `D = col_depth` roundings, `x̂` off by u:
 ///   `(u + γ_D)·Σ|dy·x̂| + u·|dw_c|`.
-pub fn rmsnorm_bwd_bounds(
-    x: &[f32],
-    w: &[f32],
-    rstd: &[f32],
-    dy: &[f32],
-    cols: usize,
-    col_depth: usize,
-) -> RmsBwdBounds {
+pub fn rmsnorm_bwd_bounds(input: NormBwd, col_depth: usize) -> RmsBwdBounds {
+    let (x, w, rstd, dy, cols) = (input.x, input.w, input.rstd, input.dy, input.cols);
     let g = gamma(row_depth(cols));
     let n = cols as f64;
     let rows = rows_of(x.len(), cols);

@@ -70,30 +70,62 @@ pub fn ln_fwd<B: Rows>(
     (down(b, &y), down(b, &m), down(b, &r))
 }
 
+/// The host inputs of a norm's backward, rows of `cols`: the forward's input `x` and weight
+/// `w`, its saved statistics (`mean` is LayerNorm's, empty for RMSNorm, which saves only
+/// `rstd`) and the output gradient `dy`.
+#[derive(Clone, Copy, Debug)]
+pub struct NormBwd<'a> {
+    pub x: &'a [f32],
+    pub w: &'a [f32],
+    pub mean: &'a [f32],
+    pub rstd: &'a [f32],
+    pub dy: &'a [f32],
+    pub cols: usize,
+}
+
+impl<'a> NormBwd<'a> {
+    /// LayerNorm's backward inputs, with the saved `(mean, rstd)`.
+    pub fn layernorm(
+        (x, w): (&'a [f32], &'a [f32]),
+        (mean, rstd): (&'a [f32], &'a [f32]),
+        dy: &'a [f32],
+        cols: usize,
+    ) -> Self {
+        NormBwd {
+            x,
+            w,
+            mean,
+            rstd,
+            dy,
+            cols,
+        }
+    }
+
+    /// RMSNorm's backward inputs, with the saved `rstd`.
+    pub fn rmsnorm(
+        (x, w): (&'a [f32], &'a [f32]),
+        rstd: &'a [f32],
+        dy: &'a [f32],
+        cols: usize,
+    ) -> Self {
+        Self::layernorm((x, w), (&[], rstd), dy, cols)
+    }
+}
+
 /// LayerNorm backward: `(dx, dw, db)`.
-pub fn ln_bwd<B: Rows>(
-    b: &B,
-    x: &[f32],
-    w: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
-    dy: &[f32],
-    cols: usize,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let (mut dx, mut dw, mut db) = (poisoned(b, x.len()), poisoned(b, cols), poisoned(b, cols));
-    let ins = [up(b, x), up(b, w), up(b, mean), up(b, rstd), up(b, dy)];
-    b.layernorm_bwd(
-        LayerNormBwdIn {
-            x: &ins[0],
-            w: &ins[1],
-            mean: &ins[2],
-            rstd: &ins[3],
-            dy: &ins[4],
-        },
-        (&mut dx, &mut dw, &mut db),
-        cols,
-    )
-    .unwrap();
+pub fn ln_bwd<B: Rows>(b: &B, i: NormBwd) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let cols = i.cols;
+    let (mut dx, mut dw, mut db) = (poisoned(b, i.x.len()), poisoned(b, cols), poisoned(b, cols));
+    let [x, w, mean, rstd, dy] = &[i.x, i.w, i.mean, i.rstd, i.dy].map(|v| up(b, v));
+    let ins = LayerNormBwdIn {
+        x,
+        w,
+        mean,
+        rstd,
+        dy,
+    };
+    b.layernorm_bwd(ins, (&mut dx, &mut dw, &mut db), cols)
+        .unwrap();
     (down(b, &dx), down(b, &dw), down(b, &db))
 }
 
@@ -111,28 +143,12 @@ pub fn rms_fwd<B: Rows>(
     (down(b, &y), down(b, &r))
 }
 
-/// RMSNorm backward: `(dx, dw)`.
-pub fn rms_bwd<B: Rows>(
-    b: &B,
-    x: &[f32],
-    w: &[f32],
-    rstd: &[f32],
-    dy: &[f32],
-    cols: usize,
-) -> (Vec<f32>, Vec<f32>) {
-    let (mut dx, mut dw) = (poisoned(b, x.len()), poisoned(b, cols));
-    let ins = [up(b, x), up(b, w), up(b, rstd), up(b, dy)];
-    b.rmsnorm_bwd(
-        RmsNormBwdIn {
-            x: &ins[0],
-            w: &ins[1],
-            rstd: &ins[2],
-            dy: &ins[3],
-        },
-        (&mut dx, &mut dw),
-        cols,
-    )
-    .unwrap();
+/// RMSNorm backward: `(dx, dw)` (`i.mean` unused).
+pub fn rms_bwd<B: Rows>(b: &B, i: NormBwd) -> (Vec<f32>, Vec<f32>) {
+    let (mut dx, mut dw) = (poisoned(b, i.x.len()), poisoned(b, i.cols));
+    let [x, w, rstd, dy] = &[i.x, i.w, i.rstd, i.dy].map(|v| up(b, v));
+    b.rmsnorm_bwd(RmsNormBwdIn { x, w, rstd, dy }, (&mut dx, &mut dw), i.cols)
+        .unwrap();
     (down(b, &dx), down(b, &dw))
 }
 
@@ -255,9 +271,10 @@ pub fn norm_check<B: Rows>(
     check_bounded(&format!("{what} layernorm y"), &gy, &y, &bd.y);
     check_bounded(&format!("{what} layernorm mean"), &gm, &mean, &bd.mean);
     check_bounded(&format!("{what} layernorm rstd"), &gr, &rstd, &bd.rstd);
-    let (dx, dw, db) = ln_bwd(&CPU, x, &w, &mean, &rstd, &dy, cols);
-    let (gdx, gdw, gdb) = ln_bwd(b, x, &w, &mean, &rstd, &dy, cols);
-    let bd = layernorm_bwd_bounds(x, &w, &mean, &rstd, &dy, cols, cd);
+    let ln = NormBwd::layernorm((x, &w), (&mean, &rstd), &dy, cols);
+    let (dx, dw, db) = ln_bwd(&CPU, ln);
+    let (gdx, gdw, gdb) = ln_bwd(b, ln);
+    let bd = layernorm_bwd_bounds(ln, cd);
     check_bounded(&format!("{what} layernorm dx"), &gdx, &dx, &bd.dx);
     check_bounded(&format!("{what} layernorm dw"), &gdw, &dw, &bd.dw);
     check_bounded(&format!("{what} layernorm db"), &gdb, &db, &bd.db);
@@ -267,9 +284,10 @@ pub fn norm_check<B: Rows>(
     let bd = rmsnorm_fwd_bounds(x, &w, cols, eps);
     check_bounded(&format!("{what} rmsnorm y"), &gy, &y, &bd.y);
     check_bounded(&format!("{what} rmsnorm rstd"), &gr, &rstd, &bd.rstd);
-    let (dx, dw) = rms_bwd(&CPU, x, &w, &rstd, &dy, cols);
-    let (gdx, gdw) = rms_bwd(b, x, &w, &rstd, &dy, cols);
-    let bd = rmsnorm_bwd_bounds(x, &w, &rstd, &dy, cols, cd);
+    let rms = NormBwd::rmsnorm((x, &w), &rstd, &dy, cols);
+    let (dx, dw) = rms_bwd(&CPU, rms);
+    let (gdx, gdw) = rms_bwd(b, rms);
+    let bd = rmsnorm_bwd_bounds(rms, cd);
     check_bounded(&format!("{what} rmsnorm dx"), &gdx, &dx, &bd.dx);
     check_bounded(&format!("{what} rmsnorm dw"), &gdw, &dw, &bd.dw);
 }
