@@ -78,21 +78,16 @@ fn bf16_casts_round_to_nearest_even_and_keep_specials() {
     x.extend((0..1001).map(|_| r.random_range(-1e3f32..1e3)));
     let want = bf16_of(&x);
     for dev in devices(test) {
+        // Each cast gives the dtype asked for and, read back as f32, the bits of `want`.
+        let cast = |from: &Tensor, to: DType, what: &str| {
+            let y = from.to_dtype(to).unwrap();
+            assert_eq!(y.dtype(), to);
+            same_bits(&format!("{what} on {dev}"), &y.to_vec().unwrap(), &want);
+            y
+        };
         let t = Tensor::from_vec(x.clone(), &[x.len()], dev).unwrap();
-        let h = t.to_dtype(DType::BF16).unwrap();
-        assert_eq!(h.dtype(), DType::BF16);
-        same_bits(
-            &format!("f32 -> bf16 on {dev}"),
-            &h.to_vec().unwrap(),
-            &want,
-        );
-        let back = h.to_dtype(DType::F32).unwrap();
-        assert_eq!(back.dtype(), DType::F32);
-        same_bits(
-            &format!("bf16 -> f32 on {dev}"),
-            &back.to_vec().unwrap(),
-            &want,
-        );
+        let h = cast(&t, DType::BF16, "f32 -> bf16");
+        cast(&h, DType::F32, "bf16 -> f32");
         // Empty tensors cast to empty tensors; u32 is refused with a typed error.
         let e = Tensor::zeros(&[0, 3], dev)
             .unwrap()
@@ -552,6 +547,19 @@ fn bf16_autocast_linear_is_within_its_rounding_bound() {
     }
 }
 
+/// A packed attention input at head dimension 64 (the bf16 kernels): batch 2, 2 heads, `t`
+/// positions. Returns the test's rng (seeded from its name) after drawing, the dims
+/// `(b, t, heads, d)` and the random `[b, t, 3·heads·d]` values.
+fn packed_attention_input(
+    test: &str,
+    t: usize,
+) -> (StdRng, (usize, usize, usize, usize), Vec<f32>) {
+    let mut r = StdRng::seed_from_u64(test_seed(test));
+    let (b, heads, d) = (2, 2, 64);
+    let qkv = draw(&mut r, b * t * 3 * heads * d);
+    (r, (b, t, heads, d), qkv)
+}
+
 #[test]
 fn bf16_packed_attention_is_within_its_rounding_bound_on_both_devices() {
     // Head dimension 64 takes the bf16 kernels (CUDA: tensor cores; CPU: their reference).
@@ -559,10 +567,8 @@ fn bf16_packed_attention_is_within_its_rounding_bound_on_both_devices() {
     // bf16 for P·V (each by at most 2^-8 relatively, so the output moves by at most
     // 2^-8·Σ_j p_ij·|v_j|), f32 sums, and the output is rounded once (2^-8·|o|).
     let test = "bf16_packed_attention_is_within_its_rounding_bound_on_both_devices";
-    let mut r = StdRng::seed_from_u64(test_seed(test));
-    let (b, t, heads, d) = (2, 37, 2, 64);
+    let (_, (b, t, heads, d), qkv) = packed_attention_input(test, 37);
     let c = heads * d;
-    let qkv = draw(&mut r, b * t * 3 * c);
     let exact = |v: &[f32]| {
         gpu_core::cpu::with_mode(gpu_core::cpu::CpuMode::Exact, || {
             Tensor::from_vec(v.to_vec(), &[b, t, 3 * c], Device::Cpu)
@@ -608,10 +614,8 @@ fn bf16_attention_masked_positions_never_reach_earlier_rows() {
     // dq of every row i < p keep the clean run's bits (the tensor cores multiply masked zeros by
     // the later operands, which the kernels must not let through), on both devices.
     let test = "bf16_attention_masked_positions_never_reach_earlier_rows";
-    let mut r = StdRng::seed_from_u64(test_seed(test));
-    let (b, t, heads, d) = (2, 70, 2, 64);
+    let (mut r, (b, t, heads, d), clean) = packed_attention_input(test, 70);
     let c = heads * d;
-    let clean = draw(&mut r, b * t * 3 * c);
     let rr = draw(&mut r, b * t * c);
     for dev in devices(test) {
         let run = |qkv: &[f32]| {
