@@ -36,7 +36,7 @@ fn compare_tols(
     grad_tol: f64,
     f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
 ) {
-    let (gg, gc) = compare_forward(name, dev, inputs, tol, f);
+    let (gg, gc) = flat_grads(devcmp::compare_forward(name, dev, inputs, tol, f));
     for (i, (a, b)) in gg.iter().zip(&gc).enumerate() {
         let e = rel_err(a, b);
         assert!(e < grad_tol, "{name}: grad {i} rel err {e:e}");
@@ -53,22 +53,15 @@ fn compare_terms(
     terms: &[Vec<f64>],
     f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
 ) {
-    let (gg, gc) = compare_forward(name, dev, inputs, tol, f);
+    let (gg, gc) = flat_grads(devcmp::compare_forward(name, dev, inputs, tol, f));
     assert_eq!(gg.len(), terms.len(), "{name}: one term vector per input");
     for (i, ((a, b), t)) in gg.iter().zip(&gc).zip(terms).enumerate() {
         cancel::check(&format!("{name}: grad {i}"), a, b, t);
     }
 }
 
-/// [`devcmp::compare_forward`] with a missing gradient read as empty.
-fn compare_forward(
-    name: &str,
-    dev: Device,
-    inputs: &[(Vec<f32>, Vec<usize>)],
-    tol: f64,
-    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
-) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-    let (gg, gc) = devcmp::compare_forward(name, dev, inputs, tol, f);
+/// The gradients `(gpu, cpu)` of [`devcmp::compare_forward`], a missing one read as empty.
+fn flat_grads((gg, gc): (devcmp::Grads, devcmp::Grads)) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let flat = |g: devcmp::Grads| g.into_iter().map(Option::unwrap_or_default).collect();
     (flat(gg), flat(gc))
 }
