@@ -13,7 +13,7 @@
 //! [`Bug`] makes the mirror wrong in the ways a kernel goes wrong: a term missing from a
 //! reduction, a sign flipped, another row's statistics, an index off by one.
 
-use crate::nn_rows_util::row_group;
+use crate::nn_rows_util::{row_group, NormBwd};
 
 /// A deliberate error in the mirrored kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -406,15 +406,11 @@ fn sum_rows(rows: usize, bug: Bug) -> usize {
 }
 
 /// LayerNorm backward: `(dx, dw, db)` on a GPU of `sms` multiprocessors, from the input and
-/// weight `(x, w)` and the saved `(mean, rstd)`.
-pub fn layernorm_bwd(
-    (x, w): (&[f32], &[f32]),
-    (mean, rstd): (&[f32], &[f32]),
-    dy: &[f32],
-    cols: usize,
-    sms: usize,
-    bug: Bug,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+/// weight, the saved `(mean, rstd)` and the output gradient of `input`.
+pub fn layernorm_bwd(input: NormBwd, sms: usize, bug: Bug) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (x, w, mean, rstd, dy, cols) = (
+        input.x, input.w, input.mean, input.rstd, input.dy, input.cols,
+    );
     let rows = x.len() / cols;
     let n = cols as f32;
     let xh = |r: usize, i: usize| xhat(x[r * cols + i], mean[r], 0.0, rstd[r]);
@@ -480,16 +476,9 @@ pub fn rmsnorm_fwd(x: &[f32], w: &[f32], cols: usize, eps: f32, bug: Bug) -> (Ve
     (y, rstd)
 }
 
-/// RMSNorm backward: `(dx, dw)` on a GPU of `sms` multiprocessors.
-pub fn rmsnorm_bwd(
-    x: &[f32],
-    w: &[f32],
-    rstd: &[f32],
-    dy: &[f32],
-    cols: usize,
-    sms: usize,
-    bug: Bug,
-) -> (Vec<f32>, Vec<f32>) {
+/// RMSNorm backward: `(dx, dw)` on a GPU of `sms` multiprocessors (`input.mean` unused).
+pub fn rmsnorm_bwd(input: NormBwd, sms: usize, bug: Bug) -> (Vec<f32>, Vec<f32>) {
+    let (x, w, rstd, dy, cols) = (input.x, input.w, input.rstd, input.dy, input.cols);
     let rows = x.len() / cols;
     let xh = |r: usize, i: usize| x[r * cols + i] * rstd[r];
     let g = |r: usize, i: usize| dy[r * cols + i] * w[i];
