@@ -105,16 +105,18 @@ fn matmul<B: QuantOps>(b: &B, w: &HostWeight, x: &[f32], dt: [DType; 2], m: usiz
 /// 16-byte loads (k = 160 for int4, 256, 2048).
 const SHAPES: &[(usize, usize)] = &[(37, 72), (130, 200), (9, 160), (64, 256), (48, 2048)];
 
+/// A product to check: the weight `w` and `m` rows of `x`.
+#[derive(Clone, Copy)]
+struct Problem<'a> {
+    w: &'a HostWeight,
+    x: &'a [f32],
+    m: usize,
+}
+
 /// `matmul_quant` on the GPU: through the trait (`form` `None`: the default form) or with the
 /// prefill form given.
-fn gpu_matmul(
-    gpu: &CudaBackend,
-    form: Option<QgemmForm>,
-    w: &HostWeight,
-    x: &[f32],
-    dt: [DType; 2],
-    m: usize,
-) -> Vec<f32> {
+fn gpu_matmul(gpu: &CudaBackend, form: Option<QgemmForm>, p: Problem, dt: [DType; 2]) -> Vec<f32> {
+    let Problem { w, x, m } = p;
     let Some(form) = form else {
         return matmul(gpu, w, x, dt, m);
     };
@@ -149,17 +151,11 @@ fn magnitudes(w: &HostWeight, x: &[f32], xd: DType, m: usize) -> Vec<f64> {
 /// `matmul_quant_bound` (plus two bf16 roundings where out is bf16) where the reference is
 /// finite; where it is not (a row of x holding a NaN or an infinity), NaN where it is NaN and
 /// the same infinity where it is infinite.
-fn check_case(
-    gpu: &CudaBackend,
-    form: Option<QgemmForm>,
-    w: &HostWeight,
-    x: &[f32],
-    dt: [DType; 2],
-    m: usize,
-) {
+fn check_case(gpu: &CudaBackend, form: Option<QgemmForm>, p: Problem, dt: [DType; 2]) {
+    let Problem { w, x, m } = p;
     let spec = QuantSpec { m, ..w.spec };
     let n = spec.n;
-    let got = gpu_matmul(gpu, form, w, x, dt, m);
+    let got = gpu_matmul(gpu, form, p, dt);
     let want = matmul(&CpuBackend, w, x, dt, m);
     let want32 = matmul(&CpuBackend, w, x, [dt[0], DType::F32], m);
     let t = magnitudes(w, x, dt[0], m);
@@ -191,14 +187,15 @@ fn random_problem(rng: &mut StdRng, spec: QuantSpec) -> (HostWeight, Vec<f32>) {
 
 fn matmul_case(gpu: &CudaBackend, rng: &mut StdRng, spec: QuantSpec, dt: [DType; 2]) {
     let (w, x) = random_problem(rng, spec);
-    check_case(gpu, None, &w, &x, dt, spec.m);
+    let m = spec.m;
+    check_case(gpu, None, Problem { w: &w, x: &x, m }, dt);
 }
 
 /// [`check_case`] of bf16 `x` in both prefill forms, out f32 and bf16.
-fn check_prefill_forms(gpu: &CudaBackend, w: &HostWeight, x: &[f32], m: usize) {
+fn check_prefill_forms(gpu: &CudaBackend, p: Problem) {
     for od in [DType::F32, DType::BF16] {
         for form in FORMS {
-            check_case(gpu, Some(form), w, x, [DType::BF16, od], m);
+            check_case(gpu, Some(form), p, [DType::BF16, od]);
         }
     }
 }
@@ -276,7 +273,7 @@ fn gpu_matmul_quant_prefill_forms_match_cpu_at_tile_edges() {
                     continue;
                 }
                 let (w, x) = random_problem(&mut rng, QuantSpec { m, n, k, format });
-                check_prefill_forms(&gpu, &w, &x, m);
+                check_prefill_forms(&gpu, Problem { w: &w, x: &x, m });
             }
         }
     }
@@ -302,8 +299,9 @@ fn gpu_matmul_quant_prefill_nonfinite_x_stays_in_its_row() {
         }
         for od in [DType::F32, DType::BF16] {
             for form in FORMS {
-                check_case(&gpu, Some(form), &w, &x, [DType::BF16, od], m);
-                let got = gpu_matmul(&gpu, Some(form), &w, &x, [DType::BF16, od], m);
+                let p = Problem { w: &w, x: &x, m };
+                check_case(&gpu, Some(form), p, [DType::BF16, od]);
+                let got = gpu_matmul(&gpu, Some(form), p, [DType::BF16, od]);
                 for i in [3, 9, 64] {
                     let row = &got[i * n..(i + 1) * n];
                     assert!(row.iter().all(|v| !v.is_finite()), "{form:?} {od} row {i}");
@@ -332,7 +330,7 @@ fn gpu_matmul_quant_prefill_huge_x_within_bound() {
             let c = rng.random_range(0..k);
             x[i * k + c] = if i % 2 == 0 { 1e30 } else { -1e30 };
         }
-        check_prefill_forms(&gpu, &w, &x, m);
+        check_prefill_forms(&gpu, Problem { w: &w, x: &x, m });
     }
 }
 
@@ -348,8 +346,9 @@ fn gpu_matmul_quant_fused_and_dequant_forms_agree() {
             let spec = QuantSpec { m, n, k, format };
             let (w, x) = random_problem(&mut rng, spec);
             let dt = [DType::BF16, DType::F32];
-            let fused = gpu_matmul(&gpu, Some(QgemmForm::Fused), &w, &x, dt, m);
-            let deq = gpu_matmul(&gpu, Some(QgemmForm::Dequant), &w, &x, dt, m);
+            let p = Problem { w: &w, x: &x, m };
+            let fused = gpu_matmul(&gpu, Some(QgemmForm::Fused), p, dt);
+            let deq = gpu_matmul(&gpu, Some(QgemmForm::Dequant), p, dt);
             let t = magnitudes(&w, &x, DType::BF16, m);
             for (idx, (a, b)) in fused.iter().zip(&deq).enumerate() {
                 let bound = 2.0 * matmul_quant_bound(&spec, DType::BF16, t[idx]);
