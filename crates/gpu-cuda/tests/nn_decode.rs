@@ -79,8 +79,11 @@ fn positions(rng: &mut StdRng, b: usize, t: usize, cap: usize) -> (Vec<u32>, Vec
     (start, slot)
 }
 
-/// The dims of the random cases: (b, t, heads, kv_heads, d, cap).
-const SHAPES: &[(usize, usize, usize, usize, usize, usize)] = &[
+/// The dims of a random case: (b, t, heads, kv_heads, d, cap).
+type Shape = (usize, usize, usize, usize, usize, usize);
+
+/// The dims of the random cases.
+const SHAPES: &[Shape] = &[
     (1, 1, 4, 2, 64, 700),
     (3, 1, 8, 2, 128, 300),
     (2, 5, 3, 1, 6, 40),
@@ -93,8 +96,7 @@ const SHAPES: &[(usize, usize, usize, usize, usize, usize)] = &[
 
 /// Every shape of [`SHAPES`] with every choice of `N` storage dtypes from [`DTYPES`], in the
 /// order of nested loops (shape outermost, then the first dtype; the last dtype varies fastest).
-fn shapes_and_dtypes<const N: usize>(
-) -> impl Iterator<Item = ((usize, usize, usize, usize, usize, usize), [DType; N])> {
+fn shapes_and_dtypes<const N: usize>() -> impl Iterator<Item = (Shape, [DType; N])> {
     let combos = DTYPES.len().pow(N as u32);
     SHAPES.iter().flat_map(move |&shape| {
         (0..combos).map(move |i| {
@@ -106,13 +108,7 @@ fn shapes_and_dtypes<const N: usize>(
 
 /// `rope_append` on random inputs, on the GPU and the reference; `rope: false` passes an
 /// empty `inv_freq` (no rotation, GPT-2's cache write).
-fn rope_case(
-    gpu: &CudaBackend,
-    rng: &mut StdRng,
-    shape: (usize, usize, usize, usize, usize, usize),
-    dt: [DType; 3],
-    rope: bool,
-) {
+fn rope_case(gpu: &CudaBackend, rng: &mut StdRng, shape: Shape, dt: [DType; 3], rope: bool) {
     let (b, t, heads, kv_heads, d, cap) = shape;
     let dims = decode_dims(shape, None);
     let what = format!("{dims:?} qkv/q/cache {dt:?} rope {rope}");
@@ -213,7 +209,7 @@ fn gpu_rope_append_matches_cpu() {
 fn attention_case(
     gpu: &CudaBackend,
     rng: &mut StdRng,
-    shape: (usize, usize, usize, usize, usize, usize),
+    shape: Shape,
     dt: [DType; 2],
     window: Option<usize>,
 ) {
