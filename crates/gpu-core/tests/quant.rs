@@ -37,13 +37,13 @@ fn weight(bytes: &[u8], scales: &[f32], mins: &[f32]) -> W {
 
 fn matmul(x: &CpuStorage, w: &W, spec: QuantSpec, out: DType) -> Result<Vec<f32>, GpuError> {
     let mut o = CPU.allocate(out, spec.m * spec.n)?;
-    CPU.matmul_quant(x, &w.data, &w.scales, &w.mins, &mut o, spec)?;
+    CPU.matmul_quant(x, [&w.data, &w.scales, &w.mins], &mut o, spec)?;
     Ok(to_f32(&o))
 }
 
 fn dequantize(w: &W, spec: QuantSpec, out: DType) -> Result<Vec<f32>, GpuError> {
     let mut o = CPU.allocate(out, spec.n * spec.k)?;
-    CPU.dequantize(&w.data, &w.scales, &w.mins, &mut o, spec)?;
+    CPU.dequantize([&w.data, &w.scales, &w.mins], &mut o, spec)?;
     Ok(to_f32(&o))
 }
 
@@ -369,7 +369,7 @@ fn wrong_dtypes_lengths_and_formats_are_typed_errors() {
     ));
     let mut o = CPU.allocate(DType::F32, 15).unwrap();
     assert!(matches!(
-        CPU.dequantize(&ok.data, &ok.scales, &ok.mins, &mut o, spec),
+        CPU.dequantize([&ok.data, &ok.scales, &ok.mins], &mut o, spec),
         Err(GpuError::ShapeMismatch { .. })
     ));
 }

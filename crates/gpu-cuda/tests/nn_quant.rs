@@ -97,7 +97,7 @@ fn matmul<B: QuantOps>(b: &B, w: &HostWeight, x: &[f32], dt: [DType; 2], m: usiz
     let [d, s, mn] = w.upload(b);
     let xb = put(b, x, dt[0]);
     let mut out = put(b, &vec![f32::NAN; m * spec.n], dt[1]);
-    b.matmul_quant(&xb, &d, &s, &mn, &mut out, spec).unwrap();
+    b.matmul_quant(&xb, [&d, &s, &mn], &mut out, spec).unwrap();
     get(b, &out)
 }
 
@@ -124,7 +124,7 @@ fn gpu_matmul(gpu: &CudaBackend, form: Option<QgemmForm>, p: Problem, dt: [DType
     let [d, s, mn] = w.upload(gpu);
     let xb = put(gpu, x, dt[0]);
     let mut out = put(gpu, &vec![f32::NAN; m * spec.n], dt[1]);
-    gpu.matmul_quant_with(form, &xb, (&d, &s, &mn), &mut out, spec)
+    gpu.matmul_quant_with(form, &xb, [&d, &s, &mn], &mut out, spec)
         .unwrap();
     get(gpu, &out)
 }
@@ -391,7 +391,7 @@ fn gpu_dequantize_matches_cpu_exactly() {
 fn dequant<B: QuantOps>(b: &B, w: &HostWeight, dtype: DType) -> Vec<f32> {
     let [d, s, m] = w.upload(b);
     let mut out = put(b, &vec![f32::NAN; w.spec.n * w.spec.k], dtype);
-    b.dequantize(&d, &s, &m, &mut out, w.spec).unwrap();
+    b.dequantize([&d, &s, &m], &mut out, w.spec).unwrap();
     get(b, &out)
 }
 
@@ -438,35 +438,31 @@ fn gpu_quant_wrong_dtypes_lengths_and_formats_are_typed_errors() {
     let x = put(&gpu, &[1.0; 32], DType::BF16);
     let f = |v: &[f32]| gpu.upload(v).unwrap();
     let mut out = put(&gpu, &[0.0; 6], DType::F32);
-    assert!(gpu.matmul_quant(&x, &d, &s, &m, &mut out, spec).is_ok());
+    assert!(gpu.matmul_quant(&x, [&d, &s, &m], &mut out, spec).is_ok());
     let words_as_f32 = f(&[0.0; 6]);
     let cases: Vec<(&str, gpu_core::Result<()>)> = vec![
         (
             "f32 data",
-            gpu.matmul_quant(&x, &words_as_f32, &s, &m, &mut out, spec),
+            gpu.matmul_quant(&x, [&words_as_f32, &s, &m], &mut out, spec),
         ),
         (
             "bf16 scales",
             gpu.matmul_quant(
                 &x,
-                &d,
-                &put(&gpu, &[0.5; 3], DType::BF16),
-                &m,
+                [&d, &put(&gpu, &[0.5; 3], DType::BF16), &m],
                 &mut out,
                 spec,
             ),
         ),
         (
             "short scales",
-            gpu.matmul_quant(&x, &d, &f(&[0.5; 2]), &m, &mut out, spec),
+            gpu.matmul_quant(&x, [&d, &f(&[0.5; 2]), &m], &mut out, spec),
         ),
         (
             "int8 format on int4 buffers",
             gpu.matmul_quant(
                 &x,
-                &d,
-                &s,
-                &m,
+                [&d, &s, &m],
                 &mut out,
                 QuantSpec {
                     format: QuantFormat::Int8,
@@ -476,22 +472,20 @@ fn gpu_quant_wrong_dtypes_lengths_and_formats_are_typed_errors() {
         ),
         (
             "k not a multiple of 8",
-            gpu.matmul_quant(&x, &d, &s, &m, &mut out, QuantSpec { k: 12, ..spec }),
+            gpu.matmul_quant(&x, [&d, &s, &m], &mut out, QuantSpec { k: 12, ..spec }),
         ),
         (
             "u32 x",
             gpu.matmul_quant(
                 &gpu.upload(&[1u32; 32]).unwrap(),
-                &d,
-                &s,
-                &m,
+                [&d, &s, &m],
                 &mut out,
                 spec,
             ),
         ),
         (
             "short out",
-            gpu.dequantize(&d, &s, &m, &mut f(&[0.0; 47]), spec),
+            gpu.dequantize([&d, &s, &m], &mut f(&[0.0; 47]), spec),
         ),
     ];
     for (what, r) in cases {
@@ -526,7 +520,7 @@ fn gpu_quant_launches_are_captured_by_a_graph() {
         let mut x = put(&gpu, &random_vec(&mut rng, m * 256, 1.0), DType::BF16);
         let mut out = put(&gpu, &vec![f32::NAN; m * 64], DType::BF16);
         let graph = gpu
-            .capture(|g| g.matmul_quant(&x, &d, &s, &mn, &mut out, spec))
+            .capture(|g| g.matmul_quant(&x, [&d, &s, &mn], &mut out, spec))
             .unwrap();
         let x_new: Vec<bf16> = random_vec(&mut rng, m * 256, 1.0)
             .iter()
@@ -535,7 +529,8 @@ fn gpu_quant_launches_are_captured_by_a_graph() {
         gpu.copy_to_device(&x_new, &mut x).unwrap();
         gpu.launch_graph(&graph).unwrap();
         let mut eager = put(&gpu, &vec![f32::NAN; m * 64], DType::BF16);
-        gpu.matmul_quant(&x, &d, &s, &mn, &mut eager, spec).unwrap();
+        gpu.matmul_quant(&x, [&d, &s, &mn], &mut eager, spec)
+            .unwrap();
         assert_eq!(get(&gpu, &out), get(&gpu, &eager), "m = {m}");
     }
 }

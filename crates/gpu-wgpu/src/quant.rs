@@ -57,25 +57,18 @@ impl QuantOps for WgpuBackend {
     /// f16 with at most 16 rows and `k % 8 == 0`: the f16 matrix–vector kernel (bf16 x widened
     /// first, a bf16 out rounded once after); any other f16 call: the default on the device's
     /// dequantize. Each output's error against the reference: the f32 sum's `γ_k·Σ|x·w|`.
-    fn matmul_quant(
-        &self,
-        x: &Buf,
-        data: &Buf,
-        scales: &Buf,
-        mins: &Buf,
-        out: &mut Buf,
-        spec: QuantSpec,
-    ) -> Result<()> {
-        check_matmul_quant(x, data, scales, mins, out, spec)?;
+    fn matmul_quant(&self, x: &Buf, w: [&Buf; 3], out: &mut Buf, spec: QuantSpec) -> Result<()> {
+        check_matmul_quant(x, w, out, spec)?;
+        let [data, scales, mins] = w;
         self.check_out("matmul_quant", &[x, data, scales, mins, out])?;
         if spec.format != QuantFormat::F16 || spec.m == 0 || spec.n == 0 {
-            return default_matmul_quant(self, x, [data, scales, mins], out, spec);
+            return default_matmul_quant(self, x, w, out, spec);
         }
         if spec.k == 0 {
             return self.fill_raw(out, 0.0);
         }
         if spec.m > GEMV_ROWS || !spec.k.is_multiple_of(8) {
-            return default_matmul_quant(self, x, [data, scales, mins], out, spec);
+            return default_matmul_quant(self, x, w, out, spec);
         }
         let wide;
         let xf = if x.dtype() == DType::F32 {
@@ -90,18 +83,12 @@ impl QuantOps for WgpuBackend {
 
     /// f16: the dequantize kernel (into f32 scratch first where `out` is bf16, then rounded
     /// once); int8 and int4: the default.
-    fn dequantize(
-        &self,
-        data: &Buf,
-        scales: &Buf,
-        mins: &Buf,
-        out: &mut Buf,
-        spec: QuantSpec,
-    ) -> Result<()> {
-        check_dequantize(data, scales, mins, out, spec)?;
+    fn dequantize(&self, w: [&Buf; 3], out: &mut Buf, spec: QuantSpec) -> Result<()> {
+        check_dequantize(w, out, spec)?;
+        let [data, scales, mins] = w;
         self.check_out("dequantize", &[data, scales, mins, out])?;
         if spec.format != QuantFormat::F16 {
-            return default_dequantize(self, [data, scales, mins], out, spec);
+            return default_dequantize(self, w, out, spec);
         }
         if out.is_empty() {
             return Ok(());
@@ -154,7 +141,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         let op = "matmul_quant";
         let none = self.allocate(DType::F32, 0)?;
-        check_matmul_quant(x, w, &none, &none, out, spec)?;
+        check_matmul_quant(x, [w, &none, &none], out, spec)?;
         self.check_out(op, &[x, w, out])?;
         let fits = spec.format == QuantFormat::F16
             && spec.m <= GEMV_ROWS

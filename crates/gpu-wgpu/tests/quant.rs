@@ -81,14 +81,14 @@ fn matmul<B: QuantOps>(b: &B, w: &Host, x: &[f32], dt: [DType; 2], spec: QuantSp
     let [d, s, m] = upload(b, w);
     let xb = put(b, x, dt[0]);
     let mut out = put(b, &vec![f32::NAN; spec.m * spec.n], dt[1]);
-    b.matmul_quant(&xb, &d, &s, &m, &mut out, spec).unwrap();
+    b.matmul_quant(&xb, [&d, &s, &m], &mut out, spec).unwrap();
     get(b, &out)
 }
 
 fn dequant<B: QuantOps>(b: &B, w: &Host, dtype: DType, spec: QuantSpec) -> Vec<f32> {
     let [d, s, m] = upload(b, w);
     let mut out = put(b, &vec![f32::NAN; spec.n * spec.k], dtype);
-    b.dequantize(&d, &s, &m, &mut out, spec).unwrap();
+    b.dequantize([&d, &s, &m], &mut out, spec).unwrap();
     get(b, &out)
 }
 
@@ -349,7 +349,7 @@ fn try_matmul<B: QuantOps>(b: &B, w: &Host, x: &[f32], spec: QuantSpec) -> Resul
     let [d, s, m] = upload(b, w);
     let xb = b.upload(x)?;
     let mut out = b.allocate(DType::F32, spec.m * spec.n)?;
-    b.matmul_quant(&xb, &d, &s, &m, &mut out, spec)
+    b.matmul_quant(&xb, [&d, &s, &m], &mut out, spec)
 }
 
 /// int8 and int4 take gpu-core's default on wgpu: the CPU's dequantized values exactly, and

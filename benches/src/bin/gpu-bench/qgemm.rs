@@ -45,7 +45,7 @@ fn time_form(b: &Bench, form: QgemmForm, spec: QuantSpec, w: &Weight) -> Result<
     let mut out = b.gpu.allocate(DType::BF16, spec.m * spec.n)?;
     b.time(|_| {
         b.gpu
-            .matmul_quant_with(form, &x, (&w.data, &w.scales, &w.mins), &mut out, spec)
+            .matmul_quant_with(form, &x, [&w.data, &w.scales, &w.mins], &mut out, spec)
     })
 }
 

@@ -89,11 +89,7 @@ fn dequantize_row(
 }
 
 /// The three weight buffers as slices (after the checks: u32, f32, f32).
-fn weight<'a>(
-    data: &'a CpuStorage,
-    scales: &'a CpuStorage,
-    mins: &'a CpuStorage,
-) -> Result<(&'a [u32], &'a [f32], &'a [f32])> {
+fn weight([data, scales, mins]: [&CpuStorage; 3]) -> Result<(&[u32], &[f32], &[f32])> {
     Ok((data.as_u32()?, scales.as_f32()?, mins.as_f32()?))
 }
 
@@ -101,15 +97,13 @@ impl QuantOps for CpuBackend {
     fn matmul_quant(
         &self,
         x: &CpuStorage,
-        data: &CpuStorage,
-        scales: &CpuStorage,
-        mins: &CpuStorage,
+        w: [&CpuStorage; 3],
         out: &mut CpuStorage,
         spec: QuantSpec,
     ) -> Result<()> {
         const OP: &str = "matmul_quant";
-        check_matmul_quant(x, data, scales, mins, out, spec)?;
-        let (data, scales, mins) = weight(data, scales, mins)?;
+        check_matmul_quant(x, w, out, spec)?;
+        let (data, scales, mins) = weight(w)?;
         if fast::fast() {
             let w = Weight::Quant {
                 spec,
@@ -143,17 +137,10 @@ impl QuantOps for CpuBackend {
         Ok(())
     }
 
-    fn dequantize(
-        &self,
-        data: &CpuStorage,
-        scales: &CpuStorage,
-        mins: &CpuStorage,
-        out: &mut CpuStorage,
-        spec: QuantSpec,
-    ) -> Result<()> {
+    fn dequantize(&self, w: [&CpuStorage; 3], out: &mut CpuStorage, spec: QuantSpec) -> Result<()> {
         const OP: &str = "dequantize";
-        check_dequantize(data, scales, mins, out, spec)?;
-        let (data, scales, mins) = weight(data, scales, mins)?;
+        check_dequantize(w, out, spec)?;
+        let (data, scales, mins) = weight(w)?;
         for r in 0..spec.n {
             let row = dequantize_row(&spec, data, scales, mins, r);
             for (c, &v) in row.iter().enumerate() {

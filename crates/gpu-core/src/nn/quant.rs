@@ -126,8 +126,9 @@ impl QuantSpec {
     }
 }
 
-/// The quantized-weight family. `data`, `scales` and `mins` are laid out as the module docs
-/// say; float buffers are f32 or bf16, computed in f32 or wider and rounded once where stored.
+/// The quantized-weight family. A weight `w` is its buffers `[data, scales, mins]` (every
+/// method, check and default takes the three together), laid out as the module docs say; float
+/// buffers are f32 or bf16, computed in f32 or wider and rounded once where stored.
 pub trait QuantOps: Primitives {
     /// `out[i, j] = Σ_t x[i, t]·deq(W)[j, t]` for `x` `[m, k]` (f32 or bf16) and `out` `[m, n]`
     /// (f32 or bf16, overwritten). The CPU sums the exact products in f64 (its fast mode in f32
@@ -139,26 +140,22 @@ pub trait QuantOps: Primitives {
     fn matmul_quant(
         &self,
         x: &Self::Buffer,
-        data: &Self::Buffer,
-        scales: &Self::Buffer,
-        mins: &Self::Buffer,
+        w: [&Self::Buffer; 3],
         out: &mut Self::Buffer,
         spec: QuantSpec,
     ) -> Result<()> {
-        default_matmul_quant(self, x, [data, scales, mins], out, spec)
+        default_matmul_quant(self, x, w, out, spec)
     }
 
     /// Writes `deq(W)` `[n, k]` into `out` (f32, or bf16 rounded once to nearest even) with
     /// the values of the module docs; `spec.m` is not read.
     fn dequantize(
         &self,
-        data: &Self::Buffer,
-        scales: &Self::Buffer,
-        mins: &Self::Buffer,
+        w: [&Self::Buffer; 3],
         out: &mut Self::Buffer,
         spec: QuantSpec,
     ) -> Result<()> {
-        default_dequantize(self, [data, scales, mins], out, spec)
+        default_dequantize(self, w, out, spec)
     }
 }
 
@@ -168,20 +165,20 @@ pub trait QuantOps: Primitives {
 pub fn default_matmul_quant<B: QuantOps + ?Sized>(
     b: &B,
     x: &B::Buffer,
-    [data, scales, mins]: [&B::Buffer; 3],
+    w: [&B::Buffer; 3],
     out: &mut B::Buffer,
     spec: QuantSpec,
 ) -> Result<()> {
     spec.check("matmul_quant")?;
-    let mut w = b.allocate(crate::DType::F32, spec.n * spec.k)?;
-    b.dequantize(data, scales, mins, &mut w, QuantSpec { m: 0, ..spec })?;
+    let mut wf = b.allocate(crate::DType::F32, spec.n * spec.k)?;
+    b.dequantize(w, &mut wf, QuantSpec { m: 0, ..spec })?;
     let mm = crate::MatmulSpec {
         trans_b: true,
         ..crate::MatmulSpec::new(spec.m, spec.n, spec.k)
     };
     let xf = defaults::widen(b, x)?;
     let mut o = b.allocate(crate::DType::F32, spec.m * spec.n)?;
-    b.matmul(mm, &xf, &w, &mut o)?;
+    b.matmul(mm, &xf, &wf, &mut o)?;
     b.cast(&o, out)
 }
 
@@ -194,16 +191,14 @@ pub fn default_dequantize<B: Primitives + ?Sized>(
 ) -> Result<()> {
     let [data, scales, mins] = &H::downs_n(b, [data, scales, mins])?;
     let mut o = H::down(b, out)?;
-    crate::CpuBackend.dequantize(data, scales, mins, &mut o, spec)?;
+    crate::CpuBackend.dequantize([data, scales, mins], &mut o, spec)?;
     H::up(b, &o, out)
 }
 
 /// Checks the packed weight of `spec` (every backend calls this through the two checks below).
 fn check_weight<B: BufferInfo>(
     op: &'static str,
-    data: &B,
-    scales: &B,
-    mins: &B,
+    [data, scales, mins]: [&B; 3],
     spec: &QuantSpec,
 ) -> Result<()> {
     spec.check(op)?;
@@ -218,14 +213,12 @@ fn check_weight<B: BufferInfo>(
 /// Checks the arguments of [`QuantOps::matmul_quant`] (every backend calls this).
 pub fn check_matmul_quant<B: BufferInfo>(
     x: &B,
-    data: &B,
-    scales: &B,
-    mins: &B,
+    w: [&B; 3],
     out: &B,
     spec: QuantSpec,
 ) -> Result<()> {
     const OP: &str = "matmul_quant";
-    check_weight(OP, data, scales, mins, &spec)?;
+    check_weight(OP, w, &spec)?;
     require_float(OP, x.dtype())?;
     require_float(OP, out.dtype())?;
     check_len(OP, "x", x, spec.m * spec.k)?;
@@ -233,16 +226,10 @@ pub fn check_matmul_quant<B: BufferInfo>(
 }
 
 /// Checks the arguments of [`QuantOps::dequantize`] (every backend calls this).
-pub fn check_dequantize<B: BufferInfo>(
-    data: &B,
-    scales: &B,
-    mins: &B,
-    out: &B,
-    spec: QuantSpec,
-) -> Result<()> {
+pub fn check_dequantize<B: BufferInfo>(w: [&B; 3], out: &B, spec: QuantSpec) -> Result<()> {
     const OP: &str = "dequantize";
     let spec = QuantSpec { m: 0, ..spec };
-    check_weight(OP, data, scales, mins, &spec)?;
+    check_weight(OP, w, &spec)?;
     require_float(OP, out.dtype())?;
     check_len(OP, "out", out, spec.n * spec.k)
 }

@@ -105,7 +105,7 @@ fn bits(format: QuantFormat) -> u32 {
 }
 
 /// The weight's kernel arguments: data, scales, mins.
-fn weight_args(data: &CudaBuffer, scales: &CudaBuffer, mins: &CudaBuffer) -> [KernelArg; 3] {
+fn weight_args([data, scales, mins]: [&CudaBuffer; 3]) -> [KernelArg; 3] {
     [data.into(), scales.into(), mins.into()]
 }
 
@@ -148,29 +148,21 @@ impl QuantOps for CudaBackend {
     fn matmul_quant(
         &self,
         x: &CudaBuffer,
-        data: &CudaBuffer,
-        scales: &CudaBuffer,
-        mins: &CudaBuffer,
+        w: [&CudaBuffer; 3],
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {
-        self.matmul_quant_with(qgemm_form(), x, (data, scales, mins), out, spec)
+        self.matmul_quant_with(qgemm_form(), x, w, out, spec)
     }
 
-    fn dequantize(
-        &self,
-        data: &CudaBuffer,
-        scales: &CudaBuffer,
-        mins: &CudaBuffer,
-        out: &mut CudaBuffer,
-        spec: QuantSpec,
-    ) -> Result<()> {
+    fn dequantize(&self, w: [&CudaBuffer; 3], out: &mut CudaBuffer, spec: QuantSpec) -> Result<()> {
         const OP: &str = "dequantize";
-        check_dequantize(data, scales, mins, out, spec)?;
+        check_dequantize(w, out, spec)?;
+        let [data, scales, mins] = w;
         self.check_owned(OP, &[data, scales, mins, out])?;
         if spec.format == QuantFormat::F16 {
             // No f16 kernel on CUDA (bf16 is its half-width type): the HAL's default.
-            return default_dequantize(self, [data, scales, mins], out, spec);
+            return default_dequantize(self, w, out, spec);
         }
         let words = spec.data_len();
         if words == 0 {
@@ -178,7 +170,7 @@ impl QuantOps for CudaBackend {
         }
         let cfg = deq_grid(words);
         let name = format!("dequant_q{}_{}", bits(spec.format), tag(out.dtype()));
-        let mut args = weight_args(data, scales, mins).to_vec();
+        let mut args = weight_args(w).to_vec();
         args.extend([
             (&*out).into(),
             KernelArg::U32(spec.n as u32),
@@ -198,24 +190,25 @@ impl CudaBackend {
     /// [`QuantOps::matmul_quant`] with the prefill form given rather than read from
     /// `HYBRID_QGEMM` (`form` matters for bf16 x of more than 4 rows only), so that both forms
     /// run in one process.
-    /// `(data, scales, mins)` is the quantized matrix.
+    /// `w` is the quantized matrix, `[data, scales, mins]`.
     pub fn matmul_quant_with(
         &self,
         form: QgemmForm,
         x: &CudaBuffer,
-        (data, scales, mins): (&CudaBuffer, &CudaBuffer, &CudaBuffer),
+        w: [&CudaBuffer; 3],
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {
         const OP: &str = "matmul_quant";
-        check_matmul_quant(x, data, scales, mins, out, spec)?;
+        check_matmul_quant(x, w, out, spec)?;
+        let [data, scales, mins] = w;
         self.check_owned(OP, &[x, data, scales, mins, out])?;
         if spec.m == 0 || spec.n == 0 {
             return Ok(());
         }
         if spec.format == QuantFormat::F16 {
             // The HAL's default: dequantize (above: through the host) and one cuBLAS SGEMM.
-            return default_matmul_quant(self, x, [data, scales, mins], out, spec);
+            return default_matmul_quant(self, x, w, out, spec);
         }
         if spec.k == 0 {
             return match out.dtype() {
@@ -223,13 +216,12 @@ impl CudaBackend {
                 _ => self.memset16(out, 0),
             };
         }
-        let weight = [data, scales, mins];
         match fused_rows(&spec) {
-            Some(rows) => self.gemv_quant(x, weight, out, spec, rows),
+            Some(rows) => self.gemv_quant(x, w, out, spec, rows),
             None if x.dtype() == DType::BF16 && fused_gemm(form, spec.m) => {
-                self.gemm_quant(x, weight, out, spec)
+                self.gemm_quant(x, w, out, spec)
             }
-            None => self.prefill_quant(x, weight, out, spec),
+            None => self.prefill_quant(x, w, out, spec),
         }
     }
 
@@ -240,7 +232,7 @@ impl CudaBackend {
     fn gemm_quant(
         &self,
         x: &CudaBuffer,
-        [data, scales, mins]: [&CudaBuffer; 3],
+        w: [&CudaBuffer; 3],
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {
@@ -260,7 +252,7 @@ impl CudaBackend {
         let v = words_per_load(&spec);
         let name = format!("gemm_q{}_v{v}_b{}", bits(spec.format), tag(out.dtype()));
         let mut args = vec![x.into()];
-        args.extend(weight_args(data, scales, mins));
+        args.extend(weight_args(w));
         args.extend([
             (&*out).into(),
             part.as_ref().map_or(KernelArg::Ptr(0), Into::into),
@@ -313,7 +305,7 @@ impl CudaBackend {
     fn gemv_quant(
         &self,
         x: &CudaBuffer,
-        [data, scales, mins]: [&CudaBuffer; 3],
+        w: [&CudaBuffer; 3],
         out: &mut CudaBuffer,
         spec: QuantSpec,
         rows: usize,
@@ -338,7 +330,7 @@ impl CudaBackend {
             tag(out.dtype())
         );
         let mut args = vec![x.into()];
-        args.extend(weight_args(data, scales, mins));
+        args.extend(weight_args(w));
         args.extend([
             (&*out).into(),
             KernelArg::U32(spec.m as u32),
@@ -362,7 +354,7 @@ impl CudaBackend {
     fn prefill_quant(
         &self,
         x: &CudaBuffer,
-        [data, scales, mins]: [&CudaBuffer; 3],
+        w: [&CudaBuffer; 3],
         out: &mut CudaBuffer,
         spec: QuantSpec,
     ) -> Result<()> {
@@ -370,16 +362,16 @@ impl CudaBackend {
             trans_b: true,
             ..MatmulSpec::new(spec.m, spec.n, spec.k)
         };
-        let mut w = self.allocate(x.dtype(), spec.n * spec.k)?;
-        self.dequantize(data, scales, mins, &mut w, spec)?;
+        let mut wx = self.allocate(x.dtype(), spec.n * spec.k)?;
+        self.dequantize(w, &mut wx, spec)?;
         if x.dtype() == DType::BF16 {
-            return self.matmul_bf16(mm, x, &w, out);
+            return self.matmul_bf16(mm, x, &wx, out);
         }
         if out.dtype() == DType::F32 {
-            return self.matmul(mm, x, &w, out);
+            return self.matmul(mm, x, &wx, out);
         }
         let mut wide = self.allocate(DType::F32, out.len())?;
-        self.matmul(mm, x, &w, &mut wide)?;
+        self.matmul(mm, x, &wx, &mut wide)?;
         self.cast(&wide, out)
         // The scratch buffers are dropped after their last use is queued: whatever reuses
         // their blocks runs later on the same stream, as for every op's temporaries.

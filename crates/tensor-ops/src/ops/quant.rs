@@ -118,9 +118,7 @@ impl QuantWeight {
         let (d, s, m) = (self.data.read(), self.scales.read(), self.mins.read());
         let spec = self.spec(0);
         let st = compute!(dev, dtype, spec.n * spec.k, |be, out| be.dequantize(
-            buf(be, &d)?,
-            buf(be, &s)?,
-            buf(be, &m)?,
+            [buf(be, &d)?, buf(be, &s)?, buf(be, &m)?],
             &mut out,
             spec
         ));
@@ -152,9 +150,7 @@ impl Tensor {
         let (x, d, s, m) = (self.read(), w.data.read(), w.scales.read(), w.mins.read());
         let st = compute!(dev, dtype, spec.m * spec.n, |be, out| be.matmul_quant(
             buf(be, &x)?,
-            buf(be, &d)?,
-            buf(be, &s)?,
-            buf(be, &m)?,
+            [buf(be, &d)?, buf(be, &s)?, buf(be, &m)?],
             &mut out,
             spec
         ));

@@ -139,7 +139,7 @@ fn quant_weight(
     ];
     let mut w = CpuStorage::F32(vec![0.0; n * k]);
     let [d, s, mn] = &parts;
-    CpuBackend.dequantize(d, s, mn, &mut w, spec).unwrap();
+    CpuBackend.dequantize([d, s, mn], &mut w, spec).unwrap();
     let CpuStorage::F32(w) = w else {
         unreachable!("an f32 buffer")
     };
@@ -161,7 +161,7 @@ fn quant_product(
         CpuStorage::F32(vec![0.0; len])
     };
     with_mode(mode, || {
-        CpuBackend.matmul_quant(x, d, s, mn, &mut out, spec)
+        CpuBackend.matmul_quant(x, [d, s, mn], &mut out, spec)
     })
     .unwrap();
     out
