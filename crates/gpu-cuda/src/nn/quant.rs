@@ -216,12 +216,13 @@ impl CudaBackend {
                 _ => self.memset16(out, 0),
             };
         }
+        let call = QuantIn { x, w, spec };
         match fused_rows(&spec) {
-            Some(rows) => self.gemv_quant(x, w, out, spec, rows),
+            Some(rows) => self.gemv_quant(call, out, rows),
             None if x.dtype() == DType::BF16 && fused_gemm(form, spec.m) => {
-                self.gemm_quant(x, w, out, spec)
+                self.gemm_quant(call, out)
             }
-            None => self.prefill_quant(x, w, out, spec),
+            None => self.prefill_quant(call, out),
         }
     }
 
@@ -229,13 +230,7 @@ impl CudaBackend {
     /// fewer tiles than two a multiprocessor splits k over `gridDim.y` (f32 partials from the
     /// pool, added in order by `gemm_q_reduce`), so that decoding at batch 5..64 streams the
     /// weight on every multiprocessor.
-    fn gemm_quant(
-        &self,
-        x: &CudaBuffer,
-        w: [&CudaBuffer; 3],
-        out: &mut CudaBuffer,
-        spec: QuantSpec,
-    ) -> Result<()> {
+    fn gemm_quant(&self, QuantIn { x, w, spec }: QuantIn<'_>, out: &mut CudaBuffer) -> Result<()> {
         const OP: &str = "matmul_quant";
         let tiles = spec.m.div_ceil(GEMM_ROWS) * spec.n.div_ceil(GEMM_COLS);
         let (splits, sps) = k_splits(tiles, spec.k, self.info().multiprocessors as usize);
@@ -304,10 +299,8 @@ impl CudaBackend {
     /// The fused kernel for `m <= rows` (1, 2 or 4); arguments checked, `m, n, k > 0`.
     fn gemv_quant(
         &self,
-        x: &CudaBuffer,
-        w: [&CudaBuffer; 3],
+        QuantIn { x, w, spec }: QuantIn<'_>,
         out: &mut CudaBuffer,
-        spec: QuantSpec,
         rows: usize,
     ) -> Result<()> {
         let split = crate::blas_bf16::gemv_form() != crate::blas_bf16::GemvForm::Warp;
@@ -353,10 +346,8 @@ impl CudaBackend {
     /// Prefill (more rows than the fused kernels take): dequantize into a pool scratch in x's dtype, then cuBLAS.
     fn prefill_quant(
         &self,
-        x: &CudaBuffer,
-        w: [&CudaBuffer; 3],
+        QuantIn { x, w, spec }: QuantIn<'_>,
         out: &mut CudaBuffer,
-        spec: QuantSpec,
     ) -> Result<()> {
         let mm = MatmulSpec {
             trans_b: true,
@@ -376,6 +367,17 @@ impl CudaBackend {
         // The scratch buffers are dropped after their last use is queued: whatever reuses
         // their blocks runs later on the same stream, as for every op's temporaries.
     }
+}
+
+/// The inputs of a checked [`QuantOps::matmul_quant`] call with `m, n, k > 0`: what
+/// [`CudaBackend::matmul_quant_with`] hands to the path it picks (the fused kernel, the fused
+/// GEMM or the prefill).
+#[derive(Clone, Copy)]
+struct QuantIn<'a> {
+    x: &'a CudaBuffer,
+    /// The quantized matrix, `[data, scales, mins]`.
+    w: [&'a CudaBuffer; 3],
+    spec: QuantSpec,
 }
 
 /// Whether `form` multiplies `m` rows of bf16 x (more than 4) with the fused GEMM.
