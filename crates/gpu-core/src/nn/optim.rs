@@ -90,36 +90,23 @@ pub trait OptimOps: Primitives {
         cfg: ScheduleFreeConfig,
         scalars: StepScalars<'_, Self::Buffer>,
     ) -> Result<()> {
-        let ScheduleFreeBuffers {
-            params,
-            grads,
-            z,
-            v,
-            weight_decay,
-            grad_scale,
-        } = bufs;
-        let (mut hp, hg, mut hz, mut hv) = (
-            H::downs_mut(self, params)?,
-            H::downs(self, grads)?,
-            H::downs_mut(self, z)?,
-            H::downs_mut(self, v)?,
-        );
-        let hs = H::down_opt(self, grad_scale)?;
+        let mut host = H::downs_lists(self, [&*bufs.params, &*bufs.z, &*bufs.v])?;
+        let hg = H::downs(self, bufs.grads)?;
+        let hs = H::down_opt(self, bufs.grad_scale)?;
         let mut held = None;
         let sc = H::scalars(self, scalars, &mut held)?;
         let g: Vec<_> = hg.iter().collect();
-        let bufs = ScheduleFreeBuffers {
-            params: &mut H::refs_mut(&mut hp),
+        let [mut hp, mut hz, mut hv] = host.each_mut().map(|h| H::refs_mut(h));
+        let on_host = ScheduleFreeBuffers {
+            params: &mut hp,
             grads: &g,
-            z: &mut H::refs_mut(&mut hz),
-            v: &mut H::refs_mut(&mut hv),
-            weight_decay,
+            z: &mut hz,
+            v: &mut hv,
+            weight_decay: bufs.weight_decay,
             grad_scale: hs.as_ref(),
         };
-        crate::CpuBackend.schedule_free_step(bufs, cfg, sc)?;
-        H::ups(self, &hp, params)?;
-        H::ups(self, &hz, z)?;
-        H::ups(self, &hv, v)
+        crate::CpuBackend.schedule_free_step(on_host, cfg, sc)?;
+        H::ups_lists(self, &host, [bufs.params, bufs.z, bufs.v])
     }
 
     /// `params[i] = lerp(params[i], ends[i], weight)` per element (`torch.lerp`): Schedule-Free
@@ -152,51 +139,26 @@ pub trait OptimOps: Primitives {
         lr: StepScalars<'_, Self::Buffer>,
         scalars: &mut Self::Buffer,
     ) -> Result<()> {
-        let ProdigyBuffers {
-            params,
-            grads,
-            p0,
-            s,
-            m,
-            v,
-            weight_decay,
-            grad_scale,
-        } = bufs;
-        let (mut hp, hg, h0) = (
-            H::downs_mut(self, params)?,
-            H::downs(self, grads)?,
-            H::downs(self, p0)?,
-        );
-        let (mut hs, mut hm, mut hv) = (
-            H::downs_mut(self, s)?,
-            H::downs_mut(self, m)?,
-            H::downs_mut(self, v)?,
-        );
-        let (gs, mut sc) = (H::down_opt(self, grad_scale)?, H::down(self, scalars)?);
+        let lists = [&*bufs.params, &*bufs.s, &*bufs.m, &*bufs.v];
+        let mut host = H::downs_lists(self, lists)?;
+        let (hg, h0) = (H::downs(self, bufs.grads)?, H::downs(self, bufs.p0)?);
+        let (gs, mut sc) = (H::down_opt(self, bufs.grad_scale)?, H::down(self, scalars)?);
         let mut held = None;
         let lr = H::scalars(self, lr, &mut held)?;
         let (g, p0h): (Vec<_>, Vec<_>) = (hg.iter().collect(), h0.iter().collect());
-        let lists = (
-            &mut H::refs_mut(&mut hp),
-            &mut H::refs_mut(&mut hs),
-            &mut H::refs_mut(&mut hm),
-            &mut H::refs_mut(&mut hv),
-        );
-        let bufs = ProdigyBuffers {
-            params: lists.0,
+        let [mut hp, mut hs, mut hm, mut hv] = host.each_mut().map(|h| H::refs_mut(h));
+        let on_host = ProdigyBuffers {
+            params: &mut hp,
             grads: &g,
             p0: &p0h,
-            s: lists.1,
-            m: lists.2,
-            v: lists.3,
-            weight_decay,
+            s: &mut hs,
+            m: &mut hm,
+            v: &mut hv,
+            weight_decay: bufs.weight_decay,
             grad_scale: gs.as_ref(),
         };
-        crate::CpuBackend.prodigy_step(bufs, cfg, lr, &mut sc)?;
-        H::ups(self, &hp, params)?;
-        H::ups(self, &hs, s)?;
-        H::ups(self, &hm, m)?;
-        H::ups(self, &hv, v)?;
+        crate::CpuBackend.prodigy_step(on_host, cfg, lr, &mut sc)?;
+        H::ups_lists(self, &host, [bufs.params, bufs.s, bufs.m, bufs.v])?;
         H::up(self, &sc, scalars)
     }
 }

@@ -60,6 +60,30 @@ pub fn ups<B: Backend + ?Sized>(
         .try_for_each(|(h, d)| up(b, h, d))
 }
 
+/// Host copies of `N` lists of buffers (a list op's state, updated in place), one `Vec` a
+/// list; [`ups_lists`] copies them back.
+pub fn downs_lists<B: Backend + ?Sized, const N: usize>(
+    b: &B,
+    lists: [&[&mut B::Buffer]; N],
+) -> Result<[Vec<CpuStorage>; N]> {
+    let hs: Vec<_> = lists
+        .iter()
+        .map(|l| downs_mut(b, l))
+        .collect::<Result<_>>()?;
+    Ok(hs
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one host list per list")))
+}
+
+/// Copies each host list of [`downs_lists`] back into its list (same dtypes and lengths).
+pub fn ups_lists<B: Backend + ?Sized, const N: usize>(
+    b: &B,
+    hs: &[Vec<CpuStorage>; N],
+    lists: [&mut [&mut B::Buffer]; N],
+) -> Result<()> {
+    hs.iter().zip(lists).try_for_each(|(h, l)| ups(b, h, l))
+}
+
 /// Mutable references to each of `v`, the form the list ops take.
 pub fn refs_mut(v: &mut [CpuStorage]) -> Vec<&mut CpuStorage> {
     v.iter_mut().collect()
