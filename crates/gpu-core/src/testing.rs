@@ -406,13 +406,22 @@ pub fn report_skip(test: &str, why: &str, log: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
     if let Ok(path) = std::env::var(log) {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(f, "{test}");
-        }
+        append_line(path.as_ref(), test);
+    }
+}
+
+/// Appends `line` and a newline to the file at `path` (created if missing) in one write, so
+/// that lines appended from parallel threads stay whole (`writeln!` may write the text and the
+/// newline apart, which then interleave). Errors are ignored: a skip log is a count's input,
+/// never a reason to fail a test.
+fn append_line(path: &std::path::Path, line: &str) {
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = f.write_all(format!("{line}\n").as_bytes());
     }
 }
 
@@ -447,6 +456,29 @@ mod seed_tests {
             .map(|_| seed_from("t", Some("fresh".into())))
             .collect();
         assert!(fresh.len() > 1, "fresh seeds repeat: {fresh:?}");
+    }
+
+    /// The GPU bundle counts skips by the lines of a log that tests of one binary append from
+    /// parallel threads: each line must stay one name (a run once counted two skips as one).
+    #[test]
+    fn skip_log_lines_stay_whole_when_appended_from_parallel_threads() {
+        let path = std::env::temp_dir().join(format!("skip-log-{}.txt", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let names: Vec<String> = (0..8)
+            .map(|i| format!("multigpu_a_test_with_a_long_name_{i}"))
+            .collect();
+        std::thread::scope(|s| {
+            for name in &names {
+                let path = &path;
+                s.spawn(move || (0..200).for_each(|_| append_line(path, name)));
+            }
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), names.len() * 200, "lines merged or lost");
+        let stray = lines.iter().find(|l| !names.iter().any(|n| n == *l));
+        assert!(stray.is_none(), "a line is not one name: {stray:?}");
     }
 
     #[test]
