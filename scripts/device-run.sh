@@ -2,8 +2,9 @@
 # One device-tool call: unpack the carried bundle, run it, and keep the logs under $OUT.
 # The tree and the bundle together exceed the tool's 64 MiB: scripts/device-slim.sh out/back.
 #   scripts/device-run.sh [RUN_SH_ARGS...]   (env SAN_TESTS="bin:filter ..." adds sanitizer runs)
-# Each SAN_TESTS entry runs memcheck and racecheck over one test binary, limited to the tests
-# whose names contain the filter (racecheck over a whole attention binary takes too long).
+# Each SAN_TESTS entry runs memcheck and racecheck over one test binary (a bare name: gpu-cuda's
+# tests/NAME.rs; CRATE--NAME: another crate's, as rssm--gpu_rollout), limited to the tests whose
+# names contain the filter (racecheck over a whole attention binary takes too long).
 # SAN_TOOLS (default "memcheck racecheck") picks the tools.
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0
@@ -28,9 +29,15 @@ status=$?
 san=/usr/local/cuda/bin/compute-sanitizer
 for entry in ${SAN_TESTS:-}; do
   bin=${entry%%:*} filter=${entry#*:}
+  # A bare name is a gpu-cuda test binary; CRATE--NAME names any other (rssm--gpu_rollout).
+  case $bin in *--*) exe=tests/$bin ;; *) exe=tests/gpu-cuda--$bin ;; esac
+  if [ ! -x "$exe" ]; then
+    echo "compute-sanitizer: no test binary $exe in the bundle (SAN_TESTS entry $entry)"
+    status=1; continue
+  fi
   for tool in ${SAN_TOOLS:-memcheck racecheck}; do
     timeout "${SAN_TIMEOUT:-150}" "$san" --tool "$tool" --error-exitcode 99 --print-limit 20 \
-      "tests/gpu-cuda--$bin" --test-threads=1 "$filter" > "$OUT/san-$tool-$bin.log" 2>&1
+      "$exe" --test-threads=1 "$filter" > "$OUT/san-$tool-$bin.log" 2>&1
     rc=$?
     echo "compute-sanitizer $tool $bin [$filter]: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool-$bin.log" | tail -1)"
     [ $rc -eq 0 ] || status=1
