@@ -137,14 +137,10 @@ fn halko(
     let fast = ortho == Ortho::CholQr2 && l <= CHOLQR_MAX_COLS.min(SMALL_SVD_MAX);
     let (y, q2, small) = if fast {
         let eager = spec.method == SvdMethod::HalkoEager;
-        match super::world_svd_graph::halko_fast(gpu, x, (m, n, k, l), scale, spec, eager)? {
+        let dims = (m, n, k, l);
+        match super::world_svd_graph::halko_fast(gpu, x, dims, (scale, eager), spec, t.out)? {
             Fast::Redo => return Ok(None),
-            Fast::Done(u, s, v) => {
-                gpu.copy_buffer(&u, t.out.u)?;
-                gpu.copy_buffer(&s, t.out.s)?;
-                gpu.copy_buffer(&v, t.out.v)?;
-                return Ok(Some(SvdOutcome::Done));
-            }
+            Fast::Done => return Ok(Some(SvdOutcome::Done)),
             Fast::Host(y, q2, small) => (y, q2, small),
         }
     } else {

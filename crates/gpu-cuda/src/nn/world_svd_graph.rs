@@ -14,7 +14,7 @@ use crate::backend::CudaBackend;
 use crate::cholqr::{gram_chunk, CholQrWork, CHOLQR_BREAKDOWN};
 use crate::graph::CapturedGraph;
 use crate::pool::CudaBuffer;
-use gpu_core::nn::SvdSpec;
+use gpu_core::nn::{SvdOut, SvdSpec};
 use gpu_core::{BufferInfo, DType, GpuError};
 use std::sync::Mutex;
 
@@ -25,8 +25,9 @@ pub(crate) const PLANS: usize = 4;
 pub(crate) enum Fast {
     /// Cholesky QR broke down: redo the call with Householder QR.
     Redo,
-    /// `U` (row-major `m × k`), `S` (unscaled, `k`), `V` (row-major `n × k`), fresh buffers.
-    Done(CudaBuffer, CudaBuffer, CudaBuffer),
+    /// `U` (row-major `m × k`), `S` (unscaled, `k`) and `V` (row-major `n × k`) are queued
+    /// into the caller's outputs, copied from the plan's buffers.
+    Done,
     /// The small SVD is the host's to take: `Y`, `Q₂` (fresh copies) and `R` summed in f64.
     Host(CudaBuffer, CudaBuffer, Vec<f64>),
 }
@@ -155,13 +156,14 @@ static CACHE: Mutex<Vec<Plan>> = Mutex::new(Vec::new());
 
 /// One fast-path call on the column-major `r × c` `x` (`r = n`, `c = m`: the row-major residual,
 /// already scaled by `scale`), replayed as a graph from its plan's third call on unless `eager`.
+/// On [`Fast::Done`] the factors are in `out`; otherwise `out` is untouched.
 pub(crate) fn halko_fast(
     gpu: &CudaBackend,
     x: &CudaBuffer,
     (m, n, k, l): (usize, usize, usize, usize),
-    scale: f32,
+    (scale, eager): (f32, bool),
     opts: &SvdSpec,
-    eager: bool,
+    out: &mut SvdOut<'_, CudaBuffer>,
 ) -> Result<Fast, GpuError> {
     let key = Key {
         backend: gpu.id(),
@@ -210,7 +212,10 @@ pub(crate) fn halko_fast(
         Ok(out)
     };
     if bits == 0 {
-        return Ok(Fast::Done(copy(&plan.u)?, copy(&plan.s)?, copy(&plan.v)?));
+        gpu.copy_buffer(&plan.u, out.u)?;
+        gpu.copy_buffer(&plan.s, out.s)?;
+        gpu.copy_buffer(&plan.v, out.v)?;
+        return Ok(Fast::Done);
     }
     // The small SVD found a zero singular value (or no convergence, or an overflow): the
     // host's exact SVD completes the factors from R, summed in f64 here.
