@@ -5,9 +5,10 @@
 # binary (target/gpu-bundle.tar.xz). Make the slim binary here:
 #   cargo build --release -p hybrid-trainer && mkdir -p target/expcall &&
 #   strip -o /tmp/ht target/release/hybrid-trainer && xz -6 -c /tmp/ht > target/expcall/hybrid-trainer.xz
-# and carry target/expcall and the curves so far (EXP, default target/exp: a run whose curve
+# and carry target/expcall, target/kjv (W6's and W8's corpus, kjv.txt.gz, given as --kjv when
+# present) and the curves so far (EXP, default target/exp: a run whose curve
 # exists is not run again). On the GPU machine, from the repository root:
-#   [EXP=DIR] [WORKLOADS=w1] [EXTRA="--w7-lr R | --kjv FILE"] \
+#   [EXP=DIR] [WORKLOADS=w1] [EXTRA="--w7-lr R"] \
 #     bash scripts/experiment-call.sh SECONDS TORCH(0|1) ARMS [ARMS...]
 # runs, with TORCH=1, PyTorch's AdamW at 1× and 3× on W1 (seed 1, the peer with attention
 # dropout), then each comma list of arms in turn until SECONDS have passed, and packs the
@@ -27,6 +28,11 @@ fi
 mkdir -p "$exp" "$OUT"
 data=/tmp/tinyshakespeare.txt
 gunzip -c crates/trainer/data/tinyshakespeare.txt.gz > $data || exit 1
+# W6's and W8's corpus (docs/protocol-41.md), when carried: `experiment` checks its sha256.
+kjv=
+if [ -f target/kjv/kjv.txt.gz ]; then
+  gunzip -c target/kjv/kjv.txt.gz > /tmp/kjv.txt && kjv="--kjv /tmp/kjv.txt" || exit 1
+fi
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; sha256sum $B; } > "$OUT/gpu.txt"
 if [ "$torch" = 1 ]; then
   for lr in 1e-3 3e-3; do
@@ -39,7 +45,7 @@ for arms in "$@"; do
   left=$(( secs - ($(date +%s) - start) ))
   [ $left -gt 20 ] || break
   timeout $left $B --device cuda experiment --workloads "${WORKLOADS:-w1}" --arms "$arms" \
-    --out "$exp" --data $data ${EXTRA:-} >> "$OUT/exp.log" 2>&1
+    --out "$exp" --data $data $kjv ${EXTRA:-} >> "$OUT/exp.log" 2>&1
   echo "experiment $arms rc=$? at $(( $(date +%s) - start )) s" >> "$OUT/gpu.txt"
 done
 tar czf "$OUT/exp.tgz" -C "$(dirname "$exp")" "$(basename "$exp")"
