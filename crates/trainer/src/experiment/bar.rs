@@ -11,7 +11,8 @@
 //! seconds (probes, world model, snapshots, weight average) ≤ 5% of the run's training
 //! seconds, the mean over H41's seeds on every workload. Past the bar: H41 ≤ 1.0 × the schedule
 //! oracle wherever it ran. A part with no runs says so; a part met on some workloads only
-//! names the ones missing. Every cost is to the workload's target, a censored run at its
+//! names the ones missing; a control run on only some of its protocol seeds on a workload is
+//! left out of (iii) and (iv) there, and named. Every cost is to the workload's target, a censored run at its
 //! whole budget (`*` on a figure it enters).
 
 use super::analysis::{mean_cost, rate_oracle, schedule_oracle, target, MeanCost, Oracle, Runs};
@@ -107,6 +108,23 @@ fn missing_note(missing: &[Workload], what: &str) -> String {
     }
 }
 
+/// Whether every seed the protocol gives `arm` (1 to `protocol_seeds`) ran on a workload:
+/// `Some(true)` all, `Some(false)` some, `None` none. A control that ran on only some of its
+/// seeds stays out of the means over the workloads (the figures name it), so that an
+/// unfinished arm moves no verdict.
+fn all_seeds(runs: &Runs, arm: Arm) -> Option<bool> {
+    let ran = runs.get(&arm).filter(|r| !r.is_empty())?;
+    Some((1..=arm.protocol_seeds()).all(|s| ran.contains_key(&s)))
+}
+
+fn part_run_note(part: &[Workload]) -> String {
+    if part.is_empty() {
+        String::new()
+    } else {
+        format!(" (left out, not all its seeds ran: {part:?})")
+    }
+}
+
 /// Part (i).
 pub fn never_later(all: &[(Workload, Runs)]) -> Part {
     let (judged, mut missing) = judged(all);
@@ -197,13 +215,19 @@ pub fn near_the_oracles(all: &[(Workload, Runs)]) -> [Part; 2] {
 }
 
 /// Part (iii): per control, H41's and the control's mean passes over the workloads where both
-/// ran (the control at its best rate on each workload).
+/// ran (the control at its best rate on each workload; a workload where one of its rates ran
+/// on only some seeds is left out and named).
 pub fn rate_free(all: &[(Workload, Runs)]) -> Part {
     let (judged, _) = judged(all);
     let (mut vs, mut figs) = (Vec::new(), Vec::new());
     for (name, arms) in Arm::RATE_FREE_CONTROLS {
         let (mut h, mut c, mut on, mut cens) = (Vec::new(), Vec::new(), Vec::new(), false);
+        let mut part = Vec::new();
         for j in &judged {
+            if arms.iter().any(|a| all_seeds(j.runs, *a) == Some(false)) {
+                part.push(j.w);
+                continue;
+            }
             let best = (arms.iter())
                 .filter_map(|a| mean_cost(j.runs.get(a)?, j.target))
                 .reduce(|x, y| if y.backward < x.backward { y } else { x });
@@ -216,7 +240,7 @@ pub fn rate_free(all: &[(Workload, Runs)]) -> Part {
         }
         if on.is_empty() {
             vs.push(Verdict::NoData);
-            figs.push(format!("{name}: no runs"));
+            figs.push(format!("{name}: no runs{}", part_run_note(&part)));
             continue;
         }
         let (hm, cm) = (
@@ -229,8 +253,9 @@ pub fn rate_free(all: &[(Workload, Runs)]) -> Part {
             Verdict::Missed
         });
         figs.push(format!(
-            "{name}: H41 {hm:.0} vs {cm:.0} passes over {on:?}{}",
-            star(cens)
+            "{name}: H41 {hm:.0} vs {cm:.0} passes over {on:?}{}{}",
+            star(cens),
+            part_run_note(&part)
         ));
     }
     // Every control must be beaten: one without runs leaves the part unjudged.
@@ -247,14 +272,18 @@ pub fn rate_free(all: &[(Workload, Runs)]) -> Part {
 }
 
 /// Part (iv): per trivial predictor, H41's and the control's mean passes and seconds over the
-/// workloads where both ran; met when H41 is ≥ 10% below the control in either, for both.
+/// workloads where both ran (the control on all its seeds; part-run workloads are named);
+/// met when H41 is ≥ 10% below the control in either, for both.
 pub fn world_model_pays(all: &[(Workload, Runs)]) -> Part {
     let (judged, _) = judged(all);
     let (mut vs, mut figs) = (Vec::new(), Vec::new());
     for arm in Arm::TRIVIAL_PREDICTORS {
         let (mut h, mut c, mut on, mut cens) = (Vec::new(), Vec::new(), Vec::new(), false);
+        let mut part = Vec::new();
         for j in &judged {
-            if let Some(b) = j.runs.get(&arm).and_then(|r| mean_cost(r, j.target)) {
+            if all_seeds(j.runs, arm) == Some(false) {
+                part.push(j.w);
+            } else if let Some(b) = j.runs.get(&arm).and_then(|r| mean_cost(r, j.target)) {
                 h.push((j.h41.backward, j.h41.seconds));
                 c.push((b.backward, b.seconds));
                 on.push(j.w);
@@ -263,7 +292,7 @@ pub fn world_model_pays(all: &[(Workload, Runs)]) -> Part {
         }
         if on.is_empty() {
             vs.push(Verdict::NoData);
-            figs.push(format!("{}: no runs", arm.name()));
+            figs.push(format!("{}: no runs{}", arm.name(), part_run_note(&part)));
             continue;
         }
         let mean = |xs: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
@@ -274,10 +303,11 @@ pub fn world_model_pays(all: &[(Workload, Runs)]) -> Part {
         let ok = hp <= 0.9 * cp || hs <= 0.9 * cs;
         vs.push(if ok { Verdict::Met } else { Verdict::Missed });
         figs.push(format!(
-            "{}: passes {}, seconds {} over {on:?}",
+            "{}: passes {}, seconds {} over {on:?}{}",
             arm.name(),
             ratio(hp, cp, cens),
-            ratio(hs, cs, cens)
+            ratio(hs, cs, cens),
+            part_run_note(&part)
         ));
     }
     let verdict = match Verdict::all(&vs) {

@@ -154,6 +154,17 @@ fn rate_free_controls_at_their_best_rate() {
         "LR range test: no runs; Schedule-Free AdamW: H41 23 vs 10 passes over [W1, W2]*; \
          Prodigy: H41 23 vs 60 passes over [W1, W2]*"
     );
+    // Prodigy at ×3 on W2 for one seed only (10 passes): W2 leaves Prodigy's mean (its best
+    // rate there cannot be told yet), and the figure names it.
+    let mut partly = all(true, false);
+    (partly[1].1).insert(Arm::ProdigyTriple, seeds(vec![reaching_at(10)]));
+    assert!(
+        rate_free(&partly).figures.ends_with(
+            "Prodigy: H41 27 vs 60 passes over [W1]* (left out, not all its seeds ran: [W2])"
+        ),
+        "{}",
+        rate_free(&partly).figures
+    );
     assert_eq!(rate_free(&all(false, false)).verdict, Verdict::Incomplete);
     let p = rate_free(&all(false, true));
     assert_eq!(p.verdict, Verdict::Met, "{p:?}");
@@ -226,6 +237,31 @@ fn part_iv_needs_ten_percent_against_both_trivial_predictors() {
         p.figures,
         "hybrid, predictor: last measured s*: passes 0.67×*, seconds 0.67×* over [W1]; \
          hybrid, predictor: power law of progress: passes 1.00×*, seconds 1.00×* over [W1]"
+    );
+    // A second workload where the power-law control ran seed 1 only (10 passes, 1 s: it
+    // would move the mean) stays out of the power-law figures and is named there.
+    let mut partly = both.to_vec();
+    partly.push((
+        Workload::W4,
+        runs(vec![
+            (Arm::HybridLastValue, last()),
+            (Arm::HybridPowerLaw, seeds(vec![reaching_at(10)])),
+        ]),
+    ));
+    assert_eq!(
+        world_model_pays(&partly).figures,
+        "hybrid, predictor: last measured s*: passes 0.67×*, seconds 0.67×* over [W1, W4]; \
+         hybrid, predictor: power law of progress: passes 1.00×*, seconds 1.00×* over [W1] \
+         (left out, not all its seeds ran: [W4])"
+    );
+    let only_part = [(
+        Workload::W1,
+        runs(vec![(Arm::HybridPowerLaw, seeds(vec![reaching_at(10)]))]),
+    )];
+    assert_eq!(
+        world_model_pays(&only_part).figures,
+        "hybrid, predictor: last measured s*: no runs; hybrid, predictor: power law of \
+         progress: no runs (left out, not all its seeds ran: [W1])"
     );
     let one = [(Workload::W1, runs(vec![(Arm::HybridLastValue, last())]))];
     assert_eq!(world_model_pays(&one).verdict, Verdict::Incomplete);
