@@ -12,8 +12,8 @@
 //! seconds, the mean over H41's seeds on every workload. Past the bar: H41 ≤ 1.0 × the schedule
 //! oracle wherever it ran. A part with no runs says so; a part met on some workloads only
 //! names the ones missing; a control run on only some of its protocol seeds on a workload is
-//! left out of (iii) and (iv) there, and named. Every cost is to the workload's target, a censored run at its
-//! whole budget (`*` on a figure it enters).
+//! left out of (iii) and (iv) there, and named. Every cost is to the workload's target, a
+//! censored run at its whole budget (`*` on a figure it enters).
 
 use super::analysis::{mean_cost, rate_oracle, schedule_oracle, target, MeanCost, Oracle, Runs};
 use super::protocol::{Arm, Workload};
