@@ -263,6 +263,15 @@ fn part_iv_needs_ten_percent_against_both_trivial_predictors() {
         "hybrid, predictor: last measured s*: no runs; hybrid, predictor: power law of \
          progress: no runs (left out, not all its seeds ran: [W1])"
     );
+    // Three seeds that are not the protocol's 1 to 3 (2, 3 and 4) are not all its seeds either.
+    let shifted: BTreeMap<u64, RunCurve> = (2..).zip(vec![reaching_at(10); 3]).collect();
+    let off = [(Workload::W1, runs(vec![(Arm::HybridPowerLaw, shifted)]))];
+    assert!(
+        (world_model_pays(&off).figures)
+            .ends_with("power law of progress: no runs (left out, not all its seeds ran: [W1])"),
+        "{}",
+        world_model_pays(&off).figures
+    );
     let one = [(Workload::W1, runs(vec![(Arm::HybridLastValue, last())]))];
     assert_eq!(world_model_pays(&one).verdict, Verdict::Incomplete);
     let none = [(Workload::W1, runs(vec![]))];
