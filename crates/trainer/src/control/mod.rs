@@ -55,7 +55,8 @@ pub struct ControlConfig {
     /// the greedy optimum, against the line search's short-horizon bias: a step size chosen
     /// for the loss a segment later is smaller than the one that is best over the run (Wu et
     /// al. 2018), and once the loss flattens the averaged line search answers 0.7–0.85 at
-    /// every rate (docs/results.md), which would otherwise anneal the rate early.
+    /// every rate (issue 29's runs: `git show a376a86:docs/results.md`), which would
+    /// otherwise anneal the rate early.
     pub aim: f32,
     /// `s*` is clamped to `[1/max_change, max_change]` (> 1).
     pub max_change: f32,
