@@ -7,7 +7,7 @@
 #   strip -o /tmp/ht target/release/hybrid-trainer && xz -6 -c /tmp/ht > target/expcall/hybrid-trainer.xz
 # (`scripts/experiment-prepare.sh` does this, the corpus and the curves so far, on a fresh checkout;
 # issue 41's runs: bffda6b's build; with rustc 1.95.0 its stripped binary's sha256 is
-# 4ddcc3d491796e418e8795fe250365d68814df3065e2df0fa12c50ee42ff453f, printed into gpu.txt).
+# 4ddcc3d491796e418e8795fe250365d68814df3065e2df0fa12c50ee42ff453f, printed into gpu.txt),
 # and carry target/expcall, target/kjv (W6's and W8's corpus, kjv.txt.gz, given as --kjv when
 # present) and the curves so far (EXP, default target/exp: a run whose curve
 # exists is not run again). On the GPU machine, from the repository root:
