@@ -125,3 +125,51 @@ fn an_experiment_whose_runs_fail_exits_with_an_error() {
         "{err}"
     );
 }
+
+#[test]
+fn a_fifo_in_place_of_a_curve_is_refused_or_skipped_not_read() {
+    // The experiment reads the curves under --out: to skip runs already made, and for the
+    // report. A FIFO there used to block the read forever.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("runs");
+    std::fs::create_dir_all(out.join("w5")).unwrap();
+    let curve = out.join("w5").join("adamw-seed1.json");
+    mkfifo(&curve);
+    let data = tmp.path().join("corpus.txt");
+    std::fs::write(&data, "to be or not to be ".repeat(200)).unwrap();
+    let (data, o) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let run = [
+        "experiment",
+        "--workloads",
+        "w5",
+        "--arms",
+        "adamw",
+        "--seeds",
+        "1",
+        "--data",
+        data,
+        "--out",
+        o,
+    ];
+    let err = cli_err(&run);
+    let c = curve.display().to_string();
+    assert!(
+        err.contains(&format!("curve {c} is not a regular file")),
+        "{err}"
+    );
+    let report = tmp.path().join("report.md");
+    let r = report.to_str().unwrap();
+    let out = Command::new(binary())
+        .args(["--device", "cpu"])
+        .args(run)
+        .args(["--report", r])
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .success();
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(
+        err.contains(&format!("curve {c} is not a regular file")),
+        "{err}"
+    );
+    assert!(report.exists());
+}

@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use protocol::{Arm, Corpus, Given, Workload};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use tensor_ops::fsio;
 
 /// The experiment's flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -69,8 +70,14 @@ pub fn load(out: &Path, w: Workload, arms: &[Arm], seeds: &[u64]) -> analysis::R
     for &arm in arms {
         for &seed in seeds {
             let p = curve_path(out, w, arm, seed);
-            let Ok(text) = std::fs::read_to_string(&p) else {
-                continue;
+            // Bounded, and never a FIFO or a device: a curve is a small regular file.
+            let text = match fsio::read_to_string(&p, "curve", fsio::JSON_MAX) {
+                Ok(text) => text,
+                Err(e) if e.is_missing() => continue,
+                Err(e) => {
+                    eprintln!("{e} (skipped)");
+                    continue;
+                }
             };
             match serde_json::from_str::<RunCurve>(&text) {
                 Ok(c) => {
@@ -215,11 +222,10 @@ fn seeds(a: &ExperimentArgs) -> Vec<u64> {
 
 /// A curve already there must have run at the rate the protocol gives its arm now (W7's is
 /// given when the experiment runs: a curve of another rate would be counted as this one's).
-/// An unreadable curve is left to the report, which skips it.
+/// A curve that does not parse is left to the report, which skips it; a path that is not a
+/// regular file of a curve's size (a FIFO, a device, a directory) is refused before any run.
 fn same_rate(path: &Path, lr: f32) -> Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(());
-    };
+    let text = fsio::read_to_string(path, "curve", fsio::JSON_MAX)?;
     let Ok(c) = serde_json::from_str::<RunCurve>(&text) else {
         return Ok(());
     };
