@@ -173,3 +173,46 @@ fn a_fifo_in_place_of_a_curve_is_refused_or_skipped_not_read() {
     );
     assert!(report.exists());
 }
+
+#[test]
+fn a_fifo_or_device_as_an_output_is_refused_not_opened() {
+    // Opening a FIFO for writing blocks until a reader comes: outputs are checked first.
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("out.fifo");
+    mkfifo(&fifo);
+    let f = fifo.display().to_string();
+    let out = tmp.path().join("runs");
+    let o = out.to_str().unwrap();
+    let err = cli_err(&[
+        "experiment",
+        "--workloads",
+        "w5",
+        "--out",
+        o,
+        "--report",
+        &f,
+    ]);
+    assert!(
+        err.contains(&format!("report {f} is not a regular file")),
+        "{err}"
+    );
+    let data = tmp.path().join("corpus.txt");
+    std::fs::write(&data, "to be or not to be ".repeat(200)).unwrap();
+    let d = data.to_str().unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    let report = out.join("report.md");
+    mkfifo(&report);
+    let err = cli_err(&["--out", o, "--data", d]);
+    let r = report.display().to_string();
+    assert!(
+        err.contains(&format!("report {r} is not a regular file")),
+        "{err}"
+    );
+    for curve in [f.as_str(), "/dev/null"] {
+        let err = cli_err(&["train-gpt", "--data", d, "--curve", curve]);
+        assert!(
+            err.contains(&format!("curve {curve} is not a regular file")),
+            "{err}"
+        );
+    }
+}

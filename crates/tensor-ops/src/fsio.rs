@@ -4,7 +4,9 @@
 //! "missing". The kind of file is checked on the path's metadata (following symlinks) before
 //! it is opened, and again on the opened descriptor (opened non-blocking, so a FIFO swapped in
 //! between cannot block the open), and a read stops one byte past the limit, so a file that
-//! grows after the check is refused too.
+//! grows after the check is refused too. Writing (`write`) is the same the other way round: a
+//! FIFO or device at the destination is refused, never opened, and the bytes go to a temporary
+//! file beside it that is renamed over it, so a failed write leaves no partial file.
 
 use std::fs::{File, Metadata};
 use std::io::Read;
@@ -45,6 +47,12 @@ pub enum FileError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot write {what} {path}: {source}")]
+    Write {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl FileError {
@@ -57,7 +65,8 @@ impl FileError {
             | Self::NotDirectory { path, .. }
             | Self::TooLarge { path, .. }
             | Self::NotUtf8 { path, .. }
-            | Self::Io { path, .. } => path,
+            | Self::Io { path, .. }
+            | Self::Write { path, .. } => path,
         }
     }
 
@@ -162,3 +171,51 @@ pub fn read_to_string(path: &Path, what: &'static str, limit: u64) -> Result<Str
         path: path.to_path_buf(),
     })
 }
+
+/// Writes `bytes` to `path` whole or not at all: a destination that exists must be a regular
+/// file (symlinks followed: the file it points to is replaced), else the typed refusal before
+/// anything is written; the bytes go to a temporary file in the same directory, renamed over
+/// the destination once complete, and removed if any step fails.
+pub fn write(path: &Path, what: &'static str, bytes: &[u8]) -> Result<(), FileError> {
+    let target = if check_destination(path, what)? {
+        std::fs::canonicalize(path).map_err(|source| write_err(path, what, source))?
+    } else {
+        path.to_path_buf()
+    };
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = target.file_name().unwrap_or_default().to_string_lossy();
+    // Unique within the process too, so that two threads writing one path do not share it.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}-{n}.tmp", std::process::id()));
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &target));
+    written.map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        write_err(path, what, source)
+    })
+}
+
+/// Checks that `write` may write `path` (missing, or a regular file: symlinks followed), so
+/// that a run can refuse a bad destination before it starts; returns whether it exists.
+pub fn check_destination(path: &Path, what: &'static str) -> Result<bool, FileError> {
+    match std::fs::metadata(path) {
+        Ok(meta) => regular(&meta, path, what).map(|_| true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(write_err(path, what, source)),
+    }
+}
+
+fn write_err(path: &Path, what: &'static str, source: std::io::Error) -> FileError {
+    FileError::Write {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+#[cfg(all(test, unix))]
+#[path = "fsio_tests.rs"]
+mod tests;

@@ -202,8 +202,7 @@ fn data_file(a: &JobArgs) -> Result<(PathBuf, String)> {
         return Ok((p.clone(), p.display().to_string()));
     }
     let path = a.out.join("tinyshakespeare.txt");
-    std::fs::write(&path, corpus::default_corpus()?)
-        .with_context(|| format!("writing the corpus to {}", path.display()))?;
+    tensor_ops::fsio::write(&path, "corpus", corpus::default_corpus()?.as_bytes())?;
     Ok((path, corpus::DEFAULT_CORPUS_NAME.to_string()))
 }
 
@@ -284,6 +283,10 @@ fn train(device: Device, a: &JobArgs, mode: TrainMode, data: &Path) -> Result<Ru
 pub fn run(device: Device, a: &JobArgs) -> Result<Comparison> {
     check(a)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    // The report is written after both runs: a destination it cannot write is refused now.
+    for ext in ["md", "json", "png"] {
+        tensor_ops::fsio::check_destination(&a.out.join(format!("report.{ext}")), "report")?;
+    }
     let (data, corpus_name) = data_file(a)?;
     announce(device, a, &corpus_name);
     let t = std::time::Instant::now();

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use tensor_ops::fsio;
 
 /// The three files a report writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,11 +38,9 @@ pub(crate) fn write_three<T: Serialize>(
         png: dir.join(&png_name),
     };
     let json = serde_json::to_string_pretty(value).context("serialising the report")?;
-    std::fs::write(&paths.json, json + "\n")
-        .with_context(|| format!("writing {}", paths.json.display()))?;
+    fsio::write(&paths.json, "report", (json + "\n").as_bytes())?;
     plot(&paths.png)?;
-    std::fs::write(&paths.markdown, md(&png_name))
-        .with_context(|| format!("writing {}", paths.markdown.display()))?;
+    fsio::write(&paths.markdown, "report", md(&png_name).as_bytes())?;
     Ok(paths)
 }
 

@@ -244,7 +244,7 @@ fn shakespeare_path(a: &ExperimentArgs) -> Result<PathBuf> {
         Some(d) => d.clone(),
         None => {
             let p = a.out.join("tinyshakespeare.txt");
-            std::fs::write(&p, crate::corpus::default_corpus()?)?;
+            fsio::write(&p, "corpus", crate::corpus::default_corpus()?.as_bytes())?;
             p
         }
     })
@@ -289,9 +289,10 @@ fn one_run(exe: &Path, device: &str, job: &Job) -> Result<()> {
         .arg(&tmp)
         .output()
         .with_context(|| format!("starting {w:?} {} seed {seed}", arm.name()))?;
-    std::fs::write(
+    fsio::write(
         &log,
-        [out.stdout.as_slice(), out.stderr.as_slice()].concat(),
+        "log",
+        &[out.stdout.as_slice(), out.stderr.as_slice()].concat(),
     )?;
     if tmp.exists() {
         std::fs::rename(&tmp, path)?;
@@ -332,7 +333,7 @@ fn report(a: &ExperimentArgs, arms: &[Arm]) -> String {
 
 fn write_report(a: &ExperimentArgs, arms: &[Arm], path: &Path) -> Result<()> {
     let md = report(a, arms);
-    std::fs::write(path, md).with_context(|| format!("writing {}", path.display()))?;
+    fsio::write(path, "report", md.as_bytes())?;
     println!("wrote {}", path.display());
     Ok(())
 }

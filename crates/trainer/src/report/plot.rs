@@ -2,8 +2,6 @@
 //! DejaVu Sans (the `ab_glyph` feature, no system fonts), encoded with the `png` crate.
 //! Non-finite points are skipped; a single point or a flat curve still gets a non-zero axis range.
 
-use std::fs::File;
-use std::io::BufWriter;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -67,8 +65,8 @@ pub(super) fn render_sized(
 }
 
 fn write_png(path: &Path, width: u32, height: u32, rgb: &[u8]) -> Result<()> {
-    let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let mut encoder = png::Encoder::new(BufWriter::new(file), width, height);
+    let mut bytes = Vec::new();
+    let mut encoder = png::Encoder::new(&mut bytes, width, height);
     encoder.set_color(png::ColorType::Rgb);
     encoder.set_depth(png::BitDepth::Eight);
     encoder.set_compression(png::Compression::Best);
@@ -78,7 +76,8 @@ fn write_png(path: &Path, width: u32, height: u32, rgb: &[u8]) -> Result<()> {
         writer.write_image_data(rgb)?;
         writer.finish()
     };
-    write().with_context(|| format!("writing PNG {}", path.display()))
+    write().with_context(|| format!("encoding PNG {}", path.display()))?;
+    Ok(tensor_ops::fsio::write(path, "plot", &bytes)?)
 }
 
 /// Pads `[lo, hi]` so that it is never empty: 5 % each side, or ±10 % of the value (±1 at 0)

@@ -45,6 +45,10 @@ pub(super) fn prepare(a: &TrainArgs) -> Result<(Dataset, GptConfig)> {
             "--ema-decay: Schedule-Free AdamW is evaluated at its own average of the weights"
         );
     }
+    if let Some(curve) = &a.curve {
+        // Refused now, not after the run: the curve is written when training ends.
+        tensor_ops::fsio::check_destination(curve, "curve")?;
+    }
     let text = tensor_ops::fsio::read_to_string(&a.data, "corpus", tensor_ops::fsio::TEXT_MAX)?;
     let mut ds = Dataset::from_text(&text, 0.9)?;
     // Before building the model: a context longer than the corpus would otherwise size the

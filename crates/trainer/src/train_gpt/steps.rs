@@ -228,8 +228,8 @@ impl Trainer<'_> {
                 seconds: e.seconds,
             });
         if let (Some(path), true) = (&a.curve, self.main) {
-            std::fs::write(path, serde_json::to_string_pretty(&p.curve)?)
-                .with_context(|| format!("writing {}", path.display()))?;
+            let json = serde_json::to_string_pretty(&p.curve)?;
+            tensor_ops::fsio::write(path, "curve", json.as_bytes())?;
         }
         if let Some(why) = p.diverged {
             anyhow::bail!("{why}");
