@@ -47,6 +47,23 @@ fn cli_err(args: &[&str]) -> String {
     err
 }
 
+/// `experiment` for one run of W5 (AdamW, seed 1) on `data`, curves under `out`.
+fn w5_adamw_seed1<'a>(data: &'a str, out: &'a str) -> [&'a str; 11] {
+    [
+        "experiment",
+        "--workloads",
+        "w5",
+        "--arms",
+        "adamw",
+        "--seeds",
+        "1",
+        "--data",
+        data,
+        "--out",
+        out,
+    ]
+}
+
 #[test]
 fn a_bad_model_directory_is_named() {
     let tmp = tempfile::tempdir().unwrap();
@@ -106,19 +123,7 @@ fn an_experiment_whose_runs_fail_exits_with_an_error() {
     std::fs::write(&data, "").unwrap();
     let out = tmp.path().join("runs");
     let (data, out) = (data.to_str().unwrap(), out.to_str().unwrap());
-    let err = cli_err(&[
-        "experiment",
-        "--workloads",
-        "w5",
-        "--arms",
-        "adamw",
-        "--seeds",
-        "1",
-        "--data",
-        data,
-        "--out",
-        out,
-    ]);
+    let err = cli_err(&w5_adamw_seed1(data, out));
     assert!(err.contains("1 of 1 runs failed"), "{err}");
     assert!(
         err.contains("W5 AdamW seed 1") || err.contains("seed 1"),
@@ -138,19 +143,7 @@ fn a_fifo_in_place_of_a_curve_is_refused_or_skipped_not_read() {
     let data = tmp.path().join("corpus.txt");
     std::fs::write(&data, "to be or not to be ".repeat(200)).unwrap();
     let (data, o) = (data.to_str().unwrap(), out.to_str().unwrap());
-    let run = [
-        "experiment",
-        "--workloads",
-        "w5",
-        "--arms",
-        "adamw",
-        "--seeds",
-        "1",
-        "--data",
-        data,
-        "--out",
-        o,
-    ];
+    let run = w5_adamw_seed1(data, o);
     let err = cli_err(&run);
     let c = curve.display().to_string();
     assert!(
