@@ -64,6 +64,13 @@ fn w5_adamw_seed1<'a>(data: &'a str, out: &'a str) -> [&'a str; 11] {
     ]
 }
 
+/// A short text corpus written into `dir`.
+fn small_corpus(dir: &Path) -> std::path::PathBuf {
+    let data = dir.join("corpus.txt");
+    std::fs::write(&data, "to be or not to be ".repeat(200)).unwrap();
+    data
+}
+
 #[test]
 fn a_bad_model_directory_is_named() {
     let tmp = tempfile::tempdir().unwrap();
@@ -140,8 +147,7 @@ fn a_fifo_in_place_of_a_curve_is_refused_or_skipped_not_read() {
     std::fs::create_dir_all(out.join("w5")).unwrap();
     let curve = out.join("w5").join("adamw-seed1.json");
     mkfifo(&curve);
-    let data = tmp.path().join("corpus.txt");
-    std::fs::write(&data, "to be or not to be ".repeat(200)).unwrap();
+    let data = small_corpus(tmp.path());
     let (data, o) = (data.to_str().unwrap(), out.to_str().unwrap());
     let run = w5_adamw_seed1(data, o);
     let err = cli_err(&run);
@@ -189,8 +195,7 @@ fn a_fifo_or_device_as_an_output_is_refused_not_opened() {
         err.contains(&format!("report {f} is not a regular file")),
         "{err}"
     );
-    let data = tmp.path().join("corpus.txt");
-    std::fs::write(&data, "to be or not to be ".repeat(200)).unwrap();
+    let data = small_corpus(tmp.path());
     let d = data.to_str().unwrap();
     std::fs::create_dir_all(&out).unwrap();
     let report = out.join("report.md");

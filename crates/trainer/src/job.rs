@@ -16,6 +16,9 @@ use gpu_core::Device;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// The report's file stem under `--out` (`report.md`, `report.json`, `report.png`).
+const REPORT_STEM: &str = "report";
+
 /// The main job's flags. The defaults are a small GPT (4 layers × 4 heads × width 128,
 /// context 64, batch 12, no dropout) trained for 600 steps in fp32, evaluated every 25 steps
 /// on 10 fixed validation batches: about [`DEFAULT_CPU_SECONDS`] a run on 2 CPU cores.
@@ -284,9 +287,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<Comparison> {
     check(a)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     // The report is written after both runs: a destination it cannot write is refused now.
-    for ext in ["md", "json", "png"] {
-        tensor_ops::fsio::check_destination(&a.out.join(format!("report.{ext}")), "report")?;
-    }
+    crate::report::ReportPaths::new(&a.out, REPORT_STEM).check()?;
     let (data, corpus_name) = data_file(a)?;
     announce(device, a, &corpus_name);
     let t = std::time::Instant::now();
@@ -300,7 +301,7 @@ pub fn run(device: Device, a: &JobArgs) -> Result<Comparison> {
         adamw,
         hybrid,
     );
-    let paths = compare::write_comparison(&a.out, "report", &cmp)?;
+    let paths = compare::write_comparison(&a.out, REPORT_STEM, &cmp)?;
     println!();
     for line in cmp.summary_lines() {
         println!("{line}");

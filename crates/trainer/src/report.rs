@@ -20,6 +20,26 @@ pub struct ReportPaths {
     pub png: PathBuf,
 }
 
+impl ReportPaths {
+    /// `<dir>/<stem>.md`, `.json` and `.png`.
+    pub fn new(dir: &Path, stem: &str) -> Self {
+        Self {
+            markdown: dir.join(format!("{stem}.md")),
+            json: dir.join(format!("{stem}.json")),
+            png: dir.join(format!("{stem}.png")),
+        }
+    }
+
+    /// Refuses a destination the report could not write (a FIFO, device or directory), so that
+    /// a job refuses it before it runs rather than after.
+    pub fn check(&self) -> Result<(), fsio::FileError> {
+        for p in [&self.markdown, &self.json, &self.png] {
+            fsio::check_destination(p, "report")?;
+        }
+        Ok(())
+    }
+}
+
 /// Writes `<dir>/<stem>.json` (`value`, pretty), `<stem>.png` (`plot`) and `<stem>.md`
 /// (`md`, given the PNG's file name to link); creates `dir`.
 pub(crate) fn write_three<T: Serialize>(
@@ -32,11 +52,7 @@ pub(crate) fn write_three<T: Serialize>(
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating report directory {}", dir.display()))?;
     let png_name = format!("{stem}.png");
-    let paths = ReportPaths {
-        markdown: dir.join(format!("{stem}.md")),
-        json: dir.join(format!("{stem}.json")),
-        png: dir.join(&png_name),
-    };
+    let paths = ReportPaths::new(dir, stem);
     let json = serde_json::to_string_pretty(value).context("serialising the report")?;
     fsio::write(&paths.json, "report", (json + "\n").as_bytes())?;
     plot(&paths.png)?;
