@@ -214,3 +214,55 @@ fn a_fifo_or_device_as_an_output_is_refused_not_opened() {
         );
     }
 }
+
+#[test]
+fn a_lying_curve_is_named_and_left_out_of_the_report() {
+    // A curve whose evaluations run backwards (hand-edited, or two files spliced) used to be
+    // costed at its first listed evaluation below the target: its last step's. A curve whose
+    // seed is not its name's would be counted as another seed.
+    let committed = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/results-curves/issue41/w5/adamw-seed1.json"
+    );
+    let text = std::fs::read_to_string(committed).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("runs");
+    std::fs::create_dir_all(out.join("w5")).unwrap();
+    let mut reversed: serde_json::Value = serde_json::from_str(&text).unwrap();
+    reversed["evals"].as_array_mut().unwrap().reverse();
+    let seed1 = out.join("w5").join("adamw-seed1.json");
+    std::fs::write(&seed1, reversed.to_string()).unwrap();
+    let seed2 = out.join("w5").join("adamw-seed2.json");
+    std::fs::write(&seed2, &text).unwrap();
+    // Seed 3 as it was written: the only run the report may count.
+    let seed3 = out.join("w5").join("adamw-seed3.json");
+    std::fs::copy(committed.replace("seed1", "seed3"), &seed3).unwrap();
+    let report = tmp.path().join("report.md");
+    let (o, r) = (out.to_str().unwrap(), report.to_str().unwrap());
+    let args = [
+        "experiment",
+        "--workloads",
+        "w5",
+        "--arms",
+        "adamw",
+        "--out",
+        o,
+    ];
+    let run = Command::new(binary())
+        .args(["--device", "cpu"])
+        .args(args)
+        .args(["--report", r])
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .success();
+    let err = String::from_utf8_lossy(&run.get_output().stderr).into_owned();
+    let named = |p: &Path, why: &str| err.contains(&format!("{}: {why}", p.display()));
+    assert!(named(&seed1, "evaluation 1: iter"), "{err}");
+    assert!(named(&seed2, "its seed is 1, its name says 2"), "{err}");
+    let md = std::fs::read_to_string(&report).unwrap();
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| adamw |"))
+        .unwrap_or_else(|| panic!("{md}"));
+    assert!(row.contains("| 1/1 |"), "{row}");
+}

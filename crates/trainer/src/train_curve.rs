@@ -103,6 +103,147 @@ pub struct Spent {
     pub forward: u64,
 }
 
+/// Why a curve file cannot be what `train-gpt` wrote (a hand-edited, corrupted or lying file):
+/// the analysis reads the evaluations in order and would cost such a run wrongly.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CurveError {
+    #[error(
+        "evaluation {index}: {field} {value} goes back from the previous evaluation's {previous}"
+    )]
+    OutOfOrder {
+        index: usize,
+        field: &'static str,
+        value: f64,
+        previous: f64,
+    },
+    #[error("evaluation {index}: {field} is {value}, not {what}")]
+    BadEval {
+        index: usize,
+        field: &'static str,
+        value: f64,
+        what: &'static str,
+    },
+    #[error("evaluation {index} is at step {iter}, past the run's {iters} steps")]
+    PastTheEnd { index: usize, iter: u32, iters: u32 },
+    #[error("{field} is {value}, not {what}")]
+    BadRun {
+        field: &'static str,
+        value: f64,
+        what: &'static str,
+    },
+}
+
+const POSITIVE: &str = "a positive finite number";
+const SECONDS: &str = "a finite number of seconds ≥ 0";
+const LOSS: &str = "a loss ≥ 0 (or null)";
+
+impl RunCurve {
+    /// Checks what the analysis relies on: positive finite rates, finite non-negative seconds
+    /// (the evaluations' within the total), and evaluations in step order whose counters and
+    /// seconds never go back, at most at the run's last step, with losses ≥ 0 or NaN (`null`:
+    /// a diverged run's).
+    pub fn check(&self) -> Result<(), CurveError> {
+        let run = |field, value: f64, ok: bool, what| match ok {
+            true => Ok(()),
+            false => Err(CurveError::BadRun { field, value, what }),
+        };
+        for (field, lr) in [("given_lr", self.given_lr), ("peak_lr", self.peak_lr)] {
+            run(field, lr as f64, lr.is_finite() && lr > 0.0, POSITIVE)?;
+        }
+        for (field, s) in [
+            ("total_seconds", self.total_seconds),
+            ("eval_seconds", self.eval_seconds),
+        ] {
+            run(field, s, s.is_finite() && s >= 0.0, SECONDS)?;
+        }
+        let within = self.eval_seconds <= self.total_seconds;
+        run(
+            "eval_seconds",
+            self.eval_seconds,
+            within,
+            "within total_seconds",
+        )?;
+        for (index, e) in self.evals.iter().enumerate() {
+            e.check(index)?;
+            if e.iter > self.iters {
+                let iters = self.iters;
+                return Err(CurveError::PastTheEnd {
+                    index,
+                    iter: e.iter,
+                    iters,
+                });
+            }
+            let Some(prev) = index.checked_sub(1).map(|i| &self.evals[i]) else {
+                continue;
+            };
+            let pairs = [
+                ("iter", e.iter as f64, prev.iter as f64, e.iter > prev.iter),
+                (
+                    "backward",
+                    e.backward as f64,
+                    prev.backward as f64,
+                    e.backward >= prev.backward,
+                ),
+                (
+                    "forward",
+                    e.forward as f64,
+                    prev.forward as f64,
+                    e.forward >= prev.forward,
+                ),
+                (
+                    "seconds",
+                    e.seconds,
+                    prev.seconds,
+                    e.seconds >= prev.seconds,
+                ),
+            ];
+            if let Some(&(field, value, previous, _)) = pairs.iter().find(|p| !p.3) {
+                return Err(CurveError::OutOfOrder {
+                    index,
+                    field,
+                    value,
+                    previous,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl EvalPoint {
+    fn check(&self, index: usize) -> Result<(), CurveError> {
+        let bad = |field, value: f32, what| CurveError::BadEval {
+            index,
+            field,
+            value: value as f64,
+            what,
+        };
+        if !(self.seconds.is_finite() && self.seconds >= 0.0) {
+            let (field, value, what) = ("seconds", self.seconds, SECONDS);
+            return Err(CurveError::BadEval {
+                index,
+                field,
+                value,
+                what,
+            });
+        }
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(bad("lr", self.lr, "a finite rate ≥ 0"));
+        }
+        for (field, loss) in [
+            ("train", self.train),
+            ("val", self.val),
+            ("ema_val", self.ema_val),
+        ] {
+            // NaN is a loss not taken or not finite (`null`); anything else is a number ≥ 0.
+            if !(loss.is_nan() || (loss.is_finite() && loss >= 0.0)) {
+                return Err(bad(field, loss, LOSS));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 impl RunCurve {
     /// A hand-made run for tests: evaluations `vals` every 10 steps (10 backward and forward
@@ -176,5 +317,107 @@ mod tests {
         let with = EvalPoint { ema_val: 1.25, ..p };
         let text = serde_json::to_string(&with).unwrap();
         assert!(text.contains("\"ema_val\":1.25"), "{text}");
+    }
+
+    /// A curve as `train-gpt` writes it: 3 evaluations of a 20-step run.
+    fn written() -> RunCurve {
+        RunCurve {
+            given_lr: 1e-3,
+            peak_lr: 1e-3,
+            iters: 20,
+            total_seconds: 3.0,
+            eval_seconds: 1.0,
+            ..RunCurve::every_ten_passes(&[2.0, 1.5, 1.25], 0.5)
+        }
+    }
+
+    #[test]
+    fn a_written_curve_and_a_diverged_one_pass_the_check() {
+        assert_eq!(written().check(), Ok(()));
+        let mut diverged = written();
+        diverged.evals[2].val = f32::NAN;
+        diverged.evals[2].train = f32::NAN;
+        assert_eq!(diverged.check(), Ok(()));
+        assert_eq!(
+            RunCurve {
+                evals: vec![],
+                ..written()
+            }
+            .check(),
+            Ok(())
+        );
+    }
+
+    /// Every way a hand-edited or corrupted curve could make the analysis cost a run wrongly
+    /// is refused, naming the evaluation and the field.
+    #[test]
+    fn a_lying_curve_is_refused_by_name() {
+        type Edit = fn(&mut RunCurve);
+        let cases: [(Edit, &str); 12] = [
+            (|c| c.evals.reverse(), "evaluation 1: iter 10 goes back"),
+            (|c| c.evals[1].iter = 0, "evaluation 1: iter 0 goes back"),
+            (
+                |c| c.evals[2].backward = 5,
+                "evaluation 2: backward 5 goes back",
+            ),
+            (
+                |c| c.evals[2].forward = 0,
+                "evaluation 2: forward 0 goes back",
+            ),
+            (
+                |c| c.evals[2].seconds = 0.1,
+                "evaluation 2: seconds 0.1 goes back",
+            ),
+            (
+                |c| c.evals[0].seconds = f64::NAN,
+                "evaluation 0: seconds is NaN",
+            ),
+            (|c| c.evals[1].val = -0.5, "evaluation 1: val is -0.5"),
+            (
+                |c| c.evals[1].ema_val = f32::NEG_INFINITY,
+                "evaluation 1: ema_val is -inf",
+            ),
+            (|c| c.evals[0].lr = -1e-3, "evaluation 0: lr is -0.0010"),
+            (
+                |c| c.iters = 10,
+                "evaluation 2 is at step 20, past the run's 10 steps",
+            ),
+            (
+                |c| c.eval_seconds = 4.0,
+                "eval_seconds is 4, not within total_seconds",
+            ),
+            (
+                |c| c.peak_lr = 0.0,
+                "peak_lr is 0, not a positive finite number",
+            ),
+        ];
+        for (edit, want) in cases {
+            let mut c = written();
+            edit(&mut c);
+            let err = c.check().expect_err(want).to_string();
+            assert!(
+                err.starts_with(want),
+                "{err:?} does not start with {want:?}"
+            );
+        }
+    }
+
+    /// The curves behind `docs/results.md` are what `train-gpt` wrote: all pass.
+    #[test]
+    fn the_committed_curves_pass_the_check() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/results-curves/issue41/w5"
+        );
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let c: RunCurve = serde_json::from_str(&text).unwrap();
+            c.check()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+        assert!(n >= 90, "{n} curves in {dir}");
     }
 }

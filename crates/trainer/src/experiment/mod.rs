@@ -79,7 +79,14 @@ pub fn load(out: &Path, w: Workload, arms: &[Arm], seeds: &[u64]) -> analysis::R
                     continue;
                 }
             };
-            match serde_json::from_str::<RunCurve>(&text) {
+            // A curve that is not what `train-gpt` wrote is named and left out, never costed.
+            let checked = serde_json::from_str::<RunCurve>(&text)
+                .map_err(|e| e.to_string())
+                .and_then(|c| match c.seed == seed {
+                    true => c.check().map(|()| c).map_err(|e| e.to_string()),
+                    false => Err(format!("its seed is {}, its name says {seed}", c.seed)),
+                });
+            match checked {
                 Ok(c) => {
                     runs.entry(arm).or_default().insert(seed, c);
                 }
