@@ -218,8 +218,8 @@ fn a_fifo_or_device_as_an_output_is_refused_not_opened() {
 #[test]
 fn a_lying_curve_is_named_and_left_out_of_the_report() {
     // A curve whose evaluations run backwards (hand-edited, or two files spliced) used to be
-    // costed at its first listed evaluation below the target: its last step's. A curve whose
-    // seed is not its name's would be counted as another seed.
+    // costed at its first listed evaluation below the target: its last step's. A curve of
+    // another seed, mode or rate than its name's would be counted as that run.
     let committed = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../docs/results-curves/issue41/w5/adamw-seed1.json"
@@ -237,6 +237,11 @@ fn a_lying_curve_is_named_and_left_out_of_the_report() {
     // Seed 3 as it was written: the only run the report may count.
     let seed3 = out.join("w5").join("adamw-seed3.json");
     std::fs::copy(committed.replace("seed1", "seed3"), &seed3).unwrap();
+    // Another arm's runs under this arm's names: H41's seed 4, AdamW's seed 1 as AdamW at 2×.
+    let seed4 = out.join("w5").join("adamw-seed4.json");
+    std::fs::copy(committed.replace("adamw-seed1", "hybrid-seed4"), &seed4).unwrap();
+    let double = out.join("w5").join("adamwdouble-seed1.json");
+    std::fs::write(&double, &text).unwrap();
     let report = tmp.path().join("report.md");
     let (o, r) = (out.to_str().unwrap(), report.to_str().unwrap());
     let args = [
@@ -244,7 +249,7 @@ fn a_lying_curve_is_named_and_left_out_of_the_report() {
         "--workloads",
         "w5",
         "--arms",
-        "adamw",
+        "adamw,adamw-double",
         "--out",
         o,
     ];
@@ -259,6 +264,14 @@ fn a_lying_curve_is_named_and_left_out_of_the_report() {
     let named = |p: &Path, why: &str| err.contains(&format!("{}: {why}", p.display()));
     assert!(named(&seed1, "evaluation 1: iter"), "{err}");
     assert!(named(&seed2, "its seed is 1, its name says 2"), "{err}");
+    assert!(
+        named(&seed4, "its mode is hybrid, adamw runs adamw"),
+        "{err}"
+    );
+    assert!(
+        named(&double, "its rate is 1e-3, adamw-x2 runs 2e-3"),
+        "{err}"
+    );
     let md = std::fs::read_to_string(&report).unwrap();
     let row = md
         .lines()

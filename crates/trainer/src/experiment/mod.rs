@@ -64,8 +64,8 @@ fn curve_path(out: &Path, w: Workload, arm: Arm, seed: u64) -> PathBuf {
         .join(format!("{}-seed{seed}.json", arm.key()))
 }
 
-/// Every curve under `out` for `w`.
-pub fn load(out: &Path, w: Workload, arms: &[Arm], seeds: &[u64]) -> analysis::Runs {
+/// Every curve under `out` for `w` that is the run its name says (`given`: W7's rate).
+pub fn load(out: &Path, w: Workload, arms: &[Arm], seeds: &[u64], given: Given) -> analysis::Runs {
     let mut runs = analysis::Runs::new();
     for &arm in arms {
         for &seed in seeds {
@@ -79,14 +79,11 @@ pub fn load(out: &Path, w: Workload, arms: &[Arm], seeds: &[u64]) -> analysis::R
                     continue;
                 }
             };
-            // A curve that is not what `train-gpt` wrote is named and left out, never costed.
-            let checked = serde_json::from_str::<RunCurve>(&text)
+            // A curve that is not what `train-gpt` wrote for this run is named, never costed.
+            match serde_json::from_str::<RunCurve>(&text)
                 .map_err(|e| e.to_string())
-                .and_then(|c| match c.seed == seed {
-                    true => c.check().map(|()| c).map_err(|e| e.to_string()),
-                    false => Err(format!("its seed is {}, its name says {seed}", c.seed)),
-                });
-            match checked {
+                .and_then(|c| this_run(c, w, arm, seed, given))
+            {
                 Ok(c) => {
                     runs.entry(arm).or_default().insert(seed, c);
                 }
@@ -95,6 +92,46 @@ pub fn load(out: &Path, w: Workload, arms: &[Arm], seeds: &[u64]) -> analysis::R
         }
     }
     runs
+}
+
+/// `c` if it is a curve `train-gpt` could have written (`RunCurve::check`) for `arm`'s run of
+/// `seed` on `w`: its seed, mode, optimizer and given rate (where the protocol knows it: W7's
+/// only once given) the run's; else why not.
+fn this_run(
+    c: RunCurve,
+    w: Workload,
+    arm: Arm,
+    seed: u64,
+    given: Given,
+) -> Result<RunCurve, String> {
+    c.check().map_err(|e| e.to_string())?;
+    let flag = |args: &[String], name: &str| {
+        let at = args.iter().position(|a| a == name)?;
+        args.get(at + 1).cloned()
+    };
+    if c.seed != seed {
+        return Err(format!("its seed is {}, its name says {seed}", c.seed));
+    }
+    let wrong = |what: &str, is: &str, want: &str| {
+        Err(format!("its {what} is {is}, {} runs {want}", arm.name()))
+    };
+    // The run's flags, where the protocol can give them (W7's need its rate).
+    if let Ok(args) = w.args(arm, seed, given) {
+        let mode = flag(&args, "--mode").unwrap_or_default();
+        let optimizer = flag(&args, "--optimizer").unwrap_or_else(|| "adamw".into());
+        if c.mode != mode {
+            return wrong("mode", &c.mode, &mode);
+        }
+        if c.optimizer != optimizer {
+            return wrong("optimizer", &c.optimizer, &optimizer);
+        }
+    }
+    match w.lr(arm, given) {
+        Ok(lr) if c.given_lr != lr => {
+            wrong("rate", &format!("{:e}", c.given_lr), &format!("{lr:e}"))
+        }
+        _ => Ok(c),
+    }
 }
 
 fn all_arms() -> Vec<Arm> {
@@ -193,7 +230,7 @@ fn plan(a: &ExperimentArgs, arms: &[Arm]) -> Result<Vec<Job>> {
                 }
                 let args = w.args(arm, seed, given)?;
                 if path.exists() {
-                    same_rate(&path, w.lr(arm, given)?)?;
+                    already_run(&path, w, arm, seed, given)?;
                     continue;
                 }
                 let data = match (w.corpus(), &kjv) {
@@ -227,22 +264,20 @@ fn seeds(a: &ExperimentArgs) -> Vec<u64> {
     }
 }
 
-/// A curve already there must have run at the rate the protocol gives its arm now (W7's is
-/// given when the experiment runs: a curve of another rate would be counted as this one's).
-/// A curve that does not parse is left to the report, which skips it; a path that is not a
-/// regular file of a curve's size (a FIFO, a device, a directory) is refused before any run.
-fn same_rate(path: &Path, lr: f32) -> Result<()> {
+/// A curve already there is not run again, so it must be this run's (`this_run`; W7's rate is
+/// given when the experiment runs: a curve of another rate would be counted as this one's),
+/// else the plan is refused before any run. A curve that does not parse is left to the report,
+/// which skips it; a path that is not a regular file of a curve's size (a FIFO, a device, a
+/// directory) is refused.
+fn already_run(path: &Path, w: Workload, arm: Arm, seed: u64, given: Given) -> Result<()> {
     let text = fsio::read_to_string(path, "curve", fsio::JSON_MAX)?;
     let Ok(c) = serde_json::from_str::<RunCurve>(&text) else {
         return Ok(());
     };
-    anyhow::ensure!(
-        c.given_lr == lr,
-        "{} ran at --lr {:e}, the protocol gives this run {lr:e}: move it away to run it again",
-        path.display(),
-        c.given_lr
-    );
-    Ok(())
+    match this_run(c, w, arm, seed, given) {
+        Ok(_) => Ok(()),
+        Err(why) => anyhow::bail!("{}: {why}: move it away to run it again", path.display()),
+    }
 }
 
 /// `--data`, or the embedded tinyshakespeare written into `--out`.
@@ -329,7 +364,8 @@ fn report(a: &ExperimentArgs, arms: &[Arm]) -> String {
     let mut md = String::new();
     let mut all = Vec::new();
     for &w in &a.workloads {
-        let runs = load(&a.out, w, arms, &seeds(a));
+        let given = Given { w7_lr: a.w7_lr };
+        let runs = load(&a.out, w, arms, &seeds(a), given);
         md.push_str(&analysis::table(w, &runs));
         md.push('\n');
         all.push((w, runs));
@@ -440,7 +476,12 @@ mod tests {
         // A curve there is not run again, unless it ran at another rate: refused.
         let curve = |lr: f32| {
             let c = RunCurve {
+                mode: "adamw".into(),
+                optimizer: "adamw".into(),
                 given_lr: lr,
+                peak_lr: lr,
+                seed: 1,
+                iters: 2000,
                 ..RunCurve::default()
             };
             std::fs::create_dir_all(out.join("w7")).unwrap();
@@ -450,6 +491,9 @@ mod tests {
         assert_eq!(planned(&a).unwrap().len(), jobs.len() - 1);
         curve(1e-3);
         let err = planned(&a).unwrap_err();
-        assert!(format!("{err:#}").contains("ran at --lr 1e-3"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("its rate is 1e-3, adamw runs 2e-3: move it away"),
+            "{err:#}"
+        );
     }
 }
