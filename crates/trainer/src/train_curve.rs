@@ -150,85 +150,54 @@ impl RunCurve {
         for (field, lr) in [("given_lr", self.given_lr), ("peak_lr", self.peak_lr)] {
             run(field, lr as f64, lr.is_finite() && lr > 0.0, POSITIVE)?;
         }
-        for (field, s) in [
-            ("total_seconds", self.total_seconds),
-            ("eval_seconds", self.eval_seconds),
-        ] {
-            run(field, s, s.is_finite() && s >= 0.0, SECONDS)?;
-        }
-        let within = self.eval_seconds <= self.total_seconds;
+        let (total, evals) = (self.total_seconds, self.eval_seconds);
+        run(
+            "total_seconds",
+            total,
+            total.is_finite() && total >= 0.0,
+            SECONDS,
+        )?;
         run(
             "eval_seconds",
-            self.eval_seconds,
-            within,
+            evals,
+            evals.is_finite() && evals >= 0.0,
+            SECONDS,
+        )?;
+        run(
+            "eval_seconds",
+            evals,
+            evals <= total,
             "within total_seconds",
         )?;
         for (index, e) in self.evals.iter().enumerate() {
-            e.check(index)?;
-            if e.iter > self.iters {
-                let iters = self.iters;
-                return Err(CurveError::PastTheEnd {
-                    index,
-                    iter: e.iter,
-                    iters,
-                });
-            }
-            let Some(prev) = index.checked_sub(1).map(|i| &self.evals[i]) else {
-                continue;
-            };
-            let pairs = [
-                ("iter", e.iter as f64, prev.iter as f64, e.iter > prev.iter),
-                (
-                    "backward",
-                    e.backward as f64,
-                    prev.backward as f64,
-                    e.backward >= prev.backward,
-                ),
-                (
-                    "forward",
-                    e.forward as f64,
-                    prev.forward as f64,
-                    e.forward >= prev.forward,
-                ),
-                (
-                    "seconds",
-                    e.seconds,
-                    prev.seconds,
-                    e.seconds >= prev.seconds,
-                ),
-            ];
-            if let Some(&(field, value, previous, _)) = pairs.iter().find(|p| !p.3) {
-                return Err(CurveError::OutOfOrder {
-                    index,
-                    field,
-                    value,
-                    previous,
-                });
-            }
+            e.check(index, self.iters)?;
+        }
+        for (index, pair) in self.evals.windows(2).enumerate() {
+            pair[1].after(&pair[0], index + 1)?;
         }
         Ok(())
     }
 }
 
 impl EvalPoint {
-    fn check(&self, index: usize) -> Result<(), CurveError> {
-        let bad = |field, value: f32, what| CurveError::BadEval {
+    /// One evaluation on its own: at most at step `iters`, finite non-negative seconds and
+    /// rate, losses ≥ 0 or NaN.
+    fn check(&self, index: usize, iters: u32) -> Result<(), CurveError> {
+        if self.iter > iters {
+            let iter = self.iter;
+            return Err(CurveError::PastTheEnd { index, iter, iters });
+        }
+        let bad = |field, value: f64, what| CurveError::BadEval {
             index,
             field,
-            value: value as f64,
+            value,
             what,
         };
         if !(self.seconds.is_finite() && self.seconds >= 0.0) {
-            let (field, value, what) = ("seconds", self.seconds, SECONDS);
-            return Err(CurveError::BadEval {
-                index,
-                field,
-                value,
-                what,
-            });
+            return Err(bad("seconds", self.seconds, SECONDS));
         }
         if !(self.lr.is_finite() && self.lr >= 0.0) {
-            return Err(bad("lr", self.lr, "a finite rate ≥ 0"));
+            return Err(bad("lr", self.lr as f64, "a finite rate ≥ 0"));
         }
         for (field, loss) in [
             ("train", self.train),
@@ -237,10 +206,50 @@ impl EvalPoint {
         ] {
             // NaN is a loss not taken or not finite (`null`); anything else is a number ≥ 0.
             if !(loss.is_nan() || (loss.is_finite() && loss >= 0.0)) {
-                return Err(bad(field, loss, LOSS));
+                return Err(bad(field, loss as f64, LOSS));
             }
         }
         Ok(())
+    }
+
+    /// This evaluation (number `index`) against the one before it: a later step, and
+    /// counters and seconds that never go back.
+    fn after(&self, prev: &EvalPoint, index: usize) -> Result<(), CurveError> {
+        let order = [
+            (
+                "iter",
+                self.iter as f64,
+                prev.iter as f64,
+                self.iter > prev.iter,
+            ),
+            (
+                "backward",
+                self.backward as f64,
+                prev.backward as f64,
+                self.backward >= prev.backward,
+            ),
+            (
+                "forward",
+                self.forward as f64,
+                prev.forward as f64,
+                self.forward >= prev.forward,
+            ),
+            (
+                "seconds",
+                self.seconds,
+                prev.seconds,
+                self.seconds >= prev.seconds,
+            ),
+        ];
+        match order.into_iter().find(|o| !o.3) {
+            None => Ok(()),
+            Some((field, value, previous, _)) => Err(CurveError::OutOfOrder {
+                index,
+                field,
+                value,
+                previous,
+            }),
+        }
     }
 }
 
