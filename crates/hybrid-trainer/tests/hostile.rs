@@ -47,6 +47,17 @@ fn cli_err(args: &[&str]) -> String {
     err
 }
 
+/// Runs the CLI on the CPU with `args`, which must succeed within 60 s; its stderr.
+fn cli_ok(args: &[&str]) -> String {
+    let out = Command::new(binary())
+        .args(["--device", "cpu"])
+        .args(args)
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .success();
+    String::from_utf8_lossy(&out.get_output().stderr).into_owned()
+}
+
 /// `experiment` for one run of W5 (AdamW, seed 1) on `data`, curves under `out`.
 fn w5_adamw_seed1<'a>(data: &'a str, out: &'a str) -> [&'a str; 11] {
     [
@@ -158,14 +169,7 @@ fn a_fifo_in_place_of_a_curve_is_refused_or_skipped_not_read() {
     );
     let report = tmp.path().join("report.md");
     let r = report.to_str().unwrap();
-    let out = Command::new(binary())
-        .args(["--device", "cpu"])
-        .args(run)
-        .args(["--report", r])
-        .timeout(Duration::from_secs(60))
-        .assert()
-        .success();
-    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    let err = cli_ok(&[&run[..], &["--report", r]].concat());
     assert!(
         err.contains(&format!("curve {c} is not a regular file")),
         "{err}"
@@ -253,14 +257,7 @@ fn a_lying_curve_is_named_and_left_out_of_the_report() {
         "--out",
         o,
     ];
-    let run = Command::new(binary())
-        .args(["--device", "cpu"])
-        .args(args)
-        .args(["--report", r])
-        .timeout(Duration::from_secs(60))
-        .assert()
-        .success();
-    let err = String::from_utf8_lossy(&run.get_output().stderr).into_owned();
+    let err = cli_ok(&[&args[..], &["--report", r]].concat());
     let named = |p: &Path, why: &str| err.contains(&format!("{}: {why}", p.display()));
     assert!(named(&seed1, "evaluation 1: iter"), "{err}");
     assert!(named(&seed2, "its seed is 1, its name says 2"), "{err}");
