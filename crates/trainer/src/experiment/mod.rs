@@ -105,26 +105,18 @@ fn this_run(
     given: Given,
 ) -> Result<RunCurve, String> {
     c.check().map_err(|e| e.to_string())?;
-    let flag = |args: &[String], name: &str| {
-        let at = args.iter().position(|a| a == name)?;
-        args.get(at + 1).cloned()
-    };
     if c.seed != seed {
         return Err(format!("its seed is {}, its name says {seed}", c.seed));
     }
     let wrong = |what: &str, is: &str, want: &str| {
         Err(format!("its {what} is {is}, {} runs {want}", arm.name()))
     };
-    // The run's flags, where the protocol can give them (W7's need its rate).
-    if let Ok(args) = w.args(arm, seed, given) {
-        let mode = flag(&args, "--mode").unwrap_or_default();
-        let optimizer = flag(&args, "--optimizer").unwrap_or_else(|| "adamw".into());
-        if c.mode != mode {
-            return wrong("mode", &c.mode, &mode);
-        }
-        if c.optimizer != optimizer {
-            return wrong("optimizer", &c.optimizer, &optimizer);
-        }
+    let (mode, optimizer) = arm.curve_names();
+    if c.mode != mode {
+        return wrong("mode", &c.mode, mode);
+    }
+    if c.optimizer != optimizer {
+        return wrong("optimizer", &c.optimizer, optimizer);
     }
     match w.lr(arm, given) {
         Ok(lr) if c.given_lr != lr => {

@@ -2,6 +2,7 @@
 //! `train-gpt` flags of each run (issue 41's: `docs/protocol-41.md`).
 
 use crate::control::cli::TrainMode;
+use crate::train_step::OptimizerKind;
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
@@ -147,6 +148,14 @@ impl RateFree {
         match self {
             RateFree::ScheduleFree => 0.0025,
             RateFree::Prodigy => 1.0,
+        }
+    }
+
+    /// The optimizer it runs (`--optimizer` in its flags).
+    pub fn optimizer(self) -> OptimizerKind {
+        match self {
+            RateFree::ScheduleFree => OptimizerKind::ScheduleFree,
+            RateFree::Prodigy => OptimizerKind::Prodigy,
         }
     }
 
@@ -334,6 +343,12 @@ impl Arm {
         Arm::AdamwDouble,
         Arm::AdamwTriple,
     ];
+
+    /// The mode and optimizer its runs' curves record (its `--mode` and `--optimizer`).
+    pub fn curve_names(self) -> (&'static str, &'static str) {
+        let opt = (self.rate_free_point()).map_or(OptimizerKind::Adamw, |(r, _)| r.optimizer());
+        (self.mode().name(), opt.name())
+    }
 
     fn mode(self) -> TrainMode {
         match self {

@@ -52,6 +52,9 @@ fn every_run_is_a_valid_train_gpt_command_at_its_rate() {
             assert!((parsed.min_lr - want / 10.0).abs() <= 1e-6 * want);
             assert_eq!(flag(&args, "--seed"), Some("3"));
             assert!(parsed.eval_fixed);
+            // What the report checks a curve against is what the run records.
+            let recorded = (parsed.mode.name(), parsed.optimizer.name());
+            assert_eq!(recorded, arm.curve_names(), "{w:?} {arm:?}");
             let a = &parsed;
             assert_eq!(a.iters, w.iters(), "{w:?}");
             let lr = |it| crate::train_args::learning_rate(a, it);
