@@ -411,6 +411,25 @@ mod tests {
         }
     }
 
+    /// A loss too large for an f32 (1e300 in the file) reads as inf and is refused, not
+    /// taken for a diverged run's NaN; 1e30 is a (huge) loss and stands.
+    #[test]
+    fn a_loss_past_f32_in_the_file_is_refused() {
+        for (val, refused) in [("1e300", true), ("-1e300", true), ("1e30", false)] {
+            let mut c = serde_json::to_value(written()).unwrap();
+            c["evals"][1]["val"] = serde_json::from_str(val).unwrap();
+            let c: RunCurve = serde_json::from_value(c).unwrap();
+            let got = c.check();
+            assert_eq!(got.is_err(), refused, "{val}: {got:?}");
+            if refused {
+                assert!(got
+                    .unwrap_err()
+                    .to_string()
+                    .starts_with("evaluation 1: val is"));
+            }
+        }
+    }
+
     /// The curves behind `docs/results.md` are what `train-gpt` wrote: all pass.
     #[test]
     fn the_committed_curves_pass_the_check() {
