@@ -1,7 +1,7 @@
 //! The main job (what `hybrid-trainer` runs with no subcommand, and `hybrid-trainer run`): the
 //! same char-level GPT trained twice through [`train_gpt::run_with_curve`], once by plain AdamW
-//! and once by the hybrid trainer (the step-size controller with its world model around
-//! AdamW, `src/control/`), at the same given learning rate and seed, on the embedded
+//! and once by the hybrid trainer (the step-size controller around AdamW at its defaults, the
+//! world model off: `src/control/`), at the same given learning rate and seed, on the embedded
 //! tinyshakespeare or `--data FILE`; then a report that puts the two side by side
 //! ([`crate::report::compare`]: `report.md`, `report.json`, `report.png` under `--out`).
 
@@ -214,8 +214,8 @@ fn announce(device: Device, a: &JobArgs, corpus_name: &str) {
     println!(
         "main job: the same GPT ({} layers × {} heads × {}, context {}, batch {}, dropout {}, \
          fp32) trained twice on {corpus_name}, {} steps each, warm-up {}, lr {:e} → {:e} \
-         (cosine), seed {}: 1. AdamW, 2. the hybrid (step-size controller + world model \
-         around AdamW) at the same lr; val loss every {} steps on {} fixed batches; report \
+         (cosine), seed {}: 1. AdamW, 2. the hybrid (step-size controller around AdamW) at \
+         the same lr; val loss every {} steps on {} fixed batches; report \
          in {}",
         a.model.layers,
         a.model.heads,

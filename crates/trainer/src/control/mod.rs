@@ -74,7 +74,8 @@ pub struct ControlConfig {
     /// Relative rise of the probe loss over a segment that rolls it back (`None`: only a
     /// non-finite loss does).
     pub rollback_tolerance: Option<f32>,
-    /// Let the world model predict `s*` and skip the extra probe while it is trusted.
+    /// Let the world model predict `s*` and skip the extra probe while it is trusted. Off by
+    /// default since issue 41's verdict (bar part iv: it did not beat a trivial predictor).
     pub world_model: bool,
     /// What predicts `s*` when `world_model` is on: the RSSM, or a trivial control.
     #[serde(default)]
@@ -111,7 +112,7 @@ impl Default for ControlConfig {
             max_multiplier: 64.0,
             initial_multiplier: 0.5,
             rollback_tolerance: Some(0.02),
-            world_model: true,
+            world_model: false,
             predictor: trivial::Predictor::Rssm,
             trust: 0.15,
             world_min_examples: 6,

@@ -88,9 +88,11 @@ pub enum Arm {
     /// Prodigy at the `prodigyopt` package's defaults (lr 1.0, no weight decay), with the
     /// workload's warm-up and cosine decay (the package's advice).
     Prodigy,
-    /// The hybrid trainer (default configuration).
+    /// H41: the hybrid as issue 41's protocol froze it, with its world model (`--world-model`,
+    /// off by default since the bar's part iv).
     Hybrid,
-    /// Ablation: the hybrid without its world model (every decision measured).
+    /// Ablation: the hybrid without its world model (every decision measured: the default since
+    /// the bar's part iv).
     HybridNoWorldModel,
     /// Ablation: the hybrid line-searching the raw iterates, not the weight average.
     HybridNoAverage,
@@ -489,6 +491,15 @@ impl Workload {
         let f = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
         if let Some((opt, _)) = arm.rate_free_point() {
             v.extend(f(opt.flags()));
+        }
+        // H41 has the world model, which is no longer the default (the bar's part iv); every
+        // hybrid arm is H41 but for what its name changes.
+        let own_predictor = matches!(
+            arm,
+            Arm::HybridNoWorldModel | Arm::HybridLastValue | Arm::HybridPowerLaw
+        );
+        if arm.mode() == TrainMode::Hybrid && !own_predictor {
+            v.push("--world-model".into());
         }
         match arm {
             Arm::Adamw => {

@@ -78,6 +78,18 @@ fn every_run_is_a_valid_train_gpt_command_at_its_rate() {
                 None => OptimizerKind::Adamw,
             };
             assert_eq!(a.optimizer, opt, "{w:?} {arm:?}");
+            // H41 and its ablations with the world model (not the default since the bar's part
+            // iv), the controls with their predictor, the no-world-model ablation with none.
+            let c = a.control.config();
+            let want_predictor = match arm {
+                _ if arm.mode() != TrainMode::Hybrid => None,
+                Arm::HybridNoWorldModel => None,
+                Arm::HybridLastValue => Some(Predictor::Last),
+                Arm::HybridPowerLaw => Some(Predictor::PowerLaw),
+                _ => Some(Predictor::Rssm),
+            };
+            let got = c.world_model.then_some(c.predictor);
+            assert_eq!(got, want_predictor, "{w:?} {arm:?}");
             // The average of the weights: AdamW at the given rate only, W1–W7 only.
             let ema = arm == Arm::Adamw && w != Workload::W8;
             assert_eq!(a.ema_decay.is_some(), ema, "{w:?} {arm:?}");
@@ -88,6 +100,8 @@ fn every_run_is_a_valid_train_gpt_command_at_its_rate() {
     assert_eq!(runs, 7 * 36 + 6);
 }
 
+use crate::control::cli::TrainMode;
+use crate::control::trivial::Predictor;
 use crate::train_step::OptimizerKind;
 
 /// The rate-free arms of W2, W3 and W7 are W1's runs; nothing else is shared.
