@@ -30,16 +30,19 @@ fn mkfifo(path: &Path) {
     assert!(ok.unwrap().success());
 }
 
-/// Runs the CLI on the CPU with `args`, which must fail within 60 s; its stderr.
-fn cli_err(args: &[&str]) -> String {
-    let out = Command::new(binary())
+/// Runs the CLI on the CPU with `args`, with a 60 s limit.
+fn cli(args: &[&str]) -> assert_cmd::assert::Assert {
+    Command::new(binary())
         .args(["--device", "cpu"])
         .args(args)
         .timeout(Duration::from_secs(60))
         .assert()
-        .failure();
-    let o = out.get_output();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+}
+
+/// Runs the CLI on the CPU with `args`, which must fail within 60 s; its stderr.
+fn cli_err(args: &[&str]) -> String {
+    let out = cli(args).failure();
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
     assert!(
         !err.is_empty(),
         "{args:?}: no message (killed by the time limit?)"
@@ -49,13 +52,7 @@ fn cli_err(args: &[&str]) -> String {
 
 /// Runs the CLI on the CPU with `args`, which must succeed within 60 s; its stderr.
 fn cli_ok(args: &[&str]) -> String {
-    let out = Command::new(binary())
-        .args(["--device", "cpu"])
-        .args(args)
-        .timeout(Duration::from_secs(60))
-        .assert()
-        .success();
-    String::from_utf8_lossy(&out.get_output().stderr).into_owned()
+    String::from_utf8_lossy(&cli(args).success().get_output().stderr).into_owned()
 }
 
 /// `experiment` for one run of W5 (AdamW, seed 1) on `data`, curves under `out`.
