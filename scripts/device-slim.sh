@@ -2,7 +2,9 @@
 # The device tool copies the working tree with the carried paths, 64 MiB in all; the tree is
 # ~39 MB (the PTX and fatbins, the issue-41 curves, the HF test fixtures) and the GPU bundle
 # ~60 MB, so a bundle call does not fit. A bundle call needs none of those folders (the
-# binaries embed the kernels; the bundle has its own fixtures), so:
+# binaries embed the kernels; the bundle has its own fixtures and data). The bundle of 2062dd0
+# (60.3 MB) with the first three alone left (6.5 MB tracked) and the Vulkan loader was still
+# refused as over 64 MiB; docs, benches and the trainer's data go too (4.5 MB left). So:
 #   scripts/device-slim.sh out    # move them to $HOLD (default /tmp/device-slim)
 #   ... the device call, carrying target/gpu-bundle.tar.xz ...
 #   scripts/device-slim.sh back   # put them back (mv keeps their times: cargo rebuilds nothing)
@@ -10,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hold=${HOLD:-/tmp/device-slim}
-dirs=(crates/gpu-kernels/kernels docs/results-curves crates/models/tests/fixtures)
+dirs=(crates/gpu-kernels/kernels docs benches crates/trainer/data crates/models/tests/fixtures)
 case "${1:-}" in
   out)
     for d in "${dirs[@]}"; do
@@ -23,6 +25,8 @@ case "${1:-}" in
       if [ -e "$d" ]; then echo "device-slim: $d exists here; not overwritten" >&2; exit 1; fi
     done
     for d in "${dirs[@]}"; do mv "$hold/$d" "$d"; done
+    # The parents left empty in $hold would read as "exists" to the next `out`.
+    find "$hold" -depth -type d -empty -delete
     echo "restored ${dirs[*]}" ;;
   *) echo "usage: $0 out|back" >&2; exit 2 ;;
 esac
