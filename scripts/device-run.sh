@@ -12,6 +12,11 @@ export NCCL_NVLS_ENABLE=0
 # libvulkan1` into .gl here, then `carry: [".gl", ...]`): the wgpu tests then run on NVIDIA's
 # Vulkan driver instead of skipping.
 if [ -d .gl ] && ls .gl/*.deb >/dev/null 2>&1; then
+  # With libvulkan1 alone carried, NVIDIA's driver was not found (forty-fourth session: "no
+  # adapter"); with the README's whole list it was. Say which are missing.
+  for p in libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2; do
+    ls .gl/${p}_*.deb >/dev/null 2>&1 || echo "device-run: .gl lacks $p (the device README's list): the wgpu tests may find no adapter" >&2
+  done
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
   # NVIDIA's ICD and EGL vendor files, which the loader does not find by itself there.
