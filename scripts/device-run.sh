@@ -9,8 +9,8 @@
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0
 # The Vulkan loader, where the call carries `.gl` (the device README: `apt-get download
-# libvulkan1` into .gl here, then `carry: [".gl", ...]`): the wgpu tests then run on NVIDIA's
-# Vulkan driver instead of skipping.
+# libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2` into .gl here, then
+# `carry: [".gl", ...]`): the wgpu tests then run on NVIDIA's Vulkan driver instead of skipping.
 if [ -d .gl ] && ls .gl/*.deb >/dev/null 2>&1; then
   # With libvulkan1 alone carried, NVIDIA's driver was not found (forty-fourth session: "no
   # adapter"); with the README's whole list it was. Say which are missing.
