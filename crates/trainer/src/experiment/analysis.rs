@@ -139,14 +139,40 @@ pub fn mean_cost(runs: &BTreeMap<u64, RunCurve>, target: f32) -> Option<MeanCost
     })
 }
 
-/// The best of a set of arms by mean backward passes (each mean over its own seeds), and how
-/// many of the set ran.
+/// The best of a set of arms by mean backward passes (each mean over its own seeds), how
+/// many of the set ran, and how many of those on fewer seeds than the protocol's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Oracle {
     pub arm: Arm,
     pub cost: MeanCost,
     pub ran: usize,
     pub of: usize,
+    /// Arms that ran on fewer seeds than `Arm::protocol_seeds` (the oracle may be among them).
+    pub short: usize,
+}
+
+impl Oracle {
+    /// `k of n arms`, and `, m of them on fewer seeds than the protocol's` when some are short.
+    pub fn arms(&self) -> String {
+        format!("{} of {} arms{}", self.ran, self.of, self.short_note())
+    }
+
+    fn short_note(&self) -> String {
+        match self.short {
+            0 => String::new(),
+            m => format!(", {m} of them on fewer seeds than the protocol's"),
+        }
+    }
+
+    /// `mean`, or `mean of k of its n seeds` when the oracle arm itself is short.
+    fn mean_of(&self) -> String {
+        let p = self.arm.protocol_seeds() as usize;
+        if self.cost.seeds < p {
+            format!("mean of {} of its {p} seeds", self.cost.seeds)
+        } else {
+            "mean".into()
+        }
+    }
 }
 
 fn best_of(runs: &Runs, arms: &[Arm], target: f32) -> Option<Oracle> {
@@ -155,6 +181,9 @@ fn best_of(runs: &Runs, arms: &[Arm], target: f32) -> Option<Oracle> {
         .filter_map(|a| Some((*a, mean_cost(runs.get(a)?, target)?)))
         .collect();
     let n = ran.len();
+    let short = (ran.iter())
+        .filter(|(a, c)| c.seeds < a.protocol_seeds() as usize)
+        .count();
     // The first of equal means (the sweep's order) on a tie.
     let (arm, cost) = ran
         .into_iter()
@@ -164,6 +193,7 @@ fn best_of(runs: &Runs, arms: &[Arm], target: f32) -> Option<Oracle> {
         cost,
         ran: n,
         of: arms.len(),
+        short,
     })
 }
 
@@ -197,17 +227,20 @@ pub fn ema_runs(runs: &Runs) -> Option<BTreeMap<u64, RunCurve>> {
     (!out.is_empty()).then_some(out)
 }
 
-/// `Oracle: arm (N backward passes, mean; k of n arms ran)`.
+/// `Oracle: arm (N backward passes, S s, mean; k of n arms ran)`, with the seeds it and the
+/// other arms lack when they ran on fewer than the protocol's.
 fn oracle_line(name: &str, o: Option<Oracle>) -> String {
     match o {
         None => format!("{name}: none of its arms has run."),
         Some(o) => format!(
-            "{name}: {} ({} backward passes, {} s, mean; {} of its {} arms ran).",
+            "{name}: {} ({} backward passes, {} s, {}; {} of its {} arms ran{}).",
             o.arm.name(),
             mark(o.cost.backward, o.cost.censored, 0),
             mark(o.cost.seconds, o.cost.censored, 2),
+            o.mean_of(),
             o.ran,
-            o.of
+            o.of,
+            o.short_note()
         ),
     }
 }
@@ -448,12 +481,16 @@ mod tests {
         assert_eq!(oracle(&runs, t), Some((Arm::AdamwHalf, 50.0, false)));
         let s = schedule_oracle(&runs, t).unwrap();
         assert_eq!(
-            (s.arm, s.cost.backward, s.ran, s.of),
-            (Arm::AdamwDoubleCos50, 25.0, 4, 20)
+            (s.arm, s.cost.backward, s.ran, s.of, s.short),
+            (Arm::AdamwDoubleCos50, 25.0, 4, 20, 4)
         );
         let md = table(Workload::W1, &runs);
         assert!(
-            md.contains("Schedule oracle: adamw-x2, cosine to 50% (25 backward passes, 1.00 s, mean; 4 of its 20 arms ran)."),
+            md.contains(
+                "Schedule oracle: adamw-x2, cosine to 50% (25 backward passes, 1.00 s, mean of 1 \
+                 of its 3 seeds; 4 of its 20 arms ran, 4 of them on fewer seeds than the \
+                 protocol's)."
+            ),
             "{md}"
         );
         assert!(md.contains("Rate oracle: adamw-x1/2 (50 backward"), "{md}");

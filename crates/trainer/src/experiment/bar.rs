@@ -170,10 +170,10 @@ pub fn near_the_oracles(all: &[(Workload, Runs)]) -> [Part; 2] {
             past.push(if ok { Verdict::Met } else { Verdict::Missed });
             let c = j.h41.censored || o.cost.censored;
             past_figs.push(format!(
-                "{:?}: {} ({} of 20 arms)",
+                "{:?}: {} ({})",
                 j.w,
                 ratio(j.h41.backward, o.cost.backward, c),
-                o.ran
+                o.arms()
             ));
         }
         let Some((kind, o, bound)) = oracle_for(j.w, j.runs, j.target) else {
@@ -184,12 +184,11 @@ pub fn near_the_oracles(all: &[(Workload, Runs)]) -> [Part; 2] {
         let ok = j.h41.backward <= bound * o.cost.backward;
         vs.push(if ok { Verdict::Met } else { Verdict::Missed });
         figs.push(format!(
-            "{:?}: {} the {kind} oracle ({}, {} of {} arms; seconds {})",
+            "{:?}: {} the {kind} oracle ({}, {}; seconds {})",
             j.w,
             ratio(j.h41.backward, o.cost.backward, c),
             o.arm.name(),
-            o.ran,
-            o.of,
+            o.arms(),
             ratio(j.h41.seconds, o.cost.seconds, c)
         ));
     }
