@@ -2,6 +2,10 @@
 //! test binary of its own) is a typed `Timeout` error that changes nothing: the index checks
 //! of the launches before it stay pending, and the first wait that completes reports them.
 //! Without an adapter it prints `SKIP` and returns (fails with `HYBRID_REQUIRE_WGPU=1`).
+//!
+//! On a CPU adapter the read must time out: the bound is 10 ms and the products queued before
+//! it are 11 GFLOP (48 of 384³), ≥ 0.2 s at the 50 GFLOP/s lavapipe never reached on this
+//! project's 2-core machines (it did 12 of them in under 100 ms: the old margin was too thin).
 
 use gpu_core::nn::{IdRows, Primitives};
 use gpu_core::{Backend, DType, GpuError, MatmulOps, MatmulSpec};
@@ -14,7 +18,7 @@ fn is_timeout(e: &GpuError) -> bool {
 
 #[test]
 fn a_timed_out_read_keeps_the_index_checks_for_the_next_wait() {
-    std::env::set_var(POLL_TIMEOUT_ENV, "100");
+    std::env::set_var(POLL_TIMEOUT_ENV, "10");
     let b = match WgpuBackend::new(0) {
         Ok(b) => b,
         Err(e) => {
@@ -24,13 +28,13 @@ fn a_timed_out_read_keeps_the_index_checks_for_the_next_wait() {
         }
     };
     let cpu = b.info().adapter.device_type == wgpu::DeviceType::Cpu;
-    // A bad id (3 >= 2 rows), then far more than 100 ms of products on any device.
+    // A bad id (3 >= 2 rows), then far more than 10 ms of products on any device.
     let table = b.upload(&[1.0f32; 4]).unwrap();
     let ids = b.upload(&[3u32]).unwrap();
     let mut out = b.allocate(DType::F32, 2).unwrap();
     b.gather_rows(IdRows::new(&ids, &table, 2), &mut out)
         .unwrap();
-    let (n, reps) = if cpu { (384, 12) } else { (4096, 80) };
+    let (n, reps) = if cpu { (384, 48) } else { (4096, 80) };
     let x = b.upload(&vec![0.5f32; n * n]).unwrap();
     let mut y = b.allocate(DType::F32, n * n).unwrap();
     for _ in 0..reps {
@@ -42,14 +46,13 @@ fn a_timed_out_read_keeps_the_index_checks_for_the_next_wait() {
     if cpu {
         assert!(
             timed_out,
-            "the products were meant to outlast the 100 ms bound"
+            "the products were meant to outlast the 10 ms bound"
         );
     }
+    // Wait on, one bounded wait at a time, for at most two minutes of wall-clock.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     let mut last = first.map(drop);
-    for _ in 0..600 {
-        if !last.as_ref().is_err_and(is_timeout) {
-            break;
-        }
+    while last.as_ref().is_err_and(is_timeout) && std::time::Instant::now() < deadline {
         last = b.synchronize();
     }
     assert!(
