@@ -128,6 +128,13 @@ pub struct MeanCost {
     pub seeds: usize,
 }
 
+impl MeanCost {
+    /// Whether `arm` ran on fewer seeds than the protocol's (`Arm::protocol_seeds`).
+    fn short_of(&self, arm: Arm) -> bool {
+        (self.seeds as u64) < arm.protocol_seeds()
+    }
+}
+
 pub fn mean_cost(runs: &BTreeMap<u64, RunCurve>, target: f32) -> Option<MeanCost> {
     let c: Vec<Cost> = runs.values().filter_map(|c| cost(c, target)).collect();
     let m = |f: &dyn Fn(&Reach) -> f64| mean(&c.iter().map(|c| f(&c.reach)).collect::<Vec<_>>());
@@ -166,8 +173,8 @@ impl Oracle {
 
     /// `mean`, or `mean of k of its n seeds` when the oracle arm itself is short.
     fn mean_of(&self) -> String {
-        let p = self.arm.protocol_seeds() as usize;
-        if self.cost.seeds < p {
+        if self.cost.short_of(self.arm) {
+            let p = self.arm.protocol_seeds();
             format!("mean of {} of its {p} seeds", self.cost.seeds)
         } else {
             "mean".into()
@@ -181,9 +188,7 @@ fn best_of(runs: &Runs, arms: &[Arm], target: f32) -> Option<Oracle> {
         .filter_map(|a| Some((*a, mean_cost(runs.get(a)?, target)?)))
         .collect();
     let n = ran.len();
-    let short = (ran.iter())
-        .filter(|(a, c)| c.seeds < a.protocol_seeds() as usize)
-        .count();
+    let short = ran.iter().filter(|(a, c)| c.short_of(*a)).count();
     // The first of equal means (the sweep's order) on a tie.
     let (arm, cost) = ran
         .into_iter()
@@ -495,6 +500,41 @@ mod tests {
         );
         assert!(md.contains("Rate oracle: adamw-x1/2 (50 backward"), "{md}");
         assert_eq!(schedule_oracle(&Runs::new(), t), None);
+    }
+
+    /// An oracle over arms that all ran their protocol's seeds says plain `mean` and names no
+    /// shortfall; with one seed fewer on the oracle's arm, both its seeds and the arm count say so.
+    #[test]
+    fn an_oracle_names_the_seeds_its_arms_lack() {
+        let at = |k: usize| {
+            let mut v = vec![3.0; k];
+            v.push(1.0);
+            curve(&v)
+        };
+        let mut runs = Runs::new();
+        runs.insert(Arm::Adamw, (1..=5).map(|s| (s, at(4))).collect());
+        runs.insert(Arm::AdamwCos75, (1..=3).map(|s| (s, at(2))).collect());
+        let t = target(&runs).unwrap();
+        let s = schedule_oracle(&runs, t).unwrap();
+        assert_eq!((s.arm, s.ran, s.short), (Arm::AdamwCos75, 2, 0));
+        assert_eq!(s.arms(), "2 of 20 arms");
+        let md = table(Workload::W1, &runs);
+        let full = "Schedule oracle: adamw, cosine to 75% (50 backward passes, 2.00 s, mean; 2 of \
+                    its 20 arms ran).";
+        assert!(md.contains(full), "{md}");
+
+        runs.get_mut(&Arm::AdamwCos75).unwrap().remove(&3);
+        let s = schedule_oracle(&runs, t).unwrap();
+        assert_eq!((s.arm, s.ran, s.short), (Arm::AdamwCos75, 2, 1));
+        assert_eq!(
+            s.arms(),
+            "2 of 20 arms, 1 of them on fewer seeds than the protocol's"
+        );
+        let md = table(Workload::W1, &runs);
+        let short = "Schedule oracle: adamw, cosine to 75% (50 backward passes, 2.00 s, mean of 2 \
+                     of its 3 seeds; 2 of its 20 arms ran, 1 of them on fewer seeds than the \
+                     protocol's).";
+        assert!(md.contains(short), "{md}");
     }
 
     /// AdamW's runs that kept an average give a row of their own, costed by `ema_val` against
