@@ -396,6 +396,13 @@ mod tests {
         }
     }
 
+    /// A run at val 3.0 for `k` evaluations, then at 1.0 (`25·k` passes, `k` seconds).
+    fn at(k: usize) -> RunCurve {
+        let mut v = vec![3.0; k];
+        v.push(1.0);
+        curve(&v)
+    }
+
     /// The target is the median of AdamW's best values; a run reaches it at its first
     /// evaluation at or below it; the oracle is the sweep arm with the fewest passes.
     #[test]
@@ -465,11 +472,6 @@ mod tests {
     /// is kept (a missing arm is not a zero).
     #[test]
     fn schedule_and_rate_oracles_with_a_tie_and_missing_arms() {
-        let at = |k: usize| {
-            let mut v = vec![3.0; k];
-            v.push(1.0);
-            curve(&v)
-        };
         let mut runs = Runs::new();
         runs.insert(Arm::Adamw, BTreeMap::from([(1, at(4)), (2, at(4))]));
         // ×1/2 and ×2: 50 passes each (a tie), ×2 at cosine to 50%: 25.
@@ -506,11 +508,6 @@ mod tests {
     /// shortfall; with one seed fewer on the oracle's arm, both its seeds and the arm count say so.
     #[test]
     fn an_oracle_names_the_seeds_its_arms_lack() {
-        let at = |k: usize| {
-            let mut v = vec![3.0; k];
-            v.push(1.0);
-            curve(&v)
-        };
         let mut runs = Runs::new();
         runs.insert(Arm::Adamw, (1..=5).map(|s| (s, at(4))).collect());
         runs.insert(Arm::AdamwCos75, (1..=3).map(|s| (s, at(2))).collect());
