@@ -53,7 +53,7 @@ export HYBRID_MULTI_GPU_SKIP_LOG="$OUT_DIR/multi-skips.log"
 : > "$HYBRID_MULTI_GPU_SKIP_LOG"
 export HYBRID_TRAINER_BIN="$PWD/bin/hybrid-trainer"
 # The tests' fixtures travel in the bundle: the binaries' compiled-in source paths are absent here.
-export HYBRID_HF_FIXTURES="$PWD/fixtures/hf"
+export HYBRID_HF_FIXTURES="$PWD/fixtures/hf" HYBRID_RESULT_CURVES="$PWD/fixtures/curves"
 export NCCL_NVLS_ENABLE=0
 
 export HYBRID_WGPU_SKIP_LOG="$OUT_DIR/wgpu-skips.log"

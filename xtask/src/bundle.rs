@@ -194,6 +194,11 @@ fn copy_support_files(root: &Path, dir: &Path) -> Result<()> {
         &root.join("crates/models/tests/fixtures/hf"),
         &dir.join("fixtures/hf"),
     )?;
+    // And W5's committed curves, which a trainer test checks (`$HYBRID_RESULT_CURVES`).
+    copy_dir(
+        &root.join("docs/results-curves/issue41/w5"),
+        &dir.join("fixtures/curves/issue41/w5"),
+    )?;
     // The corpus for the training run and benchmark, when this checkout has it beside it.
     let corpus = std::env::var("TINYSHAKESPEARE")
         .map(PathBuf::from)
@@ -244,8 +249,8 @@ mod tests {
     /// `run.sh`'s result counter (its `results` function, run by bash on a log) over the lines
     /// a test binary really prints, interleaved stderr included.
     fn count(log: &str, name: &str, result: &str) -> usize {
-        let script =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/run.sh")).unwrap();
+        // Compiled in: the bundle runs this test with no source tree beside it.
+        let script = include_str!("../run.sh");
         let func = script
             .lines()
             .find(|l| l.starts_with("results()"))
