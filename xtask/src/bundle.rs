@@ -270,6 +270,57 @@ mod tests {
             .unwrap()
     }
 
+    /// The files whose tests read the source tree at run time through the compiled-in
+    /// `CARGO_MANIFEST_DIR`, each taking the bundle's copy from a `HYBRID_*` variable that
+    /// `run.sh` sets, or saying that it checks nothing without the sources (this file's own
+    /// check, gpu-cuda's kernel names). The bundle runs with no tree beside it: two tests that
+    /// read `docs/` failed on an H100 that way. A new reader compiles its file in
+    /// (`include_str!`) or joins this list with a bundle copy.
+    const TREE_READERS: &[&str] = &[
+        "crates/gpu-cuda/src/nn/mod.rs",
+        "crates/hybrid-trainer/tests/common/mod.rs",
+        "crates/models/tests/hf_fixture/mod.rs",
+        "crates/trainer/src/train_curve.rs",
+        "xtask/src/main.rs",
+    ];
+
+    fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() && !path.ends_with("target") {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_listed_files_read_the_source_tree_at_run_time() {
+        let root = crate::root();
+        if !root.join("xtask/src/bundle.rs").is_file() {
+            eprintln!("SKIP only_the_listed_files_read_the_source_tree_at_run_time: no sources at {root:?}");
+            return;
+        }
+        // Split, so that this file does not name itself.
+        let needle = concat!("env!(\"CARGO_", "MANIFEST_DIR\")");
+        let mut files = Vec::new();
+        for dir in ["crates", "xtask", "benches"] {
+            rust_files(&root.join(dir), &mut files);
+        }
+        let mut readers: Vec<String> = files
+            .iter()
+            .filter(|f| {
+                let text = std::fs::read_to_string(f).unwrap();
+                text.lines()
+                    .any(|l| l.contains(needle) && !l.contains("include_"))
+            })
+            .map(|f| f.strip_prefix(&root).unwrap().display().to_string())
+            .collect();
+        readers.sort();
+        assert_eq!(readers, TREE_READERS, "files reading the tree at run time");
+    }
+
     #[test]
     fn run_sh_counts_results_wherever_they_stand() {
         let log = "\
