@@ -272,8 +272,9 @@ mod tests {
 
     /// The files whose tests read the source tree at run time through the compiled-in
     /// `CARGO_MANIFEST_DIR`, each taking the bundle's copy from a `HYBRID_*` variable that
-    /// `run.sh` sets, or saying that it checks nothing without the sources (this file's own
-    /// check, gpu-cuda's kernel names). The bundle runs with no tree beside it: two tests that
+    /// `run.sh` sets, or saying that it checks nothing without the sources (gpu-cuda's kernel
+    /// names; this file's own check, through `crate::root()` in `main.rs`, which the xtask
+    /// commands share). The bundle runs with no tree beside it: two tests that
     /// read `docs/` failed on an H100 that way. A new reader compiles its file in
     /// (`include_str!`) or joins this list with a bundle copy.
     const TREE_READERS: &[&str] = &[
