@@ -300,11 +300,12 @@ pub fn table(w: Workload, runs: &Runs) -> String {
         "{}",
         oracle_line("Rate oracle", rate_oracle(runs, target))
     );
-    let _ = writeln!(
-        s,
-        "{}",
+    let schedule = if w.sweeps_schedules() {
         oracle_line("Schedule oracle", schedule_oracle(runs, target))
-    );
+    } else {
+        format!("Schedule oracle: none (the protocol runs no schedule sweep on {w:?}).")
+    };
+    let _ = writeln!(s, "{schedule}");
     let _ = writeln!(
         s,
         "\n| arm | peak lr | seeds reached | backward passes (per seed) | mean | saved vs AdamW (paired) | ÷ AdamW (paired, 95% CI) | forward passes (mean) | seconds (mean) | saved vs AdamW (paired) | ÷ AdamW (paired, 95% CI) | best val | final val |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -458,6 +459,22 @@ mod tests {
         // 1 − 0/75 (AdamW censored).
         let want = 100.0 * (0.5 + (1.0 - 25.0 / 75.0) + 1.0) / 3.0;
         assert!(md.contains(&format!("{want:+.1}%*")), "{want} {md}");
+    }
+
+    /// W8 runs AdamW at the given rate (one of the 20 schedule arms) but no schedule sweep:
+    /// its table names no schedule oracle; W1's, with the same runs, does.
+    #[test]
+    fn w8_has_no_schedule_oracle() {
+        let runs = Runs::from([(
+            Arm::Adamw,
+            BTreeMap::from([(1, RunCurve::every_ten_passes(&[3.0, 1.0], 1.0))]),
+        )]);
+        let md = table(Workload::W8, &runs);
+        assert!(
+            md.contains("Schedule oracle: none (the protocol runs no schedule sweep on W8)."),
+            "{md}"
+        );
+        assert!(table(Workload::W1, &runs).contains("Schedule oracle: adamw ("));
     }
 
     #[test]

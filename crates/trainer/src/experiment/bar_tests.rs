@@ -123,6 +123,39 @@ fn each_workload_meets_its_own_oracle() {
     );
 }
 
+/// W8's protocol runs no schedule sweep: part (ii) judges it against the rate oracle, and past
+/// the bar leaves it out and names it, rather than scoring it against AdamW at the given rate
+/// (the one schedule arm W8 runs) as though that were a schedule oracle. W1 beside it is still
+/// judged, so the verdict is W1's.
+#[test]
+fn a_workload_without_a_schedule_sweep_has_no_schedule_oracle() {
+    let w8 = runs(vec![(Arm::AdamwDouble, seeds(vec![reaching_at(20); 3]))]);
+    let w1 = runs(vec![(Arm::AdamwCos75, seeds(vec![reaching_at(10); 3]))]);
+    let [ii, past] = near_the_oracles(&[(Workload::W8, w8.clone())]);
+    assert!(
+        ii.figures
+            .starts_with("W8: 1.33×* the rate oracle (adamw-x2"),
+        "{}",
+        ii.figures
+    );
+    assert_eq!(past.verdict, Verdict::NoData, "{past:?}");
+    assert_eq!(past.figures, "[W8]: no schedule sweep in the protocol");
+    let [_, past] = near_the_oracles(&[(Workload::W1, w1), (Workload::W8, w8)]);
+    assert_eq!(past.verdict, Verdict::Missed, "{past:?}");
+    assert!(past.figures.starts_with("W1: 2.67×* "), "{}", past.figures);
+    assert!(
+        past.figures
+            .ends_with("; [W8]: no schedule sweep in the protocol"),
+        "{}",
+        past.figures
+    );
+    assert!(
+        !past.figures.contains("has not run everywhere"),
+        "{}",
+        past.figures
+    );
+}
+
 /// Part (iii) on W1 and W2 (H41 at 80/3 passes on W1, 20 on W2; mean 70/3): Schedule-Free's
 /// best rate (×3, 10 passes) beats it; Prodigy (only ×1/3, never reaching: budget 60) does
 /// not; the range test has no runs. Missed. Without Schedule-Free's ×3 (its ×1 at 30 passes)

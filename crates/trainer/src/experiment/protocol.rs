@@ -418,6 +418,12 @@ impl Workload {
         self != Workload::W8 || arm == Arm::Hybrid || Arm::SWEEP.contains(&arm)
     }
 
+    /// Whether the protocol runs AdamW's 20 rate × schedule arms on it (all but W8): where it
+    /// does not, there is no schedule oracle, even though the given rate's cosine is one of them.
+    pub fn sweeps_schedules(self) -> bool {
+        Arm::SCHEDULE_SWEEP.iter().all(|&a| self.runs(a))
+    }
+
     /// The decay of the moving average of AdamW-at-the-given-rate's weights (W1–W7): an
     /// average over about 1/(1 − D) = 5% of the run's steps (`docs/protocol-41.md`).
     pub fn ema_decay(self) -> Option<f32> {
